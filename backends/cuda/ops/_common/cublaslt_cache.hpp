@@ -1,0 +1,80 @@
+// cuBLASLt handle (one per device) and workspace (one per device and stream), created on first use and kept for
+// the life of the process: nothing is allocated in the steady state. The first call on a stream must not happen
+// inside CUDA graph capture (the executor warms every plan up before it captures).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include "dtype.hpp"
+#include "status.hpp"
+
+namespace ge2 {
+
+inline void check_cublas(cublasStatus_t status, const char* op, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    throw std::runtime_error(std::string("ge2 op '") + op + "': " + what + " failed: " +
+                             cublasGetStatusName(status) + " (" + cublasGetStatusString(status) + ")");
+  }
+}
+
+// 32 MiB: what NVIDIA recommends for Hopper so that every cuBLASLt kernel is eligible.
+constexpr std::size_t kLtWorkspaceBytes = 32u << 20;
+
+class LtResources {
+ public:
+  static LtResources& instance() {
+    static LtResources* resources = new LtResources();  // never destroyed: outlives Python's teardown order
+    return *resources;
+  }
+
+  cublasLtHandle_t handle(int device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = handles_.find(device);
+    if (found != handles_.end()) return found->second;
+    cublasLtHandle_t handle = nullptr;
+    check_cublas(cublasLtCreate(&handle), GE2_OP_NAME, "cublasLtCreate");
+    handles_.emplace(device, handle);
+    return handle;
+  }
+
+  void* workspace(int device, cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto key = std::make_pair(device, reinterpret_cast<std::uintptr_t>(stream));
+    auto found = workspaces_.find(key);
+    if (found != workspaces_.end()) return found->second;
+    void* pointer = nullptr;
+    check_cuda(cudaMalloc(&pointer, kLtWorkspaceBytes), GE2_OP_NAME, "cudaMalloc(cuBLASLt workspace)");
+    workspaces_.emplace(key, pointer);
+    return pointer;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<int, cublasLtHandle_t> handles_;
+  std::map<std::pair<int, std::uintptr_t>, void*> workspaces_;
+};
+
+inline cudaDataType_t to_cuda_datatype(DType dtype) {
+  switch (dtype) {
+    case DType::Float32: return CUDA_R_32F;
+    case DType::Float16: return CUDA_R_16F;
+    case DType::BFloat16: return CUDA_R_16BF;
+    default: throw std::invalid_argument(std::string("cuBLASLt: unsupported dtype ") + dtype_name(dtype));
+  }
+}
+
+inline int current_device() {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), GE2_OP_NAME, "cudaGetDevice");
+  return device;
+}
+
+}  // namespace ge2
+
+#define GE2_CUBLAS_CHECK(expr) ::ge2::check_cublas((expr), GE2_OP_NAME, #expr)

@@ -1,0 +1,45 @@
+# add_standalone_op(<op> [LIBS <lib>...])
+#
+# Builds the pybind11 module _ops_<op> from
+#   backends/cuda/ops/<op>/launcher.cu, kernels/*.cu, backward.cu (if present)
+#   src/bindings/<op>_pybind.cpp
+# with backends/cuda/ops/_common and src/bindings/common on the include path, linked against the shared CUDA
+# runtime (so streams and graph capture are shared across modules) plus the listed libraries.
+function(add_standalone_op op)
+  cmake_parse_arguments(ARG "" "" "LIBS" ${ARGN})
+  set(op_dir "${PROJECT_SOURCE_DIR}/backends/cuda/ops/${op}")
+  if(NOT EXISTS "${op_dir}/launcher.cu")
+    message(FATAL_ERROR "add_standalone_op(${op}): ${op_dir}/launcher.cu not found")
+  endif()
+  file(GLOB kernel_sources CONFIGURE_DEPENDS "${op_dir}/kernels/*.cu")
+  set(sources "${op_dir}/launcher.cu" ${kernel_sources} "${PROJECT_SOURCE_DIR}/src/bindings/${op}_pybind.cpp")
+  if(EXISTS "${op_dir}/backward.cu")
+    list(APPEND sources "${op_dir}/backward.cu")
+  endif()
+
+  set(target _ops_${op})
+  pybind11_add_module(${target} MODULE ${sources})
+  target_include_directories(${target} PRIVATE
+    "${PROJECT_SOURCE_DIR}/backends/cuda/ops/_common"
+    "${op_dir}"
+    "${PROJECT_SOURCE_DIR}/src/bindings/common")
+  target_link_libraries(${target} PRIVATE CUDA::cudart ${ARG_LIBS})
+  target_compile_definitions(${target} PRIVATE GE2_OP_NAME="${op}")
+  ge2_finish_module(${target})
+endfunction()
+
+# Common settings for every native module (_runtime and _ops_*): C++17/CUDA flags and where the module lands.
+function(ge2_finish_module target)
+  set_target_properties(${target} PROPERTIES
+    CUDA_SEPARABLE_COMPILATION OFF
+    CUDA_RUNTIME_LIBRARY Shared)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo -Xcompiler=-fvisibility=hidden>)
+  if(SKBUILD)
+    install(TARGETS ${target} LIBRARY DESTINATION graph_executor_v2)
+  else()
+    # Plain CMake build: put the module next to the Python sources so PYTHONPATH=python works.
+    set_target_properties(${target} PROPERTIES
+      LIBRARY_OUTPUT_DIRECTORY "${PROJECT_SOURCE_DIR}/python/graph_executor_v2")
+  endif()
+endfunction()

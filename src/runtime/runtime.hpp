@@ -1,0 +1,37 @@
+// _runtime: devices, DeviceArray, streams, events, memory and CUDA graph capture.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <cuda_runtime.h>
+#include <pybind11/pybind11.h>
+
+#include "status.hpp"
+
+namespace ge2::runtime {
+
+namespace py = pybind11;
+
+// Number of visible CUDA devices; 0 (never an error) on a machine with no GPU or driver.
+int device_count();
+
+// Raises RuntimeError with the driver's reason when no GPU can be used, and ValueError for a bad index.
+void require_device(int device);
+
+// Makes `device` current for the scope and restores the previous one after.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+void register_devices(py::module_& module);
+void register_device_array(py::module_& module);
+void register_streams(py::module_& module);
+
+}  // namespace ge2::runtime

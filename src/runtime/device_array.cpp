@@ -12,6 +12,7 @@
 #include "dlpack_abi.hpp"
 #include "dtype.hpp"
 #include "runtime.hpp"
+#include "tensor_view.hpp"
 
 namespace ge2::runtime {
 namespace {

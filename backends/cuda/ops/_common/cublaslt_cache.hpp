@@ -16,10 +16,27 @@
 
 namespace ge2 {
 
+// cuBLASLt has no status-to-string function of its own (that lives in libcublas, which ops need not link).
+inline const char* cublas_status_name(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED (library not initialized)";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED (resource allocation failed)";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE (an unsupported value or parameter)";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH (feature absent on this GPU)";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR (GPU memory access failed)";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED (GPU program failed to execute)";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED (functionality not supported)";
+    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+    default: return "unknown cuBLAS status";
+  }
+}
+
 inline void check_cublas(cublasStatus_t status, const char* op, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS) {
-    throw std::runtime_error(std::string("ge2 op '") + op + "': " + what + " failed: " +
-                             cublasGetStatusName(status) + " (" + cublasGetStatusString(status) + ")");
+    throw std::runtime_error(std::string("ge2 op '") + op + "': " + what + " failed: " + cublas_status_name(status) +
+                             " (code " + std::to_string(static_cast<int>(status)) + ")");
   }
 }
 

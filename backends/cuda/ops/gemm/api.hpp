@@ -1,0 +1,101 @@
+// gemm: Y = act(alpha * op(A) @ op(B) + beta * C + bias), row-major, bias per output column, float32 accumulation.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "activation.hpp"
+#include "dtype.hpp"
+
+namespace ge2::gemm {
+
+enum class Kernel { Auto, LtEpilogue, LtPostKernel, Tiled };
+
+Kernel kernel_from_name(const std::string& name);
+const char* kernel_name(Kernel kernel);
+
+struct ForwardArgs {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  const void* c = nullptr;     // nullptr: no residual
+  const void* bias = nullptr;  // nullptr: no bias
+  void* y = nullptr;
+  void* preact = nullptr;      // nullptr: pre-activation not saved
+  int64_t m = 0, n = 0, k = 0;
+  DType dtype = DType::Float32;
+  bool trans_a = false, trans_b = false;
+  float alpha = 1.0f, beta = 0.0f;
+  Act act = Act::None;
+  float slope = 0.01f;
+  bool allow_tf32 = false;
+};
+
+struct BackwardArgs {
+  const void* dy = nullptr;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  const void* preact = nullptr;  // required when act != None
+  void* dz_scratch = nullptr;    // m x n, required when act != None
+  void* da = nullptr;            // each output is skipped when nullptr
+  void* db = nullptr;
+  void* dbias = nullptr;
+  void* dc = nullptr;
+  int64_t m = 0, n = 0, k = 0;
+  DType dtype = DType::Float32;
+  bool trans_a = false, trans_b = false;
+  float alpha = 1.0f, beta = 0.0f;
+  Act act = Act::None;
+  float slope = 0.01f;
+  bool allow_tf32 = false;
+};
+
+// Empty when `kernel` can run the problem; otherwise the reason it cannot. `pointers_aligned` says whether the
+// bias/aux pointers are 16-byte aligned (the plan's buffers always are).
+std::string unsupported_reason(Kernel kernel, const ForwardArgs& args, bool pointers_aligned);
+
+// Runs the requested kernel (or, for Auto, the best one that works) and returns the kernel that ran.
+Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream);
+
+void backward(const BackwardArgs& args, cudaStream_t stream);
+
+struct KernelInfo {
+  std::string name;
+  int priority;
+  std::string description;
+  std::string constraints;
+};
+std::vector<KernelInfo> kernel_table();
+
+// Number of cached cuBLASLt plans (tests check that the steady state adds none).
+std::size_t lt_plan_count();
+
+// ---- internal: shared by launcher.cu, kernels/*.cu and backward.cu ------------------------------------------
+
+// D[m x n] = alpha * op(A) @ op(B) (+ beta * C) with an optional cuBLASLt epilogue. Returns false when cuBLASLt
+// has no algorithm for the problem (the caller falls back); throws on every other failure.
+enum class LtEpilogue { Default, Bias, Relu, ReluBias, Gelu, GeluBias, GeluAux, GeluAuxBias, BiasGradA, BiasGradB };
+struct LtCall {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  const void* c = nullptr;  // read when beta != 0
+  void* d = nullptr;
+  const void* bias = nullptr;  // bias (forward) or bias gradient output (BiasGrad*)
+  void* aux = nullptr;
+  int64_t m = 0, n = 0, k = 0;
+  DType dtype = DType::Float32;
+  bool trans_a = false, trans_b = false;
+  float alpha = 1.0f, beta = 0.0f;
+  LtEpilogue epilogue = LtEpilogue::Default;
+  bool allow_tf32 = false;
+};
+bool lt_matmul(const LtCall& call, cudaStream_t stream);
+
+// z = acc + beta * c + bias; preact = z (if given); y = act(z). acc may alias y or preact.
+void launch_postkernel(const void* acc, const void* c, const void* bias, void* y, void* preact, int64_t m, int64_t n,
+                       DType dtype, float beta, Act act, float slope, cudaStream_t stream);
+
+void launch_tiled(const ForwardArgs& args, cudaStream_t stream);
+
+}  // namespace ge2::gemm

@@ -1,0 +1,191 @@
+// gemm backward. With Z the pre-activation and dZ = dY * act'(Z):
+//   dA = alpha * dZ @ op(B)^T (transposed back when trans_a), dB = alpha * op(A)^T @ dZ (likewise for trans_b),
+//   dbias = column sums of dZ, dC = beta * dZ.
+// dbias rides on the dB matmul as cuBLASLt's BGRADA/BGRADB epilogue; when cuBLASLt has no algorithm for that, a
+// deterministic two-pass column sum computes it instead. Every matmul falls back to the tiled kernel.
+#include <algorithm>
+
+#include "api.hpp"
+#include "cublaslt_cache.hpp"
+#include "status.hpp"
+#include "vector_access.hpp"
+
+namespace ge2::gemm {
+namespace {
+
+constexpr int kThreads = 256;
+
+int grid_for(int64_t work) { return static_cast<int>(std::min<int64_t>((work + kThreads - 1) / kThreads, 132 * 16)); }
+
+// out = scale * dy * act'(z)  (act None: out = scale * dy). Elementwise over m*n.
+template <typename T>
+__global__ void activation_grad(const T* __restrict__ dy, const T* __restrict__ z, T* __restrict__ out, int64_t total,
+                                Act act, float slope, float scale) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float derivative = z != nullptr ? act_derivative(act, to_float(z[i]), slope) : 1.0f;
+    out[i] = from_float<T>(scale * to_float(dy[i]) * derivative);
+  }
+}
+
+// Pass 1: partial[chunk][col] = sum of dz[rows of chunk][col]. 32 columns per block so a warp reads 32 adjacent
+// elements of a row; 8 row lanes per block, reduced through shared memory.
+template <typename T>
+__global__ void column_partial_sums(const T* __restrict__ dz, float* __restrict__ partial, int64_t m, int64_t n,
+                                    int64_t rows_per_chunk) {
+  __shared__ float sums[8][33];
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const int64_t row_begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t row_end = std::min<int64_t>(m, row_begin + rows_per_chunk);
+  float sum = 0.0f;
+  if (col < n) {
+    for (int64_t row = row_begin + threadIdx.y; row < row_end; row += 8) sum += to_float(dz[row * n + col]);
+  }
+  sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < n) {
+    float total = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) total += sums[i][threadIdx.x];
+    partial[blockIdx.y * n + col] = total;
+  }
+}
+
+// Pass 2: dbias[col] = sum over chunks, in a fixed order (deterministic).
+template <typename T>
+__global__ void column_sum_finish(const float* __restrict__ partial, T* __restrict__ out, int64_t chunks, int64_t n) {
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (col >= n) return;
+  float total = 0.0f;
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) total += partial[chunk * n + col];
+  out[col] = from_float<T>(total);
+}
+
+void launch_activation_grad(const void* dy, const void* z, void* out, int64_t total, DType dtype, Act act,
+                            float slope, float scale, cudaStream_t stream) {
+  GE2_DISPATCH_FLOATING(dtype, "dtype",
+                        activation_grad<scalar_t><<<grid_for(total), kThreads, 0, stream>>>(
+                            static_cast<const scalar_t*>(dy), static_cast<const scalar_t*>(z),
+                            static_cast<scalar_t*>(out), total, act, slope, scale));
+  GE2_CHECK_LAUNCH("gemm activation_grad");
+}
+
+// The partial sums live in the stream's cuBLASLt workspace: stream order keeps them apart from the matmuls.
+void launch_column_sum(const void* dz, void* out, int64_t m, int64_t n, DType dtype, cudaStream_t stream) {
+  const int device = current_device();
+  auto* partial = static_cast<float*>(LtResources::instance().workspace(device, stream));
+  const int64_t max_chunks = std::max<int64_t>(1, static_cast<int64_t>(kLtWorkspaceBytes / sizeof(float)) / n);
+  const int64_t chunks = std::min<int64_t>({max_chunks, (m + 255) / 256, 64});
+  const int64_t rows_per_chunk = (m + chunks - 1) / chunks;
+  const dim3 grid(static_cast<unsigned>((n + 31) / 32), static_cast<unsigned>(chunks));
+  GE2_DISPATCH_FLOATING(dtype, "dtype", {
+    column_partial_sums<scalar_t><<<grid, dim3(32, 8), 0, stream>>>(static_cast<const scalar_t*>(dz), partial, m, n,
+                                                                    rows_per_chunk);
+    GE2_CHECK_LAUNCH("gemm column_partial_sums");
+    column_sum_finish<scalar_t><<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+        partial, static_cast<scalar_t*>(out), chunks, n);
+    GE2_CHECK_LAUNCH("gemm column_sum_finish");
+  });
+}
+
+// Row-major D[m x n] = alpha * op(A) @ op(B); cuBLASLt first, the tiled kernel when it has no algorithm.
+void matmul(const void* a, const void* b, void* d, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
+            const BackwardArgs& args, cudaStream_t stream) {
+  LtCall call;
+  call.a = a;
+  call.b = b;
+  call.d = d;
+  call.m = m;
+  call.n = n;
+  call.k = k;
+  call.dtype = args.dtype;
+  call.trans_a = trans_a;
+  call.trans_b = trans_b;
+  call.alpha = args.alpha;
+  call.allow_tf32 = args.allow_tf32;
+  if (lt_matmul(call, stream)) return;
+  ForwardArgs fallback;
+  fallback.a = a;
+  fallback.b = b;
+  fallback.y = d;
+  fallback.m = m;
+  fallback.n = n;
+  fallback.k = k;
+  fallback.dtype = args.dtype;
+  fallback.trans_a = trans_a;
+  fallback.trans_b = trans_b;
+  fallback.alpha = args.alpha;
+  launch_tiled(fallback, stream);
+}
+
+void check_backward_args(const BackwardArgs& args) {
+  if (args.m < 1 || args.n < 1 || args.k < 1) throw std::invalid_argument("m, n, k: every dimension must be >= 1");
+  if (!is_floating(args.dtype)) throw std::invalid_argument("dtype: expected float32, float16 or bfloat16");
+  if (args.dy == nullptr || args.a == nullptr || args.b == nullptr) {
+    throw std::invalid_argument("dy, a, b: null device pointer");
+  }
+  if (args.act != Act::None && (args.preact == nullptr || args.dz_scratch == nullptr)) {
+    throw std::invalid_argument("preact: required (with a dz scratch buffer) when act is not none");
+  }
+}
+
+}  // namespace
+
+void backward(const BackwardArgs& args, cudaStream_t stream) {
+  check_backward_args(args);
+  const int64_t m = args.m, n = args.n, k = args.k;
+  const void* dz = args.dy;
+  if (args.act != Act::None) {
+    launch_activation_grad(args.dy, args.preact, args.dz_scratch, m * n, args.dtype, args.act, args.slope, 1.0f,
+                           stream);
+    dz = args.dz_scratch;
+  }
+  if (args.da != nullptr) {
+    if (!args.trans_a) {
+      matmul(dz, args.b, args.da, m, k, n, false, !args.trans_b, args, stream);  // dZ @ op(B)^T
+    } else {
+      matmul(args.b, dz, args.da, k, m, n, args.trans_b, true, args, stream);  // op(B) @ dZ^T
+    }
+  }
+  bool dbias_done = false;
+  if (args.db != nullptr) {
+    // dbias through BGRAD on the dB matmul: the reduction is over that matmul's k (= m rows of dZ).
+    LtCall call;
+    call.d = args.db;
+    call.dtype = args.dtype;
+    call.alpha = args.alpha;
+    call.allow_tf32 = args.allow_tf32;
+    call.bias = args.dbias;
+    if (!args.trans_b) {  // dB[k x n] = op(A)^T @ dZ; dZ is cuBLASLt's A operand
+      call.a = args.a;
+      call.b = dz;
+      call.m = k;
+      call.n = n;
+      call.k = m;
+      call.trans_a = !args.trans_a;
+      call.trans_b = false;
+      call.epilogue = LtEpilogue::BiasGradA;
+    } else {  // dB[n x k] = dZ^T @ op(A); dZ is cuBLASLt's B operand
+      call.a = dz;
+      call.b = args.a;
+      call.m = n;
+      call.n = k;
+      call.k = m;
+      call.trans_a = true;
+      call.trans_b = args.trans_a;
+      call.epilogue = LtEpilogue::BiasGradB;
+    }
+    // alpha scales the matmul but not the bias gradient, so BGRAD is used only when alpha == 1.
+    if (args.dbias != nullptr && args.alpha == 1.0f && lt_matmul(call, stream)) {
+      dbias_done = true;
+    } else {
+      matmul(call.a, call.b, call.d, call.m, call.n, call.k, call.trans_a, call.trans_b, args, stream);
+    }
+  }
+  if (args.dbias != nullptr && !dbias_done) launch_column_sum(dz, args.dbias, m, n, args.dtype, stream);
+  if (args.dc != nullptr) {
+    launch_activation_grad(dz, nullptr, args.dc, m * n, args.dtype, Act::None, 0.0f, args.beta, stream);
+  }
+}
+
+}  // namespace ge2::gemm

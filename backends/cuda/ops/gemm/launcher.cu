@@ -1,0 +1,352 @@
+// gemm launcher: argument checks, the cuBLASLt plan cache, and the candidate chain
+//   cublaslt_epilogue -> cublaslt_postkernel -> tiled.
+#include <array>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "api.hpp"
+#include "cublaslt_cache.hpp"
+#include "status.hpp"
+
+namespace ge2::gemm {
+
+Kernel kernel_from_name(const std::string& name) {
+  if (name == "auto") return Kernel::Auto;
+  if (name == "cublaslt_epilogue") return Kernel::LtEpilogue;
+  if (name == "cublaslt_postkernel") return Kernel::LtPostKernel;
+  if (name == "tiled") return Kernel::Tiled;
+  throw std::invalid_argument("kernel: expected one of auto, cublaslt_epilogue, cublaslt_postkernel, tiled, got '" +
+                              name + "'");
+}
+
+const char* kernel_name(Kernel kernel) {
+  switch (kernel) {
+    case Kernel::Auto: return "auto";
+    case Kernel::LtEpilogue: return "cublaslt_epilogue";
+    case Kernel::LtPostKernel: return "cublaslt_postkernel";
+    case Kernel::Tiled: return "tiled";
+  }
+  return "unknown";
+}
+
+std::vector<KernelInfo> kernel_table() {
+  return {
+      {"cublaslt_epilogue", 30, "cuBLASLt matmul with bias and activation fused into its epilogue",
+       "act in {none, relu, gelu}; save_preact only with gelu and N % 8 == 0 (GELU_AUX; RELU_AUX saves a "
+       "bit-mask, not the pre-activation); bias and pre-activation pointers 16-byte aligned; cuBLASLt must "
+       "return an algorithm"},
+      {"cublaslt_postkernel", 20, "cuBLASLt matmul + one fused bias/activation/residual kernel",
+       "every act; any alignment; cuBLASLt must return an algorithm for the plain matmul"},
+      {"tiled", 10, "GE2's own shared-memory tiled kernel, no cuBLAS: the path that always works",
+       "none (slow: the reference path)"},
+  };
+}
+
+namespace {
+
+std::uintptr_t alignment_of(const void* pointer) {
+  const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+  if (address == 0) return 256;
+  return address & (~address + 1);  // largest power of two dividing the address
+}
+
+bool aligned16(const void* pointer) { return pointer == nullptr || alignment_of(pointer) >= 16; }
+
+void check_args(const ForwardArgs& args) {
+  if (args.m < 1 || args.n < 1 || args.k < 1) {
+    throw std::invalid_argument("m, n, k: every dimension must be >= 1, got " + std::to_string(args.m) + ", " +
+                                std::to_string(args.n) + ", " + std::to_string(args.k));
+  }
+  if (!is_floating(args.dtype)) {
+    throw std::invalid_argument(std::string("dtype: expected float32, float16 or bfloat16, got ") +
+                                dtype_name(args.dtype));
+  }
+  if (args.a == nullptr) throw std::invalid_argument("a: null device pointer");
+  if (args.b == nullptr) throw std::invalid_argument("b: null device pointer");
+  if (args.y == nullptr) throw std::invalid_argument("y: null device pointer");
+  if (args.beta != 0.0f && args.c == nullptr) throw std::invalid_argument("c: beta != 0 needs a residual C");
+}
+
+// ---- cuBLASLt plan cache -------------------------------------------------------------------------------------
+// One plan per problem: descriptors, layouts and the algorithms the heuristic returned. Pointers are not part of a
+// plan (they are set per call), but their alignment is, because it decides which algorithms are valid.
+using PlanKey = std::array<int64_t, 18>;
+
+struct LtPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_c = nullptr, layout_d = nullptr;
+  std::vector<cublasLtMatmulAlgo_t> algorithms;
+  std::size_t working = 0;  // index of the algorithm that last ran
+  std::mutex mutex;         // attributes are set per call on the shared descriptor
+
+  ~LtPlan() {
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    for (auto layout : {layout_a, layout_b, layout_c, layout_d}) {
+      if (layout) cublasLtMatrixLayoutDestroy(layout);
+    }
+  }
+};
+
+std::mutex plan_cache_mutex;
+std::map<PlanKey, std::unique_ptr<LtPlan>>& plan_cache() {
+  static auto* cache = new std::map<PlanKey, std::unique_ptr<LtPlan>>();  // never destroyed: see LtResources
+  return *cache;
+}
+
+cublasLtEpilogue_t to_cublaslt(LtEpilogue epilogue) {
+  switch (epilogue) {
+    case LtEpilogue::Default: return CUBLASLT_EPILOGUE_DEFAULT;
+    case LtEpilogue::Bias: return CUBLASLT_EPILOGUE_BIAS;
+    case LtEpilogue::Relu: return CUBLASLT_EPILOGUE_RELU;
+    case LtEpilogue::ReluBias: return CUBLASLT_EPILOGUE_RELU_BIAS;
+    case LtEpilogue::Gelu: return CUBLASLT_EPILOGUE_GELU;
+    case LtEpilogue::GeluBias: return CUBLASLT_EPILOGUE_GELU_BIAS;
+    case LtEpilogue::GeluAux: return CUBLASLT_EPILOGUE_GELU_AUX;
+    case LtEpilogue::GeluAuxBias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case LtEpilogue::BiasGradA: return CUBLASLT_EPILOGUE_BGRADA;
+    case LtEpilogue::BiasGradB: return CUBLASLT_EPILOGUE_BGRADB;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+bool uses_aux(LtEpilogue e) { return e == LtEpilogue::GeluAux || e == LtEpilogue::GeluAuxBias; }
+bool uses_bias(LtEpilogue e) {
+  return e == LtEpilogue::Bias || e == LtEpilogue::ReluBias || e == LtEpilogue::GeluBias ||
+         e == LtEpilogue::GeluAuxBias || e == LtEpilogue::BiasGradA || e == LtEpilogue::BiasGradB;
+}
+
+// Row-major D = op(A) @ op(B) is column-major D^T = op(B)^T @ op(A)^T: cuBLASLt sees B as its "A" and A as its
+// "B", with m and n swapped. Bias per output column of D is then per row of cuBLASLt's D, as cuBLASLt wants.
+LtPlan* find_or_create_plan(const LtCall& call, int device) {
+  const bool has_c = call.beta != 0.0f;
+  const PlanKey key = {device, call.m, call.n, call.k, static_cast<int64_t>(call.dtype), call.trans_a, call.trans_b,
+                       static_cast<int64_t>(call.epilogue), call.allow_tf32, has_c,
+                       static_cast<int64_t>(std::min<std::uintptr_t>(alignment_of(call.a), 256)),
+                       static_cast<int64_t>(std::min<std::uintptr_t>(alignment_of(call.b), 256)),
+                       static_cast<int64_t>(std::min<std::uintptr_t>(alignment_of(has_c ? call.c : call.d), 256)),
+                       static_cast<int64_t>(std::min<std::uintptr_t>(alignment_of(call.d), 256)),
+                       static_cast<int64_t>(std::min<std::uintptr_t>(alignment_of(call.bias), 256)),
+                       static_cast<int64_t>(std::min<std::uintptr_t>(alignment_of(call.aux), 256)),
+                       static_cast<int64_t>(kLtWorkspaceBytes), 0};
+  std::lock_guard<std::mutex> lock(plan_cache_mutex);
+  auto found = plan_cache().find(key);
+  if (found != plan_cache().end()) return found->second.get();
+
+  auto plan = std::make_unique<LtPlan>();
+  const cudaDataType_t type = to_cuda_datatype(call.dtype);
+  const cublasComputeType_t compute = (call.dtype == DType::Float32 && call.allow_tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                                        : CUBLAS_COMPUTE_32F;
+  GE2_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F));
+  const cublasOperation_t op_lt_a = call.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our B
+  const cublasOperation_t op_lt_b = call.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's B is our A
+  GE2_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_lt_a, sizeof(op_lt_a)));
+  GE2_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_lt_b, sizeof(op_lt_b)));
+  const cublasLtEpilogue_t epilogue = to_cublaslt(call.epilogue);
+  GE2_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+  if (uses_aux(call.epilogue)) {
+    const int64_t aux_ld = call.n;
+    GE2_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+  }
+  // Stored (pre-op) shapes, column-major: our row-major R x C matrix is a column-major C x R one.
+  const int64_t a_rows = call.trans_a ? call.m : call.k, a_cols = call.trans_a ? call.k : call.m;
+  const int64_t b_rows = call.trans_b ? call.k : call.n, b_cols = call.trans_b ? call.n : call.k;
+  GE2_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_a, type, b_rows, b_cols, b_rows));  // cuBLASLt A = B
+  GE2_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_b, type, a_rows, a_cols, a_rows));  // cuBLASLt B = A
+  GE2_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_c, type, call.n, call.m, call.n));
+  GE2_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->layout_d, type, call.n, call.m, call.n));
+
+  // The heuristic reads the epilogue pointers' alignment, so they are set before asking.
+  if (uses_bias(call.epilogue)) {
+    GE2_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias, sizeof(call.bias)));
+  }
+  if (uses_aux(call.epilogue)) {
+    GE2_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &call.aux,
+                                                    sizeof(call.aux)));
+  }
+  cublasLtMatmulPreference_t preference = nullptr;
+  GE2_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  const uint64_t workspace_bytes = kLtWorkspaceBytes;
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                       sizeof(workspace_bytes));
+  const uint32_t align_a = static_cast<uint32_t>(key[11]), align_b = static_cast<uint32_t>(key[10]);
+  const uint32_t align_c = static_cast<uint32_t>(key[12]), align_d = static_cast<uint32_t>(key[13]);
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                       sizeof(align_a));
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                       sizeof(align_b));
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                       sizeof(align_c));
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
+                                       sizeof(align_d));
+  constexpr int kRequested = 8;  // several, so a failing algorithm can fall to the next
+  cublasLtMatmulHeuristicResult_t results[kRequested] = {};
+  int returned = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      LtResources::instance().handle(device), plan->desc, plan->layout_a, plan->layout_b, plan->layout_c,
+      plan->layout_d, preference, kRequested, results, &returned);
+  cublasLtMatmulPreferenceDestroy(preference);
+  if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) {
+    check_cublas(status, GE2_OP_NAME, "cublasLtMatmulAlgoGetHeuristic");
+  }
+  for (int i = 0; i < returned; ++i) {
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) plan->algorithms.push_back(results[i].algo);
+  }
+  LtPlan* raw = plan.get();
+  plan_cache().emplace(key, std::move(plan));
+  return raw;
+}
+
+}  // namespace
+
+std::size_t lt_plan_count() {
+  std::lock_guard<std::mutex> lock(plan_cache_mutex);
+  return plan_cache().size();
+}
+
+bool lt_matmul(const LtCall& call, cudaStream_t stream) {
+  const int device = current_device();
+  LtPlan* plan = find_or_create_plan(call, device);
+  if (plan->algorithms.empty()) return false;
+  cublasLtHandle_t handle = LtResources::instance().handle(device);
+  void* workspace = LtResources::instance().workspace(device, stream);
+
+  std::lock_guard<std::mutex> lock(plan->mutex);
+  if (uses_bias(call.epilogue)) {
+    GE2_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias, sizeof(call.bias)));
+  }
+  if (uses_aux(call.epilogue)) {
+    GE2_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &call.aux,
+                                                    sizeof(call.aux)));
+  }
+  const void* c = call.beta != 0.0f ? call.c : call.d;
+  // Try the algorithm that worked last, then the others; NOT_SUPPORTED means "try the next one".
+  for (std::size_t attempt = 0; attempt < plan->algorithms.size(); ++attempt) {
+    const std::size_t index = (plan->working + attempt) % plan->algorithms.size();
+    const cublasStatus_t status =
+        cublasLtMatmul(handle, plan->desc, &call.alpha, call.b, plan->layout_a, call.a, plan->layout_b, &call.beta, c,
+                       plan->layout_c, call.d, plan->layout_d, &plan->algorithms[index], workspace,
+                       kLtWorkspaceBytes, stream);
+    if (status == CUBLAS_STATUS_SUCCESS) {
+      plan->working = index;
+      return true;
+    }
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED) check_cublas(status, GE2_OP_NAME, "cublasLtMatmul");
+  }
+  return false;
+}
+
+std::string unsupported_reason(Kernel kernel, const ForwardArgs& args, bool pointers_aligned) {
+  if (kernel != Kernel::LtEpilogue) return "";
+  if (args.act != Act::None && args.act != Act::Relu && args.act != Act::Gelu) {
+    return "cuBLASLt has no epilogue for this activation (only none, relu, gelu)";
+  }
+  if (args.preact != nullptr && args.act == Act::Relu) {
+    return "save_preact with relu: RELU_AUX saves a bit-mask, not the pre-activation";
+  }
+  if (args.preact != nullptr && args.act == Act::Gelu && args.n % 8 != 0) {
+    return "save_preact with gelu needs N % 8 == 0 (GELU_AUX leading dimension), got N = " + std::to_string(args.n);
+  }
+  if (!pointers_aligned) return "bias or pre-activation pointer is not 16-byte aligned";
+  return "";
+}
+
+namespace {
+
+LtEpilogue forward_epilogue(const ForwardArgs& args) {
+  const bool bias = args.bias != nullptr;
+  switch (args.act) {
+    case Act::None: return bias ? LtEpilogue::Bias : LtEpilogue::Default;
+    case Act::Relu: return bias ? LtEpilogue::ReluBias : LtEpilogue::Relu;
+    case Act::Gelu:
+      if (args.preact != nullptr) return bias ? LtEpilogue::GeluAuxBias : LtEpilogue::GeluAux;
+      return bias ? LtEpilogue::GeluBias : LtEpilogue::Gelu;
+    default: throw std::logic_error("forward_epilogue: activation has no cuBLASLt epilogue");
+  }
+}
+
+LtCall base_call(const ForwardArgs& args) {
+  LtCall call;
+  call.a = args.a;
+  call.b = args.b;
+  call.m = args.m;
+  call.n = args.n;
+  call.k = args.k;
+  call.dtype = args.dtype;
+  call.trans_a = args.trans_a;
+  call.trans_b = args.trans_b;
+  call.alpha = args.alpha;
+  call.allow_tf32 = args.allow_tf32;
+  return call;
+}
+
+bool run_epilogue(const ForwardArgs& args, cudaStream_t stream) {
+  LtCall call = base_call(args);
+  call.c = args.c;
+  call.beta = args.c != nullptr ? args.beta : 0.0f;
+  call.d = args.y;
+  call.bias = args.bias;
+  call.aux = args.preact;
+  call.epilogue = forward_epilogue(args);
+  return lt_matmul(call, stream);
+}
+
+// alpha * A @ B into the pre-activation buffer (or Y), then bias, residual and activation in one pass.
+bool run_postkernel(const ForwardArgs& args, cudaStream_t stream) {
+  LtCall call = base_call(args);
+  void* accumulator = args.preact != nullptr ? args.preact : args.y;
+  call.d = accumulator;
+  if (!lt_matmul(call, stream)) return false;
+  launch_postkernel(accumulator, args.c, args.bias, args.y, args.preact, args.m, args.n, args.dtype,
+                    args.c != nullptr ? args.beta : 0.0f, args.act, args.slope, stream);
+  return true;
+}
+
+bool run(Kernel kernel, const ForwardArgs& args, cudaStream_t stream) {
+  switch (kernel) {
+    case Kernel::LtEpilogue: return run_epilogue(args, stream);
+    case Kernel::LtPostKernel: return run_postkernel(args, stream);
+    case Kernel::Tiled: launch_tiled(args, stream); return true;
+    case Kernel::Auto: break;
+  }
+  throw std::logic_error("run: Auto is not a kernel");
+}
+
+bool force_no_epilogue() {
+  const char* value = std::getenv("GE2_FORCE_NO_EPILOGUE");
+  return value != nullptr && std::string(value) == "1";
+}
+
+}  // namespace
+
+Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
+  check_args(args);
+  const bool aligned = aligned16(args.bias) && aligned16(args.preact);
+  if (requested != Kernel::Auto) {
+    const std::string reason = unsupported_reason(requested, args, aligned);
+    if (!reason.empty()) {
+      throw std::invalid_argument(std::string("kernel: '") + kernel_name(requested) + "' cannot run this problem: " +
+                                  reason);
+    }
+    if (!run(requested, args, stream)) {
+      throw std::runtime_error(std::string("ge2 op 'gemm': kernel '") + kernel_name(requested) +
+                               "': cuBLASLt returned no algorithm for this problem");
+    }
+    return requested;
+  }
+  const Kernel chain[] = {Kernel::LtEpilogue, Kernel::LtPostKernel, Kernel::Tiled};
+  for (Kernel kernel : chain) {
+    if (kernel == Kernel::LtEpilogue && force_no_epilogue()) continue;
+    if (!unsupported_reason(kernel, args, aligned).empty()) continue;
+    if (run(kernel, args, stream)) return kernel;
+  }
+  throw std::logic_error("gemm: the tiled kernel always runs");
+}
+
+}  // namespace ge2::gemm

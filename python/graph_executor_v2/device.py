@@ -1,0 +1,146 @@
+"""Device-side interop: GE2's DeviceArray, streams, and zero-copy views of PyTorch and CuPy arrays.
+
+Ops accept any CUDA array: a ``DeviceArray``, a ``torch.Tensor`` on CUDA, a CuPy array, or anything exposing
+``__dlpack__`` / ``__cuda_array_interface__``. ``view_of`` turns one into a ``DeviceView`` (address, shape, dtype,
+strides) without copying; ops allocate their outputs as the same kind of array as their first input.
+"""
+from __future__ import annotations
+
+import sys
+from typing import NamedTuple
+
+from . import _native
+from .dtypes import normalize
+
+
+def runtime():
+    """The native ``_runtime`` module."""
+    return _native.load("_runtime")
+
+
+def device_count() -> int:
+    """Number of visible CUDA GPUs; 0 when there is none (or the native runtime is not built)."""
+    try:
+        return runtime().device_count()
+    except ImportError:
+        return 0
+
+
+def is_available() -> bool:
+    return device_count() > 0
+
+
+def require_gpu(what: str = "this operation") -> None:
+    """Raises RuntimeError with a clear reason when no GPU can run ``what``."""
+    if device_count() == 0:
+        raise RuntimeError(f"ge2: {what} needs a CUDA GPU, and none is available on this machine")
+
+
+def __getattr__(name):
+    # DeviceArray, Stream, Event, CudaGraph live in the native runtime; load it only when asked for.
+    if name in ("DeviceArray", "Stream", "Event", "CudaGraph"):
+        return getattr(runtime(), name)
+    raise AttributeError(name)
+
+
+class DeviceView(NamedTuple):
+    """A borrowed device array: everything an op launcher needs, nothing that owns memory."""
+
+    ptr: int
+    shape: tuple
+    dtype: str
+    strides: tuple  # in elements
+    device: int
+
+    @property
+    def is_contiguous(self) -> bool:
+        expected = 1
+        for extent, stride in zip(reversed(self.shape), reversed(self.strides)):
+            if extent != 1 and stride != expected:
+                return False
+            expected *= extent
+        return True
+
+
+def _kind(array) -> str:
+    module = type(array).__module__
+    if module.startswith("graph_executor_v2"):
+        return "ge2"
+    if module.startswith("torch"):
+        return "torch"
+    if module.startswith("cupy"):
+        return "cupy"
+    return "other"
+
+
+def view_of(array, argument: str = "array") -> DeviceView:
+    """Zero-copy view of a CUDA array. Raises TypeError naming ``argument`` for host or unsupported objects."""
+    kind = _kind(array)
+    if kind == "ge2":
+        return DeviceView(array.ptr, array.shape, array.dtype, array.strides, array.device)
+    if kind == "torch":
+        if not array.is_cuda:
+            raise TypeError(f"{argument}: expected a CUDA tensor, got a torch tensor on {array.device}")
+        return DeviceView(
+            array.data_ptr(), tuple(array.shape), normalize(array.dtype, argument), tuple(array.stride()),
+            array.device.index,
+        )
+    if kind == "cupy":
+        itemsize = array.dtype.itemsize
+        return DeviceView(
+            array.data.ptr, tuple(array.shape), normalize(array.dtype, argument),
+            tuple(s // itemsize for s in array.strides), array.device.id,
+        )
+    if hasattr(array, "__cuda_array_interface__") or hasattr(array, "__dlpack__"):
+        imported = as_device_array(array, argument)
+        return DeviceView(imported.ptr, imported.shape, imported.dtype, imported.strides, imported.device)
+    raise TypeError(
+        f"{argument}: expected a CUDA device array (ge2 DeviceArray, torch.Tensor on CUDA, CuPy array), "
+        f"got {type(array).__name__}; use forward_numpy for host arrays"
+    )
+
+
+def as_device_array(array, argument: str = "array"):
+    """A ``DeviceArray`` sharing memory with ``array`` (DeviceArray, DLPack or CUDA-array-interface object)."""
+    rt = runtime()
+    if isinstance(array, rt.DeviceArray):
+        return array
+    if hasattr(array, "__dlpack__"):
+        if hasattr(array, "__dlpack_device__") and array.__dlpack_device__()[0] != 2:
+            raise TypeError(f"{argument}: expected a CUDA array, got one on DLPack device {array.__dlpack_device__()}")
+        try:
+            capsule = array.__dlpack__(max_version=(1, 0))
+        except TypeError:  # producers that predate versioned DLPack
+            capsule = array.__dlpack__()
+        return rt.DeviceArray.from_dlpack_capsule(capsule)
+    if hasattr(array, "__cuda_array_interface__"):
+        return rt.DeviceArray.from_cuda_array_interface(array)
+    raise TypeError(f"{argument}: expected an object with __dlpack__ or __cuda_array_interface__, "
+                    f"got {type(array).__name__}")
+
+
+def empty_like_kind(template, shape: tuple, dtype: str, device: int):
+    """An uninitialized output of the same kind as ``template`` (torch in, torch out; CuPy in, CuPy out)."""
+    kind = _kind(template)
+    if kind == "torch":
+        torch = sys.modules["torch"]
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=f"cuda:{device}")
+    if kind == "cupy" and dtype != "bfloat16":
+        cupy = sys.modules["cupy"]
+        with cupy.cuda.Device(device):
+            return cupy.empty(shape, dtype=dtype)
+    return runtime().DeviceArray.empty(list(shape), dtype, device)
+
+
+def stream_handle(stream) -> int:
+    """cudaStream_t as an int from None (legacy default stream), an int, a GE2 Stream, torch or CuPy streams."""
+    if stream is None:
+        return 0
+    if isinstance(stream, int):
+        return stream
+    for attribute in ("handle", "cuda_stream", "ptr"):  # GE2, torch, CuPy
+        handle = getattr(stream, attribute, None)
+        if isinstance(handle, int):
+            return handle
+    raise TypeError(f"stream: expected None, an int handle, a ge2 Stream, a torch or CuPy stream, "
+                    f"got {type(stream).__name__}")

@@ -1,0 +1,9 @@
+"""GE2 ops. Importing this package registers every op definition in ``OPS``; native modules load on first use.
+
+Each op module has the same face: ``forward_numpy`` (host in, host out), ``forward`` (device arrays: DeviceArray,
+torch, CuPy), ``backward_numpy``, ``backward`` and ``kernels()``.
+"""
+from ._base import OPS, Attr, Candidate, Input, OpDef, Problem, register
+from . import gemm
+
+__all__ = ["OPS", "Attr", "Candidate", "Input", "OpDef", "Problem", "register", "gemm"]

@@ -1,0 +1,152 @@
+"""The op definition: the single source of truth about an op.
+
+Every ``ops/<op>.py`` registers one or more ``OpDef``s. The IR (builders, verifier), the passes (shape/dtype
+inference), the kernel registry (candidates), the CPU backend (NumPy reference) and the tests all read them;
+no op knowledge is written anywhere else.
+
+Contract of the callables an OpDef carries (``attrs`` is always the full, validated attribute dict):
+- ``infer(in_types, attrs) -> list[TensorType]``: output types from input types (``None`` for an absent
+  optional input). Raises ValueError/TypeError naming the input and what was expected; the caller prefixes the
+  node name.
+- ``reference(inputs, attrs) -> list[np.ndarray]``: NumPy forward, computed in float64 and cast to the output
+  dtype by the caller (``run_reference``), so it is both the oracle and the CPU backend.
+- ``reference_backward(inputs, outputs, out_grads, attrs) -> list[np.ndarray | None]``: gradients w.r.t. each
+  input, float64 (``None`` for inputs with no gradient, e.g. integer ids).
+- ``candidates``: the ways to run the op on a GPU, best first by ``priority``; the registry adds the CPU
+  reference as the candidate that always works on the CPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..dtypes import to_numpy
+from ..ir.types import TensorType
+
+REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Attr:
+    """An attribute with its expected Python type(s), an optional default, allowed choices and a check."""
+
+    name: str
+    kind: type | tuple[type, ...]
+    default: Any = REQUIRED
+    choices: tuple | None = None
+    check: Callable[[Any], str | None] | None = None  # returns a message describing what is wrong, or None
+    doc: str = ""
+
+    def validate(self, value: Any, where: str) -> Any:
+        if self.kind is float and isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            value = float(value)
+        if self.kind is int and isinstance(value, np.integer):
+            value = int(value)
+        if self.kind is tuple and isinstance(value, list):
+            value = tuple(value)
+        if isinstance(value, bool) and self.kind in (int, float):
+            raise TypeError(f"{where}: attribute '{self.name}' expected {self.kind.__name__}, got bool")
+        if not isinstance(value, self.kind) and not (value is None and self.default is None):
+            expected = self.kind.__name__ if isinstance(self.kind, type) else " or ".join(k.__name__ for k in self.kind)
+            raise TypeError(f"{where}: attribute '{self.name}' expected {expected}, got {type(value).__name__} "
+                            f"({value!r})")
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"{where}: attribute '{self.name}' expected one of {', '.join(map(str, self.choices))}, "
+                             f"got {value!r}")
+        if self.check is not None and value is not None:
+            problem = self.check(value)
+            if problem:
+                raise ValueError(f"{where}: attribute '{self.name}' {problem}, got {value!r}")
+        return value
+
+
+@dataclass(frozen=True)
+class Input:
+    name: str
+    optional: bool = False
+    variadic: bool = False  # takes the rest of the inputs (concat)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Everything a kernel candidate needs to decide whether it applies and to prepare a launch."""
+
+    op: str
+    in_types: tuple[TensorType | None, ...]  # concrete shapes; None for absent optional inputs
+    out_types: tuple[TensorType, ...]
+    attrs: dict
+    compute_capability: tuple[int, int] = (9, 0)
+
+
+# launch(input_ptrs, output_ptrs, stream) -> None. Input pointers of absent optional inputs are 0. All buffers are
+# contiguous, 256-byte aligned and on the current device. Per-node Python cost in a plan is this one call.
+Launch = Callable[[Sequence[int], Sequence[int], int], None]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run an op on the GPU."""
+
+    name: str
+    priority: int  # higher is preferred among the candidates that support a problem
+    description: str
+    supports: Callable[[Problem], str | None]  # None when it applies, else the reason it does not
+    prepare: Callable[[Problem], Launch]  # may raise RuntimeError (e.g. no cuBLASLt algorithm): next one is tried
+    always_works: bool = False  # the fallback that supports every valid problem on the GPU
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    inputs: tuple[Input, ...]
+    outputs: tuple[str, ...]
+    attrs: tuple[Attr, ...]
+    infer: Callable[[Sequence[TensorType | None], dict], list[TensorType]]
+    reference: Callable[[Sequence[np.ndarray | None], dict], list[np.ndarray]]
+    reference_backward: Callable[..., list[np.ndarray | None]] | None = None
+    candidates: tuple[Candidate, ...] = ()
+    doc: str = ""
+    attr_map: dict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "attr_map", {a.name: a for a in self.attrs})
+
+    def validate_attrs(self, attrs: dict, where: str) -> dict:
+        """Full attribute dict with defaults filled in; unknown or missing attributes raise, naming ``where``."""
+        unknown = set(attrs) - set(self.attr_map)
+        if unknown:
+            raise ValueError(f"{where}: unknown attribute(s) {sorted(unknown)} for op '{self.name}'; "
+                             f"expected among {sorted(self.attr_map)}")
+        result = {}
+        for attr in self.attrs:
+            if attr.name in attrs:
+                result[attr.name] = attr.validate(attrs[attr.name], where)
+            elif attr.default is REQUIRED:
+                raise ValueError(f"{where}: op '{self.name}' requires attribute '{attr.name}'")
+            else:
+                result[attr.name] = attr.default
+        return result
+
+    def run_reference(self, inputs: Sequence[np.ndarray | None], attrs: dict) -> list[np.ndarray]:
+        """The CPU backend: float64 reference math, cast to the inferred output dtypes."""
+        in_types = [None if x is None else TensorType(x.shape, np.dtype(x.dtype).name) for x in inputs]
+        out_types = self.infer(in_types, attrs)
+        outputs = self.reference(inputs, attrs)
+        return [np.asarray(o).astype(to_numpy(t.dtype)) for o, t in zip(outputs, out_types)]
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def register(opdef: OpDef) -> OpDef:
+    if opdef.name in OPS:
+        raise ValueError(f"op '{opdef.name}' is registered twice")
+    OPS[opdef.name] = opdef
+    return opdef
+
+
+def as_float64(x: np.ndarray | None) -> np.ndarray | None:
+    return None if x is None else np.asarray(x).astype(np.float64)
+

@@ -1,0 +1,364 @@
+"""gemm: ``Y = act(alpha * op(A) @ op(B) + beta * C + bias)``, row-major, bias per output column.
+
+Inputs float32/float16/bfloat16 (all of one dtype) with float32 accumulation; TF32 only with ``allow_tf32``.
+``act`` is one of none, relu, gelu (tanh form, as cuBLASLt), silu, leaky_relu (``slope``). With
+``save_preact`` the pre-activation ``Z`` is returned too, for backward.
+
+Kernel candidates (``kernels()``), best first:
+1. ``cublaslt_epilogue``: cuBLASLt with bias/activation fused into the epilogue (BIAS, RELU_BIAS, GELU_BIAS,
+   GELU_AUX_BIAS for the saved pre-activation).
+2. ``cublaslt_postkernel``: cuBLASLt GEMM + one fused bias/activation/residual kernel; the fallback for SiLU,
+   leaky ReLU, misaligned pointers or no algorithm from the heuristic. ``GE2_FORCE_NO_EPILOGUE=1`` starts here.
+3. ``tiled``: GE2's own tiled kernel, no cuBLAS: the path that always works.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import device as _device
+from .. import _native
+from ..dtypes import FLOAT_DTYPES, normalize, to_numpy
+from ..ir.types import TensorType
+from . import activations
+from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register
+
+GEMM_ACTIVATIONS = ("none", "relu", "gelu", "silu", "leaky_relu")
+KERNELS = ("auto", "cublaslt_epilogue", "cublaslt_postkernel", "tiled")
+
+
+def _native_module():
+    return _native.load("_ops_gemm")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reference (float64): the oracle of every test and the CPU backend.
+# ---------------------------------------------------------------------------------------------------------------
+def reference(a, b, bias=None, c=None, *, act="none", alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
+              slope=0.01):
+    """Returns (Y, Z) in float64, Z being the pre-activation."""
+    a64, b64 = as_float64(a), as_float64(b)
+    z = alpha * ((a64.T if trans_a else a64) @ (b64.T if trans_b else b64))
+    if c is not None and beta != 0.0:
+        z = z + beta * as_float64(c)
+    if bias is not None:
+        z = z + as_float64(bias)[None, :]
+    return activations.apply(act, z, slope), z
+
+
+def reference_backward(dy, a, b, preact=None, *, act="none", alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
+                       slope=0.01):
+    """Returns (dA, dB, dbias, dC) in float64 for the forward above (dC = beta * dZ)."""
+    dy64, a64, b64 = as_float64(dy), as_float64(a), as_float64(b)
+    dz = dy64 if act == "none" else dy64 * activations.derivative(act, as_float64(preact), slope)
+    op_a = a64.T if trans_a else a64
+    op_b = b64.T if trans_b else b64
+    d_op_a = alpha * dz @ op_b.T
+    d_op_b = alpha * op_a.T @ dz
+    return (d_op_a.T if trans_a else d_op_a, d_op_b.T if trans_b else d_op_b, dz.sum(axis=0), beta * dz)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation: shapes and dtypes only, so it runs (and is tested) with no GPU.
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GemmShape:
+    m: int
+    n: int
+    k: int
+    dtype: str
+
+
+def _dtype_of(x, argument):
+    return normalize(getattr(x, "dtype"), argument)
+
+
+def check_operands(a_shape, a_dtype, b_shape, b_dtype, bias_shape=None, bias_dtype=None, c_shape=None,
+                   c_dtype=None, *, act="none", trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
+                   slope=0.01) -> GemmShape:
+    """Validates a gemm problem; raises ValueError/TypeError naming the argument, the expectation and the value."""
+    if len(a_shape) != 2:
+        raise ValueError(f"a: expected a 2-d array, got shape {tuple(a_shape)}")
+    if len(b_shape) != 2:
+        raise ValueError(f"b: expected a 2-d array, got shape {tuple(b_shape)}")
+    if a_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"a: expected dtype float32, float16 or bfloat16, got {a_dtype}")
+    if b_dtype != a_dtype:
+        raise TypeError(f"b: expected dtype {a_dtype} (the dtype of a), got {b_dtype}")
+    for name, value in (("trans_a", trans_a), ("trans_b", trans_b)):
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+    for name, value in (("alpha", alpha), ("beta", beta), ("slope", slope)):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+            raise TypeError(f"{name}: expected a float, got {type(value).__name__}")
+    if act not in GEMM_ACTIVATIONS:
+        raise ValueError(f"act: expected one of {', '.join(GEMM_ACTIVATIONS)}, got {act!r}")
+    m, k = (a_shape[1], a_shape[0]) if trans_a else (a_shape[0], a_shape[1])
+    k_b, n = (b_shape[1], b_shape[0]) if trans_b else (b_shape[0], b_shape[1])
+    if k != k_b:
+        raise ValueError(f"b: inner dimension mismatch: op(a) is {m}x{k} but op(b) is {k_b}x{n} "
+                         f"(trans_a={trans_a}, trans_b={trans_b})")
+    if min(m, n, k) < 1:
+        raise ValueError(f"a, b: every dimension must be >= 1, got M={m}, N={n}, K={k}")
+    if bias_shape is not None:
+        if tuple(bias_shape) != (n,):
+            raise ValueError(f"bias: expected shape ({n},) (one per output column), got {tuple(bias_shape)}")
+        if bias_dtype != a_dtype:
+            raise TypeError(f"bias: expected dtype {a_dtype}, got {bias_dtype}")
+    if c_shape is not None:
+        if tuple(c_shape) != (m, n):
+            raise ValueError(f"c: expected shape ({m}, {n}), got {tuple(c_shape)}")
+        if c_dtype != a_dtype:
+            raise TypeError(f"c: expected dtype {a_dtype}, got {c_dtype}")
+    return GemmShape(m, n, k, a_dtype)
+
+
+def _check_kernel(kernel):
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Python face
+# ---------------------------------------------------------------------------------------------------------------
+def forward_numpy(A, B, bias=None, C=None, act="none", alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
+                  slope=0.01, allow_tf32=False, save_preact=False, kernel="auto"):
+    """Host arrays in, host array(s) out: Y, or (Y, Z) with ``save_preact``. Runs on the GPU."""
+    arrays = {"A": A, "B": B, "bias": bias, "C": C}
+    for name, value in arrays.items():
+        if value is not None and not isinstance(value, np.ndarray):
+            raise TypeError(f"{name}: expected a NumPy array, got {type(value).__name__}")
+    check_operands(A.shape, _dtype_of(A, "A"), B.shape, _dtype_of(B, "B"),
+                   None if bias is None else bias.shape, None if bias is None else _dtype_of(bias, "bias"),
+                   None if C is None else C.shape, None if C is None else _dtype_of(C, "C"),
+                   act=act, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, slope=slope)
+    _check_kernel(kernel)
+    _device.require_gpu("gemm.forward_numpy")
+    DeviceArray = _device.runtime().DeviceArray
+    on_device = {k: None if v is None else DeviceArray.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
+    result = forward(on_device["A"], on_device["B"], bias=on_device["bias"], C=on_device["C"], act=act,
+                     alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, slope=slope,
+                     allow_tf32=allow_tf32, save_preact=save_preact, kernel=kernel)
+    if save_preact:
+        return result[0].numpy(), result[1].numpy()
+    return result.numpy()
+
+
+def forward(A, B, bias=None, C=None, act="none", alpha=1.0, beta=0.0, trans_a=False, trans_b=False, slope=0.01,
+            allow_tf32=False, save_preact=False, kernel="auto", out=None, preact_out=None, stream=None):
+    """Device arrays (DeviceArray, torch, CuPy) in, device array(s) out, zero-copy. ``out``/``preact_out`` are
+    written when given; otherwise outputs are allocated as the same kind of array as ``A``."""
+    va, vb = _device.view_of(A, "A"), _device.view_of(B, "B")
+    vbias = None if bias is None else _device.view_of(bias, "bias")
+    vc = None if C is None else _device.view_of(C, "C")
+    shape = check_operands(va.shape, va.dtype, vb.shape, vb.dtype,
+                           None if vbias is None else vbias.shape, None if vbias is None else vbias.dtype,
+                           None if vc is None else vc.shape, None if vc is None else vc.dtype,
+                           act=act, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, slope=slope)
+    _check_kernel(kernel)
+    for name, view in (("A", va), ("B", vb), ("bias", vbias), ("C", vc)):
+        if view is not None and not view.is_contiguous:
+            raise ValueError(f"{name}: expected a contiguous row-major array, got strides {view.strides} for shape "
+                             f"{view.shape}; transpose with trans_a/trans_b instead of passing a strided view")
+        if view is not None and view.device != va.device:
+            raise ValueError(f"{name}: expected an array on cuda:{va.device} (the device of A), got cuda:{view.device}")
+    y = out if out is not None else _device.empty_like_kind(A, (shape.m, shape.n), shape.dtype, va.device)
+    vy = _check_output(y, "out", shape, va.device)
+    want_preact = save_preact and act != "none"
+    z = None
+    if want_preact:
+        z = preact_out if preact_out is not None else _device.empty_like_kind(A, (shape.m, shape.n), shape.dtype,
+                                                                              va.device)
+        vz = _check_output(z, "preact_out", shape, va.device)
+    _native_module().forward(
+        va.ptr, vb.ptr, 0 if vc is None else vc.ptr, 0 if vbias is None else vbias.ptr, vy.ptr,
+        vz.ptr if want_preact else 0, shape.m, shape.n, shape.k, shape.dtype, bool(trans_a), bool(trans_b),
+        float(alpha), float(beta) if vc is not None else 0.0, act, float(slope), bool(allow_tf32), kernel,
+        _device.stream_handle(stream))
+    if save_preact:
+        return y, (z if want_preact else y)
+    return y
+
+
+def _check_output(array, argument, shape: GemmShape, device):
+    view = _device.view_of(array, argument)
+    if view.shape != (shape.m, shape.n):
+        raise ValueError(f"{argument}: expected shape ({shape.m}, {shape.n}), got {view.shape}")
+    if view.dtype != shape.dtype:
+        raise TypeError(f"{argument}: expected dtype {shape.dtype}, got {view.dtype}")
+    if not view.is_contiguous:
+        raise ValueError(f"{argument}: expected a contiguous array, got strides {view.strides}")
+    if view.device != device:
+        raise ValueError(f"{argument}: expected an array on cuda:{device}, got cuda:{view.device}")
+    return view
+
+
+def backward_numpy(dY, A, B, preact=None, act="none", alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
+                   slope=0.01, allow_tf32=False, with_c=False):
+    """Host arrays in: returns (dA, dB, dbias, dC) as host arrays (dC is None unless ``with_c``)."""
+    arrays = {"dY": dY, "A": A, "B": B, "preact": preact}
+    for name, value in arrays.items():
+        if value is not None and not isinstance(value, np.ndarray):
+            raise TypeError(f"{name}: expected a NumPy array, got {type(value).__name__}")
+    _check_backward(dY.shape, _dtype_of(dY, "dY"), A.shape, _dtype_of(A, "A"), B.shape, _dtype_of(B, "B"),
+                    None if preact is None else preact.shape, None if preact is None else _dtype_of(preact, "preact"),
+                    act, trans_a, trans_b, alpha, beta, slope)
+    _device.require_gpu("gemm.backward_numpy")
+    DeviceArray = _device.runtime().DeviceArray
+    on_device = {k: None if v is None else DeviceArray.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
+    grads = backward(on_device["dY"], on_device["A"], on_device["B"], on_device["preact"], act=act, alpha=alpha,
+                     beta=beta, trans_a=trans_a, trans_b=trans_b, slope=slope, allow_tf32=allow_tf32, with_c=with_c)
+    return tuple(None if g is None else g.numpy() for g in grads)
+
+
+def _check_backward(dy_shape, dy_dtype, a_shape, a_dtype, b_shape, b_dtype, preact_shape, preact_dtype, act,
+                    trans_a, trans_b, alpha, beta, slope) -> GemmShape:
+    shape = check_operands(a_shape, a_dtype, b_shape, b_dtype, act=act, trans_a=trans_a, trans_b=trans_b,
+                           alpha=alpha, beta=beta, slope=slope)
+    if tuple(dy_shape) != (shape.m, shape.n):
+        raise ValueError(f"dY: expected shape ({shape.m}, {shape.n}), got {tuple(dy_shape)}")
+    if dy_dtype != shape.dtype:
+        raise TypeError(f"dY: expected dtype {shape.dtype}, got {dy_dtype}")
+    if act != "none":
+        if preact_shape is None:
+            raise ValueError(f"preact: required for act={act!r} (run forward with save_preact=True)")
+        if tuple(preact_shape) != (shape.m, shape.n):
+            raise ValueError(f"preact: expected shape ({shape.m}, {shape.n}), got {tuple(preact_shape)}")
+        if preact_dtype != shape.dtype:
+            raise TypeError(f"preact: expected dtype {shape.dtype}, got {preact_dtype}")
+    return shape
+
+
+def backward(dY, A, B, preact=None, act="none", alpha=1.0, beta=0.0, trans_a=False, trans_b=False, slope=0.01,
+             allow_tf32=False, with_c=False, stream=None):
+    """Device arrays in: returns (dA, dB, dbias, dC) as device arrays of A's kind (dC None unless ``with_c``)."""
+    vdy, va, vb = _device.view_of(dY, "dY"), _device.view_of(A, "A"), _device.view_of(B, "B")
+    vz = None if preact is None else _device.view_of(preact, "preact")
+    shape = _check_backward(vdy.shape, vdy.dtype, va.shape, va.dtype, vb.shape, vb.dtype,
+                            None if vz is None else vz.shape, None if vz is None else vz.dtype,
+                            act, trans_a, trans_b, alpha, beta, slope)
+    for name, view in (("dY", vdy), ("A", va), ("B", vb), ("preact", vz)):
+        if view is not None and not view.is_contiguous:
+            raise ValueError(f"{name}: expected a contiguous row-major array, got strides {view.strides}")
+    new = lambda s: _device.empty_like_kind(A, s, shape.dtype, va.device)  # noqa: E731
+    da, db, dbias = new(va.shape), new(vb.shape), new((shape.n,))
+    dc = new((shape.m, shape.n)) if with_c else None
+    dz_scratch = new((shape.m, shape.n)) if act != "none" else None
+    ptr = lambda x, name: 0 if x is None else _device.view_of(x, name).ptr  # noqa: E731
+    _native_module().backward(
+        vdy.ptr, va.ptr, vb.ptr, ptr(preact, "preact"), ptr(dz_scratch, "scratch"), ptr(da, "dA"), ptr(db, "dB"),
+        ptr(dbias, "dbias"), ptr(dc, "dC"), shape.m, shape.n, shape.k, shape.dtype, bool(trans_a), bool(trans_b),
+        float(alpha), float(beta), act, float(slope), bool(allow_tf32), _device.stream_handle(stream))
+    return da, db, dbias, dc
+
+
+def kernels() -> list[dict]:
+    """The candidates with their constraints, as the native module reports them."""
+    return _native_module().kernels()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Op definition: what the IR, passes, registry and CPU backend read.
+# ---------------------------------------------------------------------------------------------------------------
+def _infer(in_types, attrs):
+    a, b, bias, c = in_types
+    for name, t in (("a", a), ("b", b)):
+        if t is None:
+            raise ValueError(f"input '{name}' is required")
+    concrete = lambda t: t is None or t.is_concrete  # noqa: E731
+    if all(concrete(t) for t in in_types):
+        shape = check_operands(a.shape, a.dtype, b.shape, b.dtype, None if bias is None else bias.shape,
+                               None if bias is None else bias.dtype, None if c is None else c.shape,
+                               None if c is None else c.dtype, act=attrs["act"], trans_a=attrs["trans_a"],
+                               trans_b=attrs["trans_b"], alpha=attrs["alpha"], beta=attrs["beta"],
+                               slope=attrs["slope"])
+        return [TensorType((shape.m, shape.n), shape.dtype)]
+    # Symbolic dims: check ranks, dtypes and whichever dims are known.
+    if a.rank != 2 or b.rank != 2:
+        raise ValueError(f"a, b: expected 2-d inputs, got {a} and {b}")
+    if a.dtype not in FLOAT_DTYPES or b.dtype != a.dtype:
+        raise TypeError(f"a, b: expected matching float dtypes, got {a.dtype} and {b.dtype}")
+    m, k = (a.shape[1], a.shape[0]) if attrs["trans_a"] else a.shape
+    k_b, n = (b.shape[1], b.shape[0]) if attrs["trans_b"] else b.shape
+    if isinstance(k, int) and isinstance(k_b, int) and k != k_b:
+        raise ValueError(f"b: inner dimension mismatch: op(a) is {m}x{k} but op(b) is {k_b}x{n}")
+    return [TensorType((m, n), a.dtype)]
+
+
+def _reference(inputs, attrs):
+    a, b, bias, c = inputs
+    y, _ = reference(a, b, bias, c, act=attrs["act"], alpha=attrs["alpha"], beta=attrs["beta"],
+                     trans_a=attrs["trans_a"], trans_b=attrs["trans_b"], slope=attrs["slope"])
+    return [y]
+
+
+def _reference_backward(inputs, outputs, out_grads, attrs):
+    a, b, bias, c = inputs
+    _, z = reference(a, b, bias, c, act=attrs["act"], alpha=attrs["alpha"], beta=attrs["beta"],
+                     trans_a=attrs["trans_a"], trans_b=attrs["trans_b"], slope=attrs["slope"])
+    da, db, dbias, dc = reference_backward(out_grads[0], a, b, z, act=attrs["act"], alpha=attrs["alpha"],
+                                           beta=attrs["beta"], trans_a=attrs["trans_a"], trans_b=attrs["trans_b"],
+                                           slope=attrs["slope"])
+    return [da, db, None if bias is None else dbias, None if c is None else dc]
+
+
+def _problem_args(problem: Problem):
+    a, b, bias, c = problem.in_types
+    m, n = problem.out_types[0].shape
+    k = a.shape[0] if problem.attrs["trans_a"] else a.shape[1]
+    return m, n, k, a.dtype, bias is not None, c is not None
+
+
+def _make_candidate(name, priority, description, always_works=False):
+    def supports(problem: Problem):
+        m, n, k, dtype, has_bias, has_c = _problem_args(problem)
+        attrs = problem.attrs
+        reason = _native_module().unsupported_reason(name, m, n, k, dtype, attrs["act"], has_bias, has_c, False,
+                                                     True)
+        return reason or None
+
+    def prepare(problem: Problem):
+        m, n, k, dtype, has_bias, has_c = _problem_args(problem)
+        attrs = problem.attrs
+        native_forward = _native_module().forward
+        act, alpha, slope, tf32 = attrs["act"], float(attrs["alpha"]), float(attrs["slope"]), attrs["allow_tf32"]
+        beta = float(attrs["beta"]) if has_c else 0.0
+        trans_a, trans_b = attrs["trans_a"], attrs["trans_b"]
+
+        def launch(ins, outs, stream):
+            native_forward(ins[0], ins[1], ins[3], ins[2], outs[0], 0, m, n, k, dtype, trans_a, trans_b, alpha,
+                           beta, act, slope, tf32, name, stream)
+
+        return launch
+
+    return Candidate(name, priority, description, supports, prepare, always_works)
+
+
+def _positive(value):
+    return None if value >= 0 else "must be >= 0"
+
+
+OP = register(OpDef(
+    name="gemm",
+    inputs=(Input("a"), Input("b"), Input("bias", optional=True), Input("c", optional=True)),
+    outputs=("y",),
+    attrs=(
+        Attr("act", str, "none", choices=GEMM_ACTIVATIONS),
+        Attr("alpha", float, 1.0),
+        Attr("beta", float, 0.0),
+        Attr("trans_a", bool, False),
+        Attr("trans_b", bool, False),
+        Attr("slope", float, 0.01, check=_positive, doc="leaky_relu negative slope"),
+        Attr("allow_tf32", bool, False),
+    ),
+    infer=_infer,
+    reference=_reference,
+    reference_backward=_reference_backward,
+    candidates=(
+        _make_candidate("cublaslt_epilogue", 30, "cuBLASLt with bias/activation fused in the epilogue"),
+        _make_candidate("cublaslt_postkernel", 20, "cuBLASLt GEMM + fused bias/activation/residual kernel"),
+        _make_candidate("tiled", 10, "GE2 tiled kernel, no cuBLAS", always_works=True),
+    ),
+    doc=__doc__,
+))

@@ -1,0 +1,130 @@
+// _ops_gemm: the native face of the gemm op. Raw device addresses (0 = absent) and sizes in, work enqueued on
+// `stream`; argument checking for users happens in graph_executor_v2.ops.gemm before any of this runs.
+#include <cublasLt.h>
+
+#include "api.hpp"
+#include "op_binding.hpp"
+
+namespace py = pybind11;
+using ge2::binding::as_pointer;
+using ge2::binding::as_stream;
+
+namespace {
+
+ge2::gemm::ForwardArgs forward_args(std::uintptr_t a, std::uintptr_t b, std::uintptr_t c, std::uintptr_t bias,
+                                    std::uintptr_t y, std::uintptr_t preact, int64_t m, int64_t n, int64_t k,
+                                    const std::string& dtype, bool trans_a, bool trans_b, float alpha, float beta,
+                                    const std::string& act, float slope, bool allow_tf32) {
+  ge2::gemm::ForwardArgs args;
+  args.a = as_pointer(a);
+  args.b = as_pointer(b);
+  args.c = as_pointer(c);
+  args.bias = as_pointer(bias);
+  args.y = as_pointer(y);
+  args.preact = as_pointer(preact);
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.dtype = ge2::dtype_from_name(dtype);
+  args.trans_a = trans_a;
+  args.trans_b = trans_b;
+  args.alpha = alpha;
+  args.beta = beta;
+  args.act = ge2::act_from_name(act);
+  args.slope = slope;
+  args.allow_tf32 = allow_tf32;
+  return args;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_ops_gemm, m) {
+  m.doc() = "GE2 gemm: Y = act(alpha * op(A) @ op(B) + beta * C + bias) (row-major)";
+
+  m.def(
+      "forward",
+      [](std::uintptr_t a, std::uintptr_t b, std::uintptr_t c, std::uintptr_t bias, std::uintptr_t y,
+         std::uintptr_t preact, int64_t rows, int64_t cols, int64_t inner, const std::string& dtype, bool trans_a,
+         bool trans_b, float alpha, float beta, const std::string& act, float slope, bool allow_tf32,
+         const std::string& kernel, std::uintptr_t stream) {
+        const auto args = forward_args(a, b, c, bias, y, preact, rows, cols, inner, dtype, trans_a, trans_b, alpha,
+                                       beta, act, slope, allow_tf32);
+        const auto requested = ge2::gemm::kernel_from_name(kernel);
+        ge2::binding::ReleaseGil release;
+        return std::string(ge2::gemm::kernel_name(ge2::gemm::forward(args, requested, as_stream(stream))));
+      },
+      py::arg("a"), py::arg("b"), py::arg("c"), py::arg("bias"), py::arg("y"), py::arg("preact"), py::arg("m"),
+      py::arg("n"), py::arg("k"), py::arg("dtype"), py::arg("trans_a"), py::arg("trans_b"), py::arg("alpha"),
+      py::arg("beta"), py::arg("act"), py::arg("slope"), py::arg("allow_tf32"), py::arg("kernel"), py::arg("stream"),
+      "Enqueues the gemm on `stream`; returns the name of the kernel that ran.");
+
+  m.def(
+      "backward",
+      [](std::uintptr_t dy, std::uintptr_t a, std::uintptr_t b, std::uintptr_t preact, std::uintptr_t dz_scratch,
+         std::uintptr_t da, std::uintptr_t db, std::uintptr_t dbias, std::uintptr_t dc, int64_t rows, int64_t cols,
+         int64_t inner, const std::string& dtype, bool trans_a, bool trans_b, float alpha, float beta,
+         const std::string& act, float slope, bool allow_tf32, std::uintptr_t stream) {
+        ge2::gemm::BackwardArgs args;
+        args.dy = as_pointer(dy);
+        args.a = as_pointer(a);
+        args.b = as_pointer(b);
+        args.preact = as_pointer(preact);
+        args.dz_scratch = as_pointer(dz_scratch);
+        args.da = as_pointer(da);
+        args.db = as_pointer(db);
+        args.dbias = as_pointer(dbias);
+        args.dc = as_pointer(dc);
+        args.m = rows;
+        args.n = cols;
+        args.k = inner;
+        args.dtype = ge2::dtype_from_name(dtype);
+        args.trans_a = trans_a;
+        args.trans_b = trans_b;
+        args.alpha = alpha;
+        args.beta = beta;
+        args.act = ge2::act_from_name(act);
+        args.slope = slope;
+        args.allow_tf32 = allow_tf32;
+        ge2::binding::ReleaseGil release;
+        ge2::gemm::backward(args, as_stream(stream));
+      },
+      py::arg("dy"), py::arg("a"), py::arg("b"), py::arg("preact"), py::arg("dz_scratch"), py::arg("da"),
+      py::arg("db"), py::arg("dbias"), py::arg("dc"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype"),
+      py::arg("trans_a"), py::arg("trans_b"), py::arg("alpha"), py::arg("beta"), py::arg("act"), py::arg("slope"),
+      py::arg("allow_tf32"), py::arg("stream"), "Enqueues dA, dB, dbias, dC (each skipped when its address is 0).");
+
+  m.def(
+      "unsupported_reason",
+      [](const std::string& kernel, int64_t rows, int64_t cols, int64_t inner, const std::string& dtype,
+         const std::string& act, bool has_bias, bool has_c, bool save_preact, bool pointers_aligned) {
+        ge2::gemm::ForwardArgs args;
+        args.m = rows;
+        args.n = cols;
+        args.k = inner;
+        args.dtype = ge2::dtype_from_name(dtype);
+        args.act = ge2::act_from_name(act);
+        // Only presence matters here; any non-null address stands in for a real one.
+        args.bias = has_bias ? as_pointer(256) : nullptr;
+        args.c = has_c ? as_pointer(256) : nullptr;
+        args.preact = save_preact ? as_pointer(256) : nullptr;
+        return ge2::gemm::unsupported_reason(ge2::gemm::kernel_from_name(kernel), args, pointers_aligned);
+      },
+      py::arg("kernel"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype"), py::arg("act"),
+      py::arg("has_bias"), py::arg("has_c"), py::arg("save_preact"), py::arg("pointers_aligned"),
+      "Empty string when the kernel can run the problem, else the reason it cannot.");
+
+  m.def("kernels", [] {
+    py::list table;
+    for (const auto& info : ge2::gemm::kernel_table()) {
+      py::dict row;
+      row["name"] = info.name;
+      row["priority"] = info.priority;
+      row["description"] = info.description;
+      row["constraints"] = info.constraints;
+      table.append(row);
+    }
+    return table;
+  });
+  m.def("lt_plan_count", &ge2::gemm::lt_plan_count, "Number of cached cuBLASLt plans.");
+  m.def("cublaslt_version", [] { return cublasLtGetVersion(); });
+}

@@ -5,8 +5,13 @@
 #   src/bindings/<op>_pybind.cpp
 # with backends/cuda/ops/_common and src/bindings/common on the include path, linked against the shared CUDA
 # runtime (so streams and graph capture are shared across modules) plus the listed libraries.
+#
+# GE2_ONLY_OPS (a list, empty = all) builds a subset, e.g. -DGE2_ONLY_OPS="gemm;softmax" while working on one op.
 function(add_standalone_op op)
   cmake_parse_arguments(ARG "" "" "LIBS" ${ARGN})
+  if(GE2_ONLY_OPS AND NOT op IN_LIST GE2_ONLY_OPS)
+    return()
+  endif()
   set(op_dir "${PROJECT_SOURCE_DIR}/backends/cuda/ops/${op}")
   if(NOT EXISTS "${op_dir}/launcher.cu")
     message(FATAL_ERROR "add_standalone_op(${op}): ${op_dir}/launcher.cu not found")

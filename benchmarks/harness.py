@@ -1,0 +1,91 @@
+"""Side-by-side GPU timing for GE2 and PyTorch in one process: CUDA-event medians with the L2 flushed between
+repetitions, correctness checked before anything is timed, results as JSON plus a markdown table."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+
+
+def torch_cuda():
+    """torch with a CUDA device, or exit with a clear message (benchmarks compare against PyTorch on the GPU)."""
+    try:
+        import torch
+    except ImportError:
+        sys.exit("benchmarks need PyTorch with CUDA; torch is not installed")
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks need a CUDA GPU; none is available")
+    return torch
+
+
+def median_ms(fn, warmup: int = 10, reps: int = 50, flush_l2: bool = True) -> float:
+    """Median time of ``fn()`` in milliseconds, each repetition timed with CUDA events on the current stream."""
+    torch = torch_cuda()
+    flush = torch.empty(64 << 20, dtype=torch.int8, device="cuda") if flush_l2 else None  # 64 MB > 50 MB of L2
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        if flush is not None:
+            flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def host_overhead_us(fn, calls: int = 2000) -> float:
+    """Mean host time per call of ``fn`` (device work is tiny; the queue is drained after)."""
+    torch = torch_cuda()
+    for _ in range(100):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def environment() -> dict:
+    torch = torch_cuda()
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def write_results(name: str, rows: list[dict], columns: list[tuple[str, str]], title: str) -> str:
+    """Writes results/<name>.json and results/<name>.md; returns the markdown table. ``columns`` are
+    (key, header) pairs; floats print with 3 significant decimals."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps({"environment": environment(), "rows": rows}, indent=2))
+    lines = [f"### {title}", "", "| " + " | ".join(h for _, h in columns) + " |",
+             "|" + "|".join("---" for _ in columns) + "|"]
+    for row in rows:
+        cells = []
+        for key, _ in columns:
+            value = row.get(key, "")
+            cells.append(f"{value:.3f}" if isinstance(value, float) else str(value))
+        lines.append("| " + " | ".join(cells) + " |")
+    table = "\n".join(lines) + "\n"
+    (RESULTS / f"{name}.md").write_text(table)
+    out = os.environ.get("GE2_BENCH_OUT")
+    if out:  # gpu_check.sh collects every table here
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / f"{name}.md").write_text(table)
+    return table

@@ -91,7 +91,8 @@ def view_of(array, argument: str = "array") -> DeviceView:
             array.data.ptr, tuple(array.shape), normalize(array.dtype, argument),
             tuple(s // itemsize for s in array.strides), array.device.id,
         )
-    if hasattr(array, "__cuda_array_interface__") or hasattr(array, "__dlpack__"):
+    on_host = hasattr(array, "__dlpack_device__") and array.__dlpack_device__()[0] != 2  # 2: kDLCUDA
+    if not on_host and (hasattr(array, "__cuda_array_interface__") or hasattr(array, "__dlpack__")):
         imported = as_device_array(array, argument)
         return DeviceView(imported.ptr, imported.shape, imported.dtype, imported.strides, imported.device)
     raise TypeError(

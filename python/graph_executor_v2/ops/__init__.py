@@ -4,6 +4,6 @@ Each op module has the same face: ``forward_numpy`` (host in, host out), ``forwa
 torch, CuPy), ``backward_numpy``, ``backward`` and ``kernels()``.
 """
 from ._base import OPS, Attr, Candidate, Input, OpDef, Problem, register
-from . import gemm
+from . import elementwise, gemm, matmul
 
-__all__ = ["OPS", "Attr", "Candidate", "Input", "OpDef", "Problem", "register", "gemm"]
+__all__ = ["OPS", "Attr", "Candidate", "Input", "OpDef", "Problem", "register", "elementwise", "gemm", "matmul"]

@@ -108,6 +108,8 @@ class OpDef:
     reference_backward: Callable[..., list[np.ndarray | None]] | None = None
     candidates: tuple[Candidate, ...] = ()
     doc: str = ""
+    # False when outputs are not a function of inputs and attributes alone (random ops): never folded or merged.
+    pure: bool = True
     attr_map: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):

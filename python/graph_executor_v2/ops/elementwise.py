@@ -1,0 +1,416 @@
+"""elementwise: binary ops with NumPy broadcasting, unary activations and math, and bias_add.
+
+Ops (each its own OpDef, one native module ``_ops_elementwise`` for all):
+- binary ``add sub mul div``: ``y = a (op) b`` with NumPy broadcasting (size-1 dims, missing leading dims).
+- unary ``relu gelu gelu_erf silu sigmoid tanh exp neg``: activations follow ``ops/activations.py`` (GELU is the
+  tanh form, ``gelu_erf`` the exact one) and ``_common/activation.hpp`` on the GPU.
+- ``bias_add``: ``y = x + bias`` with ``x[..., N]`` and ``bias[N]``.
+Inputs float32/float16/bfloat16, all of one dtype; the math runs in float32.
+
+Backward: unary ops take ``(dy, x) -> dx``; binary ops return ``(da, db)``, each summed over the dims its operand
+was broadcast along; ``bias_add`` returns ``(dx, dbias)``.
+
+Kernel candidates (``kernels()``), best first:
+1. ``vec16``: contiguous operands of one shape, 16-byte vector loads and stores, one pass (needs 16-byte alignment).
+2. ``rowcol``: binary broadcast that collapses to a 2-d ``[rows, cols]`` problem where each operand is full, a row
+   vector, a column vector or a scalar (bias rows, per-row scales, scalars), vectorized along the columns.
+3. ``strided``: general broadcast by strided index math over up to 8 collapsed dims; unary ops element by
+   element: the path that always works.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _native
+from .. import device as _device
+from ..dtypes import FLOAT_DTYPES, normalize
+from ..ir.types import TensorType
+from . import activations
+from ._base import Candidate, Input, OpDef, Problem, as_float64, register
+
+BINARY_OPS = ("add", "sub", "mul", "div")
+UNARY_OPS = ("relu", "gelu", "gelu_erf", "silu", "sigmoid", "tanh", "exp", "neg")
+ELEMENTWISE_OPS = BINARY_OPS + UNARY_OPS + ("bias_add",)
+KERNELS = ("auto", "vec16", "rowcol", "strided")
+MAX_DIMS = 8  # after collapsing adjacent dims that broadcast alike
+
+
+def _native_module():
+    return _native.load("_ops_elementwise")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shapes: NumPy broadcasting, with symbolic dims where they can be resolved.
+# ---------------------------------------------------------------------------------------------------------------
+def broadcast_shapes(a_shape, b_shape, names=("a", "b")) -> tuple:
+    """The NumPy broadcast of two shapes. Symbolic dims broadcast with 1 and with themselves; a symbolic dim
+    against an integer > 1 takes the integer (the symbol must bind to it or to 1). Raises ValueError naming both."""
+    rank = max(len(a_shape), len(b_shape))
+    a = (1,) * (rank - len(a_shape)) + tuple(a_shape)
+    b = (1,) * (rank - len(b_shape)) + tuple(b_shape)
+    out = []
+    for axis, (da, db) in enumerate(zip(a, b)):
+        if da == db or db == 1:
+            out.append(da)
+        elif da == 1:
+            out.append(db)
+        elif isinstance(da, str) and isinstance(db, int):
+            out.append(db)
+        elif isinstance(db, str) and isinstance(da, int):
+            out.append(da)
+        else:
+            raise ValueError(f"{names[0]}, {names[1]}: shapes {tuple(a_shape)} and {tuple(b_shape)} do not "
+                             f"broadcast (axis {axis - rank}: {da} vs {db})")
+    return tuple(out)
+
+
+def reduce_to_shape(g: np.ndarray, shape) -> np.ndarray:
+    """Sums ``g`` (broadcast shape) over the dims along which an operand of ``shape`` was broadcast."""
+    shape = tuple(shape)
+    extra = g.ndim - len(shape)
+    if extra:
+        g = g.sum(axis=tuple(range(extra)))
+    axes = tuple(i for i, d in enumerate(shape) if d == 1 and g.shape[i] != 1)
+    if axes:
+        g = g.sum(axis=axes, keepdims=True)
+    return g.reshape(shape)
+
+
+def _check_dtype(t: TensorType, name: str, like: TensorType | None = None) -> None:
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name}: expected dtype float32, float16 or bfloat16, got {t.dtype}")
+    if like is not None and t.dtype != like.dtype:
+        raise TypeError(f"{name}: expected dtype {like.dtype} (the dtype of the first input), got {t.dtype}")
+
+
+def _required(in_types, names):
+    for t, name in zip(in_types, names):
+        if t is None:
+            raise ValueError(f"input '{name}' is required")
+
+
+def _infer_binary(in_types, attrs):
+    _required(in_types, ("a", "b"))
+    a, b = in_types
+    _check_dtype(a, "a")
+    _check_dtype(b, "b", a)
+    shape = broadcast_shapes(a.shape, b.shape)
+    if a.is_concrete and b.is_concrete and len(collapse(a.shape, b.shape)[0]) > MAX_DIMS:
+        raise ValueError(f"a, b: at most {MAX_DIMS} dims after collapsing, got shapes {a.shape} and {b.shape}")
+    return [TensorType(shape, a.dtype)]
+
+
+def _infer_unary(in_types, attrs):
+    _required(in_types, ("x",))
+    _check_dtype(in_types[0], "x")
+    return [in_types[0]]
+
+
+def _infer_bias_add(in_types, attrs):
+    _required(in_types, ("x", "bias"))
+    x, bias = in_types
+    _check_dtype(x, "x")
+    _check_dtype(bias, "bias", x)
+    if x.rank < 1:
+        raise ValueError(f"x: expected at least 1 dim (the bias runs along the last), got {x}")
+    if bias.rank != 1:
+        raise ValueError(f"bias: expected a 1-d array of length x.shape[-1], got {bias}")
+    n, nb = x.shape[-1], bias.shape[0]
+    if isinstance(n, int) and isinstance(nb, int) and n != nb:
+        raise ValueError(f"bias: expected shape ({n},) (x.shape[-1]), got {bias.shape}")
+    return [x]
+
+
+def collapse(a_shape, b_shape) -> tuple[tuple, tuple, tuple]:
+    """(out, a, b) shapes of equal rank with adjacent dims merged where both operands broadcast alike (size-1
+    output dims dropped). The native launcher does the same; this copy serves shape checks with no GPU."""
+    out = broadcast_shapes(a_shape, b_shape)
+    rank = len(out)
+    a = (1,) * (rank - len(a_shape)) + tuple(a_shape)
+    b = (1,) * (rank - len(b_shape)) + tuple(b_shape)
+    merged: list[list[int]] = []
+    previous = None
+    for do, da, db in zip(out, a, b):
+        if do == 1:
+            continue
+        kind = (da == do, db == do)
+        if merged and kind == previous:
+            merged[-1] = [merged[-1][0] * do, merged[-1][1] * da, merged[-1][2] * db]
+        else:
+            merged.append([do, da, db])
+        previous = kind
+    return tuple(m[0] for m in merged), tuple(m[1] for m in merged), tuple(m[2] for m in merged)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reference (float64): the oracle of every test and the CPU backend.
+# ---------------------------------------------------------------------------------------------------------------
+def reference(op: str, *inputs) -> np.ndarray:
+    """Forward in float64."""
+    if op in BINARY_OPS:
+        a, b = as_float64(inputs[0]), as_float64(inputs[1])
+        return {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}[op](a, b)
+    if op == "bias_add":
+        return as_float64(inputs[0]) + as_float64(inputs[1])
+    x = as_float64(inputs[0])
+    if op == "exp":
+        return np.exp(x)
+    if op == "neg":
+        return -x
+    if op in UNARY_OPS:
+        return activations.apply(op, x)
+    raise ValueError(f"op: expected one of {', '.join(ELEMENTWISE_OPS)}, got {op!r}")
+
+
+def reference_backward(op: str, dy, *inputs) -> tuple:
+    """Gradients in float64: ``dx`` for unary ops, ``(da, db)`` for binary ops, ``(dx, dbias)`` for bias_add."""
+    dy = as_float64(dy)
+    if op in BINARY_OPS:
+        a, b = as_float64(inputs[0]), as_float64(inputs[1])
+        if op == "add":
+            ga, gb = dy, dy
+        elif op == "sub":
+            ga, gb = dy, -dy
+        elif op == "mul":
+            ga, gb = dy * b, dy * a
+        else:
+            ga, gb = dy / b, -dy * a / (b * b)
+        return reduce_to_shape(np.broadcast_to(ga, dy.shape), a.shape), reduce_to_shape(
+            np.broadcast_to(gb, dy.shape), b.shape)
+    if op == "bias_add":
+        return dy, dy.reshape(-1, dy.shape[-1]).sum(axis=0)
+    x = as_float64(inputs[0])
+    if op == "exp":
+        return dy * np.exp(x)
+    if op == "neg":
+        return -dy
+    if op in UNARY_OPS:
+        return dy * activations.derivative(op, x)
+    raise ValueError(f"op: expected one of {', '.join(ELEMENTWISE_OPS)}, got {op!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Python face
+# ---------------------------------------------------------------------------------------------------------------
+def _check_op(op):
+    if op not in ELEMENTWISE_OPS:
+        raise ValueError(f"op: expected one of {', '.join(ELEMENTWISE_OPS)}, got {op!r}")
+
+
+def _check_kernel(kernel):
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
+
+
+def _input_names(op):
+    return OP_DEFS[op].input_names
+
+
+def _host_inputs(op, arrays, what):
+    names = _input_names(op)
+    if len(arrays) != len(names):
+        raise ValueError(f"{what}: op '{op}' takes {len(names)} input(s) ({', '.join(names)}), got {len(arrays)}")
+    for name, value in zip(names, arrays):
+        if not isinstance(value, np.ndarray):
+            raise TypeError(f"{name}: expected a NumPy array, got {type(value).__name__}")
+        normalize(value.dtype, name)
+    return names
+
+
+def forward_numpy(op, *inputs, kernel="auto"):
+    """Host arrays in, host array out; runs on the GPU. ``forward_numpy("add", a, b)``, ``("relu", x)``."""
+    _check_op(op)
+    _check_kernel(kernel)
+    _host_inputs(op, inputs, "forward_numpy")
+    OP_DEFS[op].opdef.infer([TensorType(x.shape, normalize(x.dtype)) for x in inputs], {})
+    _device.require_gpu(f"elementwise.forward_numpy({op!r})")
+    DeviceArray = _device.runtime().DeviceArray
+    on_device = [DeviceArray.from_numpy(np.ascontiguousarray(x)) for x in inputs]
+    return forward(op, *on_device, kernel=kernel).numpy()
+
+
+def _device_views(op, arrays, what):
+    names = _input_names(op)
+    if len(arrays) != len(names):
+        raise ValueError(f"{what}: op '{op}' takes {len(names)} input(s) ({', '.join(names)}), got {len(arrays)}")
+    views = [_device.view_of(x, name) for x, name in zip(arrays, names)]
+    for view, name in zip(views, names):
+        if not view.is_contiguous:
+            raise ValueError(f"{name}: expected a contiguous row-major array, got strides {view.strides} for shape "
+                             f"{view.shape}")
+        if view.device != views[0].device:
+            raise ValueError(f"{name}: expected an array on cuda:{views[0].device} (the device of {names[0]}), got "
+                             f"cuda:{view.device}")
+    return views, names
+
+
+def _check_output(array, argument, t: TensorType, device):
+    view = _device.view_of(array, argument)
+    if tuple(view.shape) != tuple(t.shape):
+        raise ValueError(f"{argument}: expected shape {tuple(t.shape)}, got {tuple(view.shape)}")
+    if view.dtype != t.dtype:
+        raise TypeError(f"{argument}: expected dtype {t.dtype}, got {view.dtype}")
+    if not view.is_contiguous:
+        raise ValueError(f"{argument}: expected a contiguous array, got strides {view.strides}")
+    if view.device != device:
+        raise ValueError(f"{argument}: expected an array on cuda:{device}, got cuda:{view.device}")
+    return view
+
+
+def forward(op, *inputs, kernel="auto", out=None, stream=None):
+    """Device arrays (DeviceArray, torch, CuPy) in, device array out, zero-copy. ``out`` is written when given;
+    otherwise the output is allocated as the same kind of array as the first input."""
+    _check_op(op)
+    _check_kernel(kernel)
+    views, _ = _device_views(op, inputs, "forward")
+    (out_type,) = OP_DEFS[op].opdef.infer([TensorType(v.shape, v.dtype) for v in views], {})
+    y = out if out is not None else _device.empty_like_kind(inputs[0], out_type.shape, out_type.dtype,
+                                                            views[0].device)
+    vy = _check_output(y, "out", out_type, views[0].device)
+    native = _native_module()
+    handle = _device.stream_handle(stream)
+    if op in UNARY_OPS:
+        native.unary(op, views[0].ptr, vy.ptr, out_type.numel, out_type.dtype, kernel, handle)
+    else:
+        native.binary("add" if op == "bias_add" else op, views[0].ptr, views[1].ptr, vy.ptr, list(views[0].shape),
+                      list(views[1].shape), out_type.dtype, kernel, handle)
+    return y
+
+
+def backward_numpy(op, dy, *inputs):
+    """Host arrays in: ``dx`` for unary ops, ``(da, db)`` for binary ops, ``(dx, dbias)`` for bias_add."""
+    _check_op(op)
+    _host_inputs(op, inputs, "backward_numpy")
+    if not isinstance(dy, np.ndarray):
+        raise TypeError(f"dy: expected a NumPy array, got {type(dy).__name__}")
+    _device.require_gpu(f"elementwise.backward_numpy({op!r})")
+    DeviceArray = _device.runtime().DeviceArray
+    on_device = [DeviceArray.from_numpy(np.ascontiguousarray(x)) for x in (dy, *inputs)]
+    grads = backward(op, *on_device)
+    if op in UNARY_OPS:
+        return grads.numpy()
+    return tuple(g.numpy() for g in grads)
+
+
+def backward(op, dy, *inputs, stream=None):
+    """Device arrays in: ``dx`` for unary ops, ``(da, db)`` for binary ops, ``(dx, dbias)`` for bias_add, as
+    arrays of the first input's kind."""
+    _check_op(op)
+    views, names = _device_views(op, inputs, "backward")
+    (out_type,) = OP_DEFS[op].opdef.infer([TensorType(v.shape, v.dtype) for v in views], {})
+    vdy = _check_output(dy, "dy", out_type, views[0].device)
+    native = _native_module()
+    handle = _device.stream_handle(stream)
+    new = lambda shape: _device.empty_like_kind(inputs[0], tuple(shape), out_type.dtype, views[0].device)  # noqa
+    if op in UNARY_OPS:
+        dx = new(out_type.shape)
+        native.unary_backward(op, vdy.ptr, views[0].ptr, _device.view_of(dx, "dx").ptr, out_type.numel,
+                              out_type.dtype, handle)
+        return dx
+    ga, gb = new(views[0].shape), new(views[1].shape)
+    native.binary_backward("add" if op == "bias_add" else op, vdy.ptr, views[0].ptr, views[1].ptr,
+                           _device.view_of(ga, "da").ptr, _device.view_of(gb, "db").ptr, list(views[0].shape),
+                           list(views[1].shape), out_type.dtype, handle)
+    return ga, gb
+
+
+def kernels() -> list[dict]:
+    """The candidates with their constraints, as the native module reports them."""
+    return _native_module().kernels()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Op definitions: what the IR, passes, registry and CPU backend read.
+# ---------------------------------------------------------------------------------------------------------------
+def _make_candidate(name, priority, description, op, always_works=False):
+    native_op = "add" if op == "bias_add" else op
+
+    def supports(problem: Problem):
+        if not _native.is_built("_ops_elementwise"):
+            return "native module _ops_elementwise is not built"
+        shapes = [list(t.shape) for t in problem.in_types]
+        return _native_module().unsupported_reason(name, native_op, *shapes, problem.out_types[0].dtype) or None
+
+    def prepare(problem: Problem):
+        native = _native_module()
+        dtype = problem.out_types[0].dtype
+        if op in UNARY_OPS:
+            numel = problem.out_types[0].numel
+            unary = native.unary
+
+            def launch(ins, outs, stream):
+                unary(native_op, ins[0], outs[0], numel, dtype, name, stream)
+        else:
+            a_shape, b_shape = (list(t.shape) for t in problem.in_types)
+            binary = native.binary
+
+            def launch(ins, outs, stream):
+                binary(native_op, ins[0], ins[1], outs[0], a_shape, b_shape, dtype, name, stream)
+
+        return launch
+
+    return Candidate(name, priority, description, supports, prepare, always_works)
+
+
+def _candidates(op):
+    if op in UNARY_OPS:
+        return (_make_candidate("vec16", 30, "contiguous, 16-byte vectors, one pass", op),
+                _make_candidate("strided", 10, "element by element, any alignment", op, always_works=True))
+    return (_make_candidate("vec16", 30, "same-shape contiguous operands, 16-byte vectors, one pass", op),
+            _make_candidate("rowcol", 20, "2-d row/column/scalar broadcast, vectorized along columns", op),
+            _make_candidate("strided", 10, "general broadcast by strided index math, up to 8 dims", op,
+                            always_works=True))
+
+
+class _Entry:
+    def __init__(self, opdef: OpDef):
+        self.opdef = opdef
+        self.input_names = tuple(i.name for i in opdef.inputs)
+
+
+def _binary_def(op):
+    def ref(inputs, attrs):
+        return [reference(op, *inputs)]
+
+    def ref_backward(inputs, outputs, out_grads, attrs):
+        return list(reference_backward(op, out_grads[0], *inputs))
+
+    symbol = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[op]
+    return OpDef(name=op, inputs=(Input("a"), Input("b")), outputs=("y",), attrs=(), infer=_infer_binary,
+                 reference=ref, reference_backward=ref_backward, candidates=_candidates(op),
+                 doc=f"{op}: y = a {symbol} b with NumPy broadcasting; backward sums each gradient over the dims "
+                     f"its operand was broadcast along.")
+
+
+def _unary_def(op):
+    def ref(inputs, attrs):
+        return [reference(op, inputs[0])]
+
+    def ref_backward(inputs, outputs, out_grads, attrs):
+        return [reference_backward(op, out_grads[0], inputs[0])]
+
+    return OpDef(name=op, inputs=(Input("x"),), outputs=("y",), attrs=(), infer=_infer_unary, reference=ref,
+                 reference_backward=ref_backward, candidates=_candidates(op),
+                 doc=f"{op}: y = {op}(x) elementwise; backward dx = dy * {op}'(x).")
+
+
+def _bias_add_def():
+    def ref(inputs, attrs):
+        return [reference("bias_add", *inputs)]
+
+    def ref_backward(inputs, outputs, out_grads, attrs):
+        return list(reference_backward("bias_add", out_grads[0], *inputs))
+
+    return OpDef(name="bias_add", inputs=(Input("x"), Input("bias")), outputs=("y",), attrs=(),
+                 infer=_infer_bias_add, reference=ref, reference_backward=ref_backward,
+                 candidates=_candidates("bias_add")[1:],
+                 doc="bias_add: y = x + bias, x[..., N], bias[N]; backward (dy, dy summed over all but the last "
+                     "dim).")
+
+
+OP_DEFS: dict[str, _Entry] = {}
+for _op in BINARY_OPS:
+    OP_DEFS[_op] = _Entry(register(_binary_def(_op)))
+for _op in UNARY_OPS:
+    OP_DEFS[_op] = _Entry(register(_unary_def(_op)))
+OP_DEFS["bias_add"] = _Entry(register(_bias_add_def()))

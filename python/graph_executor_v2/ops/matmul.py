@@ -1,0 +1,61 @@
+"""matmul: ``Y = A @ B`` for a 2-d ``A`` (M x K) and ``B`` (K x N) of one float dtype, float32 accumulation.
+
+A plain product is a gemm with every attribute at its default, so this op has no kernels of its own: inference
+and the kernel candidates are gemm's, seen through that translation, and canonicalization rewrites matmul into
+gemm (where bias, transposes and activations can fuse). It stays an op because it is what graphs are written in.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from . import gemm
+from ._base import Candidate, Input, OpDef, Problem, as_float64, register
+
+_GEMM_DEFAULTS = gemm.OP.validate_attrs({}, "matmul")
+
+
+def _infer(in_types, attrs):
+    return gemm.OP.infer(list(in_types) + [None, None], _GEMM_DEFAULTS)
+
+
+def _reference(inputs, attrs):
+    a, b = inputs
+    return [as_float64(a) @ as_float64(b)]
+
+
+def _reference_backward(inputs, outputs, out_grads, attrs):
+    a, b = inputs
+    dy = as_float64(out_grads[0])
+    return [dy @ as_float64(b).T, as_float64(a).T @ dy]
+
+
+def _as_gemm_problem(problem: Problem) -> Problem:
+    return replace(problem, op="gemm", in_types=tuple(problem.in_types) + (None, None), attrs=_GEMM_DEFAULTS)
+
+
+def _via_gemm(candidate: Candidate) -> Candidate:
+    """The gemm candidate run with no bias and no C (their pointers are 0)."""
+
+    def prepare(problem: Problem):
+        launch_gemm = candidate.prepare(_as_gemm_problem(problem))
+
+        def launch(ins, outs, stream):
+            launch_gemm((ins[0], ins[1], 0, 0), outs, stream)
+
+        return launch
+
+    return Candidate(candidate.name, candidate.priority, candidate.description,
+                     lambda problem: candidate.supports(_as_gemm_problem(problem)), prepare, candidate.always_works)
+
+
+OP = register(OpDef(
+    name="matmul",
+    inputs=(Input("a"), Input("b")),
+    outputs=("y",),
+    attrs=(),
+    infer=_infer,
+    reference=_reference,
+    reference_backward=_reference_backward,
+    candidates=tuple(_via_gemm(c) for c in gemm.OP.candidates),
+    doc=__doc__,
+))

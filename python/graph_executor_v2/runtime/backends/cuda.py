@@ -1,0 +1,113 @@
+"""The CUDA backend: parameters uploaded once, one arena allocated once per plan, raw pointers for the kernels.
+
+Nothing here touches the native runtime before a CUDA executor is built, so the CPU path never needs it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import device as _device
+from ...dtypes import itemsize, to_numpy
+from ...ir.types import TensorType
+from ...ops._base import Candidate, OpDef, Problem
+
+
+HOST_FALLBACK = "host_reference"
+
+
+class _BorrowedBytes:
+    """``__cuda_array_interface__`` of ``nbytes`` device bytes at ``pointer``, to wrap as a borrowed DeviceArray."""
+
+    def __init__(self, pointer: int, nbytes: int, keep_alive):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (pointer, False),
+                                         "version": 3, "strides": None}
+        self.keep_alive = keep_alive
+
+
+def borrow(pointer: int, nbytes: int, keep_alive=None):
+    """A uint8 DeviceArray over existing device memory (bytes carry every dtype, bfloat16 included)."""
+    return _device.runtime().DeviceArray.from_cuda_array_interface(_BorrowedBytes(pointer, nbytes, keep_alive))
+
+
+def host_fallback_candidate(opdef: OpDef) -> Candidate:
+    """The last resort on CUDA: copy the inputs to the host, run the NumPy reference, copy the outputs back.
+
+    Slow and synchronizing, but it makes every graph runnable (an op with no GPU kernel yet, a native module that
+    is not built); the plan reports every node that ends up here."""
+
+    def prepare(problem: Problem):
+        attrs = problem.attrs
+        in_types, out_types = problem.in_types, problem.out_types
+
+        def launch(ins, outs, stream):
+            host_inputs = [None if t is None else _to_host(pointer, t, stream) for pointer, t in zip(ins, in_types)]
+            for pointer, result in zip(outs, opdef.run_reference(host_inputs, attrs)):
+                borrow(pointer, result.nbytes).copy_from_numpy(np.ascontiguousarray(result).reshape(-1).view(np.uint8),
+                                                               stream)
+
+        return launch
+
+    return Candidate(HOST_FALLBACK, -1, "NumPy reference on the host, with copies (last resort)",
+                     lambda problem: None, prepare, always_works=True)
+
+
+def _to_host(pointer: int, type: TensorType, stream) -> np.ndarray:
+    nbytes = type.numel * itemsize(type.dtype)
+    return borrow(pointer, nbytes).numpy(stream).view(to_numpy(type.dtype)).reshape(type.shape)
+
+
+class CudaBackend:
+    device = "cuda"
+
+    def __init__(self):
+        _device.require_gpu("ExecutorV2(device='cuda')")
+        self.runtime = _device.runtime()
+        self.device_index = self.runtime.current_device()
+
+    def upload(self, array: np.ndarray):
+        return self.runtime.DeviceArray.from_numpy(np.ascontiguousarray(array), self.device_index)
+
+    def allocate(self, nbytes: int):
+        arena = self.runtime.DeviceArray.empty([max(nbytes, 1)], "uint8", self.device_index)
+        arena.poison()  # NaN everywhere until a kernel writes: reading an unwritten buffer cannot pass a test
+        return arena
+
+    def slot(self, arena, offset: int, type: TensorType):
+        return borrow(arena.ptr + offset, type.numel * itemsize(type.dtype), keep_alive=arena)
+
+    def address(self, slot) -> int:
+        return slot.ptr
+
+    def feed(self, slot, value, name: str, stream: int) -> None:
+        if isinstance(value, np.ndarray):
+            slot.copy_from_numpy(np.ascontiguousarray(value).reshape(-1).view(np.uint8), stream)
+            return
+        view = _device.view_of(value, f"input '{name}'")
+        if not view.is_contiguous:
+            raise ValueError(f"input '{name}': expected a contiguous array, got strides {view.strides}")
+        if view.device != self.device_index:
+            raise ValueError(f"input '{name}': expected an array on cuda:{self.device_index}, got cuda:{view.device}")
+        self.runtime.memcpy_device_to_device(slot.ptr, view.ptr, slot.nbytes, stream)
+
+    def fetch(self, slot, type: TensorType, device_like, stream: int):
+        """A host copy, or (with ``device_like``) a new device array of the same kind as ``device_like``."""
+        if device_like is None:
+            return slot.numpy(stream).view(to_numpy(type.dtype)).reshape(type.shape)
+        result = _device.empty_like_kind(device_like, type.shape, type.dtype, self.device_index)
+        self.runtime.memcpy_device_to_device(_device.view_of(result).ptr, slot.ptr, slot.nbytes, stream)
+        return result
+
+    def default_stream(self) -> int:
+        return 0
+
+    def time_ms(self, run, stream: int, warmup: int = 3, repetitions: int = 20) -> float:
+        """Mean milliseconds of ``run()`` on ``stream``, between CUDA events, after a warm-up."""
+        for _ in range(warmup):
+            run()
+        start, end = self.runtime.Event(), self.runtime.Event()
+        start.record(stream)
+        for _ in range(repetitions):
+            run()
+        end.record(stream)
+        end.synchronize()
+        return start.elapsed_ms(end) / repetitions

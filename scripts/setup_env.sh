@@ -1,0 +1,19 @@
+# Sourced by run_tests.sh and demo.sh: creates .venv (once), installs GE2 and its test dependencies with every
+# native module built (pip install -e ".[test]"), and activates it. Rebuilds when the sources are newer.
+set -euo pipefail
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+  .venv/bin/python -m pip install --quiet --upgrade pip
+fi
+source .venv/bin/activate
+if [ -z "${CUDACXX:-}" ]; then
+  export CUDACXX=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+fi
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+stamp=.venv/.ge2-installed
+if [ ! -f "$stamp" ] || [ -n "$(find CMakeLists.txt cmake backends src pyproject.toml -newer "$stamp" -print -quit)" ]; then
+  echo "building graph_executor_v2 (pip install -e .[test]) ..."
+  python -m pip install --quiet -e ".[test]"
+  touch "$stamp"
+fi

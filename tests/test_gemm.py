@@ -1,0 +1,374 @@
+"""gemm: reference math, validation (CPU), and every dtype x act x bias x C x trans x candidate on the GPU."""
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import graph_executor_v2 as ge2
+from graph_executor_v2.ops import gemm
+from graph_executor_v2.testing import assert_close, random_array
+
+DTYPES = ("float32", "float16", "bfloat16")
+ACTS = ("none", "relu", "gelu", "silu", "leaky_relu")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CPU: reference against closed forms
+# ---------------------------------------------------------------------------------------------------------------
+def test_reference_matches_closed_form():
+    a = np.array([[1.0, 2.0], [3.0, 4.0]])
+    b = np.array([[5.0, -6.0], [7.0, 8.0]])
+    bias = np.array([1.0, -100.0])
+    c = np.ones((2, 2))
+    y, z = gemm.reference(a, b, bias, c, act="relu", alpha=2.0, beta=3.0)
+    expected_z = 2.0 * np.array([[19.0, 10.0], [43.0, 14.0]]) + 3.0 + bias
+    np.testing.assert_array_equal(z, expected_z)
+    np.testing.assert_array_equal(y, np.maximum(expected_z, 0))
+
+
+def test_reference_transposes():
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((3, 5)), rng.standard_normal((4, 3))
+    y, _ = gemm.reference(a, b, trans_a=True, trans_b=True)
+    np.testing.assert_allclose(y, a.T @ b.T)
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_reference_backward_matches_finite_differences(act, rng):
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((4, 5))
+    bias, c = rng.standard_normal(5), rng.standard_normal((3, 5))
+    dy = rng.standard_normal((3, 5))
+    kwargs = dict(act=act, alpha=1.5, beta=0.5, slope=0.1)
+    _, z = gemm.reference(a, b, bias, c, **kwargs)
+    da, db, dbias, dc = gemm.reference_backward(dy, a, b, z, **kwargs)
+
+    def loss(a_, b_, bias_, c_):
+        return float((gemm.reference(a_, b_, bias_, c_, **kwargs)[0] * dy).sum())
+
+    def numeric(index, x):
+        grad, h = np.zeros_like(x), 1e-6
+        for i in np.ndindex(x.shape):
+            args_plus = [a, b, bias, c]
+            args_minus = [a, b, bias, c]
+            plus, minus = x.copy(), x.copy()
+            plus[i] += h
+            minus[i] -= h
+            args_plus[index], args_minus[index] = plus, minus
+            grad[i] = (loss(*args_plus) - loss(*args_minus)) / (2 * h)
+        return grad
+
+    for index, (name, analytic) in enumerate((("dA", da), ("dB", db), ("dbias", dbias), ("dC", dc))):
+        np.testing.assert_allclose(analytic, numeric(index, [a, b, bias, c][index]), rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+
+
+def test_opdef_infers_and_runs_reference():
+    op = ge2.ops.OPS["gemm"]
+    attrs = op.validate_attrs({"act": "gelu", "trans_b": True}, "node g0")
+    out = op.infer([ge2.ir.TensorType((8, 4), "float16"), ge2.ir.TensorType((6, 4), "float16"), None, None], attrs)
+    assert out == [ge2.ir.TensorType((8, 6), "float16")]
+    a, b = np.ones((8, 4), np.float16), np.ones((6, 4), np.float16)
+    (y,) = op.run_reference([a, b, None, None], attrs)
+    assert y.dtype == np.float16 and y.shape == (8, 6)
+    np.testing.assert_allclose(y.astype(np.float64), gemm.reference(a, b, act="gelu", trans_b=True)[0], rtol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CPU: validation happens before any device work
+# ---------------------------------------------------------------------------------------------------------------
+F32 = np.float32
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(A=np.ones((2, 3), F32), B=np.ones((4, 5), F32)), ValueError, r"b: inner dimension mismatch.*2x3.*4x5"),
+        (dict(A=np.ones((2, 3), F32), B=np.ones((3, 5), np.float16)), TypeError, r"b: expected dtype float32.*float16"),
+        (dict(A=np.ones((2, 3, 1), F32), B=np.ones((3, 5), F32)), ValueError, r"a: expected a 2-d array"),
+        (dict(A=np.ones((2, 3), F32), B=np.ones(3, F32)), ValueError, r"b: expected a 2-d array"),
+        (dict(A=np.ones((2, 3), np.int32), B=np.ones((3, 5), np.int32)), TypeError, r"a: expected dtype float32"),
+        (dict(A=np.ones((2, 3), F32), B=np.ones((3, 5), F32), bias=np.ones(4, F32)), ValueError,
+         r"bias: expected shape \(5,\).*got \(4,\)"),
+        (dict(A=np.ones((2, 3), F32), B=np.ones((3, 5), F32), bias=np.ones(5, np.float16)), TypeError,
+         r"bias: expected dtype float32"),
+        (dict(A=np.ones((2, 3), F32), B=np.ones((3, 5), F32), C=np.ones((5, 2), F32), beta=1.0), ValueError,
+         r"c: expected shape \(2, 5\)"),
+        (dict(A=np.ones((2, 3), F32), B=np.ones((3, 5), F32), act="tanhh"), ValueError, r"act: expected one of"),
+        (dict(A=np.ones((3, 2), F32), B=np.ones((3, 5), F32), trans_a=1), TypeError, r"trans_a: expected a bool"),
+        (dict(A=np.ones((2, 3), F32), B=np.ones((3, 5), F32), kernel="magic"), ValueError, r"kernel: expected one of"),
+        (dict(A=[[1.0]], B=np.ones((1, 1), F32)), TypeError, r"A: expected a NumPy array"),
+        (dict(A=np.ones((0, 3), F32), B=np.ones((3, 5), F32)), ValueError, r"every dimension must be >= 1"),
+    ],
+)
+def test_forward_numpy_rejects_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        gemm.forward_numpy(**kwargs)
+
+
+def test_backward_numpy_requires_preact_for_activation():
+    with pytest.raises(ValueError, match=r"preact: required for act='gelu'"):
+        gemm.backward_numpy(np.ones((2, 5), F32), np.ones((2, 3), F32), np.ones((3, 5), F32), act="gelu")
+    with pytest.raises(ValueError, match=r"dY: expected shape \(2, 5\)"):
+        gemm.backward_numpy(np.ones((5, 2), F32), np.ones((2, 3), F32), np.ones((3, 5), F32))
+
+
+def test_forward_rejects_host_arrays_for_device_path():
+    with pytest.raises(TypeError, match=r"A: expected a CUDA device array"):
+        gemm.forward(np.ones((2, 3), F32), np.ones((3, 5), F32))
+
+
+def test_kernels_report_constraints():
+    if not ge2._native.is_built("_ops_gemm"):
+        pytest.skip("_ops_gemm is not built")
+    names = [k["name"] for k in gemm.kernels()]
+    assert names == ["cublaslt_epilogue", "cublaslt_postkernel", "tiled"]
+    assert all(k["constraints"] for k in gemm.kernels())
+    native = gemm._native_module()
+    assert "activation" in native.unsupported_reason("cublaslt_epilogue", 8, 8, 8, "float16", "silu", True, False,
+                                                     False, True)
+    assert "N % 8" in native.unsupported_reason("cublaslt_epilogue", 8, 7, 8, "float16", "gelu", True, False, True,
+                                                True)
+    assert native.unsupported_reason("cublaslt_postkernel", 8, 7, 8, "float16", "silu", True, True, True, False) == ""
+
+
+def test_no_gpu_is_a_clear_error():
+    if ge2.device_count() > 0:
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        gemm.forward_numpy(np.ones((2, 3), F32), np.ones((3, 5), F32))
+    if ge2._native.is_built("_runtime"):
+        with pytest.raises(RuntimeError, match="no CUDA device"):
+            ge2.device.runtime().DeviceArray.empty([4], "float32")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------------------------------
+def _run(rng, m, n, k, dtype, act, with_bias, with_c, trans_a, trans_b, kernel, save_preact=False, scale=None):
+    scale = scale if scale is not None else 1.0 / np.sqrt(k)  # keeps outputs O(1) so activations are exercised
+    a = random_array(rng, (k, m) if trans_a else (m, k), dtype, scale)
+    b = random_array(rng, (n, k) if trans_b else (k, n), dtype)
+    bias = random_array(rng, (n,), dtype) if with_bias else None
+    c = random_array(rng, (m, n), dtype) if with_c else None
+    alpha, beta, slope = 1.25, (0.5 if with_c else 0.0), 0.05
+    result = gemm.forward_numpy(a, b, bias, c, act=act, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
+                                slope=slope, kernel=kernel, save_preact=save_preact)
+    y_ref, z_ref = gemm.reference(a, b, bias, c, act=act, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
+                                  slope=slope)
+    return result, y_ref, z_ref
+
+
+CANDIDATES = ("cublaslt_epilogue", "cublaslt_postkernel", "tiled")
+
+
+def _supported(kernel, act, save_preact=False, n=8):
+    if kernel != "cublaslt_epilogue":
+        return True
+    if act not in ("none", "relu", "gelu"):
+        return False
+    return not (save_preact and (act == "relu" or (act == "gelu" and n % 8)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("kernel", CANDIDATES)
+def test_forward_every_dtype_act_kernel(rng, dtype, act, kernel):
+    for with_bias, with_c, trans_a, trans_b in itertools.product((False, True), repeat=4):
+        if not _supported(kernel, act):
+            with pytest.raises(ValueError, match=f"kernel: '{kernel}' cannot run"):
+                _run(rng, 24, 40, 56, dtype, act, with_bias, with_c, trans_a, trans_b, kernel)
+            return
+        y, y_ref, _ = _run(rng, 24, 40, 56, dtype, act, with_bias, with_c, trans_a, trans_b, kernel)
+        assert_close(y, y_ref, dtype, 56, what=f"{kernel} bias={with_bias} C={with_c} ta={trans_a} tb={trans_b}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "m, n, k",
+    [(1, 1, 1), (1, 4096, 4096), (4096, 1, 7), (7, 13, 9), (33, 65, 17), (129, 100, 1000), (3, 5, 4099),
+     (4096, 4096, 4096)],
+)
+def test_forward_edge_shapes(rng, dtype, m, n, k):
+    kernels = ("auto", "tiled") if m * n * k < 1 << 30 else ("auto",)
+    for kernel in kernels:
+        y, y_ref, _ = _run(rng, m, n, k, dtype, "relu", True, False, False, False, kernel)
+        assert_close(y, y_ref, dtype, k, what=f"{m}x{n}x{k} {kernel}")
+
+
+@pytest.mark.gpu
+def test_tf32_is_opt_in(rng):
+    a, b = random_array(rng, (256, 512), "float32"), random_array(rng, (512, 128), "float32")
+    y_ref = gemm.reference(a, b)[0]
+    strict = gemm.forward_numpy(a, b, kernel="cublaslt_epilogue")
+    assert_close(strict, y_ref, "float32", 512)
+    fast = gemm.forward_numpy(a, b, kernel="cublaslt_epilogue", allow_tf32=True)
+    assert_close(fast, y_ref, "tf32", 512)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ("relu", "gelu", "silu", "leaky_relu"))
+def test_save_preact(rng, dtype, act):
+    for kernel in CANDIDATES:
+        for n in (40, 37):
+            if not _supported(kernel, act, save_preact=True, n=n):
+                with pytest.raises(ValueError, match="cannot run"):
+                    _run(rng, 16, n, 24, dtype, act, True, True, False, False, kernel, save_preact=True)
+                continue
+            (y, z), y_ref, z_ref = _run(rng, 16, n, 24, dtype, act, True, True, False, False, kernel,
+                                        save_preact=True)
+            assert_close(y, y_ref, dtype, 24, what=f"y {kernel} n={n}")
+            assert_close(z, z_ref, dtype, 24, what=f"preact {kernel} n={n}")
+
+
+@pytest.mark.gpu
+def test_outputs_are_fully_written(rng, poisoned, to_device):
+    a, b = random_array(rng, (37, 29), "float16"), random_array(rng, (29, 53), "float16")
+    for kernel in CANDIDATES:
+        out = poisoned((37, 53), "float16")
+        gemm.forward(to_device(a), to_device(b), kernel=kernel, out=out)
+        result = out.numpy()
+        assert not np.isnan(result.astype(np.float32)).any(), kernel
+        assert_close(result, gemm.reference(a, b)[0], "float16", 29, what=kernel)
+
+
+@pytest.mark.gpu
+def test_auto_picks_epilogue_and_falls_back(rng, to_device):
+    a, b, bias = (random_array(rng, s, "float16") for s in ((64, 64), (64, 64), (64,)))
+    native = gemm._native_module()
+    da, db, dbias = to_device(a), to_device(b), to_device(bias)
+    y = ge2.device.runtime().DeviceArray.empty([64, 64], "float16")
+    view = lambda x: ge2.device.view_of(x)  # noqa: E731
+    call = lambda act, bias_ptr: native.forward(view(da).ptr, view(db).ptr, 0, bias_ptr, y.ptr, 0, 64, 64, 64,  # noqa
+                                                "float16", False, False, 1.0, 0.0, act, 0.01, False, "auto", 0)
+    assert call("gelu", view(dbias).ptr) == "cublaslt_epilogue"
+    assert call("silu", view(dbias).ptr) == "cublaslt_postkernel"
+
+
+@pytest.mark.gpu
+def test_force_no_epilogue_env_selects_postkernel():
+    code = (
+        "import numpy as np, graph_executor_v2 as ge2\n"
+        "g = ge2.ops.gemm; n = g._native_module(); rt = ge2.device.runtime()\n"
+        "a = rt.DeviceArray.from_numpy(np.ones((8, 8), np.float16)); y = rt.DeviceArray.empty([8, 8], 'float16')\n"
+        "print(n.forward(a.ptr, a.ptr, 0, 0, y.ptr, 0, 8, 8, 8, 'float16', False, False, 1.0, 0.0, 'relu', 0.0,"
+        " False, 'auto', 0))\n"
+    )
+    env = dict(os.environ, GE2_FORCE_NO_EPILOGUE="1")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "cublaslt_postkernel"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
+def test_misaligned_bias_forces_fallback(rng, dtype):
+    torch = pytest.importorskip("torch")
+    tdtype = getattr(torch, dtype)
+    a = torch.randn(32, 48, device="cuda", dtype=tdtype)
+    b = torch.randn(48, 40, device="cuda", dtype=tdtype)
+    storage = torch.randn(41, device="cuda", dtype=tdtype)
+    bias = storage[1:]  # 2-byte offset: not 16-byte aligned
+    with pytest.raises(ValueError, match="not 16-byte aligned"):
+        gemm.forward(a, b, bias, act="relu", kernel="cublaslt_epilogue")
+    y = gemm.forward(a, b, bias, act="relu")
+    expected = gemm.reference(a.float().cpu().numpy(), b.float().cpu().numpy(), bias.float().cpu().numpy(),
+                              act="relu")[0]
+    assert isinstance(y, torch.Tensor)
+    assert_close(y.float().cpu().numpy(), expected, dtype, 48)
+
+
+@pytest.mark.gpu
+def test_torch_and_cupy_zero_copy(rng):
+    torch = pytest.importorskip("torch")
+    a = torch.randn(64, 32, device="cuda", dtype=torch.float16)
+    b = torch.randn(32, 16, device="cuda", dtype=torch.float16)
+    out = torch.full((64, 16), float("nan"), device="cuda", dtype=torch.float16)
+    result = gemm.forward(a, b, out=out)
+    assert result is out  # written in place, no copy
+    torch.testing.assert_close(out, (a.float() @ b.float()).half(), rtol=2e-3, atol=2e-3)
+
+    runtime = ge2.device.runtime()
+    imported = ge2.device.as_device_array(a)
+    assert imported.ptr == a.data_ptr() and imported.shape == (64, 32) and imported.dtype == "float16"
+    back = torch.from_dlpack(runtime.DeviceArray.from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3)))
+    assert back.device.type == "cuda" and back.cpu().numpy().tolist() == [[0, 1, 2], [3, 4, 5]]
+    bf16 = torch.randn(8, 8, device="cuda", dtype=torch.bfloat16)
+    assert ge2.device.as_device_array(bf16).dtype == "bfloat16"
+
+    cupy = pytest.importorskip("cupy")
+    ca = cupy.asarray(rng.standard_normal((16, 8)).astype(np.float32))
+    cb = cupy.asarray(rng.standard_normal((8, 4)).astype(np.float32))
+    cy = gemm.forward(ca, cb)
+    assert isinstance(cy, cupy.ndarray)
+    assert_close(cupy.asnumpy(cy), gemm.reference(cupy.asnumpy(ca), cupy.asnumpy(cb))[0], "float32", 8)
+    via_cai = runtime.DeviceArray.from_cuda_array_interface(ca)
+    assert via_cai.ptr == ca.data.ptr
+    assert cupy.asarray(via_cai).data.ptr == ca.data.ptr  # and back, through __cuda_array_interface__
+
+
+@pytest.mark.gpu
+def test_streams_and_no_new_plans_in_steady_state(rng, to_device):
+    runtime = ge2.device.runtime()
+    stream = runtime.Stream()
+    a, b = to_device(random_array(rng, (128, 64), "bfloat16")), to_device(random_array(rng, (64, 96), "bfloat16"))
+    y = gemm.forward(a, b, act="gelu", stream=stream)
+    stream.synchronize()
+    before = gemm._native_module().lt_plan_count()
+    start, end = runtime.Event(), runtime.Event()
+    start.record(stream.handle)
+    for _ in range(10):
+        gemm.forward(a, b, act="gelu", out=y, stream=stream)
+    end.record(stream.handle)
+    end.synchronize()
+    assert start.elapsed_ms(end) > 0.0
+    assert gemm._native_module().lt_plan_count() == before
+    assert_close(y.numpy(), gemm.reference(a.numpy(), b.numpy(), act="gelu")[0], "bfloat16", 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ACTS)
+def test_backward_matches_reference(rng, dtype, act):
+    for trans_a, trans_b in itertools.product((False, True), repeat=2):
+        m, n, k = 24, 40, 32
+        a = random_array(rng, (k, m) if trans_a else (m, k), dtype, 0.5)
+        b = random_array(rng, (n, k) if trans_b else (k, n), dtype, 0.5)
+        bias, c, dy = random_array(rng, (n,), dtype), random_array(rng, (m, n), dtype), random_array(rng, (m, n), dtype)
+        kwargs = dict(act=act, alpha=1.0, beta=0.5, trans_a=trans_a, trans_b=trans_b, slope=0.1)
+        _, z = gemm.reference(a, b, bias, c, **kwargs)
+        z = z.astype(a.dtype)
+        da, db, dbias, dc = gemm.backward_numpy(dy, a, b, None if act == "none" else z, with_c=True, **kwargs)
+        refs = gemm.reference_backward(dy, a, b, z, **kwargs)
+        for name, got, ref, length in zip(("dA", "dB", "dbias", "dC"), (da, db, dbias, dc), refs, (n, m, m, 1)):
+            assert_close(got, ref, dtype, length, what=f"{name} ta={trans_a} tb={trans_b}")
+
+
+@pytest.mark.gpu
+def test_backward_with_alpha_against_finite_differences(rng):
+    m, n, k = 5, 7, 3
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    bias, dy = rng.standard_normal(n).astype(np.float32), rng.standard_normal((m, n)).astype(np.float32)
+    kwargs = dict(act="silu", alpha=0.75)
+    _, z = gemm.reference(a, b, bias, **kwargs)
+    da, db, dbias, _ = gemm.backward_numpy(dy, a, b, z.astype(np.float32), **kwargs)
+
+    def loss(a_, b_, bias_):
+        return float((gemm.reference(a_, b_, bias_, **kwargs)[0] * dy).sum())
+
+    h = 1e-4
+    for name, x, grad, slot in (("dA", a, da, 0), ("dB", b, db, 1), ("dbias", bias, dbias, 2)):
+        numeric = np.zeros(x.shape)
+        for i in np.ndindex(x.shape):
+            args = [a.astype(np.float64), b.astype(np.float64), bias.astype(np.float64)]
+            plus, minus = args[slot].copy(), args[slot].copy()
+            plus[i] += h
+            minus[i] -= h
+            numeric[i] = (loss(*args[:slot], plus, *args[slot + 1:]) - loss(*args[:slot], minus, *args[slot + 1:])) / (2 * h)
+        assert_close(grad, numeric, "float32", 64, what=name)

@@ -2,6 +2,7 @@
 # The whole GPU check in one command, for a GPU machine with no network (everything builds from source):
 #   scripts/gpu_check.sh OUT_DIR [build] [test] [sanitize] [bench]      (no stage named: all four)
 # build:    CMake + Ninja build of _runtime and every _ops_<op> module into python/graph_executor_v2
+#           (GE2_ONLY_OPS="gemm;softmax" builds a subset)
 # test:     the whole pytest suite with GPU tests required (a skip for lack of a GPU is a failure)
 # sanitize: compute-sanitizer memcheck over the gemm tests and memcheck + racecheck over the op tests
 # bench:    benchmarks/bench_gemm.py, bench_ops.py, bench_mlp_inference.py (tables also under OUT_DIR)
@@ -27,7 +28,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>
 if [[ " $STAGES " == *" build "* ]]; then
   start=$SECONDS
   cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
-    -Dpybind11_DIR="$("$PYTHON" -m pybind11 --cmakedir)" >"$OUT/build.log" 2>&1 &&
+    -Dpybind11_DIR="$("$PYTHON" -m pybind11 --cmakedir)" -DGE2_ONLY_OPS="${GE2_ONLY_OPS:-}" >"$OUT/build.log" 2>&1 &&
     cmake --build build/gpu -j "$(nproc)" >>"$OUT/build.log" 2>&1
   code=$?
   echo "build took $((SECONDS - start)) s" >>"$SUMMARY"

@@ -10,7 +10,7 @@ import sys
 from typing import NamedTuple
 
 from . import _native
-from .dtypes import normalize
+from .dtypes import ALL_DTYPES, normalize
 
 
 def runtime():
@@ -51,15 +51,19 @@ class DeviceView(NamedTuple):
     dtype: str
     strides: tuple  # in elements
     device: int
+    is_contiguous: bool
 
-    @property
-    def is_contiguous(self) -> bool:
-        expected = 1
-        for extent, stride in zip(reversed(self.shape), reversed(self.strides)):
-            if extent != 1 and stride != expected:
-                return False
-            expected *= extent
-        return True
+
+class _TorchDtypes(dict):
+    """torch dtype -> GE2 name, filled on first use (torch is imported only by callers that use it)."""
+
+    def __missing__(self, dtype):
+        name = str(dtype).removeprefix("torch.")
+        self[dtype] = name if name in ALL_DTYPES else None  # None: normalize() raises the TypeError
+        return self[dtype]
+
+
+_TORCH_DTYPES = _TorchDtypes()
 
 
 def _kind(array) -> str:
@@ -77,24 +81,23 @@ def view_of(array, argument: str = "array") -> DeviceView:
     """Zero-copy view of a CUDA array. Raises TypeError naming ``argument`` for host or unsupported objects."""
     kind = _kind(array)
     if kind == "ge2":
-        return DeviceView(array.ptr, array.shape, array.dtype, array.strides, array.device)
+        return DeviceView(*array.view_tuple())
     if kind == "torch":
         if not array.is_cuda:
             raise TypeError(f"{argument}: expected a CUDA tensor, got a torch tensor on {array.device}")
         return DeviceView(
-            array.data_ptr(), tuple(array.shape), normalize(array.dtype, argument), tuple(array.stride()),
-            array.device.index,
+            array.data_ptr(), tuple(array.shape), _TORCH_DTYPES.get(array.dtype) or normalize(array.dtype, argument),
+            array.stride(), array.get_device(), array.is_contiguous(),
         )
     if kind == "cupy":
         itemsize = array.dtype.itemsize
         return DeviceView(
-            array.data.ptr, tuple(array.shape), normalize(array.dtype, argument),
-            tuple(s // itemsize for s in array.strides), array.device.id,
+            array.data.ptr, array.shape, normalize(array.dtype, argument),
+            tuple(s // itemsize for s in array.strides), array.device.id, array.flags.c_contiguous,
         )
     on_host = hasattr(array, "__dlpack_device__") and array.__dlpack_device__()[0] != 2  # 2: kDLCUDA
     if not on_host and (hasattr(array, "__cuda_array_interface__") or hasattr(array, "__dlpack__")):
-        imported = as_device_array(array, argument)
-        return DeviceView(imported.ptr, imported.shape, imported.dtype, imported.strides, imported.device)
+        return DeviceView(*as_device_array(array, argument).view_tuple())
     raise TypeError(
         f"{argument}: expected a CUDA device array (ge2 DeviceArray, torch.Tensor on CUDA, CuPy array), "
         f"got {type(array).__name__}; use forward_numpy for host arrays"

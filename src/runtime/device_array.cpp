@@ -451,6 +451,13 @@ void register_device_array(py::module_& m) {
       .def("__dlpack_device__",
            [](const DeviceArray& self) { return py::make_tuple(static_cast<int>(dlpack::kCUDA), self.device()); })
       .def_property_readonly("__cuda_array_interface__", &DeviceArray::cuda_array_interface)
+      .def(
+          "view_tuple",
+          [](const DeviceArray& self) {
+            return py::make_tuple(self.address(), py::tuple(py::cast(self.shape())), dtype_name(self.dtype()),
+                                  py::tuple(py::cast(self.strides())), self.device(), self.is_contiguous());
+          },
+          "(ptr, shape, dtype, strides, device, contiguous) in one call: what op launchers need, cheaply.")
       .def_property_readonly("ptr", &DeviceArray::address, "Device address of the first element.")
       .def_property_readonly("shape", [](const DeviceArray& self) { return py::tuple(py::cast(self.shape())); })
       .def_property_readonly("strides",

@@ -1,0 +1,203 @@
+"""_runtime: devices, DeviceArray (host round trips, DLPack, CUDA array interface), streams, events, graph capture."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import graph_executor_v2 as ge2
+from graph_executor_v2 import dtypes
+
+runtime_built = pytest.mark.skipif(not ge2._native.is_built("_runtime"), reason="_runtime is not built")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CPU
+# ---------------------------------------------------------------------------------------------------------------
+def test_dtype_names_and_bfloat16_host_representation():
+    assert dtypes.normalize(np.float16) == "float16"
+    assert dtypes.normalize("bfloat16") == "bfloat16"
+    assert dtypes.to_numpy("bfloat16") == np.dtype(ml_dtypes.bfloat16)
+    assert dtypes.itemsize("bfloat16") == 2 and dtypes.itemsize("int64") == 8
+    with pytest.raises(TypeError, match=r"dtype: expected one of float32.*got 'float64'"):
+        dtypes.normalize(np.float64)
+    with pytest.raises(TypeError, match=r"weights: expected one of"):
+        dtypes.normalize("complex64", "weights")
+
+
+def test_stream_handle_accepts_every_kind():
+    class TorchLike:
+        cuda_stream = 1234
+
+    class CupyLike:
+        ptr = 99
+
+    assert ge2.device.stream_handle(None) == 0
+    assert ge2.device.stream_handle(7) == 7
+    assert ge2.device.stream_handle(TorchLike()) == 1234
+    assert ge2.device.stream_handle(CupyLike()) == 99
+    with pytest.raises(TypeError, match="stream: expected None"):
+        ge2.device.stream_handle("fast")
+
+
+def test_view_of_rejects_host_objects():
+    with pytest.raises(TypeError, match=r"x: expected a CUDA device array.*got ndarray"):
+        ge2.device.view_of(np.zeros(3), "x")
+    with pytest.raises(TypeError, match=r"x: expected a CUDA device array.*got list"):
+        ge2.device.view_of([1, 2], "x")
+
+
+@runtime_built
+def test_no_gpu_means_zero_devices_and_clear_errors():
+    if ge2.device_count() > 0:
+        pytest.skip("this machine has a GPU")
+    rt = ge2.device.runtime()
+    assert rt.device_count() == 0 and not ge2.is_available()
+    for call in (lambda: rt.DeviceArray.empty([2], "float32"), lambda: rt.Stream(), lambda: rt.Event(),
+                 lambda: rt.device_properties(0), lambda: rt.DeviceArray.from_numpy(np.zeros(2, np.float32))):
+        with pytest.raises(RuntimeError, match="no CUDA device is available"):
+            call()
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        ge2.device.require_gpu("the demo")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_device_properties():
+    rt = ge2.device.runtime()
+    assert rt.device_count() >= 1
+    props = rt.device_properties(0)
+    assert props["sm_count"] > 0 and props["total_memory"] > 1 << 30
+    assert props["compute_capability"][0] >= 7 and isinstance(props["name"], str)
+    free, total = rt.memory_info(0)
+    assert 0 < free <= total
+    with pytest.raises(ValueError, match=r"device: expected an index in \[0, "):
+        rt.device_properties(rt.device_count())
+    assert rt.runtime_version() >= 12000 and rt.driver_version() >= rt.runtime_version() // 1000 * 1000 - 1000
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", dtypes.ALL_DTYPES)
+@pytest.mark.parametrize("shape", [(), (1,), (7,), (3, 5), (2, 3, 4, 5)])
+def test_host_round_trip(rng, dtype, shape):
+    host = (rng.standard_normal(shape) * 50).astype(dtypes.to_numpy(dtype))
+    array = ge2.device.runtime().DeviceArray.from_numpy(host)
+    assert array.shape == shape and array.dtype == dtype and array.is_contiguous
+    assert array.nbytes == host.nbytes and array.size == host.size and array.itemsize == host.itemsize
+    back = array.numpy()
+    assert back.dtype == host.dtype and back.shape == host.shape
+    np.testing.assert_array_equal(back.view(np.uint8), host.view(np.uint8))  # bit-exact, NaN-safe
+
+
+@pytest.mark.gpu
+def test_poison_zero_reshape_and_copy():
+    rt = ge2.device.runtime()
+    array = rt.DeviceArray.empty([4, 6], "bfloat16")
+    array.poison()
+    assert np.isnan(array.numpy().astype(np.float32)).all()
+    array.zero()
+    assert (array.numpy().astype(np.float32) == 0).all()
+    flat = array.reshape([24])
+    assert flat.ptr == array.ptr and flat.shape == (24,)
+    with pytest.raises(ValueError, match=r"cannot reshape \(4, 6\).*to \(5, 5\)"):
+        array.reshape([5, 5])
+    with pytest.raises(ValueError, match=r"array.shape: expected \(4, 6\), got \(6, 4\)"):
+        array.copy_from_numpy(np.zeros((6, 4), ml_dtypes.bfloat16))
+    with pytest.raises(ValueError, match=r"array.dtype: expected bfloat16, got float32"):
+        array.copy_from_numpy(np.zeros((4, 6), np.float32))
+    source = rt.DeviceArray.from_numpy(np.arange(24, dtype=np.float32))
+    target = rt.DeviceArray.empty([24], "float32")
+    rt.memcpy_device_to_device(target.ptr, source.ptr, source.nbytes)
+    np.testing.assert_array_equal(target.numpy(), np.arange(24, dtype=np.float32))
+
+
+@pytest.mark.gpu
+def test_dlpack_with_torch_both_directions():
+    torch = pytest.importorskip("torch")
+    rt = ge2.device.runtime()
+    for dtype in ("float32", "float16", "bfloat16", "int32", "int64", "uint8"):
+        t = (torch.arange(12, device="cuda") * 3).to(getattr(torch, dtype)).reshape(3, 4)
+        imported = ge2.device.as_device_array(t)
+        assert imported.ptr == t.data_ptr() and imported.shape == (3, 4) and imported.dtype == dtype
+        exported = torch.from_dlpack(imported)  # GE2 -> torch, same memory
+        assert exported.data_ptr() == t.data_ptr()
+        exported.add_(1)
+        assert torch.equal(t, exported)
+    strided = torch.zeros(4, 6, device="cuda").t()
+    view = ge2.device.as_device_array(strided)
+    assert view.strides == (1, 6) and not view.is_contiguous
+    owned = rt.DeviceArray.from_numpy(np.arange(5, dtype=np.int64))
+    shared = torch.utils.dlpack.from_dlpack(owned.__dlpack__())  # legacy unversioned capsule
+    del owned  # the capsule keeps the memory alive
+    assert shared.cpu().tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(TypeError, match="expected a CUDA array"):
+        ge2.device.as_device_array(torch.zeros(3))
+
+
+@pytest.mark.gpu
+def test_cuda_array_interface_with_cupy_both_directions():
+    cupy = pytest.importorskip("cupy")
+    rt = ge2.device.runtime()
+    c = cupy.arange(10, dtype=cupy.float32)
+    imported = rt.DeviceArray.from_cuda_array_interface(c)
+    assert imported.ptr == c.data.ptr and imported.shape == (10,)
+    back = cupy.asarray(imported)  # through DeviceArray.__cuda_array_interface__
+    back += 1
+    assert float(c[3]) == 4.0
+    via_dlpack = cupy.from_dlpack(rt.DeviceArray.from_numpy(np.ones(3, np.float16)))
+    assert via_dlpack.dtype == np.float16 and float(via_dlpack.sum()) == 3.0
+    with pytest.raises(ValueError, match="no typestr for bfloat16"):
+        _ = rt.DeviceArray.empty([2], "bfloat16").__cuda_array_interface__
+
+
+@pytest.mark.gpu
+def test_streams_events_and_foreign_streams():
+    rt = ge2.device.runtime()
+    stream = rt.Stream()
+    assert stream.owned and stream.handle != 0
+    array = rt.DeviceArray.empty([1 << 20], "float32")
+    start, end = rt.Event(), rt.Event()
+    start.record(stream.handle)
+    for _ in range(5):
+        array.zero(stream.handle)
+    end.record(stream.handle)
+    end.synchronize()
+    assert end.query() and stream.query()
+    assert start.elapsed_ms(end) >= 0.0
+    other = rt.Stream()
+    end.wait_on(other.handle)
+    other.synchronize()
+    torch = pytest.importorskip("torch")
+    ts = torch.cuda.Stream()
+    wrapped = rt.Stream.wrap(ts.cuda_stream)
+    assert not wrapped.owned and ge2.device.stream_handle(ts) == ts.cuda_stream
+    wrapped.synchronize()
+    assert rt.Stream.default().handle == 0
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_and_replay(rng):
+    from graph_executor_v2.ops import gemm
+
+    rt = ge2.device.runtime()
+    stream = rt.Stream()
+    a = rt.DeviceArray.from_numpy(rng.standard_normal((32, 16)).astype(np.float32))
+    b = rt.DeviceArray.from_numpy(rng.standard_normal((16, 8)).astype(np.float32))
+    y = rt.DeviceArray.empty([32, 8], "float32")
+    gemm.forward(a, b, act="relu", out=y, stream=stream)  # warm up: plans and workspace exist before capture
+    stream.synchronize()
+    graph = rt.CudaGraph()
+    with pytest.raises(ValueError, match="non-default stream"):
+        graph.begin_capture(0)
+    graph.begin_capture(stream.handle)
+    gemm.forward(a, b, act="relu", out=y, stream=stream)
+    graph.end_capture()
+    assert graph.node_count >= 1
+    new_a = rng.standard_normal((32, 16)).astype(np.float32)
+    a.copy_from_numpy(new_a)
+    y.poison(stream.handle)  # same stream as the replay: a non-blocking stream does not wait for stream 0
+    graph.replay(stream.handle)
+    stream.synchronize()
+    ge2.testing.assert_close(y.numpy(), gemm.reference(new_a, b.numpy(), act="relu")[0], "float32", 16)

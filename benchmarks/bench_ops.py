@@ -25,7 +25,7 @@ COPY_CEILING_TB_S = 3.0  # H100 device-to-device copy, read+write (../shared/GPU
 def main(filters: list[str]) -> None:
     torch = torch_cuda()
     rows = []
-    for path in sorted((Path(__file__).parent / "op_cases").glob("*.py")):
+    for path in sorted((Path(__file__).parent / "op_cases").glob("[!_]*.py")):
         module = importlib.import_module(f"op_cases.{path.stem}")
         for case in module.cases(torch):
             if filters and not any(f in case["name"] for f in filters):

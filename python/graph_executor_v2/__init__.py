@@ -1,7 +1,9 @@
 """graph_executor_v2 (GE2): per-op CUDA kernels and a graph compiler (ExecutorV2) for NVIDIA GPUs."""
-from . import device, dtypes, ir, ops, testing
+from . import device, dtypes, ir, ops, passes, runtime, testing
 from .device import device_count, is_available
+from .runtime import ExecutorV2
 
 __version__ = "0.1.0"
 
-__all__ = ["device", "dtypes", "ir", "ops", "testing", "device_count", "is_available", "__version__"]
+__all__ = ["ExecutorV2", "device", "dtypes", "ir", "ops", "passes", "runtime", "testing", "device_count",
+           "is_available", "__version__"]

@@ -42,3 +42,39 @@ def random_array(rng: np.random.Generator, shape, dtype: str, scale: float = 1.0
     from .dtypes import to_numpy
 
     return (rng.standard_normal(shape) * scale).astype(to_numpy(dtype))
+
+
+def mlp(rng: np.random.Generator, sizes, dtype: str, activation: str, batch="batch", residual: bool = False):
+    """An MLP graph written the way users write it (matmul, add, activation; ``residual`` adds each square
+    layer's input back before its activation), and its float64 NumPy twin on the same dtype-rounded weights.
+
+    Parameters are ``w{i}`` (fan_in x fan_out) and ``b{i}``; the input is ``x`` (batch x sizes[0]) and the output
+    ``y``. Returns ``(graph, reference)`` with ``reference(x) -> float64 array``."""
+    from .ir import Graph
+    from .ops import activations
+
+    g = Graph(f"mlp_{activation}_{dtype}")
+    h = g.input("x", (batch, sizes[0]), dtype)
+    layers = []
+    for index, (fan_in, fan_out) in enumerate(zip(sizes, sizes[1:])):
+        w = g.param(f"w{index}", random_array(rng, (fan_in, fan_out), dtype, scale=fan_in ** -0.5))
+        b = g.param(f"b{index}", random_array(rng, (fan_out,), dtype, scale=0.1))
+        add_input = residual and fan_in == fan_out
+        z = g.add(g.matmul(h, w), b)
+        if add_input:
+            z = g.add(z, h)
+        last = index == len(sizes) - 2
+        h = z if last else getattr(g, activation)(z)
+        layers.append((w.data.astype(np.float64), b.data.astype(np.float64), add_input, last))
+    g.output(h, "y")
+
+    def reference(x: np.ndarray) -> np.ndarray:
+        h64 = np.asarray(x).astype(np.float64)
+        for w, b, add_input, last in layers:
+            z = h64 @ w + b
+            if add_input:
+                z = z + h64
+            h64 = z if last else activations.apply(activation, z)
+        return h64
+
+    return g, reference

@@ -56,7 +56,9 @@ class Node:
         self.inputs = inputs
         self.outputs: list[Value] = []
         self.attrs = attrs
-        self.device = device  # placement; None means the executor's device (fusions never cross devices)
+        # Placement annotation (e.g. "cuda:1"); None is the executor's device. Rewrites never fuse across
+        # placements; today's single-device executor runs every node on its own device.
+        self.device = device
 
     @property
     def opdef(self) -> OpDef:
@@ -84,6 +86,7 @@ class Graph:
         self._value_names: set[str] = set()
         self._node_names: set[str] = set()
         self._insert_at: Node | None = None  # new nodes go before this one; None appends
+        self._next_index: dict[str, int] = {}  # op -> next number for generated node names
 
     # --- sources and sinks ----------------------------------------------------------------------------------------
     def input(self, name: str, shape: Sequence, dtype) -> Value:
@@ -117,7 +120,8 @@ class Graph:
         """Builds a node: checks the op, its inputs and attributes, and infers its output types.
 
         Errors are ValueError/TypeError whose message starts with the node's name."""
-        node_name = self._fresh_node_name(op) if name is None else name
+        fresh_index = self._fresh_index(op)
+        node_name = f"{op}_{fresh_index}" if name is None else name
         where = f"node '{node_name}' ({op})"
         opdef = OPS.get(op)
         if opdef is None:
@@ -139,6 +143,8 @@ class Graph:
 
         node = Node(node_name, op, inputs, full_attrs, device)
         self._node_names.add(node_name)
+        if name is None:
+            self._next_index[op] = fresh_index + 1
         for value_name, out_type in zip(value_names, out_types):
             node.outputs.append(Value(self._claim_value_name(value_name), out_type, producer=node))
         if self._insert_at is None:
@@ -194,9 +200,6 @@ class Graph:
         finally:
             self._insert_at = previous
 
-    def fresh_param_name(self, base: str) -> str:
-        return self._unique(base, self._value_names)
-
     def clone(self) -> "Graph":
         """A structural copy with new Values and Nodes (parameter arrays are shared; they are read-only)."""
         copy = Graph(self.name)
@@ -215,6 +218,7 @@ class Graph:
                 twin.outputs.append(mapping[value])
             copy.nodes.append(twin)
         copy.outputs = {name: mapping[v] for name, v in self.outputs.items()}
+        copy._next_index = dict(self._next_index)
         return copy
 
     def op_counts(self) -> dict[str, int]:
@@ -267,18 +271,13 @@ class Graph:
         self._value_names.add(name)
         return name
 
-    def _fresh_node_name(self, op: str) -> str:
-        # Single-output nodes name their value after themselves, so a fresh node name must be free in both.
-        return self._unique(op, self._node_names | self._value_names, always_number=True)
-
-    @staticmethod
-    def _unique(base: str, taken: set[str], always_number: bool = False) -> str:
-        if not always_number and base not in taken:
-            return base
-        index = 0
-        while f"{base}_{index}" in taken:
+    def _fresh_index(self, op: str) -> int:
+        # Numbers only grow (a removed node's name is not handed out again, so pass notes stay unambiguous), and
+        # single-output nodes name their value after themselves, so the name must be free in both namespaces.
+        index = self._next_index.get(op, 0)
+        while f"{op}_{index}" in self._node_names or f"{op}_{index}" in self._value_names:
             index += 1
-        return f"{base}_{index}"
+        return index
 
 
 # --- schema helpers shared by the builder, the verifier and the inference pass --------------------------------------
@@ -318,25 +317,17 @@ def infer_types(opdef: OpDef, in_types: list[TensorType | None], attrs: dict, wh
 def _builder(graph: Graph, opdef: OpDef):
     fixed = [s for s in opdef.inputs if not s.variadic]
     variadic = next((s for s in opdef.inputs if s.variadic), None)
-    input_keys = {s.name for s in opdef.inputs}
 
     def build(*args, name: str | None = None, device: str | None = None, **kwargs):
-        inputs: list = list(args[:len(fixed)]) + [None] * max(0, len(fixed) - len(args))
-        extra = list(args[len(fixed):])
-        if extra and variadic is None:
-            where = f"node '{name or opdef.name}' ({opdef.name})"
-            raise TypeError(f"{where}: expected at most {len(fixed)} inputs "
-                            f"({', '.join(s.name for s in fixed)}), got {len(args)}")
+        inputs = list(args) + [None] * (len(fixed) - len(args))  # omitted optional inputs are absent
         for index, schema in enumerate(fixed):
             if schema.name in kwargs:
                 if index < len(args):
-                    raise TypeError(f"node '{name or opdef.name}' ({opdef.name}): input '{schema.name}' is given "
-                                    "twice")
+                    raise TypeError(f"g.{opdef.name}(): input '{schema.name}' is given by position and by keyword")
                 inputs[index] = kwargs.pop(schema.name)
         if variadic is not None:
-            extra += list(kwargs.pop(variadic.name, ()))
-        attrs = {k: v for k, v in kwargs.items() if k not in input_keys}
-        node = graph.add_node(opdef.name, inputs + extra, attrs, name=name, device=device)
+            inputs += list(kwargs.pop(variadic.name, ()))
+        node = graph.add_node(opdef.name, inputs, kwargs, name=name, device=device)  # the rest are attributes
         return node.outputs[0] if len(node.outputs) == 1 else tuple(node.outputs)
 
     build.__name__ = opdef.name

@@ -57,8 +57,8 @@ def verify(graph: Graph) -> None:
             if value.producer is not node:
                 raise ValueError(f"{where}: output '{value.name}' names another producer")
             if value.type != expected:
-                raise TypeError(f"{where}: output '{value.name}' is typed {value.type} but inference gives "
-                                f"{expected}")
+                error = TypeError if value.type.dtype != expected.dtype else ValueError
+                raise error(f"{where}: output '{value.name}' is typed {value.type} but inference gives {expected}")
             define(value, where)
 
     for name, value in graph.outputs.items():

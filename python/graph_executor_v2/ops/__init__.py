@@ -5,5 +5,7 @@ torch, CuPy), ``backward_numpy``, ``backward`` and ``kernels()``.
 """
 from ._base import OPS, Attr, Candidate, Input, OpDef, Problem, register
 from . import elementwise, gemm, matmul
+from . import concat, slice, transpose
 
-__all__ = ["OPS", "Attr", "Candidate", "Input", "OpDef", "Problem", "register", "elementwise", "gemm", "matmul"]
+__all__ = ["OPS", "Attr", "Candidate", "Input", "OpDef", "Problem", "register", "elementwise", "gemm", "matmul",
+           "concat", "slice", "transpose"]

@@ -26,7 +26,7 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES, normalize
 from ..ir.types import TensorType
 from . import activations
-from ._base import Candidate, Input, OpDef, Problem, as_float64, register
+from ._base import OPS, Candidate, Input, OpDef, Problem, as_float64, register
 
 BINARY_OPS = ("add", "sub", "mul", "div")
 UNARY_OPS = ("relu", "gelu", "gelu_erf", "silu", "sigmoid", "tanh", "exp", "neg")
@@ -203,10 +203,10 @@ def _check_kernel(kernel):
 
 
 def _input_names(op):
-    return OP_DEFS[op].input_names
+    return tuple(i.name for i in OPS[op].inputs)
 
 
-def _host_inputs(op, arrays, what):
+def _check_host_inputs(op, arrays, what):
     names = _input_names(op)
     if len(arrays) != len(names):
         raise ValueError(f"{what}: op '{op}' takes {len(names)} input(s) ({', '.join(names)}), got {len(arrays)}")
@@ -214,19 +214,18 @@ def _host_inputs(op, arrays, what):
         if not isinstance(value, np.ndarray):
             raise TypeError(f"{name}: expected a NumPy array, got {type(value).__name__}")
         normalize(value.dtype, name)
-    return names
 
 
 def forward_numpy(op, *inputs, kernel="auto"):
     """Host arrays in, host array out; runs on the GPU. ``forward_numpy("add", a, b)``, ``("relu", x)``."""
     _check_op(op)
     _check_kernel(kernel)
-    _host_inputs(op, inputs, "forward_numpy")
-    OP_DEFS[op].opdef.infer([TensorType(x.shape, normalize(x.dtype)) for x in inputs], {})
+    _check_host_inputs(op, inputs, "forward_numpy")
+    (out_type,) = OPS[op].infer([TensorType(x.shape, normalize(x.dtype)) for x in inputs], {})
     _device.require_gpu(f"elementwise.forward_numpy({op!r})")
     DeviceArray = _device.runtime().DeviceArray
     on_device = [DeviceArray.from_numpy(np.ascontiguousarray(x)) for x in inputs]
-    return forward(op, *on_device, kernel=kernel).numpy()
+    return forward(op, *on_device, kernel=kernel).numpy().reshape(out_type.shape)
 
 
 def _device_views(op, arrays, what):
@@ -241,7 +240,7 @@ def _device_views(op, arrays, what):
         if view.device != views[0].device:
             raise ValueError(f"{name}: expected an array on cuda:{views[0].device} (the device of {names[0]}), got "
                              f"cuda:{view.device}")
-    return views, names
+    return views
 
 
 def _check_output(array, argument, t: TensorType, device):
@@ -262,8 +261,8 @@ def forward(op, *inputs, kernel="auto", out=None, stream=None):
     otherwise the output is allocated as the same kind of array as the first input."""
     _check_op(op)
     _check_kernel(kernel)
-    views, _ = _device_views(op, inputs, "forward")
-    (out_type,) = OP_DEFS[op].opdef.infer([TensorType(v.shape, v.dtype) for v in views], {})
+    views = _device_views(op, inputs, "forward")
+    (out_type,) = OPS[op].infer([TensorType(v.shape, v.dtype) for v in views], {})
     y = out if out is not None else _device.empty_like_kind(inputs[0], out_type.shape, out_type.dtype,
                                                             views[0].device)
     vy = _check_output(y, "out", out_type, views[0].device)
@@ -280,24 +279,28 @@ def forward(op, *inputs, kernel="auto", out=None, stream=None):
 def backward_numpy(op, dy, *inputs):
     """Host arrays in: ``dx`` for unary ops, ``(da, db)`` for binary ops, ``(dx, dbias)`` for bias_add."""
     _check_op(op)
-    _host_inputs(op, inputs, "backward_numpy")
+    _check_host_inputs(op, inputs, "backward_numpy")
     if not isinstance(dy, np.ndarray):
         raise TypeError(f"dy: expected a NumPy array, got {type(dy).__name__}")
+    (out_type,) = OPS[op].infer([TensorType(x.shape, normalize(x.dtype)) for x in inputs], {})
+    if tuple(dy.shape) != tuple(out_type.shape) or normalize(dy.dtype, "dy") != out_type.dtype:
+        raise ValueError(f"dy: expected {out_type} (the output's type), got {normalize(dy.dtype, 'dy')}"
+                         f"[{', '.join(map(str, dy.shape))}]")
     _device.require_gpu(f"elementwise.backward_numpy({op!r})")
     DeviceArray = _device.runtime().DeviceArray
     on_device = [DeviceArray.from_numpy(np.ascontiguousarray(x)) for x in (dy, *inputs)]
     grads = backward(op, *on_device)
     if op in UNARY_OPS:
-        return grads.numpy()
-    return tuple(g.numpy() for g in grads)
+        return grads.numpy().reshape(dy.shape)
+    return tuple(g.numpy().reshape(x.shape) for g, x in zip(grads, inputs))
 
 
 def backward(op, dy, *inputs, stream=None):
     """Device arrays in: ``dx`` for unary ops, ``(da, db)`` for binary ops, ``(dx, dbias)`` for bias_add, as
     arrays of the first input's kind."""
     _check_op(op)
-    views, names = _device_views(op, inputs, "backward")
-    (out_type,) = OP_DEFS[op].opdef.infer([TensorType(v.shape, v.dtype) for v in views], {})
+    views = _device_views(op, inputs, "backward")
+    (out_type,) = OPS[op].infer([TensorType(v.shape, v.dtype) for v in views], {})
     vdy = _check_output(dy, "dy", out_type, views[0].device)
     native = _native_module()
     handle = _device.stream_handle(stream)
@@ -362,12 +365,6 @@ def _candidates(op):
                             always_works=True))
 
 
-class _Entry:
-    def __init__(self, opdef: OpDef):
-        self.opdef = opdef
-        self.input_names = tuple(i.name for i in opdef.inputs)
-
-
 def _binary_def(op):
     def ref(inputs, attrs):
         return [reference(op, *inputs)]
@@ -408,9 +405,8 @@ def _bias_add_def():
                      "dim).")
 
 
-OP_DEFS: dict[str, _Entry] = {}
 for _op in BINARY_OPS:
-    OP_DEFS[_op] = _Entry(register(_binary_def(_op)))
+    register(_binary_def(_op))
 for _op in UNARY_OPS:
-    OP_DEFS[_op] = _Entry(register(_unary_def(_op)))
-OP_DEFS["bias_add"] = _Entry(register(_bias_add_def()))
+    register(_unary_def(_op))
+register(_bias_add_def())

@@ -2,8 +2,8 @@
 
 A ``Pat`` matches a value by the op that produces it and, recursively, that op's inputs, binding values by name::
 
-    # a @ b + bias = gemm(a, b, bias)
-    (Pat("add", (Pat("gemm", name="mm"), Pat(name="bias")), any_order=True), fold_bias)
+    # relu(gemm(a, b)) = gemm(a, b, act="relu")
+    (Pat("relu", (Pat("gemm", name="mm"),)), fuse_activation)
 
 ``rewrite`` walks the nodes in topological order, tries the rules whose root op matches, calls the function with
 the bindings (new nodes it builds go right before the root), replaces the root's output and deletes the matched
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import permutations
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from ..ir.graph import Graph, Node, Value
 
@@ -33,41 +33,49 @@ class Pat:
 Rule = tuple[Pat, Callable[..., "Value | None"]]
 
 
-@dataclass
-class _Match:
+@dataclass(frozen=True)
+class _Context:
     graph: Graph
     users: dict[Value, list[Node]]
     root: Node
-    bindings: dict
-    nodes: list[Node]
 
 
-def _match(pat: Pat, value: Value | None, state: _Match, is_root: bool) -> bool:
-    if pat.op is not None:
-        if value is None or value.producer is None or len(value.producer.outputs) != 1:
-            return False
-        node = value.producer
-        if node.op not in ((pat.op,) if isinstance(pat.op, str) else pat.op):
-            return False
-        if not is_root and not pat.shared and not exclusive(state.graph, state.users, value, state.root):
-            return False
-        if pat.inputs is not None:
-            if len(pat.inputs) != len(node.inputs):
-                return False
-            orders = permutations(range(len(node.inputs))) if pat.any_order else [range(len(node.inputs))]
-            for order in orders:
-                trial = _Match(state.graph, state.users, state.root, dict(state.bindings), list(state.nodes))
-                if all(_match(p, node.inputs[i], trial, False) for p, i in zip(pat.inputs, order)):
-                    state.bindings, state.nodes = trial.bindings, trial.nodes
-                    break
-            else:
-                return False
-        state.nodes.append(node)
+def _matches(pat: Pat, value: Value | None, context: _Context, bindings: dict, nodes: tuple
+             ) -> Iterator[tuple[dict, tuple]]:
+    """Every way ``pat`` matches ``value``, as (bindings, matched nodes) extended from the given ones."""
     if pat.name is not None:
-        if pat.name in state.bindings and state.bindings[pat.name] is not value:
-            return False
-        state.bindings[pat.name] = value
-    return True
+        if pat.name in bindings and bindings[pat.name] is not value:
+            return
+        bindings = {**bindings, pat.name: value}
+    if pat.op is None:
+        yield bindings, nodes
+        return
+    if value is None or value.producer is None or len(value.producer.outputs) != 1:
+        return
+    node = value.producer
+    if node.op not in ((pat.op,) if isinstance(pat.op, str) else pat.op):
+        return
+    if node is not context.root and not pat.shared and not exclusive(context.graph, context.users, value,
+                                                                      context.root):
+        return
+    nodes = nodes + (node,)
+    if pat.inputs is None:
+        yield bindings, nodes
+        return
+    if len(pat.inputs) != len(node.inputs):
+        return
+    orders = permutations(node.inputs) if pat.any_order else [node.inputs]
+    for inputs in orders:
+        yield from _match_all(list(zip(pat.inputs, inputs)), context, bindings, nodes)
+
+
+def _match_all(pairs: list, context: _Context, bindings: dict, nodes: tuple) -> Iterator[tuple[dict, tuple]]:
+    if not pairs:
+        yield bindings, nodes
+        return
+    (pat, value), rest = pairs[0], pairs[1:]
+    for bound, matched in _matches(pat, value, context, bindings, nodes):
+        yield from _match_all(rest, context, bound, matched)
 
 
 def exclusive(graph: Graph, users: dict[Value, list[Node]], value: Value, consumer: Node) -> bool:
@@ -76,14 +84,30 @@ def exclusive(graph: Graph, users: dict[Value, list[Node]], value: Value, consum
             and value.producer.device == consumer.device)
 
 
-def rewrite(graph: Graph, rules: Sequence[Rule]) -> list[str]:
+@dataclass(frozen=True)
+class Rewrite:
+    """What one rule application did: the nodes it removed and the nodes (or value) that replace them."""
+
+    rule: str
+    removed: tuple[str, ...]
+    added: tuple[str, ...]
+
+    @property
+    def is_fusion(self) -> bool:
+        return len(self.removed) >= 2 and len(self.added) == 1
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {', '.join(self.removed)} -> {', '.join(self.added)}"
+
+
+def rewrite(graph: Graph, rules: Sequence[Rule]) -> list[Rewrite]:
     """Applies ``rules`` to a fixed point, in place; returns one note per rewrite."""
     by_op: dict[str, list[Rule]] = {}
     for rule in rules:
         pat = rule[0]
         for op in (pat.op,) if isinstance(pat.op, str) else pat.op:
             by_op.setdefault(op, []).append(rule)
-    notes: list[str] = []
+    notes: list[Rewrite] = []
     for _ in range(MAX_SWEEPS):
         fired = False
         for node in list(graph.nodes):
@@ -97,30 +121,30 @@ def rewrite(graph: Graph, rules: Sequence[Rule]) -> list[str]:
     raise RuntimeError(f"rewrite rules did not converge after {MAX_SWEEPS} sweeps; last rewrites: {notes[-3:]}")
 
 
-def _rewrite_node(graph: Graph, root: Node, rules: Sequence[Rule]) -> str | None:
-    users = graph.users()
+def _rewrite_node(graph: Graph, root: Node, rules: Sequence[Rule]) -> Rewrite | None:
+    context = _Context(graph, graph.users(), root)
     for pat, build in rules:
-        state = _Match(graph, users, root, {}, [])
-        if not _match(pat, root.outputs[0], state, True):
-            continue
-        existing = set(graph.nodes)
-        with graph.inserting_before(root):
-            replacement = build(graph, **state.bindings)
-        if replacement is None:
-            continue
-        graph.replace_uses(root.outputs[0], replacement)
-        removed = remove_unused(graph, state.nodes)
-        added = [n.name for n in graph.nodes if n not in existing] or [replacement.name]
-        return f"{build.__name__}: {', '.join(removed)} -> {', '.join(added)}"
+        for bindings, matched in _matches(pat, root.outputs[0], context, {}, ()):
+            existing = set(graph.nodes)
+            with graph.inserting_before(root):
+                replacement = build(graph, **bindings)
+            if replacement is None:
+                continue
+            added = [node for node in graph.nodes if node not in existing]
+            for node in added:
+                node.device = root.device  # a rewrite never moves work to another device
+            graph.replace_uses(root.outputs[0], replacement)
+            removed = remove_unused(graph, matched)
+            return Rewrite(build.__name__, removed, tuple(n.name for n in added) or (replacement.name,))
     return None
 
 
-def remove_unused(graph: Graph, candidates: Sequence[Node]) -> list[str]:
+def remove_unused(graph: Graph, candidates: Sequence[Node]) -> tuple[str, ...]:
     """Deletes the nodes of ``candidates`` whose outputs nothing reads, consumers first; returns their names."""
     removed = []
-    for node in sorted(candidates, key=graph.nodes.index, reverse=True):
+    for node in sorted(set(candidates), key=graph.nodes.index, reverse=True):
         users = graph.users()
         if not any(users.get(v) or graph.is_output(v) for v in node.outputs):
             graph.remove_node(node)
             removed.append(node.name)
-    return removed[::-1]
+    return tuple(removed[::-1])

@@ -50,14 +50,14 @@ class AutotuneCache:
 
     def _read(self, quiet: bool = False) -> dict:
         try:
-            text = self.path.read_text(encoding="utf-8")
+            content = self.path.read_bytes()
         except FileNotFoundError:
             return {}
         except OSError as error:
             return self._ignore(f"unreadable ({error})", quiet)
         try:
-            document = json.loads(text)
-        except json.JSONDecodeError as error:
+            document = json.loads(content.decode("utf-8"))
+        except ValueError as error:  # bad UTF-8 or bad JSON
             return self._ignore(f"corrupt ({error})", quiet)
         if not isinstance(document, dict) or document.get("format") != FORMAT:
             return self._ignore("not an autotune cache", quiet)

@@ -31,8 +31,8 @@ class MemoryPlan:
 
     def summary(self) -> str:
         megabytes = lambda n: n / 2**20  # noqa: E731
-        return (f"memory reduced from {megabytes(self.unshared_bytes):.2f} MB -> "
-                f"{megabytes(self.arena_bytes):.2f} MB ({len(self.offsets)} buffers, one arena)")
+        return (f"memory reduced from {megabytes(self.unshared_bytes):.3g} MB -> "
+                f"{megabytes(self.arena_bytes):.3g} MB ({len(self.offsets)} buffers, one arena)")
 
 
 def aligned(nbytes: int) -> int:
@@ -48,7 +48,8 @@ def plan_memory(buffers: list[Buffer], reuse: bool = True) -> MemoryPlan:
     placed: list[tuple[int, int, Buffer]] = []  # (offset, size, buffer), largest first
     for buffer in sorted(buffers, key=lambda b: (-b.nbytes, b.first, b.name)) if reuse else ():
         size = aligned(buffer.nbytes)
-        overlapping = sorted((o, s) for o, s, other in placed if other.first <= buffer.last and buffer.first <= other.last)
+        overlapping = sorted((o, s) for o, s, other in placed
+                             if other.first <= buffer.last and buffer.first <= other.last)
         offset = 0
         for other_offset, other_size in overlapping:  # the lowest gap that fits
             if offset + size <= other_offset:

@@ -167,7 +167,7 @@ def choose_kernel(node: Node, problem: Problem, caps: Capabilities, prefs: Prefe
             except Exception as error:  # falls to the next candidate; the plan says why
                 fallbacks.append((candidate.name, f"{type(error).__name__}: {error}"))
                 continue
-        if fallbacks:
+        if candidate is not order[0]:
             reason = f"first to prepare after {len(fallbacks)} failure(s)"
         return Selection(node.name, node.op, candidate.name, candidate.description, launch, reason,
                          ranking.rejected, tuple(fallbacks))

@@ -51,13 +51,14 @@ def host_fallback_candidate(opdef: OpDef) -> Candidate:
                      lambda problem: None, prepare, always_works=True)
 
 
-def _to_host(pointer: int, type: TensorType, stream) -> np.ndarray:
-    nbytes = type.numel * itemsize(type.dtype)
-    return borrow(pointer, nbytes).numpy(stream).view(to_numpy(type.dtype)).reshape(type.shape)
+def _to_host(pointer: int, tensor_type: TensorType, stream) -> np.ndarray:
+    nbytes = tensor_type.numel * itemsize(tensor_type.dtype)
+    return borrow(pointer, nbytes).numpy(stream).view(to_numpy(tensor_type.dtype)).reshape(tensor_type.shape)
 
 
 class CudaBackend:
     device = "cuda"
+    address_of_absent = 0  # what a kernel gets for an absent optional input
 
     def __init__(self):
         _device.require_gpu("ExecutorV2(device='cuda')")
@@ -72,8 +73,8 @@ class CudaBackend:
         arena.poison()  # NaN everywhere until a kernel writes: reading an unwritten buffer cannot pass a test
         return arena
 
-    def slot(self, arena, offset: int, type: TensorType):
-        return borrow(arena.ptr + offset, type.numel * itemsize(type.dtype), keep_alive=arena)
+    def slot(self, arena, offset: int, tensor_type: TensorType):
+        return borrow(arena.ptr + offset, tensor_type.numel * itemsize(tensor_type.dtype), keep_alive=arena)
 
     def address(self, slot) -> int:
         return slot.ptr
@@ -89,12 +90,23 @@ class CudaBackend:
             raise ValueError(f"input '{name}': expected an array on cuda:{self.device_index}, got cuda:{view.device}")
         self.runtime.memcpy_device_to_device(slot.ptr, view.ptr, slot.nbytes, stream)
 
-    def fetch(self, slot, type: TensorType, device_like, stream: int):
-        """A host copy, or (with ``device_like``) a new device array of the same kind as ``device_like``."""
-        if device_like is None:
-            return slot.numpy(stream).view(to_numpy(type.dtype)).reshape(type.shape)
-        result = _device.empty_like_kind(device_like, type.shape, type.dtype, self.device_index)
-        self.runtime.memcpy_device_to_device(_device.view_of(result).ptr, slot.ptr, slot.nbytes, stream)
+    def fetch(self, slot, tensor_type: TensorType, stream: int, device_like=None, out=None, argument: str = "out"):
+        """The slot copied into ``out`` (host or device, shape and dtype already checked), else into a new device
+        array of ``device_like``'s kind, else into a new host array."""
+        if isinstance(out, np.ndarray):
+            if not out.flags.c_contiguous:
+                raise ValueError(f"{argument}: expected a C-contiguous NumPy array")
+            out.reshape(-1).view(np.uint8)[...] = slot.numpy(stream)
+            return out
+        if out is None and device_like is None:
+            return slot.numpy(stream).view(to_numpy(tensor_type.dtype)).reshape(tensor_type.shape)
+        result = out if out is not None else _device.empty_like_kind(device_like, tensor_type.shape,
+                                                                     tensor_type.dtype, self.device_index)
+        view = _device.view_of(result, argument)
+        if not view.is_contiguous or view.device != self.device_index:
+            raise ValueError(f"{argument}: expected a contiguous array on cuda:{self.device_index}, got strides "
+                             f"{view.strides} on cuda:{view.device}")
+        self.runtime.memcpy_device_to_device(view.ptr, slot.ptr, slot.nbytes, stream)
         return result
 
     def default_stream(self) -> int:

@@ -31,6 +31,7 @@ def reference_candidate(opdef: OpDef) -> Candidate:
 
 class ReferenceBackend:
     device = "cpu"
+    address_of_absent = None  # what a kernel gets for an absent optional input
 
     def upload(self, array: np.ndarray) -> np.ndarray:
         return array  # parameters are read-only arrays already; kernels only read them
@@ -38,9 +39,9 @@ class ReferenceBackend:
     def allocate(self, nbytes: int) -> np.ndarray:
         return np.full(nbytes, 0xFF, np.uint8)
 
-    def slot(self, arena: np.ndarray, offset: int, type: TensorType) -> np.ndarray:
-        dtype = to_numpy(type.dtype)
-        return arena[offset:offset + type.numel * dtype.itemsize].view(dtype).reshape(type.shape)
+    def slot(self, arena: np.ndarray, offset: int, tensor_type: TensorType) -> np.ndarray:
+        dtype = to_numpy(tensor_type.dtype)
+        return arena[offset:offset + tensor_type.numel * dtype.itemsize].view(dtype).reshape(tensor_type.shape)
 
     def address(self, slot: np.ndarray) -> np.ndarray:
         return slot
@@ -50,8 +51,15 @@ class ReferenceBackend:
             raise TypeError(f"input '{name}': expected a NumPy array on device='cpu', got {type(value).__name__}")
         np.copyto(slot, value)
 
-    def fetch(self, slot: np.ndarray, type: TensorType, device_like, stream) -> np.ndarray:
-        return slot.copy()
+    def fetch(self, slot: np.ndarray, tensor_type: TensorType, stream, device_like=None, out=None,
+              argument: str = "out") -> np.ndarray:
+        """A copy of the slot, or ``out`` (a NumPy array of the slot's shape and dtype) overwritten with it."""
+        if out is None:
+            return slot.copy()
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"{argument}: expected a NumPy array on device='cpu', got {type(out).__name__}")
+        np.copyto(out, slot)
+        return out
 
     def default_stream(self):
         return None

@@ -1,0 +1,65 @@
+// Device scratch owned by an op module: one buffer per (device, stream), grown on demand and kept for the life of
+// the process, like the cuBLASLt workspace, so steady-state calls allocate nothing. Stream order keeps the users of
+// one buffer apart. Growing waits for the stream (the old buffer may still be in use) and is refused during CUDA
+// graph capture: run the op once outside capture first (the executor warms every plan up before it captures).
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include <cuda_runtime.h>
+
+#include "status.hpp"
+
+namespace ge2 {
+
+class StreamWorkspace {
+ public:
+  // At least `bytes` of 256-byte aligned device memory for work enqueued on `stream`; fresh memory is zero-filled
+  // (in stream order).
+  static void* get(std::size_t bytes, cudaStream_t stream) {
+    static auto* workspaces = new StreamWorkspace();  // never destroyed: outlives Python's teardown order
+    return workspaces->acquire(bytes, stream);
+  }
+
+ private:
+  struct Buffer {
+    void* pointer = nullptr;
+    std::size_t bytes = 0;
+  };
+
+  void* acquire(std::size_t bytes, cudaStream_t stream) {
+    int device = 0;
+    check_cuda(cudaGetDevice(&device), GE2_OP_NAME, "cudaGetDevice");
+    std::lock_guard<std::mutex> lock(mutex_);
+    Buffer& buffer = buffers_[{device, reinterpret_cast<std::uintptr_t>(stream)}];
+    if (buffer.bytes >= bytes && buffer.pointer != nullptr) return buffer.pointer;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    check_cuda(cudaStreamIsCapturing(stream, &capture), GE2_OP_NAME, "cudaStreamIsCapturing");
+    if (capture != cudaStreamCaptureStatusNone) {
+      throw std::runtime_error(std::string("ge2 op '") + GE2_OP_NAME + "': its workspace must grow to " +
+                               std::to_string(bytes) + " bytes, which cannot happen during CUDA graph capture; "
+                               "run the op once on this stream before capturing");
+    }
+    if (buffer.pointer != nullptr) {
+      check_cuda(cudaStreamSynchronize(stream), GE2_OP_NAME, "cudaStreamSynchronize(workspace growth)");
+      check_cuda(cudaFree(buffer.pointer), GE2_OP_NAME, "cudaFree(workspace)");
+      buffer = Buffer{};
+    }
+    constexpr std::size_t kGranule = 1u << 16;  // round up so that slowly growing problems do not reallocate often
+    const std::size_t grown = std::max<std::size_t>(kGranule, (bytes + kGranule - 1) / kGranule * kGranule);
+    check_cuda(cudaMalloc(&buffer.pointer, grown), GE2_OP_NAME, "cudaMalloc(workspace)");
+    buffer.bytes = grown;
+    check_cuda(cudaMemsetAsync(buffer.pointer, 0, grown, stream), GE2_OP_NAME, "cudaMemsetAsync(workspace)");
+    return buffer.pointer;
+  }
+
+  std::mutex mutex_;
+  std::map<std::pair<int, std::uintptr_t>, Buffer> buffers_;
+};
+
+}  // namespace ge2

@@ -1,0 +1,12 @@
+// rmsnorm backward: dx per row and deterministic column sums for the parameter gradients
+// (_common/row_norm_kernels.hpp, not centered).
+#include "api.hpp"
+#include "row_norm_kernels.hpp"
+
+namespace ge2::row_norm {
+
+template Kernel backward<false>(const Backward& args, Kernel requested, cudaStream_t stream);
+template std::size_t backward_workspace_bytes<false>(int64_t rows, int64_t cols, DType dtype, bool aligned,
+                                                     Kernel requested);
+
+}  // namespace ge2::row_norm

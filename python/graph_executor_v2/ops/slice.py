@@ -1,0 +1,252 @@
+"""slice: ``y = x[starts:ends:steps]`` on the listed axes, with ONNX Slice semantics; exact in every dtype.
+
+``slice(x, starts, ends, axes=None, steps=None)``: ``axes`` defaults to the first ``len(starts)`` axes and may be
+negative; ``steps`` defaults to 1 and may be negative (never 0); each axis appears once. Per sliced axis of extent
+``d`` (ONNX Slice-13): a negative start or end counts from the end (``+ d``); then, for a positive step, start and end
+are clamped to ``[0, d]``; for a negative step, start to ``[0, d - 1]`` and end to ``[-1, d - 1]``; the axis keeps
+``max(0, ceil((end - start) / step))`` elements, ``start, start + step, ...``. Large sentinels (``2**63 - 1`` /
+``-2**63``) mean "to the end" / "to the beginning". This is NumPy's slicing except for one corner: a negative step
+with a start below ``-d`` starts at element 0 (ONNX clamps it to 0), where NumPy yields nothing.
+
+Forward gathers the slice (any input strides) into a contiguous ``y``: the slice is a strided view of ``x`` (strides
+times steps, origin at the starts), copied by the shared strided-copy kernel, so a step-1 slice of outer axes is one
+``cudaMemcpyAsync``, a slice that keeps whole rows moves 16-byte vectors, and steps on the innermost axis move
+elements. Backward writes ``dx`` (zeros, with the slice set to ``dy``) in one pass over ``dx``.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import _native
+from .. import device as _device
+from ..ir.types import TensorType
+from . import _layout
+from ._base import Attr, Candidate, Input, OpDef, Problem, register
+
+_BIG = 2**31 - 1  # an end at least this large slices a symbolic axis to its end
+
+
+def _native_module():
+    return _native.load("_ops_slice")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation and ONNX normalization: shapes and arguments only, so it runs (and is tested) with no GPU.
+# ---------------------------------------------------------------------------------------------------------------
+class Geometry(NamedTuple):
+    """The slice of every axis of x: y's extents, and the starts (inside x when y is not empty) and steps."""
+
+    starts: tuple[int, ...]
+    steps: tuple[int, ...]
+    shape: tuple[int, ...]  # y's shape
+
+
+def _arguments(rank, starts, ends, axes, steps):
+    """(axes, starts, ends, steps) as equally long tuples of ints, axes non-negative and unique."""
+    starts = _layout.int_tuple(starts, "starts")
+    ends = _layout.int_tuple(ends, "ends")
+    if len(ends) != len(starts):
+        raise ValueError(f"ends: expected {len(starts)} entries (one per start), got {len(ends)}")
+    if axes is None:
+        if len(starts) > rank:
+            raise ValueError(f"starts: expected at most {rank} entries (the rank of x) when axes is not given, "
+                             f"got {len(starts)}")
+        axes = tuple(range(len(starts)))
+    else:
+        axes = _layout.int_tuple(axes, "axes")
+        if len(axes) != len(starts):
+            raise ValueError(f"axes: expected {len(starts)} entries (one per start), got {len(axes)}")
+        axes = tuple(_layout.normalize_axis(axis, rank, "axes") for axis in axes)
+        repeated = [axis for axis in set(axes) if axes.count(axis) > 1]
+        if repeated:
+            raise ValueError(f"axes: each axis may be sliced once, got axis {repeated[0]} more than once in {axes}")
+    if steps is None:
+        steps = (1,) * len(starts)
+    else:
+        steps = _layout.int_tuple(steps, "steps")
+        if len(steps) != len(starts):
+            raise ValueError(f"steps: expected {len(starts)} entries (one per start), got {len(steps)}")
+        if 0 in steps:
+            raise ValueError(f"steps: a step of 0 is not allowed, got {steps}")
+    return axes, starts, ends, steps
+
+
+def _clamp(value, low, high):
+    return max(low, min(value, high))
+
+
+def axis_slice(extent: int, start: int, end: int, step: int) -> tuple[int, int]:
+    """ONNX's (start, count) of one axis: the slice takes ``start + i * step`` for ``i < count``."""
+    if extent == 0:
+        return 0, 0
+    if start < 0:
+        start += extent
+    if end < 0:
+        end += extent
+    if step > 0:
+        start, end = _clamp(start, 0, extent), _clamp(end, 0, extent)
+        count = (end - start + step - 1) // step
+    else:
+        start, end = _clamp(start, 0, extent - 1), _clamp(end, -1, extent - 1)
+        count = (start - end - step - 1) // -step
+    count = max(0, count)
+    return (start if count > 0 else 0), count
+
+
+def geometry(shape, starts, ends, axes=None, steps=None) -> Geometry:
+    """Validates a slice of an array of ``shape`` and normalizes it; raises naming the argument."""
+    shape = tuple(shape)
+    _layout.check_rank(len(shape), "x")
+    axes, starts, ends, steps = _arguments(len(shape), starts, ends, axes, steps)
+    full_starts, full_steps, y_shape = [0] * len(shape), [1] * len(shape), list(shape)
+    for axis, start, end, step in zip(axes, starts, ends, steps):
+        full_starts[axis], y_shape[axis] = axis_slice(shape[axis], start, end, step)
+        full_steps[axis] = step
+    return Geometry(tuple(full_starts), tuple(full_steps), tuple(y_shape))
+
+
+def _check_dy(dy_shape, input_shape, starts, ends, axes, steps) -> Geometry:
+    input_shape = _layout.int_tuple(input_shape, "input_shape")
+    if any(extent < 0 for extent in input_shape):
+        raise ValueError(f"input_shape: expected extents >= 0, got {input_shape}")
+    result = geometry(input_shape, starts, ends, axes, steps)
+    if tuple(dy_shape) != result.shape:
+        raise ValueError(f"dy: expected shape {result.shape} (the slice of input_shape {input_shape}), got "
+                         f"{tuple(dy_shape)}")
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reference: exact (float64 for floats, the integers themselves), the oracle of every test and the CPU backend.
+# ---------------------------------------------------------------------------------------------------------------
+def _index(result: Geometry):
+    """NumPy basic indexing that takes the normalized slice."""
+    index = []
+    for start, step, count in zip(result.starts, result.steps, result.shape):
+        stop = start + count * step
+        index.append(slice(start, stop if stop >= 0 else None, step) if count > 0 else slice(0, 0))
+    return tuple(index)
+
+
+def reference(x, starts, ends, axes=None, steps=None) -> np.ndarray:
+    x = _layout.exact(x)
+    return x[_index(geometry(x.shape, starts, ends, axes, steps))].copy()
+
+
+def reference_backward(dy, input_shape, starts, ends, axes=None, steps=None) -> np.ndarray:
+    """dx of x's shape: zeros, with the slice set to dy."""
+    dy = _layout.exact(dy)
+    result = _check_dy(dy.shape, input_shape, starts, ends, axes, steps)
+    dx = np.zeros(tuple(input_shape), dtype=dy.dtype)
+    dx[_index(result)] = dy
+    return dx
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Python face
+# ---------------------------------------------------------------------------------------------------------------
+def forward(x, starts, ends, axes=None, steps=None, out=None, stream=None):
+    """Device arrays (DeviceArray, torch, CuPy; any strides) in, a contiguous device array of x's kind out (or
+    ``out``)."""
+    view = _device.view_of(x, "x")
+    result = geometry(view.shape, starts, ends, axes, steps)
+    y, y_view = _layout.output(out, x, "out", result.shape, view.dtype, view.device)
+    _layout.check_no_overlap(y_view, "out", view, "x")
+    _native_module().forward(view.ptr, y_view.ptr, list(view.shape), list(view.strides), list(result.starts),
+                             list(result.steps), list(result.shape), view.dtype, _device.stream_handle(stream))
+    return y
+
+
+def forward_numpy(x, starts, ends, axes=None, steps=None):
+    """Host array in, host array out; runs on the GPU."""
+    _layout.host_dtype(x, "x")
+    geometry(x.shape, starts, ends, axes, steps)
+    _device.require_gpu("slice.forward_numpy")
+    return forward(_layout.to_device(x), starts, ends, axes, steps).numpy()
+
+
+def backward(dy, input_shape, starts, ends, axes=None, steps=None, out=None, stream=None):
+    """dx (zeros of ``input_shape`` with the slice set to dy) as a contiguous device array of dy's kind (or
+    ``out``); dy may have any strides."""
+    view = _device.view_of(dy, "dy")
+    result = _check_dy(view.shape, input_shape, starts, ends, axes, steps)
+    input_shape = tuple(int(extent) for extent in input_shape)
+    dx, dx_view = _layout.output(out, dy, "out", input_shape, view.dtype, view.device)
+    _layout.check_no_overlap(dx_view, "out", view, "dy")
+    _native_module().backward(view.ptr, dx_view.ptr, list(view.strides), list(input_shape), list(result.starts),
+                              list(result.steps), list(result.shape), view.dtype, _device.stream_handle(stream))
+    return dx
+
+
+def backward_numpy(dy, input_shape, starts, ends, axes=None, steps=None):
+    """Host dy in, host dx out; runs on the GPU."""
+    _layout.host_dtype(dy, "dy")
+    _check_dy(dy.shape, input_shape, starts, ends, axes, steps)
+    _device.require_gpu("slice.backward_numpy")
+    return backward(_layout.to_device(dy), input_shape, starts, ends, axes, steps).numpy()
+
+
+def kernels() -> list[dict]:
+    """The forward candidates with their constraints, as the native module reports them."""
+    return _native_module().kernels()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Op definition: what the IR, passes, registry and CPU backend read.
+# ---------------------------------------------------------------------------------------------------------------
+def _slice_args(attrs):
+    return attrs["starts"], attrs["ends"], attrs["axes"], attrs["steps"]
+
+
+def _infer(in_types, attrs):
+    (x,) = in_types
+    if x.is_concrete:
+        return [TensorType(geometry(x.shape, *_slice_args(attrs)).shape, x.dtype)]
+    # Symbolic extents: a sliced axis must be concrete unless it is sliced whole (start 0, end "to the end", step 1).
+    _layout.check_rank(x.rank, "x")
+    axes, starts, ends, steps = _arguments(x.rank, *_slice_args(attrs))
+    shape = list(x.shape)
+    for axis, start, end, step in zip(axes, starts, ends, steps):
+        if isinstance(shape[axis], int):
+            shape[axis] = axis_slice(shape[axis], start, end, step)[1]
+        elif not (start == 0 and end >= _BIG and step == 1):
+            raise ValueError(f"axes: axis {axis} has the symbolic extent {shape[axis]!r}; it can only be sliced "
+                             f"whole (start 0, end >= {_BIG}, step 1), got start {start}, end {end}, step {step}")
+    return [TensorType(tuple(shape), x.dtype)]
+
+
+def _prepare(problem: Problem):
+    (x,) = problem.in_types
+    result = geometry(x.shape, *_slice_args(problem.attrs))
+    shape, strides = list(x.shape), list(_layout.contiguous_strides(x.shape))
+    starts, steps, y_shape, dtype = list(result.starts), list(result.steps), list(result.shape), x.dtype
+    native_forward = _native_module().forward
+
+    def launch(ins, outs, stream):
+        native_forward(ins[0], outs[0], shape, strides, starts, steps, y_shape, dtype, stream)
+
+    return launch
+
+
+OP = register(OpDef(
+    name="slice",
+    inputs=(Input("x"),),
+    outputs=("y",),
+    attrs=(
+        Attr("starts", tuple, check=_layout.ints_check, doc="first index per sliced axis (ONNX clamping)"),
+        Attr("ends", tuple, check=_layout.ints_check, doc="end (exclusive) per sliced axis"),
+        Attr("axes", tuple, None, check=_layout.ints_check, doc="the sliced axes; default the first len(starts)"),
+        Attr("steps", tuple, None, check=_layout.ints_check, doc="step per sliced axis, nonzero; default 1"),
+    ),
+    infer=_infer,
+    reference=lambda inputs, attrs: [reference(inputs[0], *_slice_args(attrs))],
+    reference_backward=lambda inputs, outputs, out_grads, attrs: [
+        reference_backward(out_grads[0], np.shape(inputs[0]), *_slice_args(attrs))],
+    candidates=(
+        Candidate("strided", 10, "strided gather of the slice (cudaMemcpyAsync / 16-byte vectors where possible)",
+                  lambda problem: None, _prepare, always_works=True),
+    ),
+    doc="slice(x, starts, ends, axes=None, steps=None): ONNX Slice; exact in every dtype.",
+))

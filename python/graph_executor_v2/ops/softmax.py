@@ -1,0 +1,280 @@
+"""softmax and log_softmax over one axis (``axis``, default -1); float32 math for float32, float16, bfloat16.
+
+    softmax(x)     = exp(x - max(x)) / sum(exp(x - max(x)))
+    log_softmax(x) = (x - max(x)) - log(sum(exp(x - max(x))))
+
+Subtracting the maximum keeps large logits (1e4 and beyond) finite and exact; ``-inf`` entries (masks) give 0
+(softmax) or -inf (log_softmax). A slice that is all ``-inf`` or holds a NaN comes out NaN, as in the float64
+reference.
+
+Any axis runs without a transpose: the contiguous array is seen as ``[outer, n, inner]`` with the softmax axis
+of length n in the middle. The last axis (inner == 1) uses the row kernels; any other axis the strided kernel,
+whose warps read runs of adjacent inner elements.
+
+Backward, from the forward output ``y``: softmax ``dx = y * (dy - sum(dy * y))``, log_softmax
+``dx = dy - exp(y) * sum(dy)`` (sums over the axis).
+
+Kernel candidates (``kernels()``), best first:
+1. ``warp_row``: last axis, n <= 1024: a group of lanes (up to a warp) per row, the row in registers.
+2. ``block_row``: last axis, n <= 16384 (8192 backward): one block per row, the row in registers.
+3. ``block_row_two_pass``: last axis, any n: online max/sum pass, then a write pass (x read twice).
+4. ``strided``: any axis, any size: the path that always works.
+The register kernels read x once and write y once, with 16-byte accesses when n is a multiple of the vector
+width and every pointer is 16-byte aligned.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _native
+from .. import device as _device
+from ..dtypes import FLOAT_DTYPES, normalize
+from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register
+
+OP_NAMES = ("softmax", "log_softmax")
+KERNELS = ("auto", "warp_row", "block_row", "block_row_two_pass", "strided")
+
+
+def _native_module():
+    return _native.load("_ops_softmax")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reference (float64): the oracle of every test and the CPU backend.
+# ---------------------------------------------------------------------------------------------------------------
+def reference(op, x, axis=-1):
+    """softmax or log_softmax of ``x`` over ``axis``, in float64."""
+    _check_op(op)
+    x64 = as_float64(x)
+    axis = check_axis(axis, x64.ndim)
+    if x64.size == 0:
+        return x64.copy()
+    # -inf - -inf and log(0) are NaN / -inf by design (all -inf slices); no warnings for them.
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        shifted = x64 - x64.max(axis=axis, keepdims=True)
+        total = np.exp(shifted).sum(axis=axis, keepdims=True)
+        if op == "log_softmax":
+            return shifted - np.log(total)
+        return np.exp(shifted) / total
+
+
+def reference_backward(op, dy, y, axis=-1):
+    """dx in float64 from the output gradient ``dy`` and the forward output ``y``."""
+    _check_op(op)
+    dy64, y64 = as_float64(dy), as_float64(y)
+    axis = check_axis(axis, y64.ndim)
+    if op == "softmax":
+        return y64 * (dy64 - (dy64 * y64).sum(axis=axis, keepdims=True))
+    return dy64 - np.exp(y64) * dy64.sum(axis=axis, keepdims=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation: shapes, dtypes and arguments only, so it runs (and is tested) with no GPU.
+# ---------------------------------------------------------------------------------------------------------------
+def _check_op(op):
+    if op not in OP_NAMES:
+        raise ValueError(f"op: expected 'softmax' or 'log_softmax', got {op!r}")
+
+
+def _check_kernel(kernel):
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
+
+
+def check_axis(axis, ndim: int) -> int:
+    """The axis as an index in [0, ndim); raises naming ``axis`` (or ``x`` for a 0-d array)."""
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"axis: expected an int, got {type(axis).__name__} ({axis!r})")
+    if ndim == 0:
+        raise ValueError("x: softmax needs an array of at least 1 dimension, got a 0-d array")
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis: expected an int in [{-ndim}, {ndim}) for an array of {ndim} dimension(s), "
+                         f"got {axis}")
+    return int(axis) % ndim
+
+
+def _check_dtype(dtype, argument):
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{argument}: expected dtype float32, float16 or bfloat16, got {dtype}")
+
+
+def layout(shape, axis) -> tuple[int, int, int]:
+    """(outer, n, inner): the contiguous array as [outer, n, inner] with the softmax axis of length n."""
+    axis = check_axis(axis, len(shape))
+    return int(np.prod(shape[:axis], dtype=np.int64)), int(shape[axis]), int(np.prod(shape[axis + 1:],
+                                                                                   dtype=np.int64))
+
+
+def _check_native_kernel(kernel, n, inner, backward):
+    if kernel != "auto":
+        reason = _native_module().unsupported_reason(kernel, n, inner, backward)
+        if reason:
+            raise ValueError(f"kernel: '{kernel}' cannot run this problem: {reason}")
+
+
+def _check_device_array(view, argument, shape, dtype, device):
+    if view.shape != shape:
+        raise ValueError(f"{argument}: expected shape {shape}, got {view.shape}")
+    if view.dtype != dtype:
+        raise TypeError(f"{argument}: expected dtype {dtype}, got {view.dtype}")
+    if not view.is_contiguous:
+        raise ValueError(f"{argument}: expected a contiguous array, got strides {view.strides} for shape {view.shape}")
+    if view.device != device:
+        raise ValueError(f"{argument}: expected an array on cuda:{device}, got cuda:{view.device}")
+
+
+def _host_array(value, argument):
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"{argument}: expected a NumPy array, got {type(value).__name__}")
+    dtype = normalize(value.dtype, argument)
+    _check_dtype(dtype, argument)
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Python face
+# ---------------------------------------------------------------------------------------------------------------
+def forward_numpy(op, x, axis=-1, kernel="auto"):
+    """Host array in, host array out (runs on the GPU)."""
+    _check_op(op)
+    _host_array(x, "x")
+    outer, n, inner = layout(x.shape, axis)
+    _check_kernel(kernel)
+    _device.require_gpu(f"{op}.forward_numpy")
+    _check_native_kernel(kernel, n, inner, False)
+    device_x = _device.runtime().DeviceArray.from_numpy(np.ascontiguousarray(x))
+    return forward(op, device_x, axis=axis, kernel=kernel).numpy()
+
+
+def forward(op, x, axis=-1, kernel="auto", out=None, stream=None):
+    """Device array (DeviceArray, torch, CuPy) in, device array out, zero-copy. ``out`` is written when given;
+    otherwise the output is allocated as the same kind of array as ``x``."""
+    _check_op(op)
+    vx = _device.view_of(x, "x")
+    _check_dtype(vx.dtype, "x")
+    outer, n, inner = layout(vx.shape, axis)
+    _check_kernel(kernel)
+    if not vx.is_contiguous:
+        raise ValueError(f"x: expected a contiguous array, got strides {vx.strides} for shape {vx.shape}")
+    _check_native_kernel(kernel, n, inner, False)
+    y = out if out is not None else _device.empty_like_kind(x, vx.shape, vx.dtype, vx.device)
+    vy = _device.view_of(y, "out")
+    _check_device_array(vy, "out", vx.shape, vx.dtype, vx.device)
+    _native_module().forward(op, vx.ptr, vy.ptr, outer, n, inner, vx.dtype, kernel, _device.stream_handle(stream))
+    return y
+
+
+def backward_numpy(op, dy, y, axis=-1, kernel="auto"):
+    """Host arrays in (output gradient, forward output), host dx out (runs on the GPU)."""
+    _check_op(op)
+    _host_array(dy, "dy")
+    _host_array(y, "y")
+    _check_pair(dy.shape, normalize(dy.dtype), y.shape, normalize(y.dtype))
+    outer, n, inner = layout(y.shape, axis)
+    _check_kernel(kernel)
+    _device.require_gpu(f"{op}.backward_numpy")
+    _check_native_kernel(kernel, n, inner, True)
+    DeviceArray = _device.runtime().DeviceArray
+    dx = backward(op, DeviceArray.from_numpy(np.ascontiguousarray(dy)), DeviceArray.from_numpy(np.ascontiguousarray(y)),
+                  axis=axis, kernel=kernel)
+    return dx.numpy()
+
+
+def _check_pair(dy_shape, dy_dtype, y_shape, y_dtype):
+    _check_dtype(y_dtype, "y")
+    if tuple(dy_shape) != tuple(y_shape):
+        raise ValueError(f"dy: expected shape {tuple(y_shape)} (the shape of y), got {tuple(dy_shape)}")
+    if dy_dtype != y_dtype:
+        raise TypeError(f"dy: expected dtype {y_dtype} (the dtype of y), got {dy_dtype}")
+
+
+def backward(op, dy, y, axis=-1, kernel="auto", out=None, stream=None):
+    """Device arrays in (output gradient, forward output): returns dx as a device array of dy's kind (or ``out``)."""
+    _check_op(op)
+    vdy, vy = _device.view_of(dy, "dy"), _device.view_of(y, "y")
+    _check_pair(vdy.shape, vdy.dtype, vy.shape, vy.dtype)
+    outer, n, inner = layout(vy.shape, axis)
+    _check_kernel(kernel)
+    for name, view in (("dy", vdy), ("y", vy)):
+        if not view.is_contiguous:
+            raise ValueError(f"{name}: expected a contiguous array, got strides {view.strides} for shape {view.shape}")
+    if vy.device != vdy.device:
+        raise ValueError(f"y: expected an array on cuda:{vdy.device} (the device of dy), got cuda:{vy.device}")
+    _check_native_kernel(kernel, n, inner, True)
+    dx = out if out is not None else _device.empty_like_kind(dy, vdy.shape, vdy.dtype, vdy.device)
+    vdx = _device.view_of(dx, "out")
+    _check_device_array(vdx, "out", vdy.shape, vdy.dtype, vdy.device)
+    _native_module().backward(op, vy.ptr, vdy.ptr, vdx.ptr, outer, n, inner, vdy.dtype, kernel,
+                              _device.stream_handle(stream))
+    return dx
+
+
+def kernels() -> list[dict]:
+    """The kernel variants with their constraints, as the native module reports them."""
+    return _native_module().kernels()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Op definitions: what the IR, passes, registry and CPU backend read.
+# ---------------------------------------------------------------------------------------------------------------
+def _infer(in_types, attrs):
+    (x,) = in_types
+    if x is None:
+        raise ValueError("input 'x' is required")
+    _check_dtype(x.dtype, "x")
+    check_axis(attrs["axis"], x.rank)
+    return [x]
+
+
+def _make_reference(op):
+    return lambda inputs, attrs: [reference(op, inputs[0], attrs["axis"])]
+
+
+def _make_reference_backward(op):
+    def reference_backward_rule(inputs, outputs, out_grads, attrs):
+        y = reference(op, inputs[0], attrs["axis"])  # float64 y, not the rounded output
+        return [reference_backward(op, out_grads[0], y, attrs["axis"])]
+
+    return reference_backward_rule
+
+
+def _make_candidate(op, name, priority, description, always_works=False):
+    def supports(problem: Problem):
+        _, n, inner = layout(problem.in_types[0].shape, problem.attrs["axis"])
+        return _native_module().unsupported_reason(name, n, inner, False) or None
+
+    def prepare(problem: Problem):
+        x = problem.in_types[0]
+        outer, n, inner = layout(x.shape, problem.attrs["axis"])
+        native_forward, dtype = _native_module().forward, x.dtype
+
+        def launch(ins, outs, stream):
+            native_forward(op, ins[0], outs[0], outer, n, inner, dtype, name, stream)
+
+        return launch
+
+    return Candidate(name, priority, description, supports, prepare, always_works)
+
+
+def _register(op):
+    return register(OpDef(
+        name=op,
+        inputs=(Input("x"),),
+        outputs=("y",),
+        attrs=(Attr("axis", int, -1, doc="the axis the softmax normalizes over"),),
+        infer=_infer,
+        reference=_make_reference(op),
+        reference_backward=_make_reference_backward(op),
+        candidates=(
+            _make_candidate(op, "warp_row", 30, "last axis, n <= 1024: lanes per row, row in registers"),
+            _make_candidate(op, "block_row", 20, "last axis, n <= 16384: a block per row, row in registers"),
+            _make_candidate(op, "block_row_two_pass", 10, "last axis, any n: online statistics, then a write pass"),
+            _make_candidate(op, "strided", 5, "any axis, no transpose: column tiles, shared-memory merge",
+                            always_works=True),
+        ),
+        doc=__doc__,
+    ))
+
+
+SOFTMAX = _register("softmax")
+LOG_SOFTMAX = _register("log_softmax")

@@ -1,0 +1,331 @@
+"""transpose and reshape: data movement, exact in every dtype (float32, float16, bfloat16, int32, int64, uint8).
+
+``transpose(x, perm)``: ``y[i_0, ..., i_{r-1}] = x[j]`` with ``j[perm[k]] = i_k``, i.e. ``y = x.transpose(perm)``
+(NumPy/PyTorch ``permute``), for any rank <= 8. ``perm`` is a permutation of the axes; negative axes count from the
+end. ``y`` is contiguous; ``x`` may have any strides (a torch view is read in place). Backward is the transpose by
+the inverse permutation.
+
+``reshape(x, shape)``: the same elements in row-major order with another shape; one entry of ``shape`` may be -1
+(inferred from the element count). On device, reshape of a contiguous array is a zero-copy view:
+``forward("reshape", x, shape)`` returns ``x.view(shape)`` for torch, ``x.reshape(shape)`` for CuPy and GE2's
+``DeviceArray``; a strided input is first gathered into a contiguous array. Backward is reshape back.
+
+reshape as an alias in a plan: the output's bytes are the input's bytes (plan buffers are contiguous), so an
+executor may give the output the input's arena offset, extend the input buffer's lifetime to the output's last use,
+and skip the node. That is valid unless the input is a graph input or parameter the caller may overwrite between
+runs while the output is still read, or the output is a graph output that must own its buffer; only then does it
+run the OpDef's candidate, a device-to-device copy (``copy``).
+
+Transpose kernel candidates (``kernels()``), best first. A transpose is first reduced to a copy from x's permuted
+strides into the contiguous y and simplified: extent-1 axes go, and axes that stay neighbours merge (a 4-d
+(0, 2, 1, 3) permute is a batched move of whole rows; a 2-d transpose stays 2-d). Then:
+1. ``tiled_packed``: 64x64 shared-memory tiles of 2-byte elements moved as 4-byte words, 2x2 blocks transposed in
+   registers: every warp reads and writes 128 contiguous bytes. For float16/bfloat16 when x's unit-stride axis
+   moves and both tile axes are even and >= 8.
+2. ``tiled``: 32x32 shared-memory tiles padded against bank conflicts, any element size, when x's unit-stride axis
+   moves and both tile axes are >= 8. Other axes are batch axes.
+3. ``strided``: a gather in y's order, 16-byte vectors when the innermost axis stays innermost (whole rows move),
+   cudaMemcpyAsync when nothing moves. Always works.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _native
+from .. import device as _device
+from ..dtypes import itemsize
+from ..ir.types import TensorType
+from . import _layout
+from ._base import Attr, Candidate, Input, OpDef, Problem, register
+
+KERNELS = ("auto", "tiled_packed", "tiled", "strided")
+
+
+def _native_module():
+    return _native.load("_ops_transpose")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation: shapes and arguments only, so it runs (and is tested) with no GPU.
+# ---------------------------------------------------------------------------------------------------------------
+def check_perm(perm, rank: int) -> tuple[int, ...]:
+    """``perm`` as a tuple of non-negative axes; raises naming ``perm`` unless it is a permutation of ``rank``
+    axes (negative axes count from the end)."""
+    perm = _layout.int_tuple(perm, "perm")
+    _layout.check_rank(rank, "x")
+    if len(perm) != rank:
+        raise ValueError(f"perm: expected {rank} axes (the rank of x), got {len(perm)}: {perm}")
+    normalized = tuple(_layout.normalize_axis(axis, rank, "perm") for axis in perm)
+    if len(set(normalized)) != rank:
+        repeated = next(axis for axis in normalized if normalized.count(axis) > 1)
+        raise ValueError(f"perm: expected a permutation of 0..{rank - 1}, got {perm} (axis {repeated} appears "
+                         "more than once)")
+    return normalized
+
+
+def inverse_perm(perm) -> tuple[int, ...]:
+    inverse = [0] * len(perm)
+    for position, axis in enumerate(perm):
+        inverse[axis] = position
+    return tuple(inverse)
+
+
+def reshape_shape(in_shape, shape) -> tuple[int, ...]:
+    """The output shape of reshaping ``in_shape`` to ``shape`` (at most one -1, inferred); raises naming
+    ``shape`` when the element counts cannot match."""
+    shape = _layout.int_tuple(shape, "shape")
+    _layout.check_rank(len(shape), "shape")
+    if any(extent < -1 for extent in shape):
+        raise ValueError(f"shape: expected extents >= 0 and at most one -1, got {shape}")
+    unknown = [axis for axis, extent in enumerate(shape) if extent == -1]
+    if len(unknown) > 1:
+        raise ValueError(f"shape: at most one -1 may be inferred, got {shape}")
+    total = _layout.numel(in_shape)
+    known = _layout.numel(extent for extent in shape if extent != -1)
+    mismatch = ValueError(f"shape: cannot reshape {tuple(in_shape)} ({total} elements) into {shape}")
+    if unknown:
+        if known == 0 or total % known != 0:
+            raise mismatch
+        return tuple(total // known if extent == -1 else extent for extent in shape)
+    if known != total:
+        raise mismatch
+    return shape
+
+
+def _check_kernel(kernel):
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reference: exact (float64 for floats, the integers themselves), the oracle of every test and the CPU backend.
+# ---------------------------------------------------------------------------------------------------------------
+def reference_transpose(x, perm) -> np.ndarray:
+    x = _layout.exact(x)
+    return np.transpose(x, check_perm(perm, x.ndim))
+
+
+def reference_reshape(x, shape) -> np.ndarray:
+    x = _layout.exact(x)
+    return np.reshape(x, reshape_shape(x.shape, shape))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Python face. The first argument names the op: "transpose" or "reshape".
+# ---------------------------------------------------------------------------------------------------------------
+def _transpose(x, perm, kernel="auto", out=None, stream=None):
+    view = _device.view_of(x, "x")
+    perm = check_perm(perm, len(view.shape))
+    _check_kernel(kernel)
+    y, y_view = _layout.output(out, x, "out", tuple(view.shape[axis] for axis in perm), view.dtype, view.device)
+    _layout.check_no_overlap(y_view, "out", view, "x")
+    _native_module().forward(view.ptr, y_view.ptr, list(view.shape), list(view.strides), list(perm), view.dtype,
+                             kernel, _device.stream_handle(stream))
+    return y
+
+
+def _reshape(x, shape, out=None, stream=None):
+    view = _device.view_of(x, "x")
+    new_shape = reshape_shape(view.shape, shape)
+    if out is None and view.is_contiguous:
+        return _view_as(x, new_shape)
+    if out is None:  # a strided input: gather it into a contiguous array of its own shape, then view that
+        gathered = _device.empty_like_kind(x, tuple(view.shape), view.dtype, view.device)
+        _gather(view, _device.view_of(gathered, "out"), stream)
+        return _view_as(gathered, new_shape)
+    _, out_view = _layout.output(out, x, "out", new_shape, view.dtype, view.device)
+    _layout.check_no_overlap(out_view, "out", view, "x")
+    _gather(view, out_view, stream)
+    return out
+
+
+def _gather(view, out_view, stream):
+    """Copies ``view`` in row-major order into the contiguous ``out_view`` (same element count)."""
+    handle = _device.stream_handle(stream)
+    if view.is_contiguous:
+        _native_module().copy(view.ptr, out_view.ptr, _layout.numel(view.shape) * itemsize(view.dtype), handle)
+    else:
+        identity = list(range(len(view.shape)))
+        _native_module().forward(view.ptr, out_view.ptr, list(view.shape), list(view.strides), identity, view.dtype,
+                                 "strided", handle)
+
+
+def _view_as(x, shape):
+    """A zero-copy view of the contiguous array ``x`` with another shape, of ``x``'s kind."""
+    module = type(x).__module__
+    if module.startswith("torch"):
+        return x.view(shape)
+    if module.startswith("cupy"):
+        return x.reshape(shape)
+    return _device.as_device_array(x, "x").reshape(list(shape))
+
+
+def _transpose_backward(dy, perm, out=None, stream=None):
+    view = _device.view_of(dy, "dy")
+    return _transpose(dy, inverse_perm(check_perm(perm, len(view.shape))), out=out, stream=stream)
+
+
+def _reshape_backward(dy, input_shape, out=None, stream=None):
+    return _reshape(dy, check_input_shape(_device.view_of(dy, "dy").shape, input_shape), out=out, stream=stream)
+
+
+def check_input_shape(dy_shape, input_shape) -> tuple[int, ...]:
+    """reshape backward: x's shape, which must hold as many elements as dy."""
+    input_shape = _layout.int_tuple(input_shape, "input_shape")
+    if any(extent < 0 for extent in input_shape) or _layout.numel(input_shape) != _layout.numel(dy_shape):
+        raise ValueError(f"input_shape: expected a shape of {_layout.numel(dy_shape)} elements (those of dy, "
+                         f"shape {tuple(dy_shape)}), got {input_shape}")
+    return input_shape
+
+
+def _check_transpose(shape, perm, kernel="auto"):
+    check_perm(perm, len(shape))
+    _check_kernel(kernel)
+
+
+# op -> (forward, forward check on x's shape, backward, backward check on dy's shape)
+_FACES = {
+    "transpose": (_transpose, _check_transpose, _transpose_backward, lambda shape, perm: check_perm(perm, len(shape))),
+    "reshape": (_reshape, reshape_shape, _reshape_backward, check_input_shape),
+}
+
+
+def _face(op):
+    if op not in _FACES:
+        raise ValueError(f"op: expected one of {', '.join(_FACES)}, got {op!r}")
+    return _FACES[op]
+
+
+def forward(op, x, *args, **kwargs):
+    """Device arrays (DeviceArray, torch, CuPy) in, device array out, of x's kind.
+
+    ``forward("transpose", x, perm, kernel="auto", out=None, stream=None)``: a new contiguous array (or ``out``).
+    ``forward("reshape", x, shape, out=None, stream=None)``: a view of a contiguous x; with ``out``, a copy into it.
+    """
+    return _face(op)[0](x, *args, **kwargs)
+
+
+def forward_numpy(op, x, *args, **kwargs):
+    """Host arrays in, host array out; runs on the GPU. Arguments as in ``forward``, without out and stream."""
+    run, check, _, _ = _face(op)
+    _layout.host_dtype(x, "x")
+    check(x.shape, *args, **kwargs)
+    _device.require_gpu(f"{op}.forward_numpy")
+    return _host(run(_layout.to_device(x), *args, **kwargs))
+
+
+def backward(op, dy, *args, **kwargs):
+    """Device arrays in: dx, of dy's kind.
+
+    ``backward("transpose", dy, perm, out=None, stream=None)``: dy transposed by the inverse permutation (a new
+    array, or ``out``).
+    ``backward("reshape", dy, input_shape, out=None, stream=None)``: dy viewed (or, if strided, copied) with x's
+    shape; with ``out``, a copy into it.
+    """
+    return _face(op)[2](dy, *args, **kwargs)
+
+
+def backward_numpy(op, dy, *args, **kwargs):
+    """Host arrays in, host dx out (see ``backward``, without out and stream)."""
+    _, _, run, check = _face(op)
+    _layout.host_dtype(dy, "dy")
+    check(dy.shape, *args, **kwargs)
+    _device.require_gpu(f"{op}.backward_numpy")
+    return _host(run(_layout.to_device(dy), *args, **kwargs))
+
+
+def _host(array):
+    return _device.as_device_array(array, "result").numpy()
+
+
+def kernels() -> list[dict]:
+    """The transpose candidates with their constraints, as the native module reports them."""
+    return _native_module().kernels()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Op definitions: what the IR, passes, registry and CPU backend read.
+# ---------------------------------------------------------------------------------------------------------------
+def _infer_transpose(in_types, attrs):
+    (x,) = in_types
+    perm = check_perm(attrs["perm"], x.rank)
+    return [TensorType(tuple(x.shape[axis] for axis in perm), x.dtype)]
+
+
+def _infer_reshape(in_types, attrs):
+    (x,) = in_types
+    if x.is_concrete:
+        return [TensorType(reshape_shape(x.shape, attrs["shape"]), x.dtype)]
+    shape = _layout.int_tuple(attrs["shape"], "shape")
+    if any(extent < 0 for extent in shape):
+        raise ValueError(f"shape: a symbolic input shape {x.shape} needs a fully known target shape (no -1), got "
+                         f"{shape}")
+    _layout.check_rank(len(shape), "shape")
+    return [TensorType(shape, x.dtype)]
+
+
+def _transpose_candidate(name, priority, description, always_works=False):
+    def arguments(problem: Problem):
+        (x,) = problem.in_types
+        perm = check_perm(problem.attrs["perm"], x.rank)
+        return list(x.shape), list(_layout.contiguous_strides(x.shape)), list(perm), x.dtype
+
+    def supports(problem: Problem):
+        shape, strides, perm, dtype = arguments(problem)
+        return _native_module().unsupported_reason(name, shape, strides, perm, dtype, 256, 256) or None
+
+    def prepare(problem: Problem):
+        shape, strides, perm, dtype = arguments(problem)
+        native_forward = _native_module().forward
+
+        def launch(ins, outs, stream):
+            native_forward(ins[0], outs[0], shape, strides, perm, dtype, name, stream)
+
+        return launch
+
+    return Candidate(name, priority, description, supports, prepare, always_works)
+
+
+def _prepare_reshape_copy(problem: Problem):
+    nbytes = problem.in_types[0].numel * itemsize(problem.in_types[0].dtype)
+    native_copy = _native_module().copy
+
+    def launch(ins, outs, stream):
+        native_copy(ins[0], outs[0], nbytes, stream)
+
+    return launch
+
+
+TRANSPOSE = register(OpDef(
+    name="transpose",
+    inputs=(Input("x"),),
+    outputs=("y",),
+    attrs=(Attr("perm", tuple, check=_layout.ints_check, doc="output axis k is input axis perm[k]"),),
+    infer=_infer_transpose,
+    reference=lambda inputs, attrs: [reference_transpose(inputs[0], attrs["perm"])],
+    reference_backward=lambda inputs, outputs, out_grads, attrs: [
+        np.transpose(_layout.exact(out_grads[0]), inverse_perm(check_perm(attrs["perm"], inputs[0].ndim)))],
+    candidates=(
+        _transpose_candidate("tiled_packed", 30, "64x64 shared-memory tiles of 2-byte elements as 4-byte words"),
+        _transpose_candidate("tiled", 20, "32x32 shared-memory tiles, padded against bank conflicts"),
+        _transpose_candidate("strided", 10, "strided gather; 16-byte vectors when whole rows move", always_works=True),
+    ),
+    doc="transpose(x, perm): y = x.transpose(perm), any rank <= 8; exact in every dtype.",
+))
+
+RESHAPE = register(OpDef(
+    name="reshape",
+    inputs=(Input("x"),),
+    outputs=("y",),
+    attrs=(Attr("shape", tuple, check=_layout.ints_check, doc="the new shape; one entry may be -1"),),
+    infer=_infer_reshape,
+    reference=lambda inputs, attrs: [reference_reshape(inputs[0], attrs["shape"])],
+    reference_backward=lambda inputs, outputs, out_grads, attrs: [
+        np.reshape(_layout.exact(out_grads[0]), np.shape(inputs[0]))],
+    candidates=(
+        Candidate("copy", 10, "device-to-device copy, for when the executor cannot alias the output to the input",
+                  lambda problem: None, _prepare_reshape_copy, always_works=True),
+    ),
+    doc="reshape(x, shape): the same row-major elements with another shape (one -1 inferred). The output may alias "
+        "the input (same bytes): an executor that can alias skips the node; otherwise it runs a device copy.",
+))

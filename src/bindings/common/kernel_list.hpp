@@ -1,0 +1,23 @@
+// kernels(): an op's kernel table (name, priority, description, constraints) as a list of dicts for Python.
+#pragma once
+#include <vector>
+
+#include <pybind11/pybind11.h>
+
+namespace ge2::binding {
+
+template <typename Info>
+pybind11::list kernel_list(const std::vector<Info>& table) {
+  pybind11::list rows;
+  for (const Info& info : table) {
+    pybind11::dict row;
+    row["name"] = info.name;
+    row["priority"] = info.priority;
+    row["description"] = info.description;
+    row["constraints"] = info.constraints;
+    rows.append(row);
+  }
+  return rows;
+}
+
+}  // namespace ge2::binding

@@ -1,0 +1,75 @@
+// _ops_softmax: the native face of softmax and log_softmax. Raw device addresses and the [outer, n, inner] view of
+// the array in, work enqueued on `stream`; argument checking for users happens in graph_executor_v2.ops.softmax
+// before any of this runs.
+#include "api.hpp"
+#include "op_binding.hpp"
+
+namespace py = pybind11;
+using ge2::binding::as_pointer;
+using ge2::binding::as_stream;
+
+PYBIND11_MODULE(_ops_softmax, m) {
+  m.doc() = "GE2 softmax / log_softmax over one axis of a contiguous array seen as [outer, n, inner]";
+
+  m.def(
+      "forward",
+      [](const std::string& op, std::uintptr_t x, std::uintptr_t y, int64_t outer, int64_t n, int64_t inner,
+         const std::string& dtype, const std::string& kernel, std::uintptr_t stream) {
+        ge2::softmax::ForwardArgs args;
+        args.x = as_pointer(x);
+        args.y = as_pointer(y);
+        args.outer = outer;
+        args.n = n;
+        args.inner = inner;
+        args.dtype = ge2::dtype_from_name(dtype);
+        args.log = ge2::softmax::is_log_from_name(op);
+        const auto requested = ge2::softmax::kernel_from_name(kernel);
+        ge2::binding::ReleaseGil release;
+        return std::string(ge2::softmax::kernel_name(ge2::softmax::forward(args, requested, as_stream(stream))));
+      },
+      py::arg("op"), py::arg("x"), py::arg("y"), py::arg("outer"), py::arg("n"), py::arg("inner"), py::arg("dtype"),
+      py::arg("kernel"), py::arg("stream"),
+      "Enqueues y = op(x) over the middle axis of [outer, n, inner]; returns the name of the kernel that ran.");
+
+  m.def(
+      "backward",
+      [](const std::string& op, std::uintptr_t y, std::uintptr_t dy, std::uintptr_t dx, int64_t outer, int64_t n,
+         int64_t inner, const std::string& dtype, const std::string& kernel, std::uintptr_t stream) {
+        ge2::softmax::BackwardArgs args;
+        args.y = as_pointer(y);
+        args.dy = as_pointer(dy);
+        args.dx = as_pointer(dx);
+        args.outer = outer;
+        args.n = n;
+        args.inner = inner;
+        args.dtype = ge2::dtype_from_name(dtype);
+        args.log = ge2::softmax::is_log_from_name(op);
+        const auto requested = ge2::softmax::kernel_from_name(kernel);
+        ge2::binding::ReleaseGil release;
+        return std::string(ge2::softmax::kernel_name(ge2::softmax::backward(args, requested, as_stream(stream))));
+      },
+      py::arg("op"), py::arg("y"), py::arg("dy"), py::arg("dx"), py::arg("outer"), py::arg("n"), py::arg("inner"),
+      py::arg("dtype"), py::arg("kernel"), py::arg("stream"),
+      "Enqueues dx from the forward output y and dy; returns the name of the kernel that ran.");
+
+  m.def(
+      "unsupported_reason",
+      [](const std::string& kernel, int64_t n, int64_t inner, bool backward) {
+        return ge2::softmax::unsupported_reason(ge2::softmax::kernel_from_name(kernel), n, inner, backward);
+      },
+      py::arg("kernel"), py::arg("n"), py::arg("inner"), py::arg("backward"),
+      "Empty string when the kernel can run the problem, else the reason it cannot.");
+
+  m.def("kernels", [] {
+    py::list table;
+    for (const auto& info : ge2::softmax::kernel_table()) {
+      py::dict row;
+      row["name"] = info.name;
+      row["priority"] = info.priority;
+      row["description"] = info.description;
+      row["constraints"] = info.constraints;
+      table.append(row);
+    }
+    return table;
+  });
+}

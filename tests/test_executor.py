@@ -1,0 +1,253 @@
+"""ExecutorV2 on the CPU backend: the issue's contract, MLPs against float64 NumPy, input checks, symbolic dims,
+plan caching, the memory planner and explain()."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+import graph_executor_v2 as ge2
+from graph_executor_v2.ir import Graph
+from graph_executor_v2.runtime.planner import ALIGNMENT, Buffer, plan_memory
+from graph_executor_v2.testing import assert_close, mlp, random_array
+
+
+def test_the_issue_contract_verbatim():
+    g = ge2.ir.Graph("mlp")
+    x = g.input("x", (64, 128), "float32")
+    w1 = g.param("w1", np.random.randn(128, 256).astype(np.float32))
+    b1 = g.param("b1", np.zeros(256, np.float32))
+    h = g.relu(g.add(g.matmul(x, w1), b1))          # also g.gelu (tanh form), g.silu
+    w2 = g.param("w2", np.random.randn(256, 11).astype(np.float32))
+    y = g.add(g.matmul(h, w2), g.param("b2", np.zeros(11, np.float32)))
+    g.output(y, "logits")
+    ex = ge2.ExecutorV2(g, device="cpu")            # or "cuda"
+    x_value = np.random.randn(64, 128).astype(np.float32)
+    out = ex.run({"x": x_value})   # {"logits": ndarray (64, 11)}
+    print(ex.explain())
+    assert [n.op for n in ex.optimized_graph.nodes] == ["gemm", "gemm"]
+
+    assert list(out) == ["logits"] and out["logits"].shape == (64, 11) and out["logits"].dtype == np.float32
+    expected = np.maximum(x_value.astype(np.float64) @ w1.data, 0) @ w2.data
+    assert_close(out["logits"], expected, "float32", 256)
+
+
+# --- MLPs against float64 NumPy -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "silu"])
+def test_mlp_matches_float64_numpy(rng, dtype, activation):
+    sizes = (48, 96, 64, 64, 10)
+    g, reference = mlp(rng, sizes, dtype, activation, residual=True)
+    ex = ge2.ExecutorV2(g, device="cpu", verify=True)
+    assert [n.op for n in ex.optimized_graph.nodes] == ["gemm"] * 4
+    assert [n.attrs["act"] for n in ex.optimized_graph.nodes] == [activation] * 3 + ["none"]
+    assert ex.optimized_graph.nodes[2].inputs[3] is not None  # the residual rides in as C
+    for batch in (1, 33):
+        x = random_array(rng, (batch, sizes[0]), dtype)
+        out = ex.run({"x": x})["y"]
+        assert out.dtype == ge2.dtypes.to_numpy(dtype) and out.shape == (batch, sizes[-1])
+        assert_close(out, reference(x), dtype, max(sizes), what=f"{activation} MLP, batch {batch}")
+
+
+def test_bfloat16_mlp(rng):
+    g, reference = mlp(rng, (32, 64, 16), "bfloat16", "gelu", batch=8)
+    x = random_array(rng, (8, 32), "bfloat16")
+    assert_close(ge2.ExecutorV2(g).run({"x": x})["y"], reference(x), "bfloat16", 64)
+
+
+def test_fused_and_unfused_plans_agree(rng):
+    g, reference = mlp(rng, (64, 128, 128, 32), "float32", "silu", batch=16, residual=True)
+    fused = ge2.ExecutorV2(g)
+    unfused = ge2.ExecutorV2(g, passes=[])
+    assert len(fused.optimized_graph.nodes) == 3 < len(unfused.optimized_graph.nodes) == 9
+    x = random_array(rng, (16, 64), "float32")
+    fused_out, unfused_out = fused.run({"x": x})["y"], unfused.run({"x": x})["y"]
+    assert_close(fused_out, unfused_out, "float32", 128)
+    assert_close(fused_out, reference(x), "float32", 128)
+
+
+def test_a_wrong_kernel_would_be_caught(rng):
+    """The oracle has teeth: a graph computing something else fails the same comparison."""
+    g, reference = mlp(rng, (16, 32, 8), "float32", "gelu", batch=4)
+    wrong, _ = mlp(rng, (16, 32, 8), "float32", "silu", batch=4)
+    x = random_array(rng, (4, 16), "float32")
+    ge2.testing.assert_close(ge2.ExecutorV2(g).run({"x": x})["y"], reference(x), "float32", 32)
+    with pytest.raises(AssertionError, match="out of tolerance"):
+        assert_close(ge2.ExecutorV2(wrong).run({"x": x})["y"], reference(x), "float32", 32)
+
+
+# --- inputs -------------------------------------------------------------------------------------------------------
+@pytest.fixture
+def two_input_graph():
+    g = Graph("two")
+    x = g.input("x", ("batch", 8), "float32")
+    r = g.input("r", ("batch", 4), "float32")
+    g.output(g.add(g.matmul(x, g.param("w", np.eye(8, 4, dtype=np.float32))), r), "y")
+    return g
+
+
+def test_input_checks_name_the_input_the_expectation_and_what_came(two_input_graph):
+    ex = ge2.ExecutorV2(two_input_graph)
+    x, r = np.ones((3, 8), np.float32), np.ones((3, 4), np.float32)
+    with pytest.raises(ValueError, match=r"missing input\(s\) \['r'\]; graph 'two' takes \['x', 'r'\]"):
+        ex.run({"x": x})
+    with pytest.raises(ValueError, match=r"unknown input\(s\) \['z'\]"):
+        ex.run({"x": x, "r": r, "z": r})
+    with pytest.raises(ValueError, match=r"input 'x': expected shape \(batch, 8\), got \(3, 9\)"):
+        ex.run({"x": np.ones((3, 9), np.float32), "r": r})
+    with pytest.raises(ValueError, match=r"input 'r': expected shape \(batch=3, 4\), got \(5, 4\)"):
+        ex.run({"x": x, "r": np.ones((5, 4), np.float32)})
+    with pytest.raises(ValueError, match=r"input 'x': expected shape \(batch, 8\), got \(8,\)"):
+        ex.run({"x": np.ones(8, np.float32), "r": r})
+    with pytest.raises(TypeError, match="input 'r': expected dtype float32, got float64"):
+        ex.run({"x": x, "r": np.ones((3, 4))})
+    with pytest.raises(TypeError, match="input 'x'"):
+        ex.run({"x": [[1.0] * 8] * 3, "r": r})
+
+
+def test_concrete_input_shapes_are_checked(rng):
+    g, _ = mlp(rng, (8, 4), "float32", "relu", batch=2)
+    with pytest.raises(ValueError, match=r"input 'x': expected shape \(2, 8\), got \(3, 8\)"):
+        ge2.ExecutorV2(g).run({"x": np.ones((3, 8), np.float32)})
+
+
+def test_symbolic_dims_bind_at_run_time_with_one_plan_per_signature(rng, two_input_graph):
+    ex = ge2.ExecutorV2(two_input_graph)
+    assert ex.plans == [] and "none yet" in ex.explain()
+    for batch in (3, 7, 3, 7, 1):
+        x, r = random_array(rng, (batch, 8), "float32"), random_array(rng, (batch, 4), "float32")
+        y = ex.run({"x": x, "r": r})["y"]
+        assert_close(y, x[:, :4].astype(np.float64) + r, "float32")
+    assert sorted(plan.graph.inputs[0].type.shape[0] for plan in ex.plans) == [1, 3, 7]
+
+
+def test_steady_state_reuses_the_plan_and_its_arena(rng):
+    g, reference = mlp(rng, (16, 32, 32, 4), "float32", "relu", batch=8)
+    ex = ge2.ExecutorV2(g)
+    (plan,) = ex.plans  # concrete inputs: planned at compile time
+    arena = plan.arena
+    for _ in range(3):
+        x = random_array(rng, (8, 16), "float32")
+        assert_close(ex.run({"x": x})["y"], reference(x), "float32", 32)
+    assert ex.plans == [plan] and plan.arena is arena
+
+
+def test_outputs_that_are_inputs_or_params_and_multiple_outputs(rng):
+    g = Graph("g")
+    x = g.input("x", (2, 3), "float32")
+    p = g.param("p", np.arange(6, dtype=np.float32).reshape(2, 3))
+    g.output(x, "same")
+    g.output(p, "constant")
+    g.output(g.mul(x, p), "product")
+    x_value = random_array(rng, (2, 3), "float32")
+    out = ge2.ExecutorV2(g).run({"x": x_value})
+    np.testing.assert_array_equal(out["same"], x_value)
+    np.testing.assert_array_equal(out["constant"], p.data)
+    assert_close(out["product"], x_value.astype(np.float64) * p.data, "float32")
+    out["constant"][0, 0] = 99  # results are the caller's copies
+    assert ge2.ExecutorV2(g).run({"x": x_value})["constant"][0, 0] == 0
+
+
+def test_results_written_into_given_arrays(rng):
+    g, reference = mlp(rng, (8, 16, 4), "float32", "relu", batch=3)
+    ex = ge2.ExecutorV2(g)
+    x = random_array(rng, (3, 8), "float32")
+    out = np.full((3, 4), np.nan, np.float32)
+    result = ex.run({"x": x}, out={"y": out})
+    assert result["y"] is out
+    assert_close(out, reference(x), "float32", 16)
+    with pytest.raises(ValueError, match=r"out\['y'\]: expected shape \(3, 4\), got \(4, 3\)"):
+        ex.run({"x": x}, out={"y": np.zeros((4, 3), np.float32)})
+    with pytest.raises(TypeError, match=r"out\['y'\]: expected dtype float32, got float16"):
+        ex.run({"x": x}, out={"y": np.zeros((3, 4), np.float16)})
+    with pytest.raises(ValueError, match=r"out: unknown output\(s\) \['z'\]"):
+        ex.run({"x": x}, out={"z": out})
+
+
+def test_executor_leaves_the_source_graph_alone(rng):
+    g, _ = mlp(rng, (8, 8, 4), "float32", "relu")
+    text = str(g)
+    ge2.ExecutorV2(g)
+    assert str(g) == text
+
+
+def test_bad_graphs_fail_at_compile_naming_the_node(rng):
+    g, _ = mlp(rng, (8, 8, 4), "float32", "relu")
+    g.nodes.reverse()
+    with pytest.raises(ValueError, match=r"node '\w+' \(\w+\): input '\w+' reads"):
+        ge2.ExecutorV2(g)
+    with pytest.raises(ValueError, match="device: expected 'cpu' or 'cuda', got 'tpu'"):
+        ge2.ExecutorV2(mlp(rng, (8, 4), "float32", "relu")[0], device="tpu")
+
+
+@pytest.mark.skipif(ge2.device_count() > 0, reason="checks the error on a machine with no GPU")
+def test_cuda_without_a_gpu_is_a_clear_error(rng):
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        ge2.ExecutorV2(mlp(rng, (8, 4), "float32", "relu")[0], device="cuda")
+
+
+# --- memory planning ----------------------------------------------------------------------------------------------
+def test_planner_never_overlaps_live_buffers_and_aligns_offsets(rng):
+    for _ in range(50):
+        count = int(rng.integers(1, 30))
+        buffers = []
+        for index in range(count):
+            first = int(rng.integers(-1, 20))
+            buffers.append(Buffer(f"b{index}", int(rng.integers(0, 5000)), first, first + int(rng.integers(0, 6))))
+        plan = plan_memory(buffers)
+        for buffer in buffers:
+            offset = plan.offsets[buffer.name]
+            assert offset % ALIGNMENT == 0 and offset + buffer.nbytes <= plan.arena_bytes
+        for a, b in itertools.combinations(buffers, 2):
+            if a.first <= b.last and b.first <= a.last:
+                a_range = range(plan.offsets[a.name], plan.offsets[a.name] + max(a.nbytes, 1))
+                b_range = range(plan.offsets[b.name], plan.offsets[b.name] + max(b.nbytes, 1))
+                assert not set(a_range) & set(b_range), (a, b)
+        assert plan.arena_bytes <= plan.unshared_bytes
+
+
+def test_planner_reuses_memory_along_a_chain_and_can_be_switched_off():
+    chain = [Buffer(f"b{i}", 1 << 20, i, i + 1) for i in range(10)]  # each read only by the next step
+    plan = plan_memory(chain)
+    assert plan.arena_bytes == 2 << 20  # two buffers in flight at any time
+    assert plan.summary() == "memory reduced from 10 MB -> 2 MB (10 buffers, one arena)"
+    unshared = plan_memory(chain, reuse=False)
+    assert unshared.arena_bytes == unshared.unshared_bytes == 10 << 20
+
+
+def test_memory_reuse_does_not_change_results(rng):
+    g, reference = mlp(rng, (64,) + (128,) * 6 + (8,), "float32", "gelu", batch=32)
+    reused = ge2.ExecutorV2(g, passes=[])
+    separate = ge2.ExecutorV2(g, passes=[], reuse_memory=False)
+    (reused_plan,), (separate_plan,) = reused.plans, separate.plans
+    assert reused_plan.memory.arena_bytes < separate_plan.memory.arena_bytes / 4
+    x = random_array(rng, (32, 64), "float32")
+    np.testing.assert_array_equal(reused.run({"x": x})["y"], separate.run({"x": x})["y"])
+    assert_close(reused.run({"x": x})["y"], reference(x), "float32", 128)
+
+
+# --- explain ------------------------------------------------------------------------------------------------------
+def test_explain_reports_passes_fusions_kernels_memory_and_fallbacks(rng):
+    g, _ = mlp(rng, (16, 32, 4), "float32", "silu", batch=4)
+    text = ge2.ExecutorV2(g).explain()
+    assert text.startswith("ExecutorV2 'mlp_silu_float32' on cpu (NumPy references)")
+    assert "  canonicalize: 6 change(s) ({add: 2, matmul: 2, silu: 1} -> {gemm: 2, silu: 1})" in text
+    assert "    fuse_activation: gemm_2, silu_0 -> gemm_4" in text
+    assert "fusions: 3" in text
+    assert "ops: {add: 2, matmul: 2, silu: 1} -> {gemm: 2}" in text
+    assert "plan for (x: float32[4, 16]): 2 kernels, memory reduced from" in text
+    assert "  gemm_4  gemm       -> numpy_reference: the NumPy reference is the CPU backend" in text
+    assert text.endswith("fallbacks: 0")
+
+
+def test_gelu_is_the_tanh_form(rng):
+    g = Graph("g")
+    x = g.input("x", (1, 5), "float32")
+    g.output(g.gelu(g.matmul(x, g.param("eye", np.eye(5, dtype=np.float32)))), "y")
+    values = np.array([[-3.0, -1.0, 0.0, 0.5, 2.0]], np.float32)
+    out = ge2.ExecutorV2(g).run({"x": values})["y"]
+    z = values.astype(np.float64)
+    tanh_form = 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
+    assert_close(out, tanh_form, "float32")

@@ -1,0 +1,341 @@
+"""Every pass alone: op counts before and after, and the same numbers before and after on the CPU backend."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graph_executor_v2 as ge2
+from graph_executor_v2.ir import Graph
+from graph_executor_v2.passes import PASSES, Pass, PassManager, Pat, resolve, rewrite
+from graph_executor_v2.testing import assert_close, random_array
+
+
+def apply(pass_name: str, graph: Graph):
+    optimized, (record,) = PassManager([PASSES[pass_name]], verify_each=True).run(graph)
+    return optimized, record
+
+
+def assert_same_numerics(before: Graph, after: Graph, rng, dtype="float32", reduction_length=64):
+    """Runs both graphs unoptimized on the CPU with the same feeds (shaped like ``after``'s inputs)."""
+    feeds = {v.name: random_array(rng, v.type.shape, v.type.dtype) for v in after.inputs}
+    expected = ge2.ExecutorV2(before, passes=[]).run(feeds)
+    actual = ge2.ExecutorV2(after, passes=[]).run(feeds)
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        assert_close(actual[name], expected[name], dtype, reduction_length, what=name)
+
+
+def weights(g: Graph, rng, name, shape, dtype="float32"):
+    return g.param(name, random_array(rng, shape, dtype, scale=shape[0] ** -0.5))
+
+
+# --- infer_shapes -------------------------------------------------------------------------------------------------
+def test_infer_shapes_binds_symbolic_dims(rng):
+    g = Graph("g")
+    x = g.input("x", ("batch", 16), "float32")
+    y = g.relu(g.matmul(x, weights(g, rng, "w", (16, 8))))
+    g.output(y, "y")
+    bound = g.clone()
+    bound.inputs[0].type = ge2.ir.TensorType((5, 16), "float32")
+    optimized, record = apply("infer_shapes", bound)
+    assert record.notes == ("matmul_0: float32[batch, 8] -> float32[5, 8]",
+                            "relu_0: float32[batch, 8] -> float32[5, 8]")
+    assert record.ops_before == record.ops_after == {"matmul": 1, "relu": 1}
+    assert optimized.outputs["y"].type.shape == (5, 8)
+    assert_same_numerics(g, optimized, rng)
+
+
+def test_infer_shapes_names_the_node_that_no_longer_checks(rng):
+    g = Graph("g")
+    x = g.input("x", ("batch", "k"), "float32")
+    g.output(g.matmul(x, weights(g, rng, "w", (16, 8))), "y")
+    g.inputs[0].type = ge2.ir.TensorType((5, 15), "float32")
+    with pytest.raises(ValueError, match=r"node 'matmul_0' \(matmul\).*inner dimension"):
+        apply("infer_shapes", g)
+
+
+# --- dce ----------------------------------------------------------------------------------------------------------
+def test_dce_removes_dead_nodes_and_params(rng):
+    g = Graph("g")
+    x = g.input("x", (4, 16), "float32")
+    h = g.matmul(x, weights(g, rng, "w", (16, 8)))
+    g.tanh(g.sigmoid(h))  # dead chain
+    weights(g, rng, "unused", (3, 3))
+    g.output(g.relu(h), "y")
+    optimized, record = apply("dce", g)
+    assert record.ops_before == {"matmul": 1, "sigmoid": 1, "tanh": 1, "relu": 1}
+    assert record.ops_after == {"matmul": 1, "relu": 1}
+    assert sorted(optimized.params) == ["w"]
+    assert optimized.inputs[0].name == "x"  # inputs stay: they are the signature
+    assert_same_numerics(g, optimized, rng)
+
+
+# --- cse ----------------------------------------------------------------------------------------------------------
+def test_cse_merges_identical_subexpressions(rng):
+    g = Graph("g")
+    x = g.input("x", (4, 16), "float32")
+    w = weights(g, rng, "w", (16, 8))
+    left = g.relu(g.matmul(x, w))
+    right = g.relu(g.matmul(x, w))  # the same chain again: merged link by link in one sweep
+    other = g.sigmoid(g.matmul(x, w))
+    g.output(g.add(g.add(left, right), other), "y")
+    optimized, record = apply("cse", g)
+    assert record.ops_before == {"matmul": 3, "relu": 2, "sigmoid": 1, "add": 2}
+    assert record.ops_after == {"matmul": 1, "relu": 1, "sigmoid": 1, "add": 2}
+    assert_same_numerics(g, optimized, rng)
+
+
+def test_cse_keeps_nodes_that_differ_in_attributes_or_are_impure(rng, monkeypatch):
+    g = Graph("g")
+    x = g.input("x", (4, 16), "float32")
+    w = weights(g, rng, "w", (16, 8))
+    g.output(g.add(g.gemm(x, w, act="relu"), g.gemm(x, w, act="gelu")), "y")
+    _, record = apply("cse", g)
+    assert record.ops_after == {"gemm": 2, "add": 1}
+
+    from dataclasses import replace
+
+    from graph_executor_v2.ops._base import OPS
+
+    monkeypatch.setitem(OPS, "relu", replace(OPS["relu"], pure=False))  # as a random op would be
+    g = Graph("g")
+    x = g.input("x", (4, 16), "float32")
+    g.output(g.add(g.relu(x), g.relu(x)), "y")
+    _, record = apply("cse", g)
+    assert record.ops_after == {"relu": 2, "add": 1}
+
+
+# --- constant_fold ------------------------------------------------------------------------------------------------
+def test_constant_fold_evaluates_parameter_only_subgraphs(rng):
+    g = Graph("g")
+    x = g.input("x", (4, 16), "float32")
+    w = weights(g, rng, "w", (16, 8))
+    scale = g.param("scale", np.full((16, 8), 0.5, np.float32))
+    folded_weight = g.relu(g.mul(w, scale))  # param-only: becomes one parameter
+    g.output(g.matmul(x, folded_weight), "y")
+    optimized, record = apply("constant_fold", g)
+    assert record.ops_before == {"mul": 1, "relu": 1, "matmul": 1}
+    assert record.ops_after == {"matmul": 1}
+    folded = optimized.nodes[0].inputs[1]
+    assert folded.is_param
+    np.testing.assert_array_equal(folded.data, np.maximum(w.data * 0.5, 0))
+    assert_same_numerics(g, optimized, rng)
+
+
+# --- canonicalize -------------------------------------------------------------------------------------------------
+def test_canonicalize_matmul_plus_bias_becomes_gemm_in_either_order(rng):
+    g = Graph("g")
+    x = g.input("x", (4, 16), "float32")
+    b1 = g.param("b1", random_array(rng, (8,), "float32"))
+    b2 = g.param("b2", random_array(rng, (1, 8), "float32"))  # a (1, N) row is a bias too
+    first = g.add(g.matmul(x, weights(g, rng, "w1", (16, 8))), b1)
+    second = g.add(b2, g.matmul(x, weights(g, rng, "w2", (16, 8))))
+    g.output(first, "first")
+    g.output(second, "second")
+    optimized, record = apply("canonicalize", g)
+    assert record.ops_before == {"matmul": 2, "add": 2}
+    assert record.ops_after == {"gemm": 2, "reshape": 1}  # the (1, N) row is reshaped to (N,) (folded later)
+    assert all(node.inputs[2] is not None for node in optimized.nodes if node.op == "gemm")
+    assert_same_numerics(g, optimized, rng)
+
+
+def test_canonicalize_bias_add_after_gemm_and_plain_matmul(rng):
+    g = Graph("g")
+    x = g.input("x", (4, 16), "float32")
+    h = g.bias_add(g.matmul(x, weights(g, rng, "w", (16, 8))), g.param("b", random_array(rng, (8,), "float32")))
+    g.output(g.matmul(h, weights(g, rng, "w2", (8, 3))), "y")
+    optimized, record = apply("canonicalize", g)
+    assert record.ops_after == {"gemm": 2}
+    assert_same_numerics(g, optimized, rng)
+
+
+def test_canonicalize_guards_keep_shared_or_non_bias_adds(rng):
+    g = Graph("g")
+    x = g.input("x", (4, 16), "float32")
+    shared = g.matmul(x, weights(g, rng, "w", (16, 8)))
+    g.output(g.add(shared, g.param("b", random_array(rng, (8,), "float32"))), "biased")
+    g.output(g.relu(shared), "other_use")  # the product has two consumers: folding would compute it twice
+    residual = g.input("r", (4, 8), "float32")
+    g.output(g.add(g.matmul(x, weights(g, rng, "w3", (16, 8))), residual), "not_a_bias")
+    g.output(g.add(g.matmul(x, weights(g, rng, "w4", (16, 8))), g.param("s", np.ones((1, 1), np.float32))),
+             "scalar")
+    optimized, record = apply("canonicalize", g)
+    assert record.ops_before == {"matmul": 3, "add": 3, "relu": 1}
+    assert record.ops_after == {"gemm": 3, "bias_add": 1, "add": 2, "relu": 1}
+    assert_same_numerics(g, optimized, rng)
+
+
+def test_canonicalize_computed_rows_become_bias_adds(rng):
+    g = Graph("g")
+    x = g.input("x", (4, 8), "float32")
+    row = g.input("row", (1, 8), "float32")
+    g.output(g.add(x, g.relu(row)), "y")
+    optimized, record = apply("canonicalize", g)
+    assert record.ops_after == {"relu": 1, "reshape": 1, "bias_add": 1}
+    assert_same_numerics(g, optimized, rng)
+
+
+def test_canonicalize_folds_2d_transposes_into_gemm_flags(rng):
+    g = Graph("g")
+    x = g.input("x", (16, 4), "float32")  # used as x^T
+    w_t = weights(g, rng, "w_t", (8, 16))  # stored (out, in), as F.linear keeps it
+    shared = g.transpose(w_t, perm=(1, 0))
+    g.output(g.matmul(g.transpose(x, perm=(-1, -2)), shared), "y")
+    g.output(g.matmul(g.relu(g.transpose(x, perm=(1, 0))), shared), "z")  # the transpose of w_t feeds two gemms
+    optimized, record = apply("canonicalize", g)
+    assert record.ops_before == {"transpose": 3, "matmul": 2, "relu": 1}
+    assert record.ops_after == {"transpose": 1, "gemm": 2, "relu": 1}  # relu(x^T) still needs its transpose
+    first, second = (node for node in optimized.nodes if node.op == "gemm")
+    assert (first.attrs["trans_a"], first.attrs["trans_b"]) == (True, True)
+    assert (second.attrs["trans_a"], second.attrs["trans_b"]) == (False, True)
+    assert_same_numerics(g, optimized, rng)
+
+
+def test_canonicalize_removes_identities_and_merges_chains(rng):
+    g = Graph("g")
+    x = g.input("x", (2, 3, 4), "float32")
+    same = g.reshape(g.transpose(x, perm=(0, 1, 2)), shape=(2, 3, 4))  # both identities
+    there_and_back = g.transpose(g.transpose(same, perm=(2, 0, 1)), perm=(1, 2, 0))  # composes to the identity
+    rotated = g.transpose(g.transpose(there_and_back, perm=(1, 0, 2)), perm=(0, 2, 1))  # one transpose
+    flat = g.reshape(g.reshape(rotated, shape=(6, 4)), shape=(-1,))  # one reshape
+    g.output(g.relu(flat), "y")
+    optimized, record = apply("canonicalize", g)
+    assert record.ops_before == {"transpose": 5, "reshape": 3, "relu": 1}
+    assert record.ops_after == {"transpose": 1, "reshape": 1, "relu": 1}
+    assert optimized.nodes[0].attrs["perm"] == (1, 2, 0)
+    assert_same_numerics(g, optimized, rng)
+
+
+# --- fuse ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("activation", ["relu", "gelu", "silu"])
+def test_fuse_activation_into_gemm(rng, activation):
+    g = Graph("g")
+    x = g.input("x", (4, 16), "float32")
+    h = g.gemm(x, weights(g, rng, "w", (16, 8)), g.param("b", random_array(rng, (8,), "float32")))
+    g.output(getattr(g, activation)(h), "y")
+    optimized, record = apply("fuse", g)
+    assert record.ops_before == {"gemm": 1, activation: 1}
+    assert record.ops_after == {"gemm": 1}
+    assert optimized.nodes[0].attrs["act"] == activation
+    assert_same_numerics(g, optimized, rng)
+
+
+def test_fuse_residual_then_activation(rng):
+    g = Graph("g")
+    x = g.input("x", (4, 16), "float32")
+    r = g.input("r", (4, 8), "float32")
+    h = g.gemm(x, weights(g, rng, "w", (16, 8)), g.param("b", random_array(rng, (8,), "float32")), alpha=0.5)
+    g.output(g.silu(g.add(r, h)), "y")  # silu(r + gemm): residual first, then the activation
+    optimized, record = apply("fuse", g)
+    assert record.ops_before == {"gemm": 1, "add": 1, "silu": 1}
+    assert record.ops_after == {"gemm": 1}
+    (node,) = optimized.nodes
+    assert node.inputs[3].name == "r" and node.attrs["beta"] == 1.0 and node.attrs["act"] == "silu"
+    assert node.attrs["alpha"] == 0.5
+    assert_same_numerics(g, optimized, rng)
+
+
+def test_fuse_guards(rng):
+    g = Graph("g")
+    x = g.input("x", (4, 16), "float32")
+    r = g.input("r", (4, 8), "float32")
+    w = weights(g, rng, "w", (16, 8))
+    exposed = g.gemm(x, w, name="exposed")
+    g.output(exposed, "exposed")  # a graph output: relu cannot absorb it
+    g.output(g.relu(exposed), "a")
+    shared = g.gemm(x, w, name="shared", alpha=2.0)
+    g.output(g.add(g.relu(shared), g.sigmoid(shared)), "b")  # two consumers
+    elsewhere = g.gemm(x, w, name="elsewhere", alpha=3.0, device="cuda:1")
+    g.output(g.relu(elsewhere), "c")  # another device
+    g.output(g.gelu_erf(g.gemm(x, w, alpha=4.0)), "d")  # exact GELU is not an epilogue
+    g.output(g.add(g.gemm(x, w, act="relu", alpha=5.0), r), "e")  # residual after an activation
+    g.output(g.add(g.gemm(x, w, alpha=6.0), g.param("row", np.ones(8, np.float32))), "f")  # broadcast: not C
+    optimized, record = apply("fuse", g)
+    assert record.notes == ()
+    assert record.ops_after == record.ops_before
+    assert_same_numerics(g, optimized, rng)
+
+
+def test_rewrites_keep_placement(rng):
+    g = Graph("g")
+    x = g.input("x", (4, 16), "float32")
+    g.output(g.relu(g.matmul(x, weights(g, rng, "w", (16, 8)), device="cuda:1"), device="cuda:1"), "y")
+    optimized, _ = PassManager(resolve(["canonicalize", "fuse"]), verify_each=True).run(g)
+    assert [(n.op, n.attrs["act"], n.device) for n in optimized.nodes] == [("gemm", "relu", "cuda:1")]
+
+
+def test_fuse_keeps_dtypes_consistent(rng):
+    g = Graph("g")
+    x = g.input("x", (4, 16), "float16")
+    g.output(g.relu(g.gemm(x, weights(g, rng, "w", (16, 8), "float16"))), "y")
+    optimized, _ = apply("fuse", g)
+    assert [n.op for n in optimized.nodes] == ["gemm"]
+    assert optimized.outputs["y"].type.dtype == "float16"
+    assert_same_numerics(g, optimized, rng, "float16")
+
+
+# --- the default pipeline and the pass manager --------------------------------------------------------------------
+def test_default_pipeline_on_a_residual_mlp(rng):
+    g = Graph("g")
+    x = g.input("x", ("batch", 32), "float32")
+    h = g.gelu(g.add(g.matmul(x, weights(g, rng, "w1", (32, 32))), g.param("b1", random_array(rng, (32,), "float32"))))
+    h = g.add(g.matmul(h, weights(g, rng, "w2", (32, 32))), x)  # residual
+    row_bias = g.param("b3", random_array(rng, (1, 10), "float32"))  # a (1, N) row: reshaped, then folded
+    g.output(g.add(g.matmul(h, weights(g, rng, "w3", (32, 10))), row_bias), "y")
+    optimized, records = PassManager(resolve(None), verify_each=True).run(g)
+    assert [n.op for n in optimized.nodes] == ["gemm", "gemm", "gemm"]
+    assert [n.attrs["act"] for n in optimized.nodes] == ["gelu", "none", "none"]
+    assert optimized.nodes[1].inputs[3].name == "x"
+    bound = optimized.clone()
+    bound.inputs[0].type = ge2.ir.TensorType((6, 32), "float32")
+    bound, _ = apply("infer_shapes", bound)
+    assert_same_numerics(g, bound, rng)
+    assert [r.name for r in records] == list(ge2.passes.DEFAULT_PIPELINE)
+
+
+def test_pass_manager_leaves_the_input_graph_alone(rng):
+    g = Graph("g")
+    x = g.input("x", (4, 16), "float32")
+    g.output(g.relu(g.matmul(x, weights(g, rng, "w", (16, 8)))), "y")
+    text = str(g)
+    PassManager(resolve(None)).run(g)
+    assert str(g) == text
+
+
+def test_pass_manager_verifies_after_each_pass_when_asked(rng):
+    def break_types(graph):
+        graph.nodes[0].outputs[0].type = ge2.ir.TensorType((1, 1), "float32")
+        return ["broke it"]
+
+    g = Graph("g")
+    x = g.input("x", (4, 16), "float32")
+    g.output(g.relu(g.matmul(x, weights(g, rng, "w", (16, 8)))), "y")
+    PassManager([Pass("broken", break_types)]).run(g)  # not asked: no check
+    with pytest.raises(ValueError, match=r"after pass 'broken': node 'matmul_0'"):
+        PassManager([Pass("broken", break_types)], verify_each=True).run(g)
+
+
+def test_dump_ir_prints_before_and_after_each_pass(rng, monkeypatch, capsys):
+    g = Graph("g")
+    x = g.input("x", (4, 16), "float32")
+    g.output(g.relu(g.matmul(x, weights(g, rng, "w", (16, 8)))), "y")
+    monkeypatch.setenv("GE2_DUMP_IR", "1")
+    PassManager(resolve(["canonicalize", "fuse"])).run(g)
+    err = capsys.readouterr().err
+    assert "// ----- before canonicalize -----" in err and "// ----- after fuse (1 changes) -----" in err
+    assert "matmul(%x, %w)" in err and '{act="relu"}' in err
+
+
+def test_unknown_pass_name():
+    with pytest.raises(ValueError, match="unknown pass 'fusion'"):
+        resolve(["fusion"])
+
+
+def test_rules_that_never_converge_raise(rng):
+    def rebuild(graph, y):
+        return graph.relu(y.producer.inputs[0])
+
+    g = Graph("g")
+    g.output(g.relu(g.input("x", (2,), "float32")), "y")
+    with pytest.raises(RuntimeError, match="did not converge"):
+        rewrite(g.clone(), [(Pat("relu", name="y"), rebuild)])

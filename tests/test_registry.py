@@ -1,0 +1,259 @@
+"""The kernel registry: ranking, capability checks, visible fallbacks, pins, exclusions and the autotune cache.
+
+A fake op with fake candidates stands in for a GPU op, so every path runs with no GPU.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from graph_executor_v2.ir import Graph
+from graph_executor_v2.ops._base import OPS, Candidate, Input, OpDef, Problem
+from graph_executor_v2.runtime import Capabilities, Preferences, choose_kernel, select
+from graph_executor_v2.runtime.autotune import AutotuneCache, default_cache_path
+from graph_executor_v2.runtime.registry import problem_key
+
+FAKE_GPU = Capabilities("cuda", (9, 0), "Fake GPU", "Fake GPU | CUDA runtime 0 | cuBLASLt test")
+PYTHON_DIR = str(Path(__file__).resolve().parents[1] / "python")
+
+
+def candidate(name, priority, supports=None, prepare_error=None, always_works=False):
+    def prepare(problem):
+        if prepare_error is not None:
+            raise prepare_error
+        return lambda ins, outs, stream: None
+
+    return Candidate(name, priority, f"{name} kernel", supports or (lambda problem: None), prepare, always_works)
+
+
+@pytest.fixture
+def fake_op(monkeypatch):
+    """Registers op 'fake' (y = x) with the given candidates; returns (node, problem)."""
+
+    def install(*candidates):
+        opdef = OpDef("fake", (Input("x"),), ("y",), (), lambda types, attrs: [types[0]],
+                      lambda inputs, attrs: [inputs[0]], candidates=tuple(candidates))
+        monkeypatch.setitem(OPS, "fake", opdef)
+        g = Graph("g")
+        y = g.fake(g.input("x", (64, 64), "float16"))
+        return y.producer, Problem("fake", (g.inputs[0].type,), (y.type,), {}, (9, 0))
+
+    return install
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("GE2_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+# --- ranking ------------------------------------------------------------------------------------------------------
+def test_cpu_has_only_the_reference(fake_op):
+    node, problem = fake_op(candidate("fast", 30))
+    ranking = select(node, problem, Capabilities("cpu"), Preferences())
+    assert [c.name for c in ranking.viable] == ["numpy_reference"]
+    assert ranking.viable[0].always_works
+
+
+def test_ranking_by_priority_after_capability_checks(fake_op):
+    node, problem = fake_op(candidate("medium", 20), candidate("fast", 30, supports=lambda p: "needs K % 128 == 0"),
+                            candidate("slow", 10, always_works=True), candidate("quick", 25))
+    ranking = select(node, problem, FAKE_GPU, Preferences())
+    assert [c.name for c in ranking.viable] == ["quick", "medium", "slow", "host_reference"]
+    assert ranking.rejected == (("fast", "needs K % 128 == 0"),)
+    assert ranking.reason == "highest priority of 3 viable"
+
+
+def test_a_capability_check_that_raises_rejects_only_that_candidate(fake_op):
+    def unbuilt(problem):
+        raise ImportError("native module '_ops_fake' is not built")
+
+    node, problem = fake_op(candidate("native", 30, supports=unbuilt), candidate("other", 10))
+    ranking = select(node, problem, FAKE_GPU, Preferences())
+    assert [c.name for c in ranking.viable] == ["other", "host_reference"]
+    assert "ImportError: native module '_ops_fake' is not built" in ranking.rejected[0][1]
+
+
+def test_force_no_epilogue_excludes_the_cublaslt_epilogue(fake_op, monkeypatch):
+    node, problem = fake_op(candidate("cublaslt_epilogue", 30), candidate("cublaslt_postkernel", 20))
+    monkeypatch.setenv("GE2_FORCE_NO_EPILOGUE", "1")
+    selection = choose_kernel(node, problem, FAKE_GPU, Preferences.from_env())
+    assert selection.kernel == "cublaslt_postkernel"
+    assert selection.rejected == (("cublaslt_epilogue", "excluded by GE2_FORCE_NO_EPILOGUE=1"),)
+    monkeypatch.delenv("GE2_FORCE_NO_EPILOGUE")
+    assert choose_kernel(node, problem, FAKE_GPU, Preferences.from_env()).kernel == "cublaslt_epilogue"
+
+
+def test_force_no_epilogue_applies_to_the_real_gemm_op(monkeypatch):
+    monkeypatch.setenv("GE2_FORCE_NO_EPILOGUE", "1")
+    g = Graph("g")
+    x = g.input("x", (64, 64), "float16")
+    y = g.gemm(x, g.param("w", np.ones((64, 32), np.float16)), act="relu")
+    problem = Problem("gemm", (x.type, g.params["w"].type, None, None), (y.type,), y.producer.attrs, (9, 0))
+    ranking = select(y.producer, problem, FAKE_GPU, Preferences.from_env())
+    assert "cublaslt_epilogue" not in [c.name for c in ranking.viable]
+    assert ("cublaslt_epilogue", "excluded by GE2_FORCE_NO_EPILOGUE=1") in ranking.rejected
+
+
+def test_pinned_kernel_goes_first_and_a_bad_pin_is_reported(fake_op):
+    node, problem = fake_op(candidate("fast", 30), candidate("slow", 10), candidate("picky", 5, lambda p: "no"))
+    pinned = select(node, problem, FAKE_GPU, Preferences(kernels={"fake": "slow"}))
+    assert [c.name for c in pinned.viable][:2] == ["slow", "fast"] and pinned.reason == "pinned by preferences"
+    bad = select(node, problem, FAKE_GPU, Preferences(kernels={"fake": "picky"}))
+    assert bad.viable[0].name == "fast" and "pinned 'picky' is not viable: no" in bad.reason
+
+
+# --- fallbacks ----------------------------------------------------------------------------------------------------
+def test_prepare_failure_falls_to_the_next_candidate_and_is_recorded(fake_op):
+    node, problem = fake_op(candidate("cublaslt", 30, prepare_error=RuntimeError("no cuBLASLt algorithm")),
+                            candidate("tiled", 10, always_works=True))
+    selection = choose_kernel(node, problem, FAKE_GPU, Preferences())
+    assert selection.kernel == "tiled"
+    assert selection.fallbacks == (("cublaslt", "RuntimeError: no cuBLASLt algorithm"),)
+    assert selection.reason == "first to prepare after 1 failure(s)"
+    assert selection.is_fallback
+
+
+def test_every_gpu_candidate_failing_ends_on_the_host(fake_op):
+    node, problem = fake_op(candidate("only", 30, prepare_error=RuntimeError("boom")))
+    selection = choose_kernel(node, problem, FAKE_GPU, Preferences())
+    assert selection.kernel == "host_reference" and selection.is_fallback
+    node, problem = fake_op()  # an op with no GPU kernel at all
+    selection = choose_kernel(node, problem, FAKE_GPU, Preferences())
+    assert selection.kernel == "host_reference" and "no GPU candidate applies" in selection.reason
+
+
+# --- autotuning ---------------------------------------------------------------------------------------------------
+def fake_timer(times_ms):
+    def time(launch):
+        return times_ms[launch.kernel]
+
+    return time
+
+
+def named_candidate(name, priority):
+    def prepare(problem):
+        def launch(ins, outs, stream):
+            pass
+
+        launch.kernel = name
+        return launch
+
+    return Candidate(name, priority, name, lambda problem: None, prepare)
+
+
+def test_autotune_picks_the_fastest_and_caches_it(fake_op, cache_dir):
+    node, problem = fake_op(named_candidate("fast_on_paper", 30), named_candidate("fast_in_practice", 10))
+    prefs = Preferences(autotune=True)
+    selection = choose_kernel(node, problem, FAKE_GPU, prefs, fake_timer({"fast_on_paper": 2.0,
+                                                                         "fast_in_practice": 1.0}))
+    assert selection.kernel == "fast_in_practice"
+    assert selection.reason.startswith("autotuned: fast_in_practice 1.0000 ms, fast_on_paper 2.0000 ms")
+    document = json.loads((cache_dir / "autotune.json").read_text())
+    entry = document["setups"][FAKE_GPU.setup][problem_key(problem)]
+    assert entry == {"winner": "fast_in_practice", "times_ms": {"fast_on_paper": 2.0, "fast_in_practice": 1.0}}
+
+    def no_timing(launch):
+        raise AssertionError("a cached problem must not be timed again")
+
+    again = choose_kernel(node, problem, FAKE_GPU, prefs, no_timing, AutotuneCache())
+    assert again.kernel == "fast_in_practice" and again.reason == "autotune cache: fast_in_practice"
+
+
+def test_autotune_keeps_setups_apart(fake_op, cache_dir):
+    node, problem = fake_op(named_candidate("a", 30), named_candidate("b", 10))
+    prefs = Preferences(autotune=True)
+    choose_kernel(node, problem, FAKE_GPU, prefs, fake_timer({"a": 2.0, "b": 1.0}))
+    other_gpu = Capabilities("cuda", (9, 0), "Other GPU", "Other GPU | CUDA runtime 1 | cuBLASLt 2")
+    selection = choose_kernel(node, problem, other_gpu, prefs, fake_timer({"a": 1.0, "b": 2.0}))
+    assert selection.kernel == "a"
+    assert AutotuneCache().lookup(FAKE_GPU.setup, problem_key(problem)) == "b"
+
+
+def test_autotune_race_drops_a_candidate_that_fails(fake_op, cache_dir):
+    node, problem = fake_op(candidate("broken", 30, prepare_error=RuntimeError("no algorithm")),
+                            named_candidate("a", 20), named_candidate("b", 10))
+    selection = choose_kernel(node, problem, FAKE_GPU, Preferences(autotune=True), fake_timer({"a": 3.0, "b": 1.0}))
+    assert selection.kernel == "b" and selection.reason == "autotuned: b 1.0000 ms, a 3.0000 ms"
+    assert selection.fallbacks == (("broken", "RuntimeError: no algorithm"),)
+
+
+def run_python(code: str, env: dict) -> str:
+    result = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env, "PYTHONPATH": PYTHON_DIR},
+                            capture_output=True, text=True, check=True)
+    return result.stdout.strip()
+
+
+def test_autotune_cache_survives_a_new_process(fake_op, cache_dir):
+    node, problem = fake_op(named_candidate("a", 30), named_candidate("b", 10))
+    choose_kernel(node, problem, FAKE_GPU, Preferences(autotune=True), fake_timer({"a": 5.0, "b": 1.0}))
+    code = ("from graph_executor_v2.runtime.autotune import AutotuneCache; "
+            f"print(AutotuneCache().lookup({FAKE_GPU.setup!r}, {problem_key(problem)!r}))")
+    assert run_python(code, {"GE2_CACHE_DIR": str(cache_dir)}) == "b"
+    # ... and what another process stores is merged, not overwritten
+    code = ("from graph_executor_v2.runtime.autotune import AutotuneCache; "
+            f"AutotuneCache().store({FAKE_GPU.setup!r}, 'other problem', 'c', {{'c': 0.5}})")
+    run_python(code, {"GE2_CACHE_DIR": str(cache_dir)})
+    cache = AutotuneCache()
+    assert cache.lookup(FAKE_GPU.setup, "other problem") == "c"
+    assert cache.lookup(FAKE_GPU.setup, problem_key(problem)) == "b"
+
+
+@pytest.mark.parametrize("content, why", [
+    ("{ not json", "corrupt"),
+    ('{"format": "graph_executor_v2.autotune", "version": 0, "setups": {}}', "stale"),
+    ('["a list"]', "not an autotune cache"),
+    ('{"format": "graph_executor_v2.autotune", "version": 1, "setups": {"x": 3}}', "malformed"),
+])
+def test_a_bad_cache_file_warns_and_is_rewritten(fake_op, cache_dir, content, why):
+    cache_dir.mkdir(parents=True)
+    (cache_dir / "autotune.json").write_text(content)
+    node, problem = fake_op(named_candidate("a", 30), named_candidate("b", 10))
+    with pytest.warns(UserWarning, match=f"ignoring the autotune cache .*{why}"):
+        selection = choose_kernel(node, problem, FAKE_GPU, Preferences(autotune=True),
+                                  fake_timer({"a": 1.0, "b": 2.0}))
+    assert selection.kernel == "a"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the rewritten file is clean
+        assert AutotuneCache().lookup(FAKE_GPU.setup, problem_key(problem)) == "a"
+
+
+def test_a_corrupt_cache_in_a_new_process_only_warns(cache_dir):
+    cache_dir.mkdir(parents=True)
+    (cache_dir / "autotune.json").write_bytes(b"\x00\xff garbage")
+    code = ("import warnings; warnings.simplefilter('always'); "
+            "from graph_executor_v2.runtime.autotune import AutotuneCache; print(AutotuneCache().lookup('s', 'p'))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**os.environ, "GE2_CACHE_DIR": str(cache_dir), "PYTHONPATH": PYTHON_DIR})
+    assert result.returncode == 0 and result.stdout.strip() == "None"
+    assert "ignoring the autotune cache" in result.stderr
+
+
+def test_an_unwritable_cache_only_warns(fake_op, tmp_path, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv("GE2_CACHE_DIR", str(blocker / "cache"))  # a directory below a file cannot be created
+    node, problem = fake_op(named_candidate("a", 30), named_candidate("b", 10))
+    with pytest.warns(UserWarning) as caught:
+        selection = choose_kernel(node, problem, FAKE_GPU, Preferences(autotune=True),
+                                  fake_timer({"a": 2.0, "b": 1.0}))
+    assert selection.kernel == "b"
+    assert any("could not write the autotune cache" in str(w.message) for w in caught)
+
+
+def test_default_cache_location(monkeypatch, tmp_path):
+    monkeypatch.delenv("GE2_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_cache_path() == tmp_path / "graph_executor_v2" / "autotune.json"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_cache_path() == tmp_path / ".cache" / "graph_executor_v2" / "autotune.json"
+    monkeypatch.setenv("GE2_CACHE_DIR", str(tmp_path / "mine"))
+    assert default_cache_path() == tmp_path / "mine" / "autotune.json"

@@ -10,6 +10,7 @@ import pytest
 
 import graph_executor_v2 as ge2
 from graph_executor_v2.ir import Graph
+from graph_executor_v2.ops import activations
 from graph_executor_v2.runtime.planner import ALIGNMENT, Buffer, plan_memory
 from graph_executor_v2.testing import assert_close, mlp, random_array
 
@@ -55,6 +56,33 @@ def test_bfloat16_mlp(rng):
     g, reference = mlp(rng, (32, 64, 16), "bfloat16", "gelu", batch=8)
     x = random_array(rng, (8, 32), "bfloat16")
     assert_close(ge2.ExecutorV2(g).run({"x": x})["y"], reference(x), "bfloat16", 64)
+
+
+def test_transformer_mlp_block(rng):
+    """x + W2 gelu(W1 layernorm(x) + b1) + b2: the residual rides into the second gemm as C."""
+    tokens, width, hidden = 24, 32, 64
+    g = Graph("block")
+    x = g.input("x", ("tokens", width), "float32")
+    gamma = g.param("gamma", random_array(rng, (width,), "float32"))
+    beta = g.param("beta", random_array(rng, (width,), "float32"))
+    w1 = g.param("w1", random_array(rng, (hidden, width), "float32", scale=width ** -0.5))  # stored (out, in)
+    b1 = g.param("b1", random_array(rng, (hidden,), "float32"))
+    w2 = g.param("w2", random_array(rng, (width, hidden), "float32", scale=hidden ** -0.5))
+    b2 = g.param("b2", random_array(rng, (width,), "float32"))
+    h = g.gelu(g.add(g.matmul(g.layernorm(x, gamma, beta), g.transpose(w1, perm=(1, 0))), b1))
+    g.output(g.add(x, g.add(g.matmul(h, g.transpose(w2, perm=(1, 0))), b2)), "y")
+    ex = ge2.ExecutorV2(g, verify=True)
+    assert [n.op for n in ex.optimized_graph.nodes] == ["layernorm", "gemm", "gemm"]
+    first, second = ex.optimized_graph.nodes[1:]
+    assert (first.attrs["act"], first.attrs["trans_b"]) == ("gelu", True)
+    assert second.inputs[3].name == "x" and second.attrs["beta"] == 1.0
+
+    x_value = random_array(rng, (tokens, width), "float32")
+    x64 = x_value.astype(np.float64)
+    normed = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-5) * gamma.data + beta.data
+    hidden64 = activations.apply("gelu", normed @ w1.data.T.astype(np.float64) + b1.data)
+    expected = x64 + hidden64 @ w2.data.T.astype(np.float64) + b2.data
+    assert_close(ex.run({"x": x_value})["y"], expected, "float32", hidden)
 
 
 def test_fused_and_unfused_plans_agree(rng):

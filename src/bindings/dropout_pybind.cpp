@@ -1,8 +1,11 @@
 // _ops_dropout: the native face of the dropout op. Raw device addresses and sizes in, work enqueued on `stream`;
 // argument checking for users happens in graph_executor_v2.ops.dropout first.
+#include <array>
+
 #include "api.hpp"
 #include "kernel_list.hpp"
 #include "op_binding.hpp"
+#include "philox.cuh"
 
 namespace py = pybind11;
 using ge2::binding::as_pointer;
@@ -45,6 +48,16 @@ PYBIND11_MODULE(_ops_dropout, m) {
       },
       py::arg("kernel"), py::arg("offset"), py::arg("aligned"),
       "Empty string when the kernel can run the problem, else the reason it cannot.");
+
+  m.def(
+      "philox4x32_10",
+      [](const std::array<uint32_t, 4>& counter, const std::array<uint32_t, 2>& key) {
+        const auto words = ge2::dropout::philox4x32_10({{counter[0], counter[1], counter[2], counter[3]}}, key[0],
+                                                       key[1]);
+        return std::array<uint32_t, 4>{words.w[0], words.w[1], words.w[2], words.w[3]};
+      },
+      py::arg("counter"), py::arg("key"),
+      "The kernels' Philox4x32-10, run on the host (no GPU needed): for known-answer tests.");
 
   m.def("kernels", [] { return ge2::binding::kernel_list(ge2::dropout::kernel_table()); });
 }

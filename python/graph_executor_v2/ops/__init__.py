@@ -6,6 +6,10 @@ torch, CuPy), ``backward_numpy``, ``backward`` and ``kernels()``.
 from ._base import OPS, Attr, Candidate, Input, OpDef, Problem, register
 from . import elementwise, gemm, matmul
 from . import concat, slice, transpose
+from . import layernorm, rmsnorm
+from . import cross_entropy, dropout, embedding
+from . import reduce, softmax
 
 __all__ = ["OPS", "Attr", "Candidate", "Input", "OpDef", "Problem", "register", "elementwise", "gemm", "matmul",
-           "concat", "slice", "transpose"]
+           "concat", "slice", "transpose", "layernorm", "rmsnorm", "cross_entropy", "dropout", "embedding",
+           "reduce", "softmax"]

@@ -37,8 +37,8 @@ def _mismatch(index, shape, first, axis) -> str:
             f"{tuple(shape)}")
 
 
-def check_inputs(shapes, dtypes, axis) -> tuple[int, tuple]:
-    """Validates the inputs' shapes and dtypes; returns (the non-negative axis, y's shape)."""
+def check_shapes(shapes, axis) -> tuple[int, tuple]:
+    """Validates the inputs' shapes; returns (the non-negative axis, y's shape)."""
     if len(shapes) == 0:
         raise ValueError("xs: expected at least one input, got none")
     first = tuple(shapes[0])
@@ -46,10 +46,7 @@ def check_inputs(shapes, dtypes, axis) -> tuple[int, tuple]:
         raise ValueError("xs[0]: expected rank >= 1 (0-d arrays have no axis to join along), got a 0-d array")
     _layout.check_rank(len(first), "xs[0]")
     axis = _layout.normalize_axis(axis, len(first), "axis")
-    for index, (shape, dtype) in enumerate(zip(shapes, dtypes)):
-        _layout.check_dtype(dtype, f"xs[{index}]")
-        if dtype != dtypes[0]:
-            raise TypeError(f"xs[{index}]: expected dtype {dtypes[0]} (the dtype of xs[0]), got {dtype}")
+    for index, shape in enumerate(shapes):
         if len(shape) != len(first):
             raise ValueError(f"xs[{index}]: expected rank {len(first)} (the rank of xs[0]), got shape {tuple(shape)}")
         if any(extent != first[k] for k, extent in enumerate(shape) if k != axis):
@@ -57,6 +54,16 @@ def check_inputs(shapes, dtypes, axis) -> tuple[int, tuple]:
     y_shape = list(first)
     y_shape[axis] = sum(shape[axis] for shape in shapes)
     return axis, tuple(y_shape)
+
+
+def check_inputs(shapes, dtypes, axis) -> tuple[int, tuple]:
+    """Validates the inputs' shapes and dtypes (one GE2 dtype for all); returns (the non-negative axis, y's
+    shape)."""
+    for index, dtype in enumerate(dtypes):
+        _layout.check_dtype(dtype, f"xs[{index}]")
+        if dtype != dtypes[0]:
+            raise TypeError(f"xs[{index}]: expected dtype {dtypes[0]} (the dtype of xs[0]), got {dtype}")
+    return check_shapes(shapes, axis)
 
 
 def layout(shapes, axis) -> tuple[int, list[int]]:
@@ -98,8 +105,7 @@ def _section_shapes(dy_shape, sections, axis):
 # ---------------------------------------------------------------------------------------------------------------
 def reference(xs, axis) -> np.ndarray:
     xs = [np.asarray(x) for x in _sequence(xs, "xs")]
-    axis, _ = check_inputs([x.shape for x in xs], [_layout.host_dtype(x, f"xs[{i}]") for i, x in enumerate(xs)],
-                           axis)
+    axis, _ = check_shapes([x.shape for x in xs], axis)
     return np.concatenate([_layout.exact(x) for x in xs], axis=axis)
 
 
@@ -135,7 +141,8 @@ def forward(xs, axis, kernel="auto", out=None, stream=None):
 def forward_numpy(xs, axis, kernel="auto"):
     """Host arrays in, host array out; runs on the GPU."""
     xs = _sequence(xs, "xs")
-    check_inputs([x.shape for x in xs], [_layout.host_dtype(x, f"xs[{i}]") for i, x in enumerate(xs)], axis)
+    dtypes = [_layout.host_dtype(x, f"xs[{i}]") for i, x in enumerate(xs)]
+    check_inputs([x.shape for x in xs], dtypes, axis)
     _check_kernel(kernel)
     _device.require_gpu("concat.forward_numpy")
     return forward([_layout.to_device(x) for x in xs], axis, kernel=kernel).numpy()

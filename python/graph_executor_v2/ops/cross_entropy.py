@@ -153,8 +153,8 @@ def reference_backward(dloss, logits, labels, reduction="mean", ignore_index=-10
 # Python face
 # ---------------------------------------------------------------------------------------------------------------
 def _host_problem(logits, labels, reduction, ignore_index, kernel):
-    rows, classes = check_problem(logits.shape, _layout.host_dtype(logits, "logits"), labels.shape,
-                                  _layout.host_dtype(labels, "labels"), reduction, ignore_index)
+    logits_dtype, labels_dtype = _layout.host_dtype(logits, "logits"), _layout.host_dtype(labels, "labels")
+    rows, classes = check_problem(logits.shape, logits_dtype, labels.shape, labels_dtype, reduction, ignore_index)
     _check_kernel(kernel)
     check_labels(labels, classes, ignore_index)
     return rows, classes
@@ -181,8 +181,8 @@ def forward_backward_numpy(logits, labels, reduction="mean", ignore_index=-100, 
 def backward_numpy(dloss, logits, labels, reduction="mean", ignore_index=-100, kernel="auto") -> np.ndarray:
     """Host arrays in: dlogits as a host array. ``dloss`` has the loss's shape and the logits' dtype."""
     rows, _ = _host_problem(logits, labels, reduction, ignore_index, kernel)
-    _check_dloss(np.shape(dloss), _layout.host_dtype(dloss, "dloss"), rows, _layout.host_dtype(logits, "logits"),
-                 reduction)
+    dloss_dtype = _layout.host_dtype(dloss, "dloss")
+    _check_dloss(dloss.shape, dloss_dtype, rows, _layout.host_dtype(logits, "logits"), reduction)
     _device.require_gpu("cross_entropy.backward_numpy")
     dlogits = backward(_layout.to_device(dloss), _layout.to_device(logits), _layout.to_device(labels), reduction,
                        ignore_index, kernel, check_labels=False)

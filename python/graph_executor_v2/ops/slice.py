@@ -4,9 +4,12 @@
 negative; ``steps`` defaults to 1 and may be negative (never 0); each axis appears once. Per sliced axis of extent
 ``d`` (ONNX Slice-13): a negative start or end counts from the end (``+ d``); then, for a positive step, start and end
 are clamped to ``[0, d]``; for a negative step, start to ``[0, d - 1]`` and end to ``[-1, d - 1]``; the axis keeps
-``max(0, ceil((end - start) / step))`` elements, ``start, start + step, ...``. Large sentinels (``2**63 - 1`` /
-``-2**63``) mean "to the end" / "to the beginning". This is NumPy's slicing except for one corner: a negative step
-with a start below ``-d`` starts at element 0 (ONNX clamps it to 0), where NumPy yields nothing.
+``max(0, ceil((end - start) / step))`` elements, ``start, start + step, ...``. An end of exactly ``2**31 - 1`` or
+``2**63 - 1`` (INT_MAX) means "no end": through the last element in the step's direction, so with a negative step
+through element 0, as ONNX Runtime reads it; ``-2**63`` (INT_MIN) slices backwards to the beginning by clamping.
+This is NumPy's slicing except for two corners, both as in ONNX Runtime: with a negative step, a start below ``-d``
+starts at element 0 (ONNX clamps it to 0; NumPy yields nothing), and an INT_MAX end runs to element 0 (NumPy would
+clamp it to ``d - 1`` and yield nothing).
 
 Forward gathers the slice (any input strides) into a contiguous ``y``: the slice is a strided view of ``x`` (strides
 times steps, origin at the starts), copied by the shared strided-copy kernel, so a step-1 slice of outer axes is one
@@ -26,6 +29,7 @@ from . import _layout
 from ._base import Attr, Candidate, Input, OpDef, Problem, register
 
 _BIG = 2**31 - 1  # an end at least this large slices a symbolic axis to its end
+_NO_END = (2**31 - 1, 2**63 - 1)  # INT32_MAX and INT64_MAX as an end: through the last element in the step's direction
 
 
 def _native_module():
@@ -81,10 +85,12 @@ def axis_slice(extent: int, start: int, end: int, step: int) -> tuple[int, int]:
     """ONNX's (start, count) of one axis: the slice takes ``start + i * step`` for ``i < count``."""
     if extent == 0:
         return 0, 0
+    if end in _NO_END and step < 0:
+        end = -1
+    elif end < 0:
+        end += extent
     if start < 0:
         start += extent
-    if end < 0:
-        end += extent
     if step > 0:
         start, end = _clamp(start, 0, extent), _clamp(end, 0, extent)
         count = (end - start + step - 1) // step

@@ -3,8 +3,8 @@
 - every matrix product is a ``gemm`` (a matmul is a gemm at its defaults);
 - a transpose feeding a gemm operand is the gemm's ``trans_a``/``trans_b``;
 - a row-vector add is a ``bias_add`` (broadcast normalization), and a bias after a gemm is the gemm's bias;
-- identities disappear: reshapes to the same shape, identity transposes; chains of transposes or of reshapes
-  become one.
+- identities disappear: reshapes to the same shape, identity transposes, dropout with p = 0; chains of
+  transposes or of reshapes become one.
 """
 from __future__ import annotations
 
@@ -79,6 +79,11 @@ def merge_reshapes(graph: Graph, inner: Value, y: Value):
     return graph.reshape(inner.producer.inputs[0], shape=y.type.shape)
 
 
+# dropout(x, p=0) = x
+def drop_identity_dropout(graph: Graph, x: Value, y: Value):
+    return x if y.producer.attrs["p"] == 0.0 else None
+
+
 RULES: list[Rule] = [
     (Pat("matmul", name="y"), matmul_to_gemm),
     (Pat("gemm", (Pat("transpose", (Pat(name="a"),), name="t", shared=True), Pat(name="b"), Pat(name="bias"),
@@ -91,6 +96,7 @@ RULES: list[Rule] = [
     (Pat("transpose", (Pat("transpose", name="inner", shared=True),), name="y"), merge_transposes),
     (Pat("reshape", (Pat(name="x"),), name="y"), drop_identity_reshape),
     (Pat("reshape", (Pat("reshape", name="inner", shared=True),), name="y"), merge_reshapes),
+    (Pat("dropout", (Pat(name="x"),), name="y"), drop_identity_dropout),
 ]
 
 

@@ -58,6 +58,6 @@ class PassManager:
                 except (ValueError, TypeError) as error:
                     raise type(error)(f"after pass '{step.name}': {error}") from error
             if dump:
-                print(f"// ----- after {step.name} ({len(notes)} changes) -----\n{graph}", file=sys.stderr)
+                print(f"// ----- after {step.name} ({len(notes)} change(s)) -----\n{graph}", file=sys.stderr)
             records.append(PassRecord(step.name, tuple(notes), ops_before, graph.op_counts(), seconds))
         return graph, records

@@ -241,4 +241,13 @@ Kernel backward(const Backward& args, Kernel requested, cudaStream_t stream);
 template <bool kCentered>
 std::size_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtype, bool aligned, Kernel requested);
 
+// Instantiated explicitly, forward in an op's launcher.cu and backward in its backward.cu: no other translation
+// unit compiles the kernels again.
+extern template Kernel forward<true>(const Forward&, Kernel, cudaStream_t);
+extern template Kernel forward<false>(const Forward&, Kernel, cudaStream_t);
+extern template Kernel backward<true>(const Backward&, Kernel, cudaStream_t);
+extern template Kernel backward<false>(const Backward&, Kernel, cudaStream_t);
+extern template std::size_t backward_workspace_bytes<true>(int64_t, int64_t, DType, bool, Kernel);
+extern template std::size_t backward_workspace_bytes<false>(int64_t, int64_t, DType, bool, Kernel);
+
 }  // namespace ge2::row_norm

@@ -330,7 +330,8 @@ __global__ void __launch_bounds__(kGroupThreads * kGroups) backward_registers(Ba
       row_statistics<kCentered, kGroupThreads>(x, lane, cols, args.eps, scratch, mean, rstd);
     }
 
-    // sums[0] = sum(g * xhat), sums[1] = sum(g). Zero-filled dy makes columns past the end add nothing.
+    // One pass over the registers for the row sums (sums[0] = sum(g * xhat), sums[1] = sum(g)) and this block's
+    // column sums. Zero-filled columns (past the end, or every column of an inactive row) add exact zeros.
     float sums[kChannels];
 #pragma unroll
     for (int i = 0; i < kChannels; ++i) sums[i] = 0.0f;
@@ -341,9 +342,15 @@ __global__ void __launch_bounds__(kGroupThreads * kGroups) backward_registers(Ba
       const Pack<T, kVec> gm = load_cached<T, kVec>(gamma + c);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        const float g = to_float(gm.values[j]) * dy(k, j);
-        sums[0] += g * ((x(k, j) - mean) * rstd);
-        if constexpr (kCentered) sums[1] += g;
+        const float d = dy(k, j);
+        const float xhat = (x(k, j) - mean) * rstd;
+        const float g = to_float(gm.values[j]) * d;
+        sums[0] += g * xhat;
+        dgamma[k * kVec + j] += d * xhat;
+        if constexpr (kCentered) {
+          sums[1] += g;
+          dbeta[k * kVec + j] += d;
+        }
       }
     }
     group_sum<kGroupThreads>(sums, scratch);
@@ -359,11 +366,8 @@ __global__ void __launch_bounds__(kGroupThreads * kGroups) backward_registers(Ba
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         const float xhat = (x(k, j) - mean) * rstd;
-        const float d = dy(k, j);
-        const float g = to_float(gm.values[j]) * d;
+        const float g = to_float(gm.values[j]) * dy(k, j);
         out.values[j] = from_float<T>(rstd * (g - mean_g - xhat * mean_gx));
-        dgamma[k * kVec + j] += d * xhat;
-        if constexpr (kCentered) dbeta[k * kVec + j] += d;
       }
       store_streaming<T, kVec>(dx_base + offset + c, out);
     }
@@ -469,8 +473,7 @@ constexpr int64_t kMaxForwardBlocks = int64_t{1} << 20;
 // The kernel instances that exist; choose_geometry (row_norm.hpp) never asks for another:
 //   forward   warp 32 x 4 groups: items 4..32 | 128 threads: 4..32 | 256: 16, 32 | 512, 1024: 32 (vector loads only)
 //   backward  warp 32 x 8 groups: items 4..32 | 128 threads x 2 groups: 4..32 | 256: 32
-// Forward and backward instances are taken through separate families, so that an op's forward translation unit
-// compiles only forward kernels and its backward unit only backward ones.
+// Forward and backward instances come from separate families, each with its own table of group widths.
 struct ForwardFamily {
   template <typename T, bool kCentered, int kVec, int kItems, int kGroupThreads, int kGroups>
   static const void* registers() {

@@ -87,8 +87,9 @@ __device__ __forceinline__ bool unit_of_thread(int lanes, int64_t tiles, int64_t
   return true;
 }
 
+// At most 80 registers (three blocks per SM): a batch's packs and keys in flight without spilling.
 template <typename T, int kVec>
-__global__ void __launch_bounds__(kThreads) tile_sums(const T* __restrict__ dy, const uint32_t* __restrict__ keys,
+__global__ void __launch_bounds__(kThreads, 3) tile_sums(const T* __restrict__ dy, const uint32_t* __restrict__ keys,
                                                       const int32_t* __restrict__ positions, T* __restrict__ dtable,
                                                       float* __restrict__ head, float* __restrict__ tail,
                                                       int64_t count, int64_t vocab, int64_t dim, int lanes) {
@@ -102,8 +103,8 @@ __global__ void __launch_bounds__(kThreads) tile_sums(const T* __restrict__ dy, 
   Accumulator<kVec> sum;
   sum.clear();
   int64_t piece_begin = begin;
-  // Batches of 8 positions: the keys, positions and dy loads of a batch are all issued before any is added.
-  constexpr int kBatch = 8;
+  // Batches of 4 positions: the keys, positions and dy loads of a batch are all issued before any is added.
+  constexpr int kBatch = 4;
   for (int64_t base = begin; base < end; base += kBatch) {
     uint32_t batch_keys[kBatch + 1];
     Pack<T, kVec> rows[kBatch];

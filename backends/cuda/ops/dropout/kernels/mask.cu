@@ -31,7 +31,7 @@ __device__ __forceinline__ void mask_one(const T* x, T* y, int64_t i, uint64_t o
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) dropout_vec16(const T* x, T* y, int64_t count, uint64_t offset,
+__global__ void __launch_bounds__(kThreads, 8) dropout_vec16(const T* x, T* y, int64_t count, uint64_t offset,
                                                           uint64_t seed, uint64_t threshold, float scale) {
   constexpr int kVec = kPackSize<T>, kGroups = kVec / 4;
   const int64_t packs = count / kVec;

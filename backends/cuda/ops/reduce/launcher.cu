@@ -1,0 +1,246 @@
+// reduce launcher: argument checks, the simplification of (shape, axes) into a Layout, the kernel table and the
+// choice among
+//   row_warp (Rows, length <= 4096) -> row_block (Rows) ; column (Columns) ; generic (any: always works),
+// and the per-stream workspace of split reductions.
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "api.hpp"
+#include "status.hpp"
+
+namespace ge2::reduce {
+
+Reduction reduction_from_name(const std::string& op) {
+  if (op == "sum") return Reduction::Sum;
+  if (op == "mean") return Reduction::Mean;
+  if (op == "max") return Reduction::Max;
+  throw std::invalid_argument("op: expected one of sum, mean, max, got '" + op + "'");
+}
+
+Kernel kernel_from_name(const std::string& name) {
+  if (name == "auto") return Kernel::Auto;
+  if (name == "row_warp") return Kernel::RowWarp;
+  if (name == "row_block") return Kernel::RowBlock;
+  if (name == "column") return Kernel::Column;
+  if (name == "generic") return Kernel::Generic;
+  throw std::invalid_argument("kernel: expected one of auto, row_warp, row_block, column, generic, got '" + name +
+                              "'");
+}
+
+const char* kernel_name(Kernel kernel) {
+  switch (kernel) {
+    case Kernel::Auto: return "auto";
+    case Kernel::RowWarp: return "row_warp";
+    case Kernel::RowBlock: return "row_block";
+    case Kernel::Column: return "column";
+    case Kernel::Generic: return "generic";
+  }
+  return "unknown";
+}
+
+std::vector<KernelInfo> kernel_table() {
+  const std::string vectors = "; 16-byte loads when the contiguous run is a multiple of 16 / itemsize and the "
+                              "pointers are 16-byte aligned, scalar otherwise";
+  return {
+      {"row_warp", 30, "a group of lanes (up to a warp) per output, reducing its contiguous run",
+       "the reduced axes are the trailing ones after merging (Rows); length <= " + std::to_string(kRowWarpMax) +
+           vectors},
+      {"row_block", 20,
+       "a block of 512 threads per output; few long rows are split over several blocks into float32 partials, "
+       "combined in a fixed order by a second kernel",
+       "the reduced axes are the trailing ones after merging (Rows)" + vectors},
+      {"column", 20,
+       "[outer, length, inner] with inner > 1: tiles of adjacent inner columns, lanes along the reduced axis, a "
+       "shared-memory tree per column; split into partials when there are few tiles",
+       "one run of reduced axes followed by kept axes after merging (Columns)" + vectors},
+      {"generic", 5, "a warp per output walking the reduced multi-index: any set of axes. The path that always works",
+       "none"},
+  };
+}
+
+Layout make_layout(const std::vector<int64_t>& shape, const std::vector<int64_t>& axes) {
+  const int ndim = static_cast<int>(shape.size());
+  if (ndim > kMaxDims) {
+    throw std::invalid_argument("shape: at most " + std::to_string(kMaxDims) + " dimensions, got " +
+                                std::to_string(ndim));
+  }
+  bool is_reduced[kMaxDims] = {};
+  for (int64_t axis : axes) {
+    if (axis < 0 || axis >= ndim) {
+      throw std::invalid_argument("axes: expected axes in [0, " + std::to_string(ndim) + "), got " +
+                                  std::to_string(axis));
+    }
+    if (is_reduced[axis]) throw std::invalid_argument("axes: axis " + std::to_string(axis) + " is repeated");
+    is_reduced[axis] = true;
+  }
+  Layout layout;
+  for (int d = 0; d < ndim; ++d) {
+    if (shape[d] < 0) throw std::invalid_argument("shape: dimensions must be >= 0");
+    if (is_reduced[d] && shape[d] == 0) {
+      throw std::invalid_argument("axis: cannot reduce over axis " + std::to_string(d) +
+                                  " of size 0 (an empty reduction has no value)");
+    }
+    layout.numel *= shape[d];
+    (is_reduced[d] ? layout.count : layout.outputs) *= shape[d];
+    if (shape[d] == 1) continue;
+    if (layout.ndim > 0 && layout.reduced[layout.ndim - 1] == is_reduced[d]) {
+      layout.extent[layout.ndim - 1] *= shape[d];
+    } else {
+      layout.extent[layout.ndim] = shape[d];
+      layout.reduced[layout.ndim] = is_reduced[d];
+      ++layout.ndim;
+    }
+  }
+  // Classify the alternating pattern; Rows and Columns get their [outer, length, inner] view.
+  const int n = layout.ndim;
+  const auto& e = layout.extent;
+  const auto& r = layout.reduced;
+  using Kind = Layout::Kind;
+  if (n == 0) {
+    layout.kind = Kind::Rows;  // one element
+  } else if (n == 1) {
+    layout.kind = Kind::Rows;
+    (r[0] ? layout.length : layout.outer) = e[0];
+  } else if (n == 2 && !r[0]) {
+    layout.kind = Kind::Rows;
+    layout.outer = e[0];
+    layout.length = e[1];
+  } else if (n == 2) {
+    layout.kind = Kind::Columns;
+    layout.length = e[0];
+    layout.inner = e[1];
+  } else if (n == 3 && !r[0]) {
+    layout.kind = Kind::Columns;
+    layout.outer = e[0];
+    layout.length = e[1];
+    layout.inner = e[2];
+  } else {
+    layout.kind = Kind::Generic;
+  }
+  return layout;
+}
+
+std::string unsupported_reason(Kernel kernel, const Layout& layout) {
+  switch (kernel) {
+    case Kernel::RowWarp:
+    case Kernel::RowBlock:
+      if (layout.kind != Layout::Kind::Rows) {
+        return std::string(kernel_name(kernel)) +
+               " needs the reduced axes to be the trailing ones (after dropping size-1 axes and merging neighbours)";
+      }
+      if (kernel == Kernel::RowWarp && layout.length > kRowWarpMax) {
+        return "row_warp reduces runs of at most " + std::to_string(kRowWarpMax) + " elements, got " +
+               std::to_string(layout.length);
+      }
+      return "";
+    case Kernel::Column:
+      if (layout.kind != Layout::Kind::Columns) {
+        return "column needs the reduced axes to be one run followed by kept axes (after dropping size-1 axes and "
+               "merging neighbours)";
+      }
+      return "";
+    case Kernel::Generic:
+    case Kernel::Auto: return "";
+  }
+  return "";
+}
+
+// ---- device facts and the split workspace ------------------------------------------------------------------------
+namespace {
+
+std::mutex resources_mutex;
+
+int current_device() {
+  int device = 0;
+  GE2_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+// Partials of one split launch: splits * outputs floats, bounded by plan_split (at most ~3 per SM and tile slot).
+int64_t workspace_floats(int sms) { return int64_t{1024} * sms; }
+
+float* stream_workspace(int device, cudaStream_t stream, int sms) {
+  static auto* workspaces = new std::map<std::pair<int, std::uintptr_t>, float*>();  // never freed: see LtResources
+  std::lock_guard<std::mutex> lock(resources_mutex);
+  const auto key = std::make_pair(device, reinterpret_cast<std::uintptr_t>(stream));
+  auto found = workspaces->find(key);
+  if (found != workspaces->end()) return found->second;
+  void* pointer = nullptr;
+  GE2_CUDA_CHECK(cudaMalloc(&pointer, static_cast<std::size_t>(workspace_floats(sms)) * sizeof(float)));
+  workspaces->emplace(key, static_cast<float*>(pointer));
+  return static_cast<float*>(pointer);
+}
+
+}  // namespace
+
+int sm_count() {
+  static auto* counts = new std::map<int, int>();
+  const int device = current_device();
+  std::lock_guard<std::mutex> lock(resources_mutex);
+  auto found = counts->find(device);
+  if (found != counts->end()) return found->second;
+  int count = 0;
+  GE2_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  counts->emplace(device, count);
+  return count;
+}
+
+Split plan_split(int64_t tasks, int64_t outputs, int64_t length, int64_t min_chunk, int align, cudaStream_t stream) {
+  Split split;
+  split.chunk = length;
+  const int sms = sm_count();
+  if (tasks >= sms || outputs == 0) return split;
+  const int64_t wanted = (2 * int64_t{sms} + tasks - 1) / tasks;
+  const int64_t splits = std::min({wanted, length / std::max<int64_t>(1, min_chunk), workspace_floats(sms) / outputs});
+  if (splits <= 1) return split;
+  const int64_t chunk = ((length + splits - 1) / splits + align - 1) / align * align;
+  split.splits = (length + chunk - 1) / chunk;
+  if (split.splits <= 1) return Split{1, length, nullptr};
+  split.chunk = chunk;
+  split.partials = stream_workspace(current_device(), stream, sms);
+  return split;
+}
+
+// ---- forward -----------------------------------------------------------------------------------------------------
+namespace {
+
+Kernel choose(Kernel requested, const Layout& layout) {
+  if (requested != Kernel::Auto) {
+    const std::string reason = unsupported_reason(requested, layout);
+    if (!reason.empty()) {
+      throw std::invalid_argument(std::string("kernel: '") + kernel_name(requested) + "' cannot run this problem: " +
+                                  reason);
+    }
+    return requested;
+  }
+  for (Kernel kernel : {Kernel::RowWarp, Kernel::RowBlock, Kernel::Column}) {
+    if (unsupported_reason(kernel, layout).empty()) return kernel;
+  }
+  return Kernel::Generic;
+}
+
+}  // namespace
+
+Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
+  if (!is_floating(args.dtype)) {
+    throw std::invalid_argument(std::string("dtype: expected float32, float16 or bfloat16, got ") +
+                                dtype_name(args.dtype));
+  }
+  const Kernel kernel = choose(requested, args.layout);
+  if (args.layout.outputs == 0) return kernel;
+  if (args.x == nullptr) throw std::invalid_argument("x: null device pointer");
+  if (args.y == nullptr) throw std::invalid_argument("y: null device pointer");
+  switch (kernel) {
+    case Kernel::RowWarp: launch_row_warp(args, stream); break;
+    case Kernel::RowBlock: launch_row_block(args, stream); break;
+    case Kernel::Column: launch_column(args, stream); break;
+    case Kernel::Generic: launch_generic(args, stream); break;
+    case Kernel::Auto: throw std::logic_error("reduce forward: Auto is not a kernel");
+  }
+  return kernel;
+}
+
+}  // namespace ge2::reduce

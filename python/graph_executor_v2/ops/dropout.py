@@ -1,0 +1,247 @@
+"""dropout: ``y = x * mask / (1 - p)`` with a mask from the counter-based Philox4x32-10 generator.
+
+The mask depends only on (``seed``, ``offset``, element index), never on how the work is launched: element
+``e = offset + i`` (i the flat index into x) takes word ``e % 4`` of
+``philox4x32_10(counter=(e // 4 low 32 bits, e // 4 high 32 bits, 0, 0), key=(seed low 32 bits, seed high 32 bits))``
+and is kept when that word is below ``floor((1 - p) * 2**32)``. ``keep_mask`` computes the same mask in NumPy,
+so GPU results are checked element by element. ``p`` in [0, 1) (p = 0 is the identity), ``seed`` in [0, 2**64),
+``offset`` >= 0 (give successive calls disjoint offsets, or new seeds, for independent masks).
+
+Backward is the same operation on dy (``dx = dy * mask / (1 - p)``), the mask regenerated from (seed, offset):
+nothing is stored between forward and backward. Dropped elements are multiplied by 0 (a NaN or infinite input
+gives NaN, as in the reference). x may be float32/float16/bfloat16 of any shape; float32 math.
+
+The op is registered as not pure: passes never fold or merge it, so a runtime may re-seed it per step.
+
+Kernel candidates (``kernels()``), best first:
+1. ``vec16``: 16-byte loads and stores (offset a multiple of 4, 16-byte aligned arrays).
+2. ``scalar``: element by element: any offset and alignment.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import _native
+from .. import device as _device
+from ..dtypes import FLOAT_DTYPES
+from ..ir.types import TensorType
+from . import _layout
+from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register
+
+KERNELS = ("auto", "vec16", "scalar")
+_MASK32 = np.uint64(0xFFFFFFFF)
+_ROUND_MULTIPLIERS = (np.uint64(0xD2511F53), np.uint64(0xCD9E8D57))
+_KEY_INCREMENTS = (np.uint64(0x9E3779B9), np.uint64(0xBB67AE85))
+
+
+def _native_module():
+    return _native.load("_ops_dropout")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Philox4x32-10 and the mask, in NumPy (vectorized, uint64 arithmetic on 32-bit words).
+# ---------------------------------------------------------------------------------------------------------------
+def philox4x32_10(counter, key) -> tuple[np.ndarray, ...]:
+    """Philox4x32-10 of ``counter`` (4 words) under ``key`` (2 words); each word an int or an array of them
+    (broadcast together). Returns the 4 output words as uint32 arrays."""
+    c0, c1, c2, c3 = (np.asarray(word, dtype=np.uint64) & _MASK32 for word in counter)
+    k0, k1 = (np.asarray(word, dtype=np.uint64) & _MASK32 for word in key)
+    for round_index in range(10):
+        if round_index:
+            k0 = (k0 + _KEY_INCREMENTS[0]) & _MASK32
+            k1 = (k1 + _KEY_INCREMENTS[1]) & _MASK32
+        product0 = _ROUND_MULTIPLIERS[0] * c0  # 32 x 32 bits: exact in uint64
+        product1 = _ROUND_MULTIPLIERS[1] * c2
+        c0, c1, c2, c3 = ((product1 >> np.uint64(32)) ^ c1 ^ k0, product1 & _MASK32,
+                          (product0 >> np.uint64(32)) ^ c3 ^ k1, product0 & _MASK32)
+    return tuple(np.asarray(word, dtype=np.uint32) for word in np.broadcast_arrays(c0, c1, c2, c3))
+
+
+def keep_threshold(p: float) -> int:
+    """An element is kept when its Philox word is below this: floor((1 - p) * 2**32), in double as the GPU does."""
+    return int(math.floor((1.0 - p) * 4294967296.0))
+
+
+def keep_mask(count: int, p: float, seed: int, offset: int = 0) -> np.ndarray:
+    """The boolean keep mask of elements offset .. offset + count - 1, exactly as the kernels draw it."""
+    check_attrs(p, seed, offset, count)
+    if count == 0:
+        return np.zeros(0, dtype=bool)
+    first_group, last_group = offset // 4, (offset + count - 1) // 4
+    groups = np.arange(first_group, last_group + 1, dtype=np.uint64)
+    words = philox4x32_10((groups & _MASK32, groups >> np.uint64(32), 0, 0), (seed & 0xFFFFFFFF, seed >> 32))
+    per_element = np.stack(words, axis=1).reshape(-1)  # element 4 * g + j is words[j][g]
+    start = offset - 4 * first_group
+    return per_element[start:start + count].astype(np.uint64) < np.uint64(keep_threshold(p))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation: attributes only, so it runs (and is tested) with no GPU.
+# ---------------------------------------------------------------------------------------------------------------
+def _p_problem(p) -> str | None:
+    return None if 0.0 <= p < 1.0 else "must satisfy 0 <= p < 1"
+
+
+def _seed_problem(seed) -> str | None:
+    return None if 0 <= seed < 2**64 else "must be in [0, 2**64)"
+
+
+def _offset_problem(offset) -> str | None:
+    return None if 0 <= offset < 2**64 else "must be in [0, 2**64)"
+
+
+def check_attrs(p, seed, offset=0, count=0) -> None:
+    """Raises TypeError/ValueError naming p, seed or offset."""
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, float, np.integer, np.floating)):
+        raise TypeError(f"p: expected a float, got {type(p).__name__} ({p!r})")
+    if not 0.0 <= p < 1.0:  # NaN fails too
+        raise ValueError(f"p: expected 0 <= p < 1, got {p!r}")
+    for name, value, problem in (("seed", seed, _seed_problem), ("offset", offset, _offset_problem)):
+        if not _layout.is_int(value):
+            raise TypeError(f"{name}: expected an int, got {type(value).__name__} ({value!r})")
+        if problem(value):
+            raise ValueError(f"{name}: expected a value in [0, 2**64), got {value}")
+    if offset + count > 2**64:
+        raise ValueError(f"offset: offset + element count ({offset} + {count}) exceeds 2**64, the Philox counter "
+                         "space")
+
+
+def _check_dtype(dtype, argument):
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{argument}: expected dtype float32, float16 or bfloat16, got {dtype}")
+
+
+def _check_kernel(kernel):
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reference (float64): the oracle of every test and the CPU backend.
+# ---------------------------------------------------------------------------------------------------------------
+def reference(x, p, seed, offset=0) -> np.ndarray:
+    x = as_float64(x)
+    mask = keep_mask(x.size, p, seed, offset).reshape(x.shape)
+    return x * mask / (1.0 - p)
+
+
+def reference_backward(dy, p, seed, offset=0) -> np.ndarray:
+    """dx for the forward with the same (p, seed, offset): the same masked scaling of dy."""
+    return reference(dy, p, seed, offset)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Python face
+# ---------------------------------------------------------------------------------------------------------------
+def _run_numpy(x, argument, p, seed, offset, kernel, direction):
+    _check_dtype(_layout.host_dtype(x, argument), argument)
+    check_attrs(p, seed, offset, x.size)
+    _check_kernel(kernel)
+    _device.require_gpu(f"dropout.{direction}_numpy")
+    return _run(_layout.to_device(x), argument, p, seed, offset, kernel, None, None, direction).numpy()
+
+
+def _run(x, argument, p, seed, offset, kernel, out, stream, direction):
+    view = _device.view_of(x, argument)
+    _check_dtype(view.dtype, argument)
+    count = _layout.numel(view.shape)
+    check_attrs(p, seed, offset, count)
+    _check_kernel(kernel)
+    if not view.is_contiguous:
+        raise ValueError(f"{argument}: expected a contiguous array, got strides {view.strides} for shape "
+                         f"{tuple(view.shape)}")
+    y, vy = _layout.output(out, x, "out", tuple(view.shape), view.dtype, view.device)
+    if vy.ptr != view.ptr:  # in place is fine (each element is read and written by one thread); partial overlap not
+        _layout.check_no_overlap(vy, "out", view, argument)
+    native = getattr(_native_module(), direction)
+    native(view.ptr, vy.ptr, count, view.dtype, float(p), int(seed), int(offset), kernel, _device.stream_handle(stream))
+    return y
+
+
+def forward_numpy(x, p, seed, offset=0, kernel="auto") -> np.ndarray:
+    """Host array in, host array out. Runs on the GPU."""
+    return _run_numpy(x, "x", p, seed, offset, kernel, "forward")
+
+
+def forward(x, p, seed, offset=0, kernel="auto", out=None, stream=None):
+    """Device array (DeviceArray, torch, CuPy) in, ``x * mask / (1 - p)`` out as the same kind of array (``out`` is
+    written when given; ``out=x`` runs in place)."""
+    return _run(x, "x", p, seed, offset, kernel, out, stream, "forward")
+
+
+def backward_numpy(dy, p, seed, offset=0, kernel="auto") -> np.ndarray:
+    """Host arrays in: dx for the forward with the same (p, seed, offset)."""
+    return _run_numpy(dy, "dy", p, seed, offset, kernel, "backward")
+
+
+def backward(dy, p, seed, offset=0, kernel="auto", out=None, stream=None):
+    """Device arrays in: dx = dy * mask / (1 - p), the forward's mask regenerated from (seed, offset)."""
+    return _run(dy, "dy", p, seed, offset, kernel, out, stream, "backward")
+
+
+def kernels() -> list[dict]:
+    """The candidates with their constraints, as the native module reports them."""
+    return _native_module().kernels()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Op definition: what the IR, passes, registry and CPU backend read.
+# ---------------------------------------------------------------------------------------------------------------
+def _infer(in_types, attrs):
+    (x,) = in_types
+    if x is None:
+        raise ValueError("input 'x' is required")
+    _check_dtype(x.dtype, "x")
+    if x.is_concrete:
+        check_attrs(attrs["p"], attrs["seed"], attrs["offset"], x.numel)
+    return [TensorType(x.shape, x.dtype)]
+
+
+def _reference(inputs, attrs):
+    return [reference(inputs[0], attrs["p"], attrs["seed"], attrs["offset"])]
+
+
+def _reference_backward(inputs, outputs, out_grads, attrs):
+    return [reference_backward(out_grads[0], attrs["p"], attrs["seed"], attrs["offset"])]
+
+
+def _candidate(name, priority, description, always_works=False):
+    def supports(problem: Problem):
+        # Plan buffers are contiguous and 256-byte aligned, so only the offset decides.
+        return _native_module().unsupported_reason(name, problem.attrs["offset"], True) or None
+
+    def prepare(problem: Problem):
+        x = problem.in_types[0]
+        count, dtype = x.numel, x.dtype
+        p, seed, offset = float(problem.attrs["p"]), int(problem.attrs["seed"]), int(problem.attrs["offset"])
+        native_forward = _native_module().forward
+
+        def launch(ins, outs, stream):
+            native_forward(ins[0], outs[0], count, dtype, p, seed, offset, name, stream)
+
+        return launch
+
+    return Candidate(name, priority, description, supports, prepare, always_works)
+
+
+OP = register(OpDef(
+    name="dropout",
+    inputs=(Input("x"),),
+    outputs=("y",),
+    attrs=(
+        Attr("p", float, check=_p_problem, doc="drop probability, 0 <= p < 1"),
+        Attr("seed", int, check=_seed_problem, doc="Philox key, 0 <= seed < 2**64"),
+        Attr("offset", int, 0, check=_offset_problem, doc="counter offset of element 0"),
+    ),
+    infer=_infer,
+    reference=_reference,
+    reference_backward=_reference_backward,
+    candidates=(
+        _candidate("vec16", 20, "16-byte accesses, one Philox call per 4 elements"),
+        _candidate("scalar", 10, "element by element, one Philox call per 4 elements", always_works=True),
+    ),
+    doc=__doc__,
+    pure=False,
+))

@@ -1,0 +1,240 @@
+"""embedding: ``y[..., :] = table[ids[...], :]`` for a (vocab, dim) table and ids of any shape (int32/int64);
+``y`` has shape ``ids.shape + (dim,)`` and the table's dtype (float32/float16/bfloat16).
+
+Backward: ``dtable`` (vocab, dim) is the scatter-add of the rows of ``dy`` by id (rows no id names are 0),
+accumulated in float32 and bitwise deterministic: ids are stably radix-sorted on the GPU and every sum runs in a
+fixed order (no float atomics). Its workspace (held by the native module per stream) is about 16 bytes per id plus
+``count * dim / 16`` float32 of partial sums.
+
+Ids outside [0, vocab) raise ValueError: host arrays are checked before any device work; on device arrays the
+kernels check every id (never reading out of bounds; forward writes a NaN row, backward skips the row) and
+``check_ids=True`` (the default of the eager functions) waits for the stream and raises. Graph plans launch with
+the check off and stay asynchronous.
+
+Kernel candidates (``kernels()``), best first:
+1. ``vec16``: 16-byte loads and stores, a power-of-two group of lanes per row (dim a multiple of 16 / itemsize).
+2. ``scalar``: element by element: any dim, any alignment.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _native
+from .. import device as _device
+from ..dtypes import FLOAT_DTYPES
+from ..ir.types import TensorType
+from . import _layout
+from ._base import Candidate, Input, OpDef, Problem, as_float64, register
+
+ID_DTYPES = ("int32", "int64")
+KERNELS = ("auto", "vec16", "scalar")
+
+
+def _native_module():
+    return _native.load("_ops_embedding")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation: shapes and dtypes only, so it runs (and is tested) with no GPU.
+# ---------------------------------------------------------------------------------------------------------------
+def check_problem(table_shape, table_dtype, ids_shape, ids_dtype) -> tuple[int, int, int]:
+    """Validates an embedding lookup; returns (vocab, dim, number of ids)."""
+    if len(table_shape) != 2:
+        raise ValueError(f"table: expected a 2-d array (vocab, dim), got shape {tuple(table_shape)}")
+    if table_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"table: expected dtype float32, float16 or bfloat16, got {table_dtype}")
+    vocab, dim = table_shape
+    if vocab < 1 or dim < 1:
+        raise ValueError(f"table: expected vocab >= 1 and dim >= 1, got shape {tuple(table_shape)}")
+    if ids_dtype not in ID_DTYPES:
+        raise TypeError(f"ids: expected dtype int32 or int64, got {ids_dtype}")
+    if len(ids_shape) + 1 > _layout.MAX_RANK:
+        raise ValueError(f"ids: expected rank <= {_layout.MAX_RANK - 1} (the output adds a dim), got shape "
+                         f"{tuple(ids_shape)}")
+    return vocab, dim, _layout.numel(ids_shape)
+
+
+def check_ids(ids: np.ndarray, vocab: int) -> None:
+    """Host ids: every id in [0, vocab); ValueError naming the first bad one and its (flat) position."""
+    flat = np.asarray(ids).reshape(-1)
+    bad = (flat < 0) | (flat >= vocab)
+    if bad.any():
+        position = int(np.argmax(bad))
+        raise ValueError(f"ids: id {int(flat[position])} at position {position} is outside [0, {vocab})")
+
+
+def _check_kernel(kernel):
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
+
+
+def _check_vocab(vocab) -> int:
+    if not _layout.is_int(vocab):
+        raise TypeError(f"vocab: expected an int, got {type(vocab).__name__} ({vocab!r})")
+    if vocab < 1:
+        raise ValueError(f"vocab: expected >= 1, got {vocab}")
+    return int(vocab)
+
+
+def _check_dy(dy_shape, dy_dtype, ids_shape):
+    if len(dy_shape) != len(ids_shape) + 1 or tuple(dy_shape[:-1]) != tuple(ids_shape):
+        raise ValueError(f"dy: expected shape {tuple(ids_shape)} + (dim,) (the output's shape), got {tuple(dy_shape)}")
+    if dy_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dy: expected dtype float32, float16 or bfloat16, got {dy_dtype}")
+    if dy_shape[-1] < 1:
+        raise ValueError(f"dy: expected dim >= 1, got shape {tuple(dy_shape)}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reference (float64): the oracle of every test and the CPU backend.
+# ---------------------------------------------------------------------------------------------------------------
+def reference(table, ids) -> np.ndarray:
+    table = as_float64(table)
+    ids = np.asarray(ids)
+    check_ids(ids, table.shape[0])
+    return table[ids.astype(np.int64)]
+
+
+def reference_backward(dy, ids, vocab: int) -> np.ndarray:
+    """dtable (vocab, dim) in float64: the rows of dy added by id."""
+    dy = as_float64(dy)
+    ids = np.asarray(ids)
+    check_ids(ids, vocab)
+    dtable = np.zeros((vocab, dy.shape[-1]))
+    np.add.at(dtable, ids.reshape(-1).astype(np.int64), dy.reshape(-1, dy.shape[-1]))
+    return dtable
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Python face
+# ---------------------------------------------------------------------------------------------------------------
+def forward_numpy(table, ids, kernel="auto") -> np.ndarray:
+    """Host arrays in, host array out. Runs on the GPU."""
+    table_dtype, ids_dtype = _layout.host_dtype(table, "table"), _layout.host_dtype(ids, "ids")
+    vocab, _, _ = check_problem(table.shape, table_dtype, ids.shape, ids_dtype)
+    _check_kernel(kernel)
+    check_ids(ids, vocab)
+    _device.require_gpu("embedding.forward_numpy")
+    return forward(_layout.to_device(table), _layout.to_device(ids), kernel, check_ids=False).numpy()
+
+
+def forward(table, ids, kernel="auto", out=None, stream=None, check_ids=True):
+    """Device arrays (DeviceArray, torch, CuPy) in, ``table[ids]`` out as the same kind of array as ``table``
+    (``out`` is written when given). ``check_ids`` waits for the stream to raise on an id outside [0, vocab)."""
+    vtable, vids = _device.view_of(table, "table"), _device.view_of(ids, "ids")
+    vocab, dim, count = check_problem(vtable.shape, vtable.dtype, vids.shape, vids.dtype)
+    _check_kernel(kernel)
+    for name, view in (("table", vtable), ("ids", vids)):
+        if not view.is_contiguous:
+            raise ValueError(f"{name}: expected a contiguous array, got strides {view.strides} for shape "
+                             f"{tuple(view.shape)}")
+    _layout.check_device(vids, vtable.device, "ids")
+    y, vy = _layout.output(out, table, "out", tuple(vids.shape) + (dim,), vtable.dtype, vtable.device)
+    _layout.check_no_overlap(vy, "out", vtable, "table")
+    _native_module().forward(vtable.ptr, vids.ptr, vy.ptr, vocab, dim, count, vtable.dtype, vids.dtype, kernel,
+                             bool(check_ids), _device.stream_handle(stream))
+    return y
+
+
+def backward_numpy(dy, ids, vocab) -> np.ndarray:
+    """Host arrays in: dtable (vocab, dim) as a host array of dy's dtype."""
+    vocab = _check_vocab(vocab)
+    dy_dtype = _layout.host_dtype(dy, "dy")
+    _check_dy(np.shape(dy), dy_dtype, np.shape(ids))
+    check_problem((vocab, dy.shape[-1]), dy_dtype, np.shape(ids), _layout.host_dtype(ids, "ids"))
+    check_ids(ids, vocab)
+    _device.require_gpu("embedding.backward_numpy")
+    return backward(_layout.to_device(dy), _layout.to_device(ids), vocab, check_ids=False).numpy()
+
+
+def backward(dy, ids, vocab, out=None, stream=None, check_ids=True):
+    """Device arrays in: dtable (vocab, dim), the deterministic scatter-add of dy's rows by id, as the same kind
+    of array as ``dy`` (``out`` is overwritten when given)."""
+    vocab = _check_vocab(vocab)
+    vdy, vids = _device.view_of(dy, "dy"), _device.view_of(ids, "ids")
+    _check_dy(vdy.shape, vdy.dtype, vids.shape)
+    _, dim, count = check_problem((vocab, vdy.shape[-1]), vdy.dtype, vids.shape, vids.dtype)
+    for name, view in (("dy", vdy), ("ids", vids)):
+        if not view.is_contiguous:
+            raise ValueError(f"{name}: expected a contiguous array, got strides {view.strides} for shape "
+                             f"{tuple(view.shape)}")
+    _layout.check_device(vids, vdy.device, "ids")
+    dtable, vdtable = _layout.output(out, dy, "out", (vocab, dim), vdy.dtype, vdy.device)
+    _layout.check_no_overlap(vdtable, "out", vdy, "dy")
+    _native_module().backward(vdy.ptr, vids.ptr, vdtable.ptr, vocab, dim, count, vdy.dtype, vids.dtype,
+                              bool(check_ids), _device.stream_handle(stream))
+    return dtable
+
+
+def kernels() -> list[dict]:
+    """The forward candidates with their constraints, as the native module reports them."""
+    return _native_module().kernels()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Op definition: what the IR, passes, registry and CPU backend read.
+# ---------------------------------------------------------------------------------------------------------------
+def _infer(in_types, attrs):
+    table, ids = in_types
+    for name, t in (("table", table), ("ids", ids)):
+        if t is None:
+            raise ValueError(f"input '{name}' is required")
+    if table.rank != 2:
+        raise ValueError(f"table: expected a 2-d array (vocab, dim), got {table}")
+    if table.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"table: expected dtype float32, float16 or bfloat16, got {table.dtype}")
+    if ids.dtype not in ID_DTYPES:
+        raise TypeError(f"ids: expected dtype int32 or int64, got {ids.dtype}")
+    if ids.rank + 1 > _layout.MAX_RANK:
+        raise ValueError(f"ids: expected rank <= {_layout.MAX_RANK - 1} (the output adds a dim), got {ids}")
+    vocab, dim = table.shape
+    for name, extent in (("vocab", vocab), ("dim", dim)):
+        if isinstance(extent, int) and extent < 1:
+            raise ValueError(f"table: expected {name} >= 1, got {table}")
+    return [TensorType(tuple(ids.shape) + (dim,), table.dtype)]
+
+
+def _reference(inputs, attrs):
+    return [reference(inputs[0], inputs[1])]
+
+
+def _reference_backward(inputs, outputs, out_grads, attrs):
+    table, ids = inputs
+    return [reference_backward(out_grads[0], ids, np.shape(table)[0]), None]
+
+
+def _candidate(name, priority, description, always_works=False):
+    def supports(problem: Problem):
+        table = problem.in_types[0]
+        # Plan buffers are contiguous and 256-byte aligned, so alignment holds; only dim decides.
+        return _native_module().unsupported_reason(name, table.shape[1], table.dtype, True) or None
+
+    def prepare(problem: Problem):
+        table, ids = problem.in_types
+        vocab, dim = table.shape
+        count = ids.numel
+        dtype, id_dtype = table.dtype, ids.dtype
+        native_forward = _native_module().forward
+
+        def launch(ins, outs, stream):
+            native_forward(ins[0], ins[1], outs[0], vocab, dim, count, dtype, id_dtype, name, False, stream)
+
+        return launch
+
+    return Candidate(name, priority, description, supports, prepare, always_works)
+
+
+OP = register(OpDef(
+    name="embedding",
+    inputs=(Input("table"), Input("ids")),
+    outputs=("y",),
+    attrs=(),
+    infer=_infer,
+    reference=_reference,
+    reference_backward=_reference_backward,
+    candidates=(
+        _candidate("vec16", 20, "row gather with 16-byte accesses"),
+        _candidate("scalar", 10, "row gather element by element", always_works=True),
+    ),
+    doc=__doc__,
+))

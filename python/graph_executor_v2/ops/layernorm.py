@@ -1,0 +1,213 @@
+"""layernorm: ``y = (x - mean) / sqrt(var + eps) * gamma + beta`` over the last axis of ``x``.
+
+``x`` has any rank >= 1 (``rows`` = the product of the leading dims, ``cols`` = the last one); ``gamma`` and
+``beta`` have shape ``(cols,)`` and the dtype of ``x`` (float32, float16 or bfloat16). Statistics are float32
+(biased variance, as PyTorch's LayerNorm). ``forward(..., save_stats=True)`` also returns the float32 ``mean`` and
+``rstd = 1 / sqrt(var + eps)`` of every row, shape ``(rows,)``, which ``backward`` takes to skip recomputing them.
+
+Backward: ``dx``, ``dgamma = sum over rows of dy * xhat``, ``dbeta = sum over rows of dy``. The column sums are
+deterministic: per-block partial sums in a float32 workspace (allocated here, or passed as ``workspace=`` with at
+least ``backward_workspace_bytes()`` bytes), then a second kernel that adds them in a fixed order.
+
+Kernel candidates (``kernels()``), best first: ``warp_per_row`` (cols <= 1024), ``block_per_row`` (cols <= 32768
+forward, 8192 backward), both holding the row in registers with 16-byte vector loads where aligned;
+``multipass`` (any cols, any alignment), the one that always works. The kernels are shared with rmsnorm.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _native
+from .. import device as _device
+from . import _row_norm
+from ._base import Attr, Input, OpDef, as_float64, register
+
+DEFAULT_EPS = 1e-5
+
+
+def _native_module():
+    return _native.load("_ops_layernorm")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reference (float64): the oracle of every test and the CPU backend.
+# ---------------------------------------------------------------------------------------------------------------
+def reference(x, gamma, beta, eps=DEFAULT_EPS):
+    """Returns (y, mean, rstd) in float64; mean and rstd flattened to one per row."""
+    x64 = as_float64(x)
+    mean = x64.mean(axis=-1, keepdims=True)
+    rstd = 1.0 / np.sqrt(((x64 - mean) ** 2).mean(axis=-1, keepdims=True) + eps)
+    y = (x64 - mean) * rstd * as_float64(gamma) + as_float64(beta)
+    return y, mean.reshape(-1), rstd.reshape(-1)
+
+
+def reference_backward(dy, x, gamma, eps=DEFAULT_EPS):
+    """Returns (dx, dgamma, dbeta) in float64."""
+    dy64, x64, gamma64 = as_float64(dy), as_float64(x), as_float64(gamma)
+    mean = x64.mean(axis=-1, keepdims=True)
+    rstd = 1.0 / np.sqrt(((x64 - mean) ** 2).mean(axis=-1, keepdims=True) + eps)
+    xhat = (x64 - mean) * rstd
+    g = dy64 * gamma64
+    dx = rstd * (g - g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+    cols = x64.shape[-1]
+    return dx, (dy64 * xhat).reshape(-1, cols).sum(axis=0), dy64.reshape(-1, cols).sum(axis=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation: shapes, dtypes and attributes only, so it runs (and is tested) with no GPU.
+# ---------------------------------------------------------------------------------------------------------------
+def check_operands(x_shape, x_dtype, gamma_shape, gamma_dtype, beta_shape, beta_dtype, eps=DEFAULT_EPS):
+    """Validates a layernorm problem and returns its NormShape (rows, cols, dtype, shape)."""
+    shape = _row_norm.check_operands(x_shape, x_dtype, [("gamma", gamma_shape, gamma_dtype),
+                                                        ("beta", beta_shape, beta_dtype)])
+    _row_norm.check_eps(eps)
+    return shape
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Python face
+# ---------------------------------------------------------------------------------------------------------------
+def forward_numpy(x, gamma, beta, eps=DEFAULT_EPS, save_stats=False, kernel="auto"):
+    """Host arrays in, host array(s) out: y, or (y, mean, rstd) with ``save_stats``. Runs on the GPU."""
+    arrays = {"x": x, "gamma": gamma, "beta": beta}
+    _row_norm.check_host_arrays(arrays)
+    check_operands(x.shape, _row_norm.dtype_of(x, "x"), gamma.shape, _row_norm.dtype_of(gamma, "gamma"),
+                   beta.shape, _row_norm.dtype_of(beta, "beta"), eps)
+    _row_norm.check_kernel(kernel)
+    _device.require_gpu("layernorm.forward_numpy")
+    on_device = _row_norm.upload(arrays)
+    result = forward(on_device["x"], on_device["gamma"], on_device["beta"], eps=eps, save_stats=save_stats,
+                     kernel=kernel)
+    return tuple(r.numpy() for r in result) if save_stats else result.numpy()
+
+
+def forward(x, gamma, beta, eps=DEFAULT_EPS, save_stats=False, kernel="auto", out=None, mean_out=None,
+            rstd_out=None, stream=None):
+    """Device arrays (DeviceArray, torch, CuPy) in, device array(s) out, zero-copy: y, or (y, mean, rstd) with
+    ``save_stats``. ``out``/``mean_out``/``rstd_out`` are written when given; otherwise outputs are allocated as
+    the same kind of array as ``x``."""
+    views = _row_norm.input_views({"x": x, "gamma": gamma, "beta": beta})
+    vx = views["x"]
+    shape = check_operands(vx.shape, vx.dtype, views["gamma"].shape, views["gamma"].dtype, views["beta"].shape,
+                           views["beta"].dtype, eps)
+    _row_norm.check_kernel(kernel)
+    y, vy = _row_norm.output(out, "out", x, shape.shape, shape.dtype, vx.device)
+    mean = rstd = vmean = vrstd = None
+    if save_stats:
+        mean, vmean = _row_norm.output(mean_out, "mean_out", x, (shape.rows,), "float32", vx.device)
+        rstd, vrstd = _row_norm.output(rstd_out, "rstd_out", x, (shape.rows,), "float32", vx.device)
+    _native_module().forward(vx.ptr, views["gamma"].ptr, views["beta"].ptr, vy.ptr, vmean.ptr if vmean else 0,
+                             vrstd.ptr if vrstd else 0, shape.rows, shape.cols, shape.dtype, float(eps), kernel,
+                             _device.stream_handle(stream))
+    return (y, mean, rstd) if save_stats else y
+
+
+def backward_numpy(dy, x, gamma, mean=None, rstd=None, eps=DEFAULT_EPS, kernel="auto"):
+    """Host arrays in: returns (dx, dgamma, dbeta) as host arrays. ``mean``/``rstd``: saved statistics (both or
+    neither; recomputed from x when absent)."""
+    arrays = {"dy": dy, "x": x, "gamma": gamma, "mean": mean, "rstd": rstd}
+    _row_norm.check_host_arrays(arrays)
+    shape = _check_backward(dy.shape, _row_norm.dtype_of(dy, "dy"), x.shape, _row_norm.dtype_of(x, "x"),
+                            gamma.shape, _row_norm.dtype_of(gamma, "gamma"), eps)
+    _check_stats_pair(mean, rstd)
+    for name, value in (("mean", mean), ("rstd", rstd)):
+        if value is not None:
+            _row_norm.check_statistic(name, value.shape, np.dtype(value.dtype).name, shape)
+    _row_norm.check_kernel(kernel)
+    _device.require_gpu("layernorm.backward_numpy")
+    on_device = _row_norm.upload(arrays)
+    grads = backward(on_device["dy"], on_device["x"], on_device["gamma"], on_device["mean"], on_device["rstd"],
+                     eps=eps, kernel=kernel)
+    return tuple(g.numpy() for g in grads)
+
+
+def _check_backward(dy_shape, dy_dtype, x_shape, x_dtype, gamma_shape, gamma_dtype, eps):
+    shape = _row_norm.check_operands(x_shape, x_dtype, [("gamma", gamma_shape, gamma_dtype)])
+    _row_norm.check_eps(eps)
+    if tuple(dy_shape) != shape.shape:
+        raise ValueError(f"dy: expected shape {shape.shape} (the shape of x), got {tuple(dy_shape)}")
+    if dy_dtype != shape.dtype:
+        raise TypeError(f"dy: expected dtype {shape.dtype} (the dtype of x), got {dy_dtype}")
+    return shape
+
+
+def _check_stats_pair(mean, rstd):
+    if (mean is None) != (rstd is None):
+        raise ValueError("mean, rstd: pass both saved statistics or neither (then they are recomputed from x)")
+
+
+def backward(dy, x, gamma, mean=None, rstd=None, eps=DEFAULT_EPS, kernel="auto", dx_out=None, dgamma_out=None,
+             dbeta_out=None, workspace=None, stream=None):
+    """Device arrays in: returns (dx, dgamma, dbeta) as device arrays of x's kind (``*_out`` are written when
+    given). ``mean``/``rstd``: the saved statistics of forward(save_stats=True) (both or neither). ``workspace``: a
+    float32 device array of at least backward_workspace_bytes() bytes, allocated here when not given."""
+    views = _row_norm.input_views({"dy": dy, "x": x, "gamma": gamma})
+    vdy, vx, vg = views["dy"], views["x"], views["gamma"]
+    shape = _check_backward(vdy.shape, vdy.dtype, vx.shape, vx.dtype, vg.shape, vg.dtype, eps)
+    _check_stats_pair(mean, rstd)
+    vmean = _row_norm.statistic(mean, "mean", shape, vx.device)
+    vrstd = _row_norm.statistic(rstd, "rstd", shape, vx.device)
+    _row_norm.check_kernel(kernel)
+    dx, vdx = _row_norm.output(dx_out, "dx_out", x, shape.shape, shape.dtype, vx.device)
+    dgamma, vdgamma = _row_norm.output(dgamma_out, "dgamma_out", x, (shape.cols,), shape.dtype, vx.device)
+    dbeta, vdbeta = _row_norm.output(dbeta_out, "dbeta_out", x, (shape.cols,), shape.dtype, vx.device)
+    native = _native_module()
+    workspace, vworkspace, size = _row_norm.workspace_for(native, workspace, x, shape, kernel,
+                                                          _row_norm.is_aligned(vdy, vx, vg, vdx), vx.device)
+    native.backward(vdy.ptr, vx.ptr, vg.ptr, vmean.ptr if vmean else 0, vrstd.ptr if vrstd else 0, vdx.ptr,
+                    vdgamma.ptr, vdbeta.ptr, vworkspace.ptr, size, shape.rows, shape.cols, shape.dtype, float(eps),
+                    kernel, _device.stream_handle(stream))
+    return dx, dgamma, dbeta
+
+
+def backward_workspace_bytes(x_shape, dtype, kernel="auto", aligned=True) -> int:
+    """Bytes of float32 workspace ``backward`` needs for an x of this shape and dtype on the current GPU
+    (``aligned``: dy, x, gamma and dx 16-byte aligned, as every plan buffer is)."""
+    return _row_norm.workspace_bytes(_native_module, "layernorm", x_shape, dtype, kernel, aligned)
+
+
+def kernels() -> list[dict]:
+    """The candidates with their constraints, as the native module reports them."""
+    return _native_module().kernels()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Op definition: what the IR, passes, registry and CPU backend read.
+# ---------------------------------------------------------------------------------------------------------------
+_INPUTS = ("x", "gamma", "beta")
+
+
+def _infer(in_types, attrs):
+    return _row_norm.infer(in_types, attrs, _INPUTS)
+
+
+def _reference(inputs, attrs):
+    x, gamma, beta = inputs
+    return [reference(x, gamma, beta, attrs["eps"])[0]]
+
+
+def _reference_backward(inputs, outputs, out_grads, attrs):
+    x, gamma, _ = inputs
+    return list(reference_backward(out_grads[0], x, gamma, attrs["eps"]))
+
+
+def _make_launch(native, kernel, shape, eps):
+    native_forward, rows, cols, dtype = native.forward, shape.rows, shape.cols, shape.dtype
+
+    def launch(ins, outs, stream):
+        native_forward(ins[0], ins[1], ins[2], outs[0], 0, 0, rows, cols, dtype, eps, kernel, stream)
+
+    return launch
+
+
+OP = register(OpDef(
+    name="layernorm",
+    inputs=tuple(Input(name) for name in _INPUTS),
+    outputs=("y",),
+    attrs=(Attr("eps", float, DEFAULT_EPS, check=_row_norm.eps_problem, doc="added to the variance"),),
+    infer=_infer,
+    reference=_reference,
+    reference_backward=_reference_backward,
+    candidates=_row_norm.candidates(_native_module, _make_launch),
+    doc=__doc__,
+))

@@ -1,0 +1,63 @@
+"""Test helpers for the row-wise norms (layernorm, rmsnorm): the row lengths that reach every kernel path, central
+differences, and a tolerance check that never lets NaN pass."""
+from __future__ import annotations
+
+import numpy as np
+
+DTYPES = ("float32", "float16", "bfloat16")
+KERNELS = ("warp_per_row", "block_per_row", "multipass")
+
+# Row lengths that reach every path: one column, odd and non-multiple-of-8 lengths (scalar loads), the warp
+# kernel's 1024 limit, block groups of 128..1024 threads, rows longer than any register path.
+FORWARD_COLS = (1, 7, 8, 33, 100, 256, 1000, 1024, 1025, 2048, 4096, 5000, 10000, 16384, 32768, 65537)
+BACKWARD_COLS = (1, 7, 8, 100, 512, 1000, 1024, 1025, 4096, 4100, 8192, 10000, 65537)
+
+# Leading shapes for the "auto" kernel: size-1 axes, 1-d and 3-d/4-d inputs, many short rows.
+EDGE_SHAPES = ((1, 1), (1, 4096), (3, 1), (2, 3, 7), (4, 5, 6, 33), (17,), (130, 64), (1000, 24), (5000, 8))
+
+
+def rows_for(cols: int, short: int, long: int = 5) -> int:
+    """Enough rows to cover uneven shares of rows per block and group, without slow references for long rows."""
+    return short if cols <= 4096 else long
+
+
+def statistics_error(offset: float) -> float:
+    """Absolute error of float32 row statistics (the mean, and so x - mean) for rows around `offset`: summing
+    values of size |offset| in float32 loses ~1e-7 of them."""
+    return 1e-6 + 4e-7 * abs(offset)
+
+
+def numeric_gradient(loss, array: np.ndarray, h: float = 1e-6) -> np.ndarray:
+    """Central differences of the scalar loss() with respect to every element of `array` (changed and restored in
+    place, so loss() sees it)."""
+    grad = np.zeros_like(array)
+    for i in np.ndindex(array.shape):
+        saved = array[i]
+        array[i] = saved + h
+        plus = loss()
+        array[i] = saved - h
+        minus = loss()
+        array[i] = saved
+        grad[i] = (plus - minus) / (2 * h)
+    return grad
+
+
+def assert_within(actual, expected, atol: float, rtol: float, what: str) -> None:
+    """|actual - expected| <= atol + rtol * |expected| elementwise; NaN never passes."""
+    actual = np.asarray(actual).astype(np.float64)
+    expected = np.asarray(expected).astype(np.float64)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != expected {expected.shape}"
+    bad = ~(np.abs(actual - expected) <= atol + rtol * np.abs(expected))
+    if bad.any():
+        index = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.size} out of tolerance (atol={atol:.2e}, "
+                             f"rtol={rtol:.2e}); first at {index}: got {actual[index]!r}, expected {expected[index]!r}")
+
+
+def inputs(rng: np.random.Generator, shape, dtype: str, offset: float = 0.0, params: int = 2):
+    """x = offset + N(0, 1) rounded to dtype, and `params` N(0, 1) vectors of its last extent (gamma, beta)."""
+    from graph_executor_v2.dtypes import to_numpy
+
+    numpy_dtype = to_numpy(dtype)
+    x = (rng.standard_normal(shape) + offset).astype(numpy_dtype)
+    return (x,) + tuple(rng.standard_normal(shape[-1:]).astype(numpy_dtype) for _ in range(params))

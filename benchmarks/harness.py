@@ -44,18 +44,21 @@ def median_ms(fn, warmup: int = 10, reps: int = 50, flush_l2: bool = True) -> fl
     return statistics.median(times)
 
 
-def host_overhead_us(fn, calls: int = 2000) -> float:
-    """Mean host time per call of ``fn`` (device work is tiny; the queue is drained after)."""
+def host_overhead_us(fn, calls: int = 2000, burst: int = 100) -> float:
+    """Host time per call of ``fn``: calls are issued in short bursts with the device drained between them and only
+    the issuing is timed, so a full launch queue never turns the figure into device time."""
     torch = torch_cuda()
-    for _ in range(100):
+    for _ in range(burst):
         fn()
+    elapsed = 0.0
+    for _ in range(calls // burst):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(burst):
+            fn()
+        elapsed += time.perf_counter() - start
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
+    return elapsed / (calls // burst * burst) * 1e6
 
 
 def environment() -> dict:

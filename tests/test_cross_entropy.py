@@ -20,6 +20,12 @@ REDUCTIONS = ("none", "sum", "mean")
 native_built = pytest.mark.skipif(not _native.is_built("_ops_cross_entropy"), reason="_ops_cross_entropy not built")
 
 
+@pytest.fixture
+def to_device():
+    """Host array -> DeviceArray. Unlike conftest's (np.ascontiguousarray), 0-d arrays stay 0-d (a mean loss's dloss)."""
+    return ge2.device.runtime().DeviceArray.from_numpy
+
+
 def make_problem(rng, rows, cols, dtype, label_dtype="int64", ignore_index=-100, ignore_fraction=0.25, scale=3.0):
     logits = random_array(rng, (rows, cols), dtype, scale)
     labels = rng.integers(0, cols, rows).astype(label_dtype)
@@ -28,8 +34,7 @@ def make_problem(rng, rows, cols, dtype, label_dtype="int64", ignore_index=-100,
 
 
 def upstream(rng, rows, reduction, dtype):
-    shape = ce.loss_shape(rows, reduction)
-    return random_array(rng, shape, dtype).reshape(shape)
+    return np.asarray(random_array(rng, ce.loss_shape(rows, reduction), dtype))  # 0-d arrays stay arrays
 
 
 def finite_difference(f, x, step=1e-6):
@@ -153,7 +158,7 @@ def test_validation_errors_name_the_argument(rng):
     calls = [
         (lambda: ce.forward_numpy(logits[0], labels), ValueError, "logits: expected a 2-d array"),
         (lambda: ce.forward_numpy(logits.astype(np.int32), labels), TypeError, "logits: expected dtype"),
-        (lambda: ce.forward_numpy(logits.astype(np.float64), labels), TypeError, "logits: expected dtype"),
+        (lambda: ce.forward_numpy(logits.astype(np.float64), labels), TypeError, "logits: expected .*got 'float64'"),
         (lambda: ce.forward_numpy(logits, labels.astype(np.float32)), TypeError,
          "labels: expected dtype int32 or int64, got float32"),
         (lambda: ce.forward_numpy(logits, labels.astype(np.uint8)), TypeError, "labels: expected dtype int32"),
@@ -184,7 +189,8 @@ def test_validation_errors_name_the_argument(rng):
 
 
 def test_host_label_check_accepts_ignore_index_anywhere():
-    ce.check_labels(np.array([0, -100, 4, 99]), 5, ignore_index=99)
+    ce.check_labels(np.array([0, 99, 4, 99]), 5, ignore_index=99)
+    ce.check_labels(np.array([0, 3, 4]), 5, ignore_index=3)
     ce.check_labels(np.array([], dtype=np.int64), 5)
     with pytest.raises(ValueError, match="labels: label -100 at row 1"):
         ce.check_labels(np.array([0, -100]), 5, ignore_index=99)
@@ -212,8 +218,7 @@ def test_native_reasons_and_table():
 # ---------------------------------------------------------------------------------------------------------------
 def applicable_kernels(cols, dtype, aligned=True):
     native = _native.load("_ops_cross_entropy")
-    vector = 16 // np.dtype(np.float32).itemsize if dtype == "float32" else 8
-    vectorizable = aligned and cols % vector == 0
+    vectorizable = aligned and cols % (4 if dtype == "float32" else 8) == 0
     return [k for k in ("warp_row", "block_row", "streaming")
             if native.unsupported_reason(k, cols, dtype, vectorizable) == ""]
 
@@ -246,7 +251,7 @@ def test_fused_every_kernel(rng, to_device, poisoned, dtype, rows, cols):
         for kernel in applicable_kernels(cols, dtype) + ["auto"]:
             loss, dlogits = run_fused(to_device, poisoned, logits, labels, reduction, kernel)
             what = f"{kernel} {reduction} {rows}x{cols}"
-            assert_close(loss, expected_loss, dtype, cols, what=f"loss {what}")
+            assert_close(loss, expected_loss, dtype, what=f"loss {what}")
             assert_close(dlogits, expected_grad, dtype, what=f"dlogits {what}")
 
 
@@ -259,12 +264,12 @@ def test_forward_and_backward_separately(rng, to_device, poisoned, dtype, reduct
     dloss = upstream(rng, rows, reduction, dtype)
     out = poisoned(ce.loss_shape(rows, reduction), dtype)
     assert ce.forward(to_device(logits), to_device(labels), reduction, out=out) is out
-    assert_close(out.numpy(), ce.reference(logits, labels, reduction), dtype, cols)
+    assert_close(out.numpy(), ce.reference(logits, labels, reduction), dtype)
     grad_out = poisoned((rows, cols), dtype)
     ce.backward(to_device(dloss), to_device(logits), to_device(labels), reduction, out=grad_out)
     assert_close(grad_out.numpy(), ce.reference_backward(dloss, logits, labels, reduction), dtype)
     # the numpy face
-    assert_close(ce.forward_numpy(logits, labels, reduction), ce.reference(logits, labels, reduction), dtype, cols)
+    assert_close(ce.forward_numpy(logits, labels, reduction), ce.reference(logits, labels, reduction), dtype)
     assert_close(ce.backward_numpy(dloss, logits, labels, reduction),
                  ce.reference_backward(dloss, logits, labels, reduction), dtype)
 
@@ -300,7 +305,7 @@ def test_ignore_index(rng, to_device, poisoned, dtype):
     labels[:3] = 7  # an ignore_index inside [0, classes)
     for reduction in REDUCTIONS:
         loss, dlogits = run_fused(to_device, poisoned, logits, labels, reduction, ignore_index=7)
-        assert_close(loss, ce.reference(logits, labels, reduction, 7), dtype, 130)
+        assert_close(loss, ce.reference(logits, labels, reduction, 7), dtype)
         expected = ce.reference_backward(np.ones(ce.loss_shape(40, reduction)), logits, labels, reduction, 7)
         assert_close(dlogits, expected, dtype)
         assert not dlogits[labels == 7].any()
@@ -321,15 +326,14 @@ def test_all_ignored(rng, to_device, poisoned, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cols", [10, 700, 5000, 70000])
 def test_large_logits(rng, to_device, poisoned, dtype, cols):
-    logits = (rng.standard_normal((6, cols)) * 1e4).clip(-6e4, 6e4)
-    logits = logits.astype(ge2.dtypes.to_numpy(dtype))
-    labels = rng.integers(0, cols, 6)
+    # |logits| <= 1e4, so a row's loss stays under 2e4 + log(cols) and the sum of 3 fits float16 (65504)
+    logits = (rng.uniform(-1.0, 1.0, (3, cols)) * 1e4).astype(ge2.dtypes.to_numpy(dtype))
+    labels = rng.integers(0, cols, 3)
     for reduction in REDUCTIONS:
         loss, dlogits = run_fused(to_device, poisoned, logits, labels, reduction)
         assert np.isfinite(loss.astype(np.float64)).all() and np.isfinite(dlogits.astype(np.float64)).all()
-        expected = ce.reference(logits, labels, reduction)
-        assert_close(loss, expected, dtype, cols)
-        expected_grad = ce.reference_backward(np.ones(ce.loss_shape(6, reduction)), logits, labels, reduction)
+        assert_close(loss, ce.reference(logits, labels, reduction), dtype)
+        expected_grad = ce.reference_backward(np.ones(ce.loss_shape(3, reduction)), logits, labels, reduction)
         assert_close(dlogits, expected_grad, dtype)
 
 
@@ -354,7 +358,7 @@ def test_bad_labels_on_device(rng, to_device, poisoned, cols):
     bad[[3, 6]] = True
     assert np.isnan(loss[bad]).all() and np.isnan(dlogits[bad]).all()
     good_labels = np.where(bad, -100, labels)
-    assert_close(loss[~bad], ce.reference(logits, good_labels, "none")[~bad], "float32", cols)
+    assert_close(loss[~bad], ce.reference(logits, good_labels, "none")[~bad], "float32")
     expected = ce.reference_backward(np.ones(9), logits, good_labels, "none")
     assert_close(dlogits[~bad], expected[~bad], "float32")
     # the error slot is reset per checked call: a clean call after a bad one passes
@@ -412,7 +416,7 @@ def test_candidates_launch_plan_style(rng, to_device, poisoned, dtype):
                 x, y = to_device(logits), to_device(labels)
                 out = poisoned(ce.loss_shape(7, reduction), dtype)
                 launch([x.ptr, y.ptr], [out.ptr], 0)
-                assert_close(out.numpy(), ce.reference(logits, labels, reduction), dtype, cols,
+                assert_close(out.numpy(), ce.reference(logits, labels, reduction), dtype,
                              what=f"{candidate.name} {reduction} {cols}")
 
 
@@ -421,7 +425,7 @@ def test_large_training_shape(rng, to_device, poisoned):
     """1024 x 32000 float16 (the benchmark's rows): block_row with several rows per block."""
     logits, labels = make_problem(rng, 1024, 32000, "float16", ignore_fraction=0.05)
     loss, dlogits = run_fused(to_device, poisoned, logits, labels, "mean")
-    assert_close(loss, ce.reference(logits, labels), "float16", 32000)
+    assert_close(loss, ce.reference(logits, labels), "float16")
     assert_close(dlogits, ce.reference_backward(np.array(1.0), logits, labels), "float16")
 
 
@@ -439,14 +443,14 @@ def test_torch_interop_and_misaligned_views(rng):
         x32 = x.float().requires_grad_()
         expected = F.cross_entropy(x32, y, ignore_index=-100)
         expected.backward()
-        assert_close(loss.float().cpu().numpy(), expected.detach().cpu().numpy(), dtype, cols)
+        assert_close(loss.float().cpu().numpy(), expected.detach().cpu().numpy(), dtype)
         assert_close(dlogits.float().cpu().numpy(), x32.grad.cpu().numpy(), dtype)
         # a contiguous but misaligned copy (2- or 4-byte offset): the unvectorized paths
         storage = torch.empty(12 * cols + 1, dtype=torch_dtype, device="cuda")
         shifted = storage[1:].view(12, cols)
         shifted.copy_(x)
         shifted_loss = ce.forward(shifted, y.int(), "none")
-        assert_close(shifted_loss.float().cpu().numpy(), ce.reference(logits, labels, "none"), dtype, cols)
+        assert_close(shifted_loss.float().cpu().numpy(), ce.reference(logits, labels, "none"), dtype)
         grad = ce.backward(torch.ones(12, dtype=torch_dtype, device="cuda"), shifted, y, "none")
         assert_close(grad.float().cpu().numpy(), ce.reference_backward(np.ones(12), logits, labels, "none"), dtype)
 

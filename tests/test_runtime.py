@@ -82,7 +82,7 @@ def test_device_properties():
 @pytest.mark.parametrize("dtype", dtypes.ALL_DTYPES)
 @pytest.mark.parametrize("shape", [(), (1,), (7,), (3, 5), (2, 3, 4, 5)])
 def test_host_round_trip(rng, dtype, shape):
-    host = (rng.standard_normal(shape) * 50).astype(dtypes.to_numpy(dtype))
+    host = np.asarray(rng.standard_normal(shape) * 50).astype(dtypes.to_numpy(dtype))  # 0-d stays an array
     array = ge2.device.runtime().DeviceArray.from_numpy(host)
     assert array.shape == shape and array.dtype == dtype and array.is_contiguous
     assert array.nbytes == host.nbytes and array.size == host.size and array.itemsize == host.itemsize

@@ -76,8 +76,9 @@ inline int access_bytes(const StridedCopy& copy, int element_bytes, const void* 
   const int inner = copy.rank - 1;
   if (copy.rank == 0 || copy.src_strides[inner] != 1 || copy.dst_strides[inner] != 1) return element_bytes;
   for (int width = 16; width > element_bytes; width /= 2) {
-    bool fits = (copy.shape[inner] * element_bytes) % width == 0 &&
-                reinterpret_cast<std::uintptr_t>(src) % width == 0 && reinterpret_cast<std::uintptr_t>(dst) % width == 0;
+    const auto address_src = reinterpret_cast<std::uintptr_t>(src), address_dst = reinterpret_cast<std::uintptr_t>(dst);
+    bool fits = (copy.shape[inner] * element_bytes) % width == 0 && address_src % width == 0 &&
+                address_dst % width == 0;
     for (int k = 0; k < inner && fits; ++k) {
       fits = (copy.src_strides[k] * element_bytes) % width == 0 && (copy.dst_strides[k] * element_bytes) % width == 0;
     }

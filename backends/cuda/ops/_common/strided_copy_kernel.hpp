@@ -43,8 +43,8 @@ __device__ __forceinline__ void strided_offsets(const StridedCopyParams& p, Inde
 }
 
 template <typename Unit, typename Index>
-__global__ void __launch_bounds__(kCopyThreads) strided_copy_kernel(const Unit* __restrict__ src, Unit* __restrict__ dst,
-                                                                     StridedCopyParams p) {
+__global__ void __launch_bounds__(kCopyThreads)
+    strided_copy_kernel(const Unit* __restrict__ src, Unit* __restrict__ dst, StridedCopyParams p) {
   const Index numel = static_cast<Index>(p.numel);
   const Index step = static_cast<Index>(gridDim.x) * kCopyThreads * kCopyItems;
   for (Index base = static_cast<Index>(blockIdx.x) * kCopyThreads * kCopyItems + threadIdx.x; base < numel;

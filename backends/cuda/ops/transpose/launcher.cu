@@ -190,9 +190,15 @@ Kernel forward(const Problem& problem, Kernel requested, cudaStream_t stream) {
   if (simple.numel() == 0) return kernel;
   const int element_bytes = static_cast<int>(dtype_size(problem.dtype));
   switch (kernel) {
-    case Kernel::TiledPacked: launch_tiled_packed(problem.x, problem.y, tile_params(simple, kPackedTile), stream); break;
-    case Kernel::Tiled: launch_tiled(problem.x, problem.y, tile_params(simple, kTile), element_bytes, stream); break;
-    case Kernel::Strided: launch_strided_copy(problem.x, problem.y, copy, element_bytes, stream); break;
+    case Kernel::TiledPacked:
+      launch_tiled_packed(problem.x, problem.y, tile_params(simple, kPackedTile), stream);
+      break;
+    case Kernel::Tiled:
+      launch_tiled(problem.x, problem.y, tile_params(simple, kTile), element_bytes, stream);
+      break;
+    case Kernel::Strided:
+      launch_strided_copy(problem.x, problem.y, copy, element_bytes, stream);
+      break;
     case Kernel::Auto: throw std::logic_error("transpose: Auto is not a kernel");
   }
   return kernel;

@@ -55,18 +55,22 @@ __global__ void __launch_bounds__(kThreads) tiled_kernel(const Unit* __restrict_
   for (uint32_t t = blockIdx.x; t < total; t += gridDim.x) {
     int64_t a0, b0, src_base, dst_base;
     tile_origin(p, t, kTile, a0, b0, src_base, dst_base);
-    // Read: a warp takes 32 consecutive elements of one x row (fixed b).
+    // Read: a warp takes 32 consecutive elements of one x row (fixed b). Every load is issued before the first
+    // shared store, so a thread has 4 loads in flight; positions off the array hold zeros that are never written.
+    Unit values[kTile / kWarps];
 #pragma unroll
-    for (int j = 0; j < kTile; j += kWarps) {
-      const int64_t a = a0 + lane, b = b0 + row + j;
-      if (a < p.extent_a && b < p.extent_b) tile[row + j][lane] = x[src_base + b * p.src_stride_b + a];
+    for (int step = 0; step < kTile / kWarps; ++step) {
+      const int64_t a = a0 + lane, b = b0 + row + step * kWarps;
+      values[step] = a < p.extent_a && b < p.extent_b ? x[src_base + b * p.src_stride_b + a] : Unit{};
     }
+#pragma unroll
+    for (int step = 0; step < kTile / kWarps; ++step) tile[row + step * kWarps][lane] = values[step];
     __syncthreads();
     // Write: a warp takes 32 consecutive elements of one y row (fixed a).
 #pragma unroll
-    for (int j = 0; j < kTile; j += kWarps) {
-      const int64_t a = a0 + row + j, b = b0 + lane;
-      if (a < p.extent_a && b < p.extent_b) y[dst_base + a * p.dst_stride_a + b] = tile[lane][row + j];
+    for (int step = 0; step < kTile / kWarps; ++step) {
+      const int64_t a = a0 + row + step * kWarps, b = b0 + lane;
+      if (a < p.extent_a && b < p.extent_b) y[dst_base + a * p.dst_stride_a + b] = tile[lane][row + step * kWarps];
     }
     __syncthreads();  // the next tile overwrites the shared tile
   }
@@ -84,17 +88,21 @@ __global__ void __launch_bounds__(kThreads) tiled_packed_kernel(const uint32_t* 
     int64_t a0, b0, src_base, dst_base;
     tile_origin(p, t, kPackedTile, a0, b0, src_base, dst_base);
     // Read: a warp takes 64 elements (128 bytes) of two adjacent x rows. Both extents are even, so a < extent_a
-    // covers column a + 1 and b < extent_b covers row b + 1.
+    // covers column a + 1 and b < extent_b covers row b + 1. All 8 loads are issued before the first shared store.
+    uint32_t row0[kPackedTile / 2 / kWarps], row1[kPackedTile / 2 / kWarps];
 #pragma unroll
     for (int step = 0; step < kPackedTile / 2 / kWarps; ++step) {
-      const int pair = warp + step * kWarps;
-      const int64_t a = a0 + 2 * lane, b = b0 + 2 * pair;
-      if (a < p.extent_a && b < p.extent_b) {
-        const int64_t offset = src_base + b * p.src_stride_b + a;
-        const uint32_t row0 = x[offset / 2], row1 = x[(offset + p.src_stride_b) / 2];
-        words[lane][pair] = __byte_perm(row0, row1, 0x5410);       // column a: (row b, row b + 1)
-        words[32 + lane][pair] = __byte_perm(row0, row1, 0x7632);  // column a + 1
-      }
+      const int64_t a = a0 + 2 * lane, b = b0 + 2 * (warp + step * kWarps);
+      const bool inside = a < p.extent_a && b < p.extent_b;
+      const int64_t offset = src_base + b * p.src_stride_b + a;
+      row0[step] = inside ? x[offset / 2] : 0u;
+      row1[step] = inside ? x[(offset + p.src_stride_b) / 2] : 0u;
+    }
+#pragma unroll
+    for (int step = 0; step < kPackedTile / 2 / kWarps; ++step) {
+      const int pair = warp + step * kWarps;  // tile rows 2 * pair and 2 * pair + 1
+      words[lane][pair] = __byte_perm(row0[step], row1[step], 0x5410);       // column a: (row b, row b + 1)
+      words[32 + lane][pair] = __byte_perm(row0[step], row1[step], 0x7632);  // column a + 1
     }
     __syncthreads();
     // Write: a warp takes 64 elements (128 bytes) of one y row (fixed a).

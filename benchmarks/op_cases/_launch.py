@@ -1,0 +1,19 @@
+"""A prepared candidate launch on torch tensors: what a compiled plan calls for one node (one binding call)."""
+from __future__ import annotations
+
+from graph_executor_v2.dtypes import normalize
+from graph_executor_v2.ir.types import TensorType
+from graph_executor_v2.ops import OPS, Problem
+
+
+def prepared(op, inputs, outputs, attrs, candidate=None):
+    """The op's best supported candidate (or the one named), prepared once for these tensors' shapes."""
+    opdef = OPS[op]
+    attrs = opdef.validate_attrs(attrs, op)
+    in_types = tuple(TensorType(tuple(x.shape), normalize(x.dtype)) for x in inputs)
+    problem = Problem(op, in_types, tuple(opdef.infer(list(in_types), attrs)), attrs)
+    chosen = next(c for c in opdef.candidates
+                  if (candidate is None or c.name == candidate) and c.supports(problem) is None)
+    launch = chosen.prepare(problem)
+    in_ptrs, out_ptrs = [x.data_ptr() for x in inputs], [y.data_ptr() for y in outputs]
+    return lambda: launch(in_ptrs, out_ptrs, 0)

@@ -3,29 +3,13 @@ Run on the GPU machine: python scripts/profile_gemm_overhead.py"""
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from harness import host_overhead_us  # noqa: E402  (also puts python/ on the path)
 
 import graph_executor_v2 as ge2  # noqa: E402
 from graph_executor_v2.ops import gemm  # noqa: E402
-
-
-def per_call_us(fn, calls=2000, burst=100):
-    """Host time per call, issued in bursts with the device drained between them (see harness.host_overhead_us)."""
-    synchronize = ge2.device.runtime().synchronize
-    for _ in range(burst):
-        fn()
-    elapsed = 0.0
-    for _ in range(calls // burst):
-        synchronize()
-        start = time.perf_counter()
-        for _ in range(burst):
-            fn()
-        elapsed += time.perf_counter() - start
-    synchronize()
-    return elapsed / (calls // burst * burst) * 1e6
 
 
 def main():
@@ -53,7 +37,7 @@ def main():
         "torch._addmm_activation": lambda: torch._addmm_activation(tbias, ta, tb),
     }
     for name, fn in rows.items():
-        print(f"{name:<40} {per_call_us(fn):7.2f} us/call")
+        print(f"{name:<40} {host_overhead_us(fn):7.2f} us/call")
 
 
 if __name__ == "__main__":

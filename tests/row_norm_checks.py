@@ -16,6 +16,14 @@ BACKWARD_COLS = (1, 7, 8, 100, 512, 1000, 1024, 1025, 4096, 4100, 8192, 10000, 6
 EDGE_SHAPES = ((1, 1), (1, 4096), (3, 1), (2, 3, 7), (4, 5, 6, 33), (17,), (130, 64), (1000, 24), (5000, 8))
 
 
+def supported_cols(native, kernel: str, dtype: str, candidates, backward: bool = False) -> list[int]:
+    """The lengths among `candidates` that `kernel` runs (with aligned pointers); at least three, so that no
+    kernel is tested on a single length by accident."""
+    cols = [c for c in candidates if native.unsupported_reason(kernel, c, dtype, True, backward) == ""]
+    assert len(cols) >= 3, f"{kernel}: only {cols} of {candidates} supported"
+    return cols
+
+
 def rows_for(cols: int, short: int, long: int = 5) -> int:
     """Enough rows to cover uneven shares of rows per block and group, without slow references for long rows."""
     return short if cols <= 4096 else long

@@ -1,6 +1,7 @@
 // _ops_elementwise: the native face of the elementwise ops. Raw device addresses (0 = absent) and shapes in, work
 // enqueued on `stream`; argument checking for users happens in graph_executor_v2.ops.elementwise first.
 #include "api.hpp"
+#include "kernel_list.hpp"
 #include "op_binding.hpp"
 
 namespace py = pybind11;
@@ -105,16 +106,6 @@ PYBIND11_MODULE(_ops_elementwise, m) {
     return layout;
   }, py::arg("a_shape"), py::arg("b_shape"), "The collapsed broadcast the kernels see (for tests).");
 
-  m.def("kernels", [] {
-    py::list table;
-    for (const auto& info : ew::kernel_table()) {
-      py::dict row;
-      row["name"] = info.name;
-      row["priority"] = info.priority;
-      row["description"] = info.description;
-      row["constraints"] = info.constraints;
-      table.append(row);
-    }
-    return table;
-  });
+  m.def("kernels", [] { return ge2::binding::kernel_list(ew::kernel_table()); },
+        "The candidates with their constraints, best first.");
 }

@@ -3,6 +3,7 @@
 #include <cublasLt.h>
 
 #include "api.hpp"
+#include "kernel_list.hpp"
 #include "op_binding.hpp"
 
 namespace py = pybind11;
@@ -113,18 +114,8 @@ PYBIND11_MODULE(_ops_gemm, m) {
       py::arg("has_bias"), py::arg("has_c"), py::arg("save_preact"), py::arg("pointers_aligned"),
       "Empty string when the kernel can run the problem, else the reason it cannot.");
 
-  m.def("kernels", [] {
-    py::list table;
-    for (const auto& info : ge2::gemm::kernel_table()) {
-      py::dict row;
-      row["name"] = info.name;
-      row["priority"] = info.priority;
-      row["description"] = info.description;
-      row["constraints"] = info.constraints;
-      table.append(row);
-    }
-    return table;
-  });
+  m.def("kernels", [] { return ge2::binding::kernel_list(ge2::gemm::kernel_table()); },
+        "The candidates with their constraints, best first.");
   m.def("lt_plan_count", &ge2::gemm::lt_plan_count, "Number of cached cuBLASLt plans.");
   m.def("cublaslt_version", [] { return cublasLtGetVersion(); });
 }

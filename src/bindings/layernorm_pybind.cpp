@@ -1,8 +1,8 @@
 // _ops_layernorm: the native face of the layernorm op. Raw device addresses (0 = absent) and sizes in, work enqueued
 // on `stream`; argument checking for users happens in graph_executor_v2.ops.layernorm before any of this runs.
 #include "api.hpp"
-#include "kernel_list.hpp"
 #include "op_binding.hpp"
+#include "row_norm_binding.hpp"
 
 namespace py = pybind11;
 using ge2::binding::as_pointer;
@@ -65,24 +65,5 @@ PYBIND11_MODULE(_ops_layernorm, m) {
       py::arg("cols"), py::arg("dtype"), py::arg("eps"), py::arg("kernel"), py::arg("stream"),
       "Enqueues dx, dgamma, dbeta (mean/rstd 0: recomputed from x); returns the kernel that ran.");
 
-  m.def(
-      "backward_workspace_bytes",
-      [](int64_t rows, int64_t cols, const std::string& dtype, const std::string& kernel, bool aligned) {
-        return ge2::layernorm::backward_workspace_bytes(rows, cols, ge2::dtype_from_name(dtype), aligned,
-                                                        ge2::row_norm::kernel_from_name(kernel));
-      },
-      py::arg("rows"), py::arg("cols"), py::arg("dtype"), py::arg("kernel"), py::arg("aligned"),
-      "float32 workspace bytes the backward needs on the current device (aligned: dy, x, gamma, dx 16-byte aligned).");
-
-  m.def(
-      "unsupported_reason",
-      [](const std::string& kernel, int64_t cols, const std::string& dtype, bool aligned, bool backward) {
-        return ge2::row_norm::unsupported_reason(ge2::row_norm::kernel_from_name(kernel), cols,
-                                                 ge2::dtype_from_name(dtype), aligned, backward);
-      },
-      py::arg("kernel"), py::arg("cols"), py::arg("dtype"), py::arg("aligned"), py::arg("backward"),
-      "Empty string when the kernel can run rows of `cols` elements (aligned: every pointer 16-byte aligned), else "
-      "the reason it cannot.");
-
-  m.def("kernels", [] { return ge2::binding::kernel_list(ge2::row_norm::kernel_table()); });
+  ge2::binding::def_row_norm_queries</*kCentered=*/true>(m);
 }

@@ -17,7 +17,8 @@ from graph_executor_v2.testing import assert_close, random_array
 
 DTYPES = ("float32", "float16", "bfloat16")
 REDUCTIONS = ("none", "sum", "mean")
-native_built = pytest.mark.skipif(not _native.is_built("_ops_cross_entropy"), reason="_ops_cross_entropy not built")
+native_built = pytest.mark.skipif(not _native.is_built("_ops_cross_entropy"),
+                                  reason="_ops_cross_entropy not built")
 
 
 @pytest.fixture

@@ -117,6 +117,16 @@ def test_backward_numpy_requires_preact_for_activation():
         gemm.backward_numpy(np.ones((5, 2), F32), np.ones((2, 3), F32), np.ones((3, 5), F32))
 
 
+def test_backward_numpy_validates_chaining_arguments():
+    dy, a, b = np.ones((2, 5), F32), np.ones((2, 3), F32), np.ones((3, 5), F32)
+    with pytest.raises(ValueError, match=r"a_preact: required for a_act='gelu'"):
+        gemm.backward_numpy(dy, a, b, a_act="gelu")
+    with pytest.raises(ValueError, match=r"a_preact: expected shape \(2, 3\)"):
+        gemm.backward_numpy(dy, a, b, a_act="gelu", a_preact=np.ones((3, 2), F32))
+    with pytest.raises(ValueError, match=r"a_act: expected one of"):
+        gemm.backward_numpy(dy, a, b, a_act="swish", a_preact=a)
+
+
 def test_forward_rejects_host_arrays_for_device_path():
     with pytest.raises(TypeError, match=r"A: expected a CUDA device array"):
         gemm.forward(np.ones((2, 3), F32), np.ones((3, 5), F32))
@@ -344,9 +354,10 @@ def test_backward_matches_reference(rng, dtype, act):
         kwargs = dict(act=act, alpha=1.0, beta=0.5, trans_a=trans_a, trans_b=trans_b, slope=0.1)
         _, z = gemm.reference(a, b, bias, c, **kwargs)
         z = z.astype(a.dtype)
-        da, db, dbias, dc = gemm.backward_numpy(dy, a, b, None if act == "none" else z, with_c=True, **kwargs)
+        grads = gemm.backward_numpy(dy, a, b, None if act == "none" else z, with_c=True, **kwargs)
+        assert grads.dbias_a is None
         refs = gemm.reference_backward(dy, a, b, z, **kwargs)
-        for name, got, ref, length in zip(("dA", "dB", "dbias", "dC"), (da, db, dbias, dc), refs, (n, m, m, 1)):
+        for name, got, ref, length in zip(("dA", "dB", "dbias", "dC"), grads[:4], refs, (n, m, m, 1)):
             assert_close(got, ref, dtype, length, what=f"{name} ta={trans_a} tb={trans_b}")
 
 
@@ -357,7 +368,7 @@ def test_backward_with_alpha_against_finite_differences(rng):
     bias, dy = rng.standard_normal(n).astype(np.float32), rng.standard_normal((m, n)).astype(np.float32)
     kwargs = dict(act="silu", alpha=0.75)
     _, z = gemm.reference(a, b, bias, **kwargs)
-    da, db, dbias, _ = gemm.backward_numpy(dy, a, b, z.astype(np.float32), **kwargs)
+    da, db, dbias, _, _ = gemm.backward_numpy(dy, a, b, z.astype(np.float32), **kwargs)
 
     def loss(a_, b_, bias_):
         return float((gemm.reference(a_, b_, bias_, **kwargs)[0] * dy).sum())
@@ -372,3 +383,24 @@ def test_backward_with_alpha_against_finite_differences(rng):
             minus[i] -= h
             numeric[i] = (loss(*args[:slot], plus, *args[slot + 1:]) - loss(*args[:slot], minus, *args[slot + 1:])) / (2 * h)
         assert_close(grad, numeric, "float32", 64, what=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("a_act", ("gelu", "relu", "silu", "leaky_relu"))
+def test_backward_chained_through_previous_activation(rng, dtype, a_act):
+    """dA comes back as the previous layer's pre-activation gradient, with that layer's bias gradient: DGELU_BGRAD
+    for gelu with trans_a False and K % 8 == 0, the post-kernel path otherwise (trans_a, other activations)."""
+    for trans_a, k in ((False, 48), (True, 48), (False, 13)):
+        m, n = 32, 24
+        a_preact = random_array(rng, (k, m) if trans_a else (m, k), dtype)
+        from graph_executor_v2.ops import activations
+
+        a = activations.apply(a_act, a_preact.astype(np.float64), 0.1).astype(a_preact.dtype)
+        b, dy = random_array(rng, (k, n), dtype, 0.5), random_array(rng, (m, n), dtype)
+        grads = gemm.backward_numpy(dy, a, b, trans_a=trans_a, a_preact=a_preact, a_act=a_act, a_slope=0.1)
+        d_a, _, _, _ = gemm.reference_backward(dy, a, b, trans_a=trans_a)
+        d_pre = d_a * activations.derivative(a_act, a_preact.astype(np.float64), 0.1)
+        assert_close(grads.dA, d_pre, dtype, n, what=f"dA_pre ta={trans_a} k={k}")
+        assert_close(grads.dbias_a, d_pre.sum(axis=0), dtype, n * (k if trans_a else m),
+                     what=f"dbias_a ta={trans_a} k={k}")

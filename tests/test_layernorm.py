@@ -150,8 +150,9 @@ def test_kernels_and_limits_reported_by_the_native_module():
     assert reason("block_per_row", 32768, "float16", True, False) == ""
     assert "cols <= 32768" in reason("block_per_row", 32776, "float16", True, False)
     assert reason("block_per_row", 8200, "float16", True, False) == ""  # 8200 % 8 == 0: vector loads
-    assert "cols <= 8192 (forward with scalar loads)" in reason("block_per_row", 8200, "float16", False, False)
-    assert "cols <= 8192 (forward with scalar loads)" in reason("block_per_row", 8193, "float16", True, False)
+    assert "cols <= 8192 (forward, scalar loads)" in reason("block_per_row", 8200, "float16", False, False)
+    assert "cols <= 8192 (forward, scalar loads)" in reason("block_per_row", 8193, "float16", True, False)
+    assert "cols <= 512 (forward, scalar loads)" in reason("warp_per_row", 513, "float32", True, False)
     assert "backward" in reason("block_per_row", 8193, "float32", True, True)
     assert reason("multipass", 10 ** 9, "bfloat16", False, True) == ""
 

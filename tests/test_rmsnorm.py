@@ -124,10 +124,13 @@ def test_kernels_and_limits_reported_by_the_native_module():
         pytest.skip("_ops_rmsnorm is not built")
     assert [k["name"] for k in rmsnorm.kernels()] == list(KERNELS)
     reason = rmsnorm._native_module().unsupported_reason
-    assert reason("warp_per_row", 1024, "bfloat16", False, True) == ""
-    assert "cols <= 1024" in reason("warp_per_row", 1025, "bfloat16", True, True)
+    assert reason("warp_per_row", 1024, "bfloat16", True, True) == ""
+    assert "cols <= 1024 (backward)" in reason("warp_per_row", 1032, "bfloat16", True, True)
+    assert reason("warp_per_row", 512, "bfloat16", False, True) == ""
+    assert "cols <= 512 (backward, scalar loads)" in reason("warp_per_row", 513, "bfloat16", True, True)
     assert reason("block_per_row", 32768, "float32", True, False) == ""
-    assert "cols <= 8192 (backward)" in reason("block_per_row", 8193, "float32", True, True)
+    assert "cols <= 8192 (backward)" in reason("block_per_row", 8196, "float32", True, True)
+    assert "cols <= 4096 (backward, scalar loads)" in reason("block_per_row", 4097, "float32", True, True)
     assert reason("multipass", 1 << 20, "float16", False, False) == ""
 
 

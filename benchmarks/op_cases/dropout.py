@@ -54,8 +54,9 @@ def cases(torch):
     _, mask = torch.ops.aten.native_dropout(x, P, True)
     nbytes = 2 * COUNT * 2
     return [
-        {"name": f"dropout fwd f16 64M p={P}", "ge2": forward, "torch": lambda: torch.ops.aten.native_dropout(x, P, True),
-         "check": check_forward, "bytes": nbytes, "target": {"copy_fraction": 0.85}},
+        {"name": f"dropout fwd f16 64M p={P}", "ge2": forward,
+         "torch": lambda: torch.ops.aten.native_dropout(x, P, True), "check": check_forward, "bytes": nbytes,
+         "target": {"copy_fraction": 0.85}},
         {"name": f"dropout bwd f16 64M p={P}", "ge2": backward,
          "torch": lambda: torch.ops.aten.native_dropout_backward(dy, mask, scale), "check": check_backward,
          "bytes": nbytes, "target": {"copy_fraction": 0.70}},

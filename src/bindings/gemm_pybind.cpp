@@ -64,7 +64,8 @@ PYBIND11_MODULE(_ops_gemm, m) {
       [](std::uintptr_t dy, std::uintptr_t a, std::uintptr_t b, std::uintptr_t preact, std::uintptr_t dz_scratch,
          std::uintptr_t da, std::uintptr_t db, std::uintptr_t dbias, std::uintptr_t dc, int64_t rows, int64_t cols,
          int64_t inner, const std::string& dtype, bool trans_a, bool trans_b, float alpha, float beta,
-         const std::string& act, float slope, bool allow_tf32, std::uintptr_t stream) {
+         const std::string& act, float slope, bool allow_tf32, std::uintptr_t a_preact, const std::string& a_act,
+         float a_slope, std::uintptr_t dbias_a, std::uintptr_t stream) {
         ge2::gemm::BackwardArgs args;
         args.dy = as_pointer(dy);
         args.a = as_pointer(a);
@@ -86,13 +87,20 @@ PYBIND11_MODULE(_ops_gemm, m) {
         args.act = ge2::act_from_name(act);
         args.slope = slope;
         args.allow_tf32 = allow_tf32;
+        args.a_preact = as_pointer(a_preact);
+        args.a_act = ge2::act_from_name(a_act, "a_act");
+        args.a_slope = a_slope;
+        args.dbias_a = as_pointer(dbias_a);
         ge2::binding::ReleaseGil release;
         ge2::gemm::backward(args, as_stream(stream));
       },
       py::arg("dy"), py::arg("a"), py::arg("b"), py::arg("preact"), py::arg("dz_scratch"), py::arg("da"),
       py::arg("db"), py::arg("dbias"), py::arg("dc"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype"),
       py::arg("trans_a"), py::arg("trans_b"), py::arg("alpha"), py::arg("beta"), py::arg("act"), py::arg("slope"),
-      py::arg("allow_tf32"), py::arg("stream"), "Enqueues dA, dB, dbias, dC (each skipped when its address is 0).");
+      py::arg("allow_tf32"), py::arg("a_preact"), py::arg("a_act"), py::arg("a_slope"), py::arg("dbias_a"),
+      py::arg("stream"),
+      "Enqueues dA, dB, dbias, dC (each skipped when its address is 0); with a_act, dA is the gradient w.r.t. "
+      "a_preact and dbias_a the previous layer's bias gradient.");
 
   m.def(
       "unsupported_reason",

@@ -2,6 +2,7 @@
 // (normalized: in [0, ndim), no repeats) in, work enqueued on `stream`; argument checking for users happens in
 // graph_executor_v2.ops.reduce before any of this runs.
 #include "api.hpp"
+#include "kernel_list.hpp"
 #include "op_binding.hpp"
 
 namespace py = pybind11;
@@ -76,16 +77,6 @@ PYBIND11_MODULE(_ops_reduce, m) {
       py::arg("shape"), py::arg("axes"),
       "How the native side sees the problem after dropping size-1 axes and merging neighbours.");
 
-  m.def("kernels", [] {
-    py::list table;
-    for (const auto& info : ge2::reduce::kernel_table()) {
-      py::dict row;
-      row["name"] = info.name;
-      row["priority"] = info.priority;
-      row["description"] = info.description;
-      row["constraints"] = info.constraints;
-      table.append(row);
-    }
-    return table;
-  });
+  m.def("kernels", [] { return ge2::binding::kernel_list(ge2::reduce::kernel_table()); },
+        "The kernel variants: name, priority, description, constraints.");
 }

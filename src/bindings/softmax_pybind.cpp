@@ -2,6 +2,7 @@
 // the array in, work enqueued on `stream`; argument checking for users happens in graph_executor_v2.ops.softmax
 // before any of this runs.
 #include "api.hpp"
+#include "kernel_list.hpp"
 #include "op_binding.hpp"
 
 namespace py = pybind11;
@@ -60,16 +61,6 @@ PYBIND11_MODULE(_ops_softmax, m) {
       py::arg("kernel"), py::arg("n"), py::arg("inner"), py::arg("backward"),
       "Empty string when the kernel can run the problem, else the reason it cannot.");
 
-  m.def("kernels", [] {
-    py::list table;
-    for (const auto& info : ge2::softmax::kernel_table()) {
-      py::dict row;
-      row["name"] = info.name;
-      row["priority"] = info.priority;
-      row["description"] = info.description;
-      row["constraints"] = info.constraints;
-      table.append(row);
-    }
-    return table;
-  });
+  m.def("kernels", [] { return ge2::binding::kernel_list(ge2::softmax::kernel_table()); },
+        "The kernel variants: name, priority, description, constraints.");
 }

@@ -14,6 +14,7 @@ Kernel candidates (``kernels()``), best first:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -211,26 +212,40 @@ def _check_output(array, argument, shape: GemmShape, device):
     return view
 
 
+class GemmGrads(NamedTuple):
+    """Gradients of one gemm. With layer chaining (``a_act``), dA is w.r.t. the previous layer's pre-activation and
+    dbias_a is that layer's bias gradient; otherwise dbias_a is None. dC is None unless asked for."""
+
+    dA: object
+    dB: object
+    dbias: object
+    dC: object
+    dbias_a: object
+
+
 def backward_numpy(dY, A, B, preact=None, act="none", alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
-                   slope=0.01, allow_tf32=False, with_c=False):
-    """Host arrays in: returns (dA, dB, dbias, dC) as host arrays (dC is None unless ``with_c``)."""
-    arrays = {"dY": dY, "A": A, "B": B, "preact": preact}
+                   slope=0.01, allow_tf32=False, with_c=False, a_preact=None, a_act="none", a_slope=0.01):
+    """Host arrays in: returns GemmGrads of host arrays (see ``backward``)."""
+    arrays = {"dY": dY, "A": A, "B": B, "preact": preact, "a_preact": a_preact}
     for name, value in arrays.items():
         if value is not None and not isinstance(value, np.ndarray):
             raise TypeError(f"{name}: expected a NumPy array, got {type(value).__name__}")
     _check_backward(dY.shape, _dtype_of(dY, "dY"), A.shape, _dtype_of(A, "A"), B.shape, _dtype_of(B, "B"),
                     None if preact is None else preact.shape, None if preact is None else _dtype_of(preact, "preact"),
-                    act, trans_a, trans_b, alpha, beta, slope)
+                    act, trans_a, trans_b, alpha, beta, slope, None if a_preact is None else a_preact.shape,
+                    None if a_preact is None else _dtype_of(a_preact, "a_preact"), a_act, a_slope)
     _device.require_gpu("gemm.backward_numpy")
     DeviceArray = _device.runtime().DeviceArray
     on_device = {k: None if v is None else DeviceArray.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
     grads = backward(on_device["dY"], on_device["A"], on_device["B"], on_device["preact"], act=act, alpha=alpha,
-                     beta=beta, trans_a=trans_a, trans_b=trans_b, slope=slope, allow_tf32=allow_tf32, with_c=with_c)
-    return tuple(None if g is None else g.numpy() for g in grads)
+                     beta=beta, trans_a=trans_a, trans_b=trans_b, slope=slope, allow_tf32=allow_tf32, with_c=with_c,
+                     a_preact=on_device["a_preact"], a_act=a_act, a_slope=a_slope)
+    return GemmGrads(*(None if g is None else g.numpy() for g in grads))
 
 
 def _check_backward(dy_shape, dy_dtype, a_shape, a_dtype, b_shape, b_dtype, preact_shape, preact_dtype, act,
-                    trans_a, trans_b, alpha, beta, slope) -> GemmShape:
+                    trans_a, trans_b, alpha, beta, slope, a_preact_shape=None, a_preact_dtype=None, a_act="none",
+                    a_slope=0.01) -> GemmShape:
     shape = check_operands(a_shape, a_dtype, b_shape, b_dtype, act=act, trans_a=trans_a, trans_b=trans_b,
                            alpha=alpha, beta=beta, slope=slope)
     if tuple(dy_shape) != (shape.m, shape.n):
@@ -244,30 +259,50 @@ def _check_backward(dy_shape, dy_dtype, a_shape, a_dtype, b_shape, b_dtype, prea
             raise ValueError(f"preact: expected shape ({shape.m}, {shape.n}), got {tuple(preact_shape)}")
         if preact_dtype != shape.dtype:
             raise TypeError(f"preact: expected dtype {shape.dtype}, got {preact_dtype}")
+    if a_act not in GEMM_ACTIVATIONS:
+        raise ValueError(f"a_act: expected one of {', '.join(GEMM_ACTIVATIONS)}, got {a_act!r}")
+    if isinstance(a_slope, bool) or not isinstance(a_slope, (int, float, np.floating, np.integer)):
+        raise TypeError(f"a_slope: expected a float, got {type(a_slope).__name__}")
+    if a_act != "none":
+        if a_preact_shape is None:
+            raise ValueError(f"a_preact: required for a_act={a_act!r} (the pre-activation that produced A)")
+        if tuple(a_preact_shape) != tuple(a_shape):
+            raise ValueError(f"a_preact: expected shape {tuple(a_shape)} (the shape of A), got {tuple(a_preact_shape)}")
+        if a_preact_dtype != shape.dtype:
+            raise TypeError(f"a_preact: expected dtype {shape.dtype}, got {a_preact_dtype}")
     return shape
 
 
 def backward(dY, A, B, preact=None, act="none", alpha=1.0, beta=0.0, trans_a=False, trans_b=False, slope=0.01,
-             allow_tf32=False, with_c=False, stream=None):
-    """Device arrays in: returns (dA, dB, dbias, dC) as device arrays of A's kind (dC None unless ``with_c``)."""
+             allow_tf32=False, with_c=False, a_preact=None, a_act="none", a_slope=0.01, stream=None):
+    """Device arrays in: returns GemmGrads(dA, dB, dbias, dC, dbias_a) as device arrays of A's kind.
+
+    Layer chaining: when A = a_act(a_preact) came from the previous layer, pass ``a_preact``/``a_act`` and dA comes
+    back as the gradient w.r.t. a_preact, with that layer's bias gradient in dbias_a — fused into the dA matmul as
+    cuBLASLt's DGELU_BGRAD epilogue for gelu (trans_a False, K % 8 == 0), by a post-kernel otherwise."""
     vdy, va, vb = _device.view_of(dY, "dY"), _device.view_of(A, "A"), _device.view_of(B, "B")
     vz = None if preact is None else _device.view_of(preact, "preact")
+    vaz = None if a_preact is None else _device.view_of(a_preact, "a_preact")
     shape = _check_backward(vdy.shape, vdy.dtype, va.shape, va.dtype, vb.shape, vb.dtype,
                             None if vz is None else vz.shape, None if vz is None else vz.dtype,
-                            act, trans_a, trans_b, alpha, beta, slope)
-    for name, view in (("dY", vdy), ("A", va), ("B", vb), ("preact", vz)):
+                            act, trans_a, trans_b, alpha, beta, slope, None if vaz is None else vaz.shape,
+                            None if vaz is None else vaz.dtype, a_act, a_slope)
+    for name, view in (("dY", vdy), ("A", va), ("B", vb), ("preact", vz), ("a_preact", vaz)):
         if view is not None and not view.is_contiguous:
             raise ValueError(f"{name}: expected a contiguous row-major array, got strides {view.strides}")
     new = lambda s: _device.empty_like_kind(A, s, shape.dtype, va.device)  # noqa: E731
     da, db, dbias = new(va.shape), new(vb.shape), new((shape.n,))
     dc = new((shape.m, shape.n)) if with_c else None
     dz_scratch = new((shape.m, shape.n)) if act != "none" else None
+    chained = a_act != "none"
+    dbias_a = new((va.shape[1],)) if chained else None  # the previous layer's bias: per column of stored A
     ptr = lambda x, name: 0 if x is None else _device.view_of(x, name).ptr  # noqa: E731
     _native_module().backward(
         vdy.ptr, va.ptr, vb.ptr, ptr(preact, "preact"), ptr(dz_scratch, "scratch"), ptr(da, "dA"), ptr(db, "dB"),
         ptr(dbias, "dbias"), ptr(dc, "dC"), shape.m, shape.n, shape.k, shape.dtype, bool(trans_a), bool(trans_b),
-        float(alpha), float(beta), act, float(slope), bool(allow_tf32), _device.stream_handle(stream))
-    return da, db, dbias, dc
+        float(alpha), float(beta), act, float(slope), bool(allow_tf32), ptr(a_preact, "a_preact"), a_act,
+        float(a_slope), ptr(dbias_a, "dbias_a"), _device.stream_handle(stream))
+    return GemmGrads(da, db, dbias, dc, dbias_a)
 
 
 def kernels() -> list[dict]:

@@ -9,9 +9,10 @@ Backward: ``dx``, ``dgamma = sum over rows of dy * xhat``, ``dbeta = sum over ro
 deterministic: per-block partial sums in a float32 workspace (allocated here, or passed as ``workspace=`` with at
 least ``backward_workspace_bytes()`` bytes), then a second kernel that adds them in a fixed order.
 
-Kernel candidates (``kernels()``), best first: ``warp_per_row`` (cols <= 1024), ``block_per_row`` (cols <= 32768
-forward, 8192 backward), both holding the row in registers with 16-byte vector loads where aligned;
-``multipass`` (any cols, any alignment), the one that always works. The kernels are shared with rmsnorm.
+Kernel candidates (``kernels()``, with their exact limits), best first: ``warp_per_row`` (cols <= 1024),
+``block_per_row`` (cols <= 32768 forward, 8192 backward), both holding the row in registers with 16-byte vector
+loads where aligned (scalar loads, with lower limits, otherwise); ``multipass`` (any cols, any alignment), the
+one that always works. The kernels are shared with rmsnorm.
 """
 from __future__ import annotations
 

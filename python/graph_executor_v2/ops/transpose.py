@@ -304,7 +304,7 @@ TRANSPOSE = register(OpDef(
     infer=_infer_transpose,
     reference=lambda inputs, attrs: [reference_transpose(inputs[0], attrs["perm"])],
     reference_backward=lambda inputs, outputs, out_grads, attrs: [
-        np.transpose(_layout.exact(out_grads[0]), inverse_perm(check_perm(attrs["perm"], inputs[0].ndim)))],
+        np.transpose(_layout.exact(out_grads[0]), inverse_perm(check_perm(attrs["perm"], np.ndim(inputs[0]))))],
     candidates=(
         _transpose_candidate("tiled_packed", 30, "64x64 shared-memory tiles of 2-byte elements as 4-byte words"),
         _transpose_candidate("tiled", 20, "32x32 shared-memory tiles, padded against bank conflicts"),

@@ -1,7 +1,7 @@
 // Integer index arrays (class labels, embedding ids): int32/int64 dispatch, and out-of-range indices found on the
-// device. Kernels never read out of bounds; they write NaN for the affected rows and record the smallest offending position in an 8-byte slot of device memory.
-// A caller that wants an exception resets the slot before the launch and reads it back after (which synchronizes
-// the stream); plan launches skip both and stay asynchronous.
+// device. Kernels never read out of bounds; they write NaN for the affected rows and record the smallest offending
+// position in an 8-byte slot of device memory. A caller that wants an exception resets the slot before the launch
+// and reads it back after (which synchronizes the stream); plan launches skip both and stay asynchronous.
 //
 // Encoding: 0 = no error, otherwise ~position (so atomicMax keeps the smallest position, whatever the order in
 // which threads find them: the report is deterministic).

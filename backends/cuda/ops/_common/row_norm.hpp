@@ -7,9 +7,9 @@
 // so layernorm and rmsnorm stay independent modules.
 //
 // Kernels (registry candidates, best first):
-//   warp_per_row   one warp per row, the row held in registers (x read once); cols <= 1024.
+//   warp_per_row   one warp per row, the row held in registers (x read once); cols <= 1024 (512 with scalar loads).
 //   block_per_row  128..1024 threads per row, the row held in registers; forward cols <= 32768 (8192 with scalar
-//                  loads), backward cols <= 8192 (it also holds dy and per-column dgamma/dbeta sums).
+//                  loads), backward cols <= 8192 (4096): it also holds dy and per-column dgamma/dbeta sums.
 //   multipass      one block per row re-reading the row (from L2) for each pass: any cols. Always works.
 // The register kernels use 16-byte vector loads when every pointer is 16-byte aligned and cols is a multiple of
 // the vector width, and scalar (still coalesced) loads otherwise.
@@ -55,12 +55,15 @@ inline const char* kernel_name(Kernel kernel) {
   return "unknown";
 }
 
-// A thread holds at most this many elements of a row (of x, and in the backward of dy too).
+// Register budget. A thread holds at most kMaxItems elements of a row (of x, and in the backward of dy too, plus
+// its column sums) with 16-byte vector loads, kMaxScalarItems with scalar loads, which cost a register per element
+// and their own addressing. Groups are at most 1024 threads in the forward (512 with scalar loads) and 256 in the
+// backward: wider ones would have to fit in 64 or 128 registers and spill.
 constexpr int kMaxItems = 32;
-constexpr int64_t kWarpMaxCols = 32 * kMaxItems;                   // 1024
-constexpr int64_t kBlockMaxColsForward = 1024 * kMaxItems;         // 32768, with 16-byte vector loads
-constexpr int64_t kBlockMaxColsForwardScalar = 256 * kMaxItems;    // 8192: wider groups of scalar loads spill
-constexpr int64_t kBlockMaxColsBackward = 256 * kMaxItems;         // 8192: x, dy and the column sums fill 255 registers
+constexpr int kMaxScalarItems = 16;
+constexpr int kWidestForwardGroup = 1024;
+constexpr int kWidestScalarForwardGroup = 512;
+constexpr int kWidestBackwardGroup = 256;
 constexpr int kMultipassThreads = 512;
 
 // Forward: y = (x - mean) * rstd * gamma + beta (centered) or y = x * rstd * gamma (not centered), with
@@ -114,12 +117,19 @@ inline int vector_width(int64_t cols, DType dtype, bool aligned) {
   return aligned && cols % pack == 0 ? pack : 1;
 }
 
+inline int max_items(bool vectorized) { return vectorized ? kMaxItems : kMaxScalarItems; }
+
+inline int widest_group(bool backward, bool vectorized) {
+  if (backward) return kWidestBackwardGroup;
+  return vectorized ? kWidestForwardGroup : kWidestScalarForwardGroup;
+}
+
+// The longest row `kernel` holds: warp_per_row 1024 (512 with scalar loads); block_per_row forward 32768 (8192),
+// backward 8192 (4096).
 inline int64_t max_cols(Kernel kernel, bool backward, bool vectorized) {
   switch (kernel) {
-    case Kernel::WarpPerRow: return kWarpMaxCols;
-    case Kernel::BlockPerRow:
-      if (backward) return kBlockMaxColsBackward;
-      return vectorized ? kBlockMaxColsForward : kBlockMaxColsForwardScalar;
+    case Kernel::WarpPerRow: return int64_t{32} * max_items(vectorized);
+    case Kernel::BlockPerRow: return int64_t{widest_group(backward, vectorized)} * max_items(vectorized);
     default: return INT64_MAX;
   }
 }
@@ -130,7 +140,7 @@ inline std::string unsupported_reason(Kernel kernel, int64_t cols, DType dtype, 
   const int64_t limit = max_cols(kernel, backward, vectorized);
   if (cols <= limit) return "";
   return std::string(kernel_name(kernel)) + " holds a row in registers: needs cols <= " + std::to_string(limit) +
-         (backward ? " (backward)" : vectorized ? " (forward)" : " (forward with scalar loads)") + ", got " +
+         " (" + (backward ? "backward" : "forward") + (vectorized ? "" : ", scalar loads") + "), got " +
          std::to_string(cols);
 }
 
@@ -163,18 +173,15 @@ inline Geometry choose_geometry(Kernel kernel, int64_t cols, DType dtype, bool a
   geometry.vec = vector_width(cols, dtype, aligned);
   if (kernel == Kernel::WarpPerRow) {
     geometry.group_threads = 32;
-    geometry.groups = backward ? 8 : 4;  // backward: fewer, larger blocks mean fewer dgamma/dbeta parts
+    geometry.groups = 4;
   } else {
-    // The narrowest group that holds the row. Scalar loads cost a register per element plus addressing, so a
-    // scalar forward prefers 16 elements per thread to 32.
-    const bool scalar_forward = !backward && geometry.vec == 1;
-    const int widest = backward || scalar_forward ? 256 : 1024;
-    const int preferred_items = scalar_forward ? 16 : kMaxItems;
+    // The narrowest group that holds the row.
+    const bool vectorized = geometry.vec > 1;
     geometry.group_threads = 128;
-    while (geometry.group_threads < widest && int64_t{geometry.group_threads} * preferred_items < cols) {
+    while (geometry.group_threads < widest_group(backward, vectorized) &&
+           int64_t{geometry.group_threads} * max_items(vectorized) < cols) {
       geometry.group_threads *= 2;
     }
-    geometry.groups = backward && geometry.group_threads == 128 ? 2 : 1;
   }
   const int64_t per_thread = (cols + geometry.group_threads - 1) / geometry.group_threads;
   geometry.items = std::max({next_power_of_two(per_thread), 4, geometry.vec});
@@ -216,11 +223,13 @@ inline std::vector<KernelInfo> kernel_table() {
       "scalar loads otherwise";
   return {
       {"warp_per_row", 30, "one warp per row, the row held in registers: x read once",
-       "cols <= " + std::to_string(kWarpMaxCols) + "; " + vector_rule},
+       "cols <= " + std::to_string(max_cols(Kernel::WarpPerRow, false, true)) + " (" +
+           std::to_string(max_cols(Kernel::WarpPerRow, false, false)) + " with scalar loads); " + vector_rule},
       {"block_per_row", 20, "128-1024 threads per row, the row held in registers: x read once",
-       "forward cols <= " + std::to_string(kBlockMaxColsForward) + " with vector loads, <= " +
-           std::to_string(kBlockMaxColsForwardScalar) + " with scalar loads; backward cols <= " +
-           std::to_string(kBlockMaxColsBackward) + "; " + vector_rule},
+       "forward cols <= " + std::to_string(max_cols(Kernel::BlockPerRow, false, true)) + " (" +
+           std::to_string(max_cols(Kernel::BlockPerRow, false, false)) + " with scalar loads), backward cols <= " +
+           std::to_string(max_cols(Kernel::BlockPerRow, true, true)) + " (" +
+           std::to_string(max_cols(Kernel::BlockPerRow, true, false)) + "); " + vector_rule},
       {"multipass", 10, "one block per row re-reading the row for each pass (from L2): the path that always works",
        "none"},
   };

@@ -470,10 +470,10 @@ __global__ void __launch_bounds__(kSumColumns * kSumSlices)
 // Grid cap for the non-persistent forward: past it, groups loop over more rows.
 constexpr int64_t kMaxForwardBlocks = int64_t{1} << 20;
 
-// The kernel instances that exist; choose_geometry (row_norm.hpp) never asks for another:
-//   forward   warp 32 x 4 groups: items 4..32 | 128 threads: 4..32 | 256: 16, 32 | 512, 1024: 32 (vector loads only)
-//   backward  warp 32 x 8 groups: items 4..32 | 128 threads x 2 groups: 4..32 | 256: 32
-// Forward and backward instances come from separate families, each with its own table of group widths.
+// The kernel instances that exist; choose_geometry (row_norm.hpp) never asks for another. Items per thread:
+//   forward   warp 32 x 4 groups: 4..32 | 128 threads: 4..32 | 256: 16, 32 | 512: 16 scalar, 32 vector | 1024: 32
+//   backward  warp 32 x 4 groups: 4..32 | 128 threads: 4..32 | 256: 16 scalar, 32 vector
+// with at most kMaxScalarItems items for scalar loads. Forward and backward instances come from separate families.
 struct ForwardFamily {
   template <typename T, bool kCentered, int kVec, int kItems, int kGroupThreads, int kGroups>
   static const void* registers() {
@@ -503,7 +503,7 @@ struct BackwardFamily {
 
 template <typename Family, typename T, bool kCentered, int kVec, int kGroupThreads, int kGroups, int kItems>
 const void* instance() {
-  if constexpr (kItems % kVec != 0) {
+  if constexpr (kItems % kVec != 0 || kItems > (kVec == 1 ? kMaxScalarItems : kMaxItems)) {
     return nullptr;
   } else {
     return Family::template registers<T, kCentered, kVec, kItems, kGroupThreads, kGroups>();
@@ -528,13 +528,14 @@ inline bool has_width(const Geometry& g, int group_threads, int groups) {
 template <typename T, bool kCentered, int kVec>
 const void* ForwardFamily::find(const Geometry& g) {
   using F = ForwardFamily;
+  constexpr int kWideItems = kVec == 1 ? kMaxScalarItems : kMaxItems;  // what groups of 256+ threads hold
   if (has_width(g, 32, 4)) return instance_for_items<F, T, kCentered, kVec, 32, 4>(g.items);
   if (has_width(g, 128, 1)) return instance_for_items<F, T, kCentered, kVec, 128, 1>(g.items);
   if (has_width(g, 256, 1) && g.items == 16) return instance<F, T, kCentered, kVec, 256, 1, 16>();
   if (has_width(g, 256, 1) && g.items == 32) return instance<F, T, kCentered, kVec, 256, 1, 32>();
+  if (has_width(g, 512, 1) && g.items == kWideItems) return instance<F, T, kCentered, kVec, 512, 1, kWideItems>();
   if constexpr (kVec > 1) {
-    if (has_width(g, 512, 1) && g.items == 32) return instance<F, T, kCentered, kVec, 512, 1, 32>();
-    if (has_width(g, 1024, 1) && g.items == 32) return instance<F, T, kCentered, kVec, 1024, 1, 32>();
+    if (has_width(g, 1024, 1) && g.items == kMaxItems) return instance<F, T, kCentered, kVec, 1024, 1, kMaxItems>();
   }
   return nullptr;
 }
@@ -542,9 +543,10 @@ const void* ForwardFamily::find(const Geometry& g) {
 template <typename T, bool kCentered, int kVec>
 const void* BackwardFamily::find(const Geometry& g) {
   using F = BackwardFamily;
-  if (has_width(g, 32, 8)) return instance_for_items<F, T, kCentered, kVec, 32, 8>(g.items);
-  if (has_width(g, 128, 2)) return instance_for_items<F, T, kCentered, kVec, 128, 2>(g.items);
-  if (has_width(g, 256, 1) && g.items == 32) return instance<F, T, kCentered, kVec, 256, 1, 32>();
+  constexpr int kWideItems = kVec == 1 ? kMaxScalarItems : kMaxItems;
+  if (has_width(g, 32, 4)) return instance_for_items<F, T, kCentered, kVec, 32, 4>(g.items);
+  if (has_width(g, 128, 1)) return instance_for_items<F, T, kCentered, kVec, 128, 1>(g.items);
+  if (has_width(g, 256, 1) && g.items == kWideItems) return instance<F, T, kCentered, kVec, 256, 1, kWideItems>();
   return nullptr;
 }
 

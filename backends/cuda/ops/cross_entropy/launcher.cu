@@ -170,17 +170,22 @@ Kernel run(const Args& args, Kernel requested, bool check_labels, cudaStream_t s
   }
   int grid = 0;
   if (args.rows > 0) {
+    bool launched = true;
     switch (kernel) {
       case Kernel::WarpRow:
-        launch_warp_row(problem, args.dtype, args.label_dtype, vectorizable, &grid, stream);
+        launched = launch_warp_row(problem, args.dtype, args.label_dtype, vectorizable, &grid, stream);
         break;
       case Kernel::BlockRow:
-        launch_block_row(problem, args.dtype, args.label_dtype, vectorizable, &grid, stream);
+        launched = launch_block_row(problem, args.dtype, args.label_dtype, vectorizable, &grid, stream);
         break;
       case Kernel::Streaming:
       case Kernel::Auto:
         launch_streaming(problem, args.dtype, args.label_dtype, vectorizable, &grid, stream);
         break;
+    }
+    if (!launched) {  // unsupported_reason and the launchers' tables disagree: a bug, never a user error
+      throw std::logic_error(std::string("cross_entropy: kernel '") + kernel_name(kernel) + "' has no variant for " +
+                             std::to_string(args.cols) + " classes");
     }
   }
   if (args.loss != nullptr && args.reduction != Reduction::None) {

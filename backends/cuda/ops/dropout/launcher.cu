@@ -49,11 +49,15 @@ void check_args(const Args& args) {
     throw std::invalid_argument(std::string("dtype: expected float32, float16 or bfloat16, got ") +
                                 dtype_name(args.dtype));
   }
-  if (!(args.p >= 0.0 && args.p < 1.0)) throw std::invalid_argument("p: expected 0 <= p < 1, got " + std::to_string(args.p));
+  if (!(args.p >= 0.0 && args.p < 1.0)) {  // NaN fails too
+    throw std::invalid_argument("p: expected 0 <= p < 1, got " + std::to_string(args.p));
+  }
   if (args.count > 0 && args.offset > UINT64_MAX - static_cast<uint64_t>(args.count - 1)) {
     throw std::invalid_argument("offset: offset + element count exceeds 2^64 (the Philox counter space)");
   }
-  if (args.count > 0 && (args.x == nullptr || args.y == nullptr)) throw std::invalid_argument("x, y: null device pointer");
+  if (args.count > 0 && (args.x == nullptr || args.y == nullptr)) {
+    throw std::invalid_argument("x, y: null device pointer");
+  }
 }
 
 }  // namespace

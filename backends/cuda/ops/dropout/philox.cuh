@@ -15,24 +15,35 @@ struct PhiloxWords {
   uint32_t w[4];
 };
 
+// The high and low 32 bits of a * b. On the device as two 32-bit multiplies: written as one 64-bit product, the
+// compiler widens the whole round to 64-bit arithmetic.
+__host__ __device__ __forceinline__ void multiply_high_low(uint32_t a, uint32_t b, uint32_t& high, uint32_t& low) {
+#ifdef __CUDA_ARCH__
+  high = __umulhi(a, b);
+  low = a * b;
+#else
+  const uint64_t product = static_cast<uint64_t>(a) * b;
+  high = static_cast<uint32_t>(product >> 32);
+  low = static_cast<uint32_t>(product);
+#endif
+}
+
 __host__ __device__ __forceinline__ PhiloxWords philox4x32_10(PhiloxWords counter, uint32_t k0, uint32_t k1) {
   constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;    // round multipliers
   constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;  // key schedule increments
   uint32_t c0 = counter.w[0], c1 = counter.w[1], c2 = counter.w[2], c3 = counter.w[3];
-#pragma unroll
-  for (int round = 0; round < 10; ++round) {
+  for (int round = 0; round < 10; ++round) {  // fully unrolled by nvcc (a constant trip count)
     if (round > 0) {
       k0 += kWeyl0;
       k1 += kWeyl1;
     }
-    const uint64_t product0 = static_cast<uint64_t>(kMul0) * c0;
-    const uint64_t product1 = static_cast<uint64_t>(kMul1) * c2;
-    const uint32_t next0 = static_cast<uint32_t>(product1 >> 32) ^ c1 ^ k0;
-    const uint32_t next2 = static_cast<uint32_t>(product0 >> 32) ^ c3 ^ k1;
-    c1 = static_cast<uint32_t>(product1);
-    c3 = static_cast<uint32_t>(product0);
-    c0 = next0;
-    c2 = next2;
+    uint32_t high0, low0, high1, low1;
+    multiply_high_low(kMul0, c0, high0, low0);
+    multiply_high_low(kMul1, c2, high1, low1);
+    c0 = high1 ^ c1 ^ k0;
+    c1 = low1;
+    c2 = high0 ^ c3 ^ k1;
+    c3 = low0;
   }
   return PhiloxWords{{c0, c1, c2, c3}};
 }

@@ -177,9 +177,9 @@ std::size_t round_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 Layout plan_workspace(int64_t count, int64_t dim, int end_bit) {
   Layout layout{};
   // CUB's scratch size depends only on the problem size; the call with a null scratch pointer only asks.
-  GE2_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, layout.sort_scratch_bytes, static_cast<const uint32_t*>(nullptr),
-                                                 static_cast<uint32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
-                                                 static_cast<int32_t*>(nullptr), static_cast<int>(count), 0, end_bit));
+  GE2_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, layout.sort_scratch_bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), static_cast<int>(count), 0, end_bit));
   const std::size_t ids_bytes = round_up(sizeof(uint32_t) * static_cast<std::size_t>(count));
   const std::size_t partial_bytes =
       round_up(sizeof(float) * static_cast<std::size_t>((count + kTile - 1) / kTile) * static_cast<std::size_t>(dim));

@@ -49,6 +49,13 @@ struct BackwardArgs {
   Act act = Act::None;
   float slope = 0.01f;
   bool allow_tf32 = false;
+  // Layer chaining: when a_act is not None, A = a_act(a_preact) came out of the previous layer, and dA is returned
+  // as the gradient w.r.t. a_preact (dA * a_act'(a_preact)), with that layer's bias gradient in dbias_a (column sums
+  // of the stored dA). Gelu with trans_a == false runs as cuBLASLt's DGELU_BGRAD epilogue.
+  const void* a_preact = nullptr;
+  Act a_act = Act::None;
+  float a_slope = 0.01f;
+  void* dbias_a = nullptr;
 };
 
 // Empty when `kernel` can run the problem; otherwise the reason it cannot. `pointers_aligned` says whether the
@@ -75,14 +82,16 @@ std::size_t lt_plan_count();
 
 // D[m x n] = alpha * op(A) @ op(B) (+ beta * C) with an optional cuBLASLt epilogue. Returns false when cuBLASLt
 // has no algorithm for the problem (the caller falls back); throws on every other failure.
-enum class LtEpilogue { Default, Bias, Relu, ReluBias, Gelu, GeluBias, GeluAux, GeluAuxBias, BiasGradA, BiasGradB };
+enum class LtEpilogue {
+  Default, Bias, Relu, ReluBias, Gelu, GeluBias, GeluAux, GeluAuxBias, BiasGradA, BiasGradB, GeluGradBiasGrad
+};
 struct LtCall {
   const void* a = nullptr;
   const void* b = nullptr;
   const void* c = nullptr;  // read when beta != 0
   void* d = nullptr;
-  const void* bias = nullptr;  // bias (forward) or bias gradient output (BiasGrad*)
-  void* aux = nullptr;
+  const void* bias = nullptr;  // bias (forward) or bias gradient output (BiasGrad*, GeluGradBiasGrad)
+  const void* aux = nullptr;   // pre-activation: written by GeluAux*, read by GeluGradBiasGrad
   int64_t m = 0, n = 0, k = 0;
   DType dtype = DType::Float32;
   bool trans_a = false, trans_b = false;

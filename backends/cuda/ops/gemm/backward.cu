@@ -1,6 +1,8 @@
 // gemm backward. With Z the pre-activation and dZ = dY * act'(Z):
 //   dA = alpha * dZ @ op(B)^T (transposed back when trans_a), dB = alpha * op(A)^T @ dZ (likewise for trans_b),
 //   dbias = column sums of dZ, dC = beta * dZ.
+// Chained layers (a_act set): dA becomes the previous layer's pre-activation gradient, through DGELU_BGRAD when it
+// applies and a post-kernel otherwise (DRELU needs cuBLASLt's relu bit-mask, which a dense pre-activation is not).
 // dbias rides on the dB matmul as cuBLASLt's BGRADA/BGRADB epilogue; when cuBLASLt has no algorithm for that, a
 // deterministic two-pass column sum computes it instead. Every matmul falls back to the tiled kernel.
 #include <algorithm>
@@ -17,9 +19,9 @@ constexpr int kThreads = 256;
 
 int grid_for(int64_t work) { return static_cast<int>(std::min<int64_t>((work + kThreads - 1) / kThreads, 132 * 16)); }
 
-// out = scale * dy * act'(z)  (act None: out = scale * dy). Elementwise over m*n.
+// out = scale * dy * act'(z)  (act None: out = scale * dy). Elementwise over m*n; out may alias dy (in place).
 template <typename T>
-__global__ void activation_grad(const T* __restrict__ dy, const T* __restrict__ z, T* __restrict__ out, int64_t total,
+__global__ void activation_grad(const T* dy, const T* __restrict__ z, T* out, int64_t total,
                                 Act act, float slope, float scale) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -127,6 +129,9 @@ void check_backward_args(const BackwardArgs& args) {
   if (args.act != Act::None && (args.preact == nullptr || args.dz_scratch == nullptr)) {
     throw std::invalid_argument("preact: required (with a dz scratch buffer) when act is not none");
   }
+  if (args.a_act != Act::None && (args.a_preact == nullptr || args.da == nullptr)) {
+    throw std::invalid_argument("a_preact: required (with dA) when a_act is not none");
+  }
 }
 
 }  // namespace
@@ -141,10 +146,38 @@ void backward(const BackwardArgs& args, cudaStream_t stream) {
     dz = args.dz_scratch;
   }
   if (args.da != nullptr) {
+    const bool chained = args.a_act != Act::None;
+    bool chain_done = false;
     if (!args.trans_a) {
-      matmul(dz, args.b, args.da, m, k, n, false, !args.trans_b, args, stream);  // dZ @ op(B)^T
+      // dZ @ op(B)^T; chained through a gelu producer, DGELU_BGRAD also applies gelu' and sums the bias gradient.
+      if (chained && args.a_act == Act::Gelu && args.dbias_a != nullptr && k % 8 == 0 &&
+          is_aligned(args.a_preact, 16) && is_aligned(args.dbias_a, 16)) {
+        LtCall call;
+        call.a = dz;
+        call.b = args.b;
+        call.d = args.da;
+        call.m = m;
+        call.n = k;
+        call.k = n;
+        call.dtype = args.dtype;
+        call.trans_b = !args.trans_b;
+        call.alpha = args.alpha;
+        call.allow_tf32 = args.allow_tf32;
+        call.aux = args.a_preact;
+        call.bias = args.dbias_a;
+        call.epilogue = LtEpilogue::GeluGradBiasGrad;
+        chain_done = lt_matmul(call, stream);
+      }
+      if (!chain_done) matmul(dz, args.b, args.da, m, k, n, false, !args.trans_b, args, stream);
     } else {
       matmul(args.b, dz, args.da, k, m, n, args.trans_b, true, args, stream);  // op(B) @ dZ^T
+    }
+    if (chained && !chain_done) {
+      // The producer's pre-activation gradient in place, then its bias gradient over the stored layout.
+      launch_activation_grad(args.da, args.a_preact, args.da, m * k, args.dtype, args.a_act, args.a_slope, 1.0f,
+                             stream);
+      const int64_t rows = args.trans_a ? k : m, cols = args.trans_a ? m : k;
+      if (args.dbias_a != nullptr) launch_column_sum(args.da, args.dbias_a, rows, cols, args.dtype, stream);
     }
   }
   bool dbias_done = false;

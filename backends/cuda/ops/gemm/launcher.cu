@@ -108,14 +108,18 @@ cublasLtEpilogue_t to_cublaslt(LtEpilogue epilogue) {
     case LtEpilogue::GeluAuxBias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case LtEpilogue::BiasGradA: return CUBLASLT_EPILOGUE_BGRADA;
     case LtEpilogue::BiasGradB: return CUBLASLT_EPILOGUE_BGRADB;
+    case LtEpilogue::GeluGradBiasGrad: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
 
-bool uses_aux(LtEpilogue e) { return e == LtEpilogue::GeluAux || e == LtEpilogue::GeluAuxBias; }
+bool uses_aux(LtEpilogue e) {
+  return e == LtEpilogue::GeluAux || e == LtEpilogue::GeluAuxBias || e == LtEpilogue::GeluGradBiasGrad;
+}
 bool uses_bias(LtEpilogue e) {
   return e == LtEpilogue::Bias || e == LtEpilogue::ReluBias || e == LtEpilogue::GeluBias ||
-         e == LtEpilogue::GeluAuxBias || e == LtEpilogue::BiasGradA || e == LtEpilogue::BiasGradB;
+         e == LtEpilogue::GeluAuxBias || e == LtEpilogue::BiasGradA || e == LtEpilogue::BiasGradB ||
+         e == LtEpilogue::GeluGradBiasGrad;
 }
 
 // Row-major D = op(A) @ op(B) is column-major D^T = op(B)^T @ op(A)^T: cuBLASLt sees B as its "A" and A as its

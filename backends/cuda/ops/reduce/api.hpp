@@ -94,11 +94,11 @@ struct Split {
 
 // The split for `tasks` independent blocks (one per output row, or per column tile) writing `outputs` values,
 // each reducing a run of `length` elements: none when the tasks fill the GPU; else enough splits for about two
-// blocks per SM, each chunk at least `min_chunk` elements and a multiple of `align`, as many as the workspace
-// holds. The partials live in a float32 workspace per device and stream, allocated on first use (so the first
-// split launch on a stream must not be inside CUDA graph capture) and kept for the life of the process.
+// blocks per SM, each chunk at least `min_chunk` elements and a multiple of `align`. The partials live in the
+// module's StreamWorkspace (grown on first use, so the first split launch of a size on a stream must not be
+// inside CUDA graph capture).
 Split plan_split(int64_t tasks, int64_t outputs, int64_t length, int64_t min_chunk, int align, cudaStream_t stream);
-// The number of SMs of the current device (cached per device).
+// The number of SMs of the current device.
 int sm_count();
 
 void launch_row_warp(const ForwardArgs& args, cudaStream_t stream);

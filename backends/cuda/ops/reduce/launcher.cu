@@ -1,15 +1,13 @@
 // reduce launcher: argument checks, the simplification of (shape, axes) into a Layout, the kernel table and the
 // choice among
 //   row_warp (Rows, length <= 4096) -> row_block (Rows) ; column (Columns) ; generic (any: always works),
-// and the per-stream workspace of split reductions.
+// and how split reductions are planned (their partials live in the module's StreamWorkspace).
 #include <algorithm>
-#include <map>
-#include <mutex>
 #include <string>
-#include <utility>
 
 #include "api.hpp"
 #include "status.hpp"
+#include "stream_workspace.hpp"
 
 namespace ge2::reduce {
 
@@ -148,43 +146,19 @@ std::string unsupported_reason(Kernel kernel, const Layout& layout) {
   return "";
 }
 
-// ---- device facts and the split workspace ------------------------------------------------------------------------
+// ---- device facts and split plans ------------------------------------------------------------------------------
 namespace {
 
-std::mutex resources_mutex;
-
-int current_device() {
-  int device = 0;
-  GE2_CUDA_CHECK(cudaGetDevice(&device));
-  return device;
-}
-
-// Partials of one split launch: splits * outputs floats, bounded by plan_split (at most ~3 per SM and tile slot).
-int64_t workspace_floats(int sms) { return int64_t{1024} * sms; }
-
-float* stream_workspace(int device, cudaStream_t stream, int sms) {
-  static auto* workspaces = new std::map<std::pair<int, std::uintptr_t>, float*>();  // never freed: see LtResources
-  std::lock_guard<std::mutex> lock(resources_mutex);
-  const auto key = std::make_pair(device, reinterpret_cast<std::uintptr_t>(stream));
-  auto found = workspaces->find(key);
-  if (found != workspaces->end()) return found->second;
-  void* pointer = nullptr;
-  GE2_CUDA_CHECK(cudaMalloc(&pointer, static_cast<std::size_t>(workspace_floats(sms)) * sizeof(float)));
-  workspaces->emplace(key, static_cast<float*>(pointer));
-  return static_cast<float*>(pointer);
-}
+// Partials one split launch may write: bounded so the workspace stays small (about 0.5 MB on an H100). plan_split
+// asks for splits only when there are fewer tasks than SMs, so this bound rarely binds.
+int64_t max_partials(int sms) { return int64_t{1024} * sms; }
 
 }  // namespace
 
 int sm_count() {
-  static auto* counts = new std::map<int, int>();
-  const int device = current_device();
-  std::lock_guard<std::mutex> lock(resources_mutex);
-  auto found = counts->find(device);
-  if (found != counts->end()) return found->second;
-  int count = 0;
-  GE2_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  counts->emplace(device, count);
+  int device = 0, count = 0;
+  GE2_CUDA_CHECK(cudaGetDevice(&device));
+  GE2_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));  // cheap: no cache needed
   return count;
 }
 
@@ -194,13 +168,14 @@ Split plan_split(int64_t tasks, int64_t outputs, int64_t length, int64_t min_chu
   const int sms = sm_count();
   if (tasks >= sms || outputs == 0) return split;
   const int64_t wanted = (2 * int64_t{sms} + tasks - 1) / tasks;
-  const int64_t splits = std::min({wanted, length / std::max<int64_t>(1, min_chunk), workspace_floats(sms) / outputs});
+  const int64_t splits = std::min({wanted, length / std::max<int64_t>(1, min_chunk), max_partials(sms) / outputs});
   if (splits <= 1) return split;
   const int64_t chunk = ((length + splits - 1) / splits + align - 1) / align * align;
+  if ((length + chunk - 1) / chunk <= 1) return split;
   split.splits = (length + chunk - 1) / chunk;
-  if (split.splits <= 1) return Split{1, length, nullptr};
   split.chunk = chunk;
-  split.partials = stream_workspace(current_device(), stream, sms);
+  split.partials = static_cast<float*>(
+      StreamWorkspace::get(static_cast<std::size_t>(split.splits * outputs) * sizeof(float), stream));
   return split;
 }
 

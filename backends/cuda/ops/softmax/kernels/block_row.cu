@@ -32,24 +32,23 @@ __global__ void __launch_bounds__(kBlockRowMaxThreads)
 #pragma unroll
     for (int i = 0; i < kBlockRowForwardValues; ++i) max = fmaxf(max, values[i]);
     max = block_reduce(max, MaxOp(), scratch);
+    // values become what the write needs (exp(x - max) for softmax, x - max for log_softmax): one live array.
     float sum = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kBlockRowForwardValues; ++i) sum += __expf(values[i] - max);
+    for (int i = 0; i < kBlockRowForwardValues; ++i) {
+      const float shifted = values[i] - max, exponential = __expf(shifted);
+      sum += exponential;
+      values[i] = log ? shifted : exponential;
+    }
     sum = block_reduce(sum, SumOp(), scratch);
     const float log_sum = logf(sum), inverse_sum = 1.0f / sum;
+#pragma unroll
+    for (int i = 0; i < kBlockRowForwardValues; ++i) values[i] = log ? values[i] - log_sum : values[i] * inverse_sum;
     T* y_row = y + row * n;
 #pragma unroll
     for (int p = 0; p < kPacksPerThread; ++p) {
       const int col = (p * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * kPack;
-      if (col < n) {
-        float out[kPack];
-#pragma unroll
-        for (int i = 0; i < kPack; ++i) {
-          const float shifted = values[p * kPack + i] - max;
-          out[i] = log ? shifted - log_sum : __expf(shifted) * inverse_sum;
-        }
-        store_floats<kPack>(y_row + col, out);
-      }
+      if (col < n) store_floats<kPack>(y_row + col, values + p * kPack);
     }
   }
 }

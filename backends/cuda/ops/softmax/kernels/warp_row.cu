@@ -40,17 +40,19 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int i = 0; i < kValues; ++i) max = fmaxf(max, values[i]);
     max = group_reduce<kWidth>(max, MaxOp());
+    // values become what the write needs (exp(x - max) for softmax, x - max for log_softmax): one live array.
     float sum = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kValues; ++i) sum += __expf(values[i] - max);
+    for (int i = 0; i < kValues; ++i) {
+      const float shifted = values[i] - max, exponential = __expf(shifted);
+      sum += exponential;
+      values[i] = log ? shifted : exponential;
+    }
     sum = group_reduce<kWidth>(sum, SumOp());
-    // (x - max) first: x - (max + log(sum)) would round away the small result next to a large max.
+    // (x - max) - log(sum): x - (max + log(sum)) would round away a small result next to a large max.
     const float log_sum = logf(sum), inverse_sum = 1.0f / sum;
 #pragma unroll
-    for (int i = 0; i < kValues; ++i) {
-      const float shifted = values[i] - max;
-      values[i] = log ? shifted - log_sum : __expf(shifted) * inverse_sum;
-    }
+    for (int i = 0; i < kValues; ++i) values[i] = log ? values[i] - log_sum : values[i] * inverse_sum;
 #pragma unroll
     for (int p = 0; p < kPacksPerLane; ++p) {
       const int64_t col = static_cast<int64_t>(p * kWidth + lane) * kPack;

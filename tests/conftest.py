@@ -51,9 +51,8 @@ def rng(request):
 
 @pytest.fixture
 def to_device():
-    """Host array -> DeviceArray."""
-    runtime = ge2.device.runtime()
-    return lambda array: runtime.DeviceArray.from_numpy(np.ascontiguousarray(array))
+    """Host array -> DeviceArray of the same shape (0-d stays 0-d; from_numpy copies non-contiguous input)."""
+    return ge2.device.runtime().DeviceArray.from_numpy
 
 
 @pytest.fixture

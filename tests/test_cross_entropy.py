@@ -21,12 +21,6 @@ native_built = pytest.mark.skipif(not _native.is_built("_ops_cross_entropy"),
                                   reason="_ops_cross_entropy not built")
 
 
-@pytest.fixture
-def to_device():
-    """Host array -> DeviceArray. Unlike conftest's (np.ascontiguousarray), 0-d arrays stay 0-d (a mean loss's dloss)."""
-    return ge2.device.runtime().DeviceArray.from_numpy
-
-
 def make_problem(rng, rows, cols, dtype, label_dtype="int64", ignore_index=-100, ignore_fraction=0.25, scale=3.0):
     logits = random_array(rng, (rows, cols), dtype, scale)
     labels = rng.integers(0, cols, rows).astype(label_dtype)

@@ -188,12 +188,6 @@ def test_native_reasons_and_table():
 # ---------------------------------------------------------------------------------------------------------------
 # GPU
 # ---------------------------------------------------------------------------------------------------------------
-@pytest.fixture
-def to_device():
-    """Host array -> DeviceArray. Unlike conftest's (np.ascontiguousarray), 0-d arrays stay 0-d."""
-    return ge2.device.runtime().DeviceArray.from_numpy
-
-
 def check_output(y, x, p, seed, offset, dtype, what):
     """Element by element: dropped elements exactly 0, kept ones x / (1 - p) (x is never 0 here)."""
     y64 = np.asarray(y).astype(np.float64).reshape(-1)

@@ -18,12 +18,6 @@ ID_DTYPES = ("int32", "int64")
 native_built = pytest.mark.skipif(not _native.is_built("_ops_embedding"), reason="_ops_embedding not built")
 
 
-@pytest.fixture
-def to_device():
-    """Host array -> DeviceArray. Unlike conftest's (np.ascontiguousarray), 0-d arrays stay 0-d (0-d ids)."""
-    return ge2.device.runtime().DeviceArray.from_numpy
-
-
 def max_repeat(ids) -> int:
     ids = np.asarray(ids).reshape(-1)
     return int(np.bincount(ids).max()) if ids.size else 1

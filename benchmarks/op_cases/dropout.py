@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from graph_executor_v2.ops import dropout as dp
-from op_cases._launch import prepared
+from ._launch import prepared
 
 COUNT, P, SEED = 1 << 26, 0.1, 1234
 CHECKED = 1 << 20  # elements compared with the NumPy mask (all of them are checked statistically)

@@ -160,16 +160,12 @@ def _host_problem(logits, labels, reduction, ignore_index, kernel):
     return rows, classes
 
 
-def _upload(*arrays):
-    """Host arrays as DeviceArrays (C order; a 0-d dloss stays 0-d)."""
-    return tuple(_device.runtime().DeviceArray.from_numpy(array) for array in arrays)
-
-
 def forward_numpy(logits, labels, reduction="mean", ignore_index=-100, kernel="auto") -> np.ndarray:
     """Host arrays in, the loss as a host array out ((rows,) for "none", 0-d otherwise). Runs on the GPU."""
     _host_problem(logits, labels, reduction, ignore_index, kernel)
     _device.require_gpu("cross_entropy.forward_numpy")
-    loss = forward(*_upload(logits, labels), reduction, ignore_index, kernel, check_labels=False)
+    loss = forward(_layout.to_device(logits), _layout.to_device(labels), reduction, ignore_index, kernel,
+                   check_labels=False)
     return loss.numpy()
 
 
@@ -177,7 +173,8 @@ def forward_backward_numpy(logits, labels, reduction="mean", ignore_index=-100, 
     """Host arrays in: (loss, dlogits) as host arrays, dlogits for an upstream gradient of 1."""
     _host_problem(logits, labels, reduction, ignore_index, kernel)
     _device.require_gpu("cross_entropy.forward_backward_numpy")
-    loss, dlogits = forward_backward(*_upload(logits, labels), reduction, ignore_index, kernel, check_labels=False)
+    loss, dlogits = forward_backward(_layout.to_device(logits), _layout.to_device(labels), reduction, ignore_index,
+                                     kernel, check_labels=False)
     return loss.numpy(), dlogits.numpy()
 
 
@@ -187,7 +184,8 @@ def backward_numpy(dloss, logits, labels, reduction="mean", ignore_index=-100, k
     dloss_dtype = _layout.host_dtype(dloss, "dloss")
     _check_dloss(dloss.shape, dloss_dtype, rows, _layout.host_dtype(logits, "logits"), reduction)
     _device.require_gpu("cross_entropy.backward_numpy")
-    dlogits = backward(*_upload(dloss, logits, labels), reduction, ignore_index, kernel, check_labels=False)
+    dlogits = backward(_layout.to_device(dloss), _layout.to_device(logits), _layout.to_device(labels), reduction,
+                       ignore_index, kernel, check_labels=False)
     return dlogits.numpy()
 
 

@@ -140,8 +140,7 @@ def _run_numpy(x, argument, p, seed, offset, kernel, direction):
     check_attrs(p, seed, offset, x.size)
     _check_kernel(kernel)
     _device.require_gpu(f"dropout.{direction}_numpy")
-    device_x = _device.runtime().DeviceArray.from_numpy(x)  # C order; a 0-d x stays 0-d
-    return _run(device_x, argument, p, seed, offset, kernel, None, None, direction).numpy()
+    return _run(_layout.to_device(x), argument, p, seed, offset, kernel, None, None, direction).numpy()
 
 
 def _run(x, argument, p, seed, offset, kernel, out, stream, direction):

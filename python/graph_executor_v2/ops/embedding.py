@@ -108,11 +108,6 @@ def reference_backward(dy, ids, vocab: int) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------------------
 # Python face
 # ---------------------------------------------------------------------------------------------------------------
-def _upload(*arrays):
-    """Host arrays as DeviceArrays (C order; 0-d ids stay 0-d)."""
-    return tuple(_device.runtime().DeviceArray.from_numpy(array) for array in arrays)
-
-
 def forward_numpy(table, ids, kernel="auto") -> np.ndarray:
     """Host arrays in, host array out. Runs on the GPU."""
     table_dtype, ids_dtype = _layout.host_dtype(table, "table"), _layout.host_dtype(ids, "ids")
@@ -120,7 +115,7 @@ def forward_numpy(table, ids, kernel="auto") -> np.ndarray:
     _check_kernel(kernel)
     check_ids(ids, vocab)
     _device.require_gpu("embedding.forward_numpy")
-    return forward(*_upload(table, ids), kernel, check_ids=False).numpy()
+    return forward(_layout.to_device(table), _layout.to_device(ids), kernel, check_ids=False).numpy()
 
 
 def forward(table, ids, kernel="auto", out=None, stream=None, check_ids=True):
@@ -149,7 +144,7 @@ def backward_numpy(dy, ids, vocab) -> np.ndarray:
     check_problem((vocab, dy.shape[-1]), dy_dtype, np.shape(ids), _layout.host_dtype(ids, "ids"))
     check_ids(ids, vocab)
     _device.require_gpu("embedding.backward_numpy")
-    return backward(*_upload(dy, ids), vocab, check_ids=False).numpy()
+    return backward(_layout.to_device(dy), _layout.to_device(ids), vocab, check_ids=False).numpy()
 
 
 def backward(dy, ids, vocab, out=None, stream=None, check_ids=True):

@@ -184,7 +184,7 @@ def forward_numpy(op, x, axis=None, keepdims=False, kernel="auto"):
     _check_kernel(kernel)
     _device.require_gpu(f"{op}.forward_numpy")
     _check_native_kernel(kernel, problem)
-    device_x = _device.runtime().DeviceArray.from_numpy(np.ascontiguousarray(x))
+    device_x = _device.runtime().DeviceArray.from_numpy(np.asarray(x, order="C"))  # 0-d stays 0-d
     return forward(op, device_x, axis=axis, keepdims=keepdims, kernel=kernel).numpy()
 
 
@@ -231,7 +231,8 @@ def backward_numpy(op, dy, x, y=None, axis=None, keepdims=False):
     _check_backward(op, dy.shape, normalize(dy.dtype, "dy"), x.shape, normalize(x.dtype, "x"),
                     None if y is None else y.shape, None if y is None else normalize(y.dtype, "y"), axis, keepdims)
     _device.require_gpu(f"{op}.backward_numpy")
-    upload = lambda a: None if a is None else _device.runtime().DeviceArray.from_numpy(np.ascontiguousarray(a))  # noqa
+    # np.asarray keeps 0-d arrays 0-d (np.ascontiguousarray would make them 1-d).
+    upload = lambda a: None if a is None else _device.runtime().DeviceArray.from_numpy(np.asarray(a, order="C"))  # noqa
     return backward(op, upload(dy), upload(x), upload(y), axis=axis, keepdims=keepdims).numpy()
 
 

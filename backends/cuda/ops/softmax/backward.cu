@@ -59,7 +59,6 @@ __global__ void __launch_bounds__(kWarpThreads)
   }
 }
 
-
 // ---- block_row -----------------------------------------------------------------------------------------------------
 template <typename T, int kPack>
 __global__ void __launch_bounds__(kBlockRowMaxThreads)
@@ -100,7 +99,6 @@ __global__ void __launch_bounds__(kBlockRowMaxThreads)
     }
   }
 }
-
 
 // ---- block_row_two_pass --------------------------------------------------------------------------------------------
 template <typename T, int kPack>
@@ -149,7 +147,6 @@ __global__ void __launch_bounds__(kTwoPassThreads)
     }
   }
 }
-
 
 // ---- strided -------------------------------------------------------------------------------------------------------
 template <typename T>

@@ -472,3 +472,32 @@ def test_graph_runs_on_cuda_executor(rng):
     assert_close(result["max"], reduce.reference("max", feeds["x"], (0, 2)), "float16", what="max")
     kernels = {s.op: s.kernel for plan in executor.plans for s in plan.selections}
     assert kernels == {"sum": "row_warp", "mean": "column", "max": "generic"}
+
+
+@pytest.mark.gpu
+def test_split_reduction_replays_in_a_cuda_graph(rng):
+    """The partials workspace exists after a warm-up, so a split all-reduce and a split column reduction capture
+    and replay (with new inputs) like any kernel."""
+    runtime = ge2.device.runtime()
+    stream = runtime.Stream()
+    x = runtime.DeviceArray.from_numpy(rng.standard_normal((60_000, 3)).astype(F32))
+    total, columns = runtime.DeviceArray.empty([], "float32"), runtime.DeviceArray.empty([3], "float32")
+
+    def run():
+        reduce.forward("sum", x, out=total, stream=stream)
+        reduce.forward("mean", x, axis=0, out=columns, stream=stream)
+
+    run()  # warm up
+    stream.synchronize()
+    graph = runtime.CudaGraph()
+    graph.begin_capture(stream.handle)
+    run()
+    graph.end_capture()
+    new_x = rng.standard_normal((60_000, 3)).astype(F32) + 1.0
+    x.copy_from_numpy(new_x)
+    total.poison(stream.handle)
+    columns.poison(stream.handle)
+    graph.replay(stream.handle)
+    stream.synchronize()
+    assert_close(total.numpy(), reduce.reference("sum", new_x), "float32", new_x.size, what="captured sum")
+    assert_close(columns.numpy(), reduce.reference("mean", new_x, 0), "float32", what="captured mean")

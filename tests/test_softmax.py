@@ -446,3 +446,32 @@ def test_graph_runs_on_cuda_executor(rng):
     assert_close(result["logp"], softmax.reference("log_softmax", feeds["x"], axis=1), "float16", what="logp")
     kernels = {s.op: s.kernel for plan in executor.plans for s in plan.selections}
     assert kernels == {"softmax": "warp_row", "log_softmax": "strided"}
+
+
+@pytest.mark.gpu
+def test_replays_in_a_cuda_graph(rng):
+    runtime = ge2.device.runtime()
+    stream = runtime.Stream()
+    x = runtime.DeviceArray.from_numpy(random_array(rng, (64, 3000), "float16"))
+    y, dx = runtime.DeviceArray.empty([64, 3000], "float16"), runtime.DeviceArray.empty([64, 3000], "float16")
+
+    def run():
+        softmax.forward("softmax", x, out=y, stream=stream)
+        softmax.backward("softmax", x, y, out=dx, stream=stream)
+
+    run()
+    stream.synchronize()
+    graph = runtime.CudaGraph()
+    graph.begin_capture(stream.handle)
+    run()
+    graph.end_capture()
+    new_x = random_array(rng, (64, 3000), "float16", 2.0)
+    x.copy_from_numpy(new_x)
+    y.poison(stream.handle)
+    dx.poison(stream.handle)
+    graph.replay(stream.handle)
+    stream.synchronize()
+    y_ref = softmax.reference("softmax", new_x)
+    assert_close(y.numpy(), y_ref, "float16", what="captured softmax")
+    assert_close(dx.numpy(), softmax.reference_backward("softmax", new_x, y.numpy()), "float16", 3000,
+                 what="captured softmax backward")

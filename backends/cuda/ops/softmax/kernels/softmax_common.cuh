@@ -68,10 +68,12 @@ struct MaxSum {
       for (int i = 0; i < kN; ++i) sum += values[i] == -INFINITY ? 0.0f : values[i];
       return;
     }
-    sum *= __expf(max - new_max);
+    if (new_max > max) {  // rescale the sum to the new maximum (from -inf: the sum is 0, or NaN and stays NaN)
+      sum *= __expf(max - new_max);
+      max = new_max;
+    }
 #pragma unroll
-    for (int i = 0; i < kN; ++i) sum += __expf(values[i] - new_max);
-    max = new_max;
+    for (int i = 0; i < kN; ++i) sum += __expf(values[i] - max);
   }
 
   __device__ __forceinline__ void merge(float other_max, float other_sum) {

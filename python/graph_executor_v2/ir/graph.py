@@ -319,6 +319,8 @@ def _builder(graph: Graph, opdef: OpDef):
     variadic = next((s for s in opdef.inputs if s.variadic), None)
 
     def build(*args, name: str | None = None, device: str | None = None, **kwargs):
+        if variadic is not None and len(args) == len(fixed) + 1 and isinstance(args[-1], (list, tuple)):
+            args = (*args[:-1], *args[-1])  # g.concat([a, b], axis=0): the variadic inputs as one list
         inputs = list(args) + [None] * (len(fixed) - len(args))  # omitted optional inputs are absent
         for index, schema in enumerate(fixed):
             if schema.name in kwargs:

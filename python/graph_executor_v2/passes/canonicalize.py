@@ -76,6 +76,8 @@ def drop_identity_reshape(graph: Graph, x: Value, y: Value):
 
 # reshape(reshape(x, s), t) = reshape(x, t)
 def merge_reshapes(graph: Graph, inner: Value, y: Value):
+    if not y.type.is_concrete:  # reshape takes integer shapes; a symbolic target stays two reshapes
+        return None
     return graph.reshape(inner.producer.inputs[0], shape=y.type.shape)
 
 

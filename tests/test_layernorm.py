@@ -146,7 +146,7 @@ def test_kernels_and_limits_reported_by_the_native_module():
     assert all(k["constraints"] for k in table)
     reason = layernorm._native_module().unsupported_reason
     assert reason("warp_per_row", 1024, "float16", True, False) == ""
-    assert "cols <= 1024" in reason("warp_per_row", 1025, "float16", True, False)
+    assert "cols <= 1024 (forward)" in reason("warp_per_row", 1032, "float16", True, False)
     assert reason("block_per_row", 32768, "float16", True, False) == ""
     assert "cols <= 32768" in reason("block_per_row", 32776, "float16", True, False)
     assert reason("block_per_row", 8200, "float16", True, False) == ""  # 8200 % 8 == 0: vector loads
@@ -155,6 +155,45 @@ def test_kernels_and_limits_reported_by_the_native_module():
     assert "cols <= 512 (forward, scalar loads)" in reason("warp_per_row", 513, "float32", True, False)
     assert "backward" in reason("block_per_row", 8193, "float32", True, True)
     assert reason("multipass", 10 ** 9, "bfloat16", False, True) == ""
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        (dict(cols=0), r"cols: expected >= 1"),
+        (dict(rows=-1), r"rows: expected >= 0"),
+        (dict(dtype="int32"), r"dtype: expected float32, float16 or bfloat16, got int32"),
+        (dict(eps=0.0), r"eps: expected a finite value > 0"),
+        (dict(gamma=0), r"gamma: null device pointer"),
+        (dict(beta=0), r"beta: null device pointer"),
+        (dict(x=0), r"x: null device pointer"),
+        (dict(y=0), r"y: null device pointer"),
+        (dict(cols=2048, kernel="warp_per_row"), r"kernel: 'warp_per_row' cannot run this problem"),
+        (dict(kernel="fastest"), r"kernel: expected one of auto, warp_per_row"),
+    ],
+)
+def test_native_forward_checks_arguments_before_any_device_work(changes, match):
+    """Every case fails before a launch (the addresses are not real), so this needs no GPU."""
+    if not ge2._native.is_built("_ops_layernorm"):
+        pytest.skip("_ops_layernorm is not built")
+    args = dict(x=256, gamma=512, beta=768, y=1024, mean=0, rstd=0, rows=4, cols=64, dtype="float16", eps=1e-5,
+                kernel="auto", stream=0)
+    args.update(changes)
+    with pytest.raises(ValueError, match=match):
+        layernorm._native_module().forward(**args)
+
+
+def test_native_calls_with_no_rows_launch_nothing():
+    if not ge2._native.is_built("_ops_layernorm"):
+        pytest.skip("_ops_layernorm is not built")
+    assert layernorm._native_module().forward(0, 512, 768, 0, 0, 0, 0, 64, "float32", 1e-5, "auto", 0) == \
+        "warp_per_row"
+    with pytest.raises(ValueError, match=r"mean, rstd: pass both saved statistics or neither"):
+        layernorm._native_module().backward(256, 256, 512, 1024, 0, 256, 512, 512, 256, 4, 2, 64, "float32", 1e-5,
+                                            "auto", 0)
+    with pytest.raises(ValueError, match=r"dbeta: null device pointer"):
+        layernorm._native_module().backward(256, 256, 512, 0, 0, 256, 512, 0, 256, 4, 2, 64, "float32", 1e-5,
+                                            "auto", 0)
 
 
 # ---------------------------------------------------------------------------------------------------------------

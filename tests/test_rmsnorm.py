@@ -134,6 +134,41 @@ def test_kernels_and_limits_reported_by_the_native_module():
     assert reason("multipass", 1 << 20, "float16", False, False) == ""
 
 
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        (dict(cols=-3), r"cols: expected >= 1"),
+        (dict(dtype="uint8"), r"dtype: expected float32, float16 or bfloat16, got uint8"),
+        (dict(dtype="float64"), r"dtype: expected one of"),
+        (dict(eps=float("nan")), r"eps: expected a finite value > 0"),
+        (dict(gamma=0), r"gamma: null device pointer"),
+        (dict(x=0), r"x: null device pointer"),
+        (dict(cols=40000, kernel="block_per_row"), r"kernel: 'block_per_row' cannot run this problem: .*32768"),
+    ],
+)
+def test_native_forward_checks_arguments_before_any_device_work(changes, match):
+    """Every case fails before a launch (the addresses are not real), so this needs no GPU."""
+    if not ge2._native.is_built("_ops_rmsnorm"):
+        pytest.skip("_ops_rmsnorm is not built")
+    args = dict(x=256, gamma=512, y=1024, rstd=0, rows=4, cols=64, dtype="bfloat16", eps=1e-6, kernel="auto",
+                stream=0)
+    args.update(changes)
+    with pytest.raises(ValueError, match=match):
+        rmsnorm._native_module().forward(**args)
+
+
+def test_native_backward_checks_arguments_before_any_device_work():
+    if not ge2._native.is_built("_ops_rmsnorm"):
+        pytest.skip("_ops_rmsnorm is not built")
+    backward = rmsnorm._native_module().backward
+    with pytest.raises(ValueError, match=r"dgamma: null device pointer"):
+        backward(256, 256, 512, 0, 256, 0, 256, 4, 2, 64, "float32", 1e-6, "auto", 0)
+    with pytest.raises(ValueError, match=r"dx: null device pointer"):
+        backward(256, 256, 512, 0, 0, 512, 256, 4, 2, 64, "float32", 1e-6, "auto", 0)
+    with pytest.raises(ValueError, match=r"kernel: 'warp_per_row' cannot run this problem: .*cols <= 512"):
+        backward(256, 256, 512, 0, 256, 512, 256, 4, 2, 513, "float32", 1e-6, "warp_per_row", 0)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # CPU: the op definition, the graph builder and the CPU backend
 # ---------------------------------------------------------------------------------------------------------------
@@ -236,8 +271,8 @@ def test_forward_zero_rows_and_zero_row_values(to_device):
 
 @pytest.mark.gpu
 def test_explicit_kernel_that_cannot_run_is_a_clear_error(to_device):
-    x = to_device(np.ones((2, 1030), np.float32))
-    gamma = to_device(np.ones(1030, np.float32))
+    x = to_device(np.ones((2, 1032), np.float32))
+    gamma = to_device(np.ones(1032, np.float32))
     with pytest.raises(ValueError, match=r"kernel: 'warp_per_row' cannot run this problem: .*cols <= 1024"):
         rmsnorm.forward(x, gamma, kernel="warp_per_row")
     with pytest.raises(ValueError, match=r"kernel: 'warp_per_row' cannot run this problem"):

@@ -15,6 +15,7 @@ import numpy as np
 from .. import device as _device
 from ..dtypes import FLOAT_DTYPES, normalize
 from ..ir.types import TensorType
+from . import _layout
 from ._base import Candidate, Problem
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -80,12 +81,6 @@ def check_operands(x_shape, x_dtype, params) -> NormShape:
     return NormShape(math.prod(x_shape[:-1]), cols, x_dtype, x_shape)
 
 
-def check_host_arrays(arrays: dict) -> None:
-    for name, value in arrays.items():
-        if value is not None and not isinstance(value, np.ndarray):
-            raise TypeError(f"{name}: expected a NumPy array, got {type(value).__name__}")
-
-
 def check_statistic(argument: str, stat_shape, stat_dtype: str, shape: NormShape) -> None:
     """A saved per-row statistic (mean or rstd) given to a backward: float32, shape (rows,)."""
     if tuple(stat_shape) != (shape.rows,):
@@ -95,8 +90,13 @@ def check_statistic(argument: str, stat_shape, stat_dtype: str, shape: NormShape
         raise TypeError(f"{argument}: expected dtype float32, got {stat_dtype}")
 
 
-def dtype_of(array, argument: str) -> str:
-    return normalize(array.dtype, argument)
+def check_host_statistic(value, argument: str, shape: NormShape) -> None:
+    """check_statistic for a host array given to backward_numpy (None: not given)."""
+    if value is None:
+        return
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"{argument}: expected a NumPy array, got {type(value).__name__}")
+    check_statistic(argument, value.shape, np.dtype(value.dtype).name, shape)
 
 
 def infer(in_types, attrs, names) -> list[TensorType]:
@@ -127,35 +127,15 @@ def infer(in_types, attrs, names) -> list[TensorType]:
 # Device arrays
 # ---------------------------------------------------------------------------------------------------------------
 def input_views(arrays: dict) -> dict:
-    """Zero-copy views of the given device arrays (None stays None), each contiguous and on the device of the first."""
-    views = {name: None if a is None else _device.view_of(a, name) for name, a in arrays.items()}
-    first = next(v for v in views.values() if v is not None)
+    """Zero-copy views of the given device arrays, each contiguous and on the device of the first."""
+    views = {name: _device.view_of(a, name) for name, a in arrays.items()}
+    device = next(iter(views.values())).device
     for name, view in views.items():
-        if view is None:
-            continue
         if not view.is_contiguous:
             raise ValueError(f"{name}: expected a contiguous row-major array, got strides {view.strides} for shape "
                              f"{view.shape}")
-        if view.device != first.device:
-            raise ValueError(f"{name}: expected an array on cuda:{first.device} (the device of x), "
-                             f"got cuda:{view.device}")
+        _layout.check_device(view, device, name)
     return views
-
-
-def output(array, argument: str, template, shape: tuple, dtype: str, device: int):
-    """``array`` checked as an output (or a new one of the kind of ``template``), and its view."""
-    if array is None:
-        array = _device.empty_like_kind(template, shape, dtype, device)
-    view = _device.view_of(array, argument)
-    if tuple(view.shape) != tuple(shape):
-        raise ValueError(f"{argument}: expected shape {tuple(shape)}, got {tuple(view.shape)}")
-    if view.dtype != dtype:
-        raise TypeError(f"{argument}: expected dtype {dtype}, got {view.dtype}")
-    if not view.is_contiguous:
-        raise ValueError(f"{argument}: expected a contiguous array, got strides {view.strides}")
-    if view.device != device:
-        raise ValueError(f"{argument}: expected an array on cuda:{device}, got cuda:{view.device}")
-    return array, view
 
 
 def statistic(array, argument: str, shape: NormShape, device: int):
@@ -166,8 +146,7 @@ def statistic(array, argument: str, shape: NormShape, device: int):
     check_statistic(argument, view.shape, view.dtype, shape)
     if not view.is_contiguous:
         raise ValueError(f"{argument}: expected a contiguous array, got strides {view.strides}")
-    if view.device != device:
-        raise ValueError(f"{argument}: expected an array on cuda:{device}, got cuda:{view.device}")
+    _layout.check_device(view, device, argument)
     return view
 
 
@@ -178,13 +157,13 @@ def workspace_for(native, workspace, template, shape: NormShape, kernel: str, al
         workspace = _device.empty_like_kind(template, (max(1, -(-need // 4)),), "float32", device)
     view = _device.view_of(workspace, "workspace")
     size = math.prod(view.shape) * 4
-    if view.dtype != "float32" or not view.is_contiguous:
-        raise TypeError(f"workspace: expected a contiguous float32 array, got dtype {view.dtype}, strides "
-                        f"{view.strides}")
+    if view.dtype != "float32":
+        raise TypeError(f"workspace: expected dtype float32, got {view.dtype}")
+    if not view.is_contiguous:
+        raise ValueError(f"workspace: expected a contiguous array, got strides {view.strides}")
     if size < need:
         raise ValueError(f"workspace: this problem needs {need} bytes (backward_workspace_bytes), got {size}")
-    if view.device != device:
-        raise ValueError(f"workspace: expected an array on cuda:{device}, got cuda:{view.device}")
+    _layout.check_device(view, device, "workspace")
     return workspace, view, size
 
 
@@ -196,14 +175,18 @@ def workspace_bytes(native, op: str, x_shape, dtype, kernel: str, aligned: bool)
     return native().backward_workspace_bytes(shape.rows, shape.cols, shape.dtype, kernel, bool(aligned))
 
 
+def address(view) -> int:
+    """The device address of an optional view (0 for an absent one, as the native modules take it)."""
+    return 0 if view is None else view.ptr
+
+
 def is_aligned(*views) -> bool:
     return all(v.ptr % 16 == 0 for v in views)
 
 
 def upload(arrays: dict) -> dict:
     """Host arrays -> DeviceArrays (None stays None)."""
-    DeviceArray = _device.runtime().DeviceArray
-    return {k: None if v is None else DeviceArray.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
+    return {name: None if array is None else _layout.to_device(array) for name, array in arrays.items()}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import _native
 from .. import device as _device
-from . import _row_norm
+from . import _layout, _row_norm
 from ._base import Attr, Input, OpDef, as_float64, register
 
 DEFAULT_EPS = 1e-5
@@ -71,9 +71,8 @@ def check_operands(x_shape, x_dtype, gamma_shape, gamma_dtype, beta_shape, beta_
 def forward_numpy(x, gamma, beta, eps=DEFAULT_EPS, save_stats=False, kernel="auto"):
     """Host arrays in, host array(s) out: y, or (y, mean, rstd) with ``save_stats``. Runs on the GPU."""
     arrays = {"x": x, "gamma": gamma, "beta": beta}
-    _row_norm.check_host_arrays(arrays)
-    check_operands(x.shape, _row_norm.dtype_of(x, "x"), gamma.shape, _row_norm.dtype_of(gamma, "gamma"),
-                   beta.shape, _row_norm.dtype_of(beta, "beta"), eps)
+    dtypes = {name: _layout.host_dtype(array, name) for name, array in arrays.items()}
+    check_operands(x.shape, dtypes["x"], gamma.shape, dtypes["gamma"], beta.shape, dtypes["beta"], eps)
     _row_norm.check_kernel(kernel)
     _device.require_gpu("layernorm.forward_numpy")
     on_device = _row_norm.upload(arrays)
@@ -92,13 +91,13 @@ def forward(x, gamma, beta, eps=DEFAULT_EPS, save_stats=False, kernel="auto", ou
     shape = check_operands(vx.shape, vx.dtype, views["gamma"].shape, views["gamma"].dtype, views["beta"].shape,
                            views["beta"].dtype, eps)
     _row_norm.check_kernel(kernel)
-    y, vy = _row_norm.output(out, "out", x, shape.shape, shape.dtype, vx.device)
+    y, vy = _layout.output(out, x, "out", shape.shape, shape.dtype, vx.device)
     mean = rstd = vmean = vrstd = None
     if save_stats:
-        mean, vmean = _row_norm.output(mean_out, "mean_out", x, (shape.rows,), "float32", vx.device)
-        rstd, vrstd = _row_norm.output(rstd_out, "rstd_out", x, (shape.rows,), "float32", vx.device)
-    _native_module().forward(vx.ptr, views["gamma"].ptr, views["beta"].ptr, vy.ptr, vmean.ptr if vmean else 0,
-                             vrstd.ptr if vrstd else 0, shape.rows, shape.cols, shape.dtype, float(eps), kernel,
+        mean, vmean = _layout.output(mean_out, x, "mean_out", (shape.rows,), "float32", vx.device)
+        rstd, vrstd = _layout.output(rstd_out, x, "rstd_out", (shape.rows,), "float32", vx.device)
+    _native_module().forward(vx.ptr, views["gamma"].ptr, views["beta"].ptr, vy.ptr, _row_norm.address(vmean),
+                             _row_norm.address(vrstd), shape.rows, shape.cols, shape.dtype, float(eps), kernel,
                              _device.stream_handle(stream))
     return (y, mean, rstd) if save_stats else y
 
@@ -106,17 +105,15 @@ def forward(x, gamma, beta, eps=DEFAULT_EPS, save_stats=False, kernel="auto", ou
 def backward_numpy(dy, x, gamma, mean=None, rstd=None, eps=DEFAULT_EPS, kernel="auto"):
     """Host arrays in: returns (dx, dgamma, dbeta) as host arrays. ``mean``/``rstd``: saved statistics (both or
     neither; recomputed from x when absent)."""
-    arrays = {"dy": dy, "x": x, "gamma": gamma, "mean": mean, "rstd": rstd}
-    _row_norm.check_host_arrays(arrays)
-    shape = _check_backward(dy.shape, _row_norm.dtype_of(dy, "dy"), x.shape, _row_norm.dtype_of(x, "x"),
-                            gamma.shape, _row_norm.dtype_of(gamma, "gamma"), eps)
+    arrays = {"dy": dy, "x": x, "gamma": gamma}
+    dtypes = {name: _layout.host_dtype(array, name) for name, array in arrays.items()}
+    shape = _check_backward(dy.shape, dtypes["dy"], x.shape, dtypes["x"], gamma.shape, dtypes["gamma"], eps)
     _check_stats_pair(mean, rstd)
-    for name, value in (("mean", mean), ("rstd", rstd)):
-        if value is not None:
-            _row_norm.check_statistic(name, value.shape, np.dtype(value.dtype).name, shape)
+    _row_norm.check_host_statistic(mean, "mean", shape)
+    _row_norm.check_host_statistic(rstd, "rstd", shape)
     _row_norm.check_kernel(kernel)
     _device.require_gpu("layernorm.backward_numpy")
-    on_device = _row_norm.upload(arrays)
+    on_device = _row_norm.upload({**arrays, "mean": mean, "rstd": rstd})
     grads = backward(on_device["dy"], on_device["x"], on_device["gamma"], on_device["mean"], on_device["rstd"],
                      eps=eps, kernel=kernel)
     return tuple(g.numpy() for g in grads)
@@ -141,7 +138,8 @@ def backward(dy, x, gamma, mean=None, rstd=None, eps=DEFAULT_EPS, kernel="auto",
              dbeta_out=None, workspace=None, stream=None):
     """Device arrays in: returns (dx, dgamma, dbeta) as device arrays of x's kind (``*_out`` are written when
     given). ``mean``/``rstd``: the saved statistics of forward(save_stats=True) (both or neither). ``workspace``: a
-    float32 device array of at least backward_workspace_bytes() bytes, allocated here when not given."""
+    float32 device array of at least backward_workspace_bytes() bytes, allocated here when not given (as an array
+    of x's kind, released on return: with a stream other than that library's current one, pass your own)."""
     views = _row_norm.input_views({"dy": dy, "x": x, "gamma": gamma})
     vdy, vx, vg = views["dy"], views["x"], views["gamma"]
     shape = _check_backward(vdy.shape, vdy.dtype, vx.shape, vx.dtype, vg.shape, vg.dtype, eps)
@@ -149,13 +147,13 @@ def backward(dy, x, gamma, mean=None, rstd=None, eps=DEFAULT_EPS, kernel="auto",
     vmean = _row_norm.statistic(mean, "mean", shape, vx.device)
     vrstd = _row_norm.statistic(rstd, "rstd", shape, vx.device)
     _row_norm.check_kernel(kernel)
-    dx, vdx = _row_norm.output(dx_out, "dx_out", x, shape.shape, shape.dtype, vx.device)
-    dgamma, vdgamma = _row_norm.output(dgamma_out, "dgamma_out", x, (shape.cols,), shape.dtype, vx.device)
-    dbeta, vdbeta = _row_norm.output(dbeta_out, "dbeta_out", x, (shape.cols,), shape.dtype, vx.device)
+    dx, vdx = _layout.output(dx_out, x, "dx_out", shape.shape, shape.dtype, vx.device)
+    dgamma, vdgamma = _layout.output(dgamma_out, x, "dgamma_out", (shape.cols,), shape.dtype, vx.device)
+    dbeta, vdbeta = _layout.output(dbeta_out, x, "dbeta_out", (shape.cols,), shape.dtype, vx.device)
     native = _native_module()
     workspace, vworkspace, size = _row_norm.workspace_for(native, workspace, x, shape, kernel,
                                                           _row_norm.is_aligned(vdy, vx, vg, vdx), vx.device)
-    native.backward(vdy.ptr, vx.ptr, vg.ptr, vmean.ptr if vmean else 0, vrstd.ptr if vrstd else 0, vdx.ptr,
+    native.backward(vdy.ptr, vx.ptr, vg.ptr, _row_norm.address(vmean), _row_norm.address(vrstd), vdx.ptr,
                     vdgamma.ptr, vdbeta.ptr, vworkspace.ptr, size, shape.rows, shape.cols, shape.dtype, float(eps),
                     kernel, _device.stream_handle(stream))
     return dx, dgamma, dbeta

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import _native
 from .. import device as _device
-from . import _row_norm
+from . import _layout, _row_norm
 from ._base import Attr, Input, OpDef, as_float64, register
 
 DEFAULT_EPS = 1e-6
@@ -75,8 +75,8 @@ def _check_backward(dy_shape, dy_dtype, x_shape, x_dtype, gamma_shape, gamma_dty
 def forward_numpy(x, gamma, eps=DEFAULT_EPS, save_stats=False, kernel="auto"):
     """Host arrays in, host array(s) out: y, or (y, rstd) with ``save_stats``. Runs on the GPU."""
     arrays = {"x": x, "gamma": gamma}
-    _row_norm.check_host_arrays(arrays)
-    check_operands(x.shape, _row_norm.dtype_of(x, "x"), gamma.shape, _row_norm.dtype_of(gamma, "gamma"), eps)
+    dtypes = {name: _layout.host_dtype(array, name) for name, array in arrays.items()}
+    check_operands(x.shape, dtypes["x"], gamma.shape, dtypes["gamma"], eps)
     _row_norm.check_kernel(kernel)
     _device.require_gpu("rmsnorm.forward_numpy")
     on_device = _row_norm.upload(arrays)
@@ -92,11 +92,11 @@ def forward(x, gamma, eps=DEFAULT_EPS, save_stats=False, kernel="auto", out=None
     vx, vg = views["x"], views["gamma"]
     shape = check_operands(vx.shape, vx.dtype, vg.shape, vg.dtype, eps)
     _row_norm.check_kernel(kernel)
-    y, vy = _row_norm.output(out, "out", x, shape.shape, shape.dtype, vx.device)
+    y, vy = _layout.output(out, x, "out", shape.shape, shape.dtype, vx.device)
     rstd = vrstd = None
     if save_stats:
-        rstd, vrstd = _row_norm.output(rstd_out, "rstd_out", x, (shape.rows,), "float32", vx.device)
-    _native_module().forward(vx.ptr, vg.ptr, vy.ptr, vrstd.ptr if vrstd else 0, shape.rows, shape.cols,
+        rstd, vrstd = _layout.output(rstd_out, x, "rstd_out", (shape.rows,), "float32", vx.device)
+    _native_module().forward(vx.ptr, vg.ptr, vy.ptr, _row_norm.address(vrstd), shape.rows, shape.cols,
                              shape.dtype, float(eps), kernel, _device.stream_handle(stream))
     return (y, rstd) if save_stats else y
 
@@ -104,15 +104,13 @@ def forward(x, gamma, eps=DEFAULT_EPS, save_stats=False, kernel="auto", out=None
 def backward_numpy(dy, x, gamma, rstd=None, eps=DEFAULT_EPS, kernel="auto"):
     """Host arrays in: returns (dx, dgamma) as host arrays. ``rstd``: the saved statistic (recomputed from x when
     absent)."""
-    arrays = {"dy": dy, "x": x, "gamma": gamma, "rstd": rstd}
-    _row_norm.check_host_arrays(arrays)
-    shape = _check_backward(dy.shape, _row_norm.dtype_of(dy, "dy"), x.shape, _row_norm.dtype_of(x, "x"),
-                            gamma.shape, _row_norm.dtype_of(gamma, "gamma"), eps)
-    if rstd is not None:
-        _row_norm.check_statistic("rstd", rstd.shape, np.dtype(rstd.dtype).name, shape)
+    arrays = {"dy": dy, "x": x, "gamma": gamma}
+    dtypes = {name: _layout.host_dtype(array, name) for name, array in arrays.items()}
+    shape = _check_backward(dy.shape, dtypes["dy"], x.shape, dtypes["x"], gamma.shape, dtypes["gamma"], eps)
+    _row_norm.check_host_statistic(rstd, "rstd", shape)
     _row_norm.check_kernel(kernel)
     _device.require_gpu("rmsnorm.backward_numpy")
-    on_device = _row_norm.upload(arrays)
+    on_device = _row_norm.upload({**arrays, "rstd": rstd})
     grads = backward(on_device["dy"], on_device["x"], on_device["gamma"], on_device["rstd"], eps=eps, kernel=kernel)
     return tuple(g.numpy() for g in grads)
 
@@ -121,18 +119,19 @@ def backward(dy, x, gamma, rstd=None, eps=DEFAULT_EPS, kernel="auto", dx_out=Non
              stream=None):
     """Device arrays in: returns (dx, dgamma) as device arrays of x's kind (``*_out`` are written when given).
     ``rstd``: the saved statistic of forward(save_stats=True). ``workspace``: a float32 device array of at least
-    backward_workspace_bytes() bytes, allocated here when not given."""
+    backward_workspace_bytes() bytes, allocated here when not given (as an array of x's kind, released on
+    return: with a stream other than that library's current one, pass your own)."""
     views = _row_norm.input_views({"dy": dy, "x": x, "gamma": gamma})
     vdy, vx, vg = views["dy"], views["x"], views["gamma"]
     shape = _check_backward(vdy.shape, vdy.dtype, vx.shape, vx.dtype, vg.shape, vg.dtype, eps)
     vrstd = _row_norm.statistic(rstd, "rstd", shape, vx.device)
     _row_norm.check_kernel(kernel)
-    dx, vdx = _row_norm.output(dx_out, "dx_out", x, shape.shape, shape.dtype, vx.device)
-    dgamma, vdgamma = _row_norm.output(dgamma_out, "dgamma_out", x, (shape.cols,), shape.dtype, vx.device)
+    dx, vdx = _layout.output(dx_out, x, "dx_out", shape.shape, shape.dtype, vx.device)
+    dgamma, vdgamma = _layout.output(dgamma_out, x, "dgamma_out", (shape.cols,), shape.dtype, vx.device)
     native = _native_module()
     workspace, vworkspace, size = _row_norm.workspace_for(native, workspace, x, shape, kernel,
                                                           _row_norm.is_aligned(vdy, vx, vg, vdx), vx.device)
-    native.backward(vdy.ptr, vx.ptr, vg.ptr, vrstd.ptr if vrstd else 0, vdx.ptr, vdgamma.ptr, vworkspace.ptr, size,
+    native.backward(vdy.ptr, vx.ptr, vg.ptr, _row_norm.address(vrstd), vdx.ptr, vdgamma.ptr, vworkspace.ptr, size,
                     shape.rows, shape.cols, shape.dtype, float(eps), kernel, _device.stream_handle(stream))
     return dx, dgamma
 

@@ -430,13 +430,13 @@ def test_graph_candidates_launch(rng, poisoned, to_device):
     attrs = op.validate_attrs({"eps": 1e-4}, "node")
     types = tuple(TensorType(a.shape, "float16") for a in (x, gamma, beta))
     problem = Problem("layernorm", types, tuple(op.infer(types, attrs)), attrs)
-    inputs = [to_device(a) for a in (x, gamma, beta)]
+    device_inputs = [to_device(a) for a in (x, gamma, beta)]
     expected = layernorm.reference(x, gamma, beta, 1e-4)[0]
     assert [c.name for c in op.candidates] == list(KERNELS) and op.candidates[-1].always_works
     for candidate in op.candidates:
         assert candidate.supports(problem) is None
         y = poisoned(x.shape, "float16")
-        candidate.prepare(problem)([a.ptr for a in inputs], [y.ptr], 0)
+        candidate.prepare(problem)([a.ptr for a in device_inputs], [y.ptr], 0)
         assert_close(y.numpy(), expected, "float16", what=candidate.name)
     wide = Problem("layernorm", (TensorType((2, 2048), "float16"),) + (TensorType((2048,), "float16"),) * 2,
                    (TensorType((2, 2048), "float16"),), attrs)

@@ -384,7 +384,7 @@ def test_max_propagates_nan_and_keeps_minus_infinity(poisoned, kernel):
     y = _forward("max", x, axis, False, kernel, poisoned)
     np.testing.assert_array_equal(y, expected)
     dx = reduce.backward_numpy("max", np.full(4, 8.0, F32), x, y, axis=axis)
-    np.testing.assert_array_equal(dx, reduce.reference_backward("max", np.full(4, 8.0), x, axis))
+    assert_close(dx, reduce.reference_backward("max", np.full(4, 8.0), x, axis), "float32", what="dx")
 
 
 @pytest.mark.gpu

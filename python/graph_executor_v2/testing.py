@@ -20,13 +20,16 @@ def tolerance(dtype: str, reduction_length: int = 1) -> tuple[float, float]:
 
 
 def assert_close(actual, expected, dtype: str, reduction_length: int = 1, what: str = "result") -> None:
-    """|actual - expected| <= atol + rtol * |expected| elementwise; NaN in ``actual`` never passes."""
+    """|actual - expected| <= atol + rtol * |expected| elementwise. NaN in ``actual`` passes only where the reference
+    itself is NaN (a mean over nothing, a NaN input); infinities must match exactly."""
     actual = np.asarray(actual).astype(np.float64)
     expected = np.asarray(expected).astype(np.float64)
     if actual.shape != expected.shape:
         raise AssertionError(f"{what}: shape {actual.shape} != expected {expected.shape}")
     atol, rtol = tolerance(dtype, reduction_length)
-    bad = ~(np.abs(actual - expected) <= atol + rtol * np.abs(expected))  # NaN compares False -> bad
+    with np.errstate(invalid="ignore"):  # inf - inf
+        close = np.abs(actual - expected) <= atol + rtol * np.abs(expected)  # NaN compares False
+    bad = ~(close | (actual == expected) | (np.isnan(actual) & np.isnan(expected)))
     if bad.any():
         index = tuple(int(i) for i in np.argwhere(bad)[0])
         error = np.nanmax(np.abs(actual - expected)) if np.isfinite(actual).any() else float("nan")

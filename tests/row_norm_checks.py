@@ -15,6 +15,21 @@ BACKWARD_COLS = (1, 7, 8, 100, 512, 1000, 1024, 1025, 4096, 4100, 8192, 10000, 6
 # Leading shapes for the "auto" kernel: size-1 axes, 1-d and 3-d/4-d inputs, many short rows.
 EDGE_SHAPES = ((1, 1), (1, 4096), (3, 1), (2, 3, 7), (4, 5, 6, 33), (17,), (130, 64), (1000, 24), (5000, 8))
 
+# Shapes that give the backward's persistent blocks several iterations of rows each (a few hundred rows give each
+# block one): row-to-row state in the loop, and the column sums accumulated over many rows. (3000, 1000) and
+# (40000, 64) are quick; the (5000, 4096) ones and the benchmark's float16 (16384, 4096) run in the "large" tests.
+MANY_ROWS_SHAPES = ((3000, 1000), (40000, 64))
+LARGE_MANY_ROWS_SHAPES = tuple(((5000, 4096), dtype) for dtype in DTYPES) + (((16384, 4096), "float16"),)
+
+
+def block_iterations(native, shape, dtype: str, kernel: str, channels: int) -> float:
+    """Row iterations per block of the backward's persistent grid on this GPU: its part count is the workspace's
+    float32 rows of column sums (`channels` of them per part: dgamma, and dbeta for layernorm); warp_per_row
+    blocks take 4 rows per iteration."""
+    rows, cols = int(np.prod(shape[:-1])), shape[-1]
+    parts = native.backward_workspace_bytes(rows, cols, dtype, kernel, True) // (4 * channels * cols)
+    return rows / (parts * (4 if kernel == "warp_per_row" else 1))
+
 
 def supported_cols(native, kernel: str, dtype: str, candidates, backward: bool = False) -> list[int]:
     """The lengths among `candidates` that `kernel` runs (with aligned pointers); at least three, so that no

@@ -10,8 +10,9 @@ from graph_executor_v2.ir import Graph, TensorType
 from graph_executor_v2.ops import layernorm
 from graph_executor_v2.ops._base import Problem
 from graph_executor_v2.testing import assert_close, random_array, tolerance
-from row_norm_checks import (BACKWARD_COLS, DTYPES, EDGE_SHAPES, FORWARD_COLS, KERNELS, assert_within, inputs,
-                             numeric_gradient, rows_for, statistics_error, supported_cols)
+from row_norm_checks import (BACKWARD_COLS, DTYPES, EDGE_SHAPES, FORWARD_COLS, KERNELS, LARGE_MANY_ROWS_SHAPES,
+                             MANY_ROWS_SHAPES, assert_within, block_iterations, inputs, numeric_gradient, rows_for,
+                             statistics_error, supported_cols)
 
 F32 = np.float32
 
@@ -375,6 +376,29 @@ def test_backward_auto_edge_shapes_and_large_means(rng, poisoned, to_device, dty
         _check_backward(rng, poisoned, to_device, shape, dtype, "auto", saved_stats=False)
     _check_backward(rng, poisoned, to_device, (9, 1024), dtype, "auto", saved_stats=False, offset=1e3)
     _check_backward(rng, poisoned, to_device, (9, 1024), dtype, "auto", saved_stats=True, offset=1e3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("saved_stats", (True, False))
+def test_backward_many_rows_per_block(rng, poisoned, to_device, dtype, kernel, saved_stats):
+    # A few hundred rows give each block of the persistent backward grid one row; these shapes make every block
+    # loop over several (checked, so the test keeps its point on any GPU).
+    assert max(block_iterations(layernorm._native_module(), shape, dtype, kernel, 2)
+               for shape in MANY_ROWS_SHAPES) >= 2
+    for shape in MANY_ROWS_SHAPES:
+        _check_backward(rng, poisoned, to_device, shape, dtype, kernel, saved_stats)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, dtype", LARGE_MANY_ROWS_SHAPES)
+@pytest.mark.parametrize("kernel", ("block_per_row", "multipass"))  # the ones that run 4096 columns backward
+@pytest.mark.parametrize("saved_stats", (True, False))
+def test_backward_large_many_rows_per_block(rng, poisoned, to_device, shape, dtype, kernel, saved_stats):
+    # The benchmark's problem (float16 16384 x 4096: ~40 rows per block on an H100) and (5000, 4096) in every dtype.
+    assert block_iterations(layernorm._native_module(), shape, dtype, kernel, 2) >= 2
+    _check_backward(rng, poisoned, to_device, shape, dtype, kernel, saved_stats)
 
 
 @pytest.mark.gpu

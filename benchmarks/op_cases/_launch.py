@@ -6,6 +6,14 @@ from graph_executor_v2.ir.types import TensorType
 from graph_executor_v2.ops import OPS, Problem
 
 
+def holding(call, *tensors):
+    """``call`` with ``tensors`` attached to it. A call made with bare data_ptr() addresses does not keep their
+    tensors alive: once the tensors are dropped, PyTorch's caching allocator hands their memory to the next
+    allocation, and the call reads (and writes) someone else's data."""
+    call.tensors = tensors
+    return call
+
+
 def prepared(op, inputs, outputs, attrs, candidate=None):
     """The op's best supported candidate (or the one named), prepared once for these tensors' shapes."""
     opdef = OPS[op]
@@ -16,4 +24,4 @@ def prepared(op, inputs, outputs, attrs, candidate=None):
                   if (candidate is None or c.name == candidate) and c.supports(problem) is None)
     launch = chosen.prepare(problem)
     in_ptrs, out_ptrs = [x.data_ptr() for x in inputs], [y.data_ptr() for y in outputs]
-    return lambda: launch(in_ptrs, out_ptrs, 0)
+    return holding(lambda: launch(in_ptrs, out_ptrs, 0), *inputs, *outputs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from graph_executor_v2.ops import layernorm
 
-from ._launch import prepared
+from ._launch import holding, prepared
 
 ROWS, COLS, EPS = 16384, 4096, 1e-5
 
@@ -40,10 +40,13 @@ def cases(torch):
     native = layernorm._native_module()
     workspace_bytes = native.backward_workspace_bytes(ROWS, COLS, "float16", "auto", True)
     workspace = torch.empty(workspace_bytes // 4, device="cuda", dtype=torch.float32)
-    pointers = [t.data_ptr() for t in (dy, x, gamma, mean, rstd, dx, dgamma, dbeta, workspace)]
-
-    def backward():
-        native.backward(*pointers, workspace_bytes, ROWS, COLS, "float16", EPS, "auto", 0)
+    operands = (dy, x, gamma, mean, rstd, dx, dgamma, dbeta, workspace)
+    pointers = [t.data_ptr() for t in operands]
+    # `backward` holds the operands: mean, rstd and the workspace are referenced nowhere else, and once freed the
+    # caching allocator hands their memory to later allocations (PyTorch's forward outputs, same sizes), so the
+    # backward would read whatever statistics were written there last.
+    backward = holding(lambda: native.backward(*pointers, workspace_bytes, ROWS, COLS, "float16", EPS, "auto", 0),
+                       *operands)
 
     def torch_backward():
         return torch.ops.aten.native_layer_norm_backward(dy, x, [COLS], torch_mean, torch_rstd, gamma, beta,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from graph_executor_v2.ops import rmsnorm
 
-from ._launch import prepared
+from ._launch import holding, prepared
 
 ROWS, COLS, EPS = 16384, 4096, 1e-6
 
@@ -67,10 +67,12 @@ def cases(torch):
     native = rmsnorm._native_module()
     workspace_bytes = native.backward_workspace_bytes(ROWS, COLS, "float16", "auto", True)
     workspace = torch.empty(workspace_bytes // 4, device="cuda", dtype=torch.float32)
-    pointers = [t.data_ptr() for t in (dy, x, gamma, rstd, dx, dgamma, workspace)]
-
-    def backward():
-        native.backward(*pointers, workspace_bytes, ROWS, COLS, "float16", EPS, "auto", 0)
+    operands = (dy, x, gamma, rstd, dx, dgamma, workspace)
+    pointers = [t.data_ptr() for t in operands]
+    # `backward` holds the operands: rstd and the workspace are referenced nowhere else (freed, their memory would
+    # go to the next allocation while the backward still reads and writes it).
+    backward = holding(lambda: native.backward(*pointers, workspace_bytes, ROWS, COLS, "float16", EPS, "auto", 0),
+                       *operands)
 
     torch_backward = _torch_backward(torch, x, gamma, dy)
 

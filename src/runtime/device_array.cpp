@@ -2,7 +2,6 @@
 // through DLPack or __cuda_array_interface__. bfloat16 host arrays are NumPy arrays of ml_dtypes.bfloat16.
 #include <cstring>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -381,19 +380,17 @@ class DeviceArray {
   bool is_contiguous() const { return strides_ == contiguous_strides(shape_) || size() <= 1; }
 
   std::string repr() const {
-    std::ostringstream out;
-    out << "DeviceArray(shape=" << shape_string(shape_) << ", dtype=" << dtype_name(dtype_) << ", device=cuda:"
-        << device_ << (is_contiguous() ? "" : ", strided") << ")";
-    return out.str();
+    return "DeviceArray(shape=" + shape_string(shape_) + ", dtype=" + dtype_name(dtype_) + ", device=cuda:" +
+           std::to_string(device_) + (is_contiguous() ? ")" : ", strided)");
   }
 
  private:
+  // Plain string building, no iostreams: a module that carries its own copy of the iostream/locale code crashed
+  // in std::ostream on the GPU machine (its locale facets came from the process's other libstdc++).
   static std::string shape_string(const std::vector<int64_t>& shape) {
-    std::ostringstream out;
-    out << "(";
-    for (std::size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
-    out << (shape.size() == 1 ? ",)" : ")");
-    return out.str();
+    std::string text = "(";
+    for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+    return text + (shape.size() == 1 ? ",)" : ")");
   }
   static cudaStream_t as_stream(std::uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
   void require_contiguous(const char* what) const {

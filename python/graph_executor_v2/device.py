@@ -66,15 +66,18 @@ class _TorchDtypes(dict):
 _TORCH_DTYPES = _TorchDtypes()
 
 
+_KINDS: dict[type, str] = {}
+
+
 def _kind(array) -> str:
-    module = type(array).__module__
-    if module.startswith("graph_executor_v2"):
-        return "ge2"
-    if module.startswith("torch"):
-        return "torch"
-    if module.startswith("cupy"):
-        return "cupy"
-    return "other"
+    """Which library an array comes from, remembered per type (this sits on every op call's hot path)."""
+    kind = _KINDS.get(type(array))
+    if kind is None:
+        module = type(array).__module__
+        kind = next((k for prefix, k in (("graph_executor_v2", "ge2"), ("torch", "torch"), ("cupy", "cupy"))
+                     if module.startswith(prefix)), "other")
+        _KINDS[type(array)] = kind
+    return kind
 
 
 def view_of(array, argument: str = "array") -> DeviceView:
@@ -83,11 +86,12 @@ def view_of(array, argument: str = "array") -> DeviceView:
     if kind == "ge2":
         return DeviceView(*array.view_tuple())
     if kind == "torch":
-        if not array.is_cuda:
+        device = array.get_device()  # -1 on the CPU
+        if device < 0:
             raise TypeError(f"{argument}: expected a CUDA tensor, got a torch tensor on {array.device}")
         return DeviceView(
             array.data_ptr(), tuple(array.shape), _TORCH_DTYPES.get(array.dtype) or normalize(array.dtype, argument),
-            array.stride(), array.get_device(), array.is_contiguous(),
+            array.stride(), device, array.is_contiguous(),
         )
     if kind == "cupy":
         itemsize = array.dtype.itemsize

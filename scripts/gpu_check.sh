@@ -4,9 +4,10 @@
 # build:    CMake + Ninja build of _runtime and every _ops_<op> module into python/graph_executor_v2
 #           (GE2_ONLY_OPS="gemm;softmax" builds a subset)
 # test:     the whole pytest suite with GPU tests required (a skip for lack of a GPU is a failure)
-# sanitize: compute-sanitizer memcheck over the gemm tests and memcheck + racecheck over the op tests
+# sanitize: compute-sanitizer memcheck over every GPU test file, racecheck over the shared-memory kernels' tests
 # bench:    benchmarks/bench_gemm.py, bench_ops.py, bench_mlp_inference.py (tables also under OUT_DIR)
-# Logs land in OUT_DIR: build.log, pytest.log, sanitizer.log, bench.log, results.tar.gz, summary.txt.
+# Logs land in OUT_DIR: build.log, pytest.log, sanitizer.log (+ sanitizer_logs.tar.gz), bench.log, results.tar.gz,
+# summary.txt.
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR [build] [test] [sanitize] [bench]}
 shift
@@ -43,26 +44,27 @@ if [[ " $STAGES " == *" test "* ]]; then
 fi
 
 if [[ " $STAGES " == *" sanitize "* ]]; then
-  sanitize() {  # sanitize <tool> <pytest args...>
-    local tool=$1
-    shift
-    echo "=== compute-sanitizer --tool $tool: $*" >>"$OUT/sanitizer.log"
-    GE2_REQUIRE_GPU=1 compute-sanitizer --tool "$tool" --error-exitcode 9 --target-processes all \
-      "$PYTHON" -m pytest -q -x -p no:cacheprovider "$@" >>"$OUT/sanitizer.log" 2>&1
-    local code=$?
-    grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer.log" | tail -2
-    return $code
+  # One sanitizer process per test file, four at a time (each kernel runs ~10-100x slower under the sanitizer, so
+  # the "large" tests are left out). memcheck over every GPU test file, racecheck over the files whose kernels use
+  # shared memory. A file passes when pytest passes and the sanitizer reports 0 errors.
+  mkdir -p "$OUT/sanitizer"
+  sanitize_file() {  # sanitize_file <tool> <test file>
+    local log="$OUT/sanitizer/$1-$(basename "$2" .py).log"
+    GE2_REQUIRE_GPU=1 timeout "${GE2_SANITIZE_TIMEOUT:-500}" compute-sanitizer --tool "$1" --error-exitcode 9 \
+      "$PYTHON" -m pytest -q -x -p no:cacheprovider -m gpu -k "not large" "$2" >"$log" 2>&1
+    echo "$1 $(basename "$2"): exit $? | $(grep -E "ERROR SUMMARY" "$log" | tail -1) | $(grep -E "passed|failed" "$log" | tail -1)"
   }
-  # Small shapes only: the sanitizer runs every kernel ~100x slower.
-  sanitize memcheck tests/test_gemm.py -k "not 4096 and not edge_shapes" -m gpu
-  record "sanitize memcheck gemm" $?
-  op_tests=$(ls tests/test_*.py | grep -v -E "test_gemm|test_executor|test_ir|test_passes|test_registry|test_train" | tr '\n' ' ')
-  if [ -n "$op_tests" ]; then
-    sanitize memcheck $op_tests -m gpu -k "not large and not bench"
-    record "sanitize memcheck ops" $?
-    sanitize racecheck $op_tests -m gpu -k "not large and not bench"
-    record "sanitize racecheck ops" $?
-  fi
+  export -f sanitize_file
+  export OUT PYTHON
+  gpu_files=$(grep -l "mark.gpu" tests/test_*.py | grep -v -E "test_executor|test_registry")
+  shared_memory_files="tests/test_softmax.py tests/test_reduce.py tests/test_layernorm.py tests/test_rmsnorm.py
+    tests/test_cross_entropy.py tests/test_transpose.py tests/test_embedding.py tests/test_gemm.py"
+  { for f in $gpu_files; do echo "memcheck $f"; done
+    for f in $shared_memory_files; do echo "racecheck $f"; done; } |
+    xargs -P 4 -L 1 bash -c 'sanitize_file "$0" "$1"' | sort | tee "$OUT/sanitizer.log"
+  ! grep -q -v "exit 0 | ========= ERROR SUMMARY: 0 errors" "$OUT/sanitizer.log"
+  record "sanitize (memcheck all GPU test files, racecheck shared-memory kernels)" $?
+  tar czf "$OUT/sanitizer_logs.tar.gz" -C "$OUT" sanitizer && rm -rf "$OUT/sanitizer"
 fi
 
 if [[ " $STAGES " == *" bench "* ]]; then

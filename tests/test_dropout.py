@@ -293,10 +293,61 @@ def test_candidates_launch_plan_style(rng, to_device, poisoned, dtype):
             if candidate.supports(problem) is not None:
                 continue
             out = poisoned(x.shape, dtype)
-            candidate.prepare(problem)([to_device(x).ptr], [out.ptr], 0)
+            # Hold the DeviceArray: `[to_device(x).ptr]` frees x (cudaFree) before the launch reads it.
+            x_device = to_device(x)
+            candidate.prepare(problem)([x_device.ptr], [out.ptr], 0)
             check_output(out.numpy(), x, 0.6, 2**50 + 1, offset, dtype, f"{candidate.name} offset {offset}")
             ran += 1
         assert ran == (2 if offset == 0 else 1)
+
+
+ODD_COUNTS = (1, 3, 5, 7, 9, 15, 17, 31, 33, 527, 1001, 4099)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_odd_counts_every_path(rng, to_device, poisoned, dtype):
+    """Counts that are not a multiple of the 16-byte pack through every path: forward/backward x numpy/device/
+    native raw pointers, and the plan-style candidate launch. Each device input is held alive for its launch
+    (memcheck catches any read past `count`); raw-pointer outputs have a poisoned guard band that must stay NaN
+    (a write past `count` fails even without the sanitizer)."""
+    native = _native.load("_ops_dropout")
+    op = OPS["dropout"]
+    guard = 64  # elements past the end, at least 4 packs for every dtype
+    p, seed = 0.4, 2**33 + 7
+    for count in ODD_COUNTS:
+        x = nonzero_random(rng, (count,), dtype)
+        for offset in (0, 4, 3):
+            what = f"count {count} offset {offset}"
+            check_output(dp.forward_numpy(x, p, seed, offset), x, p, seed, offset, dtype, f"forward_numpy {what}")
+            check_output(dp.backward_numpy(x, p, seed, offset), x, p, seed, offset, dtype, f"backward_numpy {what}")
+            for kernel in ("vec16", "scalar", "auto"):
+                if kernel == "vec16" and native.unsupported_reason("vec16", offset, True):
+                    continue
+                x_device = to_device(x)
+                for direction in ("forward", "backward"):
+                    out = poisoned((count,), dtype)
+                    assert getattr(dp, direction)(x_device, p, seed, offset, kernel, out=out) is out
+                    check_output(out.numpy(), x, p, seed, offset, dtype, f"{direction} {kernel} {what}")
+                    guarded = poisoned((count + guard,), dtype)
+                    getattr(native, direction)(x_device.ptr, guarded.ptr, count, dtype, p, seed, offset, kernel, 0)
+                    y = guarded.numpy()
+                    check_output(y[:count], x, p, seed, offset, dtype, f"native {direction} {kernel} {what}")
+                    assert np.isnan(y[count:].astype(np.float32)).all(), f"native {direction} {kernel} {what}: " \
+                                                                          "wrote past count"
+            attrs = op.validate_attrs({"p": p, "seed": seed, "offset": offset}, "node")
+            in_types = (TensorType(x.shape, dtype),)
+            problem = Problem("dropout", in_types, tuple(op.infer(in_types, attrs)), attrs)
+            for candidate in op.candidates:
+                if candidate.supports(problem) is not None:
+                    continue
+                x_device = to_device(x)
+                guarded = poisoned((count + guard,), dtype)
+                candidate.prepare(problem)([x_device.ptr], [guarded.ptr], 0)
+                y = guarded.numpy()
+                check_output(y[:count], x, p, seed, offset, dtype, f"plan-style {candidate.name} {what}")
+                assert np.isnan(y[count:].astype(np.float32)).all(), f"plan-style {candidate.name} {what}: " \
+                                                                      "wrote past count"
 
 
 @pytest.mark.gpu

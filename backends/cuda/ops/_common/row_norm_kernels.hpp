@@ -25,11 +25,40 @@ namespace ge2::row_norm {
 // ================================================================================================================
 // Element access: packs of kVec elements (one 16-byte access, or a scalar when kVec == 1)
 // ================================================================================================================
+// Scalar 16-bit loads go through the unsigned short overloads of __ldcs/__ldg (asm volatile) and are bit-cast:
+// cuda_fp16.hpp / cuda_bf16.hpp implement __ldcs/__ldg for __half and __nv_bfloat16 as non-volatile asm, which the
+// compiler treats as a side-effect-free value and may speculate past its guard. It did: the gamma/beta loads of
+// pack 0 (column = lane, the same for every row) were hoisted out of the row loop and above `c < cols`, reading
+// gamma[lane] for every lane (out of bounds for cols < 32). Volatile asm is never moved out of its branch.
+template <typename T>
+__device__ __forceinline__ T load_scalar_streaming(const T* pointer) {
+  if constexpr (sizeof(T) == 2) {
+    const unsigned short raw = __ldcs(reinterpret_cast<const unsigned short*>(pointer));
+    T value;
+    memcpy(&value, &raw, sizeof(raw));
+    return value;
+  } else {
+    return __ldcs(pointer);  // float: asm volatile already
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T load_scalar_cached(const T* pointer) {
+  if constexpr (sizeof(T) == 2) {
+    const unsigned short raw = __ldg(reinterpret_cast<const unsigned short*>(pointer));
+    T value;
+    memcpy(&value, &raw, sizeof(raw));
+    return value;
+  } else {
+    return __ldg(pointer);  // float: asm volatile already
+  }
+}
+
 template <typename T, int kVec>
 __device__ __forceinline__ Pack<T, kVec> load_streaming(const T* pointer) {
   Pack<T, kVec> pack;
   if constexpr (kVec == 1) {
-    pack.values[0] = __ldcs(pointer);
+    pack.values[0] = load_scalar_streaming(pointer);
   } else {
     static_assert(sizeof(Pack<T, kVec>) == 16, "vector accesses are 16 bytes");
     const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(pointer));
@@ -43,7 +72,7 @@ template <typename T, int kVec>
 __device__ __forceinline__ Pack<T, kVec> load_cached(const T* pointer) {
   Pack<T, kVec> pack;
   if constexpr (kVec == 1) {
-    pack.values[0] = __ldg(pointer);
+    pack.values[0] = load_scalar_cached(pointer);
   } else {
     const uint4 raw = __ldg(reinterpret_cast<const uint4*>(pointer));
     memcpy(&pack, &raw, sizeof(raw));

@@ -31,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include "dtype.hpp"
+#include "kernel_info.hpp"
 
 namespace ge2::row_norm {
 
@@ -209,13 +210,6 @@ inline void require_pointer(const void* pointer, const char* argument) {
 
 inline bool aligned16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; }
 
-// Kernel description, priority and constraints, as kernels() reports them to Python and the registry.
-struct KernelInfo {
-  std::string name;
-  int priority;
-  std::string description;
-  std::string constraints;
-};
 
 inline std::vector<KernelInfo> kernel_table() {
   const std::string vector_rule =

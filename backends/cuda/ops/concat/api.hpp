@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "dtype.hpp"
+#include "kernel_info.hpp"
 
 namespace ge2::concat {
 
@@ -36,12 +37,6 @@ Kernel forward(const std::vector<const void*>& inputs, void* y, const Layout& la
 Kernel backward(const void* dy, const std::vector<void*>& grads, const Layout& layout, Kernel requested,
                 cudaStream_t stream);
 
-struct KernelInfo {
-  std::string name;
-  int priority;
-  std::string description;
-  std::string constraints;
-};
 std::vector<KernelInfo> kernel_table();
 
 // ---- internal: shared by launcher.cu, kernels/fused.cu and backward.cu ------------------------------------------

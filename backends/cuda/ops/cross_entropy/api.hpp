@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "dtype.hpp"
+#include "kernel_info.hpp"
 
 namespace ge2::cross_entropy {
 
@@ -43,12 +44,6 @@ Kernel run(const Args& args, Kernel requested, bool check_labels, cudaStream_t s
 // `vectorizable`: logits and dlogits 16-byte aligned and cols a multiple of 16 / sizeof(dtype).
 std::string unsupported_reason(Kernel kernel, int64_t cols, DType dtype, bool vectorizable);
 
-struct KernelInfo {
-  std::string name;
-  int priority;
-  std::string description;
-  std::string constraints;
-};
 std::vector<KernelInfo> kernel_table();
 
 // ---- internal: shared by launcher.cu and kernels/*.cu -------------------------------------------------------

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "dtype.hpp"
+#include "kernel_info.hpp"
 
 namespace ge2::dropout {
 
@@ -32,12 +33,6 @@ Kernel run(const Args& args, Kernel requested, cudaStream_t stream);
 // Empty when `kernel` can run the problem; otherwise the reason it cannot. `aligned`: x and y 16-byte aligned.
 std::string unsupported_reason(Kernel kernel, uint64_t offset, bool aligned);
 
-struct KernelInfo {
-  std::string name;
-  int priority;
-  std::string description;
-  std::string constraints;
-};
 std::vector<KernelInfo> kernel_table();
 
 // ---- internal: shared by launcher.cu and kernels/*.cu ---------------------------------------------------------

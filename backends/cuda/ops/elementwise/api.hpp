@@ -9,6 +9,7 @@
 
 #include "dtype.hpp"
 #include "tensor_view.hpp"
+#include "kernel_info.hpp"
 
 namespace ge2::elementwise {
 
@@ -59,12 +60,6 @@ void unary_backward(UnaryOp op, const void* dy, const void* x, void* dx, int64_t
 void binary_backward(BinaryOp op, const void* dy, const void* a, const void* b, void* da, void* db,
                      const Broadcast& problem, DType dtype, cudaStream_t stream);
 
-struct KernelInfo {
-  std::string name;
-  int priority;
-  std::string description;
-  std::string constraints;
-};
 std::vector<KernelInfo> kernel_table();
 
 // ---- internal: shared by launcher.cu, kernels/*.cu and backward.cu ------------------------------------------

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "dtype.hpp"
+#include "kernel_info.hpp"
 
 namespace ge2::embedding {
 
@@ -46,12 +47,6 @@ void backward(const BackwardArgs& args, bool check_ids, cudaStream_t stream);
 // output pointers are 16-byte aligned.
 std::string unsupported_reason(Kernel kernel, int64_t dim, DType dtype, bool aligned);
 
-struct KernelInfo {
-  std::string name;
-  int priority;
-  std::string description;
-  std::string constraints;
-};
 std::vector<KernelInfo> kernel_table();
 
 // ---- internal: shared by launcher.cu, kernels/*.cu and backward.cu ------------------------------------------

@@ -8,6 +8,7 @@
 
 #include "activation.hpp"
 #include "dtype.hpp"
+#include "kernel_info.hpp"
 
 namespace ge2::gemm {
 
@@ -67,12 +68,6 @@ Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream);
 
 void backward(const BackwardArgs& args, cudaStream_t stream);
 
-struct KernelInfo {
-  std::string name;
-  int priority;
-  std::string description;
-  std::string constraints;
-};
 std::vector<KernelInfo> kernel_table();
 
 // Number of cached cuBLASLt plans (tests check that the steady state adds none).

@@ -14,6 +14,7 @@
 
 #include "dtype.hpp"
 #include "tensor_view.hpp"
+#include "kernel_info.hpp"
 
 namespace ge2::reduce {
 
@@ -72,12 +73,6 @@ std::string unsupported_reason(Kernel kernel, const Layout& layout);
 Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream);
 void backward(const BackwardArgs& args, cudaStream_t stream);
 
-struct KernelInfo {
-  std::string name;
-  int priority;
-  std::string description;
-  std::string constraints;
-};
 std::vector<KernelInfo> kernel_table();
 
 // ---- internal: shared by launcher.cu, kernels/*.cu and backward.cu --------------------------------------------

@@ -10,6 +10,7 @@
 
 #include "dtype.hpp"
 #include "tensor_view.hpp"
+#include "kernel_info.hpp"
 
 namespace ge2::slice {
 
@@ -31,12 +32,6 @@ void forward(const void* x, const int64_t* x_strides, void* y, const Geometry& g
 void backward(const void* dy, const int64_t* dy_strides, void* dx, const Geometry& geometry, DType dtype,
               cudaStream_t stream);
 
-struct KernelInfo {
-  std::string name;
-  int priority;
-  std::string description;
-  std::string constraints;
-};
 std::vector<KernelInfo> kernel_table();
 
 // ---- internal: shared by launcher.cu and backward.cu ------------------------------------------------------------

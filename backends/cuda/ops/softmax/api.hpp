@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "dtype.hpp"
+#include "kernel_info.hpp"
 
 namespace ge2::softmax {
 
@@ -51,12 +52,6 @@ std::string unsupported_reason(Kernel kernel, int64_t n, int64_t inner, bool bac
 Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream);
 Kernel backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream);
 
-struct KernelInfo {
-  std::string name;
-  int priority;
-  std::string description;
-  std::string constraints;
-};
 std::vector<KernelInfo> kernel_table();
 
 // ---- internal: one launcher per kernel variant (kernels/*.cu, backward.cu), arguments already checked ----------

@@ -10,6 +10,7 @@
 #include "dtype.hpp"
 #include "fast_divmod.hpp"
 #include "tensor_view.hpp"
+#include "kernel_info.hpp"
 
 namespace ge2::transpose {
 
@@ -38,12 +39,6 @@ Kernel forward(const Problem& problem, Kernel requested, cudaStream_t stream);
 // dst <- src, `nbytes` bytes, device to device.
 void copy(const void* src, void* dst, int64_t nbytes, cudaStream_t stream);
 
-struct KernelInfo {
-  std::string name;
-  int priority;
-  std::string description;
-  std::string constraints;
-};
 std::vector<KernelInfo> kernel_table();
 
 // ---- internal: shared by launcher.cu and kernels/tiled.cu ----------------------------------------------------

@@ -1,7 +1,8 @@
 """GE2 ops. Importing this package registers every op definition in ``OPS``; native modules load on first use.
 
-Each op module has the same face: ``forward_numpy`` (host in, host out), ``forward`` (device arrays: DeviceArray,
-torch, CuPy), ``backward_numpy``, ``backward`` and ``kernels()``.
+Each op module with a native kernel has the same face: ``forward_numpy`` (host in, host out), ``forward`` (device
+arrays: DeviceArray, torch, CuPy), ``backward_numpy``, ``backward`` and ``kernels()``. ``matmul`` is a graph-level op
+only: canonicalization turns it into ``gemm``, whose face and kernels it uses.
 """
 from ._base import OPS, Attr, Candidate, Input, OpDef, Problem, register
 from . import elementwise, gemm, matmul

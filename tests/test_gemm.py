@@ -166,8 +166,15 @@ def _run(rng, m, n, k, dtype, act, with_bias, with_c, trans_a, trans_b, kernel, 
     bias = random_array(rng, (n,), dtype) if with_bias else None
     c = random_array(rng, (m, n), dtype) if with_c else None
     alpha, beta, slope = 1.25, (0.5 if with_c else 0.0), 0.05
-    result = gemm.forward_numpy(a, b, bias, c, act=act, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
-                                slope=slope, kernel=kernel, save_preact=save_preact)
+    runtime = ge2.device.runtime()
+    to_device = lambda x: None if x is None else runtime.DeviceArray.from_numpy(x)  # noqa: E731
+    y, z = runtime.DeviceArray.empty([m, n], dtype), runtime.DeviceArray.empty([m, n], dtype)
+    y.poison()  # NaN: an element a kernel forgets to write can never pass
+    z.poison()
+    result = gemm.forward(to_device(a), to_device(b), to_device(bias), to_device(c), act=act, alpha=alpha, beta=beta,
+                          trans_a=trans_a, trans_b=trans_b, slope=slope, kernel=kernel, save_preact=save_preact,
+                          out=y, preact_out=z)
+    result = (result[0].numpy(), result[1].numpy()) if save_preact else result.numpy()
     y_ref, z_ref = gemm.reference(a, b, bias, c, act=act, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
                                   slope=slope)
     return result, y_ref, z_ref

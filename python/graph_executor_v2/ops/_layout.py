@@ -83,10 +83,8 @@ def to_device(x: np.ndarray):
     return _device.runtime().DeviceArray.from_numpy(np.require(x, requirements="C"))
 
 
-def output(out, template, argument: str, shape: tuple, dtype: str, device: int):
-    """``out`` checked (shape, dtype, contiguous, device), or a new array of ``template``'s kind; returns
-    (array, view)."""
-    array = out if out is not None else _device.empty_like_kind(template, tuple(shape), dtype, device)
+def checked_view(array, argument: str, shape: tuple, dtype: str, device: int):
+    """The view of ``array`` after checking its shape, dtype, contiguity and device; errors name ``argument``."""
     view = _device.view_of(array, argument)
     if tuple(view.shape) != tuple(shape):
         raise ValueError(f"{argument}: expected shape {tuple(shape)}, got {tuple(view.shape)}")
@@ -96,7 +94,14 @@ def output(out, template, argument: str, shape: tuple, dtype: str, device: int):
         raise ValueError(f"{argument}: expected a contiguous array, got strides {view.strides} for shape "
                          f"{tuple(view.shape)}")
     check_device(view, device, argument)
-    return array, view
+    return view
+
+
+def output(out, template, argument: str, shape: tuple, dtype: str, device: int):
+    """``out`` checked (shape, dtype, contiguous, device), or a new array of ``template``'s kind; returns
+    (array, view)."""
+    array = out if out is not None else _device.empty_like_kind(template, tuple(shape), dtype, device)
+    return array, checked_view(array, argument, shape, dtype, device)
 
 
 def check_device(view, device: int, argument: str) -> None:

@@ -25,7 +25,7 @@ from .. import _native
 from .. import device as _device
 from ..dtypes import FLOAT_DTYPES, normalize
 from ..ir.types import TensorType
-from . import activations
+from . import _layout, activations
 from ._base import OPS, Candidate, Input, OpDef, Problem, as_float64, register
 
 BINARY_OPS = ("add", "sub", "mul", "div")
@@ -243,19 +243,6 @@ def _device_views(op, arrays, what):
     return views
 
 
-def _check_output(array, argument, t: TensorType, device):
-    view = _device.view_of(array, argument)
-    if tuple(view.shape) != tuple(t.shape):
-        raise ValueError(f"{argument}: expected shape {tuple(t.shape)}, got {tuple(view.shape)}")
-    if view.dtype != t.dtype:
-        raise TypeError(f"{argument}: expected dtype {t.dtype}, got {view.dtype}")
-    if not view.is_contiguous:
-        raise ValueError(f"{argument}: expected a contiguous array, got strides {view.strides}")
-    if view.device != device:
-        raise ValueError(f"{argument}: expected an array on cuda:{device}, got cuda:{view.device}")
-    return view
-
-
 def forward(op, *inputs, kernel="auto", out=None, stream=None):
     """Device arrays (DeviceArray, torch, CuPy) in, device array out, zero-copy. ``out`` is written when given;
     otherwise the output is allocated as the same kind of array as the first input."""
@@ -263,9 +250,7 @@ def forward(op, *inputs, kernel="auto", out=None, stream=None):
     _check_kernel(kernel)
     views = _device_views(op, inputs, "forward")
     (out_type,) = OPS[op].infer([TensorType(v.shape, v.dtype) for v in views], {})
-    y = out if out is not None else _device.empty_like_kind(inputs[0], out_type.shape, out_type.dtype,
-                                                            views[0].device)
-    vy = _check_output(y, "out", out_type, views[0].device)
+    y, vy = _layout.output(out, inputs[0], "out", out_type.shape, out_type.dtype, views[0].device)
     native = _native_module()
     handle = _device.stream_handle(stream)
     if op in UNARY_OPS:
@@ -301,7 +286,7 @@ def backward(op, dy, *inputs, stream=None):
     _check_op(op)
     views = _device_views(op, inputs, "backward")
     (out_type,) = OPS[op].infer([TensorType(v.shape, v.dtype) for v in views], {})
-    vdy = _check_output(dy, "dy", out_type, views[0].device)
+    vdy = _layout.checked_view(dy, "dy", out_type.shape, out_type.dtype, views[0].device)
     native = _native_module()
     handle = _device.stream_handle(stream)
     new = lambda shape: _device.empty_like_kind(inputs[0], tuple(shape), out_type.dtype, views[0].device)  # noqa

@@ -20,9 +20,9 @@ import numpy as np
 
 from .. import device as _device
 from .. import _native
-from ..dtypes import FLOAT_DTYPES, normalize, to_numpy
+from ..dtypes import FLOAT_DTYPES, normalize
 from ..ir.types import TensorType
-from . import activations
+from . import _layout, activations
 from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register
 
 GEMM_ACTIVATIONS = ("none", "relu", "gelu", "silu", "leaky_relu")
@@ -163,14 +163,11 @@ def forward(A, B, bias=None, C=None, act="none", alpha=1.0, beta=0.0, trans_a=Fa
         if len(_validated_forward) > 4096:
             _validated_forward.clear()
         _validated_forward[key] = shape
-    y = out if out is not None else _device.empty_like_kind(A, (shape.m, shape.n), shape.dtype, va.device)
-    vy = _check_output(y, "out", shape, va.device)
+    y, vy = _layout.output(out, A, "out", (shape.m, shape.n), shape.dtype, va.device)
     want_preact = save_preact and act != "none"
     z = None
     if want_preact:
-        z = preact_out if preact_out is not None else _device.empty_like_kind(A, (shape.m, shape.n), shape.dtype,
-                                                                              va.device)
-        vz = _check_output(z, "preact_out", shape, va.device)
+        z, vz = _layout.output(preact_out, A, "preact_out", (shape.m, shape.n), shape.dtype, va.device)
     _native_module().forward(
         va.ptr, vb.ptr, 0 if vc is None else vc.ptr, 0 if vbias is None else vbias.ptr, vy.ptr,
         vz.ptr if want_preact else 0, shape.m, shape.n, shape.k, shape.dtype, bool(trans_a), bool(trans_b),
@@ -197,19 +194,6 @@ def _validate_forward(va, vb, vbias, vc, act, trans_a, trans_b, alpha, beta, slo
         if view is not None and view.device != va.device:
             raise ValueError(f"{name}: expected an array on cuda:{va.device} (the device of A), got cuda:{view.device}")
     return shape
-
-
-def _check_output(array, argument, shape: GemmShape, device):
-    view = _device.view_of(array, argument)
-    if view.shape != (shape.m, shape.n):
-        raise ValueError(f"{argument}: expected shape ({shape.m}, {shape.n}), got {view.shape}")
-    if view.dtype != shape.dtype:
-        raise TypeError(f"{argument}: expected dtype {shape.dtype}, got {view.dtype}")
-    if not view.is_contiguous:
-        raise ValueError(f"{argument}: expected a contiguous array, got strides {view.strides}")
-    if view.device != device:
-        raise ValueError(f"{argument}: expected an array on cuda:{device}, got cuda:{view.device}")
-    return view
 
 
 class GemmGrads(NamedTuple):
@@ -278,7 +262,7 @@ def backward(dY, A, B, preact=None, act="none", alpha=1.0, beta=0.0, trans_a=Fal
     """Device arrays in: returns GemmGrads(dA, dB, dbias, dC, dbias_a) as device arrays of A's kind.
 
     Layer chaining: when A = a_act(a_preact) came from the previous layer, pass ``a_preact``/``a_act`` and dA comes
-    back as the gradient w.r.t. a_preact, with that layer's bias gradient in dbias_a — fused into the dA matmul as
+    back as the gradient w.r.t. a_preact, with that layer's bias gradient in dbias_a - fused into the dA matmul as
     cuBLASLt's DGELU_BGRAD epilogue for gelu (trans_a False, K % 8 == 0), by a post-kernel otherwise."""
     vdy, va, vb = _device.view_of(dY, "dY"), _device.view_of(A, "A"), _device.view_of(B, "B")
     vz = None if preact is None else _device.view_of(preact, "preact")

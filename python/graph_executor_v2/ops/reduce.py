@@ -26,6 +26,7 @@ from .. import _native
 from .. import device as _device
 from ..dtypes import FLOAT_DTYPES, normalize
 from ..ir.types import TensorType
+from . import _layout
 from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register
 
 OP_NAMES = ("sum", "mean", "max")
@@ -166,17 +167,6 @@ def _check_native_kernel(kernel, problem: ReduceProblem):
             raise ValueError(f"kernel: '{kernel}' cannot run this problem: {reason}")
 
 
-def _check_device_array(view, argument, shape, dtype, device):
-    if view.shape != tuple(shape):
-        raise ValueError(f"{argument}: expected shape {tuple(shape)}, got {view.shape}")
-    if view.dtype != dtype:
-        raise TypeError(f"{argument}: expected dtype {dtype}, got {view.dtype}")
-    if not view.is_contiguous:
-        raise ValueError(f"{argument}: expected a contiguous array, got strides {view.strides} for shape {view.shape}")
-    if view.device != device:
-        raise ValueError(f"{argument}: expected an array on cuda:{device}, got cuda:{view.device}")
-
-
 def forward_numpy(op, x, axis=None, keepdims=False, kernel="auto"):
     """Host array in, host array out (runs on the GPU)."""
     _host_array(x, "x")
@@ -197,9 +187,7 @@ def forward(op, x, axis=None, keepdims=False, kernel="auto", out=None, stream=No
     if not vx.is_contiguous:
         raise ValueError(f"x: expected a contiguous array, got strides {vx.strides} for shape {vx.shape}")
     _check_native_kernel(kernel, problem)
-    y = out if out is not None else _device.empty_like_kind(x, problem.out_shape, vx.dtype, vx.device)
-    vy = _device.view_of(y, "out")
-    _check_device_array(vy, "out", problem.out_shape, vx.dtype, vx.device)
+    y, vy = _layout.output(out, x, "out", problem.out_shape, vx.dtype, vx.device)
     _native_module().forward(op, vx.ptr, vy.ptr, list(problem.shape), list(problem.axes), vx.dtype, kernel,
                              _device.stream_handle(stream))
     return y
@@ -251,9 +239,7 @@ def backward(op, dy, x, y=None, axis=None, keepdims=False, out=None, stream=None
         if view.device != vdy.device:
             raise ValueError(f"{name}: expected an array on cuda:{vdy.device} (the device of dy), "
                              f"got cuda:{view.device}")
-    dx = out if out is not None else _device.empty_like_kind(dy, problem.shape, problem.dtype, vdy.device)
-    vdx = _device.view_of(dx, "out")
-    _check_device_array(vdx, "out", problem.shape, problem.dtype, vdy.device)
+    dx, vdx = _layout.output(out, dy, "out", problem.shape, problem.dtype, vdy.device)
     reads_values = op == "max"
     _native_module().backward(op, vdy.ptr, vx.ptr if reads_values else 0, vy.ptr if reads_values else 0, vdx.ptr,
                               list(problem.shape), list(problem.axes), problem.dtype, _device.stream_handle(stream))

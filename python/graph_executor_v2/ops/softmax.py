@@ -29,6 +29,7 @@ import numpy as np
 from .. import _native
 from .. import device as _device
 from ..dtypes import FLOAT_DTYPES, normalize
+from . import _layout
 from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register
 
 OP_NAMES = ("softmax", "log_softmax")
@@ -112,17 +113,6 @@ def _check_native_kernel(kernel, n, inner, backward):
             raise ValueError(f"kernel: '{kernel}' cannot run this problem: {reason}")
 
 
-def _check_device_array(view, argument, shape, dtype, device):
-    if view.shape != shape:
-        raise ValueError(f"{argument}: expected shape {shape}, got {view.shape}")
-    if view.dtype != dtype:
-        raise TypeError(f"{argument}: expected dtype {dtype}, got {view.dtype}")
-    if not view.is_contiguous:
-        raise ValueError(f"{argument}: expected a contiguous array, got strides {view.strides} for shape {view.shape}")
-    if view.device != device:
-        raise ValueError(f"{argument}: expected an array on cuda:{device}, got cuda:{view.device}")
-
-
 def _host_array(value, argument):
     if not isinstance(value, np.ndarray):
         raise TypeError(f"{argument}: expected a NumPy array, got {type(value).__name__}")
@@ -157,9 +147,7 @@ def forward(op, x, axis=-1, kernel="auto", out=None, stream=None):
     if not vx.is_contiguous:
         raise ValueError(f"x: expected a contiguous array, got strides {vx.strides} for shape {vx.shape}")
     _check_native_kernel(kernel, n, inner, False)
-    y = out if out is not None else _device.empty_like_kind(x, vx.shape, vx.dtype, vx.device)
-    vy = _device.view_of(y, "out")
-    _check_device_array(vy, "out", vx.shape, vx.dtype, vx.device)
+    y, vy = _layout.output(out, x, "out", vx.shape, vx.dtype, vx.device)
     _native_module().forward(op, vx.ptr, vy.ptr, outer, n, inner, vx.dtype, kernel, _device.stream_handle(stream))
     return y
 
@@ -201,9 +189,7 @@ def backward(op, dy, y, axis=-1, kernel="auto", out=None, stream=None):
     if vy.device != vdy.device:
         raise ValueError(f"y: expected an array on cuda:{vdy.device} (the device of dy), got cuda:{vy.device}")
     _check_native_kernel(kernel, n, inner, True)
-    dx = out if out is not None else _device.empty_like_kind(dy, vdy.shape, vdy.dtype, vdy.device)
-    vdx = _device.view_of(dx, "out")
-    _check_device_array(vdx, "out", vdy.shape, vdy.dtype, vdy.device)
+    dx, vdx = _layout.output(out, dy, "out", vdy.shape, vdy.dtype, vdy.device)
     _native_module().backward(op, vy.ptr, vdy.ptr, vdx.ptr, outer, n, inner, vdy.dtype, kernel,
                               _device.stream_handle(stream))
     return dx

@@ -96,6 +96,9 @@ struct LtCall {
 };
 bool lt_matmul(const LtCall& call, cudaStream_t stream);
 
+// The plain matmul of a forward problem, alpha * op(A) @ op(B) into y, as a cuBLASLt call with no epilogue.
+LtCall lt_call_for(const ForwardArgs& args);
+
 // z = acc + beta * c + bias; preact = z (if given); y = act(z). acc may alias y or preact.
 void launch_postkernel(const void* acc, const void* c, const void* bias, void* y, void* preact, int64_t m, int64_t n,
                        DType dtype, float beta, Act act, float slope, cudaStream_t stream);

@@ -93,31 +93,19 @@ void launch_column_sum(const void* dz, void* out, int64_t m, int64_t n, DType dt
 // Row-major D[m x n] = alpha * op(A) @ op(B); cuBLASLt first, the tiled kernel when it has no algorithm.
 void matmul(const void* a, const void* b, void* d, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
             const BackwardArgs& args, cudaStream_t stream) {
-  LtCall call;
-  call.a = a;
-  call.b = b;
-  call.d = d;
-  call.m = m;
-  call.n = n;
-  call.k = k;
-  call.dtype = args.dtype;
-  call.trans_a = trans_a;
-  call.trans_b = trans_b;
-  call.alpha = args.alpha;
-  call.allow_tf32 = args.allow_tf32;
-  if (lt_matmul(call, stream)) return;
-  ForwardArgs fallback;
-  fallback.a = a;
-  fallback.b = b;
-  fallback.y = d;
-  fallback.m = m;
-  fallback.n = n;
-  fallback.k = k;
-  fallback.dtype = args.dtype;
-  fallback.trans_a = trans_a;
-  fallback.trans_b = trans_b;
-  fallback.alpha = args.alpha;
-  launch_tiled(fallback, stream);
+  ForwardArgs problem;
+  problem.a = a;
+  problem.b = b;
+  problem.y = d;
+  problem.m = m;
+  problem.n = n;
+  problem.k = k;
+  problem.dtype = args.dtype;
+  problem.trans_a = trans_a;
+  problem.trans_b = trans_b;
+  problem.alpha = args.alpha;
+  problem.allow_tf32 = args.allow_tf32;
+  if (!lt_matmul(lt_call_for(problem), stream)) launch_tiled(problem, stream);
 }
 
 void check_backward_args(const BackwardArgs& args) {

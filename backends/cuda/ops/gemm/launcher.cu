@@ -299,6 +299,22 @@ bool lt_matmul(const LtCall& call, cudaStream_t stream) {
   return false;
 }
 
+LtCall lt_call_for(const ForwardArgs& args) {
+  LtCall call;
+  call.a = args.a;
+  call.b = args.b;
+  call.d = args.y;
+  call.m = args.m;
+  call.n = args.n;
+  call.k = args.k;
+  call.dtype = args.dtype;
+  call.trans_a = args.trans_a;
+  call.trans_b = args.trans_b;
+  call.alpha = args.alpha;
+  call.allow_tf32 = args.allow_tf32;
+  return call;
+}
+
 std::string unsupported_reason(Kernel kernel, const ForwardArgs& args, bool pointers_aligned) {
   if (kernel != Kernel::LtEpilogue) return "";
   if (args.act != Act::None && args.act != Act::Relu && args.act != Act::Gelu) {
@@ -328,26 +344,10 @@ LtEpilogue forward_epilogue(const ForwardArgs& args) {
   }
 }
 
-LtCall base_call(const ForwardArgs& args) {
-  LtCall call;
-  call.a = args.a;
-  call.b = args.b;
-  call.m = args.m;
-  call.n = args.n;
-  call.k = args.k;
-  call.dtype = args.dtype;
-  call.trans_a = args.trans_a;
-  call.trans_b = args.trans_b;
-  call.alpha = args.alpha;
-  call.allow_tf32 = args.allow_tf32;
-  return call;
-}
-
 bool run_epilogue(const ForwardArgs& args, cudaStream_t stream) {
-  LtCall call = base_call(args);
+  LtCall call = lt_call_for(args);
   call.c = args.c;
   call.beta = args.c != nullptr ? args.beta : 0.0f;
-  call.d = args.y;
   call.bias = args.bias;
   call.aux = args.preact;
   call.epilogue = forward_epilogue(args);
@@ -356,7 +356,7 @@ bool run_epilogue(const ForwardArgs& args, cudaStream_t stream) {
 
 // alpha * A @ B into the pre-activation buffer (or Y), then bias, residual and activation in one pass.
 bool run_postkernel(const ForwardArgs& args, cudaStream_t stream) {
-  LtCall call = base_call(args);
+  LtCall call = lt_call_for(args);
   void* accumulator = args.preact != nullptr ? args.preact : args.y;
   call.d = accumulator;
   if (!lt_matmul(call, stream)) return false;

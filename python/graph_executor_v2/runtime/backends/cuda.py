@@ -37,7 +37,7 @@ def host_fallback_candidate(opdef: OpDef) -> Candidate:
 
     def prepare(problem: Problem):
         attrs = problem.attrs
-        in_types, out_types = problem.in_types, problem.out_types
+        in_types = problem.in_types
 
         def launch(ins, outs, stream):
             host_inputs = [None if t is None else _to_host(pointer, t, stream) for pointer, t in zip(ins, in_types)]

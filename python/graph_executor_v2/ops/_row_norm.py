@@ -126,18 +126,6 @@ def infer(in_types, attrs, names) -> list[TensorType]:
 # ---------------------------------------------------------------------------------------------------------------
 # Device arrays
 # ---------------------------------------------------------------------------------------------------------------
-def input_views(arrays: dict) -> dict:
-    """Zero-copy views of the given device arrays, each contiguous and on the device of the first."""
-    views = {name: _device.view_of(a, name) for name, a in arrays.items()}
-    device = next(iter(views.values())).device
-    for name, view in views.items():
-        if not view.is_contiguous:
-            raise ValueError(f"{name}: expected a contiguous row-major array, got strides {view.strides} for shape "
-                             f"{view.shape}")
-        _layout.check_device(view, device, name)
-    return views
-
-
 def statistic(array, argument: str, shape: NormShape, device: int):
     """The view of a saved per-row statistic on the device (None when not given)."""
     if array is None:

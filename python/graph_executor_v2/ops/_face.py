@@ -52,7 +52,8 @@ class Face:
 
     def __init__(self, opdef: OpDef, backward: BackwardImpl, *, forward: ForwardImpl | None = None,
                  kernels: Callable[[], list[dict]] | None = None, extras: dict[str, Any] | None = None,
-                 forward_extras: ForwardImpl | None = None, saved: tuple[str, ...] = ()):
+                 forward_extras: ForwardImpl | None = None, saved: tuple[str, ...] | dict[str, Any] = (),
+                 host_check: Callable[[list, dict], None] | None = None):
         self.op = opdef
         self.name = opdef.name
         self._backward_impl = backward
@@ -60,7 +61,9 @@ class Face:
         self._native_kernels = kernels
         self._extras = dict(extras or {})  # keyword-only forward options -> default; non-default ones go to
         self._forward_extras = forward_extras  # this implementation
-        self._saved = saved  # optional keyword-only forward results backward can reuse
+        # Keyword-only backward options (name -> default): saved forward results it can reuse, and op options.
+        self._saved = saved if isinstance(saved, dict) else dict.fromkeys(saved)
+        self._host_check = host_check  # values only host arrays show before an upload (ids, labels in range)
         self._inputs = tuple(i.name for i in opdef.inputs)
         self._params = self._inputs + tuple(a.name for a in opdef.attrs)
         self._index = {name: i for i, name in enumerate(self._params)}
@@ -263,6 +266,8 @@ class Face:
             inputs, attrs = face._split(where, face._bind(where, args, kwargs))
             names = face._input_names(len(inputs))
             face.op.infer(face._host_types(inputs, names), attrs)
+            if face._host_check is not None:
+                face._host_check(inputs, attrs)
             face._check_kernel(kernel)
             _device.require_gpu(where)
             on_device = [None if x is None else _layout.to_device(x) for x in inputs]
@@ -319,12 +324,15 @@ class Face:
 
     def _make_backward_numpy(self):
         face, where = self, f"{self.name}.backward_numpy"
+        host_saved = {k: v for k, v in self._saved.items() if not k.endswith("_out")}
 
         def backward_numpy(dy, *args, kernel="auto", **kwargs):
-            saved = {name: kwargs.pop(name) for name in face._saved if name in kwargs}
+            saved = {name: kwargs.pop(name) for name in host_saved if name in kwargs}
             inputs, attrs = face._split(where, face._bind(where, args, kwargs))
             names = face._input_names(len(inputs))
             (out_type,) = face.op.infer(face._host_types(inputs, names), attrs)
+            if face._host_check is not None:
+                face._host_check(inputs, attrs)
             dy_type = face._host_types([dy], ["dy"])[0]
             if dy_type is None or tuple(dy_type.shape) != tuple(out_type.shape):
                 raise ValueError(f"dy: expected shape {tuple(out_type.shape)} (the output's), got "
@@ -332,11 +340,11 @@ class Face:
             if dy_type.dtype != out_type.dtype:
                 raise TypeError(f"dy: expected dtype {out_type.dtype} (the output's), got {dy_type.dtype}")
             for name, value in saved.items():
-                if value is not None:
+                if host_saved[name] is None and value is not None:  # a saved forward result: a host array
                     _layout.host_dtype(value, name)
             face._check_kernel(kernel)
             _device.require_gpu(where)
-            upload = lambda x: None if x is None else _layout.to_device(x)  # noqa: E731
+            upload = lambda x: _layout.to_device(x) if isinstance(x, np.ndarray) else x  # noqa: E731
             on_device = [upload(x) for x in inputs]
             if face._variadic:
                 on_device = [on_device]
@@ -346,7 +354,7 @@ class Face:
 
         backward_numpy.__doc__ = f"Gradients of {self.name} on host arrays (runs on the GPU): a tuple per input."
         return _named(backward_numpy, self.name, "backward_numpy",
-                      self._signature(dy=True, tail=("kernel",), saved=self._saved))
+                      self._signature(dy=True, tail=("kernel",), saved=host_saved))
 
     def _make_kernels(self):
         face = self
@@ -365,7 +373,8 @@ class Face:
     # -----------------------------------------------------------------------------------------------------------
     # Signatures (what help() and inspect.signature show)
     # -----------------------------------------------------------------------------------------------------------
-    def _signature(self, dy: bool, tail: tuple, extras: dict | None = None, saved: tuple = ()) -> inspect.Signature:
+    def _signature(self, dy: bool, tail: tuple, extras: dict | None = None, saved: dict | None = None
+                   ) -> inspect.Signature:
         P = inspect.Parameter
         params = [P("dy", P.POSITIONAL_OR_KEYWORD)] if dy else []
         for item in self.op.inputs:
@@ -375,8 +384,8 @@ class Face:
             params.append(P(attr.name, P.POSITIONAL_OR_KEYWORD, **default))
         defaults = {"kernel": "auto", "out": None, "stream": None}
         params += [P(name, P.POSITIONAL_OR_KEYWORD, default=defaults[name]) for name in tail]
-        params += [P(name, P.KEYWORD_ONLY, default=default) for name, default in (extras or {}).items()]
-        params += [P(name, P.KEYWORD_ONLY, default=None) for name in saved]
+        for options in (extras or {}, saved or {}):
+            params += [P(name, P.KEYWORD_ONLY, default=default) for name, default in options.items()]
         return inspect.Signature(params)
 
 

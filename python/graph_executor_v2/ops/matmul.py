@@ -69,4 +69,4 @@ def _backward(dy, inputs, attrs, kernel, out, stream):
                          stream=stream)[:2]
 
 
-Face(OP, _backward, kernels=gemm.kernels)
+globals().update(Face(OP, _backward, kernels=gemm.kernels).functions())

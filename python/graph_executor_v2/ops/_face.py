@@ -129,8 +129,14 @@ class Face:
         return list(self._inputs)
 
     def _host_types(self, arrays: list, names: list[str]) -> list[TensorType | None]:
-        return [None if a is None else TensorType(a.shape, _layout.host_dtype(a, name))
-                for a, name in zip(arrays, names)]
+        types = []
+        for array, name in zip(arrays, names):
+            if array is None:
+                types.append(None)
+            else:
+                dtype = _layout.host_dtype(array, name)  # first: it raises for what is not a NumPy array
+                types.append(TensorType(array.shape, dtype))
+        return types
 
     # -----------------------------------------------------------------------------------------------------------
     # forward
@@ -200,14 +206,18 @@ class Face:
     def _entry(self, where: str, inputs: list, attr_values: tuple, kernel: str) -> tuple[_Prepared, list[int]]:
         """The prepared signature of these arrays and attribute values, and the input pointers."""
         keys, pointers = [], []
-        for x in inputs:
+        for index, x in enumerate(inputs):
             if x is None:
                 keys.append(None)
                 pointers.append(0)
-            else:
+                continue
+            try:
                 key, pointer = _device.signature(x)
-                keys.append(key)
-                pointers.append(pointer)
+            except TypeError:  # not a device array: the error names the argument
+                _device.view_of(x, self._input_names(len(inputs))[index])
+                raise
+            keys.append(key)
+            pointers.append(pointer)
         aligned = not any(p & 15 for p in pointers)
         cache_key = (type(inputs[0]), tuple(keys), attr_values, tuple(map(type, attr_values)), kernel, aligned)
         try:

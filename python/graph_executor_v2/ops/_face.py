@@ -343,10 +343,10 @@ class Face:
             (out_type,) = face.op.infer(face._host_types(inputs, names), attrs)
             if face._host_check is not None:
                 face._host_check(inputs, attrs)
-            dy_type = face._host_types([dy], ["dy"])[0]
-            if dy_type is None or tuple(dy_type.shape) != tuple(out_type.shape):
+            (dy_type,) = face._host_types([_layout.host_dtype(dy, "dy") and dy], ["dy"])
+            if tuple(dy_type.shape) != tuple(out_type.shape):
                 raise ValueError(f"dy: expected shape {tuple(out_type.shape)} (the output's), got "
-                                 f"{None if dy_type is None else tuple(dy_type.shape)}")
+                                 f"{tuple(dy_type.shape)}")
             if dy_type.dtype != out_type.dtype:
                 raise TypeError(f"dy: expected dtype {out_type.dtype} (the output's), got {dy_type.dtype}")
             for name, value in saved.items():

@@ -53,7 +53,8 @@ class Face:
     def __init__(self, opdef: OpDef, backward: BackwardImpl, *, forward: ForwardImpl | None = None,
                  kernels: Callable[[], list[dict]] | None = None, extras: dict[str, Any] | None = None,
                  forward_extras: ForwardImpl | None = None, saved: tuple[str, ...] | dict[str, Any] = (),
-                 host_check: Callable[[list, dict], None] | None = None):
+                 host_check: Callable[[list, dict], None] | None = None,
+                 backward_host_check: Callable[..., None] | None = None):
         self.op = opdef
         self.name = opdef.name
         self._backward_impl = backward
@@ -64,6 +65,7 @@ class Face:
         # Keyword-only backward options (name -> default): saved forward results it can reuse, and op options.
         self._saved = saved if isinstance(saved, dict) else dict.fromkeys(saved)
         self._host_check = host_check  # values only host arrays show before an upload (ids, labels in range)
+        self._backward_host_check = backward_host_check  # (inputs, attrs, **options): backward_numpy's options
         self._inputs = tuple(i.name for i in opdef.inputs)
         self._params = self._inputs + tuple(a.name for a in opdef.attrs)
         self._index = {name: i for i, name in enumerate(self._params)}
@@ -171,9 +173,12 @@ class Face:
             if reason:
                 raise ValueError(f"kernel: '{kernel}' cannot run this problem: {reason}")
             return kernel, candidate.prepare(problem)
+        from ..runtime.registry import Preferences  # the runtime imports the ops: import it when first used
+
+        excluded = Preferences.from_env().exclude  # GE2_FORCE_NO_EPILOGUE, as for plans
         failures = []
         for candidate in self._ranked:
-            if not aligned and not candidate.always_works:
+            if candidate.name in excluded or (not aligned and not candidate.always_works):
                 continue
             if candidate.supports(problem):
                 continue
@@ -352,6 +357,8 @@ class Face:
             for name, value in saved.items():
                 if host_saved[name] is None and value is not None:  # a saved forward result: a host array
                     _layout.host_dtype(value, name)
+            if face._backward_host_check is not None:
+                face._backward_host_check(inputs, attrs, **saved)
             face._check_kernel(kernel)
             _device.require_gpu(where)
             upload = lambda x: _layout.to_device(x) if isinstance(x, np.ndarray) else x  # noqa: E731

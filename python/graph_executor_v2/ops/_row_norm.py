@@ -199,10 +199,7 @@ def make_face(opdef, native, stats: tuple[str, ...]) -> Face:
         views, shape = checked({"dy": dy, **dict(zip(names, inputs))})
         device = views["x"].device
         _layout.checked_view(dy, "dy", shape.shape, shape.dtype, device)
-        given = [name for name in stats if saved.get(name) is not None]
-        if given and len(given) != len(stats):
-            raise ValueError(f"{', '.join(stats)}: pass all saved statistics or none (then they are recomputed "
-                             f"from x)")
+        check_saved(shape, saved)
         stat_views = [statistic(saved.get(name), name, shape, device) for name in stats]
         grads = [_layout.output(None if out is None else out[i], x, f"out[{i}]",
                                 shape.shape if i == 0 else (shape.cols,), shape.dtype, device)
@@ -215,7 +212,20 @@ def make_face(opdef, native, stats: tuple[str, ...]) -> Face:
                         attrs["eps"], kernel, _device.stream_handle(stream))
         return tuple(array for array, _ in grads)
 
-    return Face(opdef, backward, kernels=lambda: native().kernels(),
+    def check_saved(shape: NormShape, saved: dict) -> None:
+        """All saved statistics or none, each float32 of shape (rows,) (host arrays or device views)."""
+        given = [name for name in stats if saved.get(name) is not None]
+        if given and len(given) != len(stats):
+            raise ValueError(f"{', '.join(stats)}: pass all saved statistics or none (then they are recomputed "
+                             f"from x)")
+        for name in given:
+            check_statistic(name, saved[name].shape, normalize(saved[name].dtype, name), shape)
+
+    def check_host(inputs, attrs, workspace=None, **saved):
+        x = inputs[0]
+        check_saved(check_operands(x.shape, normalize(x.dtype, "x"), []), saved)
+
+    return Face(opdef, backward, kernels=lambda: native().kernels(), backward_host_check=check_host,
                 extras={"save_stats": False, **{f"{stat}_out": None for stat in stats}},
                 forward_extras=forward_with_stats, saved={**dict.fromkeys(stats), "workspace": None})
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import device as _device
 from .. import _native
-from ..dtypes import FLOAT_DTYPES
+from ..dtypes import FLOAT_DTYPES, normalize
 from ..ir.types import TensorType
 from . import _layout, activations
 from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register
@@ -148,6 +148,24 @@ def _check_chaining(a_shape, dtype, a_preact_shape, a_preact_dtype, a_act, a_slo
             raise TypeError(f"a_preact: expected dtype {dtype}, got {a_preact_dtype}")
 
 
+def _check_backward_options(inputs, attrs, preact=None, a_preact=None, a_act="none", a_slope=0.01):
+    """The backward options against the problem: on host arrays before an upload, on views before a launch."""
+    a, b = inputs[0], inputs[1]
+    shape = check_operands(a.shape, normalize(a.dtype, "a"), b.shape, normalize(b.dtype, "b"), act=attrs["act"],
+                           trans_a=attrs["trans_a"], trans_b=attrs["trans_b"], alpha=attrs["alpha"],
+                           beta=attrs["beta"], slope=attrs["slope"])
+    if attrs["act"] != "none":
+        if preact is None:
+            raise ValueError(f"preact: required for act={attrs['act']!r} (run forward with save_preact=True)")
+        if tuple(preact.shape) != (shape.m, shape.n):
+            raise ValueError(f"preact: expected shape ({shape.m}, {shape.n}), got {tuple(preact.shape)}")
+        if normalize(preact.dtype, "preact") != shape.dtype:
+            raise TypeError(f"preact: expected dtype {shape.dtype}, got {normalize(preact.dtype, 'preact')}")
+    _check_chaining(a.shape, shape.dtype, None if a_preact is None else a_preact.shape,
+                    None if a_preact is None else normalize(a_preact.dtype, "a_preact"), a_act, a_slope)
+    return shape
+
+
 def _backward(dy, inputs, attrs, kernel, out, stream, preact=None, a_preact=None, a_act="none", a_slope=0.01,
               dbias_a_out=None):
     """(da, db, dbias, dc); dbias and dc are None when bias or c was not given. ``preact``: the saved
@@ -162,16 +180,9 @@ def _backward(dy, inputs, attrs, kernel, out, stream, preact=None, a_preact=None
     views = _layout.input_views({name: x for name, x in (("dy", dy), ("a", a), ("b", b), ("preact", preact),
                                                           ("a_preact", a_preact)) if x is not None})
     va, vb, vdy = views["a"], views["b"], views["dy"]
-    shape = check_operands(va.shape, va.dtype, vb.shape, vb.dtype, act=act, trans_a=attrs["trans_a"],
-                           trans_b=attrs["trans_b"], alpha=attrs["alpha"], beta=attrs["beta"], slope=attrs["slope"])
+    shape = _check_backward_options([va, vb], attrs, views.get("preact"), views.get("a_preact"), a_act, a_slope)
     _layout.checked_view(dy, "dy", (shape.m, shape.n), shape.dtype, va.device)
-    if act != "none":
-        if preact is None:
-            raise ValueError(f"preact: required for act={act!r} (run forward with save_preact=True)")
-        _layout.checked_view(preact, "preact", (shape.m, shape.n), shape.dtype, va.device)
     vaz = views.get("a_preact")
-    _check_chaining(va.shape, shape.dtype, None if vaz is None else vaz.shape, None if vaz is None else vaz.dtype,
-                    a_act, a_slope)
     chained = a_act != "none"
     if chained and dbias_a_out is None:
         raise ValueError(f"dbias_a_out: required with a_act={a_act!r} (the previous layer's bias gradient, one per "
@@ -298,5 +309,6 @@ OP = register(OpDef(
 ))
 Face(OP, _backward, kernels=lambda: _native_module().kernels(), extras={"save_preact": False, "preact_out": None},
      forward_extras=_forward_with_preact,
-     saved={"preact": None, "a_preact": None, "a_act": "none", "a_slope": 0.01, "dbias_a_out": None})
+     saved={"preact": None, "a_preact": None, "a_act": "none", "a_slope": 0.01, "dbias_a_out": None},
+     backward_host_check=_check_backward_options)
 globals().update(FACES["gemm"].functions())

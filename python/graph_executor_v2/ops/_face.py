@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import device as _device
+from ..dtypes import itemsize
 from ..ir.types import TensorType
 from . import _layout
 from ._base import REQUIRED, OpDef, Problem
@@ -45,6 +46,8 @@ class _Prepared:
     out_types: tuple[TensorType, ...]
     device: int
     checked_outs: set
+    in_bytes: tuple[int, ...]  # of each input (0 when absent): outputs given by the caller must not overlap them
+    out_bytes: tuple[int, ...]
 
 
 class Face:
@@ -162,7 +165,9 @@ class Face:
         kernel_name, launch = self._choose(problem, kernel, aligned)
         template = inputs[views.index(first)]
         makers = tuple(_device.allocator(template, t.shape, t.dtype, first.device) for t in out_types)
-        return _Prepared(kernel_name, launch, makers, out_types, first.device, set())
+        nbytes = lambda t: 0 if t is None else _layout.numel(t.shape) * itemsize(t.dtype)  # noqa: E731
+        return _Prepared(kernel_name, launch, makers, out_types, first.device, set(),
+                         tuple(map(nbytes, in_types)), tuple(map(nbytes, out_types)))
 
     def _choose(self, problem: Problem, kernel: str, aligned: bool) -> tuple[str, Callable]:
         """The named candidate, or the best one that supports the problem and prepares. Pointers that are not
@@ -188,8 +193,9 @@ class Face:
                 failures.append(f"{candidate.name}: {error}")
         raise RuntimeError(f"{self.name}: no kernel can run this problem ({'; '.join(failures) or 'none applies'})")
 
-    def _outputs(self, entry: _Prepared, out) -> tuple[list, list[int]]:
-        """The output arrays (``out`` checked once per array kind and signature, else new) and their pointers."""
+    def _outputs(self, entry: _Prepared, out, in_pointers: list[int]) -> tuple[list, list[int]]:
+        """The output arrays (``out`` checked once per array kind and signature, else new) and their pointers. A
+        given output may be an input itself (in place: same address and size) but must not overlap one partly."""
         if out is None:
             arrays = [make() for make in entry.make_outputs]
         else:
@@ -205,8 +211,18 @@ class Face:
                 t = entry.out_types[index]
                 _layout.checked_view(array, argument, t.shape, t.dtype, entry.device)
                 entry.checked_outs.add((type(array), key, index))
+            if out is not None:
+                self._check_overlap(entry, index, pointer, in_pointers)
             pointers.append(pointer)
         return arrays, pointers
+
+    def _check_overlap(self, entry: _Prepared, index: int, pointer: int, in_pointers: list[int]) -> None:
+        size = entry.out_bytes[index]
+        for position, (start, length) in enumerate(zip(in_pointers, entry.in_bytes)):
+            if start < pointer + size and pointer < start + length and (start, length) != (pointer, size):
+                argument = "out" if len(entry.out_bytes) == 1 else f"out[{index}]"
+                raise ValueError(f"{argument}: must not overlap {self._input_names(len(in_pointers))[position]} "
+                                 f"(only the same array, as a whole, can be written in place)")
 
     def _entry(self, where: str, inputs: list, attr_values: tuple, kernel: str) -> tuple[_Prepared, list[int]]:
         """The prepared signature of these arrays and attribute values, and the input pointers."""
@@ -255,7 +271,7 @@ class Face:
             if face._variadic:
                 inputs = _sequence(inputs[0], face._inputs[0])
             entry, pointers = face._entry(where, inputs, tuple(values[count:]), kernel)
-            arrays, out_pointers = face._outputs(entry, out)
+            arrays, out_pointers = face._outputs(entry, out, pointers)
             entry.launch(pointers, out_pointers, 0 if stream is None else _device.stream_handle(stream))
             return arrays[0] if len(arrays) == 1 else tuple(arrays)
 
@@ -431,7 +447,7 @@ class PreparedCall:
                 raise ValueError(f"{self._face._input_names(self._count)[index]}: expected an array like the "
                                  f"prepared one ({self._keys[index]}), got {key}")
             pointers.append(pointer)
-        arrays, out_pointers = self._face._outputs(self._entry, out)
+        arrays, out_pointers = self._face._outputs(self._entry, out, pointers)
         self._entry.launch(pointers, out_pointers, 0 if stream is None else _device.stream_handle(stream))
         return arrays[0] if len(arrays) == 1 else tuple(arrays)
 

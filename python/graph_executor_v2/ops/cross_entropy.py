@@ -186,6 +186,20 @@ def forward_backward(logits, labels, reduction="mean", ignore_index=-100, kernel
     return loss, dlogits
 
 
+def forward_backward_numpy(logits, labels, reduction="mean", ignore_index=-100, kernel="auto"):
+    """``forward_backward`` on host arrays (runs on the GPU): (loss, dlogits) as NumPy arrays."""
+    where = "cross_entropy.forward_backward_numpy"
+    attrs = OP.validate_attrs({"reduction": reduction, "ignore_index": ignore_index}, where)
+    inputs = [logits, labels]
+    OP.infer(FACES["cross_entropy"]._host_types(inputs, ["logits", "labels"]), attrs)
+    _check_host_labels(inputs, attrs)
+    FACES["cross_entropy"]._check_kernel(kernel)
+    _device.require_gpu(where)
+    loss, dlogits = forward_backward(_layout.to_device(logits), _layout.to_device(labels), **attrs, kernel=kernel,
+                                     check_labels=False)
+    return loss.numpy(), dlogits.numpy()
+
+
 def _backward(dy, inputs, attrs, kernel, out, stream, check_labels=True):
     """(dlogits, None): d(loss)/d(logits) scaled by dy (the loss's shape, the logits' dtype), the softmax
     recomputed from the logits; integer labels have no gradient."""

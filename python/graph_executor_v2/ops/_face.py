@@ -98,9 +98,6 @@ class Face:
     # -----------------------------------------------------------------------------------------------------------
     def _bind(self, where: str, args: tuple, kwargs: dict) -> list:
         """Inputs then attributes, positional or by keyword, in OpDef order (_MISSING where not given)."""
-        if len(args) > len(self._params):
-            raise TypeError(f"{where}: takes at most {len(self._params)} positional argument(s) "
-                            f"({', '.join(self._params)}), got {len(args)}")
         values = list(args) + [_MISSING] * (len(self._params) - len(args))
         for name, value in kwargs.items():
             index = self._index.get(name)
@@ -114,6 +111,21 @@ class Face:
             if value is _MISSING and name not in self._optional:
                 raise TypeError(f"{where}: missing required input '{name}'")
         return values
+
+    def _tail(self, where: str, args: tuple, trailing: dict) -> tuple[tuple, list]:
+        """Positional arguments after the inputs and attributes: ``kernel``, ``out``, ``stream`` in that order."""
+        count = len(self._params)
+        extra = args[count:]
+        if len(extra) > len(trailing):
+            raise TypeError(f"{where}: takes at most {count + len(trailing)} positional argument(s) "
+                            f"({', '.join(self._params + tuple(trailing))}), got {len(args)}")
+        values = list(trailing.values())
+        for index, (name, value) in enumerate(zip(trailing, extra)):
+            given = values[index] != "auto" if name == "kernel" else values[index] is not None
+            if given:
+                raise TypeError(f"{where}: got several values for argument '{name}'")
+            values[index] = value
+        return args[:count], values
 
     def _split(self, where: str, values: list) -> tuple[list, dict]:
         """(input arrays, validated attribute dict); a variadic input expands to its arrays."""
@@ -259,6 +271,8 @@ class Face:
         face, count, where = self, len(self._inputs), f"{self.name}.forward"
 
         def forward(*args, kernel="auto", out=None, stream=None, **kwargs):
+            if len(args) > len(face._params):
+                args, (kernel, out, stream) = face._tail(where, args, {"kernel": kernel, "out": out, "stream": stream})
             extras = face._pop_extras(kwargs)
             values = face._bind(where, args, kwargs)
             if extras or face._forward_impl is not None:
@@ -293,6 +307,8 @@ class Face:
         host_extras = {k: v for k, v in self._extras.items() if not k.endswith("_out")}
 
         def forward_numpy(*args, kernel="auto", **kwargs):
+            if len(args) > len(face._params):
+                args, (kernel,) = face._tail(where, args, {"kernel": kernel})
             extras = {name: kwargs.pop(name) for name in host_extras if name in kwargs}
             inputs, attrs = face._split(where, face._bind(where, args, kwargs))
             names = face._input_names(len(inputs))
@@ -315,6 +331,8 @@ class Face:
         face, count, where = self, len(self._inputs), f"{self.name}.prepare"
 
         def prepare(*args, kernel="auto", **kwargs):
+            if len(args) > len(face._params):
+                args, (kernel,) = face._tail(where, args, {"kernel": kernel})
             values = face._bind(where, args, kwargs)
             if face._forward_impl is not None:
                 raise TypeError(f"{where}: {face.name} has no prepared form (its forward is not one kernel launch)")
@@ -335,6 +353,8 @@ class Face:
         face, where = self, f"{self.name}.backward"
 
         def backward(dy, *args, kernel="auto", out=None, stream=None, **kwargs):
+            if len(args) > len(face._params):
+                args, (kernel, out, stream) = face._tail(where, args, {"kernel": kernel, "out": out, "stream": stream})
             saved = {name: kwargs.pop(name) for name in face._saved if name in kwargs}
             inputs, attrs = face._split(where, face._bind(where, args, kwargs))
             face._check_kernel(kernel)
@@ -358,6 +378,8 @@ class Face:
         host_saved = {k: v for k, v in self._saved.items() if not k.endswith("_out")}
 
         def backward_numpy(dy, *args, kernel="auto", **kwargs):
+            if len(args) > len(face._params):
+                args, (kernel,) = face._tail(where, args, {"kernel": kernel})
             saved = {name: kwargs.pop(name) for name in host_saved if name in kwargs}
             inputs, attrs = face._split(where, face._bind(where, args, kwargs))
             names = face._input_names(len(inputs))

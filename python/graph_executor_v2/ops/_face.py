@@ -386,7 +386,7 @@ class Face:
             (out_type,) = face.op.infer(face._host_types(inputs, names), attrs)
             if face._host_check is not None:
                 face._host_check(inputs, attrs)
-            (dy_type,) = face._host_types([_layout.host_dtype(dy, "dy") and dy], ["dy"])
+            dy_type = TensorType(np.shape(dy), _layout.host_dtype(dy, "dy"))
             if tuple(dy_type.shape) != tuple(out_type.shape):
                 raise ValueError(f"dy: expected shape {tuple(out_type.shape)} (the output's), got "
                                  f"{tuple(dy_type.shape)}")

@@ -183,8 +183,10 @@ def test_validation_happens_before_device_work():
         ge2.ops.add.forward_numpy(a, [1.0])
     with pytest.raises(TypeError, match="missing required input 'b'"):
         ge2.ops.add.forward_numpy(a)
-    with pytest.raises(TypeError, match="takes at most 2 positional"):
+    with pytest.raises(ValueError, match="kernel: expected one of auto, vec16, rowcol, strided, got ndarray"):
         ge2.ops.add.forward_numpy(a, a, a)
+    with pytest.raises(TypeError, match=r"takes at most 3 positional argument\(s\) \(a, b, kernel\)"):
+        ge2.ops.add.forward_numpy(a, a, "auto", a)
     with pytest.raises(ValueError, match="do not broadcast"):
         ge2.ops.mul.forward_numpy(a, np.zeros((5,), np.float32))
     with pytest.raises(TypeError, match="b: expected dtype float32"):

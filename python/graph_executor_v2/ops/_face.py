@@ -137,8 +137,9 @@ class Face:
         return inputs, self.op.validate_attrs(given, where)
 
     def _check_kernel(self, kernel) -> None:
-        if kernel not in self._kernel_names:
-            raise ValueError(f"kernel: expected one of {', '.join(self._kernel_names)}, got {kernel!r}")
+        if not isinstance(kernel, str) or kernel not in self._kernel_names:
+            got = repr(kernel) if isinstance(kernel, str) else type(kernel).__name__
+            raise ValueError(f"kernel: expected one of {', '.join(self._kernel_names)}, got {got}")
 
     def _input_names(self, count: int) -> list[str]:
         if self._variadic:

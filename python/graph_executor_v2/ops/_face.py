@@ -458,6 +458,10 @@ class PreparedCall:
         self.kernel = entry.kernel
 
     def __call__(self, *inputs, out=None, stream=None):
+        if self._face._variadic:
+            inputs = _sequence(inputs[0], self._face._inputs[0]) if len(inputs) == 1 else inputs
+        elif len(inputs) < self._count:  # absent optional inputs at the end
+            inputs = inputs + (None,) * (self._count - len(inputs))
         if len(inputs) != self._count:
             raise TypeError(f"{self._face.name}: the prepared call takes {self._count} input(s), got {len(inputs)}")
         pointers = []

@@ -1,0 +1,170 @@
+"""The op face convention (CONTRIBUTING.md, "The op face"), checked for every op the IR knows: ge2.ops.<op> has
+forward_numpy / forward / backward_numpy / backward / kernels (and prepare), with the arguments named and ordered
+the same way, and backward gives one gradient per forward input."""
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+
+import graph_executor_v2 as ge2
+from graph_executor_v2.ops import OPS
+from graph_executor_v2.testing import assert_close, random_array
+
+F32 = np.float32
+TAIL = ["kernel", "out", "stream"]
+
+
+def _sample(rng, op):
+    """(inputs, attrs) of a small problem for ``op``: float32 data, integer ids and labels in range."""
+    x = lambda *shape: random_array(rng, shape, "float32")  # noqa: E731
+    if op in ("add", "sub", "mul"):
+        return [x(4, 6), x(6)], {}
+    if op == "div":
+        return [x(4, 6), (np.abs(x(6)) + 0.5).astype(F32)], {}
+    if op == "bias_add":
+        return [x(3, 4, 6), x(6)], {}
+    if op in ("softmax", "log_softmax"):
+        return [x(4, 6)], {"axis": 0}
+    if op in ("sum", "mean"):
+        return [x(4, 6)], {"axis": 1}
+    if op == "max":
+        return [rng.permutation(24).reshape(4, 6).astype(F32)], {"axis": 1}  # distinct values: no ties
+    if op == "transpose":
+        return [x(2, 3, 4)], {"perm": (2, 0, 1)}
+    if op == "reshape":
+        return [x(4, 6)], {"shape": (3, -1)}
+    if op == "slice":
+        return [x(5, 6)], {"starts": (1,), "ends": (5,), "axes": (1,), "steps": (2,)}
+    if op == "concat":
+        return [[x(2, 3), x(2, 4)]], {"axis": 1}
+    if op == "layernorm":
+        return [x(4, 8), x(8), x(8)], {}
+    if op == "rmsnorm":
+        return [x(4, 8), x(8)], {}
+    if op == "cross_entropy":
+        return [x(4, 5), rng.integers(0, 5, 4)], {"reduction": "sum"}
+    if op == "dropout":
+        return [x(4, 8)], {"p": 0.25, "seed": 3}
+    if op == "embedding":
+        return [x(7, 5), rng.integers(0, 7, (2, 3))], {}
+    if op == "gemm":
+        return [x(4, 8), x(8, 6), x(6)], {"alpha": 0.5}
+    if op == "matmul":
+        return [x(4, 8), x(8, 6)], {}
+    return [x(4, 6)], {}  # the unary elementwise ops
+
+
+def _flat(op, inputs):
+    """The forward inputs as separate arrays, as OpDef callables take them: a variadic input expands, absent
+    optional inputs are None."""
+    if isinstance(inputs[0], list):
+        return list(inputs[0])
+    return list(inputs) + [None] * (len(OPS[op].inputs) - len(inputs))
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_face_has_the_five_functions_with_the_convention_signatures(op):
+    face = getattr(ge2.ops, op)
+    opdef = OPS[op]
+    inputs = [i.name for i in opdef.inputs]
+    attrs = [a.name for a in opdef.attrs]
+    for name in ("forward_numpy", "forward", "backward_numpy", "backward", "kernels", "prepare"):
+        assert callable(getattr(face, name, None)), f"ge2.ops.{op}.{name}"
+
+    def positional(function):
+        return [p.name for p in inspect.signature(function).parameters.values()
+                if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+
+    assert positional(face.forward) == inputs + attrs + TAIL
+    assert positional(face.forward_numpy) == inputs + attrs + ["kernel"]
+    assert positional(face.backward) == ["dy"] + inputs + attrs + TAIL
+    assert positional(face.backward_numpy) == ["dy"] + inputs + attrs + ["kernel"]
+    assert positional(face.prepare) == inputs + attrs + ["kernel"]
+    assert list(inspect.signature(face.kernels).parameters) == []
+    for function in (face.forward, face.backward, face.forward_numpy, face.backward_numpy):
+        parameters = inspect.signature(function).parameters.values()
+        for parameter in parameters:
+            assert parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            assert parameter.name == parameter.name.lower(), f"{op}.{function.__name__}: {parameter.name}"
+            assert not parameter.name.endswith("_out") or function in (face.forward, face.backward)
+        assert {"dY", "dx_out", "dloss"} & {p.name for p in parameters} == set()
+    for item in opdef.inputs:
+        default = inspect.signature(face.forward).parameters[item.name].default
+        assert (default is None) == item.optional
+    for attr in opdef.attrs:
+        default = inspect.signature(face.forward).parameters[attr.name].default
+        assert default is inspect.Parameter.empty or default == attr.default
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_numpy_faces_validate_before_device_work(rng, op):
+    face = getattr(ge2.ops, op)
+    inputs, attrs = _sample(rng, op)
+    with pytest.raises(ValueError, match=r"^kernel: expected one of auto, "):
+        face.forward_numpy(*inputs, **attrs, kernel="no_such_kernel")
+    with pytest.raises(ValueError, match=r"^dy: expected shape "):
+        face.backward_numpy(np.zeros((1, 1, 1, 1, 1), F32), *inputs, **attrs)
+    with pytest.raises(TypeError, match=r"unexpected argument 'no_such_attribute'"):
+        face.forward_numpy(*inputs, no_such_attribute=1)
+    with pytest.raises(TypeError, match=r"takes at most \d+ positional argument"):
+        every_input = inputs if OPS[op].inputs[0].variadic else _flat(op, inputs)
+        face.forward(*every_input, *[attrs.get(a.name, a.default) for a in OPS[op].attrs], "auto", None, None, None)
+    first = OPS[op].inputs[0]
+    with pytest.raises(TypeError, match=rf"{first.name}"):
+        face.forward([[1.0]] if not first.variadic else 1.0, *inputs[1:], **attrs)
+
+
+def test_kernel_tables_list_the_candidates():
+    if not ge2._native.is_built("_ops_elementwise"):
+        pytest.skip("native modules are not built")
+    for op, opdef in OPS.items():
+        assert [k["name"] for k in getattr(ge2.ops, op).kernels()] == [c.name for c in opdef.candidates], op
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_forward_numpy_matches_the_reference_and_backward_gives_one_gradient_per_input(rng, op):
+    face, opdef = getattr(ge2.ops, op), OPS[op]
+    inputs, attrs = _sample(rng, op)
+    full = opdef.validate_attrs(attrs, op)
+    (expected,) = opdef.run_reference(_flat(op, inputs), full)
+    y = face.forward_numpy(*inputs, **attrs)
+    assert isinstance(y, np.ndarray) and y.shape == expected.shape and y.dtype == expected.dtype
+    assert_close(y, expected, "float32", 8, what=f"{op} forward")
+    dy = random_array(rng, expected.shape, "float32")
+    grads = face.backward_numpy(dy, *inputs, **attrs)
+    assert isinstance(grads, tuple) and len(grads) == len(_flat(op, inputs)), op
+    references = opdef.reference_backward(_flat(op, inputs), [expected], [dy.astype(np.float64)], full)
+    for index, (grad, reference, x) in enumerate(zip(grads, references, _flat(op, inputs))):
+        if reference is None or x is None:
+            assert grad is None, f"{op}: input {index} has no gradient"
+            continue
+        assert grad.shape == np.shape(x), f"{op}: gradient {index}"
+        assert_close(grad, reference, "float32", 8, what=f"{op} gradient {index}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_forward_on_device_arrays_and_the_prepared_call(rng, to_device, poisoned, op):
+    face, opdef = getattr(ge2.ops, op), OPS[op]
+    inputs, attrs = _sample(rng, op)
+    (expected,) = opdef.run_reference(_flat(op, inputs), opdef.validate_attrs(attrs, op))
+    on_device = [[to_device(x) for x in inputs[0]]] if isinstance(inputs[0], list) else [to_device(x) for x in inputs]
+    out = poisoned(expected.shape, "float32")
+    assert face.forward(*on_device, **attrs, out=out) is out
+    assert_close(out.numpy(), expected, "float32", 8, what=f"{op} forward(out=)")
+    if op in ("transpose", "reshape", "slice", "embedding", "cross_entropy"):
+        with pytest.raises(TypeError, match="has no prepared form"):
+            face.prepare(*on_device, **attrs)
+        return
+    prepared = face.prepare(*on_device, **attrs)
+    out = poisoned(expected.shape, "float32")
+    assert prepared(*on_device, out=out) is out
+    assert_close(out.numpy(), expected, "float32", 8, what=f"{op} prepared")
+    assert_close(prepared(*on_device).numpy(), expected, "float32", 8, what=f"{op} prepared, new output")
+    wrong = [to_device(np.zeros((3, 3, 3), F32))]
+    wrong = [wrong + on_device[0][1:]] if op == "concat" else wrong + on_device[1:]
+    with pytest.raises(ValueError, match="expected an array like the prepared one"):
+        prepared(*wrong)

@@ -137,13 +137,36 @@ def test_bad_inputs_name_the_node():
     x = g.input("x", (4, 8), "float32")
     with pytest.raises(ValueError, match=r"node 'gemm_0' \(gemm\): input 'b' is required"):
         g.gemm(x)
-    with pytest.raises(TypeError, match=r"node 'relu_0' \(relu\): expected inputs \(x\), got 2"):
+    with pytest.raises(TypeError, match=r"g.relu\(\): takes the inputs \(x\) and at most 0 attribute\(s\) \(none\) "
+                                        r"by position, got 1 more"):
         g.relu(x, x)
     with pytest.raises(TypeError, match="wrap constants with g.param"):
         g.relu(np.ones((4, 8), np.float32))
     other = Graph("other").input("x", (4, 8), "float32")
     with pytest.raises(ValueError, match="does not belong to graph 'g'"):
         g.relu(other)
+
+
+def test_attributes_by_position_after_the_inputs():
+    g = Graph("g")
+    x = g.input("x", (2, 3, 4), "float32")
+    assert g.transpose(x, (2, 0, 1)).type == TensorType((4, 2, 3), "float32")
+    assert g.sum(x, (0, 2), True).type == TensorType((1, 3, 1), "float32")
+    assert g.slice(x, (1,), (3,), (1,)).type == TensorType((2, 2, 4), "float32")
+    assert g.concat([x, x], 1).type == TensorType((2, 6, 4), "float32")
+    assert g.concat(x, x, x, 0).type == TensorType((6, 3, 4), "float32")
+    w = g.input("w", (4, 5), "float32")
+    assert g.gemm(g.reshape(x, (6, 4)), w, None, None, "relu").type == TensorType((6, 5), "float32")
+    assert g.nodes[-1].attrs["act"] == "relu"
+    with pytest.raises(TypeError, match=r"g.transpose\(\): takes the inputs \(x\) and at most 1 attribute\(s\) "
+                                        r"\(perm\) by position, got 2 more positional argument\(s\)"):
+        g.transpose(x, (2, 0, 1), (0, 1, 2))
+    with pytest.raises(TypeError, match=r"g.transpose\(\): attribute 'perm' is given by position and by keyword"):
+        g.transpose(x, (2, 0, 1), perm=(0, 1, 2))
+    with pytest.raises(TypeError, match=r"node 'transpose_\d+' \(transpose\): attribute 'perm' expected tuple"):
+        g.transpose(x, 2)
+    parameters = inspect.signature(g.transpose).parameters
+    assert parameters["perm"].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
 
 
 # --- verifier -----------------------------------------------------------------------------------------------------

@@ -317,10 +317,29 @@ def infer_types(opdef: OpDef, in_types: list[TensorType | None], attrs: dict, wh
 def _builder(graph: Graph, opdef: OpDef):
     fixed = [s for s in opdef.inputs if not s.variadic]
     variadic = next((s for s in opdef.inputs if s.variadic), None)
+    attr_names = [a.name for a in opdef.attrs]
 
     def build(*args, name: str | None = None, device: str | None = None, **kwargs):
-        if variadic is not None and len(args) == len(fixed) + 1 and isinstance(args[-1], (list, tuple)):
-            args = (*args[:-1], *args[-1])  # g.concat([a, b], axis=0): the variadic inputs as one list
+        # Positional arguments are the inputs, then the attributes in OpDef order (as NumPy users write
+        # g.transpose(x, (2, 0, 1))). A variadic op's inputs are its leading Values (or one list of them).
+        if variadic is not None:
+            if len(args) > len(fixed) and isinstance(args[len(fixed)], (list, tuple)):
+                args = (*args[:len(fixed)], *args[len(fixed)], *args[len(fixed) + 1:])  # g.concat([a, b], 0)
+            count = len(fixed)
+            while count < len(args) and isinstance(args[count], Value):
+                count += 1
+        else:
+            count = min(len(args), len(fixed))
+        args, positional_attrs = args[:count], args[count:]
+        if len(positional_attrs) > len(attr_names):
+            inputs_text = ", ".join(s.name + ("..." if s.variadic else "") for s in opdef.inputs)
+            raise TypeError(f"g.{opdef.name}(): takes the inputs ({inputs_text}) and at most {len(attr_names)} "
+                            f"attribute(s) ({', '.join(attr_names) or 'none'}) by position, got "
+                            f"{len(positional_attrs)} more positional argument(s) {positional_attrs!r}")
+        for attr_name, value in zip(attr_names, positional_attrs):
+            if attr_name in kwargs:
+                raise TypeError(f"g.{opdef.name}(): attribute '{attr_name}' is given by position and by keyword")
+            kwargs[attr_name] = value
         inputs = list(args) + [None] * (len(fixed) - len(args))  # omitted optional inputs are absent
         for index, schema in enumerate(fixed):
             if schema.name in kwargs:
@@ -347,9 +366,12 @@ def _signature(opdef: OpDef) -> inspect.Signature:
         else:
             default = None if schema.optional else Parameter.empty
             parameters.append(Parameter(schema.name, Parameter.POSITIONAL_OR_KEYWORD, default=default))
+    # After a variadic input, attributes can only be keywords in a Python signature; build() reads them by
+    # position too (after the inputs).
+    kind = Parameter.KEYWORD_ONLY if any(s.variadic for s in opdef.inputs) else Parameter.POSITIONAL_OR_KEYWORD
     for attr in opdef.attrs:
         default = Parameter.empty if attr.default is REQUIRED else attr.default
-        parameters.append(Parameter(attr.name, Parameter.KEYWORD_ONLY, default=default))
+        parameters.append(Parameter(attr.name, kind, default=default))
     parameters.append(Parameter("name", Parameter.KEYWORD_ONLY, default=None))
     parameters.append(Parameter("device", Parameter.KEYWORD_ONLY, default=None))
     return inspect.Signature(parameters)

@@ -107,9 +107,11 @@ class Face:
             if values[index] is not _MISSING:
                 raise TypeError(f"{where}: got several values for argument '{name}'")
             values[index] = value
-        for name, value in zip(self._inputs, values):
-            if value is _MISSING and name not in self._optional:
-                raise TypeError(f"{where}: missing required input '{name}'")
+        for index, name in enumerate(self._inputs):
+            if values[index] is _MISSING:
+                if name not in self._optional:
+                    raise TypeError(f"{where}: missing required input '{name}'")
+                values[index] = None
         return values
 
     def _tail(self, where: str, args: tuple, trailing: dict) -> tuple[tuple, list]:
@@ -130,7 +132,7 @@ class Face:
     def _split(self, where: str, values: list) -> tuple[list, dict]:
         """(input arrays, validated attribute dict); a variadic input expands to its arrays."""
         count = len(self._inputs)
-        inputs = [None if v is _MISSING else v for v in values[:count]]
+        inputs = list(values[:count])
         if self._variadic:
             inputs = _sequence(inputs[0], self._inputs[0])
         given = {name: v for name, v in zip(self._params[count:], values[count:]) if v is not _MISSING}
@@ -211,7 +213,7 @@ class Face:
         given output may be an input itself (in place: same address and size) but must not overlap one partly."""
         if out is None:
             arrays = [make() for make in entry.make_outputs]
-        else:
+            return arrays, [_device.address(array) for array in arrays]
             arrays = list(out) if isinstance(out, (tuple, list)) else [out]
             if len(arrays) != len(entry.out_types):
                 raise ValueError(f"out: expected {len(entry.out_types)} array(s) ({', '.join(self.op.outputs)}), "
@@ -219,13 +221,12 @@ class Face:
         pointers = []
         for index, array in enumerate(arrays):
             key, pointer = _device.signature(array)
-            if out is not None and (type(array), key, index) not in entry.checked_outs:
+            if (type(array), key, index) not in entry.checked_outs:
                 argument = "out" if len(arrays) == 1 else f"out[{index}]"
                 t = entry.out_types[index]
                 _layout.checked_view(array, argument, t.shape, t.dtype, entry.device)
                 entry.checked_outs.add((type(array), key, index))
-            if out is not None:
-                self._check_overlap(entry, index, pointer, in_pointers)
+            self._check_overlap(entry, index, pointer, in_pointers)
             pointers.append(pointer)
         return arrays, pointers
 
@@ -239,7 +240,7 @@ class Face:
 
     def _entry(self, where: str, inputs: list, attr_values: tuple, kernel: str) -> tuple[_Prepared, list[int]]:
         """The prepared signature of these arrays and attribute values, and the input pointers."""
-        keys, pointers = [], []
+        keys, pointers, address_bits = [], [], 0
         for index, x in enumerate(inputs):
             if x is None:
                 keys.append(None)
@@ -252,7 +253,8 @@ class Face:
                 raise
             keys.append(key)
             pointers.append(pointer)
-        aligned = not any(p & 15 for p in pointers)
+            address_bits |= pointer
+        aligned = not address_bits & 15
         cache_key = (type(inputs[0]), tuple(keys), attr_values, tuple(map(type, attr_values)), kernel, aligned)
         try:
             entry = self._cache.get(cache_key)
@@ -274,17 +276,16 @@ class Face:
         def forward(*args, kernel="auto", out=None, stream=None, **kwargs):
             if len(args) > len(face._params):
                 args, (kernel, out, stream) = face._tail(where, args, {"kernel": kernel, "out": out, "stream": stream})
-            extras = face._pop_extras(kwargs)
-            values = face._bind(where, args, kwargs)
+            extras = face._pop_extras(kwargs) if kwargs and face._extras else None
+            # All inputs by position and no keywords (the common loop call): nothing to bind.
+            values = face._bind(where, args, kwargs) if kwargs or len(args) < count else args
             if extras or face._forward_impl is not None:
                 inputs, attrs = face._split(where, values)
                 face._check_kernel(kernel)
                 if extras:
                     return face._forward_extras(inputs, attrs, kernel, out, stream, **extras)
                 return face._forward_impl(inputs, attrs, kernel, out, stream)
-            inputs = [None if v is _MISSING else v for v in values[:count]]
-            if face._variadic:
-                inputs = _sequence(inputs[0], face._inputs[0])
+            inputs = _sequence(values[0], face._inputs[0]) if face._variadic else values[:count]
             entry, pointers = face._entry(where, inputs, tuple(values[count:]), kernel)
             arrays, out_pointers = face._outputs(entry, out, pointers)
             entry.launch(pointers, out_pointers, 0 if stream is None else _device.stream_handle(stream))
@@ -337,9 +338,7 @@ class Face:
             values = face._bind(where, args, kwargs)
             if face._forward_impl is not None:
                 raise TypeError(f"{where}: {face.name} has no prepared form (its forward is not one kernel launch)")
-            inputs = [None if v is _MISSING else v for v in values[:count]]
-            if face._variadic:
-                inputs = _sequence(inputs[0], face._inputs[0])
+            inputs = _sequence(values[0], face._inputs[0]) if face._variadic else values[:count]
             entry, _ = face._entry(where, inputs, tuple(values[count:]), kernel)
             return PreparedCall(face, inputs, entry)
 

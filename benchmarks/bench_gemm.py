@@ -1,5 +1,6 @@
 """GEMM + bias + activation: GE2's fused path vs torch._addmm_activation (cuBLASLt epilogue), F.linear + activation,
 and the GEMM alone, float16 and bfloat16, relu and gelu, one process, one GPU. Correctness first, then medians.
+Host time per call (64x256x128) is in bench_host_overhead.py.
 
 Run: python benchmarks/bench_gemm.py [--quick]
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from harness import host_overhead_us, median_ms, torch_cuda, write_results
+from harness import median_ms, torch_cuda, write_results
 
 import graph_executor_v2 as ge2
 from graph_executor_v2.ops import gemm
@@ -61,29 +62,6 @@ def bench_shape(torch, m, n, k, dtype_name, act):
     return row
 
 
-def host_overhead(torch):
-    """Host time of one forward call on device arrays at 64x256x128 (device work is a few microseconds)."""
-    runtime = ge2.device.runtime()
-    a = runtime.DeviceArray.empty([64, 128], "float16")
-    b = runtime.DeviceArray.empty([128, 256], "float16")
-    bias = runtime.DeviceArray.empty([256], "float16")
-    y = runtime.DeviceArray.empty([64, 256], "float16")
-    for array in (a, b, bias):
-        array.zero()
-    ta = torch.zeros(64, 128, device="cuda", dtype=torch.float16)
-    tb = torch.zeros(128, 256, device="cuda", dtype=torch.float16)
-    tbias = torch.zeros(256, device="cuda", dtype=torch.float16)
-    ty = torch.empty(64, 256, device="cuda", dtype=torch.float16)
-    return [
-        {"call": "ge2 gemm.forward(DeviceArray, out=)", "us": host_overhead_us(
-            lambda: gemm.forward(a, b, bias, act="relu", out=y))},
-        {"call": "ge2 gemm.forward(torch, out=)", "us": host_overhead_us(
-            lambda: gemm.forward(ta, tb, tbias, act="relu", out=ty))},
-        {"call": "torch._addmm_activation", "us": host_overhead_us(
-            lambda: torch._addmm_activation(tbias, ta, tb))},
-    ]
-
-
 def main(quick: bool) -> None:
     torch = torch_cuda()
     rows = []
@@ -101,11 +79,6 @@ def main(quick: bool) -> None:
                ("linear_act_ms", "F.linear+act ms"), ("mm_ms", "mm alone ms"), ("vs_addmm_act", "x vs addmm_act"),
                ("vs_linear_act", "x vs linear+act"), ("target", "target"), ("met", "met")]
     print(write_results("gemm", rows, columns, "GEMM + bias + activation (H100, medians, L2 flushed)"))
-    overhead = host_overhead(torch)
-    for row in overhead:
-        row["target"] = "<= 10 us" if row["call"].startswith("ge2 gemm.forward(DeviceArray") else ""
-    print(write_results("gemm_host_overhead", overhead, [("call", "call at 64x256x128"), ("us", "host us/call"),
-                                                         ("target", "target")], "Host overhead per call"))
 
 
 if __name__ == "__main__":

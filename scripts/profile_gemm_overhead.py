@@ -1,5 +1,6 @@
-"""Where the host time of one gemm.forward call goes (64x256x128 float16): each layer of the call timed alone.
-Run on the GPU machine: python scripts/profile_gemm_overhead.py"""
+"""Where the host time of one op call goes (gemm 64x256x128 float16, softmax over 64x256): each layer of the face's
+call path timed alone, down to the native launch, next to the PyTorch call. Run on the GPU machine:
+python scripts/profile_gemm_overhead.py"""
 from __future__ import annotations
 
 import sys
@@ -9,35 +10,49 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from harness import host_overhead_us  # noqa: E402  (also puts python/ on the path)
 
 import graph_executor_v2 as ge2  # noqa: E402
-from graph_executor_v2.ops import gemm  # noqa: E402
+from graph_executor_v2.ops import _face  # noqa: E402
 
 
 def main():
     import torch
 
+    ops = ge2.ops
+    half = dict(device="cuda", dtype=torch.float16)
+    ta, tb, tbias = torch.zeros(64, 128, **half), torch.zeros(128, 256, **half), torch.zeros(256, **half)
+    ty, tx = torch.empty(64, 256, **half), torch.zeros(64, 256, **half)
     runtime = ge2.device.runtime()
     a, b = runtime.DeviceArray.empty([64, 128], "float16"), runtime.DeviceArray.empty([128, 256], "float16")
     bias, y = runtime.DeviceArray.empty([256], "float16"), runtime.DeviceArray.empty([64, 256], "float16")
     for array in (a, b, bias, y):
         array.zero()
-    ta = torch.zeros(64, 128, device="cuda", dtype=torch.float16)
-    tb = torch.zeros(128, 256, device="cuda", dtype=torch.float16)
-    tbias = torch.zeros(256, device="cuda", dtype=torch.float16)
-    native = gemm._native_module()
+    face = _face.FACES["gemm"]
+    entry, pointers = face._entry("gemm.forward", [ta, tb, tbias, None], ("relu",), "auto")
+    launch = entry.launch
+    out_pointers = [ty.data_ptr()]
+    prepared, prepared_device = ops.gemm.prepare(ta, tb, tbias, act="relu"), ops.gemm.prepare(a, b, bias, act="relu")
+    native = ops.gemm._native_module()
     raw = lambda kernel: native.forward(a.ptr, b.ptr, 0, bias.ptr, y.ptr, 0, 64, 256, 128, "float16",  # noqa: E731
                                         False, False, 1.0, 0.0, "relu", 0.01, False, kernel, 0)
     rows = {
-        "view_of(DeviceArray)": lambda: ge2.device.view_of(a, "A"),
-        "view_of(torch)": lambda: ge2.device.view_of(ta, "A"),
-        "DeviceArray.ptr": lambda: a.ptr,
+        "device.signature(torch)": lambda: ge2.device.signature(ta),
+        "device.signature(DeviceArray)": lambda: ge2.device.signature(a),
+        "device.view_of(torch) (the slow path)": lambda: ge2.device.view_of(ta, "a"),
+        "torch.empty (a new output)": lambda: torch.empty(64, 256, **half),
+        "cached entry lookup (3 torch inputs)": lambda: face._entry("gemm.forward", [ta, tb, tbias, None],
+                                                                    ("relu",), "auto"),
+        f"candidate launch ({entry.kernel}), pointers given": lambda: launch(pointers, out_pointers, 0),
         "native forward, tiled (launch only)": lambda: raw("tiled"),
         "native forward, cublaslt_epilogue": lambda: raw("cublaslt_epilogue"),
-        "native forward, auto": lambda: raw("auto"),
-        "gemm.forward(DeviceArray, out=)": lambda: gemm.forward(a, b, bias, act="relu", out=y),
+        "gemm.prepare(...)(DeviceArray, out=)": lambda: prepared_device(a, b, bias, out=y),
+        "gemm.prepare(...)(torch, out=)": lambda: prepared(ta, tb, tbias, out=ty),
+        "gemm.forward(torch, out=)": lambda: ops.gemm.forward(ta, tb, tbias, act="relu", out=ty),
+        "gemm.forward(torch)": lambda: ops.gemm.forward(ta, tb, tbias, act="relu"),
         "torch._addmm_activation": lambda: torch._addmm_activation(tbias, ta, tb),
+        "softmax.forward(torch)": lambda: ops.softmax.forward(tx),
+        "torch.softmax": lambda: torch.softmax(tx, -1),
     }
     for name, fn in rows.items():
-        print(f"{name:<40} {host_overhead_us(fn):7.2f} us/call")
+        print(f"{name:<48} {host_overhead_us(fn):7.2f} us/call")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ import sys
 
 from harness import median_ms, torch_cuda, write_results
 
-import graph_executor_v2 as ge2
 from graph_executor_v2.ops import gemm
 
 SHAPES = [(64, 256, 128), (1000, 1000, 1000), (1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192),

@@ -1,18 +1,22 @@
-# add_standalone_op(<op> [LIBS <lib>...])
+# add_standalone_op(<op> [DIR <folder>] [LIBS <lib>...])
 #
 # Builds the pybind11 module _ops_<op> from
-#   backends/cuda/ops/<op>/launcher.cu, kernels/*.cu, backward.cu (if present)
+#   backends/cuda/ops/<folder>/launcher.cu, kernels/*.cu, backward.cu (if present); <folder> is <op> unless DIR
+#   names an op folder that serves several ops (row_norm: layernorm and rmsnorm; GE2_OP_NAME tells them apart)
 #   src/bindings/<op>_pybind.cpp
 # with backends/cuda/ops/_common and src/bindings/common on the include path, linked against the shared CUDA
 # runtime (so streams and graph capture are shared across modules) plus the listed libraries.
 #
 # GE2_ONLY_OPS (a list, empty = all) builds a subset, e.g. -DGE2_ONLY_OPS="gemm;softmax" while working on one op.
 function(add_standalone_op op)
-  cmake_parse_arguments(ARG "" "" "LIBS" ${ARGN})
+  cmake_parse_arguments(ARG "" "DIR" "LIBS" ${ARGN})
   if(GE2_ONLY_OPS AND NOT op IN_LIST GE2_ONLY_OPS)
     return()
   endif()
-  set(op_dir "${PROJECT_SOURCE_DIR}/backends/cuda/ops/${op}")
+  if(NOT ARG_DIR)
+    set(ARG_DIR ${op})
+  endif()
+  set(op_dir "${PROJECT_SOURCE_DIR}/backends/cuda/ops/${ARG_DIR}")
   if(NOT EXISTS "${op_dir}/launcher.cu")
     message(FATAL_ERROR "add_standalone_op(${op}): ${op_dir}/launcher.cu not found")
   endif()

@@ -67,12 +67,12 @@ def cases(torch):
     native = rmsnorm._native_module()
     workspace_bytes = native.backward_workspace_bytes(ROWS, COLS, "float16", "auto", True)
     workspace = torch.empty(workspace_bytes // 4, device="cuda", dtype=torch.float32)
-    operands = (dy, x, gamma, rstd, dx, dgamma, workspace)
-    pointers = [t.data_ptr() for t in operands]
+    operands = (dy, x, gamma, None, rstd, dx, dgamma, None, workspace)  # no mean, no dbeta: 0
+    pointers = [0 if t is None else t.data_ptr() for t in operands]
     # `backward` holds the operands: rstd and the workspace are referenced nowhere else (freed, their memory would
     # go to the next allocation while the backward still reads and writes it).
     backward = holding(lambda: native.backward(*pointers, workspace_bytes, ROWS, COLS, "float16", EPS, "auto", 0),
-                       *operands)
+                       *(t for t in operands if t is not None))
 
     torch_backward = _torch_backward(torch, x, gamma, dy)
 

@@ -2,7 +2,7 @@
 
 Both normalize the last axis of ``x`` (any rank >= 1, seen as ``rows x cols``) with parameters of shape
 ``(cols,)`` and the dtype of ``x``, float32 statistics inside; their native modules instantiate one set of kernels
-(``backends/cuda/ops/_common/row_norm*.hpp``), ``centered`` (layernorm: subtract the mean, add beta) or not
+(``backends/cuda/ops/row_norm``), ``centered`` (layernorm: subtract the mean, add beta) or not
 (rmsnorm). The op modules keep what differs: the math of the references and the native call signatures.
 """
 from __future__ import annotations
@@ -163,11 +163,8 @@ def is_aligned(*views) -> bool:
 # The face (ops/_face.py): forward with saved statistics and backward, the same code for both ops
 # ---------------------------------------------------------------------------------------------------------------
 def make_face(opdef, native, stats: tuple[str, ...]) -> Face:
-    """The face of a row norm whose native module is ``native()``. Its calls take the input pointers in OpDef order
-    (x, then the parameters) and the statistics ``stats`` ((mean, rstd) or (rstd,)):
-    ``forward(*inputs, y, *stats, rows, cols, dtype, eps, kernel, stream)`` and
-    ``backward(dy, x, gamma, *stats, dx, *d(parameters), workspace, bytes, rows, cols, dtype, eps, kernel, stream)``.
-    """
+    """The face of a row norm whose native module is ``native()`` (both modules take the same arguments, 0 for what
+    rmsnorm has not: beta, mean, dbeta) and whose saved statistics are ``stats`` ((mean, rstd) or (rstd,))."""
     names = tuple(i.name for i in opdef.inputs)
 
     def checked(arrays: dict):
@@ -186,8 +183,10 @@ def make_face(opdef, native, stats: tuple[str, ...]) -> Face:
         y, vy = _layout.output(out, x, "out", shape.shape, shape.dtype, device)
         saved = [_layout.output(stat_outs.get(f"{stat}_out"), x, f"{stat}_out", (shape.rows,), "float32", device)
                  if save_stats else (None, None) for stat in stats]
-        native().forward(*(v.ptr for v in views.values()), vy.ptr, *(address(v) for _, v in saved), shape.rows,
-                         shape.cols, shape.dtype, attrs["eps"], kernel, _device.stream_handle(stream))
+        saved_views = dict(zip(stats, (view for _, view in saved)))
+        native().forward(views["x"].ptr, views["gamma"].ptr, address(views.get("beta")), vy.ptr,
+                         address(saved_views.get("mean")), address(saved_views.get("rstd")), shape.rows, shape.cols,
+                         shape.dtype, attrs["eps"], kernel, _device.stream_handle(stream))
         return (y, *(array for array, _ in saved)) if save_stats else y
 
     def backward(dy, inputs, attrs, kernel, out, stream, workspace=None, **saved):
@@ -200,15 +199,17 @@ def make_face(opdef, native, stats: tuple[str, ...]) -> Face:
         device = views["x"].device
         _layout.checked_view(dy, "dy", shape.shape, shape.dtype, device)
         check_saved(shape, saved)
-        stat_views = [statistic(saved.get(name), name, shape, device) for name in stats]
+        stat_views = {name: statistic(saved.get(name), name, shape, device) for name in stats}
         grads = [_layout.output(None if out is None else out[i], x, f"out[{i}]",
                                 shape.shape if i == 0 else (shape.cols,), shape.dtype, device)
                  for i in range(len(names))]
+        grad_views = [view for _, view in grads] + [None]  # no dbeta for rmsnorm
         module = native()
-        aligned = is_aligned(views["dy"], views["x"], views["gamma"], grads[0][1])
+        aligned = is_aligned(views["dy"], views["x"], views["gamma"], grad_views[0])
         workspace, vworkspace, size = workspace_for(module, workspace, x, shape, kernel, aligned, device)
-        module.backward(views["dy"].ptr, views["x"].ptr, views["gamma"].ptr, *(address(v) for v in stat_views),
-                        *(v.ptr for _, v in grads), vworkspace.ptr, size, shape.rows, shape.cols, shape.dtype,
+        module.backward(views["dy"].ptr, views["x"].ptr, views["gamma"].ptr, address(stat_views.get("mean")),
+                        address(stat_views.get("rstd")), grad_views[0].ptr, grad_views[1].ptr,
+                        address(grad_views[2]), vworkspace.ptr, size, shape.rows, shape.cols, shape.dtype,
                         attrs["eps"], kernel, _device.stream_handle(stream))
         return tuple(array for array, _ in grads)
 
@@ -238,9 +239,19 @@ def problem_dims(problem: Problem) -> NormShape:
     return NormShape(math.prod(x.shape[:-1]), x.shape[-1], x.dtype, tuple(x.shape))
 
 
-def candidates(native, make_launch) -> tuple[Candidate, ...]:
-    """One candidate per kernel. ``native()`` loads the op's module; ``make_launch(module, kernel, shape, eps)``
-    returns the launch(in_ptrs, out_ptrs, stream) making the one native call."""
+def _make_launch(native, kernel: str, shape: NormShape, eps: float):
+    """launch(in_ptrs, out_ptrs, stream): one native forward, beta the third input when there is one (layernorm)."""
+    native_forward, rows, cols, dtype = native.forward, shape.rows, shape.cols, shape.dtype
+
+    def launch(ins, outs, stream):
+        native_forward(ins[0], ins[1], ins[2] if len(ins) > 2 else 0, outs[0], 0, 0, rows, cols, dtype, eps, kernel,
+                       stream)
+
+    return launch
+
+
+def candidates(native) -> tuple[Candidate, ...]:
+    """One candidate per kernel; ``native()`` loads the op's module."""
     result = []
     for name, priority, description, always_works in CANDIDATES:
         def supports(problem: Problem, name=name):
@@ -249,7 +260,7 @@ def candidates(native, make_launch) -> tuple[Candidate, ...]:
             return native().unsupported_reason(name, shape.cols, shape.dtype, True, False) or None
 
         def prepare(problem: Problem, name=name):
-            return make_launch(native(), name, problem_dims(problem), float(problem.attrs["eps"]))
+            return _make_launch(native(), name, problem_dims(problem), float(problem.attrs["eps"]))
 
         result.append(Candidate(name, priority, description, supports, prepare, always_works))
     return tuple(result)

@@ -88,15 +88,6 @@ def _reference_backward(inputs, outputs, out_grads, attrs):
     return list(reference_backward(out_grads[0], x, gamma, attrs["eps"]))
 
 
-def _make_launch(native, kernel, shape, eps):
-    native_forward, rows, cols, dtype = native.forward, shape.rows, shape.cols, shape.dtype
-
-    def launch(ins, outs, stream):
-        native_forward(ins[0], ins[1], outs[0], 0, rows, cols, dtype, eps, kernel, stream)
-
-    return launch
-
-
 OP = register(OpDef(
     name="rmsnorm",
     inputs=tuple(Input(name) for name in _INPUTS),
@@ -105,7 +96,7 @@ OP = register(OpDef(
     infer=_infer,
     reference=_reference,
     reference_backward=_reference_backward,
-    candidates=_row_norm.candidates(_native_module, _make_launch),
+    candidates=_row_norm.candidates(_native_module),
     doc=__doc__,
 ))
 globals().update(_row_norm.make_face(OP, _native_module, ("rstd",)).functions())

@@ -1,24 +1,82 @@
-// What _ops_layernorm and _ops_rmsnorm expose alike besides forward/backward: the kernel table, the kernels'
-// limits and the backward's workspace size, for the shared row-norm kernels (backends/cuda/ops/_common/row_norm.hpp).
+// _ops_layernorm and _ops_rmsnorm: one binding for both modules of the row_norm op folder, for the variant being
+// built (kOpCentered). Both take the same arguments; rmsnorm's beta, mean and dbeta are 0 (absent). Raw device
+// addresses (0 = absent) and sizes in, work enqueued on `stream`; argument checking for users happens in
+// graph_executor_v2.ops before any of this runs.
 #pragma once
 #include <cstdint>
 #include <string>
 
 #include <pybind11/pybind11.h>
 
+#include "api.hpp"
 #include "kernel_list.hpp"
-#include "row_norm.hpp"
+#include "op_binding.hpp"
 
 namespace ge2::binding {
 
-template <bool kCentered>
-void def_row_norm_queries(pybind11::module_& m) {
+inline void def_row_norm(pybind11::module_& m) {
   namespace py = pybind11;
+  constexpr bool kCentered = row_norm::kOpCentered;
+  m.def(
+      "forward",
+      [](std::uintptr_t x, std::uintptr_t gamma, std::uintptr_t beta, std::uintptr_t y, std::uintptr_t mean,
+         std::uintptr_t rstd, int64_t rows, int64_t cols, const std::string& dtype, float eps,
+         const std::string& kernel, std::uintptr_t stream) {
+        row_norm::Forward args;
+        args.x = as_pointer(x);
+        args.gamma = as_pointer(gamma);
+        args.beta = as_pointer(beta);
+        args.y = as_pointer(y);
+        args.mean = as_pointer<float>(mean);
+        args.rstd = as_pointer<float>(rstd);
+        args.rows = rows;
+        args.cols = cols;
+        args.dtype = dtype_from_name(dtype);
+        args.eps = eps;
+        const auto requested = row_norm::kernel_from_name(kernel);
+        ReleaseGil release;
+        return std::string(row_norm::kernel_name(row_norm::forward<kCentered>(args, requested, as_stream(stream))));
+      },
+      py::arg("x"), py::arg("gamma"), py::arg("beta"), py::arg("y"), py::arg("mean"), py::arg("rstd"),
+      py::arg("rows"), py::arg("cols"), py::arg("dtype"), py::arg("eps"), py::arg("kernel"), py::arg("stream"),
+      "Enqueues y (and the float32 statistics per row whose addresses are not 0); returns the kernel that ran.");
+
+  m.def(
+      "backward",
+      [](std::uintptr_t dy, std::uintptr_t x, std::uintptr_t gamma, std::uintptr_t mean, std::uintptr_t rstd,
+         std::uintptr_t dx, std::uintptr_t dgamma, std::uintptr_t dbeta, std::uintptr_t workspace,
+         std::size_t workspace_bytes, int64_t rows, int64_t cols, const std::string& dtype, float eps,
+         const std::string& kernel, std::uintptr_t stream) {
+        row_norm::Backward args;
+        args.dy = as_pointer(dy);
+        args.x = as_pointer(x);
+        args.gamma = as_pointer(gamma);
+        args.mean = as_pointer<const float>(mean);
+        args.rstd = as_pointer<const float>(rstd);
+        args.dx = as_pointer(dx);
+        args.dgamma = as_pointer(dgamma);
+        args.dbeta = as_pointer(dbeta);
+        args.workspace = as_pointer<float>(workspace);
+        args.workspace_bytes = workspace_bytes;
+        args.rows = rows;
+        args.cols = cols;
+        args.dtype = dtype_from_name(dtype);
+        args.eps = eps;
+        const auto requested = row_norm::kernel_from_name(kernel);
+        ReleaseGil release;
+        return std::string(
+            row_norm::kernel_name(row_norm::backward<kCentered>(args, requested, as_stream(stream))));
+      },
+      py::arg("dy"), py::arg("x"), py::arg("gamma"), py::arg("mean"), py::arg("rstd"), py::arg("dx"),
+      py::arg("dgamma"), py::arg("dbeta"), py::arg("workspace"), py::arg("workspace_bytes"), py::arg("rows"),
+      py::arg("cols"), py::arg("dtype"), py::arg("eps"), py::arg("kernel"), py::arg("stream"),
+      "Enqueues dx, dgamma (and dbeta; statistics 0: recomputed from x); returns the kernel that ran.");
+
   m.def(
       "backward_workspace_bytes",
       [](int64_t rows, int64_t cols, const std::string& dtype, const std::string& kernel, bool aligned) {
         return row_norm::backward_workspace_bytes<kCentered>(rows, cols, dtype_from_name(dtype), aligned,
-                                                             row_norm::kernel_from_name(kernel));
+                                                               row_norm::kernel_from_name(kernel));
       },
       py::arg("rows"), py::arg("cols"), py::arg("dtype"), py::arg("kernel"), py::arg("aligned"),
       "float32 workspace bytes the backward needs on the current device (aligned: dy, x, gamma, dx 16-byte aligned).");

@@ -1,10 +1,11 @@
-// Row-wise normalization over the last axis, shared by layernorm and rmsnorm: one set of kernels, templated on
+// The row_norm op folder serves two ops, layernorm and rmsnorm: one set of kernels over the last axis, templated on
 // kCentered. Centered (layernorm) subtracts the row mean and adds beta; not centered (rmsnorm) divides by the root
 // mean square. Statistics are float32 whatever the storage type.
 //
 // This header is the host side: problem structs, kernel names, argument checks and the launch geometry each kernel
-// uses. The kernels are in row_norm_kernels.hpp, instantiated by each op module (its launcher.cu and backward.cu),
-// so layernorm and rmsnorm stay independent modules.
+// uses. The kernels are in row_norm_kernels.hpp. CMake builds this folder twice (add_standalone_op(layernorm DIR
+// row_norm) and add_standalone_op(rmsnorm DIR row_norm)); launcher.cu and backward.cu instantiate the variant of the
+// module being built (kOpCentered), so layernorm and rmsnorm stay independent modules.
 //
 // Kernels (registry candidates, best first):
 //   warp_per_row   one warp per row, the row held in registers (x read once); cols <= 1024 (512 with scalar loads).
@@ -26,6 +27,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -244,8 +246,13 @@ Kernel backward(const Backward& args, Kernel requested, cudaStream_t stream);
 template <bool kCentered>
 std::size_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtype, bool aligned, Kernel requested);
 
-// Instantiated explicitly, forward in an op's launcher.cu and backward in its backward.cu: no other translation
-// unit compiles the kernels again.
+#ifdef GE2_OP_NAME
+// The variant of the module being built: add_standalone_op defines GE2_OP_NAME as "layernorm" or "rmsnorm".
+inline constexpr bool kOpCentered = std::string_view(GE2_OP_NAME) == "layernorm";
+#endif
+
+// Instantiated explicitly, forward in launcher.cu and backward in backward.cu for the module's variant: no other
+// translation unit compiles the kernels again.
 extern template Kernel forward<true>(const Forward&, Kernel, cudaStream_t);
 extern template Kernel forward<false>(const Forward&, Kernel, cudaStream_t);
 extern template Kernel backward<true>(const Backward&, Kernel, cudaStream_t);

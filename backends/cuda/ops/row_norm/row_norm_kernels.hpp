@@ -1,6 +1,6 @@
 // Row-wise normalization kernels shared by layernorm (kCentered = true) and rmsnorm (kCentered = false); the host
-// side and the kernel list are in row_norm.hpp. An op module instantiates forward, backward and
-// backward_workspace_bytes for its kCentered in its own translation units.
+// side and the kernel list are in api.hpp. Each module instantiates forward, backward and backward_workspace_bytes
+// for its variant in launcher.cu and backward.cu.
 //
 // Numerics: float32 statistics from the row held in registers, two passes over the registers (mean, then the mean
 // of squared deviations), so a large common offset (x ~ 1e3 + noise) loses nothing to cancellation.
@@ -16,7 +16,7 @@
 
 #include "dtype.hpp"
 #include "reduction.hpp"
-#include "row_norm.hpp"
+#include "api.hpp"
 #include "status.hpp"
 #include "vector_access.hpp"
 
@@ -499,7 +499,7 @@ __global__ void __launch_bounds__(kSumColumns * kSumSlices)
 // Grid cap for the non-persistent forward: past it, groups loop over more rows.
 constexpr int64_t kMaxForwardBlocks = int64_t{1} << 20;
 
-// The kernel instances that exist; choose_geometry (row_norm.hpp) never asks for another. Items per thread:
+// The kernel instances that exist; choose_geometry (api.hpp) never asks for another. Items per thread:
 //   forward   warp 32 x 4 groups: 4..32 | 128 threads: 4..32 | 256: 16, 32 | 512: 16 scalar, 32 vector | 1024: 32
 //   backward  warp 32 x 4 groups: 4..32 | 128 threads: 4..32 | 256: 16 scalar, 32 vector
 // with at most kMaxScalarItems items for scalar loads. Forward and backward instances come from separate families.

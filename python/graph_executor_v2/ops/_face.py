@@ -214,10 +214,10 @@ class Face:
         if out is None:
             arrays = [make() for make in entry.make_outputs]
             return arrays, [_device.address(array) for array in arrays]
-            arrays = list(out) if isinstance(out, (tuple, list)) else [out]
-            if len(arrays) != len(entry.out_types):
-                raise ValueError(f"out: expected {len(entry.out_types)} array(s) ({', '.join(self.op.outputs)}), "
-                                 f"got {len(arrays)}")
+        arrays = list(out) if isinstance(out, (tuple, list)) else [out]
+        if len(arrays) != len(entry.out_types):
+            raise ValueError(f"out: expected {len(entry.out_types)} array(s) ({', '.join(self.op.outputs)}), "
+                             f"got {len(arrays)}")
         pointers = []
         for index, array in enumerate(arrays):
             key, pointer = _device.signature(array)

@@ -168,3 +168,106 @@ def test_forward_on_device_arrays_and_the_prepared_call(rng, to_device, poisoned
     wrong = [wrong + on_device[0][1:]] if op == "concat" else wrong + on_device[1:]
     with pytest.raises(ValueError, match="expected an array like the prepared one"):
         prepared(*wrong)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The generated forward and prepared call on stand-in device arrays: the call path with no GPU
+# ---------------------------------------------------------------------------------------------------------------
+class StandInArray:
+    """What the faces read of a GE2 DeviceArray (view_tuple, ptr), at a made-up address."""
+
+    __module__ = "graph_executor_v2.stand_in"
+
+    def __init__(self, shape, ptr, dtype="float32", contiguous=True):
+        self.shape, self.ptr, self.dtype, self.contiguous = tuple(shape), ptr, dtype, contiguous
+
+    def view_tuple(self):
+        strides = tuple(int(np.prod(self.shape[i + 1:])) for i in range(len(self.shape)))
+        return self.ptr, self.shape, self.dtype, strides, 0, self.contiguous
+
+
+@pytest.fixture
+def axpy(monkeypatch):
+    """A face for y = alpha * a (+ b) with two candidates that record their launches instead of running."""
+    from graph_executor_v2.ops import Attr, Candidate, Face, Input, OpDef, _face
+
+    launches, prepared = [], []
+
+    def candidate(name, priority, always_works):
+        def prepare(problem):
+            prepared.append(name)
+            return lambda ins, outs, stream: launches.append((name, list(ins), list(outs), stream))
+
+        too_big = lambda problem: "at most 100 elements" if problem.in_types[0].numel > 100 else None  # noqa
+        return Candidate(name, priority, name, (lambda p: None) if always_works else too_big, prepare, always_works)
+
+    opdef = OpDef("face_test_axpy", (Input("a"), Input("b", optional=True)), ("y",), (Attr("alpha", float, 1.0),),
+                  infer=lambda in_types, attrs: [in_types[0]], reference=lambda inputs, attrs: [inputs[0]],
+                  candidates=(candidate("fast", 20, False), candidate("any", 10, True)))
+    made = []
+
+    def allocator(template, shape, dtype, device):
+        return lambda: made.append(StandInArray(shape, 0x90000 + 0x1000 * len(made), dtype)) or made[-1]
+
+    monkeypatch.setattr(ge2.device, "compute_capability", lambda device: (9, 0))
+    monkeypatch.setattr(ge2.device, "allocator", allocator)
+    face = Face(opdef, lambda dy, inputs, attrs, kernel, out, stream: (None, None))
+    yield face, launches, prepared
+    _face.FACES.pop(opdef.name)
+
+
+def test_forward_launches_the_best_candidate_once_prepared(axpy):
+    face, launches, prepared = axpy
+    a, b, y = StandInArray((4, 5), 0x10000), StandInArray((4, 5), 0x20000), StandInArray((4, 5), 0x30000)
+    assert face.forward(a, b, 2.0, out=y) is y
+    assert face.forward(a, b, alpha=2.0, out=y, stream=7) is y
+    assert face.forward(a, b, alpha=2.0, out=y, stream=7) is y
+    assert prepared == ["fast"]  # once per signature, attributes by position or by keyword alike
+    assert launches[-1] == ("fast", [0x10000, 0x20000], [0x30000], 7)
+    new = face.forward(a)  # no b, a new output
+    assert isinstance(new, StandInArray) and new.shape == (4, 5)
+    assert launches[-1] == ("fast", [0x10000, 0], [new.ptr], 0)
+    assert face.forward(a, b, out=a) is a  # in place: the whole of an input
+    face.forward(StandInArray((4, 5), 0x10004), out=y)  # not 16-byte aligned: the candidate that takes any
+    assert launches[-1][0] == "any"
+    face.forward(StandInArray((11, 11), 0x40000))  # too big for "fast"
+    assert launches[-1][0] == "any"
+
+
+def test_forward_rejects_bad_outputs_and_kernels(axpy):
+    face, launches, _ = axpy
+    a = StandInArray((4, 5), 0x10000)
+    with pytest.raises(ValueError, match=r"out: must not overlap a \(only the same array"):
+        face.forward(a, out=StandInArray((4, 5), 0x10010))
+    with pytest.raises(ValueError, match=r"out: expected shape \(4, 5\), got \(5, 4\)"):
+        face.forward(a, out=StandInArray((5, 4), 0x30000))
+    with pytest.raises(TypeError, match=r"out: expected dtype float32, got float16"):
+        face.forward(a, out=StandInArray((4, 5), 0x30000, "float16"))
+    with pytest.raises(ValueError, match=r"a: expected a contiguous row-major array"):
+        face.forward(StandInArray((4, 5), 0x10000, contiguous=False))
+    with pytest.raises(ValueError, match=r"kernel: 'fast' cannot run this problem: at most 100 elements"):
+        face.forward(StandInArray((11, 11), 0x40000), kernel="fast")
+    with pytest.raises(TypeError, match=r"attribute 'alpha' expected float, got str"):
+        face.forward(a, alpha="2")
+    with pytest.raises(TypeError, match=r"a: expected a CUDA device array"):
+        face.forward(np.ones((4, 5), F32))
+    assert launches == []
+
+
+def test_prepared_call_checks_its_arrays_and_launches(axpy):
+    face, launches, prepared = axpy
+    a, b, y = StandInArray((4, 5), 0x10000), StandInArray((4, 5), 0x20000), StandInArray((4, 5), 0x30000)
+    run = face.prepare(a, b, alpha=3.0)
+    assert run.kernel == "fast" and prepared == ["fast"]
+    assert run(StandInArray((4, 5), 0x50000), b, out=y, stream=5) is y
+    assert launches[-1] == ("fast", [0x50000, 0x20000], [0x30000], 5)
+    assert isinstance(run(a, b), StandInArray)
+    with pytest.raises(ValueError, match=r"a: expected an array like the prepared one"):
+        run(StandInArray((5, 4), 0x10000), b)
+    with pytest.raises(ValueError, match=r"b: expected an array like the prepared one"):
+        run(a, None)
+    with pytest.raises(ValueError, match=r"out: must not overlap b"):
+        run(a, b, out=StandInArray((4, 5), 0x20008))
+    only_a = face.prepare(a)
+    assert only_a(a, out=y) is y and launches[-1][1] == [0x10000, 0]
+    assert prepared == ["fast", "fast"]  # alpha 1.0, no b: another signature

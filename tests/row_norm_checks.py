@@ -3,6 +3,7 @@ differences, and a tolerance check that never lets NaN pass."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 DTYPES = ("float32", "float16", "bfloat16")
 KERNELS = ("warp_per_row", "block_per_row", "multipass")
@@ -84,3 +85,49 @@ def inputs(rng: np.random.Generator, shape, dtype: str, offset: float = 0.0, par
     numpy_dtype = to_numpy(dtype)
     x = (rng.standard_normal(shape) + offset).astype(numpy_dtype)
     return (x,) + tuple(rng.standard_normal(shape[-1:]).astype(numpy_dtype) for _ in range(params))
+
+
+def kernel_sweep_tests(native, check_forward, check_backward, channels: int):
+    """The GPU tests that are the same for layernorm and rmsnorm but for the op: its forward and backward checks
+    over every kernel, dtype and row length, and backward grids whose blocks loop over many rows. ``native()``
+    loads the op's module; ``channels``: its parameter gradients (2 with dbeta, 1 without). A test module binds
+    the returned functions to their names, so pytest collects them there."""
+
+    @pytest.mark.gpu
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("kernel", KERNELS)
+    def test_forward_every_kernel_dtype_and_length(rng, poisoned, to_device, dtype, kernel):
+        for cols in supported_cols(native(), kernel, dtype, FORWARD_COLS):
+            check_forward(rng, poisoned, to_device, (rows_for(cols, 37), cols), dtype, kernel)
+
+    @pytest.mark.gpu
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("kernel", KERNELS)
+    @pytest.mark.parametrize("saved_stats", (True, False))
+    def test_backward_every_kernel_dtype_and_length(rng, poisoned, to_device, dtype, kernel, saved_stats):
+        for cols in supported_cols(native(), kernel, dtype, BACKWARD_COLS, backward=True):
+            check_backward(rng, poisoned, to_device, (rows_for(cols, 301), cols), dtype, kernel, saved_stats)
+
+    @pytest.mark.gpu
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("kernel", KERNELS)
+    @pytest.mark.parametrize("saved_stats", (True, False))
+    def test_backward_many_rows_per_block(rng, poisoned, to_device, dtype, kernel, saved_stats):
+        # A few hundred rows give each block of the persistent backward grid one row; these shapes make every block
+        # loop over several (checked, so the test keeps its point on any GPU).
+        assert max(block_iterations(native(), shape, dtype, kernel, channels) for shape in MANY_ROWS_SHAPES) >= 2
+        for shape in MANY_ROWS_SHAPES:
+            check_backward(rng, poisoned, to_device, shape, dtype, kernel, saved_stats)
+
+    @pytest.mark.gpu
+    @pytest.mark.parametrize("shape, dtype", LARGE_MANY_ROWS_SHAPES)
+    @pytest.mark.parametrize("kernel", ("block_per_row", "multipass"))  # the ones that run 4096 columns backward
+    @pytest.mark.parametrize("saved_stats", (True, False))
+    def test_backward_large_many_rows_per_block(rng, poisoned, to_device, shape, dtype, kernel, saved_stats):
+        # The benchmark's problem (float16 16384 x 4096: ~40 rows per block on an H100) and (5000, 4096) in every
+        # dtype.
+        assert block_iterations(native(), shape, dtype, kernel, channels) >= 2
+        check_backward(rng, poisoned, to_device, shape, dtype, kernel, saved_stats)
+
+    return (test_forward_every_kernel_dtype_and_length, test_backward_every_kernel_dtype_and_length,
+            test_backward_many_rows_per_block, test_backward_large_many_rows_per_block)

@@ -320,7 +320,8 @@ def test_odd_counts_every_path(rng, to_device, poisoned, dtype):
         for offset in (0, 4, 3):
             what = f"count {count} offset {offset}"
             check_output(dp.forward_numpy(x, p, seed, offset), x, p, seed, offset, dtype, f"forward_numpy {what}")
-            check_output(dp.backward_numpy(x, x, p, seed, offset)[0], x, p, seed, offset, dtype, f"backward_numpy {what}")
+            check_output(dp.backward_numpy(x, x, p, seed, offset)[0], x, p, seed, offset, dtype,
+                         f"backward_numpy {what}")
             for kernel in ("vec16", "scalar", "auto"):
                 if kernel == "vec16" and native.unsupported_reason("vec16", offset, True):
                     continue

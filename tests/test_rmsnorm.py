@@ -10,9 +10,7 @@ from graph_executor_v2.ir import Graph, TensorType
 from graph_executor_v2.ops import rmsnorm
 from graph_executor_v2.ops._base import Problem
 from graph_executor_v2.testing import assert_close, random_array, tolerance
-from row_norm_checks import (BACKWARD_COLS, DTYPES, EDGE_SHAPES, FORWARD_COLS, KERNELS, LARGE_MANY_ROWS_SHAPES,
-                             MANY_ROWS_SHAPES, assert_within, block_iterations, inputs, numeric_gradient, rows_for,
-                             supported_cols)
+from row_norm_checks import (DTYPES, EDGE_SHAPES, KERNELS, assert_within, inputs, kernel_sweep_tests, numeric_gradient)
 
 F32 = np.float32
 
@@ -77,7 +75,8 @@ def test_reference_backward_matches_finite_differences(rng, shape):
         (dict(x=np.ones((2, 3), F32), gamma=np.ones(3, F32), eps=0.0), ValueError, r"'eps' must be a finite value > 0"),
         (dict(x=np.ones((2, 3), F32), gamma=np.ones(3, F32), eps=float("inf")), ValueError,
          r"'eps' must be a finite value > 0"),
-        (dict(x=np.ones((2, 3), F32), gamma=np.ones(3, F32), eps=True), TypeError, r"attribute 'eps' expected float, got bool"),
+        (dict(x=np.ones((2, 3), F32), gamma=np.ones(3, F32), eps=True), TypeError,
+         r"attribute 'eps' expected float, got bool"),
         (dict(x=np.ones((2, 3), F32), gamma=np.ones(3, F32), kernel="warp"), ValueError,
          r"kernel: expected one of auto, warp_per_row, block_per_row, multipass"),
         (dict(x=np.ones((2, 3), F32), gamma=(1.0, 1.0, 1.0)), TypeError, r"gamma: expected a NumPy array"),
@@ -242,14 +241,6 @@ def _check_forward(rng, poisoned, to_device, shape, dtype, kernel, offset=0.0, e
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_forward_every_kernel_dtype_and_length(rng, poisoned, to_device, dtype, kernel):
-    for cols in supported_cols(rmsnorm._native_module(), kernel, dtype, FORWARD_COLS):
-        _check_forward(rng, poisoned, to_device, (rows_for(cols, 37), cols), dtype, kernel)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
 def test_forward_auto_edge_shapes_and_large_values(rng, poisoned, to_device, dtype):
     for shape in EDGE_SHAPES:
         _check_forward(rng, poisoned, to_device, shape, dtype, "auto")
@@ -296,13 +287,9 @@ def _check_backward(rng, poisoned, to_device, shape, dtype, kernel, saved_stats,
     assert_close(dgamma.numpy(), dgamma_ref, dtype, rows, what=f"dgamma {what}")
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("saved_stats", (True, False))
-def test_backward_every_kernel_dtype_and_length(rng, poisoned, to_device, dtype, kernel, saved_stats):
-    for cols in supported_cols(rmsnorm._native_module(), kernel, dtype, BACKWARD_COLS, backward=True):
-        _check_backward(rng, poisoned, to_device, (rows_for(cols, 301), cols), dtype, kernel, saved_stats)
+(test_forward_every_kernel_dtype_and_length, test_backward_every_kernel_dtype_and_length,
+ test_backward_many_rows_per_block, test_backward_large_many_rows_per_block) = kernel_sweep_tests(
+    rmsnorm._native_module, _check_forward, _check_backward, channels=1)
 
 
 @pytest.mark.gpu
@@ -310,29 +297,6 @@ def test_backward_every_kernel_dtype_and_length(rng, poisoned, to_device, dtype,
 def test_backward_auto_edge_shapes(rng, poisoned, to_device, dtype):
     for shape in EDGE_SHAPES:
         _check_backward(rng, poisoned, to_device, shape, dtype, "auto", saved_stats=False)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("saved_stats", (True, False))
-def test_backward_many_rows_per_block(rng, poisoned, to_device, dtype, kernel, saved_stats):
-    # A few hundred rows give each block of the persistent backward grid one row; these shapes make every block
-    # loop over several (checked, so the test keeps its point on any GPU).
-    assert max(block_iterations(rmsnorm._native_module(), shape, dtype, kernel, 1)
-               for shape in MANY_ROWS_SHAPES) >= 2
-    for shape in MANY_ROWS_SHAPES:
-        _check_backward(rng, poisoned, to_device, shape, dtype, kernel, saved_stats)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("shape, dtype", LARGE_MANY_ROWS_SHAPES)
-@pytest.mark.parametrize("kernel", ("block_per_row", "multipass"))  # the ones that run 4096 columns backward
-@pytest.mark.parametrize("saved_stats", (True, False))
-def test_backward_large_many_rows_per_block(rng, poisoned, to_device, shape, dtype, kernel, saved_stats):
-    # The benchmark's problem (float16 16384 x 4096: ~40 rows per block on an H100) and (5000, 4096) in every dtype.
-    assert block_iterations(rmsnorm._native_module(), shape, dtype, kernel, 1) >= 2
-    _check_backward(rng, poisoned, to_device, shape, dtype, kernel, saved_stats)
 
 
 @pytest.mark.gpu

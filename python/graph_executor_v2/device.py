@@ -175,27 +175,25 @@ def as_device_array(array, argument: str = "array"):
 
 def empty_like_kind(template, shape: tuple, dtype: str, device: int):
     """An uninitialized output of the same kind as ``template`` (torch in, torch out; CuPy in, CuPy out)."""
-    kind = _kind(template)
-    if kind == "torch":
-        torch = sys.modules["torch"]
-        return torch.empty(shape, dtype=getattr(torch, dtype), device=f"cuda:{device}")
-    if kind == "cupy" and dtype != "bfloat16":
-        cupy = sys.modules["cupy"]
-        with cupy.cuda.Device(device):
-            return cupy.empty(shape, dtype=dtype)
-    return runtime().DeviceArray.empty(list(shape), dtype, device)
+    return allocator(template, shape, dtype, device)()
 
 
 def allocator(template, shape: tuple, dtype: str, device: int):
-    """A function of no arguments making new outputs like ``empty_like_kind(template, shape, dtype, device)``,
-    with the per-call work (dtype and device lookup) done here once."""
+    """A function of no arguments making uninitialized outputs of ``template``'s kind (torch in, torch out; CuPy in,
+    CuPy out; else DeviceArray), the dtype and device looked up here once."""
     kind = _kind(template)
     shape = tuple(shape)
     if kind == "torch":
         torch = sys.modules["torch"]
         return functools.partial(torch.empty, shape, dtype=getattr(torch, dtype), device=torch.device("cuda", device))
     if kind == "cupy" and dtype != "bfloat16":
-        return functools.partial(empty_like_kind, template, shape, dtype, device)
+        cupy = sys.modules["cupy"]
+
+        def make():  # no reference to the template: a cached allocator must not keep an input alive
+            with cupy.cuda.Device(device):
+                return cupy.empty(shape, dtype=dtype)
+
+        return make
     return functools.partial(runtime().DeviceArray.empty, list(shape), dtype, device)
 
 

@@ -57,18 +57,20 @@ class Face:
                  kernels: Callable[[], list[dict]] | None = None, extras: dict[str, Any] | None = None,
                  forward_extras: ForwardImpl | None = None, saved: tuple[str, ...] | dict[str, Any] = (),
                  host_check: Callable[[list, dict], None] | None = None,
-                 backward_host_check: Callable[..., None] | None = None):
+                 backward_host_check: Callable[..., None] | None = None, in_place: bool = False):
         self.op = opdef
         self.name = opdef.name
         self._backward_impl = backward
         self._forward_impl = forward
         self._native_kernels = kernels
-        self._extras = dict(extras or {})  # keyword-only forward options -> default; non-default ones go to
-        self._forward_extras = forward_extras  # this implementation
+        # Keyword-only forward options (name -> default); a call that sets one goes to forward_extras.
+        self._extras = dict(extras or {})
+        self._forward_extras = forward_extras
         # Keyword-only backward options (name -> default): saved forward results it can reuse, and op options.
         self._saved = saved if isinstance(saved, dict) else dict.fromkeys(saved)
         self._host_check = host_check  # values only host arrays show before an upload (ids, labels in range)
         self._backward_host_check = backward_host_check  # (inputs, attrs, **options): backward_numpy's options
+        self._in_place = in_place  # each output element depends on the same input elements only: out=input works
         self._inputs = tuple(i.name for i in opdef.inputs)
         self._params = self._inputs + tuple(a.name for a in opdef.attrs)
         self._index = {name: i for i, name in enumerate(self._params)}
@@ -97,7 +99,8 @@ class Face:
     # Arguments
     # -----------------------------------------------------------------------------------------------------------
     def _bind(self, where: str, args: tuple, kwargs: dict) -> list:
-        """Inputs then attributes, positional or by keyword, in OpDef order (_MISSING where not given)."""
+        """Inputs then attributes, positional or by keyword, in OpDef order: None for an absent optional input,
+        _MISSING for an attribute not given."""
         values = list(args) + [_MISSING] * (len(self._params) - len(args))
         for name, value in kwargs.items():
             index = self._index.get(name)
@@ -210,7 +213,7 @@ class Face:
 
     def _outputs(self, entry: _Prepared, out, in_pointers: list[int]) -> tuple[list, list[int]]:
         """The output arrays (``out`` checked once per array kind and signature, else new) and their pointers. A
-        given output may be an input itself (in place: same address and size) but must not overlap one partly."""
+        given output must not overlap an input, but for an op that works in place it may be one, as a whole."""
         if out is None:
             arrays = [make() for make in entry.make_outputs]
             return arrays, [_device.address(array) for array in arrays]
@@ -233,10 +236,14 @@ class Face:
     def _check_overlap(self, entry: _Prepared, index: int, pointer: int, in_pointers: list[int]) -> None:
         size = entry.out_bytes[index]
         for position, (start, length) in enumerate(zip(in_pointers, entry.in_bytes)):
-            if start < pointer + size and pointer < start + length and (start, length) != (pointer, size):
+            if start < pointer + size and pointer < start + length:
+                if self._in_place and (start, length) == (pointer, size):
+                    continue
                 argument = "out" if len(entry.out_bytes) == 1 else f"out[{index}]"
+                how = ("only the same array, as a whole, can be written in place" if self._in_place
+                       else f"{self.name} does not work in place")
                 raise ValueError(f"{argument}: must not overlap {self._input_names(len(in_pointers))[position]} "
-                                 f"(only the same array, as a whole, can be written in place)")
+                                 f"({how})")
 
     def _entry(self, where: str, inputs: list, attr_values: tuple, kernel: str) -> tuple[_Prepared, list[int]]:
         """The prepared signature of these arrays and attribute values, and the input pointers."""

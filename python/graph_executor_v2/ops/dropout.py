@@ -204,4 +204,4 @@ OP = register(OpDef(
     doc=__doc__,
     pure=False,
 ))
-globals().update(Face(OP, _backward, kernels=lambda: _native_module().kernels()).functions())
+globals().update(Face(OP, _backward, kernels=lambda: _native_module().kernels(), in_place=True).functions())

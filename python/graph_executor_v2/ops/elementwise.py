@@ -307,4 +307,4 @@ for _op in UNARY_OPS:
     register(_unary_def(_op))
 register(_bias_add_def())
 for _op in ELEMENTWISE_OPS:
-    Face(OPS[_op], _backward(_op), kernels=lambda: _native_module().kernels())
+    Face(OPS[_op], _backward(_op), kernels=lambda: _native_module().kernels(), in_place=True)

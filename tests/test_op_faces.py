@@ -271,6 +271,6 @@ def test_prepared_call_checks_its_arrays_and_launches(axpy):
     only_a = face.prepare(a)
     assert only_a(a, out=y) is y and launches[-1][1] == [0x10000, 0]
     assert prepared == ["fast", "fast"]  # alpha 1.0, no b: another signature
-    ge2.ops.FACES["face_test_axpy"]._in_place = False
+    face._in_place = False
     with pytest.raises(ValueError, match=r"out: must not overlap a \(face_test_axpy does not work in place\)"):
         face.forward(a, b, 2.0, out=a)

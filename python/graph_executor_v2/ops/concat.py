@@ -23,7 +23,6 @@ from ._base import Attr, Candidate, Input, OpDef, Problem, register
 from ._face import Face
 
 
-
 def _native_module():
     return _native.load("_ops_concat")
 

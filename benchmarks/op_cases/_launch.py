@@ -1,4 +1,5 @@
-"""A prepared candidate launch on torch tensors: what a compiled plan calls for one node (one binding call)."""
+"""A prepared candidate launch on torch tensors: what a compiled plan calls for one node (one binding call); the
+correctness check every case runs first."""
 from __future__ import annotations
 
 from graph_executor_v2.dtypes import normalize
@@ -25,3 +26,10 @@ def prepared(op, inputs, outputs, attrs, candidate=None):
     launch = chosen.prepare(problem)
     in_ptrs, out_ptrs = [x.data_ptr() for x in inputs], [y.data_ptr() for y in outputs]
     return holding(lambda: launch(in_ptrs, out_ptrs, 0), *inputs, *outputs)
+
+
+def close(torch, actual, expected, what, rtol=2e-3, atol=2e-3):
+    """Raises when GE2's result and PyTorch's disagree beyond the tolerance (the check before any timing)."""
+    if not torch.allclose(actual.float(), expected.float(), rtol=rtol, atol=atol):
+        error = (actual.float() - expected.float()).abs().max().item()
+        raise AssertionError(f"{what}: GE2 disagrees with PyTorch (max abs error {error:.3e})")

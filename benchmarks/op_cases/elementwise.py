@@ -4,30 +4,13 @@ its autograd runs (threshold_backward, gelu_backward) or, where autograd would a
 gradient buffers that GE2 writes."""
 from __future__ import annotations
 
-from graph_executor_v2.ir.types import TensorType
-from graph_executor_v2.ops import OPS, Problem
 from graph_executor_v2.ops import elementwise as ew
+
+from ._launch import close, prepared
 
 ROWS, COLS = 8192, 8192
 FORWARD_TARGET = {"copy_fraction": 0.85}
 BACKWARD_TARGET = {"copy_fraction": 0.70}
-
-
-def _launcher(op, *inputs, out):
-    """The op's best supported candidate, prepared once: what a compiled plan calls."""
-    in_types = tuple(TensorType(tuple(x.shape), "float16") for x in inputs)
-    out_types = tuple(OPS[op].infer(list(in_types), {}))
-    problem = Problem(op, in_types, out_types, {})
-    candidate = next(c for c in OPS[op].candidates if c.supports(problem) is None)
-    launch = candidate.prepare(problem)
-    in_ptrs, out_ptrs = [x.data_ptr() for x in inputs], [out.data_ptr()]
-    return lambda: launch(in_ptrs, out_ptrs, 0)
-
-
-def _close(torch, actual, expected, what, rtol=2e-3, atol=2e-3):
-    if not torch.allclose(actual.float(), expected.float(), rtol=rtol, atol=atol):
-        error = (actual.float() - expected.float()).abs().max().item()
-        raise AssertionError(f"{what}: GE2 disagrees with PyTorch (max abs error {error:.3e})")
 
 
 def cases(torch):
@@ -42,11 +25,11 @@ def cases(torch):
     result = []
 
     def forward_case(name, op, inputs, torch_fn, moved):
-        run = _launcher(op, *inputs, out=y)
+        run = prepared(op, inputs, (y,), {})
 
         def check():
             run()
-            _close(torch, y, torch_fn(), name)
+            close(torch, y, torch_fn(), name)
 
         result.append({"name": name, "ge2": run, "torch": torch_fn, "check": check, "bytes": moved,
                        "target": FORWARD_TARGET})
@@ -72,8 +55,8 @@ def cases(torch):
 
     def check_add():
         add_backward()
-        _close(torch, da, dy, "add backward da")
-        _close(torch, db, dy, "add backward db")
+        close(torch, da, dy, "add backward da")
+        close(torch, db, dy, "add backward db")
 
     result.append({"name": "elementwise add bwd f16 64M (da, db)", "ge2": add_backward, "torch": add_backward_torch,
                    "check": check_add, "bytes": 3 * nbytes, "target": BACKWARD_TARGET})
@@ -88,8 +71,8 @@ def cases(torch):
 
     def check_bias():
         bias_backward()
-        _close(torch, da, dy, "bias backward dx")
-        _close(torch, dbias, dy.float().sum(0), "bias backward dbias", rtol=5e-3, atol=0.5)
+        close(torch, da, dy, "bias backward dx")
+        close(torch, dbias, dy.float().sum(0), "bias backward dbias", rtol=5e-3, atol=0.5)
 
     result.append({"name": "elementwise add bwd bcast f16 8192x8192+[8192]", "ge2": bias_backward,
                    "torch": bias_backward_torch, "check": check_bias, "bytes": 2 * nbytes + COLS * 2,
@@ -106,8 +89,8 @@ def cases(torch):
     def check_mul():
         mul_backward()
         mul_backward_torch()
-        _close(torch, da, da_t, "mul backward da")
-        _close(torch, dbias, (dy.float() * a.float()).sum(0), "mul backward db", rtol=5e-3, atol=0.5)
+        close(torch, da, da_t, "mul backward da")
+        close(torch, dbias, (dy.float() * a.float()).sum(0), "mul backward db", rtol=5e-3, atol=0.5)
 
     result.append({"name": "elementwise mul bwd bcast f16 8192x8192*[8192]", "ge2": mul_backward,
                    "torch": mul_backward_torch, "check": check_mul, "bytes": 3 * nbytes + 2 * COLS * 2,
@@ -122,7 +105,7 @@ def cases(torch):
 
         def check(op=op, torch_backward=torch_backward, ge2_backward=ge2_backward):
             ge2_backward()
-            _close(torch, da, torch_backward(), f"{op} backward")
+            close(torch, da, torch_backward(), f"{op} backward")
 
         result.append({"name": f"elementwise {op} bwd f16 64M", "ge2": ge2_backward, "torch": torch_backward,
                        "check": check, "bytes": 3 * nbytes, "target": BACKWARD_TARGET})

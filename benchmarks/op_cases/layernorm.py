@@ -5,15 +5,9 @@ from __future__ import annotations
 
 from graph_executor_v2.ops import layernorm
 
-from ._launch import holding, prepared
+from ._launch import close, holding, prepared
 
 ROWS, COLS, EPS = 16384, 4096, 1e-5
-
-
-def _close(torch, actual, expected, what, rtol=4e-3, atol=4e-3):
-    if not torch.allclose(actual.float(), expected.float(), rtol=rtol, atol=atol):
-        error = (actual.float() - expected.float()).abs().max().item()
-        raise AssertionError(f"{what}: GE2 disagrees with PyTorch (max abs error {error:.3e})")
 
 
 def cases(torch):
@@ -32,7 +26,7 @@ def cases(torch):
 
     def check_forward():
         forward()
-        _close(torch, y, torch_forward()[0], "layernorm forward")
+        close(torch, y, torch_forward()[0], "layernorm forward", rtol=4e-3, atol=4e-3)
 
     _, mean, rstd = layernorm.forward(x, gamma, beta, eps=EPS, save_stats=True)
     _, torch_mean, torch_rstd = torch_forward()
@@ -55,10 +49,10 @@ def cases(torch):
     def check_backward():
         backward()
         expected = torch_backward()
-        _close(torch, dx, expected[0], "layernorm backward dx")
+        close(torch, dx, expected[0], "layernorm backward dx", rtol=4e-3, atol=4e-3)
         for name, got, ref in (("dgamma", dgamma, expected[1]), ("dbeta", dbeta, expected[2])):
             scale = ref.float().abs().max().item()  # sums over 16384 rows: compare relative to their size
-            _close(torch, got, ref, f"layernorm backward {name}", rtol=1e-2, atol=1e-2 * scale)
+            close(torch, got, ref, f"layernorm backward {name}", rtol=1e-2, atol=1e-2 * scale)
 
     stats_bytes = 2 * ROWS * 4
     return [

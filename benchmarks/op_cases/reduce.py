@@ -3,15 +3,9 @@
 would: the prepared candidate launch, one binding call, on a preallocated output. Bytes: x read + y written."""
 from __future__ import annotations
 
-from ._launch import prepared
+from ._launch import close, prepared
 
 ROWS, COLS = 16384, 4096
-
-
-def _close(torch, actual, expected, what, rtol=2e-3, atol=2e-3):
-    if not torch.allclose(actual.float(), expected.float(), rtol=rtol, atol=atol):
-        error = (actual.float() - expected.float()).abs().max().item()
-        raise AssertionError(f"{what}: GE2 disagrees with PyTorch (max abs error {error:.3e})")
 
 
 def cases(torch):
@@ -25,7 +19,7 @@ def cases(torch):
 
         def check():
             run()
-            _close(torch, y, torch_fn(), name, atol=atol)
+            close(torch, y, torch_fn(), name, atol=atol)
 
         result.append({"name": name, "ge2": run, "torch": torch_fn, "check": check,
                        "bytes": x.nbytes + y.nbytes, "target": {"copy_fraction": 0.85}})

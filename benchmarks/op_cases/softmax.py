@@ -7,15 +7,9 @@ from __future__ import annotations
 
 from graph_executor_v2.ops import softmax
 
-from ._launch import prepared
+from ._launch import close, prepared
 
 ROWS, COLS = 16384, 4096
-
-
-def _close(torch, actual, expected, what, rtol=2e-3, atol=2e-3):
-    if not torch.allclose(actual.float(), expected.float(), rtol=rtol, atol=atol):
-        error = (actual.float() - expected.float()).abs().max().item()
-        raise AssertionError(f"{what}: GE2 disagrees with PyTorch (max abs error {error:.3e})")
 
 
 def cases(torch):
@@ -35,7 +29,7 @@ def cases(torch):
 
         def check():
             run()
-            _close(torch, y, torch_forward(), name)
+            close(torch, y, torch_forward(), name)
 
         result.append({"name": name, "ge2": run, "torch": torch_forward, "check": check, "bytes": 2 * x.nbytes,
                        "target": target})
@@ -55,7 +49,7 @@ def cases(torch):
 
         def check():
             run()
-            _close(torch, dx, torch_backward(), name)
+            close(torch, dx, torch_backward(), name)
 
         result.append({"name": name, "ge2": run, "torch": torch_backward, "check": check, "bytes": 3 * x.nbytes,
                        "target": {"copy_fraction": 0.7}})

@@ -54,17 +54,6 @@ def reference_backward(dy, x, gamma, eps=DEFAULT_EPS):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Validation: shapes, dtypes and attributes only, so it runs (and is tested) with no GPU.
-# ---------------------------------------------------------------------------------------------------------------
-def check_operands(x_shape, x_dtype, gamma_shape, gamma_dtype, beta_shape, beta_dtype, eps=DEFAULT_EPS):
-    """Validates a layernorm problem and returns its NormShape (rows, cols, dtype, shape)."""
-    shape = _row_norm.check_operands(x_shape, x_dtype, [("gamma", gamma_shape, gamma_dtype),
-                                                        ("beta", beta_shape, beta_dtype)])
-    _row_norm.check_eps(eps)
-    return shape
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # Python face: generated (ops/_face.py, ops/_row_norm.py); backward also takes a ``workspace``.
 # ---------------------------------------------------------------------------------------------------------------
 def backward_workspace_bytes(x_shape, dtype, kernel="auto", aligned=True) -> int:

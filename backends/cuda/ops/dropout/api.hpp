@@ -10,13 +10,13 @@
 
 #include "dtype.hpp"
 #include "kernel_info.hpp"
+#include "vec_kernel.hpp"
 
 namespace ge2::dropout {
 
-enum class Kernel { Auto, Vec16, Scalar };
-
-Kernel kernel_from_name(const std::string& name);
-const char* kernel_name(Kernel kernel);
+using Kernel = VecKernel;  // vec16, then scalar (_common/vec_kernel.hpp)
+inline Kernel kernel_from_name(const std::string& name) { return vec_kernel_from_name(name); }
+inline const char* kernel_name(Kernel kernel) { return vec_kernel_name(kernel); }
 
 struct Args {
   const void* x = nullptr;  // (count,), dtype; may be y itself (in place)

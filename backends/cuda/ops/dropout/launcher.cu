@@ -9,22 +9,6 @@
 
 namespace ge2::dropout {
 
-Kernel kernel_from_name(const std::string& name) {
-  if (name == "auto") return Kernel::Auto;
-  if (name == "vec16") return Kernel::Vec16;
-  if (name == "scalar") return Kernel::Scalar;
-  throw std::invalid_argument("kernel: expected one of auto, vec16, scalar, got '" + name + "'");
-}
-
-const char* kernel_name(Kernel kernel) {
-  switch (kernel) {
-    case Kernel::Auto: return "auto";
-    case Kernel::Vec16: return "vec16";
-    case Kernel::Scalar: return "scalar";
-  }
-  return "unknown";
-}
-
 std::vector<KernelInfo> kernel_table() {
   return {
       {"vec16", 20, "16-byte loads and stores, one Philox4x32-10 call per 4 elements",

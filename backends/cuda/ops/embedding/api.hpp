@@ -11,13 +11,13 @@
 
 #include "dtype.hpp"
 #include "kernel_info.hpp"
+#include "vec_kernel.hpp"
 
 namespace ge2::embedding {
 
-enum class Kernel { Auto, Vec16, Scalar };
-
-Kernel kernel_from_name(const std::string& name);
-const char* kernel_name(Kernel kernel);
+using Kernel = VecKernel;  // vec16, then scalar (_common/vec_kernel.hpp)
+inline Kernel kernel_from_name(const std::string& name) { return vec_kernel_from_name(name); }
+inline const char* kernel_name(Kernel kernel) { return vec_kernel_name(kernel); }
 
 struct ForwardArgs {
   const void* table = nullptr;  // (vocab, dim), dtype

@@ -11,22 +11,6 @@
 
 namespace ge2::embedding {
 
-Kernel kernel_from_name(const std::string& name) {
-  if (name == "auto") return Kernel::Auto;
-  if (name == "vec16") return Kernel::Vec16;
-  if (name == "scalar") return Kernel::Scalar;
-  throw std::invalid_argument("kernel: expected one of auto, vec16, scalar, got '" + name + "'");
-}
-
-const char* kernel_name(Kernel kernel) {
-  switch (kernel) {
-    case Kernel::Auto: return "auto";
-    case Kernel::Vec16: return "vec16";
-    case Kernel::Scalar: return "scalar";
-  }
-  return "unknown";
-}
-
 std::vector<KernelInfo> kernel_table() {
   return {
       {"vec16", 20, "row gather with 16-byte loads and stores, a power-of-two group of lanes per row",

@@ -251,6 +251,8 @@ def test_forward_rejects_bad_outputs_and_kernels(axpy):
         face.forward(a, alpha="2")
     with pytest.raises(TypeError, match=r"a: expected a CUDA device array"):
         face.forward(np.ones((4, 5), F32))
+    with pytest.raises(TypeError, match=r"a: expected a CUDA device array, got None"):
+        face.forward(None)
     assert launches == []
 
 

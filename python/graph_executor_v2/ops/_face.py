@@ -169,7 +169,9 @@ class Face:
         self._check_kernel(kernel)
         names = self._input_names(len(inputs))
         views = [None if x is None else _device.view_of(x, name) for x, name in zip(inputs, names)]
-        first = next(v for v in views if v is not None)
+        first = next((v for v in views if v is not None), None)
+        if first is None:
+            raise TypeError(f"{names[0]}: expected a CUDA device array, got None")
         for view, name in zip(views, names):
             if view is None:
                 continue

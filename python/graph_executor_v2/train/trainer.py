@@ -21,7 +21,7 @@ import numpy as np
 from .. import autograd
 from ..dtypes import FLOAT_DTYPES, to_numpy
 from ..ir.graph import Graph
-from ..passes import TRAINING_BACKWARD, TRAINING_FORWARD, PassManager, resolve
+from ..passes import TRAINING_BACKWARD, TRAINING_FORWARD, PassManager, eliminate_dead_code, resolve
 from ..runtime.backends import backend_for
 from ..runtime.executor import ExecutorV2, Plan
 from . import optimizers as _optim
@@ -136,12 +136,13 @@ class Trainer:
         """Name -> a NumPy copy of every trainable parameter (the float32 masters)."""
         return {name: self._to_host(buffer) for name, buffer in self._masters.items()}
 
-    def executor(self, device: str | None = None) -> ExecutorV2:
-        """An ExecutorV2 running the graph on the current parameters (the trainer's own buffers, no copy: later
-        steps are seen by it)."""
+    def executor(self) -> ExecutorV2:
+        """An ExecutorV2 for inference on the current parameters (the trainer's own buffers, no copy: later steps
+        are seen by it). Its outputs are the graph's outputs other than the loss (all of them when the loss is the
+        only one), and its inputs those they need (no labels for a classifier's logits)."""
         if self._inference is None:
-            self._inference = ExecutorV2(self.graph, self.device, passes=TRAINING_FORWARD,
-                                         params=self._compute_params())
+            self._inference = ExecutorV2(_inference_graph(self.graph, self.loss_name), self.device,
+                                         passes=TRAINING_FORWARD, params=self._compute_params())
         return self._inference
 
     def save(self, path) -> None:
@@ -275,6 +276,18 @@ class Trainer:
 
     def _to_host(self, buffer) -> np.ndarray:
         return buffer.copy() if self.device == "cpu" else buffer.numpy()
+
+
+def _inference_graph(graph: Graph, loss: str) -> Graph:
+    """The graph without its loss output, and without the inputs only the loss read."""
+    if len(graph.outputs) == 1:
+        return graph
+    inference = graph.clone()
+    del inference.outputs[loss]
+    eliminate_dead_code(inference)
+    used = {v for node in inference.nodes for v in node.inputs} | set(inference.outputs.values())
+    inference.inputs = [v for v in inference.inputs if v in used]
+    return inference
 
 
 def _backward_nodes(graph: Graph) -> set:

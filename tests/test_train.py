@@ -297,3 +297,12 @@ def test_bad_use_raises_naming_the_problem(rng, tmp_path):
         trainer.load(sgd_path)
     metadata_optimizer = json.loads(__import__("safetensors").safe_open(str(sgd_path), "numpy").metadata()["optimizer"])
     assert metadata_optimizer["optimizer"] == "SGD"
+
+
+def test_train_digits_reaches_the_required_accuracy_on_the_cpu():
+    pytest.importorskip("sklearn")
+    from graph_executor_v2.train import digits
+
+    result = digits.train_digits(device="cpu", plot=None, progress=False)
+    assert result["accuracy"] >= digits.REQUIRED_ACCURACY
+    assert result["history"]["epoch_loss"][-1] < 0.2 * result["history"]["epoch_loss"][0]

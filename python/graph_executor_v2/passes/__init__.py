@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .canonicalize import canonicalize
+from .amp import POLICY, autocast
 from .cleanup import eliminate_common_subexpressions, eliminate_dead_code
 from .constant_fold import fold_constants
 from .fusion import fuse
@@ -50,7 +51,7 @@ def resolve(passes: Sequence[str | Pass] | None) -> list[Pass]:
     return result
 
 
-__all__ = ["DEFAULT_PIPELINE", "PASSES", "TRAINING_BACKWARD", "TRAINING_FORWARD", "Pass", "PassManager", "PassRecord",
+__all__ = ["DEFAULT_PIPELINE", "PASSES", "POLICY", "autocast", "TRAINING_BACKWARD", "TRAINING_FORWARD", "Pass", "PassManager", "PassRecord",
            "Pat", "Rewrite", "canonicalize", "chain_activation_backward", "eliminate_common_subexpressions",
            "eliminate_dead_code", "fold_constants", "fuse", "fuse_relu", "infer_shapes", "resolve", "rewrite",
            "trim_gemm_backward"]

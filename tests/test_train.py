@@ -222,7 +222,8 @@ def test_mse_and_label_smoothing_losses(rng):
     assert last < 0.1 * first
 
     h = ge2.ir.Graph("smooth")
-    logits = h.input("logits", (4, 5), "float32")
+    features = h.input("features", (4, 5), "float32")
+    logits = h.matmul(features, h.param("w", np.eye(5, dtype=np.float32)))
     labels = h.input("labels", (4,), "int64")
     h.output(ge2.train.cross_entropy(h, logits, labels, label_smoothing=0.2), "loss")
     values = rng.standard_normal((4, 5)).astype(np.float32)
@@ -231,9 +232,11 @@ def test_mse_and_label_smoothing_losses(rng):
     target = np.full((4, 5), 0.2 / 5)
     target[np.arange(4), ids] += 0.8
     expected = -(target * log_p).sum(1).mean()
-    got = ge2.ExecutorV2(h).run({"logits": values, "labels": ids})["loss"]
+    got = ge2.ExecutorV2(h).run({"features": values, "labels": ids})["loss"]
     assert float(got) == pytest.approx(expected, rel=1e-5)
-    assert "const/0" not in ge2.train.Trainer(h, optimizer=ge2.train.SGD(), trainable=None).trained
+    smoothing = ge2.train.Trainer(h, optimizer=ge2.train.SGD())
+    assert smoothing.trained == ["w"]
+    assert float(smoothing.step({"features": values, "labels": ids})) == pytest.approx(expected, rel=1e-5)
 
 
 def test_explain_and_peak_bytes(rng):
@@ -306,3 +309,46 @@ def test_train_digits_reaches_the_required_accuracy_on_the_cpu():
     result = digits.train_digits(device="cpu", plot=None, progress=False)
     assert result["accuracy"] >= digits.REQUIRED_ACCURACY
     assert result["history"]["epoch_loss"][-1] < 0.2 * result["history"]["epoch_loss"][0]
+
+
+@pytest.mark.parametrize("amp, rtol", [("bfloat16", 0.03), ("float16", 0.01)])
+def test_mixed_precision_curve_stays_near_float64_training(rng, amp, rtol):
+    params = _init(rng)
+    batches = _batches(rng, 60)
+    expected, _ = _numpy_training(params, batches, "adamw", 1e-2, None, weight_decay=0.01)
+    trainer = ge2.train.Trainer(_mlp_graph(params), optimizer=ge2.train.AdamW(lr=1e-2), amp=amp)
+    losses = np.array([float(trainer.step(b)) for b in batches])
+    np.testing.assert_allclose(losses, expected, rtol=rtol, err_msg=f"amp={amp} loss curve")
+    counts = trainer.train_graph.op_counts()
+    assert counts["cast"] >= 2, counts
+    assert {v.type.dtype for v in trainer.forward_graph.params.values()} == {amp}  # GEMM params stored low
+    gemms = [n for n in trainer.train_graph.nodes if n.op in ("gemm", "gemm_backward")]
+    assert all(n.outputs[0].type.dtype == amp for n in gemms)
+    assert trainer.train_graph.outputs["loss"].type.dtype == "float32"
+    assert all(v.dtype == np.float32 for v in trainer.parameters().values())  # float32 masters
+    copies = trainer.executor().run({"x": batches[0]["x"]})["logits"]
+    assert copies.dtype == ml_dtypes.bfloat16 if amp == "bfloat16" else copies.dtype == np.float16
+
+
+def test_float16_loss_scaling_skips_overflowing_steps_and_lowers_the_scale(rng):
+    params = _init(rng)
+    scale = ge2.train.DynamicLossScale(init_scale=2.0 ** 40, growth_interval=4)
+    trainer = ge2.train.Trainer(_mlp_graph(params), optimizer=ge2.train.AdamW(lr=1e-2), amp="float16",
+                                loss_scale=scale)
+    batches = _batches(rng, 40)
+    with np.errstate(all="ignore"):  # the overflowing steps are the point of the test
+        trainer.step(batches[0])
+        assert trainer.optimizer_steps == 0
+        for name, value in trainer.parameters().items():
+            np.testing.assert_array_equal(value, params[name])  # skipped: nothing changed
+        for batch in batches[1:]:
+            trainer.step(batch)
+    assert 0 < trainer.optimizer_steps < trainer.step_count == 40
+    skipped = trainer.step_count - trainer.optimizer_steps
+    grown = trainer.optimizer_steps // scale.growth_interval  # growth restarts after each skip: an upper bound
+    assert float(trainer._seed) <= 2.0 ** (40 - skipped + grown)
+    assert all(np.isfinite(v).all() for v in trainer.parameters().values())
+    with pytest.raises(ValueError, match="backoff_factor must be in"):
+        ge2.train.DynamicLossScale(backoff_factor=1.5)
+    with pytest.raises(ValueError, match="amp: expected None"):
+        ge2.train.Trainer(_mlp_graph(params), optimizer=ge2.train.SGD(), amp="float8")

@@ -200,3 +200,24 @@ def clip_coefficient(grads: list[np.ndarray], max_norm: float) -> float:
     """torch.nn.utils.clip_grad_norm_'s factor: min(1, max_norm / (global L2 norm + 1e-6))."""
     total = math.sqrt(sum(float(np.square(g.astype(np.float64)).sum()) for g in grads))
     return min(1.0, max_norm / (total + 1e-6))
+
+
+@dataclass(frozen=True)
+class DynamicLossScale:
+    """float16 loss scaling, as torch.cuda.amp.GradScaler: the loss gradient starts at ``init_scale``; a step whose
+    unscaled gradients hold an inf or NaN is skipped and the scale multiplied by ``backoff_factor``; after
+    ``growth_interval`` finite steps in a row it is multiplied by ``growth_factor``."""
+
+    init_scale: float = 2.0 ** 16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+
+    def __post_init__(self):
+        _check_number("DynamicLossScale", "init_scale", self.init_scale, 0.0, low_open=True)
+        _check_number("DynamicLossScale", "growth_factor", self.growth_factor, 1.0, low_open=True)
+        _check_number("DynamicLossScale", "backoff_factor", self.backoff_factor, 0.0, 1.0, low_open=True,
+                      high_open=True)
+        if isinstance(self.growth_interval, bool) or not isinstance(self.growth_interval, int) \
+                or self.growth_interval < 1:
+            raise ValueError(f"DynamicLossScale: growth_interval must be an int >= 1, got {self.growth_interval!r}")

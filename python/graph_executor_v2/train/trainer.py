@@ -21,39 +21,49 @@ import numpy as np
 from .. import autograd
 from ..dtypes import FLOAT_DTYPES, to_numpy
 from ..ir.graph import Graph
-from ..passes import TRAINING_BACKWARD, TRAINING_FORWARD, PassManager, eliminate_dead_code, resolve
+from ..passes import TRAINING_BACKWARD, TRAINING_FORWARD, Pass, PassManager, autocast, eliminate_dead_code, resolve
+from ..passes.amp import AMP_DTYPES
 from ..runtime.backends import backend_for
 from ..runtime.executor import ExecutorV2, Plan
 from . import optimizers as _optim
 from .losses import CONSTANT_PREFIX
 
 CHECKPOINT_FORMAT = "ge2.train/1"
+COUNTERS = ("step", "optimizer_steps", "loss_scale", "loss_scale_growth_tracker")
 
 
 class Trainer:
     """Trains the parameters of ``graph`` to minimize its scalar output ``loss``.
 
     ``optimizer``: ``SGD``, ``Adam`` or ``AdamW``. ``grad_clip``: clip gradients to this global L2 norm (None: no
-    clipping). ``amp``: None (mixed precision is not available in this build; see the report of issue 8).
+    clipping). ``amp``: None, "float16" or "bfloat16": mixed precision by ``passes.autocast`` (GEMMs in the low
+    precision, softmax/norms/reductions/losses in float32), float32 masters updated by the optimizer, which also
+    writes the low-precision copies. float16 uses dynamic loss scaling (``loss_scale``, a ``DynamicLossScale``): a
+    step whose gradients hold an inf or NaN is skipped and the scale lowered.
     ``trainable``: names of the parameters to train (default every float parameter not named ``const/...``); the
     others stay constant.
     """
 
     def __init__(self, graph: Graph, loss: str = "loss", device: str = "cpu", optimizer=None, amp=None,
-                 grad_clip: float | None = None, trainable: Sequence[str] | None = None, reuse_memory: bool = True):
+                 grad_clip: float | None = None, trainable: Sequence[str] | None = None, reuse_memory: bool = True,
+                 loss_scale: "_optim.DynamicLossScale | None" = None):
         if not isinstance(graph, Graph):
             raise TypeError(f"graph: expected a ge2.ir.Graph, got {type(graph).__name__}")
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
         if not isinstance(optimizer, _optim.OPTIMIZERS):
             raise TypeError(f"optimizer: expected ge2.train.SGD, Adam or AdamW, got {type(optimizer).__name__}")
-        if amp is not None:
-            raise ValueError(f"amp: expected None (mixed precision is not available yet), got {amp!r}")
+        if amp not in (None,) + AMP_DTYPES:
+            raise ValueError(f"amp: expected None, 'float16' or 'bfloat16', got {amp!r}")
+        if loss_scale is not None and not isinstance(loss_scale, _optim.DynamicLossScale):
+            raise TypeError(f"loss_scale: expected a ge2.train.DynamicLossScale, got {type(loss_scale).__name__}")
+        if loss_scale is None and amp == "float16":
+            loss_scale = _optim.DynamicLossScale()
         if grad_clip is not None:
             grad_clip = _optim._check_number("Trainer", "grad_clip", grad_clip, 0.0, low_open=True)
         autograd.loss_value(graph, loss)  # a missing or non-scalar loss fails here, naming it
         self.graph, self.loss_name, self.device = graph, loss, device
-        self.optimizer, self.grad_clip, self.amp = optimizer, grad_clip, amp
+        self.optimizer, self.grad_clip, self.amp, self.loss_scale = optimizer, grad_clip, amp, loss_scale
 
         names = [n for n, v in graph.params.items() if v.type.dtype in FLOAT_DTYPES
                  and not n.startswith(CONSTANT_PREFIX)] if trainable is None else list(trainable)
@@ -65,8 +75,15 @@ class Trainer:
                 raise TypeError(f"trainable: parameter {name!r} has dtype {graph.params[name].type.dtype}; only "
                                 "float parameters are trained")
         self.forward_graph, self._forward_records = PassManager(resolve(TRAINING_FORWARD)).run(graph)
+        if amp is not None:
+            self.forward_graph, amp_records = PassManager([Pass("autocast", lambda g: autocast(g, amp)),
+                                                           *resolve(("cse", "dce"))]).run(self.forward_graph)
+            self._forward_records += amp_records
         # Parameters the loss does not read (removed by dead-code elimination) keep their values and get no update.
         self.trained = [name for name in names if name in self.forward_graph.params]
+        if not self.trained:
+            raise ValueError(f"trainable: the loss '{loss}' depends on no trainable parameter of graph "
+                             f"'{graph.name}' (parameters: {list(graph.params)})")
         differentiated = autograd.backward_graph(self.forward_graph, loss, wrt=self.trained)
         self.train_graph, self._backward_records = PassManager(resolve(TRAINING_BACKWARD)).run(differentiated)
 
@@ -78,11 +95,17 @@ class Trainer:
                         for name, v in graph.params.items() if name in self.trained}
         # Parameters the graph computes with in another dtype than float32 get a copy in that dtype, which the
         # optimizer rewrites from the master after every update.
-        self._copies = {name: self._new_buffer(np.asarray(graph.params[name].data))
-                        for name in self._masters if graph.params[name].type.dtype != "float32"}
-        self.step_count = 0
+        compute_dtypes = {name: v.type.dtype for name, v in self.forward_graph.params.items()}
+        self._copies = {name: self._new_buffer(np.asarray(graph.params[name].data).astype(to_numpy(dtype)))
+                        for name, dtype in compute_dtypes.items() if name in self._masters and dtype != "float32"}
+        # The loss gradient's seed: the loss scale under float16 loss scaling, else 1.
+        seed_dtype = self.train_graph.params[autograd.SEED].type.dtype
+        self._seed = self._new_buffer(np.array(loss_scale.init_scale if loss_scale else 1.0, to_numpy(seed_dtype)))
+        self._growth_tracker = 0  # consecutive finite steps since the scale last changed
+        self.step_count = 0  # steps taken
+        self.optimizer_steps = 0  # updates applied (steps with non-finite gradients are skipped under loss scaling)
         self._executor = ExecutorV2(self.train_graph, device, passes=[], reuse_memory=reuse_memory,
-                                    params=self._compute_params())
+                                    params={**self._compute_params(), autograd.SEED: self._seed})
         self._extended: set[int] = set()  # ids of the plans whose optimizer launches are appended
         self._inference = None
 
@@ -141,8 +164,8 @@ class Trainer:
         are seen by it). Its outputs are the graph's outputs other than the loss (all of them when the loss is the
         only one), and its inputs those they need (no labels for a classifier's logits)."""
         if self._inference is None:
-            self._inference = ExecutorV2(_inference_graph(self.graph, self.loss_name), self.device,
-                                         passes=TRAINING_FORWARD, params=self._compute_params())
+            self._inference = ExecutorV2(_inference_graph(self.forward_graph, self.loss_name), self.device,
+                                         passes=[], params=self._compute_params())
         return self._inference
 
     def save(self, path) -> None:
@@ -154,6 +177,9 @@ class Trainer:
         for name, states in self._states.items():
             tensors.update((f"state/{name}/{state}", self._to_host(buffer)) for state, buffer in states.items())
         tensors["step"] = np.array(self.step_count, np.int64)
+        tensors["optimizer_steps"] = np.array(self.optimizer_steps, np.int64)
+        tensors["loss_scale"] = np.asarray(self._to_host(self._seed), np.float32)
+        tensors["loss_scale_growth_tracker"] = np.array(self._growth_tracker, np.int64)
         metadata = {"format": CHECKPOINT_FORMAT, "graph": self.fingerprint(),
                     "optimizer": json.dumps(_optim.describe(self.optimizer))}
         save_file(tensors, str(path), metadata=metadata)
@@ -169,7 +195,7 @@ class Trainer:
             if metadata.get("graph") != self.fingerprint():
                 raise ValueError(f"path: the checkpoint {path} was saved from another graph (its parameters, "
                                  f"shapes or dtypes differ from graph '{self.graph.name}')")
-            expected = {f"param/{name}" for name in self._masters} | {"step"} | {
+            expected = {f"param/{name}" for name in self._masters} | set(COUNTERS) | {
                 f"state/{name}/{state}" for name, states in self._states.items() for state in states}
             missing = sorted(expected - set(file.keys()))
             if missing:
@@ -182,7 +208,10 @@ class Trainer:
                 self._write(buffer, tensors[f"state/{name}/{state}"])
         for name, copy in self._copies.items():
             self._write(copy, tensors[f"param/{name}"])
+        self._write(self._seed, tensors["loss_scale"])
         self.step_count = int(tensors["step"])
+        self.optimizer_steps = int(tensors["optimizer_steps"])
+        self._growth_tracker = int(tensors["loss_scale_growth_tracker"])
 
     def fingerprint(self) -> str:
         """A hash of the graph's name, parameters (names, shapes, dtypes) and trained set."""
@@ -238,20 +267,29 @@ class Trainer:
         return plan
 
     def _optimizer_launch(self, plan: Plan) -> tuple:
-        """The optimizer as the plan's last step: clipping and every parameter's update, reading the gradient
-        slots of this plan and writing the masters and states in place."""
+        """The optimizer as the plan's last step: unscaling (float16 loss scaling), clipping and every parameter's
+        update, reading the gradient slots of this plan and writing the masters, copies and states in place."""
         grads = [plan.slots[plan.graph.outputs[autograd.grad_name(name)].name] for name in self.trained]
         params = [self._masters[name] for name in self.trained]
-        copies = [self._copies.get(name) for name in self.trained]
         states = [self._states[name] for name in self.trained]
-        optimizer, max_norm = self.optimizer, self.grad_clip
-        if self.device != "cpu":
-            raise NotImplementedError  # replaced by the device optimizer kernels (issue 8, optim op)
+        copies = [self._copies.get(name) for name in self.trained]
+        optimizer, max_norm, scaler, seed = self.optimizer, self.grad_clip, self.loss_scale, self._seed
 
         def launch(ins, outs, stream):
-            scale = 1.0 if max_norm is None else _optim.clip_coefficient(grads, max_norm)
-            for param, grad, state, copy in zip(params, grads, states, copies):
-                _optim.update(optimizer, self.step_count, param, grad if scale == 1.0 else grad * scale, state)
+            unscaled = [g.astype(np.float64) / float(seed) for g in grads] if scaler else grads
+            if scaler is not None and not all(np.isfinite(g).all() for g in unscaled):
+                seed[...] = float(seed) * scaler.backoff_factor
+                self._growth_tracker = 0
+                return
+            if scaler is not None:
+                self._growth_tracker += 1
+                if self._growth_tracker == scaler.growth_interval:
+                    seed[...] = float(seed) * scaler.growth_factor
+                    self._growth_tracker = 0
+            scale = 1.0 if max_norm is None else _optim.clip_coefficient(unscaled, max_norm)
+            self.optimizer_steps += 1
+            for param, grad, state, copy in zip(params, unscaled, states, copies):
+                _optim.update(optimizer, self.optimizer_steps, param, grad if scale == 1.0 else grad * scale, state)
                 if copy is not None:
                     copy[...] = param.astype(copy.dtype)
 

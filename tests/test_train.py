@@ -352,3 +352,34 @@ def test_float16_loss_scaling_skips_overflowing_steps_and_lowers_the_scale(rng):
         ge2.train.DynamicLossScale(backoff_factor=1.5)
     with pytest.raises(ValueError, match="amp: expected None"):
         ge2.train.Trainer(_mlp_graph(params), optimizer=ge2.train.SGD(), amp="float8")
+
+
+def _deep_gelu_graph(rng, width=64, depth=4):
+    g = ge2.ir.Graph("deep")
+    h = g.input("x", ("B", width), "float32")
+    labels = g.input("labels", ("B",), "int64")
+    for index in range(depth):
+        w = g.param(f"w{index}", (rng.standard_normal((width, width)) * width ** -0.5).astype(np.float32))
+        h = g.gelu(g.add(g.matmul(h, w), g.param(f"b{index}", np.zeros(width, np.float32))))
+    out = g.param("out", (rng.standard_normal((width, 10)) * 0.1).astype(np.float32))
+    g.output(g.cross_entropy(g.matmul(h, out), labels), "loss")
+    return g
+
+
+def test_checkpointing_recomputes_activations_for_less_memory_and_the_same_numbers(rng):
+    batch = {"x": rng.standard_normal((128, 64)).astype(np.float32), "labels": rng.integers(0, 10, 128)}
+    seed = int(rng.integers(1 << 30))
+    runs = {}
+    for checkpoint in ((), ("gelu",)):
+        trainer = ge2.train.Trainer(_deep_gelu_graph(np.random.default_rng(seed)), optimizer=ge2.train.SGD(lr=0.1),
+                                    checkpoint=checkpoint)
+        runs[checkpoint] = ([float(trainer.step(batch)) for _ in range(3)], trainer)
+    (kept, plain), (recomputed, checkpointed) = runs[()], runs[("gelu",)]
+    assert kept == recomputed
+    for name, value in plain.parameters().items():
+        np.testing.assert_array_equal(checkpointed.parameters()[name], value)
+    assert checkpointed.train_graph.op_counts()["gelu"] == 2 * plain.train_graph.op_counts()["gelu"]
+    assert checkpointed.peak_bytes < plain.peak_bytes
+    assert "gelu_0 (gelu) recomputed before" in checkpointed.explain()
+    with pytest.raises(TypeError, match="checkpoint: expected a sequence"):
+        ge2.train.Trainer(_deep_gelu_graph(rng), optimizer=ge2.train.SGD(), checkpoint="gelu")

@@ -64,3 +64,53 @@ def trim_gemm_backward(graph: Graph) -> list[str]:
                 node.attrs[flag] = False
                 notes.append(f"{node.name}: {value.name} is not computed (nothing reads it)")
     return notes
+
+
+def backward_nodes(graph: Graph, seed) -> list:
+    """The nodes that depend on ``seed`` (the loss gradient's seed parameter): the backward, in order."""
+    reached, nodes = {seed}, []
+    for node in graph.nodes:
+        if any(v is not None and v in reached for v in node.inputs):
+            nodes.append(node)
+            reached.update(node.outputs)
+    return nodes
+
+
+def recompute(graph: Graph, seed, chosen) -> list[str]:
+    """Activation checkpointing: each forward node whose name, output name or op is in ``chosen`` and whose outputs
+    the backward reads is computed again right before its first backward consumer, which reads the copy; the
+    original then dies with its last forward use. Run it last: CSE would merge the copy back."""
+    chosen = set(chosen)
+    backward = backward_nodes(graph, seed)
+    in_backward = set(backward)
+    copies: dict = {}  # forward value -> its recomputed copy
+    notes = []
+    for node in [n for n in graph.nodes if n not in in_backward]:
+        if not ({node.name, node.op} | {v.name for v in node.outputs}) & chosen:
+            continue
+        readers = [n for n in backward if any(v in node.outputs for v in n.inputs)]
+        if not readers:
+            continue
+        with graph.inserting_before(readers[0]):
+            twin = graph.add_node(node.op, [copies.get(v, v) for v in node.inputs], dict(node.attrs),
+                                  name=f"{node.name}.recomputed", device=node.device)
+        for value in twin.inputs:  # a copy it reads may sit later (before its own first reader): move it up
+            if value is not None and value in copies.values():
+                _hoist(graph, value.producer, twin, set(copies.values()))
+        for old, new in zip(node.outputs, twin.outputs):
+            copies[old] = new
+            for reader in readers:
+                reader.inputs = [new if v is old else v for v in reader.inputs]
+        notes.append(f"{node.name} ({node.op}) recomputed before {readers[0].name}")
+    return notes
+
+
+def _hoist(graph: Graph, node, before, copies: set) -> None:
+    """Moves ``node`` (a recomputed copy) and the copies it reads right before ``before`` if it sits after it."""
+    if graph.nodes.index(node) < graph.nodes.index(before):
+        return
+    for value in node.inputs:
+        if value is not None and value in copies:
+            _hoist(graph, value.producer, before, copies)
+    graph.nodes.remove(node)
+    graph.nodes.insert(graph.nodes.index(before), node)

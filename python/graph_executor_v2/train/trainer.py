@@ -23,6 +23,7 @@ from ..dtypes import FLOAT_DTYPES, to_numpy
 from ..ir.graph import Graph
 from ..passes import TRAINING_BACKWARD, TRAINING_FORWARD, Pass, PassManager, autocast, eliminate_dead_code, resolve
 from ..passes.amp import AMP_DTYPES
+from ..passes.training import backward_nodes, recompute
 from ..runtime.backends import backend_for
 from ..runtime.executor import ExecutorV2, Plan
 from . import optimizers as _optim
@@ -39,14 +40,16 @@ class Trainer:
     clipping). ``amp``: None, "float16" or "bfloat16": mixed precision by ``passes.autocast`` (GEMMs in the low
     precision, softmax/norms/reductions/losses in float32), float32 masters updated by the optimizer, which also
     writes the low-precision copies. float16 uses dynamic loss scaling (``loss_scale``, a ``DynamicLossScale``): a
-    step whose gradients hold an inf or NaN is skipped and the scale lowered.
+    step whose gradients hold an inf or NaN is skipped and the scale lowered. ``checkpoint``: activations to
+    recompute in the backward instead of keeping them from the forward (names of nodes or values of the training
+    graph, or op names such as "gemm"; ``explain()`` shows them): less memory for more time.
     ``trainable``: names of the parameters to train (default every float parameter not named ``const/...``); the
     others stay constant.
     """
 
     def __init__(self, graph: Graph, loss: str = "loss", device: str = "cpu", optimizer=None, amp=None,
                  grad_clip: float | None = None, trainable: Sequence[str] | None = None, reuse_memory: bool = True,
-                 loss_scale: "_optim.DynamicLossScale | None" = None):
+                 loss_scale: "_optim.DynamicLossScale | None" = None, checkpoint: Sequence[str] = ()):
         if not isinstance(graph, Graph):
             raise TypeError(f"graph: expected a ge2.ir.Graph, got {type(graph).__name__}")
         if device not in ("cpu", "cuda"):
@@ -85,7 +88,12 @@ class Trainer:
             raise ValueError(f"trainable: the loss '{loss}' depends on no trainable parameter of graph "
                              f"'{graph.name}' (parameters: {list(graph.params)})")
         differentiated = autograd.backward_graph(self.forward_graph, loss, wrt=self.trained)
-        self.train_graph, self._backward_records = PassManager(resolve(TRAINING_BACKWARD)).run(differentiated)
+        passes = resolve(TRAINING_BACKWARD)
+        if checkpoint:
+            if isinstance(checkpoint, str):
+                raise TypeError("checkpoint: expected a sequence of names, got a single string; wrap it in a list")
+            passes.append(Pass("recompute", lambda g: recompute(g, g.params[autograd.SEED], checkpoint)))
+        self.train_graph, self._backward_records = PassManager(passes).run(differentiated)
 
         self._backend = backend_for(device)
         self._masters = {name: self._new_buffer(np.asarray(v.data, np.float32)) for name, v in graph.params.items()
@@ -234,7 +242,7 @@ class Trainer:
 
     def explain(self) -> str:
         graph = self.train_graph
-        backward = _backward_nodes(graph)
+        backward = set(backward_nodes(graph, graph.params[autograd.SEED]))
         forward_nodes = [n for n in graph.nodes if n not in backward]
         lines = [f"Trainer '{self.graph.name}' on {self.device}: loss '{self.loss_name}', "
                  f"{len(self.trained)} trained parameter(s), optimizer {_optim.describe(self.optimizer)}",
@@ -242,7 +250,8 @@ class Trainer:
                  f"backward ({len(backward)} nodes): " + ", ".join(f"{n.name}={n.op}" for n in graph.nodes
                                                                    if n in backward)]
         fusions = [note for record in self._forward_records + self._backward_records for note in record.notes
-                   if record.name in ("fuse_relu", "chain_activation_backward", "trim_gemm_backward")]
+                   if record.name in ("fuse_relu", "autocast", "chain_activation_backward", "trim_gemm_backward",
+                                      "recompute")]
         lines.append(f"fusions: {len(fusions)}")
         lines += [f"  {note}" for note in fusions]
         clip = f"clip to global norm {self.grad_clip}, " if self.grad_clip else ""
@@ -326,17 +335,6 @@ def _inference_graph(graph: Graph, loss: str) -> Graph:
     used = {v for node in inference.nodes for v in node.inputs} | set(inference.outputs.values())
     inference.inputs = [v for v in inference.inputs if v in used]
     return inference
-
-
-def _backward_nodes(graph: Graph) -> set:
-    """The nodes that depend on the loss's gradient seed."""
-    seed = graph.params.get(autograd.SEED)
-    reached, nodes = {seed}, set()
-    for node in graph.nodes:
-        if any(v is not None and v in reached for v in node.inputs):
-            nodes.add(node)
-            reached.update(node.outputs)
-    return nodes
 
 
 def _check_data(data: dict, graph: Graph) -> int:

@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from .. import autograd
-from ..dtypes import FLOAT_DTYPES, to_numpy
+from ..dtypes import FLOAT_DTYPES, itemsize, normalize, to_numpy
 from ..ir.graph import Graph
 from ..passes import TRAINING_BACKWARD, TRAINING_FORWARD, Pass, PassManager, autocast, eliminate_dead_code, resolve
 from ..passes.amp import AMP_DTYPES
@@ -119,7 +119,8 @@ class Trainer:
 
     # --- training -------------------------------------------------------------------------------------------------
     def step(self, batch: dict):
-        """One training step on ``batch`` (input name -> array); returns the loss as a 0-d array."""
+        """One training step on ``batch`` (input name -> array: NumPy, or device arrays on "cuda"); returns the loss
+        as a 0-d array: NumPy on "cpu", a ``DeviceLoss`` on "cuda" (``float(loss)`` is then the only host sync)."""
         plan = self._plan(batch)
         backend = self._backend
         stream = backend.default_stream()
@@ -129,7 +130,9 @@ class Trainer:
         for launch, ins, outs in plan.steps:
             launch(ins, outs, stream)
         loss = plan.graph.outputs[self.loss_name]
-        return backend.fetch(plan.slots[loss.name], loss.type, stream)
+        if self.device == "cpu":
+            return backend.fetch(plan.slots[loss.name], loss.type, stream)
+        return DeviceLoss(plan.slots[loss.name], loss.type.dtype, self, self.step_count)
 
     def fit(self, data: dict, epochs: int = 1, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
             progress: bool = True) -> dict:
@@ -237,8 +240,10 @@ class Trainer:
 
     @property
     def persistent_bytes(self) -> int:
-        buffers = list(self._masters.values()) + [b for states in self._states.values() for b in states.values()]
-        return sum(int(np.prod(b.shape)) * 4 for b in buffers)
+        """Bytes of the buffers that live across steps: float32 masters, low-precision copies, optimizer states."""
+        buffers = list(self._masters.values()) + list(self._copies.values()) + [
+            b for states in self._states.values() for b in states.values()]
+        return sum(int(np.prod(b.shape)) * itemsize(normalize(b.dtype)) for b in buffers)
 
     def explain(self) -> str:
         graph = self.train_graph
@@ -257,7 +262,7 @@ class Trainer:
         clip = f"clip to global norm {self.grad_clip}, " if self.grad_clip else ""
         lines.append(f"optimizer: {clip}{type(self.optimizer).__name__} on {len(self.trained)} parameter(s), states "
                      f"{list(self.optimizer.state_names)}")
-        lines.append(f"memory: persistent {self.persistent_bytes / 2**20:.3g} MB (float32 masters and states), "
+        lines.append(f"memory: persistent {self.persistent_bytes / 2**20:.3g} MB (masters, copies, states), "
                      f"peak {self.peak_bytes / 2**20:.3g} MB")
         lines.append(self._executor.explain())
         return "\n".join(lines)
@@ -323,6 +328,37 @@ class Trainer:
 
     def _to_host(self, buffer) -> np.ndarray:
         return buffer.copy() if self.device == "cpu" else buffer.numpy()
+
+
+class DeviceLoss:
+    """The loss of one CUDA step: a 0-d value left on the device, in the step plan's own buffer (no copy, no sync).
+    ``float(loss)``, ``loss.item()`` and ``loss.numpy()`` copy it to the host; read it before the next step of the
+    same trainer, which writes that buffer again (a stale read raises instead of returning the newer loss)."""
+
+    shape = ()
+    ndim = 0
+
+    def __init__(self, slot, dtype: str, trainer: "Trainer", step: int):
+        self._slot, self.dtype, self._trainer, self._step = slot, dtype, trainer, step
+
+    def numpy(self) -> np.ndarray:
+        if self._trainer.step_count != self._step:
+            raise RuntimeError(f"this loss (step {self._step}) was overwritten by a later step (now "
+                               f"{self._trainer.step_count}); read it with float(loss) before the next step")
+        return self._slot.numpy().view(to_numpy(self.dtype)).reshape(())
+
+    def __float__(self) -> float:
+        return float(self.numpy())
+
+    def item(self) -> float:
+        return float(self)
+
+    def __array__(self, dtype=None, copy=None):
+        value = self.numpy()
+        return value if dtype is None else value.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"DeviceLoss(step={self._step}, dtype={self.dtype})"
 
 
 def _inference_graph(graph: Graph, loss: str) -> Graph:

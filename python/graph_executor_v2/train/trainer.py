@@ -54,6 +54,9 @@ class Trainer:
             raise TypeError(f"graph: expected a ge2.ir.Graph, got {type(graph).__name__}")
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
+        if device == "cuda":
+            raise RuntimeError("Trainer(device='cuda'): the device optimizer kernels (the optimizer op of issue 8) "
+                               "are not in this build; train with device='cpu'")
         if not isinstance(optimizer, _optim.OPTIMIZERS):
             raise TypeError(f"optimizer: expected ge2.train.SGD, Adam or AdamW, got {type(optimizer).__name__}")
         if amp not in (None,) + AMP_DTYPES:

@@ -66,3 +66,19 @@ def device_workspace(nbytes: int):
 
     runtime = _device.runtime()
     return runtime.DeviceArray.empty([max(nbytes, 4)], "uint8", runtime.current_device())
+
+
+def row_norm_backward_launch(native, problem: Problem, call: Callable) -> Launch:
+    """The launch of a row norm's backward (layernorm, rmsnorm): its float32 workspace allocated once, here;
+    ``call(ins, outs, workspace_ptr, workspace_bytes, shape, eps, stream)`` makes the native call."""
+    from ._row_norm import problem_dims
+
+    shape = problem_dims(problem)
+    size = native.backward_workspace_bytes(shape.rows, shape.cols, shape.dtype, "auto", True)
+    workspace = device_workspace(size)
+    eps = float(problem.attrs["eps"])
+
+    def launch(ins, outs, stream, workspace=workspace):  # the default argument keeps the workspace alive
+        call(ins, outs, workspace.ptr, size, shape, eps, stream)
+
+    return launch

@@ -228,17 +228,13 @@ def _infer_backward(in_types, attrs):
 
 
 def _prepare_backward(problem: Problem):
-    shape = _row_norm.problem_dims(problem)
     native = _native_module()
-    size = native.backward_workspace_bytes(shape.rows, shape.cols, shape.dtype, "auto", True)
-    workspace = _grad.device_workspace(size)
-    eps, workspace_ptr = float(problem.attrs["eps"]), workspace.ptr
 
-    def launch(ins, outs, stream, workspace=workspace):  # the default argument keeps the workspace alive
-        native.backward(ins[0], ins[1], ins[2], 0, 0, outs[0], outs[1], outs[2], workspace_ptr, size, shape.rows,
+    def call(ins, outs, workspace, size, shape, eps, stream):
+        native.backward(ins[0], ins[1], ins[2], 0, 0, outs[0], outs[1], outs[2], workspace, size, shape.rows,
                         shape.cols, shape.dtype, eps, "auto", stream)
 
-    return launch
+    return _grad.row_norm_backward_launch(native, problem, call)
 
 
 BACKWARD_OP = register(OpDef(

@@ -212,3 +212,43 @@ def test_bad_use_raises_naming_the_problem(rng):
     h.output(h.sum(h.relu_backward(dy, xv)), "loss")
     with pytest.raises(ValueError, match="has no grad rule"):
         autograd.backward_graph(h, "loss", ["x"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case[0])
+def test_backward_graph_on_the_gpu_matches_the_cpu_backend(rng, case):
+    _, op, build, attrs = case
+    arrays = build(rng)
+    out_type = _op_graph(op, arrays, attrs)
+    projection = _normal(rng, out_type.shape).astype(to_numpy(out_type.dtype))
+    g = _op_graph(op, arrays, attrs, projection)
+    wrt = [f"in{i}" for i, a in enumerate(arrays) if a is not None and a.dtype.kind == "f"]
+    bg = autograd.backward_graph(g, "loss", wrt)
+    feeds = {f"in{i}": a for i, a in enumerate(arrays) if a is not None}
+    executor = ge2.ExecutorV2(bg, device="cuda", passes=TRAINING_BACKWARD)
+    assert not executor.fallbacks, [f"{s.node} ({s.op}): {s.kernel}" for s in executor.fallbacks]
+    on_gpu = executor.run(feeds)
+    on_cpu = ge2.ExecutorV2(bg, passes=TRAINING_BACKWARD).run(feeds)
+    for name in wrt:
+        reduction = max(max(a.shape) for a in arrays if a is not None)
+        assert_close(on_gpu[autograd.grad_name(name)], on_cpu[autograd.grad_name(name)].astype(np.float64),
+                     out_type.dtype if op == "cast" else "float32", reduction, what=f"{op} grad {name} on the GPU")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ["relu", "gelu", "silu"])
+@pytest.mark.parametrize("amp", [None, "bfloat16", "float16"])
+def test_fused_training_graph_on_the_gpu_matches_the_cpu_backend(rng, activation, amp):
+    from graph_executor_v2.passes import autocast
+
+    forward, _ = PassManager(resolve(TRAINING_FORWARD)).run(_mlp(rng, activation))
+    if amp is not None:
+        autocast(forward, amp)
+    fused, _ = PassManager(resolve(TRAINING_BACKWARD)).run(autograd.backward_graph(forward, "loss"))
+    feeds = {"x": _normal(rng, (33, 6)), "labels": rng.integers(0, 5, 33).astype(np.int64)}
+    executor = ge2.ExecutorV2(fused, device="cuda", passes=[])
+    assert not executor.fallbacks, [f"{s.node} ({s.op}): {s.kernel}" for s in executor.fallbacks]
+    on_gpu, on_cpu = executor.run(feeds), ge2.ExecutorV2(fused, passes=[]).run(feeds)
+    for name, value in on_cpu.items():
+        dtype = "float32" if amp is None or name == "loss" else amp
+        assert_close(on_gpu[name], value.astype(np.float64), dtype, 16, what=f"{name} ({activation}, amp={amp})")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 
-def _check_number(owner: str, name: str, value, low: float, high: float = math.inf, low_open: bool = False,
+def check_number(owner: str, name: str, value, low: float, high: float = math.inf, low_open: bool = False,
                   high_open: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{owner}: {name} expected a number, got {type(value).__name__} ({value!r})")
@@ -36,7 +36,7 @@ class Constant:
     lr: float
 
     def __post_init__(self):
-        object.__setattr__(self, "lr", _check_number("Constant", "lr", self.lr, 0.0, low_open=True))
+        object.__setattr__(self, "lr", check_number("Constant", "lr", self.lr, 0.0, low_open=True))
 
     def __call__(self, step: int) -> float:
         return self.lr
@@ -50,7 +50,7 @@ class LinearWarmup:
     warmup_steps: int
 
     def __post_init__(self):
-        object.__setattr__(self, "lr", _check_number("LinearWarmup", "lr", self.lr, 0.0, low_open=True))
+        object.__setattr__(self, "lr", check_number("LinearWarmup", "lr", self.lr, 0.0, low_open=True))
         if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 1:
             raise ValueError(f"LinearWarmup: warmup_steps must be an int >= 1, got {self.warmup_steps!r}")
 
@@ -68,8 +68,8 @@ class Cosine:
     min_lr: float = 0.0
 
     def __post_init__(self):
-        object.__setattr__(self, "lr", _check_number("Cosine", "lr", self.lr, 0.0, low_open=True))
-        object.__setattr__(self, "min_lr", _check_number("Cosine", "min_lr", self.min_lr, 0.0, self.lr))
+        object.__setattr__(self, "lr", check_number("Cosine", "lr", self.lr, 0.0, low_open=True))
+        object.__setattr__(self, "min_lr", check_number("Cosine", "min_lr", self.min_lr, 0.0, self.lr))
         for name in ("total_steps", "warmup_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -108,10 +108,10 @@ class SGD:
 
     def __post_init__(self):
         object.__setattr__(self, "lr", _schedule("SGD", self.lr))
-        object.__setattr__(self, "momentum", _check_number("SGD", "momentum", self.momentum, 0.0, 1.0,
+        object.__setattr__(self, "momentum", check_number("SGD", "momentum", self.momentum, 0.0, 1.0,
                                                            high_open=True))
-        object.__setattr__(self, "dampening", _check_number("SGD", "dampening", self.dampening, 0.0, 1.0))
-        object.__setattr__(self, "weight_decay", _check_number("SGD", "weight_decay", self.weight_decay, 0.0))
+        object.__setattr__(self, "dampening", check_number("SGD", "dampening", self.dampening, 0.0, 1.0))
+        object.__setattr__(self, "weight_decay", check_number("SGD", "weight_decay", self.weight_decay, 0.0))
         if not isinstance(self.nesterov, bool):
             raise TypeError(f"SGD: nesterov expected a bool, got {type(self.nesterov).__name__}")
         if self.nesterov and (self.momentum == 0.0 or self.dampening != 0.0):
@@ -139,10 +139,10 @@ class Adam:
         object.__setattr__(self, "lr", _schedule(owner, self.lr))
         if not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2:
             raise ValueError(f"{owner}: betas expected a pair (beta1, beta2), got {self.betas!r}")
-        object.__setattr__(self, "betas", tuple(_check_number(owner, f"betas[{i}]", b, 0.0, 1.0, high_open=True)
+        object.__setattr__(self, "betas", tuple(check_number(owner, f"betas[{i}]", b, 0.0, 1.0, high_open=True)
                                                 for i, b in enumerate(self.betas)))
-        object.__setattr__(self, "eps", _check_number(owner, "eps", self.eps, 0.0, low_open=True))
-        object.__setattr__(self, "weight_decay", _check_number(owner, "weight_decay", self.weight_decay, 0.0))
+        object.__setattr__(self, "eps", check_number(owner, "eps", self.eps, 0.0, low_open=True))
+        object.__setattr__(self, "weight_decay", check_number(owner, "weight_decay", self.weight_decay, 0.0))
 
     @property
     def state_names(self) -> tuple[str, ...]:
@@ -214,9 +214,9 @@ class DynamicLossScale:
     growth_interval: int = 2000
 
     def __post_init__(self):
-        _check_number("DynamicLossScale", "init_scale", self.init_scale, 0.0, low_open=True)
-        _check_number("DynamicLossScale", "growth_factor", self.growth_factor, 1.0, low_open=True)
-        _check_number("DynamicLossScale", "backoff_factor", self.backoff_factor, 0.0, 1.0, low_open=True,
+        check_number("DynamicLossScale", "init_scale", self.init_scale, 0.0, low_open=True)
+        check_number("DynamicLossScale", "growth_factor", self.growth_factor, 1.0, low_open=True)
+        check_number("DynamicLossScale", "backoff_factor", self.backoff_factor, 0.0, 1.0, low_open=True,
                       high_open=True)
         if isinstance(self.growth_interval, bool) or not isinstance(self.growth_interval, int) \
                 or self.growth_interval < 1:

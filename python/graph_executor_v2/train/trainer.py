@@ -66,7 +66,7 @@ class Trainer:
         if loss_scale is None and amp == "float16":
             loss_scale = _optim.DynamicLossScale()
         if grad_clip is not None:
-            grad_clip = _optim._check_number("Trainer", "grad_clip", grad_clip, 0.0, low_open=True)
+            grad_clip = _optim.check_number("Trainer", "grad_clip", grad_clip, 0.0, low_open=True)
         autograd.loss_value(graph, loss)  # a missing or non-scalar loss fails here, naming it
         self.graph, self.loss_name, self.device = graph, loss, device
         self.optimizer, self.grad_clip, self.amp, self.loss_scale = optimizer, grad_clip, amp, loss_scale
@@ -91,6 +91,8 @@ class Trainer:
             raise ValueError(f"trainable: the loss '{loss}' depends on no trainable parameter of graph "
                              f"'{graph.name}' (parameters: {list(graph.params)})")
         differentiated = autograd.backward_graph(self.forward_graph, loss, wrt=self.trained)
+        for name in [n for n in differentiated.outputs if n != loss and not n.startswith(autograd.GRAD_PREFIX)]:
+            del differentiated.outputs[name]  # a step returns only the loss: other outputs need not be computed
         passes = resolve(TRAINING_BACKWARD)
         if checkpoint:
             if isinstance(checkpoint, str):

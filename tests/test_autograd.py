@@ -185,6 +185,7 @@ def test_training_passes_fuse_and_keep_the_numbers(rng, activation):
     assert sum(n.attrs["a_act"] == activation for n in fused.nodes if n.op == "gemm_backward") == 2
     assert sum(not n.attrs["with_da"] for n in fused.nodes if n.op == "gemm_backward") == 1  # the first layer's dA
     assert counts.get("gemm", 0) == 3 and ("relu" not in counts)  # relu fused into the gemm epilogue
+    assert counts["cross_entropy_with_grad"] == 1 and "cross_entropy_backward" not in counts
     optimized = ge2.ExecutorV2(fused, passes=[]).run(feeds)
     for name, value in plain.items():
         assert_close(optimized[name], value.astype(np.float64), "float32", 16, what=name)

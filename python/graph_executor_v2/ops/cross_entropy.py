@@ -380,3 +380,41 @@ BACKWARD_OP = register(OpDef(
 ))
 
 attach_grad(OP, lambda g, node, dys: [g.cross_entropy_backward(dys[0], *node.inputs, **node.attrs), None])
+
+
+def _infer_with_grad(in_types, attrs):
+    if attrs["reduction"] == "none":
+        raise ValueError("reduction: cross_entropy_with_grad computes the gradient of a scalar loss; expected "
+                         "'mean' or 'sum', got 'none'")
+    return _infer(in_types, attrs) + [in_types[0]]
+
+
+def _prepare_with_grad(problem: Problem):
+    logits, labels = problem.in_types
+    rows, classes = logits.shape
+    dtype, label_dtype = logits.dtype, labels.dtype
+    reduction, ignore_index = problem.attrs["reduction"], int(problem.attrs["ignore_index"])
+    native_forward = _native_module().forward
+
+    def launch(ins, outs, stream):
+        native_forward(ins[0], ins[1], outs[0], outs[1], rows, classes, dtype, label_dtype, reduction, ignore_index,
+                       "auto", False, stream)
+
+    return launch
+
+
+# The loss and its gradient w.r.t. the logits (upstream gradient 1) in one pass over the logits: what the training
+# fusion ``fuse_loss_gradient`` turns a cross_entropy + cross_entropy_backward(seed 1) pair into.
+WITH_GRAD_OP = register(OpDef(
+    name="cross_entropy_with_grad",
+    inputs=(Input("logits"), Input("labels")),
+    outputs=("loss", "dlogits"),
+    attrs=OP.attrs,
+    infer=_infer_with_grad,
+    reference=lambda inputs, attrs: [reference(*inputs, attrs["reduction"], attrs["ignore_index"]),
+                                     reference_backward(np.ones(()), *inputs, attrs["reduction"],
+                                                        attrs["ignore_index"])],
+    candidates=(_grad.native_candidate("_ops_cross_entropy", "loss and dlogits in one pass over the logits",
+                                       _prepare_with_grad),),
+    doc="cross_entropy_with_grad(logits, labels) -> (loss, dlogits): a scalar loss and its gradient (upstream 1)",
+))

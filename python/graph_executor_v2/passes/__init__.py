@@ -14,7 +14,7 @@ from .fusion import fuse
 from .inference import infer_shapes
 from .manager import Pass, PassManager, PassRecord
 from .pattern import Pat, Rewrite, rewrite
-from .training import chain_activation_backward, fuse_relu, trim_gemm_backward
+from .training import chain_activation_backward, fuse_loss_gradient, fuse_relu, trim_gemm_backward
 
 PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("infer_shapes", infer_shapes, "recompute every output type from the input types"),
@@ -28,6 +28,8 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("chain_activation_backward", chain_activation_backward,
          "apply an activation's backward inside the next gemm's dA (gemm_backward a_act)"),
     Pass("trim_gemm_backward", trim_gemm_backward, "do not compute gemm_backward outputs nothing reads"),
+    Pass("fuse_loss_gradient", fuse_loss_gradient,
+         "a cross_entropy and its backward seeded by 1 -> one cross_entropy_with_grad pass over the logits"),
 )}
 
 # Folding runs after canonicalization, so the reshapes it inserts for parameter rows become parameters.
@@ -35,7 +37,8 @@ DEFAULT_PIPELINE = ("infer_shapes", "dce", "cse", "canonicalize", "constant_fold
 # Training: the forward is canonicalized and fused before autograd (no constant folding: parameters are trained),
 # the graph with gradients is then cleaned and its backward fused.
 TRAINING_FORWARD = ("infer_shapes", "dce", "cse", "canonicalize", "fuse_relu", "dce")
-TRAINING_BACKWARD = ("infer_shapes", "cse", "dce", "chain_activation_backward", "trim_gemm_backward", "dce")
+TRAINING_BACKWARD = ("infer_shapes", "cse", "dce", "chain_activation_backward", "trim_gemm_backward",
+                     "fuse_loss_gradient", "dce")
 
 
 def resolve(passes: Sequence[str | Pass] | None) -> list[Pass]:
@@ -51,7 +54,7 @@ def resolve(passes: Sequence[str | Pass] | None) -> list[Pass]:
     return result
 
 
-__all__ = ["DEFAULT_PIPELINE", "PASSES", "POLICY", "autocast", "TRAINING_BACKWARD", "TRAINING_FORWARD", "Pass", "PassManager", "PassRecord",
-           "Pat", "Rewrite", "canonicalize", "chain_activation_backward", "eliminate_common_subexpressions",
-           "eliminate_dead_code", "fold_constants", "fuse", "fuse_relu", "infer_shapes", "resolve", "rewrite",
-           "trim_gemm_backward"]
+__all__ = ["DEFAULT_PIPELINE", "PASSES", "POLICY", "TRAINING_BACKWARD", "TRAINING_FORWARD", "Pass", "PassManager",
+           "PassRecord", "Pat", "Rewrite", "autocast", "canonicalize", "chain_activation_backward",
+           "eliminate_common_subexpressions", "eliminate_dead_code", "fold_constants", "fuse", "fuse_loss_gradient",
+           "fuse_relu", "infer_shapes", "resolve", "rewrite", "trim_gemm_backward"]

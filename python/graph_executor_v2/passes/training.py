@@ -7,6 +7,8 @@
   (or, for ReLU, ``a`` itself) becomes one ``gemm_backward`` with ``a_act``/``a_preact``: the activation's
   derivative applied to dA by the gemm's backward (cuBLASLt DGELU epilogue or its post-kernel) instead of a node.
 - ``trim_gemm_backward``: a gemm_backward output nothing reads (dA of the first layer) is not computed.
+- ``fuse_loss_gradient``: a scalar cross_entropy and its backward seeded by a constant 1 become one
+  ``cross_entropy_with_grad`` (one pass over the logits). Not for a seed that changes (a loss scale).
 """
 from __future__ import annotations
 
@@ -53,6 +55,28 @@ def chain_activation_backward(graph: Graph) -> list[str]:
     return notes
 
 
+def fuse_loss_gradient(graph: Graph) -> list[str]:
+    notes = []
+    for node in list(graph.nodes):
+        if node.op != "cross_entropy_backward" or node not in graph.nodes:
+            continue
+        seed, logits, labels = node.inputs
+        if seed.data is None or seed.type.shape != () or float(seed.data) != 1.0:
+            continue
+        loss_node = next((n for n in graph.nodes if n.op == "cross_entropy" and n.inputs == [logits, labels]
+                          and n.attrs == node.attrs), None)
+        if loss_node is None or node.attrs["reduction"] == "none":
+            continue
+        with graph.inserting_before(loss_node):
+            loss, dlogits = graph.cross_entropy_with_grad(logits, labels, **node.attrs)
+        graph.replace_uses(loss_node.outputs[0], loss)
+        graph.replace_uses(node.outputs[0], dlogits)
+        graph.remove_node(node)
+        graph.remove_node(loss_node)
+        notes.append(f"fused {loss_node.name} and {node.name} into {loss.producer.name} (cross_entropy_with_grad)")
+    return notes
+
+
 def trim_gemm_backward(graph: Graph) -> list[str]:
     users = graph.users()
     notes = []
@@ -66,22 +90,13 @@ def trim_gemm_backward(graph: Graph) -> list[str]:
     return notes
 
 
-def backward_nodes(graph: Graph, seed) -> list:
-    """The nodes that depend on ``seed`` (the loss gradient's seed parameter): the backward, in order."""
-    reached, nodes = {seed}, []
-    for node in graph.nodes:
-        if any(v is not None and v in reached for v in node.inputs):
-            nodes.append(node)
-            reached.update(node.outputs)
-    return nodes
-
-
-def recompute(graph: Graph, seed, chosen) -> list[str]:
-    """Activation checkpointing: each forward node whose name, output name or op is in ``chosen`` and whose outputs
-    the backward reads is computed again right before its first backward consumer, which reads the copy; the
-    original then dies with its last forward use. Run it last: CSE would merge the copy back."""
+def recompute(graph: Graph, forward: set[str], chosen) -> list[str]:
+    """Activation checkpointing: each forward node (its name in ``forward``) whose name, output name or op is in
+    ``chosen`` and whose outputs the backward reads is computed again right before its first backward consumer,
+    which reads the copy; the original then dies with its last forward use. Run it last: CSE would merge the copy
+    back."""
     chosen = set(chosen)
-    backward = backward_nodes(graph, seed)
+    backward = [n for n in graph.nodes if n.name not in forward]
     in_backward = set(backward)
     copies: dict = {}  # forward value -> its recomputed copy
     notes = []

@@ -23,7 +23,7 @@ from ..dtypes import FLOAT_DTYPES, itemsize, normalize, to_numpy
 from ..ir.graph import Graph
 from ..passes import TRAINING_BACKWARD, TRAINING_FORWARD, Pass, PassManager, autocast, eliminate_dead_code, resolve
 from ..passes.amp import AMP_DTYPES
-from ..passes.training import backward_nodes, recompute
+from ..passes.training import recompute
 from ..runtime.backends import backend_for
 from ..runtime.executor import ExecutorV2, Plan
 from . import optimizers as _optim
@@ -90,14 +90,16 @@ class Trainer:
         if not self.trained:
             raise ValueError(f"trainable: the loss '{loss}' depends on no trainable parameter of graph "
                              f"'{graph.name}' (parameters: {list(graph.params)})")
+        self._forward_names = {node.name for node in self.forward_graph.nodes}
         differentiated = autograd.backward_graph(self.forward_graph, loss, wrt=self.trained)
         for name in [n for n in differentiated.outputs if n != loss and not n.startswith(autograd.GRAD_PREFIX)]:
             del differentiated.outputs[name]  # a step returns only the loss: other outputs need not be computed
-        passes = resolve(TRAINING_BACKWARD)
+        # Under loss scaling the seed is the scale, not 1: the loss and its gradient cannot come from one pass.
+        passes = [p for p in resolve(TRAINING_BACKWARD) if not (loss_scale and p.name == "fuse_loss_gradient")]
         if checkpoint:
             if isinstance(checkpoint, str):
                 raise TypeError("checkpoint: expected a sequence of names, got a single string; wrap it in a list")
-            passes.append(Pass("recompute", lambda g: recompute(g, g.params[autograd.SEED], checkpoint)))
+            passes.append(Pass("recompute", lambda g: recompute(g, self._forward_names, checkpoint)))
         self.train_graph, self._backward_records = PassManager(passes).run(differentiated)
 
         self._backend = backend_for(device)
@@ -111,14 +113,17 @@ class Trainer:
         compute_dtypes = {name: v.type.dtype for name, v in self.forward_graph.params.items()}
         self._copies = {name: self._new_buffer(np.asarray(graph.params[name].data).astype(to_numpy(dtype)))
                         for name, dtype in compute_dtypes.items() if name in self._masters and dtype != "float32"}
-        # The loss gradient's seed: the loss scale under float16 loss scaling, else 1.
-        seed_dtype = self.train_graph.params[autograd.SEED].type.dtype
+        # The loss gradient's seed: the loss scale under float16 loss scaling, else 1 (a constant the loss-gradient
+        # fusion may have folded away).
+        seed_dtype = self.train_graph.outputs[loss].type.dtype
         self._seed = self._new_buffer(np.array(loss_scale.init_scale if loss_scale else 1.0, to_numpy(seed_dtype)))
         self._growth_tracker = 0  # consecutive finite steps since the scale last changed
         self.step_count = 0  # steps taken
         self.optimizer_steps = 0  # updates applied (steps with non-finite gradients are skipped under loss scaling)
-        self._executor = ExecutorV2(self.train_graph, device, passes=[], reuse_memory=reuse_memory,
-                                    params={**self._compute_params(), autograd.SEED: self._seed})
+        slots = self._compute_params()
+        if autograd.SEED in self.train_graph.params:
+            slots[autograd.SEED] = self._seed
+        self._executor = ExecutorV2(self.train_graph, device, passes=[], reuse_memory=reuse_memory, params=slots)
         self._extended: set[int] = set()  # ids of the plans whose optimizer launches are appended
         self._inference = None
 
@@ -252,8 +257,8 @@ class Trainer:
 
     def explain(self) -> str:
         graph = self.train_graph
-        backward = set(backward_nodes(graph, graph.params[autograd.SEED]))
-        forward_nodes = [n for n in graph.nodes if n not in backward]
+        forward_nodes = [n for n in graph.nodes if n.name in self._forward_names or n.name.endswith(".recomputed")]
+        backward = set(graph.nodes) - set(forward_nodes)
         lines = [f"Trainer '{self.graph.name}' on {self.device}: loss '{self.loss_name}', "
                  f"{len(self.trained)} trained parameter(s), optimizer {_optim.describe(self.optimizer)}",
                  f"forward ({len(forward_nodes)} nodes): " + ", ".join(f"{n.name}={n.op}" for n in forward_nodes),
@@ -261,7 +266,7 @@ class Trainer:
                                                                    if n in backward)]
         fusions = [note for record in self._forward_records + self._backward_records for note in record.notes
                    if record.name in ("fuse_relu", "autocast", "chain_activation_backward", "trim_gemm_backward",
-                                      "recompute")]
+                                      "fuse_loss_gradient", "recompute")]
         lines.append(f"fusions: {len(fusions)}")
         lines += [f"  {note}" for note in fusions]
         clip = f"clip to global norm {self.grad_clip}, " if self.grad_clip else ""

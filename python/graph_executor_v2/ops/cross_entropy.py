@@ -353,16 +353,18 @@ def _infer_backward(in_types, attrs):
     return [logits]
 
 
-def _prepare_backward(problem: Problem):
-    _, logits, labels = problem.in_types
+def _problem_args(logits, labels, attrs) -> tuple:
+    """(rows, classes, dtype, label dtype, reduction, ignore_index) as the native calls take them."""
     rows, classes = logits.shape
-    dtype, label_dtype = logits.dtype, labels.dtype
-    reduction, ignore_index = problem.attrs["reduction"], int(problem.attrs["ignore_index"])
+    return rows, classes, logits.dtype, labels.dtype, attrs["reduction"], int(attrs["ignore_index"])
+
+
+def _prepare_backward(problem: Problem):
+    args = _problem_args(*problem.in_types[1:], problem.attrs)
     native_backward = _native_module().backward
 
     def launch(ins, outs, stream):  # labels unchecked: checking them would synchronize the step
-        native_backward(ins[0], ins[1], ins[2], outs[0], rows, classes, dtype, label_dtype, reduction, ignore_index,
-                        "auto", False, stream)
+        native_backward(ins[0], ins[1], ins[2], outs[0], *args, "auto", False, stream)
 
     return launch
 
@@ -390,15 +392,11 @@ def _infer_with_grad(in_types, attrs):
 
 
 def _prepare_with_grad(problem: Problem):
-    logits, labels = problem.in_types
-    rows, classes = logits.shape
-    dtype, label_dtype = logits.dtype, labels.dtype
-    reduction, ignore_index = problem.attrs["reduction"], int(problem.attrs["ignore_index"])
+    args = _problem_args(*problem.in_types, problem.attrs)
     native_forward = _native_module().forward
 
-    def launch(ins, outs, stream):
-        native_forward(ins[0], ins[1], outs[0], outs[1], rows, classes, dtype, label_dtype, reduction, ignore_index,
-                       "auto", False, stream)
+    def launch(ins, outs, stream):  # labels unchecked: checking them would synchronize the step
+        native_forward(ins[0], ins[1], outs[0], outs[1], *args, "auto", False, stream)
 
     return launch
 

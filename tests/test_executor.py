@@ -223,13 +223,14 @@ def test_planner_never_overlaps_live_buffers_and_aligns_offsets(rng):
         buffers = []
         for index in range(count):
             first = int(rng.integers(-1, 20))
-            buffers.append(Buffer(f"b{index}", int(rng.integers(0, 5000)), first, first + int(rng.integers(0, 6))))
+            last = first + int(rng.integers(0, 6))
+            buffers.append(Buffer(f"b{index}", int(rng.integers(0, 5000)), first, (last,)))
         plan = plan_memory(buffers)
         for buffer in buffers:
             offset = plan.offsets[buffer.name]
             assert offset % ALIGNMENT == 0 and offset + buffer.nbytes <= plan.arena_bytes
         for a, b in itertools.combinations(buffers, 2):
-            if a.first <= b.last and b.first <= a.last:
+            if a.writer <= b.readers[-1] and b.writer <= a.readers[-1]:
                 a_range = range(plan.offsets[a.name], plan.offsets[a.name] + max(a.nbytes, 1))
                 b_range = range(plan.offsets[b.name], plan.offsets[b.name] + max(b.nbytes, 1))
                 assert not set(a_range) & set(b_range), (a, b)
@@ -237,7 +238,7 @@ def test_planner_never_overlaps_live_buffers_and_aligns_offsets(rng):
 
 
 def test_planner_reuses_memory_along_a_chain_and_can_be_switched_off():
-    chain = [Buffer(f"b{i}", 1 << 20, i, i + 1) for i in range(10)]  # each read only by the next step
+    chain = [Buffer(f"b{i}", 1 << 20, i, (i + 1,)) for i in range(10)]  # each read only by the next step
     plan = plan_memory(chain)
     assert plan.arena_bytes == 2 << 20  # two buffers in flight at any time
     assert plan.summary() == "memory reduced from 10 MB -> 2 MB (10 buffers, one arena)"

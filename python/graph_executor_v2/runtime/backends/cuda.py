@@ -74,14 +74,24 @@ class CudaBackend:
         return arena
 
     def slot(self, arena, offset: int, tensor_type: TensorType):
-        return borrow(arena.ptr + offset, tensor_type.numel * itemsize(tensor_type.dtype), keep_alive=arena)
+        return arena.view(offset, list(tensor_type.shape), tensor_type.dtype)
 
     def address(self, slot) -> int:
         return slot.ptr
 
+    def streams(self, count: int) -> list:
+        """``count`` non-blocking streams owned by the executor (CUDA graphs cannot capture the legacy stream)."""
+        return [self.runtime.Stream(self.device_index) for _ in range(count)]
+
+    def stream_handle(self, stream) -> int:
+        return stream.handle
+
+    def event(self):
+        return self.runtime.Event(timing=False)
+
     def feed(self, slot, value, name: str, stream: int) -> None:
         if isinstance(value, np.ndarray):
-            slot.copy_from_numpy(np.ascontiguousarray(value).reshape(-1).view(np.uint8), stream)
+            slot.copy_from_numpy(np.ascontiguousarray(value), stream)
             return
         view = _device.view_of(value, f"input '{name}'")
         if not view.is_contiguous:
@@ -96,10 +106,10 @@ class CudaBackend:
         if isinstance(out, np.ndarray):
             if not out.flags.c_contiguous:
                 raise ValueError(f"{argument}: expected a C-contiguous NumPy array")
-            out.reshape(-1).view(np.uint8)[...] = slot.numpy(stream)
+            out[...] = slot.numpy(stream)
             return out
         if out is None and device_like is None:
-            return slot.numpy(stream).view(to_numpy(tensor_type.dtype)).reshape(tensor_type.shape)
+            return slot.numpy(stream)
         result = out if out is not None else _device.empty_like_kind(device_like, tensor_type.shape,
                                                                      tensor_type.dtype, self.device_index)
         view = _device.view_of(result, argument)
@@ -108,9 +118,6 @@ class CudaBackend:
                              f"{view.strides} on cuda:{view.device}")
         self.runtime.memcpy_device_to_device(view.ptr, slot.ptr, slot.nbytes, stream)
         return result
-
-    def default_stream(self) -> int:
-        return 0
 
     def time_ms(self, run, stream: int, warmup: int = 3, repetitions: int = 20) -> float:
         """Mean milliseconds of ``run()`` on ``stream``, between CUDA events, after a warm-up."""

@@ -61,5 +61,8 @@ class ReferenceBackend:
         np.copyto(out, slot)
         return out
 
-    def default_stream(self):
-        return None
+    def streams(self, count: int) -> list:
+        return [None] * count  # the CPU runs every node in order
+
+    def stream_handle(self, stream):
+        return stream

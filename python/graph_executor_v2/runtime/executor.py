@@ -34,6 +34,7 @@ from .autotune import AutotuneCache
 from .backends import backend_for
 from .backends.cuda import HOST_FALLBACK
 from .planner import Buffer, MemoryPlan, plan_memory
+from .profile import Profile, profile_plan
 from .registry import Capabilities, Preferences, Selection, choose_kernel
 from .schedule import Schedule, schedule, width
 
@@ -349,6 +350,22 @@ class ExecutorV2:
         return plan
 
     # --- reporting ------------------------------------------------------------------------------------------------
+    def profile(self, feeds: dict, runs: int = 20) -> Profile:
+        """Runs the plan of ``feeds`` once (warm-up and capture), then times it ``runs`` times: per node its
+        kernel, median time, share, achieved TFLOP/s or GB/s and roofline fraction, and the whole plan node by node
+        and as a CUDA graph. ``print()`` the result for the table; ``export_chrome_trace(path)`` writes the
+        timeline."""
+        if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+            raise ValueError(f"runs: expected an int >= 1, got {runs!r}")
+        self.run(feeds)
+        return profile_plan(self, self._plan_for(self._signature_of(feeds)), runs)
+
+    @property
+    def streams(self) -> list:
+        """The streams the plans run on (CUDA: ``_runtime.Stream`` objects the executor owns; the first one is
+        where plans are captured and replayed)."""
+        return list(self._streams)
+
     @property
     def plans(self) -> list[Plan]:
         """The plans built so far, one per input signature."""

@@ -137,21 +137,22 @@ class ExecutorV2:
         so a steady-state loop allocates nothing. ``stream`` is the caller's stream (default: the legacy stream):
         the feeds are copied in and the outputs out on it, and the plan runs on the executor's streams in between,
         ordered by events."""
-        plan = self._plan_for(self._signature_of(feeds))
+        signature, feed_views = self._signature_of(feeds)
+        plan = self._plan_for(signature)
         out = out or {}
         unknown = sorted(set(out) - set(plan.graph.outputs))
         if unknown:
             raise ValueError(f"out: unknown output(s) {unknown}; the graph's outputs are {list(plan.graph.outputs)}")
-        for name, array in out.items():
-            _check_array(array, f"out['{name}']", plan.graph.outputs[name].type)
+        out_views = {name: _check_array(array, f"out['{name}']", plan.graph.outputs[name].type)
+                     for name, array in out.items()}
         backend = self._backend
         caller = _device.stream_handle(stream) if self.device == "cuda" else None
         for value in plan.graph.inputs:
-            backend.feed(plan.slots[value.name], feeds[value.name], value.name, caller)
+            backend.feed(plan.slots[value.name], feeds[value.name], value.name, caller, feed_views[value.name])
         self._execute(plan, caller)
         device_like = next((f for f in feeds.values() if not isinstance(f, np.ndarray)), None)
         return {name: backend.fetch(plan.slots[value.name], value.type, caller, device_like, out.get(name),
-                                    f"out['{name}']")
+                                    f"out['{name}']", out_views.get(name))
                 for name, value in plan.graph.outputs.items()}
 
     def plan(self, shapes: dict[str, tuple] | None = None) -> Plan:
@@ -259,8 +260,9 @@ class ExecutorV2:
         plan.cuda_graph = graph
         plan.capture = f"captured: {graph.node_count} graph nodes on {plan.schedule.stream_count} stream(s)"
 
-    def _signature_of(self, feeds: dict) -> Signature:
-        """Checks the feeds against the declared inputs; symbolic dims must bind consistently across inputs."""
+    def _signature_of(self, feeds: dict) -> tuple[Signature, dict]:
+        """Checks the feeds against the declared inputs (symbolic dims must bind consistently across inputs);
+        returns the signature and every feed as a NumPy array or a ``DeviceView`` (each looked at once per run)."""
         declared = self.optimized_graph.inputs
         names = [v.name for v in declared]
         missing = [name for name in names if name not in feeds]
@@ -270,9 +272,10 @@ class ExecutorV2:
         if unknown:
             raise ValueError(f"unknown input(s) {unknown}; graph '{self.source_graph.name}' takes {names}")
         dims: dict[str, int] = {}
-        signature = []
+        signature, views = [], {}
         for value in declared:
-            shape, dtype = _shape_and_dtype(feeds[value.name], f"input '{value.name}'")
+            views[value.name] = viewed = _viewed(feeds[value.name], f"input '{value.name}'")
+            shape, dtype = tuple(viewed.shape), _dtype_name(viewed)
             expected = value.type
             if dtype != expected.dtype:
                 raise TypeError(f"input '{value.name}': expected dtype {expected.dtype}, got {dtype}")
@@ -281,7 +284,7 @@ class ExecutorV2:
                                       for d in expected.shape)
                 raise ValueError(f"input '{value.name}': expected shape ({described}), got {shape}")
             signature.append((shape, dtype))
-        return tuple(signature)
+        return tuple(signature), views
 
     # --- compiling ------------------------------------------------------------------------------------------------
     def _plan_for(self, signature: Signature) -> Plan:
@@ -307,7 +310,9 @@ class ExecutorV2:
             for value in node.outputs:
                 writer[value.name] = index
                 readers[value.name] = set()
-        for value in graph.outputs.values():
+        # Inputs and outputs stay live through the whole plan: a zero-copy loop writes the inputs once and replays,
+        # and reads the outputs after the run.
+        for value in (*graph.inputs, *graph.outputs.values()):
             if not value.is_param:
                 readers[value.name].add(step_count)
         types = {v.name: v.type for v in graph.inputs}
@@ -358,7 +363,7 @@ class ExecutorV2:
         if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
             raise ValueError(f"runs: expected an int >= 1, got {runs!r}")
         self.run(feeds)
-        return profile_plan(self, self._plan_for(self._signature_of(feeds)), runs)
+        return profile_plan(self, self._plan_for(self._signature_of(feeds)[0]), runs)
 
     @property
     def streams(self) -> list:
@@ -434,16 +439,21 @@ def _bind(expected: tuple, actual: tuple, dims: dict[str, int]) -> bool:
     return True
 
 
-def _shape_and_dtype(value, argument: str) -> tuple[tuple[int, ...], str]:
-    if isinstance(value, np.ndarray):
-        return tuple(value.shape), value.dtype.name
-    view = _device.view_of(value, argument)
-    return tuple(view.shape), view.dtype
+def _viewed(value, argument: str):
+    """A NumPy array as is, anything else as the ``DeviceView`` of a device array (TypeError naming ``argument``)."""
+    return value if isinstance(value, np.ndarray) else _device.view_of(value, argument)
 
 
-def _check_array(value, argument: str, expected: TensorType) -> None:
-    shape, dtype = _shape_and_dtype(value, argument)
+def _dtype_name(viewed) -> str:
+    return viewed.dtype.name if isinstance(viewed, np.ndarray) else viewed.dtype
+
+
+def _check_array(value, argument: str, expected: TensorType):
+    """``value`` viewed (see ``_viewed``), after checking its shape and dtype against ``expected``."""
+    viewed = _viewed(value, argument)
+    shape, dtype = tuple(viewed.shape), _dtype_name(viewed)
     if dtype != expected.dtype:
         raise TypeError(f"{argument}: expected dtype {expected.dtype}, got {dtype}")
     if shape != expected.shape:
         raise ValueError(f"{argument}: expected shape {expected.shape}, got {shape}")
+    return viewed

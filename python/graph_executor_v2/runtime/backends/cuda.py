@@ -89,20 +89,24 @@ class CudaBackend:
     def event(self):
         return self.runtime.Event(timing=False)
 
-    def feed(self, slot, value, name: str, stream: int) -> None:
+    def feed(self, slot, value, name: str, stream: int, view=None) -> None:
+        """Copies ``value`` (NumPy, or a device array whose ``DeviceView`` may be given) into ``slot`` on
+        ``stream``."""
         if isinstance(value, np.ndarray):
             slot.copy_from_numpy(np.ascontiguousarray(value), stream)
             return
-        view = _device.view_of(value, f"input '{name}'")
+        view = view or _device.view_of(value, f"input '{name}'")
         if not view.is_contiguous:
             raise ValueError(f"input '{name}': expected a contiguous array, got strides {view.strides}")
         if view.device != self.device_index:
             raise ValueError(f"input '{name}': expected an array on cuda:{self.device_index}, got cuda:{view.device}")
         self.runtime.memcpy_device_to_device(slot.ptr, view.ptr, slot.nbytes, stream)
 
-    def fetch(self, slot, tensor_type: TensorType, stream: int, device_like=None, out=None, argument: str = "out"):
-        """The slot copied into ``out`` (host or device, shape and dtype already checked), else into a new device
-        array of ``device_like``'s kind, else into a new host array."""
+    def fetch(self, slot, tensor_type: TensorType, stream: int, device_like=None, out=None, argument: str = "out",
+              out_view=None):
+        """The slot copied into ``out`` (host or device, shape and dtype already checked; ``out_view``: its
+        ``DeviceView`` when known), else into a new device array of ``device_like``'s kind, else into a new host
+        array."""
         if isinstance(out, np.ndarray):
             if not out.flags.c_contiguous:
                 raise ValueError(f"{argument}: expected a C-contiguous NumPy array")
@@ -112,7 +116,7 @@ class CudaBackend:
             return slot.numpy(stream)
         result = out if out is not None else _device.empty_like_kind(device_like, tensor_type.shape,
                                                                      tensor_type.dtype, self.device_index)
-        view = _device.view_of(result, argument)
+        view = out_view if out is not None and out_view is not None else _device.view_of(result, argument)
         if not view.is_contiguous or view.device != self.device_index:
             raise ValueError(f"{argument}: expected a contiguous array on cuda:{self.device_index}, got strides "
                              f"{view.strides} on cuda:{view.device}")

@@ -4,7 +4,8 @@ The graph is canonicalized and fused for training (``passes.TRAINING_FORWARD``),
 (``autograd.backward_graph``), and the graph holding forward, loss and gradients is optimized
 (``passes.TRAINING_BACKWARD``). One ``ExecutorV2`` plan per batch signature runs the whole step in one arena planned
 over the step's lifetimes: forward, loss, backward, then the optimizer launches appended to the same plan (gradient
-clipping and the parameter updates). Parameters (float32 masters) and optimizer states are persistent buffers
+clipping and the parameter updates, the plan's epilogue). On CUDA the plan is captured as one CUDA graph after its
+first step and replayed from then on. Parameters (float32 masters) and optimizer states are persistent buffers
 updated in place; the plan reads the parameters where they live, so nothing is copied between steps. A step feeds
 the batch and launches the plan: reading the loss (``float(loss)``) is the caller's choice and the only host sync.
 
@@ -19,6 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from .. import autograd
+from .. import device as _device
 from ..dtypes import FLOAT_DTYPES, itemsize, normalize, to_numpy
 from ..ir.graph import Graph
 from ..passes import TRAINING_BACKWARD, TRAINING_FORWARD, Pass, PassManager, autocast, eliminate_dead_code, resolve
@@ -123,22 +125,23 @@ class Trainer:
         slots = self._compute_params()
         if autograd.SEED in self.train_graph.params:
             slots[autograd.SEED] = self._seed
-        self._executor = ExecutorV2(self.train_graph, device, passes=[], reuse_memory=reuse_memory, params=slots)
-        self._extended: set[int] = set()  # ids of the plans whose optimizer launches are appended
+        # One stream: the step's nodes form a chain (forward, then backward), and one stream lets the memory plan
+        # reuse bytes along the step's exact lifetimes (what checkpointing relies on).
+        self._executor = ExecutorV2(self.train_graph, device, passes=[], reuse_memory=reuse_memory, params=slots,
+                                    streams=1)
         self._inference = None
 
     # --- training -------------------------------------------------------------------------------------------------
     def step(self, batch: dict):
         """One training step on ``batch`` (input name -> array: NumPy, or device arrays on "cuda"); returns the loss
         as a 0-d array: NumPy on "cpu", a ``DeviceLoss`` on "cuda" (``float(loss)`` is then the only host sync)."""
-        plan = self._plan(batch)
+        plan, views = self._plan(batch)
         backend = self._backend
-        stream = backend.default_stream()
+        stream = _device.stream_handle(None) if self.device == "cuda" else None  # the caller's (legacy) stream
         for value in plan.graph.inputs:
-            backend.feed(plan.slots[value.name], batch[value.name], value.name, stream)
+            backend.feed(plan.slots[value.name], batch[value.name], value.name, stream, views[value.name])
         self.step_count += 1
-        for launch, ins, outs in plan.steps:
-            launch(ins, outs, stream)
+        plan.replay()  # the whole step; on CUDA its captured graph after the first step
         loss = plan.graph.outputs[self.loss_name]
         if self.device == "cpu":
             return backend.fetch(plan.slots[loss.name], loss.type, stream)
@@ -278,20 +281,21 @@ class Trainer:
         return "\n".join(lines)
 
     # --- internals ------------------------------------------------------------------------------------------------
-    def _plan(self, batch: dict) -> Plan:
+    def _plan(self, batch: dict) -> tuple[Plan, dict]:
+        """The step plan for the batch's signature (its optimizer set as the plan's epilogue on first use) and the
+        batch's views."""
         if not isinstance(batch, dict):
             raise TypeError(f"batch: expected a dict of input name -> array, got {type(batch).__name__}")
         try:
-            plan = self._executor.plan_for(batch)
+            plan, views = self._executor.plan_for(batch)
         except (ValueError, TypeError) as error:
             raise type(error)(f"batch: {error}") from None
-        if id(plan) not in self._extended:
-            plan.steps.append(self._optimizer_launch(plan))
-            self._extended.add(id(plan))
-        return plan
+        if not plan.epilogue:
+            plan.epilogue.append(self._optimizer_launch(plan))
+        return plan, views
 
-    def _optimizer_launch(self, plan: Plan) -> tuple:
-        """The optimizer as the plan's last step: unscaling (float16 loss scaling), clipping and every parameter's
+    def _optimizer_launch(self, plan: Plan):
+        """The optimizer as the plan's epilogue, launch(stream): unscaling (float16 loss scaling), clipping and every parameter's
         update, reading the gradient slots of this plan and writing the masters, copies and states in place."""
         grads = [plan.slots[plan.graph.outputs[autograd.grad_name(name)].name] for name in self.trained]
         params = [self._masters[name] for name in self.trained]
@@ -299,7 +303,7 @@ class Trainer:
         copies = [self._copies.get(name) for name in self.trained]
         optimizer, max_norm, scaler, seed = self.optimizer, self.grad_clip, self.loss_scale, self._seed
 
-        def launch(ins, outs, stream):
+        def launch(stream):
             unscaled = [g.astype(np.float64) / float(seed) for g in grads] if scaler else grads
             if scaler is not None and not all(np.isfinite(g).all() for g in unscaled):
                 seed[...] = float(seed) * scaler.backoff_factor
@@ -317,7 +321,7 @@ class Trainer:
                 if copy is not None:
                     copy[...] = param.astype(copy.dtype)
 
-        return launch, (), ()
+        return launch
 
     def _compute_params(self) -> dict:
         """The buffers the plans read as parameters: the masters, or their copies in the graph's dtype."""

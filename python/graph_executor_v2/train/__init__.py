@@ -3,4 +3,5 @@ from .losses import cross_entropy, mse
 from .optimizers import SGD, Adam, AdamW, Constant, Cosine, DynamicLossScale, LinearWarmup
 from .trainer import Trainer
 
-__all__ = ["SGD", "Adam", "AdamW", "Constant", "Cosine", "DynamicLossScale", "LinearWarmup", "Trainer", "cross_entropy", "mse"]
+__all__ = ["SGD", "Adam", "AdamW", "Constant", "Cosine", "DynamicLossScale", "LinearWarmup",
+           "Trainer", "cross_entropy", "mse"]

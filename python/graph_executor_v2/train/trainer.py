@@ -56,9 +56,6 @@ class Trainer:
             raise TypeError(f"graph: expected a ge2.ir.Graph, got {type(graph).__name__}")
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
-        if device == "cuda":
-            raise RuntimeError("Trainer(device='cuda'): the device optimizer kernels (the optimizer op of issue 8) "
-                               "are not in this build; train with device='cpu'")
         if not isinstance(optimizer, _optim.OPTIMIZERS):
             raise TypeError(f"optimizer: expected ge2.train.SGD, Adam or AdamW, got {type(optimizer).__name__}")
         if amp not in (None,) + AMP_DTYPES:
@@ -105,30 +102,32 @@ class Trainer:
         self.train_graph, self._backward_records = PassManager(passes).run(differentiated)
 
         self._backend = backend_for(device)
-        self._masters = {name: self._new_buffer(np.asarray(v.data, np.float32)) for name, v in graph.params.items()
-                         if name in names}
-        self._states = {name: {state: self._new_buffer(np.zeros(v.type.shape, np.float32))
-                               for state in optimizer.state_names}
+        # float32 masters and optimizer states (host arrays: the optimizer of this build runs on the host).
+        self._masters = {name: np.array(v.data, np.float32) for name, v in graph.params.items() if name in names}
+        self._states = {name: {state: np.zeros(v.type.shape, np.float32) for state in optimizer.state_names}
                         for name, v in graph.params.items() if name in self.trained}
-        # Parameters the graph computes with in another dtype than float32 get a copy in that dtype, which the
-        # optimizer rewrites from the master after every update.
-        compute_dtypes = {name: v.type.dtype for name, v in self.forward_graph.params.items()}
-        self._copies = {name: self._new_buffer(np.asarray(graph.params[name].data).astype(to_numpy(dtype)))
-                        for name, dtype in compute_dtypes.items() if name in self._masters and dtype != "float32"}
+        # The buffers the plans read as parameters, in the dtype the graph computes with: on the CPU a float32
+        # parameter is its master itself; otherwise a copy the optimizer rewrites after every update (a
+        # low-precision copy, or the device copy on CUDA).
+        self._compute_dtypes = {name: self.forward_graph.params[name].type.dtype if name in self.forward_graph.params
+                                else graph.params[name].type.dtype for name in self._masters}
+        self._param_slots = {name: self._slot_of(master, self._compute_dtypes[name])
+                             for name, master in self._masters.items()}
         # The loss gradient's seed: the loss scale under float16 loss scaling, else 1 (a constant the loss-gradient
         # fusion may have folded away).
-        seed_dtype = self.train_graph.outputs[loss].type.dtype
-        self._seed = self._new_buffer(np.array(loss_scale.init_scale if loss_scale else 1.0, to_numpy(seed_dtype)))
+        self._scale = np.array(loss_scale.init_scale if loss_scale else 1.0, np.float32)
+        self._seed = self._slot_of(self._scale, self.train_graph.outputs[loss].type.dtype)
         self._growth_tracker = 0  # consecutive finite steps since the scale last changed
         self.step_count = 0  # steps taken
         self.optimizer_steps = 0  # updates applied (steps with non-finite gradients are skipped under loss scaling)
-        slots = self._compute_params()
+        slots = dict(self._param_slots)
         if autograd.SEED in self.train_graph.params:
             slots[autograd.SEED] = self._seed
         # One stream: the step's nodes form a chain (forward, then backward), and one stream lets the memory plan
-        # reuse bytes along the step's exact lifetimes (what checkpointing relies on).
+        # reuse bytes along the step's exact lifetimes (what checkpointing relies on). The host optimizer copies
+        # gradients and parameters between device and host, which a CUDA graph cannot hold: no capture.
         self._executor = ExecutorV2(self.train_graph, device, passes=[], reuse_memory=reuse_memory, params=slots,
-                                    streams=1)
+                                    streams=1, cuda_graph=False)
         self._inference = None
 
     # --- training -------------------------------------------------------------------------------------------------
@@ -181,7 +180,7 @@ class Trainer:
     # --- parameters, checkpoints, inference -------------------------------------------------------------------------
     def parameters(self) -> dict[str, np.ndarray]:
         """Name -> a NumPy copy of every trainable parameter (the float32 masters)."""
-        return {name: self._to_host(buffer) for name, buffer in self._masters.items()}
+        return {name: master.copy() for name, master in self._masters.items()}
 
     def executor(self) -> ExecutorV2:
         """An ExecutorV2 for inference on the current parameters (the trainer's own buffers, no copy: later steps
@@ -189,7 +188,7 @@ class Trainer:
         only one), and its inputs those they need (no labels for a classifier's logits)."""
         if self._inference is None:
             self._inference = ExecutorV2(_inference_graph(self.forward_graph, self.loss_name), self.device,
-                                         passes=[], params=self._compute_params())
+                                         passes=[], params=dict(self._param_slots))
         return self._inference
 
     def save(self, path) -> None:
@@ -199,10 +198,10 @@ class Trainer:
 
         tensors = {f"param/{name}": value for name, value in self.parameters().items()}
         for name, states in self._states.items():
-            tensors.update((f"state/{name}/{state}", self._to_host(buffer)) for state, buffer in states.items())
+            tensors.update((f"state/{name}/{state}", buffer.copy()) for state, buffer in states.items())
         tensors["step"] = np.array(self.step_count, np.int64)
         tensors["optimizer_steps"] = np.array(self.optimizer_steps, np.int64)
-        tensors["loss_scale"] = np.asarray(self._to_host(self._seed), np.float32)
+        tensors["loss_scale"] = self._scale.copy()
         tensors["loss_scale_growth_tracker"] = np.array(self._growth_tracker, np.int64)
         metadata = {"format": CHECKPOINT_FORMAT, "graph": self.fingerprint(),
                     "optimizer": json.dumps(_optim.describe(self.optimizer))}
@@ -225,14 +224,14 @@ class Trainer:
             if missing:
                 raise ValueError(f"path: the checkpoint {path} lacks {missing} (saved with another optimizer?)")
             tensors = {key: file.get_tensor(key) for key in expected}
-        for name, buffer in self._masters.items():
-            self._write(buffer, tensors[f"param/{name}"])
+        for name, master in self._masters.items():
+            master[...] = np.asarray(tensors[f"param/{name}"], np.float32).reshape(master.shape)
+            self._refresh(name)
         for name, states in self._states.items():
             for state, buffer in states.items():
-                self._write(buffer, tensors[f"state/{name}/{state}"])
-        for name, copy in self._copies.items():
-            self._write(copy, tensors[f"param/{name}"])
-        self._write(self._seed, tensors["loss_scale"])
+                buffer[...] = np.asarray(tensors[f"state/{name}/{state}"], np.float32).reshape(buffer.shape)
+        self._scale[...] = tensors["loss_scale"]
+        self._refresh_seed()
         self.step_count = int(tensors["step"])
         self.optimizer_steps = int(tensors["optimizer_steps"])
         self._growth_tracker = int(tensors["loss_scale_growth_tracker"])
@@ -254,8 +253,9 @@ class Trainer:
     @property
     def persistent_bytes(self) -> int:
         """Bytes of the buffers that live across steps: float32 masters, low-precision copies, optimizer states."""
-        buffers = list(self._masters.values()) + list(self._copies.values()) + [
-            b for states in self._states.values() for b in states.values()]
+        copies = [slot for name, slot in self._param_slots.items() if slot is not self._masters[name]]
+        states = [buffer for per_param in self._states.values() for buffer in per_param.values()]
+        buffers = list(self._masters.values()) + copies + states
         return sum(int(np.prod(b.shape)) * itemsize(normalize(b.dtype)) for b in buffers)
 
     def explain(self) -> str:
@@ -273,8 +273,11 @@ class Trainer:
         lines.append(f"fusions: {len(fusions)}")
         lines += [f"  {note}" for note in fusions]
         clip = f"clip to global norm {self.grad_clip}, " if self.grad_clip else ""
+        where = "NumPy reference" if self.device == "cpu" else (
+            "host fallback: gradients copied to the host and parameters back every step, so the step plan is not "
+            "captured (the device optimizer kernels are not in this build)")
         lines.append(f"optimizer: {clip}{type(self.optimizer).__name__} on {len(self.trained)} parameter(s), states "
-                     f"{list(self.optimizer.state_names)}")
+                     f"{list(self.optimizer.state_names)}; {where}")
         lines.append(f"memory: persistent {self.persistent_bytes / 2**20:.3g} MB (masters, copies, states), "
                      f"peak {self.peak_bytes / 2**20:.3g} MB")
         lines.append(self._executor.explain())
@@ -295,53 +298,62 @@ class Trainer:
         return plan, views
 
     def _optimizer_launch(self, plan: Plan):
-        """The optimizer as the plan's epilogue, launch(stream): unscaling (float16 loss scaling), clipping and every parameter's
-        update, reading the gradient slots of this plan and writing the masters, copies and states in place."""
-        grads = [plan.slots[plan.graph.outputs[autograd.grad_name(name)].name] for name in self.trained]
-        params = [self._masters[name] for name in self.trained]
-        states = [self._states[name] for name in self.trained]
-        copies = [self._copies.get(name) for name in self.trained]
-        optimizer, max_norm, scaler, seed = self.optimizer, self.grad_clip, self.loss_scale, self._seed
+        """The optimizer as the plan's epilogue, launch(stream): unscaling (float16 loss scaling), clipping and every
+        parameter's update on the float32 masters and states, then the parameter buffers the plans read rewritten.
+        On CUDA the gradients come to the host first (a synchronizing fallback until the device optimizer kernels
+        are merged; ``explain()`` says so)."""
+        names = list(self.trained)
+        grad_slots = [plan.slots[plan.graph.outputs[autograd.grad_name(name)].name] for name in names]
+        grad_types = [plan.graph.outputs[autograd.grad_name(name)].type for name in names]
+        optimizer, max_norm, scaler, scale = self.optimizer, self.grad_clip, self.loss_scale, self._scale
+        on_host = self.device == "cpu"
 
         def launch(stream):
-            unscaled = [g.astype(np.float64) / float(seed) for g in grads] if scaler else grads
+            grads = grad_slots if on_host else [_host_copy(slot, t, stream) for slot, t in zip(grad_slots, grad_types)]
+            unscaled = [g.astype(np.float64) / float(scale) for g in grads] if scaler else grads
             if scaler is not None and not all(np.isfinite(g).all() for g in unscaled):
-                seed[...] = float(seed) * scaler.backoff_factor
+                scale[...] = float(scale) * scaler.backoff_factor
                 self._growth_tracker = 0
+                self._refresh_seed(stream)
                 return
             if scaler is not None:
                 self._growth_tracker += 1
                 if self._growth_tracker == scaler.growth_interval:
-                    seed[...] = float(seed) * scaler.growth_factor
+                    scale[...] = float(scale) * scaler.growth_factor
                     self._growth_tracker = 0
-            scale = 1.0 if max_norm is None else _optim.clip_coefficient(unscaled, max_norm)
+                    self._refresh_seed(stream)
+            factor = 1.0 if max_norm is None else _optim.clip_coefficient(unscaled, max_norm)
             self.optimizer_steps += 1
-            for param, grad, state, copy in zip(params, unscaled, states, copies):
-                _optim.update(optimizer, self.optimizer_steps, param, grad if scale == 1.0 else grad * scale, state)
-                if copy is not None:
-                    copy[...] = param.astype(copy.dtype)
+            for name, grad in zip(names, unscaled):
+                _optim.update(optimizer, self.optimizer_steps, self._masters[name],
+                              grad if factor == 1.0 else grad * factor, self._states[name])
+                self._refresh(name, stream)
 
         return launch
 
-    def _compute_params(self) -> dict:
-        """The buffers the plans read as parameters: the masters, or their copies in the graph's dtype."""
-        return {name: self._copies.get(name, master) for name, master in self._masters.items()}
-
-    def _new_buffer(self, array: np.ndarray):
+    def _slot_of(self, host: np.ndarray, dtype: str):
+        """The buffer a plan reads for the host array ``host`` in ``dtype``: ``host`` itself on the CPU when the
+        dtype matches, else a copy (host or device)."""
         if self.device == "cpu":
-            return np.array(array, copy=True)
-        return self._backend.upload(array)
+            return host if host.dtype == to_numpy(dtype) else host.astype(to_numpy(dtype))
+        return self._backend.upload(host.astype(to_numpy(dtype)))
 
-    def _write(self, buffer, array: np.ndarray) -> None:
-        array = np.asarray(array).astype(buffer.dtype if self.device == "cpu" else to_numpy(buffer.dtype))
-        array = array.reshape(buffer.shape)
+    def _refresh(self, name: str, stream=None) -> None:
+        """Rewrites the buffer the plans read for parameter ``name`` from its master."""
+        slot, master = self._param_slots[name], self._masters[name]
+        if slot is master:
+            return
         if self.device == "cpu":
-            buffer[...] = array
+            slot[...] = master.astype(slot.dtype)
         else:
-            buffer.copy_from_numpy(array)
+            slot.copy_from_numpy(master.astype(to_numpy(self._compute_dtypes[name])), stream or 0)
 
-    def _to_host(self, buffer) -> np.ndarray:
-        return buffer.copy() if self.device == "cpu" else buffer.numpy()
+    def _refresh_seed(self, stream=None) -> None:
+        """Rewrites the seed buffer the plans read from the loss scale (on the step's stream during a step)."""
+        if self.device == "cpu":
+            self._seed[...] = self._scale.astype(self._seed.dtype)
+        else:
+            self._seed.copy_from_numpy(self._scale.astype(to_numpy(self._seed.dtype)), stream or 0)
 
 
 class DeviceLoss:
@@ -373,6 +385,11 @@ class DeviceLoss:
 
     def __repr__(self) -> str:
         return f"DeviceLoss(step={self._step}, dtype={self.dtype})"
+
+
+def _host_copy(slot, tensor_type, stream) -> np.ndarray:
+    """A plan slot (borrowed device bytes) copied to the host as an array of its type (synchronizes)."""
+    return slot.numpy(stream).view(to_numpy(tensor_type.dtype)).reshape(tensor_type.shape)
 
 
 def _inference_graph(graph: Graph, loss: str) -> Graph:

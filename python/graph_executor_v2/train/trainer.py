@@ -346,14 +346,16 @@ class Trainer:
         if self.device == "cpu":
             slot[...] = master.astype(slot.dtype)
         else:
-            slot.copy_from_numpy(master.astype(to_numpy(self._compute_dtypes[name])), stream or 0)
+            slot.copy_from_numpy(master.astype(to_numpy(self._compute_dtypes[name])).reshape(slot.shape), stream or 0)
 
     def _refresh_seed(self, stream=None) -> None:
         """Rewrites the seed buffer the plans read from the loss scale (on the step's stream during a step)."""
         if self.device == "cpu":
             self._seed[...] = self._scale.astype(self._seed.dtype)
         else:
-            self._seed.copy_from_numpy(self._scale.astype(to_numpy(self._seed.dtype)), stream or 0)
+            # (uploads keep 0-d arrays as shape (1,))
+            self._seed.copy_from_numpy(self._scale.astype(to_numpy(self._seed.dtype)).reshape(self._seed.shape),
+                                       stream or 0)
 
 
 class DeviceLoss:

@@ -129,6 +129,7 @@ def bench(torch, case, rng) -> dict:
         "ge2_peak_mb": trainer.peak_bytes / 2**20, "torch_peak_mb": torch_peak / 2**20,
         "memory_ratio": trainer.peak_bytes / torch_peak,
         "ge2_kernels": len(trainer._executor.plans[0].steps), "fallbacks": len(trainer._executor.fallbacks),
+        "capture": trainer._executor.plans[0].capture,
         "target": case["target"],
     }
 
@@ -143,6 +144,7 @@ def main():
                ("vs_graph", "GE2 / torch graph"), ("eager_speedup", "speedup vs eager"),
                ("ge2_tflops", "GE2 TFLOP/s"), ("ge2_peak_mb", "GE2 peak MB"), ("torch_peak_mb", "torch peak MB"),
                ("memory_ratio", "memory ratio"), ("ge2_kernels", "GE2 plan steps"), ("fallbacks", "fallbacks"),
+               ("capture", "GE2 CUDA graph"),
                ("target", "target")]
     print(write_results("train", rows, columns, "Training step: ge2.train (cuda) vs PyTorch eager and CUDA graph"))
 

@@ -103,16 +103,22 @@ def _finite_differences(op, inputs64, attrs, projection, index, step=1e-6):
     return grad
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda case: case[0])
-def test_grad_rule_matches_reference_backward_and_finite_differences(rng, case):
+def _case_backward_graph(rng, case):
+    """(arrays, projection, backward graph w.r.t. the float inputs, their names, feeds) of one CASES entry."""
     _, op, build, attrs = case
     arrays = build(rng)
     out_type = _op_graph(op, arrays, attrs)
     projection = _normal(rng, out_type.shape).astype(to_numpy(out_type.dtype))
-    g = _op_graph(op, arrays, attrs, projection)
     float_inputs = [f"in{i}" for i, a in enumerate(arrays) if a is not None and a.dtype.kind == "f"]
-    bg = autograd.backward_graph(g, "loss", wrt=float_inputs)
+    bg = autograd.backward_graph(_op_graph(op, arrays, attrs, projection), "loss", wrt=float_inputs)
     feeds = {f"in{i}": a for i, a in enumerate(arrays) if a is not None}
+    return arrays, projection, bg, float_inputs, feeds
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case[0])
+def test_grad_rule_matches_reference_backward_and_finite_differences(rng, case):
+    _, op, _, attrs = case
+    arrays, projection, bg, float_inputs, feeds = _case_backward_graph(rng, case)
     results = ge2.ExecutorV2(bg, passes=TRAINING_BACKWARD).run(feeds)
 
     expected, inputs64, full = _reference_grads(op, arrays, attrs, projection)
@@ -218,14 +224,8 @@ def test_bad_use_raises_naming_the_problem(rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case[0])
 def test_backward_graph_on_the_gpu_matches_the_cpu_backend(rng, case):
-    _, op, build, attrs = case
-    arrays = build(rng)
-    out_type = _op_graph(op, arrays, attrs)
-    projection = _normal(rng, out_type.shape).astype(to_numpy(out_type.dtype))
-    g = _op_graph(op, arrays, attrs, projection)
-    wrt = [f"in{i}" for i, a in enumerate(arrays) if a is not None and a.dtype.kind == "f"]
-    bg = autograd.backward_graph(g, "loss", wrt)
-    feeds = {f"in{i}": a for i, a in enumerate(arrays) if a is not None}
+    op = case[1]
+    arrays, projection, bg, wrt, feeds = _case_backward_graph(rng, case)
     executor = ge2.ExecutorV2(bg, device="cuda", passes=TRAINING_BACKWARD)
     assert not executor.fallbacks, [f"{s.node} ({s.op}): {s.kernel}" for s in executor.fallbacks]
     on_gpu = executor.run(feeds)
@@ -233,7 +233,8 @@ def test_backward_graph_on_the_gpu_matches_the_cpu_backend(rng, case):
     for name in wrt:
         reduction = max(max(a.shape) for a in arrays if a is not None)
         assert_close(on_gpu[autograd.grad_name(name)], on_cpu[autograd.grad_name(name)].astype(np.float64),
-                     out_type.dtype if op == "cast" else "float32", reduction, what=f"{op} grad {name} on the GPU")
+                     projection.dtype.name if op == "cast" else "float32", reduction,
+                     what=f"{op} grad {name} on the GPU")
 
 
 @pytest.mark.gpu

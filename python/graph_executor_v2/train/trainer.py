@@ -9,7 +9,10 @@ first step and replayed from then on. Parameters (float32 masters) and optimizer
 updated in place; the plan reads the parameters where they live, so nothing is copied between steps. A step feeds
 the batch and launches the plan: reading the loss (``float(loss)``) is the caller's choice and the only host sync.
 
-On ``device="cpu"`` every node and the optimizer run through the NumPy references (the CPU backend).
+On ``device="cpu"`` every node and the optimizer run through the NumPy references (the CPU backend). On
+``device="cuda"`` the nodes run as GPU kernels and the optimizer, in this build, on the host: the gradients are
+copied out and the parameters back each step (a visible fallback, reported by ``explain()``, which keeps the step
+plan from being captured) until the fused device optimizer kernels replace it.
 """
 from __future__ import annotations
 

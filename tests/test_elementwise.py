@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+import graph_executor_v2 as ge2
 from graph_executor_v2 import _native
 from graph_executor_v2.ir.types import TensorType
 from graph_executor_v2.ops import OPS, Problem
@@ -175,24 +176,27 @@ def test_run_reference_casts_to_input_dtype(rng):
 
 def test_validation_happens_before_device_work():
     a = np.zeros((3, 4), np.float32)
-    with pytest.raises(ValueError, match="op: expected one of"):
-        ew.forward_numpy("pow", a, a)
+    assert not hasattr(ge2.ops, "pow")
     with pytest.raises(ValueError, match="kernel: expected one of"):
-        ew.forward_numpy("add", a, a, kernel="fast")
+        ge2.ops.add.forward_numpy(a, a, kernel="fast")
     with pytest.raises(TypeError, match="b: expected a NumPy array, got list"):
-        ew.forward_numpy("add", a, [1.0])
-    with pytest.raises(ValueError, match="takes 2 input"):
-        ew.forward_numpy("add", a)
+        ge2.ops.add.forward_numpy(a, [1.0])
+    with pytest.raises(TypeError, match="missing required input 'b'"):
+        ge2.ops.add.forward_numpy(a)
+    with pytest.raises(ValueError, match="kernel: expected one of auto, vec16, rowcol, strided, got ndarray"):
+        ge2.ops.add.forward_numpy(a, a, a)
+    with pytest.raises(TypeError, match=r"takes at most 3 positional argument\(s\) \(a, b, kernel\)"):
+        ge2.ops.add.forward_numpy(a, a, "auto", a)
     with pytest.raises(ValueError, match="do not broadcast"):
-        ew.forward_numpy("mul", a, np.zeros((5,), np.float32))
+        ge2.ops.mul.forward_numpy(a, np.zeros((5,), np.float32))
     with pytest.raises(TypeError, match="b: expected dtype float32"):
-        ew.forward_numpy("add", a, a.astype(np.float16))
+        ge2.ops.add.forward_numpy(a, a.astype(np.float16))
     with pytest.raises(TypeError, match="x: expected dtype float32, float16 or bfloat16, got int32"):
-        ew.forward_numpy("relu", a.astype(np.int32))
+        ge2.ops.relu.forward_numpy(a.astype(np.int32))
     with pytest.raises(TypeError, match="dy: expected a NumPy array"):
-        ew.backward_numpy("relu", None, a)
-    with pytest.raises(ValueError, match=r"dy: expected float32\[3, 4\]"):
-        ew.backward_numpy("add", np.zeros((4,), np.float32), a, a)
+        ge2.ops.relu.backward_numpy(None, a)
+    with pytest.raises(ValueError, match=r"dy: expected shape \(3, 4\)"):
+        ge2.ops.add.backward_numpy(np.zeros((4,), np.float32), a, a)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -223,7 +227,9 @@ def test_native_reasons_and_table():
     assert "multiple of 8" in native.unsupported_reason("rowcol", "add", [4, 7], [7], "float16")
     assert "at most 2 dims" in native.unsupported_reason("rowcol", "add", [4, 1, 6], [1, 5, 1], "float32")
     assert native.unsupported_reason("strided", "relu", [3, 5], "float32") == ""
-    assert [k["name"] for k in ew.kernels()] == ["vec16", "rowcol", "strided"]
+    assert [k["name"] for k in ge2.ops.mul.kernels()] == ["vec16", "rowcol", "strided"]
+    assert [k["name"] for k in ge2.ops.relu.kernels()] == ["vec16", "strided"]
+    assert [k["name"] for k in ge2.ops.bias_add.kernels()] == ["rowcol", "strided"]
     with pytest.raises(ValueError, match="a, b: shapes"):
         native.broadcast_layout([3, 4], [5])
 
@@ -243,7 +249,7 @@ def test_binary_forward(rng, to_device, poisoned, op, dtype, a_shape, b_shape):
     a, b = _inputs(rng, op, (a_shape, b_shape), dtype)
     expected = OPS[op].run_reference([a, b], {})[0]
     out = poisoned(expected.shape, dtype)
-    ew.forward(op, to_device(a), to_device(b), out=out)
+    getattr(ge2.ops, op).forward(to_device(a), to_device(b), out=out)
     _check(out.numpy(), ew.reference(op, a, b), dtype, f"{op} {a_shape} {b_shape}")
 
 
@@ -258,9 +264,9 @@ def test_binary_each_kernel(rng, to_device, poisoned, kernel, a_shape, b_shape):
     out = poisoned(np.broadcast_shapes(a_shape, b_shape), dtype)
     if reason:
         with pytest.raises(ValueError, match="kernel: "):
-            ew.forward("mul", to_device(a), to_device(b), out=out, kernel=kernel)
+            ge2.ops.mul.forward(to_device(a), to_device(b), out=out, kernel=kernel)
         return
-    ew.forward("mul", to_device(a), to_device(b), out=out, kernel=kernel)
+    ge2.ops.mul.forward(to_device(a), to_device(b), out=out, kernel=kernel)
     _check(out.numpy(), a.astype(np.float64) * b, dtype, kernel)
 
 
@@ -271,10 +277,10 @@ def test_binary_each_kernel(rng, to_device, poisoned, kernel, a_shape, b_shape):
 def test_unary_forward(rng, to_device, poisoned, op, dtype, shape):
     x = random_array(rng, shape, dtype, scale=2.0)
     out = poisoned(shape, dtype)
-    ew.forward(op, to_device(x), out=out)
+    getattr(ge2.ops, op).forward(to_device(x), out=out)
     _check(out.numpy(), ew.reference(op, x), dtype, f"{op} {shape}")
     out = poisoned(shape, dtype)
-    ew.forward(op, to_device(x), out=out, kernel="strided")
+    getattr(ge2.ops, op).forward(to_device(x), out=out, kernel="strided")
     _check(out.numpy(), ew.reference(op, x), dtype, f"{op} {shape} strided")
 
 
@@ -282,9 +288,9 @@ def test_unary_forward(rng, to_device, poisoned, op, dtype, shape):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_bias_add_forward_and_numpy_face(rng, dtype):
     x, bias = random_array(rng, (4, 3, 40), dtype), random_array(rng, (40,), dtype)
-    _check(ew.forward_numpy("bias_add", x, bias), ew.reference("bias_add", x, bias), dtype, "bias_add")
+    _check(ge2.ops.bias_add.forward_numpy(x, bias), ew.reference("bias_add", x, bias), dtype, "bias_add")
     dy = random_array(rng, x.shape, dtype)
-    dx, dbias = ew.backward_numpy("bias_add", dy, x, bias)
+    dx, dbias = ge2.ops.bias_add.backward_numpy(dy, x, bias)
     ref_dx, ref_dbias = ew.reference_backward("bias_add", dy, x, bias)
     _check(dx, ref_dx, dtype, "bias_add dx")
     assert_close(dbias, ref_dbias, dtype, reduction_length=12, what="bias_add dbias")
@@ -296,7 +302,7 @@ def test_bias_add_forward_and_numpy_face(rng, dtype):
 def test_unary_backward(rng, op, dtype):
     x = random_array(rng, (37, 29), dtype, scale=2.0)
     dy = random_array(rng, x.shape, dtype)
-    dx = ew.backward_numpy(op, dy, x)
+    (dx,) = getattr(ge2.ops, op).backward_numpy(dy, x)
     _check(dx, ew.reference_backward(op, dy, x), dtype, f"{op} backward")
 
 
@@ -308,7 +314,7 @@ def test_unary_backward(rng, op, dtype):
 def test_binary_backward(rng, op, dtype, a_shape, b_shape):
     a, b = _inputs(rng, op, (a_shape, b_shape), dtype)
     dy = random_array(rng, np.broadcast_shapes(a_shape, b_shape), dtype)
-    da, db = ew.backward_numpy(op, dy, a, b)
+    da, db = getattr(ge2.ops, op).backward_numpy(dy, a, b)
     ref_da, ref_db = ew.reference_backward(op, dy, a, b)
     for grad, ref, shape, name in ((da, ref_da, a_shape, "da"), (db, ref_db, b_shape, "db")):
         assert grad.shape == shape
@@ -321,12 +327,12 @@ def test_binary_backward(rng, op, dtype, a_shape, b_shape):
 def test_empty_and_scalar_shapes(rng):
     a = np.zeros((0, 4), np.float32)
     b = random_array(rng, (4,), "float32")
-    assert ew.forward_numpy("add", a, b).shape == (0, 4)
-    da, db = ew.backward_numpy("mul", np.zeros((0, 4), np.float32), a, b)
+    assert ge2.ops.add.forward_numpy(a, b).shape == (0, 4)
+    da, db = ge2.ops.mul.backward_numpy(np.zeros((0, 4), np.float32), a, b)
     assert da.shape == (0, 4)
     np.testing.assert_array_equal(db, np.zeros(4, np.float32))  # an empty sum is zero
     s = np.array(2.5, np.float32)
-    np.testing.assert_allclose(ew.forward_numpy("mul", s, s), 6.25)
+    np.testing.assert_allclose(ge2.ops.mul.forward_numpy(s, s), 6.25)
 
 
 @pytest.mark.gpu
@@ -352,16 +358,16 @@ def test_torch_interop_and_misaligned_views(rng):
     base = torch.randn(4 * 64 + 1, device="cuda", dtype=torch.float16)
     a = base[1:].view(4, 64)  # 2-byte offset: not 16-byte aligned
     b = torch.randn(64, device="cuda", dtype=torch.float16)
-    y = ew.forward("mul", a, b)
+    y = ge2.ops.mul.forward(a, b)
     assert isinstance(y, torch.Tensor)
     expected = a.double().cpu().numpy() * b.double().cpu().numpy()
     _check(y.cpu().numpy(), expected, "float16", "misaligned mul")
     with pytest.raises(ValueError, match="16-byte aligned"):
-        ew.forward("mul", a, b, kernel="rowcol")
-    r = ew.forward("gelu", a)
+        ge2.ops.mul.forward(a, b, kernel="rowcol")
+    r = ge2.ops.gelu.forward(a)
     _check(r.cpu().numpy(), ew.reference("gelu", a.cpu().numpy()), "float16", "misaligned gelu")
     dy = torch.randn(4, 64, device="cuda", dtype=torch.float16)
-    da, db = ew.backward("mul", dy, a, b)
+    da, db = ge2.ops.mul.backward(dy, a, b)
     ref_da, ref_db = ew.reference_backward("mul", dy.cpu().numpy(), a.cpu().numpy(), b.cpu().numpy())
     _check(da.cpu().numpy(), ref_da, "float16", "misaligned da")
     assert_close(db.cpu().numpy(), ref_db, "float16", reduction_length=4, what="misaligned db")
@@ -371,6 +377,6 @@ def test_torch_interop_and_misaligned_views(rng):
 def test_shape_errors_on_device(to_device):
     a = to_device(np.zeros((3, 4), np.float32))
     with pytest.raises(ValueError, match="out: expected shape"):
-        ew.forward("add", a, a, out=to_device(np.zeros((4, 3), np.float32)))
+        ge2.ops.add.forward(a, a, out=to_device(np.zeros((4, 3), np.float32)))
     with pytest.raises(ValueError, match="dy: expected shape"):
-        ew.backward("add", to_device(np.zeros((4,), np.float32)), a, a)
+        ge2.ops.add.backward(to_device(np.zeros((4,), np.float32)), a, a)

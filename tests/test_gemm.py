@@ -87,22 +87,22 @@ F32 = np.float32
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        (dict(A=np.ones((2, 3), F32), B=np.ones((4, 5), F32)), ValueError, r"b: inner dimension mismatch.*2x3.*4x5"),
-        (dict(A=np.ones((2, 3), F32), B=np.ones((3, 5), np.float16)), TypeError, r"b: expected dtype float32.*float16"),
-        (dict(A=np.ones((2, 3, 1), F32), B=np.ones((3, 5), F32)), ValueError, r"a: expected a 2-d array"),
-        (dict(A=np.ones((2, 3), F32), B=np.ones(3, F32)), ValueError, r"b: expected a 2-d array"),
-        (dict(A=np.ones((2, 3), np.int32), B=np.ones((3, 5), np.int32)), TypeError, r"a: expected dtype float32"),
-        (dict(A=np.ones((2, 3), F32), B=np.ones((3, 5), F32), bias=np.ones(4, F32)), ValueError,
+        (dict(a=np.ones((2, 3), F32), b=np.ones((4, 5), F32)), ValueError, r"b: inner dimension mismatch.*2x3.*4x5"),
+        (dict(a=np.ones((2, 3), F32), b=np.ones((3, 5), np.float16)), TypeError, r"b: expected dtype float32.*float16"),
+        (dict(a=np.ones((2, 3, 1), F32), b=np.ones((3, 5), F32)), ValueError, r"a: expected a 2-d array"),
+        (dict(a=np.ones((2, 3), F32), b=np.ones(3, F32)), ValueError, r"b: expected a 2-d array"),
+        (dict(a=np.ones((2, 3), np.int32), b=np.ones((3, 5), np.int32)), TypeError, r"a: expected dtype float32"),
+        (dict(a=np.ones((2, 3), F32), b=np.ones((3, 5), F32), bias=np.ones(4, F32)), ValueError,
          r"bias: expected shape \(5,\).*got \(4,\)"),
-        (dict(A=np.ones((2, 3), F32), B=np.ones((3, 5), F32), bias=np.ones(5, np.float16)), TypeError,
+        (dict(a=np.ones((2, 3), F32), b=np.ones((3, 5), F32), bias=np.ones(5, np.float16)), TypeError,
          r"bias: expected dtype float32"),
-        (dict(A=np.ones((2, 3), F32), B=np.ones((3, 5), F32), C=np.ones((5, 2), F32), beta=1.0), ValueError,
+        (dict(a=np.ones((2, 3), F32), b=np.ones((3, 5), F32), c=np.ones((5, 2), F32), beta=1.0), ValueError,
          r"c: expected shape \(2, 5\)"),
-        (dict(A=np.ones((2, 3), F32), B=np.ones((3, 5), F32), act="tanhh"), ValueError, r"act: expected one of"),
-        (dict(A=np.ones((3, 2), F32), B=np.ones((3, 5), F32), trans_a=1), TypeError, r"trans_a: expected a bool"),
-        (dict(A=np.ones((2, 3), F32), B=np.ones((3, 5), F32), kernel="magic"), ValueError, r"kernel: expected one of"),
-        (dict(A=[[1.0]], B=np.ones((1, 1), F32)), TypeError, r"A: expected a NumPy array"),
-        (dict(A=np.ones((0, 3), F32), B=np.ones((3, 5), F32)), ValueError, r"every dimension must be >= 1"),
+        (dict(a=np.ones((2, 3), F32), b=np.ones((3, 5), F32), act="tanhh"), ValueError, r"attribute 'act' expected one of"),
+        (dict(a=np.ones((3, 2), F32), b=np.ones((3, 5), F32), trans_a=1), TypeError, r"attribute 'trans_a' expected bool"),
+        (dict(a=np.ones((2, 3), F32), b=np.ones((3, 5), F32), kernel="magic"), ValueError, r"kernel: expected one of"),
+        (dict(a=[[1.0]], b=np.ones((1, 1), F32)), TypeError, r"a: expected a NumPy array"),
+        (dict(a=np.ones((0, 3), F32), b=np.ones((3, 5), F32)), ValueError, r"every dimension must be >= 1"),
     ],
 )
 def test_forward_numpy_rejects_bad_arguments(kwargs, error, match):
@@ -113,7 +113,7 @@ def test_forward_numpy_rejects_bad_arguments(kwargs, error, match):
 def test_backward_numpy_requires_preact_for_activation():
     with pytest.raises(ValueError, match=r"preact: required for act='gelu'"):
         gemm.backward_numpy(np.ones((2, 5), F32), np.ones((2, 3), F32), np.ones((3, 5), F32), act="gelu")
-    with pytest.raises(ValueError, match=r"dY: expected shape \(2, 5\)"):
+    with pytest.raises(ValueError, match=r"dy: expected shape \(2, 5\)"):
         gemm.backward_numpy(np.ones((5, 2), F32), np.ones((2, 3), F32), np.ones((3, 5), F32))
 
 
@@ -128,7 +128,7 @@ def test_backward_numpy_validates_chaining_arguments():
 
 
 def test_forward_rejects_host_arrays_for_device_path():
-    with pytest.raises(TypeError, match=r"A: expected a CUDA device array"):
+    with pytest.raises(TypeError, match=r"a: expected a CUDA device array"):
         gemm.forward(np.ones((2, 3), F32), np.ones((3, 5), F32))
 
 
@@ -361,10 +361,10 @@ def test_backward_matches_reference(rng, dtype, act):
         kwargs = dict(act=act, alpha=1.0, beta=0.5, trans_a=trans_a, trans_b=trans_b, slope=0.1)
         _, z = gemm.reference(a, b, bias, c, **kwargs)
         z = z.astype(a.dtype)
-        grads = gemm.backward_numpy(dy, a, b, None if act == "none" else z, with_c=True, **kwargs)
-        assert grads.dbias_a is None
+        grads = gemm.backward_numpy(dy, a, b, bias, c, preact=None if act == "none" else z, **kwargs)
+        assert len(grads) == 4
         refs = gemm.reference_backward(dy, a, b, z, **kwargs)
-        for name, got, ref, length in zip(("dA", "dB", "dbias", "dC"), grads[:4], refs, (n, m, m, 1)):
+        for name, got, ref, length in zip(("dA", "dB", "dbias", "dC"), grads, refs, (n, m, m, 1)):
             assert_close(got, ref, dtype, length, what=f"{name} ta={trans_a} tb={trans_b}")
 
 
@@ -375,7 +375,8 @@ def test_backward_with_alpha_against_finite_differences(rng):
     bias, dy = rng.standard_normal(n).astype(np.float32), rng.standard_normal((m, n)).astype(np.float32)
     kwargs = dict(act="silu", alpha=0.75)
     _, z = gemm.reference(a, b, bias, **kwargs)
-    da, db, dbias, _, _ = gemm.backward_numpy(dy, a, b, z.astype(np.float32), **kwargs)
+    da, db, dbias, dc = gemm.backward_numpy(dy, a, b, bias, preact=z.astype(np.float32), **kwargs)
+    assert dc is None  # no c, no gradient for it
 
     def loss(a_, b_, bias_):
         return float((gemm.reference(a_, b_, bias_, **kwargs)[0] * dy).sum())
@@ -405,9 +406,17 @@ def test_backward_chained_through_previous_activation(rng, dtype, a_act):
 
         a = activations.apply(a_act, a_preact.astype(np.float64), 0.1).astype(a_preact.dtype)
         b, dy = random_array(rng, (k, n), dtype, 0.5), random_array(rng, (m, n), dtype)
-        grads = gemm.backward_numpy(dy, a, b, trans_a=trans_a, a_preact=a_preact, a_act=a_act, a_slope=0.1)
+        runtime = ge2.device.runtime()
+        dbias_a = runtime.DeviceArray.empty([a.shape[1]], dtype)
+        dbias_a.poison()
+        device = runtime.DeviceArray.from_numpy
+        grads = gemm.backward(device(dy), device(a), device(b), trans_a=trans_a, a_preact=device(a_preact),
+                              a_act=a_act, a_slope=0.1, dbias_a_out=dbias_a)
+        assert grads[2] is None and grads[3] is None
         d_a, _, _, _ = gemm.reference_backward(dy, a, b, trans_a=trans_a)
         d_pre = d_a * activations.derivative(a_act, a_preact.astype(np.float64), 0.1)
-        assert_close(grads.dA, d_pre, dtype, n, what=f"dA_pre ta={trans_a} k={k}")
-        assert_close(grads.dbias_a, d_pre.sum(axis=0), dtype, n * (k if trans_a else m),
+        assert_close(grads[0].numpy(), d_pre, dtype, n, what=f"dA_pre ta={trans_a} k={k}")
+        assert_close(dbias_a.numpy(), d_pre.sum(axis=0), dtype, n * (k if trans_a else m),
                      what=f"dbias_a ta={trans_a} k={k}")
+        with pytest.raises(ValueError, match="dbias_a_out: required"):
+            gemm.backward(device(dy), device(a), device(b), trans_a=trans_a, a_preact=device(a_preact), a_act=a_act)

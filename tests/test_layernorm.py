@@ -70,7 +70,7 @@ def test_reference_backward_matches_finite_differences(rng, shape):
     "kwargs, error, match",
     [
         (dict(x=np.ones((2, 3), F32), gamma=np.ones(4, F32), beta=np.ones(3, F32)), ValueError,
-         r"gamma: expected shape \(3,\) \(the last axis of x\), got \(4,\)"),
+         r"gamma: expected shape \(3,\) \(the last axis of x\), got float32\[4\]"),
         (dict(x=np.ones((2, 3), F32), gamma=np.ones(3, F32), beta=np.ones((1, 3), F32)), ValueError,
          r"beta: expected shape \(3,\)"),
         (dict(x=np.ones((2, 3), F32), gamma=np.ones(3, np.float16), beta=np.ones(3, F32)), TypeError,
@@ -84,15 +84,15 @@ def test_reference_backward_matches_finite_differences(rng, shape):
         (dict(x=np.ones((2, 0), F32), gamma=np.ones(0, F32), beta=np.ones(0, F32)), ValueError,
          r"x: the last \(normalized\) axis needs at least 1 element"),
         (dict(x=np.ones((2, 3), F32), gamma=np.ones(3, F32), beta=np.ones(3, F32), eps=0.0), ValueError,
-         r"eps: must be a finite value > 0"),
+         r"'eps' must be a finite value > 0"),
         (dict(x=np.ones((2, 3), F32), gamma=np.ones(3, F32), beta=np.ones(3, F32), eps=-1e-5), ValueError,
-         r"eps: must be a finite value > 0"),
+         r"'eps' must be a finite value > 0"),
         (dict(x=np.ones((2, 3), F32), gamma=np.ones(3, F32), beta=np.ones(3, F32), eps=float("nan")), ValueError,
-         r"eps: must be a finite value > 0"),
+         r"'eps' must be a finite value > 0"),
         (dict(x=np.ones((2, 3), F32), gamma=np.ones(3, F32), beta=np.ones(3, F32), eps=1e-50), ValueError,
-         r"eps: must be a finite value > 0 \(in float32\)"),
+         r"'eps' must be a finite value > 0 \(in float32\)"),
         (dict(x=np.ones((2, 3), F32), gamma=np.ones(3, F32), beta=np.ones(3, F32), eps="1e-5"), TypeError,
-         r"eps: expected a float, got str"),
+         r"attribute 'eps' expected float, got str"),
         (dict(x=np.ones((2, 3), F32), gamma=np.ones(3, F32), beta=np.ones(3, F32), kernel="magic"), ValueError,
          r"kernel: expected one of auto, warp_per_row, block_per_row, multipass"),
         (dict(x=[[1.0]], gamma=np.ones(1, F32), beta=np.ones(1, F32)), TypeError, r"x: expected a NumPy array"),
@@ -106,20 +106,20 @@ def test_forward_numpy_rejects_bad_arguments(kwargs, error, match):
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        (dict(dy=np.ones((3, 2), F32)), ValueError, r"dy: expected shape \(2, 3\) \(the shape of x\), got \(3, 2\)"),
-        (dict(dy=np.ones((2, 3), np.float16)), TypeError, r"dy: expected dtype float32 \(the dtype of x\)"),
+        (dict(dy=np.ones((3, 2), F32)), ValueError, r"dy: expected shape \(2, 3\) \(the output's\), got \(3, 2\)"),
+        (dict(dy=np.ones((2, 3), np.float16)), TypeError, r"dy: expected dtype float32 \(the output's\)"),
         (dict(gamma=np.ones(2, F32)), ValueError, r"gamma: expected shape \(3,\)"),
-        (dict(mean=np.zeros(2, F32)), ValueError, r"mean, rstd: pass both saved statistics or neither"),
-        (dict(rstd=np.zeros(2, F32)), ValueError, r"mean, rstd: pass both saved statistics or neither"),
+        (dict(mean=np.zeros(2, F32)), ValueError, r"mean, rstd: pass all saved statistics or none"),
+        (dict(rstd=np.zeros(2, F32)), ValueError, r"mean, rstd: pass all saved statistics or none"),
         (dict(mean=np.zeros(3, F32), rstd=np.ones(3, F32)), ValueError,
          r"mean: expected shape \(2,\) \(one float32 per row of x\), got \(3,\)"),
-        (dict(mean=np.zeros(2, F32), rstd=np.ones(2, np.float64)), TypeError, r"rstd: expected dtype float32"),
-        (dict(eps=0), ValueError, r"eps: must be a finite value > 0"),
+        (dict(mean=np.zeros(2, F32), rstd=np.ones(2, np.float64)), TypeError, r"rstd: expected (dtype float32|one of float32)"),
+        (dict(eps=0), ValueError, r"'eps' must be a finite value > 0"),
         (dict(kernel="fast"), ValueError, r"kernel: expected one of"),
     ],
 )
 def test_backward_numpy_rejects_bad_arguments(kwargs, error, match):
-    arguments = dict(dy=np.ones((2, 3), F32), x=np.ones((2, 3), F32), gamma=np.ones(3, F32))
+    arguments = dict(dy=np.ones((2, 3), F32), x=np.ones((2, 3), F32), gamma=np.ones(3, F32), beta=np.ones(3, F32))
     arguments.update(kwargs)
     with pytest.raises(error, match=match):
         layernorm.backward_numpy(**arguments)
@@ -315,7 +315,7 @@ def test_forward_zero_rows(to_device):
     gamma = to_device(np.ones(8, np.float16))
     y, mean, rstd = layernorm.forward(x, gamma, gamma, save_stats=True)
     assert y.shape == (0, 8) and mean.shape == (0,) and rstd.shape == (0,)
-    dx, dgamma, dbeta = layernorm.backward(x, x, gamma)
+    dx, dgamma, dbeta = layernorm.backward(x, x, gamma, gamma)
     assert dx.shape == (0, 8)
     np.testing.assert_array_equal(dgamma.numpy(), 0)
     np.testing.assert_array_equal(dbeta.numpy(), 0)
@@ -330,7 +330,7 @@ def test_explicit_kernel_that_cannot_run_is_a_clear_error(to_device):
     x = to_device(np.ones((2, 10000), np.float32))
     gamma = to_device(np.ones(10000, np.float32))
     with pytest.raises(ValueError, match=r"kernel: 'block_per_row' cannot run this problem: .*backward"):
-        layernorm.backward(x, x, gamma, kernel="block_per_row")
+        layernorm.backward(x, x, gamma, gamma, kernel="block_per_row")
 
 
 def _check_backward(rng, poisoned, to_device, shape, dtype, kernel, saved_stats, offset=0.0, eps=1e-5):
@@ -343,8 +343,8 @@ def _check_backward(rng, poisoned, to_device, shape, dtype, kernel, saved_stats,
         _, mean, rstd = layernorm.forward(dx_x, gamma_d, to_device(beta), eps=eps, save_stats=True)
     cols, rows = shape[-1], int(np.prod(shape[:-1]))
     outs = poisoned(shape, dtype), poisoned((cols,), dtype), poisoned((cols,), dtype)
-    dx, dgamma, dbeta = layernorm.backward(to_device(dy), dx_x, gamma_d, mean, rstd, eps=eps, kernel=kernel,
-                                           dx_out=outs[0], dgamma_out=outs[1], dbeta_out=outs[2])
+    dx, dgamma, dbeta = layernorm.backward(to_device(dy), dx_x, gamma_d, to_device(beta), eps=eps, kernel=kernel,
+                                           out=outs, mean=mean, rstd=rstd)
     assert all(got is out for got, out in zip((dx, dgamma, dbeta), outs))
     what = f"{kernel} {dtype} {shape} saved_stats={saved_stats}"
     atol, rtol = tolerance(dtype)
@@ -414,16 +414,16 @@ def test_backward_matches_finite_differences(rng, to_device, kernel):
             return float((layernorm.reference(x, gamma, beta, eps)[0] * dy).sum())
 
         numeric = [numeric_gradient(loss, a) for a in (x, gamma, beta)]
-        grads = layernorm.backward(*(to_device(a.astype(F32)) for a in (dy, x, gamma)), eps=eps, kernel=kernel)
+        grads = layernorm.backward(*(to_device(a.astype(F32)) for a in (dy, x, gamma, beta)), eps=eps, kernel=kernel)
         for name, got, expected in zip(("dx", "dgamma", "dbeta"), grads, numeric):
             np.testing.assert_allclose(got.numpy(), expected, rtol=1e-4, atol=1e-4, err_msg=f"{name} {shape}")
 
 
 @pytest.mark.gpu
 def test_backward_is_deterministic(rng, to_device):
-    x, gamma, _ = inputs(rng, (4097, 768), "bfloat16")
+    x, gamma, beta = inputs(rng, (4097, 768), "bfloat16")
     dy = random_array(rng, (4097, 768), "bfloat16")
-    args = [to_device(a) for a in (dy, x, gamma)]
+    args = [to_device(a) for a in (dy, x, gamma, beta)]
     first = [g.numpy() for g in layernorm.backward(*args)]
     for _ in range(3):
         again = [g.numpy() for g in layernorm.backward(*args)]
@@ -433,17 +433,18 @@ def test_backward_is_deterministic(rng, to_device):
 
 @pytest.mark.gpu
 def test_backward_workspace_argument(rng, to_device):
-    x, gamma, _ = inputs(rng, (64, 256), "float32")
+    x, gamma, beta = inputs(rng, (64, 256), "float32")
     dy = random_array(rng, (64, 256), "float32")
     need = layernorm.backward_workspace_bytes((64, 256), "float32")
     assert need > 0 and need % 4 == 0
     assert layernorm.backward_workspace_bytes((0, 256), "float32") == 0
     runtime = ge2.device.runtime()
     workspace = runtime.DeviceArray.empty([need // 4], "float32")
-    dx, dgamma, dbeta = layernorm.backward(to_device(dy), to_device(x), to_device(gamma), workspace=workspace)
+    dx, dgamma, dbeta = layernorm.backward(to_device(dy), to_device(x), to_device(gamma), to_device(beta),
+                                           workspace=workspace)
     assert_close(dgamma.numpy(), layernorm.reference_backward(dy, x, gamma)[1], "float32", 64)
     with pytest.raises(ValueError, match=r"workspace: this problem needs \d+ bytes"):
-        layernorm.backward(to_device(dy), to_device(x), to_device(gamma),
+        layernorm.backward(to_device(dy), to_device(x), to_device(gamma), to_device(beta),
                            workspace=runtime.DeviceArray.empty([need // 4 - 1], "float32"))
 
 
@@ -492,7 +493,7 @@ def test_misaligned_torch_views_take_the_scalar_path(rng, dtype):
         expected = layernorm.reference(*(t.float().cpu().numpy() for t in (x, gamma, beta)))[0]
         assert_close(y.float().cpu().numpy(), expected, dtype, what=f"y {rows}x{cols}")
         dy = torch.randn(rows, cols, device="cuda", dtype=tdtype)
-        grads = layernorm.backward(dy, x, gamma)
+        grads = layernorm.backward(dy, x, gamma, beta)
         expected = layernorm.reference_backward(*(t.float().cpu().numpy() for t in (dy, x, gamma)))
         for name, got, ref in zip(("dx", "dgamma", "dbeta"), grads, expected):
             assert_within(got.float().cpu().numpy(), ref, 4 * tolerance(dtype)[0] * np.sqrt(rows),
@@ -526,7 +527,7 @@ def test_torch_interop_matches_torch(dtype):
                                atol=1e-4, rtol=1e-4)
     dy = torch.randn_like(expected)
     expected_grads = torch.autograd.grad(expected, (x, gamma, beta), dy)
-    grads = layernorm.backward(dy, x.detach(), gamma.detach(), mean, rstd)
+    grads = layernorm.backward(dy, x.detach(), gamma.detach(), beta.detach(), mean=mean, rstd=rstd)
     for name, got, ref in zip(("dx", "dgamma", "dbeta"), grads, expected_grads):
         assert isinstance(got, torch.Tensor) and got.dtype == tdtype
         scale = float(ref.float().abs().max())
@@ -540,7 +541,7 @@ def test_streams(rng, to_device):
     x, gamma, beta = inputs(rng, (256, 512), "float16")
     args = [to_device(a) for a in (x, gamma, beta)]
     y = layernorm.forward(*args, stream=stream)
-    grads = layernorm.backward(args[0], args[0], args[1], stream=stream)
+    grads = layernorm.backward(args[0], args[0], args[1], args[2], stream=stream)
     stream.synchronize()
     assert_close(y.numpy(), layernorm.reference(x, gamma, beta)[0], "float16")
     assert_close(grads[2].numpy(), layernorm.reference_backward(x, x, gamma)[2], "float16", 256)

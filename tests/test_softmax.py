@@ -75,12 +75,11 @@ def test_reference_backward_matches_finite_differences(rng, op, shape, axis):
 @pytest.mark.parametrize(
     "args, kwargs, error, match",
     [
-        (("softmaxx", np.ones((2, 3), F32)), {}, ValueError, r"op: expected 'softmax' or 'log_softmax', got 'softmaxx"),
         (("softmax", np.ones((2, 3), F32)), dict(axis=2), ValueError, r"axis: expected an int in \[-2, 2\).*got 2"),
         (("log_softmax", np.ones((2, 3), F32)), dict(axis=-3), ValueError, r"axis: expected an int in \[-2, 2\)"),
-        (("softmax", np.ones((2, 3), F32)), dict(axis=1.0), TypeError, r"axis: expected an int, got float"),
-        (("softmax", np.ones((2, 3), F32)), dict(axis=True), TypeError, r"axis: expected an int, got bool"),
-        (("softmax", np.ones((2, 3), F32)), dict(axis=None), TypeError, r"axis: expected an int, got NoneType"),
+        (("softmax", np.ones((2, 3), F32)), dict(axis=1.0), TypeError, r"attribute 'axis' expected int, got float"),
+        (("softmax", np.ones((2, 3), F32)), dict(axis=True), TypeError, r"attribute 'axis' expected int, got bool"),
+        (("softmax", np.ones((2, 3), F32)), dict(axis=None), TypeError, r"attribute 'axis' expected int, got NoneType"),
         (("softmax", np.ones((), F32)), {}, ValueError, r"x: softmax needs an array of at least 1"),
         (("softmax", np.ones((2, 3), np.int32)), {}, TypeError, r"x: expected dtype float32, float16 or bfloat16"),
         (("softmax", [[1.0, 2.0]]), {}, TypeError, r"x: expected a NumPy array, got list"),
@@ -88,41 +87,44 @@ def test_reference_backward_matches_finite_differences(rng, op, shape, axis):
     ],
 )
 def test_forward_numpy_rejects_bad_arguments(args, kwargs, error, match):
+    op, *arrays = args
     with pytest.raises(error, match=match):
-        softmax.forward_numpy(*args, **kwargs)
+        getattr(ge2.ops, op).forward_numpy(*arrays, **kwargs)
 
 
 @pytest.mark.parametrize(
     "args, kwargs, error, match",
     [
         (("softmax", np.ones((2, 3), F32), np.ones((3, 2), F32)), {}, ValueError,
-         r"dy: expected shape \(3, 2\) \(the shape of y\), got \(2, 3\)"),
+         r"dy: expected shape \(3, 2\) \(the output's\), got \(2, 3\)"),
         (("softmax", np.ones((2, 3), np.float16), np.ones((2, 3), F32)), {}, TypeError,
-         r"dy: expected dtype float32 \(the dtype of y\), got float16"),
+         r"dy: expected dtype float32 \(the output's\), got float16"),
         (("log_softmax", np.ones((2, 3), F32), np.ones((2, 3), F32)), dict(axis=5), ValueError, r"axis: expected"),
-        (("softmax", np.ones((2, 3), F32), [[1.0]]), {}, TypeError, r"y: expected a NumPy array"),
-        (("max", np.ones((2, 3), F32), np.ones((2, 3), F32)), {}, ValueError, r"op: expected 'softmax'"),
+        (("softmax", np.ones((2, 3), F32), np.ones((2, 3), F32)), dict(y=[[1.0]]), TypeError,
+         r"y: expected a NumPy array"),
+        (("softmax", np.ones((2, 3), F32), [[1.0]]), {}, TypeError, r"x: expected a NumPy array"),
     ],
 )
 def test_backward_numpy_rejects_bad_arguments(args, kwargs, error, match):
+    op, *arrays = args
     with pytest.raises(error, match=match):
-        softmax.backward_numpy(*args, **kwargs)
+        getattr(ge2.ops, op).backward_numpy(*arrays, **kwargs)
 
 
 def test_device_path_rejects_host_arrays():
     with pytest.raises(TypeError, match=r"x: expected a CUDA device array"):
-        softmax.forward("softmax", np.ones((2, 3), F32))
-    with pytest.raises(TypeError, match=r"dy: expected a CUDA device array"):
-        softmax.backward("softmax", np.ones((2, 3), F32), np.ones((2, 3), F32))
+        softmax.forward(np.ones((2, 3), F32))
+    with pytest.raises(TypeError, match=r"x: expected a CUDA device array"):
+        ge2.ops.log_softmax.backward(np.ones((2, 3), F32), np.ones((2, 3), F32))
 
 
 def test_no_gpu_is_a_clear_error():
     if ge2.device_count() > 0:
         pytest.skip("this machine has a GPU")
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
-        softmax.forward_numpy("softmax", np.ones((2, 3), F32))
+        softmax.forward_numpy(np.ones((2, 3), F32))
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
-        softmax.backward_numpy("log_softmax", np.ones((2, 3), F32), np.ones((2, 3), F32))
+        ge2.ops.log_softmax.backward_numpy(np.ones((2, 3), F32), np.ones((2, 3), F32))
 
 
 def test_layout_is_outer_n_inner():
@@ -215,15 +217,18 @@ def _forward(op, x, axis, kernel, poisoned):
     """GPU forward into a NaN-poisoned output, returned as a host array."""
     device_x = ge2.device.runtime().DeviceArray.from_numpy(np.ascontiguousarray(x))
     out = poisoned(x.shape, ge2.dtypes.normalize(x.dtype))
-    softmax.forward(op, device_x, axis=axis, kernel=kernel, out=out)
+    getattr(ge2.ops, op).forward(device_x, axis=axis, kernel=kernel, out=out)
     return out.numpy()
 
 
 def _backward(op, dy, y, axis, kernel, poisoned):
+    """GPU backward from the saved forward output y (x, only read for its shape and dtype, is y itself)."""
     runtime = ge2.device.runtime()
     out = poisoned(y.shape, ge2.dtypes.normalize(y.dtype))
-    softmax.backward(op, runtime.DeviceArray.from_numpy(dy), runtime.DeviceArray.from_numpy(y), axis=axis,
-                     kernel=kernel, out=out)
+    device_y = runtime.DeviceArray.from_numpy(y)
+    (dx,) = getattr(ge2.ops, op).backward(runtime.DeviceArray.from_numpy(dy), device_y, axis=axis, kernel=kernel,
+                                          out=out, y=device_y)
+    assert dx is out
     return out.numpy()
 
 
@@ -289,8 +294,10 @@ def test_any_axis_forward_and_backward(rng, poisoned, op, dtype):
 def test_backward_against_finite_differences(rng, op, shape, axis):
     x = rng.standard_normal(shape).astype(F32)
     dy = rng.standard_normal(shape).astype(F32)
-    y = softmax.forward_numpy(op, x, axis=axis)
-    dx = softmax.backward_numpy(op, dy, y, axis=axis)
+    y = getattr(ge2.ops, op).forward_numpy(x, axis=axis)
+    (dx,) = getattr(ge2.ops, op).backward_numpy(dy, x, axis=axis, y=y)
+    (recomputed,) = getattr(ge2.ops, op).backward_numpy(dy, x, axis=axis)  # y recomputed from x
+    np.testing.assert_array_equal(dx, recomputed)
     x64 = x.astype(np.float64)
     numeric = numeric_gradient(lambda: float((softmax.reference(op, x64, axis) * dy).sum()), x64)
     assert_close(dx, numeric, "float32", shape[axis], what=f"d{op} vs central differences")
@@ -346,9 +353,9 @@ def test_empty_arrays_launch_nothing():
     runtime = ge2.device.runtime()
     for shape, axis in (((0, 5), -1), ((3, 0), -1), ((3, 0, 4), 0)):
         x = runtime.DeviceArray.empty(list(shape), "float16")
-        y = softmax.forward("softmax", x, axis=axis)
+        y = softmax.forward(x, axis=axis)
         assert y.shape == shape
-        assert softmax.backward("log_softmax", y, y, axis=axis).shape == shape
+        assert ge2.ops.log_softmax.backward(y, x, axis=axis, y=y)[0].shape == shape
 
 
 @pytest.mark.gpu
@@ -376,10 +383,10 @@ def test_results_are_deterministic(rng, kernel):
     n = 20000 if kernel == "block_row_two_pass" else 1000
     x = random_array(rng, (64, n), "float32", 3.0)
     dy = random_array(rng, (64, n), "float32")
-    first = softmax.forward_numpy("softmax", x, kernel=kernel)
-    assert np.array_equal(first, softmax.forward_numpy("softmax", x, kernel=kernel))
-    dx = softmax.backward_numpy("softmax", dy, first, kernel=kernel)
-    assert np.array_equal(dx, softmax.backward_numpy("softmax", dy, first, kernel=kernel))
+    first = softmax.forward_numpy(x, kernel=kernel)
+    assert np.array_equal(first, softmax.forward_numpy(x, kernel=kernel))
+    (dx,) = softmax.backward_numpy(dy, x, kernel=kernel, y=first)
+    assert np.array_equal(dx, softmax.backward_numpy(dy, x, kernel=kernel, y=first)[0])
 
 
 @pytest.mark.gpu
@@ -394,25 +401,25 @@ def test_misaligned_views_and_torch_interop(dtype):
         out_storage = torch.full((rows * n + 1,), float("nan"), device="cuda", dtype=tdtype)
         out = out_storage[1:].view(rows, n)
         for op, reference in (("softmax", torch.softmax), ("log_softmax", torch.log_softmax)):
-            result = softmax.forward(op, x, out=out)
+            result = getattr(ge2.ops, op).forward(x, out=out)
             assert result is out
             expected = reference(x.float(), -1)
             assert_close(out.float().cpu().numpy(), expected.cpu().numpy(), dtype, what=f"{op} misaligned n={n}")
     x = torch.randn(4, 7, 9, device="cuda", dtype=tdtype, requires_grad=True)
     for op, function in (("softmax", torch.softmax), ("log_softmax", torch.log_softmax)):
         for axis in (0, 1, 2):
-            y = softmax.forward(op, x.detach(), axis=axis, stream=torch.cuda.current_stream())
+            y = getattr(ge2.ops, op).forward(x.detach(), axis=axis, stream=torch.cuda.current_stream())
             assert isinstance(y, torch.Tensor) and y.dtype == tdtype and y.shape == x.shape
             reference = function(x.float(), axis)
             assert_close(y.float().cpu().numpy(), reference.detach().cpu().numpy(), dtype, what=f"{op} axis={axis}")
             dy = torch.randn_like(x)
             (grad,) = torch.autograd.grad(reference, x, dy.float())
-            dx = softmax.backward(op, dy, y, axis=axis)
+            (dx,) = getattr(ge2.ops, op).backward(dy, x.detach(), axis=axis, y=y)
             assert isinstance(dx, torch.Tensor)
             assert_close(dx.float().cpu().numpy(), grad.float().cpu().numpy(), dtype, 9,
                          what=f"d{op} axis={axis} vs torch autograd")
-    with pytest.raises(ValueError, match=r"x: expected a contiguous array"):
-        softmax.forward("softmax", torch.randn(8, 8, device="cuda").t())
+    with pytest.raises(ValueError, match=r"x: expected a contiguous"):
+        softmax.forward(torch.randn(8, 8, device="cuda").t())
 
 
 @pytest.mark.gpu
@@ -420,11 +427,11 @@ def test_misaligned_views_and_torch_interop(dtype):
 def test_large_fp16_rows_match_torch(op):
     torch = pytest.importorskip("torch")
     x = torch.randn(16384, 4096, device="cuda", dtype=torch.float16) * 4
-    y = softmax.forward(op, x)
+    y = getattr(ge2.ops, op).forward(x)
     expected = (torch.softmax if op == "softmax" else torch.log_softmax)(x.float(), -1)
     torch.testing.assert_close(y.float(), expected, rtol=2e-3, atol=1e-3)
     dy = torch.randn_like(x)
-    dx = softmax.backward(op, dy, y)
+    (dx,) = getattr(ge2.ops, op).backward(dy, x, y=y)
     y_ = y.float().requires_grad_()
     if op == "softmax":
         grad = y_ * (dy.float() - (dy.float() * y_).sum(-1, keepdim=True))
@@ -456,8 +463,8 @@ def test_replays_in_a_cuda_graph(rng):
     y, dx = runtime.DeviceArray.empty([64, 3000], "float16"), runtime.DeviceArray.empty([64, 3000], "float16")
 
     def run():
-        softmax.forward("softmax", x, out=y, stream=stream)
-        softmax.backward("softmax", x, y, out=dx, stream=stream)
+        softmax.forward(x, out=y, stream=stream)
+        softmax.backward(x, x, out=dx, stream=stream, y=y)
 
     run()
     stream.synchronize()

@@ -6,6 +6,7 @@ strides) without copying; ops allocate their outputs as the same kind of array a
 """
 from __future__ import annotations
 
+import functools
 import sys
 from typing import NamedTuple
 
@@ -108,6 +109,38 @@ def view_of(array, argument: str = "array") -> DeviceView:
     )
 
 
+def _torch_signature(array):
+    return (array.shape, array.dtype, array.get_device(), array.is_contiguous()), array.data_ptr()
+
+
+def _ge2_signature(array):
+    view = array.view_tuple()
+    return view[1:], view[0]
+
+
+def _cupy_signature(array):
+    return (array.shape, array.dtype, array.strides, array.device.id), array.data.ptr
+
+
+def _other_signature(array):
+    view = view_of(array)
+    return view[1:], view[0]
+
+
+_SIGNATURES = {"torch": _torch_signature, "ge2": _ge2_signature, "cupy": _cupy_signature, "other": _other_signature}
+_SIGNATURE_OF_TYPE: dict[type, object] = {}
+
+
+def signature(array) -> tuple[tuple, int]:
+    """(key, address): a hashable key of everything but the address that decides whether an op can run on the
+    array (shape, dtype, layout, device), and the address. The cheapest query each library offers, chosen once
+    per type: op faces call this on every call and validate once per key (with ``view_of``)."""
+    function = _SIGNATURE_OF_TYPE.get(type(array))
+    if function is None:
+        function = _SIGNATURE_OF_TYPE[type(array)] = _SIGNATURES[_kind(array)]
+    return function(array)
+
+
 def as_device_array(array, argument: str = "array"):
     """A ``DeviceArray`` sharing memory with ``array`` (DeviceArray, DLPack or CUDA-array-interface object)."""
     rt = runtime()
@@ -138,6 +171,24 @@ def empty_like_kind(template, shape: tuple, dtype: str, device: int):
         with cupy.cuda.Device(device):
             return cupy.empty(shape, dtype=dtype)
     return runtime().DeviceArray.empty(list(shape), dtype, device)
+
+
+def allocator(template, shape: tuple, dtype: str, device: int):
+    """A function of no arguments making new outputs like ``empty_like_kind(template, shape, dtype, device)``,
+    with the per-call work (dtype and device lookup) done here once."""
+    kind = _kind(template)
+    shape = tuple(shape)
+    if kind == "torch":
+        torch = sys.modules["torch"]
+        return functools.partial(torch.empty, shape, dtype=getattr(torch, dtype), device=torch.device("cuda", device))
+    if kind == "cupy" and dtype != "bfloat16":
+        return functools.partial(empty_like_kind, template, shape, dtype, device)
+    return functools.partial(runtime().DeviceArray.empty, list(shape), dtype, device)
+
+
+@functools.cache
+def compute_capability(device: int) -> tuple[int, int]:
+    return tuple(runtime().device_properties(device)["compute_capability"])
 
 
 def stream_handle(stream) -> int:

@@ -1,10 +1,13 @@
 """GE2 ops. Importing this package registers every op definition in ``OPS``; native modules load on first use.
 
-Each op module with a native kernel has the same face: ``forward_numpy`` (host in, host out), ``forward`` (device
-arrays: DeviceArray, torch, CuPy), ``backward_numpy``, ``backward`` and ``kernels()``. ``matmul`` is a graph-level op
-only: canonicalization turns it into ``gemm``, whose face and kernels it uses.
+Every op has the same face, ``ge2.ops.<op>``: ``forward_numpy`` (host in, host out), ``forward`` (device arrays:
+DeviceArray, torch, CuPy), ``backward_numpy``, ``backward`` (a tuple with one gradient per input), ``kernels()`` and
+``prepare`` (a call validated once). The faces are generated from the op definitions (``ops/_face.py``); an op module
+that holds one op is its face (``ops.gemm``), the others' faces are attributes of this package (``ops.add``,
+``ops.log_softmax``, ``ops.sum``, ``ops.reshape``). The convention is in CONTRIBUTING.md, "The op face".
 """
 from ._base import OPS, Attr, Candidate, Input, OpDef, Problem, register
+from ._face import FACES, Face
 from . import elementwise, gemm, matmul
 from . import concat, slice, transpose
 from . import layernorm, rmsnorm
@@ -12,6 +15,10 @@ from . import cross_entropy, dropout, embedding
 from . import reduce, softmax
 from . import cast
 
-__all__ = ["OPS", "Attr", "Candidate", "Input", "OpDef", "Problem", "register", "elementwise", "gemm", "matmul",
-           "concat", "slice", "transpose", "layernorm", "rmsnorm", "cross_entropy", "dropout", "embedding",
-           "reduce", "softmax", "cast"]
+# The faces of ops that share a module (add, relu, log_softmax, sum, reshape, ...); one-op modules are their face.
+globals().update({name: face for name, face in FACES.items() if name not in globals()})
+
+# Backward ops (``<op>_backward``, ``cross_entropy_with_grad``) are IR ops that training plans run; their kernels
+# are reachable through the forward op's face (``ops.relu.backward``), so they have no face of their own.
+__all__ = ["OPS", "FACES", "Attr", "Candidate", "Face", "Input", "OpDef", "Problem", "register", "elementwise",
+           "reduce"] + sorted(name for name in OPS if name in globals())

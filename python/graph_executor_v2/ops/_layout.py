@@ -97,6 +97,19 @@ def checked_view(array, argument: str, shape: tuple, dtype: str, device: int):
     return view
 
 
+def input_views(arrays: dict) -> dict:
+    """Zero-copy views of the given device arrays (name -> array), each contiguous and on the device of the
+    first; errors name the argument."""
+    views = {name: _device.view_of(a, name) for name, a in arrays.items()}
+    device = next(iter(views.values())).device
+    for name, view in views.items():
+        if not view.is_contiguous:
+            raise ValueError(f"{name}: expected a contiguous row-major array, got strides {view.strides} for shape "
+                             f"{tuple(view.shape)}")
+        check_device(view, device, name)
+    return views
+
+
 def output(out, template, argument: str, shape: tuple, dtype: str, device: int):
     """``out`` checked (shape, dtype, contiguous, device), or a new array of ``template``'s kind; returns
     (array, view)."""

@@ -17,9 +17,9 @@ from ..dtypes import FLOAT_DTYPES, normalize
 from ..ir.types import TensorType
 from . import _layout
 from ._base import Candidate, Problem
+from ._face import Face
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
-KERNELS = ("auto", "warp_per_row", "block_per_row", "multipass")
 
 # (name, priority, description, always_works): the native kernels() table says the same with the constraints.
 CANDIDATES = (
@@ -57,11 +57,6 @@ def check_eps(eps) -> float:
     return float(eps)
 
 
-def check_kernel(kernel) -> None:
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
-
-
 def check_operands(x_shape, x_dtype, params) -> NormShape:
     """Validates x and its parameters ``params`` = [(name, shape, dtype), ...]; raises ValueError/TypeError naming
     the argument, what was expected and what came."""
@@ -88,15 +83,6 @@ def check_statistic(argument: str, stat_shape, stat_dtype: str, shape: NormShape
                          f"got {tuple(stat_shape)}")
     if stat_dtype != "float32":
         raise TypeError(f"{argument}: expected dtype float32, got {stat_dtype}")
-
-
-def check_host_statistic(value, argument: str, shape: NormShape) -> None:
-    """check_statistic for a host array given to backward_numpy (None: not given)."""
-    if value is None:
-        return
-    if not isinstance(value, np.ndarray):
-        raise TypeError(f"{argument}: expected a NumPy array, got {type(value).__name__}")
-    check_statistic(argument, value.shape, np.dtype(value.dtype).name, shape)
 
 
 def infer(in_types, attrs, names) -> list[TensorType]:
@@ -126,18 +112,6 @@ def infer(in_types, attrs, names) -> list[TensorType]:
 # ---------------------------------------------------------------------------------------------------------------
 # Device arrays
 # ---------------------------------------------------------------------------------------------------------------
-def input_views(arrays: dict) -> dict:
-    """Zero-copy views of the given device arrays, each contiguous and on the device of the first."""
-    views = {name: _device.view_of(a, name) for name, a in arrays.items()}
-    device = next(iter(views.values())).device
-    for name, view in views.items():
-        if not view.is_contiguous:
-            raise ValueError(f"{name}: expected a contiguous row-major array, got strides {view.strides} for shape "
-                             f"{view.shape}")
-        _layout.check_device(view, device, name)
-    return views
-
-
 def statistic(array, argument: str, shape: NormShape, device: int):
     """The view of a saved per-row statistic on the device (None when not given)."""
     if array is None:
@@ -170,7 +144,8 @@ def workspace_for(native, workspace, template, shape: NormShape, kernel: str, al
 def workspace_bytes(native, op: str, x_shape, dtype, kernel: str, aligned: bool) -> int:
     """backward_workspace_bytes of op ``op`` (``native()`` loads its module)."""
     shape = check_operands(x_shape, normalize(dtype, "dtype"), [])
-    check_kernel(kernel)
+    if kernel not in ("auto",) + tuple(name for name, _, _, _ in CANDIDATES):
+        raise ValueError(f"kernel: expected auto or one of the candidates, got {kernel!r}")
     _device.require_gpu(f"{op}.backward_workspace_bytes")
     return native().backward_workspace_bytes(shape.rows, shape.cols, shape.dtype, kernel, bool(aligned))
 
@@ -184,9 +159,75 @@ def is_aligned(*views) -> bool:
     return all(v.ptr % 16 == 0 for v in views)
 
 
-def upload(arrays: dict) -> dict:
-    """Host arrays -> DeviceArrays (None stays None)."""
-    return {name: None if array is None else _layout.to_device(array) for name, array in arrays.items()}
+# ---------------------------------------------------------------------------------------------------------------
+# The face (ops/_face.py): forward with saved statistics and backward, the same code for both ops
+# ---------------------------------------------------------------------------------------------------------------
+def make_face(opdef, native, stats: tuple[str, ...]) -> Face:
+    """The face of a row norm whose native module is ``native()``. Its calls take the input pointers in OpDef order
+    (x, then the parameters) and the statistics ``stats`` ((mean, rstd) or (rstd,)):
+    ``forward(*inputs, y, *stats, rows, cols, dtype, eps, kernel, stream)`` and
+    ``backward(dy, x, gamma, *stats, dx, *d(parameters), workspace, bytes, rows, cols, dtype, eps, kernel, stream)``.
+    """
+    names = tuple(i.name for i in opdef.inputs)
+
+    def checked(arrays: dict):
+        views = _layout.input_views(arrays)
+        vx = views["x"]
+        shape = check_operands(vx.shape, vx.dtype, [(n, views[n].shape, views[n].dtype) for n in names[1:]
+                                                    if n in views])
+        return views, shape
+
+    def forward_with_stats(inputs, attrs, kernel, out, stream, save_stats=False, **stat_outs):
+        """forward(..., save_stats=True): returns (y, *stats), the float32 per-row statistics, written into
+        ``<stat>_out`` when given."""
+        x = inputs[0]
+        views, shape = checked(dict(zip(names, inputs)))
+        device = views["x"].device
+        y, vy = _layout.output(out, x, "out", shape.shape, shape.dtype, device)
+        saved = [_layout.output(stat_outs.get(f"{stat}_out"), x, f"{stat}_out", (shape.rows,), "float32", device)
+                 if save_stats else (None, None) for stat in stats]
+        native().forward(*(v.ptr for v in views.values()), vy.ptr, *(address(v) for _, v in saved), shape.rows,
+                         shape.cols, shape.dtype, attrs["eps"], kernel, _device.stream_handle(stream))
+        return (y, *(array for array, _ in saved)) if save_stats else y
+
+    def backward(dy, inputs, attrs, kernel, out, stream, workspace=None, **saved):
+        """(dx, d(each parameter)). The saved statistics of forward(save_stats=True) (all or none) skip recomputing
+        them. ``workspace``: a float32 device array of at least backward_workspace_bytes() bytes, allocated here
+        when not given (as an array of x's kind, released on return: with a stream other than that library's
+        current one, pass your own). The parameter sums are deterministic (fixed-order partial sums)."""
+        x = inputs[0]
+        views, shape = checked({"dy": dy, **dict(zip(names, inputs))})
+        device = views["x"].device
+        _layout.checked_view(dy, "dy", shape.shape, shape.dtype, device)
+        check_saved(shape, saved)
+        stat_views = [statistic(saved.get(name), name, shape, device) for name in stats]
+        grads = [_layout.output(None if out is None else out[i], x, f"out[{i}]",
+                                shape.shape if i == 0 else (shape.cols,), shape.dtype, device)
+                 for i in range(len(names))]
+        module = native()
+        aligned = is_aligned(views["dy"], views["x"], views["gamma"], grads[0][1])
+        workspace, vworkspace, size = workspace_for(module, workspace, x, shape, kernel, aligned, device)
+        module.backward(views["dy"].ptr, views["x"].ptr, views["gamma"].ptr, *(address(v) for v in stat_views),
+                        *(v.ptr for _, v in grads), vworkspace.ptr, size, shape.rows, shape.cols, shape.dtype,
+                        attrs["eps"], kernel, _device.stream_handle(stream))
+        return tuple(array for array, _ in grads)
+
+    def check_saved(shape: NormShape, saved: dict) -> None:
+        """All saved statistics or none, each float32 of shape (rows,) (host arrays or device views)."""
+        given = [name for name in stats if saved.get(name) is not None]
+        if given and len(given) != len(stats):
+            raise ValueError(f"{', '.join(stats)}: pass all saved statistics or none (then they are recomputed "
+                             f"from x)")
+        for name in given:
+            check_statistic(name, saved[name].shape, normalize(saved[name].dtype, name), shape)
+
+    def check_host(inputs, attrs, workspace=None, **saved):
+        x = inputs[0]
+        check_saved(check_operands(x.shape, normalize(x.dtype, "x"), []), saved)
+
+    return Face(opdef, backward, kernels=lambda: native().kernels(), backward_host_check=check_host,
+                extras={"save_stats": False, **{f"{stat}_out": None for stat in stats}},
+                forward_extras=forward_with_stats, saved={**dict.fromkeys(stats), "workspace": None})
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -10,12 +10,10 @@ import numpy as np
 
 from .. import _native
 from .. import device as _device
-from ..dtypes import FLOAT_DTYPES, normalize, to_numpy
+from ..dtypes import FLOAT_DTYPES, to_numpy
 from ..ir.types import TensorType
-from . import _layout
 from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register
-
-KERNELS = ("auto", "scalar")
+from ._face import Face
 
 
 def _native_module():
@@ -36,53 +34,6 @@ def reference_backward(dy, x) -> np.ndarray:
 def _check_dtype(dtype, argument):
     if dtype not in FLOAT_DTYPES:
         raise ValueError(f"{argument}: expected one of {', '.join(FLOAT_DTYPES)}, got {dtype!r}")
-
-
-def _check_kernel(kernel):
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Python face
-# ---------------------------------------------------------------------------------------------------------------
-def forward(x, dtype, kernel="auto", out=None, stream=None):
-    """Device array in (DeviceArray, torch, CuPy), device array of ``dtype`` out (``out`` written when given)."""
-    _check_dtype(dtype, "dtype")
-    _check_kernel(kernel)
-    view = _device.view_of(x, "x")
-    _check_dtype(view.dtype, "x")
-    if not view.is_contiguous:
-        raise ValueError(f"x: expected a contiguous array, got strides {view.strides} for shape {view.shape}")
-    y, vy = _layout.output(out, x, "out", tuple(view.shape), dtype, view.device)
-    _native_module().cast(view.ptr, view.dtype, vy.ptr, dtype, _layout.numel(view.shape),
-                          _device.stream_handle(stream))
-    return y
-
-
-def forward_numpy(x, dtype, kernel="auto"):
-    """Host array in, host array out; runs on the GPU."""
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"x: expected a NumPy array, got {type(x).__name__}")
-    _check_dtype(normalize(x.dtype, "x"), "x")
-    _check_dtype(dtype, "dtype")
-    _device.require_gpu("cast.forward_numpy")
-    return forward(_layout.to_device(np.ascontiguousarray(x)), dtype, kernel).numpy().reshape(x.shape)
-
-
-def backward(dy, x, dtype=None, kernel="auto", out=None, stream=None):
-    """Device arrays in: ``(dx,)``, dy cast to x's dtype."""
-    return (forward(dy, _device.view_of(x, "x").dtype, kernel, out, stream),)
-
-
-def backward_numpy(dy, x, dtype=None, kernel="auto"):
-    """Host arrays in: ``(dx,)``, dy cast to x's dtype (runs on the GPU)."""
-    return (forward_numpy(dy, normalize(x.dtype, "x"), kernel),)
-
-
-def kernels() -> list[dict]:
-    return [{"name": "scalar", "priority": 10, "description": "element by element through float32, grid-stride",
-             "constraints": "float32/float16/bfloat16 in and out, contiguous, any alignment"}]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -125,3 +76,15 @@ OP = register(OpDef(
 
 # Grad rule: dy cast back to x's dtype.
 attach_grad(OP, lambda g, node, dys: [g.cast(dys[0], dtype=node.inputs[0].type.dtype)])
+
+
+def _backward(dy, inputs, attrs, kernel, out, stream):
+    """``(dx,)``: dy cast back to x's dtype."""
+    (x,) = inputs
+    return (FACE.forward(dy, dtype=_device.view_of(x, "x").dtype, kernel=kernel,
+                         out=None if out is None else out[0], stream=stream),)
+
+
+# The face (ops/_face.py): forward / forward_numpy / backward / backward_numpy / kernels / prepare.
+FACE = Face(OP, _backward)
+globals().update(FACE.functions())

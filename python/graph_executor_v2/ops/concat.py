@@ -20,8 +20,8 @@ from .. import device as _device
 from ..ir.types import TensorType
 from . import _layout
 from ._base import Attr, Candidate, Input, OpDef, Problem, register
+from ._face import Face
 
-KERNELS = ("auto", "fused", "copy2d")
 
 
 def _native_module():
@@ -85,19 +85,10 @@ def check_sections(dy_shape, sections, axis) -> tuple[int, tuple[int, ...]]:
     return axis, sections
 
 
-def _check_kernel(kernel):
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
-
-
 def _sequence(xs, argument):
     if not isinstance(xs, (list, tuple)):
         raise TypeError(f"{argument}: expected a list or tuple of arrays, got {type(xs).__name__}")
     return list(xs)
-
-
-def _section_shapes(dy_shape, sections, axis):
-    return [tuple(extent if k == axis else d for k, d in enumerate(dy_shape)) for extent in sections]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -116,49 +107,17 @@ def reference_backward(dy, sections, axis) -> list[np.ndarray]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Python face
+# Python face: generated (ops/_face.py); forward is one candidate launch, backward splits dy here.
 # ---------------------------------------------------------------------------------------------------------------
-def forward(xs, axis, kernel="auto", out=None, stream=None):
-    """Device arrays (DeviceArray, torch, CuPy; contiguous) in, a device array of xs[0]'s kind out (or ``out``)."""
-    xs = _sequence(xs, "xs")
-    views = [_device.view_of(x, f"xs[{i}]") for i, x in enumerate(xs)]
-    axis, y_shape = check_inputs([v.shape for v in views], [v.dtype for v in views], axis)
-    _check_kernel(kernel)
-    for index, view in enumerate(views):
-        if not view.is_contiguous:
-            raise ValueError(f"xs[{index}]: expected a contiguous array, got strides {view.strides} for shape "
-                             f"{tuple(view.shape)}")
-        _layout.check_device(view, views[0].device, f"xs[{index}]")
-    y, y_view = _layout.output(out, xs[0], "out", y_shape, views[0].dtype, views[0].device)
-    for index, view in enumerate(views):
-        _layout.check_no_overlap(y_view, "out", view, f"xs[{index}]")
-    outer, widths = layout([v.shape for v in views], axis)
-    _native_module().forward([v.ptr for v in views], y_view.ptr, outer, widths, views[0].dtype, kernel,
-                             _device.stream_handle(stream))
-    return y
-
-
-def forward_numpy(xs, axis, kernel="auto"):
-    """Host arrays in, host array out; runs on the GPU."""
-    xs = _sequence(xs, "xs")
-    dtypes = [_layout.host_dtype(x, f"xs[{i}]") for i, x in enumerate(xs)]
-    check_inputs([x.shape for x in xs], dtypes, axis)
-    _check_kernel(kernel)
-    _device.require_gpu("concat.forward_numpy")
-    return forward([_layout.to_device(x) for x in xs], axis, kernel=kernel).numpy()
-
-
-def backward(dy, sections, axis, kernel="auto", out=None, stream=None):
-    """dy (contiguous device array) in: the list of each input's gradient, arrays of dy's kind (or the arrays of
-    the list ``out``). ``sections`` are the inputs' extents along ``axis``."""
-    view = _device.view_of(dy, "dy")
-    axis, sections = check_sections(view.shape, sections, axis)
-    _check_kernel(kernel)
-    if not view.is_contiguous:
-        raise ValueError(f"dy: expected a contiguous array, got strides {view.strides} for shape {tuple(view.shape)}")
-    shapes = _section_shapes(view.shape, sections, axis)
-    if out is not None and len(_sequence(out, "out")) != len(shapes):
-        raise ValueError(f"out: expected {len(shapes)} arrays (one per section), got {len(out)}")
+def _backward(dy, inputs, attrs, kernel, out, stream):
+    """One gradient per array of ``xs``: the sections of dy along ``axis``, arrays of dy's kind (or the given
+    ``out`` entries)."""
+    views = _layout.input_views({f"xs[{i}]": x for i, x in enumerate(inputs)})
+    axis, y_shape = check_inputs([v.shape for v in views.values()], [v.dtype for v in views.values()],
+                                 attrs["axis"])
+    first = views["xs[0]"]
+    view = _layout.checked_view(dy, "dy", y_shape, first.dtype, first.device)
+    shapes = [tuple(v.shape) for v in views.values()]
     grads, pointers = [], []
     for index, shape in enumerate(shapes):
         argument = f"out[{index}]"
@@ -170,20 +129,6 @@ def backward(dy, sections, axis, kernel="auto", out=None, stream=None):
     outer, widths = layout(shapes, axis)
     _native_module().backward(view.ptr, pointers, outer, widths, view.dtype, kernel, _device.stream_handle(stream))
     return grads
-
-
-def backward_numpy(dy, sections, axis, kernel="auto"):
-    """Host dy in, host gradients out; runs on the GPU."""
-    _layout.host_dtype(dy, "dy")
-    check_sections(dy.shape, sections, axis)
-    _check_kernel(kernel)
-    _device.require_gpu("concat.backward_numpy")
-    return [g.numpy() for g in backward(_layout.to_device(dy), sections, axis, kernel=kernel)]
-
-
-def kernels() -> list[dict]:
-    """The candidates with their constraints, as the native module reports them."""
-    return _native_module().kernels()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -268,6 +213,7 @@ OP = register(OpDef(
     ),
     doc="concat(xs, axis): the inputs joined along axis; backward splits dy. Exact in every dtype.",
 ))
+globals().update(Face(OP, _backward, kernels=lambda: _native_module().kernels()).functions())
 
 
 # ---------------------------------------------------------------------------------------------------------------

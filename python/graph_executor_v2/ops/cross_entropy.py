@@ -31,10 +31,10 @@ from ..dtypes import FLOAT_DTYPES, to_numpy
 from ..ir.types import TensorType
 from . import _layout
 from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register
+from ._face import FACES, Face
 
 REDUCTIONS = ("none", "sum", "mean")
 LABEL_DTYPES = ("int32", "int64")
-KERNELS = ("auto", "warp_row", "block_row", "streaming")
 
 
 def _native_module():
@@ -84,11 +84,6 @@ def check_labels(labels: np.ndarray, classes: int, ignore_index: int = -100) -> 
 
 def loss_shape(rows: int, reduction: str) -> tuple:
     return (rows,) if reduction == "none" else ()
-
-
-def _check_kernel(kernel):
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -150,112 +145,79 @@ def reference_backward(dloss, logits, labels, reduction="mean", ignore_index=-10
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Python face
+# Python face: generated (ops/_face.py), plus the fused ``forward_backward``. ``check_labels`` (default True) waits
+# for the stream to raise on a bad label; host labels are checked before any upload.
 # ---------------------------------------------------------------------------------------------------------------
-def _host_problem(logits, labels, reduction, ignore_index, kernel):
-    logits_dtype, labels_dtype = _layout.host_dtype(logits, "logits"), _layout.host_dtype(labels, "labels")
-    rows, classes = check_problem(logits.shape, logits_dtype, labels.shape, labels_dtype, reduction, ignore_index)
-    _check_kernel(kernel)
-    check_labels(labels, classes, ignore_index)
-    return rows, classes
-
-
-def forward_numpy(logits, labels, reduction="mean", ignore_index=-100, kernel="auto") -> np.ndarray:
-    """Host arrays in, the loss as a host array out ((rows,) for "none", 0-d otherwise). Runs on the GPU."""
-    _host_problem(logits, labels, reduction, ignore_index, kernel)
-    _device.require_gpu("cross_entropy.forward_numpy")
-    loss = forward(_layout.to_device(logits), _layout.to_device(labels), reduction, ignore_index, kernel,
-                   check_labels=False)
-    return loss.numpy()
-
-
-def forward_backward_numpy(logits, labels, reduction="mean", ignore_index=-100, kernel="auto"):
-    """Host arrays in: (loss, dlogits) as host arrays, dlogits for an upstream gradient of 1."""
-    _host_problem(logits, labels, reduction, ignore_index, kernel)
-    _device.require_gpu("cross_entropy.forward_backward_numpy")
-    loss, dlogits = forward_backward(_layout.to_device(logits), _layout.to_device(labels), reduction, ignore_index,
-                                     kernel, check_labels=False)
-    return loss.numpy(), dlogits.numpy()
-
-
-def backward_numpy(dloss, logits, labels, reduction="mean", ignore_index=-100, kernel="auto") -> np.ndarray:
-    """Host arrays in: dlogits as a host array. ``dloss`` has the loss's shape and the logits' dtype."""
-    rows, _ = _host_problem(logits, labels, reduction, ignore_index, kernel)
-    dloss_dtype = _layout.host_dtype(dloss, "dloss")
-    _check_dloss(dloss.shape, dloss_dtype, rows, _layout.host_dtype(logits, "logits"), reduction)
-    _device.require_gpu("cross_entropy.backward_numpy")
-    dlogits = backward(_layout.to_device(dloss), _layout.to_device(logits), _layout.to_device(labels), reduction,
-                       ignore_index, kernel, check_labels=False)
-    return dlogits.numpy()
-
-
-def _check_dloss(shape, dtype, rows, logits_dtype, reduction):
-    expected = loss_shape(rows, reduction)
-    if tuple(shape) != expected:
-        raise ValueError(f"dloss: expected shape {expected} (the shape of the {reduction!r} loss), got {tuple(shape)}")
-    if dtype != logits_dtype:
-        raise TypeError(f"dloss: expected dtype {logits_dtype} (the dtype of logits), got {dtype}")
-
-
-def _device_problem(logits, labels, reduction, ignore_index, kernel):
-    vlogits, vlabels = _device.view_of(logits, "logits"), _device.view_of(labels, "labels")
+def _device_problem(logits, labels, reduction, ignore_index):
+    views = _layout.input_views({"logits": logits, "labels": labels})
+    vlogits, vlabels = views["logits"], views["labels"]
     rows, classes = check_problem(vlogits.shape, vlogits.dtype, vlabels.shape, vlabels.dtype, reduction,
                                   ignore_index)
-    _check_kernel(kernel)
-    for name, view in (("logits", vlogits), ("labels", vlabels)):
-        if not view.is_contiguous:
-            raise ValueError(f"{name}: expected a contiguous array, got strides {view.strides} for shape "
-                             f"{tuple(view.shape)}")
-    _layout.check_device(vlabels, vlogits.device, "labels")
     return vlogits, vlabels, rows, classes
 
 
-def forward(logits, labels, reduction="mean", ignore_index=-100, kernel="auto", out=None, stream=None,
-            check_labels=True):
-    """Device arrays (DeviceArray, torch, CuPy) in, the loss out as the same kind of array as ``logits`` (``out``
-    is written when given). ``check_labels`` waits for the stream to raise on a bad label."""
-    vlogits, vlabels, rows, classes = _device_problem(logits, labels, reduction, ignore_index, kernel)
+def _forward(inputs, attrs, kernel, out, stream, check_labels=True):
+    """The loss as an array of logits' kind (or ``out``)."""
+    logits, labels = inputs
+    reduction, ignore_index = attrs["reduction"], attrs["ignore_index"]
+    vlogits, vlabels, rows, classes = _device_problem(logits, labels, reduction, ignore_index)
     loss, vloss = _layout.output(out, logits, "out", loss_shape(rows, reduction), vlogits.dtype, vlogits.device)
     _native_module().forward(vlogits.ptr, vlabels.ptr, vloss.ptr, 0, rows, classes, vlogits.dtype, vlabels.dtype,
-                             reduction, int(ignore_index), kernel, bool(check_labels), _device.stream_handle(stream))
+                             reduction, ignore_index, kernel, bool(check_labels), _device.stream_handle(stream))
     return loss
 
 
-def forward_backward(logits, labels, reduction="mean", ignore_index=-100, kernel="auto", loss_out=None,
-                     dlogits_out=None, stream=None, check_labels=True):
-    """The fused training step: (loss, dlogits) with dlogits the gradient of the loss (upstream 1), computed in one
-    pass over the logits."""
-    vlogits, vlabels, rows, classes = _device_problem(logits, labels, reduction, ignore_index, kernel)
-    loss, vloss = _layout.output(loss_out, logits, "loss_out", loss_shape(rows, reduction), vlogits.dtype,
+def forward_backward(logits, labels, reduction="mean", ignore_index=-100, kernel="auto", out=None, stream=None, *,
+                     check_labels=True):
+    """The fused training step on device arrays: (loss, dlogits), dlogits the gradient of the loss for an upstream
+    gradient of 1, in one pass over the logits. ``out``: (loss, dlogits) arrays to write."""
+    attrs = OP.validate_attrs({"reduction": reduction, "ignore_index": ignore_index}, "cross_entropy.forward_backward")
+    FACES["cross_entropy"]._check_kernel(kernel)
+    vlogits, vlabels, rows, classes = _device_problem(logits, labels, attrs["reduction"], attrs["ignore_index"])
+    loss_out, dlogits_out = (None, None) if out is None else out
+    loss, vloss = _layout.output(loss_out, logits, "out[0]", loss_shape(rows, attrs["reduction"]), vlogits.dtype,
                                  vlogits.device)
-    dlogits, vdlogits = _layout.output(dlogits_out, logits, "dlogits_out", (rows, classes), vlogits.dtype,
+    dlogits, vdlogits = _layout.output(dlogits_out, logits, "out[1]", (rows, classes), vlogits.dtype,
                                        vlogits.device)
-    _layout.check_no_overlap(vdlogits, "dlogits_out", vlogits, "logits")
+    _layout.check_no_overlap(vdlogits, "out[1]", vlogits, "logits")
     _native_module().forward(vlogits.ptr, vlabels.ptr, vloss.ptr, vdlogits.ptr, rows, classes, vlogits.dtype,
-                             vlabels.dtype, reduction, int(ignore_index), kernel, bool(check_labels),
+                             vlabels.dtype, attrs["reduction"], attrs["ignore_index"], kernel, bool(check_labels),
                              _device.stream_handle(stream))
     return loss, dlogits
 
 
-def backward(dloss, logits, labels, reduction="mean", ignore_index=-100, kernel="auto", out=None, stream=None,
-             check_labels=True):
-    """Device arrays in: dlogits = d(loss)/d(logits) scaled by ``dloss`` (the loss's shape, the logits' dtype),
-    recomputing the softmax from the logits."""
-    vlogits, vlabels, rows, classes = _device_problem(logits, labels, reduction, ignore_index, kernel)
-    vdloss = _device.view_of(dloss, "dloss")
-    _check_dloss(vdloss.shape, vdloss.dtype, rows, vlogits.dtype, reduction)
-    _layout.check_device(vdloss, vlogits.device, "dloss")
-    dlogits, vdlogits = _layout.output(out, logits, "out", (rows, classes), vlogits.dtype, vlogits.device)
-    _layout.check_no_overlap(vdlogits, "out", vlogits, "logits")
-    _native_module().backward(vdloss.ptr, vlogits.ptr, vlabels.ptr, vdlogits.ptr, rows, classes, vlogits.dtype,
-                              vlabels.dtype, reduction, int(ignore_index), kernel, bool(check_labels),
+def forward_backward_numpy(logits, labels, reduction="mean", ignore_index=-100, kernel="auto"):
+    """``forward_backward`` on host arrays (runs on the GPU): (loss, dlogits) as NumPy arrays."""
+    where = "cross_entropy.forward_backward_numpy"
+    attrs = OP.validate_attrs({"reduction": reduction, "ignore_index": ignore_index}, where)
+    inputs = [logits, labels]
+    OP.infer(FACES["cross_entropy"]._host_types(inputs, ["logits", "labels"]), attrs)
+    _check_host_labels(inputs, attrs)
+    FACES["cross_entropy"]._check_kernel(kernel)
+    _device.require_gpu(where)
+    loss, dlogits = forward_backward(_layout.to_device(logits), _layout.to_device(labels), **attrs, kernel=kernel,
+                                     check_labels=False)
+    return loss.numpy(), dlogits.numpy()
+
+
+def _backward(dy, inputs, attrs, kernel, out, stream, check_labels=True):
+    """(dlogits, None): d(loss)/d(logits) scaled by dy (the loss's shape, the logits' dtype), the softmax
+    recomputed from the logits; integer labels have no gradient."""
+    logits, labels = inputs
+    reduction, ignore_index = attrs["reduction"], attrs["ignore_index"]
+    vlogits, vlabels, rows, classes = _device_problem(logits, labels, reduction, ignore_index)
+    vdy = _layout.checked_view(dy, "dy", loss_shape(rows, reduction), vlogits.dtype, vlogits.device)
+    dlogits, vdlogits = _layout.output(None if out is None else out[0], logits, "out[0]", (rows, classes),
+                                       vlogits.dtype, vlogits.device)
+    _layout.check_no_overlap(vdlogits, "out[0]", vlogits, "logits")
+    _native_module().backward(vdy.ptr, vlogits.ptr, vlabels.ptr, vdlogits.ptr, rows, classes, vlogits.dtype,
+                              vlabels.dtype, reduction, ignore_index, kernel, bool(check_labels),
                               _device.stream_handle(stream))
-    return dlogits
+    return dlogits, None
 
 
-def kernels() -> list[dict]:
-    """The candidates with their constraints, as the native module reports them."""
-    return _native_module().kernels()
+def _check_host_labels(inputs, attrs):
+    check_labels(inputs[1], inputs[0].shape[1], attrs["ignore_index"])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -335,6 +297,9 @@ OP = register(OpDef(
     ),
     doc=__doc__,
 ))
+globals().update(Face(OP, _backward, forward=_forward, kernels=lambda: _native_module().kernels(),
+                      extras={"check_labels": True}, forward_extras=_forward, saved={"check_labels": True},
+                      host_check=_check_host_labels).functions())
 
 
 # ---------------------------------------------------------------------------------------------------------------

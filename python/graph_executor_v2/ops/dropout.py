@@ -29,8 +29,8 @@ from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _layout
 from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register
+from ._face import Face
 
-KERNELS = ("auto", "vec16", "scalar")
 _MASK32 = np.uint64(0xFFFFFFFF)
 _ROUND_MULTIPLIERS = (np.uint64(0xD2511F53), np.uint64(0xCD9E8D57))
 _KEY_INCREMENTS = (np.uint64(0x9E3779B9), np.uint64(0xBB67AE85))
@@ -113,11 +113,6 @@ def _check_dtype(dtype, argument):
         raise TypeError(f"{argument}: expected dtype float32, float16 or bfloat16, got {dtype}")
 
 
-def _check_kernel(kernel):
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Reference (float64): the oracle of every test and the CPU backend.
 # ---------------------------------------------------------------------------------------------------------------
@@ -133,57 +128,21 @@ def reference_backward(dy, p, seed, offset=0) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Python face
+# Python face: generated (ops/_face.py); forward is one candidate launch (``out=x`` runs in place), backward
+# regenerates the mask here.
 # ---------------------------------------------------------------------------------------------------------------
-def _run_numpy(x, argument, p, seed, offset, kernel, direction):
-    _check_dtype(_layout.host_dtype(x, argument), argument)
-    check_attrs(p, seed, offset, x.size)
-    _check_kernel(kernel)
-    _device.require_gpu(f"dropout.{direction}_numpy")
-    return _run(_layout.to_device(x), argument, p, seed, offset, kernel, None, None, direction).numpy()
-
-
-def _run(x, argument, p, seed, offset, kernel, out, stream, direction):
-    view = _device.view_of(x, argument)
-    _check_dtype(view.dtype, argument)
-    count = _layout.numel(view.shape)
-    check_attrs(p, seed, offset, count)
-    _check_kernel(kernel)
-    if not view.is_contiguous:
-        raise ValueError(f"{argument}: expected a contiguous array, got strides {view.strides} for shape "
-                         f"{tuple(view.shape)}")
-    y, vy = _layout.output(out, x, "out", tuple(view.shape), view.dtype, view.device)
-    if vy.ptr != view.ptr:  # in place is fine (each element is read and written by one thread); partial overlap not
-        _layout.check_no_overlap(vy, "out", view, argument)
-    native = getattr(_native_module(), direction)
-    native(view.ptr, vy.ptr, count, view.dtype, float(p), int(seed), int(offset), kernel, _device.stream_handle(stream))
-    return y
-
-
-def forward_numpy(x, p, seed, offset=0, kernel="auto") -> np.ndarray:
-    """Host array in, host array out. Runs on the GPU."""
-    return _run_numpy(x, "x", p, seed, offset, kernel, "forward")
-
-
-def forward(x, p, seed, offset=0, kernel="auto", out=None, stream=None):
-    """Device array (DeviceArray, torch, CuPy) in, ``x * mask / (1 - p)`` out as the same kind of array (``out`` is
-    written when given; ``out=x`` runs in place)."""
-    return _run(x, "x", p, seed, offset, kernel, out, stream, "forward")
-
-
-def backward_numpy(dy, p, seed, offset=0, kernel="auto") -> np.ndarray:
-    """Host arrays in: dx for the forward with the same (p, seed, offset)."""
-    return _run_numpy(dy, "dy", p, seed, offset, kernel, "backward")
-
-
-def backward(dy, p, seed, offset=0, kernel="auto", out=None, stream=None):
-    """Device arrays in: dx = dy * mask / (1 - p), the forward's mask regenerated from (seed, offset)."""
-    return _run(dy, "dy", p, seed, offset, kernel, out, stream, "backward")
-
-
-def kernels() -> list[dict]:
-    """The candidates with their constraints, as the native module reports them."""
-    return _native_module().kernels()
+def _backward(dy, inputs, attrs, kernel, out, stream):
+    """(dx,): dy * mask / (1 - p), the forward's mask regenerated from (seed, offset); ``out=(dy,)`` runs in
+    place."""
+    vx = _device.view_of(inputs[0], "x")
+    view = _layout.checked_view(dy, "dy", tuple(vx.shape), vx.dtype, vx.device)
+    dx, vdx = _layout.output(None if out is None else out[0], dy, "out[0]", tuple(view.shape), view.dtype,
+                             view.device)
+    if vdx.ptr != view.ptr:  # in place is fine (each element is read and written by one thread); partial overlap not
+        _layout.check_no_overlap(vdx, "out[0]", view, "dy")
+    _native_module().backward(view.ptr, vdx.ptr, _layout.numel(view.shape), view.dtype, attrs["p"], attrs["seed"],
+                              attrs["offset"], kernel, _device.stream_handle(stream))
+    return (dx,)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -245,6 +204,7 @@ OP = register(OpDef(
     doc=__doc__,
     pure=False,
 ))
+globals().update(Face(OP, _backward, kernels=lambda: _native_module().kernels()).functions())
 
 
 # ---------------------------------------------------------------------------------------------------------------

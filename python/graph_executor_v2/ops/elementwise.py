@@ -23,15 +23,15 @@ import numpy as np
 
 from .. import _native
 from .. import device as _device
-from ..dtypes import FLOAT_DTYPES, normalize
+from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _layout, activations
 from ._base import OPS, Candidate, Input, OpDef, Problem, as_float64, register
+from ._face import Face
 
 BINARY_OPS = ("add", "sub", "mul", "div")
 UNARY_OPS = ("relu", "gelu", "gelu_erf", "silu", "sigmoid", "tanh", "exp", "neg")
 ELEMENTWISE_OPS = BINARY_OPS + UNARY_OPS + ("bias_add",)
-KERNELS = ("auto", "vec16", "rowcol", "strided")
 MAX_DIMS = 8  # after collapsing adjacent dims that broadcast alike
 
 
@@ -190,121 +190,32 @@ def reference_backward(op: str, dy, *inputs) -> tuple:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Python face
+# Python face: ``ge2.ops.<op>`` for each op, generated (ops/_face.py); the gradients come from here.
 # ---------------------------------------------------------------------------------------------------------------
-def _check_op(op):
-    if op not in ELEMENTWISE_OPS:
-        raise ValueError(f"op: expected one of {', '.join(ELEMENTWISE_OPS)}, got {op!r}")
+def _backward(op):
+    native_op = "add" if op == "bias_add" else op
 
+    def backward(dy, inputs, attrs, kernel, out, stream):
+        """``(dx,)`` for unary ops, ``(da, db)`` for binary ops (each summed over its broadcast dims), ``(dx,
+        dbias)`` for bias_add; arrays of the first input's kind (or the given ``out`` entries)."""
+        views = list(_layout.input_views(dict(zip(_input_names(op), inputs))).values())
+        (out_type,) = OPS[op].infer([TensorType(v.shape, v.dtype) for v in views], {})
+        vdy = _layout.checked_view(dy, "dy", out_type.shape, out_type.dtype, views[0].device)
+        grads = [_layout.output(None if out is None else out[i], inputs[0], f"out[{i}]", tuple(v.shape),
+                                out_type.dtype, v.device) for i, v in enumerate(views)]
+        native, handle = _native_module(), _device.stream_handle(stream)
+        if op in UNARY_OPS:
+            native.unary_backward(op, vdy.ptr, views[0].ptr, grads[0][1].ptr, out_type.numel, out_type.dtype, handle)
+        else:
+            native.binary_backward(native_op, vdy.ptr, views[0].ptr, views[1].ptr, grads[0][1].ptr, grads[1][1].ptr,
+                                   list(views[0].shape), list(views[1].shape), out_type.dtype, handle)
+        return tuple(array for array, _ in grads)
 
-def _check_kernel(kernel):
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
+    return backward
 
 
 def _input_names(op):
     return tuple(i.name for i in OPS[op].inputs)
-
-
-def _check_host_inputs(op, arrays, what):
-    names = _input_names(op)
-    if len(arrays) != len(names):
-        raise ValueError(f"{what}: op '{op}' takes {len(names)} input(s) ({', '.join(names)}), got {len(arrays)}")
-    for name, value in zip(names, arrays):
-        if not isinstance(value, np.ndarray):
-            raise TypeError(f"{name}: expected a NumPy array, got {type(value).__name__}")
-        normalize(value.dtype, name)
-
-
-def forward_numpy(op, *inputs, kernel="auto"):
-    """Host arrays in, host array out; runs on the GPU. ``forward_numpy("add", a, b)``, ``("relu", x)``."""
-    _check_op(op)
-    _check_kernel(kernel)
-    _check_host_inputs(op, inputs, "forward_numpy")
-    (out_type,) = OPS[op].infer([TensorType(x.shape, normalize(x.dtype)) for x in inputs], {})
-    _device.require_gpu(f"elementwise.forward_numpy({op!r})")
-    DeviceArray = _device.runtime().DeviceArray
-    on_device = [DeviceArray.from_numpy(np.ascontiguousarray(x)) for x in inputs]
-    return forward(op, *on_device, kernel=kernel).numpy().reshape(out_type.shape)
-
-
-def _device_views(op, arrays, what):
-    names = _input_names(op)
-    if len(arrays) != len(names):
-        raise ValueError(f"{what}: op '{op}' takes {len(names)} input(s) ({', '.join(names)}), got {len(arrays)}")
-    views = [_device.view_of(x, name) for x, name in zip(arrays, names)]
-    for view, name in zip(views, names):
-        if not view.is_contiguous:
-            raise ValueError(f"{name}: expected a contiguous row-major array, got strides {view.strides} for shape "
-                             f"{view.shape}")
-        if view.device != views[0].device:
-            raise ValueError(f"{name}: expected an array on cuda:{views[0].device} (the device of {names[0]}), got "
-                             f"cuda:{view.device}")
-    return views
-
-
-def forward(op, *inputs, kernel="auto", out=None, stream=None):
-    """Device arrays (DeviceArray, torch, CuPy) in, device array out, zero-copy. ``out`` is written when given;
-    otherwise the output is allocated as the same kind of array as the first input."""
-    _check_op(op)
-    _check_kernel(kernel)
-    views = _device_views(op, inputs, "forward")
-    (out_type,) = OPS[op].infer([TensorType(v.shape, v.dtype) for v in views], {})
-    y, vy = _layout.output(out, inputs[0], "out", out_type.shape, out_type.dtype, views[0].device)
-    native = _native_module()
-    handle = _device.stream_handle(stream)
-    if op in UNARY_OPS:
-        native.unary(op, views[0].ptr, vy.ptr, out_type.numel, out_type.dtype, kernel, handle)
-    else:
-        native.binary("add" if op == "bias_add" else op, views[0].ptr, views[1].ptr, vy.ptr, list(views[0].shape),
-                      list(views[1].shape), out_type.dtype, kernel, handle)
-    return y
-
-
-def backward_numpy(op, dy, *inputs):
-    """Host arrays in: ``dx`` for unary ops, ``(da, db)`` for binary ops, ``(dx, dbias)`` for bias_add."""
-    _check_op(op)
-    _check_host_inputs(op, inputs, "backward_numpy")
-    if not isinstance(dy, np.ndarray):
-        raise TypeError(f"dy: expected a NumPy array, got {type(dy).__name__}")
-    (out_type,) = OPS[op].infer([TensorType(x.shape, normalize(x.dtype)) for x in inputs], {})
-    if tuple(dy.shape) != tuple(out_type.shape) or normalize(dy.dtype, "dy") != out_type.dtype:
-        raise ValueError(f"dy: expected {out_type} (the output's type), got {normalize(dy.dtype, 'dy')}"
-                         f"[{', '.join(map(str, dy.shape))}]")
-    _device.require_gpu(f"elementwise.backward_numpy({op!r})")
-    DeviceArray = _device.runtime().DeviceArray
-    on_device = [DeviceArray.from_numpy(np.ascontiguousarray(x)) for x in (dy, *inputs)]
-    grads = backward(op, *on_device)
-    if op in UNARY_OPS:
-        return grads.numpy().reshape(dy.shape)
-    return tuple(g.numpy().reshape(x.shape) for g, x in zip(grads, inputs))
-
-
-def backward(op, dy, *inputs, stream=None):
-    """Device arrays in: ``dx`` for unary ops, ``(da, db)`` for binary ops, ``(dx, dbias)`` for bias_add, as
-    arrays of the first input's kind."""
-    _check_op(op)
-    views = _device_views(op, inputs, "backward")
-    (out_type,) = OPS[op].infer([TensorType(v.shape, v.dtype) for v in views], {})
-    vdy = _layout.checked_view(dy, "dy", out_type.shape, out_type.dtype, views[0].device)
-    native = _native_module()
-    handle = _device.stream_handle(stream)
-    new = lambda shape: _device.empty_like_kind(inputs[0], tuple(shape), out_type.dtype, views[0].device)  # noqa
-    if op in UNARY_OPS:
-        dx = new(out_type.shape)
-        native.unary_backward(op, vdy.ptr, views[0].ptr, _device.view_of(dx, "dx").ptr, out_type.numel,
-                              out_type.dtype, handle)
-        return dx
-    ga, gb = new(views[0].shape), new(views[1].shape)
-    native.binary_backward("add" if op == "bias_add" else op, vdy.ptr, views[0].ptr, views[1].ptr,
-                           _device.view_of(ga, "da").ptr, _device.view_of(gb, "db").ptr, list(views[0].shape),
-                           list(views[1].shape), out_type.dtype, handle)
-    return ga, gb
-
-
-def kernels() -> list[dict]:
-    """The candidates with their constraints, as the native module reports them."""
-    return _native_module().kernels()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -395,6 +306,8 @@ for _op in BINARY_OPS:
 for _op in UNARY_OPS:
     register(_unary_def(_op))
 register(_bias_add_def())
+for _op in ELEMENTWISE_OPS:
+    Face(OPS[_op], _backward(_op), kernels=lambda: _native_module().kernels())
 
 
 # ---------------------------------------------------------------------------------------------------------------

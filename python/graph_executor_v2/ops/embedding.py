@@ -25,9 +25,9 @@ from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _layout
 from ._base import Candidate, Input, OpDef, Problem, as_float64, register
+from ._face import Face
 
 ID_DTYPES = ("int32", "int64")
-KERNELS = ("auto", "vec16", "scalar")
 
 
 def _native_module():
@@ -63,28 +63,6 @@ def check_ids(ids: np.ndarray, vocab: int) -> None:
         raise ValueError(f"ids: id {int(flat[position])} at position {position} is outside [0, {vocab})")
 
 
-def _check_kernel(kernel):
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
-
-
-def _check_vocab(vocab) -> int:
-    if not _layout.is_int(vocab):
-        raise TypeError(f"vocab: expected an int, got {type(vocab).__name__} ({vocab!r})")
-    if vocab < 1:
-        raise ValueError(f"vocab: expected >= 1, got {vocab}")
-    return int(vocab)
-
-
-def _check_dy(dy_shape, dy_dtype, ids_shape):
-    if len(dy_shape) != len(ids_shape) + 1 or tuple(dy_shape[:-1]) != tuple(ids_shape):
-        raise ValueError(f"dy: expected shape {tuple(ids_shape)} + (dim,) (the output's shape), got {tuple(dy_shape)}")
-    if dy_dtype not in FLOAT_DTYPES:
-        raise TypeError(f"dy: expected dtype float32, float16 or bfloat16, got {dy_dtype}")
-    if dy_shape[-1] < 1:
-        raise ValueError(f"dy: expected dim >= 1, got shape {tuple(dy_shape)}")
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Reference (float64): the oracle of every test and the CPU backend.
 # ---------------------------------------------------------------------------------------------------------------
@@ -106,69 +84,38 @@ def reference_backward(dy, ids, vocab: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Python face
+# Python face: generated (ops/_face.py). ``check_ids`` (default True) waits for the stream to raise on an id
+# outside [0, vocab); host ids are checked before any upload.
 # ---------------------------------------------------------------------------------------------------------------
-def forward_numpy(table, ids, kernel="auto") -> np.ndarray:
-    """Host arrays in, host array out. Runs on the GPU."""
-    table_dtype, ids_dtype = _layout.host_dtype(table, "table"), _layout.host_dtype(ids, "ids")
-    vocab, _, _ = check_problem(table.shape, table_dtype, ids.shape, ids_dtype)
-    _check_kernel(kernel)
-    check_ids(ids, vocab)
-    _device.require_gpu("embedding.forward_numpy")
-    return forward(_layout.to_device(table), _layout.to_device(ids), kernel, check_ids=False).numpy()
-
-
-def forward(table, ids, kernel="auto", out=None, stream=None, check_ids=True):
-    """Device arrays (DeviceArray, torch, CuPy) in, ``table[ids]`` out as the same kind of array as ``table``
-    (``out`` is written when given). ``check_ids`` waits for the stream to raise on an id outside [0, vocab)."""
-    vtable, vids = _device.view_of(table, "table"), _device.view_of(ids, "ids")
+def _forward(inputs, attrs, kernel, out, stream, check_ids=True):
+    """``table[ids]`` as an array of table's kind (or ``out``)."""
+    views = _layout.input_views(dict(zip(("table", "ids"), inputs)))
+    vtable, vids = views["table"], views["ids"]
     vocab, dim, count = check_problem(vtable.shape, vtable.dtype, vids.shape, vids.dtype)
-    _check_kernel(kernel)
-    for name, view in (("table", vtable), ("ids", vids)):
-        if not view.is_contiguous:
-            raise ValueError(f"{name}: expected a contiguous array, got strides {view.strides} for shape "
-                             f"{tuple(view.shape)}")
-    _layout.check_device(vids, vtable.device, "ids")
-    y, vy = _layout.output(out, table, "out", tuple(vids.shape) + (dim,), vtable.dtype, vtable.device)
+    y, vy = _layout.output(out, inputs[0], "out", tuple(vids.shape) + (dim,), vtable.dtype, vtable.device)
     _layout.check_no_overlap(vy, "out", vtable, "table")
     _native_module().forward(vtable.ptr, vids.ptr, vy.ptr, vocab, dim, count, vtable.dtype, vids.dtype, kernel,
                              bool(check_ids), _device.stream_handle(stream))
     return y
 
 
-def backward_numpy(dy, ids, vocab) -> np.ndarray:
-    """Host arrays in: dtable (vocab, dim) as a host array of dy's dtype."""
-    vocab = _check_vocab(vocab)
-    dy_dtype = _layout.host_dtype(dy, "dy")
-    _check_dy(np.shape(dy), dy_dtype, np.shape(ids))
-    check_problem((vocab, dy.shape[-1]), dy_dtype, np.shape(ids), _layout.host_dtype(ids, "ids"))
-    check_ids(ids, vocab)
-    _device.require_gpu("embedding.backward_numpy")
-    return backward(_layout.to_device(dy), _layout.to_device(ids), vocab, check_ids=False).numpy()
-
-
-def backward(dy, ids, vocab, out=None, stream=None, check_ids=True):
-    """Device arrays in: dtable (vocab, dim), the deterministic scatter-add of dy's rows by id, as the same kind
-    of array as ``dy`` (``out`` is overwritten when given)."""
-    vocab = _check_vocab(vocab)
-    vdy, vids = _device.view_of(dy, "dy"), _device.view_of(ids, "ids")
-    _check_dy(vdy.shape, vdy.dtype, vids.shape)
-    _, dim, count = check_problem((vocab, vdy.shape[-1]), vdy.dtype, vids.shape, vids.dtype)
-    for name, view in (("dy", vdy), ("ids", vids)):
-        if not view.is_contiguous:
-            raise ValueError(f"{name}: expected a contiguous array, got strides {view.strides} for shape "
-                             f"{tuple(view.shape)}")
-    _layout.check_device(vids, vdy.device, "ids")
-    dtable, vdtable = _layout.output(out, dy, "out", (vocab, dim), vdy.dtype, vdy.device)
-    _layout.check_no_overlap(vdtable, "out", vdy, "dy")
+def _backward(dy, inputs, attrs, kernel, out, stream, check_ids=True):
+    """(dtable, None): the deterministic scatter-add of dy's rows by id (``out[0]`` is overwritten when given);
+    integer ids have no gradient."""
+    views = _layout.input_views({"dy": dy, "table": inputs[0], "ids": inputs[1]})
+    vdy, vtable, vids = views["dy"], views["table"], views["ids"]
+    vocab, dim, count = check_problem(vtable.shape, vtable.dtype, vids.shape, vids.dtype)
+    _layout.checked_view(dy, "dy", tuple(vids.shape) + (dim,), vtable.dtype, vtable.device)
+    dtable, vdtable = _layout.output(None if out is None else out[0], dy, "out[0]", (vocab, dim), vdy.dtype,
+                                     vdy.device)
+    _layout.check_no_overlap(vdtable, "out[0]", vdy, "dy")
     _native_module().backward(vdy.ptr, vids.ptr, vdtable.ptr, vocab, dim, count, vdy.dtype, vids.dtype,
                               bool(check_ids), _device.stream_handle(stream))
-    return dtable
+    return dtable, None
 
 
-def kernels() -> list[dict]:
-    """The forward candidates with their constraints, as the native module reports them."""
-    return _native_module().kernels()
+def _check_host_ids(inputs, attrs):
+    check_ids(inputs[1], inputs[0].shape[0])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -238,6 +185,9 @@ OP = register(OpDef(
     ),
     doc=__doc__,
 ))
+globals().update(Face(OP, _backward, forward=_forward, kernels=lambda: _native_module().kernels(),
+                      extras={"check_ids": True}, forward_extras=_forward, saved={"check_ids": True},
+                      host_check=_check_host_ids).functions())
 
 
 # ---------------------------------------------------------------------------------------------------------------

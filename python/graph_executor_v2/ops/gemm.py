@@ -14,8 +14,6 @@ Kernel candidates (``kernels()``), best first:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
-
 import numpy as np
 
 from .. import device as _device
@@ -24,9 +22,9 @@ from ..dtypes import FLOAT_DTYPES, normalize
 from ..ir.types import TensorType
 from . import _layout, activations
 from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register
+from ._face import FACES, Face
 
 GEMM_ACTIVATIONS = ("none", "relu", "gelu", "silu", "leaky_relu")
-KERNELS = ("auto", "cublaslt_epilogue", "cublaslt_postkernel", "tiled")
 
 
 def _native_module():
@@ -71,10 +69,6 @@ class GemmShape:
     dtype: str
 
 
-def _dtype_of(x, argument):
-    return normalize(getattr(x, "dtype"), argument)
-
-
 def check_operands(a_shape, a_dtype, b_shape, b_dtype, bias_shape=None, bias_dtype=None, c_shape=None,
                    c_dtype=None, *, act="none", trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
                    slope=0.01) -> GemmShape:
@@ -115,183 +109,98 @@ def check_operands(a_shape, a_dtype, b_shape, b_dtype, bias_shape=None, bias_dty
     return GemmShape(m, n, k, a_dtype)
 
 
-def _check_kernel(kernel):
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
-
-
 # ---------------------------------------------------------------------------------------------------------------
-# Python face
+# Python face (ops/_face.py): forward is the generic one; these add the saved pre-activation and the gradients.
 # ---------------------------------------------------------------------------------------------------------------
-def forward_numpy(A, B, bias=None, C=None, act="none", alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
-                  slope=0.01, allow_tf32=False, save_preact=False, kernel="auto"):
-    """Host arrays in, host array(s) out: Y, or (Y, Z) with ``save_preact``. Runs on the GPU."""
-    arrays = {"A": A, "B": B, "bias": bias, "C": C}
-    for name, value in arrays.items():
-        if value is not None and not isinstance(value, np.ndarray):
-            raise TypeError(f"{name}: expected a NumPy array, got {type(value).__name__}")
-    check_operands(A.shape, _dtype_of(A, "A"), B.shape, _dtype_of(B, "B"),
-                   None if bias is None else bias.shape, None if bias is None else _dtype_of(bias, "bias"),
-                   None if C is None else C.shape, None if C is None else _dtype_of(C, "C"),
-                   act=act, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, slope=slope)
-    _check_kernel(kernel)
-    _device.require_gpu("gemm.forward_numpy")
-    DeviceArray = _device.runtime().DeviceArray
-    on_device = {k: None if v is None else DeviceArray.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
-    result = forward(on_device["A"], on_device["B"], bias=on_device["bias"], C=on_device["C"], act=act,
-                     alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, slope=slope,
-                     allow_tf32=allow_tf32, save_preact=save_preact, kernel=kernel)
-    if save_preact:
-        return result[0].numpy(), result[1].numpy()
-    return result.numpy()
-
-
-def forward(A, B, bias=None, C=None, act="none", alpha=1.0, beta=0.0, trans_a=False, trans_b=False, slope=0.01,
-            allow_tf32=False, save_preact=False, kernel="auto", out=None, preact_out=None, stream=None):
-    """Device arrays (DeviceArray, torch, CuPy) in, device array(s) out, zero-copy. ``out``/``preact_out`` are
-    written when given; otherwise outputs are allocated as the same kind of array as ``A``."""
-    va, vb = _device.view_of(A, "A"), _device.view_of(B, "B")
-    vbias = None if bias is None else _device.view_of(bias, "bias")
-    vc = None if C is None else _device.view_of(C, "C")
-    # Validation depends only on shapes, dtypes, layouts and argument types: remember what passed, so the steady
-    # state of a layer called in a loop costs one dict lookup instead of the checks below.
-    key = (va[1:], vb[1:], None if vbias is None else vbias[1:], None if vc is None else vc[1:], act, trans_a,
-           trans_b, type(trans_a), type(trans_b), type(alpha), type(beta), type(slope), kernel)
-    shape = _validated_forward.get(key)
-    if shape is None:
-        shape = _validate_forward(va, vb, vbias, vc, act, trans_a, trans_b, alpha, beta, slope, kernel)
-        if len(_validated_forward) > 4096:
-            _validated_forward.clear()
-        _validated_forward[key] = shape
-    y, vy = _layout.output(out, A, "out", (shape.m, shape.n), shape.dtype, va.device)
-    want_preact = save_preact and act != "none"
-    z = None
-    if want_preact:
-        z, vz = _layout.output(preact_out, A, "preact_out", (shape.m, shape.n), shape.dtype, va.device)
+def _forward_with_preact(inputs, attrs, kernel, out, stream, save_preact=False, preact_out=None):
+    """forward(..., save_preact=True): returns (y, z) with z the pre-activation (y itself for act='none')."""
+    a, b, bias, c = inputs
+    views = _layout.input_views({name: x for name, x in (("a", a), ("b", b), ("bias", bias), ("c", c))
+                                 if x is not None})
+    va, vb, vbias, vc = views["a"], views["b"], views.get("bias"), views.get("c")
+    shape = check_operands(va.shape, va.dtype, vb.shape, vb.dtype, None if vbias is None else vbias.shape,
+                           None if vbias is None else vbias.dtype, None if vc is None else vc.shape,
+                           None if vc is None else vc.dtype, act=attrs["act"], trans_a=attrs["trans_a"],
+                           trans_b=attrs["trans_b"], alpha=attrs["alpha"], beta=attrs["beta"], slope=attrs["slope"])
+    y, vy = _layout.output(out, a, "out", (shape.m, shape.n), shape.dtype, va.device)
+    want_preact = save_preact and attrs["act"] != "none"
+    z, vz = (_layout.output(preact_out, a, "preact_out", (shape.m, shape.n), shape.dtype, va.device) if want_preact
+             else (y, None))
     _native_module().forward(
         va.ptr, vb.ptr, 0 if vc is None else vc.ptr, 0 if vbias is None else vbias.ptr, vy.ptr,
-        vz.ptr if want_preact else 0, shape.m, shape.n, shape.k, shape.dtype, bool(trans_a), bool(trans_b),
-        float(alpha), float(beta) if vc is not None else 0.0, act, float(slope), bool(allow_tf32), kernel,
-        _device.stream_handle(stream))
-    if save_preact:
-        return y, (z if want_preact else y)
-    return y
+        vz.ptr if want_preact else 0, shape.m, shape.n, shape.k, shape.dtype, attrs["trans_a"], attrs["trans_b"],
+        attrs["alpha"], attrs["beta"] if vc is not None else 0.0, attrs["act"], attrs["slope"], attrs["allow_tf32"],
+        kernel, _device.stream_handle(stream))
+    return (y, z) if save_preact else y
 
 
-_validated_forward: dict[tuple, GemmShape] = {}
-
-
-def _validate_forward(va, vb, vbias, vc, act, trans_a, trans_b, alpha, beta, slope, kernel) -> GemmShape:
-    shape = check_operands(va.shape, va.dtype, vb.shape, vb.dtype,
-                           None if vbias is None else vbias.shape, None if vbias is None else vbias.dtype,
-                           None if vc is None else vc.shape, None if vc is None else vc.dtype,
-                           act=act, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, slope=slope)
-    _check_kernel(kernel)
-    for name, view in (("A", va), ("B", vb), ("bias", vbias), ("C", vc)):
-        if view is not None and not view.is_contiguous:
-            raise ValueError(f"{name}: expected a contiguous row-major array, got strides {view.strides} for shape "
-                             f"{view.shape}; transpose with trans_a/trans_b instead of passing a strided view")
-        if view is not None and view.device != va.device:
-            raise ValueError(f"{name}: expected an array on cuda:{va.device} (the device of A), got cuda:{view.device}")
-    return shape
-
-
-class GemmGrads(NamedTuple):
-    """Gradients of one gemm. With layer chaining (``a_act``), dA is w.r.t. the previous layer's pre-activation and
-    dbias_a is that layer's bias gradient; otherwise dbias_a is None. dC is None unless asked for."""
-
-    dA: object
-    dB: object
-    dbias: object
-    dC: object
-    dbias_a: object
-
-
-def backward_numpy(dY, A, B, preact=None, act="none", alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
-                   slope=0.01, allow_tf32=False, with_c=False, a_preact=None, a_act="none", a_slope=0.01):
-    """Host arrays in: returns GemmGrads of host arrays (see ``backward``)."""
-    arrays = {"dY": dY, "A": A, "B": B, "preact": preact, "a_preact": a_preact}
-    for name, value in arrays.items():
-        if value is not None and not isinstance(value, np.ndarray):
-            raise TypeError(f"{name}: expected a NumPy array, got {type(value).__name__}")
-    _check_backward(dY.shape, _dtype_of(dY, "dY"), A.shape, _dtype_of(A, "A"), B.shape, _dtype_of(B, "B"),
-                    None if preact is None else preact.shape, None if preact is None else _dtype_of(preact, "preact"),
-                    act, trans_a, trans_b, alpha, beta, slope, None if a_preact is None else a_preact.shape,
-                    None if a_preact is None else _dtype_of(a_preact, "a_preact"), a_act, a_slope)
-    _device.require_gpu("gemm.backward_numpy")
-    DeviceArray = _device.runtime().DeviceArray
-    on_device = {k: None if v is None else DeviceArray.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
-    grads = backward(on_device["dY"], on_device["A"], on_device["B"], on_device["preact"], act=act, alpha=alpha,
-                     beta=beta, trans_a=trans_a, trans_b=trans_b, slope=slope, allow_tf32=allow_tf32, with_c=with_c,
-                     a_preact=on_device["a_preact"], a_act=a_act, a_slope=a_slope)
-    return GemmGrads(*(None if g is None else g.numpy() for g in grads))
-
-
-def _check_backward(dy_shape, dy_dtype, a_shape, a_dtype, b_shape, b_dtype, preact_shape, preact_dtype, act,
-                    trans_a, trans_b, alpha, beta, slope, a_preact_shape=None, a_preact_dtype=None, a_act="none",
-                    a_slope=0.01) -> GemmShape:
-    shape = check_operands(a_shape, a_dtype, b_shape, b_dtype, act=act, trans_a=trans_a, trans_b=trans_b,
-                           alpha=alpha, beta=beta, slope=slope)
-    if tuple(dy_shape) != (shape.m, shape.n):
-        raise ValueError(f"dY: expected shape ({shape.m}, {shape.n}), got {tuple(dy_shape)}")
-    if dy_dtype != shape.dtype:
-        raise TypeError(f"dY: expected dtype {shape.dtype}, got {dy_dtype}")
-    if act != "none":
-        if preact_shape is None:
-            raise ValueError(f"preact: required for act={act!r} (run forward with save_preact=True)")
-        if tuple(preact_shape) != (shape.m, shape.n):
-            raise ValueError(f"preact: expected shape ({shape.m}, {shape.n}), got {tuple(preact_shape)}")
-        if preact_dtype != shape.dtype:
-            raise TypeError(f"preact: expected dtype {shape.dtype}, got {preact_dtype}")
+def _check_chaining(a_shape, dtype, a_preact_shape, a_preact_dtype, a_act, a_slope):
     if a_act not in GEMM_ACTIVATIONS:
         raise ValueError(f"a_act: expected one of {', '.join(GEMM_ACTIVATIONS)}, got {a_act!r}")
     if isinstance(a_slope, bool) or not isinstance(a_slope, (int, float, np.floating, np.integer)):
         raise TypeError(f"a_slope: expected a float, got {type(a_slope).__name__}")
     if a_act != "none":
         if a_preact_shape is None:
-            raise ValueError(f"a_preact: required for a_act={a_act!r} (the pre-activation that produced A)")
+            raise ValueError(f"a_preact: required for a_act={a_act!r} (the pre-activation that produced a)")
         if tuple(a_preact_shape) != tuple(a_shape):
-            raise ValueError(f"a_preact: expected shape {tuple(a_shape)} (the shape of A), got {tuple(a_preact_shape)}")
-        if a_preact_dtype != shape.dtype:
-            raise TypeError(f"a_preact: expected dtype {shape.dtype}, got {a_preact_dtype}")
+            raise ValueError(f"a_preact: expected shape {tuple(a_shape)} (the shape of a), got {tuple(a_preact_shape)}")
+        if a_preact_dtype != dtype:
+            raise TypeError(f"a_preact: expected dtype {dtype}, got {a_preact_dtype}")
+
+
+def _check_backward_options(inputs, attrs, preact=None, a_preact=None, a_act="none", a_slope=0.01):
+    """The backward options against the problem: on host arrays before an upload, on views before a launch."""
+    a, b = inputs[0], inputs[1]
+    shape = check_operands(a.shape, normalize(a.dtype, "a"), b.shape, normalize(b.dtype, "b"), act=attrs["act"],
+                           trans_a=attrs["trans_a"], trans_b=attrs["trans_b"], alpha=attrs["alpha"],
+                           beta=attrs["beta"], slope=attrs["slope"])
+    if attrs["act"] != "none":
+        if preact is None:
+            raise ValueError(f"preact: required for act={attrs['act']!r} (run forward with save_preact=True)")
+        if tuple(preact.shape) != (shape.m, shape.n):
+            raise ValueError(f"preact: expected shape ({shape.m}, {shape.n}), got {tuple(preact.shape)}")
+        if normalize(preact.dtype, "preact") != shape.dtype:
+            raise TypeError(f"preact: expected dtype {shape.dtype}, got {normalize(preact.dtype, 'preact')}")
+    _check_chaining(a.shape, shape.dtype, None if a_preact is None else a_preact.shape,
+                    None if a_preact is None else normalize(a_preact.dtype, "a_preact"), a_act, a_slope)
     return shape
 
 
-def backward(dY, A, B, preact=None, act="none", alpha=1.0, beta=0.0, trans_a=False, trans_b=False, slope=0.01,
-             allow_tf32=False, with_c=False, a_preact=None, a_act="none", a_slope=0.01, stream=None):
-    """Device arrays in: returns GemmGrads(dA, dB, dbias, dC, dbias_a) as device arrays of A's kind.
+def _backward(dy, inputs, attrs, kernel, out, stream, preact=None, a_preact=None, a_act="none", a_slope=0.01,
+              dbias_a_out=None):
+    """(da, db, dbias, dc); dbias and dc are None when bias or c was not given. ``preact``: the saved
+    pre-activation (forward with save_preact), required for act != 'none'.
 
-    Layer chaining: when A = a_act(a_preact) came from the previous layer, pass ``a_preact``/``a_act`` and dA comes
-    back as the gradient w.r.t. a_preact, with that layer's bias gradient in dbias_a - fused into the dA matmul as
-    cuBLASLt's DGELU_BGRAD epilogue for gelu (trans_a False, K % 8 == 0), by a post-kernel otherwise."""
-    vdy, va, vb = _device.view_of(dY, "dY"), _device.view_of(A, "A"), _device.view_of(B, "B")
-    vz = None if preact is None else _device.view_of(preact, "preact")
-    vaz = None if a_preact is None else _device.view_of(a_preact, "a_preact")
-    shape = _check_backward(vdy.shape, vdy.dtype, va.shape, va.dtype, vb.shape, vb.dtype,
-                            None if vz is None else vz.shape, None if vz is None else vz.dtype,
-                            act, trans_a, trans_b, alpha, beta, slope, None if vaz is None else vaz.shape,
-                            None if vaz is None else vaz.dtype, a_act, a_slope)
-    for name, view in (("dY", vdy), ("A", va), ("B", vb), ("preact", vz), ("a_preact", vaz)):
-        if view is not None and not view.is_contiguous:
-            raise ValueError(f"{name}: expected a contiguous row-major array, got strides {view.strides}")
-    new = lambda s: _device.empty_like_kind(A, s, shape.dtype, va.device)  # noqa: E731
-    da, db, dbias = new(va.shape), new(vb.shape), new((shape.n,))
-    dc = new((shape.m, shape.n)) if with_c else None
-    dz_scratch = new((shape.m, shape.n)) if act != "none" else None
+    Layer chaining: when a = a_act(a_preact) came from the previous layer, pass ``a_preact``/``a_act`` and
+    ``dbias_a_out``: da comes back as the gradient w.r.t. a_preact and that layer's bias gradient is written into
+    dbias_a_out - fused into the da matmul as cuBLASLt's DGELU_BGRAD epilogue for gelu (trans_a False, K % 8 == 0),
+    by a post-kernel otherwise."""
+    a, b, bias, c = inputs
+    act = attrs["act"]
+    views = _layout.input_views({name: x for name, x in (("dy", dy), ("a", a), ("b", b), ("preact", preact),
+                                                          ("a_preact", a_preact)) if x is not None})
+    va, vb, vdy = views["a"], views["b"], views["dy"]
+    shape = _check_backward_options([va, vb], attrs, views.get("preact"), views.get("a_preact"), a_act, a_slope)
+    _layout.checked_view(dy, "dy", (shape.m, shape.n), shape.dtype, va.device)
+    vaz = views.get("a_preact")
     chained = a_act != "none"
-    dbias_a = new((va.shape[1],)) if chained else None  # the previous layer's bias: per column of stored A
-    ptr = lambda x, name: 0 if x is None else _device.view_of(x, name).ptr  # noqa: E731
+    if chained and dbias_a_out is None:
+        raise ValueError(f"dbias_a_out: required with a_act={a_act!r} (the previous layer's bias gradient, one per "
+                         f"column of a)")
+    entry = lambda index: None if out is None else out[index]  # noqa: E731
+    new = lambda array, argument, shape_: _layout.output(array, a, argument, shape_, shape.dtype, va.device)  # noqa
+    (da, vda), (db, vdb) = new(entry(0), "out[0]", tuple(va.shape)), new(entry(1), "out[1]", tuple(vb.shape))
+    dbias, vdbias = new(entry(2), "out[2]", (shape.n,)) if bias is not None else (None, None)
+    dc, vdc = new(entry(3), "out[3]", (shape.m, shape.n)) if c is not None else (None, None)
+    vdz = new(None, "scratch", (shape.m, shape.n))[1] if act != "none" else None
+    vdbias_a = new(dbias_a_out, "dbias_a_out", (va.shape[1],))[1] if chained else None
+    ptr = lambda view: 0 if view is None else view.ptr  # noqa: E731
     _native_module().backward(
-        vdy.ptr, va.ptr, vb.ptr, ptr(preact, "preact"), ptr(dz_scratch, "scratch"), ptr(da, "dA"), ptr(db, "dB"),
-        ptr(dbias, "dbias"), ptr(dc, "dC"), shape.m, shape.n, shape.k, shape.dtype, bool(trans_a), bool(trans_b),
-        float(alpha), float(beta), act, float(slope), bool(allow_tf32), ptr(a_preact, "a_preact"), a_act,
-        float(a_slope), ptr(dbias_a, "dbias_a"), _device.stream_handle(stream))
-    return GemmGrads(da, db, dbias, dc, dbias_a)
-
-
-def kernels() -> list[dict]:
-    """The candidates with their constraints, as the native module reports them."""
-    return _native_module().kernels()
+        vdy.ptr, va.ptr, vb.ptr, ptr(views.get("preact")), ptr(vdz), vda.ptr, vdb.ptr, ptr(vdbias), ptr(vdc),
+        shape.m, shape.n, shape.k, shape.dtype, attrs["trans_a"], attrs["trans_b"], attrs["alpha"], attrs["beta"],
+        act, attrs["slope"], attrs["allow_tf32"], ptr(vaz), a_act, float(a_slope), ptr(vdbias_a),
+        _device.stream_handle(stream))
+    return da, db, dbias, dc
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -398,6 +307,11 @@ OP = register(OpDef(
     ),
     doc=__doc__,
 ))
+Face(OP, _backward, kernels=lambda: _native_module().kernels(), extras={"save_preact": False, "preact_out": None},
+     forward_extras=_forward_with_preact,
+     saved={"preact": None, "a_preact": None, "a_act": "none", "a_slope": 0.01, "dbias_a_out": None},
+     backward_host_check=_check_backward_options)
+globals().update(FACES["gemm"].functions())
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 A plain product is a gemm with every attribute at its default, so this op has no kernels of its own: inference
 and the kernel candidates are gemm's, seen through that translation, and canonicalization rewrites matmul into
 gemm (where bias, transposes and activations can fuse). It stays an op because it is what graphs are written in.
+Its face (``ge2.ops.matmul``) runs gemm's kernels; backward returns (da, db) from gemm's backward.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import replace
 
 from . import gemm
 from ._base import Candidate, Input, OpDef, Problem, as_float64, register
+from ._face import Face
 
 _GEMM_DEFAULTS = gemm.OP.validate_attrs({}, "matmul")
 
@@ -61,6 +63,13 @@ OP = register(OpDef(
 ))
 
 
+def _backward(dy, inputs, attrs, kernel, out, stream):
+    """(da, db) through gemm's backward with no bias and no C."""
+    return gemm.backward(dy, inputs[0], inputs[1], kernel=kernel, out=None if out is None else (*out, None, None),
+                         stream=stream)[:2]
+
+
+globals().update(Face(OP, _backward, kernels=gemm.kernels).functions())
 # ---------------------------------------------------------------------------------------------------------------
 # Grad rule: gemm's backward with no bias.
 # ---------------------------------------------------------------------------------------------------------------

@@ -24,13 +24,13 @@ import numpy as np
 
 from .. import _native
 from .. import device as _device
-from ..dtypes import FLOAT_DTYPES, normalize
+from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _layout
-from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register
+from ._base import OPS, Attr, Candidate, Input, OpDef, Problem, as_float64, register
+from ._face import FACES, Face
 
 OP_NAMES = ("sum", "mean", "max")
-KERNELS = ("auto", "row_warp", "row_block", "column", "generic")
 
 
 def _native_module():
@@ -43,11 +43,6 @@ def _native_module():
 def _check_op(op):
     if op not in OP_NAMES:
         raise ValueError(f"op: expected one of {', '.join(OP_NAMES)}, got {op!r}")
-
-
-def _check_kernel(kernel):
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
 
 
 def _check_dtype(dtype, argument):
@@ -152,103 +147,29 @@ def reference_backward(op, dy, x, axis=None, keepdims=False):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Python face
+# Python face: ``ge2.ops.sum``, ``ops.mean``, ``ops.max``, generated (ops/_face.py); the gradients come from here.
 # ---------------------------------------------------------------------------------------------------------------
-def _host_array(value, argument):
-    if not isinstance(value, np.ndarray):
-        raise TypeError(f"{argument}: expected a NumPy array, got {type(value).__name__}")
-    return value
+def _backward(op):
+    def backward(dy, inputs, attrs, kernel, out, stream, y=None):
+        """``(dx,)``, dx of x's shape; max reads x and the forward output ``y`` (recomputed when not given)."""
+        (x,) = inputs
+        vx = _device.view_of(x, "x")
+        problem = check_problem(op, vx.shape, vx.dtype, attrs["axis"], attrs["keepdims"])
+        vdy = _layout.checked_view(dy, "dy", problem.out_shape, problem.dtype, vx.device)
+        reads_values = op == "max"
+        vy = None
+        if reads_values:
+            if y is None:
+                y = FACES[op].forward(x, attrs["axis"], attrs["keepdims"], stream=stream)
+            vy = _layout.checked_view(y, "y", problem.out_shape, problem.dtype, vx.device)
+            vx = _layout.checked_view(x, "x", problem.shape, problem.dtype, vx.device)
+        dx, vdx = _layout.output(None if out is None else out[0], dy, "out", problem.shape, problem.dtype, vx.device)
+        _native_module().backward(op, vdy.ptr, vx.ptr if reads_values else 0, vy.ptr if reads_values else 0,
+                                  vdx.ptr, list(problem.shape), list(problem.axes), problem.dtype,
+                                  _device.stream_handle(stream))
+        return (dx,)
 
-
-def _check_native_kernel(kernel, problem: ReduceProblem):
-    if kernel != "auto":
-        reason = _native_module().unsupported_reason(kernel, list(problem.shape), list(problem.axes))
-        if reason:
-            raise ValueError(f"kernel: '{kernel}' cannot run this problem: {reason}")
-
-
-def forward_numpy(op, x, axis=None, keepdims=False, kernel="auto"):
-    """Host array in, host array out (runs on the GPU)."""
-    _host_array(x, "x")
-    problem = check_problem(op, x.shape, normalize(x.dtype, "x"), axis, keepdims)
-    _check_kernel(kernel)
-    _device.require_gpu(f"{op}.forward_numpy")
-    _check_native_kernel(kernel, problem)
-    device_x = _device.runtime().DeviceArray.from_numpy(np.asarray(x, order="C"))  # 0-d stays 0-d
-    return forward(op, device_x, axis=axis, keepdims=keepdims, kernel=kernel).numpy()
-
-
-def forward(op, x, axis=None, keepdims=False, kernel="auto", out=None, stream=None):
-    """Device array (DeviceArray, torch, CuPy) in, device array out, zero-copy. ``out`` is written when given;
-    otherwise the output is allocated as the same kind of array as ``x``."""
-    vx = _device.view_of(x, "x")
-    problem = check_problem(op, vx.shape, vx.dtype, axis, keepdims)
-    _check_kernel(kernel)
-    if not vx.is_contiguous:
-        raise ValueError(f"x: expected a contiguous array, got strides {vx.strides} for shape {vx.shape}")
-    _check_native_kernel(kernel, problem)
-    y, vy = _layout.output(out, x, "out", problem.out_shape, vx.dtype, vx.device)
-    _native_module().forward(op, vx.ptr, vy.ptr, list(problem.shape), list(problem.axes), vx.dtype, kernel,
-                             _device.stream_handle(stream))
-    return y
-
-
-def _check_backward(op, dy_shape, dy_dtype, x_shape, x_dtype, y_shape, y_dtype, axis, keepdims) -> ReduceProblem:
-    problem = check_problem(op, x_shape, x_dtype, axis, keepdims)
-    if tuple(dy_shape) != problem.out_shape:
-        raise ValueError(f"dy: expected shape {problem.out_shape} (the output of {op} with keepdims={keepdims}), "
-                         f"got {tuple(dy_shape)}")
-    if dy_dtype != x_dtype:
-        raise TypeError(f"dy: expected dtype {x_dtype} (the dtype of x), got {dy_dtype}")
-    if op == "max":
-        if y_shape is None:
-            raise ValueError("y: required for op 'max' (the forward output, to find the maximum's position)")
-        if tuple(y_shape) != problem.out_shape:
-            raise ValueError(f"y: expected shape {problem.out_shape} (the forward output), got {tuple(y_shape)}")
-        if y_dtype != x_dtype:
-            raise TypeError(f"y: expected dtype {x_dtype} (the dtype of x), got {y_dtype}")
-    return problem
-
-
-def backward_numpy(op, dy, x, y=None, axis=None, keepdims=False):
-    """Host arrays in (output gradient, input, and for max the forward output), host dx out (runs on the GPU)."""
-    _host_array(dy, "dy")
-    _host_array(x, "x")
-    if y is not None:
-        _host_array(y, "y")
-    _check_backward(op, dy.shape, normalize(dy.dtype, "dy"), x.shape, normalize(x.dtype, "x"),
-                    None if y is None else y.shape, None if y is None else normalize(y.dtype, "y"), axis, keepdims)
-    _device.require_gpu(f"{op}.backward_numpy")
-    # np.asarray keeps 0-d arrays 0-d (np.ascontiguousarray would make them 1-d).
-    upload = lambda a: None if a is None else _device.runtime().DeviceArray.from_numpy(np.asarray(a, order="C"))  # noqa
-    return backward(op, upload(dy), upload(x), upload(y), axis=axis, keepdims=keepdims).numpy()
-
-
-def backward(op, dy, x, y=None, axis=None, keepdims=False, out=None, stream=None):
-    """Device arrays in: returns dx (x's shape) as a device array of dy's kind (or ``out``). ``y``, the forward
-    output, is required for max; sum and mean read only dy."""
-    vdy, vx = _device.view_of(dy, "dy"), _device.view_of(x, "x")
-    vy = None if y is None else _device.view_of(y, "y")
-    problem = _check_backward(op, vdy.shape, vdy.dtype, vx.shape, vx.dtype, None if vy is None else vy.shape,
-                              None if vy is None else vy.dtype, axis, keepdims)
-    for name, view in (("dy", vdy), ("x", vx), ("y", vy)):
-        if view is None:
-            continue
-        if not view.is_contiguous:
-            raise ValueError(f"{name}: expected a contiguous array, got strides {view.strides} for shape {view.shape}")
-        if view.device != vdy.device:
-            raise ValueError(f"{name}: expected an array on cuda:{vdy.device} (the device of dy), "
-                             f"got cuda:{view.device}")
-    dx, vdx = _layout.output(out, dy, "out", problem.shape, problem.dtype, vdy.device)
-    reads_values = op == "max"
-    _native_module().backward(op, vdy.ptr, vx.ptr if reads_values else 0, vy.ptr if reads_values else 0, vdx.ptr,
-                              list(problem.shape), list(problem.axes), problem.dtype, _device.stream_handle(stream))
-    return dx
-
-
-def kernels() -> list[dict]:
-    """The kernel variants with their constraints, as the native module reports them."""
-    return _native_module().kernels()
+    return backward
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -328,6 +249,8 @@ def _register(op):
 SUM = _register("sum")
 MEAN = _register("mean")
 MAX = _register("max")
+for _op in OP_NAMES:
+    Face(OPS[_op], _backward(_op), kernels=lambda: _native_module().kernels(), saved=("y",))
 
 
 # ---------------------------------------------------------------------------------------------------------------

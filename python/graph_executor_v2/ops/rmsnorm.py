@@ -19,8 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _native
-from .. import device as _device
-from . import _layout, _row_norm
+from . import _row_norm
 from ._base import Attr, Input, OpDef, as_float64, register
 
 DEFAULT_EPS = 1e-6
@@ -60,91 +59,13 @@ def check_operands(x_shape, x_dtype, gamma_shape, gamma_dtype, eps=DEFAULT_EPS):
     return shape
 
 
-def _check_backward(dy_shape, dy_dtype, x_shape, x_dtype, gamma_shape, gamma_dtype, eps):
-    shape = check_operands(x_shape, x_dtype, gamma_shape, gamma_dtype, eps)
-    if tuple(dy_shape) != shape.shape:
-        raise ValueError(f"dy: expected shape {shape.shape} (the shape of x), got {tuple(dy_shape)}")
-    if dy_dtype != shape.dtype:
-        raise TypeError(f"dy: expected dtype {shape.dtype} (the dtype of x), got {dy_dtype}")
-    return shape
-
-
 # ---------------------------------------------------------------------------------------------------------------
-# Python face
+# Python face: generated (ops/_face.py, ops/_row_norm.py); backward also takes a ``workspace``.
 # ---------------------------------------------------------------------------------------------------------------
-def forward_numpy(x, gamma, eps=DEFAULT_EPS, save_stats=False, kernel="auto"):
-    """Host arrays in, host array(s) out: y, or (y, rstd) with ``save_stats``. Runs on the GPU."""
-    arrays = {"x": x, "gamma": gamma}
-    dtypes = {name: _layout.host_dtype(array, name) for name, array in arrays.items()}
-    check_operands(x.shape, dtypes["x"], gamma.shape, dtypes["gamma"], eps)
-    _row_norm.check_kernel(kernel)
-    _device.require_gpu("rmsnorm.forward_numpy")
-    on_device = _row_norm.upload(arrays)
-    result = forward(on_device["x"], on_device["gamma"], eps=eps, save_stats=save_stats, kernel=kernel)
-    return tuple(r.numpy() for r in result) if save_stats else result.numpy()
-
-
-def forward(x, gamma, eps=DEFAULT_EPS, save_stats=False, kernel="auto", out=None, rstd_out=None, stream=None):
-    """Device arrays (DeviceArray, torch, CuPy) in, device array(s) out, zero-copy: y, or (y, rstd) with
-    ``save_stats``. ``out``/``rstd_out`` are written when given; otherwise outputs are allocated as the same kind
-    of array as ``x``."""
-    views = _row_norm.input_views({"x": x, "gamma": gamma})
-    vx, vg = views["x"], views["gamma"]
-    shape = check_operands(vx.shape, vx.dtype, vg.shape, vg.dtype, eps)
-    _row_norm.check_kernel(kernel)
-    y, vy = _layout.output(out, x, "out", shape.shape, shape.dtype, vx.device)
-    rstd = vrstd = None
-    if save_stats:
-        rstd, vrstd = _layout.output(rstd_out, x, "rstd_out", (shape.rows,), "float32", vx.device)
-    _native_module().forward(vx.ptr, vg.ptr, vy.ptr, _row_norm.address(vrstd), shape.rows, shape.cols,
-                             shape.dtype, float(eps), kernel, _device.stream_handle(stream))
-    return (y, rstd) if save_stats else y
-
-
-def backward_numpy(dy, x, gamma, rstd=None, eps=DEFAULT_EPS, kernel="auto"):
-    """Host arrays in: returns (dx, dgamma) as host arrays. ``rstd``: the saved statistic (recomputed from x when
-    absent)."""
-    arrays = {"dy": dy, "x": x, "gamma": gamma}
-    dtypes = {name: _layout.host_dtype(array, name) for name, array in arrays.items()}
-    shape = _check_backward(dy.shape, dtypes["dy"], x.shape, dtypes["x"], gamma.shape, dtypes["gamma"], eps)
-    _row_norm.check_host_statistic(rstd, "rstd", shape)
-    _row_norm.check_kernel(kernel)
-    _device.require_gpu("rmsnorm.backward_numpy")
-    on_device = _row_norm.upload({**arrays, "rstd": rstd})
-    grads = backward(on_device["dy"], on_device["x"], on_device["gamma"], on_device["rstd"], eps=eps, kernel=kernel)
-    return tuple(g.numpy() for g in grads)
-
-
-def backward(dy, x, gamma, rstd=None, eps=DEFAULT_EPS, kernel="auto", dx_out=None, dgamma_out=None, workspace=None,
-             stream=None):
-    """Device arrays in: returns (dx, dgamma) as device arrays of x's kind (``*_out`` are written when given).
-    ``rstd``: the saved statistic of forward(save_stats=True). ``workspace``: a float32 device array of at least
-    backward_workspace_bytes() bytes, allocated here when not given (as an array of x's kind, released on
-    return: with a stream other than that library's current one, pass your own)."""
-    views = _row_norm.input_views({"dy": dy, "x": x, "gamma": gamma})
-    vdy, vx, vg = views["dy"], views["x"], views["gamma"]
-    shape = _check_backward(vdy.shape, vdy.dtype, vx.shape, vx.dtype, vg.shape, vg.dtype, eps)
-    vrstd = _row_norm.statistic(rstd, "rstd", shape, vx.device)
-    _row_norm.check_kernel(kernel)
-    dx, vdx = _layout.output(dx_out, x, "dx_out", shape.shape, shape.dtype, vx.device)
-    dgamma, vdgamma = _layout.output(dgamma_out, x, "dgamma_out", (shape.cols,), shape.dtype, vx.device)
-    native = _native_module()
-    workspace, vworkspace, size = _row_norm.workspace_for(native, workspace, x, shape, kernel,
-                                                          _row_norm.is_aligned(vdy, vx, vg, vdx), vx.device)
-    native.backward(vdy.ptr, vx.ptr, vg.ptr, _row_norm.address(vrstd), vdx.ptr, vdgamma.ptr, vworkspace.ptr, size,
-                    shape.rows, shape.cols, shape.dtype, float(eps), kernel, _device.stream_handle(stream))
-    return dx, dgamma
-
-
 def backward_workspace_bytes(x_shape, dtype, kernel="auto", aligned=True) -> int:
     """Bytes of float32 workspace ``backward`` needs for an x of this shape and dtype on the current GPU
     (``aligned``: dy, x, gamma and dx 16-byte aligned, as every plan buffer is)."""
     return _row_norm.workspace_bytes(_native_module, "rmsnorm", x_shape, dtype, kernel, aligned)
-
-
-def kernels() -> list[dict]:
-    """The candidates with their constraints, as the native module reports them."""
-    return _native_module().kernels()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -187,6 +108,7 @@ OP = register(OpDef(
     candidates=_row_norm.candidates(_native_module, _make_launch),
     doc=__doc__,
 ))
+globals().update(_row_norm.make_face(OP, _native_module, ("rstd",)).functions())
 
 
 # ---------------------------------------------------------------------------------------------------------------

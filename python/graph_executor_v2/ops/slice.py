@@ -27,6 +27,7 @@ from .. import device as _device
 from ..ir.types import TensorType
 from . import _layout
 from ._base import Attr, Candidate, Input, OpDef, Problem, register
+from ._face import Face
 
 _BIG = 2**31 - 1  # an end at least this large slices a symbolic axis to its end
 _NO_END = (2**31 - 1, 2**63 - 1)  # INT32_MAX and INT64_MAX as an end: through the last element in the step's direction
@@ -151,13 +152,13 @@ def reference_backward(dy, input_shape, starts, ends, axes=None, steps=None) -> 
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Python face
+# Python face: generated (ops/_face.py); forward and backward take any strides, so they are written here.
 # ---------------------------------------------------------------------------------------------------------------
-def forward(x, starts, ends, axes=None, steps=None, out=None, stream=None):
-    """Device arrays (DeviceArray, torch, CuPy; any strides) in, a contiguous device array of x's kind out (or
-    ``out``)."""
+def _forward(inputs, attrs, kernel, out, stream):
+    """A contiguous array of x's kind (or ``out``) from x of any strides."""
+    x = inputs[0]
     view = _device.view_of(x, "x")
-    result = geometry(view.shape, starts, ends, axes, steps)
+    result = geometry(view.shape, *_slice_args(attrs))
     y, y_view = _layout.output(out, x, "out", result.shape, view.dtype, view.device)
     _layout.check_no_overlap(y_view, "out", view, "x")
     _native_module().forward(view.ptr, y_view.ptr, list(view.shape), list(view.strides), list(result.starts),
@@ -165,38 +166,16 @@ def forward(x, starts, ends, axes=None, steps=None, out=None, stream=None):
     return y
 
 
-def forward_numpy(x, starts, ends, axes=None, steps=None):
-    """Host array in, host array out; runs on the GPU."""
-    _layout.host_dtype(x, "x")
-    geometry(x.shape, starts, ends, axes, steps)
-    _device.require_gpu("slice.forward_numpy")
-    return forward(_layout.to_device(x), starts, ends, axes, steps).numpy()
-
-
-def backward(dy, input_shape, starts, ends, axes=None, steps=None, out=None, stream=None):
-    """dx (zeros of ``input_shape`` with the slice set to dy) as a contiguous device array of dy's kind (or
-    ``out``); dy may have any strides."""
+def _backward(dy, inputs, attrs, kernel, out, stream):
+    """(dx,): zeros of x's shape with the slice set to dy (dy of any strides), contiguous, of dy's kind."""
+    input_shape = tuple(_device.view_of(inputs[0], "x").shape)
     view = _device.view_of(dy, "dy")
-    result = _check_dy(view.shape, input_shape, starts, ends, axes, steps)
-    input_shape = tuple(int(extent) for extent in input_shape)
-    dx, dx_view = _layout.output(out, dy, "out", input_shape, view.dtype, view.device)
-    _layout.check_no_overlap(dx_view, "out", view, "dy")
+    result = _check_dy(view.shape, input_shape, *_slice_args(attrs))
+    dx, dx_view = _layout.output(None if out is None else out[0], dy, "out[0]", input_shape, view.dtype, view.device)
+    _layout.check_no_overlap(dx_view, "out[0]", view, "dy")
     _native_module().backward(view.ptr, dx_view.ptr, list(view.strides), list(input_shape), list(result.starts),
                               list(result.steps), list(result.shape), view.dtype, _device.stream_handle(stream))
-    return dx
-
-
-def backward_numpy(dy, input_shape, starts, ends, axes=None, steps=None):
-    """Host dy in, host dx out; runs on the GPU."""
-    _layout.host_dtype(dy, "dy")
-    _check_dy(dy.shape, input_shape, starts, ends, axes, steps)
-    _device.require_gpu("slice.backward_numpy")
-    return backward(_layout.to_device(dy), input_shape, starts, ends, axes, steps).numpy()
-
-
-def kernels() -> list[dict]:
-    """The forward candidates with their constraints, as the native module reports them."""
-    return _native_module().kernels()
+    return (dx,)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -256,6 +235,7 @@ OP = register(OpDef(
     ),
     doc="slice(x, starts, ends, axes=None, steps=None): ONNX Slice; exact in every dtype.",
 ))
+globals().update(Face(OP, _backward, forward=_forward, kernels=lambda: _native_module().kernels()).functions())
 
 
 # ---------------------------------------------------------------------------------------------------------------

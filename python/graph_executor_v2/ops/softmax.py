@@ -28,12 +28,12 @@ import numpy as np
 
 from .. import _native
 from .. import device as _device
-from ..dtypes import FLOAT_DTYPES, normalize
+from ..dtypes import FLOAT_DTYPES
 from . import _layout
-from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register
+from ._base import OPS, Attr, Candidate, Input, OpDef, Problem, as_float64, register
+from ._face import FACES, Face
 
 OP_NAMES = ("softmax", "log_softmax")
-KERNELS = ("auto", "warp_row", "block_row", "block_row_two_pass", "strided")
 
 
 def _native_module():
@@ -45,7 +45,6 @@ def _native_module():
 # ---------------------------------------------------------------------------------------------------------------
 def reference(op, x, axis=-1):
     """softmax or log_softmax of ``x`` over ``axis``, in float64."""
-    _check_op(op)
     x64 = as_float64(x)
     axis = check_axis(axis, x64.ndim)
     if x64.size == 0:
@@ -61,7 +60,6 @@ def reference(op, x, axis=-1):
 
 def reference_backward(op, dy, y, axis=-1):
     """dx in float64 from the output gradient ``dy`` and the forward output ``y``."""
-    _check_op(op)
     dy64, y64 = as_float64(dy), as_float64(y)
     axis = check_axis(axis, y64.ndim)
     if op == "softmax":
@@ -72,16 +70,6 @@ def reference_backward(op, dy, y, axis=-1):
 # ---------------------------------------------------------------------------------------------------------------
 # Validation: shapes, dtypes and arguments only, so it runs (and is tested) with no GPU.
 # ---------------------------------------------------------------------------------------------------------------
-def _check_op(op):
-    if op not in OP_NAMES:
-        raise ValueError(f"op: expected 'softmax' or 'log_softmax', got {op!r}")
-
-
-def _check_kernel(kernel):
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
-
-
 def check_axis(axis, ndim: int) -> int:
     """The axis as an index in [0, ndim); raises naming ``axis`` (or ``x`` for a 0-d array)."""
     if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
@@ -106,98 +94,26 @@ def layout(shape, axis) -> tuple[int, int, int]:
                                                                                    dtype=np.int64))
 
 
-def _check_native_kernel(kernel, n, inner, backward):
-    if kernel != "auto":
-        reason = _native_module().unsupported_reason(kernel, n, inner, backward)
-        if reason:
-            raise ValueError(f"kernel: '{kernel}' cannot run this problem: {reason}")
+def _backward(op):
+    def backward(dy, inputs, attrs, kernel, out, stream, y=None):
+        """dx from dy and the forward output ``y`` (recomputed from x when not given)."""
+        (x,) = inputs
+        vx = _device.view_of(x, "x")
+        outer, n, inner = layout(vx.shape, attrs["axis"])
+        if y is None:
+            y = FACES[op].forward(x, axis=attrs["axis"], stream=stream)
+        vy = _layout.checked_view(y, "y", tuple(vx.shape), vx.dtype, vx.device)
+        vdy = _layout.checked_view(dy, "dy", tuple(vx.shape), vx.dtype, vx.device)
+        if kernel != "auto":
+            reason = _native_module().unsupported_reason(kernel, n, inner, True)
+            if reason:
+                raise ValueError(f"kernel: '{kernel}' cannot run this problem: {reason}")
+        dx, vdx = _layout.output(None if out is None else out[0], dy, "out", tuple(vx.shape), vx.dtype, vx.device)
+        _native_module().backward(op, vy.ptr, vdy.ptr, vdx.ptr, outer, n, inner, vx.dtype, kernel,
+                                  _device.stream_handle(stream))
+        return (dx,)
 
-
-def _host_array(value, argument):
-    if not isinstance(value, np.ndarray):
-        raise TypeError(f"{argument}: expected a NumPy array, got {type(value).__name__}")
-    dtype = normalize(value.dtype, argument)
-    _check_dtype(dtype, argument)
-    return value
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Python face
-# ---------------------------------------------------------------------------------------------------------------
-def forward_numpy(op, x, axis=-1, kernel="auto"):
-    """Host array in, host array out (runs on the GPU)."""
-    _check_op(op)
-    _host_array(x, "x")
-    outer, n, inner = layout(x.shape, axis)
-    _check_kernel(kernel)
-    _device.require_gpu(f"{op}.forward_numpy")
-    _check_native_kernel(kernel, n, inner, False)
-    device_x = _device.runtime().DeviceArray.from_numpy(np.ascontiguousarray(x))
-    return forward(op, device_x, axis=axis, kernel=kernel).numpy()
-
-
-def forward(op, x, axis=-1, kernel="auto", out=None, stream=None):
-    """Device array (DeviceArray, torch, CuPy) in, device array out, zero-copy. ``out`` is written when given;
-    otherwise the output is allocated as the same kind of array as ``x``."""
-    _check_op(op)
-    vx = _device.view_of(x, "x")
-    _check_dtype(vx.dtype, "x")
-    outer, n, inner = layout(vx.shape, axis)
-    _check_kernel(kernel)
-    if not vx.is_contiguous:
-        raise ValueError(f"x: expected a contiguous array, got strides {vx.strides} for shape {vx.shape}")
-    _check_native_kernel(kernel, n, inner, False)
-    y, vy = _layout.output(out, x, "out", vx.shape, vx.dtype, vx.device)
-    _native_module().forward(op, vx.ptr, vy.ptr, outer, n, inner, vx.dtype, kernel, _device.stream_handle(stream))
-    return y
-
-
-def backward_numpy(op, dy, y, axis=-1, kernel="auto"):
-    """Host arrays in (output gradient, forward output), host dx out (runs on the GPU)."""
-    _check_op(op)
-    _host_array(dy, "dy")
-    _host_array(y, "y")
-    _check_pair(dy.shape, normalize(dy.dtype), y.shape, normalize(y.dtype))
-    outer, n, inner = layout(y.shape, axis)
-    _check_kernel(kernel)
-    _device.require_gpu(f"{op}.backward_numpy")
-    _check_native_kernel(kernel, n, inner, True)
-    DeviceArray = _device.runtime().DeviceArray
-    dx = backward(op, DeviceArray.from_numpy(np.ascontiguousarray(dy)), DeviceArray.from_numpy(np.ascontiguousarray(y)),
-                  axis=axis, kernel=kernel)
-    return dx.numpy()
-
-
-def _check_pair(dy_shape, dy_dtype, y_shape, y_dtype):
-    _check_dtype(y_dtype, "y")
-    if tuple(dy_shape) != tuple(y_shape):
-        raise ValueError(f"dy: expected shape {tuple(y_shape)} (the shape of y), got {tuple(dy_shape)}")
-    if dy_dtype != y_dtype:
-        raise TypeError(f"dy: expected dtype {y_dtype} (the dtype of y), got {dy_dtype}")
-
-
-def backward(op, dy, y, axis=-1, kernel="auto", out=None, stream=None):
-    """Device arrays in (output gradient, forward output): returns dx as a device array of dy's kind (or ``out``)."""
-    _check_op(op)
-    vdy, vy = _device.view_of(dy, "dy"), _device.view_of(y, "y")
-    _check_pair(vdy.shape, vdy.dtype, vy.shape, vy.dtype)
-    outer, n, inner = layout(vy.shape, axis)
-    _check_kernel(kernel)
-    for name, view in (("dy", vdy), ("y", vy)):
-        if not view.is_contiguous:
-            raise ValueError(f"{name}: expected a contiguous array, got strides {view.strides} for shape {view.shape}")
-    if vy.device != vdy.device:
-        raise ValueError(f"y: expected an array on cuda:{vdy.device} (the device of dy), got cuda:{vy.device}")
-    _check_native_kernel(kernel, n, inner, True)
-    dx, vdx = _layout.output(out, dy, "out", vdy.shape, vdy.dtype, vdy.device)
-    _native_module().backward(op, vy.ptr, vdy.ptr, vdx.ptr, outer, n, inner, vdy.dtype, kernel,
-                              _device.stream_handle(stream))
-    return dx
-
-
-def kernels() -> list[dict]:
-    """The kernel variants with their constraints, as the native module reports them."""
-    return _native_module().kernels()
+    return backward
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -264,6 +180,10 @@ def _register(op):
 
 SOFTMAX = _register("softmax")
 LOG_SOFTMAX = _register("log_softmax")
+for _op in OP_NAMES:
+    Face(OPS[_op], _backward(_op), kernels=lambda: _native_module().kernels(), saved=("y",))
+# This module is the face of softmax; log_softmax's is ``ge2.ops.log_softmax``.
+globals().update(FACES["softmax"].functions())
 
 
 # ---------------------------------------------------------------------------------------------------------------

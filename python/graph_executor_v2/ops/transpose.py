@@ -37,6 +37,7 @@ from ..dtypes import itemsize
 from ..ir.types import TensorType
 from . import _layout
 from ._base import Attr, Candidate, Input, OpDef, Problem, register
+from ._face import FACES, Face
 
 KERNELS = ("auto", "tiled_packed", "tiled", "strided")
 
@@ -111,7 +112,8 @@ def reference_reshape(x, shape) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Python face. The first argument names the op: "transpose" or "reshape".
+# Python face: this module is transpose's, ``ge2.ops.reshape`` reshape's (generated, ops/_face.py). Both take
+# strided inputs; reshape of a contiguous array returns a view.
 # ---------------------------------------------------------------------------------------------------------------
 def _transpose(x, perm, kernel="auto", out=None, stream=None):
     view = _device.view_of(x, "x")
@@ -158,89 +160,6 @@ def _view_as(x, shape):
     if module.startswith("cupy"):
         return x.reshape(shape)
     return _device.as_device_array(x, "x").reshape(list(shape))
-
-
-def _transpose_backward(dy, perm, out=None, stream=None):
-    view = _device.view_of(dy, "dy")
-    return _transpose(dy, inverse_perm(check_perm(perm, len(view.shape))), out=out, stream=stream)
-
-
-def _reshape_backward(dy, input_shape, out=None, stream=None):
-    return _reshape(dy, check_input_shape(_device.view_of(dy, "dy").shape, input_shape), out=out, stream=stream)
-
-
-def check_input_shape(dy_shape, input_shape) -> tuple[int, ...]:
-    """reshape backward: x's shape, which must hold as many elements as dy."""
-    input_shape = _layout.int_tuple(input_shape, "input_shape")
-    if any(extent < 0 for extent in input_shape) or _layout.numel(input_shape) != _layout.numel(dy_shape):
-        raise ValueError(f"input_shape: expected a shape of {_layout.numel(dy_shape)} elements (those of dy, "
-                         f"shape {tuple(dy_shape)}), got {input_shape}")
-    return input_shape
-
-
-def _check_transpose(shape, perm, kernel="auto"):
-    check_perm(perm, len(shape))
-    _check_kernel(kernel)
-
-
-# op -> (forward, forward check on x's shape, backward, backward check on dy's shape)
-_FACES = {
-    "transpose": (_transpose, _check_transpose, _transpose_backward, lambda shape, perm: check_perm(perm, len(shape))),
-    "reshape": (_reshape, reshape_shape, _reshape_backward, check_input_shape),
-}
-
-
-def _face(op):
-    if op not in _FACES:
-        raise ValueError(f"op: expected one of {', '.join(_FACES)}, got {op!r}")
-    return _FACES[op]
-
-
-def forward(op, x, *args, **kwargs):
-    """Device arrays (DeviceArray, torch, CuPy) in, device array out, of x's kind.
-
-    ``forward("transpose", x, perm, kernel="auto", out=None, stream=None)``: a new contiguous array (or ``out``).
-    ``forward("reshape", x, shape, out=None, stream=None)``: a view of a contiguous x; with ``out``, a copy into it.
-    """
-    return _face(op)[0](x, *args, **kwargs)
-
-
-def forward_numpy(op, x, *args, **kwargs):
-    """Host arrays in, host array out; runs on the GPU. Arguments as in ``forward``, without out and stream."""
-    run, check, _, _ = _face(op)
-    _layout.host_dtype(x, "x")
-    check(x.shape, *args, **kwargs)
-    _device.require_gpu(f"{op}.forward_numpy")
-    return _host(run(_layout.to_device(x), *args, **kwargs))
-
-
-def backward(op, dy, *args, **kwargs):
-    """Device arrays in: dx, of dy's kind.
-
-    ``backward("transpose", dy, perm, out=None, stream=None)``: dy transposed by the inverse permutation (a new
-    array, or ``out``).
-    ``backward("reshape", dy, input_shape, out=None, stream=None)``: dy viewed (or, if strided, copied) with x's
-    shape; with ``out``, a copy into it.
-    """
-    return _face(op)[2](dy, *args, **kwargs)
-
-
-def backward_numpy(op, dy, *args, **kwargs):
-    """Host arrays in, host dx out (see ``backward``, without out and stream)."""
-    _, _, run, check = _face(op)
-    _layout.host_dtype(dy, "dy")
-    check(dy.shape, *args, **kwargs)
-    _device.require_gpu(f"{op}.backward_numpy")
-    return _host(run(_layout.to_device(dy), *args, **kwargs))
-
-
-def _host(array):
-    return _device.as_device_array(array, "result").numpy()
-
-
-def kernels() -> list[dict]:
-    """The transpose candidates with their constraints, as the native module reports them."""
-    return _native_module().kernels()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -313,6 +232,23 @@ TRANSPOSE = register(OpDef(
     doc="transpose(x, perm): y = x.transpose(perm), any rank <= 8; exact in every dtype.",
 ))
 
+def _first(out):
+    return None if out is None else out[0]
+
+
+def _transpose_forward(inputs, attrs, kernel, out, stream):
+    return _transpose(inputs[0], attrs["perm"], kernel, out, stream)
+
+
+def _transpose_backward(dy, inputs, attrs, kernel, out, stream):
+    """(dx,): dy transposed by the inverse permutation."""
+    perm = check_perm(attrs["perm"], len(_device.view_of(inputs[0], "x").shape))
+    return (_transpose(dy, inverse_perm(perm), out=_first(out), stream=stream),)
+
+
+Face(TRANSPOSE, _transpose_backward, forward=_transpose_forward, kernels=lambda: _native_module().kernels())
+globals().update(FACES["transpose"].functions())
+
 RESHAPE = register(OpDef(
     name="reshape",
     inputs=(Input("x"),),
@@ -331,6 +267,16 @@ RESHAPE = register(OpDef(
 ))
 
 
+def _reshape_forward(inputs, attrs, kernel, out, stream):
+    return _reshape(inputs[0], attrs["shape"], out, stream)
+
+
+def _reshape_backward(dy, inputs, attrs, kernel, out, stream):
+    """(dx,): dy with x's shape (a view when dy is contiguous and no ``out`` is given)."""
+    return (_reshape(dy, tuple(_device.view_of(inputs[0], "x").shape), out=_first(out), stream=stream),)
+
+
+Face(RESHAPE, _reshape_backward, forward=_reshape_forward)
 # ---------------------------------------------------------------------------------------------------------------
 # Grad rule: a transpose by the inverse permutation; a reshape back to x's shape.
 # ---------------------------------------------------------------------------------------------------------------

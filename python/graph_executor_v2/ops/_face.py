@@ -1,0 +1,495 @@
+"""The op face, generated from an op's definition: ``ge2.ops.<op>.forward_numpy / forward / backward_numpy /
+backward / kernels`` and ``prepare``, the same for every op (CONTRIBUTING.md, "The op face").
+
+``forward`` on device arrays validates a call once per signature (shapes, dtypes, layouts, attributes, kernel):
+the OpDef's ``infer`` raises errors naming the argument, and the op's GPU candidate for that problem is chosen and
+prepared (``Candidate.prepare``). Later calls with the same signature cost one dict lookup, pointer extraction,
+the output allocation and the candidate's one native launch. ``prepare`` does the lookup once and returns a
+callable that only extracts pointers and launches.
+
+An op supplies what a definition cannot say: ``backward`` (the native backward kernels; the face binds arguments,
+validates host arrays and turns the result into one entry per forward input) and, where its forward has more to
+it than a candidate launch (a view instead of a copy, strided inputs, saved statistics), ``forward``.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import device as _device
+from ..dtypes import itemsize
+from ..ir.types import TensorType
+from . import _layout
+from ._base import REQUIRED, OpDef, Problem
+
+_MISSING = object()
+_CACHE_LIMIT = 4096  # signatures per op before the cache starts over (shapes that never repeat)
+
+FACES: dict[str, "Face"] = {}
+
+# forward(inputs, attrs, kernel, out, stream, **extras) -> array(s); inputs are the device arrays as passed.
+ForwardImpl = Callable[..., Any]
+# backward(dy, inputs, attrs, kernel, out, stream, **saved) -> sequence with one entry per forward input.
+BackwardImpl = Callable[..., Any]
+
+
+@dataclass
+class _Prepared:
+    """One validated forward signature: the chosen kernel's launch and how to make the outputs."""
+
+    kernel: str
+    launch: Callable
+    make_outputs: tuple[Callable[[], Any], ...]
+    out_types: tuple[TensorType, ...]
+    device: int
+    checked_outs: set
+    in_bytes: tuple[int, ...]  # of each input (0 when absent): outputs given by the caller must not overlap them
+    out_bytes: tuple[int, ...]
+
+
+class Face:
+    """The five functions of one op (plus ``prepare``), each a plain function with the op's own signature."""
+
+    def __init__(self, opdef: OpDef, backward: BackwardImpl, *, forward: ForwardImpl | None = None,
+                 kernels: Callable[[], list[dict]] | None = None, extras: dict[str, Any] | None = None,
+                 forward_extras: ForwardImpl | None = None, saved: tuple[str, ...] | dict[str, Any] = (),
+                 host_check: Callable[[list, dict], None] | None = None,
+                 backward_host_check: Callable[..., None] | None = None):
+        self.op = opdef
+        self.name = opdef.name
+        self._backward_impl = backward
+        self._forward_impl = forward
+        self._native_kernels = kernels
+        self._extras = dict(extras or {})  # keyword-only forward options -> default; non-default ones go to
+        self._forward_extras = forward_extras  # this implementation
+        # Keyword-only backward options (name -> default): saved forward results it can reuse, and op options.
+        self._saved = saved if isinstance(saved, dict) else dict.fromkeys(saved)
+        self._host_check = host_check  # values only host arrays show before an upload (ids, labels in range)
+        self._backward_host_check = backward_host_check  # (inputs, attrs, **options): backward_numpy's options
+        self._inputs = tuple(i.name for i in opdef.inputs)
+        self._params = self._inputs + tuple(a.name for a in opdef.attrs)
+        self._index = {name: i for i, name in enumerate(self._params)}
+        self._optional = {i.name for i in opdef.inputs if i.optional}
+        self._variadic = any(i.variadic for i in opdef.inputs)
+        self._kernel_names = ("auto",) + tuple(c.name for c in opdef.candidates)
+        self._ranked = tuple(sorted(opdef.candidates, key=lambda c: -c.priority))
+        self._cache: dict[tuple, _Prepared] = {}
+        self.forward = self._make_forward()
+        self.forward_numpy = self._make_forward_numpy()
+        self.backward = self._make_backward()
+        self.backward_numpy = self._make_backward_numpy()
+        self.prepare = self._make_prepare()
+        self.kernels = self._make_kernels()
+        FACES[self.name] = self
+
+    def functions(self) -> dict[str, Callable]:
+        """The face as a module's globals: ``globals().update(FACE.functions())``."""
+        return {name: getattr(self, name) for name in
+                ("forward_numpy", "forward", "backward_numpy", "backward", "kernels", "prepare")}
+
+    def __repr__(self):
+        return f"<ge2 op face '{self.name}'>"
+
+    # -----------------------------------------------------------------------------------------------------------
+    # Arguments
+    # -----------------------------------------------------------------------------------------------------------
+    def _bind(self, where: str, args: tuple, kwargs: dict) -> list:
+        """Inputs then attributes, positional or by keyword, in OpDef order (_MISSING where not given)."""
+        values = list(args) + [_MISSING] * (len(self._params) - len(args))
+        for name, value in kwargs.items():
+            index = self._index.get(name)
+            if index is None:
+                raise TypeError(f"{where}: unexpected argument '{name}'; expected among "
+                                f"{', '.join(self._params + ('kernel', 'out', 'stream'))}")
+            if values[index] is not _MISSING:
+                raise TypeError(f"{where}: got several values for argument '{name}'")
+            values[index] = value
+        for name, value in zip(self._inputs, values):
+            if value is _MISSING and name not in self._optional:
+                raise TypeError(f"{where}: missing required input '{name}'")
+        return values
+
+    def _tail(self, where: str, args: tuple, trailing: dict) -> tuple[tuple, list]:
+        """Positional arguments after the inputs and attributes: ``kernel``, ``out``, ``stream`` in that order."""
+        count = len(self._params)
+        extra = args[count:]
+        if len(extra) > len(trailing):
+            raise TypeError(f"{where}: takes at most {count + len(trailing)} positional argument(s) "
+                            f"({', '.join(self._params + tuple(trailing))}), got {len(args)}")
+        values = list(trailing.values())
+        for index, (name, value) in enumerate(zip(trailing, extra)):
+            given = values[index] != "auto" if name == "kernel" else values[index] is not None
+            if given:
+                raise TypeError(f"{where}: got several values for argument '{name}'")
+            values[index] = value
+        return args[:count], values
+
+    def _split(self, where: str, values: list) -> tuple[list, dict]:
+        """(input arrays, validated attribute dict); a variadic input expands to its arrays."""
+        count = len(self._inputs)
+        inputs = [None if v is _MISSING else v for v in values[:count]]
+        if self._variadic:
+            inputs = _sequence(inputs[0], self._inputs[0])
+        given = {name: v for name, v in zip(self._params[count:], values[count:]) if v is not _MISSING}
+        return inputs, self.op.validate_attrs(given, where)
+
+    def _check_kernel(self, kernel) -> None:
+        if not isinstance(kernel, str) or kernel not in self._kernel_names:
+            got = repr(kernel) if isinstance(kernel, str) else type(kernel).__name__
+            raise ValueError(f"kernel: expected one of {', '.join(self._kernel_names)}, got {got}")
+
+    def _input_names(self, count: int) -> list[str]:
+        if self._variadic:
+            return [f"{self._inputs[0]}[{i}]" for i in range(count)]
+        return list(self._inputs)
+
+    def _host_types(self, arrays: list, names: list[str]) -> list[TensorType | None]:
+        types = []
+        for array, name in zip(arrays, names):
+            if array is None:
+                types.append(None)
+            else:
+                dtype = _layout.host_dtype(array, name)  # first: it raises for what is not a NumPy array
+                types.append(TensorType(array.shape, dtype))
+        return types
+
+    # -----------------------------------------------------------------------------------------------------------
+    # forward
+    # -----------------------------------------------------------------------------------------------------------
+    def _resolve(self, inputs: list, attrs: dict, kernel: str, aligned: bool) -> _Prepared:
+        """Validates one forward signature and prepares its kernel (the slow path, once per signature)."""
+        self._check_kernel(kernel)
+        names = self._input_names(len(inputs))
+        views = [None if x is None else _device.view_of(x, name) for x, name in zip(inputs, names)]
+        first = next(v for v in views if v is not None)
+        for view, name in zip(views, names):
+            if view is None:
+                continue
+            if not view.is_contiguous:
+                raise ValueError(f"{name}: expected a contiguous row-major array, got strides {view.strides} for "
+                                 f"shape {tuple(view.shape)}")
+            _layout.check_device(view, first.device, name)
+        in_types = [None if v is None else TensorType(v.shape, v.dtype) for v in views]
+        out_types = tuple(self.op.infer(in_types, attrs))
+        problem = Problem(self.name, tuple(in_types), out_types, attrs, _device.compute_capability(first.device))
+        kernel_name, launch = self._choose(problem, kernel, aligned)
+        template = inputs[views.index(first)]
+        makers = tuple(_device.allocator(template, t.shape, t.dtype, first.device) for t in out_types)
+        nbytes = lambda t: 0 if t is None else _layout.numel(t.shape) * itemsize(t.dtype)  # noqa: E731
+        return _Prepared(kernel_name, launch, makers, out_types, first.device, set(),
+                         tuple(map(nbytes, in_types)), tuple(map(nbytes, out_types)))
+
+    def _choose(self, problem: Problem, kernel: str, aligned: bool) -> tuple[str, Callable]:
+        """The named candidate, or the best one that supports the problem and prepares. Pointers that are not
+        16-byte aligned (views into other arrays) go to the candidates that take any alignment."""
+        if kernel != "auto":
+            candidate = next(c for c in self.op.candidates if c.name == kernel)
+            reason = candidate.supports(problem)
+            if reason:
+                raise ValueError(f"kernel: '{kernel}' cannot run this problem: {reason}")
+            return kernel, candidate.prepare(problem)
+        from ..runtime.registry import Preferences  # the runtime imports the ops: import it when first used
+
+        excluded = Preferences.from_env().exclude  # GE2_FORCE_NO_EPILOGUE, as for plans
+        failures = []
+        for candidate in self._ranked:
+            if candidate.name in excluded or (not aligned and not candidate.always_works):
+                continue
+            if candidate.supports(problem):
+                continue
+            try:
+                return candidate.name, candidate.prepare(problem)
+            except RuntimeError as error:  # e.g. no cuBLASLt algorithm: the next candidate runs it
+                failures.append(f"{candidate.name}: {error}")
+        raise RuntimeError(f"{self.name}: no kernel can run this problem ({'; '.join(failures) or 'none applies'})")
+
+    def _outputs(self, entry: _Prepared, out, in_pointers: list[int]) -> tuple[list, list[int]]:
+        """The output arrays (``out`` checked once per array kind and signature, else new) and their pointers. A
+        given output may be an input itself (in place: same address and size) but must not overlap one partly."""
+        if out is None:
+            arrays = [make() for make in entry.make_outputs]
+        else:
+            arrays = list(out) if isinstance(out, (tuple, list)) else [out]
+            if len(arrays) != len(entry.out_types):
+                raise ValueError(f"out: expected {len(entry.out_types)} array(s) ({', '.join(self.op.outputs)}), "
+                                 f"got {len(arrays)}")
+        pointers = []
+        for index, array in enumerate(arrays):
+            key, pointer = _device.signature(array)
+            if out is not None and (type(array), key, index) not in entry.checked_outs:
+                argument = "out" if len(arrays) == 1 else f"out[{index}]"
+                t = entry.out_types[index]
+                _layout.checked_view(array, argument, t.shape, t.dtype, entry.device)
+                entry.checked_outs.add((type(array), key, index))
+            if out is not None:
+                self._check_overlap(entry, index, pointer, in_pointers)
+            pointers.append(pointer)
+        return arrays, pointers
+
+    def _check_overlap(self, entry: _Prepared, index: int, pointer: int, in_pointers: list[int]) -> None:
+        size = entry.out_bytes[index]
+        for position, (start, length) in enumerate(zip(in_pointers, entry.in_bytes)):
+            if start < pointer + size and pointer < start + length and (start, length) != (pointer, size):
+                argument = "out" if len(entry.out_bytes) == 1 else f"out[{index}]"
+                raise ValueError(f"{argument}: must not overlap {self._input_names(len(in_pointers))[position]} "
+                                 f"(only the same array, as a whole, can be written in place)")
+
+    def _entry(self, where: str, inputs: list, attr_values: tuple, kernel: str) -> tuple[_Prepared, list[int]]:
+        """The prepared signature of these arrays and attribute values, and the input pointers."""
+        keys, pointers = [], []
+        for index, x in enumerate(inputs):
+            if x is None:
+                keys.append(None)
+                pointers.append(0)
+                continue
+            try:
+                key, pointer = _device.signature(x)
+            except TypeError:  # not a device array: the error names the argument
+                _device.view_of(x, self._input_names(len(inputs))[index])
+                raise
+            keys.append(key)
+            pointers.append(pointer)
+        aligned = not any(p & 15 for p in pointers)
+        cache_key = (type(inputs[0]), tuple(keys), attr_values, tuple(map(type, attr_values)), kernel, aligned)
+        try:
+            entry = self._cache.get(cache_key)
+        except TypeError:  # an unhashable attribute value (a list): validate every call
+            cache_key, entry = None, None
+        if entry is None:
+            values = list(attr_values)
+            given = {name: v for name, v in zip(self._params[len(self._inputs):], values) if v is not _MISSING}
+            entry = self._resolve(inputs, self.op.validate_attrs(given, where), kernel, aligned)
+            if cache_key is not None:
+                if len(self._cache) >= _CACHE_LIMIT:
+                    self._cache.clear()
+                self._cache[cache_key] = entry
+        return entry, pointers
+
+    def _make_forward(self):
+        face, count, where = self, len(self._inputs), f"{self.name}.forward"
+
+        def forward(*args, kernel="auto", out=None, stream=None, **kwargs):
+            if len(args) > len(face._params):
+                args, (kernel, out, stream) = face._tail(where, args, {"kernel": kernel, "out": out, "stream": stream})
+            extras = face._pop_extras(kwargs)
+            values = face._bind(where, args, kwargs)
+            if extras or face._forward_impl is not None:
+                inputs, attrs = face._split(where, values)
+                face._check_kernel(kernel)
+                if extras:
+                    return face._forward_extras(inputs, attrs, kernel, out, stream, **extras)
+                return face._forward_impl(inputs, attrs, kernel, out, stream)
+            inputs = [None if v is _MISSING else v for v in values[:count]]
+            if face._variadic:
+                inputs = _sequence(inputs[0], face._inputs[0])
+            entry, pointers = face._entry(where, inputs, tuple(values[count:]), kernel)
+            arrays, out_pointers = face._outputs(entry, out, pointers)
+            entry.launch(pointers, out_pointers, 0 if stream is None else _device.stream_handle(stream))
+            return arrays[0] if len(arrays) == 1 else tuple(arrays)
+
+        forward.__doc__ = (f"{self.name} on device arrays (DeviceArray, torch, CuPy), zero-copy: returns the output as "
+                           f"an array of the first input's kind, or writes ``out``.\n\n{self.op.doc}")
+        return _named(forward, self.name, "forward", self._signature(dy=False, tail=("kernel", "out", "stream"),
+                                                                     extras=self._extras))
+
+    def _pop_extras(self, kwargs: dict) -> dict:
+        extras = {}
+        for name, default in self._extras.items():
+            value = kwargs.pop(name, default)
+            if value is not default:
+                extras[name] = value
+        return extras
+
+    def _make_forward_numpy(self):
+        face, where = self, f"{self.name}.forward_numpy"
+        host_extras = {k: v for k, v in self._extras.items() if not k.endswith("_out")}
+
+        def forward_numpy(*args, kernel="auto", **kwargs):
+            if len(args) > len(face._params):
+                args, (kernel,) = face._tail(where, args, {"kernel": kernel})
+            extras = {name: kwargs.pop(name) for name in host_extras if name in kwargs}
+            inputs, attrs = face._split(where, face._bind(where, args, kwargs))
+            names = face._input_names(len(inputs))
+            face.op.infer(face._host_types(inputs, names), attrs)
+            if face._host_check is not None:
+                face._host_check(inputs, attrs)
+            face._check_kernel(kernel)
+            _device.require_gpu(where)
+            on_device = [None if x is None else _layout.to_device(x) for x in inputs]
+            if face._variadic:
+                on_device = [on_device]
+            result = face.forward(*on_device, **attrs, kernel=kernel, **extras)
+            return tuple(_host(r) for r in result) if isinstance(result, tuple) else _host(result)
+
+        forward_numpy.__doc__ = f"{self.name} on host arrays (runs on the GPU): NumPy in, NumPy out."
+        return _named(forward_numpy, self.name, "forward_numpy",
+                      self._signature(dy=False, tail=("kernel",), extras=host_extras))
+
+    def _make_prepare(self):
+        face, count, where = self, len(self._inputs), f"{self.name}.prepare"
+
+        def prepare(*args, kernel="auto", **kwargs):
+            if len(args) > len(face._params):
+                args, (kernel,) = face._tail(where, args, {"kernel": kernel})
+            values = face._bind(where, args, kwargs)
+            if face._forward_impl is not None:
+                raise TypeError(f"{where}: {face.name} has no prepared form (its forward is not one kernel launch)")
+            inputs = [None if v is _MISSING else v for v in values[:count]]
+            if face._variadic:
+                inputs = _sequence(inputs[0], face._inputs[0])
+            entry, _ = face._entry(where, inputs, tuple(values[count:]), kernel)
+            return PreparedCall(face, inputs, entry)
+
+        prepare.__doc__ = (f"Validates {self.name} for these arrays and attributes and chooses its kernel once; the "
+                           f"returned callable takes arrays of the same shapes, dtypes and kinds.")
+        return _named(prepare, self.name, "prepare", self._signature(dy=False, tail=("kernel",)))
+
+    # -----------------------------------------------------------------------------------------------------------
+    # backward
+    # -----------------------------------------------------------------------------------------------------------
+    def _make_backward(self):
+        face, where = self, f"{self.name}.backward"
+
+        def backward(dy, *args, kernel="auto", out=None, stream=None, **kwargs):
+            if len(args) > len(face._params):
+                args, (kernel, out, stream) = face._tail(where, args, {"kernel": kernel, "out": out, "stream": stream})
+            saved = {name: kwargs.pop(name) for name in face._saved if name in kwargs}
+            inputs, attrs = face._split(where, face._bind(where, args, kwargs))
+            face._check_kernel(kernel)
+            if out is not None:
+                out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+                if len(out) != len(inputs):
+                    raise ValueError(f"out: expected one entry per input ({', '.join(face._input_names(len(inputs)))})"
+                                     f", None where a gradient is not wanted in place, got {len(out)}")
+            grads = tuple(face._backward_impl(dy, inputs, attrs, kernel, out, stream, **saved))
+            if len(grads) != len(inputs):
+                raise RuntimeError(f"{where}: returned {len(grads)} gradients for {len(inputs)} inputs")
+            return grads
+
+        backward.__doc__ = (f"Gradients of {self.name} on device arrays: a tuple with one entry per forward input "
+                            f"(None where an input has no gradient).")
+        return _named(backward, self.name, "backward", self._signature(dy=True, tail=("kernel", "out", "stream"),
+                                                                       saved=self._saved))
+
+    def _make_backward_numpy(self):
+        face, where = self, f"{self.name}.backward_numpy"
+        host_saved = {k: v for k, v in self._saved.items() if not k.endswith("_out")}
+
+        def backward_numpy(dy, *args, kernel="auto", **kwargs):
+            if len(args) > len(face._params):
+                args, (kernel,) = face._tail(where, args, {"kernel": kernel})
+            saved = {name: kwargs.pop(name) for name in host_saved if name in kwargs}
+            inputs, attrs = face._split(where, face._bind(where, args, kwargs))
+            names = face._input_names(len(inputs))
+            (out_type,) = face.op.infer(face._host_types(inputs, names), attrs)
+            if face._host_check is not None:
+                face._host_check(inputs, attrs)
+            dy_type = TensorType(np.shape(dy), _layout.host_dtype(dy, "dy"))
+            if tuple(dy_type.shape) != tuple(out_type.shape):
+                raise ValueError(f"dy: expected shape {tuple(out_type.shape)} (the output's), got "
+                                 f"{tuple(dy_type.shape)}")
+            if dy_type.dtype != out_type.dtype:
+                raise TypeError(f"dy: expected dtype {out_type.dtype} (the output's), got {dy_type.dtype}")
+            for name, value in saved.items():
+                if host_saved[name] is None and value is not None:  # a saved forward result: a host array
+                    _layout.host_dtype(value, name)
+            if face._backward_host_check is not None:
+                face._backward_host_check(inputs, attrs, **saved)
+            face._check_kernel(kernel)
+            _device.require_gpu(where)
+            upload = lambda x: _layout.to_device(x) if isinstance(x, np.ndarray) else x  # noqa: E731
+            on_device = [upload(x) for x in inputs]
+            if face._variadic:
+                on_device = [on_device]
+            grads = face.backward(upload(dy), *on_device, **attrs, kernel=kernel,
+                                  **{name: upload(value) for name, value in saved.items()})
+            return tuple(None if g is None else _host(g) for g in grads)
+
+        backward_numpy.__doc__ = f"Gradients of {self.name} on host arrays (runs on the GPU): a tuple per input."
+        return _named(backward_numpy, self.name, "backward_numpy",
+                      self._signature(dy=True, tail=("kernel",), saved=host_saved))
+
+    def _make_kernels(self):
+        face = self
+
+        def kernels() -> list[dict]:
+            names = [c.name for c in face.op.candidates]
+            if face._native_kernels is not None:
+                listed = {k["name"]: k for k in face._native_kernels()}
+                return [listed[name] for name in names if name in listed]
+            return [{"name": c.name, "priority": c.priority, "description": c.description,
+                     "constraints": "any" if c.always_works else "see description"} for c in face.op.candidates]
+
+        kernels.__doc__ = f"The kernel candidates of {self.name} with their constraints, best first."
+        return _named(kernels, self.name, "kernels", inspect.Signature())
+
+    # -----------------------------------------------------------------------------------------------------------
+    # Signatures (what help() and inspect.signature show)
+    # -----------------------------------------------------------------------------------------------------------
+    def _signature(self, dy: bool, tail: tuple, extras: dict | None = None, saved: dict | None = None
+                   ) -> inspect.Signature:
+        P = inspect.Parameter
+        params = [P("dy", P.POSITIONAL_OR_KEYWORD)] if dy else []
+        for item in self.op.inputs:
+            params.append(P(item.name, P.POSITIONAL_OR_KEYWORD, **({"default": None} if item.optional else {})))
+        for attr in self.op.attrs:
+            default = {} if attr.default is REQUIRED else {"default": attr.default}
+            params.append(P(attr.name, P.POSITIONAL_OR_KEYWORD, **default))
+        defaults = {"kernel": "auto", "out": None, "stream": None}
+        params += [P(name, P.POSITIONAL_OR_KEYWORD, default=defaults[name]) for name in tail]
+        for options in (extras or {}, saved or {}):
+            params += [P(name, P.KEYWORD_ONLY, default=default) for name, default in options.items()]
+        return inspect.Signature(params)
+
+
+class PreparedCall:
+    """``ops.<op>.prepare(...)``'s result: ``p(*inputs, out=None, stream=None)`` for arrays of the prepared
+    signature costs pointer extraction and one native launch."""
+
+    def __init__(self, face: Face, inputs: list, entry: _Prepared):
+        self._face = face
+        self._entry = entry
+        self._count = len(inputs)
+        self._keys = tuple(None if x is None else _device.signature(x)[0] for x in inputs)
+        self._types = tuple(type(x) for x in inputs)
+        self.kernel = entry.kernel
+
+    def __call__(self, *inputs, out=None, stream=None):
+        if len(inputs) != self._count:
+            raise TypeError(f"{self._face.name}: the prepared call takes {self._count} input(s), got {len(inputs)}")
+        pointers = []
+        for index, x in enumerate(inputs):
+            if x is None:
+                key, pointer = None, 0
+            else:
+                key, pointer = _device.signature(x)
+            if key != self._keys[index] or type(x) is not self._types[index]:
+                raise ValueError(f"{self._face._input_names(self._count)[index]}: expected an array like the "
+                                 f"prepared one ({self._keys[index]}), got {key}")
+            pointers.append(pointer)
+        arrays, out_pointers = self._face._outputs(self._entry, out, pointers)
+        self._entry.launch(pointers, out_pointers, 0 if stream is None else _device.stream_handle(stream))
+        return arrays[0] if len(arrays) == 1 else tuple(arrays)
+
+    def __repr__(self):
+        return f"<prepared {self._face.name} with kernel {self.kernel}>"
+
+
+def _named(function, op: str, name: str, signature: inspect.Signature):
+    function.__name__ = name
+    function.__qualname__ = f"{op}.{name}"
+    function.__signature__ = signature
+    return function
+
+
+def _sequence(value, argument: str) -> list:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise TypeError(f"{argument}: expected a non-empty list or tuple of arrays, got {type(value).__name__}")
+    return list(value)
+
+
+def _host(array) -> np.ndarray:
+    return _device.as_device_array(array, "result").numpy()

@@ -213,6 +213,11 @@ def test_bad_use_raises_naming_the_problem(rng):
         autograd.backward_graph(g, "loss", ["v"])
     with pytest.raises(ValueError, match="wrt: 'unused' does not influence the loss"):
         autograd.backward_graph(g, "loss", ["w", "unused"])
+    reserved = ge2.ir.Graph("reserved")
+    seed_input = reserved.input(autograd.SEED, (3,), "float32")
+    reserved.output(reserved.sum(seed_input), "loss")
+    with pytest.raises(ValueError, match="is reserved for the loss gradient"):
+        autograd.backward_graph(reserved, "loss", [autograd.SEED])
     h = ge2.ir.Graph("no_rule")
     dy = h.input("dy", (3,), "float32")
     xv = h.input("x", (3,), "float32")

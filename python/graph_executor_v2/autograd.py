@@ -50,10 +50,11 @@ def backward_graph(graph: Graph, loss: str | Value = "loss", wrt: Sequence[str] 
     loss_out = loss_value(g, _output_name(graph, loss))
     targets = _targets(g, wrt)
     needs_grad = _depending_on(g, targets)
-    seed_name = SEED
-    while seed_name in g.params or any(v.name == seed_name for v in g.inputs):
-        seed_name += "_"
-    seed = g.param(seed_name, np.ones((), to_numpy(loss_out.type.dtype)))
+    try:
+        seed = g.param(SEED, np.ones((), to_numpy(loss_out.type.dtype)))
+    except ValueError:
+        raise ValueError(f"graph '{graph.name}': the value name '{SEED}' is reserved for the loss gradient's "
+                         "seed; rename the value that uses it") from None
 
     partials: dict[Value, list[Value]] = {loss_out: [seed]}
     for node in reversed(list(g.nodes)):  # the forward nodes only: rules append after them

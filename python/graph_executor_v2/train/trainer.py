@@ -273,7 +273,7 @@ class Trainer:
         fusions = [note for record in self._forward_records + self._backward_records for note in record.notes
                    if record.name in ("fuse_relu", "autocast", "chain_activation_backward", "trim_gemm_backward",
                                       "fuse_loss_gradient", "recompute")]
-        lines.append(f"fusions: {len(fusions)}")
+        lines.append(f"training rewrites (fusions, mixed precision, recomputation): {len(fusions)}")
         lines += [f"  {note}" for note in fusions]
         clip = f"clip to global norm {self.grad_clip}, " if self.grad_clip else ""
         where = "NumPy reference" if self.device == "cpu" else (

@@ -311,15 +311,19 @@ def test_train_digits_reaches_the_required_accuracy_on_the_cpu():
     assert result["history"]["epoch_loss"][-1] < 0.2 * result["history"]["epoch_loss"][0]
 
 
-# (amp, largest relative error of one step, mean relative error over the curve): measured over 25 seeds, the
-# largest step error reaches 2.0% (bfloat16) and 1.5% (float16) where the loss is small; the mean stays far lower.
-@pytest.mark.parametrize("amp, rtol, mean_rtol", [("bfloat16", 0.05, 0.01), ("float16", 0.03, 0.002)])
+# (amp, largest relative error of one step, mean relative error over the curve), measured over 65 seeds: the
+# largest step error reaches 2.0% (bfloat16) and 0.4% (float16) where the loss is small; the mean reaches 0.26% and
+# 0.1%. float16 starts from a loss scale of 256 so that no step overflows and is skipped (which the float64 loop
+# would not skip: the skipping is tested below).
+@pytest.mark.parametrize("amp, rtol, mean_rtol", [("bfloat16", 0.05, 0.006), ("float16", 0.02, 0.003)])
 def test_mixed_precision_curve_stays_near_float64_training(rng, amp, rtol, mean_rtol):
     params = _init(rng)
     batches = _batches(rng, 60)
     expected, _ = _numpy_training(params, batches, "adamw", 1e-2, None, weight_decay=0.01)
-    trainer = ge2.train.Trainer(_mlp_graph(params), optimizer=ge2.train.AdamW(lr=1e-2), amp=amp)
+    scale = ge2.train.DynamicLossScale(init_scale=256.0) if amp == "float16" else None
+    trainer = ge2.train.Trainer(_mlp_graph(params), optimizer=ge2.train.AdamW(lr=1e-2), amp=amp, loss_scale=scale)
     losses = np.array([float(trainer.step(b)) for b in batches])
+    assert trainer.optimizer_steps == trainer.step_count
     np.testing.assert_allclose(losses, expected, rtol=rtol, err_msg=f"amp={amp} loss curve")
     assert np.mean(np.abs(losses - expected) / expected) < mean_rtol
     counts = trainer.train_graph.op_counts()

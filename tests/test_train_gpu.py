@@ -44,7 +44,7 @@ def _torch_losses(torch, params, batches, make_optimizer, amp=None):
     weights = {k: torch.tensor(v.T.copy() if k.startswith("w") else v, device="cuda", requires_grad=True)
                for k, v in params.items()}
     optimizer = make_optimizer(list(weights.values()))
-    scaler = torch.amp.GradScaler("cuda") if amp == "float16" else None
+    scaler = torch.amp.GradScaler("cuda", init_scale=256.0) if amp == "float16" else None
     losses = []
     for batch in batches:
         x = torch.tensor(batch["x"], device="cuda")
@@ -90,8 +90,13 @@ def test_mixed_precision_curve_within_two_percent_of_pytorch_autocast(rng, amp):
     torch = pytest.importorskip("torch")
     params = _init(rng)
     batches = _batches(rng, 500, learnable=False)  # the loss stays near log(10): relative errors stay meaningful
-    trainer = ge2.train.Trainer(_graph(params), device="cuda", optimizer=ge2.train.AdamW(lr=1e-3), amp=amp)
+    # Both start from a loss scale of 256: GE2's float16 weight gradients overflow where PyTorch's float32 ones do
+    # not, so a large first scale would skip different steps on the two sides.
+    scale = ge2.train.DynamicLossScale(init_scale=256.0) if amp == "float16" else None
+    trainer = ge2.train.Trainer(_graph(params), device="cuda", optimizer=ge2.train.AdamW(lr=1e-3), amp=amp,
+                                loss_scale=scale)
     losses = np.array([float(trainer.step(batch)) for batch in batches])
+    assert trainer.optimizer_steps == trainer.step_count
     expected = _torch_losses(torch, params, batches, lambda p: torch.optim.AdamW(p, lr=1e-3), amp=amp)
     np.testing.assert_allclose(losses, expected, rtol=0.02, err_msg=f"amp={amp}: GE2 vs PyTorch autocast")
 

@@ -84,11 +84,11 @@ def _numpy_training(params, batches, kind, lr, max_norm=None, **hyper):
 
 
 CURVES = [
-    ("sgd_momentum", "sgd", ge2.train.SGD(lr=0.1, momentum=0.9), {"momentum": 0.9}, None),
+    ("sgd_momentum", "sgd", ge2.train.SGD(lr=0.05, momentum=0.9), {"momentum": 0.9}, None),
     ("sgd_nesterov_wd_clip", "sgd", ge2.train.SGD(lr=0.05, momentum=0.8, nesterov=True, weight_decay=1e-3),
      {"momentum": 0.8, "nesterov": True, "weight_decay": 1e-3}, 0.5),
     ("adamw", "adamw", ge2.train.AdamW(lr=1e-2, weight_decay=0.01), {"weight_decay": 0.01}, None),
-    ("adamw_clip", "adamw", ge2.train.AdamW(lr=3e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1),
+    ("adamw_clip", "adamw", ge2.train.AdamW(lr=1e-2, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1),
      {"weight_decay": 0.1, "betas": (0.8, 0.99), "eps": 1e-6}, 0.3),
 ]
 
@@ -103,7 +103,7 @@ def test_loss_curve_matches_float64_numpy_training(rng, case):
                                 grad_clip=max_norm)
     losses = np.array([float(trainer.step(batch)) for batch in batches])
     np.testing.assert_allclose(losses, expected_losses, rtol=1e-4, err_msg="loss curve vs float64 NumPy loop")
-    assert losses[-5:].mean() < losses[:5].mean()
+    assert losses[-10:].mean() < losses[:10].mean()
     for name, value in trainer.parameters().items():
         assert value.dtype == np.float32
         np.testing.assert_allclose(value, expected_params[name], rtol=1e-3, atol=1e-4, err_msg=name)

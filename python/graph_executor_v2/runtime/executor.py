@@ -142,8 +142,8 @@ class ExecutorV2:
         signature, feed_views = self._signature_of(feeds)
         plan = self._plan_for(signature)
         out = out or {}
-        unknown = sorted(set(out) - set(plan.graph.outputs))
-        if unknown:
+        if not out.keys() <= plan.graph.outputs.keys():
+            unknown = sorted(set(out) - set(plan.graph.outputs))
             raise ValueError(f"out: unknown output(s) {unknown}; the graph's outputs are {list(plan.graph.outputs)}")
         out_views = {name: _check_array(array, f"out['{name}']", plan.graph.outputs[name].type)
                      for name, array in out.items()}
@@ -267,6 +267,11 @@ class ExecutorV2:
         returns the signature and every feed as a NumPy array or a ``DeviceView`` (each looked at once per run)."""
         declared = self.optimized_graph.inputs
         names = [v.name for v in declared]
+        if len(feeds) == len(names) and all(name in feeds for name in names):
+            views = {name: _viewed(feeds[name], f"input '{name}'") for name in names}
+            signature = tuple((tuple(view.shape), _dtype_name(view)) for view in views.values())
+            if signature in self._plans:  # checked in full when its plan was built: the steady state stops here
+                return signature, views
         missing = [name for name in names if name not in feeds]
         if missing:
             raise ValueError(f"missing input(s) {missing}; graph '{self.source_graph.name}' takes {names}")

@@ -108,7 +108,7 @@ def branch_rows(torch, rng) -> list[dict]:
                      "target": "1 vs N streams: same numbers, report speedup",
                      "met": "same numbers" if streams == 1 or np.array_equal(outputs[1], outputs[streams])
                      else "DIFFERENT"})
-    weights = [(torch.from_numpy(g.params[f"w{i}"].data).cuda(), torch.from_numpy(g.params[f"b{i}"].data).cuda())
+    weights = [tuple(torch.tensor(g.params[f"{name}{i}"].data, device="cuda") for name in ("w", "b"))
                for i in range(count)]
     x = torch.from_numpy(x_host).cuda()
 

@@ -1,11 +1,9 @@
 // Streams (owned, or wrapping a foreign handle from PyTorch/CuPy), events, and CUDA graph capture/replay.
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 
 #include <nvtx3/nvToolsExt.h>
-#include <pybind11/stl.h>
 
 #include "runtime.hpp"
 
@@ -96,11 +94,7 @@ class Event {
 class CudaGraph {
  public:
   CudaGraph() = default;
-  ~CudaGraph() {
-    reset();
-    if (ready_ != nullptr) cudaEventDestroy(ready_);
-    if (done_ != nullptr) cudaEventDestroy(done_);
-  }
+  ~CudaGraph() { reset(); }
   CudaGraph(const CudaGraph&) = delete;
   CudaGraph& operator=(const CudaGraph&) = delete;
 
@@ -135,24 +129,10 @@ class CudaGraph {
     reset();
   }
 
-  // Launches the graph on `stream`. With `after` (another stream, e.g. the caller's), the launch first waits for
-  // the work already enqueued on `after`, and work enqueued on `after` later waits for the graph: two events, no
-  // host synchronisation.
-  void replay(std::uintptr_t stream, std::optional<std::uintptr_t> after) {
+  // Launches the graph on `stream` (any stream, the legacy one included): one call, no host synchronisation.
+  void replay(std::uintptr_t stream) {
     if (exec_ == nullptr) throw std::logic_error("replay: nothing has been captured");
-    if (!after || *after == stream) {
-      GE2_CUDA_CHECK(cudaGraphLaunch(exec_, as_stream(stream)));
-      return;
-    }
-    if (ready_ == nullptr) {
-      GE2_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
-      GE2_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
-    }
-    GE2_CUDA_CHECK(cudaEventRecord(ready_, as_stream(*after)));
-    GE2_CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream), ready_, 0));
     GE2_CUDA_CHECK(cudaGraphLaunch(exec_, as_stream(stream)));
-    GE2_CUDA_CHECK(cudaEventRecord(done_, as_stream(stream)));
-    GE2_CUDA_CHECK(cudaStreamWaitEvent(as_stream(*after), done_, 0));
   }
 
   bool captured() const { return exec_ != nullptr; }
@@ -175,8 +155,6 @@ class CudaGraph {
   std::uintptr_t capture_stream_ = 0;
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
-  cudaEvent_t ready_ = nullptr;  // orders a replay after the `after` stream
-  cudaEvent_t done_ = nullptr;   // orders the `after` stream after a replay
 };
 
 // NVTX ranges in the "ge2" domain (NVTX3 is header-only: without a profiler attached each call returns at once).
@@ -235,9 +213,7 @@ void register_streams(py::module_& m) {
       .def("end_capture", &CudaGraph::end_capture)
       .def("abort_capture", &CudaGraph::abort_capture,
            "Drops a failed capture and clears the error, so the stream runs uncaptured work again.")
-      .def("replay", &CudaGraph::replay, py::arg("stream"), py::arg("after") = py::none(),
-           "Launches the graph on `stream`; with `after`, ordered after the work on that stream and before the "
-           "work enqueued on it later (events, no host synchronisation).")
+      .def("replay", &CudaGraph::replay, py::arg("stream"), "Launches the graph on `stream` (0: the legacy one).")
       .def_property_readonly("captured", &CudaGraph::captured)
       .def_property_readonly("node_count", &CudaGraph::node_count);
 

@@ -119,7 +119,7 @@ def profile_plan(executor, plan, runs: int) -> Profile:
                 per_node[index].append(marks[index].elapsed_ms(marks[index + 1]))
         whole_ms = lambda run: _event_ms(runtime, stream, run, runs)  # noqa: E731
         node_by_node = whole_ms(lambda: executor._launch_steps(plan, stream))
-        replayed = None if plan.cuda_graph is None else whole_ms(lambda: plan.cuda_graph.replay(stream, None))
+        replayed = None if plan.cuda_graph is None else whole_ms(lambda: plan.cuda_graph.replay(stream))
     else:
         for _ in range(runs):
             for index, step in enumerate(steps):

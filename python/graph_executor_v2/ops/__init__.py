@@ -18,7 +18,8 @@ from . import cast
 # The faces of ops that share a module (add, relu, log_softmax, sum, reshape, ...); one-op modules are their face.
 globals().update({name: face for name, face in FACES.items() if name not in globals()})
 
-# Backward ops (``<op>_backward``, ``cross_entropy_with_grad``) are IR ops that training plans run; their kernels
-# are reachable through the forward op's face (``ops.relu.backward``), so they have no face of their own.
-__all__ = ["OPS", "FACES", "Attr", "Candidate", "Face", "Input", "OpDef", "Problem", "register", "elementwise",
-           "reduce"] + sorted(name for name in OPS if name in globals())
+from ._grad import BACKWARD_OPS
+
+# Every op has a face except the backward ops (ops/_grad.py, BACKWARD_OPS).
+__all__ = ["OPS", "FACES", "BACKWARD_OPS", "Attr", "Candidate", "Face", "Input", "OpDef", "Problem", "register",
+           "elementwise", "reduce"] + sorted(set(OPS) - BACKWARD_OPS)

@@ -13,7 +13,17 @@ import numpy as np
 
 from .. import _native
 from ..dtypes import to_numpy
-from ._base import Candidate, Launch, Problem
+from ._base import Candidate, Launch, OpDef, Problem, register
+
+# The ops that compute gradients (``<op>_backward``, ``cross_entropy_with_grad``): IR ops that training plans run,
+# whose kernels users reach through the forward op's face (``ops.relu.backward``), so they have no face of their own.
+BACKWARD_OPS: set[str] = set()
+
+
+def register_backward(opdef: OpDef) -> OpDef:
+    """Registers an op that computes gradients (see ``BACKWARD_OPS``)."""
+    BACKWARD_OPS.add(opdef.name)
+    return register(opdef)
 
 
 def sum_to(g, dy, shape: tuple):

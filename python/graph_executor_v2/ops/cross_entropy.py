@@ -334,7 +334,7 @@ def _prepare_backward(problem: Problem):
     return launch
 
 
-BACKWARD_OP = register(OpDef(
+BACKWARD_OP = _grad.register_backward(OpDef(
     name="cross_entropy_backward",
     inputs=(Input("dloss"), Input("logits"), Input("labels")),
     outputs=("dlogits",),
@@ -368,7 +368,7 @@ def _prepare_with_grad(problem: Problem):
 
 # The loss and its gradient w.r.t. the logits (upstream gradient 1) in one pass over the logits: what the training
 # fusion ``fuse_loss_gradient`` turns a cross_entropy + cross_entropy_backward(seed 1) pair into.
-WITH_GRAD_OP = register(OpDef(
+WITH_GRAD_OP = _grad.register_backward(OpDef(
     name="cross_entropy_with_grad",
     inputs=(Input("logits"), Input("labels")),
     outputs=("loss", "dlogits"),

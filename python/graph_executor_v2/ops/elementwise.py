@@ -328,7 +328,7 @@ def _unary_backward_def(op):
 
         return launch
 
-    return register(OpDef(
+    return _grad.register_backward(OpDef(
         name=f"{op}_backward", inputs=(Input("dy"), Input("x")), outputs=("dx",), attrs=(),
         infer=lambda in_types, attrs: [_infer_unary(in_types[1:], attrs)[0]],
         reference=lambda inputs, attrs: [reference_backward(op, inputs[0], inputs[1])],
@@ -347,7 +347,7 @@ def _binary_backward_def(op):
 
         return launch
 
-    return register(OpDef(
+    return _grad.register_backward(OpDef(
         name=f"{op}_backward", inputs=(Input("dy"), Input("a"), Input("b")), outputs=("da", "db"), attrs=(),
         infer=lambda in_types, attrs: [in_types[1], in_types[2]],
         reference=lambda inputs, attrs: list(reference_backward(op, *inputs)),

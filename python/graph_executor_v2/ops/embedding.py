@@ -218,7 +218,7 @@ def _prepare_backward(problem: Problem):
     return launch
 
 
-BACKWARD_OP = register(OpDef(
+BACKWARD_OP = _grad.register_backward(OpDef(
     name="embedding_backward",
     inputs=(Input("dy"), Input("ids")),
     outputs=("dtable",),

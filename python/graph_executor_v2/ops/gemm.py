@@ -368,7 +368,7 @@ def _prepare_gemm_backward(problem: Problem):
     return launch
 
 
-BACKWARD_OP = register(OpDef(
+BACKWARD_OP = _grad.register_backward(OpDef(
     name="gemm_backward",
     inputs=(Input("dy"), Input("a"), Input("b"), Input("a_preact", optional=True)),
     outputs=("da", "db", "dbias"),

@@ -141,7 +141,7 @@ def _prepare_backward(problem: Problem):
     return _grad.row_norm_backward_launch(native, problem, call)
 
 
-BACKWARD_OP = register(OpDef(
+BACKWARD_OP = _grad.register_backward(OpDef(
     name="layernorm_backward",
     inputs=(Input("dy"), Input("x"), Input("gamma")),
     outputs=("dx", "dgamma", "dbeta"),

@@ -135,7 +135,7 @@ def _prepare_backward(problem: Problem):
     return _grad.row_norm_backward_launch(native, problem, call)
 
 
-BACKWARD_OP = register(OpDef(
+BACKWARD_OP = _grad.register_backward(OpDef(
     name="rmsnorm_backward",
     inputs=(Input("dy"), Input("x"), Input("gamma")),
     outputs=("dx", "dgamma"),

@@ -267,7 +267,7 @@ def _prepare_backward(problem: Problem):
     return launch
 
 
-BACKWARD_OP = register(OpDef(
+BACKWARD_OP = _grad.register_backward(OpDef(
     name="slice_backward",
     inputs=(Input("dy"), Input("x")),
     outputs=("dx",),

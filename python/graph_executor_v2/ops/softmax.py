@@ -210,7 +210,7 @@ def _register_backward(op):
 
         return launch
 
-    return register(OpDef(
+    return _grad.register_backward(OpDef(
         name=f"{op}_backward",
         inputs=(Input("dy"), Input("y")),
         outputs=("dx",),

@@ -142,13 +142,14 @@ __global__ void step_kernel(StepArgs args) {
   const float lerp_weight = args.one_minus_beta1;
   for (int64_t i = chunk.start + threadIdx.x; i < end; i += blockDim.x) {
     float g = to_float(grad[i]);
-    if (args.scaling) g = g * inv_scale;
-    if (args.clipping) g = g * clip_coef;
+    // __fmul_rn where torch rounds a product in its own kernel: keeps nvcc from contracting it into the next add.
+    if (args.scaling) g = __fmul_rn(g, inv_scale);
+    if (args.clipping) g = __fmul_rn(g, clip_coef);
     float p = param[i];
     if constexpr (kAlgorithm == Algorithm::Adam) {
       if (args.weight_decay != 0.f) {
         if (args.decoupled) {
-          p = p * decay;
+          p = __fmul_rn(p, decay);
         } else {
           g = g + args.weight_decay * p;
         }
@@ -156,7 +157,7 @@ __global__ void step_kernel(StepArgs args) {
       float m = state0[i];
       // torch's lerp: small weights interpolate from self, large ones from end.
       m = lerp_weight < 0.5f ? m + lerp_weight * (g - m) : g - (g - m) * (1.f - lerp_weight);
-      float v = state1[i] * args.beta2;
+      float v = __fmul_rn(state1[i], args.beta2);
       v = v + args.one_minus_beta2 * (g * g);
       state0[i] = m;
       state1[i] = v;
@@ -171,7 +172,7 @@ __global__ void step_kernel(StepArgs args) {
       if (args.momentum != 0.f) {
         float buffer = g;
         if (!first_step) {
-          buffer = state0[i] * args.momentum;
+          buffer = __fmul_rn(state0[i], args.momentum);
           buffer = buffer + args.one_minus_dampening * g;
         }
         state0[i] = buffer;

@@ -124,64 +124,93 @@ __global__ void finalize_kernel(FinalizeArgs args) {
 // ---------------------------------------------------------------------------------------------------------------
 struct NoLow {};
 
+constexpr int kUnroll = 4;  // elements in flight per thread: all loads issued before any math (memory parallelism)
+
+// The per-element update on registers. s0/s1/s2: momentum buffer or exp_avg, exp_avg_sq, max_exp_avg_sq.
+template <Algorithm kAlgorithm>
+__device__ __forceinline__ void update(const StepArgs& args, const Control& control, bool first_step, float g,
+                                       float& p, float& s0, float& s1, float& s2) {
+  // __fmul_rn where torch rounds a product in its own kernel: keeps nvcc from contracting it into the next add.
+  if (args.scaling) g = __fmul_rn(g, control.inv_scale);
+  if (args.clipping) g = __fmul_rn(g, control.clip_coef);
+  if constexpr (kAlgorithm == Algorithm::Adam) {
+    if (args.weight_decay != 0.f) {
+      if (args.decoupled) {
+        p = __fmul_rn(p, control.decay);
+      } else {
+        g = g + args.weight_decay * p;
+      }
+    }
+    // torch's lerp: small weights interpolate from self, large ones from end.
+    const float w = args.one_minus_beta1;
+    s0 = w < 0.5f ? s0 + w * (g - s0) : g - (g - s0) * (1.f - w);
+    s1 = __fmul_rn(s1, args.beta2);
+    s1 = s1 + args.one_minus_beta2 * (g * g);
+    float v = s1;
+    if (args.amsgrad) {
+      s2 = fmaxf(s2, s1);
+      v = s2;
+    }
+    const float denom = sqrtf(v) / control.bias_correction2_sqrt + args.eps;
+    p = p + control.step_size * (s0 / denom);
+  } else {
+    if (args.weight_decay != 0.f) g = g + args.weight_decay * p;
+    if (args.momentum != 0.f) {
+      if (first_step) {
+        s0 = g;
+      } else {
+        s0 = __fmul_rn(s0, args.momentum);
+        s0 = s0 + args.one_minus_dampening * g;
+      }
+      g = args.nesterov ? g + args.momentum * s0 : s0;
+    }
+    p = p + control.step_size * g;
+  }
+}
+
 template <typename GradT, typename LowT, Algorithm kAlgorithm>
 __global__ void step_kernel(StepArgs args) {
-  const Control* control = args.control;
-  if (control->skipped) return;
+  const Control control = *args.control;
+  if (control.skipped) return;
   const ChunkEntry chunk = args.chunks[blockIdx.x];
   const TensorEntry tensor = args.tensors[chunk.tensor];
   const int64_t end = min(chunk.start + args.chunk_size, tensor.numel);
-  float* param = reinterpret_cast<float*>(tensor.param);
-  const GradT* grad = reinterpret_cast<const GradT*>(tensor.grad);
-  float* state0 = reinterpret_cast<float*>(tensor.state0);
-  float* state1 = reinterpret_cast<float*>(tensor.state1);
-  float* state2 = reinterpret_cast<float*>(tensor.state2);
-  const float inv_scale = control->inv_scale, clip_coef = control->clip_coef, step_size = control->step_size;
-  const float bias_correction2_sqrt = control->bias_correction2_sqrt, decay = control->decay;
-  const bool first_step = control->step == 1;
-  const float lerp_weight = args.one_minus_beta1;
-  for (int64_t i = chunk.start + threadIdx.x; i < end; i += blockDim.x) {
-    float g = to_float(grad[i]);
-    // __fmul_rn where torch rounds a product in its own kernel: keeps nvcc from contracting it into the next add.
-    if (args.scaling) g = __fmul_rn(g, inv_scale);
-    if (args.clipping) g = __fmul_rn(g, clip_coef);
-    float p = param[i];
-    if constexpr (kAlgorithm == Algorithm::Adam) {
-      if (args.weight_decay != 0.f) {
-        if (args.decoupled) {
-          p = __fmul_rn(p, decay);
-        } else {
-          g = g + args.weight_decay * p;
-        }
+  float* __restrict__ param = reinterpret_cast<float*>(tensor.param);
+  const GradT* __restrict__ grad = reinterpret_cast<const GradT*>(tensor.grad);
+  float* __restrict__ state0 = reinterpret_cast<float*>(tensor.state0);
+  float* __restrict__ state1 = reinterpret_cast<float*>(tensor.state1);
+  float* __restrict__ state2 = reinterpret_cast<float*>(tensor.state2);
+  const bool first_step = control.step == 1;
+  // Which states this configuration reads and writes (the others are null in the table).
+  const bool uses_state0 = kAlgorithm == Algorithm::Adam || (args.momentum != 0.f);
+  const bool uses_state1 = kAlgorithm == Algorithm::Adam;
+  const bool uses_state2 = kAlgorithm == Algorithm::Adam && args.amsgrad;
+  const int64_t stride = blockDim.x;
+  for (int64_t base = chunk.start + threadIdx.x; base < end; base += kUnroll * stride) {
+    float g[kUnroll], p[kUnroll], s0[kUnroll], s1[kUnroll], s2[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int64_t i = base + k * stride;
+      g[k] = p[k] = s0[k] = s1[k] = s2[k] = 0.f;
+      if (i < end) {
+        g[k] = to_float(grad[i]);
+        p[k] = param[i];
+        if (uses_state0) s0[k] = state0[i];
+        if (uses_state1) s1[k] = state1[i];
+        if (uses_state2) s2[k] = state2[i];
       }
-      float m = state0[i];
-      // torch's lerp: small weights interpolate from self, large ones from end.
-      m = lerp_weight < 0.5f ? m + lerp_weight * (g - m) : g - (g - m) * (1.f - lerp_weight);
-      float v = __fmul_rn(state1[i], args.beta2);
-      v = v + args.one_minus_beta2 * (g * g);
-      state0[i] = m;
-      state1[i] = v;
-      if (args.amsgrad) {
-        v = fmaxf(state2[i], v);
-        state2[i] = v;
-      }
-      const float denom = sqrtf(v) / bias_correction2_sqrt + args.eps;
-      p = p + step_size * (m / denom);
-    } else {
-      if (args.weight_decay != 0.f) g = g + args.weight_decay * p;
-      if (args.momentum != 0.f) {
-        float buffer = g;
-        if (!first_step) {
-          buffer = __fmul_rn(state0[i], args.momentum);
-          buffer = buffer + args.one_minus_dampening * g;
-        }
-        state0[i] = buffer;
-        g = args.nesterov ? g + args.momentum * buffer : buffer;
-      }
-      p = p + step_size * g;
     }
-    param[i] = p;
-    if constexpr (!std::is_same_v<LowT, NoLow>) reinterpret_cast<LowT*>(tensor.low)[i] = from_float<LowT>(p);
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int64_t i = base + k * stride;
+      if (i >= end) continue;
+      update<kAlgorithm>(args, control, first_step, g[k], p[k], s0[k], s1[k], s2[k]);
+      param[i] = p[k];
+      if (uses_state0) state0[i] = s0[k];
+      if (uses_state1) state1[i] = s1[k];
+      if (uses_state2) state2[i] = s2[k];
+      if constexpr (!std::is_same_v<LowT, NoLow>) reinterpret_cast<LowT*>(tensor.low)[i] = from_float<LowT>(p[k]);
+    }
   }
 }
 

@@ -27,15 +27,22 @@ opt::Schedule schedule_from_name(const std::string& name) {
   throw std::invalid_argument("schedule: expected 'constant', 'linear_warmup' or 'cosine', got '" + name + "'");
 }
 
+opt::GroupTables group_tables(std::uintptr_t tensors, std::uintptr_t chunks, int64_t num_chunks, int64_t chunk_size,
+                              const std::string& grad_dtype) {
+  opt::GroupTables group;
+  group.tensors = as_pointer<const opt::TensorEntry>(tensors);
+  group.chunks = as_pointer<const opt::ChunkEntry>(chunks);
+  group.num_chunks = num_chunks;
+  group.chunk_size = chunk_size;
+  group.grad_dtype = ge2::dtype_from_name(grad_dtype, "grad_dtype");
+  return group;
+}
+
 void grad_norm(std::uintptr_t tensors, std::uintptr_t chunks, int64_t num_chunks, int64_t chunk_size,
                const std::string& grad_dtype, std::uintptr_t control, std::uintptr_t partials, bool unscale,
                std::uintptr_t stream) {
   opt::NormArgs args;
-  args.tensors = as_pointer<const opt::TensorEntry>(tensors);
-  args.chunks = as_pointer<const opt::ChunkEntry>(chunks);
-  args.num_chunks = num_chunks;
-  args.chunk_size = chunk_size;
-  args.grad_dtype = ge2::dtype_from_name(grad_dtype, "grad_dtype");
+  args.group = group_tables(tensors, chunks, num_chunks, chunk_size, grad_dtype);
   args.control = as_pointer<opt::Control>(control);
   args.partials = as_pointer<float>(partials);
   args.unscale = unscale;
@@ -75,12 +82,8 @@ void step(std::uintptr_t tensors, std::uintptr_t chunks, int64_t num_chunks, int
           bool amsgrad, double momentum, double dampening, bool nesterov, bool scaling, bool clipping,
           std::uintptr_t stream) {
   opt::StepArgs args;
-  args.tensors = as_pointer<const opt::TensorEntry>(tensors);
-  args.chunks = as_pointer<const opt::ChunkEntry>(chunks);
-  args.num_chunks = num_chunks;
-  args.chunk_size = chunk_size;
+  args.group = group_tables(tensors, chunks, num_chunks, chunk_size, grad_dtype);
   args.algorithm = algorithm_from_name(algorithm);
-  args.grad_dtype = ge2::dtype_from_name(grad_dtype, "grad_dtype");
   args.has_low = !low_dtype.empty();
   if (args.has_low) args.low_dtype = ge2::dtype_from_name(low_dtype, "low_dtype");
   args.control = as_pointer<const opt::Control>(control);

@@ -48,6 +48,7 @@ import numpy as np
 
 from .. import _native
 from .. import device as _device
+from . import _layout
 
 ALGORITHMS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "linear_warmup", "cosine")
@@ -82,7 +83,7 @@ def _number(name, value, low=-math.inf, high=math.inf, low_open=False, high_open
 
 
 def _integer(name, value, low) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    if not _layout.is_int(value):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__} ({value!r})")
     if value < low:
         raise ValueError(f"{name}: expected an int >= {low}, got {value}")
@@ -382,22 +383,18 @@ class FusedOptimizerStep:
             g = _contiguous(grad, f"grads[{index}]")
             if p.dtype != "float32":
                 raise TypeError(f"params[{index}]: expected float32 (master weights), got {p.dtype}")
-            numel = int(np.prod(p.shape, dtype=np.int64))
-            _same_size(g, numel, f"grads[{index}]")
-            state_ptrs = []
-            for position, buffer in enumerate(state):
-                s = _contiguous(buffer, f"states[{index}][{position}]")
-                if s.dtype != "float32":
-                    raise TypeError(f"states[{index}][{position}]: expected float32, got {s.dtype}")
-                _same_size(s, numel, f"states[{index}][{position}]")
-                state_ptrs.append(s.ptr)
+            device = p.device if device is None else device
+            _layout.check_device(p, device, f"params[{index}]")
+            numel = _layout.numel(p.shape)
+            _same_size(g, numel, device, f"grads[{index}]")
+            state_ptrs = tuple(_layout.checked_view(buffer, f"states[{index}][{position}]", p.shape, "float32",
+                                                    device).ptr for position, buffer in enumerate(state))
             low, low_dtype = 0, None
             if low_params is not None and low_params[index] is not None:
                 view = _contiguous(low_params[index], f"low_params[{index}]")
-                _same_size(view, numel, f"low_params[{index}]")
+                _same_size(view, numel, device, f"low_params[{index}]")
                 low, low_dtype = view.ptr, view.dtype
-            device = p.device if device is None else device
-            slots.append(ParamSlot(p.ptr, g.ptr, tuple(state_ptrs), numel, g.dtype, low, low_dtype))
+            slots.append(ParamSlot(p.ptr, g.ptr, state_ptrs, numel, g.dtype, low, low_dtype))
         return cls(config, slots, device=device or 0, chunk_size=chunk_size)
 
     def _prepare_calls(self, native):
@@ -469,7 +466,7 @@ def _contiguous(array, argument):
     return view
 
 
-def _same_size(view, numel, argument):
-    size = int(np.prod(view.shape, dtype=np.int64))
-    if size != numel:
-        raise ValueError(f"{argument}: expected {numel} elements (the parameter's), got {size}")
+def _same_size(view, numel, device, argument):
+    _layout.check_device(view, device, argument)
+    if _layout.numel(view.shape) != numel:
+        raise ValueError(f"{argument}: expected {numel} elements (the parameter's), got {_layout.numel(view.shape)}")

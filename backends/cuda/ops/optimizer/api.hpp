@@ -58,11 +58,16 @@ static_assert(sizeof(Control) == 64, "Control is 64 bytes");
 enum class Algorithm { SGD = 0, Adam = 1 };
 enum class Schedule { Constant = 0, LinearWarmup = 1, Cosine = 2 };
 
-struct NormArgs {
+// The tables of one dtype group, as both the norm pass and the step walk them.
+struct GroupTables {
   const TensorEntry* tensors = nullptr;
   const ChunkEntry* chunks = nullptr;
   int64_t num_chunks = 0, chunk_size = 0;
   DType grad_dtype = DType::Float32;
+};
+
+struct NormArgs {
+  GroupTables group;
   Control* control = nullptr;
   float* partials = nullptr;  // num_chunks sums of squares, this group's slice of the step's partials
   bool unscale = false;       // multiply gradients by 1 / control->loss_scale first
@@ -84,10 +89,7 @@ struct FinalizeArgs {
 };
 
 struct StepArgs {
-  const TensorEntry* tensors = nullptr;
-  const ChunkEntry* chunks = nullptr;
-  int64_t num_chunks = 0, chunk_size = 0;
-  DType grad_dtype = DType::Float32;
+  GroupTables group;
   bool has_low = false;
   DType low_dtype = DType::Float16;
   const Control* control = nullptr;

@@ -18,31 +18,28 @@ std::vector<KernelInfo> kernel_table() {
 
 namespace {
 
-void check_tables(const void* tensors, const void* chunks, int64_t num_chunks, int64_t chunk_size) {
+void check_group(const GroupTables& group) {
+  const int64_t num_chunks = group.num_chunks, chunk_size = group.chunk_size;
   if (num_chunks < 0) throw std::invalid_argument("num_chunks: expected >= 0, got " + std::to_string(num_chunks));
-  if (num_chunks > 0 && (tensors == nullptr || chunks == nullptr)) {
+  if (num_chunks > 0 && (group.tensors == nullptr || group.chunks == nullptr)) {
     throw std::invalid_argument("tensors, chunks: null device pointer");
   }
   if (chunk_size <= 0) throw std::invalid_argument("chunk_size: expected > 0, got " + std::to_string(chunk_size));
   if (num_chunks > 0x7fffffff) throw std::invalid_argument("num_chunks: at most 2^31 - 1 chunks per launch");
-}
-
-void check_grad_dtype(DType dtype) {
-  if (!is_floating(dtype)) {
+  if (!is_floating(group.grad_dtype)) {
     throw std::invalid_argument(std::string("grad_dtype: expected float32, float16 or bfloat16, got ") +
-                                dtype_name(dtype));
+                                dtype_name(group.grad_dtype));
   }
 }
 
 }  // namespace
 
 void grad_norm(const NormArgs& args, cudaStream_t stream) {
-  check_tables(args.tensors, args.chunks, args.num_chunks, args.chunk_size);
-  check_grad_dtype(args.grad_dtype);
-  if (args.control == nullptr || (args.num_chunks > 0 && args.partials == nullptr)) {
+  check_group(args.group);
+  if (args.control == nullptr || (args.group.num_chunks > 0 && args.partials == nullptr)) {
     throw std::invalid_argument("control, partials: null device pointer");
   }
-  if (args.num_chunks == 0) return;
+  if (args.group.num_chunks == 0) return;
   launch_grad_norm(args, stream);
 }
 
@@ -54,14 +51,13 @@ void finalize(const FinalizeArgs& args, cudaStream_t stream) {
 }
 
 void step(const StepArgs& args, cudaStream_t stream) {
-  check_tables(args.tensors, args.chunks, args.num_chunks, args.chunk_size);
-  check_grad_dtype(args.grad_dtype);
+  check_group(args.group);
   if (args.has_low && args.low_dtype != DType::Float16 && args.low_dtype != DType::BFloat16) {
     throw std::invalid_argument(std::string("low_dtype: expected float16 or bfloat16, got ") +
                                 dtype_name(args.low_dtype));
   }
   if (args.control == nullptr) throw std::invalid_argument("control: null device pointer");
-  if (args.num_chunks == 0) return;
+  if (args.group.num_chunks == 0) return;
   launch_step(args, stream);
 }
 

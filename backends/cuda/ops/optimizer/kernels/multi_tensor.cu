@@ -21,10 +21,10 @@ constexpr int kThreads = 256;
 // ---------------------------------------------------------------------------------------------------------------
 template <typename GradT>
 __global__ void grad_norm_kernel(NormArgs args) {
-  const ChunkEntry chunk = args.chunks[blockIdx.x];
-  const TensorEntry tensor = args.tensors[chunk.tensor];
+  const ChunkEntry chunk = args.group.chunks[blockIdx.x];
+  const TensorEntry tensor = args.group.tensors[chunk.tensor];
   const GradT* grad = reinterpret_cast<const GradT*>(tensor.grad);
-  const int64_t end = min(chunk.start + args.chunk_size, tensor.numel);
+  const int64_t end = min(chunk.start + args.group.chunk_size, tensor.numel);
   const float inv_scale = args.unscale ? static_cast<float>(1.0 / static_cast<double>(args.control->loss_scale)) : 1.f;
   float sum = 0.f;
   bool finite = true;
@@ -172,9 +172,9 @@ template <typename GradT, typename LowT, Algorithm kAlgorithm>
 __global__ void step_kernel(StepArgs args) {
   const Control control = *args.control;
   if (control.skipped) return;
-  const ChunkEntry chunk = args.chunks[blockIdx.x];
-  const TensorEntry tensor = args.tensors[chunk.tensor];
-  const int64_t end = min(chunk.start + args.chunk_size, tensor.numel);
+  const ChunkEntry chunk = args.group.chunks[blockIdx.x];
+  const TensorEntry tensor = args.group.tensors[chunk.tensor];
+  const int64_t end = min(chunk.start + args.group.chunk_size, tensor.numel);
   float* __restrict__ param = reinterpret_cast<float*>(tensor.param);
   const GradT* __restrict__ grad = reinterpret_cast<const GradT*>(tensor.grad);
   float* __restrict__ state0 = reinterpret_cast<float*>(tensor.state0);
@@ -216,7 +216,7 @@ __global__ void step_kernel(StepArgs args) {
 
 template <typename GradT, typename LowT>
 void launch_typed(const StepArgs& args, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(args.num_chunks));
+  const dim3 grid(static_cast<unsigned>(args.group.num_chunks));
   if (args.algorithm == Algorithm::Adam) {
     step_kernel<GradT, LowT, Algorithm::Adam><<<grid, kThreads, 0, stream>>>(args);
   } else {
@@ -235,8 +235,8 @@ void launch_with_low(const StepArgs& args, cudaStream_t stream) {
 }  // namespace
 
 void launch_grad_norm(const NormArgs& args, cudaStream_t stream) {
-  GE2_DISPATCH_FLOATING(args.grad_dtype, "grad_dtype", {
-    grad_norm_kernel<scalar_t><<<static_cast<unsigned>(args.num_chunks), kThreads, 0, stream>>>(args);
+  GE2_DISPATCH_FLOATING(args.group.grad_dtype, "grad_dtype", {
+    grad_norm_kernel<scalar_t><<<static_cast<unsigned>(args.group.num_chunks), kThreads, 0, stream>>>(args);
   });
   GE2_CHECK_LAUNCH("optimizer grad_norm_kernel");
 }
@@ -247,7 +247,7 @@ void launch_finalize(const FinalizeArgs& args, cudaStream_t stream) {
 }
 
 void launch_step(const StepArgs& args, cudaStream_t stream) {
-  GE2_DISPATCH_FLOATING(args.grad_dtype, "grad_dtype", { launch_with_low<scalar_t>(args, stream); });
+  GE2_DISPATCH_FLOATING(args.group.grad_dtype, "grad_dtype", { launch_with_low<scalar_t>(args, stream); });
 }
 
 }  // namespace ge2::optimizer

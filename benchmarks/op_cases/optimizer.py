@@ -22,7 +22,7 @@ def _sizes():
     return [int(n) for n in sizes]
 
 
-def _relative_error(torch, got, expected):
+def _relative_error(got, expected):
     return max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, expected))
 
 
@@ -31,10 +31,10 @@ def cases(torch):
     generator = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for torch_flavour, clip in (("fused", False), ("foreach", False), ("fused", True)):
-        torch_params = [torch.randn(n, device="cuda", generator=generator) for n in sizes]
+        torch_params = [torch.randn(n, device="cuda", generator=generator, requires_grad=True) for n in sizes]
         for p in torch_params:
             p.grad = torch.randn(p.shape, device="cuda", generator=generator)
-        params = [p.clone() for p in torch_params]
+        params = [p.detach().clone() for p in torch_params]
         grads = [p.grad for p in torch_params]  # shared: both sides read the same gradients
         states = [[torch.zeros_like(p), torch.zeros_like(p)] for p in params]
         config = opt.OptimizerConfig("adamw", LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY,
@@ -61,8 +61,8 @@ def cases(torch):
                 for g, original in zip(grads, saved):
                     g.copy_(original)
             torch.cuda.synchronize()
-            error = _relative_error(torch, params, [p for p in torch_params])
-            moments = _relative_error(torch, [s[0] for s in states],
+            error = _relative_error(params, [p.detach() for p in torch_params])
+            moments = _relative_error([s[0] for s in states],
                                       [optimizer.state[p]["exp_avg"] for p in torch_params])
             if error > 1e-5 or moments > 1e-5:
                 raise AssertionError(f"AdamW step: relative error {error:.2e} (params), {moments:.2e} (exp_avg)")

@@ -442,8 +442,11 @@ def test_clipping_matches_torch_clip_grad_norm(rng):
     config = opt.OptimizerConfig("sgd", 1.0, max_norm=0.75)
     fused = opt.FusedOptimizerStep.from_arrays(config, params, grads, [[] for _ in sizes])
     fused.launch(torch.cuda.current_stream())
-    clipped = [g.clone() for g in grads]
-    total = torch.nn.utils.clip_grad_norm_(clipped, max_norm=0.75)
+    holders = [torch.zeros(n, device="cuda", requires_grad=True) for n in sizes]  # clip_grad_norm_ reads .grad
+    for holder, grad in zip(holders, grads):
+        holder.grad = grad.clone()
+    total = torch.nn.utils.clip_grad_norm_(holders, max_norm=0.75)
+    clipped = [holder.grad for holder in holders]
     # Both sum float32 squares, in different orders: the norms agree to float32 summation error.
     assert fused.read_state()["grad_norm"] == pytest.approx(total.item(), rel=1e-5)
     for param, grad in zip(params, clipped):

@@ -4,8 +4,8 @@
 decay) follow ``torch.optim`` exactly. ``lr`` is a float or a schedule: ``Constant``, ``LinearWarmup``, ``Cosine``
 (linear warm-up then cosine decay), each a function of the 1-based step number.
 
-``update(...)`` is the float64 reference of one step on one parameter (what the CPU backend runs, written into the
-float32 master and state buffers in place).
+``to_config`` turns them (with clipping and loss scaling) into the optimizer op's ``OptimizerConfig``
+(``ops/optimizer.py``), whose ``ReferenceOptimizer`` is the CPU step and ``FusedOptimizerStep`` the GPU one.
 """
 from __future__ import annotations
 
@@ -169,39 +169,6 @@ def describe(optimizer) -> dict:
                                                       for k, v in fields.items()}}
 
 
-def update(optimizer, step: int, param: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray]) -> None:
-    """One step (1-based ``step``) on ``param`` and its ``state`` buffers, in place, float64 math."""
-    p, g = param.astype(np.float64), grad.astype(np.float64)
-    lr = optimizer.lr(step)
-    if isinstance(optimizer, SGD):
-        if optimizer.weight_decay:
-            g = g + optimizer.weight_decay * p
-        if optimizer.momentum:
-            buffer = state["momentum_buffer"]
-            b = g if step == 1 else optimizer.momentum * buffer.astype(np.float64) + (1 - optimizer.dampening) * g
-            buffer[...] = b
-            g = g + optimizer.momentum * b if optimizer.nesterov else b
-        param[...] = p - lr * g
-        return
-    beta1, beta2 = optimizer.betas
-    if optimizer.decoupled:
-        p = p * (1.0 - lr * optimizer.weight_decay)
-    elif optimizer.weight_decay:
-        g = g + optimizer.weight_decay * p
-    m = beta1 * state["exp_avg"].astype(np.float64) + (1 - beta1) * g
-    v = beta2 * state["exp_avg_sq"].astype(np.float64) + (1 - beta2) * g * g
-    state["exp_avg"][...] = m
-    state["exp_avg_sq"][...] = v
-    bias1, bias2 = 1 - beta1 ** step, 1 - beta2 ** step
-    param[...] = p - (lr / bias1) * m / (np.sqrt(v) / math.sqrt(bias2) + optimizer.eps)
-
-
-def clip_coefficient(grads: list[np.ndarray], max_norm: float) -> float:
-    """torch.nn.utils.clip_grad_norm_'s factor: min(1, max_norm / (global L2 norm + 1e-6))."""
-    total = math.sqrt(sum(float(np.square(g.astype(np.float64)).sum()) for g in grads))
-    return min(1.0, max_norm / (total + 1e-6))
-
-
 @dataclass(frozen=True)
 class DynamicLossScale:
     """float16 loss scaling, as torch.cuda.amp.GradScaler: the loss gradient starts at ``init_scale``; a step whose
@@ -221,3 +188,27 @@ class DynamicLossScale:
         if isinstance(self.growth_interval, bool) or not isinstance(self.growth_interval, int) \
                 or self.growth_interval < 1:
             raise ValueError(f"DynamicLossScale: growth_interval must be an int >= 1, got {self.growth_interval!r}")
+
+
+def to_config(optimizer, max_norm: float | None, loss_scale: "DynamicLossScale | None"):
+    """The optimizer op's ``OptimizerConfig`` for ``optimizer`` (SGD, Adam, AdamW with its lr schedule), clipping to
+    ``max_norm`` (None: none) and ``loss_scale`` (None: no loss scaling)."""
+    from ..ops.optimizer import OptimizerConfig
+
+    lr = optimizer.lr
+    schedule = {"schedule": "constant", "lr": lr.lr}
+    if isinstance(lr, LinearWarmup):
+        schedule = {"schedule": "linear_warmup", "lr": lr.lr, "warmup_steps": lr.warmup_steps}
+    elif isinstance(lr, Cosine):
+        schedule = {"schedule": "cosine", "lr": lr.lr, "warmup_steps": lr.warmup_steps,
+                    "total_steps": lr.total_steps, "min_lr": lr.min_lr}
+    if isinstance(optimizer, SGD):
+        algorithm = {"algorithm": "sgd", "momentum": optimizer.momentum, "dampening": optimizer.dampening,
+                     "nesterov": optimizer.nesterov, "weight_decay": optimizer.weight_decay}
+    else:
+        algorithm = {"algorithm": "adamw" if optimizer.decoupled else "adam", "betas": optimizer.betas,
+                     "eps": optimizer.eps, "weight_decay": optimizer.weight_decay}
+    scaling = {} if loss_scale is None else {
+        "loss_scaling": True, "init_scale": loss_scale.init_scale, "growth_factor": loss_scale.growth_factor,
+        "backoff_factor": loss_scale.backoff_factor, "growth_interval": loss_scale.growth_interval}
+    return OptimizerConfig(**algorithm, **schedule, **scaling, max_norm=max_norm)

@@ -31,6 +31,7 @@ from ..passes.amp import AMP_DTYPES
 from ..passes.training import recompute
 from ..runtime.backends import backend_for
 from ..runtime.executor import ExecutorV2, Plan
+from ..ops.optimizer import ReferenceOptimizer
 from . import optimizers as _optim
 from .losses import CONSTANT_PREFIX
 
@@ -72,6 +73,7 @@ class Trainer:
         autograd.loss_value(graph, loss)  # a missing or non-scalar loss fails here, naming it
         self.graph, self.loss_name, self.device = graph, loss, device
         self.optimizer, self.grad_clip, self.amp, self.loss_scale = optimizer, grad_clip, amp, loss_scale
+        self.optimizer_config = _optim.to_config(optimizer, grad_clip, loss_scale)
 
         names = [n for n, v in graph.params.items() if v.type.dtype in FLOAT_DTYPES
                  and not n.startswith(CONSTANT_PREFIX)] if trainable is None else list(trainable)
@@ -116,13 +118,13 @@ class Trainer:
                                 else graph.params[name].type.dtype for name in self._masters}
         self._param_slots = {name: self._slot_of(master, self._compute_dtypes[name])
                              for name, master in self._masters.items()}
+        # The optimizer's own state: applied steps, loss scale, finite steps since the scale last changed.
+        self._reference = ReferenceOptimizer(self.optimizer_config)
         # The loss gradient's seed: the loss scale under float16 loss scaling, else 1 (a constant the loss-gradient
         # fusion may have folded away).
-        self._scale = np.array(loss_scale.init_scale if loss_scale else 1.0, np.float32)
+        self._scale = np.array(self._reference.loss_scale, np.float32)
         self._seed = self._slot_of(self._scale, self.train_graph.outputs[loss].type.dtype)
-        self._growth_tracker = 0  # consecutive finite steps since the scale last changed
         self.step_count = 0  # steps taken
-        self.optimizer_steps = 0  # updates applied (steps with non-finite gradients are skipped under loss scaling)
         slots = dict(self._param_slots)
         if autograd.SEED in self.train_graph.params:
             slots[autograd.SEED] = self._seed
@@ -203,9 +205,9 @@ class Trainer:
         for name, states in self._states.items():
             tensors.update((f"state/{name}/{state}", buffer.copy()) for state, buffer in states.items())
         tensors["step"] = np.array(self.step_count, np.int64)
-        tensors["optimizer_steps"] = np.array(self.optimizer_steps, np.int64)
-        tensors["loss_scale"] = self._scale.copy()
-        tensors["loss_scale_growth_tracker"] = np.array(self._growth_tracker, np.int64)
+        tensors["optimizer_steps"] = np.array(self._reference.step_count, np.int64)
+        tensors["loss_scale"] = np.array(self._reference.loss_scale, np.float32)
+        tensors["loss_scale_growth_tracker"] = np.array(self._reference.good_steps, np.int64)
         metadata = {"format": CHECKPOINT_FORMAT, "graph": self.fingerprint(),
                     "optimizer": json.dumps(_optim.describe(self.optimizer))}
         save_file(tensors, str(path), metadata=metadata)
@@ -233,17 +235,22 @@ class Trainer:
         for name, states in self._states.items():
             for state, buffer in states.items():
                 buffer[...] = np.asarray(tensors[f"state/{name}/{state}"], np.float32).reshape(buffer.shape)
-        self._scale[...] = tensors["loss_scale"]
-        self._refresh_seed()
         self.step_count = int(tensors["step"])
-        self.optimizer_steps = int(tensors["optimizer_steps"])
-        self._growth_tracker = int(tensors["loss_scale_growth_tracker"])
+        self._reference.step_count = int(tensors["optimizer_steps"])
+        self._reference.loss_scale = float(tensors["loss_scale"])
+        self._reference.good_steps = int(tensors["loss_scale_growth_tracker"])
+        self._refresh_seed()
 
     def fingerprint(self) -> str:
         """A hash of the graph's name, parameters (names, shapes, dtypes) and trained set."""
         params = sorted((name, list(v.type.shape), v.type.dtype) for name, v in self.graph.params.items())
         described = [self.graph.name, params, self.trained]
         return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Updates applied (a step whose gradients overflow under loss scaling is skipped and not counted)."""
+        return self._reference.step_count
 
     # --- reporting ------------------------------------------------------------------------------------------------
     @property
@@ -308,29 +315,19 @@ class Trainer:
         names = list(self.trained)
         grad_slots = [plan.slots[plan.graph.outputs[autograd.grad_name(name)].name] for name in names]
         grad_types = [plan.graph.outputs[autograd.grad_name(name)].type for name in names]
-        optimizer, max_norm, scaler, scale = self.optimizer, self.grad_clip, self.loss_scale, self._scale
-        on_host = self.device == "cpu"
+        params = [self._masters[name] for name in names]
+        states = [self._states[name] for name in names]
+        reference, on_host = self._reference, self.device == "cpu"
 
         def launch(stream):
             grads = grad_slots if on_host else [_host_copy(slot, t, stream) for slot, t in zip(grad_slots, grad_types)]
-            unscaled = [g.astype(np.float64) / float(scale) for g in grads] if scaler else grads
-            if scaler is not None and not all(np.isfinite(g).all() for g in unscaled):
-                scale[...] = float(scale) * scaler.backoff_factor
-                self._growth_tracker = 0
+            scale = reference.loss_scale
+            reference.step(params, grads, states)
+            if reference.loss_scale != scale:
                 self._refresh_seed(stream)
-                return
-            if scaler is not None:
-                self._growth_tracker += 1
-                if self._growth_tracker == scaler.growth_interval:
-                    scale[...] = float(scale) * scaler.growth_factor
-                    self._growth_tracker = 0
-                    self._refresh_seed(stream)
-            factor = 1.0 if max_norm is None else _optim.clip_coefficient(unscaled, max_norm)
-            self.optimizer_steps += 1
-            for name, grad in zip(names, unscaled):
-                _optim.update(optimizer, self.optimizer_steps, self._masters[name],
-                              grad if factor == 1.0 else grad * factor, self._states[name])
-                self._refresh(name, stream)
+            if not reference.skipped:
+                for name in names:
+                    self._refresh(name, stream)
 
         return launch
 
@@ -353,6 +350,7 @@ class Trainer:
 
     def _refresh_seed(self, stream=None) -> None:
         """Rewrites the seed buffer the plans read from the loss scale (on the step's stream during a step)."""
+        self._scale[...] = self._reference.loss_scale
         if self.device == "cpu":
             self._seed[...] = self._scale.astype(self._seed.dtype)
         else:

@@ -9,10 +9,10 @@ first step and replayed from then on. Parameters (float32 masters) and optimizer
 updated in place; the plan reads the parameters where they live, so nothing is copied between steps. A step feeds
 the batch and launches the plan: reading the loss (``float(loss)``) is the caller's choice and the only host sync.
 
-On ``device="cpu"`` every node and the optimizer run through the NumPy references (the CPU backend). On
-``device="cuda"`` the nodes run as GPU kernels and the optimizer, in this build, on the host: the gradients are
-copied out and the parameters back each step (a visible fallback, reported by ``explain()``, which keeps the step
-plan from being captured) until the fused device optimizer kernels replace it.
+On ``device="cpu"`` every node and the optimizer run through the NumPy references (the CPU backend, the optimizer
+op's ``ReferenceOptimizer``). On ``device="cuda"`` the nodes run as GPU kernels and the optimizer as the optimizer
+op's fused multi-tensor kernels (``FusedOptimizerStep``: device step counter, schedule, clipping, loss scaling,
+low-precision copies), so the whole step is captured as one CUDA graph.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from ..passes.amp import AMP_DTYPES
 from ..passes.training import recompute
 from ..runtime.backends import backend_for
 from ..runtime.executor import ExecutorV2, Plan
-from ..ops.optimizer import ReferenceOptimizer
+from ..ops.optimizer import FusedOptimizerStep, ParamSlot, ReferenceOptimizer
 from . import optimizers as _optim
 from .losses import CONSTANT_PREFIX
 
@@ -107,32 +107,42 @@ class Trainer:
         self.train_graph, self._backward_records = PassManager(passes).run(differentiated)
 
         self._backend = backend_for(device)
-        # float32 masters and optimizer states (host arrays: the optimizer of this build runs on the host).
-        self._masters = {name: np.array(v.data, np.float32) for name, v in graph.params.items() if name in names}
-        self._states = {name: {state: np.zeros(v.type.shape, np.float32) for state in optimizer.state_names}
+        # float32 masters and optimizer states where the optimizer runs: host arrays on the CPU (the NumPy
+        # reference), device arrays on CUDA (the fused multi-tensor kernels of ops/optimizer.py).
+        self._masters = {name: self._new_buffer(np.array(v.data, np.float32)) for name, v in graph.params.items()
+                         if name in names}
+        self._states = {name: {state: self._new_buffer(np.zeros(v.type.shape, np.float32))
+                               for state in self.optimizer_config.state_names}
                         for name, v in graph.params.items() if name in self.trained}
-        # The buffers the plans read as parameters, in the dtype the graph computes with: on the CPU a float32
-        # parameter is its master itself; otherwise a copy the optimizer rewrites after every update (a
-        # low-precision copy, or the device copy on CUDA).
+        # The buffers the plans read as parameters, in the dtype the graph computes with: a float32 parameter is its
+        # master itself; otherwise a low-precision copy the optimizer rewrites in the same pass as the update.
         self._compute_dtypes = {name: self.forward_graph.params[name].type.dtype if name in self.forward_graph.params
                                 else graph.params[name].type.dtype for name in self._masters}
-        self._param_slots = {name: self._slot_of(master, self._compute_dtypes[name])
-                             for name, master in self._masters.items()}
-        # The optimizer's own state: applied steps, loss scale, finite steps since the scale last changed.
+        self._param_slots = {name: self._compute_slot(name) for name in self._masters}
+        # The optimizer's own state: applied steps, loss scale, finite steps since the scale last changed (on CUDA a
+        # host mirror of the device Control block of the fused step, synchronized when the active plan changes and
+        # for checkpoints).
         self._reference = ReferenceOptimizer(self.optimizer_config)
+        self._fused: dict[int, object] = {}  # id(plan) -> its FusedOptimizerStep (CUDA)
+        self._active = None  # the FusedOptimizerStep whose Control block holds the current state
         # The loss gradient's seed: the loss scale under float16 loss scaling, else 1 (a constant the loss-gradient
         # fusion may have folded away).
         self._scale = np.array(self._reference.loss_scale, np.float32)
-        self._seed = self._slot_of(self._scale, self.train_graph.outputs[loss].type.dtype)
+        seed_dtype = to_numpy(self.train_graph.outputs[loss].type.dtype)
+        if loss_scale is not None and seed_dtype != np.float32:
+            raise ValueError(f"loss_scale: loss scaling needs a float32 loss (amp computes it in float32), got a "
+                             f"{self.train_graph.outputs[loss].type.dtype} loss '{loss}'")
+        self._seed = self._scale if self.device == "cpu" and seed_dtype == np.float32 else self._new_buffer(
+            self._scale.astype(seed_dtype))
         self.step_count = 0  # steps taken
         slots = dict(self._param_slots)
         if autograd.SEED in self.train_graph.params:
             slots[autograd.SEED] = self._seed
         # One stream: the step's nodes form a chain (forward, then backward), and one stream lets the memory plan
-        # reuse bytes along the step's exact lifetimes (what checkpointing relies on). The host optimizer copies
-        # gradients and parameters between device and host, which a CUDA graph cannot hold: no capture.
+        # reuse bytes along the step's exact lifetimes (what checkpointing relies on). On CUDA the step, optimizer
+        # included, is captured as one CUDA graph after its first run.
         self._executor = ExecutorV2(self.train_graph, device, passes=[], reuse_memory=reuse_memory, params=slots,
-                                    streams=1, cuda_graph=False)
+                                    streams=1)
         self._inference = None
 
     # --- training -------------------------------------------------------------------------------------------------
@@ -185,7 +195,7 @@ class Trainer:
     # --- parameters, checkpoints, inference -------------------------------------------------------------------------
     def parameters(self) -> dict[str, np.ndarray]:
         """Name -> a NumPy copy of every trainable parameter (the float32 masters)."""
-        return {name: master.copy() for name, master in self._masters.items()}
+        return {name: self._to_host(master) for name, master in self._masters.items()}
 
     def executor(self) -> ExecutorV2:
         """An ExecutorV2 for inference on the current parameters (the trainer's own buffers, no copy: later steps
@@ -203,7 +213,8 @@ class Trainer:
 
         tensors = {f"param/{name}": value for name, value in self.parameters().items()}
         for name, states in self._states.items():
-            tensors.update((f"state/{name}/{state}", buffer.copy()) for state, buffer in states.items())
+            tensors.update((f"state/{name}/{state}", self._to_host(buffer)) for state, buffer in states.items())
+        self._pull_state()
         tensors["step"] = np.array(self.step_count, np.int64)
         tensors["optimizer_steps"] = np.array(self._reference.step_count, np.int64)
         tensors["loss_scale"] = np.array(self._reference.loss_scale, np.float32)
@@ -230,16 +241,18 @@ class Trainer:
                 raise ValueError(f"path: the checkpoint {path} lacks {missing} (saved with another optimizer?)")
             tensors = {key: file.get_tensor(key) for key in expected}
         for name, master in self._masters.items():
-            master[...] = np.asarray(tensors[f"param/{name}"], np.float32).reshape(master.shape)
+            self._store(master, tensors[f"param/{name}"])
             self._refresh(name)
         for name, states in self._states.items():
             for state, buffer in states.items():
-                buffer[...] = np.asarray(tensors[f"state/{name}/{state}"], np.float32).reshape(buffer.shape)
+                self._store(buffer, tensors[f"state/{name}/{state}"])
         self.step_count = int(tensors["step"])
         self._reference.step_count = int(tensors["optimizer_steps"])
         self._reference.loss_scale = float(tensors["loss_scale"])
         self._reference.good_steps = int(tensors["loss_scale_growth_tracker"])
         self._refresh_seed()
+        for fused in self._fused.values():
+            self._push_state(fused)
 
     def fingerprint(self) -> str:
         """A hash of the graph's name, parameters (names, shapes, dtypes) and trained set."""
@@ -249,7 +262,9 @@ class Trainer:
 
     @property
     def optimizer_steps(self) -> int:
-        """Updates applied (a step whose gradients overflow under loss scaling is skipped and not counted)."""
+        """Updates applied (a step whose gradients overflow under loss scaling is skipped and not counted); on CUDA
+        reading it synchronizes."""
+        self._pull_state()
         return self._reference.step_count
 
     # --- reporting ------------------------------------------------------------------------------------------------
@@ -283,9 +298,8 @@ class Trainer:
         lines.append(f"training rewrites (fusions, mixed precision, recomputation): {len(fusions)}")
         lines += [f"  {note}" for note in fusions]
         clip = f"clip to global norm {self.grad_clip}, " if self.grad_clip else ""
-        where = "NumPy reference" if self.device == "cpu" else (
-            "host fallback: gradients copied to the host and parameters back every step, so the step plan is not "
-            "captured (the device optimizer kernels are not in this build)")
+        where = "NumPy reference (ReferenceOptimizer)" if self.device == "cpu" else (
+            "fused multi-tensor kernels on the device (FusedOptimizerStep), the plan's epilogue")
         lines.append(f"optimizer: {clip}{type(self.optimizer).__name__} on {len(self.trained)} parameter(s), states "
                      f"{list(self.optimizer.state_names)}; {where}")
         lines.append(f"memory: persistent {self.persistent_bytes / 2**20:.3g} MB (masters, copies, states), "
@@ -305,6 +319,11 @@ class Trainer:
             raise type(error)(f"batch: {error}") from None
         if not plan.epilogue:
             plan.epilogue.append(self._optimizer_launch(plan))
+        fused = self._fused.get(id(plan))
+        if fused is not None and fused is not self._active:  # another batch shape: move the state over (syncs)
+            self._pull_state()
+            self._push_state(fused)
+            self._active = fused
         return plan, views
 
     def _optimizer_launch(self, plan: Plan):
@@ -315,12 +334,14 @@ class Trainer:
         names = list(self.trained)
         grad_slots = [plan.slots[plan.graph.outputs[autograd.grad_name(name)].name] for name in names]
         grad_types = [plan.graph.outputs[autograd.grad_name(name)].type for name in names]
+        if self.device == "cuda":
+            return self._device_optimizer_launch(plan, names, grad_slots, grad_types)
         params = [self._masters[name] for name in names]
         states = [self._states[name] for name in names]
-        reference, on_host = self._reference, self.device == "cpu"
+        reference = self._reference
 
         def launch(stream):
-            grads = grad_slots if on_host else [_host_copy(slot, t, stream) for slot, t in zip(grad_slots, grad_types)]
+            grads = grad_slots
             scale = reference.loss_scale
             reference.step(params, grads, states)
             if reference.loss_scale != scale:
@@ -331,12 +352,63 @@ class Trainer:
 
         return launch
 
-    def _slot_of(self, host: np.ndarray, dtype: str):
-        """The buffer a plan reads for the host array ``host`` in ``dtype``: ``host`` itself on the CPU when the
-        dtype matches, else a copy (host or device)."""
+    def _device_optimizer_launch(self, plan: Plan, names, grad_slots, grad_types):
+        """The fused optimizer step of this plan (one per plan: the gradients live in its arena), device work only,
+        so the plan with its optimizer is captured as one CUDA graph. The loss scale it keeps in its Control block
+        is copied into the seed buffer the backward reads."""
+        config = self.optimizer_config
+        slots = []
+        for name, grad, grad_type in zip(names, grad_slots, grad_types):
+            master, compute = self._masters[name], self._param_slots[name]
+            low = compute is not master
+            slots.append(ParamSlot(master.ptr, grad.ptr, tuple(self._states[name][s].ptr for s in config.state_names),
+                                   int(np.prod(master.shape)), grad_type.dtype, compute.ptr if low else 0,
+                                   self._compute_dtypes[name] if low else None))
+        fused = FusedOptimizerStep(config, slots, device=self._backend.device_index)
+        self._pull_state()
+        self._push_state(fused)
+        self._fused[id(plan)] = self._active = fused
+        memcpy, seed, scale = self._backend.runtime.memcpy_device_to_device, self._seed.ptr, \
+            fused.control_address("loss_scale")
+        scaled = config.loss_scaling
+
+        def launch(stream, fused=fused):  # the default argument keeps the step's device tables alive
+            fused.launch(stream)
+            if scaled:
+                memcpy(seed, scale, 4, stream)
+
+        return launch
+
+    def _pull_state(self) -> None:
+        """The host mirror of the optimizer state from the active device step (CUDA; synchronizes)."""
+        if self._active is not None:
+            state = self._active.read_state()
+            self._reference.step_count, self._reference.loss_scale = int(state["step"]), float(state["loss_scale"])
+            self._reference.good_steps = int(state["good_steps"])
+
+    def _push_state(self, fused) -> None:
+        fused.set_state(self._reference.step_count, self._reference.loss_scale, self._reference.good_steps)
+
+    def _new_buffer(self, array: np.ndarray):
+        return array if self.device == "cpu" else self._backend.upload(array)
+
+    def _to_host(self, buffer) -> np.ndarray:
+        return buffer.copy() if self.device == "cpu" else buffer.numpy().reshape(buffer.shape)
+
+    def _store(self, buffer, array) -> None:
+        array = np.asarray(array, np.float32).reshape(buffer.shape)
         if self.device == "cpu":
-            return host if host.dtype == to_numpy(dtype) else host.astype(to_numpy(dtype))
-        return self._backend.upload(host.astype(to_numpy(dtype)))
+            buffer[...] = array
+        else:
+            buffer.copy_from_numpy(array)
+
+    def _compute_slot(self, name: str):
+        """The buffer a plan reads for parameter ``name``: its master when it computes in float32, else a copy in
+        its compute dtype."""
+        master, dtype = self._masters[name], self._compute_dtypes[name]
+        if dtype == "float32":
+            return master
+        return self._new_buffer(np.asarray(self.graph.params[name].data, np.float32).astype(to_numpy(dtype)))
 
     def _refresh(self, name: str, stream=None) -> None:
         """Rewrites the buffer the plans read for parameter ``name`` from its master."""
@@ -346,7 +418,8 @@ class Trainer:
         if self.device == "cpu":
             slot[...] = master.astype(slot.dtype)
         else:
-            slot.copy_from_numpy(master.astype(to_numpy(self._compute_dtypes[name])).reshape(slot.shape), stream or 0)
+            values = self._to_host(master).astype(to_numpy(self._compute_dtypes[name]))
+            slot.copy_from_numpy(values.reshape(slot.shape), stream or 0)
 
     def _refresh_seed(self, stream=None) -> None:
         """Rewrites the seed buffer the plans read from the loss scale (on the step's stream during a step)."""
@@ -388,11 +461,6 @@ class DeviceLoss:
 
     def __repr__(self) -> str:
         return f"DeviceLoss(step={self._step}, dtype={self.dtype})"
-
-
-def _host_copy(slot, tensor_type, stream) -> np.ndarray:
-    """A plan slot (borrowed device bytes) copied to the host as an array of its type (synchronizes)."""
-    return slot.numpy(stream).view(to_numpy(tensor_type.dtype)).reshape(tensor_type.shape)
 
 
 def _inference_graph(graph: Graph, loss: str) -> Graph:

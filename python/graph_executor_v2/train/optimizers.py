@@ -12,20 +12,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
+from ..ops.optimizer import _number
 
 
 def check_number(owner: str, name: str, value, low: float, high: float = math.inf, low_open: bool = False,
-                  high_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{owner}: {name} expected a number, got {type(value).__name__} ({value!r})")
-    value = float(value)
-    below = value <= low if low_open else value < low
-    above = value >= high if high_open else value > high
-    if not math.isfinite(value) or below or above:
-        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open or high == math.inf else ']'}"
-        raise ValueError(f"{owner}: {name} must be in {interval}, got {value!r}")
-    return value
+                 high_open: bool = False) -> float:
+    """A hyper-parameter checked by the optimizer op's rule, the error naming its owner ("AdamW: eps: ...")."""
+    return _number(f"{owner}: {name}", value, low, high, low_open, high_open)
 
 
 # ---------------------------------------------------------------------------------------------------------------

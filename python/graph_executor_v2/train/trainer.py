@@ -328,9 +328,8 @@ class Trainer:
 
     def _optimizer_launch(self, plan: Plan):
         """The optimizer as the plan's epilogue, launch(stream): unscaling (float16 loss scaling), clipping and every
-        parameter's update on the float32 masters and states, then the parameter buffers the plans read rewritten.
-        On CUDA the gradients come to the host first (a synchronizing fallback until the device optimizer kernels
-        are merged; ``explain()`` says so)."""
+        parameter's update on the float32 masters and states, and the low-precision copies the plans read. On the
+        CPU the optimizer op's ReferenceOptimizer, on CUDA its FusedOptimizerStep."""
         names = list(self.trained)
         grad_slots = [plan.slots[plan.graph.outputs[autograd.grad_name(name)].name] for name in names]
         grad_types = [plan.graph.outputs[autograd.grad_name(name)].type for name in names]

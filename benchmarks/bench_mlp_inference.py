@@ -1,11 +1,13 @@
 """MLP inference: ExecutorV2 (cuda) vs PyTorch eager, one process, one GPU. Correctness first, then medians.
 
-- small: 64x128 -> 256 -> 11, float32, relu. Launch-bound: the per-node host cost shows (graph replay comes later).
+- small: 64x128 -> 256 -> 11, float32, relu. Launch-bound: what counts is the CUDA graph (bench_plan_overhead.py).
 - large: 4096x1024 -> 4096 -> 4096 -> 1024, float16, GELU (tanh). Compute-bound: GE2 fuses bias + GELU into the
   GEMM epilogue where PyTorch eager runs F.linear then a separate activation kernel. Target: >= 1.0x.
 
 Both sides take a torch tensor and return a torch tensor; ExecutorV2 copies the input into its arena and the
-result out of it (two device copies per run, counted in its time). Strict float32 math (no TF32) on both sides.
+result out of it (two device copies per run, counted in its time) and replays the plan as a CUDA graph; PyTorch
+runs eager and as a CUDA-graph replay of the same forward (static input, no copy). Strict float32 math (no TF32)
+on both sides.
 Timing: CUDA-event medians with the L2 flushed between repetitions (benchmarks/harness.py).
 
 Run: python benchmarks/bench_mlp_inference.py
@@ -41,6 +43,20 @@ def torch_mlp(torch, graph, layer_count: int, activation: str):
     return run
 
 
+def torch_graph(torch, forward, static_x):
+    """A PyTorch CUDA graph of ``forward(static_x)``, captured the documented way (warm-up on a side stream)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            forward(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = forward(static_x)
+    return graph, static_y
+
+
 def relative_error(actual, expected) -> str:
     """Max abs error over max |expected|, formatted (the table's fixed 3 decimals would show 0.000)."""
     return f"{np.max(np.abs(actual.astype(np.float64) - expected)) / np.max(np.abs(expected)):.1e}"
@@ -59,16 +75,23 @@ def bench(torch, case, rng) -> dict:
     torch_y = eager(x).cpu().numpy()
     assert_close(ge2_y, expected, dtype, max(sizes), what=f"GE2 {case['case']} MLP")
 
+    graph, static_y = torch_graph(torch, eager, x.clone())
+    graph.replay()
+    assert_close(static_y.cpu().numpy(), expected, dtype, max(sizes), what=f"PyTorch graph {case['case']} MLP")
+
     ge2_ms = median_ms(lambda: executor.run({"x": x}), warmup=20, reps=200)
     torch_ms = median_ms(lambda: eager(x), warmup=20, reps=200)
+    graph_ms = median_ms(graph.replay, warmup=20, reps=200)
     flops = 2.0 * case["batch"] * sum(a * b for a, b in zip(sizes, sizes[1:]))
     return {
         "case": case["case"], "shape": f"{case['batch']}x" + "->".join(map(str, sizes)), "dtype": dtype,
         "activation": case["activation"], "ge2_ms": ge2_ms, "torch_eager_ms": torch_ms,
-        "speedup": torch_ms / ge2_ms, "ge2_tflops": flops / (ge2_ms * 1e-3) / 1e12,
+        "speedup": torch_ms / ge2_ms, "torch_graph_ms": graph_ms, "vs_torch_graph": graph_ms / ge2_ms,
+        "ge2_tflops": flops / (ge2_ms * 1e-3) / 1e12,
         "torch_tflops": flops / (torch_ms * 1e-3) / 1e12,
         "ge2_rel_err": relative_error(ge2_y, expected), "torch_rel_err": relative_error(torch_y, expected),
         "ge2_kernels": "+".join(s.kernel for s in executor.plans[0].selections),
+        "ge2_cuda_graph": executor.plans[0].capture,
         "fallbacks": len(executor.fallbacks),
         "target": ">= 1.0x" if case["case"] == "large" else "report (launch-bound)",
     }
@@ -81,10 +104,12 @@ def main():
     rows = [bench(torch, case, rng) for case in CASES]
     columns = [("case", "case"), ("shape", "shape"), ("dtype", "dtype"), ("activation", "act"),
                ("ge2_ms", "GE2 ms"), ("torch_eager_ms", "torch eager ms"), ("speedup", "speedup"),
+               ("torch_graph_ms", "torch graph ms"), ("vs_torch_graph", "speedup vs torch graph"),
                ("ge2_tflops", "GE2 TFLOP/s"), ("torch_tflops", "torch TFLOP/s"), ("ge2_rel_err", "GE2 rel err"),
-               ("torch_rel_err", "torch rel err"), ("ge2_kernels", "GE2 kernels"), ("fallbacks", "fallbacks"),
-               ("target", "target")]
-    print(write_results("mlp_inference", rows, columns, "MLP inference: ExecutorV2 (cuda) vs PyTorch eager"))
+               ("torch_rel_err", "torch rel err"), ("ge2_kernels", "GE2 kernels"), ("ge2_cuda_graph", "GE2 CUDA graph"),
+               ("fallbacks", "fallbacks"), ("target", "target")]
+    print(write_results("mlp_inference", rows, columns,
+                        "MLP inference: ExecutorV2 (cuda) vs PyTorch eager and CUDA graph"))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 # Sourced by run_tests.sh and demo.sh: creates .venv (once), installs GE2 and its test dependencies with every
-# native module built (pip install -e ".[test]"), and activates it. Rebuilds when the sources are newer.
+# native module built (pip install -e ".[test,train]"), and activates it. Rebuilds when the sources are newer.
 set -euo pipefail
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
@@ -13,7 +13,7 @@ fi
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 stamp=.venv/.ge2-installed
 if [ ! -f "$stamp" ] || [ -n "$(find CMakeLists.txt cmake backends src pyproject.toml -newer "$stamp" -print -quit)" ]; then
-  echo "building graph_executor_v2 (pip install -e .[test]) ..."
-  python -m pip install --quiet -e ".[test]"
+  echo "building graph_executor_v2 (pip install -e .[test,train]) ..."
+  python -m pip install --quiet -e ".[test,train]"
   touch "$stamp"
 fi

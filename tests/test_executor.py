@@ -3,6 +3,7 @@ plan caching, the memory planner and explain()."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import numpy as np
@@ -11,8 +12,8 @@ import pytest
 import graph_executor_v2 as ge2
 from graph_executor_v2.ir import Graph
 from graph_executor_v2.ops import activations
-from graph_executor_v2.runtime.planner import ALIGNMENT, Buffer, plan_memory
-from graph_executor_v2.testing import assert_close, mlp, random_array
+from graph_executor_v2.runtime.planner import ALIGNMENT, Buffer, may_share, plan_memory
+from graph_executor_v2.testing import assert_close, branches, mlp, random_array
 
 
 def test_the_issue_contract_verbatim():
@@ -223,13 +224,14 @@ def test_planner_never_overlaps_live_buffers_and_aligns_offsets(rng):
         buffers = []
         for index in range(count):
             first = int(rng.integers(-1, 20))
-            buffers.append(Buffer(f"b{index}", int(rng.integers(0, 5000)), first, first + int(rng.integers(0, 6))))
+            last = first + int(rng.integers(0, 6))
+            buffers.append(Buffer(f"b{index}", int(rng.integers(0, 5000)), first, (last,)))
         plan = plan_memory(buffers)
         for buffer in buffers:
             offset = plan.offsets[buffer.name]
             assert offset % ALIGNMENT == 0 and offset + buffer.nbytes <= plan.arena_bytes
         for a, b in itertools.combinations(buffers, 2):
-            if a.first <= b.last and b.first <= a.last:
+            if a.writer <= b.readers[-1] and b.writer <= a.readers[-1]:
                 a_range = range(plan.offsets[a.name], plan.offsets[a.name] + max(a.nbytes, 1))
                 b_range = range(plan.offsets[b.name], plan.offsets[b.name] + max(b.nbytes, 1))
                 assert not set(a_range) & set(b_range), (a, b)
@@ -237,7 +239,7 @@ def test_planner_never_overlaps_live_buffers_and_aligns_offsets(rng):
 
 
 def test_planner_reuses_memory_along_a_chain_and_can_be_switched_off():
-    chain = [Buffer(f"b{i}", 1 << 20, i, i + 1) for i in range(10)]  # each read only by the next step
+    chain = [Buffer(f"b{i}", 1 << 20, i, (i + 1,)) for i in range(10)]  # each read only by the next step
     plan = plan_memory(chain)
     assert plan.arena_bytes == 2 << 20  # two buffers in flight at any time
     assert plan.summary() == "memory reduced from 10 MB -> 2 MB (10 buffers, one arena)"
@@ -279,3 +281,131 @@ def test_gelu_is_the_tanh_form(rng):
     z = values.astype(np.float64)
     tanh_form = 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
     assert_close(out, tanh_form, "float32")
+
+
+# --- streams, zero-copy plans, profile ----------------------------------------------------------------------------
+def test_branches_on_several_streams_match_one_stream_bit_for_bit(rng):
+    g, reference = branches(rng, 8, 48, "float32", batch="batch")
+    one, four = ge2.ExecutorV2(g, streams=1), ge2.ExecutorV2(g, streams=4)
+    assert ge2.ExecutorV2(g).stream_count == 4  # the default: the graph's width, capped
+    assert ge2.ExecutorV2(mlp(rng, (8, 8, 4), "float32", "relu")[0]).stream_count == 1  # a chain needs one
+    for batch in (64, 1, 7):
+        x = random_array(rng, (batch, 48), "float32")
+        y = four.run({"x": x})["y"]
+        np.testing.assert_array_equal(y, one.run({"x": x})["y"])
+        assert_close(y, reference(x), "float32", 48 * 8)
+    order = four.plans[0].schedule
+    assert order.stream_count == 4
+    gemm_streams = [s for node, s in zip(four.plans[0].graph.nodes, order.stream_of) if node.op == "gemm"]
+    assert set(gemm_streams) == {0, 1, 2, 3} and max(map(gemm_streams.count, gemm_streams)) <= 3
+    assert one.plans[0].schedule.stream_count == 1 and not one.plans[0].schedule.signalling
+
+
+def test_every_cross_stream_edge_is_ordered_by_an_event(rng):
+    g, _ = branches(rng, 6, 16, "float32")
+    plan = ge2.ExecutorV2(g, streams=3).plans[0]
+    order = plan.schedule
+    writer = {v.name: i for i, node in enumerate(plan.graph.nodes) for v in node.outputs}
+    for step, node in enumerate(plan.graph.nodes):
+        for value in node.inputs:
+            producer = writer.get(value.name) if value is not None else None
+            if producer is None:
+                continue
+            assert order.before(producer, step)
+            if order.stream_of[producer] != order.stream_of[step]:
+                previous = max((s for s in range(step) if order.stream_of[s] == order.stream_of[step]), default=None)
+                assert producer in order.waits[step] or (previous is not None and order.before(producer, previous))
+                assert plan.steps[producer].signals or producer not in order.waits[step]
+
+
+def test_the_planner_keeps_buffers_of_concurrent_nodes_apart(rng):
+    g, _ = branches(rng, 8, 48, "float32")
+    for streams in (1, 4):
+        plan = ge2.ExecutorV2(g, streams=streams).plans[0]
+        nodes, order = plan.graph.nodes, plan.schedule
+        for i, j in itertools.combinations(range(len(nodes)), 2):
+            if order.before(i, j) or order.before(j, i):
+                continue
+            assert streams > 1
+            for a in nodes[i].outputs:
+                for b in nodes[j].outputs:
+                    a_start, b_start = plan.memory.offsets[a.name], plan.memory.offsets[b.name]
+                    a_bytes = a.type.numel * ge2.dtypes.itemsize(a.type.dtype)
+                    b_bytes = b.type.numel * ge2.dtypes.itemsize(b.type.dtype)
+                    assert a_start + a_bytes <= b_start or b_start + b_bytes <= a_start, (a.name, b.name)
+
+
+def test_planner_shares_bytes_only_between_ordered_buffers():
+    # Steps 0 -> 1 on one stream, 2 -> 3 on another, with no edge between the streams.
+    a, b = Buffer("a", 1 << 20, 0, (1,)), Buffer("b", 1 << 20, 2, (3,))
+    assert plan_memory([a, b]).arena_bytes == 1 << 20  # one stream: a is dead before b is written
+    concurrent = lambda x, y: (x, y) in {(0, 1), (2, 3)} or x == -1 or y == 4  # noqa: E731
+    assert not may_share(a, b, concurrent)
+    plan = plan_memory([a, b], before=concurrent)
+    assert plan.arena_bytes == 2 << 20 and plan.offsets["a"] != plan.offsets["b"]
+
+
+def test_plan_slots_replay_without_copies_and_see_new_inputs(rng):
+    g, reference = mlp(rng, (16, 32, 8), "float32", "relu")
+    ex = ge2.ExecutorV2(g)
+    plan = ex.plan({"x": (5, 16)})
+    assert plan is ex.plan({"x": (5, 16)}) and ex.plans == [plan]
+    assert set(plan.inputs) == {"x"} and set(plan.outputs) == {"y"} and plan.outputs["y"].shape == (5, 8)
+    for _ in range(3):
+        x = random_array(rng, (5, 16), "float32")
+        plan.inputs["x"][...] = x
+        plan.replay()
+        assert_close(plan.outputs["y"], reference(x), "float32", 32)
+        first = plan.outputs["y"].copy()
+        plan.outputs["y"][...] = np.nan
+        plan.replay()  # the inputs survive a replay: no buffer of the plan shares their bytes
+        np.testing.assert_array_equal(plan.inputs["x"], x)
+        np.testing.assert_array_equal(plan.outputs["y"], first)
+    with pytest.raises(ValueError, match=r"shapes: unknown input\(s\) \['z'\]"):
+        ex.plan({"z": (5, 16)})
+    with pytest.raises(ValueError, match=r"shapes\['x'\]: expected a concrete shape matching \('batch', 16\), got "
+                                         r"\(5, 17\)"):
+        ex.plan({"x": (5, 17)})
+    with pytest.raises(ValueError, match=r"shapes\['x'\]: expected a concrete shape"):
+        ex.plan()
+
+
+def test_bad_streams_and_runs_are_rejected(rng):
+    g, _ = mlp(rng, (8, 8, 4), "float32", "relu", batch=2)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="streams: expected None or an int >= 1"):
+            ge2.ExecutorV2(g, streams=bad)
+    with pytest.raises(ValueError, match="runs: expected an int >= 1, got 0"):
+        ge2.ExecutorV2(g).profile({"x": random_array(rng, (2, 8), "float32")}, runs=0)
+
+
+def test_profile_table_and_chrome_trace(rng, tmp_path):
+    g, _ = mlp(rng, (32, 64, 16), "float32", "gelu", batch=8)
+    ex = ge2.ExecutorV2(g, passes=[])
+    profile = ex.profile({"x": random_array(rng, (8, 32), "float32")}, runs=3)
+    nodes = ex.plans[0].graph.nodes
+    assert [row.node for row in profile.nodes] == [node.name for node in nodes]
+    assert math.isclose(sum(row.share for row in profile.nodes), 1.0)
+    assert all(row.median_ms > 0 and row.kernel == "numpy_reference" for row in profile.nodes)
+    matmul = profile.nodes[0]
+    assert matmul.op == "matmul" and matmul.unit == "TFLOP/s"
+    assert math.isclose(matmul.rate, 2 * 8 * 32 * 64 / (matmul.median_ms * 1e-3))
+    add = profile.nodes[1]
+    assert add.op == "add" and add.unit == "GB/s"
+    assert math.isclose(add.rate, (8 * 64 + 64 + 8 * 64) * 4 / (add.median_ms * 1e-3))
+    assert profile.node_by_node_ms > 0 and profile.cuda_graph_ms is None
+    text = str(profile)
+    assert all(node.name in text for node in nodes) and "not captured" in text
+    path = tmp_path / "trace.json"
+    profile.export_chrome_trace(path)
+    events = json.loads(path.read_text())["traceEvents"]
+    assert [e["name"] for e in events] == [node.name for node in nodes]
+    assert all(e["ph"] == "X" and e["dur"] > 0 for e in events)
+    assert all(later["ts"] >= earlier["ts"] + earlier["dur"] - 1e-9 for earlier, later in zip(events, events[1:]))
+
+
+def test_explain_names_the_stream_of_every_node(rng):
+    g, _ = branches(rng, 4, 16, "float32")
+    text = ge2.ExecutorV2(g, streams=2).explain()
+    assert "[stream 0]" in text and "[stream 1]" in text
+    assert "[stream" not in ge2.ExecutorV2(g, streams=1).explain()

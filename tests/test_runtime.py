@@ -202,3 +202,59 @@ def test_cuda_graph_capture_and_replay(rng):
     graph.replay(stream.handle)
     stream.synchronize()
     ge2.testing.assert_close(y.numpy(), gemm.reference(new_a, b.numpy(), act="relu")[0], "float32", 16)
+
+
+@pytest.mark.gpu
+def test_typed_views_share_the_memory_of_an_array(rng):
+    rt = ge2.device.runtime()
+    arena = rt.DeviceArray.empty([4096], "uint8")
+    arena.poison()
+    values = rng.standard_normal((8, 16)).astype(np.float16)
+    view = arena.view(512, [8, 16], "float16")
+    assert view.ptr == arena.ptr + 512 and view.shape == (8, 16) and view.dtype == "float16"
+    view.copy_from_numpy(values)
+    np.testing.assert_array_equal(arena.numpy()[512:512 + values.nbytes].view(np.float16).reshape(8, 16), values)
+    assert (arena.numpy()[:512] == 0xFF).all()
+    with pytest.raises(ValueError, match="offset: a view of 4096 bytes at offset 256 does not fit"):
+        arena.view(256, [1024], "float32")
+    with pytest.raises(ValueError, match="offset: a view of 4 bytes at offset 2"):
+        arena.view(2, [1], "float32")
+    del arena  # the view keeps the memory alive
+    np.testing.assert_array_equal(view.numpy(), values)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_on_the_legacy_stream_after_a_failed_capture(rng):
+    from graph_executor_v2.ops import gemm
+
+    rt = ge2.device.runtime()
+    stream = rt.Stream()
+    a = rt.DeviceArray.from_numpy(rng.standard_normal((64, 32)).astype(np.float32))
+    b = rt.DeviceArray.from_numpy(rng.standard_normal((32, 16)).astype(np.float32))
+    y = rt.DeviceArray.empty([64, 16], "float32")
+    gemm.forward(a, b, out=y, stream=stream)
+    stream.synchronize()
+    failed = rt.CudaGraph()
+    failed.begin_capture(stream.handle)
+    with pytest.raises(RuntimeError):
+        stream.synchronize()  # not allowed during capture: the capture is invalidated
+    failed.abort_capture()
+    assert not failed.captured
+    graph = rt.CudaGraph()
+    graph.begin_capture(stream.handle)
+    gemm.forward(a, b, out=y, stream=stream)
+    graph.end_capture()
+    assert graph.captured
+    for _ in range(3):  # captured on a stream of its own, replayed on the legacy one: stream order is the caller's
+        new_a = rng.standard_normal((64, 32)).astype(np.float32)
+        a.copy_from_numpy(new_a, 0)
+        y.poison(0)
+        graph.replay(0)
+        ge2.testing.assert_close(y.numpy(0), new_a.astype(np.float64) @ b.numpy(), "float32", 32)
+
+
+@runtime_built
+def test_nvtx_ranges_can_be_opened_and_closed_without_a_profiler():
+    rt = ge2.device.runtime()
+    rt.nvtx_push("ge2 test range")
+    rt.nvtx_pop()

@@ -1,4 +1,5 @@
-"""``python -m graph_executor_v2 demo``: an MLP through ExecutorV2, end to end.
+"""``python -m graph_executor_v2 demo``: an MLP through ExecutorV2, end to end. ``train-digits``: the training job
+(``train/digits.py``).
 
 Builds the MLP the way a user writes it (matmul, add, activation), prints the graph before and after the passes
 and the plan, runs it on the GPU when there is one (else on the CPU backend), checks the result against float64
@@ -92,7 +93,19 @@ def main(argv=None) -> int:
                              help="default: float16 on the GPU, float32 on the CPU")
     demo_parser.add_argument("--repetitions", type=int, default=50)
     demo_parser.add_argument("--seed", type=int, default=0)
+    digits_parser = commands.add_parser("train-digits", help="train an MLP on scikit-learn's digits with ge2.train")
+    digits_parser.add_argument("--cpu", action="store_true", help="use the CPU backend even when a GPU is present")
+    digits_parser.add_argument("--epochs", type=int, default=30)
+    digits_parser.add_argument("--batch-size", type=int, default=64)
+    digits_parser.add_argument("--hidden", type=int, default=128)
+    digits_parser.add_argument("--lr", type=float, default=3e-3)
+    digits_parser.add_argument("--seed", type=int, default=0)
+    digits_parser.add_argument("--plot", default="digits_loss.png", help="loss-curve PNG ('' for none)")
     arguments = parser.parse_args(argv)
+    if arguments.command == "train-digits":
+        from .train import digits
+
+        return digits.main(arguments)
     return demo(arguments)
 
 

@@ -81,3 +81,27 @@ def mlp(rng: np.random.Generator, sizes, dtype: str, activation: str, batch="bat
         return h64
 
     return g, reference
+
+
+def branches(rng: np.random.Generator, count: int, width: int, dtype: str, activation: str = "relu", batch=64):
+    """``count`` independent GEMM+bias+activation branches of one input ``x`` (batch x width), summed into ``y``:
+    the graph that exercises several streams. Returns ``(graph, reference)`` like ``mlp``."""
+    from .ir import Graph
+    from .ops import activations
+
+    g = Graph(f"branches_{count}x{width}_{dtype}")
+    x = g.input("x", (batch, width), dtype)
+    weights, total = [], None
+    for index in range(count):
+        w = g.param(f"w{index}", random_array(rng, (width, width), dtype, scale=width ** -0.5))
+        b = g.param(f"b{index}", random_array(rng, (width,), dtype, scale=0.1))
+        h = getattr(g, activation)(g.add(g.matmul(x, w), b))
+        total = h if total is None else g.add(total, h)
+        weights.append((w.data.astype(np.float64), b.data.astype(np.float64)))
+    g.output(total, "y")
+
+    def reference(x_value: np.ndarray) -> np.ndarray:
+        x64 = np.asarray(x_value).astype(np.float64)
+        return sum(activations.apply(activation, x64 @ w + b) for w, b in weights)
+
+    return g, reference

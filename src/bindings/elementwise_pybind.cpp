@@ -106,6 +106,17 @@ PYBIND11_MODULE(_ops_elementwise, m) {
     return layout;
   }, py::arg("a_shape"), py::arg("b_shape"), "The collapsed broadcast the kernels see (for tests).");
 
+  m.def(
+      "cast",
+      [](std::uintptr_t x, const std::string& x_dtype, std::uintptr_t y, const std::string& dtype, int64_t numel,
+         std::uintptr_t stream) {
+        const auto from = ge2::dtype_from_name(x_dtype), to = ge2::dtype_from_name(dtype);
+        ge2::binding::ReleaseGil release;
+        ew::cast(as_pointer(x), from, as_pointer(y), to, numel, as_stream(stream));
+      },
+      py::arg("x"), py::arg("x_dtype"), py::arg("y"), py::arg("dtype"), py::arg("numel"), py::arg("stream"),
+      "Enqueues y = x converted to dtype (float32, float16, bfloat16).");
+
   m.def("kernels", [] { return ge2::binding::kernel_list(ew::kernel_table()); },
         "The candidates with their constraints, best first.");
 }

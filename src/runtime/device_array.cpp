@@ -220,6 +220,23 @@ class DeviceArray {
     return DeviceArray(storage_, address_, shape, contiguous_strides(shape), dtype_, device_);
   }
 
+  // A contiguous view of `shape` and `dtype` over the bytes from `offset` of this (contiguous) array: how a plan's
+  // arena is carved into typed slots that share its memory.
+  DeviceArray view(std::size_t offset, const std::vector<int64_t>& shape, const std::string& dtype_name_) const {
+    check_shape(shape);
+    require_contiguous("view");
+    const DType dtype = dtype_from_name(dtype_name_);
+    int64_t count = 1;
+    for (int64_t extent : shape) count *= extent;
+    const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(dtype);
+    if (offset % dtype_size(dtype) != 0 || offset + bytes > nbytes()) {
+      throw std::invalid_argument("offset: a view of " + std::to_string(bytes) + " bytes at offset " +
+                                  std::to_string(offset) + " does not fit (aligned) in " +
+                                  std::to_string(nbytes()) + " bytes");
+    }
+    return DeviceArray(storage_, address_ + offset, shape, contiguous_strides(shape), dtype, device_);
+  }
+
   // --- DLPack export -------------------------------------------------------------------------------------------
   py::capsule to_dlpack(bool versioned) const {
     struct Context {
@@ -423,6 +440,8 @@ void register_device_array(py::module_& m) {
       .def("poison", &DeviceArray::poison, py::arg("stream") = 0, "Fills with NaN (all bits set).")
       .def("zero", &DeviceArray::zero, py::arg("stream") = 0, "Fills with zeros.")
       .def("reshape", &DeviceArray::reshape, py::arg("shape"), "A view with another shape (contiguous only).")
+      .def("view", &DeviceArray::view, py::arg("offset"), py::arg("shape"), py::arg("dtype"),
+           "A contiguous view of another shape and dtype over the bytes from `offset` (sharing the memory).")
       .def(
           "__dlpack__",
           [](const DeviceArray& self, py::object stream, py::object max_version, py::object dl_device,

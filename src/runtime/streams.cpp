@@ -1,6 +1,9 @@
 // Streams (owned, or wrapping a foreign handle from PyTorch/CuPy), events, and CUDA graph capture/replay.
 #include <cstdint>
 #include <memory>
+#include <string>
+
+#include <nvtx3/nvToolsExt.h>
 
 #include "runtime.hpp"
 
@@ -85,8 +88,9 @@ class Event {
   cudaEvent_t event_ = nullptr;
 };
 
-// Captures the work enqueued on one stream between begin_capture and end_capture, then replays it with a single
-// launch. Capturing on the legacy default stream (handle 0) is not allowed by CUDA.
+// Captures the work enqueued on one stream (and on the streams it forks to through events, joined back before the
+// end) between begin_capture and end_capture, then replays it with a single launch. Capturing on the legacy default
+// stream (handle 0) is not allowed by CUDA.
 class CudaGraph {
  public:
   CudaGraph() = default;
@@ -106,15 +110,32 @@ class CudaGraph {
     cudaGraph_t graph = nullptr;
     const cudaError_t status = cudaStreamEndCapture(as_stream(capture_stream_), &graph);
     capture_stream_ = 0;
+    if (status != cudaSuccess && graph != nullptr) cudaGraphDestroy(graph);
     GE2_CUDA_CHECK(status);
     graph_ = graph;
     GE2_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
   }
 
+  // Ends a capture that failed part way (a call that is not allowed during capture invalidates it): the partial
+  // graph is dropped and the error state cleared, so the stream can run work uncaptured again.
+  void abort_capture() {
+    if (capture_stream_ != 0) {
+      cudaGraph_t graph = nullptr;
+      cudaStreamEndCapture(as_stream(capture_stream_), &graph);
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      capture_stream_ = 0;
+    }
+    cudaGetLastError();
+    reset();
+  }
+
+  // Launches the graph on `stream` (any stream, the legacy one included): one call, no host synchronisation.
   void replay(std::uintptr_t stream) {
     if (exec_ == nullptr) throw std::logic_error("replay: nothing has been captured");
     GE2_CUDA_CHECK(cudaGraphLaunch(exec_, as_stream(stream)));
   }
+
+  bool captured() const { return exec_ != nullptr; }
 
   std::size_t node_count() const {
     if (graph_ == nullptr) return 0;
@@ -135,6 +156,23 @@ class CudaGraph {
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
 };
+
+// NVTX ranges in the "ge2" domain (NVTX3 is header-only: without a profiler attached each call returns at once).
+nvtxDomainHandle_t nvtx_domain() {
+  static nvtxDomainHandle_t domain = nvtxDomainCreateA("ge2");
+  return domain;
+}
+
+void nvtx_push(const std::string& message) {
+  nvtxEventAttributes_t attributes{};
+  attributes.version = NVTX_VERSION;
+  attributes.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+  attributes.messageType = NVTX_MESSAGE_TYPE_ASCII;
+  attributes.message.ascii = message.c_str();
+  nvtxDomainRangePushEx(nvtx_domain(), &attributes);
+}
+
+void nvtx_pop() { nvtxDomainRangePop(nvtx_domain()); }
 
 }  // namespace
 
@@ -173,8 +211,14 @@ void register_streams(py::module_& m) {
       .def(py::init<>())
       .def("begin_capture", &CudaGraph::begin_capture, py::arg("stream"))
       .def("end_capture", &CudaGraph::end_capture)
-      .def("replay", &CudaGraph::replay, py::arg("stream"))
+      .def("abort_capture", &CudaGraph::abort_capture,
+           "Drops a failed capture and clears the error, so the stream runs uncaptured work again.")
+      .def("replay", &CudaGraph::replay, py::arg("stream"), "Launches the graph on `stream` (0: the legacy one).")
+      .def_property_readonly("captured", &CudaGraph::captured)
       .def_property_readonly("node_count", &CudaGraph::node_count);
+
+  m.def("nvtx_push", &nvtx_push, py::arg("message"), "Opens an NVTX range in the 'ge2' domain.");
+  m.def("nvtx_pop", &nvtx_pop, "Closes the innermost NVTX range of the 'ge2' domain.");
 }
 
 }  // namespace ge2::runtime

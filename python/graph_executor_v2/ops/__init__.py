@@ -13,9 +13,14 @@ from . import concat, slice, transpose
 from . import layernorm, rmsnorm
 from . import cross_entropy, dropout, embedding
 from . import reduce, softmax
+from . import cast
+from . import optimizer
 
 # The faces of ops that share a module (add, relu, log_softmax, sum, reshape, ...); one-op modules are their face.
 globals().update({name: face for name, face in FACES.items() if name not in globals()})
 
-__all__ = ["OPS", "FACES", "Attr", "Candidate", "Face", "Input", "OpDef", "Problem", "register", "elementwise",
-           "reduce"] + sorted(OPS)
+from ._grad import BACKWARD_OPS
+
+# Every op has a face except the backward ops (ops/_grad.py, BACKWARD_OPS).
+__all__ = ["OPS", "FACES", "BACKWARD_OPS", "Attr", "Candidate", "Face", "Input", "OpDef", "Problem", "register",
+           "elementwise", "reduce", "optimizer"] + sorted(set(OPS) - BACKWARD_OPS)

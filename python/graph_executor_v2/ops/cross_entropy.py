@@ -300,3 +300,84 @@ OP = register(OpDef(
 globals().update(Face(OP, _backward, forward=_forward, kernels=lambda: _native_module().kernels(),
                       extras={"check_labels": True}, forward_extras=_forward, saved={"check_labels": True},
                       host_check=_check_host_labels).functions())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Grad rule: ``cross_entropy_backward(dloss, logits, labels) -> dlogits`` (the softmax recomputed from the logits),
+# the native backward; labels get no gradient.
+# ---------------------------------------------------------------------------------------------------------------
+from . import _grad  # noqa: E402  (the grad section stays separate from the face above)
+from ._base import attach_grad  # noqa: E402
+
+
+def _infer_backward(in_types, attrs):
+    dloss, logits, labels = in_types
+    (loss,) = _infer([logits, labels], attrs)
+    if dloss != loss:
+        raise ValueError(f"dloss: expected {loss} (the loss type), got {dloss}")
+    return [logits]
+
+
+def _problem_args(logits, labels, attrs) -> tuple:
+    """(rows, classes, dtype, label dtype, reduction, ignore_index) as the native calls take them."""
+    rows, classes = logits.shape
+    return rows, classes, logits.dtype, labels.dtype, attrs["reduction"], int(attrs["ignore_index"])
+
+
+def _prepare_backward(problem: Problem):
+    args = _problem_args(*problem.in_types[1:], problem.attrs)
+    native_backward = _native_module().backward
+
+    def launch(ins, outs, stream):  # labels unchecked: checking them would synchronize the step
+        native_backward(ins[0], ins[1], ins[2], outs[0], *args, "auto", False, stream)
+
+    return launch
+
+
+BACKWARD_OP = _grad.register_backward(OpDef(
+    name="cross_entropy_backward",
+    inputs=(Input("dloss"), Input("logits"), Input("labels")),
+    outputs=("dlogits",),
+    attrs=OP.attrs,
+    infer=_infer_backward,
+    reference=lambda inputs, attrs: [reference_backward(*inputs, attrs["reduction"], attrs["ignore_index"])],
+    candidates=(_grad.native_candidate("_ops_cross_entropy", "softmax minus one-hot, scaled by dloss",
+                                       _prepare_backward),),
+    doc="cross_entropy_backward(dloss, logits, labels) -> dlogits",
+))
+
+attach_grad(OP, lambda g, node, dys: [g.cross_entropy_backward(dys[0], *node.inputs, **node.attrs), None])
+
+
+def _infer_with_grad(in_types, attrs):
+    if attrs["reduction"] == "none":
+        raise ValueError("reduction: cross_entropy_with_grad computes the gradient of a scalar loss; expected "
+                         "'mean' or 'sum', got 'none'")
+    return _infer(in_types, attrs) + [in_types[0]]
+
+
+def _prepare_with_grad(problem: Problem):
+    args = _problem_args(*problem.in_types, problem.attrs)
+    native_forward = _native_module().forward
+
+    def launch(ins, outs, stream):  # labels unchecked: checking them would synchronize the step
+        native_forward(ins[0], ins[1], outs[0], outs[1], *args, "auto", False, stream)
+
+    return launch
+
+
+# The loss and its gradient w.r.t. the logits (upstream gradient 1) in one pass over the logits: what the training
+# fusion ``fuse_loss_gradient`` turns a cross_entropy + cross_entropy_backward(seed 1) pair into.
+WITH_GRAD_OP = _grad.register_backward(OpDef(
+    name="cross_entropy_with_grad",
+    inputs=(Input("logits"), Input("labels")),
+    outputs=("loss", "dlogits"),
+    attrs=OP.attrs,
+    infer=_infer_with_grad,
+    reference=lambda inputs, attrs: [reference(*inputs, attrs["reduction"], attrs["ignore_index"]),
+                                     reference_backward(np.ones(()), *inputs, attrs["reduction"],
+                                                        attrs["ignore_index"])],
+    candidates=(_grad.native_candidate("_ops_cross_entropy", "loss and dlogits in one pass over the logits",
+                                       _prepare_with_grad),),
+    doc="cross_entropy_with_grad(logits, labels) -> (loss, dlogits): a scalar loss and its gradient (upstream 1)",
+))

@@ -70,3 +70,15 @@ def _backward(dy, inputs, attrs, kernel, out, stream):
 
 
 globals().update(Face(OP, _backward, kernels=gemm.kernels).functions())
+# ---------------------------------------------------------------------------------------------------------------
+# Grad rule: gemm's backward with no bias.
+# ---------------------------------------------------------------------------------------------------------------
+from ._base import attach_grad  # noqa: E402  (the grad section stays separate from the op above)
+
+
+def _grad_matmul(g, node, dys):
+    da, db, _ = g.gemm_backward(dys[0], *node.inputs, with_dbias=False)
+    return [da, db]
+
+
+attach_grad(OP, _grad_matmul)

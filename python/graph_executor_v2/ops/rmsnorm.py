@@ -90,3 +90,42 @@ OP = register(OpDef(
     doc=__doc__,
 ))
 globals().update(_row_norm.make_face(OP, _native_module, ("rstd",)).functions())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Grad rule: ``rmsnorm_backward(dy, x, gamma) -> (dx, dgamma)``, the native backward (rstd recomputed from x).
+# ---------------------------------------------------------------------------------------------------------------
+from . import _grad  # noqa: E402  (the grad section stays separate from the face above)
+from ._base import Problem, attach_grad  # noqa: E402
+
+
+def _infer_backward(in_types, attrs):
+    dy, x, gamma = in_types
+    if dy != x:
+        raise ValueError(f"dy: expected {x} (the type of x), got {dy}")
+    return [x, gamma]
+
+
+def _prepare_backward(problem: Problem):
+    native = _native_module()
+
+    def call(ins, outs, workspace, size, shape, eps, stream):
+        native.backward(ins[0], ins[1], ins[2], 0, 0, outs[0], outs[1], 0, workspace, size, shape.rows,
+                        shape.cols, shape.dtype, eps, "auto", stream)
+
+    return _grad.row_norm_backward_launch(native, problem, call)
+
+
+BACKWARD_OP = _grad.register_backward(OpDef(
+    name="rmsnorm_backward",
+    inputs=(Input("dy"), Input("x"), Input("gamma")),
+    outputs=("dx", "dgamma"),
+    attrs=OP.attrs,
+    infer=_infer_backward,
+    reference=lambda inputs, attrs: list(reference_backward(*inputs, attrs["eps"])),
+    candidates=(_grad.native_candidate("_ops_rmsnorm", "dx, dgamma with a float32 workspace", _prepare_backward),),
+    doc="rmsnorm_backward(dy, x, gamma) -> (dx, dgamma)",
+))
+
+attach_grad(OP, lambda g, node, dys: list(g.rmsnorm_backward(dys[0], node.inputs[0], node.inputs[1],
+                                                              eps=node.attrs["eps"])))

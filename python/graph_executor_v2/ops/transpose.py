@@ -269,3 +269,21 @@ def _reshape_backward(dy, inputs, attrs, kernel, out, stream):
 
 
 Face(RESHAPE, _reshape_backward, forward=_reshape_forward)
+# ---------------------------------------------------------------------------------------------------------------
+# Grad rule: a transpose by the inverse permutation; a reshape back to x's shape.
+# ---------------------------------------------------------------------------------------------------------------
+from . import _grad  # noqa: E402  (the grad section stays separate from the face above)
+from ._base import attach_grad  # noqa: E402
+
+
+def _grad_transpose(g, node, dys):
+    perm = check_perm(node.attrs["perm"], node.inputs[0].type.rank)
+    return [g.transpose(dys[0], perm=inverse_perm(perm))]
+
+
+def _grad_reshape(g, node, dys):
+    return [_grad.reshape_to(g, dys[0], node.inputs[0].type.shape)]
+
+
+attach_grad(TRANSPOSE, _grad_transpose)
+attach_grad(RESHAPE, _grad_reshape)

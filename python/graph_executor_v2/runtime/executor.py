@@ -5,11 +5,22 @@ and dtypes of the inputs; symbolic dims bind at run time) and cached: the graph 
 chosen for every node by the registry, a memory plan, the arena allocated once, and the launch list with every
 address resolved. Parameters are uploaded once per executor. Running a plan copies the inputs into the arena,
 makes one call per node, and copies the outputs out: no allocation on the device in the steady state.
+
+On CUDA the steps run on streams the executor owns (``streams=``: independent branches run concurrently, events
+order every cross-stream edge), ordered against the caller's stream with events and never a device-wide
+synchronisation. With ``cuda_graph=True`` (the default) the first run of a plan warms it up (library handles,
+workspaces, algorithm timing) and the plan is then captured once as a CUDA graph (its streams fork from and join
+back into the first one, so the graph is self-contained): every later run copies the feeds into the plan's static
+input slots, launches the graph once and copies the outputs out, all on the caller's stream. ``Plan.inputs`` /
+``Plan.outputs`` expose those slots, so a loop can write inputs in place and call ``Plan.replay()`` with no copy.
+A plan that cannot be captured (a host-fallback node, a kernel that synchronizes) runs node by node, and
+``explain()`` names the node and the reason.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -22,21 +33,62 @@ from ..ops._base import Problem
 from ..passes import Pass, PassManager, PassRecord, infer_shapes, resolve
 from .autotune import AutotuneCache
 from .backends import backend_for
+from .backends.cuda import HOST_FALLBACK
 from .planner import Buffer, MemoryPlan, plan_memory
+from .profile import Profile, profile_plan
 from .registry import Capabilities, Preferences, Selection, choose_kernel
+from .schedule import Schedule, schedule, width
+
+MAX_DEFAULT_STREAMS = 4  # enough for the branches of the graphs we see (q/k/v, wide MLP heads); each costs a workspace
 
 Signature = tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype) of each graph input, in order
 
 
+@dataclass(frozen=True)
+class Step:
+    """One node of a plan with everything resolved: its launch, addresses, stream and events."""
+
+    launch: Callable
+    ins: tuple
+    outs: tuple
+    stream: int  # index into the executor's streams
+    waits: tuple[int, ...]  # steps (on other streams) whose events this step waits for
+    signals: bool  # records its event after the launch (a step on another stream waits for it)
+    label: str  # "<op> <node> <kernel>[ fallback]": the NVTX range and the profile row
+
+
 @dataclass
 class Plan:
+    """One input signature of an executor, compiled: graph, kernels, memory, schedule and (on CUDA) its CUDA graph.
+
+    ``inputs`` / ``outputs``: value name -> the plan's static slot (a DeviceArray on CUDA, a NumPy view on the
+    CPU). Writing ``inputs`` in place and calling ``replay()`` runs the plan with no copy; ``outputs`` then hold
+    the results until the next run of this plan."""
+
     signature: Signature
     graph: Graph  # the optimized graph with every dim bound
     selections: list[Selection]
     memory: MemoryPlan
+    schedule: Schedule
     arena: object  # kept alive: every slot and address points into it
     slots: dict[str, object]  # value name -> slot (arena buffers and parameters)
-    steps: list[tuple]  # (launch, input addresses, output addresses), one per node
+    steps: list[Step]
+    inputs: dict[str, object]
+    outputs: dict[str, object]
+    executor: "ExecutorV2" = field(repr=False)
+    capture: str = "not captured yet (the first run warms the plan up)"  # the CUDA graph's state, or why not
+    cuda_graph: object | None = field(default=None, repr=False)  # the captured graph, once there is one
+    events: list = field(default_factory=list, repr=False)  # per step (CUDA, signalling steps only), then fork/join
+    warmed_up: bool = False
+    # launch(stream) calls run after every node, on the first stream, and captured with the plan: a trainer's
+    # optimizer (set before the plan's first run, which captures it).
+    epilogue: list = field(default_factory=list, repr=False)
+
+    def replay(self, stream=None) -> None:
+        """Runs the plan on what its ``inputs`` slots hold now, with no copy in or out; the results are in
+        ``outputs``. ``stream`` (None: the legacy default stream) is the caller's: the run waits for the work
+        already enqueued on it, and work enqueued on it afterwards sees the results."""
+        self.executor._execute(self, _device.stream_handle(stream) if self.executor.device == "cuda" else None)
 
 
 class ExecutorV2:
@@ -46,13 +98,23 @@ class ExecutorV2:
     ``autotune``: time the viable GPU kernels once per problem and keep the winners in the autotune cache.
     ``kernels``: op -> kernel tried first. ``reuse_memory=False`` gives every buffer its own bytes.
     ``verify``: run the verifier after every pass (the input graph is always verified).
+    ``cuda_graph`` (CUDA): capture every plan as a CUDA graph after its first run and replay it from then on.
+    ``streams``: how many streams independent nodes may run on (None: the graph's width, at most
+    ``MAX_DEFAULT_STREAMS``); the memory plan never lets nodes that may run at the same time share bytes. On the
+    CPU the schedule (and so the memory plan) is the same and the nodes run in order.
+    ``GE2_NVTX=1`` in the environment puts an NVTX range around every node, capture and replay (CUDA).
+    ``params``: parameter name -> buffer the caller owns (a NumPy array on "cpu", a DeviceArray on "cuda"), used in
+    place of an uploaded copy: a trainer updates them in place and plans read the current values.
     """
 
     def __init__(self, graph: Graph, device: str = "cpu", passes: Sequence[str | Pass] | None = None,
                  autotune: bool = False, kernels: dict[str, str] | None = None, reuse_memory: bool = True,
-                 verify: bool = False):
+                 verify: bool = False, cuda_graph: bool = True, streams: int | None = None,
+                 params: dict | None = None):
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
+        if streams is not None and (isinstance(streams, bool) or not isinstance(streams, int) or streams < 1):
+            raise ValueError(f"streams: expected None or an int >= 1, got {streams!r}")
         verify_graph(graph)  # a bad graph fails here, naming the node, before any pass runs
         self.device = device
         self.source_graph = graph
@@ -62,8 +124,14 @@ class ExecutorV2:
         self.preferences = Preferences.from_env(kernels, autotune)
         self._autotune_cache = AutotuneCache() if autotune and device == "cuda" else None
         self._backend = backend_for(device)
-        self._param_slots = {name: self._backend.upload(value.data)
+        params = params or {}
+        self._param_slots = {name: params[name] if name in params else self._backend.upload(value.data)
                              for name, value in self.optimized_graph.params.items()}
+        self.cuda_graph = bool(cuda_graph) and device == "cuda"
+        self.stream_count = streams or min(MAX_DEFAULT_STREAMS, width(self.optimized_graph))
+        self._nvtx = device == "cuda" and os.environ.get("GE2_NVTX") == "1"
+        self._streams = self._backend.streams(self.stream_count)  # kept: handles below point into them
+        self._stream_handles = [self._backend.stream_handle(stream) for stream in self._streams]
         self._plans: dict[Signature, Plan] = {}
         if all(value.type.is_concrete for value in self.optimized_graph.inputs):
             self._plan_for(tuple((v.type.shape, v.type.dtype) for v in self.optimized_graph.inputs))
@@ -74,29 +142,147 @@ class ExecutorV2:
 
         NumPy inputs give NumPy outputs. On CUDA, device inputs (GE2 DeviceArray, torch, CuPy) give new device
         arrays of the same kind as the first of them; ``out`` (output name -> array) names arrays to write instead,
-        so a steady-state loop allocates nothing. ``stream`` orders the work (default: the legacy stream)."""
-        plan = self._plan_for(self._signature_of(feeds))
+        so a steady-state loop allocates nothing. ``stream`` is the caller's stream (default: the legacy stream):
+        the feeds are copied in, the captured graph is launched and the outputs are copied out on it; a plan that
+        runs node by node runs on the executor's streams in between, ordered by events. Runs of one executor on
+        different streams must not overlap in time: they share its plans' buffers and its streams' workspaces."""
+        signature, feed_views = self._signature_of(feeds)
+        plan = self._plan_for(signature)
         out = out or {}
-        unknown = sorted(set(out) - set(plan.graph.outputs))
-        if unknown:
+        if not out.keys() <= plan.graph.outputs.keys():
+            unknown = sorted(set(out) - set(plan.graph.outputs))
             raise ValueError(f"out: unknown output(s) {unknown}; the graph's outputs are {list(plan.graph.outputs)}")
-        for name, array in out.items():
-            _check_array(array, f"out['{name}']", plan.graph.outputs[name].type)
+        out_views = {name: _check_array(array, f"out['{name}']", plan.graph.outputs[name].type)
+                     for name, array in out.items()}
         backend = self._backend
-        handle = backend.default_stream() if stream is None else _device.stream_handle(stream)
+        caller = _device.stream_handle(stream) if self.device == "cuda" else None
         for value in plan.graph.inputs:
-            backend.feed(plan.slots[value.name], feeds[value.name], value.name, handle)
-        for launch, ins, outs in plan.steps:
-            launch(ins, outs, handle)
+            backend.feed(plan.slots[value.name], feeds[value.name], value.name, caller, feed_views[value.name])
+        self._execute(plan, caller)
         device_like = next((f for f in feeds.values() if not isinstance(f, np.ndarray)), None)
-        return {name: backend.fetch(plan.slots[value.name], value.type, handle, device_like, out.get(name),
-                                    f"out['{name}']")
+        return {name: backend.fetch(plan.slots[value.name], value.type, caller, device_like, out.get(name),
+                                    f"out['{name}']", out_views.get(name))
                 for name, value in plan.graph.outputs.items()}
 
-    def _signature_of(self, feeds: dict) -> Signature:
-        """Checks the feeds against the declared inputs; symbolic dims must bind consistently across inputs."""
+    def plan(self, shapes: dict[str, tuple] | None = None) -> Plan:
+        """The plan for inputs of these shapes (input name -> shape; None: the declared shapes, all concrete),
+        built if needed: its ``inputs`` / ``outputs`` slots and ``replay()`` make a loop with no copy at all."""
+        declared = self.optimized_graph.inputs
+        shapes = shapes or {}
+        unknown = sorted(set(shapes) - {v.name for v in declared})
+        if unknown:
+            raise ValueError(f"shapes: unknown input(s) {unknown}; the graph takes {[v.name for v in declared]}")
+        dims: dict[str, int] = {}
+        signature = []
+        for value in declared:
+            shape = tuple(shapes.get(value.name, value.type.shape))
+            if not all(isinstance(d, int) for d in shape) or not _bind(value.type.shape, shape, dims):
+                raise ValueError(f"shapes['{value.name}']: expected a concrete shape matching {value.type.shape}, "
+                                 f"got {shape}")
+            signature.append((shape, value.type.dtype))
+        return self._plan_for(tuple(signature))
+
+    # --- executing ------------------------------------------------------------------------------------------------
+    def _execute(self, plan: Plan, caller) -> None:
+        """Runs ``plan`` on what its input slots hold, ordered after ``caller``'s stream (CUDA) and before what
+        is enqueued on it next: the captured graph, launched on ``caller`` itself, when there is one; else node by
+        node on the executor's streams, ordered by events (then captured, once)."""
+        if plan.cuda_graph is not None:  # self-contained (its streams fork and join inside): one launch, no event
+            if self._nvtx:
+                runtime = self._backend.runtime
+                runtime.nvtx_push(f"ge2 replay {self.source_graph.name}")
+                plan.cuda_graph.replay(caller)
+                runtime.nvtx_pop()
+            else:
+                plan.cuda_graph.replay(caller)
+            return
+        self._launch_steps(plan, caller)
+        if not plan.warmed_up:
+            plan.warmed_up = True
+            if self.device == "cuda":
+                self._capture(plan)
+
+    def _launch_steps(self, plan: Plan, caller) -> None:
+        """Every step on its stream, with the events of the schedule. ``caller``: a stream to order against
+        (None while capturing: the capture stream is the first of the executor's own)."""
+        if self.device == "cpu":
+            for step in plan.steps:
+                step.launch(step.ins, step.outs, None)
+            for launch in plan.epilogue:
+                launch(None)
+            return
+        handles, events, runtime = self._stream_handles, plan.events, self._backend.runtime
+        main = handles[0]
+        others = handles[1:plan.schedule.stream_count]
+        ready, fork, done = events[-3:]
+        if caller is not None and caller != main:
+            ready.record(caller)
+            ready.wait_on(main)
+        if others:
+            fork.record(main)
+            for handle in others:
+                fork.wait_on(handle)
+        for index, step in enumerate(plan.steps):
+            handle = handles[step.stream]
+            for producer in step.waits:
+                events[producer].wait_on(handle)
+            if self._nvtx:
+                runtime.nvtx_push(step.label)
+            try:
+                step.launch(step.ins, step.outs, handle)
+            except Exception as error:
+                raise RuntimeError(f"{plan.graph.nodes[index].where()}: {step.label}: {error}") from error
+            finally:
+                if self._nvtx:
+                    runtime.nvtx_pop()
+            if step.signals:
+                events[index].record(handle)
+        for handle, joined in zip(others, plan.events[len(plan.steps):-3]):
+            joined.record(handle)
+            joined.wait_on(main)
+        for launch in plan.epilogue:  # after every node and join, on the first stream
+            launch(main)
+        if caller is not None and caller != main:
+            done.record(main)
+            done.wait_on(caller)
+
+    def _capture(self, plan: Plan) -> None:
+        """Captures the warmed-up ``plan`` as a CUDA graph on the first stream, or records why it cannot be."""
+        if not self.cuda_graph:
+            return
+        host = next((s for s in plan.selections if s.kernel == HOST_FALLBACK), None)
+        if host is not None:
+            plan.capture = (f"not captured: node '{host.node}' ({host.op}) runs {HOST_FALLBACK}, a host round trip "
+                            f"that synchronizes")
+            return
+        runtime = self._backend.runtime
+        graph = runtime.CudaGraph()
+        if self._nvtx:
+            runtime.nvtx_push(f"ge2 capture {self.source_graph.name}")
+        try:
+            graph.begin_capture(self._stream_handles[0])
+            self._launch_steps(plan, None)
+            graph.end_capture()
+        except Exception as error:  # the plan stays correct node by node; explain() says why
+            graph.abort_capture()
+            plan.capture = f"not captured: {error}"
+            return
+        finally:
+            if self._nvtx:
+                runtime.nvtx_pop()
+        plan.cuda_graph = graph
+        plan.capture = f"captured: {graph.node_count} graph nodes on {plan.schedule.stream_count} stream(s)"
+
+    def _signature_of(self, feeds: dict) -> tuple[Signature, dict]:
+        """Checks the feeds against the declared inputs (symbolic dims must bind consistently across inputs);
+        returns the signature and every feed as a NumPy array or a ``DeviceView`` (each looked at once per run)."""
         declared = self.optimized_graph.inputs
         names = [v.name for v in declared]
+        if len(feeds) == len(names) and all(name in feeds for name in names):
+            views = {name: _viewed(feeds[name], f"input '{name}'") for name in names}
+            signature = tuple((tuple(view.shape), _dtype_name(view)) for view in views.values())
+            if signature in self._plans:  # checked in full when its plan was built: the steady state stops here
+                return signature, views
         missing = [name for name in names if name not in feeds]
         if missing:
             raise ValueError(f"missing input(s) {missing}; graph '{self.source_graph.name}' takes {names}")
@@ -104,9 +290,10 @@ class ExecutorV2:
         if unknown:
             raise ValueError(f"unknown input(s) {unknown}; graph '{self.source_graph.name}' takes {names}")
         dims: dict[str, int] = {}
-        signature = []
+        signature, views = [], {}
         for value in declared:
-            shape, dtype = _shape_and_dtype(feeds[value.name], f"input '{value.name}'")
+            views[value.name] = viewed = _viewed(feeds[value.name], f"input '{value.name}'")
+            shape, dtype = tuple(viewed.shape), _dtype_name(viewed)
             expected = value.type
             if dtype != expected.dtype:
                 raise TypeError(f"input '{value.name}': expected dtype {expected.dtype}, got {dtype}")
@@ -115,7 +302,13 @@ class ExecutorV2:
                                       for d in expected.shape)
                 raise ValueError(f"input '{value.name}': expected shape ({described}), got {shape}")
             signature.append((shape, dtype))
-        return tuple(signature)
+        return tuple(signature), views
+
+    def plan_for(self, feeds: dict) -> tuple[Plan, dict]:
+        """The plan (built on first use) for the signature of ``feeds``, which are checked but not copied, and the
+        feeds' views (what ``backend.feed`` takes)."""
+        signature, feed_views = self._signature_of(feeds)
+        return self._plan_for(signature), feed_views
 
     # --- compiling ------------------------------------------------------------------------------------------------
     def _plan_for(self, signature: Signature) -> Plan:
@@ -130,22 +323,27 @@ class ExecutorV2:
             value.type = TensorType(shape, dtype)
         infer_shapes(graph)
 
+        order = schedule(graph, self.stream_count)
         step_count = len(graph.nodes)
-        first = {value.name: -1 for value in graph.inputs}
-        last = dict.fromkeys(first, -1)
+        writer = {value.name: -1 for value in graph.inputs}
+        readers: dict[str, set[int]] = {name: set() for name in writer}
         for index, node in enumerate(graph.nodes):
             for value in node.inputs:
                 if value is not None and not value.is_param:
-                    last[value.name] = index
+                    readers[value.name].add(index)
             for value in node.outputs:
-                first[value.name] = last[value.name] = index
-        for value in graph.outputs.values():
+                writer[value.name] = index
+                readers[value.name] = set()
+        # Inputs and outputs stay live through the whole plan: a zero-copy loop writes the inputs once and replays,
+        # and reads the outputs after the run.
+        for value in (*graph.inputs, *graph.outputs.values()):
             if not value.is_param:
-                last[value.name] = step_count
+                readers[value.name].add(step_count)
         types = {v.name: v.type for v in graph.inputs}
         types.update((v.name, v.type) for node in graph.nodes for v in node.outputs)
-        memory = plan_memory([Buffer(name, types[name].numel * itemsize(types[name].dtype), first[name], last[name])
-                              for name in first], self.reuse_memory)
+        memory = plan_memory([Buffer(name, types[name].numel * itemsize(types[name].dtype), writer[name],
+                                     tuple(sorted(readers[name]))) for name in writer],
+                             self.reuse_memory, order.before)
 
         backend = self._backend
         arena = backend.allocate(memory.arena_bytes)
@@ -155,7 +353,8 @@ class ExecutorV2:
         absent = backend.address_of_absent
 
         selections, steps = [], []
-        for node in graph.nodes:
+        signalling = order.signalling
+        for index, node in enumerate(graph.nodes):
             ins = tuple(absent if v is None else addresses[v.name] for v in node.inputs)
             outs = tuple(addresses[v.name] for v in node.outputs)
             problem = Problem(node.op, tuple(None if v is None else v.type for v in node.inputs),
@@ -163,15 +362,41 @@ class ExecutorV2:
                               self.capabilities.compute_capability)
             timer = None
             if self._autotune_cache is not None:
-                def timer(launch, ins=ins, outs=outs):
-                    stream = backend.default_stream()
+                def timer(launch, ins=ins, outs=outs, stream=self._stream_handles[order.stream_of[index]]):
                     return backend.time_ms(lambda: launch(ins, outs, stream), stream)
             selection = choose_kernel(node, problem, self.capabilities, self.preferences, timer, self._autotune_cache)
             selections.append(selection)
-            steps.append((selection.launch, ins, outs))
-        return Plan(signature, graph, selections, memory, arena, slots, steps)
+            label = f"{node.op} {node.name} {selection.kernel}" + (" fallback" if selection.is_fallback else "")
+            steps.append(Step(selection.launch, ins, outs, order.stream_of[index], order.waits[index],
+                              index in signalling, label))
+        plan = Plan(signature, graph, selections, memory, order, arena, slots, steps,
+                    {v.name: slots[v.name] for v in graph.inputs},
+                    {name: slots[v.name] for name, v in graph.outputs.items()}, self)
+        if not self.cuda_graph:
+            plan.capture = "off (cuda_graph=False)" if self.device == "cuda" else "off (the CPU runs node by node)"
+        if self.device == "cuda":
+            # One event per signalling step, one join per extra stream, then ready, fork and done.
+            plan.events = [backend.event() if index in signalling else None for index in range(step_count)]
+            plan.events += [backend.event() for _ in range(order.stream_count - 1 + 3)]
+        return plan
 
     # --- reporting ------------------------------------------------------------------------------------------------
+    def profile(self, feeds: dict, runs: int = 20) -> Profile:
+        """Runs the plan of ``feeds`` once (warm-up and capture), then times it ``runs`` times: per node its
+        kernel, median time, share, achieved TFLOP/s or GB/s and roofline fraction, and the whole plan node by node
+        and as a CUDA graph. ``print()`` the result for the table; ``export_chrome_trace(path)`` writes the
+        timeline."""
+        if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+            raise ValueError(f"runs: expected an int >= 1, got {runs!r}")
+        self.run(feeds)
+        return profile_plan(self, self._plan_for(self._signature_of(feeds)[0]), runs)
+
+    @property
+    def streams(self) -> list:
+        """The streams the plans run on (CUDA: ``_runtime.Stream`` objects the executor owns; the first one is
+        where plans are captured and replayed)."""
+        return list(self._streams)
+
     @property
     def plans(self) -> list[Plan]:
         """The plans built so far, one per input signature."""
@@ -198,10 +423,14 @@ class ExecutorV2:
         for plan in self._plans.values():
             inputs = ", ".join(f"{v.name}: {v.type}" for v in plan.graph.inputs)
             lines.append(f"plan for ({inputs}): {len(plan.steps)} kernels, {plan.memory.summary()}")
-            width = max((len(s.node) for s in plan.selections), default=0)
-            for selection in plan.selections:
-                lines.append(f"  {selection.node:<{width}}  {selection.op:<10} -> {selection.kernel}: "
-                             f"{selection.reason}")
+            if self.device == "cuda":
+                lines.append(f"  cuda graph: {plan.capture}")
+            streams = plan.schedule.stream_count
+            name_width = max((len(s.node) for s in plan.selections), default=0)
+            for selection, step in zip(plan.selections, plan.steps):
+                on_stream = f" [stream {step.stream}]" if streams > 1 else ""
+                lines.append(f"  {selection.node:<{name_width}}  {selection.op:<10} -> {selection.kernel}: "
+                             f"{selection.reason}{on_stream}")
                 lines += [f"      fallback: {name} failed to prepare: {why}" for name, why in selection.fallbacks]
                 lines += [f"      not viable: {name}: {why}" for name, why in selection.rejected]
         fallbacks = self.fallbacks
@@ -236,16 +465,21 @@ def _bind(expected: tuple, actual: tuple, dims: dict[str, int]) -> bool:
     return True
 
 
-def _shape_and_dtype(value, argument: str) -> tuple[tuple[int, ...], str]:
-    if isinstance(value, np.ndarray):
-        return tuple(value.shape), value.dtype.name
-    view = _device.view_of(value, argument)
-    return tuple(view.shape), view.dtype
+def _viewed(value, argument: str):
+    """A NumPy array as is, anything else as the ``DeviceView`` of a device array (TypeError naming ``argument``)."""
+    return value if isinstance(value, np.ndarray) else _device.view_of(value, argument)
 
 
-def _check_array(value, argument: str, expected: TensorType) -> None:
-    shape, dtype = _shape_and_dtype(value, argument)
+def _dtype_name(viewed) -> str:
+    return viewed.dtype.name if isinstance(viewed, np.ndarray) else viewed.dtype
+
+
+def _check_array(value, argument: str, expected: TensorType):
+    """``value`` viewed (see ``_viewed``), after checking its shape and dtype against ``expected``."""
+    viewed = _viewed(value, argument)
+    shape, dtype = tuple(viewed.shape), _dtype_name(viewed)
     if dtype != expected.dtype:
         raise TypeError(f"{argument}: expected dtype {expected.dtype}, got {dtype}")
     if shape != expected.shape:
         raise ValueError(f"{argument}: expected shape {expected.shape}, got {shape}")
+    return viewed

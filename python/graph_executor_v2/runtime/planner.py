@@ -1,14 +1,19 @@
 """Memory planner: every intermediate buffer of a plan gets an offset in one arena.
 
-A buffer lives from the step that writes it to the last step that reads it (graph inputs from before the first
-step, graph outputs to after the last). Buffers whose lifetimes overlap never share bytes; the others may. Offsets
-are assigned greedily, largest buffer first, each at the lowest 256-byte aligned offset free of every overlapping
-buffer already placed. ``reuse=False`` gives every buffer its own bytes (the switch for debugging aliasing).
+A buffer is written by one step (graph inputs: before the first step) and read by others (graph outputs: after
+the last step). Steps on several streams are only partially ordered, so lifetimes are intervals on a partial
+order: two buffers may share bytes only when every use of one happens before the write of the other, where
+``before(x, y)`` says whether step x is finished before step y starts (one stream: ``x < y``). Offsets are
+assigned greedily, largest buffer first, each at the lowest 256-byte aligned offset free of every buffer already
+placed that it may not share with. ``reuse=False`` gives every buffer its own bytes (the switch for debugging
+aliasing).
 """
 from __future__ import annotations
 
 import logging
+import operator
 from dataclasses import dataclass
+from typing import Callable
 
 ALIGNMENT = 256  # bytes: what cuBLASLt and vectorized kernels want, and cudaMalloc's own alignment
 
@@ -19,8 +24,8 @@ log = logging.getLogger("graph_executor_v2")
 class Buffer:
     name: str
     nbytes: int
-    first: int  # step that writes it (-1: before the first step)
-    last: int  # last step that reads it (number of steps: read after the last step)
+    writer: int  # step that writes it (-1: before the first step)
+    readers: tuple[int, ...]  # steps that read it (number of steps: read after the last step)
 
 
 @dataclass(frozen=True)
@@ -39,19 +44,25 @@ def aligned(nbytes: int) -> int:
     return max(ALIGNMENT, -(-nbytes // ALIGNMENT) * ALIGNMENT)
 
 
-def plan_memory(buffers: list[Buffer], reuse: bool = True) -> MemoryPlan:
+def may_share(a: Buffer, b: Buffer, before: Callable[[int, int], bool] = operator.lt) -> bool:
+    """Whether ``a`` and ``b`` are never live at the same time: all uses of one precede the write of the other."""
+    return (all(before(use, b.writer) for use in (a.writer, *a.readers))
+            or all(before(use, a.writer) for use in (b.writer, *b.readers)))
+
+
+def plan_memory(buffers: list[Buffer], reuse: bool = True,
+                before: Callable[[int, int], bool] = operator.lt) -> MemoryPlan:
     offsets: dict[str, int] = {}
     end = 0
     if not reuse:
         for buffer in buffers:
             offsets[buffer.name], end = end, end + aligned(buffer.nbytes)
     placed: list[tuple[int, int, Buffer]] = []  # (offset, size, buffer), largest first
-    for buffer in sorted(buffers, key=lambda b: (-b.nbytes, b.first, b.name)) if reuse else ():
+    for buffer in sorted(buffers, key=lambda b: (-b.nbytes, b.writer, b.name)) if reuse else ():
         size = aligned(buffer.nbytes)
-        overlapping = sorted((o, s) for o, s, other in placed
-                             if other.first <= buffer.last and buffer.first <= other.last)
+        conflicting = sorted((o, s) for o, s, other in placed if not may_share(buffer, other, before))
         offset = 0
-        for other_offset, other_size in overlapping:  # the lowest gap that fits
+        for other_offset, other_size in conflicting:  # the lowest gap that fits
             if offset + size <= other_offset:
                 break
             offset = max(offset, other_offset + other_size)

@@ -1,7 +1,12 @@
 // Device scratch owned by an op module: one buffer per (device, stream), grown on demand and kept for the life of
 // the process, like the cuBLASLt workspace, so steady-state calls allocate nothing. Stream order keeps the users of
-// one buffer apart. Growing waits for the stream (the old buffer may still be in use) and is refused during CUDA
-// graph capture: run the op once outside capture first (the executor warms every plan up before it captures).
+// one buffer apart.
+//
+// Capture safety: a CUDA graph captured earlier holds the address of the buffer it was captured with and may be
+// replayed at any time, so a buffer is never freed. When a larger one is needed, the old one is retired (kept
+// allocated, never handed out again) and the new one is at least twice as large: retired memory stays below the
+// size of the live buffer. Growing is refused during capture: run the op once on the stream first (the executor
+// warms every plan up before it captures).
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -10,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <cuda_runtime.h>
 
@@ -45,21 +51,20 @@ class StreamWorkspace {
                                std::to_string(bytes) + " bytes, which cannot happen during CUDA graph capture; "
                                "run the op once on this stream before capturing");
     }
-    if (buffer.pointer != nullptr) {
-      check_cuda(cudaStreamSynchronize(stream), GE2_OP_NAME, "cudaStreamSynchronize(workspace growth)");
-      check_cuda(cudaFree(buffer.pointer), GE2_OP_NAME, "cudaFree(workspace)");
-      buffer = Buffer{};
-    }
     constexpr std::size_t kGranule = 1u << 16;  // round up so that slowly growing problems do not reallocate often
-    const std::size_t grown = std::max<std::size_t>(kGranule, (bytes + kGranule - 1) / kGranule * kGranule);
-    check_cuda(cudaMalloc(&buffer.pointer, grown), GE2_OP_NAME, "cudaMalloc(workspace)");
-    buffer.bytes = grown;
-    check_cuda(cudaMemsetAsync(buffer.pointer, 0, grown, stream), GE2_OP_NAME, "cudaMemsetAsync(workspace)");
-    return buffer.pointer;
+    const std::size_t wanted = std::max({kGranule, 2 * buffer.bytes, bytes});
+    const std::size_t grown = (wanted + kGranule - 1) / kGranule * kGranule;
+    void* pointer = nullptr;
+    check_cuda(cudaMalloc(&pointer, grown), GE2_OP_NAME, "cudaMalloc(workspace)");
+    check_cuda(cudaMemsetAsync(pointer, 0, grown, stream), GE2_OP_NAME, "cudaMemsetAsync(workspace)");
+    if (buffer.pointer != nullptr) retired_.push_back(buffer.pointer);
+    buffer = Buffer{pointer, grown};
+    return pointer;
   }
 
   std::mutex mutex_;
   std::map<std::pair<int, std::uintptr_t>, Buffer> buffers_;
+  std::vector<void*> retired_;  // outgrown buffers: a captured graph may still read or write them
 };
 
 }  // namespace ge2

@@ -62,6 +62,9 @@ void binary_backward(BinaryOp op, const void* dy, const void* a, const void* b, 
 
 std::vector<KernelInfo> kernel_table();
 
+// y = x converted to y_dtype (float32, float16, bfloat16; round to nearest even), contiguous, any alignment.
+void cast(const void* x, DType x_dtype, void* y, DType y_dtype, int64_t numel, cudaStream_t stream);
+
 // ---- internal: shared by launcher.cu, kernels/*.cu and backward.cu ------------------------------------------
 bool aligned16(const void* pointer);
 // The rowcol kernel applies: a 2-d broadcast whose rows are filled by 16-byte vectors.

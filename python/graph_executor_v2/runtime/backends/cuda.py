@@ -74,43 +74,54 @@ class CudaBackend:
         return arena
 
     def slot(self, arena, offset: int, tensor_type: TensorType):
-        return borrow(arena.ptr + offset, tensor_type.numel * itemsize(tensor_type.dtype), keep_alive=arena)
+        return arena.view(offset, list(tensor_type.shape), tensor_type.dtype)
 
     def address(self, slot) -> int:
         return slot.ptr
 
-    def feed(self, slot, value, name: str, stream: int) -> None:
+    def streams(self, count: int) -> list:
+        """``count`` non-blocking streams owned by the executor (CUDA graphs cannot capture the legacy stream)."""
+        return [self.runtime.Stream(self.device_index) for _ in range(count)]
+
+    def stream_handle(self, stream) -> int:
+        return stream.handle
+
+    def event(self):
+        return self.runtime.Event(timing=False)
+
+    def feed(self, slot, value, name: str, stream: int, view=None) -> None:
+        """Copies ``value`` (NumPy, or a device array whose ``DeviceView`` may be given) into ``slot`` on
+        ``stream``."""
         if isinstance(value, np.ndarray):
-            slot.copy_from_numpy(np.ascontiguousarray(value).reshape(-1).view(np.uint8), stream)
+            slot.copy_from_numpy(np.ascontiguousarray(value), stream)
             return
-        view = _device.view_of(value, f"input '{name}'")
+        view = view or _device.view_of(value, f"input '{name}'")
         if not view.is_contiguous:
             raise ValueError(f"input '{name}': expected a contiguous array, got strides {view.strides}")
         if view.device != self.device_index:
             raise ValueError(f"input '{name}': expected an array on cuda:{self.device_index}, got cuda:{view.device}")
         self.runtime.memcpy_device_to_device(slot.ptr, view.ptr, slot.nbytes, stream)
 
-    def fetch(self, slot, tensor_type: TensorType, stream: int, device_like=None, out=None, argument: str = "out"):
-        """The slot copied into ``out`` (host or device, shape and dtype already checked), else into a new device
-        array of ``device_like``'s kind, else into a new host array."""
+    def fetch(self, slot, tensor_type: TensorType, stream: int, device_like=None, out=None, argument: str = "out",
+              out_view=None):
+        """The slot copied into ``out`` (host or device, shape and dtype already checked; ``out_view``: its
+        ``DeviceView`` when known), else into a new device array of ``device_like``'s kind, else into a new host
+        array."""
         if isinstance(out, np.ndarray):
             if not out.flags.c_contiguous:
                 raise ValueError(f"{argument}: expected a C-contiguous NumPy array")
-            out.reshape(-1).view(np.uint8)[...] = slot.numpy(stream)
+            out[...] = slot.numpy(stream)
             return out
         if out is None and device_like is None:
-            return slot.numpy(stream).view(to_numpy(tensor_type.dtype)).reshape(tensor_type.shape)
+            return slot.numpy(stream)
         result = out if out is not None else _device.empty_like_kind(device_like, tensor_type.shape,
                                                                      tensor_type.dtype, self.device_index)
-        view = _device.view_of(result, argument)
+        view = out_view if out is not None and out_view is not None else _device.view_of(result, argument)
         if not view.is_contiguous or view.device != self.device_index:
             raise ValueError(f"{argument}: expected a contiguous array on cuda:{self.device_index}, got strides "
                              f"{view.strides} on cuda:{view.device}")
         self.runtime.memcpy_device_to_device(view.ptr, slot.ptr, slot.nbytes, stream)
         return result
-
-    def default_stream(self) -> int:
-        return 0
 
     def time_ms(self, run, stream: int, warmup: int = 3, repetitions: int = 20) -> float:
         """Mean milliseconds of ``run()`` on ``stream``, between CUDA events, after a warm-up."""

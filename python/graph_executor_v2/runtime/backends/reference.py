@@ -46,13 +46,13 @@ class ReferenceBackend:
     def address(self, slot: np.ndarray) -> np.ndarray:
         return slot
 
-    def feed(self, slot: np.ndarray, value, name: str, stream) -> None:
+    def feed(self, slot: np.ndarray, value, name: str, stream, view=None) -> None:
         if not isinstance(value, np.ndarray):
             raise TypeError(f"input '{name}': expected a NumPy array on device='cpu', got {type(value).__name__}")
         np.copyto(slot, value)
 
     def fetch(self, slot: np.ndarray, tensor_type: TensorType, stream, device_like=None, out=None,
-              argument: str = "out") -> np.ndarray:
+              argument: str = "out", out_view=None) -> np.ndarray:
         """A copy of the slot, or ``out`` (a NumPy array of the slot's shape and dtype) overwritten with it."""
         if out is None:
             return slot.copy()
@@ -61,5 +61,8 @@ class ReferenceBackend:
         np.copyto(out, slot)
         return out
 
-    def default_stream(self):
-        return None
+    def streams(self, count: int) -> list:
+        return [None] * count  # the CPU runs every node in order
+
+    def stream_handle(self, stream):
+        return stream

@@ -1,0 +1,153 @@
+"""Training step: ge2.train.Trainer (cuda) vs PyTorch eager and a PyTorch whole-step CUDA graph, one process.
+
+- small: MLP 64 -> 128 -> 10 (ReLU), batch 64, float32, AdamW. Launch-bound. Targets: <= 0.8x PyTorch's CUDA-graph
+  step (capturable=True AdamW) and >= 10x faster than PyTorch eager.
+- large: MLP 1024 -> 4096 -> 4096 -> 1024 (ReLU), batch 512, AMP float16, AdamW. Target: <= 0.85x PyTorch's
+  CUDA-graph step. PyTorch runs autocast float16; its graph captures no GradScaler (whose inf check syncs the host),
+  its eager step uses one; GE2 scales dynamically on the device.
+- memory: GE2's ``peak_bytes`` (arena + parameters, copies and optimizer states) against
+  ``torch.cuda.max_memory_allocated`` over the same step (weights, gradients, states and activations). Target <= 1.0x.
+
+Correctness first: the first steps' losses of GE2 and PyTorch eager agree (float32: 1e-4 relative; AMP: 2%).
+Each step's time is the median of CUDA-event timings (benchmarks/harness.py); the batch is fed from device tensors.
+
+Run: python benchmarks/bench_train.py
+"""
+from __future__ import annotations
+
+import numpy as np
+from harness import median_ms, torch_cuda, write_results
+
+import graph_executor_v2 as ge2
+
+CASES = [
+    {"case": "small", "batch": 64, "sizes": (64, 128, 10), "amp": None,
+     "target": "<= 0.8x torch graph, >= 10x faster than eager"},
+    {"case": "large", "batch": 512, "sizes": (1024, 4096, 4096, 1024), "amp": "float16",
+     "target": "<= 0.85x torch graph"},
+]
+
+
+def init(rng, sizes):
+    params = {}
+    for index, (fan_in, fan_out) in enumerate(zip(sizes, sizes[1:])):
+        bound = fan_in ** -0.5
+        params[f"w{index}"] = rng.uniform(-bound, bound, (fan_in, fan_out)).astype(np.float32)
+        params[f"b{index}"] = rng.uniform(-bound, bound, fan_out).astype(np.float32)
+    return params
+
+
+def ge2_graph(params, layers):
+    g = ge2.ir.Graph("bench_mlp")
+    h = g.input("x", ("B", params["w0"].shape[0]), "float32")
+    labels = g.input("labels", ("B",), "int64")
+    for index in range(layers):
+        h = g.add(g.matmul(h, g.param(f"w{index}", params[f"w{index}"])), g.param(f"b{index}", params[f"b{index}"]))
+        if index < layers - 1:
+            h = g.relu(h)
+    g.output(g.cross_entropy(h, labels), "loss")
+    return g
+
+
+def torch_step(torch, params, layers, amp, capturable, scaler):
+    """A PyTorch training step on the same weights: (step(x, labels) -> loss tensor, weights, optimizer)."""
+    F = torch.nn.functional
+    weights = [(torch.tensor(params[f"w{i}"].T.copy(), device="cuda", requires_grad=True),
+                torch.tensor(params[f"b{i}"], device="cuda", requires_grad=True)) for i in range(layers)]
+    flat = [t for pair in weights for t in pair]
+    optimizer = torch.optim.AdamW(flat, lr=1e-3, weight_decay=0.01, capturable=capturable)
+    grad_scaler = torch.amp.GradScaler("cuda") if scaler else None
+
+    def step(x, labels):
+        optimizer.zero_grad(set_to_none=not capturable)
+        with torch.autocast("cuda", dtype=torch.float16, enabled=amp is not None):
+            h = x
+            for index, (w, b) in enumerate(weights):
+                h = F.linear(h, w, b)
+                if index < layers - 1:
+                    h = F.relu(h)
+            loss = F.cross_entropy(h.float(), labels)
+        if grad_scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            grad_scaler.scale(loss).backward()
+            grad_scaler.step(optimizer)
+            grad_scaler.update()
+        return loss
+
+    return step
+
+
+def captured(torch, step, x, labels):
+    """The whole step as one CUDA graph (PyTorch's documented whole-network capture): returns replay()."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step(x, labels)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(x, labels)
+    return graph.replay
+
+
+def bench(torch, case, rng) -> dict:
+    sizes, batch, amp = case["sizes"], case["batch"], case["amp"]
+    layers = len(sizes) - 1
+    params = init(rng, sizes)
+    x_host = rng.standard_normal((batch, sizes[0])).astype(np.float32)
+    labels_host = rng.integers(0, sizes[-1], batch).astype(np.int64)
+    x, labels = torch.tensor(x_host, device="cuda"), torch.tensor(labels_host, device="cuda")
+    feeds = {"x": x, "labels": labels}
+
+    trainer = ge2.train.Trainer(ge2_graph(params, layers), device="cuda",
+                                optimizer=ge2.train.AdamW(lr=1e-3, weight_decay=0.01), amp=amp)
+    eager = torch_step(torch, params, layers, amp, capturable=False, scaler=amp == "float16")
+    ge2_losses = [float(trainer.step(feeds)) for _ in range(3)]
+    torch_losses = [float(eager(x, labels)) for _ in range(3)]
+    np.testing.assert_allclose(ge2_losses, torch_losses, rtol=1e-4 if amp is None else 0.02,
+                               err_msg=f"{case['case']}: GE2 vs PyTorch eager losses")
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    graph_step = torch_step(torch, params, layers, amp, capturable=True, scaler=False)
+    replay = captured(torch, graph_step, x, labels)
+    torch_peak = torch.cuda.max_memory_allocated() - base
+
+    ge2_ms = median_ms(lambda: trainer.step(feeds), warmup=20, reps=200, flush_l2=False)
+    eager_ms = median_ms(lambda: eager(x, labels), warmup=20, reps=200, flush_l2=False)
+    graph_ms = median_ms(replay, warmup=20, reps=200, flush_l2=False)
+    flops = 6.0 * batch * sum(a * b for a, b in zip(sizes, sizes[1:]))  # forward + two backward matmuls
+    return {
+        "case": case["case"], "shape": f"{batch}x" + "->".join(map(str, sizes)), "precision": amp or "float32",
+        "ge2_ms": ge2_ms, "torch_eager_ms": eager_ms, "torch_graph_ms": graph_ms,
+        "vs_graph": ge2_ms / graph_ms, "eager_speedup": eager_ms / ge2_ms,
+        "ge2_tflops": flops / (ge2_ms * 1e-3) / 1e12,
+        "ge2_peak_mb": trainer.peak_bytes / 2**20, "torch_peak_mb": torch_peak / 2**20,
+        "memory_ratio": trainer.peak_bytes / torch_peak,
+        "ge2_kernels": len(trainer._executor.plans[0].steps), "fallbacks": len(trainer._executor.fallbacks),
+        "capture": trainer._executor.plans[0].capture,
+        "target": case["target"],
+    }
+
+
+def main():
+    torch = torch_cuda()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    rng = np.random.default_rng(0)
+    rows = [bench(torch, case, rng) for case in CASES]
+    columns = [("case", "case"), ("shape", "shape"), ("precision", "precision"), ("ge2_ms", "GE2 step ms"),
+               ("torch_eager_ms", "torch eager ms"), ("torch_graph_ms", "torch graph ms"),
+               ("vs_graph", "GE2 / torch graph"), ("eager_speedup", "speedup vs eager"),
+               ("ge2_tflops", "GE2 TFLOP/s"), ("ge2_peak_mb", "GE2 peak MB"), ("torch_peak_mb", "torch peak MB"),
+               ("memory_ratio", "memory ratio"), ("ge2_kernels", "GE2 plan steps"), ("fallbacks", "fallbacks"),
+               ("capture", "GE2 CUDA graph"),
+               ("target", "target")]
+    print(write_results("train", rows, columns, "Training step: ge2.train (cuda) vs PyTorch eager and CUDA graph"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,494 @@
+"""``Trainer``: compile once, train many.
+
+The graph is canonicalized and fused for training (``passes.TRAINING_FORWARD``), differentiated
+(``autograd.backward_graph``), and the graph holding forward, loss and gradients is optimized
+(``passes.TRAINING_BACKWARD``). One ``ExecutorV2`` plan per batch signature runs the whole step in one arena planned
+over the step's lifetimes: forward, loss, backward, then the optimizer launches appended to the same plan (gradient
+clipping and the parameter updates, the plan's epilogue). On CUDA the plan is captured as one CUDA graph after its
+first step and replayed from then on. Parameters (float32 masters) and optimizer states are persistent buffers
+updated in place; the plan reads the parameters where they live, so nothing is copied between steps. A step feeds
+the batch and launches the plan: reading the loss (``float(loss)``) is the caller's choice and the only host sync.
+
+On ``device="cpu"`` every node and the optimizer run through the NumPy references (the CPU backend, the optimizer
+op's ``ReferenceOptimizer``). On ``device="cuda"`` the nodes run as GPU kernels and the optimizer as the optimizer
+op's fused multi-tensor kernels (``FusedOptimizerStep``: device step counter, schedule, clipping, loss scaling,
+low-precision copies), so the whole step is captured as one CUDA graph.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Sequence
+
+import numpy as np
+
+from .. import autograd
+from .. import device as _device
+from ..dtypes import FLOAT_DTYPES, itemsize, normalize, to_numpy
+from ..ir.graph import Graph
+from ..passes import TRAINING_BACKWARD, TRAINING_FORWARD, Pass, PassManager, autocast, eliminate_dead_code, resolve
+from ..passes.amp import AMP_DTYPES
+from ..passes.training import recompute
+from ..runtime.backends import backend_for
+from ..runtime.executor import ExecutorV2, Plan
+from ..ops.optimizer import FusedOptimizerStep, ParamSlot, ReferenceOptimizer
+from . import optimizers as _optim
+from .losses import CONSTANT_PREFIX
+
+CHECKPOINT_FORMAT = "ge2.train/1"
+COUNTERS = ("step", "optimizer_steps", "loss_scale", "loss_scale_growth_tracker")
+
+
+class Trainer:
+    """Trains the parameters of ``graph`` to minimize its scalar output ``loss``.
+
+    ``optimizer``: ``SGD``, ``Adam`` or ``AdamW``. ``grad_clip``: clip gradients to this global L2 norm (None: no
+    clipping). ``amp``: None, "float16" or "bfloat16": mixed precision by ``passes.autocast`` (GEMMs in the low
+    precision, softmax/norms/reductions/losses in float32), float32 masters updated by the optimizer, which also
+    writes the low-precision copies. float16 uses dynamic loss scaling (``loss_scale``, a ``DynamicLossScale``): a
+    step whose gradients hold an inf or NaN is skipped and the scale lowered. ``checkpoint``: activations to
+    recompute in the backward instead of keeping them from the forward (names of nodes or values of the training
+    graph, or op names such as "gemm"; ``explain()`` shows them): less memory for more time.
+    ``trainable``: names of the parameters to train (default every float parameter not named ``const/...``); the
+    others stay constant.
+    """
+
+    def __init__(self, graph: Graph, loss: str = "loss", device: str = "cpu", optimizer=None, amp=None,
+                 grad_clip: float | None = None, trainable: Sequence[str] | None = None, reuse_memory: bool = True,
+                 loss_scale: "_optim.DynamicLossScale | None" = None, checkpoint: Sequence[str] = ()):
+        if not isinstance(graph, Graph):
+            raise TypeError(f"graph: expected a ge2.ir.Graph, got {type(graph).__name__}")
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
+        if not isinstance(optimizer, _optim.OPTIMIZERS):
+            raise TypeError(f"optimizer: expected ge2.train.SGD, Adam or AdamW, got {type(optimizer).__name__}")
+        if amp not in (None,) + AMP_DTYPES:
+            raise ValueError(f"amp: expected None, 'float16' or 'bfloat16', got {amp!r}")
+        if loss_scale is not None and not isinstance(loss_scale, _optim.DynamicLossScale):
+            raise TypeError(f"loss_scale: expected a ge2.train.DynamicLossScale, got {type(loss_scale).__name__}")
+        if loss_scale is None and amp == "float16":
+            loss_scale = _optim.DynamicLossScale()
+        if grad_clip is not None:
+            grad_clip = _optim.check_number("Trainer", "grad_clip", grad_clip, 0.0, low_open=True)
+        autograd.loss_value(graph, loss)  # a missing or non-scalar loss fails here, naming it
+        self.graph, self.loss_name, self.device = graph, loss, device
+        self.optimizer, self.grad_clip, self.amp, self.loss_scale = optimizer, grad_clip, amp, loss_scale
+        self.optimizer_config = _optim.to_config(optimizer, grad_clip, loss_scale)
+
+        names = [n for n, v in graph.params.items() if v.type.dtype in FLOAT_DTYPES
+                 and not n.startswith(CONSTANT_PREFIX)] if trainable is None else list(trainable)
+        for name in names:
+            if name not in graph.params:
+                raise ValueError(f"trainable: unknown parameter {name!r}; graph '{graph.name}' has parameters "
+                                 f"{list(graph.params)}")
+            if graph.params[name].type.dtype not in FLOAT_DTYPES:
+                raise TypeError(f"trainable: parameter {name!r} has dtype {graph.params[name].type.dtype}; only "
+                                "float parameters are trained")
+        self.forward_graph, self._forward_records = PassManager(resolve(TRAINING_FORWARD)).run(graph)
+        if amp is not None:
+            self.forward_graph, amp_records = PassManager([Pass("autocast", lambda g: autocast(g, amp)),
+                                                           *resolve(("cse", "dce"))]).run(self.forward_graph)
+            self._forward_records += amp_records
+        # Parameters the loss does not read (removed by dead-code elimination) keep their values and get no update.
+        self.trained = [name for name in names if name in self.forward_graph.params]
+        if not self.trained:
+            raise ValueError(f"trainable: the loss '{loss}' depends on no trainable parameter of graph "
+                             f"'{graph.name}' (parameters: {list(graph.params)})")
+        self._forward_names = {node.name for node in self.forward_graph.nodes}
+        differentiated = autograd.backward_graph(self.forward_graph, loss, wrt=self.trained)
+        for name in [n for n in differentiated.outputs if n != loss and not n.startswith(autograd.GRAD_PREFIX)]:
+            del differentiated.outputs[name]  # a step returns only the loss: other outputs need not be computed
+        # Under loss scaling the seed is the scale, not 1: the loss and its gradient cannot come from one pass.
+        passes = [p for p in resolve(TRAINING_BACKWARD) if not (loss_scale and p.name == "fuse_loss_gradient")]
+        if checkpoint:
+            if isinstance(checkpoint, str):
+                raise TypeError("checkpoint: expected a sequence of names, got a single string; wrap it in a list")
+            passes.append(Pass("recompute", lambda g: recompute(g, self._forward_names, checkpoint)))
+        self.train_graph, self._backward_records = PassManager(passes).run(differentiated)
+
+        self._backend = backend_for(device)
+        # float32 masters and optimizer states where the optimizer runs: host arrays on the CPU (the NumPy
+        # reference), device arrays on CUDA (the fused multi-tensor kernels of ops/optimizer.py).
+        self._masters = {name: self._new_buffer(np.array(v.data, np.float32)) for name, v in graph.params.items()
+                         if name in names}
+        self._states = {name: {state: self._new_buffer(np.zeros(v.type.shape, np.float32))
+                               for state in self.optimizer_config.state_names}
+                        for name, v in graph.params.items() if name in self.trained}
+        # The buffers the plans read as parameters, in the dtype the graph computes with: a float32 parameter is its
+        # master itself; otherwise a low-precision copy the optimizer rewrites in the same pass as the update.
+        self._compute_dtypes = {name: self.forward_graph.params[name].type.dtype if name in self.forward_graph.params
+                                else graph.params[name].type.dtype for name in self._masters}
+        self._param_slots = {name: self._compute_slot(name) for name in self._masters}
+        # The optimizer's own state: applied steps, loss scale, finite steps since the scale last changed (on CUDA a
+        # host mirror of the device Control block of the fused step, synchronized when the active plan changes and
+        # for checkpoints).
+        self._reference = ReferenceOptimizer(self.optimizer_config)
+        self._fused: dict[int, object] = {}  # id(plan) -> its FusedOptimizerStep (CUDA)
+        self._active = None  # the FusedOptimizerStep whose Control block holds the current state
+        # The loss gradient's seed: the loss scale under float16 loss scaling, else 1 (a constant the loss-gradient
+        # fusion may have folded away).
+        self._scale = np.array(self._reference.loss_scale, np.float32)
+        seed_dtype = to_numpy(self.train_graph.outputs[loss].type.dtype)
+        if loss_scale is not None and seed_dtype != np.float32:
+            raise ValueError(f"loss_scale: loss scaling needs a float32 loss (amp computes it in float32), got a "
+                             f"{self.train_graph.outputs[loss].type.dtype} loss '{loss}'")
+        self._seed = self._scale if self.device == "cpu" and seed_dtype == np.float32 else self._new_buffer(
+            self._scale.astype(seed_dtype))
+        self.step_count = 0  # steps taken
+        slots = dict(self._param_slots)
+        if autograd.SEED in self.train_graph.params:
+            slots[autograd.SEED] = self._seed
+        # One stream: the step's nodes form a chain (forward, then backward), and one stream lets the memory plan
+        # reuse bytes along the step's exact lifetimes (what checkpointing relies on). On CUDA the step, optimizer
+        # included, is captured as one CUDA graph after its first run.
+        self._executor = ExecutorV2(self.train_graph, device, passes=[], reuse_memory=reuse_memory, params=slots,
+                                    streams=1)
+        self._inference = None
+
+    # --- training -------------------------------------------------------------------------------------------------
+    def step(self, batch: dict):
+        """One training step on ``batch`` (input name -> array: NumPy, or device arrays on "cuda"); returns the loss
+        as a 0-d array: NumPy on "cpu", a ``DeviceLoss`` on "cuda" (``float(loss)`` is then the only host sync)."""
+        plan, views = self._plan(batch)
+        backend = self._backend
+        stream = _device.stream_handle(None) if self.device == "cuda" else None  # the caller's (legacy) stream
+        for value in plan.graph.inputs:
+            backend.feed(plan.slots[value.name], batch[value.name], value.name, stream, views[value.name])
+        self.step_count += 1
+        plan.replay()  # the whole step; on CUDA its captured graph after the first step
+        loss = plan.graph.outputs[self.loss_name]
+        if self.device == "cpu":
+            return backend.fetch(plan.slots[loss.name], loss.type, stream)
+        return DeviceLoss(plan.slots[loss.name], loss.type.dtype, self, self.step_count)
+
+    def fit(self, data: dict, epochs: int = 1, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
+            progress: bool = True) -> dict:
+        """Trains over ``data`` (input name -> array, all with the same first dim) for ``epochs``, in batches (the
+        last one may be smaller), with a tqdm progress bar. Returns {"loss": per-step losses, "epoch_loss": the
+        mean loss of each epoch}."""
+        count = _check_data(data, self.train_graph)
+        for name, value in (("epochs", epochs), ("batch_size", batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+        rng = np.random.default_rng(seed)
+        steps_per_epoch = -(-count // batch_size)
+        history = {"loss": [], "epoch_loss": []}
+        bar = _progress_bar(epochs * steps_per_epoch, progress)
+        try:
+            for _ in range(epochs):
+                order = rng.permutation(count) if shuffle else np.arange(count)
+                epoch_losses = []
+                for start in range(0, count, batch_size):
+                    index = order[start:start + batch_size]
+                    loss = float(self.step({name: np.ascontiguousarray(array[index]) for name, array in data.items()}))
+                    epoch_losses.append(loss)
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(loss=f"{loss:.4f}")
+                history["loss"] += epoch_losses
+                history["epoch_loss"].append(float(np.mean(epoch_losses)))
+        finally:
+            if bar is not None:
+                bar.close()
+        return history
+
+    # --- parameters, checkpoints, inference -------------------------------------------------------------------------
+    def parameters(self) -> dict[str, np.ndarray]:
+        """Name -> a NumPy copy of every trainable parameter (the float32 masters)."""
+        return {name: self._to_host(master) for name, master in self._masters.items()}
+
+    def executor(self) -> ExecutorV2:
+        """An ExecutorV2 for inference on the current parameters (the trainer's own buffers, no copy: later steps
+        are seen by it). Its outputs are the graph's outputs other than the loss (all of them when the loss is the
+        only one), and its inputs those they need (no labels for a classifier's logits)."""
+        if self._inference is None:
+            self._inference = ExecutorV2(_inference_graph(self.forward_graph, self.loss_name), self.device,
+                                         passes=[], params=dict(self._param_slots))
+        return self._inference
+
+    def save(self, path) -> None:
+        """A safetensors file with the parameters, the optimizer state and the step (metadata: the graph's
+        fingerprint and the optimizer's hyper-parameters)."""
+        from safetensors.numpy import save_file
+
+        tensors = {f"param/{name}": value for name, value in self.parameters().items()}
+        for name, states in self._states.items():
+            tensors.update((f"state/{name}/{state}", self._to_host(buffer)) for state, buffer in states.items())
+        self._pull_state()
+        tensors["step"] = np.array(self.step_count, np.int64)
+        tensors["optimizer_steps"] = np.array(self._reference.step_count, np.int64)
+        tensors["loss_scale"] = np.array(self._reference.loss_scale, np.float32)
+        tensors["loss_scale_growth_tracker"] = np.array(self._reference.good_steps, np.int64)
+        metadata = {"format": CHECKPOINT_FORMAT, "graph": self.fingerprint(),
+                    "optimizer": json.dumps(_optim.describe(self.optimizer))}
+        save_file(tensors, str(path), metadata=metadata)
+
+    def load(self, path) -> None:
+        """Restores a checkpoint written by ``save`` for the same graph (ValueError otherwise)."""
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="numpy") as file:
+            metadata = file.metadata() or {}
+            if metadata.get("format") != CHECKPOINT_FORMAT:
+                raise ValueError(f"path: {path} is not a ge2.train checkpoint (format {metadata.get('format')!r})")
+            if metadata.get("graph") != self.fingerprint():
+                raise ValueError(f"path: the checkpoint {path} was saved from another graph (its parameters, "
+                                 f"shapes or dtypes differ from graph '{self.graph.name}')")
+            expected = {f"param/{name}" for name in self._masters} | set(COUNTERS) | {
+                f"state/{name}/{state}" for name, states in self._states.items() for state in states}
+            missing = sorted(expected - set(file.keys()))
+            if missing:
+                raise ValueError(f"path: the checkpoint {path} lacks {missing} (saved with another optimizer?)")
+            tensors = {key: file.get_tensor(key) for key in expected}
+        for name, master in self._masters.items():
+            self._store(master, tensors[f"param/{name}"])
+            self._refresh(name)
+        for name, states in self._states.items():
+            for state, buffer in states.items():
+                self._store(buffer, tensors[f"state/{name}/{state}"])
+        self.step_count = int(tensors["step"])
+        self._reference.step_count = int(tensors["optimizer_steps"])
+        self._reference.loss_scale = float(tensors["loss_scale"])
+        self._reference.good_steps = int(tensors["loss_scale_growth_tracker"])
+        self._refresh_seed()
+        for fused in self._fused.values():
+            self._push_state(fused)
+
+    def fingerprint(self) -> str:
+        """A hash of the graph's name, parameters (names, shapes, dtypes) and trained set."""
+        params = sorted((name, list(v.type.shape), v.type.dtype) for name, v in self.graph.params.items())
+        described = [self.graph.name, params, self.trained]
+        return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Updates applied (a step whose gradients overflow under loss scaling is skipped and not counted); on CUDA
+        reading it synchronizes."""
+        self._pull_state()
+        return self._reference.step_count
+
+    # --- reporting ------------------------------------------------------------------------------------------------
+    @property
+    def peak_bytes(self) -> int:
+        """Device (or host) bytes of the largest step plan built so far: its arena (activations, gradients,
+        temporaries) plus the persistent parameters and optimizer states."""
+        arenas = [plan.memory.arena_bytes for plan in self._executor.plans]
+        return (max(arenas) if arenas else 0) + self.persistent_bytes
+
+    @property
+    def persistent_bytes(self) -> int:
+        """Bytes of the buffers that live across steps: float32 masters, low-precision copies, optimizer states."""
+        copies = [slot for name, slot in self._param_slots.items() if slot is not self._masters[name]]
+        states = [buffer for per_param in self._states.values() for buffer in per_param.values()]
+        buffers = list(self._masters.values()) + copies + states
+        return sum(int(np.prod(b.shape)) * itemsize(normalize(b.dtype)) for b in buffers)
+
+    def explain(self) -> str:
+        graph = self.train_graph
+        forward_nodes = [n for n in graph.nodes if n.name in self._forward_names or n.name.endswith(".recomputed")]
+        backward = set(graph.nodes) - set(forward_nodes)
+        lines = [f"Trainer '{self.graph.name}' on {self.device}: loss '{self.loss_name}', "
+                 f"{len(self.trained)} trained parameter(s), optimizer {_optim.describe(self.optimizer)}",
+                 f"forward ({len(forward_nodes)} nodes): " + ", ".join(f"{n.name}={n.op}" for n in forward_nodes),
+                 f"backward ({len(backward)} nodes): " + ", ".join(f"{n.name}={n.op}" for n in graph.nodes
+                                                                   if n in backward)]
+        fusions = [note for record in self._forward_records + self._backward_records for note in record.notes
+                   if record.name in ("fuse_relu", "autocast", "chain_activation_backward", "trim_gemm_backward",
+                                      "fuse_loss_gradient", "recompute")]
+        lines.append(f"training rewrites (fusions, mixed precision, recomputation): {len(fusions)}")
+        lines += [f"  {note}" for note in fusions]
+        clip = f"clip to global norm {self.grad_clip}, " if self.grad_clip else ""
+        where = "NumPy reference (ReferenceOptimizer)" if self.device == "cpu" else (
+            "fused multi-tensor kernels on the device (FusedOptimizerStep), the plan's epilogue")
+        lines.append(f"optimizer: {clip}{type(self.optimizer).__name__} on {len(self.trained)} parameter(s), states "
+                     f"{list(self.optimizer.state_names)}; {where}")
+        lines.append(f"memory: persistent {self.persistent_bytes / 2**20:.3g} MB (masters, copies, states), "
+                     f"peak {self.peak_bytes / 2**20:.3g} MB")
+        lines.append(self._executor.explain())
+        return "\n".join(lines)
+
+    # --- internals ------------------------------------------------------------------------------------------------
+    def _plan(self, batch: dict) -> tuple[Plan, dict]:
+        """The step plan for the batch's signature (its optimizer set as the plan's epilogue on first use) and the
+        batch's views."""
+        if not isinstance(batch, dict):
+            raise TypeError(f"batch: expected a dict of input name -> array, got {type(batch).__name__}")
+        try:
+            plan, views = self._executor.plan_for(batch)
+        except (ValueError, TypeError) as error:
+            raise type(error)(f"batch: {error}") from None
+        if not plan.epilogue:
+            plan.epilogue.append(self._optimizer_launch(plan))
+        fused = self._fused.get(id(plan))
+        if fused is not None and fused is not self._active:  # another batch shape: move the state over (syncs)
+            self._pull_state()
+            self._push_state(fused)
+            self._active = fused
+        return plan, views
+
+    def _optimizer_launch(self, plan: Plan):
+        """The optimizer as the plan's epilogue, launch(stream): unscaling (float16 loss scaling), clipping and every
+        parameter's update on the float32 masters and states, and the low-precision copies the plans read. On the
+        CPU the optimizer op's ReferenceOptimizer, on CUDA its FusedOptimizerStep."""
+        names = list(self.trained)
+        grad_slots = [plan.slots[plan.graph.outputs[autograd.grad_name(name)].name] for name in names]
+        grad_types = [plan.graph.outputs[autograd.grad_name(name)].type for name in names]
+        if self.device == "cuda":
+            return self._device_optimizer_launch(plan, names, grad_slots, grad_types)
+        params = [self._masters[name] for name in names]
+        states = [self._states[name] for name in names]
+        reference = self._reference
+
+        def launch(stream):
+            grads = grad_slots
+            scale = reference.loss_scale
+            reference.step(params, grads, states)
+            if reference.loss_scale != scale:
+                self._refresh_seed(stream)
+            if not reference.skipped:
+                for name in names:
+                    self._refresh(name, stream)
+
+        return launch
+
+    def _device_optimizer_launch(self, plan: Plan, names, grad_slots, grad_types):
+        """The fused optimizer step of this plan (one per plan: the gradients live in its arena), device work only,
+        so the plan with its optimizer is captured as one CUDA graph. The loss scale it keeps in its Control block
+        is copied into the seed buffer the backward reads."""
+        config = self.optimizer_config
+        slots = []
+        for name, grad, grad_type in zip(names, grad_slots, grad_types):
+            master, compute = self._masters[name], self._param_slots[name]
+            low = compute is not master
+            slots.append(ParamSlot(master.ptr, grad.ptr, tuple(self._states[name][s].ptr for s in config.state_names),
+                                   int(np.prod(master.shape)), grad_type.dtype, compute.ptr if low else 0,
+                                   self._compute_dtypes[name] if low else None))
+        fused = FusedOptimizerStep(config, slots, device=self._backend.device_index)
+        self._pull_state()
+        self._push_state(fused)
+        self._fused[id(plan)] = self._active = fused
+        memcpy, seed, scale = self._backend.runtime.memcpy_device_to_device, self._seed.ptr, \
+            fused.control_address("loss_scale")
+        scaled = config.loss_scaling
+
+        def launch(stream, fused=fused):  # the default argument keeps the step's device tables alive
+            fused.launch(stream)
+            if scaled:
+                memcpy(seed, scale, 4, stream)
+
+        return launch
+
+    def _pull_state(self) -> None:
+        """The host mirror of the optimizer state from the active device step (CUDA; synchronizes)."""
+        if self._active is not None:
+            state = self._active.read_state()
+            self._reference.step_count, self._reference.loss_scale = int(state["step"]), float(state["loss_scale"])
+            self._reference.good_steps = int(state["good_steps"])
+
+    def _push_state(self, fused) -> None:
+        fused.set_state(self._reference.step_count, self._reference.loss_scale, self._reference.good_steps)
+
+    def _new_buffer(self, array: np.ndarray):
+        return array if self.device == "cpu" else self._backend.upload(array)
+
+    def _to_host(self, buffer) -> np.ndarray:
+        return buffer.copy() if self.device == "cpu" else buffer.numpy().reshape(buffer.shape)
+
+    def _store(self, buffer, array) -> None:
+        array = np.asarray(array, np.float32).reshape(buffer.shape)
+        if self.device == "cpu":
+            buffer[...] = array
+        else:
+            buffer.copy_from_numpy(array)
+
+    def _compute_slot(self, name: str):
+        """The buffer a plan reads for parameter ``name``: its master when it computes in float32, else a copy in
+        its compute dtype."""
+        master, dtype = self._masters[name], self._compute_dtypes[name]
+        if dtype == "float32":
+            return master
+        return self._new_buffer(np.asarray(self.graph.params[name].data, np.float32).astype(to_numpy(dtype)))
+
+    def _refresh(self, name: str, stream=None) -> None:
+        """Rewrites the buffer the plans read for parameter ``name`` from its master."""
+        slot, master = self._param_slots[name], self._masters[name]
+        if slot is master:
+            return
+        if self.device == "cpu":
+            slot[...] = master.astype(slot.dtype)
+        else:
+            values = self._to_host(master).astype(to_numpy(self._compute_dtypes[name]))
+            slot.copy_from_numpy(values.reshape(slot.shape), stream or 0)
+
+    def _refresh_seed(self, stream=None) -> None:
+        """Rewrites the seed buffer the plans read from the loss scale (on the step's stream during a step)."""
+        self._scale[...] = self._reference.loss_scale
+        if self.device == "cpu":
+            self._seed[...] = self._scale.astype(self._seed.dtype)
+        else:
+            # (uploads keep 0-d arrays as shape (1,))
+            self._seed.copy_from_numpy(self._scale.astype(to_numpy(self._seed.dtype)).reshape(self._seed.shape),
+                                       stream or 0)
+
+
+class DeviceLoss:
+    """The loss of one CUDA step: a 0-d value left on the device, in the step plan's own buffer (no copy, no sync).
+    ``float(loss)``, ``loss.item()`` and ``loss.numpy()`` copy it to the host; read it before the next step of the
+    same trainer, which writes that buffer again (a stale read raises instead of returning the newer loss)."""
+
+    shape = ()
+    ndim = 0
+
+    def __init__(self, slot, dtype: str, trainer: "Trainer", step: int):
+        self._slot, self.dtype, self._trainer, self._step = slot, dtype, trainer, step
+
+    def numpy(self) -> np.ndarray:
+        if self._trainer.step_count != self._step:
+            raise RuntimeError(f"this loss (step {self._step}) was overwritten by a later step (now "
+                               f"{self._trainer.step_count}); read it with float(loss) before the next step")
+        return self._slot.numpy().view(to_numpy(self.dtype)).reshape(())
+
+    def __float__(self) -> float:
+        return float(self.numpy())
+
+    def item(self) -> float:
+        return float(self)
+
+    def __array__(self, dtype=None, copy=None):
+        value = self.numpy()
+        return value if dtype is None else value.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"DeviceLoss(step={self._step}, dtype={self.dtype})"
+
+
+def _inference_graph(graph: Graph, loss: str) -> Graph:
+    """The graph without its loss output, and without the inputs only the loss read."""
+    if len(graph.outputs) == 1:
+        return graph
+    inference = graph.clone()
+    del inference.outputs[loss]
+    eliminate_dead_code(inference)
+    used = {v for node in inference.nodes for v in node.inputs} | set(inference.outputs.values())
+    inference.inputs = [v for v in inference.inputs if v in used]
+    return inference
+
+
+def _check_data(data: dict, graph: Graph) -> int:
+    if not isinstance(data, dict) or not data:
+        raise TypeError(f"data: expected a dict of input name -> array, got {type(data).__name__}")
+    names = {v.name for v in graph.inputs}
+    if set(data) != names:
+        raise ValueError(f"data: expected arrays for the inputs {sorted(names)}, got {sorted(data)}")
+    counts = {name: len(array) for name, array in data.items()}
+    if len(set(counts.values())) != 1:
+        raise ValueError(f"data: every array needs the same first dim (one row per example), got {counts}")
+    return next(iter(counts.values()))
+
+
+def _progress_bar(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="step", leave=True)

@@ -186,6 +186,73 @@ def test_backward_opdef_reference_matches_reference_backward(rng):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# CPU: the attention fusion pass
+# ---------------------------------------------------------------------------------------------------------------
+def _written_out_attention(rng, seq_q, seq_k, head_dim, dtype="float32", mask="causal", scale_op="mul",
+                           softmax_axis=-1):
+    """One head of attention as users write it; ``mask``: "causal", None, or "other" (a mask that is not causal)."""
+    g = Graph("written_out_attention")
+    q = g.input("q", (seq_q, head_dim), dtype)
+    k = g.input("k", (seq_k, head_dim), dtype)
+    v = g.input("v", (seq_k, head_dim), dtype)
+    factor = head_dim ** -0.5 if scale_op == "mul" else head_dim ** 0.5
+    scores = getattr(g, scale_op)(g.matmul(q, g.transpose(k, perm=(1, 0))),
+                                  g.param("factor", np.array(factor, dtype=np.float32).astype(q.type.dtype)))
+    if mask is not None:
+        values = np.where(np.tril(np.ones((seq_q, seq_k), dtype=bool)), 0.0, -np.inf).astype(np.float32)
+        if mask == "other":
+            values[0, 0] = -1.0
+        scores = g.add(scores, g.param("mask", values.astype(q.type.dtype)))
+    g.output(g.matmul(g.softmax(scores, axis=softmax_axis), v), "y")
+    return g
+
+
+def _op_counts(graph):
+    counts = {}
+    for node in graph.nodes:
+        counts[node.op] = counts.get(node.op, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("scale_op", ("mul", "div"))
+@pytest.mark.parametrize("mask", ("causal", None))
+@pytest.mark.parametrize("seq_q,seq_k", ((6, 6), (3, 8), (8, 3)))
+def test_fusion_pass_makes_one_attention_node(rng, scale_op, mask, seq_q, seq_k):
+    g = _written_out_attention(rng, seq_q, seq_k, 8, mask=mask, scale_op=scale_op)
+    before = _op_counts(g)
+    assert before == {"matmul": 2, "transpose": 1, scale_op: 1, "softmax": 1, **({"add": 1} if mask else {})}
+    optimized, records = ge2.passes.PassManager(ge2.passes.resolve(["fuse_attention", "dce"]),
+                                                verify_each=True).run(g)
+    assert _op_counts(optimized) == {"reshape": 4, "attention": 1}
+    (node,) = [n for n in optimized.nodes if n.op == "attention"]
+    assert node.attrs["causal"] == (mask == "causal")
+    assert node.attrs["scale"] == pytest.approx(8 ** -0.5, rel=1e-6)
+    feeds = {name: random_array(rng, shape, "float32") for name, shape in
+             (("q", (seq_q, 8)), ("k", (seq_k, 8)), ("v", (seq_k, 8)))}
+    expected = ge2.ExecutorV2(g, device="cpu", passes=[]).run(feeds)["y"]
+    fused = ge2.ExecutorV2(g, device="cpu").run(feeds)["y"]  # the default pipeline fuses too
+    reference, _ = attention.reference(*(feeds[name][None, None] for name in "qkv"), causal=mask == "causal")
+    assert_close(fused, reference[0, 0], "float32", reduction_length=8)
+    assert_close(fused, expected, "float32", reduction_length=8)
+
+
+@pytest.mark.parametrize("change", ("other_mask", "softmax_axis"))
+def test_fusion_pass_leaves_other_patterns(rng, change):
+    g = _written_out_attention(rng, 5, 5, 8, mask="other" if change == "other_mask" else "causal",
+                               softmax_axis=0 if change == "softmax_axis" else -1)
+    optimized, _ = ge2.passes.PassManager(ge2.passes.resolve(["fuse_attention"]), verify_each=True).run(g)
+    assert _op_counts(optimized) == _op_counts(g)
+
+
+def test_fusion_pass_keeps_scores_read_elsewhere(rng):
+    g = _written_out_attention(rng, 4, 4, 8)
+    scores = next(n for n in g.nodes if n.op == "softmax").inputs[0]
+    g.output(scores, "scores")  # an interior value that is a graph output must survive
+    optimized, _ = ge2.passes.PassManager(ge2.passes.resolve(["fuse_attention"]), verify_each=True).run(g)
+    assert "attention" not in _op_counts(optimized)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # GPU: every kernel against the float64 reference
 # ---------------------------------------------------------------------------------------------------------------
 def _check_forward(q, k, v, causal, layout, kernel, poisoned, dtype, scale=None):

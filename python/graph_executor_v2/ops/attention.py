@@ -17,7 +17,7 @@ query heads of each K/V group). lse carries no gradient: it is a saved statistic
 
 Kernel candidates (``kernels()``):
 1. ``rowwise``: a warp per query row (forward, dq) or key row (dk, dv), float32 online softmax, no tensor cores;
-   head_dim <= 256, any length. The path that always works.
+   head_dim <= 256, any length. Graphs with a larger head_dim run on the registry's host fallback.
 """
 from __future__ import annotations
 
@@ -408,8 +408,7 @@ ATTENTION = register(OpDef(
     infer=_infer,
     reference=_reference_rule,
     reference_backward=_reference_backward_rule,
-    candidates=(Candidate("rowwise", 10, _ROWWISE, lambda problem: _supports(problem, 0), _prepare_forward,
-                          always_works=True),),
+    candidates=(Candidate("rowwise", 10, _ROWWISE, lambda problem: _supports(problem, 0), _prepare_forward),),
     doc=__doc__,
 ))
 
@@ -421,7 +420,6 @@ ATTENTION_BACKWARD = register(OpDef(
     attrs=_ATTRS,
     infer=_infer_backward,
     reference=_reference_backward_op,
-    candidates=(Candidate("rowwise", 10, _ROWWISE, lambda problem: _supports(problem, 1), _prepare_backward,
-                          always_works=True),),
+    candidates=(Candidate("rowwise", 10, _ROWWISE, lambda problem: _supports(problem, 1), _prepare_backward),),
     doc="attention's gradients (dq, dk, dv) from dy, the forward inputs and the saved y and lse.",
 ))

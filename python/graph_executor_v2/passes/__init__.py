@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .attention_fusion import fuse_attention
 from .canonicalize import canonicalize
 from .cleanup import eliminate_common_subexpressions, eliminate_dead_code
 from .constant_fold import fold_constants
@@ -19,13 +20,15 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("dce", eliminate_dead_code, "remove nodes and params no output depends on"),
     Pass("cse", eliminate_common_subexpressions, "merge nodes computing the same thing"),
     Pass("constant_fold", fold_constants, "evaluate parameter-only nodes once, as parameters"),
+    Pass("fuse_attention", fuse_attention, "matmul -> scale -> causal mask -> softmax -> matmul -> one attention"),
     Pass("canonicalize", canonicalize, "matmul -> gemm, transposes -> trans flags, row adds -> bias_add -> gemm "
                                        "bias, drop identities"),
     Pass("fuse", fuse, "fuse residual adds and activations into gemm epilogues"),
 )}
 
-# Folding runs after canonicalization, so the reshapes it inserts for parameter rows become parameters.
-DEFAULT_PIPELINE = ("infer_shapes", "dce", "cse", "canonicalize", "constant_fold", "fuse", "dce")
+# Folding runs after canonicalization, so the reshapes it inserts for parameter rows become parameters. Attention
+# fuses before canonicalization turns its matmuls into gemms.
+DEFAULT_PIPELINE = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicalize", "constant_fold", "fuse", "dce")
 
 
 def resolve(passes: Sequence[str | Pass] | None) -> list[Pass]:
@@ -42,5 +45,5 @@ def resolve(passes: Sequence[str | Pass] | None) -> list[Pass]:
 
 
 __all__ = ["DEFAULT_PIPELINE", "PASSES", "Pass", "PassManager", "PassRecord", "Pat", "Rewrite", "canonicalize",
-           "eliminate_common_subexpressions", "eliminate_dead_code", "fold_constants", "fuse", "infer_shapes",
-           "resolve", "rewrite"]
+           "eliminate_common_subexpressions", "eliminate_dead_code", "fold_constants", "fuse", "fuse_attention",
+           "infer_shapes", "resolve", "rewrite"]

@@ -275,11 +275,11 @@ def _check_backward(q, k, v, dy, causal, layout, kernel, poisoned, dtype, scale=
     grads = attention.backward(*(runtime.DeviceArray.from_numpy(x) for x in (dy, q, k, v)), causal=causal,
                                scale=scale, layout=layout, kernel=kernel, out=outs, y=y, lse=lse)
     expected = attention.reference_backward(dy, q, k, v, causal=causal, scale=scale, layout=layout)
-    sizes = attention.shape_sizes(q.shape, k.shape, v.shape, layout)
-    group = sizes["heads_q"] // sizes["heads_kv"]
-    lengths = (sizes["seq_k"], sizes["seq_q"] * group, sizes["seq_q"] * group)
-    for name, got, want, length in zip("qkv", grads, expected, lengths):
-        assert_close(got.numpy(), want, dtype, reduction_length=length, what=f"d{name}")
+    # Softmax weights sum to one, so the error does not grow with the length: D_i = dy_i . y_i (from the rounded y)
+    # is the largest source, a head_dim-long dot product.
+    head_dim = q.shape[-1]
+    for name, got, want in zip("qkv", grads, expected):
+        assert_close(got.numpy(), want, dtype, reduction_length=head_dim, what=f"d{name}")
 
 
 @pytest.mark.gpu

@@ -124,7 +124,7 @@ def _heads_first(x, layout):
 
 def _probabilities(q, k, causal, scale):
     """(P, lse) in float64 from [b, h, s, d] q and group-expanded k."""
-    scores = scale * np.einsum("bhid,bhjd->bhij", q, k)
+    scores = scale * (q @ np.swapaxes(k, -1, -2))
     if causal:
         seq_q, seq_k = scores.shape[-2:]
         scores = np.where(np.tril(np.ones((seq_q, seq_k), dtype=bool)), scores, -np.inf)

@@ -65,7 +65,8 @@ def test_causal_is_top_left_aligned(rng):
     q, k, v, _ = _problem(rng, 1, 1, 1, 2, 5, 4, "float32")
     y, lse = attention.reference(q, k, v, causal=True, scale=0.7)
     np.testing.assert_allclose(y[0, 0, 0], v[0, 0, 0], rtol=1e-12)
-    np.testing.assert_allclose(lse[0, 0, 0], 0.7 * q[0, 0, 0].astype(np.float64) @ k[0, 0, 0].astype(np.float64), rtol=1e-12)
+    q64, k64 = q.astype(np.float64), k.astype(np.float64)
+    np.testing.assert_allclose(lse[0, 0, 0], 0.7 * q64[0, 0, 0] @ k64[0, 0, 0], rtol=1e-12)
 
 
 def test_layouts_agree(rng):

@@ -348,3 +348,53 @@ def test_graph_runs_on_cuda_executor(rng):
     expected, _ = attention.reference(feeds["q"], feeds["k"], feeds["v"], causal=True, layout="bshd")
     assert_close(result["y"], expected, "bfloat16", what="y")
     assert {s.op: s.kernel for plan in executor.plans for s in plan.selections} == {"attention": "rowwise"}
+
+
+@pytest.mark.gpu
+def test_replays_in_a_cuda_graph(rng):
+    runtime = ge2.device.runtime()
+    stream = runtime.Stream()
+    host = _problem(rng, 2, 4, 2, 40, 40, 64, "float16", "bshd")
+    q, k, v, dy = (runtime.DeviceArray.from_numpy(x) for x in host)
+    y, lse = runtime.DeviceArray.empty(list(q.shape), "float16"), runtime.DeviceArray.empty([2, 4, 40], "float32")
+    grads = tuple(runtime.DeviceArray.empty(list(x.shape), "float16") for x in (q, k, v))
+
+    def run():
+        attention.forward(q, k, v, causal=True, layout="bshd", out=(y, lse), stream=stream)
+        attention.backward(dy, q, k, v, causal=True, layout="bshd", out=grads, stream=stream, y=y, lse=lse)
+
+    run()  # grows the backward's workspace outside the capture
+    stream.synchronize()
+    graph = runtime.CudaGraph()
+    graph.begin_capture(stream.handle)
+    run()
+    graph.end_capture()
+    fresh = _problem(rng, 2, 4, 2, 40, 40, 64, "float16", "bshd")
+    for device_array, values in zip((q, k, v, dy), fresh):
+        device_array.copy_from_numpy(values)
+    for output in (y, lse, *grads):
+        output.poison(stream.handle)
+    graph.replay(stream.handle)
+    stream.synchronize()
+    expected_y, expected_lse = attention.reference(*fresh[:3], causal=True, layout="bshd")
+    assert_close(y.numpy(), expected_y, "float16", what="captured y")
+    assert_close(lse.numpy(), expected_lse, "float32", reduction_length=64, what="captured lse")
+    expected = attention.reference_backward(fresh[3], *fresh[:3], causal=True, layout="bshd")
+    for name, got, want in zip("qkv", grads, expected):
+        assert_close(got.numpy(), want, "float16", reduction_length=64, what=f"captured d{name}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_interop_is_zero_copy(dtype):
+    torch = pytest.importorskip("torch")
+    q, k, v, dy = (torch.randn(2, 3, 33, 64, device="cuda", dtype=getattr(torch, dtype)) for _ in range(4))
+    y, lse = attention.forward(q, k, v, causal=True)
+    assert isinstance(y, torch.Tensor) and isinstance(lse, torch.Tensor) and lse.dtype == torch.float32
+    expected = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    assert_close(y.float().cpu().numpy(), expected.cpu().numpy(), dtype, what="y vs torch")
+    grads = attention.backward(dy, q, k, v, causal=True, y=y, lse=lse)
+    host = [x.float().cpu().numpy() for x in (q, k, v, dy)]
+    for name, got, want in zip("qkv", grads, attention.reference_backward(host[3], *host[:3], causal=True)):
+        assert isinstance(got, torch.Tensor)
+        assert_close(got.float().cpu().numpy(), want, dtype, reduction_length=64, what=f"d{name}")

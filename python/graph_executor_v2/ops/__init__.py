@@ -15,6 +15,7 @@ from . import cross_entropy, dropout, embedding
 from . import reduce, softmax
 from . import cast
 from . import optimizer
+from . import attention
 
 # The faces of ops that share a module (add, relu, log_softmax, sum, reshape, ...); one-op modules are their face.
 globals().update({name: face for name, face in FACES.items() if name not in globals()})

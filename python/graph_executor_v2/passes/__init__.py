@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .attention_fusion import fuse_attention
 from .canonicalize import canonicalize
 from .amp import POLICY, autocast
 from .cleanup import eliminate_common_subexpressions, eliminate_dead_code
@@ -21,6 +22,7 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("dce", eliminate_dead_code, "remove nodes and params no output depends on"),
     Pass("cse", eliminate_common_subexpressions, "merge nodes computing the same thing"),
     Pass("constant_fold", fold_constants, "evaluate parameter-only nodes once, as parameters"),
+    Pass("fuse_attention", fuse_attention, "matmul -> scale -> causal mask -> softmax -> matmul -> one attention"),
     Pass("canonicalize", canonicalize, "matmul -> gemm, transposes -> trans flags, row adds -> bias_add -> gemm "
                                        "bias, drop identities"),
     Pass("fuse", fuse, "fuse residual adds and activations into gemm epilogues"),
@@ -32,11 +34,12 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
          "a cross_entropy and its backward seeded by 1 -> one cross_entropy_with_grad pass over the logits"),
 )}
 
-# Folding runs after canonicalization, so the reshapes it inserts for parameter rows become parameters.
-DEFAULT_PIPELINE = ("infer_shapes", "dce", "cse", "canonicalize", "constant_fold", "fuse", "dce")
+# Folding runs after canonicalization, so the reshapes it inserts for parameter rows become parameters. Attention
+# fuses before canonicalization turns its matmuls into gemms.
+DEFAULT_PIPELINE = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicalize", "constant_fold", "fuse", "dce")
 # Training: the forward is canonicalized and fused before autograd (no constant folding: parameters are trained),
 # the graph with gradients is then cleaned and its backward fused.
-TRAINING_FORWARD = ("infer_shapes", "dce", "cse", "canonicalize", "fuse_relu", "dce")
+TRAINING_FORWARD = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicalize", "fuse_relu", "dce")
 TRAINING_BACKWARD = ("infer_shapes", "cse", "dce", "chain_activation_backward", "trim_gemm_backward",
                      "fuse_loss_gradient", "dce")
 
@@ -56,5 +59,5 @@ def resolve(passes: Sequence[str | Pass] | None) -> list[Pass]:
 
 __all__ = ["DEFAULT_PIPELINE", "PASSES", "POLICY", "TRAINING_BACKWARD", "TRAINING_FORWARD", "Pass", "PassManager",
            "PassRecord", "Pat", "Rewrite", "autocast", "canonicalize", "chain_activation_backward",
-           "eliminate_common_subexpressions", "eliminate_dead_code", "fold_constants", "fuse", "fuse_loss_gradient",
-           "fuse_relu", "infer_shapes", "resolve", "rewrite", "trim_gemm_backward"]
+           "eliminate_common_subexpressions", "eliminate_dead_code", "fold_constants", "fuse", "fuse_attention",
+           "fuse_loss_gradient", "fuse_relu", "infer_shapes", "resolve", "rewrite", "trim_gemm_backward"]

@@ -1,0 +1,72 @@
+// attention: O = softmax(scale * Q K^T + causal mask) V per (batch, head), with grouped K/V heads (GQA: query head
+// h reads K/V head h / (heads_q / heads_kv)). Causal uses the top-left alignment (PyTorch's is_causal): query row i
+// sees keys j <= i, whatever seq_q and seq_k are. float32 math and softmax statistics whatever the storage type.
+//   forward:  O, and lse[b, h, i] = log(sum_j exp(scale * q_i . k_j)) over the visible keys (float32)
+//   backward: D_i = dO_i . O_i; P_ij = exp(scale * q_i . k_j - lse_i); dS_ij = P_ij * (dO_i . v_j - D_i)
+//             dQ_i = scale * sum_j dS_ij k_j; dK_j = scale * sum_i dS_ij q_i; dV_j = sum_i P_ij dO_i
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "dtype.hpp"
+#include "kernel_info.hpp"
+
+namespace ge2::attention {
+
+enum class Kernel { Auto, Rowwise };
+
+Kernel kernel_from_name(const std::string& name);
+const char* kernel_name(Kernel kernel);
+
+constexpr int64_t kMaxHeadDim = 256;  // a lane holds head_dim / 32 values of a row in registers
+constexpr int64_t kMaxSeq = 65535 * 8;  // grid.y tiles of 8 rows
+
+// Sizes and element strides of Q, K/V and O (O and the gradients share Q's strides, dK/dV share K's). The
+// strides express both layouts: [batch, heads, seq, head_dim] and [batch, seq, heads, head_dim].
+struct Shape {
+  int64_t batch = 0, heads_q = 0, heads_kv = 0, seq_q = 0, seq_k = 0, head_dim = 0;
+  bool seq_major = false;  // true: [batch, seq, heads, head_dim]
+  float scale = 1.0f;
+  bool causal = false;
+  DType dtype = DType::Float16;
+};
+
+struct ForwardArgs {
+  Shape shape;
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  float* lse = nullptr;  // [batch, heads_q, seq_q]
+};
+
+struct BackwardArgs {
+  Shape shape;
+  const void* dout = nullptr;
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* o = nullptr;
+  const float* lse = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+};
+
+// Empty when `kernel` can run the problem; otherwise the reason it cannot.
+std::string unsupported_reason(Kernel kernel, const Shape& shape);
+
+Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream);
+Kernel backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream);
+
+std::vector<KernelInfo> kernel_table();
+
+// ---- internal: one launcher per kernel variant (kernels/*.cu), arguments already checked ----------------------
+void launch_rowwise_forward(const ForwardArgs& args, cudaStream_t stream);
+// row_dot: float32 scratch of batch * heads_q * seq_q for D_i = dO_i . O_i.
+void launch_rowwise_backward(const BackwardArgs& args, float* row_dot, cudaStream_t stream);
+
+}  // namespace ge2::attention

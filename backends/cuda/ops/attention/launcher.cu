@@ -1,0 +1,90 @@
+// attention launcher: argument checks, the kernel table and the choice of kernel. One candidate today: rowwise
+// (a warp per query row for the forward and dQ, a warp per key row for dK/dV), the path that always works.
+#include <string>
+
+#include "api.hpp"
+#include "status.hpp"
+#include "stream_workspace.hpp"
+
+namespace ge2::attention {
+
+Kernel kernel_from_name(const std::string& name) {
+  if (name == "auto") return Kernel::Auto;
+  if (name == "rowwise") return Kernel::Rowwise;
+  throw std::invalid_argument("kernel: expected one of auto, rowwise, got '" + name + "'");
+}
+
+const char* kernel_name(Kernel kernel) {
+  switch (kernel) {
+    case Kernel::Auto: return "auto";
+    case Kernel::Rowwise: return "rowwise";
+  }
+  return "unknown";
+}
+
+std::vector<KernelInfo> kernel_table() {
+  return {
+      {"rowwise", 10,
+       "a warp per query row (forward, dQ) or key row (dK, dV): online softmax in float32, K/V rows streamed from "
+       "L2, no tensor cores. The path that always works",
+       "head_dim <= " + std::to_string(kMaxHeadDim) + "; any seq_q, seq_k; float32, float16, bfloat16"},
+  };
+}
+
+std::string unsupported_reason(Kernel kernel, const Shape& shape) {
+  (void)kernel;  // rowwise (and auto, which picks it) share one constraint
+  if (shape.head_dim > kMaxHeadDim) {
+    return "rowwise holds a row in registers: needs head_dim <= " + std::to_string(kMaxHeadDim) + ", got " +
+           std::to_string(shape.head_dim);
+  }
+  return "";
+}
+
+namespace {
+
+void check_shape(const Shape& s) {
+  if (s.batch < 1 || s.heads_q < 1 || s.heads_kv < 1 || s.seq_q < 1 || s.seq_k < 1 || s.head_dim < 1) {
+    throw std::invalid_argument("batch, heads_q, heads_kv, seq_q, seq_k, head_dim: expected sizes >= 1, got " +
+                                std::to_string(s.batch) + ", " + std::to_string(s.heads_q) + ", " +
+                                std::to_string(s.heads_kv) + ", " + std::to_string(s.seq_q) + ", " +
+                                std::to_string(s.seq_k) + ", " + std::to_string(s.head_dim));
+  }
+  if (s.seq_q > kMaxSeq || s.seq_k > kMaxSeq || s.batch * s.heads_q > 0x7fffffff) {
+    throw std::invalid_argument("seq_q, seq_k, batch * heads_q: expected <= " + std::to_string(kMaxSeq) + ", <= " +
+                                std::to_string(kMaxSeq) + ", < 2^31, got " + std::to_string(s.seq_q) + ", " +
+                                std::to_string(s.seq_k) + ", " + std::to_string(s.batch * s.heads_q));
+  }
+  if (s.heads_q % s.heads_kv != 0) {
+    throw std::invalid_argument("heads_kv: expected a divisor of heads_q = " + std::to_string(s.heads_q) + ", got " +
+                                std::to_string(s.heads_kv));
+  }
+  if (!is_floating(s.dtype)) {
+    throw std::invalid_argument(std::string("dtype: expected float32, float16 or bfloat16, got ") +
+                                dtype_name(s.dtype));
+  }
+}
+
+Kernel choose(Kernel requested, const Shape& shape) {
+  const std::string reason = unsupported_reason(requested, shape);
+  if (!reason.empty()) throw std::invalid_argument("kernel: " + reason);
+  return Kernel::Rowwise;
+}
+
+}  // namespace
+
+Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
+  check_shape(args.shape);
+  const Kernel kernel = choose(requested, args.shape);
+  launch_rowwise_forward(args, stream);
+  return kernel;
+}
+
+Kernel backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream) {
+  check_shape(args.shape);
+  const Kernel kernel = choose(requested, args.shape);
+  const auto rows = static_cast<std::size_t>(args.shape.batch * args.shape.heads_q * args.shape.seq_q);
+  launch_rowwise_backward(args, static_cast<float*>(StreamWorkspace::get(rows * sizeof(float), stream)), stream);
+  return kernel;
+}
+
+}  // namespace ge2::attention

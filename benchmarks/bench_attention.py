@@ -1,0 +1,98 @@
+"""attention: every GE2 kernel candidate vs torch.nn.functional.scaled_dot_product_attention, forward and
+forward+backward, float16 and bfloat16, one process, one GPU. Correctness against PyTorch first, then medians.
+
+Targets (issue 9): the op (best candidate) >= 1.0x PyTorch forward and >= 0.95x forward+backward at every row;
+GE2's own flash kernel >= 0.8x forward and >= 0.7x forward+backward at the head_dim-128 rows.
+
+Run: python benchmarks/bench_attention.py [--quick]
+"""
+from __future__ import annotations
+
+import sys
+
+from harness import median_ms, torch_cuda, write_results
+
+from graph_executor_v2.ops import attention
+
+# (batch, heads, seq, head_dim, causal)
+SHAPES = [(8, 12, 1024, 64, True), (8, 12, 1024, 64, False), (4, 16, 4096, 128, True), (16, 16, 512, 128, False),
+          (1, 32, 8192, 128, True)]
+QUICK_SHAPES = SHAPES[:2]
+
+
+def _relative_error(actual, expected):
+    return ((actual.float() - expected.float()).abs().max() / expected.float().abs().max().clamp_min(1e-6)).item()
+
+
+def bench_shape(torch, batch, heads, seq, head_dim, causal, dtype_name, kernel):
+    F = torch.nn.functional
+    dtype = getattr(torch, dtype_name)
+    q, k, v, dy = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=dtype) for _ in range(4))
+    y = torch.empty_like(q)
+    lse = torch.empty(batch, heads, seq, device="cuda", dtype=torch.float32)
+    grads = tuple(torch.empty_like(x) for x in (q, k, v))
+
+    def ge2_forward():
+        attention.forward(q, k, v, causal=causal, kernel=kernel, out=(y, lse))
+
+    def ge2_forward_backward():
+        ge2_forward()
+        attention.backward(dy, q, k, v, causal=causal, kernel=kernel, out=grads, y=y, lse=lse)
+
+    leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+
+    def torch_forward():
+        with torch.no_grad():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def torch_forward_backward():
+        out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+        return torch.autograd.grad(out, leaves, dy)
+
+    ge2_forward_backward()
+    tolerance = 2e-2 if dtype_name == "bfloat16" else 5e-3
+    errors = {"y": _relative_error(y, torch_forward())}
+    errors.update({f"d{name}": _relative_error(got, want)
+                   for name, got, want in zip("qkv", grads, torch_forward_backward())})
+    worst = max(errors.values())
+    if not worst < tolerance:
+        raise AssertionError(f"GE2 {kernel} disagrees with torch at {(batch, heads, seq, head_dim, causal)} "
+                             f"{dtype_name}: {errors}")
+
+    reps = dict(warmup=3, reps=10)
+    times = {"ge2_fwd_ms": median_ms(ge2_forward, **reps), "torch_fwd_ms": median_ms(torch_forward, **reps),
+             "ge2_fwdbwd_ms": median_ms(ge2_forward_backward, **reps),
+             "torch_fwdbwd_ms": median_ms(torch_forward_backward, **reps)}
+    # Forward FLOPs: two GEMMs of 2 * seq^2 * head_dim per head, halved by a causal mask; backward is 2.5x that.
+    flops = 4.0 * batch * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
+    row = {"shape": f"({batch},{heads},{seq},{head_dim},{'T' if causal else 'F'})", "dtype": dtype_name,
+           "kernel": kernel, **times, "max_rel_err": worst,
+           "ge2_fwd_tflops": flops / (times["ge2_fwd_ms"] * 1e-3) / 1e12,
+           "vs_torch_fwd": times["torch_fwd_ms"] / times["ge2_fwd_ms"],
+           "vs_torch_fwdbwd": times["torch_fwdbwd_ms"] / times["ge2_fwdbwd_ms"]}
+    misses = [name for name, ratio, target in (("fwd", row["vs_torch_fwd"], 1.0),
+                                               ("fwd+bwd", row["vs_torch_fwdbwd"], 0.95)) if ratio < target]
+    row["op_target_met"] = ("NO (" + ",".join(misses) + ")") if misses else "yes"
+    return row
+
+
+def main():
+    torch = torch_cuda()
+    shapes = QUICK_SHAPES if "--quick" in sys.argv else SHAPES
+    candidates = [entry["name"] for entry in attention.kernels()]
+    rows = []
+    for batch, heads, seq, head_dim, causal in shapes:
+        for dtype_name in ("float16", "bfloat16"):
+            for kernel in candidates:
+                rows.append(bench_shape(torch, batch, heads, seq, head_dim, causal, dtype_name, kernel))
+                print(rows[-1], flush=True)
+    columns = [("shape", "(B,H,S,D,causal)"), ("dtype", "dtype"), ("kernel", "kernel"),
+               ("ge2_fwd_ms", "GE2 fwd ms"), ("torch_fwd_ms", "torch fwd ms"), ("vs_torch_fwd", "fwd vs torch"),
+               ("ge2_fwdbwd_ms", "GE2 fwd+bwd ms"), ("torch_fwdbwd_ms", "torch fwd+bwd ms"),
+               ("vs_torch_fwdbwd", "fwd+bwd vs torch"), ("ge2_fwd_tflops", "GE2 fwd TFLOP/s"),
+               ("max_rel_err", "max rel err"), ("op_target_met", "op target (>=1.0x fwd, >=0.95x fwd+bwd)")]
+    print(write_results("attention", rows, columns, "attention vs torch scaled_dot_product_attention (H100)"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,425 @@
+"""attention: ``y = softmax(scale * q k^T + causal mask) v`` per (batch, head), with the row log-sum-exp saved.
+
+Shapes (``layout``): ``"bhsd"`` is ``[batch, heads, seq, head_dim]``; ``"bshd"`` is ``[batch, seq, heads,
+head_dim]``, what a fused QKV projection gives without a transpose. q is ``heads_q`` heads of ``seq_q`` rows; k and v
+share ``heads_kv`` heads of ``seq_k`` rows, and ``heads_kv`` divides ``heads_q`` (grouped-query attention: query head
+h reads K/V head ``h // (heads_q // heads_kv)``). y has q's shape and dtype; ``lse`` is ``[batch, heads_q, seq_q]``
+float32, ``lse[b, h, i] = log(sum_j exp(scale * q_i . k_j))`` over the keys row i sees.
+
+``causal`` masks with the top-left alignment, PyTorch's ``is_causal``: query row i sees keys ``j <= i`` whatever
+seq_q and seq_k are (with seq_q > seq_k the last rows see every key; with seq_q < seq_k the last keys are seen by
+no row). ``scale`` defaults to ``1 / sqrt(head_dim)``. float32 softmax statistics and accumulation for every
+storage dtype (float32, float16, bfloat16).
+
+Backward, from dy and the saved y and lse: ``D_i = dy_i . y_i``, ``P_ij = exp(scale * q_i . k_j - lse_i)``,
+``dS_ij = P_ij (dy_i . v_j - D_i)``, ``dq = scale dS k``, ``dk = scale dS^T q``, ``dv = P^T dy`` (dk, dv summed over the
+query heads of each K/V group). lse carries no gradient: it is a saved statistic.
+
+Kernel candidates (``kernels()``):
+1. ``rowwise``: a warp per query row (forward, dq) or key row (dk, dv), float32 online softmax, no tensor cores;
+   head_dim <= 256, any length. Graphs with a larger head_dim run on the registry's host fallback.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import _native
+from .. import device as _device
+from ..dtypes import FLOAT_DTYPES, normalize
+from ..ir.types import TensorType
+from . import _layout
+from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register
+
+LAYOUTS = ("bhsd", "bshd")
+KERNELS = ("auto", "rowwise")
+MAX_HEAD_DIM = 256  # the rowwise kernel keeps head_dim / 32 values of a row per lane
+
+
+def _native_module():
+    return _native.load("_ops_attention")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation: shapes, dtypes and arguments only, so it runs (and is tested) with no GPU.
+# ---------------------------------------------------------------------------------------------------------------
+def _check_layout(layout):
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
+
+
+def _check_kernel(kernel):
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
+
+
+def _scale_problem(scale) -> str | None:
+    """Attr check (the type is already a float): what is wrong with ``scale``, or None."""
+    return None if math.isfinite(scale) and scale != 0 else "must be finite and nonzero"
+
+
+def _check_scale(scale):
+    if scale is None:
+        return
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise TypeError(f"scale: expected a float or None, got {type(scale).__name__} ({scale!r})")
+    if _scale_problem(float(scale)):
+        raise ValueError(f"scale: expected a finite nonzero float or None, got {scale!r}")
+
+
+def _dims(shape, layout, argument):
+    """(batch, heads, seq, head_dim) of a rank-4 shape in ``layout``."""
+    if len(shape) != 4:
+        order = "[batch, heads, seq, head_dim]" if layout == "bhsd" else "[batch, seq, heads, head_dim]"
+        raise ValueError(f"{argument}: expected a rank-4 array {order} (layout {layout!r}), got shape {tuple(shape)}")
+    batch, second, third, head_dim = shape
+    return (batch, second, third, head_dim) if layout == "bhsd" else (batch, third, second, head_dim)
+
+
+def problem_sizes(q_shape, q_dtype, k_shape, k_dtype, v_shape, v_dtype, layout) -> dict:
+    """The sizes of an attention problem; raises naming q, k, v or layout when the arrays do not fit together."""
+    for name, dtype in (("q", q_dtype), ("k", k_dtype), ("v", v_dtype)):
+        if dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name}: expected dtype float32, float16 or bfloat16, got {dtype}")
+    for name, dtype in (("k", k_dtype), ("v", v_dtype)):
+        if dtype != q_dtype:
+            raise TypeError(f"{name}: expected dtype {q_dtype} (the dtype of q), got {dtype}")
+    return shape_sizes(q_shape, k_shape, v_shape, layout)
+
+
+def shape_sizes(q_shape, k_shape, v_shape, layout) -> dict:
+    """The sizes from the shapes alone (the float64 reference takes any float dtype)."""
+    _check_layout(layout)
+    batch, heads_q, seq_q, head_dim = _dims(q_shape, layout, "q")
+    k_batch, heads_kv, seq_k, k_head_dim = _dims(k_shape, layout, "k")
+    _dims(v_shape, layout, "v")
+    if tuple(v_shape) != tuple(k_shape):
+        raise ValueError(f"v: expected shape {tuple(k_shape)} (the shape of k), got {tuple(v_shape)}")
+    if k_batch != batch:
+        raise ValueError(f"k: expected batch {batch} (the batch of q), got {k_batch} in shape {tuple(k_shape)}")
+    if k_head_dim != head_dim:
+        raise ValueError(f"k: expected head_dim {head_dim} (the head_dim of q), got {k_head_dim} in shape "
+                         f"{tuple(k_shape)}")
+    for name, shape, sizes in (("q", q_shape, (batch, heads_q, seq_q, head_dim)),
+                               ("k", k_shape, (batch, heads_kv, seq_k, head_dim))):
+        if any(isinstance(size, int) and size < 1 for size in sizes):
+            raise ValueError(f"{name}: expected every size >= 1, got shape {tuple(shape)}")
+    if isinstance(heads_q, int) and isinstance(heads_kv, int) and heads_q % heads_kv:
+        raise ValueError(f"k: expected a number of heads that divides the {heads_q} heads of q, got {heads_kv} "
+                         f"in shape {tuple(k_shape)}")
+    return dict(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seq_q=seq_q, seq_k=seq_k, head_dim=head_dim)
+
+
+def default_scale(scale, head_dim) -> float:
+    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reference (float64): the oracle of every test and the CPU backend.
+# ---------------------------------------------------------------------------------------------------------------
+def _heads_first(x, layout):
+    return x if layout == "bhsd" else x.transpose(0, 2, 1, 3)
+
+
+def _probabilities(q, k, causal, scale):
+    """(P, lse) in float64 from [b, h, s, d] q and group-expanded k."""
+    scores = scale * (q @ np.swapaxes(k, -1, -2))
+    if causal:
+        seq_q, seq_k = scores.shape[-2:]
+        scores = np.where(np.tril(np.ones((seq_q, seq_k), dtype=bool)), scores, -np.inf)
+    peak = scores.max(axis=-1, keepdims=True)
+    total = np.exp(scores - peak).sum(axis=-1, keepdims=True)
+    lse = peak + np.log(total)
+    return np.exp(scores - lse), lse[..., 0]
+
+
+def _expanded(q, k, v, layout):
+    """q, k, v as float64 [b, h, s, d] with k and v repeated over each group of query heads."""
+    q64, k64, v64 = (_heads_first(as_float64(x), layout) for x in (q, k, v))
+    group = q64.shape[1] // k64.shape[1]
+    return q64, np.repeat(k64, group, axis=1), np.repeat(v64, group, axis=1), group
+
+
+def reference(q, k, v, causal=False, scale=None, layout="bhsd"):
+    """(y, lse) in float64."""
+    shape_sizes(q.shape, k.shape, v.shape, layout)
+    _check_scale(scale)
+    q64, k64, v64, _ = _expanded(q, k, v, layout)
+    p, lse = _probabilities(q64, k64, causal, default_scale(scale, q64.shape[-1]))
+    return _heads_first(p @ v64, layout), lse
+
+
+def reference_backward(dy, q, k, v, causal=False, scale=None, layout="bhsd"):
+    """(dq, dk, dv) in float64, from the exact probabilities (not the rounded y and lse)."""
+    shape_sizes(q.shape, k.shape, v.shape, layout)
+    _check_scale(scale)
+    if tuple(dy.shape) != tuple(q.shape):
+        raise ValueError(f"dy: expected shape {tuple(q.shape)} (the shape of q), got {tuple(dy.shape)}")
+    q64, k64, v64, group = _expanded(q, k, v, layout)
+    dy64 = _heads_first(as_float64(dy), layout)
+    scale = default_scale(scale, q64.shape[-1])
+    p, _ = _probabilities(q64, k64, causal, scale)
+    dp = dy64 @ v64.transpose(0, 1, 3, 2)
+    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    dq = scale * ds @ k64
+    dk = scale * ds.transpose(0, 1, 3, 2) @ q64
+    dv = p.transpose(0, 1, 3, 2) @ dy64
+
+    def grouped(x):  # sum the expanded heads back onto their K/V head
+        b, h, s, d = x.shape
+        return x.reshape(b, h // group, group, s, d).sum(axis=2)
+
+    return _heads_first(dq, layout), _heads_first(grouped(dk), layout), _heads_first(grouped(dv), layout)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Python face
+# ---------------------------------------------------------------------------------------------------------------
+def _host_array(value, argument):
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"{argument}: expected a NumPy array, got {type(value).__name__}")
+    return normalize(value.dtype, argument)
+
+
+def _check_native_kernel(kernel, head_dim):
+    if kernel != "auto":
+        reason = _native_module().unsupported_reason(kernel, head_dim)
+        if reason:
+            raise ValueError(f"kernel: '{kernel}' cannot run this problem: {reason}")
+    elif head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"q: no attention kernel takes head_dim {head_dim}; expected head_dim <= {MAX_HEAD_DIM}")
+
+
+def _device_views(arrays, names):
+    views = [_device.view_of(array, name) for array, name in zip(arrays, names)]
+    for view, name in zip(views, names):
+        if not view.is_contiguous:
+            raise ValueError(f"{name}: expected a contiguous array, got strides {view.strides} for shape {view.shape}")
+        _layout.check_device(view, views[0].device, name)
+    return views
+
+
+def _native_sizes(sizes, causal, scale, layout, dtype):
+    return dict(batch=sizes["batch"], heads_q=sizes["heads_q"], heads_kv=sizes["heads_kv"], seq_q=sizes["seq_q"],
+                seq_k=sizes["seq_k"], head_dim=sizes["head_dim"], seq_major=layout == "bshd",
+                scale=default_scale(scale, sizes["head_dim"]), causal=bool(causal), dtype=dtype)
+
+
+def _check_causal(causal):
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__} ({causal!r})")
+
+
+def _checked(q_shape, q_dtype, k_shape, k_dtype, v_shape, v_dtype, causal, scale, layout, kernel):
+    _check_causal(causal)
+    _check_scale(scale)
+    _check_kernel(kernel)
+    return problem_sizes(q_shape, q_dtype, k_shape, k_dtype, v_shape, v_dtype, layout)
+
+
+def _out_pair(out):
+    if out is None:
+        return None, None
+    if not isinstance(out, tuple) or len(out) != 2:
+        raise TypeError(f"out: expected a tuple (y, lse) of two device arrays, got {type(out).__name__}")
+    return out
+
+
+def forward_numpy(q, k, v, causal=False, scale=None, layout="bhsd", kernel="auto"):
+    """Host arrays in, host (y, lse) out (runs on the GPU)."""
+    dtypes = [_host_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v"))]
+    sizes = _checked(q.shape, dtypes[0], k.shape, dtypes[1], v.shape, dtypes[2], causal, scale, layout, kernel)
+    _device.require_gpu("attention.forward_numpy")
+    _check_native_kernel(kernel, sizes["head_dim"])
+    from_numpy = _device.runtime().DeviceArray.from_numpy
+    y, lse = forward(*(from_numpy(np.ascontiguousarray(x)) for x in (q, k, v)), causal=causal, scale=scale,
+                     layout=layout, kernel=kernel)
+    return y.numpy(), lse.numpy()
+
+
+def forward(q, k, v, causal=False, scale=None, layout="bhsd", kernel="auto", out=None, stream=None):
+    """Device arrays (DeviceArray, torch, CuPy) in, device (y, lse) out, zero-copy. ``out`` is a tuple (y, lse) to
+    write; otherwise both are allocated as the same kind of array as ``q``."""
+    vq, vk, vv = _device_views((q, k, v), ("q", "k", "v"))
+    sizes = _checked(vq.shape, vq.dtype, vk.shape, vk.dtype, vv.shape, vv.dtype, causal, scale, layout, kernel)
+    _check_native_kernel(kernel, sizes["head_dim"])
+    out_y, out_lse = _out_pair(out)
+    y, vy = _layout.output(out_y, q, "out", vq.shape, vq.dtype, vq.device)
+    lse, vlse = _layout.output(out_lse, q, "out", (sizes["batch"], sizes["heads_q"], sizes["seq_q"]), "float32",
+                               vq.device)
+    _native_module().forward(vq.ptr, vk.ptr, vv.ptr, vy.ptr, vlse.ptr,
+                             **_native_sizes(sizes, causal, scale, layout, vq.dtype), kernel=kernel,
+                             stream=_device.stream_handle(stream))
+    return y, lse
+
+
+def backward_numpy(dy, q, k, v, causal=False, scale=None, layout="bhsd", kernel="auto", y=None, lse=None):
+    """Host arrays in (output gradient, forward inputs; optionally the saved y and lse), host (dq, dk, dv) out (runs
+    on the GPU). Without y and lse the forward runs first."""
+    dtypes = [_host_array(x, name) for x, name in ((dy, "dy"), (q, "q"), (k, "k"), (v, "v"))]
+    sizes = _checked(q.shape, dtypes[1], k.shape, dtypes[2], v.shape, dtypes[3], causal, scale, layout, kernel)
+    _check_gradient(dy.shape, dtypes[0], q.shape, dtypes[1])
+    _device.require_gpu("attention.backward_numpy")
+    _check_native_kernel(kernel, sizes["head_dim"])
+    from_numpy = _device.runtime().DeviceArray.from_numpy
+    saved = {name: None if x is None else from_numpy(np.ascontiguousarray(x)) for name, x in (("y", y), ("lse", lse))}
+    grads = backward(*(from_numpy(np.ascontiguousarray(x)) for x in (dy, q, k, v)), causal=causal, scale=scale,
+                     layout=layout, kernel=kernel, **saved)
+    return tuple(g.numpy() for g in grads)
+
+
+def _check_gradient(dy_shape, dy_dtype, q_shape, q_dtype):
+    if tuple(dy_shape) != tuple(q_shape):
+        raise ValueError(f"dy: expected shape {tuple(q_shape)} (the shape of q), got {tuple(dy_shape)}")
+    if dy_dtype != q_dtype:
+        raise TypeError(f"dy: expected dtype {q_dtype} (the dtype of q), got {dy_dtype}")
+
+
+def backward(dy, q, k, v, causal=False, scale=None, layout="bhsd", kernel="auto", out=None, stream=None, y=None,
+             lse=None):
+    """Device arrays in (output gradient, forward inputs; optionally the saved y and lse, else the forward runs
+    first): returns (dq, dk, dv) as device arrays of dy's kind, or writes ``out``, a tuple of three."""
+    vdy, vq, vk, vv = _device_views((dy, q, k, v), ("dy", "q", "k", "v"))
+    sizes = _checked(vq.shape, vq.dtype, vk.shape, vk.dtype, vv.shape, vv.dtype, causal, scale, layout, kernel)
+    _check_gradient(vdy.shape, vdy.dtype, vq.shape, vq.dtype)
+    _check_native_kernel(kernel, sizes["head_dim"])
+    if (y is None) != (lse is None):
+        raise ValueError(f"{'lse' if lse is None else 'y'}: expected y and lse together (both saved by the forward), "
+                         f"got only {'y' if lse is None else 'lse'}")
+    if y is None:
+        y, lse = forward(q, k, v, causal=causal, scale=scale, layout=layout, kernel=kernel, stream=stream)
+    vy, vlse = _device_views((y, lse), ("y", "lse"))
+    _layout.check_device(vy, vq.device, "y")
+    if tuple(vy.shape) != tuple(vq.shape) or vy.dtype != vq.dtype:
+        raise ValueError(f"y: expected shape {tuple(vq.shape)} and dtype {vq.dtype} (those of q), got "
+                         f"{tuple(vy.shape)} {vy.dtype}")
+    lse_shape = (sizes["batch"], sizes["heads_q"], sizes["seq_q"])
+    if tuple(vlse.shape) != lse_shape or vlse.dtype != "float32":
+        raise ValueError(f"lse: expected shape {lse_shape} float32, got {tuple(vlse.shape)} {vlse.dtype}")
+    if out is not None and (not isinstance(out, tuple) or len(out) != 3):
+        raise TypeError(f"out: expected a tuple (dq, dk, dv) of three device arrays, got {type(out).__name__}")
+    outs = out or (None, None, None)
+    grads = [_layout.output(target, dy, "out", view.shape, view.dtype, vq.device)
+             for target, view in zip(outs, (vq, vk, vv))]
+    _native_module().backward(vdy.ptr, vq.ptr, vk.ptr, vv.ptr, vy.ptr, vlse.ptr, *(view.ptr for _, view in grads),
+                              **_native_sizes(sizes, causal, scale, layout, vq.dtype), kernel=kernel,
+                              stream=_device.stream_handle(stream))
+    return tuple(array for array, _ in grads)
+
+
+def kernels() -> list[dict]:
+    """The kernel variants with their constraints, as the native module reports them."""
+    return _native_module().kernels()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Op definitions: what the IR, passes, registry and CPU backend read.
+# ---------------------------------------------------------------------------------------------------------------
+_ATTRS = (
+    Attr("causal", bool, False, doc="mask keys j > i (top-left alignment, PyTorch's is_causal)"),
+    Attr("scale", float, None, check=_scale_problem, doc="score scale; None: 1 / sqrt(head_dim)"),
+    Attr("layout", str, "bhsd", choices=LAYOUTS, doc="bhsd: [batch, heads, seq, head_dim]; bshd: [batch, seq, "
+                                                     "heads, head_dim]"),
+)
+
+
+def _infer_sizes(q, k, v, attrs):
+    for name, value in (("q", q), ("k", k), ("v", v)):
+        if value is None:
+            raise ValueError(f"input '{name}' is required")
+    return problem_sizes(q.shape, q.dtype, k.shape, k.dtype, v.shape, v.dtype, attrs["layout"])
+
+
+def _infer(in_types, attrs):
+    q, k, v = in_types
+    sizes = _infer_sizes(q, k, v, attrs)
+    return [q, TensorType((sizes["batch"], sizes["heads_q"], sizes["seq_q"]), "float32")]
+
+
+def _infer_backward(in_types, attrs):
+    dy, q, k, v, y, lse = in_types
+    sizes = _infer_sizes(q, k, v, attrs)
+    if dy is None or tuple(dy.shape) != tuple(q.shape) or dy.dtype != q.dtype:
+        raise ValueError(f"input 'dy': expected shape {tuple(q.shape)} {q.dtype} (that of q), got "
+                         f"{None if dy is None else (tuple(dy.shape), dy.dtype)}")
+    if y is None or tuple(y.shape) != tuple(q.shape) or y.dtype != q.dtype:
+        raise ValueError(f"input 'y': expected shape {tuple(q.shape)} {q.dtype} (that of q), got "
+                         f"{None if y is None else (tuple(y.shape), y.dtype)}")
+    lse_shape = (sizes["batch"], sizes["heads_q"], sizes["seq_q"])
+    if lse is None or tuple(lse.shape) != lse_shape or lse.dtype != "float32":
+        raise ValueError(f"input 'lse': expected shape {lse_shape} float32, got "
+                         f"{None if lse is None else (tuple(lse.shape), lse.dtype)}")
+    return [q, k, v]
+
+
+def _reference_rule(inputs, attrs):
+    return list(reference(*inputs, **attrs))
+
+
+def _reference_backward_rule(inputs, outputs, out_grads, attrs):
+    return list(reference_backward(out_grads[0], *inputs, **attrs))
+
+
+def _reference_backward_op(inputs, attrs):
+    dy, q, k, v, _, _ = inputs
+    return list(reference_backward(dy, q, k, v, **attrs))
+
+
+def _problem_sizes(problem: Problem, first_input: int):
+    q, k, v = problem.in_types[first_input:first_input + 3]
+    return _infer_sizes(q, k, v, problem.attrs)
+
+
+def _supports(problem: Problem, first_input: int):
+    head_dim = _problem_sizes(problem, first_input)["head_dim"]
+    return _native_module().unsupported_reason("rowwise", head_dim) or None
+
+
+def _prepare_forward(problem: Problem):
+    sizes = _native_sizes(_problem_sizes(problem, 0), problem.attrs["causal"], problem.attrs["scale"],
+                          problem.attrs["layout"], problem.in_types[0].dtype)
+    native_forward = _native_module().forward
+
+    def launch(ins, outs, stream):
+        native_forward(*ins, *outs, **sizes, kernel="rowwise", stream=stream)
+
+    return launch
+
+
+def _prepare_backward(problem: Problem):
+    sizes = _native_sizes(_problem_sizes(problem, 1), problem.attrs["causal"], problem.attrs["scale"],
+                          problem.attrs["layout"], problem.in_types[1].dtype)
+    native_backward = _native_module().backward
+
+    def launch(ins, outs, stream):
+        native_backward(*ins, *outs, **sizes, kernel="rowwise", stream=stream)
+
+    return launch
+
+
+_ROWWISE = "a warp per row, float32 online softmax, no tensor cores; head_dim <= 256, any length"
+
+ATTENTION = register(OpDef(
+    name="attention",
+    inputs=(Input("q"), Input("k"), Input("v")),
+    outputs=("y", "lse"),
+    attrs=_ATTRS,
+    infer=_infer,
+    reference=_reference_rule,
+    reference_backward=_reference_backward_rule,
+    candidates=(Candidate("rowwise", 10, _ROWWISE, lambda problem: _supports(problem, 0), _prepare_forward),),
+    doc=__doc__,
+))
+
+# The gradient computation as an op of its own: dy and the saved values in, (dq, dk, dv) out.
+ATTENTION_BACKWARD = register(OpDef(
+    name="attention_backward",
+    inputs=(Input("dy"), Input("q"), Input("k"), Input("v"), Input("y"), Input("lse")),
+    outputs=("dq", "dk", "dv"),
+    attrs=_ATTRS,
+    infer=_infer_backward,
+    reference=_reference_backward_op,
+    candidates=(Candidate("rowwise", 10, _ROWWISE, lambda problem: _supports(problem, 1), _prepare_backward),),
+    doc="attention's gradients (dq, dk, dv) from dy, the forward inputs and the saved y and lse.",
+))

@@ -1,0 +1,96 @@
+// _ops_attention: the native face of attention. Raw device addresses and sizes in, work enqueued on `stream`;
+// argument checking for users happens in graph_executor_v2.ops.attention before any of this runs.
+#include "api.hpp"
+#include "kernel_list.hpp"
+#include "op_binding.hpp"
+
+namespace py = pybind11;
+using ge2::binding::as_pointer;
+using ge2::binding::as_stream;
+
+namespace {
+
+ge2::attention::Shape make_shape(int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seq_q, int64_t seq_k,
+                                 int64_t head_dim, bool seq_major, double scale, bool causal,
+                                 const std::string& dtype) {
+  ge2::attention::Shape shape;
+  shape.batch = batch;
+  shape.heads_q = heads_q;
+  shape.heads_kv = heads_kv;
+  shape.seq_q = seq_q;
+  shape.seq_k = seq_k;
+  shape.head_dim = head_dim;
+  shape.seq_major = seq_major;
+  shape.scale = static_cast<float>(scale);
+  shape.causal = causal;
+  shape.dtype = ge2::dtype_from_name(dtype);
+  return shape;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_ops_attention, m) {
+  m.doc() = "GE2 attention: O = softmax(scale * Q K^T + causal mask) V, with the row log-sum-exp saved";
+
+  m.def(
+      "forward",
+      [](std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o, std::uintptr_t lse, int64_t batch,
+         int64_t heads_q, int64_t heads_kv, int64_t seq_q, int64_t seq_k, int64_t head_dim, bool seq_major,
+         double scale, bool causal, const std::string& dtype, const std::string& kernel, std::uintptr_t stream) {
+        ge2::attention::ForwardArgs args;
+        args.shape = make_shape(batch, heads_q, heads_kv, seq_q, seq_k, head_dim, seq_major, scale, causal, dtype);
+        args.q = as_pointer(q);
+        args.k = as_pointer(k);
+        args.v = as_pointer(v);
+        args.o = as_pointer(o);
+        args.lse = as_pointer<float>(lse);
+        const auto requested = ge2::attention::kernel_from_name(kernel);
+        ge2::binding::ReleaseGil release;
+        return std::string(
+            ge2::attention::kernel_name(ge2::attention::forward(args, requested, as_stream(stream))));
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("lse"), py::arg("batch"), py::arg("heads_q"),
+      py::arg("heads_kv"), py::arg("seq_q"), py::arg("seq_k"), py::arg("head_dim"), py::arg("seq_major"),
+      py::arg("scale"), py::arg("causal"), py::arg("dtype"), py::arg("kernel"), py::arg("stream"),
+      "Enqueues O and the float32 row log-sum-exp; returns the name of the kernel that ran.");
+
+  m.def(
+      "backward",
+      [](std::uintptr_t dout, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
+         std::uintptr_t lse, std::uintptr_t dq, std::uintptr_t dk, std::uintptr_t dv, int64_t batch, int64_t heads_q,
+         int64_t heads_kv, int64_t seq_q, int64_t seq_k, int64_t head_dim, bool seq_major, double scale, bool causal,
+         const std::string& dtype, const std::string& kernel, std::uintptr_t stream) {
+        ge2::attention::BackwardArgs args;
+        args.shape = make_shape(batch, heads_q, heads_kv, seq_q, seq_k, head_dim, seq_major, scale, causal, dtype);
+        args.dout = as_pointer(dout);
+        args.q = as_pointer(q);
+        args.k = as_pointer(k);
+        args.v = as_pointer(v);
+        args.o = as_pointer(o);
+        args.lse = as_pointer<const float>(lse);
+        args.dq = as_pointer(dq);
+        args.dk = as_pointer(dk);
+        args.dv = as_pointer(dv);
+        const auto requested = ge2::attention::kernel_from_name(kernel);
+        ge2::binding::ReleaseGil release;
+        return std::string(
+            ge2::attention::kernel_name(ge2::attention::backward(args, requested, as_stream(stream))));
+      },
+      py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("lse"), py::arg("dq"),
+      py::arg("dk"), py::arg("dv"), py::arg("batch"), py::arg("heads_q"), py::arg("heads_kv"), py::arg("seq_q"),
+      py::arg("seq_k"), py::arg("head_dim"), py::arg("seq_major"), py::arg("scale"), py::arg("causal"),
+      py::arg("dtype"), py::arg("kernel"), py::arg("stream"),
+      "Enqueues dQ, dK, dV from dO and the saved O and log-sum-exp; returns the name of the kernel that ran.");
+
+  m.def(
+      "unsupported_reason",
+      [](const std::string& kernel, int64_t head_dim) {
+        ge2::attention::Shape shape;
+        shape.head_dim = head_dim;
+        return ge2::attention::unsupported_reason(ge2::attention::kernel_from_name(kernel), shape);
+      },
+      py::arg("kernel"), py::arg("head_dim"), "Empty string when the kernel can run the problem, else the reason.");
+
+  m.def("kernels", [] { return ge2::binding::kernel_list(ge2::attention::kernel_table()); },
+        "The kernel variants: name, priority, description, constraints.");
+}

@@ -1,0 +1,400 @@
+"""attention: reference math against an explicit loop and finite differences, validation, OpDefs and graphs
+(CPU); every kernel x dtype x causal x length x head_dim x layout, GQA and seq_q != seq_k, forward and backward
+against the float64 reference on the GPU."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import graph_executor_v2 as ge2
+from graph_executor_v2.ir import Graph, TensorType
+from graph_executor_v2.ops import attention
+from graph_executor_v2.testing import assert_close, random_array
+from row_norm_checks import numeric_gradient
+
+DTYPES = ("float16", "bfloat16")
+KERNELS = ("rowwise",)
+
+
+def _looped_reference(q, k, v, causal, scale):
+    """The definition, one (batch, head, row) at a time, bhsd layout: an oracle written independently of the
+    vectorized reference."""
+    batch, heads_q, seq_q, head_dim = q.shape
+    group = heads_q // k.shape[1]
+    y = np.zeros(q.shape)
+    lse = np.zeros((batch, heads_q, seq_q))
+    for b in range(batch):
+        for h in range(heads_q):
+            keys, values = k[b, h // group].astype(np.float64), v[b, h // group].astype(np.float64)
+            for i in range(seq_q):
+                visible = min(i + 1, keys.shape[0]) if causal else keys.shape[0]
+                scores = scale * keys[:visible] @ q[b, h, i].astype(np.float64)
+                lse[b, h, i] = math.log(sum(math.exp(s) for s in scores))
+                y[b, h, i] = np.exp(scores - lse[b, h, i]) @ values[:visible]
+    return y, lse
+
+
+def _to_layout(x, layout):
+    return x if layout == "bhsd" else np.ascontiguousarray(x.transpose(0, 2, 1, 3))
+
+
+def _problem(rng, batch, heads_q, heads_kv, seq_q, seq_k, head_dim, dtype, layout="bhsd"):
+    """q, k, v (and dy) in ``layout``: normal values rounded to ``dtype``."""
+    arrays = [random_array(rng, (batch, heads, seq, head_dim), dtype)
+              for heads, seq in ((heads_q, seq_q), (heads_kv, seq_k), (heads_kv, seq_k), (heads_q, seq_q))]
+    return [_to_layout(x, layout) for x in arrays]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CPU: reference math
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("seq_q,seq_k", ((1, 1), (5, 5), (3, 7), (7, 3)))
+def test_reference_matches_the_definition(rng, causal, seq_q, seq_k):
+    q, k, v, _ = _problem(rng, 2, 4, 2, seq_q, seq_k, 6, "float32")
+    y, lse = attention.reference(q, k, v, causal=causal)
+    expected_y, expected_lse = _looped_reference(q, k, v, causal, 1 / math.sqrt(6))
+    np.testing.assert_allclose(y, expected_y, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(lse, expected_lse, rtol=1e-12, atol=1e-12)
+
+
+def test_causal_is_top_left_aligned(rng):
+    # seq_q < seq_k: row 0 sees key 0 alone, so y[0] is v[0] whatever the scores (PyTorch's is_causal).
+    q, k, v, _ = _problem(rng, 1, 1, 1, 2, 5, 4, "float32")
+    y, lse = attention.reference(q, k, v, causal=True, scale=0.7)
+    np.testing.assert_allclose(y[0, 0, 0], v[0, 0, 0], rtol=1e-12)
+    q64, k64 = q.astype(np.float64), k.astype(np.float64)
+    np.testing.assert_allclose(lse[0, 0, 0], 0.7 * q64[0, 0, 0] @ k64[0, 0, 0], rtol=1e-12)
+
+
+def test_layouts_agree(rng):
+    q, k, v, _ = _problem(rng, 2, 4, 2, 5, 6, 8, "float32")
+    y, lse = attention.reference(q, k, v, causal=True)
+    y_seq_major, lse_seq_major = attention.reference(*(_to_layout(x, "bshd") for x in (q, k, v)), causal=True,
+                                                     layout="bshd")
+    np.testing.assert_allclose(y_seq_major, _to_layout(y, "bshd"), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(lse_seq_major, lse, rtol=1e-12)
+
+
+@pytest.mark.parametrize("layout", attention.LAYOUTS)
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("heads_kv,seq_q,seq_k", ((2, 3, 3), (1, 4, 3), (2, 2, 5)))
+def test_reference_backward_matches_finite_differences(rng, layout, causal, heads_kv, seq_q, seq_k):
+    q, k, v, dy = (x.astype(np.float64) for x in _problem(rng, 1, 2, heads_kv, seq_q, seq_k, 3, "float32", layout))
+    grads = attention.reference_backward(dy, q, k, v, causal=causal, scale=0.8, layout=layout)
+
+    def loss():
+        return float((attention.reference(q, k, v, causal=causal, scale=0.8, layout=layout)[0] * dy).sum())
+
+    for name, array, grad in zip("qkv", (q, k, v), grads):
+        np.testing.assert_allclose(grad, numeric_gradient(loss, array), rtol=1e-6, atol=1e-8, err_msg=name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CPU: validation, OpDefs, graphs
+# ---------------------------------------------------------------------------------------------------------------
+def test_bad_inputs_name_the_argument():
+    f16 = "float16"
+    good = ((2, 4, 8, 16), f16, (2, 2, 8, 16), f16, (2, 2, 8, 16), f16, "bhsd")
+    assert attention.problem_sizes(*good) == dict(batch=2, heads_q=4, heads_kv=2, seq_q=8, seq_k=8, head_dim=16)
+    cases = [
+        (TypeError, r"q: expected dtype float32, float16 or bfloat16, got int32", {1: "int32"}),
+        (TypeError, r"k: expected dtype float16 \(the dtype of q\), got bfloat16", {3: "bfloat16"}),
+        (ValueError, r"q: expected a rank-4 array", {0: (2, 4, 8)}),
+        (ValueError, r"v: expected shape \(2, 2, 8, 16\) \(the shape of k\)", {4: (2, 2, 9, 16)}),
+        (ValueError, r"k: expected batch 2", {2: (3, 2, 8, 16), 4: (3, 2, 8, 16)}),
+        (ValueError, r"k: expected head_dim 16", {2: (2, 2, 8, 32), 4: (2, 2, 8, 32)}),
+        (ValueError, r"k: expected a number of heads that divides the 4 heads of q, got 3", {2: (2, 3, 8, 16),
+                                                                                          4: (2, 3, 8, 16)}),
+        (ValueError, r"q: expected every size >= 1", {0: (2, 4, 0, 16)}),
+        (ValueError, r"layout: expected one of bhsd, bshd, got 'sbhd'", {6: "sbhd"}),
+    ]
+    for error, message, changes in cases:
+        arguments = [changes.get(i, value) for i, value in enumerate(good)]
+        with pytest.raises(error, match=message):
+            attention.problem_sizes(*arguments)
+
+
+def test_bad_scalar_arguments_name_the_argument():
+    q = np.zeros((1, 1, 2, 4), np.float16)
+    with pytest.raises(TypeError, match="scale: expected a float or None, got str"):
+        attention.forward_numpy(q, q, q, scale="0.5")
+    with pytest.raises(ValueError, match="scale: expected a finite nonzero float or None, got nan"):
+        attention.forward_numpy(q, q, q, scale=float("nan"))
+    with pytest.raises(TypeError, match="causal: expected a bool, got int"):
+        attention.forward_numpy(q, q, q, causal=1)
+    with pytest.raises(ValueError, match="kernel: expected one of auto, rowwise, got 'flash9'"):
+        attention.forward_numpy(q, q, q, kernel="flash9")
+    with pytest.raises(TypeError, match="q: expected a NumPy array, got list"):
+        attention.forward_numpy([[1.0]], q, q)
+    with pytest.raises(ValueError, match=r"dy: expected shape \(1, 1, 2, 4\) \(the shape of q\)"):
+        attention.backward_numpy(np.zeros((1, 1, 3, 4), np.float16), q, q, q)
+    with pytest.raises(TypeError, match="dy: expected dtype float16 \\(the dtype of q\\), got float32"):
+        attention.backward_numpy(q.astype(np.float32), q, q, q)
+
+
+def test_kernels_report_constraints():
+    table = attention.kernels()
+    assert [k["name"] for k in table] == list(KERNELS)
+    assert all(k["constraints"] for k in table)
+
+
+def test_opdef_infers_types_and_raises_naming_inputs():
+    opdef = ge2.ops.OPS["attention"]
+    attrs = opdef.validate_attrs({"layout": "bshd", "causal": True}, "node")
+    assert attrs == {"causal": True, "scale": None, "layout": "bshd"}
+    q, kv = TensorType(("batch", 128, 8, 64), "bfloat16"), TensorType(("batch", 256, 2, 64), "bfloat16")
+    assert opdef.infer([q, kv, kv], attrs) == [q, TensorType(("batch", 8, 128), "float32")]
+    with pytest.raises(ValueError, match="k: expected a number of heads that divides the 8 heads of q, got 3"):
+        bad_kv = TensorType(("batch", 4, 3, 64), "bfloat16")
+        opdef.infer([q, bad_kv, bad_kv], attrs)
+    with pytest.raises(ValueError, match="attribute 'scale' must be finite and nonzero"):
+        opdef.validate_attrs({"scale": float("inf")}, "node")
+    backward = ge2.ops.OPS["attention_backward"]
+    lse = TensorType(("batch", 8, 128), "float32")
+    assert backward.infer([q, q, kv, kv, q, lse], attrs) == [q, kv, kv]
+    with pytest.raises(ValueError, match="input 'lse': expected shape"):
+        backward.infer([q, q, kv, kv, q, TensorType(("batch", 8, 128), "float16")], attrs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_graph_runs_on_cpu_executor(rng, dtype):
+    g = Graph("self_attention")
+    q = g.input("q", ("batch", 3, 5, 8), dtype)
+    k = g.input("k", ("batch", 1, 7, 8), dtype)
+    v = g.input("v", ("batch", 1, 7, 8), dtype)
+    y, lse = g.attention(q, k, v, causal=True, scale=0.5)
+    g.output(y, "y")
+    g.output(lse, "lse")
+    feeds = dict(zip("qkv", _problem(rng, 2, 3, 1, 5, 7, 8, dtype)))
+    result = ge2.ExecutorV2(g, device="cpu").run(feeds)
+    expected_y, expected_lse = attention.reference(feeds["q"], feeds["k"], feeds["v"], causal=True, scale=0.5)
+    assert_close(result["y"], expected_y, dtype, what="y")
+    assert_close(result["lse"], expected_lse, "float32", what="lse")
+    assert result["y"].dtype == feeds["q"].dtype and result["lse"].dtype == np.float32
+
+
+def test_backward_opdef_reference_matches_reference_backward(rng):
+    q, k, v, dy = _problem(rng, 1, 2, 1, 4, 6, 8, "float32")
+    attrs = {"causal": True, "scale": None, "layout": "bhsd"}
+    y, lse = attention.reference(q, k, v, causal=True)
+    saved = [y.astype(np.float32), lse.astype(np.float32)]
+    outputs = ge2.ops.OPS["attention_backward"].run_reference([dy, q, k, v, *saved], attrs)
+    for name, got, expected in zip("qkv", outputs, attention.reference_backward(dy, q, k, v, causal=True)):
+        assert_close(got, expected, "float32", what=f"d{name}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CPU: the attention fusion pass
+# ---------------------------------------------------------------------------------------------------------------
+def _written_out_attention(rng, seq_q, seq_k, head_dim, dtype="float32", mask="causal", scale_op="mul",
+                           softmax_axis=-1):
+    """One head of attention as users write it; ``mask``: "causal", None, or "other" (a mask that is not causal)."""
+    g = Graph("written_out_attention")
+    q = g.input("q", (seq_q, head_dim), dtype)
+    k = g.input("k", (seq_k, head_dim), dtype)
+    v = g.input("v", (seq_k, head_dim), dtype)
+    factor = head_dim ** -0.5 if scale_op == "mul" else head_dim ** 0.5
+    scores = getattr(g, scale_op)(g.matmul(q, g.transpose(k, perm=(1, 0))),
+                                  g.param("factor", np.array(factor, dtype=np.float32).astype(q.type.dtype)))
+    if mask is not None:
+        values = np.where(np.tril(np.ones((seq_q, seq_k), dtype=bool)), 0.0, -np.inf).astype(np.float32)
+        if mask == "other":
+            values[0, 0] = -1.0
+        scores = g.add(scores, g.param("mask", values.astype(q.type.dtype)))
+    g.output(g.matmul(g.softmax(scores, axis=softmax_axis), v), "y")
+    return g
+
+
+def _op_counts(graph):
+    counts = {}
+    for node in graph.nodes:
+        counts[node.op] = counts.get(node.op, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("scale_op", ("mul", "div"))
+@pytest.mark.parametrize("mask", ("causal", None))
+@pytest.mark.parametrize("seq_q,seq_k", ((6, 6), (3, 8), (8, 3)))
+def test_fusion_pass_makes_one_attention_node(rng, scale_op, mask, seq_q, seq_k):
+    g = _written_out_attention(rng, seq_q, seq_k, 8, mask=mask, scale_op=scale_op)
+    before = _op_counts(g)
+    assert before == {"matmul": 2, "transpose": 1, scale_op: 1, "softmax": 1, **({"add": 1} if mask else {})}
+    optimized, records = ge2.passes.PassManager(ge2.passes.resolve(["fuse_attention", "dce"]),
+                                                verify_each=True).run(g)
+    assert _op_counts(optimized) == {"reshape": 4, "attention": 1}
+    (node,) = [n for n in optimized.nodes if n.op == "attention"]
+    assert node.attrs["causal"] == (mask == "causal")
+    assert node.attrs["scale"] == pytest.approx(8 ** -0.5, rel=1e-6)
+    feeds = {name: random_array(rng, shape, "float32") for name, shape in
+             (("q", (seq_q, 8)), ("k", (seq_k, 8)), ("v", (seq_k, 8)))}
+    expected = ge2.ExecutorV2(g, device="cpu", passes=[]).run(feeds)["y"]
+    fused = ge2.ExecutorV2(g, device="cpu").run(feeds)["y"]  # the default pipeline fuses too
+    reference, _ = attention.reference(*(feeds[name][None, None] for name in "qkv"), causal=mask == "causal")
+    assert_close(fused, reference[0, 0], "float32", reduction_length=8)
+    assert_close(fused, expected, "float32", reduction_length=8)
+
+
+@pytest.mark.parametrize("change", ("other_mask", "softmax_axis"))
+def test_fusion_pass_leaves_other_patterns(rng, change):
+    g = _written_out_attention(rng, 5, 5, 8, mask="other" if change == "other_mask" else "causal",
+                               softmax_axis=0 if change == "softmax_axis" else -1)
+    optimized, _ = ge2.passes.PassManager(ge2.passes.resolve(["fuse_attention"]), verify_each=True).run(g)
+    assert _op_counts(optimized) == _op_counts(g)
+
+
+def test_fusion_pass_keeps_scores_read_elsewhere(rng):
+    g = _written_out_attention(rng, 4, 4, 8)
+    scores = next(n for n in g.nodes if n.op == "softmax").inputs[0]
+    g.output(scores, "scores")  # an interior value that is a graph output must survive
+    optimized, _ = ge2.passes.PassManager(ge2.passes.resolve(["fuse_attention"]), verify_each=True).run(g)
+    assert "attention" not in _op_counts(optimized)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU: every kernel against the float64 reference
+# ---------------------------------------------------------------------------------------------------------------
+def _check_forward(q, k, v, causal, layout, kernel, poisoned, dtype, scale=None):
+    runtime = ge2.device.runtime()
+    sizes = attention.shape_sizes(q.shape, k.shape, v.shape, layout)
+    y_out = poisoned(q.shape, dtype)
+    lse_out = poisoned((sizes["batch"], sizes["heads_q"], sizes["seq_q"]), "float32")
+    y, lse = attention.forward(*(runtime.DeviceArray.from_numpy(x) for x in (q, k, v)), causal=causal, scale=scale,
+                               layout=layout, kernel=kernel, out=(y_out, lse_out))
+    expected_y, expected_lse = attention.reference(q, k, v, causal=causal, scale=scale, layout=layout)
+    assert_close(y.numpy(), expected_y, dtype, what="y")
+    assert_close(lse.numpy(), expected_lse, "float32", reduction_length=sizes["head_dim"], what="lse")
+    return y, lse
+
+
+def _check_backward(q, k, v, dy, causal, layout, kernel, poisoned, dtype, scale=None):
+    runtime = ge2.device.runtime()
+    y, lse = _check_forward(q, k, v, causal, layout, kernel, poisoned, dtype, scale)
+    outs = tuple(poisoned(x.shape, dtype) for x in (q, k, v))
+    grads = attention.backward(*(runtime.DeviceArray.from_numpy(x) for x in (dy, q, k, v)), causal=causal,
+                               scale=scale, layout=layout, kernel=kernel, out=outs, y=y, lse=lse)
+    expected = attention.reference_backward(dy, q, k, v, causal=causal, scale=scale, layout=layout)
+    # Softmax weights sum to one, so the error does not grow with the length: D_i = dy_i . y_i (from the rounded y)
+    # is the largest source, a head_dim-long dot product.
+    head_dim = q.shape[-1]
+    for name, got, want in zip("qkv", grads, expected):
+        assert_close(got.numpy(), want, dtype, reduction_length=head_dim, what=f"d{name}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("seq", (1, 17, 128))
+@pytest.mark.parametrize("head_dim", (64, 128, 40))
+def test_forward_and_backward(rng, poisoned, kernel, dtype, causal, seq, head_dim):
+    q, k, v, dy = _problem(rng, 2, 3, 3, seq, seq, head_dim, dtype)
+    _check_backward(q, k, v, dy, causal, "bhsd", kernel, poisoned, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("layout", attention.LAYOUTS)
+@pytest.mark.parametrize("heads_q,heads_kv,seq_q,seq_k", ((8, 2, 33, 33), (4, 1, 17, 70), (4, 4, 70, 17)))
+def test_gqa_and_unequal_lengths(rng, poisoned, kernel, dtype, causal, layout, heads_q, heads_kv, seq_q, seq_k):
+    q, k, v, dy = _problem(rng, 2, heads_q, heads_kv, seq_q, seq_k, 64, dtype, layout)
+    _check_backward(q, k, v, dy, causal, layout, kernel, poisoned, dtype, scale=0.3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("seq,head_dim", ((1000, 64), (4096, 128)))
+def test_long_sequences_large(rng, poisoned, dtype, causal, seq, head_dim):
+    q, k, v, dy = _problem(rng, 1, 2, 1, seq, seq, head_dim, dtype)
+    _check_backward(q, k, v, dy, causal, "bhsd", "auto", poisoned, dtype)
+
+
+@pytest.mark.gpu
+def test_float32_and_numpy_face(rng):
+    q, k, v, dy = _problem(rng, 1, 2, 2, 9, 11, 96, "float32")
+    y, lse = attention.forward_numpy(q, k, v, causal=True)
+    expected_y, expected_lse = attention.reference(q, k, v, causal=True)
+    assert_close(y, expected_y, "float32", reduction_length=96, what="y")
+    assert_close(lse, expected_lse, "float32", reduction_length=96, what="lse")
+    grads = attention.backward_numpy(dy, q, k, v, causal=True)
+    for name, got, want in zip("qkv", grads, attention.reference_backward(dy, q, k, v, causal=True)):
+        assert_close(got, want, "float32", reduction_length=96, what=f"d{name}")
+
+
+@pytest.mark.gpu
+def test_head_dim_beyond_every_kernel_raises(rng):
+    q = random_array(rng, (1, 1, 4, 272), "float16")
+    with pytest.raises(ValueError, match="kernel: 'rowwise' cannot run this problem: .*head_dim <= 256, got 272"):
+        attention.forward_numpy(q, q, q, kernel="rowwise")
+    with pytest.raises(ValueError, match="q: no attention kernel takes head_dim 272"):
+        attention.forward_numpy(q, q, q)
+
+
+@pytest.mark.gpu
+def test_graph_runs_on_cuda_executor(rng):
+    g = Graph("self_attention")
+    q = g.input("q", (2, 16, 4, 64), "bfloat16")
+    kv = [g.input(name, (2, 16, 2, 64), "bfloat16") for name in "kv"]
+    y, _ = g.attention(q, *kv, causal=True, layout="bshd")
+    g.output(y, "y")
+    feeds = dict(zip("qkv", _problem(rng, 2, 4, 2, 16, 16, 64, "bfloat16", "bshd")))
+    executor = ge2.ExecutorV2(g, device="cuda")
+    result = executor.run(feeds)
+    expected, _ = attention.reference(feeds["q"], feeds["k"], feeds["v"], causal=True, layout="bshd")
+    assert_close(result["y"], expected, "bfloat16", what="y")
+    assert {s.op: s.kernel for plan in executor.plans for s in plan.selections} == {"attention": "rowwise"}
+
+
+@pytest.mark.gpu
+def test_replays_in_a_cuda_graph(rng):
+    runtime = ge2.device.runtime()
+    stream = runtime.Stream()
+    host = _problem(rng, 2, 4, 2, 40, 40, 64, "float16", "bshd")
+    q, k, v, dy = (runtime.DeviceArray.from_numpy(x) for x in host)
+    y, lse = runtime.DeviceArray.empty(list(q.shape), "float16"), runtime.DeviceArray.empty([2, 4, 40], "float32")
+    grads = tuple(runtime.DeviceArray.empty(list(x.shape), "float16") for x in (q, k, v))
+
+    def run():
+        attention.forward(q, k, v, causal=True, layout="bshd", out=(y, lse), stream=stream)
+        attention.backward(dy, q, k, v, causal=True, layout="bshd", out=grads, stream=stream, y=y, lse=lse)
+
+    run()  # grows the backward's workspace outside the capture
+    stream.synchronize()
+    graph = runtime.CudaGraph()
+    graph.begin_capture(stream.handle)
+    run()
+    graph.end_capture()
+    fresh = _problem(rng, 2, 4, 2, 40, 40, 64, "float16", "bshd")
+    for device_array, values in zip((q, k, v, dy), fresh):
+        device_array.copy_from_numpy(values)
+    for output in (y, lse, *grads):
+        output.poison(stream.handle)
+    graph.replay(stream.handle)
+    stream.synchronize()
+    expected_y, expected_lse = attention.reference(*fresh[:3], causal=True, layout="bshd")
+    assert_close(y.numpy(), expected_y, "float16", what="captured y")
+    assert_close(lse.numpy(), expected_lse, "float32", reduction_length=64, what="captured lse")
+    expected = attention.reference_backward(fresh[3], *fresh[:3], causal=True, layout="bshd")
+    for name, got, want in zip("qkv", grads, expected):
+        assert_close(got.numpy(), want, "float16", reduction_length=64, what=f"captured d{name}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_interop_is_zero_copy(dtype):
+    torch = pytest.importorskip("torch")
+    q, k, v, dy = (torch.randn(2, 3, 33, 64, device="cuda", dtype=getattr(torch, dtype)) for _ in range(4))
+    y, lse = attention.forward(q, k, v, causal=True)
+    assert isinstance(y, torch.Tensor) and isinstance(lse, torch.Tensor) and lse.dtype == torch.float32
+    expected = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    assert_close(y.float().cpu().numpy(), expected.cpu().numpy(), dtype, what="y vs torch")
+    grads = attention.backward(dy, q, k, v, causal=True, y=y, lse=lse)
+    host = [x.float().cpu().numpy() for x in (q, k, v, dy)]
+    for name, got, want in zip("qkv", grads, attention.reference_backward(host[3], *host[:3], causal=True)):
+        assert isinstance(got, torch.Tensor)
+        assert_close(got.float().cpu().numpy(), want, dtype, reduction_length=64, what=f"d{name}")

@@ -261,6 +261,12 @@ def reference_global_backward(dy, x_shape, layout="NCHW"):
 # ---------------------------------------------------------------------------------------------------------------
 # Device work
 # ---------------------------------------------------------------------------------------------------------------
+def _host_array(array, argument: str) -> tuple:
+    """(shape, dtype) of a NumPy array argument of a host face."""
+    dtype = _layout.host_dtype(array, argument)
+    return array.shape, dtype
+
+
 def _contiguous_view(array, argument: str, device: int | None = None):
     view = _device.view_of(array, argument)
     if not view.is_contiguous:
@@ -297,7 +303,7 @@ def _as_outputs(out, count: int, argument: str = "out") -> tuple:
 def _max_forward_numpy(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, layout="NCHW",
                        kernel="auto"):
     """Host array in: (y, indices) as host arrays (runs on the GPU)."""
-    window = check_window(x.shape, _layout.host_dtype(x, "x"), kernel_size, stride, padding, dilation, ceil_mode,
+    window = check_window(*_host_array(x, "x"), kernel_size, stride, padding, dilation, ceil_mode,
                           True, layout)
     _check_kernel("max_pool2d", kernel)
     _device.require_gpu("max_pool2d.forward_numpy")
@@ -328,12 +334,12 @@ def _max_forward_device(x, kernel_size, stride=None, padding=0, dilation=1, ceil
 def _max_backward_numpy(dy, x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, layout="NCHW",
                         kernel="auto", indices=None):
     """Host arrays in: (dx,). ``indices``: the forward's saved argmax (recomputed from x when absent)."""
-    window = check_window(x.shape, _layout.host_dtype(x, "x"), kernel_size, stride, padding, dilation, ceil_mode,
+    window = check_window(*_host_array(x, "x"), kernel_size, stride, padding, dilation, ceil_mode,
                           True, layout)
-    _check_same("dy", dy.shape, _layout.host_dtype(dy, "dy"), window.y_shape(), _layout.host_dtype(x, "x"),
+    _check_same("dy", *_host_array(dy, "dy"), window.y_shape(), _host_array(x, "x")[1],
                 "the shape of y")
     if indices is not None:
-        _check_same("indices", indices.shape, _layout.host_dtype(indices, "indices"), window.y_shape(), "int32",
+        _check_same("indices", *_host_array(indices, "indices"), window.y_shape(), "int32",
                     "the shape of y")
     _check_kernel("max_pool2d", kernel)
     _device.require_gpu("max_pool2d.backward_numpy")
@@ -368,7 +374,7 @@ def _avg_window(shape, dtype, kernel_size, stride, padding, ceil_mode, count_inc
 def _avg_forward_numpy(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                        layout="NCHW", kernel="auto"):
     """Host array in, host y out (runs on the GPU)."""
-    _avg_window(x.shape, _layout.host_dtype(x, "x"), kernel_size, stride, padding, ceil_mode, count_include_pad,
+    _avg_window(*_host_array(x, "x"), kernel_size, stride, padding, ceil_mode, count_include_pad,
                 layout)
     _check_kernel("avg_pool2d", kernel)
     _device.require_gpu("avg_pool2d.forward_numpy")
@@ -391,9 +397,9 @@ def _avg_forward_device(x, kernel_size, stride=None, padding=0, ceil_mode=False,
 def _avg_backward_numpy(dy, x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                         layout="NCHW", kernel="auto"):
     """Host arrays in: (dx,) (x gives the shape only)."""
-    dtype = _layout.host_dtype(x, "x")
-    window = _avg_window(x.shape, dtype, kernel_size, stride, padding, ceil_mode, count_include_pad, layout)
-    _check_same("dy", dy.shape, _layout.host_dtype(dy, "dy"), window.y_shape(), dtype, "the shape of y")
+    shape, dtype = _host_array(x, "x")
+    window = _avg_window(shape, dtype, kernel_size, stride, padding, ceil_mode, count_include_pad, layout)
+    _check_same("dy", *_host_array(dy, "dy"), window.y_shape(), dtype, "the shape of y")
     _check_kernel("avg_pool2d", kernel)
     _device.require_gpu("avg_pool2d.backward_numpy")
     (dx,) = _avg_backward_device(_layout.to_device(dy), _layout.to_device(x), kernel_size, stride, padding,
@@ -422,7 +428,7 @@ def _check_global(shape, dtype, layout):
 
 def _global_forward_numpy(x, layout="NCHW", kernel="auto"):
     """Host array in, host y ([N, C, 1, 1] or [N, 1, 1, C]) out (runs on the GPU)."""
-    _check_global(x.shape, _layout.host_dtype(x, "x"), layout)
+    _check_global(*_host_array(x, "x"), layout)
     _check_kernel("global_avg_pool", kernel)
     _device.require_gpu("global_avg_pool.forward_numpy")
     return _global_forward_device(_layout.to_device(x), layout, kernel).numpy()
@@ -441,9 +447,9 @@ def _global_forward_device(x, layout="NCHW", kernel="auto", out=None, stream=Non
 
 def _global_backward_numpy(dy, x, layout="NCHW", kernel="auto"):
     """Host arrays in: (dx,) (x gives the shape only)."""
-    dtype = _layout.host_dtype(x, "x")
-    _check_global(x.shape, dtype, layout)
-    _check_same("dy", dy.shape, _layout.host_dtype(dy, "dy"), _global_y_shape(x.shape, layout), dtype,
+    shape, dtype = _host_array(x, "x")
+    _check_global(shape, dtype, layout)
+    _check_same("dy", *_host_array(dy, "dy"), _global_y_shape(x.shape, layout), dtype,
                 "the shape of y")
     _check_kernel("global_avg_pool", kernel)
     _device.require_gpu("global_avg_pool.backward_numpy")

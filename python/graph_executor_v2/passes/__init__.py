@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .batch_norm_fold import fold_batch_norm
 from .canonicalize import canonicalize
 from .cleanup import eliminate_common_subexpressions, eliminate_dead_code
 from .constant_fold import fold_constants
 from .fusion import fuse
 from .inference import infer_shapes
+from .layout import plan_layouts
 from .manager import Pass, PassManager, PassRecord
 from .pattern import Pat, Rewrite, rewrite
 
@@ -22,10 +24,13 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("canonicalize", canonicalize, "matmul -> gemm, transposes -> trans flags, row adds -> bias_add -> gemm "
                                        "bias, drop identities"),
     Pass("fuse", fuse, "fuse residual adds and activations into gemm epilogues"),
+    Pass("fold_batch_norm", fold_batch_norm, "fold inference batch norms into the conv2d before them"),
+    Pass("plan_layouts", plan_layouts, "run conv/pool/batch-norm chains in their dtype's preferred layout, "
+                                       "transposes only at the edges"),
 )}
 
 # Folding runs after canonicalization, so the reshapes it inserts for parameter rows become parameters.
-DEFAULT_PIPELINE = ("infer_shapes", "dce", "cse", "canonicalize", "constant_fold", "fuse", "dce")
+DEFAULT_PIPELINE = ("infer_shapes", "dce", "cse", "canonicalize", "constant_fold", "fold_batch_norm", "fuse", "dce")
 
 
 def resolve(passes: Sequence[str | Pass] | None) -> list[Pass]:
@@ -42,5 +47,5 @@ def resolve(passes: Sequence[str | Pass] | None) -> list[Pass]:
 
 
 __all__ = ["DEFAULT_PIPELINE", "PASSES", "Pass", "PassManager", "PassRecord", "Pat", "Rewrite", "canonicalize",
-           "eliminate_common_subexpressions", "eliminate_dead_code", "fold_constants", "fuse", "infer_shapes",
-           "resolve", "rewrite"]
+           "eliminate_common_subexpressions", "eliminate_dead_code", "fold_batch_norm", "fold_constants", "fuse",
+           "infer_shapes", "plan_layouts", "resolve", "rewrite"]

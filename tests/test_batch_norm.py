@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import graph_executor_v2 as ge2
+from graph_executor_v2.dtypes import to_numpy
 from graph_executor_v2.ir import Graph
 from graph_executor_v2.ops import OPS, batch_norm
 from graph_executor_v2.testing import assert_close, random_array
@@ -22,8 +23,7 @@ def to_layout(x: np.ndarray, layout: str) -> np.ndarray:
 
 def operands(rng, shape, dtype="float32", layout="NCHW", offset=0.0):
     channels = shape[1]
-    x = to_layout(random_array(rng, shape, dtype) + np.asarray(offset, dtype=random_array(rng, (1,), dtype).dtype),
-                  layout)
+    x = to_layout(random_array(rng, shape, dtype) + np.asarray(offset, dtype=to_numpy(dtype)), layout)
     gamma = rng.standard_normal(channels).astype(F32)
     beta = rng.standard_normal(channels).astype(F32)
     running_mean = rng.standard_normal(channels).astype(F32)

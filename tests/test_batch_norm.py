@@ -11,6 +11,7 @@ from graph_executor_v2.dtypes import to_numpy
 from graph_executor_v2.ir import Graph
 from graph_executor_v2.ops import OPS, batch_norm
 from graph_executor_v2.testing import assert_close, random_array
+from row_norm_checks import numeric_gradient
 
 F32 = np.float32
 DTYPES = ("float32", "float16", "bfloat16")
@@ -29,19 +30,6 @@ def operands(rng, shape, dtype="float32", layout="NCHW", offset=0.0):
     running_mean = rng.standard_normal(channels).astype(F32)
     running_var = (rng.random(channels) + 0.5).astype(F32)
     return x, gamma, beta, running_mean, running_var
-
-
-def numeric_gradient(loss, array: np.ndarray, h: float = 1e-6) -> np.ndarray:
-    grad = np.zeros_like(array)
-    for i in np.ndindex(array.shape):
-        saved = array[i]
-        array[i] = saved + h
-        plus = loss()
-        array[i] = saved - h
-        minus = loss()
-        array[i] = saved
-        grad[i] = (plus - minus) / (2 * h)
-    return grad
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import graph_executor_v2 as ge2
 from graph_executor_v2.ir import Graph
 from graph_executor_v2.ops import OPS, avg_pool2d, global_avg_pool, max_pool2d, pool2d
 from graph_executor_v2.testing import assert_close, random_array
+from row_norm_checks import numeric_gradient
 
 F32 = np.float32
 DTYPES = ("float32", "float16", "bfloat16")
@@ -40,19 +41,6 @@ def loop_pool(x, mode, kernel, stride, padding, dilation=(1, 1), ceil_mode=False
             divisor = (h1 - h0) * (w1 - w0) if count_include_pad else len(inside)
             y[n, c, oh, ow] = sum(x[n, c, h, w] for h, w in inside) / divisor
     return y, argmax
-
-
-def numeric_gradient(loss, array: np.ndarray, h: float = 1e-6) -> np.ndarray:
-    grad = np.zeros_like(array)
-    for i in np.ndindex(array.shape):
-        saved = array[i]
-        array[i] = saved + h
-        plus = loss()
-        array[i] = saved - h
-        minus = loss()
-        array[i] = saved
-        grad[i] = (plus - minus) / (2 * h)
-    return grad
 
 
 # (kernel, stride, padding, dilation, ceil_mode): 1x1, 2x2/2, 3x3/2 pad 1 (ResNet stem), rectangular, dilated,

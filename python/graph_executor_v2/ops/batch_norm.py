@@ -26,15 +26,13 @@ Kernel (``kernels()``): ``split_welford``: Welford partials per (split, channel)
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from .. import _native
 from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
-from . import _layout
+from . import _layout, _row_norm
 from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register
 
 LAYOUTS = ("NCHW", "NHWC")
@@ -51,12 +49,6 @@ def _native_module():
 # ---------------------------------------------------------------------------------------------------------------
 # Validation: shapes, dtypes and attributes only, so it runs (and is tested) with no GPU.
 # ---------------------------------------------------------------------------------------------------------------
-def _eps_problem(eps) -> str | None:
-    value = float(eps)
-    return None if math.isfinite(value) and value > 0 and np.float32(value) > 0 else \
-        "must be a finite value > 0 (in float32)"
-
-
 def _momentum_problem(momentum) -> str | None:
     return None if 0.0 <= float(momentum) <= 1.0 else "must be in [0, 1]"
 
@@ -123,7 +115,7 @@ def _check_attrs(training, momentum, eps, layout):
     if not isinstance(training, (bool, np.bool_)):
         raise TypeError(f"training: expected a bool, got {type(training).__name__}")
     _check_number(momentum, "momentum", _momentum_problem)
-    _check_number(eps, "eps", _eps_problem)
+    _row_norm.check_eps(eps)
     check_layout(layout)
 
 
@@ -327,7 +319,7 @@ ATTRS = (
                                       "statistics (False)"),
     Attr("momentum", float, DEFAULT_MOMENTUM, check=_momentum_problem, doc="weight of the batch statistics in the "
                                                                           "running update"),
-    Attr("eps", float, DEFAULT_EPS, check=_eps_problem, doc="added to the variance"),
+    Attr("eps", float, DEFAULT_EPS, check=_row_norm.eps_problem, doc="added to the variance"),
     Attr("layout", str, "NCHW", choices=LAYOUTS, doc="channels at axis 1 (NCHW) or last (NHWC)"),
 )
 

@@ -85,37 +85,17 @@ __global__ void global_backward_kernel(const T* __restrict__ dy, T* __restrict__
 
 void launch_window_backward(const BackwardArgs& args, cudaStream_t stream) {
   const Window& w = args.window;
-  const bool channels_last = w.layout == Layout::NHWC;
   const bool aligned = is_aligned(args.dy, 16) && is_aligned(args.dx, 16);
-  const int64_t outputs = w.batch * w.channels * w.out_height * w.out_width;
-  const int64_t inputs = w.batch * w.channels * w.height * w.width;
-  dispatch_storage(args.dtype, channels_last ? w.channels : 1, aligned && channels_last, [&](auto tag, auto width) {
+  dispatch_window(args.dtype, args.mode, w, aligned, [&](auto tag, auto pack, auto max, auto channels_last, auto index) {
     using T = typename decltype(tag)::type;
-    constexpr int kPack = decltype(width)::value;
-    const WindowParams params(w, kPack);
-    const int64_t work = inputs / kPack;
-    dispatch_offset_index(std::max(inputs, outputs), [&](auto index) {
-      using Index = decltype(index);
-      const auto* dy = static_cast<const T*>(args.dy);
-      auto* dx = static_cast<T*>(args.dx);
-      const dim3 grid(grid_for(work));
-      if (args.mode == Mode::Max) {
-        if (channels_last) {
-          window_backward_kernel<T, kPack, true, true, Index><<<grid, kThreads, 0, stream>>>(dy, args.indices, dx,
-                                                                                             params, work);
-        } else {
-          window_backward_kernel<T, 1, true, false, Index><<<grid, kThreads, 0, stream>>>(dy, args.indices, dx,
-                                                                                          params, work);
-        }
-      } else if (channels_last) {
-        window_backward_kernel<T, kPack, false, true, Index><<<grid, kThreads, 0, stream>>>(dy, nullptr, dx, params,
-                                                                                            work);
-      } else {
-        window_backward_kernel<T, 1, false, false, Index><<<grid, kThreads, 0, stream>>>(dy, nullptr, dx, params,
-                                                                                         work);
-      }
-      GE2_CHECK_LAUNCH("pool2d window_backward_kernel");
-    });
+    using Index = decltype(index);
+    constexpr int kPack = decltype(pack)::value;
+    const int64_t work = w.batch * w.channels * w.height * w.width / kPack;
+    window_backward_kernel<T, kPack, decltype(max)::value == 1, decltype(channels_last)::value == 1, Index>
+        <<<grid_for(work), kThreads, 0, stream>>>(static_cast<const T*>(args.dy), args.indices,
+                                                  static_cast<T*>(args.dx), WindowParams(w, kPack),
+                                                  static_cast<Index>(work));
+    GE2_CHECK_LAUNCH("pool2d window_backward_kernel");
   });
 }
 

@@ -6,6 +6,7 @@
 #include "../api.hpp"
 #include "fast_divmod.hpp"
 #include "offset_index.hpp"
+#include "storage_dispatch.hpp"
 #include "status.hpp"
 
 namespace ge2::pool2d {
@@ -15,6 +16,31 @@ constexpr int64_t kMaxBlocks = 132 * 32;  // H100 SMs x resident blocks; grid-st
 
 inline int grid_for(int64_t work) {
   return static_cast<int>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, kMaxBlocks));
+}
+
+// Calls launch(TypeTag<T>, Constant<kPack>, Constant<kMax>, Constant<kChannelsLast>, Index{}) for a windowed
+// problem: T the storage type, kPack the NHWC channel vector (1 for NCHW, where a thread's taps are spread over a
+// plane rather than contiguous), Index the offset type. `aligned`: the vectorized pointers are 16-byte aligned.
+template <typename Launch>
+void dispatch_window(DType dtype, Mode mode, const Window& w, bool aligned, Launch&& launch) {
+  const bool channels_last = w.layout == Layout::NHWC;
+  const int64_t largest = w.batch * w.channels * std::max(w.height * w.width, w.out_height * w.out_width);
+  dispatch_storage(dtype, channels_last ? w.channels : 1, aligned && channels_last, [&](auto tag, auto width) {
+    dispatch_offset_index(largest, [&](auto index) {
+      const auto in_layout = [&](auto max) {
+        if (channels_last) {
+          launch(tag, width, max, Constant<1>{}, index);
+        } else {
+          launch(tag, Constant<1>{}, max, Constant<0>{}, index);
+        }
+      };
+      if (mode == Mode::Max) {
+        in_layout(Constant<1>{});
+      } else {
+        in_layout(Constant<0>{});
+      }
+    });
+  });
 }
 
 // The window constants of one launch, with divisors for the index decomposition. `packs` is the number of

@@ -6,7 +6,6 @@
 #include "dtype.hpp"
 #include "float_access.hpp"
 #include "pool_common.cuh"
-#include "storage_dispatch.hpp"
 
 namespace ge2::pool2d {
 namespace {
@@ -75,37 +74,16 @@ __global__ void window_forward_kernel(const T* __restrict__ x, T* __restrict__ y
 
 void launch_window_forward(const ForwardArgs& args, cudaStream_t stream) {
   const Window& w = args.window;
-  const bool channels_last = w.layout == Layout::NHWC;
   const bool aligned = is_aligned(args.x, 16) && is_aligned(args.y, 16);
-  const int64_t outputs = w.batch * w.channels * w.out_height * w.out_width;
-  const int64_t inputs = w.batch * w.channels * w.height * w.width;
-  // NCHW runs one element per thread: a thread's taps are spread over a plane, not contiguous.
-  dispatch_storage(args.dtype, channels_last ? w.channels : 1, aligned && channels_last, [&](auto tag, auto width) {
+  dispatch_window(args.dtype, args.mode, w, aligned, [&](auto tag, auto pack, auto max, auto channels_last, auto index) {
     using T = typename decltype(tag)::type;
-    constexpr int kPack = decltype(width)::value;
-    const WindowParams params(w, kPack);
-    const int64_t work = outputs / kPack;
-    dispatch_offset_index(std::max(inputs, outputs), [&](auto index) {
-      using Index = decltype(index);
-      const auto* x = static_cast<const T*>(args.x);
-      auto* y = static_cast<T*>(args.y);
-      const dim3 grid(grid_for(work));
-      if (args.mode == Mode::Max) {
-        if (channels_last) {
-          window_forward_kernel<T, kPack, true, true, Index><<<grid, kThreads, 0, stream>>>(x, y, args.indices, params,
-                                                                                            work);
-        } else {
-          window_forward_kernel<T, 1, true, false, Index><<<grid, kThreads, 0, stream>>>(x, y, args.indices, params,
-                                                                                         work);
-        }
-      } else if (channels_last) {
-        window_forward_kernel<T, kPack, false, true, Index><<<grid, kThreads, 0, stream>>>(x, y, nullptr, params,
-                                                                                           work);
-      } else {
-        window_forward_kernel<T, 1, false, false, Index><<<grid, kThreads, 0, stream>>>(x, y, nullptr, params, work);
-      }
-      GE2_CHECK_LAUNCH("pool2d window_forward_kernel");
-    });
+    using Index = decltype(index);
+    constexpr int kPack = decltype(pack)::value;
+    const int64_t work = w.batch * w.channels * w.out_height * w.out_width / kPack;
+    window_forward_kernel<T, kPack, decltype(max)::value == 1, decltype(channels_last)::value == 1, Index>
+        <<<grid_for(work), kThreads, 0, stream>>>(static_cast<const T*>(args.x), static_cast<T*>(args.y),
+                                                  args.indices, WindowParams(w, kPack), static_cast<Index>(work));
+    GE2_CHECK_LAUNCH("pool2d window_forward_kernel");
   });
 }
 

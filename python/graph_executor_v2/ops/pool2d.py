@@ -287,13 +287,12 @@ def _global_y_shape(x_shape, layout: str) -> tuple:
     return (batch, channels, 1, 1) if layout == "NCHW" else (batch, 1, 1, channels)
 
 
-def _as_outputs(out, count: int, argument: str = "out") -> tuple:
+def _output_pair(out) -> tuple:
+    """max_pool2d's ``out``: None, or a tuple of two arrays (y, indices)."""
     if out is None:
-        return (None,) * count
-    if count == 1:
-        return (out,)
-    if not isinstance(out, (tuple, list)) or len(out) != count:
-        raise TypeError(f"{argument}: expected a tuple of {count} arrays (one per output), got {type(out).__name__}")
+        return None, None
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError(f"out: expected a tuple of 2 arrays (y, indices), got {type(out).__name__}")
     return tuple(out)
 
 
@@ -313,7 +312,7 @@ def _max_forward_numpy(x, kernel_size, stride=None, padding=0, dilation=1, ceil_
 
 def _max_forward(x, window, kernel, out=None, stream=None):
     vx = _contiguous_view(x, "x")
-    y_out, indices_out = _as_outputs(out, 2)
+    y_out, indices_out = _output_pair(out)
     y, vy = _layout.output(y_out, x, "out[0]", window.y_shape(), vx.dtype, vx.device)
     indices, vindices = _layout.output(indices_out, x, "out[1]", window.y_shape(), "int32", vx.device)
     _native_module().forward("max", vx.ptr, vy.ptr, vindices.ptr, window.native_sizes(), window.native_window(),

@@ -468,12 +468,11 @@ def _global_backward_device(dy, x, layout="NCHW", kernel="auto", out=None, strea
     return (dx,)
 
 
-def kernels() -> list[dict]:
-    """The kernels with their constraints, as the native module reports them."""
-    return _native_module().kernels()
-
-
 def _face(name, forward_numpy, forward, backward_numpy, backward):
+    def kernels() -> list[dict]:
+        """The op's kernels with their constraints, as the native module reports them."""
+        return [row for row in _native_module().kernels() if row["name"] in KERNELS[name]]
+
     return SimpleNamespace(__name__=name, __doc__=OPS_DOC[name], forward_numpy=forward_numpy, forward=forward,
                            backward_numpy=backward_numpy, backward=backward, kernels=kernels)
 

@@ -10,7 +10,8 @@ from . import concat, slice, transpose
 from . import layernorm, rmsnorm
 from . import cross_entropy, dropout, embedding
 from . import reduce, softmax
+from . import conv2d
 
 __all__ = ["OPS", "Attr", "Candidate", "Input", "OpDef", "Problem", "register", "elementwise", "gemm", "matmul",
            "concat", "slice", "transpose", "layernorm", "rmsnorm", "cross_entropy", "dropout", "embedding",
-           "reduce", "softmax"]
+           "reduce", "softmax", "conv2d"]

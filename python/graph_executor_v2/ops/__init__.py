@@ -12,7 +12,8 @@ from . import cross_entropy, dropout, embedding
 from . import reduce, softmax
 from . import batch_norm, pool2d
 from .pool2d import avg_pool2d, global_avg_pool, max_pool2d
+from . import conv2d
 
 __all__ = ["OPS", "Attr", "Candidate", "Input", "OpDef", "Problem", "register", "elementwise", "gemm", "matmul",
            "concat", "slice", "transpose", "layernorm", "rmsnorm", "cross_entropy", "dropout", "embedding",
-           "reduce", "softmax", "batch_norm", "pool2d", "max_pool2d", "avg_pool2d", "global_avg_pool"]
+           "reduce", "softmax", "batch_norm", "pool2d", "max_pool2d", "avg_pool2d", "global_avg_pool", "conv2d"]

@@ -7,12 +7,14 @@ from __future__ import annotations
 from typing import Sequence
 
 from .attention_fusion import fuse_attention
+from .batch_norm_fold import fold_batch_norm
 from .canonicalize import canonicalize
 from .amp import POLICY, autocast
 from .cleanup import eliminate_common_subexpressions, eliminate_dead_code
 from .constant_fold import fold_constants
 from .fusion import fuse
 from .inference import infer_shapes
+from .layout import plan_layouts
 from .manager import Pass, PassManager, PassRecord
 from .pattern import Pat, Rewrite, rewrite
 from .training import chain_activation_backward, fuse_loss_gradient, fuse_relu, trim_gemm_backward
@@ -32,11 +34,15 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("trim_gemm_backward", trim_gemm_backward, "do not compute gemm_backward outputs nothing reads"),
     Pass("fuse_loss_gradient", fuse_loss_gradient,
          "a cross_entropy and its backward seeded by 1 -> one cross_entropy_with_grad pass over the logits"),
+    Pass("fold_batch_norm", fold_batch_norm, "fold inference batch norms into the conv2d before them"),
+    Pass("plan_layouts", plan_layouts, "run conv/pool/batch-norm chains in their dtype's preferred layout, "
+                                       "transposes only at the edges"),
 )}
 
 # Folding runs after canonicalization, so the reshapes it inserts for parameter rows become parameters. Attention
 # fuses before canonicalization turns its matmuls into gemms.
-DEFAULT_PIPELINE = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicalize", "constant_fold", "fuse", "dce")
+DEFAULT_PIPELINE = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicalize", "constant_fold", "fold_batch_norm",
+                    "fuse", "dce")
 # Training: the forward is canonicalized and fused before autograd (no constant folding: parameters are trained),
 # the graph with gradients is then cleaned and its backward fused.
 TRAINING_FORWARD = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicalize", "fuse_relu", "dce")
@@ -59,5 +65,6 @@ def resolve(passes: Sequence[str | Pass] | None) -> list[Pass]:
 
 __all__ = ["DEFAULT_PIPELINE", "PASSES", "POLICY", "TRAINING_BACKWARD", "TRAINING_FORWARD", "Pass", "PassManager",
            "PassRecord", "Pat", "Rewrite", "autocast", "canonicalize", "chain_activation_backward",
-           "eliminate_common_subexpressions", "eliminate_dead_code", "fold_constants", "fuse", "fuse_attention",
-           "fuse_loss_gradient", "fuse_relu", "infer_shapes", "resolve", "rewrite", "trim_gemm_backward"]
+           "eliminate_common_subexpressions", "eliminate_dead_code", "fold_batch_norm", "fold_constants", "fuse",
+           "fuse_attention", "fuse_loss_gradient", "fuse_relu", "infer_shapes", "plan_layouts", "resolve", "rewrite",
+           "trim_gemm_backward"]

@@ -1,0 +1,107 @@
+// conv2d: y = act(conv(x, w) + bias), NCHW or NHWC, stride, explicit padding, dilation, groups; float32 accumulation.
+// Weights: [K, C/groups, R, S] for NCHW (PyTorch's layout), [K, R, S, C/groups] for NHWC.
+#pragma once
+#include <cmath>  // activation.hpp's float math in host-compiled code (the binding)
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "activation.hpp"
+#include "dtype.hpp"
+#include "kernel_info.hpp"
+
+namespace ge2::conv2d {
+
+enum class Layout { NCHW, NHWC };
+enum class Kernel { Auto, Im2colGemm };
+
+Kernel kernel_from_name(const std::string& name);
+const char* kernel_name(Kernel kernel);
+Layout layout_from_name(const std::string& name);
+
+struct Shape {
+  int64_t n = 0, c = 0, h = 0, w = 0;   // input
+  int64_t k = 0, r = 0, s = 0;          // filters
+  int64_t p = 0, q = 0;                 // output height, width
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_top = 0, pad_left = 0;    // bottom/right padding only shows in p, q
+  int64_t dilation_h = 1, dilation_w = 1;
+  int64_t groups = 1;
+  Layout layout = Layout::NCHW;
+  DType dtype = DType::Float32;
+};
+
+struct ForwardArgs {
+  Shape shape;
+  const void* x = nullptr;
+  const void* w = nullptr;
+  const void* bias = nullptr;  // nullptr: no bias
+  void* y = nullptr;
+  Act act = Act::None;
+  float slope = 0.01f;
+  bool allow_tf32 = false;
+};
+
+struct BackwardArgs {
+  Shape shape;
+  const void* dy = nullptr;
+  const void* x = nullptr;
+  const void* w = nullptr;
+  const void* bias = nullptr;  // read (with x, w) to recompute the pre-activation when act != None
+  void* dx = nullptr;          // each gradient is skipped when nullptr
+  void* dw = nullptr;
+  void* dbias = nullptr;
+  Act act = Act::None;
+  float slope = 0.01f;
+  bool allow_tf32 = false;
+};
+
+// Checks sizes and pointers; throws std::invalid_argument naming the argument.
+void check_shape(const Shape& shape);
+
+Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream);
+void backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream);
+
+std::vector<KernelInfo> kernel_table();
+
+// ---- internal: shared by launcher.cu, kernels/*.cu and backward.cu ------------------------------------------
+
+// Row-major batched C_b = op(A_b) @ op(B_b) on cuBLASLt, float32 accumulation. A/B are of `dtype`; C is `c_dtype`
+// (float32 or `dtype`). Leading dimensions and batch strides in elements.
+struct GemmCall {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* c = nullptr;
+  int64_t m = 0, n = 0, k = 0, batch = 1;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+  bool trans_a = false, trans_b = false;
+  DType dtype = DType::Float32, c_dtype = DType::Float32;
+  bool allow_tf32 = false;
+};
+void gemm(const GemmCall& call, cudaStream_t stream);
+
+// The column matrix of the implicit GEMM: NCHW [groups][C/g * R * S][N * P * Q], NHWC [groups][N * P * Q][R * S *
+// C/g]. col2im is its adjoint (a gather: each input element sums the columns it appears in, no atomics).
+void launch_im2col(const Shape& shape, const void* x, void* col, cudaStream_t stream);
+void launch_col2im(const Shape& shape, const float* dcol, void* dx, cudaStream_t stream);
+
+// The GEMM result in its layout (NCHW: [K][N * P * Q], NHWC: [N * P * Q][K], float32) -> y = act(acc + bias).
+void launch_epilogue(const Shape& shape, const float* acc, const void* bias, void* y, Act act, float slope,
+                     cudaStream_t stream);
+// dz = dy * act'(acc + bias) in the GEMM layout, of the op's dtype (acc unused when act == None).
+void launch_output_grad(const Shape& shape, const void* dy, const float* acc, const void* bias, void* dz, Act act,
+                        float slope, cudaStream_t stream);
+// dbias[k] = sum of dz over N, P, Q (dz in the GEMM layout).
+void launch_bias_grad(const Shape& shape, const void* dz, void* dbias, cudaStream_t stream);
+
+// Bytes of the scratch a forward / backward call carves from the stream workspace.
+std::size_t im2col_col_elements(const Shape& shape);
+
+// Runs the forward GEMMs (im2col + batched GEMM) into the float32 accumulator in the GEMM layout.
+void im2col_gemm_accumulate(const Shape& shape, const void* x, const void* w, void* col, float* acc, bool allow_tf32,
+                            cudaStream_t stream);
+
+}  // namespace ge2::conv2d

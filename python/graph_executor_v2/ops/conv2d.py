@@ -1,0 +1,528 @@
+"""conv2d: ``y = act(conv(x, w) + bias)`` with stride, padding, dilation and groups, NCHW or NHWC.
+
+Layouts (the ``layout`` attribute names both the activations' and the weights' layout):
+- ``NCHW``: x ``[N, C, H, W]``, w ``[K, C/groups, R, S]`` (PyTorch's), y ``[N, K, P, Q]``;
+- ``NHWC``: x ``[N, H, W, C]``, w ``[K, R, S, C/groups]``, y ``[N, P, Q, K]``.
+``stride`` and ``dilation`` are an int or (h, w); ``padding`` an int, (h, w) (symmetric) or (top, bottom, left,
+right). ``groups`` divides C and K (groups == C == K is depthwise). ``bias`` ``[K]`` and ``act`` (none, relu, gelu
+(tanh form), silu, leaky_relu with ``slope``) are fused into the epilogue. float32/float16/bfloat16 with float32
+accumulation; TF32 only with ``allow_tf32``. Output size: ``P = (H + pad_top + pad_bottom - dilation_h * (R - 1) -
+1) // stride_h + 1`` (Q likewise).
+
+Kernel candidates (``kernels()``):
+1. ``im2col_gemm``: im2col into a per-stream workspace, one batched cuBLASLt GEMM (a batch entry per group) and one
+   fused bias/activation kernel; backward dX by GEMM + a col2im gather, dW by GEMM, dbias by a reduction. Every
+   attribute combination: the path that always works.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _native
+from .. import device as _device
+from ..dtypes import FLOAT_DTYPES
+from ..ir.types import TensorType
+from . import _base, _layout, activations
+from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register
+
+CONV_ACTIVATIONS = ("none", "relu", "gelu", "silu", "leaky_relu")
+LAYOUTS = ("NCHW", "NHWC")
+KERNELS = ("auto", "im2col_gemm")
+
+
+def _native_module():
+    return _native.load("_ops_conv2d")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Attributes and shapes: validation needs no GPU.
+# ---------------------------------------------------------------------------------------------------------------
+def _pair(value, argument: str, minimum: int) -> tuple[int, int]:
+    values = (value, value) if _layout.is_int(value) else _layout.int_tuple(value, argument)
+    if len(values) != 2:
+        raise ValueError(f"{argument}: expected an int or 2 ints (height, width), got {value!r}")
+    if min(values) < minimum:
+        raise ValueError(f"{argument}: every entry must be >= {minimum}, got {value!r}")
+    return values
+
+
+def _padding(value) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right) from an int, (h, w) or (top, bottom, left, right)."""
+    values = (value,) if _layout.is_int(value) else _layout.int_tuple(value, "padding")
+    if len(values) not in (1, 2, 4):
+        raise ValueError(f"padding: expected an int, 2 ints (h, w) or 4 ints (top, bottom, left, right), "
+                         f"got {value!r}")
+    if min(values) < 0:
+        raise ValueError(f"padding: every entry must be >= 0, got {value!r}")
+    if len(values) == 1:
+        return values * 4
+    if len(values) == 2:
+        return values[0], values[0], values[1], values[1]
+    return values
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    n: int
+    c: int
+    h: int
+    w: int
+    k: int
+    r: int
+    s: int
+    p: int
+    q: int
+    stride: tuple[int, int]
+    padding: tuple[int, int, int, int]
+    dilation: tuple[int, int]
+    groups: int
+    layout: str
+    dtype: str
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int]:
+        return (self.n, self.k, self.p, self.q) if self.layout == "NCHW" else (self.n, self.p, self.q, self.k)
+
+    @property
+    def native(self) -> list[int]:
+        """What _ops_conv2d takes: N, C, H, W, K, R, S, P, Q, strides, top/left padding, dilations, groups."""
+        return [self.n, self.c, self.h, self.w, self.k, self.r, self.s, self.p, self.q, *self.stride,
+                self.padding[0], self.padding[2], *self.dilation, self.groups]
+
+    @property
+    def reduction_length(self) -> int:
+        return self.c // self.groups * self.r * self.s
+
+
+def check_problem(x_shape, x_dtype, w_shape, w_dtype, bias_shape=None, bias_dtype=None, *, stride=1, padding=0,
+                  dilation=1, groups=1, layout="NCHW", act="none", slope=0.01) -> ConvGeometry:
+    """Validates a conv2d problem; raises ValueError/TypeError naming the argument, the expectation and the value."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected NCHW or NHWC, got {layout!r}")
+    if act not in CONV_ACTIVATIONS:
+        raise ValueError(f"act: expected one of {', '.join(CONV_ACTIVATIONS)}, got {act!r}")
+    if isinstance(slope, bool) or not isinstance(slope, (int, float, np.floating, np.integer)):
+        raise TypeError(f"slope: expected a float, got {type(slope).__name__}")
+    stride = _pair(stride, "stride", 1)
+    dilation = _pair(dilation, "dilation", 1)
+    padding = _padding(padding)
+    if not _layout.is_int(groups):
+        raise TypeError(f"groups: expected an int, got {type(groups).__name__} ({groups!r})")
+    if groups < 1:
+        raise ValueError(f"groups: must be >= 1, got {groups}")
+    if len(x_shape) != 4:
+        raise ValueError(f"x: expected a 4-d {layout} array, got shape {tuple(x_shape)}")
+    if len(w_shape) != 4:
+        raise ValueError(f"w: expected a 4-d array ({'[K, C/groups, R, S]' if layout == 'NCHW' else '[K, R, S, C/groups]'}), "
+                         f"got shape {tuple(w_shape)}")
+    if x_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"x: expected dtype float32, float16 or bfloat16, got {x_dtype}")
+    if w_dtype != x_dtype:
+        raise TypeError(f"w: expected dtype {x_dtype} (the dtype of x), got {w_dtype}")
+    n, c, h, w = x_shape if layout == "NCHW" else (x_shape[0], x_shape[3], x_shape[1], x_shape[2])
+    k, cg, r, s = w_shape if layout == "NCHW" else (w_shape[0], w_shape[3], w_shape[1], w_shape[2])
+    if min(n, c, h, w) < 1:
+        raise ValueError(f"x: every dimension must be >= 1, got shape {tuple(x_shape)}")
+    if min(k, cg, r, s) < 1:
+        raise ValueError(f"w: every dimension must be >= 1, got shape {tuple(w_shape)}")
+    if c % groups != 0 or k % groups != 0:
+        raise ValueError(f"groups: must divide the input channels C={c} and the output channels K={k}, got {groups}")
+    if cg != c // groups:
+        raise ValueError(f"w: expected C/groups = {c // groups} input channels per filter (C={c}, groups={groups}), "
+                         f"got {cg} in shape {tuple(w_shape)}")
+    extent_h, extent_w = dilation[0] * (r - 1) + 1, dilation[1] * (s - 1) + 1
+    padded_h, padded_w = h + padding[0] + padding[1], w + padding[2] + padding[3]
+    if extent_h > padded_h or extent_w > padded_w:
+        raise ValueError(f"w: the (dilated) kernel {extent_h}x{extent_w} is larger than the padded input "
+                         f"{padded_h}x{padded_w} (input {h}x{w}, padding {padding}, dilation {dilation})")
+    p = (padded_h - extent_h) // stride[0] + 1
+    q = (padded_w - extent_w) // stride[1] + 1
+    if bias_shape is not None:
+        if tuple(bias_shape) != (k,):
+            raise ValueError(f"bias: expected shape ({k},) (one per output channel), got {tuple(bias_shape)}")
+        if bias_dtype != x_dtype:
+            raise TypeError(f"bias: expected dtype {x_dtype}, got {bias_dtype}")
+    return ConvGeometry(int(n), int(c), int(h), int(w), int(k), int(r), int(s), int(p), int(q), stride, padding,
+                        dilation, int(groups), layout, x_dtype)
+
+
+def _check_kernel(kernel):
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reference (float64): the oracle of every test and the CPU backend. Works in NCHW with [K, C/g, R, S] weights.
+# ---------------------------------------------------------------------------------------------------------------
+def _to_nchw(x, w, layout):
+    if layout == "NHWC":
+        return x.transpose(0, 3, 1, 2), w.transpose(0, 3, 1, 2)
+    return x, w
+
+
+def _taps(geometry: ConvGeometry):
+    """(r, s, rows, cols): the padded-input window each filter tap reads, as strided slices."""
+    (sh, sw), (dh, dw) = geometry.stride, geometry.dilation
+    for r in range(geometry.r):
+        rows = slice(r * dh, r * dh + sh * (geometry.p - 1) + 1, sh)
+        for s in range(geometry.s):
+            yield r, s, rows, slice(s * dw, s * dw + sw * (geometry.q - 1) + 1, sw)
+
+
+def _geometry_of(x, w, attrs) -> ConvGeometry:
+    return check_problem(x.shape, np.dtype(x.dtype).name, w.shape, np.dtype(w.dtype).name, **attrs)
+
+
+def reference(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", act="none",
+              slope=0.01):
+    """Returns (y, z) in float64, z being the pre-activation, both in ``layout``."""
+    geometry = check_problem(x.shape, "float32", w.shape, "float32", stride=stride, padding=padding,
+                             dilation=dilation, groups=groups, layout=layout, act=act, slope=slope)
+    x64, w64 = _to_nchw(as_float64(x), as_float64(w), layout)
+    top, bottom, left, right = geometry.padding
+    g, n = geometry.groups, geometry.n
+    padded = np.pad(x64, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    padded = padded.reshape(n, g, geometry.c // g, *padded.shape[2:])
+    filters = w64.reshape(g, geometry.k // g, geometry.c // g, geometry.r, geometry.s)
+    z = np.zeros((n, g, geometry.k // g, geometry.p, geometry.q))
+    for r, s, rows, cols in _taps(geometry):
+        z += np.einsum("ngcpq,gkc->ngkpq", padded[:, :, :, rows, cols], filters[:, :, :, r, s])
+    z = z.reshape(n, geometry.k, geometry.p, geometry.q)
+    if bias is not None:
+        z = z + as_float64(bias)[None, :, None, None]
+    if layout == "NHWC":
+        z = z.transpose(0, 2, 3, 1)
+    return activations.apply(act, z, slope), z
+
+
+def reference_backward(dy, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW",
+                       act="none", slope=0.01):
+    """Returns (dx, dw, dbias) in float64 (dbias is None without a bias)."""
+    attrs = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout, act=act,
+                 slope=slope)
+    _, z = reference(x, w, bias, **attrs)
+    geometry = check_problem(x.shape, "float32", w.shape, "float32", **attrs)
+    dz = as_float64(dy) * activations.derivative(act, z, slope)
+    x64, w64 = _to_nchw(as_float64(x), as_float64(w), layout)
+    if layout == "NHWC":
+        dz = dz.transpose(0, 3, 1, 2)
+    top, bottom, left, right = geometry.padding
+    g, n, cg, kg = geometry.groups, geometry.n, geometry.c // geometry.groups, geometry.k // geometry.groups
+    padded = np.pad(x64, ((0, 0), (0, 0), (top, bottom), (left, right))).reshape(n, g, cg, *np.add(
+        x64.shape[2:], (top + bottom, left + right)))
+    filters = w64.reshape(g, kg, cg, geometry.r, geometry.s)
+    dz_groups = dz.reshape(n, g, kg, geometry.p, geometry.q)
+    d_padded = np.zeros_like(padded)
+    d_filters = np.zeros_like(filters)
+    for r, s, rows, cols in _taps(geometry):
+        d_filters[:, :, :, r, s] = np.einsum("ngcpq,ngkpq->gkc", padded[:, :, :, rows, cols], dz_groups)
+        d_padded[:, :, :, rows, cols] += np.einsum("ngkpq,gkc->ngcpq", dz_groups, filters[:, :, :, r, s])
+    d_padded = d_padded.reshape(n, geometry.c, *d_padded.shape[3:])
+    dx = d_padded[:, :, top:top + geometry.h, left:left + geometry.w]
+    dw = d_filters.reshape(w64.shape)
+    if layout == "NHWC":
+        dx, dw = dx.transpose(0, 2, 3, 1), dw.transpose(0, 2, 3, 1)
+    return dx, dw, (None if bias is None else dz.sum(axis=(0, 2, 3)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Python face
+# ---------------------------------------------------------------------------------------------------------------
+def _attrs(stride, padding, dilation, groups, layout, act, slope):
+    return dict(stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout, act=act,
+                slope=slope)
+
+
+def _check_host(arrays: dict):
+    for name, value in arrays.items():
+        if value is not None and not isinstance(value, np.ndarray):
+            raise TypeError(f"{name}: expected a NumPy array, got {type(value).__name__}")
+
+
+def _host_geometry(x, w, bias, attrs) -> ConvGeometry:
+    return check_problem(x.shape, _layout.host_dtype(x, "x"), w.shape, _layout.host_dtype(w, "w"),
+                         None if bias is None else bias.shape,
+                         None if bias is None else _layout.host_dtype(bias, "bias"), **attrs)
+
+
+def forward_numpy(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", act="none",
+                  slope=0.01, allow_tf32=False, kernel="auto"):
+    """Host arrays in, host array out. Runs on the GPU."""
+    _check_host({"x": x, "w": w, "bias": bias})
+    _host_geometry(x, w, bias, _attrs(stride, padding, dilation, groups, layout, act, slope))
+    _check_kernel(kernel)
+    _device.require_gpu("conv2d.forward_numpy")
+    on_device = [None if a is None else _layout.to_device(a) for a in (x, w, bias)]
+    return forward(*on_device, stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout,
+                   act=act, slope=slope, allow_tf32=allow_tf32, kernel=kernel).numpy()
+
+
+def _device_views(arrays: dict):
+    views = {name: None if a is None else _device.view_of(a, name) for name, a in arrays.items()}
+    return views
+
+
+def _validate_device(views: dict, geometry: ConvGeometry):
+    first = next(iter(views.values()))
+    for name, view in views.items():
+        if view is None:
+            continue
+        if not view.is_contiguous:
+            raise ValueError(f"{name}: expected a contiguous array, got strides {view.strides} for shape "
+                             f"{tuple(view.shape)}")
+        _layout.check_device(view, first.device, name)
+
+
+def forward(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", act="none", slope=0.01,
+            allow_tf32=False, kernel="auto", out=None, stream=None):
+    """Device arrays (DeviceArray, torch, CuPy) in, a device array of x's kind out, zero-copy."""
+    views = _device_views({"x": x, "w": w, "bias": bias})
+    vx, vw, vbias = views["x"], views["w"], views["bias"]
+    geometry = check_problem(vx.shape, vx.dtype, vw.shape, vw.dtype, None if vbias is None else vbias.shape,
+                             None if vbias is None else vbias.dtype,
+                             **_attrs(stride, padding, dilation, groups, layout, act, slope))
+    _check_kernel(kernel)
+    _validate_device(views, geometry)
+    y, vy = _layout.output(out, x, "out", geometry.out_shape, geometry.dtype, vx.device)
+    for name, view in views.items():
+        if view is not None:
+            _layout.check_no_overlap(vy, "out", view, name)
+    _native_module().forward(vx.ptr, vw.ptr, 0 if vbias is None else vbias.ptr, vy.ptr, geometry.native, layout,
+                             geometry.dtype, act, float(slope), bool(allow_tf32), kernel,
+                             _device.stream_handle(stream))
+    return y
+
+
+def backward_numpy(dy, x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", act="none",
+                   slope=0.01, allow_tf32=False, kernel="auto"):
+    """Host arrays in: (dx, dw, dbias) host arrays out (dbias None without a bias). Runs on the GPU."""
+    _check_host({"dy": dy, "x": x, "w": w, "bias": bias})
+    geometry = _host_geometry(x, w, bias, _attrs(stride, padding, dilation, groups, layout, act, slope))
+    _check_dy(dy.shape, _layout.host_dtype(dy, "dy"), geometry)
+    _check_kernel(kernel)
+    _device.require_gpu("conv2d.backward_numpy")
+    on_device = [None if a is None else _layout.to_device(a) for a in (dy, x, w, bias)]
+    grads = backward(*on_device, stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout,
+                     act=act, slope=slope, allow_tf32=allow_tf32, kernel=kernel)
+    return tuple(None if g is None else g.numpy() for g in grads)
+
+
+def _check_dy(dy_shape, dy_dtype, geometry: ConvGeometry):
+    if tuple(dy_shape) != geometry.out_shape:
+        raise ValueError(f"dy: expected shape {geometry.out_shape} (the output of the convolution), "
+                         f"got {tuple(dy_shape)}")
+    if dy_dtype != geometry.dtype:
+        raise TypeError(f"dy: expected dtype {geometry.dtype}, got {dy_dtype}")
+
+
+def backward(dy, x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", act="none",
+             slope=0.01, allow_tf32=False, kernel="auto", out=None, stream=None):
+    """Device arrays in: (dx, dw, dbias) device arrays of x's kind (dbias None without a bias). ``out`` is a tuple
+    of three arrays (or None entries, allocated) for dx, dw and dbias. With an activation the pre-activation is
+    recomputed (one forward GEMM)."""
+    views = _device_views({"dy": dy, "x": x, "w": w, "bias": bias})
+    vdy, vx, vw, vbias = views["dy"], views["x"], views["w"], views["bias"]
+    geometry = check_problem(vx.shape, vx.dtype, vw.shape, vw.dtype, None if vbias is None else vbias.shape,
+                             None if vbias is None else vbias.dtype,
+                             **_attrs(stride, padding, dilation, groups, layout, act, slope))
+    _check_dy(vdy.shape, vdy.dtype, geometry)
+    _check_kernel(kernel)
+    _validate_device(views, geometry)
+    if out is None:
+        out = (None, None, None)
+    if not isinstance(out, tuple) or len(out) != 3:
+        raise TypeError(f"out: expected a tuple of 3 arrays (dx, dw, dbias) or None, got {type(out).__name__}")
+    shapes = {"out[0]": tuple(vx.shape), "out[1]": tuple(vw.shape), "out[2]": (geometry.k,)}
+    grads, grad_views = [], []
+    for (name, shape), given, wanted in zip(shapes.items(), out, (True, True, bias is not None)):
+        if not wanted:
+            grads.append(None)
+            grad_views.append(None)
+            continue
+        array, view = _layout.output(given, x, name, shape, geometry.dtype, vx.device)
+        for input_name, input_view in views.items():
+            if input_view is not None:
+                _layout.check_no_overlap(view, name, input_view, input_name)
+        grads.append(array)
+        grad_views.append(view)
+    ptr = lambda view: 0 if view is None else view.ptr  # noqa: E731
+    _native_module().backward(vdy.ptr, vx.ptr, vw.ptr, ptr(vbias), ptr(grad_views[0]), ptr(grad_views[1]),
+                              ptr(grad_views[2]), geometry.native, layout, geometry.dtype, act, float(slope),
+                              bool(allow_tf32), kernel, _device.stream_handle(stream))
+    return tuple(grads)
+
+
+def kernels() -> list[dict]:
+    """The candidates with their constraints, as the native module reports them."""
+    return _native_module().kernels()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Op definitions: conv2d and conv2d_backward (what the IR, passes, registry and CPU backend read).
+# ---------------------------------------------------------------------------------------------------------------
+def _op_attrs(attrs) -> dict:
+    return {name: attrs[name] for name in ("stride", "padding", "dilation", "groups", "layout", "act", "slope")}
+
+
+def _types_geometry(x, w, bias, attrs) -> ConvGeometry:
+    for name, t in (("x", x), ("w", w)):
+        if t is None:
+            raise ValueError(f"input '{name}' is required")
+        if not t.is_concrete:
+            raise ValueError(f"{name}: conv2d needs a concrete shape, got {t.shape}")
+    return check_problem(x.shape, x.dtype, w.shape, w.dtype, None if bias is None else bias.shape,
+                         None if bias is None else bias.dtype, **_op_attrs(attrs))
+
+
+def _infer(in_types, attrs):
+    x, w, bias = in_types
+    geometry = _types_geometry(x, w, bias, attrs)
+    return [TensorType(geometry.out_shape, geometry.dtype)]
+
+
+def _reference(inputs, attrs):
+    x, w, bias = inputs
+    return [reference(x, w, bias, **_op_attrs(attrs))[0]]
+
+
+def _reference_backward(inputs, outputs, out_grads, attrs):
+    x, w, bias = inputs
+    return list(reference_backward(out_grads[0], x, w, bias, **_op_attrs(attrs)))
+
+
+def _stride_check(value):
+    try:
+        _pair(value, "stride", 1)
+    except (TypeError, ValueError) as error:
+        return str(error).removeprefix("stride: ")
+    return None
+
+
+def _dilation_check(value):
+    try:
+        _pair(value, "dilation", 1)
+    except (TypeError, ValueError) as error:
+        return str(error).removeprefix("dilation: ")
+    return None
+
+
+def _padding_check(value):
+    try:
+        _padding(value)
+    except (TypeError, ValueError) as error:
+        return str(error).removeprefix("padding: ")
+    return None
+
+
+ATTRS = (
+    Attr("stride", (int, tuple), 1, check=_stride_check, doc="int or (h, w)"),
+    Attr("padding", (int, tuple), 0, check=_padding_check, doc="int, (h, w) or (top, bottom, left, right)"),
+    Attr("dilation", (int, tuple), 1, check=_dilation_check, doc="int or (h, w)"),
+    Attr("groups", int, 1, check=lambda g: None if g >= 1 else "must be >= 1"),
+    Attr("layout", str, "NCHW", choices=LAYOUTS),
+    Attr("act", str, "none", choices=CONV_ACTIVATIONS),
+    Attr("slope", float, 0.01, doc="leaky_relu negative slope"),
+    Attr("allow_tf32", bool, False),
+)
+
+
+def _forward_candidate():
+    def supports(problem: Problem):
+        return None
+
+    def prepare(problem: Problem):
+        x, w, bias = problem.in_types
+        geometry = _types_geometry(x, w, bias, problem.attrs).native
+        attrs = problem.attrs
+        native_forward = _native_module().forward
+        layout, dtype, act = attrs["layout"], x.dtype, attrs["act"]
+        slope, tf32 = float(attrs["slope"]), bool(attrs["allow_tf32"])
+
+        def launch(ins, outs, stream):
+            native_forward(ins[0], ins[1], ins[2], outs[0], geometry, layout, dtype, act, slope, tf32,
+                           "im2col_gemm", stream)
+
+        return launch
+
+    return Candidate("im2col_gemm", 10, "im2col + batched cuBLASLt GEMM + fused bias/activation", supports, prepare,
+                     always_works=True)
+
+
+OP = register(OpDef(
+    name="conv2d",
+    inputs=(Input("x"), Input("w"), Input("bias", optional=True)),
+    outputs=("y",),
+    attrs=ATTRS,
+    infer=_infer,
+    reference=_reference,
+    reference_backward=_reference_backward,
+    candidates=(_forward_candidate(),),
+    doc=__doc__,
+))
+
+
+# conv2d_backward: inputs (dy, x, w, bias?) -> (dx, dw, dbias); dbias is computed even without a bias input (the
+# sum of dz over N, P, Q), and the grad rule drops it then.
+def _infer_backward(in_types, attrs):
+    dy, x, w, bias = in_types
+    geometry = _types_geometry(x, w, bias, attrs)
+    if dy is None:
+        raise ValueError("input 'dy' is required")
+    _check_dy(dy.shape, dy.dtype, geometry)
+    return [TensorType(x.shape, x.dtype), TensorType(w.shape, w.dtype), TensorType((geometry.k,), x.dtype)]
+
+
+def _reference_of_backward(inputs, attrs):
+    dy, x, w, bias = inputs
+    dx, dw, _ = reference_backward(dy, x, w, bias, **_op_attrs(attrs))
+    dz = as_float64(dy) * activations.derivative(attrs["act"], reference(x, w, bias, **_op_attrs(attrs))[1],
+                                                 attrs["slope"])
+    return [dx, dw, dz.sum(axis=(0, 2, 3) if attrs["layout"] == "NCHW" else (0, 1, 2))]
+
+
+def _backward_candidate():
+    def supports(problem: Problem):
+        return None
+
+    def prepare(problem: Problem):
+        _, x, w, bias = problem.in_types
+        geometry = _types_geometry(x, w, bias, problem.attrs).native
+        attrs = problem.attrs
+        native_backward = _native_module().backward
+        layout, dtype, act = attrs["layout"], x.dtype, attrs["act"]
+        slope, tf32 = float(attrs["slope"]), bool(attrs["allow_tf32"])
+
+        def launch(ins, outs, stream):
+            native_backward(ins[0], ins[1], ins[2], ins[3], outs[0], outs[1], outs[2], geometry, layout, dtype, act,
+                            slope, tf32, "im2col_gemm", stream)
+
+        return launch
+
+    return Candidate("im2col_gemm", 10, "dz kernel, dW and dX batched cuBLASLt GEMMs, col2im gather, dbias reduction",
+                     supports, prepare, always_works=True)
+
+
+BACKWARD_OP = register(OpDef(
+    name="conv2d_backward",
+    inputs=(Input("dy"), Input("x"), Input("w"), Input("bias", optional=True)),
+    outputs=("dx", "dw", "dbias"),
+    attrs=ATTRS,
+    infer=_infer_backward,
+    reference=_reference_of_backward,
+    candidates=(_backward_candidate(),),
+    doc="Gradients of conv2d: dx, dw and dbias (the sum of dz over N, P, Q).",
+))
+
+
+def _grad(g, node, out_grads):
+    x, w = node.inputs[0], node.inputs[1]
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    dx, dw, dbias = g.conv2d_backward(out_grads[0], x, w, bias, **node.attrs)
+    return [dx, dw, None if bias is None else dbias]
+
+
+# The grad-rule hook arrives with the training API (issue 8); attach the rule once it exists.
+if hasattr(_base, "attach_grad"):
+    _base.attach_grad(OP, _grad)

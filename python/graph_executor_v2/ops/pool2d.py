@@ -1,0 +1,711 @@
+"""2-D pooling: ``max_pool2d``, ``avg_pool2d`` and ``global_avg_pool`` over NCHW or NHWC arrays.
+
+``x`` is 4-d, ``[N, C, H, W]`` (``layout="NCHW"``) or ``[N, H, W, C]`` (``layout="NHWC"``), float32, float16 or
+bfloat16 (float32 math inside). Window attributes are an int or an ``(h, w)`` pair, as in PyTorch:
+``kernel_size``; ``stride`` (default: the kernel size); ``padding`` (implicit, at most half the window span);
+``dilation`` (max pooling only); ``ceil_mode`` (round the output size up; a window must still start inside the
+input or its left padding); ``count_include_pad`` (avg pooling: divide by the whole window, padding included, or
+only by its part inside the input). The output size along an axis is
+
+    floor_or_ceil((size + 2 * padding - dilation * (kernel - 1) - 1) / stride) + 1
+
+``max_pool2d`` has two outputs: ``y`` and ``indices``, the int32 argmax of every output as the plane index
+``ih * W + iw`` (PyTorch's ``return_indices`` convention; -1 for a window with no input element). NaN wins over
+numbers; among equal values the first tap in row-major window order wins. The backward takes the indices (a
+saved output, so it reads int32 indices of the output's size rather than re-reading x and recomputing every
+window) and gathers: no atomics, deterministic. ``avg_pool2d``'s backward gathers ``dy / divisor``;
+``global_avg_pool`` (``y`` is ``[N, C, 1, 1]`` or ``[N, 1, 1, C]``) broadcasts ``dy / (H * W)``.
+
+Each op has the face ``ge2.ops.<op>.forward_numpy / forward / backward_numpy / backward / kernels``; the backward
+computations are the graph ops ``<op>_backward`` (inputs ``dy``, the saved indices for max pooling, and ``x``
+for its shape).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+
+from .. import _native
+from .. import device as _device
+from ..dtypes import FLOAT_DTYPES
+from ..ir.types import TensorType
+from . import _layout
+from ._base import Attr, Candidate, Input, OpDef, Problem, attach_grad, register
+
+LAYOUTS = ("NCHW", "NHWC")
+KERNELS = {"max_pool2d": ("auto", "window"), "avg_pool2d": ("auto", "window"), "global_avg_pool": ("auto", "global")}
+
+
+def _native_module():
+    return _native.load("_ops_pool2d")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation: shapes, dtypes and attributes only, so it runs (and is tested) with no GPU.
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Window:
+    """One windowed pooling problem, everything concrete except batch and channels (which may be symbolic)."""
+
+    batch: object
+    channels: object
+    height: int
+    width: int
+    out_height: int
+    out_width: int
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    count_include_pad: bool
+    layout: str
+
+    def x_shape(self) -> tuple:
+        return self._shape(self.height, self.width)
+
+    def y_shape(self) -> tuple:
+        return self._shape(self.out_height, self.out_width)
+
+    def _shape(self, height, width) -> tuple:
+        if self.layout == "NCHW":
+            return (self.batch, self.channels, height, width)
+        return (self.batch, height, width, self.channels)
+
+    def native_sizes(self) -> tuple:
+        return (self.batch, self.channels, self.height, self.width, self.out_height, self.out_width)
+
+    def native_window(self) -> tuple:
+        return (*self.kernel, *self.stride, *self.padding, *self.dilation)
+
+
+def pair(value, argument: str, minimum: int) -> tuple[int, int]:
+    """An int or an (h, w) pair of ints >= ``minimum`` as a pair; errors name ``argument``."""
+    if _layout.is_int(value):
+        value = (value, value)
+    if not isinstance(value, (tuple, list)) or len(value) != 2 or not all(_layout.is_int(v) for v in value):
+        raise TypeError(f"{argument}: expected an int or a pair of ints (h, w), got {value!r}")
+    if any(v < minimum for v in value):
+        raise ValueError(f"{argument}: expected values >= {minimum}, got {tuple(value)}")
+    return int(value[0]), int(value[1])
+
+
+def _pair_check(value) -> str | None:
+    """Attr check: an int or a pair of ints (the value ranges are checked with the input shape)."""
+    if _layout.is_int(value) or (isinstance(value, tuple) and len(value) == 2
+                                 and all(_layout.is_int(v) for v in value)):
+        return None
+    return "must be an int or a pair of ints (h, w)"
+
+
+def check_layout(layout) -> str:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected 'NCHW' or 'NHWC', got {layout!r}")
+    return layout
+
+
+def check_x(shape, dtype: str | None, layout: str) -> tuple:
+    """(batch, channels, height, width) of a 4-d x in ``layout`` (dtype None: a float64 reference input)."""
+    check_layout(layout)
+    shape = tuple(shape)
+    if len(shape) != 4:
+        raise ValueError(f"x: expected a 4-d array ({layout}), got shape {shape}")
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        raise TypeError(f"x: expected dtype float32, float16 or bfloat16, got {dtype}")
+    batch, channels, height, width = shape if layout == "NCHW" else (shape[0], shape[3], shape[1], shape[2])
+    return batch, channels, height, width
+
+
+def output_size(size: int, kernel: int, stride: int, padding: int, dilation: int, ceil_mode: bool, axis: str) -> int:
+    """PyTorch's pooling output size along one axis (``axis`` names it in errors)."""
+    span = dilation * (kernel - 1) + 1
+    if 2 * padding > span:
+        raise ValueError(f"padding: expected at most half the window span ({span // 2}) along {axis}, got "
+                         f"{padding} (kernel_size {kernel}, dilation {dilation})")
+    if size + 2 * padding < span:
+        raise ValueError(f"kernel_size: the window span {span} along {axis} is larger than the padded input "
+                         f"({size} + 2 * {padding})")
+    extent = size + 2 * padding - span
+    out = (-(-extent // stride) if ceil_mode else extent // stride) + 1
+    if ceil_mode and (out - 1) * stride >= size + padding:  # the last window would start in the right padding
+        out -= 1
+    return out
+
+
+def check_window(x_shape, x_dtype, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                 count_include_pad=True, layout="NCHW") -> Window:
+    """Validates a windowed pooling problem and returns its Window; errors name the argument."""
+    batch, channels, height, width = check_x(x_shape, x_dtype, layout)
+    for name, extent in (("height", height), ("width", width)):
+        if not isinstance(extent, int):
+            raise ValueError(f"x: windowed pooling needs a known {name}, got the symbolic dim {extent!r}")
+        if extent < 1:
+            raise ValueError(f"x: expected {name} >= 1, got shape {tuple(x_shape)}")
+    kernel = pair(kernel_size, "kernel_size", 1)
+    strides = kernel if stride is None else pair(stride, "stride", 1)
+    pads = pair(padding, "padding", 0)
+    dilations = pair(dilation, "dilation", 1)
+    if not isinstance(ceil_mode, (bool, np.bool_)):
+        raise TypeError(f"ceil_mode: expected a bool, got {type(ceil_mode).__name__}")
+    if not isinstance(count_include_pad, (bool, np.bool_)):
+        raise TypeError(f"count_include_pad: expected a bool, got {type(count_include_pad).__name__}")
+    out_height = output_size(height, kernel[0], strides[0], pads[0], dilations[0], bool(ceil_mode), "height")
+    out_width = output_size(width, kernel[1], strides[1], pads[1], dilations[1], bool(ceil_mode), "width")
+    if height * width >= 2 ** 31:
+        raise ValueError(f"x: height * width must be < 2^31 (int32 argmax indices), got {height} * {width}")
+    return Window(batch, channels, height, width, out_height, out_width, kernel, strides, pads, dilations,
+                  bool(count_include_pad), layout)
+
+
+def _check_kernel(op: str, kernel) -> None:
+    if kernel not in KERNELS[op]:
+        raise ValueError(f"kernel: expected one of {', '.join(KERNELS[op])}, got {kernel!r}")
+
+
+def _check_same(argument: str, shape, dtype, expected_shape, expected_dtype, what: str) -> None:
+    if tuple(shape) != tuple(expected_shape):
+        raise ValueError(f"{argument}: expected shape {tuple(expected_shape)} ({what}), got {tuple(shape)}")
+    if dtype != expected_dtype:
+        raise TypeError(f"{argument}: expected dtype {expected_dtype}, got {dtype}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reference (float64): the oracle of every test and the CPU backend.
+# ---------------------------------------------------------------------------------------------------------------
+def _to_nchw(x: np.ndarray, layout: str) -> np.ndarray:
+    return x if layout == "NCHW" else x.transpose(0, 3, 1, 2)
+
+
+def _from_nchw(x: np.ndarray, layout: str) -> np.ndarray:
+    return x if layout == "NCHW" else x.transpose(0, 2, 3, 1)
+
+
+def _taps(window: Window):
+    """Per kernel tap: the input rows/cols every output reads (clipped into range) and where they are valid."""
+    oh, ow = np.arange(window.out_height), np.arange(window.out_width)
+    for kh in range(window.kernel[0]):
+        ih = oh * window.stride[0] - window.padding[0] + kh * window.dilation[0]
+        for kw in range(window.kernel[1]):
+            iw = ow * window.stride[1] - window.padding[1] + kw * window.dilation[1]
+            valid = ((ih >= 0) & (ih < window.height))[:, None] & ((iw >= 0) & (iw < window.width))[None, :]
+            yield np.clip(ih, 0, window.height - 1), np.clip(iw, 0, window.width - 1), valid
+
+
+def _avg_divisor(window: Window) -> np.ndarray:
+    """[OH, OW] divisors of avg pooling, as PyTorch computes them."""
+    def axis(out, kernel, stride, pad, size):
+        start = np.arange(out) * stride - pad
+        end = np.minimum(start + kernel, size + pad)
+        if not window.count_include_pad:
+            start, end = np.maximum(start, 0), np.minimum(end, size)
+        return end - start
+
+    return np.outer(axis(window.out_height, window.kernel[0], window.stride[0], window.padding[0], window.height),
+                    axis(window.out_width, window.kernel[1], window.stride[1], window.padding[1], window.width))
+
+
+def reference_max(x, window: Window):
+    """(y, indices): y float64, indices int32 in the layout of x."""
+    x64 = _to_nchw(np.asarray(x).astype(np.float64), window.layout)
+    shape = x64.shape[:2] + (window.out_height, window.out_width)
+    best, argmax = np.full(shape, -np.inf), np.full(shape, -1, dtype=np.int64)
+    for ih, iw, valid in _taps(window):
+        values = x64[:, :, ih[:, None], iw[None, :]]
+        better = valid & ((values > best) | (np.isnan(values) & ~np.isnan(best)))
+        best = np.where(better, values, best)
+        argmax = np.where(better, ih[:, None] * window.width + iw[None, :], argmax)
+    return _from_nchw(best, window.layout), _from_nchw(argmax.astype(np.int32), window.layout)
+
+
+def reference_avg(x, window: Window):
+    x64 = _to_nchw(np.asarray(x).astype(np.float64), window.layout)
+    total = np.zeros(x64.shape[:2] + (window.out_height, window.out_width))
+    for ih, iw, valid in _taps(window):
+        total += np.where(valid, x64[:, :, ih[:, None], iw[None, :]], 0.0)
+    return _from_nchw(total / _avg_divisor(window), window.layout)
+
+
+def reference_max_backward(dy, indices, window: Window):
+    """dx (float64) from dy and the forward's argmax indices."""
+    dy64 = _to_nchw(np.asarray(dy).astype(np.float64), window.layout)
+    index = _to_nchw(np.asarray(indices), window.layout)
+    batch, channels = dy64.shape[:2]
+    dx = np.zeros((batch, channels, window.height * window.width))
+    flat_index, flat_dy = index.reshape(batch, channels, -1), dy64.reshape(batch, channels, -1)
+    n, c, o = np.nonzero(flat_index >= 0)
+    np.add.at(dx, (n, c, flat_index[n, c, o]), flat_dy[n, c, o])
+    return _from_nchw(dx.reshape(batch, channels, window.height, window.width), window.layout)
+
+
+def reference_avg_backward(dy, window: Window):
+    dy64 = _to_nchw(np.asarray(dy).astype(np.float64), window.layout) / _avg_divisor(window)
+    dx = np.zeros(dy64.shape[:2] + (window.height, window.width))
+    for ih, iw, valid in _taps(window):
+        rows, cols = np.nonzero(valid)
+        np.add.at(dx, (slice(None), slice(None), ih[rows], iw[cols]), dy64[:, :, rows, cols])
+    return _from_nchw(dx, window.layout)
+
+
+def reference_global(x, layout="NCHW"):
+    x64 = np.asarray(x).astype(np.float64)
+    return x64.mean(axis=(2, 3) if layout == "NCHW" else (1, 2), keepdims=True)
+
+
+def reference_global_backward(dy, x_shape, layout="NCHW"):
+    axes = (2, 3) if layout == "NCHW" else (1, 2)
+    spatial = x_shape[axes[0]] * x_shape[axes[1]]
+    return np.broadcast_to(np.asarray(dy).astype(np.float64) / spatial, tuple(x_shape)).copy()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Device work
+# ---------------------------------------------------------------------------------------------------------------
+def _host_array(array, argument: str) -> tuple:
+    """(shape, dtype) of a NumPy array argument of a host face."""
+    dtype = _layout.host_dtype(array, argument)
+    return array.shape, dtype
+
+
+def _contiguous_view(array, argument: str, device: int | None = None):
+    view = _device.view_of(array, argument)
+    if not view.is_contiguous:
+        raise ValueError(f"{argument}: expected a contiguous array, got strides {view.strides} for shape {view.shape}")
+    if device is not None:
+        _layout.check_device(view, device, argument)
+    return view
+
+
+def _global_dims(x_shape, layout: str) -> tuple[int, int, int]:
+    batch, channels, height, width = x_shape if layout == "NCHW" else (x_shape[0], x_shape[3], x_shape[1],
+                                                                       x_shape[2])
+    return batch, channels, height * width
+
+
+def _global_y_shape(x_shape, layout: str) -> tuple:
+    batch, channels = (x_shape[0], x_shape[1]) if layout == "NCHW" else (x_shape[0], x_shape[3])
+    return (batch, channels, 1, 1) if layout == "NCHW" else (batch, 1, 1, channels)
+
+
+def _output_pair(out) -> tuple:
+    """max_pool2d's ``out``: None, or a tuple of two arrays (y, indices)."""
+    if out is None:
+        return None, None
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError(f"out: expected a tuple of 2 arrays (y, indices), got {type(out).__name__}")
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Faces: ge2.ops.max_pool2d, ge2.ops.avg_pool2d, ge2.ops.global_avg_pool
+# ---------------------------------------------------------------------------------------------------------------
+def _max_forward_numpy(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, layout="NCHW",
+                       kernel="auto"):
+    """Host array in: (y, indices) as host arrays (runs on the GPU)."""
+    window = check_window(*_host_array(x, "x"), kernel_size, stride, padding, dilation, ceil_mode,
+                          True, layout)
+    _check_kernel("max_pool2d", kernel)
+    _device.require_gpu("max_pool2d.forward_numpy")
+    y, indices = _max_forward(_layout.to_device(x), window, kernel)
+    return y.numpy(), indices.numpy()
+
+
+def _max_forward(x, window, kernel, out=None, stream=None):
+    vx = _contiguous_view(x, "x")
+    y_out, indices_out = _output_pair(out)
+    y, vy = _layout.output(y_out, x, "out[0]", window.y_shape(), vx.dtype, vx.device)
+    indices, vindices = _layout.output(indices_out, x, "out[1]", window.y_shape(), "int32", vx.device)
+    _native_module().forward("max", vx.ptr, vy.ptr, vindices.ptr, window.native_sizes(), window.native_window(),
+                             True, window.layout, vx.dtype, _device.stream_handle(stream))
+    return y, indices
+
+
+def _max_forward_device(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, layout="NCHW",
+                        kernel="auto", out=None, stream=None):
+    """Device array (DeviceArray, torch, CuPy) in, zero-copy: (y, indices) as arrays of x's kind (or ``out``, a
+    tuple of two arrays)."""
+    vx = _device.view_of(x, "x")
+    window = check_window(vx.shape, vx.dtype, kernel_size, stride, padding, dilation, ceil_mode, True, layout)
+    _check_kernel("max_pool2d", kernel)
+    return _max_forward(x, window, kernel, out, stream)
+
+
+def _max_backward_numpy(dy, x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, layout="NCHW",
+                        kernel="auto", indices=None):
+    """Host arrays in: (dx,). ``indices``: the forward's saved argmax (recomputed from x when absent)."""
+    window = check_window(*_host_array(x, "x"), kernel_size, stride, padding, dilation, ceil_mode,
+                          True, layout)
+    _check_same("dy", *_host_array(dy, "dy"), window.y_shape(), _host_array(x, "x")[1],
+                "the shape of y")
+    if indices is not None:
+        _check_same("indices", *_host_array(indices, "indices"), window.y_shape(), "int32",
+                    "the shape of y")
+    _check_kernel("max_pool2d", kernel)
+    _device.require_gpu("max_pool2d.backward_numpy")
+    device_indices = None if indices is None else _layout.to_device(indices)
+    (dx,) = _max_backward_device(_layout.to_device(dy), _layout.to_device(x), kernel_size, stride, padding,
+                                 dilation, ceil_mode, layout, kernel, indices=device_indices)
+    return (dx.numpy(),)
+
+
+def _max_backward_device(dy, x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, layout="NCHW",
+                         kernel="auto", out=None, stream=None, indices=None):
+    """Device arrays in: (dx,) as an array of dy's kind (or ``out``). ``indices``: the forward's saved argmax
+    (recomputed from x when absent)."""
+    vdy, vx = _contiguous_view(dy, "dy"), _device.view_of(x, "x")
+    window = check_window(vx.shape, vx.dtype, kernel_size, stride, padding, dilation, ceil_mode, True, layout)
+    _check_same("dy", vdy.shape, vdy.dtype, window.y_shape(), vx.dtype, "the shape of y")
+    _check_kernel("max_pool2d", kernel)
+    if indices is None:
+        _, indices = _max_forward(x, window, kernel, stream=stream)
+    vindices = _contiguous_view(indices, "indices", vdy.device)
+    _check_same("indices", vindices.shape, vindices.dtype, window.y_shape(), "int32", "the shape of y")
+    dx, vdx = _layout.output(out, dy, "out", window.x_shape(), vdy.dtype, vdy.device)
+    _native_module().backward("max", vdy.ptr, vindices.ptr, vdx.ptr, window.native_sizes(), window.native_window(),
+                              True, layout, vdy.dtype, _device.stream_handle(stream))
+    return (dx,)
+
+
+def _avg_window(shape, dtype, kernel_size, stride, padding, ceil_mode, count_include_pad, layout):
+    return check_window(shape, dtype, kernel_size, stride, padding, 1, ceil_mode, count_include_pad, layout)
+
+
+def _avg_forward_numpy(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                       layout="NCHW", kernel="auto"):
+    """Host array in, host y out (runs on the GPU)."""
+    _avg_window(*_host_array(x, "x"), kernel_size, stride, padding, ceil_mode, count_include_pad,
+                layout)
+    _check_kernel("avg_pool2d", kernel)
+    _device.require_gpu("avg_pool2d.forward_numpy")
+    return _avg_forward_device(_layout.to_device(x), kernel_size, stride, padding, ceil_mode, count_include_pad,
+                               layout, kernel).numpy()
+
+
+def _avg_forward_device(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                        layout="NCHW", kernel="auto", out=None, stream=None):
+    """Device array in, zero-copy: y as an array of x's kind (or ``out``)."""
+    vx = _contiguous_view(x, "x")
+    window = _avg_window(vx.shape, vx.dtype, kernel_size, stride, padding, ceil_mode, count_include_pad, layout)
+    _check_kernel("avg_pool2d", kernel)
+    y, vy = _layout.output(out, x, "out", window.y_shape(), vx.dtype, vx.device)
+    _native_module().forward("avg", vx.ptr, vy.ptr, 0, window.native_sizes(), window.native_window(),
+                             window.count_include_pad, layout, vx.dtype, _device.stream_handle(stream))
+    return y
+
+
+def _avg_backward_numpy(dy, x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                        layout="NCHW", kernel="auto"):
+    """Host arrays in: (dx,) (x gives the shape only)."""
+    shape, dtype = _host_array(x, "x")
+    window = _avg_window(shape, dtype, kernel_size, stride, padding, ceil_mode, count_include_pad, layout)
+    _check_same("dy", *_host_array(dy, "dy"), window.y_shape(), dtype, "the shape of y")
+    _check_kernel("avg_pool2d", kernel)
+    _device.require_gpu("avg_pool2d.backward_numpy")
+    (dx,) = _avg_backward_device(_layout.to_device(dy), _layout.to_device(x), kernel_size, stride, padding,
+                                 ceil_mode, count_include_pad, layout, kernel)
+    return (dx.numpy(),)
+
+
+def _avg_backward_device(dy, x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                         layout="NCHW", kernel="auto", out=None, stream=None):
+    """Device arrays in: (dx,) as an array of dy's kind (or ``out``); x gives the shape only."""
+    vdy, vx = _contiguous_view(dy, "dy"), _device.view_of(x, "x")
+    window = _avg_window(vx.shape, vx.dtype, kernel_size, stride, padding, ceil_mode, count_include_pad, layout)
+    _check_same("dy", vdy.shape, vdy.dtype, window.y_shape(), vx.dtype, "the shape of y")
+    _check_kernel("avg_pool2d", kernel)
+    dx, vdx = _layout.output(out, dy, "out", window.x_shape(), vdy.dtype, vdy.device)
+    _native_module().backward("avg", vdy.ptr, 0, vdx.ptr, window.native_sizes(), window.native_window(),
+                              window.count_include_pad, layout, vdy.dtype, _device.stream_handle(stream))
+    return (dx,)
+
+
+def _check_global(shape, dtype, layout):
+    batch, channels, height, width = check_x(shape, dtype, layout)
+    if height < 1 or width < 1:
+        raise ValueError(f"x: expected height and width >= 1, got shape {tuple(shape)}")
+
+
+def _global_forward_numpy(x, layout="NCHW", kernel="auto"):
+    """Host array in, host y ([N, C, 1, 1] or [N, 1, 1, C]) out (runs on the GPU)."""
+    _check_global(*_host_array(x, "x"), layout)
+    _check_kernel("global_avg_pool", kernel)
+    _device.require_gpu("global_avg_pool.forward_numpy")
+    return _global_forward_device(_layout.to_device(x), layout, kernel).numpy()
+
+
+def _global_forward_device(x, layout="NCHW", kernel="auto", out=None, stream=None):
+    """Device array in, zero-copy: y as an array of x's kind (or ``out``)."""
+    vx = _contiguous_view(x, "x")
+    _check_global(vx.shape, vx.dtype, layout)
+    _check_kernel("global_avg_pool", kernel)
+    y, vy = _layout.output(out, x, "out", _global_y_shape(vx.shape, layout), vx.dtype, vx.device)
+    _native_module().global_forward(vx.ptr, vy.ptr, *_global_dims(vx.shape, layout), layout, vx.dtype,
+                                    _device.stream_handle(stream))
+    return y
+
+
+def _global_backward_numpy(dy, x, layout="NCHW", kernel="auto"):
+    """Host arrays in: (dx,) (x gives the shape only)."""
+    shape, dtype = _host_array(x, "x")
+    _check_global(shape, dtype, layout)
+    _check_same("dy", *_host_array(dy, "dy"), _global_y_shape(x.shape, layout), dtype,
+                "the shape of y")
+    _check_kernel("global_avg_pool", kernel)
+    _device.require_gpu("global_avg_pool.backward_numpy")
+    (dx,) = _global_backward_device(_layout.to_device(dy), _layout.to_device(x), layout, kernel)
+    return (dx.numpy(),)
+
+
+def _global_backward_device(dy, x, layout="NCHW", kernel="auto", out=None, stream=None):
+    """Device arrays in: (dx,) as an array of dy's kind (or ``out``); x gives the shape only."""
+    vdy, vx = _contiguous_view(dy, "dy"), _device.view_of(x, "x")
+    _check_global(vx.shape, vx.dtype, layout)
+    _check_same("dy", vdy.shape, vdy.dtype, _global_y_shape(vx.shape, layout), vx.dtype, "the shape of y")
+    _check_kernel("global_avg_pool", kernel)
+    dx, vdx = _layout.output(out, dy, "out", tuple(vx.shape), vdy.dtype, vdy.device)
+    _native_module().global_backward(vdy.ptr, vdx.ptr, *_global_dims(vx.shape, layout), layout, vdy.dtype,
+                                     _device.stream_handle(stream))
+    return (dx,)
+
+
+def _face(name, forward_numpy, forward, backward_numpy, backward):
+    def kernels() -> list[dict]:
+        """The op's kernels with their constraints, as the native module reports them."""
+        return [row for row in _native_module().kernels() if row["name"] in KERNELS[name]]
+
+    return SimpleNamespace(__name__=name, __doc__=OPS_DOC[name], forward_numpy=forward_numpy, forward=forward,
+                           backward_numpy=backward_numpy, backward=backward, kernels=kernels)
+
+
+OPS_DOC = {
+    "max_pool2d": "max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, layout='NCHW') "
+                  "-> (y, indices)",
+    "avg_pool2d": "avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, "
+                  "layout='NCHW') -> y",
+    "global_avg_pool": "global_avg_pool(x, layout='NCHW') -> y: the mean over H x W, keeping 4 dims",
+}
+
+max_pool2d = _face("max_pool2d", _max_forward_numpy, _max_forward_device, _max_backward_numpy, _max_backward_device)
+avg_pool2d = _face("avg_pool2d", _avg_forward_numpy, _avg_forward_device, _avg_backward_numpy, _avg_backward_device)
+global_avg_pool = _face("global_avg_pool", _global_forward_numpy, _global_forward_device, _global_backward_numpy,
+                        _global_backward_device)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Op definitions: what the IR, passes, registry and CPU backend read.
+# ---------------------------------------------------------------------------------------------------------------
+def _window_attrs(max_pool: bool) -> tuple[Attr, ...]:
+    attrs = [
+        Attr("kernel_size", (int, tuple), check=_pair_check, doc="window size: an int or (h, w)"),
+        Attr("stride", (int, tuple), None, check=_pair_check, doc="an int or (h, w); default: kernel_size"),
+        Attr("padding", (int, tuple), 0, check=_pair_check, doc="implicit padding, at most half the window span"),
+    ]
+    if max_pool:
+        attrs.append(Attr("dilation", (int, tuple), 1, check=_pair_check, doc="distance between window taps"))
+    attrs.append(Attr("ceil_mode", bool, False, doc="round the output size up"))
+    if not max_pool:
+        attrs.append(Attr("count_include_pad", bool, True, doc="divide by the whole window, padding included"))
+    attrs.append(Attr("layout", str, "NCHW", choices=LAYOUTS, doc="NCHW or NHWC"))
+    return tuple(attrs)
+
+
+def window_of(x_type: TensorType, attrs: dict) -> Window:
+    """The Window of a node's x and attributes (max or avg pooling)."""
+    return check_window(x_type.shape, x_type.dtype, attrs["kernel_size"], attrs["stride"], attrs["padding"],
+                        attrs.get("dilation", 1), attrs["ceil_mode"], attrs.get("count_include_pad", True),
+                        attrs["layout"])
+
+
+def _required(in_types, names):
+    for name, t in zip(names, in_types):
+        if t is None:
+            raise ValueError(f"input '{name}' is required")
+
+
+def _infer_max(in_types, attrs):
+    _required(in_types, ("x",))
+    window = window_of(in_types[0], attrs)
+    return [TensorType(window.y_shape(), in_types[0].dtype), TensorType(window.y_shape(), "int32")]
+
+
+def _infer_avg(in_types, attrs):
+    _required(in_types, ("x",))
+    window = window_of(in_types[0], attrs)
+    return [TensorType(window.y_shape(), in_types[0].dtype)]
+
+
+def _infer_global(in_types, attrs):
+    _required(in_types, ("x",))
+    (x,) = in_types
+    check_x(x.shape, x.dtype, attrs["layout"])
+    return [TensorType(_global_y_shape(x.shape, attrs["layout"]), x.dtype)]
+
+
+def _check_dy_type(dy: TensorType, expected: TensorType) -> None:
+    if dy != expected:
+        raise ValueError(f"dy: expected {expected} (the type of y), got {dy}")
+
+
+def _infer_max_backward(in_types, attrs):
+    _required(in_types, ("dy", "indices", "x"))
+    dy, indices, x = in_types
+    y_type, index_type = _infer_max([x], attrs)
+    _check_dy_type(dy, y_type)
+    if indices != index_type:
+        raise ValueError(f"indices: expected {index_type} (the forward's indices), got {indices}")
+    return [x]
+
+
+def _infer_avg_backward(in_types, attrs):
+    _required(in_types, ("dy", "x"))
+    dy, x = in_types
+    _check_dy_type(dy, _infer_avg([x], attrs)[0])
+    return [x]
+
+
+def _infer_global_backward(in_types, attrs):
+    _required(in_types, ("dy", "x"))
+    dy, x = in_types
+    _check_dy_type(dy, _infer_global([x], attrs)[0])
+    return [x]
+
+
+def _window_launch(mode: str, backward: bool):
+    """prepare(problem) for the windowed kernels: one native call per launch."""
+    def prepare(problem: Problem):
+        x_type = problem.in_types[-1] if backward else problem.in_types[0]
+        window = window_of(x_type, problem.attrs)
+        native = _native_module()
+        sizes, taps, include_pad, layout = (window.native_sizes(), window.native_window(), window.count_include_pad,
+                                            window.layout)
+        dtype = x_type.dtype
+        if not backward:
+            def launch(ins, outs, stream):
+                native.forward(mode, ins[0], outs[0], outs[1] if mode == "max" else 0, sizes, taps, include_pad,
+                               layout, dtype, stream)
+        else:
+            def launch(ins, outs, stream):
+                native.backward(mode, ins[0], ins[1] if mode == "max" else 0, outs[0], sizes, taps, include_pad,
+                                layout, dtype, stream)
+        return launch
+
+    return prepare
+
+
+def _global_launch(backward: bool):
+    def prepare(problem: Problem):
+        x_type = problem.in_types[-1] if backward else problem.in_types[0]
+        layout = problem.attrs["layout"]
+        dims, dtype = _global_dims(x_type.shape, layout), x_type.dtype
+        native_call = _native_module().global_backward if backward else _native_module().global_forward
+
+        def launch(ins, outs, stream):
+            native_call(ins[0], outs[0], *dims, layout, dtype, stream)
+
+        return launch
+
+    return prepare
+
+
+def _supported(problem: Problem):
+    return None if _native.is_built("_ops_pool2d") else "native module _ops_pool2d is not built"
+
+
+def _candidate(name: str, description: str, prepare) -> tuple[Candidate, ...]:
+    return (Candidate(name, 10, description, _supported, prepare, always_works=True),)
+
+
+_WINDOW_DESCRIPTION = "one thread per output (NCHW) or output and channel vector (NHWC)"
+_WINDOW_BACKWARD_DESCRIPTION = "gather over the windows holding each input element (no atomics)"
+
+
+def _host_window(x, attrs) -> Window:
+    """The Window of a reference input (any float dtype, float64 included)."""
+    return check_window(np.shape(x), None, attrs["kernel_size"], attrs["stride"], attrs["padding"],
+                        attrs.get("dilation", 1), attrs["ceil_mode"], attrs.get("count_include_pad", True),
+                        attrs["layout"])
+
+
+def _reference_max(inputs, attrs):
+    return list(reference_max(inputs[0], _host_window(inputs[0], attrs)))
+
+
+def _reference_max_backward(inputs, outputs, out_grads, attrs):
+    window = _host_window(inputs[0], attrs)
+    _, indices = reference_max(inputs[0], window)
+    return [reference_max_backward(out_grads[0], indices, window)]
+
+
+def _reference_avg(inputs, attrs):
+    return [reference_avg(inputs[0], _host_window(inputs[0], attrs))]
+
+
+def _reference_avg_backward(inputs, outputs, out_grads, attrs):
+    return [reference_avg_backward(out_grads[0], _host_window(inputs[0], attrs))]
+
+
+MAX_OP = register(OpDef(
+    name="max_pool2d", inputs=(Input("x"),), outputs=("y", "indices"), attrs=_window_attrs(True), infer=_infer_max,
+    reference=_reference_max, reference_backward=_reference_max_backward,
+    candidates=_candidate("window", _WINDOW_DESCRIPTION, _window_launch("max", False)), doc=OPS_DOC["max_pool2d"]))
+
+MAX_BACKWARD_OP = register(OpDef(
+    name="max_pool2d_backward", inputs=(Input("dy"), Input("indices"), Input("x")), outputs=("dx",),
+    attrs=MAX_OP.attrs, infer=_infer_max_backward,
+    reference=lambda inputs, attrs: [reference_max_backward(inputs[0], inputs[1], _host_window(inputs[2], attrs))],
+    candidates=_candidate("window", _WINDOW_BACKWARD_DESCRIPTION, _window_launch("max", True)),
+    doc="max_pool2d_backward(dy, indices, x) -> dx (x gives the shape only)"))
+
+AVG_OP = register(OpDef(
+    name="avg_pool2d", inputs=(Input("x"),), outputs=("y",), attrs=_window_attrs(False), infer=_infer_avg,
+    reference=_reference_avg, reference_backward=_reference_avg_backward,
+    candidates=_candidate("window", _WINDOW_DESCRIPTION, _window_launch("avg", False)), doc=OPS_DOC["avg_pool2d"]))
+
+AVG_BACKWARD_OP = register(OpDef(
+    name="avg_pool2d_backward", inputs=(Input("dy"), Input("x")), outputs=("dx",), attrs=AVG_OP.attrs,
+    infer=_infer_avg_backward,
+    reference=lambda inputs, attrs: [reference_avg_backward(inputs[0], _host_window(inputs[1], attrs))],
+    candidates=_candidate("window", _WINDOW_BACKWARD_DESCRIPTION, _window_launch("avg", True)),
+    doc="avg_pool2d_backward(dy, x) -> dx (x gives the shape only)"))
+
+_GLOBAL_ATTRS = (Attr("layout", str, "NCHW", choices=LAYOUTS, doc="NCHW or NHWC"),)
+
+GLOBAL_OP = register(OpDef(
+    name="global_avg_pool", inputs=(Input("x"),), outputs=("y",), attrs=_GLOBAL_ATTRS, infer=_infer_global,
+    reference=lambda inputs, attrs: [reference_global(inputs[0], attrs["layout"])],
+    reference_backward=lambda inputs, outputs, out_grads, attrs: [
+        reference_global_backward(out_grads[0], np.shape(inputs[0]), attrs["layout"])],
+    candidates=_candidate("global", "a warp per plane (NCHW) or channel-vector lanes x rows (NHWC)",
+                          _global_launch(False)),
+    doc=OPS_DOC["global_avg_pool"]))
+
+GLOBAL_BACKWARD_OP = register(OpDef(
+    name="global_avg_pool_backward", inputs=(Input("dy"), Input("x")), outputs=("dx",), attrs=_GLOBAL_ATTRS,
+    infer=_infer_global_backward,
+    reference=lambda inputs, attrs: [reference_global_backward(inputs[0], np.shape(inputs[1]), attrs["layout"])],
+    candidates=_candidate("global", "dx = dy / (H * W), broadcast", _global_launch(True)),
+    doc="global_avg_pool_backward(dy, x) -> dx (x gives the shape only)"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Grad rules: the backward ops above, fed with the saved indices (max) and x (for its shape).
+# ---------------------------------------------------------------------------------------------------------------
+def _grad_max(g, node, out_grads):
+    dy = out_grads[0]
+    if dy is None:
+        return [None]
+    return [g.max_pool2d_backward(dy, node.outputs[1], node.inputs[0], **node.attrs)]
+
+
+def _grad_avg(g, node, out_grads):
+    return [None if out_grads[0] is None else g.avg_pool2d_backward(out_grads[0], node.inputs[0], **node.attrs)]
+
+
+def _grad_global(g, node, out_grads):
+    return [None if out_grads[0] is None else g.global_avg_pool_backward(out_grads[0], node.inputs[0],
+                                                                         **node.attrs)]
+
+
+attach_grad(MAX_OP, _grad_max)
+attach_grad(AVG_OP, _grad_avg)
+attach_grad(GLOBAL_OP, _grad_global)

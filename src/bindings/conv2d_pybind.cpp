@@ -1,0 +1,85 @@
+// _ops_conv2d: the native face of the conv2d op. Raw device addresses (0 = absent), sizes and attributes in, work
+// enqueued on `stream`; argument checking for users happens in graph_executor_v2.ops.conv2d before any of this runs.
+#include "api.hpp"
+#include "kernel_list.hpp"
+#include "op_binding.hpp"
+
+namespace py = pybind11;
+using ge2::binding::as_pointer;
+using ge2::binding::as_stream;
+
+namespace {
+
+// geometry: (N, C, H, W, K, R, S, P, Q, stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w, groups)
+ge2::conv2d::Shape make_shape(const std::vector<int64_t>& geometry, const std::string& layout,
+                              const std::string& dtype) {
+  if (geometry.size() != 16) {
+    throw std::invalid_argument("geometry: expected 16 integers, got " + std::to_string(geometry.size()));
+  }
+  ge2::conv2d::Shape s;
+  s.n = geometry[0], s.c = geometry[1], s.h = geometry[2], s.w = geometry[3];
+  s.k = geometry[4], s.r = geometry[5], s.s = geometry[6], s.p = geometry[7], s.q = geometry[8];
+  s.stride_h = geometry[9], s.stride_w = geometry[10], s.pad_top = geometry[11], s.pad_left = geometry[12];
+  s.dilation_h = geometry[13], s.dilation_w = geometry[14], s.groups = geometry[15];
+  s.layout = ge2::conv2d::layout_from_name(layout);
+  s.dtype = ge2::dtype_from_name(dtype);
+  return s;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_ops_conv2d, m) {
+  m.doc() = "GE2 conv2d: y = act(conv(x, w) + bias), NCHW or NHWC";
+
+  m.def(
+      "forward",
+      [](std::uintptr_t x, std::uintptr_t w, std::uintptr_t bias, std::uintptr_t y,
+         const std::vector<int64_t>& geometry, const std::string& layout, const std::string& dtype,
+         const std::string& act, float slope, bool allow_tf32, const std::string& kernel, std::uintptr_t stream) {
+        ge2::conv2d::ForwardArgs args;
+        args.shape = make_shape(geometry, layout, dtype);
+        args.x = as_pointer(x);
+        args.w = as_pointer(w);
+        args.bias = as_pointer(bias);
+        args.y = as_pointer(y);
+        args.act = ge2::act_from_name(act);
+        args.slope = slope;
+        args.allow_tf32 = allow_tf32;
+        const auto requested = ge2::conv2d::kernel_from_name(kernel);
+        ge2::binding::ReleaseGil release;
+        return std::string(ge2::conv2d::kernel_name(ge2::conv2d::forward(args, requested, as_stream(stream))));
+      },
+      py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("y"), py::arg("geometry"), py::arg("layout"),
+      py::arg("dtype"), py::arg("act"), py::arg("slope"), py::arg("allow_tf32"), py::arg("kernel"),
+      py::arg("stream"), "Enqueues the convolution on `stream`; returns the name of the kernel that ran.");
+
+  m.def(
+      "backward",
+      [](std::uintptr_t dy, std::uintptr_t x, std::uintptr_t w, std::uintptr_t bias, std::uintptr_t dx,
+         std::uintptr_t dw, std::uintptr_t dbias, const std::vector<int64_t>& geometry, const std::string& layout,
+         const std::string& dtype, const std::string& act, float slope, bool allow_tf32, const std::string& kernel,
+         std::uintptr_t stream) {
+        ge2::conv2d::BackwardArgs args;
+        args.shape = make_shape(geometry, layout, dtype);
+        args.dy = as_pointer(dy);
+        args.x = as_pointer(x);
+        args.w = as_pointer(w);
+        args.bias = as_pointer(bias);
+        args.dx = as_pointer(dx);
+        args.dw = as_pointer(dw);
+        args.dbias = as_pointer(dbias);
+        args.act = ge2::act_from_name(act);
+        args.slope = slope;
+        args.allow_tf32 = allow_tf32;
+        const auto requested = ge2::conv2d::kernel_from_name(kernel);
+        ge2::binding::ReleaseGil release;
+        ge2::conv2d::backward(args, requested, as_stream(stream));
+      },
+      py::arg("dy"), py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("dx"), py::arg("dw"), py::arg("dbias"),
+      py::arg("geometry"), py::arg("layout"), py::arg("dtype"), py::arg("act"), py::arg("slope"),
+      py::arg("allow_tf32"), py::arg("kernel"), py::arg("stream"),
+      "Enqueues dX, dW, dbias (each skipped when its address is 0) on `stream`.");
+
+  m.def("kernels", [] { return ge2::binding::kernel_list(ge2::conv2d::kernel_table()); },
+        "The kernel candidates: name, priority, description, constraints.");
+}

@@ -1,0 +1,203 @@
+"""The convolutional-network passes: plan_layouts (chains of layout-aware ops in their dtype's preferred layout,
+transposes only at the edges) and fold_batch_norm (an inference batch norm folded into the conv2d before it).
+Op counts before and after, and the CPU backend's results unchanged by each rewrite."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graph_executor_v2 as ge2
+from graph_executor_v2.ir import Graph
+from graph_executor_v2.ops import OPS, batch_norm
+from graph_executor_v2.passes import PASSES, PassManager
+from graph_executor_v2.testing import assert_close, random_array
+
+
+def _stand_in_conv2d():
+    """A NumPy-only conv2d OpDef with the schema the conv2d op has (inputs x, w, bias?; attrs layout, stride,
+    padding, dilation, groups, act; weight KCRS for NCHW, KRSC for NHWC), registered only while the real op (branch
+    wip/conv) is absent from this tree, so the passes are exercised either way. groups 1, no activation."""
+    from graph_executor_v2.ir.types import TensorType
+    from graph_executor_v2.ops._base import Attr, Input, OpDef
+
+    def to_nchw(x, w, layout):
+        return (x, w) if layout == "NCHW" else (x.transpose(0, 3, 1, 2), w.transpose(0, 3, 1, 2))
+
+    def out_size(size, kernel, stride, padding, dilation):
+        return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+    def infer(in_types, attrs):
+        x, w, _ = in_types
+        n, c, h, wd = x.shape if attrs["layout"] == "NCHW" else (x.shape[0], x.shape[3], x.shape[1], x.shape[2])
+        k, r, s_ = (w.shape[0], w.shape[2], w.shape[3]) if attrs["layout"] == "NCHW" else w.shape[:3]
+        (sh, sw), (ph, pw), (dh, dw) = attrs["stride"], attrs["padding"], attrs["dilation"]
+        oh, ow = out_size(h, r, sh, ph, dh), out_size(wd, s_, sw, pw, dw)
+        return [TensorType((n, k, oh, ow) if attrs["layout"] == "NCHW" else (n, oh, ow, k), x.dtype)]
+
+    def reference(inputs, attrs):
+        x, w = to_nchw(np.asarray(inputs[0], np.float64), np.asarray(inputs[1], np.float64), attrs["layout"])
+        (sh, sw), (ph, pw), (dh, dw) = attrs["stride"], attrs["padding"], attrs["dilation"]
+        padded = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+        oh, ow = out_size(x.shape[2], w.shape[2], sh, ph, dh), out_size(x.shape[3], w.shape[3], sw, pw, dw)
+        y = np.zeros((x.shape[0], w.shape[0], oh, ow))
+        for r in range(w.shape[2]):
+            for s_ in range(w.shape[3]):
+                taps = padded[:, :, r * dh:r * dh + sh * (oh - 1) + 1:sh, s_ * dw:s_ * dw + sw * (ow - 1) + 1:sw]
+                y += np.einsum("nchw,kc->nkhw", taps, w[:, :, r, s_])
+        if inputs[2] is not None:
+            y += np.asarray(inputs[2], np.float64)[None, :, None, None]
+        return [y if attrs["layout"] == "NCHW" else y.transpose(0, 2, 3, 1)]
+
+    pair = dict(kind=tuple)
+    return OpDef(name="conv2d", inputs=(Input("x"), Input("w"), Input("bias", optional=True)), outputs=("y",),
+                 attrs=(Attr("layout", str, "NCHW", choices=("NCHW", "NHWC")), Attr("stride", default=(1, 1), **pair),
+                        Attr("padding", default=(0, 0), **pair), Attr("dilation", default=(1, 1), **pair),
+                        Attr("groups", int, 1, choices=(1,)), Attr("act", str, "none", choices=("none",))),
+                 infer=infer, reference=reference, doc="stand-in conv2d for the pass tests")
+
+
+@pytest.fixture
+def conv2d():
+    """The conv2d op: the real one when registered, else the stand-in for the duration of the test."""
+    if "conv2d" in OPS:
+        yield OPS["conv2d"]
+        return
+    OPS["conv2d"] = _stand_in_conv2d()
+    try:
+        yield OPS["conv2d"]
+    finally:
+        del OPS["conv2d"]
+
+
+def _statistics(g, rng, channels, prefix):
+    arrays = (rng.standard_normal(channels), rng.standard_normal(channels), rng.standard_normal(channels),
+              rng.random(channels) + 0.5)
+    return [g.param(f"{prefix}_{name}", a.astype(np.float32)) for name, a in zip(batch_norm.PARAMETERS, arrays)]
+
+
+def _run_pass(name, graph):
+    rewritten, records = PassManager([PASSES[name]], verify_each=True).run(graph)
+    return rewritten, records[0]
+
+
+def _same_results(before: Graph, after: Graph, feeds: dict, dtype: str, length: int = 1):
+    expected = ge2.ExecutorV2(before, device="cpu", passes=[]).run(feeds)
+    got = ge2.ExecutorV2(after, device="cpu", passes=[]).run(feeds)
+    for name in expected:
+        assert_close(got[name], expected[name].astype(np.float64), dtype, length, what=name)
+
+
+def _layout_nodes(graph: Graph):
+    return [n for n in graph.nodes if "layout" in n.attrs]
+
+
+def _pool_bn_chain(rng, dtype, layout="NCHW"):
+    """bn -> relu -> bn -> (+ the first relu) -> max_pool -> global_avg_pool, all in ``layout``."""
+    g = Graph("chain")
+    shape = (2, 8, 9, 9) if layout == "NCHW" else (2, 9, 9, 8)
+    x = g.input("x", shape, dtype)
+    a = g.relu(g.batch_norm(x, *_statistics(g, rng, 8, "bn1"), layout=layout)[0])
+    b = g.batch_norm(a, *_statistics(g, rng, 8, "bn2"), layout=layout)[0]
+    pooled, _ = g.max_pool2d(g.add(b, a), kernel_size=3, stride=2, padding=1, layout=layout)
+    g.output(g.global_avg_pool(pooled, layout=layout), "out")
+    return g, {"x": random_array(rng, shape, dtype)}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_plan_layouts_keeps_a_chain_in_nhwc(rng, dtype):
+    g, feeds = _pool_bn_chain(rng, dtype)
+    assert g.op_counts().get("transpose", 0) == 0
+    after, record = _run_pass("plan_layouts", g)
+    assert all(n.attrs["layout"] == "NHWC" for n in _layout_nodes(after))
+    assert after.op_counts()["transpose"] == 2  # the input, and the output
+    assert {k: v for k, v in after.op_counts().items() if k != "transpose"} == g.op_counts()
+    assert record.changed
+    _same_results(g, after, feeds, dtype, 16)
+
+
+def test_plan_layouts_moves_float32_nhwc_to_nchw_and_leaves_nchw_alone(rng):
+    g, feeds = _pool_bn_chain(rng, "float32", "NHWC")
+    after, _ = _run_pass("plan_layouts", g)
+    assert all(n.attrs["layout"] == "NCHW" for n in _layout_nodes(after))
+    assert after.op_counts()["transpose"] == 2
+    _same_results(g, after, feeds, "float32", 16)
+    unchanged, record = _run_pass("plan_layouts", after)
+    assert not record.changed and unchanged.op_counts() == after.op_counts()
+
+
+def test_plan_layouts_covers_the_backward_ops(rng):
+    """A training graph: forward pool/bn plus the backward ops of their grad rules, all moved, edges only."""
+    g = Graph("train_chain")
+    x = g.input("x", (2, 8, 7, 7), "float16")
+    params = [g.input(name, (8,), "float32") for name in batch_norm.PARAMETERS]
+    bn = g.batch_norm(x, *params, training=True)
+    y, _ = g.max_pool2d(bn[0], kernel_size=2)
+    dy = g.input("dy", y.type.shape, "float16")
+    (dbn,) = OPS["max_pool2d"].grad(g, y.producer, [dy, None])
+    dx, dgamma, _, _, _ = OPS["batch_norm"].grad(g, bn[0].producer, [dbn, None, None, None, None])
+    for name, value in (("y", y), ("dx", dx), ("dgamma", dgamma), ("running_var", bn[4])):
+        g.output(value, name)
+    after, _ = _run_pass("plan_layouts", g)
+    assert all(n.attrs["layout"] == "NHWC" for n in _layout_nodes(after))
+    assert after.op_counts()["transpose"] == 4  # in: x, dy; out: y, dx
+    feeds = {"x": random_array(rng, (2, 8, 7, 7), "float16"), "dy": random_array(rng, y.type.shape, "float16"),
+             "gamma": np.ones(8, np.float32), "beta": np.zeros(8, np.float32),
+             "running_mean": np.zeros(8, np.float32), "running_var": np.ones(8, np.float32)}
+    _same_results(g, after, feeds, "float16", 98)
+
+
+def _conv_bn(rng, dtype, layout="NCHW", training=False, bias=True):
+    g = Graph("conv_bn")
+    shape = (2, 3, 8, 8) if layout == "NCHW" else (2, 8, 8, 3)
+    w_shape = (6, 3, 3, 3)  # KCRS or KRSC: 3 input channels, 3 x 3
+    x = g.input("x", shape, dtype)
+    w = g.param("w", random_array(rng, w_shape, dtype, 0.3))
+    b = g.param("b", random_array(rng, (6,), dtype)) if bias else None
+    conv = g.conv2d(x, w, b, stride=(1, 1), padding=(1, 1), layout=layout)
+    outputs = g.batch_norm(conv, *_statistics(g, rng, 6, "bn"), training=training, layout=layout)
+    g.output(g.relu(outputs[0]), "y")
+    return g, {"x": random_array(rng, shape, dtype)}, conv, outputs
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_fold_batch_norm_into_conv(rng, conv2d, bias, layout):
+    g, feeds, _, _ = _conv_bn(rng, "float32", layout, bias=bias)
+    after, record = _run_pass("fold_batch_norm", g)
+    assert g.op_counts()["batch_norm"] == 1 and "batch_norm" not in after.op_counts()
+    assert after.op_counts()["conv2d"] == 1 and record.changed
+    _same_results(g, after, feeds, "float32", 27)
+
+
+def test_fold_batch_norm_guards(rng, conv2d):
+    g, _, _, _ = _conv_bn(rng, "float32", training=True)
+    assert not _run_pass("fold_batch_norm", g)[1].changed  # training: batch statistics, nothing to fold
+    g, _, conv, _ = _conv_bn(rng, "float32")
+    g.output(conv, "conv_too")  # the conv's own output is needed
+    assert not _run_pass("fold_batch_norm", g)[1].changed
+    g, _, _, outputs = _conv_bn(rng, "float32")
+    g.output(outputs[1], "saved_mean")  # a statistic output is read
+    assert not _run_pass("fold_batch_norm", g)[1].changed
+
+
+def test_fold_batch_norm_runs_in_the_default_pipeline(rng, conv2d):
+    g, feeds, _, _ = _conv_bn(rng, "float32")
+    executor = ge2.ExecutorV2(g, device="cpu")
+    assert_close(executor.run(feeds)["y"], ge2.ExecutorV2(g, device="cpu", passes=[]).run(feeds)["y"]
+                 .astype(np.float64), "float32", 27)
+
+
+def test_plan_layouts_on_a_conv_chain(rng, conv2d):
+    g = Graph("convs")
+    x = g.input("x", (2, 4, 8, 8), "float16")
+    h = x
+    for index in range(3):
+        w = g.param(f"w{index}", random_array(rng, (4, 4, 3, 3), "float16", 0.2))
+        h = g.relu(g.batch_norm(g.conv2d(h, w, None, stride=(1, 1), padding=(1, 1)),
+                                *_statistics(g, rng, 4, f"bn{index}"))[0])
+    g.output(h, "y")
+    after, _ = _run_pass("plan_layouts", g)
+    assert all(n.attrs["layout"] == "NHWC" for n in _layout_nodes(after))
+    activation_transposes = [n for n in after.nodes if n.op == "transpose" and not n.inputs[0].is_param]
+    assert len(activation_transposes) == 2  # the input and the output; weight transposes fold as constants
+    _same_results(g, after, {"x": random_array(rng, (2, 4, 8, 8), "float16")}, "float16", 36)

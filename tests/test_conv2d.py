@@ -1,0 +1,332 @@
+"""conv2d: the float64 reference against a direct loop and finite differences, validation, the OpDefs, and (GPU)
+every candidate against the reference, forward and backward, over layouts, dtypes and attributes."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import graph_executor_v2 as ge2
+from graph_executor_v2.ir.types import TensorType
+from graph_executor_v2.ops import OPS, conv2d
+from graph_executor_v2.testing import assert_close, random_array
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def direct_conv(x, w, bias, stride, padding, dilation, groups):
+    """NCHW convolution as the textbook sum, one output element at a time (small shapes only)."""
+    (sh, sw), (dh, dw) = stride, dilation
+    top, bottom, left, right = padding
+    n, c, h, width = x.shape
+    k, cg, r, s = w.shape
+    padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (top, bottom), (left, right)))
+    p = (h + top + bottom - dh * (r - 1) - 1) // sh + 1
+    q = (width + left + right - dw * (s - 1) - 1) // sw + 1
+    kg = k // groups
+    y = np.zeros((n, k, p, q))
+    for b, o, i, j in itertools.product(range(n), range(k), range(p), range(q)):
+        group = o // kg
+        for ci, ri, si in itertools.product(range(cg), range(r), range(s)):
+            y[b, o, i, j] += padded[b, group * cg + ci, i * sh + ri * dh, j * sw + si * dw] * w[o, ci, ri, si]
+    if bias is not None:
+        y += bias[None, :, None, None]
+    return y
+
+
+# (N, C, H, W, K, R, S, stride, padding, dilation, groups, act, bias)
+CASES = [
+    (2, 3, 9, 7, 5, 3, 3, 1, 1, 1, 1, "relu", True),
+    (1, 4, 8, 8, 8, 1, 1, 1, 0, 1, 1, "none", False),  # 1x1, batch 1
+    (2, 3, 17, 15, 4, 7, 7, 2, 3, 1, 1, "gelu", True),  # 7x7 stride 2
+    (2, 6, 10, 9, 9, 3, 3, 2, (1, 0, 2, 1), (2, 1), 3, "silu", True),  # groups, explicit padding, dilation
+    (2, 8, 11, 11, 8, 3, 3, 1, 1, 1, 8, "leaky_relu", True),  # depthwise
+    (3, 5, 6, 13, 7, 2, 4, (1, 3), (0, 1), 1, 1, "none", True),  # rectangular kernel and stride
+]
+LARGE_CASE = (4, 32, 28, 28, 64, 3, 3, 1, 1, 1, 1, "relu", True)
+CASE_IDS = ["3x3", "1x1_batch1", "7x7_stride2", "groups_dilation_pad4", "depthwise", "rectangular"]
+
+
+def make_problem(rng, case, layout, dtype):
+    n, c, h, w, k, r, s, stride, padding, dilation, groups, act, with_bias = case
+    x = random_array(rng, (n, c, h, w), dtype)
+    weights = random_array(rng, (k, c // groups, r, s), dtype)
+    bias = random_array(rng, (k,), dtype) if with_bias else None
+    if layout == "NHWC":
+        x, weights = np.ascontiguousarray(x.transpose(0, 2, 3, 1)), np.ascontiguousarray(weights.transpose(0, 2, 3, 1))
+    attrs = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout, act=act)
+    return x, weights, bias, attrs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reference (CPU)
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_reference_matches_direct_sum(rng, case, layout):
+    x, w, bias, attrs = make_problem(rng, case, layout, "float32")
+    y, z = conv2d.reference(x, w, bias, **{**attrs, "act": "none"})
+    x_nchw, w_nchw = (x, w) if layout == "NCHW" else (x.transpose(0, 3, 1, 2), w.transpose(0, 3, 1, 2))
+    geometry = conv2d.check_problem(x.shape, "float32", w.shape, "float32", **attrs)
+    expected = direct_conv(x_nchw, w_nchw, bias, geometry.stride, geometry.padding, geometry.dilation,
+                           geometry.groups)
+    if layout == "NHWC":
+        expected = expected.transpose(0, 2, 3, 1)
+    np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(z, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[4], CASES[5]], ids=["3x3", "groups", "depthwise", "rect"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_reference_backward_matches_finite_differences(rng, case, layout):
+    x, w, bias, attrs = make_problem(rng, case, layout, "float32")
+    x, w = x[:1].astype(np.float64), w.astype(np.float64)  # batch 1 keeps the central differences cheap
+    bias = None if bias is None else bias.astype(np.float64)
+    y, _ = conv2d.reference(x, w, bias, **attrs)
+    dy = rng.standard_normal(y.shape)
+    grads = conv2d.reference_backward(dy, x, w, bias, **attrs)
+
+    def loss():
+        return float((conv2d.reference(x, w, bias, **attrs)[0] * dy).sum())
+
+    step = 1e-6
+    for name, array, grad in (("dx", x, grads[0]), ("dw", w, grads[1]), ("dbias", bias, grads[2])):
+        if array is None:
+            assert grad is None
+            continue
+        numeric = np.zeros_like(array)
+        for index in np.ndindex(array.shape):
+            saved = array[index]
+            array[index] = saved + step
+            plus = loss()
+            array[index] = saved - step
+            minus = loss()
+            array[index] = saved
+            numeric[index] = (plus - minus) / (2 * step)
+        np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_output_size_formula():
+    geometry = conv2d.check_problem((32, 3, 224, 224), "float16", (64, 3, 7, 7), "float16", stride=2, padding=3)
+    assert (geometry.p, geometry.q) == (112, 112)
+    geometry = conv2d.check_problem((1, 10, 9, 8), "float32", (4, 5, 3, 2), "float32", stride=(2, 3),
+                                    padding=(1, 0, 2, 1), dilation=(2, 1), groups=2, layout="NCHW")
+    # P = (9 + 1 + 0 - 2*2 - 1) // 2 + 1 = 3; Q = (8 + 2 + 1 - 1 - 1) // 3 + 1 = 4
+    assert geometry.out_shape == (1, 4, 3, 4)
+    geometry = conv2d.check_problem((2, 9, 8, 10), "float32", (4, 3, 2, 5), "float32", layout="NHWC", groups=2)
+    assert geometry.out_shape == (2, 7, 7, 4)  # H=9, W=8, R=3, S=2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation (CPU): every error names its argument
+# ---------------------------------------------------------------------------------------------------------------
+GOOD = dict(x_shape=(2, 4, 8, 8), x_dtype="float32", w_shape=(6, 2, 3, 3), w_dtype="float32")
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (dict(x_shape=(4, 8, 8)), ValueError, "x: expected a 4-d"),
+    (dict(w_shape=(6, 2, 3)), ValueError, "w: expected a 4-d"),
+    (dict(x_dtype="int32", w_dtype="int32"), TypeError, "x: expected dtype"),
+    (dict(w_dtype="float16"), TypeError, "w: expected dtype float32"),
+    (dict(groups=3), ValueError, "groups: must divide"),
+    (dict(groups=0), ValueError, "groups: must be >= 1"),
+    (dict(groups=2.0), TypeError, "groups: expected an int"),
+    (dict(w_shape=(6, 4, 3, 3)), ValueError, "w: expected C/groups = 2"),
+    (dict(w_shape=(6, 2, 11, 3), padding=1), ValueError, "w: the .*kernel 11x3 is larger than the padded input 10x10"),
+    (dict(dilation=5), ValueError, "w: the .*kernel 11x11 is larger than the padded input"),
+    (dict(stride=0), ValueError, "stride: every entry must be >= 1"),
+    (dict(stride=(1, 2, 3)), ValueError, "stride: expected an int or 2 ints"),
+    (dict(stride="2"), TypeError, "stride: expected a list or tuple of ints"),
+    (dict(padding=-1), ValueError, "padding: every entry must be >= 0"),
+    (dict(padding=(1, 1, 1)), ValueError, "padding: expected an int, 2 ints"),
+    (dict(dilation=(1, 0)), ValueError, "dilation: every entry must be >= 1"),
+    (dict(layout="NWHC"), ValueError, "layout: expected NCHW or NHWC"),
+    (dict(act="tanh"), ValueError, "act: expected one of"),
+    (dict(slope="x"), TypeError, "slope: expected a float"),
+    (dict(bias_shape=(5,), bias_dtype="float32"), ValueError, r"bias: expected shape \(6,\)"),
+    (dict(bias_shape=(6,), bias_dtype="float16"), TypeError, "bias: expected dtype float32"),
+    (dict(x_shape=(2, 4, 0, 8)), ValueError, "x: every dimension must be >= 1"),
+])
+def test_bad_problems_raise_naming_the_argument(change, error, match):
+    arguments = {**GOOD, "groups": 2, **change}
+    with pytest.raises(error, match=match):
+        conv2d.check_problem(**arguments)
+
+
+def test_forward_numpy_checks_before_touching_the_gpu(rng):
+    x, w = random_array(rng, (1, 2, 5, 5), "float32"), random_array(rng, (3, 2, 3, 3), "float32")
+    with pytest.raises(ValueError, match="kernel: expected one of auto, im2col_gemm"):
+        conv2d.forward_numpy(x, w, kernel="winograd")
+    with pytest.raises(TypeError, match="x: expected a NumPy array"):
+        conv2d.forward_numpy(x.tolist(), w)
+    with pytest.raises(ValueError, match="dy: expected shape"):
+        conv2d.backward_numpy(np.zeros((1, 3, 4, 4), np.float32), x, w)
+    with pytest.raises(TypeError, match="dy: expected dtype float32"):
+        conv2d.backward_numpy(np.zeros((1, 3, 3, 3), np.float16), x, w)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# OpDefs (CPU)
+# ---------------------------------------------------------------------------------------------------------------
+def test_opdef_infer_and_reference(rng):
+    op = OPS["conv2d"]
+    attrs = op.validate_attrs({"stride": 2, "padding": (1, 1), "act": "relu", "layout": "NHWC"}, "node")
+    x, w, b = (random_array(rng, s, "float16") for s in ((2, 9, 9, 4), (8, 3, 3, 4), (8,)))
+    (out_type,) = op.infer([TensorType(x.shape, "float16"), TensorType(w.shape, "float16"),
+                            TensorType(b.shape, "float16")], attrs)
+    assert out_type == TensorType((2, 5, 5, 8), "float16")
+    (y,) = op.run_reference([x, w, b], attrs)
+    assert y.dtype == np.float16 and y.shape == (2, 5, 5, 8)
+    expected, _ = conv2d.reference(x, w, b, stride=2, padding=(1, 1), act="relu", layout="NHWC")
+    assert_close(y, expected, "float16", reduction_length=36)
+    with pytest.raises(TypeError, match="'groups' expected int"):
+        op.validate_attrs({"groups": "2"}, "node")
+    with pytest.raises(ValueError, match="'stride' every entry must be >= 1"):
+        op.validate_attrs({"stride": (0, 1)}, "node")
+    with pytest.raises(ValueError, match="'padding' expected an int, 2 ints"):
+        op.validate_attrs({"padding": (1, 2, 3)}, "node")
+    with pytest.raises(ValueError, match="w: the .*kernel .* larger than the padded input"):
+        op.infer([TensorType((1, 2, 2, 2), "float32"), TensorType((3, 2, 3, 3), "float32"), None],
+                 op.validate_attrs({}, "node"))
+
+
+def test_backward_opdef_matches_reference_backward(rng):
+    op = OPS["conv2d_backward"]
+    attrs = op.validate_attrs({"padding": 1, "groups": 2, "act": "gelu"}, "node")
+    x, w, b = (random_array(rng, s, "float32") for s in ((2, 4, 6, 5), (6, 2, 3, 3), (6,)))
+    dy = random_array(rng, (2, 6, 6, 5), "float32")
+    types = [TensorType(a.shape, "float32") for a in (dy, x, w, b)]
+    assert op.infer(types, attrs) == [types[1], types[2], TensorType((6,), "float32")]
+    dx, dw, dbias = op.run_reference([dy, x, w, b], attrs)
+    expected = conv2d.reference_backward(dy, x, w, b, padding=1, groups=2, act="gelu")
+    for actual, wanted in zip((dx, dw, dbias), expected):
+        assert_close(actual, wanted, "float32", reduction_length=60)
+    # Without a bias input the op still returns the bias gradient of the convolution (the grad rule drops it).
+    _, _, dbias_no_input = op.run_reference([dy, x, w, None], op.validate_attrs({"padding": 1, "groups": 2}, "n"))
+    assert_close(dbias_no_input, dy.astype(np.float64).sum(axis=(0, 2, 3)), "float32", reduction_length=60)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU: every candidate against the float64 reference
+# ---------------------------------------------------------------------------------------------------------------
+def check_forward(rng, poisoned, to_device, case, layout, dtype, kernel):
+    x, w, bias, attrs = make_problem(rng, case, layout, dtype)
+    expected, _ = conv2d.reference(x, w, bias, **attrs)
+    out = poisoned(expected.shape, dtype)
+    result = conv2d.forward(to_device(x), to_device(w), None if bias is None else to_device(bias), **attrs,
+                            kernel=kernel, out=out)
+    assert result is out
+    geometry = conv2d.check_problem(x.shape, dtype, w.shape, dtype, **attrs)
+    assert_close(out.numpy(), expected, dtype, reduction_length=geometry.reduction_length, what="y")
+
+
+def check_backward(rng, poisoned, to_device, case, layout, dtype, kernel):
+    x, w, bias, attrs = make_problem(rng, case, layout, dtype)
+    y, _ = conv2d.reference(x, w, bias, **attrs)
+    dy = random_array(rng, y.shape, dtype)
+    expected = conv2d.reference_backward(dy, x, w, bias, **attrs)
+    outs = (poisoned(x.shape, dtype), poisoned(w.shape, dtype), None if bias is None else poisoned(bias.shape, dtype))
+    grads = conv2d.backward(to_device(dy), to_device(x), to_device(w), None if bias is None else to_device(bias),
+                            **attrs, kernel=kernel, out=outs)
+    assert len(grads) == 3
+    geometry = conv2d.check_problem(x.shape, dtype, w.shape, dtype, **attrs)
+    n_pq = geometry.n * geometry.p * geometry.q
+    lengths = (geometry.k // geometry.groups * geometry.r * geometry.s, n_pq, n_pq)
+    for name, grad, out, wanted, length in zip(("dx", "dw", "dbias"), grads, outs, expected, lengths):
+        if wanted is None:
+            assert grad is None
+            continue
+        assert grad is out
+        assert_close(grad.numpy(), wanted, dtype, reduction_length=length, what=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["auto", "im2col_gemm"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_forward_matches_reference(rng, poisoned, to_device, case, layout, dtype, kernel):
+    check_forward(rng, poisoned, to_device, case, layout, dtype, kernel)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["auto", "im2col_gemm"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_backward_matches_reference(rng, poisoned, to_device, case, layout, dtype, kernel):
+    check_backward(rng, poisoned, to_device, case, layout, dtype, kernel)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_large_forward_and_backward(rng, poisoned, to_device, layout, dtype):
+    check_forward(rng, poisoned, to_device, LARGE_CASE, layout, dtype, "auto")
+    check_backward(rng, poisoned, to_device, LARGE_CASE, layout, dtype, "auto")
+
+
+@pytest.mark.gpu
+def test_tf32_only_when_asked(rng, to_device):
+    x, w, bias, attrs = make_problem(rng, LARGE_CASE, "NHWC", "float32")
+    expected, _ = conv2d.reference(x, w, bias, **attrs)
+    args = (to_device(x), to_device(w), to_device(bias))
+    strict = conv2d.forward(*args, **attrs).numpy()
+    assert_close(strict, expected, "float32", reduction_length=288)
+    fast = conv2d.forward(*args, **attrs, allow_tf32=True).numpy()
+    assert_close(fast, expected, "tf32", reduction_length=288)
+
+
+@pytest.mark.gpu
+def test_forward_numpy_and_backward_numpy(rng):
+    x, w, bias, attrs = make_problem(rng, CASES[3], "NCHW", "float32")
+    y = conv2d.forward_numpy(x, w, bias, **attrs)
+    assert_close(y, conv2d.reference(x, w, bias, **attrs)[0], "float32", reduction_length=18)
+    dy = random_array(rng, y.shape, "float32")
+    grads = conv2d.backward_numpy(dy, x, w, None, **attrs)
+    expected = conv2d.reference_backward(dy, x, w, None, **attrs)
+    assert grads[2] is None
+    assert_close(grads[0], expected[0], "float32", reduction_length=27)
+    assert_close(grads[1], expected[1], "float32", reduction_length=y.size // 9)
+
+
+@pytest.mark.gpu
+def test_torch_interop_matches_pytorch(rng):
+    torch = pytest.importorskip("torch")
+    functional = torch.nn.functional
+    x, w, bias, attrs = make_problem(rng, CASES[3], "NCHW", "float32")
+    attrs["padding"], attrs["act"] = (1, 2), "relu"  # symmetric: what F.conv2d takes
+    tx, tw, tb = (torch.from_numpy(a).cuda() for a in (x, w, bias))
+    y = conv2d.forward(tx, tw, tb, **attrs)
+    assert isinstance(y, torch.Tensor) and y.is_cuda
+    expected = torch.relu(functional.conv2d(tx.double(), tw.double(), tb.double(), stride=2, padding=(1, 2),
+                                            dilation=(2, 1), groups=3))
+    assert_close(y.cpu().numpy(), expected.cpu().numpy(), "float32", reduction_length=18)
+    grads = conv2d.backward(torch.ones_like(y), tx, tw, tb, **attrs)
+    assert all(isinstance(g, torch.Tensor) for g in grads)
+
+
+@pytest.mark.gpu
+def test_device_argument_errors(rng, to_device, poisoned):
+    x, w = to_device(random_array(rng, (2, 4, 6, 6), "float32")), to_device(random_array(rng, (3, 4, 3, 3), "float32"))
+    with pytest.raises(ValueError, match=r"out: expected shape \(2, 3, 4, 4\)"):
+        conv2d.forward(x, w, out=poisoned((2, 3, 4, 5), "float32"))
+    with pytest.raises(TypeError, match="out: expected dtype float32"):
+        conv2d.forward(x, w, out=poisoned((2, 3, 4, 4), "float16"))
+    with pytest.raises(TypeError, match="x: expected a CUDA device array"):
+        conv2d.forward(np.zeros((2, 4, 6, 6), np.float32), w)
+    with pytest.raises(TypeError, match="out: expected a tuple of 3 arrays"):
+        conv2d.backward(poisoned((2, 3, 4, 4), "float32"), x, w, out=[None, None, None])
+    torch = pytest.importorskip("torch")
+    strided = torch.zeros((2, 4, 6, 12), device="cuda")[..., ::2]
+    with pytest.raises(ValueError, match="x: expected a contiguous array"):
+        conv2d.forward(strided, torch.zeros((3, 4, 3, 3), device="cuda"))
+
+
+@pytest.mark.gpu
+def test_kernels_table():
+    rows = conv2d.kernels()
+    assert [row["name"] for row in rows] == ["im2col_gemm"]
+    assert all(row["description"] and row["constraints"] for row in rows)
+    assert ge2.device_count() > 0

@@ -8,6 +8,7 @@ makes one call per node, and copies the outputs out: no allocation on the device
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -23,7 +24,7 @@ from ..passes import Pass, PassManager, PassRecord, infer_shapes, resolve
 from .autotune import AutotuneCache
 from .backends import backend_for
 from .planner import Buffer, MemoryPlan, plan_memory
-from .registry import Capabilities, Preferences, Selection, choose_kernel
+from .registry import Capabilities, Preferences, Selection, choose_kernel, kernel_label
 
 Signature = tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype) of each graph input, in order
 
@@ -200,13 +201,15 @@ class ExecutorV2:
             lines.append(f"plan for ({inputs}): {len(plan.steps)} kernels, {plan.memory.summary()}")
             width = max((len(s.node) for s in plan.selections), default=0)
             for selection in plan.selections:
-                lines.append(f"  {selection.node:<{width}}  {selection.op:<10} -> {selection.kernel}: "
+                label = functools.partial(kernel_label, selection.op)
+                lines.append(f"  {selection.node:<{width}}  {selection.op:<10} -> {label(selection.kernel)}: "
                              f"{selection.reason}")
-                lines += [f"      fallback: {name} failed to prepare: {why}" for name, why in selection.fallbacks]
-                lines += [f"      not viable: {name}: {why}" for name, why in selection.rejected]
+                lines += [f"      fallback: {label(name)} failed to prepare: {why}"
+                          for name, why in selection.fallbacks]
+                lines += [f"      not viable: {label(name)}: {why}" for name, why in selection.rejected]
         fallbacks = self.fallbacks
         lines.append(f"fallbacks: {len(fallbacks)}")
-        lines += [f"  {s.node} ({s.op}) runs {s.kernel}" for s in fallbacks]
+        lines += [f"  {s.node} ({s.op}) runs {kernel_label(s.op, s.kernel)}" for s in fallbacks]
         return "\n".join(lines)
 
 

@@ -1,5 +1,6 @@
 """graph_executor_v2 (GE2): per-op CUDA kernels and a graph compiler (ExecutorV2) for NVIDIA GPUs."""
 from . import device, dtypes, ir, ops, passes, runtime, testing
+from . import autograd, train
 from .device import device_count, is_available
 from .runtime import ExecutorV2
 
@@ -22,5 +23,6 @@ def cmake_dir() -> str:
                             f"({', '.join(map(str, package_dirs))}) nor in a source checkout around it")
 
 
-__all__ = ["ExecutorV2", "cmake_dir", "device", "dtypes", "ir", "ops", "passes", "runtime", "testing",
+__all__ = ["ExecutorV2", "autograd", "cmake_dir", "device", "dtypes", "ir", "ops", "passes", "runtime", "testing",
+           "train",
            "device_count", "is_available", "__version__"]

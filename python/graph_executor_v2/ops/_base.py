@@ -14,6 +14,11 @@ Contract of the callables an OpDef carries (``attrs`` is always the full, valida
   input, float64 (``None`` for inputs with no gradient, e.g. integer ids).
 - ``candidates``: the ways to run the op on a GPU, best first by ``priority``; the registry adds the CPU
   reference as the candidate that always works on the CPU.
+- ``grad(g, node, out_grads) -> list[Value | None]``: the grad rule (autograd). Given the graph ``g`` being built,
+  the forward ``node`` and the gradient Values of its outputs (None where an output has none), it emits nodes with
+  the builder (``g.<op>(...)``) and returns one gradient Value per forward input (None for none). Backward
+  computations are ops of their own (``<op>_backward``). Rules are attached at the end of each op module with
+  ``attach_grad`` (after the OpDefs they use are registered).
 
 Extending GE2 from another package (no fork): ``register(opdef)`` adds a new op, ``add_candidate(op, candidate)``
 adds a kernel to an existing one (a user's own GEMM variant competing with cuBLASLt). Both stamp the candidates
@@ -117,6 +122,7 @@ class OpDef:
     doc: str = ""
     # False when outputs are not a function of inputs and attributes alone (random ops): never folded or merged.
     pure: bool = True
+    grad: Callable[..., list] | None = None
     attr_map: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -196,6 +202,14 @@ def remove_candidate(op: str, name: str) -> Candidate:
                          f"(it has {', '.join(c.name for c in opdef.candidates) or 'none'})")
     object.__setattr__(opdef, "candidates", tuple(c for c in opdef.candidates if c.name != name))
     return found[0]
+
+
+def attach_grad(opdef: OpDef, rule: Callable[..., list]) -> OpDef:
+    """Sets ``opdef.grad`` once (the OpDef is frozen everywhere else)."""
+    if opdef.grad is not None:
+        raise ValueError(f"op '{opdef.name}' already has a grad rule")
+    object.__setattr__(opdef, "grad", rule)
+    return opdef
 
 
 def as_float64(x: np.ndarray | None) -> np.ndarray | None:

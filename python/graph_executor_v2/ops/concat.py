@@ -268,3 +268,26 @@ OP = register(OpDef(
     ),
     doc="concat(xs, axis): the inputs joined along axis; backward splits dy. Exact in every dtype.",
 ))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Grad rule: each input's gradient is its slice of dy along the axis.
+# ---------------------------------------------------------------------------------------------------------------
+from ._base import attach_grad  # noqa: E402  (the grad section stays separate from the face above)
+
+
+def _grad_concat(g, node, dys):
+    (dy,) = dys
+    axis = node.attrs["axis"] % dy.type.rank
+    grads, start = [], 0
+    for x in node.inputs:
+        extent = x.type.shape[axis]
+        if not isinstance(extent, int):
+            raise ValueError(f"{node.where()}: input '{x.name}' has the symbolic extent {extent!r} along the concat "
+                             "axis; its gradient slice needs a concrete one")
+        grads.append(g.slice(dy, starts=(start,), ends=(start + extent,), axes=(axis,)))
+        start += extent
+    return grads
+
+
+attach_grad(OP, _grad_concat)

@@ -335,3 +335,48 @@ OP = register(OpDef(
     ),
     doc=__doc__,
 ))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Grad rule: ``cross_entropy_backward(dloss, logits, labels) -> dlogits`` (the softmax recomputed from the logits),
+# the native backward; labels get no gradient.
+# ---------------------------------------------------------------------------------------------------------------
+from . import _grad  # noqa: E402  (the grad section stays separate from the face above)
+from ._base import attach_grad  # noqa: E402
+
+
+def _infer_backward(in_types, attrs):
+    dloss, logits, labels = in_types
+    (loss,) = _infer([logits, labels], attrs)
+    if dloss != loss:
+        raise ValueError(f"dloss: expected {loss} (the loss type), got {dloss}")
+    return [logits]
+
+
+def _prepare_backward(problem: Problem):
+    _, logits, labels = problem.in_types
+    rows, classes = logits.shape
+    dtype, label_dtype = logits.dtype, labels.dtype
+    reduction, ignore_index = problem.attrs["reduction"], int(problem.attrs["ignore_index"])
+    native_backward = _native_module().backward
+
+    def launch(ins, outs, stream):  # labels unchecked: checking them would synchronize the step
+        native_backward(ins[0], ins[1], ins[2], outs[0], rows, classes, dtype, label_dtype, reduction, ignore_index,
+                        "auto", False, stream)
+
+    return launch
+
+
+BACKWARD_OP = register(OpDef(
+    name="cross_entropy_backward",
+    inputs=(Input("dloss"), Input("logits"), Input("labels")),
+    outputs=("dlogits",),
+    attrs=OP.attrs,
+    infer=_infer_backward,
+    reference=lambda inputs, attrs: [reference_backward(*inputs, attrs["reduction"], attrs["ignore_index"])],
+    candidates=(_grad.native_candidate("_ops_cross_entropy", "softmax minus one-hot, scaled by dloss",
+                                       _prepare_backward),),
+    doc="cross_entropy_backward(dloss, logits, labels) -> dlogits",
+))
+
+attach_grad(OP, lambda g, node, dys: [g.cross_entropy_backward(dys[0], *node.inputs, **node.attrs), None])

@@ -245,3 +245,11 @@ OP = register(OpDef(
     doc=__doc__,
     pure=False,
 ))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Grad rule: the backward is the same masked scaling (same p, seed, offset) applied to dy: the forward op itself.
+# ---------------------------------------------------------------------------------------------------------------
+from ._base import attach_grad  # noqa: E402  (the grad section stays separate from the face above)
+
+attach_grad(OP, lambda g, node, dys: [g.dropout(dys[0], **node.attrs)])

@@ -395,3 +395,99 @@ for _op in BINARY_OPS:
 for _op in UNARY_OPS:
     register(_unary_def(_op))
 register(_bias_add_def())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Grad rule: unary ops through ``<op>_backward(dy, x)``; mul/div through ``<op>_backward(dy, a, b) -> (da, db)``;
+# add/sub/bias_add as sums of dy (no forward value is kept alive for them, so the forward still fuses).
+# ---------------------------------------------------------------------------------------------------------------
+from . import _grad  # noqa: E402  (the grad section stays separate from the face above)
+from ._base import attach_grad  # noqa: E402
+
+
+def _unary_backward_def(op):
+    def launch_for(problem: Problem):
+        unary_backward = _native_module().unary_backward
+        numel, dtype = problem.out_types[0].numel, problem.out_types[0].dtype
+
+        def launch(ins, outs, stream):
+            unary_backward(op, ins[0], ins[1], outs[0], numel, dtype, stream)
+
+        return launch
+
+    return register(OpDef(
+        name=f"{op}_backward", inputs=(Input("dy"), Input("x")), outputs=("dx",), attrs=(),
+        infer=lambda in_types, attrs: [_infer_unary(in_types[1:], attrs)[0]],
+        reference=lambda inputs, attrs: [reference_backward(op, inputs[0], inputs[1])],
+        candidates=(_grad.native_candidate("_ops_elementwise", f"dx = dy * {op}'(x)", launch_for),),
+        doc=f"{op}_backward(dy, x) -> dx = dy * {op}'(x)"))
+
+
+def _binary_backward_def(op):
+    def launch_for(problem: Problem):
+        binary_backward = _native_module().binary_backward
+        _, a, b = problem.in_types
+        a_shape, b_shape, dtype = list(a.shape), list(b.shape), a.dtype
+
+        def launch(ins, outs, stream):
+            binary_backward(op, ins[0], ins[1], ins[2], outs[0], outs[1], a_shape, b_shape, dtype, stream)
+
+        return launch
+
+    return register(OpDef(
+        name=f"{op}_backward", inputs=(Input("dy"), Input("a"), Input("b")), outputs=("da", "db"), attrs=(),
+        infer=lambda in_types, attrs: [in_types[1], in_types[2]],
+        reference=lambda inputs, attrs: list(reference_backward(op, *inputs)),
+        candidates=(_grad.native_candidate("_ops_elementwise", f"(da, db) of a {op} b, summed over broadcast dims",
+                                           launch_for),),
+        doc=f"{op}_backward(dy, a, b) -> (da, db) of y = a {op} b, each summed over its broadcast dims"))
+
+
+for _op in UNARY_OPS:
+    if _op != "neg":
+        _unary_backward_def(_op)
+for _op in ("mul", "div"):
+    _binary_backward_def(_op)
+
+
+def _grad_unary(op):
+    def rule(g, node, dys):
+        (dy,) = dys
+        if op == "neg":
+            return [g.neg(dy)]
+        return [getattr(g, f"{op}_backward")(dy, node.inputs[0])]
+
+    return rule
+
+
+def _grad_add(g, node, dys):
+    (dy,) = dys
+    a, b = node.inputs
+    return [_grad.sum_to(g, dy, a.type.shape), _grad.sum_to(g, dy, b.type.shape)]
+
+
+def _grad_sub(g, node, dys):
+    (dy,) = dys
+    a, b = node.inputs
+    return [_grad.sum_to(g, dy, a.type.shape), _grad.sum_to(g, g.neg(dy), b.type.shape)]
+
+
+def _grad_mul_div(op):
+    def rule(g, node, dys):
+        return list(getattr(g, f"{op}_backward")(dys[0], *node.inputs))
+
+    return rule
+
+
+def _grad_bias_add(g, node, dys):
+    (dy,) = dys
+    return [dy, g.sum(dy, axis=tuple(range(dy.type.rank - 1))) if dy.type.rank > 1 else dy]
+
+
+for _op in UNARY_OPS:
+    attach_grad(OPS[_op], _grad_unary(_op))
+attach_grad(OPS["add"], _grad_add)
+attach_grad(OPS["sub"], _grad_sub)
+attach_grad(OPS["mul"], _grad_mul_div("mul"))
+attach_grad(OPS["div"], _grad_mul_div("div"))
+attach_grad(OPS["bias_add"], _grad_bias_add)

@@ -238,3 +238,55 @@ OP = register(OpDef(
     ),
     doc=__doc__,
 ))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Grad rule: ``embedding_backward(dy, ids) -> dtable``, the native deterministic scatter-add; ids get none.
+# ---------------------------------------------------------------------------------------------------------------
+from . import _grad  # noqa: E402  (the grad section stays separate from the face above)
+from ._base import Attr, attach_grad  # noqa: E402
+
+
+def _infer_backward(in_types, attrs):
+    dy, ids = in_types
+    vocab = attrs["vocab"]
+    (y,) = _infer([TensorType((vocab, dy.shape[-1]), dy.dtype), ids], {})
+    if dy != y:
+        raise ValueError(f"dy: expected {y} (the embedding's output type), got {dy}")
+    return [TensorType((vocab, dy.shape[-1]), dy.dtype)]
+
+
+def _prepare_backward(problem: Problem):
+    dy, ids = problem.in_types
+    vocab, dim, count = problem.attrs["vocab"], dy.shape[-1], ids.numel
+    dtype, ids_dtype = dy.dtype, ids.dtype
+    native_backward = _native_module().backward
+
+    def launch(ins, outs, stream):  # ids unchecked: checking them would synchronize the step
+        native_backward(ins[0], ins[1], outs[0], vocab, dim, count, dtype, ids_dtype, False, stream)
+
+    return launch
+
+
+BACKWARD_OP = register(OpDef(
+    name="embedding_backward",
+    inputs=(Input("dy"), Input("ids")),
+    outputs=("dtable",),
+    attrs=(Attr("vocab", int, check=lambda v: None if v >= 1 else "must be >= 1"),),
+    infer=_infer_backward,
+    reference=lambda inputs, attrs: [reference_backward(inputs[0], inputs[1], attrs["vocab"])],
+    candidates=(_grad.native_candidate("_ops_embedding", "deterministic scatter-add of dy's rows by id",
+                                       _prepare_backward),),
+    doc="embedding_backward(dy, ids) -> dtable (vocab, dim)",
+))
+
+
+def _grad_embedding(g, node, dys):
+    table, ids = node.inputs
+    vocab = table.type.shape[0]
+    if not isinstance(vocab, int):
+        raise ValueError(f"{node.where()}: the table's vocab {vocab!r} must be concrete for its gradient")
+    return [g.embedding_backward(dys[0], ids, vocab=vocab), None]
+
+
+attach_grad(OP, _grad_embedding)

@@ -398,3 +398,107 @@ OP = register(OpDef(
     ),
     doc=__doc__,
 ))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Grad rule: the activation's backward first (relu from y; gelu/silu from a recomputed pre-activation), then one
+# ``gemm_backward`` giving dA, dB and dbias in one native call (dbias through cuBLASLt's BGRAD epilogue).
+# ``a_act``/``a_preact`` chain the previous layer's activation into the dA matmul (the autograd's fusion pass sets
+# them: DGELU/DRELU applied to dA, no separate activation-backward node).
+# ---------------------------------------------------------------------------------------------------------------
+from . import _grad  # noqa: E402  (the grad section stays separate from the face above)
+from ._base import attach_grad  # noqa: E402
+
+
+def _backward_dims(in_types, attrs):
+    dy, a = in_types[0], in_types[1]
+    m, n = dy.shape
+    k = a.shape[0] if attrs["trans_a"] else a.shape[1]
+    return m, n, k
+
+
+def _infer_backward(in_types, attrs):
+    dy, a, b, a_preact = in_types
+    (y,) = _infer([a, b, None, None], {**attrs, "act": "none", "alpha": 1.0, "beta": 0.0, "slope": 0.01})
+    if dy.dtype != a.dtype or (dy.is_concrete and y.is_concrete and tuple(dy.shape) != tuple(y.shape)):
+        raise ValueError(f"dy: expected {y} (the gemm's output type), got {dy}")
+    if attrs["a_act"] != "none" and (a_preact is None or a_preact.shape != a.shape or a_preact.dtype != a.dtype):
+        raise ValueError(f"a_preact: expected {a} (the pre-activation that produced a) for a_act="
+                         f"{attrs['a_act']!r}, got {a_preact}")
+    return [a, b, TensorType((y.shape[1],), a.dtype)]
+
+
+def _reference_gemm_backward(inputs, attrs):
+    dy, a, b, a_preact = inputs
+    da, db, dbias, _ = reference_backward(dy, a, b, alpha=attrs["alpha"], trans_a=attrs["trans_a"],
+                                          trans_b=attrs["trans_b"])
+    if attrs["a_act"] != "none":
+        da = da * activations.derivative(attrs["a_act"], as_float64(a_preact), attrs["a_slope"])
+    return [da, db, dbias]
+
+
+def _prepare_gemm_backward(problem: Problem):
+    attrs = problem.attrs
+    m, n, k = _backward_dims(problem.in_types, attrs)
+    dtype = problem.in_types[1].dtype
+    native_backward = _native_module().backward
+    want = (attrs["with_da"], attrs["with_db"], attrs["with_dbias"])
+    trans_a, trans_b, alpha, tf32 = attrs["trans_a"], attrs["trans_b"], float(attrs["alpha"]), attrs["allow_tf32"]
+    a_act, a_slope = attrs["a_act"], float(attrs["a_slope"])
+
+    def launch(ins, outs, stream):
+        da, db, dbias = (out if wanted else 0 for out, wanted in zip(outs, want))
+        native_backward(ins[0], ins[1], ins[2], 0, 0, da, db, dbias, 0, m, n, k, dtype, trans_a, trans_b, alpha, 0.0,
+                        "none", 0.01, tf32, ins[3], a_act, a_slope, 0, stream)
+
+    return launch
+
+
+BACKWARD_OP = register(OpDef(
+    name="gemm_backward",
+    inputs=(Input("dy"), Input("a"), Input("b"), Input("a_preact", optional=True)),
+    outputs=("da", "db", "dbias"),
+    attrs=(
+        Attr("alpha", float, 1.0),
+        Attr("trans_a", bool, False),
+        Attr("trans_b", bool, False),
+        Attr("allow_tf32", bool, False),
+        Attr("a_act", str, "none", choices=GEMM_ACTIVATIONS, doc="activation that produced a from a_preact"),
+        Attr("a_slope", float, 0.01, check=_positive),
+        Attr("with_da", bool, True, doc="False: da is not computed (nothing reads it)"),
+        Attr("with_db", bool, True, doc="False: db is not computed"),
+        Attr("with_dbias", bool, True, doc="False: dbias is not computed"),
+    ),
+    infer=_infer_backward,
+    reference=_reference_gemm_backward,
+    candidates=(_grad.native_candidate("_ops_gemm", "cuBLASLt dA/dB matmuls, BGRAD epilogue for dbias, DGELU "
+                                       "epilogue or post-kernel for a chained activation", _prepare_gemm_backward),),
+    doc="gemm_backward(dy, a, b, a_preact?) -> (da, db, dbias) of y = alpha * op(a) @ op(b) + bias; dy is the "
+        "gradient of the pre-activation. With a_act, da is w.r.t. a_preact (a = a_act(a_preact)).",
+))
+
+
+def _grad_gemm(g, node, dys):
+    (dy,) = dys
+    a, b, bias, c = node.inputs
+    attrs = node.attrs
+    act = attrs["act"]
+    if act == "relu":
+        dz = g.relu_backward(dy, node.outputs[0])  # relu'(z) == relu'(relu(z)): no pre-activation needed
+    elif act in ("gelu", "silu"):
+        z = g.gemm(a, b, bias, c, **{**attrs, "act": "none"})  # the pre-activation, recomputed
+        dz = getattr(g, f"{act}_backward")(dy, z)
+    elif act == "none":
+        dz = dy
+    else:
+        raise ValueError(f"{node.where()}: act={act!r} has no grad rule; write the activation as its own node")
+    da, db, dbias = g.gemm_backward(dz, a, b, alpha=attrs["alpha"], trans_a=attrs["trans_a"],
+                                    trans_b=attrs["trans_b"], allow_tf32=attrs["allow_tf32"],
+                                    with_dbias=bias is not None)
+    dc = None
+    if c is not None:
+        dc = dz if attrs["beta"] == 1.0 else g.mul(dz, _grad.constant(g, attrs["beta"], dz.type.dtype))
+    return [da, db, dbias if bias is not None else None, dc]
+
+
+attach_grad(OP, _grad_gemm)

@@ -210,3 +210,48 @@ OP = register(OpDef(
     candidates=_row_norm.candidates(_native_module, _make_launch),
     doc=__doc__,
 ))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Grad rule: ``layernorm_backward(dy, x, gamma) -> (dx, dgamma, dbeta)``, the native backward (statistics
+# recomputed from x).
+# ---------------------------------------------------------------------------------------------------------------
+from . import _grad  # noqa: E402  (the grad section stays separate from the face above)
+from ._base import Problem, attach_grad  # noqa: E402
+
+
+def _infer_backward(in_types, attrs):
+    dy, x, gamma = in_types
+    if dy != x:
+        raise ValueError(f"dy: expected {x} (the type of x), got {dy}")
+    return [x, gamma, gamma]
+
+
+def _prepare_backward(problem: Problem):
+    shape = _row_norm.problem_dims(problem)
+    native = _native_module()
+    size = native.backward_workspace_bytes(shape.rows, shape.cols, shape.dtype, "auto", True)
+    workspace = _grad.device_workspace(size)
+    eps, workspace_ptr = float(problem.attrs["eps"]), workspace.ptr
+
+    def launch(ins, outs, stream, workspace=workspace):  # the default argument keeps the workspace alive
+        native.backward(ins[0], ins[1], ins[2], 0, 0, outs[0], outs[1], outs[2], workspace_ptr, size, shape.rows,
+                        shape.cols, shape.dtype, eps, "auto", stream)
+
+    return launch
+
+
+BACKWARD_OP = register(OpDef(
+    name="layernorm_backward",
+    inputs=(Input("dy"), Input("x"), Input("gamma")),
+    outputs=("dx", "dgamma", "dbeta"),
+    attrs=OP.attrs,
+    infer=_infer_backward,
+    reference=lambda inputs, attrs: list(reference_backward(*inputs, attrs["eps"])),
+    candidates=(_grad.native_candidate("_ops_layernorm", "dx, dgamma, dbeta with a float32 workspace",
+                                       _prepare_backward),),
+    doc="layernorm_backward(dy, x, gamma) -> (dx, dgamma, dbeta)",
+))
+
+attach_grad(OP, lambda g, node, dys: list(g.layernorm_backward(dys[0], node.inputs[0], node.inputs[1],
+                                                                eps=node.attrs["eps"])))

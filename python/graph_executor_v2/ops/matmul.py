@@ -59,3 +59,17 @@ OP = register(OpDef(
     candidates=tuple(_via_gemm(c) for c in gemm.OP.candidates),
     doc=__doc__,
 ))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Grad rule: gemm's backward with no bias.
+# ---------------------------------------------------------------------------------------------------------------
+from ._base import attach_grad  # noqa: E402  (the grad section stays separate from the op above)
+
+
+def _grad_matmul(g, node, dys):
+    da, db, _ = g.gemm_backward(dys[0], *node.inputs, with_dbias=False)
+    return [da, db]
+
+
+attach_grad(OP, _grad_matmul)

@@ -328,3 +328,60 @@ def _register(op):
 SUM = _register("sum")
 MEAN = _register("mean")
 MAX = _register("max")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Grad rule: ``<op>_backward(dy, x, y?)`` (y, the forward output, only for max), the native backward.
+# ---------------------------------------------------------------------------------------------------------------
+from . import _grad  # noqa: E402  (the grad section stays separate from the face above)
+from ._base import attach_grad  # noqa: E402
+
+
+def _register_backward(op):
+    def infer(in_types, attrs):
+        dy, x, y = in_types
+        (expected,) = _make_infer(op)([x], attrs)
+        if dy.shape != expected.shape or dy.dtype != x.dtype:
+            raise ValueError(f"dy: expected {expected} (the {op} output type), got {dy}")
+        if op == "max" and y is None:
+            raise ValueError("y: required for max_backward (the forward output)")
+        return [x]
+
+    def prepare(problem: Problem):
+        x = problem.in_types[1]
+        shape, axes = list(x.shape), list(normalize_axes(problem.attrs["axis"], x.rank))
+        native_backward, dtype = _native_module().backward, x.dtype
+        reads_values = op == "max"
+
+        def launch(ins, outs, stream):
+            native_backward(op, ins[0], ins[1] if reads_values else 0, ins[2] if reads_values else 0, outs[0],
+                            shape, axes, dtype, stream)
+
+        return launch
+
+    return register(OpDef(
+        name=f"{op}_backward",
+        inputs=(Input("dy"), Input("x"), Input("y", optional=True)),
+        outputs=("dx",),
+        attrs=(_AxisAttr("axis", (int, tuple), None), Attr("keepdims", bool, False)),
+        infer=infer,
+        reference=lambda inputs, attrs: [reference_backward(op, inputs[0], inputs[1], attrs["axis"],
+                                                            attrs["keepdims"])],
+        candidates=(_grad.native_candidate("_ops_reduce", f"dx of {op}: dy broadcast over the reduced axes",
+                                           prepare),),
+        doc=f"{op}_backward(dy, x, y?) -> dx of y = {op}(x, axis, keepdims)",
+    ))
+
+
+def _grad_rule(op):
+    def rule(g, node, dys):
+        x = node.inputs[0]
+        y = node.outputs[0] if op == "max" else None
+        return [getattr(g, f"{op}_backward")(dys[0], x, y, **node.attrs)]
+
+    return rule
+
+
+for _op, _opdef in (("sum", SUM), ("mean", MEAN), ("max", MAX)):
+    _register_backward(_op)
+    attach_grad(_opdef, _grad_rule(_op))

@@ -256,3 +256,46 @@ OP = register(OpDef(
     ),
     doc="slice(x, starts, ends, axes=None, steps=None): ONNX Slice; exact in every dtype.",
 ))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Grad rule: ``slice_backward(dy, x)`` (x for its shape): zeros with the slice set to dy, the native backward.
+# ---------------------------------------------------------------------------------------------------------------
+from . import _grad  # noqa: E402  (the grad section stays separate from the face above)
+from ._base import attach_grad  # noqa: E402
+
+
+def _infer_backward(in_types, attrs):
+    dy, x = in_types
+    (y,) = _infer([x], attrs)
+    if dy != y:
+        raise ValueError(f"dy: expected {y} (the slice's output type), got {dy}")
+    return [x]
+
+
+def _prepare_backward(problem: Problem):
+    x = problem.in_types[1]
+    result = geometry(x.shape, *_slice_args(problem.attrs))
+    dy_strides = list(_layout.contiguous_strides(result.shape))
+    shape, starts, steps, y_shape, dtype = list(x.shape), list(result.starts), list(result.steps), \
+        list(result.shape), x.dtype
+    native_backward = _native_module().backward
+
+    def launch(ins, outs, stream):
+        native_backward(ins[0], outs[0], dy_strides, shape, starts, steps, y_shape, dtype, stream)
+
+    return launch
+
+
+BACKWARD_OP = register(OpDef(
+    name="slice_backward",
+    inputs=(Input("dy"), Input("x")),
+    outputs=("dx",),
+    attrs=OP.attrs,
+    infer=_infer_backward,
+    reference=lambda inputs, attrs: [reference_backward(inputs[0], np.shape(inputs[1]), *_slice_args(attrs))],
+    candidates=(_grad.native_candidate("_ops_slice", "zeros, then dy scattered into the slice", _prepare_backward),),
+    doc="slice_backward(dy, x) -> dx: zeros of x's shape with the slice set to dy",
+))
+
+attach_grad(OP, lambda g, node, dys: [g.slice_backward(dys[0], node.inputs[0], **node.attrs)])

@@ -264,3 +264,51 @@ def _register(op):
 
 SOFTMAX = _register("softmax")
 LOG_SOFTMAX = _register("log_softmax")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Grad rule: ``<op>_backward(dy, y)`` from the forward output, the native backward.
+# ---------------------------------------------------------------------------------------------------------------
+from . import _grad  # noqa: E402  (the grad section stays separate from the face above)
+from ._base import attach_grad  # noqa: E402
+
+
+def _register_backward(op):
+    def infer(in_types, attrs):
+        dy, y = in_types
+        if dy != y:
+            raise ValueError(f"dy: expected {y} (the type of y), got {dy}")
+        return _infer([y], attrs)
+
+    def prepare(problem: Problem):
+        y = problem.in_types[1]
+        outer, n, inner = layout(y.shape, problem.attrs["axis"])
+        native_backward, dtype = _native_module().backward, y.dtype
+
+        def launch(ins, outs, stream):
+            native_backward(op, ins[1], ins[0], outs[0], outer, n, inner, dtype, "auto", stream)
+
+        return launch
+
+    return register(OpDef(
+        name=f"{op}_backward",
+        inputs=(Input("dy"), Input("y")),
+        outputs=("dx",),
+        attrs=(Attr("axis", int, -1),),
+        infer=infer,
+        reference=lambda inputs, attrs: [reference_backward(op, inputs[0], inputs[1], attrs["axis"])],
+        candidates=(_grad.native_candidate("_ops_softmax", f"dx of {op} from dy and y", prepare),),
+        doc=f"{op}_backward(dy, y) -> dx of y = {op}(x, axis)",
+    ))
+
+
+def _grad_rule(op):
+    def rule(g, node, dys):
+        return [getattr(g, f"{op}_backward")(dys[0], node.outputs[0], axis=node.attrs["axis"])]
+
+    return rule
+
+
+for _op, _opdef in (("softmax", SOFTMAX), ("log_softmax", LOG_SOFTMAX)):
+    _register_backward(_op)
+    attach_grad(_opdef, _grad_rule(_op))

@@ -329,3 +329,23 @@ RESHAPE = register(OpDef(
     doc="reshape(x, shape): the same row-major elements with another shape (one -1 inferred). The output may alias "
         "the input (same bytes): an executor that can alias skips the node; otherwise it runs a device copy.",
 ))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Grad rule: a transpose by the inverse permutation; a reshape back to x's shape.
+# ---------------------------------------------------------------------------------------------------------------
+from . import _grad  # noqa: E402  (the grad section stays separate from the face above)
+from ._base import attach_grad  # noqa: E402
+
+
+def _grad_transpose(g, node, dys):
+    perm = check_perm(node.attrs["perm"], node.inputs[0].type.rank)
+    return [g.transpose(dys[0], perm=inverse_perm(perm))]
+
+
+def _grad_reshape(g, node, dys):
+    return [_grad.reshape_to(g, dys[0], node.inputs[0].type.shape)]
+
+
+attach_grad(TRANSPOSE, _grad_transpose)
+attach_grad(RESHAPE, _grad_reshape)

@@ -13,6 +13,7 @@ from .fusion import fuse
 from .inference import infer_shapes
 from .manager import Pass, PassManager, PassRecord
 from .pattern import Pat, Rewrite, rewrite
+from .training import chain_activation_backward, fuse_relu, trim_gemm_backward
 
 PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("infer_shapes", infer_shapes, "recompute every output type from the input types"),
@@ -22,10 +23,18 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("canonicalize", canonicalize, "matmul -> gemm, transposes -> trans flags, row adds -> bias_add -> gemm "
                                        "bias, drop identities"),
     Pass("fuse", fuse, "fuse residual adds and activations into gemm epilogues"),
+    Pass("fuse_relu", fuse_relu, "fuse residual adds and ReLU (not GELU/SiLU) into gemm epilogues, for training"),
+    Pass("chain_activation_backward", chain_activation_backward,
+         "apply an activation's backward inside the next gemm's dA (gemm_backward a_act)"),
+    Pass("trim_gemm_backward", trim_gemm_backward, "do not compute gemm_backward outputs nothing reads"),
 )}
 
 # Folding runs after canonicalization, so the reshapes it inserts for parameter rows become parameters.
 DEFAULT_PIPELINE = ("infer_shapes", "dce", "cse", "canonicalize", "constant_fold", "fuse", "dce")
+# Training: the forward is canonicalized and fused before autograd (no constant folding: parameters are trained),
+# the graph with gradients is then cleaned and its backward fused.
+TRAINING_FORWARD = ("infer_shapes", "dce", "cse", "canonicalize", "fuse_relu", "dce")
+TRAINING_BACKWARD = ("infer_shapes", "cse", "dce", "chain_activation_backward", "trim_gemm_backward", "dce")
 
 
 def resolve(passes: Sequence[str | Pass] | None) -> list[Pass]:
@@ -41,6 +50,7 @@ def resolve(passes: Sequence[str | Pass] | None) -> list[Pass]:
     return result
 
 
-__all__ = ["DEFAULT_PIPELINE", "PASSES", "Pass", "PassManager", "PassRecord", "Pat", "Rewrite", "canonicalize",
-           "eliminate_common_subexpressions", "eliminate_dead_code", "fold_constants", "fuse", "infer_shapes",
-           "resolve", "rewrite"]
+__all__ = ["DEFAULT_PIPELINE", "PASSES", "TRAINING_BACKWARD", "TRAINING_FORWARD", "Pass", "PassManager", "PassRecord",
+           "Pat", "Rewrite", "canonicalize", "chain_activation_backward", "eliminate_common_subexpressions",
+           "eliminate_dead_code", "fold_constants", "fuse", "fuse_relu", "infer_shapes", "resolve", "rewrite",
+           "trim_gemm_backward"]

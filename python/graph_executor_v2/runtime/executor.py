@@ -47,11 +47,13 @@ class ExecutorV2:
     ``autotune``: time the viable GPU kernels once per problem and keep the winners in the autotune cache.
     ``kernels``: op -> kernel tried first. ``reuse_memory=False`` gives every buffer its own bytes.
     ``verify``: run the verifier after every pass (the input graph is always verified).
+    ``params``: parameter name -> buffer the caller owns (a NumPy array on "cpu", a DeviceArray on "cuda"), used in
+    place of an uploaded copy: a trainer updates them in place and plans read the current values.
     """
 
     def __init__(self, graph: Graph, device: str = "cpu", passes: Sequence[str | Pass] | None = None,
                  autotune: bool = False, kernels: dict[str, str] | None = None, reuse_memory: bool = True,
-                 verify: bool = False):
+                 verify: bool = False, params: dict | None = None):
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
         verify_graph(graph)  # a bad graph fails here, naming the node, before any pass runs
@@ -63,7 +65,8 @@ class ExecutorV2:
         self.preferences = Preferences.from_env(kernels, autotune)
         self._autotune_cache = AutotuneCache() if autotune and device == "cuda" else None
         self._backend = backend_for(device)
-        self._param_slots = {name: self._backend.upload(value.data)
+        params = params or {}
+        self._param_slots = {name: params[name] if name in params else self._backend.upload(value.data)
                              for name, value in self.optimized_graph.params.items()}
         self._plans: dict[Signature, Plan] = {}
         if all(value.type.is_concrete for value in self.optimized_graph.inputs):
@@ -117,6 +120,10 @@ class ExecutorV2:
                 raise ValueError(f"input '{value.name}': expected shape ({described}), got {shape}")
             signature.append((shape, dtype))
         return tuple(signature)
+
+    def plan_for(self, feeds: dict) -> Plan:
+        """The plan (built on first use) for the signature of ``feeds``, which are checked but not copied."""
+        return self._plan_for(self._signature_of(feeds))
 
     # --- compiling ------------------------------------------------------------------------------------------------
     def _plan_for(self, signature: Signature) -> Plan:

@@ -1,0 +1,6 @@
+"""Training: ``Trainer`` (compile once, train many), optimizers and learning-rate schedules, loss builders."""
+from .losses import cross_entropy, mse
+from .optimizers import SGD, Adam, AdamW, Constant, Cosine, LinearWarmup
+from .trainer import Trainer
+
+__all__ = ["SGD", "Adam", "AdamW", "Constant", "Cosine", "LinearWarmup", "Trainer", "cross_entropy", "mse"]

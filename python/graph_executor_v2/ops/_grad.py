@@ -1,0 +1,68 @@
+"""Pieces the grad rules of several ops share: reducing a broadcast gradient back to an operand's shape, a
+reshape that tolerates one symbolic dim, and the single native candidate of a backward op.
+
+A grad rule lives in its op's own module (``attach_grad`` at the end of ``ops/<op>.py``); backward computations are
+``<op>_backward`` OpDefs whose reference is the op's float64 ``reference_backward`` and whose GPU candidate calls the
+op's native ``backward``.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .. import _native
+from ..dtypes import to_numpy
+from ._base import Candidate, Launch, Problem
+
+
+def sum_to(g, dy, shape: tuple):
+    """``dy`` (a broadcast result) summed over the dims along which an operand of ``shape`` was broadcast, then
+    reshaped to ``shape`` (NumPy broadcasting: missing leading dims and size-1 dims)."""
+    shape = tuple(shape)
+    if tuple(dy.type.shape) == shape:
+        return dy
+    extra = dy.type.rank - len(shape)
+    axes = list(range(extra))
+    for axis, extent in enumerate(shape):
+        if extent == 1 and dy.type.shape[extra + axis] != 1:
+            axes.append(extra + axis)
+    summed = g.sum(dy, axis=tuple(axes), keepdims=False) if axes else dy
+    return summed if tuple(summed.type.shape) == shape else reshape_to(g, summed, shape)
+
+
+def reshape_to(g, x, shape: tuple):
+    """``reshape(x, shape)`` where ``shape`` may hold one symbolic dim (it becomes -1)."""
+    symbolic = [d for d in shape if isinstance(d, str)]
+    if len(symbolic) > 1:
+        raise ValueError(f"shape: a gradient reshape to {shape} has more than one symbolic dim; bind the input "
+                         "shapes first")
+    return g.reshape(x, shape=tuple(-1 if isinstance(d, str) else d for d in shape))
+
+
+def native_candidate(module: str, description: str, prepare: Callable[[Problem], Launch]) -> Candidate:
+    """The one GPU candidate of a backward op: the op's native ``backward`` (which picks its own kernel)."""
+
+    def supports(problem: Problem):
+        return None if _native.is_built(module) else f"native module {module} is not built"
+
+    return Candidate("native_backward", 10, description, supports, prepare, always_works=True)
+
+
+def constant(g, value: float, dtype: str):
+    """A 0-d parameter holding ``value`` (a scale in a gradient), under a fresh name."""
+    index = 0
+    while True:
+        try:
+            return g.param(f"grad_const_{index}", np.array(value, dtype=to_numpy(dtype)))
+        except ValueError:  # the name is taken
+            index += 1
+
+
+def device_workspace(nbytes: int):
+    """A device buffer a backward launch keeps for the plan's life (allocated when the plan is prepared, never in a
+    step, so a captured step stays valid)."""
+    from .. import device as _device
+
+    runtime = _device.runtime()
+    return runtime.DeviceArray.empty([max(nbytes, 4)], "uint8", runtime.current_device())

@@ -1,0 +1,209 @@
+"""Autograd over the IR (CPU backend): every op's grad rule against its float64 ``reference_backward`` and against
+float64 finite differences of its reference, gradient accumulation, the training passes, and bad use."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graph_executor_v2 as ge2
+from graph_executor_v2 import autograd
+from graph_executor_v2.ops import OPS
+from graph_executor_v2.passes import TRAINING_BACKWARD, TRAINING_FORWARD, PassManager, resolve
+from graph_executor_v2.testing import assert_close
+
+
+def _away_from_zero(rng, shape, low=0.2):
+    """Normal values pushed at least ``low`` away from 0 (kinks of relu, |x| at 0 stay out of the differences)."""
+    x = rng.standard_normal(shape)
+    return (np.sign(x) * (np.abs(x) + low)).astype(np.float32)
+
+
+def _normal(rng, shape, scale=1.0):
+    return np.asarray(rng.standard_normal(shape) * scale, dtype=np.float32)
+
+
+# (id, op, inputs builder (rng -> list of arrays), attrs)
+CASES = [
+    ("add_broadcast", "add", lambda r: [_normal(r, (3, 5)), _normal(r, (5,))], {}),
+    ("add_column", "add", lambda r: [_normal(r, (3, 1)), _normal(r, (2, 3, 5))], {}),
+    ("sub_broadcast", "sub", lambda r: [_normal(r, (4, 1, 3)), _normal(r, (2, 3))], {}),
+    ("mul_broadcast", "mul", lambda r: [_normal(r, (3, 5)), _normal(r, (1, 5))], {}),
+    ("div_broadcast", "div", lambda r: [_normal(r, (3, 5)), _away_from_zero(r, (3, 1), 0.5)], {}),
+    ("bias_add", "bias_add", lambda r: [_normal(r, (2, 3, 5)), _normal(r, (5,))], {}),
+    *[(op, op, lambda r: [_away_from_zero(r, (3, 7))], {})
+      for op in ("relu", "gelu", "gelu_erf", "silu", "sigmoid", "tanh", "exp", "neg")],
+    ("gemm_bias_relu", "gemm", lambda r: [_normal(r, (5, 4)), _normal(r, (4, 3)), _normal(r, (3,)), None],
+     {"act": "relu"}),
+    ("gemm_trans_gelu", "gemm", lambda r: [_normal(r, (4, 5)), _normal(r, (3, 4)), _normal(r, (3,)), None],
+     {"act": "gelu", "trans_a": True, "trans_b": True}),
+    ("gemm_residual_silu", "gemm", lambda r: [_normal(r, (5, 4)), _normal(r, (4, 3)), None, _normal(r, (5, 3))],
+     {"act": "silu", "alpha": 0.7, "beta": 0.5}),
+    ("gemm_residual_beta1", "gemm", lambda r: [_normal(r, (1, 4)), _normal(r, (4, 3)), None, _normal(r, (1, 3))],
+     {"beta": 1.0}),
+    ("matmul", "matmul", lambda r: [_normal(r, (5, 7)), _normal(r, (7, 3))], {}),
+    ("sum_axis", "sum", lambda r: [_normal(r, (3, 4, 5))], {"axis": (0, 2)}),
+    ("sum_all", "sum", lambda r: [_normal(r, (3, 4))], {}),
+    ("mean_keepdims", "mean", lambda r: [_normal(r, (3, 4, 5))], {"axis": 1, "keepdims": True}),
+    ("max_last", "max", lambda r: [_normal(r, (4, 6))], {"axis": -1}),
+    ("softmax_last", "softmax", lambda r: [_normal(r, (3, 6))], {"axis": -1}),
+    ("softmax_first", "softmax", lambda r: [_normal(r, (4, 3))], {"axis": 0}),
+    ("log_softmax", "log_softmax", lambda r: [_normal(r, (3, 6))], {"axis": 1}),
+    ("transpose", "transpose", lambda r: [_normal(r, (2, 3, 4))], {"perm": (2, 0, 1)}),
+    ("reshape", "reshape", lambda r: [_normal(r, (3, 4))], {"shape": (2, -1)}),
+    ("slice_steps", "slice", lambda r: [_normal(r, (5, 6))], {"starts": (1, 5), "ends": (4, 0), "axes": (0, 1),
+                                                             "steps": (1, -2)}),
+    ("layernorm", "layernorm", lambda r: [_normal(r, (3, 8)), _normal(r, (8,)), _normal(r, (8,))], {}),
+    ("rmsnorm", "rmsnorm", lambda r: [_normal(r, (3, 8)), _normal(r, (8,))], {}),
+    ("cross_entropy_mean_ignore", "cross_entropy",
+     lambda r: [_normal(r, (5, 4)), np.array([0, 3, -100, 1, 2], np.int64)], {"ignore_index": -100}),
+    ("cross_entropy_sum", "cross_entropy", lambda r: [_normal(r, (3, 5)), np.array([4, 0, 2], np.int32)],
+     {"reduction": "sum"}),
+    ("cross_entropy_none", "cross_entropy", lambda r: [_normal(r, (3, 5)), np.array([4, 0, 2], np.int64)],
+     {"reduction": "none"}),
+    ("dropout", "dropout", lambda r: [_normal(r, (4, 9))], {"p": 0.3, "seed": 7}),
+    ("embedding", "embedding", lambda r: [_normal(r, (6, 4)), np.array([[0, 5, 5], [2, 0, 1]], np.int64)], {}),
+    ("concat", "concat", lambda r: [_normal(r, (2, 3)), _normal(r, (2, 1)), _normal(r, (2, 4))], {"axis": 1}),
+]
+
+
+def _op_graph(op, arrays, attrs, projection=None):
+    """loss = sum(op(inputs) * projection): a scalar whose gradient w.r.t. op's output is ``projection``."""
+    g = ge2.ir.Graph(op)
+    values = [None if a is None else g.input(f"in{i}", a.shape, a.dtype.name) for i, a in enumerate(arrays)]
+    y = getattr(g, op)(*values, **attrs)
+    if projection is None:
+        return y.type
+    g.output(g.sum(g.mul(y, g.param("projection", projection))), "loss")
+    return g
+
+
+def _reference_grads(op, arrays, attrs, projection):
+    opdef = OPS[op]
+    full = opdef.validate_attrs(attrs, op)
+    inputs64 = [None if a is None else (a.astype(np.float64) if a.dtype.kind == "f" else a) for a in arrays]
+    outputs = opdef.reference(inputs64, full)
+    return opdef.reference_backward(inputs64, outputs, [projection.astype(np.float64)], full), inputs64, full
+
+
+def _finite_differences(op, inputs64, attrs, projection, index, step=1e-6):
+    opdef = OPS[op]
+    x = inputs64[index]
+    grad = np.zeros_like(x)
+    for flat in range(x.size):
+        values = []
+        for sign in (1.0, -1.0):
+            shifted = x.copy()
+            shifted.reshape(-1)[flat] += sign * step
+            trial = list(inputs64)
+            trial[index] = shifted
+            values.append(float((np.asarray(opdef.reference(trial, attrs)[0]) * projection).sum()))
+        grad.reshape(-1)[flat] = (values[0] - values[1]) / (2 * step)
+    return grad
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case[0])
+def test_grad_rule_matches_reference_backward_and_finite_differences(rng, case):
+    _, op, build, attrs = case
+    arrays = build(rng)
+    projection = _normal(rng, _op_graph(op, arrays, attrs).shape)
+    g = _op_graph(op, arrays, attrs, projection)
+    float_inputs = [f"in{i}" for i, a in enumerate(arrays) if a is not None and a.dtype.kind == "f"]
+    bg = autograd.backward_graph(g, "loss", wrt=float_inputs)
+    feeds = {f"in{i}": a for i, a in enumerate(arrays) if a is not None}
+    results = ge2.ExecutorV2(bg, passes=TRAINING_BACKWARD).run(feeds)
+
+    expected, inputs64, full = _reference_grads(op, arrays, attrs, projection)
+    for index, array in enumerate(arrays):
+        name = f"in{index}"
+        if name not in float_inputs:
+            assert expected[index] is None, f"{op}: input {index} (absent or integer) has a reference gradient"
+            continue
+        got = results[autograd.grad_name(name)]
+        reduction = max(array.shape) if op in ("gemm", "matmul", "sum", "mean") else 8
+        assert_close(got, expected[index], "float32", reduction, what=f"{op} d{name} vs reference_backward")
+        numeric = _finite_differences(op, inputs64, full, projection.astype(np.float64), index)
+        np.testing.assert_allclose(expected[index], numeric, rtol=1e-5, atol=1e-6,
+                                   err_msg=f"{op}: reference_backward d{name} vs float64 finite differences")
+        assert_close(got, numeric, "float32", reduction, what=f"{op} d{name} vs finite differences")
+
+
+def test_every_differentiable_op_has_a_grad_rule_and_a_case():
+    forward_ops = {name for name, opdef in OPS.items() if opdef.reference_backward is not None}
+    covered = {case[1] for case in CASES}
+    assert forward_ops <= covered, f"ops with no grad-rule test: {sorted(forward_ops - covered)}"
+    assert all(OPS[name].grad is not None for name in forward_ops)
+
+
+def test_value_used_several_times_sums_its_gradients(rng):
+    x = _normal(rng, (3, 4))
+    g = ge2.ir.Graph("reuse")
+    xv = g.input("x", x.shape, "float32")
+    g.output(g.sum(g.add(g.mul(xv, xv), g.exp(xv))), "loss")
+    grads = ge2.ExecutorV2(autograd.backward_graph(g, "loss", ["x"]), passes=[]).run({"x": x})
+    x64 = x.astype(np.float64)
+    assert_close(grads["grad/x"], 2 * x64 + np.exp(x64), "float32", what="d(x*x + exp(x))/dx")
+
+
+def test_integer_inputs_get_no_gradient(rng):
+    g = ge2.ir.Graph("ce")
+    logits = g.input("logits", (4, 3), "float32")
+    labels = g.input("labels", (4,), "int64")
+    g.output(g.cross_entropy(logits, labels), "loss")
+    bg = autograd.backward_graph(g, "loss", ["logits"])
+    assert set(bg.outputs) == {"loss", "grad/logits"}
+    with pytest.raises(TypeError, match="wrt: 'labels' has dtype int64"):
+        autograd.backward_graph(g, "loss", ["labels"])
+
+
+def _mlp(rng, activation):
+    g = ge2.ir.Graph("mlp")
+    x = g.input("x", ("B", 6), "float32")
+    labels = g.input("labels", ("B",), "int64")
+    h = x
+    for index, (fan_in, fan_out) in enumerate(((6, 16), (16, 16), (16, 5))):
+        z = g.add(g.matmul(h, g.param(f"w{index}", _normal(rng, (fan_in, fan_out), fan_in ** -0.5))),
+                  g.param(f"b{index}", _normal(rng, (fan_out,), 0.1)))
+        h = z if index == 2 else getattr(g, activation)(z)
+    g.output(g.cross_entropy(h, labels), "loss")
+    return g
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "silu"])
+def test_training_passes_fuse_and_keep_the_numbers(rng, activation):
+    g = _mlp(rng, activation)
+    feeds = {"x": _normal(rng, (7, 6)), "labels": rng.integers(0, 5, 7).astype(np.int64)}
+    plain = ge2.ExecutorV2(autograd.backward_graph(g, "loss"), passes=[]).run(feeds)
+    forward, _ = PassManager(resolve(TRAINING_FORWARD)).run(g)
+    fused, records = PassManager(resolve(TRAINING_BACKWARD)).run(autograd.backward_graph(forward, "loss"))
+    counts = fused.op_counts()
+    assert counts["gemm_backward"] == 3 and f"{activation}_backward" not in counts, counts
+    assert sum(n.attrs["a_act"] == activation for n in fused.nodes if n.op == "gemm_backward") == 2
+    assert sum(not n.attrs["with_da"] for n in fused.nodes if n.op == "gemm_backward") == 1  # the first layer's dA
+    assert counts.get("gemm", 0) == 3 and ("relu" not in counts)  # relu fused into the gemm epilogue
+    optimized = ge2.ExecutorV2(fused, passes=[]).run(feeds)
+    for name, value in plain.items():
+        assert_close(optimized[name], value.astype(np.float64), "float32", 16, what=name)
+
+
+def test_bad_use_raises_naming_the_problem(rng):
+    g = ge2.ir.Graph("bad")
+    x = g.input("x", (3, 4), "float32")
+    w = g.param("w", _normal(rng, (4, 2)))
+    g.param("unused", _normal(rng, (2,)))
+    y = g.matmul(x, w)
+    g.output(y, "y")
+    g.output(g.sum(y), "loss")
+    with pytest.raises(ValueError, match="loss: expected a scalar"):
+        autograd.backward_graph(g, "y")
+    with pytest.raises(ValueError, match="loss: expected the name of a graph output"):
+        autograd.backward_graph(g, "nope")
+    with pytest.raises(ValueError, match="wrt: unknown parameter or input 'v'"):
+        autograd.backward_graph(g, "loss", ["v"])
+    with pytest.raises(ValueError, match="wrt: 'unused' does not influence the loss"):
+        autograd.backward_graph(g, "loss", ["w", "unused"])
+    h = ge2.ir.Graph("no_rule")
+    dy = h.input("dy", (3,), "float32")
+    xv = h.input("x", (3,), "float32")
+    h.output(h.sum(h.relu_backward(dy, xv)), "loss")
+    with pytest.raises(ValueError, match="has no grad rule"):
+        autograd.backward_graph(h, "loss", ["x"])

@@ -9,6 +9,10 @@ include(CMakeFindDependencyMacro)
 find_dependency(CUDAToolkit)
 set(PYBIND11_FINDPYTHON ON)
 find_dependency(Python COMPONENTS Interpreter Development.Module)
+if(NOT pybind11_DIR)  # the pybind11 of the Python that builds, as when GE2 itself was built
+  execute_process(COMMAND "${Python_EXECUTABLE}" -m pybind11 --cmakedir OUTPUT_VARIABLE pybind11_DIR
+                  OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+endif()
 find_dependency(pybind11 CONFIG)
 include("${CMAKE_CURRENT_LIST_DIR}/AddStandaloneOp.cmake")
 set(graph_executor_v2_INCLUDE_DIRS "${GE2_COMMON_INCLUDE_DIR}" "${GE2_BINDING_INCLUDE_DIR}")

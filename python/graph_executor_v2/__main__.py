@@ -1,4 +1,5 @@
 """``python -m graph_executor_v2 demo``: an MLP through ExecutorV2, end to end.
+``python -m graph_executor_v2 new-op NAME [--inputs a,b] [--out-of-tree DIR]``: a new op (see scaffold.py).
 
 Builds the MLP the way a user writes it (matmul, add, activation), prints the graph before and after the passes
 and the plan, runs it on the GPU when there is one (else on the CPU backend), checks the result against float64
@@ -92,8 +93,33 @@ def main(argv=None) -> int:
                              help="default: float16 on the GPU, float32 on the CPU")
     demo_parser.add_argument("--repetitions", type=int, default=50)
     demo_parser.add_argument("--seed", type=int, default=0)
+    new_op_parser = commands.add_parser(
+        "new-op", help="write a new op (kernel, launcher, binding, OpDef, tests, benchmark) that builds and passes")
+    new_op_parser.add_argument("name", help="the op's name, a lowercase identifier")
+    new_op_parser.add_argument("--inputs", default="x", help="comma-separated input names (default: x)")
+    new_op_parser.add_argument("--root", default=".", help="the GE2 checkout to add the op to (default: .)")
+    new_op_parser.add_argument("--out-of-tree", metavar="DIR",
+                               help="write the op into its own project DIR, built against the installed GE2")
+    new_op_parser.add_argument("--package", help="out of tree: the Python package (default: ge2_<name>)")
     arguments = parser.parse_args(argv)
+    if arguments.command == "new-op":
+        return new_op(arguments)
     return demo(arguments)
+
+
+def new_op(arguments) -> int:
+    from .scaffold import new_op as write_op
+
+    try:
+        written = write_op(arguments.name, [name.strip() for name in arguments.inputs.split(",")],
+                           root=arguments.root, out_of_tree=arguments.out_of_tree, package=arguments.package)
+    except ValueError as error:
+        print(f"new-op: {error}", file=sys.stderr)
+        return 2
+    print("\n".join(f"wrote {path}" for path in written))
+    print(f"next: change the kernel in backends/cuda/ops/{arguments.name}/kernels/{arguments.name}.cu (and the "
+          "reference in the op's Python module), build, test: docs/writing-an-op.md")
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,4 +1,3 @@
-"""Shared test set-up: the ``gpu`` marker and fixtures live in ``graph_executor_v2.pytest_plugin``, which
-out-of-tree op packages use too."""
-from graph_executor_v2.pytest_plugin import (  # noqa: F401  (pytest finds hooks and fixtures by name here)
-    _fail_without_gpu, poisoned, pytest_addoption, pytest_collection_modifyitems, pytest_configure, rng, to_device)
+"""Shared test set-up: the ``gpu`` and ``slow`` markers and the fixtures (``rng``, ``to_device``, ``poisoned``) live
+in ``graph_executor_v2.pytest_plugin``, which out-of-tree op packages use too."""
+pytest_plugins = ("graph_executor_v2.pytest_plugin",)

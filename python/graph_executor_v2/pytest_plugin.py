@@ -1,5 +1,6 @@
 """Test set-up for GE2 and for out-of-tree op packages: the ``gpu`` marker, fresh random generators, and device
-helpers. A ``conftest.py`` imports these names (GE2's tests/conftest.py does).
+helpers. A ``conftest.py`` loads it with ``pytest_plugins = ("graph_executor_v2.pytest_plugin",)`` (GE2's
+tests/conftest.py does).
 
 GPU tests are skipped with a reason on a machine with no GPU; ``--require-gpu`` or ``GE2_REQUIRE_GPU=1`` turns
 those skips into failures (the GPU suite must never pass by skipping).
@@ -21,6 +22,8 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs an NVIDIA GPU (skipped without one unless GE2_REQUIRE_GPU=1 or "
                             "--require-gpu)")
+    config.addinivalue_line("markers", "slow: builds native code with CMake and nvcc (minutes); CI runs it, "
+                            "-m 'not slow' leaves it out")
 
 
 def _gpu_required(config) -> bool:

@@ -147,7 +147,7 @@ def new_op(name: str, inputs: list[str] | None = None, root: str | Path = ".", o
     from .ops import OPS
 
     check_name(name, "name")
-    inputs = check_inputs(inputs or ["x"])
+    inputs = check_inputs(["x"] if inputs is None else inputs)
     for op in (name, f"{name}_backward"):
         if op in OPS:
             raise ValueError(f"name: GE2 already has an op '{op}'")
@@ -159,6 +159,9 @@ def new_op(name: str, inputs: list[str] | None = None, root: str | Path = ".", o
         layout = Layout("graph_executor_v2", "python/graph_executor_v2/ops", in_tree=True)
     else:
         project = Path(out_of_tree)
+        existing_packages = sorted(init.parent.name for init in (project / "python").glob("*/__init__.py"))
+        if package is None and len(existing_packages) == 1:  # another op for the project's package
+            package = existing_packages[0]
         package = check_name(package or f"ge2_{name}", "package")
         layout = Layout(package, f"python/{package}", in_tree=False)
     targets = {template: project / path for template, path in layout.files(name).items()}
@@ -180,7 +183,8 @@ def new_op(name: str, inputs: list[str] | None = None, root: str | Path = ".", o
         project_files = {"CMakeLists.txt.tmpl": project / "CMakeLists.txt",
                          "pyproject.toml.tmpl": project / "pyproject.toml",
                          "package_init.py.tmpl": project / layout.op_module_dir / "__init__.py",
-                         "conftest.py.tmpl": project / "tests/conftest.py"}
+                         "conftest.py.tmpl": project / "tests/conftest.py",
+                         "gitignore.tmpl": project / ".gitignore"}
         for template, path in project_files.items():
             if not path.exists():
                 path.write_text(render(template, values), encoding="utf-8")

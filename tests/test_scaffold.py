@@ -1,0 +1,169 @@
+"""``python -m graph_executor_v2 new-op``: argument errors (nothing written), the files and registrations it
+writes into a temporary copy of the repository, and (marked slow: CMake + nvcc) the generated op built and its
+generated tests run, in tree and out of tree. On a GPU machine the generated GPU tests run too."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import graph_executor_v2 as ge2
+from graph_executor_v2.scaffold import new_op
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "python" / "graph_executor_v2"
+SKIPPED_IN_COPY = shutil.ignore_patterns(".git", ".venv", "build", "__pycache__", "*.so", "results", ".gpu",
+                                         "examples", ".pytest_cache")
+
+
+@pytest.fixture
+def repo_copy(tmp_path):
+    """The repository's sources, copied (no build outputs)."""
+    copy = tmp_path / "repo"
+    shutil.copytree(REPO, copy, ignore=SKIPPED_IN_COPY)
+    return copy
+
+
+def run(command, cwd, pythonpath, timeout=900):
+    """Runs ``command`` with ``pythonpath`` first on PYTHONPATH; fails the test with its output on a non-zero exit."""
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, pythonpath)))
+    result = subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{' '.join(map(str, command))} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def tool(name):
+    """A build tool from the environment of this Python (the test extras install cmake and ninja), else PATH."""
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.exists() else shutil.which(name)
+
+
+def toolchain_or_skip():
+    """cmake and nvcc as the build uses them; a skip says what is missing (CI has both)."""
+    nvcc = os.environ.get("CUDACXX") or shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    cmake = tool("cmake")
+    if cmake is None or not os.path.exists(nvcc):
+        pytest.skip(f"needs cmake and nvcc (found cmake={cmake}, nvcc={nvcc if os.path.exists(nvcc) else None})")
+    return cmake, nvcc
+
+
+def cmake_build(source, build, cmake, nvcc, *defines, target=None):
+    import pybind11
+
+    configure = [cmake, "-S", source, "-B", build, f"-DPython_EXECUTABLE={sys.executable}",
+                 f"-Dpybind11_DIR={pybind11.get_cmake_dir()}", f"-DCMAKE_CUDA_COMPILER={nvcc}", *defines]
+    if tool("ninja"):
+        configure += ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={tool('ninja')}"]
+    run(configure, source, [PACKAGE.parent])
+    run([cmake, "--build", build] + (["--target", target] if target else []), source, [PACKAGE.parent])
+
+
+def share_runtime(copy_package: Path) -> None:
+    """The generated GPU tests need _runtime: the one built here, when there is one (on the GPU machine)."""
+    for runtime in PACKAGE.glob("_runtime*.so"):
+        shutil.copy2(runtime, copy_package / runtime.name)
+
+
+def generated_test_summary(output: str) -> str:
+    return output.strip().splitlines()[-1]
+
+
+# --- argument errors: nothing is written -------------------------------------------------------------------------
+@pytest.mark.parametrize("name, inputs, message", [
+    ("Bad-Name", None, "name: expected a lowercase identifier"),
+    ("class", None, "name: expected a lowercase identifier .* got 'class'"),
+    ("gemm", None, "name: GE2 already has an op 'gemm'"),
+    ("fresh", ["a", "a"], "inputs: names and their gradients .* got a, da twice"),
+    ("fresh", ["x", "dx"], "inputs: names and their gradients .* got dx twice"),
+    ("fresh", ["kernel"], "inputs: expected a lowercase identifier .* got 'kernel'"),
+    ("fresh", [], "inputs: expected at least one input name"),
+])
+def test_bad_arguments_write_nothing(repo_copy, name, inputs, message):
+    before = sorted(p for p in repo_copy.rglob("*"))
+    with pytest.raises(ValueError, match=message):
+        new_op(name, inputs if inputs is not None else ["x"], root=repo_copy)
+    assert sorted(p for p in repo_copy.rglob("*")) == before
+
+
+def test_root_must_be_a_checkout_and_files_are_never_overwritten(tmp_path, repo_copy):
+    with pytest.raises(ValueError, match="root: expected a GE2 source checkout"):
+        new_op("fresh", root=tmp_path)
+    existing = repo_copy / "tests" / "test_fresh.py"
+    existing.write_text("# the author's own\n")
+    with pytest.raises(ValueError, match="name: op 'fresh' would overwrite .*test_fresh.py"):
+        new_op("fresh", root=repo_copy)
+    assert existing.read_text() == "# the author's own\n"
+    assert not (repo_copy / "backends/cuda/ops/fresh").exists()
+
+
+def test_command_line_reports_bad_arguments(repo_copy):
+    result = subprocess.run([sys.executable, "-m", "graph_executor_v2", "new-op", "gemm"], cwd=repo_copy,
+                            env=dict(os.environ, PYTHONPATH=str(repo_copy / "python")), capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "new-op: name: GE2 already has an op 'gemm'" in result.stderr
+
+
+# --- in tree -----------------------------------------------------------------------------------------------------
+def test_in_tree_files_registrations_and_cpu_tests(repo_copy):
+    python = repo_copy / "python"
+    output = run([sys.executable, "-m", "graph_executor_v2", "new-op", "axpby", "--inputs", "a,b"], repo_copy,
+                 [python])
+    for path in ("backends/cuda/ops/axpby/api.hpp", "backends/cuda/ops/axpby/launcher.cu",
+                 "backends/cuda/ops/axpby/kernels/axpby.cu", "src/bindings/axpby_pybind.cpp",
+                 "python/graph_executor_v2/ops/axpby.py", "tests/test_axpby.py", "benchmarks/op_cases/axpby.py"):
+        assert (repo_copy / path).is_file(), path
+        assert f"wrote {path}" in output
+    cmake_lines = (repo_copy / "CMakeLists.txt").read_text().splitlines()
+    assert cmake_lines.count("add_standalone_op(axpby)") == 1
+    init = (repo_copy / "python/graph_executor_v2/ops/__init__.py").read_text()
+    assert "from . import axpby\n" in init and '"axpby"]' in init
+    probe = ("import graph_executor_v2 as ge2; from graph_executor_v2.ops import axpby; "
+             "print(ge2.ops.OPS['axpby'].candidates[0].name, ge2.ops.OPS['axpby'].grad is not None, "
+             "ge2.ops.OPS['axpby_backward'].outputs, 'axpby' in ge2.ops.__all__)")
+    assert run([sys.executable, "-c", probe], repo_copy, [python]).split() == ["grid_stride", "True", "('da',",
+                                                                               "'db')", "True"]
+    summary = generated_test_summary(run([sys.executable, "-m", "pytest", "tests/test_axpby.py", "-q", "-m", "not gpu",
+                                          "-p", "no:cacheprovider"], repo_copy, [python]))
+    assert "6 passed" in summary and "failed" not in summary, summary  # the CPU tests (the module is not built)
+
+
+@pytest.mark.slow
+def test_in_tree_op_builds_and_its_tests_pass(repo_copy):
+    cmake, nvcc = toolchain_or_skip()
+    python = repo_copy / "python"
+    run([sys.executable, "-m", "graph_executor_v2", "new-op", "scale"], repo_copy, [python])
+    cmake_build(repo_copy, repo_copy / "build", cmake, nvcc, "-DGE2_ONLY_OPS=scale", target="_ops_scale")
+    assert list((python / "graph_executor_v2").glob("_ops_scale*.so"))
+    share_runtime(python / "graph_executor_v2")
+    probe = "from graph_executor_v2.ops import scale; print([k['name'] for k in scale.kernels()])"
+    assert run([sys.executable, "-c", probe], repo_copy, [python]).strip() == "['grid_stride']"
+    summary = generated_test_summary(run([sys.executable, "-m", "pytest", "tests/test_scale.py", "-q", "-p",
+                                          "no:cacheprovider"], repo_copy, [python]))
+    assert "failed" not in summary and "error" not in summary and " passed" in summary, summary
+
+
+# --- out of tree -------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_out_of_tree_op_builds_against_ge2_and_its_tests_pass(tmp_path):
+    cmake, nvcc = toolchain_or_skip()
+    project = tmp_path / "my_ops"
+    new_op("halve", out_of_tree=project)
+    new_op("mix", ["p", "q"], out_of_tree=project)  # a second op joins the same project
+    text = (project / "CMakeLists.txt").read_text()
+    assert "add_standalone_op(halve PACKAGE ge2_halve)\nadd_standalone_op(mix PACKAGE ge2_halve)" in text
+    assert (project / "python/ge2_halve/__init__.py").read_text().endswith("from . import halve\nfrom . import mix\n")
+    assert str(ge2.cmake_dir()) in run([sys.executable, "-c", "import graph_executor_v2 as g; print(g.cmake_dir())"],
+                                       tmp_path, [PACKAGE.parent])
+    cmake_build(project, project / "build", cmake, nvcc)
+    assert len(list((project / "python/ge2_halve").glob("_ops_*.so"))) == 2
+    probe = ("import ge2_halve; from graph_executor_v2.runtime.registry import kernel_label; "
+             "print(kernel_label('mix', 'grid_stride'), ge2_halve.mix.kernels()[0]['name'])")
+    assert run([sys.executable, "-c", probe], project, [project / "python", PACKAGE.parent]).strip() == \
+        "grid_stride [external: ge2_halve] grid_stride"
+    summary = generated_test_summary(run([sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider"],
+                                         project, [project / "python", PACKAGE.parent]))
+    assert "failed" not in summary and "error" not in summary and " passed" in summary, summary

@@ -1,8 +1,11 @@
-"""``python -m graph_executor_v2 new-op``: argument errors (nothing written), the files and registrations it
-writes into a temporary copy of the repository, and (marked slow: CMake + nvcc) the generated op built and its
-generated tests run, in tree and out of tree. On a GPU machine the generated GPU tests run too."""
+"""The layer author's path. ``python -m graph_executor_v2 new-op``: argument errors (nothing written), the files and
+registrations it writes into a temporary copy of the repository, and (marked slow: CMake + nvcc) the generated op
+built and its generated tests run, in tree and out of tree. The out-of-tree example (examples/custom_op): its own
+tests run against the installed ge2_swiglu (scripts/run_tests.sh installs it), else against a CMake build of it.
+On a GPU machine the generated and the example's GPU tests run too."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -30,7 +33,8 @@ def repo_copy(tmp_path):
 
 def run(command, cwd, pythonpath, timeout=900):
     """Runs ``command`` with ``pythonpath`` first on PYTHONPATH; fails the test with its output on a non-zero exit."""
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, pythonpath)))
+    inherited = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([str(p) for p in pythonpath] + inherited))
     result = subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, f"{' '.join(map(str, command))} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout
@@ -167,3 +171,20 @@ def test_out_of_tree_op_builds_against_ge2_and_its_tests_pass(tmp_path):
     summary = generated_test_summary(run([sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider"],
                                          project, [project / "python", PACKAGE.parent]))
     assert "failed" not in summary and "error" not in summary and " passed" in summary, summary
+
+
+# --- the out-of-tree example -------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_custom_op_example_passes_its_own_tests(tmp_path):
+    """In a process of its own: importing ge2_swiglu registers its ops, which must not join this session's OPS."""
+    example = REPO / "examples" / "custom_op"
+    pythonpath = [PACKAGE.parent]
+    if importlib.util.find_spec("ge2_swiglu") is None:  # not installed: build it here
+        cmake, nvcc = toolchain_or_skip()
+        copy = tmp_path / "custom_op"
+        shutil.copytree(example, copy, ignore=shutil.ignore_patterns("build", "__pycache__", "*.so"))
+        cmake_build(copy, copy / "build", cmake, nvcc)
+        pythonpath.insert(0, copy / "python")
+    output = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-ra"], example, pythonpath)
+    summary = generated_test_summary(output)
+    assert "failed" not in summary and "error" not in summary and " passed" in summary, output[-3000:]

@@ -114,24 +114,25 @@ def test_command_line_reports_bad_arguments(repo_copy):
 # --- in tree -----------------------------------------------------------------------------------------------------
 def test_in_tree_files_registrations_and_cpu_tests(repo_copy):
     python = repo_copy / "python"
-    output = run([sys.executable, "-m", "graph_executor_v2", "new-op", "axpby", "--inputs", "a,b"], repo_copy,
+    output = run([sys.executable, "-m", "graph_executor_v2", "new-op", "scaled_sum", "--inputs", "a,b"], repo_copy,
                  [python])
-    for path in ("backends/cuda/ops/axpby/api.hpp", "backends/cuda/ops/axpby/launcher.cu",
-                 "backends/cuda/ops/axpby/kernels/axpby.cu", "src/bindings/axpby_pybind.cpp",
-                 "python/graph_executor_v2/ops/axpby.py", "tests/test_axpby.py", "benchmarks/op_cases/axpby.py"):
+    for path in ("backends/cuda/ops/scaled_sum/api.hpp", "backends/cuda/ops/scaled_sum/launcher.cu",
+                 "backends/cuda/ops/scaled_sum/kernels/scaled_sum.cu", "src/bindings/scaled_sum_pybind.cpp",
+                 "python/graph_executor_v2/ops/scaled_sum.py", "tests/test_scaled_sum.py",
+                 "benchmarks/op_cases/scaled_sum.py"):
         assert (repo_copy / path).is_file(), path
         assert f"wrote {path}" in output
     cmake_lines = (repo_copy / "CMakeLists.txt").read_text().splitlines()
-    assert cmake_lines.count("add_standalone_op(axpby)") == 1
+    assert cmake_lines.count("add_standalone_op(scaled_sum)") == 1
     init = (repo_copy / "python/graph_executor_v2/ops/__init__.py").read_text()
-    assert "from . import axpby\n" in init and '"axpby"]' in init
-    probe = ("import graph_executor_v2 as ge2; from graph_executor_v2.ops import axpby; "
-             "print(ge2.ops.OPS['axpby'].candidates[0].name, ge2.ops.OPS['axpby'].grad is not None, "
-             "ge2.ops.OPS['axpby_backward'].outputs, 'axpby' in ge2.ops.__all__)")
+    assert "from . import scaled_sum\n" in init and '"scaled_sum"]' in init
+    probe = ("import graph_executor_v2 as ge2; from graph_executor_v2.ops import scaled_sum; "
+             "print(ge2.ops.OPS['scaled_sum'].candidates[0].name, ge2.ops.OPS['scaled_sum'].grad is not None, "
+             "ge2.ops.OPS['scaled_sum_backward'].outputs, 'scaled_sum' in ge2.ops.__all__)")
     assert run([sys.executable, "-c", probe], repo_copy, [python]).split() == ["grid_stride", "True", "('da',",
                                                                                "'db')", "True"]
-    summary = generated_test_summary(run([sys.executable, "-m", "pytest", "tests/test_axpby.py", "-q", "-m", "not gpu",
-                                          "-p", "no:cacheprovider"], repo_copy, [python]))
+    summary = generated_test_summary(run([sys.executable, "-m", "pytest", "tests/test_scaled_sum.py", "-q", "-m",
+                                          "not gpu", "-p", "no:cacheprovider"], repo_copy, [python]))
     assert "6 passed" in summary and "failed" not in summary, summary  # the CPU tests (the module is not built)
 
 

@@ -15,12 +15,30 @@ from pathlib import Path
 import pytest
 
 import graph_executor_v2 as ge2
+from graph_executor_v2 import _native
 from graph_executor_v2.scaffold import new_op
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "python" / "graph_executor_v2"
 SKIPPED_IN_COPY = shutil.ignore_patterns(".git", ".venv", "build", "__pycache__", "*.so", "results", ".gpu",
                                          "examples", ".pytest_cache")
+
+
+# An editable install (scikit-build-core, as scripts/run_tests.sh makes) puts a finder first on sys.meta_path that
+# sends every "import graph_executor_v2" to this checkout. Subprocesses that must import a copy (or an installed
+# package) from PYTHONPATH drop it in a sitecustomize, which runs after the .pth files that install it.
+SITECUSTOMIZE = (
+    "import sys\n"
+    "sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != 'ScikitBuildRedirectingFinder']\n")
+
+
+@pytest.fixture
+def own_imports(tmp_path):
+    """A PYTHONPATH entry that makes subprocesses import graph_executor_v2 from PYTHONPATH only."""
+    directory = tmp_path / "own_imports"
+    directory.mkdir()
+    (directory / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    return directory
 
 
 @pytest.fixture
@@ -55,20 +73,21 @@ def toolchain_or_skip():
     return cmake, nvcc
 
 
-def cmake_build(source, build, cmake, nvcc, *defines, target=None):
+def cmake_build(source, build, cmake, nvcc, *defines, target=None, pythonpath=(PACKAGE.parent,)):
     import pybind11
 
     configure = [cmake, "-S", source, "-B", build, f"-DPython_EXECUTABLE={sys.executable}",
                  f"-Dpybind11_DIR={pybind11.get_cmake_dir()}", f"-DCMAKE_CUDA_COMPILER={nvcc}", *defines]
     if tool("ninja"):
         configure += ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={tool('ninja')}"]
-    run(configure, source, [PACKAGE.parent])
-    run([cmake, "--build", build] + (["--target", target] if target else []), source, [PACKAGE.parent])
+    run(configure, source, pythonpath)
+    run([cmake, "--build", build] + (["--target", target] if target else []), source, pythonpath)
 
 
 def share_runtime(copy_package: Path) -> None:
-    """The generated GPU tests need _runtime: the one built here, when there is one (on the GPU machine)."""
-    for runtime in PACKAGE.glob("_runtime*.so"):
+    """The generated GPU tests need _runtime: the one this session uses, when it is built."""
+    if _native.is_built("_runtime"):
+        runtime = Path(_native.load("_runtime").__file__)
         shutil.copy2(runtime, copy_package / runtime.name)
 
 
@@ -112,10 +131,10 @@ def test_command_line_reports_bad_arguments(repo_copy):
 
 
 # --- in tree -----------------------------------------------------------------------------------------------------
-def test_in_tree_files_registrations_and_cpu_tests(repo_copy):
-    python = repo_copy / "python"
+def test_in_tree_files_registrations_and_cpu_tests(repo_copy, own_imports):
+    python = [own_imports, repo_copy / "python"]
     output = run([sys.executable, "-m", "graph_executor_v2", "new-op", "scaled_sum", "--inputs", "a,b"], repo_copy,
-                 [python])
+                 python)
     for path in ("backends/cuda/ops/scaled_sum/api.hpp", "backends/cuda/ops/scaled_sum/launcher.cu",
                  "backends/cuda/ops/scaled_sum/kernels/scaled_sum.cu", "src/bindings/scaled_sum_pybind.cpp",
                  "python/graph_executor_v2/ops/scaled_sum.py", "tests/test_scaled_sum.py",
@@ -129,25 +148,27 @@ def test_in_tree_files_registrations_and_cpu_tests(repo_copy):
     probe = ("import graph_executor_v2 as ge2; from graph_executor_v2.ops import scaled_sum; "
              "print(ge2.ops.OPS['scaled_sum'].candidates[0].name, ge2.ops.OPS['scaled_sum'].grad is not None, "
              "ge2.ops.OPS['scaled_sum_backward'].outputs, 'scaled_sum' in ge2.ops.__all__)")
-    assert run([sys.executable, "-c", probe], repo_copy, [python]).split() == ["grid_stride", "True", "('da',",
+    assert run([sys.executable, "-c", probe], repo_copy, python).split() == ["grid_stride", "True", "('da',",
                                                                                "'db')", "True"]
     summary = generated_test_summary(run([sys.executable, "-m", "pytest", "tests/test_scaled_sum.py", "-q", "-m",
-                                          "not gpu", "-p", "no:cacheprovider"], repo_copy, [python]))
+                                          "not gpu", "-p", "no:cacheprovider"], repo_copy, python))
     assert "6 passed" in summary and "failed" not in summary, summary  # the CPU tests (the module is not built)
 
 
 @pytest.mark.slow
-def test_in_tree_op_builds_and_its_tests_pass(repo_copy):
+def test_in_tree_op_builds_and_its_tests_pass(repo_copy, own_imports):
     cmake, nvcc = toolchain_or_skip()
-    python = repo_copy / "python"
-    run([sys.executable, "-m", "graph_executor_v2", "new-op", "scale"], repo_copy, [python])
-    cmake_build(repo_copy, repo_copy / "build", cmake, nvcc, "-DGE2_ONLY_OPS=scale", target="_ops_scale")
-    assert list((python / "graph_executor_v2").glob("_ops_scale*.so"))
-    share_runtime(python / "graph_executor_v2")
+    python = [own_imports, repo_copy / "python"]
+    run([sys.executable, "-m", "graph_executor_v2", "new-op", "scale"], repo_copy, python)
+    cmake_build(repo_copy, repo_copy / "build", cmake, nvcc, "-DGE2_ONLY_OPS=scale", target="_ops_scale",
+                pythonpath=python)
+    copy_package = repo_copy / "python" / "graph_executor_v2"
+    assert list(copy_package.glob("_ops_scale*.so"))
+    share_runtime(copy_package)
     probe = "from graph_executor_v2.ops import scale; print([k['name'] for k in scale.kernels()])"
-    assert run([sys.executable, "-c", probe], repo_copy, [python]).strip() == "['grid_stride']"
+    assert run([sys.executable, "-c", probe], repo_copy, python).strip() == "['grid_stride']"
     summary = generated_test_summary(run([sys.executable, "-m", "pytest", "tests/test_scale.py", "-q", "-p",
-                                          "no:cacheprovider"], repo_copy, [python]))
+                                          "no:cacheprovider"], repo_copy, python))
     assert "failed" not in summary and "error" not in summary and " passed" in summary, summary
 
 
@@ -173,6 +194,32 @@ def test_out_of_tree_op_builds_against_ge2_and_its_tests_pass(tmp_path):
                                          project, [project / "python", PACKAGE.parent]))
     assert "failed" not in summary and "error" not in summary and " passed" in summary, summary
 
+
+
+@pytest.mark.slow
+def test_out_of_tree_op_builds_against_an_installed_package(tmp_path, repo_copy, own_imports):
+    """The wheel's layout: the install rules put the CMake helper and the shim headers into the package, and an
+    out-of-tree op builds against them with nothing but the installed package on PYTHONPATH."""
+    cmake, nvcc = toolchain_or_skip()
+    cmake_build(repo_copy, tmp_path / "build", cmake, nvcc, "-DSKBUILD=ON", "-DGE2_ONLY_OPS=no_op_only_runtime",
+                pythonpath=[own_imports, repo_copy / "python"])
+    prefix = tmp_path / "site"
+    run([cmake, "--install", tmp_path / "build", "--prefix", prefix], tmp_path, [])
+    installed = prefix / "graph_executor_v2"
+    for path in ("cmake/graph_executor_v2Config.cmake", "cmake/AddStandaloneOp.cmake", "include/_common/status.hpp",
+                 "include/bindings_common/op_binding.hpp"):
+        assert (installed / path).is_file(), path
+    shutil.copytree(repo_copy / "python" / "graph_executor_v2", installed, dirs_exist_ok=True)  # the wheel's Python
+    site = [own_imports, prefix]
+    assert run([sys.executable, "-c", "import graph_executor_v2 as g; print(g.cmake_dir())"], tmp_path,
+               site).strip() == str(installed / "cmake")
+    project = tmp_path / "my_ops"
+    new_op("halve", out_of_tree=project)
+    cmake_build(project, project / "build", cmake, nvcc, pythonpath=site)
+    assert "include/_common" in (project / "build" / "build.ninja").read_text()
+    summary = generated_test_summary(run([sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider"],
+                                         project, [project / "python"] + site))
+    assert "failed" not in summary and "error" not in summary and " passed" in summary, summary
 
 # --- the out-of-tree example -------------------------------------------------------------------------------------
 @pytest.mark.slow

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import graph_executor_v2 as ge2
@@ -128,6 +129,24 @@ def test_command_line_reports_bad_arguments(repo_copy):
                             env=dict(os.environ, PYTHONPATH=str(repo_copy / "python")), capture_output=True, text=True)
     assert result.returncode == 2
     assert "new-op: name: GE2 already has an op 'gemm'" in result.stderr
+
+
+def test_elementwise_argument_helpers_of_generated_ops():
+    """ops._layout's checks that generated and out-of-tree elementwise ops share (their host side)."""
+    from graph_executor_v2.ops import _layout
+
+    x = np.zeros((3, 5), np.float16)
+    assert _layout.same_host_arrays((("a", x), ("b", x))) == "float16"
+    with pytest.raises(TypeError, match="a: expected dtype float32, float16 or bfloat16, got int32"):
+        _layout.same_host_arrays((("a", x.astype(np.int32)),))
+    with pytest.raises(TypeError, match=r"b: expected dtype float16 \(the dtype of a\), got float32"):
+        _layout.same_host_arrays((("a", x), ("b", x.astype(np.float32))))
+    with pytest.raises(ValueError, match=r"b: expected shape \(3, 5\) \(the shape of a\), got \(5, 3\)"):
+        _layout.same_host_arrays((("a", x), ("b", x.T)))
+    with pytest.raises(TypeError, match="out: expected None or a tuple of 2 arrays or None, got tuple of length 1"):
+        _layout.gradient_outputs((None,), None, 2, [], (3, 5), "float16", 0)
+    with pytest.raises(TypeError, match="out: expected None or a tuple of 2 arrays or None, got dict"):
+        _layout.gradient_outputs({}, None, 2, [], (3, 5), "float16", 0)
 
 
 # --- in tree -----------------------------------------------------------------------------------------------------

@@ -63,35 +63,12 @@ def _check_kernel(kernel) -> None:
         raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
 
 
-def _check_host(named_arrays) -> None:
-    """Host arrays: every one of the first one's shape and (floating) dtype."""
-    (first_name, first), *rest = named_arrays
-    dtype = _layout.host_dtype(first, first_name)
-    if dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{first_name}: expected dtype float32, float16 or bfloat16, got {dtype}")
-    for name, array in rest:
-        if _layout.host_dtype(array, name) != dtype:
-            raise TypeError(f"{name}: expected dtype {dtype} (the dtype of {first_name}), got {array.dtype}")
-        if array.shape != first.shape:
-            raise ValueError(f"{name}: expected shape {first.shape} (the shape of {first_name}), got {array.shape}")
-
-
-def _device_views(named_arrays) -> list:
-    """Device arrays: contiguous, every one of the first one's shape, (floating) dtype and device."""
-    first_name, first = named_arrays[0]
-    view = _device.view_of(first, first_name)
-    if view.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{first_name}: expected dtype float32, float16 or bfloat16, got {view.dtype}")
-    shape, dtype, device = tuple(view.shape), view.dtype, view.device
-    return [_layout.checked_view(array, name, shape, dtype, device) for name, array in named_arrays]
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Python face
 # ---------------------------------------------------------------------------------------------------------------
 def forward_numpy(a, b, kernel="auto") -> np.ndarray:
     """Host arrays in, host array out. Runs on the GPU."""
-    _check_host((("a", a), ("b", b)))
+    _layout.same_host_arrays((("a", a), ("b", b)))
     _check_kernel(kernel)
     _device.require_gpu("swiglu.forward_numpy")
     return forward(_layout.to_device(a), _layout.to_device(b), kernel=kernel).numpy()
@@ -100,7 +77,7 @@ def forward_numpy(a, b, kernel="auto") -> np.ndarray:
 def forward(a, b, kernel="auto", out=None, stream=None):
     """Device arrays (DeviceArray, torch, CuPy) in, ``silu(a) * b`` out as the same kind of array as ``a`` (written
     into ``out`` when given; ``out`` may be ``a`` or ``b``: in place)."""
-    views = _device_views((("a", a), ("b", b)))
+    views = _layout.same_device_views((("a", a), ("b", b)))
     _check_kernel(kernel)
     first = views[0]
     y, y_view = _layout.output(out, a, "out", tuple(first.shape), first.dtype, first.device)
@@ -114,7 +91,7 @@ def forward(a, b, kernel="auto", out=None, stream=None):
 
 def backward_numpy(dy, a, b, kernel="auto") -> tuple[np.ndarray, np.ndarray]:
     """Host arrays in: (da, db), host arrays."""
-    _check_host((("dy", dy), ("a", a), ("b", b)))
+    _layout.same_host_arrays((("dy", dy), ("a", a), ("b", b)))
     _check_kernel(kernel)
     _device.require_gpu("swiglu.backward_numpy")
     grads = backward(_layout.to_device(dy), _layout.to_device(a), _layout.to_device(b), kernel=kernel)
@@ -124,24 +101,13 @@ def backward_numpy(dy, a, b, kernel="auto") -> tuple[np.ndarray, np.ndarray]:
 def backward(dy, a, b, kernel="auto", out=None, stream=None) -> tuple:
     """Device arrays in: (da, db) as the same kind of array as ``dy`` (written into ``out``, a tuple of two arrays
     or None, where given)."""
-    views = _device_views((("dy", dy), ("a", a), ("b", b)))
+    views = _layout.same_device_views((("dy", dy), ("a", a), ("b", b)))
     _check_kernel(kernel)
-    if out is None:
-        out = (None, None)
-    if not isinstance(out, (tuple, list)) or len(out) != 2:
-        raise TypeError(f"out: expected None or a tuple of 2 arrays or None (da, db), got {type(out).__name__}")
     dy_view = views[0]
-    shape, dtype, device = tuple(dy_view.shape), dy_view.dtype, dy_view.device
-    grads, grad_views = [], []
-    for index, given in enumerate(out):
-        grad, grad_view = _layout.output(given, dy, f"out[{index}]", shape, dtype, device)
-        earlier = list(zip(("dy", "a", "b"), views)) + [(f"out[{i}]", v) for i, v in enumerate(grad_views)]
-        for name, view in earlier:  # a gradient must not overwrite what another thread still reads or writes
-            _layout.check_no_overlap(grad_view, f"out[{index}]", view, name)
-        grads.append(grad)
-        grad_views.append(grad_view)
+    grads, grad_views = _layout.gradient_outputs(out, dy, 2, zip(("dy", "a", "b"), views), tuple(dy_view.shape),
+                                                 dy_view.dtype, dy_view.device)
     _native_module().backward(*(view.ptr for view in views), *(view.ptr for view in grad_views),
-                              _layout.numel(shape), dtype, kernel, _device.stream_handle(stream))
+                              _layout.numel(dy_view.shape), dy_view.dtype, kernel, _device.stream_handle(stream))
     return tuple(grads)
 
 

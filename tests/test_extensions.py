@@ -9,20 +9,10 @@ import pytest
 import graph_executor_v2 as ge2
 from graph_executor_v2.ir import Graph
 from graph_executor_v2.ops import OPS, Candidate, Input, OpDef, Problem, add_candidate, register, remove_candidate
-from graph_executor_v2.runtime import Capabilities, Preferences, choose_kernel
+from graph_executor_v2.runtime import Preferences, choose_kernel
 from graph_executor_v2.runtime.autotune import AutotuneCache
 from graph_executor_v2.runtime.registry import kernel_label
-
-FAKE_GPU = Capabilities("cuda", (9, 0), "Fake GPU", "Fake GPU | CUDA runtime 0 | cuBLASLt test")
-
-
-def candidate(name, priority, supports=None, prepare_error=None, always_works=False):
-    def prepare(problem):
-        if prepare_error is not None:
-            raise prepare_error
-        return lambda ins, outs, stream: None
-
-    return Candidate(name, priority, f"{name} kernel", supports or (lambda problem: None), prepare, always_works)
+from test_registry import FAKE_GPU, candidate
 
 
 def fake_opdef(name, *candidates):

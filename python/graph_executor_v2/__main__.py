@@ -1,5 +1,7 @@
-"""``python -m graph_executor_v2 demo``: an MLP through ExecutorV2, end to end. ``train-digits``: the training job
-(``train/digits.py``).
+"""``python -m graph_executor_v2 <command>``:
+``demo``: an MLP through ExecutorV2, end to end (below).
+``train-digits``: the training job (``train/digits.py``).
+``new-op NAME [--inputs a,b] [--out-of-tree DIR]``: a new op (see scaffold.py).
 
 Builds the MLP the way a user writes it (matmul, add, activation), prints the graph before and after the passes
 and the plan, runs it on the GPU when there is one (else on the CPU backend), checks the result against float64
@@ -93,6 +95,7 @@ def main(argv=None) -> int:
                              help="default: float16 on the GPU, float32 on the CPU")
     demo_parser.add_argument("--repetitions", type=int, default=50)
     demo_parser.add_argument("--seed", type=int, default=0)
+    demo_parser.set_defaults(handler=demo)
     digits_parser = commands.add_parser("train-digits", help="train an MLP on scikit-learn's digits with ge2.train")
     digits_parser.add_argument("--cpu", action="store_true", help="use the CPU backend even when a GPU is present")
     digits_parser.add_argument("--epochs", type=int, default=30)
@@ -101,12 +104,39 @@ def main(argv=None) -> int:
     digits_parser.add_argument("--lr", type=float, default=3e-3)
     digits_parser.add_argument("--seed", type=int, default=0)
     digits_parser.add_argument("--plot", default="digits_loss.png", help="loss-curve PNG ('' for none)")
+    digits_parser.set_defaults(handler=train_digits)
+    new_op_parser = commands.add_parser(
+        "new-op", help="write a new op (kernel, launcher, binding, OpDef, tests, benchmark) that builds and passes")
+    new_op_parser.add_argument("name", help="the op's name, a lowercase identifier")
+    new_op_parser.add_argument("--inputs", default="x", help="comma-separated input names (default: x)")
+    new_op_parser.add_argument("--root", default=".", help="the GE2 checkout to add the op to (default: .)")
+    new_op_parser.add_argument("--out-of-tree", metavar="DIR",
+                               help="write the op into its own project DIR, built against the installed GE2")
+    new_op_parser.add_argument("--package", help="out of tree: the Python package (default: ge2_<name>)")
+    new_op_parser.set_defaults(handler=new_op)
     arguments = parser.parse_args(argv)
-    if arguments.command == "train-digits":
-        from .train import digits
+    return arguments.handler(arguments)
 
-        return digits.main(arguments)
-    return demo(arguments)
+
+def train_digits(arguments) -> int:
+    from .train import digits
+
+    return digits.main(arguments)
+
+
+def new_op(arguments) -> int:
+    from .scaffold import new_op as write_op
+
+    try:
+        written = write_op(arguments.name, [name.strip() for name in arguments.inputs.split(",")],
+                           root=arguments.root, out_of_tree=arguments.out_of_tree, package=arguments.package)
+    except ValueError as error:
+        print(f"new-op: {error}", file=sys.stderr)
+        return 2
+    print("\n".join(f"wrote {path}" for path in written))
+    print(f"next: change the kernel in backends/cuda/ops/{arguments.name}/kernels/{arguments.name}.cu (and the "
+          "reference in the op's Python module), build, test: docs/writing-an-op.md")
+    return 0
 
 
 if __name__ == "__main__":

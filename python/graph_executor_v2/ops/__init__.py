@@ -4,9 +4,10 @@ Every op has the same face, ``ge2.ops.<op>``: ``forward_numpy`` (host in, host o
 DeviceArray, torch, CuPy), ``backward_numpy``, ``backward`` (a tuple with one gradient per input), ``kernels()`` and
 ``prepare`` (a call validated once). The faces are generated from the op definitions (``ops/_face.py``); an op module
 that holds one op is its face (``ops.gemm``), the others' faces are attributes of this package (``ops.add``,
-``ops.log_softmax``, ``ops.sum``, ``ops.reshape``). The convention is in CONTRIBUTING.md, "The op face".
+``ops.log_softmax``, ``ops.sum``, ``ops.reshape``). The convention is in CONTRIBUTING.md, "The op face". Other
+packages add ops (``register``) and kernel candidates for existing ops (``add_candidate``): docs/writing-an-op.md.
 """
-from ._base import OPS, Attr, Candidate, Input, OpDef, Problem, register
+from ._base import OPS, Attr, Candidate, Input, OpDef, Problem, add_candidate, register, remove_candidate
 from ._face import FACES, Face
 from . import elementwise, gemm, matmul
 from . import concat, slice, transpose
@@ -25,5 +26,6 @@ globals().update({name: face for name, face in FACES.items() if name not in glob
 from ._grad import BACKWARD_OPS
 
 # Every op has a face except the backward ops (ops/_grad.py, BACKWARD_OPS).
-__all__ = ["OPS", "FACES", "BACKWARD_OPS", "Attr", "Candidate", "Face", "Input", "OpDef", "Problem", "register",
-           "elementwise", "reduce", "optimizer"] + sorted(set(OPS) - BACKWARD_OPS)
+__all__ = ["OPS", "FACES", "BACKWARD_OPS", "Attr", "Candidate", "Face", "Input", "OpDef", "Problem",
+           "add_candidate", "register", "remove_candidate", "elementwise", "reduce", "optimizer", "pool2d"]
+__all__ += sorted(set(OPS) - BACKWARD_OPS)

@@ -19,10 +19,16 @@ Contract of the callables an OpDef carries (``attrs`` is always the full, valida
   the builder (``g.<op>(...)``) and returns one gradient Value per forward input (None for none). Backward
   computations are ops of their own (``<op>_backward``). Rules are attached at the end of each op module with
   ``attach_grad`` (after the OpDefs they use are registered).
+
+Extending GE2 from another package (no fork): ``register(opdef)`` adds a new op, ``add_candidate(op, candidate)``
+adds a kernel to an existing one (a user's own GEMM variant competing with cuBLASLt). Both stamp the candidates
+with their ``origin`` (the registering package), the registry ranks, autotunes and falls back over them like over
+GE2's own ones, and ``explain()`` marks them external.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -100,6 +106,7 @@ class Candidate:
     supports: Callable[[Problem], str | None]  # None when it applies, else the reason it does not
     prepare: Callable[[Problem], Launch]  # may raise RuntimeError (e.g. no cuBLASLt algorithm): next one is tried
     always_works: bool = False  # the fallback that supports every valid problem on the GPU
+    origin: str = ""  # the package that registered it from outside GE2; "" for GE2's own candidates
 
 
 @dataclass(frozen=True)
@@ -148,11 +155,53 @@ class OpDef:
 OPS: dict[str, OpDef] = {}
 
 
-def register(opdef: OpDef) -> OpDef:
+def _package_of(frame) -> str:
+    """The top-level package of the code running in ``frame``: "" for GE2 itself."""
+    package = frame.f_globals.get("__name__", "").split(".")[0]
+    return "" if package == "graph_executor_v2" else package
+
+
+def register(opdef: OpDef, origin: str | None = None) -> OpDef:
+    """Adds an op to ``OPS``; returns the registered OpDef. ``origin`` (default: the calling package) marks the
+    candidates of an op registered from outside GE2 as external."""
     if opdef.name in OPS:
         raise ValueError(f"op '{opdef.name}' is registered twice")
+    origin = _package_of(sys._getframe(1)) if origin is None else origin
+    if origin:
+        opdef = replace(opdef, candidates=tuple(replace(c, origin=c.origin or origin) for c in opdef.candidates))
     OPS[opdef.name] = opdef
     return opdef
+
+
+def _registered(op: str) -> OpDef:
+    if op not in OPS:
+        raise ValueError(f"op: expected a registered op ({', '.join(sorted(OPS))}), got {op!r}")
+    return OPS[op]
+
+
+def add_candidate(op: str, candidate: Candidate, origin: str | None = None) -> Candidate:
+    """Adds a kernel candidate to the registered op ``op``; returns it as registered (with its ``origin``, default:
+    the calling package). Plans built afterwards rank, autotune and fall back over it like over the op's own."""
+    opdef = _registered(op)
+    if not isinstance(candidate, Candidate):
+        raise TypeError(f"candidate: expected a graph_executor_v2.ops.Candidate, got {type(candidate).__name__}")
+    if any(c.name == candidate.name for c in opdef.candidates):
+        raise ValueError(f"candidate: op '{op}' already has a candidate named '{candidate.name}'")
+    origin = _package_of(sys._getframe(1)) if origin is None else origin
+    candidate = replace(candidate, origin=candidate.origin or origin)
+    object.__setattr__(opdef, "candidates", opdef.candidates + (candidate,))  # every holder of the OpDef sees it
+    return candidate
+
+
+def remove_candidate(op: str, name: str) -> Candidate:
+    """Removes the candidate ``name`` from op ``op`` (e.g. a plugin unloading); returns it."""
+    opdef = _registered(op)
+    found = [c for c in opdef.candidates if c.name == name]
+    if not found:
+        raise ValueError(f"name: op '{op}' has no candidate {name!r} "
+                         f"(it has {', '.join(c.name for c in opdef.candidates) or 'none'})")
+    object.__setattr__(opdef, "candidates", tuple(c for c in opdef.candidates if c.name != name))
+    return found[0]
 
 
 def attach_grad(opdef: OpDef, rule: Callable[..., list]) -> OpDef:

@@ -1,11 +1,13 @@
 """Helpers shared by the data-movement ops (transpose/reshape, slice, concat): axis and index arguments, exact
-references, and the checks on device arrays they take and return. Nothing here launches device work."""
+references, and the checks on device arrays they take and return; and the argument checks of elementwise ops whose
+inputs share one shape and dtype (the ops ``new-op`` generates, out-of-tree ops). Nothing here launches device
+work."""
 from __future__ import annotations
 
 import numpy as np
 
 from .. import device as _device
-from ..dtypes import ALL_DTYPES, itemsize, normalize
+from ..dtypes import ALL_DTYPES, FLOAT_DTYPES, itemsize, normalize
 
 MAX_RANK = 8  # what the native modules take (TensorView's kMaxDims)
 
@@ -141,3 +143,53 @@ def check_no_overlap(output_view, output_argument: str, input_view, input_argume
     in_low, in_high = byte_span(input_view)
     if out_low < in_high and in_low < out_high:
         raise ValueError(f"{output_argument}: must not overlap {input_argument} (the op is not in place)")
+
+
+# --- elementwise ops: inputs of one shape and dtype (the generated ops of ``new-op`` and out-of-tree ops) ---------
+def _one_of(dtypes) -> str:
+    return dtypes[0] if len(dtypes) == 1 else f"{', '.join(dtypes[:-1])} or {dtypes[-1]}"
+
+
+def same_host_arrays(named_arrays, dtypes=FLOAT_DTYPES) -> str:
+    """Host arrays ``((name, array), ...)``, every one of the first one's shape and dtype (one of ``dtypes``);
+    returns that dtype. Errors name the offending argument."""
+    (first_name, first), *rest = named_arrays
+    dtype = host_dtype(first, first_name)
+    if dtype not in dtypes:
+        raise TypeError(f"{first_name}: expected dtype {_one_of(dtypes)}, got {dtype}")
+    for name, array in rest:
+        if host_dtype(array, name) != dtype:
+            raise TypeError(f"{name}: expected dtype {dtype} (the dtype of {first_name}), got {array.dtype}")
+        if array.shape != first.shape:
+            raise ValueError(f"{name}: expected shape {first.shape} (the shape of {first_name}), got {array.shape}")
+    return dtype
+
+
+def same_device_views(named_arrays, dtypes=FLOAT_DTYPES) -> list:
+    """Views of device arrays ``((name, array), ...)``: contiguous, every one of the first one's shape, dtype (one
+    of ``dtypes``) and device."""
+    first_name, first = named_arrays[0]
+    view = _device.view_of(first, first_name)
+    if view.dtype not in dtypes:
+        raise TypeError(f"{first_name}: expected dtype {_one_of(dtypes)}, got {view.dtype}")
+    shape, dtype, device = tuple(view.shape), view.dtype, view.device
+    return [checked_view(array, name, shape, dtype, device) for name, array in named_arrays]
+
+
+def gradient_outputs(out, template, count: int, read_views, shape: tuple, dtype: str, device: int):
+    """The ``count`` gradients a backward writes: ``out`` (None, or a tuple with an array or None per gradient)
+    checked, the rest allocated like ``template``. None overlaps another or an array the kernel reads
+    (``read_views``: (name, view) pairs). Returns (arrays, views)."""
+    if out is None:
+        out = (None,) * count
+    if not isinstance(out, (tuple, list)) or len(out) != count:
+        raise TypeError(f"out: expected None or a tuple of {count} arrays or None, got {type(out).__name__}"
+                        + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else ""))
+    read_views, arrays, views = list(read_views), [], []
+    for index, given in enumerate(out):
+        array, view = output(given, template, f"out[{index}]", shape, dtype, device)
+        for name, other in read_views + [(f"out[{i}]", v) for i, v in enumerate(views)]:
+            check_no_overlap(view, f"out[{index}]", other, name)
+        arrays.append(array)
+        views.append(view)
+    return arrays, views

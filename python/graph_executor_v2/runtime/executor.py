@@ -18,6 +18,7 @@ A plan that cannot be captured (a host-fallback node, a kernel that synchronizes
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -36,7 +37,7 @@ from .backends import backend_for
 from .backends.cuda import HOST_FALLBACK
 from .planner import Buffer, MemoryPlan, plan_memory
 from .profile import Profile, profile_plan
-from .registry import Capabilities, Preferences, Selection, choose_kernel
+from .registry import Capabilities, Preferences, Selection, choose_kernel, kernel_label
 from .schedule import Schedule, schedule, width
 
 MAX_DEFAULT_STREAMS = 4  # enough for the branches of the graphs we see (q/k/v, wide MLP heads); each costs a workspace
@@ -428,14 +429,16 @@ class ExecutorV2:
             streams = plan.schedule.stream_count
             name_width = max((len(s.node) for s in plan.selections), default=0)
             for selection, step in zip(plan.selections, plan.steps):
+                label = functools.partial(kernel_label, selection.op)
                 on_stream = f" [stream {step.stream}]" if streams > 1 else ""
-                lines.append(f"  {selection.node:<{name_width}}  {selection.op:<10} -> {selection.kernel}: "
+                lines.append(f"  {selection.node:<{name_width}}  {selection.op:<10} -> {label(selection.kernel)}: "
                              f"{selection.reason}{on_stream}")
-                lines += [f"      fallback: {name} failed to prepare: {why}" for name, why in selection.fallbacks]
-                lines += [f"      not viable: {name}: {why}" for name, why in selection.rejected]
+                lines += [f"      fallback: {label(name)} failed to prepare: {why}"
+                          for name, why in selection.fallbacks]
+                lines += [f"      not viable: {label(name)}: {why}" for name, why in selection.rejected]
         fallbacks = self.fallbacks
         lines.append(f"fallbacks: {len(fallbacks)}")
-        lines += [f"  {s.node} ({s.op}) runs {s.kernel}" for s in fallbacks]
+        lines += [f"  {s.node} ({s.op}) runs {kernel_label(s.op, s.kernel)}" for s in fallbacks]
         return "\n".join(lines)
 
 

@@ -8,6 +8,9 @@ best priority first, and the host round trip through the NumPy reference comes l
 ``choose_kernel`` prepares the ranked candidates in order: one whose ``prepare`` raises (cuBLASLt finds no
 algorithm, a native module is not built) falls to the next, and the ``Selection`` records why. With autotuning
 it first times the viable GPU candidates once per problem and keeps the winner in the ``AutotuneCache``.
+
+Candidates that other packages registered (``ops.register``, ``ops.add_candidate``) go through the same ranking,
+autotuning and fallbacks; ``kernel_label`` marks them external in explanations.
 """
 from __future__ import annotations
 
@@ -121,6 +124,13 @@ def select(node: Node, problem: Problem, caps: Capabilities, prefs: Preferences)
             why = dict(rejected).get(pinned, "not a candidate of this op")
             reason += f" (pinned '{pinned}' is not viable: {why})"
     return Ranking(tuple(viable) + (host_fallback_candidate(opdef),), tuple(rejected), reason)
+
+
+def kernel_label(op: str, name: str) -> str:
+    """``name``, marked ``[external: <package>]`` when a package outside GE2 registered that candidate of ``op``."""
+    opdef = OPS.get(op)
+    origin = next((c.origin for c in opdef.candidates if c.name == name), "") if opdef is not None else ""
+    return f"{name} [external: {origin}]" if origin else name
 
 
 def problem_key(problem: Problem) -> str:

@@ -18,32 +18,9 @@ import numpy as np
 
 from ..dtypes import FLOAT_DTYPES
 from ..ir.graph import Graph, Value
+from ._errors import NeedsConstant, Unsupported, UnsupportedModelError
 
 MIN_OPSET = 13
-
-
-class UnsupportedModelError(ValueError):
-    """The model uses ops, attributes, dtypes or shapes GE2 cannot import; ``problems`` lists every one."""
-
-    def __init__(self, model_name: str, problems: list[tuple[str, str, str]], constant_inputs: frozenset = frozenset()):
-        self.problems = problems  # (node name, op type, reason)
-        self.constant_inputs = constant_inputs  # graph inputs whose values the import needs (NeedsConstant)
-        lines = [f"  node '{name}' ({op_type}): {reason}" for name, op_type, reason in problems]
-        super().__init__(f"ONNX model '{model_name}': {len(problems)} node(s) cannot be imported:\n"
-                         + "\n".join(lines))
-
-
-class Unsupported(Exception):
-    """Raised by a rule: this node, with these attributes or shapes, has no GE2 translation."""
-
-
-class NeedsConstant(Unsupported):
-    """A rule needs the value of a graph input (a shape, axes, starts ...) when the graph is built."""
-
-    def __init__(self, input_name: str, what: str):
-        super().__init__(f"{what} comes from graph input '{input_name}'; GE2 plans shapes when it compiles: "
-                         f"pass its value in constant_inputs={{'{input_name}': ...}}")
-        self.input_name = input_name
 
 
 def _onnx():
@@ -104,11 +81,7 @@ class _Context:
 
 
 def _fresh_name(graph: Graph, name: str) -> str:
-    base = re.sub(r"[^A-Za-z0-9_.:/-]", "_", name) or "value"
-    candidate, index = base, 1
-    while candidate in graph._value_names:
-        candidate, index = f"{base}_{index}", index + 1
-    return candidate
+    return graph.unique_name(re.sub(r"[^A-Za-z0-9_.:/-]", "_", name) or "value")
 
 
 def _attributes(node) -> dict:

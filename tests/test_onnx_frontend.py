@@ -166,3 +166,36 @@ globals().update(_backend_tests())
 def test_claimed_node_tests_are_many():
     """A guard that the conformance cases above really run: GE2 claims this many ONNX node tests."""
     assert len(claimed_node_tests()) >= 190
+
+
+def test_models_exported_by_torch_match_torch_and_onnxruntime(tmp_path):
+    """An MLP and a transformer MLP block exported by torch.onnx.export (generated here, not committed)."""
+    torch = pytest.importorskip("torch", reason="exporting models needs PyTorch (on the GPU machine)")
+    onnxruntime = pytest.importorskip("onnxruntime")
+    torch.manual_seed(0)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(32)
+            self.up = torch.nn.Linear(32, 128)
+            self.down = torch.nn.Linear(128, 32)
+
+        def forward(self, x):
+            return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x)), approximate="tanh"))
+
+    models = {"mlp": (torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)),
+                      torch.randn(8, 20)),
+              "block": (Block(), torch.randn(16, 32))}
+    devices = ["cpu"] + (["cuda"] if ge2.is_available() else [])
+    for name, (module, x) in models.items():
+        module.eval()
+        path = tmp_path / f"{name}.onnx"
+        torch.onnx.export(module, (x,), str(path), input_names=["x"], output_names=["y"])
+        graph = onnx_frontend.load(str(path))
+        expected = module(x).detach().double().numpy()
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        np.testing.assert_allclose(session.run(None, {"x": x.numpy()})[0], expected, rtol=1e-4, atol=1e-5)
+        for device in devices:
+            out = ge2.ExecutorV2(graph, device=device).run({"x": x.numpy()})["y"]
+            assert_close(out, expected, "float32", reduction_length=128, what=f"{name} on {device}")

@@ -1,6 +1,5 @@
 """PyTorch import through torch.export: modules compared with their own output on GE2's CPU backend (and on the
 GPU backend where there is a GPU). Runs wherever torch is installed (the GPU machine); skips elsewhere."""
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: the torch frontend is an optional extra")

@@ -32,7 +32,8 @@ def _mlp_model(rng, opset=17):
     nodes = nodes[:2] + [nodes[3], nodes[2], nodes[4]]
     graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 10])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w1, b1, w2])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    # IR version 8 (what opset 17 came with), so older onnxruntime builds load it too.
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
 
 
 def _numpy_mlp(model, x):

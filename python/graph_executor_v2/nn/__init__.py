@@ -365,6 +365,62 @@ class Flatten(Module):
         return g.reshape(x, shape=(*shape[:start], merged, *shape[end + 1:]))
 
 
+class MultiheadAttention(Module):
+    """Self-attention (``forward(g, x)``) or attention of ``query`` over ``key``/``value`` (``forward(g, q, k, v)``),
+    inputs [batch, seq, embed_dim] (``batch_first=True`` in PyTorch's terms), on the ``attention`` op.
+
+    Parameters as ``torch.nn.MultiheadAttention``: a packed ``in_proj_weight`` [3 * embed_dim, embed_dim] (xavier
+    uniform), ``in_proj_bias`` (zeros) and ``out_proj`` (a Linear whose bias starts at zero). The projections run as
+    one GEMM; the heads are split by reshapes and the op reads [batch, seq, heads, head_dim] directly."""
+
+    def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, causal: bool = False):
+        super().__init__()
+        _check_positive(embed_dim=embed_dim, num_heads=num_heads)
+        if embed_dim % num_heads:
+            raise ValueError(f"num_heads: {num_heads} must divide embed_dim {embed_dim}")
+        self.embed_dim, self.num_heads, self.causal = embed_dim, num_heads, bool(causal)
+        bound = math.sqrt(6.0 / (embed_dim + 3 * embed_dim))  # xavier_uniform_ on the packed [3E, E] weight
+        self.in_proj_weight = Parameter(_uniform(bound, (3 * embed_dim, embed_dim)))
+        self.in_proj_bias = Parameter(np.zeros(3 * embed_dim, np.float32)) if bias else None
+        self.out_proj = Linear(embed_dim, embed_dim, bias=bias)
+        if bias:
+            self.out_proj.bias.data[:] = 0.0
+
+    def forward(self, g, query, key=None, value=None):
+        if (key is None) != (value is None):
+            raise ValueError("key, value: give both (cross-attention) or neither (self-attention)")
+        width, heads = self.embed_dim, self.num_heads
+        for name, tensor in (("query", query), ("key", key), ("value", value)):
+            if tensor is not None and (tensor.type.rank != 3 or tensor.type.shape[-1] != width):
+                raise ValueError(f"MultiheadAttention {name}: expected [batch, seq, {width}], got {tensor.type}")
+        weight = self.in_proj_weight.value(g)
+        bias = None if self.in_proj_bias is None else self.in_proj_bias.value(g)
+        if key is None:  # one GEMM for q, k and v
+            batch, seq, _ = query.type.shape
+            qkv = g.gemm(g.reshape(query, shape=(-1, width)), weight, bias, trans_b=True)
+            qkv = g.reshape(qkv, shape=(batch, seq, 3, heads, width // heads))
+            q, k, v = (g.reshape(g.slice(qkv, starts=(i,), ends=(i + 1,), axes=(2,)),
+                                 shape=(batch, seq, heads, width // heads)) for i in range(3))
+        else:
+            q, k, v = (self._project(g, tensor, weight, bias, index) for index, tensor in
+                       enumerate((query, key, value)))
+        attended = g.attention(q, k, v, causal=self.causal, layout="bshd")
+        batch, seq = query.type.shape[:2]
+        return self.out_proj(g, g.reshape(attended, shape=(batch, seq, width)))
+
+    def _project(self, g, tensor, weight, bias, index):
+        width, heads = self.embed_dim, self.num_heads
+        rows = slice(index * width, (index + 1) * width)
+        part = g.slice(weight, starts=(rows.start,), ends=(rows.stop,), axes=(0,))
+        part_bias = None if bias is None else g.slice(bias, starts=(rows.start,), ends=(rows.stop,), axes=(0,))
+        batch, seq, _ = tensor.type.shape
+        projected = g.gemm(g.reshape(tensor, shape=(-1, width)), part, part_bias, trans_b=True)
+        return g.reshape(projected, shape=(batch, seq, heads, width // heads))
+
+    def extra_repr(self):
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, causal={self.causal}"
+
+
 class Sequential(Module):
     """Modules applied in order, named "0", "1", ... (as torch.nn.Sequential)."""
 
@@ -400,4 +456,5 @@ def _check_last_dim(x: Value, size: int, what: str) -> None:
 
 
 __all__ = ["manual_seed", "Parameter", "Module", "Linear", "LayerNorm", "RMSNorm", "Embedding", "Dropout", "ReLU",
-           "GELU", "SiLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax", "Flatten", "Sequential"]
+           "GELU", "SiLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax", "Flatten", "MultiheadAttention",
+           "Sequential"]

@@ -2,8 +2,10 @@
 ``demo``: an MLP through ExecutorV2, end to end (below).
 ``train-digits``: the training job (``train/digits.py``).
 ``new-op NAME [--inputs a,b] [--out-of-tree DIR]``: a new op (see scaffold.py).
+``run-onnx MODEL``: an ONNX model imported, planned, run and checked against onnxruntime.
+``onnx-conformance``: ONNX's own node tests of the op types GE2 claims.
 
-Builds the MLP the way a user writes it (matmul, add, activation), prints the graph before and after the passes
+``demo`` builds the MLP the way a user writes it (matmul, add, activation), prints the graph before and after the passes
 and the plan, runs it on the GPU when there is one (else on the CPU backend), checks the result against float64
 NumPy and prints timings: compile, the fused plan and the unfused one.
 """
@@ -83,6 +85,54 @@ def demo(arguments) -> int:
     return 0
 
 
+def run_onnx(arguments) -> int:
+    """Imports an ONNX model, prints its plan, runs it and checks it against onnxruntime when installed."""
+    from .frontend import onnx as onnx_frontend
+
+    on_gpu = device.device_count() > 0 and not arguments.cpu
+    graph = onnx_frontend.load(arguments.model)
+    executor = ExecutorV2(graph, device="cuda" if on_gpu else "cpu")
+    print(executor.explain())
+    rng = np.random.default_rng(arguments.seed)
+    given = dict(np.load(arguments.inputs)) if arguments.inputs else {}
+    feeds = {}
+    for value in graph.inputs:
+        if value.name in given:
+            feeds[value.name] = given[value.name]
+        elif value.type.dtype in ("int32", "int64"):
+            feeds[value.name] = rng.integers(0, 2, size=value.type.shape).astype(value.type.dtype)
+        else:
+            feeds[value.name] = random_array(rng, value.type.shape, value.type.dtype)
+    outputs = executor.run(feeds)
+    for name, array in outputs.items():
+        print(f"output '{name}': {array.dtype}{list(array.shape)}, mean {np.mean(array.astype(np.float64)):.6g}")
+    try:
+        import onnxruntime
+    except ImportError:
+        print("onnxruntime is not installed: no comparison")
+        return 0
+    session = onnxruntime.InferenceSession(arguments.model, providers=["CPUExecutionProvider"])
+    expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    worst = 0
+    for name, array in outputs.items():
+        error = np.max(np.abs(array.astype(np.float64) - expected[name].astype(np.float64)), initial=0.0)
+        scale = np.max(np.abs(expected[name].astype(np.float64)), initial=0.0)
+        print(f"output '{name}' vs onnxruntime: max abs difference {error:.3e} (max |value| {scale:.3e})")
+        worst = max(worst, error / max(scale, 1e-30))
+    tolerance = 1e-4 if all(a.dtype == np.float32 for a in outputs.values()) else 2e-2
+    print("matches onnxruntime" if worst <= tolerance else "DIFFERS from onnxruntime")
+    return 0 if worst <= tolerance else 1
+
+
+def onnx_conformance(arguments) -> int:
+    """ONNX's own node tests of the op types GE2 claims: the pass rate and every failure with its reason."""
+    from .frontend.onnx_backend import conformance_report
+
+    report = conformance_report("CUDA" if arguments.gpu else "CPU")
+    print(report.format())
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m graph_executor_v2")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -114,6 +164,17 @@ def main(argv=None) -> int:
                                help="write the op into its own project DIR, built against the installed GE2")
     new_op_parser.add_argument("--package", help="out of tree: the Python package (default: ge2_<name>)")
     new_op_parser.set_defaults(handler=new_op)
+    onnx_parser = commands.add_parser("run-onnx", help="import an ONNX model, print its plan, run it, compare "
+                                                       "with onnxruntime")
+    onnx_parser.add_argument("model", help="path of the .onnx file")
+    onnx_parser.add_argument("--inputs", help=".npz file of input arrays by name (default: random inputs)")
+    onnx_parser.add_argument("--cpu", action="store_true", help="use the CPU backend even when a GPU is present")
+    onnx_parser.add_argument("--seed", type=int, default=0)
+    onnx_parser.set_defaults(handler=run_onnx)
+    conformance_parser = commands.add_parser("onnx-conformance", help="ONNX's node tests of the op types GE2 "
+                                                                      "claims: pass rate and failures")
+    conformance_parser.add_argument("--gpu", action="store_true", help="run them on the GPU backend")
+    conformance_parser.set_defaults(handler=onnx_conformance)
     arguments = parser.parse_args(argv)
     return arguments.handler(arguments)
 

@@ -114,6 +114,13 @@ class Graph:
         self.outputs[name] = value
         return value
 
+    def unique_name(self, base: str) -> str:
+        """``base`` if no value has that name yet, else ``base_1``, ``base_2``, ...: a name for a new value."""
+        candidate, index = base, 1
+        while candidate in self._value_names:
+            candidate, index = f"{base}_{index}", index + 1
+        return candidate
+
     # --- nodes ----------------------------------------------------------------------------------------------------
     def add_node(self, op: str, inputs: Sequence[Value | None], attrs: dict | None = None, name: str | None = None,
                  device: str | None = None) -> Node:

@@ -1,0 +1,365 @@
+"""PyTorch import: ``from_torch(module, example_inputs) -> ir.Graph`` through ``torch.export``.
+
+The module is exported (``torch.export.export``, which traces to ATen ops); its parameters and buffers become
+params under their ``state_dict`` names, its user inputs become graph inputs with the example inputs' shapes and
+dtypes, and every ATen op is translated by one rule of ``RULES``. Nodes GE2 cannot translate are collected and
+raised together as one ``UnsupportedModelError`` listing each with its ATen target. torch is an optional extra:
+importing this module needs it.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Callable
+
+import numpy as np
+
+from ..dtypes import normalize
+from ..ir.graph import Graph, Value
+from ._errors import Unsupported, UnsupportedModelError
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as error:
+        raise ImportError("ge2.frontend.torch needs PyTorch (pip install torch)") from error
+    return torch
+
+
+class _Context:
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.values: dict[str, object] = {}  # fx node name -> Value, a tuple of Values, or a Python constant
+
+    def get(self, argument):
+        """An fx argument as GE2 Values or Python constants (lists, ints, floats, None)."""
+        fx = _torch().fx
+        if isinstance(argument, fx.Node):
+            if argument.name not in self.values:
+                raise Unsupported(f"input '{argument.name}' was not translated")
+            return self.values[argument.name]
+        if isinstance(argument, (list, tuple)):
+            return type(argument)(self.get(a) for a in argument)
+        return argument
+
+    def tensor(self, argument, like: Value | None = None) -> Value:
+        """A tensor argument; a Python number becomes a 0-d param of ``like``'s dtype."""
+        value = self.get(argument)
+        if isinstance(value, Value):
+            return value
+        if isinstance(value, (int, float)) and like is not None:
+            from ..dtypes import to_numpy
+
+            return self.graph.param(self.graph.unique_name("scalar"), np.array(value, to_numpy(like.type.dtype)))
+        raise Unsupported(f"expected a tensor, got {type(value).__name__} ({value!r})")
+
+
+Rule = Callable[..., object]
+RULES: dict[str, Rule] = {}
+
+
+def rule(*names: str):
+    """Registers a translation for ATen overloads named like ``"aten.relu.default"``."""
+
+    def register_rule(function: Rule) -> Rule:
+        for name in names:
+            RULES[name] = function
+        return function
+
+    return register_rule
+
+
+def _unary(op):
+    return lambda ctx, x: getattr(ctx.graph, op)(ctx.tensor(x))
+
+
+for _aten, _op in (("relu", "relu"), ("sigmoid", "sigmoid"), ("tanh", "tanh"), ("silu", "silu"), ("exp", "exp"),
+                   ("neg", "neg")):
+    RULES[f"aten.{_aten}.default"] = _unary(_op)
+
+
+@rule("aten.gelu.default")
+def _gelu(ctx, x, approximate="none"):
+    x = ctx.tensor(x)
+    return ctx.graph.gelu(x) if approximate == "tanh" else ctx.graph.gelu_erf(x)
+
+
+def _binary(op):
+    def translate(ctx, a, b, alpha=1):
+        if alpha != 1:
+            raise Unsupported(f"alpha={alpha}")
+        a_value, b_value = ctx.get(a), ctx.get(b)
+        like = a_value if isinstance(a_value, Value) else b_value
+        return getattr(ctx.graph, op)(ctx.tensor(a, like), ctx.tensor(b, like))
+
+    return translate
+
+
+for _aten, _op in (("add", "add"), ("sub", "sub"), ("mul", "mul"), ("div", "div")):
+    RULES[f"aten.{_aten}.Tensor"] = _binary(_op)
+    RULES[f"aten.{_aten}.Scalar"] = _binary(_op)
+
+
+@rule("aten.linear.default")
+def _linear(ctx, x, weight, bias=None):
+    g = ctx.graph
+    x, weight = ctx.tensor(x), ctx.tensor(weight)
+    bias = None if bias is None else ctx.tensor(bias)
+    features = weight.type.shape[1]
+    rows = x if x.type.rank == 2 else g.reshape(x, shape=(-1, features))
+    y = g.gemm(rows, weight, bias, trans_b=True)
+    return y if x.type.rank == 2 else g.reshape(y, shape=(*x.type.shape[:-1], weight.type.shape[0]))
+
+
+@rule("aten.addmm.default")
+def _addmm(ctx, bias, a, b, beta=1, alpha=1):
+    if beta != 1:
+        raise Unsupported(f"beta={beta}")
+    bias = ctx.tensor(bias)
+    if bias.type.rank != 1:
+        raise Unsupported(f"a bias of shape {bias.type.shape}")
+    return ctx.graph.gemm(ctx.tensor(a), ctx.tensor(b), bias, alpha=float(alpha))
+
+
+@rule("aten.mm.default", "aten.matmul.default")
+def _matmul(ctx, a, b):
+    g = ctx.graph
+    a, b = ctx.tensor(a), ctx.tensor(b)
+    if b.type.rank != 2 or a.type.rank < 2:
+        raise Unsupported(f"matmul of shapes {a.type.shape} and {b.type.shape}: GE2 multiplies by a 2-d B")
+    rows = a if a.type.rank == 2 else g.reshape(a, shape=(-1, a.type.shape[-1]))
+    y = g.matmul(rows, b)
+    return y if a.type.rank == 2 else g.reshape(y, shape=(*a.type.shape[:-1], b.type.shape[1]))
+
+
+@rule("aten.t.default")
+def _t(ctx, x):
+    x = ctx.tensor(x)
+    return x if x.type.rank < 2 else ctx.graph.transpose(x, perm=(1, 0))
+
+
+@rule("aten.permute.default")
+def _permute(ctx, x, dims):
+    x = ctx.tensor(x)
+    return ctx.graph.transpose(x, perm=tuple(d % x.type.rank for d in dims))
+
+
+@rule("aten.transpose.int")
+def _transpose(ctx, x, dim0, dim1):
+    x = ctx.tensor(x)
+    perm = list(range(x.type.rank))
+    perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
+    return ctx.graph.transpose(x, perm=tuple(perm))
+
+
+@rule("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default")
+def _view(ctx, x, shape):
+    return ctx.graph.reshape(ctx.tensor(x), shape=tuple(int(d) for d in shape))
+
+
+@rule("aten.flatten.using_ints")
+def _flatten(ctx, x, start_dim=0, end_dim=-1):
+    x = ctx.tensor(x)
+    shape, rank = x.type.shape, x.type.rank
+    start, end = start_dim % rank, end_dim % rank
+    merged = int(np.prod(shape[start:end + 1], dtype=np.int64))
+    return ctx.graph.reshape(x, shape=(*shape[:start], merged, *shape[end + 1:]))
+
+
+@rule("aten.contiguous.default", "aten.clone.default", "aten.detach.default", "aten.alias.default",
+      "aten.lift_fresh_copy.default")
+def _identity(ctx, x, *args, **kwargs):
+    return ctx.tensor(x)
+
+
+@rule("aten.dropout.default")
+def _dropout(ctx, x, p, train):
+    if train:
+        raise Unsupported("dropout in training mode: export the module in eval() mode")
+    return ctx.tensor(x)
+
+
+@rule("aten.layer_norm.default")
+def _layer_norm(ctx, x, normalized_shape, weight=None, bias=None, eps=1e-5, *args):
+    g = ctx.graph
+    x = ctx.tensor(x)
+    if len(normalized_shape) != 1:
+        raise Unsupported(f"normalized_shape={tuple(normalized_shape)}: GE2 normalizes the last axis")
+    width = int(normalized_shape[0])
+    from ..dtypes import to_numpy
+
+    dtype = to_numpy(x.type.dtype)
+    weight = ctx.tensor(weight) if weight is not None else g.param(g.unique_name("ln_ones"), np.ones(width, dtype))
+    bias = ctx.tensor(bias) if bias is not None else g.param(g.unique_name("ln_zeros"), np.zeros(width, dtype))
+    return g.layernorm(x, weight, bias, eps=float(eps))
+
+
+@rule("aten.rms_norm.default")
+def _rms_norm(ctx, x, normalized_shape, weight=None, eps=None):
+    if weight is None or eps is None or len(normalized_shape) != 1:
+        raise Unsupported("rms_norm needs a weight, an explicit eps and one normalized axis")
+    return ctx.graph.rmsnorm(ctx.tensor(x), ctx.tensor(weight), eps=float(eps))
+
+
+@rule("aten.softmax.int", "aten._softmax.default")
+def _softmax(ctx, x, dim, *args):
+    return ctx.graph.softmax(ctx.tensor(x), axis=int(dim))
+
+
+@rule("aten.log_softmax.int", "aten._log_softmax.default")
+def _log_softmax(ctx, x, dim, *args):
+    return ctx.graph.log_softmax(ctx.tensor(x), axis=int(dim))
+
+
+@rule("aten.embedding.default")
+def _embedding(ctx, weight, ids, *args):
+    return ctx.graph.embedding(ctx.tensor(weight), ctx.tensor(ids))
+
+
+def _reduction(op):
+    def translate(ctx, x, dim=None, keepdim=False, dtype=None):
+        if dtype is not None:
+            raise Unsupported(f"dtype={dtype}")
+        axis = None if dim is None or len(dim) == 0 else tuple(int(d) for d in dim)
+        return getattr(ctx.graph, op)(ctx.tensor(x), axis=axis, keepdims=bool(keepdim))
+
+    return translate
+
+
+RULES["aten.sum.dim_IntList"] = _reduction("sum")
+RULES["aten.mean.dim"] = _reduction("mean")
+RULES["aten.amax.default"] = _reduction("max")
+
+
+@rule("aten.cat.default")
+def _cat(ctx, tensors, dim=0):
+    return ctx.graph.concat([ctx.tensor(t) for t in tensors], axis=int(dim))
+
+
+@rule("aten.slice.Tensor")
+def _slice(ctx, x, dim=0, start=None, end=None, step=1):
+    x = ctx.tensor(x)
+    start = 0 if start is None else int(start)
+    end = 2**63 - 1 if end is None else int(end)
+    return ctx.graph.slice(x, starts=(start,), ends=(end,), axes=(int(dim),), steps=(int(step),))
+
+
+@rule("aten.select.int")
+def _select(ctx, x, dim, index):
+    g = ctx.graph
+    x = ctx.tensor(x)
+    dim = int(dim) % x.type.rank
+    index = int(index) + (x.type.shape[dim] if int(index) < 0 else 0)
+    picked = g.slice(x, starts=(index,), ends=(index + 1,), axes=(dim,))
+    return g.reshape(picked, shape=tuple(d for i, d in enumerate(x.type.shape) if i != dim))
+
+
+@rule("aten.split.Tensor", "aten.split_with_sizes.default")
+def _split(ctx, x, sizes, dim=0):
+    g = ctx.graph
+    x = ctx.tensor(x)
+    dim = int(dim) % x.type.rank
+    extent = x.type.shape[dim]
+    if isinstance(sizes, int):
+        sizes = [min(sizes, extent - start) for start in range(0, extent, sizes)]
+    pieces, start = [], 0
+    for size in sizes:
+        pieces.append(g.slice(x, starts=(start,), ends=(start + int(size),), axes=(dim,)))
+        start += int(size)
+    return tuple(pieces)
+
+
+@rule("<built-in function getitem>")
+def _getitem(ctx, items, index):
+    items = ctx.get(items)
+    if not isinstance(items, tuple):
+        raise Unsupported(f"indexing a {type(items).__name__}")
+    return items[index]
+
+
+def _target_name(target) -> str:
+    if target is operator.getitem:
+        return "<built-in function getitem>"
+    return str(target)
+
+
+def supported_targets() -> list[str]:
+    return sorted(RULES)
+
+
+def from_torch(module, example_inputs: tuple, name: str | None = None) -> Graph:
+    """A ``torch.nn.Module`` as a GE2 graph, traced with ``torch.export`` on ``example_inputs`` (a tuple)."""
+    torch = _torch()
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
+    if not isinstance(example_inputs, tuple):
+        raise TypeError(f"example_inputs: expected a tuple of tensors, got {type(example_inputs).__name__}")
+    exported = torch.export.export(module, example_inputs)
+    signature = exported.graph_signature
+    state = exported.state_dict
+    constants = getattr(exported, "constants", {})
+    graph = Graph(name or type(module).__name__)
+    ctx = _Context(graph)
+    problems: list[tuple[str, str, str]] = []
+    failed: set[str] = set()
+    input_kinds = {spec.arg.name: spec for spec in signature.input_specs}
+    user_index = 0
+    for node in exported.graph.nodes:
+        if node.op == "placeholder":
+            spec = input_kinds[node.name]
+            kind = spec.kind.name
+            if kind in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
+                tensor = state[spec.target] if spec.target in state else constants[spec.target]
+                array = _to_numpy(tensor)
+                ctx.values[node.name] = graph.param(graph.unique_name(spec.target), array)
+            elif kind == "USER_INPUT":
+                example = example_inputs[user_index]
+                user_index += 1
+                ctx.values[node.name] = graph.input(graph.unique_name(node.name), tuple(example.shape),
+                                                    normalize(example.dtype, f"example_inputs[{user_index - 1}]"))
+            else:
+                problems.append((node.name, kind, "input kind not supported"))
+                failed.add(node.name)
+        elif node.op == "call_function":
+            target = _target_name(node.target)
+            if any(isinstance(a, torch.fx.Node) and a.name in failed for a in node.all_input_nodes):
+                failed.add(node.name)
+                continue
+            translate = RULES.get(target)
+            if translate is None:
+                problems.append((node.name, target, "ATen op not supported by GE2"))
+                failed.add(node.name)
+                continue
+            try:
+                ctx.values[node.name] = translate(ctx, *node.args, **node.kwargs)
+            except Unsupported as reason:
+                problems.append((node.name, target, str(reason)))
+                failed.add(node.name)
+            except (ValueError, TypeError) as error:
+                problems.append((node.name, target, str(error)))
+                failed.add(node.name)
+        elif node.op == "output":
+            if problems:
+                break
+            results = node.args[0]
+            user_outputs = [spec for spec in signature.output_specs if spec.kind.name == "USER_OUTPUT"]
+            values = [ctx.get(result) for result in results][:len(user_outputs)] if isinstance(
+                results, (list, tuple)) else [ctx.get(results)]
+            for index, value in enumerate(values):
+                graph.output(value, "y" if len(values) == 1 else f"y{index}")
+    if problems:
+        raise UnsupportedModelError(graph.name, problems)
+    return graph
+
+
+def _to_numpy(tensor) -> np.ndarray:
+    torch = _torch()
+    tensor = tensor.detach().to("cpu")
+    if tensor.dtype == torch.bfloat16:
+        from ..dtypes import to_numpy
+
+        return tensor.view(torch.int16).numpy().view(to_numpy("bfloat16"))
+    return tensor.numpy()
+
+
+__all__ = ["from_torch", "supported_targets", "RULES"]

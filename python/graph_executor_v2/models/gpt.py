@@ -1,0 +1,88 @@
+"""A GPT-2-style decoder written with ``ge2.nn``: token and position embeddings, pre-norm blocks (causal
+multi-head attention on the ``attention`` op, a GELU (tanh) MLP, residual adds), a final LayerNorm and an output
+head tied to the token embedding. Initialised as GPT-2 (normal(0, 0.02); residual projections scaled by
+1/sqrt(2 * layers)).
+
+``GPT.loss_graph(batch)`` is the training graph: inputs ``ids`` and ``targets`` (int64 [batch, context]), output
+``loss`` (mean cross-entropy over every position, in nats).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import nn
+from ..ir.graph import Graph
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab: int = 256  # bytes
+    context: int = 128
+    layers: int = 4
+    heads: int = 4
+    width: int = 256
+
+    def __post_init__(self):
+        for name in ("vocab", "context", "layers", "heads", "width"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name}: expected a positive int, got {value!r}")
+        if self.width % self.heads:
+            raise ValueError(f"heads: {self.heads} must divide width {self.width}")
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.width)
+        self.attn = nn.MultiheadAttention(config.width, config.heads, causal=True)
+        self.ln_2 = nn.LayerNorm(config.width)
+        self.mlp = nn.Sequential(nn.Linear(config.width, 4 * config.width), nn.GELU("tanh"),
+                                 nn.Linear(4 * config.width, config.width))
+
+    def forward(self, g, x):
+        x = g.add(x, self.attn(g, self.ln_1(g, x)))
+        return g.add(x, self.mlp(g, self.ln_2(g, x)))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig = GPTConfig()):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab, config.width)
+        self.wpe = nn.Embedding(config.context, config.width)
+        self.blocks = nn.Sequential(*[Block(config) for _ in range(config.layers)])
+        self.ln_f = nn.LayerNorm(config.width)
+        self._init_like_gpt2()
+
+    def _init_like_gpt2(self) -> None:
+        residual_scale = 1.0 / math.sqrt(2 * self.config.layers)
+        for name, parameter in self.named_parameters():
+            if name.endswith("bias") or ".ln_" in name or name.startswith("ln_f"):
+                continue
+            std = 0.02 * (residual_scale if name.endswith(("out_proj.weight", "mlp.2.weight")) else 1.0)
+            parameter.data = (nn._generator.standard_normal(parameter.shape) * std).astype(np.float32)
+
+    def forward(self, g, ids):
+        batch, context = ids.type.shape
+        if context > self.config.context:
+            raise ValueError(f"ids: context {context} exceeds the model's {self.config.context}")
+        positions = g.param(g.unique_name("positions"), np.arange(context, dtype=np.int64))
+        x = g.add(self.wte(g, ids), self.wpe(g, positions))  # [batch, context, width] + [context, width]
+        x = self.ln_f(g, self.blocks(g, x))
+        rows = g.reshape(x, shape=(batch * context, self.config.width))
+        return g.gemm(rows, self.wte.weight.value(g), trans_b=True)  # logits [batch * context, vocab], tied head
+
+    def loss_graph(self, batch: int, name: str = "gpt") -> Graph:
+        """The training graph: ids, targets -> loss (mean next-byte cross-entropy)."""
+        g = Graph(name)
+        self._name_parameters()
+        context = self.config.context
+        ids = g.input("ids", (batch, context), "int64")
+        targets = g.input("targets", (batch, context), "int64")
+        logits = self(g, ids)
+        g.output(g.cross_entropy(logits, g.reshape(targets, shape=(batch * context,))), "loss")
+        return g

@@ -5,7 +5,7 @@
 #           (GE2_ONLY_OPS="gemm;softmax" builds a subset)
 # test:     the whole pytest suite with GPU tests required (a skip for lack of a GPU is a failure)
 # sanitize: compute-sanitizer memcheck over every GPU test file, racecheck over the shared-memory kernels' tests
-# bench:    benchmarks/bench_gemm.py, bench_ops.py, bench_mlp_inference.py (tables also under OUT_DIR)
+# bench:    benchmarks/bench_gemm.py, bench_ops.py, bench_mlp_inference.py, bench_conv.py (tables also under OUT_DIR)
 # Logs land in OUT_DIR: build.log, pytest.log, sanitizer.log (+ sanitizer_logs.tar.gz), bench.log, results.tar.gz,
 # summary.txt.
 set -uo pipefail
@@ -61,7 +61,7 @@ if [[ " $STAGES " == *" sanitize "* ]]; then
   # GE2_SANITIZE_TOOLS (memcheck, racecheck) and GE2_SANITIZE_FILES (test files) narrow a re-check.
   gpu_files=$(echo ${GE2_SANITIZE_FILES:-$(grep -l "mark.gpu" tests/test_*.py | grep -v -E "test_executor|test_registry")})
   shared_memory_files="tests/test_softmax.py tests/test_reduce.py tests/test_layernorm.py tests/test_rmsnorm.py
-    tests/test_cross_entropy.py tests/test_transpose.py tests/test_embedding.py"
+    tests/test_cross_entropy.py tests/test_transpose.py tests/test_embedding.py tests/test_conv2d.py"
   tools=" ${GE2_SANITIZE_TOOLS:-memcheck racecheck} "
   { [[ $tools == *" memcheck "* ]] && for f in $gpu_files; do echo "memcheck $f"; done
     [[ $tools == *" racecheck "* ]] && for f in $shared_memory_files; do
@@ -74,7 +74,7 @@ fi
 
 if [[ " $STAGES " == *" bench "* ]]; then
   export GE2_BENCH_OUT="$OUT/tables"
-  for bench in benchmarks/bench_gemm.py benchmarks/bench_ops.py benchmarks/bench_mlp_inference.py; do
+  for bench in benchmarks/bench_gemm.py benchmarks/bench_ops.py benchmarks/bench_mlp_inference.py benchmarks/bench_conv.py; do
     [ -f "$bench" ] || continue
     echo "=== $bench" >>"$OUT/bench.log"
     "$PYTHON" "$bench" >>"$OUT/bench.log" 2>&1

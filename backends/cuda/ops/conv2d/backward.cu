@@ -1,4 +1,4 @@
-// conv2d backward (im2col_gemm): dz = dy * act'(z) (z recomputed by the forward GEMM when act != none), dbias by a
+// conv2d backward. cuDNN when chosen; im2col_gemm: dz = dy * act'(z) (z recomputed by the forward GEMM when act != none), dbias by a
 // reduction of dz, dW = dz @ col^T per group, dX = col2im(W^T @ dz) per group.
 #include "api.hpp"
 #include "status.hpp"
@@ -16,8 +16,11 @@ void backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream) {
   if (args.dy == nullptr) throw std::invalid_argument("dy: null device pointer");
   if (args.x == nullptr) throw std::invalid_argument("x: null device pointer");
   if (args.w == nullptr) throw std::invalid_argument("w: null device pointer");
-  (void)requested;  // im2col_gemm is the only native candidate
   if (args.dx == nullptr && args.dw == nullptr && args.dbias == nullptr) return;
+  if (choose(requested, args.shape, args.act, args.bias != nullptr, true) == Kernel::Cudnn) {
+    cudnn_backward(args, stream);
+    return;
+  }
   const Shape& s = args.shape;
   const int64_t cg = s.c / s.groups, kg = s.k / s.groups, npq = s.n * s.p * s.q, rsc = cg * s.r * s.s;
   const bool nhwc = s.layout == Layout::NHWC;

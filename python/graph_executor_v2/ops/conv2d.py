@@ -10,8 +10,8 @@ accumulation; TF32 only with ``allow_tf32``. Output size: ``P = (H + pad_top + p
 1) // stride_h + 1`` (Q likewise).
 
 Kernel candidates (``kernels()``), best first:
-1. ``cudnn``: cuDNN's legacy C API (cudnnConvolutionForward / BackwardData / BackwardFilter / BackwardBias), the
-   algorithm cudnnFind* times fastest, cached per problem. Built when CMake finds cuDNN (the nvidia-cudnn-cu13
+1. ``cudnn``: cuDNN's legacy C API (cudnnConvolutionForward / BackwardData / BackwardFilter; dbias by GE2's
+   reduction), the algorithm cudnnFind* times fastest, cached per problem. Built when CMake finds cuDNN (the nvidia-cudnn-cu13
    package or the CUDA toolkit; ``has_cudnn()``); act none, no bias in forward, symmetric padding.
 2. ``im2col_gemm``: im2col into a per-stream workspace, one batched cuBLASLt GEMM (a batch entry per group) and one
    fused bias/activation kernel; backward dX by GEMM + a col2im gather, dW by GEMM, dbias by a reduction. Every

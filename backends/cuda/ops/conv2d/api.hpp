@@ -104,13 +104,14 @@ void launch_epilogue(const Shape& shape, const float* acc, const void* bias, voi
 // dz = dy * act'(acc + bias) in the GEMM layout, of the op's dtype (acc unused when act == None).
 void launch_output_grad(const Shape& shape, const void* dy, const float* acc, const void* bias, void* dz, Act act,
                         float slope, cudaStream_t stream);
-// dbias[k] = sum of dz over N, P, Q (dz in the GEMM layout).
-void launch_bias_grad(const Shape& shape, const void* dz, void* dbias, cudaStream_t stream);
+// dbias[k] = sum of dz over N, P, Q; dz in the GEMM layout, or in y's layout when gemm_layout is false.
+void launch_bias_grad(const Shape& shape, const void* dz, void* dbias, bool gemm_layout, cudaStream_t stream);
 
 // The cuDNN candidate (kernels/cudnn.cu); without cuDNN in the build the reason says so and the launches throw.
+// The launches return false, enqueuing nothing, when cudnnFind* returned no working algorithm for the problem.
 std::string cudnn_unsupported_reason(const Shape& shape, Act act, bool has_bias, bool backward);
-void cudnn_forward(const ForwardArgs& args, cudaStream_t stream);
-void cudnn_backward(const BackwardArgs& args, cudaStream_t stream);
+bool cudnn_forward(const ForwardArgs& args, cudaStream_t stream);
+bool cudnn_backward(const BackwardArgs& args, cudaStream_t stream);
 
 // Elements of the im2col column matrix: C * R * S * N * P * Q.
 std::size_t im2col_col_elements(const Shape& shape);

@@ -41,11 +41,12 @@ std::vector<KernelInfo> kernel_table() {
   return {
       {"cudnn", 20,
        has_cudnn() ? "cuDNN's convolution (legacy C API): the algorithm cudnnFind* times fastest per problem, cached; "
-                     "backward data, filter and bias"
+                     "backward data and filter (dbias by GE2's reduction)"
                    : "cuDNN's convolution: NOT BUILT (CMake found no cuDNN: neither in the CUDA toolkit nor in the "
                      "nvidia-cudnn-cu13 Python package)",
        "built with cuDNN; act none; forward without bias (backward takes one); symmetric padding; tensors below "
-       "2^31 elements; the first call of a problem runs cudnnFind* (not during CUDA graph capture)"},
+       "2^31 elements; the first call of a problem runs cudnnFind* (not during CUDA graph capture); auto falls back "
+       "to im2col_gemm when cudnnFind* returns no working algorithm"},
       {"im2col_gemm", 10,
        "im2col into a per-stream workspace + one batched cuBLASLt GEMM (a batch per group) + one fused "
        "bias/activation kernel; backward: dX by GEMM + col2im gather, dW by GEMM, dbias by a reduction",
@@ -265,8 +266,10 @@ Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
   if (args.y == nullptr) throw std::invalid_argument("y: null device pointer");
   const Kernel kernel = choose(requested, args.shape, args.act, args.bias != nullptr, false);
   if (kernel == Kernel::Cudnn) {
-    cudnn_forward(args, stream);
-    return kernel;
+    if (cudnn_forward(args, stream)) return kernel;
+    if (requested == Kernel::Cudnn) {
+      throw std::runtime_error("ge2 op 'conv2d': kernel 'cudnn': cudnnFind* returned no working algorithm");
+    }
   }
   const Shape& s = args.shape;
   const std::size_t col_bytes = round_up(im2col_col_elements(s) * dtype_size(s.dtype));

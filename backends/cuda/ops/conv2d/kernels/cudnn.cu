@@ -1,4 +1,4 @@
-// cudnn: cuDNN's legacy convolution API (cudnnConvolutionForward / BackwardData / BackwardFilter / BackwardBias),
+// cudnn: cuDNN's legacy convolution API (cudnnConvolutionForward / BackwardData / BackwardFilter; dbias by GE2),
 // compiled only when CMake found cuDNN (GE2_WITH_CUDNN). The algorithm of each problem is chosen once by
 // cudnnFind*Algorithm (cuDNN times its candidates, as PyTorch's cudnn.benchmark does) and cached.
 #include "api.hpp"
@@ -23,8 +23,8 @@ std::string cudnn_unsupported_reason(const Shape&, Act, bool, bool) {
   return "this build of _ops_conv2d has no cuDNN (CMake found no cudnn.h and libcudnn: neither in the CUDA toolkit "
          "nor in the nvidia-cudnn-cu13 Python package)";
 }
-void cudnn_forward(const ForwardArgs&, cudaStream_t) { throw std::logic_error("conv2d: built without cuDNN"); }
-void cudnn_backward(const BackwardArgs&, cudaStream_t) { throw std::logic_error("conv2d: built without cuDNN"); }
+bool cudnn_forward(const ForwardArgs&, cudaStream_t) { throw std::logic_error("conv2d: built without cuDNN"); }
+bool cudnn_backward(const BackwardArgs&, cudaStream_t) { throw std::logic_error("conv2d: built without cuDNN"); }
 
 #else
 
@@ -48,18 +48,20 @@ cudnnDataType_t cudnn_type(DType dtype) {
 
 // Descriptors of one problem and the algorithms cuDNN found fastest for it (found on first use, then kept).
 struct CudnnPlan {
-  cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
   cudnnMathType_t baseline_math = CUDNN_DEFAULT_MATH;  // what every Find starts from (strict fp32: FMA only)
-  bool have_forward = false, have_data = false, have_filter = false;
+  // Searched: cudnnFind* has run (found: it returned a working algorithm).
+  bool searched_forward = false, searched_data = false, searched_filter = false;
+  bool found_forward = false, found_data = false, found_filter = false;
   cudnnConvolutionFwdAlgoPerf_t forward{};
   cudnnConvolutionBwdDataAlgoPerf_t data{};
   cudnnConvolutionBwdFilterAlgoPerf_t filter{};
   std::mutex mutex;  // math type is set per call on the shared convolution descriptor
 
   ~CudnnPlan() {
-    for (auto tensor : {x, y, bias}) {
+    for (auto tensor : {x, y}) {
       if (tensor) cudnnDestroyTensorDescriptor(tensor);
     }
     if (w) cudnnDestroyFilterDescriptor(w);
@@ -119,14 +121,12 @@ CudnnPlan* plan_for(const Shape& s, bool allow_tf32) {
   const cudnnDataType_t type = cudnn_type(s.dtype);
   GE2_CUDNN_CHECK(cudnnCreateTensorDescriptor(&plan->x));
   GE2_CUDNN_CHECK(cudnnCreateTensorDescriptor(&plan->y));
-  GE2_CUDNN_CHECK(cudnnCreateTensorDescriptor(&plan->bias));
   GE2_CUDNN_CHECK(cudnnCreateFilterDescriptor(&plan->w));
   GE2_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&plan->conv));
   GE2_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->x, format, type, as_int(s.n), as_int(s.c), as_int(s.h),
                                              as_int(s.w)));
   GE2_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->y, format, type, as_int(s.n), as_int(s.k), as_int(s.p),
                                              as_int(s.q)));
-  GE2_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->bias, format, type, 1, as_int(s.k), 1, 1));
   // NHWC filters are [K, R, S, C/g] (KRSC), exactly GE2's NHWC weight layout.
   GE2_CUDNN_CHECK(cudnnSetFilter4dDescriptor(plan->w, type, format, as_int(s.k), as_int(s.c / s.groups),
                                              as_int(s.r), as_int(s.s)));
@@ -151,14 +151,16 @@ void refuse_during_capture(cudaStream_t stream) {
   }
 }
 
-// The first result that ran: cuDNN returns them fastest first. Find allocates its own scratch, so it is refused
-// during capture.
+// The first result that ran (cuDNN sorts them fastest first) into `chosen`; false when none did.
 template <typename Perf>
-Perf first_working(const Perf* results, int returned, const char* what) {
+bool first_working(const Perf* results, int returned, Perf* chosen) {
   for (int i = 0; i < returned; ++i) {
-    if (results[i].status == CUDNN_STATUS_SUCCESS) return results[i];
+    if (results[i].status == CUDNN_STATUS_SUCCESS) {
+      *chosen = results[i];
+      return true;
+    }
   }
-  throw std::runtime_error(std::string("ge2 op 'conv2d': ") + what + " found no algorithm for this problem");
+  return false;
 }
 
 }  // namespace
@@ -180,12 +182,13 @@ std::string cudnn_unsupported_reason(const Shape& s, Act act, bool has_bias, boo
   return "";
 }
 
-void cudnn_forward(const ForwardArgs& args, cudaStream_t stream) {
+// cudnnFind* allocates its own scratch and synchronizes, so it is refused during capture.
+bool cudnn_forward(const ForwardArgs& args, cudaStream_t stream) {
   const Shape& s = args.shape;
   CudnnPlan* plan = plan_for(s, args.allow_tf32);
   cudnnHandle_t handle = handle_for(current_device_index(), stream);
   std::lock_guard<std::mutex> lock(plan->mutex);
-  if (!plan->have_forward) {
+  if (!plan->searched_forward) {
     refuse_during_capture(stream);
     GE2_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, plan->baseline_math));
     constexpr int kRequested = 8;
@@ -193,43 +196,46 @@ void cudnn_forward(const ForwardArgs& args, cudaStream_t stream) {
     int returned = 0;
     GE2_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(handle, plan->x, plan->w, plan->conv, plan->y, kRequested,
                                                          &returned, results));
-    plan->forward = first_working(results, returned, "cudnnFindConvolutionForwardAlgorithm");
-    plan->have_forward = true;
+    plan->found_forward = first_working(results, returned, &plan->forward);
+    plan->searched_forward = true;
   }
+  if (!plan->found_forward) return false;
   void* workspace = plan->forward.memory > 0 ? StreamWorkspace::get(plan->forward.memory, stream) : nullptr;
   const float alpha = 1.0f, beta = 0.0f;
   GE2_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, plan->forward.mathType));
   GE2_CUDNN_CHECK(cudnnConvolutionForward(handle, &alpha, plan->x, args.x, plan->w, args.w, plan->conv,
                                           plan->forward.algo, workspace, plan->forward.memory, &beta, plan->y,
                                           args.y));
+  return true;
 }
 
-void cudnn_backward(const BackwardArgs& args, cudaStream_t stream) {
+bool cudnn_backward(const BackwardArgs& args, cudaStream_t stream) {
   const Shape& s = args.shape;
   CudnnPlan* plan = plan_for(s, args.allow_tf32);
   cudnnHandle_t handle = handle_for(current_device_index(), stream);
   std::lock_guard<std::mutex> lock(plan->mutex);
   constexpr int kRequested = 8;
-  if (args.dx != nullptr && !plan->have_data) {
+  if (args.dx != nullptr && !plan->searched_data) {
     refuse_during_capture(stream);
     GE2_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, plan->baseline_math));
     cudnnConvolutionBwdDataAlgoPerf_t results[kRequested];
     int returned = 0;
     GE2_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(handle, plan->w, plan->y, plan->conv, plan->x,
                                                               kRequested, &returned, results));
-    plan->data = first_working(results, returned, "cudnnFindConvolutionBackwardDataAlgorithm");
-    plan->have_data = true;
+    plan->found_data = first_working(results, returned, &plan->data);
+    plan->searched_data = true;
   }
-  if (args.dw != nullptr && !plan->have_filter) {
+  if (args.dw != nullptr && !plan->searched_filter) {
     refuse_during_capture(stream);
     GE2_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, plan->baseline_math));
     cudnnConvolutionBwdFilterAlgoPerf_t results[kRequested];
     int returned = 0;
     GE2_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(handle, plan->x, plan->y, plan->conv, plan->w,
                                                                 kRequested, &returned, results));
-    plan->filter = first_working(results, returned, "cudnnFindConvolutionBackwardFilterAlgorithm");
-    plan->have_filter = true;
+    plan->found_filter = first_working(results, returned, &plan->filter);
+    plan->searched_filter = true;
   }
+  if ((args.dx != nullptr && !plan->found_data) || (args.dw != nullptr && !plan->found_filter)) return false;
   // One workspace for both calls: growing it between them would wait for the stream.
   std::size_t bytes = 0;
   if (args.dx != nullptr) bytes = std::max(bytes, plan->data.memory);
@@ -248,9 +254,9 @@ void cudnn_backward(const BackwardArgs& args, cudaStream_t stream) {
                                                    plan->filter.algo, workspace, plan->filter.memory, &beta,
                                                    plan->w, args.dw));
   }
-  if (args.dbias != nullptr) {
-    GE2_CUDNN_CHECK(cudnnConvolutionBackwardBias(handle, &alpha, plan->y, args.dy, &beta, plan->bias, args.dbias));
-  }
+  // act is none here, so dbias is the sum of dy: the reduction im2col_gemm uses, one dbias path for every dtype.
+  if (args.dbias != nullptr) launch_bias_grad(s, args.dy, args.dbias, /*gemm_layout=*/false, stream);
+  return true;
 }
 
 #endif

@@ -11,8 +11,9 @@ accumulation; TF32 only with ``allow_tf32``. Output size: ``P = (H + pad_top + p
 
 Kernel candidates (``kernels()``), best first:
 1. ``cudnn``: cuDNN's legacy C API (cudnnConvolutionForward / BackwardData / BackwardFilter; dbias by GE2's
-   reduction), the algorithm cudnnFind* times fastest, cached per problem. Built when CMake finds cuDNN (the nvidia-cudnn-cu13
-   package or the CUDA toolkit; ``has_cudnn()``); act none, no bias in forward, symmetric padding.
+   reduction), the algorithm cudnnFind* times fastest, cached per problem. Built when CMake finds cuDNN (the
+   nvidia-cudnn-cu13 package or the CUDA toolkit; ``has_cudnn()``); act none, no bias in forward, symmetric
+   padding. ``auto`` takes it where it applies.
 2. ``im2col_gemm``: im2col into a per-stream workspace, one batched cuBLASLt GEMM (a batch entry per group) and one
    fused bias/activation kernel; backward dX by GEMM + a col2im gather, dW by GEMM, dbias by a reduction. Every
    attribute combination: the path that always works.
@@ -118,8 +119,8 @@ def check_problem(x_shape, x_dtype, w_shape, w_dtype, bias_shape=None, bias_dtyp
     if len(x_shape) != 4:
         raise ValueError(f"x: expected a 4-d {layout} array, got shape {tuple(x_shape)}")
     if len(w_shape) != 4:
-        raise ValueError(f"w: expected a 4-d array ({'[K, C/groups, R, S]' if layout == 'NCHW' else '[K, R, S, C/groups]'}), "
-                         f"got shape {tuple(w_shape)}")
+        expected = "[K, C/groups, R, S]" if layout == "NCHW" else "[K, R, S, C/groups]"
+        raise ValueError(f"w: expected a 4-d array {expected}, got shape {tuple(w_shape)}")
     if x_dtype not in FLOAT_DTYPES:
         raise TypeError(f"x: expected dtype float32, float16 or bfloat16, got {x_dtype}")
     if w_dtype != x_dtype:
@@ -263,11 +264,11 @@ def forward_numpy(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, la
 
 
 def _device_views(arrays: dict):
-    views = {name: None if a is None else _device.view_of(a, name) for name, a in arrays.items()}
-    return views
+    return {name: None if a is None else _device.view_of(a, name) for name, a in arrays.items()}
 
 
-def _validate_device(views: dict, geometry: ConvGeometry):
+def _validate_device(views: dict):
+    """Contiguous arrays on the device of the first one."""
     first = next(iter(views.values()))
     for name, view in views.items():
         if view is None:
@@ -287,7 +288,7 @@ def forward(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, layout="
                              None if vbias is None else vbias.dtype,
                              **_attrs(stride, padding, dilation, groups, layout, act, slope))
     _check_kernel(kernel)
-    _validate_device(views, geometry)
+    _validate_device(views)
     y, vy = _layout.output(out, x, "out", geometry.out_shape, geometry.dtype, vx.device)
     for name, view in views.items():
         if view is not None:
@@ -332,7 +333,7 @@ def backward(dy, x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, lay
                              **_attrs(stride, padding, dilation, groups, layout, act, slope))
     _check_dy(vdy.shape, vdy.dtype, geometry)
     _check_kernel(kernel)
-    _validate_device(views, geometry)
+    _validate_device(views)
     if out is None:
         out = (None, None, None)
     if not isinstance(out, tuple) or len(out) != 3:

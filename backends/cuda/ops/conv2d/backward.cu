@@ -1,5 +1,6 @@
-// conv2d backward. cuDNN when chosen and it has an algorithm; im2col_gemm: dz = dy * act'(z) (z recomputed by the forward GEMM when act != none), dbias by a
-// reduction of dz, dW = dz @ col^T per group, dX = col2im(W^T @ dz) per group.
+// conv2d backward: cuDNN when chosen and it has an algorithm; otherwise im2col_gemm: dz = dy * act'(z) (z recomputed
+// by the forward GEMM when act != none), dbias by a reduction of dz, dW = dz @ col^T and dX = col2im(W^T @ dz) per
+// group.
 #include "api.hpp"
 #include "status.hpp"
 #include "stream_workspace.hpp"

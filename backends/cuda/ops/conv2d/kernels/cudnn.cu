@@ -58,7 +58,6 @@ struct CudnnPlan {
   cudnnConvolutionFwdAlgoPerf_t forward{};
   cudnnConvolutionBwdDataAlgoPerf_t data{};
   cudnnConvolutionBwdFilterAlgoPerf_t filter{};
-  std::mutex mutex;  // math type is set per call on the shared convolution descriptor
 
   ~CudnnPlan() {
     for (auto tensor : {x, y}) {
@@ -72,7 +71,8 @@ struct CudnnPlan {
 using CudnnKey = std::array<int64_t, 20>;
 
 struct CudnnResources {
-  std::mutex mutex;
+  std::mutex mutex;       // the maps below
+  std::mutex call_mutex;  // one call at a time: the handle's stream and the descriptors' math type are set per call
   std::map<int, cudnnHandle_t> handles;
   std::map<CudnnKey, std::unique_ptr<CudnnPlan>> plans;
 
@@ -185,9 +185,9 @@ std::string cudnn_unsupported_reason(const Shape& s, Act act, bool has_bias, boo
 // cudnnFind* allocates its own scratch and synchronizes, so it is refused during capture.
 bool cudnn_forward(const ForwardArgs& args, cudaStream_t stream) {
   const Shape& s = args.shape;
+  std::lock_guard<std::mutex> lock(CudnnResources::instance().call_mutex);
   CudnnPlan* plan = plan_for(s, args.allow_tf32);
   cudnnHandle_t handle = handle_for(current_device_index(), stream);
-  std::lock_guard<std::mutex> lock(plan->mutex);
   if (!plan->searched_forward) {
     refuse_during_capture(stream);
     GE2_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, plan->baseline_math));
@@ -211,9 +211,9 @@ bool cudnn_forward(const ForwardArgs& args, cudaStream_t stream) {
 
 bool cudnn_backward(const BackwardArgs& args, cudaStream_t stream) {
   const Shape& s = args.shape;
+  std::lock_guard<std::mutex> lock(CudnnResources::instance().call_mutex);
   CudnnPlan* plan = plan_for(s, args.allow_tf32);
   cudnnHandle_t handle = handle_for(current_device_index(), stream);
-  std::lock_guard<std::mutex> lock(plan->mutex);
   constexpr int kRequested = 8;
   if (args.dx != nullptr && !plan->searched_data) {
     refuse_during_capture(stream);

@@ -156,7 +156,7 @@ def test_bad_problems_raise_naming_the_argument(change, error, match):
 
 def test_forward_numpy_checks_before_touching_the_gpu(rng):
     x, w = random_array(rng, (1, 2, 5, 5), "float32"), random_array(rng, (3, 2, 3, 3), "float32")
-    with pytest.raises(ValueError, match="kernel: expected one of auto, im2col_gemm"):
+    with pytest.raises(ValueError, match="kernel: expected one of auto, cudnn, im2col_gemm"):
         conv2d.forward_numpy(x, w, kernel="winograd")
     with pytest.raises(TypeError, match="x: expected a NumPy array"):
         conv2d.forward_numpy(x.tolist(), w)
@@ -210,7 +210,22 @@ def test_backward_opdef_matches_reference_backward(rng):
 # ---------------------------------------------------------------------------------------------------------------
 # GPU: every candidate against the float64 reference
 # ---------------------------------------------------------------------------------------------------------------
+def cudnn_variant(case, backward):
+    """The case as the cuDNN candidate takes it: act none, symmetric padding, a bias only in backward."""
+    n, c, h, w, k, r, s, stride, padding, dilation, groups, _, with_bias = case
+    padding = padding[0] if isinstance(padding, tuple) and len(padding) == 4 else padding
+    return (n, c, h, w, k, r, s, stride, padding, dilation, groups, "none", with_bias and backward)
+
+
+def skip_without_cudnn(kernel):
+    if kernel == "cudnn" and not conv2d.has_cudnn():
+        pytest.skip("this build of _ops_conv2d has no cuDNN (kernels() says so)")
+
+
 def check_forward(rng, poisoned, to_device, case, layout, dtype, kernel):
+    skip_without_cudnn(kernel)
+    if kernel == "cudnn":
+        case = cudnn_variant(case, backward=False)
     x, w, bias, attrs = make_problem(rng, case, layout, dtype)
     expected, _ = conv2d.reference(x, w, bias, **attrs)
     out = poisoned(expected.shape, dtype)
@@ -222,6 +237,9 @@ def check_forward(rng, poisoned, to_device, case, layout, dtype, kernel):
 
 
 def check_backward(rng, poisoned, to_device, case, layout, dtype, kernel):
+    skip_without_cudnn(kernel)
+    if kernel == "cudnn":
+        case = cudnn_variant(case, backward=True)
     x, w, bias, attrs = make_problem(rng, case, layout, dtype)
     y, _ = conv2d.reference(x, w, bias, **attrs)
     dy = random_array(rng, y.shape, dtype)
@@ -242,7 +260,7 @@ def check_backward(rng, poisoned, to_device, case, layout, dtype, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["auto", "im2col_gemm"])
+@pytest.mark.parametrize("kernel", ["auto", "cudnn", "im2col_gemm"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
@@ -251,7 +269,7 @@ def test_forward_matches_reference(rng, poisoned, to_device, case, layout, dtype
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["auto", "im2col_gemm"])
+@pytest.mark.parametrize("kernel", ["auto", "cudnn", "im2col_gemm"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
@@ -260,11 +278,30 @@ def test_backward_matches_reference(rng, poisoned, to_device, case, layout, dtyp
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["cudnn", "im2col_gemm"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_large_forward_and_backward(rng, poisoned, to_device, layout, dtype):
-    check_forward(rng, poisoned, to_device, LARGE_CASE, layout, dtype, "auto")
-    check_backward(rng, poisoned, to_device, LARGE_CASE, layout, dtype, "auto")
+def test_large_forward_and_backward(rng, poisoned, to_device, layout, dtype, kernel):
+    check_forward(rng, poisoned, to_device, LARGE_CASE, layout, dtype, kernel)
+    check_backward(rng, poisoned, to_device, LARGE_CASE, layout, dtype, kernel)
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(act="relu"), "activations run in im2col_gemm"),
+    (dict(bias=True), "a bias added after cuDNN"),
+    (dict(padding=(1, 0, 1, 1)), "symmetric padding only"),
+])
+def test_cudnn_constraints_name_the_reason(change, reason):
+    if not ge2._native.is_built("_ops_conv2d"):
+        pytest.skip("_ops_conv2d is not built")
+    if not conv2d.has_cudnn():
+        assert "NOT BUILT" in next(row for row in conv2d.kernels() if row["name"] == "cudnn")["description"]
+        reason = "has no cuDNN"
+    attrs = {"padding": 1, **{k: v for k, v in change.items() if k != "bias"}}
+    act = attrs.pop("act", "none")
+    geometry = conv2d.check_problem((2, 4, 8, 8), "float16", (4, 4, 3, 3), "float16", **attrs)
+    assert reason in conv2d.unsupported_reason("cudnn", geometry, act, change.get("bias", False))
+    assert conv2d.unsupported_reason("im2col_gemm", geometry, act, change.get("bias", False)) is None
 
 
 @pytest.mark.gpu
@@ -325,8 +362,16 @@ def test_device_argument_errors(rng, to_device, poisoned):
 
 
 @pytest.mark.gpu
+def test_named_kernel_that_cannot_run_raises(rng, to_device):
+    x, w = to_device(random_array(rng, (2, 4, 6, 6), "float32")), to_device(random_array(rng, (3, 4, 3, 3), "float32"))
+    with pytest.raises(ValueError, match="kernel: 'cudnn' cannot run this problem"):
+        conv2d.forward(x, w, act="relu", kernel="cudnn")
+
+
 def test_kernels_table():
+    if not ge2._native.is_built("_ops_conv2d"):
+        pytest.skip("_ops_conv2d is not built")
     rows = conv2d.kernels()
-    assert [row["name"] for row in rows] == ["im2col_gemm"]
+    assert [row["name"] for row in rows] == ["cudnn", "im2col_gemm"]
     assert all(row["description"] and row["constraints"] for row in rows)
-    assert ge2.device_count() > 0
+    assert conv2d.has_cudnn() == ("NOT BUILT" not in rows[0]["description"])

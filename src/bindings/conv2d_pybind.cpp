@@ -80,6 +80,20 @@ PYBIND11_MODULE(_ops_conv2d, m) {
       py::arg("allow_tf32"), py::arg("kernel"), py::arg("stream"),
       "Enqueues dX, dW, dbias (each skipped when its address is 0) on `stream`.");
 
+  m.attr("has_cudnn") = ge2::conv2d::has_cudnn();
+
+  m.def(
+      "unsupported_reason",
+      [](const std::string& kernel, const std::vector<int64_t>& geometry, const std::string& layout,
+         const std::string& dtype, const std::string& act, bool has_bias, bool backward) {
+        return ge2::conv2d::unsupported_reason(ge2::conv2d::kernel_from_name(kernel),
+                                               make_shape(geometry, layout, dtype), ge2::act_from_name(act),
+                                               has_bias, backward);
+      },
+      py::arg("kernel"), py::arg("geometry"), py::arg("layout"), py::arg("dtype"), py::arg("act"),
+      py::arg("has_bias"), py::arg("backward"),
+      "Empty when `kernel` can run the problem (forward, or backward with `backward`); otherwise the reason.");
+
   m.def("kernels", [] { return ge2::binding::kernel_list(ge2::conv2d::kernel_table()); },
         "The kernel candidates: name, priority, description, constraints.");
 }

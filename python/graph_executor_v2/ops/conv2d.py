@@ -9,8 +9,12 @@ right). ``groups`` divides C and K (groups == C == K is depthwise). ``bias`` ``[
 accumulation; TF32 only with ``allow_tf32``. Output size: ``P = (H + pad_top + pad_bottom - dilation_h * (R - 1) -
 1) // stride_h + 1`` (Q likewise).
 
-Kernel candidates (``kernels()``):
-1. ``im2col_gemm``: im2col into a per-stream workspace, one batched cuBLASLt GEMM (a batch entry per group) and one
+Kernel candidates (``kernels()``), best first:
+1. ``cudnn``: cuDNN's legacy C API (cudnnConvolutionForward / BackwardData / BackwardFilter; dbias by GE2's
+   reduction), the algorithm cudnnFind* times fastest, cached per problem. Built when CMake finds cuDNN (the
+   nvidia-cudnn-cu13 package or the CUDA toolkit; ``has_cudnn()``); act none, no bias in forward, symmetric
+   padding. ``auto`` takes it where it applies.
+2. ``im2col_gemm``: im2col into a per-stream workspace, one batched cuBLASLt GEMM (a batch entry per group) and one
    fused bias/activation kernel; backward dX by GEMM + a col2im gather, dW by GEMM, dbias by a reduction. Every
    attribute combination: the path that always works.
 """
@@ -29,7 +33,7 @@ from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register
 
 CONV_ACTIVATIONS = ("none", "relu", "gelu", "silu", "leaky_relu")
 LAYOUTS = ("NCHW", "NHWC")
-KERNELS = ("auto", "im2col_gemm")
+KERNELS = ("auto", "cudnn", "im2col_gemm")
 
 
 def _native_module():
@@ -115,8 +119,8 @@ def check_problem(x_shape, x_dtype, w_shape, w_dtype, bias_shape=None, bias_dtyp
     if len(x_shape) != 4:
         raise ValueError(f"x: expected a 4-d {layout} array, got shape {tuple(x_shape)}")
     if len(w_shape) != 4:
-        raise ValueError(f"w: expected a 4-d array ({'[K, C/groups, R, S]' if layout == 'NCHW' else '[K, R, S, C/groups]'}), "
-                         f"got shape {tuple(w_shape)}")
+        expected = "[K, C/groups, R, S]" if layout == "NCHW" else "[K, R, S, C/groups]"
+        raise ValueError(f"w: expected a 4-d array {expected}, got shape {tuple(w_shape)}")
     if x_dtype not in FLOAT_DTYPES:
         raise TypeError(f"x: expected dtype float32, float16 or bfloat16, got {x_dtype}")
     if w_dtype != x_dtype:
@@ -260,11 +264,11 @@ def forward_numpy(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, la
 
 
 def _device_views(arrays: dict):
-    views = {name: None if a is None else _device.view_of(a, name) for name, a in arrays.items()}
-    return views
+    return {name: None if a is None else _device.view_of(a, name) for name, a in arrays.items()}
 
 
-def _validate_device(views: dict, geometry: ConvGeometry):
+def _validate_device(views: dict):
+    """Contiguous arrays on the device of the first one."""
     first = next(iter(views.values()))
     for name, view in views.items():
         if view is None:
@@ -284,7 +288,7 @@ def forward(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, layout="
                              None if vbias is None else vbias.dtype,
                              **_attrs(stride, padding, dilation, groups, layout, act, slope))
     _check_kernel(kernel)
-    _validate_device(views, geometry)
+    _validate_device(views)
     y, vy = _layout.output(out, x, "out", geometry.out_shape, geometry.dtype, vx.device)
     for name, view in views.items():
         if view is not None:
@@ -329,7 +333,7 @@ def backward(dy, x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, lay
                              **_attrs(stride, padding, dilation, groups, layout, act, slope))
     _check_dy(vdy.shape, vdy.dtype, geometry)
     _check_kernel(kernel)
-    _validate_device(views, geometry)
+    _validate_device(views)
     if out is None:
         out = (None, None, None)
     if not isinstance(out, tuple) or len(out) != 3:
@@ -355,8 +359,22 @@ def backward(dy, x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, lay
 
 
 def kernels() -> list[dict]:
-    """The candidates with their constraints, as the native module reports them."""
+    """The candidates with their constraints, as the native module reports them (a candidate missing from this
+    build says so in its description)."""
     return _native_module().kernels()
+
+
+def has_cudnn() -> bool:
+    """Whether this build of _ops_conv2d has the cuDNN candidate."""
+    return bool(_native_module().has_cudnn)
+
+
+def unsupported_reason(kernel: str, geometry: ConvGeometry, act: str, has_bias: bool, backward: bool = False):
+    """None when ``kernel`` can run the problem, else the reason it cannot."""
+    _check_kernel(kernel)
+    reason = _native_module().unsupported_reason(kernel, geometry.native, geometry.layout, geometry.dtype, act,
+                                                 has_bias, backward)
+    return reason or None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -428,9 +446,11 @@ ATTRS = (
 )
 
 
-def _forward_candidate():
+def _forward_candidate(name, priority, description, always_works=False):
     def supports(problem: Problem):
-        return None
+        x, w, bias = problem.in_types
+        return unsupported_reason(name, _types_geometry(x, w, bias, problem.attrs), problem.attrs["act"],
+                                  bias is not None)
 
     def prepare(problem: Problem):
         x, w, bias = problem.in_types
@@ -441,13 +461,12 @@ def _forward_candidate():
         slope, tf32 = float(attrs["slope"]), bool(attrs["allow_tf32"])
 
         def launch(ins, outs, stream):
-            native_forward(ins[0], ins[1], ins[2], outs[0], geometry, layout, dtype, act, slope, tf32,
-                           "im2col_gemm", stream)
+            native_forward(ins[0], ins[1], ins[2], outs[0], geometry, layout, dtype, act, slope, tf32, name,
+                           stream)
 
         return launch
 
-    return Candidate("im2col_gemm", 10, "im2col + batched cuBLASLt GEMM + fused bias/activation", supports, prepare,
-                     always_works=True)
+    return Candidate(name, priority, description, supports, prepare, always_works)
 
 
 OP = register(OpDef(
@@ -458,7 +477,9 @@ OP = register(OpDef(
     infer=_infer,
     reference=_reference,
     reference_backward=_reference_backward,
-    candidates=(_forward_candidate(),),
+    candidates=(_forward_candidate("cudnn", 20, "cuDNN convolution, algorithm found by cudnnFind*"),
+                _forward_candidate("im2col_gemm", 10, "im2col + batched cuBLASLt GEMM + fused bias/activation",
+                                   always_works=True)),
     doc=__doc__,
 ))
 
@@ -482,9 +503,11 @@ def _reference_of_backward(inputs, attrs):
     return [dx, dw, dz.sum(axis=(0, 2, 3) if attrs["layout"] == "NCHW" else (0, 1, 2))]
 
 
-def _backward_candidate():
+def _backward_candidate(name, priority, description, always_works=False):
     def supports(problem: Problem):
-        return None
+        _, x, w, bias = problem.in_types
+        return unsupported_reason(name, _types_geometry(x, w, bias, problem.attrs), problem.attrs["act"],
+                                  bias is not None, backward=True)
 
     def prepare(problem: Problem):
         _, x, w, bias = problem.in_types
@@ -496,12 +519,11 @@ def _backward_candidate():
 
         def launch(ins, outs, stream):
             native_backward(ins[0], ins[1], ins[2], ins[3], outs[0], outs[1], outs[2], geometry, layout, dtype, act,
-                            slope, tf32, "im2col_gemm", stream)
+                            slope, tf32, name, stream)
 
         return launch
 
-    return Candidate("im2col_gemm", 10, "dz kernel, dW and dX batched cuBLASLt GEMMs, col2im gather, dbias reduction",
-                     supports, prepare, always_works=True)
+    return Candidate(name, priority, description, supports, prepare, always_works)
 
 
 BACKWARD_OP = register(OpDef(
@@ -511,7 +533,9 @@ BACKWARD_OP = register(OpDef(
     attrs=ATTRS,
     infer=_infer_backward,
     reference=_reference_of_backward,
-    candidates=(_backward_candidate(),),
+    candidates=(_backward_candidate("cudnn", 20, "cuDNN backward data, filter and bias"),
+                _backward_candidate("im2col_gemm", 10, "dz kernel, dW and dX batched cuBLASLt GEMMs, col2im gather, "
+                                    "dbias reduction", always_works=True)),
     doc="Gradients of conv2d: dx, dw and dbias (the sum of dz over N, P, Q).",
 ))
 

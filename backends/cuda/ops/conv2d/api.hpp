@@ -15,7 +15,7 @@
 namespace ge2::conv2d {
 
 enum class Layout { NCHW, NHWC };
-enum class Kernel { Auto, Im2colGemm };
+enum class Kernel { Auto, Cudnn, Im2colGemm };
 
 Kernel kernel_from_name(const std::string& name);
 const char* kernel_name(Kernel kernel);
@@ -66,6 +66,16 @@ void backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream);
 
 std::vector<KernelInfo> kernel_table();
 
+// Whether this build has the cuDNN candidate (CMake found cuDNN: GE2_WITH_CUDNN).
+bool has_cudnn();
+
+// Empty when `kernel` can run the problem; otherwise the reason it cannot.
+std::string unsupported_reason(Kernel kernel, const Shape& shape, Act act, bool has_bias, bool backward);
+
+// The kernel that runs: Auto picks cuDNN where it applies, else im2col_gemm; a named kernel that cannot run the
+// problem throws std::invalid_argument naming `kernel` and the reason.
+Kernel choose(Kernel requested, const Shape& shape, Act act, bool has_bias, bool backward);
+
 // ---- internal: shared by launcher.cu, kernels/*.cu and backward.cu ------------------------------------------
 
 // Row-major batched C_b = op(A_b) @ op(B_b) on cuBLASLt, float32 accumulation. A/B are of `dtype`; C is `c_dtype`
@@ -94,10 +104,16 @@ void launch_epilogue(const Shape& shape, const float* acc, const void* bias, voi
 // dz = dy * act'(acc + bias) in the GEMM layout, of the op's dtype (acc unused when act == None).
 void launch_output_grad(const Shape& shape, const void* dy, const float* acc, const void* bias, void* dz, Act act,
                         float slope, cudaStream_t stream);
-// dbias[k] = sum of dz over N, P, Q (dz in the GEMM layout).
-void launch_bias_grad(const Shape& shape, const void* dz, void* dbias, cudaStream_t stream);
+// dbias[k] = sum of dz over N, P, Q; dz in the GEMM layout, or in y's layout when gemm_layout is false.
+void launch_bias_grad(const Shape& shape, const void* dz, void* dbias, bool gemm_layout, cudaStream_t stream);
 
-// Bytes of the scratch a forward / backward call carves from the stream workspace.
+// The cuDNN candidate (kernels/cudnn.cu); without cuDNN in the build the reason says so and the launches throw.
+// The launches return false, enqueuing nothing, when cudnnFind* returned no working algorithm for the problem.
+std::string cudnn_unsupported_reason(const Shape& shape, Act act, bool has_bias, bool backward);
+bool cudnn_forward(const ForwardArgs& args, cudaStream_t stream);
+bool cudnn_backward(const BackwardArgs& args, cudaStream_t stream);
+
+// Elements of the im2col column matrix: C * R * S * N * P * Q.
 std::size_t im2col_col_elements(const Shape& shape);
 
 // Runs the forward GEMMs (im2col + batched GEMM) into the float32 accumulator in the GEMM layout.

@@ -1,5 +1,6 @@
-// conv2d backward (im2col_gemm): dz = dy * act'(z) (z recomputed by the forward GEMM when act != none), dbias by a
-// reduction of dz, dW = dz @ col^T per group, dX = col2im(W^T @ dz) per group.
+// conv2d backward: cuDNN when chosen and it has an algorithm; otherwise im2col_gemm: dz = dy * act'(z) (z recomputed
+// by the forward GEMM when act != none), dbias by a reduction of dz, dW = dz @ col^T and dX = col2im(W^T @ dz) per
+// group.
 #include "api.hpp"
 #include "status.hpp"
 #include "stream_workspace.hpp"
@@ -16,8 +17,13 @@ void backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream) {
   if (args.dy == nullptr) throw std::invalid_argument("dy: null device pointer");
   if (args.x == nullptr) throw std::invalid_argument("x: null device pointer");
   if (args.w == nullptr) throw std::invalid_argument("w: null device pointer");
-  (void)requested;  // im2col_gemm is the only native candidate
   if (args.dx == nullptr && args.dw == nullptr && args.dbias == nullptr) return;
+  if (choose(requested, args.shape, args.act, args.bias != nullptr, true) == Kernel::Cudnn) {
+    if (cudnn_backward(args, stream)) return;
+    if (requested == Kernel::Cudnn) {
+      throw std::runtime_error("ge2 op 'conv2d': kernel 'cudnn': cudnnFind* returned no working algorithm");
+    }
+  }
   const Shape& s = args.shape;
   const int64_t cg = s.c / s.groups, kg = s.k / s.groups, npq = s.n * s.p * s.q, rsc = cg * s.r * s.s;
   const bool nhwc = s.layout == Layout::NHWC;
@@ -40,7 +46,7 @@ void backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream) {
     launch_im2col(s, args.x, col, stream);
   }
   launch_output_grad(s, args.dy, recompute ? acc : nullptr, args.bias, dz, args.act, args.slope, stream);
-  if (args.dbias != nullptr) launch_bias_grad(s, dz, args.dbias, stream);
+  if (args.dbias != nullptr) launch_bias_grad(s, dz, args.dbias, /*gemm_layout=*/true, stream);
 
   GemmCall base;
   base.batch = s.groups;

@@ -15,13 +15,15 @@ namespace ge2::conv2d {
 
 Kernel kernel_from_name(const std::string& name) {
   if (name == "auto") return Kernel::Auto;
+  if (name == "cudnn") return Kernel::Cudnn;
   if (name == "im2col_gemm") return Kernel::Im2colGemm;
-  throw std::invalid_argument("kernel: expected one of auto, im2col_gemm, got '" + name + "'");
+  throw std::invalid_argument("kernel: expected one of auto, cudnn, im2col_gemm, got '" + name + "'");
 }
 
 const char* kernel_name(Kernel kernel) {
   switch (kernel) {
     case Kernel::Auto: return "auto";
+    case Kernel::Cudnn: return "cudnn";
     case Kernel::Im2colGemm: return "im2col_gemm";
   }
   return "unknown";
@@ -33,8 +35,18 @@ Layout layout_from_name(const std::string& name) {
   throw std::invalid_argument("layout: expected NCHW or NHWC, got '" + name + "'");
 }
 
+bool has_cudnn() { return GE2_WITH_CUDNN != 0; }
+
 std::vector<KernelInfo> kernel_table() {
   return {
+      {"cudnn", 20,
+       has_cudnn() ? "cuDNN's convolution (legacy C API): the algorithm cudnnFind* times fastest per problem, cached; "
+                     "backward data and filter (dbias by GE2's reduction)"
+                   : "cuDNN's convolution: NOT BUILT (CMake found no cuDNN: neither in the CUDA toolkit nor in the "
+                     "nvidia-cudnn-cu13 Python package)",
+       "built with cuDNN; act none; forward without bias (backward takes one); symmetric padding; tensors below "
+       "2^31 elements; the first call of a problem runs cudnnFind* (not during CUDA graph capture); auto falls back "
+       "to im2col_gemm when cudnnFind* returns no working algorithm"},
       {"im2col_gemm", 10,
        "im2col into a per-stream workspace + one batched cuBLASLt GEMM (a batch per group) + one fused "
        "bias/activation kernel; backward: dX by GEMM + col2im gather, dW by GEMM, dbias by a reduction",
@@ -229,12 +241,36 @@ void im2col_gemm_accumulate(const Shape& s, const void* x, const void* w, void* 
   gemm(call, stream);
 }
 
+std::string unsupported_reason(Kernel kernel, const Shape& shape, Act act, bool has_bias, bool backward) {
+  if (kernel == Kernel::Cudnn) return cudnn_unsupported_reason(shape, act, has_bias, backward);
+  return "";
+}
+
+Kernel choose(Kernel requested, const Shape& shape, Act act, bool has_bias, bool backward) {
+  if (requested == Kernel::Auto) {
+    return unsupported_reason(Kernel::Cudnn, shape, act, has_bias, backward).empty() ? Kernel::Cudnn
+                                                                                      : Kernel::Im2colGemm;
+  }
+  const std::string reason = unsupported_reason(requested, shape, act, has_bias, backward);
+  if (!reason.empty()) {
+    throw std::invalid_argument(std::string("kernel: '") + kernel_name(requested) + "' cannot run this problem: " +
+                                reason);
+  }
+  return requested;
+}
+
 Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
   check_shape(args.shape);
   if (args.x == nullptr) throw std::invalid_argument("x: null device pointer");
   if (args.w == nullptr) throw std::invalid_argument("w: null device pointer");
   if (args.y == nullptr) throw std::invalid_argument("y: null device pointer");
-  (void)requested;  // im2col_gemm is the only native candidate: Auto and Im2colGemm both run it
+  const Kernel kernel = choose(requested, args.shape, args.act, args.bias != nullptr, false);
+  if (kernel == Kernel::Cudnn) {
+    if (cudnn_forward(args, stream)) return kernel;
+    if (requested == Kernel::Cudnn) {
+      throw std::runtime_error("ge2 op 'conv2d': kernel 'cudnn': cudnnFind* returned no working algorithm");
+    }
+  }
   const Shape& s = args.shape;
   const std::size_t col_bytes = round_up(im2col_col_elements(s) * dtype_size(s.dtype));
   const std::size_t acc_bytes = round_up(static_cast<std::size_t>(s.k * s.n * s.p * s.q) * sizeof(float));

@@ -140,14 +140,18 @@ __global__ void output_grad(Geometry g, bool nhwc, const T* __restrict__ dy, con
   }
 }
 
-// One block per output channel: NCHW dz rows are contiguous, NHWC columns have stride K.
+// One block per output channel. NHWC: a column of stride K; NCHW GEMM layout: a contiguous row; NCHW y layout:
+// N runs of P*Q.
 template <typename T>
-__global__ void bias_grad(const T* __restrict__ dz, T* __restrict__ dbias, int64_t rows, int64_t k, bool nhwc) {
+__global__ void bias_grad(const T* __restrict__ dz, T* __restrict__ dbias, int64_t rows, int64_t k, int64_t pq,
+                          bool nhwc, bool gemm_layout) {
   __shared__ float scratch[32];
   const int64_t channel = blockIdx.x;
   float sum = 0.0f;
   for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
-    sum += to_float(dz[nhwc ? i * k + channel : channel * rows + i]);
+    const int64_t index = nhwc ? i * k + channel
+                               : (gemm_layout ? channel * rows + i : (i / pq * k + channel) * pq + i % pq);
+    sum += to_float(dz[index]);
   }
   sum = block_reduce(sum, SumOp{}, scratch);
   if (threadIdx.x == 0) dbias[channel] = from_float<T>(sum);
@@ -202,12 +206,12 @@ void launch_output_grad(const Shape& shape, const void* dy, const float* acc, co
   GE2_CHECK_LAUNCH("output_grad");
 }
 
-void launch_bias_grad(const Shape& shape, const void* dz, void* dbias, cudaStream_t stream) {
+void launch_bias_grad(const Shape& shape, const void* dz, void* dbias, bool gemm_layout, cudaStream_t stream) {
   const int64_t rows = shape.n * shape.p * shape.q;
   GE2_DISPATCH_FLOATING(shape.dtype, "dtype", {
     bias_grad<<<static_cast<unsigned>(shape.k), kThreads, 0, stream>>>(
-        static_cast<const scalar_t*>(dz), static_cast<scalar_t*>(dbias), rows, shape.k,
-        shape.layout == Layout::NHWC);
+        static_cast<const scalar_t*>(dz), static_cast<scalar_t*>(dbias), rows, shape.k, shape.p * shape.q,
+        shape.layout == Layout::NHWC, gemm_layout);
   });
   GE2_CHECK_LAUNCH("bias_grad");
 }

@@ -1,0 +1,264 @@
+// cudnn: cuDNN's legacy convolution API (cudnnConvolutionForward / BackwardData / BackwardFilter; dbias by GE2),
+// compiled only when CMake found cuDNN (GE2_WITH_CUDNN). The algorithm of each problem is chosen once by
+// cudnnFind*Algorithm (cuDNN times its candidates, as PyTorch's cudnn.benchmark does) and cached.
+#include "api.hpp"
+
+#if GE2_WITH_CUDNN
+#include <array>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include <cudnn.h>
+
+#include "status.hpp"
+#include "stream_workspace.hpp"
+#endif
+
+namespace ge2::conv2d {
+
+#if !GE2_WITH_CUDNN
+
+std::string cudnn_unsupported_reason(const Shape&, Act, bool, bool) {
+  return "this build of _ops_conv2d has no cuDNN (CMake found no cudnn.h and libcudnn: neither in the CUDA toolkit "
+         "nor in the nvidia-cudnn-cu13 Python package)";
+}
+bool cudnn_forward(const ForwardArgs&, cudaStream_t) { throw std::logic_error("conv2d: built without cuDNN"); }
+bool cudnn_backward(const BackwardArgs&, cudaStream_t) { throw std::logic_error("conv2d: built without cuDNN"); }
+
+#else
+
+namespace {
+
+void check_cudnn(cudnnStatus_t status, const char* what) {
+  if (status != CUDNN_STATUS_SUCCESS) {
+    throw std::runtime_error(std::string("ge2 op 'conv2d': ") + what + " failed: " + cudnnGetErrorString(status));
+  }
+}
+#define GE2_CUDNN_CHECK(expr) check_cudnn((expr), #expr)
+
+cudnnDataType_t cudnn_type(DType dtype) {
+  switch (dtype) {
+    case DType::Float32: return CUDNN_DATA_FLOAT;
+    case DType::Float16: return CUDNN_DATA_HALF;
+    case DType::BFloat16: return CUDNN_DATA_BFLOAT16;
+    default: throw std::invalid_argument("dtype: cuDNN takes float32, float16 or bfloat16");
+  }
+}
+
+// Descriptors of one problem and the algorithms cuDNN found fastest for it (found on first use, then kept).
+struct CudnnPlan {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnMathType_t baseline_math = CUDNN_DEFAULT_MATH;  // what every Find starts from (strict fp32: FMA only)
+  // Searched: cudnnFind* has run (found: it returned a working algorithm).
+  bool searched_forward = false, searched_data = false, searched_filter = false;
+  bool found_forward = false, found_data = false, found_filter = false;
+  cudnnConvolutionFwdAlgoPerf_t forward{};
+  cudnnConvolutionBwdDataAlgoPerf_t data{};
+  cudnnConvolutionBwdFilterAlgoPerf_t filter{};
+
+  ~CudnnPlan() {
+    for (auto tensor : {x, y}) {
+      if (tensor) cudnnDestroyTensorDescriptor(tensor);
+    }
+    if (w) cudnnDestroyFilterDescriptor(w);
+    if (conv) cudnnDestroyConvolutionDescriptor(conv);
+  }
+};
+
+using CudnnKey = std::array<int64_t, 20>;
+
+struct CudnnResources {
+  std::mutex mutex;       // the maps below
+  std::mutex call_mutex;  // one call at a time: the handle's stream and the descriptors' math type are set per call
+  std::map<int, cudnnHandle_t> handles;
+  std::map<CudnnKey, std::unique_ptr<CudnnPlan>> plans;
+
+  static CudnnResources& instance() {
+    static auto* resources = new CudnnResources();  // never destroyed: outlives Python's teardown order
+    return *resources;
+  }
+};
+
+cudnnHandle_t handle_for(int device, cudaStream_t stream) {
+  auto& resources = CudnnResources::instance();
+  cudnnHandle_t handle = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(resources.mutex);
+    auto found = resources.handles.find(device);
+    if (found == resources.handles.end()) {
+      GE2_CUDNN_CHECK(cudnnCreate(&handle));
+      resources.handles.emplace(device, handle);
+    } else {
+      handle = found->second;
+    }
+  }
+  GE2_CUDNN_CHECK(cudnnSetStream(handle, stream));
+  return handle;
+}
+
+int as_int(int64_t value) { return static_cast<int>(value); }
+
+int current_device_index() {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), GE2_OP_NAME, "cudaGetDevice");
+  return device;
+}
+
+CudnnPlan* plan_for(const Shape& s, bool allow_tf32) {
+  const int device = current_device_index();
+  const CudnnKey key = {device, s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride_h, s.stride_w, s.pad_top, s.pad_left,
+                        s.dilation_h, s.dilation_w, s.groups, static_cast<int64_t>(s.layout),
+                        static_cast<int64_t>(s.dtype), allow_tf32, 0, 0};
+  auto& resources = CudnnResources::instance();
+  std::lock_guard<std::mutex> lock(resources.mutex);
+  auto found = resources.plans.find(key);
+  if (found != resources.plans.end()) return found->second.get();
+  auto plan = std::make_unique<CudnnPlan>();
+  const cudnnTensorFormat_t format = s.layout == Layout::NHWC ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+  const cudnnDataType_t type = cudnn_type(s.dtype);
+  GE2_CUDNN_CHECK(cudnnCreateTensorDescriptor(&plan->x));
+  GE2_CUDNN_CHECK(cudnnCreateTensorDescriptor(&plan->y));
+  GE2_CUDNN_CHECK(cudnnCreateFilterDescriptor(&plan->w));
+  GE2_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&plan->conv));
+  GE2_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->x, format, type, as_int(s.n), as_int(s.c), as_int(s.h),
+                                             as_int(s.w)));
+  GE2_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->y, format, type, as_int(s.n), as_int(s.k), as_int(s.p),
+                                             as_int(s.q)));
+  // NHWC filters are [K, R, S, C/g] (KRSC), exactly GE2's NHWC weight layout.
+  GE2_CUDNN_CHECK(cudnnSetFilter4dDescriptor(plan->w, type, format, as_int(s.k), as_int(s.c / s.groups),
+                                             as_int(s.r), as_int(s.s)));
+  GE2_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(plan->conv, as_int(s.pad_top), as_int(s.pad_left),
+                                                  as_int(s.stride_h), as_int(s.stride_w), as_int(s.dilation_h),
+                                                  as_int(s.dilation_w), CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  GE2_CUDNN_CHECK(cudnnSetConvolutionGroupCount(plan->conv, as_int(s.groups)));
+  // float32 stays strict fp32 (FMA math) unless TF32 is asked for; 16-bit types use tensor cores.
+  const bool fma_only = s.dtype == DType::Float32 && !allow_tf32;
+  plan->baseline_math = fma_only ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
+  CudnnPlan* raw = plan.get();
+  resources.plans.emplace(key, std::move(plan));
+  return raw;
+}
+
+void refuse_during_capture(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &capture), GE2_OP_NAME, "cudaStreamIsCapturing");
+  if (capture != cudaStreamCaptureStatusNone) {
+    throw std::runtime_error("ge2 op 'conv2d': kernel 'cudnn' must choose its algorithm before CUDA graph capture; "
+                             "run the problem once on this stream first");
+  }
+}
+
+// The first result that ran (cuDNN sorts them fastest first) into `chosen`; false when none did.
+template <typename Perf>
+bool first_working(const Perf* results, int returned, Perf* chosen) {
+  for (int i = 0; i < returned; ++i) {
+    if (results[i].status == CUDNN_STATUS_SUCCESS) {
+      *chosen = results[i];
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string cudnn_unsupported_reason(const Shape& s, Act act, bool has_bias, bool backward) {
+  if (act != Act::None) return "activations run in im2col_gemm's fused epilogue, not in the cuDNN candidate";
+  if (has_bias && !backward) {
+    return "a bias added after cuDNN would round the convolution to the storage type first; im2col_gemm adds it "
+           "in float32";
+  }
+  // cuDNN pads symmetrically: the output size must come out the same with bottom = top and right = left.
+  const int64_t p = (s.h + 2 * s.pad_top - s.dilation_h * (s.r - 1) - 1) / s.stride_h + 1;
+  const int64_t q = (s.w + 2 * s.pad_left - s.dilation_w * (s.s - 1) - 1) / s.stride_w + 1;
+  if (p != s.p || q != s.q) return "cuDNN takes symmetric padding only (top == bottom, left == right)";
+  constexpr int64_t kMaxElements = (int64_t{1} << 31) - 1;  // 4-d descriptors count in int
+  if (s.n * s.c * s.h * s.w > kMaxElements || s.n * s.k * s.p * s.q > kMaxElements) {
+    return "a tensor has more than 2^31 - 1 elements";
+  }
+  return "";
+}
+
+// cudnnFind* allocates its own scratch and synchronizes, so it is refused during capture.
+bool cudnn_forward(const ForwardArgs& args, cudaStream_t stream) {
+  const Shape& s = args.shape;
+  std::lock_guard<std::mutex> lock(CudnnResources::instance().call_mutex);
+  CudnnPlan* plan = plan_for(s, args.allow_tf32);
+  cudnnHandle_t handle = handle_for(current_device_index(), stream);
+  if (!plan->searched_forward) {
+    refuse_during_capture(stream);
+    GE2_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, plan->baseline_math));
+    constexpr int kRequested = 8;
+    cudnnConvolutionFwdAlgoPerf_t results[kRequested];
+    int returned = 0;
+    GE2_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(handle, plan->x, plan->w, plan->conv, plan->y, kRequested,
+                                                         &returned, results));
+    plan->found_forward = first_working(results, returned, &plan->forward);
+    plan->searched_forward = true;
+  }
+  if (!plan->found_forward) return false;
+  void* workspace = plan->forward.memory > 0 ? StreamWorkspace::get(plan->forward.memory, stream) : nullptr;
+  const float alpha = 1.0f, beta = 0.0f;
+  GE2_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, plan->forward.mathType));
+  GE2_CUDNN_CHECK(cudnnConvolutionForward(handle, &alpha, plan->x, args.x, plan->w, args.w, plan->conv,
+                                          plan->forward.algo, workspace, plan->forward.memory, &beta, plan->y,
+                                          args.y));
+  return true;
+}
+
+bool cudnn_backward(const BackwardArgs& args, cudaStream_t stream) {
+  const Shape& s = args.shape;
+  std::lock_guard<std::mutex> lock(CudnnResources::instance().call_mutex);
+  CudnnPlan* plan = plan_for(s, args.allow_tf32);
+  cudnnHandle_t handle = handle_for(current_device_index(), stream);
+  constexpr int kRequested = 8;
+  if (args.dx != nullptr && !plan->searched_data) {
+    refuse_during_capture(stream);
+    GE2_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, plan->baseline_math));
+    cudnnConvolutionBwdDataAlgoPerf_t results[kRequested];
+    int returned = 0;
+    GE2_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(handle, plan->w, plan->y, plan->conv, plan->x,
+                                                              kRequested, &returned, results));
+    plan->found_data = first_working(results, returned, &plan->data);
+    plan->searched_data = true;
+  }
+  if (args.dw != nullptr && !plan->searched_filter) {
+    refuse_during_capture(stream);
+    GE2_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, plan->baseline_math));
+    cudnnConvolutionBwdFilterAlgoPerf_t results[kRequested];
+    int returned = 0;
+    GE2_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(handle, plan->x, plan->y, plan->conv, plan->w,
+                                                                kRequested, &returned, results));
+    plan->found_filter = first_working(results, returned, &plan->filter);
+    plan->searched_filter = true;
+  }
+  if ((args.dx != nullptr && !plan->found_data) || (args.dw != nullptr && !plan->found_filter)) return false;
+  // One workspace for both calls: growing it between them would wait for the stream.
+  std::size_t bytes = 0;
+  if (args.dx != nullptr) bytes = std::max(bytes, plan->data.memory);
+  if (args.dw != nullptr) bytes = std::max(bytes, plan->filter.memory);
+  void* workspace = bytes > 0 ? StreamWorkspace::get(bytes, stream) : nullptr;
+  const float alpha = 1.0f, beta = 0.0f;
+  if (args.dx != nullptr) {
+    GE2_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, plan->data.mathType));
+    GE2_CUDNN_CHECK(cudnnConvolutionBackwardData(handle, &alpha, plan->w, args.w, plan->y, args.dy, plan->conv,
+                                                 plan->data.algo, workspace, plan->data.memory, &beta, plan->x,
+                                                 args.dx));
+  }
+  if (args.dw != nullptr) {
+    GE2_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, plan->filter.mathType));
+    GE2_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle, &alpha, plan->x, args.x, plan->y, args.dy, plan->conv,
+                                                   plan->filter.algo, workspace, plan->filter.memory, &beta,
+                                                   plan->w, args.dw));
+  }
+  // act is none here, so dbias is the sum of dy: the reduction im2col_gemm uses, one dbias path for every dtype.
+  if (args.dbias != nullptr) launch_bias_grad(s, args.dy, args.dbias, /*gemm_layout=*/false, stream);
+  return true;
+}
+
+#endif
+
+}  // namespace ge2::conv2d

@@ -1,0 +1,118 @@
+"""conv2d: every GE2 candidate vs PyTorch (cuDNN, cudnn.benchmark=True) on the ResNet-50 layer shapes (N=32),
+float32 NCHW (strict fp32 on both sides: cuDNN's TF32 is turned off) and float16 NHWC (channels_last), forward and
+forward+backward, one process, one GPU. Correctness first, then medians (L2 flushed).
+
+Run: python benchmarks/bench_conv.py [--quick]
+"""
+from __future__ import annotations
+
+import sys
+
+from harness import median_ms, torch_cuda, write_results
+
+from graph_executor_v2.ops import conv2d
+
+BATCH = 32
+# (C, H, K, R, stride), padding R // 2: the issue's ResNet-50 rows.
+SHAPES = [(64, 56, 64, 3, 1), (256, 56, 64, 1, 1), (128, 28, 128, 3, 1), (512, 28, 128, 1, 1), (256, 14, 256, 3, 1),
+          (3, 224, 64, 7, 2)]
+CONFIGS = [("float32", "NCHW"), ("float16", "NHWC")]
+
+
+def relative_error(torch, actual, expected):
+    expected = expected.float()
+    return ((actual.float() - expected).abs().max() / expected.abs().max().clamp_min(1e-6)).item()
+
+
+def bench_shape(torch, shape, dtype_name, layout, candidate):
+    F = torch.nn.functional
+    c, h, k, r, stride = shape
+    padding = r // 2
+    dtype = getattr(torch, dtype_name)
+    x_nchw = torch.randn(BATCH, c, h, h, device="cuda", dtype=dtype)
+    w_nchw = torch.randn(k, c, r, r, device="cuda", dtype=dtype) / (c * r * r) ** 0.5
+    if layout == "NHWC":  # torch gets channels_last views of the same memory GE2 reads as NHWC
+        x = x_nchw.permute(0, 2, 3, 1).contiguous()
+        w = w_nchw.permute(0, 2, 3, 1).contiguous()
+        x_torch, w_torch = x.permute(0, 3, 1, 2), w.permute(0, 3, 1, 2)
+    else:
+        x, w, x_torch, w_torch = x_nchw, w_nchw, x_nchw, w_nchw
+    attrs = dict(stride=stride, padding=padding, layout=layout)
+    y = conv2d.forward(x, w, **attrs, kernel=candidate)
+    dy = torch.randn_like(y)
+    dy_torch = dy.permute(0, 3, 1, 2) if layout == "NHWC" else dy
+    grads_out = (torch.empty_like(x), torch.empty_like(w), None)
+
+    def torch_forward():
+        return F.conv2d(x_torch, w_torch, stride=stride, padding=padding)
+
+    x_leaf, w_leaf = x_torch.detach().requires_grad_(), w_torch.detach().requires_grad_()
+
+    def torch_train():
+        out = F.conv2d(x_leaf, w_leaf, stride=stride, padding=padding)
+        return torch.autograd.grad(out, (x_leaf, w_leaf), dy_torch)
+
+    def ge2_forward():
+        return conv2d.forward(x, w, **attrs, kernel=candidate, out=y)
+
+    def ge2_train():
+        conv2d.forward(x, w, **attrs, kernel=candidate, out=y)
+        return conv2d.backward(dy, x, w, **attrs, kernel=candidate, out=grads_out)
+
+    expected = torch_forward()
+    ge2_forward()
+    y_as_torch = y.permute(0, 3, 1, 2) if layout == "NHWC" else y
+    dx_expected, dw_expected = torch_train()
+    dx, dw, _ = ge2_train()
+    if layout == "NHWC":
+        dx, dw = dx.permute(0, 3, 1, 2), dw.permute(0, 3, 1, 2)
+    errors = [relative_error(torch, y_as_torch, expected), relative_error(torch, dx, dx_expected),
+              relative_error(torch, dw, dw_expected)]
+    limit = 1e-4 if dtype_name == "float32" else 5e-3
+    if max(errors) > limit:
+        raise AssertionError(f"GE2 {candidate} disagrees with torch at {shape} {dtype_name} {layout}: relative "
+                             f"errors y/dx/dw {errors}")
+
+    times = {
+        "ge2_fwd_ms": median_ms(ge2_forward),
+        "torch_fwd_ms": median_ms(torch_forward),
+        "ge2_train_ms": median_ms(ge2_train),
+        "torch_train_ms": median_ms(torch_train),
+    }
+    p = (h + 2 * padding - r) // stride + 1
+    flops = 2.0 * BATCH * k * p * p * c * r * r
+    row = {"shape": f"C{c} H{h} K{k} R{r} s{stride}", "dtype": dtype_name, "layout": layout, "kernel": candidate,
+           **times, "max_rel_err": max(errors)}
+    row["ge2_fwd_tflops"] = flops / (times["ge2_fwd_ms"] * 1e-3) / 1e12
+    row["fwd_vs_torch"] = times["torch_fwd_ms"] / times["ge2_fwd_ms"]
+    row["train_vs_torch"] = times["torch_train_ms"] / times["ge2_train_ms"]
+    row["target"] = "op >= 0.95x"
+    row["met"] = "yes" if min(row["fwd_vs_torch"], row["train_vs_torch"]) >= 0.95 else "NO"
+    return row
+
+
+def main(quick: bool) -> None:
+    torch = torch_cuda()
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = False  # float32 rows compare strict fp32 with strict fp32
+    candidates = [row["name"] for row in conv2d.kernels() if row["name"] != "cudnn" or conv2d.has_cudnn()]
+    rows = []
+    for shape in SHAPES[:2] if quick else SHAPES:
+        for dtype_name, layout in CONFIGS:
+            for candidate in candidates:
+                row = bench_shape(torch, shape, dtype_name, layout, candidate)
+                rows.append(row)
+                print(f"{row['shape']:>24} {dtype_name:<8} {layout} {candidate:<12} fwd {row['ge2_fwd_ms']:.4f} ms "
+                      f"(torch {row['torch_fwd_ms']:.4f}, x{row['fwd_vs_torch']:.3f}) | fwd+bwd "
+                      f"{row['ge2_train_ms']:.4f} ms (torch {row['torch_train_ms']:.4f}, x{row['train_vs_torch']:.3f})",
+                      flush=True)
+    columns = [("shape", "shape (N=32)"), ("dtype", "dtype"), ("layout", "layout"), ("kernel", "GE2 kernel"),
+               ("ge2_fwd_ms", "GE2 fwd ms"), ("torch_fwd_ms", "torch fwd ms"), ("fwd_vs_torch", "fwd x vs torch"),
+               ("ge2_fwd_tflops", "GE2 fwd TFLOP/s"), ("ge2_train_ms", "GE2 fwd+bwd ms"),
+               ("torch_train_ms", "torch fwd+bwd ms"), ("train_vs_torch", "fwd+bwd x vs torch"),
+               ("max_rel_err", "max rel err"), ("target", "target"), ("met", "met")]
+    print(write_results("conv2d", rows, columns, "conv2d vs PyTorch cuDNN (H100, medians, L2 flushed)"))
+
+
+if __name__ == "__main__":
+    main("--quick" in sys.argv)

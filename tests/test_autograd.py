@@ -65,6 +65,25 @@ CASES = [
     ("embedding", "embedding", lambda r: [_normal(r, (6, 4)), np.array([[0, 5, 5], [2, 0, 1]], np.int64)], {}),
     ("cast_to_bfloat16", "cast", lambda r: [_normal(r, (3, 4))], {"dtype": "bfloat16"}),
     ("concat", "concat", lambda r: [_normal(r, (2, 3)), _normal(r, (2, 1)), _normal(r, (2, 4))], {"axis": 1}),
+    ("max_pool2d", "max_pool2d", lambda r: [_normal(r, (2, 3, 5, 6))], {"kernel_size": 3, "stride": 2, "padding": 1,
+                                                                       "ceil_mode": True}),
+    ("avg_pool2d_nhwc", "avg_pool2d", lambda r: [_normal(r, (2, 5, 6, 3))],
+     {"kernel_size": 2, "padding": 1, "count_include_pad": False, "layout": "NHWC"}),
+    ("global_avg_pool", "global_avg_pool", lambda r: [_normal(r, (2, 3, 4, 5))], {}),
+    ("batch_norm_training", "batch_norm", lambda r: [_normal(r, (4, 3, 2, 2)), _normal(r, (3,)), _normal(r, (3,)),
+                                                     _normal(r, (3,)), np.abs(_normal(r, (3,))) + 0.5],
+     {"training": True}),
+    ("batch_norm_inference_nhwc", "batch_norm", lambda r: [_normal(r, (2, 3, 4)), _normal(r, (4,)), _normal(r, (4,)),
+                                                           _normal(r, (4,)), np.abs(_normal(r, (4,))) + 0.5],
+     {"layout": "NHWC"}),
+    ("conv2d_stride2_bias", "conv2d", lambda r: [_normal(r, (2, 3, 7, 6)), _normal(r, (4, 3, 3, 3)), _normal(r, (4,))],
+     {"stride": 2, "padding": 1}),
+    ("conv2d_depthwise_nhwc", "conv2d", lambda r: [_normal(r, (1, 5, 5, 4)), _normal(r, (4, 3, 3, 1)), None],
+     {"padding": 1, "groups": 4, "layout": "NHWC"}),
+    ("attention_causal_gqa", "attention", lambda r: [_normal(r, (1, 4, 5, 8)), _normal(r, (1, 2, 6, 8)),
+                                                     _normal(r, (1, 2, 6, 8))], {"causal": True}),
+    ("attention_bshd", "attention", lambda r: [_normal(r, (2, 3, 2, 4)), _normal(r, (2, 4, 2, 4)),
+                                               _normal(r, (2, 4, 2, 4))], {"layout": "bshd"}),
 ]
 
 
@@ -73,6 +92,7 @@ def _op_graph(op, arrays, attrs, projection=None):
     g = ge2.ir.Graph(op)
     values = [None if a is None else g.input(f"in{i}", a.shape, a.dtype.name) for i, a in enumerate(arrays)]
     y = getattr(g, op)(*values, **attrs)
+    y = y[0] if isinstance(y, tuple) else y  # several outputs (max_pool2d, batch_norm): the gradient of the first
     if projection is None:
         return y.type
     g.output(g.sum(g.mul(y, g.param("projection", projection))), "loss")
@@ -110,6 +130,8 @@ def _case_backward_graph(rng, case):
     out_type = _op_graph(op, arrays, attrs)
     projection = _normal(rng, out_type.shape).astype(to_numpy(out_type.dtype))
     float_inputs = [f"in{i}" for i, a in enumerate(arrays) if a is not None and a.dtype.kind == "f"]
+    if op == "batch_norm":
+        float_inputs = float_inputs[:3]  # running statistics: buffers, no gradient
     bg = autograd.backward_graph(_op_graph(op, arrays, attrs, projection), "loss", wrt=float_inputs)
     feeds = {f"in{i}": a for i, a in enumerate(arrays) if a is not None}
     return arrays, projection, bg, float_inputs, feeds

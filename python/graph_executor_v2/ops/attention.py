@@ -29,8 +29,8 @@ from .. import _native
 from .. import device as _device
 from ..dtypes import FLOAT_DTYPES, normalize
 from ..ir.types import TensorType
-from . import _layout
-from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register
+from . import _grad, _layout
+from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register
 
 LAYOUTS = ("bhsd", "bshd")
 KERNELS = ("auto", "rowwise")
@@ -413,7 +413,7 @@ ATTENTION = register(OpDef(
 ))
 
 # The gradient computation as an op of its own: dy and the saved values in, (dq, dk, dv) out.
-ATTENTION_BACKWARD = register(OpDef(
+ATTENTION_BACKWARD = _grad.register_backward(OpDef(
     name="attention_backward",
     inputs=(Input("dy"), Input("q"), Input("k"), Input("v"), Input("y"), Input("lse")),
     outputs=("dq", "dk", "dv"),
@@ -423,3 +423,7 @@ ATTENTION_BACKWARD = register(OpDef(
     candidates=(Candidate("rowwise", 10, _ROWWISE, lambda problem: _supports(problem, 1), _prepare_backward),),
     doc="attention's gradients (dq, dk, dv) from dy, the forward inputs and the saved y and lse.",
 ))
+
+# Grad rule: the saved y and lse feed the backward, so nothing is recomputed.
+attach_grad(ATTENTION, lambda g, node, dys: list(g.attention_backward(dys[0], *node.inputs, *node.outputs,
+                                                                      **node.attrs)))

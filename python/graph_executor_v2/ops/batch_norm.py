@@ -32,7 +32,7 @@ from .. import _native
 from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
-from . import _layout, _row_norm
+from . import _grad, _layout, _row_norm
 from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register
 
 LAYOUTS = ("NCHW", "NHWC")
@@ -406,7 +406,7 @@ def _infer_backward(in_types, attrs):
     return [x, gamma, gamma]
 
 
-BACKWARD_OP = register(OpDef(
+BACKWARD_OP = _grad.register_backward(OpDef(
     name="batch_norm_backward",
     inputs=tuple(Input(name) for name in ("dy", "x", "gamma", "saved_mean", "saved_invstd")),
     outputs=("dx", "dgamma", "dbeta"),

@@ -28,8 +28,8 @@ from .. import _native
 from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
-from . import _base, _layout, activations
-from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register
+from . import _grad, _layout, activations
+from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register
 
 CONV_ACTIVATIONS = ("none", "relu", "gelu", "silu", "leaky_relu")
 LAYOUTS = ("NCHW", "NHWC")
@@ -526,7 +526,7 @@ def _backward_candidate(name, priority, description, always_works=False):
     return Candidate(name, priority, description, supports, prepare, always_works)
 
 
-BACKWARD_OP = register(OpDef(
+BACKWARD_OP = _grad.register_backward(OpDef(
     name="conv2d_backward",
     inputs=(Input("dy"), Input("x"), Input("w"), Input("bias", optional=True)),
     outputs=("dx", "dw", "dbias"),
@@ -547,6 +547,4 @@ def _grad(g, node, out_grads):
     return [dx, dw, None if bias is None else dbias]
 
 
-# The grad-rule hook arrives with the training API (issue 8); attach the rule once it exists.
-if hasattr(_base, "attach_grad"):
-    _base.attach_grad(OP, _grad)
+attach_grad(OP, _grad)

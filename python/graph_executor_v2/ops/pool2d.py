@@ -31,7 +31,7 @@ from .. import _native
 from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
-from . import _layout
+from . import _grad, _layout
 from ._base import Attr, Candidate, Input, OpDef, Problem, attach_grad, register
 
 LAYOUTS = ("NCHW", "NHWC")
@@ -649,7 +649,7 @@ MAX_OP = register(OpDef(
     reference=_reference_max, reference_backward=_reference_max_backward,
     candidates=_candidate("window", _WINDOW_DESCRIPTION, _window_launch("max", False)), doc=OPS_DOC["max_pool2d"]))
 
-MAX_BACKWARD_OP = register(OpDef(
+MAX_BACKWARD_OP = _grad.register_backward(OpDef(
     name="max_pool2d_backward", inputs=(Input("dy"), Input("indices"), Input("x")), outputs=("dx",),
     attrs=MAX_OP.attrs, infer=_infer_max_backward,
     reference=lambda inputs, attrs: [reference_max_backward(inputs[0], inputs[1], _host_window(inputs[2], attrs))],
@@ -661,7 +661,7 @@ AVG_OP = register(OpDef(
     reference=_reference_avg, reference_backward=_reference_avg_backward,
     candidates=_candidate("window", _WINDOW_DESCRIPTION, _window_launch("avg", False)), doc=OPS_DOC["avg_pool2d"]))
 
-AVG_BACKWARD_OP = register(OpDef(
+AVG_BACKWARD_OP = _grad.register_backward(OpDef(
     name="avg_pool2d_backward", inputs=(Input("dy"), Input("x")), outputs=("dx",), attrs=AVG_OP.attrs,
     infer=_infer_avg_backward,
     reference=lambda inputs, attrs: [reference_avg_backward(inputs[0], _host_window(inputs[1], attrs))],
@@ -679,7 +679,7 @@ GLOBAL_OP = register(OpDef(
                           _global_launch(False)),
     doc=OPS_DOC["global_avg_pool"]))
 
-GLOBAL_BACKWARD_OP = register(OpDef(
+GLOBAL_BACKWARD_OP = _grad.register_backward(OpDef(
     name="global_avg_pool_backward", inputs=(Input("dy"), Input("x")), outputs=("dx",), attrs=_GLOBAL_ATTRS,
     infer=_infer_global_backward,
     reference=lambda inputs, attrs: [reference_global_backward(inputs[0], np.shape(inputs[1]), attrs["layout"])],

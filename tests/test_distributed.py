@@ -1,0 +1,259 @@
+"""ge2.distributed: the store, sharding, bucketing, the launcher and failure handling on the CPU (a world of
+several processes through the store backend), and NCCL collectives on the GPU (world 1 on one GPU; world 2 where
+two GPUs are present)."""
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import graph_executor_v2 as ge2
+from graph_executor_v2 import distributed
+from graph_executor_v2.distributed.buckets import Bucket, plan_buckets
+from graph_executor_v2.distributed.store import StoreError, TCPStore
+
+PYTHON_PATH = str(Path(__file__).resolve().parents[1] / "python")
+
+
+def _launch(tmp_path, body: str, nproc: int = 2, timeout: float = 120, extra=()):
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(body))
+    command = [sys.executable, "-m", "graph_executor_v2.distributed.run", "--nproc-per-node", str(nproc),
+               "--master-port", "0", "--grace", "5", *extra, str(script)]
+    env = {"PYTHONPATH": PYTHON_PATH, "PATH": "/usr/bin:/bin"}
+    start = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    return done, time.monotonic() - start
+
+
+# --- the store ---------------------------------------------------------------------------------------------------
+def test_store_operations_and_timeouts():
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=5)
+    client = TCPStore("127.0.0.1", master.port, is_master=False, timeout=5)
+    try:
+        client.set("a", b"\x00\x01payload")
+        assert master.get("a") == b"\x00\x01payload"
+        assert [master.add("n"), client.add("n", 5)] == [1, 6]
+        assert client.set_if_absent("once", b"first") == (True, b"first")
+        assert master.set_if_absent("once", b"second") == (False, b"first")
+        assert client.check("a") and not client.check("b")
+        client.delete("a")
+        assert not master.check("a")
+        with pytest.raises(StoreError, match="timed out after 0.2 s waiting for key 'never'"):
+            client.get("never", timeout=0.2)
+        with pytest.raises(StoreError, match="only 6 of 9 ranks arrived"):
+            client.wait_count("n", 9, timeout=0.2)
+    finally:
+        client.close()
+        master.close()
+
+
+def test_store_port_in_use_and_unreachable_master():
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=5)
+    try:
+        with pytest.raises(StoreError, match=f"MASTER_PORT {master.port}: cannot host the store"):
+            TCPStore("127.0.0.1", master.port, is_master=True, timeout=1)
+    finally:
+        master.close()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    with pytest.raises(StoreError, match="could not reach the store .* is rank 0 running"):
+        TCPStore("127.0.0.1", free, is_master=False, timeout=0.3)
+    with pytest.raises(ValueError, match="port"):
+        TCPStore("127.0.0.1", 70000, is_master=True)
+
+
+# --- sharding and buckets ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("count, world", [(10, 3), (1, 4), (0, 2), (1797, 2), (64, 8)])
+def test_shards_cover_every_item_once(count, world):
+    parts = [distributed.shard(count, rank, world) for rank in range(world)]
+    covered = np.concatenate([np.arange(count)[part] for part in parts])
+    np.testing.assert_array_equal(covered, np.arange(count))
+    sizes = [p.stop - p.start for p in parts]
+    assert max(sizes) - min(sizes) <= 1
+    with pytest.raises(ValueError, match="rank"):
+        distributed.shard(count, world, world)
+
+
+def test_buckets_close_at_the_size_and_keep_the_order():
+    gradients = [("w3", 40), ("b3", 4), ("w2", 100), ("b2", 4), ("w1", 10), ("b1", 4)]
+    assert plan_buckets(gradients, 44) == [Bucket(("w3", "b3"), 44), Bucket(("w2",), 100),
+                                           Bucket(("b2", "w1", "b1"), 18)]
+    assert plan_buckets(gradients, 10**9) == [Bucket(tuple(n for n, _ in gradients), 162)]
+    assert plan_buckets([], 8) == []
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        plan_buckets(gradients, 0)
+    with pytest.raises(ValueError, match="each gradient once"):
+        plan_buckets([("w", 4), ("w", 4)], 8)
+
+
+# --- init errors ---------------------------------------------------------------------------------------------------
+def test_init_without_the_launcher_names_the_missing_variables(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RuntimeError, match="RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT not set"):
+        distributed.init()
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29999")
+    with pytest.raises(ValueError, match="RANK: expected an int in \\[0, 2\\), got 2"):
+        distributed.init()
+    with pytest.raises(ValueError, match="backend"):
+        distributed.init(backend="gloo")
+
+
+def test_world_of_one_in_process(monkeypatch):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)),
+                        ("LOCAL_RANK", "0")):
+        monkeypatch.setenv(name, value)
+    group = distributed.init(backend="store", timeout=10)
+    try:
+        assert (distributed.rank(), distributed.world_size(), group.backend) == (0, 1, "store")
+        values = np.arange(5, dtype=np.float32)
+        np.testing.assert_array_equal(distributed.all_reduce(values.copy(), "sum"), values)
+        distributed.barrier()
+    finally:
+        distributed.shutdown()
+    assert not distributed.is_initialized()
+
+
+# --- jobs of several processes through the launcher ---------------------------------------------------------------
+def test_a_job_of_three_ranks_reduces_and_broadcasts(tmp_path):
+    done, _ = _launch(tmp_path, """
+        import numpy as np
+        from graph_executor_v2 import distributed
+        group = distributed.init(backend="store", timeout=60)
+        rank, world = distributed.rank(), distributed.world_size()
+        x = np.full(4, rank + 1, np.float32)
+        distributed.all_reduce(x, "sum")
+        assert np.array_equal(x, np.full(4, 6, np.float32)), x
+        y = np.array([rank], np.int64)
+        distributed.all_reduce(y, "max")
+        assert y[0] == world - 1
+        z = np.arange(3, dtype=np.float32) * (rank + 1)
+        distributed.all_reduce(z, "avg")
+        assert np.allclose(z, np.arange(3) * 2.0), z
+        w = np.full(2, rank, np.float64)
+        distributed.broadcast(w, root=2)
+        assert np.array_equal(w, [2.0, 2.0]), w
+        part = distributed.shard(10)
+        print(f"rank {rank} of {world} shard {part.start}:{part.stop}", flush=True)
+        distributed.shutdown()
+        """, nproc=3)
+    assert done.returncode == 0, done.stderr
+    assert sorted(line for line in done.stdout.splitlines() if line.startswith("rank")) == [
+        "rank 0 of 3 shard 0:4", "rank 1 of 3 shard 4:7", "rank 2 of 3 shard 7:10"]
+
+
+def test_a_rank_that_raises_stops_the_job_with_its_rank_named(tmp_path):
+    done, seconds = _launch(tmp_path, """
+        import numpy as np
+        from graph_executor_v2 import distributed
+        distributed.init(backend="store", timeout=60)
+        if distributed.rank() == 1:
+            raise RuntimeError("boom on rank 1")
+        distributed.all_reduce(np.zeros(3, np.float32))  # waits for rank 1 forever, unless stopped
+        """)
+    assert done.returncode == 1
+    assert "rank 1" in done.stderr and "failed with exit code 1" in done.stderr and "boom on rank 1" in done.stderr
+    assert seconds < 60
+
+
+def test_a_killed_rank_stops_the_others_within_a_minute(tmp_path):
+    done, seconds = _launch(tmp_path, """
+        import os, signal, time
+        import numpy as np
+        from graph_executor_v2 import distributed
+        distributed.init(backend="store", timeout=60)
+        if distributed.rank() == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        distributed.all_reduce(np.zeros(3, np.float32))
+        """)
+    assert done.returncode == 128 + 9
+    assert "rank 0" in done.stderr and "signal 9" in done.stderr
+    assert seconds < 60
+
+
+def test_launcher_rejects_a_port_in_use(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        script = tmp_path / "noop.py"
+        script.write_text("pass\n")
+        done = subprocess.run([sys.executable, "-m", "graph_executor_v2.distributed.run", "--nproc-per-node", "1",
+                               "--master-port", str(port), str(script)], capture_output=True, text=True,
+                              env={"PYTHONPATH": PYTHON_PATH, "PATH": "/usr/bin:/bin"}, timeout=60)
+    assert done.returncode != 0 and f"--master-port {port} on 127.0.0.1 is in use" in done.stderr
+
+
+def test_world_size_mismatch_is_an_error(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    script = tmp_path / "join.py"
+    script.write_text("from graph_executor_v2 import distributed\ndistributed.init(backend='store', timeout=3)\n")
+    base = {"PYTHONPATH": PYTHON_PATH, "PATH": "/usr/bin:/bin", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    ranks = [subprocess.Popen([sys.executable, str(script)], stderr=subprocess.PIPE, text=True,
+                              env=dict(base, RANK=str(rank), WORLD_SIZE=str(world)))
+             for rank, world in ((0, 2), (1, 3))]
+    errors = [process.communicate(timeout=60)[1] for process in ranks]
+    assert all(process.returncode != 0 for process in ranks)
+    assert "world size mismatch" in errors[0] or "world size mismatch" in errors[1], errors
+
+
+# --- NCCL on the GPU ------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_nccl_world_of_one(monkeypatch):
+    assert distributed.is_available(), distributed.unavailable_reason()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)),
+                        ("LOCAL_RANK", "0")):
+        monkeypatch.setenv(name, value)
+    group = distributed.init(timeout=60)
+    try:
+        assert group.backend == "nccl"
+        runtime = ge2.device.runtime()
+        values = np.random.default_rng().standard_normal(1000).astype(np.float32)
+        array = runtime.DeviceArray.from_numpy(values)
+        distributed.all_reduce(array, "sum")
+        runtime.synchronize()
+        np.testing.assert_array_equal(array.numpy(), values)
+        other = runtime.DeviceArray.from_numpy(values[:7].astype(np.float16))
+        distributed.all_reduce_bucket([array, other], "avg")
+        distributed.broadcast(array, root=0)
+        runtime.synchronize()
+        np.testing.assert_array_equal(other.numpy(), values[:7].astype(np.float16))
+    finally:
+        distributed.shutdown()
+
+
+@pytest.mark.gpu
+def test_nccl_two_ranks_on_two_gpus(tmp_path):
+    if ge2.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs, this machine has {ge2.device_count()}")
+    done, _ = _launch(tmp_path, """
+        import numpy as np
+        import graph_executor_v2 as ge2
+        from graph_executor_v2 import distributed
+        distributed.init(backend="nccl", timeout=120)
+        rank = distributed.rank()
+        runtime = ge2.device.runtime()
+        array = runtime.DeviceArray.from_numpy(np.full(1 << 20, rank + 1, np.float32))
+        distributed.all_reduce(array, "sum")
+        runtime.synchronize()
+        assert np.all(array.numpy() == 3.0)
+        distributed.shutdown()
+        """, timeout=300)
+    assert done.returncode == 0, done.stderr

@@ -39,9 +39,9 @@ def mlp_graph(params: dict) -> ge2.ir.Graph:
     return g
 
 
-def data_set(count: int) -> dict:
+def data_set(count: int, seed: int) -> dict:
     """Random inputs labelled by their largest leading feature (a learnable task); the same on every rank."""
-    x = np.random.default_rng(7).standard_normal((count, SIZES[0])).astype(np.float32)
+    x = np.random.default_rng(seed).standard_normal((count, SIZES[0])).astype(np.float32)
     return {"x": x, "labels": x[:, :SIZES[2]].argmax(axis=1).astype(np.int64)}
 
 
@@ -56,6 +56,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=16, help="the global batch")
     parser.add_argument("--bucket-bytes", type=int, default=16 << 10, help="small: several buckets per step")
+    parser.add_argument("--seed", type=int, default=0, help="rank r starts from parameters of seed + r")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--reference", action="store_true")
     parser.add_argument("--kill-rank", type=int, default=-1)
@@ -64,8 +65,8 @@ def main() -> None:
 
     distributed.init(backend="nccl" if arguments.device == "cuda" else "store", timeout=120)
     rank = distributed.rank()
-    data = data_set(arguments.steps * arguments.batch_size)
-    trainer = ge2.train.Trainer(mlp_graph(initial_parameters(1000 + rank)), device=arguments.device,
+    data = data_set(arguments.steps * arguments.batch_size, arguments.seed + 7919)
+    trainer = ge2.train.Trainer(mlp_graph(initial_parameters(arguments.seed + rank)), device=arguments.device,
                                 optimizer=optimizer(arguments.optimizer), distributed=True,
                                 bucket_bytes=arguments.bucket_bytes)
     if arguments.kill_rank >= 0:
@@ -82,7 +83,7 @@ def main() -> None:
     if rank == 0:
         print(trainer.explain(), flush=True)
     if arguments.reference and rank == 0:
-        single = ge2.train.Trainer(mlp_graph(initial_parameters(1000)), device=arguments.device,
+        single = ge2.train.Trainer(mlp_graph(initial_parameters(arguments.seed)), device=arguments.device,
                                    optimizer=optimizer(arguments.optimizer))
         history = single.fit(data, epochs=1, batch_size=arguments.batch_size, shuffle=True, seed=0, progress=False)
         np.savez(arguments.out / "reference.npz", loss=np.array(history["loss"]), **single.parameters())

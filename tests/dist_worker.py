@@ -65,7 +65,9 @@ def main() -> None:
 
     distributed.init(backend="nccl" if arguments.device == "cuda" else "store", timeout=120)
     rank = distributed.rank()
-    data = data_set(arguments.steps * arguments.batch_size, arguments.seed + 7919)
+    # (a kill run steps until it is stopped: it cycles over at most 100 batches)
+    batches = min(arguments.steps, 100) if arguments.kill_rank >= 0 else arguments.steps
+    data = data_set(batches * arguments.batch_size, arguments.seed + 7919)
     trainer = ge2.train.Trainer(mlp_graph(initial_parameters(arguments.seed + rank)), device=arguments.device,
                                 optimizer=optimizer(arguments.optimizer), distributed=True,
                                 bucket_bytes=arguments.bucket_bytes)
@@ -74,7 +76,8 @@ def main() -> None:
         for step in range(arguments.steps):
             if rank == arguments.kill_rank and step == arguments.kill_step:
                 os.kill(os.getpid(), signal.SIGKILL)
-            rows = slice(step * arguments.batch_size, (step + 1) * arguments.batch_size)
+            first = step % batches * arguments.batch_size
+            rows = slice(first, first + arguments.batch_size)
             float(trainer.step({name: np.ascontiguousarray(array[rows][part]) for name, array in data.items()}))
         distributed.shutdown()
         return

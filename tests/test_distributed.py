@@ -442,10 +442,11 @@ def test_two_gpus_train_like_one_gpu_for_200_steps(tmp_path, rng, optimizer):
     _check_against_single_process(tmp_path, 2, rtol=1e-5)
 
 
-@pytest.mark.gpu
-def test_a_killed_gpu_rank_stops_the_other_within_a_minute(tmp_path):
-    _two_gpus()
-    done, seconds = _run_worker(tmp_path, 2, "--device", "cuda", "--steps", "100000", "--batch-size", "64",
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_killed_training_rank_stops_the_other_within_a_minute(tmp_path, device):
+    if device == "cuda":
+        _two_gpus()
+    done, seconds = _run_worker(tmp_path, 2, "--device", device, "--steps", "100000", "--batch-size", "64",
                                 "--kill-rank", "1", "--kill-step", "30", timeout=300)
     assert done.returncode == 128 + 9, done.stderr
     assert "rank 1" in done.stderr and "signal 9" in done.stderr

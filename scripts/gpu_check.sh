@@ -5,7 +5,8 @@
 #           (GE2_ONLY_OPS="gemm;softmax" builds a subset)
 # test:     the whole pytest suite with GPU tests required (a skip for lack of a GPU is a failure)
 # sanitize: compute-sanitizer memcheck over every GPU test file, racecheck over the shared-memory kernels' tests
-# bench:    benchmarks/bench_gemm.py, bench_ops.py, bench_mlp_inference.py, bench_plan_overhead.py, bench_train.py
+# bench:    benchmarks/bench_gemm.py, bench_ops.py, bench_mlp_inference.py, bench_plan_overhead.py, bench_train.py,
+#           bench_data_parallel.py (its 2-GPU rows only where 2 GPUs are visible)
 #           (tables also under OUT_DIR)
 # Logs land in OUT_DIR: build.log, pytest.log, sanitizer.log (+ sanitizer_logs.tar.gz), bench.log, results.tar.gz,
 # summary.txt.
@@ -76,7 +77,7 @@ fi
 if [[ " $STAGES " == *" bench "* ]]; then
   export GE2_BENCH_OUT="$OUT/tables"
   for bench in benchmarks/bench_gemm.py benchmarks/bench_ops.py benchmarks/bench_mlp_inference.py \
-    benchmarks/bench_plan_overhead.py benchmarks/bench_train.py; do
+    benchmarks/bench_plan_overhead.py benchmarks/bench_train.py benchmarks/bench_data_parallel.py; do
     [ -f "$bench" ] || continue
     echo "=== $bench" >>"$OUT/bench.log"
     "$PYTHON" "$bench" >>"$OUT/bench.log" 2>&1

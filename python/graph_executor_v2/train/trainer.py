@@ -246,7 +246,8 @@ class Trainer:
 
     def save(self, path) -> None:
         """A safetensors file with the parameters, the optimizer state and the step (metadata: the graph's
-        fingerprint and the optimizer's hyper-parameters)."""
+        fingerprint and the optimizer's hyper-parameters). Data parallel: every rank holds the same state, so one
+        rank (rank 0) saves."""
         from safetensors.numpy import save_file
 
         tensors = {f"param/{name}": value for name, value in self.parameters().items()}

@@ -290,7 +290,7 @@ def _check_against_single_process(tmp_path, nproc: int, rtol: float) -> None:
     reference = np.load(tmp_path / "reference.npz")
     assert len(reference["loss"]) > 0 and len(ranks[0]["loss"]) == len(reference["loss"])
     np.testing.assert_allclose(ranks[0]["loss"], reference["loss"], rtol=rtol, err_msg="loss curve vs one process")
-    assert reference["loss"][-10:].mean() < reference["loss"][:10].mean()  # it learns
+    assert reference["loss"][-5:].mean() < reference["loss"][:5].mean()  # it learns
     for name in ("w1", "b1", "w2", "b2"):
         for rank in range(1, nproc):
             np.testing.assert_array_equal(ranks[rank][name], ranks[0][name], err_msg=f"{name} on rank {rank}")
@@ -347,14 +347,13 @@ def test_trainer_distributed_bad_use(monkeypatch):
             distributed.all_reduce_bucket([np.zeros(2, np.float32), np.zeros(2, np.int64)])
         with pytest.raises(ValueError, match="op: expected"):
             distributed.all_reduce_bucket([np.zeros(2, np.float32)], op="mean")
-        if not ge2.device.is_available():
-            with pytest.raises(ValueError, match="distributed: device 'cuda' needs the 'nccl' backend"):
-                from graph_executor_v2.distributed.data_parallel import GradientAverager
+        from graph_executor_v2.distributed.data_parallel import GradientAverager
 
-                class FakeCudaBackend:  # the check runs before any device work
-                    device = "cuda"
+        class CudaBackendStandIn:  # the backend check comes before any device work
+            device = "cuda"
 
-                GradientAverager(distributed.group(), FakeCudaBackend())
+        with pytest.raises(ValueError, match="distributed: device 'cuda' needs the 'nccl' backend"):
+            GradientAverager(distributed.group(), CudaBackendStandIn())
     finally:
         distributed.shutdown()
 
@@ -396,7 +395,7 @@ def test_buckets_start_after_the_last_node_touching_their_gradients():
 
 
 def test_two_ranks_on_the_cpu_train_like_one_process(tmp_path, rng):
-    done, _ = _run_worker(tmp_path, 2, "--device", "cpu", "--steps", "12", "--batch-size", "10", "--reference",
+    done, _ = _run_worker(tmp_path, 2, "--device", "cpu", "--steps", "60", "--batch-size", "10", "--reference",
                           "--seed", int(rng.integers(1 << 30)), timeout=240)
     assert done.returncode == 0, done.stderr
     assert "data parallel: rank 0 of 2" in done.stdout

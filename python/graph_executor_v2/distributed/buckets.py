@@ -10,7 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-DEFAULT_BUCKET_BYTES = 25 << 20  # PyTorch DDP's default; bench_data_parallel.py measures others
+# 25 MB, PyTorch DDP's default: NCCL reaches most of its bus bandwidth from a few MB up, and a bucket that size
+# still closes early in the backward of the models we train (the MLP of bench_data_parallel.py has ~50 MB of
+# bfloat16 gradients: 2-3 buckets), which the benchmark's sweep (4 MB, 25 MB, one bucket) measures.
+DEFAULT_BUCKET_BYTES = 25 << 20
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,9 @@ class GradientAverager:
     def attach(self, plan, gradients: Sequence[str], loss: str) -> None:
         """Adds the bucket all-reduces to ``plan`` (after the steps that finish them) and, to its epilogue, the
         wait for them; call before the plan's first run (which captures it) and before the optimizer's launch."""
+        if plan.schedule.stream_count != 1:  # a later reader on another stream could still be running
+            raise ValueError(f"plan: gradient averaging hooks after the steps of one stream, got a plan on "
+                             f"{plan.schedule.stream_count} streams")
         buckets = schedule_buckets(plan.graph, gradients, loss, self.bucket_bytes)
         self.buckets[id(plan)] = buckets
         done_events = []

@@ -450,3 +450,69 @@ def test_a_killed_training_rank_stops_the_other_within_a_minute(tmp_path, device
     assert done.returncode == 128 + 9, done.stderr
     assert "rank 1" in done.stderr and "signal 9" in done.stderr
     assert seconds < 60
+
+
+def test_cuda_buckets_fork_to_the_comm_stream_and_join_before_the_epilogue(monkeypatch, rng):
+    """The CUDA launch sequence, recorded with stand-ins for events and NCCL on a CPU plan: after a bucket's last
+    step the compute stream records an event, the comm stream waits on it, all-reduces the bucket's final values and
+    records its own event; the epilogue makes the compute stream wait on every bucket before the optimizer."""
+    from types import SimpleNamespace
+
+    from graph_executor_v2.distributed import data_parallel
+
+    calls = []
+
+    class Event:
+        def __init__(self, name):
+            self.name = name
+
+        def record(self, stream):
+            calls.append(("record", self.name, stream))
+
+        def wait_on(self, stream):
+            calls.append(("wait", self.name, stream))
+
+    class CudaBackendStandIn:
+        device = "cuda"
+        created = 0
+
+        def streams(self, count):
+            return ["comm"] * count
+
+        def stream_handle(self, stream):
+            return stream
+
+        def event(self):
+            self.created += 1
+            return Event(f"event{self.created}")
+
+    def all_reduce_bucket(arrays, op, stream):
+        calls.append(("all_reduce", [array.copy() for array in arrays], op, stream))
+
+    monkeypatch.setattr(data_parallel, "all_reduce_bucket", all_reduce_bucket)
+    g = ge2.ir.Graph("chain")
+    x = g.input("x", (2, 3), "float32")
+    a = g.relu(x)
+    b = g.neg(a)
+    c = g.mul(b, b)
+    g.output(a, "a")
+    g.output(c, "c")
+    executor = ge2.ExecutorV2(g, "cpu", passes=[], streams=1)
+    plan = executor.plan()
+    group = SimpleNamespace(communicator=1, backend="nccl", rank=0, world_size=2)
+    averager = data_parallel.GradientAverager(group, CudaBackendStandIn(), bucket_bytes=1)
+    averager.attach(plan, [c.name, a.name], loss=None)
+    plan.epilogue.append(lambda stream: calls.append(("optimizer", stream)))
+    values = rng.standard_normal((2, 3)).astype(np.float32)
+    outputs = executor.run({"x": values})
+    # a is read by step 1 (neg): its bucket starts after that step, c's after step 2
+    assert [bucket.after for bucket in averager.buckets[id(plan)]] == [1, 2]
+    assert [call[:2] if call[0] != "all_reduce" else ("all_reduce", call[3]) for call in calls] == [
+        ("record", "event1"), ("wait", "event1"), ("all_reduce", "comm"), ("record", "event2"),
+        ("record", "event3"), ("wait", "event3"), ("all_reduce", "comm"), ("record", "event4"),
+        ("wait", "event2"), ("wait", "event4"), ("optimizer", None)]
+    assert [call[2] for call in calls if call[0] in ("record", "wait")][:4] == [None, "comm", "comm", None]
+    reduced = [call[1][0] for call in calls if call[0] == "all_reduce"]
+    np.testing.assert_array_equal(reduced[0], outputs["a"])  # final values, not a half-written buffer
+    np.testing.assert_array_equal(reduced[1], outputs["c"])
+    assert all(call[2] == "avg" for call in calls if call[0] == "all_reduce")

@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-# 25 MB, PyTorch DDP's default: NCCL reaches most of its bus bandwidth from a few MB up, and a bucket that size
-# still closes early in the backward of the models we train (the MLP of bench_data_parallel.py has ~50 MB of
-# bfloat16 gradients: 2-3 buckets), which the benchmark's sweep (4 MB, 25 MB, one bucket) measures.
+# 25 MB, PyTorch DDP's default: large enough that NCCL's fixed cost per call (tens of microseconds) is small
+# against the transfer, small enough that the first bucket still closes early in the backward of the models we
+# train (bench_data_parallel.py's MLP has ~48 MB of bfloat16 gradients: 2 buckets); the benchmark's sweep (4 MB,
+# 25 MB, one bucket) measures the choice.
 DEFAULT_BUCKET_BYTES = 25 << 20
 
 

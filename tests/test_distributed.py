@@ -432,7 +432,7 @@ def _two_gpus():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
-def test_two_gpus_train_like_one_gpu_for_200_steps(tmp_path, rng, optimizer):
+def test_two_gpus_train_like_one_gpu_for_200_steps_large(tmp_path, rng, optimizer):
     _two_gpus()
     done, _ = _run_worker(tmp_path, 2, "--device", "cuda", "--optimizer", optimizer, "--steps", "200",
                           "--batch-size", "64", "--reference", "--seed", int(rng.integers(1 << 30)), timeout=500)

@@ -325,7 +325,7 @@ def test_world_of_one_trainer_equals_the_plain_trainer_exactly(monkeypatch, rng)
             np.testing.assert_array_equal(parallel.parameters()[name], value, err_msg=name)
         assert parallel.optimizer_steps == plain.optimizer_steps == 3 + 2 * 3
         described = parallel.explain()
-        assert "data parallel: rank 0 of 1" in described and "bucket(s)" in described
+        assert "data parallel: rank 0 of 1" in described and "all-reduce(s) a step" in described
     finally:
         distributed.shutdown()
 

@@ -80,7 +80,7 @@ class GradientAverager:
         if self._backend.device == "cuda":
             self._backend.runtime.synchronize()
 
-    def attach(self, plan, gradients: Sequence[str], loss: str) -> None:
+    def attach(self, plan, gradients: Sequence[str], loss: str | None) -> None:
         """Adds the bucket all-reduces to ``plan`` (after the steps that finish them) and, to its epilogue, the
         wait for them; call before the plan's first run (which captures it) and before the optimizer's launch."""
         if plan.schedule.stream_count != 1:  # a later reader on another stream could still be running
@@ -115,8 +115,9 @@ class GradientAverager:
     def describe(self, plan) -> str:
         buckets = self.buckets.get(id(plan), [])
         where = "NCCL on a communication stream" if self._backend.device == "cuda" else "the store (CPU)"
-        lines = [f"data parallel: rank {self.group.rank} of {self.group.world_size}, gradients averaged by "
-                 f"{where} in {len(buckets)} bucket(s) of up to {self.bucket_bytes / 2**20:.3g} MB"]
+        lines = [f"data parallel: rank {self.group.rank} of {self.group.world_size}, gradients and loss averaged "
+                 f"by {where}: {len(buckets)} all-reduce(s) a step, buckets closed at "
+                 f"{self.bucket_bytes / 2**20:.3g} MB"]
         lines += [f"  after step {bucket.after} ({plan.graph.nodes[bucket.after].name}): "
                   f"{bucket.nbytes / 2**20:.3g} MB, {', '.join(bucket.values)}" for bucket in buckets]
         return "\n".join(lines)

@@ -1,6 +1,7 @@
 """ge2.distributed: the store, sharding, bucketing, the launcher and failure handling on the CPU (a world of
 several processes through the store backend), and NCCL collectives on the GPU (world 1 on one GPU; world 2 where
 two GPUs are present)."""
+import os
 import socket
 import subprocess
 import sys
@@ -277,7 +278,7 @@ def _run_worker(tmp_path, nproc: int, *arguments, timeout: float = 300):
     tmp_path."""
     command = [sys.executable, "-m", "graph_executor_v2.distributed.run", "--nproc-per-node", str(nproc),
                "--master-port", "0", "--grace", "5", WORKER, "--out", str(tmp_path), *map(str, arguments)]
-    environment = dict(__import__("os").environ, PYTHONPATH=PYTHON_PATH)
+    environment = dict(os.environ, PYTHONPATH=PYTHON_PATH)
     start = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment)
     return done, time.monotonic() - start

@@ -1,6 +1,7 @@
 """ge2.distributed: the store, sharding, bucketing, the launcher and failure handling on the CPU (a world of
 several processes through the store backend), and NCCL collectives on the GPU (world 1 on one GPU; world 2 where
-two GPUs are present)."""
+two GPUs are present). Data-parallel training (Trainer(distributed=True)): a world of 1 equals the plain Trainer,
+2 CPU ranks (and 2 GPUs) through the launcher equal one process on the global batch, a killed rank stops the job."""
 import os
 import socket
 import subprocess

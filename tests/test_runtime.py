@@ -79,6 +79,23 @@ def test_device_properties():
 
 
 @pytest.mark.gpu
+def test_arrays_and_streams_default_to_the_current_device():
+    """A process driving GPU LOCAL_RANK (ge2.distributed.init sets it current) allocates there without naming it."""
+    rt = ge2.device.runtime()
+    last = rt.device_count() - 1
+    previous = rt.current_device()
+    rt.set_device(last)
+    try:
+        assert rt.DeviceArray.empty([4]).device == last
+        assert rt.DeviceArray.from_numpy(np.ones(3, np.float32)).device == last
+        assert rt.Stream().device == last and rt.Stream.default().device == last
+    finally:
+        rt.set_device(previous)
+    with pytest.raises(ValueError, match=r"device: expected an index in \[0, "):
+        rt.DeviceArray.empty([4], "float32", -2)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", dtypes.ALL_DTYPES)
 @pytest.mark.parametrize("shape", [(), (1,), (7,), (3, 5), (2, 3, 4, 5)])
 def test_host_round_trip(rng, dtype, shape):

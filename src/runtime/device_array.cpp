@@ -143,6 +143,7 @@ class DeviceArray {
 
   static DeviceArray empty(const std::vector<int64_t>& shape, const std::string& dtype_name_, int device) {
     check_shape(shape);
+    device = resolve_device(device);
     const DType dtype = dtype_from_name(dtype_name_);
     int64_t count = 1;
     for (int64_t extent : shape) count *= extent;
@@ -427,8 +428,8 @@ void register_device_array(py::module_& m) {
                           "An n-d array in CUDA device memory. Owns its memory, or borrows it zero-copy from "
                           "PyTorch/CuPy through DLPack or __cuda_array_interface__.")
       .def_static("empty", &DeviceArray::empty, py::arg("shape"), py::arg("dtype") = "float32",
-                  py::arg("device") = 0, "Uninitialized array.")
-      .def_static("from_numpy", &DeviceArray::from_numpy, py::arg("array"), py::arg("device") = 0,
+                  py::arg("device") = kCurrentDevice, "Uninitialized array on `device` (default: the current one).")
+      .def_static("from_numpy", &DeviceArray::from_numpy, py::arg("array"), py::arg("device") = kCurrentDevice,
                   py::arg("stream") = 0, "Copies a host array to the device (bfloat16: ml_dtypes.bfloat16).")
       .def_static("from_dlpack_capsule", &DeviceArray::from_dlpack_capsule, py::arg("capsule"),
                   "Borrows the memory behind a DLPack capsule (zero-copy); the capsule is consumed.")

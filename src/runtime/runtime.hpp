@@ -18,6 +18,13 @@ int device_count();
 // Raises RuntimeError with the driver's reason when no GPU can be used, and ValueError for a bad index.
 void require_device(int device);
 
+// The `device` argument's default: the calling thread's current device (cudaSetDevice, ge2.device.set_device), so
+// that a process driving GPU LOCAL_RANK allocates there without naming it.
+constexpr int kCurrentDevice = -1;
+
+// `device`, or the current device for kCurrentDevice; raises like require_device for a bad index.
+int resolve_device(int device);
+
 // Makes `device` current for the scope and restores the previous one after.
 class DeviceGuard {
  public:

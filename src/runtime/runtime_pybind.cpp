@@ -27,8 +27,17 @@ void require_device(int device) {
   }
 }
 
-DeviceGuard::DeviceGuard(int device) {
+int resolve_device(int device) {
+  if (device == kCurrentDevice) {
+    require_device(0);
+    GE2_CUDA_CHECK(cudaGetDevice(&device));
+  }
   require_device(device);
+  return device;
+}
+
+DeviceGuard::DeviceGuard(int device) {
+  device = resolve_device(device);
   GE2_CUDA_CHECK(cudaGetDevice(&previous_));
   if (previous_ != device) GE2_CUDA_CHECK(cudaSetDevice(device));
 }
@@ -59,7 +68,7 @@ void register_devices(py::module_& m) {
   m.def(
       "device_properties",
       [](int device) {
-        require_device(device);
+        device = resolve_device(device);
         cudaDeviceProp prop{};
         GE2_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
         py::dict info;
@@ -72,7 +81,7 @@ void register_devices(py::module_& m) {
         info["shared_memory_per_block_optin"] = static_cast<std::size_t>(prop.sharedMemPerBlockOptin);
         return info;
       },
-      py::arg("device") = 0, "Name, compute capability, SM count, memory and cache sizes of a device.");
+      py::arg("device") = kCurrentDevice, "Name, compute capability, SM count, memory and cache sizes of a device.");
   m.def(
       "memory_info",
       [](int device) {
@@ -81,7 +90,7 @@ void register_devices(py::module_& m) {
         GE2_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
         return py::make_tuple(free_bytes, total_bytes);
       },
-      py::arg("device") = 0, "(free, total) device memory in bytes.");
+      py::arg("device") = kCurrentDevice, "(free, total) device memory in bytes.");
   m.def(
       "synchronize",
       [](int device) {
@@ -89,7 +98,7 @@ void register_devices(py::module_& m) {
         py::gil_scoped_release release;
         GE2_CUDA_CHECK(cudaDeviceSynchronize());
       },
-      py::arg("device") = 0, "Waits for all work on the device.");
+      py::arg("device") = kCurrentDevice, "Waits for all work on the device.");
   m.def("runtime_version", [] {
     int version = 0;
     GE2_CUDA_CHECK(cudaRuntimeGetVersion(&version));

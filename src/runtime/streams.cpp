@@ -23,6 +23,7 @@ class Stream {
   Stream& operator=(const Stream&) = delete;
 
   static std::unique_ptr<Stream> create(int device, int priority) {
+    device = resolve_device(device);
     DeviceGuard guard(device);
     cudaStream_t stream = nullptr;
     GE2_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, priority));
@@ -178,16 +179,19 @@ void nvtx_pop() { nvtxDomainRangePop(nvtx_domain()); }
 
 void register_streams(py::module_& m) {
   py::class_<Stream>(m, "Stream", "A CUDA stream: owned (created here) or wrapping a foreign handle.")
-      .def(py::init(&Stream::create), py::arg("device") = 0, py::arg("priority") = 0,
+      .def(py::init(&Stream::create), py::arg("device") = kCurrentDevice, py::arg("priority") = 0,
            "Creates a non-blocking stream on `device`.")
       .def_static(
           "wrap",
-          [](std::uintptr_t handle, int device) { return std::make_unique<Stream>(handle, device, false); },
-          py::arg("handle"), py::arg("device") = 0,
+          [](std::uintptr_t handle, int device) {
+            return std::make_unique<Stream>(handle, resolve_device(device), false);
+          },
+          py::arg("handle"), py::arg("device") = kCurrentDevice,
           "Wraps a stream owned elsewhere (e.g. torch.cuda.Stream.cuda_stream, cupy Stream.ptr); not destroyed "
           "here.")
       .def_static(
-          "default", [](int device) { return std::make_unique<Stream>(0, device, false); }, py::arg("device") = 0,
+          "default", [](int device) { return std::make_unique<Stream>(0, resolve_device(device), false); },
+          py::arg("device") = kCurrentDevice,
           "The legacy default stream.")
       .def("synchronize", &Stream::synchronize)
       .def("query", &Stream::query, "True when all enqueued work has completed.")

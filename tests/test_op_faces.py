@@ -53,6 +53,18 @@ def _sample(rng, op):
         return [x(4, 8), x(8, 6), x(6)], {"alpha": 0.5}
     if op == "matmul":
         return [x(4, 8), x(8, 6)], {}
+    if op == "cast":
+        return [x(4, 6)], {"dtype": "float16"}
+    if op == "attention":
+        return [x(1, 2, 3, 8), x(1, 1, 5, 8), x(1, 1, 5, 8)], {"causal": True}
+    if op == "conv2d":
+        return [x(2, 2, 4, 5), x(3, 2, 3, 3), x(3)], {"padding": 1}
+    if op in ("max_pool2d", "avg_pool2d"):
+        return [x(2, 3, 5, 4)], {"kernel_size": 2, "stride": 1}
+    if op == "global_avg_pool":
+        return [x(2, 3, 2, 5)], {}
+    if op == "batch_norm":
+        return [x(4, 3, 2, 2), x(3), x(3), x(3), (np.abs(x(3)) + 0.5).astype(F32)], {}
     return [x(4, 6)], {}  # the unary elementwise ops
 
 
@@ -124,20 +136,34 @@ def test_kernel_tables_list_the_candidates():
         assert [k["name"] for k in getattr(ge2.ops, op).kernels()] == [c.name for c in opdef.candidates], op
 
 
+def _assert_outputs(op, got, expected, how):
+    """The face's result (one array, or a tuple for several outputs) against the reference outputs."""
+    got = got if isinstance(got, tuple) else (got,)
+    assert len(got) == len(expected) == len(OPS[op].outputs), f"{op} {how}"
+    for name, array, want in zip(OPS[op].outputs, got, expected):
+        array = array if isinstance(array, np.ndarray) else array.numpy()
+        assert array.shape == want.shape and array.dtype == want.dtype, f"{op} {how}: {name}"
+        if np.issubdtype(want.dtype, np.integer):  # indices
+            np.testing.assert_array_equal(array, want, err_msg=f"{op} {how}: {name}")
+        else:
+            assert_close(array, want, "float32", 8, what=f"{op} {how}: {name}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", sorted(set(OPS) - BACKWARD_OPS))
 def test_forward_numpy_matches_the_reference_and_backward_gives_one_gradient_per_input(rng, op):
     face, opdef = getattr(ge2.ops, op), OPS[op]
     inputs, attrs = _sample(rng, op)
     full = opdef.validate_attrs(attrs, op)
-    (expected,) = opdef.run_reference(_flat(op, inputs), full)
-    y = face.forward_numpy(*inputs, **attrs)
-    assert isinstance(y, np.ndarray) and y.shape == expected.shape and y.dtype == expected.dtype
-    assert_close(y, expected, "float32", 8, what=f"{op} forward")
-    dy = np.asarray(random_array(rng, expected.shape, "float32"))  # a 0-d array for a reduced loss
+    expected = opdef.run_reference(_flat(op, inputs), full)
+    _assert_outputs(op, face.forward_numpy(*inputs, **attrs), expected, "forward_numpy")
+    # dy: the gradient of the first output (the others, if any, are saved results with no gradient of their own);
+    # a 0-d array for a reduced loss
+    dy = np.asarray(random_array(rng, expected[0].shape, expected[0].dtype.name))
     grads = face.backward_numpy(dy, *inputs, **attrs)
     assert isinstance(grads, tuple) and len(grads) == len(_flat(op, inputs)), op
-    references = opdef.reference_backward(_flat(op, inputs), [expected], [dy.astype(np.float64)], full)
+    out_grads = [dy.astype(np.float64)] + [None] * (len(expected) - 1)
+    references = opdef.reference_backward(_flat(op, inputs), expected, out_grads, full)
     for index, (grad, reference, x) in enumerate(zip(grads, references, _flat(op, inputs))):
         if reference is None or x is None:
             assert grad is None, f"{op}: input {index} has no gradient"
@@ -151,20 +177,25 @@ def test_forward_numpy_matches_the_reference_and_backward_gives_one_gradient_per
 def test_forward_on_device_arrays_and_the_prepared_call(rng, to_device, poisoned, op):
     face, opdef = getattr(ge2.ops, op), OPS[op]
     inputs, attrs = _sample(rng, op)
-    (expected,) = opdef.run_reference(_flat(op, inputs), opdef.validate_attrs(attrs, op))
+    expected = opdef.run_reference(_flat(op, inputs), opdef.validate_attrs(attrs, op))
     on_device = [[to_device(x) for x in inputs[0]]] if isinstance(inputs[0], list) else [to_device(x) for x in inputs]
-    out = poisoned(expected.shape, "float32")
+
+    def poisoned_outputs():  # an array, or a tuple of arrays for several outputs
+        arrays = tuple(poisoned(e.shape, e.dtype.name) for e in expected)
+        return arrays if len(arrays) > 1 else arrays[0]
+
+    out = poisoned_outputs()
     assert face.forward(*on_device, **attrs, out=out) is out
-    assert_close(out.numpy(), expected, "float32", 8, what=f"{op} forward(out=)")
+    _assert_outputs(op, out, expected, "forward(out=)")
     if op in ("transpose", "reshape", "slice", "embedding", "cross_entropy"):
         with pytest.raises(TypeError, match="has no prepared form"):
             face.prepare(*on_device, **attrs)
         return
     prepared = face.prepare(*on_device, **attrs)
-    out = poisoned(expected.shape, "float32")
+    out = poisoned_outputs()
     assert prepared(*on_device, out=out) is out
-    assert_close(out.numpy(), expected, "float32", 8, what=f"{op} prepared")
-    assert_close(prepared(*on_device).numpy(), expected, "float32", 8, what=f"{op} prepared, new output")
+    _assert_outputs(op, out, expected, "prepared")
+    _assert_outputs(op, prepared(*on_device), expected, "prepared, new output")
     wrong = [to_device(np.zeros((3, 3, 3), F32))]
     wrong = [wrong + on_device[0][1:]] if op == "concat" else wrong + on_device[1:]
     with pytest.raises(ValueError, match="expected an array like the prepared one"):

@@ -308,3 +308,42 @@ def test_prepared_call_checks_its_arrays_and_launches(axpy):
     face._in_place = False
     with pytest.raises(ValueError, match=r"out: must not overlap a \(face_test_axpy does not work in place\)"):
         face.forward(a, b, 2.0, out=a)
+
+
+def test_several_outputs_in_place_pairs_and_saved_results(monkeypatch):
+    """An op with two outputs (y and a per-column statistic that may be updated in place of input b): forward's
+    tuple of outputs, the {output: input} in-place pairs, and backward_numpy checking dy against the first output
+    and a saved result against the output it names, before any device work."""
+    from graph_executor_v2.ir.types import TensorType
+    from graph_executor_v2.ops import Candidate, Face, Input, OpDef, _face
+
+    launches = []
+    candidate = Candidate("any", 10, "any", lambda problem: None,
+                          lambda problem: lambda ins, outs, stream: launches.append((list(ins), list(outs))), True)
+    infer = lambda in_types, attrs: [in_types[0], TensorType(in_types[0].shape[1:], "float32")]  # noqa: E731
+    opdef = OpDef("face_test_stats", (Input("a"), Input("b")), ("y", "stat"), (), infer=infer,
+                  reference=lambda inputs, attrs: list(inputs), candidates=(candidate,))
+    monkeypatch.setattr(ge2.device, "compute_capability", lambda device: (9, 0))
+    face = Face(opdef, lambda dy, inputs, attrs, kernel, out, stream, stat=None: (None, None), saved=("stat",),
+                in_place={"stat": "b"})
+    try:
+        a, b = StandInArray((4, 5), 0x10000), StandInArray((5,), 0x20000)
+        y, stat = StandInArray((4, 5), 0x30000), StandInArray((5,), 0x40000)
+        assert face.forward(a, b, out=(y, stat)) == (y, stat)
+        assert face.forward(a, b, out=(y, b)) == (y, b)  # the statistic updated in place of b
+        assert launches[-1] == ([0x10000, 0x20000], [0x30000, 0x20000])
+        with pytest.raises(ValueError, match=r"out\[1\]: must not overlap a \(only b, as a whole, can be written"):
+            face.forward(a, b, out=(y, StandInArray((5,), 0x10000)))
+        with pytest.raises(ValueError, match=r"out\[0\]: must not overlap a \(y is not written in place\)"):
+            face.forward(a, b, out=(a, stat))
+        with pytest.raises(ValueError, match=r"out: expected 2 array\(s\) \(y, stat\), got 1"):
+            face.forward(a, b, out=y)
+        host_a, host_b = np.ones((4, 5), F32), np.ones(5, F32)
+        with pytest.raises(ValueError, match=r"^dy: expected shape \(4, 5\) \(y's\), got \(5,\)"):
+            face.backward_numpy(host_b, host_a, host_b)
+        with pytest.raises(TypeError, match=r"^dy: expected dtype float32 \(y's\), got float16"):
+            face.backward_numpy(host_a.astype(np.float16), host_a, host_b)
+        with pytest.raises(ValueError, match=r"^stat: expected shape \(5,\) \(the forward's\), got \(4,\)"):
+            face.backward_numpy(host_a, host_a, host_b, stat=np.ones(4, F32))
+    finally:
+        _face.FACES.pop(opdef.name)

@@ -16,9 +16,9 @@ saved output, so it reads int32 indices of the output's size rather than re-read
 window) and gathers: no atomics, deterministic. ``avg_pool2d``'s backward gathers ``dy / divisor``;
 ``global_avg_pool`` (``y`` is ``[N, C, 1, 1]`` or ``[N, 1, 1, C]``) broadcasts ``dy / (H * W)``.
 
-Each op has the face ``ge2.ops.<op>.forward_numpy / forward / backward_numpy / backward / kernels``; the backward
-computations are the graph ops ``<op>_backward`` (inputs ``dy``, the saved indices for max pooling, and ``x``
-for its shape).
+Each op has the face ``ge2.ops.<op>.forward_numpy / forward / backward_numpy / backward / kernels / prepare``
+(max_pool2d's backward takes the saved ``indices`` by keyword, else recomputes them); the backward computations are
+the graph ops ``<op>_backward`` (inputs ``dy``, the saved indices for max pooling, and ``x`` for its shape).
 """
 from __future__ import annotations
 

@@ -119,20 +119,25 @@ def test_bad_inputs_name_the_argument():
 
 def test_bad_scalar_arguments_name_the_argument():
     q = np.zeros((1, 1, 2, 4), np.float16)
-    with pytest.raises(TypeError, match="scale: expected a float or None, got str"):
+    with pytest.raises(TypeError, match="attribute 'scale' expected float, got str"):
         attention.forward_numpy(q, q, q, scale="0.5")
-    with pytest.raises(ValueError, match="scale: expected a finite nonzero float or None, got nan"):
+    with pytest.raises(ValueError, match="attribute 'scale' must be finite and nonzero, got nan"):
         attention.forward_numpy(q, q, q, scale=float("nan"))
-    with pytest.raises(TypeError, match="causal: expected a bool, got int"):
+    with pytest.raises(TypeError, match="attribute 'causal' expected bool, got int"):
         attention.forward_numpy(q, q, q, causal=1)
     with pytest.raises(ValueError, match="kernel: expected one of auto, rowwise, got 'flash9'"):
         attention.forward_numpy(q, q, q, kernel="flash9")
     with pytest.raises(TypeError, match="q: expected a NumPy array, got list"):
         attention.forward_numpy([[1.0]], q, q)
-    with pytest.raises(ValueError, match=r"dy: expected shape \(1, 1, 2, 4\) \(the shape of q\)"):
+    with pytest.raises(ValueError, match=r"dy: expected shape \(1, 1, 2, 4\) \(y's\)"):
         attention.backward_numpy(np.zeros((1, 1, 3, 4), np.float16), q, q, q)
-    with pytest.raises(TypeError, match="dy: expected dtype float16 \\(the dtype of q\\), got float32"):
+    with pytest.raises(TypeError, match=r"dy: expected dtype float16 \(y's\), got float32"):
         attention.backward_numpy(q.astype(np.float32), q, q, q)
+    # the saved forward results: both or neither, of the forward's shapes
+    with pytest.raises(ValueError, match="lse: expected y and lse together"):
+        attention.backward_numpy(q, q, q, q, y=q)
+    with pytest.raises(ValueError, match=r"lse: expected shape \(1, 1, 2\) \(the forward's\), got \(1, 1\)"):
+        attention.backward_numpy(q, q, q, q, y=q, lse=np.zeros((1, 1), np.float32))
 
 
 def test_kernels_report_constraints():

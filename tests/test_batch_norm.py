@@ -108,10 +108,10 @@ def _bad(**changes):
     (_bad(x=np.ones((2, 3, 4), np.int32)), {}, TypeError, r"x: expected dtype float32, float16 or bfloat16"),
     (_bad(x=np.ones((1, 3, 1, 1), F32)), dict(training=True), ValueError, r"x: training needs more than one value"),
     (_bad(x=np.ones((2, 4, 4, 3), F32)), dict(layout="NCHW"), ValueError, r"gamma: expected shape \(4,\)"),
-    (_bad(), dict(layout="CHWN"), ValueError, r"layout: expected 'NCHW' or 'NHWC'"),
-    (_bad(), dict(eps=0.0), ValueError, r"eps: must be a finite value > 0"),
-    (_bad(), dict(momentum=1.5), ValueError, r"momentum: must be in \[0, 1\]"),
-    (_bad(), dict(training="yes"), TypeError, r"training: expected a bool"),
+    (_bad(), dict(layout="CHWN"), ValueError, r"attribute 'layout' expected one of NCHW, NHWC"),
+    (_bad(), dict(eps=0.0), ValueError, r"attribute 'eps' must be a finite value > 0"),
+    (_bad(), dict(momentum=1.5), ValueError, r"attribute 'momentum' must be in \[0, 1\]"),
+    (_bad(), dict(training="yes"), TypeError, r"attribute 'training' expected bool"),
     (_bad(), dict(kernel="cudnn"), ValueError, r"kernel: expected one of auto, split_welford"),
 ])
 def test_forward_numpy_validation(arrays, attrs, error, match):
@@ -216,7 +216,7 @@ def test_forward_and_backward_gpu(rng, poisoned, to_device, shape, training, lay
     expected_grads = batch_norm.reference_backward(dy, x, gamma, expected[1], expected[2], training, layout)
     grads = (poisoned(x.shape, dtype), poisoned((channels,), "float32"), poisoned((channels,), "float32"))
     result = batch_norm.backward(*(to_device(a) for a in (dy, x, gamma, beta, running_mean, running_var)),
-                                 training=training, layout=layout, out=grads, saved_mean=outs[1],
+                                 training=training, layout=layout, out=(*grads, None, None), saved_mean=outs[1],
                                  saved_invstd=outs[2])
     assert result[3] is None and result[4] is None
     length = _tolerance_length(shape)

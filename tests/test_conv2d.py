@@ -353,11 +353,11 @@ def test_device_argument_errors(rng, to_device, poisoned):
         conv2d.forward(x, w, out=poisoned((2, 3, 4, 4), "float16"))
     with pytest.raises(TypeError, match="x: expected a CUDA device array"):
         conv2d.forward(np.zeros((2, 4, 6, 6), np.float32), w)
-    with pytest.raises(TypeError, match="out: expected a tuple of 3 arrays"):
-        conv2d.backward(poisoned((2, 3, 4, 4), "float32"), x, w, out=[None, None, None])
+    with pytest.raises(ValueError, match=r"out: expected one entry per input \(x, w, bias\)"):
+        conv2d.backward(poisoned((2, 3, 4, 4), "float32"), x, w, out=(None, None))
     torch = pytest.importorskip("torch")
     strided = torch.zeros((2, 4, 6, 12), device="cuda")[..., ::2]
-    with pytest.raises(ValueError, match="x: expected a contiguous array"):
+    with pytest.raises(ValueError, match="x: expected a contiguous row-major array"):
         conv2d.forward(strided, torch.zeros((3, 4, 3, 3), device="cuda"))
 
 

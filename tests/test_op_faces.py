@@ -4,6 +4,7 @@ the same way, and backward gives one gradient per forward input."""
 from __future__ import annotations
 
 import inspect
+import operator
 
 import numpy as np
 import pytest
@@ -53,6 +54,18 @@ def _sample(rng, op):
         return [x(4, 8), x(8, 6), x(6)], {"alpha": 0.5}
     if op == "matmul":
         return [x(4, 8), x(8, 6)], {}
+    if op == "cast":
+        return [x(4, 6)], {"dtype": "float16"}
+    if op == "attention":
+        return [x(1, 2, 3, 8), x(1, 1, 5, 8), x(1, 1, 5, 8)], {"causal": True}
+    if op == "conv2d":
+        return [x(2, 2, 4, 5), x(3, 2, 3, 3), x(3)], {"padding": 1}
+    if op in ("max_pool2d", "avg_pool2d"):
+        return [x(2, 3, 5, 4)], {"kernel_size": 2, "stride": 1}
+    if op == "global_avg_pool":
+        return [x(2, 3, 2, 5)], {}
+    if op == "batch_norm":
+        return [x(4, 3, 2, 2), x(3), x(3), x(3), (np.abs(x(3)) + 0.5).astype(F32)], {}
     return [x(4, 6)], {}  # the unary elementwise ops
 
 
@@ -124,20 +137,34 @@ def test_kernel_tables_list_the_candidates():
         assert [k["name"] for k in getattr(ge2.ops, op).kernels()] == [c.name for c in opdef.candidates], op
 
 
+def _assert_outputs(op, got, expected, how):
+    """The face's result (one array, or a tuple for several outputs) against the reference outputs."""
+    got = got if isinstance(got, tuple) else (got,)
+    assert len(got) == len(expected) == len(OPS[op].outputs), f"{op} {how}"
+    for name, array, want in zip(OPS[op].outputs, got, expected):
+        array = array if isinstance(array, np.ndarray) else array.numpy()
+        assert array.shape == want.shape and array.dtype == want.dtype, f"{op} {how}: {name}"
+        if np.issubdtype(want.dtype, np.integer):  # indices
+            np.testing.assert_array_equal(array, want, err_msg=f"{op} {how}: {name}")
+        else:
+            assert_close(array, want, "float32", 8, what=f"{op} {how}: {name}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", sorted(set(OPS) - BACKWARD_OPS))
 def test_forward_numpy_matches_the_reference_and_backward_gives_one_gradient_per_input(rng, op):
     face, opdef = getattr(ge2.ops, op), OPS[op]
     inputs, attrs = _sample(rng, op)
     full = opdef.validate_attrs(attrs, op)
-    (expected,) = opdef.run_reference(_flat(op, inputs), full)
-    y = face.forward_numpy(*inputs, **attrs)
-    assert isinstance(y, np.ndarray) and y.shape == expected.shape and y.dtype == expected.dtype
-    assert_close(y, expected, "float32", 8, what=f"{op} forward")
-    dy = np.asarray(random_array(rng, expected.shape, "float32"))  # a 0-d array for a reduced loss
+    expected = opdef.run_reference(_flat(op, inputs), full)
+    _assert_outputs(op, face.forward_numpy(*inputs, **attrs), expected, "forward_numpy")
+    # dy: the gradient of the first output (the others, if any, are saved results with no gradient of their own);
+    # a 0-d array for a reduced loss
+    dy = np.asarray(random_array(rng, expected[0].shape, expected[0].dtype.name))
     grads = face.backward_numpy(dy, *inputs, **attrs)
     assert isinstance(grads, tuple) and len(grads) == len(_flat(op, inputs)), op
-    references = opdef.reference_backward(_flat(op, inputs), [expected], [dy.astype(np.float64)], full)
+    out_grads = [dy.astype(np.float64)] + [None] * (len(expected) - 1)
+    references = opdef.reference_backward(_flat(op, inputs), expected, out_grads, full)
     for index, (grad, reference, x) in enumerate(zip(grads, references, _flat(op, inputs))):
         if reference is None or x is None:
             assert grad is None, f"{op}: input {index} has no gradient"
@@ -151,20 +178,30 @@ def test_forward_numpy_matches_the_reference_and_backward_gives_one_gradient_per
 def test_forward_on_device_arrays_and_the_prepared_call(rng, to_device, poisoned, op):
     face, opdef = getattr(ge2.ops, op), OPS[op]
     inputs, attrs = _sample(rng, op)
-    (expected,) = opdef.run_reference(_flat(op, inputs), opdef.validate_attrs(attrs, op))
+    expected = opdef.run_reference(_flat(op, inputs), opdef.validate_attrs(attrs, op))
     on_device = [[to_device(x) for x in inputs[0]]] if isinstance(inputs[0], list) else [to_device(x) for x in inputs]
-    out = poisoned(expected.shape, "float32")
-    assert face.forward(*on_device, **attrs, out=out) is out
-    assert_close(out.numpy(), expected, "float32", 8, what=f"{op} forward(out=)")
+
+    def poisoned_outputs():  # an array, or a tuple of arrays for several outputs
+        arrays = tuple(poisoned(e.shape, e.dtype.name) for e in expected)
+        return arrays if len(arrays) > 1 else arrays[0]
+
+    def written(result, out):  # the very arrays of ``out`` come back
+        if not isinstance(out, tuple):
+            return result is out
+        return isinstance(result, tuple) and len(result) == len(out) and all(map(operator.is_, result, out))
+
+    out = poisoned_outputs()
+    assert written(face.forward(*on_device, **attrs, out=out), out)
+    _assert_outputs(op, out, expected, "forward(out=)")
     if op in ("transpose", "reshape", "slice", "embedding", "cross_entropy"):
         with pytest.raises(TypeError, match="has no prepared form"):
             face.prepare(*on_device, **attrs)
         return
     prepared = face.prepare(*on_device, **attrs)
-    out = poisoned(expected.shape, "float32")
-    assert prepared(*on_device, out=out) is out
-    assert_close(out.numpy(), expected, "float32", 8, what=f"{op} prepared")
-    assert_close(prepared(*on_device).numpy(), expected, "float32", 8, what=f"{op} prepared, new output")
+    out = poisoned_outputs()
+    assert written(prepared(*on_device, out=out), out)
+    _assert_outputs(op, out, expected, "prepared")
+    _assert_outputs(op, prepared(*on_device), expected, "prepared, new output")
     wrong = [to_device(np.zeros((3, 3, 3), F32))]
     wrong = [wrong + on_device[0][1:]] if op == "concat" else wrong + on_device[1:]
     with pytest.raises(ValueError, match="expected an array like the prepared one"):
@@ -277,3 +314,42 @@ def test_prepared_call_checks_its_arrays_and_launches(axpy):
     face._in_place = False
     with pytest.raises(ValueError, match=r"out: must not overlap a \(face_test_axpy does not work in place\)"):
         face.forward(a, b, 2.0, out=a)
+
+
+def test_several_outputs_in_place_pairs_and_saved_results(monkeypatch):
+    """An op with two outputs (y and a per-column statistic that may be updated in place of input b): forward's
+    tuple of outputs, the {output: input} in-place pairs, and backward_numpy checking dy against the first output
+    and a saved result against the output it names, before any device work."""
+    from graph_executor_v2.ir.types import TensorType
+    from graph_executor_v2.ops import Candidate, Face, Input, OpDef, _face
+
+    launches = []
+    candidate = Candidate("any", 10, "any", lambda problem: None,
+                          lambda problem: lambda ins, outs, stream: launches.append((list(ins), list(outs))), True)
+    infer = lambda in_types, attrs: [in_types[0], TensorType(in_types[0].shape[1:], "float32")]  # noqa: E731
+    opdef = OpDef("face_test_stats", (Input("a"), Input("b")), ("y", "stat"), (), infer=infer,
+                  reference=lambda inputs, attrs: list(inputs), candidates=(candidate,))
+    monkeypatch.setattr(ge2.device, "compute_capability", lambda device: (9, 0))
+    face = Face(opdef, lambda dy, inputs, attrs, kernel, out, stream, stat=None: (None, None), saved=("stat",),
+                in_place={"stat": "b"})
+    try:
+        a, b = StandInArray((4, 5), 0x10000), StandInArray((5,), 0x20000)
+        y, stat = StandInArray((4, 5), 0x30000), StandInArray((5,), 0x40000)
+        assert face.forward(a, b, out=(y, stat)) == (y, stat)
+        assert face.forward(a, b, out=(y, b)) == (y, b)  # the statistic updated in place of b
+        assert launches[-1] == ([0x10000, 0x20000], [0x30000, 0x20000])
+        with pytest.raises(ValueError, match=r"out\[1\]: must not overlap a \(only b, as a whole, can be written"):
+            face.forward(a, b, out=(y, StandInArray((5,), 0x10000)))
+        with pytest.raises(ValueError, match=r"out\[0\]: must not overlap a \(y is not written in place\)"):
+            face.forward(a, b, out=(a, stat))
+        with pytest.raises(ValueError, match=r"out: expected 2 array\(s\) \(y, stat\), got 1"):
+            face.forward(a, b, out=y)
+        host_a, host_b = np.ones((4, 5), F32), np.ones(5, F32)
+        with pytest.raises(ValueError, match=r"^dy: expected shape \(4, 5\) \(y's\), got \(5,\)"):
+            face.backward_numpy(host_b, host_a, host_b)
+        with pytest.raises(TypeError, match=r"^dy: expected dtype float32 \(y's\), got float16"):
+            face.backward_numpy(host_a.astype(np.float16), host_a, host_b)
+        with pytest.raises(ValueError, match=r"^stat: expected shape \(5,\) \(the forward's\), got \(4,\)"):
+            face.backward_numpy(host_a, host_a, host_b, stat=np.ones(4, F32))
+    finally:
+        _face.FACES.pop(opdef.name)

@@ -57,7 +57,8 @@ class Face:
                  kernels: Callable[[], list[dict]] | None = None, extras: dict[str, Any] | None = None,
                  forward_extras: ForwardImpl | None = None, saved: tuple[str, ...] | dict[str, Any] = (),
                  host_check: Callable[[list, dict], None] | None = None,
-                 backward_host_check: Callable[..., None] | None = None, in_place: bool = False):
+                 backward_host_check: Callable[..., None] | None = None, in_place: bool | dict[str, str] = False,
+                 no_kernel: Callable[[Problem], None] | None = None):
         self.op = opdef
         self.name = opdef.name
         self._backward_impl = backward
@@ -70,7 +71,14 @@ class Face:
         self._saved = saved if isinstance(saved, dict) else dict.fromkeys(saved)
         self._host_check = host_check  # values only host arrays show before an upload (ids, labels in range)
         self._backward_host_check = backward_host_check  # (inputs, attrs, **options): backward_numpy's options
-        self._in_place = in_place  # each output element depends on the same input elements only: out=input works
+        # True: each output element depends on the same input elements only, so out=input works. A dict {output:
+        # input}: that output may be that input, as a whole (batch_norm's running statistics, updated in place).
+        self._in_place = in_place is True
+        self._in_place_of = {opdef.outputs.index(output): input_name
+                             for output, input_name in (in_place.items() if isinstance(in_place, dict) else ())}
+        # no_kernel(problem) raises the error, naming the argument, for a valid problem no candidate supports (the
+        # face's kernels cannot run it; a graph can, on the host fallback); else a RuntimeError names the op.
+        self._no_kernel = no_kernel
         self._inputs = tuple(i.name for i in opdef.inputs)
         self._params = self._inputs + tuple(a.name for a in opdef.attrs)
         self._index = {name: i for i, name in enumerate(self._params)}
@@ -211,6 +219,10 @@ class Face:
                 return candidate.name, candidate.prepare(problem)
             except RuntimeError as error:  # e.g. no cuBLASLt algorithm: the next candidate runs it
                 failures.append(f"{candidate.name}: {error}")
+        if not failures and self._no_kernel is not None:
+            self._no_kernel(problem)
+        if not aligned:
+            failures.append("the inputs are not 16-byte aligned: only the candidates that take any alignment apply")
         raise RuntimeError(f"{self.name}: no kernel can run this problem ({'; '.join(failures) or 'none applies'})")
 
     def _outputs(self, entry: _Prepared, out, in_pointers: list[int]) -> tuple[list, list[int]]:
@@ -239,13 +251,20 @@ class Face:
         size = entry.out_bytes[index]
         for position, (start, length) in enumerate(zip(in_pointers, entry.in_bytes)):
             if start < pointer + size and pointer < start + length:
-                if self._in_place and (start, length) == (pointer, size):
+                name = self._input_names(len(in_pointers))[position]
+                allowed = self._in_place_of.get(index)
+                if (start, length) == (pointer, size) and (self._in_place or allowed == name):
                     continue
                 argument = "out" if len(entry.out_bytes) == 1 else f"out[{index}]"
-                how = ("only the same array, as a whole, can be written in place" if self._in_place
-                       else f"{self.name} does not work in place")
-                raise ValueError(f"{argument}: must not overlap {self._input_names(len(in_pointers))[position]} "
-                                 f"({how})")
+                if self._in_place:
+                    how = "only the same array, as a whole, can be written in place"
+                elif allowed is not None:
+                    how = f"only {allowed}, as a whole, can be written in place"
+                elif self._in_place_of:
+                    how = f"{self.op.outputs[index]} is not written in place"
+                else:
+                    how = f"{self.name} does not work in place"
+                raise ValueError(f"{argument}: must not overlap {name} ({how})")
 
     def _entry(self, where: str, inputs: list, attr_values: tuple, kernel: str) -> tuple[_Prepared, list[int]]:
         """The prepared signature of these arrays and attribute values, and the input pointers."""
@@ -392,18 +411,17 @@ class Face:
             saved = {name: kwargs.pop(name) for name in host_saved if name in kwargs}
             inputs, attrs = face._split(where, face._bind(where, args, kwargs))
             names = face._input_names(len(inputs))
-            (out_type,) = face.op.infer(face._host_types(inputs, names), attrs)
+            out_types = dict(zip(face.op.outputs, face.op.infer(face._host_types(inputs, names), attrs)))
             if face._host_check is not None:
                 face._host_check(inputs, attrs)
-            dy_type = TensorType(np.shape(dy), _layout.host_dtype(dy, "dy"))
-            if tuple(dy_type.shape) != tuple(out_type.shape):
-                raise ValueError(f"dy: expected shape {tuple(out_type.shape)} (the output's), got "
-                                 f"{tuple(dy_type.shape)}")
-            if dy_type.dtype != out_type.dtype:
-                raise TypeError(f"dy: expected dtype {out_type.dtype} (the output's), got {dy_type.dtype}")
+            first = face.op.outputs[0]
+            _check_host_output(dy, "dy", out_types[first], "the output's" if len(out_types) == 1 else f"{first}'s")
             for name, value in saved.items():
                 if host_saved[name] is None and value is not None:  # a saved forward result: a host array
-                    _layout.host_dtype(value, name)
+                    if name in out_types:  # a forward output by name: its type is known
+                        _check_host_output(value, name, out_types[name], "the forward's")
+                    else:
+                        _layout.host_dtype(value, name)
             if face._backward_host_check is not None:
                 face._backward_host_check(inputs, attrs, **saved)
             face._check_kernel(kernel)
@@ -501,6 +519,15 @@ def _sequence(value, argument: str) -> list:
     if not isinstance(value, (list, tuple)) or not value:
         raise TypeError(f"{argument}: expected a non-empty list or tuple of arrays, got {type(value).__name__}")
     return list(value)
+
+
+def _check_host_output(array, argument: str, expected: TensorType, whose: str) -> None:
+    """A host array in the place of a forward output (its gradient ``dy``, or its saved value)."""
+    dtype = _layout.host_dtype(array, argument)
+    if tuple(np.shape(array)) != tuple(expected.shape):
+        raise ValueError(f"{argument}: expected shape {tuple(expected.shape)} ({whose}), got {tuple(np.shape(array))}")
+    if dtype != expected.dtype:
+        raise TypeError(f"{argument}: expected dtype {expected.dtype} ({whose}), got {dtype}")
 
 
 def _host(array) -> np.ndarray:

@@ -27,13 +27,13 @@ import numpy as np
 
 from .. import _native
 from .. import device as _device
-from ..dtypes import FLOAT_DTYPES, normalize
+from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout
 from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register
+from ._face import FACES, Face
 
 LAYOUTS = ("bhsd", "bshd")
-KERNELS = ("auto", "rowwise")
 MAX_HEAD_DIM = 256  # the rowwise kernel keeps head_dim / 32 values of a row per lane
 
 
@@ -47,11 +47,6 @@ def _native_module():
 def _check_layout(layout):
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
-
-
-def _check_kernel(kernel):
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
 
 
 def _scale_problem(scale) -> str | None:
@@ -174,14 +169,8 @@ def reference_backward(dy, q, k, v, causal=False, scale=None, layout="bhsd"):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Python face
+# Python face: generated from the OpDef (ops/_face.py); the backward below is the part a definition cannot say.
 # ---------------------------------------------------------------------------------------------------------------
-def _host_array(value, argument):
-    if not isinstance(value, np.ndarray):
-        raise TypeError(f"{argument}: expected a NumPy array, got {type(value).__name__}")
-    return normalize(value.dtype, argument)
-
-
 def _check_native_kernel(kernel, head_dim):
     if kernel != "auto":
         reason = _native_module().unsupported_reason(kernel, head_dim)
@@ -206,69 +195,6 @@ def _native_sizes(sizes, causal, scale, layout, dtype):
                 scale=default_scale(scale, sizes["head_dim"]), causal=bool(causal), dtype=dtype)
 
 
-def _check_causal(causal):
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal: expected a bool, got {type(causal).__name__} ({causal!r})")
-
-
-def _checked(q_shape, q_dtype, k_shape, k_dtype, v_shape, v_dtype, causal, scale, layout, kernel):
-    _check_causal(causal)
-    _check_scale(scale)
-    _check_kernel(kernel)
-    return problem_sizes(q_shape, q_dtype, k_shape, k_dtype, v_shape, v_dtype, layout)
-
-
-def _out_pair(out):
-    if out is None:
-        return None, None
-    if not isinstance(out, tuple) or len(out) != 2:
-        raise TypeError(f"out: expected a tuple (y, lse) of two device arrays, got {type(out).__name__}")
-    return out
-
-
-def forward_numpy(q, k, v, causal=False, scale=None, layout="bhsd", kernel="auto"):
-    """Host arrays in, host (y, lse) out (runs on the GPU)."""
-    dtypes = [_host_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v"))]
-    sizes = _checked(q.shape, dtypes[0], k.shape, dtypes[1], v.shape, dtypes[2], causal, scale, layout, kernel)
-    _device.require_gpu("attention.forward_numpy")
-    _check_native_kernel(kernel, sizes["head_dim"])
-    from_numpy = _device.runtime().DeviceArray.from_numpy
-    y, lse = forward(*(from_numpy(np.ascontiguousarray(x)) for x in (q, k, v)), causal=causal, scale=scale,
-                     layout=layout, kernel=kernel)
-    return y.numpy(), lse.numpy()
-
-
-def forward(q, k, v, causal=False, scale=None, layout="bhsd", kernel="auto", out=None, stream=None):
-    """Device arrays (DeviceArray, torch, CuPy) in, device (y, lse) out, zero-copy. ``out`` is a tuple (y, lse) to
-    write; otherwise both are allocated as the same kind of array as ``q``."""
-    vq, vk, vv = _device_views((q, k, v), ("q", "k", "v"))
-    sizes = _checked(vq.shape, vq.dtype, vk.shape, vk.dtype, vv.shape, vv.dtype, causal, scale, layout, kernel)
-    _check_native_kernel(kernel, sizes["head_dim"])
-    out_y, out_lse = _out_pair(out)
-    y, vy = _layout.output(out_y, q, "out", vq.shape, vq.dtype, vq.device)
-    lse, vlse = _layout.output(out_lse, q, "out", (sizes["batch"], sizes["heads_q"], sizes["seq_q"]), "float32",
-                               vq.device)
-    _native_module().forward(vq.ptr, vk.ptr, vv.ptr, vy.ptr, vlse.ptr,
-                             **_native_sizes(sizes, causal, scale, layout, vq.dtype), kernel=kernel,
-                             stream=_device.stream_handle(stream))
-    return y, lse
-
-
-def backward_numpy(dy, q, k, v, causal=False, scale=None, layout="bhsd", kernel="auto", y=None, lse=None):
-    """Host arrays in (output gradient, forward inputs; optionally the saved y and lse), host (dq, dk, dv) out (runs
-    on the GPU). Without y and lse the forward runs first."""
-    dtypes = [_host_array(x, name) for x, name in ((dy, "dy"), (q, "q"), (k, "k"), (v, "v"))]
-    sizes = _checked(q.shape, dtypes[1], k.shape, dtypes[2], v.shape, dtypes[3], causal, scale, layout, kernel)
-    _check_gradient(dy.shape, dtypes[0], q.shape, dtypes[1])
-    _device.require_gpu("attention.backward_numpy")
-    _check_native_kernel(kernel, sizes["head_dim"])
-    from_numpy = _device.runtime().DeviceArray.from_numpy
-    saved = {name: None if x is None else from_numpy(np.ascontiguousarray(x)) for name, x in (("y", y), ("lse", lse))}
-    grads = backward(*(from_numpy(np.ascontiguousarray(x)) for x in (dy, q, k, v)), causal=causal, scale=scale,
-                     layout=layout, kernel=kernel, **saved)
-    return tuple(g.numpy() for g in grads)
-
-
 def _check_gradient(dy_shape, dy_dtype, q_shape, q_dtype):
     if tuple(dy_shape) != tuple(q_shape):
         raise ValueError(f"dy: expected shape {tuple(q_shape)} (the shape of q), got {tuple(dy_shape)}")
@@ -276,41 +202,37 @@ def _check_gradient(dy_shape, dy_dtype, q_shape, q_dtype):
         raise TypeError(f"dy: expected dtype {q_dtype} (the dtype of q), got {dy_dtype}")
 
 
-def backward(dy, q, k, v, causal=False, scale=None, layout="bhsd", kernel="auto", out=None, stream=None, y=None,
-             lse=None):
-    """Device arrays in (output gradient, forward inputs; optionally the saved y and lse, else the forward runs
-    first): returns (dq, dk, dv) as device arrays of dy's kind, or writes ``out``, a tuple of three."""
-    vdy, vq, vk, vv = _device_views((dy, q, k, v), ("dy", "q", "k", "v"))
-    sizes = _checked(vq.shape, vq.dtype, vk.shape, vk.dtype, vv.shape, vv.dtype, causal, scale, layout, kernel)
-    _check_gradient(vdy.shape, vdy.dtype, vq.shape, vq.dtype)
-    _check_native_kernel(kernel, sizes["head_dim"])
+def _check_saved_pair(inputs, attrs, y=None, lse=None):
+    """The saved forward results come together (backward_numpy's host check, and the device backward's)."""
     if (y is None) != (lse is None):
         raise ValueError(f"{'lse' if lse is None else 'y'}: expected y and lse together (both saved by the forward), "
                          f"got only {'y' if lse is None else 'lse'}")
+
+
+def _backward(dy, inputs, attrs, kernel, out, stream, y=None, lse=None):
+    """(dq, dk, dv) as device arrays of dy's kind (or ``out``'s entries), from dy, the forward inputs and the saved
+    y and lse (the forward runs first when they are not given)."""
+    q, k, v = inputs
+    vdy, vq, vk, vv = _device_views((dy, q, k, v), ("dy", "q", "k", "v"))
+    sizes = problem_sizes(vq.shape, vq.dtype, vk.shape, vk.dtype, vv.shape, vv.dtype, attrs["layout"])
+    _check_gradient(vdy.shape, vdy.dtype, vq.shape, vq.dtype)
+    _check_native_kernel(kernel, sizes["head_dim"])
+    _check_saved_pair(inputs, attrs, y, lse)
     if y is None:
-        y, lse = forward(q, k, v, causal=causal, scale=scale, layout=layout, kernel=kernel, stream=stream)
-    vy, vlse = _device_views((y, lse), ("y", "lse"))
-    _layout.check_device(vy, vq.device, "y")
-    if tuple(vy.shape) != tuple(vq.shape) or vy.dtype != vq.dtype:
-        raise ValueError(f"y: expected shape {tuple(vq.shape)} and dtype {vq.dtype} (those of q), got "
-                         f"{tuple(vy.shape)} {vy.dtype}")
-    lse_shape = (sizes["batch"], sizes["heads_q"], sizes["seq_q"])
-    if tuple(vlse.shape) != lse_shape or vlse.dtype != "float32":
-        raise ValueError(f"lse: expected shape {lse_shape} float32, got {tuple(vlse.shape)} {vlse.dtype}")
-    if out is not None and (not isinstance(out, tuple) or len(out) != 3):
-        raise TypeError(f"out: expected a tuple (dq, dk, dv) of three device arrays, got {type(out).__name__}")
-    outs = out or (None, None, None)
-    grads = [_layout.output(target, dy, "out", view.shape, view.dtype, vq.device)
-             for target, view in zip(outs, (vq, vk, vv))]
+        y, lse = FACES["attention"].forward(q, k, v, **attrs, kernel=kernel, stream=stream)
+    vy = _layout.checked_view(y, "y", tuple(vq.shape), vq.dtype, vq.device)
+    vlse = _layout.checked_view(lse, "lse", (sizes["batch"], sizes["heads_q"], sizes["seq_q"]), "float32", vq.device)
+    grads = [_layout.output(None if out is None else out[index], dy, f"out[{index}]", view.shape, view.dtype,
+                            vq.device) for index, view in enumerate((vq, vk, vv))]
     _native_module().backward(vdy.ptr, vq.ptr, vk.ptr, vv.ptr, vy.ptr, vlse.ptr, *(view.ptr for _, view in grads),
-                              **_native_sizes(sizes, causal, scale, layout, vq.dtype), kernel=kernel,
-                              stream=_device.stream_handle(stream))
+                              **_native_sizes(sizes, attrs["causal"], attrs["scale"], attrs["layout"], vq.dtype),
+                              kernel=kernel, stream=_device.stream_handle(stream))
     return tuple(array for array, _ in grads)
 
 
-def kernels() -> list[dict]:
-    """The kernel variants with their constraints, as the native module reports them."""
-    return _native_module().kernels()
+def _no_kernel(problem: Problem):
+    """The error of a valid problem no candidate runs (a graph runs it on the host fallback)."""
+    _check_native_kernel("auto", _problem_sizes(problem, 0)["head_dim"])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -427,3 +349,8 @@ ATTENTION_BACKWARD = _grad.register_backward(OpDef(
 # Grad rule: the saved y and lse feed the backward, so nothing is recomputed.
 attach_grad(ATTENTION, lambda g, node, dys: list(g.attention_backward(dys[0], *node.inputs, *node.outputs,
                                                                       **node.attrs)))
+
+# The face, ``ge2.ops.attention.forward / forward_numpy / backward / backward_numpy / kernels / prepare``: forward
+# returns (y, lse); backward takes dy (the gradient of y; lse has none) and the saved y and lse by keyword.
+globals().update(Face(ATTENTION, _backward, kernels=lambda: _native_module().kernels(), saved=("y", "lse"),
+                      backward_host_check=_check_saved_pair, no_kernel=_no_kernel).functions())

@@ -34,9 +34,9 @@ from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout, _row_norm
 from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register
+from ._face import FACES, Face
 
 LAYOUTS = ("NCHW", "NHWC")
-KERNELS = ("auto", "split_welford")
 PARAMETERS = ("gamma", "beta", "running_mean", "running_var")
 DEFAULT_MOMENTUM = 0.1
 DEFAULT_EPS = 1e-5
@@ -51,15 +51,6 @@ def _native_module():
 # ---------------------------------------------------------------------------------------------------------------
 def _momentum_problem(momentum) -> str | None:
     return None if 0.0 <= float(momentum) <= 1.0 else "must be in [0, 1]"
-
-
-def _check_number(value, argument: str, problem) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{argument}: expected a float, got {type(value).__name__} ({value!r})")
-    message = problem(value)
-    if message:
-        raise ValueError(f"{argument}: {message}, got {value!r}")
-    return float(value)
 
 
 def check_layout(layout) -> str:
@@ -104,19 +95,6 @@ def check_operands(x_shape, x_dtype, params: dict, training: bool, layout: str) 
             raise TypeError(f"{name}: expected dtype float32 (batch_norm keeps parameters and statistics in "
                             f"float32), got {dtype}")
     return batch, channels, spatial
-
-
-def _check_kernel(kernel) -> None:
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
-
-
-def _check_attrs(training, momentum, eps, layout):
-    if not isinstance(training, (bool, np.bool_)):
-        raise TypeError(f"training: expected a bool, got {type(training).__name__}")
-    _check_number(momentum, "momentum", _momentum_problem)
-    _row_norm.check_eps(eps)
-    check_layout(layout)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -177,16 +155,8 @@ def reference_backward(dy, x, gamma, saved_mean, saved_invstd, training=False, l
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Python face
+# Python face: generated from the OpDef (ops/_face.py); the backward below is the part a definition cannot say.
 # ---------------------------------------------------------------------------------------------------------------
-def _host_operands(arrays: dict, training, momentum, eps, layout):
-    _check_attrs(training, momentum, eps, layout)
-    x = arrays["x"]
-    dtypes = {name: _layout.host_dtype(array, name) for name, array in arrays.items()}
-    return check_operands(x.shape, dtypes["x"], {name: (arrays[name].shape, dtypes[name]) for name in PARAMETERS
-                                                 if name in arrays}, training, layout)
-
-
 def _device_views(arrays: dict) -> dict:
     views = {}
     for name, array in arrays.items():
@@ -200,67 +170,6 @@ def _device_views(arrays: dict) -> dict:
     return views
 
 
-def forward_numpy(x, gamma, beta, running_mean, running_var, training=False, momentum=DEFAULT_MOMENTUM,
-                  eps=DEFAULT_EPS, layout="NCHW", kernel="auto"):
-    """Host arrays in: (y, saved_mean, saved_invstd, running_mean_out, running_var_out) as host arrays (runs on
-    the GPU; the running inputs are not modified)."""
-    arrays = {"x": x, "gamma": gamma, "beta": beta, "running_mean": running_mean, "running_var": running_var}
-    _host_operands(arrays, training, momentum, eps, layout)
-    _check_kernel(kernel)
-    _device.require_gpu("batch_norm.forward_numpy")
-    on_device = {name: _layout.to_device(array) for name, array in arrays.items()}
-    return tuple(o.numpy() for o in forward(*on_device.values(), training=training, momentum=momentum, eps=eps,
-                                            layout=layout, kernel=kernel))
-
-
-def forward(x, gamma, beta, running_mean, running_var, training=False, momentum=DEFAULT_MOMENTUM, eps=DEFAULT_EPS,
-            layout="NCHW", kernel="auto", out=None, stream=None):
-    """Device arrays in, zero-copy: (y, saved_mean, saved_invstd, running_mean_out, running_var_out) as arrays of
-    x's kind, or ``out`` (a tuple of five arrays; its running entries may be running_mean/running_var themselves,
-    an in-place update)."""
-    _check_attrs(training, momentum, eps, layout)
-    views = _device_views({"x": x, "gamma": gamma, "beta": beta, "running_mean": running_mean,
-                           "running_var": running_var})
-    vx = views["x"]
-    batch, channels, spatial = check_operands(vx.shape, vx.dtype, {n: (views[n].shape, views[n].dtype)
-                                                                   for n in PARAMETERS}, training, layout)
-    _check_kernel(kernel)
-    if out is not None and (not isinstance(out, (tuple, list)) or len(out) != 5):
-        raise TypeError(f"out: expected a tuple of 5 arrays (y, saved_mean, saved_invstd, running_mean_out, "
-                        f"running_var_out), got {type(out).__name__}")
-    outs = tuple(out) if out is not None else (None,) * 5
-    y, vy = _layout.output(outs[0], x, "out[0]", tuple(vx.shape), vx.dtype, vx.device)
-    _layout.check_no_overlap(vy, "out[0]", vx, "x")
-    stats = [_layout.output(o, x, f"out[{i}]", (channels,), "float32", vx.device) for i, o in enumerate(outs[1:], 1)]
-    _native_module().forward(vx.ptr, views["gamma"].ptr, views["beta"].ptr, views["running_mean"].ptr,
-                             views["running_var"].ptr, vy.ptr, *(view.ptr for _, view in stats), batch, channels,
-                             spatial, layout, vx.dtype, bool(training), float(momentum), float(eps),
-                             _device.stream_handle(stream))
-    return (y, *(array for array, _ in stats))
-
-
-def backward_numpy(dy, x, gamma, beta, running_mean, running_var, training=False, momentum=DEFAULT_MOMENTUM,
-                   eps=DEFAULT_EPS, layout="NCHW", kernel="auto", saved_mean=None, saved_invstd=None):
-    """Host arrays in: (dx, dgamma, dbeta, None, None), one entry per forward input (the running statistics get no
-    gradient). ``saved_mean``/``saved_invstd``: the forward's saved statistics (both or neither; recomputed when
-    absent)."""
-    arrays = {"x": x, "gamma": gamma, "beta": beta, "running_mean": running_mean, "running_var": running_var}
-    batch, channels, spatial = _host_operands(arrays, training, momentum, eps, layout)
-    _check_dy(dy.shape, _layout.host_dtype(dy, "dy"), x.shape, _layout.host_dtype(x, "x"))
-    _check_saved_pair(saved_mean, saved_invstd)
-    for name, value in (("saved_mean", saved_mean), ("saved_invstd", saved_invstd)):
-        if value is not None:
-            check_operands(x.shape, None, {name: (value.shape, _layout.host_dtype(value, name))}, False, layout)
-    _check_kernel(kernel)
-    _device.require_gpu("batch_norm.backward_numpy")
-    on_device = {name: None if array is None else _layout.to_device(array)
-                 for name, array in {"dy": dy, **arrays, "saved_mean": saved_mean, "saved_invstd": saved_invstd}.items()}
-    grads = backward(*(on_device[name] for name in ("dy", "x", *PARAMETERS)), training=training, momentum=momentum,
-                     eps=eps, layout=layout, kernel=kernel, saved_mean=on_device["saved_mean"],
-                     saved_invstd=on_device["saved_invstd"])
-    return tuple(None if g is None else g.numpy() for g in grads)
-
-
 def _check_dy(dy_shape, dy_dtype, x_shape, x_dtype):
     if tuple(dy_shape) != tuple(x_shape):
         raise ValueError(f"dy: expected shape {tuple(x_shape)} (the shape of x), got {tuple(dy_shape)}")
@@ -268,47 +177,41 @@ def _check_dy(dy_shape, dy_dtype, x_shape, x_dtype):
         raise TypeError(f"dy: expected dtype {x_dtype} (the dtype of x), got {dy_dtype}")
 
 
-def _check_saved_pair(saved_mean, saved_invstd):
+def _check_saved_pair(inputs, attrs, saved_mean=None, saved_invstd=None):
     if (saved_mean is None) != (saved_invstd is None):
         raise ValueError("saved_mean, saved_invstd: pass both saved statistics or neither (then they are "
                          "recomputed)")
 
 
-def backward(dy, x, gamma, beta, running_mean, running_var, training=False, momentum=DEFAULT_MOMENTUM,
-             eps=DEFAULT_EPS, layout="NCHW", kernel="auto", out=None, stream=None, saved_mean=None,
-             saved_invstd=None):
-    """Device arrays in: (dx, dgamma, dbeta, None, None) as arrays of x's kind (``out``: a tuple of three arrays
-    for dx, dgamma, dbeta). ``saved_mean``/``saved_invstd``: the forward's saved statistics (both or neither;
-    recomputed by a forward into temporaries when absent, which leaves the running statistics alone)."""
-    _check_attrs(training, momentum, eps, layout)
+def _backward(dy, inputs, attrs, kernel, out, stream, saved_mean=None, saved_invstd=None):
+    """(dx, dgamma, dbeta, None, None) as arrays of x's kind, or ``out``'s entries (the running statistics get no
+    gradient). ``saved_mean``/``saved_invstd``: the forward's saved statistics (both or neither; recomputed by a
+    forward into temporaries when absent, which leaves the running statistics alone)."""
+    x, gamma, beta, running_mean, running_var = inputs
     views = _device_views({"dy": dy, "x": x, "gamma": gamma, "beta": beta, "running_mean": running_mean,
                            "running_var": running_var})
     vdy, vx = views["dy"], views["x"]
     batch, channels, spatial = check_operands(vx.shape, vx.dtype, {n: (views[n].shape, views[n].dtype)
-                                                                   for n in PARAMETERS}, training, layout)
+                                                                   for n in PARAMETERS}, attrs["training"],
+                                              attrs["layout"])
     _check_dy(vdy.shape, vdy.dtype, vx.shape, vx.dtype)
-    _check_saved_pair(saved_mean, saved_invstd)
-    _check_kernel(kernel)
+    _check_saved_pair(inputs, attrs, saved_mean, saved_invstd)
+    outs = (None,) * 5 if out is None else out
+    for index in (3, 4):
+        if outs[index] is not None:
+            raise ValueError(f"out[{index}]: expected None ({PARAMETERS[index - 1]} gets no gradient), got an array")
     if saved_mean is None:
-        _, saved_mean, saved_invstd, _, _ = forward(x, gamma, beta, running_mean, running_var, training, momentum,
-                                                    eps, layout, kernel, stream=stream)
+        _, saved_mean, saved_invstd, _, _ = FACES["batch_norm"].forward(*inputs, **attrs, kernel=kernel,
+                                                                        stream=stream)
     saved = {name: _layout.checked_view(array, name, (channels,), "float32", vx.device)
              for name, array in (("saved_mean", saved_mean), ("saved_invstd", saved_invstd))}
-    if out is not None and (not isinstance(out, (tuple, list)) or len(out) != 3):
-        raise TypeError(f"out: expected a tuple of 3 arrays (dx, dgamma, dbeta), got {type(out).__name__}")
-    outs = tuple(out) if out is not None else (None,) * 3
     dx, vdx = _layout.output(outs[0], x, "out[0]", tuple(vx.shape), vx.dtype, vx.device)
     dgamma, vdgamma = _layout.output(outs[1], x, "out[1]", (channels,), "float32", vx.device)
     dbeta, vdbeta = _layout.output(outs[2], x, "out[2]", (channels,), "float32", vx.device)
     _native_module().backward(vdy.ptr, vx.ptr, views["gamma"].ptr, saved["saved_mean"].ptr,
                               saved["saved_invstd"].ptr, vdx.ptr, vdgamma.ptr, vdbeta.ptr, batch, channels, spatial,
-                              layout, vx.dtype, bool(training), _device.stream_handle(stream))
+                              attrs["layout"], vx.dtype, bool(attrs["training"]), _device.stream_handle(stream))
     return dx, dgamma, dbeta, None, None
-
-
-def kernels() -> list[dict]:
-    """The kernels with their constraints, as the native module reports them."""
-    return _native_module().kernels()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -431,3 +334,11 @@ def _grad(g, node, out_grads):
 
 
 attach_grad(OP, _grad)
+
+# The face, ``ge2.ops.batch_norm.forward / forward_numpy / backward / backward_numpy / kernels / prepare``: forward
+# returns the five outputs and may write the running statistics in place (``out`` entries 3 and 4 being
+# running_mean and running_var themselves); backward takes dy (the gradient of y; the statistics have none) and
+# the saved statistics by keyword.
+globals().update(Face(OP, _backward, kernels=lambda: _native_module().kernels(),
+                      saved=("saved_mean", "saved_invstd"), backward_host_check=_check_saved_pair,
+                      in_place={"running_mean_out": "running_mean", "running_var_out": "running_var"}).functions())

@@ -30,6 +30,7 @@ from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout, activations
 from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register
+from ._face import Face
 
 CONV_ACTIVATIONS = ("none", "relu", "gelu", "silu", "leaky_relu")
 LAYOUTS = ("NCHW", "NHWC")
@@ -175,10 +176,6 @@ def _taps(geometry: ConvGeometry):
             yield r, s, rows, slice(s * dw, s * dw + sw * (geometry.q - 1) + 1, sw)
 
 
-def _geometry_of(x, w, attrs) -> ConvGeometry:
-    return check_problem(x.shape, np.dtype(x.dtype).name, w.shape, np.dtype(w.dtype).name, **attrs)
-
-
 def reference(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", act="none",
               slope=0.01):
     """Returns (y, z) in float64, z being the pre-activation, both in ``layout``."""
@@ -232,37 +229,8 @@ def reference_backward(dy, x, w, bias=None, *, stride=1, padding=0, dilation=1, 
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Python face
+# Python face: generated from the OpDef (ops/_face.py); the backward below is the part a definition cannot say.
 # ---------------------------------------------------------------------------------------------------------------
-def _attrs(stride, padding, dilation, groups, layout, act, slope):
-    return dict(stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout, act=act,
-                slope=slope)
-
-
-def _check_host(arrays: dict):
-    for name, value in arrays.items():
-        if value is not None and not isinstance(value, np.ndarray):
-            raise TypeError(f"{name}: expected a NumPy array, got {type(value).__name__}")
-
-
-def _host_geometry(x, w, bias, attrs) -> ConvGeometry:
-    return check_problem(x.shape, _layout.host_dtype(x, "x"), w.shape, _layout.host_dtype(w, "w"),
-                         None if bias is None else bias.shape,
-                         None if bias is None else _layout.host_dtype(bias, "bias"), **attrs)
-
-
-def forward_numpy(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", act="none",
-                  slope=0.01, allow_tf32=False, kernel="auto"):
-    """Host arrays in, host array out. Runs on the GPU."""
-    _check_host({"x": x, "w": w, "bias": bias})
-    _host_geometry(x, w, bias, _attrs(stride, padding, dilation, groups, layout, act, slope))
-    _check_kernel(kernel)
-    _device.require_gpu("conv2d.forward_numpy")
-    on_device = [None if a is None else _layout.to_device(a) for a in (x, w, bias)]
-    return forward(*on_device, stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout,
-                   act=act, slope=slope, allow_tf32=allow_tf32, kernel=kernel).numpy()
-
-
 def _device_views(arrays: dict):
     return {name: None if a is None else _device.view_of(a, name) for name, a in arrays.items()}
 
@@ -279,40 +247,6 @@ def _validate_device(views: dict):
         _layout.check_device(view, first.device, name)
 
 
-def forward(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", act="none", slope=0.01,
-            allow_tf32=False, kernel="auto", out=None, stream=None):
-    """Device arrays (DeviceArray, torch, CuPy) in, a device array of x's kind out, zero-copy."""
-    views = _device_views({"x": x, "w": w, "bias": bias})
-    vx, vw, vbias = views["x"], views["w"], views["bias"]
-    geometry = check_problem(vx.shape, vx.dtype, vw.shape, vw.dtype, None if vbias is None else vbias.shape,
-                             None if vbias is None else vbias.dtype,
-                             **_attrs(stride, padding, dilation, groups, layout, act, slope))
-    _check_kernel(kernel)
-    _validate_device(views)
-    y, vy = _layout.output(out, x, "out", geometry.out_shape, geometry.dtype, vx.device)
-    for name, view in views.items():
-        if view is not None:
-            _layout.check_no_overlap(vy, "out", view, name)
-    _native_module().forward(vx.ptr, vw.ptr, 0 if vbias is None else vbias.ptr, vy.ptr, geometry.native, layout,
-                             geometry.dtype, act, float(slope), bool(allow_tf32), kernel,
-                             _device.stream_handle(stream))
-    return y
-
-
-def backward_numpy(dy, x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", act="none",
-                   slope=0.01, allow_tf32=False, kernel="auto"):
-    """Host arrays in: (dx, dw, dbias) host arrays out (dbias None without a bias). Runs on the GPU."""
-    _check_host({"dy": dy, "x": x, "w": w, "bias": bias})
-    geometry = _host_geometry(x, w, bias, _attrs(stride, padding, dilation, groups, layout, act, slope))
-    _check_dy(dy.shape, _layout.host_dtype(dy, "dy"), geometry)
-    _check_kernel(kernel)
-    _device.require_gpu("conv2d.backward_numpy")
-    on_device = [None if a is None else _layout.to_device(a) for a in (dy, x, w, bias)]
-    grads = backward(*on_device, stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout,
-                     act=act, slope=slope, allow_tf32=allow_tf32, kernel=kernel)
-    return tuple(None if g is None else g.numpy() for g in grads)
-
-
 def _check_dy(dy_shape, dy_dtype, geometry: ConvGeometry):
     if tuple(dy_shape) != geometry.out_shape:
         raise ValueError(f"dy: expected shape {geometry.out_shape} (the output of the convolution), "
@@ -321,31 +255,25 @@ def _check_dy(dy_shape, dy_dtype, geometry: ConvGeometry):
         raise TypeError(f"dy: expected dtype {geometry.dtype}, got {dy_dtype}")
 
 
-def backward(dy, x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", act="none",
-             slope=0.01, allow_tf32=False, kernel="auto", out=None, stream=None):
-    """Device arrays in: (dx, dw, dbias) device arrays of x's kind (dbias None without a bias). ``out`` is a tuple
-    of three arrays (or None entries, allocated) for dx, dw and dbias. With an activation the pre-activation is
-    recomputed (one forward GEMM)."""
+def _backward(dy, inputs, attrs, kernel, out, stream):
+    """(dx, dw, dbias) as device arrays of x's kind, or ``out``'s entries (dbias None without a bias). With an
+    activation the pre-activation is recomputed (one forward GEMM)."""
+    x, w, bias = inputs
     views = _device_views({"dy": dy, "x": x, "w": w, "bias": bias})
     vdy, vx, vw, vbias = views["dy"], views["x"], views["w"], views["bias"]
     geometry = check_problem(vx.shape, vx.dtype, vw.shape, vw.dtype, None if vbias is None else vbias.shape,
-                             None if vbias is None else vbias.dtype,
-                             **_attrs(stride, padding, dilation, groups, layout, act, slope))
+                             None if vbias is None else vbias.dtype, **_op_attrs(attrs))
     _check_dy(vdy.shape, vdy.dtype, geometry)
-    _check_kernel(kernel)
     _validate_device(views)
-    if out is None:
-        out = (None, None, None)
-    if not isinstance(out, tuple) or len(out) != 3:
-        raise TypeError(f"out: expected a tuple of 3 arrays (dx, dw, dbias) or None, got {type(out).__name__}")
-    shapes = {"out[0]": tuple(vx.shape), "out[1]": tuple(vw.shape), "out[2]": (geometry.k,)}
+    shapes = (tuple(vx.shape), tuple(vw.shape), (geometry.k,))
     grads, grad_views = [], []
-    for (name, shape), given, wanted in zip(shapes.items(), out, (True, True, bias is not None)):
+    for index, (shape, wanted) in enumerate(zip(shapes, (True, True, bias is not None))):
         if not wanted:
             grads.append(None)
             grad_views.append(None)
             continue
-        array, view = _layout.output(given, x, name, shape, geometry.dtype, vx.device)
+        name = f"out[{index}]"
+        array, view = _layout.output(None if out is None else out[index], x, name, shape, geometry.dtype, vx.device)
         for input_name, input_view in views.items():
             if input_view is not None:
                 _layout.check_no_overlap(view, name, input_view, input_name)
@@ -353,15 +281,9 @@ def backward(dy, x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, lay
         grad_views.append(view)
     ptr = lambda view: 0 if view is None else view.ptr  # noqa: E731
     _native_module().backward(vdy.ptr, vx.ptr, vw.ptr, ptr(vbias), ptr(grad_views[0]), ptr(grad_views[1]),
-                              ptr(grad_views[2]), geometry.native, layout, geometry.dtype, act, float(slope),
-                              bool(allow_tf32), kernel, _device.stream_handle(stream))
+                              ptr(grad_views[2]), geometry.native, attrs["layout"], geometry.dtype, attrs["act"],
+                              float(attrs["slope"]), bool(attrs["allow_tf32"]), kernel, _device.stream_handle(stream))
     return tuple(grads)
-
-
-def kernels() -> list[dict]:
-    """The candidates with their constraints, as the native module reports them (a candidate missing from this
-    build says so in its description)."""
-    return _native_module().kernels()
 
 
 def has_cudnn() -> bool:
@@ -548,3 +470,6 @@ def _grad(g, node, out_grads):
 
 
 attach_grad(OP, _grad)
+
+# The face, ``ge2.ops.conv2d.forward / forward_numpy / backward / backward_numpy / kernels / prepare``.
+globals().update(Face(OP, _backward, kernels=lambda: _native_module().kernels()).functions())

@@ -16,14 +16,13 @@ saved output, so it reads int32 indices of the output's size rather than re-read
 window) and gathers: no atomics, deterministic. ``avg_pool2d``'s backward gathers ``dy / divisor``;
 ``global_avg_pool`` (``y`` is ``[N, C, 1, 1]`` or ``[N, 1, 1, C]``) broadcasts ``dy / (H * W)``.
 
-Each op has the face ``ge2.ops.<op>.forward_numpy / forward / backward_numpy / backward / kernels``; the backward
-computations are the graph ops ``<op>_backward`` (inputs ``dy``, the saved indices for max pooling, and ``x``
-for its shape).
+Each op has the face ``ge2.ops.<op>.forward_numpy / forward / backward_numpy / backward / kernels / prepare``
+(max_pool2d's backward takes the saved ``indices`` by keyword, else recomputes them); the backward computations are
+the graph ops ``<op>_backward`` (inputs ``dy``, the saved indices for max pooling, and ``x`` for its shape).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -32,10 +31,10 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout
-from ._base import Attr, Candidate, Input, OpDef, Problem, attach_grad, register
+from ._base import OPS, Attr, Candidate, Input, OpDef, Problem, attach_grad, register
+from ._face import FACES, Face
 
 LAYOUTS = ("NCHW", "NHWC")
-KERNELS = {"max_pool2d": ("auto", "window"), "avg_pool2d": ("auto", "window"), "global_avg_pool": ("auto", "global")}
 
 
 def _native_module():
@@ -158,18 +157,6 @@ def check_window(x_shape, x_dtype, kernel_size, stride=None, padding=0, dilation
                   bool(count_include_pad), layout)
 
 
-def _check_kernel(op: str, kernel) -> None:
-    if kernel not in KERNELS[op]:
-        raise ValueError(f"kernel: expected one of {', '.join(KERNELS[op])}, got {kernel!r}")
-
-
-def _check_same(argument: str, shape, dtype, expected_shape, expected_dtype, what: str) -> None:
-    if tuple(shape) != tuple(expected_shape):
-        raise ValueError(f"{argument}: expected shape {tuple(expected_shape)} ({what}), got {tuple(shape)}")
-    if dtype != expected_dtype:
-        raise TypeError(f"{argument}: expected dtype {expected_dtype}, got {dtype}")
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Reference (float64): the oracle of every test and the CPU backend.
 # ---------------------------------------------------------------------------------------------------------------
@@ -259,23 +246,9 @@ def reference_global_backward(dy, x_shape, layout="NCHW"):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Device work
+# Faces (ops/_face.py): ge2.ops.max_pool2d, ge2.ops.avg_pool2d, ge2.ops.global_avg_pool, generated from the OpDefs
+# below; the backward is the part a definition cannot say.
 # ---------------------------------------------------------------------------------------------------------------
-def _host_array(array, argument: str) -> tuple:
-    """(shape, dtype) of a NumPy array argument of a host face."""
-    dtype = _layout.host_dtype(array, argument)
-    return array.shape, dtype
-
-
-def _contiguous_view(array, argument: str, device: int | None = None):
-    view = _device.view_of(array, argument)
-    if not view.is_contiguous:
-        raise ValueError(f"{argument}: expected a contiguous array, got strides {view.strides} for shape {view.shape}")
-    if device is not None:
-        _layout.check_device(view, device, argument)
-    return view
-
-
 def _global_dims(x_shape, layout: str) -> tuple[int, int, int]:
     batch, channels, height, width = x_shape if layout == "NCHW" else (x_shape[0], x_shape[3], x_shape[1],
                                                                        x_shape[2])
@@ -287,196 +260,37 @@ def _global_y_shape(x_shape, layout: str) -> tuple:
     return (batch, channels, 1, 1) if layout == "NCHW" else (batch, 1, 1, channels)
 
 
-def _output_pair(out) -> tuple:
-    """max_pool2d's ``out``: None, or a tuple of two arrays (y, indices)."""
-    if out is None:
-        return None, None
-    if not isinstance(out, (tuple, list)) or len(out) != 2:
-        raise TypeError(f"out: expected a tuple of 2 arrays (y, indices), got {type(out).__name__}")
-    return tuple(out)
+def _backward(op: str):
+    def backward(dy, inputs, attrs, kernel, out, stream, indices=None):
+        """(dx,) as an array of dy's kind (or ``out``'s entry); x gives the shape only. max_pool2d reads the
+        forward's argmax ``indices`` (recomputed from x when absent)."""
+        (x,) = inputs
+        vdy, vx = _device.view_of(dy, "dy"), _device.view_of(x, "x")
+        y_type = OPS[op].infer([TensorType(tuple(vx.shape), vx.dtype)], attrs)[0]
+        _layout.checked_view(dy, "dy", y_type.shape, y_type.dtype, vx.device)
+        dx, vdx = _layout.output(None if out is None else out[0], dy, "out", tuple(vx.shape), vx.dtype, vx.device)
+        layout, handle = attrs["layout"], _device.stream_handle(stream)
+        if op == "global_avg_pool":
+            _native_module().global_backward(vdy.ptr, vdx.ptr, *_global_dims(vx.shape, layout), layout, vx.dtype,
+                                             handle)
+            return (dx,)
+        window = window_of(TensorType(tuple(vx.shape), vx.dtype), attrs)
+        indices_ptr = 0
+        if op == "max_pool2d":
+            if indices is None:
+                _, indices = FACES[op].forward(x, **attrs, kernel=kernel, stream=stream)
+            indices_ptr = _layout.checked_view(indices, "indices", window.y_shape(), "int32", vx.device).ptr
+        _native_module().backward("max" if op == "max_pool2d" else "avg", vdy.ptr, indices_ptr, vdx.ptr,
+                                  window.native_sizes(), window.native_window(), window.count_include_pad, layout,
+                                  vx.dtype, handle)
+        return (dx,)
+
+    return backward
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Faces: ge2.ops.max_pool2d, ge2.ops.avg_pool2d, ge2.ops.global_avg_pool
+# Op definitions: what the IR, passes, registry and CPU backend read.
 # ---------------------------------------------------------------------------------------------------------------
-def _max_forward_numpy(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, layout="NCHW",
-                       kernel="auto"):
-    """Host array in: (y, indices) as host arrays (runs on the GPU)."""
-    window = check_window(*_host_array(x, "x"), kernel_size, stride, padding, dilation, ceil_mode,
-                          True, layout)
-    _check_kernel("max_pool2d", kernel)
-    _device.require_gpu("max_pool2d.forward_numpy")
-    y, indices = _max_forward(_layout.to_device(x), window, kernel)
-    return y.numpy(), indices.numpy()
-
-
-def _max_forward(x, window, kernel, out=None, stream=None):
-    vx = _contiguous_view(x, "x")
-    y_out, indices_out = _output_pair(out)
-    y, vy = _layout.output(y_out, x, "out[0]", window.y_shape(), vx.dtype, vx.device)
-    indices, vindices = _layout.output(indices_out, x, "out[1]", window.y_shape(), "int32", vx.device)
-    _native_module().forward("max", vx.ptr, vy.ptr, vindices.ptr, window.native_sizes(), window.native_window(),
-                             True, window.layout, vx.dtype, _device.stream_handle(stream))
-    return y, indices
-
-
-def _max_forward_device(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, layout="NCHW",
-                        kernel="auto", out=None, stream=None):
-    """Device array (DeviceArray, torch, CuPy) in, zero-copy: (y, indices) as arrays of x's kind (or ``out``, a
-    tuple of two arrays)."""
-    vx = _device.view_of(x, "x")
-    window = check_window(vx.shape, vx.dtype, kernel_size, stride, padding, dilation, ceil_mode, True, layout)
-    _check_kernel("max_pool2d", kernel)
-    return _max_forward(x, window, kernel, out, stream)
-
-
-def _max_backward_numpy(dy, x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, layout="NCHW",
-                        kernel="auto", indices=None):
-    """Host arrays in: (dx,). ``indices``: the forward's saved argmax (recomputed from x when absent)."""
-    window = check_window(*_host_array(x, "x"), kernel_size, stride, padding, dilation, ceil_mode,
-                          True, layout)
-    _check_same("dy", *_host_array(dy, "dy"), window.y_shape(), _host_array(x, "x")[1],
-                "the shape of y")
-    if indices is not None:
-        _check_same("indices", *_host_array(indices, "indices"), window.y_shape(), "int32",
-                    "the shape of y")
-    _check_kernel("max_pool2d", kernel)
-    _device.require_gpu("max_pool2d.backward_numpy")
-    device_indices = None if indices is None else _layout.to_device(indices)
-    (dx,) = _max_backward_device(_layout.to_device(dy), _layout.to_device(x), kernel_size, stride, padding,
-                                 dilation, ceil_mode, layout, kernel, indices=device_indices)
-    return (dx.numpy(),)
-
-
-def _max_backward_device(dy, x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, layout="NCHW",
-                         kernel="auto", out=None, stream=None, indices=None):
-    """Device arrays in: (dx,) as an array of dy's kind (or ``out``). ``indices``: the forward's saved argmax
-    (recomputed from x when absent)."""
-    vdy, vx = _contiguous_view(dy, "dy"), _device.view_of(x, "x")
-    window = check_window(vx.shape, vx.dtype, kernel_size, stride, padding, dilation, ceil_mode, True, layout)
-    _check_same("dy", vdy.shape, vdy.dtype, window.y_shape(), vx.dtype, "the shape of y")
-    _check_kernel("max_pool2d", kernel)
-    if indices is None:
-        _, indices = _max_forward(x, window, kernel, stream=stream)
-    vindices = _contiguous_view(indices, "indices", vdy.device)
-    _check_same("indices", vindices.shape, vindices.dtype, window.y_shape(), "int32", "the shape of y")
-    dx, vdx = _layout.output(out, dy, "out", window.x_shape(), vdy.dtype, vdy.device)
-    _native_module().backward("max", vdy.ptr, vindices.ptr, vdx.ptr, window.native_sizes(), window.native_window(),
-                              True, layout, vdy.dtype, _device.stream_handle(stream))
-    return (dx,)
-
-
-def _avg_window(shape, dtype, kernel_size, stride, padding, ceil_mode, count_include_pad, layout):
-    return check_window(shape, dtype, kernel_size, stride, padding, 1, ceil_mode, count_include_pad, layout)
-
-
-def _avg_forward_numpy(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
-                       layout="NCHW", kernel="auto"):
-    """Host array in, host y out (runs on the GPU)."""
-    _avg_window(*_host_array(x, "x"), kernel_size, stride, padding, ceil_mode, count_include_pad,
-                layout)
-    _check_kernel("avg_pool2d", kernel)
-    _device.require_gpu("avg_pool2d.forward_numpy")
-    return _avg_forward_device(_layout.to_device(x), kernel_size, stride, padding, ceil_mode, count_include_pad,
-                               layout, kernel).numpy()
-
-
-def _avg_forward_device(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
-                        layout="NCHW", kernel="auto", out=None, stream=None):
-    """Device array in, zero-copy: y as an array of x's kind (or ``out``)."""
-    vx = _contiguous_view(x, "x")
-    window = _avg_window(vx.shape, vx.dtype, kernel_size, stride, padding, ceil_mode, count_include_pad, layout)
-    _check_kernel("avg_pool2d", kernel)
-    y, vy = _layout.output(out, x, "out", window.y_shape(), vx.dtype, vx.device)
-    _native_module().forward("avg", vx.ptr, vy.ptr, 0, window.native_sizes(), window.native_window(),
-                             window.count_include_pad, layout, vx.dtype, _device.stream_handle(stream))
-    return y
-
-
-def _avg_backward_numpy(dy, x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
-                        layout="NCHW", kernel="auto"):
-    """Host arrays in: (dx,) (x gives the shape only)."""
-    shape, dtype = _host_array(x, "x")
-    window = _avg_window(shape, dtype, kernel_size, stride, padding, ceil_mode, count_include_pad, layout)
-    _check_same("dy", *_host_array(dy, "dy"), window.y_shape(), dtype, "the shape of y")
-    _check_kernel("avg_pool2d", kernel)
-    _device.require_gpu("avg_pool2d.backward_numpy")
-    (dx,) = _avg_backward_device(_layout.to_device(dy), _layout.to_device(x), kernel_size, stride, padding,
-                                 ceil_mode, count_include_pad, layout, kernel)
-    return (dx.numpy(),)
-
-
-def _avg_backward_device(dy, x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
-                         layout="NCHW", kernel="auto", out=None, stream=None):
-    """Device arrays in: (dx,) as an array of dy's kind (or ``out``); x gives the shape only."""
-    vdy, vx = _contiguous_view(dy, "dy"), _device.view_of(x, "x")
-    window = _avg_window(vx.shape, vx.dtype, kernel_size, stride, padding, ceil_mode, count_include_pad, layout)
-    _check_same("dy", vdy.shape, vdy.dtype, window.y_shape(), vx.dtype, "the shape of y")
-    _check_kernel("avg_pool2d", kernel)
-    dx, vdx = _layout.output(out, dy, "out", window.x_shape(), vdy.dtype, vdy.device)
-    _native_module().backward("avg", vdy.ptr, 0, vdx.ptr, window.native_sizes(), window.native_window(),
-                              window.count_include_pad, layout, vdy.dtype, _device.stream_handle(stream))
-    return (dx,)
-
-
-def _check_global(shape, dtype, layout):
-    batch, channels, height, width = check_x(shape, dtype, layout)
-    if height < 1 or width < 1:
-        raise ValueError(f"x: expected height and width >= 1, got shape {tuple(shape)}")
-
-
-def _global_forward_numpy(x, layout="NCHW", kernel="auto"):
-    """Host array in, host y ([N, C, 1, 1] or [N, 1, 1, C]) out (runs on the GPU)."""
-    _check_global(*_host_array(x, "x"), layout)
-    _check_kernel("global_avg_pool", kernel)
-    _device.require_gpu("global_avg_pool.forward_numpy")
-    return _global_forward_device(_layout.to_device(x), layout, kernel).numpy()
-
-
-def _global_forward_device(x, layout="NCHW", kernel="auto", out=None, stream=None):
-    """Device array in, zero-copy: y as an array of x's kind (or ``out``)."""
-    vx = _contiguous_view(x, "x")
-    _check_global(vx.shape, vx.dtype, layout)
-    _check_kernel("global_avg_pool", kernel)
-    y, vy = _layout.output(out, x, "out", _global_y_shape(vx.shape, layout), vx.dtype, vx.device)
-    _native_module().global_forward(vx.ptr, vy.ptr, *_global_dims(vx.shape, layout), layout, vx.dtype,
-                                    _device.stream_handle(stream))
-    return y
-
-
-def _global_backward_numpy(dy, x, layout="NCHW", kernel="auto"):
-    """Host arrays in: (dx,) (x gives the shape only)."""
-    shape, dtype = _host_array(x, "x")
-    _check_global(shape, dtype, layout)
-    _check_same("dy", *_host_array(dy, "dy"), _global_y_shape(x.shape, layout), dtype,
-                "the shape of y")
-    _check_kernel("global_avg_pool", kernel)
-    _device.require_gpu("global_avg_pool.backward_numpy")
-    (dx,) = _global_backward_device(_layout.to_device(dy), _layout.to_device(x), layout, kernel)
-    return (dx.numpy(),)
-
-
-def _global_backward_device(dy, x, layout="NCHW", kernel="auto", out=None, stream=None):
-    """Device arrays in: (dx,) as an array of dy's kind (or ``out``); x gives the shape only."""
-    vdy, vx = _contiguous_view(dy, "dy"), _device.view_of(x, "x")
-    _check_global(vx.shape, vx.dtype, layout)
-    _check_same("dy", vdy.shape, vdy.dtype, _global_y_shape(vx.shape, layout), vx.dtype, "the shape of y")
-    _check_kernel("global_avg_pool", kernel)
-    dx, vdx = _layout.output(out, dy, "out", tuple(vx.shape), vdy.dtype, vdy.device)
-    _native_module().global_backward(vdy.ptr, vdx.ptr, *_global_dims(vx.shape, layout), layout, vdy.dtype,
-                                     _device.stream_handle(stream))
-    return (dx,)
-
-
-def _face(name, forward_numpy, forward, backward_numpy, backward):
-    def kernels() -> list[dict]:
-        """The op's kernels with their constraints, as the native module reports them."""
-        return [row for row in _native_module().kernels() if row["name"] in KERNELS[name]]
-
-    return SimpleNamespace(__name__=name, __doc__=OPS_DOC[name], forward_numpy=forward_numpy, forward=forward,
-                           backward_numpy=backward_numpy, backward=backward, kernels=kernels)
-
-
 OPS_DOC = {
     "max_pool2d": "max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, layout='NCHW') "
                   "-> (y, indices)",
@@ -485,15 +299,7 @@ OPS_DOC = {
     "global_avg_pool": "global_avg_pool(x, layout='NCHW') -> y: the mean over H x W, keeping 4 dims",
 }
 
-max_pool2d = _face("max_pool2d", _max_forward_numpy, _max_forward_device, _max_backward_numpy, _max_backward_device)
-avg_pool2d = _face("avg_pool2d", _avg_forward_numpy, _avg_forward_device, _avg_backward_numpy, _avg_backward_device)
-global_avg_pool = _face("global_avg_pool", _global_forward_numpy, _global_forward_device, _global_backward_numpy,
-                        _global_backward_device)
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# Op definitions: what the IR, passes, registry and CPU backend read.
-# ---------------------------------------------------------------------------------------------------------------
 def _window_attrs(max_pool: bool) -> tuple[Attr, ...]:
     attrs = [
         Attr("kernel_size", (int, tuple), check=_pair_check, doc="window size: an int or (h, w)"),
@@ -709,3 +515,9 @@ def _grad_global(g, node, out_grads):
 attach_grad(MAX_OP, _grad_max)
 attach_grad(AVG_OP, _grad_avg)
 attach_grad(GLOBAL_OP, _grad_global)
+
+# The faces, ``ge2.ops.<op>.forward / forward_numpy / backward / backward_numpy / kernels / prepare``: max_pool2d's
+# forward returns (y, indices), and its backward takes dy (the gradient of y) and the saved indices by keyword.
+for _op in (MAX_OP, AVG_OP, GLOBAL_OP):
+    Face(_op, _backward(_op.name), kernels=lambda: _native_module().kernels(),
+         saved=("indices",) if _op is MAX_OP else ())

@@ -18,7 +18,6 @@ namespace {
 
 constexpr int kTileK = 32;             // channels per reduction tile: 4 vectors of 8 halves, a 64-byte smem row
 constexpr int kChunks = kTileK / 8;    // 16-byte vectors per smem row
-constexpr int kStages = 4;
 
 struct Params {
   const void* x;
@@ -95,11 +94,12 @@ struct Pair<__nv_bfloat16> {
   static __device__ __forceinline__ type make(float a, float b) { return __floats2bfloat162_rn(a, b); }
 };
 
-// BM x BN block tile, WarpsM x WarpsN warps (each a (BM / WarpsM) x (BN / WarpsN) tile of m16n8 MMAs).
-template <typename T, int BM, int BN, int WarpsM, int WarpsN>
+// BM x BN block tile, WarpsM x WarpsN warps (each a (BM / WarpsM) x (BN / WarpsN) tile of m16n8 MMAs), a
+// Stages-deep cp.async pipeline.
+template <typename T, int BM, int BN, int WarpsM, int WarpsN, int Stages>
 __global__ void __launch_bounds__(WarpsM * WarpsN * 32)
     implicit_gemm_kernel(const Params params) {
-  constexpr int kThreads = WarpsM * WarpsN * 32;
+  constexpr int kThreads = WarpsM * WarpsN * 32, kStages = Stages;
   constexpr int kWarpM = BM / WarpsM, kWarpN = BN / WarpsN;
   constexpr int kMmaM = kWarpM / 16, kMmaN = kWarpN / 8;
   constexpr int kVectorsA = BM * kChunks / kThreads, kVectorsB = BN * kChunks / kThreads;
@@ -265,11 +265,11 @@ __global__ void __launch_bounds__(WarpsM * WarpsN * 32)
   }
 }
 
-template <typename T, int BM, int BN, int WarpsM, int WarpsN>
+template <typename T, int BM, int BN, int WarpsM, int WarpsN, int Stages>
 void launch_tile(const Params& params, cudaStream_t stream) {
   constexpr int kThreads = WarpsM * WarpsN * 32;
-  constexpr std::size_t kSharedBytes = std::size_t(kStages) * (BM + BN) * kTileK * sizeof(T);
-  auto kernel = implicit_gemm_kernel<T, BM, BN, WarpsM, WarpsN>;
+  constexpr std::size_t kSharedBytes = std::size_t(Stages) * (BM + BN) * kTileK * sizeof(T);
+  auto kernel = implicit_gemm_kernel<T, BM, BN, WarpsM, WarpsN, Stages>;
   // Above 48 KiB of dynamic shared memory a kernel must opt in, once per device.
   static std::atomic<uint64_t> opted_in{0};
   int device = 0;
@@ -293,13 +293,32 @@ template <typename T>
 void launch_typed(const Params& params, cudaStream_t stream) {
   const int64_t wide_blocks = static_cast<int64_t>((params.m + 127) / 128) * ((params.k + 127) / 128);
   if (params.k > 64 && wide_blocks >= kSmTarget) {
-    launch_tile<T, 128, 128, 2, 2>(params, stream);
+    launch_tile<T, 128, 128, 2, 2, 4>(params, stream);
   } else {
-    launch_tile<T, 128, 64, 2, 2>(params, stream);
+    launch_tile<T, 128, 64, 2, 2, 4>(params, stream);
   }
 }
 
 bool aligned_16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; }
+
+Params make_params(const ForwardArgs& args) {
+  const Shape& s = args.shape;
+  Params params{};
+  params.x = args.x, params.w = args.w, params.bias = args.bias, params.y = args.y;
+  params.n = static_cast<int>(s.n), params.h = static_cast<int>(s.h), params.w_in = static_cast<int>(s.w);
+  params.c = static_cast<int>(s.c), params.k = static_cast<int>(s.k), params.r = static_cast<int>(s.r);
+  params.s = static_cast<int>(s.s), params.p = static_cast<int>(s.p), params.q = static_cast<int>(s.q);
+  params.stride_h = static_cast<int>(s.stride_h), params.stride_w = static_cast<int>(s.stride_w);
+  params.pad_top = static_cast<int>(s.pad_top), params.pad_left = static_cast<int>(s.pad_left);
+  params.dilation_h = static_cast<int>(s.dilation_h), params.dilation_w = static_cast<int>(s.dilation_w);
+  params.m = static_cast<int>(s.n * s.p * s.q);
+  params.channel_tiles = static_cast<int>((s.c + kTileK - 1) / kTileK);
+  params.k_tiles = static_cast<int>(s.r * s.s) * params.channel_tiles;
+  params.act = args.act;
+  params.slope = args.slope;
+  params.pair_store = s.k % 2 == 0 && reinterpret_cast<std::uintptr_t>(args.y) % 4 == 0;
+  return params;
+}
 
 }  // namespace
 
@@ -326,22 +345,8 @@ std::string implicit_gemm_unsupported_reason(const Shape& s, bool backward) {
 bool implicit_gemm_aligned(const ForwardArgs& args) { return aligned_16(args.x) && aligned_16(args.w); }
 
 void implicit_gemm_forward(const ForwardArgs& args, cudaStream_t stream) {
-  const Shape& s = args.shape;
-  Params params{};
-  params.x = args.x, params.w = args.w, params.bias = args.bias, params.y = args.y;
-  params.n = static_cast<int>(s.n), params.h = static_cast<int>(s.h), params.w_in = static_cast<int>(s.w);
-  params.c = static_cast<int>(s.c), params.k = static_cast<int>(s.k), params.r = static_cast<int>(s.r);
-  params.s = static_cast<int>(s.s), params.p = static_cast<int>(s.p), params.q = static_cast<int>(s.q);
-  params.stride_h = static_cast<int>(s.stride_h), params.stride_w = static_cast<int>(s.stride_w);
-  params.pad_top = static_cast<int>(s.pad_top), params.pad_left = static_cast<int>(s.pad_left);
-  params.dilation_h = static_cast<int>(s.dilation_h), params.dilation_w = static_cast<int>(s.dilation_w);
-  params.m = static_cast<int>(s.n * s.p * s.q);
-  params.channel_tiles = static_cast<int>((s.c + kTileK - 1) / kTileK);
-  params.k_tiles = static_cast<int>(s.r * s.s) * params.channel_tiles;
-  params.act = args.act;
-  params.slope = args.slope;
-  params.pair_store = s.k % 2 == 0 && reinterpret_cast<std::uintptr_t>(args.y) % 4 == 0;
-  if (s.dtype == DType::Float16) {
+  const Params params = make_params(args);
+  if (args.shape.dtype == DType::Float16) {
     launch_typed<__half>(params, stream);
   } else {
     launch_typed<__nv_bfloat16>(params, stream);

@@ -4,22 +4,15 @@ forward+backward, one process, one GPU. Correctness first, then medians (L2 flus
 a row (implicit_gemm: NHWC half precision with C % 8 == 0 only) gets a row saying why; one without a backward
 (implicit_gemm) times forward+backward with its forward and auto's backward (the "bwd kernel" column).
 
-Per call, the GE2 columns include the Python face's argument checks (tens of microseconds, the same order as these
-kernels). The "burst" columns time the forward as the executor runs it: the candidate's prepared launch (what a
-compiled plan calls per node) against F.conv2d, 20 calls back to back after an L2 flush, per call.
-
 Run: python benchmarks/bench_conv.py [--quick] [--kernels=implicit_gemm,cudnn] [--dtypes=float16]
 """
 from __future__ import annotations
 
-import statistics
 import sys
 
 from harness import median_ms, torch_cuda, write_results
 
-from graph_executor_v2.ir.types import TensorType
-from graph_executor_v2.ops import OPS, conv2d
-from graph_executor_v2.ops._base import Problem
+from graph_executor_v2.ops import conv2d
 
 BATCH = 32
 # (C, H, K, R, stride), padding R // 2: the issue's ResNet-50 rows.
@@ -31,35 +24,6 @@ CONFIGS = [("float32", "NCHW"), ("float16", "NHWC")]
 def relative_error(torch, actual, expected):
     expected = expected.float()
     return ((actual.float() - expected).abs().max() / expected.abs().max().clamp_min(1e-6)).item()
-
-
-def burst_ms(torch, fn, calls: int = 20, reps: int = 15) -> float:
-    """Median per-call time of ``calls`` back-to-back calls of ``fn`` (L2 flushed before each burst)."""
-    flush = torch.empty(64 << 20, dtype=torch.int8, device="cuda")
-    fn()
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return statistics.median(times)
-
-
-def prepared_forward(torch, candidate, x, w, y, dtype_name, attrs):
-    """The candidate's launch as a compiled plan holds it: raw pointers in, no per-call argument checks."""
-    op = OPS["conv2d"]
-    full_attrs = op.validate_attrs(attrs, "bench")
-    in_types = (TensorType(tuple(x.shape), dtype_name), TensorType(tuple(w.shape), dtype_name), None)
-    problem = Problem("conv2d", in_types, tuple(op.infer(in_types, full_attrs)), full_attrs)
-    launch = next(c for c in op.candidates if c.name == candidate).prepare(problem)
-    pointers, outputs = [x.data_ptr(), w.data_ptr(), 0], [y.data_ptr()]
-    stream = torch.cuda.current_stream().cuda_stream
-    return lambda: launch(pointers, outputs, stream)
 
 
 def bench_shape(torch, shape, dtype_name, layout, candidate):
@@ -118,16 +82,9 @@ def bench_shape(torch, shape, dtype_name, layout, candidate):
         raise AssertionError(f"GE2 {candidate} disagrees with torch at {shape} {dtype_name} {layout}: relative "
                              f"errors y/dx/dw {errors}")
 
-    ge2_launch = prepared_forward(torch, candidate, x, w, y, dtype_name, attrs)
-    y.fill_(float("nan"))
-    ge2_launch()
-    if relative_error(torch, y.permute(0, 3, 1, 2) if layout == "NHWC" else y, expected) > limit:
-        raise AssertionError(f"GE2 {candidate}'s prepared launch disagrees with torch at {shape} {dtype_name}")
     times = {
         "ge2_fwd_ms": median_ms(ge2_forward),
         "torch_fwd_ms": median_ms(torch_forward),
-        "ge2_fwd_burst_ms": burst_ms(torch, ge2_launch),
-        "torch_fwd_burst_ms": burst_ms(torch, torch_forward),
         "ge2_train_ms": median_ms(ge2_train),
         "torch_train_ms": median_ms(torch_train),
     }
@@ -136,12 +93,10 @@ def bench_shape(torch, shape, dtype_name, layout, candidate):
     row.update(times, bwd_kernel=backward_kernel, max_rel_err=max(errors))
     row["ge2_fwd_tflops"] = flops / (times["ge2_fwd_ms"] * 1e-3) / 1e12
     row["fwd_vs_torch"] = times["torch_fwd_ms"] / times["ge2_fwd_ms"]
-    row["ge2_fwd_burst_tflops"] = flops / (times["ge2_fwd_burst_ms"] * 1e-3) / 1e12
-    row["fwd_burst_vs_torch"] = times["torch_fwd_burst_ms"] / times["ge2_fwd_burst_ms"]
     row["train_vs_torch"] = times["torch_train_ms"] / times["ge2_train_ms"]
     if candidate == "implicit_gemm" and r == 3:  # the issue's target for GE2's own kernel
-        row["target"] = "own igemm fwd (burst) >= 0.7x"
-        row["met"] = "yes" if row["fwd_burst_vs_torch"] >= 0.7 else "NO"
+        row["target"] = "own igemm fwd >= 0.7x"
+        row["met"] = "yes" if row["fwd_vs_torch"] >= 0.7 else "NO"
     else:
         row["target"] = "op >= 0.95x"
         row["met"] = "yes" if min(row["fwd_vs_torch"], row["train_vs_torch"]) >= 0.95 else "NO"
@@ -171,17 +126,12 @@ def main(quick: bool) -> None:
                     print(f"{row['shape']:>24} {dtype_name:<8} {layout} {candidate:<13} {row['note']}", flush=True)
                     continue
                 print(f"{row['shape']:>24} {dtype_name:<8} {layout} {candidate:<13} fwd {row['ge2_fwd_ms']:.4f} ms "
-                      f"(torch {row['torch_fwd_ms']:.4f}, x{row['fwd_vs_torch']:.3f}) | burst "
-                      f"{row['ge2_fwd_burst_ms']:.4f} ms {row['ge2_fwd_burst_tflops']:.0f} TFLOP/s (torch "
-                      f"{row['torch_fwd_burst_ms']:.4f}, "
-                      f"x{row['fwd_burst_vs_torch']:.3f}) | fwd+bwd "
+                      f"(torch {row['torch_fwd_ms']:.4f}, x{row['fwd_vs_torch']:.3f}) | fwd+bwd "
                       f"{row['ge2_train_ms']:.4f} ms (torch {row['torch_train_ms']:.4f}, x{row['train_vs_torch']:.3f})",
                       flush=True)
     columns = [("shape", "shape (N=32)"), ("dtype", "dtype"), ("layout", "layout"), ("kernel", "GE2 kernel"),
                ("ge2_fwd_ms", "GE2 fwd ms"), ("torch_fwd_ms", "torch fwd ms"), ("fwd_vs_torch", "fwd x vs torch"),
-               ("ge2_fwd_tflops", "GE2 fwd TFLOP/s"), ("ge2_fwd_burst_ms", "GE2 fwd burst ms"),
-               ("torch_fwd_burst_ms", "torch fwd burst ms"), ("fwd_burst_vs_torch", "fwd burst x vs torch"),
-               ("ge2_fwd_burst_tflops", "GE2 fwd burst TFLOP/s"), ("ge2_train_ms", "GE2 fwd+bwd ms"),
+               ("ge2_fwd_tflops", "GE2 fwd TFLOP/s"), ("ge2_train_ms", "GE2 fwd+bwd ms"),
                ("torch_train_ms", "torch fwd+bwd ms"), ("train_vs_torch", "fwd+bwd x vs torch"),
                ("bwd_kernel", "bwd kernel"), ("max_rel_err", "max rel err"), ("target", "target"), ("met", "met"),
                ("note", "note")]

@@ -392,7 +392,7 @@ IGEMM_CASES = [
     (2, 8, 23, 21, 16, 7, 7, 2, 3, 1, 1, "leaky_relu", True),
     (2, 16, 10, 17, 12, 2, 5, (2, 1), (0, 1), (1, 2), 1, "none", True),  # rectangular kernel, stride, dilation
     (1, 64, 7, 7, 256, 3, 3, 1, 1, 1, 1, "none", True),  # two channel tiles per tap, batch 1
-    (3, 16, 56, 56, 232, 3, 3, 1, 1, 1, 1, "relu", True),  # enough blocks for 64x128 tiles, a partial one
+    (3, 16, 56, 56, 232, 3, 3, 1, 1, 1, 1, "relu", True),  # many blocks in both directions, a partial column tile
 ]
 IGEMM_IDS = ["1x1", "1x1_stride2_batch1", "3x3_odd_k", "3x3_stride2_pad4", "3x3_dilation2_c40", "7x7_stride2",
              "rectangular", "c64_k256_batch1", "wide_tiles"]

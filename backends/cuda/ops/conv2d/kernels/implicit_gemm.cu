@@ -1,11 +1,10 @@
 // implicit_gemm: GE2's own conv2d forward on tensor cores, NHWC, float16/bfloat16 in, float32 accumulation, no
-// im2col buffer. GEMM view: M = N*P*Q output pixels, N = K output channels, reduction = R*S*C taken as
-// R*S*ceil(C/BK) tiles of BK (32 or 64) channels. Each block computes a BM x BN tile of y; the A tile (BM pixels x BK
-// channels of one filter tap) is gathered from x on the fly with 16-byte cp.async (padding, stride and dilation
-// decided per vector; outside the input, past C or past M the copy reads 0 bytes and zero-fills), the B tile (BN
-// filters x BK channels) comes from w [K, R, S, C]. Multi-stage cp.async pipeline in XOR-swizzled shared memory,
-// ldmatrix.x4 fragments (double-buffered in registers across the k16 steps), mma.sync m16n8k16, and an epilogue
-// that adds the bias, applies the activation and writes y in its dtype.
+// im2col buffer. GEMM view: M = N*P*Q output pixels, N = K output channels, reduction = R*S*C taken as R*S*ceil(C/32)
+// tiles of 32 channels. Each block computes a BM x BN tile of y; the A tile (BM pixels x 32 channels of one filter
+// tap) is gathered from x on the fly with 16-byte cp.async (padding, stride and dilation decided per vector; outside
+// the input, past C or past M the copy reads 0 bytes and zero-fills), the B tile (BN filters x 32 channels) comes
+// from w [K, R, S, C]. Multi-stage cp.async pipeline in XOR-swizzled shared memory, ldmatrix.x4 fragments,
+// mma.sync m16n8k16, and an epilogue that adds the bias, applies the activation and writes y in its dtype.
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -17,6 +16,8 @@
 namespace ge2::conv2d {
 namespace {
 
+constexpr int kTileK = 32;             // channels per reduction tile: 4 vectors of 8 halves, a 64-byte smem row
+constexpr int kChunks = kTileK / 8;    // 16-byte vectors per smem row
 
 struct Params {
   const void* x;
@@ -26,21 +27,18 @@ struct Params {
   int n, h, w_in, c, k, r, s, p, q;
   int stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w;
   int m;             // N * P * Q
-  int k_tiles;       // R * S * ceil(C / BK): set per tile configuration
+  int channel_tiles; // ceil(C / 32)
+  int k_tiles;       // R * S * channel_tiles
   int n_tiles;       // ceil(K / BN): the fast index of the 1-d grid (neighbouring blocks share their x tile)
   Act act;
   float slope;
   bool pair_store;   // y rows of an even K at a 4-byte aligned address: two outputs per store
 };
 
-// Swizzled element offset of 16-byte vector `chunk` in row `row` of a [rows][BK] tile, so that the 8 rows one
-// ldmatrix phase reads (same logical chunk) and the vectors a cp.async wave writes fall in distinct banks. BK = 64:
-// 128-byte rows, chunk ^ (row % 8). BK = 32: 64-byte rows (rows r and r + 2 share banks), chunk ^ ((row / 2) % 4).
-template <int BK>
+// Swizzled element offset of 16-byte vector `chunk` in row `row` of a [rows][32] tile: rows are 64 bytes, so rows
+// r and r + 2 share banks; XOR-ing the chunk with (row / 2) % 4 makes the 8 rows an ldmatrix reads conflict-free.
 __device__ __forceinline__ int tile_offset(int row, int chunk) {
-  static_assert(BK == 32 || BK == 64, "BK is 32 or 64 channels");
-  if constexpr (BK == 64) return row * BK + ((chunk ^ (row & 7)) << 3);
-  return row * BK + ((chunk ^ ((row >> 1) & 3)) << 3);
+  return row * kTileK + ((chunk ^ ((row >> 1) & 3)) << 3);
 }
 
 __device__ __forceinline__ unsigned smem_address(const void* pointer) {
@@ -96,12 +94,12 @@ struct Pair<__nv_bfloat16> {
   static __device__ __forceinline__ type make(float a, float b) { return __floats2bfloat162_rn(a, b); }
 };
 
-// BM x BN block tile, BK channels per reduction tile, WarpsM x WarpsN warps (each a (BM / WarpsM) x (BN / WarpsN)
-// tile of m16n8 MMAs), a Stages-deep cp.async pipeline.
-template <typename T, int BM, int BN, int BK, int WarpsM, int WarpsN, int Stages>
+// BM x BN block tile, WarpsM x WarpsN warps (each a (BM / WarpsM) x (BN / WarpsN) tile of m16n8 MMAs), a
+// Stages-deep cp.async pipeline.
+template <typename T, int BM, int BN, int WarpsM, int WarpsN, int Stages>
 __global__ void __launch_bounds__(WarpsM * WarpsN * 32)
     implicit_gemm_kernel(const Params params) {
-  constexpr int kThreads = WarpsM * WarpsN * 32, kStages = Stages, kChunks = BK / 8, kSteps = BK / 16;
+  constexpr int kThreads = WarpsM * WarpsN * 32, kStages = Stages;
   constexpr int kWarpM = BM / WarpsM, kWarpN = BN / WarpsN;
   constexpr int kMmaM = kWarpM / 16, kMmaN = kWarpN / 8;
   constexpr int kVectorsA = BM * kChunks / kThreads, kVectorsB = BN * kChunks / kThreads;
@@ -110,8 +108,8 @@ __global__ void __launch_bounds__(WarpsM * WarpsN * 32)
   static_assert(kThreads % kChunks == 0, "a thread keeps its channel chunk for every vector it loads");
 
   extern __shared__ __align__(128) unsigned char shared_bytes[];
-  T* tiles_a = reinterpret_cast<T*>(shared_bytes);  // [kStages][BM][BK]
-  T* tiles_b = tiles_a + kStages * BM * BK;          // [kStages][BN][BK]
+  T* tiles_a = reinterpret_cast<T*>(shared_bytes);  // [kStages][BM][32]
+  T* tiles_b = tiles_a + kStages * BM * kTileK;      // [kStages][BN][32]
 
   const T* __restrict__ x = static_cast<const T*>(params.x);
   const T* __restrict__ w = static_cast<const T*>(params.w);
@@ -120,8 +118,8 @@ __global__ void __launch_bounds__(WarpsM * WarpsN * 32)
   const int block_n = (blockIdx.x % params.n_tiles) * BN;
   const int block_m = (blockIdx.x / params.n_tiles) * BM;
 
-  // The rows this thread loads (vector i covers row (tid + i * kThreads) / kChunks, channel chunk tid % kChunks):
-  // where each output pixel's window starts in x; pixels past M start far above the input (never inside it).
+  // The rows this thread loads (vector i covers row (tid + i * kThreads) / 4, channel chunk tid % 4): where each
+  // output pixel's window starts in x, or -1 rows for pixels past M (never inside the input).
   const int chunk = tid % kChunks;
   int64_t a_image[kVectorsA];
   int a_top[kVectorsA], a_left[kVectorsA];
@@ -149,14 +147,14 @@ __global__ void __launch_bounds__(WarpsM * WarpsN * 32)
     b_filter[i] = static_cast<int64_t>(b_valid[i] ? filter : 0) * params.r * params.s * params.c;
   }
 
-  // Reduction tile kt = (tap_r * S + tap_s) * ceil(C / BK) + channel tile, walked in order by the loads.
-  int load_r = 0, load_s = 0, load_channel = 0;
+  // Reduction tile kt = (tap_r * S + tap_s) * channel_tiles + channel_tile, walked in order by the loads.
+  int load_r = 0, load_s = 0, load_channel_tile = 0;
   auto load_tile = [&](int stage) {
-    const int channel = load_channel + chunk * 8;
+    const int channel = load_channel_tile * kTileK + chunk * 8;
     const bool channel_ok = channel < params.c;
     const int dh = load_r * params.dilation_h, dw = load_s * params.dilation_w;
-    T* stage_a = tiles_a + stage * BM * BK;
-    T* stage_b = tiles_b + stage * BN * BK;
+    T* stage_a = tiles_a + stage * BM * kTileK;
+    T* stage_b = tiles_b + stage * BN * kTileK;
 #pragma unroll
     for (int i = 0; i < kVectorsA; ++i) {
       const int row = (tid + i * kThreads) / kChunks;
@@ -164,18 +162,17 @@ __global__ void __launch_bounds__(WarpsM * WarpsN * 32)
       const bool valid = channel_ok && static_cast<unsigned>(hi) < static_cast<unsigned>(params.h) &&
                          static_cast<unsigned>(wi) < static_cast<unsigned>(params.w_in);
       const T* src = valid ? x + a_image[i] + (static_cast<int64_t>(hi) * params.w_in + wi) * params.c + channel : x;
-      cp_async_16(smem_address(stage_a + tile_offset<BK>(row, chunk)), src, valid);
+      cp_async_16(smem_address(stage_a + tile_offset(row, chunk)), src, valid);
     }
     const int tap = (load_r * params.s + load_s) * params.c + channel;
 #pragma unroll
     for (int i = 0; i < kVectorsB; ++i) {
       const int row = (tid + i * kThreads) / kChunks;
       const bool valid = channel_ok && b_valid[i];
-      cp_async_16(smem_address(stage_b + tile_offset<BK>(row, chunk)), valid ? w + b_filter[i] + tap : w, valid);
+      cp_async_16(smem_address(stage_b + tile_offset(row, chunk)), valid ? w + b_filter[i] + tap : w, valid);
     }
-    load_channel += BK;
-    if (load_channel >= params.c) {
-      load_channel = 0;
+    if (++load_channel_tile == params.channel_tiles) {
+      load_channel_tile = 0;
       if (++load_s == params.s) {
         load_s = 0;
         ++load_r;
@@ -203,21 +200,6 @@ __global__ void __launch_bounds__(WarpsM * WarpsN * 32)
   // tiles x k16): lane -> row lane % 8 + (lane / 16) * 8, chunk (lane / 8) % 2.
   const int a_row = warp_m * kWarpM + (lane & 15), a_chunk = lane >> 4;
   const int b_row = warp_n * kWarpN + (lane & 7) + ((lane >> 4) << 3), b_chunk = (lane >> 3) & 1;
-  // Fragments of two k16 steps: the next step's ldmatrix is issued before this step's MMAs.
-  unsigned a_fragments[2][kMmaM][4];
-  unsigned b_fragments[2][kMmaN / 2][4];
-  auto load_fragments = [&](int buffer, const T* stage_a, const T* stage_b, int k16) {
-#pragma unroll
-    for (int i = 0; i < kMmaM; ++i) {
-      ldmatrix_x4(a_fragments[buffer][i],
-                  smem_address(stage_a + tile_offset<BK>(a_row + i * 16, k16 * 2 + a_chunk)));
-    }
-#pragma unroll
-    for (int j = 0; j < kMmaN / 2; ++j) {
-      ldmatrix_x4(b_fragments[buffer][j],
-                  smem_address(stage_b + tile_offset<BK>(b_row + j * 16, k16 * 2 + b_chunk)));
-    }
-  };
 
   for (int kt = 0; kt < params.k_tiles; ++kt) {
     cp_async_wait<kStages - 2>();
@@ -226,19 +208,26 @@ __global__ void __launch_bounds__(WarpsM * WarpsN * 32)
     if (next < params.k_tiles) load_tile(next % kStages);
     cp_async_commit();
 
-    const T* stage_a = tiles_a + (kt % kStages) * BM * BK;
-    const T* stage_b = tiles_b + (kt % kStages) * BN * BK;
-    load_fragments(0, stage_a, stage_b, 0);
+    const T* stage_a = tiles_a + (kt % kStages) * BM * kTileK;
+    const T* stage_b = tiles_b + (kt % kStages) * BN * kTileK;
 #pragma unroll
-    for (int k16 = 0; k16 < kSteps; ++k16) {
-      if (k16 + 1 < kSteps) load_fragments((k16 + 1) & 1, stage_a, stage_b, k16 + 1);
-      const int buffer = k16 & 1;
+    for (int k16 = 0; k16 < kTileK / 16; ++k16) {
+      unsigned a_fragments[kMmaM][4];
+      unsigned b_fragments[kMmaN / 2][4];
+#pragma unroll
+      for (int i = 0; i < kMmaM; ++i) {
+        ldmatrix_x4(a_fragments[i], smem_address(stage_a + tile_offset(a_row + i * 16, k16 * 2 + a_chunk)));
+      }
+#pragma unroll
+      for (int j = 0; j < kMmaN / 2; ++j) {
+        ldmatrix_x4(b_fragments[j], smem_address(stage_b + tile_offset(b_row + j * 16, k16 * 2 + b_chunk)));
+      }
 #pragma unroll
       for (int i = 0; i < kMmaM; ++i) {
 #pragma unroll
         for (int j = 0; j < kMmaN; ++j) {
-          mma_16816<T>(acc[i][j], a_fragments[buffer][i], b_fragments[buffer][j / 2][(j % 2) * 2],
-                       b_fragments[buffer][j / 2][(j % 2) * 2 + 1]);
+          mma_16816<T>(acc[i][j], a_fragments[i], b_fragments[j / 2][(j % 2) * 2],
+                       b_fragments[j / 2][(j % 2) * 2 + 1]);
         }
       }
     }
@@ -276,11 +265,11 @@ __global__ void __launch_bounds__(WarpsM * WarpsN * 32)
   }
 }
 
-template <typename T, int BM, int BN, int BK, int WarpsM, int WarpsN, int Stages>
+template <typename T, int BM, int BN, int WarpsM, int WarpsN, int Stages>
 void launch_tile(const Params& params, cudaStream_t stream) {
   constexpr int kThreads = WarpsM * WarpsN * 32;
-  constexpr std::size_t kSharedBytes = std::size_t(Stages) * (BM + BN) * BK * sizeof(T);
-  auto kernel = implicit_gemm_kernel<T, BM, BN, BK, WarpsM, WarpsN, Stages>;
+  constexpr std::size_t kSharedBytes = std::size_t(Stages) * (BM + BN) * kTileK * sizeof(T);
+  auto kernel = implicit_gemm_kernel<T, BM, BN, WarpsM, WarpsN, Stages>;
   // Above 48 KiB of dynamic shared memory a kernel must opt in, once per device.
   static std::atomic<uint64_t> opted_in{0};
   int device = 0;
@@ -293,29 +282,17 @@ void launch_tile(const Params& params, cudaStream_t stream) {
   }
   Params tiled = params;
   tiled.n_tiles = (params.k + BN - 1) / BN;
-  tiled.k_tiles = params.r * params.s * ((params.c + BK - 1) / BK);
   const int64_t blocks = static_cast<int64_t>(tiled.n_tiles) * ((params.m + BM - 1) / BM);
   kernel<<<static_cast<unsigned>(blocks), kThreads, kSharedBytes, stream>>>(tiled);
   GE2_CHECK_LAUNCH("implicit_gemm");
 }
 
-// Two tile shapes, 4 warps each, measured on an H100 over the ResNet-50 layers. 64 x 64 (32 x 32 per warp): many
-// small blocks, the better choice for short reductions, few output pixels or K that would leave half a 128-wide
-// tile empty. 64 x 128 (64 x 32 per warp, fewer ldmatrix per MMA): when K fills 128-wide tiles, the reduction is
-// long enough to amortise the larger epilogue and there are two waves of blocks on 132 SMs.
-constexpr int64_t kTwoWaves = 2 * 132;
-
+// One tile shape: 128 x 64 with 4 warps of 64 x 32 and 4 stages. Measured on an H100 over the ResNet-50 layers
+// (N=32) it was within 20% of the best of ten shapes everywhere, while 64 x 64 warp tiles (128 x 128, 128 x 256,
+// 256 x 128 blocks) ran 1.5-3x slower.
 template <typename T>
 void launch_typed(const Params& params, cudaStream_t stream) {
-  const int k_rest = params.k % 128;
-  const bool fills_wide = k_rest == 0 || k_rest > 64;
-  const int64_t reduction_tiles = int64_t(params.r) * params.s * ((params.c + 31) / 32);
-  const int64_t wide_blocks = static_cast<int64_t>((params.m + 63) / 64) * ((params.k + 127) / 128);
-  if (fills_wide && reduction_tiles >= 8 && wide_blocks >= kTwoWaves) {
-    launch_tile<T, 64, 128, 32, 1, 4, 4>(params, stream);
-  } else {
-    launch_tile<T, 64, 64, 32, 2, 2, 4>(params, stream);
-  }
+  launch_tile<T, 128, 64, 2, 2, 4>(params, stream);
 }
 
 bool aligned_16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; }
@@ -331,6 +308,8 @@ Params make_params(const ForwardArgs& args) {
   params.pad_top = static_cast<int>(s.pad_top), params.pad_left = static_cast<int>(s.pad_left);
   params.dilation_h = static_cast<int>(s.dilation_h), params.dilation_w = static_cast<int>(s.dilation_w);
   params.m = static_cast<int>(s.n * s.p * s.q);
+  params.channel_tiles = static_cast<int>((s.c + kTileK - 1) / kTileK);
+  params.k_tiles = static_cast<int>(s.r * s.s) * params.channel_tiles;
   params.act = args.act;
   params.slope = args.slope;
   params.pair_store = s.k % 2 == 0 && reinterpret_cast<std::uintptr_t>(args.y) % 4 == 0;

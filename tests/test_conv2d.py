@@ -10,6 +10,7 @@ import pytest
 import graph_executor_v2 as ge2
 from graph_executor_v2.ir.types import TensorType
 from graph_executor_v2.ops import OPS, conv2d
+from graph_executor_v2.ops._base import Problem
 from graph_executor_v2.testing import assert_close, random_array
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -372,6 +373,115 @@ def test_kernels_table():
     if not ge2._native.is_built("_ops_conv2d"):
         pytest.skip("_ops_conv2d is not built")
     rows = conv2d.kernels()
-    assert [row["name"] for row in rows] == ["cudnn", "im2col_gemm"]
+    assert [row["name"] for row in rows] == ["implicit_gemm", "cudnn", "im2col_gemm"]
     assert all(row["description"] and row["constraints"] for row in rows)
-    assert conv2d.has_cudnn() == ("NOT BUILT" not in rows[0]["description"])
+    assert conv2d.has_cudnn() == ("NOT BUILT" not in rows[1]["description"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# implicit_gemm: GE2's own tensor-core forward (NHWC, float16/bfloat16, groups 1, C % 8 == 0)
+# ---------------------------------------------------------------------------------------------------------------
+HALF_DTYPES = ("float16", "bfloat16")
+# (N, C, H, W, K, R, S, stride, padding, dilation, groups, act, bias)
+IGEMM_CASES = [
+    (2, 16, 9, 7, 24, 1, 1, 1, 0, 1, 1, "none", False),
+    (1, 32, 15, 13, 40, 1, 1, 2, 0, 1, 1, "relu", True),
+    (2, 8, 11, 9, 17, 3, 3, 1, 1, 1, 1, "relu", True),  # odd K: element stores, a partial column tile
+    (3, 24, 13, 12, 33, 3, 3, 2, (1, 0, 2, 1), 1, 1, "gelu", True),
+    (2, 40, 12, 11, 64, 3, 3, 1, 2, 2, 1, "silu", True),  # C = 40: a channel tile that is a quarter full
+    (2, 8, 23, 21, 16, 7, 7, 2, 3, 1, 1, "leaky_relu", True),
+    (2, 16, 10, 17, 12, 2, 5, (2, 1), (0, 1), (1, 2), 1, "none", True),  # rectangular kernel, stride, dilation
+    (1, 64, 7, 7, 256, 3, 3, 1, 1, 1, 1, "none", True),  # two channel tiles per tap, batch 1
+    (3, 16, 56, 56, 232, 3, 3, 1, 1, 1, 1, "relu", True),  # many blocks in both directions, a partial column tile
+]
+IGEMM_IDS = ["1x1", "1x1_stride2_batch1", "3x3_odd_k", "3x3_stride2_pad4", "3x3_dilation2_c40", "7x7_stride2",
+             "rectangular", "c64_k256_batch1", "wide_tiles"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("case", IGEMM_CASES, ids=IGEMM_IDS)
+def test_implicit_gemm_forward_matches_reference(rng, poisoned, to_device, case, dtype):
+    check_forward(rng, poisoned, to_device, case, "NHWC", dtype, "implicit_gemm")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_auto_runs_implicit_gemm_on_nhwc_half(rng, poisoned, to_device, dtype):
+    """auto prefers implicit_gemm where it applies; forward_numpy and a torch out go the same way."""
+    case = IGEMM_CASES[3]
+    check_forward(rng, poisoned, to_device, case, "NHWC", dtype, "auto")
+    x, w, bias, attrs = make_problem(rng, case, "NHWC", dtype)
+    expected, _ = conv2d.reference(x, w, bias, **attrs)
+    y = conv2d.forward_numpy(x, w, bias, **attrs, kernel="implicit_gemm")
+    assert_close(y, expected, dtype, reduction_length=24 * 9, what="y")
+
+
+@pytest.mark.gpu
+def test_implicit_gemm_rejects_what_it_cannot_run(rng, to_device):
+    x = to_device(random_array(rng, (2, 6, 6, 12), "float16"))
+    w = to_device(random_array(rng, (4, 3, 3, 12), "float16"))
+    with pytest.raises(ValueError, match="kernel: 'implicit_gemm' cannot run this problem: input channels C must be "
+                                         "a multiple of 8 .*got C=12"):
+        conv2d.forward(x, w, layout="NHWC", kernel="implicit_gemm")
+    x32 = to_device(random_array(rng, (2, 6, 6, 16), "float32"))
+    w32 = to_device(random_array(rng, (4, 3, 3, 16), "float32"))
+    with pytest.raises(ValueError, match="kernel: 'implicit_gemm' cannot run this problem: float16 and bfloat16"):
+        conv2d.forward(x32, w32, layout="NHWC", kernel="implicit_gemm")
+    dy = to_device(random_array(rng, (2, 4, 4, 4), "float16"))
+    x16 = to_device(random_array(rng, (2, 6, 6, 16), "float16"))
+    w16 = to_device(random_array(rng, (4, 3, 3, 16), "float16"))
+    with pytest.raises(ValueError, match="kernel: 'implicit_gemm' cannot run this problem: forward only"):
+        conv2d.backward(dy, x16, w16, layout="NHWC", kernel="implicit_gemm")
+
+
+@pytest.mark.gpu
+def test_implicit_gemm_needs_aligned_inputs_and_auto_falls_back(rng):
+    """An x view 2 bytes past a 16-byte boundary: the named kernel refuses, auto runs another candidate."""
+    torch = pytest.importorskip("torch")
+    x, w, bias, attrs = make_problem(rng, IGEMM_CASES[2], "NHWC", "float16")
+    storage = torch.empty(x.size + 1, dtype=torch.float16, device="cuda")
+    offset_x = storage[1:].view(x.shape)
+    offset_x.copy_(torch.from_numpy(x))
+    tw, tb = torch.from_numpy(w).cuda(), torch.from_numpy(bias).cuda()
+    with pytest.raises(ValueError, match="kernel 'implicit_gemm' needs 16-byte aligned x and w"):
+        conv2d.forward(offset_x, tw, tb, **attrs, kernel="implicit_gemm")
+    expected, _ = conv2d.reference(x, w, bias, **attrs)
+    y = conv2d.forward(offset_x, tw, tb, **attrs)
+    assert_close(y.cpu().numpy(), expected, "float16", reduction_length=8 * 9, what="y")
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(c=12), "input channels C must be a multiple of 8"),
+    (dict(layout="NCHW"), "NHWC only"),
+    (dict(dtype="float32"), "float16 and bfloat16 only"),
+    (dict(groups=2), "groups == 1 only"),
+    (dict(backward=True), "forward only"),
+])
+def test_implicit_gemm_constraints_name_the_reason(change, reason):
+    if not ge2._native.is_built("_ops_conv2d"):
+        pytest.skip("_ops_conv2d is not built")
+    c, layout, dtype = change.get("c", 16), change.get("layout", "NHWC"), change.get("dtype", "float16")
+    groups = change.get("groups", 1)
+    x_shape = (2, 8, 8, c) if layout == "NHWC" else (2, c, 8, 8)
+    w_shape = (4, 3, 3, c // groups) if layout == "NHWC" else (4, c // groups, 3, 3)
+    geometry = conv2d.check_problem(x_shape, dtype, w_shape, dtype, padding=1, groups=groups, layout=layout)
+    assert reason in conv2d.unsupported_reason("implicit_gemm", geometry, "relu", True,
+                                               backward=change.get("backward", False))
+    base = conv2d.check_problem((2, 8, 8, 16), "bfloat16", (4, 3, 3, 16), "bfloat16", padding=1, layout="NHWC")
+    assert conv2d.unsupported_reason("implicit_gemm", base, "relu", True) is None
+
+
+def test_registry_ranks_implicit_gemm_first_for_nhwc_half():
+    if not ge2._native.is_built("_ops_conv2d"):
+        pytest.skip("_ops_conv2d is not built")
+    op = OPS["conv2d"]
+    attrs = op.validate_attrs({"padding": 1, "layout": "NHWC", "act": "relu"}, "node")
+    types = (TensorType((2, 8, 8, 16), "float16"), TensorType((4, 3, 3, 16), "float16"), TensorType((4,), "float16"))
+    problem = Problem("conv2d", types, tuple(op.infer(types, attrs)), attrs)
+    viable = sorted((c for c in op.candidates if c.supports(problem) is None), key=lambda c: -c.priority)
+    assert viable[0].name == "implicit_gemm"
+    nchw_attrs = op.validate_attrs({"padding": 1}, "node")
+    nchw_types = (TensorType((2, 16, 8, 8), "float16"), TensorType((4, 16, 3, 3), "float16"), None)
+    nchw = Problem("conv2d", nchw_types, tuple(op.infer(nchw_types, nchw_attrs)), nchw_attrs)
+    assert "NHWC only" in next(c for c in op.candidates if c.name == "implicit_gemm").supports(nchw)

@@ -10,11 +10,15 @@ accumulation; TF32 only with ``allow_tf32``. Output size: ``P = (H + pad_top + p
 1) // stride_h + 1`` (Q likewise).
 
 Kernel candidates (``kernels()``), best first:
-1. ``cudnn``: cuDNN's legacy C API (cudnnConvolutionForward / BackwardData / BackwardFilter; dbias by GE2's
+1. ``implicit_gemm``: GE2's own implicit GEMM on tensor cores (no im2col buffer): x gathered on the fly by 16-byte
+   cp.async, a 4-stage shared-memory pipeline, ldmatrix + mma.sync m16n8k16, float32 accumulation, bias and
+   activation fused into the epilogue. Forward only, NHWC, float16/bfloat16, groups 1, C % 8 == 0 (x and w 16-byte
+   aligned); ``auto`` takes it where it applies. Backward runs on ``cudnn`` or ``im2col_gemm``.
+2. ``cudnn``: cuDNN's legacy C API (cudnnConvolutionForward / BackwardData / BackwardFilter; dbias by GE2's
    reduction), the algorithm cudnnFind* times fastest, cached per problem. Built when CMake finds cuDNN (the
    nvidia-cudnn-cu13 package or the CUDA toolkit; ``has_cudnn()``); act none, no bias in forward, symmetric
-   padding. ``auto`` takes it where it applies.
-2. ``im2col_gemm``: im2col into a per-stream workspace, one batched cuBLASLt GEMM (a batch entry per group) and one
+   padding. ``auto`` takes it where it applies and implicit_gemm does not.
+3. ``im2col_gemm``: im2col into a per-stream workspace, one batched cuBLASLt GEMM (a batch entry per group) and one
    fused bias/activation kernel; backward dX by GEMM + a col2im gather, dW by GEMM, dbias by a reduction. Every
    attribute combination: the path that always works.
 """
@@ -34,7 +38,7 @@ from ._face import Face
 
 CONV_ACTIVATIONS = ("none", "relu", "gelu", "silu", "leaky_relu")
 LAYOUTS = ("NCHW", "NHWC")
-KERNELS = ("auto", "cudnn", "im2col_gemm")
+KERNELS = ("auto", "cudnn", "im2col_gemm", "implicit_gemm")
 
 
 def _native_module():
@@ -399,7 +403,9 @@ OP = register(OpDef(
     infer=_infer,
     reference=_reference,
     reference_backward=_reference_backward,
-    candidates=(_forward_candidate("cudnn", 20, "cuDNN convolution, algorithm found by cudnnFind*"),
+    candidates=(_forward_candidate("implicit_gemm", 30, "GE2 implicit GEMM on tensor cores (mma.sync, cp.async "
+                                   "gather), fused bias/activation; NHWC float16/bfloat16, C % 8 == 0"),
+                _forward_candidate("cudnn", 20, "cuDNN convolution, algorithm found by cudnnFind*"),
                 _forward_candidate("im2col_gemm", 10, "im2col + batched cuBLASLt GEMM + fused bias/activation",
                                    always_works=True)),
     doc=__doc__,

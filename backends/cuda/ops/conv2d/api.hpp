@@ -15,7 +15,7 @@
 namespace ge2::conv2d {
 
 enum class Layout { NCHW, NHWC };
-enum class Kernel { Auto, Cudnn, Im2colGemm };
+enum class Kernel { Auto, Cudnn, Im2colGemm, ImplicitGemm };
 
 Kernel kernel_from_name(const std::string& name);
 const char* kernel_name(Kernel kernel);
@@ -72,8 +72,8 @@ bool has_cudnn();
 // Empty when `kernel` can run the problem; otherwise the reason it cannot.
 std::string unsupported_reason(Kernel kernel, const Shape& shape, Act act, bool has_bias, bool backward);
 
-// The kernel that runs: Auto picks cuDNN where it applies, else im2col_gemm; a named kernel that cannot run the
-// problem throws std::invalid_argument naming `kernel` and the reason.
+// The kernel that runs: Auto picks implicit_gemm, then cuDNN where they apply, else im2col_gemm; a named kernel
+// that cannot run the problem throws std::invalid_argument naming `kernel` and the reason.
 Kernel choose(Kernel requested, const Shape& shape, Act act, bool has_bias, bool backward);
 
 // ---- internal: shared by launcher.cu, kernels/*.cu and backward.cu ------------------------------------------
@@ -112,6 +112,12 @@ void launch_bias_grad(const Shape& shape, const void* dz, void* dbias, bool gemm
 std::string cudnn_unsupported_reason(const Shape& shape, Act act, bool has_bias, bool backward);
 bool cudnn_forward(const ForwardArgs& args, cudaStream_t stream);
 bool cudnn_backward(const BackwardArgs& args, cudaStream_t stream);
+
+// GE2's implicit-GEMM tensor-core forward (kernels/implicit_gemm.cu): NHWC, float16/bfloat16, groups 1, C % 8 == 0.
+// It also needs x and w 16-byte aligned (checked per call: implicit_gemm_aligned).
+std::string implicit_gemm_unsupported_reason(const Shape& shape, bool backward);
+bool implicit_gemm_aligned(const ForwardArgs& args);
+void implicit_gemm_forward(const ForwardArgs& args, cudaStream_t stream);
 
 // Elements of the im2col column matrix: C * R * S * N * P * Q.
 std::size_t im2col_col_elements(const Shape& shape);

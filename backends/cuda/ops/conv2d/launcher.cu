@@ -17,7 +17,8 @@ Kernel kernel_from_name(const std::string& name) {
   if (name == "auto") return Kernel::Auto;
   if (name == "cudnn") return Kernel::Cudnn;
   if (name == "im2col_gemm") return Kernel::Im2colGemm;
-  throw std::invalid_argument("kernel: expected one of auto, cudnn, im2col_gemm, got '" + name + "'");
+  if (name == "implicit_gemm") return Kernel::ImplicitGemm;
+  throw std::invalid_argument("kernel: expected one of auto, cudnn, im2col_gemm, implicit_gemm, got '" + name + "'");
 }
 
 const char* kernel_name(Kernel kernel) {
@@ -25,6 +26,7 @@ const char* kernel_name(Kernel kernel) {
     case Kernel::Auto: return "auto";
     case Kernel::Cudnn: return "cudnn";
     case Kernel::Im2colGemm: return "im2col_gemm";
+    case Kernel::ImplicitGemm: return "implicit_gemm";
   }
   return "unknown";
 }
@@ -39,6 +41,13 @@ bool has_cudnn() { return GE2_WITH_CUDNN != 0; }
 
 std::vector<KernelInfo> kernel_table() {
   return {
+      {"implicit_gemm", 30,
+       "GE2's own implicit GEMM on tensor cores, forward only: x gathered on the fly by 16-byte cp.async (padding, "
+       "stride, dilation in the gather, zero-fill outside), w [K, R, S, C], a 4-stage shared-memory pipeline, "
+       "ldmatrix + mma.sync m16n8k16 with float32 accumulation, bias and activation fused into the epilogue; "
+       "no workspace. Backward runs on cudnn or im2col_gemm",
+       "forward only; NHWC; float16 or bfloat16; groups 1; C % 8 == 0; x and w 16-byte aligned (auto falls back "
+       "otherwise); N*P*Q, H*W*C and K*R*S*C below 2^30; sm_80 or newer"},
       {"cudnn", 20,
        has_cudnn() ? "cuDNN's convolution (legacy C API): the algorithm cudnnFind* times fastest per problem, cached; "
                      "backward data and filter (dbias by GE2's reduction)"
@@ -243,11 +252,13 @@ void im2col_gemm_accumulate(const Shape& s, const void* x, const void* w, void* 
 
 std::string unsupported_reason(Kernel kernel, const Shape& shape, Act act, bool has_bias, bool backward) {
   if (kernel == Kernel::Cudnn) return cudnn_unsupported_reason(shape, act, has_bias, backward);
+  if (kernel == Kernel::ImplicitGemm) return implicit_gemm_unsupported_reason(shape, backward);
   return "";
 }
 
 Kernel choose(Kernel requested, const Shape& shape, Act act, bool has_bias, bool backward) {
   if (requested == Kernel::Auto) {
+    if (unsupported_reason(Kernel::ImplicitGemm, shape, act, has_bias, backward).empty()) return Kernel::ImplicitGemm;
     return unsupported_reason(Kernel::Cudnn, shape, act, has_bias, backward).empty() ? Kernel::Cudnn
                                                                                       : Kernel::Im2colGemm;
   }
@@ -264,7 +275,20 @@ Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
   if (args.x == nullptr) throw std::invalid_argument("x: null device pointer");
   if (args.w == nullptr) throw std::invalid_argument("w: null device pointer");
   if (args.y == nullptr) throw std::invalid_argument("y: null device pointer");
-  const Kernel kernel = choose(requested, args.shape, args.act, args.bias != nullptr, false);
+  Kernel kernel = choose(requested, args.shape, args.act, args.bias != nullptr, false);
+  if (kernel == Kernel::ImplicitGemm) {
+    if (implicit_gemm_aligned(args)) {
+      implicit_gemm_forward(args, stream);
+      return kernel;
+    }
+    if (requested == Kernel::ImplicitGemm) {
+      throw std::invalid_argument("x, w: kernel 'implicit_gemm' needs 16-byte aligned x and w (its cp.async "
+                                  "vectors); got an offset view");
+    }
+    kernel = unsupported_reason(Kernel::Cudnn, args.shape, args.act, args.bias != nullptr, false).empty()
+                 ? Kernel::Cudnn
+                 : Kernel::Im2colGemm;
+  }
   if (kernel == Kernel::Cudnn) {
     if (cudnn_forward(args, stream)) return kernel;
     if (requested == Kernel::Cudnn) {

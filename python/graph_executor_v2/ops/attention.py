@@ -16,7 +16,9 @@ Backward, from dy and the saved y and lse: ``D_i = dy_i . y_i``, ``P_ij = exp(sc
 query heads of each K/V group). lse carries no gradient: it is a saved statistic.
 
 Kernel candidates (``kernels()``):
-1. ``rowwise``: a warp per query row (forward, dq) or key row (dk, dv), float32 online softmax, no tensor cores;
+1. ``flash``: FlashAttention-2 on tensor cores (mma.sync), float16 and bfloat16, head_dim 64 and 128, any length;
+   its backward adds dq in float32 atomics.
+2. ``rowwise``: a warp per query row (forward, dq) or key row (dk, dv), float32 online softmax, no tensor cores;
    head_dim <= 256, any length. Graphs with a larger head_dim run on the registry's host fallback.
 """
 from __future__ import annotations
@@ -33,7 +35,7 @@ from . import _layout
 from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register
 
 LAYOUTS = ("bhsd", "bshd")
-KERNELS = ("auto", "rowwise")
+KERNELS = ("auto", "rowwise", "flash")
 MAX_HEAD_DIM = 256  # the rowwise kernel keeps head_dim / 32 values of a row per lane
 
 
@@ -182,9 +184,9 @@ def _host_array(value, argument):
     return normalize(value.dtype, argument)
 
 
-def _check_native_kernel(kernel, head_dim):
+def _check_native_kernel(kernel, head_dim, dtype):
     if kernel != "auto":
-        reason = _native_module().unsupported_reason(kernel, head_dim)
+        reason = _native_module().unsupported_reason(kernel, head_dim, dtype)
         if reason:
             raise ValueError(f"kernel: '{kernel}' cannot run this problem: {reason}")
     elif head_dim > MAX_HEAD_DIM:
@@ -231,7 +233,7 @@ def forward_numpy(q, k, v, causal=False, scale=None, layout="bhsd", kernel="auto
     dtypes = [_host_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v"))]
     sizes = _checked(q.shape, dtypes[0], k.shape, dtypes[1], v.shape, dtypes[2], causal, scale, layout, kernel)
     _device.require_gpu("attention.forward_numpy")
-    _check_native_kernel(kernel, sizes["head_dim"])
+    _check_native_kernel(kernel, sizes["head_dim"], dtypes[0])
     from_numpy = _device.runtime().DeviceArray.from_numpy
     y, lse = forward(*(from_numpy(np.ascontiguousarray(x)) for x in (q, k, v)), causal=causal, scale=scale,
                      layout=layout, kernel=kernel)
@@ -243,7 +245,7 @@ def forward(q, k, v, causal=False, scale=None, layout="bhsd", kernel="auto", out
     write; otherwise both are allocated as the same kind of array as ``q``."""
     vq, vk, vv = _device_views((q, k, v), ("q", "k", "v"))
     sizes = _checked(vq.shape, vq.dtype, vk.shape, vk.dtype, vv.shape, vv.dtype, causal, scale, layout, kernel)
-    _check_native_kernel(kernel, sizes["head_dim"])
+    _check_native_kernel(kernel, sizes["head_dim"], vq.dtype)
     out_y, out_lse = _out_pair(out)
     y, vy = _layout.output(out_y, q, "out", vq.shape, vq.dtype, vq.device)
     lse, vlse = _layout.output(out_lse, q, "out", (sizes["batch"], sizes["heads_q"], sizes["seq_q"]), "float32",
@@ -261,7 +263,7 @@ def backward_numpy(dy, q, k, v, causal=False, scale=None, layout="bhsd", kernel=
     sizes = _checked(q.shape, dtypes[1], k.shape, dtypes[2], v.shape, dtypes[3], causal, scale, layout, kernel)
     _check_gradient(dy.shape, dtypes[0], q.shape, dtypes[1])
     _device.require_gpu("attention.backward_numpy")
-    _check_native_kernel(kernel, sizes["head_dim"])
+    _check_native_kernel(kernel, sizes["head_dim"], dtypes[1])
     from_numpy = _device.runtime().DeviceArray.from_numpy
     saved = {name: None if x is None else from_numpy(np.ascontiguousarray(x)) for name, x in (("y", y), ("lse", lse))}
     grads = backward(*(from_numpy(np.ascontiguousarray(x)) for x in (dy, q, k, v)), causal=causal, scale=scale,
@@ -283,7 +285,7 @@ def backward(dy, q, k, v, causal=False, scale=None, layout="bhsd", kernel="auto"
     vdy, vq, vk, vv = _device_views((dy, q, k, v), ("dy", "q", "k", "v"))
     sizes = _checked(vq.shape, vq.dtype, vk.shape, vk.dtype, vv.shape, vv.dtype, causal, scale, layout, kernel)
     _check_gradient(vdy.shape, vdy.dtype, vq.shape, vq.dtype)
-    _check_native_kernel(kernel, sizes["head_dim"])
+    _check_native_kernel(kernel, sizes["head_dim"], vq.dtype)
     if (y is None) != (lse is None):
         raise ValueError(f"{'lse' if lse is None else 'y'}: expected y and lse together (both saved by the forward), "
                          f"got only {'y' if lse is None else 'lse'}")
@@ -371,34 +373,44 @@ def _problem_sizes(problem: Problem, first_input: int):
     return _infer_sizes(q, k, v, problem.attrs)
 
 
-def _supports(problem: Problem, first_input: int):
+def _supports(problem: Problem, first_input: int, kernel: str):
     head_dim = _problem_sizes(problem, first_input)["head_dim"]
-    return _native_module().unsupported_reason("rowwise", head_dim) or None
+    return _native_module().unsupported_reason(kernel, head_dim, problem.in_types[first_input].dtype) or None
 
 
-def _prepare_forward(problem: Problem):
+def _prepare_forward(problem: Problem, kernel: str):
     sizes = _native_sizes(_problem_sizes(problem, 0), problem.attrs["causal"], problem.attrs["scale"],
                           problem.attrs["layout"], problem.in_types[0].dtype)
     native_forward = _native_module().forward
 
     def launch(ins, outs, stream):
-        native_forward(*ins, *outs, **sizes, kernel="rowwise", stream=stream)
+        native_forward(*ins, *outs, **sizes, kernel=kernel, stream=stream)
 
     return launch
 
 
-def _prepare_backward(problem: Problem):
+def _prepare_backward(problem: Problem, kernel: str):
     sizes = _native_sizes(_problem_sizes(problem, 1), problem.attrs["causal"], problem.attrs["scale"],
                           problem.attrs["layout"], problem.in_types[1].dtype)
     native_backward = _native_module().backward
 
     def launch(ins, outs, stream):
-        native_backward(*ins, *outs, **sizes, kernel="rowwise", stream=stream)
+        native_backward(*ins, *outs, **sizes, kernel=kernel, stream=stream)
 
     return launch
 
 
 _ROWWISE = "a warp per row, float32 online softmax, no tensor cores; head_dim <= 256, any length"
+_FLASH = "FlashAttention-2 on tensor cores (mma.sync); float16, bfloat16; head_dim 64, 128; any length"
+
+
+def _candidates(first_input: int, prepare) -> tuple[Candidate, ...]:
+    """flash where it applies, rowwise otherwise (the forward OpDef reads q at input 0, the backward at 1)."""
+    return tuple(Candidate(name, priority, description,
+                           lambda problem, name=name: _supports(problem, first_input, name),
+                           lambda problem, name=name: prepare(problem, name))
+                 for name, priority, description in (("flash", 20, _FLASH), ("rowwise", 10, _ROWWISE)))
+
 
 ATTENTION = register(OpDef(
     name="attention",
@@ -408,7 +420,7 @@ ATTENTION = register(OpDef(
     infer=_infer,
     reference=_reference_rule,
     reference_backward=_reference_backward_rule,
-    candidates=(Candidate("rowwise", 10, _ROWWISE, lambda problem: _supports(problem, 0), _prepare_forward),),
+    candidates=_candidates(0, _prepare_forward),
     doc=__doc__,
 ))
 
@@ -420,6 +432,6 @@ ATTENTION_BACKWARD = register(OpDef(
     attrs=_ATTRS,
     infer=_infer_backward,
     reference=_reference_backward_op,
-    candidates=(Candidate("rowwise", 10, _ROWWISE, lambda problem: _supports(problem, 1), _prepare_backward),),
+    candidates=_candidates(1, _prepare_backward),
     doc="attention's gradients (dq, dk, dv) from dy, the forward inputs and the saved y and lse.",
 ))

@@ -4,6 +4,7 @@ against the float64 reference on the GPU."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from graph_executor_v2.testing import assert_close, random_array
 from row_norm_checks import numeric_gradient
 
 DTYPES = ("float16", "bfloat16")
-KERNELS = ("rowwise",)
+KERNELS = ("flash", "rowwise")  # as kernels() lists them; the GPU tests run each where it applies
 
 
 def _looped_reference(q, k, v, causal, scale):
@@ -125,7 +126,7 @@ def test_bad_scalar_arguments_name_the_argument():
         attention.forward_numpy(q, q, q, scale=float("nan"))
     with pytest.raises(TypeError, match="attribute 'causal' expected bool, got int"):
         attention.forward_numpy(q, q, q, causal=1)
-    with pytest.raises(ValueError, match="kernel: expected one of auto, rowwise, got 'flash9'"):
+    with pytest.raises(ValueError, match="kernel: expected one of auto, rowwise, flash, got 'flash9'"):
         attention.forward_numpy(q, q, q, kernel="flash9")
     with pytest.raises(TypeError, match="q: expected a NumPy array, got list"):
         attention.forward_numpy([[1.0]], q, q)
@@ -144,6 +145,22 @@ def test_kernels_report_constraints():
     table = attention.kernels()
     assert [k["name"] for k in table] == list(KERNELS)
     assert all(k["constraints"] for k in table)
+
+
+@pytest.mark.parametrize("head_dim,dtype,reason", (
+    (40, "float16", "flash is built for head_dim 64 and 128, got head_dim 40"),
+    (256, "bfloat16", "flash is built for head_dim 64 and 128, got head_dim 256"),
+    (64, "float32", "flash runs float16 and bfloat16 on tensor cores: got float32"),
+))
+def test_flash_reports_why_it_cannot_run(head_dim, dtype, reason):
+    native = attention._native_module()
+    assert native.unsupported_reason("flash", head_dim, dtype) == reason
+    assert native.unsupported_reason("flash", 128, "bfloat16") == ""
+    assert native.unsupported_reason("flash", 64, "float16") == ""
+    problem = ge2.ops.Problem(op="attention", in_types=(TensorType((1, 2, 9, head_dim), dtype),) * 3, out_types=(),
+                              attrs={"causal": False, "scale": None, "layout": "bhsd"})
+    supports = {c.name: c.supports(problem) for c in ge2.ops.OPS["attention"].candidates}
+    assert supports == {"flash": reason, "rowwise": None}
 
 
 def test_opdef_infers_types_and_raises_naming_inputs():
@@ -288,15 +305,30 @@ def _check_backward(q, k, v, dy, causal, layout, kernel, poisoned, dtype, scale=
         assert_close(got.numpy(), want, dtype, reduction_length=head_dim, what=f"d{name}")
 
 
+def _check_or_refused(q, k, v, dy, causal, layout, kernel, poisoned, dtype, scale=None):
+    """Forward and backward against the reference where ``kernel`` applies; elsewhere both faces must refuse it,
+    naming the kernel and the reason."""
+    reason = attention._native_module().unsupported_reason(kernel, q.shape[-1], dtype)
+    if not reason:
+        _check_backward(q, k, v, dy, causal, layout, kernel, poisoned, dtype, scale)
+        return
+    device = [ge2.device.runtime().DeviceArray.from_numpy(x) for x in (q, k, v, dy)]
+    message = f"kernel: '{kernel}' cannot run this problem: {re.escape(reason)}"
+    with pytest.raises(ValueError, match=message):
+        attention.forward(*device[:3], causal=causal, scale=scale, layout=layout, kernel=kernel)
+    with pytest.raises(ValueError, match=message):
+        attention.backward(device[3], *device[:3], causal=causal, scale=scale, layout=layout, kernel=kernel)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", (False, True))
-@pytest.mark.parametrize("seq", (1, 17, 128))
+@pytest.mark.parametrize("seq", (1, 17, 128, 1000))
 @pytest.mark.parametrize("head_dim", (64, 128, 40))
 def test_forward_and_backward(rng, poisoned, kernel, dtype, causal, seq, head_dim):
     q, k, v, dy = _problem(rng, 2, 3, 3, seq, seq, head_dim, dtype)
-    _check_backward(q, k, v, dy, causal, "bhsd", kernel, poisoned, dtype)
+    _check_or_refused(q, k, v, dy, causal, "bhsd", kernel, poisoned, dtype)
 
 
 @pytest.mark.gpu
@@ -304,19 +336,54 @@ def test_forward_and_backward(rng, poisoned, kernel, dtype, causal, seq, head_di
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", (False, True))
 @pytest.mark.parametrize("layout", attention.LAYOUTS)
-@pytest.mark.parametrize("heads_q,heads_kv,seq_q,seq_k", ((8, 2, 33, 33), (4, 1, 17, 70), (4, 4, 70, 17)))
-def test_gqa_and_unequal_lengths(rng, poisoned, kernel, dtype, causal, layout, heads_q, heads_kv, seq_q, seq_k):
-    q, k, v, dy = _problem(rng, 2, heads_q, heads_kv, seq_q, seq_k, 64, dtype, layout)
-    _check_backward(q, k, v, dy, causal, layout, kernel, poisoned, dtype, scale=0.3)
+@pytest.mark.parametrize("heads_q,heads_kv,seq_q,seq_k,head_dim", (
+    (8, 2, 33, 33, 64), (4, 1, 17, 70, 64), (4, 4, 70, 17, 64), (4, 2, 130, 200, 128), (2, 2, 200, 77, 128)))
+def test_gqa_and_unequal_lengths(rng, poisoned, kernel, dtype, causal, layout, heads_q, heads_kv, seq_q, seq_k,
+                                 head_dim):
+    q, k, v, dy = _problem(rng, 2, heads_q, heads_kv, seq_q, seq_k, head_dim, dtype, layout)
+    _check_or_refused(q, k, v, dy, causal, layout, kernel, poisoned, dtype, scale=0.3)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", (False, True))
 @pytest.mark.parametrize("seq,head_dim", ((1000, 64), (4096, 128)))
-def test_long_sequences_large(rng, poisoned, dtype, causal, seq, head_dim):
+def test_long_sequences_large(rng, poisoned, kernel, dtype, causal, seq, head_dim):
     q, k, v, dy = _problem(rng, 1, 2, 1, seq, seq, head_dim, dtype)
-    _check_backward(q, k, v, dy, causal, "bhsd", "auto", poisoned, dtype)
+    _check_or_refused(q, k, v, dy, causal, "bhsd", kernel, poisoned, dtype)
+
+
+@pytest.mark.gpu
+def test_auto_runs_flash_where_it_applies_and_rowwise_elsewhere(rng, poisoned):
+    # The native face returns the kernel that ran.
+    native = attention._native_module()
+    for dtype, head_dim, expected in (("bfloat16", 128, "flash"), ("float16", 96, "rowwise"),
+                                      ("float32", 64, "rowwise")):
+        host = _problem(rng, 1, 2, 2, 20, 20, head_dim, dtype)[:3]
+        q, k, v = (ge2.device.runtime().DeviceArray.from_numpy(x) for x in host)
+        y, lse = poisoned(q.shape, dtype), poisoned((1, 2, 20), "float32")
+        ran = native.forward(q.ptr, k.ptr, v.ptr, y.ptr, lse.ptr, batch=1, heads_q=2, heads_kv=2, seq_q=20, seq_k=20,
+                             head_dim=head_dim, seq_major=False, scale=0.5, causal=True, dtype=dtype, kernel="auto",
+                             stream=0)
+        assert ran == expected, (dtype, head_dim)
+        expected_y, _ = attention.reference(*host, causal=True, scale=0.5)
+        assert_close(y.numpy(), expected_y, dtype, reduction_length=head_dim if dtype == "float32" else 1,
+                     what=f"y ({ran})")
+
+
+@pytest.mark.gpu
+def test_flash_refuses_misaligned_arrays_and_auto_falls_back(rng):
+    torch = pytest.importorskip("torch")
+    shape = (1, 2, 24, 64)
+    storage = torch.randn(1 + 3 * math.prod(shape), device="cuda", dtype=torch.float16)
+    q, k, v = (storage[1 + i * math.prod(shape):1 + (i + 1) * math.prod(shape)].view(shape) for i in range(3))
+    assert q.data_ptr() % 16 != 0
+    with pytest.raises(ValueError, match="kernel: flash needs inputs at 16-byte and outputs at 4-byte aligned"):
+        attention.forward(q, k, v, kernel="flash")
+    y, lse = attention.forward(q, k, v, causal=True)  # auto: rowwise takes any alignment
+    expected_y, _ = attention.reference(*(x.float().cpu().numpy() for x in (q, k, v)), causal=True)
+    assert_close(y.float().cpu().numpy(), expected_y, "float16", what="y (auto, misaligned)")
 
 
 @pytest.mark.gpu
@@ -352,7 +419,7 @@ def test_graph_runs_on_cuda_executor(rng):
     result = executor.run(feeds)
     expected, _ = attention.reference(feeds["q"], feeds["k"], feeds["v"], causal=True, layout="bshd")
     assert_close(result["y"], expected, "bfloat16", what="y")
-    assert {s.op: s.kernel for plan in executor.plans for s in plan.selections} == {"attention": "rowwise"}
+    assert {s.op: s.kernel for plan in executor.plans for s in plan.selections} == {"attention": "flash"}
 
 
 @pytest.mark.gpu

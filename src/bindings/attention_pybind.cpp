@@ -84,12 +84,14 @@ PYBIND11_MODULE(_ops_attention, m) {
 
   m.def(
       "unsupported_reason",
-      [](const std::string& kernel, int64_t head_dim) {
+      [](const std::string& kernel, int64_t head_dim, const std::string& dtype) {
         ge2::attention::Shape shape;
         shape.head_dim = head_dim;
+        shape.dtype = ge2::dtype_from_name(dtype);
         return ge2::attention::unsupported_reason(ge2::attention::kernel_from_name(kernel), shape);
       },
-      py::arg("kernel"), py::arg("head_dim"), "Empty string when the kernel can run the problem, else the reason.");
+      py::arg("kernel"), py::arg("head_dim"), py::arg("dtype") = "float16",
+      "Empty string when the kernel can run a problem of this head_dim and dtype, else the reason.");
 
   m.def("kernels", [] { return ge2::binding::kernel_list(ge2::attention::kernel_table()); },
         "The kernel variants: name, priority, description, constraints.");

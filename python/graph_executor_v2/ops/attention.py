@@ -16,7 +16,9 @@ Backward, from dy and the saved y and lse: ``D_i = dy_i . y_i``, ``P_ij = exp(sc
 query heads of each K/V group). lse carries no gradient: it is a saved statistic.
 
 Kernel candidates (``kernels()``):
-1. ``rowwise``: a warp per query row (forward, dq) or key row (dk, dv), float32 online softmax, no tensor cores;
+1. ``flash``: FlashAttention-2 on tensor cores (mma.sync), float16 and bfloat16, head_dim 64 and 128, any length;
+   its backward adds dq in float32 atomics.
+2. ``rowwise``: a warp per query row (forward, dq) or key row (dk, dv), float32 online softmax, no tensor cores;
    head_dim <= 256, any length. Graphs with a larger head_dim run on the registry's host fallback.
 """
 from __future__ import annotations
@@ -171,9 +173,9 @@ def reference_backward(dy, q, k, v, causal=False, scale=None, layout="bhsd"):
 # ---------------------------------------------------------------------------------------------------------------
 # Python face: generated from the OpDef (ops/_face.py); the backward below is the part a definition cannot say.
 # ---------------------------------------------------------------------------------------------------------------
-def _check_native_kernel(kernel, head_dim):
+def _check_native_kernel(kernel, head_dim, dtype):
     if kernel != "auto":
-        reason = _native_module().unsupported_reason(kernel, head_dim)
+        reason = _native_module().unsupported_reason(kernel, head_dim, dtype)
         if reason:
             raise ValueError(f"kernel: '{kernel}' cannot run this problem: {reason}")
     elif head_dim > MAX_HEAD_DIM:
@@ -216,7 +218,7 @@ def _backward(dy, inputs, attrs, kernel, out, stream, y=None, lse=None):
     vdy, vq, vk, vv = _device_views((dy, q, k, v), ("dy", "q", "k", "v"))
     sizes = problem_sizes(vq.shape, vq.dtype, vk.shape, vk.dtype, vv.shape, vv.dtype, attrs["layout"])
     _check_gradient(vdy.shape, vdy.dtype, vq.shape, vq.dtype)
-    _check_native_kernel(kernel, sizes["head_dim"])
+    _check_native_kernel(kernel, sizes["head_dim"], vq.dtype)
     _check_saved_pair(inputs, attrs, y, lse)
     if y is None:
         y, lse = FACES["attention"].forward(q, k, v, **attrs, kernel=kernel, stream=stream)
@@ -232,7 +234,7 @@ def _backward(dy, inputs, attrs, kernel, out, stream, y=None, lse=None):
 
 def _no_kernel(problem: Problem):
     """The error of a valid problem no candidate runs (a graph runs it on the host fallback)."""
-    _check_native_kernel("auto", _problem_sizes(problem, 0)["head_dim"])
+    _check_native_kernel("auto", _problem_sizes(problem, 0)["head_dim"], problem.in_types[0].dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -293,34 +295,44 @@ def _problem_sizes(problem: Problem, first_input: int):
     return _infer_sizes(q, k, v, problem.attrs)
 
 
-def _supports(problem: Problem, first_input: int):
+def _supports(problem: Problem, first_input: int, kernel: str):
     head_dim = _problem_sizes(problem, first_input)["head_dim"]
-    return _native_module().unsupported_reason("rowwise", head_dim) or None
+    return _native_module().unsupported_reason(kernel, head_dim, problem.in_types[first_input].dtype) or None
 
 
-def _prepare_forward(problem: Problem):
+def _prepare_forward(problem: Problem, kernel: str):
     sizes = _native_sizes(_problem_sizes(problem, 0), problem.attrs["causal"], problem.attrs["scale"],
                           problem.attrs["layout"], problem.in_types[0].dtype)
     native_forward = _native_module().forward
 
     def launch(ins, outs, stream):
-        native_forward(*ins, *outs, **sizes, kernel="rowwise", stream=stream)
+        native_forward(*ins, *outs, **sizes, kernel=kernel, stream=stream)
 
     return launch
 
 
-def _prepare_backward(problem: Problem):
+def _prepare_backward(problem: Problem, kernel: str):
     sizes = _native_sizes(_problem_sizes(problem, 1), problem.attrs["causal"], problem.attrs["scale"],
                           problem.attrs["layout"], problem.in_types[1].dtype)
     native_backward = _native_module().backward
 
     def launch(ins, outs, stream):
-        native_backward(*ins, *outs, **sizes, kernel="rowwise", stream=stream)
+        native_backward(*ins, *outs, **sizes, kernel=kernel, stream=stream)
 
     return launch
 
 
 _ROWWISE = "a warp per row, float32 online softmax, no tensor cores; head_dim <= 256, any length"
+_FLASH = "FlashAttention-2 on tensor cores (mma.sync); float16, bfloat16; head_dim 64, 128; any length"
+
+
+def _candidates(first_input: int, prepare) -> tuple[Candidate, ...]:
+    """flash where it applies, rowwise otherwise (the forward OpDef reads q at input 0, the backward at 1)."""
+    return tuple(Candidate(name, priority, description,
+                           lambda problem, name=name: _supports(problem, first_input, name),
+                           lambda problem, name=name: prepare(problem, name))
+                 for name, priority, description in (("flash", 20, _FLASH), ("rowwise", 10, _ROWWISE)))
+
 
 ATTENTION = register(OpDef(
     name="attention",
@@ -330,7 +342,7 @@ ATTENTION = register(OpDef(
     infer=_infer,
     reference=_reference_rule,
     reference_backward=_reference_backward_rule,
-    candidates=(Candidate("rowwise", 10, _ROWWISE, lambda problem: _supports(problem, 0), _prepare_forward),),
+    candidates=_candidates(0, _prepare_forward),
     doc=__doc__,
 ))
 
@@ -342,7 +354,7 @@ ATTENTION_BACKWARD = _grad.register_backward(OpDef(
     attrs=_ATTRS,
     infer=_infer_backward,
     reference=_reference_backward_op,
-    candidates=(Candidate("rowwise", 10, _ROWWISE, lambda problem: _supports(problem, 1), _prepare_backward),),
+    candidates=_candidates(1, _prepare_backward),
     doc="attention's gradients (dq, dk, dv) from dy, the forward inputs and the saved y and lse.",
 ))
 

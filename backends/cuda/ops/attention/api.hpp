@@ -5,6 +5,7 @@
 //   backward: D_i = dO_i . O_i; P_ij = exp(scale * q_i . k_j - lse_i); dS_ij = P_ij * (dO_i . v_j - D_i)
 //             dQ_i = scale * sum_j dS_ij k_j; dK_j = scale * sum_i dS_ij q_i; dV_j = sum_i P_ij dO_i
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -16,7 +17,7 @@
 
 namespace ge2::attention {
 
-enum class Kernel { Auto, Rowwise };
+enum class Kernel { Auto, Rowwise, Flash };
 
 Kernel kernel_from_name(const std::string& name);
 const char* kernel_name(Kernel kernel);
@@ -68,5 +69,9 @@ std::vector<KernelInfo> kernel_table();
 void launch_rowwise_forward(const ForwardArgs& args, cudaStream_t stream);
 // row_dot: float32 scratch of batch * heads_q * seq_q for D_i = dO_i . O_i.
 void launch_rowwise_backward(const BackwardArgs& args, float* row_dot, cudaStream_t stream);
+void launch_flash_forward(const ForwardArgs& args, cudaStream_t stream);
+// workspace: flash_backward_workspace_bytes(shape) of device scratch (D_i and the float32 dQ accumulator).
+std::size_t flash_backward_workspace_bytes(const Shape& shape);
+void launch_flash_backward(const BackwardArgs& args, void* workspace, cudaStream_t stream);
 
 }  // namespace ge2::attention

@@ -1,5 +1,8 @@
-// attention launcher: argument checks, the kernel table and the choice of kernel. One candidate today: rowwise
-// (a warp per query row for the forward and dQ, a warp per key row for dK/dV), the path that always works.
+// attention launcher: argument checks, the kernel table and the choice of kernel. Candidates: flash (tensor cores,
+// head_dim 64 and 128, float16 and bfloat16) and rowwise (a warp per query row for the forward and dQ, a warp per
+// key row for dK/dV), the path that always works.
+#include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "api.hpp"
@@ -11,19 +14,25 @@ namespace ge2::attention {
 Kernel kernel_from_name(const std::string& name) {
   if (name == "auto") return Kernel::Auto;
   if (name == "rowwise") return Kernel::Rowwise;
-  throw std::invalid_argument("kernel: expected one of auto, rowwise, got '" + name + "'");
+  if (name == "flash") return Kernel::Flash;
+  throw std::invalid_argument("kernel: expected one of auto, rowwise, flash, got '" + name + "'");
 }
 
 const char* kernel_name(Kernel kernel) {
   switch (kernel) {
     case Kernel::Auto: return "auto";
     case Kernel::Rowwise: return "rowwise";
+    case Kernel::Flash: return "flash";
   }
   return "unknown";
 }
 
 std::vector<KernelInfo> kernel_table() {
   return {
+      {"flash", 20,
+       "FlashAttention-2 on tensor cores (mma.sync m16n8k16, ldmatrix, cp.async double buffering): 64 query rows "
+       "per CTA, online softmax in registers; backward per 64 key rows with dQ accumulated in float32 atomics",
+       "head_dim 64 or 128; float16, bfloat16; any seq_q, seq_k; 16-byte aligned arrays"},
       {"rowwise", 10,
        "a warp per query row (forward, dQ) or key row (dK, dV): online softmax in float32, K/V rows streamed from "
        "L2, no tensor cores. The path that always works",
@@ -32,7 +41,16 @@ std::vector<KernelInfo> kernel_table() {
 }
 
 std::string unsupported_reason(Kernel kernel, const Shape& shape) {
-  (void)kernel;  // rowwise (and auto, which picks it) share one constraint
+  if (kernel == Kernel::Flash) {
+    if (shape.head_dim != 64 && shape.head_dim != 128) {
+      return "flash is built for head_dim 64 and 128, got head_dim " + std::to_string(shape.head_dim);
+    }
+    if (shape.dtype != DType::Float16 && shape.dtype != DType::BFloat16) {
+      return std::string("flash runs float16 and bfloat16 on tensor cores: got ") + dtype_name(shape.dtype);
+    }
+    return "";
+  }
+  // rowwise (and auto, which falls back to it) share one constraint
   if (shape.head_dim > kMaxHeadDim) {
     return "rowwise holds a row in registers: needs head_dim <= " + std::to_string(kMaxHeadDim) + ", got " +
            std::to_string(shape.head_dim);
@@ -64,7 +82,22 @@ void check_shape(const Shape& s) {
   }
 }
 
-Kernel choose(Kernel requested, const Shape& shape) {
+bool aligned(std::initializer_list<const void*> pointers, std::uintptr_t bytes) {
+  for (const void* pointer : pointers) {
+    if (reinterpret_cast<std::uintptr_t>(pointer) % bytes != 0) return false;
+  }
+  return true;
+}
+
+// flash copies 16-byte chunks of the inputs and stores 4-byte pairs of the outputs.
+Kernel choose(Kernel requested, const Shape& shape, bool flash_aligned) {
+  if ((requested == Kernel::Auto || requested == Kernel::Flash) &&
+      unsupported_reason(Kernel::Flash, shape).empty() && flash_aligned) {
+    return Kernel::Flash;
+  }
+  if (requested == Kernel::Flash && unsupported_reason(Kernel::Flash, shape).empty()) {
+    throw std::invalid_argument("kernel: flash needs inputs at 16-byte and outputs at 4-byte aligned addresses");
+  }
   const std::string reason = unsupported_reason(requested, shape);
   if (!reason.empty()) throw std::invalid_argument("kernel: " + reason);
   return Kernel::Rowwise;
@@ -74,14 +107,25 @@ Kernel choose(Kernel requested, const Shape& shape) {
 
 Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
   check_shape(args.shape);
-  const Kernel kernel = choose(requested, args.shape);
-  launch_rowwise_forward(args, stream);
+  const bool flash_aligned = aligned({args.q, args.k, args.v}, 16) && aligned({args.o}, 4);
+  const Kernel kernel = choose(requested, args.shape, flash_aligned);
+  if (kernel == Kernel::Flash) {
+    launch_flash_forward(args, stream);
+  } else {
+    launch_rowwise_forward(args, stream);
+  }
   return kernel;
 }
 
 Kernel backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream) {
   check_shape(args.shape);
-  const Kernel kernel = choose(requested, args.shape);
+  const bool flash_aligned =
+      aligned({args.dout, args.q, args.k, args.v}, 16) && aligned({args.o, args.dq, args.dk, args.dv}, 4);
+  const Kernel kernel = choose(requested, args.shape, flash_aligned);
+  if (kernel == Kernel::Flash) {
+    launch_flash_backward(args, StreamWorkspace::get(flash_backward_workspace_bytes(args.shape), stream), stream);
+    return kernel;
+  }
   const auto rows = static_cast<std::size_t>(args.shape.batch * args.shape.heads_q * args.shape.seq_q);
   launch_rowwise_backward(args, static_cast<float*>(StreamWorkspace::get(rows * sizeof(float), stream)), stream);
   return kernel;

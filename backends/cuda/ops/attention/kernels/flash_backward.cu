@@ -1,0 +1,316 @@
+// flash backward (FlashAttention-2 on mma.sync), three kernels in stream order:
+// 1. row_dot: D_i = dO_i . O_i (float32) and zeroes the float32 dQ accumulator;
+// 2. the main kernel: a CTA owns kBlockN key rows of one (batch, K/V head), four warps of 16 key rows each, and
+//    walks the query tiles that see them (every query head of the group) through double-buffered shared memory.
+//    Each warp computes S^T = K Q^T and dP^T = V dO^T for its key rows, P^T = exp(scale S^T - lse) and
+//    dS^T = P^T (dP^T - D), and keeps dV += P^T dO and dK += dS^T Q in registers (one writer per element). dS^T goes
+//    through shared memory so that dQ_tile += dS K can be split by query rows over the warps and added to the
+//    float32 accumulator with atomics;
+// 3. dQ = scale * accumulator, rounded into dq's layout.
+#include <cmath>
+
+#include "api.hpp"
+#include "flash_common.cuh"
+#include "status.hpp"
+
+namespace ge2::attention {
+namespace {
+
+using namespace flash;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBlockN = 16 * kWarps;  // key rows per CTA
+constexpr int kBlockM = 64;           // query rows per step
+
+template <int kHeadDim>
+constexpr int backward_shared_bytes() {
+  // K, V; two buffers of Q and dO; dS^T; two buffers of lse and D.
+  return (2 * kBlockN * kHeadDim + 4 * kBlockM * kHeadDim + kBlockN * kBlockM) * 2 + 4 * kBlockM * 4;
+}
+
+template <typename T>
+__global__ void row_dot_kernel(Shape s, const T* __restrict__ dout, const T* __restrict__ o,
+                               float* __restrict__ row_dot, float* __restrict__ dq_accumulator) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);  // over batch, heads_q, seq_q
+  if (row >= s.batch * s.heads_q * s.seq_q) return;
+  const int64_t bh = row / s.seq_q, i = row % s.seq_q;
+  const RowAddressing a = rows_of(s, bh / s.heads_q, bh % s.heads_q, s.heads_q, s.seq_q);
+  const T* dout_row = dout + a.base + i * a.pitch;
+  const T* o_row = o + a.base + i * a.pitch;
+  float partial = 0.0f;
+  for (int64_t d = lane; d < s.head_dim; d += 32) {
+    partial += to_float(dout_row[d]) * to_float(o_row[d]);
+    dq_accumulator[row * s.head_dim + d] = 0.0f;
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) partial += __shfl_xor_sync(0xffffffffu, partial, offset);
+  if (lane == 0) row_dot[row] = partial;
+}
+
+template <int kHeadDim, typename T>
+__global__ void __launch_bounds__(kThreads, 2)
+    flash_backward_kernel(Shape s, const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
+                          const T* __restrict__ v, const float* __restrict__ lse, const float* __restrict__ row_dot,
+                          float* __restrict__ dq_accumulator, T* __restrict__ dk, T* __restrict__ dv) {
+  extern __shared__ __align__(128) unsigned char shared[];
+  T* k_tile = reinterpret_cast<T*>(shared);
+  T* v_tile = k_tile + kBlockN * kHeadDim;
+  T* q_tiles = v_tile + kBlockN * kHeadDim;
+  T* do_tiles = q_tiles + 2 * kBlockM * kHeadDim;
+  T* ds_tile = do_tiles + 2 * kBlockM * kHeadDim;  // [key][query], swizzled
+  float* lse_tiles = reinterpret_cast<float*>(ds_tile + kBlockN * kBlockM);
+  float* dot_tiles = lse_tiles + 2 * kBlockM;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t bhk = blockIdx.x, b = bhk / s.heads_kv, hk = bhk % s.heads_kv;
+  const int64_t group = s.heads_q / s.heads_kv;
+  const int64_t n0 = int64_t(blockIdx.y) * kBlockN;
+  const RowAddressing ka = rows_of(s, b, hk, s.heads_kv, s.seq_k);
+
+  // Steps: (query head of the group, query tile), skipping the tiles whose rows all precede the first key.
+  const int64_t first_tile = s.causal ? n0 / kBlockM : 0;
+  const int64_t query_tiles = (s.seq_q + kBlockM - 1) / kBlockM;
+  const int64_t tiles_per_head = query_tiles > first_tile ? query_tiles - first_tile : 0;
+  const int64_t steps = group * tiles_per_head;
+
+  auto start_step = [&](int64_t step, int buffer) {
+    const int64_t h = hk * group + step / tiles_per_head;
+    const int64_t m0 = (first_tile + step % tiles_per_head) * kBlockM;
+    const RowAddressing qa = rows_of(s, b, h, s.heads_q, s.seq_q);
+    copy_tile<kBlockM, kHeadDim, kThreads>(q_tiles + buffer * kBlockM * kHeadDim, q + qa.base + m0 * qa.pitch,
+                                           qa.pitch, s.seq_q - m0);
+    copy_tile<kBlockM, kHeadDim, kThreads>(do_tiles + buffer * kBlockM * kHeadDim, dout + qa.base + m0 * qa.pitch,
+                                           qa.pitch, s.seq_q - m0);
+    const int64_t stats = (b * s.heads_q + h) * s.seq_q;
+    if (threadIdx.x < kBlockM) {
+      const bool valid = m0 + threadIdx.x < s.seq_q;
+      const int64_t at = valid ? stats + m0 + threadIdx.x : stats;
+      copy_4(shared_address(lse_tiles + buffer * kBlockM + threadIdx.x), lse + at, valid);
+      copy_4(shared_address(dot_tiles + buffer * kBlockM + threadIdx.x), row_dot + at, valid);
+    }
+  };
+
+  copy_tile<kBlockN, kHeadDim, kThreads>(k_tile, k + ka.base + n0 * ka.pitch, ka.pitch, s.seq_k - n0);
+  copy_tile<kBlockN, kHeadDim, kThreads>(v_tile, v + ka.base + n0 * ka.pitch, ka.pitch, s.seq_k - n0);
+  if (steps > 0) start_step(0, 0);
+  commit_copies();
+
+  float dk_acc[kHeadDim / 8][4], dv_acc[kHeadDim / 8][4];
+#pragma unroll
+  for (int n = 0; n < kHeadDim / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk_acc[n][e] = dv_acc[n][e] = 0.0f;
+  }
+  const float scale_log2 = s.scale * kLog2e;
+  const int key_row0 = warp * 16;  // this warp's key rows in the tile
+  const int64_t keys[2] = {n0 + key_row0 + (lane >> 2), n0 + key_row0 + (lane >> 2) + 8};
+
+  for (int64_t step = 0; step < steps; ++step) {
+    const int buffer = static_cast<int>(step & 1);
+    const T* q_tile = q_tiles + buffer * kBlockM * kHeadDim;
+    const T* do_tile = do_tiles + buffer * kBlockM * kHeadDim;
+    const float* lse_tile = lse_tiles + buffer * kBlockM;
+    const float* dot_tile = dot_tiles + buffer * kBlockM;
+    wait_copies<0>();
+    __syncthreads();
+    if (step + 1 < steps) start_step(step + 1, buffer ^ 1);
+    commit_copies();
+    const int64_t h = hk * group + step / tiles_per_head;
+    const int64_t m0 = (first_tile + step % tiles_per_head) * kBlockM;
+
+    // S^T = K Q^T (this warp's 16 keys x kBlockM queries), then P^T.
+    float p[kBlockM / 8][4];
+#pragma unroll
+    for (int n = 0; n < kBlockM / 8; ++n) p[n][0] = p[n][1] = p[n][2] = p[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t a[4];
+      load_matrix_x4(a, shared_address(k_tile + a_operand<kHeadDim>(lane, key_row0, kk * 16)));
+#pragma unroll
+      for (int np = 0; np < kBlockM / 16; ++np) {
+        uint32_t bq[4];
+        load_matrix_x4(bq, shared_address(q_tile + b_rows<kHeadDim>(lane, np * 16, kk * 16)));
+        mma<T>(p[2 * np], a, bq[0], bq[1]);
+        mma<T>(p[2 * np + 1], a, bq[2], bq[3]);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kBlockM / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int column = n * 8 + 2 * (lane & 3) + (e & 1);
+        const int64_t query = m0 + column, key = keys[e >> 1];
+        const bool visible = query < s.seq_q && key < s.seq_k && !(s.causal && key > query);
+        p[n][e] = visible ? exp2f(fmaf(p[n][e], scale_log2, -lse_tile[column] * kLog2e)) : 0.0f;
+      }
+    }
+
+    // dV += P^T dO.
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      uint32_t a[4];
+      to_a_fragment<T>(a, p[2 * kk], p[2 * kk + 1]);
+#pragma unroll
+      for (int np = 0; np < kHeadDim / 16; ++np) {
+        uint32_t bo[4];
+        load_matrix_x4_transposed(bo, shared_address(do_tile + b_columns<kHeadDim>(lane, kk * 16, np * 16)));
+        mma<T>(dv_acc[2 * np], a, bo[0], bo[1]);
+        mma<T>(dv_acc[2 * np + 1], a, bo[2], bo[3]);
+      }
+    }
+
+    // dP^T = V dO^T, then dS^T = P^T (dP^T - D) in place.
+    float ds[kBlockM / 8][4];
+#pragma unroll
+    for (int n = 0; n < kBlockM / 8; ++n) ds[n][0] = ds[n][1] = ds[n][2] = ds[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t a[4];
+      load_matrix_x4(a, shared_address(v_tile + a_operand<kHeadDim>(lane, key_row0, kk * 16)));
+#pragma unroll
+      for (int np = 0; np < kBlockM / 16; ++np) {
+        uint32_t bo[4];
+        load_matrix_x4(bo, shared_address(do_tile + b_rows<kHeadDim>(lane, np * 16, kk * 16)));
+        mma<T>(ds[2 * np], a, bo[0], bo[1]);
+        mma<T>(ds[2 * np + 1], a, bo[2], bo[3]);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kBlockM / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ds[n][e] = p[n][e] * (ds[n][e] - dot_tile[n * 8 + 2 * (lane & 3) + (e & 1)]);
+    }
+
+    // dK += dS^T Q, and dS^T to shared memory for dQ.
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      uint32_t a[4];
+      to_a_fragment<T>(a, ds[2 * kk], ds[2 * kk + 1]);
+      const int column = kk * 16 + 2 * (lane & 3), row = key_row0 + (lane >> 2);
+      *reinterpret_cast<uint32_t*>(ds_tile + swizzled<kBlockM>(row, column)) = a[0];
+      *reinterpret_cast<uint32_t*>(ds_tile + swizzled<kBlockM>(row + 8, column)) = a[1];
+      *reinterpret_cast<uint32_t*>(ds_tile + swizzled<kBlockM>(row, column + 8)) = a[2];
+      *reinterpret_cast<uint32_t*>(ds_tile + swizzled<kBlockM>(row + 8, column + 8)) = a[3];
+#pragma unroll
+      for (int np = 0; np < kHeadDim / 16; ++np) {
+        uint32_t bq[4];
+        load_matrix_x4_transposed(bq, shared_address(q_tile + b_columns<kHeadDim>(lane, kk * 16, np * 16)));
+        mma<T>(dk_acc[2 * np], a, bq[0], bq[1]);
+        mma<T>(dk_acc[2 * np + 1], a, bq[2], bq[3]);
+      }
+    }
+    __syncthreads();
+
+    // dQ_tile += dS K: this warp's 16 query rows, every column, over the CTA's kBlockN keys.
+    uint32_t ds_fragments[kBlockN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      load_matrix_x4_transposed(ds_fragments[kk],
+                                shared_address(ds_tile + a_transposed<kBlockM>(lane, kk * 16, warp * 16)));
+    }
+    const int64_t query0 = m0 + warp * 16 + (lane >> 2);
+    float* accumulator_rows = dq_accumulator + ((b * s.heads_q + h) * s.seq_q + query0) * kHeadDim + 2 * (lane & 3);
+#pragma unroll
+    for (int np = 0; np < kHeadDim / 16; ++np) {
+      float dq[2][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        uint32_t bk[4];
+        load_matrix_x4_transposed(bk, shared_address(k_tile + b_columns<kHeadDim>(lane, kk * 16, np * 16)));
+        mma<T>(dq[0], ds_fragments[kk], bk[0], bk[1]);
+        mma<T>(dq[1], ds_fragments[kk], bk[2], bk[3]);
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float* at = accumulator_rows + np * 16 + half * 8;
+        if (query0 < s.seq_q) {
+          atomicAdd(at, dq[half][0]);
+          atomicAdd(at + 1, dq[half][1]);
+        }
+        if (query0 + 8 < s.seq_q) {
+          atomicAdd(at + 8 * kHeadDim, dq[half][2]);
+          atomicAdd(at + 8 * kHeadDim + 1, dq[half][3]);
+        }
+      }
+    }
+  }
+  wait_copies<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (keys[r] >= s.seq_k) continue;
+    const int64_t offset = ka.base + keys[r] * ka.pitch + 2 * (lane & 3);
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n) {
+      *reinterpret_cast<uint32_t*>(dk + offset + n * 8) =
+          pack<T>(dk_acc[n][2 * r] * s.scale, dk_acc[n][2 * r + 1] * s.scale);
+      *reinterpret_cast<uint32_t*>(dv + offset + n * 8) = pack<T>(dv_acc[n][2 * r], dv_acc[n][2 * r + 1]);
+    }
+  }
+}
+
+template <typename T>
+__global__ void dq_store_kernel(Shape s, const float* __restrict__ dq_accumulator, T* __restrict__ dq) {
+  const int64_t total = s.batch * s.heads_q * s.seq_q * s.head_dim;
+  for (int64_t index = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; index < total;
+       index += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = index / s.head_dim, d = index % s.head_dim;
+    const int64_t bh = row / s.seq_q, i = row % s.seq_q;
+    const RowAddressing a = rows_of(s, bh / s.heads_q, bh % s.heads_q, s.heads_q, s.seq_q);
+    dq[a.base + i * a.pitch + d] = from_float<T>(dq_accumulator[index] * s.scale);
+  }
+}
+
+template <int kHeadDim, typename T>
+void launch(const BackwardArgs& args, float* row_dot, float* dq_accumulator, cudaStream_t stream) {
+  const Shape& s = args.shape;
+  const int64_t rows = s.batch * s.heads_q * s.seq_q;
+  constexpr int kRowsPerBlock = 8;
+  row_dot_kernel<T><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kRowsPerBlock * 32, 0,
+                      stream>>>(s, static_cast<const T*>(args.dout), static_cast<const T*>(args.o), row_dot,
+                                dq_accumulator);
+  GE2_CHECK_LAUNCH("attention flash backward (row dot)");
+
+  constexpr int bytes = backward_shared_bytes<kHeadDim>();
+  check_cuda(cudaFuncSetAttribute(flash_backward_kernel<kHeadDim, T>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+             GE2_OP_NAME, "cudaFuncSetAttribute(flash backward shared memory)");
+  const dim3 grid(static_cast<unsigned>(s.batch * s.heads_kv),
+                  static_cast<unsigned>((s.seq_k + kBlockN - 1) / kBlockN));
+  flash_backward_kernel<kHeadDim, T><<<grid, kThreads, bytes, stream>>>(
+      s, static_cast<const T*>(args.dout), static_cast<const T*>(args.q), static_cast<const T*>(args.k),
+      static_cast<const T*>(args.v), args.lse, row_dot, dq_accumulator, static_cast<T*>(args.dk),
+      static_cast<T*>(args.dv));
+  GE2_CHECK_LAUNCH("attention flash backward (dK, dV, dQ accumulation)");
+
+  const int64_t elements = rows * kHeadDim;
+  const int64_t blocks = (elements + 255) / 256 < 65536 ? (elements + 255) / 256 : 65536;
+  dq_store_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(s, dq_accumulator,
+                                                                        static_cast<T*>(args.dq));
+  GE2_CHECK_LAUNCH("attention flash backward (dQ store)");
+}
+
+}  // namespace
+
+std::size_t flash_backward_workspace_bytes(const Shape& s) {
+  const auto rows = static_cast<std::size_t>(s.batch * s.heads_q * s.seq_q);
+  return rows * sizeof(float) * (1 + static_cast<std::size_t>(s.head_dim));
+}
+
+void launch_flash_backward(const BackwardArgs& args, void* workspace, cudaStream_t stream) {
+  const Shape& s = args.shape;
+  float* row_dot = static_cast<float*>(workspace);
+  const auto rows = static_cast<std::size_t>(s.batch * s.heads_q * s.seq_q);
+  float* dq_accumulator = row_dot + rows;
+  const bool wide = s.head_dim == 128;
+  if (s.dtype == DType::Float16) {
+    wide ? launch<128, __half>(args, row_dot, dq_accumulator, stream)
+         : launch<64, __half>(args, row_dot, dq_accumulator, stream);
+  } else {
+    wide ? launch<128, __nv_bfloat16>(args, row_dot, dq_accumulator, stream)
+         : launch<64, __nv_bfloat16>(args, row_dot, dq_accumulator, stream);
+  }
+}
+
+}  // namespace ge2::attention

@@ -1,0 +1,200 @@
+// flash forward (FlashAttention-2 on mma.sync): a CTA owns kBlockM query rows of one (batch, head), four warps of
+// 16 rows each, and walks the visible K/V tiles of kBlockN rows through shared memory with cp.async double
+// buffering. Q stays in registers as A fragments; S = Q K^T and O += P V run on tensor cores with float32
+// accumulators, and the online softmax (in the log2 domain) works on the S fragments in registers. Causal CTAs stop
+// at the last tile holding a visible key and mask only the tiles that cross the diagonal or the end of K.
+#include <cmath>
+
+#include "api.hpp"
+#include "flash_common.cuh"
+#include "status.hpp"
+
+namespace ge2::attention {
+namespace {
+
+using namespace flash;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBlockM = 16 * kWarps;
+constexpr int kBlockN = 64;
+
+template <int kHeadDim>
+constexpr int forward_shared_bytes() {
+  return (kBlockM + 4 * kBlockN) * kHeadDim * 2;  // Q, two K buffers, two V buffers
+}
+
+template <int kHeadDim, typename T>
+__global__ void __launch_bounds__(kThreads, 2)
+    flash_forward_kernel(Shape s, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                         T* __restrict__ o, float* __restrict__ lse) {
+  extern __shared__ __align__(128) unsigned char shared[];
+  T* q_tile = reinterpret_cast<T*>(shared);
+  T* k_tiles = q_tile + kBlockM * kHeadDim;
+  T* v_tiles = k_tiles + 2 * kBlockN * kHeadDim;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t bh = blockIdx.x, b = bh / s.heads_q, h = bh % s.heads_q;
+  const int64_t hk = h / (s.heads_q / s.heads_kv);
+  const int64_t m0 = int64_t(gridDim.y - 1 - blockIdx.y) * kBlockM;  // the longest causal rows start first
+  const RowAddressing qa = rows_of(s, b, h, s.heads_q, s.seq_q);
+  const RowAddressing ka = rows_of(s, b, hk, s.heads_kv, s.seq_k);
+  const T* q_rows = q + qa.base + m0 * qa.pitch;
+  const T* k_rows = k + ka.base;
+  const T* v_rows = v + ka.base;
+
+  const int64_t key_tiles = (s.seq_k + kBlockN - 1) / kBlockN;
+  const int64_t last_row = (m0 + kBlockM < s.seq_q ? m0 + kBlockM : s.seq_q) - 1;
+  const int64_t causal_tiles = last_row / kBlockN + 1;  // tiles holding a key <= the CTA's last row
+  const int64_t tiles = s.causal && causal_tiles < key_tiles ? causal_tiles : key_tiles;
+
+  copy_tile<kBlockM, kHeadDim, kThreads>(q_tile, q_rows, qa.pitch, s.seq_q - m0);
+  copy_tile<kBlockN, kHeadDim, kThreads>(k_tiles, k_rows, ka.pitch, s.seq_k);
+  commit_copies();
+  copy_tile<kBlockN, kHeadDim, kThreads>(v_tiles, v_rows, ka.pitch, s.seq_k);
+  commit_copies();
+
+  uint32_t q_fragments[kHeadDim / 16][4];
+  float out[kHeadDim / 8][4];
+#pragma unroll
+  for (int n = 0; n < kHeadDim / 8; ++n) out[n][0] = out[n][1] = out[n][2] = out[n][3] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  const float scale_log2 = s.scale * kLog2e;
+  const int64_t row_min = m0 + warp * 16;  // this warp's first row; its two rows per thread follow
+  const int64_t rows[2] = {row_min + (lane >> 2), row_min + (lane >> 2) + 8};
+
+  for (int64_t j = 0; j < tiles; ++j) {
+    const int buffer = static_cast<int>(j & 1);
+    const T* k_tile = k_tiles + buffer * kBlockN * kHeadDim;
+    const T* v_tile = v_tiles + buffer * kBlockN * kHeadDim;
+    wait_copies<1>();  // K_j (and Q) landed; V_j may still be in flight
+    __syncthreads();
+    if (j == 0) {
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        load_matrix_x4(q_fragments[kk], shared_address(q_tile + a_operand<kHeadDim>(lane, warp * 16, kk * 16)));
+      }
+    }
+    const int64_t n0 = j * kBlockN;
+    if (j + 1 < tiles) {
+      copy_tile<kBlockN, kHeadDim, kThreads>(k_tiles + (buffer ^ 1) * kBlockN * kHeadDim,
+                                             k_rows + (n0 + kBlockN) * ka.pitch, ka.pitch, s.seq_k - n0 - kBlockN);
+    }
+    commit_copies();
+
+    float scores[kBlockN / 8][4];
+#pragma unroll
+    for (int n = 0; n < kBlockN / 8; ++n) scores[n][0] = scores[n][1] = scores[n][2] = scores[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+#pragma unroll
+      for (int np = 0; np < kBlockN / 16; ++np) {
+        uint32_t keys[4];
+        load_matrix_x4(keys, shared_address(k_tile + b_rows<kHeadDim>(lane, np * 16, kk * 16)));
+        mma<T>(scores[2 * np], q_fragments[kk], keys[0], keys[1]);
+        mma<T>(scores[2 * np + 1], q_fragments[kk], keys[2], keys[3]);
+      }
+    }
+
+    const bool masked = n0 + kBlockN > s.seq_k || (s.causal && n0 + kBlockN - 1 > row_min);
+#pragma unroll
+    for (int n = 0; n < kBlockN / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t column = n0 + n * 8 + 2 * (lane & 3) + (e & 1);
+        const bool hidden = masked && (column >= s.seq_k || (s.causal && column > rows[e >> 1]));
+        scores[n][e] = hidden ? -INFINITY : scores[n][e] * scale_log2;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kBlockN / 8; ++n) tile_max = fmaxf(tile_max, fmaxf(scores[n][2 * r], scores[n][2 * r + 1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float new_max = fmaxf(row_max[r], tile_max);
+      const float base = new_max == -INFINITY ? 0.0f : new_max;  // a row with nothing visible yet stays at zero
+      const float correction = exp2f(row_max[r] - base);
+      row_max[r] = new_max;
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kBlockN / 8; ++n) {
+        scores[n][2 * r] = exp2f(scores[n][2 * r] - base);
+        scores[n][2 * r + 1] = exp2f(scores[n][2 * r + 1] - base);
+        sum += scores[n][2 * r] + scores[n][2 * r + 1];
+      }
+      row_sum[r] = row_sum[r] * correction + sum;
+#pragma unroll
+      for (int n = 0; n < kHeadDim / 8; ++n) {
+        out[n][2 * r] *= correction;
+        out[n][2 * r + 1] *= correction;
+      }
+    }
+
+    wait_copies<1>();  // V_j landed; K_{j+1} may still be in flight
+    __syncthreads();
+    if (j + 1 < tiles) {
+      copy_tile<kBlockN, kHeadDim, kThreads>(v_tiles + (buffer ^ 1) * kBlockN * kHeadDim,
+                                             v_rows + (n0 + kBlockN) * ka.pitch, ka.pitch, s.seq_k - n0 - kBlockN);
+    }
+    commit_copies();
+
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      uint32_t p[4];
+      to_a_fragment<T>(p, scores[2 * kk], scores[2 * kk + 1]);
+#pragma unroll
+      for (int np = 0; np < kHeadDim / 16; ++np) {
+        uint32_t values[4];
+        load_matrix_x4_transposed(values, shared_address(v_tile + b_columns<kHeadDim>(lane, kk * 16, np * 16)));
+        mma<T>(out[2 * np], p, values[0], values[1]);
+        mma<T>(out[2 * np + 1], p, values[2], values[3]);
+      }
+    }
+  }
+  wait_copies<0>();  // nothing may be left in flight when the CTA exits
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (rows[r] >= s.seq_q) continue;
+    const float inverse = 1.0f / sum;
+    T* o_row = o + qa.base + rows[r] * qa.pitch + 2 * (lane & 3);
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n) {
+      *reinterpret_cast<uint32_t*>(o_row + n * 8) = pack<T>(out[n][2 * r] * inverse, out[n][2 * r + 1] * inverse);
+    }
+    if ((lane & 3) == 0) lse[bh * s.seq_q + rows[r]] = row_max[r] * kLn2 + logf(sum);
+  }
+}
+
+template <int kHeadDim, typename T>
+void launch(const ForwardArgs& args, cudaStream_t stream) {
+  const Shape& s = args.shape;
+  constexpr int bytes = forward_shared_bytes<kHeadDim>();
+  check_cuda(cudaFuncSetAttribute(flash_forward_kernel<kHeadDim, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  bytes),
+             GE2_OP_NAME, "cudaFuncSetAttribute(flash forward shared memory)");
+  const dim3 grid(static_cast<unsigned>(s.batch * s.heads_q), static_cast<unsigned>((s.seq_q + kBlockM - 1) / kBlockM));
+  flash_forward_kernel<kHeadDim, T><<<grid, kThreads, bytes, stream>>>(
+      s, static_cast<const T*>(args.q), static_cast<const T*>(args.k), static_cast<const T*>(args.v),
+      static_cast<T*>(args.o), args.lse);
+}
+
+}  // namespace
+
+void launch_flash_forward(const ForwardArgs& args, cudaStream_t stream) {
+  const Shape& s = args.shape;
+  const bool wide = s.head_dim == 128;
+  if (s.dtype == DType::Float16) {
+    wide ? launch<128, __half>(args, stream) : launch<64, __half>(args, stream);
+  } else {
+    wide ? launch<128, __nv_bfloat16>(args, stream) : launch<64, __nv_bfloat16>(args, stream);
+  }
+  GE2_CHECK_LAUNCH("attention flash forward");
+}
+
+}  // namespace ge2::attention

@@ -1,0 +1,175 @@
+"""The GPT model (``ge2.models.gpt``) end to end on the CPU backend: its forward against a float64 NumPy GPT with the
+same weights, its gradients (through the trainer's passes and autograd) against float64 finite differences, and
+training with AdamW lowering the loss."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graph_executor_v2 as ge2
+from graph_executor_v2 import autograd, nn
+from graph_executor_v2.datasets import python_source_corpus, random_windows
+from graph_executor_v2.models.gpt import GPT, GPTConfig
+from graph_executor_v2.passes import TRAINING_BACKWARD, TRAINING_FORWARD, PassManager, resolve
+from graph_executor_v2.testing import assert_close
+
+TINY = GPTConfig(vocab=19, context=7, layers=2, heads=2, width=12)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A float64 NumPy GPT: the oracle (parameter names and layouts are the model's, PyTorch's)
+# ---------------------------------------------------------------------------------------------------------------
+def _layernorm(x, weight, bias, eps=1e-5):
+    mean = x.mean(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + eps) * weight + bias
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def numpy_gpt_logits(params: dict, ids: np.ndarray, config: GPTConfig) -> np.ndarray:
+    """Logits [batch * context, vocab] in float64."""
+    p = {name: np.asarray(value, np.float64) for name, value in params.items()}
+    batch, context = ids.shape
+    heads, head_dim = config.heads, config.width // config.heads
+    x = p["wte.weight"][ids] + p["wpe.weight"][:context]
+    causal = np.tril(np.ones((context, context), bool))
+    for layer in range(config.layers):
+        block = f"blocks.{layer}."
+        h = _layernorm(x, p[block + "ln_1.weight"], p[block + "ln_1.bias"])
+        qkv = h @ p[block + "attn.in_proj_weight"].T + p[block + "attn.in_proj_bias"]
+        qkv = qkv.reshape(batch, context, 3, heads, head_dim).transpose(2, 0, 3, 1, 4)  # [3, b, h, s, d]
+        scores = qkv[0] @ qkv[1].swapaxes(-1, -2) / np.sqrt(head_dim)
+        scores = np.where(causal, scores, -np.inf)
+        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        weights /= weights.sum(axis=-1, keepdims=True)
+        attended = (weights @ qkv[2]).transpose(0, 2, 1, 3).reshape(batch, context, config.width)
+        x = x + attended @ p[block + "attn.out_proj.weight"].T + p[block + "attn.out_proj.bias"]
+        h = _layernorm(x, p[block + "ln_2.weight"], p[block + "ln_2.bias"])
+        h = _gelu_tanh(h @ p[block + "mlp.0.weight"].T + p[block + "mlp.0.bias"])
+        x = x + h @ p[block + "mlp.2.weight"].T + p[block + "mlp.2.bias"]
+    x = _layernorm(x, p["ln_f.weight"], p["ln_f.bias"])
+    return x.reshape(batch * context, config.width) @ p["wte.weight"].T  # the tied head
+
+
+def numpy_gpt_loss(params: dict, ids: np.ndarray, targets: np.ndarray, config: GPTConfig) -> float:
+    logits = numpy_gpt_logits(params, ids, config)
+    peak = logits.max(axis=1, keepdims=True)
+    log_z = peak[:, 0] + np.log(np.exp(logits - peak).sum(axis=1))
+    return float((log_z - logits[np.arange(len(logits)), targets.reshape(-1)]).mean())
+
+
+def _model(rng, config=TINY) -> GPT:
+    """A GPT whose every parameter (biases and norms included) is random, so every path carries a gradient."""
+    nn.manual_seed(int(rng.integers(0, 2**31)))
+    model = GPT(config)
+    model.load_state_dict({name: rng.normal(1.0 if name.endswith("ln_1.weight") or name.endswith("ln_2.weight")
+                                            or name == "ln_f.weight" else 0.0, 0.3, p.shape)
+                           for name, p in model.named_parameters()})
+    return model
+
+
+def _batch(rng, batch, config=TINY):
+    ids = rng.integers(0, config.vocab, (batch, config.context)).astype(np.int64)
+    return ids, rng.integers(0, config.vocab, (batch, config.context)).astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def test_forward_matches_numpy_gpt(rng):
+    model = _model(rng)
+    ids, targets = _batch(rng, 3)
+    params = model.state_dict()
+    logits_graph = model.graph({"ids": ((3, TINY.context), "int64")})
+    counts = logits_graph.op_counts()
+    assert counts["attention"] == TINY.layers and counts["embedding"] == 2, counts
+    logits = ge2.ExecutorV2(logits_graph).run({"ids": ids})["y"]
+    assert_close(logits, numpy_gpt_logits(params, ids, TINY), "float32", 4 * TINY.width, what="GPT logits")
+    loss = ge2.ExecutorV2(model.loss_graph(3)).run({"ids": ids, "targets": targets})["loss"]
+    assert loss.shape == () and loss.dtype == np.float32
+    assert_close(loss, numpy_gpt_loss(params, ids, targets, TINY), "float32", 4 * TINY.width, what="GPT loss")
+
+
+def test_tied_head_is_one_parameter(rng):
+    graph = _model(rng).loss_graph(2)
+    assert "wte.weight" in graph.params and not any("head" in name for name in graph.params)
+    users = graph.users()[graph.params["wte.weight"]]
+    assert sorted(node.op for node in users) == ["embedding", "gemm"]
+
+
+def test_gradients_match_finite_differences(rng):
+    """Every parameter's gradient (the tied embedding's two uses summed) through the trainer's passes."""
+    model = _model(rng)
+    batch = 2
+    ids, targets = _batch(rng, batch)
+    params = model.state_dict()
+    forward, _ = PassManager(resolve(TRAINING_FORWARD)).run(model.loss_graph(batch))
+    differentiated, _ = PassManager(resolve(TRAINING_BACKWARD)).run(autograd.backward_graph(forward, "loss"))
+    results = ge2.ExecutorV2(differentiated, passes=[]).run({"ids": ids, "targets": targets})
+    assert_close(results["loss"], numpy_gpt_loss(params, ids, targets, TINY), "float32", 4 * TINY.width, "loss")
+    assert {name for name in results if name.startswith(autograd.GRAD_PREFIX)} == {
+        autograd.grad_name(name) for name in params}
+
+    step = 1e-6
+    for name, value in params.items():
+        got = results[autograd.grad_name(name)]
+        assert got.shape == value.shape and np.isfinite(got).all(), name
+        # every entry of small tensors, a random sample of the larger ones
+        flat = np.arange(value.size) if value.size <= 24 else rng.choice(value.size, 24, replace=False)
+        numeric = np.empty(len(flat))
+        for position, index in enumerate(flat):
+            losses = []
+            for sign in (1.0, -1.0):
+                shifted = dict(params)
+                shifted[name] = value.astype(np.float64).copy()
+                shifted[name].reshape(-1)[index] += sign * step
+                losses.append(numpy_gpt_loss(shifted, ids, targets, TINY))
+            numeric[position] = (losses[0] - losses[1]) / (2 * step)
+        assert_close(got.reshape(-1)[flat], numeric, "float32", 4 * TINY.width, what=f"d loss / d {name}")
+
+
+def test_tied_embedding_gradient_sums_both_uses(rng):
+    """A token that is never an input still gets a gradient, from the output head alone."""
+    model = _model(rng)
+    ids, targets = _batch(rng, 2)
+    ids[ids == 0] = 1  # token 0 is read by the head only
+    graph = model.loss_graph(2)
+    grads = ge2.ExecutorV2(autograd.backward_graph(graph, "loss", ["wte.weight"]), passes=[]).run(
+        {"ids": ids, "targets": targets})["grad/wte.weight"]
+    params = model.state_dict()
+    step = 1e-6
+    for column in (0, 5):
+        losses = []
+        for sign in (1.0, -1.0):
+            shifted = dict(params)
+            shifted["wte.weight"] = params["wte.weight"].astype(np.float64).copy()
+            shifted["wte.weight"][0, column] += sign * step
+            losses.append(numpy_gpt_loss(shifted, ids, targets, TINY))
+        assert abs(grads[0, column]) > 1e-6
+        assert_close(grads[0, column], (losses[0] - losses[1]) / (2 * step), "float32", 4 * TINY.width,
+                     what="head-only gradient of an unused token")
+
+
+def test_adamw_training_lowers_the_loss_on_text(rng):
+    config = GPTConfig(vocab=256, context=16, layers=2, heads=2, width=32)
+    nn.manual_seed(0)
+    model = GPT(config)
+    corpus = python_source_corpus(max_bytes=40_000)
+    trainer = ge2.train.Trainer(model.loss_graph(8), loss="loss", device="cpu",
+                                optimizer=ge2.train.AdamW(lr=1e-2, weight_decay=0.01))
+    data_rng = np.random.default_rng(0)
+    losses = []
+    for _ in range(30):
+        ids, targets = random_windows(corpus.train, 8, config.context, data_rng)
+        losses.append(float(trainer.step({"ids": ids, "targets": targets})))
+    assert np.isfinite(losses).all()
+    assert abs(losses[0] - np.log(256)) < 0.3, losses[0]  # GPT-2 init: close to uniform over the bytes
+    assert np.mean(losses[-5:]) < losses[0] - 1.0, losses
+    assert set(trainer.parameters()) == {name for name, _ in model.named_parameters()}
+
+
+def test_context_longer_than_the_model_raises(rng):
+    model = GPT(TINY)
+    g = ge2.ir.Graph("too_long")
+    with pytest.raises(ValueError, match="ids: context 8 exceeds"):
+        model(g, g.input("ids", (1, TINY.context + 1), "int64"))

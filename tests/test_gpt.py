@@ -173,3 +173,99 @@ def test_context_longer_than_the_model_raises(rng):
     g = ge2.ir.Graph("too_long")
     with pytest.raises(ValueError, match="ids: context 8 exceeds"):
         model(g, g.input("ids", (1, TINY.context + 1), "int64"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reshape as an alias (OpDef.aliases): no copy in the plan, same bytes, same numbers
+# ---------------------------------------------------------------------------------------------------------------
+def _block_graph(rng, batch=2, config=TINY):
+    from graph_executor_v2.models.gpt import Block
+
+    nn.manual_seed(int(rng.integers(0, 2**31)))
+    block = Block(config)
+    return block.graph(((batch, config.context, config.width), "float32"), name="gpt_block")
+
+
+def test_reshape_declares_its_output_a_view_of_its_input():
+    assert ge2.ops.OPS["reshape"].aliases == ((0, 0),)
+    assert ge2.ops.OPS["transpose"].aliases == () and ge2.ops.OPS["slice"].aliases == ()
+
+
+def test_block_plan_aliases_every_reshape_and_keeps_the_numbers(rng):
+    graph = _block_graph(rng)
+    x = rng.standard_normal((2, TINY.context, TINY.width)).astype(np.float32)
+    aliased = ge2.ExecutorV2(graph)
+    copied = ge2.ExecutorV2(graph, reuse_memory=False)  # the debugging switch: every value its own bytes
+    plan, = aliased.plans
+    reshapes = [(node, selection) for node, selection in zip(plan.graph.nodes, plan.selections)
+                if node.op == "reshape"]
+    assert len(reshapes) >= 6, plan.graph.op_counts()  # rows in and out of 3 Linears, the heads split and merged
+    for node, selection in reshapes:
+        assert selection.kernel == "alias", (node.name, selection.kernel)
+        view, source = node.outputs[0], node.inputs[0]
+        assert view.name not in plan.memory.offsets  # no buffer of its own
+        assert plan.slots[view.name].ctypes.data == plan.slots[source.name].ctypes.data, node.name
+        assert plan.slots[view.name].shape == view.type.shape
+    assert f"{len(reshapes)} view(s) aliased, no copy" in aliased.explain()
+    assert all(s.kernel != "alias" for s in copied.plans[0].selections)
+    assert plan.memory.arena_bytes < copied.plans[0].memory.arena_bytes
+    np.testing.assert_array_equal(aliased.run({"x": x})["y"], copied.run({"x": x})["y"])
+
+
+def test_training_step_with_aliased_views_matches_the_unaliased_one(rng):
+    model = _model(rng)
+    ids, targets = _batch(rng, 2)
+    losses = {}
+    for reuse in (True, False):
+        trainer = ge2.train.Trainer(model.loss_graph(2), loss="loss", device="cpu",
+                                    optimizer=ge2.train.AdamW(lr=1e-2), reuse_memory=reuse)
+        losses[reuse] = [float(trainer.step({"ids": ids, "targets": targets})) for _ in range(3)]
+        plan = trainer._executor.plans[0]
+        views = sum(selection.kernel == "alias" for selection in plan.selections)
+        assert (views > 0) == reuse
+    assert losses[True] == losses[False]
+
+
+def test_views_of_parameters_and_outputs_viewing_inputs_keep_their_copy(rng):
+    g = ge2.ir.Graph("views")
+    x = g.input("x", (4, 6), "float32")
+    w = g.param("w", rng.standard_normal((2, 12)).astype(np.float32))
+    inner = g.reshape(g.relu(x), shape=(24,))  # a view of an intermediate: aliased
+    g.output(g.reshape(x, shape=(6, 4)), "x_view")  # an output viewing an input: copied
+    g.output(g.add(g.reshape(w, shape=(24,)), inner), "y")  # a view of a parameter: copied
+    executor = ge2.ExecutorV2(g, passes=[])
+    kernels = {s.node: s.kernel for s in executor.plans[0].selections}
+    assert [kernels[n.name] for n in executor.plans[0].graph.nodes if n.op == "reshape"] == [
+        "alias", "numpy_reference", "numpy_reference"]
+    x_value = rng.standard_normal((4, 6)).astype(np.float32)
+    result = executor.run({"x": x_value})
+    np.testing.assert_array_equal(result["x_view"], x_value.reshape(6, 4))
+    expected = w.data.reshape(24).astype(np.float64) + np.maximum(x_value, 0).reshape(24)
+    assert_close(result["y"], expected, "float32", what="y")
+
+
+@pytest.mark.gpu
+def test_block_plan_aliases_reshapes_on_the_gpu(rng):
+    graph = _block_graph(rng)
+    x = rng.standard_normal((2, TINY.context, TINY.width)).astype(np.float32)
+    executor = ge2.ExecutorV2(graph, device="cuda")
+    plan, = executor.plans
+    for node, selection in zip(plan.graph.nodes, plan.selections):
+        if node.op == "reshape":
+            assert selection.kernel == "alias", node.name
+            assert plan.slots[node.outputs[0].name].ptr == plan.slots[node.inputs[0].name].ptr, node.name
+    expected = ge2.ExecutorV2(graph).run({"x": x})["y"]
+    for _ in range(2):  # node by node, then the captured graph
+        assert_close(executor.run({"x": x})["y"], expected.astype(np.float64), "tf32", 4 * TINY.width, "block")
+
+
+@pytest.mark.gpu
+def test_gpt_training_step_on_the_gpu_matches_the_cpu_backend(rng):
+    model = _model(rng)
+    ids, targets = _batch(rng, 2)
+    losses = {}
+    for device in ("cpu", "cuda"):
+        trainer = ge2.train.Trainer(model.loss_graph(2), loss="loss", device=device,
+                                    optimizer=ge2.train.AdamW(lr=1e-3))
+        losses[device] = [float(trainer.step({"ids": ids, "targets": targets})) for _ in range(5)]
+    assert_close(losses["cuda"], np.array(losses["cpu"], np.float64), "tf32", 4 * TINY.width, "GPT losses")

@@ -269,3 +269,34 @@ def test_gpt_training_step_on_the_gpu_matches_the_cpu_backend(rng):
                                     optimizer=ge2.train.AdamW(lr=1e-3))
         losses[device] = [float(trainer.step({"ids": ids, "targets": targets})) for _ in range(5)]
     assert_close(losses["cuda"], np.array(losses["cpu"], np.float64), "tf32", 4 * TINY.width, "GPT losses")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# python -m graph_executor_v2 train-gpt
+# ---------------------------------------------------------------------------------------------------------------
+def test_train_gpt_cli_lowers_the_validation_loss_on_the_cpu(capsys):
+    from graph_executor_v2.__main__ import main
+
+    code = main(["train-gpt", "--cpu", "--steps", "16", "--layers", "1", "--heads", "2", "--width", "16",
+                 "--context", "16", "--batch-size", "8", "--lr", "1e-2", "--warmup-steps", "2", "--eval-every", "8",
+                 "--eval-batches", "2", "--plot", "", "--no-progress"])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert "GPT: 1 layers, 2 heads, 16 wide, context 16" in text and "amp off, on cpu" in text
+    line = next(line for line in text.splitlines() if line.startswith("validation loss (nats per byte): "))
+    curve = [(int(step), float(loss)) for loss, step in
+             (entry.split(" @ ") for entry in line.split(": ", 1)[1].split(", "))]
+    assert [step for step, _ in curve] == [0, 8, 16]
+    losses = [loss for _, loss in curve]
+    assert abs(losses[0] - np.log(256)) < 0.2, losses  # untrained: about uniform over the bytes
+    assert losses[2] < losses[1] < losses[0] - 1.0, losses
+    assert "unigram entropy 3." in text
+
+
+def test_train_gpt_cli_rejects_a_bad_config(capsys):
+    from graph_executor_v2.__main__ import main
+
+    assert main(["train-gpt", "--cpu", "--heads", "5", "--width", "16", "--plot", "", "--no-progress"]) == 2
+    assert "heads: 5 must divide width 16" in capsys.readouterr().out
+    assert main(["train-gpt", "--cpu", "--steps", "10", "--warmup-steps", "10", "--no-progress"]) == 2
+    assert "warmup_steps: expected an int in [0, steps=10)" in capsys.readouterr().out

@@ -3,8 +3,8 @@ the same batches of the standard library's bytes, AdamW with the same warm-up + 
 clipping. Mixed precision in bfloat16 (PyTorch: autocast): GE2's loss within 2% of PyTorch's at every one of 300
 steps. float32 (no TF32 on either side): within 1e-3 at every one of 100 steps.
 
-The PyTorch model is written here with PyTorch's own layers and parameter names equal to GE2's, and checked to be
-the same function as GE2's before the curves are compared."""
+The PyTorch model (``models.gpt.torch_gpt``: PyTorch's own layers, GE2's parameter names) is checked to be the same
+function as GE2's before the curves are compared."""
 from __future__ import annotations
 
 import contextlib
@@ -15,63 +15,11 @@ import pytest
 import graph_executor_v2 as ge2
 from graph_executor_v2 import nn
 from graph_executor_v2.datasets import python_source_corpus, random_windows
-from graph_executor_v2.models.gpt import GPT, GPTConfig
+from graph_executor_v2.models.gpt import GPT, GPTConfig, torch_gpt
 
 CONFIG = GPTConfig(vocab=256, context=64, layers=2, heads=4, width=128)
 BATCH = 16
 LR, MIN_LR, WEIGHT_DECAY, GRAD_CLIP = 1e-3, 1e-4, 0.1, 1.0
-
-
-def _torch_gpt(torch, config: GPTConfig):
-    F = torch.nn.functional
-
-    class Attention(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            width = config.width
-            self.in_proj_weight = torch.nn.Parameter(torch.empty(3 * width, width))
-            self.in_proj_bias = torch.nn.Parameter(torch.empty(3 * width))
-            self.out_proj = torch.nn.Linear(width, width)
-
-        def forward(self, x):
-            batch, seq, width = x.shape
-            heads = config.heads
-            qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias).view(batch, seq, 3, heads, width // heads)
-            q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # [batch, heads, seq, head_dim]
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            return self.out_proj(y.transpose(1, 2).reshape(batch, seq, width))
-
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            width = config.width
-            self.ln_1 = torch.nn.LayerNorm(width)
-            self.attn = Attention()
-            self.ln_2 = torch.nn.LayerNorm(width)
-            self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(approximate="tanh"),
-                                           torch.nn.Linear(4 * width, width))
-
-        def forward(self, x):
-            x = x + self.attn(self.ln_1(x))
-            return x + self.mlp(self.ln_2(x))
-
-    class TorchGPT(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wte = torch.nn.Embedding(config.vocab, config.width)
-            self.wpe = torch.nn.Embedding(config.context, config.width)
-            self.blocks = torch.nn.ModuleList([Block() for _ in range(config.layers)])
-            self.ln_f = torch.nn.LayerNorm(config.width)
-
-        def forward(self, ids, targets):
-            positions = torch.arange(ids.shape[1], device=ids.device)
-            x = self.wte(ids) + self.wpe(positions)
-            for block in self.blocks:
-                x = block(x)
-            logits = F.linear(self.ln_f(x), self.wte.weight)  # the tied head
-            return F.cross_entropy(logits.float().reshape(-1, config.vocab), targets.reshape(-1))
-
-    return TorchGPT()
 
 
 def _schedule(steps: int):
@@ -81,7 +29,7 @@ def _schedule(steps: int):
 def _models(torch, seed: int):
     nn.manual_seed(seed)
     model = GPT(CONFIG)
-    theirs = _torch_gpt(torch, CONFIG)
+    theirs = torch_gpt(CONFIG)
     theirs.load_state_dict({name: torch.from_numpy(value) for name, value in model.state_dict().items()})
     return model, theirs
 

@@ -300,3 +300,37 @@ def test_train_gpt_cli_rejects_a_bad_config(capsys):
     assert "heads: 5 must divide width 16" in capsys.readouterr().out
     assert main(["train-gpt", "--cpu", "--steps", "10", "--warmup-steps", "10", "--no-progress"]) == 2
     assert "warmup_steps: expected an int in [0, steps=10)" in capsys.readouterr().out
+    assert main(["train-gpt", "--cpu", "--steps", "0", "--no-progress"]) == 2
+    assert "steps: expected an int >= 1, got 0" in capsys.readouterr().out
+
+
+def test_train_gpt_config_defaults_and_flags():
+    import argparse
+
+    from graph_executor_v2.train.gpt import CPU_DEFAULTS, GPU_DEFAULTS, run_config
+
+    assert (GPU_DEFAULTS.layers, GPU_DEFAULTS.heads, GPU_DEFAULTS.width, GPU_DEFAULTS.context) == (4, 4, 256, 128)
+    assert GPU_DEFAULTS.amp == "bfloat16" and CPU_DEFAULTS.amp is None
+    flags = argparse.Namespace(steps=30, layers=3, amp="none", lr=None)
+    run = run_config(flags, "cuda")
+    assert (run.steps, run.layers, run.amp, run.warmup_steps, run.width) == (30, 3, None, 3, 256)
+
+
+def test_views_on_parallel_branches_keep_their_roots_alive(rng):
+    """Views read on other streams than their root's writer: the root's bytes live until the last view is read."""
+    g = ge2.ir.Graph("branches")
+    x = g.input("x", (6, 8), "float32")
+    results = []
+    for index in range(3):
+        h = g.reshape(g.exp(g.mul(x, g.param(f"s{index}", np.full((8,), 0.1 * (index + 1), np.float32)))),
+                      shape=(48,))
+        results.append(g.reshape(g.tanh(g.reshape(h, shape=(8, 6))), shape=(48,)))
+    g.output(g.add(g.add(results[0], results[1]), results[2]), "y")
+    executor = ge2.ExecutorV2(g, passes=[], streams=3)
+    plan, = executor.plans
+    assert plan.schedule.stream_count == 3
+    assert sum(s.kernel == "alias" for s in plan.selections) == 9
+    x_value = rng.standard_normal((6, 8)).astype(np.float32)
+    x64 = x_value.astype(np.float64)
+    expected = sum(np.tanh(np.exp(x64 * 0.1 * (i + 1)).reshape(8, 6)).reshape(48) for i in range(3))
+    assert_close(executor.run({"x": x_value})["y"], expected, "float32", 3, what="y")

@@ -159,6 +159,8 @@ def run_config(arguments, device: str) -> RunConfig:
     given = {name: getattr(arguments, name) for name in asdict(defaults) if getattr(arguments, name, None) is not None}
     if getattr(arguments, "amp", None) == "none":
         given["amp"] = None
+    if "steps" in given and "warmup_steps" not in given:  # a shorter run keeps its warm-up shorter than itself
+        given["warmup_steps"] = min(defaults.warmup_steps, given["steps"] // 10)
     return replace(defaults, **given)
 
 

@@ -334,3 +334,48 @@ def test_views_on_parallel_branches_keep_their_roots_alive(rng):
     x64 = x_value.astype(np.float64)
     expected = sum(np.tanh(np.exp(x64 * 0.1 * (i + 1)).reshape(8, 6)).reshape(48) for i in range(3))
     assert_close(executor.run({"x": x_value})["y"], expected, "float32", 3, what="y")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# join_slice_gradients: the QKV split's gradient is one concat
+# ---------------------------------------------------------------------------------------------------------------
+def test_qkv_gradient_is_one_concat_per_layer(rng):
+    forward, _ = PassManager(resolve(TRAINING_FORWARD)).run(_model(rng).loss_graph(2))
+    differentiated, records = PassManager(resolve(TRAINING_BACKWARD)).run(autograd.backward_graph(forward, "loss"))
+    counts = differentiated.op_counts()
+    assert "slice_backward" not in counts and counts["concat"] == TINY.layers, counts
+    joined = [note for record in records if record.name == "join_slice_gradients" for note in record.notes]
+    assert len(joined) == TINY.layers and all("concat on axis 2" in note for note in joined), joined
+
+
+def _sliced_sum(rng, spans, steps=None):
+    """loss = sum(w * sum of the slices of x along axis 1), so x's gradient sums one slice_backward per span."""
+    g = ge2.ir.Graph("slices")
+    x = g.input("x", (3, 10), "float32")
+    total = None
+    for start, end in spans:
+        part = g.slice(x, starts=(start,), ends=(end,), axes=(1,), steps=steps)
+        weighted = g.sum(g.mul(part, g.param(f"w{start}_{end}", rng.standard_normal((3, end - start))
+                                             .astype(np.float32))))
+        total = weighted if total is None else g.add(total, weighted)
+    g.output(total, "loss")
+    return g
+
+
+@pytest.mark.parametrize("spans, joined", [
+    (((0, 4), (4, 10)), True),
+    (((4, 10), (0, 1), (1, 4)), True),  # any order
+    (((0, 4), (5, 10)), False),  # a gap
+    (((0, 6), (4, 10)), False),  # an overlap
+])
+def test_join_slice_gradients_only_when_the_slices_tile_the_axis(rng, spans, joined):
+    graph = _sliced_sum(rng, spans)
+    differentiated, _ = PassManager(resolve(TRAINING_BACKWARD)).run(autograd.backward_graph(graph, "loss", ["x"]))
+    counts = differentiated.op_counts()
+    assert ("concat" in counts) == joined and ("slice_backward" in counts) != joined, counts
+    x = rng.standard_normal((3, 10)).astype(np.float32)
+    grad = ge2.ExecutorV2(differentiated, passes=[]).run({"x": x})["grad/x"]
+    expected = np.zeros((3, 10))
+    for start, end in spans:
+        expected[:, start:end] += graph.params[f"w{start}_{end}"].data
+    assert_close(grad, expected, "float32", what="d loss / d x")

@@ -379,3 +379,19 @@ def test_join_slice_gradients_only_when_the_slices_tile_the_axis(rng, spans, joi
     for start, end in spans:
         expected[:, start:end] += graph.params[f"w{start}_{end}"].data
     assert_close(grad, expected, "float32", what="d loss / d x")
+
+
+@pytest.mark.gpu
+def test_train_gpt_on_the_gpu_captures_the_step_and_learns():
+    from dataclasses import replace
+
+    from graph_executor_v2.train.gpt import GPU_DEFAULTS, train_gpt
+
+    run = replace(GPU_DEFAULTS, layers=2, width=128, context=64, batch_size=32, steps=150, warmup_steps=15,
+                  eval_every=75, eval_batches=2)
+    result = train_gpt(run, "cuda", plot=None, progress=False)
+    trainer = result["trainer"]
+    assert not trainer._executor.fallbacks, [s.node for s in trainer._executor.fallbacks]
+    assert trainer._executor.plans[0].capture.startswith("captured"), trainer._executor.plans[0].capture
+    losses = result["history"]["val_loss"]
+    assert losses[0] > 5.0 and losses[2] < losses[1] < 3.5, losses

@@ -368,8 +368,9 @@ class ExecutorV2:
                               tuple(v.type for v in node.outputs), node.attrs,
                               self.capabilities.compute_capability)
             if node.outputs and node.outputs[0] in roots:  # a view: every output shares its root's buffer
+                shared = roots[node.outputs[0]].name
                 selections.append(Selection(node.name, node.op, ALIAS, "the output is a view of the input's buffer",
-                                            _no_launch, f"no copy: shares the buffer of '{roots[node.outputs[0]].name}'"))
+                                            _no_launch, f"no copy: shares the buffer of '{shared}'"))
                 steps.append(Step(_no_launch, ins, outs, order.stream_of[index], order.waits[index],
                                   index in signalling, f"{node.op} {node.name} {ALIAS}"))
                 continue

@@ -5,26 +5,36 @@
 - large: MLP 1024 -> 4096 -> 4096 -> 1024 (ReLU), batch 512, AMP float16, AdamW. Target: <= 0.85x PyTorch's
   CUDA-graph step. PyTorch runs autocast float16; its graph captures no GradScaler (whose inf check syncs the host),
   its eager step uses one; GE2 scales dynamically on the device.
+- gpt: the GPT of ``ge2.models.gpt`` (6 layers, 384 wide, 6 heads, context 256, vocabulary 8192, tied head),
+  batch 32, AMP bfloat16, AdamW; PyTorch runs the same model (``models.gpt.torch_gpt``: its own layers, SDPA) under
+  autocast bfloat16. Target: <= 0.9x PyTorch's CUDA-graph step.
 - memory: GE2's ``peak_bytes`` (arena + parameters, copies and optimizer states) against
   ``torch.cuda.max_memory_allocated`` over the same step (weights, gradients, states and activations). Target <= 1.0x.
 
 Correctness first: the first steps' losses of GE2 and PyTorch eager agree (float32: 1e-4 relative; AMP: 2%).
 Each step's time is the median of CUDA-event timings (benchmarks/harness.py); the batch is fed from device tensors.
 
-Run: python benchmarks/bench_train.py
+Run: python benchmarks/bench_train.py [--cases small,large,gpt]
 """
 from __future__ import annotations
+
+import argparse
 
 import numpy as np
 from harness import median_ms, torch_cuda, write_results
 
 import graph_executor_v2 as ge2
+from graph_executor_v2 import nn
+from graph_executor_v2.models.gpt import GPT, GPTConfig, torch_gpt
+from graph_executor_v2.runtime.executor import ALIAS
 
 CASES = [
     {"case": "small", "batch": 64, "sizes": (64, 128, 10), "amp": None,
      "target": "<= 0.8x torch graph, >= 10x faster than eager"},
     {"case": "large", "batch": 512, "sizes": (1024, 4096, 4096, 1024), "amp": "float16",
      "target": "<= 0.85x torch graph"},
+    {"case": "gpt", "batch": 32, "gpt": GPTConfig(vocab=8192, context=256, layers=6, heads=6, width=384),
+     "amp": "bfloat16", "target": "<= 0.9x torch graph"},
 ]
 
 
@@ -79,17 +89,34 @@ def torch_step(torch, params, layers, amp, capturable, scaler):
     return step
 
 
-def captured(torch, step, x, labels):
+def torch_gpt_step(torch, state, config, capturable):
+    """A PyTorch training step of the GPT with GE2's initial weights ``state``: step(ids, targets) -> loss tensor."""
+    model = torch_gpt(config).cuda()
+    model.load_state_dict({name: torch.from_numpy(value) for name, value in state.items()})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, capturable=capturable)
+
+    def step(ids, targets):
+        optimizer.zero_grad(set_to_none=not capturable)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(ids, targets)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step
+
+
+def captured(torch, step, *inputs):
     """The whole step as one CUDA graph (PyTorch's documented whole-network capture): returns replay()."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):
-            step(x, labels)
+            step(*inputs)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        step(x, labels)
+        step(*inputs)
     return graph.replay
 
 
@@ -100,53 +127,90 @@ def bench(torch, case, rng) -> dict:
     x_host = rng.standard_normal((batch, sizes[0])).astype(np.float32)
     labels_host = rng.integers(0, sizes[-1], batch).astype(np.int64)
     x, labels = torch.tensor(x_host, device="cuda"), torch.tensor(labels_host, device="cuda")
-    feeds = {"x": x, "labels": labels}
-
     trainer = ge2.train.Trainer(ge2_graph(params, layers), device="cuda",
                                 optimizer=ge2.train.AdamW(lr=1e-3, weight_decay=0.01), amp=amp)
     eager = torch_step(torch, params, layers, amp, capturable=False, scaler=amp == "float16")
+    flops = 6.0 * batch * sum(a * b for a, b in zip(sizes, sizes[1:]))  # forward + two backward matmuls
+    return compare(torch, case, trainer, {"x": x, "labels": labels}, eager,
+                   lambda: torch_step(torch, params, layers, amp, capturable=True, scaler=False), (x, labels),
+                   flops, f"{batch}x" + "->".join(map(str, sizes)))
+
+
+def bench_gpt(torch, case, rng) -> dict:
+    config, batch = case["gpt"], case["batch"]
+    nn.manual_seed(int(rng.integers(0, 2**31)))
+    model = GPT(config)
+    state = model.state_dict()
+    ids, targets = (torch.tensor(rng.integers(0, config.vocab, (batch, config.context)), device="cuda")
+                    for _ in range(2))
+    trainer = ge2.train.Trainer(model.loss_graph(batch), device="cuda",
+                                optimizer=ge2.train.AdamW(lr=1e-3, weight_decay=0.01), amp=case["amp"])
+    eager = torch_gpt_step(torch, state, config, capturable=False)
+    # Model FLOPs (PaLM's count): 6 per weight of a matmul per token (the tied head included, the embeddings'
+    # lookups not), and 12 * layers * width * context per token for the attention scores and their use.
+    matmul_weights = sum(p.data.size for name, p in model.named_parameters()
+                         if p.data.ndim == 2 and name != "wpe.weight")
+    tokens = batch * config.context
+    flops = tokens * (6.0 * matmul_weights + 12.0 * config.layers * config.width * config.context)
+    shape = (f"{config.layers}x{config.width} ({config.heads} heads), context {config.context}, vocab "
+             f"{config.vocab}, batch {batch}")
+    return compare(torch, case, trainer, {"ids": ids, "targets": targets}, eager,
+                   lambda: torch_gpt_step(torch, state, config, capturable=True), (ids, targets), flops, shape)
+
+
+def compare(torch, case, trainer, feeds, eager, make_graph_step, inputs, flops, shape) -> dict:
+    """One row: the first losses of GE2 and PyTorch eager checked against each other, then the step timed for GE2,
+    PyTorch eager and PyTorch's captured whole step, and the peak memory of GE2 and of PyTorch's captured step."""
+    amp = case["amp"]
     ge2_losses = [float(trainer.step(feeds)) for _ in range(3)]
-    torch_losses = [float(eager(x, labels)) for _ in range(3)]
+    torch_losses = [float(eager(*inputs)) for _ in range(3)]
     np.testing.assert_allclose(ge2_losses, torch_losses, rtol=1e-4 if amp is None else 0.02,
                                err_msg=f"{case['case']}: GE2 vs PyTorch eager losses")
 
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    graph_step = torch_step(torch, params, layers, amp, capturable=True, scaler=False)
-    replay = captured(torch, graph_step, x, labels)
+    replay = captured(torch, make_graph_step(), *inputs)
     torch_peak = torch.cuda.max_memory_allocated() - base
 
     ge2_ms = median_ms(lambda: trainer.step(feeds), warmup=20, reps=200, flush_l2=False)
-    eager_ms = median_ms(lambda: eager(x, labels), warmup=20, reps=200, flush_l2=False)
+    eager_ms = median_ms(lambda: eager(*inputs), warmup=20, reps=200, flush_l2=False)
     graph_ms = median_ms(replay, warmup=20, reps=200, flush_l2=False)
-    flops = 6.0 * batch * sum(a * b for a, b in zip(sizes, sizes[1:]))  # forward + two backward matmuls
     return {
-        "case": case["case"], "shape": f"{batch}x" + "->".join(map(str, sizes)), "precision": amp or "float32",
+        "case": case["case"], "shape": shape, "precision": amp or "float32",
         "ge2_ms": ge2_ms, "torch_eager_ms": eager_ms, "torch_graph_ms": graph_ms,
         "vs_graph": ge2_ms / graph_ms, "eager_speedup": eager_ms / ge2_ms,
         "ge2_tflops": flops / (ge2_ms * 1e-3) / 1e12,
         "ge2_peak_mb": trainer.peak_bytes / 2**20, "torch_peak_mb": torch_peak / 2**20,
         "memory_ratio": trainer.peak_bytes / torch_peak,
-        "ge2_kernels": len(trainer._executor.plans[0].steps), "fallbacks": len(trainer._executor.fallbacks),
+        "ge2_kernels": sum(s.kernel != ALIAS for s in trainer._executor.plans[0].selections),
+        "fallbacks": len(trainer._executor.fallbacks),
         "capture": trainer._executor.plans[0].capture,
         "target": case["target"],
     }
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cases", default=",".join(case["case"] for case in CASES),
+                        help="comma-separated cases to run (default: all)")
+    chosen = parser.parse_args().cases.split(",")
+    unknown = sorted(set(chosen) - {case["case"] for case in CASES})
+    if unknown:
+        parser.error(f"--cases: unknown case(s) {unknown}; expected among {[case['case'] for case in CASES]}")
     torch = torch_cuda()
     torch.backends.cuda.matmul.allow_tf32 = False
     rng = np.random.default_rng(0)
-    rows = [bench(torch, case, rng) for case in CASES]
+    rows = [(bench_gpt if "gpt" in case else bench)(torch, case, rng) for case in CASES if case["case"] in chosen]
     columns = [("case", "case"), ("shape", "shape"), ("precision", "precision"), ("ge2_ms", "GE2 step ms"),
                ("torch_eager_ms", "torch eager ms"), ("torch_graph_ms", "torch graph ms"),
                ("vs_graph", "GE2 / torch graph"), ("eager_speedup", "speedup vs eager"),
                ("ge2_tflops", "GE2 TFLOP/s"), ("ge2_peak_mb", "GE2 peak MB"), ("torch_peak_mb", "torch peak MB"),
-               ("memory_ratio", "memory ratio"), ("ge2_kernels", "GE2 plan steps"), ("fallbacks", "fallbacks"),
+               ("memory_ratio", "memory ratio"), ("ge2_kernels", "GE2 kernels per step"), ("fallbacks", "fallbacks"),
                ("capture", "GE2 CUDA graph"),
                ("target", "target")]
-    print(write_results("train", rows, columns, "Training step: ge2.train (cuda) vs PyTorch eager and CUDA graph"))
+    name = "train" if len(rows) == len(CASES) else "train_" + "_".join(row["case"] for row in rows)
+    print(write_results(name, rows, columns, "Training step: ge2.train (cuda) vs PyTorch eager and CUDA graph"))
 
 
 if __name__ == "__main__":

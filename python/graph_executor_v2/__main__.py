@@ -1,6 +1,7 @@
 """``python -m graph_executor_v2 <command>``:
 ``demo``: an MLP through ExecutorV2, end to end (below).
 ``train-digits``: the training job (``train/digits.py``).
+``train-gpt``: a small GPT trained on the Python standard library's source (``train/gpt.py``).
 ``new-op NAME [--inputs a,b] [--out-of-tree DIR]``: a new op (see scaffold.py).
 ``run-onnx MODEL``: an ONNX model imported, planned, run and checked against onnxruntime.
 ``onnx-conformance``: ONNX's own node tests of the op types GE2 claims.
@@ -155,6 +156,26 @@ def main(argv=None) -> int:
     digits_parser.add_argument("--seed", type=int, default=0)
     digits_parser.add_argument("--plot", default="digits_loss.png", help="loss-curve PNG ('' for none)")
     digits_parser.set_defaults(handler=train_digits)
+    gpt_parser = commands.add_parser("train-gpt", help="train a small GPT on the bytes of Python's standard library "
+                                                       "with ge2.train; reports the validation loss")
+    gpt_parser.add_argument("--cpu", action="store_true", help="use the CPU backend (and its tiny default config) "
+                                                               "even when a GPU is present")
+    for flag, kind, what in (("--layers", int, "blocks"), ("--heads", int, "attention heads"),
+                             ("--width", int, "model width"), ("--context", int, "context length in bytes"),
+                             ("--batch-size", int, "windows per step"), ("--steps", int, "training steps"),
+                             ("--lr", float, "peak learning rate"), ("--warmup-steps", int, "linear warm-up steps"),
+                             ("--weight-decay", float, "AdamW's decoupled weight decay"),
+                             ("--grad-clip", float, "global gradient-norm clip"),
+                             ("--eval-every", int, "steps between validation losses"),
+                             ("--eval-batches", int, "validation batches"),
+                             ("--log-every", int, "steps between reads of the training loss"),
+                             ("--seed", int, "seed of the weights and the windows")):
+        gpt_parser.add_argument(flag, type=kind, help=f"{what} (default: the device's config)")
+    gpt_parser.add_argument("--amp", choices=("none", "bfloat16", "float16"),
+                            help="mixed precision (default: bfloat16 on the GPU, none on the CPU)")
+    gpt_parser.add_argument("--plot", default="gpt_loss.png", help="loss-curve PNG ('' for none)")
+    gpt_parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    gpt_parser.set_defaults(handler=train_gpt)
     new_op_parser = commands.add_parser(
         "new-op", help="write a new op (kernel, launcher, binding, OpDef, tests, benchmark) that builds and passes")
     new_op_parser.add_argument("name", help="the op's name, a lowercase identifier")
@@ -183,6 +204,12 @@ def train_digits(arguments) -> int:
     from .train import digits
 
     return digits.main(arguments)
+
+
+def train_gpt(arguments) -> int:
+    from .train import gpt
+
+    return gpt.main(arguments)
 
 
 def new_op(arguments) -> int:

@@ -4,7 +4,7 @@ head tied to the token embedding. Initialised as GPT-2 (normal(0, 0.02); residua
 1/sqrt(2 * layers)).
 
 ``GPT.loss_graph(batch)`` is the training graph: inputs ``ids`` and ``targets`` (int64 [batch, context]), output
-``loss`` (mean cross-entropy over every position, in nats).
+``loss`` (mean cross-entropy over every position, in nats). ``torch_gpt(config)`` is the same model in PyTorch.
 """
 from __future__ import annotations
 
@@ -86,3 +86,62 @@ class GPT(nn.Module):
         logits = self(g, ids)
         g.output(g.cross_entropy(logits, g.reshape(targets, shape=(batch * context,))), "loss")
         return g
+
+
+def torch_gpt(config: GPTConfig):
+    """The same GPT in PyTorch (its own layers, ``F.scaled_dot_product_attention``), with GE2's parameter names, so
+    ``load_state_dict({name: torch.from_numpy(array) for name, array in model.state_dict().items()})`` gives it a GE2
+    model's weights: the reference of the parity tests and the benchmark. ``forward(ids, targets)`` returns the
+    mean cross-entropy (computed in float32 under autocast). Its packed attention projection starts uninitialized
+    (``torch.empty``): load the weights before use. Needs PyTorch."""
+    import torch
+
+    F = torch.nn.functional
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            width = config.width
+            self.in_proj_weight = torch.nn.Parameter(torch.empty(3 * width, width))
+            self.in_proj_bias = torch.nn.Parameter(torch.empty(3 * width))
+            self.out_proj = torch.nn.Linear(width, width)
+
+        def forward(self, x):
+            batch, seq, width = x.shape
+            heads = config.heads
+            qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias).view(batch, seq, 3, heads, width // heads)
+            q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # [batch, heads, seq, head_dim]
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.out_proj(y.transpose(1, 2).reshape(batch, seq, width))
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            width = config.width
+            self.ln_1 = torch.nn.LayerNorm(width)
+            self.attn = Attention()
+            self.ln_2 = torch.nn.LayerNorm(width)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(approximate="tanh"),
+                                           torch.nn.Linear(4 * width, width))
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    class TorchGPT(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = torch.nn.Embedding(config.vocab, config.width)
+            self.wpe = torch.nn.Embedding(config.context, config.width)
+            self.blocks = torch.nn.ModuleList([Block() for _ in range(config.layers)])
+            self.ln_f = torch.nn.LayerNorm(config.width)
+
+        def forward(self, ids, targets):
+            positions = torch.arange(ids.shape[1], device=ids.device)
+            x = self.wte(ids) + self.wpe(positions)
+            for block in self.blocks:
+                x = block(x)
+            logits = F.linear(self.ln_f(x), self.wte.weight)  # the tied head
+            return F.cross_entropy(logits.float().reshape(-1, config.vocab), targets.reshape(-1))
+
+    return TorchGPT()

@@ -404,7 +404,7 @@ class MultiheadAttention(Module):
         else:
             q, k, v = (self._project(g, tensor, weight, bias, index) for index, tensor in
                        enumerate((query, key, value)))
-        attended = g.attention(q, k, v, causal=self.causal, layout="bshd")
+        attended, _ = g.attention(q, k, v, causal=self.causal, layout="bshd")  # (y, lse)
         batch, seq = query.type.shape[:2]
         return self.out_proj(g, g.reshape(attended, shape=(batch, seq, width)))
 

@@ -14,6 +14,7 @@ Contract of the callables an OpDef carries (``attrs`` is always the full, valida
   input, float64 (``None`` for inputs with no gradient, e.g. integer ids).
 - ``candidates``: the ways to run the op on a GPU, best first by ``priority``; the registry adds the CPU
   reference as the candidate that always works on the CPU.
+- ``aliases``: (output, input) index pairs of a view-like op (reshape): the output may share the input's buffer.
 - ``grad(g, node, out_grads) -> list[Value | None]``: the grad rule (autograd). Given the graph ``g`` being built,
   the forward ``node`` and the gradient Values of its outputs (None where an output has none), it emits nodes with
   the builder (``g.<op>(...)``) and returns one gradient Value per forward input (None for none). Backward
@@ -123,6 +124,9 @@ class OpDef:
     # False when outputs are not a function of inputs and attributes alone (random ops): never folded or merged.
     pure: bool = True
     grad: Callable[..., list] | None = None
+    # (output index, input index) pairs: that output holds that input's bytes unchanged (a view: the same row-major
+    # elements, another shape), so a plan may give it the input's buffer and launch nothing (runtime/planner.py).
+    aliases: tuple[tuple[int, int], ...] = ()
     attr_map: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):

@@ -254,6 +254,7 @@ RESHAPE = register(OpDef(
         Candidate("copy", 10, "device-to-device copy, for when the executor cannot alias the output to the input",
                   lambda problem: None, _prepare_reshape_copy, always_works=True),
     ),
+    aliases=((0, 0),),
     doc="reshape(x, shape): the same row-major elements with another shape (one -1 inferred). The output may alias "
         "the input (same bytes): an executor that can alias skips the node; otherwise it runs a device copy.",
 ))

@@ -17,6 +17,7 @@ from .inference import infer_shapes
 from .layout import plan_layouts
 from .manager import Pass, PassManager, PassRecord
 from .pattern import Pat, Rewrite, rewrite
+from .slice_gradients import join_slice_gradients
 from .training import chain_activation_backward, fuse_loss_gradient, fuse_relu, trim_gemm_backward
 
 PASSES: dict[str, Pass] = {p.name: p for p in (
@@ -34,6 +35,8 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("trim_gemm_backward", trim_gemm_backward, "do not compute gemm_backward outputs nothing reads"),
     Pass("fuse_loss_gradient", fuse_loss_gradient,
          "a cross_entropy and its backward seeded by 1 -> one cross_entropy_with_grad pass over the logits"),
+    Pass("join_slice_gradients", join_slice_gradients,
+         "sums of slice_backward that tile one axis -> one concat (the gradient of a fused QKV projection)"),
     Pass("fold_batch_norm", fold_batch_norm, "fold inference batch norms into the conv2d before them"),
     Pass("plan_layouts", plan_layouts, "run conv/pool/batch-norm chains in their dtype's preferred layout, "
                                        "transposes only at the edges"),
@@ -47,7 +50,7 @@ DEFAULT_PIPELINE = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicaliz
 # the graph with gradients is then cleaned and its backward fused.
 TRAINING_FORWARD = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicalize", "fuse_relu", "dce")
 TRAINING_BACKWARD = ("infer_shapes", "cse", "dce", "chain_activation_backward", "trim_gemm_backward",
-                     "fuse_loss_gradient", "dce")
+                     "fuse_loss_gradient", "join_slice_gradients", "dce")
 
 
 def resolve(passes: Sequence[str | Pass] | None) -> list[Pass]:
@@ -66,5 +69,5 @@ def resolve(passes: Sequence[str | Pass] | None) -> list[Pass]:
 __all__ = ["DEFAULT_PIPELINE", "PASSES", "POLICY", "TRAINING_BACKWARD", "TRAINING_FORWARD", "Pass", "PassManager",
            "PassRecord", "Pat", "Rewrite", "autocast", "canonicalize", "chain_activation_backward",
            "eliminate_common_subexpressions", "eliminate_dead_code", "fold_batch_norm", "fold_constants", "fuse",
-           "fuse_attention", "fuse_loss_gradient", "fuse_relu", "infer_shapes", "plan_layouts", "resolve", "rewrite",
-           "trim_gemm_backward"]
+           "fuse_attention", "fuse_loss_gradient", "fuse_relu", "infer_shapes", "join_slice_gradients", "plan_layouts",
+           "resolve", "rewrite", "trim_gemm_backward"]

@@ -35,11 +35,12 @@ from ..passes import Pass, PassManager, PassRecord, infer_shapes, resolve
 from .autotune import AutotuneCache
 from .backends import backend_for
 from .backends.cuda import HOST_FALLBACK
-from .planner import Buffer, MemoryPlan, plan_memory
+from .planner import Buffer, MemoryPlan, alias_roots, plan_memory
 from .profile import Profile, profile_plan
 from .registry import Capabilities, Preferences, Selection, choose_kernel, kernel_label
 from .schedule import Schedule, schedule, width
 
+ALIAS = "alias"  # the "kernel" of a node whose outputs share its input's buffer: nothing runs
 MAX_DEFAULT_STREAMS = 4  # enough for the branches of the graphs we see (q/k/v, wide MLP heads); each costs a workspace
 
 Signature = tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype) of each graph input, in order
@@ -333,20 +334,23 @@ class ExecutorV2:
 
         order = schedule(graph, self.stream_count)
         step_count = len(graph.nodes)
+        # Views (reshapes) share their root's buffer and launch nothing; reuse_memory=False turns that off too.
+        roots = alias_roots(graph) if self.reuse_memory else {}
         writer = {value.name: -1 for value in graph.inputs}
         readers: dict[str, set[int]] = {name: set() for name in writer}
         for index, node in enumerate(graph.nodes):
             for value in node.inputs:
                 if value is not None and not value.is_param:
-                    readers[value.name].add(index)
+                    readers[roots.get(value, value).name].add(index)
             for value in node.outputs:
-                writer[value.name] = index
-                readers[value.name] = set()
+                if value not in roots:
+                    writer[value.name] = index
+                    readers[value.name] = set()
         # Inputs and outputs stay live through the whole plan: a zero-copy loop writes the inputs once and replays,
         # and reads the outputs after the run.
         for value in (*graph.inputs, *graph.outputs.values()):
             if not value.is_param:
-                readers[value.name].add(step_count)
+                readers[roots.get(value, value).name].add(step_count)
         types = {v.name: v.type for v in graph.inputs}
         types.update((v.name, v.type) for node in graph.nodes for v in node.outputs)
         memory = plan_memory([Buffer(name, types[name].numel * itemsize(types[name].dtype), writer[name],
@@ -357,6 +361,8 @@ class ExecutorV2:
         arena = backend.allocate(memory.arena_bytes)
         slots = dict(self._param_slots)
         slots.update((name, backend.slot(arena, offset, types[name])) for name, offset in memory.offsets.items())
+        slots.update((view.name, backend.slot(arena, memory.offsets[root.name], view.type))
+                     for view, root in roots.items())
         addresses = {name: backend.address(slot) for name, slot in slots.items()}
         absent = backend.address_of_absent
 
@@ -368,6 +374,13 @@ class ExecutorV2:
             problem = Problem(node.op, tuple(None if v is None else v.type for v in node.inputs),
                               tuple(v.type for v in node.outputs), node.attrs,
                               self.capabilities.compute_capability)
+            if node.outputs and node.outputs[0] in roots:  # a view: every output shares its root's buffer
+                shared = roots[node.outputs[0]].name
+                selections.append(Selection(node.name, node.op, ALIAS, "the output is a view of the input's buffer",
+                                            _no_launch, f"no copy: shares the buffer of '{shared}'"))
+                steps.append(Step(_no_launch, ins, outs, order.stream_of[index], order.waits[index],
+                                  index in signalling, f"{node.op} {node.name} {ALIAS}"))
+                continue
             timer = None
             if self._autotune_cache is not None:
                 def timer(launch, ins=ins, outs=outs, stream=self._stream_handles[order.stream_of[index]]):
@@ -430,7 +443,9 @@ class ExecutorV2:
             lines.append("plans: none yet (symbolic input dims bind at the first run)")
         for plan in self._plans.values():
             inputs = ", ".join(f"{v.name}: {v.type}" for v in plan.graph.inputs)
-            lines.append(f"plan for ({inputs}): {len(plan.steps)} kernels, {plan.memory.summary()}")
+            views = sum(s.kernel == ALIAS for s in plan.selections)
+            lines.append(f"plan for ({inputs}): {len(plan.steps) - views} kernels, {plan.memory.summary()}"
+                         + (f"; {views} view(s) aliased, no copy" if views else ""))
             if self.device == "cuda":
                 lines.append(f"  cuda graph: {plan.capture}")
             streams = plan.schedule.stream_count
@@ -447,6 +462,10 @@ class ExecutorV2:
         lines.append(f"fallbacks: {len(fallbacks)}")
         lines += [f"  {s.node} ({s.op}) runs {kernel_label(s.op, s.kernel)}" for s in fallbacks]
         return "\n".join(lines)
+
+
+def _no_launch(ins, outs, stream) -> None:
+    """The launch of an aliased view: its bytes are already where its root's writer put them."""
 
 
 def _describe_pass(record: PassRecord) -> str:

@@ -7,6 +7,10 @@ order: two buffers may share bytes only when every use of one happens before the
 assigned greedily, largest buffer first, each at the lowest 256-byte aligned offset free of every buffer already
 placed that it may not share with. ``reuse=False`` gives every buffer its own bytes (the switch for debugging
 aliasing).
+
+Views are not buffers of their own: ``alias_roots`` gives every output that its op declares a view of an input
+(``OpDef.aliases``: reshape) the buffer of that input, so the node moves no byte; the root buffer then lives until
+the last use of any of its views.
 """
 from __future__ import annotations
 
@@ -48,6 +52,29 @@ def may_share(a: Buffer, b: Buffer, before: Callable[[int, int], bool] = operato
     """Whether ``a`` and ``b`` are never live at the same time: all uses of one precede the write of the other."""
     return (all(before(use, b.writer) for use in (a.writer, *a.readers))
             or all(before(use, a.writer) for use in (b.writer, *b.readers)))
+
+
+def alias_roots(graph) -> dict:
+    """Value -> the value whose buffer it shares (its root: never itself a view), for every view a plan may alias.
+
+    Values are written once (SSA), so a view sees exactly the bytes its root's writer left. Not aliased: views of
+    parameters (buffers outside the arena, which an optimizer rewrites after the step), and a graph output that
+    would be a view of a graph input (the caller rewrites the input slots under outputs it still reads)."""
+    outputs = set(graph.outputs.values())
+    roots: dict = {}
+    for node in graph.nodes:
+        found = {}
+        for out_index, in_index in node.opdef.aliases:
+            source, view = node.inputs[in_index], node.outputs[out_index]
+            root = roots.get(source, source)
+            if root.is_param or (view in outputs and root.is_input):
+                continue
+            if view.type.numel != root.type.numel or view.type.dtype != root.type.dtype:
+                continue  # not a view after all (a malformed declaration): keep the copy
+            found[view] = root
+        if len(found) == len(node.outputs):  # all or nothing: a node that runs writes every one of its outputs
+            roots.update(found)
+    return roots
 
 
 def plan_memory(buffers: list[Buffer], reuse: bool = True,

@@ -50,6 +50,11 @@ class _Context:
         self.values: dict[str, Value] = {}
         self.constants: dict[str, np.ndarray] = {}
         self.failed: set[str] = set()  # outputs of nodes that could not be imported
+        self.node_outputs: list[str] = []  # the output names of the node being translated ("" for an absent one)
+
+    def wants(self, index: int) -> bool:
+        """Whether the node being translated has its optional output ``index``."""
+        return index < len(self.node_outputs) and bool(self.node_outputs[index])
 
     def value(self, name: str) -> Value:
         """The GE2 Value of an ONNX tensor; a constant becomes a param on first use as a tensor."""
@@ -236,13 +241,47 @@ def _matmul(ctx, inputs, attrs):
     b = _float_input(ctx.value(inputs[1]), "input B")
     if a.type.rank == 0 or b.type.rank == 0:
         raise Unsupported("MatMul of a 0-d tensor")
-    if b.type.rank > 2:
-        raise Unsupported(f"batched B of shape {b.type.shape}: GE2's matmul takes a 2-d (or 1-d) B")
+    if b.type.rank > 2 and any(d != 1 for d in b.type.shape[:-2]):
+        return [_batched_matmul(g, a, b)]
+    if b.type.rank > 2:  # B's batch dims are all 1: one 2-d B broadcast over A's batch
+        b = g.reshape(b, shape=tuple(b.type.shape[-2:]))
+        if a.type.rank < b.type.rank:
+            raise Unsupported(f"B of shape {b.type.shape} broadcast to more dims than A {a.type.shape}")
     a2 = a if a.type.rank == 2 else g.reshape(a, shape=(-1, a.type.shape[-1]))
     b2 = b if b.type.rank == 2 else g.reshape(b, shape=(b.type.shape[0], 1))
     y = g.matmul(a2, b2)
     out_shape = tuple(a.type.shape[:-1]) + ((b.type.shape[-1],) if b.type.rank == 2 else ())
     return [y if tuple(y.type.shape) == out_shape else g.reshape(y, shape=out_shape)]
+
+
+def _batched_matmul(g: Graph, a: Value, b: Value) -> Value:
+    """numpy.matmul semantics for a batched B: the batch dims broadcast, one 2-d matmul per batch entry (slices of
+    A and B), concatenated. GE2's matmul op is 2-d; this unrolls over the (static) batch."""
+    a_shape, b_shape = tuple(a.type.shape), tuple(b.type.shape)
+    if not all(isinstance(d, int) for d in a_shape + b_shape):
+        raise Unsupported(f"batched MatMul needs concrete shapes, got {a_shape} and {b_shape}")
+    a3 = g.reshape(a, shape=(1, *a_shape)) if len(a_shape) == 1 else a  # a 1-d A is a row, dropped at the end
+    m, k = a3.type.shape[-2:]
+    n = b_shape[-1]
+    a_batch, b_batch = tuple(a3.type.shape[:-2]), b_shape[:-2]
+    try:
+        batch = np.broadcast_shapes(a_batch, b_batch)
+    except ValueError:
+        raise Unsupported(f"batch dims of {a_shape} and {b_shape} do not broadcast") from None
+    count = int(np.prod(batch, dtype=np.int64))
+    a_flat = g.reshape(a3, shape=(int(np.prod(a_batch, dtype=np.int64)), m, k))
+    b_flat = g.reshape(b, shape=(int(np.prod(b_batch, dtype=np.int64)), k, n))
+    products = []
+    for index in np.ndindex(*batch):
+        a_index = int(np.ravel_multi_index(tuple(i if d > 1 else 0 for i, d in zip(index[len(batch) - len(a_batch):],
+                                                                                    a_batch)), a_batch)) if a_batch else 0
+        b_index = int(np.ravel_multi_index(tuple(i if d > 1 else 0 for i, d in zip(index[len(batch) - len(b_batch):],
+                                                                                    b_batch)), b_batch)) if b_batch else 0
+        a_entry = g.reshape(g.slice(a_flat, starts=(a_index,), ends=(a_index + 1,), axes=(0,)), shape=(m, k))
+        b_entry = g.reshape(g.slice(b_flat, starts=(b_index,), ends=(b_index + 1,), axes=(0,)), shape=(k, n))
+        products.append(g.reshape(g.matmul(a_entry, b_entry), shape=(1, m, n)))
+    y = products[0] if count == 1 else g.concat(products, axis=0)
+    return g.reshape(y, shape=(*batch, n) if len(a_shape) == 1 else (*batch, m, n))
 
 
 @rule("LayerNormalization")
@@ -267,8 +306,36 @@ def _layer_norm(ctx, inputs, attrs):
     rows = g.reshape(x, shape=(*x.type.shape[:axis], width)) if flat else x
     gamma = g.reshape(gamma, shape=(width,)) if gamma.type.rank != 1 else gamma
     beta = g.reshape(beta, shape=(width,)) if beta.type.rank != 1 else beta
-    y = g.layernorm(rows, gamma, beta, eps=float(attrs.get("epsilon", 1e-5)))
-    return [g.reshape(y, shape=x.type.shape) if flat else y]
+    eps = float(attrs.get("epsilon", 1e-5))
+    y = g.layernorm(rows, gamma, beta, eps=eps)
+    y = g.reshape(y, shape=x.type.shape) if flat else y
+    if not ctx.wants(1) and not ctx.wants(2):
+        return [y]
+    # The optional Mean and InvStdDev outputs (shape x.shape[:axis] + [1] * (rank - axis), float32).
+    if x.type.dtype != "float32":
+        raise Unsupported(f"the Mean and InvStdDev outputs of a {x.type.dtype} input (GE2 computes them in float32 "
+                          "from float32 inputs)")
+    stat_shape = (*x.type.shape[:axis], *([1] * (rank - axis)))
+    mean = g.mean(rows, axis=-1, keepdims=True)
+    return [y, g.reshape(mean, shape=stat_shape), g.reshape(_inverse_std(g, g.sub(rows, mean), width, eps),
+                                                            shape=stat_shape)]
+
+
+def _inverse_std(g: Graph, centered: Value, width: int, eps: float) -> Value:
+    """1 / sqrt(mean(centered^2) + eps) per row of the 2-d float32 ``centered`` (rows of mean 0), as [rows, 1]. GE2
+    has no sqrt op; rmsnorm computes the inverse square root: the row [centered, c] with c^2 = width * eps - eps / 2
+    and the rmsnorm epsilon e = eps / (2 * (width + 1)) has mean square + e = width * (var + eps) / (width + 1), so
+    rmsnorm's last entry is c * sqrt((width + 1) / width) * invstd."""
+    rows = int(np.prod(centered.type.shape[:-1], dtype=np.int64))
+    c = np.sqrt(width * eps - eps / 2)
+    column = g.param(_fresh_name(g, "layernorm_invstd_column"), np.full((rows, 1), c, np.float32))
+    ones = g.param(_fresh_name(g, "layernorm_invstd_ones"), np.ones(width + 1, np.float32))
+    normalized = g.rmsnorm(g.concat([g.reshape(centered, shape=(rows, width)), column], axis=1), ones,
+                           eps=eps / (2 * (width + 1)))
+    last = g.slice(normalized, starts=(width,), ends=(width + 1,), axes=(1,))
+    scale = g.param(_fresh_name(g, "layernorm_invstd_scale"),
+                    np.array(1.0 / (c * np.sqrt((width + 1) / width)), np.float32))
+    return g.mul(last, scale)
 
 
 @rule("Transpose")
@@ -370,14 +437,190 @@ def _reduce(ge2_op):
         if axes is None and attrs.get("noop_with_empty_axes", 0):
             return [x]
         keepdims = bool(attrs.get("keepdims", 1))
+        shape = x.type.shape
+        reduced = range(len(shape)) if axes is None else [a % len(shape) for a in axes]
+        if any(shape[a] == 0 for a in reduced):  # a reduction over nothing: ONNX's identity value, a constant
+            out_shape = tuple(1 if i in reduced else d for i, d in enumerate(shape) if keepdims or i not in reduced)
+            value = EMPTY_REDUCTION[ge2_op]
+            return [ctx.graph.param(_fresh_name(ctx.graph, f"empty_{ge2_op}"),
+                                    np.full(out_shape, value, _numpy_dtype(x.type.dtype)))]
         return [getattr(ctx.graph, ge2_op)(x, axis=axes, keepdims=keepdims)]
 
     return translate
 
 
+EMPTY_REDUCTION = {"sum": 0.0, "mean": np.nan, "max": -np.inf}  # ONNX's results over an empty set
+
+
 RULES["ReduceSum"] = _reduce("sum")
 RULES["ReduceMean"] = _reduce("mean")
 RULES["ReduceMax"] = _reduce("max")
+
+
+# --- convolutional networks -------------------------------------------------------------------------------------
+def _spatial_attrs(ctx, x: Value, attrs: dict, kernel: tuple, what: str):
+    """(strides, dilations, pads as (top, bottom, left, right)) of a 2-d windowed op, auto_pad resolved."""
+    strides = tuple(int(v) for v in attrs.get("strides", (1, 1)))
+    dilations = tuple(int(v) for v in attrs.get("dilations", (1, 1)))
+    auto_pad = _decode(attrs.get("auto_pad", "NOTSET"))
+    if len(strides) != 2 or len(dilations) != 2:
+        raise Unsupported(f"{what} of {len(strides)} spatial dims (GE2 has 2-d ones)")
+    if auto_pad in ("NOTSET", "VALID"):
+        pads = tuple(int(v) for v in attrs.get("pads", (0, 0, 0, 0))) if auto_pad == "NOTSET" else (0, 0, 0, 0)
+        return strides, dilations, (pads[0], pads[2], pads[1], pads[3])
+    if auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
+        raise Unsupported(f"attribute auto_pad={auto_pad!r} is not supported")
+    pads = []
+    for extent, k, stride, dilation in zip(x.type.shape[2:], kernel, strides, dilations):
+        total = max((-(-extent // stride) - 1) * stride + dilation * (k - 1) + 1 - extent, 0)
+        small, large = total // 2, total - total // 2  # SAME_UPPER puts the odd one at the end
+        pads += [small, large] if auto_pad == "SAME_UPPER" else [large, small]
+    return strides, dilations, tuple(pads)
+
+
+def _as_2d(g: Graph, x: Value, what: str) -> tuple[Value, bool]:
+    """x as a 4-d NCHW tensor (a 1-d [N, C, L] one as [N, C, 1, L]) and whether it was 1-d."""
+    if x.type.rank == 3:
+        return g.reshape(x, shape=(x.type.shape[0], x.type.shape[1], 1, x.type.shape[2])), True
+    if x.type.rank != 4:
+        raise Unsupported(f"{what} of a rank-{x.type.rank} input (GE2 has 1-d and 2-d ones)")
+    return x, False
+
+
+@rule("Conv")
+def _conv(ctx, inputs, attrs):
+    _only(attrs, {"auto_pad": _ANY, "dilations": _ANY, "group": _ANY, "kernel_shape": _ANY, "pads": _ANY,
+                  "strides": _ANY})
+    g = ctx.graph
+    x = _float_input(ctx.value(inputs[0]), "input X")
+    w = ctx.value(inputs[1])
+    if x.type.rank != 4 or w.type.rank != 4:
+        raise Unsupported(f"Conv of a rank-{x.type.rank} input (GE2's conv2d is 2-d)")
+    strides, dilations, pads = _spatial_attrs(ctx, x, attrs, tuple(w.type.shape[2:]), "Conv")
+    bias = ctx.value(inputs[2]) if len(inputs) > 2 and inputs[2] else None
+    return [g.conv2d(x, w, bias, stride=strides, padding=pads, dilation=dilations, groups=int(attrs.get("group", 1)))]
+
+
+def _symmetric(pads: tuple, what: str) -> tuple[int, int]:
+    top, bottom, left, right = pads
+    if top != bottom or left != right:
+        raise Unsupported(f"{what}: asymmetric pads {pads} (top, bottom, left, right); GE2's pooling pads both sides "
+                          "alike")
+    return top, left
+
+
+def _pool(ctx, inputs, attrs, op: str):
+    allowed = {"auto_pad": _ANY, "ceil_mode": _ANY, "dilations": _ANY, "kernel_shape": _ANY, "pads": _ANY,
+               "strides": _ANY}
+    if op == "max_pool2d":
+        allowed["storage_order"] = lambda v: v == 0
+    else:
+        allowed["count_include_pad"] = _ANY
+    _only(attrs, allowed)
+    g = ctx.graph
+    x, one_d = _as_2d(g, _float_input(ctx.value(inputs[0]), "input X"), op)
+    kernel = tuple(int(v) for v in attrs["kernel_shape"])
+    if one_d:  # the 1-d attributes on the width axis, the height axis a unit one
+        kernel = (1, *kernel)
+        attrs = {**attrs, **{name: (1, *attrs[name]) for name in ("strides", "dilations") if name in attrs}}
+        if "pads" in attrs:
+            attrs["pads"] = (0, attrs["pads"][0], 0, attrs["pads"][1])
+    strides, dilations, pads = _spatial_attrs(ctx, x, attrs, kernel, op)
+    padding = _symmetric(pads, op)
+    ceil_mode = bool(attrs.get("ceil_mode", 0))
+    if op == "max_pool2d":
+        if ctx.wants(1):
+            raise Unsupported("the Indices output (GE2's max_pool2d indexes within each plane, ONNX across the "
+                              "tensor)")
+        y = g.max_pool2d(x, kernel_size=kernel, stride=strides, padding=padding, dilation=dilations,
+                         ceil_mode=ceil_mode)[0]
+    else:
+        if dilations != (1, 1):
+            raise Unsupported(f"attribute dilations={list(dilations)} is not supported (avg_pool2d has none)")
+        y = g.avg_pool2d(x, kernel_size=kernel, stride=strides, padding=padding, ceil_mode=ceil_mode,
+                         count_include_pad=bool(attrs.get("count_include_pad", 0)))
+    if one_d:
+        y = g.reshape(y, shape=(y.type.shape[0], y.type.shape[1], y.type.shape[3]))
+    return [y]
+
+
+RULES["MaxPool"] = lambda ctx, inputs, attrs: _pool(ctx, inputs, attrs, "max_pool2d")
+RULES["AveragePool"] = lambda ctx, inputs, attrs: _pool(ctx, inputs, attrs, "avg_pool2d")
+
+
+@rule("GlobalAveragePool")
+def _global_average_pool(ctx, inputs, attrs):
+    _only(attrs, {})
+    g = ctx.graph
+    x = _float_input(ctx.value(inputs[0]), "input X")
+    x4, one_d = _as_2d(g, x, "GlobalAveragePool")
+    y = g.global_avg_pool(x4)
+    return [g.reshape(y, shape=(*x.type.shape[:2], 1)) if one_d else y]
+
+
+@rule("BatchNormalization")
+def _batch_normalization(ctx, inputs, attrs):
+    """Inference (running statistics); ``training_mode=1`` normalizes with the batch statistics and returns ONNX's
+    running statistics, ``momentum * running + (1 - momentum) * batch`` with the biased batch variance, computed
+    from the op's saved statistics (GE2's own running update is PyTorch's, with the unbiased variance)."""
+    _only(attrs, {"epsilon": _ANY, "momentum": _ANY, "training_mode": _ANY})
+    g = ctx.graph
+    x = _float_input(ctx.value(inputs[0]), "input X")
+    params = [ctx.value(name) for name in inputs[1:5]]
+    for name, value in zip(("scale", "B", "input_mean", "input_var"), params):
+        if value.type.dtype != "float32":
+            raise Unsupported(f"{name} of dtype {value.type.dtype} (GE2's batch_norm keeps float32 statistics)")
+    eps, momentum = float(attrs.get("epsilon", 1e-5)), float(attrs.get("momentum", 0.9))
+    training = bool(attrs.get("training_mode", 0))
+    if x.type.rank < 2:
+        raise Unsupported(f"a rank-{x.type.rank} input")
+    y, mean, invstd, _, _ = g.batch_norm(x, *params, training=training, momentum=1.0 - momentum, eps=eps)
+    if not training:
+        if ctx.wants(1) or ctx.wants(2):
+            raise Unsupported("running statistic outputs without training_mode=1")
+        return [y]
+    float32 = np.float32
+
+    def constant(value, label):
+        return g.param(_fresh_name(g, f"batch_norm_{label}"), np.array(value, float32))
+
+    variance = g.sub(g.div(constant(1.0, "one"), g.mul(invstd, invstd)), constant(eps, "eps"))
+    keep, take = constant(momentum, "momentum"), constant(1.0 - momentum, "one_minus_momentum")
+    running_mean = g.add(g.mul(params[2], keep), g.mul(mean, take))
+    running_var = g.add(g.mul(params[3], keep), g.mul(variance, take))
+    return [y, running_mean, running_var]
+
+
+@rule("Attention")
+def _attention(ctx, inputs, attrs):
+    """ONNX's Attention (opset 23) without a mask, cache, softcap or score output: 4-d Q, K, V [batch, heads, seq,
+    head_dim], or 3-d [batch, seq, heads * head_dim] with q_num_heads / kv_num_heads (read as the op's "bshd"
+    layout), ``is_causal`` (top-left, as GE2's) and ``scale``; grouped K/V heads as GE2's op does."""
+    _only(attrs, {"is_causal": _ANY, "scale": _ANY, "q_num_heads": _ANY, "kv_num_heads": _ANY,
+                  "softcap": lambda v: v == 0.0, "qk_matmul_output_mode": lambda v: v == 0,
+                  "softmax_precision": _ANY})
+    extra = [name for name, index in (("attn_mask", 3), ("past_key", 4), ("past_value", 5),
+                                      ("nonpad_kv_seqlen", 6)) if len(inputs) > index and inputs[index]]
+    if extra:
+        raise Unsupported(f"input(s) {extra} (GE2's attention op takes q, k, v, is_causal and scale)")
+    g = ctx.graph
+    q, k, v = (_float_input(ctx.value(name), label) for name, label in zip(inputs[:3], ("Q", "K", "V")))
+    causal = bool(attrs.get("is_causal", 0))
+    scale = float(attrs["scale"]) if "scale" in attrs else None
+    if q.type.rank == 4:
+        return [g.attention(q, k, v, causal=causal, scale=scale, layout="bhsd")[0]]
+    if q.type.rank != 3 or "q_num_heads" not in attrs or "kv_num_heads" not in attrs:
+        raise Unsupported("3-d Q, K, V need q_num_heads and kv_num_heads; other ranks are not supported")
+    heads = {"Q": int(attrs["q_num_heads"]), "K": int(attrs["kv_num_heads"]), "V": int(attrs["kv_num_heads"])}
+    split = []
+    for label, value in zip(("Q", "K", "V"), (q, k, v)):
+        batch, seq, width = value.type.shape
+        if width % heads[label]:
+            raise Unsupported(f"{label} width {width} is not a multiple of its {heads[label]} heads")
+        split.append(g.reshape(value, shape=(batch, seq, heads[label], width // heads[label])))
+    y = g.attention(*split, causal=causal, scale=scale, layout="bshd")[0]
+    batch, seq = q.type.shape[:2]
+    return [g.reshape(y, shape=(batch, seq, -1))]
 
 
 @rule("Cast")
@@ -492,6 +735,7 @@ def load(model, input_shapes: dict | None = None, constant_inputs: dict | None =
             if node.op_type == "Constant":
                 ctx.constants[node.output[0]] = _constant_value(_attributes(node))
                 continue
+            ctx.node_outputs = list(node.output)
             outputs = RULES[node.op_type](ctx, list(node.input), _attributes(node))
             used = [name for name in node.output if name]
             if len(used) > len(outputs):

@@ -176,23 +176,26 @@ class Trainer:
         return DeviceLoss(plan.slots[loss.name], loss.type.dtype, self, self.step_count)
 
     def fit(self, data: dict, epochs: int = 1, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
-            progress: bool = True) -> dict:
+            progress: bool = True, drop_last: bool = False) -> dict:
         """Trains over ``data`` (input name -> array, all with the same first dim) for ``epochs``, in batches (the
-        last one may be smaller), with a tqdm progress bar. Returns {"loss": per-step losses, "epoch_loss": the
-        mean loss of each epoch}."""
+        last one may be smaller; ``drop_last`` leaves it out, for a graph built for one batch size), with a tqdm
+        progress bar. Returns {"loss": per-step losses, "epoch_loss": the mean loss of each epoch}."""
         count = _check_data(data, self.train_graph)
         for name, value in (("epochs", epochs), ("batch_size", batch_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+        if drop_last and count < batch_size:
+            raise ValueError(f"batch_size: {batch_size} is more than the {count} examples, and drop_last leaves "
+                             "every step out")
         rng = np.random.default_rng(seed)
-        steps_per_epoch = -(-count // batch_size)
+        steps_per_epoch = count // batch_size if drop_last else -(-count // batch_size)
         history = {"loss": [], "epoch_loss": []}
         bar = _progress_bar(epochs * steps_per_epoch, progress)
         try:
             for _ in range(epochs):
                 order = rng.permutation(count) if shuffle else np.arange(count)
                 epoch_losses = []
-                for start in range(0, count, batch_size):
+                for start in range(0, steps_per_epoch * batch_size, batch_size):
                     index = order[start:start + batch_size]
                     loss = float(self.step({name: np.ascontiguousarray(array[index]) for name, array in data.items()}))
                     epoch_losses.append(loss)

@@ -137,22 +137,11 @@ def test_run_onnx_cli_compares_with_onnxruntime(rng, tmp_path, capsys):
 # Node tests GE2 claims but does not pass yet, with the reason (each regex matches test names).
 KNOWN_FAILURES = {
     r"test_(add|sub|mul|div)_(uint8|int32_trunc)": "GE2's elementwise arithmetic runs on float dtypes only",
-    r"test_gather_negative_indices": "negative indices that arrive at run time are out of range for embedding",
     r"test_maxpool_2d_uint8": "GE2's pooling runs on float dtypes only",
+    r"test_gather_negative_indices": "negative indices that arrive at run time are out of range for embedding",
     r"test_maxpool_with_argmax_2d_precomputed_(pads|strides)":
         "the Indices output: GE2's max_pool2d indexes within each plane (int32), ONNX across the tensor (int64, "
-        "storage_order); no integer arithmetic converts them",
-    r"test_(max|average)pool_3d_.*": "3-d pooling: GE2's pooling ops are 2-d",
-    r"test_averagepool_2d_dilations": "avg_pool2d has no dilation",
-    r"test_(max|average)pool_2d_(pads|pads_count_include_pad|same_upper|same_lower)":
-        "pads larger than half the window or asymmetric (SAME_*): GE2's pooling pads both sides alike, at most "
-        "half the window",
-    r"test_attention_.*(attn_mask|past_and_present|padded_kv|nonpad|softcap|qk_matmul|local_window|"
-    r"bidirectional_window).*":
-        "Attention with a mask, a KV cache (past/present), nonpad_kv_seqlen, softcap, the qk_matmul_output or a "
-        "local window: GE2's attention op takes q, k, v, is_causal and scale only",
-    r"test_attention_(3d|4d)_diff_heads_sizes(_scaled|_causal)?": "V's head size differs from K's; GE2's attention "
-                                                                  "op needs equal ones",
+        "storage_order); GE2 has no integer arithmetic to convert them",
 }
 
 
@@ -315,9 +304,10 @@ def test_attention_op(rng, rank, causal, scale):
 def test_cnn_and_attention_rejections_list_every_node():
     nodes = [helper.make_node("Conv", ["x3", "w3"], ["c"], name="conv3d"),
              helper.make_node("MaxPool", ["x"], ["p", "i"], kernel_shape=[2, 2], name="argmax"),
-             helper.make_node("AveragePool", ["x"], ["a"], kernel_shape=[3, 3], dilations=[2, 2], name="dilated")]
+             helper.make_node("MaxPool", ["xi"], ["a"], kernel_shape=[3, 3], name="int_pool")]
     inputs = [helper.make_tensor_value_info("x3", TensorProto.FLOAT, [1, 2, 4, 4, 4]),
-              helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8, 8])]
+              helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8, 8]),
+              helper.make_tensor_value_info("xi", TensorProto.UINT8, [1, 2, 8, 8])]
     graph = helper.make_graph(nodes, "bad", inputs, [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
                                                      for n in ("c", "p", "a")],
                               [numpy_helper.from_array(np.ones((3, 2, 2, 2, 2), np.float32), "w3")])
@@ -326,4 +316,27 @@ def test_cnn_and_attention_rejections_list_every_node():
     reasons = {name: reason for name, _, reason in caught.value.problems}
     assert "rank-5 input" in reasons["conv3d"]
     assert "Indices output" in reasons["argmax"]
-    assert "dilations=[2, 2]" in reasons["dilated"]
+    assert "dtype uint8" in reasons["int_pool"]
+
+
+@pytest.mark.parametrize("op, attrs", [
+    ("MaxPool", dict(kernel_shape=[3, 2, 3], strides=[2, 1, 2], pads=[1, 0, 2, 0, 1, 1], dilations=[1, 2, 1])),
+    ("AveragePool", dict(kernel_shape=[2, 3, 3], strides=[1, 2, 2], auto_pad="SAME_UPPER")),
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[0, 2, 2, 1], count_include_pad=1,
+                         ceil_mode=1)),
+    ("AveragePool", dict(kernel_shape=[3, 2], dilations=[2, 2], pads=[2, 1, 2, 1])),
+    ("MaxPool", dict(kernel_shape=[4, 4], strides=[3, 3], pads=[3, 0, 1, 2], ceil_mode=1)),
+])
+def test_pooling_beyond_the_ops_matches_onnxruntime(rng, op, attrs):
+    """3-d windows, asymmetric or large pads, dilated averages: pooled one axis at a time from strided slices."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    shape = [2, 3, 7, 9, 8][:2 + len(attrs["kernel_shape"])]
+    node = helper.make_node(op, ["x"], ["y"], **attrs)
+    graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+    x = rng.standard_normal(shape).astype(np.float32)
+    expected = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    out = ge2.ExecutorV2(onnx_frontend.load(model)).run({"x": x})["y"]
+    assert_close(out, expected, "float32", reduction_length=18)

@@ -501,15 +501,51 @@ def _conv(ctx, inputs, attrs):
     return [g.conv2d(x, w, bias, stride=strides, padding=pads, dilation=dilations, groups=int(attrs.get("group", 1)))]
 
 
-def _symmetric(pads: tuple, what: str) -> tuple[int, int]:
-    top, bottom, left, right = pads
-    if top != bottom or left != right:
-        raise Unsupported(f"{what}: asymmetric pads {pads} (top, bottom, left, right); GE2's pooling pads both sides "
-                          "alike")
-    return top, left
+def _window_geometry(x: Value, attrs: dict, what: str):
+    """(kernel, strides, dilations, begin pads, end pads, output sizes) of an n-d pooling node, auto_pad resolved,
+    output sizes by ONNX's rule (ceil_mode: the last window starts inside the input or its begin padding)."""
+    spatial = tuple(x.type.shape[2:])
+    if not all(isinstance(d, int) for d in spatial):
+        raise Unsupported(f"{what} needs concrete spatial dims, got {spatial}")
+    rank = len(spatial)
+    kernel = tuple(int(v) for v in attrs["kernel_shape"])
+    strides = tuple(int(v) for v in attrs.get("strides", (1,) * rank))
+    dilations = tuple(int(v) for v in attrs.get("dilations", (1,) * rank))
+    pads = tuple(int(v) for v in attrs.get("pads", (0,) * 2 * rank))
+    auto_pad = _decode(attrs.get("auto_pad", "NOTSET"))
+    if auto_pad == "VALID":
+        pads = (0,) * 2 * rank
+    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        begin, end = [], []
+        for extent, k, stride, dilation in zip(spatial, kernel, strides, dilations):
+            total = max((-(-extent // stride) - 1) * stride + dilation * (k - 1) + 1 - extent, 0)
+            small, large = total // 2, total - total // 2  # SAME_UPPER puts the odd one at the end
+            begin.append(small if auto_pad == "SAME_UPPER" else large)
+            end.append(large if auto_pad == "SAME_UPPER" else small)
+        pads = (*begin, *end)
+    elif auto_pad != "NOTSET":
+        raise Unsupported(f"attribute auto_pad={auto_pad!r} is not supported")
+    if not len(kernel) == len(strides) == len(dilations) == rank or len(pads) != 2 * rank:
+        raise Unsupported(f"kernel_shape, strides, dilations or pads do not match the {rank} spatial dims")
+    ceil_mode = bool(attrs.get("ceil_mode", 0))
+    outputs = []
+    for index, extent in enumerate(spatial):
+        span = dilations[index] * (kernel[index] - 1) + 1
+        size = (extent + pads[index] + pads[rank + index] - span) / strides[index] + 1
+        count = int(np.ceil(size)) if ceil_mode else int(np.floor(size))
+        if ceil_mode and (count - 1) * strides[index] >= extent + pads[index]:
+            count -= 1
+        if count < 1:
+            raise Unsupported(f"a window larger than the padded input along spatial dim {index}")
+        outputs.append(count)
+    return kernel, strides, dilations, pads[:rank], pads[rank:], tuple(outputs)
 
 
 def _pool(ctx, inputs, attrs, op: str):
+    """MaxPool / AveragePool. 1-d and 2-d windows GE2's pooling ops take (symmetric pads of at most half the window,
+    no dilation for averages) run on them; the rest (3-d, asymmetric or large pads, dilated averages) is pooled one
+    spatial axis at a time from strided slices of the explicitly padded input (``_pool_axis``): max and average
+    over a box are separable."""
     allowed = {"auto_pad": _ANY, "ceil_mode": _ANY, "dilations": _ANY, "kernel_shape": _ANY, "pads": _ANY,
                "strides": _ANY}
     if op == "max_pool2d":
@@ -517,31 +553,70 @@ def _pool(ctx, inputs, attrs, op: str):
     else:
         allowed["count_include_pad"] = _ANY
     _only(attrs, allowed)
+    if op == "max_pool2d" and ctx.wants(1):
+        raise Unsupported("the Indices output (GE2's max_pool2d indexes within each plane, ONNX across the tensor)")
     g = ctx.graph
-    x, one_d = _as_2d(g, _float_input(ctx.value(inputs[0]), "input X"), op)
-    kernel = tuple(int(v) for v in attrs["kernel_shape"])
-    if one_d:  # the 1-d attributes on the width axis, the height axis a unit one
-        kernel = (1, *kernel)
-        attrs = {**attrs, **{name: (1, *attrs[name]) for name in ("strides", "dilations") if name in attrs}}
-        if "pads" in attrs:
-            attrs["pads"] = (0, attrs["pads"][0], 0, attrs["pads"][1])
-    strides, dilations, pads = _spatial_attrs(ctx, x, attrs, kernel, op)
-    padding = _symmetric(pads, op)
-    ceil_mode = bool(attrs.get("ceil_mode", 0))
-    if op == "max_pool2d":
-        if ctx.wants(1):
-            raise Unsupported("the Indices output (GE2's max_pool2d indexes within each plane, ONNX across the "
-                              "tensor)")
-        y = g.max_pool2d(x, kernel_size=kernel, stride=strides, padding=padding, dilation=dilations,
-                         ceil_mode=ceil_mode)[0]
-    else:
-        if dilations != (1, 1):
-            raise Unsupported(f"attribute dilations={list(dilations)} is not supported (avg_pool2d has none)")
-        y = g.avg_pool2d(x, kernel_size=kernel, stride=strides, padding=padding, ceil_mode=ceil_mode,
-                         count_include_pad=bool(attrs.get("count_include_pad", 0)))
-    if one_d:
-        y = g.reshape(y, shape=(y.type.shape[0], y.type.shape[1], y.type.shape[3]))
+    x = _float_input(ctx.value(inputs[0]), "input X")
+    if x.type.rank not in (3, 4, 5):
+        raise Unsupported(f"{op} of a rank-{x.type.rank} input (GE2 pools 1-d, 2-d and 3-d windows)")
+    kernel, strides, dilations, begin, end, outputs = _window_geometry(x, attrs, op)
+    include_pad = bool(attrs.get("count_include_pad", 0))
+    spans = [d * (k - 1) + 1 for k, d in zip(kernel, dilations)]
+    direct = (x.type.rank < 5 and begin == end and all(p <= span // 2 for p, span in zip(begin, spans))
+              and (op == "max_pool2d" or set(dilations) == {1}))
+    if direct:
+        x4, one_d = _as_2d(g, x, op)
+        if one_d:  # the window on the width axis, the height axis a unit one
+            kernel, strides, dilations = ((1, *values) for values in (kernel, strides, dilations))
+            begin = (0, *begin)
+        window = dict(kernel_size=kernel, stride=strides, padding=begin, ceil_mode=bool(attrs.get("ceil_mode", 0)))
+        if op == "max_pool2d":
+            y = g.max_pool2d(x4, dilation=dilations, **window)[0]
+        else:
+            y = g.avg_pool2d(x4, count_include_pad=include_pad, **window)
+        if tuple(y.type.shape[2:]) != ((1,) if one_d else ()) + outputs:
+            raise Unsupported(f"{op} gives {y.type.shape[2:]} outputs where ONNX's rule gives {outputs}")
+        return [g.reshape(y, shape=(*y.type.shape[:2], y.type.shape[3])) if one_d else y]
+    y = x
+    for axis in range(len(kernel)):
+        y = _pool_axis(g, y, 2 + axis, kernel[axis], strides[axis], dilations[axis], begin[axis], end[axis],
+                       outputs[axis], "max" if op == "max_pool2d" else "avg", include_pad)
     return [y]
+
+
+def _pool_axis(g: Graph, x: Value, axis: int, kernel: int, stride: int, dilation: int, begin: int, end: int,
+               count: int, mode: str, include_pad: bool) -> Value:
+    """Max or average pooling of ``x`` along ``axis`` alone, as ONNX defines it: the input padded with ``begin`` /
+    ``end`` values that never win a max (-inf) or add nothing to a sum (0), windows of ``kernel`` taps ``dilation``
+    apart every ``stride``; an average divides by the taps inside the padded input (``include_pad``) or inside the
+    input itself. The taps are ``kernel`` strided slices, stacked and reduced."""
+    shape = list(x.type.shape)
+    extent = shape[axis]
+    needed = (count - 1) * stride + dilation * (kernel - 1) + 1  # what the windows read, ceil_mode's extra included
+    tail = max(needed - begin - extent, 0)
+    fill = -np.inf if mode == "max" else 0.0
+    dtype = _numpy_dtype(x.type.dtype)
+    pieces = []
+    for size in (begin, tail):
+        shape[axis] = size
+        pieces.append(g.param(_fresh_name(g, "pool_pad"), np.full(shape, fill, dtype)) if size else None)
+    padded = g.concat([p for p in (pieces[0], x, pieces[1]) if p is not None], axis=axis) if begin or tail else x
+    taps = []
+    for tap in range(kernel):
+        start = tap * dilation
+        sliced = g.slice(padded, starts=(start,), ends=(start + (count - 1) * stride + 1,), axes=(axis,),
+                         steps=(stride,))
+        taps.append(g.reshape(sliced, shape=(*sliced.type.shape[:axis + 1], 1, *sliced.type.shape[axis + 1:])))
+    stacked = taps[0] if kernel == 1 else g.concat(taps, axis=axis + 1)
+    if mode == "max":
+        return g.max(stacked, axis=axis + 1, keepdims=False)
+    total = g.sum(stacked, axis=axis + 1, keepdims=False)
+    positions = np.arange(count)[:, None] * stride + np.arange(kernel)[None, :] * dilation  # in padded coordinates
+    limit = (positions < begin + extent + end) if include_pad else ((positions >= begin) & (positions < begin + extent))
+    divisor = np.maximum(limit.sum(axis=1), 1)
+    scale_shape = [1] * x.type.rank
+    scale_shape[axis] = count
+    return g.mul(total, g.param(_fresh_name(g, "pool_divisor"), (1.0 / divisor).reshape(scale_shape).astype(dtype)))
 
 
 RULES["MaxPool"] = lambda ctx, inputs, attrs: _pool(ctx, inputs, attrs, "max_pool2d")
@@ -593,35 +668,133 @@ def _batch_normalization(ctx, inputs, attrs):
 
 @rule("Attention")
 def _attention(ctx, inputs, attrs):
-    """ONNX's Attention (opset 23) without a mask, cache, softcap or score output: 4-d Q, K, V [batch, heads, seq,
-    head_dim], or 3-d [batch, seq, heads * head_dim] with q_num_heads / kv_num_heads (read as the op's "bshd"
-    layout), ``is_causal`` (top-left, as GE2's) and ``scale``; grouped K/V heads as GE2's op does."""
-    _only(attrs, {"is_causal": _ANY, "scale": _ANY, "q_num_heads": _ANY, "kv_num_heads": _ANY,
-                  "softcap": lambda v: v == 0.0, "qk_matmul_output_mode": lambda v: v == 0,
-                  "softmax_precision": _ANY})
-    extra = [name for name, index in (("attn_mask", 3), ("past_key", 4), ("past_value", 5),
-                                      ("nonpad_kv_seqlen", 6)) if len(inputs) > index and inputs[index]]
-    if extra:
-        raise Unsupported(f"input(s) {extra} (GE2's attention op takes q, k, v, is_causal and scale)")
+    """ONNX's Attention (opset 23+). Q, K, V are 4-d [batch, heads, seq, head_dim], or 3-d [batch, seq, heads *
+    head_dim] with q_num_heads / kv_num_heads; K/V heads may be grouped. Without a mask, a KV cache, softcap, a
+    window, the qk_matmul_output or a V head size of its own, it is GE2's attention op (is_causal top-left as GE2's,
+    scale). Otherwise it is lowered onto GE2 ops as ONNX's reference computes it: QK^T (one 2-d matmul per batch and
+    head, see ``_batched_matmul``; fine for small models, not fast), softcap, the additive bias (attn_mask, the
+    causal and window masks aligned after the cache), softmax, and the product with V. ``nonpad_kv_seqlen`` must be
+    a constant (the conformance backend binds it per value, as a Reshape's shape); boolean masks are not supported.
+    A row whose keys the causal, window and length masks all exclude is 0, as in ONNX; one that only attn_mask
+    excludes entirely gives NaN where ONNX gives 0."""
+    _only(attrs, {"is_causal": _ANY, "scale": _ANY, "q_num_heads": _ANY, "kv_num_heads": _ANY, "softcap": _ANY,
+                  "qk_matmul_output_mode": lambda v: v in (0, 1, 2, 3), "softmax_precision": _ANY,
+                  "left_window_size": lambda v: v >= -1, "right_window_size": lambda v: v >= -1})
+    lengths = None
+    if len(inputs) > 6 and inputs[6]:
+        lengths = np.asarray(ctx.constant(inputs[6], "nonpad_kv_seqlen (valid keys per batch entry)")).reshape(-1)
     g = ctx.graph
     q, k, v = (_float_input(ctx.value(name), label) for name, label in zip(inputs[:3], ("Q", "K", "V")))
+    optional = {name: ctx.value(inputs[index]) if len(inputs) > index and inputs[index] else None
+                for index, name in ((3, "attn_mask"), (4, "past_key"), (5, "past_value"))}
+    if (optional["past_key"] is None) != (optional["past_value"] is None):
+        raise Unsupported("past_key and past_value come together")
     causal = bool(attrs.get("is_causal", 0))
     scale = float(attrs["scale"]) if "scale" in attrs else None
-    if q.type.rank == 4:
+    softcap = float(attrs.get("softcap", 0.0))
+    window = (int(attrs.get("left_window_size", -1)), int(attrs.get("right_window_size", -1)))
+    rank = q.type.rank
+    if rank not in (3, 4) or k.type.rank != rank or v.type.rank != rank:
+        raise Unsupported(f"Q, K, V of ranks {q.type.rank}, {k.type.rank}, {v.type.rank} (3-d or 4-d ones)")
+    if rank == 3 and ("q_num_heads" not in attrs or "kv_num_heads" not in attrs):
+        raise Unsupported("3-d Q, K, V need q_num_heads and kv_num_heads")
+    simple = (all(value is None for value in optional.values()) and lengths is None and softcap == 0.0
+              and window == (-1, -1)
+              and not any(ctx.wants(index) for index in (1, 2, 3)) and v.type.shape[-1] * (
+                  int(attrs["q_num_heads"]) if rank == 3 else 1) == q.type.shape[-1] * (
+                  int(attrs["kv_num_heads"]) if rank == 3 else 1))
+    if rank == 3:  # [batch, seq, heads * dim] -> [batch, seq, heads, dim]
+        heads = {"Q": int(attrs["q_num_heads"]), "K": int(attrs["kv_num_heads"]), "V": int(attrs["kv_num_heads"])}
+        split = []
+        for label, value in zip(("Q", "K", "V"), (q, k, v)):
+            batch, seq, width = value.type.shape
+            if width % heads[label]:
+                raise Unsupported(f"{label} width {width} is not a multiple of its {heads[label]} heads")
+            split.append(g.reshape(value, shape=(batch, seq, heads[label], width // heads[label])))
+        if simple:
+            y = g.attention(*split, causal=causal, scale=scale, layout="bshd")[0]
+            return [g.reshape(y, shape=(*q.type.shape[:2], -1))]
+        q, k, v = (g.transpose(value, perm=(0, 2, 1, 3)) for value in split)
+    elif simple:
         return [g.attention(q, k, v, causal=causal, scale=scale, layout="bhsd")[0]]
-    if q.type.rank != 3 or "q_num_heads" not in attrs or "kv_num_heads" not in attrs:
-        raise Unsupported("3-d Q, K, V need q_num_heads and kv_num_heads; other ranks are not supported")
-    heads = {"Q": int(attrs["q_num_heads"]), "K": int(attrs["kv_num_heads"]), "V": int(attrs["kv_num_heads"])}
-    split = []
-    for label, value in zip(("Q", "K", "V"), (q, k, v)):
-        batch, seq, width = value.type.shape
-        if width % heads[label]:
-            raise Unsupported(f"{label} width {width} is not a multiple of its {heads[label]} heads")
-        split.append(g.reshape(value, shape=(batch, seq, heads[label], width // heads[label])))
-    y = g.attention(*split, causal=causal, scale=scale, layout="bshd")[0]
-    batch, seq = q.type.shape[:2]
-    return [g.reshape(y, shape=(batch, seq, -1))]
+    y, present_key, present_value, scores = _attention_lowered(ctx, q, k, v, optional, lengths, causal, scale,
+                                                               softcap, window,
+                                                               int(attrs.get("qk_matmul_output_mode", 0)))
+    if rank == 3:
+        y = g.reshape(g.transpose(y, perm=(0, 2, 1, 3)), shape=(*y.type.shape[:1], y.type.shape[2], -1))
+    return [y, present_key, present_value, scores]
 
+
+def _attention_lowered(ctx, q, k, v, optional, lengths, causal, scale, softcap, window, mode):
+    """ONNX's reference attention on GE2 ops, 4-d [batch, heads, seq, dim] inputs: (Y, present_key,
+    present_value, qk_matmul_output). ``lengths``: nonpad_kv_seqlen's values (keys past them are masked, and the
+    causal and window masks end there) or None."""
+    g = ctx.graph
+    dtype = _numpy_dtype(q.type.dtype)
+
+    def constant(array, label):
+        return g.param(_fresh_name(g, f"attention_{label}"), np.asarray(array, dtype))
+
+    past = 0
+    if optional["past_key"] is not None:
+        past = optional["past_key"].type.shape[2]
+        k = g.concat([optional["past_key"], k], axis=2)
+        v = g.concat([optional["past_value"], v], axis=2)
+    present_key, present_value = k, v
+    batch, heads, seq_q, dim = q.type.shape
+    kv_heads, seq_k = k.type.shape[1], k.type.shape[2]
+    if heads != kv_heads:  # grouped K/V heads: each repeated for its group, [h0, h0, h1, h1, ...]
+        if heads % kv_heads:
+            raise Unsupported(f"{kv_heads} K/V heads do not divide the {heads} query heads")
+        group = heads // kv_heads
+
+        def repeat(value):
+            parts = [g.reshape(value, shape=(batch, kv_heads, 1, seq_k, value.type.shape[3]))] * group
+            return g.reshape(g.concat(parts, axis=2), shape=(batch, heads, seq_k, value.type.shape[3]))
+
+        k, v = repeat(k), repeat(v)
+    root = np.sqrt(dim ** -0.5 if scale is None else scale)  # ONNX scales Q and K by sqrt(scale) each
+    scaled_q = g.mul(q, constant(root, "scale"))
+    scaled_k = g.mul(g.transpose(k, perm=(0, 1, 3, 2)), constant(root, "scale"))
+    scores = _batched_matmul(g, scaled_q, scaled_k)
+    if softcap > 0:
+        scores = g.mul(g.tanh(g.mul(scores, constant(1.0 / softcap, "softcap_inverse"))),
+                       constant(softcap, "softcap"))
+    # The additive bias: the mask (padded with -inf up to the keys), then the causal and window masks, aligned
+    # after the cache (query i is at position past + i, or lengths[b] - seq_q + i with nonpad_kv_seqlen).
+    bias = optional["attn_mask"]
+    if bias is not None:
+        if bias.type.dtype != q.type.dtype:
+            raise Unsupported(f"attn_mask of dtype {bias.type.dtype} (a {q.type.dtype} additive mask is supported)")
+        missing = seq_k - bias.type.shape[-1]
+        if missing > 0:
+            pad = constant(np.full((*bias.type.shape[:-1], missing), -np.inf), "mask_pad")
+            bias = g.concat([bias, pad], axis=bias.type.rank - 1)
+    offset = past if lengths is None else (lengths - seq_q).reshape(-1, 1, 1, 1)
+    position = np.arange(seq_q)[:, None] + offset - np.arange(seq_k)[None, :]  # query position - key position
+    allowed = np.ones(position.shape, bool)
+    if causal:
+        allowed &= position >= 0
+    if window[0] >= 0:
+        allowed &= position <= window[0]
+    if window[1] >= 0:
+        allowed &= -position <= window[1]
+    if lengths is not None:
+        if lengths.shape != (batch,):
+            raise Unsupported(f"nonpad_kv_seqlen of shape {lengths.shape} for a batch of {batch}")
+        allowed &= np.arange(seq_k) < lengths.reshape(-1, 1, 1, 1)
+    # A row the causal/window/length masks leave no key is zero in ONNX: its bias stays finite (no NaN from a
+    # softmax over -inf only) and its probabilities are multiplied by 0.
+    empty_rows = ~allowed.any(axis=-1, keepdims=True)
+    if not allowed.all():
+        static = constant(np.where(allowed | empty_rows, 0.0, -np.inf), "static_mask")
+        bias = static if bias is None else g.add(bias, static)
+    with_bias = scores if bias is None else g.add(scores, bias)
+    probabilities = g.softmax(with_bias, axis=-1)
+    if empty_rows.any():
+        probabilities = g.mul(probabilities, constant(~empty_rows, "empty_rows"))
+    output = {0: scores, 1: scores, 2: with_bias, 3: probabilities}[mode]
+    return _batched_matmul(g, probabilities, v), present_key, present_value, output
 
 @rule("Cast")
 def _cast(ctx, inputs, attrs):

@@ -340,3 +340,35 @@ def test_pooling_beyond_the_ops_matches_onnxruntime(rng, op, attrs):
         None, {"x": x})[0]
     out = ge2.ExecutorV2(onnx_frontend.load(model)).run({"x": x})["y"]
     assert_close(out, expected, "float32", reduction_length=18)
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [((3, 4), (1, 1, 4, 5)), ((2, 1, 3, 4), (5, 4, 2)), ((4,), (3, 4, 2)),
+                                              ((2, 3, 4), (1, 4, 6)), ((3, 2, 5), (5, 3))])
+def test_batched_matmul_broadcasts_as_numpy(rng, a_shape, b_shape):
+    node = helper.make_node("MatMul", ["a", "b"], ["y"])
+    graph = helper.make_graph([node], "matmul", [helper.make_tensor_value_info("a", TensorProto.FLOAT, a_shape),
+                                                 helper.make_tensor_value_info("b", TensorProto.FLOAT, b_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    graph = onnx_frontend.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    out = ge2.ExecutorV2(graph).run({"a": a, "b": b})["y"]
+    assert_close(out, np.matmul(a.astype(np.float64), b.astype(np.float64)), "float32", reduction_length=5)
+
+
+def test_layer_normalization_statistics_outputs(rng):
+    """Mean and InvStdDev (the latter through rmsnorm: GE2 has no sqrt op) against float64 NumPy, rows of very
+    different variance (a constant row included)."""
+    node = helper.make_node("LayerNormalization", ["x", "s"], ["y", "mean", "invstd"], axis=1, epsilon=1e-5)
+    graph = helper.make_graph([node], "ln", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3, 5])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                               for n in ("y", "mean", "invstd")],
+                              [numpy_helper.from_array(np.ones((3, 5), np.float32), "s")])
+    x = rng.standard_normal((4, 3, 5)).astype(np.float32) * np.array([1e-3, 1.0, 30.0, 0.0], np.float32)[:, None,
+                                                                                                         None]
+    out = ge2.ExecutorV2(onnx_frontend.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+                         ).run({"x": x})
+    x64 = x.reshape(4, 15).astype(np.float64)
+    mean, var = x64.mean(axis=1), x64.var(axis=1)
+    assert_close(out["mean"], mean.reshape(4, 1, 1), "float32", reduction_length=15)
+    assert_close(out["invstd"], (1 / np.sqrt(var + 1e-5)).reshape(4, 1, 1), "float32", reduction_length=15)

@@ -241,12 +241,10 @@ def _matmul(ctx, inputs, attrs):
     b = _float_input(ctx.value(inputs[1]), "input B")
     if a.type.rank == 0 or b.type.rank == 0:
         raise Unsupported("MatMul of a 0-d tensor")
-    if b.type.rank > 2 and any(d != 1 for d in b.type.shape[:-2]):
+    if b.type.rank > 2 and (any(d != 1 for d in b.type.shape[:-2]) or b.type.rank > a.type.rank):
         return [_batched_matmul(g, a, b)]
-    if b.type.rank > 2:  # B's batch dims are all 1: one 2-d B broadcast over A's batch
+    if b.type.rank > 2:  # B's batch dims are all 1 and A has as many: one 2-d B for every row of A
         b = g.reshape(b, shape=tuple(b.type.shape[-2:]))
-        if a.type.rank < b.type.rank:
-            raise Unsupported(f"B of shape {b.type.shape} broadcast to more dims than A {a.type.shape}")
     a2 = a if a.type.rank == 2 else g.reshape(a, shape=(-1, a.type.shape[-1]))
     b2 = b if b.type.rank == 2 else g.reshape(b, shape=(b.type.shape[0], 1))
     y = g.matmul(a2, b2)

@@ -5,8 +5,8 @@
 #           (GE2_ONLY_OPS="gemm;softmax" builds a subset)
 # test:     the whole pytest suite with GPU tests required (a skip for lack of a GPU is a failure)
 # sanitize: compute-sanitizer memcheck over every GPU test file, racecheck over the shared-memory kernels' tests
-# bench:    every benchmarks/bench_*.py that runs on one GPU (GE2_BENCHES="gemm ops" narrows the list; tables also
-#           under OUT_DIR)
+# bench:    every benchmarks/bench_*.py (GE2_BENCHES="gemm ops" narrows the list; bench_data_parallel measures 2-GPU
+#           rows only where 2 GPUs are visible; tables also under OUT_DIR)
 # Logs land in OUT_DIR: build.log, pytest.log, sanitizer.log (+ sanitizer_logs.tar.gz), bench.log, results.tar.gz,
 # summary.txt.
 set -uo pipefail
@@ -76,8 +76,7 @@ fi
 
 if [[ " $STAGES " == *" bench "* ]]; then
   export GE2_BENCH_OUT="$OUT/tables"
-  # bench_data_parallel needs several GPUs and its own launcher: it runs with scripts/gpu_check_multi.sh.
-  benches=${GE2_BENCHES:-$(ls benchmarks/bench_*.py | sed -E 's|benchmarks/bench_(.*)[.]py|\1|' | grep -v data_parallel)}
+  benches=${GE2_BENCHES:-$(ls benchmarks/bench_*.py | sed -E 's|benchmarks/bench_(.*)[.]py|\1|')}
   for name in $benches; do
     bench=benchmarks/bench_$name.py
     [ -f "$bench" ] || continue

@@ -1,6 +1,8 @@
 """ge2.distributed: the store, sharding, bucketing, the launcher and failure handling on the CPU (a world of
 several processes through the store backend), and NCCL collectives on the GPU (world 1 on one GPU; world 2 where
-two GPUs are present)."""
+two GPUs are present). Data-parallel training (Trainer(distributed=True)): a world of 1 equals the plain Trainer,
+2 CPU ranks (and 2 GPUs) through the launcher equal one process on the global batch, a killed rank stops the job."""
+import os
 import socket
 import subprocess
 import sys
@@ -257,3 +259,262 @@ def test_nccl_two_ranks_on_two_gpus(tmp_path):
         distributed.shutdown()
         """, timeout=300)
     assert done.returncode == 0, done.stderr
+
+
+# --- data-parallel training (Trainer(distributed=True)) -----------------------------------------------------------
+WORKER = str(Path(__file__).resolve().parent / "dist_worker.py")
+
+
+def _world_of_one(monkeypatch):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)),
+                        ("LOCAL_RANK", "0")):
+        monkeypatch.setenv(name, value)
+
+
+def _run_worker(tmp_path, nproc: int, *arguments, timeout: float = 300):
+    """dist_worker.py through the launcher (this process's environment: GPUs, libraries); its files land in
+    tmp_path."""
+    command = [sys.executable, "-m", "graph_executor_v2.distributed.run", "--nproc-per-node", str(nproc),
+               "--master-port", "0", "--grace", "5", WORKER, "--out", str(tmp_path), *map(str, arguments)]
+    environment = dict(os.environ, PYTHONPATH=PYTHON_PATH)
+    start = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment)
+    return done, time.monotonic() - start
+
+
+def _check_against_single_process(tmp_path, nproc: int, rtol: float) -> None:
+    """Every rank ends with the same parameters, and the loss curve (the global batches' means) and parameters
+    match a single process trained on the same global batches."""
+    ranks = [np.load(tmp_path / f"rank{rank}.npz") for rank in range(nproc)]
+    reference = np.load(tmp_path / "reference.npz")
+    assert len(reference["loss"]) > 0 and len(ranks[0]["loss"]) == len(reference["loss"])
+    np.testing.assert_allclose(ranks[0]["loss"], reference["loss"], rtol=rtol, err_msg="loss curve vs one process")
+    assert reference["loss"][-5:].mean() < reference["loss"][:5].mean()  # it learns
+    for name in ("w1", "b1", "w2", "b2"):
+        for rank in range(1, nproc):
+            np.testing.assert_array_equal(ranks[rank][name], ranks[0][name], err_msg=f"{name} on rank {rank}")
+            np.testing.assert_array_equal(ranks[rank]["loss"], ranks[0]["loss"], err_msg=f"losses on rank {rank}")
+        np.testing.assert_allclose(ranks[0][name], reference[name], rtol=rtol * 10, atol=1e-6, err_msg=name)
+
+
+def _trainer_pair(device, seed, bucket_bytes=1 << 10):
+    from dist_worker import initial_parameters, mlp_graph
+
+    make = lambda **extra: ge2.train.Trainer(mlp_graph(initial_parameters(seed)), device=device,  # noqa: E731
+                                             optimizer=ge2.train.AdamW(lr=1e-2, weight_decay=0.01), grad_clip=1.0,
+                                             **extra)
+    return make(), make(distributed=True, bucket_bytes=bucket_bytes)
+
+
+def test_world_of_one_trainer_equals_the_plain_trainer_exactly(monkeypatch, rng):
+    from dist_worker import data_set
+
+    seed = int(rng.integers(1 << 30))
+    data = data_set(45, seed)
+    _world_of_one(monkeypatch)
+    distributed.init(backend="store", timeout=30)
+    try:
+        plain, parallel = _trainer_pair("cpu", seed)
+        for start in range(0, 24, 8):  # step() on whole batches, then fit (with a smaller last batch)
+            batch = {name: array[start:start + 8] for name, array in data.items()}
+            assert float(parallel.step(batch)) == float(plain.step(batch))
+        kwargs = dict(epochs=2, batch_size=16, seed=seed, progress=False)
+        assert parallel.fit(data, **kwargs) == plain.fit(data, **kwargs)
+        for name, value in plain.parameters().items():
+            np.testing.assert_array_equal(parallel.parameters()[name], value, err_msg=name)
+        assert parallel.optimizer_steps == plain.optimizer_steps == 3 + 2 * 3
+        described = parallel.explain()
+        assert "data parallel: rank 0 of 1" in described and "all-reduce(s) a step" in described
+    finally:
+        distributed.shutdown()
+
+
+def test_trainer_distributed_bad_use(monkeypatch):
+    from dist_worker import initial_parameters, mlp_graph
+
+    graph = mlp_graph(initial_parameters(0))
+    with pytest.raises(RuntimeError, match="distributed: ge2.distributed is not initialized"):
+        ge2.train.Trainer(graph, optimizer=ge2.train.SGD(lr=0.1), distributed=True)
+    with pytest.raises(TypeError, match="distributed: expected True or False, got str"):
+        ge2.train.Trainer(graph, optimizer=ge2.train.SGD(lr=0.1), distributed="yes")
+    _world_of_one(monkeypatch)
+    distributed.init(backend="store", timeout=30)
+    try:
+        with pytest.raises(ValueError, match="bucket_bytes: expected a positive int, got 0"):
+            ge2.train.Trainer(graph, optimizer=ge2.train.SGD(lr=0.1), distributed=True, bucket_bytes=0)
+        with pytest.raises(TypeError, match=r"arrays\[1\]: expected a float array, got dtype int64"):
+            distributed.all_reduce_bucket([np.zeros(2, np.float32), np.zeros(2, np.int64)])
+        with pytest.raises(ValueError, match="op: expected"):
+            distributed.all_reduce_bucket([np.zeros(2, np.float32)], op="mean")
+        from graph_executor_v2.distributed.data_parallel import GradientAverager
+
+        class CudaBackendStandIn:  # the backend check comes before any device work
+            device = "cuda"
+
+        with pytest.raises(ValueError, match="distributed: device 'cuda' needs the 'nccl' backend"):
+            GradientAverager(distributed.group(), CudaBackendStandIn())
+    finally:
+        distributed.shutdown()
+
+
+def test_store_bucket_averages_every_dtype_exactly(monkeypatch, rng):
+    import ml_dtypes
+
+    _world_of_one(monkeypatch)
+    distributed.init(backend="store", timeout=30)
+    try:
+        arrays = [rng.standard_normal((3, 5)).astype(np.float32), rng.standard_normal(7).astype(np.float16),
+                  rng.standard_normal(2).astype(ml_dtypes.bfloat16), np.array(rng.standard_normal(), np.float32)]
+        copies = [a.copy() for a in arrays]
+        distributed.all_reduce_bucket(arrays, "avg")  # one rank: the average is the array itself, bit for bit
+        for array, copy in zip(arrays, copies):
+            assert array.dtype == copy.dtype and array.shape == copy.shape
+            np.testing.assert_array_equal(array.reshape(-1).view(np.uint8), copy.reshape(-1).view(np.uint8))
+    finally:
+        distributed.shutdown()
+
+
+def test_buckets_start_after_the_last_node_touching_their_gradients():
+    from graph_executor_v2.distributed.data_parallel import schedule_buckets
+
+    g = ge2.ir.Graph("order")
+    x = g.input("x", (4, 8), "float32")
+    a = g.relu(x)            # step 0: a is final here, but step 2 still reads it
+    b = g.mul(x, x)          # step 1
+    c = g.add(a, b)          # step 2
+    d = g.neg(c)             # step 3
+    g.output(d, "d")
+    size = 4 * 8 * 4
+    buckets = schedule_buckets(g, [b.name, a.name, d.name, a.name], loss=c.name, bucket_bytes=2 * size)
+    assert [(bucket.values, bucket.after) for bucket in buckets] == [
+        ((b.name, a.name), 2), ((d.name,), 3), ((c.name,), 3)]  # the loss last among equals
+    assert [bucket.nbytes for bucket in buckets] == [2 * size, size, size]
+    # a value no node writes (an input) is final after its last reader
+    assert [(bk.values, bk.after) for bk in schedule_buckets(g, [x.name], None, 1)] == [((x.name,), 1)]
+
+
+def test_two_ranks_on_the_cpu_train_like_one_process(tmp_path, rng):
+    done, _ = _run_worker(tmp_path, 2, "--device", "cpu", "--steps", "60", "--batch-size", "10", "--reference",
+                          "--seed", int(rng.integers(1 << 30)), timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "data parallel: rank 0 of 2" in done.stdout
+    _check_against_single_process(tmp_path, 2, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_world_of_one_on_the_gpu_equals_the_plain_trainer(monkeypatch, rng):
+    assert distributed.is_available(), distributed.unavailable_reason()
+    from dist_worker import data_set
+
+    seed = int(rng.integers(1 << 30))
+    data = data_set(64 * 12, seed)
+    _world_of_one(monkeypatch)
+    distributed.init(backend="nccl", timeout=60)
+    try:
+        plain, parallel = _trainer_pair("cuda", seed)
+        kwargs = dict(epochs=2, batch_size=64, seed=seed, progress=False)
+        np.testing.assert_allclose(parallel.fit(data, **kwargs)["loss"], plain.fit(data, **kwargs)["loss"],
+                                   rtol=1e-6)
+        for name, value in plain.parameters().items():
+            np.testing.assert_allclose(parallel.parameters()[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+        described = parallel.explain()
+        assert "NCCL on a communication stream" in described
+        assert "cuda graph: captured" in described, described  # the all-reduces are inside the step's graph
+    finally:
+        distributed.shutdown()
+
+
+def _two_gpus():
+    if ge2.device_count() < 2:
+        pytest.skip(f"data-parallel training on 2 GPUs needs 2 GPUs, this machine has {ge2.device_count()}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_two_gpus_train_like_one_gpu_for_200_steps_large(tmp_path, rng, optimizer):
+    _two_gpus()
+    done, _ = _run_worker(tmp_path, 2, "--device", "cuda", "--optimizer", optimizer, "--steps", "200",
+                          "--batch-size", "64", "--reference", "--seed", int(rng.integers(1 << 30)), timeout=500)
+    assert done.returncode == 0, done.stderr
+    assert "cuda graph: captured" in done.stdout, done.stdout
+    _check_against_single_process(tmp_path, 2, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_killed_training_rank_stops_the_other_within_a_minute(tmp_path, device):
+    if device == "cuda":
+        _two_gpus()
+    done, seconds = _run_worker(tmp_path, 2, "--device", device, "--steps", "100000", "--batch-size", "64",
+                                "--kill-rank", "1", "--kill-step", "30", timeout=300)
+    assert done.returncode == 128 + 9, done.stderr
+    assert "rank 1" in done.stderr and "signal 9" in done.stderr
+    assert seconds < 60
+
+
+def test_cuda_buckets_fork_to_the_comm_stream_and_join_before_the_epilogue(monkeypatch, rng):
+    """The CUDA launch sequence, recorded with stand-ins for events and NCCL on a CPU plan: after a bucket's last
+    step the compute stream records an event, the comm stream waits on it, all-reduces the bucket's final values and
+    records its own event; the epilogue makes the compute stream wait on every bucket before the optimizer."""
+    from types import SimpleNamespace
+
+    from graph_executor_v2.distributed import data_parallel
+
+    calls = []
+
+    class Event:
+        def __init__(self, name):
+            self.name = name
+
+        def record(self, stream):
+            calls.append(("record", self.name, stream))
+
+        def wait_on(self, stream):
+            calls.append(("wait", self.name, stream))
+
+    class CudaBackendStandIn:
+        device = "cuda"
+        created = 0
+
+        def streams(self, count):
+            return ["comm"] * count
+
+        def stream_handle(self, stream):
+            return stream
+
+        def event(self):
+            self.created += 1
+            return Event(f"event{self.created}")
+
+    def all_reduce_bucket(arrays, op, stream):
+        calls.append(("all_reduce", [array.copy() for array in arrays], op, stream))
+
+    monkeypatch.setattr(data_parallel, "all_reduce_bucket", all_reduce_bucket)
+    g = ge2.ir.Graph("chain")
+    x = g.input("x", (2, 3), "float32")
+    a = g.relu(x)
+    b = g.neg(a)
+    c = g.mul(b, b)
+    g.output(a, "a")
+    g.output(c, "c")
+    executor = ge2.ExecutorV2(g, "cpu", passes=[], streams=1)
+    plan = executor.plan()
+    group = SimpleNamespace(communicator=1, backend="nccl", rank=0, world_size=2)
+    averager = data_parallel.GradientAverager(group, CudaBackendStandIn(), bucket_bytes=1)
+    averager.attach(plan, [c.name, a.name], loss=None)
+    plan.epilogue.append(lambda stream: calls.append(("optimizer", stream)))
+    values = rng.standard_normal((2, 3)).astype(np.float32)
+    outputs = executor.run({"x": values})
+    # a is read by step 1 (neg): its bucket starts after that step, c's after step 2
+    assert [bucket.after for bucket in averager.buckets[id(plan)]] == [1, 2]
+    assert [call[:2] if call[0] != "all_reduce" else ("all_reduce", call[3]) for call in calls] == [
+        ("record", "event1"), ("wait", "event1"), ("all_reduce", "comm"), ("record", "event2"),
+        ("record", "event3"), ("wait", "event3"), ("all_reduce", "comm"), ("record", "event4"),
+        ("wait", "event2"), ("wait", "event4"), ("optimizer", None)]
+    assert [call[2] for call in calls if call[0] in ("record", "wait")][:4] == [None, "comm", "comm", None]
+    reduced = [call[1][0] for call in calls if call[0] == "all_reduce"]
+    np.testing.assert_array_equal(reduced[0], outputs["a"])  # final values, not a half-written buffer
+    np.testing.assert_array_equal(reduced[1], outputs["c"])
+    assert all(call[2] == "avg" for call in calls if call[0] == "all_reduce")

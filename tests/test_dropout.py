@@ -326,10 +326,13 @@ def test_odd_counts_every_path(rng, to_device, poisoned, dtype):
                 if kernel == "vec16" and native.unsupported_reason("vec16", offset, True):
                     continue
                 x_device = to_device(x)
+                out = poisoned((count,), dtype)
+                assert dp.forward(x_device, p, seed, offset, kernel, out=out) is out
+                check_output(out.numpy(), x, p, seed, offset, dtype, f"forward {kernel} {what}")
+                out = poisoned((count,), dtype)
+                assert dp.backward(x_device, x_device, p, seed, offset, kernel, out=(out,))[0] is out
+                check_output(out.numpy(), x, p, seed, offset, dtype, f"backward {kernel} {what}")
                 for direction in ("forward", "backward"):
-                    out = poisoned((count,), dtype)
-                    assert getattr(dp, direction)(x_device, p, seed, offset, kernel, out=out) is out
-                    check_output(out.numpy(), x, p, seed, offset, dtype, f"{direction} {kernel} {what}")
                     guarded = poisoned((count + guard,), dtype)
                     getattr(native, direction)(x_device.ptr, guarded.ptr, count, dtype, p, seed, offset, kernel, 0)
                     y = guarded.numpy()

@@ -409,3 +409,23 @@ def test_explain_names_the_stream_of_every_node(rng):
     text = ge2.ExecutorV2(g, streams=2).explain()
     assert "[stream 0]" in text and "[stream 1]" in text
     assert "[stream" not in ge2.ExecutorV2(g, streams=1).explain()
+
+
+def test_after_step_hooks_run_after_their_step_in_order(rng):
+    g = Graph("hooks")
+    x = g.input("x", (3, 4), "float32")
+    a = g.relu(x)
+    b = g.neg(a)
+    g.output(g.mul(b, b), "y")
+    executor = ge2.ExecutorV2(g, "cpu", passes=[])
+    plan = executor.plan()
+    seen = []
+    # a hook sees its step's output and may change it in place before later steps read it (what an all-reduce does)
+    plan.after_step[0] = [lambda stream: seen.append(("relu", plan.slots[a.name].copy()))]
+    plan.after_step[1] = [lambda stream: seen.append("neg"), lambda stream: plan.slots[b.name].__imul__(2.0)]
+    plan.epilogue.append(lambda stream: seen.append("epilogue"))
+    values = rng.standard_normal((3, 4)).astype(np.float32)
+    result = executor.run({"x": values})["y"]
+    assert seen[0][0] == "relu" and seen[1:] == ["neg", "epilogue"]
+    np.testing.assert_array_equal(seen[0][1], np.maximum(values, 0))
+    assert_close(result, (2 * np.maximum(values, 0).astype(np.float64)) ** 2, "float32")

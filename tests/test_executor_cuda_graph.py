@@ -182,11 +182,12 @@ def test_a_captured_plan_survives_workspaces_growing_elsewhere(rng):
     assert_close(ex.run({"ids": ids})["y"], table[ids], "float32")
     assert ex.plans[0].cuda_graph is not None
     other_stream = runtime.Stream()
+    table_on_device = runtime.DeviceArray.from_numpy(table)
     for count in (10_000, 300_000, 2_000_000):
         big_ids = runtime.DeviceArray.from_numpy(rng.integers(0, vocab, count).astype(np.int32))
         dy = runtime.DeviceArray.from_numpy(np.ones((count, dim), np.float32))
         for stream in (ex.streams[0], other_stream):
-            embedding.backward(dy, big_ids, vocab, stream=stream)
+            embedding.backward(dy, table_on_device, big_ids, stream=stream)
         ex.run({"ids": rng.integers(0, vocab, count // 100).astype(np.int32)})  # other plans, other shapes
     runtime.synchronize()
     for _ in range(3):

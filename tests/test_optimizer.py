@@ -60,6 +60,8 @@ def test_wrong_types_name_the_argument():
 def test_state_names():
     assert opt.OptimizerConfig("sgd", 0.1).state_names == ()
     assert opt.OptimizerConfig("sgd", 0.1, momentum=0.9).state_names == ("momentum_buffer",)
+    assert opt.OptimizerConfig("adamw", 1e-3).weight_decay == 0.01  # torch.optim's defaults
+    assert opt.OptimizerConfig("adam", 1e-3).weight_decay == 0.0
     assert opt.OptimizerConfig("adamw", 1e-3, amsgrad=True).state_names == ("exp_avg", "exp_avg_sq",
                                                                            "max_exp_avg_sq")
 

@@ -50,7 +50,7 @@ def _torch_losses(torch, params, batches, make_optimizer, amp=None):
         x = torch.tensor(batch["x"], device="cuda")
         labels = torch.tensor(batch["labels"], device="cuda")
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=getattr(torch, amp), enabled=amp is not None):
+        with torch.autocast("cuda", dtype=getattr(torch, amp or "bfloat16"), enabled=amp is not None):
             h = F.relu(F.linear(x, weights["w1"], weights["b1"]))
             loss = F.cross_entropy(F.linear(h, weights["w2"], weights["b2"]).float(), labels)
         if scaler is None:

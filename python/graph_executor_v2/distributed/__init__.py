@@ -240,10 +240,21 @@ def all_reduce(array, op: str = "avg", stream=None):
 
 
 def all_reduce_bucket(arrays: list, op: str = "avg", stream=None) -> None:
-    """All-reduces several device arrays in place as one NCCL group (one bucket)."""
+    """All-reduces several arrays in place as one bucket: device arrays as one NCCL group on ``stream``, NumPy float
+    arrays as one exchange through the store (exact: summed in float64, in rank order)."""
+    if op not in ("sum", "avg", "max"):
+        raise ValueError(f"op: expected 'sum', 'avg' or 'max', got {op!r}")
     current = group()
+    on_host = [isinstance(array, np.ndarray) for array in arrays]
+    if arrays and all(on_host):
+        _store_all_reduce_bucket(current, arrays, op)
+        return
+    if any(on_host):
+        raise TypeError(f"arrays: expected all NumPy or all device arrays, got NumPy at "
+                        f"{[i for i, host in enumerate(on_host) if host]} only")
     if current.communicator is None:
-        raise RuntimeError("all_reduce_bucket: needs the 'nccl' backend")
+        raise RuntimeError("all_reduce_bucket: device arrays need the 'nccl' backend; this job runs the 'store' "
+                           "backend")
     views = [_device.view_of(a, f"arrays[{i}]") for i, a in enumerate(arrays)]
     pointers = [v.ptr for v in views]
     _collectives().all_reduce_group(current.communicator, pointers, pointers,
@@ -290,6 +301,20 @@ def _store_all_reduce(current: ProcessGroup, array: np.ndarray, op: str) -> np.n
     array[...] = result.astype(array.dtype)
     _release(current, key, [f"{key}/{other}" for other in range(current.world_size)])
     return array
+
+
+def _store_all_reduce_bucket(current: ProcessGroup, arrays: list, op: str) -> None:
+    """One store exchange for the whole bucket: the arrays flattened into one float64 vector (exact for every float
+    dtype), reduced, and written back in each array's dtype."""
+    for index, array in enumerate(arrays):
+        if array.dtype.kind != "f" and str(array.dtype) != "bfloat16":
+            raise TypeError(f"arrays[{index}]: expected a float array, got dtype {array.dtype}")
+    flat = np.concatenate([np.asarray(array, np.float64).reshape(-1) for array in arrays])
+    _store_all_reduce(current, flat, op)
+    start = 0
+    for array in arrays:
+        array[...] = flat[start:start + array.size].reshape(array.shape).astype(array.dtype)
+        start += array.size
 
 
 def _release(current: ProcessGroup, key: str, keys: list[str]) -> None:

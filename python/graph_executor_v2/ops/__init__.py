@@ -18,6 +18,7 @@ from . import cast
 from . import optimizer
 from . import attention
 from . import batch_norm, pool2d
+from .pool2d import avg_pool2d, global_avg_pool, max_pool2d  # hand-written faces: several outputs (y, indices)
 from . import conv2d
 
 # The faces of ops that share a module (add, relu, log_softmax, sum, reshape, ...); one-op modules are their face.

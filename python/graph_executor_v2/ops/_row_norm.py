@@ -48,6 +48,16 @@ def eps_problem(eps) -> str | None:
     return "must be a finite value > 0 (in float32)"
 
 
+def check_eps(eps) -> float:
+    """``eps`` as a float, or a TypeError/ValueError naming it (for faces written by hand: batch_norm)."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.integer, np.floating)):
+        raise TypeError(f"eps: expected a float, got {type(eps).__name__} ({eps!r})")
+    problem = eps_problem(eps)
+    if problem:
+        raise ValueError(f"eps: {problem}, got {eps!r}")
+    return float(eps)
+
+
 def check_operands(x_shape, x_dtype, params) -> NormShape:
     """Validates x and its parameters ``params`` = [(name, shape, dtype), ...]; raises ValueError/TypeError naming
     the argument, what was expected and what came."""

@@ -101,7 +101,7 @@ class OptimizerConfig:
     """Every hyper-parameter of one optimizer step. ``algorithm``: "sgd", "adam" (L2 weight decay added to the
     gradient) or "adamw" (decoupled weight decay). ``max_norm``: None, or clip to this global gradient norm.
     ``loss_scaling``: dynamic loss scaling (float16 training): gradients arrive multiplied by the device-side loss
-    scale, which starts at ``init_scale``."""
+    scale, which starts at ``init_scale``. ``weight_decay`` defaults as in torch.optim: 0.01 for AdamW, 0 else."""
 
     algorithm: str
     lr: float
@@ -110,7 +110,7 @@ class OptimizerConfig:
     nesterov: bool = False
     betas: tuple = (0.9, 0.999)
     eps: float = 1e-8
-    weight_decay: float = 0.0
+    weight_decay: float | None = None
     amsgrad: bool = False
     schedule: str = "constant"
     warmup_steps: int = 0
@@ -138,6 +138,8 @@ class OptimizerConfig:
             raise ValueError(f"betas: expected a pair (beta1, beta2), got {self.betas!r}")
         put("betas", tuple(_number(f"betas[{i}]", b, 0.0, 1.0, high_open=True) for i, b in enumerate(self.betas)))
         put("eps", _number("eps", self.eps, 0.0, low_open=True))
+        if self.weight_decay is None:
+            put("weight_decay", 0.01 if self.algorithm == "adamw" else 0.0)
         put("weight_decay", _number("weight_decay", self.weight_decay, 0.0))
         put("amsgrad", _flag("amsgrad", self.amsgrad))
         if self.amsgrad and self.algorithm == "sgd":

@@ -84,6 +84,9 @@ class Plan:
     # launch(stream) calls run after every node, on the first stream, and captured with the plan: a trainer's
     # optimizer (set before the plan's first run, which captures it).
     epilogue: list = field(default_factory=list, repr=False)
+    # step index -> launch(stream) calls run right after that step, on its stream, and captured with the plan: a
+    # data-parallel trainer starts a gradient bucket's all-reduce once the last node writing or reading it has run.
+    after_step: dict = field(default_factory=dict, repr=False)
 
     def replay(self, stream=None) -> None:
         """Runs the plan on what its ``inputs`` slots hold now, with no copy in or out; the results are in
@@ -207,8 +210,10 @@ class ExecutorV2:
         """Every step on its stream, with the events of the schedule. ``caller``: a stream to order against
         (None while capturing: the capture stream is the first of the executor's own)."""
         if self.device == "cpu":
-            for step in plan.steps:
+            for index, step in enumerate(plan.steps):
                 step.launch(step.ins, step.outs, None)
+                for launch in plan.after_step.get(index, ()):
+                    launch(None)
             for launch in plan.epilogue:
                 launch(None)
             return
@@ -238,6 +243,8 @@ class ExecutorV2:
                     runtime.nvtx_pop()
             if step.signals:
                 events[index].record(handle)
+            for launch in plan.after_step.get(index, ()):
+                launch(handle)
         for handle, joined in zip(others, plan.events[len(plan.steps):-3]):
             joined.record(handle)
             joined.wait_on(main)

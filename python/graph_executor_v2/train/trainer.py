@@ -17,6 +17,12 @@ On ``device="cpu"`` every node and the optimizer run through the NumPy reference
 op's ``ReferenceOptimizer``). On ``device="cuda"`` the nodes run as GPU kernels and the optimizer as the optimizer
 op's fused multi-tensor kernels (``FusedOptimizerStep``: device step counter, schedule, clipping, loss scaling,
 low-precision copies), so the whole step is captured as one CUDA graph.
+
+``distributed=True`` trains data-parallel over the ranks of ``ge2.distributed`` (started by its launcher, one
+process per GPU): rank 0's parameters and optimizer states are broadcast at the start, every rank runs the step
+on its shard of the batch, and the gradients are averaged in buckets while the backward still runs
+(``distributed.data_parallel``: NCCL on a communication stream on CUDA, inside the captured step; the store on the
+CPU), so every rank applies the same update and reports the global mean loss.
 """
 from __future__ import annotations
 
@@ -27,7 +33,10 @@ from typing import Sequence
 import numpy as np
 
 from .. import autograd
+from .. import distributed as _distributed
 from .. import device as _device
+from ..distributed.buckets import DEFAULT_BUCKET_BYTES
+from ..distributed.data_parallel import GradientAverager
 from ..dtypes import FLOAT_DTYPES, itemsize, normalize, to_numpy
 from ..ir.graph import Graph
 from ..passes import TRAINING_BACKWARD, TRAINING_FORWARD, Pass, PassManager, autocast, eliminate_dead_code, resolve
@@ -57,11 +66,17 @@ class Trainer:
     ``trainable``: names of the parameters to train (default every float parameter not named ``const/...`` and not
     a buffer); the others stay constant. Buffers: parameters with an output ``BUFFER_UPDATE_PREFIX + name`` (see the
     module docstring).
+    ``distributed``: True trains data-parallel over the ranks of ``ge2.distributed`` (``init()`` first; NCCL on
+    "cuda", the store on "cpu"); ``step`` then takes this rank's shard of the batch and ``fit`` shards each global
+    batch itself. ``bucket_bytes``: gradients averaged per all-reduce (default 25 MB, PyTorch DDP's: large enough
+    that NCCL runs near its bus bandwidth, small enough that the first buckets start while most of the backward is
+    still to run; bench_data_parallel.py measures others).
     """
 
     def __init__(self, graph: Graph, loss: str = "loss", device: str = "cpu", optimizer=None, amp=None,
                  grad_clip: float | None = None, trainable: Sequence[str] | None = None, reuse_memory: bool = True,
-                 loss_scale: "_optim.DynamicLossScale | None" = None, checkpoint: Sequence[str] = ()):
+                 loss_scale: "_optim.DynamicLossScale | None" = None, checkpoint: Sequence[str] = (),
+                 distributed: bool = False, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
         if not isinstance(graph, Graph):
             raise TypeError(f"graph: expected a ge2.ir.Graph, got {type(graph).__name__}")
         if device not in ("cpu", "cuda"):
@@ -76,6 +91,11 @@ class Trainer:
             loss_scale = _optim.DynamicLossScale()
         if grad_clip is not None:
             grad_clip = _optim.check_number("Trainer", "grad_clip", grad_clip, 0.0, low_open=True)
+        if not isinstance(distributed, bool):
+            raise TypeError(f"distributed: expected True or False, got {type(distributed).__name__}")
+        if distributed and not _distributed.is_initialized():
+            raise RuntimeError("distributed: ge2.distributed is not initialized; call ge2.distributed.init() first "
+                               "(start the script with python -m graph_executor_v2.distributed.run)")
         autograd.loss_value(graph, loss)  # a missing or non-scalar loss fails here, naming it
         self.graph, self.loss_name, self.device = graph, loss, device
         self.optimizer, self.grad_clip, self.amp, self.loss_scale = optimizer, grad_clip, amp, loss_scale
@@ -158,6 +178,11 @@ class Trainer:
         self._executor = ExecutorV2(self.train_graph, device, passes=[], reuse_memory=reuse_memory, params=slots,
                                     streams=1)
         self._inference = None
+        # Data parallelism: every rank starts from rank 0's parameters and states (the gradient averaging is added
+        # to each step plan as it is built).
+        self._averager = GradientAverager(_distributed.group(), self._backend, bucket_bytes) if distributed else None
+        if self._averager is not None:
+            self._sync_from_rank_0()
 
     # --- training -------------------------------------------------------------------------------------------------
     def step(self, batch: dict):
@@ -179,7 +204,9 @@ class Trainer:
             progress: bool = True, drop_last: bool = False) -> dict:
         """Trains over ``data`` (input name -> array, all with the same first dim) for ``epochs``, in batches (the
         last one may be smaller; ``drop_last`` leaves it out, for a graph built for one batch size), with a tqdm
-        progress bar. Returns {"loss": per-step losses, "epoch_loss": the mean loss of each epoch}."""
+        progress bar. Returns {"loss": per-step losses, "epoch_loss": the mean loss of each epoch}. With
+        ``distributed=True`` every rank calls it with the whole data set and the same arguments; ``batch_size`` is
+        the global batch, and the losses are the global batches' means."""
         count = _check_data(data, self.train_graph)
         for name, value in (("epochs", epochs), ("batch_size", batch_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -187,16 +214,29 @@ class Trainer:
         if drop_last and count < batch_size:
             raise ValueError(f"batch_size: {batch_size} is more than the {count} examples, and drop_last leaves "
                              "every step out")
+        # Data parallel: every rank draws the same order (same seed) and takes its shard of each global batch of
+        # ``batch_size``; the shards must be equal for the averaged gradient to be the global batch's, so a last
+        # batch is cut to a multiple of the world size (at most world - 1 examples an epoch left out).
+        world, rank = (self._averager.group.world_size, self._averager.group.rank) if self._averager else (1, 0)
+        if batch_size % world:
+            raise ValueError(f"batch_size: expected a multiple of the world size {world} (the global batch is "
+                             f"split evenly over the ranks), got {batch_size}")
         rng = np.random.default_rng(seed)
-        steps_per_epoch = count // batch_size if drop_last else -(-count // batch_size)
+        sizes = {start: min(batch_size, count - start) for start in range(0, count, batch_size)}
+        starts = [start for start, size in sizes.items() if size >= world and not (drop_last and size < batch_size)]
+        if not starts:
+            raise ValueError(f"data: {count} example(s), fewer than the world size {world}")
         history = {"loss": [], "epoch_loss": []}
-        bar = _progress_bar(epochs * steps_per_epoch, progress)
+        bar = _progress_bar(epochs * len(starts), progress and rank == 0)
         try:
             for _ in range(epochs):
                 order = rng.permutation(count) if shuffle else np.arange(count)
                 epoch_losses = []
-                for start in range(0, steps_per_epoch * batch_size, batch_size):
+                for start in starts:
                     index = order[start:start + batch_size]
+                    if world > 1:
+                        index = index[:len(index) - len(index) % world]
+                        index = index[_distributed.shard(len(index), rank, world)]
                     loss = float(self.step({name: np.ascontiguousarray(array[index]) for name, array in data.items()}))
                     epoch_losses.append(loss)
                     if bar is not None:
@@ -231,7 +271,8 @@ class Trainer:
 
     def save(self, path) -> None:
         """A safetensors file with the parameters, the optimizer state and the step (metadata: the graph's
-        fingerprint and the optimizer's hyper-parameters)."""
+        fingerprint and the optimizer's hyper-parameters). Data parallel: every rank holds the same state, so one
+        rank (rank 0) saves."""
         from safetensors.numpy import save_file
 
         tensors = {f"param/{name}": value for name, value in self.parameters().items()}
@@ -248,7 +289,8 @@ class Trainer:
         save_file(tensors, str(path), metadata=metadata)
 
     def load(self, path) -> None:
-        """Restores a checkpoint written by ``save`` for the same graph (ValueError otherwise)."""
+        """Restores a checkpoint written by ``save`` for the same graph (ValueError otherwise). Data parallel: every
+        rank calls it (rank 0's parameters and states are then broadcast, so all ranks continue from the same)."""
         from safetensors import safe_open
 
         with safe_open(str(path), framework="numpy") as file:
@@ -280,6 +322,8 @@ class Trainer:
         self._refresh_seed()
         for fused in self._fused.values():
             self._push_state(fused)
+        if self._averager is not None:
+            self._sync_from_rank_0()
 
     def fingerprint(self) -> str:
         """A hash of the graph's name, parameters (names, shapes, dtypes) and trained set."""
@@ -331,6 +375,8 @@ class Trainer:
                      f"{list(self.optimizer.state_names)}; {where}")
         lines.append(f"memory: persistent {self.persistent_bytes / 2**20:.3g} MB (masters, copies, states), "
                      f"peak {self.peak_bytes / 2**20:.3g} MB")
+        if self._averager is not None:
+            lines += [self._averager.describe(plan) for plan in self._executor.plans]
         lines.append(self._executor.explain())
         return "\n".join(lines)
 
@@ -345,6 +391,9 @@ class Trainer:
         except (ValueError, TypeError) as error:
             raise type(error)(f"batch: {error}") from None
         if not plan.epilogue:
+            if self._averager is not None:  # the gradients' all-reduces and, first in the epilogue, their wait
+                self._averager.attach(plan, [plan.graph.outputs[autograd.grad_name(name)].name
+                                             for name in self.trained], plan.graph.outputs[self.loss_name].name)
             plan.epilogue.append(self._optimizer_launch(plan))
             if self._buffers:
                 plan.epilogue.append(self._buffer_update_launch(plan))
@@ -424,6 +473,13 @@ class Trainer:
                 memcpy(seed, scale, 4, stream)
 
         return launch
+
+    def _sync_from_rank_0(self) -> None:
+        """Every rank takes rank 0's masters and optimizer states (and rewrites its low-precision copies)."""
+        self._averager.broadcast([*self._masters.values(), *(buffer for states in self._states.values()
+                                                             for buffer in states.values())])
+        for name in self._masters:
+            self._refresh(name)
 
     def _pull_state(self) -> None:
         """The host mirror of the optimizer state from the active device step (CUDA; synchronizes)."""

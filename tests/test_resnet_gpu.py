@@ -200,3 +200,31 @@ def test_resnet18_training_step_matches_pytorch(torch_cuda):
     for name in buffers:
         _check(name, buffers[name], state32[name], state64[name], report)
     print("\n".join(report))
+
+
+@pytest.mark.gpu
+def test_resnet18_exported_to_onnx_matches_pytorch(torch_cuda, tmp_path):
+    """The eval-mode network through torch.onnx.export (generated here, not committed) and GE2's ONNX import, on
+    the GPU: Conv, BatchNormalization, MaxPool, GlobalAveragePool, Gemm as the exporter writes them."""
+    torch = torch_cuda
+    from graph_executor_v2.frontend import onnx as onnx_frontend
+
+    generator = torch.Generator(device="cuda").manual_seed(3)
+    batch = min(BATCH, 8)
+    x = torch.randn(batch, 3, IMAGE, IMAGE, device="cuda", generator=generator)
+    model32, model64, _ = _models(torch, x)
+    path = tmp_path / "resnet18.onnx"
+    try:
+        torch.onnx.export(copy.deepcopy(model32).cpu().eval(), (x.cpu(),), str(path), input_names=["x"],
+                          output_names=["y"])
+    except ModuleNotFoundError as error:  # the dynamo exporter needs onnxscript
+        pytest.skip(f"torch.onnx.export needs {error.name}")
+    with torch.no_grad():
+        expected32 = model32.eval()(x).cpu().numpy()
+        expected64 = model64.eval()(x.double()).cpu().numpy()
+    graph = onnx_frontend.load(str(path))
+    assert graph.op_counts().get("conv2d") == 20, graph.op_counts()
+    out = ge2.ExecutorV2(graph, device="cuda").run({graph.inputs[0].name: x.cpu().numpy()})
+    report = []
+    _check("ONNX import, eval logits", next(iter(out.values())), expected32, expected64, report)
+    print("\n".join(report))

@@ -372,3 +372,18 @@ def test_layer_normalization_statistics_outputs(rng):
     mean, var = x64.mean(axis=1), x64.var(axis=1)
     assert_close(out["mean"], mean.reshape(4, 1, 1), "float32", reduction_length=15)
     assert_close(out["invstd"], (1 / np.sqrt(var + 1e-5)).reshape(4, 1, 1), "float32", reduction_length=15)
+
+
+def test_conv_1d_matches_onnxruntime(rng):
+    onnxruntime = pytest.importorskip("onnxruntime")
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], strides=[2], pads=[2, 1], dilations=[2], group=2)
+    graph = helper.make_graph([node], "conv1d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4, 19])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(rng.standard_normal((6, 2, 3)).astype(np.float32), "w"),
+                               numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    x = rng.standard_normal((3, 4, 19)).astype(np.float32)
+    expected = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    assert_close(ge2.ExecutorV2(onnx_frontend.load(model)).run({"x": x})["y"], expected, "float32",
+                 reduction_length=6)

@@ -456,26 +456,6 @@ RULES["ReduceMax"] = _reduce("max")
 
 
 # --- convolutional networks -------------------------------------------------------------------------------------
-def _spatial_attrs(ctx, x: Value, attrs: dict, kernel: tuple, what: str):
-    """(strides, dilations, pads as (top, bottom, left, right)) of a 2-d windowed op, auto_pad resolved."""
-    strides = tuple(int(v) for v in attrs.get("strides", (1, 1)))
-    dilations = tuple(int(v) for v in attrs.get("dilations", (1, 1)))
-    auto_pad = _decode(attrs.get("auto_pad", "NOTSET"))
-    if len(strides) != 2 or len(dilations) != 2:
-        raise Unsupported(f"{what} of {len(strides)} spatial dims (GE2 has 2-d ones)")
-    if auto_pad in ("NOTSET", "VALID"):
-        pads = tuple(int(v) for v in attrs.get("pads", (0, 0, 0, 0))) if auto_pad == "NOTSET" else (0, 0, 0, 0)
-        return strides, dilations, (pads[0], pads[2], pads[1], pads[3])
-    if auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
-        raise Unsupported(f"attribute auto_pad={auto_pad!r} is not supported")
-    pads = []
-    for extent, k, stride, dilation in zip(x.type.shape[2:], kernel, strides, dilations):
-        total = max((-(-extent // stride) - 1) * stride + dilation * (k - 1) + 1 - extent, 0)
-        small, large = total // 2, total - total // 2  # SAME_UPPER puts the odd one at the end
-        pads += [small, large] if auto_pad == "SAME_UPPER" else [large, small]
-    return strides, dilations, tuple(pads)
-
-
 def _as_2d(g: Graph, x: Value, what: str) -> tuple[Value, bool]:
     """x as a 4-d NCHW tensor (a 1-d [N, C, L] one as [N, C, 1, L]) and whether it was 1-d."""
     if x.type.rank == 3:
@@ -487,56 +467,72 @@ def _as_2d(g: Graph, x: Value, what: str) -> tuple[Value, bool]:
 
 @rule("Conv")
 def _conv(ctx, inputs, attrs):
+    """2-d convolution on conv2d; a 1-d one as a 2-d one of height 1."""
     _only(attrs, {"auto_pad": _ANY, "dilations": _ANY, "group": _ANY, "kernel_shape": _ANY, "pads": _ANY,
                   "strides": _ANY})
     g = ctx.graph
     x = _float_input(ctx.value(inputs[0]), "input X")
     w = ctx.value(inputs[1])
-    if x.type.rank != 4 or w.type.rank != 4:
-        raise Unsupported(f"Conv of a rank-{x.type.rank} input (GE2's conv2d is 2-d)")
-    strides, dilations, pads = _spatial_attrs(ctx, x, attrs, tuple(w.type.shape[2:]), "Conv")
+    if x.type.rank not in (3, 4) or w.type.rank != x.type.rank:
+        raise Unsupported(f"Conv of a rank-{x.type.rank} input (GE2 convolves 1-d and 2-d ones)")
+    strides, dilations, begin, end = _window_attrs(x, attrs, tuple(w.type.shape[2:]), "Conv")
     bias = ctx.value(inputs[2]) if len(inputs) > 2 and inputs[2] else None
-    return [g.conv2d(x, w, bias, stride=strides, padding=pads, dilation=dilations, groups=int(attrs.get("group", 1)))]
+    one_d = x.type.rank == 3
+    if one_d:
+        x, _ = _as_2d(g, x, "Conv")
+        w = g.reshape(w, shape=(*w.type.shape[:2], 1, w.type.shape[2]))
+        strides, dilations, begin, end = (1, *strides), (1, *dilations), (0, *begin), (0, *end)
+    y = g.conv2d(x, w, bias, stride=strides, padding=(begin[0], end[0], begin[1], end[1]), dilation=dilations,
+                 groups=int(attrs.get("group", 1)))
+    return [g.reshape(y, shape=(*y.type.shape[:2], y.type.shape[3])) if one_d else y]
 
 
-def _window_geometry(x: Value, attrs: dict, what: str):
-    """(kernel, strides, dilations, begin pads, end pads, output sizes) of an n-d pooling node, auto_pad resolved,
-    output sizes by ONNX's rule (ceil_mode: the last window starts inside the input or its begin padding)."""
+def _window_attrs(x: Value, attrs: dict, kernel: tuple, what: str):
+    """(strides, dilations, begin pads, end pads) of a windowed node (Conv, MaxPool, AveragePool) over the spatial
+    dims of x, auto_pad resolved (SAME_UPPER puts an odd padding at the end, SAME_LOWER at the beginning)."""
     spatial = tuple(x.type.shape[2:])
     if not all(isinstance(d, int) for d in spatial):
         raise Unsupported(f"{what} needs concrete spatial dims, got {spatial}")
     rank = len(spatial)
-    kernel = tuple(int(v) for v in attrs["kernel_shape"])
     strides = tuple(int(v) for v in attrs.get("strides", (1,) * rank))
     dilations = tuple(int(v) for v in attrs.get("dilations", (1,) * rank))
     pads = tuple(int(v) for v in attrs.get("pads", (0,) * 2 * rank))
-    auto_pad = _decode(attrs.get("auto_pad", "NOTSET"))
-    if auto_pad == "VALID":
-        pads = (0,) * 2 * rank
-    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        begin, end = [], []
-        for extent, k, stride, dilation in zip(spatial, kernel, strides, dilations):
-            total = max((-(-extent // stride) - 1) * stride + dilation * (k - 1) + 1 - extent, 0)
-            small, large = total // 2, total - total // 2  # SAME_UPPER puts the odd one at the end
-            begin.append(small if auto_pad == "SAME_UPPER" else large)
-            end.append(large if auto_pad == "SAME_UPPER" else small)
-        pads = (*begin, *end)
-    elif auto_pad != "NOTSET":
-        raise Unsupported(f"attribute auto_pad={auto_pad!r} is not supported")
     if not len(kernel) == len(strides) == len(dilations) == rank or len(pads) != 2 * rank:
         raise Unsupported(f"kernel_shape, strides, dilations or pads do not match the {rank} spatial dims")
+    auto_pad = _decode(attrs.get("auto_pad", "NOTSET"))
+    if auto_pad == "NOTSET":
+        return strides, dilations, pads[:rank], pads[rank:]
+    if auto_pad == "VALID":
+        return strides, dilations, (0,) * rank, (0,) * rank
+    if auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
+        raise Unsupported(f"attribute auto_pad={auto_pad!r} is not supported")
+    begin, end = [], []
+    for extent, k, stride, dilation in zip(spatial, kernel, strides, dilations):
+        total = max((-(-extent // stride) - 1) * stride + dilation * (k - 1) + 1 - extent, 0)
+        small, large = total // 2, total - total // 2
+        begin.append(small if auto_pad == "SAME_UPPER" else large)
+        end.append(large if auto_pad == "SAME_UPPER" else small)
+    return strides, dilations, tuple(begin), tuple(end)
+
+
+def _window_geometry(x: Value, attrs: dict, what: str):
+    """(kernel, strides, dilations, begin pads, end pads, output sizes) of a pooling node, the output sizes by
+    ONNX's rule (ceil_mode: the last window starts inside the input or its begin padding)."""
+    kernel = tuple(int(v) for v in attrs["kernel_shape"])
+    strides, dilations, begin, end = _window_attrs(x, attrs, kernel, what)
+    spatial = tuple(x.type.shape[2:])
     ceil_mode = bool(attrs.get("ceil_mode", 0))
     outputs = []
     for index, extent in enumerate(spatial):
         span = dilations[index] * (kernel[index] - 1) + 1
-        size = (extent + pads[index] + pads[rank + index] - span) / strides[index] + 1
+        size = (extent + begin[index] + end[index] - span) / strides[index] + 1
         count = int(np.ceil(size)) if ceil_mode else int(np.floor(size))
-        if ceil_mode and (count - 1) * strides[index] >= extent + pads[index]:
+        if ceil_mode and (count - 1) * strides[index] >= extent + begin[index]:
             count -= 1
         if count < 1:
             raise Unsupported(f"a window larger than the padded input along spatial dim {index}")
         outputs.append(count)
-    return kernel, strides, dilations, pads[:rank], pads[rank:], tuple(outputs)
+    return kernel, strides, dilations, begin, end, tuple(outputs)
 
 
 def _pool(ctx, inputs, attrs, op: str):

@@ -12,7 +12,8 @@ float32 result must be as close to it as PyTorch's float32 result is, up to a fa
 reference's norm: deep networks compound rounding, so a per-op tolerance would be either loose or flaky.
 
 The CPU part (no torch, no GPU): the ge2.nn ResNet-18 has torchvision's state-dict names and takes a training step
-on the CPU backend at a small image size.
+on the CPU backend at a small image size. The GPU tests are named "large": the sanitizer pass of
+scripts/gpu_check.sh leaves them out.
 """
 from __future__ import annotations
 
@@ -153,7 +154,7 @@ def _models(torch, x):
 
 
 @pytest.mark.gpu
-def test_resnet18_eval_forward_matches_pytorch(torch_cuda):
+def test_resnet18_eval_forward_matches_pytorch_large(torch_cuda):
     torch = torch_cuda
     generator = torch.Generator(device="cuda").manual_seed(1)
     x = torch.randn(BATCH, 3, IMAGE, IMAGE, device="cuda", generator=generator)
@@ -169,7 +170,7 @@ def test_resnet18_eval_forward_matches_pytorch(torch_cuda):
 
 
 @pytest.mark.gpu
-def test_resnet18_training_step_matches_pytorch(torch_cuda):
+def test_resnet18_training_step_matches_pytorch_large(torch_cuda):
     torch = torch_cuda
     generator = torch.Generator(device="cuda").manual_seed(2)
     x = torch.randn(BATCH, 3, IMAGE, IMAGE, device="cuda", generator=generator)
@@ -203,7 +204,7 @@ def test_resnet18_training_step_matches_pytorch(torch_cuda):
 
 
 @pytest.mark.gpu
-def test_resnet18_exported_to_onnx_matches_pytorch(torch_cuda, tmp_path):
+def test_resnet18_exported_to_onnx_matches_pytorch_large(torch_cuda, tmp_path):
     """The eval-mode network through torch.onnx.export (generated here, not committed) and GE2's ONNX import, on
     the GPU: Conv, BatchNormalization, MaxPool, GlobalAveragePool, Gemm as the exporter writes them."""
     torch = torch_cuda

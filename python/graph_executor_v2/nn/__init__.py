@@ -19,6 +19,7 @@ import numpy as np
 
 from ..dtypes import normalize, to_numpy
 from ..ir.graph import Graph, Value
+from ..ops import _layout
 from ..train.trainer import BUFFER_UPDATE_PREFIX
 
 _generator = np.random.default_rng(0)
@@ -402,11 +403,10 @@ class Flatten(Module):
 
 
 def _pair(value, argument: str) -> tuple[int, int]:
-    values = (value, value) if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else value
-    if (not isinstance(values, (tuple, list)) or len(values) != 2
-            or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values)):
+    values = (int(value),) * 2 if _layout.is_int(value) else _layout.int_tuple(value, argument)
+    if len(values) != 2:
         raise TypeError(f"{argument}: expected an int or 2 ints (height, width), got {value!r}")
-    return int(values[0]), int(values[1])
+    return values
 
 
 def _check_layout(layout) -> str:

@@ -270,11 +270,15 @@ def _batched_matmul(g: Graph, a: Value, b: Value) -> Value:
     a_flat = g.reshape(a3, shape=(int(np.prod(a_batch, dtype=np.int64)), m, k))
     b_flat = g.reshape(b, shape=(int(np.prod(b_batch, dtype=np.int64)), k, n))
     products = []
+    def entry(index: tuple, dims: tuple) -> int:
+        """The flat index, in an operand of batch dims ``dims`` (aligned right, size 1 broadcast), of ``index``."""
+        if not dims:
+            return 0
+        own = tuple(i if d > 1 else 0 for i, d in zip(index[len(index) - len(dims):], dims))
+        return int(np.ravel_multi_index(own, dims))
+
     for index in np.ndindex(*batch):
-        a_index = int(np.ravel_multi_index(tuple(i if d > 1 else 0 for i, d in zip(index[len(batch) - len(a_batch):],
-                                                                                    a_batch)), a_batch)) if a_batch else 0
-        b_index = int(np.ravel_multi_index(tuple(i if d > 1 else 0 for i, d in zip(index[len(batch) - len(b_batch):],
-                                                                                    b_batch)), b_batch)) if b_batch else 0
+        a_index, b_index = entry(index, a_batch), entry(index, b_batch)
         a_entry = g.reshape(g.slice(a_flat, starts=(a_index,), ends=(a_index + 1,), axes=(0,)), shape=(m, k))
         b_entry = g.reshape(g.slice(b_flat, starts=(b_index,), ends=(b_index + 1,), axes=(0,)), shape=(k, n))
         products.append(g.reshape(g.matmul(a_entry, b_entry), shape=(1, m, n)))

@@ -692,5 +692,5 @@ def _check_last_dim(x: Value, size: int, what: str) -> None:
 
 
 __all__ = ["manual_seed", "Parameter", "Buffer", "BUFFER_UPDATE_PREFIX", "Module", "Linear", "LayerNorm", "RMSNorm",
-           "Embedding", "Dropout", "ReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax", "Flatten", "MultiheadAttention",
-           "Sequential", "Conv2d", "BatchNorm2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d"]
+           "Embedding", "Dropout", "ReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax", "Flatten",
+           "MultiheadAttention", "Sequential", "Conv2d", "BatchNorm2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d"]

@@ -64,3 +64,116 @@ def test_bad_arguments():
         from_torch(lambda x: x, (torch.randn(2),))
     with pytest.raises(TypeError, match="example_inputs: expected a tuple"):
         from_torch(torch.nn.ReLU(), torch.randn(2))
+
+
+class _SmallCnn(torch.nn.Module):
+    """conv-bn-relu, max pooling, a grouped conv with padding="same", average pooling (ceil_mode, no padding
+    counted), global pooling, a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, stride=2, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+            torch.nn.MaxPool2d(3, stride=2, padding=1), torch.nn.Conv2d(8, 8, 3, padding="same", groups=4, bias=False),
+            torch.nn.BatchNorm2d(8), torch.nn.ReLU(inplace=True),
+            torch.nn.AvgPool2d(2, ceil_mode=True, count_include_pad=False), torch.nn.AdaptiveAvgPool2d(1))
+        self.head = torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        return self.head(torch.flatten(self.features(x), 1))
+
+
+def _randomize_batch_norms(module):
+    with torch.no_grad():
+        for layer in module.modules():
+            if isinstance(layer, torch.nn.BatchNorm2d):
+                layer.running_mean.uniform_(-0.5, 0.5)
+                layer.running_var.uniform_(0.5, 2.0)
+                layer.weight.uniform_(0.5, 1.5)
+                layer.bias.uniform_(-0.5, 0.5)
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_small_cnn(device):
+    torch.manual_seed(2)
+    module = _SmallCnn()
+    _randomize_batch_norms(module)
+    module.eval()
+    x = torch.randn(3, 3, 29, 22)
+    graph = from_torch(module, (x,))
+    ops = graph.op_counts()
+    assert ops["conv2d"] == 2 and ops["batch_norm"] == 2 and ops["max_pool2d"] == 1 and ops["global_avg_pool"] == 1
+    out = ge2.ExecutorV2(graph, device=device).run({graph.inputs[0].name: x.numpy()})["y"]
+    assert_close(out, module(x).detach().double().numpy(), "float32", reduction_length=72)
+
+
+def test_mean_over_height_and_width_and_adaptive_pooling(rng):
+    class Pools(torch.nn.Module):
+        def forward(self, x):
+            return x.mean(dim=(-2, -1), keepdim=True) + torch.nn.functional.adaptive_avg_pool2d(x, (1, 1)) \
+                + torch.nn.functional.adaptive_avg_pool2d(x, (2, 3)).sum(dim=(-2, -1), keepdim=True)
+
+    x = torch.randn(2, 3, 8, 9)
+    graph = from_torch(Pools(), (x,))
+    out = ge2.ExecutorV2(graph).run({graph.inputs[0].name: x.numpy()})["y"]
+    assert_close(out, Pools()(x).double().numpy(), "float32", reduction_length=72)
+
+
+def test_batch_norm_in_training_mode_is_rejected():
+    module = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3), torch.nn.BatchNorm2d(4)).train()
+    with pytest.raises(UnsupportedModelError, match="eval\\(\\) mode"):
+        from_torch(module, (torch.randn(2, 2, 6, 6),))
+
+
+class _GptBlock(torch.nn.Module):
+    """A pre-norm GPT block: causal self-attention through F.scaled_dot_product_attention, then a GELU MLP, each
+    with a residual."""
+
+    def __init__(self, width=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = torch.nn.LayerNorm(width)
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.proj = torch.nn.Linear(width, width)
+        self.norm2 = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, 4 * width)
+        self.down = torch.nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        batch, seq, width = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(width, dim=-1)
+        q, k, v = (t.view(batch, seq, self.heads, width // self.heads).transpose(1, 2) for t in (q, k, v))
+        attended = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attended.transpose(1, 2).reshape(batch, seq, width))
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_gpt_block_maps_sdpa_onto_the_attention_op(device):
+    torch.manual_seed(3)
+    module = _GptBlock().eval()
+    x = torch.randn(2, 9, 32)
+    graph = from_torch(module, (x,))
+    assert graph.op_counts().get("attention") == 1, graph.op_counts()
+    node = next(n for n in graph.nodes if n.op == "attention")
+    assert node.attrs["causal"] is True
+    out = ge2.ExecutorV2(graph, device=device).run({graph.inputs[0].name: x.numpy()})["y"]
+    assert_close(out, module(x).detach().double().numpy(), "float32", reduction_length=128)
+
+
+def test_in_place_update_of_a_value_read_later_is_rejected():
+    class Aliased(torch.nn.Module):
+        def forward(self, x):
+            y = x * 2
+            z = torch.relu_(y)
+            return z + y  # y was overwritten by relu_: torch reads the new value
+
+    x = torch.randn(5)
+    try:
+        graph = from_torch(Aliased(), (x,))
+    except UnsupportedModelError as error:  # the graph kept relu_: GE2 refuses to guess
+        assert "in-place update" in str(error)
+        return
+    # torch.export functionalized it: the graph must then compute what torch computes
+    out = ge2.ExecutorV2(graph).run({graph.inputs[0].name: x.numpy()})["y"]
+    assert_close(out, Aliased()(x.clone()).double().numpy(), "float32")

@@ -50,6 +50,11 @@ class _Context:
         self.values: dict[str, Value] = {}
         self.constants: dict[str, np.ndarray] = {}
         self.failed: set[str] = set()  # outputs of nodes that could not be imported
+        self.node_outputs: list[str] = []  # the output names of the node being translated ("" for an absent one)
+
+    def wants(self, index: int) -> bool:
+        """Whether the node being translated has its optional output ``index``."""
+        return index < len(self.node_outputs) and bool(self.node_outputs[index])
 
     def value(self, name: str) -> Value:
         """The GE2 Value of an ONNX tensor; a constant becomes a param on first use as a tensor."""
@@ -236,13 +241,49 @@ def _matmul(ctx, inputs, attrs):
     b = _float_input(ctx.value(inputs[1]), "input B")
     if a.type.rank == 0 or b.type.rank == 0:
         raise Unsupported("MatMul of a 0-d tensor")
-    if b.type.rank > 2:
-        raise Unsupported(f"batched B of shape {b.type.shape}: GE2's matmul takes a 2-d (or 1-d) B")
+    if b.type.rank > 2 and (any(d != 1 for d in b.type.shape[:-2]) or b.type.rank > a.type.rank):
+        return [_batched_matmul(g, a, b)]
+    if b.type.rank > 2:  # B's batch dims are all 1 and A has as many: one 2-d B for every row of A
+        b = g.reshape(b, shape=tuple(b.type.shape[-2:]))
     a2 = a if a.type.rank == 2 else g.reshape(a, shape=(-1, a.type.shape[-1]))
     b2 = b if b.type.rank == 2 else g.reshape(b, shape=(b.type.shape[0], 1))
     y = g.matmul(a2, b2)
     out_shape = tuple(a.type.shape[:-1]) + ((b.type.shape[-1],) if b.type.rank == 2 else ())
     return [y if tuple(y.type.shape) == out_shape else g.reshape(y, shape=out_shape)]
+
+
+def _batched_matmul(g: Graph, a: Value, b: Value) -> Value:
+    """numpy.matmul semantics for a batched B: the batch dims broadcast, one 2-d matmul per batch entry (slices of
+    A and B), concatenated. GE2's matmul op is 2-d; this unrolls over the (static) batch."""
+    a_shape, b_shape = tuple(a.type.shape), tuple(b.type.shape)
+    if not all(isinstance(d, int) for d in a_shape + b_shape):
+        raise Unsupported(f"batched MatMul needs concrete shapes, got {a_shape} and {b_shape}")
+    a3 = g.reshape(a, shape=(1, *a_shape)) if len(a_shape) == 1 else a  # a 1-d A is a row, dropped at the end
+    m, k = a3.type.shape[-2:]
+    n = b_shape[-1]
+    a_batch, b_batch = tuple(a3.type.shape[:-2]), b_shape[:-2]
+    try:
+        batch = np.broadcast_shapes(a_batch, b_batch)
+    except ValueError:
+        raise Unsupported(f"batch dims of {a_shape} and {b_shape} do not broadcast") from None
+    count = int(np.prod(batch, dtype=np.int64))
+    a_flat = g.reshape(a3, shape=(int(np.prod(a_batch, dtype=np.int64)), m, k))
+    b_flat = g.reshape(b, shape=(int(np.prod(b_batch, dtype=np.int64)), k, n))
+    products = []
+    def entry(index: tuple, dims: tuple) -> int:
+        """The flat index, in an operand of batch dims ``dims`` (aligned right, size 1 broadcast), of ``index``."""
+        if not dims:
+            return 0
+        own = tuple(i if d > 1 else 0 for i, d in zip(index[len(index) - len(dims):], dims))
+        return int(np.ravel_multi_index(own, dims))
+
+    for index in np.ndindex(*batch):
+        a_index, b_index = entry(index, a_batch), entry(index, b_batch)
+        a_entry = g.reshape(g.slice(a_flat, starts=(a_index,), ends=(a_index + 1,), axes=(0,)), shape=(m, k))
+        b_entry = g.reshape(g.slice(b_flat, starts=(b_index,), ends=(b_index + 1,), axes=(0,)), shape=(k, n))
+        products.append(g.reshape(g.matmul(a_entry, b_entry), shape=(1, m, n)))
+    y = products[0] if count == 1 else g.concat(products, axis=0)
+    return g.reshape(y, shape=(*batch, n) if len(a_shape) == 1 else (*batch, m, n))
 
 
 @rule("LayerNormalization")
@@ -267,8 +308,36 @@ def _layer_norm(ctx, inputs, attrs):
     rows = g.reshape(x, shape=(*x.type.shape[:axis], width)) if flat else x
     gamma = g.reshape(gamma, shape=(width,)) if gamma.type.rank != 1 else gamma
     beta = g.reshape(beta, shape=(width,)) if beta.type.rank != 1 else beta
-    y = g.layernorm(rows, gamma, beta, eps=float(attrs.get("epsilon", 1e-5)))
-    return [g.reshape(y, shape=x.type.shape) if flat else y]
+    eps = float(attrs.get("epsilon", 1e-5))
+    y = g.layernorm(rows, gamma, beta, eps=eps)
+    y = g.reshape(y, shape=x.type.shape) if flat else y
+    if not ctx.wants(1) and not ctx.wants(2):
+        return [y]
+    # The optional Mean and InvStdDev outputs (shape x.shape[:axis] + [1] * (rank - axis), float32).
+    if x.type.dtype != "float32":
+        raise Unsupported(f"the Mean and InvStdDev outputs of a {x.type.dtype} input (GE2 computes them in float32 "
+                          "from float32 inputs)")
+    stat_shape = (*x.type.shape[:axis], *([1] * (rank - axis)))
+    mean = g.mean(rows, axis=-1, keepdims=True)
+    return [y, g.reshape(mean, shape=stat_shape), g.reshape(_inverse_std(g, g.sub(rows, mean), width, eps),
+                                                            shape=stat_shape)]
+
+
+def _inverse_std(g: Graph, centered: Value, width: int, eps: float) -> Value:
+    """1 / sqrt(mean(centered^2) + eps) per row of the 2-d float32 ``centered`` (rows of mean 0), as [rows, 1]. GE2
+    has no sqrt op; rmsnorm computes the inverse square root: the row [centered, c] with c^2 = width * eps - eps / 2
+    and the rmsnorm epsilon e = eps / (2 * (width + 1)) has mean square + e = width * (var + eps) / (width + 1), so
+    rmsnorm's last entry is c * sqrt((width + 1) / width) * invstd."""
+    rows = int(np.prod(centered.type.shape[:-1], dtype=np.int64))
+    c = np.sqrt(width * eps - eps / 2)
+    column = g.param(_fresh_name(g, "layernorm_invstd_column"), np.full((rows, 1), c, np.float32))
+    ones = g.param(_fresh_name(g, "layernorm_invstd_ones"), np.ones(width + 1, np.float32))
+    normalized = g.rmsnorm(g.concat([g.reshape(centered, shape=(rows, width)), column], axis=1), ones,
+                           eps=eps / (2 * (width + 1)))
+    last = g.slice(normalized, starts=(width,), ends=(width + 1,), axes=(1,))
+    scale = g.param(_fresh_name(g, "layernorm_invstd_scale"),
+                    np.array(1.0 / (c * np.sqrt((width + 1) / width)), np.float32))
+    return g.mul(last, scale)
 
 
 @rule("Transpose")
@@ -370,15 +439,360 @@ def _reduce(ge2_op):
         if axes is None and attrs.get("noop_with_empty_axes", 0):
             return [x]
         keepdims = bool(attrs.get("keepdims", 1))
+        shape = x.type.shape
+        reduced = range(len(shape)) if axes is None else [a % len(shape) for a in axes]
+        if any(shape[a] == 0 for a in reduced):  # a reduction over nothing: ONNX's identity value, a constant
+            out_shape = tuple(1 if i in reduced else d for i, d in enumerate(shape) if keepdims or i not in reduced)
+            value = EMPTY_REDUCTION[ge2_op]
+            return [ctx.graph.param(_fresh_name(ctx.graph, f"empty_{ge2_op}"),
+                                    np.full(out_shape, value, _numpy_dtype(x.type.dtype)))]
         return [getattr(ctx.graph, ge2_op)(x, axis=axes, keepdims=keepdims)]
 
     return translate
+
+
+EMPTY_REDUCTION = {"sum": 0.0, "mean": np.nan, "max": -np.inf}  # ONNX's results over an empty set
 
 
 RULES["ReduceSum"] = _reduce("sum")
 RULES["ReduceMean"] = _reduce("mean")
 RULES["ReduceMax"] = _reduce("max")
 
+
+# --- convolutional networks -------------------------------------------------------------------------------------
+def _as_2d(g: Graph, x: Value, what: str) -> tuple[Value, bool]:
+    """x as a 4-d NCHW tensor (a 1-d [N, C, L] one as [N, C, 1, L]) and whether it was 1-d."""
+    if x.type.rank == 3:
+        return g.reshape(x, shape=(x.type.shape[0], x.type.shape[1], 1, x.type.shape[2])), True
+    if x.type.rank != 4:
+        raise Unsupported(f"{what} of a rank-{x.type.rank} input (GE2 has 1-d and 2-d ones)")
+    return x, False
+
+
+@rule("Conv")
+def _conv(ctx, inputs, attrs):
+    """2-d convolution on conv2d; a 1-d one as a 2-d one of height 1."""
+    _only(attrs, {"auto_pad": _ANY, "dilations": _ANY, "group": _ANY, "kernel_shape": _ANY, "pads": _ANY,
+                  "strides": _ANY})
+    g = ctx.graph
+    x = _float_input(ctx.value(inputs[0]), "input X")
+    w = ctx.value(inputs[1])
+    if x.type.rank not in (3, 4) or w.type.rank != x.type.rank:
+        raise Unsupported(f"Conv of a rank-{x.type.rank} input (GE2 convolves 1-d and 2-d ones)")
+    strides, dilations, begin, end = _window_attrs(x, attrs, tuple(w.type.shape[2:]), "Conv")
+    bias = ctx.value(inputs[2]) if len(inputs) > 2 and inputs[2] else None
+    one_d = x.type.rank == 3
+    if one_d:
+        x, _ = _as_2d(g, x, "Conv")
+        w = g.reshape(w, shape=(*w.type.shape[:2], 1, w.type.shape[2]))
+        strides, dilations, begin, end = (1, *strides), (1, *dilations), (0, *begin), (0, *end)
+    y = g.conv2d(x, w, bias, stride=strides, padding=(begin[0], end[0], begin[1], end[1]), dilation=dilations,
+                 groups=int(attrs.get("group", 1)))
+    return [g.reshape(y, shape=(*y.type.shape[:2], y.type.shape[3])) if one_d else y]
+
+
+def _window_attrs(x: Value, attrs: dict, kernel: tuple, what: str):
+    """(strides, dilations, begin pads, end pads) of a windowed node (Conv, MaxPool, AveragePool) over the spatial
+    dims of x, auto_pad resolved (SAME_UPPER puts an odd padding at the end, SAME_LOWER at the beginning)."""
+    spatial = tuple(x.type.shape[2:])
+    if not all(isinstance(d, int) for d in spatial):
+        raise Unsupported(f"{what} needs concrete spatial dims, got {spatial}")
+    rank = len(spatial)
+    strides = tuple(int(v) for v in attrs.get("strides", (1,) * rank))
+    dilations = tuple(int(v) for v in attrs.get("dilations", (1,) * rank))
+    pads = tuple(int(v) for v in attrs.get("pads", (0,) * 2 * rank))
+    if not len(kernel) == len(strides) == len(dilations) == rank or len(pads) != 2 * rank:
+        raise Unsupported(f"kernel_shape, strides, dilations or pads do not match the {rank} spatial dims")
+    auto_pad = _decode(attrs.get("auto_pad", "NOTSET"))
+    if auto_pad == "NOTSET":
+        return strides, dilations, pads[:rank], pads[rank:]
+    if auto_pad == "VALID":
+        return strides, dilations, (0,) * rank, (0,) * rank
+    if auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
+        raise Unsupported(f"attribute auto_pad={auto_pad!r} is not supported")
+    begin, end = [], []
+    for extent, k, stride, dilation in zip(spatial, kernel, strides, dilations):
+        total = max((-(-extent // stride) - 1) * stride + dilation * (k - 1) + 1 - extent, 0)
+        small, large = total // 2, total - total // 2
+        begin.append(small if auto_pad == "SAME_UPPER" else large)
+        end.append(large if auto_pad == "SAME_UPPER" else small)
+    return strides, dilations, tuple(begin), tuple(end)
+
+
+def _window_geometry(x: Value, attrs: dict, what: str):
+    """(kernel, strides, dilations, begin pads, end pads, output sizes) of a pooling node, the output sizes by
+    ONNX's rule (ceil_mode: the last window starts inside the input or its begin padding)."""
+    kernel = tuple(int(v) for v in attrs["kernel_shape"])
+    strides, dilations, begin, end = _window_attrs(x, attrs, kernel, what)
+    spatial = tuple(x.type.shape[2:])
+    ceil_mode = bool(attrs.get("ceil_mode", 0))
+    outputs = []
+    for index, extent in enumerate(spatial):
+        span = dilations[index] * (kernel[index] - 1) + 1
+        size = (extent + begin[index] + end[index] - span) / strides[index] + 1
+        count = int(np.ceil(size)) if ceil_mode else int(np.floor(size))
+        if ceil_mode and (count - 1) * strides[index] >= extent + begin[index]:
+            count -= 1
+        if count < 1:
+            raise Unsupported(f"a window larger than the padded input along spatial dim {index}")
+        outputs.append(count)
+    return kernel, strides, dilations, begin, end, tuple(outputs)
+
+
+def _pool(ctx, inputs, attrs, op: str):
+    """MaxPool / AveragePool. 1-d and 2-d windows GE2's pooling ops take (symmetric pads of at most half the window,
+    no dilation for averages) run on them; the rest (3-d, asymmetric or large pads, dilated averages) is pooled one
+    spatial axis at a time from strided slices of the explicitly padded input (``_pool_axis``): max and average
+    over a box are separable."""
+    allowed = {"auto_pad": _ANY, "ceil_mode": _ANY, "dilations": _ANY, "kernel_shape": _ANY, "pads": _ANY,
+               "strides": _ANY}
+    if op == "max_pool2d":
+        allowed["storage_order"] = lambda v: v == 0
+    else:
+        allowed["count_include_pad"] = _ANY
+    _only(attrs, allowed)
+    if op == "max_pool2d" and ctx.wants(1):
+        raise Unsupported("the Indices output (GE2's max_pool2d indexes within each plane, ONNX across the tensor)")
+    g = ctx.graph
+    x = _float_input(ctx.value(inputs[0]), "input X")
+    if x.type.rank not in (3, 4, 5):
+        raise Unsupported(f"{op} of a rank-{x.type.rank} input (GE2 pools 1-d, 2-d and 3-d windows)")
+    kernel, strides, dilations, begin, end, outputs = _window_geometry(x, attrs, op)
+    include_pad = bool(attrs.get("count_include_pad", 0))
+    spans = [d * (k - 1) + 1 for k, d in zip(kernel, dilations)]
+    direct = (x.type.rank < 5 and begin == end and all(p <= span // 2 for p, span in zip(begin, spans))
+              and (op == "max_pool2d" or set(dilations) == {1}))
+    if direct:
+        x4, one_d = _as_2d(g, x, op)
+        if one_d:  # the window on the width axis, the height axis a unit one
+            kernel, strides, dilations = ((1, *values) for values in (kernel, strides, dilations))
+            begin = (0, *begin)
+        window = dict(kernel_size=kernel, stride=strides, padding=begin, ceil_mode=bool(attrs.get("ceil_mode", 0)))
+        if op == "max_pool2d":
+            y = g.max_pool2d(x4, dilation=dilations, **window)[0]
+        else:
+            y = g.avg_pool2d(x4, count_include_pad=include_pad, **window)
+        if tuple(y.type.shape[2:]) != ((1,) if one_d else ()) + outputs:
+            raise Unsupported(f"{op} gives {y.type.shape[2:]} outputs where ONNX's rule gives {outputs}")
+        return [g.reshape(y, shape=(*y.type.shape[:2], y.type.shape[3])) if one_d else y]
+    y = x
+    for axis in range(len(kernel)):
+        y = _pool_axis(g, y, 2 + axis, kernel[axis], strides[axis], dilations[axis], begin[axis], end[axis],
+                       outputs[axis], "max" if op == "max_pool2d" else "avg", include_pad)
+    return [y]
+
+
+def _pool_axis(g: Graph, x: Value, axis: int, kernel: int, stride: int, dilation: int, begin: int, end: int,
+               count: int, mode: str, include_pad: bool) -> Value:
+    """Max or average pooling of ``x`` along ``axis`` alone, as ONNX defines it: the input padded with ``begin`` /
+    ``end`` values that never win a max (-inf) or add nothing to a sum (0), windows of ``kernel`` taps ``dilation``
+    apart every ``stride``; an average divides by the taps inside the padded input (``include_pad``) or inside the
+    input itself. The taps are ``kernel`` strided slices, stacked and reduced."""
+    shape = list(x.type.shape)
+    extent = shape[axis]
+    needed = (count - 1) * stride + dilation * (kernel - 1) + 1  # what the windows read, ceil_mode's extra included
+    tail = max(needed - begin - extent, 0)
+    fill = -np.inf if mode == "max" else 0.0
+    dtype = _numpy_dtype(x.type.dtype)
+    pieces = []
+    for size in (begin, tail):
+        shape[axis] = size
+        pieces.append(g.param(_fresh_name(g, "pool_pad"), np.full(shape, fill, dtype)) if size else None)
+    padded = g.concat([p for p in (pieces[0], x, pieces[1]) if p is not None], axis=axis) if begin or tail else x
+    taps = []
+    for tap in range(kernel):
+        start = tap * dilation
+        sliced = g.slice(padded, starts=(start,), ends=(start + (count - 1) * stride + 1,), axes=(axis,),
+                         steps=(stride,))
+        taps.append(g.reshape(sliced, shape=(*sliced.type.shape[:axis + 1], 1, *sliced.type.shape[axis + 1:])))
+    stacked = taps[0] if kernel == 1 else g.concat(taps, axis=axis + 1)
+    if mode == "max":
+        return g.max(stacked, axis=axis + 1, keepdims=False)
+    total = g.sum(stacked, axis=axis + 1, keepdims=False)
+    positions = np.arange(count)[:, None] * stride + np.arange(kernel)[None, :] * dilation  # in padded coordinates
+    limit = (positions < begin + extent + end) if include_pad else ((positions >= begin) & (positions < begin + extent))
+    divisor = np.maximum(limit.sum(axis=1), 1)
+    scale_shape = [1] * x.type.rank
+    scale_shape[axis] = count
+    return g.mul(total, g.param(_fresh_name(g, "pool_divisor"), (1.0 / divisor).reshape(scale_shape).astype(dtype)))
+
+
+RULES["MaxPool"] = lambda ctx, inputs, attrs: _pool(ctx, inputs, attrs, "max_pool2d")
+RULES["AveragePool"] = lambda ctx, inputs, attrs: _pool(ctx, inputs, attrs, "avg_pool2d")
+
+
+@rule("GlobalAveragePool")
+def _global_average_pool(ctx, inputs, attrs):
+    _only(attrs, {})
+    g = ctx.graph
+    x = _float_input(ctx.value(inputs[0]), "input X")
+    x4, one_d = _as_2d(g, x, "GlobalAveragePool")
+    y = g.global_avg_pool(x4)
+    return [g.reshape(y, shape=(*x.type.shape[:2], 1)) if one_d else y]
+
+
+@rule("BatchNormalization")
+def _batch_normalization(ctx, inputs, attrs):
+    """Inference (running statistics); ``training_mode=1`` normalizes with the batch statistics and returns ONNX's
+    running statistics, ``momentum * running + (1 - momentum) * batch`` with the biased batch variance, computed
+    from the op's saved statistics (GE2's own running update is PyTorch's, with the unbiased variance)."""
+    _only(attrs, {"epsilon": _ANY, "momentum": _ANY, "training_mode": _ANY})
+    g = ctx.graph
+    x = _float_input(ctx.value(inputs[0]), "input X")
+    params = [ctx.value(name) for name in inputs[1:5]]
+    for name, value in zip(("scale", "B", "input_mean", "input_var"), params):
+        if value.type.dtype != "float32":
+            raise Unsupported(f"{name} of dtype {value.type.dtype} (GE2's batch_norm keeps float32 statistics)")
+    eps, momentum = float(attrs.get("epsilon", 1e-5)), float(attrs.get("momentum", 0.9))
+    training = bool(attrs.get("training_mode", 0))
+    if x.type.rank < 2:
+        raise Unsupported(f"a rank-{x.type.rank} input")
+    y, mean, invstd, _, _ = g.batch_norm(x, *params, training=training, momentum=1.0 - momentum, eps=eps)
+    if not training:
+        if ctx.wants(1) or ctx.wants(2):
+            raise Unsupported("running statistic outputs without training_mode=1")
+        return [y]
+    float32 = np.float32
+
+    def constant(value, label):
+        return g.param(_fresh_name(g, f"batch_norm_{label}"), np.array(value, float32))
+
+    variance = g.sub(g.div(constant(1.0, "one"), g.mul(invstd, invstd)), constant(eps, "eps"))
+    keep, take = constant(momentum, "momentum"), constant(1.0 - momentum, "one_minus_momentum")
+    running_mean = g.add(g.mul(params[2], keep), g.mul(mean, take))
+    running_var = g.add(g.mul(params[3], keep), g.mul(variance, take))
+    return [y, running_mean, running_var]
+
+
+@rule("Attention")
+def _attention(ctx, inputs, attrs):
+    """ONNX's Attention (opset 23+). Q, K, V are 4-d [batch, heads, seq, head_dim], or 3-d [batch, seq, heads *
+    head_dim] with q_num_heads / kv_num_heads; K/V heads may be grouped. Without a mask, a KV cache, softcap, a
+    window, the qk_matmul_output or a V head size of its own, it is GE2's attention op (is_causal top-left as GE2's,
+    scale). Otherwise it is lowered onto GE2 ops as ONNX's reference computes it: QK^T (one 2-d matmul per batch and
+    head, see ``_batched_matmul``; fine for small models, not fast), softcap, the additive bias (attn_mask, the
+    causal and window masks aligned after the cache), softmax, and the product with V. ``nonpad_kv_seqlen`` must be
+    a constant (the conformance backend binds it per value, as a Reshape's shape); boolean masks are not supported.
+    A row whose keys the causal, window and length masks all exclude is 0, as in ONNX; one that only attn_mask
+    excludes entirely gives NaN where ONNX gives 0."""
+    _only(attrs, {"is_causal": _ANY, "scale": _ANY, "q_num_heads": _ANY, "kv_num_heads": _ANY, "softcap": _ANY,
+                  "qk_matmul_output_mode": lambda v: v in (0, 1, 2, 3), "softmax_precision": _ANY,
+                  "left_window_size": lambda v: v >= -1, "right_window_size": lambda v: v >= -1})
+    lengths = None
+    if len(inputs) > 6 and inputs[6]:
+        lengths = np.asarray(ctx.constant(inputs[6], "nonpad_kv_seqlen (valid keys per batch entry)")).reshape(-1)
+    g = ctx.graph
+    q, k, v = (_float_input(ctx.value(name), label) for name, label in zip(inputs[:3], ("Q", "K", "V")))
+    optional = {name: ctx.value(inputs[index]) if len(inputs) > index and inputs[index] else None
+                for index, name in ((3, "attn_mask"), (4, "past_key"), (5, "past_value"))}
+    if (optional["past_key"] is None) != (optional["past_value"] is None):
+        raise Unsupported("past_key and past_value come together")
+    causal = bool(attrs.get("is_causal", 0))
+    scale = float(attrs["scale"]) if "scale" in attrs else None
+    softcap = float(attrs.get("softcap", 0.0))
+    window = (int(attrs.get("left_window_size", -1)), int(attrs.get("right_window_size", -1)))
+    rank = q.type.rank
+    if rank not in (3, 4) or k.type.rank != rank or v.type.rank != rank:
+        raise Unsupported(f"Q, K, V of ranks {q.type.rank}, {k.type.rank}, {v.type.rank} (3-d or 4-d ones)")
+    if rank == 3 and ("q_num_heads" not in attrs or "kv_num_heads" not in attrs):
+        raise Unsupported("3-d Q, K, V need q_num_heads and kv_num_heads")
+    simple = (all(value is None for value in optional.values()) and lengths is None and softcap == 0.0
+              and window == (-1, -1)
+              and not any(ctx.wants(index) for index in (1, 2, 3)) and v.type.shape[-1] * (
+                  int(attrs["q_num_heads"]) if rank == 3 else 1) == q.type.shape[-1] * (
+                  int(attrs["kv_num_heads"]) if rank == 3 else 1))
+    if rank == 3:  # [batch, seq, heads * dim] -> [batch, seq, heads, dim]
+        heads = {"Q": int(attrs["q_num_heads"]), "K": int(attrs["kv_num_heads"]), "V": int(attrs["kv_num_heads"])}
+        split = []
+        for label, value in zip(("Q", "K", "V"), (q, k, v)):
+            batch, seq, width = value.type.shape
+            if width % heads[label]:
+                raise Unsupported(f"{label} width {width} is not a multiple of its {heads[label]} heads")
+            split.append(g.reshape(value, shape=(batch, seq, heads[label], width // heads[label])))
+        if simple:
+            y = g.attention(*split, causal=causal, scale=scale, layout="bshd")[0]
+            return [g.reshape(y, shape=(*q.type.shape[:2], -1))]
+        q, k, v = (g.transpose(value, perm=(0, 2, 1, 3)) for value in split)
+    elif simple:
+        return [g.attention(q, k, v, causal=causal, scale=scale, layout="bhsd")[0]]
+    y, present_key, present_value, scores = _attention_lowered(ctx, q, k, v, optional, lengths, causal, scale,
+                                                               softcap, window,
+                                                               int(attrs.get("qk_matmul_output_mode", 0)))
+    if rank == 3:
+        y = g.reshape(g.transpose(y, perm=(0, 2, 1, 3)), shape=(*y.type.shape[:1], y.type.shape[2], -1))
+    return [y, present_key, present_value, scores]
+
+
+def _attention_lowered(ctx, q, k, v, optional, lengths, causal, scale, softcap, window, mode):
+    """ONNX's reference attention on GE2 ops, 4-d [batch, heads, seq, dim] inputs: (Y, present_key,
+    present_value, qk_matmul_output). ``lengths``: nonpad_kv_seqlen's values (keys past them are masked, and the
+    causal and window masks end there) or None."""
+    g = ctx.graph
+    dtype = _numpy_dtype(q.type.dtype)
+
+    def constant(array, label):
+        return g.param(_fresh_name(g, f"attention_{label}"), np.asarray(array, dtype))
+
+    past = 0
+    if optional["past_key"] is not None:
+        past = optional["past_key"].type.shape[2]
+        k = g.concat([optional["past_key"], k], axis=2)
+        v = g.concat([optional["past_value"], v], axis=2)
+    present_key, present_value = k, v
+    batch, heads, seq_q, dim = q.type.shape
+    kv_heads, seq_k = k.type.shape[1], k.type.shape[2]
+    if heads != kv_heads:  # grouped K/V heads: each repeated for its group, [h0, h0, h1, h1, ...]
+        if heads % kv_heads:
+            raise Unsupported(f"{kv_heads} K/V heads do not divide the {heads} query heads")
+        group = heads // kv_heads
+
+        def repeat(value):
+            parts = [g.reshape(value, shape=(batch, kv_heads, 1, seq_k, value.type.shape[3]))] * group
+            return g.reshape(g.concat(parts, axis=2), shape=(batch, heads, seq_k, value.type.shape[3]))
+
+        k, v = repeat(k), repeat(v)
+    root = np.sqrt(dim ** -0.5 if scale is None else scale)  # ONNX scales Q and K by sqrt(scale) each
+    scaled_q = g.mul(q, constant(root, "scale"))
+    scaled_k = g.mul(g.transpose(k, perm=(0, 1, 3, 2)), constant(root, "scale"))
+    scores = _batched_matmul(g, scaled_q, scaled_k)
+    if softcap > 0:
+        scores = g.mul(g.tanh(g.mul(scores, constant(1.0 / softcap, "softcap_inverse"))),
+                       constant(softcap, "softcap"))
+    # The additive bias: the mask (padded with -inf up to the keys), then the causal and window masks, aligned
+    # after the cache (query i is at position past + i, or lengths[b] - seq_q + i with nonpad_kv_seqlen).
+    bias = optional["attn_mask"]
+    if bias is not None:
+        if bias.type.dtype != q.type.dtype:
+            raise Unsupported(f"attn_mask of dtype {bias.type.dtype} (a {q.type.dtype} additive mask is supported)")
+        missing = seq_k - bias.type.shape[-1]
+        if missing > 0:
+            pad = constant(np.full((*bias.type.shape[:-1], missing), -np.inf), "mask_pad")
+            bias = g.concat([bias, pad], axis=bias.type.rank - 1)
+    offset = past if lengths is None else (lengths - seq_q).reshape(-1, 1, 1, 1)
+    position = np.arange(seq_q)[:, None] + offset - np.arange(seq_k)[None, :]  # query position - key position
+    allowed = np.ones(position.shape, bool)
+    if causal:
+        allowed &= position >= 0
+    if window[0] >= 0:
+        allowed &= position <= window[0]
+    if window[1] >= 0:
+        allowed &= -position <= window[1]
+    if lengths is not None:
+        if lengths.shape != (batch,):
+            raise Unsupported(f"nonpad_kv_seqlen of shape {lengths.shape} for a batch of {batch}")
+        allowed &= np.arange(seq_k) < lengths.reshape(-1, 1, 1, 1)
+    # A row the causal/window/length masks leave no key is zero in ONNX: its bias stays finite (no NaN from a
+    # softmax over -inf only) and its probabilities are multiplied by 0.
+    empty_rows = ~allowed.any(axis=-1, keepdims=True)
+    if not allowed.all():
+        static = constant(np.where(allowed | empty_rows, 0.0, -np.inf), "static_mask")
+        bias = static if bias is None else g.add(bias, static)
+    with_bias = scores if bias is None else g.add(scores, bias)
+    probabilities = g.softmax(with_bias, axis=-1)
+    if empty_rows.any():
+        probabilities = g.mul(probabilities, constant(~empty_rows, "empty_rows"))
+    output = {0: scores, 1: scores, 2: with_bias, 3: probabilities}[mode]
+    return _batched_matmul(g, probabilities, v), present_key, present_value, output
 
 @rule("Cast")
 def _cast(ctx, inputs, attrs):
@@ -492,6 +906,7 @@ def load(model, input_shapes: dict | None = None, constant_inputs: dict | None =
             if node.op_type == "Constant":
                 ctx.constants[node.output[0]] = _constant_value(_attributes(node))
                 continue
+            ctx.node_outputs = list(node.output)
             outputs = RULES[node.op_type](ctx, list(node.input), _attributes(node))
             used = [name for name in node.output if name]
             if len(used) > len(outputs):

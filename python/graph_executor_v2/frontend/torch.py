@@ -30,6 +30,7 @@ class _Context:
     def __init__(self, graph: Graph):
         self.graph = graph
         self.values: dict[str, object] = {}  # fx node name -> Value, a tuple of Values, or a Python constant
+        self.node_target = ""  # the ATen target of the node being translated (a rule shared by overloads reads it)
 
     def get(self, argument):
         """An fx argument as GE2 Values or Python constants (lists, ints, floats, None)."""
@@ -269,11 +270,169 @@ def _split(ctx, x, sizes, dim=0):
     return tuple(pieces)
 
 
+@rule("aten.chunk.default")
+def _chunk(ctx, x, chunks, dim=0):
+    x = ctx.tensor(x)
+    extent = x.type.shape[int(dim) % x.type.rank]
+    return _split(ctx, x, -(-extent // int(chunks)), dim)
+
+
+# --- convolutional networks -------------------------------------------------------------------------------------
+def _ints(value, count: int = 2) -> tuple:
+    """An ATen int list argument ([k] repeats k) as a tuple of ``count`` ints."""
+    values = [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+    return tuple(values * count if len(values) == 1 else values)
+
+
+def _check_4d(x: Value, what: str) -> None:
+    if x.type.rank != 4:
+        raise Unsupported(f"{what} of a rank-{x.type.rank} input (GE2's op takes 4-d NCHW)")
+
+
+def _conv(ctx, x, weight, bias, stride, padding, dilation, groups):
+    g = ctx.graph
+    x, weight = ctx.tensor(x), ctx.tensor(weight)
+    _check_4d(x, "conv")
+    bias = None if bias is None else ctx.tensor(bias)
+    stride, dilation = _ints(stride), _ints(dilation)
+    if isinstance(padding, str):  # conv2d.padding: "valid" or "same" (stride 1; PyTorch puts an odd pad at the end)
+        if padding == "valid":
+            padding = 0
+        else:
+            pads = []
+            for kernel, step in zip(weight.type.shape[2:], dilation):
+                total = step * (kernel - 1)
+                pads += [total // 2, total - total // 2]
+            padding = tuple(pads)
+    else:
+        padding = _ints(padding)
+    return g.conv2d(x, weight, bias, stride=stride, padding=padding, dilation=dilation, groups=int(groups))
+
+
+@rule("aten.conv2d.default", "aten.conv2d.padding")
+def _conv2d(ctx, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    return _conv(ctx, x, weight, bias, stride, padding, dilation, groups)
+
+
+@rule("aten.convolution.default")
+def _convolution(ctx, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    if transposed:
+        raise Unsupported("transposed convolution")
+    if len(stride) != 2:
+        raise Unsupported(f"a {len(stride)}-d convolution (GE2's conv2d is 2-d)")
+    return _conv(ctx, x, weight, bias, stride, padding, dilation, groups)
+
+
+def _batch_norm(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """Inference batch norm on the running statistics: (y, saved_mean, saved_invstd) of GE2's op."""
+    if training:
+        raise Unsupported("batch norm in training mode: export the module in eval() mode")
+    if running_mean is None or running_var is None:
+        raise Unsupported("batch norm without running statistics (track_running_stats=False)")
+    g = ctx.graph
+    x = ctx.tensor(x)
+    stats = [ctx.tensor(running_mean), ctx.tensor(running_var)]
+    channels = stats[0].type.shape[0]
+    weight = ctx.tensor(weight) if weight is not None else g.param(g.unique_name("bn_ones"),
+                                                                   np.ones(channels, np.float32))
+    bias = ctx.tensor(bias) if bias is not None else g.param(g.unique_name("bn_zeros"), np.zeros(channels, np.float32))
+    y, saved_mean, saved_invstd, _, _ = g.batch_norm(x, weight, bias, *stats, training=False, eps=float(eps))
+    return y, saved_mean, saved_invstd
+
+
+@rule("aten.batch_norm.default")
+def _batch_norm_composite(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps, *args):
+    return _batch_norm(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps)[0]
+
+
+@rule("aten._native_batch_norm_legit_no_training.default")
+def _batch_norm_no_training(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
+    return _batch_norm(ctx, x, weight, bias, running_mean, running_var, False, momentum, eps)
+
+
+@rule("aten._native_batch_norm_legit.default", "aten.native_batch_norm.default",
+      "aten._native_batch_norm_legit_functional.default")
+def _batch_norm_native(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    return _batch_norm(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+def _window(kernel_size, stride, padding):
+    kernel = _ints(kernel_size)
+    return kernel, kernel if stride is None or len(stride) == 0 else _ints(stride), _ints(padding)
+
+
+@rule("aten.max_pool2d.default", "aten.max_pool2d_with_indices.default")
+def _max_pool2d(ctx, x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """max_pool2d -> y; the _with_indices form -> (y, indices), GE2's int32 indices within each plane."""
+    x = ctx.tensor(x)
+    _check_4d(x, "max_pool2d")
+    kernel, stride, padding = _window(kernel_size, stride, padding)
+    y, indices = ctx.graph.max_pool2d(x, kernel_size=kernel, stride=stride, padding=padding,
+                                      dilation=_ints(dilation), ceil_mode=bool(ceil_mode))
+    return (y, indices) if ctx.node_target.startswith("aten.max_pool2d_with_indices") else y
+
+
+@rule("aten.avg_pool2d.default")
+def _avg_pool2d(ctx, x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    if divisor_override is not None:
+        raise Unsupported(f"divisor_override={divisor_override}")
+    x = ctx.tensor(x)
+    _check_4d(x, "avg_pool2d")
+    kernel, stride, padding = _window(kernel_size, stride, padding)
+    return ctx.graph.avg_pool2d(x, kernel_size=kernel, stride=stride, padding=padding, ceil_mode=bool(ceil_mode),
+                                count_include_pad=bool(count_include_pad))
+
+
+@rule("aten.adaptive_avg_pool2d.default", "aten._adaptive_avg_pool2d.default")
+def _adaptive_avg_pool2d(ctx, x, output_size):
+    """Output 1x1 is global_avg_pool; an output size dividing H and W is avg_pool2d (non-overlapping windows)."""
+    g = ctx.graph
+    x = ctx.tensor(x)
+    _check_4d(x, "adaptive_avg_pool2d")
+    out = _ints(output_size)
+    if out == (1, 1):
+        return g.global_avg_pool(x)
+    height, width = x.type.shape[2:]
+    if height % out[0] or width % out[1]:
+        raise Unsupported(f"output_size {out} does not divide the input's {height} x {width}")
+    window = (height // out[0], width // out[1])
+    return g.avg_pool2d(x, kernel_size=window, stride=window)
+
+
+# --- attention --------------------------------------------------------------------------------------------------
+def _attention(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa=False):
+    if attn_mask is not None:
+        raise Unsupported("attn_mask (GE2's attention op masks causally or not at all)")
+    if dropout_p:
+        raise Unsupported(f"dropout_p={dropout_p}: export the module in eval() mode")
+    q, k, v = ctx.tensor(q), ctx.tensor(k), ctx.tensor(v)
+    if q.type.rank != 4:
+        raise Unsupported(f"attention on rank-{q.type.rank} tensors (GE2's op takes [batch, heads, seq, dim])")
+    if k.type.shape[1] != q.type.shape[1] and not enable_gqa:
+        raise Unsupported("K/V heads differ from the query heads without enable_gqa")
+    return ctx.graph.attention(q, k, v, causal=bool(is_causal), scale=None if scale is None else float(scale),
+                               layout="bhsd")
+
+
+@rule("aten.scaled_dot_product_attention.default")
+def _sdpa(ctx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    return _attention(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)[0]
+
+
+@rule("aten._scaled_dot_product_flash_attention_for_cpu.default")
+def _sdpa_flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
+    """(output, logsumexp): GE2's op gives the log-sum-exp too."""
+    return tuple(_attention(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale))
+
+
 @rule("<built-in function getitem>")
 def _getitem(ctx, items, index):
     items = ctx.get(items)
     if not isinstance(items, tuple):
         raise Unsupported(f"indexing a {type(items).__name__}")
+    if not -len(items) <= index < len(items):
+        raise Unsupported(f"output {index} of a node GE2 translates into {len(items)} outputs")
     return items[index]
 
 
@@ -283,8 +442,27 @@ def _target_name(target) -> str:
     return str(target)
 
 
+# In-place ATen ops a graph may keep (nn.ReLU(inplace=True), ``out += identity``), and their functional forms: the
+# same value as long as nothing reads the input after it is overwritten (checked).
+INPLACE = {"aten.relu_.default": "aten.relu.default", "aten.add_.Tensor": "aten.add.Tensor",
+           "aten.mul_.Tensor": "aten.mul.Tensor"}
+
+
+def _functional_target(node, target: str, positions: dict, problems: list) -> str | None:
+    """The target to translate ``node`` with: an in-place op as its functional form when its input is not read
+    again after it (None, with a problem recorded, otherwise)."""
+    if target not in INPLACE:
+        return target
+    mutated = node.args[0]
+    later = [user.name for user in mutated.users if positions[user] > positions[node]]
+    if later:
+        problems.append((node.name, target, f"in-place update of '{mutated.name}', which {later} read afterwards"))
+        return None
+    return INPLACE[target]
+
+
 def supported_targets() -> list[str]:
-    return sorted(RULES)
+    return sorted(set(RULES) | set(INPLACE))
 
 
 def from_torch(module, example_inputs: tuple, name: str | None = None) -> Graph:
@@ -304,6 +482,7 @@ def from_torch(module, example_inputs: tuple, name: str | None = None) -> Graph:
     failed: set[str] = set()
     input_kinds = {spec.arg.name: spec for spec in signature.input_specs}
     user_index = 0
+    positions = {node: index for index, node in enumerate(exported.graph.nodes)}
     for node in exported.graph.nodes:
         if node.op == "placeholder":
             spec = input_kinds[node.name]
@@ -325,6 +504,11 @@ def from_torch(module, example_inputs: tuple, name: str | None = None) -> Graph:
             if any(isinstance(a, torch.fx.Node) and a.name in failed for a in node.all_input_nodes):
                 failed.add(node.name)
                 continue
+            target = _functional_target(node, target, positions, problems)
+            if target is None:
+                failed.add(node.name)
+                continue
+            ctx.node_target = target
             translate = RULES.get(target)
             if translate is None:
                 problems.append((node.name, target, "ATen op not supported by GE2"))

@@ -1,4 +1,5 @@
 """Reference models built with ``ge2.nn``."""
 from .gpt import GPT, GPTConfig
+from .resnet import ResNet, resnet18
 
-__all__ = ["GPT", "GPTConfig"]
+__all__ = ["GPT", "GPTConfig", "ResNet", "resnet18"]

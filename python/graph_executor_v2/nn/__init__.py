@@ -19,6 +19,8 @@ import numpy as np
 
 from ..dtypes import normalize, to_numpy
 from ..ir.graph import Graph, Value
+from ..ops import _layout
+from ..train.trainer import BUFFER_UPDATE_PREFIX
 
 _generator = np.random.default_rng(0)
 
@@ -64,11 +66,22 @@ class Parameter:
         return f"Parameter({self.name or '?'}, shape={self.data.shape}, dtype={self.dtype})"
 
 
+class Buffer(Parameter):
+    """A non-trainable array a layer keeps across steps (batch norm's running statistics), float32. It appears in
+    the graph as a param like a ``Parameter``; a layer that updates it declares the new value as a graph output
+    named ``BUFFER_UPDATE_PREFIX + name``, which the ``Trainer`` copies back into the buffer after every step (and
+    which a caller running the graph itself may write back with ``load_state_dict``)."""
+
+
 class Module:
-    """The base of every layer: parameters, sub-modules, train/eval mode, state dicts and graph building."""
+    """The base of every layer: parameters, buffers, sub-modules, train/eval mode, state dicts and graph building."""
+
+    ignored_state_keys: tuple[str, ...] = ()  # state-dict keys of PyTorch's layer that load_state_dict skips
+    float32_parameters = False  # True: to(dtype) leaves this layer's parameters in float32
 
     def __init__(self):
         object.__setattr__(self, "_parameters", {})
+        object.__setattr__(self, "_buffers", {})
         object.__setattr__(self, "_modules", {})
         object.__setattr__(self, "training", True)
 
@@ -77,8 +90,11 @@ class Module:
             raise AttributeError(f"{type(self).__name__}.__init__ must call super().__init__() before setting "
                                  f"'{name}'")
         self._parameters.pop(name, None)
+        self._buffers.pop(name, None)
         self._modules.pop(name, None)
-        if isinstance(value, Parameter):
+        if isinstance(value, Buffer):
+            self._buffers[name] = value
+        elif isinstance(value, Parameter):
             self._parameters[name] = value
         elif isinstance(value, Module):
             self._modules[name] = value
@@ -102,14 +118,31 @@ class Module:
     def parameters(self) -> list[Parameter]:
         return [p for _, p in self.named_parameters()]
 
+    def named_buffers(self, prefix: str = "") -> Iterator[tuple[str, Buffer]]:
+        for module_name, module in self.named_modules(prefix):
+            for name, buffer in module._buffers.items():
+                yield (f"{module_name}.{name}" if module_name else name), buffer
+
+    def _named_state(self) -> Iterator[tuple[str, Parameter]]:
+        """Parameters and buffers in PyTorch's state_dict order: per module its parameters, then its buffers."""
+        seen: set[int] = set()
+        for module_name, module in self.named_modules():
+            for name, array in [*module._parameters.items(), *module._buffers.items()]:
+                if id(array) not in seen:
+                    seen.add(id(array))
+                    yield (f"{module_name}.{name}" if module_name else name), array
+
     def state_dict(self) -> dict[str, np.ndarray]:
-        return {name: p.data.copy() for name, p in self.named_parameters()}
+        return {name: p.data.copy() for name, p in self._named_state()}
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
-        """Copies arrays (NumPy, or anything ``np.asarray`` takes, e.g. CPU torch tensors) into the parameters."""
-        own = dict(self.named_parameters())
+        """Copies arrays (NumPy, or anything ``np.asarray`` takes, e.g. CPU torch tensors) into the parameters and
+        buffers. Keys a layer lists in ``ignored_state_keys`` (PyTorch state GE2 has no use for) are skipped."""
+        own = dict(self._named_state())
+        ignored = {f"{path}.{key}" if path else key for path, module in self.named_modules()
+                   for key in module.ignored_state_keys}
         missing = sorted(set(own) - set(state))
-        unexpected = sorted(set(state) - set(own))
+        unexpected = sorted(set(state) - set(own) - ignored)
         if strict and (missing or unexpected):
             raise KeyError(f"state: missing keys {missing}, unexpected keys {unexpected}")
         for name, parameter in own.items():
@@ -129,10 +162,13 @@ class Module:
         return self.train(False)
 
     def to(self, dtype) -> "Module":
-        """Sets the graph dtype of every parameter (the float32 masters stay)."""
+        """Sets the graph dtype of every parameter (the float32 masters stay); layers whose op keeps its parameters
+        in float32 (``float32_parameters``, e.g. batch norm) and buffers keep float32."""
         dtype = normalize(dtype, "dtype")
-        for parameter in self.parameters():
-            parameter.dtype = dtype
+        for _, module in self.named_modules():
+            if not module.float32_parameters:
+                for parameter in module._parameters.values():
+                    parameter.dtype = dtype
         return self
 
     # --- graphs -----------------------------------------------------------------------------------------------
@@ -142,18 +178,19 @@ class Module:
     def __call__(self, g: Graph, *inputs, **kwargs):
         if not isinstance(g, Graph):
             raise TypeError(f"g: expected the ir.Graph being built as the first argument, got {type(g).__name__}")
-        if any(p.name is None for p in self.parameters()):
+        if any(p.name is None for _, p in self._named_state()):
             self._name_parameters()
         return self.forward(g, *inputs, **kwargs)
 
     def _name_parameters(self) -> None:
-        for name, parameter in self.named_parameters():
+        for name, parameter in self._named_state():
             parameter.name = name
 
     def graph(self, input_spec, name: str | None = None) -> Graph:
         """The IR graph of this model. ``input_spec``: ``(shape, dtype)`` for one input named ``x``, or a dict
         ``name -> (shape, dtype)`` (inputs passed to ``forward`` in that order). Outputs: ``y`` for one value, else
-        ``y0, y1, ...``, or the names of a dict that ``forward`` returns."""
+        ``y0, y1, ...``, or the names of a dict that ``forward`` returns; in training mode also the new values of
+        the buffers a layer updates (``BUFFER_UPDATE_PREFIX + name``, see ``Buffer``)."""
         if isinstance(input_spec, tuple) and len(input_spec) == 2 and not isinstance(input_spec[1], tuple):
             input_spec = {"x": input_spec}
         if not isinstance(input_spec, dict) or not input_spec:
@@ -365,6 +402,205 @@ class Flatten(Module):
         return g.reshape(x, shape=(*shape[:start], merged, *shape[end + 1:]))
 
 
+def _pair(value, argument: str) -> tuple[int, int]:
+    values = (int(value),) * 2 if _layout.is_int(value) else _layout.int_tuple(value, argument)
+    if len(values) != 2:
+        raise TypeError(f"{argument}: expected an int or 2 ints (height, width), got {value!r}")
+    return values
+
+
+def _check_layout(layout) -> str:
+    if layout not in ("NCHW", "NHWC"):
+        raise ValueError(f"layout: expected 'NCHW' or 'NHWC', got {layout!r}")
+    return layout
+
+
+class Conv2d(Module):
+    """2-d convolution on the ``conv2d`` op, as ``torch.nn.Conv2d``: ``weight`` [out_channels, in_channels/groups,
+    kH, kW] (PyTorch's layout whatever ``layout`` says; NHWC graphs read it through a transpose), ``bias``
+    [out_channels]. ``padding``: an int, (h, w), ``"valid"`` (0) or ``"same"`` (stride 1; an odd total goes to the
+    bottom/right as PyTorch pads). Initialised as PyTorch: kaiming_uniform(a=sqrt(5)) for the weight, i.e. uniform
+    in +-1/sqrt(fan_in) with fan_in = in_channels/groups * kH * kW, and the bias uniform in the same bound.
+    ``layout``: "NCHW" (x [N, C, H, W]) or "NHWC" (x [N, H, W, C])."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True, layout: str = "NCHW"):
+        super().__init__()
+        _check_positive(in_channels=in_channels, out_channels=out_channels, groups=groups)
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(f"groups: {groups} must divide in_channels ({in_channels}) and out_channels "
+                             f"({out_channels})")
+        self.kernel_size = _pair(kernel_size, "kernel_size")
+        self.stride, self.dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
+        _check_positive(kernel_size=min(self.kernel_size), stride=min(self.stride), dilation=min(self.dilation))
+        if padding == "same" and self.stride != (1, 1):
+            raise ValueError(f"padding: 'same' needs stride 1 (as in PyTorch), got stride {self.stride}")
+        if isinstance(padding, str):
+            if padding not in ("same", "valid"):
+                raise ValueError(f"padding: expected an int, (h, w), 'same' or 'valid', got {padding!r}")
+        elif min(_pair(padding, "padding")) < 0:
+            raise ValueError(f"padding: expected entries >= 0, got {padding!r}")
+        self.padding = padding if isinstance(padding, str) else _pair(padding, "padding")
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.layout = _check_layout(layout)
+        fan_in = in_channels // groups * self.kernel_size[0] * self.kernel_size[1]
+        bound = 1.0 / math.sqrt(fan_in)
+        self.weight = Parameter(_uniform(bound, (out_channels, in_channels // groups, *self.kernel_size)))
+        self.bias = Parameter(_uniform(bound, (out_channels,))) if bias else None
+
+    def _op_padding(self):
+        """The op's padding: (h, w), or (top, bottom, left, right) for "same"."""
+        if self.padding == "valid":
+            return 0
+        if self.padding == "same":
+            pads = []
+            for kernel, dilation in zip(self.kernel_size, self.dilation):
+                total = dilation * (kernel - 1)
+                pads += [total // 2, total - total // 2]
+            return tuple(pads)
+        return self.padding
+
+    def forward(self, g, x):
+        channels = x.type.shape[1 if self.layout == "NCHW" else -1] if x.type.rank == 4 else None
+        if channels != self.in_channels:
+            raise ValueError(f"Conv2d input: expected a 4-d {self.layout} array with {self.in_channels} channels, "
+                             f"got {x.type}")
+        weight = self.weight.value(g)
+        if self.layout == "NHWC":
+            weight = g.transpose(weight, perm=(0, 2, 3, 1))
+        bias = None if self.bias is None else self.bias.value(g)
+        return g.conv2d(x, weight, bias, stride=self.stride, padding=self._op_padding(), dilation=self.dilation,
+                        groups=self.groups, layout=self.layout)
+
+    def extra_repr(self):
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
+                f"bias={self.bias is not None}, layout={self.layout!r}")
+
+
+class BatchNorm2d(Module):
+    """Batch normalization over N, H, W per channel, on the ``batch_norm`` op, as ``torch.nn.BatchNorm2d``:
+    ``weight`` ones, ``bias`` zeros (``affine=False``: fixed ones and zeros), buffers ``running_mean`` zeros and
+    ``running_var`` ones, kept in float32 whatever the input's dtype.
+
+    Training mode normalizes with the batch statistics and declares the updated running statistics (momentum
+    ``momentum``, unbiased variance, as PyTorch) as graph outputs ``BUFFER_UPDATE_PREFIX + "<path>.running_mean"``
+    / ``...running_var``, which ``ge2.train.Trainer`` copies into its running buffers after every step. Eval mode
+    normalizes with the running statistics. PyTorch's ``num_batches_tracked`` (used only for ``momentum=None``,
+    which this layer does not offer) is skipped by ``load_state_dict``."""
+
+    ignored_state_keys = ("num_batches_tracked",)
+    float32_parameters = True
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True,
+                 layout: str = "NCHW"):
+        super().__init__()
+        _check_positive(num_features=num_features)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps <= 0:
+            raise ValueError(f"eps: expected a float > 0, got {eps!r}")
+        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"momentum: expected a float in [0, 1] (None, PyTorch's cumulative average, is not "
+                             f"offered), got {momentum!r}")
+        self.num_features, self.eps, self.momentum, self.affine = num_features, float(eps), float(momentum), affine
+        self.layout = _check_layout(layout)
+        if affine:
+            self.weight = Parameter(np.ones(num_features, np.float32))
+            self.bias = Parameter(np.zeros(num_features, np.float32))
+        self.running_mean = Buffer(np.zeros(num_features, np.float32))
+        self.running_var = Buffer(np.ones(num_features, np.float32))
+
+    def forward(self, g, x):
+        channels = x.type.shape[1 if self.layout == "NCHW" else -1] if x.type.rank == 4 else None
+        if channels != self.num_features:
+            raise ValueError(f"BatchNorm2d input: expected a 4-d {self.layout} array with {self.num_features} "
+                             f"channels, got {x.type}")
+        if self.affine:
+            weight, bias = self.weight.value(g), self.bias.value(g)
+        else:
+            weight = g.param(g.unique_name("batch_norm_ones"), np.ones(self.num_features, np.float32))
+            bias = g.param(g.unique_name("batch_norm_zeros"), np.zeros(self.num_features, np.float32))
+        y, _, _, running_mean, running_var = g.batch_norm(
+            x, weight, bias, self.running_mean.value(g), self.running_var.value(g), training=self.training,
+            momentum=self.momentum, eps=self.eps, layout=self.layout)
+        if self.training:
+            g.output(running_mean, BUFFER_UPDATE_PREFIX + self.running_mean.name)
+            g.output(running_var, BUFFER_UPDATE_PREFIX + self.running_var.name)
+        return y
+
+    def extra_repr(self):
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+                f"layout={self.layout!r}")
+
+
+class MaxPool2d(Module):
+    """Max pooling on the ``max_pool2d`` op, as ``torch.nn.MaxPool2d`` (stride defaults to the kernel size)."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
+                 layout: str = "NCHW"):
+        super().__init__()
+        self.kernel_size = _pair(kernel_size, "kernel_size")
+        self.stride = self.kernel_size if stride is None else _pair(stride, "stride")
+        self.padding, self.dilation = _pair(padding, "padding"), _pair(dilation, "dilation")
+        self.ceil_mode, self.layout = bool(ceil_mode), _check_layout(layout)
+
+    def forward(self, g, x):
+        y, _ = g.max_pool2d(x, kernel_size=self.kernel_size, stride=self.stride, padding=self.padding,
+                            dilation=self.dilation, ceil_mode=self.ceil_mode, layout=self.layout)
+        return y
+
+    def extra_repr(self):
+        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+                f"dilation={self.dilation}, ceil_mode={self.ceil_mode}")
+
+
+class AvgPool2d(Module):
+    """Average pooling on the ``avg_pool2d`` op, as ``torch.nn.AvgPool2d`` (stride defaults to the kernel size)."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True,
+                 layout: str = "NCHW"):
+        super().__init__()
+        self.kernel_size = _pair(kernel_size, "kernel_size")
+        self.stride = self.kernel_size if stride is None else _pair(stride, "stride")
+        self.padding = _pair(padding, "padding")
+        self.ceil_mode, self.count_include_pad = bool(ceil_mode), bool(count_include_pad)
+        self.layout = _check_layout(layout)
+
+    def forward(self, g, x):
+        return g.avg_pool2d(x, kernel_size=self.kernel_size, stride=self.stride, padding=self.padding,
+                            ceil_mode=self.ceil_mode, count_include_pad=self.count_include_pad, layout=self.layout)
+
+    def extra_repr(self):
+        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+                f"ceil_mode={self.ceil_mode}, count_include_pad={self.count_include_pad}")
+
+
+class AdaptiveAvgPool2d(Module):
+    """``torch.nn.AdaptiveAvgPool2d`` for output sizes whose windows do not overlap: 1 (or (1, 1)) is the
+    ``global_avg_pool`` op; an output size that divides H and W is ``avg_pool2d`` with kernel = stride = H/oh x W/ow
+    (what PyTorch computes then). Other sizes (overlapping windows of varying size) raise ValueError."""
+
+    def __init__(self, output_size, layout: str = "NCHW"):
+        super().__init__()
+        self.output_size = _pair(output_size, "output_size")
+        _check_positive(output_size=min(self.output_size))
+        self.layout = _check_layout(layout)
+
+    def forward(self, g, x):
+        if x.type.rank != 4:
+            raise ValueError(f"AdaptiveAvgPool2d input: expected a 4-d {self.layout} array, got {x.type}")
+        if self.output_size == (1, 1):
+            return g.global_avg_pool(x, layout=self.layout)
+        height, width = x.type.shape[2:] if self.layout == "NCHW" else x.type.shape[1:3]
+        if height % self.output_size[0] or width % self.output_size[1]:
+            raise ValueError(f"output_size: {self.output_size} must divide the input's H x W ({height} x {width}); "
+                             "windows of varying size are not supported")
+        window = (height // self.output_size[0], width // self.output_size[1])
+        return g.avg_pool2d(x, kernel_size=window, stride=window, layout=self.layout)
+
+    def extra_repr(self):
+        return f"output_size={self.output_size}"
+
+
 class MultiheadAttention(Module):
     """Self-attention (``forward(g, x)``) or attention of ``query`` over ``key``/``value`` (``forward(g, q, k, v)``),
     inputs [batch, seq, embed_dim] (``batch_first=True`` in PyTorch's terms), on the ``attention`` op.
@@ -455,6 +691,6 @@ def _check_last_dim(x: Value, size: int, what: str) -> None:
         raise ValueError(f"{what}: expected an input whose last dim is {size}, got {x.type}")
 
 
-__all__ = ["manual_seed", "Parameter", "Module", "Linear", "LayerNorm", "RMSNorm", "Embedding", "Dropout", "ReLU",
-           "GELU", "SiLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax", "Flatten", "MultiheadAttention",
-           "Sequential"]
+__all__ = ["manual_seed", "Parameter", "Buffer", "BUFFER_UPDATE_PREFIX", "Module", "Linear", "LayerNorm", "RMSNorm",
+           "Embedding", "Dropout", "ReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax", "Flatten",
+           "MultiheadAttention", "Sequential", "Conv2d", "BatchNorm2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d"]

@@ -9,6 +9,10 @@ first step and replayed from then on. Parameters (float32 masters) and optimizer
 updated in place; the plan reads the parameters where they live, so nothing is copied between steps. A step feeds
 the batch and launches the plan: reading the loss (``float(loss)``) is the caller's choice and the only host sync.
 
+Buffers (batch norm's running statistics): a graph output named ``BUFFER_UPDATE_PREFIX + name`` is the new value of
+parameter ``name``, which is then a buffer, not trained: the step computes it, and the plan's epilogue copies it into
+the buffer the next step reads (``buffers()`` reads them; checkpoints keep them).
+
 On ``device="cpu"`` every node and the optimizer run through the NumPy references (the CPU backend, the optimizer
 op's ``ReferenceOptimizer``). On ``device="cuda"`` the nodes run as GPU kernels and the optimizer as the optimizer
 op's fused multi-tensor kernels (``FusedOptimizerStep``: device step counter, schedule, clipping, loss scaling,
@@ -45,6 +49,7 @@ from . import optimizers as _optim
 from .losses import CONSTANT_PREFIX
 
 CHECKPOINT_FORMAT = "ge2.train/1"
+BUFFER_UPDATE_PREFIX = "update/"  # graph output "update/<param>": the param's value for the next step (a buffer)
 COUNTERS = ("step", "optimizer_steps", "loss_scale", "loss_scale_growth_tracker")
 
 
@@ -58,8 +63,9 @@ class Trainer:
     step whose gradients hold an inf or NaN is skipped and the scale lowered. ``checkpoint``: activations to
     recompute in the backward instead of keeping them from the forward (names of nodes or values of the training
     graph, or op names such as "gemm"; ``explain()`` shows them): less memory for more time.
-    ``trainable``: names of the parameters to train (default every float parameter not named ``const/...``); the
-    others stay constant.
+    ``trainable``: names of the parameters to train (default every float parameter not named ``const/...`` and not
+    a buffer); the others stay constant. Buffers: parameters with an output ``BUFFER_UPDATE_PREFIX + name`` (see the
+    module docstring).
     ``distributed``: True trains data-parallel over the ranks of ``ge2.distributed`` (``init()`` first; NCCL on
     "cuda", the store on "cpu"); ``step`` then takes this rank's shard of the batch and ``fit`` shards each global
     batch itself. ``bucket_bytes``: gradients averaged per all-reduce (default 25 MB, PyTorch DDP's: large enough
@@ -95,8 +101,10 @@ class Trainer:
         self.optimizer, self.grad_clip, self.amp, self.loss_scale = optimizer, grad_clip, amp, loss_scale
         self.optimizer_config = _optim.to_config(optimizer, grad_clip, loss_scale)
 
+        self.buffer_names = _buffer_names(graph)
         names = [n for n, v in graph.params.items() if v.type.dtype in FLOAT_DTYPES
-                 and not n.startswith(CONSTANT_PREFIX)] if trainable is None else list(trainable)
+                 and not n.startswith(CONSTANT_PREFIX) and n not in self.buffer_names] \
+            if trainable is None else list(trainable)
         for name in names:
             if name not in graph.params:
                 raise ValueError(f"trainable: unknown parameter {name!r}; graph '{graph.name}' has parameters "
@@ -104,6 +112,9 @@ class Trainer:
             if graph.params[name].type.dtype not in FLOAT_DTYPES:
                 raise TypeError(f"trainable: parameter {name!r} has dtype {graph.params[name].type.dtype}; only "
                                 "float parameters are trained")
+            if name in self.buffer_names:
+                raise ValueError(f"trainable: {name!r} is a buffer (the graph computes its next value, output "
+                                 f"'{BUFFER_UPDATE_PREFIX}{name}'), not a trainable parameter")
         self.forward_graph, self._forward_records = PassManager(resolve(TRAINING_FORWARD)).run(graph)
         if amp is not None:
             self.forward_graph, amp_records = PassManager([Pass("autocast", lambda g: autocast(g, amp)),
@@ -116,8 +127,9 @@ class Trainer:
                              f"'{graph.name}' (parameters: {list(graph.params)})")
         self._forward_names = {node.name for node in self.forward_graph.nodes}
         differentiated = autograd.backward_graph(self.forward_graph, loss, wrt=self.trained)
-        for name in [n for n in differentiated.outputs if n != loss and not n.startswith(autograd.GRAD_PREFIX)]:
-            del differentiated.outputs[name]  # a step returns only the loss: other outputs need not be computed
+        for name in [n for n in differentiated.outputs if n != loss and not n.startswith(autograd.GRAD_PREFIX)
+                     and not n.startswith(BUFFER_UPDATE_PREFIX)]:
+            del differentiated.outputs[name]  # a step returns the loss (and buffer updates): no other output
         # Under loss scaling the seed is the scale, not 1: the loss and its gradient cannot come from one pass.
         passes = [p for p in resolve(TRAINING_BACKWARD) if not (loss_scale and p.name == "fuse_loss_gradient")]
         if checkpoint:
@@ -139,6 +151,8 @@ class Trainer:
         self._compute_dtypes = {name: self.forward_graph.params[name].type.dtype if name in self.forward_graph.params
                                 else graph.params[name].type.dtype for name in self._masters}
         self._param_slots = {name: self._compute_slot(name) for name in self._masters}
+        self._buffers = {name: self._new_buffer(np.array(graph.params[name].data, np.float32))
+                         for name in self.buffer_names}
         # The optimizer's own state: applied steps, loss scale, finite steps since the scale last changed (on CUDA a
         # host mirror of the device Control block of the fused step, synchronized when the active plan changes and
         # for checkpoints).
@@ -155,7 +169,7 @@ class Trainer:
         self._seed = self._scale if self.device == "cpu" and seed_dtype == np.float32 else self._new_buffer(
             self._scale.astype(seed_dtype))
         self.step_count = 0  # steps taken
-        slots = dict(self._param_slots)
+        slots = {**self._param_slots, **self._buffers}
         if autograd.SEED in self.train_graph.params:
             slots[autograd.SEED] = self._seed
         # One stream: the step's nodes form a chain (forward, then backward), and one stream lets the memory plan
@@ -187,15 +201,19 @@ class Trainer:
         return DeviceLoss(plan.slots[loss.name], loss.type.dtype, self, self.step_count)
 
     def fit(self, data: dict, epochs: int = 1, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
-            progress: bool = True) -> dict:
+            progress: bool = True, drop_last: bool = False) -> dict:
         """Trains over ``data`` (input name -> array, all with the same first dim) for ``epochs``, in batches (the
-        last one may be smaller), with a tqdm progress bar. Returns {"loss": per-step losses, "epoch_loss": the
-        mean loss of each epoch}. With ``distributed=True`` every rank calls it with the whole data set and the same
-        arguments; ``batch_size`` is the global batch, and the losses are the global batches' means."""
+        last one may be smaller; ``drop_last`` leaves it out, for a graph built for one batch size), with a tqdm
+        progress bar. Returns {"loss": per-step losses, "epoch_loss": the mean loss of each epoch}. With
+        ``distributed=True`` every rank calls it with the whole data set and the same arguments; ``batch_size`` is
+        the global batch, and the losses are the global batches' means."""
         count = _check_data(data, self.train_graph)
         for name, value in (("epochs", epochs), ("batch_size", batch_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+        if drop_last and count < batch_size:
+            raise ValueError(f"batch_size: {batch_size} is more than the {count} examples, and drop_last leaves "
+                             "every step out")
         # Data parallel: every rank draws the same order (same seed) and takes its shard of each global batch of
         # ``batch_size``; the shards must be equal for the averaged gradient to be the global batch's, so a last
         # batch is cut to a multiple of the world size (at most world - 1 examples an epoch left out).
@@ -204,7 +222,8 @@ class Trainer:
             raise ValueError(f"batch_size: expected a multiple of the world size {world} (the global batch is "
                              f"split evenly over the ranks), got {batch_size}")
         rng = np.random.default_rng(seed)
-        starts = [start for start in range(0, count, batch_size) if min(batch_size, count - start) >= world]
+        sizes = {start: min(batch_size, count - start) for start in range(0, count, batch_size)}
+        starts = [start for start, size in sizes.items() if size >= world and not (drop_last and size < batch_size)]
         if not starts:
             raise ValueError(f"data: {count} example(s), fewer than the world size {world}")
         history = {"loss": [], "epoch_loss": []}
@@ -235,13 +254,19 @@ class Trainer:
         """Name -> a NumPy copy of every trainable parameter (the float32 masters)."""
         return {name: self._to_host(master) for name, master in self._masters.items()}
 
+    def buffers(self) -> dict[str, np.ndarray]:
+        """Name -> a NumPy copy of every buffer (e.g. batch norm's running statistics) as the last step left it."""
+        return {name: self._to_host(buffer) for name, buffer in self._buffers.items()}
+
     def executor(self) -> ExecutorV2:
         """An ExecutorV2 for inference on the current parameters (the trainer's own buffers, no copy: later steps
-        are seen by it). Its outputs are the graph's outputs other than the loss (all of them when the loss is the
-        only one), and its inputs those they need (no labels for a classifier's logits)."""
+        are seen by it). Its outputs are the graph's outputs other than the loss and the buffer updates (all of them
+        when the loss is the only one), and its inputs those they need (no labels for a classifier's logits). It
+        runs the graph as trained: a layer that behaves differently in eval mode (batch norm, dropout) needs the
+        eval graph (``model.eval().graph(...)`` loaded with ``parameters()`` and ``buffers()``)."""
         if self._inference is None:
             self._inference = ExecutorV2(_inference_graph(self.forward_graph, self.loss_name), self.device,
-                                         passes=[], params=dict(self._param_slots))
+                                         passes=[], params={**self._param_slots, **self._buffers})
         return self._inference
 
     def save(self, path) -> None:
@@ -253,6 +278,7 @@ class Trainer:
         tensors = {f"param/{name}": value for name, value in self.parameters().items()}
         for name, states in self._states.items():
             tensors.update((f"state/{name}/{state}", self._to_host(buffer)) for state, buffer in states.items())
+        tensors.update((f"buffer/{name}", value) for name, value in self.buffers().items())
         self._pull_state()
         tensors["step"] = np.array(self.step_count, np.int64)
         tensors["optimizer_steps"] = np.array(self._reference.step_count, np.int64)
@@ -275,7 +301,8 @@ class Trainer:
                 raise ValueError(f"path: the checkpoint {path} was saved from another graph (its parameters, "
                                  f"shapes or dtypes differ from graph '{self.graph.name}')")
             expected = {f"param/{name}" for name in self._masters} | set(COUNTERS) | {
-                f"state/{name}/{state}" for name, states in self._states.items() for state in states}
+                f"state/{name}/{state}" for name, states in self._states.items() for state in states} | {
+                f"buffer/{name}" for name in self._buffers}
             missing = sorted(expected - set(file.keys()))
             if missing:
                 raise ValueError(f"path: the checkpoint {path} lacks {missing} (saved with another optimizer?)")
@@ -286,6 +313,8 @@ class Trainer:
         for name, states in self._states.items():
             for state, buffer in states.items():
                 self._store(buffer, tensors[f"state/{name}/{state}"])
+        for name, buffer in self._buffers.items():
+            self._store(buffer, tensors[f"buffer/{name}"])
         self.step_count = int(tensors["step"])
         self._reference.step_count = int(tensors["optimizer_steps"])
         self._reference.loss_scale = float(tensors["loss_scale"])
@@ -366,6 +395,8 @@ class Trainer:
                 self._averager.attach(plan, [plan.graph.outputs[autograd.grad_name(name)].name
                                              for name in self.trained], plan.graph.outputs[self.loss_name].name)
             plan.epilogue.append(self._optimizer_launch(plan))
+            if self._buffers:
+                plan.epilogue.append(self._buffer_update_launch(plan))
         fused = self._fused.get(id(plan))
         if fused is not None and fused is not self._active:  # another batch shape: move the state over (syncs)
             self._pull_state()
@@ -395,6 +426,24 @@ class Trainer:
             if not reference.skipped:
                 for name in names:
                     self._refresh(name, stream)
+
+        return launch
+
+    def _buffer_update_launch(self, plan: Plan):
+        """launch(stream) copying this step's buffer updates (outputs of the plan) into the buffers the next step
+        reads: device work only on CUDA, captured with the plan."""
+        pairs = [(self._buffers[name], plan.slots[plan.graph.outputs[BUFFER_UPDATE_PREFIX + name].name])
+                 for name in self.buffer_names]
+        if self.device == "cpu":
+            def launch(stream):
+                for buffer, update in pairs:
+                    buffer[...] = update.reshape(buffer.shape)
+        else:
+            memcpy = self._backend.runtime.memcpy_device_to_device
+
+            def launch(stream):
+                for buffer, update in pairs:
+                    memcpy(buffer.ptr, update.ptr, int(np.prod(buffer.shape)) * 4, stream)
 
         return launch
 
@@ -517,15 +566,37 @@ class DeviceLoss:
 
 
 def _inference_graph(graph: Graph, loss: str) -> Graph:
-    """The graph without its loss output, and without the inputs only the loss read."""
-    if len(graph.outputs) == 1:
+    """The graph without its buffer updates and its loss output (kept when no other output is left), and without
+    the inputs only those read."""
+    dropped = [n for n in graph.outputs if n.startswith(BUFFER_UPDATE_PREFIX)]
+    if len(graph.outputs) > len(dropped) + 1:
+        dropped.append(loss)
+    if not dropped:
         return graph
     inference = graph.clone()
-    del inference.outputs[loss]
+    for name in dropped:
+        del inference.outputs[name]
     eliminate_dead_code(inference)
     used = {v for node in inference.nodes for v in node.inputs} | set(inference.outputs.values())
     inference.inputs = [v for v in inference.inputs if v in used]
     return inference
+
+
+def _buffer_names(graph: Graph) -> list[str]:
+    """The parameters that outputs ``BUFFER_UPDATE_PREFIX + name`` update, checked: float32, same shape."""
+    names = []
+    for output, value in graph.outputs.items():
+        if not output.startswith(BUFFER_UPDATE_PREFIX):
+            continue
+        name = output[len(BUFFER_UPDATE_PREFIX):]
+        param = graph.params.get(name)
+        if param is None:
+            raise ValueError(f"graph: output '{output}' updates a buffer, but the graph has no parameter {name!r}")
+        if param.type.dtype != "float32" or value.type != param.type:
+            raise ValueError(f"graph: output '{output}' ({value.type}) must have the type of the float32 buffer "
+                             f"{name!r} ({param.type})")
+        names.append(name)
+    return names
 
 
 def _check_data(data: dict, graph: Graph) -> int:

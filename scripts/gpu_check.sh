@@ -5,8 +5,8 @@
 #           (GE2_ONLY_OPS="gemm;softmax" builds a subset)
 # test:     the whole pytest suite with GPU tests required (a skip for lack of a GPU is a failure)
 # sanitize: compute-sanitizer memcheck over every GPU test file, racecheck over the shared-memory kernels' tests
-# bench:    every benchmarks/bench_*.py (GE2_BENCHES="gemm ops" narrows the list; bench_data_parallel measures 2-GPU
-#           rows only where 2 GPUs are visible; tables also under OUT_DIR)
+# bench:    every benchmarks/bench_*.py (GE2_BENCHES="gemm ops" narrows the list, GE2_BENCH_TIMEOUT caps each, in
+#           seconds; bench_data_parallel's 2-GPU rows need 2 visible GPUs; tables also under OUT_DIR)
 # Logs land in OUT_DIR: build.log, pytest.log, sanitizer.log (+ sanitizer_logs.tar.gz), bench.log, results.tar.gz,
 # summary.txt.
 set -uo pipefail
@@ -82,7 +82,7 @@ if [[ " $STAGES " == *" bench "* ]]; then
     bench=benchmarks/bench_$name.py
     [ -f "$bench" ] || continue
     echo "=== $bench" >>"$OUT/bench.log"
-    "$PYTHON" "$bench" >>"$OUT/bench.log" 2>&1
+    timeout "${GE2_BENCH_TIMEOUT:-1800}" "$PYTHON" "$bench" >>"$OUT/bench.log" 2>&1
     record "bench $(basename "$bench")" $?
   done
   tar czf "$OUT/results.tar.gz" -C benchmarks results

@@ -126,7 +126,7 @@ def test_bad_scalar_arguments_name_the_argument():
         attention.forward_numpy(q, q, q, scale=float("nan"))
     with pytest.raises(TypeError, match="attribute 'causal' expected bool, got int"):
         attention.forward_numpy(q, q, q, causal=1)
-    with pytest.raises(ValueError, match="kernel: expected one of auto, rowwise, flash, got 'flash9'"):
+    with pytest.raises(ValueError, match="kernel: expected one of auto, flash, rowwise, got 'flash9'"):
         attention.forward_numpy(q, q, q, kernel="flash9")
     with pytest.raises(TypeError, match="q: expected a NumPy array, got list"):
         attention.forward_numpy([[1.0]], q, q)

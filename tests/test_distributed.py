@@ -292,7 +292,8 @@ def _check_against_single_process(tmp_path, nproc: int, rtol: float) -> None:
     reference = np.load(tmp_path / "reference.npz")
     assert len(reference["loss"]) > 0 and len(ranks[0]["loss"]) == len(reference["loss"])
     np.testing.assert_allclose(ranks[0]["loss"], reference["loss"], rtol=rtol, err_msg="loss curve vs one process")
-    assert reference["loss"][-5:].mean() < reference["loss"][:5].mean()  # it learns
+    third = max(1, len(reference["loss"]) // 3)  # batches of 10 are noisy: compare the first and last thirds
+    assert reference["loss"][-third:].mean() < reference["loss"][:third].mean()  # it learns
     for name in ("w1", "b1", "w2", "b2"):
         for rank in range(1, nproc):
             np.testing.assert_array_equal(ranks[rank][name], ranks[0][name], err_msg=f"{name} on rank {rank}")

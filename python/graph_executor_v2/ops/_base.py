@@ -107,6 +107,7 @@ class Candidate:
     supports: Callable[[Problem], str | None]  # None when it applies, else the reason it does not
     prepare: Callable[[Problem], Launch]  # may raise RuntimeError (e.g. no cuBLASLt algorithm): next one is tried
     always_works: bool = False  # the fallback that supports every valid problem on the GPU
+    any_alignment: bool = False  # takes element-aligned pointers (views into other arrays), not only 16-byte ones
     origin: str = ""  # the package that registered it from outside GE2; "" for GE2's own candidates
 
 

@@ -211,7 +211,7 @@ class Face:
         excluded = Preferences.from_env().exclude  # GE2_FORCE_NO_EPILOGUE, as for plans
         failures = []
         for candidate in self._ranked:
-            if candidate.name in excluded or (not aligned and not candidate.always_works):
+            if candidate.name in excluded or (not aligned and not (candidate.always_works or candidate.any_alignment)):
                 continue
             if candidate.supports(problem):
                 continue

@@ -330,7 +330,7 @@ def _candidates(first_input: int, prepare) -> tuple[Candidate, ...]:
     """flash where it applies, rowwise otherwise (the forward OpDef reads q at input 0, the backward at 1)."""
     return tuple(Candidate(name, priority, description,
                            lambda problem, name=name: _supports(problem, first_input, name),
-                           lambda problem, name=name: prepare(problem, name))
+                           lambda problem, name=name: prepare(problem, name), any_alignment=name == "rowwise")
                  for name, priority, description in (("flash", 20, _FLASH), ("rowwise", 10, _ROWWISE)))
 
 

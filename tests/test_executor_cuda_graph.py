@@ -273,3 +273,14 @@ def test_nvtx_ranges_switch_on_with_the_environment(setting):
     result = subprocess.run([sys.executable, "-c", NVTX_SCRIPT], env=environment, capture_output=True, text=True,
                             check=True).stdout.split()
     assert result[0] == str(setting == "1") and float(result[1]) < 1e-4
+
+
+def test_zero_dimensional_inputs_and_params_keep_their_shape(rng):
+    """A 0-d feed (ONNX's scalar inputs) goes into its slot of shape (), not as a 1-element vector."""
+    g = Graph("scalars")
+    x, s = g.input("x", (3, 4), "float32"), g.input("s", (), "float32")
+    g.output(g.mul(g.mul(x, s), g.param("t", np.array(0.5, np.float32))), "y")
+    feeds = {"x": random_array(rng, (3, 4), "float32"), "s": np.array(3.0, np.float32)}
+    expected = ge2.ExecutorV2(g, device="cpu").run(feeds)["y"]
+    assert_close(ge2.ExecutorV2(g, device="cuda").run(feeds)["y"], expected, "float32")
+    assert_close(expected, feeds["x"].astype(np.float64) * 1.5, "float32")

@@ -142,10 +142,6 @@ KNOWN_FAILURES = {
     r"test_maxpool_with_argmax_2d_precomputed_(pads|strides)":
         "the Indices output: GE2's max_pool2d indexes within each plane (int32), ONNX across the tensor (int64, "
         "storage_order); GE2 has no integer arithmetic to convert them",
-    # (?=_cuda$): the CUDA variants only. Found on the H100, not yet fixed: the test data feeds the scalar input as
-    # shape (1,), which the CPU backend accepts and the CUDA backend's input slot of shape () rejects.
-    r"test_(dropout_default_ratio|gemm_default_scalar_bias)(?=_cuda$)":
-        "a scalar input fed as shape (1,): the CUDA backend's input slot of shape () rejects it",
 }
 
 

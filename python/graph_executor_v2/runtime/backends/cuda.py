@@ -66,7 +66,7 @@ class CudaBackend:
         self.device_index = self.runtime.current_device()
 
     def upload(self, array: np.ndarray):
-        return self.runtime.DeviceArray.from_numpy(np.ascontiguousarray(array), self.device_index)
+        return self.runtime.DeviceArray.from_numpy(np.require(array, requirements="C"), self.device_index)
 
     def allocate(self, nbytes: int):
         arena = self.runtime.DeviceArray.empty([max(nbytes, 1)], "uint8", self.device_index)
@@ -93,7 +93,7 @@ class CudaBackend:
         """Copies ``value`` (NumPy, or a device array whose ``DeviceView`` may be given) into ``slot`` on
         ``stream``."""
         if isinstance(value, np.ndarray):
-            slot.copy_from_numpy(np.ascontiguousarray(value), stream)
+            slot.copy_from_numpy(np.require(value, requirements="C"), stream)  # keeps 0-d (ascontiguousarray: 1-d)
             return
         view = view or _device.view_of(value, f"input '{name}'")
         if not view.is_contiguous:

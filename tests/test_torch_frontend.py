@@ -27,6 +27,11 @@ def _devices():
     return ["cpu"] + (["cuda"] if ge2.is_available() else [])
 
 
+def _run_on_ge2(graph, x, device):
+    """The imported graph's output y for the one input x (a torch tensor)."""
+    return ge2.ExecutorV2(graph, device=device).run({graph.inputs[0].name: x.numpy()})["y"]
+
+
 @pytest.mark.parametrize("device", _devices())
 def test_mlp(device):
     torch.manual_seed(0)
@@ -34,7 +39,7 @@ def test_mlp(device):
                                  torch.nn.LogSoftmax(dim=-1)).eval()
     x = torch.randn(8, 20)
     graph = from_torch(module, (x,))
-    out = ge2.ExecutorV2(graph, device=device).run({graph.inputs[0].name: x.numpy()})["y"]
+    out = _run_on_ge2(graph, x, device)
     assert_close(out, module(x).detach().double().numpy(), "float32", reduction_length=64)
 
 
@@ -44,7 +49,7 @@ def test_transformer_block_on_3d_input(device):
     module = _Block().eval()
     x = torch.randn(2, 5, 32)
     graph = from_torch(module, (x,))
-    out = ge2.ExecutorV2(graph, device=device).run({graph.inputs[0].name: x.numpy()})["y"]
+    out = _run_on_ge2(graph, x, device)
     assert_close(out, module(x).detach().double().numpy(), "float32", reduction_length=128)
 
 
@@ -103,7 +108,7 @@ def test_small_cnn(device):
     graph = from_torch(module, (x,))
     ops = graph.op_counts()
     assert ops["conv2d"] == 2 and ops["batch_norm"] == 2 and ops["max_pool2d"] == 1 and ops["global_avg_pool"] == 1
-    out = ge2.ExecutorV2(graph, device=device).run({graph.inputs[0].name: x.numpy()})["y"]
+    out = _run_on_ge2(graph, x, device)
     assert_close(out, module(x).detach().double().numpy(), "float32", reduction_length=72)
 
 
@@ -157,7 +162,7 @@ def test_gpt_block_maps_sdpa_onto_the_attention_op(device):
     assert graph.op_counts().get("attention") == 1, graph.op_counts()
     node = next(n for n in graph.nodes if n.op == "attention")
     assert node.attrs["causal"] is True
-    out = ge2.ExecutorV2(graph, device=device).run({graph.inputs[0].name: x.numpy()})["y"]
+    out = _run_on_ge2(graph, x, device)
     assert_close(out, module(x).detach().double().numpy(), "float32", reduction_length=128)
 
 

@@ -32,7 +32,7 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout
-from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register
+from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register, require_inputs
 from ._face import FACES, Face
 
 LAYOUTS = ("bhsd", "bshd")
@@ -249,9 +249,7 @@ _ATTRS = (
 
 
 def _infer_sizes(q, k, v, attrs):
-    for name, value in (("q", q), ("k", k), ("v", v)):
-        if value is None:
-            raise ValueError(f"input '{name}' is required")
+    require_inputs((q, k, v), ("q", "k", "v"))
     return problem_sizes(q.shape, q.dtype, k.shape, k.dtype, v.shape, v.dtype, attrs["layout"])
 
 

@@ -33,7 +33,7 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout, _row_norm
-from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register
+from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register, require_inputs
 from ._face import FACES, Face
 
 LAYOUTS = ("NCHW", "NHWC")
@@ -227,14 +227,8 @@ ATTRS = (
 )
 
 
-def _required(in_types, names):
-    for name, t in zip(names, in_types):
-        if t is None:
-            raise ValueError(f"input '{name}' is required")
-
-
 def _infer(in_types, attrs):
-    _required(in_types, ("x", *PARAMETERS))
+    require_inputs(in_types, ("x", *PARAMETERS))
     x = in_types[0]
     _, channels, _ = check_operands(x.shape, x.dtype, {n: (t.shape, t.dtype) for n, t in zip(PARAMETERS, in_types[1:])},
                                     attrs["training"], attrs["layout"])
@@ -299,7 +293,7 @@ OP = register(OpDef(
 
 
 def _infer_backward(in_types, attrs):
-    _required(in_types, ("dy", "x", "gamma", "saved_mean", "saved_invstd"))
+    require_inputs(in_types, ("dy", "x", "gamma", "saved_mean", "saved_invstd"))
     dy, x, gamma, saved_mean, saved_invstd = in_types
     check_operands(x.shape, x.dtype, {"gamma": (gamma.shape, gamma.dtype), "saved_mean": (saved_mean.shape,
                                       saved_mean.dtype), "saved_invstd": (saved_invstd.shape, saved_invstd.dtype)},

@@ -33,7 +33,7 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout, activations
-from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register
+from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register, require_inputs
 from ._face import Face
 
 CONV_ACTIVATIONS = ("none", "relu", "gelu", "silu", "leaky_relu")
@@ -311,9 +311,8 @@ def _op_attrs(attrs) -> dict:
 
 
 def _types_geometry(x, w, bias, attrs) -> ConvGeometry:
+    require_inputs((x, w), ("x", "w"))
     for name, t in (("x", x), ("w", w)):
-        if t is None:
-            raise ValueError(f"input '{name}' is required")
         if not t.is_concrete:
             raise ValueError(f"{name}: conv2d needs a concrete shape, got {t.shape}")
     return check_problem(x.shape, x.dtype, w.shape, w.dtype, None if bias is None else bias.shape,

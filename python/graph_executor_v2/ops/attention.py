@@ -298,24 +298,14 @@ def _supports(problem: Problem, first_input: int, kernel: str):
     return _native_module().unsupported_reason(kernel, head_dim, problem.in_types[first_input].dtype) or None
 
 
-def _prepare_forward(problem: Problem, kernel: str):
-    sizes = _native_sizes(_problem_sizes(problem, 0), problem.attrs["causal"], problem.attrs["scale"],
-                          problem.attrs["layout"], problem.in_types[0].dtype)
-    native_forward = _native_module().forward
+def _prepare(problem: Problem, first_input: int, native_call: str, kernel: str):
+    """The launch of the native ``forward`` or ``backward`` (``native_call``) with q at input ``first_input``."""
+    sizes = _native_sizes(_problem_sizes(problem, first_input), problem.attrs["causal"], problem.attrs["scale"],
+                          problem.attrs["layout"], problem.in_types[first_input].dtype)
+    native = getattr(_native_module(), native_call)
 
     def launch(ins, outs, stream):
-        native_forward(*ins, *outs, **sizes, kernel=kernel, stream=stream)
-
-    return launch
-
-
-def _prepare_backward(problem: Problem, kernel: str):
-    sizes = _native_sizes(_problem_sizes(problem, 1), problem.attrs["causal"], problem.attrs["scale"],
-                          problem.attrs["layout"], problem.in_types[1].dtype)
-    native_backward = _native_module().backward
-
-    def launch(ins, outs, stream):
-        native_backward(*ins, *outs, **sizes, kernel=kernel, stream=stream)
+        native(*ins, *outs, **sizes, kernel=kernel, stream=stream)
 
     return launch
 
@@ -324,11 +314,12 @@ _ROWWISE = "a warp per row, float32 online softmax, no tensor cores; head_dim <=
 _FLASH = "FlashAttention-2 on tensor cores (mma.sync); float16, bfloat16; head_dim 64, 128; any length"
 
 
-def _candidates(first_input: int, prepare) -> tuple[Candidate, ...]:
+def _candidates(first_input: int, native_call: str) -> tuple[Candidate, ...]:
     """flash where it applies, rowwise otherwise (the forward OpDef reads q at input 0, the backward at 1)."""
     return tuple(Candidate(name, priority, description,
                            lambda problem, name=name: _supports(problem, first_input, name),
-                           lambda problem, name=name: prepare(problem, name), any_alignment=name == "rowwise")
+                           lambda problem, name=name: _prepare(problem, first_input, native_call, name),
+                           any_alignment=name == "rowwise")
                  for name, priority, description in (("flash", 20, _FLASH), ("rowwise", 10, _ROWWISE)))
 
 
@@ -340,7 +331,7 @@ ATTENTION = register(OpDef(
     infer=_infer,
     reference=_reference_rule,
     reference_backward=_reference_backward_rule,
-    candidates=_candidates(0, _prepare_forward),
+    candidates=_candidates(0, "forward"),
     doc=__doc__,
 ))
 
@@ -352,7 +343,7 @@ ATTENTION_BACKWARD = _grad.register_backward(OpDef(
     attrs=_ATTRS,
     infer=_infer_backward,
     reference=_reference_backward_op,
-    candidates=_candidates(1, _prepare_backward),
+    candidates=_candidates(1, "backward"),
     doc="attention's gradients (dq, dk, dv) from dy, the forward inputs and the saved y and lse.",
 ))
 

@@ -182,15 +182,6 @@ def _check_native_kernel(kernel, head_dim, dtype):
         raise ValueError(f"q: no attention kernel takes head_dim {head_dim}; expected head_dim <= {MAX_HEAD_DIM}")
 
 
-def _device_views(arrays, names):
-    views = [_device.view_of(array, name) for array, name in zip(arrays, names)]
-    for view, name in zip(views, names):
-        if not view.is_contiguous:
-            raise ValueError(f"{name}: expected a contiguous array, got strides {view.strides} for shape {view.shape}")
-        _layout.check_device(view, views[0].device, name)
-    return views
-
-
 def _native_sizes(sizes, causal, scale, layout, dtype):
     return dict(batch=sizes["batch"], heads_q=sizes["heads_q"], heads_kv=sizes["heads_kv"], seq_q=sizes["seq_q"],
                 seq_k=sizes["seq_k"], head_dim=sizes["head_dim"], seq_major=layout == "bshd",
@@ -215,7 +206,7 @@ def _backward(dy, inputs, attrs, kernel, out, stream, y=None, lse=None):
     """(dq, dk, dv) as device arrays of dy's kind (or ``out``'s entries), from dy, the forward inputs and the saved
     y and lse (the forward runs first when they are not given)."""
     q, k, v = inputs
-    vdy, vq, vk, vv = _device_views((dy, q, k, v), ("dy", "q", "k", "v"))
+    vdy, vq, vk, vv = _layout.input_views({"dy": dy, "q": q, "k": k, "v": v}).values()
     sizes = problem_sizes(vq.shape, vq.dtype, vk.shape, vk.dtype, vv.shape, vv.dtype, attrs["layout"])
     _check_gradient(vdy.shape, vdy.dtype, vq.shape, vq.dtype)
     _check_native_kernel(kernel, sizes["head_dim"], vq.dtype)

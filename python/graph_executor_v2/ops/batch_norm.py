@@ -157,19 +157,6 @@ def reference_backward(dy, x, gamma, saved_mean, saved_invstd, training=False, l
 # ---------------------------------------------------------------------------------------------------------------
 # Python face: generated from the OpDef (ops/_face.py); the backward below is the part a definition cannot say.
 # ---------------------------------------------------------------------------------------------------------------
-def _device_views(arrays: dict) -> dict:
-    views = {}
-    for name, array in arrays.items():
-        view = _device.view_of(array, name)
-        if not view.is_contiguous:
-            raise ValueError(f"{name}: expected a contiguous array, got strides {view.strides} for shape "
-                             f"{view.shape}")
-        if views:
-            _layout.check_device(view, next(iter(views.values())).device, name)
-        views[name] = view
-    return views
-
-
 def _check_dy(dy_shape, dy_dtype, x_shape, x_dtype):
     if tuple(dy_shape) != tuple(x_shape):
         raise ValueError(f"dy: expected shape {tuple(x_shape)} (the shape of x), got {tuple(dy_shape)}")
@@ -188,8 +175,8 @@ def _backward(dy, inputs, attrs, kernel, out, stream, saved_mean=None, saved_inv
     gradient). ``saved_mean``/``saved_invstd``: the forward's saved statistics (both or neither; recomputed by a
     forward into temporaries when absent, which leaves the running statistics alone)."""
     x, gamma, beta, running_mean, running_var = inputs
-    views = _device_views({"dy": dy, "x": x, "gamma": gamma, "beta": beta, "running_mean": running_mean,
-                           "running_var": running_var})
+    views = _layout.input_views({"dy": dy, "x": x, "gamma": gamma, "beta": beta, "running_mean": running_mean,
+                                 "running_var": running_var})
     vdy, vx = views["dy"], views["x"]
     batch, channels, spatial = check_operands(vx.shape, vx.dtype, {n: (views[n].shape, views[n].dtype)
                                                                    for n in PARAMETERS}, attrs["training"],

@@ -235,22 +235,6 @@ def reference_backward(dy, x, w, bias=None, *, stride=1, padding=0, dilation=1, 
 # ---------------------------------------------------------------------------------------------------------------
 # Python face: generated from the OpDef (ops/_face.py); the backward below is the part a definition cannot say.
 # ---------------------------------------------------------------------------------------------------------------
-def _device_views(arrays: dict):
-    return {name: None if a is None else _device.view_of(a, name) for name, a in arrays.items()}
-
-
-def _validate_device(views: dict):
-    """Contiguous arrays on the device of the first one."""
-    first = next(iter(views.values()))
-    for name, view in views.items():
-        if view is None:
-            continue
-        if not view.is_contiguous:
-            raise ValueError(f"{name}: expected a contiguous array, got strides {view.strides} for shape "
-                             f"{tuple(view.shape)}")
-        _layout.check_device(view, first.device, name)
-
-
 def _check_dy(dy_shape, dy_dtype, geometry: ConvGeometry):
     if tuple(dy_shape) != geometry.out_shape:
         raise ValueError(f"dy: expected shape {geometry.out_shape} (the output of the convolution), "
@@ -263,12 +247,12 @@ def _backward(dy, inputs, attrs, kernel, out, stream):
     """(dx, dw, dbias) as device arrays of x's kind, or ``out``'s entries (dbias None without a bias). With an
     activation the pre-activation is recomputed (one forward GEMM)."""
     x, w, bias = inputs
-    views = _device_views({"dy": dy, "x": x, "w": w, "bias": bias})
-    vdy, vx, vw, vbias = views["dy"], views["x"], views["w"], views["bias"]
+    views = _layout.input_views({name: a for name, a in (("dy", dy), ("x", x), ("w", w), ("bias", bias))
+                                 if a is not None})
+    vdy, vx, vw, vbias = views["dy"], views["x"], views["w"], views.get("bias")
     geometry = check_problem(vx.shape, vx.dtype, vw.shape, vw.dtype, None if vbias is None else vbias.shape,
                              None if vbias is None else vbias.dtype, **_op_attrs(attrs))
     _check_dy(vdy.shape, vdy.dtype, geometry)
-    _validate_device(views)
     shapes = (tuple(vx.shape), tuple(vw.shape), (geometry.k,))
     grads, grad_views = [], []
     for index, (shape, wanted) in enumerate(zip(shapes, (True, True, bias is not None))):

@@ -319,34 +319,26 @@ def _reference_backward(inputs, outputs, out_grads, attrs):
     return list(reference_backward(out_grads[0], x, w, bias, **_op_attrs(attrs)))
 
 
-def _stride_check(value):
-    try:
-        _pair(value, "stride", 1)
-    except (TypeError, ValueError) as error:
-        return str(error).removeprefix("stride: ")
-    return None
+def _attr_check(name, parse):
+    """Attr.check from a parser whose errors name the attribute: the reason without the name, or None."""
 
+    def check(value):
+        try:
+            parse(value)
+        except (TypeError, ValueError) as error:
+            return str(error).removeprefix(f"{name}: ")
+        return None
 
-def _dilation_check(value):
-    try:
-        _pair(value, "dilation", 1)
-    except (TypeError, ValueError) as error:
-        return str(error).removeprefix("dilation: ")
-    return None
-
-
-def _padding_check(value):
-    try:
-        _padding(value)
-    except (TypeError, ValueError) as error:
-        return str(error).removeprefix("padding: ")
-    return None
+    return check
 
 
 ATTRS = (
-    Attr("stride", (int, tuple), 1, check=_stride_check, doc="int or (h, w)"),
-    Attr("padding", (int, tuple), 0, check=_padding_check, doc="int, (h, w) or (top, bottom, left, right)"),
-    Attr("dilation", (int, tuple), 1, check=_dilation_check, doc="int or (h, w)"),
+    Attr("stride", (int, tuple), 1, check=_attr_check("stride", lambda v: _pair(v, "stride", 1)),
+         doc="int or (h, w)"),
+    Attr("padding", (int, tuple), 0, check=_attr_check("padding", _padding),
+         doc="int, (h, w) or (top, bottom, left, right)"),
+    Attr("dilation", (int, tuple), 1, check=_attr_check("dilation", lambda v: _pair(v, "dilation", 1)),
+         doc="int or (h, w)"),
     Attr("groups", int, 1, check=lambda g: None if g >= 1 else "must be >= 1"),
     Attr("layout", str, "NCHW", choices=LAYOUTS),
     Attr("act", str, "none", choices=CONV_ACTIVATIONS),

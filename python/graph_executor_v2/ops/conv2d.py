@@ -243,6 +243,12 @@ def _check_dy(dy_shape, dy_dtype, geometry: ConvGeometry):
         raise TypeError(f"dy: expected dtype {geometry.dtype}, got {dy_dtype}")
 
 
+def _native_problem_args(geometry: ConvGeometry, attrs) -> tuple:
+    """(geometry, layout, dtype, act, slope, allow_tf32) as the native forward and backward take them."""
+    return (geometry.native, attrs["layout"], geometry.dtype, attrs["act"], float(attrs["slope"]),
+            bool(attrs["allow_tf32"]))
+
+
 def _backward(dy, inputs, attrs, kernel, out, stream):
     """(dx, dw, dbias) as device arrays of x's kind, or ``out``'s entries (dbias None without a bias). With an
     activation the pre-activation is recomputed (one forward GEMM)."""
@@ -269,8 +275,8 @@ def _backward(dy, inputs, attrs, kernel, out, stream):
         grad_views.append(view)
     ptr = lambda view: 0 if view is None else view.ptr  # noqa: E731
     _native_module().backward(vdy.ptr, vx.ptr, vw.ptr, ptr(vbias), ptr(grad_views[0]), ptr(grad_views[1]),
-                              ptr(grad_views[2]), geometry.native, attrs["layout"], geometry.dtype, attrs["act"],
-                              float(attrs["slope"]), bool(attrs["allow_tf32"]), kernel, _device.stream_handle(stream))
+                              ptr(grad_views[2]), *_native_problem_args(geometry, attrs), kernel,
+                              _device.stream_handle(stream))
     return tuple(grads)
 
 
@@ -355,15 +361,11 @@ def _forward_candidate(name, priority, description, always_works=False):
 
     def prepare(problem: Problem):
         x, w, bias = problem.in_types
-        geometry = _types_geometry(x, w, bias, problem.attrs).native
-        attrs = problem.attrs
+        problem_args = _native_problem_args(_types_geometry(x, w, bias, problem.attrs), problem.attrs)
         native_forward = _native_module().forward
-        layout, dtype, act = attrs["layout"], x.dtype, attrs["act"]
-        slope, tf32 = float(attrs["slope"]), bool(attrs["allow_tf32"])
 
         def launch(ins, outs, stream):
-            native_forward(ins[0], ins[1], ins[2], outs[0], geometry, layout, dtype, act, slope, tf32, name,
-                           stream)
+            native_forward(ins[0], ins[1], ins[2], outs[0], *problem_args, name, stream)
 
         return launch
 
@@ -414,15 +416,11 @@ def _backward_candidate(name, priority, description, always_works=False):
 
     def prepare(problem: Problem):
         _, x, w, bias = problem.in_types
-        geometry = _types_geometry(x, w, bias, problem.attrs).native
-        attrs = problem.attrs
+        problem_args = _native_problem_args(_types_geometry(x, w, bias, problem.attrs), problem.attrs)
         native_backward = _native_module().backward
-        layout, dtype, act = attrs["layout"], x.dtype, attrs["act"]
-        slope, tf32 = float(attrs["slope"]), bool(attrs["allow_tf32"])
 
         def launch(ins, outs, stream):
-            native_backward(ins[0], ins[1], ins[2], ins[3], outs[0], outs[1], outs[2], geometry, layout, dtype, act,
-                            slope, tf32, name, stream)
+            native_backward(ins[0], ins[1], ins[2], ins[3], outs[0], outs[1], outs[2], *problem_args, name, stream)
 
         return launch
 

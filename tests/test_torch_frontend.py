@@ -7,20 +7,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed: the torch
 import graph_executor_v2 as ge2  # noqa: E402
 from graph_executor_v2.frontend import UnsupportedModelError  # noqa: E402
 from graph_executor_v2.frontend.torch import from_torch  # noqa: E402
-from graph_executor_v2.testing import assert_close  # noqa: E402
-
-
-class _Block(torch.nn.Module):
-    """A pre-norm transformer MLP block with a residual (what a GPT block is around its attention)."""
-
-    def __init__(self, width=32):
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(width)
-        self.up = torch.nn.Linear(width, 4 * width)
-        self.down = torch.nn.Linear(4 * width, width)
-
-    def forward(self, x):
-        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x)), approximate="tanh"))
+from graph_executor_v2.testing import assert_close, torch_mlp_block  # noqa: E402
 
 
 def _devices():
@@ -46,7 +33,7 @@ def test_mlp(device):
 @pytest.mark.parametrize("device", _devices())
 def test_transformer_block_on_3d_input(device):
     torch.manual_seed(1)
-    module = _Block().eval()
+    module = torch_mlp_block(32).eval()
     x = torch.randn(2, 5, 32)
     graph = from_torch(module, (x,))
     out = _run_on_ge2(graph, x, device)

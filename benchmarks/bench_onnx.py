@@ -23,24 +23,14 @@ from harness import median_ms, torch_cuda, write_results
 
 import graph_executor_v2 as ge2
 from graph_executor_v2.frontend import onnx as onnx_frontend
-from graph_executor_v2.testing import assert_close
+from graph_executor_v2.testing import assert_close, torch_mlp_block
 
 
 def models(torch):
-    class Block(torch.nn.Module):
-        def __init__(self, width=768):
-            super().__init__()
-            self.norm = torch.nn.LayerNorm(width)
-            self.up = torch.nn.Linear(width, 4 * width)
-            self.down = torch.nn.Linear(4 * width, width)
-
-        def forward(self, x):
-            return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x)), approximate="tanh"))
-
     torch.manual_seed(0)
     mlp = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024))
     return {"mlp 256x1024->4096->1024": (mlp, torch.randn(256, 1024), 4096),
-            "transformer MLP block 1024x768": (Block(), torch.randn(1024, 768), 3072)}
+            "transformer MLP block 1024x768": (torch_mlp_block(768), torch.randn(1024, 768), 3072)}
 
 
 def wall_ms(fn, warmup=5, reps=30) -> float:

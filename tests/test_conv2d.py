@@ -12,6 +12,7 @@ from graph_executor_v2.ir.types import TensorType
 from graph_executor_v2.ops import OPS, conv2d
 from graph_executor_v2.ops._base import Problem
 from graph_executor_v2.testing import assert_close, random_array
+from row_norm_checks import numeric_gradient
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -91,21 +92,11 @@ def test_reference_backward_matches_finite_differences(rng, case, layout):
     def loss():
         return float((conv2d.reference(x, w, bias, **attrs)[0] * dy).sum())
 
-    step = 1e-6
     for name, array, grad in (("dx", x, grads[0]), ("dw", w, grads[1]), ("dbias", bias, grads[2])):
         if array is None:
             assert grad is None
             continue
-        numeric = np.zeros_like(array)
-        for index in np.ndindex(array.shape):
-            saved = array[index]
-            array[index] = saved + step
-            plus = loss()
-            array[index] = saved - step
-            minus = loss()
-            array[index] = saved
-            numeric[index] = (plus - minus) / (2 * step)
-        np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(grad, numeric_gradient(loss, array), rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def test_output_size_formula():

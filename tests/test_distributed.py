@@ -32,6 +32,16 @@ def _launch(tmp_path, body: str, nproc: int = 2, timeout: float = 120, extra=())
     return done, time.monotonic() - start
 
 
+def _world_of_one(monkeypatch):
+    """The launcher's environment for a world of one rank on a free local port."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)),
+                        ("LOCAL_RANK", "0")):
+        monkeypatch.setenv(name, value)
+
+
 # --- the store ---------------------------------------------------------------------------------------------------
 def test_store_operations_and_timeouts():
     master = TCPStore("127.0.0.1", 0, is_master=True, timeout=5)
@@ -111,12 +121,7 @@ def test_init_without_the_launcher_names_the_missing_variables(monkeypatch):
 
 
 def test_world_of_one_in_process(monkeypatch):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)),
-                        ("LOCAL_RANK", "0")):
-        monkeypatch.setenv(name, value)
+    _world_of_one(monkeypatch)
     group = distributed.init(backend="store", timeout=10)
     try:
         assert (distributed.rank(), distributed.world_size(), group.backend) == (0, 1, "store")
@@ -217,12 +222,7 @@ def test_world_size_mismatch_is_an_error(tmp_path):
 @pytest.mark.gpu
 def test_nccl_world_of_one(monkeypatch):
     assert distributed.is_available(), distributed.unavailable_reason()
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)),
-                        ("LOCAL_RANK", "0")):
-        monkeypatch.setenv(name, value)
+    _world_of_one(monkeypatch)
     group = distributed.init(timeout=60)
     try:
         assert group.backend == "nccl"
@@ -263,15 +263,6 @@ def test_nccl_two_ranks_on_two_gpus(tmp_path):
 
 # --- data-parallel training (Trainer(distributed=True)) -----------------------------------------------------------
 WORKER = str(Path(__file__).resolve().parent / "dist_worker.py")
-
-
-def _world_of_one(monkeypatch):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)),
-                        ("LOCAL_RANK", "0")):
-        monkeypatch.setenv(name, value)
 
 
 def _run_worker(tmp_path, nproc: int, *arguments, timeout: float = 300):

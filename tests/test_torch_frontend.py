@@ -7,24 +7,16 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed: the torch
 import graph_executor_v2 as ge2  # noqa: E402
 from graph_executor_v2.frontend import UnsupportedModelError  # noqa: E402
 from graph_executor_v2.frontend.torch import from_torch  # noqa: E402
-from graph_executor_v2.testing import assert_close  # noqa: E402
-
-
-class _Block(torch.nn.Module):
-    """A pre-norm transformer MLP block with a residual (what a GPT block is around its attention)."""
-
-    def __init__(self, width=32):
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(width)
-        self.up = torch.nn.Linear(width, 4 * width)
-        self.down = torch.nn.Linear(4 * width, width)
-
-    def forward(self, x):
-        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x)), approximate="tanh"))
+from graph_executor_v2.testing import assert_close, torch_mlp_block  # noqa: E402
 
 
 def _devices():
     return ["cpu"] + (["cuda"] if ge2.is_available() else [])
+
+
+def _run_on_ge2(graph, x, device):
+    """The imported graph's output y for the one input x (a torch tensor)."""
+    return ge2.ExecutorV2(graph, device=device).run({graph.inputs[0].name: x.numpy()})["y"]
 
 
 @pytest.mark.parametrize("device", _devices())
@@ -34,17 +26,17 @@ def test_mlp(device):
                                  torch.nn.LogSoftmax(dim=-1)).eval()
     x = torch.randn(8, 20)
     graph = from_torch(module, (x,))
-    out = ge2.ExecutorV2(graph, device=device).run({graph.inputs[0].name: x.numpy()})["y"]
+    out = _run_on_ge2(graph, x, device)
     assert_close(out, module(x).detach().double().numpy(), "float32", reduction_length=64)
 
 
 @pytest.mark.parametrize("device", _devices())
 def test_transformer_block_on_3d_input(device):
     torch.manual_seed(1)
-    module = _Block().eval()
+    module = torch_mlp_block(32).eval()
     x = torch.randn(2, 5, 32)
     graph = from_torch(module, (x,))
-    out = ge2.ExecutorV2(graph, device=device).run({graph.inputs[0].name: x.numpy()})["y"]
+    out = _run_on_ge2(graph, x, device)
     assert_close(out, module(x).detach().double().numpy(), "float32", reduction_length=128)
 
 
@@ -103,7 +95,7 @@ def test_small_cnn(device):
     graph = from_torch(module, (x,))
     ops = graph.op_counts()
     assert ops["conv2d"] == 2 and ops["batch_norm"] == 2 and ops["max_pool2d"] == 1 and ops["global_avg_pool"] == 1
-    out = ge2.ExecutorV2(graph, device=device).run({graph.inputs[0].name: x.numpy()})["y"]
+    out = _run_on_ge2(graph, x, device)
     assert_close(out, module(x).detach().double().numpy(), "float32", reduction_length=72)
 
 
@@ -157,7 +149,7 @@ def test_gpt_block_maps_sdpa_onto_the_attention_op(device):
     assert graph.op_counts().get("attention") == 1, graph.op_counts()
     node = next(n for n in graph.nodes if n.op == "attention")
     assert node.attrs["causal"] is True
-    out = ge2.ExecutorV2(graph, device=device).run({graph.inputs[0].name: x.numpy()})["y"]
+    out = _run_on_ge2(graph, x, device)
     assert_close(out, module(x).detach().double().numpy(), "float32", reduction_length=128)
 
 

@@ -264,18 +264,23 @@ def test_forward_every_dtype_and_kernel(rng, poisoned, dtype, shape, perm):
     assert ran >= 2  # auto and strided at least
 
 
+def _check_every_supported_kernel(rng, to_device, shape, perm, dtype):
+    """Every kernel that takes the problem moves random values of ``shape`` exactly as the reference does."""
+    x = random_values(rng, shape, dtype)
+    expected = tr.reference_transpose(x, perm)
+    for kernel in KERNELS:
+        if _supported(kernel, shape, perm, dtype):
+            y = tr.forward(to_device(x), perm, kernel=kernel)
+            assert_same_bits(y.numpy(), expected, dtype, f"{kernel} {dtype} {shape} perm {perm}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "int64"])
 def test_tiled_kernels_on_large_and_ragged_shapes(rng, to_device, dtype):
     # Several waves of blocks, partial tiles on both axes, batch axes; packed tiles need even extents.
     for shape, perm in [((1026, 2050), (1, 0)), ((1025, 2047), (1, 0)), ((3, 514, 258), (0, 2, 1)),
                         ((130, 2, 3, 96), (3, 1, 2, 0)), ((4, 4096, 64), (0, 2, 1))]:
-        x = random_values(rng, shape, dtype)
-        expected = tr.reference_transpose(x, perm)
-        for kernel in KERNELS:
-            if _supported(kernel, shape, perm, dtype):
-                y = tr.forward(to_device(x), perm, kernel=kernel)
-                assert_same_bits(y.numpy(), expected, dtype, f"{kernel} {shape} perm {perm}")
+        _check_every_supported_kernel(rng, to_device, shape, perm, dtype)
 
 
 @pytest.mark.gpu
@@ -287,12 +292,7 @@ def test_random_permutations_against_reference(rng, to_device):
             shape = tuple(e * 13 if k == rank - 1 else e for k, e in enumerate(shape))
         perm = tuple(int(p) for p in rng.permutation(rank))
         dtype = str(rng.choice(ALL_DTYPES))
-        x = random_values(rng, shape, dtype)
-        expected = tr.reference_transpose(x, perm)
-        for kernel in KERNELS:
-            if _supported(kernel, shape, perm, dtype):
-                y = tr.forward(to_device(x), perm, kernel=kernel)
-                assert_same_bits(y.numpy(), expected, dtype, f"{kernel} {dtype} {shape} perm {perm}")
+        _check_every_supported_kernel(rng, to_device, shape, perm, dtype)
 
 
 @pytest.mark.gpu

@@ -105,3 +105,22 @@ def branches(rng: np.random.Generator, count: int, width: int, dtype: str, activ
         return sum(activations.apply(activation, x64 @ w + b) for w, b in weights)
 
     return g, reference
+
+
+def torch_mlp_block(width: int):
+    """A PyTorch pre-norm transformer MLP block with a residual (what a GPT block is around its attention):
+    ``x + down(gelu_tanh(up(layernorm(x))))``, hidden width ``4 * width``; the model the torch frontend tests and the
+    ONNX benchmark import. Needs PyTorch."""
+    import torch
+
+    class MlpBlock(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(width)
+            self.up = torch.nn.Linear(width, 4 * width)
+            self.down = torch.nn.Linear(4 * width, width)
+
+        def forward(self, x):
+            return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x)), approximate="tanh"))
+
+    return MlpBlock()

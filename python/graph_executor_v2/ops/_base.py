@@ -217,6 +217,13 @@ def attach_grad(opdef: OpDef, rule: Callable[..., list]) -> OpDef:
     return opdef
 
 
+def require_inputs(in_types, names) -> None:
+    """OpDef.infer's check that the required inputs (``names``, in input order) are present."""
+    for name, t in zip(names, in_types):
+        if t is None:
+            raise ValueError(f"input '{name}' is required")
+
+
 def as_float64(x: np.ndarray | None) -> np.ndarray | None:
     return None if x is None else np.asarray(x).astype(np.float64)
 

@@ -16,7 +16,7 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES, normalize
 from ..ir.types import TensorType
 from . import _layout
-from ._base import Candidate, Problem
+from ._base import Candidate, Problem, require_inputs
 from ._face import Face
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -78,9 +78,7 @@ def check_statistic(argument: str, stat_shape, stat_dtype: str, shape: NormShape
 
 def infer(in_types, attrs, names) -> list[TensorType]:
     """OpDef.infer: ``names`` are the input names, x first, then the (cols,) parameters."""
-    for name, t in zip(names, in_types):
-        if t is None:
-            raise ValueError(f"input '{name}' is required")
+    require_inputs(in_types, names)
     x = in_types[0]
     if x.rank < 1:
         raise ValueError(f"x: expected at least 1 dimension (the last one is normalized), got {x}")

@@ -32,7 +32,7 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout
-from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register
+from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register, require_inputs
 from ._face import FACES, Face
 
 LAYOUTS = ("bhsd", "bshd")
@@ -182,15 +182,6 @@ def _check_native_kernel(kernel, head_dim, dtype):
         raise ValueError(f"q: no attention kernel takes head_dim {head_dim}; expected head_dim <= {MAX_HEAD_DIM}")
 
 
-def _device_views(arrays, names):
-    views = [_device.view_of(array, name) for array, name in zip(arrays, names)]
-    for view, name in zip(views, names):
-        if not view.is_contiguous:
-            raise ValueError(f"{name}: expected a contiguous array, got strides {view.strides} for shape {view.shape}")
-        _layout.check_device(view, views[0].device, name)
-    return views
-
-
 def _native_sizes(sizes, causal, scale, layout, dtype):
     return dict(batch=sizes["batch"], heads_q=sizes["heads_q"], heads_kv=sizes["heads_kv"], seq_q=sizes["seq_q"],
                 seq_k=sizes["seq_k"], head_dim=sizes["head_dim"], seq_major=layout == "bshd",
@@ -215,7 +206,7 @@ def _backward(dy, inputs, attrs, kernel, out, stream, y=None, lse=None):
     """(dq, dk, dv) as device arrays of dy's kind (or ``out``'s entries), from dy, the forward inputs and the saved
     y and lse (the forward runs first when they are not given)."""
     q, k, v = inputs
-    vdy, vq, vk, vv = _device_views((dy, q, k, v), ("dy", "q", "k", "v"))
+    vdy, vq, vk, vv = _layout.input_views({"dy": dy, "q": q, "k": k, "v": v}).values()
     sizes = problem_sizes(vq.shape, vq.dtype, vk.shape, vk.dtype, vv.shape, vv.dtype, attrs["layout"])
     _check_gradient(vdy.shape, vdy.dtype, vq.shape, vq.dtype)
     _check_native_kernel(kernel, sizes["head_dim"], vq.dtype)
@@ -249,9 +240,7 @@ _ATTRS = (
 
 
 def _infer_sizes(q, k, v, attrs):
-    for name, value in (("q", q), ("k", k), ("v", v)):
-        if value is None:
-            raise ValueError(f"input '{name}' is required")
+    require_inputs((q, k, v), ("q", "k", "v"))
     return problem_sizes(q.shape, q.dtype, k.shape, k.dtype, v.shape, v.dtype, attrs["layout"])
 
 
@@ -300,24 +289,14 @@ def _supports(problem: Problem, first_input: int, kernel: str):
     return _native_module().unsupported_reason(kernel, head_dim, problem.in_types[first_input].dtype) or None
 
 
-def _prepare_forward(problem: Problem, kernel: str):
-    sizes = _native_sizes(_problem_sizes(problem, 0), problem.attrs["causal"], problem.attrs["scale"],
-                          problem.attrs["layout"], problem.in_types[0].dtype)
-    native_forward = _native_module().forward
+def _prepare(problem: Problem, first_input: int, native_call: str, kernel: str):
+    """The launch of the native ``forward`` or ``backward`` (``native_call``) with q at input ``first_input``."""
+    sizes = _native_sizes(_problem_sizes(problem, first_input), problem.attrs["causal"], problem.attrs["scale"],
+                          problem.attrs["layout"], problem.in_types[first_input].dtype)
+    native = getattr(_native_module(), native_call)
 
     def launch(ins, outs, stream):
-        native_forward(*ins, *outs, **sizes, kernel=kernel, stream=stream)
-
-    return launch
-
-
-def _prepare_backward(problem: Problem, kernel: str):
-    sizes = _native_sizes(_problem_sizes(problem, 1), problem.attrs["causal"], problem.attrs["scale"],
-                          problem.attrs["layout"], problem.in_types[1].dtype)
-    native_backward = _native_module().backward
-
-    def launch(ins, outs, stream):
-        native_backward(*ins, *outs, **sizes, kernel=kernel, stream=stream)
+        native(*ins, *outs, **sizes, kernel=kernel, stream=stream)
 
     return launch
 
@@ -326,11 +305,12 @@ _ROWWISE = "a warp per row, float32 online softmax, no tensor cores; head_dim <=
 _FLASH = "FlashAttention-2 on tensor cores (mma.sync); float16, bfloat16; head_dim 64, 128; any length"
 
 
-def _candidates(first_input: int, prepare) -> tuple[Candidate, ...]:
+def _candidates(first_input: int, native_call: str) -> tuple[Candidate, ...]:
     """flash where it applies, rowwise otherwise (the forward OpDef reads q at input 0, the backward at 1)."""
     return tuple(Candidate(name, priority, description,
                            lambda problem, name=name: _supports(problem, first_input, name),
-                           lambda problem, name=name: prepare(problem, name), any_alignment=name == "rowwise")
+                           lambda problem, name=name: _prepare(problem, first_input, native_call, name),
+                           any_alignment=name == "rowwise")
                  for name, priority, description in (("flash", 20, _FLASH), ("rowwise", 10, _ROWWISE)))
 
 
@@ -342,7 +322,7 @@ ATTENTION = register(OpDef(
     infer=_infer,
     reference=_reference_rule,
     reference_backward=_reference_backward_rule,
-    candidates=_candidates(0, _prepare_forward),
+    candidates=_candidates(0, "forward"),
     doc=__doc__,
 ))
 
@@ -354,7 +334,7 @@ ATTENTION_BACKWARD = _grad.register_backward(OpDef(
     attrs=_ATTRS,
     infer=_infer_backward,
     reference=_reference_backward_op,
-    candidates=_candidates(1, _prepare_backward),
+    candidates=_candidates(1, "backward"),
     doc="attention's gradients (dq, dk, dv) from dy, the forward inputs and the saved y and lse.",
 ))
 

@@ -33,7 +33,7 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout, _row_norm
-from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register
+from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register, require_inputs
 from ._face import FACES, Face
 
 LAYOUTS = ("NCHW", "NHWC")
@@ -157,19 +157,6 @@ def reference_backward(dy, x, gamma, saved_mean, saved_invstd, training=False, l
 # ---------------------------------------------------------------------------------------------------------------
 # Python face: generated from the OpDef (ops/_face.py); the backward below is the part a definition cannot say.
 # ---------------------------------------------------------------------------------------------------------------
-def _device_views(arrays: dict) -> dict:
-    views = {}
-    for name, array in arrays.items():
-        view = _device.view_of(array, name)
-        if not view.is_contiguous:
-            raise ValueError(f"{name}: expected a contiguous array, got strides {view.strides} for shape "
-                             f"{view.shape}")
-        if views:
-            _layout.check_device(view, next(iter(views.values())).device, name)
-        views[name] = view
-    return views
-
-
 def _check_dy(dy_shape, dy_dtype, x_shape, x_dtype):
     if tuple(dy_shape) != tuple(x_shape):
         raise ValueError(f"dy: expected shape {tuple(x_shape)} (the shape of x), got {tuple(dy_shape)}")
@@ -188,8 +175,8 @@ def _backward(dy, inputs, attrs, kernel, out, stream, saved_mean=None, saved_inv
     gradient). ``saved_mean``/``saved_invstd``: the forward's saved statistics (both or neither; recomputed by a
     forward into temporaries when absent, which leaves the running statistics alone)."""
     x, gamma, beta, running_mean, running_var = inputs
-    views = _device_views({"dy": dy, "x": x, "gamma": gamma, "beta": beta, "running_mean": running_mean,
-                           "running_var": running_var})
+    views = _layout.input_views({"dy": dy, "x": x, "gamma": gamma, "beta": beta, "running_mean": running_mean,
+                                 "running_var": running_var})
     vdy, vx = views["dy"], views["x"]
     batch, channels, spatial = check_operands(vx.shape, vx.dtype, {n: (views[n].shape, views[n].dtype)
                                                                    for n in PARAMETERS}, attrs["training"],
@@ -227,14 +214,8 @@ ATTRS = (
 )
 
 
-def _required(in_types, names):
-    for name, t in zip(names, in_types):
-        if t is None:
-            raise ValueError(f"input '{name}' is required")
-
-
 def _infer(in_types, attrs):
-    _required(in_types, ("x", *PARAMETERS))
+    require_inputs(in_types, ("x", *PARAMETERS))
     x = in_types[0]
     _, channels, _ = check_operands(x.shape, x.dtype, {n: (t.shape, t.dtype) for n, t in zip(PARAMETERS, in_types[1:])},
                                     attrs["training"], attrs["layout"])
@@ -299,7 +280,7 @@ OP = register(OpDef(
 
 
 def _infer_backward(in_types, attrs):
-    _required(in_types, ("dy", "x", "gamma", "saved_mean", "saved_invstd"))
+    require_inputs(in_types, ("dy", "x", "gamma", "saved_mean", "saved_invstd"))
     dy, x, gamma, saved_mean, saved_invstd = in_types
     check_operands(x.shape, x.dtype, {"gamma": (gamma.shape, gamma.dtype), "saved_mean": (saved_mean.shape,
                                       saved_mean.dtype), "saved_invstd": (saved_invstd.shape, saved_invstd.dtype)},

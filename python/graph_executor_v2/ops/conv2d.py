@@ -33,7 +33,7 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout, activations
-from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register
+from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register, require_inputs
 from ._face import Face
 
 CONV_ACTIVATIONS = ("none", "relu", "gelu", "silu", "leaky_relu")
@@ -235,22 +235,6 @@ def reference_backward(dy, x, w, bias=None, *, stride=1, padding=0, dilation=1, 
 # ---------------------------------------------------------------------------------------------------------------
 # Python face: generated from the OpDef (ops/_face.py); the backward below is the part a definition cannot say.
 # ---------------------------------------------------------------------------------------------------------------
-def _device_views(arrays: dict):
-    return {name: None if a is None else _device.view_of(a, name) for name, a in arrays.items()}
-
-
-def _validate_device(views: dict):
-    """Contiguous arrays on the device of the first one."""
-    first = next(iter(views.values()))
-    for name, view in views.items():
-        if view is None:
-            continue
-        if not view.is_contiguous:
-            raise ValueError(f"{name}: expected a contiguous array, got strides {view.strides} for shape "
-                             f"{tuple(view.shape)}")
-        _layout.check_device(view, first.device, name)
-
-
 def _check_dy(dy_shape, dy_dtype, geometry: ConvGeometry):
     if tuple(dy_shape) != geometry.out_shape:
         raise ValueError(f"dy: expected shape {geometry.out_shape} (the output of the convolution), "
@@ -259,16 +243,22 @@ def _check_dy(dy_shape, dy_dtype, geometry: ConvGeometry):
         raise TypeError(f"dy: expected dtype {geometry.dtype}, got {dy_dtype}")
 
 
+def _native_problem_args(geometry: ConvGeometry, attrs) -> tuple:
+    """(geometry, layout, dtype, act, slope, allow_tf32) as the native forward and backward take them."""
+    return (geometry.native, attrs["layout"], geometry.dtype, attrs["act"], float(attrs["slope"]),
+            bool(attrs["allow_tf32"]))
+
+
 def _backward(dy, inputs, attrs, kernel, out, stream):
     """(dx, dw, dbias) as device arrays of x's kind, or ``out``'s entries (dbias None without a bias). With an
     activation the pre-activation is recomputed (one forward GEMM)."""
     x, w, bias = inputs
-    views = _device_views({"dy": dy, "x": x, "w": w, "bias": bias})
-    vdy, vx, vw, vbias = views["dy"], views["x"], views["w"], views["bias"]
+    views = _layout.input_views({name: a for name, a in (("dy", dy), ("x", x), ("w", w), ("bias", bias))
+                                 if a is not None})
+    vdy, vx, vw, vbias = views["dy"], views["x"], views["w"], views.get("bias")
     geometry = check_problem(vx.shape, vx.dtype, vw.shape, vw.dtype, None if vbias is None else vbias.shape,
                              None if vbias is None else vbias.dtype, **_op_attrs(attrs))
     _check_dy(vdy.shape, vdy.dtype, geometry)
-    _validate_device(views)
     shapes = (tuple(vx.shape), tuple(vw.shape), (geometry.k,))
     grads, grad_views = [], []
     for index, (shape, wanted) in enumerate(zip(shapes, (True, True, bias is not None))):
@@ -285,8 +275,8 @@ def _backward(dy, inputs, attrs, kernel, out, stream):
         grad_views.append(view)
     ptr = lambda view: 0 if view is None else view.ptr  # noqa: E731
     _native_module().backward(vdy.ptr, vx.ptr, vw.ptr, ptr(vbias), ptr(grad_views[0]), ptr(grad_views[1]),
-                              ptr(grad_views[2]), geometry.native, attrs["layout"], geometry.dtype, attrs["act"],
-                              float(attrs["slope"]), bool(attrs["allow_tf32"]), kernel, _device.stream_handle(stream))
+                              ptr(grad_views[2]), *_native_problem_args(geometry, attrs), kernel,
+                              _device.stream_handle(stream))
     return tuple(grads)
 
 
@@ -311,9 +301,8 @@ def _op_attrs(attrs) -> dict:
 
 
 def _types_geometry(x, w, bias, attrs) -> ConvGeometry:
+    require_inputs((x, w), ("x", "w"))
     for name, t in (("x", x), ("w", w)):
-        if t is None:
-            raise ValueError(f"input '{name}' is required")
         if not t.is_concrete:
             raise ValueError(f"{name}: conv2d needs a concrete shape, got {t.shape}")
     return check_problem(x.shape, x.dtype, w.shape, w.dtype, None if bias is None else bias.shape,
@@ -336,34 +325,26 @@ def _reference_backward(inputs, outputs, out_grads, attrs):
     return list(reference_backward(out_grads[0], x, w, bias, **_op_attrs(attrs)))
 
 
-def _stride_check(value):
-    try:
-        _pair(value, "stride", 1)
-    except (TypeError, ValueError) as error:
-        return str(error).removeprefix("stride: ")
-    return None
+def _attr_check(name, parse):
+    """Attr.check from a parser whose errors name the attribute: the reason without the name, or None."""
 
+    def check(value):
+        try:
+            parse(value)
+        except (TypeError, ValueError) as error:
+            return str(error).removeprefix(f"{name}: ")
+        return None
 
-def _dilation_check(value):
-    try:
-        _pair(value, "dilation", 1)
-    except (TypeError, ValueError) as error:
-        return str(error).removeprefix("dilation: ")
-    return None
-
-
-def _padding_check(value):
-    try:
-        _padding(value)
-    except (TypeError, ValueError) as error:
-        return str(error).removeprefix("padding: ")
-    return None
+    return check
 
 
 ATTRS = (
-    Attr("stride", (int, tuple), 1, check=_stride_check, doc="int or (h, w)"),
-    Attr("padding", (int, tuple), 0, check=_padding_check, doc="int, (h, w) or (top, bottom, left, right)"),
-    Attr("dilation", (int, tuple), 1, check=_dilation_check, doc="int or (h, w)"),
+    Attr("stride", (int, tuple), 1, check=_attr_check("stride", lambda v: _pair(v, "stride", 1)),
+         doc="int or (h, w)"),
+    Attr("padding", (int, tuple), 0, check=_attr_check("padding", _padding),
+         doc="int, (h, w) or (top, bottom, left, right)"),
+    Attr("dilation", (int, tuple), 1, check=_attr_check("dilation", lambda v: _pair(v, "dilation", 1)),
+         doc="int or (h, w)"),
     Attr("groups", int, 1, check=lambda g: None if g >= 1 else "must be >= 1"),
     Attr("layout", str, "NCHW", choices=LAYOUTS),
     Attr("act", str, "none", choices=CONV_ACTIVATIONS),
@@ -380,15 +361,11 @@ def _forward_candidate(name, priority, description, always_works=False):
 
     def prepare(problem: Problem):
         x, w, bias = problem.in_types
-        geometry = _types_geometry(x, w, bias, problem.attrs).native
-        attrs = problem.attrs
+        problem_args = _native_problem_args(_types_geometry(x, w, bias, problem.attrs), problem.attrs)
         native_forward = _native_module().forward
-        layout, dtype, act = attrs["layout"], x.dtype, attrs["act"]
-        slope, tf32 = float(attrs["slope"]), bool(attrs["allow_tf32"])
 
         def launch(ins, outs, stream):
-            native_forward(ins[0], ins[1], ins[2], outs[0], geometry, layout, dtype, act, slope, tf32, name,
-                           stream)
+            native_forward(ins[0], ins[1], ins[2], outs[0], *problem_args, name, stream)
 
         return launch
 
@@ -439,15 +416,11 @@ def _backward_candidate(name, priority, description, always_works=False):
 
     def prepare(problem: Problem):
         _, x, w, bias = problem.in_types
-        geometry = _types_geometry(x, w, bias, problem.attrs).native
-        attrs = problem.attrs
+        problem_args = _native_problem_args(_types_geometry(x, w, bias, problem.attrs), problem.attrs)
         native_backward = _native_module().backward
-        layout, dtype, act = attrs["layout"], x.dtype, attrs["act"]
-        slope, tf32 = float(attrs["slope"]), bool(attrs["allow_tf32"])
 
         def launch(ins, outs, stream):
-            native_backward(ins[0], ins[1], ins[2], ins[3], outs[0], outs[1], outs[2], geometry, layout, dtype, act,
-                            slope, tf32, name, stream)
+            native_backward(ins[0], ins[1], ins[2], ins[3], outs[0], outs[1], outs[2], *problem_args, name, stream)
 
         return launch
 

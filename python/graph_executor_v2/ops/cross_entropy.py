@@ -30,7 +30,7 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES, to_numpy
 from ..ir.types import TensorType
 from . import _layout
-from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register
+from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register, require_inputs
 from ._face import FACES, Face
 
 REDUCTIONS = ("none", "sum", "mean")
@@ -225,9 +225,7 @@ def _check_host_labels(inputs, attrs):
 # ---------------------------------------------------------------------------------------------------------------
 def _infer(in_types, attrs):
     logits, labels = in_types
-    for name, t in (("logits", logits), ("labels", labels)):
-        if t is None:
-            raise ValueError(f"input '{name}' is required")
+    require_inputs(in_types, ("logits", "labels"))
     if logits.rank != 2:
         raise ValueError(f"logits: expected a 2-d array (batch, classes), got {logits}")
     if logits.dtype not in FLOAT_DTYPES:

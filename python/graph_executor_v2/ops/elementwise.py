@@ -26,7 +26,7 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _layout, activations
-from ._base import OPS, Candidate, Input, OpDef, Problem, as_float64, register
+from ._base import OPS, Candidate, Input, OpDef, Problem, as_float64, register, require_inputs
 from ._face import Face
 
 BINARY_OPS = ("add", "sub", "mul", "div")
@@ -83,14 +83,8 @@ def _check_dtype(t: TensorType, name: str, like: TensorType | None = None) -> No
         raise TypeError(f"{name}: expected dtype {like.dtype} (the dtype of the first input), got {t.dtype}")
 
 
-def _required(in_types, names):
-    for t, name in zip(in_types, names):
-        if t is None:
-            raise ValueError(f"input '{name}' is required")
-
-
 def _infer_binary(in_types, attrs):
-    _required(in_types, ("a", "b"))
+    require_inputs(in_types, ("a", "b"))
     a, b = in_types
     _check_dtype(a, "a")
     _check_dtype(b, "b", a)
@@ -101,13 +95,13 @@ def _infer_binary(in_types, attrs):
 
 
 def _infer_unary(in_types, attrs):
-    _required(in_types, ("x",))
+    require_inputs(in_types, ("x",))
     _check_dtype(in_types[0], "x")
     return [in_types[0]]
 
 
 def _infer_bias_add(in_types, attrs):
-    _required(in_types, ("x", "bias"))
+    require_inputs(in_types, ("x", "bias"))
     x, bias = in_types
     _check_dtype(x, "x")
     _check_dtype(bias, "bias", x)

@@ -24,7 +24,7 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _layout
-from ._base import Candidate, Input, OpDef, Problem, as_float64, register
+from ._base import Candidate, Input, OpDef, Problem, as_float64, register, require_inputs
 from ._face import Face
 
 ID_DTYPES = ("int32", "int64")
@@ -123,9 +123,7 @@ def _check_host_ids(inputs, attrs):
 # ---------------------------------------------------------------------------------------------------------------
 def _infer(in_types, attrs):
     table, ids = in_types
-    for name, t in (("table", table), ("ids", ids)):
-        if t is None:
-            raise ValueError(f"input '{name}' is required")
+    require_inputs(in_types, ("table", "ids"))
     if table.rank != 2:
         raise ValueError(f"table: expected a 2-d array (vocab, dim), got {table}")
     if table.dtype not in FLOAT_DTYPES:

@@ -21,7 +21,7 @@ from .. import _native
 from ..dtypes import FLOAT_DTYPES, normalize
 from ..ir.types import TensorType
 from . import _layout, activations
-from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register
+from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register, require_inputs
 from ._face import FACES, Face
 
 GEMM_ACTIVATIONS = ("none", "relu", "gelu", "silu", "leaky_relu")
@@ -208,9 +208,7 @@ def _backward(dy, inputs, attrs, kernel, out, stream, preact=None, a_preact=None
 # ---------------------------------------------------------------------------------------------------------------
 def _infer(in_types, attrs):
     a, b, bias, c = in_types
-    for name, t in (("a", a), ("b", b)):
-        if t is None:
-            raise ValueError(f"input '{name}' is required")
+    require_inputs(in_types, ("a", "b"))
     concrete = lambda t: t is None or t.is_concrete  # noqa: E731
     if all(concrete(t) for t in in_types):
         shape = check_operands(a.shape, a.dtype, b.shape, b.dtype, None if bias is None else bias.shape,

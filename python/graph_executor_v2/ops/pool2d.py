@@ -31,7 +31,7 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout
-from ._base import OPS, Attr, Candidate, Input, OpDef, Problem, attach_grad, register
+from ._base import OPS, Attr, Candidate, Input, OpDef, Problem, attach_grad, register, require_inputs
 from ._face import FACES, Face
 
 LAYOUTS = ("NCHW", "NHWC")
@@ -322,26 +322,20 @@ def window_of(x_type: TensorType, attrs: dict) -> Window:
                         attrs["layout"])
 
 
-def _required(in_types, names):
-    for name, t in zip(names, in_types):
-        if t is None:
-            raise ValueError(f"input '{name}' is required")
-
-
 def _infer_max(in_types, attrs):
-    _required(in_types, ("x",))
+    require_inputs(in_types, ("x",))
     window = window_of(in_types[0], attrs)
     return [TensorType(window.y_shape(), in_types[0].dtype), TensorType(window.y_shape(), "int32")]
 
 
 def _infer_avg(in_types, attrs):
-    _required(in_types, ("x",))
+    require_inputs(in_types, ("x",))
     window = window_of(in_types[0], attrs)
     return [TensorType(window.y_shape(), in_types[0].dtype)]
 
 
 def _infer_global(in_types, attrs):
-    _required(in_types, ("x",))
+    require_inputs(in_types, ("x",))
     (x,) = in_types
     check_x(x.shape, x.dtype, attrs["layout"])
     return [TensorType(_global_y_shape(x.shape, attrs["layout"]), x.dtype)]
@@ -353,7 +347,7 @@ def _check_dy_type(dy: TensorType, expected: TensorType) -> None:
 
 
 def _infer_max_backward(in_types, attrs):
-    _required(in_types, ("dy", "indices", "x"))
+    require_inputs(in_types, ("dy", "indices", "x"))
     dy, indices, x = in_types
     y_type, index_type = _infer_max([x], attrs)
     _check_dy_type(dy, y_type)
@@ -363,14 +357,14 @@ def _infer_max_backward(in_types, attrs):
 
 
 def _infer_avg_backward(in_types, attrs):
-    _required(in_types, ("dy", "x"))
+    require_inputs(in_types, ("dy", "x"))
     dy, x = in_types
     _check_dy_type(dy, _infer_avg([x], attrs)[0])
     return [x]
 
 
 def _infer_global_backward(in_types, attrs):
-    _required(in_types, ("dy", "x"))
+    require_inputs(in_types, ("dy", "x"))
     dy, x = in_types
     _check_dy_type(dy, _infer_global([x], attrs)[0])
     return [x]

@@ -12,23 +12,6 @@ using ge2::binding::as_stream;
 
 namespace {
 
-// The problem fields ForwardArgs and BackwardArgs share.
-template <typename Args>
-void set_problem(Args& args, int64_t m, int64_t n, int64_t k, const std::string& dtype, bool trans_a, bool trans_b,
-                 float alpha, float beta, const std::string& act, float slope, bool allow_tf32) {
-  args.m = m;
-  args.n = n;
-  args.k = k;
-  args.dtype = ge2::dtype_from_name(dtype);
-  args.trans_a = trans_a;
-  args.trans_b = trans_b;
-  args.alpha = alpha;
-  args.beta = beta;
-  args.act = ge2::act_from_name(act);
-  args.slope = slope;
-  args.allow_tf32 = allow_tf32;
-}
-
 ge2::gemm::ForwardArgs forward_args(std::uintptr_t a, std::uintptr_t b, std::uintptr_t c, std::uintptr_t bias,
                                     std::uintptr_t y, std::uintptr_t preact, int64_t m, int64_t n, int64_t k,
                                     const std::string& dtype, bool trans_a, bool trans_b, float alpha, float beta,
@@ -40,7 +23,17 @@ ge2::gemm::ForwardArgs forward_args(std::uintptr_t a, std::uintptr_t b, std::uin
   args.bias = as_pointer(bias);
   args.y = as_pointer(y);
   args.preact = as_pointer(preact);
-  set_problem(args, m, n, k, dtype, trans_a, trans_b, alpha, beta, act, slope, allow_tf32);
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.dtype = ge2::dtype_from_name(dtype);
+  args.trans_a = trans_a;
+  args.trans_b = trans_b;
+  args.alpha = alpha;
+  args.beta = beta;
+  args.act = ge2::act_from_name(act);
+  args.slope = slope;
+  args.allow_tf32 = allow_tf32;
   return args;
 }
 
@@ -83,7 +76,17 @@ PYBIND11_MODULE(_ops_gemm, m) {
         args.db = as_pointer(db);
         args.dbias = as_pointer(dbias);
         args.dc = as_pointer(dc);
-        set_problem(args, rows, cols, inner, dtype, trans_a, trans_b, alpha, beta, act, slope, allow_tf32);
+        args.m = rows;
+        args.n = cols;
+        args.k = inner;
+        args.dtype = ge2::dtype_from_name(dtype);
+        args.trans_a = trans_a;
+        args.trans_b = trans_b;
+        args.alpha = alpha;
+        args.beta = beta;
+        args.act = ge2::act_from_name(act);
+        args.slope = slope;
+        args.allow_tf32 = allow_tf32;
         args.a_preact = as_pointer(a_preact);
         args.a_act = ge2::act_from_name(a_act, "a_act");
         args.a_slope = a_slope;

@@ -9,20 +9,6 @@ namespace py = pybind11;
 using ge2::binding::as_pointer;
 using ge2::binding::as_stream;
 
-namespace {
-
-// The [outer, n, inner] problem fields ForwardArgs and BackwardArgs share.
-template <typename Args>
-void set_problem(Args& args, const std::string& op, int64_t outer, int64_t n, int64_t inner, const std::string& dtype) {
-  args.outer = outer;
-  args.n = n;
-  args.inner = inner;
-  args.dtype = ge2::dtype_from_name(dtype);
-  args.log = ge2::softmax::is_log_from_name(op);
-}
-
-}  // namespace
-
 PYBIND11_MODULE(_ops_softmax, m) {
   m.doc() = "GE2 softmax / log_softmax over one axis of a contiguous array seen as [outer, n, inner]";
 
@@ -33,7 +19,11 @@ PYBIND11_MODULE(_ops_softmax, m) {
         ge2::softmax::ForwardArgs args;
         args.x = as_pointer(x);
         args.y = as_pointer(y);
-        set_problem(args, op, outer, n, inner, dtype);
+        args.outer = outer;
+        args.n = n;
+        args.inner = inner;
+        args.dtype = ge2::dtype_from_name(dtype);
+        args.log = ge2::softmax::is_log_from_name(op);
         const auto requested = ge2::softmax::kernel_from_name(kernel);
         ge2::binding::ReleaseGil release;
         return std::string(ge2::softmax::kernel_name(ge2::softmax::forward(args, requested, as_stream(stream))));
@@ -50,7 +40,11 @@ PYBIND11_MODULE(_ops_softmax, m) {
         args.y = as_pointer(y);
         args.dy = as_pointer(dy);
         args.dx = as_pointer(dx);
-        set_problem(args, op, outer, n, inner, dtype);
+        args.outer = outer;
+        args.n = n;
+        args.inner = inner;
+        args.dtype = ge2::dtype_from_name(dtype);
+        args.log = ge2::softmax::is_log_from_name(op);
         const auto requested = ge2::softmax::kernel_from_name(kernel);
         ge2::binding::ReleaseGil release;
         return std::string(ge2::softmax::kernel_name(ge2::softmax::backward(args, requested, as_stream(stream))));

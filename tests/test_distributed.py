@@ -2,6 +2,8 @@
 several processes through the store backend), and NCCL collectives on the GPU (world 1 on one GPU; world 2 where
 two GPUs are present). Data-parallel training (Trainer(distributed=True)): a world of 1 equals the plain Trainer,
 2 CPU ranks (and 2 GPUs) through the launcher equal one process on the global batch, a killed rank stops the job."""
+import dataclasses
+import gc
 import os
 import socket
 import subprocess
@@ -131,6 +133,27 @@ def test_world_of_one_in_process(monkeypatch):
     finally:
         distributed.shutdown()
     assert not distributed.is_initialized()
+
+
+def test_release_drops_the_captured_graphs_of_live_plans_only():
+    """NCCL's communicator destroy waits for every CUDA graph that captured its collectives (seen on 2 H200s: both
+    ranks hung in shutdown() after training), so shutdown() first drops the graphs of the plans it was given."""
+    @dataclasses.dataclass
+    class FakePlan:
+        cuda_graph: object = "graph"
+        capture: str = "captured"
+
+    group = distributed.ProcessGroup(0, 1, 0, "nccl", store=None, timeout=1.0)
+    live, dead = FakePlan(), FakePlan()
+    group.add_captured_plan(live)
+    group.add_captured_plan(dead)
+    del dead
+    gc.collect()
+    group.release_captured_plans()
+    assert live.cuda_graph is None and "released by ge2.distributed.shutdown()" in live.capture
+    live.cuda_graph = "captured again"
+    group.release_captured_plans()  # released plans are forgotten: a later capture is the caller's
+    assert live.cuda_graph == "captured again"
 
 
 # --- jobs of several processes through the launcher ---------------------------------------------------------------
@@ -450,8 +473,6 @@ def test_cuda_buckets_fork_to_the_comm_stream_and_join_before_the_epilogue(monke
     """The CUDA launch sequence, recorded with stand-ins for events and NCCL on a CPU plan: after a bucket's last
     step the compute stream records an event, the comm stream waits on it, all-reduces the bucket's final values and
     records its own event; the epilogue makes the compute stream wait on every bucket before the optimizer."""
-    from types import SimpleNamespace
-
     from graph_executor_v2.distributed import data_parallel
 
     calls = []
@@ -493,7 +514,7 @@ def test_cuda_buckets_fork_to_the_comm_stream_and_join_before_the_epilogue(monke
     g.output(c, "c")
     executor = ge2.ExecutorV2(g, "cpu", passes=[], streams=1)
     plan = executor.plan()
-    group = SimpleNamespace(communicator=1, backend="nccl", rank=0, world_size=2)
+    group = distributed.ProcessGroup(0, 2, 0, "nccl", store=None, timeout=1.0, communicator=1)
     averager = data_parallel.GradientAverager(group, CudaBackendStandIn(), bucket_bytes=1)
     averager.attach(plan, [c.name, a.name], loss=None)
     plan.epilogue.append(lambda stream: calls.append(("optimizer", stream)))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +34,7 @@ from .store import StoreError, TCPStore
 
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 DEFAULT_TIMEOUT = 300.0
+ABORT_WAIT_S = 10.0  # how long a failing rank lets ncclCommAbort run before it exits anyway
 
 
 def _collectives():
@@ -67,6 +69,24 @@ class ProcessGroup:
     _sequence: int = 0
     _watchdog: threading.Thread | None = field(default=None, repr=False)
     _closing: threading.Event = field(default_factory=threading.Event, repr=False)
+    # Plans whose CUDA graphs captured this communicator's all-reduces (weak: a plan lives as long as its trainer).
+    # NCCL counts every such graph as a reference to the communicator, and destroying or aborting it waits until
+    # they are gone, so shutdown() releases them first.
+    _captured_plans: list = field(default_factory=list, repr=False)
+
+    def add_captured_plan(self, plan) -> None:
+        """Registers a plan whose CUDA graph (once captured) holds this group's collectives."""
+        self._captured_plans.append(weakref.ref(plan))
+
+    def release_captured_plans(self) -> None:
+        """Drops the CUDA graphs of the registered plans (they run node by node from then on, and their collectives
+        fail cleanly once the group is gone)."""
+        for reference in self._captured_plans:
+            plan = reference()
+            if plan is not None and plan.cuda_graph is not None:
+                plan.cuda_graph = None
+                plan.capture = "released by ge2.distributed.shutdown(): its all-reduces used the job's communicator"
+        self._captured_plans.clear()
 
     def next_key(self, kind: str) -> str:
         self._sequence += 1
@@ -174,7 +194,11 @@ def _watch(group: ProcessGroup, interval: float = 0.5) -> None:
                 reason = f"NCCL reported: {message}"
         if reason is not None and not group._closing.is_set():
             if group.communicator is not None:
-                _collectives().abort(group.communicator)
+                # The abort waits for the captured graphs that hold the communicator, which only the main thread
+                # (blocked, most likely, on the dead peer) can drop: give it a bounded time, the exit ends the rest.
+                aborting = threading.Thread(target=_collectives().abort, args=(group.communicator,), daemon=True)
+                aborting.start()
+                aborting.join(ABORT_WAIT_S)
                 group.communicator = None
             sys.stderr.write(f"ge2.distributed: rank {group.rank} stops: {reason}\n")
             sys.stderr.flush()
@@ -345,6 +369,8 @@ def shutdown() -> None:
     if current._watchdog is not None:
         current._watchdog.join()
     if current.communicator is not None:
+        current.release_captured_plans()
+        _device.runtime().synchronize()  # the released graphs' last launches end before NCCL tears down
         _collectives().destroy(current.communicator)
         current.communicator = None
     current.store.add("shutdown/left")

@@ -88,6 +88,8 @@ class GradientAverager:
                              f"{plan.schedule.stream_count} streams")
         buckets = schedule_buckets(plan.graph, gradients, loss, self.bucket_bytes)
         self.buckets[id(plan)] = buckets
+        if self._backend.device == "cuda":
+            self.group.add_captured_plan(plan)
         done_events = []
         for bucket in buckets:
             arrays = [plan.slots[name] for name in bucket.values]

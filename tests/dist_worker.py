@@ -5,7 +5,8 @@
 Every rank starts from its own random parameters (Trainer(distributed=True) must replace them by rank 0's), trains
 an MLP with ``fit`` over the same data set (each rank takes its shard of each global batch) and writes its losses
 and final parameters to ``DIR/rank<r>.npz``. With ``--reference``, rank 0 then trains a plain single-process
-Trainer from rank 0's initial parameters on the same global batches and writes ``DIR/reference.npz``.
+Trainer from rank 0's initial parameters on the same global batches and writes ``DIR/reference.npz``, and again from
+those parameters nudged by one float32 ulp (``DIR/reference_nudged.npz``).
 ``--kill-rank R --kill-step S``: rank R kills itself with SIGKILL before step S (the others must not hang).
 """
 import argparse
@@ -86,10 +87,17 @@ def main() -> None:
     if rank == 0:
         print(trainer.explain(), flush=True)
     if arguments.reference and rank == 0:
-        single = ge2.train.Trainer(mlp_graph(initial_parameters(arguments.seed)), device=arguments.device,
-                                   optimizer=optimizer(arguments.optimizer))
-        history = single.fit(data, epochs=1, batch_size=arguments.batch_size, shuffle=True, seed=0, progress=False)
-        np.savez(arguments.out / "reference.npz", loss=np.array(history["loss"]), **single.parameters())
+        # The single-process reference, and the same run from parameters one float32 ulp away: how far float32
+        # rounding alone moves this training (its chaos floor, which the data-parallel run may reach too).
+        for name, nudge in (("reference", False), ("reference_nudged", True)):
+            start = initial_parameters(arguments.seed)
+            if nudge:
+                start = {key: np.nextafter(value, np.float32(np.inf)) for key, value in start.items()}
+            single = ge2.train.Trainer(mlp_graph(start), device=arguments.device,
+                                       optimizer=optimizer(arguments.optimizer))
+            history = single.fit(data, epochs=1, batch_size=arguments.batch_size, shuffle=True, seed=0,
+                                 progress=False)
+            np.savez(arguments.out / f"{name}.npz", loss=np.array(history["loss"]), **single.parameters())
     distributed.shutdown()
 
 

@@ -299,13 +299,21 @@ def _run_worker(tmp_path, nproc: int, *arguments, timeout: float = 300):
     return done, time.monotonic() - start
 
 
+def _relative_deviation(values, reference) -> float:
+    return float(np.max(np.abs(np.asarray(values, np.float64) - reference) / np.abs(reference)))
+
+
 def _check_against_single_process(tmp_path, nproc: int, rtol: float) -> None:
     """Every rank ends with the same parameters, and the loss curve (the global batches' means) and parameters
-    match a single process trained on the same global batches."""
+    match a single process trained on the same global batches: within ``rtol``, or within 4x of how far the single
+    process itself moves when its start is nudged by one float32 ulp (seen on 2 H200s: momentum SGD over 200 steps
+    carries the data-parallel run's different summation order past 1e-5, where AdamW stays within it)."""
     ranks = [np.load(tmp_path / f"rank{rank}.npz") for rank in range(nproc)]
-    reference = np.load(tmp_path / "reference.npz")
+    reference, nudged = np.load(tmp_path / "reference.npz"), np.load(tmp_path / "reference_nudged.npz")
     assert len(reference["loss"]) > 0 and len(ranks[0]["loss"]) == len(reference["loss"])
-    np.testing.assert_allclose(ranks[0]["loss"], reference["loss"], rtol=rtol, err_msg="loss curve vs one process")
+    rtol = max(rtol, 4 * _relative_deviation(nudged["loss"], reference["loss"]))
+    np.testing.assert_allclose(ranks[0]["loss"], reference["loss"], rtol=rtol,
+                               err_msg=f"loss curve vs one process (rtol {rtol:.2g}: 1e-5 or the float32 floor)")
     third = max(1, len(reference["loss"]) // 3)  # batches of 10 are noisy: compare the first and last thirds
     assert reference["loss"][-third:].mean() < reference["loss"][:third].mean()  # it learns
     for name in ("w1", "b1", "w2", "b2"):

@@ -491,8 +491,14 @@ def test_flash_refuses_misaligned_arrays_and_auto_falls_back(rng):
     with pytest.raises(ValueError, match="kernel: flash needs inputs at 16-byte and outputs at 4-byte aligned"):
         attention.forward(q, k, v, kernel="flash")
     y, lse = attention.forward(q, k, v, causal=True)  # auto: unfused takes any alignment
-    expected_y, _ = attention.reference(*(x.float().cpu().numpy() for x in (q, k, v)), causal=True)
+    host = [x.float().cpu().numpy() for x in (q, k, v)]
+    expected_y, _ = attention.reference(*host, causal=True)
     assert_close(y.float().cpu().numpy(), expected_y, "float16", what="y (auto, misaligned)")
+    dy = torch.randn(shape, device="cuda", dtype=torch.float16)
+    grads = attention.backward(dy, q, k, v, causal=True, y=y, lse=lse)  # GEMMs on 2-byte aligned q, k, v
+    expected = attention.reference_backward(dy.float().cpu().numpy(), *host, causal=True)
+    for name, got, want in zip("qkv", grads, expected):
+        assert_close(got.float().cpu().numpy(), want, "float16", reduction_length=64, what=f"d{name} (misaligned)")
 
 
 @pytest.mark.gpu

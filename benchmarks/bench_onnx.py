@@ -22,7 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 from harness import median_ms, torch_cuda, write_results
 
 import graph_executor_v2 as ge2

@@ -317,8 +317,11 @@ def _key_of_transposed(ctx, name: str) -> tuple[str, str] | None:
     if flatten is None or flatten.input[0] not in ctx.values:
         return None
     key = flatten.input[0]
-    batch, heads, seq, dim = ctx.value(key).type.shape if ctx.value(key).type.rank == 4 else (None,) * 4
-    if batch is None or tuple(ctx.value(name).type.shape) != (batch, heads, dim, seq):
+    if ctx.value(key).type.rank != 4:
+        return None
+    batch, heads, seq, dim = ctx.value(key).type.shape
+    shapes = [tuple(ctx.value(value).type.shape) for value in (inner.input[0], node.input[0], name)]
+    if shapes != [(batch * heads, seq, dim), (batch * heads, dim, seq), (batch, heads, dim, seq)]:
         return None
     return key, "bhsd"
 
@@ -590,11 +593,14 @@ def _shape(ctx, inputs, attrs):
     return [np.array(shape[start:end], np.int64)]
 
 
-def _static_axes(ctx, inputs, attrs, rank: int, what: str) -> tuple | None:
-    """The axes of Squeeze/Unsqueeze (an input since opset 13), resolved against ``rank``, or None if absent."""
+def _axes_input(ctx, inputs) -> list | None:
+    """The axes of Squeeze/Unsqueeze (an input since opset 13), or None if absent."""
     if len(inputs) < 2 or not inputs[1]:
         return None
-    axes = [int(a) for a in np.asarray(ctx.constant(inputs[1], what)).reshape(-1)]
+    return [int(a) for a in np.asarray(ctx.constant(inputs[1], "axes")).reshape(-1)]
+
+
+def _resolved_axes(axes: list, rank: int) -> tuple:
     if any(not -rank <= a < rank for a in axes) or len({a % rank for a in axes}) != len(axes):
         raise Unsupported(f"axes {axes} are out of range or repeated for rank {rank}")
     return tuple(sorted(a % rank for a in axes))
@@ -605,9 +611,8 @@ def _squeeze(ctx, inputs, attrs):
     _only(attrs, {})
     x = ctx.value(inputs[0])
     shape = tuple(x.type.shape)
-    axes = _static_axes(ctx, inputs, attrs, len(shape), "axes")
-    if axes is None:
-        axes = tuple(i for i, d in enumerate(shape) if d == 1)
+    axes = _axes_input(ctx, inputs)
+    axes = tuple(i for i, d in enumerate(shape) if d == 1) if axes is None else _resolved_axes(axes, len(shape))
     if any(shape[a] != 1 for a in axes):
         raise Unsupported(f"squeezing axes {axes} of shape {shape}: only size-1 dims can be removed")
     return [ctx.graph.reshape(x, shape=tuple(d for i, d in enumerate(shape) if i not in axes))]
@@ -618,10 +623,10 @@ def _unsqueeze(ctx, inputs, attrs):
     _only(attrs, {})
     x = ctx.value(inputs[0])
     shape = list(x.type.shape)
-    if len(inputs) < 2 or not inputs[1]:
+    axes = _axes_input(ctx, inputs)
+    if axes is None:
         raise Unsupported("Unsqueeze without axes")
-    for axis in _static_axes(ctx, inputs, attrs, len(shape) + len(np.asarray(ctx.constant(inputs[1], "axes"))
-                                                                     .reshape(-1)), "axes"):
+    for axis in _resolved_axes(axes, len(shape) + len(axes)):  # axes of the output, inserted in increasing order
         shape.insert(axis, 1)
     return [ctx.graph.reshape(x, shape=tuple(shape))]
 
@@ -641,7 +646,7 @@ def _split(ctx, inputs, attrs):
         sizes = [int(v) for v in np.asarray(ctx.constant(inputs[1], "split (the sizes)")).reshape(-1)]
     elif "num_outputs" in attrs:
         part = -(-extent // int(attrs["num_outputs"]))
-        sizes = [min(part, extent - start) for start in range(0, extent, part)]
+        sizes = [min(part, extent - start) for start in range(0, extent, part)] if extent else [0] * count
     elif extent % count == 0:
         sizes = [extent // count] * count
     else:
@@ -686,7 +691,7 @@ def _where(ctx, inputs, attrs):
     _only(attrs, {})
     g = ctx.graph
     condition = np.asarray(ctx.constant(inputs[0], "condition")).astype(bool)
-    branches = {}  # choice mask -> tensor or constant
+    branches = {}  # "X" / "Y" -> (a Value or a constant array, where it is chosen)
     for name, label, chosen in ((inputs[1], "X", condition), (inputs[2], "Y", ~condition)):
         branch = ctx.constants[name] if name in ctx.constants else _float_input(ctx.value(name), f"input {label}")
         branches[label] = (branch, chosen)
@@ -1119,7 +1124,9 @@ def _numpy_dtype(name: str):
 # ---------------------------------------------------------------------------------------------------------------
 # Constant folding
 # ---------------------------------------------------------------------------------------------------------------
-_NOT_FOLDED = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
+# Random results (Dropout too: its rule imports it for inference, where it is the identity, or rejects it).
+_NOT_FOLDED = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial",
+               "Dropout"}
 
 
 def _foldable(ctx: _Context, node) -> bool:

@@ -239,17 +239,17 @@ def test_gpt2_block_exported_by_torch_matches_torch_and_onnxruntime(tmp_path, rn
     torch.manual_seed(int(rng.integers(2 ** 31)))
     config = GPTConfig(context=64, heads=4, width=256, layers=1)
     block = torch_gpt_block(config, attention).eval()
-    x = torch.randn(2, 64, 256)
-    with torch.no_grad():
-        expected = copy.deepcopy(block).double()(x.double()).numpy()
     torch_dtype = getattr(torch, dtype)
+    block, x = block.to(torch_dtype), torch.randn(2, 64, 256).to(torch_dtype)
+    with torch.no_grad():  # the reference: the same (rounded) weights and inputs in float64
+        expected = copy.deepcopy(block).double()(x.double()).numpy()
     path = tmp_path / "gpt2_block.onnx"
-    _export(torch, copy.deepcopy(block).to(torch_dtype), x.to(torch_dtype), path, exporter)
+    _export(torch, block, x, path, exporter)
     graph = onnx_frontend.load(str(path))
     counts = graph.op_counts()
     assert counts.get("attention") == 1 and "softmax" not in counts, counts
     assert counts.get("matmul", 0) + counts.get("gemm", 0) == 4, counts  # QKV, out_proj, the MLP's two Linears
-    feed = x.to(torch_dtype).numpy()
+    feed = x.numpy()
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     onnxruntime_y = session.run(None, {"x": feed})[0]
     assert_close(onnxruntime_y, expected, dtype, reduction_length=1024, what="onnxruntime")

@@ -290,7 +290,9 @@ def test_backward_opdef_reference_matches_reference_backward(rng):
 # ---------------------------------------------------------------------------------------------------------------
 def _written_out_attention(rng, seq_q, seq_k, head_dim, dtype="float32", mask="causal", scale_op="mul",
                            softmax_axis=-1):
-    """One head of attention as users write it; ``mask``: "causal", None, or "other" (a mask that is not causal)."""
+    """One head of attention as users write it; ``mask``: "causal" (0 / -inf), "finfo" (0 / the dtype's lowest, as
+    PyTorch's exported SDPA writes it), None, "other" (a mask that is not causal) or "weak" (-1e4 for the hidden
+    keys: not low enough to be a mask)."""
     g = Graph("written_out_attention")
     q = g.input("q", (seq_q, head_dim), dtype)
     k = g.input("k", (seq_k, head_dim), dtype)
@@ -299,7 +301,8 @@ def _written_out_attention(rng, seq_q, seq_k, head_dim, dtype="float32", mask="c
     scores = getattr(g, scale_op)(g.matmul(q, g.transpose(k, perm=(1, 0))),
                                   g.param("factor", np.array(factor, dtype=np.float32).astype(q.type.dtype)))
     if mask is not None:
-        values = np.where(np.tril(np.ones((seq_q, seq_k), dtype=bool)), 0.0, -np.inf).astype(np.float32)
+        hidden = {"finfo": np.finfo(q.type.dtype).min, "weak": -1e4}.get(mask, -np.inf)
+        values = np.where(np.tril(np.ones((seq_q, seq_k), dtype=bool)), 0.0, hidden).astype(np.float32)
         if mask == "other":
             values[0, 0] = -1.0
         scores = g.add(scores, g.param("mask", values.astype(q.type.dtype)))
@@ -315,7 +318,7 @@ def _op_counts(graph):
 
 
 @pytest.mark.parametrize("scale_op", ("mul", "div"))
-@pytest.mark.parametrize("mask", ("causal", None))
+@pytest.mark.parametrize("mask", ("causal", "finfo", None))
 @pytest.mark.parametrize("seq_q,seq_k", ((6, 6), (3, 8), (8, 3)))
 def test_fusion_pass_makes_one_attention_node(rng, scale_op, mask, seq_q, seq_k):
     g = _written_out_attention(rng, seq_q, seq_k, 8, mask=mask, scale_op=scale_op)
@@ -325,20 +328,20 @@ def test_fusion_pass_makes_one_attention_node(rng, scale_op, mask, seq_q, seq_k)
                                                 verify_each=True).run(g)
     assert _op_counts(optimized) == {"reshape": 4, "attention": 1}
     (node,) = [n for n in optimized.nodes if n.op == "attention"]
-    assert node.attrs["causal"] == (mask == "causal")
+    assert node.attrs["causal"] == (mask is not None)
     assert node.attrs["scale"] == pytest.approx(8 ** -0.5, rel=1e-6)
     feeds = {name: random_array(rng, shape, "float32") for name, shape in
              (("q", (seq_q, 8)), ("k", (seq_k, 8)), ("v", (seq_k, 8)))}
     expected = ge2.ExecutorV2(g, device="cpu", passes=[]).run(feeds)["y"]
     fused = ge2.ExecutorV2(g, device="cpu").run(feeds)["y"]  # the default pipeline fuses too
-    reference, _ = attention.reference(*(feeds[name][None, None] for name in "qkv"), causal=mask == "causal")
+    reference, _ = attention.reference(*(feeds[name][None, None] for name in "qkv"), causal=mask is not None)
     assert_close(fused, reference[0, 0], "float32", reduction_length=8)
     assert_close(fused, expected, "float32", reduction_length=8)
 
 
-@pytest.mark.parametrize("change", ("other_mask", "softmax_axis"))
+@pytest.mark.parametrize("change", ("other_mask", "weak_mask", "softmax_axis"))
 def test_fusion_pass_leaves_other_patterns(rng, change):
-    g = _written_out_attention(rng, 5, 5, 8, mask="other" if change == "other_mask" else "causal",
+    g = _written_out_attention(rng, 5, 5, 8, mask={"other_mask": "other", "weak_mask": "weak"}.get(change, "causal"),
                                softmax_axis=0 if change == "softmax_axis" else -1)
     optimized, _ = ge2.passes.PassManager(ge2.passes.resolve(["fuse_attention"]), verify_each=True).run(g)
     assert _op_counts(optimized) == _op_counts(g)

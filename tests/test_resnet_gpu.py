@@ -1,7 +1,7 @@
-"""ResNet-18 on the GPU against PyTorch: the same network in plain torch.nn (BasicBlock x [2, 2, 2, 2], the layout and
-names of torchvision's resnet18, which the GPU machine need not have) and in ge2.nn (``ge2.models.resnet18``), the
-same random weights copied over, a batch of 32 images 3x224x224 (``GE2_RESNET_BATCH`` lowers it only where memory
-forces it), float32 with TF32 off on both sides:
+"""ResNet-18 on the GPU against PyTorch: the same network in plain torch.nn (``models.resnet.torch_resnet18``:
+BasicBlock x [2, 2, 2, 2], the layout and names of torchvision's resnet18, which the GPU machine need not have) and
+in ge2.nn (``ge2.models.resnet18``), the same random weights copied over, a batch of 32 images 3x224x224
+(``GE2_RESNET_BATCH`` lowers it only where memory forces it), float32 with TF32 off on both sides:
 
 - eval mode: the logits;
 - one training step (train-mode batch norm, SGD with momentum, cross-entropy): the loss, every updated parameter
@@ -25,6 +25,7 @@ import pytest
 
 import graph_executor_v2 as ge2
 from graph_executor_v2.models import resnet18
+from graph_executor_v2.models.resnet import torch_resnet18
 
 BATCH = int(os.environ.get("GE2_RESNET_BATCH", "32"))
 IMAGE = 224
@@ -63,52 +64,6 @@ def test_ge2_resnet18_has_torchvisions_names_and_trains_on_the_cpu(rng):
 
 
 # --- the GPU comparison ------------------------------------------------------------------------------------------
-def _torch_resnet18(torch):
-    nn = torch.nn
-
-    class BasicBlock(nn.Module):
-        def __init__(self, inputs, outputs, stride):
-            super().__init__()
-            self.conv1 = nn.Conv2d(inputs, outputs, 3, stride, 1, bias=False)
-            self.bn1 = nn.BatchNorm2d(outputs)
-            self.relu = nn.ReLU(inplace=True)
-            self.conv2 = nn.Conv2d(outputs, outputs, 3, 1, 1, bias=False)
-            self.bn2 = nn.BatchNorm2d(outputs)
-            self.downsample = None
-            if stride != 1 or inputs != outputs:
-                self.downsample = nn.Sequential(nn.Conv2d(inputs, outputs, 1, stride, bias=False),
-                                                nn.BatchNorm2d(outputs))
-
-        def forward(self, x):
-            out = self.relu(self.bn1(self.conv1(x)))
-            out = self.bn2(self.conv2(out))
-            out += x if self.downsample is None else self.downsample(x)
-            return self.relu(out)
-
-    class ResNet18(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
-            self.bn1 = nn.BatchNorm2d(64)
-            self.relu = nn.ReLU(inplace=True)
-            self.maxpool = nn.MaxPool2d(3, 2, 1)
-            inputs = 64
-            for stage, width in enumerate((64, 128, 256, 512), start=1):
-                stride = 1 if stage == 1 else 2
-                setattr(self, f"layer{stage}", nn.Sequential(BasicBlock(inputs, width, stride),
-                                                             BasicBlock(width, width, 1)))
-                inputs = width
-            self.avgpool = nn.AdaptiveAvgPool2d(1)
-            self.fc = nn.Linear(512, 1000)
-
-        def forward(self, x):
-            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-            x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-            return self.fc(torch.flatten(self.avgpool(x), 1))
-
-    return ResNet18()
-
-
 def _relative(error, reference) -> float:
     return float(np.linalg.norm(error) / max(np.linalg.norm(reference), 1e-30))
 
@@ -138,7 +93,7 @@ def _models(torch, x):
     """(torch float32, torch float64, ge2) with the same weights; the running statistics are those of ``x`` (one
     train-mode pass with momentum 1), so eval mode normalizes activations of the scale it sees."""
     torch.manual_seed(0)
-    model32 = _torch_resnet18(torch).cuda()
+    model32 = torch_resnet18().cuda()
     batch_norms = [m for m in model32.modules() if isinstance(m, torch.nn.BatchNorm2d)]
     with torch.no_grad():
         for norm in batch_norms:

@@ -5,6 +5,13 @@ ONNX op takes a shape, axes or indices as a tensor input); graph inputs become g
 dim (``dim_param``) kept symbolic. Every node is translated by one rule of ``RULES`` (ONNX op type -> function that
 emits GE2 nodes); opsets 13 up to the newest the installed ``onnx`` knows are read.
 
+Constant subgraphs are folded while importing: a node whose inputs are all known (initializers, Constant nodes,
+``Shape`` of a statically shaped tensor, earlier folded nodes) is evaluated once with ONNX's reference
+implementation (``onnx.reference``), of any op type, so an exporter's shape arithmetic and mask construction
+(Shape -> Slice -> Concat -> Expand -> Trilu -> Equal -> Where) becomes a constant. The written-out attention of a
+transformer (QK^T, scale, causal mask, softmax, times V; see ``_written_out_attention``) becomes one ``attention``
+node. Nodes no graph output needs are dropped at the end.
+
 An unsupported op, attribute value, dtype or dynamic shape is collected, not raised at once: ``load`` raises one
 ``UnsupportedModelError`` that lists every offending node with its op type and the reason.
 """
@@ -16,8 +23,10 @@ from typing import Callable
 
 import numpy as np
 
-from ..dtypes import FLOAT_DTYPES
+from ..dtypes import ALL_DTYPES, FLOAT_DTYPES
 from ..ir.graph import Graph, Value
+from ..passes.attention_fusion import is_causal_bias
+from ..passes.cleanup import eliminate_dead_code
 from ._errors import NeedsConstant, Unsupported, UnsupportedModelError
 
 MIN_OPSET = 13
@@ -51,6 +60,8 @@ class _Context:
         self.constants: dict[str, np.ndarray] = {}
         self.failed: set[str] = set()  # outputs of nodes that could not be imported
         self.node_outputs: list[str] = []  # the output names of the node being translated ("" for an absent one)
+        self.producers: dict = {}  # ONNX name -> the NodeProto that computes it
+        self.uses: dict[str, int] = {}  # ONNX name -> how many node inputs and graph outputs read it
 
     def wants(self, index: int) -> bool:
         """Whether the node being translated has its optional output ``index``."""
@@ -64,6 +75,9 @@ class _Context:
             array = self.constants[name]
             if array.dtype == np.float64:
                 raise Unsupported(f"constant '{name}' is float64, which GE2 does not run")
+            if array.dtype.name not in ALL_DTYPES:
+                raise Unsupported(f"constant '{name}' of dtype {array.dtype} is used as a tensor; GE2 has "
+                                  f"{', '.join(ALL_DTYPES)}")
             value = self.graph.param(_fresh_name(self.graph, name), np.ascontiguousarray(array))
             self.values[name] = value
             return value
@@ -241,6 +255,9 @@ def _matmul(ctx, inputs, attrs):
     b = _float_input(ctx.value(inputs[1]), "input B")
     if a.type.rank == 0 or b.type.rank == 0:
         raise Unsupported("MatMul of a 0-d tensor")
+    attention = _written_out_attention(ctx, inputs[0], inputs[1])
+    if attention is not None:
+        return [attention]
     if b.type.rank > 2 and (any(d != 1 for d in b.type.shape[:-2]) or b.type.rank > a.type.rank):
         return [_batched_matmul(g, a, b)]
     if b.type.rank > 2:  # B's batch dims are all 1 and A has as many: one 2-d B for every row of A
@@ -250,6 +267,141 @@ def _matmul(ctx, inputs, attrs):
     y = g.matmul(a2, b2)
     out_shape = tuple(a.type.shape[:-1]) + ((b.type.shape[-1],) if b.type.rank == 2 else ())
     return [y if tuple(y.type.shape) == out_shape else g.reshape(y, shape=out_shape)]
+
+
+# --- the written-out attention ----------------------------------------------------------------------------------
+def _sole_producer(ctx, name: str, op_types: tuple):
+    """The ONNX node of one of ``op_types`` computing ``name``, when the node being translated is the only reader
+    of ``name`` (so replacing the subgraph leaves nothing else without its input); else None."""
+    node = ctx.producers.get(name)
+    if node is None or node.op_type not in op_types or ctx.uses.get(name, 0) != 1 or name not in ctx.values:
+        return None
+    return node
+
+
+def _scalar_constant(ctx, name: str) -> float | None:
+    if name not in ctx.constants or np.size(ctx.constants[name]) != 1:
+        return None
+    scalar = float(np.asarray(ctx.constants[name], np.float64).reshape(-1)[0])
+    return scalar if np.isfinite(scalar) and scalar != 0 else None
+
+
+def _without_scale(ctx, name: str, divide_too: bool = False) -> tuple[str, float]:
+    """(x, factor) for ``name`` = x * factor (or x / factor' with ``divide_too``), x itself with factor 1."""
+    node = _sole_producer(ctx, name, ("Mul", "Div") if divide_too else ("Mul",))
+    if node is not None:
+        a, b = node.input
+        if node.op_type == "Mul" and _scalar_constant(ctx, a) is not None and b in ctx.values:
+            return b, _scalar_constant(ctx, a)
+        if _scalar_constant(ctx, b) is not None and a in ctx.values:
+            factor = _scalar_constant(ctx, b)
+            return a, factor if node.op_type == "Mul" else 1.0 / factor
+    return name, 1.0
+
+
+def _key_of_transposed(ctx, name: str) -> tuple[str, str] | None:
+    """(K, its layout) for ``name`` = K^T: Transpose(K, (0, 1, 3, 2)) of a [batch, heads, seq, dim] K ("bhsd");
+    Transpose(K, (0, 2, 3, 1)) of a [batch, seq, heads, dim] K ("bshd"); or the dynamo exporter's
+    Reshape(Transpose(Reshape(K, [batch * heads, seq, dim]), (0, 2, 1)), [batch, heads, dim, seq])."""
+    node = _sole_producer(ctx, name, ("Transpose", "Reshape"))
+    if node is None:
+        return None
+    if node.op_type == "Transpose":
+        perm = tuple(_attributes(node).get("perm", ()))
+        layout = {(0, 1, 3, 2): "bhsd", (0, 2, 3, 1): "bshd"}.get(perm)
+        return (node.input[0], layout) if layout else None
+    inner = _sole_producer(ctx, node.input[0], ("Transpose",))
+    if inner is None or tuple(_attributes(inner).get("perm", ())) != (0, 2, 1):
+        return None
+    flatten = _sole_producer(ctx, inner.input[0], ("Reshape",))
+    if flatten is None or flatten.input[0] not in ctx.values:
+        return None
+    key = flatten.input[0]
+    if ctx.value(key).type.rank != 4:
+        return None
+    batch, heads, seq, dim = ctx.value(key).type.shape
+    shapes = [tuple(ctx.value(value).type.shape) for value in (inner.input[0], node.input[0], name)]
+    if shapes != [(batch * heads, seq, dim), (batch * heads, dim, seq), (batch, heads, dim, seq)]:
+        return None
+    return key, "bhsd"
+
+
+def _bshd_source(ctx, name: str) -> str | None:
+    """X for ``name`` = Transpose(X, (0, 2, 1, 3)): the [batch, seq, heads, dim] tensor the heads were split from."""
+    node = ctx.producers.get(name)
+    if node is None or node.op_type != "Transpose" or tuple(_attributes(node).get("perm", ())) != (0, 2, 1, 3):
+        return None
+    return node.input[0] if node.input[0] in ctx.values else None
+
+
+def _written_out_attention(ctx, probs: str, v: str) -> Value | None:
+    """``MatMul(probs, v)`` closing a written-out attention, as one GE2 ``attention`` node; None for any other
+    MatMul. The pattern (GPT-2 / nanoGPT's explicit form and the exporters' decomposition of
+    F.scaled_dot_product_attention, each intermediate read by the next node only):
+
+        scores = MatMul(Q [* a], K^T [* b])                 Q, V: [batch, heads, seq, head_dim]; K^T: see
+        logits = scores [* c or / c] [+ mask or             ``_key_of_transposed``; a, b, c: scalar constants
+                 Where(condition, -inf, scores)]            mask: the constant top-left causal mask
+                                                            (``is_causal_bias``)
+        Y      = MatMul(Softmax(logits, axis=-1), V)
+      ->
+        Y = attention(Q, K, V, scale=a * b * c, causal=mask given)
+
+    When Q, K and V are each a Transpose (0, 2, 1, 3) of the [batch, seq, heads, head_dim] projections (the usual
+    export), attention reads those in its "bshd" layout and the head transposes go away."""
+    g = ctx.graph
+    softmax = _sole_producer(ctx, probs, ("Softmax",))
+    if softmax is None or v not in ctx.values or ctx.value(v).type.rank != 4:
+        return None
+    if int(_attributes(softmax).get("axis", -1)) not in (-1, 3):
+        return None
+    logits = softmax.input[0]
+    bias = None
+    masking = _sole_producer(ctx, logits, ("Add", "Where"))
+    if masking is not None and masking.op_type == "Add":
+        first, second = masking.input
+        constant, logits = (first, second) if first in ctx.constants else (second, first)
+        if constant not in ctx.constants or logits not in ctx.values:
+            return None
+        bias = np.asarray(ctx.constants[constant])
+    elif masking is not None:
+        condition, fill, logits = masking.input
+        if condition not in ctx.constants or fill not in ctx.constants or logits not in ctx.values:
+            return None
+        if not np.isneginf(np.asarray(ctx.constants[fill], np.float64)).all():
+            return None
+        bias = np.where(np.asarray(ctx.constants[condition], bool), -np.inf, 0.0)
+    scores, scale = _without_scale(ctx, logits, divide_too=True)
+    product = _sole_producer(ctx, scores, ("MatMul",))
+    if product is None:
+        return None
+    q, q_factor = _without_scale(ctx, product.input[0])
+    key_t, k_factor = _without_scale(ctx, product.input[1])
+    key = _key_of_transposed(ctx, key_t)
+    if key is None or q not in ctx.values:
+        return None
+    k, k_layout = key
+    q_type, k_type, v_type = ctx.value(q).type, ctx.value(k).type, ctx.value(v).type
+    if q_type.rank != 4 or k_type.rank != 4 or len({q_type.dtype, k_type.dtype, v_type.dtype}) != 1:
+        return None
+    k_shape = tuple(k_type.shape[axis] for axis in ((0, 1, 2, 3) if k_layout == "bhsd" else (0, 2, 1, 3)))
+    batch, heads, seq_q, head_dim = q_type.shape
+    seq_k = k_shape[2]
+    if k_shape != (batch, heads, seq_k, head_dim) or tuple(v_type.shape) != k_shape:
+        return None
+    if bias is not None:
+        leading = bias.shape[:-2]
+        if bias.ndim > 4 or any(d != 1 for d in leading) or not is_causal_bias(bias.reshape(bias.shape[-2:]),
+                                                                                  seq_q, seq_k):
+            return None
+    sources = [_bshd_source(ctx, q), k if k_layout == "bshd" else _bshd_source(ctx, k), _bshd_source(ctx, v)]
+    if all(sources):
+        y = g.attention(*(ctx.value(name) for name in sources), causal=bias is not None,
+                        scale=scale * q_factor * k_factor, layout="bshd")[0]
+        return g.transpose(y, perm=(0, 2, 1, 3))
+    k_value = ctx.value(k) if k_layout == "bhsd" else g.transpose(ctx.value(k), perm=(0, 2, 1, 3))
+    return g.attention(ctx.value(q), k_value, ctx.value(v), causal=bias is not None,
+                       scale=scale * q_factor * k_factor, layout="bhsd")[0]
 
 
 def _batched_matmul(g: Graph, a: Value, b: Value) -> Value:
@@ -426,6 +578,155 @@ def _gather(ctx, inputs, attrs):
     k, before = len(index_shape), axis
     perm = (*range(k, k + before), *range(k), *range(k + before, gathered.type.rank))
     return [g.transpose(gathered, perm=perm)]
+
+
+@rule("Shape")
+def _shape(ctx, inputs, attrs):
+    """A constant: GE2 plans static shapes, so the shape of a tensor is known when the graph is imported."""
+    _only(attrs, {"start": _ANY, "end": _ANY})
+    shape = ctx.shape(inputs[0])
+    if not all(isinstance(d, int) for d in shape):
+        raise Unsupported(f"the shape {shape} has symbolic dims; bind them with input_shapes={{...}}")
+    rank = len(shape)
+    start, end = (int(np.clip(v + rank if v < 0 else v, 0, rank))
+                  for v in (int(attrs.get("start", 0)), int(attrs.get("end", rank))))
+    return [np.array(shape[start:end], np.int64)]
+
+
+def _axes_input(ctx, inputs) -> list | None:
+    """The axes of Squeeze/Unsqueeze (an input since opset 13), or None if absent."""
+    if len(inputs) < 2 or not inputs[1]:
+        return None
+    return [int(a) for a in np.asarray(ctx.constant(inputs[1], "axes")).reshape(-1)]
+
+
+def _resolved_axes(axes: list, rank: int) -> tuple:
+    if any(not -rank <= a < rank for a in axes) or len({a % rank for a in axes}) != len(axes):
+        raise Unsupported(f"axes {axes} are out of range or repeated for rank {rank}")
+    return tuple(sorted(a % rank for a in axes))
+
+
+@rule("Squeeze")
+def _squeeze(ctx, inputs, attrs):
+    _only(attrs, {})
+    x = ctx.value(inputs[0])
+    shape = tuple(x.type.shape)
+    axes = _axes_input(ctx, inputs)
+    axes = tuple(i for i, d in enumerate(shape) if d == 1) if axes is None else _resolved_axes(axes, len(shape))
+    if any(shape[a] != 1 for a in axes):
+        raise Unsupported(f"squeezing axes {axes} of shape {shape}: only size-1 dims can be removed")
+    return [ctx.graph.reshape(x, shape=tuple(d for i, d in enumerate(shape) if i not in axes))]
+
+
+@rule("Unsqueeze")
+def _unsqueeze(ctx, inputs, attrs):
+    _only(attrs, {})
+    x = ctx.value(inputs[0])
+    shape = list(x.type.shape)
+    axes = _axes_input(ctx, inputs)
+    if axes is None:
+        raise Unsupported("Unsqueeze without axes")
+    for axis in _resolved_axes(axes, len(shape) + len(axes)):  # axes of the output, inserted in increasing order
+        shape.insert(axis, 1)
+    return [ctx.graph.reshape(x, shape=tuple(shape))]
+
+
+@rule("Split")
+def _split(ctx, inputs, attrs):
+    """Slices along ``axis``: sizes from the ``split`` input, or ``num_outputs`` (opset 18) parts of
+    ceil(extent / num_outputs), the last one smaller; with neither, as many equal parts as the node has outputs."""
+    _only(attrs, {"axis": _ANY, "num_outputs": _ANY})
+    x = ctx.value(inputs[0])
+    axis = int(attrs.get("axis", 0)) % x.type.rank
+    extent = x.type.shape[axis]
+    if not isinstance(extent, int):
+        raise Unsupported(f"splitting the symbolic dim {extent!r}")
+    count = len(ctx.node_outputs)
+    if len(inputs) > 1 and inputs[1]:
+        sizes = [int(v) for v in np.asarray(ctx.constant(inputs[1], "split (the sizes)")).reshape(-1)]
+    elif "num_outputs" in attrs:
+        part = -(-extent // int(attrs["num_outputs"]))
+        sizes = [min(part, extent - start) for start in range(0, extent, part)] if extent else [0] * count
+    elif extent % count == 0:
+        sizes = [extent // count] * count
+    else:
+        raise Unsupported(f"{extent} does not split into {count} equal parts")
+    if len(sizes) != count or sum(sizes) != extent or min(sizes) < 0:
+        raise Unsupported(f"split sizes {sizes} for {count} outputs of a dim of {extent}")
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int)
+    return [ctx.graph.slice(x, starts=(int(start),), ends=(int(start) + size,), axes=(axis,))
+            for start, size in zip(starts, sizes)]
+
+
+def _broadcast_to(g: Graph, x: Value, shape: tuple) -> Value:
+    """``x`` broadcast to ``shape`` (numpy rules) as a concatenation of copies along each broadcast axis: exact for
+    every dtype."""
+    y = x if x.type.rank == len(shape) else g.reshape(x, shape=(1,) * (len(shape) - x.type.rank) + tuple(x.type.shape))
+    for axis, size in enumerate(shape):
+        if y.type.shape[axis] != size:
+            y = g.concat([y] * size, axis=axis) if size > 0 else g.slice(y, starts=(0,), ends=(0,), axes=(axis,))
+    return y
+
+
+@rule("Expand")
+def _expand(ctx, inputs, attrs):
+    """numpy broadcasting of the input and ``shape`` (a dim of 1 in ``shape`` keeps the input's)."""
+    _only(attrs, {})
+    x = ctx.value(inputs[0])
+    target = tuple(int(d) for d in np.asarray(ctx.constant(inputs[1], "the target shape")).reshape(-1))
+    try:
+        out_shape = np.broadcast_shapes(tuple(x.type.shape), target)
+    except ValueError:
+        raise Unsupported(f"shape {tuple(x.type.shape)} does not broadcast to {target}") from None
+    return [_broadcast_to(ctx.graph, x, out_shape)]
+
+
+@rule("Where")
+def _where(ctx, inputs, attrs):
+    """``condition`` must be a constant (a mask built at export time); X and Y are tensors or constants. GE2 has
+    no select op, so it is arithmetic on its float ops: a tensor branch times its 0/1 choice, plus the constant
+    branch where chosen. Where the constant branch is infinite wherever the tensor is not chosen (a -inf attention
+    mask), the tensor is added unmasked: ``Y + where(condition, -inf, 0)``, the additive mask. Exact for finite
+    tensor entries; an infinite or NaN tensor entry where the other branch is chosen gives NaN."""
+    _only(attrs, {})
+    g = ctx.graph
+    condition = np.asarray(ctx.constant(inputs[0], "condition")).astype(bool)
+    branches = {}  # "X" / "Y" -> (a Value or a constant array, where it is chosen)
+    for name, label, chosen in ((inputs[1], "X", condition), (inputs[2], "Y", ~condition)):
+        branch = ctx.constants[name] if name in ctx.constants else _float_input(ctx.value(name), f"input {label}")
+        branches[label] = (branch, chosen)
+    tensors = [(b, chosen) for b, chosen in branches.values() if isinstance(b, Value)]
+    constants = [(b, chosen) for b, chosen in branches.values() if not isinstance(b, Value)]
+    dtype = tensors[0][0].type.dtype
+    if any(t.type.dtype != dtype for t, _ in tensors):
+        raise Unsupported(f"X and Y have dtypes {[t.type.dtype for t, _ in tensors]}")
+    try:
+        out_shape = np.broadcast_shapes(condition.shape, *(tuple(b.type.shape) if isinstance(b, Value)
+                                                            else np.shape(b) for b, _ in branches.values()))
+    except ValueError:
+        raise Unsupported("condition, X and Y do not broadcast together") from None
+
+    def param(array, label):
+        return g.param(_fresh_name(g, f"where_{label}"), np.ascontiguousarray(array.astype(_numpy_dtype(dtype))))
+
+    constant_part, swamped = None, False
+    if constants:  # one constant branch (two are folded before this rule)
+        value, chosen = np.broadcast_arrays(np.asarray(constants[0][0], np.float64), constants[0][1])
+        constant_part = np.where(chosen, value, 0.0)
+        swamped = bool(np.isinf(value[chosen]).all())
+    y = None
+    for tensor, chosen in tensors:
+        if chosen.all() or swamped:
+            term = tensor
+        elif chosen.any():
+            term = g.mul(tensor, param(chosen, "choice"))
+        else:
+            continue
+        y = term if y is None else g.add(y, term)
+    if y is None or (constant_part is not None and np.any(constant_part != 0)):
+        part = param(np.zeros(condition.shape) if constant_part is None else constant_part, "constant")
+        y = part if y is None else g.add(y, part)
+    return [_broadcast_to(g, y, out_shape)]
 
 
 def _reduce(ge2_op):
@@ -821,6 +1122,35 @@ def _numpy_dtype(name: str):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Constant folding
+# ---------------------------------------------------------------------------------------------------------------
+# Random results (Dropout too: its rule imports it for inference, where it is the identity, or rejects it).
+_NOT_FOLDED = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial",
+               "Dropout"}
+
+
+def _foldable(ctx: _Context, node) -> bool:
+    """Whether every input of ``node`` is a known constant (and its result is deterministic, with no subgraph)."""
+    inputs = [name for name in node.input if name]
+    return (bool(inputs) and all(name in ctx.constants for name in inputs) and node.op_type not in _NOT_FOLDED
+            and not any(a.type in (_onnx().AttributeProto.GRAPH, _onnx().AttributeProto.GRAPHS)
+                        for a in node.attribute))
+
+
+def _fold(node, ctx: _Context) -> list:
+    """The outputs of ``node`` on its constant inputs, computed by ONNX's reference implementation at the model's
+    opset."""
+    from onnx.reference import ReferenceEvaluator
+
+    try:
+        evaluator = ReferenceEvaluator(node, opsets={"": ctx.opset})
+        outputs = evaluator.run(None, {name: ctx.constants[name] for name in node.input if name})
+    except Exception as error:  # the reference raises its own errors for inputs it rejects
+        raise Unsupported(f"folding this node of constant inputs failed: {type(error).__name__}: {error}") from None
+    return [np.asarray(output) for output in outputs]
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # load
 # ---------------------------------------------------------------------------------------------------------------
 def supported_op_types() -> list[str]:
@@ -891,28 +1221,38 @@ def load(model, input_shapes: dict | None = None, constant_inputs: dict | None =
     if overrides:
         raise ValueError(f"input_shapes: unknown input(s) {sorted(overrides)}")
 
-    unknown_ops = sorted({n.op_type for n in model.graph.node if n.domain not in ("", "ai.onnx")
-                          or (n.op_type not in RULES and n.op_type != "Constant")})
+    for node in model.graph.node:
+        ctx.producers.update((name, node) for name in node.output if name)
+        for name in node.input:
+            ctx.uses[name] = ctx.uses.get(name, 0) + 1
+    for output in model.graph.output:
+        ctx.uses[output.name] = ctx.uses.get(output.name, 0) + 1
     for index, node in enumerate(model.graph.node):
         node_name = node.name or f"{node.op_type}_{index}"
-        if node.op_type in unknown_ops or node.domain not in ("", "ai.onnx"):
-            problems.append((node_name, node.op_type, "op type not supported by GE2"))
-            ctx.failed.update(node.output)
-            continue
+        standard = node.domain in ("", "ai.onnx")
         if any(name in ctx.failed for name in node.input):
+            if not standard or node.op_type not in RULES:  # listed too: it would fail whatever its inputs
+                problems.append((node_name, node.op_type, "op type not supported by GE2"))
             ctx.failed.update(node.output)  # its cause is already listed
             continue
         try:
-            if node.op_type == "Constant":
+            if node.op_type == "Constant" and standard:
                 ctx.constants[node.output[0]] = _constant_value(_attributes(node))
                 continue
+            if standard and _foldable(ctx, node):
+                ctx.constants.update(zip(node.output, _fold(node, ctx)))
+                continue
+            if not standard or node.op_type not in RULES:
+                raise Unsupported("op type not supported by GE2")
             ctx.node_outputs = list(node.output)
             outputs = RULES[node.op_type](ctx, list(node.input), _attributes(node))
             used = [name for name in node.output if name]
             if len(used) > len(outputs):
                 raise Unsupported(f"optional output(s) {used[len(outputs):]} are not produced by GE2")
             for onnx_name, value in zip(node.output, outputs):
-                if onnx_name:
+                if onnx_name and isinstance(value, np.ndarray):  # a rule that computed a constant (Shape)
+                    ctx.constants[onnx_name] = value
+                elif onnx_name:
                     ctx.values[onnx_name] = value
         except Unsupported as reason:
             problems.append((node_name, node.op_type, str(reason)))
@@ -926,6 +1266,7 @@ def load(model, input_shapes: dict | None = None, constant_inputs: dict | None =
         raise UnsupportedModelError(model_name, problems, frozenset(needs_constant))
     for output in model.graph.output:
         graph.output(ctx.value(output.name), output.name)
+    eliminate_dead_code(graph)  # what a fused attention replaced, and transposes it made redundant
     return graph
 
 

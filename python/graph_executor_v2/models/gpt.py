@@ -4,7 +4,8 @@ head tied to the token embedding. Initialised as GPT-2 (normal(0, 0.02); residua
 1/sqrt(2 * layers)).
 
 ``GPT.loss_graph(batch)`` is the training graph: inputs ``ids`` and ``targets`` (int64 [batch, context]), output
-``loss`` (mean cross-entropy over every position, in nats). ``torch_gpt(config)`` is the same model in PyTorch.
+``loss`` (mean cross-entropy over every position, in nats). ``torch_gpt(config)`` is the same model in PyTorch,
+``torch_gpt_block(config, attention)`` one of its blocks (with SDPA or GPT-2's written-out attention).
 """
 from __future__ import annotations
 
@@ -88,12 +89,19 @@ class GPT(nn.Module):
         return g
 
 
-def torch_gpt(config: GPTConfig):
-    """The same GPT in PyTorch (its own layers, ``F.scaled_dot_product_attention``), with GE2's parameter names, so
-    ``load_state_dict({name: torch.from_numpy(array) for name, array in model.state_dict().items()})`` gives it a GE2
-    model's weights: the reference of the parity tests and the benchmark. ``forward(ids, targets)`` returns the
-    mean cross-entropy (computed in float32 under autocast). Its packed attention projection starts uninitialized
-    (``torch.empty``): load the weights before use. Needs PyTorch."""
+ATTENTION_FORMS = ("sdpa", "written_out")
+
+
+def torch_gpt_block(config: GPTConfig, attention: str = "sdpa"):
+    """One pre-norm block of ``torch_gpt`` in PyTorch (GE2's parameter names: ``ln_1``, ``attn.in_proj_weight`` /
+    ``attn.in_proj_bias`` (the fused QKV projection), ``attn.out_proj``, ``ln_2``, ``mlp.0``, ``mlp.2``), mapping
+    [batch, seq, width] to the same. ``attention``: "sdpa" (``F.scaled_dot_product_attention(is_causal=True)``) or
+    "written_out", GPT-2 / nanoGPT's explicit form: ``softmax(masked_fill(q @ k^T / sqrt(head_dim), tril == 0,
+    -inf)) @ v``, with the mask a non-persistent buffer of ``config.context`` rows. Initialised as PyTorch's
+    layers are (the packed QKV projection as torch.nn.MultiheadAttention's: Xavier-uniform weight, zero bias).
+    Needs PyTorch."""
+    if attention not in ATTENTION_FORMS:
+        raise ValueError(f"attention: expected one of {', '.join(ATTENTION_FORMS)}, got {attention!r}")
     import torch
 
     F = torch.nn.functional
@@ -102,16 +110,24 @@ def torch_gpt(config: GPTConfig):
         def __init__(self):
             super().__init__()
             width = config.width
-            self.in_proj_weight = torch.nn.Parameter(torch.empty(3 * width, width))
-            self.in_proj_bias = torch.nn.Parameter(torch.empty(3 * width))
+            self.in_proj_weight = torch.nn.Parameter(torch.nn.init.xavier_uniform_(torch.empty(3 * width, width)))
+            self.in_proj_bias = torch.nn.Parameter(torch.zeros(3 * width))
             self.out_proj = torch.nn.Linear(width, width)
+            if attention == "written_out":
+                causal = torch.tril(torch.ones(config.context, config.context)).view(1, 1, config.context, -1)
+                self.register_buffer("causal", causal, persistent=False)
 
         def forward(self, x):
             batch, seq, width = x.shape
             heads = config.heads
             qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias).view(batch, seq, 3, heads, width // heads)
             q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # [batch, heads, seq, head_dim]
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if attention == "sdpa":
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+                scores = scores.masked_fill(self.causal[:, :, :seq, :seq] == 0, float("-inf"))
+                y = F.softmax(scores, dim=-1) @ v
             return self.out_proj(y.transpose(1, 2).reshape(batch, seq, width))
 
     class Block(torch.nn.Module):
@@ -128,12 +144,25 @@ def torch_gpt(config: GPTConfig):
             x = x + self.attn(self.ln_1(x))
             return x + self.mlp(self.ln_2(x))
 
+    return Block()
+
+
+def torch_gpt(config: GPTConfig):
+    """The same GPT in PyTorch (its own layers, blocks of ``torch_gpt_block`` with ``F.scaled_dot_product_attention``),
+    with GE2's parameter names, so ``load_state_dict({name: torch.from_numpy(array) for name, array in
+    model.state_dict().items()})`` gives it a GE2 model's weights: the reference of the parity tests and the
+    benchmark. ``forward(ids, targets)`` returns the mean cross-entropy (computed in float32 under autocast). It is
+    initialised as PyTorch's layers are, not as GPT-2: load a GE2 model's weights for parity. Needs PyTorch."""
+    import torch
+
+    F = torch.nn.functional
+
     class TorchGPT(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.wte = torch.nn.Embedding(config.vocab, config.width)
             self.wpe = torch.nn.Embedding(config.context, config.width)
-            self.blocks = torch.nn.ModuleList([Block() for _ in range(config.layers)])
+            self.blocks = torch.nn.ModuleList([torch_gpt_block(config) for _ in range(config.layers)])
             self.ln_f = torch.nn.LayerNorm(config.width)
 
         def forward(self, ids, targets):

@@ -72,4 +72,55 @@ def resnet18(num_classes: int = 1000) -> ResNet:
     return ResNet((2, 2, 2, 2), num_classes)
 
 
-__all__ = ["BasicBlock", "ResNet", "resnet18"]
+def torch_resnet18(num_classes: int = 1000):
+    """The same ResNet-18 in plain PyTorch (``torch.nn``; torchvision's layout and state-dict names, so GE2's and
+    torchvision's weights load into it, and torchvision need not be installed): the reference of the GPU tests and
+    the ONNX benchmark. Needs PyTorch."""
+    import torch
+
+    nn = torch.nn
+
+    class TorchBasicBlock(nn.Module):
+        def __init__(self, inputs, outputs, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(inputs, outputs, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(outputs)
+            self.relu = nn.ReLU(inplace=True)
+            self.conv2 = nn.Conv2d(outputs, outputs, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(outputs)
+            self.downsample = None
+            if stride != 1 or inputs != outputs:
+                self.downsample = nn.Sequential(nn.Conv2d(inputs, outputs, 1, stride, bias=False),
+                                                nn.BatchNorm2d(outputs))
+
+        def forward(self, x):
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            out += x if self.downsample is None else self.downsample(x)
+            return self.relu(out)
+
+    class TorchResNet18(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+            self.bn1 = nn.BatchNorm2d(64)
+            self.relu = nn.ReLU(inplace=True)
+            self.maxpool = nn.MaxPool2d(3, 2, 1)
+            inputs = 64
+            for stage, width in enumerate((64, 128, 256, 512), start=1):
+                stride = 1 if stage == 1 else 2
+                setattr(self, f"layer{stage}", nn.Sequential(TorchBasicBlock(inputs, width, stride),
+                                                             TorchBasicBlock(width, width, 1)))
+                inputs = width
+            self.avgpool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(512, num_classes)
+
+        def forward(self, x):
+            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+            x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+            return self.fc(torch.flatten(self.avgpool(x), 1))
+
+    return TorchResNet18()
+
+
+__all__ = ["BasicBlock", "ResNet", "resnet18", "torch_resnet18"]

@@ -3,7 +3,7 @@
     scores = matmul(q, transpose(k, perm=(1, 0)))          q: [seq_q, d], k: [seq_k, d], v: [seq_k, d]
     scaled = mul(scores, c)  or  div(scores, c)            c: a one-element parameter
     masked = add(scaled, mask)                             optional; mask: the causal (top-left) parameter,
-                                                           0 where j <= i and -inf elsewhere
+                                                           0 where j <= i and -inf (or finfo.min) elsewhere
     y      = matmul(softmax(masked, axis=-1), v)
   ->
     y = reshape(attention(reshape(q), reshape(k), reshape(v), scale=c or 1/c, causal=mask given)[0])
@@ -29,14 +29,23 @@ def _scalar(value: Value) -> float | None:
     return scalar if np.isfinite(scalar) and scalar != 0 else None
 
 
-def _is_causal_mask(mask: Value, seq_q, seq_k) -> bool:
-    if not mask.is_param or not isinstance(seq_q, int) or not isinstance(seq_k, int):
+def is_causal_bias(data: np.ndarray, seq_q, seq_k) -> bool:
+    """Whether ``data`` is the additive top-left causal mask of [seq_q, seq_k] scores: 0 where j <= i, and
+    elsewhere -inf or, as PyTorch's exported scaled_dot_product_attention writes it, a value at most half its
+    dtype's lowest (finfo.min): a score plus that underflows to probability 0 as -inf does, for any scores a
+    softmax of that dtype holds."""
+    if not isinstance(seq_q, int) or not isinstance(seq_k, int):
         return False
-    data = np.asarray(mask.data, dtype=np.float64)
-    if data.shape != (seq_q, seq_k):
+    data = np.asarray(data)
+    if data.shape != (seq_q, seq_k) or data.dtype.kind != "f":
         return False
     visible = np.tril(np.ones((seq_q, seq_k), dtype=bool))
-    return bool((data[visible] == 0).all() and np.isneginf(data[~visible]).all())
+    hidden = data[~visible].astype(np.float64)
+    return bool((data[visible] == 0).all() and (np.isneginf(hidden) | (hidden <= np.finfo(data.dtype).min / 2)).all())
+
+
+def _is_causal_mask(mask: Value, seq_q, seq_k) -> bool:
+    return mask.is_param and is_causal_bias(mask.data, seq_q, seq_k)
 
 
 def _fuse(graph: Graph, scores: Value, factor: Value, probs: Value, v: Value, mask: Value | None, divide: bool):

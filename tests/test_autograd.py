@@ -279,5 +279,7 @@ def test_fused_training_graph_on_the_gpu_matches_the_cpu_backend(rng, activation
     assert not executor.fallbacks, [f"{s.node} ({s.op}): {s.kernel}" for s in executor.fallbacks]
     on_gpu, on_cpu = executor.run(feeds), ge2.ExecutorV2(fused, passes=[]).run(feeds)
     for name, value in on_cpu.items():
-        dtype = "float32" if amp is None or name == "loss" else amp
+        # The float32 loss too is a function of amp-rounded logits: one logit rounded the other way (the two backends
+        # accumulate in different orders) moves it by a 16-bit ulp's share (seen: 2.2e-4 relative with bfloat16).
+        dtype = "float32" if amp is None else amp
         assert_close(on_gpu[name], value.astype(np.float64), dtype, 16, what=f"{name} ({activation}, amp={amp})")

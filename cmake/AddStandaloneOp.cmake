@@ -2,6 +2,7 @@
 #
 # Builds the pybind11 module _ops_<op> from
 #   <SOURCE_DIR>/launcher.cu, kernels/*.cu, backward.cu (if present)   default: backends/cuda/ops/<op>
+#     (kernels/*.cpp too: host-only code around a library, compiled as C++, e.g. conv2d's cuDNN graph candidate)
 #     (one folder may serve several ops: row_norm builds layernorm and rmsnorm; GE2_OP_NAME tells them apart)
 #   <BINDING>                                                            default: src/bindings/<op>_pybind.cpp
 # (relative paths are taken from the calling project's source directory), with GE2's shim headers (_common) and
@@ -46,7 +47,7 @@ function(add_standalone_op op)
       message(FATAL_ERROR "add_standalone_op(${op}): ${required} not found")
     endif()
   endforeach()
-  file(GLOB kernel_sources CONFIGURE_DEPENDS "${op_dir}/kernels/*.cu")
+  file(GLOB kernel_sources CONFIGURE_DEPENDS "${op_dir}/kernels/*.cu" "${op_dir}/kernels/*.cpp")
   set(sources "${op_dir}/launcher.cu" ${kernel_sources} "${binding}")
   if(EXISTS "${op_dir}/backward.cu")
     list(APPEND sources "${op_dir}/backward.cu")

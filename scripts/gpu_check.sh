@@ -2,7 +2,9 @@
 # The whole GPU check in one command, for a GPU machine with no network (everything builds from source):
 #   scripts/gpu_check.sh OUT_DIR [build] [test] [sanitize] [bench]      (no stage named: all four)
 # build:    CMake + Ninja build of _runtime and every _ops_<op> module into python/graph_executor_v2
-#           (GE2_ONLY_OPS="gemm;softmax" builds a subset)
+#           (GE2_ONLY_OPS="gemm;softmax" builds a subset; GE2_CMAKE_ARGS adds configure arguments, e.g.
+#           GE2_CMAKE_ARGS="-DGE2_CUDNN_FRONTEND_DIR=$PWD/.gpu/cudnn_frontend" for headers carried to a machine
+#           with no network; the environment variable GE2_CUDNN_FRONTEND_DIR works too)
 # test:     the whole pytest suite with GPU tests required (a skip for lack of a GPU is a failure)
 # sanitize: compute-sanitizer memcheck over every GPU test file, racecheck over the shared-memory kernels' tests
 # bench:    every benchmarks/bench_*.py (GE2_BENCHES="gemm ops" narrows the list, GE2_BENCH_TIMEOUT caps each, in
@@ -30,10 +32,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>
 if [[ " $STAGES " == *" build "* ]]; then
   start=$SECONDS
   cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
-    -Dpybind11_DIR="$("$PYTHON" -m pybind11 --cmakedir)" -DGE2_ONLY_OPS="${GE2_ONLY_OPS:-}" >"$OUT/build.log" 2>&1 &&
+    -Dpybind11_DIR="$("$PYTHON" -m pybind11 --cmakedir)" -DGE2_ONLY_OPS="${GE2_ONLY_OPS:-}" ${GE2_CMAKE_ARGS:-} \
+    >"$OUT/build.log" 2>&1 &&
     cmake --build build/gpu -j "$(nproc)" >>"$OUT/build.log" 2>&1
   code=$?
   echo "build took $((SECONDS - start)) s" >>"$SUMMARY"
+  grep -E "^-- cuDNN" "$OUT/build.log" >>"$SUMMARY"  # which cuDNN candidates this build has
   record build $code
   [ $code -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
 fi

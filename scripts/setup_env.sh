@@ -13,6 +13,9 @@ fi
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 stamp=.venv/.ge2-installed
 if [ ! -f "$stamp" ] || [ -n "$(find CMakeLists.txt cmake backends src pyproject.toml -newer "$stamp" -print -quit)" ]; then
+  # The cudnn extra first: pip builds the project before it installs the extras, and CMake looks for the cuDNN
+  # frontend headers (conv2d's cudnn_graph candidate) in this environment at build time.
+  python -m pip install --quiet $(python -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["cudnn"]))')
   echo "building graph_executor_v2 (pip install -e .[test,train]) ..."
   python -m pip install --quiet -e ".[test,train]"
   touch "$stamp"

@@ -81,6 +81,23 @@ PYBIND11_MODULE(_ops_conv2d, m) {
       "Enqueues dX, dW, dbias (each skipped when its address is 0) on `stream`.");
 
   m.attr("has_cudnn") = ge2::conv2d::has_cudnn();
+  m.attr("has_cudnn_graph") = ge2::conv2d::cudnn_graph_not_built_reason().empty();
+
+  m.def(
+      "prepare",
+      [](const std::string& kernel, const std::vector<int64_t>& geometry, const std::string& layout,
+         const std::string& dtype, const std::string& act, float slope, bool allow_tf32, bool has_bias,
+         bool backward) {
+        const auto requested = ge2::conv2d::kernel_from_name(kernel);
+        const auto shape = make_shape(geometry, layout, dtype);
+        const auto activation = ge2::act_from_name(act);
+        ge2::binding::ReleaseGil release;
+        ge2::conv2d::prepare(requested, shape, activation, slope, has_bias, allow_tf32, backward);
+      },
+      py::arg("kernel"), py::arg("geometry"), py::arg("layout"), py::arg("dtype"), py::arg("act"), py::arg("slope"),
+      py::arg("allow_tf32"), py::arg("has_bias"), py::arg("backward"),
+      "Builds what `kernel` needs ahead of its first call (cudnn_graph: the cuDNN plans; not during CUDA graph "
+      "capture); RuntimeError when cuDNN has no engine for the problem.");
 
   m.def(
       "unsupported_reason",

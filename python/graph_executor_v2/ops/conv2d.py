@@ -10,17 +10,25 @@ accumulation; TF32 only with ``allow_tf32``. Output size: ``P = (H + pad_top + p
 1) // stride_h + 1`` (Q likewise).
 
 Kernel candidates (``kernels()``), best first:
-1. ``implicit_gemm``: GE2's own implicit GEMM on tensor cores (no im2col buffer): x gathered on the fly by 16-byte
+1. ``cudnn_graph``: cuDNN's graph API through the cuDNN frontend (conv_fprop with bias and activation fused as
+   pointwise nodes, conv_dgrad, conv_wgrad; dbias by GE2's reduction): plans from heuristics mode A (cuDNN's
+   fallback list when A has none), built once per problem by ``prepare`` or the first call, timed on the first call
+   (the fastest kept). Strict float32 leaves out TF32, FFT and Winograd engines. Built when CMake finds cuDNN and the
+   frontend headers (the nvidia-cudnn-frontend package or GE2_CUDNN_FRONTEND_DIR; ``has_cudnn_graph()``); a fused
+   bias/activation only in float16/bfloat16 NHWC with groups 1 and C, K multiples of 8; backward act none. Where
+   cuDNN has no engine for a problem, preparing it raises and ``auto`` takes the next candidate.
+2. ``implicit_gemm``: GE2's own implicit GEMM on tensor cores (no im2col buffer): x gathered on the fly by 16-byte
    cp.async, a 4-stage shared-memory pipeline, ldmatrix + mma.sync m16n8k16, float32 accumulation, bias and
    activation fused into the epilogue. Forward only, NHWC, float16/bfloat16, groups 1, C % 8 == 0 (x and w 16-byte
-   aligned); ``auto`` takes it where it applies. Backward runs on ``cudnn`` or ``im2col_gemm``.
-2. ``cudnn``: cuDNN's legacy C API (cudnnConvolutionForward / BackwardData / BackwardFilter; dbias by GE2's
+   aligned). Backward runs on ``cudnn_graph``, ``cudnn`` or ``im2col_gemm``.
+3. ``cudnn``: cuDNN's legacy C API (cudnnConvolutionForward / BackwardData / BackwardFilter; dbias by GE2's
    reduction), the algorithm cudnnFind* times fastest, cached per problem. Built when CMake finds cuDNN (the
    nvidia-cudnn-cu13 package or the CUDA toolkit; ``has_cudnn()``); act none, no bias in forward, symmetric
-   padding. ``auto`` takes it where it applies and implicit_gemm does not.
-3. ``im2col_gemm``: im2col into a per-stream workspace, one batched cuBLASLt GEMM (a batch entry per group) and one
+   padding.
+4. ``im2col_gemm``: im2col into a per-stream workspace, one batched cuBLASLt GEMM (a batch entry per group) and one
    fused bias/activation kernel; backward dX by GEMM + a col2im gather, dW by GEMM, dbias by a reduction. Every
    attribute combination: the path that always works.
+``auto`` takes the first that applies (and, for the cuDNN ones, has an engine or algorithm for the problem).
 """
 from __future__ import annotations
 
@@ -38,7 +46,7 @@ from ._face import Face
 
 CONV_ACTIVATIONS = ("none", "relu", "gelu", "silu", "leaky_relu")
 LAYOUTS = ("NCHW", "NHWC")
-KERNELS = ("auto", "cudnn", "im2col_gemm", "implicit_gemm")
+KERNELS = ("auto", "cudnn_graph", "implicit_gemm", "cudnn", "im2col_gemm")
 
 
 def _native_module():
@@ -285,6 +293,11 @@ def has_cudnn() -> bool:
     return bool(_native_module().has_cudnn)
 
 
+def has_cudnn_graph() -> bool:
+    """Whether this build of _ops_conv2d has the cuDNN graph-API candidate (cuDNN and the cuDNN frontend headers)."""
+    return bool(_native_module().has_cudnn_graph)
+
+
 def unsupported_reason(kernel: str, geometry: ConvGeometry, act: str, has_bias: bool, backward: bool = False):
     """None when ``kernel`` can run the problem, else the reason it cannot."""
     _check_kernel(kernel)
@@ -353,6 +366,13 @@ ATTRS = (
 )
 
 
+def _prepare_native(kernel, geometry: ConvGeometry, attrs, has_bias: bool, backward: bool) -> None:
+    """Builds what ``kernel`` needs ahead of its first launch (cudnn_graph: its cuDNN plans); RuntimeError when
+    cuDNN has no engine for the problem, so that the registry takes the next candidate."""
+    geometry_list, layout, dtype, act, slope, allow_tf32 = _native_problem_args(geometry, attrs)
+    _native_module().prepare(kernel, geometry_list, layout, dtype, act, slope, allow_tf32, has_bias, backward)
+
+
 def _forward_candidate(name, priority, description, always_works=False):
     def supports(problem: Problem):
         x, w, bias = problem.in_types
@@ -361,7 +381,9 @@ def _forward_candidate(name, priority, description, always_works=False):
 
     def prepare(problem: Problem):
         x, w, bias = problem.in_types
-        problem_args = _native_problem_args(_types_geometry(x, w, bias, problem.attrs), problem.attrs)
+        geometry = _types_geometry(x, w, bias, problem.attrs)
+        problem_args = _native_problem_args(geometry, problem.attrs)
+        _prepare_native(name, geometry, problem.attrs, bias is not None, backward=False)
         native_forward = _native_module().forward
 
         def launch(ins, outs, stream):
@@ -380,7 +402,9 @@ OP = register(OpDef(
     infer=_infer,
     reference=_reference,
     reference_backward=_reference_backward,
-    candidates=(_forward_candidate("implicit_gemm", 30, "GE2 implicit GEMM on tensor cores (mma.sync, cp.async "
+    candidates=(_forward_candidate("cudnn_graph", 40, "cuDNN graph API (cuDNN frontend): fused bias/activation "
+                                   "epilogue, heuristics + autotuned plans"),
+                _forward_candidate("implicit_gemm", 30, "GE2 implicit GEMM on tensor cores (mma.sync, cp.async "
                                    "gather), fused bias/activation; NHWC float16/bfloat16, C % 8 == 0"),
                 _forward_candidate("cudnn", 20, "cuDNN convolution, algorithm found by cudnnFind*"),
                 _forward_candidate("im2col_gemm", 10, "im2col + batched cuBLASLt GEMM + fused bias/activation",
@@ -416,7 +440,9 @@ def _backward_candidate(name, priority, description, always_works=False):
 
     def prepare(problem: Problem):
         _, x, w, bias = problem.in_types
-        problem_args = _native_problem_args(_types_geometry(x, w, bias, problem.attrs), problem.attrs)
+        geometry = _types_geometry(x, w, bias, problem.attrs)
+        problem_args = _native_problem_args(geometry, problem.attrs)
+        _prepare_native(name, geometry, problem.attrs, bias is not None, backward=True)
         native_backward = _native_module().backward
 
         def launch(ins, outs, stream):
@@ -434,7 +460,9 @@ BACKWARD_OP = _grad.register_backward(OpDef(
     attrs=ATTRS,
     infer=_infer_backward,
     reference=_reference_of_backward,
-    candidates=(_backward_candidate("cudnn", 20, "cuDNN backward data, filter and bias"),
+    candidates=(_backward_candidate("cudnn_graph", 40, "cuDNN graph API (cuDNN frontend) dgrad and wgrad, dbias "
+                                    "reduction"),
+                _backward_candidate("cudnn", 20, "cuDNN backward data, filter and bias"),
                 _backward_candidate("im2col_gemm", 10, "dz kernel, dW and dX batched cuBLASLt GEMMs, col2im gather, "
                                     "dbias reduction", always_works=True)),
     doc="Gradients of conv2d: dx, dw and dbias (the sum of dz over N, P, Q).",

@@ -86,12 +86,6 @@ inline cudaDataType_t to_cuda_datatype(DType dtype) {
   }
 }
 
-inline int current_device() {
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), GE2_OP_NAME, "cudaGetDevice");
-  return device;
-}
-
 }  // namespace ge2
 
 #define GE2_CUBLAS_CHECK(expr) ::ge2::check_cublas((expr), GE2_OP_NAME, #expr)

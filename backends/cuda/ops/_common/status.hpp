@@ -23,6 +23,12 @@ inline void check_cuda(cudaError_t status, const char* op, const char* what) {
   if (status != cudaSuccess) throw_cuda_error(status, op, what);
 }
 
+inline int current_device() {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), GE2_OP_NAME, "cudaGetDevice");
+  return device;
+}
+
 }  // namespace ge2
 
 #define GE2_CUDA_CHECK(expr) ::ge2::check_cuda((expr), GE2_OP_NAME, #expr)

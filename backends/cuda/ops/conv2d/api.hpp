@@ -15,7 +15,7 @@
 namespace ge2::conv2d {
 
 enum class Layout { NCHW, NHWC };
-enum class Kernel { Auto, Cudnn, Im2colGemm, ImplicitGemm };
+enum class Kernel { Auto, CudnnGraph, Cudnn, Im2colGemm, ImplicitGemm };
 
 Kernel kernel_from_name(const std::string& name);
 const char* kernel_name(Kernel kernel);
@@ -68,15 +68,24 @@ std::vector<KernelInfo> kernel_table();
 
 // Whether this build has the cuDNN candidate (CMake found cuDNN: GE2_WITH_CUDNN).
 bool has_cudnn();
+// Empty when this build has the cudnn_graph candidate (cuDNN and the cuDNN frontend headers: GE2_WITH_CUDNN_FRONTEND),
+// else why not.
+std::string cudnn_graph_not_built_reason();
 
 // Empty when `kernel` can run the problem; otherwise the reason it cannot.
 std::string unsupported_reason(Kernel kernel, const Shape& shape, Act act, bool has_bias, bool backward);
 
-// The kernel that runs: Auto picks implicit_gemm, then cuDNN where they apply, else im2col_gemm; a named kernel
-// that cannot run the problem throws std::invalid_argument naming `kernel` and the reason.
-Kernel choose(Kernel requested, const Shape& shape, Act act, bool has_bias, bool backward);
+// Builds what `kernel` needs for the problem ahead of its first call (cudnn_graph: its cuDNN plans; the other
+// kernels need nothing); throws std::runtime_error when cuDNN has no engine for it, so a registry can take the next
+// candidate. Not during CUDA graph capture.
+void prepare(Kernel kernel, const Shape& shape, Act act, float slope, bool has_bias, bool allow_tf32, bool backward);
 
 // ---- internal: shared by launcher.cu, kernels/*.cu and backward.cu ------------------------------------------
+
+// Throws std::invalid_argument naming `kernel` and the reason when it cannot run the problem.
+void require_supported(Kernel kernel, const Shape& shape, Act act, bool has_bias, bool backward);
+// A named kernel that declined at run time (no cuDNN engine or algorithm for the problem): std::runtime_error.
+[[noreturn]] void throw_declined(Kernel kernel, const std::string& why);
 
 // Row-major batched C_b = op(A_b) @ op(B_b) on cuBLASLt, float32 accumulation. A/B are of `dtype`; C is `c_dtype`
 // (float32 or `dtype`). Leading dimensions and batch strides in elements.
@@ -107,7 +116,14 @@ void launch_output_grad(const Shape& shape, const void* dy, const float* acc, co
 // dbias[k] = sum of dz over N, P, Q; dz in the GEMM layout, or in y's layout when gemm_layout is false.
 void launch_bias_grad(const Shape& shape, const void* dz, void* dbias, bool gemm_layout, cudaStream_t stream);
 
-// The cuDNN candidate (kernels/cudnn.cu); without cuDNN in the build the reason says so and the launches throw.
+// The cuDNN graph-API candidate (kernels/cudnn_graph.cpp); without the frontend in the build the reason says so and
+// the launches throw. The launches return why they enqueued nothing (cuDNN has no engine for the problem), else "".
+std::string cudnn_graph_unsupported_reason(const Shape& shape, Act act, bool has_bias, bool backward);
+void cudnn_graph_prepare(const Shape& shape, Act act, float slope, bool has_bias, bool allow_tf32, bool backward);
+std::string cudnn_graph_forward(const ForwardArgs& args, cudaStream_t stream);
+std::string cudnn_graph_backward(const BackwardArgs& args, cudaStream_t stream);
+
+// The legacy cuDNN candidate (kernels/cudnn.cu); without cuDNN in the build the reason says so and the launches throw.
 // The launches return false, enqueuing nothing, when cudnnFind* returned no working algorithm for the problem.
 std::string cudnn_unsupported_reason(const Shape& shape, Act act, bool has_bias, bool backward);
 bool cudnn_forward(const ForwardArgs& args, cudaStream_t stream);

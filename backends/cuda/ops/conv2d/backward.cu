@@ -1,6 +1,6 @@
-// conv2d backward: cuDNN when chosen and it has an algorithm; otherwise im2col_gemm: dz = dy * act'(z) (z recomputed
-// by the forward GEMM when act != none), dbias by a reduction of dz, dW = dz @ col^T and dX = col2im(W^T @ dz) per
-// group.
+// conv2d backward: a cuDNN candidate (cudnn_graph, then cudnn) when chosen and it has an engine or algorithm for the
+// problem; otherwise im2col_gemm: dz = dy * act'(z) (z recomputed by the forward GEMM when act != none), dbias by a
+// reduction of dz, dW = dz @ col^T and dX = col2im(W^T @ dz) per group.
 #include "api.hpp"
 #include "status.hpp"
 #include "stream_workspace.hpp"
@@ -10,6 +10,12 @@ namespace {
 
 std::size_t round_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// Enqueues the backward on a cuDNN kernel: empty when it did, else why it declined (enqueuing nothing).
+std::string try_cudnn_backward(Kernel kernel, const BackwardArgs& args, cudaStream_t stream) {
+  if (kernel == Kernel::CudnnGraph) return cudnn_graph_backward(args, stream);
+  return cudnn_backward(args, stream) ? "" : "cudnnFind* returned no working algorithm";
+}
+
 }  // namespace
 
 void backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream) {
@@ -18,10 +24,20 @@ void backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream) {
   if (args.x == nullptr) throw std::invalid_argument("x: null device pointer");
   if (args.w == nullptr) throw std::invalid_argument("w: null device pointer");
   if (args.dx == nullptr && args.dw == nullptr && args.dbias == nullptr) return;
-  if (choose(requested, args.shape, args.act, args.bias != nullptr, true) == Kernel::Cudnn) {
-    if (cudnn_backward(args, stream)) return;
-    if (requested == Kernel::Cudnn) {
-      throw std::runtime_error("ge2 op 'conv2d': kernel 'cudnn': cudnnFind* returned no working algorithm");
+  const bool has_bias = args.bias != nullptr;
+  if (requested == Kernel::Auto) {
+    for (Kernel kernel : {Kernel::CudnnGraph, Kernel::Cudnn}) {
+      if (unsupported_reason(kernel, args.shape, args.act, has_bias, true).empty() &&
+          try_cudnn_backward(kernel, args, stream).empty()) {
+        return;
+      }
+    }
+  } else {
+    require_supported(requested, args.shape, args.act, has_bias, true);
+    if (requested == Kernel::CudnnGraph || requested == Kernel::Cudnn) {
+      const std::string declined = try_cudnn_backward(requested, args, stream);
+      if (!declined.empty()) throw_declined(requested, declined);
+      return;
     }
   }
   const Shape& s = args.shape;

@@ -15,15 +15,17 @@ namespace ge2::conv2d {
 
 Kernel kernel_from_name(const std::string& name) {
   if (name == "auto") return Kernel::Auto;
+  if (name == "cudnn_graph") return Kernel::CudnnGraph;
   if (name == "cudnn") return Kernel::Cudnn;
   if (name == "im2col_gemm") return Kernel::Im2colGemm;
   if (name == "implicit_gemm") return Kernel::ImplicitGemm;
-  throw std::invalid_argument("kernel: expected one of auto, cudnn, im2col_gemm, implicit_gemm, got '" + name + "'");
+  throw std::invalid_argument("kernel: expected one of auto, cudnn_graph, implicit_gemm, cudnn, im2col_gemm, got '" + name + "'");
 }
 
 const char* kernel_name(Kernel kernel) {
   switch (kernel) {
     case Kernel::Auto: return "auto";
+    case Kernel::CudnnGraph: return "cudnn_graph";
     case Kernel::Cudnn: return "cudnn";
     case Kernel::Im2colGemm: return "im2col_gemm";
     case Kernel::ImplicitGemm: return "implicit_gemm";
@@ -40,7 +42,18 @@ Layout layout_from_name(const std::string& name) {
 bool has_cudnn() { return GE2_WITH_CUDNN != 0; }
 
 std::vector<KernelInfo> kernel_table() {
+  const std::string graph_not_built = cudnn_graph_not_built_reason();
   return {
+      {"cudnn_graph", 40,
+       graph_not_built.empty()
+           ? "cuDNN's graph API through the cuDNN frontend: conv_fprop with bias and activation fused as pointwise "
+             "nodes, conv_dgrad, conv_wgrad (dbias by GE2's reduction); plans from heuristics mode A (the fallback "
+             "list when A has none), built once per problem and timed on the first call (the fastest is kept)"
+           : "cuDNN's graph API through the cuDNN frontend: NOT BUILT (" + graph_not_built + ")",
+       "built with cuDNN and the cuDNN frontend headers; forward bias/activation only in float16/bfloat16, NHWC, "
+       "groups 1, C and K multiples of 8; backward act none; strict float32 leaves out TF32, FFT and Winograd "
+       "engines; plans built by prepare() or the first call and timed on the first call (not during CUDA graph "
+       "capture); auto takes the next candidate when cuDNN has no engine for the problem; plan workspace <= 256 MiB"},
       {"implicit_gemm", 30,
        "GE2's own implicit GEMM on tensor cores, forward only: x gathered on the fly by 16-byte cp.async (padding, "
        "stride, dilation in the gather, zero-fill outside), w [K, R, S, C], a 4-stage shared-memory pipeline, "
@@ -251,50 +264,35 @@ void im2col_gemm_accumulate(const Shape& s, const void* x, const void* w, void* 
 }
 
 std::string unsupported_reason(Kernel kernel, const Shape& shape, Act act, bool has_bias, bool backward) {
+  if (kernel == Kernel::CudnnGraph) return cudnn_graph_unsupported_reason(shape, act, has_bias, backward);
   if (kernel == Kernel::Cudnn) return cudnn_unsupported_reason(shape, act, has_bias, backward);
   if (kernel == Kernel::ImplicitGemm) return implicit_gemm_unsupported_reason(shape, backward);
   return "";
 }
 
-Kernel choose(Kernel requested, const Shape& shape, Act act, bool has_bias, bool backward) {
-  if (requested == Kernel::Auto) {
-    if (unsupported_reason(Kernel::ImplicitGemm, shape, act, has_bias, backward).empty()) return Kernel::ImplicitGemm;
-    return unsupported_reason(Kernel::Cudnn, shape, act, has_bias, backward).empty() ? Kernel::Cudnn
-                                                                                      : Kernel::Im2colGemm;
-  }
-  const std::string reason = unsupported_reason(requested, shape, act, has_bias, backward);
+void require_supported(Kernel kernel, const Shape& shape, Act act, bool has_bias, bool backward) {
+  const std::string reason = unsupported_reason(kernel, shape, act, has_bias, backward);
   if (!reason.empty()) {
-    throw std::invalid_argument(std::string("kernel: '") + kernel_name(requested) + "' cannot run this problem: " +
+    throw std::invalid_argument(std::string("kernel: '") + kernel_name(kernel) + "' cannot run this problem: " +
                                 reason);
   }
-  return requested;
 }
 
-Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
-  check_shape(args.shape);
-  if (args.x == nullptr) throw std::invalid_argument("x: null device pointer");
-  if (args.w == nullptr) throw std::invalid_argument("w: null device pointer");
-  if (args.y == nullptr) throw std::invalid_argument("y: null device pointer");
-  Kernel kernel = choose(requested, args.shape, args.act, args.bias != nullptr, false);
-  if (kernel == Kernel::ImplicitGemm) {
-    if (implicit_gemm_aligned(args)) {
-      implicit_gemm_forward(args, stream);
-      return kernel;
-    }
-    if (requested == Kernel::ImplicitGemm) {
-      throw std::invalid_argument("x, w: kernel 'implicit_gemm' needs 16-byte aligned x and w (its cp.async "
-                                  "vectors); got an offset view");
-    }
-    kernel = unsupported_reason(Kernel::Cudnn, args.shape, args.act, args.bias != nullptr, false).empty()
-                 ? Kernel::Cudnn
-                 : Kernel::Im2colGemm;
+void throw_declined(Kernel kernel, const std::string& why) {
+  throw std::runtime_error(std::string("ge2 op 'conv2d': kernel '") + kernel_name(kernel) + "': " + why);
+}
+
+void prepare(Kernel kernel, const Shape& shape, Act act, float slope, bool has_bias, bool allow_tf32, bool backward) {
+  check_shape(shape);
+  if (kernel == Kernel::CudnnGraph) {
+    require_supported(kernel, shape, act, has_bias, backward);
+    cudnn_graph_prepare(shape, act, slope, has_bias, allow_tf32, backward);
   }
-  if (kernel == Kernel::Cudnn) {
-    if (cudnn_forward(args, stream)) return kernel;
-    if (requested == Kernel::Cudnn) {
-      throw std::runtime_error("ge2 op 'conv2d': kernel 'cudnn': cudnnFind* returned no working algorithm");
-    }
-  }
+}
+
+namespace {
+
+void im2col_gemm_forward(const ForwardArgs& args, cudaStream_t stream) {
   const Shape& s = args.shape;
   const std::size_t col_bytes = round_up(im2col_col_elements(s) * dtype_size(s.dtype));
   const std::size_t acc_bytes = round_up(static_cast<std::size_t>(s.k * s.n * s.p * s.q) * sizeof(float));
@@ -302,6 +300,46 @@ Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
   float* acc = reinterpret_cast<float*>(scratch + col_bytes);
   im2col_gemm_accumulate(s, args.x, args.w, scratch, acc, args.allow_tf32, stream);
   launch_epilogue(s, acc, args.bias, args.y, args.act, args.slope, stream);
+}
+
+// Enqueues the forward on `kernel`: empty when it did, else why it declined at run time (enqueuing nothing).
+std::string try_forward(Kernel kernel, const ForwardArgs& args, cudaStream_t stream) {
+  switch (kernel) {
+    case Kernel::CudnnGraph: return cudnn_graph_forward(args, stream);
+    case Kernel::ImplicitGemm:
+      if (!implicit_gemm_aligned(args)) {
+        return "needs 16-byte aligned x and w (its cp.async vectors); got an offset view";
+      }
+      implicit_gemm_forward(args, stream);
+      return "";
+    case Kernel::Cudnn: return cudnn_forward(args, stream) ? "" : "cudnnFind* returned no working algorithm";
+    default: im2col_gemm_forward(args, stream); return "";
+  }
+}
+
+}  // namespace
+
+Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
+  check_shape(args.shape);
+  if (args.x == nullptr) throw std::invalid_argument("x: null device pointer");
+  if (args.w == nullptr) throw std::invalid_argument("w: null device pointer");
+  if (args.y == nullptr) throw std::invalid_argument("y: null device pointer");
+  const bool has_bias = args.bias != nullptr;
+  if (requested != Kernel::Auto) {
+    require_supported(requested, args.shape, args.act, has_bias, false);
+    const std::string declined = try_forward(requested, args, stream);
+    if (declined.empty()) return requested;
+    if (requested == Kernel::ImplicitGemm) throw std::invalid_argument("x, w: kernel 'implicit_gemm' " + declined);
+    throw_declined(requested, declined);
+  }
+  // auto: the kernel table's order, each where it applies and finds a way to run the problem.
+  for (Kernel kernel : {Kernel::CudnnGraph, Kernel::ImplicitGemm, Kernel::Cudnn}) {
+    if (unsupported_reason(kernel, args.shape, args.act, has_bias, false).empty() &&
+        try_forward(kernel, args, stream).empty()) {
+      return kernel;
+    }
+  }
+  im2col_gemm_forward(args, stream);
   return Kernel::Im2colGemm;
 }
 

@@ -9,8 +9,7 @@
 #include <memory>
 #include <mutex>
 
-#include <cudnn.h>
-
+#include "cudnn_handle.hpp"
 #include "status.hpp"
 #include "stream_workspace.hpp"
 #endif
@@ -29,13 +28,6 @@ bool cudnn_backward(const BackwardArgs&, cudaStream_t) { throw std::logic_error(
 #else
 
 namespace {
-
-void check_cudnn(cudnnStatus_t status, const char* what) {
-  if (status != CUDNN_STATUS_SUCCESS) {
-    throw std::runtime_error(std::string("ge2 op 'conv2d': ") + what + " failed: " + cudnnGetErrorString(status));
-  }
-}
-#define GE2_CUDNN_CHECK(expr) check_cudnn((expr), #expr)
 
 cudnnDataType_t cudnn_type(DType dtype) {
   switch (dtype) {
@@ -70,52 +62,27 @@ struct CudnnPlan {
 
 using CudnnKey = std::array<int64_t, 20>;
 
-struct CudnnResources {
-  std::mutex mutex;       // the maps below
-  std::mutex call_mutex;  // one call at a time: the handle's stream and the descriptors' math type are set per call
-  std::map<int, cudnnHandle_t> handles;
+struct CudnnPlans {
+  std::mutex mutex;
   std::map<CudnnKey, std::unique_ptr<CudnnPlan>> plans;
 
-  static CudnnResources& instance() {
-    static auto* resources = new CudnnResources();  // never destroyed: outlives Python's teardown order
-    return *resources;
+  static CudnnPlans& instance() {
+    static auto* plans = new CudnnPlans();  // never destroyed: outlives Python's teardown order
+    return *plans;
   }
 };
 
-cudnnHandle_t handle_for(int device, cudaStream_t stream) {
-  auto& resources = CudnnResources::instance();
-  cudnnHandle_t handle = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(resources.mutex);
-    auto found = resources.handles.find(device);
-    if (found == resources.handles.end()) {
-      GE2_CUDNN_CHECK(cudnnCreate(&handle));
-      resources.handles.emplace(device, handle);
-    } else {
-      handle = found->second;
-    }
-  }
-  GE2_CUDNN_CHECK(cudnnSetStream(handle, stream));
-  return handle;
-}
-
 int as_int(int64_t value) { return static_cast<int>(value); }
 
-int current_device_index() {
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), GE2_OP_NAME, "cudaGetDevice");
-  return device;
-}
-
 CudnnPlan* plan_for(const Shape& s, bool allow_tf32) {
-  const int device = current_device_index();
+  const int device = current_device();
   const CudnnKey key = {device, s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride_h, s.stride_w, s.pad_top, s.pad_left,
                         s.dilation_h, s.dilation_w, s.groups, static_cast<int64_t>(s.layout),
                         static_cast<int64_t>(s.dtype), allow_tf32, 0, 0};
-  auto& resources = CudnnResources::instance();
-  std::lock_guard<std::mutex> lock(resources.mutex);
-  auto found = resources.plans.find(key);
-  if (found != resources.plans.end()) return found->second.get();
+  auto& cache = CudnnPlans::instance();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  auto found = cache.plans.find(key);
+  if (found != cache.plans.end()) return found->second.get();
   auto plan = std::make_unique<CudnnPlan>();
   const cudnnTensorFormat_t format = s.layout == Layout::NHWC ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
   const cudnnDataType_t type = cudnn_type(s.dtype);
@@ -138,17 +105,8 @@ CudnnPlan* plan_for(const Shape& s, bool allow_tf32) {
   const bool fma_only = s.dtype == DType::Float32 && !allow_tf32;
   plan->baseline_math = fma_only ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
   CudnnPlan* raw = plan.get();
-  resources.plans.emplace(key, std::move(plan));
+  cache.plans.emplace(key, std::move(plan));
   return raw;
-}
-
-void refuse_during_capture(cudaStream_t stream) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  check_cuda(cudaStreamIsCapturing(stream, &capture), GE2_OP_NAME, "cudaStreamIsCapturing");
-  if (capture != cudaStreamCaptureStatusNone) {
-    throw std::runtime_error("ge2 op 'conv2d': kernel 'cudnn' must choose its algorithm before CUDA graph capture; "
-                             "run the problem once on this stream first");
-  }
 }
 
 // Strict float32 takes FMA math only (CUDNN_DEFAULT_MATH lets Ampere+ use TF32) and no FFT or non-fused Winograd
@@ -203,11 +161,11 @@ std::string cudnn_unsupported_reason(const Shape& s, Act act, bool has_bias, boo
 // cudnnFind* allocates its own scratch and synchronizes, so it is refused during capture.
 bool cudnn_forward(const ForwardArgs& args, cudaStream_t stream) {
   const Shape& s = args.shape;
-  std::lock_guard<std::mutex> lock(CudnnResources::instance().call_mutex);
+  std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
   CudnnPlan* plan = plan_for(s, args.allow_tf32);
-  cudnnHandle_t handle = handle_for(current_device_index(), stream);
+  cudnnHandle_t handle = CudnnHandles::instance().bound_to(stream);
   if (!plan->searched_forward) {
-    refuse_during_capture(stream);
+    refuse_cudnn_setup_during_capture(stream, "cudnn", "choose its algorithm");
     GE2_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, plan->baseline_math));
     constexpr int kRequested = 8;
     cudnnConvolutionFwdAlgoPerf_t results[kRequested];
@@ -229,12 +187,12 @@ bool cudnn_forward(const ForwardArgs& args, cudaStream_t stream) {
 
 bool cudnn_backward(const BackwardArgs& args, cudaStream_t stream) {
   const Shape& s = args.shape;
-  std::lock_guard<std::mutex> lock(CudnnResources::instance().call_mutex);
+  std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
   CudnnPlan* plan = plan_for(s, args.allow_tf32);
-  cudnnHandle_t handle = handle_for(current_device_index(), stream);
+  cudnnHandle_t handle = CudnnHandles::instance().bound_to(stream);
   constexpr int kRequested = 8;
   if (args.dx != nullptr && !plan->searched_data) {
-    refuse_during_capture(stream);
+    refuse_cudnn_setup_during_capture(stream, "cudnn", "choose its algorithm");
     GE2_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, plan->baseline_math));
     cudnnConvolutionBwdDataAlgoPerf_t results[kRequested];
     int returned = 0;
@@ -244,7 +202,7 @@ bool cudnn_backward(const BackwardArgs& args, cudaStream_t stream) {
     plan->searched_data = true;
   }
   if (args.dw != nullptr && !plan->searched_filter) {
-    refuse_during_capture(stream);
+    refuse_cudnn_setup_during_capture(stream, "cudnn", "choose its algorithm");
     GE2_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, plan->baseline_math));
     cudnnConvolutionBwdFilterAlgoPerf_t results[kRequested];
     int returned = 0;

@@ -1,0 +1,359 @@
+// cudnn_graph: cuDNN's graph API through the cuDNN frontend (header-only C++): conv_fprop with the bias add and the
+// activation as fused pointwise nodes, conv_dgrad, conv_wgrad (dbias by GE2's reduction). Compiled only when CMake
+// found cuDNN and the frontend headers (GE2_WITH_CUDNN_FRONTEND). Host code only, so it compiles as C++.
+//
+// Each problem's graph is built once (heuristics mode A, cuDNN's fallback list when A has no engine for it) with
+// every plan that builds; the first call times them all on its own buffers (Graph::autotune, what PyTorch's
+// cudnn.benchmark does) and keeps the fastest. Strict float32 leaves out the engines whose numerical notes say
+// tensor cores (TF32), FFT or Winograd; every dtype leaves out those that down-convert inputs or reduce in reduced
+// precision, so the convolution accumulates in float32 as the other candidates do.
+#include "api.hpp"
+
+#if GE2_WITH_CUDNN_FRONTEND
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include <cudnn_frontend.h>
+
+#include "cudnn_handle.hpp"
+#include "status.hpp"
+#include "stream_workspace.hpp"
+#endif
+
+namespace ge2::conv2d {
+
+#if !GE2_WITH_CUDNN_FRONTEND
+
+std::string cudnn_graph_not_built_reason() {
+#if GE2_WITH_CUDNN
+  return "not built: cuDNN frontend headers not found (install nvidia-cudnn-frontend or set "
+         "GE2_CUDNN_FRONTEND_DIR)";
+#else
+  return "not built: CMake found no cuDNN (cudnn.h and libcudnn: neither in the CUDA toolkit nor in the "
+         "nvidia-cudnn-cu13 Python package)";
+#endif
+}
+std::string cudnn_graph_unsupported_reason(const Shape&, Act, bool, bool) { return cudnn_graph_not_built_reason(); }
+void cudnn_graph_prepare(const Shape&, Act, float, bool, bool, bool) {
+  throw std::logic_error("conv2d: built without the cuDNN frontend");
+}
+std::string cudnn_graph_forward(const ForwardArgs&, cudaStream_t) {
+  throw std::logic_error("conv2d: built without the cuDNN frontend");
+}
+std::string cudnn_graph_backward(const BackwardArgs&, cudaStream_t) {
+  throw std::logic_error("conv2d: built without the cuDNN frontend");
+}
+
+#else
+
+namespace fe = cudnn_frontend;
+
+namespace {
+
+enum class Pass : int64_t { Forward, Data, Filter };
+
+// The graphs' tensors, by uid: the variant pack's keys.
+enum Uid : int64_t { kX = 1, kW, kY, kBias, kDy, kDx, kDw };
+
+// Plans asking for more workspace are left out: the per-stream workspace is kept for the life of the process.
+constexpr int64_t kMaxWorkspaceBytes = int64_t{256} << 20;
+
+fe::DataType_t io_type(DType dtype) {
+  switch (dtype) {
+    case DType::Float32: return fe::DataType_t::FLOAT;
+    case DType::Float16: return fe::DataType_t::HALF;
+    case DType::BFloat16: return fe::DataType_t::BFLOAT16;
+    default: throw std::invalid_argument("dtype: cuDNN takes float32, float16 or bfloat16");
+  }
+}
+
+// Strides of a tensor of logical dims {N, C, H, W} (filters: {K, C/g, R, S}) stored in `layout` (NHWC filters are
+// KRSC, GE2's NHWC weight layout).
+std::vector<int64_t> strides_of(Layout layout, const std::vector<int64_t>& dims) {
+  const int64_t c = dims[1], h = dims[2], w = dims[3];
+  if (layout == Layout::NCHW) return {c * h * w, h * w, w, 1};
+  return {h * w * c, 1, w * c, c};
+}
+
+// The epilogue's pointwise node; leaky_relu is cuDNN's relu with a lower clip slope.
+fe::graph::Pointwise_attributes activation_node(Act act, float slope) {
+  auto node = fe::graph::Pointwise_attributes().set_name("act");
+  switch (act) {
+    case Act::Relu: return node.set_mode(fe::PointwiseMode_t::RELU_FWD);
+    case Act::LeakyRelu: return node.set_mode(fe::PointwiseMode_t::RELU_FWD).set_relu_lower_clip_slope(slope);
+    case Act::Gelu: return node.set_mode(fe::PointwiseMode_t::GELU_APPROX_TANH_FWD);
+    case Act::Silu: return node.set_mode(fe::PointwiseMode_t::SWISH_FWD).set_swish_beta(1.0f);
+    default: throw std::logic_error("conv2d: cudnn_graph has no node for this activation");
+  }
+}
+
+struct Problem {
+  Shape shape;
+  Pass pass = Pass::Forward;
+  Act act = Act::None;
+  float slope = 0.0f;
+  bool has_bias = false;
+  bool allow_tf32 = false;
+
+  std::vector<int64_t> key() const {
+    const Shape& s = shape;
+    int32_t slope_bits = 0;  // only leaky_relu reads the slope
+    if (act == Act::LeakyRelu) std::memcpy(&slope_bits, &slope, sizeof(slope_bits));
+    return {current_device(), s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.p, s.q, s.stride_h, s.stride_w, s.pad_top,
+            s.pad_left, s.dilation_h, s.dilation_w, s.groups, static_cast<int64_t>(s.layout),
+            static_cast<int64_t>(s.dtype), static_cast<int64_t>(pass), static_cast<int64_t>(act), slope_bits,
+            has_bias, allow_tf32};
+  }
+};
+
+// Backward passes take no epilogue: act is none there (dbias is GE2's reduction of dy).
+Problem backward_problem(const Shape& shape, Pass pass, bool allow_tf32) {
+  return {shape, pass, Act::None, 0.0f, false, allow_tf32};
+}
+
+// The bottom (right) padding, which Shape does not keep: the top (left) one where that gives the same output size, so
+// that a symmetric problem stays symmetric for cuDNN, else the least that does (the rest is never read).
+int64_t trailing_padding(int64_t size, int64_t leading, int64_t outputs, int64_t stride, int64_t dilation,
+                         int64_t taps) {
+  const int64_t extent = dilation * (taps - 1) + 1;
+  if (size + 2 * leading >= extent && (size + 2 * leading - extent) / stride + 1 == outputs) return leading;
+  return std::max<int64_t>(0, (outputs - 1) * stride + extent - size - leading);
+}
+
+// The tensors and the convolution node of `problem` in `graph`.
+void add_nodes(fe::graph::Graph& graph, const Problem& problem) {
+  const Shape& s = problem.shape;
+  const fe::DataType_t io = io_type(s.dtype);
+  graph.set_io_data_type(io).set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(
+      fe::DataType_t::FLOAT);
+  const std::vector<int64_t> x_dims = {s.n, s.c, s.h, s.w}, w_dims = {s.k, s.c / s.groups, s.r, s.s},
+                             y_dims = {s.n, s.k, s.p, s.q};
+  auto tensor = [&](Uid uid, const char* name, const std::vector<int64_t>& dims) {
+    return graph.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims).set_stride(
+        strides_of(s.layout, dims)));
+  };
+  auto output = [&](const std::shared_ptr<fe::graph::Tensor_attributes>& t, Uid uid, const std::vector<int64_t>& dims) {
+    t->set_output(true).set_uid(uid).set_dim(dims).set_stride(strides_of(s.layout, dims)).set_data_type(io);
+  };
+  const int64_t pad_bottom = trailing_padding(s.h, s.pad_top, s.p, s.stride_h, s.dilation_h, s.r);
+  const int64_t pad_right = trailing_padding(s.w, s.pad_left, s.q, s.stride_w, s.dilation_w, s.s);
+  const std::vector<int64_t> pre = {s.pad_top, s.pad_left}, post = {pad_bottom, pad_right},
+                             stride = {s.stride_h, s.stride_w}, dilation = {s.dilation_h, s.dilation_w};
+  switch (problem.pass) {
+    case Pass::Forward: {
+      auto y = graph.conv_fprop(tensor(kX, "x", x_dims), tensor(kW, "w", w_dims),
+                                fe::graph::Conv_fprop_attributes().set_name("conv").set_pre_padding(pre)
+                                    .set_post_padding(post).set_stride(stride).set_dilation(dilation));
+      if (problem.has_bias) {
+        auto bias = graph.tensor(fe::graph::Tensor_attributes().set_name("bias").set_uid(kBias)
+                                     .set_dim({1, s.k, 1, 1}).set_stride({s.k, 1, 1, 1}));
+        y = graph.pointwise(y, bias, fe::graph::Pointwise_attributes().set_name("bias").set_mode(
+                                         fe::PointwiseMode_t::ADD));
+      }
+      if (problem.act != Act::None) y = graph.pointwise(y, activation_node(problem.act, problem.slope));
+      output(y, kY, y_dims);
+      return;
+    }
+    case Pass::Data: {
+      auto dx = graph.conv_dgrad(tensor(kDy, "dy", y_dims), tensor(kW, "w", w_dims),
+                                 fe::graph::Conv_dgrad_attributes().set_name("dgrad").set_pre_padding(pre)
+                                     .set_post_padding(post).set_stride(stride).set_dilation(dilation));
+      output(dx, kDx, x_dims);
+      return;
+    }
+    case Pass::Filter: {
+      auto dw = graph.conv_wgrad(tensor(kDy, "dy", y_dims), tensor(kX, "x", x_dims),
+                                 fe::graph::Conv_wgrad_attributes().set_name("wgrad").set_pre_padding(pre)
+                                     .set_post_padding(post).set_stride(stride).set_dilation(dilation));
+      output(dw, kDw, w_dims);
+      return;
+    }
+  }
+}
+
+// Builds every plan of `problem` that cuDNN's `mode` list offers and the numerics allow; the frontend's message
+// when there is none.
+std::string build_plans(fe::graph::Graph& graph, const Problem& problem, fe::HeurMode_t mode) {
+  add_nodes(graph, problem);
+  std::vector<fe::NumericalNote_t> excluded = {fe::NumericalNote_t::DOWN_CONVERT_INPUTS,
+                                               fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION};
+  if (problem.shape.dtype == DType::Float32 && !problem.allow_tf32) {
+    excluded.insert(excluded.end(), {fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::FFT,
+                                     fe::NumericalNote_t::WINOGRAD, fe::NumericalNote_t::WINOGRAD_TILE_4x4,
+                                     fe::NumericalNote_t::WINOGRAD_TILE_6x6, fe::NumericalNote_t::WINOGRAD_TILE_13x13});
+  }
+  fe::error_t status = graph.validate();
+  if (status.is_good()) status = graph.build_operation_graph();
+  if (status.is_good()) status = graph.create_execution_plans({mode});
+  if (status.is_good()) {
+    graph.deselect_numeric_notes(excluded).deselect_workspace_greater_than(kMaxWorkspaceBytes);
+    status = graph.check_support();
+  }
+  if (status.is_good()) status = graph.build_plans(fe::BuildPlanPolicy_t::ALL);
+  return status.is_good() ? "" : status.get_message();
+}
+
+struct GraphPlan {
+  std::unique_ptr<fe::graph::Graph> graph;
+  std::string missing;       // why cuDNN has no engine for the problem; empty when it has one
+  bool tuned = false;        // autotuned: the fastest plan is selected
+  int64_t workspace = 0;     // bytes, of the selected plan
+};
+
+struct GraphPlans {
+  std::mutex mutex;
+  std::map<std::vector<int64_t>, std::unique_ptr<GraphPlan>> plans;
+
+  static GraphPlans& instance() {
+    static auto* plans = new GraphPlans();  // never destroyed: outlives Python's teardown order
+    return *plans;
+  }
+};
+
+// The cached plans of `problem`, built on first use (no engine: `missing` says why). Building queries the device and
+// allocates: a call that enqueues on `stream` (`on_stream`, not prepare()) refuses it while the stream captures.
+GraphPlan& plan_for(const Problem& problem, cudaStream_t stream, bool on_stream) {
+  auto& cache = GraphPlans::instance();
+  const std::vector<int64_t> key = problem.key();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  auto found = cache.plans.find(key);
+  if (found != cache.plans.end()) return *found->second;
+  if (on_stream) refuse_cudnn_setup_during_capture(stream, "cudnn_graph", "build its cuDNN plans");
+  auto plan = std::make_unique<GraphPlan>();
+  for (fe::HeurMode_t mode : {fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}) {
+    plan->graph = std::make_unique<fe::graph::Graph>();
+    const std::string missing = build_plans(*plan->graph, problem, mode);
+    if (missing.empty()) {
+      plan->missing.clear();
+      break;
+    }
+    plan->missing += (plan->missing.empty() ? "" : "; ") + std::string(mode == fe::HeurMode_t::A ? "heuristics "
+                                                                                                     "mode A: "
+                                                                                                   : "fallback list: ") +
+                     missing;
+  }
+  if (!plan->missing.empty()) plan->graph.reset();
+  return *cache.plans.emplace(key, std::move(plan)).first->second;
+}
+
+// Times every plan on the call's buffers once (outside capture) and keeps the fastest; the caller holds the handle
+// lock. The workspace the timing needs is the largest plan's.
+void tune(GraphPlan& plan, cudnnHandle_t handle, std::unordered_map<int64_t, void*>& pack, cudaStream_t stream) {
+  if (plan.tuned) return;
+  refuse_cudnn_setup_during_capture(stream, "cudnn_graph", "time its cuDNN plans");
+  const int64_t bytes = plan.graph->get_autotune_workspace_size();
+  void* workspace = bytes > 0 ? StreamWorkspace::get(static_cast<std::size_t>(bytes), stream) : nullptr;
+  fe::error_t status = plan.graph->autotune(handle, pack, workspace);
+  if (status.is_bad()) {
+    throw std::runtime_error("ge2 op 'conv2d': kernel 'cudnn_graph': timing the cuDNN plans failed: " +
+                             status.get_message());
+  }
+  int64_t selected = 0;
+  fe::error_t size_status = plan.graph->get_workspace_size(selected);
+  if (size_status.is_bad()) {
+    throw std::runtime_error("ge2 op 'conv2d': kernel 'cudnn_graph': " + size_status.get_message());
+  }
+  plan.workspace = selected;
+  plan.tuned = true;
+}
+
+void execute(const GraphPlan& plan, cudnnHandle_t handle, std::unordered_map<int64_t, void*>& pack, void* workspace) {
+  fe::error_t status = plan.graph->execute(handle, pack, workspace);
+  if (status.is_bad()) {
+    throw std::runtime_error("ge2 op 'conv2d': kernel 'cudnn_graph': cuDNN execution failed: " +
+                             status.get_message());
+  }
+}
+
+std::string no_engine(const GraphPlan& plan) { return "cuDNN has no engine for this problem (" + plan.missing + ")"; }
+
+}  // namespace
+
+std::string cudnn_graph_not_built_reason() { return ""; }
+
+std::string cudnn_graph_unsupported_reason(const Shape& s, Act act, bool has_bias, bool backward) {
+  if (backward && act != Act::None) {
+    return "activation gradients (dz = dy * act'(z) with z recomputed) run in im2col_gemm";
+  }
+  if (!backward && (has_bias || act != Act::None)) {
+    // cuDNN fuses pointwise epilogues in its runtime-fusion engines: tensor cores, channels last, vector-aligned
+    // channels.
+    if (s.dtype == DType::Float32) return "a fused bias or activation needs float16 or bfloat16";
+    if (s.layout != Layout::NHWC) return "a fused bias or activation needs NHWC";
+    if (s.groups != 1 || s.c % 8 != 0 || s.k % 8 != 0) {
+      return "a fused bias or activation needs groups 1 and C, K multiples of 8";
+    }
+  }
+  constexpr int64_t kMaxElements = (int64_t{1} << 31) - 1;  // cuDNN's kernels index in int32
+  if (s.n * s.c * s.h * s.w > kMaxElements || s.n * s.k * s.p * s.q > kMaxElements ||
+      s.k * (s.c / s.groups) * s.r * s.s > kMaxElements) {
+    return "a tensor has more than 2^31 - 1 elements";
+  }
+  return "";
+}
+
+void cudnn_graph_prepare(const Shape& shape, Act act, float slope, bool has_bias, bool allow_tf32, bool backward) {
+  const std::vector<Problem> problems =
+      backward ? std::vector<Problem>{backward_problem(shape, Pass::Data, allow_tf32),
+                                      backward_problem(shape, Pass::Filter, allow_tf32)}
+               : std::vector<Problem>{{shape, Pass::Forward, act, slope, has_bias, allow_tf32}};
+  for (const Problem& problem : problems) {
+    const GraphPlan& plan = plan_for(problem, nullptr, /*on_stream=*/false);
+    if (plan.graph == nullptr) throw std::runtime_error("ge2 op 'conv2d': kernel 'cudnn_graph': " + no_engine(plan));
+  }
+}
+
+std::string cudnn_graph_forward(const ForwardArgs& args, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
+  GraphPlan& plan = plan_for({args.shape, Pass::Forward, args.act, args.slope, args.bias != nullptr,
+                              args.allow_tf32},
+                             stream, /*on_stream=*/true);
+  if (plan.graph == nullptr) return no_engine(plan);
+  std::unordered_map<int64_t, void*> pack = {{kX, const_cast<void*>(args.x)}, {kW, const_cast<void*>(args.w)},
+                                             {kY, args.y}};
+  if (args.bias != nullptr) pack[kBias] = const_cast<void*>(args.bias);
+  cudnnHandle_t handle = CudnnHandles::instance().bound_to(stream);
+  tune(plan, handle, pack, stream);
+  void* workspace = plan.workspace > 0 ? StreamWorkspace::get(static_cast<std::size_t>(plan.workspace), stream)
+                                       : nullptr;
+  execute(plan, handle, pack, workspace);
+  return "";
+}
+
+std::string cudnn_graph_backward(const BackwardArgs& args, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
+  GraphPlan* data = nullptr;
+  GraphPlan* filter = nullptr;
+  if (args.dx != nullptr) {
+    data = &plan_for(backward_problem(args.shape, Pass::Data, args.allow_tf32), stream, /*on_stream=*/true);
+    if (data->graph == nullptr) return no_engine(*data);
+  }
+  if (args.dw != nullptr) {
+    filter = &plan_for(backward_problem(args.shape, Pass::Filter, args.allow_tf32), stream, /*on_stream=*/true);
+    if (filter->graph == nullptr) return no_engine(*filter);
+  }
+  cudnnHandle_t handle = CudnnHandles::instance().bound_to(stream);
+  std::unordered_map<int64_t, void*> data_pack = {{kDy, const_cast<void*>(args.dy)}, {kW, const_cast<void*>(args.w)},
+                                                  {kDx, args.dx}};
+  std::unordered_map<int64_t, void*> filter_pack = {{kDy, const_cast<void*>(args.dy)},
+                                                    {kX, const_cast<void*>(args.x)}, {kDw, args.dw}};
+  if (data != nullptr) tune(*data, handle, data_pack, stream);
+  if (filter != nullptr) tune(*filter, handle, filter_pack, stream);
+  // One workspace for both passes: growing it between them would wait for the stream.
+  const int64_t bytes = std::max(data != nullptr ? data->workspace : 0, filter != nullptr ? filter->workspace : 0);
+  void* workspace = bytes > 0 ? StreamWorkspace::get(static_cast<std::size_t>(bytes), stream) : nullptr;
+  if (data != nullptr) execute(*data, handle, data_pack, workspace);
+  if (filter != nullptr) execute(*filter, handle, filter_pack, workspace);
+  // act is none here, so dbias is the sum of dy: the reduction im2col_gemm uses, one dbias path for every dtype.
+  if (args.dbias != nullptr) launch_bias_grad(args.shape, args.dy, args.dbias, /*gemm_layout=*/false, stream);
+  return "";
+}
+
+#endif
+
+}  // namespace ge2::conv2d

@@ -412,8 +412,7 @@ def test_kernels_table():
     assert [c.priority for c in OPS["conv2d"].candidates] == [row["priority"] for row in rows.values()]
 
 
-NOT_BUILT_FRONTEND = ("not built: cuDNN frontend headers not found (install nvidia-cudnn-frontend or set "
-                      "GE2_CUDNN_FRONTEND_DIR)")
+NOT_BUILT_FRONTEND = "cuDNN frontend headers not found (install nvidia-cudnn-frontend or set GE2_CUDNN_FRONTEND_DIR)"
 
 
 def graph_problem(dtype="float16", layout="NHWC", c=16, k=16, groups=1, act="relu", bias=True, backward=False,
@@ -432,13 +431,14 @@ def test_cudnn_graph_reports_why_it_is_not_built():
     if conv2d.has_cudnn_graph():
         pytest.skip("this build has the cudnn_graph candidate (test_cudnn_graph_constraints_name_the_reason runs)")
     row = next(row for row in conv2d.kernels() if row["name"] == "cudnn_graph")
-    expected = NOT_BUILT_FRONTEND if conv2d.has_cudnn() else "not built: CMake found no cuDNN"
-    assert f"NOT BUILT ({expected}" in row["description"]
+    missing = NOT_BUILT_FRONTEND if conv2d.has_cudnn() else "CMake found no cuDNN"
+    assert f"NOT BUILT ({missing}" in row["description"]
     for backward in (False, True):
         geometry, act, bias, _ = graph_problem(act="none", bias=False)
-        assert conv2d.unsupported_reason("cudnn_graph", geometry, act, bias, backward).startswith(expected)
+        assert conv2d.unsupported_reason("cudnn_graph", geometry, act, bias, backward).startswith(
+            f"not built: {missing}")
     ranking = registry_ranking("float32", "NCHW", {"padding": 1})
-    assert dict(ranking.rejected)["cudnn_graph"].startswith(expected)
+    assert dict(ranking.rejected)["cudnn_graph"].startswith(f"not built: {missing}")
     assert ranking.viable[0].name != "cudnn_graph"
 
 

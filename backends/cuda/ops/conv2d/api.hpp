@@ -69,7 +69,7 @@ std::vector<KernelInfo> kernel_table();
 // Whether this build has the cuDNN candidate (CMake found cuDNN: GE2_WITH_CUDNN).
 bool has_cudnn();
 // Empty when this build has the cudnn_graph candidate (cuDNN and the cuDNN frontend headers: GE2_WITH_CUDNN_FRONTEND),
-// else why not.
+// else what was missing (its capability checks then say "not built: " and this).
 std::string cudnn_graph_not_built_reason();
 
 // Empty when `kernel` can run the problem; otherwise the reason it cannot.

@@ -31,14 +31,15 @@ namespace ge2::conv2d {
 
 std::string cudnn_graph_not_built_reason() {
 #if GE2_WITH_CUDNN
-  return "not built: cuDNN frontend headers not found (install nvidia-cudnn-frontend or set "
-         "GE2_CUDNN_FRONTEND_DIR)";
+  return "cuDNN frontend headers not found (install nvidia-cudnn-frontend or set GE2_CUDNN_FRONTEND_DIR)";
 #else
-  return "not built: CMake found no cuDNN (cudnn.h and libcudnn: neither in the CUDA toolkit nor in the "
-         "nvidia-cudnn-cu13 Python package)";
+  return "CMake found no cuDNN (cudnn.h and libcudnn: neither in the CUDA toolkit nor in the nvidia-cudnn-cu13 "
+         "Python package)";
 #endif
 }
-std::string cudnn_graph_unsupported_reason(const Shape&, Act, bool, bool) { return cudnn_graph_not_built_reason(); }
+std::string cudnn_graph_unsupported_reason(const Shape&, Act, bool, bool) {
+  return "not built: " + cudnn_graph_not_built_reason();
+}
 void cudnn_graph_prepare(const Shape&, Act, float, bool, bool, bool) {
   throw std::logic_error("conv2d: built without the cuDNN frontend");
 }

@@ -544,7 +544,7 @@ def test_cudnn_graph_replays_in_a_cuda_graph_and_refuses_to_set_up_during_captur
     stream = runtime.Stream()
     case = EPILOGUE_CASES[0]
     x, w, bias, attrs = make_problem(rng, case, "NHWC", "float16")
-    dx_, dw_, db_ = (runtime.DeviceArray.from_numpy(a) for a in (x, w, bias))
+    x_dev, w_dev, bias_dev = (runtime.DeviceArray.from_numpy(a) for a in (x, w, bias))
     y = runtime.DeviceArray.empty(list(conv2d.reference(x, w, bias, **attrs)[0].shape), "float16")
     dy = runtime.DeviceArray.from_numpy(random_array(rng, tuple(y.shape), "float16"))
     grads = (runtime.DeviceArray.empty(list(x.shape), "float16"), runtime.DeviceArray.empty(list(w.shape), "float16"),
@@ -552,8 +552,8 @@ def test_cudnn_graph_replays_in_a_cuda_graph_and_refuses_to_set_up_during_captur
     no_act = {**attrs, "act": "none"}
 
     def run():
-        conv2d.forward(dx_, dw_, db_, **attrs, kernel="cudnn_graph", out=y, stream=stream)
-        conv2d.backward(dy, dx_, dw_, db_, **no_act, kernel="cudnn_graph", out=grads, stream=stream)
+        conv2d.forward(x_dev, w_dev, bias_dev, **attrs, kernel="cudnn_graph", out=y, stream=stream)
+        conv2d.backward(dy, x_dev, w_dev, bias_dev, **no_act, kernel="cudnn_graph", out=grads, stream=stream)
 
     run()
     stream.synchronize()
@@ -563,7 +563,7 @@ def test_cudnn_graph_replays_in_a_cuda_graph_and_refuses_to_set_up_during_captur
     graph.end_capture()
     fresh_x, fresh_w, fresh_bias, fresh_dy = (random_array(rng, a.shape, "float16")
                                               for a in (x, w, bias, dy.numpy()))
-    for device_array, values in zip((dx_, dw_, db_, dy), (fresh_x, fresh_w, fresh_bias, fresh_dy)):
+    for device_array, values in zip((x_dev, w_dev, bias_dev, dy), (fresh_x, fresh_w, fresh_bias, fresh_dy)):
         device_array.copy_from_numpy(values)
     for output in (y, *grads):
         output.poison(stream.handle)
@@ -589,6 +589,25 @@ def test_cudnn_graph_replays_in_a_cuda_graph_and_refuses_to_set_up_during_captur
                                             "float16", "none", 0.01, False, "cudnn_graph", stream.handle)
     finally:
         capture.abort_capture()
+
+
+@pytest.mark.gpu
+def test_cudnn_graph_declines_offset_views_and_auto_takes_the_next(rng):
+    """cuDNN's plans assume 16-byte aligned tensors: the named kernel says so, auto's backward runs another one."""
+    torch = pytest.importorskip("torch")
+    skip_unless_built("cudnn_graph")
+    x, w, _, attrs = make_problem(rng, (2, 16, 6, 6, 8, 3, 3, 1, 1, 1, 1, "none", False), "NHWC", "float16")
+    dy = random_array(rng, (2, 6, 6, 8), "float16")
+    storage = torch.empty(dy.size + 1, dtype=torch.float16, device="cuda")
+    offset_dy = storage[1:].view(dy.shape)
+    offset_dy.copy_(torch.from_numpy(dy))
+    tx, tw = torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()
+    with pytest.raises(RuntimeError, match="kernel 'cudnn_graph': needs 16-byte aligned tensors"):
+        conv2d.backward(offset_dy, tx, tw, None, **attrs, kernel="cudnn_graph")
+    dx, dw, _ = conv2d.backward(offset_dy, tx, tw, None, **attrs)
+    expected = conv2d.reference_backward(dy, x, w, None, **attrs)
+    assert_close(dx.cpu().numpy(), expected[0], "float16", reduction_length=8 * 9, what="dx")
+    assert_close(dw.cpu().numpy(), expected[1], "float16", reduction_length=2 * 36, what="dw")
 
 
 @pytest.mark.gpu

@@ -3,7 +3,7 @@
 // found cuDNN and the frontend headers (GE2_WITH_CUDNN_FRONTEND). Host code only, so it compiles as C++.
 //
 // Each problem's graph is built once (heuristics mode A, cuDNN's fallback list when A has no engine for it) with
-// every plan that builds; the first call times them all on its own buffers (Graph::autotune, what PyTorch's
+// its first 8 plans that build; the first call times them on its own buffers (Graph::autotune, what PyTorch's
 // cudnn.benchmark does) and keeps the fastest. Strict float32 leaves out the engines whose numerical notes say
 // tensor cores (TF32), FFT or Winograd; every dtype leaves out those that down-convert inputs or reduce in reduced
 // precision, so the convolution accumulates in float32 as the other candidates do.
@@ -11,7 +11,9 @@
 
 #if GE2_WITH_CUDNN_FRONTEND
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -63,6 +65,9 @@ enum Uid : int64_t { kX = 1, kW, kY, kBias, kDy, kDx, kDw };
 
 // Plans asking for more workspace are left out: the per-stream workspace is kept for the life of the process.
 constexpr int64_t kMaxWorkspaceBytes = int64_t{256} << 20;
+// The first plans in heuristics order are built and timed (PyTorch's cudnn.benchmark times at most 10): each build
+// may compile a kernel (cuDNN's runtime-compiled engines), and the likely fastest come first.
+constexpr int64_t kMaxPlans = 8;
 
 fe::DataType_t io_type(DType dtype) {
   switch (dtype) {
@@ -177,8 +182,8 @@ void add_nodes(fe::graph::Graph& graph, const Problem& problem) {
   }
 }
 
-// Builds every plan of `problem` that cuDNN's `mode` list offers and the numerics allow; the frontend's message
-// when there is none.
+// Builds the first kMaxPlans plans of `problem` that cuDNN's `mode` list offers and the numerics allow; the frontend's
+// message when there is none.
 std::string build_plans(fe::graph::Graph& graph, const Problem& problem, fe::HeurMode_t mode) {
   add_nodes(graph, problem);
   std::vector<fe::NumericalNote_t> excluded = {fe::NumericalNote_t::DOWN_CONVERT_INPUTS,
@@ -195,8 +200,18 @@ std::string build_plans(fe::graph::Graph& graph, const Problem& problem, fe::Heu
     graph.deselect_numeric_notes(excluded).deselect_workspace_greater_than(kMaxWorkspaceBytes);
     status = graph.check_support();
   }
-  if (status.is_good()) status = graph.build_plans(fe::BuildPlanPolicy_t::ALL);
-  return status.is_good() ? "" : status.get_message();
+  if (status.is_bad()) return status.get_message();
+  std::string failures;
+  int64_t built = 0;
+  for (int64_t index = 0; index < graph.get_execution_plan_count() && built < kMaxPlans; ++index) {
+    fe::error_t plan_status = graph.build_plan_at_index(index);
+    if (plan_status.is_good()) {
+      ++built;
+    } else {
+      failures += " plan " + std::to_string(index) + ": " + plan_status.get_message() + ";";
+    }
+  }
+  return built > 0 ? "" : "no plan built:" + failures;
 }
 
 struct GraphPlan {
@@ -273,6 +288,13 @@ void execute(const GraphPlan& plan, cudnnHandle_t handle, std::unordered_map<int
 
 std::string no_engine(const GraphPlan& plan) { return "cuDNN has no engine for this problem (" + plan.missing + ")"; }
 
+// The plans assume 16-byte aligned tensors (the frontend's default alignment; its execute checks the pointers).
+bool aligned(std::initializer_list<const void*> pointers) {
+  return std::all_of(pointers.begin(), pointers.end(),
+                     [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; });
+}
+constexpr const char* kMisaligned = "needs 16-byte aligned tensors (its cuDNN plans assume them); got an offset view";
+
 }  // namespace
 
 std::string cudnn_graph_not_built_reason() { return ""; }
@@ -310,6 +332,7 @@ void cudnn_graph_prepare(const Shape& shape, Act act, float slope, bool has_bias
 }
 
 std::string cudnn_graph_forward(const ForwardArgs& args, cudaStream_t stream) {
+  if (!aligned({args.x, args.w, args.bias, args.y})) return kMisaligned;
   std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
   GraphPlan& plan = plan_for({args.shape, Pass::Forward, args.act, args.slope, args.bias != nullptr,
                               args.allow_tf32},
@@ -327,6 +350,7 @@ std::string cudnn_graph_forward(const ForwardArgs& args, cudaStream_t stream) {
 }
 
 std::string cudnn_graph_backward(const BackwardArgs& args, cudaStream_t stream) {
+  if (!aligned({args.dy, args.x, args.w, args.dx, args.dw})) return kMisaligned;  // dbias: GE2's reduction
   std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
   GraphPlan* data = nullptr;
   GraphPlan* filter = nullptr;

@@ -150,7 +150,8 @@ def test_bad_problems_raise_naming_the_argument(change, error, match):
 
 def test_forward_numpy_checks_before_touching_the_gpu(rng):
     x, w = random_array(rng, (1, 2, 5, 5), "float32"), random_array(rng, (3, 2, 3, 3), "float32")
-    with pytest.raises(ValueError, match="kernel: expected one of auto, cudnn_graph, implicit_gemm, cudnn, im2col_gemm"):
+    expected = "kernel: expected one of auto, cudnn_graph, implicit_gemm, cudnn, im2col_gemm"
+    with pytest.raises(ValueError, match=expected):
         conv2d.forward_numpy(x, w, kernel="winograd")
     with pytest.raises(TypeError, match="x: expected a NumPy array"):
         conv2d.forward_numpy(x.tolist(), w)

@@ -19,7 +19,8 @@ Kernel kernel_from_name(const std::string& name) {
   if (name == "cudnn") return Kernel::Cudnn;
   if (name == "im2col_gemm") return Kernel::Im2colGemm;
   if (name == "implicit_gemm") return Kernel::ImplicitGemm;
-  throw std::invalid_argument("kernel: expected one of auto, cudnn_graph, implicit_gemm, cudnn, im2col_gemm, got '" + name + "'");
+  throw std::invalid_argument("kernel: expected one of auto, cudnn_graph, implicit_gemm, cudnn, im2col_gemm, got '" +
+                              name + "'");
 }
 
 const char* kernel_name(Kernel kernel) {

@@ -143,7 +143,8 @@ void add_nodes(fe::graph::Graph& graph, const Problem& problem) {
     return graph.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims).set_stride(
         strides_of(s.layout, dims)));
   };
-  auto output = [&](const std::shared_ptr<fe::graph::Tensor_attributes>& t, Uid uid, const std::vector<int64_t>& dims) {
+  auto output = [&](const std::shared_ptr<fe::graph::Tensor_attributes>& t, Uid uid,
+                    const std::vector<int64_t>& dims) {
     t->set_output(true).set_uid(uid).set_dim(dims).set_stride(strides_of(s.layout, dims)).set_data_type(io);
   };
   const int64_t pad_bottom = trailing_padding(s.h, s.pad_top, s.p, s.stride_h, s.dilation_h, s.r);
@@ -248,10 +249,8 @@ GraphPlan& plan_for(const Problem& problem, cudaStream_t stream, bool on_stream)
       plan->missing.clear();
       break;
     }
-    plan->missing += (plan->missing.empty() ? "" : "; ") + std::string(mode == fe::HeurMode_t::A ? "heuristics "
-                                                                                                     "mode A: "
-                                                                                                   : "fallback list: ") +
-                     missing;
+    const char* source = mode == fe::HeurMode_t::A ? "heuristics mode A: " : "fallback list: ";
+    plan->missing += (plan->missing.empty() ? "" : "; ") + std::string(source) + missing;
   }
   if (!plan->missing.empty()) plan->graph.reset();
   return *cache.plans.emplace(key, std::move(plan)).first->second;

@@ -32,20 +32,21 @@ class CudnnHandles {
   // Held by every call that binds a handle to its stream and enqueues work with it.
   std::mutex& call_mutex() { return call_mutex_; }
 
+  // The current device's handle, on whatever stream it was last bound to (for work that enqueues nothing).
+  cudnnHandle_t current() {
+    const int device = current_device();
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = handles_.find(device);
+    if (found != handles_.end()) return found->second;
+    cudnnHandle_t handle = nullptr;
+    GE2_CUDNN_CHECK(cudnnCreate(&handle));
+    handles_.emplace(device, handle);
+    return handle;
+  }
+
   // The current device's handle, bound to `stream`.
   cudnnHandle_t bound_to(cudaStream_t stream) {
-    const int device = current_device();
-    cudnnHandle_t handle = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto found = handles_.find(device);
-      if (found == handles_.end()) {
-        GE2_CUDNN_CHECK(cudnnCreate(&handle));
-        handles_.emplace(device, handle);
-      } else {
-        handle = found->second;
-      }
-    }
+    cudnnHandle_t handle = current();
     GE2_CUDNN_CHECK(cudnnSetStream(handle, stream));
     return handle;
   }

@@ -185,7 +185,7 @@ void add_nodes(fe::graph::Graph& graph, const Problem& problem) {
 
 // Builds the first kMaxPlans plans of `problem` that cuDNN's `mode` list offers and the numerics allow; the frontend's
 // message when there is none.
-std::string build_plans(fe::graph::Graph& graph, const Problem& problem, fe::HeurMode_t mode) {
+std::string build_plans(fe::graph::Graph& graph, const Problem& problem, fe::HeurMode_t mode, cudnnHandle_t handle) {
   add_nodes(graph, problem);
   std::vector<fe::NumericalNote_t> excluded = {fe::NumericalNote_t::DOWN_CONVERT_INPUTS,
                                                fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION};
@@ -195,7 +195,7 @@ std::string build_plans(fe::graph::Graph& graph, const Problem& problem, fe::Heu
                                      fe::NumericalNote_t::WINOGRAD_TILE_6x6, fe::NumericalNote_t::WINOGRAD_TILE_13x13});
   }
   fe::error_t status = graph.validate();
-  if (status.is_good()) status = graph.build_operation_graph();
+  if (status.is_good()) status = graph.build_operation_graph(handle);
   if (status.is_good()) status = graph.create_execution_plans({mode});
   if (status.is_good()) {
     graph.deselect_numeric_notes(excluded).deselect_workspace_greater_than(kMaxWorkspaceBytes);
@@ -232,9 +232,10 @@ struct GraphPlans {
   }
 };
 
-// The cached plans of `problem`, built on first use (no engine: `missing` says why). Building queries the device and
-// allocates: a call that enqueues on `stream` (`on_stream`, not prepare()) refuses it while the stream captures.
-GraphPlan& plan_for(const Problem& problem, cudaStream_t stream, bool on_stream) {
+// The cached plans of `problem`, built on first use with `handle` (no engine: `missing` says why); the caller holds
+// the handle lock. Building queries the device and allocates: a call that enqueues on `stream` (`on_stream`, not
+// prepare()) refuses it while the stream captures.
+GraphPlan& plan_for(const Problem& problem, cudnnHandle_t handle, cudaStream_t stream, bool on_stream) {
   auto& cache = GraphPlans::instance();
   const std::vector<int64_t> key = problem.key();
   std::lock_guard<std::mutex> lock(cache.mutex);
@@ -244,7 +245,7 @@ GraphPlan& plan_for(const Problem& problem, cudaStream_t stream, bool on_stream)
   auto plan = std::make_unique<GraphPlan>();
   for (fe::HeurMode_t mode : {fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}) {
     plan->graph = std::make_unique<fe::graph::Graph>();
-    const std::string missing = build_plans(*plan->graph, problem, mode);
+    const std::string missing = build_plans(*plan->graph, problem, mode, handle);
     if (missing.empty()) {
       plan->missing.clear();
       break;
@@ -324,8 +325,10 @@ void cudnn_graph_prepare(const Shape& shape, Act act, float slope, bool has_bias
       backward ? std::vector<Problem>{backward_problem(shape, Pass::Data, allow_tf32),
                                       backward_problem(shape, Pass::Filter, allow_tf32)}
                : std::vector<Problem>{{shape, Pass::Forward, act, slope, has_bias, allow_tf32}};
+  std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
+  cudnnHandle_t handle = CudnnHandles::instance().current();
   for (const Problem& problem : problems) {
-    const GraphPlan& plan = plan_for(problem, nullptr, /*on_stream=*/false);
+    const GraphPlan& plan = plan_for(problem, handle, nullptr, /*on_stream=*/false);
     if (plan.graph == nullptr) throw std::runtime_error("ge2 op 'conv2d': kernel 'cudnn_graph': " + no_engine(plan));
   }
 }
@@ -333,14 +336,14 @@ void cudnn_graph_prepare(const Shape& shape, Act act, float slope, bool has_bias
 std::string cudnn_graph_forward(const ForwardArgs& args, cudaStream_t stream) {
   if (!aligned({args.x, args.w, args.bias, args.y})) return kMisaligned;
   std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
+  cudnnHandle_t handle = CudnnHandles::instance().bound_to(stream);
   GraphPlan& plan = plan_for({args.shape, Pass::Forward, args.act, args.slope, args.bias != nullptr,
                               args.allow_tf32},
-                             stream, /*on_stream=*/true);
+                             handle, stream, /*on_stream=*/true);
   if (plan.graph == nullptr) return no_engine(plan);
   std::unordered_map<int64_t, void*> pack = {{kX, const_cast<void*>(args.x)}, {kW, const_cast<void*>(args.w)},
                                              {kY, args.y}};
   if (args.bias != nullptr) pack[kBias] = const_cast<void*>(args.bias);
-  cudnnHandle_t handle = CudnnHandles::instance().bound_to(stream);
   tune(plan, handle, pack, stream);
   void* workspace = plan.workspace > 0 ? StreamWorkspace::get(static_cast<std::size_t>(plan.workspace), stream)
                                        : nullptr;
@@ -351,17 +354,18 @@ std::string cudnn_graph_forward(const ForwardArgs& args, cudaStream_t stream) {
 std::string cudnn_graph_backward(const BackwardArgs& args, cudaStream_t stream) {
   if (!aligned({args.dy, args.x, args.w, args.dx, args.dw})) return kMisaligned;  // dbias: GE2's reduction
   std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
+  cudnnHandle_t handle = CudnnHandles::instance().bound_to(stream);
   GraphPlan* data = nullptr;
   GraphPlan* filter = nullptr;
   if (args.dx != nullptr) {
-    data = &plan_for(backward_problem(args.shape, Pass::Data, args.allow_tf32), stream, /*on_stream=*/true);
+    data = &plan_for(backward_problem(args.shape, Pass::Data, args.allow_tf32), handle, stream, /*on_stream=*/true);
     if (data->graph == nullptr) return no_engine(*data);
   }
   if (args.dw != nullptr) {
-    filter = &plan_for(backward_problem(args.shape, Pass::Filter, args.allow_tf32), stream, /*on_stream=*/true);
+    filter = &plan_for(backward_problem(args.shape, Pass::Filter, args.allow_tf32), handle, stream,
+                       /*on_stream=*/true);
     if (filter->graph == nullptr) return no_engine(*filter);
   }
-  cudnnHandle_t handle = CudnnHandles::instance().bound_to(stream);
   std::unordered_map<int64_t, void*> data_pack = {{kDy, const_cast<void*>(args.dy)}, {kW, const_cast<void*>(args.w)},
                                                   {kDx, args.dx}};
   std::unordered_map<int64_t, void*> filter_pack = {{kDy, const_cast<void*>(args.dy)},

@@ -159,7 +159,7 @@ void add_nodes(fe::graph::Graph& graph, const Problem& problem) {
       if (problem.has_bias) {
         auto bias = graph.tensor(fe::graph::Tensor_attributes().set_name("bias").set_uid(kBias)
                                      .set_dim({1, s.k, 1, 1}).set_stride({s.k, 1, 1, 1}));
-        y = graph.pointwise(y, bias, fe::graph::Pointwise_attributes().set_name("bias").set_mode(
+        y = graph.pointwise(y, bias, fe::graph::Pointwise_attributes().set_name("bias_add").set_mode(
                                          fe::PointwiseMode_t::ADD));
       }
       if (problem.act != Act::None) y = graph.pointwise(y, activation_node(problem.act, problem.slope));

@@ -15,13 +15,14 @@ Backward, from dy and the saved y and lse: ``D_i = dy_i . y_i``, ``P_ij = exp(sc
 ``dS_ij = P_ij (dy_i . v_j - D_i)``, ``dq = scale dS k``, ``dk = scale dS^T q``, ``dv = P^T dy`` (dk, dv summed over the
 query heads of each K/V group). lse carries no gradient: it is a saved statistic.
 
-Kernel candidates (``kernels()``):
+Kernel candidates (``kernels()``), in priority order (``auto`` takes the first that applies):
 1. ``flash``: FlashAttention-2 on tensor cores (mma.sync), float16 and bfloat16, head_dim 64 and 128, any length;
    its backward adds dq in float32 atomics.
-2. ``unfused``: S = scale q k^T and y = P v on cuBLASLt around a softmax kernel, through a per-stream workspace in
-   chunks of heads and query rows; any head_dim, length, dtype and alignment (the path that always works).
-3. ``rowwise``: a warp per query row (forward, dq) or key row (dk, dv), float32 online softmax, no tensor cores, no
+2. ``rowwise``: a warp per query row (forward, dq) or key row (dk, dv), float32 online softmax, no tensor cores, no
    cuBLAS and no score scratch; head_dim <= 256, any length.
+3. ``unfused``: S = scale q k^T and y = P v on cuBLASLt around a softmax kernel (16-bit P and dS as a high and a
+   residual part, so they are not rounded to the input dtype), through a per-stream workspace in chunks of heads and
+   query rows; any head_dim, length, dtype and alignment (the path that always works).
 """
 from __future__ import annotations
 
@@ -175,7 +176,7 @@ def reference_backward(dy, q, k, v, causal=False, scale=None, layout="bhsd"):
 # Python face: generated from the OpDef (ops/_face.py); the backward below is the part a definition cannot say.
 # ---------------------------------------------------------------------------------------------------------------
 def _check_native_kernel(kernel, head_dim, dtype):
-    """auto runs every problem (unfused takes what flash does not); a named kernel may refuse one."""
+    """auto runs every problem (unfused takes what flash and rowwise do not); a named kernel may refuse one."""
     if kernel != "auto":
         reason = _native_module().unsupported_reason(kernel, head_dim, dtype)
         if reason:
@@ -300,16 +301,16 @@ def _prepare(problem: Problem, first_input: int, native_call: str, kernel: str):
 _KERNELS = (
     ("flash", 20, "FlashAttention-2 on tensor cores (mma.sync); float16, bfloat16; head_dim 64, 128; any length",
      False),
-    ("unfused", 15, "cuBLASLt GEMMs around a float32 softmax through a chunked workspace; any head_dim, length, "
-                    "dtype and alignment", True),
     ("rowwise", 10, "a warp per row, float32 online softmax, no tensor cores, no cuBLAS, no score scratch; "
                     "head_dim <= 256, any length", False),
+    ("unfused", 5, "cuBLASLt GEMMs around a float32 softmax (16-bit P as high + residual) through a chunked "
+                   "workspace; any head_dim, length, dtype and alignment", True),
 )
 
 
 def _candidates(first_input: int, native_call: str) -> tuple[Candidate, ...]:
-    """flash where it applies, else unfused; rowwise for autotuning and explicit use (the forward OpDef reads q at
-    input 0, the backward at 1). unfused and rowwise take any alignment."""
+    """flash where it applies, else rowwise, else unfused (head_dim > 256); autotuning and explicit use may pick any
+    (the forward OpDef reads q at input 0, the backward at 1). rowwise and unfused take any alignment."""
     return tuple(Candidate(name, priority, description,
                            lambda problem, name=name: _supports(problem, first_input, name),
                            lambda problem, name=name: _prepare(problem, first_input, native_call, name),

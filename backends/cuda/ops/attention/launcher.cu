@@ -1,7 +1,7 @@
 // attention launcher: argument checks, the kernel table and the choice of kernel. Candidates: flash (tensor cores,
-// head_dim 64 and 128, float16 and bfloat16), unfused (cuBLASLt GEMMs around a softmax through memory, the path
-// that always works) and rowwise (a warp per query row for the forward and dQ, a warp per key row for dK/dV; no
-// cuBLAS and no score scratch).
+// head_dim 64 and 128, float16 and bfloat16), rowwise (a warp per query row for the forward and dQ, a warp per key
+// row for dK/dV; no cuBLAS and no score scratch; head_dim <= 256) and unfused (cuBLASLt GEMMs around a softmax
+// through memory, the path that always works).
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -17,7 +17,7 @@ Kernel kernel_from_name(const std::string& name) {
   if (name == "rowwise") return Kernel::Rowwise;
   if (name == "flash") return Kernel::Flash;
   if (name == "unfused") return Kernel::Unfused;
-  throw std::invalid_argument("kernel: expected one of auto, flash, unfused, rowwise, got '" + name + "'");
+  throw std::invalid_argument("kernel: expected one of auto, flash, rowwise, unfused, got '" + name + "'");
 }
 
 const char* kernel_name(Kernel kernel) {
@@ -36,15 +36,16 @@ std::vector<KernelInfo> kernel_table() {
        "FlashAttention-2 on tensor cores (mma.sync m16n8k16, ldmatrix, cp.async double buffering): 64 query rows "
        "per CTA, online softmax in registers; backward per 64 key rows with dQ accumulated in float32 atomics",
        "head_dim 64 or 128; float16, bfloat16; any seq_q, seq_k; 16-byte aligned arrays"},
-      {"unfused", 15,
-       "S = scale Q K^T on cuBLASLt (float32 scores), a block per row for mask, softmax and lse, then O = P V on "
-       "cuBLASLt; backward recomputes P from lse (five GEMMs). Chunks of (batch, K/V head) and query rows bound the "
-       "scores in the per-stream workspace. The path that always works",
-       "none: any head_dim, seq_q, seq_k, dtype and alignment; workspace up to 512 MiB of scores"},
       {"rowwise", 10,
        "a warp per query row (forward, dQ) or key row (dK, dV): online softmax in float32, K/V rows streamed from "
        "L2, no tensor cores, no cuBLAS and no score scratch",
        "head_dim <= " + std::to_string(kMaxRowwiseHeadDim) + "; any seq_q, seq_k; float32, float16, bfloat16"},
+      {"unfused", 5,
+       "S = scale Q K^T on cuBLASLt (float32 scores), a block per row for mask, softmax and lse, then O = P V on "
+       "cuBLASLt, 16-bit P (and dS) as a high and a residual part (two GEMMs per product); backward recomputes P from "
+       "lse. Chunks of (batch, K/V head) and query rows bound the scratch in the per-stream workspace. The path that "
+       "always works",
+       "none: any head_dim, seq_q, seq_k, dtype and alignment; workspace up to 512 MiB per chunk"},
   };
 }
 
@@ -62,7 +63,7 @@ std::string unsupported_reason(Kernel kernel, const Shape& shape) {
     return "rowwise holds a row in registers: needs head_dim <= " + std::to_string(kMaxRowwiseHeadDim) + ", got " +
            std::to_string(shape.head_dim);
   }
-  return "";  // unfused, and auto (which falls back to unfused), run every problem
+  return "";  // unfused, and auto (which falls back to it), run every problem
 }
 
 namespace {
@@ -96,8 +97,8 @@ bool aligned(std::initializer_list<const void*> pointers, std::uintptr_t bytes) 
   return true;
 }
 
-// flash copies 16-byte chunks of the inputs and stores 4-byte pairs of the outputs. auto: flash where it applies,
-// else unfused.
+// flash copies 16-byte chunks of the inputs and stores 4-byte pairs of the outputs. auto, in priority order: flash
+// where it applies, else rowwise, else unfused (head_dim > 256).
 Kernel choose(Kernel requested, const Shape& shape, bool flash_aligned) {
   if ((requested == Kernel::Auto || requested == Kernel::Flash) &&
       unsupported_reason(Kernel::Flash, shape).empty() && flash_aligned) {
@@ -108,7 +109,8 @@ Kernel choose(Kernel requested, const Shape& shape, bool flash_aligned) {
   }
   const std::string reason = unsupported_reason(requested, shape);
   if (!reason.empty()) throw std::invalid_argument("kernel: " + reason);
-  return requested == Kernel::Auto ? Kernel::Unfused : requested;
+  if (requested != Kernel::Auto) return requested;
+  return unsupported_reason(Kernel::Rowwise, shape).empty() ? Kernel::Rowwise : Kernel::Unfused;
 }
 
 }  // namespace
@@ -122,7 +124,7 @@ std::size_t workspace_bytes(Kernel kernel, const Shape& shape, bool backward) {
       return backward ? static_cast<std::size_t>(shape.batch * shape.heads_q * shape.seq_q) * sizeof(float) : 0;
     case Kernel::Auto: break;
   }
-  throw std::invalid_argument("kernel: expected flash, unfused or rowwise (the kernel that runs), got auto");
+  throw std::invalid_argument("kernel: expected flash, rowwise or unfused (the kernel that runs), got auto");
 }
 
 Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {

@@ -3,9 +3,16 @@
 // lse and P), then O = P V on cuBLASLt. The backward recomputes P from the saved lse and runs
 //   dV += P^T dO;  dP = dO V^T;  dS = P (dP - D), D_i = dO_i . O_i;  dQ = scale dS K;  dK += scale dS^T Q.
 //
-// P (and dS) are stored in the input dtype: cuBLASLt multiplies A and B of one type, so 16-bit P keeps P V, dS K and
-// dS^T Q on the tensor cores (flash rounds P to 16 bits before its P V product too); S, dP and the statistics are
-// float32.
+// Precision. cuBLASLt multiplies A and B of one type, so the tensor-core GEMMs need P (and dS) in the input dtype.
+// Rounding the float32 P to 16 bits once would cost an ulp of the output (ONNX's float16 conformance, rtol 1e-3,
+// sees it), so 16-bit P and dS are stored as two parts: hi = fl(P) and lo = fl((P - hi) 2^t), t = 11 for float16 and
+// 8 for bfloat16 (their unit roundoffs are 2^-t). |P - hi| <= 2^-t |P| (P - hi is exact in float32), so lo is at
+// most |P| (no overflow, and no float16 subnormal unless P itself is below float16's normal range) and
+//   |P - (hi + 2^-t lo)| <= 2^-2t |P|  (+ 2^-36 absolute for float16 P below 2^-14),
+// 2^-22 for float16 (float32's own rounding of the GEMM sums is as large) and 2^-16 for bfloat16 (2^8 below its
+// output rounding). Each product with P or dS is then two GEMMs, the second with alpha 2^-t and beta = 1, into
+// float32 accumulators (O, dQ per chunk; dK, dV per block of units) that are rounded once to the output dtype.
+// float32 storage keeps P whole: one GEMM per product, written in place.
 //
 // Units. A unit is one (batch, K/V head); its query rows form a matrix with a constant row pitch, so a GEMM reads the
 // layout in place. In bhsd the G query heads of a group are adjacent: the unit is G * seq_q rows and one GEMM covers
@@ -13,10 +20,10 @@
 // apart and the group's heads interleave: each head of the group is a pass of seq_q rows. A batched GEMM spans
 // consecutive units of one stride: every unit in bhsd, the K/V heads of one batch element in bshd.
 //
-// Chunks. The scores of a chunk (units x query rows x seq_k, float32 S plus P) stay under kScoreBudgetBytes of the
-// per-stream workspace: whole units where one fits, else row blocks of one unit. dQ rows are complete per chunk;
-// dK, dV add up over a unit's passes and row blocks (GEMM beta = 1), in a float32 accumulator when the storage is
-// 16-bit so that the sum is rounded once.
+// Chunks. The scratch of a chunk's query rows (float32 S, P in one or two parts, and for 16-bit storage the float32
+// rows of O or dQ) stays under kScoreBudgetBytes of the per-stream workspace: whole units where one fits, else row
+// blocks of one unit. dQ rows are complete per chunk; dK, dV add up over a unit's passes and row blocks (GEMM
+// beta = 1).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -24,6 +31,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "api.hpp"
 #include "batched_gemm.hpp"
@@ -33,7 +41,7 @@
 namespace ge2::attention {
 namespace {
 
-// S and P of one chunk: (1, 32, 8192, 128) f16 takes one head (384 MiB) per chunk.
+// A chunk's scratch: (1, 32, 8192, 128) takes half a head (258 MiB) per chunk in float16, a whole one in float32.
 constexpr std::size_t kScoreBudgetBytes = std::size_t(512) << 20;
 constexpr const char* kScoreBudgetVariable = "GE2_ATTENTION_SCORE_BUDGET";
 constexpr int kRowThreads = 256;
@@ -56,9 +64,19 @@ int64_t score_budget_bytes() {
   return bytes;
 }
 
+// 2^t of the top comment: what the 16-bit residual part of P or dS is scaled by (1 for float32, which has none).
+float residual_scale(DType dtype) {
+  switch (dtype) {
+    case DType::Float16: return 2048.0f;   // 2^11
+    case DType::BFloat16: return 256.0f;  // 2^8
+    default: return 1.0f;
+  }
+}
+
 // Where the units' rows are (element offsets, pitches) and how the problem is cut into chunks.
 struct Plan {
   Shape s;
+  bool split = false;  // 16-bit storage: P, dS in two parts, outputs through float32 accumulators
   int64_t group = 1;   // query heads per K/V head
   int64_t units = 0;   // batch * heads_kv
   int64_t run = 0;     // consecutive units one batched GEMM may span
@@ -70,6 +88,7 @@ struct Plan {
   int64_t units_per_chunk = 0, rows_per_chunk = 0;
 
   explicit Plan(const Shape& shape) : s(shape) {
+    split = s.dtype != DType::Float32;
     group = s.heads_q / s.heads_kv;
     units = s.batch * s.heads_kv;
     stat_unit_stride = group * s.seq_q;
@@ -82,9 +101,12 @@ struct Plan {
       q_pitch = kv_pitch = s.head_dim;
       q_unit_stride = group * s.seq_q * s.head_dim, kv_unit_stride = s.seq_k * s.head_dim;
     }
-    const auto bytes_per_score = static_cast<int64_t>(sizeof(float) + dtype_size(s.dtype));
+    // scratch per query row: S and the P parts, and the row of the float32 O or dQ accumulator
+    const auto bytes_per_score = static_cast<int64_t>(sizeof(float) + parts() * dtype_size(s.dtype));
+    const int64_t bytes_per_row =
+        s.seq_k * bytes_per_score + (split ? s.head_dim * static_cast<int64_t>(sizeof(float)) : 0);
     // a chunk's score rows are one grid of blocks: at most 2^31 - 1
-    const int64_t budget_rows = std::min<int64_t>(score_budget_bytes() / (s.seq_k * bytes_per_score), 0x7fffffff);
+    const int64_t budget_rows = std::min<int64_t>(score_budget_bytes() / bytes_per_row, 0x7fffffff);
     if (rows <= budget_rows) {  // whole units, as many as fit, spread evenly over the chunks of a run
       rows_per_chunk = rows;
       units_per_chunk = divide_up(run, divide_up(run, std::min(run, budget_rows / rows)));
@@ -94,10 +116,7 @@ struct Plan {
     }
   }
 
-  // 16-bit dK, dV that several GEMMs add to go through a float32 accumulator.
-  bool accumulates_key_grads() const {
-    return s.dtype != DType::Float32 && passes * divide_up(rows, rows_per_chunk) > 1;
-  }
+  int64_t parts() const { return split ? 2 : 1; }
   std::size_t scores_per_chunk() const {
     return static_cast<std::size_t>(units_per_chunk * rows_per_chunk) * static_cast<std::size_t>(s.seq_k);
   }
@@ -118,26 +137,33 @@ struct Plan {
 
 // The device scratch of a call, carved from one workspace (base == nullptr only measures).
 struct Scratch {
-  float* scores = nullptr;     // S, then dP: float32
-  void* probs = nullptr;       // P, then dS: the input dtype
-  float* row_dot = nullptr;    // backward: D_i, [batch, heads_q, seq_q]
-  float* dk_sum = nullptr;     // backward, when accumulating: [units of a chunk][seq_k][head_dim]
+  float* scores = nullptr;   // S, then dP: float32
+  void* probs = nullptr;     // P, then dS: the input dtype (hi when split)
+  void* residuals = nullptr;  // split: their lo parts
+  float* row_sum = nullptr;  // split: the chunk's rows of O or dQ, [unit][row][head_dim]
+  float* row_dot = nullptr;  // backward: D_i, [batch, heads_q, seq_q]
+  float* dk_sum = nullptr;   // backward, split: [units of a chunk][seq_k][head_dim]
   float* dv_sum = nullptr;
   std::size_t bytes = 0;
 
   Scratch(const Plan& plan, bool backward, void* base) {
-    auto take = [&](std::size_t size) {
+    auto take = [&](std::size_t size) {  // 256-byte aligned: both P parts get the same GEMM plans
       void* at = base == nullptr ? nullptr : static_cast<char*>(base) + bytes;
       bytes += round_up(size);
       return at;
     };
+    const Shape& s = plan.s;
     const std::size_t scores_count = plan.scores_per_chunk();
     scores = static_cast<float*>(take(scores_count * sizeof(float)));
-    probs = take(scores_count * dtype_size(plan.s.dtype));
+    probs = take(scores_count * dtype_size(s.dtype));
+    if (plan.split) {
+      residuals = take(scores_count * dtype_size(s.dtype));
+      row_sum = static_cast<float*>(
+          take(static_cast<std::size_t>(plan.units_per_chunk * plan.rows_per_chunk * s.head_dim) * sizeof(float)));
+    }
     if (!backward) return;
-    const Shape& s = plan.s;
     row_dot = static_cast<float*>(take(static_cast<std::size_t>(s.batch * s.heads_q * s.seq_q) * sizeof(float)));
-    if (plan.accumulates_key_grads()) {
+    if (plan.split) {
       const auto sum_bytes = static_cast<std::size_t>(plan.units_per_chunk * s.seq_k * s.head_dim) * sizeof(float);
       dk_sum = static_cast<float*>(take(sum_bytes));
       dv_sum = static_cast<float*>(take(sum_bytes));
@@ -187,6 +213,13 @@ void* at(void* base, int64_t elements, DType dtype) {
 }
 
 // ---- GEMMs (row-major; batch over the chunk's units) ---------------------------------------------------------
+// Where a GEMM writes (or adds to): an output array in its own layout, or a float32 accumulator.
+struct Target {
+  void* base = nullptr;
+  int64_t ld = 0, unit_stride = 0;
+  DType dtype = DType::Float32;
+};
+
 // scores[unit] (rows x seq_k, float32) = alpha * lhs_rows (rows x head_dim) @ key_rows^T; lhs is Q or dO, keys K or V.
 void scores_gemm(const Plan& plan, const Chunk& chunk, const void* lhs, const void* keys, float alpha, float* scores,
                  cudaStream_t stream) {
@@ -200,35 +233,28 @@ void scores_gemm(const Plan& plan, const Chunk& chunk, const void* lhs, const vo
   batched_gemm(call, stream);
 }
 
-// out_rows (rows x head_dim, q's layout) = alpha * probs (rows x seq_k) @ key_rows; O = P V or dQ = scale dS K.
-void rows_gemm(const Plan& plan, const Chunk& chunk, const void* probs, const void* keys, float alpha, void* out,
-               cudaStream_t stream) {
+// target = alpha * P @ rhs + beta * target for the P (or dS) of the chunk in scratch, over its parts: the residual
+// part adds with alpha / 2^t (top comment). rows_side: P is rows x seq_k and rhs key rows (seq_k x head_dim), the
+// target rows x head_dim (O = P V, dQ = scale dS K); else P^T (seq_k x rows) @ rhs query rows (rows x head_dim), the
+// target seq_k x head_dim (dV = P^T dO, dK = scale dS^T Q).
+void probs_gemm(const Plan& plan, const Chunk& chunk, const Scratch& scratch, bool rows_side, const void* rhs,
+                float alpha, float beta, const Target& target, cudaStream_t stream) {
+  const Shape& s = plan.s;
   GemmCall call;
-  call.m = chunk.rows, call.n = plan.s.head_dim, call.k = plan.s.seq_k, call.batch = chunk.count;
-  call.dtype = call.c_dtype = plan.s.dtype, call.alpha = alpha;
-  call.a = probs, call.lda = plan.s.seq_k, call.stride_a = chunk.rows * plan.s.seq_k;
-  call.b = at(keys, chunk.kv_offset, plan.s.dtype), call.ldb = plan.kv_pitch, call.stride_b = plan.kv_unit_stride;
-  call.c = at(out, chunk.q_offset, plan.s.dtype), call.ldc = plan.q_pitch, call.stride_c = plan.q_unit_stride;
-  batched_gemm(call, stream);
-}
-
-// Where dK or dV of a block of units goes: the array itself (k's layout) or a float32 accumulator.
-struct KeyGradTarget {
-  void* base = nullptr;
-  int64_t ld = 0, unit_stride = 0;
-  DType dtype = DType::Float32;
-};
-
-// target (seq_k x head_dim) = alpha * probs^T (seq_k x rows) @ lhs_rows (rows x head_dim) + beta * target;
-// dV = P^T dO or dK = scale dS^T Q.
-void keys_gemm(const Plan& plan, const Chunk& chunk, const void* probs, const void* lhs, float alpha, float beta,
-               const KeyGradTarget& target, cudaStream_t stream) {
-  GemmCall call;
-  call.m = plan.s.seq_k, call.n = plan.s.head_dim, call.k = chunk.rows, call.batch = chunk.count;
-  call.dtype = plan.s.dtype, call.c_dtype = target.dtype, call.alpha = alpha, call.beta = beta;
-  call.a = probs, call.lda = plan.s.seq_k, call.stride_a = chunk.rows * plan.s.seq_k, call.trans_a = true;
-  call.b = at(lhs, chunk.q_offset, plan.s.dtype), call.ldb = plan.q_pitch, call.stride_b = plan.q_unit_stride;
+  call.m = rows_side ? chunk.rows : s.seq_k, call.n = s.head_dim, call.k = rows_side ? s.seq_k : chunk.rows;
+  call.batch = chunk.count;
+  call.dtype = s.dtype, call.c_dtype = target.dtype;
+  call.lda = s.seq_k, call.stride_a = chunk.rows * s.seq_k, call.trans_a = !rows_side;
+  if (rows_side) {
+    call.b = at(rhs, chunk.kv_offset, s.dtype), call.ldb = plan.kv_pitch, call.stride_b = plan.kv_unit_stride;
+  } else {
+    call.b = at(rhs, chunk.q_offset, s.dtype), call.ldb = plan.q_pitch, call.stride_b = plan.q_unit_stride;
+  }
   call.c = target.base, call.ldc = target.ld, call.stride_c = target.unit_stride;
+  call.a = scratch.probs, call.alpha = alpha, call.beta = beta;
+  batched_gemm(call, stream);
+  if (!plan.split) return;
+  call.a = scratch.residuals, call.alpha = alpha / residual_scale(s.dtype), call.beta = 1.0f;
   batched_gemm(call, stream);
 }
 
@@ -238,6 +264,7 @@ void keys_gemm(const Plan& plan, const Chunk& chunk, const void* probs, const vo
 struct RowBlock {
   int64_t rows = 0, seq_k = 0, seq_q = 0, first_row = 0, stat_unit_stride = 0;
   bool causal = false;
+  float residual_scale = 1.0f;
 };
 
 // Keys [0, visible) of a row are unmasked (causal: top-left aligned, j <= i).
@@ -247,15 +274,31 @@ __device__ __forceinline__ int64_t visible_keys(const RowBlock& block, int64_t r
   return i + 1 < block.seq_k ? i + 1 : block.seq_k;
 }
 
+// A float32 value of P or dS as the GEMMs read it: whole for float32, hi and scaled lo parts for 16-bit storage.
+template <typename T>
+__device__ __forceinline__ void store_parts(const RowBlock& block, float value, int64_t index, T* hi, T* lo) {
+  const T high = from_float<T>(value);
+  hi[index] = high;
+  if constexpr (!std::is_same_v<T, float>) lo[index] = from_float<T>((value - to_float(high)) * block.residual_scale);
+}
+
+template <typename T>
+__device__ __forceinline__ float load_parts(const RowBlock& block, int64_t index, const T* hi, const T* lo) {
+  if constexpr (std::is_same_v<T, float>) {
+    return hi[index];
+  } else {
+    return to_float(hi[index]) + to_float(lo[index]) / block.residual_scale;
+  }
+}
+
 // P = exp(S - lse), zero where masked. kSaveLse: the forward computes lse from S and writes it; else it is read.
 template <bool kSaveLse, typename T, typename Stat>
 __global__ void __launch_bounds__(kRowThreads)
     probabilities_kernel(RowBlock block, const float* __restrict__ scores, Stat* __restrict__ lse,
-                         T* __restrict__ probs) {
+                         T* __restrict__ probs, T* __restrict__ residuals) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x, unit = row / block.rows, r = row % block.rows;
   const float* score_row = scores + row * block.seq_k;
-  T* prob_row = probs + row * block.seq_k;
   Stat* stat = lse + unit * block.stat_unit_stride + r;
   const int64_t visible = visible_keys(block, r);
   float row_lse;
@@ -278,7 +321,7 @@ __global__ void __launch_bounds__(kRowThreads)
     row_lse = *stat;
   }
   for (int64_t j = threadIdx.x; j < block.seq_k; j += blockDim.x) {
-    prob_row[j] = from_float<T>(j < visible ? expf(score_row[j] - row_lse) : 0.0f);
+    store_parts(block, j < visible ? expf(score_row[j] - row_lse) : 0.0f, row * block.seq_k + j, probs, residuals);
   }
 }
 
@@ -286,13 +329,13 @@ __global__ void __launch_bounds__(kRowThreads)
 template <typename T>
 __global__ void __launch_bounds__(kRowThreads)
     score_grad_kernel(RowBlock block, const float* __restrict__ dprobs, const float* __restrict__ row_dot,
-                      T* __restrict__ probs) {
+                      T* __restrict__ probs, T* __restrict__ residuals) {
   const int64_t row = blockIdx.x, unit = row / block.rows, r = row % block.rows;
   const float d = row_dot[unit * block.stat_unit_stride + r];
   const int64_t visible = visible_keys(block, r);
   for (int64_t j = threadIdx.x; j < visible; j += blockDim.x) {
     const int64_t index = row * block.seq_k + j;
-    probs[index] = from_float<T>(to_float(probs[index]) * (dprobs[index] - d));
+    store_parts(block, load_parts(block, index, probs, residuals) * (dprobs[index] - d), index, probs, residuals);
   }
 }
 
@@ -313,19 +356,16 @@ __global__ void row_dot_kernel(Shape s, const T* __restrict__ dout, const T* __r
   }
 }
 
-// dK, dV of `count` units from their float32 sums ([unit][seq_k][head_dim]) into k's layout (dk, dv at the first
-// unit).
+// `count` packed float32 matrices of rows x cols ([unit][row][col]), rounded into a strided array (row pitch and
+// unit stride in elements, dst at the first unit's first row): O, dQ of a chunk, dK, dV of a block of units.
 template <typename T>
-__global__ void store_key_grads_kernel(int64_t count, int64_t seq_k, int64_t head_dim, int64_t pitch,
-                                       int64_t unit_stride, const float* __restrict__ dk_sum,
-                                       const float* __restrict__ dv_sum, T* __restrict__ dk, T* __restrict__ dv) {
-  const int64_t total = count * seq_k * head_dim;
+__global__ void store_rows_kernel(int64_t count, int64_t rows, int64_t cols, int64_t pitch, int64_t unit_stride,
+                                  const float* __restrict__ src, T* __restrict__ dst) {
+  const int64_t total = count * rows * cols;
   for (int64_t index = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; index < total;
        index += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = index % head_dim, j = (index / head_dim) % seq_k, unit = index / (head_dim * seq_k);
-    const int64_t offset = unit * unit_stride + j * pitch + d;
-    dk[offset] = from_float<T>(dk_sum[index]);
-    dv[offset] = from_float<T>(dv_sum[index]);
+    const int64_t col = index % cols, row = (index / cols) % rows, unit = index / (cols * rows);
+    dst[unit * unit_stride + row * pitch + col] = from_float<T>(src[index]);
   }
 }
 
@@ -333,11 +373,16 @@ RowBlock row_block(const Plan& plan, const Chunk& chunk) {
   RowBlock block;
   block.rows = chunk.rows, block.seq_k = plan.s.seq_k, block.seq_q = plan.s.seq_q;
   block.first_row = chunk.first_row, block.stat_unit_stride = plan.stat_unit_stride, block.causal = plan.s.causal;
+  block.residual_scale = residual_scale(plan.s.dtype);
   return block;
 }
 
 // A block per score row, no wider than the row needs.
 int row_threads(int64_t seq_k) { return static_cast<int>(std::min<int64_t>(kRowThreads, divide_up(seq_k, 32) * 32)); }
+
+unsigned grid_stride_blocks(int64_t items, int per_block) {
+  return static_cast<unsigned>(std::min<int64_t>(divide_up(items, per_block), 132 * 16));
+}
 
 // Stat: float (the forward writes lse) or const float (the backward reads it).
 template <bool kSaveLse, typename Stat>
@@ -347,12 +392,31 @@ void launch_probabilities(const Plan& plan, const Chunk& chunk, const Scratch& s
   GE2_DISPATCH_FLOATING(plan.s.dtype, "dtype",
                         probabilities_kernel<kSaveLse, scalar_t, Stat><<<rows, row_threads(plan.s.seq_k), 0, stream>>>(
                             row_block(plan, chunk), scratch.scores, lse + chunk.stat_offset,
-                            static_cast<scalar_t*>(scratch.probs)));
+                            static_cast<scalar_t*>(scratch.probs), static_cast<scalar_t*>(scratch.residuals)));
   GE2_CHECK_LAUNCH("attention unfused softmax");
 }
 
-unsigned grid_stride_blocks(int64_t items, int per_block) {
-  return static_cast<unsigned>(std::min<int64_t>(divide_up(items, per_block), 132 * 16));
+void store_rows(const Plan& plan, int64_t count, int64_t rows, int64_t pitch, int64_t unit_stride, const float* src,
+                void* dst, cudaStream_t stream) {
+  const int64_t items = count * rows * plan.s.head_dim;
+  GE2_DISPATCH_FLOATING(plan.s.dtype, "dtype",
+                        store_rows_kernel<scalar_t><<<grid_stride_blocks(items, 256), 256, 0, stream>>>(
+                            count, rows, plan.s.head_dim, pitch, unit_stride, src, static_cast<scalar_t*>(dst)));
+  GE2_CHECK_LAUNCH("attention unfused store");
+}
+
+// O = P V or dQ = scale dS K for a chunk: straight into `out` (float32), or through the float32 row sums (split).
+void rows_product(const Plan& plan, const Chunk& chunk, const Scratch& scratch, const void* keys, float alpha,
+                  void* out, cudaStream_t stream) {
+  if (!plan.split) {
+    const Target target{at(out, chunk.q_offset, plan.s.dtype), plan.q_pitch, plan.q_unit_stride, plan.s.dtype};
+    probs_gemm(plan, chunk, scratch, /*rows_side=*/true, keys, alpha, 0.0f, target, stream);
+    return;
+  }
+  const Target row_sum{scratch.row_sum, plan.s.head_dim, chunk.rows * plan.s.head_dim, DType::Float32};
+  probs_gemm(plan, chunk, scratch, /*rows_side=*/true, keys, alpha, 0.0f, row_sum, stream);
+  store_rows(plan, chunk.count, chunk.rows, plan.q_pitch, plan.q_unit_stride, scratch.row_sum,
+             at(out, chunk.q_offset, plan.s.dtype), stream);
 }
 
 }  // namespace
@@ -368,7 +432,7 @@ void launch_unfused_forward(const ForwardArgs& args, void* workspace, cudaStream
     for_each_chunk(plan, unit, count, [&](const Chunk& chunk) {
       scores_gemm(plan, chunk, args.q, args.k, args.shape.scale, scratch.scores, stream);
       launch_probabilities<true>(plan, chunk, scratch, args.lse, stream);
-      rows_gemm(plan, chunk, scratch.probs, args.v, 1.0f, args.o, stream);
+      rows_product(plan, chunk, scratch, args.v, 1.0f, args.o, stream);
     });
   });
 }
@@ -384,40 +448,34 @@ void launch_unfused_backward(const BackwardArgs& args, void* workspace, cudaStre
                             scratch.row_dot));
   GE2_CHECK_LAUNCH("attention unfused row_dot");
 
-  const bool accumulate = plan.accumulates_key_grads();
   for_each_unit_block(plan, [&](int64_t unit, int64_t count) {
     void* dk = at(args.dk, plan.kv_offset(unit), s.dtype);
     void* dv = at(args.dv, plan.kv_offset(unit), s.dtype);
-    const KeyGradTarget dk_target = accumulate ? KeyGradTarget{scratch.dk_sum, s.head_dim, s.seq_k * s.head_dim,
-                                                               DType::Float32}
-                                               : KeyGradTarget{dk, plan.kv_pitch, plan.kv_unit_stride, s.dtype};
-    const KeyGradTarget dv_target = accumulate ? KeyGradTarget{scratch.dv_sum, s.head_dim, s.seq_k * s.head_dim,
-                                                               DType::Float32}
-                                               : KeyGradTarget{dv, plan.kv_pitch, plan.kv_unit_stride, s.dtype};
+    // split: float32 sums of the block's units, rounded once at the end; else the arrays themselves
+    const Target dk_target = plan.split ? Target{scratch.dk_sum, s.head_dim, s.seq_k * s.head_dim, DType::Float32}
+                                        : Target{dk, plan.kv_pitch, plan.kv_unit_stride, s.dtype};
+    const Target dv_target = plan.split ? Target{scratch.dv_sum, s.head_dim, s.seq_k * s.head_dim, DType::Float32}
+                                        : Target{dv, plan.kv_pitch, plan.kv_unit_stride, s.dtype};
     bool first = true;  // the first GEMM into the units' dK, dV overwrites, later ones add (beta = 1)
     for_each_chunk(plan, unit, count, [&](const Chunk& chunk) {
       const float beta = first ? 0.0f : 1.0f;
       first = false;
       scores_gemm(plan, chunk, args.q, args.k, s.scale, scratch.scores, stream);
       launch_probabilities<false>(plan, chunk, scratch, args.lse, stream);
-      keys_gemm(plan, chunk, scratch.probs, args.dout, 1.0f, beta, dv_target, stream);
+      probs_gemm(plan, chunk, scratch, /*rows_side=*/false, args.dout, 1.0f, beta, dv_target, stream);
       scores_gemm(plan, chunk, args.dout, args.v, 1.0f, scratch.scores, stream);  // dP, over S
       GE2_DISPATCH_FLOATING(s.dtype, "dtype",
                             score_grad_kernel<scalar_t><<<static_cast<unsigned>(chunk.count * chunk.rows),
                                                           row_threads(s.seq_k), 0, stream>>>(
                                 row_block(plan, chunk), scratch.scores, scratch.row_dot + chunk.stat_offset,
-                                static_cast<scalar_t*>(scratch.probs)));
+                                static_cast<scalar_t*>(scratch.probs), static_cast<scalar_t*>(scratch.residuals)));
       GE2_CHECK_LAUNCH("attention unfused softmax backward");
-      rows_gemm(plan, chunk, scratch.probs, args.k, s.scale, args.dq, stream);
-      keys_gemm(plan, chunk, scratch.probs, args.q, s.scale, beta, dk_target, stream);
+      rows_product(plan, chunk, scratch, args.k, s.scale, args.dq, stream);
+      probs_gemm(plan, chunk, scratch, /*rows_side=*/false, args.q, s.scale, beta, dk_target, stream);
     });
-    if (!accumulate) return;
-    const int64_t items = count * s.seq_k * s.head_dim;
-    GE2_DISPATCH_FLOATING(s.dtype, "dtype",
-                          store_key_grads_kernel<scalar_t><<<grid_stride_blocks(items, 256), 256, 0, stream>>>(
-                              count, s.seq_k, s.head_dim, plan.kv_pitch, plan.kv_unit_stride, scratch.dk_sum,
-                              scratch.dv_sum, static_cast<scalar_t*>(dk), static_cast<scalar_t*>(dv)));
-    GE2_CHECK_LAUNCH("attention unfused dK, dV store");
+    if (!plan.split) return;
+    store_rows(plan, count, s.seq_k, plan.kv_pitch, plan.kv_unit_stride, scratch.dk_sum, dk, stream);
+    store_rows(plan, count, s.seq_k, plan.kv_pitch, plan.kv_unit_stride, scratch.dv_sum, dv, stream);
   });
 }
 

@@ -1,4 +1,4 @@
-"""attention: every GE2 kernel candidate (flash, unfused, rowwise: a row each) vs
+"""attention: every GE2 kernel candidate (flash, rowwise, unfused: a row each) vs
 torch.nn.functional.scaled_dot_product_attention, forward and forward+backward, float16 and bfloat16, one process,
 one GPU. Correctness against PyTorch first, then medians.
 

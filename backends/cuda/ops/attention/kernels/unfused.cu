@@ -6,13 +6,13 @@
 // Precision. cuBLASLt multiplies A and B of one type, so the tensor-core GEMMs need P (and dS) in the input dtype.
 // Rounding the float32 P to 16 bits once would cost an ulp of the output (ONNX's float16 conformance, rtol 1e-3,
 // sees it), so 16-bit P and dS are stored as two parts: hi = fl(P) and lo = fl((P - hi) 2^t), t = 11 for float16 and
-// 8 for bfloat16 (their unit roundoffs are 2^-t). |P - hi| <= 2^-t |P| (P - hi is exact in float32), so lo is at
-// most |P| (no overflow, and no float16 subnormal unless P itself is below float16's normal range) and
-//   |P - (hi + 2^-t lo)| <= 2^-2t |P|  (+ 2^-36 absolute for float16 P below 2^-14),
-// 2^-22 for float16 (float32's own rounding of the GEMM sums is as large) and 2^-16 for bfloat16 (2^8 below its
-// output rounding). Each product with P or dS is then two GEMMs, the second with alpha 2^-t and beta = 1, into
-// float32 accumulators (O, dQ per chunk; dK, dV per block of units) that are rounded once to the output dtype.
-// float32 storage keeps P whole: one GEMM per product, written in place.
+// 8 for bfloat16 (their unit roundoffs are 2^-t). P - hi is exact in float32 and at most 2^-t |P|, so lo is at most
+// |P| (no overflow), and lo's own rounding leaves
+//   |P - (hi + 2^-t lo)| <= 2^-2t |P| (+ 2^-36 absolute for float16, where lo falls below its normal range),
+// 2^-22 for float16 (float32's own rounding of the GEMM sums is as large) and 2^-16 for bfloat16 (2^8 below its unit
+// roundoff). Each product with P or dS is then two GEMMs, the second with alpha 2^-t and beta = 1, into float32
+// accumulators (O, dQ per chunk; dK, dV per block of units) that are rounded once to the output dtype. float32
+// storage keeps P whole: one GEMM per product, written in place.
 //
 // Units. A unit is one (batch, K/V head); its query rows form a matrix with a constant row pitch, so a GEMM reads the
 // layout in place. In bhsd the G query heads of a group are adjacent: the unit is G * seq_q rows and one GEMM covers
@@ -67,7 +67,7 @@ int64_t score_budget_bytes() {
 // 2^t of the top comment: what the 16-bit residual part of P or dS is scaled by (1 for float32, which has none).
 float residual_scale(DType dtype) {
   switch (dtype) {
-    case DType::Float16: return 2048.0f;   // 2^11
+    case DType::Float16: return 2048.0f;  // 2^11
     case DType::BFloat16: return 256.0f;  // 2^8
     default: return 1.0f;
   }
@@ -102,7 +102,7 @@ struct Plan {
       q_unit_stride = group * s.seq_q * s.head_dim, kv_unit_stride = s.seq_k * s.head_dim;
     }
     // scratch per query row: S and the P parts, and the row of the float32 O or dQ accumulator
-    const auto bytes_per_score = static_cast<int64_t>(sizeof(float) + parts() * dtype_size(s.dtype));
+    const auto bytes_per_score = static_cast<int64_t>(sizeof(float) + (split ? 2 : 1) * dtype_size(s.dtype));
     const int64_t bytes_per_row =
         s.seq_k * bytes_per_score + (split ? s.head_dim * static_cast<int64_t>(sizeof(float)) : 0);
     // a chunk's score rows are one grid of blocks: at most 2^31 - 1
@@ -116,7 +116,6 @@ struct Plan {
     }
   }
 
-  int64_t parts() const { return split ? 2 : 1; }
   std::size_t scores_per_chunk() const {
     return static_cast<std::size_t>(units_per_chunk * rows_per_chunk) * static_cast<std::size_t>(s.seq_k);
   }
@@ -137,12 +136,12 @@ struct Plan {
 
 // The device scratch of a call, carved from one workspace (base == nullptr only measures).
 struct Scratch {
-  float* scores = nullptr;   // S, then dP: float32
-  void* probs = nullptr;     // P, then dS: the input dtype (hi when split)
+  float* scores = nullptr;    // S, then dP: float32
+  void* probs = nullptr;      // P, then dS: the input dtype (hi when split)
   void* residuals = nullptr;  // split: their lo parts
-  float* row_sum = nullptr;  // split: the chunk's rows of O or dQ, [unit][row][head_dim]
-  float* row_dot = nullptr;  // backward: D_i, [batch, heads_q, seq_q]
-  float* dk_sum = nullptr;   // backward, split: [units of a chunk][seq_k][head_dim]
+  float* row_sum = nullptr;   // split: the chunk's rows of O or dQ, [unit][row][head_dim]
+  float* row_dot = nullptr;   // backward: D_i, [batch, heads_q, seq_q]
+  float* dk_sum = nullptr;    // backward, split: [units of a chunk][seq_k][head_dim]
   float* dv_sum = nullptr;
   std::size_t bytes = 0;
 
@@ -274,7 +273,8 @@ __device__ __forceinline__ int64_t visible_keys(const RowBlock& block, int64_t r
   return i + 1 < block.seq_k ? i + 1 : block.seq_k;
 }
 
-// A float32 value of P or dS as the GEMMs read it: whole for float32, hi and scaled lo parts for 16-bit storage.
+// A float32 value of P or dS stored as the GEMMs read it (whole for float32, hi and scaled lo parts for 16-bit
+// storage), and read back.
 template <typename T>
 __device__ __forceinline__ void store_parts(const RowBlock& block, float value, int64_t index, T* hi, T* lo) {
   const T high = from_float<T>(value);

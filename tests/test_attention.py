@@ -191,6 +191,25 @@ def test_unfused_runs_every_head_dim_and_rowwise_up_to_256(head_dim, dtype):
         assert supports["unfused"] is None and supports["rowwise"] == (rowwise or None)
 
 
+@pytest.mark.parametrize("head_dim,dtype,ranked", (
+    (64, "float16", ["flash", "rowwise", "unfused"]),
+    (80, "bfloat16", ["rowwise", "unfused"]),
+    (128, "float32", ["rowwise", "unfused"]),
+    (272, "float16", ["unfused"]),
+))
+def test_registry_ranks_flash_then_rowwise_then_unfused(head_dim, dtype, ranked):
+    """The plan's kernel for an attention node (the registry's ranking, as auto chooses natively): unfused only
+    where nothing else applies, or when autotuning or a preference picks it."""
+    g = Graph("attention")
+    q, k, v = (g.input(name, (2, 4, 9, head_dim), dtype) for name in "qkv")
+    y, _ = g.attention(q, k, v, causal=True)
+    problem = ge2.ops.Problem(op="attention", in_types=(q.type, k.type, v.type), out_types=(),
+                              attrs={"causal": True, "scale": None, "layout": "bhsd"})
+    fake_gpu = ge2.runtime.Capabilities("cuda", (9, 0), "Fake GPU", "Fake GPU | test")
+    ranking = ge2.runtime.select(y.producer, problem, fake_gpu, ge2.runtime.Preferences())
+    assert [c.name for c in ranking.viable][:-1] == ranked  # the host round trip comes last
+
+
 def _workspace(kernel, batch, heads_q, heads_kv, seq_q, seq_k, head_dim, layout, dtype, backward):
     return attention._native_module().workspace_bytes(kernel, batch, heads_q, heads_kv, seq_q, seq_k, head_dim,
                                                       layout == "bshd", dtype, backward)

@@ -225,7 +225,7 @@ def test_unfused_workspace_is_bounded_by_chunks(monkeypatch, dtype, element):
     # Per query row of a chunk: float32 S and P (float32, or a 16-bit high and residual part: 8 bytes a score either
     # way), and for 16-bit storage the row's float32 O or dQ.
     split = element == 2
-    row_sums = 4 if split else 0  # bytes per row and head_dim element
+    row_sums = 4 if split else 0  # bytes of float32 O or dQ per head_dim element of a row
 
     def chunk_bytes(units, rows, seq_k, head_dim):
         scores = units * rows * seq_k

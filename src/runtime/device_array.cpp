@@ -32,8 +32,8 @@ struct CaptureState {
 };
 
 CaptureState& capture_state() {
-  thread_local CaptureState state;
-  return state;
+  thread_local auto* state = new CaptureState();  // never destroyed: arrays may go during the interpreter's teardown
+  return *state;
 }
 
 // Owned device memory, freed when the last DeviceArray (or exported DLPack tensor) that uses it goes away.

@@ -272,8 +272,8 @@ def test_cuda_graph_replay_on_the_legacy_stream_after_a_failed_capture(rng):
 
 @pytest.mark.gpu
 def test_arrays_released_during_a_capture_are_freed_after_it(rng):
-    """cudaFree during capture would invalidate it (seen as attention's capture failing at its next launch, once
-    Python's garbage collector freed an old array mid-capture): the memory is freed when the capture ends."""
+    """cudaFree during capture invalidates it (the likely cause of an attention capture failing at its next launch:
+    Python's garbage collector freeing an old array mid-capture): the memory is freed when the capture ends."""
     rt = ge2.device.runtime()
     stream = rt.Stream()
     kept = rt.DeviceArray.from_numpy(np.zeros(256, np.float32))

@@ -1,10 +1,11 @@
-"""attention: every GE2 kernel candidate vs torch.nn.functional.scaled_dot_product_attention, forward and
-forward+backward, float16 and bfloat16, one process, one GPU. Correctness against PyTorch first, then medians.
+"""attention: every GE2 kernel candidate (flash, rowwise, unfused: a row each) vs
+torch.nn.functional.scaled_dot_product_attention, forward and forward+backward, float16 and bfloat16, one process,
+one GPU. Correctness against PyTorch first, then medians.
 
 Targets (issue 9): the op (best candidate) >= 1.0x PyTorch forward and >= 0.95x forward+backward at every row;
 GE2's own flash kernel >= 0.8x forward and >= 0.7x forward+backward at the head_dim-128 rows.
 
-Run: python benchmarks/bench_attention.py [--quick] [--kernel NAME]
+Run: python benchmarks/bench_attention.py [--quick] [--kernel NAME[,NAME...]]
 """
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def main():
     shapes = QUICK_SHAPES if "--quick" in sys.argv else SHAPES
     candidates = [entry["name"] for entry in attention.kernels()]
     if "--kernel" in sys.argv:
-        candidates = [sys.argv[sys.argv.index("--kernel") + 1]]
+        candidates = sys.argv[sys.argv.index("--kernel") + 1].split(",")
     rows = []
     for batch, heads, seq, head_dim, causal in shapes:
         for dtype_name in ("float16", "bfloat16"):

@@ -16,7 +16,8 @@ from graph_executor_v2.testing import assert_close, random_array
 from row_norm_checks import numeric_gradient
 
 DTYPES = ("float16", "bfloat16")
-KERNELS = ("flash", "rowwise")  # as kernels() lists them; the GPU tests run each where it applies
+ALL_DTYPES = ("float32", "float16", "bfloat16")
+KERNELS = ("flash", "rowwise", "unfused")  # as kernels() lists them; the GPU tests run each where it applies
 
 
 def _looped_reference(q, k, v, causal, scale):
@@ -126,7 +127,7 @@ def test_bad_scalar_arguments_name_the_argument():
         attention.forward_numpy(q, q, q, scale=float("nan"))
     with pytest.raises(TypeError, match="attribute 'causal' expected bool, got int"):
         attention.forward_numpy(q, q, q, causal=1)
-    with pytest.raises(ValueError, match="kernel: expected one of auto, flash, rowwise, got 'flash9'"):
+    with pytest.raises(ValueError, match="kernel: expected one of auto, flash, rowwise, unfused, got 'flash9'"):
         attention.forward_numpy(q, q, q, kernel="flash9")
     with pytest.raises(TypeError, match="q: expected a NumPy array, got list"):
         attention.forward_numpy([[1.0]], q, q)
@@ -144,7 +145,14 @@ def test_bad_scalar_arguments_name_the_argument():
 def test_kernels_report_constraints():
     table = attention.kernels()
     assert [k["name"] for k in table] == list(KERNELS)
+    assert [k["priority"] for k in table] == [20, 10, 5]  # auto: flash, else rowwise, else unfused
     assert all(k["constraints"] for k in table)
+    candidates = ge2.ops.OPS["attention"].candidates
+    assert [(c.name, c.priority) for c in candidates] == [(k["name"], k["priority"]) for k in table]
+    assert [c.name for c in candidates if c.always_works] == ["unfused"]
+    assert [c.name for c in candidates if c.any_alignment] == ["rowwise", "unfused"]
+    backward = ge2.ops.OPS["attention_backward"].candidates
+    assert [(c.name, c.always_works) for c in backward] == [(c.name, c.always_works) for c in candidates]
 
 
 @pytest.mark.parametrize("head_dim,dtype,reason", (
@@ -160,7 +168,103 @@ def test_flash_reports_why_it_cannot_run(head_dim, dtype, reason):
     problem = ge2.ops.Problem(op="attention", in_types=(TensorType((1, 2, 9, head_dim), dtype),) * 3, out_types=(),
                               attrs={"causal": False, "scale": None, "layout": "bhsd"})
     supports = {c.name: c.supports(problem) for c in ge2.ops.OPS["attention"].candidates}
-    assert supports == {"flash": reason, "rowwise": None}
+    assert supports == {"flash": reason, "unfused": None, "rowwise": None}
+
+
+@pytest.mark.parametrize("head_dim", (1, 40, 72, 160, 256, 272, 1000))
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_unfused_runs_every_head_dim_and_rowwise_up_to_256(head_dim, dtype):
+    native = attention._native_module()
+    assert native.unsupported_reason("unfused", head_dim, dtype) == ""
+    assert native.unsupported_reason("auto", head_dim, dtype) == ""
+    rowwise = native.unsupported_reason("rowwise", head_dim, dtype)
+    assert rowwise == ("" if head_dim <= 256 else
+                       f"rowwise holds a row in registers: needs head_dim <= 256, got {head_dim}")
+    for opdef, first_input in ((ge2.ops.OPS["attention"], 0), (ge2.ops.OPS["attention_backward"], 1)):
+        q = TensorType((2, 4, 9, head_dim), dtype)
+        kv = TensorType((2, 2, 11, head_dim), dtype)
+        lse = TensorType((2, 4, 9), "float32")
+        in_types = ((q, kv, kv) if first_input == 0 else (q, q, kv, kv, q, lse))
+        problem = ge2.ops.Problem(op=opdef.name, in_types=in_types, out_types=(),
+                                  attrs={"causal": True, "scale": None, "layout": "bhsd"})
+        supports = {c.name: c.supports(problem) for c in opdef.candidates}
+        assert supports["unfused"] is None and supports["rowwise"] == (rowwise or None)
+
+
+@pytest.mark.parametrize("head_dim,dtype,ranked", (
+    (64, "float16", ["flash", "rowwise", "unfused"]),
+    (80, "bfloat16", ["rowwise", "unfused"]),
+    (128, "float32", ["rowwise", "unfused"]),
+    (272, "float16", ["unfused"]),
+))
+def test_registry_ranks_flash_then_rowwise_then_unfused(head_dim, dtype, ranked):
+    """The plan's kernel for an attention node (the registry's ranking, as auto chooses natively): unfused only
+    where nothing else applies, or when autotuning or a preference picks it."""
+    g = Graph("attention")
+    q, k, v = (g.input(name, (2, 4, 9, head_dim), dtype) for name in "qkv")
+    y, _ = g.attention(q, k, v, causal=True)
+    problem = ge2.ops.Problem(op="attention", in_types=(q.type, k.type, v.type), out_types=(),
+                              attrs={"causal": True, "scale": None, "layout": "bhsd"})
+    fake_gpu = ge2.runtime.Capabilities("cuda", (9, 0), "Fake GPU", "Fake GPU | test")
+    ranking = ge2.runtime.select(y.producer, problem, fake_gpu, ge2.runtime.Preferences())
+    assert [c.name for c in ranking.viable][:-1] == ranked  # the host round trip comes last
+
+
+def _workspace(kernel, batch, heads_q, heads_kv, seq_q, seq_k, head_dim, layout, dtype, backward):
+    return attention._native_module().workspace_bytes(kernel, batch, heads_q, heads_kv, seq_q, seq_k, head_dim,
+                                                      layout == "bshd", dtype, backward)
+
+
+def _round(size):
+    return -(-size // 256) * 256
+
+
+@pytest.mark.parametrize("dtype,element", (("float32", 4), ("float16", 2), ("bfloat16", 2)))
+def test_unfused_workspace_is_bounded_by_chunks(monkeypatch, dtype, element):
+    monkeypatch.delenv("GE2_ATTENTION_SCORE_BUDGET", raising=False)
+    # Per query row of a chunk: float32 S and P (float32, or a 16-bit high and residual part: 8 bytes a score either
+    # way), and for 16-bit storage the row's float32 O or dQ.
+    split = element == 2
+    row_sums = 4 if split else 0  # bytes of float32 O or dQ per head_dim element of a row
+
+    def chunk_bytes(units, rows, seq_k, head_dim):
+        scores = units * rows * seq_k
+        parts = _round(scores * element) * (2 if split else 1)
+        return _round(scores * 4) + parts + _round(units * rows * head_dim * row_sums)
+
+    # (1, 32, 8192, 128) under 512 MiB: a whole head of rows per chunk in float32, half a head in 16-bit (its float32
+    # O rows tip a head past the budget); the backward adds D_i and, in 16-bit, the float32 dK, dV sums of a head.
+    rows = 8192 if not split else 4096
+    forward = _workspace("unfused", 1, 32, 32, 8192, 8192, 128, "bhsd", dtype, False)
+    backward = _workspace("unfused", 1, 32, 32, 8192, 8192, 128, "bhsd", dtype, True)
+    assert forward == chunk_bytes(1, rows, 8192, 128) <= 512 << 20
+    assert backward == forward + 32 * 8192 * 4 + (2 * 8192 * 128 * 4 if split else 0) <= 1 << 30
+    # A small problem takes what it needs: every unit in one chunk (a batched GEMM spans the K/V heads of one batch
+    # element in bshd); the grouped heads are four passes, whose dK, dV add up in place (float32) or in float32 sums.
+    seq_q, seq_k, head_dim = 33, 40, 72
+    small = (2, 8, 2, seq_q, seq_k, head_dim, "bshd", dtype)
+    row_dot = _round(2 * 8 * seq_q * 4)
+    sums = 2 * _round(2 * seq_k * head_dim * 4) if split else 0
+    assert _workspace("unfused", *small, False) == chunk_bytes(2, seq_q, seq_k, head_dim)
+    assert _workspace("unfused", *small, True) == chunk_bytes(2, seq_q, seq_k, head_dim) + row_dot + sums
+    # A budget below one unit: row blocks of one unit, of even sizes (33 rows in blocks of 17, 20 fitting).
+    monkeypatch.setenv("GE2_ATTENTION_SCORE_BUDGET", str(20 * (seq_k * 8 + head_dim * row_sums) + 1))
+    sums = 2 * _round(seq_k * head_dim * 4) if split else 0
+    assert _workspace("unfused", *small, False) == chunk_bytes(1, 17, seq_k, head_dim)
+    assert _workspace("unfused", *small, True) == chunk_bytes(1, 17, seq_k, head_dim) + row_dot + sums
+
+
+def test_workspace_bytes_of_the_other_kernels_and_bad_arguments(monkeypatch):
+    assert _workspace("rowwise", 2, 4, 2, 9, 11, 64, "bhsd", "float16", False) == 0
+    assert _workspace("rowwise", 2, 4, 2, 9, 11, 64, "bhsd", "float16", True) == 2 * 4 * 9 * 4
+    assert _workspace("flash", 2, 4, 2, 9, 11, 64, "bhsd", "float16", False) == 0
+    with pytest.raises(ValueError, match="kernel: expected flash, rowwise or unfused .*got auto"):
+        _workspace("auto", 2, 4, 2, 9, 11, 64, "bhsd", "float16", True)
+    with pytest.raises(ValueError, match="heads_kv: expected a divisor of heads_q = 4, got 3"):
+        _workspace("unfused", 2, 4, 3, 9, 11, 64, "bhsd", "float16", True)
+    monkeypatch.setenv("GE2_ATTENTION_SCORE_BUDGET", "lots")
+    with pytest.raises(ValueError, match="GE2_ATTENTION_SCORE_BUDGET: expected a positive number of bytes, got 'lots'"):
+        _workspace("unfused", 2, 4, 2, 9, 11, 64, "bhsd", "float16", True)
 
 
 def test_opdef_infers_types_and_raises_naming_inputs():
@@ -289,7 +393,9 @@ def _check_forward(q, k, v, causal, layout, kernel, poisoned, dtype, scale=None)
     y, lse = attention.forward(*(runtime.DeviceArray.from_numpy(x) for x in (q, k, v)), causal=causal, scale=scale,
                                layout=layout, kernel=kernel, out=(y_out, lse_out))
     expected_y, expected_lse = attention.reference(q, k, v, causal=causal, scale=scale, layout=layout)
-    assert_close(y.numpy(), expected_y, dtype, what="y")
+    # float32 y: the scores' rounding (a head_dim-long dot product) shows through the exponent
+    assert_close(y.numpy(), expected_y, dtype, reduction_length=sizes["head_dim"] if dtype == "float32" else 1,
+                 what="y")
     assert_close(lse.numpy(), expected_lse, "float32", reduction_length=sizes["head_dim"], what="lse")
     return y, lse
 
@@ -323,12 +429,15 @@ def _check_or_refused(q, k, v, dy, causal, layout, kernel, poisoned, dtype, scal
         attention.backward(device[3], *device[:3], causal=causal, scale=scale, layout=layout, kernel=kernel)
 
 
+HEAD_DIMS = (64, 128, 40, 72, 160)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize("causal", (False, True))
-@pytest.mark.parametrize("seq", (1, 17, 128, 1000))
-@pytest.mark.parametrize("head_dim", (64, 128, 40))
+@pytest.mark.parametrize("seq", (1, 17, 128))
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_forward_and_backward(rng, poisoned, kernel, dtype, causal, seq, head_dim):
     q, k, v, dy = _problem(rng, 2, 3, 3, seq, seq, head_dim, dtype)
     _check_or_refused(q, k, v, dy, causal, "bhsd", kernel, poisoned, dtype)
@@ -336,11 +445,22 @@ def test_forward_and_backward(rng, poisoned, kernel, dtype, causal, seq, head_di
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_forward_and_backward_1000_rows_large(rng, poisoned, kernel, dtype, causal, head_dim):
+    q, k, v, dy = _problem(rng, 2, 3, 3, 1000, 1000, head_dim, dtype)
+    _check_or_refused(q, k, v, dy, causal, "bhsd", kernel, poisoned, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize("causal", (False, True))
 @pytest.mark.parametrize("layout", attention.LAYOUTS)
 @pytest.mark.parametrize("heads_q,heads_kv,seq_q,seq_k,head_dim", (
-    (8, 2, 33, 33, 64), (4, 1, 17, 70, 64), (4, 4, 70, 17, 64), (4, 2, 130, 200, 128), (2, 2, 200, 77, 128)))
+    (8, 2, 33, 33, 64), (4, 1, 17, 70, 64), (4, 4, 70, 17, 64), (4, 2, 130, 200, 128), (2, 2, 200, 77, 128),
+    (6, 3, 45, 20, 72), (3, 1, 9, 31, 160)))
 def test_gqa_and_unequal_lengths(rng, poisoned, kernel, dtype, causal, layout, heads_q, heads_kv, seq_q, seq_k,
                                  head_dim):
     q, k, v, dy = _problem(rng, 2, heads_q, heads_kv, seq_q, seq_k, head_dim, dtype, layout)
@@ -358,11 +478,55 @@ def test_long_sequences_large(rng, poisoned, kernel, dtype, causal, seq, head_di
 
 
 @pytest.mark.gpu
-def test_auto_runs_flash_where_it_applies_and_rowwise_elsewhere(rng, poisoned):
-    # The native face returns the kernel that ran.
+@pytest.mark.parametrize("budget", (None, "3000"))
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("layout", attention.LAYOUTS)
+@pytest.mark.parametrize("heads_q,heads_kv,seq_q,seq_k,head_dim", ((8, 2, 33, 40, 72), (4, 4, 21, 9, 40)))
+def test_unfused_in_chunks(rng, poisoned, monkeypatch, budget, dtype, causal, layout, heads_q, heads_kv, seq_q,
+                           seq_k, head_dim):
+    """A small score budget cuts the problem into blocks of units and row blocks of one unit (dK, dV added up over
+    them, in float32 sums for 16-bit storage); the answer must not change."""
+    if budget is not None:
+        monkeypatch.setenv("GE2_ATTENTION_SCORE_BUDGET", budget)
+    q, k, v, dy = _problem(rng, 3, heads_q, heads_kv, seq_q, seq_k, head_dim, dtype, layout)
+    _check_backward(q, k, v, dy, causal, layout, "unfused", poisoned, dtype, scale=0.4)
+
+
+def _half_ulp(y, dtype):
+    """Half the spacing of ``dtype``'s numbers at |y| (float16's subnormal spacing below its normal range)."""
+    mantissa_bits, min_exponent = {"float16": (10, -14), "bfloat16": (7, -126)}[dtype]
+    exponent = np.floor(np.log2(np.maximum(np.abs(y), 2.0 ** min_exponent)))
+    return 2.0 ** (exponent - mantissa_bits - 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("budget", (None, "3000"))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_unfused_rounds_y_once(rng, poisoned, monkeypatch, budget, dtype):
+    """P reaches the P V GEMMs as a 16-bit high and residual part (2^-16 relative apart from P at worst, bfloat16),
+    so y is within half an ulp of the float64 reference plus 2^-15 max|v|. P stored in the dtype (rounded once)
+    puts about 0.5% of the float16 and 20% of the bfloat16 elements past that bound."""
+    if budget is not None:
+        monkeypatch.setenv("GE2_ATTENTION_SCORE_BUDGET", budget)
+    q, k, v, _ = _problem(rng, 2, 4, 2, 128, 128, 64, dtype, "bshd")
+    y_out, lse_out = poisoned(q.shape, dtype), poisoned((2, 4, 128), "float32")
+    y, _ = attention.forward(*(ge2.device.runtime().DeviceArray.from_numpy(x) for x in (q, k, v)), causal=True,
+                             layout="bshd", kernel="unfused", out=(y_out, lse_out))
+    expected, _ = attention.reference(q, k, v, causal=True, layout="bshd")
+    got = y.numpy().astype(np.float64)
+    excess = np.abs(got - expected) - (_half_ulp(got, dtype) + 2.0 ** -15 * np.abs(v.astype(np.float64)).max())
+    assert not np.isnan(got).any()
+    assert (excess <= 0).all(), (f"{int((excess > 0).sum())} of {got.size} elements more than half an ulp off, "
+                                 f"by up to {excess.max():.3e}")
+
+
+@pytest.mark.gpu
+def test_auto_runs_flash_else_rowwise_else_unfused(rng, poisoned):
+    # The native face returns the kernel that ran: the first in priority order that can run the problem.
     native = attention._native_module()
     for dtype, head_dim, expected in (("bfloat16", 128, "flash"), ("float16", 96, "rowwise"),
-                                      ("float32", 64, "rowwise")):
+                                      ("float32", 64, "rowwise"), ("bfloat16", 272, "unfused")):
         host = _problem(rng, 1, 2, 2, 20, 20, head_dim, dtype)[:3]
         q, k, v = (ge2.device.runtime().DeviceArray.from_numpy(x) for x in host)
         y, lse = poisoned(q.shape, dtype), poisoned((1, 2, 20), "float32")
@@ -384,9 +548,17 @@ def test_flash_refuses_misaligned_arrays_and_auto_falls_back(rng):
     assert q.data_ptr() % 16 != 0
     with pytest.raises(ValueError, match="kernel: flash needs inputs at 16-byte and outputs at 4-byte aligned"):
         attention.forward(q, k, v, kernel="flash")
-    y, lse = attention.forward(q, k, v, causal=True)  # auto: rowwise takes any alignment
-    expected_y, _ = attention.reference(*(x.float().cpu().numpy() for x in (q, k, v)), causal=True)
-    assert_close(y.float().cpu().numpy(), expected_y, "float16", what="y (auto, misaligned)")
+    host = [x.float().cpu().numpy() for x in (q, k, v)]
+    expected_y, _ = attention.reference(*host, causal=True)
+    dy = torch.randn(shape, device="cuda", dtype=torch.float16)
+    expected = attention.reference_backward(dy.float().cpu().numpy(), *host, causal=True)
+    for kernel in ("auto", "unfused"):  # auto: rowwise; unfused's GEMMs on 2-byte aligned q, k, v
+        y, lse = attention.forward(q, k, v, causal=True, kernel=kernel)
+        assert_close(y.float().cpu().numpy(), expected_y, "float16", what=f"y ({kernel}, misaligned)")
+        grads = attention.backward(dy, q, k, v, causal=True, kernel=kernel, y=y, lse=lse)
+        for name, got, want in zip("qkv", grads, expected):
+            assert_close(got.float().cpu().numpy(), want, "float16", reduction_length=64,
+                         what=f"d{name} ({kernel}, misaligned)")
 
 
 @pytest.mark.gpu
@@ -402,12 +574,17 @@ def test_float32_and_numpy_face(rng):
 
 
 @pytest.mark.gpu
-def test_head_dim_beyond_every_kernel_raises(rng):
-    q = random_array(rng, (1, 1, 4, 272), "float16")
+def test_head_dim_beyond_rowwise_runs_on_unfused(rng):
+    q, k, v, dy = _problem(rng, 1, 2, 1, 6, 5, 272, "float16")
     with pytest.raises(ValueError, match="kernel: 'rowwise' cannot run this problem: .*head_dim <= 256, got 272"):
-        attention.forward_numpy(q, q, q, kernel="rowwise")
-    with pytest.raises(ValueError, match="q: no attention kernel takes head_dim 272"):
-        attention.forward_numpy(q, q, q)
+        attention.forward_numpy(q, k, v, kernel="rowwise")
+    y, lse = attention.forward_numpy(q, k, v, causal=True)
+    expected_y, expected_lse = attention.reference(q, k, v, causal=True)
+    assert_close(y, expected_y, "float16", what="y")
+    assert_close(lse, expected_lse, "float32", reduction_length=272, what="lse")
+    grads = attention.backward_numpy(dy, q, k, v, causal=True)
+    for name, got, want in zip("qkv", grads, attention.reference_backward(dy, q, k, v, causal=True)):
+        assert_close(got, want, "float16", reduction_length=272, what=f"d{name}")
 
 
 @pytest.mark.gpu
@@ -426,7 +603,25 @@ def test_graph_runs_on_cuda_executor(rng):
 
 
 @pytest.mark.gpu
-def test_replays_in_a_cuda_graph(rng):
+@pytest.mark.parametrize("head_dim,kernel", ((80, "rowwise"), (272, "unfused")))
+def test_graph_selects_rowwise_then_unfused_where_flash_does_not_apply(rng, head_dim, kernel):
+    g = Graph("self_attention")
+    q, k, v = (g.input(name, (2, 3, 7, head_dim), "float32") for name in "qkv")
+    y, _ = g.attention(q, k, v, causal=True)
+    g.output(y, "y")
+    feeds = dict(zip("qkv", _problem(rng, 2, 3, 3, 7, 7, head_dim, "float32")))
+    executor = ge2.ExecutorV2(g, device="cuda")
+    result = executor.run(feeds)
+    expected, _ = attention.reference(feeds["q"], feeds["k"], feeds["v"], causal=True)
+    assert_close(result["y"], expected, "float32", reduction_length=head_dim, what="y")
+    assert {s.op: s.kernel for plan in executor.plans for s in plan.selections} == {"attention": kernel}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel,budget", (("auto", None), ("unfused", None), ("unfused", "3000")))
+def test_replays_in_a_cuda_graph(rng, monkeypatch, kernel, budget):
+    if budget is not None:
+        monkeypatch.setenv("GE2_ATTENTION_SCORE_BUDGET", budget)
     runtime = ge2.device.runtime()
     stream = runtime.Stream()
     host = _problem(rng, 2, 4, 2, 40, 40, 64, "float16", "bshd")
@@ -435,14 +630,19 @@ def test_replays_in_a_cuda_graph(rng):
     grads = tuple(runtime.DeviceArray.empty(list(x.shape), "float16") for x in (q, k, v))
 
     def run():
-        attention.forward(q, k, v, causal=True, layout="bshd", out=(y, lse), stream=stream)
-        attention.backward(dy, q, k, v, causal=True, layout="bshd", out=grads, stream=stream, y=y, lse=lse)
+        attention.forward(q, k, v, causal=True, layout="bshd", kernel=kernel, out=(y, lse), stream=stream)
+        attention.backward(dy, q, k, v, causal=True, layout="bshd", kernel=kernel, out=grads, stream=stream, y=y,
+                           lse=lse)
 
-    run()  # grows the backward's workspace outside the capture
+    run()  # grows the workspace outside the capture
     stream.synchronize()
     graph = runtime.CudaGraph()
     graph.begin_capture(stream.handle)
-    run()
+    try:
+        run()
+    except BaseException:
+        graph.abort_capture()  # else this thread stays capturing and later CUDA calls (torch's too) fail
+        raise
     graph.end_capture()
     fresh = _problem(rng, 2, 4, 2, 40, 40, 64, "float16", "bshd")
     for device_array, values in zip((q, k, v, dy), fresh):

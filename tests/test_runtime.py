@@ -270,6 +270,27 @@ def test_cuda_graph_replay_on_the_legacy_stream_after_a_failed_capture(rng):
         ge2.testing.assert_close(y.numpy(0), new_a.astype(np.float64) @ b.numpy(), "float32", 32)
 
 
+@pytest.mark.gpu
+def test_arrays_released_during_a_capture_are_freed_after_it(rng):
+    """cudaFree during capture invalidates it (the likely cause of an attention capture failing at its next launch:
+    Python's garbage collector freeing an old array mid-capture): the memory is freed when the capture ends."""
+    rt = ge2.device.runtime()
+    stream = rt.Stream()
+    kept = rt.DeviceArray.from_numpy(np.zeros(256, np.float32))
+    released = [rt.DeviceArray.empty([1 << 20], "float32") for _ in range(3)]
+    graph = rt.CudaGraph()
+    graph.begin_capture(stream.handle)
+    del released[:]  # the last references: the allocations are released inside the capture
+    kept.poison(stream.handle)
+    graph.end_capture()
+    assert graph.captured and (kept.numpy() == 0).all()  # recorded, not run
+    graph.replay(stream.handle)
+    stream.synchronize()
+    assert np.isnan(kept.numpy()).all()
+    values = np.arange(8, dtype=np.float32)  # the thread allocates again: it is no longer capturing
+    np.testing.assert_array_equal(rt.DeviceArray.from_numpy(values).numpy(), values)
+
+
 @runtime_built
 def test_nvtx_ranges_can_be_opened_and_closed_without_a_profiler():
     rt = ge2.device.runtime()

@@ -93,6 +93,18 @@ PYBIND11_MODULE(_ops_attention, m) {
       py::arg("kernel"), py::arg("head_dim"), py::arg("dtype") = "float16",
       "Empty string when the kernel can run a problem of this head_dim and dtype, else the reason.");
 
+  m.def(
+      "workspace_bytes",
+      [](const std::string& kernel, int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seq_q, int64_t seq_k,
+         int64_t head_dim, bool seq_major, const std::string& dtype, bool backward) {
+        const auto shape =
+            make_shape(batch, heads_q, heads_kv, seq_q, seq_k, head_dim, seq_major, 1.0, false, dtype);
+        return ge2::attention::workspace_bytes(ge2::attention::kernel_from_name(kernel), shape, backward);
+      },
+      py::arg("kernel"), py::arg("batch"), py::arg("heads_q"), py::arg("heads_kv"), py::arg("seq_q"),
+      py::arg("seq_k"), py::arg("head_dim"), py::arg("seq_major"), py::arg("dtype"), py::arg("backward"),
+      "Bytes of per-stream workspace the kernel's forward or backward takes for the problem (no device work).");
+
   m.def("kernels", [] { return ge2::binding::kernel_list(ge2::attention::kernel_table()); },
         "The kernel variants: name, priority, description, constraints.");
 }

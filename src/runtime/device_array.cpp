@@ -3,6 +3,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <pybind11/numpy.h>
@@ -16,17 +17,37 @@
 namespace ge2::runtime {
 namespace {
 
+void free_on_device(int device, void* pointer) {
+  int previous = -1;
+  cudaGetDevice(&previous);
+  cudaSetDevice(device);
+  cudaFree(pointer);
+  cudaSetDevice(previous);
+}
+
+// This thread's graph captures in progress, and the allocations released during them (see capture_begins).
+struct CaptureState {
+  int depth = 0;
+  std::vector<std::pair<int, void*>> deferred;  // (device, pointer)
+};
+
+CaptureState& capture_state() {
+  thread_local auto* state = new CaptureState();  // never destroyed: arrays may go during the interpreter's teardown
+  return *state;
+}
+
 // Owned device memory, freed when the last DeviceArray (or exported DLPack tensor) that uses it goes away.
 struct DeviceAllocation {
   void* pointer = nullptr;
   int device = 0;
   ~DeviceAllocation() {
     if (pointer == nullptr) return;
-    int previous = -1;
-    cudaGetDevice(&previous);
-    cudaSetDevice(device);
-    cudaFree(pointer);
-    cudaSetDevice(previous);
+    CaptureState& capture = capture_state();
+    if (capture.depth > 0) {
+      capture.deferred.emplace_back(device, pointer);
+      return;
+    }
+    free_on_device(device, pointer);
   }
 };
 
@@ -129,6 +150,15 @@ void check_shape(const std::vector<int64_t>& shape) {
 }
 
 }  // namespace
+
+void capture_begins() { ++capture_state().depth; }
+
+void capture_ends() {
+  CaptureState& capture = capture_state();
+  if (--capture.depth > 0) return;
+  for (const auto& [device, pointer] : capture.deferred) free_on_device(device, pointer);
+  capture.deferred.clear();
+}
 
 class DeviceArray {
  public:

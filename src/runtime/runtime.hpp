@@ -37,6 +37,12 @@ class DeviceGuard {
   int previous_ = -1;
 };
 
+// CudaGraph brackets its captures with these. cudaFree is not allowed while the calling thread captures (it would
+// invalidate the capture, and the thread would stay capturing), so DeviceArray memory released on this thread
+// meanwhile (a dropped array, or one Python's garbage collector finds) is freed when the thread's last capture ends.
+void capture_begins();
+void capture_ends();
+
 void register_devices(py::module_& module);
 void register_device_array(py::module_& module);
 void register_streams(py::module_& module);

@@ -104,6 +104,7 @@ class CudaGraph {
     reset();
     GE2_CUDA_CHECK(cudaStreamBeginCapture(as_stream(stream), cudaStreamCaptureModeThreadLocal));
     capture_stream_ = stream;
+    capture_begins();
   }
 
   void end_capture() {
@@ -111,6 +112,7 @@ class CudaGraph {
     cudaGraph_t graph = nullptr;
     const cudaError_t status = cudaStreamEndCapture(as_stream(capture_stream_), &graph);
     capture_stream_ = 0;
+    capture_ends();
     if (status != cudaSuccess && graph != nullptr) cudaGraphDestroy(graph);
     GE2_CUDA_CHECK(status);
     graph_ = graph;
@@ -125,6 +127,7 @@ class CudaGraph {
       cudaStreamEndCapture(as_stream(capture_stream_), &graph);
       if (graph != nullptr) cudaGraphDestroy(graph);
       capture_stream_ = 0;
+      capture_ends();
     }
     cudaGetLastError();
     reset();

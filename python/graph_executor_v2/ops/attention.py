@@ -15,11 +15,14 @@ Backward, from dy and the saved y and lse: ``D_i = dy_i . y_i``, ``P_ij = exp(sc
 ``dS_ij = P_ij (dy_i . v_j - D_i)``, ``dq = scale dS k``, ``dk = scale dS^T q``, ``dv = P^T dy`` (dk, dv summed over the
 query heads of each K/V group). lse carries no gradient: it is a saved statistic.
 
-Kernel candidates (``kernels()``):
+Kernel candidates (``kernels()``), in priority order (``auto`` takes the first that applies):
 1. ``flash``: FlashAttention-2 on tensor cores (mma.sync), float16 and bfloat16, head_dim 64 and 128, any length;
    its backward adds dq in float32 atomics.
-2. ``rowwise``: a warp per query row (forward, dq) or key row (dk, dv), float32 online softmax, no tensor cores;
-   head_dim <= 256, any length. Graphs with a larger head_dim run on the registry's host fallback.
+2. ``rowwise``: a warp per query row (forward, dq) or key row (dk, dv), float32 online softmax, no tensor cores, no
+   cuBLAS and no score scratch; head_dim <= 256, any length.
+3. ``unfused``: S = scale q k^T and y = P v on cuBLASLt around a softmax kernel (16-bit P and dS as a high and a
+   residual part, so they are not rounded to the input dtype), through a per-stream workspace in chunks of heads and
+   query rows; any head_dim, length, dtype and alignment (the path that always works).
 """
 from __future__ import annotations
 
@@ -36,7 +39,6 @@ from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_gr
 from ._face import FACES, Face
 
 LAYOUTS = ("bhsd", "bshd")
-MAX_HEAD_DIM = 256  # the rowwise kernel keeps head_dim / 32 values of a row per lane
 
 
 def _native_module():
@@ -174,12 +176,11 @@ def reference_backward(dy, q, k, v, causal=False, scale=None, layout="bhsd"):
 # Python face: generated from the OpDef (ops/_face.py); the backward below is the part a definition cannot say.
 # ---------------------------------------------------------------------------------------------------------------
 def _check_native_kernel(kernel, head_dim, dtype):
+    """auto runs every problem (unfused takes what flash and rowwise do not); a named kernel may refuse one."""
     if kernel != "auto":
         reason = _native_module().unsupported_reason(kernel, head_dim, dtype)
         if reason:
             raise ValueError(f"kernel: '{kernel}' cannot run this problem: {reason}")
-    elif head_dim > MAX_HEAD_DIM:
-        raise ValueError(f"q: no attention kernel takes head_dim {head_dim}; expected head_dim <= {MAX_HEAD_DIM}")
 
 
 def _native_sizes(sizes, causal, scale, layout, dtype):
@@ -221,11 +222,6 @@ def _backward(dy, inputs, attrs, kernel, out, stream, y=None, lse=None):
                               **_native_sizes(sizes, attrs["causal"], attrs["scale"], attrs["layout"], vq.dtype),
                               kernel=kernel, stream=_device.stream_handle(stream))
     return tuple(array for array, _ in grads)
-
-
-def _no_kernel(problem: Problem):
-    """The error of a valid problem no candidate runs (a graph runs it on the host fallback)."""
-    _check_native_kernel("auto", _problem_sizes(problem, 0)["head_dim"], problem.in_types[0].dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -301,17 +297,25 @@ def _prepare(problem: Problem, first_input: int, native_call: str, kernel: str):
     return launch
 
 
-_ROWWISE = "a warp per row, float32 online softmax, no tensor cores; head_dim <= 256, any length"
-_FLASH = "FlashAttention-2 on tensor cores (mma.sync); float16, bfloat16; head_dim 64, 128; any length"
+# (name, priority, description, always_works): the native kernels() table says the same with the constraints.
+_KERNELS = (
+    ("flash", 20, "FlashAttention-2 on tensor cores (mma.sync); float16, bfloat16; head_dim 64, 128; any length",
+     False),
+    ("rowwise", 10, "a warp per row, float32 online softmax, no tensor cores, no cuBLAS, no score scratch; "
+                    "head_dim <= 256, any length", False),
+    ("unfused", 5, "cuBLASLt GEMMs around a float32 softmax (16-bit P as high + residual) through a chunked "
+                   "workspace; any head_dim, length, dtype and alignment", True),
+)
 
 
 def _candidates(first_input: int, native_call: str) -> tuple[Candidate, ...]:
-    """flash where it applies, rowwise otherwise (the forward OpDef reads q at input 0, the backward at 1)."""
+    """flash where it applies, else rowwise, else unfused (head_dim > 256); autotuning and explicit use may pick any
+    (the forward OpDef reads q at input 0, the backward at 1). rowwise and unfused take any alignment."""
     return tuple(Candidate(name, priority, description,
                            lambda problem, name=name: _supports(problem, first_input, name),
                            lambda problem, name=name: _prepare(problem, first_input, native_call, name),
-                           any_alignment=name == "rowwise")
-                 for name, priority, description in (("flash", 20, _FLASH), ("rowwise", 10, _ROWWISE)))
+                           always_works=always_works, any_alignment=name != "flash")
+                 for name, priority, description, always_works in _KERNELS)
 
 
 ATTENTION = register(OpDef(
@@ -345,4 +349,4 @@ attach_grad(ATTENTION, lambda g, node, dys: list(g.attention_backward(dys[0], *n
 # The face, ``ge2.ops.attention.forward / forward_numpy / backward / backward_numpy / kernels / prepare``: forward
 # returns (y, lse); backward takes dy (the gradient of y; lse has none) and the saved y and lse by keyword.
 globals().update(Face(ATTENTION, _backward, kernels=lambda: _native_module().kernels(), saved=("y", "lse"),
-                      backward_host_check=_check_saved_pair, no_kernel=_no_kernel).functions())
+                      backward_host_check=_check_saved_pair).functions())

@@ -17,12 +17,12 @@
 
 namespace ge2::attention {
 
-enum class Kernel { Auto, Rowwise, Flash };
+enum class Kernel { Auto, Rowwise, Flash, Unfused };
 
 Kernel kernel_from_name(const std::string& name);
 const char* kernel_name(Kernel kernel);
 
-constexpr int64_t kMaxHeadDim = 256;  // a lane holds head_dim / 32 values of a row in registers
+constexpr int64_t kMaxRowwiseHeadDim = 256;  // rowwise: a lane holds head_dim / 32 values of a row in registers
 constexpr int64_t kMaxSeq = 65535 * 8;  // grid.y tiles of 8 rows
 
 // Sizes and element strides of Q, K/V and O (O and the gradients share Q's strides, dK/dV share K's). The
@@ -59,6 +59,8 @@ struct BackwardArgs {
 
 // Empty when `kernel` can run the problem; otherwise the reason it cannot.
 std::string unsupported_reason(Kernel kernel, const Shape& shape);
+// Bytes of per-stream workspace the forward (backward == false) or backward of `kernel` takes for the problem.
+std::size_t workspace_bytes(Kernel kernel, const Shape& shape, bool backward);
 
 Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream);
 Kernel backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream);
@@ -73,5 +75,10 @@ void launch_flash_forward(const ForwardArgs& args, cudaStream_t stream);
 // workspace: flash_backward_workspace_bytes(shape) of device scratch (D_i and the float32 dQ accumulator).
 std::size_t flash_backward_workspace_bytes(const Shape& shape);
 void launch_flash_backward(const BackwardArgs& args, void* workspace, cudaStream_t stream);
+// workspace: unfused_workspace_bytes(shape, backward) of device scratch (a chunk's scores and probabilities; for
+// the backward also D_i and, for 16-bit dK/dV summed over several GEMMs, their float32 sums).
+std::size_t unfused_workspace_bytes(const Shape& shape, bool backward);
+void launch_unfused_forward(const ForwardArgs& args, void* workspace, cudaStream_t stream);
+void launch_unfused_backward(const BackwardArgs& args, void* workspace, cudaStream_t stream);
 
 }  // namespace ge2::attention

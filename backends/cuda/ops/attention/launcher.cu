@@ -1,6 +1,7 @@
 // attention launcher: argument checks, the kernel table and the choice of kernel. Candidates: flash (tensor cores,
-// head_dim 64 and 128, float16 and bfloat16) and rowwise (a warp per query row for the forward and dQ, a warp per
-// key row for dK/dV), the path that always works.
+// head_dim 64 and 128, float16 and bfloat16), rowwise (a warp per query row for the forward and dQ, a warp per key
+// row for dK/dV; no cuBLAS and no score scratch; head_dim <= 256) and unfused (cuBLASLt GEMMs around a softmax
+// through memory, the path that always works).
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -15,7 +16,8 @@ Kernel kernel_from_name(const std::string& name) {
   if (name == "auto") return Kernel::Auto;
   if (name == "rowwise") return Kernel::Rowwise;
   if (name == "flash") return Kernel::Flash;
-  throw std::invalid_argument("kernel: expected one of auto, rowwise, flash, got '" + name + "'");
+  if (name == "unfused") return Kernel::Unfused;
+  throw std::invalid_argument("kernel: expected one of auto, flash, rowwise, unfused, got '" + name + "'");
 }
 
 const char* kernel_name(Kernel kernel) {
@@ -23,6 +25,7 @@ const char* kernel_name(Kernel kernel) {
     case Kernel::Auto: return "auto";
     case Kernel::Rowwise: return "rowwise";
     case Kernel::Flash: return "flash";
+    case Kernel::Unfused: return "unfused";
   }
   return "unknown";
 }
@@ -35,8 +38,14 @@ std::vector<KernelInfo> kernel_table() {
        "head_dim 64 or 128; float16, bfloat16; any seq_q, seq_k; 16-byte aligned arrays"},
       {"rowwise", 10,
        "a warp per query row (forward, dQ) or key row (dK, dV): online softmax in float32, K/V rows streamed from "
-       "L2, no tensor cores. The path that always works",
-       "head_dim <= " + std::to_string(kMaxHeadDim) + "; any seq_q, seq_k; float32, float16, bfloat16"},
+       "L2, no tensor cores, no cuBLAS and no score scratch",
+       "head_dim <= " + std::to_string(kMaxRowwiseHeadDim) + "; any seq_q, seq_k; float32, float16, bfloat16"},
+      {"unfused", 5,
+       "S = scale Q K^T on cuBLASLt (float32 scores), a block per row for mask, softmax and lse, then O = P V on "
+       "cuBLASLt, 16-bit P (and dS) as a high and a residual part (two GEMMs per product); backward recomputes P from "
+       "lse. Chunks of (batch, K/V head) and query rows bound the scratch in the per-stream workspace. The path that "
+       "always works",
+       "none: any head_dim, seq_q, seq_k, dtype and alignment; workspace up to 512 MiB per chunk"},
   };
 }
 
@@ -50,12 +59,11 @@ std::string unsupported_reason(Kernel kernel, const Shape& shape) {
     }
     return "";
   }
-  // rowwise (and auto, which falls back to it) share one constraint
-  if (shape.head_dim > kMaxHeadDim) {
-    return "rowwise holds a row in registers: needs head_dim <= " + std::to_string(kMaxHeadDim) + ", got " +
+  if (kernel == Kernel::Rowwise && shape.head_dim > kMaxRowwiseHeadDim) {
+    return "rowwise holds a row in registers: needs head_dim <= " + std::to_string(kMaxRowwiseHeadDim) + ", got " +
            std::to_string(shape.head_dim);
   }
-  return "";
+  return "";  // unfused, and auto (which falls back to it), run every problem
 }
 
 namespace {
@@ -89,7 +97,8 @@ bool aligned(std::initializer_list<const void*> pointers, std::uintptr_t bytes) 
   return true;
 }
 
-// flash copies 16-byte chunks of the inputs and stores 4-byte pairs of the outputs.
+// flash copies 16-byte chunks of the inputs and stores 4-byte pairs of the outputs. auto, in priority order: flash
+// where it applies, else rowwise, else unfused (head_dim > 256).
 Kernel choose(Kernel requested, const Shape& shape, bool flash_aligned) {
   if ((requested == Kernel::Auto || requested == Kernel::Flash) &&
       unsupported_reason(Kernel::Flash, shape).empty() && flash_aligned) {
@@ -100,10 +109,23 @@ Kernel choose(Kernel requested, const Shape& shape, bool flash_aligned) {
   }
   const std::string reason = unsupported_reason(requested, shape);
   if (!reason.empty()) throw std::invalid_argument("kernel: " + reason);
-  return Kernel::Rowwise;
+  if (requested != Kernel::Auto) return requested;
+  return unsupported_reason(Kernel::Rowwise, shape).empty() ? Kernel::Rowwise : Kernel::Unfused;
 }
 
 }  // namespace
+
+std::size_t workspace_bytes(Kernel kernel, const Shape& shape, bool backward) {
+  check_shape(shape);
+  switch (kernel) {
+    case Kernel::Flash: return backward ? flash_backward_workspace_bytes(shape) : 0;
+    case Kernel::Unfused: return unfused_workspace_bytes(shape, backward);
+    case Kernel::Rowwise:  // D_i
+      return backward ? static_cast<std::size_t>(shape.batch * shape.heads_q * shape.seq_q) * sizeof(float) : 0;
+    case Kernel::Auto: break;
+  }
+  throw std::invalid_argument("kernel: expected flash, rowwise or unfused (the kernel that runs), got auto");
+}
 
 Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
   check_shape(args.shape);
@@ -111,6 +133,8 @@ Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
   const Kernel kernel = choose(requested, args.shape, flash_aligned);
   if (kernel == Kernel::Flash) {
     launch_flash_forward(args, stream);
+  } else if (kernel == Kernel::Unfused) {
+    launch_unfused_forward(args, StreamWorkspace::get(workspace_bytes(kernel, args.shape, false), stream), stream);
   } else {
     launch_rowwise_forward(args, stream);
   }
@@ -122,12 +146,14 @@ Kernel backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream)
   const bool flash_aligned =
       aligned({args.dout, args.q, args.k, args.v}, 16) && aligned({args.o, args.dq, args.dk, args.dv}, 4);
   const Kernel kernel = choose(requested, args.shape, flash_aligned);
+  void* workspace = StreamWorkspace::get(workspace_bytes(kernel, args.shape, true), stream);
   if (kernel == Kernel::Flash) {
-    launch_flash_backward(args, StreamWorkspace::get(flash_backward_workspace_bytes(args.shape), stream), stream);
-    return kernel;
+    launch_flash_backward(args, workspace, stream);
+  } else if (kernel == Kernel::Unfused) {
+    launch_unfused_backward(args, workspace, stream);
+  } else {
+    launch_rowwise_backward(args, static_cast<float*>(workspace), stream);
   }
-  const auto rows = static_cast<std::size_t>(args.shape.batch * args.shape.heads_q * args.shape.seq_q);
-  launch_rowwise_backward(args, static_cast<float*>(StreamWorkspace::get(rows * sizeof(float), stream)), stream);
   return kernel;
 }
 

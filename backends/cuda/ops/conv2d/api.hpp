@@ -87,21 +87,6 @@ void require_supported(Kernel kernel, const Shape& shape, Act act, bool has_bias
 // A named kernel that declined at run time (no cuDNN engine or algorithm for the problem): std::runtime_error.
 [[noreturn]] void throw_declined(Kernel kernel, const std::string& why);
 
-// Row-major batched C_b = op(A_b) @ op(B_b) on cuBLASLt, float32 accumulation. A/B are of `dtype`; C is `c_dtype`
-// (float32 or `dtype`). Leading dimensions and batch strides in elements.
-struct GemmCall {
-  const void* a = nullptr;
-  const void* b = nullptr;
-  void* c = nullptr;
-  int64_t m = 0, n = 0, k = 0, batch = 1;
-  int64_t lda = 0, ldb = 0, ldc = 0;
-  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
-  bool trans_a = false, trans_b = false;
-  DType dtype = DType::Float32, c_dtype = DType::Float32;
-  bool allow_tf32 = false;
-};
-void gemm(const GemmCall& call, cudaStream_t stream);
-
 // The column matrix of the implicit GEMM: NCHW [groups][C/g * R * S][N * P * Q], NHWC [groups][N * P * Q][R * S *
 // C/g]. col2im is its adjoint (a gather: each input element sums the columns it appears in, no atomics).
 void launch_im2col(const Shape& shape, const void* x, void* col, cudaStream_t stream);

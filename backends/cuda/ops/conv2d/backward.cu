@@ -2,6 +2,7 @@
 // problem; otherwise im2col_gemm: dz = dy * act'(z) (z recomputed by the forward GEMM when act != none), dbias by a
 // reduction of dz, dW = dz @ col^T and dX = col2im(W^T @ dz) per group.
 #include "api.hpp"
+#include "batched_gemm.hpp"
 #include "status.hpp"
 #include "stream_workspace.hpp"
 
@@ -79,7 +80,7 @@ void backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream) {
       call.a = dz, call.lda = npq, call.stride_a = kg * npq;
       call.b = col, call.ldb = npq, call.stride_b = rsc * npq, call.trans_b = true;
     }
-    gemm(call, stream);
+    batched_gemm(call, stream);
   }
   if (args.dx != nullptr) {
     GemmCall call = base;
@@ -95,7 +96,7 @@ void backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream) {
       call.ldc = npq, call.stride_c = rsc * npq;
       call.m = rsc, call.n = npq, call.k = kg;
     }
-    gemm(call, stream);
+    batched_gemm(call, stream);
     launch_col2im(s, dcol, args.dx, stream);
   }
 }

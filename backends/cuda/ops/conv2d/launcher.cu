@@ -1,13 +1,8 @@
-// conv2d launcher: argument checks, the batched cuBLASLt GEMM (with its plan cache) and the im2col_gemm forward.
-#include <algorithm>
-#include <array>
-#include <map>
-#include <memory>
-#include <mutex>
+// conv2d launcher: argument checks and the im2col_gemm forward (its GEMM is _common/batched_gemm.hpp).
 #include <string>
 
 #include "api.hpp"
-#include "cublaslt_cache.hpp"
+#include "batched_gemm.hpp"
 #include "status.hpp"
 #include "stream_workspace.hpp"
 
@@ -92,141 +87,6 @@ void check_shape(const Shape& s) {
   if (!is_floating(s.dtype)) throw std::invalid_argument("dtype: expected float32, float16 or bfloat16");
 }
 
-// ---- batched cuBLASLt GEMM -----------------------------------------------------------------------------------
-namespace {
-
-int64_t alignment_of(const void* pointer, int64_t ld_bytes, int64_t stride_bytes) {
-  auto address = static_cast<int64_t>(reinterpret_cast<std::uintptr_t>(pointer));
-  int64_t combined = address | ld_bytes | (stride_bytes == 0 ? 256 : stride_bytes) | 256;
-  return combined & (~combined + 1);  // largest power of two dividing every offset cuBLASLt adds
-}
-
-using PlanKey = std::array<int64_t, 20>;
-
-struct Plan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_c = nullptr;
-  std::vector<cublasLtMatmulAlgo_t> algorithms;
-  std::size_t working = 0;
-  std::mutex mutex;
-
-  ~Plan() {
-    if (desc) cublasLtMatmulDescDestroy(desc);
-    for (auto layout : {layout_a, layout_b, layout_c}) {
-      if (layout) cublasLtMatrixLayoutDestroy(layout);
-    }
-  }
-};
-
-std::mutex plan_cache_mutex;
-std::map<PlanKey, std::unique_ptr<Plan>>& plan_cache() {
-  static auto* cache = new std::map<PlanKey, std::unique_ptr<Plan>>();  // never destroyed: see LtResources
-  return *cache;
-}
-
-cublasLtMatrixLayout_t make_layout(DType dtype, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
-                                   int64_t stride) {
-  cublasLtMatrixLayout_t layout = nullptr;
-  GE2_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, to_cuda_datatype(dtype), rows, cols, ld));
-  const int32_t count = static_cast<int32_t>(batch);
-  GE2_CUBLAS_CHECK(
-      cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
-  GE2_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
-                                                    sizeof(stride)));
-  return layout;
-}
-
-// Row-major C = op(A) @ op(B) is column-major C^T = op(B)^T @ op(A)^T: cuBLASLt's "A" is our B and its "B" our A.
-Plan* find_or_create_plan(const GemmCall& call, int device) {
-  const int64_t in_size = static_cast<int64_t>(dtype_size(call.dtype));
-  const int64_t out_size = static_cast<int64_t>(dtype_size(call.c_dtype));
-  const int64_t align_a = alignment_of(call.a, call.lda * in_size, call.stride_a * in_size);
-  const int64_t align_b = alignment_of(call.b, call.ldb * in_size, call.stride_b * in_size);
-  const int64_t align_c = alignment_of(call.c, call.ldc * out_size, call.stride_c * out_size);
-  const PlanKey key = {device, call.m, call.n, call.k, call.batch, call.lda, call.ldb, call.ldc, call.stride_a,
-                       call.stride_b, call.stride_c, call.trans_a, call.trans_b, static_cast<int64_t>(call.dtype),
-                       static_cast<int64_t>(call.c_dtype), call.allow_tf32, align_a, align_b, align_c, 0};
-  std::lock_guard<std::mutex> lock(plan_cache_mutex);
-  auto found = plan_cache().find(key);
-  if (found != plan_cache().end()) return found->second.get();
-
-  auto plan = std::make_unique<Plan>();
-  const cublasComputeType_t compute = (call.dtype == DType::Float32 && call.allow_tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                                                                        : CUBLAS_COMPUTE_32F;
-  GE2_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F));
-  const cublasOperation_t op_lt_a = call.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_lt_b = call.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  GE2_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_lt_a, sizeof(op_lt_a)));
-  GE2_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_lt_b, sizeof(op_lt_b)));
-  // Stored shapes, column-major: a row-major R x C matrix with leading dimension ld is a column-major C x R one.
-  const int64_t b_rows = call.trans_b ? call.k : call.n, b_cols = call.trans_b ? call.n : call.k;
-  const int64_t a_rows = call.trans_a ? call.m : call.k, a_cols = call.trans_a ? call.k : call.m;
-  plan->layout_a = make_layout(call.dtype, b_rows, b_cols, call.ldb, call.batch, call.stride_b);
-  plan->layout_b = make_layout(call.dtype, a_rows, a_cols, call.lda, call.batch, call.stride_a);
-  plan->layout_c = make_layout(call.c_dtype, call.n, call.m, call.ldc, call.batch, call.stride_c);
-
-  cublasLtMatmulPreference_t preference = nullptr;
-  GE2_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-  const uint64_t workspace_bytes = kLtWorkspaceBytes;
-  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-                                       sizeof(workspace_bytes));
-  const uint32_t alignments[] = {static_cast<uint32_t>(align_b), static_cast<uint32_t>(align_a),
-                                 static_cast<uint32_t>(align_c)};
-  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &alignments[0],
-                                       sizeof(uint32_t));
-  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &alignments[1],
-                                       sizeof(uint32_t));
-  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alignments[2],
-                                       sizeof(uint32_t));
-  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alignments[2],
-                                       sizeof(uint32_t));
-  constexpr int kRequested = 8;  // several, so a failing algorithm can fall to the next
-  cublasLtMatmulHeuristicResult_t results[kRequested] = {};
-  int returned = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-      LtResources::instance().handle(device), plan->desc, plan->layout_a, plan->layout_b, plan->layout_c,
-      plan->layout_c, preference, kRequested, results, &returned);
-  cublasLtMatmulPreferenceDestroy(preference);
-  if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) {
-    check_cublas(status, GE2_OP_NAME, "cublasLtMatmulAlgoGetHeuristic");
-  }
-  for (int i = 0; i < returned; ++i) {
-    if (results[i].state == CUBLAS_STATUS_SUCCESS) plan->algorithms.push_back(results[i].algo);
-  }
-  Plan* raw = plan.get();
-  plan_cache().emplace(key, std::move(plan));
-  return raw;
-}
-
-}  // namespace
-
-void gemm(const GemmCall& call, cudaStream_t stream) {
-  const int device = current_device();
-  Plan* plan = find_or_create_plan(call, device);
-  if (plan->algorithms.empty()) {
-    throw std::runtime_error("ge2 op 'conv2d': cuBLASLt returned no algorithm for a " + std::to_string(call.m) +
-                             "x" + std::to_string(call.n) + "x" + std::to_string(call.k) + " GEMM (batch " +
-                             std::to_string(call.batch) + ")");
-  }
-  cublasLtHandle_t handle = LtResources::instance().handle(device);
-  void* workspace = LtResources::instance().workspace(device, stream);
-  const float alpha = 1.0f, beta = 0.0f;
-  std::lock_guard<std::mutex> lock(plan->mutex);
-  for (std::size_t attempt = 0; attempt < plan->algorithms.size(); ++attempt) {
-    const std::size_t index = (plan->working + attempt) % plan->algorithms.size();
-    const cublasStatus_t status =
-        cublasLtMatmul(handle, plan->desc, &alpha, call.b, plan->layout_a, call.a, plan->layout_b, &beta, call.c,
-                       plan->layout_c, call.c, plan->layout_c, &plan->algorithms[index], workspace,
-                       kLtWorkspaceBytes, stream);
-    if (status == CUBLAS_STATUS_SUCCESS) {
-      plan->working = index;
-      return;
-    }
-    if (status != CUBLAS_STATUS_NOT_SUPPORTED) check_cublas(status, GE2_OP_NAME, "cublasLtMatmul");
-  }
-  throw std::runtime_error("ge2 op 'conv2d': no cuBLASLt algorithm could run the GEMM");
-}
-
 // ---- im2col_gemm forward ------------------------------------------------------------------------------------
 std::size_t im2col_col_elements(const Shape& s) {
   return static_cast<std::size_t>(s.c * s.r * s.s) * static_cast<std::size_t>(s.n * s.p * s.q);
@@ -261,7 +121,7 @@ void im2col_gemm_accumulate(const Shape& s, const void* x, const void* w, void* 
     call.ldc = s.k, call.stride_c = kg;
     call.m = npq, call.n = kg, call.k = rsc;
   }
-  gemm(call, stream);
+  batched_gemm(call, stream);
 }
 
 std::string unsupported_reason(Kernel kernel, const Shape& shape, Act act, bool has_bias, bool backward) {

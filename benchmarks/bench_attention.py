@@ -1,4 +1,4 @@
-"""attention: every GE2 kernel candidate (flash, rowwise, unfused: a row each) vs
+"""attention: every GE2 kernel candidate (cudnn where it is built, flash, rowwise, unfused: a row each) vs
 torch.nn.functional.scaled_dot_product_attention, forward and forward+backward, float16 and bfloat16, one process,
 one GPU. Correctness against PyTorch first, then medians.
 
@@ -85,7 +85,7 @@ def _target(row, forward, forward_backward):
 def main():
     torch = torch_cuda()
     shapes = QUICK_SHAPES if "--quick" in sys.argv else SHAPES
-    candidates = [entry["name"] for entry in attention.kernels()]
+    candidates = [entry["name"] for entry in attention.kernels() if entry["name"] != "cudnn" or attention.has_cudnn()]
     if "--kernel" in sys.argv:
         candidates = sys.argv[sys.argv.index("--kernel") + 1].split(",")
     rows = []

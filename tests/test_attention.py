@@ -17,7 +17,9 @@ from row_norm_checks import numeric_gradient
 
 DTYPES = ("float16", "bfloat16")
 ALL_DTYPES = ("float32", "float16", "bfloat16")
-KERNELS = ("flash", "rowwise", "unfused")  # as kernels() lists them; the GPU tests run each where it applies
+KERNELS = ("cudnn", "flash", "rowwise", "unfused")  # as kernels() lists them; the GPU tests run each where it applies
+NOT_BUILT = (r"not built: (cuDNN frontend headers not found \(install nvidia-cudnn-frontend or set "
+             r"GE2_CUDNN_FRONTEND_DIR\)|CMake found no cuDNN \(cudnn.h and libcudnn: .*\))")
 
 
 def _looped_reference(q, k, v, causal, scale):
@@ -127,7 +129,7 @@ def test_bad_scalar_arguments_name_the_argument():
         attention.forward_numpy(q, q, q, scale=float("nan"))
     with pytest.raises(TypeError, match="attribute 'causal' expected bool, got int"):
         attention.forward_numpy(q, q, q, causal=1)
-    with pytest.raises(ValueError, match="kernel: expected one of auto, flash, rowwise, unfused, got 'flash9'"):
+    with pytest.raises(ValueError, match="kernel: expected one of auto, cudnn, flash, rowwise, unfused, got 'flash9'"):
         attention.forward_numpy(q, q, q, kernel="flash9")
     with pytest.raises(TypeError, match="q: expected a NumPy array, got list"):
         attention.forward_numpy([[1.0]], q, q)
@@ -145,7 +147,7 @@ def test_bad_scalar_arguments_name_the_argument():
 def test_kernels_report_constraints():
     table = attention.kernels()
     assert [k["name"] for k in table] == list(KERNELS)
-    assert [k["priority"] for k in table] == [20, 10, 5]  # auto: flash, else rowwise, else unfused
+    assert [k["priority"] for k in table] == [30, 20, 10, 5]  # auto: cudnn, else flash, else rowwise, else unfused
     assert all(k["constraints"] for k in table)
     candidates = ge2.ops.OPS["attention"].candidates
     assert [(c.name, c.priority) for c in candidates] == [(k["name"], k["priority"]) for k in table]
@@ -168,7 +170,65 @@ def test_flash_reports_why_it_cannot_run(head_dim, dtype, reason):
     problem = ge2.ops.Problem(op="attention", in_types=(TensorType((1, 2, 9, head_dim), dtype),) * 3, out_types=(),
                               attrs={"causal": False, "scale": None, "layout": "bhsd"})
     supports = {c.name: c.supports(problem) for c in ge2.ops.OPS["attention"].candidates}
+    assert supports.pop("cudnn") == (native.unsupported_reason("cudnn", head_dim, dtype) or None)
     assert supports == {"flash": reason, "unfused": None, "rowwise": None}
+
+
+def _cudnn_supports(head_dim, dtype):
+    """The reason of the forward and the backward cudnn candidate for a GQA problem of ``head_dim`` (None: it
+    applies)."""
+    reasons = []
+    for opdef, first_input in ((ge2.ops.OPS["attention"], 0), (ge2.ops.OPS["attention_backward"], 1)):
+        q, kv = TensorType((2, 4, 9, head_dim), dtype), TensorType((2, 2, 11, head_dim), dtype)
+        in_types = (q, kv, kv) if first_input == 0 else (q, q, kv, kv, q, TensorType((2, 4, 9), "float32"))
+        problem = ge2.ops.Problem(op=opdef.name, in_types=in_types, out_types=(),
+                                  attrs={"causal": True, "scale": None, "layout": "bhsd"})
+        reasons.append(next(c for c in opdef.candidates if c.name == "cudnn").supports(problem))
+    return reasons
+
+
+def test_cudnn_reports_why_it_is_not_built():
+    """A build without cuDNN or without the frontend headers says so in kernels() and in every capability check
+    (the registry's rejections, which explain() prints); auto and the registry go on to flash."""
+    if attention.has_cudnn():
+        pytest.skip("this build has the cudnn candidate (test_cudnn_constraints_name_the_reason runs)")
+    native = attention._native_module()
+    row = next(row for row in attention.kernels() if row["name"] == "cudnn")
+    assert re.search(r"NOT BUILT \((cuDNN frontend headers not found|CMake found no cuDNN)", row["description"])
+    reason = native.unsupported_reason("cudnn", 64, "float16")
+    assert re.fullmatch(NOT_BUILT, reason)
+    assert _cudnn_supports(64, "float16") == [reason, reason]
+    with pytest.raises(ValueError, match=f"kernel: {re.escape(reason)}"):
+        native.prepare("cudnn", 1, 2, 2, 9, 9, 64, False, 0.5, True, "float16", False)
+    g = Graph("attention")
+    q, k, v = (g.input(name, (2, 4, 9, 64), "float16") for name in "qkv")
+    y, _ = g.attention(q, k, v, causal=True)
+    problem = ge2.ops.Problem(op="attention", in_types=(q.type, k.type, v.type), out_types=(),
+                              attrs={"causal": True, "scale": None, "layout": "bhsd"})
+    fake_gpu = ge2.runtime.Capabilities("cuda", (9, 0), "Fake GPU", "Fake GPU | test")
+    ranking = ge2.runtime.select(y.producer, problem, fake_gpu, ge2.runtime.Preferences())
+    assert dict(ranking.rejected)["cudnn"] == reason
+    assert ranking.viable[0].name == "flash"
+
+
+@pytest.mark.parametrize("head_dim,dtype,reason", (
+    (64, "float32", "cudnn runs cuDNN's fused SDPA, which takes float16 and bfloat16: got float32"),
+    (72, "float32", "cudnn runs cuDNN's fused SDPA, which takes float16 and bfloat16: got float32"),
+    (60, "float16", "cudnn (cuDNN's fused SDPA) needs head_dim a multiple of 8 and <= 256, got head_dim 60"),
+    (1, "bfloat16", "cudnn (cuDNN's fused SDPA) needs head_dim a multiple of 8 and <= 256, got head_dim 1"),
+    (264, "bfloat16", "cudnn (cuDNN's fused SDPA) needs head_dim a multiple of 8 and <= 256, got head_dim 264"),
+    (8, "float16", ""), (72, "bfloat16", ""), (128, "float16", ""), (256, "bfloat16", ""),
+))
+def test_cudnn_constraints_name_the_reason(head_dim, dtype, reason):
+    if not attention.has_cudnn():
+        pytest.skip("this build has no cudnn candidate (test_cudnn_reports_why_it_is_not_built runs)")
+    row = next(row for row in attention.kernels() if row["name"] == "cudnn")
+    assert "NOT BUILT" not in row["description"] and "Graph::sdpa" in row["description"]
+    assert attention._native_module().unsupported_reason("cudnn", head_dim, dtype) == reason
+    assert _cudnn_supports(head_dim, dtype) == [reason or None] * 2
+    if reason:
+        with pytest.raises(ValueError, match=f"kernel: {re.escape(reason)}"):
+            attention._native_module().prepare("cudnn", 1, 2, 2, 9, 9, head_dim, False, 0.5, True, dtype, True)
 
 
 @pytest.mark.parametrize("head_dim", (1, 40, 72, 160, 256, 272, 1000))
@@ -191,15 +251,17 @@ def test_unfused_runs_every_head_dim_and_rowwise_up_to_256(head_dim, dtype):
         assert supports["unfused"] is None and supports["rowwise"] == (rowwise or None)
 
 
-@pytest.mark.parametrize("head_dim,dtype,ranked", (
-    (64, "float16", ["flash", "rowwise", "unfused"]),
-    (80, "bfloat16", ["rowwise", "unfused"]),
-    (128, "float32", ["rowwise", "unfused"]),
-    (272, "float16", ["unfused"]),
+@pytest.mark.parametrize("head_dim,dtype,cudnn_applies,ranked", (
+    (64, "float16", True, ["flash", "rowwise", "unfused"]),
+    (80, "bfloat16", True, ["rowwise", "unfused"]),
+    (128, "float32", False, ["rowwise", "unfused"]),
+    (272, "float16", False, ["unfused"]),
 ))
-def test_registry_ranks_flash_then_rowwise_then_unfused(head_dim, dtype, ranked):
-    """The plan's kernel for an attention node (the registry's ranking, as auto chooses natively): unfused only
-    where nothing else applies, or when autotuning or a preference picks it."""
+def test_registry_ranks_cudnn_then_flash_then_rowwise_then_unfused(head_dim, dtype, cudnn_applies, ranked):
+    """The plan's kernel for an attention node (the registry's ranking, as auto chooses natively): cudnn first where
+    it is built and applies; unfused only where nothing else applies, or when autotuning or a preference picks it."""
+    if cudnn_applies and attention.has_cudnn():
+        ranked = ["cudnn", *ranked]
     g = Graph("attention")
     q, k, v = (g.input(name, (2, 4, 9, head_dim), dtype) for name in "qkv")
     y, _ = g.attention(q, k, v, causal=True)
@@ -255,6 +317,8 @@ def test_unfused_workspace_is_bounded_by_chunks(monkeypatch, dtype, element):
 
 
 def test_workspace_bytes_of_the_other_kernels_and_bad_arguments(monkeypatch):
+    with pytest.raises(ValueError, match="kernel: expected flash, rowwise or unfused .*got cudnn"):
+        _workspace("cudnn", 2, 4, 2, 9, 11, 64, "bhsd", "float16", True)
     assert _workspace("rowwise", 2, 4, 2, 9, 11, 64, "bhsd", "float16", False) == 0
     assert _workspace("rowwise", 2, 4, 2, 9, 11, 64, "bhsd", "float16", True) == 2 * 4 * 9 * 4
     assert _workspace("flash", 2, 4, 2, 9, 11, 64, "bhsd", "float16", False) == 0
@@ -416,8 +480,17 @@ def _check_backward(q, k, v, dy, causal, layout, kernel, poisoned, dtype, scale=
 
 def _check_or_refused(q, k, v, dy, causal, layout, kernel, poisoned, dtype, scale=None):
     """Forward and backward against the reference where ``kernel`` applies; elsewhere both faces must refuse it,
-    naming the kernel and the reason."""
+    naming the kernel and the reason. cudnn, where it is not built, is skipped with the reason; cuDNN's SDPA backward
+    has no engine for seq_q = seq_k = 1, which it must say."""
     reason = attention._native_module().unsupported_reason(kernel, q.shape[-1], dtype)
+    if kernel == "cudnn" and not attention.has_cudnn():
+        pytest.skip(reason)
+    if kernel == "cudnn" and not reason and q.shape[-2] == k.shape[-2] == 1:
+        _check_forward(q, k, v, causal, layout, kernel, poisoned, dtype, scale)
+        device = [ge2.device.runtime().DeviceArray.from_numpy(x) for x in (q, k, v, dy)]
+        with pytest.raises(RuntimeError, match="kernel 'cudnn': cuDNN has no engine for this problem"):
+            attention.backward(device[3], *device[:3], causal=causal, scale=scale, layout=layout, kernel=kernel)
+        return
     if not reason:
         _check_backward(q, k, v, dy, causal, layout, kernel, poisoned, dtype, scale)
         return
@@ -522,10 +595,12 @@ def test_unfused_rounds_y_once(rng, poisoned, monkeypatch, budget, dtype):
 
 
 @pytest.mark.gpu
-def test_auto_runs_flash_else_rowwise_else_unfused(rng, poisoned):
+def test_auto_runs_cudnn_else_flash_else_rowwise_else_unfused(rng, poisoned):
     # The native face returns the kernel that ran: the first in priority order that can run the problem.
     native = attention._native_module()
-    for dtype, head_dim, expected in (("bfloat16", 128, "flash"), ("float16", 96, "rowwise"),
+    cudnn = attention.has_cudnn()
+    for dtype, head_dim, expected in (("bfloat16", 128, "cudnn" if cudnn else "flash"),
+                                      ("float16", 96, "cudnn" if cudnn else "rowwise"), ("float16", 100, "rowwise"),
                                       ("float32", 64, "rowwise"), ("bfloat16", 272, "unfused")):
         host = _problem(rng, 1, 2, 2, 20, 20, head_dim, dtype)[:3]
         q, k, v = (ge2.device.runtime().DeviceArray.from_numpy(x) for x in host)
@@ -548,11 +623,14 @@ def test_flash_refuses_misaligned_arrays_and_auto_falls_back(rng):
     assert q.data_ptr() % 16 != 0
     with pytest.raises(ValueError, match="kernel: flash needs inputs at 16-byte and outputs at 4-byte aligned"):
         attention.forward(q, k, v, kernel="flash")
+    if attention.has_cudnn():
+        with pytest.raises(RuntimeError, match="kernel 'cudnn': needs 16-byte aligned tensors"):
+            attention.forward(q, k, v, kernel="cudnn")
     host = [x.float().cpu().numpy() for x in (q, k, v)]
     expected_y, _ = attention.reference(*host, causal=True)
     dy = torch.randn(shape, device="cuda", dtype=torch.float16)
     expected = attention.reference_backward(dy.float().cpu().numpy(), *host, causal=True)
-    for kernel in ("auto", "unfused"):  # auto: rowwise; unfused's GEMMs on 2-byte aligned q, k, v
+    for kernel in ("auto", "unfused"):  # auto: cudnn and flash decline, rowwise runs; unfused's GEMMs on 2-byte aligned
         y, lse = attention.forward(q, k, v, causal=True, kernel=kernel)
         assert_close(y.float().cpu().numpy(), expected_y, "float16", what=f"y ({kernel}, misaligned)")
         grads = attention.backward(dy, q, k, v, causal=True, kernel=kernel, y=y, lse=lse)
@@ -599,7 +677,8 @@ def test_graph_runs_on_cuda_executor(rng):
     result = executor.run(feeds)
     expected, _ = attention.reference(feeds["q"], feeds["k"], feeds["v"], causal=True, layout="bshd")
     assert_close(result["y"], expected, "bfloat16", what="y")
-    assert {s.op: s.kernel for plan in executor.plans for s in plan.selections} == {"attention": "flash"}
+    expected_kernel = "cudnn" if attention.has_cudnn() else "flash"
+    assert {s.op: s.kernel for plan in executor.plans for s in plan.selections} == {"attention": expected_kernel}
 
 
 @pytest.mark.gpu
@@ -618,8 +697,10 @@ def test_graph_selects_rowwise_then_unfused_where_flash_does_not_apply(rng, head
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel,budget", (("auto", None), ("unfused", None), ("unfused", "3000")))
+@pytest.mark.parametrize("kernel,budget", (("auto", None), ("cudnn", None), ("unfused", None), ("unfused", "3000")))
 def test_replays_in_a_cuda_graph(rng, monkeypatch, kernel, budget):
+    if kernel == "cudnn" and not attention.has_cudnn():
+        pytest.skip(attention._native_module().unsupported_reason("cudnn", 64, "float16"))
     if budget is not None:
         monkeypatch.setenv("GE2_ATTENTION_SCORE_BUDGET", budget)
     runtime = ge2.device.runtime()
@@ -673,3 +754,47 @@ def test_torch_interop_is_zero_copy(dtype):
     for name, got, want in zip("qkv", grads, attention.reference_backward(host[3], *host[:3], causal=True)):
         assert isinstance(got, torch.Tensor)
         assert_close(got.float().cpu().numpy(), want, dtype, reduction_length=64, what=f"d{name}")
+
+
+@pytest.mark.gpu
+def test_cudnn_refuses_to_build_plans_during_capture(rng):
+    """A problem cudnn has not run yet cannot build its plans inside a capture: a clear error, and the capture can be
+    aborted; prepare() (what the executor calls) builds them ahead."""
+    if not attention.has_cudnn():
+        pytest.skip(attention._native_module().unsupported_reason("cudnn", 64, "float16"))
+    runtime = ge2.device.runtime()
+    stream = runtime.Stream()
+    q, k, v = (runtime.DeviceArray.from_numpy(x) for x in _problem(rng, 1, 2, 2, 43, 43, 64, "float16")[:3])
+    graph = runtime.CudaGraph()
+    graph.begin_capture(stream.handle)
+    try:
+        with pytest.raises(RuntimeError, match="kernel 'cudnn' must build its cuDNN plans before CUDA graph capture; "
+                                               "run the problem once on this stream first"):
+            attention.forward(q, k, v, causal=True, kernel="cudnn", stream=stream)
+    finally:
+        graph.abort_capture()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("other", ("flash", "rowwise"))
+def test_cudnn_lse_and_the_other_kernels_lse_are_interchangeable(rng, poisoned, dtype, causal, other):
+    """cuDNN's Stats is GE2's lse: cudnn's forward feeds flash's and rowwise's backward, and theirs feed cudnn's."""
+    if not attention.has_cudnn():
+        pytest.skip(attention._native_module().unsupported_reason("cudnn", 64, "float16"))
+    runtime = ge2.device.runtime()
+    host = _problem(rng, 2, 4, 2, 70, 90, 64, dtype, "bshd")
+    q, k, v, dy = (runtime.DeviceArray.from_numpy(x) for x in host)
+    expected_y, expected_lse = attention.reference(*host[:3], causal=causal, scale=0.3, layout="bshd")
+    expected = attention.reference_backward(host[3], *host[:3], causal=causal, scale=0.3, layout="bshd")
+    for forward_kernel, backward_kernel in (("cudnn", other), (other, "cudnn")):
+        outs = (poisoned(host[0].shape, dtype), poisoned((2, 4, 70), "float32"))
+        y, lse = attention.forward(q, k, v, causal=causal, scale=0.3, layout="bshd", kernel=forward_kernel, out=outs)
+        assert_close(y.numpy(), expected_y, dtype, what=f"y ({forward_kernel})")
+        assert_close(lse.numpy(), expected_lse, "float32", reduction_length=64, what=f"lse ({forward_kernel})")
+        grads = attention.backward(dy, q, k, v, causal=causal, scale=0.3, layout="bshd", kernel=backward_kernel,
+                                   out=tuple(poisoned(x.shape, dtype) for x in host[:3]), y=y, lse=lse)
+        for name, got, want in zip("qkv", grads, expected):
+            assert_close(got.numpy(), want, dtype, reduction_length=64,
+                         what=f"d{name} ({backward_kernel} from {forward_kernel}'s lse)")

@@ -93,6 +93,24 @@ PYBIND11_MODULE(_ops_attention, m) {
       py::arg("kernel"), py::arg("head_dim"), py::arg("dtype") = "float16",
       "Empty string when the kernel can run a problem of this head_dim and dtype, else the reason.");
 
+  m.attr("has_cudnn") = ge2::attention::cudnn_not_built_reason().empty();
+
+  m.def(
+      "prepare",
+      [](const std::string& kernel, int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seq_q, int64_t seq_k,
+         int64_t head_dim, bool seq_major, double scale, bool causal, const std::string& dtype, bool backward) {
+        const auto shape =
+            make_shape(batch, heads_q, heads_kv, seq_q, seq_k, head_dim, seq_major, scale, causal, dtype);
+        const auto requested = ge2::attention::kernel_from_name(kernel);
+        ge2::binding::ReleaseGil release;
+        ge2::attention::prepare(requested, shape, backward);
+      },
+      py::arg("kernel"), py::arg("batch"), py::arg("heads_q"), py::arg("heads_kv"), py::arg("seq_q"),
+      py::arg("seq_k"), py::arg("head_dim"), py::arg("seq_major"), py::arg("scale"), py::arg("causal"),
+      py::arg("dtype"), py::arg("backward"),
+      "Builds what `kernel` needs ahead of its first call (cudnn: the cuDNN plans; not during CUDA graph capture); "
+      "RuntimeError when cuDNN has no engine for the problem.");
+
   m.def(
       "workspace_bytes",
       [](const std::string& kernel, int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seq_q, int64_t seq_k,

@@ -16,6 +16,12 @@ Backward, from dy and the saved y and lse: ``D_i = dy_i . y_i``, ``P_ij = exp(sc
 query heads of each K/V group). lse carries no gradient: it is a saved statistic.
 
 Kernel candidates (``kernels()``), in priority order (``auto`` takes the first that applies):
+0. ``cudnn``: cuDNN's fused SDPA through the cuDNN frontend (Graph::sdpa, whose row statistics are lse, and
+   Graph::sdpa_backward, which reads any candidate's lse), built only where CMake found cuDNN and the frontend
+   headers (the nvidia-cudnn-frontend package or GE2_CUDNN_FRONTEND_DIR; ``has_cudnn()``); float16 and bfloat16,
+   head_dim a multiple of 8 up to 256, 16-byte aligned arrays. Its plans are built once per problem by ``prepare``
+   or the first call (never during CUDA graph capture) and timed on the first call; ``auto`` takes the next
+   candidate when cuDNN declines a problem.
 1. ``flash``: FlashAttention-2 on tensor cores (mma.sync), float16 and bfloat16, head_dim 64 and 128, any length;
    its backward adds dq in float32 atomics.
 2. ``rowwise``: a warp per query row (forward, dq) or key row (dk, dv), float32 online softmax, no tensor cores, no
@@ -285,10 +291,18 @@ def _supports(problem: Problem, first_input: int, kernel: str):
     return _native_module().unsupported_reason(kernel, head_dim, problem.in_types[first_input].dtype) or None
 
 
+def has_cudnn() -> bool:
+    """Whether the cudnn candidate was built (cuDNN and the cuDNN frontend headers found at build time)."""
+    return bool(_native_module().has_cudnn)
+
+
 def _prepare(problem: Problem, first_input: int, native_call: str, kernel: str):
-    """The launch of the native ``forward`` or ``backward`` (``native_call``) with q at input ``first_input``."""
+    """The launch of the native ``forward`` or ``backward`` (``native_call``) with q at input ``first_input``.
+    cudnn builds its plans here: RuntimeError when cuDNN has no engine, so that the registry takes the next
+    candidate."""
     sizes = _native_sizes(_problem_sizes(problem, first_input), problem.attrs["causal"], problem.attrs["scale"],
                           problem.attrs["layout"], problem.in_types[first_input].dtype)
+    _native_module().prepare(kernel, **sizes, backward=native_call == "backward")
     native = getattr(_native_module(), native_call)
 
     def launch(ins, outs, stream):
@@ -299,6 +313,8 @@ def _prepare(problem: Problem, first_input: int, native_call: str, kernel: str):
 
 # (name, priority, description, always_works): the native kernels() table says the same with the constraints.
 _KERNELS = (
+    ("cudnn", 30, "cuDNN's fused SDPA (cuDNN frontend), its statistics as lse; float16, bfloat16; head_dim % 8 == 0, "
+                  "<= 256; built only with the cuDNN frontend headers", False),
     ("flash", 20, "FlashAttention-2 on tensor cores (mma.sync); float16, bfloat16; head_dim 64, 128; any length",
      False),
     ("rowwise", 10, "a warp per row, float32 online softmax, no tensor cores, no cuBLAS, no score scratch; "
@@ -309,12 +325,13 @@ _KERNELS = (
 
 
 def _candidates(first_input: int, native_call: str) -> tuple[Candidate, ...]:
-    """flash where it applies, else rowwise, else unfused (head_dim > 256); autotuning and explicit use may pick any
-    (the forward OpDef reads q at input 0, the backward at 1). rowwise and unfused take any alignment."""
+    """cudnn where it was built and applies, else flash, else rowwise, else unfused (head_dim > 256); autotuning and
+    explicit use may pick any (the forward OpDef reads q at input 0, the backward at 1). rowwise and unfused take any
+    alignment."""
     return tuple(Candidate(name, priority, description,
                            lambda problem, name=name: _supports(problem, first_input, name),
                            lambda problem, name=name: _prepare(problem, first_input, native_call, name),
-                           always_works=always_works, any_alignment=name != "flash")
+                           always_works=always_works, any_alignment=name not in ("cudnn", "flash"))
                  for name, priority, description, always_works in _KERNELS)
 
 

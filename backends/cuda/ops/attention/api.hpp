@@ -17,12 +17,13 @@
 
 namespace ge2::attention {
 
-enum class Kernel { Auto, Rowwise, Flash, Unfused };
+enum class Kernel { Auto, Cudnn, Rowwise, Flash, Unfused };
 
 Kernel kernel_from_name(const std::string& name);
 const char* kernel_name(Kernel kernel);
 
 constexpr int64_t kMaxRowwiseHeadDim = 256;  // rowwise: a lane holds head_dim / 32 values of a row in registers
+constexpr int64_t kMaxCudnnHeadDim = 256;  // cuDNN's 16-bit SDPA, forward and backward, on sm_90
 constexpr int64_t kMaxSeq = 65535 * 8;  // grid.y tiles of 8 rows
 
 // Sizes and element strides of Q, K/V and O (O and the gradients share Q's strides, dK/dV share K's). The
@@ -59,6 +60,9 @@ struct BackwardArgs {
 
 // Empty when `kernel` can run the problem; otherwise the reason it cannot.
 std::string unsupported_reason(Kernel kernel, const Shape& shape);
+// Builds what `kernel` needs ahead of its first call (cudnn: the problem's cuDNN plans; not during CUDA graph
+// capture); throws when cuDNN has no engine for the problem. Nothing to do for the other kernels.
+void prepare(Kernel kernel, const Shape& shape, bool backward);
 // Bytes of per-stream workspace the forward (backward == false) or backward of `kernel` takes for the problem.
 std::size_t workspace_bytes(Kernel kernel, const Shape& shape, bool backward);
 
@@ -80,5 +84,12 @@ void launch_flash_backward(const BackwardArgs& args, void* workspace, cudaStream
 std::size_t unfused_workspace_bytes(const Shape& shape, bool backward);
 void launch_unfused_forward(const ForwardArgs& args, void* workspace, cudaStream_t stream);
 void launch_unfused_backward(const BackwardArgs& args, void* workspace, cudaStream_t stream);
+// cudnn (kernels/cudnn_sdpa.cpp): empty reasons when built with the cuDNN frontend. forward/backward enqueue and
+// return empty, or return why cuDNN declined the problem at run time (no engine, an offset view), enqueuing nothing.
+std::string cudnn_not_built_reason();
+std::string cudnn_unsupported_reason(const Shape& shape);
+void cudnn_prepare(const Shape& shape, bool backward);
+std::string cudnn_forward(const ForwardArgs& args, cudaStream_t stream);
+std::string cudnn_backward(const BackwardArgs& args, cudaStream_t stream);
 
 }  // namespace ge2::attention

@@ -1,7 +1,8 @@
-// attention launcher: argument checks, the kernel table and the choice of kernel. Candidates: flash (tensor cores,
-// head_dim 64 and 128, float16 and bfloat16), rowwise (a warp per query row for the forward and dQ, a warp per key
-// row for dK/dV; no cuBLAS and no score scratch; head_dim <= 256) and unfused (cuBLASLt GEMMs around a softmax
-// through memory, the path that always works).
+// attention launcher: argument checks, the kernel table and the choice of kernel. Candidates: cudnn (cuDNN's fused
+// SDPA through the cuDNN frontend, where it was built; auto moves on when cuDNN declines a problem), flash (tensor
+// cores, head_dim 64 and 128, float16 and bfloat16), rowwise (a warp per query row for the forward and dQ, a warp
+// per key row for dK/dV; no cuBLAS and no score scratch; head_dim <= 256) and unfused (cuBLASLt GEMMs around a
+// softmax through memory, the path that always works).
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -14,15 +15,17 @@ namespace ge2::attention {
 
 Kernel kernel_from_name(const std::string& name) {
   if (name == "auto") return Kernel::Auto;
+  if (name == "cudnn") return Kernel::Cudnn;
   if (name == "rowwise") return Kernel::Rowwise;
   if (name == "flash") return Kernel::Flash;
   if (name == "unfused") return Kernel::Unfused;
-  throw std::invalid_argument("kernel: expected one of auto, flash, rowwise, unfused, got '" + name + "'");
+  throw std::invalid_argument("kernel: expected one of auto, cudnn, flash, rowwise, unfused, got '" + name + "'");
 }
 
 const char* kernel_name(Kernel kernel) {
   switch (kernel) {
     case Kernel::Auto: return "auto";
+    case Kernel::Cudnn: return "cudnn";
     case Kernel::Rowwise: return "rowwise";
     case Kernel::Flash: return "flash";
     case Kernel::Unfused: return "unfused";
@@ -31,7 +34,21 @@ const char* kernel_name(Kernel kernel) {
 }
 
 std::vector<KernelInfo> kernel_table() {
+  const std::string cudnn_not_built = cudnn_not_built_reason();
   return {
+      {"cudnn", 30,
+       cudnn_not_built.empty()
+           ? "cuDNN's fused scaled dot-product attention through the cuDNN frontend (Graph::sdpa with its row "
+             "statistics as lse, Graph::sdpa_backward reading any candidate's lse); plans from heuristics mode A (the "
+             "fallback list when A has none), built once per problem and timed on the first call (the fastest is "
+             "kept)"
+           : "cuDNN's fused scaled dot-product attention through the cuDNN frontend: NOT BUILT (" + cudnn_not_built +
+                 ")",
+       "built with cuDNN and the cuDNN frontend headers; float16, bfloat16; head_dim a multiple of 8, <= " +
+           std::to_string(kMaxCudnnHeadDim) + " (<= 128 before sm_90); 16-byte aligned arrays; plans built by "
+           "prepare() or the first call (not during CUDA graph capture); auto takes the next candidate when cuDNN "
+           "declines a problem (no engine, e.g. seq_q = seq_k = 1 in the backward; an offset view); plan workspace "
+           "<= 256 MiB"},
       {"flash", 20,
        "FlashAttention-2 on tensor cores (mma.sync m16n8k16, ldmatrix, cp.async double buffering): 64 query rows "
        "per CTA, online softmax in registers; backward per 64 key rows with dQ accumulated in float32 atomics",
@@ -50,6 +67,7 @@ std::vector<KernelInfo> kernel_table() {
 }
 
 std::string unsupported_reason(Kernel kernel, const Shape& shape) {
+  if (kernel == Kernel::Cudnn) return cudnn_unsupported_reason(shape);
   if (kernel == Kernel::Flash) {
     if (shape.head_dim != 64 && shape.head_dim != 128) {
       return "flash is built for head_dim 64 and 128, got head_dim " + std::to_string(shape.head_dim);
@@ -113,7 +131,32 @@ Kernel choose(Kernel requested, const Shape& shape, bool flash_aligned) {
   return unsupported_reason(Kernel::Rowwise, shape).empty() ? Kernel::Rowwise : Kernel::Unfused;
 }
 
+// cudnn, where `requested` (auto or cudnn) lets it run: true when it ran. auto moves on when cuDNN declines the
+// problem; cudnn named throws why.
+template <typename Args>
+bool ran_cudnn(Kernel requested, const Args& args, std::string (*run)(const Args&, cudaStream_t),
+               cudaStream_t stream) {
+  if (requested != Kernel::Auto && requested != Kernel::Cudnn) return false;
+  const std::string reason = unsupported_reason(Kernel::Cudnn, args.shape);
+  if (!reason.empty()) {
+    if (requested == Kernel::Cudnn) throw std::invalid_argument("kernel: " + reason);
+    return false;
+  }
+  const std::string declined = run(args, stream);
+  if (declined.empty()) return true;
+  if (requested == Kernel::Cudnn) throw std::runtime_error("ge2 op 'attention': kernel 'cudnn': " + declined);
+  return false;
+}
+
 }  // namespace
+
+void prepare(Kernel kernel, const Shape& shape, bool backward) {
+  check_shape(shape);
+  if (kernel != Kernel::Cudnn) return;
+  const std::string reason = unsupported_reason(kernel, shape);
+  if (!reason.empty()) throw std::invalid_argument("kernel: " + reason);
+  cudnn_prepare(shape, backward);
+}
 
 std::size_t workspace_bytes(Kernel kernel, const Shape& shape, bool backward) {
   check_shape(shape);
@@ -122,13 +165,16 @@ std::size_t workspace_bytes(Kernel kernel, const Shape& shape, bool backward) {
     case Kernel::Unfused: return unfused_workspace_bytes(shape, backward);
     case Kernel::Rowwise:  // D_i
       return backward ? static_cast<std::size_t>(shape.batch * shape.heads_q * shape.seq_q) * sizeof(float) : 0;
+    case Kernel::Cudnn:  // its plans' workspace, sized when they are built
     case Kernel::Auto: break;
   }
-  throw std::invalid_argument("kernel: expected flash, rowwise or unfused (the kernel that runs), got auto");
+  throw std::invalid_argument(std::string("kernel: expected flash, rowwise or unfused (a kernel that runs with a "
+                                          "workspace of known size), got ") + kernel_name(kernel));
 }
 
 Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
   check_shape(args.shape);
+  if (ran_cudnn(requested, args, cudnn_forward, stream)) return Kernel::Cudnn;
   const bool flash_aligned = aligned({args.q, args.k, args.v}, 16) && aligned({args.o}, 4);
   const Kernel kernel = choose(requested, args.shape, flash_aligned);
   if (kernel == Kernel::Flash) {
@@ -143,6 +189,7 @@ Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
 
 Kernel backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream) {
   check_shape(args.shape);
+  if (ran_cudnn(requested, args, cudnn_backward, stream)) return Kernel::Cudnn;
   const bool flash_aligned =
       aligned({args.dout, args.q, args.k, args.v}, 16) && aligned({args.o, args.dq, args.dk, args.dv}, 4);
   const Kernel kernel = choose(requested, args.shape, flash_aligned);

@@ -2,29 +2,21 @@
 // activation as fused pointwise nodes, conv_dgrad, conv_wgrad (dbias by GE2's reduction). Compiled only when CMake
 // found cuDNN and the frontend headers (GE2_WITH_CUDNN_FRONTEND). Host code only, so it compiles as C++.
 //
-// Each problem's graph is built once (heuristics mode A, cuDNN's fallback list when A has no engine for it) with
-// its first 8 plans that build; the first call times them on its own buffers (Graph::autotune, what PyTorch's
-// cudnn.benchmark does) and keeps the fastest. Strict float32 leaves out the engines whose numerical notes say
-// tensor cores (TF32), FFT or Winograd; every dtype leaves out those that down-convert inputs or reduce in reduced
-// precision, so the convolution accumulates in float32 as the other candidates do.
+// Plans per problem, built and timed as _common/cudnn_graph_plans.hpp says. Strict float32 leaves out the engines
+// whose numerical notes say tensor cores (TF32), FFT or Winograd; every dtype leaves out those that down-convert
+// inputs or reduce in reduced precision, so the convolution accumulates in float32 as the other candidates do.
 #include "api.hpp"
 
 #if GE2_WITH_CUDNN_FRONTEND
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <initializer_list>
-#include <map>
 #include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
-#include <cudnn_frontend.h>
-
-#include "cudnn_handle.hpp"
+#include "cudnn_graph_plans.hpp"
 #include "status.hpp"
-#include "stream_workspace.hpp"
 #endif
 
 namespace ge2::conv2d {
@@ -54,20 +46,24 @@ std::string cudnn_graph_backward(const BackwardArgs&, cudaStream_t) {
 
 #else
 
-namespace fe = cudnn_frontend;
+namespace fe = cudnn_graph::fe;
+using cudnn_graph::aligned;
+using cudnn_graph::execute;
+using cudnn_graph::GraphPlan;
+using cudnn_graph::GraphPlans;
+using cudnn_graph::kMisaligned;
+using cudnn_graph::no_engine;
+using cudnn_graph::tune;
+using cudnn_graph::VariantPack;
 
 namespace {
+
+constexpr const char* kKernel = "cudnn_graph";
 
 enum class Pass : int64_t { Forward, Data, Filter };
 
 // The graphs' tensors, by uid: the variant pack's keys.
 enum Uid : int64_t { kX = 1, kW, kY, kBias, kDy, kDx, kDw };
-
-// Plans asking for more workspace are left out: the per-stream workspace is kept for the life of the process.
-constexpr int64_t kMaxWorkspaceBytes = int64_t{256} << 20;
-// The first plans in heuristics order are built and timed (PyTorch's cudnn.benchmark times at most 10): each build
-// may compile a kernel (cuDNN's runtime-compiled engines), and the likely fastest come first.
-constexpr int64_t kMaxPlans = 8;
 
 fe::DataType_t io_type(DType dtype) {
   switch (dtype) {
@@ -183,10 +179,8 @@ void add_nodes(fe::graph::Graph& graph, const Problem& problem) {
   }
 }
 
-// Builds the first kMaxPlans plans of `problem` that cuDNN's `mode` list offers and the numerics allow; the frontend's
-// message when there is none.
-std::string build_plans(fe::graph::Graph& graph, const Problem& problem, fe::HeurMode_t mode, cudnnHandle_t handle) {
-  add_nodes(graph, problem);
+// Strict float32 leaves out TF32, FFT and Winograd engines; every dtype the reduced-precision ones.
+std::vector<fe::NumericalNote_t> excluded_notes(const Problem& problem) {
   std::vector<fe::NumericalNote_t> excluded = {fe::NumericalNote_t::DOWN_CONVERT_INPUTS,
                                                fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION};
   if (problem.shape.dtype == DType::Float32 && !problem.allow_tf32) {
@@ -194,106 +188,15 @@ std::string build_plans(fe::graph::Graph& graph, const Problem& problem, fe::Heu
                                      fe::NumericalNote_t::WINOGRAD, fe::NumericalNote_t::WINOGRAD_TILE_4x4,
                                      fe::NumericalNote_t::WINOGRAD_TILE_6x6, fe::NumericalNote_t::WINOGRAD_TILE_13x13});
   }
-  fe::error_t status = graph.validate();
-  if (status.is_good()) status = graph.build_operation_graph(handle);
-  if (status.is_good()) status = graph.create_execution_plans({mode});
-  if (status.is_good()) {
-    graph.deselect_numeric_notes(excluded).deselect_workspace_greater_than(kMaxWorkspaceBytes);
-    status = graph.check_support();
-  }
-  if (status.is_bad()) return status.get_message();
-  std::string failures;
-  int64_t built = 0;
-  for (int64_t index = 0; index < graph.get_execution_plan_count() && built < kMaxPlans; ++index) {
-    fe::error_t plan_status = graph.build_plan_at_index(index);
-    if (plan_status.is_good()) {
-      ++built;
-    } else {
-      failures += " plan " + std::to_string(index) + ": " + plan_status.get_message() + ";";
-    }
-  }
-  return built > 0 ? "" : "no plan built:" + failures;
+  return excluded;
 }
 
-struct GraphPlan {
-  std::unique_ptr<fe::graph::Graph> graph;
-  std::string missing;       // why cuDNN has no engine for the problem; empty when it has one
-  bool tuned = false;        // autotuned: the fastest plan is selected
-  int64_t workspace = 0;     // bytes, of the selected plan
-};
-
-struct GraphPlans {
-  std::mutex mutex;
-  std::map<std::vector<int64_t>, std::unique_ptr<GraphPlan>> plans;
-
-  static GraphPlans& instance() {
-    static auto* plans = new GraphPlans();  // never destroyed: outlives Python's teardown order
-    return *plans;
-  }
-};
-
-// The cached plans of `problem`, built on first use with `handle` (no engine: `missing` says why); the caller holds
-// the handle lock. Building queries the device and allocates: a call that enqueues on `stream` (`on_stream`, not
-// prepare()) refuses it while the stream captures.
+// The cached plans of `problem` (see GraphPlans::plan_for); the caller holds the handle lock.
 GraphPlan& plan_for(const Problem& problem, cudnnHandle_t handle, cudaStream_t stream, bool on_stream) {
-  auto& cache = GraphPlans::instance();
-  const std::vector<int64_t> key = problem.key();
-  std::lock_guard<std::mutex> lock(cache.mutex);
-  auto found = cache.plans.find(key);
-  if (found != cache.plans.end()) return *found->second;
-  if (on_stream) refuse_cudnn_setup_during_capture(stream, "cudnn_graph", "build its cuDNN plans");
-  auto plan = std::make_unique<GraphPlan>();
-  for (fe::HeurMode_t mode : {fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}) {
-    plan->graph = std::make_unique<fe::graph::Graph>();
-    const std::string missing = build_plans(*plan->graph, problem, mode, handle);
-    if (missing.empty()) {
-      plan->missing.clear();
-      break;
-    }
-    const char* source = mode == fe::HeurMode_t::A ? "heuristics mode A: " : "fallback list: ";
-    plan->missing += (plan->missing.empty() ? "" : "; ") + std::string(source) + missing;
-  }
-  if (!plan->missing.empty()) plan->graph.reset();
-  return *cache.plans.emplace(key, std::move(plan)).first->second;
+  return GraphPlans::instance().plan_for(
+      problem.key(), [&problem](fe::graph::Graph& graph) { add_nodes(graph, problem); }, excluded_notes(problem),
+      handle, stream, on_stream, kKernel);
 }
-
-// Times every plan on the call's buffers once (outside capture) and keeps the fastest; the caller holds the handle
-// lock. The workspace the timing needs is the largest plan's.
-void tune(GraphPlan& plan, cudnnHandle_t handle, std::unordered_map<int64_t, void*>& pack, cudaStream_t stream) {
-  if (plan.tuned) return;
-  refuse_cudnn_setup_during_capture(stream, "cudnn_graph", "time its cuDNN plans");
-  const int64_t bytes = plan.graph->get_autotune_workspace_size();
-  void* workspace = bytes > 0 ? StreamWorkspace::get(static_cast<std::size_t>(bytes), stream) : nullptr;
-  fe::error_t status = plan.graph->autotune(handle, pack, workspace);
-  if (status.is_bad()) {
-    throw std::runtime_error("ge2 op 'conv2d': kernel 'cudnn_graph': timing the cuDNN plans failed: " +
-                             status.get_message());
-  }
-  int64_t selected = 0;
-  fe::error_t size_status = plan.graph->get_workspace_size(selected);
-  if (size_status.is_bad()) {
-    throw std::runtime_error("ge2 op 'conv2d': kernel 'cudnn_graph': " + size_status.get_message());
-  }
-  plan.workspace = selected;
-  plan.tuned = true;
-}
-
-void execute(const GraphPlan& plan, cudnnHandle_t handle, std::unordered_map<int64_t, void*>& pack, void* workspace) {
-  fe::error_t status = plan.graph->execute(handle, pack, workspace);
-  if (status.is_bad()) {
-    throw std::runtime_error("ge2 op 'conv2d': kernel 'cudnn_graph': cuDNN execution failed: " +
-                             status.get_message());
-  }
-}
-
-std::string no_engine(const GraphPlan& plan) { return "cuDNN has no engine for this problem (" + plan.missing + ")"; }
-
-// The plans assume 16-byte aligned tensors (the frontend's default alignment; its execute checks the pointers).
-bool aligned(std::initializer_list<const void*> pointers) {
-  return std::all_of(pointers.begin(), pointers.end(),
-                     [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; });
-}
-constexpr const char* kMisaligned = "needs 16-byte aligned tensors (its cuDNN plans assume them); got an offset view";
 
 }  // namespace
 
@@ -329,7 +232,7 @@ void cudnn_graph_prepare(const Shape& shape, Act act, float slope, bool has_bias
   cudnnHandle_t handle = CudnnHandles::instance().current();
   for (const Problem& problem : problems) {
     const GraphPlan& plan = plan_for(problem, handle, nullptr, /*on_stream=*/false);
-    if (plan.graph == nullptr) throw std::runtime_error("ge2 op 'conv2d': kernel 'cudnn_graph': " + no_engine(plan));
+    if (plan.graph == nullptr) throw std::runtime_error(cudnn_graph::kernel_prefix(kKernel) + no_engine(plan));
   }
 }
 
@@ -341,13 +244,13 @@ std::string cudnn_graph_forward(const ForwardArgs& args, cudaStream_t stream) {
                               args.allow_tf32},
                              handle, stream, /*on_stream=*/true);
   if (plan.graph == nullptr) return no_engine(plan);
-  std::unordered_map<int64_t, void*> pack = {{kX, const_cast<void*>(args.x)}, {kW, const_cast<void*>(args.w)},
+  VariantPack pack = {{kX, const_cast<void*>(args.x)}, {kW, const_cast<void*>(args.w)},
                                              {kY, args.y}};
   if (args.bias != nullptr) pack[kBias] = const_cast<void*>(args.bias);
-  tune(plan, handle, pack, stream);
+  tune(plan, handle, pack, stream, kKernel);
   void* workspace = plan.workspace > 0 ? StreamWorkspace::get(static_cast<std::size_t>(plan.workspace), stream)
                                        : nullptr;
-  execute(plan, handle, pack, workspace);
+  execute(plan, handle, pack, workspace, kKernel);
   return "";
 }
 
@@ -366,17 +269,17 @@ std::string cudnn_graph_backward(const BackwardArgs& args, cudaStream_t stream) 
                        /*on_stream=*/true);
     if (filter->graph == nullptr) return no_engine(*filter);
   }
-  std::unordered_map<int64_t, void*> data_pack = {{kDy, const_cast<void*>(args.dy)}, {kW, const_cast<void*>(args.w)},
+  VariantPack data_pack = {{kDy, const_cast<void*>(args.dy)}, {kW, const_cast<void*>(args.w)},
                                                   {kDx, args.dx}};
-  std::unordered_map<int64_t, void*> filter_pack = {{kDy, const_cast<void*>(args.dy)},
+  VariantPack filter_pack = {{kDy, const_cast<void*>(args.dy)},
                                                     {kX, const_cast<void*>(args.x)}, {kDw, args.dw}};
-  if (data != nullptr) tune(*data, handle, data_pack, stream);
-  if (filter != nullptr) tune(*filter, handle, filter_pack, stream);
+  if (data != nullptr) tune(*data, handle, data_pack, stream, kKernel);
+  if (filter != nullptr) tune(*filter, handle, filter_pack, stream, kKernel);
   // One workspace for both passes: growing it between them would wait for the stream.
   const int64_t bytes = std::max(data != nullptr ? data->workspace : 0, filter != nullptr ? filter->workspace : 0);
   void* workspace = bytes > 0 ? StreamWorkspace::get(static_cast<std::size_t>(bytes), stream) : nullptr;
-  if (data != nullptr) execute(*data, handle, data_pack, workspace);
-  if (filter != nullptr) execute(*filter, handle, filter_pack, workspace);
+  if (data != nullptr) execute(*data, handle, data_pack, workspace, kKernel);
+  if (filter != nullptr) execute(*filter, handle, filter_pack, workspace, kKernel);
   // act is none here, so dbias is the sum of dy: the reduction im2col_gemm uses, one dbias path for every dtype.
   if (args.dbias != nullptr) launch_bias_grad(args.shape, args.dy, args.dbias, /*gemm_layout=*/false, stream);
   return "";

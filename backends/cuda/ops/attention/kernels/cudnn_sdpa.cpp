@@ -1,0 +1,189 @@
+// cudnn: cuDNN's fused scaled dot-product attention through the cuDNN frontend (header-only C++): Graph::sdpa
+// with generate_stats for the forward, Graph::sdpa_backward for dQ, dK, dV. Compiled only when CMake found cuDNN
+// and the frontend headers (GE2_WITH_CUDNN_FRONTEND). Host code only, so it compiles as C++.
+//
+// GE2's contract maps onto cuDNN's as it stands: the layouts are strides of [batch, heads, seq, head_dim] tensors;
+// grouped K/V heads are K/V tensors of heads_kv heads (cuDNN needs heads_q % heads_kv == 0, and sums dK, dV over
+// each group); causal is set_causal_mask, the top-left diagonal (query row i sees keys j <= i, PyTorch's
+// is_causal; set_causal_mask_bottom_right is the other alignment); the scale is the attn_scale value. cuDNN's
+// Stats is the natural-log log-sum-exp of the scaled scores, [batch, heads_q, seq_q, 1] float32: GE2's lse with a
+// unit last dimension, so the forward writes lse in place and the backward reads any candidate's lse as Stats.
+// Plans per problem, built and timed as _common/cudnn_graph_plans.hpp says.
+#include "api.hpp"
+
+#if GE2_WITH_CUDNN_FRONTEND
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "cudnn_graph_plans.hpp"
+#include "status.hpp"
+#endif
+
+namespace ge2::attention {
+
+#if !GE2_WITH_CUDNN_FRONTEND
+
+std::string cudnn_not_built_reason() {
+#if GE2_WITH_CUDNN
+  return "cuDNN frontend headers not found (install nvidia-cudnn-frontend or set GE2_CUDNN_FRONTEND_DIR)";
+#else
+  return "CMake found no cuDNN (cudnn.h and libcudnn: neither in the CUDA toolkit nor in the nvidia-cudnn-cu13 "
+         "Python package)";
+#endif
+}
+std::string cudnn_unsupported_reason(const Shape&) { return "not built: " + cudnn_not_built_reason(); }
+void cudnn_prepare(const Shape&, bool) { throw std::logic_error("attention: built without the cuDNN frontend"); }
+std::string cudnn_forward(const ForwardArgs&, cudaStream_t) {
+  throw std::logic_error("attention: built without the cuDNN frontend");
+}
+std::string cudnn_backward(const BackwardArgs&, cudaStream_t) {
+  throw std::logic_error("attention: built without the cuDNN frontend");
+}
+
+#else
+
+namespace {
+
+namespace fe = cudnn_graph::fe;
+using cudnn_graph::GraphPlan;
+using cudnn_graph::VariantPack;
+
+constexpr const char* kKernel = "cudnn";
+
+// The constraints of cuDNN's 16-bit SDPA on every architecture it runs on (forward and backward; sm_90 takes
+// head_dim up to 256, older ones up to 128: the build of the plans says no there, and auto moves on).
+std::string constraint_reason(const Shape& shape) {
+  if (shape.dtype != DType::Float16 && shape.dtype != DType::BFloat16) {
+    return std::string("cudnn runs cuDNN's fused SDPA, which takes float16 and bfloat16: got ") +
+           dtype_name(shape.dtype);
+  }
+  if (shape.head_dim % 8 != 0 || shape.head_dim > kMaxCudnnHeadDim) {
+    return "cudnn (cuDNN's fused SDPA) needs head_dim a multiple of 8 and <= " + std::to_string(kMaxCudnnHeadDim) +
+           ", got head_dim " + std::to_string(shape.head_dim);
+  }
+  return "";
+}
+
+// The graphs' tensors, by uid: the variant pack's keys.
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv };
+
+fe::DataType_t io_type(DType dtype) {
+  return dtype == DType::BFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
+}
+
+// Dims [batch, heads, seq, head_dim] and the strides of the problem's layout.
+std::vector<int64_t> dims_of(const Shape& s, int64_t heads, int64_t seq) { return {s.batch, heads, seq, s.head_dim}; }
+std::vector<int64_t> strides_of(const Shape& s, int64_t heads, int64_t seq) {
+  const int64_t d = s.head_dim;
+  if (s.seq_major) return {seq * heads * d, d, heads * d, 1};
+  return {heads * seq * d, seq * d, d, 1};
+}
+
+std::vector<int64_t> key_of(const Shape& s, bool backward) {
+  int32_t scale_bits = 0;
+  std::memcpy(&scale_bits, &s.scale, sizeof(scale_bits));
+  return {current_device(), s.batch, s.heads_q, s.heads_kv, s.seq_q, s.seq_k, s.head_dim, s.seq_major, scale_bits,
+          s.causal, static_cast<int64_t>(s.dtype), backward};
+}
+
+// The tensors and the SDPA node (forward or backward) of the problem in `graph`.
+void add_nodes(fe::graph::Graph& graph, const Shape& s, bool backward) {
+  const fe::DataType_t io = io_type(s.dtype);
+  graph.set_io_data_type(io).set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(
+      fe::DataType_t::FLOAT);
+  auto tensor = [&](Uid uid, const char* name, int64_t heads, int64_t seq) {
+    return graph.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims_of(s, heads, seq))
+                            .set_stride(strides_of(s, heads, seq)).set_data_type(io));
+  };
+  auto output = [&](const std::shared_ptr<fe::graph::Tensor_attributes>& t, Uid uid, int64_t heads, int64_t seq) {
+    t->set_output(true).set_uid(uid).set_dim(dims_of(s, heads, seq)).set_stride(strides_of(s, heads, seq))
+        .set_data_type(io);
+  };
+  // GE2's lse [batch, heads_q, seq_q] is cuDNN's packed Stats [batch, heads_q, seq_q, 1].
+  const std::vector<int64_t> stats_dims = {s.batch, s.heads_q, s.seq_q, 1},
+                             stats_strides = {s.heads_q * s.seq_q, s.seq_q, 1, 1};
+  auto q = tensor(kQ, "q", s.heads_q, s.seq_q);
+  auto k = tensor(kK, "k", s.heads_kv, s.seq_k);
+  auto v = tensor(kV, "v", s.heads_kv, s.seq_k);
+  if (!backward) {
+    auto attributes = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(s.scale);
+    if (s.causal) attributes.set_causal_mask(true);
+    auto [o, stats] = graph.sdpa(q, k, v, attributes);
+    output(o, kO, s.heads_q, s.seq_q);
+    stats->set_output(true).set_uid(kStats).set_dim(stats_dims).set_stride(stats_strides).set_data_type(
+        fe::DataType_t::FLOAT);
+    return;
+  }
+  auto o = tensor(kO, "o", s.heads_q, s.seq_q);
+  auto dout = tensor(kDo, "dout", s.heads_q, s.seq_q);
+  auto stats = graph.tensor(fe::graph::Tensor_attributes().set_name("stats").set_uid(kStats).set_dim(stats_dims)
+                                .set_stride(stats_strides).set_data_type(fe::DataType_t::FLOAT));
+  auto attributes = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(s.scale);
+  if (s.causal) attributes.set_causal_mask(true);
+  auto [dq, dk, dv] = graph.sdpa_backward(q, k, v, o, dout, stats, attributes);
+  output(dq, kDq, s.heads_q, s.seq_q);
+  output(dk, kDk, s.heads_kv, s.seq_k);
+  output(dv, kDv, s.heads_kv, s.seq_k);
+}
+
+// The cached plans of the problem; the caller holds the handle lock. No numerical note is left out: every SDPA
+// engine keeps its softmax statistics and accumulators in float32.
+GraphPlan& plan_for(const Shape& shape, bool backward, cudnnHandle_t handle, cudaStream_t stream, bool on_stream) {
+  return cudnn_graph::GraphPlans::instance().plan_for(
+      key_of(shape, backward), [&](fe::graph::Graph& graph) { add_nodes(graph, shape, backward); }, {}, handle,
+      stream, on_stream, kKernel);
+}
+
+// Runs the problem's plan on `pack`: empty when it ran, else why cuDNN declined (enqueuing nothing).
+std::string run(const Shape& shape, bool backward, VariantPack& pack, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
+  cudnnHandle_t handle = CudnnHandles::instance().bound_to(stream);
+  GraphPlan& plan = plan_for(shape, backward, handle, stream, /*on_stream=*/true);
+  if (plan.graph == nullptr) return cudnn_graph::no_engine(plan);
+  cudnn_graph::tune(plan, handle, pack, stream, kKernel);
+  void* workspace = plan.workspace > 0 ? StreamWorkspace::get(static_cast<std::size_t>(plan.workspace), stream)
+                                       : nullptr;
+  cudnn_graph::execute(plan, handle, pack, workspace, kKernel);
+  return "";
+}
+
+}  // namespace
+
+std::string cudnn_not_built_reason() { return ""; }
+
+std::string cudnn_unsupported_reason(const Shape& shape) { return constraint_reason(shape); }
+
+void cudnn_prepare(const Shape& shape, bool backward) {
+  std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
+  cudnnHandle_t handle = CudnnHandles::instance().current();
+  const GraphPlan& plan = plan_for(shape, backward, handle, nullptr, /*on_stream=*/false);
+  if (plan.graph == nullptr) {
+    throw std::runtime_error(cudnn_graph::kernel_prefix(kKernel) + cudnn_graph::no_engine(plan));
+  }
+}
+
+std::string cudnn_forward(const ForwardArgs& args, cudaStream_t stream) {
+  if (!cudnn_graph::aligned({args.q, args.k, args.v, args.o, args.lse})) return cudnn_graph::kMisaligned;
+  VariantPack pack = {{kQ, const_cast<void*>(args.q)}, {kK, const_cast<void*>(args.k)},
+                      {kV, const_cast<void*>(args.v)}, {kO, args.o}, {kStats, args.lse}};
+  return run(args.shape, /*backward=*/false, pack, stream);
+}
+
+std::string cudnn_backward(const BackwardArgs& args, cudaStream_t stream) {
+  if (!cudnn_graph::aligned({args.dout, args.q, args.k, args.v, args.o, args.lse, args.dq, args.dk, args.dv})) {
+    return cudnn_graph::kMisaligned;
+  }
+  VariantPack pack = {{kQ, const_cast<void*>(args.q)},       {kK, const_cast<void*>(args.k)},
+                      {kV, const_cast<void*>(args.v)},       {kO, const_cast<void*>(args.o)},
+                      {kDo, const_cast<void*>(args.dout)},   {kStats, const_cast<float*>(args.lse)},
+                      {kDq, args.dq},                        {kDk, args.dk},
+                      {kDv, args.dv}};
+  return run(args.shape, /*backward=*/true, pack, stream);
+}
+
+#endif
+
+}  // namespace ge2::attention

@@ -66,7 +66,7 @@ print(';'.join(dirs))"
     target_link_libraries(${target} PRIVATE CUDA::nvrtc)
     target_compile_definitions(${target} PRIVATE GE2_WITH_CUDNN_FRONTEND=1 CUDNN_FRONTEND_SKIP_JSON_LIB)
   else()
-    message(STATUS "cuDNN frontend for ${target}: cudnn_frontend.h not found (its cudnn_graph candidate is not "
+    message(STATUS "cuDNN frontend for ${target}: cudnn_frontend.h not found (its cuDNN graph API candidate is not "
                    "built: install nvidia-cudnn-frontend or set GE2_CUDNN_FRONTEND_DIR)")
     target_compile_definitions(${target} PRIVATE GE2_WITH_CUDNN_FRONTEND=0)
   endif()

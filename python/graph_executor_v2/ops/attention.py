@@ -16,17 +16,17 @@ Backward, from dy and the saved y and lse: ``D_i = dy_i . y_i``, ``P_ij = exp(sc
 query heads of each K/V group). lse carries no gradient: it is a saved statistic.
 
 Kernel candidates (``kernels()``), in priority order (``auto`` takes the first that applies):
-0. ``cudnn``: cuDNN's fused SDPA through the cuDNN frontend (Graph::sdpa, whose row statistics are lse, and
+1. ``cudnn``: cuDNN's fused SDPA through the cuDNN frontend (Graph::sdpa, whose row statistics are lse, and
    Graph::sdpa_backward, which reads any candidate's lse), built only where CMake found cuDNN and the frontend
    headers (the nvidia-cudnn-frontend package or GE2_CUDNN_FRONTEND_DIR; ``has_cudnn()``); float16 and bfloat16,
    head_dim a multiple of 8 up to 256, 16-byte aligned arrays. Its plans are built once per problem by ``prepare``
    or the first call (never during CUDA graph capture) and timed on the first call; ``auto`` takes the next
    candidate when cuDNN declines a problem.
-1. ``flash``: FlashAttention-2 on tensor cores (mma.sync), float16 and bfloat16, head_dim 64 and 128, any length;
+2. ``flash``: FlashAttention-2 on tensor cores (mma.sync), float16 and bfloat16, head_dim 64 and 128, any length;
    its backward adds dq in float32 atomics.
-2. ``rowwise``: a warp per query row (forward, dq) or key row (dk, dv), float32 online softmax, no tensor cores, no
+3. ``rowwise``: a warp per query row (forward, dq) or key row (dk, dv), float32 online softmax, no tensor cores, no
    cuBLAS and no score scratch; head_dim <= 256, any length.
-3. ``unfused``: S = scale q k^T and y = P v on cuBLASLt around a softmax kernel (16-bit P and dS as a high and a
+4. ``unfused``: S = scale q k^T and y = P v on cuBLASLt around a softmax kernel (16-bit P and dS as a high and a
    residual part, so they are not rounded to the input dtype), through a per-stream workspace in chunks of heads and
    query rows; any head_dim, length, dtype and alignment (the path that always works).
 """

@@ -10,6 +10,7 @@
 // unit last dimension, so the forward writes lse in place and the backward reads any candidate's lse as Stats.
 // Plans per problem, built and timed as _common/cudnn_graph_plans.hpp says.
 #include "api.hpp"
+#include "cudnn_build.hpp"
 
 #if GE2_WITH_CUDNN_FRONTEND
 #include <cstdint>
@@ -24,16 +25,10 @@
 
 namespace ge2::attention {
 
+std::string cudnn_not_built_reason() { return cudnn_frontend_not_built_reason(); }
+
 #if !GE2_WITH_CUDNN_FRONTEND
 
-std::string cudnn_not_built_reason() {
-#if GE2_WITH_CUDNN
-  return "cuDNN frontend headers not found (install nvidia-cudnn-frontend or set GE2_CUDNN_FRONTEND_DIR)";
-#else
-  return "CMake found no cuDNN (cudnn.h and libcudnn: neither in the CUDA toolkit nor in the nvidia-cudnn-cu13 "
-         "Python package)";
-#endif
-}
 std::string cudnn_unsupported_reason(const Shape&) { return "not built: " + cudnn_not_built_reason(); }
 void cudnn_prepare(const Shape&, bool) { throw std::logic_error("attention: built without the cuDNN frontend"); }
 std::string cudnn_forward(const ForwardArgs&, cudaStream_t) {
@@ -152,7 +147,6 @@ std::string run(const Shape& shape, bool backward, VariantPack& pack, cudaStream
 
 }  // namespace
 
-std::string cudnn_not_built_reason() { return ""; }
 
 std::string cudnn_unsupported_reason(const Shape& shape) { return constraint_reason(shape); }
 

@@ -6,6 +6,7 @@
 // whose numerical notes say tensor cores (TF32), FFT or Winograd; every dtype leaves out those that down-convert
 // inputs or reduce in reduced precision, so the convolution accumulates in float32 as the other candidates do.
 #include "api.hpp"
+#include "cudnn_build.hpp"
 
 #if GE2_WITH_CUDNN_FRONTEND
 #include <algorithm>
@@ -21,16 +22,10 @@
 
 namespace ge2::conv2d {
 
+std::string cudnn_graph_not_built_reason() { return cudnn_frontend_not_built_reason(); }
+
 #if !GE2_WITH_CUDNN_FRONTEND
 
-std::string cudnn_graph_not_built_reason() {
-#if GE2_WITH_CUDNN
-  return "cuDNN frontend headers not found (install nvidia-cudnn-frontend or set GE2_CUDNN_FRONTEND_DIR)";
-#else
-  return "CMake found no cuDNN (cudnn.h and libcudnn: neither in the CUDA toolkit nor in the nvidia-cudnn-cu13 "
-         "Python package)";
-#endif
-}
 std::string cudnn_graph_unsupported_reason(const Shape&, Act, bool, bool) {
   return "not built: " + cudnn_graph_not_built_reason();
 }
@@ -200,7 +195,6 @@ GraphPlan& plan_for(const Problem& problem, cudnnHandle_t handle, cudaStream_t s
 
 }  // namespace
 
-std::string cudnn_graph_not_built_reason() { return ""; }
 
 std::string cudnn_graph_unsupported_reason(const Shape& s, Act act, bool has_bias, bool backward) {
   if (backward && act != Act::None) {

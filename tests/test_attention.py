@@ -758,19 +758,23 @@ def test_torch_interop_is_zero_copy(dtype):
 
 @pytest.mark.gpu
 def test_cudnn_refuses_to_build_plans_during_capture(rng):
-    """A problem cudnn has not run yet cannot build its plans inside a capture: a clear error, and the capture can be
-    aborted; prepare() (what the executor calls) builds them ahead."""
+    """A native call on a problem cudnn has no plans for yet refuses to build them inside a capture, with a clear
+    error (prepare(), which the registry and the face call first, builds them ahead), and the capture can be
+    aborted."""
     if not attention.has_cudnn():
         pytest.skip(attention._native_module().unsupported_reason("cudnn", 64, "float16"))
     runtime = ge2.device.runtime()
     stream = runtime.Stream()
     q, k, v = (runtime.DeviceArray.from_numpy(x) for x in _problem(rng, 1, 2, 2, 43, 43, 64, "float16")[:3])
+    y, lse = runtime.DeviceArray.empty([1, 2, 43, 64], "float16"), runtime.DeviceArray.empty([1, 2, 43], "float32")
     graph = runtime.CudaGraph()
     graph.begin_capture(stream.handle)
     try:
         with pytest.raises(RuntimeError, match="kernel 'cudnn' must build its cuDNN plans before CUDA graph capture; "
                                                "run the problem once on this stream first"):
-            attention.forward(q, k, v, causal=True, kernel="cudnn", stream=stream)
+            attention._native_module().forward(q.ptr, k.ptr, v.ptr, y.ptr, lse.ptr, batch=1, heads_q=2, heads_kv=2,
+                                               seq_q=43, seq_k=43, head_dim=64, seq_major=False, scale=0.25,
+                                               causal=True, dtype="float16", kernel="cudnn", stream=stream.handle)
     finally:
         graph.abort_capture()
 

@@ -95,7 +95,12 @@ class Event {
 class CudaGraph {
  public:
   CudaGraph() = default;
-  ~CudaGraph() { reset(); }
+  ~CudaGraph() {
+    // Dropped mid-capture (its owner raised without abort_capture): the thread's deferred frees must not wait for
+    // an end_capture that will never come.
+    if (capture_stream_ != 0) capture_ends();
+    reset();
+  }
   CudaGraph(const CudaGraph&) = delete;
   CudaGraph& operator=(const CudaGraph&) = delete;
 

@@ -14,7 +14,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 stamp=.venv/.ge2-installed
 if [ ! -f "$stamp" ] || [ -n "$(find CMakeLists.txt cmake backends src pyproject.toml -newer "$stamp" -print -quit)" ]; then
   # The cudnn extra first: pip builds the project before it installs the extras, and CMake looks for the cuDNN
-  # frontend headers (conv2d's cudnn_graph candidate) in this environment at build time.
+  # frontend headers (conv2d's cudnn_graph, attention's cudnn) in this environment at build time.
   # Python 3.10 has no tomllib: the build then goes on without the candidate (kernels() says why).
   cudnn_extra=$(python -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["cudnn"]))' || true)
   [ -z "$cudnn_extra" ] || python -m pip install --quiet $cudnn_extra

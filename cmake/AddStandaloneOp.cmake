@@ -78,6 +78,13 @@ function(ge2_finish_module target)
   target_compile_features(${target} PRIVATE cxx_std_17 cuda_std_17)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo -Xcompiler=-fvisibility=hidden>)
+  if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
+    # A toolchain that links libstdc++ statically (the GPU machine's g++ does) would otherwise export that copy from
+    # the module; once another library puts the shared libstdc++ into the global scope (cuDNN's engine libraries),
+    # the module's lazily bound calls go there while its data stays here: mixed locales crash the first number an
+    # ostream formats (the cuDNN frontend's engine names). Hidden, the module's copy binds to itself.
+    target_link_options(${target} PRIVATE "LINKER:--exclude-libs,ALL")
+  endif()
   if(SKBUILD)
     install(TARGETS ${target} LIBRARY DESTINATION ${ARG_PACKAGE})
   else()

@@ -31,6 +31,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>
 
 if [[ " $STAGES " == *" build "* ]]; then
   start=$SECONDS
+  # The cuDNN frontend headers carried to a machine with no network (see GE2_CMAKE_ARGS above).
+  [ -z "${GE2_CUDNN_FRONTEND_DIR:-}" ] && [ -d .gpu/cudnn_frontend ] && export GE2_CUDNN_FRONTEND_DIR=$PWD/.gpu/cudnn_frontend
   cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
     -Dpybind11_DIR="$("$PYTHON" -m pybind11 --cmakedir)" -DGE2_ONLY_OPS="${GE2_ONLY_OPS:-}" ${GE2_CMAKE_ARGS:-} \
     >"$OUT/build.log" 2>&1 &&

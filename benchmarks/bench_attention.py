@@ -100,7 +100,7 @@ def main():
                ("vs_torch_fwdbwd", "fwd+bwd vs torch"), ("ge2_fwd_tflops", "GE2 fwd TFLOP/s"),
                ("max_rel_err", "max rel err"), ("op_target_met", "op target (>=1.0x fwd, >=0.95x fwd+bwd)"),
                ("flash_target_met", "flash target at head_dim 128 (>=0.8x fwd, >=0.7x fwd+bwd)")]
-    print(write_results("attention", rows, columns, "attention vs torch scaled_dot_product_attention (H100)"))
+    print(write_results("attention", rows, columns, "attention vs torch scaled_dot_product_attention"))
 
 
 if __name__ == "__main__":

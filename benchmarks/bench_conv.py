@@ -137,7 +137,7 @@ def main(quick: bool) -> None:
                ("torch_train_ms", "torch fwd+bwd ms"), ("train_vs_torch", "fwd+bwd x vs torch"),
                ("bwd_kernel", "bwd kernel"), ("max_rel_err", "max rel err"), ("target", "target"), ("met", "met"),
                ("note", "note")]
-    print(write_results("conv2d", rows, columns, "conv2d vs PyTorch cuDNN (H100, medians, L2 flushed)"))
+    print(write_results("conv2d", rows, columns, "conv2d vs PyTorch cuDNN (medians, L2 flushed)"))
 
 
 if __name__ == "__main__":

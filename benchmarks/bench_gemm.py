@@ -77,7 +77,7 @@ def main(quick: bool) -> None:
                ("ge2_tflops", "GE2 TFLOP/s"), ("addmm_act_ms", "_addmm_activation ms"),
                ("linear_act_ms", "F.linear+act ms"), ("mm_ms", "mm alone ms"), ("vs_addmm_act", "x vs addmm_act"),
                ("vs_linear_act", "x vs linear+act"), ("target", "target"), ("met", "met")]
-    print(write_results("gemm", rows, columns, "GEMM + bias + activation (H100, medians, L2 flushed)"))
+    print(write_results("gemm", rows, columns, "GEMM + bias + activation (medians, L2 flushed)"))
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def main(filters: list[str]) -> None:
     columns = [("case", "case"), ("ge2_ms", "GE2 ms"), ("ge2_tb_s", "GE2 TB/s"), ("torch_ms", "PyTorch ms"),
                ("torch_tb_s", "PyTorch TB/s"), ("speedup", "speedup"), ("copy_fraction", "of copy ceiling"),
                ("target", "target"), ("met", "met")]
-    print(write_results("ops", rows, columns, "GE2 ops vs PyTorch (H100, medians, L2 flushed)"))
+    print(write_results("ops", rows, columns, "GE2 ops vs PyTorch (medians, L2 flushed)"))
 
 
 if __name__ == "__main__":

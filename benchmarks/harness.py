@@ -73,11 +73,12 @@ def environment() -> dict:
 
 
 def write_results(name: str, rows: list[dict], columns: list[tuple[str, str]], title: str) -> str:
-    """Writes results/<name>.json and results/<name>.md; returns the markdown table. ``columns`` are
-    (key, header) pairs; floats print with 3 significant decimals."""
+    """Writes results/<name>.json and results/<name>.md; returns the markdown table, titled with the GPU it ran on.
+    ``columns`` are (key, header) pairs; floats print with 3 significant decimals."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps({"environment": environment(), "rows": rows}, indent=2))
-    lines = [f"### {title}", "", "| " + " | ".join(h for _, h in columns) + " |",
+    env = environment()
+    (RESULTS / f"{name}.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=2))
+    lines = [f"### {title} on {env['gpu']}", "", "| " + " | ".join(h for _, h in columns) + " |",
              "|" + "|".join("---" for _ in columns) + "|"]
     for row in rows:
         cells = []

@@ -200,6 +200,7 @@ def test_a_captured_plan_survives_workspaces_growing_elsewhere(rng):
     runtime.synchronize()
 
 
+@pytest.mark.exclusive_gpu
 def test_device_memory_stays_flat_over_10k_replays(rng):
     runtime = ge2.device.runtime()
     g, reference = mlp(rng, SIZES, "float32", "relu", batch=64)

@@ -118,6 +118,7 @@ def test_torch_tensors_in_torch_tensors_out(rng):
     assert_close(y.cpu().numpy(), reference(x), "float32", max(SIZES))
 
 
+@pytest.mark.exclusive_gpu
 def test_no_device_allocation_in_the_steady_state(rng):
     runtime = ge2.device.runtime()
     g, reference = mlp(rng, SIZES, "float16", "gelu", batch=64, residual=True)

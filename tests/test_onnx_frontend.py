@@ -18,6 +18,7 @@ import graph_executor_v2 as ge2  # noqa: E402
 from graph_executor_v2.frontend import UnsupportedModelError  # noqa: E402
 from graph_executor_v2.frontend import onnx as onnx_frontend  # noqa: E402
 from graph_executor_v2.frontend.onnx_backend import Ge2Backend, claimed_node_tests  # noqa: E402
+from graph_executor_v2.ops import attention  # noqa: E402
 from graph_executor_v2.testing import assert_close  # noqa: E402
 
 
@@ -146,6 +147,21 @@ KNOWN_FAILURES = {
 }
 
 
+# Where attention's cudnn candidate is built, `auto` runs ONNX Attention on it on the GPU.
+KNOWN_FAILURES_WITH_CUDNN_ATTENTION = {
+    r"test_attention_4d(_causal)?_fp16":
+        "cuDNN's SDPA rounds the probabilities to float16 before P @ V (as PyTorch's flash and cuDNN backends do): "
+        "one output element of 192 is 2 float16 ulps off, where the test allows rtol 1e-3 (one ulp)",
+}
+
+
+def _built_with_cudnn_attention() -> bool:
+    try:
+        return attention.has_cudnn()
+    except ImportError:  # no native modules: the CUDA tests skip anyway
+        return False
+
+
 def _backend_tests():
     from onnx.backend.test.runner import Runner
 
@@ -154,6 +170,9 @@ def _backend_tests():
     runner.include(claimed.pattern)
     for pattern in KNOWN_FAILURES:
         runner.xfail(f"^{pattern}_(cpu|cuda)$")
+    if _built_with_cudnn_attention():
+        for pattern in KNOWN_FAILURES_WITH_CUDNN_ATTENTION:
+            runner.xfail(f"^{pattern}_cuda$")
     test_cases = runner.test_cases
     for case_class in test_cases.values():  # the runner skips the rest; leave them out instead of skipping 3000
         for attribute in [a for a in vars(case_class) if a.startswith("test_") and not claimed.match(a)]:

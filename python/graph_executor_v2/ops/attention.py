@@ -304,9 +304,10 @@ def _prepare(problem: Problem, first_input: int, native_call: str, kernel: str):
                           problem.attrs["layout"], problem.in_types[first_input].dtype)
     _native_module().prepare(kernel, **sizes, backward=native_call == "backward")
     native = getattr(_native_module(), native_call)
+    problem_args = (*sizes.values(), kernel)  # in the binding's order: positional arguments convert faster
 
     def launch(ins, outs, stream):
-        native(*ins, *outs, **sizes, kernel=kernel, stream=stream)
+        native(*ins, *outs, *problem_args, stream)
 
     return launch
 

@@ -1,5 +1,6 @@
 """ge2.train on the GPU against PyTorch (same initial weights, batches and optimizer): float32 loss curves within
-1e-4 relative at every one of 200 steps (SGD-momentum, AdamW); mixed-precision curves (autocast, GradScaler for
+1e-4 relative (or 4x PyTorch's own float32 floor, where that is larger) at every one of 200 steps (SGD-momentum,
+AdamW); mixed-precision curves (autocast, GradScaler for
 float16) within 2% over 500 steps; the step on device arrays, checkpoints and inference on the GPU."""
 from __future__ import annotations
 
@@ -80,7 +81,12 @@ def test_float32_curve_matches_pytorch_at_every_step(rng, kind):
     trainer = ge2.train.Trainer(_graph(params), loss="loss", device="cuda", optimizer=ours)
     losses = np.array([float(trainer.step(batch)) for batch in batches])
     expected = _torch_losses(torch, params, batches, theirs)
-    np.testing.assert_allclose(losses, expected, rtol=1e-4, err_msg=f"{kind}: GE2 vs PyTorch loss curve")
+    # The float32 floor: PyTorch against itself from weights one ulp away. AdamW's normalized steps carry rounding
+    # differences (summation orders differ between libraries and autotuned kernels) past 1e-4 late in the run.
+    nudged = {name: np.nextafter(value, np.float32(np.inf)) for name, value in params.items()}
+    floor = np.max(np.abs(_torch_losses(torch, nudged, batches, theirs) / expected - 1))
+    np.testing.assert_allclose(losses, expected, rtol=max(1e-4, 4 * floor),
+                               err_msg=f"{kind}: GE2 vs PyTorch loss curve (float32 floor {floor:.1e})")
     # It learns (AdamW at lr 1e-3 halves the loss over 200 steps only just, seen 0.501x on the H100).
     assert losses[-20:].mean() < 0.7 * losses[:20].mean()
 

@@ -44,27 +44,31 @@ def median_ms(fn, warmup: int = 10, reps: int = 50, flush_l2: bool = True) -> fl
     return statistics.median(times)
 
 
-def back_to_back_ms(fn, calls: int = 20, warmup: int = 3, reps: int = 10, flush_l2: bool = True) -> float:
-    """Device time per call of ``fn``: ``calls`` calls issued back to back (after an L2 flush) between two CUDA
-    events, median over ``reps`` bursts, divided by ``calls``. While the host issues a call the device runs the ones
-    before it, so a call's host time stays hidden wherever it is shorter than its device time (``median_ms`` times
-    one call from an idle device, host time included)."""
+def graph_replay_ms(fn, calls: int = 20, reps: int = 10) -> float:
+    """Device time per call of ``fn`` with no host time at all: ``calls`` calls captured once into a CUDA graph on
+    a side stream, the graph replayed ``reps`` times between two CUDA events, divided by ``calls``. ``fn`` must
+    enqueue on ``torch.cuda.current_stream()`` (the capture stream) and allocate nothing outside PyTorch's
+    allocator; warmed up (plans built, autotuning done) before the capture."""
     torch = torch_cuda()
-    flush = torch.empty(64 << 20, dtype=torch.int8, device="cuda") if flush_l2 else None
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        if flush is not None:
-            flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):  # the warm-up's stream: per-stream workspaces exist already
         for _ in range(calls):
             fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return statistics.median(times)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / (reps * calls)
 
 
 def host_overhead_us(fn, calls: int = 2000, burst: int = 100) -> float:

@@ -214,11 +214,13 @@ def cudnn_variant(case, backward):
 
 def cudnn_graph_variant(case, layout, dtype, backward):
     """The case as the cudnn_graph candidate takes it: the fused bias/activation only where cuDNN's runtime fusion
-    runs it (NHWC float16/bfloat16, groups 1, C and K multiples of 8), act none in backward."""
+    runs it (NHWC float16/bfloat16, groups 1, C and K multiples of 8); in backward act none and even padding."""
     n, c, h, w, k, r, s, stride, padding, dilation, groups, act, with_bias = case
     fusable = layout == "NHWC" and dtype != "float32" and groups == 1 and c % 8 == 0 and k % 8 == 0
     if backward:
         act = "none"
+        if isinstance(padding, tuple) and len(padding) == 4:  # uneven padding's backward runs elsewhere
+            padding = (padding[0], padding[2])
     elif not fusable:
         act, with_bias = "none", False
     return (n, c, h, w, k, r, s, stride, padding, dilation, groups, act, with_bias)
@@ -468,12 +470,17 @@ def test_cudnn_graph_constraints_name_the_reason(change, reason):
     geometry, act, bias, backward = graph_problem(**change)
     assert reason in conv2d.unsupported_reason("cudnn_graph", geometry, act, bias, backward)
     # What it takes: any layout, dtype, groups and padding without an epilogue; backward with a bias (dbias by a
-    # reduction); the fused epilogue in NHWC float16/bfloat16.
+    # reduction) and even padding; the fused epilogue in NHWC float16/bfloat16.
     for dtype, layout, groups, padding in (("float32", "NCHW", 2, (1, 0, 2, 1)), ("bfloat16", "NHWC", 4, 1),
                                            ("float16", "NCHW", 1, (0, 1))):
         geometry, _, _, _ = graph_problem(dtype, layout, groups=groups, padding=padding)
         assert conv2d.unsupported_reason("cudnn_graph", geometry, "none", False) is None
-        assert conv2d.unsupported_reason("cudnn_graph", geometry, "none", True, backward=True) is None
+        backward_reason = conv2d.unsupported_reason("cudnn_graph", geometry, "none", True, backward=True)
+        if isinstance(padding, tuple) and len(padding) == 4:
+            assert "uneven padding in backward" in backward_reason
+            assert conv2d.unsupported_reason("im2col_gemm", geometry, "none", True, backward=True) is None
+        else:
+            assert backward_reason is None
     for dtype in HALF_DTYPES:
         for act in ("relu", "gelu", "silu", "leaky_relu"):
             geometry, _, _, _ = graph_problem(dtype, act=act)

@@ -47,9 +47,10 @@ std::vector<KernelInfo> kernel_table() {
              "list when A has none), built once per problem and timed on the first call (the fastest is kept)"
            : "cuDNN's graph API through the cuDNN frontend: NOT BUILT (" + graph_not_built + ")",
        "built with cuDNN and the cuDNN frontend headers; forward bias/activation only in float16/bfloat16, NHWC, "
-       "groups 1, C and K multiples of 8; backward act none; strict float32 leaves out TF32, FFT and Winograd "
-       "engines; plans built by prepare() or the first call and timed on the first call (not during CUDA graph "
-       "capture); auto takes the next candidate when cuDNN has no engine for the problem; plan workspace <= 256 MiB"},
+       "groups 1, C and K multiples of 8; backward act none and even padding; strict float32 leaves out TF32, FFT "
+       "and Winograd engines; plans built by prepare() or the first call and timed on the first call (not during "
+       "CUDA graph capture); auto takes the next candidate when cuDNN has no engine for the problem; plan workspace "
+       "<= 256 MiB"},
       {"implicit_gemm", 30,
        "GE2's own implicit GEMM on tensor cores, forward only: x gathered on the fly by 16-byte cp.async (padding, "
        "stride, dilation in the gather, zero-fill outside), w [K, R, S, C], a 4-stage shared-memory pipeline, "

@@ -200,6 +200,12 @@ std::string cudnn_graph_unsupported_reason(const Shape& s, Act act, bool has_bia
   if (backward && act != Act::None) {
     return "activation gradients (dz = dy * act'(z) with z recomputed) run in im2col_gemm";
   }
+  if (backward && (trailing_padding(s.h, s.pad_top, s.p, s.stride_h, s.dilation_h, s.r) != s.pad_top ||
+                   trailing_padding(s.w, s.pad_left, s.q, s.stride_w, s.dilation_w, s.s) != s.pad_left)) {
+    // compute-sanitizer on the H100: cuDNN's wgrad_alg0_engine read up to 16 bytes past dy's end with pre-padding
+    // 2, post-padding 0 (cuDNN 9 of PyTorch 2.11's wheel).
+    return "uneven padding in backward: a cuDNN weight-gradient engine reads past the end of dy there";
+  }
   if (!backward && (has_bias || act != Act::None)) {
     // cuDNN fuses pointwise epilogues in its runtime-fusion engines: tensor cores, channels last, vector-aligned
     // channels.

@@ -15,7 +15,6 @@
 namespace ge2::batch_norm {
 
 constexpr int kThreads = 256;
-constexpr int kRows = 4;  // NHWC statistics: rows a thread loads before reducing them
 constexpr int64_t kMaxBlocks = 132 * 32;  // H100 SMs x resident blocks; grid-stride loops cover the rest
 
 // forward: (count, mean, M2); backward: (sum dy, sum dy * xhat, unused)
@@ -46,29 +45,6 @@ __device__ __forceinline__ void accumulate(State& s, float x, float dy, float me
     const float delta = x - s.b;
     s.b += delta / s.a;
     s.c += delta * (x - s.b);
-  }
-}
-
-// kCount elements of one channel into a state at once. Forward: their mean and M2 in registers, then one Chan merge,
-// so a division per kCount elements rather than per element (the division bounded the float16 NHWC statistics).
-template <bool kBackward, int kCount>
-__device__ __forceinline__ void accumulate_all(State& s, const float (&x)[kCount], const float (&dy)[kCount],
-                                               float mean, float invstd) {
-  if constexpr (kBackward || kCount == 1) {
-#pragma unroll
-    for (int i = 0; i < kCount; ++i) accumulate<kBackward>(s, x[i], dy[i], mean, invstd);
-  } else {
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kCount; ++i) sum += x[i];
-    const float batch_mean = sum * (1.0f / kCount);
-    float m2 = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kCount; ++i) {
-      const float d = x[i] - batch_mean;
-      m2 += d * d;
-    }
-    s = merge<false>(s, State{static_cast<float>(kCount), batch_mean, m2});
   }
 }
 
@@ -113,7 +89,8 @@ __global__ void channel_partials_nchw(const T* __restrict__ x, const T* __restri
     float xv[kPack], gv[kPack] = {};
     load_floats<kPack>(x + offset, xv);
     if constexpr (kBackward) load_floats<kPack>(dy + offset, gv);
-    accumulate_all<kBackward, kPack>(s, xv, gv, m, s_inv);  // one channel's kPack elements
+#pragma unroll
+    for (int i = 0; i < kPack; ++i) accumulate<kBackward>(s, xv[i], gv[i], m, s_inv);
   }
   s = shuffle_merge<kBackward>(s);
   if (threadIdx.x % 32 == 0) warp_states[threadIdx.x / 32] = s;
@@ -148,30 +125,8 @@ __global__ void channel_partials_nhwc(const T* __restrict__ x, const T* __restri
         s_inv[i] = invstd[channel + i];
       }
     }
-    const Index step = static_cast<Index>(blockDim.y), width = static_cast<Index>(channels);
-    Index r = begin + static_cast<Index>(threadIdx.y);
-    // kRows rows at a time: that many loads in flight, and (forward) one merge per channel for their values.
-    for (; r < end && end - r > (kRows - 1) * step; r += kRows * step) {
-      float xv[kRows][kPack], gv[kRows][kPack] = {};
-#pragma unroll
-      for (int j = 0; j < kRows; ++j) {
-        const Index offset = (r + j * step) * width + static_cast<Index>(channel);
-        load_floats<kPack>(x + offset, xv[j]);
-        if constexpr (kBackward) load_floats<kPack>(dy + offset, gv[j]);
-      }
-#pragma unroll
-      for (int i = 0; i < kPack; ++i) {
-        float xc[kRows], gc[kRows];
-#pragma unroll
-        for (int j = 0; j < kRows; ++j) {
-          xc[j] = xv[j][i];
-          gc[j] = gv[j][i];
-        }
-        accumulate_all<kBackward, kRows>(s[i], xc, gc, m[i], s_inv[i]);
-      }
-    }
-    for (; r < end; r += step) {
-      const Index offset = r * width + static_cast<Index>(channel);
+    for (Index r = begin + threadIdx.y; r < end; r += blockDim.y) {
+      const Index offset = r * static_cast<Index>(channels) + static_cast<Index>(channel);
       float xv[kPack], gv[kPack] = {};
       load_floats<kPack>(x + offset, xv);
       if constexpr (kBackward) load_floats<kPack>(dy + offset, gv);

@@ -1,9 +1,10 @@
 // Plans of cuDNN frontend graphs for an op's cuDNN graph candidates (conv2d's cudnn_graph, attention's cudnn).
 // Include only where GE2_WITH_CUDNN_FRONTEND is 1.
 //
-// Each problem's graph is built once (heuristics mode A, cuDNN's fallback list when A has no engine for it) with
-// its first kMaxPlans plans that build; the first call times them on its own buffers (Graph::autotune, what
-// PyTorch's cudnn.benchmark does) and keeps the fastest. Building and timing allocate and synchronize, so neither
+// Each problem's graph is built once with the first kMaxPlans plans that build from heuristics mode A's engines
+// followed by cuDNN's fallback list (the sources and the limit PyTorch's cudnn.benchmark uses: for odd problems,
+// such as a 3-channel stem, A offers few engines and the fastest can be on the fallback list); the first call
+// times them on its own buffers (Graph::autotune) and keeps the fastest. Building and timing allocate and synchronize, so neither
 // runs during CUDA graph capture. Callers hold CudnnHandles' call lock around everything here.
 #pragma once
 #include <algorithm>
@@ -34,9 +35,9 @@ using AddNodes = std::function<void(fe::graph::Graph&)>;
 
 // Plans asking for more workspace are left out: the per-stream workspace is kept for the life of the process.
 constexpr int64_t kMaxWorkspaceBytes = int64_t{256} << 20;
-// The first plans in heuristics order are built and timed (PyTorch's cudnn.benchmark times at most 10): each build
+// The first plans in heuristics order are built and timed (PyTorch's cudnn.benchmark_limit is 10 too): each build
 // may compile a kernel (cuDNN's runtime-compiled engines), and the likely fastest come first.
-constexpr int64_t kMaxPlans = 8;
+constexpr int64_t kMaxPlans = 10;
 
 struct GraphPlan {
   std::unique_ptr<fe::graph::Graph> graph;
@@ -49,14 +50,14 @@ inline std::string kernel_prefix(const char* kernel) {
   return std::string("ge2 op '") + GE2_OP_NAME + "': kernel '" + kernel + "': ";
 }
 
-// Adds the nodes and builds the first kMaxPlans plans that cuDNN's `mode` list offers, leaving out engines with an
-// `excluded` numerical note; the frontend's message when none builds.
-inline std::string build_plans(fe::graph::Graph& graph, const AddNodes& add_nodes, fe::HeurMode_t mode,
+// Adds the nodes and builds the first kMaxPlans plans of mode A's engines then the fallback list's, leaving out
+// engines with an `excluded` numerical note; the frontend's message when none builds.
+inline std::string build_plans(fe::graph::Graph& graph, const AddNodes& add_nodes,
                                const std::vector<fe::NumericalNote_t>& excluded, cudnnHandle_t handle) {
   add_nodes(graph);
   fe::error_t status = graph.validate();
   if (status.is_good()) status = graph.build_operation_graph(handle);
-  if (status.is_good()) status = graph.create_execution_plans({mode});
+  if (status.is_good()) status = graph.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
   if (status.is_good()) {
     graph.deselect_numeric_notes(excluded).deselect_workspace_greater_than(kMaxWorkspaceBytes);
     status = graph.check_support();
@@ -93,16 +94,8 @@ class GraphPlans {
     if (found != plans_.end()) return *found->second;
     if (on_stream) refuse_cudnn_setup_during_capture(stream, kernel, "build its cuDNN plans");
     auto plan = std::make_unique<GraphPlan>();
-    for (fe::HeurMode_t mode : {fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}) {
-      plan->graph = std::make_unique<fe::graph::Graph>();
-      const std::string missing = build_plans(*plan->graph, add_nodes, mode, excluded, handle);
-      if (missing.empty()) {
-        plan->missing.clear();
-        break;
-      }
-      const char* source = mode == fe::HeurMode_t::A ? "heuristics mode A: " : "fallback list: ";
-      plan->missing += (plan->missing.empty() ? "" : "; ") + std::string(source) + missing;
-    }
+    plan->graph = std::make_unique<fe::graph::Graph>();
+    plan->missing = build_plans(*plan->graph, add_nodes, excluded, handle);
     if (!plan->missing.empty()) plan->graph.reset();
     return *plans_.emplace(key, std::move(plan)).first->second;
   }

@@ -201,6 +201,20 @@ def _tolerance_length(shape) -> int:
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_forward_and_backward_gpu(rng, poisoned, to_device, shape, training, layout, dtype):
+    check_forward_and_backward(rng, poisoned, to_device, shape, training, layout, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_many_splits_gpu(rng, poisoned, to_device, layout, dtype):
+    """Many splits per channel, which the finalize kernels merge in parallel rows of 32 over blocks of 8 channels:
+    here NHWC takes 528 splits (16.5 rows' worth), NCHW 60 (float32) or 30 (16-bit types), and 5 channels leave
+    most of a block's channel lanes empty."""
+    check_forward_and_backward(rng, poisoned, to_device, (15, 5, 128, 128), True, layout, dtype)
+
+
+def check_forward_and_backward(rng, poisoned, to_device, shape, training, layout, dtype):
     x, gamma, beta, running_mean, running_var = operands(rng, shape, dtype, layout, offset=3.0)
     channels = shape[1]
     expected = batch_norm.reference(x, gamma, beta, running_mean, running_var, training, 0.1, 1e-5, layout)

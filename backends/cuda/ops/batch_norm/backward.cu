@@ -13,9 +13,9 @@ __global__ void finalize_backward(const float* __restrict__ partials, int64_t sp
                                   bool training, const float* __restrict__ gamma, const float* __restrict__ mean,
                                   const float* __restrict__ invstd, float* __restrict__ dgamma,
                                   float* __restrict__ dbeta, float* __restrict__ coefficients) {
-  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (c >= channels) return;
-  const State sums = merged_partials<true>(partials, splits, channels, c);
+  const State sums = merged_partials<true>(partials, splits, channels);
+  const int64_t c = blockIdx.x * int64_t{kFinalizeChannels} + threadIdx.x;
+  if (threadIdx.y != 0 || c >= channels) return;
   dbeta[c] = sums.a;
   dgamma[c] = sums.b;
   const float a = gamma[c] * invstd[c];
@@ -43,10 +43,9 @@ void launch_backward(const BackwardArgs& args, const Split& split, float* worksp
         launch_partials<scalar_t, kPack, true, Index>(x, dy, args.saved_mean, args.saved_invstd, partials, shape,
                                                       split, stream);
         GE2_CHECK_LAUNCH("batch_norm channel_partials (backward sums)");
-        finalize_backward<<<static_cast<unsigned>((shape.channels + kThreads - 1) / kThreads), kThreads, 0,
-                            stream>>>(partials, split.splits, shape.channels, static_cast<float>(shape.count()),
-                                      args.training, args.gamma, args.saved_mean, args.saved_invstd, args.dgamma,
-                                      args.dbeta, coefficients);
+        finalize_backward<<<finalize_grid(shape.channels), kFinalizeBlock, 0, stream>>>(
+            partials, split.splits, shape.channels, static_cast<float>(shape.count()), args.training, args.gamma,
+            args.saved_mean, args.saved_invstd, args.dgamma, args.dbeta, coefficients);
         GE2_CHECK_LAUNCH("batch_norm finalize_backward");
         launch_affine<scalar_t, kPack, true, Index>(dy, x, dx, coefficients, shape, stream);
         GE2_CHECK_LAUNCH("batch_norm channel_affine (backward)");

@@ -27,31 +27,54 @@ __device__ __forceinline__ State merge(const State& p, const State& q) {
   if constexpr (kBackward) {
     return {p.a + q.a, p.b + q.b, 0.0f};
   } else {  // Chan et al.'s parallel Welford merge
+    // n == 0 only for two empty states ({0, 0, 0}), which the division by 1 then leaves empty. Without a branch
+    // here the compiler keeps loads of q unconditional, so a loop of merges can issue them ahead.
     const float n = p.a + q.a;
-    if (n == 0.0f) return p;
-    const float delta = q.b - p.b, weight = q.a / n;
+    const float delta = q.b - p.b, weight = q.a / fmaxf(n, 1.0f);
     return {n, p.b + delta * weight, p.c + q.c + delta * delta * p.a * weight};
   }
 }
 
-// One element into a state; forward: x only; backward: dy and xhat's constants.
-template <bool kBackward>
-__device__ __forceinline__ void accumulate(State& s, float x, float dy, float mean, float invstd) {
-  if constexpr (kBackward) {
-    s.a += dy;
-    s.b += dy * (x - mean) * invstd;
-  } else {
-    s.a += 1.0f;
-    const float delta = x - s.b;
-    s.b += delta / s.a;
-    s.c += delta * (x - s.b);
+// Backward: one element's dy and dy * xhat into the sums.
+__device__ __forceinline__ void accumulate_gradient(State& s, float x, float dy, float mean, float invstd) {
+  s.a += dy;
+  s.b += dy * (x - mean) * invstd;
+}
+
+// Forward, NCHW: kPack consecutive values of one channel reduced in registers (1 / kPack is exact) and Chan-merged
+// into s at once: one division (about ten instructions in IEEE float32) per vector instead of one per element.
+template <int kPack>
+__device__ __forceinline__ State merge_values(const State& s, const float* values) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPack; ++i) sum += values[i];
+  const float mean = sum * (1.0f / kPack);
+  float m2 = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPack; ++i) m2 += (values[i] - mean) * (values[i] - mean);
+  return merge<false>(s, State{static_cast<float>(kPack), mean, m2});
+}
+
+// Forward, NHWC: one row's values of kPack channels, Welford updates sharing the reciprocal of the new count (every
+// state of a thread has seen the same rows): one division per row instead of one per element.
+template <int kPack>
+__device__ __forceinline__ void welford_row(State* s, const float* values) {
+  const float count = s[0].a + 1.0f, inverse = 1.0f / count;
+#pragma unroll
+  for (int i = 0; i < kPack; ++i) {
+    s[i].a = count;
+    const float delta = values[i] - s[i].b;
+    s[i].b += delta * inverse;
+    s[i].c += delta * (values[i] - s[i].b);
   }
 }
 
-template <bool kBackward>
+// Merges the states of lanes that differ in the bits from kLowestOffset up to 16 of the lane index (xor shuffles:
+// every lane gets a total; the lanes' pairing is fixed, so it is deterministic).
+template <bool kBackward, int kLowestOffset = 1>
 __device__ __forceinline__ State shuffle_merge(State s) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
+  for (int offset = 16; offset >= kLowestOffset; offset >>= 1) {
     const State other{__shfl_xor_sync(0xffffffffu, s.a, offset), __shfl_xor_sync(0xffffffffu, s.b, offset),
                       __shfl_xor_sync(0xffffffffu, s.c, offset)};
     s = merge<kBackward>(s, other);
@@ -86,11 +109,16 @@ __global__ void channel_partials_nchw(const T* __restrict__ x, const T* __restri
     const Index n = spatial_vectors.divmod(v, sv);
     const Index offset = (n * static_cast<Index>(channels) + static_cast<Index>(channel)) * static_cast<Index>(spatial)
                          + sv * kPack;
-    float xv[kPack], gv[kPack] = {};
+    float xv[kPack];
     load_floats<kPack>(x + offset, xv);
-    if constexpr (kBackward) load_floats<kPack>(dy + offset, gv);
+    if constexpr (kBackward) {
+      float gv[kPack];
+      load_floats<kPack>(dy + offset, gv);
 #pragma unroll
-    for (int i = 0; i < kPack; ++i) accumulate<kBackward>(s, xv[i], gv[i], m, s_inv);
+      for (int i = 0; i < kPack; ++i) accumulate_gradient(s, xv[i], gv[i], m, s_inv);
+    } else {
+      s = merge_values<kPack>(s, xv);
+    }
   }
   s = shuffle_merge<kBackward>(s);
   if (threadIdx.x % 32 == 0) warp_states[threadIdx.x / 32] = s;
@@ -125,13 +153,34 @@ __global__ void channel_partials_nhwc(const T* __restrict__ x, const T* __restri
         s_inv[i] = invstd[channel + i];
       }
     }
-    for (Index r = begin + threadIdx.y; r < end; r += blockDim.y) {
+    const auto load_row = [&](Index r, float* xv, float* gv) {
       const Index offset = r * static_cast<Index>(channels) + static_cast<Index>(channel);
-      float xv[kPack], gv[kPack] = {};
       load_floats<kPack>(x + offset, xv);
       if constexpr (kBackward) load_floats<kPack>(dy + offset, gv);
+    };
+    const auto add_row = [&](const float* xv, const float* gv) {
+      if constexpr (kBackward) {
 #pragma unroll
-      for (int i = 0; i < kPack; ++i) accumulate<kBackward>(s[i], xv[i], gv[i], m[i], s_inv[i]);
+        for (int i = 0; i < kPack; ++i) accumulate_gradient(s[i], xv[i], gv[i], m[i], s_inv[i]);
+      } else {
+        welford_row<kPack>(s, xv);
+      }
+    };
+    // Two rows' loads issued before either is accumulated (still accumulated row by row, in order): the grid is
+    // about 4 blocks per SM, and one 16-byte load in flight per thread leaves DRAM latency exposed.
+    const Index step = blockDim.y;
+    Index r = begin + threadIdx.y;
+    for (; r + step < end; r += 2 * step) {
+      float x0[kPack], x1[kPack], g0[kPack] = {}, g1[kPack] = {};
+      load_row(r, x0, g0);
+      load_row(r + step, x1, g1);
+      add_row(x0, g0);
+      add_row(x1, g1);
+    }
+    if (r < end) {
+      float x0[kPack], g0[kPack] = {};
+      load_row(r, x0, g0);
+      add_row(x0, g0);
     }
   }
   const int row_width = blockDim.x * kPack;
@@ -150,15 +199,52 @@ __global__ void channel_partials_nhwc(const T* __restrict__ x, const T* __restri
   }
 }
 
-// Adds up the splits of one channel in order.
+// The finalize kernels' block: kFinalizeChannels consecutive channels (threadIdx.x) x kFinalizeRows rows of splits
+// (threadIdx.y), grid ceil(channels / kFinalizeChannels). A warp reads 4 splits x 8 channels per plane: four whole
+// 32-byte sectors of the [splits][channels] layout.
+constexpr int kFinalizeChannels = 8;
+constexpr int kFinalizeRows = kThreads / kFinalizeChannels;
+constexpr dim3 kFinalizeBlock(kFinalizeChannels, kFinalizeRows);
+inline unsigned finalize_grid(int64_t channels) {
+  return static_cast<unsigned>((channels + kFinalizeChannels - 1) / kFinalizeChannels);
+}
+
+// The splits of channel blockIdx.x * kFinalizeChannels + threadIdx.x merged in a fixed tree: row y merges splits
+// y, y + kFinalizeRows, ... in order, the four rows of a warp merge by shuffles, then the warps in order. One thread
+// per channel walking all splits was a chain of ~530 dependent L2 loads (the 256 channels of a large NHWC batch).
+// Every thread of the block must call it; the total is meaningful where threadIdx.y == 0 and the channel exists.
 template <bool kBackward>
-__device__ __forceinline__ State merged_partials(const float* partials, int64_t splits, int64_t channels,
-                                                 int64_t channel) {
-  const int64_t plane = splits * channels;
+__device__ __forceinline__ State merged_partials(const float* __restrict__ partials, int64_t splits,
+                                                 int64_t channels) {
+  constexpr int kRowsPerWarp = 32 / kFinalizeChannels;
+  __shared__ State warp_totals[kFinalizeRows / kRowsPerWarp][kFinalizeChannels];
+  const int64_t channel = blockIdx.x * int64_t{kFinalizeChannels} + threadIdx.x;
   State total;
-  for (int64_t k = 0; k < splits; ++k) {
-    const int64_t at = k * channels + channel;
-    total = merge<kBackward>(total, State{partials[at], partials[plane + at], partials[2 * plane + at]});
+  if (channel < channels) {
+    // kBatch splits' loads issued before their merges: a merge's division has a slow-path call, which the
+    // compiler does not move loads across, so merging as it loads would wait for L2 once per split.
+    constexpr int kBatch = 4;
+    const int64_t plane = splits * channels;
+    for (int64_t first = threadIdx.y; first < splits; first += kBatch * kFinalizeRows) {
+      State batch[kBatch];  // empty states past the last split merge as nothing
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int64_t k = first + u * kFinalizeRows, at = k * channels + channel;
+        if (k < splits) batch[u] = State{partials[at], partials[plane + at], partials[2 * plane + at]};
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) total = merge<kBackward>(total, batch[u]);
+    }
+  }
+  // lane = threadIdx.x + kFinalizeChannels * (threadIdx.y % kRowsPerWarp): the upper lane bits are the rows
+  total = shuffle_merge<kBackward, kFinalizeChannels>(total);
+  if (threadIdx.y % kRowsPerWarp == 0) warp_totals[threadIdx.y / kRowsPerWarp][threadIdx.x] = total;
+  __syncthreads();
+  if (threadIdx.y == 0) {
+#pragma unroll
+    for (int w = 1; w < kFinalizeRows / kRowsPerWarp; ++w) {
+      total = merge<kBackward>(total, warp_totals[w][threadIdx.x]);
+    }
   }
   return total;
 }
@@ -179,13 +265,12 @@ __global__ void channel_affine(const T* __restrict__ first, const T* __restrict_
       Index cv;
       channel_vectors.divmod(v, cv);
       offset = v * kPack;
-#pragma unroll
-      for (int i = 0; i < kPack; ++i) {
-        const Index c = cv * kPack + i;
-        k0[i] = coefficients[c];
-        k1[i] = coefficients[channels + c];
-        k2[i] = kBackward ? coefficients[2 * channels + c] : 0.0f;
-      }
+      // Vector loads: channels % kPack == 0 and the workspace is 256-byte aligned, so every row of coefficients
+      // starts on a kPack-float boundary.
+      const Index c = cv * kPack;
+      load_floats<kPack>(coefficients + c, k0);
+      load_floats<kPack>(coefficients + channels + c, k1);
+      if constexpr (kBackward) load_floats<kPack>(coefficients + 2 * channels + c, k2);
     } else {
       Index rest, sv;
       const Index c = per_channel_vectors.divmod(v, rest);

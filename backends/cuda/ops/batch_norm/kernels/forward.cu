@@ -15,12 +15,12 @@ __global__ void finalize_forward(const float* __restrict__ partials, int64_t spl
                                  const float* running_mean, const float* running_var, float momentum, float eps,
                                  float* __restrict__ saved_mean, float* __restrict__ saved_invstd,
                                  float* running_mean_out, float* running_var_out, float* __restrict__ coefficients) {
-  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (c >= channels) return;
+  const State s = training ? merged_partials<false>(partials, splits, channels) : State{};
+  const int64_t c = blockIdx.x * int64_t{kFinalizeChannels} + threadIdx.x;
+  if (threadIdx.y != 0 || c >= channels) return;
   float mean, var;
   const float old_mean = running_mean[c], old_var = running_var[c];
   if (training) {
-    const State s = merged_partials<false>(partials, splits, channels, c);
     mean = s.b;
     var = s.c / s.a;
     // The running variance is unbiased (count > 1 is checked before launch), as PyTorch keeps it.
@@ -58,10 +58,10 @@ void launch_forward(const ForwardArgs& args, const Split& split, float* workspac
                                                          stream);
           GE2_CHECK_LAUNCH("batch_norm channel_partials (statistics)");
         }
-        finalize_forward<<<static_cast<unsigned>((shape.channels + kThreads - 1) / kThreads), kThreads, 0,
-                           stream>>>(partials, split.splits, shape.channels, args.training, args.gamma, args.beta,
-                                     args.running_mean, args.running_var, args.momentum, args.eps, args.saved_mean,
-                                     args.saved_invstd, args.running_mean_out, args.running_var_out, coefficients);
+        finalize_forward<<<finalize_grid(shape.channels), kFinalizeBlock, 0, stream>>>(
+            partials, split.splits, shape.channels, args.training, args.gamma, args.beta, args.running_mean,
+            args.running_var, args.momentum, args.eps, args.saved_mean, args.saved_invstd, args.running_mean_out,
+            args.running_var_out, coefficients);
         GE2_CHECK_LAUNCH("batch_norm finalize_forward");
         launch_affine<scalar_t, kPack, false, Index>(x, nullptr, y, coefficients, shape, stream);
         GE2_CHECK_LAUNCH("batch_norm channel_affine (forward)");

@@ -248,7 +248,9 @@ def test_cpu_executor_runs_a_pooling_graph(rng):
 # ---------------------------------------------------------------------------------------------------------------
 # GPU: every attribute x layout x dtype against the float64 reference
 # ---------------------------------------------------------------------------------------------------------------
-SHAPES = [(1, 1, 1, 1), (2, 3, 9, 8), (1, 16, 7, 13), (3, 8, 12, 12), (2, 5, 17, 3)]
+# NCHW backward threads take 16 bytes of consecutive columns when the width allows (4 float32, 8 16-bit): widths 8,
+# 12 and 24 give one to six such groups per row, the odd widths one column per thread.
+SHAPES = [(1, 1, 1, 1), (2, 3, 9, 8), (1, 16, 7, 13), (3, 8, 12, 12), (2, 5, 17, 3), (2, 3, 10, 24)]
 
 
 def _fits(shape, window, layout="NCHW"):
@@ -303,6 +305,46 @@ def test_avg_pool2d_gpu(rng, poisoned, to_device, shape, window, count_include_p
     dx = poisoned(x.shape, dtype)
     avg_pool2d.backward(to_device(dy), to_device(x), **attrs, out=dx)
     assert_close(dx.numpy(), expected_dx, dtype, taps, what="dx")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_misaligned_views_gpu(rng, dtype, layout):
+    """Arrays one element past a 16-byte boundary, with a width and channel count that would otherwise take 16-byte
+    column groups (NCHW backward) and channel vectors (NHWC, argmax indices included): the one-element path."""
+    torch = pytest.importorskip("torch")
+
+    def misaligned(array):
+        storage = torch.empty(array.size + 1, device="cuda", dtype=getattr(torch, str(array.dtype)))
+        view = storage[1:].view(array.shape)
+        view.copy_(torch.from_numpy(array).cuda())
+        return view
+
+    x_host = to_layout(random_array(rng, (2, 8, 9, 16), dtype), layout)
+    x = misaligned(x_host)
+    for window in (((3, 3), (2, 2), (1, 1), (1, 1), False), ((2, 3), (1, 2), (1, 1), (1, 1), True)):
+        attrs = max_attrs(window, layout)
+        expected_y, expected_indices = OPS["max_pool2d"].reference([x_host], attrs)
+        y = misaligned(np.full(expected_y.shape, np.nan, x_host.dtype))
+        indices = misaligned(np.full(expected_y.shape, -7, np.int32))
+        max_pool2d.forward(x, **attrs, out=(y, indices))
+        assert_close(y.float().cpu().numpy(), expected_y, dtype, what=f"y {window}")
+        np.testing.assert_array_equal(indices.cpu().numpy(), expected_indices)
+        dy_host = random_array(rng, expected_y.shape, dtype)
+        dx = misaligned(np.full(x_host.shape, np.nan, x_host.dtype))
+        max_pool2d.backward(misaligned(dy_host), x, **attrs, out=dx, indices=indices)
+        expected_dx = pool2d.reference_max_backward(dy_host, expected_indices, pool2d._host_window(x_host, attrs))
+        assert_close(dx.float().cpu().numpy(), expected_dx, dtype, 4, what=f"max dx {window}")
+
+        attrs = avg_attrs(window, False, layout)
+        (expected_y,) = OPS["avg_pool2d"].reference([x_host], attrs)
+        dy_host = random_array(rng, expected_y.shape, dtype)
+        dx = misaligned(np.full(x_host.shape, np.nan, x_host.dtype))
+        avg_pool2d.backward(misaligned(dy_host), x, **attrs, out=dx)
+        expected_dx = pool2d.reference_avg_backward(dy_host, pool2d._host_window(x_host, attrs))
+        taps = window[0][0] * window[0][1]
+        assert_close(dx.float().cpu().numpy(), expected_dx, dtype, taps, what=f"avg dx {window}")
 
 
 @pytest.mark.gpu

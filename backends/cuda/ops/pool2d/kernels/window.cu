@@ -20,11 +20,12 @@ __global__ void window_forward_kernel(const T* __restrict__ x, T* __restrict__ y
     rest = p.out_w_div.divmod(rest, ow);
     const Index outer = p.out_h_div.divmod(rest, oh);  // n (NHWC) or n * C + c (NCHW)
     // x offset of (ih, iw) = base + (ih * W + iw) * step
-    const Index base = kChannelsLast ? outer * p.height * p.width * p.channels + pack * kPack
-                                     : outer * p.height * p.width;
-    const Index step = kChannelsLast ? p.channels : 1;
-    const int64_t h0 = static_cast<int64_t>(oh) * p.stride_h - p.pad_h;
-    const int64_t w0 = static_cast<int64_t>(ow) * p.stride_w - p.pad_w;
+    const Index plane_inputs = static_cast<Index>(p.height) * static_cast<Index>(p.width);
+    const Index base = kChannelsLast ? outer * plane_inputs * static_cast<Index>(p.channels) + pack * kPack
+                                     : outer * plane_inputs;
+    const Index step = kChannelsLast ? static_cast<Index>(p.channels) : 1;
+    const int h0 = static_cast<int>(oh) * p.stride_h - p.pad_h;
+    const int w0 = static_cast<int>(ow) * p.stride_w - p.pad_w;
 
     float result[kPack];
     int32_t argmax[kPack];
@@ -34,21 +35,21 @@ __global__ void window_forward_kernel(const T* __restrict__ x, T* __restrict__ y
       argmax[i] = -1;
     }
     for (int kh = 0; kh < p.kernel_h; ++kh) {
-      const int64_t ih = h0 + static_cast<int64_t>(kh) * p.dilation_h;
+      const int ih = h0 + kh * p.dilation_h;
       if (ih < 0 || ih >= p.height) continue;
       for (int kw = 0; kw < p.kernel_w; ++kw) {
-        const int64_t iw = w0 + static_cast<int64_t>(kw) * p.dilation_w;
+        const int iw = w0 + kw * p.dilation_w;
         if (iw < 0 || iw >= p.width) continue;
-        const Index plane = static_cast<Index>(ih * p.width + iw);
+        const int plane = ih * p.width + iw;
         float values[kPack];
-        load_floats<kPack>(x + base + plane * step, values);
+        load_floats<kPack>(x + base + static_cast<Index>(plane) * step, values);
 #pragma unroll
         for (int i = 0; i < kPack; ++i) {
           if (kMax) {
             // The first NaN wins and stays (max of anything with NaN is NaN); among equal values the first tap.
             if (values[i] > result[i] || (isnan(values[i]) && !isnan(result[i]))) {
               result[i] = values[i];
-              argmax[i] = static_cast<int32_t>(plane);
+              argmax[i] = plane;
             }
           } else {
             result[i] += values[i];
@@ -57,16 +58,13 @@ __global__ void window_forward_kernel(const T* __restrict__ x, T* __restrict__ y
       }
     }
     if (!kMax) {
-      const float scale = 1.0f / avg_divisor(p, oh, ow);
+      const float scale = 1.0f / avg_divisor(p, static_cast<int>(oh), static_cast<int>(ow));
 #pragma unroll
       for (int i = 0; i < kPack; ++i) result[i] *= scale;
     }
     const Index out = item * kPack;  // outputs are laid out in the order of `item`
     store_floats<kPack>(y + out, result);
-    if (kMax) {
-#pragma unroll
-      for (int i = 0; i < kPack; ++i) indices[out + i] = argmax[i];
-    }
+    if (kMax) store_indices<kPack>(indices + out, argmax);
   }
 }
 
@@ -74,17 +72,20 @@ __global__ void window_forward_kernel(const T* __restrict__ x, T* __restrict__ y
 
 void launch_window_forward(const ForwardArgs& args, cudaStream_t stream) {
   const Window& w = args.window;
-  const bool aligned = is_aligned(args.x, 16) && is_aligned(args.y, 16);
-  dispatch_window(args.dtype, args.mode, w, aligned, [&](auto tag, auto pack, auto max, auto channels_last, auto index) {
+  // NHWC vectorizes channels (x, y and the argmax indices); NCHW takes one output per thread.
+  const bool aligned = is_aligned(args.x, 16) && is_aligned(args.y, 16) &&
+                       (args.mode == Mode::Avg || is_aligned(args.indices, 16));
+  const auto launch = [&](auto tag, auto pack, auto max, auto layout, auto index) {
     using T = typename decltype(tag)::type;
     using Index = decltype(index);
     constexpr int kPack = decltype(pack)::value;
     const int64_t work = w.batch * w.channels * w.out_height * w.out_width / kPack;
-    window_forward_kernel<T, kPack, decltype(max)::value == 1, decltype(channels_last)::value == 1, Index>
+    window_forward_kernel<T, kPack, decltype(max)::value == 1, decltype(layout)::value == 1, Index>
         <<<grid_for(work), kThreads, 0, stream>>>(static_cast<const T*>(args.x), static_cast<T*>(args.y),
                                                   args.indices, WindowParams(w, kPack), static_cast<Index>(work));
     GE2_CHECK_LAUNCH("pool2d window_forward_kernel");
-  });
+  };
+  dispatch_window<false>(args.dtype, args.mode, w, aligned, launch);
 }
 
 }  // namespace ge2::pool2d

@@ -142,7 +142,7 @@ def _assert_outputs(op, got, expected, how):
     got = got if isinstance(got, tuple) else (got,)
     assert len(got) == len(expected) == len(OPS[op].outputs), f"{op} {how}"
     for name, array, want in zip(OPS[op].outputs, got, expected):
-        array = array if isinstance(array, np.ndarray) else array.numpy()
+        array = array if isinstance(array, np.ndarray) else ge2.device.as_device_array(array).numpy()
         assert array.shape == want.shape and array.dtype == want.dtype, f"{op} {how}: {name}"
         if np.issubdtype(want.dtype, np.integer):  # indices
             np.testing.assert_array_equal(array, want, err_msg=f"{op} {how}: {name}")
@@ -174,15 +174,23 @@ def test_forward_numpy_matches_the_reference_and_backward_gives_one_gradient_per
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["DeviceArray", "torch"])
 @pytest.mark.parametrize("op", sorted(set(OPS) - BACKWARD_OPS))
-def test_forward_on_device_arrays_and_the_prepared_call(rng, to_device, poisoned, op):
+def test_forward_on_device_arrays_and_the_prepared_call(rng, to_device, poisoned, op, kind):
+    """forward and the prepared call (its checks and launch in C++: DeviceArray fields read directly, torch tensors
+    through their methods) on device arrays of each kind, against the reference, outputs poisoned first."""
     face, opdef = getattr(ge2.ops, op), OPS[op]
     inputs, attrs = _sample(rng, op)
     expected = opdef.run_reference(_flat(op, inputs), opdef.validate_attrs(attrs, op))
-    on_device = [[to_device(x) for x in inputs[0]]] if isinstance(inputs[0], list) else [to_device(x) for x in inputs]
+    as_kind = lambda array: array  # noqa: E731
+    if kind == "torch":
+        torch = pytest.importorskip("torch")
+        as_kind = torch.from_dlpack  # zero-copy torch views of the DeviceArrays
+    upload = lambda x: None if x is None else as_kind(to_device(x))  # noqa: E731
+    on_device = [[upload(x) for x in inputs[0]]] if isinstance(inputs[0], list) else [upload(x) for x in inputs]
 
     def poisoned_outputs():  # an array, or a tuple of arrays for several outputs
-        arrays = tuple(poisoned(e.shape, e.dtype.name) for e in expected)
+        arrays = tuple(as_kind(poisoned(e.shape, e.dtype.name)) for e in expected)
         return arrays if len(arrays) > 1 else arrays[0]
 
     def written(result, out):  # the very arrays of ``out`` come back
@@ -202,7 +210,7 @@ def test_forward_on_device_arrays_and_the_prepared_call(rng, to_device, poisoned
     assert written(prepared(*on_device, out=out), out)
     _assert_outputs(op, out, expected, "prepared")
     _assert_outputs(op, prepared(*on_device), expected, "prepared, new output")
-    wrong = [to_device(np.zeros((3, 3, 3), F32))]
+    wrong = [upload(np.zeros((3, 3, 3), F32))]
     wrong = [wrong + on_device[0][1:]] if op == "concat" else wrong + on_device[1:]
     with pytest.raises(ValueError, match="expected an array like the prepared one"):
         prepared(*wrong)
@@ -353,3 +361,94 @@ def test_several_outputs_in_place_pairs_and_saved_results(monkeypatch):
             face.backward_numpy(host_a, host_a, host_b, stat=np.ones(4, F32))
     finally:
         _face.FACES.pop(opdef.name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The native call path: _runtime.Launch (a candidate's launch, arguments bound once) and the prepared call's
+# checks in C++, on stand-ins (no GPU): torch-like arrays take the torch branch (their module is torch's).
+# ---------------------------------------------------------------------------------------------------------------
+class TorchLikeArray:
+    """What the faces read of a torch.Tensor on CUDA (shape, dtype, get_device, is_contiguous, data_ptr)."""
+
+    __module__ = "torch.stand_in"
+
+    def __init__(self, shape, ptr, dtype="float32", device=0, contiguous=True):
+        self.shape, self.ptr, self.dtype, self.device, self.contiguous = tuple(shape), ptr, dtype, device, contiguous
+
+    def get_device(self):
+        return self.device
+
+    def is_contiguous(self):
+        return self.contiguous
+
+    def data_ptr(self):
+        return self.ptr
+
+    def stride(self):
+        return tuple(int(np.prod(self.shape[i + 1:])) for i in range(len(self.shape)))
+
+
+def test_native_launch_fills_its_slots_and_keeps_the_launch_contract():
+    from graph_executor_v2.ops import in_ptr, in_ptrs, native_launch, out_ptr, out_ptrs, stream_arg
+
+    calls = []
+    launch = native_launch(lambda *args: calls.append(args) or "kernel name", in_ptr(1), "f16", out_ptr(0), 3.5,
+                           in_ptrs(), out_ptrs(), stream_arg())
+    assert launch([0x10, 0x20], [0x30], 7) is None  # the binding's return value is not part of the contract
+    assert launch((0x11, 0), (0x31,), 0) is None
+    assert calls == [(0x20, "f16", 0x30, 3.5, [0x10, 0x20], [0x30], 7), (0, "f16", 0x31, 3.5, (0x11, 0), (0x31,), 0)]
+    with pytest.raises(IndexError, match=r"launch: needs 2 input\(s\) and 1 output\(s\), got 1 and 1"):
+        launch([0x10], [0x30], 0)
+    with pytest.raises(TypeError, match=r"expected launch\(ins, outs, stream\)"):
+        launch([0x10, 0x20], [0x30])
+
+    def failing(*args):
+        raise RuntimeError("ge2 op 'test': CUDA error")
+
+    with pytest.raises(RuntimeError, match="ge2 op 'test': CUDA error"):
+        native_launch(failing, in_ptr(0))([1], [], 0)
+    runtime = ge2.device.runtime()
+    with pytest.raises(ValueError, match="kind: expected one of input, output, stream, inputs, outputs, got 'bias'"):
+        runtime.LaunchSlot("bias", 0)
+    with pytest.raises(ValueError, match="index: expected >= 0, got -1"):
+        runtime.LaunchSlot("input", -1)
+    with pytest.raises(TypeError, match="function: expected a callable"):
+        runtime.Launch(3, ())
+
+
+def test_prepared_call_reads_torch_arrays_in_cpp(axpy, monkeypatch):
+    """The torch branch of the native checks: shape, dtype, device and contiguity per call, data_ptr() for the
+    address; an output kind seen once is remembered, and a new one is validated by the face first."""
+    face, launches, _ = axpy
+    made = []
+    monkeypatch.setattr(ge2.device, "allocator", lambda template, shape, dtype, device: lambda: made.append(
+        TorchLikeArray(shape, 0x90000 + 0x1000 * len(made), dtype, device)) or made[-1])
+    a, b, y = TorchLikeArray((4, 5), 0x10000), TorchLikeArray((4, 5), 0x20000), TorchLikeArray((4, 5), 0x30000)
+    run = face.prepare(a, b, alpha=2.0)
+    assert run(TorchLikeArray((4, 5), 0x50000), b, out=y, stream=3) is y
+    assert launches[-1] == ("fast", [0x50000, 0x20000], [0x30000], 3)
+    new = run(a, b)
+    assert isinstance(new, TorchLikeArray) and launches[-1][2] == [new.ptr]
+    assert run(a, b, out=StandInArray((4, 5), 0x60000)).ptr == 0x60000  # another kind of output: validated, kept
+    assert run(a, b, out=y) is y and launches[-1][2] == [0x30000]
+    for wrong, why in ((TorchLikeArray((5, 4), 0x10000), "shape"), (TorchLikeArray((4, 5), 0x10000, "float16"), "dtype"),
+                       (TorchLikeArray((4, 5), 0x10000, device=1), "device"),
+                       (TorchLikeArray((4, 5), 0x10000, contiguous=False), "contiguity"),
+                       (StandInArray((4, 5), 0x10000), "kind")):
+        with pytest.raises(ValueError, match=r"a: expected an array like the prepared one \(TorchLikeArray"):
+            run(wrong, b)
+    with pytest.raises(TypeError, match=r"a: expected a CUDA device array"):
+        run(np.ones((4, 5), F32), b)
+    with pytest.raises(ValueError, match=r"out: expected shape \(4, 5\), got \(5, 4\)"):
+        run(a, b, out=TorchLikeArray((5, 4), 0x30000))
+    with pytest.raises(ValueError, match=r"out: expected 1 array\(s\) \(y\), got 2"):
+        run(a, b, out=(y, y))
+    with pytest.raises(ValueError, match=r"out: must not overlap b"):
+        run(a, b, out=TorchLikeArray((4, 5), 0x20010))
+    with pytest.raises(TypeError, match=r"takes the inputs, out= and stream=, got 'alpha'"):
+        run(a, b, alpha=1.0)
+    with pytest.raises(TypeError, match=r"the prepared call takes 2 input\(s\), got 3"):
+        run(a, b, b)
+    with pytest.raises(TypeError, match="stream: expected None"):
+        run(a, b, out=y, stream="fast")
+    assert "<prepared face_test_axpy with kernel fast>" == repr(run)

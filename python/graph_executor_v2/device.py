@@ -70,8 +70,9 @@ _TORCH_DTYPES = _TorchDtypes()
 _KINDS: dict[type, str] = {}
 
 
-def _kind(array) -> str:
-    """Which library an array comes from, remembered per type (this sits on every op call's hot path)."""
+def array_kind(array) -> str:
+    """Which library an array comes from ("ge2", "torch", "cupy" or "other"), remembered per type (this sits on
+    every op call's hot path)."""
     kind = _KINDS.get(type(array))
     if kind is None:
         module = type(array).__module__
@@ -83,7 +84,7 @@ def _kind(array) -> str:
 
 def view_of(array, argument: str = "array") -> DeviceView:
     """Zero-copy view of a CUDA array. Raises TypeError naming ``argument`` for host or unsupported objects."""
-    kind = _kind(array)
+    kind = array_kind(array)
     if kind == "ge2":
         return DeviceView(*array.view_tuple())
     if kind == "torch":
@@ -140,7 +141,7 @@ def address(array) -> int:
     """The device address of an array the caller knows to be valid (an output just made)."""
     function = _ADDRESS_OF_TYPE.get(type(array))
     if function is None:
-        function = _ADDRESS_OF_TYPE[type(array)] = _ADDRESSES[_kind(array)]
+        function = _ADDRESS_OF_TYPE[type(array)] = _ADDRESSES[array_kind(array)]
     return function(array)
 
 
@@ -150,7 +151,7 @@ def signature(array) -> tuple[tuple, int]:
     per type: op faces call this on every call and validate once per key (with ``view_of``)."""
     function = _SIGNATURE_OF_TYPE.get(type(array))
     if function is None:
-        function = _SIGNATURE_OF_TYPE[type(array)] = _SIGNATURES[_kind(array)]
+        function = _SIGNATURE_OF_TYPE[type(array)] = _SIGNATURES[array_kind(array)]
     return function(array)
 
 
@@ -181,7 +182,7 @@ def empty_like_kind(template, shape: tuple, dtype: str, device: int):
 def allocator(template, shape: tuple, dtype: str, device: int):
     """A function of no arguments making uninitialized outputs of ``template``'s kind (torch in, torch out; CuPy in,
     CuPy out; else DeviceArray), the dtype and device looked up here once."""
-    kind = _kind(template)
+    kind = array_kind(template)
     shape = tuple(shape)
     if kind == "torch":
         torch = sys.modules["torch"]

@@ -453,6 +453,17 @@ class DeviceArray {
   int device_;
 };
 
+bool read_device_array(py::handle object, ArrayFields& fields) {
+  if (!py::isinstance<DeviceArray>(object)) return false;
+  const auto& array = object.cast<const DeviceArray&>();
+  fields.address = array.address();
+  fields.shape = &array.shape();
+  fields.strides = &array.strides();
+  fields.dtype = static_cast<int>(array.dtype());
+  fields.device = array.device();
+  return true;
+}
+
 void register_device_array(py::module_& m) {
   py::class_<DeviceArray>(m, "DeviceArray",
                           "An n-d array in CUDA device memory. Owns its memory, or borrows it zero-copy from "

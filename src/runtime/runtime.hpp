@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <cuda_runtime.h>
 #include <pybind11/pybind11.h>
@@ -43,8 +44,20 @@ class DeviceGuard {
 void capture_begins();
 void capture_ends();
 
+// What an op launch needs of a DeviceArray, read without a Python call (the op faces' native call path).
+struct ArrayFields {
+  std::uintptr_t address = 0;
+  const std::vector<int64_t>* shape = nullptr;
+  const std::vector<int64_t>* strides = nullptr;
+  int dtype = 0;
+  int device = 0;
+};
+// True, with its fields, when `object` is a DeviceArray.
+bool read_device_array(py::handle object, ArrayFields& fields);
+
 void register_devices(py::module_& module);
 void register_device_array(py::module_& module);
 void register_streams(py::module_& module);
+void register_launch(py::module_& module);
 
 }  // namespace ge2::runtime

@@ -114,8 +114,9 @@ void register_devices(py::module_& m) {
 }  // namespace ge2::runtime
 
 PYBIND11_MODULE(_runtime, m) {
-  m.doc() = "GE2 native runtime: devices, DeviceArray, streams, events, memory, CUDA graph capture";
+  m.doc() = "GE2 native runtime: devices, DeviceArray, streams, events, memory, CUDA graph capture, op launches";
   ge2::runtime::register_devices(m);
   ge2::runtime::register_device_array(m);
   ge2::runtime::register_streams(m);
+  ge2::runtime::register_launch(m);
 }

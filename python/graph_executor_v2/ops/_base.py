@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .. import device as _device
 from ..dtypes import to_numpy
 from ..ir.types import TensorType
 
@@ -95,6 +96,39 @@ class Problem:
 # launch(input_ptrs, output_ptrs, stream) -> None. Input pointers of absent optional inputs are 0. All buffers are
 # contiguous, 256-byte aligned and on the current device. Per-node Python cost in a plan is this one call.
 Launch = Callable[[Sequence[int], Sequence[int], int], None]
+
+
+def native_launch(function: Callable, *arguments) -> Launch:
+    """A candidate's launch as one call of its op binding, ``function(*arguments)``, with ``in_ptr(i)``,
+    ``out_ptr(i)``, ``in_ptrs()``, ``out_ptrs()`` and ``stream_arg()`` standing for the call's addresses and stream.
+    The arguments are bound once, at prepare time; a call fills the slots and calls the binding in C++
+    (``_runtime.Launch``), so the face's prepared call and a plan's node pay no Python frame for it."""
+    return _device.runtime().Launch(function, arguments)
+
+
+def in_ptr(index: int):
+    """The address of input ``index`` in a ``native_launch`` (0 for an absent optional input)."""
+    return _device.runtime().LaunchSlot("input", index)
+
+
+def out_ptr(index: int):
+    """The address of output ``index`` in a ``native_launch``."""
+    return _device.runtime().LaunchSlot("output", index)
+
+
+def in_ptrs():
+    """The list of every input address in a ``native_launch`` (a variadic op's binding takes them as one list)."""
+    return _device.runtime().LaunchSlot("inputs")
+
+
+def out_ptrs():
+    """The list of every output address in a ``native_launch``."""
+    return _device.runtime().LaunchSlot("outputs")
+
+
+def stream_arg():
+    """The stream handle in a ``native_launch``."""
+    return _device.runtime().LaunchSlot("stream")
 
 
 @dataclass(frozen=True)

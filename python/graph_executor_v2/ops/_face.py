@@ -368,11 +368,46 @@ class Face:
                 raise TypeError(f"{where}: {face.name} has no prepared form (its forward is not one kernel launch)")
             inputs = _sequence(values[0], face._inputs[0]) if face._variadic else values[:count]
             entry, _ = face._entry(where, inputs, tuple(values[count:]), kernel)
-            return PreparedCall(face, inputs, entry)
+            return face._prepared_call(inputs, entry)
 
         prepare.__doc__ = (f"Validates {self.name} for these arrays and attributes and chooses its kernel once; the "
-                           f"returned callable takes arrays of the same shapes, dtypes and kinds.")
+                           f"returned callable, p(*inputs, out=None, stream=None), takes arrays of the same shapes, "
+                           f"dtypes and kinds and checks and launches in C++.")
         return _named(prepare, self.name, "prepare", self._signature(dy=False, tail=("kernel",)))
+
+    def _prepared_call(self, inputs: list, entry: _Prepared):
+        """The native prepared call (``_runtime.prepared_call``): per call it checks the arrays against this
+        signature and launches in C++; what it cannot decide alone (a new kind of output array, an output
+        overlapping an input, a wrong array) comes back here, so the errors are the face's."""
+        names = self._input_names(len(inputs))
+        keys = [None if x is None else _device.signature(x)[0] for x in inputs]
+        count = len(entry.out_types)
+
+        def input_error(index, array):
+            got = None
+            if array is not None:
+                _device.view_of(array, names[index])  # what is not a device array: a TypeError naming the argument
+                got = f"{type(array).__name__} {_device.signature(array)[0]}"
+            expected = None if inputs[index] is None else f"{type(inputs[index]).__name__} {keys[index]}"
+            raise ValueError(f"{names[index]}: expected an array like the prepared one ({expected}), got {got}")
+
+        def check_output(index, array):
+            if index is None:  # `array` is the whole `out`
+                given = len(array) if isinstance(array, (tuple, list)) else 1
+                raise ValueError(f"out: expected {count} array(s) ({', '.join(self.op.outputs)}), got {given}")
+            t = entry.out_types[index]
+            _layout.checked_view(array, "out" if count == 1 else f"out[{index}]", t.shape, t.dtype, entry.device)
+            return _device.array_kind(array)
+
+        def check_overlap(index, pointer, in_pointers):
+            self._check_overlap(entry, index, pointer, in_pointers)
+
+        first = next(x for x in inputs if x is not None)
+        return _device.runtime().prepared_call(
+            entry.launch, self.name, entry.kernel, self._variadic, inputs,
+            [None if x is None else _device.array_kind(x) for x in inputs], entry.in_bytes, entry.out_bytes,
+            entry.make_outputs, _device.array_kind(first), input_error, check_output, check_overlap, _device.signature,
+            _device.stream_handle)
 
     # -----------------------------------------------------------------------------------------------------------
     # backward
@@ -469,43 +504,6 @@ class Face:
         for options in (extras or {}, saved or {}):
             params += [P(name, P.KEYWORD_ONLY, default=default) for name, default in options.items()]
         return inspect.Signature(params)
-
-
-class PreparedCall:
-    """``ops.<op>.prepare(...)``'s result: ``p(*inputs, out=None, stream=None)`` for arrays of the prepared
-    signature costs pointer extraction and one native launch."""
-
-    def __init__(self, face: Face, inputs: list, entry: _Prepared):
-        self._face = face
-        self._entry = entry
-        self._count = len(inputs)
-        self._keys = tuple(None if x is None else _device.signature(x)[0] for x in inputs)
-        self._types = tuple(type(x) for x in inputs)
-        self.kernel = entry.kernel
-
-    def __call__(self, *inputs, out=None, stream=None):
-        if self._face._variadic:
-            inputs = _sequence(inputs[0], self._face._inputs[0]) if len(inputs) == 1 else inputs
-        elif len(inputs) < self._count:  # absent optional inputs at the end
-            inputs = inputs + (None,) * (self._count - len(inputs))
-        if len(inputs) != self._count:
-            raise TypeError(f"{self._face.name}: the prepared call takes {self._count} input(s), got {len(inputs)}")
-        pointers = []
-        for index, x in enumerate(inputs):
-            if x is None:
-                key, pointer = None, 0
-            else:
-                key, pointer = _device.signature(x)
-            if key != self._keys[index] or type(x) is not self._types[index]:
-                raise ValueError(f"{self._face._input_names(self._count)[index]}: expected an array like the "
-                                 f"prepared one ({self._keys[index]}), got {key}")
-            pointers.append(pointer)
-        arrays, out_pointers = self._face._outputs(self._entry, out, pointers)
-        self._entry.launch(pointers, out_pointers, 0 if stream is None else _device.stream_handle(stream))
-        return arrays[0] if len(arrays) == 1 else tuple(arrays)
-
-    def __repr__(self):
-        return f"<prepared {self._face.name} with kernel {self.kernel}>"
 
 
 def _named(function, op: str, name: str, signature: inspect.Signature):

@@ -16,7 +16,7 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES, normalize
 from ..ir.types import TensorType
 from . import _layout
-from ._base import Candidate, Problem, require_inputs
+from ._base import Candidate, Problem, in_ptr, native_launch, out_ptr, require_inputs, stream_arg
 from ._face import Face
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -228,15 +228,12 @@ def problem_dims(problem: Problem) -> NormShape:
     return NormShape(math.prod(x.shape[:-1]), x.shape[-1], x.dtype, tuple(x.shape))
 
 
-def _make_launch(native, kernel: str, shape: NormShape, eps: float):
+def _make_launch(native, kernel: str, problem: Problem):
     """launch(in_ptrs, out_ptrs, stream): one native forward, beta the third input when there is one (layernorm)."""
-    native_forward, rows, cols, dtype = native.forward, shape.rows, shape.cols, shape.dtype
-
-    def launch(ins, outs, stream):
-        native_forward(ins[0], ins[1], ins[2] if len(ins) > 2 else 0, outs[0], 0, 0, rows, cols, dtype, eps, kernel,
-                       stream)
-
-    return launch
+    shape, eps = problem_dims(problem), float(problem.attrs["eps"])
+    beta = in_ptr(2) if len(problem.in_types) > 2 else 0
+    return native_launch(native.forward, in_ptr(0), in_ptr(1), beta, out_ptr(0), 0, 0, shape.rows, shape.cols,
+                         shape.dtype, eps, kernel, stream_arg())
 
 
 def candidates(native) -> tuple[Candidate, ...]:
@@ -249,7 +246,7 @@ def candidates(native) -> tuple[Candidate, ...]:
             return native().unsupported_reason(name, shape.cols, shape.dtype, True, False) or None
 
         def prepare(problem: Problem, name=name):
-            return _make_launch(native(), name, problem_dims(problem), float(problem.attrs["eps"]))
+            return _make_launch(native(), name, problem)
 
         result.append(Candidate(name, priority, description, supports, prepare, always_works))
     return tuple(result)

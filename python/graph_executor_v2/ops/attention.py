@@ -41,7 +41,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout
-from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register, require_inputs
+from ._base import (Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, in_ptr, native_launch, out_ptr,
+                    register, require_inputs, stream_arg)
 from ._face import FACES, Face
 
 LAYOUTS = ("bhsd", "bshd")
@@ -304,12 +305,9 @@ def _prepare(problem: Problem, first_input: int, native_call: str, kernel: str):
                           problem.attrs["layout"], problem.in_types[first_input].dtype)
     _native_module().prepare(kernel, **sizes, backward=native_call == "backward")
     native = getattr(_native_module(), native_call)
-    problem_args = (*sizes.values(), kernel)  # in the binding's order: positional arguments convert faster
-
-    def launch(ins, outs, stream):
-        native(*ins, *outs, *problem_args, stream)
-
-    return launch
+    # In the binding's order: positional arguments convert faster.
+    return native_launch(native, *map(in_ptr, range(len(problem.in_types))),
+                         *map(out_ptr, range(len(problem.out_types))), *sizes.values(), kernel, stream_arg())
 
 
 # (name, priority, description, always_works): the native kernels() table says the same with the constraints.

@@ -33,7 +33,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout, _row_norm
-from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register, require_inputs
+from ._base import (Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, in_ptr, native_launch, out_ptr,
+                    register, require_inputs, stream_arg)
 from ._face import FACES, Face
 
 LAYOUTS = ("NCHW", "NHWC")
@@ -243,21 +244,17 @@ def _prepare_forward(problem: Problem):
     attrs = problem.attrs
     native_forward, layout = _native_module().forward, attrs["layout"]
     training, momentum, eps = bool(attrs["training"]), float(attrs["momentum"]), float(attrs["eps"])
-
-    def launch(ins, outs, stream):
-        native_forward(*ins, *outs, batch, channels, spatial, layout, dtype, training, momentum, eps, stream)
-
-    return launch
+    return native_launch(native_forward, *map(in_ptr, range(len(problem.in_types))),
+                         *map(out_ptr, range(len(problem.out_types))), batch, channels, spatial, layout, dtype,
+                         training, momentum, eps, stream_arg())
 
 
 def _prepare_backward(problem: Problem):
     batch, channels, spatial, dtype = _problem_dims(problem)
     native_backward, layout, training = _native_module().backward, problem.attrs["layout"], problem.attrs["training"]
-
-    def launch(ins, outs, stream):
-        native_backward(*ins, *outs, batch, channels, spatial, layout, dtype, bool(training), stream)
-
-    return launch
+    return native_launch(native_backward, *map(in_ptr, range(len(problem.in_types))),
+                         *map(out_ptr, range(len(problem.out_types))), batch, channels, spatial, layout, dtype,
+                         bool(training), stream_arg())
 
 
 def _supported(problem: Problem):

@@ -12,7 +12,8 @@ from .. import _native
 from .. import device as _device
 from ..dtypes import FLOAT_DTYPES, to_numpy
 from ..ir.types import TensorType
-from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register
+from ._base import (Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, in_ptr, native_launch, out_ptr,
+                    register, stream_arg)
 from ._face import Face
 
 
@@ -49,12 +50,7 @@ def _infer(in_types, attrs):
 
 def _prepare(problem: Problem):
     x, y = problem.in_types[0], problem.out_types[0]
-    cast, numel = _native_module().cast, x.numel
-
-    def launch(ins, outs, stream):
-        cast(ins[0], x.dtype, outs[0], y.dtype, numel, stream)
-
-    return launch
+    return native_launch(_native_module().cast, in_ptr(0), x.dtype, out_ptr(0), y.dtype, x.numel, stream_arg())
 
 
 def _supports(problem: Problem):

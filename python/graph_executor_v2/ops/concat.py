@@ -19,7 +19,7 @@ from .. import _native
 from .. import device as _device
 from ..ir.types import TensorType
 from . import _layout
-from ._base import Attr, Candidate, Input, OpDef, Problem, register
+from ._base import Attr, Candidate, Input, OpDef, Problem, in_ptrs, native_launch, out_ptr, register, stream_arg
 from ._face import Face
 
 
@@ -187,12 +187,7 @@ def _candidate(name, priority, description, always_works=False):
 
     def prepare(problem: Problem):
         outer, widths, dtype = arguments(problem)
-        native_forward = _native_module().forward
-
-        def launch(ins, outs, stream):
-            native_forward(ins, outs[0], outer, widths, dtype, name, stream)
-
-        return launch
+        return native_launch(_native_module().forward, in_ptrs(), out_ptr(0), outer, widths, dtype, name, stream_arg())
 
     return Candidate(name, priority, description, supports, prepare, always_works)
 

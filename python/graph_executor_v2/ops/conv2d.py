@@ -41,7 +41,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout, activations
-from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, register, require_inputs
+from ._base import (Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, in_ptr, native_launch, out_ptr,
+                    register, require_inputs, stream_arg)
 from ._face import Face
 
 CONV_ACTIVATIONS = ("none", "relu", "gelu", "silu", "leaky_relu")
@@ -384,12 +385,8 @@ def _forward_candidate(name, priority, description, always_works=False):
         geometry = _types_geometry(x, w, bias, problem.attrs)
         problem_args = _native_problem_args(geometry, problem.attrs)
         _prepare_native(name, geometry, problem.attrs, bias is not None, backward=False)
-        native_forward = _native_module().forward
-
-        def launch(ins, outs, stream):
-            native_forward(ins[0], ins[1], ins[2], outs[0], *problem_args, name, stream)
-
-        return launch
+        return native_launch(_native_module().forward, in_ptr(0), in_ptr(1), in_ptr(2), out_ptr(0), *problem_args,
+                             name, stream_arg())
 
     return Candidate(name, priority, description, supports, prepare, always_works)
 
@@ -443,12 +440,8 @@ def _backward_candidate(name, priority, description, always_works=False):
         geometry = _types_geometry(x, w, bias, problem.attrs)
         problem_args = _native_problem_args(geometry, problem.attrs)
         _prepare_native(name, geometry, problem.attrs, bias is not None, backward=True)
-        native_backward = _native_module().backward
-
-        def launch(ins, outs, stream):
-            native_backward(ins[0], ins[1], ins[2], ins[3], outs[0], outs[1], outs[2], *problem_args, name, stream)
-
-        return launch
+        return native_launch(_native_module().backward, in_ptr(0), in_ptr(1), in_ptr(2), in_ptr(3), out_ptr(0),
+                             out_ptr(1), out_ptr(2), *problem_args, name, stream_arg())
 
     return Candidate(name, priority, description, supports, prepare, always_works)
 

@@ -30,7 +30,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES, to_numpy
 from ..ir.types import TensorType
 from . import _layout
-from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register, require_inputs
+from ._base import (Attr, Candidate, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register,
+                    require_inputs, stream_arg)
 from ._face import FACES, Face
 
 REDUCTIONS = ("none", "sum", "mean")
@@ -265,13 +266,8 @@ def _candidate(name, priority, description, always_works=False):
         rows, classes = logits.shape
         dtype, label_dtype = logits.dtype, labels.dtype
         reduction, ignore_index = problem.attrs["reduction"], int(problem.attrs["ignore_index"])
-        native_forward = _native_module().forward
-
-        def launch(ins, outs, stream):
-            native_forward(ins[0], ins[1], outs[0], 0, rows, classes, dtype, label_dtype, reduction, ignore_index,
-                           name, False, stream)
-
-        return launch
+        return native_launch(_native_module().forward, in_ptr(0), in_ptr(1), out_ptr(0), 0, rows, classes, dtype,
+                             label_dtype, reduction, ignore_index, name, False, stream_arg())
 
     return Candidate(name, priority, description, supports, prepare, always_works)
 
@@ -324,12 +320,9 @@ def _problem_args(logits, labels, attrs) -> tuple:
 
 def _prepare_backward(problem: Problem):
     args = _problem_args(*problem.in_types[1:], problem.attrs)
-    native_backward = _native_module().backward
-
-    def launch(ins, outs, stream):  # labels unchecked: checking them would synchronize the step
-        native_backward(ins[0], ins[1], ins[2], outs[0], *args, "auto", False, stream)
-
-    return launch
+    # labels unchecked (False): checking them would synchronize the step.
+    return native_launch(_native_module().backward, in_ptr(0), in_ptr(1), in_ptr(2), out_ptr(0), *args, "auto",
+                         False, stream_arg())
 
 
 BACKWARD_OP = _grad.register_backward(OpDef(
@@ -356,12 +349,9 @@ def _infer_with_grad(in_types, attrs):
 
 def _prepare_with_grad(problem: Problem):
     args = _problem_args(*problem.in_types, problem.attrs)
-    native_forward = _native_module().forward
-
-    def launch(ins, outs, stream):  # labels unchecked: checking them would synchronize the step
-        native_forward(ins[0], ins[1], outs[0], outs[1], *args, "auto", False, stream)
-
-    return launch
+    # labels unchecked (False): checking them would synchronize the step.
+    return native_launch(_native_module().forward, in_ptr(0), in_ptr(1), out_ptr(0), out_ptr(1), *args, "auto", False,
+                         stream_arg())
 
 
 # The loss and its gradient w.r.t. the logits (upstream gradient 1) in one pass over the logits: what the training

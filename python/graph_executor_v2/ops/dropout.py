@@ -28,7 +28,7 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _layout
-from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register
+from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register, stream_arg
 from ._face import Face
 
 _MASK32 = np.uint64(0xFFFFFFFF)
@@ -175,12 +175,8 @@ def _candidate(name, priority, description, always_works=False):
         x = problem.in_types[0]
         count, dtype = x.numel, x.dtype
         p, seed, offset = float(problem.attrs["p"]), int(problem.attrs["seed"]), int(problem.attrs["offset"])
-        native_forward = _native_module().forward
-
-        def launch(ins, outs, stream):
-            native_forward(ins[0], outs[0], count, dtype, p, seed, offset, name, stream)
-
-        return launch
+        return native_launch(_native_module().forward, in_ptr(0), out_ptr(0), count, dtype, p, seed, offset, name,
+                             stream_arg())
 
     return Candidate(name, priority, description, supports, prepare, always_works)
 

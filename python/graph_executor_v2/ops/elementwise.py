@@ -26,7 +26,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _layout, activations
-from ._base import OPS, Candidate, Input, OpDef, Problem, as_float64, register, require_inputs
+from ._base import (OPS, Candidate, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register,
+                    require_inputs, stream_arg)
 from ._face import Face
 
 BINARY_OPS = ("add", "sub", "mul", "div")
@@ -228,19 +229,11 @@ def _make_candidate(name, priority, description, op, always_works=False):
         native = _native_module()
         dtype = problem.out_types[0].dtype
         if op in UNARY_OPS:
-            numel = problem.out_types[0].numel
-            unary = native.unary
-
-            def launch(ins, outs, stream):
-                unary(native_op, ins[0], outs[0], numel, dtype, name, stream)
-        else:
-            a_shape, b_shape = (list(t.shape) for t in problem.in_types)
-            binary = native.binary
-
-            def launch(ins, outs, stream):
-                binary(native_op, ins[0], ins[1], outs[0], a_shape, b_shape, dtype, name, stream)
-
-        return launch
+            return native_launch(native.unary, native_op, in_ptr(0), out_ptr(0), problem.out_types[0].numel, dtype,
+                                 name, stream_arg())
+        a_shape, b_shape = (list(t.shape) for t in problem.in_types)
+        return native_launch(native.binary, native_op, in_ptr(0), in_ptr(1), out_ptr(0), a_shape, b_shape, dtype, name,
+                             stream_arg())
 
     return Candidate(name, priority, description, supports, prepare, always_works)
 
@@ -314,13 +307,9 @@ from ._base import attach_grad  # noqa: E402
 
 def _unary_backward_def(op):
     def launch_for(problem: Problem):
-        unary_backward = _native_module().unary_backward
         numel, dtype = problem.out_types[0].numel, problem.out_types[0].dtype
-
-        def launch(ins, outs, stream):
-            unary_backward(op, ins[0], ins[1], outs[0], numel, dtype, stream)
-
-        return launch
+        return native_launch(_native_module().unary_backward, op, in_ptr(0), in_ptr(1), out_ptr(0), numel, dtype,
+                             stream_arg())
 
     return _grad.register_backward(OpDef(
         name=f"{op}_backward", inputs=(Input("dy"), Input("x")), outputs=("dx",), attrs=(),
@@ -332,14 +321,9 @@ def _unary_backward_def(op):
 
 def _binary_backward_def(op):
     def launch_for(problem: Problem):
-        binary_backward = _native_module().binary_backward
         _, a, b = problem.in_types
-        a_shape, b_shape, dtype = list(a.shape), list(b.shape), a.dtype
-
-        def launch(ins, outs, stream):
-            binary_backward(op, ins[0], ins[1], ins[2], outs[0], outs[1], a_shape, b_shape, dtype, stream)
-
-        return launch
+        return native_launch(_native_module().binary_backward, op, in_ptr(0), in_ptr(1), in_ptr(2), out_ptr(0),
+                             out_ptr(1), list(a.shape), list(b.shape), a.dtype, stream_arg())
 
     return _grad.register_backward(OpDef(
         name=f"{op}_backward", inputs=(Input("dy"), Input("a"), Input("b")), outputs=("da", "db"), attrs=(),

@@ -24,7 +24,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _layout
-from ._base import Candidate, Input, OpDef, Problem, as_float64, register, require_inputs
+from ._base import (Candidate, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register,
+                    require_inputs, stream_arg)
 from ._face import Face
 
 ID_DTYPES = ("int32", "int64")
@@ -159,12 +160,8 @@ def _candidate(name, priority, description, always_works=False):
         vocab, dim = table.shape
         count = ids.numel
         dtype, id_dtype = table.dtype, ids.dtype
-        native_forward = _native_module().forward
-
-        def launch(ins, outs, stream):
-            native_forward(ins[0], ins[1], outs[0], vocab, dim, count, dtype, id_dtype, name, False, stream)
-
-        return launch
+        return native_launch(_native_module().forward, in_ptr(0), in_ptr(1), out_ptr(0), vocab, dim, count, dtype,
+                             id_dtype, name, False, stream_arg())
 
     return Candidate(name, priority, description, supports, prepare, always_works)
 
@@ -208,12 +205,9 @@ def _prepare_backward(problem: Problem):
     dy, ids = problem.in_types
     vocab, dim, count = problem.attrs["vocab"], dy.shape[-1], ids.numel
     dtype, ids_dtype = dy.dtype, ids.dtype
-    native_backward = _native_module().backward
-
-    def launch(ins, outs, stream):  # ids unchecked: checking them would synchronize the step
-        native_backward(ins[0], ins[1], outs[0], vocab, dim, count, dtype, ids_dtype, False, stream)
-
-    return launch
+    # ids unchecked (False): checking them would synchronize the step.
+    return native_launch(_native_module().backward, in_ptr(0), in_ptr(1), out_ptr(0), vocab, dim, count, dtype,
+                         ids_dtype, False, stream_arg())
 
 
 BACKWARD_OP = _grad.register_backward(OpDef(

@@ -21,7 +21,8 @@ from .. import _native
 from ..dtypes import FLOAT_DTYPES, normalize
 from ..ir.types import TensorType
 from . import _layout, activations
-from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, register, require_inputs
+from ._base import (Attr, Candidate, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register,
+                    require_inputs, stream_arg)
 from ._face import FACES, Face
 
 GEMM_ACTIVATIONS = ("none", "relu", "gelu", "silu", "leaky_relu")
@@ -269,11 +270,8 @@ def _make_candidate(name, priority, description, always_works=False):
         beta = float(attrs["beta"]) if has_c else 0.0
         trans_a, trans_b = attrs["trans_a"], attrs["trans_b"]
 
-        def launch(ins, outs, stream):
-            native_forward(ins[0], ins[1], ins[3], ins[2], outs[0], 0, m, n, k, dtype, trans_a, trans_b, alpha,
-                           beta, act, slope, tf32, name, stream)
-
-        return launch
+        return native_launch(native_forward, in_ptr(0), in_ptr(1), in_ptr(3), in_ptr(2), out_ptr(0), 0, m, n, k,
+                             dtype, trans_a, trans_b, alpha, beta, act, slope, tf32, name, stream_arg())
 
     return Candidate(name, priority, description, supports, prepare, always_works)
 
@@ -358,12 +356,9 @@ def _prepare_gemm_backward(problem: Problem):
     trans_a, trans_b, alpha, tf32 = attrs["trans_a"], attrs["trans_b"], float(attrs["alpha"]), attrs["allow_tf32"]
     a_act, a_slope = attrs["a_act"], float(attrs["a_slope"])
 
-    def launch(ins, outs, stream):
-        da, db, dbias = (out if wanted else 0 for out, wanted in zip(outs, want))
-        native_backward(ins[0], ins[1], ins[2], 0, 0, da, db, dbias, 0, m, n, k, dtype, trans_a, trans_b, alpha, 0.0,
-                        "none", 0.01, tf32, ins[3], a_act, a_slope, 0, stream)
-
-    return launch
+    da, db, dbias = (out_ptr(index) if wanted else 0 for index, wanted in enumerate(want))
+    return native_launch(native_backward, in_ptr(0), in_ptr(1), in_ptr(2), 0, 0, da, db, dbias, 0, m, n, k, dtype,
+                         trans_a, trans_b, alpha, 0.0, "none", 0.01, tf32, in_ptr(3), a_act, a_slope, 0, stream_arg())
 
 
 BACKWARD_OP = _grad.register_backward(OpDef(

@@ -31,7 +31,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout
-from ._base import OPS, Attr, Candidate, Input, OpDef, Problem, attach_grad, register, require_inputs
+from ._base import (OPS, Attr, Candidate, Input, OpDef, Problem, attach_grad, in_ptr, native_launch, out_ptr, register,
+                    require_inputs, stream_arg)
 from ._face import FACES, Face
 
 LAYOUTS = ("NCHW", "NHWC")
@@ -378,16 +379,12 @@ def _window_launch(mode: str, backward: bool):
         native = _native_module()
         sizes, taps, include_pad, layout = (window.native_sizes(), window.native_window(), window.count_include_pad,
                                             window.layout)
-        dtype = x_type.dtype
+        dtype, is_max = x_type.dtype, mode == "max"
         if not backward:
-            def launch(ins, outs, stream):
-                native.forward(mode, ins[0], outs[0], outs[1] if mode == "max" else 0, sizes, taps, include_pad,
-                               layout, dtype, stream)
-        else:
-            def launch(ins, outs, stream):
-                native.backward(mode, ins[0], ins[1] if mode == "max" else 0, outs[0], sizes, taps, include_pad,
-                                layout, dtype, stream)
-        return launch
+            return native_launch(native.forward, mode, in_ptr(0), out_ptr(0), out_ptr(1) if is_max else 0, sizes,
+                                 taps, include_pad, layout, dtype, stream_arg())
+        return native_launch(native.backward, mode, in_ptr(0), in_ptr(1) if is_max else 0, out_ptr(0), sizes, taps,
+                             include_pad, layout, dtype, stream_arg())
 
     return prepare
 
@@ -398,11 +395,7 @@ def _global_launch(backward: bool):
         layout = problem.attrs["layout"]
         dims, dtype = _global_dims(x_type.shape, layout), x_type.dtype
         native_call = _native_module().global_backward if backward else _native_module().global_forward
-
-        def launch(ins, outs, stream):
-            native_call(ins[0], outs[0], *dims, layout, dtype, stream)
-
-        return launch
+        return native_launch(native_call, in_ptr(0), out_ptr(0), *dims, layout, dtype, stream_arg())
 
     return prepare
 

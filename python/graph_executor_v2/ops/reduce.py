@@ -27,7 +27,7 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _layout
-from ._base import OPS, Attr, Candidate, Input, OpDef, Problem, as_float64, register
+from ._base import OPS, Attr, Candidate, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register, stream_arg
 from ._face import FACES, Face
 
 OP_NAMES = ("sum", "mean", "max")
@@ -212,12 +212,8 @@ def _make_candidate(op, name, priority, description, always_works=False):
     def prepare(problem: Problem):
         x = problem.in_types[0]
         shape, axes = list(x.shape), list(normalize_axes(problem.attrs["axis"], x.rank))
-        native_forward, dtype = _native_module().forward, x.dtype
-
-        def launch(ins, outs, stream):
-            native_forward(op, ins[0], outs[0], shape, axes, dtype, name, stream)
-
-        return launch
+        return native_launch(_native_module().forward, op, in_ptr(0), out_ptr(0), shape, axes, x.dtype, name,
+                             stream_arg())
 
     return Candidate(name, priority, description, supports, prepare, always_works)
 
@@ -273,14 +269,9 @@ def _register_backward(op):
     def prepare(problem: Problem):
         x = problem.in_types[1]
         shape, axes = list(x.shape), list(normalize_axes(problem.attrs["axis"], x.rank))
-        native_backward, dtype = _native_module().backward, x.dtype
         reads_values = op == "max"
-
-        def launch(ins, outs, stream):
-            native_backward(op, ins[0], ins[1] if reads_values else 0, ins[2] if reads_values else 0, outs[0],
-                            shape, axes, dtype, stream)
-
-        return launch
+        return native_launch(_native_module().backward, op, in_ptr(0), in_ptr(1) if reads_values else 0,
+                             in_ptr(2) if reads_values else 0, out_ptr(0), shape, axes, x.dtype, stream_arg())
 
     return _grad.register_backward(OpDef(
         name=f"{op}_backward",

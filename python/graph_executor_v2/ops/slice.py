@@ -26,7 +26,7 @@ from .. import _native
 from .. import device as _device
 from ..ir.types import TensorType
 from . import _layout
-from ._base import Attr, Candidate, Input, OpDef, Problem, register
+from ._base import Attr, Candidate, Input, OpDef, Problem, in_ptr, native_launch, out_ptr, register, stream_arg
 from ._face import Face
 
 _BIG = 2**31 - 1  # an end at least this large slices a symbolic axis to its end
@@ -207,12 +207,8 @@ def _prepare(problem: Problem):
     result = geometry(x.shape, *_slice_args(problem.attrs))
     shape, strides = list(x.shape), list(_layout.contiguous_strides(x.shape))
     starts, steps, y_shape, dtype = list(result.starts), list(result.steps), list(result.shape), x.dtype
-    native_forward = _native_module().forward
-
-    def launch(ins, outs, stream):
-        native_forward(ins[0], outs[0], shape, strides, starts, steps, y_shape, dtype, stream)
-
-    return launch
+    return native_launch(_native_module().forward, in_ptr(0), out_ptr(0), shape, strides, starts, steps, y_shape,
+                         dtype, stream_arg())
 
 
 OP = register(OpDef(
@@ -259,12 +255,8 @@ def _prepare_backward(problem: Problem):
     dy_strides = list(_layout.contiguous_strides(result.shape))
     shape, starts, steps, y_shape, dtype = list(x.shape), list(result.starts), list(result.steps), \
         list(result.shape), x.dtype
-    native_backward = _native_module().backward
-
-    def launch(ins, outs, stream):
-        native_backward(ins[0], outs[0], dy_strides, shape, starts, steps, y_shape, dtype, stream)
-
-    return launch
+    return native_launch(_native_module().backward, in_ptr(0), out_ptr(0), dy_strides, shape, starts, steps, y_shape,
+                         dtype, stream_arg())
 
 
 BACKWARD_OP = _grad.register_backward(OpDef(

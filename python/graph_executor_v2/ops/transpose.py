@@ -36,7 +36,7 @@ from .. import device as _device
 from ..dtypes import itemsize
 from ..ir.types import TensorType
 from . import _layout
-from ._base import Attr, Candidate, Input, OpDef, Problem, register
+from ._base import Attr, Candidate, Input, OpDef, Problem, in_ptr, native_launch, out_ptr, register, stream_arg
 from ._face import FACES, Face
 
 
@@ -187,24 +187,15 @@ def _transpose_candidate(name, priority, description, always_works=False):
 
     def prepare(problem: Problem):
         shape, strides, perm, dtype = arguments(problem)
-        native_forward = _native_module().forward
-
-        def launch(ins, outs, stream):
-            native_forward(ins[0], outs[0], shape, strides, perm, dtype, name, stream)
-
-        return launch
+        return native_launch(_native_module().forward, in_ptr(0), out_ptr(0), shape, strides, perm, dtype, name,
+                             stream_arg())
 
     return Candidate(name, priority, description, supports, prepare, always_works)
 
 
 def _prepare_reshape_copy(problem: Problem):
     nbytes = problem.in_types[0].numel * itemsize(problem.in_types[0].dtype)
-    native_copy = _native_module().copy
-
-    def launch(ins, outs, stream):
-        native_copy(ins[0], outs[0], nbytes, stream)
-
-    return launch
+    return native_launch(_native_module().copy, in_ptr(0), out_ptr(0), nbytes, stream_arg())
 
 
 TRANSPOSE = register(OpDef(

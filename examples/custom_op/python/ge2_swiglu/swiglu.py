@@ -23,7 +23,7 @@ from graph_executor_v2 import _native
 from graph_executor_v2 import device as _device
 from graph_executor_v2.dtypes import FLOAT_DTYPES
 from graph_executor_v2.ir.types import TensorType
-from graph_executor_v2.ops import Candidate, Input, OpDef, Problem, _layout, register
+from graph_executor_v2.ops import Candidate, Input, OpDef, Problem, _layout, in_ptr, native_launch, out_ptr, register, stream_arg
 from graph_executor_v2.ops._base import as_float64
 
 INPUTS = ("a", "b")
@@ -150,24 +150,18 @@ def _supports(kernel: str):
 
 def _candidate(kernel: str, priority: int, description: str, always_works: bool = False) -> Candidate:
     def prepare(problem: Problem):
-        count, dtype, native_forward = problem.in_types[0].numel, problem.in_types[0].dtype, _native_module().forward
-
-        def launch(ins, outs, stream):
-            native_forward(ins[0], ins[1], outs[0], count, dtype, kernel, stream)
-
-        return launch
+        count, dtype = problem.in_types[0].numel, problem.in_types[0].dtype
+        return native_launch(_native_module().forward, in_ptr(0), in_ptr(1), out_ptr(0), count, dtype, kernel,
+                             stream_arg())
 
     return Candidate(kernel, priority, description, _supports(kernel), prepare, always_works)
 
 
 def _backward_candidate(kernel: str, priority: int, description: str, always_works: bool = False) -> Candidate:
     def prepare(problem: Problem):
-        count, dtype, native_backward = problem.in_types[0].numel, problem.in_types[0].dtype, _native_module().backward
-
-        def launch(ins, outs, stream):
-            native_backward(ins[0], ins[1], ins[2], outs[0], outs[1], count, dtype, kernel, stream)
-
-        return launch
+        count, dtype = problem.in_types[0].numel, problem.in_types[0].dtype
+        return native_launch(_native_module().backward, in_ptr(0), in_ptr(1), in_ptr(2), out_ptr(0), out_ptr(1), count,
+                             dtype, kernel, stream_arg())
 
     return Candidate(kernel, priority, description, _supports(kernel), prepare, always_works)
 

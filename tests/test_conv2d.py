@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -656,6 +657,16 @@ IGEMM_CASES = [
 ]
 IGEMM_IDS = ["1x1", "1x1_stride2_batch1", "3x3_odd_k", "3x3_stride2_pad4", "3x3_dilation2_c40", "7x7_stride2",
              "rectangular", "c64_k256_batch1", "wide_tiles"]
+# Beyond IGEMM_CASES for the per-config runs: three 64-channel tiles per tap with the last one an eighth full, and a
+# 1x1 layer whose M = 3 * 29 * 29 = 2523 leaves a partial tile for every BM (64, 128, 192, 256).
+IGEMM_CONFIG_CASES = IGEMM_CASES + [
+    (2, 136, 9, 10, 72, 3, 3, 1, 1, 1, 1, "gelu", True),
+    (3, 64, 29, 29, 136, 1, 1, 1, 0, 1, 1, "relu", False),
+]
+IGEMM_CONFIG_IDS = IGEMM_IDS + ["c136_three_channel_tiles", "1x1_m_tail"]
+# The tile configs kernels/implicit_gemm.cu instantiates (its kConfigs), forced by GE2_IMPLICIT_GEMM_CONFIG;
+# test_implicit_gemm_lists_its_configs keeps this in step with what kernels() lists.
+IGEMM_CONFIGS = range(6)
 
 
 @pytest.mark.gpu
@@ -663,6 +674,43 @@ IGEMM_IDS = ["1x1", "1x1_stride2_batch1", "3x3_odd_k", "3x3_stride2_pad4", "3x3_
 @pytest.mark.parametrize("case", IGEMM_CASES, ids=IGEMM_IDS)
 def test_implicit_gemm_forward_matches_reference(rng, poisoned, to_device, case, dtype):
     check_forward(rng, poisoned, to_device, case, "NHWC", dtype, "implicit_gemm")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", IGEMM_CONFIGS)
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("case", IGEMM_CONFIG_CASES, ids=IGEMM_CONFIG_IDS)
+def test_implicit_gemm_every_config_matches_reference(rng, poisoned, to_device, monkeypatch, case, dtype, config):
+    """Each tile config, forced, on every edge the kernel has: partial M, K and channel tiles, C below and above one
+    64-channel tile, stride, dilation, padding, odd K (element stores), bias and every activation."""
+    monkeypatch.setenv("GE2_IMPLICIT_GEMM_CONFIG", str(config))
+    check_forward(rng, poisoned, to_device, case, "NHWC", dtype, "implicit_gemm")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", IGEMM_CONFIGS)
+def test_implicit_gemm_writes_an_unaligned_out_element_by_element(rng, monkeypatch, config):
+    """K % 8 == 0 but y 8 bytes past a 16-byte boundary: the epilogue's element stores, every byte of y written."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("GE2_IMPLICIT_GEMM_CONFIG", str(config))
+    x, w, bias, attrs = make_problem(rng, IGEMM_CASES[7], "NHWC", "float16")
+    expected, _ = conv2d.reference(x, w, bias, **attrs)
+    storage = torch.full((expected.size + 4,), float("nan"), dtype=torch.float16, device="cuda")
+    out = storage[4:].view(expected.shape)
+    conv2d.forward(torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda(), torch.from_numpy(bias).cuda(), **attrs,
+                   kernel="implicit_gemm", out=out)
+    assert_close(out.cpu().numpy(), expected, "float16", reduction_length=64 * 9, what="y")
+    assert storage[:4].isnan().all()
+
+
+@pytest.mark.gpu
+def test_implicit_gemm_config_variable_is_checked(rng, to_device, monkeypatch):
+    x = to_device(random_array(rng, (2, 6, 6, 16), "float16"))
+    w = to_device(random_array(rng, (4, 3, 3, 16), "float16"))
+    for value in (str(len(IGEMM_CONFIGS)), "-1", "fast"):
+        monkeypatch.setenv("GE2_IMPLICIT_GEMM_CONFIG", value)
+        with pytest.raises(ValueError, match=f"GE2_IMPLICIT_GEMM_CONFIG: expected a config index 0..5, got '{value}'"):
+            conv2d.forward(x, w, layout="NHWC", kernel="implicit_gemm")
 
 
 @pytest.mark.gpu
@@ -730,6 +778,26 @@ def test_implicit_gemm_constraints_name_the_reason(change, reason):
                                                backward=change.get("backward", False))
     base = conv2d.check_problem((2, 8, 8, 16), "bfloat16", (4, 3, 3, 16), "bfloat16", padding=1, layout="NHWC")
     assert conv2d.unsupported_reason("implicit_gemm", base, "relu", True) is None
+
+
+def test_implicit_gemm_lists_its_configs():
+    """kernels() names the tile configs GE2_IMPLICIT_GEMM_CONFIG picks from, indexed as the GPU tests force them."""
+    if not ge2._native.is_built("_ops_conv2d"):
+        pytest.skip("_ops_conv2d is not built")
+    description = next(row["description"] for row in conv2d.kernels() if row["name"] == "implicit_gemm")
+    configs = re.findall(r"(\d+) = (\d+)x(\d+) (\d+) warps (\d+) stages", description)
+    assert [int(index) for index, *_ in configs] == list(IGEMM_CONFIGS)
+    assert ("0", "128", "64", "4", "3") in configs
+
+
+def test_implicit_gemm_takes_filters_up_to_16_wide():
+    if not ge2._native.is_built("_ops_conv2d"):
+        pytest.skip("_ops_conv2d is not built")
+    for r, s, reason in ((16, 16, None), (17, 3, "filter height R and width S at most 16"),
+                         (3, 17, "filter height R and width S at most 16")):
+        geometry = conv2d.check_problem((1, 20, 20, 8), "float16", (4, r, s, 8), "float16", padding=1, layout="NHWC")
+        got = conv2d.unsupported_reason("implicit_gemm", geometry, "none", False)
+        assert got is None if reason is None else reason in got
 
 
 def test_registry_ranks_implicit_gemm_first_for_nhwc_half():

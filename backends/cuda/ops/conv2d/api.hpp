@@ -115,7 +115,10 @@ bool cudnn_forward(const ForwardArgs& args, cudaStream_t stream);
 bool cudnn_backward(const BackwardArgs& args, cudaStream_t stream);
 
 // GE2's implicit-GEMM tensor-core forward (kernels/implicit_gemm.cu): NHWC, float16/bfloat16, groups 1, C % 8 == 0.
-// It also needs x and w 16-byte aligned (checked per call: implicit_gemm_aligned).
+// It also needs x and w 16-byte aligned (checked per call: implicit_gemm_aligned). Its tile configs, listed by
+// implicit_gemm_configs() ("0 = 128x64 4 warps 3 stages, ..."), are chosen per problem, or forced for every launch
+// by the environment variable GE2_IMPLICIT_GEMM_CONFIG=<index> (read per launch; a bad index is std::invalid_argument).
+std::string implicit_gemm_configs();
 std::string implicit_gemm_unsupported_reason(const Shape& shape, bool backward);
 bool implicit_gemm_aligned(const ForwardArgs& args);
 void implicit_gemm_forward(const ForwardArgs& args, cudaStream_t stream);

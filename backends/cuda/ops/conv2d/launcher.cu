@@ -53,11 +53,13 @@ std::vector<KernelInfo> kernel_table() {
        "<= 256 MiB"},
       {"implicit_gemm", 30,
        "GE2's own implicit GEMM on tensor cores, forward only: x gathered on the fly by 16-byte cp.async (padding, "
-       "stride, dilation in the gather, zero-fill outside), w [K, R, S, C], a 4-stage shared-memory pipeline, "
-       "ldmatrix + mma.sync m16n8k16 with float32 accumulation, bias and activation fused into the epilogue; "
-       "no workspace. Backward runs on cudnn or im2col_gemm",
-       "forward only; NHWC; float16 or bfloat16; groups 1; C % 8 == 0; x and w 16-byte aligned (auto falls back "
-       "otherwise); N*P*Q, H*W*C and K*R*S*C below 2^30; sm_80 or newer"},
+       "stride, dilation in the gather, zero-fill outside), w [K, R, S, C], 64-channel reduction tiles in a "
+       "multi-stage shared-memory pipeline, ldmatrix + mma.sync m16n8k16 with float32 accumulation, bias and "
+       "activation fused into the epilogue, y written in 16-byte rows; no workspace. Backward runs on cudnn or "
+       "im2col_gemm. Tile configs (chosen per problem; GE2_IMPLICIT_GEMM_CONFIG=<index> forces one): " +
+           implicit_gemm_configs(),
+       "forward only; NHWC; float16 or bfloat16; groups 1; C % 8 == 0; R, S <= 16; x and w 16-byte aligned "
+       "(auto falls back otherwise); N*P*Q, H*W*C and K*R*S*C below 2^30, N*H*W*C below 2^33; sm_80 or newer"},
       {"cudnn", 20,
        has_cudnn() ? "cuDNN's convolution (legacy C API): the algorithm cudnnFind* times fastest per problem, cached; "
                      "backward data and filter (dbias by GE2's reduction)"

@@ -1,52 +1,61 @@
 // implicit_gemm: GE2's own conv2d forward on tensor cores, NHWC, float16/bfloat16 in, float32 accumulation, no
-// im2col buffer. GEMM view: M = N*P*Q output pixels, N = K output channels, reduction = R*S*C taken as R*S*ceil(C/32)
-// tiles of 32 channels. Each block computes a BM x BN tile of y; the A tile (BM pixels x 32 channels of one filter
+// im2col buffer. GEMM view: M = N*P*Q output pixels, N = K output channels, reduction = R*S*C taken as R*S*ceil(C/64)
+// tiles of 64 channels. Each block computes a BM x BN tile of y; the A tile (BM pixels x 64 channels of one filter
 // tap) is gathered from x on the fly with 16-byte cp.async (padding, stride and dilation decided per vector; outside
-// the input, past C or past M the copy reads 0 bytes and zero-fills), the B tile (BN filters x 32 channels) comes
+// the input, past C or past M the copy reads 0 bytes and zero-fills), the B tile (BN filters x 64 channels) comes
 // from w [K, R, S, C]. Multi-stage cp.async pipeline in XOR-swizzled shared memory, ldmatrix.x4 fragments,
-// mma.sync m16n8k16, and an epilogue that adds the bias, applies the activation and writes y in its dtype.
-#include <algorithm>
+// mma.sync m16n8k16, and an epilogue that adds the bias, applies the activation, stages the tile in shared memory
+// and writes y in 16-byte rows.
+//
+// The tile shape is a template; kConfigs below instantiates a few. A launch takes the one choose_config() picks for
+// the problem, or the one GE2_IMPLICIT_GEMM_CONFIG=<index> names (read per launch, so a benchmark or a test can time
+// or check every config in one process).
 #include <atomic>
 #include <climits>
+#include <cstdlib>
 #include <type_traits>
 
 #include "api.hpp"
+#include "fast_divmod.hpp"
 #include "status.hpp"
 
 namespace ge2::conv2d {
 namespace {
 
-constexpr int kTileK = 32;             // channels per reduction tile: 4 vectors of 8 halves, a 64-byte smem row
+constexpr int kTileK = 64;             // channels per reduction tile: 8 vectors of 8 halves, a 128-byte smem row
 constexpr int kChunks = kTileK / 8;    // 16-byte vectors per smem row
+constexpr const char* kConfigVariable = "GE2_IMPLICIT_GEMM_CONFIG";
 
 struct Params {
   const void* x;
   const void* w;
   const void* bias;  // nullptr: none
   void* y;
-  int n, h, w_in, c, k, r, s, p, q;
+  int h, w_in, c, k, r, s;
   int stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w;
+  FastDivmod q_divider, p_divider;  // output pixel -> (image, p, q)
   int m;             // N * P * Q
-  int channel_tiles; // ceil(C / 32)
+  int channel_tiles; // ceil(C / 64)
   int k_tiles;       // R * S * channel_tiles
   int n_tiles;       // ceil(K / BN): the fast index of the 1-d grid (neighbouring blocks share their x tile)
   Act act;
   float slope;
-  bool pair_store;   // y rows of an even K at a 4-byte aligned address: two outputs per store
+  bool vector_store; // K % 8 == 0 and y 16-byte aligned: the epilogue writes 16-byte vectors
 };
 
-// Swizzled element offset of 16-byte vector `chunk` in row `row` of a [rows][32] tile: rows are 64 bytes, so rows
-// r and r + 2 share banks; XOR-ing the chunk with (row / 2) % 4 makes the 8 rows an ldmatrix reads conflict-free.
+// Swizzled element offset of 16-byte vector `chunk` in row `row` of a [rows][64] tile: a 128-byte row spans all 32
+// banks, so the 8 rows an ldmatrix reads at one logical chunk would share 4 banks; XOR-ing the chunk with row % 8
+// spreads them over all 8 chunk positions.
 __device__ __forceinline__ int tile_offset(int row, int chunk) {
-  return row * kTileK + ((chunk ^ ((row >> 1) & 3)) << 3);
+  return row * kTileK + ((chunk ^ (row & 7)) << 3);
 }
 
 __device__ __forceinline__ unsigned smem_address(const void* pointer) {
   return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
 }
 
-// 16 bytes global -> shared; with `valid` false it reads nothing and writes zeros.
-__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool valid) {
+// 16 bytes global (a generic address) -> shared; with `valid` false it reads nothing and writes zeros.
+__device__ __forceinline__ void cp_async_16(unsigned dst, uint64_t src, bool valid) {
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
@@ -58,23 +67,23 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
 }
 
+// volatile keeps the shared-memory read between the barriers that guard it.
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&fragment)[4], unsigned address) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(fragment[0]), "=r"(fragment[1]), "=r"(fragment[2]), "=r"(fragment[3])
                : "r"(address));
 }
 
+// Not volatile: a pure register operation, which the compiler may schedule among the next step's ldmatrix.
 template <typename T>
 __device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
   if constexpr (std::is_same_v<T, __half>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -94,83 +103,113 @@ struct Pair<__nv_bfloat16> {
   static __device__ __forceinline__ type make(float a, float b) { return __floats2bfloat162_rn(a, b); }
 };
 
+// Shared memory of one config: the pipeline's stages, reused by the epilogue's output tile.
+template <typename T, int BM, int BN, int Stages>
+constexpr std::size_t shared_bytes_of() {
+  return std::size_t(Stages) * (BM + BN) * kTileK * sizeof(T);
+}
+
 // BM x BN block tile, WarpsM x WarpsN warps (each a (BM / WarpsM) x (BN / WarpsN) tile of m16n8 MMAs), a
-// Stages-deep cp.async pipeline.
-template <typename T, int BM, int BN, int WarpsM, int WarpsN, int Stages>
-__global__ void __launch_bounds__(WarpsM * WarpsN * 32)
+// Stages-deep cp.async pipeline; MinBlocks CTAs per SM is the occupancy the config is sized for (its shared memory
+// allows that many), which caps the registers at 64K / (MinBlocks * threads).
+template <typename T, int BM, int BN, int WarpsM, int WarpsN, int Stages, int MinBlocks>
+__global__ void __launch_bounds__(WarpsM * WarpsN * 32, MinBlocks)
     implicit_gemm_kernel(const Params params) {
-  constexpr int kThreads = WarpsM * WarpsN * 32, kStages = Stages;
+  constexpr int kThreads = WarpsM * WarpsN * 32;
   constexpr int kWarpM = BM / WarpsM, kWarpN = BN / WarpsN;
   constexpr int kMmaM = kWarpM / 16, kMmaN = kWarpN / 8;
-  constexpr int kVectorsA = BM * kChunks / kThreads, kVectorsB = BN * kChunks / kThreads;
+  // Loads: thread t moves chunk t % 8 of rows t / 8 + i * kRowsPerPass, so the chunk (and with it the swizzle, as
+  // kRowsPerPass is a multiple of 8) is the same for every vector it loads.
+  constexpr int kRowsPerPass = kThreads / kChunks;
+  constexpr int kVectorsA = (BM + kRowsPerPass - 1) / kRowsPerPass;
+  constexpr int kVectorsB = (BN + kRowsPerPass - 1) / kRowsPerPass;
+  // Whether the last pass of loads runs past the tile (192 threads, BN = 64): only then do rows need a check.
+  constexpr bool kPartialA = kVectorsA * kRowsPerPass != BM, kPartialB = kVectorsB * kRowsPerPass != BN;
+  constexpr int kStageA = BM * kTileK, kStageB = BN * kTileK;  // elements per stage
+  constexpr unsigned kStageBytesA = kStageA * sizeof(T), kStageBytesB = kStageB * sizeof(T);
+  constexpr unsigned kPassBytes = kRowsPerPass * kTileK * sizeof(T), kMmaRowsBytes = 16 * kTileK * sizeof(T);
   static_assert(kMmaN % 2 == 0, "B fragments load two n8 tiles per ldmatrix.x4");
-  static_assert(BM * kChunks % kThreads == 0 && BN * kChunks % kThreads == 0, "whole vectors per thread");
-  static_assert(kThreads % kChunks == 0, "a thread keeps its channel chunk for every vector it loads");
+  static_assert(kWarpM % 16 == 0, "A fragments are m16 tiles");
+  static_assert(kRowsPerPass % 8 == 0, "a thread's rows share their swizzle");
+  constexpr int kOutPitch = BN + 8;  // 16 bytes of padding: the 8 rows of an accumulator store hit distinct banks
+  constexpr int kOutVectors = BM * BN / 8;
+  static_assert(BN % 8 == 0 && kOutVectors % kThreads == 0, "whole 16-byte output vectors per thread");
+  static_assert(std::size_t(BM) * kOutPitch * sizeof(T) <= shared_bytes_of<T, BM, BN, Stages>(),
+                "the output tile fits in the pipeline's shared memory");
 
   extern __shared__ __align__(128) unsigned char shared_bytes[];
-  T* tiles_a = reinterpret_cast<T*>(shared_bytes);  // [kStages][BM][32]
-  T* tiles_b = tiles_a + kStages * BM * kTileK;      // [kStages][BN][32]
+  T* tiles_a = reinterpret_cast<T*>(shared_bytes);  // [Stages][BM][64]
+  T* tiles_b = tiles_a + Stages * kStageA;          // [Stages][BN][64]
 
-  const T* __restrict__ x = static_cast<const T*>(params.x);
-  const T* __restrict__ w = static_cast<const T*>(params.w);
+  // Addresses as integers: with pointers, the compiler folds a tile's tap offset into every vector's own address
+  // (one merged index per vector) instead of adding the vector's offset to the tap's address.
+  const uint64_t x = reinterpret_cast<uint64_t>(params.x), w = reinterpret_cast<uint64_t>(params.w);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp / WarpsN, warp_n = warp % WarpsN;
   const int block_n = (blockIdx.x % params.n_tiles) * BN;
   const int block_m = (blockIdx.x / params.n_tiles) * BM;
 
-  // The rows this thread loads (vector i covers row (tid + i * kThreads) / 4, channel chunk tid % 4): where each
-  // output pixel's window starts in x, or -1 rows for pixels past M (never inside the input).
-  const int chunk = tid % kChunks;
-  int64_t a_image[kVectorsA];
-  int a_top[kVectorsA], a_left[kVectorsA];
+  // Per row this thread loads, what the reduction walk does not change: the offset in x of its output pixel's window
+  // corner at this thread's channel chunk, in 16-byte vectors (32 bits: x stays below 2^33 elements), and which
+  // filter taps land inside x (bit r: filter row r, bit 16 + s: filter column s; R, S <= 16), so that the bounds
+  // check of a tap is one AND. Rows past M (or past BM when BM is not a whole number of passes) have no valid tap.
+  const int chunk = tid % kChunks, first_row = tid / kChunks;
+  int a_offset[kVectorsA];
+  unsigned a_taps[kVectorsA];
 #pragma unroll
   for (int i = 0; i < kVectorsA; ++i) {
-    const int pixel = block_m + (tid + i * kThreads) / kChunks;
-    if (pixel < params.m) {
-      const int q = pixel % params.q, rest = pixel / params.q;
-      const int p = rest % params.p, image = rest / params.p;
-      a_image[i] = static_cast<int64_t>(image) * params.h * params.w_in * params.c;
-      a_top[i] = p * params.stride_h - params.pad_top;
-      a_left[i] = q * params.stride_w - params.pad_left;
-    } else {
-      a_image[i] = 0;
-      a_top[i] = INT_MIN / 2;  // fails the row check for every tap
-      a_left[i] = 0;
+    const int row = first_row + i * kRowsPerPass;
+    const int pixel = block_m + row;
+    a_offset[i] = 0;
+    a_taps[i] = 0;
+    if ((!kPartialA || row < BM) && pixel < params.m) {
+      uint32_t q = 0, p = 0;
+      const uint32_t image = params.p_divider.divmod(params.q_divider.divmod(static_cast<uint32_t>(pixel), q), p);
+      const int top = static_cast<int>(p) * params.stride_h - params.pad_top;
+      const int left = static_cast<int>(q) * params.stride_w - params.pad_left;
+      for (int r = 0; r < params.r; ++r) {
+        if (static_cast<unsigned>(top + r * params.dilation_h) < static_cast<unsigned>(params.h)) a_taps[i] |= 1u << r;
+      }
+      for (int s = 0; s < params.s; ++s) {
+        if (static_cast<unsigned>(left + s * params.dilation_w) < static_cast<unsigned>(params.w_in)) {
+          a_taps[i] |= 1u << (16 + s);
+        }
+      }
+      a_offset[i] = static_cast<int>(
+          ((static_cast<int64_t>(image) * params.h + top) * params.w_in + left) * (params.c / 8) + chunk);
     }
   }
-  int64_t b_filter[kVectorsB];
-  bool b_valid[kVectorsB];
-#pragma unroll
-  for (int i = 0; i < kVectorsB; ++i) {
-    const int filter = block_n + (tid + i * kThreads) / kChunks;
-    b_valid[i] = filter < params.k;
-    b_filter[i] = static_cast<int64_t>(b_valid[i] ? filter : 0) * params.r * params.s * params.c;
-  }
+  // A thread's filters are kRowsPerPass apart, so one address and a multiple of the filter pitch locate them all.
+  const int first_filter = block_n + first_row;
+  const int64_t filter_pitch = static_cast<int64_t>(params.r) * params.s * params.c * sizeof(T);  // bytes
+  const uint64_t w_thread = w + first_filter * filter_pitch + chunk * 8 * sizeof(T);
+  const unsigned load_a = smem_address(tiles_a + tile_offset(first_row, chunk));
+  const unsigned load_b = smem_address(tiles_b + tile_offset(first_row, chunk));
 
-  // Reduction tile kt = (tap_r * S + tap_s) * channel_tiles + channel_tile, walked in order by the loads.
-  int load_r = 0, load_s = 0, load_channel_tile = 0;
-  auto load_tile = [&](int stage) {
-    const int channel = load_channel_tile * kTileK + chunk * 8;
-    const bool channel_ok = channel < params.c;
+  // Reduction tile kt = (tap_r * S + tap_s) * channel_tiles + channel_tile, walked in order by the loads: the tap's
+  // displacement is one offset for all of a thread's rows, so a vector costs one AND, one compare and one add.
+  int load_r = 0, load_s = 0, load_channel_tile = 0, load_stage = 0;
+  auto load_tile = [&]() {
+    const int channel0 = load_channel_tile * kTileK;
+    const bool channel_ok = channel0 + chunk * 8 < params.c;
     const int dh = load_r * params.dilation_h, dw = load_s * params.dilation_w;
-    T* stage_a = tiles_a + stage * BM * kTileK;
-    T* stage_b = tiles_b + stage * BN * kTileK;
+    const unsigned tap = (1u << load_r) | (1u << (16 + load_s));
+    const uint64_t x_tap = x + ((static_cast<int64_t>(dh) * params.w_in + dw) * params.c + channel0) * sizeof(T);
+    const uint64_t w_tap = w_thread + ((load_r * params.s + load_s) * params.c + channel0) * sizeof(T);
+    const unsigned stage_a = load_a + load_stage * kStageBytesA, stage_b = load_b + load_stage * kStageBytesB;
 #pragma unroll
     for (int i = 0; i < kVectorsA; ++i) {
-      const int row = (tid + i * kThreads) / kChunks;
-      const int hi = a_top[i] + dh, wi = a_left[i] + dw;
-      const bool valid = channel_ok && static_cast<unsigned>(hi) < static_cast<unsigned>(params.h) &&
-                         static_cast<unsigned>(wi) < static_cast<unsigned>(params.w_in);
-      const T* src = valid ? x + a_image[i] + (static_cast<int64_t>(hi) * params.w_in + wi) * params.c + channel : x;
-      cp_async_16(smem_address(stage_a + tile_offset(row, chunk)), src, valid);
+      if (kPartialA && first_row + i * kRowsPerPass >= BM) break;
+      const bool valid = channel_ok && (a_taps[i] & tap) == tap;
+      cp_async_16(stage_a + i * kPassBytes, valid ? x_tap + static_cast<int64_t>(a_offset[i]) * 16 : x, valid);
     }
-    const int tap = (load_r * params.s + load_s) * params.c + channel;
 #pragma unroll
     for (int i = 0; i < kVectorsB; ++i) {
-      const int row = (tid + i * kThreads) / kChunks;
-      const bool valid = channel_ok && b_valid[i];
-      cp_async_16(smem_address(stage_b + tile_offset(row, chunk)), valid ? w + b_filter[i] + tap : w, valid);
+      if (kPartialB && first_row + i * kRowsPerPass >= BN) break;
+      const bool valid = channel_ok && first_filter + i * kRowsPerPass < params.k;
+      cp_async_16(stage_b + i * kPassBytes, valid ? w_tap + i * kRowsPerPass * filter_pitch : w, valid);
     }
+    if (++load_stage == Stages) load_stage = 0;
     if (++load_channel_tile == params.channel_tiles) {
       load_channel_tile = 0;
       if (++load_s == params.s) {
@@ -191,36 +230,39 @@ __global__ void __launch_bounds__(WarpsM * WarpsN * 32)
   }
 
 #pragma unroll
-  for (int stage = 0; stage < kStages - 1; ++stage) {
-    if (stage < params.k_tiles) load_tile(stage);
+  for (int stage = 0; stage < Stages - 1; ++stage) {
+    if (stage < params.k_tiles) load_tile();
     cp_async_commit();  // an empty group past the end keeps the wait counts uniform
   }
 
   // ldmatrix lanes: A (x4 = a 16x16 tile): lane -> row lane % 16, chunk lane / 16 of the k16 step. B (x4 = two n8
-  // tiles x k16): lane -> row lane % 8 + (lane / 16) * 8, chunk (lane / 8) % 2.
+  // tiles x k16): lane -> row lane % 8 + (lane / 16) * 8, chunk (lane / 8) % 2. Rows i * 16 apart share a swizzle.
   const int a_row = warp_m * kWarpM + (lane & 15), a_chunk = lane >> 4;
   const int b_row = warp_n * kWarpN + (lane & 7) + ((lane >> 4) << 3), b_chunk = (lane >> 3) & 1;
+  const unsigned read_a = smem_address(tiles_a + a_row * kTileK), read_b = smem_address(tiles_b + b_row * kTileK);
+  const int a_swizzle = a_row & 7, b_swizzle = b_row & 7;
 
+  int read_stage = 0;
   for (int kt = 0; kt < params.k_tiles; ++kt) {
-    cp_async_wait<kStages - 2>();
+    cp_async_wait<Stages - 2>();
     __syncthreads();  // tile kt is visible to all, and every warp is done with the stage refilled below
-    const int next = kt + kStages - 1;
-    if (next < params.k_tiles) load_tile(next % kStages);
+    if (kt + Stages - 1 < params.k_tiles) load_tile();
     cp_async_commit();
 
-    const T* stage_a = tiles_a + (kt % kStages) * BM * kTileK;
-    const T* stage_b = tiles_b + (kt % kStages) * BN * kTileK;
+    const unsigned stage_a = read_a + read_stage * kStageBytesA, stage_b = read_b + read_stage * kStageBytesB;
 #pragma unroll
     for (int k16 = 0; k16 < kTileK / 16; ++k16) {
+      const unsigned a_column = ((k16 * 2 + a_chunk) ^ a_swizzle) * 16;  // bytes: 16-byte chunks
+      const unsigned b_column = ((k16 * 2 + b_chunk) ^ b_swizzle) * 16;
       unsigned a_fragments[kMmaM][4];
       unsigned b_fragments[kMmaN / 2][4];
 #pragma unroll
       for (int i = 0; i < kMmaM; ++i) {
-        ldmatrix_x4(a_fragments[i], smem_address(stage_a + tile_offset(a_row + i * 16, k16 * 2 + a_chunk)));
+        ldmatrix_x4(a_fragments[i], stage_a + a_column + i * kMmaRowsBytes);
       }
 #pragma unroll
       for (int j = 0; j < kMmaN / 2; ++j) {
-        ldmatrix_x4(b_fragments[j], smem_address(stage_b + tile_offset(b_row + j * 16, k16 * 2 + b_chunk)));
+        ldmatrix_x4(b_fragments[j], stage_b + b_column + j * kMmaRowsBytes);
       }
 #pragma unroll
       for (int i = 0; i < kMmaM; ++i) {
@@ -231,49 +273,61 @@ __global__ void __launch_bounds__(WarpsM * WarpsN * 32)
         }
       }
     }
+    if (++read_stage == Stages) read_stage = 0;
   }
   cp_async_wait<0>();
+  __syncthreads();  // every warp is done reading the stages: the output tile reuses their memory
 
-  // Epilogue: accumulator element e of tile (i, j) is y[row + (e / 2) * 8][col + e % 2], row = lane / 4 within
-  // the m16 tile, col = 2 * (lane % 4) within the n8 tile. y is [M][K] (NHWC), so a pixel's outputs are a row.
+  // Epilogue, first half: accumulator element e of tile (i, j) is y[row + (e / 2) * 8][col + e % 2], row = lane / 4
+  // within the m16 tile, col = 2 * (lane % 4) within the n8 tile; bias and activation in float32, then the pair
+  // goes to the [BM][BN + 8] output tile in y's dtype.
   const T* bias = static_cast<const T*>(params.bias);
-  T* y = static_cast<T*>(params.y);
+  T* tile_y = reinterpret_cast<T*>(shared_bytes);
 #pragma unroll
   for (int j = 0; j < kMmaN; ++j) {
-    const int col = block_n + warp_n * kWarpN + j * 8 + (lane & 3) * 2;
-    if (col >= params.k) continue;
-    const bool second = col + 1 < params.k;
-    const float bias0 = bias != nullptr ? to_float(bias[col]) : 0.0f;
-    const float bias1 = bias != nullptr && second ? to_float(bias[col + 1]) : 0.0f;
+    const int col = warp_n * kWarpN + j * 8 + (lane & 3) * 2;
+    const bool has_bias = bias != nullptr && block_n + col < params.k;
+    const float bias0 = has_bias ? to_float(bias[block_n + col]) : 0.0f;
+    const float bias1 = has_bias && block_n + col + 1 < params.k ? to_float(bias[block_n + col + 1]) : 0.0f;
 #pragma unroll
     for (int i = 0; i < kMmaM; ++i) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int row = block_m + warp_m * kWarpM + i * 16 + (lane >> 2) + half * 8;
-        if (row >= params.m) continue;
+        const int row = warp_m * kWarpM + i * 16 + (lane >> 2) + half * 8;
         const float v0 = apply_act(params.act, acc[i][j][half * 2] + bias0, params.slope);
         const float v1 = apply_act(params.act, acc[i][j][half * 2 + 1] + bias1, params.slope);
-        T* out = y + static_cast<int64_t>(row) * params.k + col;
-        if (params.pair_store) {
-          *reinterpret_cast<typename Pair<T>::type*>(out) = Pair<T>::make(v0, v1);
-        } else {
-          out[0] = from_float<T>(v0);
-          if (second) out[1] = from_float<T>(v1);
-        }
+        *reinterpret_cast<typename Pair<T>::type*>(tile_y + row * kOutPitch + col) = Pair<T>::make(v0, v1);
       }
+    }
+  }
+  __syncthreads();
+
+  // Second half: 8 consecutive threads write 128 contiguous bytes of a y row (y is [M][K], NHWC), 16 bytes each;
+  // element by element where K or y's address does not allow 16-byte vectors.
+  T* y = static_cast<T*>(params.y);
+#pragma unroll
+  for (int i = 0; i < kOutVectors / kThreads; ++i) {
+    const int vector = tid + i * kThreads;
+    const int row = vector / (BN / 8), col = vector % (BN / 8) * 8;
+    const int pixel = block_m + row, channel = block_n + col;
+    if (pixel >= params.m || channel >= params.k) continue;
+    const T* src = tile_y + row * kOutPitch + col;
+    T* out = y + static_cast<int64_t>(pixel) * params.k + channel;
+    if (params.vector_store) {
+      *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int e = 0; e < 8 && channel + e < params.k; ++e) out[e] = src[e];
     }
   }
 }
 
-template <typename T, int BM, int BN, int WarpsM, int WarpsN, int Stages>
-void launch_tile(const Params& params, cudaStream_t stream) {
+// Opts the kernel into its dynamic shared memory (above 48 KiB a kernel must, once per device), then launches it.
+template <typename T, int BM, int BN, int WarpsM, int WarpsN, int Stages, int MinBlocks>
+void launch_tile(const Params& params, int device, cudaStream_t stream) {
   constexpr int kThreads = WarpsM * WarpsN * 32;
-  constexpr std::size_t kSharedBytes = std::size_t(Stages) * (BM + BN) * kTileK * sizeof(T);
-  auto kernel = implicit_gemm_kernel<T, BM, BN, WarpsM, WarpsN, Stages>;
-  // Above 48 KiB of dynamic shared memory a kernel must opt in, once per device.
+  constexpr std::size_t kSharedBytes = shared_bytes_of<T, BM, BN, Stages>();
+  auto kernel = implicit_gemm_kernel<T, BM, BN, WarpsM, WarpsN, Stages, MinBlocks>;
   static std::atomic<uint64_t> opted_in{0};
-  int device = 0;
-  GE2_CUDA_CHECK(cudaGetDevice(&device));
   const uint64_t bit = uint64_t(1) << (device % 64);
   if ((opted_in.load() & bit) == 0) {
     GE2_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -287,36 +341,115 @@ void launch_tile(const Params& params, cudaStream_t stream) {
   GE2_CHECK_LAUNCH("implicit_gemm");
 }
 
-// One tile shape: 128 x 64 with 4 warps of 64 x 32 and 4 stages. Measured on an H100 over the ResNet-50 layers
-// (N=32) it was within 20% of the best of ten shapes everywhere, while 64 x 64 warp tiles (128 x 128, 128 x 256,
-// 256 x 128 blocks) ran 1.5-3x slower.
-template <typename T>
-void launch_typed(const Params& params, cudaStream_t stream) {
-  launch_tile<T, 128, 64, 2, 2, 4>(params, stream);
+using LaunchFn = void (*)(const Params&, int, cudaStream_t);
+
+struct Config {
+  int bm, bn, warps_m, warps_n, stages, min_blocks;
+  LaunchFn half, bfloat16;
+};
+
+template <int BM, int BN, int WarpsM, int WarpsN, int Stages, int MinBlocks>
+constexpr Config make_config() {
+  return {BM, BN, WarpsM, WarpsN, Stages, MinBlocks,
+          launch_tile<__half, BM, BN, WarpsM, WarpsN, Stages, MinBlocks>,
+          launch_tile<__nv_bfloat16, BM, BN, WarpsM, WarpsN, Stages, MinBlocks>};
 }
 
-bool aligned_16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; }
+// The candidate tile shapes, all with 64-channel reduction tiles and warp tiles of at least 32 x 32 (smaller ones
+// would spend more shared-memory bandwidth on ldmatrix than the tensor cores can use). Shared memory per CTA is
+// Stages * (BM + BN) * 128 bytes; MinBlocks is what that allows on an H100 (227 KB per SM).
+//   0: 128 x 64, 4 warps of 64 x 32, 3 stages, 72 KB: 3 CTAs per SM (the narrow K = 64 layers)
+//   1: 128 x 128, 8 warps of 64 x 32, 3 stages, 96 KB: 2 CTAs per SM (K >= 128 with M large enough)
+//   2: 192 x 64, 6 warps of 64 x 32, 3 stages, 96 KB: 2 CTAs per SM (fills 132 SMs where 128-row tiles leave a
+//      half-empty wave: M = 6272, K = 256 makes exactly 132 CTAs)
+//   3: 256 x 64, 8 warps of 64 x 32, 3 stages, 120 KB: 1 CTA per SM (fewer B reloads at K = 64)
+//   4: 64 x 64, 4 warps of 32 x 32, 4 stages, 64 KB: 3 CTAs per SM (small M with a long reduction)
+//   5: 128 x 128, 4 warps of 64 x 64, 3 stages, 96 KB: 2 CTAs per SM (the fewest ldmatrix per mma)
+constexpr Config kConfigs[] = {
+    make_config<128, 64, 2, 2, 3, 3>(), make_config<128, 128, 2, 4, 3, 2>(), make_config<192, 64, 3, 2, 3, 2>(),
+    make_config<256, 64, 4, 2, 3, 1>(), make_config<64, 64, 2, 2, 4, 3>(),   make_config<128, 128, 2, 2, 3, 2>(),
+};
+constexpr int kConfigCount = static_cast<int>(sizeof(kConfigs) / sizeof(kConfigs[0]));
+
+// The launch rule: the config whose tiles waste the least of the machine, counting the padding of the last row and
+// column of tiles (M % BM, K % BN) and the imbalance of CTAs over SMs (an SM that gets one CTA more than another
+// finishes last): efficiency = M / (m_tiles * BM) * K / (n_tiles * BN) * (ctas / SMs) / ceil(ctas / SMs). Within
+// 2% of the best, the earlier config in kConfigs wins (the table is in order of preference).
+int choose_config(const Params& params, int sms) {
+  int best = 0;
+  double best_efficiency = -1.0;
+  for (int index = 0; index < kConfigCount; ++index) {
+    const Config& config = kConfigs[index];
+    const int64_t m_tiles = (params.m + config.bm - 1) / config.bm, n_tiles = (params.k + config.bn - 1) / config.bn;
+    const int64_t ctas = m_tiles * n_tiles, per_sm = (ctas + sms - 1) / sms;
+    const double efficiency = double(params.m) / double(m_tiles * config.bm) * double(params.k) /
+                              double(n_tiles * config.bn) * double(ctas) / double(per_sm * sms);
+    if (efficiency > best_efficiency * 1.02) {
+      best = index;
+      best_efficiency = efficiency;
+    }
+  }
+  return best;
+}
+
+// GE2_IMPLICIT_GEMM_CONFIG as a config index, or -1 when unset.
+int forced_config() {
+  const char* value = std::getenv(kConfigVariable);
+  if (value == nullptr || *value == '\0') return -1;
+  char* end = nullptr;
+  const long index = std::strtol(value, &end, 10);
+  if (*end != '\0' || index < 0 || index >= kConfigCount) {
+    throw std::invalid_argument(std::string(kConfigVariable) + ": expected a config index 0.." +
+                                std::to_string(kConfigCount - 1) + ", got '" + value + "'");
+  }
+  return static_cast<int>(index);
+}
+
+int sm_count(int device) {
+  static std::atomic<int> counts[64] = {};
+  std::atomic<int>& cached = counts[device % 64];
+  int count = cached.load();
+  if (count == 0) {
+    GE2_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    cached.store(count);
+  }
+  return count;
+}
 
 Params make_params(const ForwardArgs& args) {
   const Shape& s = args.shape;
   Params params{};
   params.x = args.x, params.w = args.w, params.bias = args.bias, params.y = args.y;
-  params.n = static_cast<int>(s.n), params.h = static_cast<int>(s.h), params.w_in = static_cast<int>(s.w);
+  params.h = static_cast<int>(s.h), params.w_in = static_cast<int>(s.w);
   params.c = static_cast<int>(s.c), params.k = static_cast<int>(s.k), params.r = static_cast<int>(s.r);
-  params.s = static_cast<int>(s.s), params.p = static_cast<int>(s.p), params.q = static_cast<int>(s.q);
+  params.s = static_cast<int>(s.s);
   params.stride_h = static_cast<int>(s.stride_h), params.stride_w = static_cast<int>(s.stride_w);
   params.pad_top = static_cast<int>(s.pad_top), params.pad_left = static_cast<int>(s.pad_left);
   params.dilation_h = static_cast<int>(s.dilation_h), params.dilation_w = static_cast<int>(s.dilation_w);
+  params.q_divider = FastDivmod(s.q), params.p_divider = FastDivmod(s.p);
   params.m = static_cast<int>(s.n * s.p * s.q);
   params.channel_tiles = static_cast<int>((s.c + kTileK - 1) / kTileK);
   params.k_tiles = static_cast<int>(s.r * s.s) * params.channel_tiles;
   params.act = args.act;
   params.slope = args.slope;
-  params.pair_store = s.k % 2 == 0 && reinterpret_cast<std::uintptr_t>(args.y) % 4 == 0;
+  params.vector_store = s.k % 8 == 0 && reinterpret_cast<std::uintptr_t>(args.y) % 16 == 0;
   return params;
 }
 
+bool aligned_16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; }
+
 }  // namespace
+
+std::string implicit_gemm_configs() {
+  std::string text;
+  for (int index = 0; index < kConfigCount; ++index) {
+    const Config& config = kConfigs[index];
+    text += (index ? ", " : "") + std::to_string(index) + " = " + std::to_string(config.bm) + "x" +
+            std::to_string(config.bn) + " " + std::to_string(config.warps_m * config.warps_n) + " warps " +
+            std::to_string(config.stages) + " stages";
+  }
+  return text;
+}
 
 std::string implicit_gemm_unsupported_reason(const Shape& s, bool backward) {
   if (backward) return "forward only (backward runs on cudnn or im2col_gemm)";
@@ -330,10 +463,14 @@ std::string implicit_gemm_unsupported_reason(const Shape& s, bool backward) {
   if (s.c % 8 != 0) {
     return "input channels C must be a multiple of 8 (16-byte cp.async vectors), got C=" + std::to_string(s.c);
   }
+  if (s.r > 16 || s.s > 16) {
+    return "filter height R and width S at most 16 (a bit per filter row and column), got " + std::to_string(s.r) +
+           "x" + std::to_string(s.s);
+  }
   const int64_t limit = INT_MAX / 2;
   if (s.n * s.p * s.q > limit || s.h * s.w * s.c > limit || s.k * s.r * s.s * s.c > limit || s.h > limit ||
-      s.w > limit) {
-    return "N*P*Q, H*W*C and K*R*S*C must stay below 2^30 (32-bit tile indexing)";
+      s.w > limit || s.n * s.h * s.w * s.c / 8 > limit) {
+    return "N*P*Q, H*W*C and K*R*S*C must stay below 2^30 and N*H*W*C below 2^33 (32-bit tile indexing)";
   }
   return "";
 }
@@ -341,12 +478,11 @@ std::string implicit_gemm_unsupported_reason(const Shape& s, bool backward) {
 bool implicit_gemm_aligned(const ForwardArgs& args) { return aligned_16(args.x) && aligned_16(args.w); }
 
 void implicit_gemm_forward(const ForwardArgs& args, cudaStream_t stream) {
+  const int forced = forced_config();
   const Params params = make_params(args);
-  if (args.shape.dtype == DType::Float16) {
-    launch_typed<__half>(params, stream);
-  } else {
-    launch_typed<__nv_bfloat16>(params, stream);
-  }
+  const int device = current_device();
+  const Config& config = kConfigs[forced >= 0 ? forced : choose_config(params, sm_count(device))];
+  (args.shape.dtype == DType::Float16 ? config.half : config.bfloat16)(params, device, stream);
 }
 
 }  // namespace ge2::conv2d

@@ -26,11 +26,10 @@ def main():
     for array in (a, b, bias, y):
         array.zero()
     face = _face.FACES["gemm"]
-    entry, pointers = face._entry("gemm.forward", [ta, tb, tbias, None], ("relu",), "auto")
-    launch = entry.launch
-    out_pointers = [ty.data_ptr()]
+    entry = face._entry("gemm.forward", [ta, tb, tbias, None], ("relu",), "auto")
+    launch, pointers, out_pointers = entry.launch, [ta.data_ptr(), tb.data_ptr(), tbias.data_ptr(), 0], [ty.data_ptr()]
     prepared, prepared_device = ops.gemm.prepare(ta, tb, tbias, act="relu"), ops.gemm.prepare(a, b, bias, act="relu")
-    native = ops.gemm._native_module()
+    native, softmax_native = ops.gemm._native_module(), ops.softmax._native_module()
     raw = lambda kernel: native.forward(a.ptr, b.ptr, 0, bias.ptr, y.ptr, 0, 64, 256, 128, "float16",  # noqa: E731
                                         False, False, 1.0, 0.0, "relu", 0.01, False, kernel, 0)
     rows = {
@@ -38,11 +37,15 @@ def main():
         "device.signature(DeviceArray)": lambda: ge2.device.signature(a),
         "device.view_of(torch) (the slow path)": lambda: ge2.device.view_of(ta, "a"),
         "torch.empty (a new output)": lambda: torch.empty(64, 256, **half),
-        "cached entry lookup (3 torch inputs)": lambda: face._entry("gemm.forward", [ta, tb, tbias, None],
-                                                                    ("relu",), "auto"),
+        "cached entry lookup, the slow path (3 torch inputs)": lambda: face._entry("gemm.forward",
+                                                                               [ta, tb, tbias, None], ("relu",), "auto"),
+        "native prepared call's checks and launch (try_call)": lambda: entry.call.try_call([ta, tb, tbias, None], ty,
+                                                                                            None),
         f"candidate launch ({entry.kernel}), pointers given": lambda: launch(pointers, out_pointers, 0),
         "native forward, tiled (launch only)": lambda: raw("tiled"),
         "native forward, cublaslt_epilogue": lambda: raw("cublaslt_epilogue"),
+        "softmax binding, launch only": lambda: softmax_native.forward("softmax", tx.data_ptr(), ty.data_ptr(), 64, 256,
+                                                                       1, "float16", "auto", 0),
         "gemm.prepare(...)(DeviceArray, out=)": lambda: prepared_device(a, b, bias, out=y),
         "gemm.prepare(...)(torch, out=)": lambda: prepared(ta, tb, tbias, out=ty),
         "gemm.forward(torch, out=)": lambda: ops.gemm.forward(ta, tb, tbias, act="relu", out=ty),

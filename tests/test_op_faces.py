@@ -276,6 +276,11 @@ def test_forward_launches_the_best_candidate_once_prepared(axpy):
     assert face.forward(a, b, out=a) is a  # in place: the whole of an input
     face.forward(StandInArray((4, 5), 0x10004), out=y)  # not 16-byte aligned: the candidate that takes any
     assert launches[-1][0] == "any"
+    face.forward(a, out=y)  # aligned again: the aligned signature's call, not the last one tried
+    assert launches[-1] == ("fast", [0x10000, 0], [0x30000], 0)
+    for shape in ((4, 5), (2, 3), (4, 5)):  # alternating shapes with the same attributes: each its own call
+        face.forward(StandInArray(shape, 0x10000))
+        assert launches[-1][0] == "fast" and launches[-1][1] == [0x10000, 0]
     face.forward(StandInArray((11, 11), 0x40000))  # too big for "fast"
     assert launches[-1][0] == "any"
 
@@ -316,6 +321,8 @@ def test_prepared_call_checks_its_arrays_and_launches(axpy):
         run(a, None)
     with pytest.raises(ValueError, match=r"out: must not overlap b"):
         run(a, b, out=StandInArray((4, 5), 0x20008))
+    with pytest.raises(ValueError, match=r"a: expected an array like the prepared one .* not 16-byte aligned"):
+        run(StandInArray((4, 5), 0x10004), b)  # "fast" was chosen for aligned arrays
     only_a = face.prepare(a)
     assert only_a(a, out=y) is y and launches[-1][1] == [0x10000, 0]
     assert prepared == ["fast", "fast"]  # alpha 1.0, no b: another signature

@@ -378,6 +378,7 @@ struct PreparedState {
   py::object launch;   // a Launch, or any callable launch(ins, outs, stream)
   py::str op, kernel;
   bool variadic = false;
+  bool aligned = false;                // the kernel was chosen for 16-byte aligned inputs
   std::vector<bool> present;           // per input: False where the prepared input was absent (None)
   std::vector<Expected> inputs;        // per input (unused where absent)
   std::vector<int64_t> in_bytes, out_bytes;
@@ -401,43 +402,19 @@ struct PreparedObject {
 
 PyTypeObject prepared_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
-PyObject* prepared_vectorcall(PyObject* self, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) {
-  PreparedState& state = *reinterpret_cast<PreparedObject*>(self)->state;
-  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-  PyObject* out = Py_None;
-  PyObject* stream = Py_None;
-  const Py_ssize_t keywords = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
-  for (Py_ssize_t i = 0; i < keywords; ++i) {
-    PyObject* name = PyTuple_GET_ITEM(kwnames, i);
-    if (PyUnicode_Compare(name, names.out) == 0) {
-      out = args[nargs + i];
-    } else if (PyUnicode_Compare(name, names.stream) == 0) {
-      stream = args[nargs + i];
-    } else {
-      PyErr_Format(PyExc_TypeError, "%U: the prepared call takes the inputs, out= and stream=, got '%U'",
-                   state.op.ptr(), name);
-      return nullptr;
-    }
-  }
-  // The inputs: positional, or one list for a variadic op; absent optional inputs at the end may be left out.
-  PyObject* sequence = nullptr;
-  PyObject* const* items = args;
-  if (state.variadic && nargs == 1 && (PyList_Check(args[0]) || PyTuple_Check(args[0]))) {
-    sequence = PySequence_Fast(args[0], "inputs");
-    if (sequence == nullptr) return nullptr;
-    items = PySequence_Fast_ITEMS(sequence);
-    nargs = PySequence_Fast_GET_SIZE(sequence);
-  }
+// One call on `items` (the inputs, `nargs` of them; absent optional inputs at the end may be left out). Trying
+// (the face's forward): an input that does not match returns NotImplemented instead of raising, and the face
+// takes its slow path.
+PyObject* prepared_invoke(PreparedState& state, PyObject* const* items, Py_ssize_t nargs, PyObject* out,
+                          PyObject* stream, bool trying) {
   const Py_ssize_t count = static_cast<Py_ssize_t>(state.present.size());
-  auto fail = [&]() -> PyObject* {
-    Py_XDECREF(sequence);
-    return nullptr;
-  };
   if (nargs > count || (state.variadic && nargs != count)) {
+    if (trying) Py_RETURN_NOTIMPLEMENTED;
     PyErr_Format(PyExc_TypeError, "%U: the prepared call takes %zd input(s), got %zd", state.op.ptr(), count, nargs);
-    return fail();
+    return nullptr;
   }
   std::vector<std::uintptr_t> in_addresses(static_cast<std::size_t>(count), 0);
+  std::uintptr_t address_bits = 0;
   for (Py_ssize_t i = 0; i < count; ++i) {
     PyObject* array = i < nargs ? items[i] : Py_None;
     int matched = 0;
@@ -445,16 +422,21 @@ PyObject* prepared_vectorcall(PyObject* self, PyObject* const* args, std::size_t
       matched = array == Py_None ? 1 : 0;
     } else if (array != Py_None) {
       matched = read_expected(array, state.inputs[i], state.signature.ptr(), in_addresses[i]);
+      // The kernel was chosen for 16-byte aligned inputs: a view at an offset needs one that takes any alignment.
+      if (matched == 1 && state.aligned && (in_addresses[i] & 15) != 0) matched = 0;
     }
-    if (matched < 0) return fail();
+    if (matched < 0) return nullptr;
     if (matched == 0) {
+      if (trying) Py_RETURN_NOTIMPLEMENTED;
       PyObject* raised = PyObject_CallFunction(state.input_error.ptr(), "nO", i, array);
       Py_XDECREF(raised);
       if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%U: input %zd does not match", state.op.ptr(), i);
-      return fail();
+      return nullptr;
     }
+    address_bits |= in_addresses[i];
   }
-  Py_XDECREF(sequence);
+  // Aligned inputs deserve the kernel chosen for aligned ones: forward leaves a call made for unaligned ones.
+  if (trying && !state.aligned && (address_bits & 15) == 0) Py_RETURN_NOTIMPLEMENTED;
 
   // The outputs: given (checked against the accepted signatures, validated by the face the first time), or new.
   const std::size_t outputs = state.accepted.size();
@@ -569,6 +551,57 @@ PyObject* prepared_vectorcall(PyObject* self, PyObject* const* args, std::size_t
   return result.release().ptr();
 }
 
+// p(*inputs, out=None, stream=None); a variadic op's inputs may come as one list.
+PyObject* prepared_vectorcall(PyObject* self, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) {
+  PreparedState& state = *reinterpret_cast<PreparedObject*>(self)->state;
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  PyObject* out = Py_None;
+  PyObject* stream = Py_None;
+  const Py_ssize_t keywords = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
+  for (Py_ssize_t i = 0; i < keywords; ++i) {
+    PyObject* name = PyTuple_GET_ITEM(kwnames, i);
+    if (PyUnicode_Compare(name, names.out) == 0) {
+      out = args[nargs + i];
+    } else if (PyUnicode_Compare(name, names.stream) == 0) {
+      stream = args[nargs + i];
+    } else {
+      PyErr_Format(PyExc_TypeError, "%U: the prepared call takes the inputs, out= and stream=, got '%U'",
+                   state.op.ptr(), name);
+      return nullptr;
+    }
+  }
+  if (state.variadic && nargs == 1 && (PyList_Check(args[0]) || PyTuple_Check(args[0]))) {
+    PyObject* sequence = PySequence_Fast(args[0], "inputs");
+    if (sequence == nullptr) return nullptr;
+    PyObject* result = prepared_invoke(state, PySequence_Fast_ITEMS(sequence), PySequence_Fast_GET_SIZE(sequence),
+                                       out, stream, false);
+    Py_DECREF(sequence);
+    return result;
+  }
+  return prepared_invoke(state, args, nargs, out, stream, false);
+}
+
+// p.try_call(inputs, out, stream): the call, or NotImplemented when an input does not match this signature.
+PyObject* prepared_try_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "try_call: expected try_call(inputs, out, stream)");
+    return nullptr;
+  }
+  PyObject* sequence = PySequence_Fast(args[0], "try_call: inputs must be a sequence");
+  if (sequence == nullptr) return nullptr;
+  PyObject* result = prepared_invoke(*reinterpret_cast<PreparedObject*>(self)->state, PySequence_Fast_ITEMS(sequence),
+                                     PySequence_Fast_GET_SIZE(sequence), args[1], args[2], true);
+  Py_DECREF(sequence);
+  return result;
+}
+
+PyMethodDef prepared_methods[] = {
+    {"try_call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(prepared_try_call)), METH_FASTCALL,
+     "try_call(inputs, out, stream): the call, or NotImplemented when an input does not match (the face's "
+     "forward then takes its slow path)."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
 void prepared_dealloc(PyObject* self) {
   delete reinterpret_cast<PreparedObject*>(self)->state;
   Py_TYPE(self)->tp_free(self);
@@ -638,6 +671,7 @@ void register_launch(py::module_& m) {
         "Launch(function, arguments): calls function(*arguments) with the LaunchSlot markers replaced by the "
         "call's addresses; called as launch(ins, outs, stream), the contract of a candidate's launch.");
   prepared_type.tp_getset = prepared_getset;
+  prepared_type.tp_methods = prepared_methods;
   ready(prepared_type, "graph_executor_v2._runtime.PreparedCall", sizeof(PreparedObject),
         offsetof(PreparedObject, vectorcall), prepared_dealloc, prepared_repr,
         "ops.<op>.prepare(...)'s result: p(*inputs, out=None, stream=None) for arrays of the prepared signature.");
@@ -646,7 +680,8 @@ void register_launch(py::module_& m) {
 
   m.def(
       "prepared_call",
-      [](py::object launch, py::str op, py::str kernel, bool variadic, py::sequence inputs, py::sequence kinds,
+      [](py::object launch, py::str op, py::str kernel, bool variadic, bool aligned, py::sequence inputs,
+         py::sequence kinds,
          std::vector<int64_t> in_bytes, std::vector<int64_t> out_bytes, py::tuple make_outputs, std::string made_kind,
          py::object input_error, py::object check_output, py::object check_overlap, py::object signature,
          py::object stream_handle) {
@@ -655,6 +690,7 @@ void register_launch(py::module_& m) {
         state->op = op;
         state->kernel = kernel;
         state->variadic = variadic;
+        state->aligned = aligned;
         if (py::len(kinds) != py::len(inputs) || in_bytes.size() != py::len(inputs) ||
             out_bytes.size() != py::len(make_outputs)) {
           throw std::invalid_argument("prepared_call: inputs, kinds and sizes disagree");
@@ -682,7 +718,8 @@ void register_launch(py::module_& m) {
         self->state = state.release();
         return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(self));
       },
-      py::arg("launch"), py::arg("op"), py::arg("kernel"), py::arg("variadic"), py::arg("inputs"), py::arg("kinds"),
+      py::arg("launch"), py::arg("op"), py::arg("kernel"), py::arg("variadic"), py::arg("aligned"), py::arg("inputs"),
+      py::arg("kinds"),
       py::arg("in_bytes"), py::arg("out_bytes"), py::arg("make_outputs"), py::arg("made_kind"),
       py::arg("input_error"), py::arg("check_output"), py::arg("check_overlap"), py::arg("signature"),
       py::arg("stream_handle"),

@@ -3,9 +3,10 @@ backward / kernels`` and ``prepare``, the same for every op (CONTRIBUTING.md, "T
 
 ``forward`` on device arrays validates a call once per signature (shapes, dtypes, layouts, attributes, kernel):
 the OpDef's ``infer`` raises errors naming the argument, and the op's GPU candidate for that problem is chosen and
-prepared (``Candidate.prepare``). Later calls with the same signature cost one dict lookup, pointer extraction,
-the output allocation and the candidate's one native launch. ``prepare`` does the lookup once and returns a
-callable that only extracts pointers and launches.
+prepared (``Candidate.prepare``, a native launch). Each signature then has a native prepared call
+(``_runtime.prepared_call``): in C++ it checks the arrays against the signature, checks or allocates the outputs
+and launches. A later ``forward`` with the same attributes costs one dict lookup and that one native call (which
+declines arrays of another signature, sending the call down the slow path); ``prepare`` returns it.
 
 An op supplies what a definition cannot say: ``backward`` (the native backward kernels; the face binds arguments,
 validates host arrays and turns the result into one entry per forward input) and, where its forward has more to
@@ -27,6 +28,7 @@ from ._base import REQUIRED, OpDef, Problem
 
 _MISSING = object()
 _CACHE_LIMIT = 4096  # signatures per op before the cache starts over (shapes that never repeat)
+_RECENT_PER_KEY = 4  # input signatures forward tries natively per attribute set before its slow path
 
 FACES: dict[str, "Face"] = {}
 
@@ -45,9 +47,10 @@ class _Prepared:
     make_outputs: tuple[Callable[[], Any], ...]
     out_types: tuple[TensorType, ...]
     device: int
-    checked_outs: set
+    aligned: bool  # the inputs were 16-byte aligned, so the kernel may need them to be
     in_bytes: tuple[int, ...]  # of each input (0 when absent): outputs given by the caller must not overlap them
     out_bytes: tuple[int, ...]
+    call: Any = None  # the native prepared call of this signature, made with the first arrays that had it
 
 
 class Face:
@@ -87,6 +90,8 @@ class Face:
         self._kernel_names = ("auto",) + tuple(c.name for c in opdef.candidates)
         self._ranked = tuple(sorted(opdef.candidates, key=lambda c: -c.priority))
         self._cache: dict[tuple, _Prepared] = {}
+        # (attribute values, their types, kernel) -> the native calls of the signatures most recently run with them
+        self._recent: dict[tuple, list] = {}
         self.forward = self._make_forward()
         self.forward_numpy = self._make_forward_numpy()
         self.backward = self._make_backward()
@@ -194,7 +199,7 @@ class Face:
         template = inputs[views.index(first)]
         makers = tuple(_device.allocator(template, t.shape, t.dtype, first.device) for t in out_types)
         nbytes = lambda t: 0 if t is None else _layout.numel(t.shape) * itemsize(t.dtype)  # noqa: E731
-        return _Prepared(kernel_name, launch, makers, out_types, first.device, set(),
+        return _Prepared(kernel_name, launch, makers, out_types, first.device, aligned,
                          tuple(map(nbytes, in_types)), tuple(map(nbytes, out_types)))
 
     def _choose(self, problem: Problem, kernel: str, aligned: bool) -> tuple[str, Callable]:
@@ -225,28 +230,6 @@ class Face:
             failures.append("the inputs are not 16-byte aligned: only the candidates that take any alignment apply")
         raise RuntimeError(f"{self.name}: no kernel can run this problem ({'; '.join(failures) or 'none applies'})")
 
-    def _outputs(self, entry: _Prepared, out, in_pointers: list[int]) -> tuple[list, list[int]]:
-        """The output arrays (``out`` checked once per array kind and signature, else new) and their pointers. A
-        given output must not overlap an input, but for an op that works in place it may be one, as a whole."""
-        if out is None:
-            arrays = [make() for make in entry.make_outputs]
-            return arrays, [_device.address(array) for array in arrays]
-        arrays = list(out) if isinstance(out, (tuple, list)) else [out]
-        if len(arrays) != len(entry.out_types):
-            raise ValueError(f"out: expected {len(entry.out_types)} array(s) ({', '.join(self.op.outputs)}), "
-                             f"got {len(arrays)}")
-        pointers = []
-        for index, array in enumerate(arrays):
-            key, pointer = _device.signature(array)
-            if (type(array), key, index) not in entry.checked_outs:
-                argument = "out" if len(arrays) == 1 else f"out[{index}]"
-                t = entry.out_types[index]
-                _layout.checked_view(array, argument, t.shape, t.dtype, entry.device)
-                entry.checked_outs.add((type(array), key, index))
-            self._check_overlap(entry, index, pointer, in_pointers)
-            pointers.append(pointer)
-        return arrays, pointers
-
     def _check_overlap(self, entry: _Prepared, index: int, pointer: int, in_pointers: list[int]) -> None:
         size = entry.out_bytes[index]
         for position, (start, length) in enumerate(zip(in_pointers, entry.in_bytes)):
@@ -266,13 +249,12 @@ class Face:
                     how = f"{self.name} does not work in place"
                 raise ValueError(f"{argument}: must not overlap {name} ({how})")
 
-    def _entry(self, where: str, inputs: list, attr_values: tuple, kernel: str) -> tuple[_Prepared, list[int]]:
-        """The prepared signature of these arrays and attribute values, and the input pointers."""
-        keys, pointers, address_bits = [], [], 0
+    def _entry(self, where: str, inputs: list, attr_values: tuple, kernel: str) -> _Prepared:
+        """The prepared signature of these arrays and attribute values (the slow path of a call)."""
+        keys, address_bits = [], 0
         for index, x in enumerate(inputs):
             if x is None:
                 keys.append(None)
-                pointers.append(0)
                 continue
             try:
                 key, pointer = _device.signature(x)
@@ -280,7 +262,6 @@ class Face:
                 _device.view_of(x, self._input_names(len(inputs))[index])
                 raise
             keys.append(key)
-            pointers.append(pointer)
             address_bits |= pointer
         aligned = not address_bits & 15
         cache_key = (type(inputs[0]), tuple(keys), attr_values, tuple(map(type, attr_values)), kernel, aligned)
@@ -296,7 +277,16 @@ class Face:
                 if len(self._cache) >= _CACHE_LIMIT:
                     self._cache.clear()
                 self._cache[cache_key] = entry
-        return entry, pointers
+        if entry.call is None:
+            entry.call = self._prepared_call(inputs, entry)
+        return entry
+
+    def _remember(self, key: tuple, call) -> None:
+        """Puts ``call`` first among the recent calls of ``key`` (a few per key: loops alternating shapes)."""
+        if len(self._recent) >= _CACHE_LIMIT:
+            self._recent.clear()
+        recent = [call] + [c for c in self._recent.get(key, ()) if c is not call]
+        self._recent[key] = recent[:_RECENT_PER_KEY]
 
     def _make_forward(self):
         face, count, where = self, len(self._inputs), f"{self.name}.forward"
@@ -314,10 +304,21 @@ class Face:
                     return face._forward_extras(inputs, attrs, kernel, out, stream, **extras)
                 return face._forward_impl(inputs, attrs, kernel, out, stream)
             inputs = _sequence(values[0], face._inputs[0]) if face._variadic else values[:count]
-            entry, pointers = face._entry(where, inputs, tuple(values[count:]), kernel)
-            arrays, out_pointers = face._outputs(entry, out, pointers)
-            entry.launch(pointers, out_pointers, 0 if stream is None else _device.stream_handle(stream))
-            return arrays[0] if len(arrays) == 1 else tuple(arrays)
+            attr_values = tuple(values[count:])
+            try:
+                recent_key = (attr_values, tuple(map(type, attr_values)), kernel)
+                recent = face._recent.get(recent_key)
+            except TypeError:  # an unhashable attribute value (a list): the slow path every call
+                recent_key, recent = None, None
+            if recent is not None:  # the common loop call: one native call checks the arrays and launches
+                for call in recent:
+                    result = call.try_call(inputs, out, stream)
+                    if result is not NotImplemented:
+                        return result
+            call = face._entry(where, inputs, attr_values, kernel).call
+            if recent_key is not None:
+                face._remember(recent_key, call)
+            return call(*inputs, out=out, stream=stream)
 
         forward.__doc__ = (f"{self.name} on device arrays (DeviceArray, torch, CuPy), zero-copy: returns the output as "
                            f"an array of the first input's kind, or writes ``out``.\n\n{self.op.doc}")
@@ -367,8 +368,7 @@ class Face:
             if face._forward_impl is not None:
                 raise TypeError(f"{where}: {face.name} has no prepared form (its forward is not one kernel launch)")
             inputs = _sequence(values[0], face._inputs[0]) if face._variadic else values[:count]
-            entry, _ = face._entry(where, inputs, tuple(values[count:]), kernel)
-            return face._prepared_call(inputs, entry)
+            return face._entry(where, inputs, tuple(values[count:]), kernel).call
 
         prepare.__doc__ = (f"Validates {self.name} for these arrays and attributes and chooses its kernel once; the "
                            f"returned callable, p(*inputs, out=None, stream=None), takes arrays of the same shapes, "
@@ -380,16 +380,17 @@ class Face:
         signature and launches in C++; what it cannot decide alone (a new kind of output array, an output
         overlapping an input, a wrong array) comes back here, so the errors are the face's."""
         names = self._input_names(len(inputs))
-        keys = [None if x is None else _device.signature(x)[0] for x in inputs]
+        # What each input must be like, as text: the call must not keep the arrays it was made with alive.
+        expected = [None if x is None else f"{type(x).__name__} {_device.signature(x)[0]}" for x in inputs]
         count = len(entry.out_types)
 
         def input_error(index, array):
             got = None
             if array is not None:
                 _device.view_of(array, names[index])  # what is not a device array: a TypeError naming the argument
-                got = f"{type(array).__name__} {_device.signature(array)[0]}"
-            expected = None if inputs[index] is None else f"{type(inputs[index]).__name__} {keys[index]}"
-            raise ValueError(f"{names[index]}: expected an array like the prepared one ({expected}), got {got}")
+                key, pointer = _device.signature(array)
+                got = f"{type(array).__name__} {key}" + (" at an address not 16-byte aligned" if pointer & 15 else "")
+            raise ValueError(f"{names[index]}: expected an array like the prepared one ({expected[index]}), got {got}")
 
         def check_output(index, array):
             if index is None:  # `array` is the whole `out`
@@ -404,7 +405,7 @@ class Face:
 
         first = next(x for x in inputs if x is not None)
         return _device.runtime().prepared_call(
-            entry.launch, self.name, entry.kernel, self._variadic, inputs,
+            entry.launch, self.name, entry.kernel, self._variadic, entry.aligned, inputs,
             [None if x is None else _device.array_kind(x) for x in inputs], entry.in_bytes, entry.out_bytes,
             entry.make_outputs, _device.array_kind(first), input_error, check_output, check_overlap, _device.signature,
             _device.stream_handle)

@@ -423,6 +423,28 @@ def test_native_launch_fills_its_slots_and_keeps_the_launch_contract():
         runtime.Launch(3, ())
 
 
+def test_c_launch_of_an_op_module_reports_its_errors():
+    """An op module's C launch (bind_*: arguments converted once) through the runtime's Launch: its C++ exceptions
+    come back as the face's exception types, with no GPU needed to reach the argument checks."""
+    if not ge2._native.is_built("_ops_gemm"):
+        pytest.skip("native modules are not built")
+    from graph_executor_v2.ops import gemm, native_launch, softmax
+
+    bind = gemm._native_module().bind_forward
+    launch = native_launch(bind(0, 4, 4, "float32", False, False, 1.0, 0.0, "relu", 0.01, False, "tiled"))
+    with pytest.raises(ValueError, match=r"m, n, k: every dimension must be >= 1, got 0, 4, 4"):
+        launch([0x1000, 0x2000, 0, 0], [0x3000], 0)
+    launch = native_launch(bind(2, 4, 4, "float32", False, False, 1.0, 0.0, "relu", 0.01, False, "tiled"))
+    with pytest.raises(ValueError, match=r"a: null device pointer"):
+        launch([0, 0x2000, 0, 0], [0x3000], None)
+    with pytest.raises(IndexError, match=r"launch: needs"):
+        native_launch(softmax._native_module().bind_forward("softmax", 1, 4, 1, "float32", "auto"))([], [], 0)
+    with pytest.raises(ValueError, match=r"kernel: expected one of"):
+        bind(2, 4, 4, "float32", False, False, 1.0, 0.0, "relu", 0.01, False, "fastest")
+    with pytest.raises(TypeError, match=r"an op module's C launch takes the call's addresses only"):
+        native_launch(bind(2, 4, 4, "float32", False, False, 1.0, 0.0, "relu", 0.01, False, "tiled"), 1)
+
+
 def test_prepared_call_reads_torch_arrays_in_cpp(axpy, monkeypatch):
     """The torch branch of the native checks: shape, dtype, device and contiguity per call, data_ptr() for the
     address; an output kind seen once is remembered, and a new one is validated by the face first."""
@@ -438,10 +460,9 @@ def test_prepared_call_reads_torch_arrays_in_cpp(axpy, monkeypatch):
     assert isinstance(new, TorchLikeArray) and launches[-1][2] == [new.ptr]
     assert run(a, b, out=StandInArray((4, 5), 0x60000)).ptr == 0x60000  # another kind of output: validated, kept
     assert run(a, b, out=y) is y and launches[-1][2] == [0x30000]
-    for wrong, why in ((TorchLikeArray((5, 4), 0x10000), "shape"), (TorchLikeArray((4, 5), 0x10000, "float16"), "dtype"),
-                       (TorchLikeArray((4, 5), 0x10000, device=1), "device"),
-                       (TorchLikeArray((4, 5), 0x10000, contiguous=False), "contiguity"),
-                       (StandInArray((4, 5), 0x10000), "kind")):
+    for wrong in (TorchLikeArray((5, 4), 0x10000), TorchLikeArray((4, 5), 0x10000, "float16"),
+                  TorchLikeArray((4, 5), 0x10000, device=1), TorchLikeArray((4, 5), 0x10000, contiguous=False),
+                  StandInArray((4, 5), 0x10000)):  # shape, dtype, device, contiguity, kind
         with pytest.raises(ValueError, match=r"a: expected an array like the prepared one \(TorchLikeArray"):
             run(wrong, b)
     with pytest.raises(TypeError, match=r"a: expected a CUDA device array"):

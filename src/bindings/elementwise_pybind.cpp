@@ -1,6 +1,7 @@
 // _ops_elementwise: the native face of the elementwise ops. Raw device addresses (0 = absent) and shapes in, work
 // enqueued on `stream`; argument checking for users happens in graph_executor_v2.ops.elementwise first.
 #include "api.hpp"
+#include "c_launch.hpp"
 #include "kernel_list.hpp"
 #include "op_binding.hpp"
 
@@ -44,6 +45,46 @@ PYBIND11_MODULE(_ops_elementwise, m) {
       },
       py::arg("op"), py::arg("x"), py::arg("y"), py::arg("numel"), py::arg("dtype"), py::arg("kernel"),
       py::arg("stream"), "Enqueues y = op(x); returns the kernel that ran.");
+
+  m.def(
+      "bind_binary",
+      [](const std::string& op, const std::vector<int64_t>& a_shape, const std::vector<int64_t>& b_shape,
+         const std::string& dtype, const std::string& kernel) {
+        struct Bound {
+          ew::BinaryOp op;
+          ew::Broadcast problem;
+          ge2::DType dtype;
+          ew::Kernel kernel;
+        };
+        const Bound bound{ew::binary_op_from_name(op), ew::make_broadcast(a_shape, b_shape),
+                          ge2::dtype_from_name(dtype), ew::kernel_from_name(kernel)};
+        return ge2::binding::make_c_launch<Bound>(
+            bound, 2, 1, [](Bound& b, const std::uintptr_t* in, const std::uintptr_t* out, cudaStream_t stream) {
+              ew::binary(b.op, as_pointer(in[0]), as_pointer(in[1]), as_pointer(out[0]), b.problem, b.dtype, b.kernel,
+                         stream);
+            });
+      },
+      py::arg("op"), py::arg("a_shape"), py::arg("b_shape"), py::arg("dtype"), py::arg("kernel"),
+      "binary for one problem as a C launch (inputs a, b; output y), its arguments converted once.");
+
+  m.def(
+      "bind_unary",
+      [](const std::string& op, int64_t numel, const std::string& dtype, const std::string& kernel) {
+        struct Bound {
+          ew::UnaryOp op;
+          int64_t numel;
+          ge2::DType dtype;
+          ew::Kernel kernel;
+        };
+        const Bound bound{ew::unary_op_from_name(op), numel, ge2::dtype_from_name(dtype),
+                          ew::kernel_from_name(kernel)};
+        return ge2::binding::make_c_launch<Bound>(
+            bound, 1, 1, [](Bound& b, const std::uintptr_t* in, const std::uintptr_t* out, cudaStream_t stream) {
+              ew::unary(b.op, as_pointer(in[0]), as_pointer(out[0]), b.numel, b.dtype, b.kernel, stream);
+            });
+      },
+      py::arg("op"), py::arg("numel"), py::arg("dtype"), py::arg("kernel"),
+      "unary for one problem as a C launch (input x, output y), its arguments converted once.");
 
   m.def(
       "unary_backward",

@@ -3,6 +3,7 @@
 #include <cublasLt.h>
 
 #include "api.hpp"
+#include "c_launch.hpp"
 #include "kernel_list.hpp"
 #include "op_binding.hpp"
 
@@ -58,6 +59,32 @@ PYBIND11_MODULE(_ops_gemm, m) {
       py::arg("n"), py::arg("k"), py::arg("dtype"), py::arg("trans_a"), py::arg("trans_b"), py::arg("alpha"),
       py::arg("beta"), py::arg("act"), py::arg("slope"), py::arg("allow_tf32"), py::arg("kernel"), py::arg("stream"),
       "Enqueues the gemm on `stream`; returns the name of the kernel that ran.");
+
+  m.def(
+      "bind_forward",
+      [](int64_t rows, int64_t cols, int64_t inner, const std::string& dtype, bool trans_a, bool trans_b, float alpha,
+         float beta, const std::string& act, float slope, bool allow_tf32, const std::string& kernel) {
+        struct Bound {
+          ge2::gemm::ForwardArgs args;
+          ge2::gemm::Kernel kernel;
+        };
+        Bound bound{forward_args(0, 0, 0, 0, 0, 0, rows, cols, inner, dtype, trans_a, trans_b, alpha, beta, act,
+                                 slope, allow_tf32),
+                    ge2::gemm::kernel_from_name(kernel)};
+        return ge2::binding::make_c_launch<Bound>(
+            bound, 4, 1, [](Bound& b, const std::uintptr_t* in, const std::uintptr_t* out, cudaStream_t stream) {
+              ge2::gemm::ForwardArgs args = b.args;
+              args.a = as_pointer(in[0]);
+              args.b = as_pointer(in[1]);
+              args.bias = as_pointer(in[2]);
+              args.c = as_pointer(in[3]);
+              args.y = as_pointer(out[0]);
+              ge2::gemm::forward(args, b.kernel, stream);
+            });
+      },
+      py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype"), py::arg("trans_a"), py::arg("trans_b"),
+      py::arg("alpha"), py::arg("beta"), py::arg("act"), py::arg("slope"), py::arg("allow_tf32"), py::arg("kernel"),
+      "forward for one problem as a C launch (inputs a, b, bias, c; output y), its arguments converted once.");
 
   m.def(
       "backward",

@@ -2,6 +2,7 @@
 // the array in, work enqueued on `stream`; argument checking for users happens in graph_executor_v2.ops.softmax
 // before any of this runs.
 #include "api.hpp"
+#include "c_launch.hpp"
 #include "kernel_list.hpp"
 #include "op_binding.hpp"
 
@@ -52,6 +53,59 @@ PYBIND11_MODULE(_ops_softmax, m) {
       py::arg("op"), py::arg("y"), py::arg("dy"), py::arg("dx"), py::arg("outer"), py::arg("n"), py::arg("inner"),
       py::arg("dtype"), py::arg("kernel"), py::arg("stream"),
       "Enqueues dx from the forward output y and dy; returns the name of the kernel that ran.");
+
+  m.def(
+      "bind_forward",
+      [](const std::string& op, int64_t outer, int64_t n, int64_t inner, const std::string& dtype,
+         const std::string& kernel) {
+        struct Bound {
+          ge2::softmax::ForwardArgs args;
+          ge2::softmax::Kernel kernel;
+        };
+        Bound bound;
+        bound.args.outer = outer;
+        bound.args.n = n;
+        bound.args.inner = inner;
+        bound.args.dtype = ge2::dtype_from_name(dtype);
+        bound.args.log = ge2::softmax::is_log_from_name(op);
+        bound.kernel = ge2::softmax::kernel_from_name(kernel);
+        return ge2::binding::make_c_launch<Bound>(
+            bound, 1, 1, [](Bound& b, const std::uintptr_t* in, const std::uintptr_t* out, cudaStream_t stream) {
+              ge2::softmax::ForwardArgs args = b.args;
+              args.x = as_pointer(in[0]);
+              args.y = as_pointer(out[0]);
+              ge2::softmax::forward(args, b.kernel, stream);
+            });
+      },
+      py::arg("op"), py::arg("outer"), py::arg("n"), py::arg("inner"), py::arg("dtype"), py::arg("kernel"),
+      "forward for one problem as a C launch (input x, output y), its arguments converted once.");
+
+  m.def(
+      "bind_backward",
+      [](const std::string& op, int64_t outer, int64_t n, int64_t inner, const std::string& dtype,
+         const std::string& kernel) {
+        struct Bound {
+          ge2::softmax::BackwardArgs args;
+          ge2::softmax::Kernel kernel;
+        };
+        Bound bound;
+        bound.args.outer = outer;
+        bound.args.n = n;
+        bound.args.inner = inner;
+        bound.args.dtype = ge2::dtype_from_name(dtype);
+        bound.args.log = ge2::softmax::is_log_from_name(op);
+        bound.kernel = ge2::softmax::kernel_from_name(kernel);
+        return ge2::binding::make_c_launch<Bound>(
+            bound, 2, 1, [](Bound& b, const std::uintptr_t* in, const std::uintptr_t* out, cudaStream_t stream) {
+              ge2::softmax::BackwardArgs args = b.args;
+              args.dy = as_pointer(in[0]);
+              args.y = as_pointer(in[1]);
+              args.dx = as_pointer(out[0]);
+              ge2::softmax::backward(args, b.kernel, stream);
+            });
+      },
+      py::arg("op"), py::arg("outer"), py::arg("n"), py::arg("inner"), py::arg("dtype"), py::arg("kernel"),
+      "backward for one problem as a C launch (inputs dy, y; output dx), its arguments converted once.");
 
   m.def(
       "unsupported_reason",

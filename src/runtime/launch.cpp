@@ -1,8 +1,9 @@
 // The op faces' native call path: one op call with no Python frame between the caller and the op binding.
 //
 // Launch: a candidate's launch, one call of its op binding with the problem's arguments bound once (at prepare
-// time) and LaunchSlot markers where the call's input and output addresses and its stream go. It is called as
-// launch(ins, outs, stream), the contract of every candidate launch (plans, the face's forward).
+// time) and LaunchSlot markers where the call's input and output addresses and its stream go, or an op module's C
+// launch (c_launch.hpp: the arguments converted once by the module, called with the addresses and the GIL
+// released). It is called as launch(ins, outs, stream), the contract of every candidate launch (plans, the face).
 //
 // PreparedCall: what ops.<op>.prepare(...) returns. Per call it reads each array's address and checks the array
 // against the prepared signature in C++ (a DeviceArray's fields directly; a torch tensor through its C-implemented
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "c_launch.hpp"
 #include "runtime.hpp"
 
 namespace ge2::runtime {
@@ -66,6 +68,7 @@ PyObject* guarded(Body&& body) {
 // ---------------------------------------------------------------------------------------------------------------
 struct LaunchState {
   py::object function;
+  Ge2CLaunch* c_launch = nullptr;  // when `function` is an op module's C launch (its capsule, kept by `function`)
   py::tuple arguments;  // slot positions hold None
   std::vector<SlotPosition> slots;
   Py_ssize_t inputs_needed = 0, outputs_needed = 0;  // 1 + the largest index of a single input/output slot
@@ -128,6 +131,42 @@ PyObject* slot_value(const LaunchSlot& slot, const CallValues& values) {
   return nullptr;
 }
 
+// Addresses given as Python objects (ints; None for absent) as integers; false with the Python error set.
+bool addresses_of(PyObject* const* objects, Py_ssize_t count, std::vector<std::uintptr_t>& addresses) {
+  addresses.resize(static_cast<std::size_t>(count));
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    addresses[i] = objects[i] == Py_None ? 0 : PyLong_AsUnsignedLongLong(objects[i]);
+    if (PyErr_Occurred()) return false;
+  }
+  return true;
+}
+
+// An op module's C launch, called with the GIL released; None, or nullptr with the error it reported.
+PyObject* call_c_launch(const Ge2CLaunch& launch, const CallValues& values) {
+  std::vector<std::uintptr_t> inputs, outputs;
+  const std::uintptr_t* in = values.inputs;
+  const std::uintptr_t* out = values.outputs;
+  std::uintptr_t stream = values.stream;
+  if (values.input_objects != nullptr) {  // called from Python: launch(ins, outs, stream)
+    if (!addresses_of(values.input_objects, values.input_count, inputs) ||
+        !addresses_of(values.output_objects, values.output_count, outputs)) {
+      return nullptr;
+    }
+    in = inputs.data();
+    out = outputs.data();
+    stream = values.stream_object == Py_None ? 0 : PyLong_AsUnsignedLongLong(values.stream_object);
+    if (PyErr_Occurred()) return nullptr;
+  }
+  char error[1024];
+  int status = 0;
+  Py_BEGIN_ALLOW_THREADS
+  status = launch.call(launch.state, in, out, stream, error, sizeof(error));
+  Py_END_ALLOW_THREADS
+  if (status == 0) Py_RETURN_NONE;
+  PyErr_SetString(status == ge2::binding::kCLaunchBadArgument ? PyExc_ValueError : PyExc_RuntimeError, error);
+  return nullptr;
+}
+
 // Calls the bound function with the slots filled; a new reference to its result, or nullptr with the error set.
 PyObject* call_launch(const LaunchState& state, const CallValues& values) {
   if (values.input_count < state.inputs_needed || values.output_count < state.outputs_needed) {
@@ -135,6 +174,7 @@ PyObject* call_launch(const LaunchState& state, const CallValues& values) {
                  state.inputs_needed, state.outputs_needed, values.input_count, values.output_count);
     return nullptr;
   }
+  if (state.c_launch != nullptr) return call_c_launch(*state.c_launch, values);
   const Py_ssize_t count = PyTuple_GET_SIZE(state.arguments.ptr());
   constexpr Py_ssize_t kOnStack = 40;
   PyObject* on_stack[kOnStack + 1];
@@ -198,13 +238,25 @@ PyObject* launch_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
                                    &PyTuple_Type, &arguments)) {
     return nullptr;
   }
-  if (!PyCallable_Check(function)) {
-    PyErr_Format(PyExc_TypeError, "function: expected a callable, got %s", Py_TYPE(function)->tp_name);
+  if (!PyCallable_Check(function) && !PyCapsule_IsValid(function, ge2::binding::kCLaunchCapsule)) {
+    PyErr_Format(PyExc_TypeError, "function: expected a callable or an op module's C launch, got %s",
+                 Py_TYPE(function)->tp_name);
+    return nullptr;
+  }
+  const bool c_launch = PyCapsule_IsValid(function, ge2::binding::kCLaunchCapsule);
+  if (c_launch && PyTuple_GET_SIZE(arguments) > 0) {
+    PyErr_SetString(PyExc_TypeError, "arguments: an op module's C launch takes the call's addresses only, no bound "
+                                     "arguments");
     return nullptr;
   }
   return guarded([&]() -> PyObject* {
     auto state = std::make_unique<LaunchState>();
     state->function = py::reinterpret_borrow<py::object>(function);
+    if (c_launch) {
+      state->c_launch = static_cast<Ge2CLaunch*>(PyCapsule_GetPointer(function, ge2::binding::kCLaunchCapsule));
+      state->inputs_needed = state->c_launch->inputs;
+      state->outputs_needed = state->c_launch->outputs;
+    }
     py::list bound;
     const Py_ssize_t count = PyTuple_GET_SIZE(arguments);
     for (Py_ssize_t i = 0; i < count; ++i) {
@@ -669,7 +721,8 @@ void register_launch(py::module_& m) {
   ready(launch_type, "graph_executor_v2._runtime.Launch", sizeof(LaunchObject), offsetof(LaunchObject, vectorcall),
         launch_dealloc, launch_repr,
         "Launch(function, arguments): calls function(*arguments) with the LaunchSlot markers replaced by the "
-        "call's addresses; called as launch(ins, outs, stream), the contract of a candidate's launch.");
+        "call's addresses, or an op module's C launch (a capsule, no arguments) with the addresses directly; called "
+        "as launch(ins, outs, stream), the contract of a candidate's launch.");
   prepared_type.tp_getset = prepared_getset;
   prepared_type.tp_methods = prepared_methods;
   ready(prepared_type, "graph_executor_v2._runtime.PreparedCall", sizeof(PreparedObject),

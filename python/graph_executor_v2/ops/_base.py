@@ -98,11 +98,15 @@ class Problem:
 Launch = Callable[[Sequence[int], Sequence[int], int], None]
 
 
-def native_launch(function: Callable, *arguments) -> Launch:
+def native_launch(function, *arguments) -> Launch:
     """A candidate's launch as one call of its op binding, ``function(*arguments)``, with ``in_ptr(i)``,
     ``out_ptr(i)``, ``in_ptrs()``, ``out_ptrs()`` and ``stream_arg()`` standing for the call's addresses and stream.
     The arguments are bound once, at prepare time; a call fills the slots and calls the binding in C++
-    (``_runtime.Launch``), so the face's prepared call and a plan's node pay no Python frame for it."""
+    (``_runtime.Launch``), so the face's prepared call and a plan's node pay no Python frame for it.
+
+    ``function`` may instead be an op module's C launch (a binding's ``bind_*(...)`` result, with no ``arguments``:
+    src/bindings/common/c_launch.hpp): called with the addresses directly, it skips the binding's argument
+    conversion too."""
     return _device.runtime().Launch(function, arguments)
 
 

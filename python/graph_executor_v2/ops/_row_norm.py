@@ -16,7 +16,7 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES, normalize
 from ..ir.types import TensorType
 from . import _layout
-from ._base import Candidate, Problem, in_ptr, native_launch, out_ptr, require_inputs, stream_arg
+from ._base import Candidate, Problem, native_launch, require_inputs
 from ._face import Face
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -231,9 +231,8 @@ def problem_dims(problem: Problem) -> NormShape:
 def _make_launch(native, kernel: str, problem: Problem):
     """launch(in_ptrs, out_ptrs, stream): one native forward, beta the third input when there is one (layernorm)."""
     shape, eps = problem_dims(problem), float(problem.attrs["eps"])
-    beta = in_ptr(2) if len(problem.in_types) > 2 else 0
-    return native_launch(native.forward, in_ptr(0), in_ptr(1), beta, out_ptr(0), 0, 0, shape.rows, shape.cols,
-                         shape.dtype, eps, kernel, stream_arg())
+    return native_launch(native.bind_forward(shape.rows, shape.cols, shape.dtype, eps, kernel,
+                                             len(problem.in_types) > 2))  # a C launch
 
 
 def candidates(native) -> tuple[Candidate, ...]:

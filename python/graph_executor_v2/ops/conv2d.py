@@ -11,12 +11,13 @@ accumulation; TF32 only with ``allow_tf32``. Output size: ``P = (H + pad_top + p
 
 Kernel candidates (``kernels()``), best first:
 1. ``cudnn_graph``: cuDNN's graph API through the cuDNN frontend (conv_fprop with bias and activation fused as
-   pointwise nodes, conv_dgrad, conv_wgrad; dbias by GE2's reduction): up to 10 plans from heuristics mode A's engines
-   then cuDNN's fallback list (PyTorch's cudnn.benchmark sources and limit), built once per problem by ``prepare`` or the first call, timed on the first call
-   (the fastest kept). Strict float32 leaves out TF32, FFT and Winograd engines. Built when CMake finds cuDNN and the
-   frontend headers (the nvidia-cudnn-frontend package or GE2_CUDNN_FRONTEND_DIR; ``has_cudnn_graph()``); a fused
-   bias/activation only in float16/bfloat16 NHWC with groups 1 and C, K multiples of 8; backward act none. Where
-   cuDNN has no engine for a problem, preparing it raises and ``auto`` takes the next candidate.
+   pointwise nodes, conv_dgrad, conv_wgrad; dbias by GE2's reduction): up to 10 plans from heuristics mode A's
+   engines then cuDNN's fallback list (PyTorch's cudnn.benchmark sources and limit), built once per problem by
+   ``prepare`` or the first call, timed on the first call (the fastest kept). Strict float32 leaves out TF32, FFT and
+   Winograd engines. Built when CMake finds cuDNN and the frontend headers (the nvidia-cudnn-frontend package or
+   GE2_CUDNN_FRONTEND_DIR; ``has_cudnn_graph()``); a fused bias/activation only in float16/bfloat16 NHWC with groups
+   1 and C, K multiples of 8; backward act none. Where cuDNN has no engine for a problem, preparing it raises and
+   ``auto`` takes the next candidate.
 2. ``implicit_gemm``: GE2's own implicit GEMM on tensor cores (no im2col buffer): x gathered on the fly by 16-byte
    cp.async, a 4-stage shared-memory pipeline, ldmatrix + mma.sync m16n8k16, float32 accumulation, bias and
    activation fused into the epilogue. Forward only, NHWC, float16/bfloat16, groups 1, C % 8 == 0 (x and w 16-byte

@@ -28,7 +28,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _layout
-from ._base import Attr, Candidate, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register, stream_arg
+from ._base import (Attr, Candidate, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register,
+                    stream_arg)
 from ._face import Face
 
 _MASK32 = np.uint64(0xFFFFFFFF)

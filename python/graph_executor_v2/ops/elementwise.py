@@ -228,12 +228,10 @@ def _make_candidate(name, priority, description, op, always_works=False):
     def prepare(problem: Problem):
         native = _native_module()
         dtype = problem.out_types[0].dtype
-        if op in UNARY_OPS:
-            return native_launch(native.unary, native_op, in_ptr(0), out_ptr(0), problem.out_types[0].numel, dtype,
-                                 name, stream_arg())
+        if op in UNARY_OPS:  # C launches: the arguments (and the broadcast of a binary op) are converted once
+            return native_launch(native.bind_unary(native_op, problem.out_types[0].numel, dtype, name))
         a_shape, b_shape = (list(t.shape) for t in problem.in_types)
-        return native_launch(native.binary, native_op, in_ptr(0), in_ptr(1), out_ptr(0), a_shape, b_shape, dtype, name,
-                             stream_arg())
+        return native_launch(native.bind_binary(native_op, a_shape, b_shape, dtype, name))
 
     return Candidate(name, priority, description, supports, prepare, always_works)
 

@@ -265,13 +265,11 @@ def _make_candidate(name, priority, description, always_works=False):
     def prepare(problem: Problem):
         m, n, k, dtype, has_bias, has_c = _problem_args(problem)
         attrs = problem.attrs
-        native_forward = _native_module().forward
         act, alpha, slope, tf32 = attrs["act"], float(attrs["alpha"]), float(attrs["slope"]), attrs["allow_tf32"]
         beta = float(attrs["beta"]) if has_c else 0.0
-        trans_a, trans_b = attrs["trans_a"], attrs["trans_b"]
-
-        return native_launch(native_forward, in_ptr(0), in_ptr(1), in_ptr(3), in_ptr(2), out_ptr(0), 0, m, n, k,
-                             dtype, trans_a, trans_b, alpha, beta, act, slope, tf32, name, stream_arg())
+        # A C launch (inputs a, b, bias, c; output y): the arguments are converted once, here.
+        return native_launch(_native_module().bind_forward(m, n, k, dtype, attrs["trans_a"], attrs["trans_b"], alpha,
+                                                           beta, act, slope, tf32, name))
 
     return Candidate(name, priority, description, supports, prepare, always_works)
 

@@ -27,7 +27,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _layout
-from ._base import OPS, Attr, Candidate, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register, stream_arg
+from ._base import (OPS, Attr, Candidate, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register,
+                    stream_arg)
 from ._face import FACES, Face
 
 OP_NAMES = ("sum", "mean", "max")

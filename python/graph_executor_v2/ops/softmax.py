@@ -30,7 +30,7 @@ from .. import _native
 from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from . import _layout
-from ._base import OPS, Attr, Candidate, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register, stream_arg
+from ._base import OPS, Attr, Candidate, Input, OpDef, Problem, as_float64, native_launch, register
 from ._face import FACES, Face
 
 OP_NAMES = ("softmax", "log_softmax")
@@ -148,8 +148,7 @@ def _make_candidate(op, name, priority, description, always_works=False):
     def prepare(problem: Problem):
         x = problem.in_types[0]
         outer, n, inner = layout(x.shape, problem.attrs["axis"])
-        return native_launch(_native_module().forward, op, in_ptr(0), out_ptr(0), outer, n, inner, x.dtype, name,
-                             stream_arg())
+        return native_launch(_native_module().bind_forward(op, outer, n, inner, x.dtype, name))  # a C launch
 
     return Candidate(name, priority, description, supports, prepare, always_works)
 
@@ -199,8 +198,7 @@ def _register_backward(op):
     def prepare(problem: Problem):
         y = problem.in_types[1]
         outer, n, inner = layout(y.shape, problem.attrs["axis"])
-        return native_launch(_native_module().backward, op, in_ptr(1), in_ptr(0), out_ptr(0), outer, n, inner, y.dtype,
-                             "auto", stream_arg())
+        return native_launch(_native_module().bind_backward(op, outer, n, inner, y.dtype, "auto"))  # a C launch
 
     return _grad.register_backward(OpDef(
         name=f"{op}_backward",

@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 
 #include "api.hpp"
+#include "c_launch.hpp"
 #include "kernel_list.hpp"
 #include "op_binding.hpp"
 
@@ -40,6 +41,36 @@ inline void def_row_norm(pybind11::module_& m) {
       py::arg("x"), py::arg("gamma"), py::arg("beta"), py::arg("y"), py::arg("mean"), py::arg("rstd"),
       py::arg("rows"), py::arg("cols"), py::arg("dtype"), py::arg("eps"), py::arg("kernel"), py::arg("stream"),
       "Enqueues y (and the float32 statistics per row whose addresses are not 0); returns the kernel that ran.");
+
+  m.def(
+      "bind_forward",
+      [](int64_t rows, int64_t cols, const std::string& dtype, float eps, const std::string& kernel, bool has_beta) {
+        struct Bound {
+          row_norm::Forward args;
+          row_norm::Kernel kernel;
+          bool has_beta;
+        };
+        Bound bound;
+        bound.args.rows = rows;
+        bound.args.cols = cols;
+        bound.args.dtype = dtype_from_name(dtype);
+        bound.args.eps = eps;
+        bound.kernel = row_norm::kernel_from_name(kernel);
+        bound.has_beta = has_beta;
+        const int inputs = has_beta ? 3 : 2;
+        return make_c_launch<Bound>(
+            bound, inputs, 1, [](Bound& b, const std::uintptr_t* in, const std::uintptr_t* out, cudaStream_t stream) {
+              row_norm::Forward args = b.args;
+              args.x = as_pointer(in[0]);
+              args.gamma = as_pointer(in[1]);
+              args.beta = b.has_beta ? as_pointer(in[2]) : nullptr;
+              args.y = as_pointer(out[0]);
+              row_norm::forward<kCentered>(args, b.kernel, stream);
+            });
+      },
+      py::arg("rows"), py::arg("cols"), py::arg("dtype"), py::arg("eps"), py::arg("kernel"), py::arg("has_beta"),
+      "forward for one problem as a C launch (inputs x, gamma (, beta); output y, no statistics), its arguments "
+      "converted once.");
 
   m.def(
       "backward",

@@ -23,7 +23,8 @@ from graph_executor_v2 import _native
 from graph_executor_v2 import device as _device
 from graph_executor_v2.dtypes import FLOAT_DTYPES
 from graph_executor_v2.ir.types import TensorType
-from graph_executor_v2.ops import Candidate, Input, OpDef, Problem, _layout, in_ptr, native_launch, out_ptr, register, stream_arg
+from graph_executor_v2.ops import (Candidate, Input, OpDef, Problem, _layout, in_ptr, native_launch, out_ptr, register,
+                                   stream_arg)
 from graph_executor_v2.ops._base import as_float64
 
 INPUTS = ("a", "b")

@@ -26,9 +26,9 @@ SHAPES = [(64, 56, 64, 3, 1), (128, 28, 128, 3, 1), (256, 14, 256, 3, 1), (256, 
 def config_names() -> dict[str, str]:
     """Config index -> its tile shape, as kernels() lists them; "auto" leaves the choice to the launch rule."""
     description = next(row["description"] for row in conv2d.kernels() if row["name"] == "implicit_gemm")
-    names = {index: f"{bm}x{bn} {warps}w {stages}s"
-             for index, bm, bn, warps, stages in re.findall(r"(\d+) = (\d+)x(\d+) (\d+) warps (\d+) stages",
-                                                              description)}
+    names = {index: f"{bm}x{bn} {warps}w {stages}s ({details})"
+             for index, bm, bn, warps, stages, details in re.findall(
+                 r"(\d+) = (\d+)x(\d+) (\d+) warps (\d+) stages \(([^)]*)\)", description)}
     return {**names, "auto": "launch rule"}
 
 
@@ -93,7 +93,7 @@ def main() -> None:
     for shape in SHAPES:
         for row in sweep_shape(torch, shape, configs):
             rows.append(row)
-            print(f"{row['shape']:>20} | config {row['config']:<22} | GE2 {row['ge2_ms'] * 1e3:7.1f} us | torch "
+            print(f"{row['shape']:>20} | config {row['config']:<64} | GE2 {row['ge2_ms'] * 1e3:7.1f} us | torch "
                   f"{row['torch_ms'] * 1e3:7.1f} us | x{row['ratio']:.3f} | {row['ge2_tflops']:6.1f} TFLOP/s "
                   f"{row['target']}", flush=True)
     columns = [("shape", "shape (N=32)"), ("config", "config"), ("ge2_ms", "GE2 ms (graph)"),

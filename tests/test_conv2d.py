@@ -664,9 +664,20 @@ IGEMM_CONFIG_CASES = IGEMM_CASES + [
     (3, 64, 29, 29, 136, 1, 1, 1, 0, 1, 1, "relu", False),
 ]
 IGEMM_CONFIG_IDS = IGEMM_IDS + ["c136_three_channel_tiles", "1x1_m_tail"]
-# The tile configs kernels/implicit_gemm.cu instantiates (its kConfigs), forced by GE2_IMPLICIT_GEMM_CONFIG;
-# test_implicit_gemm_lists_its_configs keeps this in step with what kernels() lists.
-IGEMM_CONFIGS = range(6)
+IGEMM_CONFIG_PATTERN = r"(\d+) = (\d+)x(\d+) (\d+) warps (\d+) stages"
+
+
+def implicit_gemm_configs() -> list[int]:
+    """The tile configs kernels/implicit_gemm.cu instantiates (its kConfigs), forced by GE2_IMPLICIT_GEMM_CONFIG, as
+    kernels() lists them, so a new config is checked without editing this file; none where _ops_conv2d is not built
+    (the GPU tests skip there anyway). test_implicit_gemm_lists_its_configs checks the listing itself."""
+    if not ge2._native.is_built("_ops_conv2d"):
+        return []
+    description = next(row["description"] for row in conv2d.kernels() if row["name"] == "implicit_gemm")
+    return [int(index) for index, *_ in re.findall(IGEMM_CONFIG_PATTERN, description)]
+
+
+IGEMM_CONFIGS = implicit_gemm_configs()
 
 
 @pytest.mark.gpu
@@ -709,7 +720,8 @@ def test_implicit_gemm_config_variable_is_checked(rng, to_device, monkeypatch):
     w = to_device(random_array(rng, (4, 3, 3, 16), "float16"))
     for value in (str(len(IGEMM_CONFIGS)), "-1", "fast"):
         monkeypatch.setenv("GE2_IMPLICIT_GEMM_CONFIG", value)
-        with pytest.raises(ValueError, match=f"GE2_IMPLICIT_GEMM_CONFIG: expected a config index 0..5, got '{value}'"):
+        with pytest.raises(ValueError, match=f"GE2_IMPLICIT_GEMM_CONFIG: expected a config index "
+                                             f"0..{len(IGEMM_CONFIGS) - 1}, got '{value}'"):
             conv2d.forward(x, w, layout="NHWC", kernel="implicit_gemm")
 
 
@@ -785,9 +797,18 @@ def test_implicit_gemm_lists_its_configs():
     if not ge2._native.is_built("_ops_conv2d"):
         pytest.skip("_ops_conv2d is not built")
     description = next(row["description"] for row in conv2d.kernels() if row["name"] == "implicit_gemm")
-    configs = re.findall(r"(\d+) = (\d+)x(\d+) (\d+) warps (\d+) stages", description)
-    assert [int(index) for index, *_ in configs] == list(IGEMM_CONFIGS)
-    assert ("0", "128", "64", "4", "3") in configs
+    configs = re.findall(IGEMM_CONFIG_PATTERN + r" \(warp (\d+)x(\d+), (\d) CTAs/SM(, prefetch loop)?(, x via L1)?\)",
+                         description)
+    assert [int(index) for index, *_ in configs] == list(range(len(configs))) == IGEMM_CONFIGS
+    # (BM, BN, warps, stages, warp tile, CTAs per SM, prefetching loop, x through L1), in kConfigs order
+    assert [(int(bm), int(bn), int(warps), int(stages), f"{wm}x{wn}", int(ctas), bool(prefetch), bool(l1))
+            for _, bm, bn, warps, stages, wm, wn, ctas, prefetch, l1 in configs] == [
+        (128, 64, 4, 3, "64x32", 3, False, False), (128, 128, 8, 3, "64x32", 2, False, False),
+        (192, 64, 6, 3, "64x32", 2, False, False), (256, 64, 8, 3, "64x32", 1, False, False),
+        (64, 64, 4, 4, "32x32", 3, False, False), (128, 128, 4, 3, "64x64", 2, False, False),
+        (64, 64, 4, 4, "32x32", 3, True, False), (64, 64, 4, 4, "32x32", 3, True, True),
+        (64, 64, 4, 3, "32x32", 4, True, True), (128, 64, 8, 4, "32x32", 2, True, True),
+        (64, 128, 4, 3, "32x64", 3, True, True)]
 
 
 def test_implicit_gemm_takes_filters_up_to_16_wide():

@@ -37,6 +37,10 @@ struct Params {
   int m;             // N * P * Q
   int channel_tiles; // ceil(C / 64)
   int k_tiles;       // R * S * channel_tiles
+  // The reduction walk's steps of the tap offset, in 16-byte vectors: to the next filter column (x_step_s) or row
+  // (x_step_r) in x, to the next tap in w, each from the tap's last channel tile back to channel 0. Modulo 2^32
+  // (a step may be negative): the offsets of vectors inside x and w are below 2^30, so they come out exact.
+  unsigned x_step_s, x_step_r, w_step_tap;
   int n_tiles;       // ceil(K / BN): the fast index of the 1-d grid (neighbouring blocks share their x tile)
   Act act;
   float slope;
@@ -54,10 +58,25 @@ __device__ __forceinline__ unsigned smem_address(const void* pointer) {
   return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
 }
 
-// 16 bytes global (a generic address) -> shared; with `valid` false it reads nothing and writes zeros.
+// 16 bytes global (a generic address) -> shared; with `valid` false it reads nothing and writes zeros. ThroughL1
+// (.ca) keeps the line in L1: the x gather of a 3x3 layer reads nearly the same lines for consecutive taps (the
+// window moves by one pixel or one row), so L1 can serve what L2 would otherwise send again; .cg bypasses L1.
+template <bool ThroughL1 = false>
 __device__ __forceinline__ void cp_async_16(unsigned dst, uint64_t src, bool valid) {
   const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+  if constexpr (ThroughL1) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+  }
+}
+
+// base + 16 * vector in one multiply-add. As asm, the select that zeroes an invalid vector stays a 32-bit select
+// before it: written in C++, the compiler moved it past the widening and selected both halves of the address.
+__device__ __forceinline__ uint64_t vector_address(uint64_t base, unsigned vector) {
+  uint64_t address;
+  asm("mad.wide.u32 %0, %1, 16, %2;\n" : "=l"(address) : "r"(vector), "l"(base));
+  return address;
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -111,8 +130,13 @@ constexpr std::size_t shared_bytes_of() {
 
 // BM x BN block tile, WarpsM x WarpsN warps (each a (BM / WarpsM) x (BN / WarpsN) tile of m16n8 MMAs), a
 // Stages-deep cp.async pipeline; MinBlocks CTAs per SM is the occupancy the config is sized for (its shared memory
-// allows that many), which caps the registers at 64K / (MinBlocks * threads).
-template <typename T, int BM, int BN, int WarpsM, int WarpsN, int Stages, int MinBlocks>
+// allows that many), which caps the registers (see kConfigs).
+// Prefetch picks the main loop: false, the first one (per k-tile: wait, barrier, refill, then ldmatrix + mma of
+// the tile); true, the barrier comes before the tile's last k16 step, so that step's MMAs overlap the barrier, the
+// refill and the first ldmatrix of the next tile (CUTLASS's multistage order; all Stages stages hold loads).
+// ThroughL1: the x gather goes through L1 (cp.async.ca), see cp_async_16.
+template <typename T, int BM, int BN, int WarpsM, int WarpsN, int Stages, int MinBlocks, bool Prefetch,
+          bool ThroughL1>
 __global__ void __launch_bounds__(WarpsM * WarpsN * 32, MinBlocks)
     implicit_gemm_kernel(const Params params) {
   constexpr int kThreads = WarpsM * WarpsN * 32;
@@ -179,42 +203,53 @@ __global__ void __launch_bounds__(WarpsM * WarpsN * 32, MinBlocks)
           ((static_cast<int64_t>(image) * params.h + top) * params.w_in + left) * (params.c / 8) + chunk);
     }
   }
-  // A thread's filters are kRowsPerPass apart, so one address and a multiple of the filter pitch locate them all.
+  // A thread's filters are kRowsPerPass apart, so one offset and a multiple of the filter pitch locate them all.
+  // Offsets in w are in 16-byte vectors too (K*R*S*C < 2^30); unsigned, as a row past K may wrap (never loaded).
   const int first_filter = block_n + first_row;
-  const int64_t filter_pitch = static_cast<int64_t>(params.r) * params.s * params.c * sizeof(T);  // bytes
-  const uint64_t w_thread = w + first_filter * filter_pitch + chunk * 8 * sizeof(T);
+  const unsigned filter_vectors = static_cast<unsigned>(params.r * params.s) * (params.c / 8);
+  const unsigned w_thread = static_cast<unsigned>(first_filter) * filter_vectors + chunk;
   const unsigned load_a = smem_address(tiles_a + tile_offset(first_row, chunk));
   const unsigned load_b = smem_address(tiles_b + tile_offset(first_row, chunk));
 
-  // Reduction tile kt = (tap_r * S + tap_s) * channel_tiles + channel_tile, walked in order by the loads: the tap's
-  // displacement is one offset for all of a thread's rows, so a vector costs one AND, one compare and one add.
+  // Reduction tile kt = (tap_r * S + tap_s) * channel_tiles + channel_tile, walked in order by the loads. The tap's
+  // displacement in x and in w (16-byte vectors, 32 bits) moves by a constant per step (a channel tile, a filter
+  // column, a filter row: Params' steps), so a refill does no 64-bit arithmetic but one multiply-add per vector,
+  // and a vector costs one AND, one compare, one add and one select besides. Unsigned: modulo 2^32, exact where the
+  // vector is loaded (a corner outside x has a negative offset; a tap outside every window, a large one).
   int load_r = 0, load_s = 0, load_channel_tile = 0, load_stage = 0;
+  unsigned x_tap = 0;           // (dh * W + dw) * C / 8 + channel0 / 8
+  unsigned w_tap = w_thread;    // w_thread + ((r * S + s) * C + channel0) / 8
   auto load_tile = [&]() {
-    const int channel0 = load_channel_tile * kTileK;
-    const bool channel_ok = channel0 + chunk * 8 < params.c;
-    const int dh = load_r * params.dilation_h, dw = load_s * params.dilation_w;
+    const bool channel_ok = load_channel_tile * kTileK + chunk * 8 < params.c;
     const unsigned tap = (1u << load_r) | (1u << (16 + load_s));
-    const uint64_t x_tap = x + ((static_cast<int64_t>(dh) * params.w_in + dw) * params.c + channel0) * sizeof(T);
-    const uint64_t w_tap = w_thread + ((load_r * params.s + load_s) * params.c + channel0) * sizeof(T);
     const unsigned stage_a = load_a + load_stage * kStageBytesA, stage_b = load_b + load_stage * kStageBytesB;
 #pragma unroll
     for (int i = 0; i < kVectorsA; ++i) {
       if (kPartialA && first_row + i * kRowsPerPass >= BM) break;
       const bool valid = channel_ok && (a_taps[i] & tap) == tap;
-      cp_async_16(stage_a + i * kPassBytes, valid ? x_tap + static_cast<int64_t>(a_offset[i]) * 16 : x, valid);
+      const unsigned vector = valid ? static_cast<unsigned>(a_offset[i]) + x_tap : 0u;
+      cp_async_16<ThroughL1>(stage_a + i * kPassBytes, vector_address(x, vector), valid);
     }
 #pragma unroll
     for (int i = 0; i < kVectorsB; ++i) {
       if (kPartialB && first_row + i * kRowsPerPass >= BN) break;
       const bool valid = channel_ok && first_filter + i * kRowsPerPass < params.k;
-      cp_async_16(stage_b + i * kPassBytes, valid ? w_tap + i * kRowsPerPass * filter_pitch : w, valid);
+      const unsigned vector = valid ? w_tap + i * kRowsPerPass * filter_vectors : 0u;
+      cp_async_16(stage_b + i * kPassBytes, vector_address(w, vector), valid);
     }
     if (++load_stage == Stages) load_stage = 0;
-    if (++load_channel_tile == params.channel_tiles) {
+    if (++load_channel_tile < params.channel_tiles) {
+      x_tap += kChunks;
+      w_tap += kChunks;
+    } else {
       load_channel_tile = 0;
-      if (++load_s == params.s) {
+      w_tap += params.w_step_tap;
+      if (++load_s < params.s) {
+        x_tap += params.x_step_s;
+      } else {
         load_s = 0;
         ++load_r;
+        x_tap += params.x_step_r;
       }
     }
   };
@@ -229,51 +264,88 @@ __global__ void __launch_bounds__(WarpsM * WarpsN * 32, MinBlocks)
     }
   }
 
-#pragma unroll
-  for (int stage = 0; stage < Stages - 1; ++stage) {
-    if (stage < params.k_tiles) load_tile();
-    cp_async_commit();  // an empty group past the end keeps the wait counts uniform
-  }
-
   // ldmatrix lanes: A (x4 = a 16x16 tile): lane -> row lane % 16, chunk lane / 16 of the k16 step. B (x4 = two n8
   // tiles x k16): lane -> row lane % 8 + (lane / 16) * 8, chunk (lane / 8) % 2. Rows i * 16 apart share a swizzle.
   const int a_row = warp_m * kWarpM + (lane & 15), a_chunk = lane >> 4;
   const int b_row = warp_n * kWarpN + (lane & 7) + ((lane >> 4) << 3), b_chunk = (lane >> 3) & 1;
   const unsigned read_a = smem_address(tiles_a + a_row * kTileK), read_b = smem_address(tiles_b + b_row * kTileK);
   const int a_swizzle = a_row & 7, b_swizzle = b_row & 7;
+  using FragmentsA = unsigned[kMmaM][4];
+  using FragmentsB = unsigned[kMmaN / 2][4];
+  // The fragments of k16 step `k16` of the tile in stage `stage`.
+  auto load_fragments = [&](FragmentsA& a, FragmentsB& b, int stage, int k16) {
+    const unsigned stage_a = read_a + stage * kStageBytesA, stage_b = read_b + stage * kStageBytesB;
+    const unsigned a_column = ((k16 * 2 + a_chunk) ^ a_swizzle) * 16;  // bytes: 16-byte chunks
+    const unsigned b_column = ((k16 * 2 + b_chunk) ^ b_swizzle) * 16;
+#pragma unroll
+    for (int i = 0; i < kMmaM; ++i) ldmatrix_x4(a[i], stage_a + a_column + i * kMmaRowsBytes);
+#pragma unroll
+    for (int j = 0; j < kMmaN / 2; ++j) ldmatrix_x4(b[j], stage_b + b_column + j * kMmaRowsBytes);
+  };
+  auto multiply = [&](const FragmentsA& a, const FragmentsB& b) {
+#pragma unroll
+    for (int i = 0; i < kMmaM; ++i) {
+#pragma unroll
+      for (int j = 0; j < kMmaN; ++j) mma_16816<T>(acc[i][j], a[i], b[j / 2][(j % 2) * 2], b[j / 2][(j % 2) * 2 + 1]);
+    }
+  };
+  constexpr int kSteps = kTileK / 16;
 
-  int read_stage = 0;
-  for (int kt = 0; kt < params.k_tiles; ++kt) {
-    cp_async_wait<Stages - 2>();
-    __syncthreads();  // tile kt is visible to all, and every warp is done with the stage refilled below
-    if (kt + Stages - 1 < params.k_tiles) load_tile();
-    cp_async_commit();
-
-    const unsigned stage_a = read_a + read_stage * kStageBytesA, stage_b = read_b + read_stage * kStageBytesB;
+  if constexpr (!Prefetch) {
 #pragma unroll
-    for (int k16 = 0; k16 < kTileK / 16; ++k16) {
-      const unsigned a_column = ((k16 * 2 + a_chunk) ^ a_swizzle) * 16;  // bytes: 16-byte chunks
-      const unsigned b_column = ((k16 * 2 + b_chunk) ^ b_swizzle) * 16;
-      unsigned a_fragments[kMmaM][4];
-      unsigned b_fragments[kMmaN / 2][4];
+    for (int stage = 0; stage < Stages - 1; ++stage) {
+      if (stage < params.k_tiles) load_tile();
+      cp_async_commit();  // an empty group past the end keeps the wait counts uniform
+    }
+    int read_stage = 0;
+    for (int kt = 0; kt < params.k_tiles; ++kt) {
+      cp_async_wait<Stages - 2>();
+      __syncthreads();  // tile kt is visible to all, and every warp is done with the stage refilled below
+      if (kt + Stages - 1 < params.k_tiles) load_tile();
+      cp_async_commit();
 #pragma unroll
-      for (int i = 0; i < kMmaM; ++i) {
-        ldmatrix_x4(a_fragments[i], stage_a + a_column + i * kMmaRowsBytes);
+      for (int k16 = 0; k16 < kSteps; ++k16) {
+        FragmentsA a;
+        FragmentsB b;
+        load_fragments(a, b, read_stage, k16);
+        multiply(a, b);
       }
+      if (++read_stage == Stages) read_stage = 0;
+    }
+  } else {
+    // All Stages stages start loading (tiles 0 .. Stages - 1). The groups committed before the wait in tile kt are
+    // Stages + kt (prologue, then one per earlier tile): waiting down to Stages - 2 pending completes tiles 0 .. kt + 1.
+    static_assert(kSteps % 2 == 0, "the fragment double buffer alternates per k16 step");
 #pragma unroll
-      for (int j = 0; j < kMmaN / 2; ++j) {
-        ldmatrix_x4(b_fragments[j], stage_b + b_column + j * kMmaRowsBytes);
-      }
+    for (int stage = 0; stage < Stages; ++stage) {
+      if (stage < params.k_tiles) load_tile();
+      cp_async_commit();  // an empty group past the end keeps the wait counts uniform
+    }
+    cp_async_wait<Stages - 1>();
+    __syncthreads();  // tile 0 is visible to all
+    FragmentsA a[2];
+    FragmentsB b[2];
+    int read_stage = 0;
+    load_fragments(a[0], b[0], read_stage, 0);
+    for (int kt = 0; kt < params.k_tiles; ++kt) {
 #pragma unroll
-      for (int i = 0; i < kMmaM; ++i) {
-#pragma unroll
-        for (int j = 0; j < kMmaN; ++j) {
-          mma_16816<T>(acc[i][j], a_fragments[i], b_fragments[j / 2][(j % 2) * 2],
-                       b_fragments[j / 2][(j % 2) * 2 + 1]);
+      for (int k16 = 0; k16 < kSteps; ++k16) {
+        if (k16 == kSteps - 1) {
+          // Every warp has its last fragments of tile kt in registers (read in the step before), so after this
+          // barrier its stage takes tile kt + Stages; tile kt + 1 is visible to all.
+          cp_async_wait<Stages - 2>();
+          __syncthreads();
+          if (kt + Stages < params.k_tiles) load_tile();
+          cp_async_commit();
+          if (++read_stage == Stages) read_stage = 0;
         }
+        // Fragments for the next step (the next tile's first one after the barrier) before this step's MMAs.
+        if (k16 + 1 < kSteps || kt + 1 < params.k_tiles) {
+          load_fragments(a[(k16 + 1) % 2], b[(k16 + 1) % 2], read_stage, (k16 + 1) % kSteps);
+        }
+        multiply(a[k16 % 2], b[k16 % 2]);
       }
     }
-    if (++read_stage == Stages) read_stage = 0;
   }
   cp_async_wait<0>();
   __syncthreads();  // every warp is done reading the stages: the output tile reuses their memory
@@ -322,11 +394,12 @@ __global__ void __launch_bounds__(WarpsM * WarpsN * 32, MinBlocks)
 }
 
 // Opts the kernel into its dynamic shared memory (above 48 KiB a kernel must, once per device), then launches it.
-template <typename T, int BM, int BN, int WarpsM, int WarpsN, int Stages, int MinBlocks>
+template <typename T, int BM, int BN, int WarpsM, int WarpsN, int Stages, int MinBlocks, bool Prefetch,
+          bool ThroughL1>
 void launch_tile(const Params& params, int device, cudaStream_t stream) {
   constexpr int kThreads = WarpsM * WarpsN * 32;
   constexpr std::size_t kSharedBytes = shared_bytes_of<T, BM, BN, Stages>();
-  auto kernel = implicit_gemm_kernel<T, BM, BN, WarpsM, WarpsN, Stages, MinBlocks>;
+  auto kernel = implicit_gemm_kernel<T, BM, BN, WarpsM, WarpsN, Stages, MinBlocks, Prefetch, ThroughL1>;
   static std::atomic<uint64_t> opted_in{0};
   const uint64_t bit = uint64_t(1) << (device % 64);
   if ((opted_in.load() & bit) == 0) {
@@ -345,19 +418,23 @@ using LaunchFn = void (*)(const Params&, int, cudaStream_t);
 
 struct Config {
   int bm, bn, warps_m, warps_n, stages, min_blocks;
+  bool prefetch, through_l1;
   LaunchFn half, bfloat16;
 };
 
-template <int BM, int BN, int WarpsM, int WarpsN, int Stages, int MinBlocks>
+template <int BM, int BN, int WarpsM, int WarpsN, int Stages, int MinBlocks, bool Prefetch = false,
+          bool ThroughL1 = false>
 constexpr Config make_config() {
-  return {BM, BN, WarpsM, WarpsN, Stages, MinBlocks,
-          launch_tile<__half, BM, BN, WarpsM, WarpsN, Stages, MinBlocks>,
-          launch_tile<__nv_bfloat16, BM, BN, WarpsM, WarpsN, Stages, MinBlocks>};
+  return {BM, BN, WarpsM, WarpsN, Stages, MinBlocks, Prefetch, ThroughL1,
+          launch_tile<__half, BM, BN, WarpsM, WarpsN, Stages, MinBlocks, Prefetch, ThroughL1>,
+          launch_tile<__nv_bfloat16, BM, BN, WarpsM, WarpsN, Stages, MinBlocks, Prefetch, ThroughL1>};
 }
 
 // The candidate tile shapes, all with 64-channel reduction tiles and warp tiles of at least 32 x 32 (smaller ones
 // would spend more shared-memory bandwidth on ldmatrix than the tensor cores can use). Shared memory per CTA is
-// Stages * (BM + BN) * 128 bytes; MinBlocks is what that allows on an H100 (227 KB per SM).
+// Stages * (BM + BN) * 128 bytes; MinBlocks is what that allows on an H100 (228 KB per SM, 1 KB of it reserved per
+// CTA), which also caps the registers: each of the 4 SM sub-partitions has 16K for its share of the warps
+// (ceil(MinBlocks * warps / 4)), in steps of 8 per thread.
 //   0: 128 x 64, 4 warps of 64 x 32, 3 stages, 72 KB: 3 CTAs per SM (the narrow K = 64 layers)
 //   1: 128 x 128, 8 warps of 64 x 32, 3 stages, 96 KB: 2 CTAs per SM (K >= 128 with M large enough)
 //   2: 192 x 64, 6 warps of 64 x 32, 3 stages, 96 KB: 2 CTAs per SM (fills 132 SMs where 128-row tiles leave a
@@ -365,9 +442,30 @@ constexpr Config make_config() {
 //   3: 256 x 64, 8 warps of 64 x 32, 3 stages, 120 KB: 1 CTA per SM (fewer B reloads at K = 64)
 //   4: 64 x 64, 4 warps of 32 x 32, 4 stages, 64 KB: 3 CTAs per SM (small M with a long reduction)
 //   5: 128 x 128, 4 warps of 64 x 64, 3 stages, 96 KB: 2 CTAs per SM (the fewest ldmatrix per mma)
+// After the first sweep (small tiles and many CTAs per SM won; the 64 x 64 tiles move 0.031 bytes of x and w per
+// flop, so at the ~170 TFLOP/s they reached they already pull ~5 TB/s through L2), each with the prefetching main
+// loop:
+//   6: config 4 with the prefetching loop (x through L2 only): the loop's own effect
+//   7: config 6 with x through L1: the 9 taps of a 3x3 layer re-read nearly the same lines of x
+//   8: 64 x 64, 4 warps of 32 x 32, 3 stages, 48 KB: 4 CTAs per SM (16 warps; 128 registers at most)
+//   9: 128 x 64, 8 warps of 32 x 32, 4 stages, 96 KB: 2 CTAs per SM (16 warps; a quarter less L2 traffic per
+//      flop than 64 x 64 with config 4's warp tiles)
+//  10: 64 x 128, 4 warps of 32 x 64, 3 stages, 72 KB: 3 CTAs per SM (K >= 128; 6 ldmatrix per 16 mma instead of
+//      8 per 16; a quarter less L2 traffic per flop)
+// (96 x 64 with 6 warps of 32 x 32 at 3 CTAs per SM does not fit: 5 warps per SM sub-partition leave 96 registers,
+// and it spilled.)
 constexpr Config kConfigs[] = {
-    make_config<128, 64, 2, 2, 3, 3>(), make_config<128, 128, 2, 4, 3, 2>(), make_config<192, 64, 3, 2, 3, 2>(),
-    make_config<256, 64, 4, 2, 3, 1>(), make_config<64, 64, 2, 2, 4, 3>(),   make_config<128, 128, 2, 2, 3, 2>(),
+    make_config<128, 64, 2, 2, 3, 3>(),
+    make_config<128, 128, 2, 4, 3, 2>(),
+    make_config<192, 64, 3, 2, 3, 2>(),
+    make_config<256, 64, 4, 2, 3, 1>(),
+    make_config<64, 64, 2, 2, 4, 3>(),
+    make_config<128, 128, 2, 2, 3, 2>(),
+    make_config<64, 64, 2, 2, 4, 3, true, false>(),
+    make_config<64, 64, 2, 2, 4, 3, true, true>(),
+    make_config<64, 64, 2, 2, 3, 4, true, true>(),
+    make_config<128, 64, 4, 2, 4, 2, true, true>(),
+    make_config<64, 128, 2, 2, 3, 3, true, true>(),
 };
 constexpr int kConfigCount = static_cast<int>(sizeof(kConfigs) / sizeof(kConfigs[0]));
 
@@ -403,6 +501,11 @@ Params make_params(const ForwardArgs& args) {
   params.m = static_cast<int>(s.n * s.p * s.q);
   params.channel_tiles = static_cast<int>((s.c + kTileK - 1) / kTileK);
   params.k_tiles = static_cast<int>(s.r * s.s) * params.channel_tiles;
+  const int64_t last_channel_tile = (params.channel_tiles - 1) * kChunks, c_vectors = s.c / 8;
+  params.x_step_s = static_cast<uint32_t>(s.dilation_w * c_vectors - last_channel_tile);
+  params.x_step_r =
+      static_cast<uint32_t>((s.dilation_h * s.w - (s.s - 1) * s.dilation_w) * c_vectors - last_channel_tile);
+  params.w_step_tap = static_cast<uint32_t>(c_vectors - last_channel_tile);
   params.act = args.act;
   params.slope = args.slope;
   params.vector_store = s.k % 8 == 0 && reinterpret_cast<std::uintptr_t>(args.y) % 16 == 0;
@@ -419,7 +522,9 @@ std::string implicit_gemm_configs() {
     const Config& config = kConfigs[index];
     text += (index ? ", " : "") + std::to_string(index) + " = " + std::to_string(config.bm) + "x" +
             std::to_string(config.bn) + " " + std::to_string(config.warps_m * config.warps_n) + " warps " +
-            std::to_string(config.stages) + " stages";
+            std::to_string(config.stages) + " stages (warp " + std::to_string(config.bm / config.warps_m) + "x" +
+            std::to_string(config.bn / config.warps_n) + ", " + std::to_string(config.min_blocks) + " CTAs/SM" +
+            (config.prefetch ? ", prefetch loop" : "") + (config.through_l1 ? ", x via L1" : "") + ")";
   }
   return text;
 }

@@ -10,6 +10,28 @@ namespace py = pybind11;
 using ge2::binding::as_pointer;
 using ge2::binding::as_stream;
 
+namespace {
+
+// The [outer, n, inner] problem of a forward or backward call, converted from the binding's arguments.
+template <typename Args>
+Args problem_args(const std::string& op, int64_t outer, int64_t n, int64_t inner, const std::string& dtype) {
+  Args args;
+  args.outer = outer;
+  args.n = n;
+  args.inner = inner;
+  args.dtype = ge2::dtype_from_name(dtype);
+  args.log = ge2::softmax::is_log_from_name(op);
+  return args;
+}
+
+template <typename Args>
+struct Bound {
+  Args args;
+  ge2::softmax::Kernel kernel;
+};
+
+}  // namespace
+
 PYBIND11_MODULE(_ops_softmax, m) {
   m.doc() = "GE2 softmax / log_softmax over one axis of a contiguous array seen as [outer, n, inner]";
 
@@ -17,14 +39,9 @@ PYBIND11_MODULE(_ops_softmax, m) {
       "forward",
       [](const std::string& op, std::uintptr_t x, std::uintptr_t y, int64_t outer, int64_t n, int64_t inner,
          const std::string& dtype, const std::string& kernel, std::uintptr_t stream) {
-        ge2::softmax::ForwardArgs args;
+        auto args = problem_args<ge2::softmax::ForwardArgs>(op, outer, n, inner, dtype);
         args.x = as_pointer(x);
         args.y = as_pointer(y);
-        args.outer = outer;
-        args.n = n;
-        args.inner = inner;
-        args.dtype = ge2::dtype_from_name(dtype);
-        args.log = ge2::softmax::is_log_from_name(op);
         const auto requested = ge2::softmax::kernel_from_name(kernel);
         ge2::binding::ReleaseGil release;
         return std::string(ge2::softmax::kernel_name(ge2::softmax::forward(args, requested, as_stream(stream))));
@@ -37,15 +54,10 @@ PYBIND11_MODULE(_ops_softmax, m) {
       "backward",
       [](const std::string& op, std::uintptr_t y, std::uintptr_t dy, std::uintptr_t dx, int64_t outer, int64_t n,
          int64_t inner, const std::string& dtype, const std::string& kernel, std::uintptr_t stream) {
-        ge2::softmax::BackwardArgs args;
+        auto args = problem_args<ge2::softmax::BackwardArgs>(op, outer, n, inner, dtype);
         args.y = as_pointer(y);
         args.dy = as_pointer(dy);
         args.dx = as_pointer(dx);
-        args.outer = outer;
-        args.n = n;
-        args.inner = inner;
-        args.dtype = ge2::dtype_from_name(dtype);
-        args.log = ge2::softmax::is_log_from_name(op);
         const auto requested = ge2::softmax::kernel_from_name(kernel);
         ge2::binding::ReleaseGil release;
         return std::string(ge2::softmax::kernel_name(ge2::softmax::backward(args, requested, as_stream(stream))));
@@ -54,24 +66,16 @@ PYBIND11_MODULE(_ops_softmax, m) {
       py::arg("dtype"), py::arg("kernel"), py::arg("stream"),
       "Enqueues dx from the forward output y and dy; returns the name of the kernel that ran.");
 
+  using ForwardBound = Bound<ge2::softmax::ForwardArgs>;
   m.def(
       "bind_forward",
       [](const std::string& op, int64_t outer, int64_t n, int64_t inner, const std::string& dtype,
          const std::string& kernel) {
-        struct Bound {
-          ge2::softmax::ForwardArgs args;
-          ge2::softmax::Kernel kernel;
-        };
-        Bound bound;
-        bound.args.outer = outer;
-        bound.args.n = n;
-        bound.args.inner = inner;
-        bound.args.dtype = ge2::dtype_from_name(dtype);
-        bound.args.log = ge2::softmax::is_log_from_name(op);
-        bound.kernel = ge2::softmax::kernel_from_name(kernel);
-        return ge2::binding::make_c_launch<Bound>(
-            bound, 1, 1, [](Bound& b, const std::uintptr_t* in, const std::uintptr_t* out, cudaStream_t stream) {
-              ge2::softmax::ForwardArgs args = b.args;
+        const ForwardBound bound{problem_args<ge2::softmax::ForwardArgs>(op, outer, n, inner, dtype),
+                                 ge2::softmax::kernel_from_name(kernel)};
+        return ge2::binding::make_c_launch<ForwardBound>(
+            bound, 1, 1, [](ForwardBound& b, const std::uintptr_t* in, const std::uintptr_t* out, cudaStream_t stream) {
+              auto args = b.args;
               args.x = as_pointer(in[0]);
               args.y = as_pointer(out[0]);
               ge2::softmax::forward(args, b.kernel, stream);
@@ -80,24 +84,17 @@ PYBIND11_MODULE(_ops_softmax, m) {
       py::arg("op"), py::arg("outer"), py::arg("n"), py::arg("inner"), py::arg("dtype"), py::arg("kernel"),
       "forward for one problem as a C launch (input x, output y), its arguments converted once.");
 
+  using BackwardBound = Bound<ge2::softmax::BackwardArgs>;
   m.def(
       "bind_backward",
       [](const std::string& op, int64_t outer, int64_t n, int64_t inner, const std::string& dtype,
          const std::string& kernel) {
-        struct Bound {
-          ge2::softmax::BackwardArgs args;
-          ge2::softmax::Kernel kernel;
-        };
-        Bound bound;
-        bound.args.outer = outer;
-        bound.args.n = n;
-        bound.args.inner = inner;
-        bound.args.dtype = ge2::dtype_from_name(dtype);
-        bound.args.log = ge2::softmax::is_log_from_name(op);
-        bound.kernel = ge2::softmax::kernel_from_name(kernel);
-        return ge2::binding::make_c_launch<Bound>(
-            bound, 2, 1, [](Bound& b, const std::uintptr_t* in, const std::uintptr_t* out, cudaStream_t stream) {
-              ge2::softmax::BackwardArgs args = b.args;
+        const BackwardBound bound{problem_args<ge2::softmax::BackwardArgs>(op, outer, n, inner, dtype),
+                                  ge2::softmax::kernel_from_name(kernel)};
+        return ge2::binding::make_c_launch<BackwardBound>(
+            bound, 2, 1,
+            [](BackwardBound& b, const std::uintptr_t* in, const std::uintptr_t* out, cudaStream_t stream) {
+              auto args = b.args;
               args.dy = as_pointer(in[0]);
               args.y = as_pointer(in[1]);
               args.dx = as_pointer(out[0]);

@@ -18,30 +18,20 @@
 #include "reduction.hpp"
 #include "api.hpp"
 #include "status.hpp"
+#include "streaming_access.hpp"
 #include "vector_access.hpp"
 
 namespace ge2::row_norm {
 
 // ================================================================================================================
-// Element access: packs of kVec elements (one 16-byte access, or a scalar when kVec == 1)
+// Element access: packs of kVec elements (one 16-byte access, or a scalar when kVec == 1); the streaming loads and
+// stores of x, dy, y and dx are _common/streaming_access.hpp's
 // ================================================================================================================
-// Scalar 16-bit loads go through the unsigned short overloads of __ldcs/__ldg (asm volatile) and are bit-cast:
+// Scalar 16-bit loads go through the unsigned short overloads of __ldg (asm volatile) and are bit-cast:
 // cuda_fp16.hpp / cuda_bf16.hpp implement __ldcs/__ldg for __half and __nv_bfloat16 as non-volatile asm, which the
 // compiler treats as a side-effect-free value and may speculate past its guard. It did: the gamma/beta loads of
 // pack 0 (column = lane, the same for every row) were hoisted out of the row loop and above `c < cols`, reading
 // gamma[lane] for every lane (out of bounds for cols < 32). Volatile asm is never moved out of its branch.
-template <typename T>
-__device__ __forceinline__ T load_scalar_streaming(const T* pointer) {
-  if constexpr (sizeof(T) == 2) {
-    const unsigned short raw = __ldcs(reinterpret_cast<const unsigned short*>(pointer));
-    T value;
-    memcpy(&value, &raw, sizeof(raw));
-    return value;
-  } else {
-    return __ldcs(pointer);  // float: asm volatile already
-  }
-}
-
 template <typename T>
 __device__ __forceinline__ T load_scalar_cached(const T* pointer) {
   if constexpr (sizeof(T) == 2) {
@@ -52,19 +42,6 @@ __device__ __forceinline__ T load_scalar_cached(const T* pointer) {
   } else {
     return __ldg(pointer);  // float: asm volatile already
   }
-}
-
-template <typename T, int kVec>
-__device__ __forceinline__ Pack<T, kVec> load_streaming(const T* pointer) {
-  Pack<T, kVec> pack;
-  if constexpr (kVec == 1) {
-    pack.values[0] = load_scalar_streaming(pointer);
-  } else {
-    static_assert(sizeof(Pack<T, kVec>) == 16, "vector accesses are 16 bytes");
-    const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(pointer));
-    memcpy(&pack, &raw, sizeof(raw));
-  }
-  return pack;
 }
 
 // gamma and beta: read again by every row, so read through the read-only path and kept in L1.
@@ -78,17 +55,6 @@ __device__ __forceinline__ Pack<T, kVec> load_cached(const T* pointer) {
     memcpy(&pack, &raw, sizeof(raw));
   }
   return pack;
-}
-
-template <typename T, int kVec>
-__device__ __forceinline__ void store_streaming(T* pointer, const Pack<T, kVec>& pack) {
-  if constexpr (kVec == 1) {
-    __stcs(pointer, pack.values[0]);
-  } else {
-    uint4 raw;
-    memcpy(&raw, &pack, sizeof(raw));
-    __stcs(reinterpret_cast<uint4*>(pointer), raw);
-  }
 }
 
 // One thread's share of a row, kept in the storage type (half the registers of float32 for 16-bit types) and

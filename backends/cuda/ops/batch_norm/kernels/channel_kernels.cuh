@@ -7,12 +7,13 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "../api.hpp"
 #include "dtype.hpp"
 #include "fast_divmod.hpp"
 #include "float_access.hpp"
-#include "streaming_access.cuh"
+#include "streaming_access.hpp"
 
 namespace ge2::batch_norm {
 
@@ -30,6 +31,66 @@ constexpr int kAffineBlocksPerSm = 3;
 // they fit at once (bfloat16 NHWC rows would take 72 otherwise, NCHW vectors 48).
 constexpr int kPartialBlocksPerSmNhwc = 4;
 constexpr int kPartialBlocksPerSmNchw = 6;
+
+// A pack's values as float32 and back; bfloat16 two at a time (one paired conversion per 32-bit word).
+template <typename T, int kN>
+__device__ __forceinline__ void unpack_floats(const Pack<T, kN>& pack, float* values) {
+  if constexpr (kN % 2 == 0 && std::is_same_v<T, __nv_bfloat16>) {
+#pragma unroll
+    for (int i = 0; i < kN; i += 2) {
+      const float2 pair = __bfloat1622float2(__nv_bfloat162(pack.values[i], pack.values[i + 1]));
+      values[i] = pair.x;
+      values[i + 1] = pair.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) values[i] = to_float(pack.values[i]);
+  }
+}
+
+template <typename T, int kN>
+__device__ __forceinline__ Pack<T, kN> pack_floats(const float* values) {
+  Pack<T, kN> pack;
+  if constexpr (kN % 2 == 0 && std::is_same_v<T, __nv_bfloat16>) {
+#pragma unroll
+    for (int i = 0; i < kN; i += 2) {
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(values[i], values[i + 1]);
+      pack.values[i] = pair.x;
+      pack.values[i + 1] = pair.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) pack.values[i] = from_float<T>(values[i]);
+  }
+  return pack;
+}
+
+// kItems packs of x (and of dy, backward) at offset_of(0 .. kItems - 1), every load issued before any is used.
+template <typename T, int kPack, int kItems, bool kBackward, typename OffsetOf>
+__device__ __forceinline__ void load_items(const T* x, const T* dy, OffsetOf offset_of, Pack<T, kPack> (&xr)[kItems],
+                                           Pack<T, kPack> (&gr)[kItems]) {
+#pragma unroll
+  for (int u = 0; u < kItems; ++u) {
+    const auto offset = offset_of(u);
+    xr[u] = load_pack<T, kPack>(x + offset);
+    if constexpr (kBackward) gr[u] = load_pack<T, kPack>(dy + offset);
+  }
+}
+
+// The backward's sums over loaded packs, item by item and element by element, in order: accumulate(i, x, dy) for
+// element i of each pack.
+template <typename T, int kPack, int kItems, typename Accumulate>
+__device__ __forceinline__ void accumulate_items(const Pack<T, kPack> (&xr)[kItems], const Pack<T, kPack> (&gr)[kItems],
+                                                 Accumulate accumulate) {
+#pragma unroll
+  for (int u = 0; u < kItems; ++u) {
+    float xv[kPack], gv[kPack];
+    unpack_floats<T, kPack>(xr[u], xv);
+    unpack_floats<T, kPack>(gr[u], gv);
+#pragma unroll
+    for (int i = 0; i < kPack; ++i) accumulate(i, xv[i], gv[i]);
+  }
+}
 
 // forward: (count, mean, M2); backward: (sum dy, sum dy * xhat, unused)
 struct State {
@@ -154,21 +215,10 @@ __global__ void __launch_bounds__(kThreads, kPartialBlocksPerSmNchw) channel_par
   Index v = begin + threadIdx.x;
   for (; v + (kItems - 1) * step < end; v += kItems * step) {
     Pack<T, kPack> xr[kItems], gr[kItems];
-#pragma unroll
-    for (int u = 0; u < kItems; ++u) {
-      const Index offset = offset_of(v + u * step);
-      xr[u] = load_pack<T, kPack>(x + offset);
-      if constexpr (kBackward) gr[u] = load_pack<T, kPack>(dy + offset);
-    }
+    load_items<T, kPack, kItems, kBackward>(x, dy, [&](int u) { return offset_of(v + u * step); }, xr, gr);
     if constexpr (kBackward) {
-#pragma unroll
-      for (int u = 0; u < kItems; ++u) {
-        float xv[kPack], gv[kPack];
-        unpack_floats<T, kPack>(xr[u], xv);
-        unpack_floats<T, kPack>(gr[u], gv);
-#pragma unroll
-        for (int i = 0; i < kPack; ++i) accumulate_gradient(s, xv[i], gv[i], m, s_inv);
-      }
+      accumulate_items<T, kPack, kItems>(xr, gr,
+                                         [&](int, float xv, float gv) { accumulate_gradient(s, xv, gv, m, s_inv); });
     } else {
       float values[kItems * kPack];
 #pragma unroll
@@ -230,21 +280,12 @@ __global__ void __launch_bounds__(kThreads, kPartialBlocksPerSmNhwc) channel_par
     Index r = begin + threadIdx.y;
     for (; r + (kItems - 1) * step < end; r += kItems * step) {
       Pack<T, kPack> xr[kItems], gr[kItems];
-#pragma unroll
-      for (int u = 0; u < kItems; ++u) {
-        const Index offset = (r + u * step) * static_cast<Index>(channels) + static_cast<Index>(channel);
-        xr[u] = load_pack<T, kPack>(x + offset);
-        if constexpr (kBackward) gr[u] = load_pack<T, kPack>(dy + offset);
-      }
+      load_items<T, kPack, kItems, kBackward>(
+          x, dy, [&](int u) { return (r + u * step) * static_cast<Index>(channels) + static_cast<Index>(channel); },
+          xr, gr);
       if constexpr (kBackward) {
-#pragma unroll
-        for (int u = 0; u < kItems; ++u) {
-          float xv[kPack], gv[kPack];
-          unpack_floats<T, kPack>(xr[u], xv);
-          unpack_floats<T, kPack>(gr[u], gv);
-#pragma unroll
-          for (int i = 0; i < kPack; ++i) accumulate_gradient(s[i], xv[i], gv[i], m[i], s_inv[i]);
-        }
+        accumulate_items<T, kPack, kItems>(
+            xr, gr, [&](int i, float xv, float gv) { accumulate_gradient(s[i], xv, gv, m[i], s_inv[i]); });
       } else {
         welford_rows<kPack, kItems>(s, xr);
       }
@@ -332,9 +373,9 @@ __device__ __forceinline__ State merged_partials(const float* __restrict__ parti
 // The affine pass over `vectors` = numel / kPack work items, visited last to first in the partial kernels' order
 // (NCHW: channel, batch, spatial vector with spatial % kPack == 0; NHWC: the memory order with channels % kPack
 // == 0). Thread t takes items t, t + stride, ... and loads kInFlight of them (streaming: their last use)
-// before it computes any; results are stored streaming too. `left` = vectors - (the batch's first item); item u of the batch
-// exists if u * stride < left. k holds kRows (2 forward, 3 backward) coefficient rows of kPack values: once for the
-// whole batch if kShared, else per item (row u * kRows + j).
+// before it computes any; results are stored streaming too. `left` = vectors - (the batch's first item); item u of
+// the batch exists if u * stride < left. k holds kRows (2 forward, 3 backward) coefficient rows of kPack values:
+// once for the whole batch if kShared, else per item (row u * kRows + j).
 template <typename T, int kPack, bool kBackward, bool kShared, typename Index>
 __device__ __forceinline__ void affine_batch(const T* __restrict__ first, const T* __restrict__ second,
                                              T* __restrict__ out, Index left, Index stride, const Index* offsets,
@@ -357,7 +398,8 @@ __device__ __forceinline__ void affine_batch(const T* __restrict__ first, const 
       if constexpr (kBackward) unpack_floats<T, kPack>(b[u], others);
 #pragma unroll
       for (int i = 0; i < kPack; ++i) {
-        result[i] = kBackward ? values[i] * ku[0][i] + others[i] * ku[1][i] + ku[2][i] : values[i] * ku[0][i] + ku[1][i];
+        result[i] = kBackward ? values[i] * ku[0][i] + others[i] * ku[1][i] + ku[2][i]
+                              : values[i] * ku[0][i] + ku[1][i];
       }
       store_streaming<T, kPack>(out + offsets[u], pack_floats<T, kPack>(result));
     }

@@ -1,5 +1,5 @@
 // Streaming (evict-first) loads and stores of kN consecutive elements, for data a kernel touches for the last time
-// (row_norm's rows, batch_norm's affine pass): one 16-byte access when kN = kPackSize<T>, a scalar when kN = 1.
+// (row_norm's rows and outputs): one 16-byte access when kN = kPackSize<T>, a scalar when kN = 1.
 #pragma once
 #include <cstring>
 

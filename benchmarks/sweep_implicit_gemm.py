@@ -3,7 +3,7 @@
 layers the issue's target (GE2's own forward >= 0.7x PyTorch) is about, and two 1x1 layers. Each config is checked
 against F.conv2d on channels_last views of the same memory (relative error < 5e-3) before it is timed; times are
 device time per call in a CUDA-graph replay (kernel against kernel, no host time). The table shows which config to
-make the default (kDefaultConfig in kernels/implicit_gemm.cu).
+choose for which shape (choose_config in kernels/implicit_gemm.cu).
 
 Run: python benchmarks/sweep_implicit_gemm.py [--configs=0,2,auto]
 """

@@ -7,9 +7,9 @@
 // mma.sync m16n8k16, and an epilogue that adds the bias, applies the activation, stages the tile in shared memory
 // and writes y in 16-byte rows.
 //
-// The tile shape is a template; kConfigs below instantiates a few. A launch takes kDefaultConfig (the sweep's best),
-// or the one GE2_IMPLICIT_GEMM_CONFIG=<index> names (read per launch, so a benchmark or a test can time
-// or check every config in one process).
+// The tile shape is a template; kConfigs below instantiates a few. A launch takes the one choose_config() picks
+// (the H100 sweep's rule), or the one GE2_IMPLICIT_GEMM_CONFIG=<index> names (read per launch, so a benchmark or a
+// test can time or check every config in one process).
 #include <atomic>
 #include <climits>
 #include <cstdlib>
@@ -314,7 +314,8 @@ __global__ void __launch_bounds__(WarpsM * WarpsN * 32, MinBlocks)
     }
   } else {
     // All Stages stages start loading (tiles 0 .. Stages - 1). The groups committed before the wait in tile kt are
-    // Stages + kt (prologue, then one per earlier tile): waiting down to Stages - 2 pending completes tiles 0 .. kt + 1.
+    // Stages + kt (prologue, then one per earlier tile): waiting down to Stages - 2 pending completes tiles
+    // 0 .. kt + 1.
     static_assert(kSteps % 2 == 0, "the fragment double buffer alternates per k16 step");
 #pragma unroll
     for (int stage = 0; stage < Stages; ++stage) {
@@ -470,9 +471,30 @@ constexpr Config kConfigs[] = {
 constexpr int kConfigCount = static_cast<int>(sizeof(kConfigs) / sizeof(kConfigs[0]));
 
 // The launch rule, from the H100 sweep (benchmarks/sweep_implicit_gemm.py, CUDA-graph replay, float16 NHWC, the
-// five ResNet-50 rows at N = 32): the 64 x 64 tiles were fastest on four rows and within 6% of 128 x 64 on the
-// fifth (C128 3x3); the wider tiles lose to too few CTAs per SM (and the waves they leave half empty).
-constexpr int kDefaultConfig = 4;
+// five ResNet-50 rows at N = 32): 128 x 64 tiles of 8 warps (config 9) where they make at least 2.5 waves of CTAs
+// (the two rows with M = 100352: 0.65x and 0.69x PyTorch, against 0.57x and 0.63x for config 4), else 64 x 64 tiles
+// of 4 warps (config 4: 0.42-0.60x on the other rows, where config 9's last wave runs part-empty and it fell to
+// 0.34-0.53x).
+constexpr int kLargeProblemConfig = 9;
+constexpr int kSmallProblemConfig = 4;
+
+int sm_count(int device) {
+  static std::atomic<int> counts[64] = {};
+  std::atomic<int>& cached = counts[device % 64];
+  int count = cached.load();
+  if (count == 0) {
+    GE2_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    cached.store(count);
+  }
+  return count;
+}
+
+int choose_config(const Params& params, int device) {
+  const Config& large = kConfigs[kLargeProblemConfig];
+  const int64_t ctas = (int64_t{params.m} + large.bm - 1) / large.bm * ((int64_t{params.k} + large.bn - 1) / large.bn);
+  const int64_t wave = int64_t{large.min_blocks} * sm_count(device);
+  return 2 * ctas >= 5 * wave ? kLargeProblemConfig : kSmallProblemConfig;
+}
 
 // GE2_IMPLICIT_GEMM_CONFIG as a config index, or -1 when unset.
 int forced_config() {
@@ -559,7 +581,7 @@ void implicit_gemm_forward(const ForwardArgs& args, cudaStream_t stream) {
   const int forced = forced_config();
   const Params params = make_params(args);
   const int device = current_device();
-  const Config& config = kConfigs[forced >= 0 ? forced : kDefaultConfig];
+  const Config& config = kConfigs[forced >= 0 ? forced : choose_config(params, device)];
   (args.shape.dtype == DType::Float16 ? config.half : config.bfloat16)(params, device, stream);
 }
 

@@ -281,6 +281,13 @@ def test_forward_launches_the_best_candidate_once_prepared(axpy):
     for shape in ((4, 5), (2, 3), (4, 5)):  # alternating shapes with the same attributes: each its own call
         face.forward(StandInArray(shape, 0x10000))
         assert launches[-1][0] == "fast" and launches[-1][1] == [0x10000, 0]
+
+    class SubclassArray(StandInArray):  # a subclass of the same signature (as torch's Parameter is of Tensor)
+        __module__ = StandInArray.__module__
+
+    # b of the subclass, after (a, b) of the base type with the same attributes: its own call, not the base's error
+    assert face.forward(a, SubclassArray((4, 5), 0x60000), alpha=2.0, out=y) is y
+    assert launches[-1] == ("fast", [0x10000, 0x60000], [0x30000], 0)
     face.forward(StandInArray((11, 11), 0x40000))  # too big for "fast"
     assert launches[-1][0] == "any"
 

@@ -132,19 +132,6 @@ _SIGNATURES = {"torch": _torch_signature, "ge2": _ge2_signature, "cupy": _cupy_s
 _SIGNATURE_OF_TYPE: dict[type, object] = {}
 
 
-_ADDRESSES = {"torch": lambda array: array.data_ptr(), "ge2": lambda array: array.ptr,
-              "cupy": lambda array: array.data.ptr, "other": lambda array: view_of(array).ptr}
-_ADDRESS_OF_TYPE: dict[type, object] = {}
-
-
-def address(array) -> int:
-    """The device address of an array the caller knows to be valid (an output just made)."""
-    function = _ADDRESS_OF_TYPE.get(type(array))
-    if function is None:
-        function = _ADDRESS_OF_TYPE[type(array)] = _ADDRESSES[array_kind(array)]
-    return function(array)
-
-
 def signature(array) -> tuple[tuple, int]:
     """(key, address): a hashable key of everything but the address that decides whether an op can run on the
     array (shape, dtype, layout, device), and the address. The cheapest query each library offers, chosen once

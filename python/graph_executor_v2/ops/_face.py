@@ -264,7 +264,9 @@ class Face:
             keys.append(key)
             address_bits |= pointer
         aligned = not address_bits & 15
-        cache_key = (type(inputs[0]), tuple(keys), attr_values, tuple(map(type, attr_values)), kernel, aligned)
+        # Each input's type is part of the key: the signature's native call accepts exactly these types (a torch
+        # Parameter and a Tensor of one shape get a call each).
+        cache_key = (tuple(map(type, inputs)), tuple(keys), attr_values, tuple(map(type, attr_values)), kernel, aligned)
         try:
             entry = self._cache.get(cache_key)
         except TypeError:  # an unhashable attribute value (a list): validate every call

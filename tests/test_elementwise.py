@@ -82,10 +82,11 @@ def test_every_op_is_registered():
 def test_infer_binary_and_errors():
     t = lambda shape, dtype="float16": TensorType(shape, dtype)  # noqa: E731
     assert OPS["mul"].infer([t((4, 1, 3)), t((5, 1))], {}) == [t((4, 5, 3))]
-    with pytest.raises(TypeError, match="b: expected dtype float16"):
-        OPS["add"].infer([t((4,)), t((4,), "float32")], {})
-    with pytest.raises(TypeError, match="a: expected dtype float32, float16 or bfloat16, got int32"):
-        OPS["add"].infer([t((4,), "int32"), t((4,), "int32")], {})
+    # mixed dtypes promote as in PyTorch; integers stay integers
+    assert OPS["add"].infer([t((4,)), t((4,), "float32")], {}) == [t((4,), "float32")]
+    assert OPS["div"].infer([t((4,), "int32"), t((4,), "uint8")], {}) == [t((4,), "int32")]
+    with pytest.raises(TypeError, match="a, b: expected numeric dtypes .*got bool and bool"):
+        OPS["add"].infer([t((4,), "bool"), t((4,), "bool")], {})
     with pytest.raises(ValueError, match="do not broadcast"):
         OPS["sub"].infer([t((4, 3)), t((4,))], {})
     with pytest.raises(ValueError, match="input 'b' is required"):
@@ -189,8 +190,8 @@ def test_validation_happens_before_device_work():
         ge2.ops.add.forward_numpy(a, a, "auto", a)
     with pytest.raises(ValueError, match="do not broadcast"):
         ge2.ops.mul.forward_numpy(a, np.zeros((5,), np.float32))
-    with pytest.raises(TypeError, match="b: expected dtype float32"):
-        ge2.ops.add.forward_numpy(a, a.astype(np.float16))
+    with pytest.raises(TypeError, match="a, b: expected numeric dtypes"):
+        ge2.ops.add.forward_numpy(a > 0, a > 0)
     with pytest.raises(TypeError, match="x: expected dtype float32, float16 or bfloat16, got int32"):
         ge2.ops.relu.forward_numpy(a.astype(np.int32))
     with pytest.raises(TypeError, match="dy: expected a NumPy array"):

@@ -1,7 +1,14 @@
-"""Element types GE2 knows, by name, and their NumPy host types.
+"""Element types GE2 knows, by name, their NumPy host types, type promotion and the C++ compute types of
+generated kernels.
 
 bfloat16 host arrays are NumPy arrays of ``ml_dtypes.bfloat16`` (NumPy has no bfloat16 of its own); the same
-names are used everywhere: ``float32 float16 bfloat16 int32 int64 uint8``.
+names are used everywhere: ``float32 float16 bfloat16 int32 int64 uint8 bool``. ``bool`` is the dtype of masks
+(comparisons, logical ops, ``where``'s condition): one byte per element, 0 or 1, NumPy's ``bool_``.
+
+Type promotion follows PyTorch (``result_type``): bool < integers < floating types by category; within a
+category the wider type wins, float16 with bfloat16 gives float32 and uint8 with a signed integer the signed
+one. Python scalars and 0-d tensors only decide the category, as in PyTorch: ``int32[n] + 2.5`` is float32,
+``float16[n] + 2.5`` float16, ``float16[n] * float32[]`` float16.
 """
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ import numpy as np
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 INT_DTYPES = ("int32", "int64", "uint8")
-ALL_DTYPES = FLOAT_DTYPES + INT_DTYPES
+ALL_DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
 
 _NUMPY = {
     "float32": np.dtype(np.float32),
@@ -19,8 +26,13 @@ _NUMPY = {
     "int32": np.dtype(np.int32),
     "int64": np.dtype(np.int64),
     "uint8": np.dtype(np.uint8),
+    "bool": np.dtype(np.bool_),
 }
 _ITEMSIZE = {name: dtype.itemsize for name, dtype in _NUMPY.items()}
+
+# The C++ type generated kernels compute in (OpDef.scalar): 16-bit floats compute in float32.
+_COMPUTE_CTYPE = {"float32": "float", "float16": "float", "bfloat16": "float", "int32": "int", "int64": "long long",
+                  "uint8": "unsigned char", "bool": "bool"}
 
 
 def normalize(dtype, argument: str = "dtype") -> str:
@@ -49,3 +61,78 @@ def itemsize(name: str) -> int:
 
 def is_float(name: str) -> bool:
     return name in FLOAT_DTYPES
+
+
+def is_integer(name: str) -> bool:
+    return name in INT_DTYPES
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Type promotion (PyTorch's rule)
+# ---------------------------------------------------------------------------------------------------------------
+def _category(name: str) -> int:
+    return 0 if name == "bool" else 1 if is_integer(name) else 2
+
+
+_INT_RANK = {"uint8": 0, "int32": 1, "int64": 2}  # every pair's promotion is the higher of the two here
+_FLOAT_RANK = {"float16": 0, "bfloat16": 0, "float32": 1}
+
+
+def promote_types(a: str, b: str) -> str:
+    """The dtype two tensors of dtypes ``a`` and ``b`` promote to (``torch.promote_types``)."""
+    a, b = normalize(a, "a"), normalize(b, "b")
+    if a == b:
+        return a
+    ca, cb = _category(a), _category(b)
+    if ca != cb:
+        return a if ca > cb else b
+    if ca == 1:
+        return max(a, b, key=_INT_RANK.__getitem__)
+    return max(a, b, key=_FLOAT_RANK.__getitem__) if _FLOAT_RANK[a] != _FLOAT_RANK[b] else "float32"
+
+
+def _combine_categories(higher: str | None, lower: str | None) -> str | None:
+    """PyTorch's ``combine_categories``: the higher-priority operands' dtype unless the lower ones are of a higher
+    category (bool below integers below floats), which then promotes."""
+    if higher is None:
+        return lower
+    if lower is None or is_float(higher):
+        return higher
+    if higher == "bool" or is_float(lower):
+        return promote_types(higher, lower)
+    return higher
+
+
+def result_type(*operands) -> str:
+    """The dtype of an op's result over ``operands`` (PyTorch's ``torch.result_type``). An operand is a dtype name
+    (a tensor with dims), an object with ``.dtype`` and ``.shape`` (a TensorType or array: 0-d ones rank below
+    tensors with dims) or a Python scalar (bool, int or float: lowest priority; an int stands for int64, a float
+    for float32, the default float dtype)."""
+    tiers: list[str | None] = [None, None, None]  # tensors with dims, 0-d tensors, Python scalars
+    for index, operand in enumerate(operands):
+        if isinstance(operand, (bool, np.bool_)):
+            tier, dtype = 2, "bool"
+        elif isinstance(operand, (int, np.integer)):
+            tier, dtype = 2, "int64"
+        elif isinstance(operand, (float, np.floating)):
+            tier, dtype = 2, "float32"
+        elif isinstance(operand, str):
+            tier, dtype = 0, normalize(operand, f"operands[{index}]")
+        elif hasattr(operand, "dtype") and hasattr(operand, "shape"):
+            tier, dtype = (1 if len(operand.shape) == 0 else 0), normalize(operand.dtype, f"operands[{index}]")
+        else:
+            raise TypeError(f"operands[{index}]: expected a dtype name, a tensor type or a Python bool/int/float, "
+                            f"got {type(operand).__name__}")
+        tiers[tier] = dtype if tiers[tier] is None else promote_types(tiers[tier], dtype)
+    result = _combine_categories(tiers[0], _combine_categories(tiers[1], tiers[2]))
+    if result is None:
+        raise ValueError("operands: expected at least one operand")
+    return result
+
+
+def compute_ctype(in_types) -> str:
+    """The C++ type a generated kernel computes a pointwise node in, from its input types (TensorTypes, None for
+    an absent optional input): ``"float"`` when they promote (``result_type``) to a floating dtype (16-bit types
+    compute in float32), else the promoted dtype's C++ type (``"int"``, ``"long long"``, ``"unsigned char"``,
+    ``"bool"``). ``OpDef.scalar`` receives its inputs converted to it."""
+    return _COMPUTE_CTYPE[result_type(*(t for t in in_types if t is not None))]

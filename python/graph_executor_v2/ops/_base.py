@@ -20,6 +20,14 @@ Contract of the callables an OpDef carries (``attrs`` is always the full, valida
   the builder (``g.<op>(...)``) and returns one gradient Value per forward input (None for none). Backward
   computations are ops of their own (``<op>_backward``). Rules are attached at the end of each op module with
   ``attach_grad`` (after the OpDefs they use are registered).
+- ``scalar(args, attrs, ctype) -> str``: a pointwise op's per-element math for generated kernels (codegen). ``args``
+  are the C++ expressions of its inputs, each already converted to the compute type ``ctype``
+  (``dtypes.compute_ctype`` of the node's input types: ``"float"`` when they promote to a floating dtype, 16-bit
+  types computing in float32, else ``"int"``, ``"long long"``, ``"unsigned char"`` or ``"bool"``); the result is a
+  C++ expression of the op's single output (predicates give ``bool``), which the generated kernel casts to the
+  output dtype. Only CUDA math functions (``erff``, ``expf``, ``fmodf``, ``rintf``, ...) and plain C++ appear
+  (an immediately invoked lambda where an argument is used twice), exact where the reference is exact. ``None``
+  for an op that is not pointwise.
 
 Extending GE2 from another package (no fork): ``register(opdef)`` adds a new op, ``add_candidate(op, candidate)``
 adds a kernel to an existing one (a user's own GEMM variant competing with cuBLASLt). Both stamp the candidates
@@ -166,6 +174,8 @@ class OpDef:
     # (output index, input index) pairs: that output holds that input's bytes unchanged (a view: the same row-major
     # elements, another shape), so a plan may give it the input's buffer and launch nothing (runtime/planner.py).
     aliases: tuple[tuple[int, int], ...] = ()
+    # The per-element C++ expression of a pointwise op (module docstring); None for the other ops.
+    scalar: Callable[[Sequence[str], dict, str], str] | None = None
     attr_map: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):

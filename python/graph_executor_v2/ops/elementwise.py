@@ -23,9 +23,10 @@ import numpy as np
 
 from .. import _native
 from .. import device as _device
-from ..dtypes import FLOAT_DTYPES
+from ..dtypes import FLOAT_DTYPES, result_type, to_numpy
 from ..ir.types import TensorType
 from . import _layout, activations
+from ._scalar import expression, literal
 from ._base import (OPS, Candidate, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register,
                     require_inputs, stream_arg)
 from ._face import Face
@@ -87,12 +88,14 @@ def _check_dtype(t: TensorType, name: str, like: TensorType | None = None) -> No
 def _infer_binary(in_types, attrs):
     require_inputs(in_types, ("a", "b"))
     a, b = in_types
-    _check_dtype(a, "a")
-    _check_dtype(b, "b", a)
+    dtype = result_type(a, b)
+    if dtype == "bool":
+        raise TypeError(f"a, b: expected numeric dtypes (arithmetic on two masks; logical_and/logical_or combine "
+                        f"them), got {a.dtype} and {b.dtype}")
     shape = broadcast_shapes(a.shape, b.shape)
     if a.is_concrete and b.is_concrete and len(collapse(a.shape, b.shape)[0]) > MAX_DIMS:
         raise ValueError(f"a, b: at most {MAX_DIMS} dims after collapsing, got shapes {a.shape} and {b.shape}")
-    return [TensorType(shape, a.dtype)]
+    return [TensorType(shape, dtype)]
 
 
 def _infer_unary(in_types, attrs):
@@ -141,8 +144,16 @@ def collapse(a_shape, b_shape) -> tuple[tuple, tuple, tuple]:
 # Reference (float64): the oracle of every test and the CPU backend.
 # ---------------------------------------------------------------------------------------------------------------
 def reference(op: str, *inputs) -> np.ndarray:
-    """Forward in float64."""
+    """Forward in float64, or exactly in the promoted integer dtype (wrapping as the GPU does) for integer
+    operands."""
     if op in BINARY_OPS:
+        promoted = integer_result(inputs)
+        if promoted is not None:
+            a, b = (np.asarray(x).astype(promoted) for x in inputs)
+            if op == "div":
+                return truncating_divide(a, b)
+            with np.errstate(over="ignore"):
+                return {"add": np.add, "sub": np.subtract, "mul": np.multiply}[op](a, b)
         a, b = as_float64(inputs[0]), as_float64(inputs[1])
         return {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}[op](a, b)
     if op == "bias_add":
@@ -155,6 +166,25 @@ def reference(op: str, *inputs) -> np.ndarray:
     if op in UNARY_OPS:
         return activations.apply(op, x)
     raise ValueError(f"op: expected one of {', '.join(ELEMENTWISE_OPS)}, got {op!r}")
+
+
+def integer_result(inputs) -> np.dtype | None:
+    """The NumPy dtype an integer op computes exactly in (PyTorch promotion of its operands), or None when the
+    operands promote to a floating type (a reference then computes in float64)."""
+    arrays = [np.asarray(x) for x in inputs if x is not None]
+    if any(a.dtype.kind not in "iub" for a in arrays):
+        return None
+    return to_numpy(result_type(*arrays))
+
+
+def truncating_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Integer division rounding toward zero (C++, ONNX Div); a division by zero gives 0, as the generated
+    kernels do (C++ leaves it undefined)."""
+    safe = np.where(b == 0, 1, b).astype(np.result_type(a, b))
+    with np.errstate(over="ignore"):
+        quotient = np.abs(a.astype(np.int64)) // np.abs(safe.astype(np.int64))
+        quotient = np.where((a < 0) != (safe < 0), -quotient, quotient)
+    return np.where(b == 0, 0, quotient).astype(np.result_type(a, b))
 
 
 def reference_backward(op: str, dy, *inputs) -> tuple:
@@ -182,6 +212,64 @@ def reference_backward(op: str, dy, *inputs) -> tuple:
     if op in UNARY_OPS:
         return dy * activations.derivative(op, x)
     raise ValueError(f"op: expected one of {', '.join(ELEMENTWISE_OPS)}, got {op!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-element C++ for generated kernels (OpDef.scalar): float math as _common/activation.hpp computes it.
+# ---------------------------------------------------------------------------------------------------------------
+_GELU_TANH = "0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)))"
+_GELU_ERF = "0.5f * x * (1.0f + erff(x * 0.7071067811865476f))"
+_SIGMOID = "1.0f / (1.0f + expf(-x))"
+_UNARY_BODIES = {
+    "gelu": _GELU_TANH,
+    "gelu_erf": _GELU_ERF,
+    "silu": f"x * ({_SIGMOID})",
+    "sigmoid": _SIGMOID,
+    "tanh": "tanhf(x)",
+    "exp": "expf(x)",
+}
+# d op(x) / dx, for the unary backward ops: dx = dy * derivative.
+_DERIVATIVE_BODIES = {
+    "relu": "x > 0.0f ? 1.0f : 0.0f",
+    "gelu": "0.5f * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))) + 0.5f * x * (1.0f - "
+            "tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)) * tanhf(0.7978845608028654f * (x + 0.044715f"
+            " * x * x * x))) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x)",
+    "gelu_erf": "0.5f * (1.0f + erff(x * 0.7071067811865476f)) + x * 0.3989422804014327f * expf(-0.5f * x * x)",
+    "silu": f"({_SIGMOID}) * (1.0f + x * (1.0f - ({_SIGMOID})))",
+    "sigmoid": f"({_SIGMOID}) * (1.0f - ({_SIGMOID}))",
+    "tanh": "1.0f - tanhf(x) * tanhf(x)",
+    "exp": "expf(x)",
+}
+
+
+def _unary_scalar(op):
+    def scalar(args, attrs, ctype):
+        if op == "neg":
+            return expression("-x", ("x",), args, ctype)
+        if op == "relu":  # NaN passes through, as np.maximum(x, 0) does
+            return expression(f"x < {literal(0, ctype)} ? {literal(0, ctype)} : x", ("x",), args, ctype)
+        return expression(_UNARY_BODIES[op], ("x",), args, ctype)
+
+    return scalar
+
+
+def _unary_backward_scalar(op):
+    def scalar(args, attrs, ctype):
+        return expression(f"dy * ({_DERIVATIVE_BODIES[op]})", ("dy", "x"), args, ctype)
+
+    return scalar
+
+
+def binary_scalar(op):
+    """The scalar rule of ``add sub mul div`` (and bias_add, an add): integer division truncates toward zero as
+    ONNX's Div and C++ do, and an integer division by zero gives 0 (the reference does the same)."""
+    def scalar(args, attrs, ctype):
+        if op == "div" and ctype != "float":
+            return expression(f"b == {literal(0, ctype)} ? {literal(0, ctype)} : a / b", ("a", "b"), args, ctype)
+        symbol = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[op]
+        return expression(f"a {symbol} b", ("a", "b"), args, ctype)
+
+    return scalar
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -222,6 +310,9 @@ def _make_candidate(name, priority, description, op, always_works=False):
     def supports(problem: Problem):
         if not _native.is_built("_ops_elementwise"):
             return "native module _ops_elementwise is not built"
+        dtypes = {t.dtype for t in problem.in_types + problem.out_types}
+        if len(dtypes) > 1 or not dtypes <= set(FLOAT_DTYPES):
+            return f"takes operands of one float dtype (float32, float16, bfloat16), got {', '.join(sorted(dtypes))}"
         shapes = [list(t.shape) for t in problem.in_types]
         return _native_module().unsupported_reason(name, native_op, *shapes, problem.out_types[0].dtype) or None
 
@@ -255,7 +346,7 @@ def _binary_def(op):
 
     symbol = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[op]
     return OpDef(name=op, inputs=(Input("a"), Input("b")), outputs=("y",), attrs=(), infer=_infer_binary,
-                 reference=ref, reference_backward=ref_backward, candidates=_candidates(op),
+                 reference=ref, reference_backward=ref_backward, candidates=_candidates(op), scalar=binary_scalar(op),
                  doc=f"{op}: y = a {symbol} b with NumPy broadcasting; backward sums each gradient over the dims "
                      f"its operand was broadcast along.")
 
@@ -268,7 +359,7 @@ def _unary_def(op):
         return [reference_backward(op, out_grads[0], inputs[0])]
 
     return OpDef(name=op, inputs=(Input("x"),), outputs=("y",), attrs=(), infer=_infer_unary, reference=ref,
-                 reference_backward=ref_backward, candidates=_candidates(op),
+                 reference_backward=ref_backward, candidates=_candidates(op), scalar=_unary_scalar(op),
                  doc=f"{op}: y = {op}(x) elementwise; backward dx = dy * {op}'(x).")
 
 
@@ -281,7 +372,7 @@ def _bias_add_def():
 
     return OpDef(name="bias_add", inputs=(Input("x"), Input("bias")), outputs=("y",), attrs=(),
                  infer=_infer_bias_add, reference=ref, reference_backward=ref_backward,
-                 candidates=_candidates("bias_add")[1:],
+                 candidates=_candidates("bias_add")[1:], scalar=binary_scalar("add"),
                  doc="bias_add: y = x + bias, x[..., N], bias[N]; backward (dy, dy summed over all but the last "
                      "dim).")
 
@@ -314,6 +405,7 @@ def _unary_backward_def(op):
         infer=lambda in_types, attrs: [_infer_unary(in_types[1:], attrs)[0]],
         reference=lambda inputs, attrs: [reference_backward(op, inputs[0], inputs[1])],
         candidates=(_grad.native_candidate("_ops_elementwise", f"dx = dy * {op}'(x)", launch_for),),
+        scalar=_unary_backward_scalar(op),
         doc=f"{op}_backward(dy, x) -> dx = dy * {op}'(x)"))
 
 

@@ -118,7 +118,7 @@ def test_old_opsets_are_converted(rng):
 
 
 def test_bad_model_argument():
-    with pytest.raises(TypeError, match="model: expected a path or an onnx.ModelProto"):
+    with pytest.raises(TypeError, match="model: expected a path, bytes"):
         onnx_frontend.load(42)
 
 
@@ -518,8 +518,7 @@ def test_ops_without_a_rule_on_tensors_and_symbolic_shapes_are_reported():
     with pytest.raises(UnsupportedModelError) as caught:
         onnx_frontend.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     reasons = {name: reason for name, _, reason in caught.value.problems}
-    assert reasons["sqrt_of_tensor"] == "op type not supported by GE2"
-    assert "symbolic dims" in reasons["symbolic_shape"]
+    assert reasons == {"sqrt_of_tensor": "op type not supported by GE2"}  # the symbolic Shape itself imports
 
 
 @pytest.mark.parametrize("x_kind, y_kind, ops", [

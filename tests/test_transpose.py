@@ -173,8 +173,13 @@ def test_opdefs_infer_and_validate():
     assert OPS["transpose"].infer([t((2, 3), "int64")], {"perm": (-1, 0)}) == [t((3, 2), "int64")]
     assert OPS["reshape"].infer([t((4, 6), "bfloat16")], {"shape": (-1, 3, 2)}) == [t((4, 3, 2), "bfloat16")]
     assert OPS["reshape"].infer([t(("n", 6), "float32")], {"shape": (12, 2)}) == [t((12, 2), "float32")]
-    with pytest.raises(ValueError, match=r"shape: a symbolic input shape \('n', 6\) needs a fully known target"):
-        OPS["reshape"].infer([t(("n", 6), "float32")], {"shape": (-1, 2)})
+    # Symbolic dims: a -1 is the quotient of the symbolic element counts; symbolic targets pass through.
+    assert OPS["reshape"].infer([t(("n", 6), "float32")], {"shape": (-1, 2)}) == [t(("3*n", 2), "float32")]
+    assert OPS["reshape"].infer([t(("b", "s", 8), "float32")], {"shape": ("b", -1, 2, 4)}) == [
+        t(("b", "s", 2, 4), "float32")]
+    assert OPS["reshape"].infer([t((6, 8), "float32")], {"shape": ("b", 4)}) == [t(("b", 4), "float32")]
+    with pytest.raises(ValueError, match=r"shape: cannot reshape \('n', 6\) into \(-1, 4\)"):
+        OPS["reshape"].infer([t(("n", 6), "float32")], {"shape": (-1, 4)})
     with pytest.raises(ValueError, match=r"perm: expected 3 axes"):
         OPS["transpose"].infer([t((2, 3, 4), "float32")], {"perm": (1, 0)})
     assert [c.name for c in OPS["transpose"].candidates] == list(KERNELS)

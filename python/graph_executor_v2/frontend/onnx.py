@@ -24,6 +24,7 @@ from typing import Callable
 import numpy as np
 
 from ..dtypes import ALL_DTYPES, FLOAT_DTYPES
+from ..ir import dims
 from ..ir.graph import Graph, Value
 from ..passes.attention_fusion import is_causal_bias
 from ..passes.cleanup import eliminate_dead_code
@@ -504,7 +505,8 @@ def _transpose(ctx, inputs, attrs):
 def _reshape(ctx, inputs, attrs):
     _only(attrs, {"allowzero": _ANY})
     x = ctx.value(inputs[0])
-    shape = [int(d) for d in np.asarray(ctx.constant(inputs[1], "the target shape")).reshape(-1)]
+    shape = [d if isinstance(d, str) else int(d)
+             for d in np.asarray(ctx.constant(inputs[1], "the target shape")).reshape(-1)]
     if not attrs.get("allowzero", 0):  # 0 copies the input's dim at that position
         shape = [x.type.shape[i] if d == 0 else d for i, d in enumerate(shape)]
     return [ctx.graph.reshape(x, shape=tuple(shape))]
@@ -582,15 +584,17 @@ def _gather(ctx, inputs, attrs):
 
 @rule("Shape")
 def _shape(ctx, inputs, attrs):
-    """A constant: GE2 plans static shapes, so the shape of a tensor is known when the graph is imported."""
+    """A constant: the shape is known when the graph is imported. A symbolic dim stays symbolic: the constant is
+    then an object array of ints and dim names (``_fold_symbolic`` carries it through the exporter's shape
+    arithmetic into a Reshape's target, bound when a plan binds the inputs' dims)."""
     _only(attrs, {"start": _ANY, "end": _ANY})
     shape = ctx.shape(inputs[0])
-    if not all(isinstance(d, int) for d in shape):
-        raise Unsupported(f"the shape {shape} has symbolic dims; bind them with input_shapes={{...}}")
     rank = len(shape)
     start, end = (int(np.clip(v + rank if v < 0 else v, 0, rank))
                   for v in (int(attrs.get("start", 0)), int(attrs.get("end", rank))))
-    return [np.array(shape[start:end], np.int64)]
+    if all(isinstance(d, int) for d in shape):
+        return [np.array(shape[start:end], np.int64)]
+    return [np.array(list(shape[start:end]) + [None], object)[:-1]]  # a 1-d object array even of one name
 
 
 def _axes_input(ctx, inputs) -> list | None:
@@ -1137,10 +1141,99 @@ def _foldable(ctx: _Context, node) -> bool:
                         for a in node.attribute))
 
 
+def _is_symbolic(array) -> bool:
+    return isinstance(array, np.ndarray) and array.dtype == object
+
+
+def _elementwise(combine):
+    """A binary op over arrays of ints and symbolic dims (numpy broadcasting)."""
+    function = np.frompyfunc(lambda a, b: combine(a if isinstance(a, str) else int(a),
+                                                  b if isinstance(b, str) else int(b)), 2, 1)
+    return lambda a, b: np.asarray(function(a, b), object)
+
+
+def _symbolic_equal(a, b):
+    """Dims compared: equal names are equal; a symbolic dim is never 0 or negative (so never ONNX's 0 / -1 markers);
+    a name against a positive int is unknown until the plan binds it."""
+    if isinstance(a, str) and isinstance(b, str):
+        if a == b:
+            return True
+        raise Unsupported(f"comparing the symbolic dims {a!r} and {b!r}")
+    if isinstance(a, str) or isinstance(b, str):
+        number = b if isinstance(a, str) else a
+        if int(number) <= 0:
+            return False
+        raise Unsupported(f"comparing a symbolic dim with {number}")
+    return int(a) == int(b)
+
+
+def _axes_of(inputs, attrs):
+    """The axes of a Squeeze / Unsqueeze: the second input (opset 13) or the attribute."""
+    if len(inputs) > 1 and inputs[1] is not None:
+        return [int(a) for a in np.asarray(inputs[1]).reshape(-1)]
+    return [int(a) for a in attrs.get("axes", [])]
+
+
+def _symbolic_slice(inputs, attrs):
+    data = inputs[0]
+    starts, ends = (np.asarray(v).reshape(-1) for v in inputs[1:3])
+    if any(isinstance(v, str) for v in (*starts, *ends)):
+        raise Unsupported("slicing a shape at a symbolic position")
+    axes = np.asarray(inputs[3]).reshape(-1) if len(inputs) > 3 and inputs[3] is not None else range(len(starts))
+    steps = np.asarray(inputs[4]).reshape(-1) if len(inputs) > 4 and inputs[4] is not None else [1] * len(starts)
+    index = [slice(None)] * data.ndim
+    for axis, start, end, step in zip(axes, starts, ends, steps):
+        index[int(axis)] = slice(int(start), int(end), int(step))
+    return data[tuple(index)]
+
+
+# Shape arithmetic with symbolic dims (object arrays of ints and dim names): the op types exporters write between a
+# Shape and the Reshape / Expand that reads it. Each takes the node's inputs (None for absent ones) and attributes.
+SYMBOLIC_FOLDS = {
+    "Identity": lambda inputs, attrs: inputs[0],
+    "Cast": lambda inputs, attrs: inputs[0],  # int64 <-> int32 of sizes
+    "Gather": lambda inputs, attrs: np.take(inputs[0], np.asarray(inputs[1]).astype(np.int64),
+                                            axis=int(attrs.get("axis", 0))),
+    "Unsqueeze": lambda inputs, attrs: np.expand_dims(
+        inputs[0], tuple(sorted(a % (inputs[0].ndim + len(_axes_of(inputs, attrs)))
+                                for a in _axes_of(inputs, attrs)))),
+    "Squeeze": lambda inputs, attrs: np.squeeze(inputs[0], axis=tuple(_axes_of(inputs, attrs)) or None),
+    "Concat": lambda inputs, attrs: np.concatenate([np.asarray(i, object) for i in inputs], axis=int(attrs["axis"])),
+    "Reshape": lambda inputs, attrs: np.reshape(inputs[0], [int(d) for d in np.asarray(inputs[1]).reshape(-1)]),
+    "Slice": lambda inputs, attrs: _symbolic_slice(inputs, attrs),
+    "Mul": lambda inputs, attrs: _elementwise(dims.product)(inputs[0], inputs[1]),
+    "Div": lambda inputs, attrs: _elementwise(dims.quotient)(inputs[0], inputs[1]),
+    "Equal": lambda inputs, attrs: np.asarray(np.frompyfunc(_symbolic_equal, 2, 1)(inputs[0], inputs[1]), bool),
+    "Where": lambda inputs, attrs: np.where(np.asarray(inputs[0], bool), inputs[1], inputs[2]).astype(object),
+    "ReduceProd": lambda inputs, attrs: np.asarray(dims.product(*np.asarray(inputs[0]).reshape(-1)), object),
+}
+
+
+def _fold_symbolic(node, ctx: _Context) -> list:
+    """``node`` on constant inputs some of which hold symbolic dims (``SYMBOLIC_FOLDS``)."""
+    fold = SYMBOLIC_FOLDS.get(node.op_type)
+    if fold is None:
+        raise Unsupported(f"{node.op_type} of a shape with symbolic dims: GE2 folds "
+                          f"{', '.join(sorted(SYMBOLIC_FOLDS))} of symbolic shapes")
+    inputs = [ctx.constants[name] if name else None for name in node.input]
+    try:
+        result = np.asarray(fold(inputs, _attributes(node)), object)  # a 0-d result of one name stays an array
+    except ValueError as error:  # a quotient that does not divide, axes that do not fit
+        raise Unsupported(f"shape arithmetic on symbolic dims: {error}") from None
+    entries = result.reshape(-1)
+    if any(isinstance(d, str) for d in entries):
+        return [result]
+    # The names cancelled out (a dim divided by itself) or the result is a comparison: a plain array again.
+    return [result.astype(bool if all(isinstance(d, (bool, np.bool_)) for d in entries) else np.int64)]
+
+
 def _fold(node, ctx: _Context) -> list:
     """The outputs of ``node`` on its constant inputs, computed by ONNX's reference implementation at the model's
-    opset."""
+    opset (``_fold_symbolic`` when an input holds symbolic dims)."""
     from onnx.reference import ReferenceEvaluator
+
+    if any(_is_symbolic(ctx.constants[name]) for name in node.input if name):
+        return _fold_symbolic(node, ctx)
 
     try:
         evaluator = ReferenceEvaluator(node, opsets={"": ctx.opset})
@@ -1159,7 +1252,8 @@ def supported_op_types() -> list[str]:
 
 
 def load(model, input_shapes: dict | None = None, constant_inputs: dict | None = None, name: str | None = None) -> Graph:
-    """An ONNX model (a path or a ``ModelProto``) as a GE2 graph.
+    """An ONNX model (a path, the serialized bytes, a binary file-like object or a ``ModelProto``, as
+    ``onnx.load`` takes) as a GE2 graph.
 
     ``input_shapes`` (input name -> shape) overrides declared input shapes, e.g. to bind a dim the model leaves
     unnamed. ``constant_inputs`` (input name -> array) fixes graph inputs to values, for inputs an op needs when the
@@ -1168,8 +1262,13 @@ def load(model, input_shapes: dict | None = None, constant_inputs: dict | None =
     onnx = _onnx()
     if isinstance(model, (str, os.PathLike)):
         model = onnx.load(os.fspath(model))
+    elif isinstance(model, (bytes, bytearray, memoryview)):
+        model = onnx.load_model_from_string(bytes(model))
+    elif hasattr(model, "read"):
+        model = onnx.load(model)
     if not isinstance(model, onnx.ModelProto):
-        raise TypeError(f"model: expected a path or an onnx.ModelProto, got {type(model).__name__}")
+        raise TypeError(f"model: expected a path, bytes, a binary file-like object or an onnx.ModelProto, got "
+                        f"{type(model).__name__}")
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
     model_name = name or model.graph.name or "onnx_model"
     if opset < MIN_OPSET:  # older models are read through ONNX's own converter

@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from ..dtypes import normalize
+from ..ir import dims
 from ..ir.graph import Graph, Value
 from ._errors import Unsupported, UnsupportedModelError
 
@@ -155,7 +156,7 @@ def _transpose(ctx, x, dim0, dim1):
 
 @rule("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default")
 def _view(ctx, x, shape):
-    return ctx.graph.reshape(ctx.tensor(x), shape=tuple(int(d) for d in shape))
+    return ctx.graph.reshape(ctx.tensor(x), shape=tuple(d if isinstance(d, str) else int(d) for d in ctx.get(shape)))
 
 
 @rule("aten.flatten.using_ints")
@@ -171,6 +172,54 @@ def _flatten(ctx, x, start_dim=0, end_dim=-1):
       "aten.lift_fresh_copy.default")
 def _identity(ctx, x, *args, **kwargs):
     return ctx.tensor(x)
+
+
+# --- export bookkeeping: checks and conversions torch.export writes around the computation ----------------------
+@rule("aten._assert_tensor_metadata.default")
+def _assert_tensor_metadata(ctx, x, size=None, stride=None, dtype=None, *args, **kwargs):
+    """A check torch.export keeps from the traced program: honoured for the shape and dtype GE2 sees (strides,
+    device and layout are the plan's, not the model's); produces nothing."""
+    x = ctx.tensor(x)
+    if dtype is not None and normalize(dtype, "dtype") != x.type.dtype:
+        raise Unsupported(f"the model asserts dtype {dtype} where GE2 computes {x.type.dtype}")
+    if size is not None and len(size) != x.type.rank:
+        raise Unsupported(f"the model asserts rank {len(size)} where GE2 computes shape {x.type.shape}")
+    return None
+
+
+@rule("aten._assert_scalar.default", "aten.sym_constrain_range_for_size.default", "aten._assert_async.msg")
+def _assert_scalar(ctx, *args, **kwargs):
+    """Range checks on symbolic sizes: the plan binds concrete sizes, so nothing remains to check."""
+    return None
+
+
+@rule("aten.to.dtype", "aten.to.dtype_layout", "aten._to_copy.default", "aten.to.device", "aten.type_as.default")
+def _to(ctx, x, *args, dtype=None, **kwargs):
+    """A dtype conversion (a cast); device, layout, memory format and copy flags change nothing in a GE2 plan."""
+    x = ctx.tensor(x)
+    target = ctx.node_target
+    if target == "aten.type_as.default":
+        dtype = ctx.tensor(args[0]).type.dtype
+    elif target == "aten.to.dtype" and args:
+        dtype = args[0]
+    elif target == "aten.to.device" and len(args) > 1:
+        dtype = args[1]
+    if dtype is None:
+        return x
+    dtype = normalize(dtype, "dtype")
+    return x if dtype == x.type.dtype else ctx.graph.cast(x, dtype=dtype)
+
+
+@rule("aten.sym_size.int")
+def _sym_size(ctx, x, dim):
+    """The size of one dim: an int, or the name of a symbolic dim (used by view/reshape/expand shapes)."""
+    x = ctx.tensor(x)
+    return x.type.shape[int(dim) % x.type.rank]
+
+
+for _arithmetic, _combine in (("<built-in function mul>", dims.product), ("<built-in function floordiv>",
+                                                                          dims.quotient)):
+    RULES[_arithmetic] = lambda ctx, a, b, combine=_combine: combine(ctx.get(a), ctx.get(b))
 
 
 @rule("aten.dropout.default")
@@ -442,37 +491,46 @@ def _target_name(target) -> str:
     return str(target)
 
 
-# In-place ATen ops a graph may keep (nn.ReLU(inplace=True), ``out += identity``), and their functional forms: the
-# same value as long as nothing reads the input after it is overwritten (checked).
-INPLACE = {"aten.relu_.default": "aten.relu.default", "aten.add_.Tensor": "aten.add.Tensor",
-           "aten.mul_.Tensor": "aten.mul.Tensor"}
+def functional_form(target: str) -> str | None:
+    """The functional ATen op of an in-place one (``aten.hardtanh_.default`` -> ``aten.hardtanh.default``, as
+    nn.ReLU6(inplace=True) or ``out += identity`` keep them), when GE2 translates that form; else None."""
+    parts = target.split(".")
+    if len(parts) != 3 or parts[0] != "aten" or not parts[1].endswith("_") or parts[1].startswith("_"):
+        return None
+    functional = ".".join((parts[0], parts[1][:-1], parts[2]))
+    return functional if functional in RULES else None
 
 
 def _functional_target(node, target: str, positions: dict, problems: list) -> str | None:
     """The target to translate ``node`` with: an in-place op as its functional form when its input is not read
-    again after it (None, with a problem recorded, otherwise)."""
-    if target not in INPLACE:
+    again after it (None, with a problem recorded, otherwise): then the in-place update is pure."""
+    functional = functional_form(target)
+    if functional is None:
         return target
     mutated = node.args[0]
     later = [user.name for user in mutated.users if positions[user] > positions[node]]
     if later:
         problems.append((node.name, target, f"in-place update of '{mutated.name}', which {later} read afterwards"))
         return None
-    return INPLACE[target]
+    return functional
 
 
 def supported_targets() -> list[str]:
-    return sorted(set(RULES) | set(INPLACE))
+    """The ATen targets ``from_torch`` translates; the in-place form of each (``aten.relu_.default``) too."""
+    return sorted(RULES)
 
 
-def from_torch(module, example_inputs: tuple, name: str | None = None) -> Graph:
-    """A ``torch.nn.Module`` as a GE2 graph, traced with ``torch.export`` on ``example_inputs`` (a tuple)."""
+def from_torch(module, example_inputs: tuple, name: str | None = None, dynamic_shapes=None) -> Graph:
+    """A ``torch.nn.Module`` as a GE2 graph, traced with ``torch.export`` on ``example_inputs`` (a tuple).
+
+    ``dynamic_shapes`` goes to ``torch.export.export`` (e.g. ``({0: torch.export.Dim("batch")},)``): the dims it
+    marks stay symbolic in the graph (named by torch's symbols, ``s0``...), and one executor runs several sizes."""
     torch = _torch()
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
     if not isinstance(example_inputs, tuple):
         raise TypeError(f"example_inputs: expected a tuple of tensors, got {type(example_inputs).__name__}")
-    exported = torch.export.export(module, example_inputs)
+    exported = torch.export.export(module, example_inputs, dynamic_shapes=dynamic_shapes)
     signature = exported.graph_signature
     state = exported.state_dict
     constants = getattr(exported, "constants", {})
@@ -494,7 +552,7 @@ def from_torch(module, example_inputs: tuple, name: str | None = None) -> Graph:
             elif kind == "USER_INPUT":
                 example = example_inputs[user_index]
                 user_index += 1
-                ctx.values[node.name] = graph.input(graph.unique_name(node.name), tuple(example.shape),
+                ctx.values[node.name] = graph.input(graph.unique_name(node.name), _shape_of(node, example),
                                                     normalize(example.dtype, f"example_inputs[{user_index - 1}]"))
             else:
                 problems.append((node.name, kind, "input kind not supported"))
@@ -534,6 +592,13 @@ def from_torch(module, example_inputs: tuple, name: str | None = None) -> Graph:
     if problems:
         raise UnsupportedModelError(graph.name, problems)
     return graph
+
+
+def _shape_of(node, example) -> tuple:
+    """The shape of a user input as exported: ints, and the names of the symbolic sizes dynamic_shapes made."""
+    traced = node.meta.get("val")
+    shape = traced.shape if traced is not None and hasattr(traced, "shape") else example.shape
+    return tuple(int(d) if isinstance(d, int) or str(d).isdigit() else str(d) for d in shape)
 
 
 def _to_numpy(tensor) -> np.ndarray:

@@ -34,6 +34,7 @@ import numpy as np
 from .. import _native
 from .. import device as _device
 from ..dtypes import itemsize
+from ..ir import dims
 from ..ir.types import TensorType
 from . import _layout
 from ._base import Attr, Candidate, Input, OpDef, Problem, in_ptr, native_launch, out_ptr, register, stream_arg
@@ -165,14 +166,29 @@ def _infer_transpose(in_types, attrs):
 
 def _infer_reshape(in_types, attrs):
     (x,) = in_types
-    if x.is_concrete:
-        return [TensorType(reshape_shape(x.shape, attrs["shape"]), x.dtype)]
-    shape = _layout.int_tuple(attrs["shape"], "shape")
-    if any(extent < 0 for extent in shape):
-        raise ValueError(f"shape: a symbolic input shape {x.shape} needs a fully known target shape (no -1), got "
-                         f"{shape}")
+    shape = tuple(attrs["shape"])
+    if x.is_concrete and not any(isinstance(extent, str) for extent in shape):
+        return [TensorType(reshape_shape(x.shape, shape), x.dtype)]
+    # Symbolic dims (in the input or the target): a -1 is the quotient of the element counts as symbolic products
+    # (dims.quotient); a fully given target is taken as it is and checked when the plan binds the dims.
     _layout.check_rank(len(shape), "shape")
+    if any(isinstance(extent, int) and extent < -1 for extent in shape) or shape.count(-1) > 1:
+        raise ValueError(f"shape: expected extents >= 0, symbolic dims and at most one -1, got {shape}")
+    if -1 in shape:
+        try:
+            inferred = dims.quotient(dims.product(*x.shape), dims.product(*(d for d in shape if d != -1)))
+        except ValueError:
+            raise ValueError(f"shape: cannot reshape {tuple(x.shape)} into {shape}: the known dims do not divide "
+                             "the element count") from None
+        shape = tuple(inferred if extent == -1 else extent for extent in shape)
     return [TensorType(shape, x.dtype)]
+
+
+def _shape_check(value) -> str | None:
+    """Attr check of reshape's target: ints and symbolic dims (names or products, see ir/dims.py)."""
+    if all(_layout.is_int(item) or isinstance(item, str) for item in value):
+        return None
+    return "must hold only ints and symbolic dims"
 
 
 def _transpose_candidate(name, priority, description, always_works=False):
@@ -236,7 +252,8 @@ RESHAPE = register(OpDef(
     name="reshape",
     inputs=(Input("x"),),
     outputs=("y",),
-    attrs=(Attr("shape", tuple, check=_layout.ints_check, doc="the new shape; one entry may be -1"),),
+    attrs=(Attr("shape", tuple, check=_shape_check,
+                doc="the new shape: ints (one may be -1) and symbolic dims bound with the input's"),),
     infer=_infer_reshape,
     reference=lambda inputs, attrs: [reference_reshape(inputs[0], attrs["shape"])],
     reference_backward=lambda inputs, outputs, out_grads, attrs: [

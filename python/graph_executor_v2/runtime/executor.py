@@ -328,9 +328,11 @@ class ExecutorV2:
 
     def _build_plan(self, signature: Signature) -> Plan:
         graph = self.optimized_graph.clone()
+        bound: dict[str, int] = {}
         for value, (shape, dtype) in zip(graph.inputs, signature):
+            _bind(value.type.shape, shape, bound)
             value.type = TensorType(shape, dtype)
-        infer_shapes(graph)
+        infer_shapes(graph, bound)
 
         order = schedule(graph, self.stream_count)
         step_count = len(graph.nodes)

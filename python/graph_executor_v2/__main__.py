@@ -5,6 +5,7 @@
 ``new-op NAME [--inputs a,b] [--out-of-tree DIR]``: a new op (see scaffold.py).
 ``run-onnx MODEL``: an ONNX model imported, planned, run and checked against onnxruntime.
 ``onnx-conformance``: ONNX's own node tests of the op types GE2 claims.
+``zoo [--models ...] [--frontend onnx,torch] [--dtype ...] [--quick]``: real models against PyTorch (zoo/).
 
 ``demo`` builds the MLP the way a user writes it (matmul, add, activation), prints the graph before and after the passes
 and the plan, runs it on the GPU when there is one (else on the CPU backend), checks the result against float64
@@ -19,7 +20,7 @@ import time
 
 import numpy as np
 
-from . import ExecutorV2, device
+from . import ExecutorV2, device, zoo
 from .testing import assert_close, mlp, random_array
 
 
@@ -199,6 +200,7 @@ def main(argv=None) -> int:
                                                                       "claims: pass rate and failures")
     conformance_parser.add_argument("--gpu", action="store_true", help="run them on the GPU backend")
     conformance_parser.set_defaults(handler=onnx_conformance)
+    zoo.add_parser(commands)
     arguments = parser.parse_args(argv)
     return arguments.handler(arguments)
 

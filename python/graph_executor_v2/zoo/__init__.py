@@ -1,0 +1,180 @@
+"""The model zoo: real models (torchvision, small Hugging Face configs, random weights) through GE2's frontends,
+checked against PyTorch in float64 and timed against PyTorch eager and torch.compile on the GPU.
+
+``python -m graph_executor_v2 zoo [--models a,b] [--frontend onnx,torch] [--dtype float32,float16] [--quick]``
+runs every model in a process of its own (``zoo/worker.py``) under a time limit, so one model that fails, hangs or
+crashes costs only its own rows, and writes ``benchmarks/results/zoo.md`` (and ``zoo.json``). Each row is a (model,
+frontend, dtype): whether the import succeeded, the unsupported nodes with their reasons when not, GE2's max error
+and PyTorch's own in that dtype (both relative to the float64 result's largest value), whether GE2 is within 4x of
+PyTorch plus a floor (``worker.matches``), the GE2 / eager / torch.compile times and the nodes that fell back to a
+host round trip. The models need torch, torchvision and transformers (the GPU machine has them); where they are
+missing each row says so.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .models import MODELS
+
+FRONTENDS = ("onnx", "onnx-legacy", "torch")
+DTYPES = ("float32", "float16")
+QUICK_TIME_LIMIT_S = 60
+
+
+def _missing_package(family: str) -> str | None:
+    for package in ("torch", family):
+        if importlib.util.find_spec(package) is None:
+            return f"{package} is not installed"
+    return None
+
+
+def _run_model(name: str, frontends: list[str], dtypes: list[str], time_limit: float, compile_too: bool) -> list:
+    """The records of one model, from its worker process; a case the worker did not finish gets a record saying
+    why (the time limit, a crash with its last lines of output)."""
+    missing = _missing_package(MODELS[name].family)
+    expected = [(frontend, dtype) for dtype in dtypes for frontend in frontends]
+    if missing:
+        return [_failed(name, frontend, dtype, f"skipped: {missing}") for frontend, dtype in expected]
+    with tempfile.TemporaryDirectory() as directory:
+        out = Path(directory) / "records.jsonl"
+        command = [sys.executable, "-m", "graph_executor_v2.zoo.worker", name, "--frontends", ",".join(frontends),
+                   "--dtypes", ",".join(dtypes), "--out", str(out)] + ([] if compile_too else ["--no-compile"])
+        environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
+            str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")])))
+        why = None
+        try:
+            finished = subprocess.run(command, capture_output=True, text=True, timeout=time_limit, env=environment)
+            if finished.returncode != 0:
+                tail = " | ".join((finished.stderr or finished.stdout).strip().splitlines()[-3:])
+                why = f"worker exited with code {finished.returncode}: {tail[-400:]}"
+        except subprocess.TimeoutExpired:
+            why = f"time limit of {time_limit:.0f} s reached"
+        records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    done = {(r["frontend"], r["dtype"]) for r in records}
+    records += [_failed(name, frontend, dtype, why or "the worker wrote no record")
+                for frontend, dtype in expected if (frontend, dtype) not in done]
+    return records
+
+
+def _failed(model: str, frontend: str, dtype: str, why: str) -> dict:
+    return {"model": model, "frontend": frontend, "dtype": dtype, "imported": False, "problems": [], "error": why}
+
+
+def _number(value, digits: str) -> str:
+    return "" if value is None else format(value, digits)
+
+
+def format_markdown(records: list[dict], settings: str) -> str:
+    """The zoo table, the summary of matched pairs per dtype and every unsupported node with its reason."""
+    compiled = {(r["model"], r["dtype"]): r for r in records if r["frontend"] is None}
+    cases = [r for r in records if r["frontend"] is not None]
+    lines = ["# Model zoo", "", settings, "",
+             "Errors: max |y - y64| / max |y64| against PyTorch in float64; match: GE2's error <= 4 x PyTorch's own "
+             "in the same dtype + a floor (1e-5 float32, 1e-3 float16). Times: median ms on the GPU, GE2 with its "
+             "CUDA graph, PyTorch eager and torch.compile (default mode).", "",
+             "| model | frontend | dtype | import | GE2 error | PyTorch error | match | GE2 ms | eager ms | "
+             "compile ms | fallbacks | note |",
+             "| --- | --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |"]
+    for r in cases:
+        compile_record = compiled.get((r["model"], r["dtype"]), {})
+        note = r.get("error") or ""
+        if r["problems"]:
+            first = r["problems"][0]
+            note = f"{len(r['problems'])} unsupported node(s), first: {first[1]} ({first[2][:80]})"
+        if r.get("fallback_ops"):
+            note = (note + "; " if note else "") + "fallback: " + ", ".join(r["fallback_ops"])
+        match = {True: "yes", False: "**no**", None: ""}[r.get("match")]
+        lines.append(f"| {r['model']} | {r['frontend']} | {r['dtype']} | {'yes' if r['imported'] else '**no**'} | "
+                     f"{_number(r.get('ge2_error'), '.2e')} | {_number(r.get('torch_error'), '.2e')} | {match} | "
+                     f"{_number(r.get('ge2_ms'), '.3f')} | {_number(r.get('eager_ms'), '.3f')} | "
+                     f"{_number(compile_record.get('compile_ms'), '.3f')} | {_number(r.get('fallbacks'), 'd')} | "
+                     f"{note.replace('|', '/')} |")
+    lines += ["", "## Summary", ""]
+    for dtype in sorted({r["dtype"] for r in cases}):
+        rows = [r for r in cases if r["dtype"] == dtype]
+        imported = sum(r["imported"] for r in rows)
+        matched = sum(bool(r.get("match")) for r in rows)
+        lines.append(f"- {dtype}: {matched} of {len(rows)} (model, frontend) pairs import and match; {imported} "
+                     "import")
+    failures = [r for r in cases if r["problems"]]
+    if failures:
+        lines += ["", "## Unsupported nodes", ""]
+        for r in failures:
+            lines.append(f"- {r['model']} / {r['frontend']} / {r['dtype']}:")
+            lines += [f"  - `{node}` ({op}): {reason}" for node, op, reason in r["problems"][:25]]
+            if len(r["problems"]) > 25:
+                lines.append(f"  - ... and {len(r['problems']) - 25} more")
+    errors = [r for r in cases if r.get("traceback")]
+    if errors:
+        lines += ["", "## Errors after import", ""]
+        for r in errors:
+            lines += [f"- {r['model']} / {r['frontend']} / {r['dtype']}:", "```", r["traceback"].strip(), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def _names(text: str | None, allowed, what: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in allowed]
+    if unknown:
+        raise ValueError(f"--{what}: unknown {', '.join(unknown)}; expected among {', '.join(allowed)}")
+    return names
+
+
+def main(arguments) -> int:
+    """The ``zoo`` command (arguments from ``__main__``)."""
+    try:
+        if arguments.models:
+            models = _names(arguments.models, list(MODELS), "models")
+        else:
+            models = [name for name, spec in MODELS.items() if spec.quick or not arguments.quick]
+        frontends = _names(arguments.frontend, FRONTENDS, "frontend")
+        dtypes = _names(arguments.dtype or ("float32" if arguments.quick else ",".join(DTYPES)), DTYPES, "dtype")
+    except ValueError as error:
+        print(f"zoo: {error}", file=sys.stderr)
+        return 2
+    time_limit = arguments.time_limit or (QUICK_TIME_LIMIT_S if arguments.quick else 300)
+    compile_too = not (arguments.no_compile or arguments.quick)
+    records = []
+    started = time.perf_counter()
+    for name in models:
+        model_records = _run_model(name, frontends, dtypes, time_limit, compile_too)
+        records += model_records
+        for r in model_records:
+            if r["frontend"] is not None:
+                verdict = ("match" if r.get("match") else "MISMATCH" if r.get("match") is False else
+                           f"{len(r['problems'])} unsupported node(s)" if r["problems"] else r.get("error"))
+                print(f"{name:30s} {r['frontend']:12s} {r['dtype']:8s} {verdict}", flush=True)
+    settings = (f"Models: {', '.join(models)}; frontends: {', '.join(frontends)}; dtypes: {', '.join(dtypes)}; batch "
+                f"2; time limit {time_limit:.0f} s per model; torch.compile {'timed' if compile_too else 'not timed'}; "
+                f"total {time.perf_counter() - started:.0f} s.")
+    markdown = format_markdown(records, settings)
+    out = Path(arguments.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(markdown)
+    out.with_suffix(".json").write_text(json.dumps(records, indent=1) + "\n")
+    print(f"\nwrote {out} and {out.with_suffix('.json')}")
+    return 0
+
+
+def add_parser(commands) -> None:
+    """The ``zoo`` subcommand of ``python -m graph_executor_v2``."""
+    parser = commands.add_parser("zoo", help="real models (torchvision, Hugging Face) through GE2's frontends, "
+                                             "checked against PyTorch float64 and timed")
+    parser.add_argument("--models", help=f"comma-separated, among: {', '.join(MODELS)} (default: all)")
+    parser.add_argument("--frontend", default="onnx,torch", help=f"among {', '.join(FRONTENDS)} (default: "
+                                                                 "onnx,torch)")
+    parser.add_argument("--dtype", help="float32,float16 (default: both; float32 with --quick)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"the models marked quick ({', '.join(n for n, s in MODELS.items() if s.quick)}), "
+                             f"float32, no torch.compile, {QUICK_TIME_LIMIT_S} s per model: a few minutes on an H200")
+    parser.add_argument("--no-compile", action="store_true", help="do not time torch.compile")
+    parser.add_argument("--time-limit", type=float, help="seconds per model (default: 300; 60 with --quick)")
+    parser.add_argument("--out", default="benchmarks/results/zoo.md", help="the markdown file (JSON next to it)")
+    parser.set_defaults(handler=main)

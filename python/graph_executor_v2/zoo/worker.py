@@ -1,0 +1,184 @@
+"""One model of the zoo in its own process: ``python -m graph_executor_v2.zoo.worker MODEL --frontends ...
+--dtypes ... --out FILE``. Every (frontend, dtype) case appends one JSON line to FILE as soon as it is known, and
+torch.compile's time per dtype comes last, so a crash or the parent's time limit loses only the step under way.
+
+A case: the model in float64 on the GPU (the reference), PyTorch in the dtype under test (its own error against the
+reference), the model imported into GE2 (``frontend``: "onnx" = torch.onnx.export's default dynamo exporter,
+"onnx-legacy" = its TorchScript exporter, "torch" = ``frontend.torch.from_torch``), planned and run on the GPU,
+its error, and the times: GE2, PyTorch eager, torch.compile.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from .models import MODELS
+
+# GE2's error may be 4x PyTorch's own against float64, plus this floor (relative to the output's largest value).
+ERROR_FACTOR = 4.0
+ERROR_FLOOR = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2}
+
+
+def relative_error(result, reference: np.ndarray) -> float:
+    """max |result - reference| / max |reference|; NaN anywhere (or a shape mismatch) is infinite."""
+    result = np.asarray(result, np.float64)
+    if result.shape != reference.shape:
+        return float("inf")
+    difference = np.abs(result - reference)
+    if not np.all(np.isfinite(difference)):
+        return float("inf")
+    return float(difference.max(initial=0.0) / max(float(np.abs(reference).max(initial=0.0)), 1e-30))
+
+
+def matches(ge2_error: float, torch_error: float, dtype: str) -> bool:
+    return ge2_error <= ERROR_FACTOR * torch_error + ERROR_FLOOR[dtype]
+
+
+def _median_cuda_ms(torch, function, warmup: int = 3, repetitions: int = 20) -> float:
+    for _ in range(warmup):
+        function()
+    times = []
+    for _ in range(repetitions):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        function()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _as_numpy(torch, tensor) -> np.ndarray:
+    if isinstance(tensor, torch.Tensor):
+        return tensor.detach().to("cpu", torch.float64).numpy()
+    return np.asarray(tensor, np.float64)
+
+
+def _import(torch, frontend: str, module, inputs, directory: str):
+    """The GE2 graph of ``module`` on ``inputs`` (both on the GPU, in the dtype under test)."""
+    if frontend == "torch":
+        from ..frontend.torch import from_torch
+
+        return from_torch(module, inputs)
+    from ..frontend import onnx as onnx_frontend
+
+    path = str(Path(directory) / "model.onnx")
+    names = [f"input{index}" for index in range(len(inputs))]
+    if frontend == "onnx":
+        torch.onnx.export(module, inputs, path, input_names=names, output_names=["y"], dynamo=True)
+    else:
+        torch.onnx.export(module, inputs, path, input_names=names, output_names=["y"], dynamo=False, opset_version=17)
+    return onnx_frontend.load(path)
+
+
+def _on_gpu(torch, master, inputs, dtype: str):
+    """(module, inputs) on the GPU in ``dtype`` (integer inputs, token ids and masks, stay as they are)."""
+    torch_dtype = getattr(torch, dtype)
+    module = copy.deepcopy(master).to("cuda", torch_dtype)
+    return module, tuple(x.to("cuda", torch_dtype) if x.is_floating_point() else x.to("cuda") for x in inputs)
+
+
+def run_case(torch, model_name: str, frontend: str, dtype: str, master, inputs, reference: np.ndarray) -> dict:
+    """One (model, frontend, dtype) case: what it found, as a record."""
+    from .. import ExecutorV2
+    from ..frontend import UnsupportedModelError
+
+    record = {"model": model_name, "frontend": frontend, "dtype": dtype, "imported": False, "problems": [],
+              "error": None}
+    started = time.perf_counter()
+    module, device_inputs = _on_gpu(torch, master, inputs, dtype)
+    try:
+        with torch.no_grad():
+            eager = module(*device_inputs)
+            record["torch_error"] = relative_error(_as_numpy(torch, eager), reference)
+            with tempfile.TemporaryDirectory() as directory:
+                graph = _import(torch, frontend, module, device_inputs, directory)
+            record["imported"] = True
+            record["nodes"] = len(graph.nodes)
+            executor = ExecutorV2(graph, device="cuda")
+            feeds = {value.name: x for value, x in zip(graph.inputs, device_inputs)}
+            output_name = next(iter(graph.outputs))
+            result = executor.run(feeds)[output_name]
+            record["ge2_error"] = relative_error(_as_numpy(torch, result), reference)
+            record["match"] = matches(record["ge2_error"], record["torch_error"], dtype)
+            fallbacks = executor.fallbacks
+            record["fallbacks"] = len(fallbacks)
+            record["fallback_ops"] = sorted({selection.op for selection in fallbacks})
+            record["ge2_ms"] = _median_cuda_ms(torch, lambda: executor.run(feeds))
+            record["eager_ms"] = _median_cuda_ms(torch, lambda: module(*device_inputs))
+    except UnsupportedModelError as error:
+        record["problems"] = [list(problem) for problem in error.problems]
+    except Exception as error:  # noqa: BLE001 - any failure of one case is reported, the next case still runs
+        record["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+        record["traceback"] = traceback.format_exc(limit=6)[-2000:]
+    record["seconds"] = round(time.perf_counter() - started, 1)
+    return record
+
+
+def time_compiled(torch, model_name: str, dtype: str, master, inputs) -> dict:
+    """torch.compile's time for the model in ``dtype`` (one record, shared by the frontends' rows)."""
+    record = {"model": model_name, "frontend": None, "dtype": dtype}
+    started = time.perf_counter()
+    module, device_inputs = _on_gpu(torch, master, inputs, dtype)
+    try:
+        compiled = torch.compile(module)
+        with torch.no_grad():
+            record["compile_ms"] = _median_cuda_ms(torch, lambda: compiled(*device_inputs))
+    except Exception as error:  # noqa: BLE001 - reported in the table, the other cases are unaffected
+        record["compile_error"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+    record["seconds"] = round(time.perf_counter() - started, 1)
+    return record
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m graph_executor_v2.zoo.worker")
+    parser.add_argument("model", choices=sorted(MODELS))
+    parser.add_argument("--frontends", default="onnx,torch")
+    parser.add_argument("--dtypes", default="float32,float16")
+    parser.add_argument("--out", required=True, help="JSON lines file to append the records to")
+    parser.add_argument("--no-compile", action="store_true")
+    arguments = parser.parse_args(argv)
+    out = Path(arguments.out)
+
+    def emit(record):
+        with out.open("a") as stream:
+            stream.write(json.dumps(record) + "\n")
+
+    import torch
+
+    if not torch.cuda.is_available():
+        for dtype in arguments.dtypes.split(","):
+            for frontend in arguments.frontends.split(","):
+                emit({"model": arguments.model, "frontend": frontend, "dtype": dtype, "imported": False,
+                      "problems": [], "error": "skipped: no CUDA GPU"})
+        return 0
+    torch.backends.cuda.matmul.allow_tf32 = False  # PyTorch's error measured in strict float32
+    torch.backends.cudnn.allow_tf32 = False
+    master, inputs = MODELS[arguments.model].build(torch)
+    with torch.no_grad():
+        reference_module = copy.deepcopy(master).to("cuda", torch.float64)
+        reference_inputs = tuple(x.to("cuda", torch.float64) if x.is_floating_point() else x.to("cuda")
+                                 for x in inputs)
+        reference = _as_numpy(torch, reference_module(*reference_inputs))
+        del reference_module
+    for dtype in arguments.dtypes.split(","):
+        for frontend in arguments.frontends.split(","):
+            emit(run_case(torch, arguments.model, frontend, dtype, master, inputs, reference))
+            torch.cuda.empty_cache()
+    if not arguments.no_compile:  # last: the slowest step, and the one a time limit may cut
+        for dtype in arguments.dtypes.split(","):
+            emit(time_compiled(torch, arguments.model, dtype, master, inputs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -33,6 +33,26 @@ CASES = [
     ("bias_add", "bias_add", lambda r: [_normal(r, (2, 3, 5)), _normal(r, (5,))], {}),
     *[(op, op, lambda r: [_away_from_zero(r, (3, 7))], {})
       for op in ("relu", "gelu", "gelu_erf", "silu", "sigmoid", "tanh", "exp", "neg")],
+    *[(op, op, lambda r: [_away_from_zero(r, (3, 7))], {})
+      for op in ("abs", "sign", "exp2", "expm1", "sin", "cos", "erf", "floor", "ceil", "round", "trunc", "softplus",
+                 "mish", "leaky_relu", "elu")],
+    *[(op, op, lambda r: [np.abs(_normal(r, (3, 7))) + np.float32(0.3)], {})
+      for op in ("log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal")],
+    ("softplus_beta", "softplus", lambda r: [_normal(r, (4, 5), 3.0)], {"beta": 2.0, "threshold": 3.0}),
+    ("hardswish", "hardswish", lambda r: [_away_from_zero(r, (4, 5), 0.1) * np.float32(2.5)], {}),
+    ("hardsigmoid_onnx", "hardsigmoid", lambda r: [_away_from_zero(r, (4, 5), 0.1) * np.float32(2.5)],
+     {"alpha": 0.2, "beta": 0.5}),
+    ("clip", "clip", lambda r: [np.round(_normal(r, (4, 6)) * 4) / 4 + np.float32(0.125)], {"min": -0.5, "max": 1.0}),
+    ("clip_min_only", "clip", lambda r: [_away_from_zero(r, (4, 6))], {"min": 0.0}),
+    ("pow_broadcast", "pow", lambda r: [np.abs(_normal(r, (3, 4))) + np.float32(0.5), _normal(r, (4,))], {}),
+    ("mod_python", "mod", lambda r: [_away_from_zero(r, (3, 4)) * np.float32(0.3), np.abs(_normal(r, (3, 1)))
+                                    + np.float32(1.5)], {}),
+    ("mod_fmod", "mod", lambda r: [_away_from_zero(r, (3, 4)), -np.abs(_normal(r, (4,))) - np.float32(1.5)],
+     {"fmod": True}),
+    ("minimum", "minimum", lambda r: [_normal(r, (3, 4)), _normal(r, (2, 1, 4))], {}),
+    ("maximum", "maximum", lambda r: [_normal(r, (3, 4)), _normal(r, (3, 1))], {}),
+    ("where_broadcast", "where", lambda r: [r.standard_normal((3, 1)) > 0, _normal(r, (3, 4)), _normal(r, (4,))],
+     {}),
     ("gemm_bias_relu", "gemm", lambda r: [_normal(r, (5, 4)), _normal(r, (4, 3)), _normal(r, (3,)), None],
      {"act": "relu"}),
     ("gemm_trans_gelu", "gemm", lambda r: [_normal(r, (4, 5)), _normal(r, (3, 4)), _normal(r, (3,)), None],

@@ -95,7 +95,7 @@ def test_every_scalar_rule_compiles_with_nvrtc():
         kernels.append(f'extern "C" __global__ void k{index}({signature}, {out_ctype}* out) {{\n'
                        f"  *out = ({out_ctype})({body});\n}}\n")
         owners.append(f"{name} {attrs} in {ctype}")
-    assert len(owners) >= 20, "the pointwise ops should have scalar rules"
+    assert len(owners) > 200, "the pointwise ops should have scalar rules"
     source = "".join(kernels)
     log = _compile(source)
     lines = source.splitlines()

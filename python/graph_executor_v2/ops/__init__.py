@@ -16,6 +16,7 @@ from . import layernorm, rmsnorm
 from . import cross_entropy, dropout, embedding
 from . import reduce, softmax
 from . import cast
+from . import pointwise
 from . import optimizer
 from . import attention
 from . import batch_norm, pool2d
@@ -27,7 +28,7 @@ globals().update({name: face for name, face in FACES.items() if name not in glob
 from ._grad import BACKWARD_OPS
 
 # Every op has a face except the backward ops (ops/_grad.py, BACKWARD_OPS).
-__all__ = ["OPS", "FACES", "BACKWARD_OPS", "Attr", "Candidate", "Face", "Input", "OpDef", "Problem",
+__all__ = ["OPS", "FACES", "BACKWARD_OPS", "Attr", "Candidate", "Face", "Input", "OpDef", "Problem", "pointwise",
            "add_candidate", "register", "remove_candidate", "native_launch", "in_ptr", "in_ptrs", "out_ptr",
            "out_ptrs", "stream_arg", "elementwise", "reduce", "optimizer", "pool2d"]
 __all__ += sorted(set(OPS) - BACKWARD_OPS)

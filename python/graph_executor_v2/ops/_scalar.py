@@ -41,14 +41,16 @@ def literal(value: float | int | bool, ctype: str) -> str:
 
 
 def expression(body: str, params: Sequence[str], args: Sequence[str], ctype: str) -> str:
-    """``body`` (a C++ expression over ``params``) applied to the argument expressions ``args`` of type
-    ``ctype``."""
+    """``body`` (a C++ expression over ``params``, or a block ``{ ... return ...; }`` where the math needs
+    statements) applied to the argument expressions ``args`` of type ``ctype``."""
     if len(params) != len(args):
         raise ValueError(f"args: expected {len(params)} argument expression(s) ({', '.join(params)}), got {len(args)}")
+    signature = ", ".join(f"{ctype} {p}" for p in params)
+    if body.startswith("{"):
+        return f"([]({signature}) {body}({', '.join(args)}))"
     pattern = re.compile(r"\b(" + "|".join(map(re.escape, params)) + r")\b")
     uses = pattern.findall(body)
     if all(uses.count(p) <= 1 for p in params):  # one pass, so an argument's own text is never substituted
         by_name = dict(zip(params, args))
         return "(" + pattern.sub(lambda match: f"({by_name[match.group(1)]})", body) + ")"
-    signature = ", ".join(f"{ctype} {p}" for p in params)
     return f"([]({signature}) {{ return {body}; }}({', '.join(args)}))"

@@ -5,9 +5,9 @@
 #     (kernels/*.cpp too: host-only code around a library, compiled as C++, e.g. conv2d's cuDNN graph candidate)
 #     (one folder may serve several ops: row_norm builds layernorm and rmsnorm; GE2_OP_NAME tells them apart)
 #   <BINDING>                                                            default: src/bindings/<op>_pybind.cpp
-# (relative paths are taken from the calling project's source directory), with GE2's shim headers (_common) and
-# binding helpers on the include path, linked against the shared CUDA runtime (so streams and graph capture are
-# shared across modules) plus the listed libraries.
+# (relative paths are taken from the calling project's source directory), with GE2's shim headers (_common), the
+# kernels op folders share and the binding helpers on the include path, linked against the shared CUDA runtime (so
+# streams and graph capture are shared across modules) plus the listed libraries.
 #
 # The module belongs to the Python package PACKAGE (default graph_executor_v2): a wheel built by scikit-build-core
 # installs it into <PACKAGE>/, a plain CMake build writes it to OUTPUT_DIR (default python/<PACKAGE>) so that
@@ -17,13 +17,16 @@
 # GE2_ONLY_OPS (a list, empty = all) builds a subset, e.g. -DGE2_ONLY_OPS="gemm;softmax" while working on one op.
 
 # Where the shim headers are: next to this file in an installed package (<pkg>/cmake, <pkg>/include), in the
-# repository otherwise (cmake/, backends/cuda/ops/_common, src/bindings/common).
+# repository otherwise (cmake/, backends/cuda/ops/_common, src/bindings/common). Kernels that several op folders
+# share (the strided copy) are in backends/cuda/kernels (<pkg>/include/kernels installed), apart from the shims.
 if(EXISTS "${CMAKE_CURRENT_LIST_DIR}/../include/_common/status.hpp")
   get_filename_component(GE2_COMMON_INCLUDE_DIR "${CMAKE_CURRENT_LIST_DIR}/../include/_common" ABSOLUTE)
   get_filename_component(GE2_BINDING_INCLUDE_DIR "${CMAKE_CURRENT_LIST_DIR}/../include/bindings_common" ABSOLUTE)
+  get_filename_component(GE2_SHARED_KERNELS_INCLUDE_DIR "${CMAKE_CURRENT_LIST_DIR}/../include/kernels" ABSOLUTE)
 else()
   get_filename_component(GE2_COMMON_INCLUDE_DIR "${CMAKE_CURRENT_LIST_DIR}/../backends/cuda/ops/_common" ABSOLUTE)
   get_filename_component(GE2_BINDING_INCLUDE_DIR "${CMAKE_CURRENT_LIST_DIR}/../src/bindings/common" ABSOLUTE)
+  get_filename_component(GE2_SHARED_KERNELS_INCLUDE_DIR "${CMAKE_CURRENT_LIST_DIR}/../backends/cuda/kernels" ABSOLUTE)
 endif()
 
 function(add_standalone_op op)
@@ -55,7 +58,8 @@ function(add_standalone_op op)
 
   set(target _ops_${op})
   pybind11_add_module(${target} MODULE ${sources})
-  target_include_directories(${target} PRIVATE "${GE2_COMMON_INCLUDE_DIR}" "${op_dir}" "${GE2_BINDING_INCLUDE_DIR}")
+  target_include_directories(${target} PRIVATE "${GE2_COMMON_INCLUDE_DIR}" "${op_dir}" "${GE2_BINDING_INCLUDE_DIR}"
+    "${GE2_SHARED_KERNELS_INCLUDE_DIR}")
   target_link_libraries(${target} PRIVATE CUDA::cudart ${ARG_LIBS})
   target_compile_definitions(${target} PRIVATE GE2_OP_NAME="${op}")
   ge2_finish_module(${target} PACKAGE "${ARG_PACKAGE}" OUTPUT_DIR "${ARG_OUTPUT_DIR}")

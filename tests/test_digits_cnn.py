@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import graph_executor_v2 as ge2
-from graph_executor_v2.train import digits
+from graph_executor_v2.apps import digits
 
 
 def test_digits_cnn_reaches_97_percent_on_the_cpu():

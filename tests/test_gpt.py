@@ -307,7 +307,7 @@ def test_train_gpt_cli_rejects_a_bad_config(capsys):
 def test_train_gpt_config_defaults_and_flags():
     import argparse
 
-    from graph_executor_v2.train.gpt import CPU_DEFAULTS, GPU_DEFAULTS, run_config
+    from graph_executor_v2.apps.gpt import CPU_DEFAULTS, GPU_DEFAULTS, run_config
 
     assert (GPU_DEFAULTS.layers, GPU_DEFAULTS.heads, GPU_DEFAULTS.width, GPU_DEFAULTS.context) == (4, 4, 256, 128)
     assert GPU_DEFAULTS.amp == "bfloat16" and CPU_DEFAULTS.amp is None
@@ -385,7 +385,7 @@ def test_join_slice_gradients_only_when_the_slices_tile_the_axis(rng, spans, joi
 def test_train_gpt_on_the_gpu_captures_the_step_and_learns():
     from dataclasses import replace
 
-    from graph_executor_v2.train.gpt import GPU_DEFAULTS, train_gpt
+    from graph_executor_v2.apps.gpt import GPU_DEFAULTS, train_gpt
 
     run = replace(GPU_DEFAULTS, layers=2, width=128, context=64, batch_size=32, steps=150, warmup_steps=15,
                   eval_every=75, eval_batches=2)

@@ -304,7 +304,7 @@ def test_bad_use_raises_naming_the_problem(rng, tmp_path):
 
 def test_train_digits_reaches_the_required_accuracy_on_the_cpu():
     pytest.importorskip("sklearn")
-    from graph_executor_v2.train import digits
+    from graph_executor_v2.apps import digits
 
     result = digits.train_digits(device="cpu", plot=None, progress=False)
     assert result["accuracy"] >= digits.REQUIRED_ACCURACY

@@ -1,7 +1,7 @@
 """``python -m graph_executor_v2 <command>``:
 ``demo``: an MLP through ExecutorV2, end to end (below).
-``train-digits``: the training job (``train/digits.py``).
-``train-gpt``: a small GPT trained on the Python standard library's source (``train/gpt.py``).
+``train-digits``: the training job (``apps/digits.py``).
+``train-gpt``: a small GPT trained on the Python standard library's source (``apps/gpt.py``).
 ``new-op NAME [--inputs a,b] [--out-of-tree DIR]``: a new op (see scaffold.py).
 ``run-onnx MODEL``: an ONNX model imported, planned, run and checked against onnxruntime.
 ``onnx-conformance``: ONNX's own node tests of the op types GE2 claims.
@@ -206,13 +206,13 @@ def main(argv=None) -> int:
 
 
 def train_digits(arguments) -> int:
-    from .train import digits
+    from .apps import digits
 
     return digits.main(arguments)
 
 
 def train_gpt(arguments) -> int:
-    from .train import gpt
+    from .apps import gpt
 
     return gpt.main(arguments)
 

@@ -18,7 +18,9 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ..dtypes import normalize
-from ..ops._base import OPS, REQUIRED, OpDef
+from .printer import format_graph
+from .schema import OPS, REQUIRED, OpDef
+from .serialize import fill_graph, graph_to_json, read_document
 from .types import TensorType
 
 
@@ -86,6 +88,7 @@ class Graph:
         self._value_names: set[str] = set()
         self._node_names: set[str] = set()
         self._insert_at: Node | None = None  # new nodes go before this one; None appends
+        self._built: list[Node] | None = None  # the nodes built inside the innermost inserting_before block
         self._next_index: dict[str, int] = {}  # op -> next number for generated node names
 
     # --- sources and sinks ----------------------------------------------------------------------------------------
@@ -158,6 +161,7 @@ class Graph:
             self.nodes.append(node)
         else:
             self.nodes.insert(self.nodes.index(self._insert_at), node)
+            self._built.append(node)
         return node
 
     def __getattr__(self, op: str):
@@ -199,13 +203,17 @@ class Graph:
         self._value_names.discard(value.name)
 
     @contextlib.contextmanager
-    def inserting_before(self, node: Node) -> Iterator[None]:
-        """Nodes built inside the block go right before ``node``, keeping the order topological."""
+    def inserting_before(self, node: Node) -> Iterator[list[Node]]:
+        """Nodes built inside the block go right before ``node``, keeping the order topological; the block gets the
+        list of the nodes it built (a pass keeping its own index of users updates it from there)."""
         previous, self._insert_at = self._insert_at, node
+        previous_built, self._built = self._built, []
         try:
-            yield
+            yield self._built
         finally:
-            self._insert_at = previous
+            if previous_built is not None:
+                previous_built.extend(self._built)
+            self._insert_at, self._built = previous, previous_built
 
     def clone(self) -> "Graph":
         """A structural copy with new Values and Nodes (parameter arrays are shared; they are read-only)."""
@@ -236,20 +244,17 @@ class Graph:
 
     # --- text and JSON (implemented in printer.py and serialize.py) ----------------------------------------------
     def __str__(self) -> str:
-        from .printer import format_graph
-
         return format_graph(self)
 
     def to_json(self) -> str:
-        from .serialize import graph_to_json
-
         return graph_to_json(self)
 
     @staticmethod
     def from_json(text: str) -> "Graph":
-        from .serialize import graph_from_json
-
-        return graph_from_json(text)
+        document = read_document(text)
+        graph = Graph(document["name"])
+        fill_graph(graph, document)
+        return graph
 
     def save(self, path) -> None:
         with open(path, "w", encoding="utf-8") as file:

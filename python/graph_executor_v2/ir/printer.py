@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 
-from ..ops._base import OPS
-from .graph import Graph, Node
+from .schema import OPS
 
 
-def format_graph(graph: Graph) -> str:
+def format_graph(graph) -> str:
+    """The text of a ``Graph`` (this module formats; graph.py owns the type, so it imports nothing of it)."""
     signature = ", ".join(repr(value) for value in graph.inputs)
     lines = [f"graph {graph.name}({signature}) {{"]
     lines += [f"  {value!r} = param" for value in graph.params.values()]
@@ -26,7 +26,7 @@ def format_graph(graph: Graph) -> str:
     return "\n".join(lines)
 
 
-def format_node(node: Node) -> str:
+def format_node(node) -> str:
     results = ", ".join(repr(value) for value in node.outputs)
     arguments = ", ".join("_" if value is None else f"%{value.name}" for value in node.inputs)
     defaults = {attr.name: attr.default for attr in OPS[node.op].attrs} if node.op in OPS else {}

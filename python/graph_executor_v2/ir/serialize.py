@@ -13,13 +13,12 @@ import json
 import numpy as np
 
 from ..dtypes import to_numpy
-from .graph import Graph
 
 FORMAT = "graph_executor_v2.graph"
 VERSION = 1
 
 
-def graph_to_json(graph: Graph) -> str:
+def graph_to_json(graph) -> str:
     document = {
         "format": FORMAT,
         "version": VERSION,
@@ -35,12 +34,18 @@ def graph_to_json(graph: Graph) -> str:
     return json.dumps(document, indent=1)
 
 
-def graph_from_json(text: str) -> Graph:
+def read_document(text: str) -> dict:
+    """The JSON document of a saved graph, its format and version checked."""
     document = json.loads(text)
     if document.get("format") != FORMAT or document.get("version") != VERSION:
         raise ValueError(f"not a graph_executor_v2 graph of version {VERSION}: format={document.get('format')!r}, "
                          f"version={document.get('version')!r}")
-    graph = Graph(document["name"])
+    return document
+
+
+def fill_graph(graph, document: dict) -> None:
+    """Rebuilds the document's inputs, parameters, nodes and outputs in the empty ``graph`` (``Graph.from_json``
+    makes it: graph.py owns the type, this module only reads and writes its JSON form)."""
     values = {}
     for entry in document["inputs"]:
         values[entry["name"]] = graph.input(entry["name"], entry["shape"], entry["dtype"])
@@ -59,4 +64,3 @@ def graph_from_json(text: str) -> Graph:
         if entry["value"] not in values:
             raise ValueError(f"output '{entry['name']}': value '{entry['value']}' is not defined")
         graph.output(values[entry["value"]], entry["name"])
-    return graph

@@ -5,7 +5,7 @@ executor compiles, and after every pass when the pass manager is asked to verify
 """
 from __future__ import annotations
 
-from ..ops._base import OPS
+from .schema import OPS
 from .graph import Graph, Value, check_arity, infer_types, input_names
 
 

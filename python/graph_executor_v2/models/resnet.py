@@ -8,7 +8,7 @@ norms on batch statistics with their running-statistic updates as outputs; eval 
 from __future__ import annotations
 
 from .. import nn
-from ..train.losses import cross_entropy
+from ..nn.losses import cross_entropy
 
 
 class BasicBlock(nn.Module):

@@ -20,7 +20,8 @@ import numpy as np
 from ..dtypes import normalize, to_numpy
 from ..ir.graph import Graph, Value
 from ..ops import _layout
-from ..train.trainer import BUFFER_UPDATE_PREFIX
+
+BUFFER_UPDATE_PREFIX = "update/"  # graph output "update/<param>": the param's value for the next step (a buffer)
 
 _generator = np.random.default_rng(0)
 

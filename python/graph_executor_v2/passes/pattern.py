@@ -101,18 +101,24 @@ class Rewrite:
 
 
 def rewrite(graph: Graph, rules: Sequence[Rule]) -> list[Rewrite]:
-    """Applies ``rules`` to a fixed point, in place; returns one note per rewrite."""
+    """Applies ``rules`` to a fixed point, in place; returns one note per rewrite.
+
+    Rules are indexed by their root op, and the users of every value are computed once and then kept up to date by
+    each rewrite (the nodes it builds, the uses it moves, the nodes it removes), so a sweep costs the size of the
+    graph, not its square. A rule's function only builds nodes (``graph.<op>(...)``); the rewrite does the rest."""
     by_op: dict[str, list[Rule]] = {}
     for rule in rules:
         pat = rule[0]
         for op in (pat.op,) if isinstance(pat.op, str) else pat.op:
             by_op.setdefault(op, []).append(rule)
     notes: list[Rewrite] = []
+    users = graph.users()
+    removed: set[Node] = set()
     for _ in range(MAX_SWEEPS):
         fired = False
         for node in list(graph.nodes):
-            if node in graph.nodes and node.op in by_op:
-                note = _rewrite_node(graph, node, by_op[node.op])
+            if node not in removed and node.op in by_op:
+                note = _rewrite_node(graph, users, removed, node, by_op[node.op])
                 if note:
                     notes.append(note)
                     fired = True
@@ -121,30 +127,56 @@ def rewrite(graph: Graph, rules: Sequence[Rule]) -> list[Rewrite]:
     raise RuntimeError(f"rewrite rules did not converge after {MAX_SWEEPS} sweeps; last rewrites: {notes[-3:]}")
 
 
-def _rewrite_node(graph: Graph, root: Node, rules: Sequence[Rule]) -> Rewrite | None:
-    context = _Context(graph, graph.users(), root)
+def _rewrite_node(graph: Graph, users: dict[Value, list[Node]], removed: set[Node], root: Node,
+                  rules: Sequence[Rule]) -> Rewrite | None:
+    context = _Context(graph, users, root)
     for pat, build in rules:
         for bindings, matched in _matches(pat, root.outputs[0], context, {}, ()):
-            existing = set(graph.nodes)
-            with graph.inserting_before(root):
+            with graph.inserting_before(root) as added:
                 replacement = build(graph, **bindings)
             if replacement is None:
+                for node in added:  # a rule that built nodes and then declined: they read nothing now
+                    graph.remove_node(node)
                 continue
-            added = [node for node in graph.nodes if node not in existing]
             for node in added:
                 node.device = root.device  # a rewrite never moves work to another device
-            graph.replace_uses(root.outputs[0], replacement)
-            removed = remove_unused(graph, matched)
-            return Rewrite(build.__name__, removed, tuple(n.name for n in added) or (replacement.name,))
+                for value in node.inputs:
+                    if value is not None:
+                        users.setdefault(value, []).append(node)
+            _replace_uses(graph, users, root.outputs[0], replacement)
+            gone = remove_unused(graph, matched, users)
+            removed.update(node for node in matched if node.name in gone)
+            return Rewrite(build.__name__, gone, tuple(n.name for n in added) or (replacement.name,))
     return None
 
 
-def remove_unused(graph: Graph, candidates: Sequence[Node]) -> tuple[str, ...]:
-    """Deletes the nodes of ``candidates`` whose outputs nothing reads, consumers first; returns their names."""
-    removed = []
-    for node in sorted(set(candidates), key=graph.nodes.index, reverse=True):
-        users = graph.users()
-        if not any(users.get(v) or graph.is_output(v) for v in node.outputs):
+def _replace_uses(graph: Graph, users: dict[Value, list[Node]], old: Value, new: Value) -> None:
+    """``graph.replace_uses`` through the users index: only the readers of ``old`` are visited."""
+    readers = users.pop(old, [])
+    for node in dict.fromkeys(readers):
+        node.inputs = [new if v is old else v for v in node.inputs]
+    users.setdefault(new, []).extend(readers)
+    graph.outputs = {name: new if v is old else v for name, v in graph.outputs.items()}
+
+
+def remove_unused(graph: Graph, candidates: Sequence[Node], users: dict[Value, list[Node]] | None = None
+                  ) -> tuple[str, ...]:
+    """Deletes the nodes of ``candidates`` whose outputs nothing reads, consumers first; returns their names in
+    graph order. ``users`` (kept up to date) saves recomputing them."""
+    users = graph.users() if users is None else users
+    pending, removed = list(dict.fromkeys(candidates)), []
+    position = {node: graph.nodes.index(node) for node in pending}
+    progress = True
+    while progress:  # a node becomes unused once its readers among the candidates are gone
+        progress = False
+        for node in list(pending):
+            if any(users.get(v) or graph.is_output(v) for v in node.outputs):
+                continue
             graph.remove_node(node)
-            removed.append(node.name)
-    return tuple(removed[::-1])
+            for value in node.inputs:
+                if value is not None and node in users.get(value, ()):
+                    users[value].remove(node)
+            pending.remove(node)
+            removed.append(node)
+            progress = True
+    return tuple(node.name for node in sorted(removed, key=position.get))

@@ -30,7 +30,7 @@ from ..dtypes import itemsize
 from ..ir.graph import Graph
 from ..ir.types import TensorType
 from ..ir.verify import verify as verify_graph
-from ..ops._base import Problem
+from ..ir.schema import Problem
 from ..passes import Pass, PassManager, PassRecord, infer_shapes, resolve
 from .autotune import AutotuneCache
 from .backends import backend_for

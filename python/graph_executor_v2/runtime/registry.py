@@ -22,7 +22,7 @@ from typing import Callable
 from .. import _native
 from .. import device as _device
 from ..ir.graph import Node
-from ..ops._base import OPS, Candidate, Launch, Problem
+from ..ir.schema import OPS, Candidate, Launch, Problem
 from .autotune import AutotuneCache
 from .backends.cuda import HOST_FALLBACK, host_fallback_candidate
 from .backends.reference import reference_candidate

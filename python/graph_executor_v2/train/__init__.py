@@ -1,5 +1,5 @@
 """Training: ``Trainer`` (compile once, train many), optimizers and learning-rate schedules, loss builders."""
-from .losses import cross_entropy, mse
+from ..nn.losses import cross_entropy, mse
 from .optimizers import SGD, Adam, AdamW, Constant, Cosine, DynamicLossScale, LinearWarmup
 from .trainer import Trainer
 

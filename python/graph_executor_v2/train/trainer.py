@@ -46,10 +46,10 @@ from ..runtime.backends import backend_for
 from ..runtime.executor import ExecutorV2, Plan
 from ..ops.optimizer import FusedOptimizerStep, ParamSlot, ReferenceOptimizer
 from . import optimizers as _optim
-from .losses import CONSTANT_PREFIX
+from ..nn import BUFFER_UPDATE_PREFIX
+from ..nn.losses import CONSTANT_PREFIX
 
 CHECKPOINT_FORMAT = "ge2.train/1"
-BUFFER_UPDATE_PREFIX = "update/"  # graph output "update/<param>": the param's value for the next step (a buffer)
 COUNTERS = ("step", "optimizer_steps", "loss_scale", "loss_scale_growth_tracker")
 
 

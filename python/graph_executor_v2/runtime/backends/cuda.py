@@ -9,7 +9,7 @@ import numpy as np
 from ... import device as _device
 from ...dtypes import itemsize, to_numpy
 from ...ir.types import TensorType
-from ...ops._base import Candidate, OpDef, Problem
+from ...ir.schema import Candidate, OpDef, Problem
 
 
 HOST_FALLBACK = "host_reference"

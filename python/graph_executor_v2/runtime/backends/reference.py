@@ -10,7 +10,7 @@ import numpy as np
 
 from ...dtypes import to_numpy
 from ...ir.types import TensorType
-from ...ops._base import Candidate, OpDef, Problem
+from ...ir.schema import Candidate, OpDef, Problem
 
 
 def reference_candidate(opdef: OpDef) -> Candidate:

@@ -23,8 +23,8 @@ from .. import device as _device
 from .. import nn
 from ..datasets import python_source_corpus, random_windows, unigram_entropy
 from ..models.gpt import GPT, GPTConfig
-from .optimizers import AdamW, Cosine
-from .trainer import Trainer
+from ..train.optimizers import AdamW, Cosine
+from ..train.trainer import Trainer
 
 
 @dataclass(frozen=True)

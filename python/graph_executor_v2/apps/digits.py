@@ -20,9 +20,9 @@ from .. import device as _device
 from .. import nn
 from ..ir import Graph
 from ..runtime import ExecutorV2
-from .losses import cross_entropy
-from .optimizers import AdamW, Cosine
-from .trainer import Trainer
+from ..nn.losses import cross_entropy
+from ..train.optimizers import AdamW, Cosine
+from ..train.trainer import Trainer
 
 REQUIRED_ACCURACY = 0.95  # the MLP's bar
 REQUIRED_CNN_ACCURACY = 0.97

@@ -27,7 +27,7 @@ LAYERS = [
     ["runtime"],                                          # registry, planner, executor, backends
     ["distributed", "frontend", "nn", "models"],          # what builds on compiled graphs
     ["train"],                                            # the Trainer, losses, optimizers
-    ["apps", "datasets", "scaffold", "testing", "pytest_plugin", "__main__", "templates", "__init__"],
+    ["apps", "zoo", "datasets", "scaffold", "testing", "pytest_plugin", "__main__", "templates", "__init__"],
 ]
 LAYER_OF = {name: index for index, names in enumerate(LAYERS) for name in names}
 

@@ -67,22 +67,22 @@ def test_symbolic_batch_binds_at_run_time(rng):
 
 
 def test_every_unsupported_node_is_listed_in_one_error(rng):
-    nodes = [helper.make_node("Sqrt", ["x"], ["a"], name="root"),
+    nodes = [helper.make_node("Tan", ["x"], ["a"], name="root"),
              helper.make_node("Relu", ["x"], ["b"], name="fine"),
-             helper.make_node("Erf", ["b"], ["c"], name="erf"),
+             helper.make_node("Acos", ["b"], ["c"], name="erf"),
              helper.make_node("Add", ["a", "c"], ["y"], name="after")]
     graph = helper.make_graph(nodes, "bad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
     with pytest.raises(UnsupportedModelError) as caught:
         onnx_frontend.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     message = str(caught.value)
-    assert "node 'root' (Sqrt)" in message and "node 'erf' (Erf)" in message
-    assert [p[:2] for p in caught.value.problems] == [("root", "Sqrt"), ("erf", "Erf")]  # 'after' only depends
+    assert "node 'root' (Tan)" in message and "node 'erf' (Acos)" in message
+    assert [p[:2] for p in caught.value.problems] == [("root", "Tan"), ("erf", "Acos")]  # 'after' only depends
 
 
 def test_unsupported_attribute_and_dtype_are_reported():
     nodes = [helper.make_node("LayerNormalization", ["x", "s"], ["y"], stash_type=0),
-             helper.make_node("Add", ["i", "i"], ["z"])]
+             helper.make_node("Softmax", ["i"], ["z"])]
     graph = helper.make_graph(nodes, "attrs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
                                                helper.make_tensor_value_info("i", TensorProto.INT32, [3])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4]),
@@ -90,7 +90,7 @@ def test_unsupported_attribute_and_dtype_are_reported():
                               [numpy_helper.from_array(np.ones(4, np.float32), "s")])
     with pytest.raises(UnsupportedModelError, match="stash_type=0 is not supported") as caught:
         onnx_frontend.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
-    assert "input A has dtype int32" in str(caught.value)
+    assert "input has dtype int32" in str(caught.value)
 
 
 def test_shape_inputs_are_bound_as_constants(rng):
@@ -138,7 +138,12 @@ def test_run_onnx_cli_compares_with_onnxruntime(rng, tmp_path, capsys):
 # --- ONNX's conformance runner ---------------------------------------------------------------------------------
 # Node tests GE2 claims but does not pass yet, with the reason (each regex matches test names).
 KNOWN_FAILURES = {
-    r"test_(add|sub|mul|div)_(uint8|int32_trunc)": "GE2's elementwise arithmetic runs on float dtypes only",
+    r"test_training_dropout.*": "GE2 imports models for inference (training_mode=True)",
+    r"test_attention_(23_boolmask_fullymasked_row_nan_robustness|2[34]_fullymasked_qk_matmul_output_mode3_zero|"
+    r"24_qk_matmul_output_mode3_softmax_precision|causal_boolmask_nan_robustness|local_window_gqa_rank4_mask)":
+        "a boolean attn_mask that leaves a row no key: GE2's lowering adds -inf to the scores and its softmax of "
+        "that row is NaN, where ONNX's reference gives 0",
+    r"test_reduce_max_(bool_inputs|empty_set_bool)": "GE2's reductions run on float dtypes only",
     r"test_maxpool_2d_uint8": "GE2's pooling runs on float dtypes only",
     r"test_gather_negative_indices": "negative indices that arrive at run time are out of range for embedding",
     r"test_maxpool_with_argmax_2d_precomputed_(pads|strides)":
@@ -510,7 +515,7 @@ def test_shape_arithmetic_and_mask_construction_fold_at_import(rng):
 
 
 def test_ops_without_a_rule_on_tensors_and_symbolic_shapes_are_reported():
-    nodes = [helper.make_node("Sqrt", ["x"], ["root"], name="sqrt_of_tensor"),
+    nodes = [helper.make_node("Tan", ["x"], ["root"], name="sqrt_of_tensor"),
              helper.make_node("Shape", ["x"], ["shape"], name="symbolic_shape"),
              helper.make_node("Reshape", ["root", "shape"], ["y"])]
     graph = helper.make_graph(nodes, "bad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
@@ -521,13 +526,9 @@ def test_ops_without_a_rule_on_tensors_and_symbolic_shapes_are_reported():
     assert reasons == {"sqrt_of_tensor": "op type not supported by GE2"}  # the symbolic Shape itself imports
 
 
-@pytest.mark.parametrize("x_kind, y_kind, ops", [
-    ("-inf", "tensor", {"add": 1}),  # the additive attention mask: Y + where(condition, -inf, 0)
-    ("constant", "tensor", {"mul": 1, "add": 1}),
-    ("tensor", "constant", {"mul": 1, "add": 1}),
-    ("tensor", "tensor", {"mul": 2, "add": 1}),
-])
-def test_where_with_a_constant_condition_matches_onnxruntime(rng, x_kind, y_kind, ops):
+@pytest.mark.parametrize("x_kind, y_kind", [("-inf", "tensor"), ("constant", "tensor"), ("tensor", "constant"),
+                                            ("tensor", "tensor")])
+def test_where_with_a_constant_condition_matches_onnxruntime(rng, x_kind, y_kind):
     condition = rng.random((1, 5, 6)) < 0.4
     initializers = [numpy_helper.from_array(condition, "condition")]
     inputs, feeds, branches = [], {}, {}
@@ -544,25 +545,25 @@ def test_where_with_a_constant_condition_matches_onnxruntime(rng, x_kind, y_kind
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     loaded = onnx_frontend.load(model)
-    assert loaded.op_counts() == ops
+    assert loaded.op_counts() == {"where": 1}
     out = ge2.ExecutorV2(loaded).run(feeds)["out"]
     expected = np.where(condition, branches["X"].astype(np.float64), branches["Y"].astype(np.float64))
     assert_close(out, expected, "float32")
     np.testing.assert_array_equal(out, _run_against_onnxruntime(model, feeds))
 
 
-def test_where_condition_from_a_graph_input_is_bound_as_a_constant(rng):
+def test_where_condition_from_a_graph_input_as_a_tensor_or_bound_as_a_constant(rng):
     graph = helper.make_graph([helper.make_node("Where", ["c", "x", "y"], ["out"])], "where",
                               [helper.make_tensor_value_info("c", TensorProto.BOOL, [4]),
                                helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
                                helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    with pytest.raises(UnsupportedModelError, match="node 'c' \\(input\\): element type 9 is not supported"):
-        onnx_frontend.load(model)
     condition = np.array([True, False, False, True])
-    loaded = onnx_frontend.load(model, constant_inputs={"c": condition})
     feeds = {"x": rng.standard_normal(4).astype(np.float32), "y": rng.standard_normal((3, 4)).astype(np.float32)}
+    out = ge2.ExecutorV2(onnx_frontend.load(model)).run({**feeds, "c": condition})["out"]
+    np.testing.assert_array_equal(out, np.where(condition, feeds["x"], feeds["y"]))
+    loaded = onnx_frontend.load(model, constant_inputs={"c": condition})
     out = ge2.ExecutorV2(loaded).run(feeds)["out"]
     np.testing.assert_array_equal(out, np.where(condition, feeds["x"], feeds["y"]))
 

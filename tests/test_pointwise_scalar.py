@@ -16,12 +16,13 @@ from graph_executor_v2.ir.types import TensorType
 from graph_executor_v2.ops import OPS
 from graph_executor_v2.ops._scalar import expression, literal
 
-# Attribute sets each op's rule is compiled with besides its defaults (the rule's text depends on them).
-ATTR_VARIANTS = {
-    "mod": ({"fmod": True},),
-    "clip": ({"min": -1.0, "max": 2.0}, {"min": 0.0}, {"max": float("inf")}),
-    "leaky_relu": ({"alpha": 0.2},),
-    "elu": ({"alpha": 0.5},),
+# The attribute sets each op's rule is compiled with (the rule's text depends on them); the others' defaults.
+ATTR_SETS = {
+    "mod": ({}, {"fmod": True}),
+    "clip": ({}, {"min": -1.0, "max": 2.0}, {"min": 0.0}, {"max": float("inf")}),
+    "leaky_relu": ({}, {"alpha": 0.2}),
+    "elu": ({}, {"alpha": 0.5}),
+    "cast": tuple({"dtype": dtype} for dtype in ALL_DTYPES),
 }
 
 
@@ -78,7 +79,7 @@ def _cases():
     for name, opdef in sorted(OPS.items()):
         if opdef.scalar is None:
             continue
-        for extra in ({},) + ATTR_VARIANTS.get(name, ()):
+        for extra in ATTR_SETS.get(name, ({},)):
             attrs = opdef.validate_attrs(extra, name)
             for ctype, out_ctype in _supported(opdef, attrs):
                 yield name, attrs, ctype, out_ctype

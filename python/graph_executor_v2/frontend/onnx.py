@@ -46,7 +46,7 @@ def _dtype_names():
     onnx = _onnx()
     T = onnx.TensorProto
     return {T.FLOAT: "float32", T.FLOAT16: "float16", T.BFLOAT16: "bfloat16", T.INT32: "int32", T.INT64: "int64",
-            T.UINT8: "uint8"}
+            T.UINT8: "uint8", T.BOOL: "bool"}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -149,33 +149,113 @@ def rule(*op_types: str):
     return register_rule
 
 
-def _binary(ge2_op):
+def _binary(ge2_op, **attrs_of_op):
     def translate(ctx, inputs, attrs):
         _only(attrs, {})
-        a = _float_input(ctx.value(inputs[0]), "input A")
-        b = _float_input(ctx.value(inputs[1]), "input B")
-        if a.type.dtype != b.type.dtype:
-            raise Unsupported(f"inputs have dtypes {a.type.dtype} and {b.type.dtype}")
-        return [getattr(ctx.graph, ge2_op)(a, b)]
+        return [getattr(ctx.graph, ge2_op)(ctx.value(inputs[0]), ctx.value(inputs[1]), **attrs_of_op)]
 
     return translate
 
 
-for _op_type, _ge2_op in (("Add", "add"), ("Sub", "sub"), ("Mul", "mul"), ("Div", "div")):
+# Div of integers truncates toward zero in GE2 as in ONNX.
+for _op_type, _ge2_op in (("Add", "add"), ("Sub", "sub"), ("Mul", "mul"), ("Div", "div"), ("Equal", "equal"),
+                          ("Less", "less"), ("LessOrEqual", "less_equal"), ("Greater", "greater"),
+                          ("GreaterOrEqual", "greater_equal"), ("And", "logical_and"), ("Or", "logical_or"),
+                          ("Xor", "logical_xor")):
     RULES[_op_type] = _binary(_ge2_op)
 
 
-def _unary(ge2_op):
+def _unary(ge2_op, **defaults):
+    """A unary op whose ONNX attributes (``defaults``: ONNX name -> (GE2 name, ONNX default)) map one to one."""
     def translate(ctx, inputs, attrs):
-        _only(attrs, {})
-        return [getattr(ctx.graph, ge2_op)(_float_input(ctx.value(inputs[0]), "input X"))]
+        _only(attrs, dict.fromkeys(defaults, _ANY))
+        ge2_attrs = {name: float(attrs.get(onnx_name, default)) for onnx_name, (name, default) in defaults.items()}
+        return [getattr(ctx.graph, ge2_op)(ctx.value(inputs[0]), **ge2_attrs)]
 
     return translate
 
 
 for _op_type, _ge2_op in (("Relu", "relu"), ("Sigmoid", "sigmoid"), ("Tanh", "tanh"), ("Exp", "exp"),
-                          ("Neg", "neg")):
+                          ("Neg", "neg"), ("Abs", "abs"), ("Sign", "sign"), ("Sqrt", "sqrt"),
+                          ("Reciprocal", "reciprocal"), ("Floor", "floor"), ("Ceil", "ceil"), ("Round", "round"),
+                          ("Erf", "erf"), ("Log", "log"), ("Sin", "sin"), ("Cos", "cos"), ("Softplus", "softplus"),
+                          ("Mish", "mish"), ("HardSwish", "hardswish"), ("Not", "logical_not"),
+                          ("IsNaN", "isnan")):
     RULES[_op_type] = _unary(_ge2_op)
+RULES["LeakyRelu"] = _unary("leaky_relu", alpha=("alpha", 0.01))
+RULES["Elu"] = _unary("elu", alpha=("alpha", 1.0))
+RULES["HardSigmoid"] = _unary("hardsigmoid", alpha=("alpha", 0.2), beta=("beta", 0.5))
+
+
+@rule("IsInf")
+def _isinf(ctx, inputs, attrs):
+    _only(attrs, {"detect_positive": _ANY, "detect_negative": _ANY})
+    g, x = ctx.graph, ctx.value(inputs[0])
+    positive, negative = int(attrs.get("detect_positive", 1)), int(attrs.get("detect_negative", 1))
+    infinite = g.isinf(x)
+    if positive and negative:
+        return [infinite]
+    zero = g.param(_fresh_name(g, "isinf_zero"), np.zeros((), _numpy_dtype(x.type.dtype)))
+    if not positive and not negative:
+        return [g.logical_and(infinite, g.logical_not(infinite))]
+    return [g.logical_and(infinite, g.greater(x, zero) if positive else g.less(x, zero))]
+
+
+@rule("Pow")
+def _pow(ctx, inputs, attrs):
+    """ONNX's Pow keeps the base's type (an int32 base to a float exponent is int32): the promoted result is cast
+    back to it."""
+    _only(attrs, {})
+    g = ctx.graph
+    base, exponent = ctx.value(inputs[0]), ctx.value(inputs[1])
+    y = g.pow(base, exponent)
+    return [y if y.type.dtype == base.type.dtype else g.cast(y, dtype=base.type.dtype)]
+
+
+@rule("Mod")
+def _mod(ctx, inputs, attrs):
+    _only(attrs, {"fmod": lambda v: v in (0, 1)})
+    return [ctx.graph.mod(ctx.value(inputs[0]), ctx.value(inputs[1]), fmod=bool(attrs.get("fmod", 0)))]
+
+
+def _variadic(ge2_op):
+    """Min / Max / Sum over one or more inputs, broadcast together: a chain of the binary op."""
+    def translate(ctx, inputs, attrs):
+        _only(attrs, {})
+        values = [ctx.value(name) for name in inputs if name]
+        y = values[0]
+        for value in values[1:]:
+            y = getattr(ctx.graph, ge2_op)(y, value)
+        return [y]
+
+    return translate
+
+
+RULES["Min"] = _variadic("minimum")
+RULES["Max"] = _variadic("maximum")
+RULES["Sum"] = _variadic("add")
+
+
+@rule("Clip")
+def _clip(ctx, inputs, attrs):
+    """Bounds from the attributes (opset < 11) or the optional inputs: constant bounds are clip's attributes,
+    tensor ones a maximum then a minimum."""
+    _only(attrs, {"min": _ANY, "max": _ANY})
+    g, x = ctx.graph, ctx.value(inputs[0])
+    bounds = {"min": attrs.get("min"), "max": attrs.get("max")}
+    tensors = {}
+    for index, name in ((1, "min"), (2, "max")):
+        if len(inputs) > index and inputs[index]:
+            if inputs[index] in ctx.constants:
+                bounds[name] = np.asarray(ctx.constants[inputs[index]]).item()
+            else:
+                tensors[name] = ctx.value(inputs[index])
+    y = g.clip(x, **{name: None if value is None else float(value) for name, value in bounds.items()})
+    if "min" in tensors:
+        y = g.maximum(y, tensors["min"])
+    if "max" in tensors:
+        y = g.minimum(y, tensors["max"])
+    return [y]
 
 
 @rule("Gelu")
@@ -191,7 +271,10 @@ def _identity(ctx, inputs, attrs):
     if len(inputs) > 2 and inputs[2] and bool(np.asarray(ctx.constant(inputs[2], "training_mode")).item()):
         raise Unsupported("training_mode=True: GE2 imports models for inference")
     _only(attrs, {"seed": _ANY})
-    return [ctx.value(inputs[0])]
+    x = ctx.value(inputs[0])
+    if not ctx.wants(1):
+        return [x]
+    return [x, ctx.graph.logical_or(ctx.graph.isnan(x), ctx.graph.logical_not(ctx.graph.isnan(x)))]  # mask: all kept
 
 
 def _softmax_like(ge2_op):
@@ -687,50 +770,8 @@ def _expand(ctx, inputs, attrs):
 
 @rule("Where")
 def _where(ctx, inputs, attrs):
-    """``condition`` must be a constant (a mask built at export time); X and Y are tensors or constants. GE2 has
-    no select op, so it is arithmetic on its float ops: a tensor branch times its 0/1 choice, plus the constant
-    branch where chosen. Where the constant branch is infinite wherever the tensor is not chosen (a -inf attention
-    mask), the tensor is added unmasked: ``Y + where(condition, -inf, 0)``, the additive mask. Exact for finite
-    tensor entries; an infinite or NaN tensor entry where the other branch is chosen gives NaN."""
     _only(attrs, {})
-    g = ctx.graph
-    condition = np.asarray(ctx.constant(inputs[0], "condition")).astype(bool)
-    branches = {}  # "X" / "Y" -> (a Value or a constant array, where it is chosen)
-    for name, label, chosen in ((inputs[1], "X", condition), (inputs[2], "Y", ~condition)):
-        branch = ctx.constants[name] if name in ctx.constants else _float_input(ctx.value(name), f"input {label}")
-        branches[label] = (branch, chosen)
-    tensors = [(b, chosen) for b, chosen in branches.values() if isinstance(b, Value)]
-    constants = [(b, chosen) for b, chosen in branches.values() if not isinstance(b, Value)]
-    dtype = tensors[0][0].type.dtype
-    if any(t.type.dtype != dtype for t, _ in tensors):
-        raise Unsupported(f"X and Y have dtypes {[t.type.dtype for t, _ in tensors]}")
-    try:
-        out_shape = np.broadcast_shapes(condition.shape, *(tuple(b.type.shape) if isinstance(b, Value)
-                                                            else np.shape(b) for b, _ in branches.values()))
-    except ValueError:
-        raise Unsupported("condition, X and Y do not broadcast together") from None
-
-    def param(array, label):
-        return g.param(_fresh_name(g, f"where_{label}"), np.ascontiguousarray(array.astype(_numpy_dtype(dtype))))
-
-    constant_part, swamped = None, False
-    if constants:  # one constant branch (two are folded before this rule)
-        value, chosen = np.broadcast_arrays(np.asarray(constants[0][0], np.float64), constants[0][1])
-        constant_part = np.where(chosen, value, 0.0)
-        swamped = bool(np.isinf(value[chosen]).all())
-    y = None
-    for tensor, chosen in tensors:
-        if chosen.all() or swamped:
-            term = tensor
-        elif chosen.any():
-            term = g.mul(tensor, param(chosen, "choice"))
-        else:
-            continue
-        y = term if y is None else g.add(y, term)
-    if y is None or (constant_part is not None and np.any(constant_part != 0)):
-        part = param(np.zeros(condition.shape) if constant_part is None else constant_part, "constant")
-        y = part if y is None else g.add(y, part)
-    return [_broadcast_to(g, y, out_shape)]
+    return [ctx.graph.where(*(ctx.value(name) for name in inputs[:3]))]
 
 
 def _reduce(ge2_op):
@@ -1066,6 +1107,8 @@ def _attention_lowered(ctx, q, k, v, optional, lengths, causal, scale, softcap, 
     # The additive bias: the mask (padded with -inf up to the keys), then the causal and window masks, aligned
     # after the cache (query i is at position past + i, or lengths[b] - seq_q + i with nonpad_kv_seqlen).
     bias = optional["attn_mask"]
+    if bias is not None and bias.type.dtype == "bool":  # a boolean mask keeps the keys where it is true
+        bias = g.where(bias, constant(0.0, "mask_keep"), constant(-np.inf, "mask_drop"))
     if bias is not None:
         if bias.type.dtype != q.type.dtype:
             raise Unsupported(f"attn_mask of dtype {bias.type.dtype} (a {q.type.dtype} additive mask is supported)")

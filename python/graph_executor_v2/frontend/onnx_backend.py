@@ -109,7 +109,7 @@ class Ge2Backend(Backend):
 def claimed_node_tests() -> list:
     """ONNX's node test cases that GE2 claims: every node of an op type ``load`` translates (``Constant``
     included) and every graph input and output of an element type GE2 has (float32, float16, bfloat16, int32, int64,
-    uint8: a test of float64, int8 or float8 data is outside GE2's types, not a failure of its ops)."""
+    uint8, bool: a test of float64, int8 or float8 data is outside GE2's types, not a failure of its ops)."""
     from onnx.backend.test.loader import load_model_tests
 
     claimed_ops = set(supported_op_types()) | {"Constant"}

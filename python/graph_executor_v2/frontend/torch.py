@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..dtypes import normalize
+from ..dtypes import is_float, normalize, result_type, to_numpy
 from ..ir import dims
 from ..ir.graph import Graph, Value
 from ._errors import Unsupported, UnsupportedModelError
@@ -76,7 +76,12 @@ def _unary(op):
 
 
 for _aten, _op in (("relu", "relu"), ("sigmoid", "sigmoid"), ("tanh", "tanh"), ("silu", "silu"), ("exp", "exp"),
-                   ("neg", "neg")):
+                   ("neg", "neg"), ("abs", "abs"), ("sign", "sign"), ("exp2", "exp2"), ("expm1", "expm1"),
+                   ("log", "log"), ("log2", "log2"), ("log1p", "log1p"), ("sqrt", "sqrt"), ("rsqrt", "rsqrt"),
+                   ("reciprocal", "reciprocal"), ("sin", "sin"), ("cos", "cos"), ("erf", "erf"), ("floor", "floor"),
+                   ("ceil", "ceil"), ("round", "round"), ("trunc", "trunc"), ("mish", "mish"),
+                   ("hardswish", "hardswish"), ("hardsigmoid", "hardsigmoid"), ("logical_not", "logical_not"),
+                   ("isnan", "isnan"), ("isinf", "isinf")):
     RULES[f"aten.{_aten}.default"] = _unary(_op)
 
 
@@ -86,20 +91,157 @@ def _gelu(ctx, x, approximate="none"):
     return ctx.graph.gelu(x) if approximate == "tanh" else ctx.graph.gelu_erf(x)
 
 
-def _binary(op):
+@rule("aten.softplus.default")
+def _softplus(ctx, x, beta=1.0, threshold=20.0):
+    return ctx.graph.softplus(ctx.tensor(x), beta=float(beta), threshold=float(threshold))
+
+
+@rule("aten.leaky_relu.default")
+def _leaky_relu(ctx, x, negative_slope=0.01):
+    return ctx.graph.leaky_relu(ctx.tensor(x), alpha=float(negative_slope))
+
+
+@rule("aten.elu.default")
+def _elu(ctx, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    if scale != 1 or input_scale != 1:
+        raise Unsupported(f"scale={scale}, input_scale={input_scale} (SELU/CELU forms)")
+    return ctx.graph.elu(ctx.tensor(x), alpha=float(alpha))
+
+
+def _bound(value):
+    return None if value is None else float(value)
+
+
+@rule("aten.clamp.default", "aten.clip.default")
+def _clamp(ctx, x, min=None, max=None):  # noqa: A002 (ATen's argument names)
+    return ctx.graph.clip(ctx.tensor(x), min=_bound(min), max=_bound(max))
+
+
+@rule("aten.clamp.Tensor", "aten.clip.Tensor")
+def _clamp_tensor(ctx, x, min=None, max=None):  # noqa: A002
+    y = ctx.tensor(x)
+    if min is not None:
+        y = ctx.graph.maximum(y, _operand(ctx, min, y))
+    if max is not None:
+        y = ctx.graph.minimum(y, _operand(ctx, max, y))
+    return y
+
+
+@rule("aten.hardtanh.default")
+def _hardtanh(ctx, x, min_val=-1.0, max_val=1.0):
+    return ctx.graph.clip(ctx.tensor(x), min=float(min_val), max=float(max_val))
+
+
+@rule("aten.relu6.default")
+def _relu6(ctx, x):
+    return ctx.graph.clip(ctx.tensor(x), min=0.0, max=6.0)
+
+
+def _operand(ctx, argument, other: Value) -> Value:
+    """A tensor argument; a Python number as PyTorch promotes it against the tensor ``other``: a 0-d param of the
+    promoted dtype (float32 for a float result: a 0-d tensor does not widen ``other``'s float16)."""
+    value = ctx.get(argument)
+    if isinstance(value, Value):
+        return value
+    return _number(ctx, value, result_type(other.type, value) if isinstance(value, (bool, int, float)) else None)
+
+
+def _number(ctx, value, dtype: str | None) -> Value:
+    """A 0-d param holding the Python number ``value``, of ``dtype`` (float32 for any float dtype)."""
+    if not isinstance(value, (bool, int, float)):
+        raise Unsupported(f"expected a tensor or a number, got {type(value).__name__} ({value!r})")
+    return ctx.graph.param(ctx.graph.unique_name("scalar"),
+                           np.array(value, to_numpy("float32" if is_float(dtype) else dtype)))
+
+
+def _operands(ctx, a, b) -> tuple[Value, Value]:
+    a_value, b_value = ctx.get(a), ctx.get(b)
+    if not isinstance(a_value, Value) and not isinstance(b_value, Value):
+        raise Unsupported(f"two numbers ({a_value!r}, {b_value!r}): no tensor")
+    like = a_value if isinstance(a_value, Value) else b_value
+    return _operand(ctx, a, like), _operand(ctx, b, like)
+
+
+def _binary(op, **attrs):
     def translate(ctx, a, b, alpha=1):
-        if alpha != 1:
-            raise Unsupported(f"alpha={alpha}")
-        a_value, b_value = ctx.get(a), ctx.get(b)
-        like = a_value if isinstance(a_value, Value) else b_value
-        return getattr(ctx.graph, op)(ctx.tensor(a, like), ctx.tensor(b, like))
+        a, b = _operands(ctx, a, b)
+        if alpha != 1:  # add/sub's a + alpha * b
+            b = ctx.graph.mul(b, _operand(ctx, alpha, b))
+        return getattr(ctx.graph, op)(a, b, **attrs)
 
     return translate
 
 
-for _aten, _op in (("add", "add"), ("sub", "sub"), ("mul", "mul"), ("div", "div")):
+for _aten, _op in (("add", "add"), ("sub", "sub"), ("mul", "mul"), ("pow", "pow"), ("eq", "equal"),
+                   ("ne", "not_equal"), ("lt", "less"), ("le", "less_equal"), ("gt", "greater"),
+                   ("ge", "greater_equal")):
     RULES[f"aten.{_aten}.Tensor"] = _binary(_op)
     RULES[f"aten.{_aten}.Scalar"] = _binary(_op)
+RULES["aten.pow.Tensor_Tensor"] = _binary("pow")
+RULES["aten.pow.Tensor_Scalar"] = _binary("pow")
+RULES["aten.pow.Scalar"] = _binary("pow")
+for _aten, _op in (("minimum", "minimum"), ("maximum", "maximum"), ("logical_and", "logical_and"),
+                   ("logical_or", "logical_or"), ("logical_xor", "logical_xor")):
+    RULES[f"aten.{_aten}.default"] = _binary(_op)
+for _overload in ("Tensor", "Scalar"):
+    RULES[f"aten.remainder.{_overload}"] = _binary("mod", fmod=False)
+    RULES[f"aten.fmod.{_overload}"] = _binary("mod", fmod=True)
+
+
+def _bitwise(op):
+    """``&``, ``|``, ``^``, ``~`` of masks (bool tensors) are the logical ops; GE2 has no bitwise integer ops."""
+    def translate(ctx, *arguments):
+        values = [ctx.get(argument) for argument in arguments]
+        if not all(isinstance(v, Value) and v.type.dtype == "bool" for v in values):
+            raise Unsupported(f"bitwise {op.removeprefix('logical_')} of non-bool operands")
+        return getattr(ctx.graph, op)(*values)
+
+    return translate
+
+
+for _aten, _op in (("bitwise_and", "logical_and"), ("bitwise_or", "logical_or"), ("bitwise_xor", "logical_xor")):
+    RULES[f"aten.{_aten}.Tensor"] = _bitwise(_op)
+RULES["aten.bitwise_not.default"] = _bitwise("logical_not")
+
+
+def _divide(ctx, a, b, rounding_mode):
+    """torch's division: true division (integers become float32), or rounded toward zero or down."""
+    g = ctx.graph
+    a, b = _operands(ctx, a, b)
+    if rounding_mode is None:
+        if not is_float(result_type(a.type, b.type)):
+            a, b = g.cast(a, dtype="float32"), g.cast(b, dtype="float32")
+        return g.div(a, b)
+    if rounding_mode not in ("trunc", "floor"):
+        raise Unsupported(f"rounding_mode={rounding_mode!r}")
+    if not is_float(result_type(a.type, b.type)):  # integer division truncates; floor: the remainder taken off
+        return g.div(a, b) if rounding_mode == "trunc" else g.div(g.sub(a, g.mod(a, b)), b)
+    return getattr(g, rounding_mode)(g.div(a, b))
+
+
+@rule("aten.div.Tensor", "aten.div.Scalar")
+def _div(ctx, a, b):
+    return _divide(ctx, a, b, None)
+
+
+@rule("aten.div.Tensor_mode", "aten.div.Scalar_mode")
+def _div_mode(ctx, a, b, rounding_mode=None):
+    return _divide(ctx, a, b, rounding_mode)
+
+
+@rule("aten.floor_divide.default", "aten.floor_divide.Scalar")
+def _floor_divide(ctx, a, b):
+    return _divide(ctx, a, b, "floor")
+
+
+@rule("aten.where.self", "aten.where.ScalarSelf", "aten.where.ScalarOther", "aten.where.Scalar")
+def _where(ctx, condition, a, b):
+    condition = ctx.tensor(condition)
+    a_value, b_value = ctx.get(a), ctx.get(b)
+    if not isinstance(a_value, Value) and not isinstance(b_value, Value):  # two numbers: PyTorch's default dtypes
+        dtype = result_type(a_value, b_value)
+        return ctx.graph.where(condition, _number(ctx, a_value, dtype), _number(ctx, b_value, dtype))
+    return ctx.graph.where(condition, *_operands(ctx, a, b))
 
 
 @rule("aten.linear.default")

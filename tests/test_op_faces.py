@@ -76,6 +76,22 @@ def _sample(rng, op):
         return [(np.abs(x(4, 6)) + 0.5).astype(F32)], {}
     if op == "clip":
         return [x(4, 6)], {"min": -0.5, "max": 0.5}
+    indexing = {  # ops/indexing.py
+        "expand": ([x(3, 1)], {"shape": (2, 3, 4)}),
+        "pad": ([x(3, 4)], {"pads": (1, 0, 2, 1), "mode": "reflect"}),
+        "roll": ([x(4, 6)], {"shifts": (1,), "axes": (1,)}),
+        "repeat_interleave": ([x(2, 3)], {"repeats": 2, "axis": 1}),
+        "tile": ([x(2, 3)], {"repeats": (2, 1)}),
+        "gather": ([x(5, 4), rng.integers(0, 5, (3,))], {"axis": 0}),
+        "gather_elements": ([x(4, 5), rng.integers(0, 4, (2, 5))], {"axis": 0}),
+        "cumsum": ([x(4, 6)], {"axis": 1}),
+        "trilu": ([x(4, 6)], {"k": 1}),
+        "arange": ([x(4, 6)], {"axis": 1}),
+        "resize": ([x(1, 2, 3, 4)], {"size": (6, 8), "mode": "linear"}),
+        "adaptive_avg_pool2d": ([x(1, 2, 6, 4)], {"output_size": (3, 2)}),
+    }
+    if op in indexing:
+        return indexing[op]
     return [x(4, 6)], {}  # the unary elementwise ops
 
 

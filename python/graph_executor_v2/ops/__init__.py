@@ -21,6 +21,7 @@ from . import optimizer
 from . import attention
 from . import batch_norm, pool2d
 from . import conv2d
+from . import indexing
 
 # The faces of ops that share a module (add, relu, log_softmax, sum, reshape, ...); one-op modules are their face.
 globals().update({name: face for name, face in FACES.items() if name not in globals()})

@@ -1,0 +1,163 @@
+// The data-movement kernels of the indexing module: axis_map, gather and trilu. One thread per output element in
+// a grid-stride loop; the output index is split into per-axis coordinates (row-major), each mapped to the input.
+// They move elements by size (1, 2, 4 or 8 bytes), so every dtype takes them; writes are coalesced, reads follow
+// the map (broadcast and padding reads hit the same rows repeatedly and stay in L2).
+#include <algorithm>
+#include <string>
+
+#include "api.hpp"
+#include "status.hpp"
+
+namespace ge2::indexing {
+namespace {
+
+
+// The input index along one axis, or -1 where the output element is the fill value.
+__device__ __forceinline__ int64_t map_index(int64_t o, int mode, int64_t n, int64_t p) {
+  switch (static_cast<AxisMode>(mode)) {
+    case AxisMode::Offset: {
+      const int64_t i = o - p;
+      return (i >= 0 && i < n) ? i : -1;
+    }
+    case AxisMode::Reflect: {
+      if (n == 1) return 0;
+      const int64_t period = 2 * (n - 1);
+      int64_t i = (o - p) % period;
+      if (i < 0) i += period;
+      return i < n ? i : period - i;
+    }
+    case AxisMode::Edge: {
+      const int64_t i = o - p;
+      return i < 0 ? 0 : (i >= n ? n - 1 : i);
+    }
+    case AxisMode::Wrap: {
+      int64_t i = (o - p) % n;
+      return i < 0 ? i + n : i;
+    }
+    case AxisMode::Divide:
+      return o / p;
+    case AxisMode::Modulo:
+      return o % n;
+  }
+  return -1;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) axis_map_kernel(const T* __restrict__ x, T* __restrict__ y, AxisMap map,
+                                                            int64_t count, T fill) {
+  for (int64_t linear = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; linear < count;
+       linear += static_cast<int64_t>(gridDim.x) * kThreads) {
+    int64_t rest = linear, offset = 0, stride = 1;
+    bool inside = true;
+    for (int axis = map.rank - 1; axis >= 0; --axis) {
+      const int64_t o = rest % map.y_shape[axis];
+      rest /= map.y_shape[axis];
+      const int64_t i = map_index(o, map.modes[axis], map.x_shape[axis], map.params[axis]);
+      inside = inside && i >= 0;
+      offset += i * stride;
+      stride *= map.x_shape[axis];
+    }
+    y[linear] = inside ? x[offset] : fill;
+  }
+}
+
+template <typename T, typename Index>
+__global__ void __launch_bounds__(kThreads) gather_kernel(const T* __restrict__ x, const Index* __restrict__ indices,
+                                                          T* __restrict__ y, GatherGeometry geometry, int64_t count,
+                                                          T fill) {
+  for (int64_t linear = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; linear < count;
+       linear += static_cast<int64_t>(gridDim.x) * kThreads) {
+    int64_t rest = linear, x_offset = 0, index_offset = 0;
+    for (int axis = geometry.rank - 1; axis >= 0; --axis) {
+      const int64_t o = rest % geometry.y_shape[axis];
+      rest /= geometry.y_shape[axis];
+      index_offset += o * geometry.index_strides[axis];
+      if (axis != geometry.axis) x_offset += o * geometry.x_strides[axis];
+    }
+    int64_t index = static_cast<int64_t>(indices[index_offset]);
+    if (index < 0) index += geometry.axis_extent;
+    const bool inside = index >= 0 && index < geometry.axis_extent;
+    y[linear] = inside ? x[x_offset + index * geometry.x_strides[geometry.axis]] : fill;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) trilu_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows,
+                                                         int64_t cols, int64_t k, bool upper, int64_t count) {
+  for (int64_t linear = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; linear < count;
+       linear += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t column = linear % cols;
+    const int64_t row = (linear / cols) % rows;
+    const int64_t diagonal = column - row;
+    y[linear] = (upper ? diagonal >= k : diagonal <= k) ? x[linear] : T(0);
+  }
+}
+
+// Runs the statement with `storage_t` the unsigned integer of `bytes` bytes.
+#define GE2_DISPATCH_ELEMENT_SIZE(bytes, ...)                                                        \
+  switch (bytes) {                                                                                 \
+    case 1: { using storage_t = uint8_t; __VA_ARGS__; break; }                                     \
+    case 2: { using storage_t = uint16_t; __VA_ARGS__; break; }                                    \
+    case 4: { using storage_t = uint32_t; __VA_ARGS__; break; }                                    \
+    case 8: { using storage_t = uint64_t; __VA_ARGS__; break; }                                    \
+    default:                                                                                       \
+      throw std::invalid_argument("element_bytes: expected 1, 2, 4 or 8, got " + std::to_string(bytes)); \
+  }
+
+int64_t product(const int64_t* shape, int rank) {
+  int64_t count = 1;
+  for (int axis = 0; axis < rank; ++axis) count *= shape[axis];
+  return count;
+}
+
+}  // namespace
+
+void axis_map(const void* x, void* y, const AxisMap& map, int element_bytes, uint64_t fill_bits,
+              cudaStream_t stream) {
+  const int64_t count = product(map.y_shape, map.rank);
+  if (count == 0) return;
+  if (product(map.x_shape, map.rank) > 0) check_pointer(x, "x");  // an empty x padded with the constant reads none
+  check_pointer(y, "y");
+  GE2_DISPATCH_ELEMENT_SIZE(element_bytes, {
+    axis_map_kernel<storage_t><<<grid_blocks(count), kThreads, 0, stream>>>(
+        static_cast<const storage_t*>(x), static_cast<storage_t*>(y), map, count, static_cast<storage_t>(fill_bits));
+    GE2_CHECK_LAUNCH("indexing axis_map_kernel");
+  });
+}
+
+void gather(const void* x, const void* indices, void* y, const GatherGeometry& geometry, DType index_dtype,
+            int element_bytes, uint64_t fill_bits, cudaStream_t stream) {
+  const int64_t count = product(geometry.y_shape, geometry.rank);
+  if (count == 0) return;
+  check_pointer(x, "x");
+  check_pointer(indices, "indices");
+  check_pointer(y, "y");
+  if (geometry.axis_extent == 0) throw std::invalid_argument("x: gathering from an empty axis");
+  GE2_DISPATCH_ELEMENT_SIZE(element_bytes, {
+    if (index_dtype == DType::Int32) {
+      gather_kernel<storage_t, int32_t><<<grid_blocks(count), kThreads, 0, stream>>>(
+          static_cast<const storage_t*>(x), static_cast<const int32_t*>(indices), static_cast<storage_t*>(y),
+          geometry, count, static_cast<storage_t>(fill_bits));
+    } else {
+      gather_kernel<storage_t, int64_t><<<grid_blocks(count), kThreads, 0, stream>>>(
+          static_cast<const storage_t*>(x), static_cast<const int64_t*>(indices), static_cast<storage_t*>(y),
+          geometry, count, static_cast<storage_t>(fill_bits));
+    }
+    GE2_CHECK_LAUNCH("indexing gather_kernel");
+  });
+}
+
+void trilu(const void* x, void* y, int64_t batch, int64_t rows, int64_t cols, int64_t k, bool upper,
+           int element_bytes, cudaStream_t stream) {
+  const int64_t count = batch * rows * cols;
+  if (count == 0) return;
+  check_pointer(x, "x");
+  check_pointer(y, "y");
+  GE2_DISPATCH_ELEMENT_SIZE(element_bytes, {
+    trilu_kernel<storage_t><<<grid_blocks(count), kThreads, 0, stream>>>(
+        static_cast<const storage_t*>(x), static_cast<storage_t*>(y), rows, cols, k, upper, count);
+    GE2_CHECK_LAUNCH("indexing trilu_kernel");
+  });
+}
+
+}  // namespace ge2::indexing

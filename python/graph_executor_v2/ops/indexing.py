@@ -32,7 +32,7 @@ from ..ir.types import TensorType
 from . import _layout
 from ._base import (OPS, Attr, Candidate, Input, OpDef, Problem, attach_grad, in_ptr, native_launch, out_ptr,
                     register, stream_arg)
-from ._face import Face
+from ._face import FACES, Face
 
 MODULE = "_ops_indexing"
 OFFSET, REFLECT, EDGE, WRAP, DIVIDE, MODULO = range(6)  # ge2::indexing::AxisMode
@@ -87,13 +87,12 @@ def _register(opdef: OpDef, backward=_no_gradient) -> OpDef:
 
 
 def _grad_face(op: str):
-    """A face's backward through the op's grad rule: the gradient graph of one node (ordinary GE2 ops, no
-    backward kernel of its own), run by an executor on the device arrays."""
+    """A face's backward through the op's grad rule: the rule's nodes (ordinary GE2 ops, no backward kernel of their
+    own) run one by one through their faces on the device arrays, the last one into ``out``."""
 
     def backward(dy, inputs, attrs, kernel, out, stream):
         from .. import device as _device
         from ..ir.graph import Graph
-        from ..runtime.executor import ExecutorV2
 
         view = _device.view_of(inputs[0], "x")
         g = Graph(f"{op}_backward")
@@ -101,11 +100,18 @@ def _grad_face(op: str):
         y = getattr(g, op)(x, **attrs)
         dy_value = g.input("dy", y.type.shape, y.type.dtype)
         (dx,) = OPS[op].grad(g, g.nodes[-1], [dy_value])
-        g.output(dx, "dx")
-        executor = ExecutorV2(g, device="cuda", cuda_graph=False)
-        result = executor.run({"x": inputs[0], "dy": dy}, stream=stream,
-                              out=None if out is None or out[0] is None else {"dx": out[0]})
-        return (result["dx"],)
+        target = None if out is None else out[0]
+        values = {x.name: inputs[0], dy_value.name: dy}
+        steps = g.nodes[1:]
+        if not steps:  # the gradient is dy itself (an expand to x's own shape)
+            if target is None:
+                return (dy,)
+            return (FACES["reshape"].forward(dy, shape=tuple(view.shape), out=target, stream=stream),)
+        for index, node in enumerate(steps):
+            last = index == len(steps) - 1
+            values[node.outputs[0].name] = FACES[node.op].forward(
+                *(values[v.name] for v in node.inputs), **node.attrs, out=target if last else None, stream=stream)
+        return (values[dx.name],)
 
     return backward
 

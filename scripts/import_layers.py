@@ -22,7 +22,7 @@ LAYERS = [
     ["ir"],                                               # tensor types, the op schema, the graph: no device
     ["_native", "device"],                                # the native runtime and device arrays
     ["selection"],                                        # the kernel selector
-    ["ops"],                                              # op definitions, kernels' candidates and faces
+    ["ops", "codegen"],                                    # op definitions, kernels' candidates and faces; generated kernels
     ["autograd", "passes"],                               # graph transformations
     ["runtime"],                                          # registry, planner, executor, backends
     ["distributed", "frontend", "nn", "models"],          # what builds on compiled graphs

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import graph_executor_v2 as ge2
-from graph_executor_v2.ops import BACKWARD_OPS, OPS, pointwise
+from graph_executor_v2.ops import BACKWARD_OPS, FUSED_OPS, OPS, pointwise
 from graph_executor_v2.testing import assert_close, random_array
 
 F32 = np.float32
@@ -103,7 +103,7 @@ def _flat(op, inputs):
     return list(inputs) + [None] * (len(OPS[op].inputs) - len(inputs))
 
 
-@pytest.mark.parametrize("op", sorted(set(OPS) - BACKWARD_OPS))
+@pytest.mark.parametrize("op", sorted(set(OPS) - BACKWARD_OPS - FUSED_OPS))
 def test_face_has_the_five_functions_with_the_convention_signatures(op):
     face = getattr(ge2.ops, op)
     opdef = OPS[op]
@@ -137,7 +137,7 @@ def test_face_has_the_five_functions_with_the_convention_signatures(op):
         assert default is inspect.Parameter.empty or default == attr.default
 
 
-@pytest.mark.parametrize("op", sorted(set(OPS) - BACKWARD_OPS))
+@pytest.mark.parametrize("op", sorted(set(OPS) - BACKWARD_OPS - FUSED_OPS))
 def test_numpy_faces_validate_before_device_work(rng, op):
     face = getattr(ge2.ops, op)
     inputs, attrs = _sample(rng, op)
@@ -158,7 +158,7 @@ def test_numpy_faces_validate_before_device_work(rng, op):
 def test_kernel_tables_list_the_candidates():
     if not ge2._native.is_built("_ops_elementwise"):
         pytest.skip("native modules are not built")
-    for op in sorted(set(OPS) - BACKWARD_OPS):
+    for op in sorted(set(OPS) - BACKWARD_OPS - FUSED_OPS):
         opdef = OPS[op]
         assert [k["name"] for k in getattr(ge2.ops, op).kernels()] == [c.name for c in opdef.candidates], op
 
@@ -177,7 +177,7 @@ def _assert_outputs(op, got, expected, how):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", sorted(set(OPS) - BACKWARD_OPS))
+@pytest.mark.parametrize("op", sorted(set(OPS) - BACKWARD_OPS - FUSED_OPS))
 def test_forward_numpy_matches_the_reference_and_backward_gives_one_gradient_per_input(rng, op):
     face, opdef = getattr(ge2.ops, op), OPS[op]
     inputs, attrs = _sample(rng, op)
@@ -202,7 +202,7 @@ def test_forward_numpy_matches_the_reference_and_backward_gives_one_gradient_per
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["DeviceArray", "torch"])
-@pytest.mark.parametrize("op", sorted(set(OPS) - BACKWARD_OPS))
+@pytest.mark.parametrize("op", sorted(set(OPS) - BACKWARD_OPS - FUSED_OPS))
 def test_forward_on_device_arrays_and_the_prepared_call(rng, to_device, poisoned, op, kind):
     """forward and the prepared call (its checks and launch in C++: DeviceArray fields read directly, torch tensors
     through their methods) on device arrays of each kind, against the reference, outputs poisoned first."""

@@ -85,7 +85,6 @@ dlpack::DataType to_dlpack_dtype(DType dtype) {
     case DType::Int32: return {dlpack::kInt, 32, 1};
     case DType::Int64: return {dlpack::kInt, 64, 1};
     case DType::UInt8: return {dlpack::kUInt, 8, 1};
-    case DType::Bool: return {dlpack::kBool, 8, 1};
   }
   return {dlpack::kFloat, 32, 1};
 }
@@ -98,11 +97,10 @@ DType from_dlpack_dtype(dlpack::DataType dtype) {
     if (dtype.code == dlpack::kInt && dtype.bits == 32) return DType::Int32;
     if (dtype.code == dlpack::kInt && dtype.bits == 64) return DType::Int64;
     if (dtype.code == dlpack::kUInt && dtype.bits == 8) return DType::UInt8;
-    if (dtype.code == dlpack::kBool && dtype.bits == 8) return DType::Bool;
   }
   throw std::invalid_argument("DLPack tensor: unsupported dtype (code " + std::to_string(dtype.code) + ", bits " +
                               std::to_string(dtype.bits) + ", lanes " + std::to_string(dtype.lanes) +
-                              "); expected float32, float16, bfloat16, int32, int64, uint8 or bool");
+                              "); expected float32, float16, bfloat16, int32, int64 or uint8");
 }
 
 DType dtype_from_typestr(const std::string& typestr) {
@@ -114,10 +112,9 @@ DType dtype_from_typestr(const std::string& typestr) {
     if (kind == 'i' && bytes == "4") return DType::Int32;
     if (kind == 'i' && bytes == "8") return DType::Int64;
     if (kind == 'u' && bytes == "1") return DType::UInt8;
-    if (kind == 'b' && bytes == "1") return DType::Bool;
   }
   throw std::invalid_argument("__cuda_array_interface__: unsupported typestr '" + typestr +
-                              "'; expected <f4, <f2, <i4, <i8, |u1 or |b1 (bfloat16 arrays travel through DLPack)");
+                              "'; expected <f4, <f2, <i4, <i8 or |u1 (bfloat16 arrays travel through DLPack)");
 }
 
 std::string typestr_of(DType dtype) {
@@ -127,7 +124,6 @@ std::string typestr_of(DType dtype) {
     case DType::Int32: return "<i4";
     case DType::Int64: return "<i8";
     case DType::UInt8: return "|u1";
-    case DType::Bool: return "|b1";
     case DType::BFloat16: break;
   }
   throw std::invalid_argument("__cuda_array_interface__ has no typestr for bfloat16; use DLPack (__dlpack__)");

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..dtypes import normalize
 from .printer import format_graph
-from .schema import OPS, REQUIRED, OpDef
+from .schema import OPS, REQUIRED, VARIADIC_OUTPUTS, OpDef
 from .serialize import fill_graph, graph_to_json, read_document
 from .types import TensorType
 
@@ -146,7 +146,8 @@ class Graph:
         full_attrs = opdef.validate_attrs(dict(attrs or {}), where)
         out_types = infer_types(opdef, [None if v is None else v.type for v in inputs], full_attrs, where)
 
-        value_names = [node_name] if len(opdef.outputs) == 1 else [f"{node_name}.{o}" for o in opdef.outputs]
+        value_names = [node_name] if len(out_types) == 1 else [f"{node_name}.{o}" for o in output_names(opdef,
+                                                                                                          len(out_types))]
         taken = [n for n in value_names if n in self._value_names]
         if taken:
             raise ValueError(f"{where}: the value name '{taken[0]}' is already used")
@@ -321,9 +322,18 @@ def infer_types(opdef: OpDef, in_types: list[TensorType | None], attrs: dict, wh
         out_types = list(opdef.infer(in_types, attrs))
     except (ValueError, TypeError) as error:
         raise type(error)(f"{where}: {error}") from None
-    if len(out_types) != len(opdef.outputs):
+    variadic = opdef.outputs[-1:] == (VARIADIC_OUTPUTS,)
+    if len(out_types) != len(opdef.outputs) and not (variadic and len(out_types) >= 1):
         raise ValueError(f"{where}: inference returned {len(out_types)} types for outputs {opdef.outputs}")
     return out_types
+
+
+def output_names(opdef: OpDef, count: int) -> list[str]:
+    """The names of a node's ``count`` outputs: the OpDef's, or ``y0, y1, ...`` for an op whose outputs are
+    ``(VARIADIC_OUTPUTS,)`` (a fused node returns as many values as its group stores)."""
+    if opdef.outputs[-1:] == (VARIADIC_OUTPUTS,):
+        return [f"y{i}" for i in range(count)]
+    return list(opdef.outputs)
 
 
 def _builder(graph: Graph, opdef: OpDef):

@@ -48,6 +48,8 @@ from ..dtypes import to_numpy
 from .types import TensorType
 
 REQUIRED = object()
+# ``OpDef.outputs == (VARIADIC_OUTPUTS,)``: the node has as many outputs as ``infer`` returns (named y0, y1, ...).
+VARIADIC_OUTPUTS = "..."
 
 
 @dataclass(frozen=True)

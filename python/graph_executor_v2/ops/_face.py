@@ -480,12 +480,12 @@ class Face:
         face = self
 
         def kernels() -> list[dict]:
-            names = [c.name for c in face.op.candidates]
-            if face._native_kernels is not None:
-                listed = {k["name"]: k for k in face._native_kernels()}
-                return [listed[name] for name in names if name in listed]
-            return [{"name": c.name, "priority": c.priority, "description": c.description,
-                     "constraints": "any" if c.always_works else "see description"} for c in face.op.candidates]
+            # The native module's table describes its kernels; candidates it does not build (a generated one) are
+            # described by their Candidate.
+            listed = {k["name"]: k for k in face._native_kernels()} if face._native_kernels is not None else {}
+            return [listed.get(c.name) or {"name": c.name, "priority": c.priority, "description": c.description,
+                                           "constraints": "any" if c.always_works else "see description"}
+                    for c in face.op.candidates]
 
         kernels.__doc__ = f"The kernel candidates of {self.name} with their constraints, best first."
         return _named(kernels, self.name, "kernels", inspect.Signature())

@@ -17,6 +17,7 @@ from .inference import infer_shapes
 from .layout import plan_layouts
 from .manager import Pass, PassManager, PassRecord
 from .pattern import Pat, Rewrite, rewrite
+from .pointwise_fusion import fuse_pointwise, fuse_pointwise_training
 from .slice_gradients import join_slice_gradients
 from .training import chain_activation_backward, fuse_loss_gradient, fuse_relu, trim_gemm_backward
 
@@ -29,6 +30,10 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("canonicalize", canonicalize, "matmul -> gemm, transposes -> trans flags, row adds -> bias_add -> gemm "
                                        "bias, drop identities"),
     Pass("fuse", fuse, "fuse residual adds and activations into gemm epilogues"),
+    Pass("fuse_pointwise", fuse_pointwise, "connected pointwise ops -> one generated kernel (fused_pointwise); row "
+                                           "reductions with their pointwise prologue/epilogue -> fused_reduction"),
+    Pass("fuse_pointwise_training", fuse_pointwise_training,
+         "fuse_pointwise for training graphs: parameters stay inputs (the trainer updates them in place)"),
     Pass("fuse_relu", fuse_relu, "fuse residual adds and ReLU (not GELU/SiLU) into gemm epilogues, for training"),
     Pass("chain_activation_backward", chain_activation_backward,
          "apply an activation's backward inside the next gemm's dA (gemm_backward a_act)"),
@@ -44,13 +49,17 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
 
 # Folding runs after canonicalization, so the reshapes it inserts for parameter rows become parameters. Attention
 # fuses before canonicalization turns its matmuls into gemms.
+# Pointwise fusion runs after the gemm epilogue fusion, on what the epilogues did not absorb.
 DEFAULT_PIPELINE = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicalize", "constant_fold", "fold_batch_norm",
-                    "fuse", "dce")
+                    "fuse", "fuse_pointwise", "dce")
 # Training: the forward is canonicalized and fused before autograd (no constant folding: parameters are trained),
 # the graph with gradients is then cleaned and its backward fused.
 TRAINING_FORWARD = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicalize", "fuse_relu", "dce")
 TRAINING_BACKWARD = ("infer_shapes", "cse", "dce", "chain_activation_backward", "trim_gemm_backward",
                      "fuse_loss_gradient", "join_slice_gradients", "dce")
+# Last of all (after activation checkpointing, which finds forward nodes by name): forward and backward pointwise
+# chains of the differentiated graph fuse.
+TRAINING_FUSION = ("fuse_pointwise_training", "dce")
 
 
 def resolve(passes: Sequence[str | Pass] | None) -> list[Pass]:
@@ -66,8 +75,8 @@ def resolve(passes: Sequence[str | Pass] | None) -> list[Pass]:
     return result
 
 
-__all__ = ["DEFAULT_PIPELINE", "PASSES", "POLICY", "TRAINING_BACKWARD", "TRAINING_FORWARD", "Pass", "PassManager",
-           "PassRecord", "Pat", "Rewrite", "autocast", "canonicalize", "chain_activation_backward",
+__all__ = ["DEFAULT_PIPELINE", "PASSES", "POLICY", "TRAINING_BACKWARD", "TRAINING_FORWARD", "TRAINING_FUSION", "Pass",
+           "PassManager", "PassRecord", "Pat", "Rewrite", "autocast", "canonicalize", "chain_activation_backward",
            "eliminate_common_subexpressions", "eliminate_dead_code", "fold_batch_norm", "fold_constants", "fuse",
-           "fuse_attention", "fuse_loss_gradient", "fuse_relu", "infer_shapes", "join_slice_gradients", "plan_layouts",
-           "resolve", "rewrite", "trim_gemm_backward"]
+           "fuse_attention", "fuse_loss_gradient", "fuse_pointwise", "fuse_pointwise_training", "fuse_relu",
+           "infer_shapes", "join_slice_gradients", "plan_layouts", "resolve", "rewrite", "trim_gemm_backward"]

@@ -14,16 +14,14 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from ..codegen.compiler import user_cache_directory
+
 FORMAT = "graph_executor_v2.autotune"
 VERSION = 1
 
 
 def default_cache_path() -> Path:
-    directory = os.environ.get("GE2_CACHE_DIR")
-    if not directory:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        directory = os.path.join(base, "graph_executor_v2")
-    return Path(directory) / "autotune.json"
+    return user_cache_directory() / "autotune.json"
 
 
 class AutotuneCache:

@@ -26,11 +26,15 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .. import device as _device
+from ..codegen.candidate import precompile
+from ..codegen.compiler import STATS, describe_build
+from ..codegen.group import fused_members
 from ..dtypes import itemsize
 from ..ir.graph import Graph
+from ..ir.schema import Problem
 from ..ir.types import TensorType
 from ..ir.verify import verify as verify_graph
-from ..ir.schema import Problem
+from ..ops.fused import FUSED_OPS
 from ..passes import Pass, PassManager, PassRecord, infer_shapes, resolve
 from .autotune import AutotuneCache
 from .backends import backend_for
@@ -370,12 +374,12 @@ class ExecutorV2:
 
         selections, steps = [], []
         signalling = order.signalling
+        if self.device == "cuda":  # fused nodes' kernels compile in parallel, then load node by node from the cache
+            precompile([_problem_of(node, self.capabilities) for node in graph.nodes if node.op in FUSED_OPS])
         for index, node in enumerate(graph.nodes):
             ins = tuple(absent if v is None else addresses[v.name] for v in node.inputs)
             outs = tuple(addresses[v.name] for v in node.outputs)
-            problem = Problem(node.op, tuple(None if v is None else v.type for v in node.inputs),
-                              tuple(v.type for v in node.outputs), node.attrs,
-                              self.capabilities.compute_capability)
+            problem = _problem_of(node, self.capabilities)
             if node.outputs and node.outputs[0] in roots:  # a view: every output shares its root's buffer
                 shared = roots[node.outputs[0]].name
                 selections.append(Selection(node.name, node.op, ALIAS, "the output is a view of the input's buffer",
@@ -452,11 +456,12 @@ class ExecutorV2:
                 lines.append(f"  cuda graph: {plan.capture}")
             streams = plan.schedule.stream_count
             name_width = max((len(s.node) for s in plan.selections), default=0)
-            for selection, step in zip(plan.selections, plan.steps):
+            for node, selection, step in zip(plan.graph.nodes, plan.selections, plan.steps):
                 label = functools.partial(kernel_label, selection.op)
                 on_stream = f" [stream {step.stream}]" if streams > 1 else ""
                 lines.append(f"  {selection.node:<{name_width}}  {selection.op:<10} -> {label(selection.kernel)}: "
                              f"{selection.reason}{on_stream}")
+                lines += _describe_generated(node, selection)
                 lines += [f"      fallback: {label(name)} failed to prepare: {why}"
                           for name, why in selection.fallbacks]
                 lines += [f"      not viable: {label(name)}: {why}" for name, why in selection.rejected]
@@ -464,6 +469,23 @@ class ExecutorV2:
         lines.append(f"fallbacks: {len(fallbacks)}")
         lines += [f"  {s.node} ({s.op}) runs {kernel_label(s.op, s.kernel)}" for s in fallbacks]
         return "\n".join(lines)
+
+
+def _problem_of(node, capabilities: Capabilities) -> Problem:
+    return Problem(node.op, tuple(None if v is None else v.type for v in node.inputs),
+                   tuple(v.type for v in node.outputs), node.attrs, capabilities.compute_capability)
+
+
+def _describe_generated(node, selection: Selection) -> list[str]:
+    """explain()'s lines for a fused node (its members and their original nodes) and a generated kernel (its name
+    and what building it cost)."""
+    lines = []
+    if node.op in FUSED_OPS:
+        lines.append(f"      members: {fused_members(node)}")
+    record = STATS.of_launch(selection.launch)
+    if record is not None:
+        lines.append(f"      kernel {record.kernel}: {describe_build(record)}")
+    return lines
 
 
 def _no_launch(ins, outs, stream) -> None:

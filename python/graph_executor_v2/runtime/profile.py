@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..codegen.compiler import STATS, describe_build
 from ..dtypes import itemsize
 
 
@@ -57,6 +58,8 @@ class Profile:
     nodes: list[NodeTime]
     node_by_node_ms: float  # the whole plan run node by node on its streams (median)
     cuda_graph_ms: float | None  # the whole plan as one CUDA-graph replay (median); None when not captured
+    # generated kernels: (node, kernel, how it was built: cold compile or cache-hit time)
+    compiles: tuple[tuple[str, str, str], ...] = ()
 
     def table(self) -> str:
         header = f"{'node':<24} {'op':<12} {'kernel':<22} {'median ms':>10} {'share':>6} {'rate':>16} {'roofline':>8}"
@@ -70,6 +73,7 @@ class Profile:
         lines.append(f"plan: {self.node_by_node_ms:.4f} ms node by node, " + (
             "not captured" if self.cuda_graph_ms is None else f"{self.cuda_graph_ms:.4f} ms as a CUDA graph")
             + "  (* fallback)")
+        lines += [f"generated {kernel} ({node}): {built}" for node, kernel, built in self.compiles]
         return "\n".join(lines)
 
     __str__ = table
@@ -147,7 +151,9 @@ def profile_plan(executor, plan, runs: int) -> Profile:
         rows.append(NodeTime(node.name, node.op, selection.kernel, selection.is_fallback, step.stream, median_ms,
                              median_ms / total, rate, unit, fraction))
     device = executor.capabilities.gpu_name or executor.device
-    return Profile(executor.source_graph.name, device, runs, rows, node_by_node, replayed)
+    compiles = tuple((selection.node, record.kernel, describe_build(record))
+                     for selection in plan.selections if (record := STATS.of_launch(selection.launch)) is not None)
+    return Profile(executor.source_graph.name, device, runs, rows, node_by_node, replayed, compiles)
 
 
 def _event_ms(runtime, stream: int, run, runs: int) -> float:

@@ -39,7 +39,8 @@ from ..distributed.buckets import DEFAULT_BUCKET_BYTES
 from ..distributed.data_parallel import GradientAverager
 from ..dtypes import FLOAT_DTYPES, itemsize, normalize, to_numpy
 from ..ir.graph import Graph
-from ..passes import TRAINING_BACKWARD, TRAINING_FORWARD, Pass, PassManager, autocast, eliminate_dead_code, resolve
+from ..passes import (TRAINING_BACKWARD, TRAINING_FORWARD, TRAINING_FUSION, Pass, PassManager, autocast,
+                      eliminate_dead_code, resolve)
 from ..passes.amp import AMP_DTYPES
 from ..passes.training import recompute
 from ..runtime.backends import backend_for
@@ -136,6 +137,7 @@ class Trainer:
             if isinstance(checkpoint, str):
                 raise TypeError("checkpoint: expected a sequence of names, got a single string; wrap it in a list")
             passes.append(Pass("recompute", lambda g: recompute(g, self._forward_names, checkpoint)))
+        passes += resolve(TRAINING_FUSION)
         self.train_graph, self._backward_records = PassManager(passes).run(differentiated)
 
         self._backend = backend_for(device)

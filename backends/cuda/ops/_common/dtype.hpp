@@ -10,8 +10,7 @@
 
 namespace ge2 {
 
-// Bool: one byte per element, 0 or 1 (NumPy's bool_, DLPack's kDLBool): masks from comparisons and logical ops.
-enum class DType : int { Float32 = 0, Float16 = 1, BFloat16 = 2, Int32 = 3, Int64 = 4, UInt8 = 5, Bool = 6 };
+enum class DType : int { Float32 = 0, Float16 = 1, BFloat16 = 2, Int32 = 3, Int64 = 4, UInt8 = 5 };
 
 inline constexpr std::size_t dtype_size(DType dtype) {
   switch (dtype) {
@@ -21,7 +20,6 @@ inline constexpr std::size_t dtype_size(DType dtype) {
     case DType::Int32: return 4;
     case DType::Int64: return 8;
     case DType::UInt8: return 1;
-    case DType::Bool: return 1;
   }
   return 0;
 }
@@ -34,7 +32,6 @@ inline const char* dtype_name(DType dtype) {
     case DType::Int32: return "int32";
     case DType::Int64: return "int64";
     case DType::UInt8: return "uint8";
-    case DType::Bool: return "bool";
   }
   return "unknown";
 }
@@ -47,9 +44,8 @@ inline DType dtype_from_name(const std::string& name, const char* argument = "dt
   if (name == "int32") return DType::Int32;
   if (name == "int64") return DType::Int64;
   if (name == "uint8") return DType::UInt8;
-  if (name == "bool") return DType::Bool;
   throw std::invalid_argument(std::string(argument) +
-                              ": expected one of float32, float16, bfloat16, int32, int64, uint8, bool, got '" +
+                              ": expected one of float32, float16, bfloat16, int32, int64, uint8, got '" +
                               name + "'");
 }
 

@@ -78,7 +78,6 @@ ncclDataType_t nccl_type(DType dtype) {
     case DType::Int32: return ncclInt32;
     case DType::Int64: return ncclInt64;
     case DType::UInt8: return ncclUint8;
-    case DType::Bool: break;  // masks are not reduced across ranks
   }
   throw std::invalid_argument("dtype: not supported by NCCL collectives");
 }

@@ -1,0 +1,102 @@
+"""The ``generated`` kernel candidate: the group's source, compiled (or taken from the cache) and loaded when a plan
+is built, launched through the runtime's native ``Launch`` as a C launch (no Python per call; capturable).
+
+Every op with a ``scalar`` expression gets one (a group of one member: the op itself), and so does every fused node.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+from ..ir.schema import OPS, Candidate, Problem
+from ..ops._base import native_launch
+from . import compiler
+from .group import Member, describe
+from .pointwise import KernelSource
+
+NAME = "generated"
+PLACEHOLDER = "GE2_KERNEL_NAME"
+
+
+def kernel_name(kind: str, members, source: str) -> str:
+    """A name that says what the kernel computes and is unique to its source: ``ge2_<kind>_<ops>_<digest>``."""
+    ops = "_".join(dict.fromkeys(m.op for m in members))
+    ops = re.sub(r"[^A-Za-z0-9_]", "", ops)[:48]
+    return f"ge2_{kind}_{ops}_{hashlib.sha256(source.encode()).hexdigest()[:12]}"
+
+
+def named(kernel: KernelSource, name: str) -> KernelSource:
+    return KernelSource(name, kernel.source.replace(PLACEHOLDER, name), kernel.grid, kernel.block, kernel.inputs,
+                        kernel.outputs, kernel.shared_bytes)
+
+
+def arch_of(problem: Problem) -> int:
+    major, minor = problem.compute_capability
+    return 10 * major + minor
+
+
+def build(kind: str, members: tuple[Member, ...], generate: Callable[[str], KernelSource]) -> KernelSource:
+    """The named kernel source of a group (``generate(name)`` writes it)."""
+    draft = generate(PLACEHOLDER)
+    return named(draft, kernel_name(kind, members, draft.source))
+
+
+def generated_candidate(kind: str, members_of_problem: Callable[[Problem], tuple[Member, ...]],
+                        why_not: Callable[[Problem], str | None],
+                        generate: Callable[[Problem, str], KernelSource], priority: int,
+                        description: str) -> Candidate:
+    """A ``generated`` Candidate: ``why_not(problem)`` says what it cannot run, ``generate(problem, name)`` writes
+    the kernel."""
+
+    generator = (kind, members_of_problem, generate)
+
+    def supports(problem: Problem) -> str | None:
+        unavailable = compiler.availability()
+        if unavailable:
+            return f"NOT AVAILABLE: {unavailable}"
+        return why_not(problem)
+
+    def prepare(problem: Problem):
+        members = members_of_problem(problem)
+        kernel = build(kind, members, lambda name: generate(problem, name))
+        group = f"{kind} group [{describe(members)}]"
+        loaded, record = compiler.load_kernel(kernel.source, kernel.name, arch_of(problem), group)
+        launch = native_launch(loaded.bind(kernel.inputs, kernel.outputs, kernel.grid, kernel.block,
+                                           kernel.shared_bytes))
+        compiler.STATS.attach(launch, record)
+        return launch
+
+    prepare.generator = generator  # what precompile() needs
+    return Candidate(NAME, priority, description, supports, prepare, any_alignment=True)
+
+
+def precompile(problems) -> None:
+    """Compiles the generated kernels of fused nodes' problems on parallel threads (NVRTC releases the GIL) into
+    the disk cache, so that the nodes' prepare, one after the other, find them there. A kernel that fails to compile
+    is left to its node's prepare, which reports it with its group."""
+    jobs = {}
+    for problem in problems:
+        candidate = next((c for c in OPS[problem.op].candidates if c.name == NAME), None)
+        if candidate is None or candidate.supports(problem) is not None:
+            continue
+        kind, members_of_problem, generate = candidate.prepare.generator
+        try:
+            kernel = build(kind, members_of_problem(problem), lambda name: generate(problem, name))
+        except (ValueError, TypeError):
+            continue
+        jobs.setdefault(kernel.name, (kernel, arch_of(problem)))
+    if not jobs:
+        return
+
+    def compile_one(job):
+        kernel, arch = job
+        try:
+            compiler.compile_cubin(kernel.source, kernel.name, arch, kernel.name)
+        except RuntimeError:
+            pass  # the node's own prepare raises it again, naming its group
+
+    with ThreadPoolExecutor(max_workers=max(1, min(16, os.cpu_count() or 1))) as pool:
+        list(pool.map(compile_one, jobs.values()))

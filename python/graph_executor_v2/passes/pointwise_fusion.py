@@ -1,0 +1,326 @@
+"""Pointwise fusion: each maximal connected subgraph of pointwise ops becomes one ``fused_pointwise`` node, and a
+row reduction absorbs the pointwise group that feeds it (its prologue) and the one that reads it (its epilogue) into
+one ``fused_reduction`` node. Their kernels are generated (``codegen/``); on the CPU they run the members' references.
+
+Guards (ONNX Runtime style, checked before any rewrite):
+- a member is pointwise: its op has a ``scalar`` expression and one output whose shape is the broadcast of its
+  inputs'; every member of a group has the same output shape (the group's iteration shape) and placement;
+- groups never form a cycle: two parts merge only when no path leaves one and comes back into the other through a
+  node outside them;
+- nothing is recomputed: a member value read outside its group, or a graph output, becomes an output of the fused
+  node and is stored once;
+- bounded: at most ``MAX_INPUTS`` inputs, ``MAX_OUTPUTS`` outputs and ``MAX_MEMBERS`` members (code size) a group.
+Streams are assigned after the passes (``runtime/schedule.py``), to whole nodes: a fused node runs on one stream, so
+no group spans a cross-stream edge. ``GE2_NO_FUSION=1`` turns the pass off (before/after comparisons).
+
+Single-element parameters are folded into the generated source as constants (``fuse_pointwise``); the training
+variant (``fuse_pointwise_training``) keeps every parameter an input, since a trainer updates them in place.
+"""
+from __future__ import annotations
+
+import heapq
+import os
+from typing import Callable
+
+from ..ir.graph import Graph, Node, Value
+from ..ir.schema import OPS
+from ..ops.fused import MAX_OUTPUTS
+
+MAX_INPUTS = 16
+MAX_MEMBERS = 48
+REDUCTIONS = ("sum", "mean", "max", "min")
+
+
+def _broadcast(shapes) -> tuple | None:
+    rank = max(len(s) for s in shapes)
+    result = []
+    for axis in range(rank):
+        dims = {s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0} - {1}
+        if len(dims) > 1:
+            return None
+        result.append(dims.pop() if dims else 1)
+    return tuple(result)
+
+
+def is_pointwise(node: Node) -> bool:
+    opdef = OPS[node.op]
+    if getattr(opdef, "scalar", None) is None or len(node.outputs) != 1:
+        return False
+    shapes = [tuple(v.type.shape) for v in node.inputs if v is not None]
+    return bool(shapes) and None not in node.inputs and _broadcast(shapes) == tuple(node.outputs[0].type.shape)
+
+
+class _Groups:
+    """Groups of pointwise nodes (node -> group id), grown in topological order."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.index = {node: i for i, node in enumerate(graph.nodes)}
+        self.users = graph.users()
+        self.group_of: dict[Node, int] = {}
+        self.members: dict[int, list[Node]] = {}
+        self._next_group = 0
+
+    def _escapes_and_returns(self, start: set[Node], target: set[Node]) -> bool:
+        """Whether a path leaves ``start`` through a node outside ``start | target`` and reaches ``target``."""
+        union = start | target
+        limit = max(self.index[n] for n in target)
+        frontier = [u for n in start for v in n.outputs for u in self.users.get(v, []) if u not in union]
+        seen = set()
+        while frontier:
+            node = frontier.pop()
+            if node in seen or self.index[node] > limit:
+                continue
+            seen.add(node)
+            for value in node.outputs:
+                for user in self.users.get(value, []):
+                    if user in target:
+                        return True
+                    if user not in union:
+                        frontier.append(user)
+        return False
+
+    def can_merge(self, a: set[Node], b: set[Node]) -> bool:
+        if len(a) + len(b) > MAX_MEMBERS or len(self.inputs_of(a | b)) > MAX_INPUTS:
+            return False
+        return not self._escapes_and_returns(a, b) and not self._escapes_and_returns(b, a)
+
+    def inputs_of(self, nodes: set[Node]) -> list[Value]:
+        inputs = []
+        for node in nodes:
+            for value in node.inputs:
+                if value is not None and value.producer not in nodes and value not in inputs:
+                    inputs.append(value)
+        return inputs
+
+    def add(self, node: Node, compatible: Callable[[Node, Node], bool]) -> None:
+        current = {node}
+        for value in node.inputs:
+            producer = value.producer if value is not None else None
+            if producer not in self.group_of or producer in current or not compatible(producer, node):
+                continue
+            other = set(self.members[self.group_of[producer]])
+            if self.can_merge(other, current):
+                current |= other
+        group, self._next_group = self._next_group, self._next_group + 1
+        self.members[group] = sorted(current, key=self.index.get)
+        for member in current:
+            old = self.group_of.get(member)
+            if old is not None and old != group:
+                self.members.pop(old, None)
+            self.group_of[member] = group
+
+
+def _member_attr(node: Node, args: list) -> dict:
+    return {"op": node.op, "node": node.name, "attrs": dict(node.attrs), "args": tuple(args)}
+
+
+def _arg_for(value: Value, inputs: list[Value], member_index: dict[Value, int], fold_params: bool):
+    if value in member_index:
+        return ("member", member_index[value])
+    if fold_params and value.is_param and value.type.numel == 1:
+        return ("constant", value.data.reshape(-1)[0].item(), value.type.dtype, tuple(value.type.shape))
+    if value not in inputs:
+        inputs.append(value)
+    return ("input", inputs.index(value))
+
+
+def _outputs_of(graph: Graph, members: list[Node], users: dict) -> list[Value]:
+    inside = set(members)
+    return [n.outputs[0] for n in members
+            if graph.is_output(n.outputs[0]) or any(u not in inside for u in users.get(n.outputs[0], []))]
+
+
+def _topological_sort(graph: Graph) -> None:
+    """Reorders ``graph.nodes`` topologically, keeping the current order where it is already valid."""
+    position = {node: i for i, node in enumerate(graph.nodes)}
+    remaining = {node: sum(1 for v in node.inputs if v is not None and v.producer in position)
+                 for node in graph.nodes}
+    users = graph.users()
+    ready = [(position[n], id(n), n) for n, count in remaining.items() if count == 0]
+    heapq.heapify(ready)
+    ordered = []
+    while ready:
+        _, _, node = heapq.heappop(ready)
+        ordered.append(node)
+        for value in node.outputs:
+            for user in users.get(value, []):
+                remaining[user] -= 1
+                if remaining[user] == 0:
+                    heapq.heappush(ready, (position[user], id(user), user))
+    if len(ordered) != len(graph.nodes):
+        raise RuntimeError("pointwise fusion made a cycle (a bug in its merge guard)")
+    graph.nodes[:] = ordered
+
+
+def _replace_group(graph: Graph, members: list[Node], users: dict, fold_params: bool):
+    """The group as one fused_pointwise node (inserted before its last member); returns it."""
+    inputs: list[Value] = []
+    member_index: dict[Value, int] = {}
+    member_attrs = []
+    for index, node in enumerate(members):
+        member_attrs.append(_member_attr(node, [_arg_for(v, inputs, member_index, fold_params) for v in node.inputs]))
+        member_index[node.outputs[0]] = index
+    outputs = _outputs_of(graph, members, users)
+    with graph.inserting_before(members[-1]):
+        fused = graph.add_node("fused_pointwise", inputs,
+                               {"members": tuple(member_attrs), "outputs": tuple(member_index[v] for v in outputs)},
+                               device=members[0].device)
+    for old, new in zip(outputs, fused.outputs):
+        graph.replace_uses(old, new)
+    for node in members:
+        graph.remove_node(node)
+    return fused
+
+
+class FusionNote(str):
+    """A note of this pass that explain() lists under "fusions"; ``absorbed``: fused nodes a later fusion took in."""
+
+    is_fusion = True
+    absorbed: tuple[str, ...] = ()
+
+
+def split_binary_backward(graph: Graph) -> list[str]:
+    """``mul_backward``/``div_backward`` with no broadcast (dy, a and b of one shape) as the pointwise ops they are,
+    so the backward chains around them fuse: mul: (dy * b, dy * a); div: (dy / b, -(dy * a) / (b * b))."""
+    notes = []
+    for node in list(graph.nodes):
+        if node.op not in ("mul_backward", "div_backward"):
+            continue
+        dy, a, b = node.inputs
+        if not (dy.type == a.type == b.type):
+            continue
+        with graph.inserting_before(node):
+            if node.op == "mul_backward":
+                da, db = graph.mul(dy, b), graph.mul(dy, a)
+            else:
+                da, db = graph.div(dy, b), graph.neg(graph.div(graph.mul(dy, a), graph.mul(b, b)))
+        for old, new in zip(node.outputs, (da, db)):
+            graph.replace_uses(old, new)
+        graph.remove_node(node)
+        notes.append(f"{node.name} ({node.op}) split into pointwise ops")
+    return notes
+
+
+def fuse_pointwise_groups(graph: Graph, fold_params: bool) -> list[str]:
+    if os.environ.get("GE2_NO_FUSION") == "1":
+        return []
+    split = split_binary_backward(graph)
+    groups = _Groups(graph)
+
+    def compatible(producer: Node, consumer: Node) -> bool:
+        return (producer.device == consumer.device
+                and tuple(producer.outputs[0].type.shape) == tuple(consumer.outputs[0].type.shape))
+
+    for node in graph.nodes:
+        if is_pointwise(node):
+            groups.add(node, compatible)
+    notes = []
+    for members in list(groups.members.values()):
+        if len(members) < 2 or len(_outputs_of(graph, members, groups.users)) > MAX_OUTPUTS:
+            continue
+        fused = _replace_group(graph, members, groups.users, fold_params)
+        notes.append(FusionNote(f"{fused.name}: fused {len(members)} pointwise ops into one generated kernel: "
+                                + ", ".join(f"{n.op} ({n.name})" for n in members)))
+    if notes:
+        _topological_sort(graph)
+    reductions = fuse_reductions(graph, fold_params)
+    absorbed = {name for note in reductions for name in note.absorbed}
+    return split + [n for n in notes if n.split(":")[0] not in absorbed] + reductions
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reductions: a pointwise prologue and epilogue around sum/mean/max/min over trailing dims.
+# ---------------------------------------------------------------------------------------------------------------
+def _trailing_axes(node: Node) -> int | None:
+    """How many trailing dims the reduction ``node`` reduces, or None when its axes are not the trailing ones."""
+    rank = node.inputs[0].type.rank
+    axis = node.attrs.get("axis")
+    axes = tuple(range(rank)) if axis is None else (axis if isinstance(axis, tuple) else (axis,))
+    axes = sorted({a % rank for a in axes}) if rank else []
+    if not axes or axes != list(range(rank - len(axes), rank)):
+        return None
+    return len(axes)
+
+
+def _group_members(node: Node) -> tuple[list[dict], list[Value]] | None:
+    """(member attrs, inputs) of a fused_pointwise node with one output (its last member), or of a single
+    pointwise node; None otherwise."""
+    if node.op == "fused_pointwise":
+        if len(node.outputs) != 1 or node.attrs["outputs"] != (len(node.attrs["members"]) - 1,):
+            return None
+        return [dict(m) for m in node.attrs["members"]], list(node.inputs)
+    if is_pointwise(node):
+        return [_member_attr(node, [("input", i) for i in range(len(node.inputs))])], list(node.inputs)
+    return None
+
+
+def _remap(members: list[dict], mapping: dict[int, tuple]) -> list[dict]:
+    """The members with their ("input", k) args replaced by ``mapping[k]``."""
+    return [{**m, "args": tuple(mapping[a[1]] if a is not None and a[0] == "input" else a for a in m["args"])}
+            for m in members]
+
+
+def fuse_reductions(graph: Graph, fold_params: bool) -> list[str]:
+    notes = []
+    for node in list(graph.nodes):
+        if node.op not in REDUCTIONS or node not in graph.nodes or node.op not in OPS:
+            continue
+        axes = _trailing_axes(node)
+        x = node.inputs[0]
+        if axes is None or x.type.dtype not in ("float32", "float16", "bfloat16"):
+            continue
+        users = graph.users()
+        producer = x.producer
+        prologue = _group_members(producer) if producer is not None else None
+        if prologue is None or graph.is_output(x) or len(users.get(x, [])) != 1 or producer.device != node.device:
+            continue
+        members, inputs = prologue
+        reduced = node.outputs[0]
+        consumers = users.get(reduced, [])
+        epilogue_node = consumers[0] if len(consumers) == 1 and not graph.is_output(reduced) else None
+        epilogue = _group_members(epilogue_node) if epilogue_node is not None else None
+        if epilogue is not None and (epilogue_node.device != node.device or tuple(
+                epilogue_node.outputs[0].type.shape) != tuple(reduced.type.shape)):
+            epilogue = None
+        all_inputs = list(inputs)
+        epilogue_attrs: list[dict] = []
+        if epilogue is not None:
+            epilogue_members, epilogue_inputs = epilogue
+            mapping = {}
+            for k, value in enumerate(epilogue_inputs):
+                if value is reduced:
+                    mapping[k] = ("reduced",)
+                    continue
+                if value not in all_inputs:
+                    all_inputs.append(value)
+                mapping[k] = ("input", all_inputs.index(value))
+            epilogue_attrs = _remap(epilogue_members, mapping)
+            if len(all_inputs) > MAX_INPUTS or any(v.producer is epilogue_node for v in all_inputs):
+                epilogue, epilogue_attrs, all_inputs = None, [], list(inputs)
+        attrs = {"members": tuple(members), "reduce": node.op, "axes": axes, "keepdims": node.attrs["keepdims"],
+                 "epilogue": tuple(epilogue_attrs),
+                 "outputs": (len(epilogue_attrs) - 1,) if epilogue_attrs else ()}
+        last = epilogue_node if epilogue is not None else node
+        with graph.inserting_before(last):
+            fused = graph.add_node("fused_reduction", all_inputs, attrs, device=node.device)
+        graph.replace_uses(last.outputs[0], fused.outputs[0])
+        for old in (producer, node) + ((epilogue_node,) if epilogue is not None else ()):
+            graph.remove_node(old)
+        described = [m["op"] + f" ({m['node']})" for m in members] + [f"{node.op} ({node.name})"]
+        described += [m["op"] + f" ({m['node']})" for m in epilogue_attrs]
+        note = FusionNote(f"{fused.name}: fused a {node.op} over {axes} trailing dim(s) with its pointwise "
+                          f"prologue{' and epilogue' if epilogue_attrs else ''}: " + ", ".join(described))
+        note.absorbed = tuple(n.name for n in (producer, epilogue_node) if n is not None and n.op == "fused_pointwise")
+        notes.append(note)
+    if notes:
+        _topological_sort(graph)
+    return notes
+
+
+def fuse_pointwise(graph: Graph) -> list[str]:
+    return fuse_pointwise_groups(graph, fold_params=True)
+
+
+def fuse_pointwise_training(graph: Graph) -> list[str]:
+    return fuse_pointwise_groups(graph, fold_params=False)

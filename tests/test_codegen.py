@@ -1,0 +1,681 @@
+"""Generated kernels (codegen/) and the pointwise fusion pass (passes/pointwise_fusion.py).
+
+CPU part (runs anywhere NVRTC is installed; compiling needs no GPU): every op's scalar expression compiles in a
+generated kernel for every dtype its inference accepts; fused graphs compute what the unfused ones do (the CPU
+backend runs the members' references), random pointwise DAGs included; the pass's guards; the cubin cache (hit,
+miss, corrupt file, two processes at once); NVRTC errors; gradients through fused training graphs against finite
+differences. GPU part (``gpu``): the generated kernels against the float64 references, fused plans against unfused
+ones, CUDA-graph capture, 100 groups in one plan, sizes from 1 element to 2^31+ (``large``), misaligned views.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import graph_executor_v2 as ge2
+from graph_executor_v2.codegen import candidate as codegen_candidate
+from graph_executor_v2.codegen import compiler, elements
+from graph_executor_v2.codegen.pointwise import pointwise_source
+from graph_executor_v2.codegen.reduction import ReductionGroup
+from graph_executor_v2.ir.types import TensorType
+from graph_executor_v2.ops import OPS, Problem
+from graph_executor_v2.ops.fused import FUSED_OPS
+from graph_executor_v2.passes import PassManager, resolve
+from graph_executor_v2.passes.pointwise_fusion import MAX_INPUTS, fuse_pointwise, is_pointwise
+from graph_executor_v2.testing import assert_close, random_array
+
+DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "uint8", "bool")
+FLOATS = ("float32", "float16", "bfloat16")
+# Attributes of ops that have required ones (the others run with their defaults).
+SAMPLE_ATTRS = {"clip": {"min": -0.5, "max": 0.5}, "cast": {"dtype": "float32"}}
+
+needs_nvrtc = pytest.mark.skipif(compiler.availability() is not None, reason=str(compiler.availability()))
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    """Every test compiles into a cache of its own (no test sees another's cubins)."""
+    monkeypatch.setenv("GE2_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _scalar_ops() -> list[str]:
+    return sorted(n for n, o in OPS.items() if getattr(o, "scalar", None) is not None and n not in FUSED_OPS)
+
+
+def _attrs_of(op: str) -> dict:
+    try:
+        return OPS[op].validate_attrs(SAMPLE_ATTRS.get(op, {}), op)
+    except ValueError as error:
+        raise AssertionError(f"op {op} needs an entry in SAMPLE_ATTRS: {error}") from None
+
+
+def _single_problems(op: str, dtype: str):
+    """Problems of ``op`` over (4, 5) and broadcast (5,) inputs of ``dtype`` (a bool condition first, for where),
+    those its inference accepts."""
+    opdef = OPS[op]
+    attrs = _attrs_of(op)
+    count = len(opdef.inputs)
+    shapes = [(4, 5)] + [(5,)] * (count - 1)
+    for dtypes in {tuple([dtype] * count): None, tuple(["bool"] + [dtype] * (count - 1)): None}:
+        in_types = tuple(TensorType(s, d) for s, d in zip(shapes, dtypes))
+        try:
+            out_types = tuple(opdef.infer(list(in_types), attrs))
+        except (ValueError, TypeError):
+            continue
+        yield Problem(op, in_types, out_types, attrs)
+
+
+def _generate(problem: Problem):
+    generated = next(c for c in OPS[problem.op].candidates if c.name == codegen_candidate.NAME)
+    assert generated.supports(problem) is None, generated.supports(problem)
+    return codegen_candidate.build("pointwise", ((problem.op,),),
+                                   lambda name: _generated_source(problem, name))
+
+
+def _generated_source(problem: Problem, name: str):
+    from graph_executor_v2.ops import fused
+
+    generate = {"fused_pointwise": fused._generate_pointwise, "fused_reduction": fused._generate_reduction}
+    return generate.get(problem.op, fused._generate_single)(problem, name)
+
+
+def _one_translation_unit(kernels) -> str:
+    """Several generated kernels in one source (one preamble): one NVRTC run compiles them all."""
+    bodies = [k.source.replace(elements.PREAMBLE, "") for k in kernels]
+    return elements.PREAMBLE + "\n".join(bodies)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Source generation and compilation (CPU)
+# ---------------------------------------------------------------------------------------------------------------
+@needs_nvrtc
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != "float32"])  # float32 loads and stores as they are
+def test_every_scalar_op_compiles_in_a_generated_kernel(dtype):
+    kernels, covered = [], []
+    for op in _scalar_ops():
+        for problem in _single_problems(op, dtype):
+            kernels.append(codegen_candidate.build("pointwise", (), lambda n, p=problem: _generated_source(p, n)))
+            covered.append(op)
+    if dtype in FLOATS:  # every op takes floating inputs, except the logical ones and where's condition
+        assert len(set(covered)) >= len(_scalar_ops()) - 5, sorted(set(_scalar_ops()) - set(covered))
+    if not kernels:
+        pytest.skip(f"no scalar op takes {dtype} inputs")
+    cubin = compiler.compile_cubin(_one_translation_unit(kernels), "every_op_" + dtype, 90, f"every op, {dtype}")
+    assert len(cubin) > 1000
+
+
+def _pointwise_kernel(in_types, members, outputs, out_types):
+    from graph_executor_v2.codegen.group import members_of
+
+    return pointwise_source("k", members_of(members), outputs, in_types, out_types)
+
+
+def _member(op, *args, node=None, **attrs):
+    return {"op": op, "node": node or op, "attrs": OPS[op].validate_attrs(attrs, op), "args": tuple(args)}
+
+
+def test_source_vectorizes_aligned_operands_and_indexes_broadcasts_by_folded_strides():
+    x, bias = TensorType((8, 16, 40), "float16"), TensorType((16, 1), "float16")
+    members = (_member("add", ("input", 0), ("input", 1)), _member("relu", ("member", 0)))
+    kernel = _pointwise_kernel((x, bias), members, (1,), (x,))
+    source = kernel.source
+    assert "8 per vector step, 32-bit indices" in source  # 16-byte packs of float16
+    assert "typedef unsigned int index_t" in source
+    assert "reinterpret_cast<const ge2_pack*>(in0)" in source  # the full-shape input as packs
+    assert "ge2_pack* __restrict__" not in source
+    assert "in1[((i / 40u) % 16u)]" in source  # the broadcast bias: row index of the collapsed [8, 16, 40]
+    assert "reinterpret_cast<unsigned long long>(in0) | reinterpret_cast<unsigned long long>(out0)" in source
+    assert kernel.grid == (8 * 16 * 40 // 8 + 255) // 256 and kernel.block == 256
+
+
+def test_source_uses_64_bit_indices_only_past_2_to_the_31_elements():
+    small, large = TensorType((2 ** 31 - 1,), "uint8"), TensorType((2 ** 31 + 16,), "uint8")
+    members = (_member("add", ("input", 0), ("input", 0)),)
+    assert "typedef unsigned int index_t" in _pointwise_kernel((small,), members, (0,), (small,)).source
+    wide = _pointwise_kernel((large,), members, (0,), (large,)).source
+    assert "typedef unsigned long long index_t" in wide and f"{2 ** 31 + 16}ull" in wide
+
+
+def test_constants_are_folded_as_exact_literals():
+    x = TensorType((3,), "float32")
+    members = (_member("mul", ("input", 0), ("constant", 0.1, "float32", ())),)
+    source = _pointwise_kernel((x,), members, (0,), (x,)).source
+    assert repr(float(np.float32(0.1))) in source or "0.1f" in source
+
+
+def test_empty_tensors_launch_nothing():
+    x = TensorType((0, 5), "float32")
+    kernel = _pointwise_kernel((x,), (_member("relu", ("input", 0)),), (0,), (x,))
+    assert kernel.grid == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The compile cache (CPU: compiling needs no GPU)
+# ---------------------------------------------------------------------------------------------------------------
+SOURCE = elements.PREAMBLE + 'extern "C" __global__ void ge2_cache_test(float* y) { y[threadIdx.x] = erff(1.0f); }\n'
+
+
+@needs_nvrtc
+def test_cache_miss_then_hit_then_corrupt_file_recompiled_with_a_warning():
+    compiler.STATS.clear()
+    cubin = compiler.compile_cubin(SOURCE, "ge2_cache_test", 90, "cache test")
+    assert not compiler.STATS.records[-1].cache_hit
+    files = list(compiler.cache_directory().glob("*.cubin"))
+    assert len(files) == 1
+    assert compiler.compile_cubin(SOURCE, "ge2_cache_test", 90, "cache test") == cubin
+    assert compiler.STATS.records[-1].cache_hit
+    assert compiler.compile_cubin(SOURCE, "ge2_cache_test", 80, "cache test") != cubin  # the arch is in the key
+    content = files[0].read_bytes()
+    files[0].write_bytes(content[:-10] + b"0123456789")  # a flipped tail: the digest no longer matches
+    with pytest.warns(UserWarning, match="corrupt kernel cache file"):
+        assert compiler.compile_cubin(SOURCE, "ge2_cache_test", 90, "cache test") == cubin
+    assert not compiler.STATS.records[-1].cache_hit
+    assert files[0].read_bytes() == content  # rewritten
+    files[0].write_bytes(b"")
+    with pytest.warns(UserWarning, match="corrupt"):
+        compiler.compile_cubin(SOURCE, "ge2_cache_test", 90, "cache test")
+
+
+@needs_nvrtc
+def test_two_processes_compiling_the_same_kernel_at_once(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys
+        from graph_executor_v2.codegen import compiler
+        source = {SOURCE!r}
+        for _ in range(3):
+            cubin = compiler.compile_cubin(source, "ge2_cache_test", 90, "two processes")
+        sys.stdout.write(str(len(cubin)))
+    """)
+    environment = {**os.environ, "GE2_CACHE_DIR": str(tmp_path / "shared"),
+                   "PYTHONPATH": str(Path(ge2.__file__).parents[1])}
+    processes = [subprocess.Popen([sys.executable, "-c", script], env=environment, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [p.communicate(timeout=300) for p in processes]
+    assert all(p.returncode == 0 for p in processes), results
+    assert results[0][0] == results[1][0]
+    files = list((tmp_path / "shared" / "kernels").iterdir())
+    assert len(files) == 1 and files[0].suffix == ".cubin"  # no temporary file left behind
+    monkey_cache = compiler._read_cached(files[0])
+    assert monkey_cache is not None and str(len(monkey_cache)) == results[0][0]
+
+
+@needs_nvrtc
+def test_dump_kernels_writes_every_generated_source(tmp_path, monkeypatch):
+    monkeypatch.setenv("GE2_DUMP_KERNELS", str(tmp_path / "dump"))
+    compiler.compile_cubin(SOURCE, "ge2_cache_test", 90, "dump test")
+    assert (tmp_path / "dump" / "ge2_cache_test.cu").read_text() == SOURCE
+
+
+@needs_nvrtc
+def test_nvrtc_error_names_the_group_with_the_log_and_the_failing_line():
+    broken = elements.PREAMBLE + 'extern "C" __global__ void ge2_broken(float* y) {\n  y[0] = no_such_function(1.0f);\n}\n'
+    with pytest.raises(RuntimeError) as raised:
+        compiler.compile_cubin(broken, "ge2_broken", 90, "fused_pointwise group [relu (relu_7)]")
+    message = str(raised.value)
+    assert "fused_pointwise group [relu (relu_7)]" in message
+    assert "no_such_function" in message and "is undefined" in message  # NVRTC's log
+    assert "y[0] = no_such_function(1.0f);" in message.split("failing source line(s):")[1]  # the line itself
+
+
+@needs_nvrtc
+def test_a_broken_scalar_rule_fails_the_plan_build_with_the_node_name():
+    opdef = OPS["relu"]
+    original = opdef.scalar
+    object.__setattr__(opdef, "scalar", lambda args, attrs, ctype: f"undefined_relu({args[0]})")
+    try:
+        problem = next(_single_problems("relu", "float32"))
+        generated = next(c for c in opdef.candidates if c.name == codegen_candidate.NAME)
+        with pytest.raises(RuntimeError, match=r"(?s)pointwise group \[relu \(relu\)\].*undefined_relu"):
+            generated.prepare(problem)
+    finally:
+        object.__setattr__(opdef, "scalar", original)
+
+
+def test_without_nvrtc_the_generated_candidate_is_not_available_with_the_reason(monkeypatch):
+    def missing():
+        raise ImportError("libnvrtc.so.13: cannot open shared object file")
+
+    monkeypatch.setattr(compiler, "_native_module", missing)
+    problem = next(_single_problems("relu", "float32"))
+    generated = next(c for c in OPS["relu"].candidates if c.name == codegen_candidate.NAME)
+    assert generated.supports(problem).startswith("NOT AVAILABLE: NVRTC is not available: libnvrtc.so.13")
+    # the hand-written kernels are untouched: still ranked first
+    assert OPS["relu"].candidates[0].name == "vec16"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The fusion pass (CPU)
+# ---------------------------------------------------------------------------------------------------------------
+def _swish_residual_graph(dtype="float16", shape=(64, 256)):
+    g = ge2.ir.Graph("swish_residual")
+    x, r = g.input("x", shape, dtype), g.input("r", shape, dtype)
+    b = g.input("b", shape[-1:], dtype)
+    y = g.add(g.mul(x, g.sigmoid(x)), r)
+    g.output(y, "y")
+    g.output(g.relu(g.bias_add(y, b)), "z")
+    return g
+
+
+def _feeds(rng, graph):
+    return {v.name: random_array(rng, v.type.shape, v.type.dtype) for v in graph.inputs}
+
+
+def test_a_chain_with_two_outputs_is_one_node_storing_each_output_once(rng):
+    g = _swish_residual_graph()
+    ex = ge2.ExecutorV2(g, "cpu")
+    fused = [n for n in ex.optimized_graph.nodes]
+    assert [n.op for n in fused] == ["fused_pointwise"]
+    assert len(fused[0].outputs) == 2  # y (read by the graph and the next ops) and z
+    members = [m["node"] for m in fused[0].attrs["members"]]
+    assert members == ["sigmoid_0", "mul_0", "add_0", "bias_add_0", "relu_0"]
+    explained = ex.explain()
+    assert "fusions: 1" in explained
+    assert "members: sigmoid (sigmoid_0), mul (mul_0), add (add_0), bias_add (bias_add_0), relu (relu_0)" in explained
+    feeds = _feeds(rng, g)
+    fused_out, unfused_out = ex.run(feeds), ge2.ExecutorV2(g, "cpu", passes=[]).run(feeds)
+    for name in ("y", "z"):
+        np.testing.assert_array_equal(fused_out[name], unfused_out[name])
+
+
+def test_gemm_epilogues_fuse_first_and_the_pointwise_pass_takes_the_rest(rng):
+    g = ge2.ir.Graph("mlp")
+    x = g.input("x", (8, 16), "float32")
+    w = g.param("w", random_array(rng, (16, 32), "float32"))
+    h = g.relu(g.matmul(x, w))  # the relu goes into the gemm epilogue
+    y = g.mul(g.tanh(h), g.sigmoid(h))
+    g.output(y, "y")
+    ex = ge2.ExecutorV2(g, "cpu")
+    ops = [n.op for n in ex.optimized_graph.nodes]
+    assert ops == ["gemm", "fused_pointwise"] and ex.optimized_graph.nodes[0].attrs["act"] == "relu"
+    feeds = _feeds(rng, g)
+    np.testing.assert_array_equal(ex.run(feeds)["y"], ge2.ExecutorV2(g, "cpu", passes=[]).run(feeds)["y"])
+
+
+def test_no_cycle_through_a_node_outside_the_group():
+    # a = relu(x); m = gemm(a, w); c = add(a, m): a and c may not share a node (m sits between them)
+    g = ge2.ir.Graph("cycle")
+    x = g.input("x", (8, 8), "float32")
+    w = g.input("w", (8, 8), "float32")
+    a = g.relu(x)
+    g.output(g.add(g.exp(a), g.matmul(a, w)), "y")
+    graph, _ = PassManager(resolve(["fuse_pointwise"])).run(g)
+    ge2.ir.verify(graph)
+    ops = [n.op for n in graph.nodes]
+    assert ops.count("fused_pointwise") == 1 and "add" in ops  # relu+exp fused; add after the matmul alone
+
+
+def test_different_placements_and_shapes_do_not_fuse():
+    g = ge2.ir.Graph("placed")
+    x = g.input("x", (4, 8), "float32")
+    y = g.relu(x)
+    z = g.add_node("exp", [y], device="cuda:1").outputs[0]
+    v = g.input("v", (8,), "float32")
+    s = g.neg(v)  # a smaller shape: its own group (here of one node, so not fused)
+    g.output(g.add(z, s), "y")
+    graph, _ = PassManager(resolve(["fuse_pointwise"])).run(g)
+    assert [n.op for n in graph.nodes] == ["relu", "exp", "neg", "add"]
+
+
+def test_groups_are_bounded_in_inputs():
+    g = ge2.ir.Graph("wide")
+    inputs = [g.input(f"x{i}", (4, 8), "float32") for i in range(MAX_INPUTS + 4)]
+    total = inputs[0]
+    for value in inputs[1:]:
+        total = g.add(total, value)
+    g.output(total, "y")
+    graph, _ = PassManager(resolve(["fuse_pointwise"])).run(g)
+    assert all(len(n.inputs) <= MAX_INPUTS for n in graph.nodes)
+    assert sum(n.op == "fused_pointwise" for n in graph.nodes) >= 2
+
+
+def test_single_element_parameters_are_folded_except_for_training():
+    g = ge2.ir.Graph("scaled")
+    x = g.input("x", (4, 8), "float32")
+    half = g.param("half", np.array(0.5, np.float32))
+    g.output(g.relu(g.mul(x, half)), "y")
+    inference, _ = PassManager(resolve(["fuse_pointwise"])).run(g)
+    training, _ = PassManager(resolve(["fuse_pointwise_training"])).run(g)
+    (node,) = inference.nodes
+    assert [v.name for v in node.inputs] == ["x"]
+    assert node.attrs["members"][0]["args"][1] == ("constant", 0.5, "float32", ())
+    assert [v.name for v in training.nodes[0].inputs] == ["x", "half"]
+
+
+def test_no_fusion_environment_switch(monkeypatch):
+    monkeypatch.setenv("GE2_NO_FUSION", "1")
+    graph, records = PassManager(resolve(["fuse_pointwise"])).run(_swish_residual_graph())
+    assert "fused_pointwise" not in graph.op_counts() and not records[0].changed
+
+
+@pytest.mark.parametrize("axis, keepdims, fused", [(2, False, True), (-1, True, True), ((1, 2), False, True),
+                                                   (None, False, True), (1, False, False)])
+def test_reductions_fuse_their_prologue_and_epilogue_over_trailing_axes(rng, axis, keepdims, fused):
+    g = ge2.ir.Graph("mse")
+    x, y = g.input("x", (6, 5, 7), "float32"), g.input("y", (6, 5, 7), "float32")
+    d = g.sub(x, y)
+    m = g.mean(g.mul(d, d), axis=axis, keepdims=keepdims)
+    g.output(g.exp(g.neg(m)), "loss")
+    ex = ge2.ExecutorV2(g, "cpu")
+    ops = [n.op for n in ex.optimized_graph.nodes]
+    assert (ops == ["fused_reduction"]) == fused, ops
+    if fused:
+        node = ex.optimized_graph.nodes[0]
+        assert [m["node"] for m in node.attrs["epilogue"]] == ["neg_0", "exp_0"]
+        assert "-> mean over" in ex.explain()
+    feeds = _feeds(rng, g)
+    np.testing.assert_array_equal(ex.run(feeds)["loss"], ge2.ExecutorV2(g, "cpu", passes=[]).run(feeds)["loss"])
+
+
+def test_a_prologue_value_read_elsewhere_is_not_recomputed():
+    g = ge2.ir.Graph("shared")
+    x = g.input("x", (6, 7), "float32")
+    sq = g.mul(x, x)
+    g.output(g.sum(sq, axis=1), "s")
+    g.output(g.relu(sq), "r")  # sq is read twice: the pointwise group stores it, the sum reads it
+    graph, _ = PassManager(resolve(["fuse_pointwise"])).run(g)
+    assert sorted(n.op for n in graph.nodes) == ["fused_pointwise", "sum"]
+
+
+UNARY = ("relu", "gelu", "gelu_erf", "silu", "sigmoid", "tanh", "neg", "exp")
+BINARY = ("add", "sub", "mul", "div")
+
+
+def _random_dag(rng, ops: int, dtype: str = "float32"):
+    """A random pointwise DAG of ``ops`` nodes over three inputs (one broadcast), a few values read twice, some
+    intermediate values graph outputs."""
+    g = ge2.ir.Graph("random")
+    values = [g.input("a", (5, 12), dtype), g.input("b", (5, 12), dtype), g.input("c", (12,), dtype)]
+    for index in range(ops):
+        if rng.random() < 0.5:
+            op = UNARY[rng.integers(len(UNARY))]
+            source = values[rng.integers(len(values))]
+            if op == "exp":  # keep exp's argument bounded
+                source = g.tanh(source)
+            values.append(getattr(g, op)(source))
+        else:
+            op = BINARY[rng.integers(len(BINARY))]
+            left, right = (values[rng.integers(len(values))] for _ in range(2))
+            if op == "div":
+                right = g.add(g.sigmoid(right), g.sigmoid(right))  # in (0, 2): no division by ~0
+            values.append(getattr(g, op)(left, right))
+        if rng.random() < 0.15:
+            g.output(values[-1], f"out{index}")
+    g.output(values[-1], "last")
+    return g
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_pointwise_dags_fuse_and_match_the_unfused_graph(seed):
+    rng = np.random.default_rng(seed)
+    g = _random_dag(rng, int(rng.integers(2, 21)))
+    ex = ge2.ExecutorV2(g, "cpu", verify=True)
+    assert not any(is_pointwise(n) and n.op not in FUSED_OPS and _has_pointwise_neighbour(ex.optimized_graph, n)
+                   for n in ex.optimized_graph.nodes if n.outputs[0].type.shape == (5, 12))
+    feeds = _feeds(rng, g)
+    fused, unfused = ex.run(feeds), ge2.ExecutorV2(g, "cpu", passes=[]).run(feeds)
+    for name in unfused:
+        np.testing.assert_array_equal(fused[name], unfused[name], err_msg=name)
+
+
+def _has_pointwise_neighbour(graph, node) -> bool:
+    """Whether a pointwise node of the same shape feeds ``node`` (the pass would have fused them)."""
+    return any(v is not None and v.producer is not None and is_pointwise(v.producer)
+               and v.type.shape == node.outputs[0].type.shape for v in node.inputs)
+
+
+@needs_nvrtc
+def test_random_dags_generate_kernels_that_compile():
+    kernels = []
+    for seed in range(4):
+        rng = np.random.default_rng(100 + seed)
+        for dtype in ("float32", "bfloat16"):
+            graph = ge2.ExecutorV2(_random_dag(rng, 12, dtype), "cpu").plans[0].graph
+            for node in graph.nodes:
+                if node.op in FUSED_OPS:
+                    problem = Problem(node.op, tuple(v.type for v in node.inputs),
+                                      tuple(v.type for v in node.outputs), node.attrs)
+                    kernels.append(codegen_candidate.build("pointwise", (),
+                                                           lambda n, p=problem: _generated_source(p, n)))
+    assert kernels
+    compiler.compile_cubin(_one_translation_unit(kernels), "random_dags", 90, "random DAGs")
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("reduce, cols", [("sum", 37), ("mean", 4096), ("max", 1000), ("min", 5000)])
+def test_reduction_kernels_compile_for_warp_and_block_rows(reduce, cols):
+    x = TensorType((9, cols), "float16")
+    group = ReductionGroup.from_attrs({
+        "members": (_member("mul", ("input", 0), ("input", 0)),), "reduce": reduce, "axes": 1, "keepdims": False,
+        "epilogue": (_member("sqrt" if "sqrt" in OPS else "exp", ("reduced",)),), "outputs": (0,)})
+    out_types = group.infer([x])
+    kernel = group.source("ge2_reduction_test", [x], out_types)
+    assert ("__shared__" in kernel.source) == (cols > 1024)
+    compiler.compile_cubin(kernel.source, kernel.name, 90, f"{reduce} test")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training: fused forward and backward chains
+# ---------------------------------------------------------------------------------------------------------------
+def test_training_graphs_fuse_forward_and_backward_and_gradients_match_finite_differences(rng):
+    g = ge2.ir.Graph("train_chain")
+    x = g.input("x", (3, 4), "float32")
+    w = g.param("w", random_array(rng, (4,), "float32"))
+    h = g.mul(g.silu(g.add(x, w)), g.tanh(x))
+    g.output(g.sum(g.mul(h, h)), "loss")
+    differentiated = ge2.autograd.backward_graph(g, "loss", wrt=["w"])
+    fused_graph, _ = PassManager(resolve(["infer_shapes", "cse", "dce", "fuse_pointwise_training", "dce"])).run(
+        differentiated)
+    assert sum(n.op in FUSED_OPS for n in fused_graph.nodes) >= 2  # a forward group and a backward group
+    assert not any(n.op.endswith("_backward") and is_pointwise(n) for n in fused_graph.nodes)
+    feeds = {"x": random_array(rng, (3, 4), "float32")}
+    grad = ge2.ExecutorV2(fused_graph, "cpu", passes=[]).run(feeds)["grad/w"]
+
+    def loss(wv):
+        xv = feeds["x"].astype(np.float64)
+        z = xv + wv
+        h = z / (1 + np.exp(-z)) * np.tanh(xv)
+        return float(np.sum(h * h))
+
+    base = np.asarray(g.params["w"].data, np.float64)
+    numeric = np.zeros(4)
+    for i in range(4):
+        step = np.zeros(4)
+        step[i] = 1e-6
+        numeric[i] = (loss(base + step) - loss(base - step)) / 2e-6
+    assert_close(grad, numeric, "float32", what="d loss / d w")
+
+
+def test_trainer_steps_fuse_and_match_unfused_training(rng, monkeypatch):
+    def trained(no_fusion: str):
+        monkeypatch.setenv("GE2_NO_FUSION", no_fusion)
+        g = ge2.ir.Graph("mlp")
+        x = g.input("x", (8, 6), "float32")
+        w = g.param("w", np.linspace(-1, 1, 6 * 5).reshape(6, 5).astype(np.float32))
+        b = g.param("b", np.linspace(-0.5, 0.5, 5).astype(np.float32))
+        h = g.gelu_erf(g.add(g.matmul(x, w), b))
+        g.output(g.mean(g.mul(h, h)), "loss")
+        trainer = ge2.train.Trainer(g, "loss", optimizer=ge2.train.SGD(lr=0.1), device="cpu")
+        feeds = {"x": np.linspace(-2, 2, 48).reshape(8, 6).astype(np.float32)}
+        losses = [float(trainer.step(feeds)) for _ in range(3)]
+        return losses, trainer.train_graph.op_counts()
+
+    fused_losses, fused_ops = trained("0")
+    unfused_losses, unfused_ops = trained("1")
+    assert "fused_pointwise" in fused_ops or "fused_reduction" in fused_ops
+    assert not set(unfused_ops) & FUSED_OPS
+    np.testing.assert_allclose(fused_losses, unfused_losses, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------------------------------
+def _run_problem(problem: Problem, arrays, to_device, poisoned, offset_bytes: int = 0):
+    """Prepares the generated candidate of ``problem`` and launches it on device copies of ``arrays`` (shifted by
+    ``offset_bytes`` from a 256-byte aligned allocation: a misaligned view); returns the outputs on the host."""
+    generated = next(c for c in OPS[problem.op].candidates if c.name == codegen_candidate.NAME)
+    assert generated.supports(problem) is None
+    launch = generated.prepare(problem)
+    runtime = ge2.device.runtime()
+    keep, ins = [], []
+    for array in arrays:
+        array = array.view(np.uint8) if array.dtype == np.bool_ else array  # DeviceArrays hold masks as bytes
+        padded = np.zeros(array.size + 64, array.dtype)
+        start = offset_bytes // array.itemsize
+        padded[start:start + array.size] = array.reshape(-1)
+        device = to_device(padded)
+        keep.append(device)
+        ins.append(device.ptr + start * array.itemsize)
+    outs, out_arrays = [], []
+    for t in problem.out_types:
+        itemsize = np.dtype(ge2.dtypes.to_numpy(t.dtype)).itemsize
+        poison = poisoned((t.numel + 64,), "uint8" if t.dtype == "bool" else t.dtype)
+        out_arrays.append(poison)
+        outs.append(poison.ptr + (offset_bytes // itemsize) * itemsize)
+    launch(ins, outs, 0)
+    runtime.synchronize()
+    results = []
+    for poison, t in zip(out_arrays, problem.out_types):
+        itemsize = np.dtype(ge2.dtypes.to_numpy(t.dtype)).itemsize
+        start = offset_bytes // itemsize
+        values = poison.numpy()[start:start + t.numel].reshape(t.shape)
+        results.append(values.view(np.bool_) if t.dtype == "bool" else values)
+    return results
+
+
+def _tolerance_dtype(dtype: str) -> str:
+    return dtype if dtype in FLOATS else "float32"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", FLOATS + ("int32", "bool"))
+@pytest.mark.parametrize("offset_bytes", [0, 2])
+def test_every_scalar_op_on_the_gpu_against_its_reference(rng, to_device, poisoned, dtype, offset_bytes):
+    for op in _scalar_ops():
+        for problem in _single_problems(op, dtype):
+            arrays = [_random_input(rng, t) for t in problem.in_types]
+            expected = OPS[op].run_reference(arrays, problem.attrs)
+            (got,) = _run_problem(problem, arrays, to_device, poisoned, offset_bytes)
+            _compare(got, expected[0], problem.out_types[0].dtype, f"{op} {dtype} offset {offset_bytes}")
+
+
+def _random_input(rng, t: TensorType):
+    if t.dtype == "bool":
+        return rng.random(t.shape) < 0.5
+    if t.dtype in ("int32", "int64", "uint8"):
+        low = 0 if t.dtype == "uint8" else -20
+        return rng.integers(low, 20, t.shape).astype(ge2.dtypes.to_numpy(t.dtype))
+    return random_array(rng, t.shape, t.dtype)
+
+
+def _compare(got, expected, dtype: str, what: str):
+    if dtype in FLOATS:
+        assert_close(got, expected, dtype, what=what)
+    else:
+        np.testing.assert_array_equal(got, expected, err_msg=what)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1,), (7,), (3, 5), (33, 4097), (2, 3, 4, 5, 6, 7)])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_fused_plans_match_the_unfused_reference(rng, shape, dtype):
+    g = _swish_residual_graph(dtype, shape)
+    feeds = _feeds(rng, g)
+    expected = ge2.ExecutorV2(g, "cpu", passes=[]).run(feeds)
+    ex = ge2.ExecutorV2(g, "cuda")
+    assert [s.kernel for s in ex.plans[0].selections] == ["generated"]
+    for _ in range(2):  # the first run warms up and captures, the second replays the CUDA graph
+        got = ex.run(feeds)
+        for name in expected:
+            assert_close(got[name], expected[name], dtype, what=name)
+    assert ex.plans[0].capture.startswith("captured")
+    assert "kernel ge2_pointwise_sigmoid_mul_add_bias_add_relu_" in ex.explain()
+    profile = ex.profile(feeds, runs=3)
+    assert profile.compiles and profile.compiles[0][0] == "fused_pointwise_0"
+
+
+@pytest.mark.gpu
+def test_a_hundred_groups_in_one_plan_captured(rng):
+    g = ge2.ir.Graph("hundred")
+    x = g.input("x", (16, 128), "float32")
+    w = g.param("w", random_array(rng, (128, 128), "float32", scale=0.05))
+    h = x
+    for _ in range(100):  # gemm, then two pointwise ops the epilogue does not take: one group per layer
+        h = g.sub(g.tanh(g.matmul(h, w)), g.mul(h, h))
+    g.output(h, "y")
+    ex = ge2.ExecutorV2(g, "cuda")
+    assert sum(s.op == "fused_pointwise" and s.kernel == "generated" for s in ex.plans[0].selections) == 100
+    feeds = {"x": random_array(rng, (16, 128), "float32", scale=0.1)}
+    expected = ge2.ExecutorV2(g, "cpu", passes=[]).run(feeds)["y"]
+    for _ in range(2):
+        assert_close(ex.run(feeds)["y"], expected, "float32", reduction_length=128 * 100, what="y")
+    assert ex.plans[0].capture.startswith("captured")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
+@pytest.mark.parametrize("cols", [1, 33, 1024, 1025, 6000])
+def test_fused_reductions_on_the_gpu(rng, reduce, cols):
+    g = ge2.ir.Graph("mse_rows")
+    x, y = g.input("x", (37, cols), "float16"), g.input("y", (37, cols), "float16")
+    d = g.sub(x, y)
+    g.output(g.neg(getattr(g, reduce)(g.mul(d, d), axis=-1)), "r")
+    ex = ge2.ExecutorV2(g, "cuda")
+    assert [s.op for s in ex.plans[0].selections] == ["fused_reduction"]
+    feeds = _feeds(rng, g)
+    expected = ge2.ExecutorV2(g, "cpu", passes=[]).run(feeds)["r"]
+    assert_close(ex.run(feeds)["r"], expected, "float16", reduction_length=cols, what=f"{reduce} of {cols}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset_bytes", [0, 2, 6])
+def test_fused_reduction_on_misaligned_views(rng, to_device, poisoned, offset_bytes):
+    x = TensorType((5, 64), "float16")
+    attrs = {"members": (_member("mul", ("input", 0), ("input", 0)),), "reduce": "sum", "axes": 1,
+             "keepdims": False, "epilogue": (), "outputs": ()}
+    problem = Problem("fused_reduction", (x,), tuple(OPS["fused_reduction"].infer([x], attrs)), attrs)
+    array = random_array(rng, x.shape, "float16")
+    (got,) = _run_problem(problem, [array], to_device, poisoned, offset_bytes)
+    expected = OPS["fused_reduction"].run_reference([array], attrs)[0]
+    assert_close(got, expected, "float16", reduction_length=64, what="sum of squares")
+
+
+@pytest.mark.gpu
+def test_more_than_2_to_the_31_elements_large(to_device):
+    count = 2 ** 31 + 24
+    x = TensorType((count,), "uint8")
+    attrs = {"members": (_member("add", ("input", 0), ("constant", 3, "uint8", ())),), "outputs": (0,)}
+    problem = Problem("fused_pointwise", (x,), (x,), attrs)
+    generated = OPS["fused_pointwise"].candidates[0]
+    launch = generated.prepare(problem)
+    host = np.arange(count, dtype=np.int64).astype(np.uint8)
+    source = to_device(host)
+    out = ge2.device.runtime().DeviceArray.empty([count], "uint8")
+    launch([source.ptr], [out.ptr], 0)
+    result = out.numpy()
+    np.testing.assert_array_equal(result[:4096], host[:4096] + 3)
+    np.testing.assert_array_equal(result[-4096:], host[-4096:] + 3)
+    np.testing.assert_array_equal(result[2 ** 31 - 8: 2 ** 31 + 8], host[2 ** 31 - 8: 2 ** 31 + 8] + 3)
+
+
+@pytest.mark.gpu
+def test_training_on_the_gpu_runs_fused_groups_and_matches_the_cpu(rng):
+    g = ge2.ir.Graph("mlp")
+    x = g.input("x", (16, 32), "float32")
+    w = g.param("w", random_array(rng, (32, 64), "float32", scale=0.2))
+    b = g.param("b", random_array(rng, (64,), "float32"))
+    h = g.gelu_erf(g.add(g.matmul(x, w), b))
+    g.output(g.mean(g.mul(h, g.sigmoid(h))), "loss")
+    feeds = {"x": random_array(rng, (16, 32), "float32")}
+    losses = {}
+    for device in ("cpu", "cuda"):
+        trainer = ge2.train.Trainer(g, "loss", optimizer=ge2.train.SGD(lr=0.1), device=device)
+        losses[device] = [float(trainer.step(feeds)) for _ in range(3)]
+        if device == "cuda":
+            assert any(s.op in FUSED_OPS and s.kernel == "generated" for s in trainer._executor.plans[0].selections)
+    np.testing.assert_allclose(losses["cuda"], losses["cpu"], rtol=1e-4)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import graph_executor_v2 as ge2
+from graph_executor_v2 import selection
 from graph_executor_v2.ir import Graph, TensorType
 from graph_executor_v2.ops import attention
 from graph_executor_v2.testing import assert_close, random_array
@@ -149,11 +150,11 @@ def test_kernels_report_constraints():
     assert [k["name"] for k in table] == list(KERNELS)
     assert [k["priority"] for k in table] == [30, 20, 10, 5]  # auto: cudnn, else flash, else rowwise, else unfused
     assert all(k["constraints"] for k in table)
-    candidates = ge2.ops.OPS["attention"].candidates
+    candidates = selection.candidates(ge2.ops.OPS["attention"])
     assert [(c.name, c.priority) for c in candidates] == [(k["name"], k["priority"]) for k in table]
     assert [c.name for c in candidates if c.always_works] == ["unfused"]
     assert [c.name for c in candidates if c.any_alignment] == ["rowwise", "unfused"]
-    backward = ge2.ops.OPS["attention_backward"].candidates
+    backward = selection.candidates(ge2.ops.OPS["attention_backward"])
     assert [(c.name, c.always_works) for c in backward] == [(c.name, c.always_works) for c in candidates]
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import graph_executor_v2 as ge2
+from graph_executor_v2 import selection
 from graph_executor_v2.ir.types import TensorType
 from graph_executor_v2.ops import OPS, conv2d
 from graph_executor_v2.ops._base import Problem
@@ -421,7 +422,7 @@ def test_kernels_table():
     assert conv2d.has_cudnn() == ("NOT BUILT" not in rows["cudnn"]["description"])
     assert conv2d.has_cudnn_graph() == ("NOT BUILT" not in rows["cudnn_graph"]["description"])
     assert [c.name for c in OPS["conv2d"].candidates] == list(rows)
-    assert [c.priority for c in OPS["conv2d"].candidates] == [row["priority"] for row in rows.values()]
+    assert [c.priority for c in selection.candidates(OPS["conv2d"])] == [row["priority"] for row in rows.values()]
 
 
 NOT_BUILT_FRONTEND = "cuDNN frontend headers not found (install nvidia-cudnn-frontend or set GE2_CUDNN_FRONTEND_DIR)"
@@ -828,7 +829,7 @@ def test_registry_ranks_implicit_gemm_first_for_nhwc_half():
     attrs = op.validate_attrs({"padding": 1, "layout": "NHWC", "act": "relu"}, "node")
     types = (TensorType((2, 8, 8, 16), "float16"), TensorType((4, 3, 3, 16), "float16"), TensorType((4,), "float16"))
     problem = Problem("conv2d", types, tuple(op.infer(types, attrs)), attrs)
-    viable = sorted((c for c in op.candidates if c.supports(problem) is None), key=lambda c: -c.priority)
+    viable = selection.rank(op, problem).viable
     assert viable[0].name == "implicit_gemm"
     nchw_attrs = op.validate_attrs({"padding": 1}, "node")
     nchw_types = (TensorType((2, 16, 8, 8), "float16"), TensorType((4, 16, 3, 3), "float16"), None)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import graph_executor_v2 as ge2
+from graph_executor_v2 import selection
 from graph_executor_v2 import _native
 from graph_executor_v2.ir.types import TensorType
 from graph_executor_v2.ops import OPS, Problem
@@ -120,7 +121,7 @@ def test_registered_opdef():
     assert [i.name for i in op.inputs] == ["x"] and [a.name for a in op.attrs] == ["p", "seed", "offset"]
     assert op.pure is False
     assert [c.name for c in op.candidates] == ["vec16", "scalar"]
-    assert [c.always_works for c in op.candidates] == [False, True]
+    assert [c.always_works for c in selection.candidates(op)] == [False, True]
     attrs = op.validate_attrs({"p": 0.5, "seed": 3}, "node")
     assert attrs["offset"] == 0
     (out,) = op.infer([TensorType(("batch", 8), "bfloat16")], attrs)

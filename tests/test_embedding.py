@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import graph_executor_v2 as ge2
+from graph_executor_v2 import selection
 from graph_executor_v2 import _native
 from graph_executor_v2.ir.types import TensorType
 from graph_executor_v2.ops import OPS, Problem
@@ -50,7 +51,7 @@ def test_registered_opdef_and_infer():
     op = OPS["embedding"]
     assert [i.name for i in op.inputs] == ["table", "ids"] and op.attrs == ()
     assert [c.name for c in op.candidates] == ["vec16", "scalar"]
-    assert [c.always_works for c in op.candidates] == [False, True]
+    assert [c.always_works for c in selection.candidates(op)] == [False, True]
     (out,) = op.infer([TensorType((100, 16), "float16"), TensorType((2, 7), "int32")], {})
     assert out == TensorType((2, 7, 16), "float16")
     (out,) = op.infer([TensorType(("vocab", 8), "bfloat16"), TensorType(("batch", "seq"), "int64")], {})

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import graph_executor_v2 as ge2
+from graph_executor_v2 import selection
 from graph_executor_v2.ir import Graph
 from graph_executor_v2.ops import OPS, Candidate, Input, OpDef, Problem, add_candidate, register, remove_candidate
 from graph_executor_v2.runtime import Preferences, choose_kernel
@@ -145,7 +146,7 @@ def test_explain_shows_an_external_gemm_candidate_chosen_and_one_rejected(rng):
     """A user's gemm variant (here GE2's tiled kernel under another name, only float32) outranks cuBLASLt; a second
     one that refuses the problem is listed with its reason; both are marked external in explain()."""
     gemm = OPS["gemm"]
-    tiled = next(c for c in gemm.candidates if c.always_works)
+    tiled = next(c for c in selection.candidates(gemm) if c.always_works)
     mine = Candidate("my_gemm", 1000, "a user's gemm", lambda p: None if p.in_types[0].dtype == "float32" else
                      "float32 only", tiled.prepare)
     picky = Candidate("my_gemm_k128", 2000, "a user's gemm for K % 128 == 0",

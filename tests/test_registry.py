@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from graph_executor_v2.ir import Graph
-from graph_executor_v2.ops._base import OPS, Candidate, Input, OpDef, Problem
+from graph_executor_v2 import selection
+from graph_executor_v2.ops._base import OPS, Candidate, Input, OpDef, Problem, table_candidate
 from graph_executor_v2.runtime import Capabilities, Preferences, choose_kernel, select
 from graph_executor_v2.runtime.autotune import AutotuneCache, default_cache_path
 from graph_executor_v2.runtime.registry import problem_key
@@ -24,13 +25,14 @@ FAKE_GPU = Capabilities("cuda", (9, 0), "Fake GPU", "Fake GPU | CUDA runtime 0 |
 PYTHON_DIR = str(Path(__file__).resolve().parents[1] / "python")
 
 
-def candidate(name, priority, supports=None, prepare_error=None, always_works=False):
+def candidate(name, priority, supports=None, prepare_error=None, always_works=False, capabilities=()):
     def prepare(problem):
         if prepare_error is not None:
             raise prepare_error
         return lambda ins, outs, stream: None
 
-    return Candidate(name, priority, f"{name} kernel", supports or (lambda problem: None), prepare, always_works)
+    return Candidate(name, priority, f"{name} kernel", supports or (lambda problem: None), prepare, always_works,
+                     capabilities=capabilities)
 
 
 @pytest.fixture
@@ -81,14 +83,18 @@ def test_a_capability_check_that_raises_rejects_only_that_candidate(fake_op):
     assert "ImportError: native module '_ops_fake' is not built" in ranking.rejected[0][1]
 
 
-def test_force_no_epilogue_excludes_the_cublaslt_epilogue(fake_op, monkeypatch):
-    node, problem = fake_op(candidate("cublaslt_epilogue", 30), candidate("cublaslt_postkernel", 20))
+def test_force_no_epilogue_excludes_every_candidate_with_a_fused_epilogue(fake_op, monkeypatch):
+    """The switch names a capability: any candidate declaring "fused_epilogue" is out, whatever its name."""
+    node, problem = fake_op(candidate("my_fused", 40, capabilities=("fused_epilogue",)),
+                            candidate("cublaslt_epilogue", 30, capabilities=("fused_epilogue",)),
+                            candidate("cublaslt_postkernel", 20))
     monkeypatch.setenv("GE2_FORCE_NO_EPILOGUE", "1")
     selection = choose_kernel(node, problem, FAKE_GPU, Preferences.from_env())
     assert selection.kernel == "cublaslt_postkernel"
-    assert selection.rejected == (("cublaslt_epilogue", "excluded by GE2_FORCE_NO_EPILOGUE=1"),)
+    assert selection.rejected == (("my_fused", "excluded by GE2_FORCE_NO_EPILOGUE=1"),
+                                  ("cublaslt_epilogue", "excluded by GE2_FORCE_NO_EPILOGUE=1"))
     monkeypatch.delenv("GE2_FORCE_NO_EPILOGUE")
-    assert choose_kernel(node, problem, FAKE_GPU, Preferences.from_env()).kernel == "cublaslt_epilogue"
+    assert choose_kernel(node, problem, FAKE_GPU, Preferences.from_env()).kernel == "my_fused"
 
 
 def test_force_no_epilogue_applies_to_the_real_gemm_op(monkeypatch):
@@ -257,3 +263,51 @@ def test_default_cache_location(monkeypatch, tmp_path):
     assert default_cache_path() == tmp_path / ".cache" / "graph_executor_v2" / "autotune.json"
     monkeypatch.setenv("GE2_CACHE_DIR", str(tmp_path / "mine"))
     assert default_cache_path() == tmp_path / "mine" / "autotune.json"
+
+
+# --- table candidates: metadata read from the native kernels() table -----------------------------------------------
+@pytest.fixture
+def fake_table(monkeypatch):
+    """A native module '_ops_fake_table' whose kernels() lists three kernels (the selector imports it by name)."""
+    import types
+
+    rows = [{"name": "vector", "priority": 30, "description": "16-byte vectors", "constraints": "aligned",
+             "fallback": False, "alignment": 16},
+            {"name": "gather", "priority": 20, "description": "views too", "constraints": "any",
+             "fallback": False, "alignment": 1},
+            {"name": "scalar", "priority": 10, "description": "always", "constraints": "none",
+             "fallback": True, "alignment": 1}]
+    module = types.ModuleType("graph_executor_v2._ops_fake_table")
+    module.kernels = lambda: rows
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(selection, "_TABLES", {})
+    monkeypatch.setattr(selection, "_RESOLVED", {})
+    return rows
+
+
+def test_table_candidates_take_priority_description_and_alignment_from_the_kernel_table(fake_op, fake_table):
+    table = [table_candidate("_ops_fake_table", name, lambda p: None, lambda p: (lambda i, o, s: None))
+             for name in ("scalar", "gather", "vector")]
+    with pytest.raises(TypeError, match="kernel table"):
+        sorted(table, key=lambda c: -c.priority)  # never ranked by a value nobody read
+    node, problem = fake_op(*table)
+    resolved = selection.candidates(OPS["fake"])
+    assert [(c.name, c.priority, c.description, c.always_works, c.any_alignment) for c in resolved] == [
+        ("scalar", 10, "always", True, True), ("gather", 20, "views too", False, True),
+        ("vector", 30, "16-byte vectors", False, False)]
+    assert [c.name for c in selection.rank(OPS["fake"], problem).viable] == ["vector", "gather", "scalar"]
+    unaligned = selection.rank(OPS["fake"], problem, aligned=False)
+    assert [c.name for c in unaligned.viable] == ["gather", "scalar"]
+    assert unaligned.rejected == (("vector", "the inputs are not 16-byte aligned"),)
+    assert choose_kernel(node, problem, FAKE_GPU, Preferences()).description == "16-byte vectors"
+    assert selection.kernels(OPS["fake"]) == [fake_table[2], fake_table[1], fake_table[0]]
+
+
+def test_a_table_candidate_missing_from_its_table_or_module_is_rejected_with_the_reason(fake_op, fake_table):
+    missing = table_candidate("_ops_fake_table", "tiled", lambda p: None, lambda p: None)
+    unbuilt = table_candidate("_ops_not_built_anywhere", "vector", lambda p: None, lambda p: None)
+    node, problem = fake_op(missing, unbuilt)
+    ranking = select(node, problem, FAKE_GPU, Preferences())
+    assert [c.name for c in ranking.viable] == ["host_reference"]
+    assert "has no kernel 'tiled' in its kernels() table (vector, gather, scalar)" in ranking.rejected[0][1]
+    assert "_ops_not_built_anywhere" in ranking.rejected[1][1] and "ImportError" in ranking.rejected[1][1]

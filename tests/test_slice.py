@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import graph_executor_v2 as ge2
+from graph_executor_v2 import selection
 from graph_executor_v2.ir import Graph
 from graph_executor_v2.ir.types import TensorType
 from graph_executor_v2.ops import OPS, Problem
@@ -154,7 +155,7 @@ def test_opdef_infers_and_validates():
         infer([t(("n", 20), "int32")], attrs((1,), (INT64_MAX,)))
     with pytest.raises(ValueError, match=r"steps: a step of 0"):
         infer([t((4,), "float32")], attrs((0,), (4,), None, (0,)))
-    candidates = OPS["slice"].candidates
+    candidates = selection.candidates(OPS["slice"])
     assert [c.name for c in candidates] == ["strided"] and candidates[0].always_works
 
 

@@ -2,6 +2,7 @@
 correctness check every case runs first."""
 from __future__ import annotations
 
+from graph_executor_v2 import selection
 from graph_executor_v2.dtypes import normalize
 from graph_executor_v2.ir.types import TensorType
 from graph_executor_v2.ops import OPS, Problem
@@ -21,8 +22,8 @@ def prepared(op, inputs, outputs, attrs, candidate=None):
     attrs = opdef.validate_attrs(attrs, op)
     in_types = tuple(TensorType(tuple(x.shape), normalize(x.dtype)) for x in inputs)
     problem = Problem(op, in_types, tuple(opdef.infer(list(in_types), attrs)), attrs)
-    chosen = next(c for c in opdef.candidates
-                  if (candidate is None or c.name == candidate) and c.supports(problem) is None)
+    viable = selection.rank(opdef, problem, pinned=candidate).viable
+    chosen = viable[0] if candidate is None else next(c for c in viable if c.name == candidate)
     launch = chosen.prepare(problem)
     in_ptrs, out_ptrs = [x.data_ptr() for x in inputs], [y.data_ptr() for y in outputs]
     return holding(lambda: launch(in_ptrs, out_ptrs, 0), *inputs, *outputs)

@@ -109,9 +109,31 @@ class Problem:
 Launch = Callable[[Sequence[int], Sequence[int], int], None]
 
 
+class _FromTable:
+    """What a table candidate's priority, description, always_works and any_alignment are until the selector reads
+    them from its native module's kernel table (``selection.candidates``): using it raises, so nothing ranks by a
+    value that was never read."""
+
+    def _unread(self, *_):
+        raise TypeError("a table candidate's metadata is read from its native kernel table: ask "
+                        "graph_executor_v2.selection.candidates(opdef), not OpDef.candidates")
+
+    __bool__ = __lt__ = __le__ = __gt__ = __ge__ = __neg__ = __int__ = _unread
+
+    def __repr__(self) -> str:
+        return "<from the kernel table>"
+
+
+FROM_TABLE = _FromTable()
+
+
 @dataclass(frozen=True)
 class Candidate:
-    """One way to run an op on the GPU."""
+    """One way to run an op on the GPU.
+
+    A described candidate states its metadata here (an out-of-tree kernel, a generated one, a wrapper); a table
+    candidate (``table_candidate``) names the native module whose ``kernels()`` row states it, so it is written once,
+    in C++, and the selector (``graph_executor_v2/selection.py``) fills it in."""
 
     name: str
     priority: int  # higher is preferred among the candidates that support a problem
@@ -121,6 +143,17 @@ class Candidate:
     always_works: bool = False  # the fallback that supports every valid problem on the GPU
     any_alignment: bool = False  # takes element-aligned pointers (views into other arrays), not only 16-byte ones
     origin: str = ""  # the package that registered it from outside GE2; "" for GE2's own candidates
+    # What it offers that an environment switch may turn off (selection.CAPABILITY_SWITCHES: "fused_epilogue").
+    capabilities: tuple[str, ...] = ()
+    table: str = ""  # the native module whose kernels() row gives the metadata ("" for a described candidate)
+
+
+def table_candidate(table: str, name: str, supports: Callable[[Problem], str | None],
+                    prepare: Callable[[Problem], Launch], capabilities: tuple[str, ...] = ()) -> Candidate:
+    """The candidate of kernel ``name`` of the native module ``table`` (e.g. ``"_ops_gemm"``): its priority,
+    description, alignment and whether it is the fallback come from that module's ``kernels()`` table."""
+    return Candidate(name, FROM_TABLE, FROM_TABLE, supports, prepare, FROM_TABLE, FROM_TABLE,
+                     capabilities=tuple(capabilities), table=table)
 
 
 @dataclass(frozen=True)

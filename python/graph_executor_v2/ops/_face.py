@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import device as _device
+from .. import selection
 from ..dtypes import itemsize
 from ..ir.types import TensorType
 from . import _layout
@@ -57,7 +58,7 @@ class Face:
     """The five functions of one op (plus ``prepare``), each a plain function with the op's own signature."""
 
     def __init__(self, opdef: OpDef, backward: BackwardImpl, *, forward: ForwardImpl | None = None,
-                 kernels: Callable[[], list[dict]] | None = None, extras: dict[str, Any] | None = None,
+                 extras: dict[str, Any] | None = None,
                  forward_extras: ForwardImpl | None = None, saved: tuple[str, ...] | dict[str, Any] = (),
                  host_check: Callable[[list, dict], None] | None = None,
                  backward_host_check: Callable[..., None] | None = None, in_place: bool | dict[str, str] = False,
@@ -66,7 +67,6 @@ class Face:
         self.name = opdef.name
         self._backward_impl = backward
         self._forward_impl = forward
-        self._native_kernels = kernels
         # Keyword-only forward options (name -> default); a call that sets one goes to forward_extras.
         self._extras = dict(extras or {})
         self._forward_extras = forward_extras
@@ -88,7 +88,6 @@ class Face:
         self._optional = {i.name for i in opdef.inputs if i.optional}
         self._variadic = any(i.variadic for i in opdef.inputs)
         self._kernel_names = ("auto",) + tuple(c.name for c in opdef.candidates)
-        self._ranked = tuple(sorted(opdef.candidates, key=lambda c: -c.priority))
         self._cache: dict[tuple, _Prepared] = {}
         # (attribute values, their types, kernel) -> the native calls of the signatures most recently run with them
         self._recent: dict[tuple, list] = {}
@@ -203,27 +202,20 @@ class Face:
                          tuple(map(nbytes, in_types)), tuple(map(nbytes, out_types)))
 
     def _choose(self, problem: Problem, kernel: str, aligned: bool) -> tuple[str, Callable]:
-        """The named candidate, or the best one that supports the problem and prepares. Pointers that are not
-        16-byte aligned (views into other arrays) go to the candidates that take any alignment."""
+        """The named candidate, or the selector's choice (``selection.py``, as for plans): the best one that
+        supports the problem and prepares. Pointers that are not 16-byte aligned (views into other arrays) go to
+        the candidates that take any alignment."""
         if kernel != "auto":
-            candidate = next(c for c in self.op.candidates if c.name == kernel)
+            candidate = selection.resolve(next(c for c in self.op.candidates if c.name == kernel))
             reason = candidate.supports(problem)
             if reason:
                 raise ValueError(f"kernel: '{kernel}' cannot run this problem: {reason}")
             return kernel, candidate.prepare(problem)
-        from ..runtime.registry import Preferences  # the runtime imports the ops: import it when first used
-
-        excluded = Preferences.from_env().exclude  # GE2_FORCE_NO_EPILOGUE, as for plans
-        failures = []
-        for candidate in self._ranked:
-            if candidate.name in excluded or (not aligned and not (candidate.always_works or candidate.any_alignment)):
-                continue
-            if candidate.supports(problem):
-                continue
-            try:
-                return candidate.name, candidate.prepare(problem)
-            except RuntimeError as error:  # e.g. no cuBLASLt algorithm: the next candidate runs it
-                failures.append(f"{candidate.name}: {error}")
+        try:
+            choice = selection.choose(selection.rank(self.op, problem, aligned=aligned), problem, catch=RuntimeError)
+            return choice.candidate.name, choice.launch
+        except selection.NoKernelPrepared as error:
+            failures = [f"{name}: {message.partition(': ')[2]}" for name, message in error.fallbacks]
         if not failures and self._no_kernel is not None:
             self._no_kernel(problem)
         if not aligned:
@@ -480,12 +472,7 @@ class Face:
         face = self
 
         def kernels() -> list[dict]:
-            # The native module's table describes its kernels; candidates it does not build (a generated one) are
-            # described by their Candidate.
-            listed = {k["name"]: k for k in face._native_kernels()} if face._native_kernels is not None else {}
-            return [listed.get(c.name) or {"name": c.name, "priority": c.priority, "description": c.description,
-                                           "constraints": "any" if c.always_works else "see description"}
-                    for c in face.op.candidates]
+            return selection.kernels(face.op)
 
         kernels.__doc__ = f"The kernel candidates of {self.name} with their constraints, best first."
         return _named(kernels, self.name, "kernels", inspect.Signature())

@@ -16,17 +16,13 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES, normalize
 from ..ir.types import TensorType
 from . import _layout
-from ._base import Candidate, Problem, native_launch, require_inputs
+from ._base import Candidate, Problem, native_launch, require_inputs, table_candidate
 from ._face import Face
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
-# (name, priority, description, always_works): the native kernels() table says the same with the constraints.
-CANDIDATES = (
-    ("warp_per_row", 30, "one warp per row, the row held in registers (cols <= 1024)", False),
-    ("block_per_row", 20, "128-1024 threads per row, the row held in registers (cols <= 32768)", False),
-    ("multipass", 10, "one block per row re-reading the row for each pass: any cols", True),
-)
+# The kernels, best first; their priorities and descriptions are in the native kernels() table (row_norm/api.hpp).
+KERNELS = ("warp_per_row", "block_per_row", "multipass")
 
 
 @dataclass(frozen=True)
@@ -133,7 +129,7 @@ def workspace_for(native, workspace, template, shape: NormShape, kernel: str, al
 def workspace_bytes(native, op: str, x_shape, dtype, kernel: str, aligned: bool) -> int:
     """backward_workspace_bytes of op ``op`` (``native()`` loads its module)."""
     shape = check_operands(x_shape, normalize(dtype, "dtype"), [])
-    if kernel not in ("auto",) + tuple(name for name, _, _, _ in CANDIDATES):
+    if kernel not in ("auto",) + KERNELS:
         raise ValueError(f"kernel: expected auto or one of the candidates, got {kernel!r}")
     _device.require_gpu(f"{op}.backward_workspace_bytes")
     return native().backward_workspace_bytes(shape.rows, shape.cols, shape.dtype, kernel, bool(aligned))
@@ -215,7 +211,7 @@ def make_face(opdef, native, stats: tuple[str, ...]) -> Face:
         x = inputs[0]
         check_saved(check_operands(x.shape, normalize(x.dtype, "x"), []), saved)
 
-    return Face(opdef, backward, kernels=lambda: native().kernels(), backward_host_check=check_host,
+    return Face(opdef, backward, backward_host_check=check_host,
                 extras={"save_stats": False, **{f"{stat}_out": None for stat in stats}},
                 forward_extras=forward_with_stats, saved={**dict.fromkeys(stats), "workspace": None})
 
@@ -235,10 +231,10 @@ def _make_launch(native, kernel: str, problem: Problem):
                                              len(problem.in_types) > 2))  # a C launch
 
 
-def candidates(native) -> tuple[Candidate, ...]:
-    """One candidate per kernel; ``native()`` loads the op's module."""
+def candidates(module: str, native) -> tuple[Candidate, ...]:
+    """One candidate per kernel of native module ``module``; ``native()`` loads it."""
     result = []
-    for name, priority, description, always_works in CANDIDATES:
+    for name in KERNELS:
         def supports(problem: Problem, name=name):
             shape = problem_dims(problem)
             # Plan buffers are 256-byte aligned: only cols decides between vector and scalar loads.
@@ -247,5 +243,5 @@ def candidates(native) -> tuple[Candidate, ...]:
         def prepare(problem: Problem, name=name):
             return _make_launch(native(), name, problem)
 
-        result.append(Candidate(name, priority, description, supports, prepare, always_works))
+        result.append(table_candidate(module, name, supports, prepare))
     return tuple(result)

@@ -41,8 +41,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout
-from ._base import (Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, in_ptr, native_launch, out_ptr,
-                    register, require_inputs, stream_arg)
+from ._base import (Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, in_ptr, native_launch,
+                    out_ptr, register, require_inputs, stream_arg, table_candidate)
 from ._face import FACES, Face
 
 LAYOUTS = ("bhsd", "bshd")
@@ -310,28 +310,17 @@ def _prepare(problem: Problem, first_input: int, native_call: str, kernel: str):
                          *map(out_ptr, range(len(problem.out_types))), *sizes.values(), kernel, stream_arg())
 
 
-# (name, priority, description, always_works): the native kernels() table says the same with the constraints.
-_KERNELS = (
-    ("cudnn", 30, "cuDNN's fused SDPA (cuDNN frontend), its statistics as lse; float16, bfloat16; head_dim % 8 == 0, "
-                  "<= 256; built only with the cuDNN frontend headers", False),
-    ("flash", 20, "FlashAttention-2 on tensor cores (mma.sync); float16, bfloat16; head_dim 64, 128; any length",
-     False),
-    ("rowwise", 10, "a warp per row, float32 online softmax, no tensor cores, no cuBLAS, no score scratch; "
-                    "head_dim <= 256, any length", False),
-    ("unfused", 5, "cuBLASLt GEMMs around a float32 softmax (16-bit P as high + residual) through a chunked "
-                   "workspace; any head_dim, length, dtype and alignment", True),
-)
+# The kernels, best first; priorities, descriptions and alignments are in the native kernels() table (launcher.cu).
+_KERNELS = ("cudnn", "flash", "rowwise", "unfused")
 
 
 def _candidates(first_input: int, native_call: str) -> tuple[Candidate, ...]:
     """cudnn where it was built and applies, else flash, else rowwise, else unfused (head_dim > 256); autotuning and
-    explicit use may pick any (the forward OpDef reads q at input 0, the backward at 1). rowwise and unfused take any
-    alignment."""
-    return tuple(Candidate(name, priority, description,
-                           lambda problem, name=name: _supports(problem, first_input, name),
-                           lambda problem, name=name: _prepare(problem, first_input, native_call, name),
-                           always_works=always_works, any_alignment=name not in ("cudnn", "flash"))
-                 for name, priority, description, always_works in _KERNELS)
+    explicit use may pick any (the forward OpDef reads q at input 0, the backward at 1)."""
+    return tuple(table_candidate("_ops_attention", name,
+                                 lambda problem, name=name: _supports(problem, first_input, name),
+                                 lambda problem, name=name: _prepare(problem, first_input, native_call, name))
+                 for name in _KERNELS)
 
 
 ATTENTION = register(OpDef(
@@ -364,5 +353,4 @@ attach_grad(ATTENTION, lambda g, node, dys: list(g.attention_backward(dys[0], *n
 
 # The face, ``ge2.ops.attention.forward / forward_numpy / backward / backward_numpy / kernels / prepare``: forward
 # returns (y, lse); backward takes dy (the gradient of y; lse has none) and the saved y and lse by keyword.
-globals().update(Face(ATTENTION, _backward, kernels=lambda: _native_module().kernels(), saved=("y", "lse"),
-                      backward_host_check=_check_saved_pair).functions())
+globals().update(Face(ATTENTION, _backward, saved=("y", "lse"), backward_host_check=_check_saved_pair).functions())

@@ -33,8 +33,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout, _row_norm
-from ._base import (Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, in_ptr, native_launch, out_ptr,
-                    register, require_inputs, stream_arg)
+from ._base import (Attr, Input, OpDef, Problem, as_float64, attach_grad, in_ptr, native_launch, out_ptr, register,
+                    require_inputs, stream_arg, table_candidate)
 from ._face import FACES, Face
 
 LAYOUTS = ("NCHW", "NHWC")
@@ -261,8 +261,6 @@ def _supported(problem: Problem):
     return None if _native.is_built("_ops_batch_norm") else "native module _ops_batch_norm is not built"
 
 
-_DESCRIPTION = "Welford partials per (split, channel) in a fixed merge order, a per-channel finalize, one affine pass"
-
 OP = register(OpDef(
     name="batch_norm",
     inputs=tuple(Input(name) for name in ("x", *PARAMETERS)),
@@ -271,7 +269,7 @@ OP = register(OpDef(
     infer=_infer,
     reference=_reference,
     reference_backward=_reference_backward,
-    candidates=(Candidate("split_welford", 10, _DESCRIPTION, _supported, _prepare_forward, always_works=True),),
+    candidates=(table_candidate("_ops_batch_norm", "split_welford", _supported, _prepare_forward),),
     doc=__doc__,
 ))
 
@@ -294,8 +292,7 @@ BACKWARD_OP = _grad.register_backward(OpDef(
     attrs=ATTRS,
     infer=_infer_backward,
     reference=lambda inputs, attrs: list(reference_backward(*inputs, attrs["training"], attrs["layout"])),
-    candidates=(Candidate("split_welford", 10, "sums of dy and dy * xhat per (split, channel), then the dx pass",
-                          _supported, _prepare_backward, always_works=True),),
+    candidates=(table_candidate("_ops_batch_norm", "split_welford", _supported, _prepare_backward),),
     doc="batch_norm_backward(dy, x, gamma, saved_mean, saved_invstd) -> (dx, dgamma, dbeta)",
 ))
 
@@ -317,6 +314,5 @@ attach_grad(OP, _grad)
 # returns the five outputs and may write the running statistics in place (``out`` entries 3 and 4 being
 # running_mean and running_var themselves); backward takes dy (the gradient of y; the statistics have none) and
 # the saved statistics by keyword.
-globals().update(Face(OP, _backward, kernels=lambda: _native_module().kernels(),
-                      saved=("saved_mean", "saved_invstd"), backward_host_check=_check_saved_pair,
+globals().update(Face(OP, _backward, saved=("saved_mean", "saved_invstd"), backward_host_check=_check_saved_pair,
                       in_place={"running_mean_out": "running_mean", "running_var_out": "running_var"}).functions())

@@ -19,7 +19,7 @@ from .. import _native
 from .. import device as _device
 from ..ir.types import TensorType
 from . import _layout
-from ._base import Attr, Candidate, Input, OpDef, Problem, in_ptrs, native_launch, out_ptr, register, stream_arg
+from ._base import Attr, Input, OpDef, Problem, in_ptrs, native_launch, out_ptr, register, stream_arg, table_candidate
 from ._face import Face
 
 
@@ -175,7 +175,7 @@ def _reference_backward(inputs, outputs, out_grads, attrs):
     return reference_backward(out_grads[0], [np.shape(x)[axis] for x in inputs], axis)
 
 
-def _candidate(name, priority, description, always_works=False):
+def _candidate(name):
     def arguments(problem: Problem):
         shapes = [t.shape for t in problem.in_types]
         axis, _ = check_inputs(shapes, [t.dtype for t in problem.in_types], problem.attrs["axis"])
@@ -189,7 +189,7 @@ def _candidate(name, priority, description, always_works=False):
         outer, widths, dtype = arguments(problem)
         return native_launch(_native_module().forward, in_ptrs(), out_ptr(0), outer, widths, dtype, name, stream_arg())
 
-    return Candidate(name, priority, description, supports, prepare, always_works)
+    return table_candidate("_ops_concat", name, supports, prepare)
 
 
 OP = register(OpDef(
@@ -201,13 +201,12 @@ OP = register(OpDef(
     reference=lambda inputs, attrs: [reference(list(inputs), attrs["axis"])],
     reference_backward=_reference_backward,
     candidates=(
-        _candidate("fused", 20, "one kernel for every input (pointers by value), 16-byte units where possible",
-                   always_works=True),
-        _candidate("copy2d", 10, "one cudaMemcpy2DAsync per input"),
+        _candidate("fused"),
+        _candidate("copy2d"),
     ),
     doc="concat(xs, axis): the inputs joined along axis; backward splits dy. Exact in every dtype.",
 ))
-globals().update(Face(OP, _backward, kernels=lambda: _native_module().kernels()).functions())
+globals().update(Face(OP, _backward).functions())
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -42,8 +42,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout, activations
-from ._base import (Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, in_ptr, native_launch, out_ptr,
-                    register, require_inputs, stream_arg)
+from ._base import (Attr, Input, OpDef, Problem, as_float64, attach_grad, in_ptr, native_launch, out_ptr, register,
+                    require_inputs, stream_arg, table_candidate)
 from ._face import Face
 
 CONV_ACTIVATIONS = ("none", "relu", "gelu", "silu", "leaky_relu")
@@ -375,7 +375,7 @@ def _prepare_native(kernel, geometry: ConvGeometry, attrs, has_bias: bool, backw
     _native_module().prepare(kernel, geometry_list, layout, dtype, act, slope, allow_tf32, has_bias, backward)
 
 
-def _forward_candidate(name, priority, description, always_works=False):
+def _forward_candidate(name):
     def supports(problem: Problem):
         x, w, bias = problem.in_types
         return unsupported_reason(name, _types_geometry(x, w, bias, problem.attrs), problem.attrs["act"],
@@ -389,7 +389,7 @@ def _forward_candidate(name, priority, description, always_works=False):
         return native_launch(_native_module().forward, in_ptr(0), in_ptr(1), in_ptr(2), out_ptr(0), *problem_args,
                              name, stream_arg())
 
-    return Candidate(name, priority, description, supports, prepare, always_works)
+    return table_candidate("_ops_conv2d", name, supports, prepare)
 
 
 OP = register(OpDef(
@@ -400,13 +400,10 @@ OP = register(OpDef(
     infer=_infer,
     reference=_reference,
     reference_backward=_reference_backward,
-    candidates=(_forward_candidate("cudnn_graph", 40, "cuDNN graph API (cuDNN frontend): fused bias/activation "
-                                   "epilogue, heuristics + autotuned plans"),
-                _forward_candidate("implicit_gemm", 30, "GE2 implicit GEMM on tensor cores (mma.sync, cp.async "
-                                   "gather), fused bias/activation; NHWC float16/bfloat16, C % 8 == 0"),
-                _forward_candidate("cudnn", 20, "cuDNN convolution, algorithm found by cudnnFind*"),
-                _forward_candidate("im2col_gemm", 10, "im2col + batched cuBLASLt GEMM + fused bias/activation",
-                                   always_works=True)),
+    candidates=(_forward_candidate("cudnn_graph"),
+                _forward_candidate("implicit_gemm"),
+                _forward_candidate("cudnn"),
+                _forward_candidate("im2col_gemm")),
     doc=__doc__,
 ))
 
@@ -430,7 +427,7 @@ def _reference_of_backward(inputs, attrs):
     return [dx, dw, dz.sum(axis=(0, 2, 3) if attrs["layout"] == "NCHW" else (0, 1, 2))]
 
 
-def _backward_candidate(name, priority, description, always_works=False):
+def _backward_candidate(name):
     def supports(problem: Problem):
         _, x, w, bias = problem.in_types
         return unsupported_reason(name, _types_geometry(x, w, bias, problem.attrs), problem.attrs["act"],
@@ -444,7 +441,7 @@ def _backward_candidate(name, priority, description, always_works=False):
         return native_launch(_native_module().backward, in_ptr(0), in_ptr(1), in_ptr(2), in_ptr(3), out_ptr(0),
                              out_ptr(1), out_ptr(2), *problem_args, name, stream_arg())
 
-    return Candidate(name, priority, description, supports, prepare, always_works)
+    return table_candidate("_ops_conv2d", name, supports, prepare)
 
 
 BACKWARD_OP = _grad.register_backward(OpDef(
@@ -454,11 +451,9 @@ BACKWARD_OP = _grad.register_backward(OpDef(
     attrs=ATTRS,
     infer=_infer_backward,
     reference=_reference_of_backward,
-    candidates=(_backward_candidate("cudnn_graph", 40, "cuDNN graph API (cuDNN frontend) dgrad and wgrad, dbias "
-                                    "reduction"),
-                _backward_candidate("cudnn", 20, "cuDNN backward data, filter and bias"),
-                _backward_candidate("im2col_gemm", 10, "dz kernel, dW and dX batched cuBLASLt GEMMs, col2im gather, "
-                                    "dbias reduction", always_works=True)),
+    candidates=(_backward_candidate("cudnn_graph"),
+                _backward_candidate("cudnn"),
+                _backward_candidate("im2col_gemm")),
     doc="Gradients of conv2d: dx, dw and dbias (the sum of dz over N, P, Q).",
 ))
 
@@ -473,4 +468,4 @@ def _grad(g, node, out_grads):
 attach_grad(OP, _grad)
 
 # The face, ``ge2.ops.conv2d.forward / forward_numpy / backward / backward_numpy / kernels / prepare``.
-globals().update(Face(OP, _backward, kernels=lambda: _native_module().kernels()).functions())
+globals().update(Face(OP, _backward).functions())

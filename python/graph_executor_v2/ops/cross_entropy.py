@@ -30,8 +30,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES, to_numpy
 from ..ir.types import TensorType
 from . import _layout
-from ._base import (Attr, Candidate, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register,
-                    require_inputs, stream_arg)
+from ._base import (Attr, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register, require_inputs,
+                    stream_arg, table_candidate)
 from ._face import FACES, Face
 
 REDUCTIONS = ("none", "sum", "mean")
@@ -252,7 +252,7 @@ def _reference_backward(inputs, outputs, out_grads, attrs):
     return [reference_backward(out_grads[0], inputs[0], inputs[1], attrs["reduction"], attrs["ignore_index"]), None]
 
 
-def _candidate(name, priority, description, always_works=False):
+def _candidate(name):
     def supports(problem: Problem):
         logits = problem.in_types[0]
         vector = 16 // to_numpy(logits.dtype).itemsize
@@ -269,7 +269,7 @@ def _candidate(name, priority, description, always_works=False):
         return native_launch(_native_module().forward, in_ptr(0), in_ptr(1), out_ptr(0), 0, rows, classes, dtype,
                              label_dtype, reduction, ignore_index, name, False, stream_arg())
 
-    return Candidate(name, priority, description, supports, prepare, always_works)
+    return table_candidate("_ops_cross_entropy", name, supports, prepare)
 
 
 OP = register(OpDef(
@@ -284,16 +284,14 @@ OP = register(OpDef(
     reference=_reference,
     reference_backward=_reference_backward,
     candidates=(
-        _candidate("warp_row", 30, "a warp per row, row in registers: one read of the logits"),
-        _candidate("block_row", 20, "a block per row, row in registers: one read of the logits"),
-        _candidate("streaming", 10, "a block per row, online max/sum then gradient pass: any row",
-                   always_works=True),
+        _candidate("warp_row"),
+        _candidate("block_row"),
+        _candidate("streaming"),
     ),
     doc=__doc__,
 ))
-globals().update(Face(OP, _backward, forward=_forward, kernels=lambda: _native_module().kernels(),
-                      extras={"check_labels": True}, forward_extras=_forward, saved={"check_labels": True},
-                      host_check=_check_host_labels).functions())
+globals().update(Face(OP, _backward, forward=_forward, extras={"check_labels": True}, forward_extras=_forward,
+                      saved={"check_labels": True}, host_check=_check_host_labels).functions())
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -28,8 +28,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _layout
-from ._base import (Attr, Candidate, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register,
-                    stream_arg)
+from ._base import (Attr, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register, stream_arg,
+                    table_candidate)
 from ._face import Face
 
 _MASK32 = np.uint64(0xFFFFFFFF)
@@ -167,7 +167,7 @@ def _reference_backward(inputs, outputs, out_grads, attrs):
     return [reference_backward(out_grads[0], attrs["p"], attrs["seed"], attrs["offset"])]
 
 
-def _candidate(name, priority, description, always_works=False):
+def _candidate(name):
     def supports(problem: Problem):
         # Plan buffers are contiguous and 256-byte aligned, so only the offset decides.
         return _native_module().unsupported_reason(name, problem.attrs["offset"], True) or None
@@ -179,7 +179,7 @@ def _candidate(name, priority, description, always_works=False):
         return native_launch(_native_module().forward, in_ptr(0), out_ptr(0), count, dtype, p, seed, offset, name,
                              stream_arg())
 
-    return Candidate(name, priority, description, supports, prepare, always_works)
+    return table_candidate("_ops_dropout", name, supports, prepare)
 
 
 OP = register(OpDef(
@@ -195,13 +195,13 @@ OP = register(OpDef(
     reference=_reference,
     reference_backward=_reference_backward,
     candidates=(
-        _candidate("vec16", 20, "16-byte accesses, one Philox call per 4 elements"),
-        _candidate("scalar", 10, "element by element, one Philox call per 4 elements", always_works=True),
+        _candidate("vec16"),
+        _candidate("scalar"),
     ),
     doc=__doc__,
     pure=False,
 ))
-globals().update(Face(OP, _backward, kernels=lambda: _native_module().kernels(), in_place=True).functions())
+globals().update(Face(OP, _backward, in_place=True).functions())
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -27,8 +27,8 @@ from ..dtypes import FLOAT_DTYPES, result_type, to_numpy
 from ..ir.types import TensorType
 from . import _layout, activations
 from ._scalar import expression, literal
-from ._base import (OPS, Candidate, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register,
-                    require_inputs, stream_arg)
+from ._base import (Input, OPS, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register, require_inputs,
+                    stream_arg, table_candidate)
 from ._face import Face
 
 BINARY_OPS = ("add", "sub", "mul", "div")
@@ -304,7 +304,7 @@ def _input_names(op):
 # ---------------------------------------------------------------------------------------------------------------
 # Op definitions: what the IR, passes, registry and CPU backend read.
 # ---------------------------------------------------------------------------------------------------------------
-def _make_candidate(name, priority, description, op, always_works=False):
+def _make_candidate(name, op):
     native_op = "add" if op == "bias_add" else op
 
     def supports(problem: Problem):
@@ -324,17 +324,16 @@ def _make_candidate(name, priority, description, op, always_works=False):
         a_shape, b_shape = (list(t.shape) for t in problem.in_types)
         return native_launch(native.bind_binary(native_op, a_shape, b_shape, dtype, name))
 
-    return Candidate(name, priority, description, supports, prepare, always_works)
+    return table_candidate("_ops_elementwise", name, supports, prepare)
 
 
 def _candidates(op):
     if op in UNARY_OPS:
-        return (_make_candidate("vec16", 30, "contiguous, 16-byte vectors, one pass", op),
-                _make_candidate("strided", 10, "element by element, any alignment", op, always_works=True))
-    return (_make_candidate("vec16", 30, "same-shape contiguous operands, 16-byte vectors, one pass", op),
-            _make_candidate("rowcol", 20, "2-d row/column/scalar broadcast, vectorized along columns", op),
-            _make_candidate("strided", 10, "general broadcast by strided index math, up to 8 dims", op,
-                            always_works=True))
+        return (_make_candidate("vec16", op),
+                _make_candidate("strided", op))
+    return (_make_candidate("vec16", op),
+            _make_candidate("rowcol", op),
+            _make_candidate("strided", op))
 
 
 def _binary_def(op):
@@ -383,7 +382,7 @@ for _op in UNARY_OPS:
     register(_unary_def(_op))
 register(_bias_add_def())
 for _op in ELEMENTWISE_OPS:
-    Face(OPS[_op], _backward(_op), kernels=lambda: _native_module().kernels(), in_place=True)
+    Face(OPS[_op], _backward(_op), in_place=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------

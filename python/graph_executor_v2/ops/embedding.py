@@ -24,8 +24,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _layout
-from ._base import (Candidate, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register,
-                    require_inputs, stream_arg)
+from ._base import (Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register, require_inputs,
+                    stream_arg, table_candidate)
 from ._face import Face
 
 ID_DTYPES = ("int32", "int64")
@@ -149,7 +149,7 @@ def _reference_backward(inputs, outputs, out_grads, attrs):
     return [reference_backward(out_grads[0], ids, np.shape(table)[0]), None]
 
 
-def _candidate(name, priority, description, always_works=False):
+def _candidate(name):
     def supports(problem: Problem):
         table = problem.in_types[0]
         # Plan buffers are contiguous and 256-byte aligned, so alignment holds; only dim decides.
@@ -163,7 +163,7 @@ def _candidate(name, priority, description, always_works=False):
         return native_launch(_native_module().forward, in_ptr(0), in_ptr(1), out_ptr(0), vocab, dim, count, dtype,
                              id_dtype, name, False, stream_arg())
 
-    return Candidate(name, priority, description, supports, prepare, always_works)
+    return table_candidate("_ops_embedding", name, supports, prepare)
 
 
 OP = register(OpDef(
@@ -175,14 +175,13 @@ OP = register(OpDef(
     reference=_reference,
     reference_backward=_reference_backward,
     candidates=(
-        _candidate("vec16", 20, "row gather with 16-byte accesses"),
-        _candidate("scalar", 10, "row gather element by element", always_works=True),
+        _candidate("vec16"),
+        _candidate("scalar"),
     ),
     doc=__doc__,
 ))
-globals().update(Face(OP, _backward, forward=_forward, kernels=lambda: _native_module().kernels(),
-                      extras={"check_ids": True}, forward_extras=_forward, saved={"check_ids": True},
-                      host_check=_check_host_ids).functions())
+globals().update(Face(OP, _backward, forward=_forward, extras={"check_ids": True}, forward_extras=_forward,
+                      saved={"check_ids": True}, host_check=_check_host_ids).functions())
 
 
 # ---------------------------------------------------------------------------------------------------------------

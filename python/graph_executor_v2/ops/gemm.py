@@ -21,8 +21,8 @@ from .. import _native
 from ..dtypes import FLOAT_DTYPES, normalize
 from ..ir.types import TensorType
 from . import _layout, activations
-from ._base import (Attr, Candidate, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register,
-                    require_inputs, stream_arg)
+from ._base import (Attr, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register, require_inputs,
+                    stream_arg, table_candidate)
 from ._face import FACES, Face
 
 GEMM_ACTIVATIONS = ("none", "relu", "gelu", "silu", "leaky_relu")
@@ -254,7 +254,7 @@ def _problem_args(problem: Problem):
     return m, n, k, a.dtype, bias is not None, c is not None
 
 
-def _make_candidate(name, priority, description, always_works=False):
+def _make_candidate(name, capabilities=()):
     def supports(problem: Problem):
         m, n, k, dtype, has_bias, has_c = _problem_args(problem)
         attrs = problem.attrs
@@ -271,7 +271,7 @@ def _make_candidate(name, priority, description, always_works=False):
         return native_launch(_native_module().bind_forward(m, n, k, dtype, attrs["trans_a"], attrs["trans_b"], alpha,
                                                            beta, act, slope, tf32, name))
 
-    return Candidate(name, priority, description, supports, prepare, always_works)
+    return table_candidate("_ops_gemm", name, supports, prepare, capabilities)
 
 
 def _positive(value):
@@ -295,13 +295,13 @@ OP = register(OpDef(
     reference=_reference,
     reference_backward=_reference_backward,
     candidates=(
-        _make_candidate("cublaslt_epilogue", 30, "cuBLASLt with bias/activation fused in the epilogue"),
-        _make_candidate("cublaslt_postkernel", 20, "cuBLASLt GEMM + fused bias/activation/residual kernel"),
-        _make_candidate("tiled", 10, "GE2 tiled kernel, no cuBLAS", always_works=True),
+        _make_candidate("cublaslt_epilogue", capabilities=("fused_epilogue",)),  # GE2_FORCE_NO_EPILOGUE=1 turns it off
+        _make_candidate("cublaslt_postkernel"),
+        _make_candidate("tiled"),
     ),
     doc=__doc__,
 ))
-Face(OP, _backward, kernels=lambda: _native_module().kernels(), extras={"save_preact": False, "preact_out": None},
+Face(OP, _backward, extras={"save_preact": False, "preact_out": None},
      forward_extras=_forward_with_preact,
      saved={"preact": None, "a_preact": None, "a_act": "none", "a_slope": 0.01, "dbias_a_out": None},
      backward_host_check=_check_backward_options)

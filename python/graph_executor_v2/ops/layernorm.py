@@ -90,7 +90,7 @@ OP = register(OpDef(
     infer=_infer,
     reference=_reference,
     reference_backward=_reference_backward,
-    candidates=_row_norm.candidates(_native_module),
+    candidates=_row_norm.candidates("_ops_layernorm", _native_module),
     doc=__doc__,
 ))
 globals().update(_row_norm.make_face(OP, _native_module, ("mean", "rstd")).functions())

@@ -46,8 +46,8 @@ def _via_gemm(candidate: Candidate) -> Candidate:
 
         return launch
 
-    return Candidate(candidate.name, candidate.priority, candidate.description,
-                     lambda problem: candidate.supports(_as_gemm_problem(problem)), prepare, candidate.always_works)
+    return replace(candidate, supports=lambda problem: candidate.supports(_as_gemm_problem(problem)),
+                   prepare=prepare)
 
 
 OP = register(OpDef(
@@ -69,7 +69,7 @@ def _backward(dy, inputs, attrs, kernel, out, stream):
                          stream=stream)[:2]
 
 
-globals().update(Face(OP, _backward, kernels=gemm.kernels).functions())
+globals().update(Face(OP, _backward).functions())
 # ---------------------------------------------------------------------------------------------------------------
 # Grad rule: gemm's backward with no bias.
 # ---------------------------------------------------------------------------------------------------------------

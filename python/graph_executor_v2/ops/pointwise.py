@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 
 from .. import device as _device
+from .. import selection
 from ..dtypes import FLOAT_DTYPES, INT_DTYPES, is_float, result_type, to_numpy
 from ..ir.types import TensorType
 from . import _grad, _layout
@@ -649,18 +650,14 @@ def _run(opdef: OpDef, arrays: list, names: list[str], attrs: dict, out, stream)
     in_types = [TensorType(tuple(v.shape), v.dtype) for v in views]
     (out_type,) = opdef.infer(in_types, attrs)
     problem = Problem(opdef.name, tuple(in_types), (out_type,), attrs, _device.compute_capability(views[0].device))
-    aligned = not any(v.ptr & 15 for v in views)
-    reasons = []
-    for candidate in sorted(opdef.candidates, key=lambda c: -c.priority):
-        reason = candidate.supports(problem) or (None if aligned or candidate.always_works or candidate.any_alignment
-                                                 else "the arrays are not 16-byte aligned")
-        if reason:
-            reasons.append(f"{candidate.name}: {reason}")
-            continue
-        array, view = _layout.output(out, arrays[0], "out", out_type.shape, out_type.dtype, views[0].device)
-        candidate.prepare(problem)([v.ptr for v in views], [view.ptr], _device.stream_handle(stream))
-        return array
-    raise RuntimeError(f"{opdef.name}: no GPU kernel can run this problem ({'; '.join(reasons) or 'none registered'})")
+    ranking = selection.rank(opdef, problem, aligned=not any(v.ptr & 15 for v in views))
+    if not ranking.viable:
+        reasons = "; ".join(f"{name}: {reason}" for name, reason in ranking.rejected)
+        raise RuntimeError(f"{opdef.name}: no GPU kernel can run this problem ({reasons or 'none registered'})")
+    launch = selection.choose(ranking, problem, catch=()).launch
+    array, view = _layout.output(out, arrays[0], "out", out_type.shape, out_type.dtype, views[0].device)
+    launch([v.ptr for v in views], [view.ptr], _device.stream_handle(stream))
+    return array
 
 
 def _reduce_to(gradient, shape: tuple, out, stream):

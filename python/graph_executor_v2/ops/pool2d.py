@@ -31,8 +31,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout
-from ._base import (OPS, Attr, Candidate, Input, OpDef, Problem, attach_grad, in_ptr, native_launch, out_ptr, register,
-                    require_inputs, stream_arg)
+from ._base import (Attr, Candidate, Input, OPS, OpDef, Problem, attach_grad, in_ptr, native_launch, out_ptr, register,
+                    require_inputs, stream_arg, table_candidate)
 from ._face import FACES, Face
 
 LAYOUTS = ("NCHW", "NHWC")
@@ -404,12 +404,8 @@ def _supported(problem: Problem):
     return None if _native.is_built("_ops_pool2d") else "native module _ops_pool2d is not built"
 
 
-def _candidate(name: str, description: str, prepare) -> tuple[Candidate, ...]:
-    return (Candidate(name, 10, description, _supported, prepare, always_works=True),)
-
-
-_WINDOW_DESCRIPTION = "one thread per output (NCHW) or output and channel vector (NHWC)"
-_WINDOW_BACKWARD_DESCRIPTION = "gather over the windows holding each input element (no atomics)"
+def _candidate(name: str, prepare) -> tuple[Candidate, ...]:
+    return (table_candidate("_ops_pool2d", name, _supported, prepare),)
 
 
 def _host_window(x, attrs) -> Window:
@@ -440,25 +436,25 @@ def _reference_avg_backward(inputs, outputs, out_grads, attrs):
 MAX_OP = register(OpDef(
     name="max_pool2d", inputs=(Input("x"),), outputs=("y", "indices"), attrs=_window_attrs(True), infer=_infer_max,
     reference=_reference_max, reference_backward=_reference_max_backward,
-    candidates=_candidate("window", _WINDOW_DESCRIPTION, _window_launch("max", False)), doc=OPS_DOC["max_pool2d"]))
+    candidates=_candidate("window", _window_launch("max", False)), doc=OPS_DOC["max_pool2d"]))
 
 MAX_BACKWARD_OP = _grad.register_backward(OpDef(
     name="max_pool2d_backward", inputs=(Input("dy"), Input("indices"), Input("x")), outputs=("dx",),
     attrs=MAX_OP.attrs, infer=_infer_max_backward,
     reference=lambda inputs, attrs: [reference_max_backward(inputs[0], inputs[1], _host_window(inputs[2], attrs))],
-    candidates=_candidate("window", _WINDOW_BACKWARD_DESCRIPTION, _window_launch("max", True)),
+    candidates=_candidate("window", _window_launch("max", True)),
     doc="max_pool2d_backward(dy, indices, x) -> dx (x gives the shape only)"))
 
 AVG_OP = register(OpDef(
     name="avg_pool2d", inputs=(Input("x"),), outputs=("y",), attrs=_window_attrs(False), infer=_infer_avg,
     reference=_reference_avg, reference_backward=_reference_avg_backward,
-    candidates=_candidate("window", _WINDOW_DESCRIPTION, _window_launch("avg", False)), doc=OPS_DOC["avg_pool2d"]))
+    candidates=_candidate("window", _window_launch("avg", False)), doc=OPS_DOC["avg_pool2d"]))
 
 AVG_BACKWARD_OP = _grad.register_backward(OpDef(
     name="avg_pool2d_backward", inputs=(Input("dy"), Input("x")), outputs=("dx",), attrs=AVG_OP.attrs,
     infer=_infer_avg_backward,
     reference=lambda inputs, attrs: [reference_avg_backward(inputs[0], _host_window(inputs[1], attrs))],
-    candidates=_candidate("window", _WINDOW_BACKWARD_DESCRIPTION, _window_launch("avg", True)),
+    candidates=_candidate("window", _window_launch("avg", True)),
     doc="avg_pool2d_backward(dy, x) -> dx (x gives the shape only)"))
 
 _GLOBAL_ATTRS = (Attr("layout", str, "NCHW", choices=LAYOUTS, doc="NCHW or NHWC"),)
@@ -468,15 +464,14 @@ GLOBAL_OP = register(OpDef(
     reference=lambda inputs, attrs: [reference_global(inputs[0], attrs["layout"])],
     reference_backward=lambda inputs, outputs, out_grads, attrs: [
         reference_global_backward(out_grads[0], np.shape(inputs[0]), attrs["layout"])],
-    candidates=_candidate("global", "a warp per plane (NCHW) or channel-vector lanes x rows (NHWC)",
-                          _global_launch(False)),
+    candidates=_candidate("global", _global_launch(False)),
     doc=OPS_DOC["global_avg_pool"]))
 
 GLOBAL_BACKWARD_OP = _grad.register_backward(OpDef(
     name="global_avg_pool_backward", inputs=(Input("dy"), Input("x")), outputs=("dx",), attrs=_GLOBAL_ATTRS,
     infer=_infer_global_backward,
     reference=lambda inputs, attrs: [reference_global_backward(inputs[0], np.shape(inputs[1]), attrs["layout"])],
-    candidates=_candidate("global", "dx = dy / (H * W), broadcast", _global_launch(True)),
+    candidates=_candidate("global", _global_launch(True)),
     doc="global_avg_pool_backward(dy, x) -> dx (x gives the shape only)"))
 
 
@@ -506,5 +501,4 @@ attach_grad(GLOBAL_OP, _grad_global)
 # The faces, ``ge2.ops.<op>.forward / forward_numpy / backward / backward_numpy / kernels / prepare``: max_pool2d's
 # forward returns (y, indices), and its backward takes dy (the gradient of y) and the saved indices by keyword.
 for _op in (MAX_OP, AVG_OP, GLOBAL_OP):
-    Face(_op, _backward(_op.name), kernels=lambda: _native_module().kernels(),
-         saved=("indices",) if _op is MAX_OP else ())
+    Face(_op, _backward(_op.name), saved=("indices",) if _op is MAX_OP else ())

@@ -27,8 +27,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _layout
-from ._base import (OPS, Attr, Candidate, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register,
-                    stream_arg)
+from ._base import (Attr, Input, OPS, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register, stream_arg,
+                    table_candidate)
 from ._face import FACES, Face
 
 OP_NAMES = ("sum", "mean", "max")
@@ -204,7 +204,7 @@ def _make_infer(op):
     return infer
 
 
-def _make_candidate(op, name, priority, description, always_works=False):
+def _make_candidate(op, name):
     def supports(problem: Problem):
         x = problem.in_types[0]
         axes = normalize_axes(problem.attrs["axis"], x.rank)
@@ -216,7 +216,7 @@ def _make_candidate(op, name, priority, description, always_works=False):
         return native_launch(_native_module().forward, op, in_ptr(0), out_ptr(0), shape, axes, x.dtype, name,
                              stream_arg())
 
-    return Candidate(name, priority, description, supports, prepare, always_works)
+    return table_candidate("_ops_reduce", name, supports, prepare)
 
 
 def _register(op):
@@ -233,11 +233,10 @@ def _register(op):
         reference_backward=lambda inputs, outputs, out_grads, attrs: [
             reference_backward(op, out_grads[0], inputs[0], attrs["axis"], attrs["keepdims"])],
         candidates=(
-            _make_candidate(op, "row_warp", 30, "trailing reduced axes, runs <= 4096: lanes per output"),
-            _make_candidate(op, "row_block", 20, "trailing reduced axes: a block per output, split when few"),
-            _make_candidate(op, "column", 20, "[outer, length, inner]: column tiles, coalesced rows"),
-            _make_candidate(op, "generic", 5, "any axes: a warp per output walking the reduced indices",
-                            always_works=True),
+            _make_candidate(op, "row_warp"),
+            _make_candidate(op, "row_block"),
+            _make_candidate(op, "column"),
+            _make_candidate(op, "generic"),
         ),
         doc=__doc__,
     ))
@@ -247,7 +246,7 @@ SUM = _register("sum")
 MEAN = _register("mean")
 MAX = _register("max")
 for _op in OP_NAMES:
-    Face(OPS[_op], _backward(_op), kernels=lambda: _native_module().kernels(), saved=("y",))
+    Face(OPS[_op], _backward(_op), saved=("y",))
 
 
 # ---------------------------------------------------------------------------------------------------------------

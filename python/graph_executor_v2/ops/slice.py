@@ -26,7 +26,7 @@ from .. import _native
 from .. import device as _device
 from ..ir.types import TensorType
 from . import _layout
-from ._base import Attr, Candidate, Input, OpDef, Problem, in_ptr, native_launch, out_ptr, register, stream_arg
+from ._base import Attr, Input, OpDef, Problem, in_ptr, native_launch, out_ptr, register, stream_arg, table_candidate
 from ._face import Face
 
 _BIG = 2**31 - 1  # an end at least this large slices a symbolic axis to its end
@@ -226,12 +226,11 @@ OP = register(OpDef(
     reference_backward=lambda inputs, outputs, out_grads, attrs: [
         reference_backward(out_grads[0], np.shape(inputs[0]), *_slice_args(attrs))],
     candidates=(
-        Candidate("strided", 10, "strided gather of the slice (cudaMemcpyAsync / 16-byte vectors where possible)",
-                  lambda problem: None, _prepare, always_works=True),
+        table_candidate("_ops_slice", "strided", lambda problem: None, _prepare),
     ),
     doc="slice(x, starts, ends, axes=None, steps=None): ONNX Slice; exact in every dtype.",
 ))
-globals().update(Face(OP, _backward, forward=_forward, kernels=lambda: _native_module().kernels()).functions())
+globals().update(Face(OP, _backward, forward=_forward).functions())
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from .. import _native
 from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from . import _layout
-from ._base import OPS, Attr, Candidate, Input, OpDef, Problem, as_float64, native_launch, register
+from ._base import Attr, Input, OPS, OpDef, Problem, as_float64, native_launch, register, table_candidate
 from ._face import FACES, Face
 
 OP_NAMES = ("softmax", "log_softmax")
@@ -140,7 +140,7 @@ def _make_reference_backward(op):
     return reference_backward_rule
 
 
-def _make_candidate(op, name, priority, description, always_works=False):
+def _make_candidate(op, name):
     def supports(problem: Problem):
         _, n, inner = layout(problem.in_types[0].shape, problem.attrs["axis"])
         return _native_module().unsupported_reason(name, n, inner, False) or None
@@ -150,7 +150,7 @@ def _make_candidate(op, name, priority, description, always_works=False):
         outer, n, inner = layout(x.shape, problem.attrs["axis"])
         return native_launch(_native_module().bind_forward(op, outer, n, inner, x.dtype, name))  # a C launch
 
-    return Candidate(name, priority, description, supports, prepare, always_works)
+    return table_candidate("_ops_softmax", name, supports, prepare)
 
 
 def _register(op):
@@ -163,11 +163,10 @@ def _register(op):
         reference=_make_reference(op),
         reference_backward=_make_reference_backward(op),
         candidates=(
-            _make_candidate(op, "warp_row", 30, "last axis, n <= 1024: lanes per row, row in registers"),
-            _make_candidate(op, "block_row", 20, "last axis, n <= 16384: a block per row, row in registers"),
-            _make_candidate(op, "block_row_two_pass", 10, "last axis, any n: online statistics, then a write pass"),
-            _make_candidate(op, "strided", 5, "any axis, no transpose: column tiles, shared-memory merge",
-                            always_works=True),
+            _make_candidate(op, "warp_row"),
+            _make_candidate(op, "block_row"),
+            _make_candidate(op, "block_row_two_pass"),
+            _make_candidate(op, "strided"),
         ),
         doc=__doc__,
     ))
@@ -176,7 +175,7 @@ def _register(op):
 SOFTMAX = _register("softmax")
 LOG_SOFTMAX = _register("log_softmax")
 for _op in OP_NAMES:
-    Face(OPS[_op], _backward(_op), kernels=lambda: _native_module().kernels(), saved=("y",))
+    Face(OPS[_op], _backward(_op), saved=("y",))
 # This module is the face of softmax; log_softmax's is ``ge2.ops.log_softmax``.
 globals().update(FACES["softmax"].functions())
 

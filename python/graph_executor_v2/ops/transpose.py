@@ -37,7 +37,8 @@ from ..dtypes import itemsize
 from ..ir import dims
 from ..ir.types import TensorType
 from . import _layout
-from ._base import Attr, Candidate, Input, OpDef, Problem, in_ptr, native_launch, out_ptr, register, stream_arg
+from ._base import (Attr, Candidate, Input, OpDef, Problem, in_ptr, native_launch, out_ptr, register, stream_arg,
+                    table_candidate)
 from ._face import FACES, Face
 
 
@@ -191,7 +192,7 @@ def _shape_check(value) -> str | None:
     return "must hold only ints and symbolic dims"
 
 
-def _transpose_candidate(name, priority, description, always_works=False):
+def _transpose_candidate(name):
     def arguments(problem: Problem):
         (x,) = problem.in_types
         perm = check_perm(problem.attrs["perm"], x.rank)
@@ -206,7 +207,7 @@ def _transpose_candidate(name, priority, description, always_works=False):
         return native_launch(_native_module().forward, in_ptr(0), out_ptr(0), shape, strides, perm, dtype, name,
                              stream_arg())
 
-    return Candidate(name, priority, description, supports, prepare, always_works)
+    return table_candidate("_ops_transpose", name, supports, prepare)
 
 
 def _prepare_reshape_copy(problem: Problem):
@@ -224,9 +225,9 @@ TRANSPOSE = register(OpDef(
     reference_backward=lambda inputs, outputs, out_grads, attrs: [
         np.transpose(_layout.exact(out_grads[0]), inverse_perm(check_perm(attrs["perm"], np.ndim(inputs[0]))))],
     candidates=(
-        _transpose_candidate("tiled_packed", 30, "64x64 shared-memory tiles of 2-byte elements as 4-byte words"),
-        _transpose_candidate("tiled", 20, "32x32 shared-memory tiles, padded against bank conflicts"),
-        _transpose_candidate("strided", 10, "strided gather; 16-byte vectors when whole rows move", always_works=True),
+        _transpose_candidate("tiled_packed"),
+        _transpose_candidate("tiled"),
+        _transpose_candidate("strided"),
     ),
     doc="transpose(x, perm): y = x.transpose(perm), any rank <= 8; exact in every dtype.",
 ))
@@ -245,7 +246,7 @@ def _transpose_backward(dy, inputs, attrs, kernel, out, stream):
     return (_transpose(dy, inverse_perm(perm), out=_first(out), stream=stream),)
 
 
-Face(TRANSPOSE, _transpose_backward, forward=_transpose_forward, kernels=lambda: _native_module().kernels())
+Face(TRANSPOSE, _transpose_backward, forward=_transpose_forward)
 globals().update(FACES["transpose"].functions())
 
 RESHAPE = register(OpDef(

@@ -15,14 +15,15 @@ autotuning and fallbacks; ``kernel_label`` marks them external in explanations.
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from .. import _native
 from .. import device as _device
 from ..ir.graph import Node
-from ..ir.schema import OPS, Candidate, Launch, Problem
+from .. import selection
+from ..ir.schema import OPS, Launch, Problem
+from ..selection import Ranking
 from .autotune import AutotuneCache
 from .backends.cuda import HOST_FALLBACK, host_fallback_candidate
 from .backends.reference import reference_candidate
@@ -58,7 +59,8 @@ def _cublaslt_version() -> str:
 
 @dataclass(frozen=True)
 class Preferences:
-    """``kernels``: op -> candidate tried first; ``exclude``: candidate name -> why it is never used."""
+    """``kernels``: op -> candidate tried first; ``exclude``: candidate name -> why it is never used. The
+    environment's switches turn off capabilities, not kernels: the selector reads them (``selection.py``)."""
 
     kernels: dict[str, str] = field(default_factory=dict)
     exclude: dict[str, str] = field(default_factory=dict)
@@ -66,17 +68,7 @@ class Preferences:
 
     @staticmethod
     def from_env(kernels: dict[str, str] | None = None, autotune: bool = False) -> "Preferences":
-        exclude = {}
-        if os.environ.get("GE2_FORCE_NO_EPILOGUE") == "1":
-            exclude["cublaslt_epilogue"] = "GE2_FORCE_NO_EPILOGUE=1"
-        return Preferences(dict(kernels or {}), exclude, autotune)
-
-
-@dataclass(frozen=True)
-class Ranking:
-    viable: tuple[Candidate, ...]  # best first
-    rejected: tuple[tuple[str, str], ...]  # (candidate, why not)
-    reason: str  # why the first one is first
+        return Preferences(dict(kernels or {}), {}, autotune)
 
 
 @dataclass(frozen=True)
@@ -97,33 +89,13 @@ class Selection:
 
 
 def select(node: Node, problem: Problem, caps: Capabilities, prefs: Preferences) -> Ranking:
+    """The selector's ranking of the node's candidates (``selection.rank``), the host round trip last on CUDA."""
     opdef = OPS[node.op]
     if caps.device == "cpu":
         return Ranking((reference_candidate(opdef),), (), "the NumPy reference is the CPU backend")
-    viable, rejected = [], []
-    for candidate in opdef.candidates:
-        if candidate.name in prefs.exclude:
-            rejected.append((candidate.name, f"excluded by {prefs.exclude[candidate.name]}"))
-            continue
-        try:
-            why_not = candidate.supports(problem)
-        except Exception as error:  # e.g. its native module is not built: the candidate is out, the plan goes on
-            why_not = f"capability check raised {type(error).__name__}: {error}"
-        if why_not:
-            rejected.append((candidate.name, why_not))
-        else:
-            viable.append(candidate)
-    viable.sort(key=lambda c: -c.priority)
-    reason = f"highest priority of {len(viable)} viable" if viable else "no GPU candidate applies: host round trip"
-    pinned = prefs.kernels.get(node.op)
-    if pinned is not None:
-        if any(c.name == pinned for c in viable):
-            viable.sort(key=lambda c: c.name != pinned)
-            reason = "pinned by preferences"
-        else:
-            why = dict(rejected).get(pinned, "not a candidate of this op")
-            reason += f" (pinned '{pinned}' is not viable: {why})"
-    return Ranking(tuple(viable) + (host_fallback_candidate(opdef),), tuple(rejected), reason)
+    ranking = selection.rank(opdef, problem, pinned=prefs.kernels.get(node.op), excluded=prefs.exclude,
+                             none_viable="no GPU candidate applies: host round trip")
+    return replace(ranking, viable=ranking.viable + (host_fallback_candidate(opdef),))
 
 
 def kernel_label(op: str, name: str) -> str:
@@ -141,44 +113,17 @@ def problem_key(problem: Problem) -> str:
 def choose_kernel(node: Node, problem: Problem, caps: Capabilities, prefs: Preferences,
                   timer: Callable[[Launch], float] | None = None, cache: AutotuneCache | None = None) -> Selection:
     """The kernel for ``node``: the first ranked candidate that prepares (the autotuned winner first, if asked)."""
-    ranking = select(node, problem, caps, prefs)
-    order, reason = list(ranking.viable), ranking.reason
-    prepared: dict[str, Launch] = {}
-    fallbacks: list[tuple[str, str]] = []
-    tunable = order[:-1]  # the GPU candidates; the host round trip is never a contender
-    if prefs.autotune and timer is not None and len(tunable) > 1 and node.op not in prefs.kernels:
-        cache = cache if cache is not None else AutotuneCache()
-        key = problem_key(problem)
-        winner = cache.lookup(caps.setup, key)
-        if winner in {c.name for c in tunable}:
-            reason = f"autotune cache: {winner}"
-        else:
-            times = {}
-            for candidate in tunable:
-                try:
-                    prepared[candidate.name] = candidate.prepare(problem)
-                    times[candidate.name] = timer(prepared[candidate.name])
-                except Exception as error:  # a candidate that cannot run is out of the race, visibly
-                    prepared.pop(candidate.name, None)
-                    fallbacks.append((candidate.name, f"{type(error).__name__}: {error}"))
-            if times:
-                winner = min(times, key=times.get)
-                cache.store(caps.setup, key, winner, times)
-                reason = "autotuned: " + ", ".join(f"{name} {ms:.4f} ms" for name, ms in sorted(times.items(),
-                                                                                                key=lambda i: i[1]))
-        order.sort(key=lambda c: c.name != winner)
-    for candidate in order:
-        if any(name == candidate.name for name, _ in fallbacks):
-            continue
-        launch = prepared.get(candidate.name)
-        if launch is None:
-            try:
-                launch = candidate.prepare(problem)
-            except Exception as error:  # falls to the next candidate; the plan says why
-                fallbacks.append((candidate.name, f"{type(error).__name__}: {error}"))
-                continue
-        if candidate is not order[0]:
-            reason = f"first to prepare after {len(fallbacks)} failure(s)"
-        return Selection(node.name, node.op, candidate.name, candidate.description, launch, reason,
-                         ranking.rejected, tuple(fallbacks))
-    raise RuntimeError(f"{node.where()}: no kernel could be prepared: {fallbacks}")  # host_reference never fails
+    opdef = OPS[node.op]
+    if caps.device == "cpu":
+        ranking, last_resort = select(node, problem, caps, prefs), None
+    else:
+        ranking = selection.rank(opdef, problem, pinned=prefs.kernels.get(node.op), excluded=prefs.exclude,
+                                 none_viable="no GPU candidate applies: host round trip")
+        last_resort = host_fallback_candidate(opdef)
+    tune = prefs.autotune and timer is not None and node.op not in prefs.kernels
+    tune_key = ((cache if cache is not None else AutotuneCache()), caps.setup, problem_key(problem)) if tune else None
+    choice = selection.choose(ranking, problem, last_resort=last_resort, timer=timer if tune else None,
+                              tune_key=tune_key)  # the last resort never fails
+    candidate = choice.candidate
+    return Selection(node.name, node.op, candidate.name, candidate.description, choice.launch, choice.reason,
+                     choice.rejected, choice.fallbacks)

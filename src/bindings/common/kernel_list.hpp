@@ -1,4 +1,5 @@
-// kernels(): an op's kernel table (name, priority, description, constraints) as a list of dicts for Python.
+// kernels(): an op's kernel table (name, priority, description, constraints, fallback, alignment) as a list of dicts
+// for Python (graph_executor_v2/selection.py reads its candidates from it).
 #pragma once
 #include <vector>
 
@@ -15,6 +16,8 @@ pybind11::list kernel_list(const std::vector<Info>& table) {
     row["priority"] = info.priority;
     row["description"] = info.description;
     row["constraints"] = info.constraints;
+    row["fallback"] = info.fallback;
+    row["alignment"] = info.alignment;
     rows.append(row);
   }
   return rows;

@@ -56,13 +56,15 @@ std::vector<KernelInfo> kernel_table() {
       {"rowwise", 10,
        "a warp per query row (forward, dQ) or key row (dK, dV): online softmax in float32, K/V rows streamed from "
        "L2, no tensor cores, no cuBLAS and no score scratch",
-       "head_dim <= " + std::to_string(kMaxRowwiseHeadDim) + "; any seq_q, seq_k; float32, float16, bfloat16"},
+       "head_dim <= " + std::to_string(kMaxRowwiseHeadDim) + "; any seq_q, seq_k; float32, float16, bfloat16",
+       false, kAnyAlignment},
       {"unfused", 5,
        "S = scale Q K^T on cuBLASLt (float32 scores), a block per row for mask, softmax and lse, then O = P V on "
        "cuBLASLt, 16-bit P (and dS) as a high and a residual part (two GEMMs per product); backward recomputes P from "
        "lse. Chunks of (batch, K/V head) and query rows bound the scratch in the per-stream workspace. The path that "
        "always works",
-       "none: any head_dim, seq_q, seq_k, dtype and alignment; workspace up to 512 MiB per chunk"},
+       "none: any head_dim, seq_q, seq_k, dtype and alignment; workspace up to 512 MiB per chunk",
+       kFallback, kAnyAlignment},
   };
 }
 

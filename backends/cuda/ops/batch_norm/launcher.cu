@@ -107,7 +107,8 @@ std::vector<KernelInfo> kernel_table() {
            "training: Welford partials per (split, channel) merged in a fixed order, a per-channel finalize, then "
            "one affine pass walking back through the data (L2 reuse); inference: finalize + affine pass; backward "
            "alike with sums of dy and dy * xhat",
-           "x NCHW or NHWC with batch, channels, spatial >= 1; training needs batch * spatial > 1"}};
+           "x NCHW or NHWC with batch, channels, spatial >= 1; training needs batch * spatial > 1",
+           kFallback, kAnyAlignment}};
 }
 
 }  // namespace ge2::batch_norm

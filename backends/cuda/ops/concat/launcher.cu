@@ -27,7 +27,7 @@ std::vector<KernelInfo> kernel_table() {
       {"fused", 20,
        "one kernel moves every input (up to 32 per launch, their pointers and column offsets passed by value): "
        "16-byte vectors when every width, column offset and pointer allows",
-       "none (the path that always works)"},
+       "none (the path that always works)", kFallback, kAnyAlignment},
       {"copy2d", 10, "one cudaMemcpy2DAsync per input (cudaMemcpyAsync when there is a single row)",
        "rows of y at most 2^31 - 1 bytes when there is more than one row (cudaMemcpy2D's pitch limit)"},
   };

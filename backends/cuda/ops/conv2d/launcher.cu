@@ -72,7 +72,7 @@ std::vector<KernelInfo> kernel_table() {
        "im2col into a per-stream workspace + one batched cuBLASLt GEMM (a batch per group) + one fused "
        "bias/activation kernel; backward: dX by GEMM + col2im gather, dW by GEMM, dbias by a reduction",
        "none: every layout, stride, padding, dilation, groups, activation and dtype (the path that always works); "
-       "workspace of C*R*S*N*P*Q elements plus a float32 K*N*P*Q accumulator"},
+       "workspace of C*R*S*N*P*Q elements plus a float32 K*N*P*Q accumulator", kFallback, kAnyAlignment},
   };
 }
 

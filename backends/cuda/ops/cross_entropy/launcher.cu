@@ -47,7 +47,7 @@ std::vector<KernelInfo> kernel_table() {
        "cols <= 8192 x (16 / itemsize) (65536 for float16/bfloat16); 16-byte aligned logits/dlogits and "
        "cols % (16 / itemsize) == 0"},
       {"streaming", 10, "one block per row, online max/sum pass then a gradient pass: the path that always works",
-       "none (reads each row twice when computing the gradient)"},
+       "none (reads each row twice when computing the gradient)", kFallback, kAnyAlignment},
   };
 }
 

@@ -14,7 +14,7 @@ std::vector<KernelInfo> kernel_table() {
       {"vec16", 20, "16-byte loads and stores, one Philox4x32-10 call per 4 elements",
        "offset % 4 == 0; x and y 16-byte aligned"},
       {"scalar", 10, "element by element, one Philox4x32-10 call per 4 elements: the path that always works",
-       "none"},
+       "none", kFallback, kAnyAlignment},
   };
 }
 

@@ -55,7 +55,8 @@ std::vector<KernelInfo> kernel_table() {
        "binary only; the broadcast collapses to at most 2 dims; cols a multiple of 16 bytes; every pointer "
        "16-byte aligned"},
       {"strided", 10, "general broadcast by strided index math (binary); element by element (unary)",
-       "none: at most 8 dims after collapsing, which NumPy-style shapes of up to 8 dims always meet"},
+       "none: at most 8 dims after collapsing, which NumPy-style shapes of up to 8 dims always meet",
+       kFallback, kAnyAlignment},
   };
 }
 

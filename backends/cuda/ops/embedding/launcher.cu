@@ -15,7 +15,7 @@ std::vector<KernelInfo> kernel_table() {
   return {
       {"vec16", 20, "row gather with 16-byte loads and stores, a power-of-two group of lanes per row",
        "dim % (16 / itemsize) == 0; table and output 16-byte aligned"},
-      {"scalar", 10, "row gather element by element: the path that always works", "none"},
+      {"scalar", 10, "row gather element by element: the path that always works", "none", kFallback, kAnyAlignment},
   };
 }
 

@@ -42,7 +42,7 @@ std::vector<KernelInfo> kernel_table() {
       {"cublaslt_postkernel", 20, "cuBLASLt matmul + one fused bias/activation/residual kernel",
        "every act; any alignment; cuBLASLt must return an algorithm for the plain matmul"},
       {"tiled", 10, "GE2's own shared-memory tiled kernel, no cuBLAS: the path that always works",
-       "none (slow: the reference path)"},
+       "none (slow: the reference path)", kFallback, kAnyAlignment},
   };
 }
 

@@ -99,10 +99,11 @@ std::vector<KernelInfo> kernel_table() {
       {"window", 10,
        "max/avg pooling: one thread per output (NCHW) or per output and 16-byte channel vector (NHWC); backward "
        "gathers over the windows holding each input (no atomics)",
-       "kernel >= 1, stride >= 1, 0 <= padding <= window span / 2, dilation (max only) >= 1, H * W < 2^31"},
+       "kernel >= 1, stride >= 1, 0 <= padding <= window span / 2, dilation (max only) >= 1, H * W < 2^31",
+       kFallback, kAnyAlignment},
       {"global", 10,
        "global_avg_pool: a warp per (n, c) plane (NCHW) or channel-vector lanes x spatial rows per image (NHWC)",
-       "any shape with at least one spatial element"},
+       "any shape with at least one spatial element", kFallback, kAnyAlignment},
   };
 }
 

@@ -55,7 +55,7 @@ std::vector<KernelInfo> kernel_table() {
        "shared-memory tree per column; split into partials when there are few tiles",
        "one run of reduced axes followed by kept axes after merging (Columns)" + vectors},
       {"generic", 5, "a warp per output walking the reduced multi-index: any set of axes. The path that always works",
-       "none"},
+       "none", kFallback, kAnyAlignment},
   };
 }
 

@@ -227,7 +227,7 @@ inline std::vector<KernelInfo> kernel_table() {
            std::to_string(max_cols(Kernel::BlockPerRow, true, true)) + " (" +
            std::to_string(max_cols(Kernel::BlockPerRow, true, false)) + "); " + vector_rule},
       {"multipass", 10, "one block per row re-reading the row for each pass (from L2): the path that always works",
-       "none"},
+       "none", kFallback, kAnyAlignment},
   };
 }
 

@@ -16,7 +16,7 @@ std::vector<KernelInfo> kernel_table() {
       {"strided", 10,
        "strided gather of the slice into y: cudaMemcpyAsync when the slice is one contiguous block, 16-byte "
        "vectors when whole innermost rows are kept, element by element otherwise",
-       "none (the path that always works)"},
+       "none (the path that always works)", kFallback, kAnyAlignment},
   };
 }
 

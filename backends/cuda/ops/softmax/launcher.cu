@@ -50,7 +50,7 @@ std::vector<KernelInfo> kernel_table() {
       {"strided", 5,
        "any axis without a transpose: tiles of adjacent inner columns, online statistics merged in shared memory, "
        "then a write pass; scalar accesses. The path that always works",
-       "none"},
+       "none", kFallback, kAnyAlignment},
   };
 }
 

@@ -45,7 +45,7 @@ std::vector<KernelInfo> kernel_table() {
       {"strided", 10,
        "strided gather in output order: 16-byte vectors when the innermost axis stays innermost, cudaMemcpyAsync "
        "when nothing moves",
-       "none (the path that always works)"},
+       "none (the path that always works)", kFallback, kAnyAlignment},
   };
 }
 

@@ -31,7 +31,7 @@ from ..ir import dims
 from ..ir.types import TensorType
 from . import _layout
 from ._base import (OPS, Attr, Candidate, Input, OpDef, Problem, attach_grad, in_ptr, native_launch, out_ptr,
-                    register, stream_arg)
+                    register, stream_arg, table_candidate)
 from ._face import FACES, Face
 
 MODULE = "_ops_indexing"
@@ -71,8 +71,8 @@ def _axis_map_launch(x_shape, y_shape, modes, params, dtype, fill=0.0):
                          list(modes), list(params), itemsize(dtype), _fill_bits(fill, dtype), stream_arg())
 
 
-def _candidate(name: str, description: str, prepare) -> tuple[Candidate, ...]:
-    return (Candidate(name, 10, description, _built, prepare, always_works=True),)
+def _candidate(name: str, prepare) -> tuple[Candidate, ...]:
+    return (table_candidate("_ops_indexing", name, _built, prepare),)
 
 
 def _no_gradient(dy, inputs, attrs, kernel, out, stream):
@@ -81,8 +81,7 @@ def _no_gradient(dy, inputs, attrs, kernel, out, stream):
 
 def _register(opdef: OpDef, backward=_no_gradient) -> OpDef:
     opdef = register(opdef)
-    names = {c.name for c in opdef.candidates}
-    Face(opdef, backward, kernels=lambda: [k for k in _native_module().kernels() if k["name"] in names])
+    Face(opdef, backward)
     return opdef
 
 
@@ -170,7 +169,7 @@ EXPAND = _register(OpDef(
                                                      expand_shape(np.shape(inputs[0]), attrs["shape"])).copy()],
     reference_backward=lambda inputs, outputs, out_grads, attrs: [
         _reference_expand_backward(out_grads[0], np.shape(inputs[0]))],
-    candidates=_candidate("axis_map", "broadcast copy: one thread per output element", _prepare_expand),
+    candidates=_candidate("axis_map", _prepare_expand),
     doc="expand(x, shape): NumPy broadcasting of x with shape (ONNX Expand, torch.expand).",
 ), backward=_grad_face("expand"))
 
@@ -261,7 +260,7 @@ PAD = _register(OpDef(
     reference=lambda inputs, attrs: [reference_pad(inputs[0], attrs["pads"], attrs["mode"], attrs["value"])],
     reference_backward=lambda inputs, outputs, out_grads, attrs: [
         reference_pad_backward(out_grads[0], np.shape(inputs[0]), attrs["pads"], attrs["mode"])],
-    candidates=_candidate("axis_map", "padded copy: one thread per output element", _prepare_pad),
+    candidates=_candidate("axis_map", _prepare_pad),
     doc="pad(x, pads, mode='constant', value=0.0): ONNX Pad (constant, reflect, edge).",
 ), backward=_grad_face("pad"))
 
@@ -308,7 +307,7 @@ ROLL = _register(OpDef(
     reference=lambda inputs, attrs: [reference_roll(inputs[0], attrs["shifts"], attrs["axes"])],
     reference_backward=lambda inputs, outputs, out_grads, attrs: [
         reference_roll(out_grads[0], [-s for s in attrs["shifts"]], attrs["axes"])],
-    candidates=_candidate("axis_map", "rotated copy: one thread per output element", _prepare_roll),
+    candidates=_candidate("axis_map", _prepare_roll),
     doc="roll(x, shifts, axes): np.roll / torch.roll.",
 ), backward=_grad_face("roll"))
 
@@ -345,8 +344,7 @@ REPEAT_INTERLEAVE = _register(OpDef(
     reference=lambda inputs, attrs: [np.repeat(_layout.exact(inputs[0]), attrs["repeats"], attrs["axis"])],
     reference_backward=lambda inputs, outputs, out_grads, attrs: [
         _reference_repeat_backward(out_grads[0], np.shape(inputs[0]), attrs["repeats"], attrs["axis"])],
-    candidates=_candidate("axis_map", "each element repeated along the axis: one thread per output element",
-                          _prepare_repeat_interleave),
+    candidates=_candidate("axis_map", _prepare_repeat_interleave),
     doc="repeat_interleave(x, repeats, axis): np.repeat with one repeat count (torch.repeat_interleave).",
 ), backward=_grad_face("repeat_interleave"))
 
@@ -379,7 +377,7 @@ TILE = _register(OpDef(
     reference=lambda inputs, attrs: [np.tile(_layout.exact(inputs[0]), attrs["repeats"])],
     reference_backward=lambda inputs, outputs, out_grads, attrs: [
         _reference_tile_backward(out_grads[0], np.shape(inputs[0]), attrs["repeats"])],
-    candidates=_candidate("axis_map", "tiled copy: one thread per output element", _prepare_tile),
+    candidates=_candidate("axis_map", _prepare_tile),
     doc="tile(x, repeats): np.tile with one count per axis (ONNX Tile).",
 ), backward=_grad_face("tile"))
 
@@ -439,7 +437,7 @@ GATHER = _register(OpDef(
     attrs=(Attr("axis", int, 0),),
     infer=_infer_gather,
     reference=lambda inputs, attrs: [reference_gather(inputs[0], inputs[1], attrs["axis"])],
-    candidates=_candidate("gather", "one thread per output element, indices read once per element", _prepare_gather),
+    candidates=_candidate("gather", _prepare_gather),
     doc="gather(x, indices, axis=0): ONNX Gather / np.take (index_select).",
 ))
 
@@ -484,7 +482,7 @@ GATHER_ELEMENTS = _register(OpDef(
     attrs=(Attr("axis", int, 0),),
     infer=_infer_gather_elements,
     reference=lambda inputs, attrs: [reference_gather_elements(inputs[0], inputs[1], attrs["axis"])],
-    candidates=_candidate("gather", "one thread per output element", _prepare_gather_elements),
+    candidates=_candidate("gather", _prepare_gather_elements),
     doc="gather_elements(x, indices, axis=0): ONNX GatherElements / take_along_axis.",
 ))
 
@@ -532,7 +530,7 @@ CUMSUM = _register(OpDef(
                                                       attrs["reverse"])],
     reference_backward=lambda inputs, outputs, out_grads, attrs: [
         reference_cumsum(out_grads[0], attrs["axis"], attrs["exclusive"], not attrs["reverse"])],
-    candidates=_candidate("cumsum", "one thread per line, float32 / int64 accumulation", _prepare_cumsum),
+    candidates=_candidate("cumsum", _prepare_cumsum),
     doc="cumsum(x, axis, exclusive=False, reverse=False): ONNX CumSum.",
 ), backward=_grad_face("cumsum"))
 
@@ -566,7 +564,7 @@ TRILU = _register(OpDef(
     reference=lambda inputs, attrs: [reference_trilu(inputs[0], attrs["k"], attrs["upper"])],
     reference_backward=lambda inputs, outputs, out_grads, attrs: [
         reference_trilu(np.asarray(out_grads[0], np.float64), attrs["k"], attrs["upper"])],
-    candidates=_candidate("trilu", "one thread per element", _prepare_trilu),
+    candidates=_candidate("trilu", _prepare_trilu),
     doc="trilu(x, k=0, upper=True): ONNX Trilu (triu / tril) of the last two axes.",
 ), backward=_grad_face("trilu"))
 
@@ -603,7 +601,7 @@ ARANGE = _register(OpDef(
     infer=_infer_arange,
     reference=lambda inputs, attrs: [reference_arange(inputs[0], attrs["axis"], attrs["start"], attrs["delta"],
                                                       attrs["dtype"])],
-    candidates=_candidate("arange", "y[i] = start + i * delta", _prepare_arange),
+    candidates=_candidate("arange", _prepare_arange),
     doc="arange(x, axis=0, start=0.0, delta=1.0, dtype='int64'): start + delta * i for i < x.shape[axis] "
         "(ONNX Range / torch.arange over a length that may be symbolic).",
 ))
@@ -705,7 +703,7 @@ RESIZE = _register(OpDef(
     infer=_infer_resize,
     reference=lambda inputs, attrs: [reference_resize(inputs[0], attrs["size"], attrs["mode"], attrs["coordinates"],
                                                       attrs["nearest_mode"], attrs["scales"])],
-    candidates=_candidate("resize", "one thread per output element, float32 interpolation", _prepare_resize),
+    candidates=_candidate("resize", _prepare_resize),
     doc="resize(x, size, mode='nearest', coordinates='half_pixel', nearest_mode='round_prefer_floor', scales=None): "
         "ONNX Resize / F.interpolate of the last two axes.",
 ))
@@ -752,7 +750,7 @@ ADAPTIVE_AVG_POOL2D = _register(OpDef(
     attrs=(Attr("output_size", tuple, check=_size_check),),
     infer=_infer_adaptive_avg_pool2d,
     reference=lambda inputs, attrs: [reference_adaptive_avg_pool2d(inputs[0], attrs["output_size"])],
-    candidates=_candidate("adaptive_avg_pool", "one thread per output element", _prepare_adaptive_avg_pool2d),
+    candidates=_candidate("adaptive_avg_pool", _prepare_adaptive_avg_pool2d),
     doc="adaptive_avg_pool2d(x, output_size): PyTorch's adaptive average pooling of the last two axes.",
 ))
 

@@ -14,16 +14,19 @@ std::vector<KernelInfo> kernel_table() {
   return {
       {"axis_map", 10, "y[o] = x[map(o)] per axis (offset/reflect/edge/wrap/divide/modulo): expand, pad, roll, "
                        "repeat_interleave, tile; one thread per output element",
-       "contiguous x and y; any dtype (1, 2, 4 or 8-byte elements)"},
+       "contiguous x and y; any dtype (1, 2, 4 or 8-byte elements)", kFallback, kAnyAlignment},
       {"gather", 10, "y[o] = x[o with the axis replaced by indices[o]], indices broadcast by strides: ONNX Gather, "
                      "index_select, take_along_axis",
-       "int32 or int64 indices; any data dtype; an index out of range gives NaN (floats) or 0"},
-      {"cumsum", 10, "one thread per line along the axis, float32 or int64 accumulation", "float and int dtypes"},
-      {"trilu", 10, "the lower or upper triangle of the last two axes", "any dtype"},
-      {"arange", 10, "y[i] = start + i * delta", "float and int dtypes"},
+       "int32 or int64 indices; any data dtype; an index out of range gives NaN (floats) or 0",
+       kFallback, kAnyAlignment},
+      {"cumsum", 10, "one thread per line along the axis, float32 or int64 accumulation", "float and int dtypes",
+       kFallback, kAnyAlignment},
+      {"trilu", 10, "the lower or upper triangle of the last two axes", "any dtype", kFallback, kAnyAlignment},
+      {"arange", 10, "y[i] = start + i * delta", "float and int dtypes", kFallback, kAnyAlignment},
       {"resize", 10, "nearest or bilinear resampling of the last two axes, ONNX coordinate transformations",
-       "float dtypes"},
-      {"adaptive_avg_pool", 10, "the mean over PyTorch's adaptive windows of the last two axes", "float dtypes"},
+       "float dtypes", kFallback, kAnyAlignment},
+      {"adaptive_avg_pool", 10, "the mean over PyTorch's adaptive windows of the last two axes", "float dtypes",
+       kFallback, kAnyAlignment},
   };
 }
 

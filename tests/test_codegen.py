@@ -372,6 +372,37 @@ def test_reductions_fuse_their_prologue_and_epilogue_over_trailing_axes(rng, axi
     np.testing.assert_array_equal(ex.run(feeds)["loss"], ge2.ExecutorV2(g, "cpu", passes=[]).run(feeds)["loss"])
 
 
+def _normalization_graph(shape, dtype, std: bool):
+    """A normalization written out (as exporters write LayerNorm): mean, deviation, variance, then the deviation
+    divided by sqrt(variance + eps); or, with ``std``, the row means and standard deviations."""
+    g = ge2.ir.Graph("moments")
+    x = g.input("x", shape, dtype)
+    m = g.mean(x, axis=-1, keepdims=True)
+    d = g.sub(x, m)
+    v = g.mean(g.mul(d, d), axis=-1, keepdims=not std)
+    if std:
+        g.output(g.sqrt(v), "s")
+        g.output(m, "m")
+    else:
+        g.output(g.div(d, g.sqrt(g.add(v, g.param("eps", np.array(1e-5, dtype))))), "y")
+    return g
+
+
+@pytest.mark.parametrize("std", [False, True])
+def test_mean_and_variance_become_one_two_output_reduction(rng, std):
+    g = _normalization_graph((6, 50), "float32", std)
+    ex = ge2.ExecutorV2(g, "cpu")
+    counts = ex.optimized_graph.op_counts()
+    reductions = [n for n in ex.optimized_graph.nodes if n.op == "fused_reduction"]
+    assert len(reductions) == 1 and len(reductions[0].outputs) == 2 and "mean" not in counts
+    assert reductions[0].attrs["reduce"] == ("std" if std else "var")
+    assert counts == ({"fused_reduction": 1} if std else {"fused_reduction": 1, "fused_pointwise": 2})
+    feeds = _feeds(rng, g)
+    fused, unfused = ex.run(feeds), ge2.ExecutorV2(g, "cpu", passes=[]).run(feeds)
+    for name in unfused:
+        np.testing.assert_array_equal(fused[name], unfused[name], err_msg=name)
+
+
 def test_a_prologue_value_read_elsewhere_is_not_recomputed():
     g = ge2.ir.Graph("shared")
     x = g.input("x", (6, 7), "float32")
@@ -447,6 +478,19 @@ def test_random_dags_generate_kernels_that_compile():
 
 
 @needs_nvrtc
+@pytest.mark.parametrize("std", [False, True])
+@pytest.mark.parametrize("cols", [50, 3000])
+def test_variance_kernels_compile(std, cols):
+    graph = ge2.ExecutorV2(_normalization_graph((4, cols), "bfloat16", std), "cpu").plans[0].graph
+    kernels = [codegen_candidate.build("moments", (), lambda n, p=p: _generated_source(p, n))
+               for p in (Problem(node.op, tuple(v.type for v in node.inputs), tuple(v.type for v in node.outputs),
+                                 node.attrs) for node in graph.nodes)]
+    source = _one_translation_unit(kernels)
+    assert "ge2_welford_combine" in source and ("partial[3][8]" in source) == (cols > 1024)
+    compiler.compile_cubin(source, f"moments_{cols}_{std}", 90, "moments")
+
+
+@needs_nvrtc
 @pytest.mark.parametrize("reduce, cols", [("sum", 37), ("mean", 4096), ("max", 1000), ("min", 5000)])
 def test_reduction_kernels_compile_for_warp_and_block_rows(reduce, cols):
     x = TensorType((9, cols), "float16")
@@ -515,9 +559,9 @@ def test_trainer_steps_fuse_and_match_unfused_training(rng, monkeypatch):
 # ---------------------------------------------------------------------------------------------------------------
 # GPU
 # ---------------------------------------------------------------------------------------------------------------
-def _run_problem(problem: Problem, arrays, to_device, poisoned, offset_bytes: int = 0):
-    """Prepares the generated candidate of ``problem`` and launches it on device copies of ``arrays`` (shifted by
-    ``offset_bytes`` from a 256-byte aligned allocation: a misaligned view); returns the outputs on the host."""
+def _run_problem(problem: Problem, arrays, to_device, poisoned, offset: int = 0):
+    """Prepares the generated candidate of ``problem`` and launches it on device copies of ``arrays`` (each shifted
+    by ``offset`` elements from a 256-byte aligned allocation: a misaligned view); returns the outputs on the host."""
     generated = next(c for c in OPS[problem.op].candidates if c.name == codegen_candidate.NAME)
     assert generated.supports(problem) is None
     launch = generated.prepare(problem)
@@ -526,24 +570,21 @@ def _run_problem(problem: Problem, arrays, to_device, poisoned, offset_bytes: in
     for array in arrays:
         array = array.view(np.uint8) if array.dtype == np.bool_ else array  # DeviceArrays hold masks as bytes
         padded = np.zeros(array.size + 64, array.dtype)
-        start = offset_bytes // array.itemsize
-        padded[start:start + array.size] = array.reshape(-1)
+        padded[offset:offset + array.size] = array.reshape(-1)
         device = to_device(padded)
         keep.append(device)
-        ins.append(device.ptr + start * array.itemsize)
+        ins.append(device.ptr + offset * array.itemsize)
     outs, out_arrays = [], []
     for t in problem.out_types:
         itemsize = np.dtype(ge2.dtypes.to_numpy(t.dtype)).itemsize
         poison = poisoned((t.numel + 64,), "uint8" if t.dtype == "bool" else t.dtype)
         out_arrays.append(poison)
-        outs.append(poison.ptr + (offset_bytes // itemsize) * itemsize)
+        outs.append(poison.ptr + offset * itemsize)
     launch(ins, outs, 0)
     runtime.synchronize()
     results = []
     for poison, t in zip(out_arrays, problem.out_types):
-        itemsize = np.dtype(ge2.dtypes.to_numpy(t.dtype)).itemsize
-        start = offset_bytes // itemsize
-        values = poison.numpy()[start:start + t.numel].reshape(t.shape)
+        values = poison.numpy()[offset:offset + t.numel].reshape(t.shape)
         results.append(values.view(np.bool_) if t.dtype == "bool" else values)
     return results
 
@@ -554,22 +595,25 @@ def _tolerance_dtype(dtype: str) -> str:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", FLOATS + ("int32", "bool"))
-@pytest.mark.parametrize("offset_bytes", [0, 2])
-def test_every_scalar_op_on_the_gpu_against_its_reference(rng, to_device, poisoned, dtype, offset_bytes):
+@pytest.mark.parametrize("offset", [0, 1])
+def test_every_scalar_op_on_the_gpu_against_its_reference(rng, to_device, poisoned, dtype, offset):
     for op in _scalar_ops():
         for problem in _single_problems(op, dtype):
-            arrays = [_random_input(rng, t) for t in problem.in_types]
+            arrays = [_random_input(rng, t, divisor=k > 0) for k, t in enumerate(problem.in_types)]
             expected = OPS[op].run_reference(arrays, problem.attrs)
-            (got,) = _run_problem(problem, arrays, to_device, poisoned, offset_bytes)
-            _compare(got, expected[0], problem.out_types[0].dtype, f"{op} {dtype} offset {offset_bytes}")
+            (got,) = _run_problem(problem, arrays, to_device, poisoned, offset)
+            _compare(got, expected[0], problem.out_types[0].dtype, f"{op} {dtype} offset {offset} element(s)")
 
 
-def _random_input(rng, t: TensorType):
+def _random_input(rng, t: TensorType, divisor: bool = False):
+    """Fresh values of ``t``; integer ``divisor`` operands are never 0 (division by 0 has tests of its own)."""
     if t.dtype == "bool":
         return rng.random(t.shape) < 0.5
     if t.dtype in ("int32", "int64", "uint8"):
-        low = 0 if t.dtype == "uint8" else -20
-        return rng.integers(low, 20, t.shape).astype(ge2.dtypes.to_numpy(t.dtype))
+        values = rng.integers(1 if t.dtype == "uint8" else -20, 20, t.shape)
+        if divisor:
+            values = np.where(values == 0, 7, values)
+        return values.astype(ge2.dtypes.to_numpy(t.dtype))
     return random_array(rng, t.shape, t.dtype)
 
 
@@ -605,8 +649,8 @@ def test_a_hundred_groups_in_one_plan_captured(rng):
     x = g.input("x", (16, 128), "float32")
     w = g.param("w", random_array(rng, (128, 128), "float32", scale=0.05))
     h = x
-    for _ in range(100):  # gemm, then two pointwise ops the epilogue does not take: one group per layer
-        h = g.sub(g.tanh(g.matmul(h, w)), g.mul(h, h))
+    for _ in range(100):  # a gemm, then pointwise ops its epilogue does not take: one group per layer
+        h = g.sub(g.tanh(g.matmul(h, w)), g.mul(g.sigmoid(h), h))
     g.output(h, "y")
     ex = ge2.ExecutorV2(g, "cuda")
     assert sum(s.op == "fused_pointwise" and s.kernel == "generated" for s in ex.plans[0].selections) == 100
@@ -633,14 +677,29 @@ def test_fused_reductions_on_the_gpu(rng, reduce, cols):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("offset_bytes", [0, 2, 6])
-def test_fused_reduction_on_misaligned_views(rng, to_device, poisoned, offset_bytes):
+@pytest.mark.parametrize("std", [False, True])
+@pytest.mark.parametrize("cols", [1, 50, 1024, 3000])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_variance_and_std_on_the_gpu(rng, std, cols, dtype):
+    g = _normalization_graph((19, cols), dtype, std)
+    ex = ge2.ExecutorV2(g, "cuda")
+    assert "fused_reduction" in [s.op for s in ex.plans[0].selections]
+    feeds = {"x": random_array(rng, (19, cols), dtype, scale=3.0) + np.asarray(5, dtype)}  # a mean far from 0
+    expected = ge2.ExecutorV2(g, "cpu", passes=[]).run(feeds)
+    got = ex.run(feeds)
+    for name in expected:
+        assert_close(got[name], expected[name], dtype, reduction_length=cols, what=f"{name}, {cols} columns")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset", [0, 1, 3])
+def test_fused_reduction_on_misaligned_views(rng, to_device, poisoned, offset):
     x = TensorType((5, 64), "float16")
     attrs = {"members": (_member("mul", ("input", 0), ("input", 0)),), "reduce": "sum", "axes": 1,
              "keepdims": False, "epilogue": (), "outputs": ()}
     problem = Problem("fused_reduction", (x,), tuple(OPS["fused_reduction"].infer([x], attrs)), attrs)
     array = random_array(rng, x.shape, "float16")
-    (got,) = _run_problem(problem, [array], to_device, poisoned, offset_bytes)
+    (got,) = _run_problem(problem, [array], to_device, poisoned, offset)
     expected = OPS["fused_reduction"].run_reference([array], attrs)[0]
     assert_close(got, expected, "float16", reduction_length=64, what="sum of squares")
 

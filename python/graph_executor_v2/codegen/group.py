@@ -30,9 +30,10 @@ class Member:
         return {"op": self.op, "node": self.node, "attrs": dict(self.attrs), "args": self.args}
 
 
-def members_of(attr: Sequence[dict], reduced: bool = False) -> tuple[Member, ...]:
+def members_of(attr: Sequence[dict], reduced: bool = False, allow_empty: bool = False) -> tuple[Member, ...]:
     """The members of a ``members`` attribute (validated: known ops, args referring to inputs or earlier members;
-    with ``reduced``, an epilogue's, also to the reduced value, arg ``("reduced",)``)."""
+    with ``reduced``, an epilogue's, also to the reduced value, arg ``("reduced",)``; empty only when
+    ``allow_empty`` or ``reduced``: a reduction with no prologue or no epilogue)."""
     members = []
     for index, entry in enumerate(attr):
         if not isinstance(entry, dict) or set(entry) != {"op", "node", "attrs", "args"}:
@@ -49,7 +50,7 @@ def members_of(attr: Sequence[dict], reduced: bool = False) -> tuple[Member, ...
             if kind not in ("input", "member", "constant") + (("reduced",) if reduced else ()):
                 raise ValueError(f"members[{index}]: arg kind {kind!r} is not input, member or constant")
         members.append(Member(entry["op"], entry["node"], dict(entry["attrs"]), args))
-    if not members and not reduced:
+    if not members and not (reduced or allow_empty):
         raise ValueError("members: expected at least one member op")
     return tuple(members)
 
@@ -117,10 +118,10 @@ def describe(members: Sequence[Member]) -> str:
 
 def fused_members(node) -> str:
     """The members of a fused node (``fused_pointwise``/``fused_reduction``) with their original node names."""
-    members = members_of(node.attrs["members"])
+    members = members_of(node.attrs["members"], allow_empty=node.op == "fused_reduction")
     if node.op == "fused_reduction":
         axes = node.attrs["axes"]
         epilogue = members_of(node.attrs["epilogue"], reduced=True)
-        return (describe(members) + f" -> {node.attrs['reduce']} over {axes} trailing dim(s)"
+        return ((describe(members) or "input 0") + f" -> {node.attrs['reduce']} over {axes} trailing dim(s)"
                 + (f" -> {describe(epilogue)}" if epilogue else ""))
     return describe(members)

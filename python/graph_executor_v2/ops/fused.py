@@ -5,9 +5,11 @@ pass (``passes/pointwise_fusion.py``) makes into one node, run on CUDA as one ge
   element over the broadcast of the inputs; ``outputs`` are the member indices the node returns (at most
   ``MAX_OUTPUTS``), all of the group's iteration shape.
 - ``fused_reduction(*inputs, members=..., reduce=..., axes=..., epilogue=..., outputs=...)``: the members computed
-  over the reduced input (the prologue), the last member reduced (``sum``, ``mean``, ``max``, ``min``) over its
-  trailing ``axes`` dims, then the ``epilogue`` members over the reduced value (epilogue arg ``("member", -1)``);
-  ``outputs`` are epilogue member indices (empty: the reduced value itself).
+  over the reduced input (the prologue; none: the first input is reduced), the last member reduced (``sum``,
+  ``mean``, ``max``, ``min``) over its trailing ``axes`` dims, then the ``epilogue`` members over the reduced value
+  (epilogue arg ``("reduced",)``); ``outputs`` are epilogue member indices (empty: the reduced value itself).
+  ``var``/``std`` give two outputs, the mean (reduced dims kept) and the population variance or standard
+  deviation, with no epilogue (codegen/reduction.py).
 
 The CPU backend runs the members' own references, each rounded to its dtype, so a fused graph computes on the CPU
 exactly what the unfused one does. Fused ops are compiler-internal: they have no face (``FUSED_OPS``), and no
@@ -36,9 +38,9 @@ def _check_outputs(outputs) -> str | None:
     return None
 
 
-def _check_members(members) -> str | None:
+def _check_members(members, allow_empty: bool = False) -> str | None:
     try:
-        members_of(members)
+        members_of(members, allow_empty=allow_empty)
     except ValueError as error:
         return str(error)
     return None
@@ -114,7 +116,8 @@ def _why_not_reduction(problem: Problem):
 FUSED_REDUCTION = register(OpDef(
     name="fused_reduction", inputs=(Input("inputs", variadic=True),),
     outputs=(VARIADIC_OUTPUTS,),
-    attrs=(Attr("members", tuple, check=_check_members, doc="the prologue: its last member is reduced"),
+    attrs=(Attr("members", tuple, check=lambda m: _check_members(m, allow_empty=True),
+                doc="the prologue: its last member is reduced (none: the first input is)"),
            Attr("reduce", str, choices=_reduction.REDUCTIONS, doc="the reduction of the last prologue member"),
            Attr("axes", int, check=lambda n: None if n >= 1 else "must be >= 1", doc="trailing dims reduced"),
            Attr("keepdims", bool, False, doc="keep the reduced dims as size 1"),

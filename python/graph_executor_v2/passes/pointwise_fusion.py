@@ -29,6 +29,7 @@ from ..ops.fused import MAX_OUTPUTS
 MAX_INPUTS = 16
 MAX_MEMBERS = 48
 REDUCTIONS = ("sum", "mean", "max", "min")
+FLOATS = ("float32", "float16", "bfloat16")
 
 
 def _broadcast(shapes) -> tuple | None:
@@ -206,6 +207,7 @@ def fuse_pointwise_groups(graph: Graph, fold_params: bool) -> list[str]:
     if os.environ.get("GE2_NO_FUSION") == "1":
         return []
     split = split_binary_backward(graph)
+    moments = fuse_moments(graph)
     groups = _Groups(graph)
 
     def compatible(producer: Node, consumer: Node) -> bool:
@@ -226,7 +228,7 @@ def fuse_pointwise_groups(graph: Graph, fold_params: bool) -> list[str]:
         _topological_sort(graph)
     reductions = fuse_reductions(graph, fold_params)
     absorbed = {name for note in reductions for name in note.absorbed}
-    return split + [n for n in notes if n.split(":")[0] not in absorbed] + reductions
+    return split + moments + [n for n in notes if n.split(":")[0] not in absorbed] + reductions
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -261,6 +263,51 @@ def _remap(members: list[dict], mapping: dict[int, tuple]) -> list[dict]:
             for m in members]
 
 
+def fuse_moments(graph: Graph) -> list[str]:
+    """``v = mean(d * d)`` with ``d = x - m``, ``m = mean(x, keepdims=True)`` over the same trailing dims -> one
+    fused_reduction ``var`` of x with outputs (m, v), or ``std`` (m, sqrt(v)) when a sqrt is v's only reader: one
+    read of x instead of two. ``d`` stays where it is read elsewhere (a normalization) and fuses with its readers."""
+    notes = []
+    for node in list(graph.nodes):
+        if node.op != "mean" or node not in graph.nodes or _trailing_axes(node) is None:
+            continue
+        users = graph.users()
+        squared = node.inputs[0]
+        square = squared.producer
+        if (square is None or square.op != "mul" or square.inputs[0] is not square.inputs[1]
+                or graph.is_output(squared) or len(users.get(squared, [])) != 1):
+            continue
+        difference = square.inputs[0].producer
+        if difference is None or difference.op != "sub":
+            continue
+        x, mean = difference.inputs
+        first = mean.producer
+        if (first is None or first.op != "mean" or first.inputs[0] is not x or not first.attrs["keepdims"]
+                or _trailing_axes(first) != _trailing_axes(node) or x.type.dtype not in FLOATS
+                or len({n.device for n in (first, difference, square, node)}) != 1):
+            continue
+        readers = users.get(node.outputs[0], [])
+        root = readers[0] if (len(readers) == 1 and readers[0].op == "sqrt"
+                              and not graph.is_output(node.outputs[0])) else None
+        reduce = "std" if root is not None else "var"
+        with graph.inserting_before(first):
+            fused = graph.add_node("fused_reduction", [x], {
+                "members": (), "reduce": reduce, "axes": _trailing_axes(node), "keepdims": node.attrs["keepdims"],
+                "epilogue": (), "outputs": ()}, device=node.device)
+        graph.replace_uses(first.outputs[0], fused.outputs[0])
+        graph.replace_uses((root or node).outputs[0], fused.outputs[1])
+        removed = [first, square, node] + ([root] if root is not None else [])
+        for old in removed:
+            graph.remove_node(old)
+        if not any(difference.outputs[0] in n.inputs for n in graph.nodes) and not graph.is_output(
+                difference.outputs[0]):
+            graph.remove_node(difference)
+            removed.append(difference)
+        notes.append(FusionNote(f"{fused.name}: fused {', '.join(f'{n.op} ({n.name})' for n in removed)} into one "
+                                f"{reduce} with two outputs (the mean and the {reduce})"))
+    return notes
+
+
 def fuse_reductions(graph: Graph, fold_params: bool) -> list[str]:
     notes = []
     for node in list(graph.nodes):
@@ -268,7 +315,7 @@ def fuse_reductions(graph: Graph, fold_params: bool) -> list[str]:
             continue
         axes = _trailing_axes(node)
         x = node.inputs[0]
-        if axes is None or x.type.dtype not in ("float32", "float16", "bfloat16"):
+        if axes is None or x.type.dtype not in FLOATS:
             continue
         users = graph.users()
         producer = x.producer

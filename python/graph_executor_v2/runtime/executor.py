@@ -104,7 +104,8 @@ class ExecutorV2:
     """Compiles ``graph`` for ``device`` ("cpu": NumPy references; "cuda": the native kernels) and runs it.
 
     ``passes``: pass names or ``Pass`` objects (None: ``passes.DEFAULT_PIPELINE``; ``[]``: none).
-    ``autotune``: time the viable GPU kernels once per problem and keep the winners in the autotune cache.
+    ``autotune``: time the viable GPU kernels once per problem and keep the winners in the autotune cache (where a
+    generated kernel competes with hand-written ones they are timed in any case).
     ``kernels``: op -> kernel tried first. ``reuse_memory=False`` gives every buffer its own bytes.
     ``verify``: run the verifier after every pass (the input graph is always verified).
     ``cuda_graph`` (CUDA): capture every plan as a CUDA graph after its first run and replay it from then on.
@@ -131,7 +132,9 @@ class ExecutorV2:
         self.reuse_memory = reuse_memory
         self.capabilities = Capabilities.detect(device)
         self.preferences = Preferences.from_env(kernels, autotune)
-        self._autotune_cache = AutotuneCache() if autotune and device == "cuda" else None
+        # On CUDA the plan times candidates when asked (autotune) and where a generated kernel competes with
+        # hand-written ones (registry.choose_kernel); the cache keeps the winners across processes.
+        self._autotune_cache = AutotuneCache() if device == "cuda" else None
         self._backend = backend_for(device)
         params = params or {}
         self._param_slots = {name: params[name] if name in params else self._backend.upload(value.data)

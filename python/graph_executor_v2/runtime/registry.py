@@ -20,8 +20,9 @@ from typing import Callable
 
 from .. import _native
 from .. import device as _device
-from ..ir.graph import Node
 from .. import selection
+from ..codegen.candidate import NAME as GENERATED
+from ..ir.graph import Node
 from ..ir.schema import OPS, Launch, Problem
 from ..selection import Ranking
 from .autotune import AutotuneCache
@@ -120,7 +121,10 @@ def choose_kernel(node: Node, problem: Problem, caps: Capabilities, prefs: Prefe
         ranking = selection.rank(opdef, problem, pinned=prefs.kernels.get(node.op), excluded=prefs.exclude,
                                  none_viable="no GPU candidate applies: host round trip")
         last_resort = host_fallback_candidate(opdef)
-    tune = prefs.autotune and timer is not None and node.op not in prefs.kernels
+    # Autotuning on request; and always where a generated kernel competes with hand-written ones (issue 20: the
+    # plan times them once per problem, the autotune cache keeps the winner, explain() shows the times).
+    competing = len(ranking.viable) > 1 and any(c.name == GENERATED for c in ranking.viable)
+    tune = (prefs.autotune or competing) and timer is not None and node.op not in prefs.kernels
     tune_key = ((cache if cache is not None else AutotuneCache()), caps.setup, problem_key(problem)) if tune else None
     choice = selection.choose(ranking, problem, last_resort=last_resort, timer=timer if tune else None,
                               tune_key=tune_key)  # the last resort never fails

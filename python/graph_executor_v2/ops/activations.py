@@ -13,8 +13,11 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _GELU_CUBIC = 0.044715
 
 
-def _sigmoid(z):
-    return 0.5 * (1.0 + np.tanh(0.5 * z))  # overflow-free form
+def sigmoid(z):
+    """1 / (1 + e^-z) without overflow, relatively exact also far below 0 (sigmoid(-80) is 1.8e-35, not 0)."""
+    with np.errstate(over="ignore"):
+        e = np.exp(-np.abs(z))
+    return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 def _erf(z):
@@ -31,11 +34,11 @@ def apply(act: str, z: np.ndarray, slope: float = 0.01) -> np.ndarray:
     if act == "gelu_erf":
         return 0.5 * z * (1.0 + _erf(z / math.sqrt(2.0)))
     if act == "silu":
-        return z * _sigmoid(z)
+        return z * sigmoid(z)
     if act == "leaky_relu":
         return np.where(z > 0, z, slope * z)
     if act == "sigmoid":
-        return _sigmoid(z)
+        return sigmoid(z)
     if act == "tanh":
         return np.tanh(z)
     raise ValueError(f"act: expected one of {', '.join(ACTIVATIONS)}, got {act!r}")
@@ -54,12 +57,12 @@ def derivative(act: str, z: np.ndarray, slope: float = 0.01) -> np.ndarray:
     if act == "gelu_erf":
         return 0.5 * (1.0 + _erf(z / math.sqrt(2.0))) + z * np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
     if act == "silu":
-        s = _sigmoid(z)
+        s = sigmoid(z)
         return s * (1.0 + z * (1.0 - s))
     if act == "leaky_relu":
         return np.where(z > 0, 1.0, slope).astype(z.dtype)
     if act == "sigmoid":
-        s = _sigmoid(z)
+        s = sigmoid(z)
         return s * (1.0 - s)
     if act == "tanh":
         return 1.0 - np.tanh(z) ** 2

@@ -155,7 +155,8 @@ def reference(op: str, *inputs) -> np.ndarray:
             with np.errstate(over="ignore"):
                 return {"add": np.add, "sub": np.subtract, "mul": np.multiply}[op](a, b)
         a, b = as_float64(inputs[0]), as_float64(inputs[1])
-        return {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}[op](a, b)
+        with np.errstate(divide="ignore", invalid="ignore"):  # x / 0 is +-inf or NaN, as on the GPU
+            return {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}[op](a, b)
     if op == "bias_add":
         return as_float64(inputs[0]) + as_float64(inputs[1])
     x = as_float64(inputs[0])

@@ -30,6 +30,7 @@ from .. import selection
 from ..dtypes import FLOAT_DTYPES, INT_DTYPES, is_float, result_type, to_numpy
 from ..ir.types import TensorType
 from . import _grad, _layout
+from .activations import sigmoid
 from ._base import OPS, Attr, Input, OpDef, Problem, attach_grad, register, require_inputs
 from ._face import FACES, Face
 from ._scalar import expression, is_float_ctype, literal
@@ -106,10 +107,6 @@ def _on_floats(function) -> Callable:
 
 def _zero(x, attrs):
     return np.zeros_like(x, dtype=np.float64)
-
-
-def _sigmoid(z):
-    return 0.5 * (1.0 + np.tanh(0.5 * z))
 
 
 def _softplus(x, beta, threshold):
@@ -190,7 +187,7 @@ def _mish(x):
 
 def _mish_derivative(x, attrs):
     t = np.tanh(_softplus(x, 1.0, 20.0))
-    return t + x * (1.0 - t * t) * _sigmoid(x)
+    return t + x * (1.0 - t * t) * sigmoid(x)
 
 
 _MISH_TANH = f"tanhf({_softplus_body(1.0, 20.0)})"
@@ -215,7 +212,7 @@ def _positive(value):
 
 UNARY = (
     Unary("abs", NUMERIC, lambda x, a: np.abs(x), _abs_body, lambda x, a: np.sign(x),
-          lambda a: "x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f)", doc="|x|"),
+          lambda a: "x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x * 0.0f)", doc="|x|; its gradient sign(x), NaN at NaN"),
     Unary("sign", NUMERIC, lambda x, a: np.sign(x), _sign_body, _zero, lambda a: "0.0f",
           doc="-1, 0 or 1 (NaN stays NaN); zero gradient"),
     Unary("exp2", FLOAT, lambda x, a: np.exp2(x), _float_only("exp2f"), lambda x, a: np.exp2(x) * _LN2,
@@ -252,7 +249,7 @@ UNARY = (
           doc="round toward zero (the identity on integers); zero gradient"),
     Unary("softplus", FLOAT, lambda x, a: _softplus(x, a["beta"], a["threshold"]),
           lambda c, a: _softplus_body(a["beta"], a["threshold"]),
-          lambda x, a: np.where(x * a["beta"] > a["threshold"], 1.0, _sigmoid(a["beta"] * x)),
+          lambda x, a: np.where(x * a["beta"] > a["threshold"], 1.0, sigmoid(a["beta"] * x)),
           lambda a: f"x * {literal(a['beta'], 'float')} > {literal(a['threshold'], 'float')} ? 1.0f : 1.0f / "
                     f"(1.0f + expf(-{literal(a['beta'], 'float')} * x))",
           attrs=(Attr("beta", float, 1.0, check=_positive, doc="log(1 + exp(beta x)) / beta"),
@@ -560,6 +557,7 @@ def _partial_def(name: str, operand: int, inputs: tuple[str, ...], reference_par
     of the broadcast shape and that input's dtype (the grad rule sums it over the broadcast dims)."""
     def infer(in_types, attrs):
         require_inputs(in_types, ("dy",) + inputs)
+        _check_accepts(FLOAT, in_types[1 + operand].dtype, inputs[operand])  # integers have no gradient
         return [TensorType(in_types[0].shape, in_types[1 + operand].dtype)]
 
     def reference(arrays, attrs):

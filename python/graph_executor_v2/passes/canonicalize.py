@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+from ..dtypes import FLOAT_DTYPES
 from ..ir.graph import Graph, Value
 from .pattern import Pat, Rule, rewrite
 
@@ -38,10 +39,13 @@ def fold_transpose_b(graph: Graph, y: Value, t: Value, a: Value, b: Value, bias:
     return graph.gemm(a, b, bias, c, **{**attrs, "trans_b": not attrs["trans_b"]}) if _perm(t) == SWAP_2D else None
 
 
-# x + row[1, ..., 1, N] = bias_add(x, reshape(row, (N,))) when the sum keeps x's shape (either operand order)
+# x + row[1, ..., 1, N] = bias_add(x, reshape(row, (N,))) when the sum keeps x's shape (either operand order) and
+# both are of one float dtype (bias_add's)
 def add_row_to_bias_add(graph: Graph, x: Value, row: Value, y: Value):
     shape = row.type.shape
     if not shape or any(d != 1 for d in shape[:-1]) or y.type != x.type or x.type.shape[-1] != shape[-1]:
+        return None
+    if row.type.dtype != x.type.dtype or x.type.dtype not in FLOAT_DTYPES:
         return None
     if row.type.rank > 1:
         row = graph.reshape(row, shape=(shape[-1],))

@@ -28,6 +28,7 @@ from ..ir import dims
 from ..ir.graph import Graph, Value
 from ..passes.attention_fusion import is_causal_bias
 from ..passes.cleanup import eliminate_dead_code
+from ._einsum import batched_matmul, einsum
 from ._errors import NeedsConstant, Unsupported, UnsupportedModelError
 
 MIN_OPSET = 13
@@ -343,7 +344,7 @@ def _matmul(ctx, inputs, attrs):
     if attention is not None:
         return [attention]
     if b.type.rank > 2 and (any(d != 1 for d in b.type.shape[:-2]) or b.type.rank > a.type.rank):
-        return [_batched_matmul(g, a, b)]
+        return [batched_matmul(g, a, b)]
     if b.type.rank > 2:  # B's batch dims are all 1 and A has as many: one 2-d B for every row of A
         b = g.reshape(b, shape=tuple(b.type.shape[-2:]))
     a2 = a if a.type.rank == 2 else g.reshape(a, shape=(-1, a.type.shape[-1]))
@@ -488,40 +489,6 @@ def _written_out_attention(ctx, probs: str, v: str) -> Value | None:
                        scale=scale * q_factor * k_factor, layout="bhsd")[0]
 
 
-def _batched_matmul(g: Graph, a: Value, b: Value) -> Value:
-    """numpy.matmul semantics for a batched B: the batch dims broadcast, one 2-d matmul per batch entry (slices of
-    A and B), concatenated. GE2's matmul op is 2-d; this unrolls over the (static) batch."""
-    a_shape, b_shape = tuple(a.type.shape), tuple(b.type.shape)
-    if not all(isinstance(d, int) for d in a_shape + b_shape):
-        raise Unsupported(f"batched MatMul needs concrete shapes, got {a_shape} and {b_shape}")
-    a3 = g.reshape(a, shape=(1, *a_shape)) if len(a_shape) == 1 else a  # a 1-d A is a row, dropped at the end
-    m, k = a3.type.shape[-2:]
-    n = b_shape[-1]
-    a_batch, b_batch = tuple(a3.type.shape[:-2]), b_shape[:-2]
-    try:
-        batch = np.broadcast_shapes(a_batch, b_batch)
-    except ValueError:
-        raise Unsupported(f"batch dims of {a_shape} and {b_shape} do not broadcast") from None
-    count = int(np.prod(batch, dtype=np.int64))
-    a_flat = g.reshape(a3, shape=(int(np.prod(a_batch, dtype=np.int64)), m, k))
-    b_flat = g.reshape(b, shape=(int(np.prod(b_batch, dtype=np.int64)), k, n))
-    products = []
-    def entry(index: tuple, dims: tuple) -> int:
-        """The flat index, in an operand of batch dims ``dims`` (aligned right, size 1 broadcast), of ``index``."""
-        if not dims:
-            return 0
-        own = tuple(i if d > 1 else 0 for i, d in zip(index[len(index) - len(dims):], dims))
-        return int(np.ravel_multi_index(own, dims))
-
-    for index in np.ndindex(*batch):
-        a_index, b_index = entry(index, a_batch), entry(index, b_batch)
-        a_entry = g.reshape(g.slice(a_flat, starts=(a_index,), ends=(a_index + 1,), axes=(0,)), shape=(m, k))
-        b_entry = g.reshape(g.slice(b_flat, starts=(b_index,), ends=(b_index + 1,), axes=(0,)), shape=(k, n))
-        products.append(g.reshape(g.matmul(a_entry, b_entry), shape=(1, m, n)))
-    y = products[0] if count == 1 else g.concat(products, axis=0)
-    return g.reshape(y, shape=(*batch, n) if len(a_shape) == 1 else (*batch, m, n))
-
-
 @rule("LayerNormalization")
 def _layer_norm(ctx, inputs, attrs):
     _only(attrs, {"axis": _ANY, "epsilon": _ANY, "stash_type": lambda v: v == 1})
@@ -628,41 +595,33 @@ def _slice(ctx, inputs, attrs):
 
 @rule("Gather")
 def _gather(ctx, inputs, attrs):
-    """Rows of a table are an embedding lookup: the gathered axis is moved to the front (a transpose), the rest
-    flattened into the row, and the result reshaped and moved back."""
+    """A float table's rows by ids (axis 0 of a 2-d table: a token embedding) run on the embedding op, the rest on
+    the gather op (any axis and dtype; ONNX's negative indices count from the end)."""
     _only(attrs, {"axis": _ANY})
     g = ctx.graph
     data = ctx.value(inputs[0])
-    rank = data.type.rank
-    if rank == 0:
+    if data.type.rank == 0:
         raise Unsupported("gather from a 0-d tensor")
-    axis = int(attrs.get("axis", 0))
-    axis += rank if axis < 0 else 0
+    axis = int(attrs.get("axis", 0)) % data.type.rank
     extent = data.type.shape[axis]
     if inputs[1] in ctx.constants:
         indices = np.asarray(ctx.constants[inputs[1]]).astype(np.int64)
-        if np.any((indices < -extent) | (indices >= extent)):
+        if isinstance(extent, int) and np.any((indices < -extent) | (indices >= extent)):
             raise Unsupported(f"indices outside [-{extent}, {extent})")
-        indices = np.where(indices < 0, indices + extent, indices)  # ONNX counts negative indices from the end
         ids = g.param(_fresh_name(g, inputs[1]), indices)
     else:
         ids = ctx.value(inputs[1])
         if ids.type.dtype not in ("int32", "int64"):
             raise Unsupported(f"indices of dtype {ids.type.dtype}")
-    front = data if axis == 0 else g.transpose(data, perm=(axis, *[d for d in range(rank) if d != axis]))
-    rest = tuple(front.type.shape[1:])
-    table = front if rank == 2 else g.reshape(front, shape=(extent, int(np.prod(rest, dtype=np.int64))))
-    rows = g.embedding(table, ids)  # ids.shape + (prod(rest),)
-    index_shape = tuple(ids.type.shape)
-    gathered = g.reshape(rows, shape=index_shape + rest) if rank != 2 or not index_shape else rows
-    if not index_shape and rank == 2:
-        gathered = g.reshape(rows, shape=rest)
-    if axis == 0:
-        return [gathered]
-    # gathered is (index dims..., data dims before axis..., data dims after axis...): move the index dims back.
-    k, before = len(index_shape), axis
-    perm = (*range(k, k + before), *range(k), *range(k + before, gathered.type.rank))
-    return [g.transpose(gathered, perm=perm)]
+    if axis == 0 and data.type.rank == 2 and data.type.dtype in FLOAT_DTYPES and inputs[1] not in ctx.constants:
+        return [g.embedding(data, ids)]
+    return [g.gather(data, ids, axis=axis)]
+
+
+@rule("GatherElements")
+def _gather_elements(ctx, inputs, attrs):
+    _only(attrs, {"axis": _ANY})
+    return [ctx.graph.gather_elements(ctx.value(inputs[0]), ctx.value(inputs[1]), axis=int(attrs.get("axis", 0)))]
 
 
 @rule("Shape")
@@ -745,27 +704,15 @@ def _split(ctx, inputs, attrs):
             for start, size in zip(starts, sizes)]
 
 
-def _broadcast_to(g: Graph, x: Value, shape: tuple) -> Value:
-    """``x`` broadcast to ``shape`` (numpy rules) as a concatenation of copies along each broadcast axis: exact for
-    every dtype."""
-    y = x if x.type.rank == len(shape) else g.reshape(x, shape=(1,) * (len(shape) - x.type.rank) + tuple(x.type.shape))
-    for axis, size in enumerate(shape):
-        if y.type.shape[axis] != size:
-            y = g.concat([y] * size, axis=axis) if size > 0 else g.slice(y, starts=(0,), ends=(0,), axes=(axis,))
-    return y
-
-
 @rule("Expand")
 def _expand(ctx, inputs, attrs):
-    """numpy broadcasting of the input and ``shape`` (a dim of 1 in ``shape`` keeps the input's)."""
+    """numpy broadcasting of the input and ``shape`` (a dim of 1 in ``shape`` keeps the input's); ``shape`` may hold
+    symbolic dims (from Shape)."""
     _only(attrs, {})
     x = ctx.value(inputs[0])
-    target = tuple(int(d) for d in np.asarray(ctx.constant(inputs[1], "the target shape")).reshape(-1))
-    try:
-        out_shape = np.broadcast_shapes(tuple(x.type.shape), target)
-    except ValueError:
-        raise Unsupported(f"shape {tuple(x.type.shape)} does not broadcast to {target}") from None
-    return [_broadcast_to(ctx.graph, x, out_shape)]
+    target = tuple(d if isinstance(d, str) else int(d)
+                   for d in np.asarray(ctx.constant(inputs[1], "the target shape")).reshape(-1))
+    return [ctx.graph.expand(x, shape=target)]
 
 
 @rule("Where")
@@ -1016,7 +963,7 @@ def _attention(ctx, inputs, attrs):
     head_dim] with q_num_heads / kv_num_heads; K/V heads may be grouped. Without a mask, a KV cache, softcap, a
     window, the qk_matmul_output or a V head size of its own, it is GE2's attention op (is_causal top-left as GE2's,
     scale). Otherwise it is lowered onto GE2 ops as ONNX's reference computes it: QK^T (one 2-d matmul per batch and
-    head, see ``_batched_matmul``; fine for small models, not fast), softcap, the additive bias (attn_mask, the
+    head, see ``batched_matmul`` (frontend/_einsum.py); fine for small models, not fast), softcap, the additive bias (attn_mask, the
     causal and window masks aligned after the cache), softmax, and the product with V. ``nonpad_kv_seqlen`` must be
     a constant (the conformance backend binds it per value, as a Reshape's shape); boolean masks are not supported.
     A row whose keys the causal, window and length masks all exclude is 0, as in ONNX; one that only attn_mask
@@ -1100,7 +1047,7 @@ def _attention_lowered(ctx, q, k, v, optional, lengths, causal, scale, softcap, 
     root = np.sqrt(dim ** -0.5 if scale is None else scale)  # ONNX scales Q and K by sqrt(scale) each
     scaled_q = g.mul(q, constant(root, "scale"))
     scaled_k = g.mul(g.transpose(k, perm=(0, 1, 3, 2)), constant(root, "scale"))
-    scores = _batched_matmul(g, scaled_q, scaled_k)
+    scores = batched_matmul(g, scaled_q, scaled_k)
     if softcap > 0:
         scores = g.mul(g.tanh(g.mul(scores, constant(1.0 / softcap, "softcap_inverse"))),
                        constant(softcap, "softcap"))
@@ -1140,7 +1087,7 @@ def _attention_lowered(ctx, q, k, v, optional, lengths, causal, scale, softcap, 
     if empty_rows.any():
         probabilities = g.mul(probabilities, constant(~empty_rows, "empty_rows"))
     output = {0: scores, 1: scores, 2: with_bias, 3: probabilities}[mode]
-    return _batched_matmul(g, probabilities, v), present_key, present_value, output
+    return batched_matmul(g, probabilities, v), present_key, present_value, output
 
 @rule("Cast")
 def _cast(ctx, inputs, attrs):
@@ -1166,6 +1113,130 @@ def _numpy_dtype(name: str):
     from ..dtypes import to_numpy
 
     return to_numpy(name)
+
+
+# --- shape and index ops (ops/indexing.py) ---------------------------------------------------------------------
+def _optional_constant(ctx, inputs, index: int, what: str):
+    return np.asarray(ctx.constant(inputs[index], what)) if len(inputs) > index and inputs[index] else None
+
+
+@rule("Pad")
+def _pad(ctx, inputs, attrs):
+    """Constant, reflect and edge padding; ``pads`` (and ``axes``, opset 18) are constants."""
+    _only(attrs, {"mode": lambda v: v in ("constant", "reflect", "edge")})
+    x = ctx.value(inputs[0])
+    rank = x.type.rank
+    pads = [int(p) for p in np.asarray(ctx.constant(inputs[1], "pads")).reshape(-1)]
+    value = _optional_constant(ctx, inputs, 2, "constant_value")
+    axes = _optional_constant(ctx, inputs, 3, "axes")
+    if axes is not None:  # pads for the listed axes only: spread over every axis
+        axes = [int(a) % rank for a in axes.reshape(-1)]
+        full = [0] * (2 * rank)
+        for index, axis in enumerate(axes):
+            full[axis], full[rank + axis] = pads[index], pads[len(axes) + index]
+        pads = full
+    value = 0.0 if value is None or value.size == 0 else float(value.reshape(-1)[0])
+    return [ctx.graph.pad(x, pads=tuple(pads), mode=_decode(attrs.get("mode", "constant")), value=value)]
+
+
+@rule("Tile")
+def _tile(ctx, inputs, attrs):
+    _only(attrs, {})
+    repeats = tuple(int(r) for r in np.asarray(ctx.constant(inputs[1], "repeats")).reshape(-1))
+    return [ctx.graph.tile(ctx.value(inputs[0]), repeats=repeats)]
+
+
+@rule("CumSum")
+def _cumsum(ctx, inputs, attrs):
+    _only(attrs, {"exclusive": _ANY, "reverse": _ANY})
+    axis = int(np.asarray(ctx.constant(inputs[1], "axis")).reshape(-1)[0])
+    return [ctx.graph.cumsum(ctx.value(inputs[0]), axis=axis, exclusive=bool(attrs.get("exclusive", 0)),
+                             reverse=bool(attrs.get("reverse", 0)))]
+
+
+@rule("Trilu")
+def _trilu(ctx, inputs, attrs):
+    _only(attrs, {"upper": _ANY})
+    k = _optional_constant(ctx, inputs, 1, "k")
+    return [ctx.graph.trilu(ctx.value(inputs[0]), k=0 if k is None else int(k.reshape(-1)[0]),
+                            upper=bool(attrs.get("upper", 1)))]
+
+
+@rule("Range")
+def _range(ctx, inputs, attrs):
+    """A range whose limit is a symbolic dim (start and delta constants; constant ranges fold at import): the
+    arange op over the axis of a graph input that has that dim."""
+    _only(attrs, {})
+    start, limit, delta = (np.asarray(ctx.constant(name, what)).reshape(-1)[0]
+                           for name, what in zip(inputs, ("start", "limit", "delta")))
+    if isinstance(start, str) or isinstance(delta, str) or not isinstance(limit, str):
+        raise Unsupported("a range with a symbolic start or delta")
+    if int(start) != 0 or int(delta) != 1:
+        raise Unsupported(f"a range from {start} by {delta} up to the symbolic dim {limit!r} (GE2 builds 0, 1, ...)")
+    for value in ctx.graph.inputs:
+        if limit in value.type.shape:
+            dtype = "int64" if np.asarray(ctx.constants[inputs[0]]).dtype.kind in "iu" else "float32"
+            return [ctx.graph.arange(value, axis=list(value.type.shape).index(limit), dtype=dtype)]
+    raise Unsupported(f"no graph input has the symbolic dim {limit!r} the range runs to")
+
+
+@rule("Resize")
+def _resize(ctx, inputs, attrs):
+    """Nearest and (bi)linear resizing of the last two axes of a 4-d (or 3-d, last axis) tensor, with ONNX's
+    coordinate transformations half_pixel, pytorch_half_pixel, align_corners and asymmetric; sizes or scales
+    constant, leading axes unscaled."""
+    _only(attrs, {"mode": lambda v: v in ("nearest", "linear"),
+                  "coordinate_transformation_mode": lambda v: v in ("half_pixel", "pytorch_half_pixel",
+                                                                    "align_corners", "asymmetric"),
+                  "nearest_mode": _ANY, "cubic_coeff_a": _ANY, "exclude_outside": lambda v: v == 0,
+                  "extrapolation_value": _ANY, "antialias": lambda v: v == 0,
+                  "keep_aspect_ratio_policy": lambda v: v == "stretch", "axes": _ANY})
+    g = ctx.graph
+    x = _float_input(ctx.value(inputs[0]), "input X")
+    rank = x.type.rank
+    scales = _optional_constant(ctx, inputs, 2, "scales")
+    sizes = _optional_constant(ctx, inputs, 3, "sizes")
+    if "axes" in attrs:  # scales / sizes of the listed axes only: spread over every axis (1 / the input's extent)
+        axes = [int(a) % rank for a in attrs["axes"]]
+        if scales is not None and scales.size:
+            full = np.ones(rank)
+            full[axes] = scales.reshape(-1)
+            scales = full
+        if sizes is not None and sizes.size:
+            full = np.array(x.type.shape, object)
+            full[axes] = sizes.reshape(-1)
+            sizes = full
+    if rank not in (3, 4) or not all(isinstance(d, int) for d in x.type.shape[2:]):
+        raise Unsupported(f"resizing a rank-{rank} tensor of shape {x.type.shape} (GE2 resizes the concrete last "
+                          "two axes of 4-d, or the last of 3-d)")
+    spatial = tuple(x.type.shape[2:])
+    if sizes is not None and sizes.size:
+        sizes = tuple(int(v) for v in sizes.reshape(-1))
+        if sizes[:2] != tuple(x.type.shape[:2]):
+            raise Unsupported(f"sizes {sizes} change the leading axes")
+        out, given_scales = sizes[2:], None
+    elif scales is not None and scales.size:
+        scales = tuple(float(v) for v in scales.reshape(-1))
+        if scales[:2] != (1.0, 1.0):
+            raise Unsupported(f"scales {scales} change the leading axes")
+        out = tuple(int(np.floor(n * s)) for n, s in zip(spatial, scales[2:]))
+        given_scales = scales[2:]
+    else:
+        raise Unsupported("Resize without scales or sizes")
+    one_d = rank == 3
+    if one_d:
+        x = g.reshape(x, shape=(*x.type.shape[:2], 1, spatial[0]))
+        out, given_scales = (1, *out), None if given_scales is None else (1.0, *given_scales)
+    y = g.resize(x, size=out, mode=_decode(attrs.get("mode", "nearest")),
+                 coordinates=_decode(attrs.get("coordinate_transformation_mode", "half_pixel")),
+                 nearest_mode=_decode(attrs.get("nearest_mode", "round_prefer_floor")), scales=given_scales)
+    return [g.reshape(y, shape=(*y.type.shape[:2], out[-1])) if one_d else y]
+
+
+@rule("Einsum")
+def _einsum(ctx, inputs, attrs):
+    _only(attrs, {"equation": _ANY})
+    return [einsum(ctx.graph, _decode(attrs["equation"]), [ctx.value(name) for name in inputs])]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1252,9 +1323,12 @@ SYMBOLIC_FOLDS = {
 }
 
 
-def _fold_symbolic(node, ctx: _Context) -> list:
-    """``node`` on constant inputs some of which hold symbolic dims (``SYMBOLIC_FOLDS``)."""
+def _fold_symbolic(node, ctx: _Context) -> list | None:
+    """``node`` on constant inputs some of which hold symbolic dims (``SYMBOLIC_FOLDS``); None for an op type that
+    makes a tensor of them (Range up to a symbolic dim), which its rule translates."""
     fold = SYMBOLIC_FOLDS.get(node.op_type)
+    if fold is None and node.op_type in RULES:
+        return None
     if fold is None:
         raise Unsupported(f"{node.op_type} of a shape with symbolic dims: GE2 folds "
                           f"{', '.join(sorted(SYMBOLIC_FOLDS))} of symbolic shapes")
@@ -1270,9 +1344,9 @@ def _fold_symbolic(node, ctx: _Context) -> list:
     return [result.astype(bool if all(isinstance(d, (bool, np.bool_)) for d in entries) else np.int64)]
 
 
-def _fold(node, ctx: _Context) -> list:
+def _fold(node, ctx: _Context) -> list | None:
     """The outputs of ``node`` on its constant inputs, computed by ONNX's reference implementation at the model's
-    opset (``_fold_symbolic`` when an input holds symbolic dims)."""
+    opset (``_fold_symbolic`` when an input holds symbolic dims; None: not folded, translated by its rule)."""
     from onnx.reference import ReferenceEvaluator
 
     if any(_is_symbolic(ctx.constants[name]) for name in node.input if name):
@@ -1381,8 +1455,9 @@ def load(model, input_shapes: dict | None = None, constant_inputs: dict | None =
             if node.op_type == "Constant" and standard:
                 ctx.constants[node.output[0]] = _constant_value(_attributes(node))
                 continue
-            if standard and _foldable(ctx, node):
-                ctx.constants.update(zip(node.output, _fold(node, ctx)))
+            folded = _fold(node, ctx) if standard and _foldable(ctx, node) else None
+            if folded is not None:
+                ctx.constants.update(zip(node.output, folded))
                 continue
             if not standard or node.op_type not in RULES:
                 raise Unsupported("op type not supported by GE2")

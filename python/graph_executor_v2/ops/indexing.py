@@ -633,14 +633,16 @@ def _resize_scales(in_shape, size, scales):
     return tuple(float(s) for s in scales) if scales is not None else tuple(o / i for o, i in zip(size, in_shape))
 
 
-def _original(resized, scale, in_length, out_length, coordinates):
+def _original(resized, scale, in_length, coordinates):
+    """ONNX's x_original; its length_resized is in_length * scale, unrounded."""
     resized = np.asarray(resized, np.float64)
+    resized_length = in_length * scale
     if coordinates == "half_pixel":
         return (resized + 0.5) / scale - 0.5
     if coordinates == "pytorch_half_pixel":
-        return (resized + 0.5) / scale - 0.5 if out_length > 1 else np.zeros_like(resized)
+        return (resized + 0.5) / scale - 0.5 if resized_length > 1 else np.zeros_like(resized)
     if coordinates == "align_corners":
-        return resized * (in_length - 1) / (out_length - 1) if out_length > 1 else np.zeros_like(resized)
+        return resized * (in_length - 1) / (resized_length - 1) if resized_length != 1 else np.zeros_like(resized)
     return resized / scale
 
 
@@ -665,7 +667,7 @@ def reference_resize(x, size, mode="nearest", coordinates="half_pixel", nearest_
     scale = _resize_scales(in_shape, size, scales)
     y = x
     for axis, (n, m, s) in enumerate(zip(in_shape, size, scale)):
-        position = _original(np.arange(m), s, n, m, coordinates)
+        position = _original(np.arange(m), s, n, coordinates)
         axis_index = x.ndim - 2 + axis
         if mode == "nearest":
             y = np.take(y, _nearest(position, nearest_mode, n), axis=axis_index)

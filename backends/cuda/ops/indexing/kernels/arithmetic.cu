@@ -70,17 +70,19 @@ __global__ void __launch_bounds__(kThreads) arange_int_kernel(T* __restrict__ y,
   }
 }
 
-// x_original of an output coordinate (ONNX Resize), before rounding or interpolation. In double, as the reference:
-// a nearest index is a floor or a rounding of it, which float32 could move across an integer.
+// x_original of an output coordinate (ONNX Resize), before rounding or interpolation. ONNX's length_resized is
+// in_length * scale, not rounded (with given scales it need not be an integer). In double, as the reference: a
+// nearest index is a floor or a rounding of it, which float32 could move across an integer.
 __device__ __forceinline__ double original_coordinate(int64_t resized, double scale, int64_t in_length,
-                                                      int64_t out_length, Coordinates coordinates) {
+                                                      Coordinates coordinates) {
+  const double resized_length = static_cast<double>(in_length) * scale;
   switch (coordinates) {
     case Coordinates::HalfPixel:
       return (resized + 0.5) / scale - 0.5;
     case Coordinates::PytorchHalfPixel:
-      return out_length > 1 ? (resized + 0.5) / scale - 0.5 : 0.0;
+      return resized_length > 1.0 ? (resized + 0.5) / scale - 0.5 : 0.0;
     case Coordinates::AlignCorners:
-      return out_length == 1 ? 0.0 : static_cast<double>(resized) * (in_length - 1) / (out_length - 1);
+      return resized_length == 1.0 ? 0.0 : static_cast<double>(resized) * (in_length - 1) / (resized_length - 1.0);
     case Coordinates::Asymmetric:
       return resized / scale;
   }
@@ -115,8 +117,8 @@ __global__ void __launch_bounds__(kThreads) resize_kernel(const T* __restrict__ 
     const int64_t column = linear % g.out_w;
     const int64_t row = (linear / g.out_w) % g.out_h;
     const T* plane = x + (linear / (g.out_w * g.out_h)) * g.in_h * g.in_w;
-    const double source_row = original_coordinate(row, g.scale_h, g.in_h, g.out_h, g.coordinates);
-    const double source_column = original_coordinate(column, g.scale_w, g.in_w, g.out_w, g.coordinates);
+    const double source_row = original_coordinate(row, g.scale_h, g.in_h, g.coordinates);
+    const double source_column = original_coordinate(column, g.scale_w, g.in_w, g.coordinates);
     if (!g.linear) {
       const int64_t r = nearest_index(source_row, g.rounding, g.in_h);
       const int64_t c = nearest_index(source_column, g.rounding, g.in_w);

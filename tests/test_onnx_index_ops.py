@@ -1,0 +1,114 @@
+"""ONNX import of the shape and index ops (Pad, Expand, Gather, GatherElements, Tile, CumSum, Trilu, Range, Resize,
+Einsum): small graphs built with onnx.helper, run on GE2's CPU backend against onnxruntime."""
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+onnxruntime = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import graph_executor_v2 as ge2  # noqa: E402
+from graph_executor_v2.frontend import onnx as onnx_frontend  # noqa: E402
+from graph_executor_v2.testing import assert_close  # noqa: E402
+
+FLOAT = TensorProto.FLOAT
+
+
+def _check(nodes, inputs, feeds, initializers=(), opset=18, reduction=1, feeds_too=()):
+    """The model imported and run on GE2 (for each feed dict) against onnxruntime."""
+    graph = helper.make_graph(nodes, "index_ops", inputs, [helper.make_tensor_value_info("y", FLOAT, None)],
+                              list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    loaded = onnx_frontend.load(model)
+    executor = ge2.ExecutorV2(loaded)
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for feed in (feeds, *feeds_too):
+        expected = session.run(None, feed)[0]
+        got = executor.run(feed)["y"]
+        assert_close(got, expected.astype(np.float64), "float32", reduction)
+    return loaded
+
+
+def _ints(name, values):
+    return numpy_helper.from_array(np.array(values, np.int64), name)
+
+
+def _input(name, shape, dtype=FLOAT):
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
+def test_pad(rng, mode):
+    x = rng.standard_normal((2, 3, 5)).astype(np.float32)
+    inputs = ["x", "pads"] + (["value"] if mode == "constant" else [])
+    initializers = [_ints("pads", [0, 1, 2, 0, 2, 3]), numpy_helper.from_array(np.array(0.5, np.float32), "value")]
+    loaded = _check([helper.make_node("Pad", inputs, ["y"], mode=mode)], [_input("x", [2, 3, 5])], {"x": x},
+                    initializers)
+    assert loaded.op_counts() == {"pad": 1}
+
+
+def test_pad_with_axes(rng):
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    _check([helper.make_node("Pad", ["x", "pads", "", "axes"], ["y"], mode="edge")], [_input("x", [2, 3, 4])],
+           {"x": x}, [_ints("pads", [1, 2, 3, 0]), _ints("axes", [-1, 1])])
+
+
+def test_gather_of_any_axis_and_gather_elements(rng):
+    x = rng.standard_normal((4, 5, 6)).astype(np.float32)
+    ids = np.array([[0, -1], [3, 2]], np.int64)
+    nodes = [helper.make_node("Gather", ["x", "ids"], ["g"], axis=2),
+             helper.make_node("GatherElements", ["g", "where"], ["y"], axis=1)]
+    where = np.array(rng.integers(-5, 5, (4, 3, 2, 2)), np.int64)
+    loaded = _check(nodes, [_input("x", [4, 5, 6]), _input("ids", [2, 2], TensorProto.INT64),
+                            _input("where", [4, 3, 2, 2], TensorProto.INT64)], {"x": x, "ids": ids, "where": where})
+    assert loaded.op_counts() == {"gather": 1, "gather_elements": 1}
+
+
+def test_tile_cumsum_trilu(rng):
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    nodes = [helper.make_node("Tile", ["x", "repeats"], ["t"]),
+             helper.make_node("CumSum", ["t", "axis"], ["c"], exclusive=1, reverse=1),
+             helper.make_node("Trilu", ["c", "k"], ["y"], upper=0)]
+    loaded = _check(nodes, [_input("x", [3, 4])], {"x": x},
+                    [_ints("repeats", [2, 3]), _ints("axis", 1), _ints("k", -1)], reduction=12)
+    assert loaded.op_counts() == {"tile": 1, "cumsum": 1, "trilu": 1}
+
+
+def test_expand_and_range_over_symbolic_dims(rng):
+    """positions = Range(0, seq, 1) and Expand to [batch, seq] from Shape: symbolic, one executor for two sizes."""
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Gather", ["shape", "one"], ["seq"], axis=0),
+             helper.make_node("Range", ["zero", "seq", "one"], ["positions"]),
+             helper.make_node("Cast", ["positions"], ["float_positions"], to=FLOAT),
+             helper.make_node("Slice", ["shape", "zero_1d", "two_1d"], ["target"]),
+             helper.make_node("Expand", ["float_positions", "target"], ["grid"]),
+             helper.make_node("Add", ["grid", "x"], ["y"])]
+    initializers = [_ints("zero", 0), _ints("one", 1), _ints("zero_1d", [0]), _ints("two_1d", [2])]
+    feeds = [{"x": rng.standard_normal(shape).astype(np.float32)} for shape in ((2, 3), (4, 7))]
+    loaded = _check(nodes, [_input("x", ["batch", "seq"])], feeds[0], initializers, feeds_too=feeds[1:])
+    assert {"arange", "expand"} <= set(loaded.op_counts())
+
+
+@pytest.mark.parametrize("mode, coordinates, nearest_mode", [
+    ("nearest", "asymmetric", "floor"), ("nearest", "half_pixel", "round_prefer_ceil"),
+    ("linear", "half_pixel", "round_prefer_floor"), ("linear", "align_corners", "round_prefer_floor"),
+    ("linear", "pytorch_half_pixel", "round_prefer_floor")])
+@pytest.mark.parametrize("by", ["sizes", "scales"])
+def test_resize(rng, mode, coordinates, nearest_mode, by):
+    x = rng.standard_normal((2, 3, 5, 6)).astype(np.float32)
+    extra = ([_ints("sizes", [2, 3, 9, 13])] if by == "sizes"
+             else [numpy_helper.from_array(np.array([1, 1, 2.0, 1.5], np.float32), "scales")])
+    inputs = ["x", "", "", "sizes"] if by == "sizes" else ["x", "", "scales"]
+    loaded = _check([helper.make_node("Resize", inputs, ["y"], mode=mode, coordinate_transformation_mode=coordinates,
+                                      nearest_mode=nearest_mode)], [_input("x", [2, 3, 5, 6])], {"x": x}, extra)
+    assert loaded.op_counts() == {"resize": 1}
+
+
+@pytest.mark.parametrize("equation, shapes", [
+    ("bhqd,bhkd->bhqk", [(2, 2, 3, 4), (2, 2, 5, 4)]), ("ij,jk->ik", [(3, 4), (4, 5)]), ("i,j->ij", [(3,), (4,)]),
+    ("...ij,jk->...ik", [(2, 3, 4), (4, 5)]), ("bld,lrd->blr", [(2, 3, 4), (3, 5, 4)]), ("ij->j", [(3, 4)])])
+def test_einsum(rng, equation, shapes):
+    names = [f"x{i}" for i in range(len(shapes))]
+    feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in zip(names, shapes)}
+    _check([helper.make_node("Einsum", names, ["y"], equation=equation)],
+           [_input(n, list(s)) for n, s in zip(names, shapes)], feeds, reduction=8)

@@ -26,7 +26,6 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .. import device as _device
-from ..codegen.candidate import precompile
 from ..codegen.compiler import STATS, describe_build
 from ..codegen.group import fused_members
 from ..dtypes import itemsize
@@ -97,7 +96,31 @@ class Plan:
         """Runs the plan on what its ``inputs`` slots hold now, with no copy in or out; the results are in
         ``outputs``. ``stream`` (None: the legacy default stream) is the caller's: the run waits for the work
         already enqueued on it, and work enqueued on it afterwards sees the results."""
-        self.executor._execute(self, _device.stream_handle(stream) if self.executor.device == "cuda" else None)
+        executor = self.executor
+        executor._execute(self, executor._backend.caller_stream(stream))
+
+    def run(self, feeds: dict, views: dict, stream=None):
+        """Feed, then execute: the one path of ``ExecutorV2.run``, ``Trainer.step`` and the data-parallel step.
+        Copies every input of ``feeds`` (input name -> array; ``views``: their views from ``plan_for``) into its
+        slot on the caller's ``stream``, then runs the plan as ``replay`` does; returns the caller stream's handle,
+        on which ``fetch`` reads results. (Feeds are copies made here, before the plan: where a plan should own
+        them, as graph nodes, this loop is what becomes its first steps.)"""
+        executor = self.executor
+        backend = executor._backend
+        caller = backend.caller_stream(stream)
+        slots, feed = self.slots, backend.feed
+        for value in self.graph.inputs:
+            name = value.name
+            feed(slots[name], feeds[name], name, caller, views[name])
+        executor._execute(self, caller)
+        return caller
+
+    def fetch(self, name: str, caller, device_like=None, out=None, out_view=None):
+        """Graph output ``name`` after a run on ``caller``: copied into ``out``, else into a new array of
+        ``device_like``'s kind, else into a new host array (the backend's ``fetch``)."""
+        value = self.graph.outputs[name]
+        return self.executor._backend.fetch(self.slots[value.name], value.type, caller, device_like, out,
+                                            f"out['{name}']", out_view)
 
 
 class ExecutorV2:
@@ -132,16 +155,17 @@ class ExecutorV2:
         self.reuse_memory = reuse_memory
         self.capabilities = Capabilities.detect(device)
         self.preferences = Preferences.from_env(kernels, autotune)
-        # On CUDA the plan times candidates when asked (autotune) and where a generated kernel competes with
-        # hand-written ones (registry.choose_kernel); the cache keeps the winners across processes.
-        self._autotune_cache = AutotuneCache() if device == "cuda" else None
         self._backend = backend_for(device)
+        # Plans time candidates when asked (autotune) and where a generated kernel competes with hand-written ones
+        # (registry.choose_kernel), on a backend whose kernels are timed between events; the cache keeps the
+        # winners across processes.
+        self._autotune_cache = AutotuneCache() if self._backend.asynchronous else None
         params = params or {}
         self._param_slots = {name: params[name] if name in params else self._backend.upload(value.data)
                              for name, value in self.optimized_graph.params.items()}
-        self.cuda_graph = bool(cuda_graph) and device == "cuda"
+        self.cuda_graph = bool(cuda_graph) and self._backend.asynchronous
         self.stream_count = streams or min(MAX_DEFAULT_STREAMS, width(self.optimized_graph))
-        self._nvtx = device == "cuda" and os.environ.get("GE2_NVTX") == "1"
+        self._nvtx = self._backend.asynchronous and os.environ.get("GE2_NVTX") == "1"
         self._streams = self._backend.streams(self.stream_count)  # kept: handles below point into them
         self._stream_handles = [self._backend.stream_handle(stream) for stream in self._streams]
         self._plans: dict[Signature, Plan] = {}
@@ -166,15 +190,10 @@ class ExecutorV2:
             raise ValueError(f"out: unknown output(s) {unknown}; the graph's outputs are {list(plan.graph.outputs)}")
         out_views = {name: _check_array(array, f"out['{name}']", plan.graph.outputs[name].type)
                      for name, array in out.items()}
-        backend = self._backend
-        caller = _device.stream_handle(stream) if self.device == "cuda" else None
-        for value in plan.graph.inputs:
-            backend.feed(plan.slots[value.name], feeds[value.name], value.name, caller, feed_views[value.name])
-        self._execute(plan, caller)
+        caller = plan.run(feeds, feed_views, stream)
         device_like = next((f for f in feeds.values() if not isinstance(f, np.ndarray)), None)
-        return {name: backend.fetch(plan.slots[value.name], value.type, caller, device_like, out.get(name),
-                                    f"out['{name}']", out_views.get(name))
-                for name, value in plan.graph.outputs.items()}
+        return {name: plan.fetch(name, caller, device_like, out.get(name), out_views.get(name))
+                for name in plan.graph.outputs}
 
     def plan(self, shapes: dict[str, tuple] | None = None) -> Plan:
         """The plan for inputs of these shapes (input name -> shape; None: the declared shapes, all concrete),
@@ -211,13 +230,12 @@ class ExecutorV2:
         self._launch_steps(plan, caller)
         if not plan.warmed_up:
             plan.warmed_up = True
-            if self.device == "cuda":
-                self._capture(plan)
+            self._capture(plan)
 
     def _launch_steps(self, plan: Plan, caller) -> None:
         """Every step on its stream, with the events of the schedule. ``caller``: a stream to order against
         (None while capturing: the capture stream is the first of the executor's own)."""
-        if self.device == "cpu":
+        if not self._backend.asynchronous:  # every step in order, nothing to order against
             for index, step in enumerate(plan.steps):
                 step.launch(step.ins, step.outs, None)
                 for launch in plan.after_step.get(index, ()):
@@ -377,8 +395,8 @@ class ExecutorV2:
 
         selections, steps = [], []
         signalling = order.signalling
-        if self.device == "cuda":  # fused nodes' kernels compile in parallel, then load node by node from the cache
-            precompile([_problem_of(node, self.capabilities) for node in graph.nodes if node.op in FUSED_OPS])
+        # fused nodes' kernels compile in parallel, then load node by node from the cache
+        backend.precompile([_problem_of(node, self.capabilities) for node in graph.nodes if node.op in FUSED_OPS])
         for index, node in enumerate(graph.nodes):
             ins = tuple(absent if v is None else addresses[v.name] for v in node.inputs)
             outs = tuple(addresses[v.name] for v in node.outputs)
@@ -403,8 +421,8 @@ class ExecutorV2:
                     {v.name: slots[v.name] for v in graph.inputs},
                     {name: slots[v.name] for name, v in graph.outputs.items()}, self)
         if not self.cuda_graph:
-            plan.capture = "off (cuda_graph=False)" if self.device == "cuda" else "off (the CPU runs node by node)"
-        if self.device == "cuda":
+            plan.capture = "off (cuda_graph=False)" if backend.asynchronous else "off (the CPU runs node by node)"
+        if backend.asynchronous:
             # One event per signalling step, one join per extra stream, then ready, fork and done.
             plan.events = [backend.event() if index in signalling else None for index in range(step_count)]
             plan.events += [backend.event() for _ in range(order.stream_count - 1 + 3)]
@@ -455,7 +473,7 @@ class ExecutorV2:
             views = sum(s.kernel == ALIAS for s in plan.selections)
             lines.append(f"plan for ({inputs}): {len(plan.steps) - views} kernels, {plan.memory.summary()}"
                          + (f"; {views} view(s) aliased, no copy" if views else ""))
-            if self.device == "cuda":
+            if self._backend.asynchronous:
                 lines.append(f"  cuda graph: {plan.capture}")
             streams = plan.schedule.stream_count
             name_width = max((len(s.node) for s in plan.selections), default=0)

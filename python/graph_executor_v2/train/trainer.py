@@ -34,7 +34,6 @@ import numpy as np
 
 from .. import autograd
 from .. import distributed as _distributed
-from .. import device as _device
 from ..distributed.buckets import DEFAULT_BUCKET_BYTES
 from ..distributed.data_parallel import GradientAverager
 from ..dtypes import FLOAT_DTYPES, itemsize, normalize, to_numpy
@@ -143,9 +142,9 @@ class Trainer:
         self._backend = backend_for(device)
         # float32 masters and optimizer states where the optimizer runs: host arrays on the CPU (the NumPy
         # reference), device arrays on CUDA (the fused multi-tensor kernels of ops/optimizer.py).
-        self._masters = {name: self._new_buffer(np.array(v.data, np.float32)) for name, v in graph.params.items()
+        self._masters = {name: self._backend.upload(np.array(v.data, np.float32)) for name, v in graph.params.items()
                          if name in names}
-        self._states = {name: {state: self._new_buffer(np.zeros(v.type.shape, np.float32))
+        self._states = {name: {state: self._backend.upload(np.zeros(v.type.shape, np.float32))
                                for state in self.optimizer_config.state_names}
                         for name, v in graph.params.items() if name in self.trained}
         # The buffers the plans read as parameters, in the dtype the graph computes with: a float32 parameter is its
@@ -153,7 +152,7 @@ class Trainer:
         self._compute_dtypes = {name: self.forward_graph.params[name].type.dtype if name in self.forward_graph.params
                                 else graph.params[name].type.dtype for name in self._masters}
         self._param_slots = {name: self._compute_slot(name) for name in self._masters}
-        self._buffers = {name: self._new_buffer(np.array(graph.params[name].data, np.float32))
+        self._buffers = {name: self._backend.upload(np.array(graph.params[name].data, np.float32))
                          for name in self.buffer_names}
         # The optimizer's own state: applied steps, loss scale, finite steps since the scale last changed (on CUDA a
         # host mirror of the device Control block of the fused step, synchronized when the active plan changes and
@@ -168,8 +167,7 @@ class Trainer:
         if loss_scale is not None and seed_dtype != np.float32:
             raise ValueError(f"loss_scale: loss scaling needs a float32 loss (amp computes it in float32), got a "
                              f"{self.train_graph.outputs[loss].type.dtype} loss '{loss}'")
-        self._seed = self._scale if self.device == "cpu" and seed_dtype == np.float32 else self._new_buffer(
-            self._scale.astype(seed_dtype))
+        self._seed = self._backend.upload(self._scale.astype(seed_dtype))
         self.step_count = 0  # steps taken
         slots = {**self._param_slots, **self._buffers}
         if autograd.SEED in self.train_graph.params:
@@ -191,16 +189,12 @@ class Trainer:
         """One training step on ``batch`` (input name -> array: NumPy, or device arrays on "cuda"); returns the loss
         as a 0-d array: NumPy on "cpu", a ``DeviceLoss`` on "cuda" (``float(loss)`` is then the only host sync)."""
         plan, views = self._plan(batch)
-        backend = self._backend
-        stream = _device.stream_handle(None) if self.device == "cuda" else None  # the caller's (legacy) stream
-        for value in plan.graph.inputs:
-            backend.feed(plan.slots[value.name], batch[value.name], value.name, stream, views[value.name])
         self.step_count += 1
-        plan.replay()  # the whole step; on CUDA its captured graph after the first step
-        loss = plan.graph.outputs[self.loss_name]
-        if self.device == "cpu":
-            return backend.fetch(plan.slots[loss.name], loss.type, stream)
-        return DeviceLoss(plan.slots[loss.name], loss.type.dtype, self, self.step_count)
+        caller = plan.run(batch, views)  # the whole step, on the caller's (legacy) stream: on CUDA a captured graph
+        if self._backend.asynchronous:  # the loss stays on the device until it is read
+            loss = plan.graph.outputs[self.loss_name]
+            return DeviceLoss(plan.slots[loss.name], loss.type.dtype, self, self.step_count)
+        return plan.fetch(self.loss_name, caller)
 
     def fit(self, data: dict, epochs: int = 1, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
             progress: bool = True, drop_last: bool = False) -> dict:
@@ -254,11 +248,11 @@ class Trainer:
     # --- parameters, checkpoints, inference -------------------------------------------------------------------------
     def parameters(self) -> dict[str, np.ndarray]:
         """Name -> a NumPy copy of every trainable parameter (the float32 masters)."""
-        return {name: self._to_host(master) for name, master in self._masters.items()}
+        return {name: self._backend.to_host(master) for name, master in self._masters.items()}
 
     def buffers(self) -> dict[str, np.ndarray]:
         """Name -> a NumPy copy of every buffer (e.g. batch norm's running statistics) as the last step left it."""
-        return {name: self._to_host(buffer) for name, buffer in self._buffers.items()}
+        return {name: self._backend.to_host(buffer) for name, buffer in self._buffers.items()}
 
     def executor(self) -> ExecutorV2:
         """An ExecutorV2 for inference on the current parameters (the trainer's own buffers, no copy: later steps
@@ -279,7 +273,7 @@ class Trainer:
 
         tensors = {f"param/{name}": value for name, value in self.parameters().items()}
         for name, states in self._states.items():
-            tensors.update((f"state/{name}/{state}", self._to_host(buffer)) for state, buffer in states.items())
+            tensors.update((f"state/{name}/{state}", self._backend.to_host(buffer)) for state, buffer in states.items())
         tensors.update((f"buffer/{name}", value) for name, value in self.buffers().items())
         self._pull_state()
         tensors["step"] = np.array(self.step_count, np.int64)
@@ -310,13 +304,13 @@ class Trainer:
                 raise ValueError(f"path: the checkpoint {path} lacks {missing} (saved with another optimizer?)")
             tensors = {key: file.get_tensor(key) for key in expected}
         for name, master in self._masters.items():
-            self._store(master, tensors[f"param/{name}"])
+            self._backend.store(master, np.asarray(tensors[f"param/{name}"], np.float32))
             self._refresh(name)
         for name, states in self._states.items():
             for state, buffer in states.items():
-                self._store(buffer, tensors[f"state/{name}/{state}"])
+                self._backend.store(buffer, np.asarray(tensors[f"state/{name}/{state}"], np.float32))
         for name, buffer in self._buffers.items():
-            self._store(buffer, tensors[f"buffer/{name}"])
+            self._backend.store(buffer, np.asarray(tensors[f"buffer/{name}"], np.float32))
         self.step_count = int(tensors["step"])
         self._reference.step_count = int(tensors["optimizer_steps"])
         self._reference.loss_scale = float(tensors["loss_scale"])
@@ -371,7 +365,7 @@ class Trainer:
         lines.append(f"training rewrites (fusions, mixed precision, recomputation): {len(fusions)}")
         lines += [f"  {note}" for note in fusions]
         clip = f"clip to global norm {self.grad_clip}, " if self.grad_clip else ""
-        where = "NumPy reference (ReferenceOptimizer)" if self.device == "cpu" else (
+        where = "NumPy reference (ReferenceOptimizer)" if not self._backend.asynchronous else (
             "fused multi-tensor kernels on the device (FusedOptimizerStep), the plan's epilogue")
         lines.append(f"optimizer: {clip}{type(self.optimizer).__name__} on {len(self.trained)} parameter(s), states "
                      f"{list(self.optimizer.state_names)}; {where}")
@@ -413,7 +407,7 @@ class Trainer:
         names = list(self.trained)
         grad_slots = [plan.slots[plan.graph.outputs[autograd.grad_name(name)].name] for name in names]
         grad_types = [plan.graph.outputs[autograd.grad_name(name)].type for name in names]
-        if self.device == "cuda":
+        if self._backend.asynchronous:  # the fused device step, captured with the plan
             return self._device_optimizer_launch(plan, names, grad_slots, grad_types)
         params = [self._masters[name] for name in names]
         states = [self._states[name] for name in names]
@@ -436,16 +430,11 @@ class Trainer:
         reads: device work only on CUDA, captured with the plan."""
         pairs = [(self._buffers[name], plan.slots[plan.graph.outputs[BUFFER_UPDATE_PREFIX + name].name])
                  for name in self.buffer_names]
-        if self.device == "cpu":
-            def launch(stream):
-                for buffer, update in pairs:
-                    buffer[...] = update.reshape(buffer.shape)
-        else:
-            memcpy = self._backend.runtime.memcpy_device_to_device
+        copy = self._backend.copy
 
-            def launch(stream):
-                for buffer, update in pairs:
-                    memcpy(buffer.ptr, update.ptr, int(np.prod(buffer.shape)) * 4, stream)
+        def launch(stream):
+            for buffer, update in pairs:
+                copy(buffer, update, stream)
 
         return launch
 
@@ -493,18 +482,6 @@ class Trainer:
     def _push_state(self, fused) -> None:
         fused.set_state(self._reference.step_count, self._reference.loss_scale, self._reference.good_steps)
 
-    def _new_buffer(self, array: np.ndarray):
-        return array if self.device == "cpu" else self._backend.upload(array)
-
-    def _to_host(self, buffer) -> np.ndarray:
-        return buffer.copy() if self.device == "cpu" else buffer.numpy().reshape(buffer.shape)
-
-    def _store(self, buffer, array) -> None:
-        array = np.asarray(array, np.float32).reshape(buffer.shape)
-        if self.device == "cpu":
-            buffer[...] = array
-        else:
-            buffer.copy_from_numpy(array)
 
     def _compute_slot(self, name: str):
         """The buffer a plan reads for parameter ``name``: its master when it computes in float32, else a copy in
@@ -512,28 +489,20 @@ class Trainer:
         master, dtype = self._masters[name], self._compute_dtypes[name]
         if dtype == "float32":
             return master
-        return self._new_buffer(np.asarray(self.graph.params[name].data, np.float32).astype(to_numpy(dtype)))
+        return self._backend.upload(np.asarray(self.graph.params[name].data, np.float32).astype(to_numpy(dtype)))
 
     def _refresh(self, name: str, stream=None) -> None:
         """Rewrites the buffer the plans read for parameter ``name`` from its master."""
         slot, master = self._param_slots[name], self._masters[name]
         if slot is master:
             return
-        if self.device == "cpu":
-            slot[...] = master.astype(slot.dtype)
-        else:
-            values = self._to_host(master).astype(to_numpy(self._compute_dtypes[name]))
-            slot.copy_from_numpy(values.reshape(slot.shape), stream or 0)
+        backend = self._backend
+        backend.store(slot, backend.to_host(master).astype(to_numpy(self._compute_dtypes[name])), stream or 0)
 
     def _refresh_seed(self, stream=None) -> None:
         """Rewrites the seed buffer the plans read from the loss scale (on the step's stream during a step)."""
         self._scale[...] = self._reference.loss_scale
-        if self.device == "cpu":
-            self._seed[...] = self._scale.astype(self._seed.dtype)
-        else:
-            # (uploads keep 0-d arrays as shape (1,))
-            self._seed.copy_from_numpy(self._scale.astype(to_numpy(self._seed.dtype)).reshape(self._seed.shape),
-                                       stream or 0)
+        self._backend.store(self._seed, self._scale.astype(to_numpy(self._seed.dtype)), stream or 0)
 
 
 class DeviceLoss:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import device as _device
+from ...codegen.candidate import precompile
 from ...dtypes import itemsize, to_numpy
 from ...ir.types import TensorType
 from ...ir.schema import Candidate, OpDef, Problem
@@ -59,6 +60,10 @@ def _to_host(pointer: int, tensor_type: TensorType, stream) -> np.ndarray:
 class CudaBackend:
     device = "cuda"
     address_of_absent = 0  # what a kernel gets for an absent optional input
+    # Work is enqueued on streams and finishes later: plans order it with events, capture it as CUDA graphs and
+    # time kernels between events; a result is read back when the caller asks for it.
+    asynchronous = True
+    caller_stream = staticmethod(_device.stream_handle)  # the caller's stream argument (None: legacy) -> handle
 
     def __init__(self):
         _device.require_gpu("ExecutorV2(device='cuda')")
@@ -88,6 +93,22 @@ class CudaBackend:
 
     def event(self):
         return self.runtime.Event(timing=False)
+
+    def to_host(self, buffer) -> np.ndarray:
+        """A host copy of a whole buffer (synchronizes)."""
+        return buffer.numpy().reshape(buffer.shape)
+
+    def store(self, buffer, array: np.ndarray, stream: int = 0) -> None:
+        """Writes the host ``array`` (the buffer's dtype, any shape of its size) into ``buffer`` on ``stream``."""
+        buffer.copy_from_numpy(np.require(array, requirements="C").reshape(buffer.shape), stream)
+
+    def copy(self, destination, source, stream: int) -> None:
+        """Device copy of ``source``'s bytes into ``destination`` (same size) on ``stream``: captured with a plan."""
+        self.runtime.memcpy_device_to_device(destination.ptr, source.ptr, destination.nbytes, stream)
+
+    def precompile(self, problems: list) -> None:
+        """Compiles the generated kernels of a plan's fused nodes in parallel, before they are prepared one by one."""
+        precompile(problems)
 
     def feed(self, slot, value, name: str, stream: int, view=None) -> None:
         """Copies ``value`` (NumPy, or a device array whose ``DeviceView`` may be given) into ``slot`` on

@@ -32,6 +32,23 @@ def reference_candidate(opdef: OpDef) -> Candidate:
 class ReferenceBackend:
     device = "cpu"
     address_of_absent = None  # what a kernel gets for an absent optional input
+    asynchronous = False  # every node runs in order on the host: results are there when a run returns
+
+    @staticmethod
+    def caller_stream(stream) -> None:
+        return None  # the CPU has no streams
+
+    def to_host(self, buffer: np.ndarray) -> np.ndarray:
+        return buffer.copy()
+
+    def store(self, buffer: np.ndarray, array: np.ndarray, stream=None) -> None:
+        buffer[...] = np.reshape(array, buffer.shape)
+
+    def copy(self, destination: np.ndarray, source: np.ndarray, stream=None) -> None:
+        destination[...] = source.reshape(destination.shape)
+
+    def precompile(self, problems: list) -> None:
+        pass  # fused nodes run their members' references: nothing to compile
 
     def upload(self, array: np.ndarray) -> np.ndarray:
         return array  # parameters are read-only arrays already; kernels only read them

@@ -16,6 +16,7 @@ import numpy as np
 from ..dtypes import is_float, normalize, result_type, to_numpy
 from ..ir import dims
 from ..ir.graph import Graph, Value
+from ._einsum import einsum
 from ._errors import Unsupported, UnsupportedModelError
 
 
@@ -373,17 +374,28 @@ def _dropout(ctx, x, p, train):
 
 @rule("aten.layer_norm.default")
 def _layer_norm(ctx, x, normalized_shape, weight=None, bias=None, eps=1e-5, *args):
+    """Over the trailing axes of ``normalized_shape``: several are flattened into one row (and back)."""
     g = ctx.graph
     x = ctx.tensor(x)
-    if len(normalized_shape) != 1:
-        raise Unsupported(f"normalized_shape={tuple(normalized_shape)}: GE2 normalizes the last axis")
-    width = int(normalized_shape[0])
+    normalized = tuple(int(d) for d in normalized_shape)
+    if tuple(x.type.shape[x.type.rank - len(normalized):]) != normalized:
+        raise Unsupported(f"normalized_shape={normalized} is not the trailing shape of {x.type.shape}")
+    width = int(np.prod(normalized, dtype=np.int64))
     from ..dtypes import to_numpy
 
     dtype = to_numpy(x.type.dtype)
-    weight = ctx.tensor(weight) if weight is not None else g.param(g.unique_name("ln_ones"), np.ones(width, dtype))
-    bias = ctx.tensor(bias) if bias is not None else g.param(g.unique_name("ln_zeros"), np.zeros(width, dtype))
-    return g.layernorm(x, weight, bias, eps=float(eps))
+
+    def row(value, fill, label):
+        if value is None:
+            return g.param(g.unique_name(label), np.full(width, fill, dtype))
+        value = ctx.tensor(value)
+        return value if value.type.rank == 1 else g.reshape(value, shape=(width,))
+
+    weight, bias = row(weight, 1.0, "ln_ones"), row(bias, 0.0, "ln_zeros")
+    if len(normalized) == 1:
+        return g.layernorm(x, weight, bias, eps=float(eps))
+    rows = g.reshape(x, shape=(*x.type.shape[:x.type.rank - len(normalized)], width))
+    return g.reshape(g.layernorm(rows, weight, bias, eps=float(eps)), shape=tuple(x.type.shape))
 
 
 @rule("aten.rms_norm.default")
@@ -509,9 +521,26 @@ def _conv2d(ctx, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
 def _convolution(ctx, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     if transposed:
         raise Unsupported("transposed convolution")
+    if len(stride) == 1:
+        return _conv1d(ctx, x, weight, bias, stride, padding, dilation, groups)
     if len(stride) != 2:
-        raise Unsupported(f"a {len(stride)}-d convolution (GE2's conv2d is 2-d)")
+        raise Unsupported(f"a {len(stride)}-d convolution (GE2 convolves 1-d and 2-d)")
     return _conv(ctx, x, weight, bias, stride, padding, dilation, groups)
+
+
+@rule("aten.conv1d.default", "aten.conv1d.padding")
+def _conv1d(ctx, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """A 1-d convolution as a 2-d one of height 1: [N, C, L] -> [N, C, 1, L], the kernel [O, C/g, 1, K]."""
+    g = ctx.graph
+    x, weight = ctx.tensor(x), ctx.tensor(weight)
+    if x.type.rank != 3:
+        raise Unsupported(f"conv1d of a rank-{x.type.rank} input (GE2 takes [N, C, L])")
+    x4 = g.reshape(x, shape=(x.type.shape[0], x.type.shape[1], 1, x.type.shape[2]))
+    w4 = g.reshape(weight, shape=(*weight.type.shape[:2], 1, weight.type.shape[2]))
+    single = lambda value: int(value[0] if isinstance(value, (list, tuple)) else value)  # noqa: E731
+    pad = padding if isinstance(padding, str) else (0, single(padding))
+    y = _conv(ctx, x4, w4, bias, (1, single(stride)), pad, (1, single(dilation)), groups)
+    return g.reshape(y, shape=(*y.type.shape[:2], y.type.shape[3]))
 
 
 def _batch_norm(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
@@ -577,18 +606,204 @@ def _avg_pool2d(ctx, x, kernel_size, stride=None, padding=0, ceil_mode=False, co
 
 @rule("aten.adaptive_avg_pool2d.default", "aten._adaptive_avg_pool2d.default")
 def _adaptive_avg_pool2d(ctx, x, output_size):
-    """Output 1x1 is global_avg_pool; an output size dividing H and W is avg_pool2d (non-overlapping windows)."""
+    """Output 1x1 is global_avg_pool; any other size the adaptive_avg_pool2d op (PyTorch's windows)."""
     g = ctx.graph
     x = ctx.tensor(x)
     _check_4d(x, "adaptive_avg_pool2d")
-    out = _ints(output_size)
+    out = tuple(x.type.shape[2 + i] if d is None else int(d) for i, d in enumerate(
+        output_size if isinstance(output_size, (list, tuple)) else (output_size, output_size)))
     if out == (1, 1):
         return g.global_avg_pool(x)
+    return g.adaptive_avg_pool2d(x, output_size=out)
+
+
+# --- shape and index ops (ops/indexing.py) ---------------------------------------------------------------------
+def _dim(value):
+    """A size argument: an int, or a symbolic dim (a sym_size result)."""
+    return value if isinstance(value, str) else int(value)
+
+
+@rule("aten.expand.default")
+def _expand(ctx, x, size, implicit=False):
+    return ctx.graph.expand(ctx.tensor(x), shape=tuple(_dim(d) for d in ctx.get(size)))
+
+
+def _torch_pads(x: Value, pad) -> tuple:
+    """F.pad's (last axis first: left, right, then the axis before...) as GE2's (begins of every axis, then ends)."""
+    rank = x.type.rank
+    begins, ends = [0] * rank, [0] * rank
+    for index in range(len(pad) // 2):
+        axis = rank - 1 - index
+        begins[axis], ends[axis] = int(pad[2 * index]), int(pad[2 * index + 1])
+    return tuple(begins + ends)
+
+
+@rule("aten.constant_pad_nd.default")
+def _constant_pad(ctx, x, pad, value=0.0):
+    x = ctx.tensor(x)
+    return ctx.graph.pad(x, pads=_torch_pads(x, pad), mode="constant", value=float(value))
+
+
+@rule("aten.pad.default")
+def _pad(ctx, x, pad, mode="constant", value=None):
+    x = ctx.tensor(x)
+    modes = {"constant": "constant", "reflect": "reflect", "replicate": "edge"}
+    if mode not in modes:
+        raise Unsupported(f"padding mode {mode!r} (GE2 pads constant, reflect and replicate)")
+    return ctx.graph.pad(x, pads=_torch_pads(x, pad), mode=modes[mode], value=float(value or 0.0))
+
+
+def _mode_pad(mode):
+    def translate(ctx, x, padding):
+        x = ctx.tensor(x)
+        return ctx.graph.pad(x, pads=_torch_pads(x, padding), mode=mode)
+
+    return translate
+
+
+for _aten, _mode in (("reflection_pad1d", "reflect"), ("reflection_pad2d", "reflect"), ("reflection_pad3d", "reflect"),
+                     ("replication_pad1d", "edge"), ("replication_pad2d", "edge"), ("replication_pad3d", "edge")):
+    RULES[f"aten.{_aten}.default"] = _mode_pad(_mode)
+
+
+@rule("aten.roll.default")
+def _roll(ctx, x, shifts, dims=()):
+    x = ctx.tensor(x)
+    shifts = [int(s) for s in (shifts if isinstance(shifts, (list, tuple)) else [shifts])]
+    axes = [int(d) for d in (dims if isinstance(dims, (list, tuple)) else [dims])]
+    if not axes:  # roll of the flattened tensor
+        flat = ctx.graph.reshape(x, shape=(-1,))
+        return ctx.graph.reshape(ctx.graph.roll(flat, shifts=tuple(shifts), axes=(0,)), shape=tuple(x.type.shape))
+    return ctx.graph.roll(x, shifts=tuple(shifts), axes=tuple(axes))
+
+
+@rule("aten.repeat_interleave.self_int")
+def _repeat_interleave(ctx, x, repeats, dim=None, output_size=None):
+    x = ctx.tensor(x)
+    if dim is None:
+        x, dim = ctx.graph.reshape(x, shape=(-1,)), 0
+    return ctx.graph.repeat_interleave(x, repeats=int(repeats), axis=int(dim))
+
+
+@rule("aten.repeat.default")
+def _repeat(ctx, x, repeats):
+    """Tensor.repeat: tile, with leading axes of 1 when there are more repeats than axes."""
+    x = ctx.tensor(x)
+    repeats = tuple(int(r) for r in repeats)
+    if len(repeats) > x.type.rank:
+        x = ctx.graph.reshape(x, shape=(1,) * (len(repeats) - x.type.rank) + tuple(x.type.shape))
+    return ctx.graph.tile(x, repeats=repeats)
+
+
+@rule("aten.gather.default")
+def _gather_elements(ctx, x, dim, index, sparse_grad=False):
+    return ctx.graph.gather_elements(ctx.tensor(x), ctx.tensor(index), axis=int(dim))
+
+
+@rule("aten.index_select.default")
+def _index_select(ctx, x, dim, index):
+    return ctx.graph.gather(ctx.tensor(x), ctx.tensor(index), axis=int(dim))
+
+
+@rule("aten.index.Tensor")
+def _index(ctx, x, indices):
+    """x[..., index, ...] with one index tensor (None for the axes taken whole before it): a gather."""
+    x = ctx.tensor(x)
+    given = [(axis, index) for axis, index in enumerate(indices) if index is not None]
+    if len(given) != 1:
+        raise Unsupported(f"advanced indexing with {len(given)} index tensors (GE2 gathers along one axis)")
+    axis, index = given[0]
+    index = ctx.tensor(index)
+    if index.type.dtype == "bool":
+        raise Unsupported("boolean mask indexing (the result's size depends on the values)")
+    return ctx.graph.gather(x, index, axis=axis)
+
+
+@rule("aten.cumsum.default")
+def _cumsum(ctx, x, dim, dtype=None):
+    x = ctx.tensor(x)
+    if dtype is not None and normalize(dtype, "dtype") != x.type.dtype:
+        x = ctx.graph.cast(x, dtype=normalize(dtype, "dtype"))
+    elif x.type.dtype in ("bool", "uint8", "int32"):  # torch sums integers (and bools) in int64
+        x = ctx.graph.cast(x, dtype="int64")
+    return ctx.graph.cumsum(x, axis=int(dim))
+
+
+@rule("aten.tril.default")
+def _tril(ctx, x, diagonal=0):
+    return ctx.graph.trilu(ctx.tensor(x), k=int(diagonal), upper=False)
+
+
+@rule("aten.triu.default")
+def _triu(ctx, x, diagonal=0):
+    return ctx.graph.trilu(ctx.tensor(x), k=int(diagonal), upper=True)
+
+
+@rule("aten.arange.default", "aten.arange.start", "aten.arange.start_step")
+def _arange(ctx, *bounds, dtype=None, **kwargs):
+    """A constant range becomes a param; a range up to a symbolic dim (0, 1, ..., n - 1) the arange op over the
+    axis of the graph input that has it."""
+    g = ctx.graph
+    bounds = [ctx.get(b) for b in bounds]
+    start, end, step = (0, bounds[0], 1) if len(bounds) == 1 else (*bounds, 1)[:3]
+    floating = any(isinstance(b, float) for b in (start, end, step))
+    name = normalize(dtype, "dtype") if dtype is not None else ("float32" if floating else "int64")
+    if not isinstance(end, str):
+        return g.param(g.unique_name("arange"), np.arange(start, end, step).astype(to_numpy(name)))
+    if start != 0 or step != 1:
+        raise Unsupported(f"arange({start}, {end!r}, {step}) up to a symbolic dim (GE2 builds 0, 1, ...)")
+    for value in g.inputs:
+        if end in value.type.shape:
+            return g.arange(value, axis=list(value.type.shape).index(end), dtype=name)
+    raise Unsupported(f"no graph input has the symbolic dim {end!r} the range runs to")
+
+
+def _upsample(ctx, x, output_size, scales, mode, align_corners=False):
+    """F.interpolate of a 4-d tensor: nearest is ONNX's asymmetric + floor; bilinear is half_pixel (the input
+    clamped at 0, PyTorch's area_pixel_compute_source_index) or align_corners. Given scale factors are used in
+    the coordinates, as PyTorch does."""
+    x = ctx.tensor(x)
+    _check_4d(x, f"upsample_{mode}")
     height, width = x.type.shape[2:]
-    if height % out[0] or width % out[1]:
-        raise Unsupported(f"output_size {out} does not divide the input's {height} x {width}")
-    window = (height // out[0], width // out[1])
-    return g.avg_pool2d(x, kernel_size=window, stride=window)
+    if output_size:
+        size = tuple(int(d) for d in output_size)
+        given = None if not scales or any(s is None for s in scales) else tuple(float(s) for s in scales)
+    elif scales:
+        given = tuple(float(s) for s in scales)
+        size = (int(np.floor(height * given[0])), int(np.floor(width * given[1])))
+    else:
+        raise Unsupported("upsampling without an output size or scale factors")
+    if mode == "nearest":
+        return ctx.graph.resize(x, size=size, mode="nearest", coordinates="asymmetric", nearest_mode="floor",
+                                scales=given)
+    coordinates = "align_corners" if align_corners else "half_pixel"
+    return ctx.graph.resize(x, size=size, mode="linear", coordinates=coordinates,
+                            scales=None if align_corners else given)
+
+
+@rule("aten.upsample_nearest2d.default")
+def _upsample_nearest(ctx, x, output_size, scales_h=None, scales_w=None):
+    return _upsample(ctx, x, output_size, (scales_h, scales_w), "nearest")
+
+
+@rule("aten.upsample_nearest2d.vec")
+def _upsample_nearest_vec(ctx, x, output_size, scale_factors):
+    return _upsample(ctx, x, output_size, scale_factors, "nearest")
+
+
+@rule("aten.upsample_bilinear2d.default")
+def _upsample_bilinear(ctx, x, output_size, align_corners, scales_h=None, scales_w=None):
+    return _upsample(ctx, x, output_size, (scales_h, scales_w), "linear", bool(align_corners))
+
+
+@rule("aten.upsample_bilinear2d.vec")
+def _upsample_bilinear_vec(ctx, x, output_size, align_corners, scale_factors):
+    return _upsample(ctx, x, output_size, scale_factors, "linear", bool(align_corners))
+
+
+@rule("aten.einsum.default")
+def _einsum(ctx, equation, tensors, path=None):
+    return einsum(ctx.graph, equation, [ctx.tensor(t) for t in tensors])
 
 
 # --- attention --------------------------------------------------------------------------------------------------

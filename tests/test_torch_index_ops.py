@@ -1,0 +1,86 @@
+"""torch.export import of the shape and index ops, conv1d, multi-axis LayerNorm, upsampling and einsum: small
+modules against their own PyTorch output on GE2's CPU backend. Runs where torch is installed (the GPU machine)."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed: the torch frontend is an optional extra")
+
+import graph_executor_v2 as ge2  # noqa: E402
+from graph_executor_v2.frontend.torch import from_torch  # noqa: E402
+from graph_executor_v2.testing import assert_close  # noqa: E402
+
+F = torch.nn.functional
+
+
+class Lambda(torch.nn.Module):
+    def __init__(self, function):
+        super().__init__()
+        self.function = function
+
+    def forward(self, *inputs):
+        return self.function(*inputs)
+
+
+CASES = {
+    "expand": (lambda x: x[:, :1].expand(-1, 5, -1) + 1, [(2, 3, 4)]),
+    "pad_constant": (lambda x: F.pad(x, (1, 2, 0, 3), value=0.5), [(2, 3, 4)]),
+    "pad_reflect": (lambda x: F.pad(x, (2, 1, 1, 2), mode="reflect"), [(1, 2, 5, 6)]),
+    "pad_replicate": (lambda x: F.pad(x, (3, 1), mode="replicate"), [(2, 3, 4)]),
+    "roll": (lambda x: torch.roll(x, shifts=(1, -2), dims=(0, 2)), [(3, 2, 5)]),
+    "repeat_interleave": (lambda x: torch.repeat_interleave(x, 3, dim=1), [(2, 3, 4)]),
+    "repeat": (lambda x: x.repeat(2, 1, 3), [(3, 4)]),
+    "gather": (lambda x: torch.gather(x, 1, torch.tensor([[4, 0, 1], [2, 2, 3], [0, 1, 4]])), [(3, 5)]),
+    "index_select": (lambda x: x.index_select(1, torch.tensor([2, 0, 2])), [(3, 4)]),
+    "cumsum": (lambda x: torch.cumsum(x, dim=1), [(3, 6)]),
+    "tril_triu": (lambda x: torch.tril(x, -1) + torch.triu(x, 2), [(2, 5, 5)]),
+    "arange": (lambda x: x + torch.arange(x.shape[-1], dtype=x.dtype), [(2, 7)]),
+    "upsample_nearest": (lambda x: F.interpolate(x, scale_factor=2, mode="nearest"), [(1, 2, 3, 4)]),
+    "upsample_bilinear": (lambda x: F.interpolate(x, size=(7, 9), mode="bilinear", align_corners=False),
+                          [(1, 2, 3, 4)]),
+    "upsample_bilinear_corners": (lambda x: F.interpolate(x, scale_factor=2.0, mode="bilinear",
+                                                          align_corners=True), [(1, 2, 3, 4)]),
+    "adaptive_avg_pool": (lambda x: F.adaptive_avg_pool2d(x, (3, 2)), [(2, 3, 7, 5)]),
+    "einsum": (lambda a, b: torch.einsum("bhqd,bhkd->bhqk", a, b), [(2, 2, 3, 4), (2, 2, 5, 4)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_index_op_modules_match_pytorch(name):
+    function, shapes = CASES[name]
+    torch.manual_seed(0)
+    inputs = tuple(torch.randn(*shape) for shape in shapes)
+    module = Lambda(function).eval()
+    graph = from_torch(module, inputs)
+    got = ge2.ExecutorV2(graph).run({v.name: x.numpy() for v, x in zip(graph.inputs, inputs)})["y"]
+    expected = function(*(x.double() for x in inputs)).numpy()
+    assert_close(got, expected, "float32", 8, what=name)
+
+
+def test_conv1d_and_channels_last_layer_norm_over_two_axes():
+    torch.manual_seed(1)
+    conv = torch.nn.Conv1d(4, 6, kernel_size=3, stride=2, padding=1)
+    norm = torch.nn.LayerNorm((5, 6))
+    module = Lambda(lambda x: norm(conv(x).transpose(1, 2).reshape(2, 5, 6)))
+    module.conv, module.norm = conv, norm
+    x = torch.randn(2, 4, 10)
+    graph = from_torch(module.eval(), (x,))
+    got = ge2.ExecutorV2(graph).run({graph.inputs[0].name: x.numpy()})["y"]
+    with torch.no_grad():
+        expected = module.double()(x.double()).numpy()
+    assert_close(got, expected, "float32", 12)
+
+
+def test_a_symbolic_batch_stays_symbolic_and_one_executor_runs_two_sizes():
+    torch.manual_seed(2)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+    batch = torch.export.Dim("batch", min=1, max=64)
+    graph = from_torch(module, (torch.randn(3, 8),), dynamic_shapes=({0: batch},))
+    assert isinstance(graph.inputs[0].type.shape[0], str), graph.inputs[0].type
+    executor = ge2.ExecutorV2(graph)
+    for rows in (2, 5):
+        x = torch.randn(rows, 8)
+        got = executor.run({graph.inputs[0].name: x.numpy()})["y"]
+        with torch.no_grad():
+            assert_close(got, module.double()(x.double()).numpy(), "float32", 16)
+        module.float()
+        np.testing.assert_equal(got.shape, (rows, 4))

@@ -194,7 +194,7 @@ def test_validation_happens_before_device_work():
     with pytest.raises(TypeError, match="a, b: expected numeric dtypes"):
         ge2.ops.add.forward_numpy(a > 0, a > 0)
     with pytest.raises(TypeError, match="x: expected dtype float32, float16 or bfloat16, got int32"):
-        ge2.ops.relu.forward_numpy(a.astype(np.int32))
+        ge2.ops.gelu.forward_numpy(a.astype(np.int32))
     with pytest.raises(TypeError, match="dy: expected a NumPy array"):
         ge2.ops.relu.backward_numpy(None, a)
     with pytest.raises(ValueError, match=r"dy: expected shape \(3, 4\)"):

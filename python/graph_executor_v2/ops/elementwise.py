@@ -5,7 +5,10 @@ Ops (each its own OpDef, one native module ``_ops_elementwise`` for all):
 - unary ``relu gelu gelu_erf silu sigmoid tanh exp neg``: activations follow ``ops/activations.py`` (GELU is the
   tanh form, ``gelu_erf`` the exact one) and ``_common/activation.hpp`` on the GPU.
 - ``bias_add``: ``y = x + bias`` with ``x[..., N]`` and ``bias[N]``.
-Inputs float32/float16/bfloat16, all of one dtype; the math runs in float32.
+Binary ops take any numeric dtypes and promote them as PyTorch does (``dtypes.result_type``; integer division
+truncates toward zero, as ONNX's Div); relu and neg take integers too, the other unary ops float32/float16/bfloat16.
+The native kernels take operands of one float dtype and compute in float32; the other problems run on generated
+kernels (each op's ``scalar`` rule).
 
 Backward: unary ops take ``(dy, x) -> dx``; binary ops return ``(da, db)``, each summed over the dims its operand
 was broadcast along; ``bias_add`` returns ``(dx, dbias)``.
@@ -23,7 +26,7 @@ import numpy as np
 
 from .. import _native
 from .. import device as _device
-from ..dtypes import FLOAT_DTYPES, result_type, to_numpy
+from ..dtypes import FLOAT_DTYPES, INT_DTYPES, result_type, to_numpy
 from ..ir.types import TensorType
 from . import _layout, activations
 from ._scalar import expression, literal
@@ -33,6 +36,7 @@ from ._face import Face
 
 BINARY_OPS = ("add", "sub", "mul", "div")
 UNARY_OPS = ("relu", "gelu", "gelu_erf", "silu", "sigmoid", "tanh", "exp", "neg")
+INTEGER_UNARY_OPS = ("relu", "neg")  # the unary ops that take integers too
 ELEMENTWISE_OPS = BINARY_OPS + UNARY_OPS + ("bias_add",)
 MAX_DIMS = 8  # after collapsing adjacent dims that broadcast alike
 
@@ -104,6 +108,14 @@ def _infer_unary(in_types, attrs):
     return [in_types[0]]
 
 
+def _infer_integer_unary(in_types, attrs):
+    """relu and neg: also on integers (exact, wrapping as C++: neg of uint8 x is 256 - x)."""
+    require_inputs(in_types, ("x",))
+    if in_types[0].dtype not in FLOAT_DTYPES + INT_DTYPES:
+        raise TypeError(f"x: expected a numeric dtype (float or integer), got {in_types[0].dtype}")
+    return [in_types[0]]
+
+
 def _infer_bias_add(in_types, attrs):
     require_inputs(in_types, ("x", "bias"))
     x, bias = in_types
@@ -159,6 +171,9 @@ def reference(op: str, *inputs) -> np.ndarray:
             return {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}[op](a, b)
     if op == "bias_add":
         return as_float64(inputs[0]) + as_float64(inputs[1])
+    if op in INTEGER_UNARY_OPS and integer_result(inputs[:1]) is not None:
+        x = np.asarray(inputs[0])
+        return np.negative(x) if op == "neg" else np.maximum(x, x.dtype.type(0))
     x = as_float64(inputs[0])
     if op == "exp":
         return np.exp(x)
@@ -358,7 +373,8 @@ def _unary_def(op):
     def ref_backward(inputs, outputs, out_grads, attrs):
         return [reference_backward(op, out_grads[0], inputs[0])]
 
-    return OpDef(name=op, inputs=(Input("x"),), outputs=("y",), attrs=(), infer=_infer_unary, reference=ref,
+    infer = _infer_integer_unary if op in INTEGER_UNARY_OPS else _infer_unary
+    return OpDef(name=op, inputs=(Input("x"),), outputs=("y",), attrs=(), infer=infer, reference=ref,
                  reference_backward=ref_backward, candidates=_candidates(op), scalar=_unary_scalar(op),
                  doc=f"{op}: y = {op}(x) elementwise; backward dx = dy * {op}'(x).")
 
@@ -434,6 +450,8 @@ for _op in ("mul", "div"):
 def _grad_unary(op):
     def rule(g, node, dys):
         (dy,) = dys
+        if node.inputs[0].type.dtype not in FLOAT_DTYPES:  # relu, neg of integers: no gradient
+            return [None]
         if op == "neg":
             return [g.neg(dy)]
         return [getattr(g, f"{op}_backward")(dy, node.inputs[0])]

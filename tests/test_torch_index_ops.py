@@ -84,3 +84,27 @@ def test_a_symbolic_batch_stays_symbolic_and_one_executor_runs_two_sizes():
             assert_close(got, module.double()(x.double()).numpy(), "float32", 16)
         module.float()
         np.testing.assert_equal(got.shape, (rows, 4))
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "float", "bool_causal"])
+def test_sdpa_with_a_mask_and_grouped_heads(mask_kind):
+    """F.scaled_dot_product_attention with attn_mask (a padding keep-mask or an additive bias) and enable_gqa."""
+    torch.manual_seed(3)
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    keep = torch.ones(2, 1, 1, 6, dtype=torch.bool)
+    keep[1, ..., 4:] = False
+    mask = keep if mask_kind != "float" else torch.where(keep, 0.0, -1e4) + 0.1 * torch.randn(2, 1, 5, 6)
+    causal = mask_kind == "bool_causal"
+
+    def attend(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False, enable_gqa=True) \
+            if not causal else F.scaled_dot_product_attention(q, k, v, attn_mask=mask & torch.ones(5, 6).tril().bool(),
+                                                              enable_gqa=True)
+
+    module = Lambda(attend).eval()
+    inputs = (q, k, v, mask)
+    graph = from_torch(module, inputs)
+    feeds = {value.name: x.numpy() for value, x in zip(graph.inputs, inputs)}
+    got = ge2.ExecutorV2(graph).run(feeds)["y"]
+    expected = attend(*(x.double() if x.is_floating_point() else x for x in inputs)).numpy()
+    assert_close(got, expected, "float32", 8)

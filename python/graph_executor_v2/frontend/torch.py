@@ -16,7 +16,7 @@ import numpy as np
 from ..dtypes import is_float, normalize, result_type, to_numpy
 from ..ir import dims
 from ..ir.graph import Graph, Value
-from ._einsum import einsum
+from ._einsum import batched_matmul, einsum
 from ._errors import Unsupported, UnsupportedModelError
 
 
@@ -808,8 +808,8 @@ def _einsum(ctx, equation, tensors, path=None):
 
 # --- attention --------------------------------------------------------------------------------------------------
 def _attention(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa=False):
-    if attn_mask is not None:
-        raise Unsupported("attn_mask (GE2's attention op masks causally or not at all)")
+    """GE2's attention op; with an ``attn_mask`` (a boolean keep-mask or an additive float bias) the attention
+    written out on GE2 ops (``_masked_attention``), which returns no log-sum-exp."""
     if dropout_p:
         raise Unsupported(f"dropout_p={dropout_p}: export the module in eval() mode")
     q, k, v = ctx.tensor(q), ctx.tensor(k), ctx.tensor(v)
@@ -817,8 +817,35 @@ def _attention(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa=
         raise Unsupported(f"attention on rank-{q.type.rank} tensors (GE2's op takes [batch, heads, seq, dim])")
     if k.type.shape[1] != q.type.shape[1] and not enable_gqa:
         raise Unsupported("K/V heads differ from the query heads without enable_gqa")
-    return ctx.graph.attention(q, k, v, causal=bool(is_causal), scale=None if scale is None else float(scale),
-                               layout="bhsd")
+    scale = None if scale is None else float(scale)
+    if attn_mask is not None:
+        return _masked_attention(ctx, q, k, v, ctx.tensor(attn_mask), bool(is_causal), scale), None
+    return ctx.graph.attention(q, k, v, causal=bool(is_causal), scale=scale, layout="bhsd")
+
+
+def _masked_attention(ctx, q: Value, k: Value, v: Value, mask: Value, causal: bool, scale: float | None) -> Value:
+    """softmax(scale q k^T + bias) v on [batch, heads, seq, dim] tensors, as PyTorch defines it: a boolean mask keeps
+    the True positions (the others get -inf), a float mask is added; K/V heads are repeated for grouped queries."""
+    g = ctx.graph
+    dtype = to_numpy(q.type.dtype)
+    heads_q, heads_kv, head_dim = q.type.shape[1], k.type.shape[1], q.type.shape[3]
+    if heads_q != heads_kv:
+        k, v = (g.repeat_interleave(x, repeats=heads_q // heads_kv, axis=1) for x in (k, v))
+    factor = (1.0 / np.sqrt(head_dim)) if scale is None else scale
+    scores = batched_matmul(g, g.mul(q, g.param(g.unique_name("attention_scale"), np.array(factor, dtype))),
+                            g.transpose(k, perm=(0, 1, 3, 2)))
+    if mask.type.dtype == "bool":
+        zero = g.param(g.unique_name("mask_keep"), np.array(0, dtype))
+        hidden = g.param(g.unique_name("mask_hidden"), np.array(-np.inf, dtype))
+        bias = g.where(mask, zero, hidden)
+    else:
+        bias = mask if mask.type.dtype == q.type.dtype else g.cast(mask, dtype=q.type.dtype)
+    scores = g.add(scores, bias)
+    if causal:
+        seq_q, seq_k = scores.type.shape[-2:]
+        hidden = np.where(np.tril(np.ones((seq_q, seq_k), bool)), 0.0, -np.inf).astype(dtype)
+        scores = g.add(scores, g.param(g.unique_name("causal_mask"), hidden))
+    return batched_matmul(g, g.softmax(scores, axis=-1), v)
 
 
 @rule("aten.scaled_dot_product_attention.default")
@@ -828,7 +855,7 @@ def _sdpa(ctx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=No
 
 @rule("aten._scaled_dot_product_flash_attention_for_cpu.default")
 def _sdpa_flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
-    """(output, logsumexp): GE2's op gives the log-sum-exp too."""
+    """(output, logsumexp): GE2's op gives the log-sum-exp too (the written-out masked form does not: None)."""
     return tuple(_attention(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale))
 
 
@@ -839,6 +866,8 @@ def _getitem(ctx, items, index):
         raise Unsupported(f"indexing a {type(items).__name__}")
     if not -len(items) <= index < len(items):
         raise Unsupported(f"output {index} of a node GE2 translates into {len(items)} outputs")
+    if items[index] is None:
+        raise Unsupported(f"output {index} is not computed by GE2's translation (a masked attention's log-sum-exp)")
     return items[index]
 
 

@@ -379,6 +379,34 @@ def test_bad_streams_and_runs_are_rejected(rng):
         ge2.ExecutorV2(g).profile({"x": random_array(rng, (2, 8), "float32")}, runs=0)
 
 
+def test_roofline_is_computed_from_device_properties_and_measured_once(tmp_path, monkeypatch):
+    """Any GPU gets a roofline: compute peaks from SM count x clock x its architecture's rate, the copy bandwidth
+    measured once per device and setup and then read back from the cache file (here an H200's properties)."""
+    from graph_executor_v2.runtime import roofline
+
+    monkeypatch.setenv("GE2_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(roofline, "_MEASURED", {})
+    h200 = {"name": "NVIDIA H200", "compute_capability": (9, 0), "sm_count": 132, "clock_rate_khz": 1980000,
+            "memory_clock_rate_khz": 3201000, "memory_bus_width_bits": 6144}
+    measured = []
+
+    def measure():
+        measured.append(1)
+        return 4.2e12
+
+    first = roofline.roofline_of(h200, "H200 | CUDA 13", measure)
+    assert math.isclose(first.flops["bfloat16"], 132 * 1.98e9 * 4096)  # ~1.07 PFLOP/s dense
+    assert math.isclose(first.flops["float32"], 132 * 1.98e9 * 256)
+    assert math.isclose(first.memory_bytes_per_s, 2 * 3.201e9 * 768)  # ~4.9 TB/s
+    assert first.peak("GB/s", "float16") == 4.2e12 and first.peak("TFLOP/s", "int64") is None
+    assert roofline.roofline_of(h200, "H200 | CUDA 13", measure) is first and len(measured) == 1
+    monkeypatch.setattr(roofline, "_MEASURED", {})  # a new process reads the cache file instead of measuring
+    assert roofline.roofline_of(h200, "H200 | CUDA 13", measure) == first and len(measured) == 1
+    ampere = roofline.peak_flops({**h200, "compute_capability": (8, 7)})  # takes the 8.6 rates
+    assert math.isclose(ampere["float16"], 132 * 1.98e9 * 1024)
+    assert roofline.peak_flops({**h200, "compute_capability": (7, 5)}) == {}  # older than every known entry
+
+
 def test_profile_table_and_chrome_trace(rng, tmp_path):
     g, _ = mlp(rng, (32, 64, 16), "float32", "gelu", batch=8)
     ex = ge2.ExecutorV2(g, passes=[])

@@ -247,8 +247,7 @@ def test_profile_on_the_gpu(rng, tmp_path):
     assert [row.node for row in profile.nodes] == [n.name for n in ex.plans[0].graph.nodes]
     assert all(row.median_ms > 0 and row.unit == "TFLOP/s" for row in profile.nodes)
     assert profile.cuda_graph_ms is not None and profile.cuda_graph_ms > 0 and profile.node_by_node_ms > 0
-    if "H100" in ex.capabilities.gpu_name:
-        assert all(0 < row.roofline_fraction < 1 for row in profile.nodes)
+    assert all(0 < row.roofline_fraction < 1 for row in profile.nodes)  # any GPU: its roofline is computed
     path = tmp_path / "trace.json"
     profile.export_chrome_trace(path)
     events = json.loads(path.read_text())["traceEvents"]

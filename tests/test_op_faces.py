@@ -10,89 +10,25 @@ import numpy as np
 import pytest
 
 import graph_executor_v2 as ge2
-from graph_executor_v2.ops import BACKWARD_OPS, FUSED_OPS, OPS, pointwise
+from graph_executor_v2.ir import TensorType
+from graph_executor_v2.ops import BACKWARD_OPS, FUSED_OPS, OPS
 from graph_executor_v2.testing import assert_close, random_array
 
 F32 = np.float32
 TAIL = ["kernel", "out", "stream"]
 
 
-def _sample(rng, op):
-    """(inputs, attrs) of a small problem for ``op``: float32 data, integer ids and labels in range."""
-    x = lambda *shape: random_array(rng, shape, "float32")  # noqa: E731
-    if op in ("add", "sub", "mul"):
-        return [x(4, 6), x(6)], {}
-    if op == "div":
-        return [x(4, 6), (np.abs(x(6)) + 0.5).astype(F32)], {}
-    if op == "bias_add":
-        return [x(3, 4, 6), x(6)], {}
-    if op in ("softmax", "log_softmax"):
-        return [x(4, 6)], {"axis": 0}
-    if op in ("sum", "mean"):
-        return [x(4, 6)], {"axis": 1}
-    if op == "max":
-        return [rng.permutation(24).reshape(4, 6).astype(F32)], {"axis": 1}  # distinct values: no ties
-    if op == "transpose":
-        return [x(2, 3, 4)], {"perm": (2, 0, 1)}
-    if op == "reshape":
-        return [x(4, 6)], {"shape": (3, -1)}
-    if op == "slice":
-        return [x(5, 6)], {"starts": (1,), "ends": (5,), "axes": (1,), "steps": (2,)}
-    if op == "concat":
-        return [[x(2, 3), x(2, 4)]], {"axis": 1}
-    if op == "layernorm":
-        return [x(4, 8), x(8), x(8)], {}
-    if op == "rmsnorm":
-        return [x(4, 8), x(8)], {}
-    if op == "cross_entropy":
-        return [x(4, 5), rng.integers(0, 5, 4)], {"reduction": "sum"}
-    if op == "dropout":
-        return [x(4, 8)], {"p": 0.25, "seed": 3}
-    if op == "embedding":
-        return [x(7, 5), rng.integers(0, 7, (2, 3))], {}
-    if op == "gemm":
-        return [x(4, 8), x(8, 6), x(6)], {"alpha": 0.5}
-    if op == "matmul":
-        return [x(4, 8), x(8, 6)], {}
-    if op == "cast":
-        return [x(4, 6)], {"dtype": "float16"}
-    if op == "attention":
-        return [x(1, 2, 3, 8), x(1, 1, 5, 8), x(1, 1, 5, 8)], {"causal": True}
-    if op == "conv2d":
-        return [x(2, 2, 4, 5), x(3, 2, 3, 3), x(3)], {"padding": 1}
-    if op in ("max_pool2d", "avg_pool2d"):
-        return [x(2, 3, 5, 4)], {"kernel_size": 2, "stride": 1}
-    if op == "global_avg_pool":
-        return [x(2, 3, 2, 5)], {}
-    if op == "batch_norm":
-        return [x(4, 3, 2, 2), x(3), x(3), x(3), (np.abs(x(3)) + 0.5).astype(F32)], {}
-    if op == "pow":
-        return [(np.abs(x(4, 6)) + 0.5).astype(F32), x(6)], {}
-    if op in pointwise.BINARY_OPS:
-        return [x(4, 6), (np.abs(x(6)) + 0.5).astype(F32)], {}
-    if op == "where":
-        return [x(4, 6) > 0, x(4, 6), x(6)], {}
-    if op in ("log", "log2", "sqrt", "rsqrt"):
-        return [(np.abs(x(4, 6)) + 0.5).astype(F32)], {}
-    if op == "clip":
-        return [x(4, 6)], {"min": -0.5, "max": 0.5}
-    indexing = {  # ops/indexing.py
-        "expand": ([x(3, 1)], {"shape": (2, 3, 4)}),
-        "pad": ([x(3, 4)], {"pads": (1, 0, 2, 1), "mode": "reflect"}),
-        "roll": ([x(4, 6)], {"shifts": (1,), "axes": (1,)}),
-        "repeat_interleave": ([x(2, 3)], {"repeats": 2, "axis": 1}),
-        "tile": ([x(2, 3)], {"repeats": (2, 1)}),
-        "gather": ([x(5, 4), rng.integers(0, 5, (3,))], {"axis": 0}),
-        "gather_elements": ([x(4, 5), rng.integers(0, 4, (2, 5))], {"axis": 0}),
-        "cumsum": ([x(4, 6)], {"axis": 1}),
-        "trilu": ([x(4, 6)], {"k": 1}),
-        "arange": ([x(4, 6)], {"axis": 1}),
-        "resize": ([x(1, 2, 3, 4)], {"size": (6, 8), "mode": "linear"}),
-        "adaptive_avg_pool2d": ([x(1, 2, 6, 4)], {"output_size": (3, 2)}),
-    }
-    if op in indexing:
-        return indexing[op]
-    return [x(4, 6)], {}  # the unary elementwise ops
+def _sample(rng, op, index=0):
+    """(inputs, attrs) of the op's sample ``index`` (OpDef.samples: the first is the typical problem)."""
+    sample = OPS[op].sample_inputs(rng)[index]
+    return list(sample.inputs), dict(sample.attrs)
+
+
+def _sample_ids():
+    """(op, sample index) of every sample of every op with a face."""
+    rng = np.random.default_rng(0)
+    return [(op, index) for op in sorted(set(OPS) - BACKWARD_OPS - FUSED_OPS)
+            for index in range(len(OPS[op].sample_inputs(rng)))]
 
 
 def _flat(op, inputs):
@@ -241,6 +177,48 @@ def test_forward_on_device_arrays_and_the_prepared_call(rng, to_device, poisoned
     wrong = [wrong + on_device[0][1:]] if op == "concat" else wrong + on_device[1:]
     with pytest.raises(ValueError, match="expected an array like the prepared one"):
         prepared(*wrong)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Every sample of every op (OpDef.samples), through every face: the op's own description of its problems
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("op,index", _sample_ids())
+def test_every_sample_of_every_op_through_every_face(rng, to_device, poisoned, op, index):
+    """On the CPU: the sample's types infer, the reference runs, and the op's FLOP and byte counts are sane (bytes at
+    least every output written once). On the GPU, also: forward_numpy, forward into poisoned outputs and the
+    prepared call against the reference, and backward_numpy against reference_backward."""
+    opdef = OPS[op]
+    inputs, attrs = _sample(rng, op, index)
+    flat = _flat(op, inputs)
+    full = opdef.validate_attrs(attrs, op)
+    in_types = [None if x is None else TensorType(np.shape(x), np.asarray(x).dtype.name) for x in flat]
+    out_types = opdef.infer(in_types, full)
+    expected = opdef.run_reference(flat, full)
+    assert [(e.shape, e.dtype.name) for e in expected] == [(tuple(t.shape), t.dtype) for t in out_types], op
+    flops, moved = opdef.flop_count(in_types, out_types, full), opdef.byte_count(in_types, out_types, full)
+    assert flops >= 0 and moved >= sum(e.nbytes for e in expected), op
+    if not ge2.is_available():
+        return
+    face = getattr(ge2.ops, op)
+    _assert_outputs(op, face.forward_numpy(*inputs, **attrs), expected, f"sample {index}: forward_numpy")
+    upload = lambda x: None if x is None else to_device(x)  # noqa: E731
+    on_device = [[upload(x) for x in inputs[0]]] if isinstance(inputs[0], list) else [upload(x) for x in inputs]
+    out = tuple(poisoned(e.shape, e.dtype.name) for e in expected)
+    face.forward(*on_device, **attrs, out=out if len(out) > 1 else out[0])
+    _assert_outputs(op, out, expected, f"sample {index}: forward(out=)")
+    if op not in ("transpose", "reshape", "slice", "embedding", "cross_entropy"):  # forwards of more than one launch
+        _assert_outputs(op, face.prepare(*on_device, **attrs)(*on_device), expected, f"sample {index}: prepared")
+    if opdef.reference_backward is None:
+        return
+    dy = np.asarray(random_array(rng, expected[0].shape, expected[0].dtype.name))
+    grads = face.backward_numpy(dy, *inputs, **attrs)
+    references = opdef.reference_backward(flat, expected, [dy.astype(np.float64)] + [None] * (len(expected) - 1),
+                                          full)
+    for position, (grad, reference) in enumerate(zip(grads, references)):
+        if reference is None or flat[position] is None:
+            assert grad is None, f"{op} sample {index}: input {position} has no gradient"
+        else:
+            assert_close(grad, reference, "float32", 8, what=f"{op} sample {index}: gradient {position}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -157,6 +157,28 @@ def table_candidate(table: str, name: str, supports: Callable[[Problem], str | N
 
 
 @dataclass(frozen=True)
+class Sample:
+    """One problem of an op, as its tests walk it through every face (and the profiler and benchmarks may): the
+    inputs in OpDef order (host arrays; a list for a variadic input; None, or left off at the end, for an absent
+    optional input), the attributes, and what the sample exercises."""
+
+    inputs: tuple
+    attrs: dict = field(default_factory=dict)
+    note: str = ""
+
+
+def sample_array(rng: np.random.Generator, *shape: int, positive: bool = False) -> np.ndarray:
+    """A float32 array of ``shape``, standard normal values (``positive``: their magnitudes plus 0.5, for a log's
+    argument, a divisor or a variance): what most samples are made of."""
+    values = rng.standard_normal(shape)
+    return (np.abs(values) + 0.5 if positive else values).astype(np.float32)
+
+
+def _numel(t: TensorType | None) -> int:
+    return 0 if t is None else t.numel
+
+
+@dataclass(frozen=True)
 class OpDef:
     name: str
     inputs: tuple[Input, ...]
@@ -175,6 +197,13 @@ class OpDef:
     aliases: tuple[tuple[int, int], ...] = ()
     # The per-element C++ expression of a pointwise op (module docstring); None for the other ops.
     scalar: Callable[[Sequence[str], dict, str], str] | None = None
+    # What the op says about itself (OpInfo-style): its sample problems, samples(rng) -> [Sample, ...], the first
+    # the typical one, the others edge cases (None: one float32 (4, 6) array per required input); the FLOPs of
+    # one run, flops(in_types, out_types, attrs) (None: a bandwidth-bound op, counted in bytes); the bytes one run
+    # moves, bytes_moved(in_types, out_types, attrs) (None: every input read once, every output written once).
+    samples: Callable[[np.random.Generator], list[Sample]] | None = None
+    flops: Callable[[Sequence[TensorType | None], Sequence[TensorType], dict], float] | None = None
+    bytes_moved: Callable[[Sequence[TensorType | None], Sequence[TensorType], dict], float] | None = None
     attr_map: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -195,6 +224,24 @@ class OpDef:
             else:
                 result[attr.name] = attr.default
         return result
+
+    def sample_inputs(self, rng: np.random.Generator) -> list[Sample]:
+        """The op's sample problems (see ``samples``), fresh random values each call."""
+        if self.samples is not None:
+            return list(self.samples(rng))
+        return [Sample(tuple(sample_array(rng, 4, 6) for item in self.inputs if not item.optional))]
+
+    def flop_count(self, in_types: Sequence[TensorType | None], out_types: Sequence[TensorType], attrs: dict
+                   ) -> float:
+        """Floating-point operations of one run (0 for an op counted in bytes)."""
+        return 0.0 if self.flops is None else float(self.flops(in_types, out_types, attrs))
+
+    def byte_count(self, in_types: Sequence[TensorType | None], out_types: Sequence[TensorType], attrs: dict
+                   ) -> float:
+        """Bytes one run moves to and from device memory."""
+        if self.bytes_moved is not None:
+            return float(self.bytes_moved(in_types, out_types, attrs))
+        return float(sum(_numel(t) * to_numpy(t.dtype).itemsize for t in (*in_types, *out_types) if t is not None))
 
     def run_reference(self, inputs: Sequence[np.ndarray | None], attrs: dict) -> list[np.ndarray]:
         """The CPU backend: float64 reference math, cast to the inferred output dtypes."""

@@ -4,12 +4,13 @@ one part that needs the device runtime."""
 from __future__ import annotations
 
 from .. import device as _device
-from ..ir.schema import (OPS, REQUIRED, Attr, Candidate, Input, Launch, OpDef, Problem, add_candidate, as_float64,
-                         attach_grad, register, remove_candidate, require_inputs, table_candidate)
+from ..ir.schema import (OPS, REQUIRED, Attr, Candidate, Input, Launch, OpDef, Problem, Sample, add_candidate,
+                         as_float64, attach_grad, register, remove_candidate, require_inputs, sample_array,
+                         table_candidate)
 
-__all__ = ["OPS", "REQUIRED", "Attr", "Candidate", "Input", "Launch", "OpDef", "Problem", "add_candidate", "as_float64",
-           "attach_grad", "in_ptr", "in_ptrs", "native_launch", "out_ptr", "out_ptrs", "register", "remove_candidate",
-           "require_inputs", "stream_arg", "table_candidate"]
+__all__ = ["OPS", "REQUIRED", "Attr", "Candidate", "Input", "Launch", "OpDef", "Problem", "Sample", "add_candidate",
+           "as_float64", "attach_grad", "in_ptr", "in_ptrs", "native_launch", "out_ptr", "out_ptrs", "register",
+           "remove_candidate", "require_inputs", "sample_array", "stream_arg", "table_candidate"]
 
 
 def native_launch(function, *arguments) -> Launch:

@@ -41,8 +41,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout
-from ._base import (Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, in_ptr, native_launch,
-                    out_ptr, register, require_inputs, stream_arg, table_candidate)
+from ._base import (Attr, Candidate, Input, OpDef, Problem, Sample, as_float64, attach_grad, in_ptr, native_launch,
+                    out_ptr, register, require_inputs, sample_array, stream_arg, table_candidate)
 from ._face import FACES, Face
 
 LAYOUTS = ("bhsd", "bshd")
@@ -323,8 +323,20 @@ def _candidates(first_input: int, native_call: str) -> tuple[Candidate, ...]:
                  for name in _KERNELS)
 
 
+def _attention_flops(in_types, out_types, attrs) -> float:
+    """Two matmuls (QK^T and PV) of 2 * seq_q * seq_k * head_dim FLOPs per query head; half of them under a causal
+    mask of a square problem (FlashAttention's count)."""
+    sizes = _infer_sizes(*in_types[:3], attrs)
+    flops = 4.0 * sizes["batch"] * sizes["heads_q"] * sizes["seq_q"] * sizes["seq_k"] * sizes["head_dim"]
+    return flops / 2 if attrs["causal"] and sizes["seq_q"] == sizes["seq_k"] else flops
+
+
 ATTENTION = register(OpDef(
     name="attention",
+    samples=lambda rng: [Sample((sample_array(rng, 1, 2, 3, 8), sample_array(rng, 1, 1, 5, 8),
+                                 sample_array(rng, 1, 1, 5, 8)), {"causal": True},
+                                "grouped heads (2 query heads per key head), causal, seq_q < seq_k")],
+    flops=_attention_flops,
     inputs=(Input("q"), Input("k"), Input("v")),
     outputs=("y", "lse"),
     attrs=_ATTRS,
@@ -338,6 +350,7 @@ ATTENTION = register(OpDef(
 # The gradient computation as an op of its own: dy and the saved values in, (dq, dk, dv) out.
 ATTENTION_BACKWARD = _grad.register_backward(OpDef(
     name="attention_backward",
+    flops=lambda in_types, out_types, attrs: 2.5 * _attention_flops(in_types[1:4], out_types, attrs),  # 5 matmuls
     inputs=(Input("dy"), Input("q"), Input("k"), Input("v"), Input("y"), Input("lse")),
     outputs=("dq", "dk", "dv"),
     attrs=_ATTRS,

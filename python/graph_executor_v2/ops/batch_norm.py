@@ -33,8 +33,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout, _row_norm
-from ._base import (Attr, Input, OpDef, Problem, as_float64, attach_grad, in_ptr, native_launch, out_ptr, register,
-                    require_inputs, stream_arg, table_candidate)
+from ._base import (Attr, Input, OpDef, Problem, Sample, as_float64, attach_grad, in_ptr, native_launch, out_ptr,
+                    register, require_inputs, sample_array, stream_arg, table_candidate)
 from ._face import FACES, Face
 
 LAYOUTS = ("NCHW", "NHWC")
@@ -263,6 +263,8 @@ def _supported(problem: Problem):
 
 OP = register(OpDef(
     name="batch_norm",
+    samples=lambda rng: [Sample((sample_array(rng, 4, 3, 2, 2), sample_array(rng, 3), sample_array(rng, 3),
+                                 sample_array(rng, 3), sample_array(rng, 3, positive=True)))],
     inputs=tuple(Input(name) for name in ("x", *PARAMETERS)),
     outputs=("y", "saved_mean", "saved_invstd", "running_mean_out", "running_var_out"),
     attrs=ATTRS,

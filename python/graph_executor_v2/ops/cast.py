@@ -14,8 +14,8 @@ from .. import _native
 from .. import device as _device
 from ..dtypes import ALL_DTYPES, FLOAT_DTYPES, is_float, to_numpy
 from ..ir.types import TensorType
-from ._base import (Attr, Candidate, Input, OpDef, Problem, as_float64, attach_grad, in_ptr, native_launch, out_ptr,
-                    register, stream_arg)
+from ._base import (Attr, Candidate, Input, OpDef, Problem, Sample, as_float64, attach_grad, in_ptr, native_launch,
+                    out_ptr, register, sample_array, stream_arg)
 from ._face import Face
 
 
@@ -69,6 +69,7 @@ def _supports(problem: Problem):
 
 OP = register(OpDef(
     name="cast",
+    samples=lambda rng: [Sample((sample_array(rng, 4, 6),), {"dtype": "float16"})],
     inputs=(Input("x"),),
     outputs=("y",),
     attrs=(Attr("dtype", str, choices=ALL_DTYPES, doc="the output dtype"),),

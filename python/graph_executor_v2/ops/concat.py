@@ -19,7 +19,8 @@ from .. import _native
 from .. import device as _device
 from ..ir.types import TensorType
 from . import _layout
-from ._base import Attr, Input, OpDef, Problem, in_ptrs, native_launch, out_ptr, register, stream_arg, table_candidate
+from ._base import (Attr, Input, OpDef, Problem, Sample, in_ptrs, native_launch, out_ptr, register, sample_array,
+                    stream_arg, table_candidate)
 from ._face import Face
 
 
@@ -194,6 +195,7 @@ def _candidate(name):
 
 OP = register(OpDef(
     name="concat",
+    samples=lambda rng: [Sample(([sample_array(rng, 2, 3), sample_array(rng, 2, 4)],), {"axis": 1})],
     inputs=(Input("xs", variadic=True),),
     outputs=("y",),
     attrs=(Attr("axis", int, doc="the axis to join along; negative counts from the end"),),

@@ -42,8 +42,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout, activations
-from ._base import (Attr, Input, OpDef, Problem, as_float64, attach_grad, in_ptr, native_launch, out_ptr, register,
-                    require_inputs, stream_arg, table_candidate)
+from ._base import (Attr, Input, OpDef, Problem, Sample, as_float64, attach_grad, in_ptr, native_launch, out_ptr,
+                    register, require_inputs, sample_array, stream_arg, table_candidate)
 from ._face import Face
 
 CONV_ACTIVATIONS = ("none", "relu", "gelu", "silu", "leaky_relu")
@@ -392,8 +392,17 @@ def _forward_candidate(name):
     return table_candidate("_ops_conv2d", name, supports, prepare)
 
 
+def _conv_flops(in_types, out_types, attrs) -> float:
+    """2 * N * K * P * Q * (C / groups) * R * S: one multiply-add per filter tap of every output."""
+    g = _types_geometry(*in_types[:3], attrs)
+    return 2.0 * g.n * g.k * g.p * g.q * (g.c // g.groups) * g.r * g.s
+
+
 OP = register(OpDef(
     name="conv2d",
+    samples=lambda rng: [Sample((sample_array(rng, 2, 2, 4, 5), sample_array(rng, 3, 2, 3, 3), sample_array(rng, 3)),
+                                {"padding": 1})],
+    flops=_conv_flops,
     inputs=(Input("x"), Input("w"), Input("bias", optional=True)),
     outputs=("y",),
     attrs=ATTRS,
@@ -446,6 +455,7 @@ def _backward_candidate(name):
 
 BACKWARD_OP = _grad.register_backward(OpDef(
     name="conv2d_backward",
+    flops=lambda in_types, out_types, attrs: 2.0 * _conv_flops(in_types[1:4], out_types, attrs),  # dx and dw
     inputs=(Input("dy"), Input("x"), Input("w"), Input("bias", optional=True)),
     outputs=("dx", "dw", "dbias"),
     attrs=ATTRS,

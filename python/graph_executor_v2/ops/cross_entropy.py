@@ -30,8 +30,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES, to_numpy
 from ..ir.types import TensorType
 from . import _layout
-from ._base import (Attr, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register, require_inputs,
-                    stream_arg, table_candidate)
+from ._base import (Attr, Input, OpDef, Problem, Sample, as_float64, in_ptr, native_launch, out_ptr, register,
+                    require_inputs, sample_array, stream_arg, table_candidate)
 from ._face import FACES, Face
 
 REDUCTIONS = ("none", "sum", "mean")
@@ -274,6 +274,7 @@ def _candidate(name):
 
 OP = register(OpDef(
     name="cross_entropy",
+    samples=lambda rng: [Sample((sample_array(rng, 4, 5), rng.integers(0, 5, 4)), {"reduction": "sum"})],
     inputs=(Input("logits"), Input("labels")),
     outputs=("loss",),
     attrs=(

@@ -28,8 +28,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _layout
-from ._base import (Attr, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register, stream_arg,
-                    table_candidate)
+from ._base import (Attr, Input, OpDef, Problem, Sample, as_float64, in_ptr, native_launch, out_ptr, register,
+                    sample_array, stream_arg, table_candidate)
 from ._face import Face
 
 _MASK32 = np.uint64(0xFFFFFFFF)
@@ -184,6 +184,7 @@ def _candidate(name):
 
 OP = register(OpDef(
     name="dropout",
+    samples=lambda rng: [Sample((sample_array(rng, 4, 8),), {"p": 0.25, "seed": 3})],
     inputs=(Input("x"),),
     outputs=("y",),
     attrs=(

@@ -30,8 +30,8 @@ from ..dtypes import FLOAT_DTYPES, INT_DTYPES, result_type, to_numpy
 from ..ir.types import TensorType
 from . import _layout, activations
 from ._scalar import expression, literal
-from ._base import (Input, OPS, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register, require_inputs,
-                    stream_arg, table_candidate)
+from ._base import (Input, OPS, OpDef, Problem, Sample, as_float64, in_ptr, native_launch, out_ptr, register,
+                    require_inputs, sample_array, stream_arg, table_candidate)
 from ._face import Face
 
 BINARY_OPS = ("add", "sub", "mul", "div")
@@ -360,7 +360,14 @@ def _binary_def(op):
         return list(reference_backward(op, out_grads[0], *inputs))
 
     symbol = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[op]
+    divisor = op == "div"  # samples: b nonzero
+
+    def samples(rng):
+        return [Sample((sample_array(rng, 4, 6), sample_array(rng, 6, positive=divisor)), {}, "a row broadcast"),
+                Sample((sample_array(rng, 3, 5), sample_array(rng, 3, 5, positive=divisor)), {}, "same shape, odd")]
+
     return OpDef(name=op, inputs=(Input("a"), Input("b")), outputs=("y",), attrs=(), infer=_infer_binary,
+                 samples=samples,
                  reference=ref, reference_backward=ref_backward, candidates=_candidates(op), scalar=binary_scalar(op),
                  doc=f"{op}: y = a {symbol} b with NumPy broadcasting; backward sums each gradient over the dims "
                      f"its operand was broadcast along.")
@@ -387,6 +394,7 @@ def _bias_add_def():
         return list(reference_backward("bias_add", out_grads[0], *inputs))
 
     return OpDef(name="bias_add", inputs=(Input("x"), Input("bias")), outputs=("y",), attrs=(),
+                 samples=lambda rng: [Sample((sample_array(rng, 3, 4, 6), sample_array(rng, 6)))],
                  infer=_infer_bias_add, reference=ref, reference_backward=ref_backward,
                  candidates=_candidates("bias_add")[1:], scalar=binary_scalar("add"),
                  doc="bias_add: y = x + bias, x[..., N], bias[N]; backward (dy, dy summed over all but the last "

@@ -24,8 +24,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _layout
-from ._base import (Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register, require_inputs,
-                    stream_arg, table_candidate)
+from ._base import (Input, OpDef, Problem, Sample, as_float64, in_ptr, native_launch, out_ptr, register, require_inputs,
+                    sample_array, stream_arg, table_candidate)
 from ._face import Face
 
 ID_DTYPES = ("int32", "int64")
@@ -168,6 +168,7 @@ def _candidate(name):
 
 OP = register(OpDef(
     name="embedding",
+    samples=lambda rng: [Sample((sample_array(rng, 7, 5), rng.integers(0, 7, (2, 3))))],
     inputs=(Input("table"), Input("ids")),
     outputs=("y",),
     attrs=(),

@@ -21,8 +21,8 @@ from .. import _native
 from ..dtypes import FLOAT_DTYPES, normalize
 from ..ir.types import TensorType
 from . import _layout, activations
-from ._base import (Attr, Input, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register, require_inputs,
-                    stream_arg, table_candidate)
+from ._base import (Attr, Input, OpDef, Problem, Sample, as_float64, in_ptr, native_launch, out_ptr, register,
+                    require_inputs, sample_array, stream_arg, table_candidate)
 from ._face import FACES, Face
 
 GEMM_ACTIVATIONS = ("none", "relu", "gelu", "silu", "leaky_relu")
@@ -280,6 +280,12 @@ def _positive(value):
 
 OP = register(OpDef(
     name="gemm",
+    samples=lambda rng: [Sample((sample_array(rng, 4, 8), sample_array(rng, 8, 6), sample_array(rng, 6)),
+                                {"alpha": 0.5}),
+                         Sample((sample_array(rng, 5, 3), sample_array(rng, 7, 3), sample_array(rng, 7)),
+                                {"trans_b": True, "act": "relu"}, "odd sizes, b transposed, relu epilogue")],
+    flops=lambda in_types, out_types, attrs: 2.0 * out_types[0].numel * (
+        in_types[0].shape[0] if attrs["trans_a"] else in_types[0].shape[1]),
     inputs=(Input("a"), Input("b"), Input("bias", optional=True), Input("c", optional=True)),
     outputs=("y",),
     attrs=(
@@ -361,6 +367,8 @@ def _prepare_gemm_backward(problem: Problem):
 
 BACKWARD_OP = _grad.register_backward(OpDef(
     name="gemm_backward",
+    flops=lambda in_types, out_types, attrs: 2.0 * in_types[0].numel * (  # da and db: 2 * m * n * k each
+        (attrs["with_da"] + attrs["with_db"]) * (in_types[1].shape[0] if attrs["trans_a"] else in_types[1].shape[1])),
     inputs=(Input("dy"), Input("a"), Input("b"), Input("a_preact", optional=True)),
     outputs=("da", "db", "dbias"),
     attrs=(

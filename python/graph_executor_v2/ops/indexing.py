@@ -30,8 +30,8 @@ from ..dtypes import FLOAT_DTYPES, itemsize, to_numpy
 from ..ir import dims
 from ..ir.types import TensorType
 from . import _layout
-from ._base import (OPS, Attr, Candidate, Input, OpDef, Problem, attach_grad, in_ptr, native_launch, out_ptr,
-                    register, stream_arg, table_candidate)
+from ._base import (Attr, Candidate, Input, OPS, OpDef, Problem, Sample, attach_grad, in_ptr, native_launch, out_ptr,
+                    register, sample_array, stream_arg, table_candidate)
 from ._face import FACES, Face
 
 MODULE = "_ops_indexing"
@@ -161,6 +161,7 @@ def _reference_expand_backward(dy, x_shape):
 
 EXPAND = _register(OpDef(
     name="expand",
+    samples=lambda rng: [Sample((sample_array(rng, 3, 1),), {"shape": (2, 3, 4)})],
     inputs=(Input("x"),),
     outputs=("y",),
     attrs=(Attr("shape", tuple, check=_shape_check, doc="the shape x is broadcast with (-1: x's dim)"),),
@@ -251,6 +252,7 @@ def _prepare_pad(problem: Problem):
 
 PAD = _register(OpDef(
     name="pad",
+    samples=lambda rng: [Sample((sample_array(rng, 3, 4),), {"pads": (1, 0, 2, 1), "mode": "reflect"})],
     inputs=(Input("x"),),
     outputs=("y",),
     attrs=(Attr("pads", tuple, check=_layout.ints_check, doc="begins of every axis, then ends (ONNX order)"),
@@ -300,6 +302,7 @@ def reference_roll(x, shifts, axes):
 
 ROLL = _register(OpDef(
     name="roll",
+    samples=lambda rng: [Sample((sample_array(rng, 4, 6),), {"shifts": (1,), "axes": (1,)})],
     inputs=(Input("x"),),
     outputs=("y",),
     attrs=(Attr("shifts", tuple, check=_layout.ints_check), Attr("axes", tuple, check=_layout.ints_check)),
@@ -337,6 +340,7 @@ def _reference_repeat_backward(dy, x_shape, repeats, axis):
 
 REPEAT_INTERLEAVE = _register(OpDef(
     name="repeat_interleave",
+    samples=lambda rng: [Sample((sample_array(rng, 2, 3),), {"repeats": 2, "axis": 1})],
     inputs=(Input("x"),),
     outputs=("y",),
     attrs=(Attr("repeats", int, check=lambda r: None if r >= 1 else "must be >= 1"), Attr("axis", int)),
@@ -370,6 +374,7 @@ def _reference_tile_backward(dy, x_shape, repeats):
 
 TILE = _register(OpDef(
     name="tile",
+    samples=lambda rng: [Sample((sample_array(rng, 2, 3),), {"repeats": (2, 1)})],
     inputs=(Input("x"),),
     outputs=("y",),
     attrs=(Attr("repeats", tuple, check=_layout.ints_check, doc="copies per axis"),),
@@ -432,6 +437,7 @@ def _prepare_gather(problem: Problem):
 
 GATHER = _register(OpDef(
     name="gather",
+    samples=lambda rng: [Sample((sample_array(rng, 5, 4), rng.integers(0, 5, (3,))), {"axis": 0})],
     inputs=(Input("x"), Input("indices")),
     outputs=("y",),
     attrs=(Attr("axis", int, 0),),
@@ -477,6 +483,7 @@ def _prepare_gather_elements(problem: Problem):
 
 GATHER_ELEMENTS = _register(OpDef(
     name="gather_elements",
+    samples=lambda rng: [Sample((sample_array(rng, 4, 5), rng.integers(0, 4, (2, 5))), {"axis": 0})],
     inputs=(Input("x"), Input("indices")),
     outputs=("y",),
     attrs=(Attr("axis", int, 0),),
@@ -522,6 +529,7 @@ def _prepare_cumsum(problem: Problem):
 
 CUMSUM = _register(OpDef(
     name="cumsum",
+    samples=lambda rng: [Sample((sample_array(rng, 4, 6),), {"axis": 1})],
     inputs=(Input("x"),),
     outputs=("y",),
     attrs=(Attr("axis", int), Attr("exclusive", bool, False), Attr("reverse", bool, False)),
@@ -557,6 +565,7 @@ def _prepare_trilu(problem: Problem):
 
 TRILU = _register(OpDef(
     name="trilu",
+    samples=lambda rng: [Sample((sample_array(rng, 4, 6),), {"k": 1})],
     inputs=(Input("x"),),
     outputs=("y",),
     attrs=(Attr("k", int, 0, doc="the diagonal: 0 main, > 0 above, < 0 below"), Attr("upper", bool, True)),
@@ -594,6 +603,7 @@ def _prepare_arange(problem: Problem):
 
 ARANGE = _register(OpDef(
     name="arange",
+    samples=lambda rng: [Sample((sample_array(rng, 4, 6),), {"axis": 1})],
     inputs=(Input("x"),),
     outputs=("y",),
     attrs=(Attr("axis", int, 0, doc="the axis of x whose extent is the count"), Attr("start", float, 0.0),
@@ -694,6 +704,7 @@ def _prepare_resize(problem: Problem):
 
 RESIZE = _register(OpDef(
     name="resize",
+    samples=lambda rng: [Sample((sample_array(rng, 1, 2, 3, 4),), {"size": (6, 8), "mode": "linear"})],
     inputs=(Input("x"),),
     outputs=("y",),
     attrs=(Attr("size", tuple, check=_size_check, doc="the output extents of the last two axes"),
@@ -747,6 +758,7 @@ def _infer_adaptive_avg_pool2d(in_types, attrs):
 
 ADAPTIVE_AVG_POOL2D = _register(OpDef(
     name="adaptive_avg_pool2d",
+    samples=lambda rng: [Sample((sample_array(rng, 1, 2, 6, 4),), {"output_size": (3, 2)})],
     inputs=(Input("x"),),
     outputs=("y",),
     attrs=(Attr("output_size", tuple, check=_size_check),),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from . import gemm
-from ._base import Candidate, Input, OpDef, Problem, as_float64, register
+from ._base import Candidate, Input, OpDef, Problem, Sample, as_float64, register, sample_array
 from ._face import Face
 
 _GEMM_DEFAULTS = gemm.OP.validate_attrs({}, "matmul")
@@ -52,6 +52,9 @@ def _via_gemm(candidate: Candidate) -> Candidate:
 
 OP = register(OpDef(
     name="matmul",
+    samples=lambda rng: [Sample((sample_array(rng, 4, 8), sample_array(rng, 8, 6))),
+                         Sample((sample_array(rng, 1, 5), sample_array(rng, 5, 3)), {}, "one row")],
+    flops=lambda in_types, out_types, attrs: 2.0 * out_types[0].numel * in_types[0].shape[-1],
     inputs=(Input("a"), Input("b")),
     outputs=("y",),
     attrs=(),

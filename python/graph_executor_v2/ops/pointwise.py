@@ -31,7 +31,7 @@ from ..dtypes import FLOAT_DTYPES, INT_DTYPES, is_float, result_type, to_numpy
 from ..ir.types import TensorType
 from . import _grad, _layout
 from .activations import sigmoid
-from ._base import OPS, Attr, Input, OpDef, Problem, attach_grad, register, require_inputs
+from ._base import Attr, Input, OPS, OpDef, Problem, Sample, attach_grad, register, require_inputs, sample_array
 from ._face import FACES, Face
 from ._scalar import expression, is_float_ctype, literal
 from .elementwise import broadcast_shapes, integer_result, reduce_to_shape
@@ -473,7 +473,10 @@ def _unary_def(spec: Unary) -> OpDef:
         with np.errstate(all="ignore"):
             return [np.asarray(out_grads[0], np.float64) * spec.derivative(np.asarray(inputs[0], np.float64), attrs)]
 
+    positive = spec.name in ("log", "log2", "sqrt", "rsqrt")  # samples where the op is real and finite
+    attrs = {"min": -0.5, "max": 0.5} if spec.name == "clip" else {}
     return OpDef(name=spec.name, inputs=(Input("x"),), outputs=("y",), attrs=spec.attrs, infer=_infer_unary(spec),
+                 samples=lambda rng: [Sample((sample_array(rng, 4, 6, positive=positive),), attrs)],
                  reference=reference, reference_backward=None if spec.derivative is None else reference_backward,
                  scalar=lambda args, attrs, ctype: expression(spec.body(ctype, attrs), ("x",), args, ctype),
                  doc=f"{spec.name}(x): {spec.doc}.")
@@ -498,7 +501,10 @@ def _binary_def(spec: Binary) -> OpDef:
         return grads
 
     differentiable = any(partial is not None for partial in spec.partials)
+    power = spec.name == "pow"  # samples: a positive base; a nonzero divisor for the others
     return OpDef(name=spec.name, inputs=(Input("a"), Input("b")), outputs=("y",), attrs=spec.attrs,
+                 samples=lambda rng: [Sample((sample_array(rng, 4, 6, positive=power),
+                                              sample_array(rng, 6, positive=not power)))],
                  infer=_infer_binary(spec), reference=reference,
                  reference_backward=reference_backward if differentiable else None,
                  scalar=lambda args, attrs, ctype: expression(spec.body(ctype, attrs), ("a", "b"), args, ctype),
@@ -525,6 +531,8 @@ for _spec in UNARY:
 for _spec in BINARY:
     register(_binary_def(_spec))
 register(OpDef(name="where", inputs=(Input("cond"), Input("a"), Input("b")), outputs=("y",), attrs=(),
+               samples=lambda rng: [Sample((sample_array(rng, 4, 6) > 0, sample_array(rng, 4, 6),
+                                            sample_array(rng, 6)))],
                infer=_infer_where, reference=_where_reference, reference_backward=_where_reference_backward,
                scalar=lambda args, attrs, ctype: expression("cond ? a : b", ("cond", "a", "b"), args, ctype),
                doc="where(cond, a, b): a where cond is true, else b; the three broadcast, a and b promote."))

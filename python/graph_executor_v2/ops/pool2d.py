@@ -31,8 +31,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _grad, _layout
-from ._base import (Attr, Candidate, Input, OPS, OpDef, Problem, attach_grad, in_ptr, native_launch, out_ptr, register,
-                    require_inputs, stream_arg, table_candidate)
+from ._base import (Attr, Candidate, Input, OPS, OpDef, Problem, Sample, attach_grad, in_ptr, native_launch, out_ptr,
+                    register, require_inputs, sample_array, stream_arg, table_candidate)
 from ._face import FACES, Face
 
 LAYOUTS = ("NCHW", "NHWC")
@@ -434,6 +434,7 @@ def _reference_avg_backward(inputs, outputs, out_grads, attrs):
 
 
 MAX_OP = register(OpDef(
+    samples=lambda rng: [Sample((sample_array(rng, 2, 3, 5, 4),), {"kernel_size": 2, "stride": 1})],
     name="max_pool2d", inputs=(Input("x"),), outputs=("y", "indices"), attrs=_window_attrs(True), infer=_infer_max,
     reference=_reference_max, reference_backward=_reference_max_backward,
     candidates=_candidate("window", _window_launch("max", False)), doc=OPS_DOC["max_pool2d"]))
@@ -446,6 +447,7 @@ MAX_BACKWARD_OP = _grad.register_backward(OpDef(
     doc="max_pool2d_backward(dy, indices, x) -> dx (x gives the shape only)"))
 
 AVG_OP = register(OpDef(
+    samples=lambda rng: [Sample((sample_array(rng, 2, 3, 5, 4),), {"kernel_size": 2, "stride": 1})],
     name="avg_pool2d", inputs=(Input("x"),), outputs=("y",), attrs=_window_attrs(False), infer=_infer_avg,
     reference=_reference_avg, reference_backward=_reference_avg_backward,
     candidates=_candidate("window", _window_launch("avg", False)), doc=OPS_DOC["avg_pool2d"]))
@@ -460,6 +462,7 @@ AVG_BACKWARD_OP = _grad.register_backward(OpDef(
 _GLOBAL_ATTRS = (Attr("layout", str, "NCHW", choices=LAYOUTS, doc="NCHW or NHWC"),)
 
 GLOBAL_OP = register(OpDef(
+    samples=lambda rng: [Sample((sample_array(rng, 2, 3, 2, 5),))],
     name="global_avg_pool", inputs=(Input("x"),), outputs=("y",), attrs=_GLOBAL_ATTRS, infer=_infer_global,
     reference=lambda inputs, attrs: [reference_global(inputs[0], attrs["layout"])],
     reference_backward=lambda inputs, outputs, out_grads, attrs: [

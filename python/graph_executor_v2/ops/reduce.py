@@ -27,8 +27,8 @@ from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _layout
-from ._base import (Attr, Input, OPS, OpDef, Problem, as_float64, in_ptr, native_launch, out_ptr, register, stream_arg,
-                    table_candidate)
+from ._base import (Attr, Input, OPS, OpDef, Problem, Sample, as_float64, in_ptr, native_launch, out_ptr, register,
+                    sample_array, stream_arg, table_candidate)
 from ._face import FACES, Face
 
 OP_NAMES = ("sum", "mean", "max")
@@ -219,9 +219,19 @@ def _make_candidate(op, name):
     return table_candidate("_ops_reduce", name, supports, prepare)
 
 
+def _samples(op):
+    def samples(rng):
+        # max: distinct values (its gradient goes to the one maximum, so ties would make the gradient ambiguous)
+        x = rng.permutation(24).reshape(4, 6).astype(np.float32) if op == "max" else sample_array(rng, 4, 6)
+        return [Sample((x,), {"axis": 1}), Sample((sample_array(rng, 3, 5),), {"axis": None}, "every axis")]
+
+    return samples
+
+
 def _register(op):
     return register(OpDef(
         name=op,
+        samples=_samples(op),
         inputs=(Input("x"),),
         outputs=("y",),
         attrs=(

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import _native
 from . import _row_norm
-from ._base import Attr, Input, OpDef, as_float64, register
+from ._base import Attr, Input, OpDef, Sample, as_float64, register, sample_array
 
 DEFAULT_EPS = 1e-6
 
@@ -80,6 +80,8 @@ def _reference_backward(inputs, outputs, out_grads, attrs):
 
 OP = register(OpDef(
     name="rmsnorm",
+    samples=lambda rng: [Sample((sample_array(rng, 4, 8), sample_array(rng, 8))),
+                         Sample((sample_array(rng, 3, 5), sample_array(rng, 5)), {}, "odd rows")],
     inputs=tuple(Input(name) for name in _INPUTS),
     outputs=("y",),
     attrs=(Attr("eps", float, DEFAULT_EPS, check=_row_norm.eps_problem, doc="added to the mean square"),),

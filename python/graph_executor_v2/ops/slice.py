@@ -26,7 +26,8 @@ from .. import _native
 from .. import device as _device
 from ..ir.types import TensorType
 from . import _layout
-from ._base import Attr, Input, OpDef, Problem, in_ptr, native_launch, out_ptr, register, stream_arg, table_candidate
+from ._base import (Attr, Input, OpDef, Problem, Sample, in_ptr, native_launch, out_ptr, register, sample_array,
+                    stream_arg, table_candidate)
 from ._face import Face
 
 _BIG = 2**31 - 1  # an end at least this large slices a symbolic axis to its end
@@ -213,6 +214,8 @@ def _prepare(problem: Problem):
 
 OP = register(OpDef(
     name="slice",
+    samples=lambda rng: [Sample((sample_array(rng, 5, 6),),
+                                {"starts": (1,), "ends": (5,), "axes": (1,), "steps": (2,)})],
     inputs=(Input("x"),),
     outputs=("y",),
     attrs=(

@@ -30,7 +30,8 @@ from .. import _native
 from .. import device as _device
 from ..dtypes import FLOAT_DTYPES
 from . import _layout
-from ._base import Attr, Input, OPS, OpDef, Problem, as_float64, native_launch, register, table_candidate
+from ._base import (Attr, Input, OPS, OpDef, Problem, Sample, as_float64, native_launch, register, sample_array,
+                    table_candidate)
 from ._face import FACES, Face
 
 OP_NAMES = ("softmax", "log_softmax")
@@ -156,6 +157,8 @@ def _make_candidate(op, name):
 def _register(op):
     return register(OpDef(
         name=op,
+        samples=lambda rng: [Sample((sample_array(rng, 4, 6),), {"axis": 0}, "the first axis (strided)"),
+                             Sample((sample_array(rng, 3, 5),), {}, "the last axis, odd length")],
         inputs=(Input("x"),),
         outputs=("y",),
         attrs=(Attr("axis", int, -1, doc="the axis the softmax normalizes over"),),

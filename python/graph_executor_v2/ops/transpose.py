@@ -37,8 +37,8 @@ from ..dtypes import itemsize
 from ..ir import dims
 from ..ir.types import TensorType
 from . import _layout
-from ._base import (Attr, Candidate, Input, OpDef, Problem, in_ptr, native_launch, out_ptr, register, stream_arg,
-                    table_candidate)
+from ._base import (Attr, Candidate, Input, OpDef, Problem, Sample, in_ptr, native_launch, out_ptr, register,
+                    sample_array, stream_arg, table_candidate)
 from ._face import FACES, Face
 
 
@@ -217,6 +217,7 @@ def _prepare_reshape_copy(problem: Problem):
 
 TRANSPOSE = register(OpDef(
     name="transpose",
+    samples=lambda rng: [Sample((sample_array(rng, 2, 3, 4),), {"perm": (2, 0, 1)})],
     inputs=(Input("x"),),
     outputs=("y",),
     attrs=(Attr("perm", tuple, check=_layout.ints_check, doc="output axis k is input axis perm[k]"),),
@@ -251,6 +252,7 @@ globals().update(FACES["transpose"].functions())
 
 RESHAPE = register(OpDef(
     name="reshape",
+    samples=lambda rng: [Sample((sample_array(rng, 4, 6),), {"shape": (3, -1)})],
     inputs=(Input("x"),),
     outputs=("y",),
     attrs=(Attr("shape", tuple, check=_shape_check,

@@ -1,9 +1,11 @@
 """What a plan spends its time on: per node its kernel, median time, share, achieved rate and roofline fraction.
 
 Nodes are timed one by one on one stream (CUDA events between consecutive nodes on the GPU, the host clock on the
-CPU), medians over the runs. A GEMM-like node (``gemm``, ``matmul``) is measured in TFLOP/s against the device's
-tensor-core (or float32) peak; every other node in GB/s (inputs read plus outputs written) against the copy
-bandwidth. The whole plan is timed too, node by node on its streams and as a CUDA-graph replay.
+CPU), medians over the runs. Each op counts its own work (``OpDef.flops`` / ``OpDef.bytes_moved``): a node with
+FLOPs (gemm, matmul, conv2d, attention and their backwards) is measured in TFLOP/s against the device's peak for
+its dtype, every other node in GB/s against the measured copy bandwidth (``roofline.py``: computed from the
+device's properties, so any GPU gets one). The whole plan is timed too, node by node on its streams and as a
+CUDA-graph replay.
 """
 from __future__ import annotations
 
@@ -14,26 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..codegen.compiler import STATS, describe_build
-from ..dtypes import itemsize
-
-
-@dataclass(frozen=True)
-class Roofline:
-    """Peaks of one GPU kind, measured with PyTorch on the test machine (shared/GPU.md)."""
-
-    matmul_flops: dict  # dtype -> FLOP/s
-    copy_bytes_per_s: float  # read + write
-
-
-# The one table of device peaks; keyed by a substring of the device name. A device not listed gets no fractions.
-ROOFLINES = {
-    "H100": Roofline({"float16": 700e12, "bfloat16": 700e12, "float32": 60e12}, 3.0e12),
-}
-MATMUL_OPS = ("gemm", "matmul")
-
-
-def roofline_for(gpu_name: str) -> Roofline | None:
-    return next((roofline for key, roofline in ROOFLINES.items() if key in gpu_name), None)
+from ..ir.schema import OPS
+from .roofline import current as current_roofline
 
 
 @dataclass(frozen=True)
@@ -45,7 +29,7 @@ class NodeTime:
     stream: int
     median_ms: float
     share: float  # of the sum of the node medians
-    rate: float  # FLOP/s for GEMM-like nodes, bytes/s otherwise
+    rate: float  # FLOP/s for nodes that count FLOPs, bytes/s otherwise
     unit: str  # "TFLOP/s" or "GB/s"
     roofline_fraction: float | None
 
@@ -94,12 +78,14 @@ class Profile:
 
 
 def _work(node) -> tuple[float, str]:
-    """(amount, unit) of one node: FLOPs of a GEMM-like node (2 * A's elements * N), else bytes moved."""
-    if node.op in MATMUL_OPS:
-        a, y = node.inputs[0].type, node.outputs[0].type
-        return 2.0 * a.numel * y.shape[-1], "TFLOP/s"
-    moved = sum(v.type.numel * itemsize(v.type.dtype) for v in (*node.inputs, *node.outputs) if v is not None)
-    return float(moved), "GB/s"
+    """(amount, unit) of one node, as its op counts it: FLOPs when it counts any, else bytes moved."""
+    opdef = OPS[node.op]
+    in_types = [None if v is None else v.type for v in node.inputs]
+    out_types = [v.type for v in node.outputs]
+    flops = opdef.flop_count(in_types, out_types, node.attrs)
+    if flops > 0:
+        return flops, "TFLOP/s"
+    return opdef.byte_count(in_types, out_types, node.attrs), "GB/s"
 
 
 def profile_plan(executor, plan, runs: int) -> Profile:
@@ -108,7 +94,7 @@ def profile_plan(executor, plan, runs: int) -> Profile:
     steps = plan.steps
     per_node = [[] for _ in steps]
     whole = []
-    on_gpu = executor.device == "cuda"
+    on_gpu = backend.asynchronous
     if on_gpu:
         runtime = backend.runtime
         stream = executor._stream_handles[0]
@@ -136,7 +122,7 @@ def profile_plan(executor, plan, runs: int) -> Profile:
             whole.append((time.perf_counter() - started) * 1e3)
         node_by_node, replayed = statistics.median(whole), None
 
-    roofline = roofline_for(executor.capabilities.gpu_name) if on_gpu else None
+    roofline = current_roofline(backend.runtime, executor.capabilities.setup) if on_gpu else None
     medians = [statistics.median(times) for times in per_node]
     total = sum(medians) or 1.0
     rows = []
@@ -145,8 +131,7 @@ def profile_plan(executor, plan, runs: int) -> Profile:
         rate = amount / (median_ms * 1e-3) if median_ms > 0 else 0.0
         fraction = None
         if roofline is not None:
-            peak = (roofline.matmul_flops.get(node.outputs[0].type.dtype) if unit == "TFLOP/s"
-                    else roofline.copy_bytes_per_s)
+            peak = roofline.peak(unit, node.outputs[0].type.dtype)
             fraction = rate / peak if peak else None
         rows.append(NodeTime(node.name, node.op, selection.kernel, selection.is_fallback, step.stream, median_ms,
                              median_ms / total, rate, unit, fraction))

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1] / "python" / PACKAGE
 
 # Lowest first. Modules of one layer may import each other; a module imports only its own layer and those below.
 LAYERS = [
-    ["dtypes"],                                           # dtype names and NumPy types
+    ["dtypes", "_optional", "_suggest", "_help"],          # dtype names; optional imports, did-you-mean, CLI help
     ["ir"],                                               # tensor types, the op schema, the graph: no device
     ["_native", "device"],                                # the native runtime and device arrays
     ["selection"],                                        # the kernel selector

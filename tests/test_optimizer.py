@@ -172,6 +172,31 @@ def test_reference_loss_scaling_skips_and_grows(rng):
     assert (reference.step_count, reference.loss_scale, reference.good_steps) == (2, 8.0, 0)
 
 
+def test_reference_skip_nonfinite_drops_and_counts(rng):
+    """skip_nonfinite (the trainer's non-finite check): an inf/NaN gradient drops the whole step, counts it and keeps
+    the attempt of the first (step + nonfinite_steps); the learning rate schedule does not advance."""
+    config = opt.OptimizerConfig("adam", 0.1, skip_nonfinite=True)
+    assert config.needs_norm
+    reference = opt.ReferenceOptimizer(config)
+    params = [rng.standard_normal(4), rng.standard_normal(3)]
+    states = [{name: np.zeros(len(p)) for name in config.state_names} for p in params]
+    reference.step(params, [rng.standard_normal(4), rng.standard_normal(3)], states)
+    before = [p.copy() for p in params] + [s[k].copy() for s in states for k in sorted(s)]
+    for bad in (np.nan, np.inf):
+        grads = [rng.standard_normal(4), rng.standard_normal(3)]
+        grads[1][2] = bad
+        reference.step(params, grads, states)
+        assert reference.skipped
+    after = [p.copy() for p in params] + [s[k].copy() for s in states for k in sorted(s)]
+    for old, new in zip(before, after):
+        np.testing.assert_array_equal(old, new)
+    assert (reference.step_count, reference.nonfinite_steps, reference.first_nonfinite) == (1, 2, 2)
+    reference.step(params, [rng.standard_normal(4), rng.standard_normal(3)], states)
+    assert not reference.skipped and reference.step_count == 2 and reference.nonfinite_steps == 2
+    with pytest.raises(TypeError, match="skip_nonfinite: expected a bool"):
+        opt.OptimizerConfig("sgd", 0.1, skip_nonfinite=1)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # GPU: fused kernels against the float64 reference
 # ---------------------------------------------------------------------------------------------------------------
@@ -477,3 +502,29 @@ def test_step_replays_in_a_cuda_graph(rng):
         problem.reference.step(problem.reference_params, [g.astype(np.float64) for g in grads], problem.host_states)
     state = problem.check(rtol=1e-5)
     assert state["lr"] == pytest.approx(opt.scheduled_lr(config, 5), rel=1e-6)
+
+
+@gpu
+def test_skip_nonfinite_on_the_device(rng):
+    """The fused step's device-side non-finite flag: a NaN/inf gradient drops the step for every tensor (parameters,
+    states and low-precision copies unchanged), counts it in the Control block and keeps its attempt, without loss
+    scaling; then steps go on as the reference's."""
+    config = opt.OptimizerConfig("adamw", 1e-2, skip_nonfinite=True)
+    problem = _Problem(rng, config, [5, 300], grad_dtype="bfloat16", low_dtype="bfloat16", chunk_size=128)
+    problem.step()
+    before = [p.numpy() for p in problem.params] + [low.numpy() for low in problem.lows]
+    for bad in (np.nan, -np.inf):
+        grads = [rng.standard_normal(n).astype(np.float32) for n in problem.sizes]
+        grads[1][211] = bad
+        problem.step(grads)
+        state = problem.fused.read_state()
+        assert (state["skipped"], state["step"]) == (1, 1)
+    for array, expected in zip(list(problem.params) + list(problem.lows), before):
+        np.testing.assert_array_equal(array.numpy(), expected)
+    assert (state["nonfinite_steps"], state["first_nonfinite"]) == (2, 2)
+    assert (problem.reference.nonfinite_steps, problem.reference.first_nonfinite) == (2, 2)
+    problem.step()
+    state = problem.check("bfloat16")
+    assert (state["skipped"], state["step"], state["nonfinite_steps"]) == (0, 2, 2)
+    problem.fused.set_state(step=2, loss_scale=1.0, nonfinite_steps=2)
+    assert problem.fused.read_state()["first_nonfinite"] == 0

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._optional import require
+
 # (atol, rtol) against a float64 reference, per result dtype. "tf32" is float32 storage with TF32 matmul inputs.
 _TOLERANCES = {
     "float64": (1e-12, 1e-12),
@@ -111,7 +113,7 @@ def torch_mlp_block(width: int):
     """A PyTorch pre-norm transformer MLP block with a residual (what a GPT block is around its attention):
     ``x + down(gelu_tanh(up(layernorm(x))))``, hidden width ``4 * width``; the model the torch frontend tests and the
     ONNX benchmark import. Needs PyTorch."""
-    import torch
+    torch = require("torch", "ge2.testing.torch_mlp_block")
 
     class MlpBlock(torch.nn.Module):
         def __init__(self):

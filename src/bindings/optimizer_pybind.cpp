@@ -50,7 +50,8 @@ void grad_norm(std::uintptr_t tensors, std::uintptr_t chunks, int64_t num_chunks
   opt::grad_norm(args, as_stream(stream));
 }
 
-void finalize(std::uintptr_t control, std::uintptr_t partials, int64_t num_partials, bool scaling, double max_norm,
+void finalize(std::uintptr_t control, std::uintptr_t partials, int64_t num_partials, bool scaling,
+              bool skip_nonfinite, double max_norm,
               const std::string& schedule, double lr, double min_lr, int64_t warmup_steps, int64_t total_steps,
               const std::string& algorithm, double beta1, double beta2, double weight_decay, double growth_factor,
               double backoff_factor, int64_t growth_interval, std::uintptr_t stream) {
@@ -59,6 +60,7 @@ void finalize(std::uintptr_t control, std::uintptr_t partials, int64_t num_parti
   args.partials = as_pointer<const float>(partials);
   args.num_partials = num_partials;
   args.scaling = scaling;
+  args.skip_nonfinite = skip_nonfinite;
   args.max_norm = static_cast<float>(max_norm);
   args.schedule = schedule_from_name(schedule);
   args.lr = lr;
@@ -113,6 +115,8 @@ py::dict control_layout() {
   layout["lr"] = py::make_tuple(offsetof(opt::Control, lr), "float32");
   layout["skipped"] = py::make_tuple(offsetof(opt::Control, skipped), "int32");
   layout["nonfinite"] = py::make_tuple(offsetof(opt::Control, nonfinite), "int32");
+  layout["nonfinite_steps"] = py::make_tuple(offsetof(opt::Control, nonfinite_steps), "int32");
+  layout["first_nonfinite"] = py::make_tuple(offsetof(opt::Control, first_nonfinite), "int32");
   return layout;
 }
 
@@ -125,11 +129,11 @@ PYBIND11_MODULE(_ops_optimizer, m) {
         py::arg("chunk_size"), py::arg("grad_dtype"), py::arg("control"), py::arg("partials"), py::arg("unscale"),
         py::arg("stream"), "Enqueues the per-chunk sums of squares of (unscaled) gradients and the overflow flag.");
   m.def("finalize", &finalize, py::arg("control"), py::arg("partials"), py::arg("num_partials"),
-        py::arg("scaling"), py::arg("max_norm"), py::arg("schedule"), py::arg("lr"), py::arg("min_lr"),
+        py::arg("scaling"), py::arg("skip_nonfinite"), py::arg("max_norm"), py::arg("schedule"), py::arg("lr"), py::arg("min_lr"),
         py::arg("warmup_steps"), py::arg("total_steps"), py::arg("algorithm"), py::arg("beta1"), py::arg("beta2"),
         py::arg("weight_decay"), py::arg("growth_factor"), py::arg("backoff_factor"), py::arg("growth_interval"),
         py::arg("stream"),
-        "Enqueues the one-block step prologue: global norm, skip decision, step counter, schedule, loss scale.");
+        "Enqueues the one-block step prologue: global norm, skip decision (overflow, non-finite), step counter, schedule, loss scale.");
   m.def("step", &step, py::arg("tensors"), py::arg("chunks"), py::arg("num_chunks"), py::arg("chunk_size"),
         py::arg("algorithm"), py::arg("grad_dtype"), py::arg("low_dtype"), py::arg("control"), py::arg("beta1"),
         py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("decoupled"), py::arg("amsgrad"),

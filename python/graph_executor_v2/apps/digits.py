@@ -12,12 +12,14 @@ Reports the test accuracy and writes the loss curve as a PNG when matplotlib is 
 """
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
 
 from .. import device as _device
 from .. import nn
+from .._optional import require
 from ..ir import Graph
 from ..runtime import ExecutorV2
 from ..nn.losses import cross_entropy
@@ -71,8 +73,8 @@ class DigitsCnn(nn.Module):
 
 def load_split(seed: int):
     """(x_train, y_train, x_test, y_test): float32 pixels in [0, 1], int64 labels, a stratified 80/20 split."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    load_digits = require("sklearn.datasets", "the digits data set (scikit-learn's)").load_digits
+    train_test_split = require("sklearn.model_selection", "the digits data set (scikit-learn's)").train_test_split
 
     digits = load_digits()
     x = (digits.data / 16.0).astype(np.float32)
@@ -82,7 +84,7 @@ def load_split(seed: int):
 
 
 def train_digits(device: str = "auto", epochs: int | None = None, batch_size: int = 64, hidden: int = 128,
-                 lr: float = 3e-3, seed: int = 0, plot: str | None = "digits_loss.png", progress: bool = True,
+                 lr: float = 3e-3, seed: int = 0, plot: str | None = "runs/digits_loss.png", progress: bool = True,
                  model: str = "mlp", width: int = 16) -> dict:
     """Trains and evaluates ``model`` ("mlp": ``hidden`` units; "cnn": ``DigitsCnn(width)``) for ``epochs`` (None:
     the model's default); returns {"accuracy", "history", "seconds", "device", "plot", "trainer", "model"}."""
@@ -138,6 +140,8 @@ def _plot(losses, path: str, epochs: int, model: str) -> str | None:
     axis.set_yscale("log")
     axis.set_title(f"digits {model.upper()}, {epochs} epochs")
     figure.tight_layout()
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return path
@@ -156,7 +160,7 @@ def main(arguments) -> int:
     required = REQUIRED_CNN_ACCURACY if result["model"] == "cnn" else REQUIRED_ACCURACY
     print(f"test accuracy ({result['model']}): {result['accuracy'] * 100:.2f}% (required >= {required * 100:.0f}%)")
     if result["plot"]:
-        print(f"loss curve: {result['plot']}")
+        print(f"loss curve: written to {result['plot']}")
     elif arguments.plot:
-        print("loss curve: not written (pip install matplotlib, or the [plot] extra)")
+        print("loss curve: not written: matplotlib is not installed (pip install graph_executor_v2[plot])")
     return 0 if result["accuracy"] >= required else 1

@@ -14,6 +14,7 @@ configuration that trains in seconds.
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, replace
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from .. import device as _device
 from .. import nn
+from .._optional import require
 from ..datasets import python_source_corpus, random_windows, unigram_entropy
 from ..models.gpt import GPT, GPTConfig
 from ..train.optimizers import AdamW, Cosine
@@ -126,8 +128,7 @@ def train_gpt(run: RunConfig, device: str, plot: str | None = None, progress: bo
 def _progress_bar(total: int, enabled: bool):
     if not enabled:
         return None
-    from tqdm.auto import tqdm
-
+    tqdm = require("tqdm.auto", "train-gpt's progress bar (--no-progress goes without)").tqdm
     return tqdm(total=total, unit="step", leave=True)
 
 
@@ -148,6 +149,8 @@ def _plot(history: dict, entropy: float, path: str, run: RunConfig) -> str | Non
     axis.set_title(f"GPT {run.layers}x{run.width}, {run.heads} heads, context {run.context}: Python stdlib bytes")
     axis.legend()
     figure.tight_layout()
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return path
@@ -189,7 +192,7 @@ def main(arguments) -> int:
           f"unigram entropy {entropy:.4f} nats/byte ({entropy / math.log(2):.3f} bits/byte) by "
           f"{entropy - final:+.4f}")
     if result["plot"]:
-        print(f"loss curve: {result['plot']}")
+        print(f"loss curve: written to {result['plot']}")
     elif arguments.plot:
-        print("loss curve: not written (pip install matplotlib, or the [plot] extra)")
+        print("loss curve: not written: matplotlib is not installed (pip install graph_executor_v2[plot])")
     return 0

@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 
+from .._help import HelpFormatter
+
 
 def _free_port(host: str) -> int:
     with socket.socket() as probe:
@@ -35,15 +37,15 @@ def _check_port(host: str, port: int) -> None:
 
 def parse(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m graph_executor_v2.distributed.run", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--nproc-per-node", type=int, required=True, help="processes on this node (one per GPU)")
-    parser.add_argument("--nnodes", type=int, default=1)
-    parser.add_argument("--node-rank", type=int, default=0)
+    parser.add_argument("--nnodes", type=int, default=1, help="nodes (hosts) in the job")
+    parser.add_argument("--node-rank", type=int, default=0, help="this node's index among them")
     parser.add_argument("--master-addr", default="127.0.0.1", help="rank 0's address (its node hosts the store)")
     parser.add_argument("--master-port", type=int, default=29500, help="0: a free port (single node only)")
     parser.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL on failure")
-    parser.add_argument("script")
-    parser.add_argument("script_args", nargs=argparse.REMAINDER)
+    parser.add_argument("script", help="the training script each process runs")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
     arguments = parser.parse_args(argv)
     if arguments.nproc_per_node < 1:
         parser.error(f"--nproc-per-node: expected >= 1, got {arguments.nproc_per_node}")

@@ -23,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from .._optional import require
 from ..dtypes import ALL_DTYPES, FLOAT_DTYPES
 from ..ir import dims
 from ..ir.graph import Graph, Value
@@ -35,11 +36,7 @@ MIN_OPSET = 13
 
 
 def _onnx():
-    try:
-        import onnx
-    except ImportError as error:  # pragma: no cover - the extra is declared in pyproject.toml
-        raise ImportError("ge2.frontend.onnx needs the 'onnx' package: pip install graph_executor_v2[onnx]") from error
-    return onnx
+    return require("onnx", "ge2.frontend.onnx")
 
 
 # ONNX TensorProto element types GE2 has (the rest are reported as unsupported).
@@ -1368,6 +1365,26 @@ def supported_op_types() -> list[str]:
     return sorted(RULES)
 
 
+def read_model(path) -> "onnx.ModelProto":
+    """The ModelProto in the file ``path``; OSError (missing, a directory) or ValueError (not an ONNX model) naming
+    the file."""
+    onnx = _onnx()
+    name = os.fspath(path)
+    if os.path.isdir(name):
+        raise IsADirectoryError(f"model: {name!r} is a directory, not an .onnx file")
+    try:
+        model = onnx.load(name)
+    except OSError:
+        raise  # names the file already
+    except Exception as error:  # protobuf's DecodeError and its relatives
+        raise ValueError(f"model: {name!r} is not an ONNX model: it does not parse as an ONNX protobuf "
+                         f"({type(error).__name__}: {error})") from None
+    if not model.HasField("graph"):
+        raise ValueError(f"model: {name!r} is not an ONNX model: it holds no graph "
+                         f"({os.path.getsize(name)} bytes)")
+    return model
+
+
 def load(model, input_shapes: dict | None = None, constant_inputs: dict | None = None, name: str | None = None) -> Graph:
     """An ONNX model (a path, the serialized bytes, a binary file-like object or a ``ModelProto``, as
     ``onnx.load`` takes) as a GE2 graph.
@@ -1378,7 +1395,7 @@ def load(model, input_shapes: dict | None = None, constant_inputs: dict | None =
     listing every node GE2 cannot import (and, in ``constant_inputs``, which inputs want a fixed value)."""
     onnx = _onnx()
     if isinstance(model, (str, os.PathLike)):
-        model = onnx.load(os.fspath(model))
+        model = read_model(model)
     elif isinstance(model, (bytes, bytearray, memoryview)):
         model = onnx.load_model_from_string(bytes(model))
     elif hasattr(model, "read"):
@@ -1498,4 +1515,4 @@ def _constant_value(attrs: dict) -> np.ndarray:
     raise Unsupported(f"Constant with attribute(s) {sorted(attrs)}")
 
 
-__all__ = ["load", "supported_op_types", "UnsupportedModelError", "RULES", "MIN_OPSET"]
+__all__ = ["load", "read_model", "supported_op_types", "UnsupportedModelError", "RULES", "MIN_OPSET"]

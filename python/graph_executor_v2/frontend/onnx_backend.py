@@ -10,11 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
-from onnx.backend.base import Backend, BackendRep
 
-from ..runtime import ExecutorV2
-from .onnx import UnsupportedModelError, _dtype_names, load, supported_op_types
+from .._optional import require
+
+onnx = require("onnx", "the ONNX conformance runner (ge2.frontend.onnx_backend)")
+from onnx.backend.base import Backend, BackendRep  # noqa: E402 (after the check that names the extra)
+
+from ..runtime import ExecutorV2  # noqa: E402
+from .onnx import UnsupportedModelError, _dtype_names, load, supported_op_types  # noqa: E402
 
 _DEVICES = {"CPU": "cpu", "CUDA": "cuda"}
 

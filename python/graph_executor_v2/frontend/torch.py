@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 
+from .._optional import require
 from ..dtypes import is_float, normalize, result_type, to_numpy
 from ..ir import dims
 from ..ir.graph import Graph, Value
@@ -21,11 +22,7 @@ from ._errors import Unsupported, UnsupportedModelError
 
 
 def _torch():
-    try:
-        import torch
-    except ImportError as error:
-        raise ImportError("ge2.frontend.torch needs PyTorch (pip install torch)") from error
-    return torch
+    return require("torch", "ge2.frontend.torch")
 
 
 class _Context:

@@ -17,6 +17,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from .._suggest import did_you_mean
 from ..dtypes import normalize
 from .printer import format_graph
 from .schema import OPS, REQUIRED, VARIADIC_OUTPUTS, OpDef
@@ -72,6 +73,9 @@ class Node:
 
     def __repr__(self) -> str:
         return f"<Node {self.name}: {self.op}>"
+
+
+OPS_LISTING = "sorted(graph_executor_v2.ops.OPS)"
 
 
 class UnknownOpError(AttributeError, ValueError):
@@ -135,7 +139,7 @@ class Graph:
         where = f"node '{node_name}' ({op})"
         opdef = OPS.get(op)
         if opdef is None:
-            raise ValueError(f"{where}: unknown op '{op}'; registered ops: {', '.join(sorted(OPS))}")
+            raise ValueError(f"{where}: unknown op '{op}'; {did_you_mean(op, OPS, OPS_LISTING)}")
         if node_name in self._node_names:
             raise ValueError(f"{where}: the node name is already used")
         inputs = list(inputs)
@@ -168,7 +172,7 @@ class Graph:
     def __getattr__(self, op: str):
         """``g.<op>(*inputs, name=None, **attrs)``: the builder of every registered op, generated from its OpDef."""
         if op.startswith("_") or op not in OPS:
-            raise UnknownOpError(f"Graph has no attribute or op '{op}'; registered ops: {', '.join(sorted(OPS))}")
+            raise UnknownOpError(f"Graph has no attribute or op '{op}'; {did_you_mean(op, OPS, OPS_LISTING)}")
         return _builder(self, OPS[op])
 
     def __dir__(self):

@@ -44,6 +44,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .._suggest import did_you_mean
 from ..dtypes import to_numpy
 from .types import TensorType
 
@@ -213,8 +214,10 @@ class OpDef:
         """Full attribute dict with defaults filled in; unknown or missing attributes raise, naming ``where``."""
         unknown = set(attrs) - set(self.attr_map)
         if unknown:
-            raise ValueError(f"{where}: unknown attribute(s) {sorted(unknown)} for op '{self.name}'; "
-                             f"expected among {sorted(self.attr_map)}")
+            hints = "; ".join((f"'{name}': " if len(unknown) > 1 else "")
+                              + did_you_mean(name, self.attr_map, "the OpDef") for name in sorted(unknown))
+            raise ValueError(f"{where}: unknown attribute(s) {sorted(unknown)} for op '{self.name}'; {hints} "
+                             f"(its attributes: {sorted(self.attr_map)})")
         result = {}
         for attr in self.attrs:
             if attr.name in attrs:

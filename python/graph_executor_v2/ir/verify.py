@@ -5,8 +5,9 @@ executor compiles, and after every pass when the pass manager is asked to verify
 """
 from __future__ import annotations
 
+from .._suggest import did_you_mean
 from .schema import OPS
-from .graph import Graph, Value, check_arity, infer_types, input_names
+from .graph import OPS_LISTING, Graph, Value, check_arity, infer_types, input_names
 
 
 def verify(graph: Graph) -> None:
@@ -42,7 +43,7 @@ def verify(graph: Graph) -> None:
         node_names.add(node.name)
         opdef = OPS.get(node.op)
         if opdef is None:
-            raise ValueError(f"{where}: unknown op '{node.op}'")
+            raise ValueError(f"{where}: unknown op '{node.op}'; {did_you_mean(node.op, OPS, OPS_LISTING)}")
         check_arity(opdef, node.inputs, where)
         for schema_name, value in zip(input_names(opdef, len(node.inputs)), node.inputs):
             if value is not None and value not in defined:

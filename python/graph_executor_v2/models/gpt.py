@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import nn
+from .._optional import require
 from ..ir.graph import Graph
 
 
@@ -102,8 +103,7 @@ def torch_gpt_block(config: GPTConfig, attention: str = "sdpa"):
     Needs PyTorch."""
     if attention not in ATTENTION_FORMS:
         raise ValueError(f"attention: expected one of {', '.join(ATTENTION_FORMS)}, got {attention!r}")
-    import torch
-
+    torch = require("torch", "ge2.models.torch_gpt_block")
     F = torch.nn.functional
 
     class Attention(torch.nn.Module):
@@ -153,8 +153,7 @@ def torch_gpt(config: GPTConfig):
     model.state_dict().items()})`` gives it a GE2 model's weights: the reference of the parity tests and the
     benchmark. ``forward(ids, targets)`` returns the mean cross-entropy (computed in float32 under autocast). It is
     initialised as PyTorch's layers are, not as GPT-2: load a GE2 model's weights for parity. Needs PyTorch."""
-    import torch
-
+    torch = require("torch", "ge2.models.torch_gpt")
     F = torch.nn.functional
 
     class TorchGPT(torch.nn.Module):

@@ -8,6 +8,7 @@ norms on batch statistics with their running-statistic updates as outputs; eval 
 from __future__ import annotations
 
 from .. import nn
+from .._optional import require
 from ..nn.losses import cross_entropy
 
 
@@ -76,8 +77,7 @@ def torch_resnet18(num_classes: int = 1000):
     """The same ResNet-18 in plain PyTorch (``torch.nn``; torchvision's layout and state-dict names, so GE2's and
     torchvision's weights load into it, and torchvision need not be installed): the reference of the GPU tests and
     the ONNX benchmark. Needs PyTorch."""
-    import torch
-
+    torch = require("torch", "ge2.models.torch_resnet18")
     nn = torch.nn
 
     class TorchBasicBlock(nn.Module):

@@ -14,10 +14,12 @@ This op updates lists of tensors rather than mapping inputs to outputs, so its f
 
 One step, in stream order (all of its state lives in a 64-byte device ``Control`` block):
 
-1. ``grad_norm`` (per dtype group; only with clipping or loss scaling): per-chunk sums of squares of the
+1. ``grad_norm`` (per dtype group; only with clipping, loss scaling or ``skip_nonfinite``): per-chunk sums of squares of the
    unscaled gradients and a non-finite flag.
-2. ``finalize`` (one block): global L2 norm (fixed-order reduction: deterministic); with loss scaling, an inf/NaN
-   gradient makes the step a no-op for every tensor; otherwise the device step counter is incremented and the
+2. ``finalize`` (one block): global L2 norm (fixed-order reduction: deterministic); with loss scaling or
+   ``skip_nonfinite``, an inf/NaN gradient makes the step a no-op for every tensor (``skip_nonfinite`` without loss
+   scaling also counts it, ``nonfinite_steps``, and keeps the first such attempt, ``first_nonfinite``: the
+   device-side flag a trainer reads with its loss, with no synchronisation of its own); otherwise the device step counter is incremented and the
    learning rate evaluated from it (``constant``, ``linear_warmup``, ``cosine`` with warm-up), with Adam's bias
    corrections; the loss scale is lowered on overflow (``backoff_factor``) and raised after ``growth_interval``
    finite steps (torch.cuda.amp.GradScaler's rule).
@@ -101,7 +103,9 @@ class OptimizerConfig:
     """Every hyper-parameter of one optimizer step. ``algorithm``: "sgd", "adam" (L2 weight decay added to the
     gradient) or "adamw" (decoupled weight decay). ``max_norm``: None, or clip to this global gradient norm.
     ``loss_scaling``: dynamic loss scaling (float16 training): gradients arrive multiplied by the device-side loss
-    scale, which starts at ``init_scale``. ``weight_decay`` defaults as in torch.optim: 0.01 for AdamW, 0 else."""
+    scale, which starts at ``init_scale``. ``skip_nonfinite``: a step whose gradients hold an inf or NaN changes
+    nothing and is counted (loss scaling drops such steps by itself, as overflows). ``weight_decay`` defaults as in
+    torch.optim: 0.01 for AdamW, 0 else."""
 
     algorithm: str
     lr: float
@@ -118,6 +122,7 @@ class OptimizerConfig:
     min_lr: float = 0.0
     max_norm: float | None = None
     loss_scaling: bool = False
+    skip_nonfinite: bool = False
     init_scale: float = 2.0 ** 16
     growth_factor: float = 2.0
     backoff_factor: float = 0.5
@@ -157,6 +162,7 @@ class OptimizerConfig:
         if self.max_norm is not None:
             put("max_norm", _number("max_norm", self.max_norm, 0.0, low_open=True))
         put("loss_scaling", _flag("loss_scaling", self.loss_scaling))
+        put("skip_nonfinite", _flag("skip_nonfinite", self.skip_nonfinite))
         put("init_scale", _number("init_scale", self.init_scale, 0.0, low_open=True))
         put("growth_factor", _number("growth_factor", self.growth_factor, 1.0, low_open=True))
         put("backoff_factor", _number("backoff_factor", self.backoff_factor, 0.0, 1.0, low_open=True,
@@ -172,7 +178,7 @@ class OptimizerConfig:
 
     @property
     def needs_norm(self) -> bool:
-        return self.max_norm is not None or self.loss_scaling
+        return self.max_norm is not None or self.loss_scaling or self.skip_nonfinite
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -234,7 +240,7 @@ def update_reference(config: OptimizerConfig, step: int, lr: float, param, grad,
 
 class ReferenceOptimizer:
     """The whole step in float64 NumPy, with the same state as the device Control block: ``step`` (applied steps),
-    ``loss_scale``, ``good_steps``, ``grad_norm``, ``lr``, ``skipped``."""
+    ``loss_scale``, ``good_steps``, ``grad_norm``, ``lr``, ``skipped``, ``nonfinite_steps``, ``first_nonfinite``."""
 
     def __init__(self, config: OptimizerConfig):
         if not isinstance(config, OptimizerConfig):
@@ -246,6 +252,8 @@ class ReferenceOptimizer:
         self.grad_norm = 0.0
         self.lr = 0.0
         self.skipped = False
+        self.nonfinite_steps = 0
+        self.first_nonfinite = 0
 
     def step(self, params, grads, states) -> None:
         """``params``: float arrays updated in place (float32 masters); ``grads``: as they arrive (multiplied by
@@ -257,7 +265,11 @@ class ReferenceOptimizer:
         unscaled = [np.asarray(g, dtype=np.float64) / self.loss_scale for g in grads]
         finite = all(np.isfinite(g).all() for g in unscaled)
         self.grad_norm = global_norm(unscaled) if config.needs_norm else 0.0
-        self.skipped = config.loss_scaling and not finite
+        self.skipped = (config.loss_scaling or config.skip_nonfinite) and not finite
+        if self.skipped and not config.loss_scaling:
+            self.nonfinite_steps += 1
+            if not self.first_nonfinite:
+                self.first_nonfinite = self.step_count + self.nonfinite_steps
         if not self.skipped:
             self.step_count += 1
             self.lr = scheduled_lr(config, self.step_count)
@@ -412,7 +424,7 @@ class FusedOptimizerStep:
                                                  config.loss_scaling)))
         calls.append((native.finalize, (self._control.ptr, self._partials.ptr,
                                         self.num_chunks if config.needs_norm else 0, config.loss_scaling,
-                                        config.max_norm or 0.0, config.schedule, config.lr, config.min_lr,
+                                        config.skip_nonfinite, config.max_norm or 0.0, config.schedule, config.lr, config.min_lr,
                                         config.warmup_steps, config.total_steps, algorithm, beta1, beta2,
                                         config.weight_decay, config.growth_factor, config.backoff_factor,
                                         config.growth_interval)))
@@ -438,18 +450,20 @@ class FusedOptimizerStep:
 
     def read_state(self, stream=None) -> dict:
         """The Control block as Python numbers (synchronizes): step, good_steps, loss_scale, grad_norm, lr,
-        skipped."""
+        skipped, nonfinite_steps, first_nonfinite."""
         raw = self._control.numpy(_device.stream_handle(stream)).view(np.uint8)
         return {name: _field(raw, offset, dtype) for name, (offset, dtype) in self._layout.items()
                 if name != "nonfinite"}
 
-    def set_state(self, step: int, loss_scale: float, good_steps: int = 0) -> None:
-        """Writes the step counter and loss scale (a checkpoint's values; synchronous). The momentum buffer of SGD
-        is re-initialized from the gradient only when the step counter is 0 before the step."""
+    def set_state(self, step: int, loss_scale: float, good_steps: int = 0, nonfinite_steps: int = 0) -> None:
+        """Writes the step counter, loss scale and count of dropped non-finite steps (a checkpoint's values;
+        synchronous); ``first_nonfinite`` starts again at 0. The momentum buffer of SGD is re-initialized from the
+        gradient only when the step counter is 0 before the step."""
         raw = np.zeros(self._control.size * 8, dtype=np.uint8)
         for name, value in (("step", _integer("step", step, 0)), ("good_steps", _integer("good_steps", good_steps,
                                                                                                0)),
-                            ("loss_scale", _number("loss_scale", loss_scale, 0.0, low_open=True))):
+                            ("loss_scale", _number("loss_scale", loss_scale, 0.0, low_open=True)),
+                            ("nonfinite_steps", _integer("nonfinite_steps", nonfinite_steps, 0))):
             offset, dtype = self._layout[name]
             raw[offset:offset + np.dtype(dtype).itemsize] = np.asarray([value], dtype=dtype).view(np.uint8)
         self._control.copy_from_numpy(raw.view(np.int64))

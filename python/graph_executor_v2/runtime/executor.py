@@ -122,6 +122,33 @@ class Plan:
         return self.executor._backend.fetch(self.slots[value.name], value.type, caller, device_like, out,
                                             f"out['{name}']", out_view)
 
+    def __repr__(self) -> str:
+        """One line: the graph and signature, kernels, memory and (CUDA) the CUDA graph; ``describe()`` has all."""
+        inputs = ", ".join(f"{v.name}: {v.type}" for v in self.graph.inputs)
+        kernels = sum(s.kernel != ALIAS for s in self.selections)
+        capture = f", cuda graph: {self.capture}" if self.executor.device == "cuda" else ""
+        return (f"<Plan of '{self.graph.name}' for ({inputs}): {kernels} kernel(s), {self.memory.summary()}{capture}; "
+                "describe() lists every node and buffer>")
+
+    def describe(self) -> str:
+        """The whole plan: every node with its kernel and stream, and the arena byte by byte (value, offset, size);
+        parameters live outside it."""
+        types = {v.name: v.type for v in self.graph.inputs}
+        types.update((v.name, v.type) for node in self.graph.nodes for v in node.outputs)
+        lines = [repr(self), "nodes, in launch order:"]
+        for selection, step in zip(self.selections, self.steps):
+            lines.append(f"  {selection.node} ({selection.op}) -> {kernel_label(selection.op, selection.kernel)} "
+                         f"[stream {step.stream}]")
+        lines.append(f"arena ({self.memory.arena_bytes} bytes):")
+        for name, offset in sorted(self.memory.offsets.items(), key=lambda item: (item[1], item[0])):
+            value_type = types.get(name)
+            size = f"{value_type}, {value_type.numel * itemsize(value_type.dtype)} bytes" if value_type else "scratch"
+            lines.append(f"  [{offset:>10}] {name}: {size}")
+        params = self.graph.params
+        param_bytes = sum(v.type.numel * itemsize(v.type.dtype) for v in params.values())
+        lines.append(f"parameters: {len(params)} ({param_bytes} bytes, outside the arena)")
+        return "\n".join(lines)
+
 
 class ExecutorV2:
     """Compiles ``graph`` for ``device`` ("cpu": NumPy references; "cuda": the native kernels) and runs it.
@@ -188,7 +215,7 @@ class ExecutorV2:
         if not out.keys() <= plan.graph.outputs.keys():
             unknown = sorted(set(out) - set(plan.graph.outputs))
             raise ValueError(f"out: unknown output(s) {unknown}; the graph's outputs are {list(plan.graph.outputs)}")
-        out_views = {name: _check_array(array, f"out['{name}']", plan.graph.outputs[name].type)
+        out_views = {name: _check_array(array, f"out['{name}']", plan.graph.outputs[name].type, self.device)
                      for name, array in out.items()}
         caller = plan.run(feeds, feed_views, stream)
         device_like = next((f for f in feeds.values() if not isinstance(f, np.ndarray)), None)
@@ -313,7 +340,7 @@ class ExecutorV2:
         declared = self.optimized_graph.inputs
         names = [v.name for v in declared]
         if len(feeds) == len(names) and all(name in feeds for name in names):
-            views = {name: _viewed(feeds[name], f"input '{name}'") for name in names}
+            views = {name: _viewed(feeds[name], f"input '{name}'", self.device) for name in names}
             signature = tuple((tuple(view.shape), _dtype_name(view)) for view in views.values())
             if signature in self._plans:  # checked in full when its plan was built: the steady state stops here
                 return signature, views
@@ -326,7 +353,7 @@ class ExecutorV2:
         dims: dict[str, int] = {}
         signature, views = [], {}
         for value in declared:
-            views[value.name] = viewed = _viewed(feeds[value.name], f"input '{value.name}'")
+            views[value.name] = viewed = _viewed(feeds[value.name], f"input '{value.name}'", self.device)
             shape, dtype = tuple(viewed.shape), _dtype_name(viewed)
             expected = value.type
             if dtype != expected.dtype:
@@ -539,18 +566,24 @@ def _bind(expected: tuple, actual: tuple, dims: dict[str, int]) -> bool:
     return True
 
 
-def _viewed(value, argument: str):
-    """A NumPy array as is, anything else as the ``DeviceView`` of a device array (TypeError naming ``argument``)."""
-    return value if isinstance(value, np.ndarray) else _device.view_of(value, argument)
+def _viewed(value, argument: str, device: str):
+    """A NumPy array as is, anything else as the ``DeviceView`` of a device array (TypeError naming ``argument``;
+    on the CPU backend, saying that it takes NumPy arrays)."""
+    if isinstance(value, np.ndarray):
+        return value
+    if device == "cpu":
+        raise TypeError(f"{argument}: a device='cpu' executor takes NumPy arrays, got {type(value).__name__}; "
+                        "convert it with np.asarray(value, dtype) (device arrays need device='cuda')")
+    return _device.view_of(value, argument)
 
 
 def _dtype_name(viewed) -> str:
     return viewed.dtype.name if isinstance(viewed, np.ndarray) else viewed.dtype
 
 
-def _check_array(value, argument: str, expected: TensorType):
+def _check_array(value, argument: str, expected: TensorType, device: str):
     """``value`` viewed (see ``_viewed``), after checking its shape and dtype against ``expected``."""
-    viewed = _viewed(value, argument)
+    viewed = _viewed(value, argument, device)
     shape, dtype = tuple(viewed.shape), _dtype_name(viewed)
     if dtype != expected.dtype:
         raise TypeError(f"{argument}: expected dtype {expected.dtype}, got {dtype}")

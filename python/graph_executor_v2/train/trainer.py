@@ -26,14 +26,17 @@ CPU), so every rank applies the same update and reports the global mean loss.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import os
 from typing import Sequence
 
 import numpy as np
 
 from .. import autograd
 from .. import distributed as _distributed
+from .._optional import require
 from ..distributed.buckets import DEFAULT_BUCKET_BYTES
 from ..distributed.data_parallel import GradientAverager
 from ..dtypes import FLOAT_DTYPES, itemsize, normalize, to_numpy
@@ -51,6 +54,7 @@ from ..nn.losses import CONSTANT_PREFIX
 
 CHECKPOINT_FORMAT = "ge2.train/1"
 COUNTERS = ("step", "optimizer_steps", "loss_scale", "loss_scale_growth_tracker")
+ON_NONFINITE = ("raise", "skip")
 
 
 class Trainer:
@@ -71,12 +75,19 @@ class Trainer:
     batch itself. ``bucket_bytes``: gradients averaged per all-reduce (default 25 MB, PyTorch DDP's: large enough
     that NCCL runs near its bus bandwidth, small enough that the first buckets start while most of the backward is
     still to run; bench_data_parallel.py measures others).
+    ``on_nonfinite``: what a step whose gradients hold an inf or NaN does. Both choices drop its update, decided on
+    the device inside the step (the fused optimizer's non-finite flag, as AMP's found-inf check; no host
+    synchronisation of its own), so the parameters stay as they were. "raise" (the default) then raises
+    ``FloatingPointError`` at the next host read of a loss (``float(loss)``; ``fit`` reads every step's), naming the
+    step and the first non-finite tensor (the loss, a gradient, a parameter); "skip" goes on and counts it
+    (``nonfinite_steps``). A non-finite loss read on the host raises under "raise" too. Under float16 loss scaling
+    an overflowing gradient is the scaler's business (the step is dropped and the scale lowered), not an error.
     """
 
     def __init__(self, graph: Graph, loss: str = "loss", device: str = "cpu", optimizer=None, amp=None,
                  grad_clip: float | None = None, trainable: Sequence[str] | None = None, reuse_memory: bool = True,
                  loss_scale: "_optim.DynamicLossScale | None" = None, checkpoint: Sequence[str] = (),
-                 distributed: bool = False, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+                 distributed: bool = False, bucket_bytes: int = DEFAULT_BUCKET_BYTES, on_nonfinite: str = "raise"):
         if not isinstance(graph, Graph):
             raise TypeError(f"graph: expected a ge2.ir.Graph, got {type(graph).__name__}")
         if device not in ("cpu", "cuda"):
@@ -89,6 +100,8 @@ class Trainer:
             raise TypeError(f"loss_scale: expected a ge2.train.DynamicLossScale, got {type(loss_scale).__name__}")
         if loss_scale is None and amp == "float16":
             loss_scale = _optim.DynamicLossScale()
+        if on_nonfinite not in ON_NONFINITE:
+            raise ValueError(f"on_nonfinite: expected 'raise' or 'skip', got {on_nonfinite!r}")
         if grad_clip is not None:
             grad_clip = _optim.check_number("Trainer", "grad_clip", grad_clip, 0.0, low_open=True)
         if not isinstance(distributed, bool):
@@ -99,7 +112,9 @@ class Trainer:
         autograd.loss_value(graph, loss)  # a missing or non-scalar loss fails here, naming it
         self.graph, self.loss_name, self.device = graph, loss, device
         self.optimizer, self.grad_clip, self.amp, self.loss_scale = optimizer, grad_clip, amp, loss_scale
-        self.optimizer_config = _optim.to_config(optimizer, grad_clip, loss_scale)
+        self.on_nonfinite = on_nonfinite
+        self.optimizer_config = dataclasses.replace(_optim.to_config(optimizer, grad_clip, loss_scale),
+                                                    skip_nonfinite=True)
 
         self.buffer_names = _buffer_names(graph)
         names = [n for n, v in graph.params.items() if v.type.dtype in FLOAT_DTYPES
@@ -169,6 +184,11 @@ class Trainer:
                              f"{self.train_graph.outputs[loss].type.dtype} loss '{loss}'")
         self._seed = self._backend.upload(self._scale.astype(seed_dtype))
         self.step_count = 0  # steps taken
+        # CUDA: each step's epilogue copies its loss (bytes 0-7), the applied optimizer steps (8-15) and the
+        # non-finite counters (16-23) here, so a loss read is one 24-byte copy that brings the check's flag along.
+        self._readout = self._backend.upload(np.zeros(3, np.int64)) if self._backend.asynchronous else None
+        self._nonfinite_seen = 0  # dropped non-finite steps already reported (raise) or counted (skip)
+        self._last_plan = None  # the plan of the latest step: its gradients name a non-finite tensor
         slots = {**self._param_slots, **self._buffers}
         if autograd.SEED in self.train_graph.params:
             slots[autograd.SEED] = self._seed
@@ -190,11 +210,15 @@ class Trainer:
         as a 0-d array: NumPy on "cpu", a ``DeviceLoss`` on "cuda" (``float(loss)`` is then the only host sync)."""
         plan, views = self._plan(batch)
         self.step_count += 1
+        self._last_plan = plan
         caller = plan.run(batch, views)  # the whole step, on the caller's (legacy) stream: on CUDA a captured graph
-        if self._backend.asynchronous:  # the loss stays on the device until it is read
-            loss = plan.graph.outputs[self.loss_name]
-            return DeviceLoss(plan.slots[loss.name], loss.type.dtype, self, self.step_count)
-        return plan.fetch(self.loss_name, caller)
+        if self._backend.asynchronous:  # the loss stays on the device until it is read, with the check's counters
+            return DeviceLoss(self._readout, plan.graph.outputs[self.loss_name].type.dtype, self, self.step_count)
+        value = plan.fetch(self.loss_name, caller)
+        reference = self._reference
+        self._check_finite(value, self.step_count, reference.step_count, reference.nonfinite_steps,
+                           reference.first_nonfinite)
+        return value
 
     def fit(self, data: dict, epochs: int = 1, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
             progress: bool = True, drop_last: bool = False) -> dict:
@@ -202,7 +226,8 @@ class Trainer:
         last one may be smaller; ``drop_last`` leaves it out, for a graph built for one batch size), with a tqdm
         progress bar. Returns {"loss": per-step losses, "epoch_loss": the mean loss of each epoch}. With
         ``distributed=True`` every rank calls it with the whole data set and the same arguments; ``batch_size`` is
-        the global batch, and the losses are the global batches' means."""
+        the global batch, and the losses are the global batches' means. A NaN or inf in a float array of ``data``
+        is a ValueError naming the array and the row, before any step."""
         count = _check_data(data, self.train_graph)
         for name, value in (("epochs", epochs), ("batch_size", batch_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -268,9 +293,7 @@ class Trainer:
     def save(self, path) -> None:
         """A safetensors file with the parameters, the optimizer state and the step (metadata: the graph's
         fingerprint and the optimizer's hyper-parameters). Data parallel: every rank holds the same state, so one
-        rank (rank 0) saves."""
-        from safetensors.numpy import save_file
-
+        rank (rank 0) saves. An OSError names ``path`` and the cause; a failed save leaves nothing behind."""
         tensors = {f"param/{name}": value for name, value in self.parameters().items()}
         for name, states in self._states.items():
             tensors.update((f"state/{name}/{state}", self._backend.to_host(buffer)) for state, buffer in states.items())
@@ -282,14 +305,14 @@ class Trainer:
         tensors["loss_scale_growth_tracker"] = np.array(self._reference.good_steps, np.int64)
         metadata = {"format": CHECKPOINT_FORMAT, "graph": self.fingerprint(),
                     "optimizer": json.dumps(_optim.describe(self.optimizer))}
-        save_file(tensors, str(path), metadata=metadata)
+        _write_checkpoint(tensors, path, metadata)
 
     def load(self, path) -> None:
         """Restores a checkpoint written by ``save`` for the same graph (ValueError otherwise). Data parallel: every
-        rank calls it (rank 0's parameters and states are then broadcast, so all ranks continue from the same)."""
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="numpy") as file:
+        rank calls it (rank 0's parameters and states are then broadcast, so all ranks continue from the same).
+        A missing file or a directory is an OSError, a corrupt, truncated or empty file a ValueError, naming
+        ``path``."""
+        with _open_checkpoint(path) as file:
             metadata = file.metadata() or {}
             if metadata.get("format") != CHECKPOINT_FORMAT:
                 raise ValueError(f"path: {path} is not a ge2.train checkpoint (format {metadata.get('format')!r})")
@@ -326,6 +349,13 @@ class Trainer:
         params = sorted((name, list(v.type.shape), v.type.dtype) for name, v in self.graph.params.items())
         described = [self.graph.name, params, self.trained]
         return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
+
+    @property
+    def nonfinite_steps(self) -> int:
+        """Steps whose update was dropped because a gradient held an inf or NaN (``on_nonfinite``); on CUDA reading
+        it synchronizes."""
+        self._pull_state()
+        return self._reference.nonfinite_steps
 
     @property
     def optimizer_steps(self) -> int:
@@ -457,11 +487,17 @@ class Trainer:
         memcpy, seed, scale = self._backend.runtime.memcpy_device_to_device, self._seed.ptr, \
             fused.control_address("loss_scale")
         scaled = config.loss_scaling
+        loss = plan.graph.outputs[self.loss_name]
+        readout = [(self._readout.ptr, plan.slots[loss.name].ptr, itemsize(loss.type.dtype)),
+                   (self._readout.ptr + 8, fused.control_address("step"), 8),
+                   (self._readout.ptr + 16, fused.control_address("nonfinite_steps"), 8)]  # and first_nonfinite
 
         def launch(stream, fused=fused):  # the default argument keeps the step's device tables alive
             fused.launch(stream)
             if scaled:
                 memcpy(seed, scale, 4, stream)
+            for destination, source, nbytes in readout:
+                memcpy(destination, source, nbytes, stream)
 
         return launch
 
@@ -478,9 +514,58 @@ class Trainer:
             state = self._active.read_state()
             self._reference.step_count, self._reference.loss_scale = int(state["step"]), float(state["loss_scale"])
             self._reference.good_steps = int(state["good_steps"])
+            self._reference.nonfinite_steps = int(state["nonfinite_steps"])
+            self._reference.first_nonfinite = int(state["first_nonfinite"])
 
     def _push_state(self, fused) -> None:
-        fused.set_state(self._reference.step_count, self._reference.loss_scale, self._reference.good_steps)
+        """The host state into ``fused``'s Control block (``first_nonfinite`` restarts at 0: a non-finite step not
+        yet reported is reported by the next loss read before any push)."""
+        fused.set_state(self._reference.step_count, self._reference.loss_scale, self._reference.good_steps,
+                        self._reference.nonfinite_steps)
+
+    def _check_finite(self, loss, step: int, applied: int, nonfinite_steps: int, first_nonfinite: int) -> None:
+        """At a host read of the loss of ``step`` (the latest step), with the optimizer's counters as that step left
+        them (applied steps, steps dropped for a non-finite gradient, the attempt of the first one not yet reported):
+        a step dropped since the last read, or a non-finite loss, raises FloatingPointError (on_nonfinite="raise")
+        or is counted ("skip")."""
+        dropped = nonfinite_steps > self._nonfinite_seen
+        if not dropped and np.isfinite(np.asarray(loss, np.float64)):
+            return
+        self._nonfinite_seen = nonfinite_steps
+        if self.on_nonfinite == "skip":
+            return
+        # Every step since the first dropped one was an optimizer attempt (applied or dropped): count back from now.
+        first = step - (applied + nonfinite_steps - first_nonfinite) if dropped else step
+        self._pull_state()
+        self._reference.first_nonfinite = 0  # reported: the next dropped step is the first again
+        if self._active is not None:
+            self._push_state(self._active)
+        raise FloatingPointError(self._describe_nonfinite(first, step, loss, dropped))
+
+    def _describe_nonfinite(self, first: int, step: int, loss, dropped: bool) -> str:
+        """The message of a non-finite step: the step, the first non-finite tensor (the loss, the gradients of the
+        latest step in parameter order, the parameters), and what happened to the update."""
+        found = []
+        if first == step and not np.isfinite(np.asarray(loss, np.float64)):
+            found.append(f"the loss '{self.loss_name}' ({float(loss)})")
+        plan = self._last_plan
+        if first == step and plan is not None:
+            for name in self.trained:
+                gradient = plan.slots[plan.graph.outputs[autograd.grad_name(name)].name]
+                found += _nonfinite_entries(f"the gradient of parameter '{name}'", self._backend.to_host(gradient))
+        for name, master in self._masters.items():
+            found += _nonfinite_entries(f"parameter '{name}'", self._backend.to_host(master))
+        what = found[0] if found else "a gradient (overwritten since by later steps)"
+        others = f"; then {', '.join(found[1:4])}{' ...' if len(found) > 4 else ''}" if len(found) > 1 else ""
+        if dropped:
+            where = f"step {first}" if first == step else f"step {first} (reported at the read of step {step})"
+            outcome = (f"its update was dropped, so the parameters are as they were before step {first}; "
+                       f"{self._reference.nonfinite_steps} step(s) dropped so far")
+        else:
+            where = f"step {step}"
+            outcome = "its gradients were finite and its update was applied"
+        return (f"non-finite value at {where}: first {what}{others}; {outcome}. Look for a NaN/inf in the batch or a "
+                "learning rate too high; Trainer(on_nonfinite='skip') drops such steps and goes on")
 
 
     def _compute_slot(self, name: str):
@@ -506,9 +591,10 @@ class Trainer:
 
 
 class DeviceLoss:
-    """The loss of one CUDA step: a 0-d value left on the device, in the step plan's own buffer (no copy, no sync).
-    ``float(loss)``, ``loss.item()`` and ``loss.numpy()`` copy it to the host; read it before the next step of the
-    same trainer, which writes that buffer again (a stale read raises instead of returning the newer loss)."""
+    """The loss of one CUDA step: a 0-d value left on the device (no sync), in the trainer's readout buffer with
+    the step's non-finite counters. ``float(loss)``, ``loss.item()`` and ``loss.numpy()`` copy both to the host in
+    one read, and check them (``Trainer(on_nonfinite=...)``); read it before the next step of the same trainer,
+    which writes that buffer again (a stale read raises instead of returning the newer loss)."""
 
     shape = ()
     ndim = 0
@@ -520,7 +606,11 @@ class DeviceLoss:
         if self._trainer.step_count != self._step:
             raise RuntimeError(f"this loss (step {self._step}) was overwritten by a later step (now "
                                f"{self._trainer.step_count}); read it with float(loss) before the next step")
-        return self._slot.numpy().view(to_numpy(self.dtype)).reshape(())
+        raw = self._slot.numpy().reshape(3)  # int64: the loss's bytes, applied steps, the two int32 counters
+        value = raw[:1].view(np.uint8)[:itemsize(self.dtype)].view(to_numpy(self.dtype)).reshape(())
+        nonfinite_steps, first_nonfinite = (int(n) for n in raw[2:].view(np.int32))
+        self._trainer._check_finite(value, self._step, int(raw[1]), nonfinite_steps, first_nonfinite)
+        return value.copy()
 
     def __float__(self) -> float:
         return float(self.numpy())
@@ -571,6 +661,7 @@ def _buffer_names(graph: Graph) -> list[str]:
 
 
 def _check_data(data: dict, graph: Graph) -> int:
+    """The number of examples, after checking the arrays: one per input, the same first dim, no NaN or inf."""
     if not isinstance(data, dict) or not data:
         raise TypeError(f"data: expected a dict of input name -> array, got {type(data).__name__}")
     names = {v.name for v in graph.inputs}
@@ -579,12 +670,63 @@ def _check_data(data: dict, graph: Graph) -> int:
     counts = {name: len(array) for name, array in data.items()}
     if len(set(counts.values())) != 1:
         raise ValueError(f"data: every array needs the same first dim (one row per example), got {counts}")
+    for name, array in data.items():
+        dtype = np.dtype(getattr(array, "dtype", np.int64))
+        if dtype.kind != "f" and dtype.name not in FLOAT_DTYPES:  # bfloat16 (ml_dtypes) is not of kind "f"
+            continue
+        rows = np.flatnonzero(~np.isfinite(np.asarray(array, np.float32).reshape(len(array), -1)).all(axis=1))
+        if len(rows):
+            values = np.asarray(array[rows[0]], np.float32).ravel()
+            raise ValueError(f"data['{name}']: row {rows[0]} holds a non-finite value "
+                             f"({values[~np.isfinite(values)][0]}); {len(rows)} row(s) in all have NaN or inf "
+                             f"(rows {rows[:5].tolist()}{' ...' if len(rows) > 5 else ''}): drop or fix them")
     return next(iter(counts.values()))
+
+
+def _write_checkpoint(tensors: dict, path, metadata: dict) -> None:
+    """safetensors' save_file (which writes a temporary file next to ``path`` and renames it, removing it when
+    that fails), with its errors as OSErrors naming ``path`` and the cause."""
+    save_file = require("safetensors.numpy", "Trainer.save").save_file
+    try:
+        save_file(tensors, os.fspath(path), metadata=metadata)
+    except Exception as error:  # safetensors raises its own SafetensorError around the OS error
+        parent = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            cause = "it is a directory (give a file name, such as checkpoint.safetensors, inside it)"
+        elif not os.path.isdir(parent):
+            cause = f"the directory {parent} does not exist"
+        else:
+            cause = str(error).split(" at path ")[0]  # safetensors names its temporary file, not the user's
+        raise OSError(f"path: cannot save the checkpoint to {os.fspath(path)!r}: {cause}") from None
+
+
+def _open_checkpoint(path):
+    """safetensors' safe_open on ``path``, with errors naming ``path``: OSError when it is missing or a directory,
+    ValueError when it is not a complete safetensors file."""
+    safe_open = require("safetensors", "Trainer.load").safe_open
+    name = os.fspath(path)
+    if os.path.isdir(name):
+        raise IsADirectoryError(f"path: {name!r} is a directory, not a checkpoint file")
+    if not os.path.exists(name):
+        raise FileNotFoundError(f"path: no checkpoint at {name!r} (no such file)")
+    try:
+        return safe_open(name, framework="numpy")
+    except Exception as error:  # SafetensorError: the header is missing, cut short or not one
+        size = os.path.getsize(name)
+        what = "the file is empty" if size == 0 else f"the file ({size} bytes) is corrupt or truncated"
+        raise ValueError(f"path: {name!r} is not a readable safetensors checkpoint: {what} ({error})") from None
+
+
+def _nonfinite_entries(what: str, array) -> list[str]:
+    """[a description of ``array``'s non-finite elements] when it has some, else []."""
+    bad = ~np.isfinite(np.asarray(array, np.float64))
+    if not bad.any():
+        return []
+    return [f"{what} ({int(bad.sum())} of {bad.size} elements NaN or inf)"]
 
 
 def _progress_bar(total: int, enabled: bool):
     if not enabled:
         return None
-    from tqdm.auto import tqdm
-
+    tqdm = require("tqdm.auto", "Trainer.fit's progress bar (progress=False goes without)").tqdm
     return tqdm(total=total, unit="step", leave=True)

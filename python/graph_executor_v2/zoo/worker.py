@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._optional import require
 from .models import MODELS
 
 # GE2's error may be 4x PyTorch's own against float64, plus this floor (relative to the output's largest value).
@@ -153,8 +154,7 @@ def main(argv=None) -> int:
         with out.open("a") as stream:
             stream.write(json.dumps(record) + "\n")
 
-    import torch
-
+    torch = require("torch", "the zoo")
     if not torch.cuda.is_available():
         for dtype in arguments.dtypes.split(","):
             for frontend in arguments.frontends.split(","):

@@ -4,7 +4,7 @@
 //
 // One optimizer step is, in stream order:
 //   grad_norm (per dtype group, only with clipping or loss scaling): per-chunk sums of squares -> partials
-//   finalize  (once): partials -> global norm, overflow check, step counter, schedule, scaler update -> Control
+//   finalize  (once): partials -> global norm, overflow / non-finite check, step counter, schedule, scaler update -> Control
 //   step      (per dtype group): the parameter update, reading its scalars from Control
 #pragma once
 #include <cstdint>
@@ -51,7 +51,8 @@ struct Control {
   float step_size;     // -lr / (1 - beta1^step) (Adam) or -lr (SGD)
   float bias_correction2_sqrt;  // sqrt(1 - beta2^step) (Adam)
   float decay;                  // 1 - lr * weight_decay (AdamW)
-  int32_t reserved[2];
+  int32_t nonfinite_steps;      // steps dropped for a non-finite gradient (skip_nonfinite without loss scaling)
+  int32_t first_nonfinite;      // the attempt (step + nonfinite_steps) of the first of them since the host reset it
 };
 static_assert(sizeof(Control) == 64, "Control is 64 bytes");
 
@@ -78,6 +79,7 @@ struct FinalizeArgs {
   const float* partials = nullptr;
   int64_t num_partials = 0;  // 0: no norm pass ran this step
   bool scaling = false;
+  bool skip_nonfinite = false;  // an inf/NaN gradient drops the step without loss scaling too (and is counted)
   float max_norm = 0.0f;  // > 0: clip to this global norm
   Schedule schedule = Schedule::Constant;
   double lr = 0.0, min_lr = 0.0;

@@ -82,8 +82,15 @@ __global__ void finalize_kernel(FinalizeArgs args) {
   const bool nonfinite = norm_ran && control->nonfinite != 0;
   control->nonfinite = 0;
   control->grad_norm = norm;
-  const bool skip = args.scaling && nonfinite;
+  // Loss scaling drops an overflowing step and lowers the scale (expected, not counted); skip_nonfinite drops a
+  // step whose gradients hold an inf/NaN and counts it, so the host can report it at its next read.
+  const bool skip = (args.scaling || args.skip_nonfinite) && nonfinite;
   control->skipped = skip ? 1 : 0;
+  if (skip && !args.scaling) {
+    control->nonfinite_steps += 1;
+    if (control->first_nonfinite == 0) control->first_nonfinite = static_cast<int32_t>(control->step) +
+                                                                  control->nonfinite_steps;
+  }
   control->inv_scale = args.scaling ? static_cast<float>(1.0 / static_cast<double>(control->loss_scale)) : 1.f;
   // torch.nn.utils.clip_grad_norm_: coef = max_norm / (total_norm + 1e-6) in float32, clamped to 1.
   control->clip_coef = args.max_norm > 0.f ? fminf(args.max_norm / (norm + 1e-6f), 1.f) : 1.f;

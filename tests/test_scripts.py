@@ -1,0 +1,62 @@
+"""The quick start's scripts: the build reports its progress, and the jobs write their files under runs/ (git-ignored)
+and say where."""
+from __future__ import annotations
+
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+BUILD_OUTPUT = """Collecting numpy>=1.24
+  Downloading numpy-2.1.0.whl (16 MB)
+-- The CUDA compiler identification is NVIDIA 13.0.88
+[1/105] Building CXX object CMakeFiles/_runtime.dir/src/runtime/runtime_pybind.cpp.o
+[17/105] Building CUDA object CMakeFiles/_ops_gemm.dir/backends/cuda/ops/gemm/launcher.cu.o
+[104/105] Linking CXX shared module /tmp/x/python/graph_executor_v2/_ops_gemm.cpython-311-x86_64-linux-gnu.so
+FAILED: CMakeFiles/_ops_softmax.dir/backends/cuda/ops/softmax/launcher.cu.o
+launcher.cu(12): error: identifier "x" is undefined
+Successfully installed graph_executor_v2-0.1.0
+"""
+
+
+def test_the_build_reports_module_n_of_m_with_the_elapsed_time(tmp_path):
+    log = tmp_path / "build.log"
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "build_progress.sh"), str(log)], input=BUILD_OUTPUT,
+                            capture_output=True, text=True, check=True)
+    shown = [line.split("] ", 1)[1] for line in result.stdout.splitlines()]
+    assert all(line.startswith("  [  0m0") for line in result.stdout.splitlines())  # the elapsed time first
+    assert shown == ["Collecting numpy>=1.24",
+                     "step 1 of 105: compiling _runtime (runtime_pybind.cpp)",
+                     "step 17 of 105: compiling _ops_gemm (launcher.cu)",
+                     "step 104 of 105: linking _ops_gemm",
+                     'launcher.cu(12): error: identifier "x" is undefined',
+                     "Successfully installed graph_executor_v2-0.1.0"]
+    assert log.read_text() == BUILD_OUTPUT  # everything in the log
+
+
+def test_setup_builds_on_every_core_with_the_plot_extra():
+    setup = (ROOT / "scripts" / "setup_env.sh").read_text()
+    assert 'CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}' in setup
+    assert 'pip install -v --progress-bar off -e ".[test,train,plot]" 2>&1 | scripts/build_progress.sh' in setup
+    assert "--plot runs/digits_loss.png" in (ROOT / "scripts" / "demo.sh").read_text()
+
+
+def test_runs_is_git_ignored():
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    result = subprocess.run(["git", "check-ignore", "-q", "runs/digits_loss.png"], cwd=ROOT)
+    assert result.returncode == 0, "runs/ is not in .gitignore"
+
+
+def test_train_digits_writes_its_plot_under_runs_and_says_where(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib", reason="the plot extra: pip install graph_executor_v2[plot]")
+    from graph_executor_v2.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    main(["train-digits", "--cpu", "--epochs", "1"])  # one epoch: below the accuracy bar, exit code 1 is fine
+    written = tmp_path / "runs" / "digits_loss.png"
+    assert written.read_bytes().startswith(b"\x89PNG")
+    assert f"loss curve: written to {written}" in capsys.readouterr().out

@@ -2,6 +2,11 @@
 and the GEMM alone, float16 and bfloat16, relu and gelu, one process, one GPU. Correctness first, then medians.
 Host time per call (64x256x128) is in bench_host_overhead.py.
 
+FP8 rows (results gemm_fp8): GE2's scaled_gemm (E4M3 x E4M3 -> bfloat16, per-tensor scales, amax) at 4096^3 and
+8192^3 against GE2's own bfloat16 gemm on the same problem and against torch._scaled_mm where the installed torch
+has it (both with FP8 fast accumulation off, torch's default). Targets: >= 1.6x GE2 bfloat16 at 8192^3, >= 0.97x
+torch._scaled_mm.
+
 Run: python benchmarks/bench_gemm.py [--quick]
 """
 from __future__ import annotations
@@ -10,8 +15,9 @@ import sys
 
 from harness import median_ms, torch_cuda, write_results
 
-from graph_executor_v2.ops import gemm
+from graph_executor_v2.ops import gemm, scaled_gemm
 
+FP8_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192)]
 SHAPES = [(64, 256, 128), (1000, 1000, 1000), (1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192),
           (16384, 4096, 4096), (4096, 16384, 4096), (1, 4096, 4096)]
 
@@ -61,6 +67,62 @@ def bench_shape(torch, m, n, k, dtype_name, act):
     return row
 
 
+def bench_fp8(torch, m, n, k):
+    """GE2 FP8 (A [m, k] x W [n, k]^T, the TN layout) vs GE2 bfloat16 (the same product) vs torch._scaled_mm."""
+    a16 = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w16 = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    # per-tensor scales as delayed scaling would choose them: amax to 448
+    scale_a = (448.0 / a16.float().abs().max()).reshape(())
+    scale_w = (448.0 / w16.float().abs().max()).reshape(())
+    a8 = (a16.float() * scale_a).to(torch.float8_e4m3fn)
+    w8 = (w16.float() * scale_w).to(torch.float8_e4m3fn)
+    inv_a, inv_w = (1.0 / scale_a).float(), (1.0 / scale_w).float()
+    y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    amax = torch.empty((), device="cuda", dtype=torch.float32)
+    y16 = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    w16_t = w16.t().contiguous()  # gemm's B is [k, n]
+
+    def run_fp8():
+        return scaled_gemm.forward(a8, w8, inv_a, inv_w, out=(y, amax))
+
+    def run_bf16():
+        return gemm.forward(a16, w16_t, out=y16)
+
+    run_fp8()
+    run_bf16()
+    expected = (a8.float() * inv_a) @ (w8.float() * inv_w).t()
+    error = ((y.float() - expected).abs().max() / expected.abs().max()).item()
+    amax_error = abs(amax.item() - expected.abs().max().item()) / expected.abs().max().item()
+    if not (error < 1e-2 and amax_error < 1e-2):
+        raise AssertionError(f"GE2 FP8 disagrees with float32 at {m}x{n}x{k}: rel err {error:.3e}, amax rel err "
+                             f"{amax_error:.3e}")
+    times = {"fp8_ms": median_ms(run_fp8), "bf16_ms": median_ms(run_bf16)}
+    if hasattr(torch, "_scaled_mm"):
+        scaled_mm = lambda: torch._scaled_mm(a8, w8.t(), scale_a=inv_a, scale_b=inv_w,  # noqa: E731
+                                             out_dtype=torch.bfloat16)
+        theirs = scaled_mm()
+        torch_error = ((theirs.float() - y.float()).abs().max() / expected.abs().max()).item()
+        if not torch_error < 1e-2:
+            raise AssertionError(f"GE2 FP8 disagrees with torch._scaled_mm at {m}x{n}x{k}: {torch_error:.3e}")
+        times["scaled_mm_ms"] = median_ms(scaled_mm)
+    flops = 2.0 * m * n * k
+    row = {"shape": f"{m}x{n}x{k}", **times, "max_rel_err": error}
+    row["fp8_tflops"] = flops / (times["fp8_ms"] * 1e-3) / 1e12
+    row["bf16_tflops"] = flops / (times["bf16_ms"] * 1e-3) / 1e12
+    row["vs_bf16"] = times["bf16_ms"] / times["fp8_ms"]
+    row["vs_scaled_mm"] = times["scaled_mm_ms"] / times["fp8_ms"] if "scaled_mm_ms" in times else float("nan")
+    targets, misses = ["vs _scaled_mm>=0.97"], []
+    if (m, n, k) == (8192, 8192, 8192):
+        targets.append("vs GE2 bf16>=1.6")
+        if row["vs_bf16"] < 1.6:
+            misses.append("bf16")
+    if "scaled_mm_ms" in times and row["vs_scaled_mm"] < 0.97:
+        misses.append("scaled_mm")
+    row["target"] = ", ".join(targets)
+    row["met"] = ("NO (" + ",".join(misses) + ")") if misses else "yes"
+    return row
+
+
 def main(quick: bool) -> None:
     torch = torch_cuda()
     rows = []
@@ -78,6 +140,20 @@ def main(quick: bool) -> None:
                ("linear_act_ms", "F.linear+act ms"), ("mm_ms", "mm alone ms"), ("vs_addmm_act", "x vs addmm_act"),
                ("vs_linear_act", "x vs linear+act"), ("target", "target"), ("met", "met")]
     print(write_results("gemm", rows, columns, "GEMM + bias + activation (medians, L2 flushed)"))
+
+    fp8_rows = []
+    for m, n, k in FP8_SHAPES[:1] if quick else FP8_SHAPES:
+        row = bench_fp8(torch, m, n, k)
+        fp8_rows.append(row)
+        print(f"{row['shape']:>16} fp8 {row['fp8_ms']:.4f} ms {row['fp8_tflops']:6.1f} TF/s | GE2 bf16 "
+              f"{row['bf16_tflops']:6.1f} TF/s x{row['vs_bf16']:.3f} | _scaled_mm x{row['vs_scaled_mm']:.3f} "
+              f"{row['met']}", flush=True)
+    columns = [("shape", "M x N x K"), ("fp8_ms", "GE2 FP8 ms"), ("fp8_tflops", "GE2 FP8 TFLOP/s"),
+               ("bf16_ms", "GE2 bf16 ms"), ("bf16_tflops", "GE2 bf16 TFLOP/s"), ("scaled_mm_ms", "_scaled_mm ms"),
+               ("vs_bf16", "x vs GE2 bf16"), ("vs_scaled_mm", "x vs _scaled_mm"), ("target", "target"),
+               ("met", "met")]
+    print(write_results("gemm_fp8", fp8_rows, columns,
+                        "FP8 GEMM, E4M3 x E4M3 -> bfloat16, per-tensor scales (medians, L2 flushed)"))
 
 
 if __name__ == "__main__":

@@ -1,14 +1,19 @@
 """Element types GE2 knows, by name, their NumPy host types, type promotion and the C++ compute types of
 generated kernels.
 
-bfloat16 host arrays are NumPy arrays of ``ml_dtypes.bfloat16`` (NumPy has no bfloat16 of its own); the same
-names are used everywhere: ``float32 float16 bfloat16 int32 int64 uint8 bool``. ``bool`` is the dtype of masks
-(comparisons, logical ops, ``where``'s condition): one byte per element, 0 or 1, NumPy's ``bool_``.
+bfloat16 host arrays are NumPy arrays of ``ml_dtypes.bfloat16`` (NumPy has no bfloat16 of its own), FP8 ones of
+``ml_dtypes.float8_e4m3fn`` and ``ml_dtypes.float8_e5m2``; the same names are used everywhere (torch spells them
+alike): ``float32 float16 bfloat16 int32 int64 uint8 bool float8_e4m3fn float8_e5m2``. ``bool`` is the dtype of
+masks (comparisons, logical ops, ``where``'s condition): one byte per element, 0 or 1, NumPy's ``bool_``.
+
+``FLOAT_DTYPES`` are the float dtypes kernels compute in. The FP8 dtypes (``FLOAT8_DTYPES``: Hopper's E4M3 with no
+infinities, largest finite 448, and E5M2, largest finite 57344) are storage: ``cast`` and ``quantize_fp8`` write
+them, ``scaled_gemm`` reads them; an op that is not written for them rejects them.
 
 Type promotion follows PyTorch (``result_type``): bool < integers < floating types by category; within a
 category the wider type wins, float16 with bfloat16 gives float32 and uint8 with a signed integer the signed
 one. Python scalars and 0-d tensors only decide the category, as in PyTorch: ``int32[n] + 2.5`` is float32,
-``float16[n] + 2.5`` float16, ``float16[n] * float32[]`` float16.
+``float16[n] + 2.5`` float16, ``float16[n] * float32[]`` float16. FP8 dtypes do not promote (nor in PyTorch).
 """
 from __future__ import annotations
 
@@ -17,7 +22,11 @@ import numpy as np
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 INT_DTYPES = ("int32", "int64", "uint8")
-ALL_DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
+FLOAT8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+ALL_DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",) + FLOAT8_DTYPES
+
+# The largest finite value of each FP8 format: what a saturating cast clamps to, and the scale's target.
+FLOAT8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
 
 _NUMPY = {
     "float32": np.dtype(np.float32),
@@ -27,6 +36,8 @@ _NUMPY = {
     "int64": np.dtype(np.int64),
     "uint8": np.dtype(np.uint8),
     "bool": np.dtype(np.bool_),
+    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+    "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
 }
 _ITEMSIZE = {name: dtype.itemsize for name, dtype in _NUMPY.items()}
 
@@ -63,6 +74,20 @@ def is_float(name: str) -> bool:
     return name in FLOAT_DTYPES
 
 
+def is_float8(name: str) -> bool:
+    return name in FLOAT8_DTYPES
+
+
+def saturate_to_float8(x, dtype: str) -> np.ndarray:
+    """``x`` rounded to the FP8 ``dtype`` as GE2's kernels and cuBLASLt do it: to nearest even, saturating at the
+    largest finite value (infinities included; ml_dtypes' own cast overflows to NaN or infinity instead), NaN kept.
+    Returned in float64, every value exactly representable in ``dtype``. Each element is rounded once: float64
+    values go through float32 first only when they are float32 values already (the kernels' inputs are)."""
+    limit = FLOAT8_MAX[dtype]
+    clipped = np.clip(np.asarray(x, dtype=np.float64), -limit, limit)  # np.clip keeps NaN
+    return clipped.astype(np.float32).astype(_NUMPY[dtype]).astype(np.float64)
+
+
 def is_integer(name: str) -> bool:
     return name in INT_DTYPES
 
@@ -83,6 +108,8 @@ def promote_types(a: str, b: str) -> str:
     a, b = normalize(a, "a"), normalize(b, "b")
     if a == b:
         return a
+    if is_float8(a) or is_float8(b):
+        raise TypeError(f"a, b: FP8 dtypes do not promote (as in PyTorch), got {a} and {b}; cast first")
     ca, cb = _category(a), _category(b)
     if ca != cb:
         return a if ca > cb else b
@@ -123,6 +150,9 @@ def result_type(*operands) -> str:
         else:
             raise TypeError(f"operands[{index}]: expected a dtype name, a tensor type or a Python bool/int/float, "
                             f"got {type(operand).__name__}")
+        if is_float8(dtype):
+            raise TypeError(f"operands[{index}]: {dtype} is a storage dtype (cast, quantize_fp8, scaled_gemm); "
+                            "arithmetic on it is not defined (nor in PyTorch): cast to a float dtype first")
         tiers[tier] = dtype if tiers[tier] is None else promote_types(tiers[tier], dtype)
     result = _combine_categories(tiers[0], _combine_categories(tiers[1], tiers[2]))
     if result is None:

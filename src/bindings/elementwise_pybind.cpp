@@ -156,7 +156,8 @@ PYBIND11_MODULE(_ops_elementwise, m) {
         ew::cast(as_pointer(x), from, as_pointer(y), to, numel, as_stream(stream));
       },
       py::arg("x"), py::arg("x_dtype"), py::arg("y"), py::arg("dtype"), py::arg("numel"), py::arg("stream"),
-      "Enqueues y = x converted to dtype (float32, float16, bfloat16).");
+      "Enqueues y = x converted to dtype (float32, float16, bfloat16, float8_e4m3fn, float8_e5m2; FP8 "
+      "saturates).");
 
   m.def("kernels", [] { return ge2::binding::kernel_list(ew::kernel_table()); },
         "The candidates with their constraints, best first.");

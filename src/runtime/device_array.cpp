@@ -1,5 +1,6 @@
 // DeviceArray: a strided n-d array in device memory, owned by GE2 or borrowed (zero-copy) from another library
-// through DLPack or __cuda_array_interface__. bfloat16 host arrays are NumPy arrays of ml_dtypes.bfloat16.
+// through DLPack or __cuda_array_interface__. bfloat16 and float8 host arrays are NumPy arrays of ml_dtypes' types
+// (ml_dtypes.bfloat16, float8_e4m3fn, float8_e5m2).
 #include <cstring>
 #include <memory>
 #include <string>
@@ -69,7 +70,9 @@ std::shared_ptr<void> keep_alive(py::object owner) {
 }
 
 py::dtype numpy_dtype(DType dtype) {
-  if (dtype == DType::BFloat16) return py::dtype::from_args(py::module_::import("ml_dtypes").attr("bfloat16"));
+  if (dtype == DType::BFloat16 || is_float8(dtype)) {
+    return py::dtype::from_args(py::module_::import("ml_dtypes").attr(dtype_name(dtype)));
+  }
   return py::dtype(std::string(dtype_name(dtype)));
 }
 
@@ -85,6 +88,8 @@ dlpack::DataType to_dlpack_dtype(DType dtype) {
     case DType::Int32: return {dlpack::kInt, 32, 1};
     case DType::Int64: return {dlpack::kInt, 64, 1};
     case DType::UInt8: return {dlpack::kUInt, 8, 1};
+    case DType::Float8E4M3: return {dlpack::kFloat8_e4m3fn, 8, 1};
+    case DType::Float8E5M2: return {dlpack::kFloat8_e5m2, 8, 1};
   }
   return {dlpack::kFloat, 32, 1};
 }
@@ -97,10 +102,13 @@ DType from_dlpack_dtype(dlpack::DataType dtype) {
     if (dtype.code == dlpack::kInt && dtype.bits == 32) return DType::Int32;
     if (dtype.code == dlpack::kInt && dtype.bits == 64) return DType::Int64;
     if (dtype.code == dlpack::kUInt && dtype.bits == 8) return DType::UInt8;
+    if (dtype.code == dlpack::kFloat8_e4m3fn && dtype.bits == 8) return DType::Float8E4M3;
+    if (dtype.code == dlpack::kFloat8_e5m2 && dtype.bits == 8) return DType::Float8E5M2;
   }
   throw std::invalid_argument("DLPack tensor: unsupported dtype (code " + std::to_string(dtype.code) + ", bits " +
                               std::to_string(dtype.bits) + ", lanes " + std::to_string(dtype.lanes) +
-                              "); expected float32, float16, bfloat16, int32, int64 or uint8");
+                              "); expected float32, float16, bfloat16, int32, int64, uint8, float8_e4m3fn or "
+                              "float8_e5m2");
 }
 
 DType dtype_from_typestr(const std::string& typestr) {
@@ -124,9 +132,12 @@ std::string typestr_of(DType dtype) {
     case DType::Int32: return "<i4";
     case DType::Int64: return "<i8";
     case DType::UInt8: return "|u1";
-    case DType::BFloat16: break;
+    case DType::BFloat16:
+    case DType::Float8E4M3:
+    case DType::Float8E5M2: break;
   }
-  throw std::invalid_argument("__cuda_array_interface__ has no typestr for bfloat16; use DLPack (__dlpack__)");
+  throw std::invalid_argument(std::string("__cuda_array_interface__ has no typestr for ") + dtype_name(dtype) +
+                              "; use DLPack (__dlpack__)");
 }
 
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
@@ -225,8 +236,8 @@ class DeviceArray {
     return host;
   }
 
-  // Fills every byte with 0xFF: NaN in float32, float16 and bfloat16, -1 in integers. Tests poison outputs so
-  // that an element a kernel forgot to write can never pass.
+  // Fills every byte with 0xFF: NaN in float32, float16, bfloat16 and both FP8 formats, -1 in integers. Tests
+  // poison outputs so that an element a kernel forgot to write can never pass.
   void poison(std::uintptr_t stream) {
     require_contiguous("poison");
     DeviceGuard guard(device_);

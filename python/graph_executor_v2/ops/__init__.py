@@ -15,7 +15,7 @@ from . import concat, slice, transpose
 from . import layernorm, rmsnorm
 from . import cross_entropy, dropout, embedding
 from . import reduce, softmax
-from . import cast
+from . import cast, quantize_fp8, scaled_gemm
 from . import pointwise
 from . import optimizer
 from . import attention

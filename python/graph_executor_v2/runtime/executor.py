@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -34,7 +35,7 @@ from ..ir.schema import Problem
 from ..ir.types import TensorType
 from ..ir.verify import verify as verify_graph
 from ..ops.fused import FUSED_OPS
-from ..passes import Pass, PassManager, PassRecord, infer_shapes, resolve
+from ..passes import Pass, PassManager, PassRecord, eliminate_dead_code, fp8, infer_shapes, resolve
 from .autotune import AutotuneCache
 from .backends import backend_for
 from .backends.cuda import HOST_FALLBACK
@@ -44,6 +45,7 @@ from .registry import Capabilities, Preferences, Selection, choose_kernel, kerne
 from .schedule import Schedule, schedule, width
 
 ALIAS = "alias"  # the "kernel" of a node whose outputs share its input's buffer: nothing runs
+PRECISIONS = (None, "fp8")
 MAX_DEFAULT_STREAMS = 4  # enough for the branches of the graphs we see (q/k/v, wide MLP heads); each costs a workspace
 
 Signature = tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype) of each graph input, in order
@@ -165,14 +167,19 @@ class ExecutorV2:
     ``GE2_NVTX=1`` in the environment puts an NVTX range around every node, capture and replay (CUDA).
     ``params``: parameter name -> buffer the caller owns (a NumPy array on "cpu", a DeviceArray on "cuda"), used in
     place of an uploaded copy: a trainer updates them in place and plans read the current values.
+    ``precision``: None (the graph's own dtypes) or "fp8": the GEMMs with a parameter weight run on FP8 tensor cores
+    (``passes/fp8.py``) once ``calibrate`` has chosen their activations' scales; a graph saved after calibration
+    (``save``) holds its scales and FP8 weights and runs in FP8 as loaded.
     """
 
     def __init__(self, graph: Graph, device: str = "cpu", passes: Sequence[str | Pass] | None = None,
                  autotune: bool = False, kernels: dict[str, str] | None = None, reuse_memory: bool = True,
                  verify: bool = False, cuda_graph: bool = True, streams: int | None = None,
-                 params: dict | None = None):
+                 params: dict | None = None, precision: str | None = None):
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision: expected one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
         if streams is not None and (isinstance(streams, bool) or not isinstance(streams, int) or streams < 1):
             raise ValueError(f"streams: expected None or an int >= 1, got {streams!r}")
         verify_graph(graph)  # a bad graph fails here, naming the node, before any pass runs
@@ -187,8 +194,9 @@ class ExecutorV2:
         # (registry.choose_kernel), on a backend whose kernels are timed between events; the cache keeps the
         # winners across processes.
         self._autotune_cache = AutotuneCache() if self._backend.asynchronous else None
-        params = params or {}
-        self._param_slots = {name: params[name] if name in params else self._backend.upload(value.data)
+        self.precision = precision
+        self._params = params or {}
+        self._param_slots = {name: self._params[name] if name in self._params else self._backend.upload(value.data)
                              for name, value in self.optimized_graph.params.items()}
         self.cuda_graph = bool(cuda_graph) and self._backend.asynchronous
         self.stream_count = streams or min(MAX_DEFAULT_STREAMS, width(self.optimized_graph))
@@ -196,8 +204,65 @@ class ExecutorV2:
         self._streams = self._backend.streams(self.stream_count)  # kept: handles below point into them
         self._stream_handles = [self._backend.stream_handle(stream) for stream in self._streams]
         self._plans: dict[Signature, Plan] = {}
+        if self.needs_calibration:
+            return  # plans wait for the scales (calibrate)
         if all(value.type.is_concrete for value in self.optimized_graph.inputs):
             self._plan_for(tuple((v.type.shape, v.type.dtype) for v in self.optimized_graph.inputs))
+
+    # --- FP8 ------------------------------------------------------------------------------------------------------
+    @property
+    def needs_calibration(self) -> bool:
+        """precision="fp8" on a graph with no FP8 GEMM yet: ``calibrate`` must choose the scales before a run."""
+        return self.precision == "fp8" and "scaled_gemm" not in self.optimized_graph.op_counts()
+
+    def calibrate(self, feeds_iterable, margin: int = 0) -> dict[str, float]:
+        """Runs the graph as compiled (its own dtypes) on every feeds dict of ``feeds_iterable``, records the largest
+        ``|x|`` reaching each FP8-eligible GEMM's activation input, and rewrites those GEMMs to FP8 with the scales
+        ``448 / (amax * 2**margin)`` (``passes/fp8.py``). Returns activation name -> amax. Plans are rebuilt; the
+        scales are parameters of the graph from then on (``save`` keeps them)."""
+        if self.precision != "fp8":
+            raise ValueError(f"calibrate: needs ExecutorV2(..., precision='fp8'), this one has precision "
+                             f"{self.precision!r}")
+        if not self.needs_calibration:
+            raise ValueError("calibrate: this executor's graph is calibrated already (it holds FP8 GEMMs)")
+        if isinstance(margin, bool) or not isinstance(margin, int) or margin < 0:
+            raise ValueError(f"margin: expected an int >= 0, got {margin!r}")
+        eligible = [node for node, reason in fp8.sites(self.optimized_graph) if reason is None]
+        probe = self.optimized_graph.clone()
+        activations = sorted({node.inputs[0].name for node in eligible})
+        values = {v.name: v for v in probe.inputs} | {v.name: v for n in probe.nodes for v in n.outputs}
+        for name in activations:
+            probe.output(values[name], f"calibrate/{name}")
+        runner = ExecutorV2(probe, self.device, passes=[], params=self._param_slots, streams=1)
+        amax = dict.fromkeys(activations, 0.0)
+        batches = 0
+        for feeds in feeds_iterable:
+            outputs = runner.run(feeds)
+            for name in activations:
+                value = outputs[f"calibrate/{name}"]
+                host = value if isinstance(value, np.ndarray) else _device.as_device_array(value).numpy()
+                amax[name] = max(amax[name], float(np.abs(host.astype(np.float64)).max(initial=0.0)))
+            batches += 1
+        if batches == 0:
+            raise ValueError("feeds_iterable: expected at least one feeds dict, got none")
+        graph = self.optimized_graph.clone()
+        started = time.perf_counter()
+        before = graph.op_counts()
+        notes = fp8.quantize_gemms(graph, amax, margin) + eliminate_dead_code(graph)
+        self.pass_records.append(PassRecord(f"fp8 (calibrated on {batches} feed(s), margin {margin})", tuple(notes),
+                                            before, graph.op_counts(), time.perf_counter() - started))
+        self.optimized_graph = graph
+        self._param_slots = {name: self._params[name] if name in self._params else self._backend.upload(value.data)
+                             for name, value in graph.params.items()}
+        self._plans = {}
+        if all(value.type.is_concrete for value in graph.inputs):
+            self._plan_for(tuple((v.type.shape, v.type.dtype) for v in graph.inputs))
+        return amax
+
+    def save(self, path) -> None:
+        """Writes the compiled graph (after the passes and, with precision="fp8", the calibration: FP8 weights and
+        scales included) as a graph JSON file; ``ExecutorV2(ge2.ir.Graph.load(path), ...)`` runs it again."""
+        self.optimized_graph.save(path)
 
     # --- running --------------------------------------------------------------------------------------------------
     def run(self, feeds: dict, stream=None, out: dict | None = None) -> dict:
@@ -373,6 +438,9 @@ class ExecutorV2:
 
     # --- compiling ------------------------------------------------------------------------------------------------
     def _plan_for(self, signature: Signature) -> Plan:
+        if self.needs_calibration:
+            raise RuntimeError("precision='fp8': call calibrate(feeds_iterable) first; it chooses the FP8 scales of "
+                               "the GEMMs from sample feeds")
         plan = self._plans.get(signature)
         if plan is None:
             plan = self._plans[signature] = self._build_plan(signature)
@@ -486,7 +554,11 @@ class ExecutorV2:
         caps = self.capabilities
         target = "cpu (NumPy references)" if caps.device == "cpu" else (
             f"cuda ({caps.gpu_name}, sm_{caps.compute_capability[0]}{caps.compute_capability[1]})")
-        lines = [f"ExecutorV2 '{self.source_graph.name}' on {target}", "passes:"]
+        lines = [f"ExecutorV2 '{self.source_graph.name}' on {target}"]
+        if self.precision == "fp8":
+            lines.append("precision: fp8 (E4M3 GEMMs on calibrated per-tensor scales)" + (
+                "; not calibrated yet: call calibrate(feeds_iterable)" if self.needs_calibration else ""))
+        lines.append("passes:")
         lines += [_describe_pass(record) for record in self.pass_records] or ["  (none)"]
         fusions = [str(n) for r in self.pass_records for n in r.notes if getattr(n, "is_fusion", False)]
         lines.append(f"fusions: {len(fusions)}")

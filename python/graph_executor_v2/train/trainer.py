@@ -43,6 +43,7 @@ from ..dtypes import FLOAT_DTYPES, itemsize, normalize, to_numpy
 from ..ir.graph import Graph
 from ..passes import (TRAINING_BACKWARD, TRAINING_FORWARD, TRAINING_FUSION, Pass, PassManager, autocast,
                       eliminate_dead_code, resolve)
+from ..passes import fp8 as _fp8
 from ..passes.amp import AMP_DTYPES
 from ..passes.training import recompute
 from ..runtime.backends import backend_for
@@ -64,7 +65,13 @@ class Trainer:
     clipping). ``amp``: None, "float16" or "bfloat16": mixed precision by ``passes.autocast`` (GEMMs in the low
     precision, softmax/norms/reductions/losses in float32), float32 masters updated by the optimizer, which also
     writes the low-precision copies. float16 uses dynamic loss scaling (``loss_scale``, a ``DynamicLossScale``): a
-    step whose gradients hold an inf or NaN is skipped and the scale lowered. ``checkpoint``: activations to
+    step whose gradients hold an inf or NaN is skipped and the scale lowered. ``amp="fp8"``: bfloat16 mixed
+    precision with the GEMMs of nn.Linear layers on FP8 tensor cores (``passes/fp8.py``: E4M3 forward, E5M2
+    gradients, delayed scaling per tensor on the device; ``fp8``: a ``DelayedScaling`` recipe, its amax history
+    length, margin and which GEMMs stay bfloat16 (by default the first and the last); the scaling state is saved
+    in checkpoints; ``explain()`` lists which GEMMs run in FP8). Overflow: FP8 casts saturate, a non-finite amax
+    leaves the scaling state as it was, and a step whose gradients are not finite drops its update
+    (``on_nonfinite``), so the parameters never take a NaN. ``checkpoint``: activations to
     recompute in the backward instead of keeping them from the forward (names of nodes or values of the training
     graph, or op names such as "gemm"; ``explain()`` shows them): less memory for more time.
     ``trainable``: names of the parameters to train (default every float parameter not named ``const/...`` and not
@@ -87,21 +94,27 @@ class Trainer:
     def __init__(self, graph: Graph, loss: str = "loss", device: str = "cpu", optimizer=None, amp=None,
                  grad_clip: float | None = None, trainable: Sequence[str] | None = None, reuse_memory: bool = True,
                  loss_scale: "_optim.DynamicLossScale | None" = None, checkpoint: Sequence[str] = (),
-                 distributed: bool = False, bucket_bytes: int = DEFAULT_BUCKET_BYTES, on_nonfinite: str = "raise"):
+                 distributed: bool = False, bucket_bytes: int = DEFAULT_BUCKET_BYTES, on_nonfinite: str = "raise",
+                 fp8: "_fp8.DelayedScaling | None" = None):
         if not isinstance(graph, Graph):
             raise TypeError(f"graph: expected a ge2.ir.Graph, got {type(graph).__name__}")
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
         if not isinstance(optimizer, _optim.OPTIMIZERS):
             raise TypeError(f"optimizer: expected ge2.train.SGD, Adam or AdamW, got {type(optimizer).__name__}")
-        if amp not in (None,) + AMP_DTYPES:
-            raise ValueError(f"amp: expected None, 'float16' or 'bfloat16', got {amp!r}")
+        if amp not in (None,) + AMP_DTYPES + ("fp8",):
+            raise ValueError(f"amp: expected None, 'float16', 'bfloat16' or 'fp8', got {amp!r}")
         if loss_scale is not None and not isinstance(loss_scale, _optim.DynamicLossScale):
             raise TypeError(f"loss_scale: expected a ge2.train.DynamicLossScale, got {type(loss_scale).__name__}")
+        if fp8 is not None and not isinstance(fp8, _fp8.DelayedScaling):
+            raise TypeError(f"fp8: expected a ge2.train.DelayedScaling, got {type(fp8).__name__}")
+        if fp8 is not None and amp != "fp8":
+            raise ValueError(f"fp8: a DelayedScaling recipe needs amp='fp8', got amp={amp!r}")
         if loss_scale is None and amp == "float16":
             loss_scale = _optim.DynamicLossScale()
         if on_nonfinite not in ON_NONFINITE:
             raise ValueError(f"on_nonfinite: expected 'raise' or 'skip', got {on_nonfinite!r}")
+        self.fp8 = (fp8 or _fp8.DelayedScaling()) if amp == "fp8" else None
         if grad_clip is not None:
             grad_clip = _optim.check_number("Trainer", "grad_clip", grad_clip, 0.0, low_open=True)
         if not isinstance(distributed, bool):
@@ -132,7 +145,8 @@ class Trainer:
                                  f"'{BUFFER_UPDATE_PREFIX}{name}'), not a trainable parameter")
         self.forward_graph, self._forward_records = PassManager(resolve(TRAINING_FORWARD)).run(graph)
         if amp is not None:
-            self.forward_graph, amp_records = PassManager([Pass("autocast", lambda g: autocast(g, amp)),
+            low = "bfloat16" if amp == "fp8" else amp  # FP8 GEMMs inside a bfloat16 step
+            self.forward_graph, amp_records = PassManager([Pass("autocast", lambda g: autocast(g, low)),
                                                            *resolve(("cse", "dce"))]).run(self.forward_graph)
             self._forward_records += amp_records
         # Parameters the loss does not read (removed by dead-code elimination) keep their values and get no update.
@@ -147,6 +161,10 @@ class Trainer:
             del differentiated.outputs[name]  # a step returns the loss (and buffer updates): no other output
         # Under loss scaling the seed is the scale, not 1: the loss and its gradient cannot come from one pass.
         passes = [p for p in resolve(TRAINING_BACKWARD) if not (loss_scale and p.name == "fuse_loss_gradient")]
+        if self.fp8 is not None:  # before the backward fusions, which would chain activations into gemm_backward
+            forward_names = self._forward_names
+            passes.insert(0, Pass("fp8", lambda g: _fp8.train_rewrite(g, forward_names, self.fp8,
+                                                                        BUFFER_UPDATE_PREFIX)))
         if checkpoint:
             if isinstance(checkpoint, str):
                 raise TypeError("checkpoint: expected a sequence of names, got a single string; wrap it in a list")
@@ -167,7 +185,10 @@ class Trainer:
         self._compute_dtypes = {name: self.forward_graph.params[name].type.dtype if name in self.forward_graph.params
                                 else graph.params[name].type.dtype for name in self._masters}
         self._param_slots = {name: self._compute_slot(name) for name in self._masters}
-        self._buffers = {name: self._backend.upload(np.array(graph.params[name].data, np.float32))
+        # FP8 delayed scaling's state (amax histories, scales) is made of buffers too: the step computes it.
+        self.buffer_names += [name for name in self.train_graph.params if name.startswith(_fp8.STATE_PREFIX)]
+        self._buffers = {name: self._backend.upload(np.array((graph.params.get(name)
+                                                              or self.train_graph.params[name]).data, np.float32))
                          for name in self.buffer_names}
         # The optimizer's own state: applied steps, loss scale, finite steps since the scale last changed (on CUDA a
         # host mirror of the device Control block of the fused step, synchronized when the active plan changes and
@@ -391,8 +412,8 @@ class Trainer:
                                                                    if n in backward)]
         fusions = [note for record in self._forward_records + self._backward_records for note in record.notes
                    if record.name in ("fuse_relu", "autocast", "chain_activation_backward", "trim_gemm_backward",
-                                      "fuse_loss_gradient", "recompute")]
-        lines.append(f"training rewrites (fusions, mixed precision, recomputation): {len(fusions)}")
+                                      "fuse_loss_gradient", "recompute", "fp8")]
+        lines.append(f"training rewrites (fusions, mixed precision, FP8 GEMMs, recomputation): {len(fusions)}")
         lines += [f"  {note}" for note in fusions]
         clip = f"clip to global norm {self.grad_clip}, " if self.grad_clip else ""
         where = "NumPy reference (ReferenceOptimizer)" if not self._backend.asynchronous else (

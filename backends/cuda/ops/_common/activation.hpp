@@ -1,6 +1,7 @@
 // Activation functors shared by gemm epilogues and elementwise ops. All math in float32.
 // GELU comes in the tanh form (what cuBLASLt's GELU epilogue computes) and the exact erf form.
 #pragma once
+#include <cmath>  // expf, tanhf, erff: host-compiled bindings include this header too
 #include <stdexcept>
 #include <string>
 

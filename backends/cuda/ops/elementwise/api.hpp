@@ -62,7 +62,8 @@ void binary_backward(BinaryOp op, const void* dy, const void* a, const void* b, 
 
 std::vector<KernelInfo> kernel_table();
 
-// y = x converted to y_dtype (float32, float16, bfloat16; round to nearest even), contiguous, any alignment.
+// y = x converted to y_dtype (float32, float16, bfloat16, float8_e4m3fn, float8_e5m2; round to nearest even, FP8
+// saturating), contiguous, any alignment.
 void cast(const void* x, DType x_dtype, void* y, DType y_dtype, int64_t numel, cudaStream_t stream);
 
 // ---- internal: shared by launcher.cu, kernels/*.cu and backward.cu ------------------------------------------

@@ -1,0 +1,30 @@
+// quantize_fp8: y = FP8(x * scale), saturating, and amax = max |x| in the same pass over x (no separate amax
+// kernel); fp8_scale_update: delayed scaling's amax history and scale, on the device. Scales and amaxes are
+// float32 device scalars: delayed scaling keeps them on the device, so a captured step never syncs the host.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "dtype.hpp"
+#include "kernel_info.hpp"
+
+namespace ge2::quantize_fp8 {
+
+// x: float32, float16 or bfloat16; y: float8_e4m3fn or float8_e5m2; both contiguous, `numel` elements. amax is
+// zeroed, then set to max |x| (NaN when x holds one: the maximum is over the bits of |x|). Any alignment; 16-byte
+// aligned x with 8-byte aligned y take 8-element vectors. Returns the kernel that ran ("vec8" or "scalar").
+const char* forward(const void* x, DType x_dtype, const float* scale, void* y, DType y_dtype, float* amax,
+                    int64_t numel, cudaStream_t stream);
+
+// Delayed scaling, one tensor's state after a step: new_history = [amax, history[0 .. length-2]] (newest first),
+// new_scale = fp8_max(dtype) / (max(new_history) * 2^margin), new_scale_inv = 1 / new_scale. An all-zero history
+// keeps the previous scale; a non-finite amax (an overflowed step) leaves history and scale as they were. The
+// outputs must not alias the inputs (the trainer copies them over the state after the step).
+void scale_update(const float* history, const float* scale, const float* amax, float* new_history, float* new_scale,
+                  float* new_scale_inv, int64_t length, DType dtype, int margin, cudaStream_t stream);
+
+std::vector<KernelInfo> kernel_table();
+
+}  // namespace ge2::quantize_fp8

@@ -1,0 +1,44 @@
+// quantize_fp8 launcher: argument checks and the choice between the 8-element vector and the scalar kernel.
+#include <string>
+
+#include "api.hpp"
+#include "status.hpp"
+
+namespace ge2::quantize_fp8 {
+
+void launch_quantize(const void* x, DType x_dtype, const float* scale, void* y, DType y_dtype, float* amax,
+                     int64_t numel, bool vectorized, cudaStream_t stream);
+
+std::vector<KernelInfo> kernel_table() {
+  return {
+      {"cuda", 10,
+       "quantize_fp8 in one pass: 8 elements per step (one 16-byte load of 16-bit x; 'vec8') or element-wise "
+       "('scalar'), grid-stride; amax reduced per warp, one atomicMax each",
+       "none (vec8 when x is 8 * itemsize-byte aligned and y 8-byte aligned; the tail runs element-wise)", kFallback,
+       kAnyAlignment},
+      {"scale_update", 10, "fp8_scale_update: one block rolls the amax history, max-reduces it and divides",
+       "history length >= 1", kFallback, kAnyAlignment},
+  };
+}
+
+const char* forward(const void* x, DType x_dtype, const float* scale, void* y, DType y_dtype, float* amax,
+                    int64_t numel, cudaStream_t stream) {
+  if (!is_floating(x_dtype)) {
+    throw std::invalid_argument(std::string("x dtype: expected float32, float16 or bfloat16, got ") +
+                                dtype_name(x_dtype));
+  }
+  if (!is_float8(y_dtype)) {
+    throw std::invalid_argument(std::string("dtype: expected float8_e4m3fn or float8_e5m2, got ") +
+                                dtype_name(y_dtype));
+  }
+  if (numel < 0) throw std::invalid_argument("numel: must be >= 0, got " + std::to_string(numel));
+  if (scale == nullptr) throw std::invalid_argument("scale: null device pointer");
+  if (amax == nullptr) throw std::invalid_argument("amax: null device pointer");
+  if (numel > 0 && (x == nullptr || y == nullptr)) throw std::invalid_argument("x, y: null device pointer");
+  const auto x_address = reinterpret_cast<std::uintptr_t>(x), y_address = reinterpret_cast<std::uintptr_t>(y);
+  const bool vectorized = x_address % (8 * dtype_size(x_dtype)) == 0 && y_address % 8 == 0;
+  launch_quantize(x, x_dtype, scale, y, y_dtype, amax, numel, vectorized, stream);
+  return vectorized ? "vec8" : "scalar";
+}
+
+}  // namespace ge2::quantize_fp8

@@ -1,0 +1,175 @@
+"""quantize_fp8: ``y = FP8(x * scale)`` and ``amax = max |x|``, in one pass over x; and ``fp8_scale_update``,
+delayed scaling's per-tensor state update.
+
+x is float32, float16 or bfloat16; ``scale`` a float32 scalar (a 0-d or one-element tensor: it stays on the device,
+so delayed scaling never syncs the host); y is ``dtype`` (float8_e4m3fn, the default, or float8_e5m2), rounded to
+nearest even and saturating like ``cast`` (beyond the largest finite value, infinities included, gives it; NaN
+stays NaN). ``amax`` is a 0-d float32, the largest ``|x|`` before scaling (what delayed scaling records to choose
+the next scale), NaN when x holds a NaN, 0 for an empty x. The product ``x * scale`` is rounded to float32 before
+the cast, as the kernel computes it.
+
+The native kernel (``_ops_quantize_fp8``) reduces the amax per warp over the float bits of ``|x|`` and adds one
+``atomicMax`` per warp: no separate amax kernel. FP8 values carry no gradient (autograd differentiates the float
+dtypes); ``Trainer(amp="fp8")`` builds its FP8 backward itself.
+
+``fp8_scale_update(history, scale, amax) -> (history, scale, scale_inv)`` (Transformer Engine's delayed scaling,
+"max" over the history): the step's amax enters the history first (newest first, the oldest drops out), and the
+next scale is ``fp8_max(dtype) / (max(history) * 2**margin)``. An all-zero history keeps the previous scale; a
+non-finite amax (an overflowed step) leaves history and scale as they were, so one overflow never poisons the
+scale. All float32, updated on the device inside a captured training step: no host synchronization.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _native
+from ..dtypes import FLOAT8_DTYPES, FLOAT8_MAX, FLOAT_DTYPES, saturate_to_float8
+from ..ir.types import TensorType
+from ._base import (Attr, Input, OpDef, Problem, Sample, in_ptr, native_launch, out_ptr, register, require_inputs,
+                    sample_array, stream_arg, table_candidate)
+from ._face import Face
+
+
+def _native_module():
+    return _native.load("_ops_quantize_fp8")
+
+
+def reference(x, scale, dtype: str = "float8_e4m3fn"):
+    """(y, amax) in float64: y exactly representable in ``dtype``, amax a 0-d array."""
+    _check_float8(dtype, "dtype")
+    x32 = np.asarray(x).astype(np.float32)
+    scaled = x32 * np.float32(np.asarray(scale, np.float32).reshape(()))  # float32 product, as the kernel
+    magnitudes = np.abs(x32.astype(np.float64))
+    amax = float(magnitudes.max()) if magnitudes.size else 0.0
+    if magnitudes.size and np.isnan(magnitudes).any():
+        amax = float("nan")
+    return saturate_to_float8(scaled, dtype), np.asarray(amax)
+
+
+def check_scale(t, argument: str) -> None:
+    """A per-tensor scale (or amax) of FP8 ops: float32, one element (0-d or shape (1,))."""
+    if t.dtype != "float32":
+        raise TypeError(f"{argument}: expected a float32 scalar, got dtype {t.dtype}")
+    if t.is_concrete and t.numel != 1:
+        raise ValueError(f"{argument}: expected one element (a 0-d or (1,) tensor), got shape {t.shape}")
+
+
+def _check_float8(dtype, argument):
+    if dtype not in FLOAT8_DTYPES:
+        raise ValueError(f"{argument}: expected one of {', '.join(FLOAT8_DTYPES)}, got {dtype!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Op definition
+# ---------------------------------------------------------------------------------------------------------------
+def _infer(in_types, attrs):
+    require_inputs(in_types, ("x", "scale"))
+    x, scale = in_types
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"x: expected one of {', '.join(FLOAT_DTYPES)}, got {x.dtype}")
+    check_scale(scale, "scale")
+    return [TensorType(x.shape, attrs["dtype"]), TensorType((), "float32")]
+
+
+def _reference(inputs, attrs):
+    y, amax = reference(inputs[0], inputs[1], attrs["dtype"])
+    return [y, amax]
+
+
+def _prepare(problem: Problem):
+    x, y = problem.in_types[0], problem.out_types[0]
+    return native_launch(_native_module().forward, in_ptr(0), x.dtype, in_ptr(1), out_ptr(0), y.dtype, out_ptr(1),
+                         x.numel, stream_arg())
+
+
+def _supports(problem: Problem):
+    return None if _native.is_built("_ops_quantize_fp8") else "native module _ops_quantize_fp8 is not built"
+
+
+def _samples(rng):
+    return [Sample((sample_array(rng, 4, 6), np.array(4.0, np.float32)), {}, "E4M3, a 0-d scale"),
+            Sample((sample_array(rng, 3, 37) * 1e4, np.array([2.0], np.float32)), {"dtype": "float8_e5m2"},
+                   "E5M2, a (1,) scale, values past E5M2's range (saturate), an odd length (the element-wise tail)")]
+
+
+OP = register(OpDef(
+    name="quantize_fp8",
+    samples=_samples,
+    inputs=(Input("x"), Input("scale")),
+    outputs=("y", "amax"),
+    attrs=(Attr("dtype", str, "float8_e4m3fn", choices=FLOAT8_DTYPES, doc="the FP8 output dtype"),),
+    infer=_infer,
+    reference=_reference,
+    # no reference_backward and no grad rule: FP8 values are not differentiated (see the module docstring)
+    candidates=(table_candidate("_ops_quantize_fp8", "cuda", _supports, _prepare),),
+    doc=__doc__,
+))
+
+
+def _backward(dy, inputs, attrs, kernel, out, stream):
+    """No gradients: FP8 values are not differentiated."""
+    return (None, None)
+
+
+# The face (ops/_face.py): forward / forward_numpy / backward / backward_numpy / kernels / prepare.
+FACE = Face(OP, _backward)
+globals().update(FACE.functions())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# fp8_scale_update: delayed scaling's state update
+# ---------------------------------------------------------------------------------------------------------------
+def reference_scale_update(history, scale, amax, dtype: str = "float8_e4m3fn", margin: int = 0):
+    """(new_history, new_scale, new_scale_inv) as float32 arrays, as the kernel computes them."""
+    history = np.asarray(history, np.float32)
+    scale = np.float32(np.asarray(scale, np.float32).reshape(()))
+    newest = np.float32(np.asarray(amax, np.float32).reshape(()))
+    if not np.isfinite(newest):
+        new_history = history.copy()
+    else:
+        new_history = np.concatenate([[newest], history[:-1]]).astype(np.float32)
+    largest = np.float32(new_history.max())
+    target = np.float32(np.ldexp(np.float32(FLOAT8_MAX[dtype]), -margin))
+    with np.errstate(divide="ignore", over="ignore"):
+        updated = target / largest if largest > 0 else scale
+    chosen = updated if np.isfinite(updated) and updated > 0 else scale
+    return new_history, np.asarray(chosen, np.float32), np.asarray(np.float32(1.0) / chosen, np.float32)
+
+
+def _infer_scale_update(in_types, attrs):
+    require_inputs(in_types, ("history", "scale", "amax"))
+    history, scale, amax = in_types
+    if history.dtype != "float32" or history.rank != 1:
+        raise TypeError(f"history: expected a 1-d float32 array, got {history}")
+    check_scale(scale, "scale")
+    check_scale(amax, "amax")
+    return [history, TensorType((), "float32"), TensorType((), "float32")]
+
+
+def _prepare_scale_update(problem: Problem):
+    (length,) = problem.in_types[0].shape
+    return native_launch(_native_module().scale_update, in_ptr(0), in_ptr(1), in_ptr(2), out_ptr(0), out_ptr(1),
+                         out_ptr(2), length, problem.attrs["dtype"], problem.attrs["margin"], stream_arg())
+
+
+def _non_negative(value):
+    return None if value >= 0 else "must be >= 0"
+
+
+SCALE_UPDATE = register(OpDef(
+    name="fp8_scale_update",
+    samples=lambda rng: [Sample((np.abs(sample_array(rng, 8)), np.array(2.0, np.float32), np.array(3.5, np.float32)),
+                                {"margin": 1}),
+                         Sample((np.zeros(4, np.float32), np.array(2.0, np.float32), np.array(np.inf, np.float32)),
+                                {"dtype": "float8_e5m2"}, "an overflowed step: the state stays")],
+    inputs=(Input("history"), Input("scale"), Input("amax")),
+    outputs=("new_history", "new_scale", "new_scale_inv"),
+    attrs=(Attr("dtype", str, "float8_e4m3fn", choices=FLOAT8_DTYPES, doc="the format the scale targets"),
+           Attr("margin", int, 0, check=_non_negative, doc="scale backed off by 2**margin")),
+    infer=_infer_scale_update,
+    reference=lambda inputs, attrs: list(reference_scale_update(*inputs, attrs["dtype"], attrs["margin"])),
+    candidates=(table_candidate("_ops_quantize_fp8", "scale_update", _supports, _prepare_scale_update),),
+    doc=__doc__,
+))
+
+SCALE_UPDATE_FACE = Face(SCALE_UPDATE, lambda dy, inputs, attrs, kernel, out, stream: (None, None, None))

@@ -1,0 +1,261 @@
+"""FP8 GEMMs: inference on calibrated scales (``ExecutorV2(..., precision="fp8")``, ``quantize_gemms``) and
+training on delayed scaling (``Trainer(..., amp="fp8")``, ``train_rewrite``).
+
+Inference: GEMMs whose weight is a parameter run as ``quantize_fp8`` + ``scaled_gemm`` on calibrated per-tensor
+scales.
+
+Per GEMM ``y = act(x @ W + bias)`` (a ``gemm`` node after fusion):
+- the activation x is quantized to E4M3 on the device with ``x_scale = 448 / (amax_x * 2**margin)``, amax_x the
+  largest ``|x|`` seen over the calibration feeds (static scaling: the scale is a parameter of the plan);
+- the weight is quantized once, on the host, with its own amax, and stored transposed as [n, k] (cuBLASLt's FP8
+  layout, the "TN" rule: the transpose is arranged here once, not per call);
+- ``scaled_gemm`` multiplies them with the reciprocal scales, adds the bias (stored in bfloat16, float16 for a
+  float16 output: cuBLASLt's FP8 bias types) and applies relu/gelu in its epilogue; its output keeps x's dtype.
+
+A GEMM stays as it is, with its reason in the notes (``explain()``), when it has no parameter weight, a residual or
+alpha != 1, an activation cuBLASLt's FP8 epilogue lacks (silu, leaky_relu), or k or n not a multiple of 16.
+Convolutions stay in their precision: cuDNN's FP8 convolutions need the frontend's FP8 graph API (scale/amax
+tensor attributes per operation) that GE2's conv2d candidates do not build yet.
+The scales and FP8 weights are parameters of the rewritten graph, so ``ExecutorV2.save`` keeps them with the plan.
+
+Training (Transformer Engine's recipe): see ``train_rewrite`` and ``DelayedScaling``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..dtypes import FLOAT8_MAX, FLOAT_DTYPES, saturate_to_float8, to_numpy
+from ..ir.graph import Graph, Node, Value
+from ..ops.scaled_gemm import ACTIVATIONS as FP8_ACTIVATIONS
+from ..ops.scaled_gemm import bias_dtype_for
+
+FP8_INFERENCE_DTYPE = "float8_e4m3fn"
+
+
+def site_reason(graph: Graph, node: Node) -> str | None:
+    """Why ``node`` cannot run as an FP8 GEMM (None when it can)."""
+    if node.op != "gemm":
+        return "not a gemm"
+    a, w, _, c = node.inputs
+    attrs = node.attrs
+    if not w.is_param:
+        return "the weight is not a parameter (only constant weights are quantized ahead of time)"
+    if c is not None or attrs["alpha"] != 1.0:
+        return "a residual input or alpha != 1 (scaled_gemm has neither)"
+    if attrs["act"] not in FP8_ACTIVATIONS:
+        return f"activation {attrs['act']} has no cuBLASLt FP8 epilogue (none, relu, gelu)"
+    if attrs["trans_a"] or a.type.rank != 2 or a.type.dtype not in FLOAT_DTYPES:
+        return "the activation is not a row-major 2-d float matrix"
+    k, n = (w.type.shape[1], w.type.shape[0]) if attrs["trans_b"] else w.type.shape
+    if k % 16 or n % 16:
+        return f"k={k} and n={n} must be multiples of 16 (cuBLASLt's FP8 rule)"
+    return None
+
+
+def sites(graph: Graph) -> list[tuple[Node, str | None]]:
+    """Every gemm node of ``graph`` with the reason it stays out of FP8 (None: it can run in FP8)."""
+    return [(node, site_reason(graph, node)) for node in graph.nodes if node.op == "gemm"]
+
+
+def scale_for(amax: float, margin: int = 0, dtype: str = FP8_INFERENCE_DTYPE) -> float:
+    """The quantization scale that maps ``amax`` to the format's largest value, backed off by ``2**margin``; 1 for
+    an amax of 0 or one that is not finite (nothing to scale, or nothing sensible to scale by)."""
+    if not np.isfinite(amax) or amax <= 0.0:
+        return 1.0
+    return float(np.float32(FLOAT8_MAX[dtype] / (amax * 2.0 ** margin)))
+
+
+def quantize_gemms(graph: Graph, activation_amax: dict[str, float], margin: int = 0) -> list[str]:
+    """Rewrites every eligible gemm of ``graph`` in place (see the module docstring); ``activation_amax`` maps the
+    name of each gemm's activation input to its calibrated amax. Returns notes, one per gemm."""
+    found = sites(graph)
+    # read before any rewrite: a rewritten GEMM's output (the next one's input) is a new value
+    amax_of = {node: activation_amax[node.inputs[0].name] for node, reason in found if reason is None}
+    return [f"{node.name}: stays {node.outputs[0].type.dtype}: {reason}" if reason is not None
+            else _rewrite(graph, node, amax_of[node], margin) for node, reason in found]
+
+
+def _param(graph: Graph, base: str, array) -> Value:
+    return graph.param(graph.unique_name(base), np.asarray(array))
+
+
+def _rewrite(graph: Graph, node: Node, x_amax: float, margin: int) -> str:
+    x, w, bias, _ = node.inputs
+    attrs = node.attrs
+    out_dtype = node.outputs[0].type.dtype
+    weight = w.data.astype(np.float64)
+    weight_nk = weight if attrs["trans_b"] else weight.T  # [n, k]: the TN layout
+    w_amax = float(np.abs(weight_nk).max()) if weight_nk.size else 0.0
+    x_scale, w_scale = scale_for(x_amax, margin), scale_for(w_amax, margin)
+    w8 = saturate_to_float8(weight_nk * np.float32(w_scale), FP8_INFERENCE_DTYPE).astype(to_numpy(FP8_INFERENCE_DTYPE))
+    prefix = f"{node.name}.fp8"
+    with graph.inserting_before(node):
+        x8, _ = graph.quantize_fp8(x, _param(graph, f"{prefix}.x_scale", np.float32(x_scale)),
+                                   dtype=FP8_INFERENCE_DTYPE)
+        w8_value = _param(graph, f"{prefix}.w", np.ascontiguousarray(w8))
+        bias_value = None
+        if bias is not None:
+            bias_dtype = bias_dtype_for(out_dtype)
+            bias_value = bias if bias.type.dtype == bias_dtype else _param(
+                graph, f"{prefix}.bias", bias.data.astype(to_numpy(bias_dtype)))
+        y, _ = graph.scaled_gemm(x8, w8_value, _param(graph, f"{prefix}.x_scale_inv", np.float32(1.0) / np.float32(x_scale)),
+                                 _param(graph, f"{prefix}.w_scale_inv", np.float32(1.0) / np.float32(w_scale)),
+                                 bias_value, None, act=attrs["act"], out_dtype=out_dtype)
+    graph.replace_uses(node.outputs[0], y)
+    graph.remove_node(node)
+    return (f"{node.name}: FP8 E4M3 GEMM [{x.type.shape[-1]} -> {w8.shape[0]}] act={attrs['act']}, x amax {x_amax:.4g} "
+            f"(scale {x_scale:.4g}), w amax {w_amax:.4g} (scale {w_scale:.4g}), output {out_dtype}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training: delayed scaling
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DelayedScaling:
+    """The FP8 training recipe of ``Trainer(..., amp="fp8", fp8=DelayedScaling(...))``.
+
+    ``history``: steps of amax kept per tensor; the scale is ``fp8_max / (max(history) * 2**margin)``.
+    ``keep_first_last``: the first and the last GEMM of the forward pass (a GPT's first QKV projection and its LM
+    head) stay bfloat16, as Transformer Engine advises: they see the raw embedding and produce the
+    logits, where FP8's 3-bit (E4M3) mantissa costs the most. ``exclude``: weight parameter names that stay
+    bfloat16 too."""
+
+    history: int = 16
+    margin: int = 0
+    keep_first_last: bool = True
+    exclude: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if isinstance(self.history, bool) or not isinstance(self.history, int) or self.history < 1:
+            raise ValueError(f"DelayedScaling: history must be an int >= 1, got {self.history!r}")
+        if isinstance(self.margin, bool) or not isinstance(self.margin, int) or self.margin < 0:
+            raise ValueError(f"DelayedScaling: margin must be an int >= 0, got {self.margin!r}")
+        object.__setattr__(self, "exclude", tuple(self.exclude))
+
+
+FORWARD_DTYPE, GRADIENT_DTYPE = "float8_e4m3fn", "float8_e5m2"
+STATE_PREFIX = "fp8/"  # state parameters: fp8/<weight>/<x|w|g>.<history|scale|scale_inv>
+
+
+def _training_site_reason(graph: Graph, node: Node, backward: Node | None) -> str | None:
+    a, w, bias, c = node.inputs
+    attrs = node.attrs
+    if not w.is_param:
+        return "the weight is not a parameter"
+    if attrs["act"] not in ("none", "relu") or c is not None or attrs["alpha"] != 1.0 or attrs["trans_a"]:
+        # relu's backward reads the output; gelu's would recompute the pre-activation with a bfloat16 gemm
+        return "not x @ W (+ bias) with act none or relu (another activation, a residual, alpha or a transposed x)"
+    if a.type.dtype != "bfloat16" or a.type.rank != 2:
+        return f"the activation is {a.type}, not a 2-d bfloat16 matrix"
+    m, k = a.type.shape
+    n = w.type.shape[0] if attrs["trans_b"] else w.type.shape[1]
+    if any(not isinstance(d, int) or d % 16 for d in (m, n, k)):
+        return f"m={m}, n={n}, k={k} must be multiples of 16 (cuBLASLt's FP8 rule, m for the weight gradient)"
+    if bias is not None and bias.type.dtype != "bfloat16":
+        return f"the bias is {bias.type.dtype}, not bfloat16"
+    if backward is None:
+        return "no gemm_backward of its own (the weight is not trained here)"
+    if backward.attrs["a_act"] != "none" or backward.attrs["alpha"] != 1.0:
+        return "its gemm_backward chains an activation"
+    return None
+
+
+def _state(graph: Graph, prefix: str, history: int) -> dict[str, Value]:
+    return {"history": graph.param(f"{prefix}.history", np.zeros(history, np.float32)),
+            "scale": graph.param(f"{prefix}.scale", np.array(1.0, np.float32)),
+            "scale_inv": graph.param(f"{prefix}.scale_inv", np.array(1.0, np.float32))}
+
+
+def _update_state(graph: Graph, state: dict[str, Value], amax: Value, dtype: str, margin: int,
+                  update_prefix: str) -> None:
+    outputs = graph.fp8_scale_update(state["history"], state["scale"], amax, dtype=dtype, margin=margin)
+    for key, value in zip(("history", "scale", "scale_inv"), outputs):
+        graph.output(value, update_prefix + state[key].name)
+
+
+def train_rewrite(graph: Graph, forward_names: set[str], recipe: DelayedScaling, update_prefix: str) -> list[str]:
+    """Rewrites the GEMMs of a training graph (forward, loss and gradients, before its backward passes) to FP8 in
+    place, and returns notes (one per GEMM: FP8, or why it stays bfloat16).
+
+    A forward ``gemm`` y = x @ W^T + bias (nn.Linear's layout) or x @ W + bias, relu fused or not, bfloat16 after
+    autocast, with its ``gemm_backward`` (which receives relu's backward already applied):
+    - forward: x and W quantized to E4M3 (``quantize_fp8``, amax in the same pass), ``scaled_gemm`` with their
+      reciprocal scales and the bias (and relu) in its epilogue, bfloat16 out;
+    - dgrad: dY quantized to E5M2, dX = dY8 @ W8 (E5M2 x E4M3);
+    - wgrad: dW = dY8^T @ x8 (or its transpose for a [k, n] W; E5M2 x E4M3); dbias = sum(dY) in bfloat16 as before.
+    cuBLASLt's FP8 matmul takes only the TN layout, so the operands that need it are transposed in FP8
+    (``transpose`` nodes, one byte per element).
+    Every quantized tensor (x, W, dY) has a state of float32 parameters ``fp8/<weight>/<x|w|g>.{history, scale,
+    scale_inv}``: a step quantizes with the scale its predecessors chose, and ``fp8_scale_update`` computes the next
+    state into graph outputs ``update_prefix + name``, which the trainer copies over the state after the step (its
+    buffers: on the device, captured with the step, saved in checkpoints). The names of the forward nodes it adds
+    join ``forward_names``."""
+    backward_of: dict[tuple, Node] = {}
+    for node in graph.nodes:
+        if node.op == "gemm_backward" and node.name not in forward_names:
+            backward_of.setdefault((node.inputs[1], node.inputs[2]), node)
+    candidates = [node for node in graph.nodes if node.op == "gemm" and node.name in forward_names]
+    # paired before any rewrite: a rewritten GEMM's output (the next one's input) is a new value
+    pairs = {node: backward_of.get((node.inputs[0], node.inputs[1])) for node in candidates}
+    reasons = {node: _training_site_reason(graph, node, pairs[node]) for node in candidates}
+    if recipe.keep_first_last and candidates:
+        for node in {candidates[0], candidates[-1]}:
+            if reasons[node] is None:
+                reasons[node] = "the forward pass's first or last GEMM (DelayedScaling.keep_first_last)"
+    for node in candidates:
+        if reasons[node] is None and node.inputs[1].name in recipe.exclude:
+            reasons[node] = "its weight is in DelayedScaling.exclude"
+    notes = []
+    for node in candidates:
+        if reasons[node] is not None:
+            notes.append(f"{node.name} ({node.inputs[1].name}) stays bfloat16: {reasons[node]}")
+            continue
+        forward_names.update(_rewrite_training_site(graph, node, pairs[node], recipe, update_prefix))
+        notes.append(f"{node.name} ({node.inputs[1].name}) runs in FP8: forward E4M3 x E4M3, dgrad and wgrad "
+                     f"E5M2 x E4M3, delayed scaling (history {recipe.history}, margin {recipe.margin})")
+    return notes
+
+
+def _rewrite_training_site(graph: Graph, node: Node, backward: Node, recipe: DelayedScaling,
+                           update_prefix: str) -> list[str]:
+    """Rewrites one site; returns the names of the forward nodes it added."""
+    x, w, bias, _ = node.inputs
+    before = {n.name for n in graph.nodes}
+    prefix = f"{STATE_PREFIX}{w.name}"
+    states = {key: _state(graph, f"{prefix}/{key}", recipe.history) for key in ("x", "w", "g")}
+    with graph.inserting_before(node):
+        x8, x_amax = graph.quantize_fp8(x, states["x"]["scale"], dtype=FORWARD_DTYPE)
+        w8, w_amax = graph.quantize_fp8(w, states["w"]["scale"], dtype=FORWARD_DTYPE)
+        w8_nk = w8 if node.attrs["trans_b"] else graph.transpose(w8, perm=(1, 0))  # [n, k]: the TN layout
+        y, _ = graph.scaled_gemm(x8, w8_nk, states["x"]["scale_inv"], states["w"]["scale_inv"], bias, None,
+                                 act=node.attrs["act"], out_dtype=node.outputs[0].type.dtype)
+        _update_state(graph, states["x"], x_amax, FORWARD_DTYPE, recipe.margin, update_prefix)
+        _update_state(graph, states["w"], w_amax, FORWARD_DTYPE, recipe.margin, update_prefix)
+    graph.replace_uses(node.outputs[0], y)
+    graph.remove_node(node)
+    forward_nodes = [n.name for n in graph.nodes if n.name not in before]
+
+    dy = backward.inputs[0]
+    da, db, dbias = backward.outputs
+    with graph.inserting_before(backward):
+        dy8, dy_amax = graph.quantize_fp8(dy, states["g"]["scale"], dtype=GRADIENT_DTYPE)
+        _update_state(graph, states["g"], dy_amax, GRADIENT_DTYPE, recipe.margin, update_prefix)
+        # dX [m, k] = dY [m, n] @ W_nk: cuBLASLt's B is [k, n]
+        w8_kn = graph.transpose(w8, perm=(1, 0)) if node.attrs["trans_b"] else w8
+        dx, _ = graph.scaled_gemm(dy8, w8_kn, states["g"]["scale_inv"], states["w"]["scale_inv"],
+                                  out_dtype=da.type.dtype)
+        # dW as W is stored: [n, k] = dY^T @ x (A = dY^T [n, m], B = x^T [k, m]), or [k, n] = x^T @ dY
+        dy8_t, x8_t = graph.transpose(dy8, perm=(1, 0)), graph.transpose(x8, perm=(1, 0))
+        first, second = (dy8_t, x8_t) if node.attrs["trans_b"] else (x8_t, dy8_t)
+        scales = (states["g"], states["x"]) if node.attrs["trans_b"] else (states["x"], states["g"])
+        dw, _ = graph.scaled_gemm(first, second, scales[0]["scale_inv"], scales[1]["scale_inv"],
+                                  out_dtype=db.type.dtype)
+        replacements = [(da, dx), (db, dw)]
+        if backward.attrs["with_dbias"]:
+            replacements.append((dbias, graph.sum(dy, axis=0)))
+    for old, new in replacements:
+        graph.replace_uses(old, new)
+    graph.remove_node(backward)
+    return forward_nodes

@@ -1,0 +1,47 @@
+// _ops_quantize_fp8: the native face of the quantize_fp8 op. Raw device addresses and sizes in, work enqueued on
+// `stream`; graph_executor_v2.ops.quantize_fp8 checks arguments for users first.
+#include "api.hpp"
+#include "kernel_list.hpp"
+#include "op_binding.hpp"
+
+namespace py = pybind11;
+using ge2::binding::as_pointer;
+using ge2::binding::as_stream;
+
+PYBIND11_MODULE(_ops_quantize_fp8, m) {
+  m.doc() = "GE2 quantize_fp8: y = FP8(x * scale) (saturating) and amax = max |x| in one pass";
+
+  m.def(
+      "forward",
+      [](std::uintptr_t x, const std::string& x_dtype, std::uintptr_t scale, std::uintptr_t y,
+         const std::string& dtype, std::uintptr_t amax, int64_t numel, std::uintptr_t stream) {
+        const auto from = ge2::dtype_from_name(x_dtype, "x_dtype"), to = ge2::dtype_from_name(dtype);
+        ge2::binding::ReleaseGil release;
+        return std::string(ge2::quantize_fp8::forward(as_pointer(x), from, as_pointer<const float>(scale),
+                                                      as_pointer(y), to, as_pointer<float>(amax), numel,
+                                                      as_stream(stream)));
+      },
+      py::arg("x"), py::arg("x_dtype"), py::arg("scale"), py::arg("y"), py::arg("dtype"), py::arg("amax"),
+      py::arg("numel"), py::arg("stream"),
+      "Enqueues y = FP8(x * scale) and amax = max |x| (float32 device scalars scale and amax); returns the kernel "
+      "that ran.");
+
+  m.def(
+      "scale_update",
+      [](std::uintptr_t history, std::uintptr_t scale, std::uintptr_t amax, std::uintptr_t new_history,
+         std::uintptr_t new_scale, std::uintptr_t new_scale_inv, int64_t length, const std::string& dtype, int margin,
+         std::uintptr_t stream) {
+        const auto type = ge2::dtype_from_name(dtype);
+        ge2::binding::ReleaseGil release;
+        ge2::quantize_fp8::scale_update(as_pointer<const float>(history), as_pointer<const float>(scale),
+                                        as_pointer<const float>(amax), as_pointer<float>(new_history),
+                                        as_pointer<float>(new_scale), as_pointer<float>(new_scale_inv), length, type,
+                                        margin, as_stream(stream));
+      },
+      py::arg("history"), py::arg("scale"), py::arg("amax"), py::arg("new_history"), py::arg("new_scale"),
+      py::arg("new_scale_inv"), py::arg("length"), py::arg("dtype"), py::arg("margin"), py::arg("stream"),
+      "Enqueues delayed scaling's update of one tensor's amax history and scale (float32 device arrays).");
+
+  m.def("kernels", [] { return ge2::binding::kernel_list(ge2::quantize_fp8::kernel_table()); },
+        "The candidates of quantize_fp8 ('cuda') and fp8_scale_update ('scale_update') with their constraints.");
+}

@@ -1,0 +1,115 @@
+"""FP8 inference: ExecutorV2(..., precision="fp8"), calibrate(), the GEMM rewrite with its reasons, save/load of the
+scales, and (GPU) the FP8 plan against the same calibrated graph on the CPU reference backend."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import graph_executor_v2 as ge2
+from graph_executor_v2 import testing
+from graph_executor_v2.ops import quantize_fp8, scaled_gemm
+from graph_executor_v2.passes import fp8
+
+
+def _mlp(rng, dtype="float32", sizes=(64, 128, 128, 40)):
+    return testing.mlp(rng, list(sizes), dtype, "relu")
+
+
+def _feeds(rng, count, batch=32, dtype="float32"):
+    return [{"x": rng.standard_normal((batch, 64)).astype(ge2.dtypes.to_numpy(dtype))} for _ in range(count)]
+
+
+def test_precision_is_checked_and_runs_wait_for_calibration(rng):
+    graph, _ = _mlp(rng)
+    with pytest.raises(ValueError, match="precision: expected one of"):
+        ge2.ExecutorV2(graph, precision="fp16")
+    executor = ge2.ExecutorV2(graph, precision="fp8")
+    assert executor.needs_calibration and "not calibrated yet" in executor.explain()
+    with pytest.raises(RuntimeError, match=r"calibrate\(feeds_iterable\) first"):
+        executor.run(_feeds(rng, 1)[0])
+    with pytest.raises(ValueError, match="feeds_iterable: expected at least one"):
+        executor.calibrate([])
+    with pytest.raises(ValueError, match="margin"):
+        executor.calibrate(_feeds(rng, 1), margin=-1)
+    with pytest.raises(ValueError, match="calibrate: needs ExecutorV2"):
+        ge2.ExecutorV2(graph).calibrate(_feeds(rng, 1))
+
+
+def test_calibration_records_each_activation_amax_and_rewrites_the_eligible_gemms(rng):
+    graph, _ = _mlp(rng)
+    executor = ge2.ExecutorV2(graph, precision="fp8")
+    feeds = _feeds(rng, 3)
+    amax = executor.calibrate(feeds, margin=1)
+    # the first GEMM's activation is the input itself; the others are hidden layers (relu: >= 0)
+    assert amax["x"] == max(float(np.abs(f["x"]).max()) for f in feeds)
+    assert len(amax) == 2 and all(value > 0 for value in amax.values())
+    counts = executor.optimized_graph.op_counts()
+    assert counts == {"quantize_fp8": 2, "scaled_gemm": 2, "gemm": 1}  # n=40 is not a multiple of 16
+    explained = executor.explain()
+    assert "precision: fp8" in explained and "k=128 and n=40 must be multiples of 16" in explained
+    scales = {name: float(value.data) for name, value in executor.optimized_graph.params.items()
+              if name.endswith(".x_scale")}
+    assert sorted(scales.values()) == sorted(np.float32(448.0 / (a * 2)) for a in amax.values())
+    with pytest.raises(ValueError, match="calibrated already"):
+        executor.calibrate(feeds)
+
+
+def test_the_rewrite_computes_the_emulated_fp8_network(rng):
+    """The calibrated graph equals the layer-by-layer emulation (quantize, FP8 product, epilogue) written by hand
+    from the recorded scales, and stays near the unquantized network."""
+    graph, reference = _mlp(rng, sizes=(64, 128, 32))
+    executor = ge2.ExecutorV2(graph, precision="fp8")
+    amax = executor.calibrate(_feeds(rng, 2))
+    x = _feeds(rng, 1)[0]["x"]
+    got = executor.run({"x": x})["y"]
+    activations = ["x"] + [name for name in amax if name != "x"]  # the input, then the hidden layer
+    h = x
+    for index, activation in enumerate(("relu", "none")):
+        w, b = graph.params[f"w{index}"].data, graph.params[f"b{index}"].data
+        x_scale = fp8.scale_for(amax[activations[index]])
+        w_scale = fp8.scale_for(float(np.abs(w).max()))
+        h8, _ = quantize_fp8.reference(h, np.float32(x_scale))
+        w8 = ge2.dtypes.saturate_to_float8(w.T.astype(np.float64) * np.float32(w_scale), "float8_e4m3fn")
+        h, _ = scaled_gemm.reference(h8, w8, np.float32(1) / np.float32(x_scale), np.float32(1) / np.float32(w_scale),
+                                     b.astype(ml_dtypes.bfloat16), act=activation, out_dtype="float32")
+        h = h.astype(np.float32)
+    np.testing.assert_array_equal(got, h)
+    exact = reference(x)
+    assert np.abs(got - exact).max() <= 0.1 * np.abs(exact).max()  # FP8: 3 mantissa bits, errors average over k
+
+
+def test_saved_plan_keeps_the_scales_and_runs_in_fp8_as_loaded(rng, tmp_path):
+    graph, _ = _mlp(rng)
+    executor = ge2.ExecutorV2(graph, precision="fp8")
+    executor.calibrate(_feeds(rng, 2))
+    x = _feeds(rng, 1)[0]
+    path = tmp_path / "fp8_plan.json"
+    executor.save(path)
+    loaded = ge2.ExecutorV2(ge2.ir.Graph.load(path), precision="fp8")
+    assert not loaded.needs_calibration
+    assert loaded.optimized_graph.params.keys() == executor.optimized_graph.params.keys()
+    np.testing.assert_array_equal(loaded.run(x)["y"], executor.run(x)["y"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fp8_plan_on_the_gpu_matches_the_calibrated_reference(rng, dtype):
+    graph, reference = _mlp(rng, dtype, sizes=(64, 256, 128, 64))
+    calibration = _feeds(rng, 4, batch=64, dtype=dtype)
+    on_gpu = ge2.ExecutorV2(graph, device="cuda", precision="fp8")
+    amax = on_gpu.calibrate(calibration)
+    on_cpu = ge2.ExecutorV2(graph, precision="fp8")
+    assert on_cpu.calibrate(calibration) == pytest.approx(amax, rel=1e-2)  # GPU vs CPU unquantized runs
+    fp8_nodes = [s for plan in on_gpu.plans for s in plan.selections if s.op in ("quantize_fp8", "scaled_gemm")]
+    assert len(fp8_nodes) == 6 and all(s.kernel in ("cuda", "cublaslt_fp8") for s in fp8_nodes), on_gpu.explain()
+    x = _feeds(rng, 1, batch=64, dtype=dtype)[0]
+    got, expected = on_gpu.run(x)["y"], on_cpu.run(x)["y"]
+    print(on_gpu.explain())
+    # the same FP8 network; the GPU accumulates in float32 in its own order, so a rounding of a hidden activation to
+    # FP8 can land one FP8 ulp away and carry on: compare against the output's scale
+    scale = float(np.abs(expected.astype(np.float64)).max())
+    error = float(np.abs(got.astype(np.float64) - expected.astype(np.float64)).max())
+    assert error <= 3e-2 * scale, f"max |gpu - cpu reference| {error:.4g} against max |y| {scale:.4g}"
+    exact = reference(x)
+    assert np.abs(got.astype(np.float64) - exact).max() <= 0.1 * np.abs(exact).max()

@@ -1,0 +1,169 @@
+"""quantize_fp8: the reference (CPU), the one-pass kernel against it bit for bit (GPU), the amax, and bad input;
+fp8_scale_update, delayed scaling's state update, against its reference."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import graph_executor_v2 as ge2
+from graph_executor_v2.ops import quantize_fp8
+
+FP8 = {"float8_e4m3fn": ml_dtypes.float8_e4m3fn, "float8_e5m2": ml_dtypes.float8_e5m2}
+SOURCES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+def _same_bits_or_both_nan(actual, expected, what):
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, what
+    bad = ~((actual == expected) & (np.signbit(actual) == np.signbit(expected)) | np.isnan(actual) & np.isnan(expected))
+    if bad.any():
+        index = tuple(np.argwhere(bad)[0])
+        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.size} differ; first at {index}: got "
+                             f"{actual[index]!r}, expected {expected[index]!r}")
+
+
+def _input(rng, shape, source):
+    """Normal values over many binades (FP8's subnormals to past its largest value once scaled)."""
+    return (rng.standard_normal(shape) * np.exp2(rng.integers(-10, 10, shape))).astype(SOURCES[source])
+
+
+def test_reference_scales_rounds_saturates_and_reports_the_unscaled_amax():
+    x = np.array([1.0, -3.0, 500.0, np.inf, 0.01, -0.0], np.float32)
+    y, amax = quantize_fp8.reference(x, np.float32(2.0), "float8_e4m3fn")
+    np.testing.assert_array_equal(y[:4], [2.0, -6.0, 448.0, 448.0])  # 1000 and inf saturate
+    assert y[4] == float(np.float32(0.02).astype(ml_dtypes.float8_e4m3fn)) and np.signbit(y[5])
+    assert amax.shape == () and amax == np.inf
+    assert quantize_fp8.reference(x[:3], np.float32(2.0))[1] == 500.0
+    assert np.isnan(quantize_fp8.reference(np.array([1.0, np.nan], np.float32), np.float32(1.0))[1])
+    assert quantize_fp8.reference(np.zeros((0, 3), np.float32), np.float32(1.0))[1] == 0.0
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_cpu_graph_matches_the_reference(rng, dtype):
+    x = _input(rng, (6, 10), "bfloat16")
+    g = ge2.ir.Graph("quantize")
+    y, amax = g.quantize_fp8(g.input("x", x.shape, "bfloat16"), g.input("scale", (), "float32"), dtype=dtype)
+    g.output(y, "y")
+    g.output(amax, "amax")
+    out = ge2.ExecutorV2(g).run({"x": x, "scale": np.array(3.0, np.float32)})
+    expected_y, expected_amax = quantize_fp8.reference(x, np.float32(3.0), dtype)
+    assert out["y"].dtype == FP8[dtype] and out["amax"].dtype == np.float32
+    _same_bits_or_both_nan(out["y"], expected_y, "y")
+    assert out["amax"] == expected_amax
+
+
+def test_bad_input_is_named():
+    g = ge2.ir.Graph("bad")
+    x = g.input("x", (4, 4), "float32")
+    with pytest.raises(TypeError, match="x: expected one of float32"):
+        g.quantize_fp8(g.input("ids", (4,), "int32"), g.input("s0", (), "float32"))
+    with pytest.raises(TypeError, match="scale: expected a float32 scalar"):
+        g.quantize_fp8(x, g.input("s1", (), "float16"))
+    with pytest.raises(ValueError, match=r"scale: expected one element"):
+        g.quantize_fp8(x, g.input("s2", (2,), "float32"))
+    with pytest.raises(ValueError, match="dtype"):
+        g.quantize_fp8(x, g.input("s3", (1,), "float32"), dtype="bfloat16")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("source", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("shape", [(1,), (7, 33), (1025, 1023), (2048, 1024)])
+def test_kernel_is_bit_exact_with_the_amax_of_the_same_pass(rng, source, dtype, shape):
+    x = _input(rng, shape, source)
+    flat = x.reshape(-1)
+    flat[: min(4, flat.size)] = np.array([0.0, -0.0, 1e4, -3e-5])[: min(4, flat.size)].astype(x.dtype)
+    scale = np.array(rng.choice([1.0, 37.5, 2.0 ** -4, 1000.0]), np.float32)
+    y, amax = quantize_fp8.forward_numpy(x, scale, dtype)
+    expected_y, expected_amax = quantize_fp8.reference(x, scale, dtype)
+    what = f"{source}->{dtype} shape {shape} scale {float(scale)}"
+    _same_bits_or_both_nan(y, expected_y, what)
+    assert amax.dtype == np.float32 and amax.shape == () and amax == expected_amax, (what, amax, expected_amax)
+
+
+@pytest.mark.gpu
+def test_amax_propagates_nan_and_inf_and_is_not_carried_between_calls(rng):
+    scale = np.array(1.0, np.float32)
+    x = _input(rng, (300,), "float32")
+    x[17] = np.inf
+    y, amax = quantize_fp8.forward_numpy(x, scale)
+    assert amax == np.inf and float(y[17]) == 448.0
+    x[200] = np.nan
+    y, amax = quantize_fp8.forward_numpy(x, scale)
+    assert np.isnan(amax) and np.isnan(float(y[200]))
+    # the same output arrays, a smaller input: amax is this call's, not the maximum with the previous one
+    rt = ge2.device.runtime()
+    x_device = rt.DeviceArray.from_numpy(x)
+    y_device, amax_device = rt.DeviceArray.empty([300], "float8_e4m3fn"), rt.DeviceArray.empty([], "float32")
+    scale_device = rt.DeviceArray.from_numpy(scale)
+    quantize_fp8.forward(x_device, scale_device, out=(y_device, amax_device))
+    small = np.full(300, 0.5, np.float32)
+    quantize_fp8.forward(rt.DeviceArray.from_numpy(small), scale_device, out=(y_device, amax_device))
+    assert amax_device.numpy() == 0.5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset_elements", [1, 3])
+def test_misaligned_views_take_the_element_wise_path(rng, offset_elements):
+    rt = ge2.device.runtime()
+    x = _input(rng, (4096 + 8,), "bfloat16")
+    base = rt.DeviceArray.from_numpy(x)
+    view = base.view(2 * offset_elements, [4096], "bfloat16")  # 16-bit elements at a 2/6-byte offset
+    y, amax = quantize_fp8.forward(view, rt.DeviceArray.from_numpy(np.array(8.0, np.float32)))
+    expected_y, expected_amax = quantize_fp8.reference(x[offset_elements:offset_elements + 4096], np.float32(8.0))
+    _same_bits_or_both_nan(y.numpy(), expected_y, f"offset {offset_elements}")
+    assert amax.numpy() == expected_amax
+
+
+@pytest.mark.gpu
+def test_quantize_node_in_a_cuda_plan(rng):
+    x = _input(rng, (256, 96), "float32")
+    g = ge2.ir.Graph("quantize_plan")
+    y, amax = g.quantize_fp8(g.input("x", x.shape, "float32"), g.input("scale", (1,), "float32"), dtype="float8_e5m2")
+    g.output(y, "y")
+    g.output(amax, "amax")
+    executor = ge2.ExecutorV2(g, device="cuda")
+    assert not executor.fallbacks
+    out = executor.run({"x": x, "scale": np.array([0.25], np.float32)})
+    expected_y, expected_amax = quantize_fp8.reference(x, np.float32(0.25), "float8_e5m2")
+    _same_bits_or_both_nan(out["y"], expected_y, "plan y")
+    assert out["amax"] == expected_amax
+
+
+def test_scale_update_rolls_the_history_and_targets_the_format_maximum():
+    history = np.array([1.0, 4.0, 2.0, 0.5], np.float32)
+    new_history, scale, scale_inv = quantize_fp8.reference_scale_update(history, 1.0, 3.0, "float8_e4m3fn", margin=1)
+    np.testing.assert_array_equal(new_history, [3.0, 1.0, 4.0, 2.0])  # newest first, the oldest dropped
+    assert scale == np.float32(448.0 / 2 / 4.0) and scale_inv == np.float32(1.0) / scale
+    e5m2 = quantize_fp8.reference_scale_update(history, 1.0, 3.0, "float8_e5m2")[1]
+    assert e5m2 == np.float32(57344.0 / 4.0)
+    # nothing seen yet: the scale stays; an overflowed step (inf/NaN amax) leaves the whole state as it was
+    assert quantize_fp8.reference_scale_update(np.zeros(3, np.float32), 7.0, 0.0)[1] == 7.0
+    for bad in (np.inf, np.nan):
+        kept, scale, _ = quantize_fp8.reference_scale_update(history, 5.0, bad)
+        np.testing.assert_array_equal(kept, history)
+        assert scale == np.float32(448.0 / 4.0)
+
+
+def test_scale_update_bad_input_is_named():
+    g = ge2.ir.Graph("bad_update")
+    with pytest.raises(TypeError, match="history: expected a 1-d float32"):
+        g.fp8_scale_update(g.input("h", (2, 2), "float32"), g.input("s", (), "float32"), g.input("a", (), "float32"))
+    with pytest.raises(ValueError, match="margin"):
+        g.fp8_scale_update(g.input("h1", (4,), "float32"), g.input("s1", (), "float32"),
+                           g.input("a1", (), "float32"), margin=-1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("length", [1, 16, 1024])
+@pytest.mark.parametrize("amax", [0.0, 3.0, 1e-30, np.inf, np.nan])
+def test_scale_update_kernel_matches_the_reference(rng, length, amax):
+    history = (np.abs(rng.standard_normal(length)) * 10).astype(np.float32)
+    if amax == 0.0:
+        history[:] = 0.0
+    expected = quantize_fp8.reference_scale_update(history, 2.0, amax, "float8_e5m2", margin=2)
+    got = ge2.ops.fp8_scale_update.forward_numpy(history, np.array(2.0, np.float32), np.array(amax, np.float32),
+                                                 dtype="float8_e5m2", margin=2)
+    for name, actual, want in zip(("history", "scale", "scale_inv"), got, expected):
+        np.testing.assert_array_equal(actual, want, err_msg=f"{name} (length {length}, amax {amax})")

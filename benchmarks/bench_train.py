@@ -11,6 +11,11 @@
 - resnet18: ResNet-18 (``ge2.models.resnet18``; PyTorch runs ``models.resnet.torch_resnet18``, the same weights),
   batch 32 of 3x224x224, float32 with TF32 off on both sides (cudnn.benchmark on for PyTorch), train-mode batch
   norm, SGD with momentum 0.9 (issue 10: reported, no target).
+- gpt2_fp8: GPT-2 124M (12 layers, 768 wide, 12 heads, context 1024, vocabulary 50257, tied head), batch 8,
+  AdamW: GE2's ``amp="fp8"`` step (issue 24: the linear layers' GEMMs in FP8 with delayed scaling, the first and last
+  bfloat16) against GE2's bfloat16 step and PyTorch's ``torch.compile`` bfloat16 step (autocast), the same weights.
+  Targets: >= 1.3x GE2 bfloat16, >= 1.4x torch.compile bfloat16. Loss check: GE2 FP8's first losses within 2% of GE2
+  bfloat16's (the 1000-step curve is tests/test_fp8_training.py's ``large`` test).
 - memory: GE2's ``peak_bytes`` (arena + parameters, copies and optimizer states) against
   ``torch.cuda.max_memory_allocated`` over the same step (weights, gradients, states and activations). Target <= 1.0x.
 
@@ -18,7 +23,7 @@ Correctness first: the first steps' losses of GE2 and PyTorch eager agree (float
 ResNet, whose ReLU masks and max-pool winners flip under rounding; AMP: 2%).
 Each step's time is the median of CUDA-event timings (benchmarks/harness.py); the batch is fed from device tensors.
 
-Run: python benchmarks/bench_train.py [--cases small,large,gpt,resnet18]
+Run: python benchmarks/bench_train.py [--cases small,large,gpt,resnet18,gpt2_fp8]
 """
 from __future__ import annotations
 
@@ -44,6 +49,8 @@ CASES = [
      "amp": "bfloat16", "target": "<= 0.9x torch graph"},
     {"case": "resnet18", "batch": 32, "image": 224, "amp": None, "loss_rtol": 1e-3, "reps": 30,
      "target": "report"},
+    {"case": "gpt2_fp8", "batch": 8, "gpt": GPTConfig(vocab=50257, context=1024, layers=12, heads=12, width=768),
+     "amp": "fp8", "reps": 30, "target": ">= 1.3x GE2 bf16, >= 1.4x torch.compile bf16"},
 ]
 # ResNet-18's forward at 224x224: 1.82 GFLOP (multiply-adds counted twice) per image; a training step ~3x that.
 RESNET18_FORWARD_FLOPS = 1.82e9
@@ -100,16 +107,18 @@ def torch_step(torch, params, layers, amp, capturable, scaler):
     return step
 
 
-def torch_gpt_step(torch, state, config, capturable):
-    """A PyTorch training step of the GPT with GE2's initial weights ``state``: step(ids, targets) -> loss tensor."""
+def torch_gpt_step(torch, state, config, capturable, compile=False):
+    """A PyTorch training step of the GPT with GE2's initial weights ``state``: step(ids, targets) -> loss tensor
+    (``compile``: the model's forward through ``torch.compile``)."""
     model = torch_gpt(config).cuda()
     model.load_state_dict({name: torch.from_numpy(value) for name, value in state.items()})
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, capturable=capturable)
+    forward = torch.compile(model) if compile else model
 
     def step(ids, targets):
         optimizer.zero_grad(set_to_none=not capturable)
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(ids, targets)
+            loss = forward(ids, targets)
         loss.backward()
         optimizer.step()
         return loss
@@ -157,16 +166,56 @@ def bench_gpt(torch, case, rng) -> dict:
     trainer = ge2.train.Trainer(model.loss_graph(batch), device="cuda",
                                 optimizer=ge2.train.AdamW(lr=1e-3, weight_decay=0.01), amp=case["amp"])
     eager = torch_gpt_step(torch, state, config, capturable=False)
-    # Model FLOPs (PaLM's count): 6 per weight of a matmul per token (the tied head included, the embeddings'
-    # lookups not), and 12 * layers * width * context per token for the attention scores and their use.
-    matmul_weights = sum(p.data.size for name, p in model.named_parameters()
-                         if p.data.ndim == 2 and name != "wpe.weight")
-    tokens = batch * config.context
-    flops = tokens * (6.0 * matmul_weights + 12.0 * config.layers * config.width * config.context)
+    flops = gpt_flops(model, config, batch)
     shape = (f"{config.layers}x{config.width} ({config.heads} heads), context {config.context}, vocab "
              f"{config.vocab}, batch {batch}")
     return compare(torch, case, trainer, {"ids": ids, "targets": targets}, eager,
                    lambda: torch_gpt_step(torch, state, config, capturable=True), (ids, targets), flops, shape)
+
+
+def gpt_flops(model, config, batch) -> float:
+    """Model FLOPs of a training step (PaLM's count): 6 per weight of a matmul per token (the tied head included,
+    the embeddings' lookups not), and 12 * layers * width * context per token for the attention scores and their
+    use."""
+    matmul_weights = sum(p.data.size for name, p in model.named_parameters()
+                         if p.data.ndim == 2 and name != "wpe.weight")
+    return batch * config.context * (6.0 * matmul_weights + 12.0 * config.layers * config.width * config.context)
+
+
+def bench_gpt2_fp8(torch, case, rng) -> dict:
+    """GE2 FP8 vs GE2 bfloat16 vs torch.compile bfloat16, one GPT-2 124M training step, the same weights."""
+    config, batch = case["gpt"], case["batch"]
+    nn.manual_seed(int(rng.integers(0, 2**31)))
+    model = GPT(config)
+    ids, targets = (torch.tensor(rng.integers(0, config.vocab, (batch, config.context)), device="cuda")
+                    for _ in range(2))
+    feeds = {"ids": ids, "targets": targets}
+    trainers = {amp: ge2.train.Trainer(model.loss_graph(batch), device="cuda", amp=amp,
+                                       optimizer=ge2.train.AdamW(lr=1e-3, weight_decay=0.01))
+                for amp in ("fp8", "bfloat16")}
+    losses = {amp: [float(trainer.step(feeds)) for _ in range(3)] for amp, trainer in trainers.items()}
+    np.testing.assert_allclose(losses["fp8"], losses["bfloat16"], rtol=0.02,
+                               err_msg="gpt2_fp8: GE2 FP8 vs GE2 bfloat16 losses")
+    compiled = torch_gpt_step(torch, model.state_dict(), config, capturable=False, compile=True)
+    for _ in range(3):  # compilation, then its warm steps
+        compiled(ids, targets)
+    reps = dict(warmup=5, reps=case["reps"], flush_l2=False)
+    fp8_ms = median_ms(lambda: trainers["fp8"].step(feeds), **reps)
+    bf16_ms = median_ms(lambda: trainers["bfloat16"].step(feeds), **reps)
+    compile_ms = median_ms(lambda: compiled(ids, targets), **reps)
+    fp8_gemms = sum(s.op == "scaled_gemm" for s in trainers["fp8"]._executor.plans[0].selections)
+    return {
+        "case": case["case"], "precision": "fp8 (E4M3/E5M2 GEMMs, bf16 elsewhere)",
+        "shape": f"GPT-2 124M, context {config.context}, batch {batch}; {fp8_gemms} FP8 GEMMs per step",
+        "ge2_ms": fp8_ms, "ge2_bf16_ms": bf16_ms, "torch_compile_ms": compile_ms,
+        "vs_ge2_bf16": bf16_ms / fp8_ms, "vs_torch_compile": compile_ms / fp8_ms,
+        "ge2_tflops": gpt_flops(model, config, batch) / (fp8_ms * 1e-3) / 1e12,
+        "ge2_peak_mb": trainers["fp8"].peak_bytes / 2**20,
+        "fallbacks": len(trainers["fp8"]._executor.fallbacks),
+        "capture": trainers["fp8"]._executor.plans[0].capture,
+        "target": case["target"],
+        "met": "yes" if bf16_ms / fp8_ms >= 1.3 and compile_ms / fp8_ms >= 1.4 else "NO",
+    }
 
 
 def bench_resnet(torch, case, rng) -> dict:
@@ -247,7 +296,8 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     rng = np.random.default_rng(0)
     benches = {"gpt": bench_gpt, "resnet18": bench_resnet}
-    rows = [benches.get(case["case"], bench)(torch, case, rng) for case in CASES if case["case"] in chosen]
+    rows = [benches.get(case["case"], bench)(torch, case, rng) for case in CASES
+            if case["case"] in chosen and case["case"] != "gpt2_fp8"]
     columns = [("case", "case"), ("shape", "shape"), ("precision", "precision"), ("ge2_ms", "GE2 step ms"),
                ("torch_eager_ms", "torch eager ms"), ("torch_graph_ms", "torch graph ms"),
                ("vs_graph", "GE2 / torch graph"), ("eager_speedup", "speedup vs eager"),
@@ -255,8 +305,18 @@ def main():
                ("memory_ratio", "memory ratio"), ("ge2_kernels", "GE2 kernels per step"), ("fallbacks", "fallbacks"),
                ("capture", "GE2 CUDA graph"),
                ("target", "target")]
-    name = "train" if len(rows) == len(CASES) else "train_" + "_".join(row["case"] for row in rows)
-    print(write_results(name, rows, columns, "Training step: ge2.train (cuda) vs PyTorch eager and CUDA graph"))
+    if rows:
+        name = "train" if len(rows) == len(CASES) - 1 else "train_" + "_".join(row["case"] for row in rows)
+        print(write_results(name, rows, columns, "Training step: ge2.train (cuda) vs PyTorch eager and CUDA graph"))
+    if "gpt2_fp8" in chosen:
+        fp8_rows = [bench_gpt2_fp8(torch, next(c for c in CASES if c["case"] == "gpt2_fp8"), rng)]
+        columns = [("case", "case"), ("shape", "shape"), ("precision", "precision"), ("ge2_ms", "GE2 FP8 step ms"),
+                   ("ge2_bf16_ms", "GE2 bf16 step ms"), ("torch_compile_ms", "torch.compile bf16 ms"),
+                   ("vs_ge2_bf16", "x vs GE2 bf16"), ("vs_torch_compile", "x vs torch.compile"),
+                   ("ge2_tflops", "GE2 FP8 TFLOP/s"), ("ge2_peak_mb", "GE2 peak MB"), ("fallbacks", "fallbacks"),
+                   ("capture", "GE2 CUDA graph"), ("target", "target"), ("met", "met")]
+        print(write_results("train_fp8", fp8_rows, columns,
+                            "FP8 training step: GE2 FP8 vs GE2 bfloat16 vs torch.compile bfloat16"))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ without NaN parameters, learning. GPU: the step on the native kernels (no fallba
 over 1000 steps within 2% of bfloat16 (``large``)."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -76,7 +77,12 @@ def test_delayed_scaling_state_rolls_and_sets_the_scales_after_each_step():
     trainer = _trainer(_gpt(), 4, fp8=ge2.train.DelayedScaling(history=3, margin=1))
     batches = _batches(4, 4, SMALL.context)
     start = _states(trainer)
-    assert all(field["scale"] == 1.0 and not field["history"].any() for s in start.values() for field in s.values())
+    # x and the gradient start at scale 1 and an empty history; a weight from its initial amax
+    assert all(s[t]["scale"] == 1.0 and not s[t]["history"].any() for s in start.values() for t in "xg")
+    for weight, state in start.items():
+        amax = np.float32(np.abs(trainer.parameters()[weight].astype(ml_dtypes.bfloat16).astype(np.float64)).max())
+        assert state["w"]["history"][0] == amax and not state["w"]["history"][1:].any()
+        assert state["w"]["scale"] == np.float32(np.float32(448.0 / (float(amax) * 2)))  # margin 1
     previous = None
     for batch in batches:
         trainer.step(batch)

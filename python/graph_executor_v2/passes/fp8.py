@@ -162,10 +162,17 @@ def _training_site_reason(graph: Graph, node: Node, backward: Node | None) -> st
     return None
 
 
-def _state(graph: Graph, prefix: str, history: int) -> dict[str, Value]:
-    return {"history": graph.param(f"{prefix}.history", np.zeros(history, np.float32)),
-            "scale": graph.param(f"{prefix}.scale", np.array(1.0, np.float32)),
-            "scale_inv": graph.param(f"{prefix}.scale_inv", np.array(1.0, np.float32))}
+def _state(graph: Graph, prefix: str, recipe: DelayedScaling, dtype: str, initial=None) -> dict[str, Value]:
+    """A tensor's scaling state: scale 1 and an empty history, or, given the ``initial`` values (a weight, known
+    before the first step), their amax recorded and the scale it gives."""
+    history, scale = np.zeros(recipe.history, np.float32), np.float32(1.0)
+    if initial is not None:
+        amax = np.float32(np.abs(initial.astype(np.float64)).max(initial=0.0))
+        history[0] = amax
+        scale = np.float32(scale_for(float(amax), recipe.margin, dtype))
+    return {"history": graph.param(f"{prefix}.history", history),
+            "scale": graph.param(f"{prefix}.scale", np.array(scale, np.float32)),
+            "scale_inv": graph.param(f"{prefix}.scale_inv", np.array(np.float32(1.0) / scale, np.float32))}
 
 
 def _update_state(graph: Graph, state: dict[str, Value], amax: Value, dtype: str, margin: int,
@@ -188,7 +195,8 @@ def train_rewrite(graph: Graph, forward_names: set[str], recipe: DelayedScaling,
     cuBLASLt's FP8 matmul takes only the TN layout, so the operands that need it are transposed in FP8
     (``transpose`` nodes, one byte per element).
     Every quantized tensor (x, W, dY) has a state of float32 parameters ``fp8/<weight>/<x|w|g>.{history, scale,
-    scale_inv}``: a step quantizes with the scale its predecessors chose, and ``fp8_scale_update`` computes the next
+    scale_inv}`` (x and dY start at scale 1 with an empty history, W from its initial amax): a step quantizes with
+    the scale its predecessors chose, and ``fp8_scale_update`` computes the next
     state into graph outputs ``update_prefix + name``, which the trainer copies over the state after the step (its
     buffers: on the device, captured with the step, saved in checkpoints). The names of the forward nodes it adds
     join ``forward_names``."""
@@ -224,7 +232,10 @@ def _rewrite_training_site(graph: Graph, node: Node, backward: Node, recipe: Del
     x, w, bias, _ = node.inputs
     before = {n.name for n in graph.nodes}
     prefix = f"{STATE_PREFIX}{w.name}"
-    states = {key: _state(graph, f"{prefix}/{key}", recipe.history) for key in ("x", "w", "g")}
+    # the weight's first scale comes from its initial values; x's and the gradient's from their first step
+    states = {"x": _state(graph, f"{prefix}/x", recipe, FORWARD_DTYPE),
+              "w": _state(graph, f"{prefix}/w", recipe, FORWARD_DTYPE, w.data),
+              "g": _state(graph, f"{prefix}/g", recipe, GRADIENT_DTYPE)}
     with graph.inserting_before(node):
         x8, x_amax = graph.quantize_fp8(x, states["x"]["scale"], dtype=FORWARD_DTYPE)
         w8, w_amax = graph.quantize_fp8(w, states["w"]["scale"], dtype=FORWARD_DTYPE)

@@ -11,7 +11,8 @@ Guards (ONNX Runtime style, checked before any rewrite):
   node and is stored once;
 - bounded: at most ``MAX_INPUTS`` inputs, ``MAX_OUTPUTS`` outputs and ``MAX_MEMBERS`` members (code size) a group.
 Streams are assigned after the passes (``runtime/schedule.py``), to whole nodes: a fused node runs on one stream, so
-no group spans a cross-stream edge. ``GE2_NO_FUSION=1`` turns the pass off (before/after comparisons).
+no group spans a cross-stream edge. ``GE2_NO_FUSION=1`` turns the pass off (before/after comparisons); without NVRTC
+(``codegen.compiler.availability()``) it does nothing, since a fused node would have no kernel.
 
 Single-element parameters are folded into the generated source as constants (``fuse_pointwise``); the training
 variant (``fuse_pointwise_training``) keeps every parameter an input, since a trainer updates them in place.
@@ -22,6 +23,7 @@ import heapq
 import os
 from typing import Callable
 
+from ..codegen.compiler import availability
 from ..ir.graph import Graph, Node, Value
 from ..ir.schema import OPS
 from ..ops.fused import MAX_OUTPUTS
@@ -204,7 +206,8 @@ def split_binary_backward(graph: Graph) -> list[str]:
 
 
 def fuse_pointwise_groups(graph: Graph, fold_params: bool) -> list[str]:
-    if os.environ.get("GE2_NO_FUSION") == "1":
+    # Without NVRTC a fused node would have no kernel but the host round trip: the ops stay as they are.
+    if os.environ.get("GE2_NO_FUSION") == "1" or availability() is not None:
         return []
     split = split_binary_backward(graph)
     moments = fuse_moments(graph)

@@ -87,15 +87,17 @@ def substitutions(name: str, inputs: list[str], package: str, in_tree: bool) -> 
     if in_tree:
         imports = ("from .. import _native\nfrom .. import device as _device\nfrom ..dtypes import FLOAT_DTYPES\n"
                    "from ..ir.types import TensorType\nfrom . import _layout\n"
-                   "from ._base import (Attr, Candidate, Input, OpDef, Problem, as_float64, in_ptr, native_launch, "
-                   "out_ptr, register,\n                    stream_arg)")
+                   "from ._base import (Attr, Candidate, Input, OpDef, Problem, Sample, as_float64, in_ptr, "
+                   "native_launch, out_ptr,\n                    register, sample_array, stream_arg, table_candidate)\n"
+                   "from ._face import Face")
         op_import = f"from graph_executor_v2.ops import {name} as op"
     else:
         imports = ("from graph_executor_v2 import _native\nfrom graph_executor_v2 import device as _device\n"
                    "from graph_executor_v2.dtypes import FLOAT_DTYPES\n"
                    "from graph_executor_v2.ir.types import TensorType\n"
-                   "from graph_executor_v2.ops import (Attr, Candidate, Input, OpDef, Problem, _layout, in_ptr, "
-                   "native_launch, out_ptr,\n                                   register, stream_arg)\n"
+                   "from graph_executor_v2.ops import (Attr, Candidate, Face, Input, OpDef, Problem, Sample, _layout, "
+                   "in_ptr,\n                                   native_launch, out_ptr, register, sample_array, "
+                   "stream_arg, table_candidate)\n"
                    "from graph_executor_v2.ops._base import as_float64")
         op_import = f"from {package} import {name} as op"
     grad_copies = ["grad"] + ["grad.copy()"] * (len(inputs) - 1)

@@ -50,10 +50,13 @@ def disabled_capabilities() -> dict[str, str]:
 
 
 def kernel_table(module: str) -> dict[str, dict]:
-    """The ``kernels()`` rows of native module ``module`` by kernel name (read once per process)."""
+    """The ``kernels()`` rows of native module ``module`` by kernel name (read once per process): GE2's own
+    (``"_ops_gemm"``) or another package's (``"my_ops._ops_swiglu"``)."""
     rows = _TABLES.get(module)
     if rows is None:
-        rows = _TABLES[module] = {row["name"]: row for row in _native.load(module).kernels()}
+        package, _, name = module.rpartition(".")
+        native = _native.load(name, package or "graph_executor_v2")
+        rows = _TABLES[module] = {row["name"]: row for row in native.kernels()}
     return rows
 
 

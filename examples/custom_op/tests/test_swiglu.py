@@ -57,7 +57,7 @@ def test_infer_and_its_errors():
     assert OPS["swiglu_backward"].infer([x, x, x], {}) == [x, x]
     with pytest.raises(TypeError, match="a: expected dtype float32, float16 or bfloat16, got int64"):
         OPS["swiglu"].infer([TensorType((3, 5), "int64")] * 2, {})
-    with pytest.raises(ValueError, match=r"b: expected bfloat16\[3, 5\] \(the type of a\), got bfloat16\[5, 3\]"):
+    with pytest.raises(ValueError, match=r"b: expected shape \(3, 5\) \(the shape of a\), got \(5, 3\)"):
         OPS["swiglu"].infer([x, TensorType((5, 3), "bfloat16")], {})
     with pytest.raises(ValueError, match=r"dy: expected bfloat16\[3, 5\] \(the type of y\), got float32\[3, 5\]"):
         OPS["swiglu_backward"].infer([TensorType((3, 5), "float32"), x, x], {})
@@ -143,7 +143,7 @@ def test_validation_before_any_device_work():
         swiglu.forward_numpy(x, x.astype(np.float16))
     with pytest.raises(ValueError, match=r"b: expected shape \(3, 5\) \(the shape of a\), got \(5, 3\)"):
         swiglu.forward_numpy(x, x.T.copy())
-    with pytest.raises(ValueError, match=r"a: expected shape \(3, 5\) \(the shape of dy\), got \(5, 3\)"):
+    with pytest.raises(ValueError, match=r"dy: expected shape \(5, 3\) \(the output's\), got \(3, 5\)"):
         swiglu.backward_numpy(x, x.T.copy(), x.T.copy())
     with pytest.raises(TypeError, match="a: expected a NumPy array, got list"):
         swiglu.forward_numpy([1.0], x)

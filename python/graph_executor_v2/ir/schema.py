@@ -151,8 +151,9 @@ class Candidate:
 
 def table_candidate(table: str, name: str, supports: Callable[[Problem], str | None],
                     prepare: Callable[[Problem], Launch], capabilities: tuple[str, ...] = ()) -> Candidate:
-    """The candidate of kernel ``name`` of the native module ``table`` (e.g. ``"_ops_gemm"``): its priority,
-    description, alignment and whether it is the fallback come from that module's ``kernels()`` table."""
+    """The candidate of kernel ``name`` of the native module ``table`` (``"_ops_gemm"``, or ``"my_ops._ops_swiglu"``
+    for another package's): its priority, description, alignment and whether it is the fallback come from that
+    module's ``kernels()`` table."""
     return Candidate(name, FROM_TABLE, FROM_TABLE, supports, prepare, FROM_TABLE, FROM_TABLE,
                      capabilities=tuple(capabilities), table=table)
 

@@ -7,8 +7,8 @@ that holds one op is its face (``ops.gemm``), the others' faces are attributes o
 ``ops.log_softmax``, ``ops.sum``, ``ops.reshape``). The convention is in CONTRIBUTING.md, "The op face". Other
 packages add ops (``register``) and kernel candidates for existing ops (``add_candidate``): docs/writing-an-op.md.
 """
-from ._base import (OPS, Attr, Candidate, Input, OpDef, Problem, add_candidate, in_ptr, in_ptrs, native_launch, out_ptr,
-                    out_ptrs, register, remove_candidate, stream_arg)
+from ._base import (OPS, Attr, Candidate, Input, OpDef, Problem, Sample, add_candidate, in_ptr, in_ptrs, native_launch,
+                    out_ptr, out_ptrs, register, remove_candidate, sample_array, stream_arg, table_candidate)
 from ._face import FACES, Face
 from . import elementwise, gemm, matmul
 from . import concat, slice, transpose
@@ -33,6 +33,7 @@ from .fused import FUSED_OPS
 # Every op has a face except the backward ops (ops/_grad.py, BACKWARD_OPS) and the fused ops the compiler makes
 # (ops/fused.py, FUSED_OPS).
 __all__ = ["OPS", "FACES", "BACKWARD_OPS", "FUSED_OPS", "Attr", "Candidate", "Face", "Input", "OpDef", "Problem",
-           "pointwise", "add_candidate", "register", "remove_candidate", "native_launch", "in_ptr", "in_ptrs", "out_ptr",
-           "out_ptrs", "stream_arg", "elementwise", "reduce", "optimizer", "pool2d"]
+           "Sample", "pointwise", "add_candidate", "register", "remove_candidate", "native_launch", "in_ptr", "in_ptrs",
+           "out_ptr", "out_ptrs", "sample_array", "stream_arg", "table_candidate", "elementwise", "reduce", "optimizer",
+           "pool2d"]
 __all__ += sorted(set(OPS) - BACKWARD_OPS - FUSED_OPS)

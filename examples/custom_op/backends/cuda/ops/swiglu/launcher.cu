@@ -27,7 +27,8 @@ std::vector<KernelInfo> kernel_table() {
   return {
       {"vec16", 20, "16-byte loads and stores, one pack per thread, grid-stride loop",
        "arrays 16-byte aligned; element count a multiple of 4 (float32) or 8 (float16, bfloat16)"},
-      {"scalar", 10, "one element per thread, grid-stride loop: the path that always works", "none"},
+      {"scalar", 10, "one element per thread, grid-stride loop: the path that always works", "none", kFallback,
+       kAnyAlignment},
   };
 }
 

@@ -37,14 +37,15 @@ from ._scalar import expression, is_float_ctype, literal
 from .elementwise import broadcast_shapes, integer_result, reduce_to_shape
 
 FLOAT, NUMERIC, ANY = "float", "numeric", "any"  # the dtypes an op takes
-_ACCEPTED = {FLOAT: FLOAT_DTYPES, NUMERIC: FLOAT_DTYPES + INT_DTYPES}
-_EXPECTED = {FLOAT: "float32, float16 or bfloat16", NUMERIC: "a numeric dtype (float or integer)"}
+_ACCEPTED = {FLOAT: FLOAT_DTYPES, NUMERIC: FLOAT_DTYPES + INT_DTYPES, ANY: FLOAT_DTYPES + INT_DTYPES + ("bool",)}
+_EXPECTED = {FLOAT: "float32, float16 or bfloat16", NUMERIC: "a numeric dtype (float or integer)",
+             ANY: "a float, integer or bool dtype (FP8 is storage: cast it first)"}
 _FLT_MAX = "3.4028234663852886e38f"  # no float is above it but infinity
 _LN2 = 0.6931471805599453
 
 
 def _accepts(kind: str, dtype: str) -> bool:
-    return kind == ANY or dtype in _ACCEPTED[kind]
+    return dtype in _ACCEPTED[kind]
 
 
 def _operands(inputs):

@@ -331,8 +331,8 @@ def test_large_forward_and_backward(rng, poisoned, to_device, layout, dtype, ker
 
 
 @pytest.mark.parametrize("change, reason", [
-    (dict(act="relu"), "activations run in im2col_gemm"),
-    (dict(bias=True), "a bias added after cuDNN"),
+    (dict(act="relu"), "a 16-bit epilogue (bias, residual, activation) after cuDNN would round"),
+    (dict(bias=True), "a 16-bit epilogue (bias, residual, activation) after cuDNN would round"),
     (dict(padding=(1, 0, 1, 1)), "symmetric padding only"),
 ])
 def test_cudnn_constraints_name_the_reason(change, reason):
@@ -456,9 +456,9 @@ def test_cudnn_graph_reports_why_it_is_not_built():
 
 
 @pytest.mark.parametrize("change, reason", [
-    (dict(dtype="float32"), "a fused bias or activation needs float16 or bfloat16"),
-    (dict(dtype="float32", act="none"), "a fused bias or activation needs float16 or bfloat16"),
-    (dict(layout="NCHW"), "a fused bias or activation needs NHWC"),
+    (dict(dtype="float32"), "a fused bias, residual or activation needs float16 or bfloat16"),
+    (dict(dtype="float32", act="none"), "a fused bias, residual or activation needs float16 or bfloat16"),
+    (dict(layout="NCHW"), "a fused bias, residual or activation needs NHWC"),
     (dict(groups=2), "needs groups 1 and C, K multiples of 8"),
     (dict(c=12), "needs groups 1 and C, K multiples of 8"),
     (dict(k=20, bias=False), "needs groups 1 and C, K multiples of 8"),
@@ -510,7 +510,8 @@ def test_registry_ranks_cudnn_graph_first_where_it_is_built():
     assert registry_ranking("float32", "NCHW", {"padding": 1}).viable[0].name == "cudnn_graph"
     assert registry_ranking("float16", "NHWC", {"padding": 1, "act": "relu"}).viable[0].name == "cudnn_graph"
     ranking = registry_ranking("float32", "NCHW", {"padding": 1, "act": "relu"})
-    assert ranking.viable[0].name == "im2col_gemm"
+    # float32's epilogue runs after cuDNN's convolution in place (float32 is the epilogue's own precision)
+    assert ranking.viable[0].name == ("cudnn" if conv2d.has_cudnn() else "im2col_gemm")
     assert "needs float16 or bfloat16" in dict(ranking.rejected)["cudnn_graph"]
 
 
@@ -633,8 +634,8 @@ def test_cudnn_graph_declines_offset_views_and_auto_takes_the_next(rng):
 def test_cudnn_graph_named_problem_it_cannot_run_raises(rng, to_device):
     skip_unless_built("cudnn_graph")
     x, w = to_device(random_array(rng, (2, 4, 6, 6), "float32")), to_device(random_array(rng, (3, 4, 3, 3), "float32"))
-    with pytest.raises(ValueError, match="kernel: 'cudnn_graph' cannot run this problem: a fused bias or activation "
-                                         "needs float16 or bfloat16"):
+    with pytest.raises(ValueError, match="kernel: 'cudnn_graph' cannot run this problem: a fused bias, residual or "
+                                         "activation needs float16 or bfloat16"):
         conv2d.forward(x, w, act="relu", kernel="cudnn_graph")
     dy = to_device(random_array(rng, (2, 3, 4, 4), "float32"))
     with pytest.raises(ValueError, match="kernel: 'cudnn_graph' cannot run this problem: activation gradients"):

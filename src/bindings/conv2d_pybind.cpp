@@ -29,11 +29,11 @@ ge2::conv2d::Shape make_shape(const std::vector<int64_t>& geometry, const std::s
 }  // namespace
 
 PYBIND11_MODULE(_ops_conv2d, m) {
-  m.doc() = "GE2 conv2d: y = act(conv(x, w) + bias), NCHW or NHWC";
+  m.doc() = "GE2 conv2d: y = act(conv(x, w) + bias + residual), NCHW or NHWC";
 
   m.def(
       "forward",
-      [](std::uintptr_t x, std::uintptr_t w, std::uintptr_t bias, std::uintptr_t y,
+      [](std::uintptr_t x, std::uintptr_t w, std::uintptr_t bias, std::uintptr_t residual, std::uintptr_t y,
          const std::vector<int64_t>& geometry, const std::string& layout, const std::string& dtype,
          const std::string& act, float slope, bool allow_tf32, const std::string& kernel, std::uintptr_t stream) {
         ge2::conv2d::ForwardArgs args;
@@ -41,6 +41,7 @@ PYBIND11_MODULE(_ops_conv2d, m) {
         args.x = as_pointer(x);
         args.w = as_pointer(w);
         args.bias = as_pointer(bias);
+        args.residual = as_pointer(residual);
         args.y = as_pointer(y);
         args.act = ge2::act_from_name(act);
         args.slope = slope;
@@ -49,7 +50,7 @@ PYBIND11_MODULE(_ops_conv2d, m) {
         ge2::binding::ReleaseGil release;
         return std::string(ge2::conv2d::kernel_name(ge2::conv2d::forward(args, requested, as_stream(stream))));
       },
-      py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("y"), py::arg("geometry"), py::arg("layout"),
+      py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("residual"), py::arg("y"), py::arg("geometry"), py::arg("layout"),
       py::arg("dtype"), py::arg("act"), py::arg("slope"), py::arg("allow_tf32"), py::arg("kernel"),
       py::arg("stream"), "Enqueues the convolution on `stream`; returns the name of the kernel that ran.");
 
@@ -87,28 +88,28 @@ PYBIND11_MODULE(_ops_conv2d, m) {
       "prepare",
       [](const std::string& kernel, const std::vector<int64_t>& geometry, const std::string& layout,
          const std::string& dtype, const std::string& act, float slope, bool allow_tf32, bool has_bias,
-         bool backward) {
+         bool has_residual, bool backward) {
         const auto requested = ge2::conv2d::kernel_from_name(kernel);
         const auto shape = make_shape(geometry, layout, dtype);
-        const auto activation = ge2::act_from_name(act);
+        const ge2::conv2d::Epilogue epilogue{ge2::act_from_name(act), has_bias, has_residual};
         ge2::binding::ReleaseGil release;
-        ge2::conv2d::prepare(requested, shape, activation, slope, has_bias, allow_tf32, backward);
+        ge2::conv2d::prepare(requested, shape, epilogue, slope, allow_tf32, backward);
       },
       py::arg("kernel"), py::arg("geometry"), py::arg("layout"), py::arg("dtype"), py::arg("act"), py::arg("slope"),
-      py::arg("allow_tf32"), py::arg("has_bias"), py::arg("backward"),
+      py::arg("allow_tf32"), py::arg("has_bias"), py::arg("has_residual"), py::arg("backward"),
       "Builds what `kernel` needs ahead of its first call (cudnn_graph: the cuDNN plans; not during CUDA graph "
       "capture); RuntimeError when cuDNN has no engine for the problem.");
 
   m.def(
       "unsupported_reason",
       [](const std::string& kernel, const std::vector<int64_t>& geometry, const std::string& layout,
-         const std::string& dtype, const std::string& act, bool has_bias, bool backward) {
+         const std::string& dtype, const std::string& act, bool has_bias, bool has_residual, bool backward) {
         return ge2::conv2d::unsupported_reason(ge2::conv2d::kernel_from_name(kernel),
-                                               make_shape(geometry, layout, dtype), ge2::act_from_name(act),
-                                               has_bias, backward);
+                                               make_shape(geometry, layout, dtype),
+                                               {ge2::act_from_name(act), has_bias, has_residual}, backward);
       },
       py::arg("kernel"), py::arg("geometry"), py::arg("layout"), py::arg("dtype"), py::arg("act"),
-      py::arg("has_bias"), py::arg("backward"),
+      py::arg("has_bias"), py::arg("has_residual"), py::arg("backward"),
       "Empty when `kernel` can run the problem (forward, or backward with `backward`); otherwise the reason.");
 
   m.def("kernels", [] { return ge2::binding::kernel_list(ge2::conv2d::kernel_table()); },

@@ -1,33 +1,35 @@
-"""conv2d: ``y = act(conv(x, w) + bias)`` with stride, padding, dilation and groups, NCHW or NHWC.
+"""conv2d: ``y = act(conv(x, w) + bias + residual)`` with stride, padding, dilation and groups, NCHW or NHWC.
 
 Layouts (the ``layout`` attribute names both the activations' and the weights' layout):
 - ``NCHW``: x ``[N, C, H, W]``, w ``[K, C/groups, R, S]`` (PyTorch's), y ``[N, K, P, Q]``;
 - ``NHWC``: x ``[N, H, W, C]``, w ``[K, R, S, C/groups]``, y ``[N, P, Q, K]``.
 ``stride`` and ``dilation`` are an int or (h, w); ``padding`` an int, (h, w) (symmetric) or (top, bottom, left,
-right). ``groups`` divides C and K (groups == C == K is depthwise). ``bias`` ``[K]`` and ``act`` (none, relu, gelu
-(tanh form), silu, leaky_relu with ``slope``) are fused into the epilogue. float32/float16/bfloat16 with float32
-accumulation; TF32 only with ``allow_tf32``. Output size: ``P = (H + pad_top + pad_bottom - dilation_h * (R - 1) -
+right). ``groups`` divides C and K (groups == C == K is depthwise). ``bias`` ``[K]``, ``residual`` (y's shape and
+dtype, added before the activation: a ResNet block's skip connection) and ``act`` (none, relu, gelu (tanh form), silu,
+leaky_relu with ``slope``) are fused into the epilogue, computed in float32 and rounded to y's dtype once.
+float32/float16/bfloat16 with float32 accumulation; TF32 only with ``allow_tf32``. Output size: ``P = (H + pad_top + pad_bottom - dilation_h * (R - 1) -
 1) // stride_h + 1`` (Q likewise).
 
 Kernel candidates (``kernels()``), best first:
-1. ``cudnn_graph``: cuDNN's graph API through the cuDNN frontend (conv_fprop with bias and activation fused as
-   pointwise nodes, conv_dgrad, conv_wgrad; dbias by GE2's reduction): up to 10 plans from heuristics mode A's
+1. ``cudnn_graph``: cuDNN's graph API through the cuDNN frontend (conv_fprop with bias, residual and activation fused
+   as pointwise nodes with float32 intermediates, conv_dgrad, conv_wgrad; dbias by GE2's reduction): up to 10 plans from heuristics mode A's
    engines then cuDNN's fallback list (PyTorch's cudnn.benchmark sources and limit), built once per problem by
    ``prepare`` or the first call, timed on the first call (the fastest kept). Strict float32 leaves out TF32, FFT and
    Winograd engines. Built when CMake finds cuDNN and the frontend headers (the nvidia-cudnn-frontend package or
-   GE2_CUDNN_FRONTEND_DIR; ``has_cudnn_graph()``); a fused bias/activation only in float16/bfloat16 NHWC with groups
-   1 and C, K multiples of 8; backward act none. Where cuDNN has no engine for a problem, preparing it raises and
-   ``auto`` takes the next candidate.
+   GE2_CUDNN_FRONTEND_DIR; ``has_cudnn_graph()``); a fused bias/residual/activation only in float16/bfloat16 NHWC
+   with groups 1 and C, K multiples of 8 (cuDNN's runtime-fusion engines); backward act none. Where cuDNN has no
+   engine for a problem, preparing it raises and ``auto`` takes the next candidate.
 2. ``implicit_gemm``: GE2's own implicit GEMM on tensor cores (no im2col buffer): x gathered on the fly by 16-byte
-   cp.async, a 4-stage shared-memory pipeline, ldmatrix + mma.sync m16n8k16, float32 accumulation, bias and
-   activation fused into the epilogue. Forward only, NHWC, float16/bfloat16, groups 1, C % 8 == 0 (x and w 16-byte
+   cp.async, a 4-stage shared-memory pipeline, ldmatrix + mma.sync m16n8k16, float32 accumulation, bias, residual
+   and activation fused into the epilogue. Forward only, NHWC, float16/bfloat16, groups 1, C % 8 == 0 (x and w 16-byte
    aligned). Backward runs on ``cudnn_graph``, ``cudnn`` or ``im2col_gemm``.
 3. ``cudnn``: cuDNN's legacy C API (cudnnConvolutionForward / BackwardData / BackwardFilter; dbias by GE2's
    reduction), the algorithm cudnnFind* times fastest, cached per problem. Built when CMake finds cuDNN (the
-   nvidia-cudnn-cu13 package or the CUDA toolkit; ``has_cudnn()``); act none, no bias in forward, symmetric
-   padding.
+   nvidia-cudnn-cu13 package or the CUDA toolkit; ``has_cudnn()``); a forward epilogue only in float32 (one in-place
+   kernel over y: float32 is the epilogue's own precision, so nothing is rounded twice); backward act none;
+   symmetric padding.
 4. ``im2col_gemm``: im2col into a per-stream workspace, one batched cuBLASLt GEMM (a batch entry per group) and one
-   fused bias/activation kernel; backward dX by GEMM + a col2im gather, dW by GEMM, dbias by a reduction. Every
+   fused bias/residual/activation kernel; backward dX by GEMM + a col2im gather, dW by GEMM, dbias by a reduction. Every
    attribute combination: the path that always works.
 ``auto`` takes the first that applies (and, for the cuDNN ones, has an engine or algorithm for the problem).
 """
@@ -116,7 +118,8 @@ class ConvGeometry:
 
 
 def check_problem(x_shape, x_dtype, w_shape, w_dtype, bias_shape=None, bias_dtype=None, *, stride=1, padding=0,
-                  dilation=1, groups=1, layout="NCHW", act="none", slope=0.01) -> ConvGeometry:
+                  dilation=1, groups=1, layout="NCHW", act="none", slope=0.01, residual_shape=None,
+                  residual_dtype=None) -> ConvGeometry:
     """Validates a conv2d problem; raises ValueError/TypeError naming the argument, the expectation and the value."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected NCHW or NHWC, got {layout!r}")
@@ -163,8 +166,15 @@ def check_problem(x_shape, x_dtype, w_shape, w_dtype, bias_shape=None, bias_dtyp
             raise ValueError(f"bias: expected shape ({k},) (one per output channel), got {tuple(bias_shape)}")
         if bias_dtype != x_dtype:
             raise TypeError(f"bias: expected dtype {x_dtype}, got {bias_dtype}")
-    return ConvGeometry(int(n), int(c), int(h), int(w), int(k), int(r), int(s), int(p), int(q), stride, padding,
-                        dilation, int(groups), layout, x_dtype)
+    geometry = ConvGeometry(int(n), int(c), int(h), int(w), int(k), int(r), int(s), int(p), int(q), stride, padding,
+                            dilation, int(groups), layout, x_dtype)
+    if residual_shape is not None:
+        if tuple(residual_shape) != geometry.out_shape:
+            raise ValueError(f"residual: expected the output's shape {geometry.out_shape} ({layout}), "
+                             f"got {tuple(residual_shape)}")
+        if residual_dtype != x_dtype:
+            raise TypeError(f"residual: expected dtype {x_dtype}, got {residual_dtype}")
+    return geometry
 
 
 def _check_kernel(kernel):
@@ -190,9 +200,9 @@ def _taps(geometry: ConvGeometry):
             yield r, s, rows, slice(s * dw, s * dw + sw * (geometry.q - 1) + 1, sw)
 
 
-def reference(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", act="none",
-              slope=0.01):
-    """Returns (y, z) in float64, z being the pre-activation, both in ``layout``."""
+def reference(x, w, bias=None, residual=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW",
+              act="none", slope=0.01):
+    """Returns (y, z) in float64, z being the pre-activation (residual included), both in ``layout``."""
     geometry = check_problem(x.shape, "float32", w.shape, "float32", stride=stride, padding=padding,
                              dilation=dilation, groups=groups, layout=layout, act=act, slope=slope)
     x64, w64 = _to_nchw(as_float64(x), as_float64(w), layout)
@@ -209,17 +219,20 @@ def reference(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, lay
         z = z + as_float64(bias)[None, :, None, None]
     if layout == "NHWC":
         z = z.transpose(0, 2, 3, 1)
+    if residual is not None:
+        z = z + as_float64(residual)
     return activations.apply(act, z, slope), z
 
 
-def reference_backward(dy, x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW",
-                       act="none", slope=0.01):
-    """Returns (dx, dw, dbias) in float64 (dbias is None without a bias)."""
+def reference_backward(dy, x, w, bias=None, residual=None, *, stride=1, padding=0, dilation=1, groups=1,
+                       layout="NCHW", act="none", slope=0.01):
+    """Returns (dx, dw, dbias, dresidual) in float64 (dbias, dresidual None without a bias, a residual)."""
     attrs = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout, act=act,
                  slope=slope)
-    _, z = reference(x, w, bias, **attrs)
+    _, z = reference(x, w, bias, residual, **attrs)
     geometry = check_problem(x.shape, "float32", w.shape, "float32", **attrs)
     dz = as_float64(dy) * activations.derivative(act, z, slope)
+    dresidual = None if residual is None else dz
     x64, w64 = _to_nchw(as_float64(x), as_float64(w), layout)
     if layout == "NHWC":
         dz = dz.transpose(0, 3, 1, 2)
@@ -239,7 +252,7 @@ def reference_backward(dy, x, w, bias=None, *, stride=1, padding=0, dilation=1, 
     dw = d_filters.reshape(w64.shape)
     if layout == "NHWC":
         dx, dw = dx.transpose(0, 2, 3, 1), dw.transpose(0, 2, 3, 1)
-    return dx, dw, (None if bias is None else dz.sum(axis=(0, 2, 3)))
+    return dx, dw, (None if bias is None else dz.sum(axis=(0, 2, 3))), dresidual
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -259,10 +272,18 @@ def _native_problem_args(geometry: ConvGeometry, attrs) -> tuple:
             bool(attrs["allow_tf32"]))
 
 
+def _refuse_residual(inputs, attrs, **options):
+    """A fused residual is a graph's business: conv2d's grad rule splits it off (dresidual = dy * act'(z))."""
+    if conv_inputs(inputs)[3] is not None:
+        raise ValueError("residual: conv2d.backward takes no fused residual (differentiate the graph instead: its "
+                         "grad rule gives dresidual = dy * act'(z)); got an array")
+
+
 def _backward(dy, inputs, attrs, kernel, out, stream):
-    """(dx, dw, dbias) as device arrays of x's kind, or ``out``'s entries (dbias None without a bias). With an
+    """(dx, dw, dbias, None) as device arrays of x's kind, or ``out``'s entries (dbias None without a bias). With an
     activation the pre-activation is recomputed (one forward GEMM)."""
-    x, w, bias = inputs
+    _refuse_residual(inputs, attrs)
+    x, w, bias, _ = conv_inputs(inputs)
     views = _layout.input_views({name: a for name, a in (("dy", dy), ("x", x), ("w", w), ("bias", bias))
                                  if a is not None})
     vdy, vx, vw, vbias = views["dy"], views["x"], views["w"], views.get("bias")
@@ -287,7 +308,7 @@ def _backward(dy, inputs, attrs, kernel, out, stream):
     _native_module().backward(vdy.ptr, vx.ptr, vw.ptr, ptr(vbias), ptr(grad_views[0]), ptr(grad_views[1]),
                               ptr(grad_views[2]), *_native_problem_args(geometry, attrs), kernel,
                               _device.stream_handle(stream))
-    return tuple(grads)
+    return (*grads, None)
 
 
 def has_cudnn() -> bool:
@@ -300,44 +321,52 @@ def has_cudnn_graph() -> bool:
     return bool(_native_module().has_cudnn_graph)
 
 
-def unsupported_reason(kernel: str, geometry: ConvGeometry, act: str, has_bias: bool, backward: bool = False):
+def unsupported_reason(kernel: str, geometry: ConvGeometry, act: str, has_bias: bool, backward: bool = False, *,
+                       has_residual: bool = False):
     """None when ``kernel`` can run the problem, else the reason it cannot."""
     _check_kernel(kernel)
     reason = _native_module().unsupported_reason(kernel, geometry.native, geometry.layout, geometry.dtype, act,
-                                                 has_bias, backward)
+                                                 has_bias, has_residual, backward)
     return reason or None
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Op definitions: conv2d and conv2d_backward (what the IR, passes, registry and CPU backend read).
 # ---------------------------------------------------------------------------------------------------------------
+def conv_inputs(values) -> tuple:
+    """conv2d's (x, w, bias, residual) from its inputs as given (a node's or a call's), absent optional ones None."""
+    return tuple((list(values) + [None, None])[:4])
+
+
 def _op_attrs(attrs) -> dict:
     return {name: attrs[name] for name in ("stride", "padding", "dilation", "groups", "layout", "act", "slope")}
 
 
-def _types_geometry(x, w, bias, attrs) -> ConvGeometry:
+def _types_geometry(x, w, bias, attrs, residual=None) -> ConvGeometry:
     require_inputs((x, w), ("x", "w"))
     for name, t in (("x", x), ("w", w)):
         if not t.is_concrete:
             raise ValueError(f"{name}: conv2d needs a concrete shape, got {t.shape}")
     return check_problem(x.shape, x.dtype, w.shape, w.dtype, None if bias is None else bias.shape,
-                         None if bias is None else bias.dtype, **_op_attrs(attrs))
+                         None if bias is None else bias.dtype, **_op_attrs(attrs),
+                         residual_shape=None if residual is None else residual.shape,
+                         residual_dtype=None if residual is None else residual.dtype)
 
 
 def _infer(in_types, attrs):
-    x, w, bias = in_types
-    geometry = _types_geometry(x, w, bias, attrs)
+    x, w, bias, residual = conv_inputs(in_types)
+    geometry = _types_geometry(x, w, bias, attrs, residual)
     return [TensorType(geometry.out_shape, geometry.dtype)]
 
 
 def _reference(inputs, attrs):
-    x, w, bias = inputs
-    return [reference(x, w, bias, **_op_attrs(attrs))[0]]
+    x, w, bias, residual = conv_inputs(inputs)
+    return [reference(x, w, bias, residual, **_op_attrs(attrs))[0]]
 
 
 def _reference_backward(inputs, outputs, out_grads, attrs):
-    x, w, bias = inputs
-    return list(reference_backward(out_grads[0], x, w, bias, **_op_attrs(attrs)))
+    x, w, bias, residual = conv_inputs(inputs)
+    return list(reference_backward(out_grads[0], x, w, bias, residual, **_op_attrs(attrs)))
 
 
 def _attr_check(name, parse):
@@ -368,26 +397,28 @@ ATTRS = (
 )
 
 
-def _prepare_native(kernel, geometry: ConvGeometry, attrs, has_bias: bool, backward: bool) -> None:
+def _prepare_native(kernel, geometry: ConvGeometry, attrs, has_bias: bool, has_residual: bool,
+                    backward: bool) -> None:
     """Builds what ``kernel`` needs ahead of its first launch (cudnn_graph: its cuDNN plans); RuntimeError when
     cuDNN has no engine for the problem, so that the registry takes the next candidate."""
     geometry_list, layout, dtype, act, slope, allow_tf32 = _native_problem_args(geometry, attrs)
-    _native_module().prepare(kernel, geometry_list, layout, dtype, act, slope, allow_tf32, has_bias, backward)
+    _native_module().prepare(kernel, geometry_list, layout, dtype, act, slope, allow_tf32, has_bias, has_residual,
+                             backward)
 
 
 def _forward_candidate(name):
     def supports(problem: Problem):
-        x, w, bias = problem.in_types
-        return unsupported_reason(name, _types_geometry(x, w, bias, problem.attrs), problem.attrs["act"],
-                                  bias is not None)
+        x, w, bias, residual = conv_inputs(problem.in_types)
+        return unsupported_reason(name, _types_geometry(x, w, bias, problem.attrs, residual), problem.attrs["act"],
+                                  bias is not None, has_residual=residual is not None)
 
     def prepare(problem: Problem):
-        x, w, bias = problem.in_types
-        geometry = _types_geometry(x, w, bias, problem.attrs)
+        x, w, bias, residual = conv_inputs(problem.in_types)
+        geometry = _types_geometry(x, w, bias, problem.attrs, residual)
         problem_args = _native_problem_args(geometry, problem.attrs)
-        _prepare_native(name, geometry, problem.attrs, bias is not None, backward=False)
-        return native_launch(_native_module().forward, in_ptr(0), in_ptr(1), in_ptr(2), out_ptr(0), *problem_args,
-                             name, stream_arg())
+        _prepare_native(name, geometry, problem.attrs, bias is not None, residual is not None, backward=False)
+        return native_launch(_native_module().forward, in_ptr(0), in_ptr(1), in_ptr(2), in_ptr(3), out_ptr(0),
+                             *problem_args, name, stream_arg())
 
     return table_candidate("_ops_conv2d", name, supports, prepare)
 
@@ -401,9 +432,11 @@ def _conv_flops(in_types, out_types, attrs) -> float:
 OP = register(OpDef(
     name="conv2d",
     samples=lambda rng: [Sample((sample_array(rng, 2, 2, 4, 5), sample_array(rng, 3, 2, 3, 3), sample_array(rng, 3)),
-                                {"padding": 1})],
+                                {"padding": 1}),
+                         Sample((sample_array(rng, 2, 2, 4, 5), sample_array(rng, 3, 2, 3, 3), sample_array(rng, 3),
+                                 sample_array(rng, 2, 3, 4, 5)), {"padding": 1, "act": "relu"})],
     flops=_conv_flops,
-    inputs=(Input("x"), Input("w"), Input("bias", optional=True)),
+    inputs=(Input("x"), Input("w"), Input("bias", optional=True), Input("residual", optional=True)),
     outputs=("y",),
     attrs=ATTRS,
     infer=_infer,
@@ -430,7 +463,7 @@ def _infer_backward(in_types, attrs):
 
 def _reference_of_backward(inputs, attrs):
     dy, x, w, bias = inputs
-    dx, dw, _ = reference_backward(dy, x, w, bias, **_op_attrs(attrs))
+    dx, dw, _, _ = reference_backward(dy, x, w, bias, **_op_attrs(attrs))
     dz = as_float64(dy) * activations.derivative(attrs["act"], reference(x, w, bias, **_op_attrs(attrs))[1],
                                                  attrs["slope"])
     return [dx, dw, dz.sum(axis=(0, 2, 3) if attrs["layout"] == "NCHW" else (0, 1, 2))]
@@ -446,7 +479,7 @@ def _backward_candidate(name):
         _, x, w, bias = problem.in_types
         geometry = _types_geometry(x, w, bias, problem.attrs)
         problem_args = _native_problem_args(geometry, problem.attrs)
-        _prepare_native(name, geometry, problem.attrs, bias is not None, backward=True)
+        _prepare_native(name, geometry, problem.attrs, bias is not None, False, backward=True)
         return native_launch(_native_module().backward, in_ptr(0), in_ptr(1), in_ptr(2), in_ptr(3), out_ptr(0),
                              out_ptr(1), out_ptr(2), *problem_args, name, stream_arg())
 
@@ -468,14 +501,32 @@ BACKWARD_OP = _grad.register_backward(OpDef(
 ))
 
 
+# An activation's gradient op for a fused residual's dz (the elementwise op of the same name).
+_ACTIVATION_BACKWARD = {"relu": "relu_backward", "gelu": "gelu_backward", "silu": "silu_backward"}
+
+
 def _grad(g, node, out_grads):
-    x, w = node.inputs[0], node.inputs[1]
-    bias = node.inputs[2] if len(node.inputs) > 2 else None
-    dx, dw, dbias = g.conv2d_backward(out_grads[0], x, w, bias, **node.attrs)
-    return [dx, dw, None if bias is None else dbias]
+    x, w, bias, residual = conv_inputs(node.inputs)
+    dy = out_grads[0]
+    if residual is None:
+        dx, dw, dbias = g.conv2d_backward(dy, x, w, bias, **node.attrs)
+        return [dx, dw, None if bias is None else dbias, None]
+    # A fused residual: dresidual = dz = dy * act'(z), z (conv + bias + residual) recomputed without the activation;
+    # the convolution's gradients then take dz with no activation.
+    act = node.attrs["act"]
+    if act == "none":
+        dz = dy
+    elif act in _ACTIVATION_BACKWARD:
+        z = g.conv2d(x, w, bias, residual, **{**node.attrs, "act": "none"})
+        dz = getattr(g, _ACTIVATION_BACKWARD[act])(dy, z)
+    else:
+        raise ValueError(f"act: the gradient of conv2d with a fused residual takes act none, "
+                         f"{', '.join(_ACTIVATION_BACKWARD)}; got {act!r}")
+    dx, dw, dbias = g.conv2d_backward(dz, x, w, bias, **{**node.attrs, "act": "none"})
+    return [dx, dw, None if bias is None else dbias, dz]
 
 
 attach_grad(OP, _grad)
 
 # The face, ``ge2.ops.conv2d.forward / forward_numpy / backward / backward_numpy / kernels / prepare``.
-globals().update(Face(OP, _backward).functions())
+globals().update(Face(OP, _backward, backward_host_check=_refuse_residual).functions())

@@ -29,7 +29,7 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("fuse_attention", fuse_attention, "matmul -> scale -> causal mask -> softmax -> matmul -> one attention"),
     Pass("canonicalize", canonicalize, "matmul -> gemm, transposes -> trans flags, row adds -> bias_add -> gemm "
                                        "bias, drop identities"),
-    Pass("fuse", fuse, "fuse residual adds and activations into gemm epilogues"),
+    Pass("fuse", fuse, "fuse residual adds and activations into gemm and conv2d epilogues"),
     Pass("fuse_pointwise", fuse_pointwise, "connected pointwise ops -> one generated kernel (fused_pointwise); row "
                                            "reductions with their pointwise prologue/epilogue -> fused_reduction"),
     Pass("fuse_pointwise_training", fuse_pointwise_training,
@@ -48,10 +48,12 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
 )}
 
 # Folding runs after canonicalization, so the reshapes it inserts for parameter rows become parameters. Attention
-# fuses before canonicalization turns its matmuls into gemms.
-# Pointwise fusion runs after the gemm epilogue fusion, on what the epilogues did not absorb.
+# fuses before canonicalization turns its matmuls into gemms. Layouts are planned after batch norms fold into their
+# convs and before epilogue fusion (transposes sink through the activations and residual adds still apart), and the
+# weights' transposes it leaves fold as constants. Pointwise fusion runs after the epilogue fusion, on what the
+# epilogues did not absorb.
 DEFAULT_PIPELINE = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicalize", "constant_fold", "fold_batch_norm",
-                    "fuse", "fuse_pointwise", "dce")
+                    "plan_layouts", "constant_fold", "fuse", "fuse_pointwise", "dce")
 # Training: the forward is canonicalized and fused before autograd (no constant folding: parameters are trained),
 # the graph with gradients is then cleaned and its backward fused.
 TRAINING_FORWARD = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicalize", "fuse_relu", "dce")

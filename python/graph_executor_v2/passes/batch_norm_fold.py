@@ -4,7 +4,7 @@
     s = gamma / sqrt(var + eps) per output channel
 
 Guards, in ONNX Runtime's style: the batch norm is in inference mode (``training=False``); its x comes from a
-``conv2d`` with no fused activation and the same layout, read by nothing else and not a graph output; its other
+``conv2d`` with no fused activation or residual and the same layout, read by nothing else and not a graph output; its other
 outputs (saved statistics, running statistics) are unused; the weights, the conv bias (if any) and the four
 statistics are parameters (constants), so the new weights are computed once here, in float64, and rounded to the
 weights' dtype. The weight's output channels are its axis 0.
@@ -36,6 +36,8 @@ def fold_batch_norm(graph: Graph) -> list[str]:
         y = bn.inputs[0]
         conv = y.producer
         if conv is None or conv.op != "conv2d" or conv.attrs.get("act", "none") != "none":
+            continue
+        if len(conv.inputs) > 3 and conv.inputs[3] is not None:  # a fused residual is not scaled by the norm
             continue
         if conv.attrs["layout"] != bn.attrs["layout"] or not exclusive(graph, users, y, bn):
             continue

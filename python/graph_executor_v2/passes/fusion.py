@@ -1,16 +1,21 @@
-"""Epilogue fusion into gemm: an activation after it becomes its ``act``, a residual add its ``beta * C``.
+"""Epilogue fusion into gemm and conv2d: an activation after either becomes its ``act``, a residual add gemm's
+``beta * C`` or conv2d's ``residual``.
 
-The pattern matcher applies ONNX Runtime's guards to the gemm being absorbed (its only consumer is the fused
-node, it is not a graph output, same device); each rule adds the dtype and shape checks. A residual is fused
-before the activation that may follow it (gemm's epilogue computes ``act(alpha*A@B + beta*C + bias)``).
+The pattern matcher applies ONNX Runtime's guards to the node being absorbed (its only consumer is the fused node,
+it is not a graph output, same device); each rule adds the dtype and shape checks. A residual is fused before the
+activation that may follow it: gemm's epilogue computes ``act(alpha*A@B + beta*C + bias)`` (cuBLASLt adds C before
+its bias/activation epilogue) and conv2d's ``act(conv(x, w) + bias + residual)``, both in float32 with the output
+rounded once.
 """
 from __future__ import annotations
 
 from ..ir.graph import Graph, Value
+from ..ops.conv2d import conv_inputs
 from .pattern import Pat, Rule, rewrite
 
-# elementwise op -> gemm ``act``: the activations cuBLASLt's epilogue or GE2's post-kernel compute (GELU: tanh form)
-GEMM_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu"}
+# elementwise op -> epilogue ``act`` of gemm and conv2d: what every candidate's epilogue computes (cuBLASLt's, cuDNN's
+# pointwise nodes, GE2's kernels; GELU in the tanh form)
+EPILOGUE_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu"}
 
 
 # act(gemm(a, b, bias, c)) = gemm(a, b, bias, c, act=act)
@@ -18,7 +23,7 @@ def fuse_activation(graph: Graph, mm: Value, y: Value):
     gemm = mm.producer
     if gemm.attrs["act"] != "none" or y.type != mm.type:
         return None
-    return graph.gemm(*gemm.inputs, **{**gemm.attrs, "act": GEMM_ACTIVATIONS[y.producer.op]})
+    return graph.gemm(*gemm.inputs, **{**gemm.attrs, "act": EPILOGUE_ACTIVATIONS[y.producer.op]})
 
 
 # gemm(a, b, bias) + r = gemm(a, b, bias, c=r, beta=1) for a full M x N residual r of the gemm's dtype
@@ -30,9 +35,28 @@ def fuse_residual(graph: Graph, mm: Value, residual: Value):
     return graph.gemm(a, b, bias, residual, **{**gemm.attrs, "beta": 1.0})
 
 
+# act(conv2d(x, w, bias, residual)) = conv2d(x, w, bias, residual, act=act)
+def fuse_conv_activation(graph: Graph, conv: Value, y: Value):
+    node = conv.producer
+    if node.attrs["act"] != "none" or y.type != conv.type:
+        return None
+    return graph.conv2d(*conv_inputs(node.inputs), **{**node.attrs, "act": EPILOGUE_ACTIVATIONS[y.producer.op]})
+
+
+# conv2d(x, w, bias) + r = conv2d(x, w, bias, residual=r) for r of the output's shape, layout and dtype
+def fuse_conv_residual(graph: Graph, conv: Value, residual: Value):
+    node = conv.producer
+    x, w, bias, existing = conv_inputs(node.inputs)
+    if existing is not None or node.attrs["act"] != "none" or residual is conv or residual.type != conv.type:
+        return None
+    return graph.conv2d(x, w, bias, residual, **node.attrs)
+
+
 RULES: list[Rule] = [
     (Pat("add", (Pat("gemm", name="mm"), Pat(name="residual")), any_order=True), fuse_residual),
-    (Pat(tuple(GEMM_ACTIVATIONS), (Pat("gemm", name="mm"),), name="y"), fuse_activation),
+    (Pat(tuple(EPILOGUE_ACTIVATIONS), (Pat("gemm", name="mm"),), name="y"), fuse_activation),
+    (Pat("add", (Pat("conv2d", name="conv"), Pat(name="residual")), any_order=True), fuse_conv_residual),
+    (Pat(tuple(EPILOGUE_ACTIVATIONS), (Pat("conv2d", name="conv"),), name="y"), fuse_conv_activation),
 ]
 
 

@@ -1,16 +1,24 @@
-"""Layout planning for convolutional chains: every layout-aware node runs in the layout its dtype prefers (NHWC
-for float16/bfloat16, where tensor-core convolutions and channel-vector pooling/batch-norm kernels want it; NCHW
-for float32), and transposes remain only at the edges of each chain.
+"""Layout planning for convolutional networks: every layout-aware node runs in the layout its dtype prefers, and
+transposes remain only at the edges of each region of such nodes.
+
+``PREFERRED``: NHWC for float16/bfloat16 (cuDNN's runtime-fusion engines, which fuse a conv's bias, residual and
+activation, and GE2's implicit GEMM take only channels-last; pooling and batch norm read channel vectors), NCHW for
+float32 (GE2's float32 convolutions run on cuDNN's legacy API with its in-place float32 epilogue in either layout;
+no measurement has shown NHWC faster there, so an NCHW float32 graph, as every exported one is, is left alone).
 
 1. Each layout-aware node in the other layout is rebuilt in the preferred one, its 4-d activation operands
-   transposed in (NCHW -> NHWC: perm (0, 2, 3, 1)) and its used 4-d activation outputs transposed back.
-2. Transposes sink through elementwise ops (``relu(transpose(x)) = transpose(relu(x))``, and a binary op whose two
-   operands are transposed alike), so that a transpose back meets the next node's transpose in, and
-   canonicalization's rules merge the pair into the identity and drop it.
+   transposed in (NCHW -> NHWC: perm (0, 2, 3, 1)) and its used 4-d activation outputs transposed back. A value read
+   by several nodes is transposed once.
+2. Transposes sink through what commutes with them: elementwise ops (``relu(transpose(x)) = transpose(relu(x))``;
+   a binary op whose operands are transposed alike, broadcasting included, or whose other operand's transpose costs
+   nothing: a parameter, folded by constant folding, or a value the graph already transposes), and concat (on the permuted axis). A transpose back then
+   meets the next node's transpose in, and the pair merges into the identity and drops.
+3. A transpose that only moves size-1 dims (a pooled [N, 1, 1, C] back to [N, C, 1, 1]) is a reshape, a view.
 
 ``ACTIVATION_OPERANDS`` says which inputs and outputs of each layout-aware op are activations in its layout; the
-rest (weights' statistics, per-channel vectors) do not depend on it. conv2d's weight follows its layout (KCRS for
-NCHW, KRSC for NHWC), so it is transposed with the activations.
+rest (statistics, per-channel vectors) do not depend on it. conv2d's weight follows its layout (KCRS for NCHW, KRSC
+for NHWC), so it is transposed with the activations (a parameter: folded once, at pass time), and so is its fused
+residual. The pass's last note counts the nodes in each layout and the transposes of activations that remain.
 """
 from __future__ import annotations
 
@@ -24,7 +32,7 @@ PERMS = {("NCHW", "NHWC"): (0, 2, 3, 1), ("NHWC", "NCHW"): (0, 3, 1, 2)}
 
 # op -> (input positions, output positions) of tensors laid out by the node's ``layout`` attribute
 ACTIVATION_OPERANDS = {
-    "conv2d": ((0, 1), (0,)),
+    "conv2d": ((0, 1, 3), (0,)),
     "max_pool2d": ((0,), (0, 1)),
     "max_pool2d_backward": ((0, 1, 2), (0,)),
     "avg_pool2d": ((0,), (0,)),
@@ -50,7 +58,9 @@ def _relayout(graph: Graph, node, transposed: dict) -> str | None:
     with graph.inserting_before(node):
         new_inputs = list(node.inputs)
         for i in inputs:
-            value = node.inputs[i]
+            value = node.inputs[i] if i < len(node.inputs) else None
+            if value is None:  # an absent optional operand (conv2d's residual)
+                continue
             if (value, to_target) not in transposed:
                 transposed[value, to_target] = graph.transpose(value, perm=to_target)
             new_inputs[i] = transposed[value, to_target]
@@ -63,27 +73,116 @@ def _relayout(graph: Graph, node, transposed: dict) -> str | None:
     return f"relayout: {node.name} ({node.op}) {current} -> {target} as {rebuilt.name}"
 
 
+def _perm(t: Value) -> tuple[int, ...]:
+    return tuple(t.producer.attrs["perm"])
+
+
+def _inverse(perm) -> tuple[int, ...]:
+    inverse = [0] * len(perm)
+    for axis, source in enumerate(perm):
+        inverse[source] = axis
+    return tuple(inverse)
+
+
 # unary(transpose(x, p)) = transpose(unary(x), p)
 def sink_through_unary(graph: Graph, x: Value, t: Value, y: Value):
     moved = graph.add_node(y.producer.op, [x], dict(y.producer.attrs)).outputs[0]
-    return graph.transpose(moved, perm=t.producer.attrs["perm"])
+    return graph.transpose(moved, perm=_perm(t))
 
 
-# binary(transpose(a, p), transpose(b, p)) = transpose(binary(a, b), p) for operands of one shape
+# binary(transpose(a, p), transpose(b, p)) = transpose(binary(a, b), p) for operands of one rank (broadcasting
+# commutes with a permutation applied to both)
 def sink_through_binary(graph: Graph, a: Value, b: Value, ta: Value, tb: Value, y: Value):
-    if ta.producer.attrs["perm"] != tb.producer.attrs["perm"] or a.type.shape != b.type.shape:
+    if _perm(ta) != _perm(tb) or a.type.rank != b.type.rank:
         return None
     moved = graph.add_node(y.producer.op, [a, b], dict(y.producer.attrs)).outputs[0]
-    return graph.transpose(moved, perm=ta.producer.attrs["perm"])
+    return graph.transpose(moved, perm=_perm(ta))
+
+
+# binary(transpose(a, p), c) = transpose(binary(a, c'), p), c' = transpose(c, p^-1) of c of a's rank, when c' costs
+# nothing: c is a parameter (its transpose folds as a constant) or the graph already has c' (a ResNet block's input
+# is transposed into the region for the block's first conv, and its skip connection reads it there); either order
+def sink_past_operand(graph: Graph, a: Value, t: Value, c: Value, y: Value):
+    if c.type.rank != a.type.rank:
+        return None
+    perm = _perm(t)
+    inverse = _inverse(perm)
+    if c.is_param:
+        moved_c = graph.transpose(c, perm=inverse)
+    else:
+        position = graph.nodes.index(y.producer)
+        existing = [n for n in graph.users().get(c, []) if n.op == "transpose" and _perm(n.outputs[0]) == inverse
+                    and graph.nodes.index(n) < position]
+        if not existing:
+            return None
+        moved_c = existing[0].outputs[0]
+    operands = [a, moved_c]
+    if y.producer.inputs[0] is c:
+        operands.reverse()
+    moved = graph.add_node(y.producer.op, operands, dict(y.producer.attrs)).outputs[0]
+    return graph.transpose(moved, perm=perm)
+
+
+# transpose(x, p) that keeps the order of the dims larger than 1 = reshape(x): a view, no copy
+def unit_transpose_to_reshape(graph: Graph, x: Value, y: Value):
+    if not x.type.is_concrete:
+        return None
+    moved = [axis for axis in _perm(y) if x.type.shape[axis] != 1]
+    if moved != sorted(moved) or _perm(y) == tuple(range(x.type.rank)):
+        return None
+    return graph.reshape(x, shape=y.type.shape)
 
 
 RULES: list[Rule] = [
     (Pat(UNARY_OPS, (Pat("transpose", (Pat(name="x"),), name="t", shared=True),), name="y"), sink_through_unary),
     (Pat(BINARY_OPS, (Pat("transpose", (Pat(name="a"),), name="ta", shared=True),
                       Pat("transpose", (Pat(name="b"),), name="tb", shared=True)), name="y"), sink_through_binary),
+    (Pat(BINARY_OPS, (Pat("transpose", (Pat(name="a"),), name="t", shared=True), Pat(name="c")), name="y",
+         any_order=True), sink_past_operand),
     (Pat("transpose", (Pat(name="x"),), name="y"), drop_identity_transpose),
     (Pat("transpose", (Pat("transpose", name="inner", shared=True),), name="y"), merge_transposes),
 ]
+# after sinking: what is left of the transposes back
+FINAL_RULES: list[Rule] = [(Pat("transpose", (Pat(name="x"),), name="y"), unit_transpose_to_reshape)]
+
+
+def _sink_through_concat(graph: Graph) -> list[str]:
+    """concat(transpose(x0, p), transpose(x1, p), ..., axis) = transpose(concat(x0, x1, ..., axis=p[axis]), p)."""
+    notes = []
+    for node in list(graph.nodes):
+        if node.op != "concat" or node not in graph.nodes:
+            continue
+        sources = [v.producer if v.producer is not None and v.producer.op == "transpose" else None
+                   for v in node.inputs]
+        if not sources or any(s is None for s in sources) or len({tuple(s.attrs["perm"]) for s in sources}) != 1:
+            continue
+        perm = tuple(sources[0].attrs["perm"])
+        axis = node.attrs["axis"] % node.outputs[0].type.rank
+        with graph.inserting_before(node):
+            joined = graph.add_node("concat", [s.inputs[0] for s in sources], {**node.attrs, "axis": perm[axis]},
+                                    device=node.device).outputs[0]
+            moved = graph.transpose(joined, perm=perm)
+        graph.replace_uses(node.outputs[0], moved)
+        graph.remove_node(node)
+        users = graph.users()
+        for source in {id(s): s for s in sources}.values():
+            if not users.get(source.outputs[0]) and not graph.is_output(source.outputs[0]):
+                graph.remove_node(source)
+        notes.append(f"sink_through_concat: {node.name} -> {joined.producer.name}")
+    return notes
+
+
+def _summary(graph: Graph) -> str:
+    """The regions' layouts and the transposes of activations that remain (parameters' fold as constants)."""
+    layouts: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op in ACTIVATION_OPERANDS:
+            layouts[node.attrs["layout"]] = layouts.get(node.attrs["layout"], 0) + 1
+    remaining = [f"{n.name} {tuple(n.attrs['perm'])} of {n.inputs[0].name}" for n in graph.nodes
+                 if n.op == "transpose" and not n.inputs[0].is_param]
+    nodes = ", ".join(f"{count} in {layout}" for layout, count in sorted(layouts.items()))
+    return (f"layout regions: layout-aware nodes {nodes or 'none'}; {len(remaining)} activation transpose(s) remain"
+            + (": " + "; ".join(remaining) if remaining else ""))
 
 
 def plan_layouts(graph: Graph) -> list:
@@ -95,5 +194,11 @@ def plan_layouts(graph: Graph) -> list:
             if note:
                 notes.append(note)
     if notes:
-        notes += rewrite(graph, RULES)
+        for _ in range(len(graph.nodes)):  # concat and the rules may each unblock the other
+            changed = rewrite(graph, RULES) + _sink_through_concat(graph)
+            notes += changed
+            if not changed:
+                break
+        notes += rewrite(graph, FINAL_RULES)
+        notes.append(_summary(graph))
     return notes

@@ -36,6 +36,8 @@ from ..ir.types import TensorType
 from ..ir.verify import verify as verify_graph
 from ..ops.fused import FUSED_OPS
 from ..passes import Pass, PassManager, PassRecord, eliminate_dead_code, fp8, infer_shapes, resolve
+from ..passes.precision import apply_precision, check_precision
+from ..passes.precision import describe as describe_precision
 from .autotune import AutotuneCache
 from .backends import backend_for
 from .backends.cuda import HOST_FALLBACK
@@ -45,7 +47,6 @@ from .registry import Capabilities, Preferences, Selection, choose_kernel, kerne
 from .schedule import Schedule, schedule, width
 
 ALIAS = "alias"  # the "kernel" of a node whose outputs share its input's buffer: nothing runs
-PRECISIONS = (None, "fp8")
 MAX_DEFAULT_STREAMS = 4  # enough for the branches of the graphs we see (q/k/v, wide MLP heads); each costs a workspace
 
 Signature = tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype) of each graph input, in order
@@ -167,25 +168,28 @@ class ExecutorV2:
     ``GE2_NVTX=1`` in the environment puts an NVTX range around every node, capture and replay (CUDA).
     ``params``: parameter name -> buffer the caller owns (a NumPy array on "cpu", a DeviceArray on "cuda"), used in
     place of an uploaded copy: a trainer updates them in place and plans read the current values.
-    ``precision``: None (the graph's own dtypes) or "fp8": the GEMMs with a parameter weight run on FP8 tensor cores
-    (``passes/fp8.py``) once ``calibrate`` has chosen their activations' scales; a graph saved after calibration
-    (``save``) holds its scales and FP8 weights and runs in FP8 as loaded.
+    ``precision``: "default" (PyTorch's defaults: float32 convolutions may use TF32, matmuls may not), "highest"
+    (strict FP32), "high" (TF32 for both) (``passes/precision.py``, applied after the passes, shown by ``explain()``);
+    or "fp8": the GEMMs with a parameter weight run on FP8 tensor cores (``passes/fp8.py``) once ``calibrate`` has
+    chosen their activations' scales, float32 elsewhere as "default"; a graph saved after calibration (``save``)
+    holds its scales and FP8 weights and runs in FP8 as loaded.
     """
 
     def __init__(self, graph: Graph, device: str = "cpu", passes: Sequence[str | Pass] | None = None,
                  autotune: bool = False, kernels: dict[str, str] | None = None, reuse_memory: bool = True,
                  verify: bool = False, cuda_graph: bool = True, streams: int | None = None,
-                 params: dict | None = None, precision: str | None = None):
+                 params: dict | None = None, precision: str = "default"):
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision: expected one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
         if streams is not None and (isinstance(streams, bool) or not isinstance(streams, int) or streams < 1):
             raise ValueError(f"streams: expected None or an int >= 1, got {streams!r}")
         verify_graph(graph)  # a bad graph fails here, naming the node, before any pass runs
         self.device = device
         self.source_graph = graph
-        self.optimized_graph, self.pass_records = PassManager(resolve(passes), verify_each=verify).run(graph)
+        self.precision = check_precision(precision)
+        self.optimized_graph, self.pass_records = PassManager(
+            [*resolve(passes), Pass("precision", functools.partial(apply_precision, precision=precision))],
+            verify_each=verify).run(graph)
         self.reuse_memory = reuse_memory
         self.capabilities = Capabilities.detect(device)
         self.preferences = Preferences.from_env(kernels, autotune)
@@ -194,7 +198,6 @@ class ExecutorV2:
         # (registry.choose_kernel), on a backend whose kernels are timed between events; the cache keeps the
         # winners across processes.
         self._autotune_cache = AutotuneCache() if self._backend.asynchronous else None
-        self.precision = precision
         self._params = params or {}
         self._param_slots = {name: self._params[name] if name in self._params else self._backend.upload(value.data)
                              for name, value in self.optimized_graph.params.items()}
@@ -558,6 +561,8 @@ class ExecutorV2:
         if self.precision == "fp8":
             lines.append("precision: fp8 (E4M3 GEMMs on calibrated per-tensor scales)" + (
                 "; not calibrated yet: call calibrate(feeds_iterable)" if self.needs_calibration else ""))
+        else:
+            lines.append(describe_precision(self.precision))
         lines.append("passes:")
         lines += [_describe_pass(record) for record in self.pass_records] or ["  (none)"]
         fusions = [str(n) for r in self.pass_records for n in r.notes if getattr(n, "is_fusion", False)]

@@ -44,6 +44,7 @@ from ..ir.graph import Graph
 from ..passes import (TRAINING_BACKWARD, TRAINING_FORWARD, TRAINING_FUSION, Pass, PassManager, autocast,
                       eliminate_dead_code, resolve)
 from ..passes import fp8 as _fp8
+from ..passes.precision import FLOAT32_PRECISIONS, check_precision
 from ..passes.amp import AMP_DTYPES
 from ..passes.training import recompute
 from ..runtime.backends import backend_for
@@ -89,13 +90,15 @@ class Trainer:
     step and the first non-finite tensor (the loss, a gradient, a parameter); "skip" goes on and counts it
     (``nonfinite_steps``). A non-finite loss read on the host raises under "raise" too. Under float16 loss scaling
     an overflowing gradient is the scaler's business (the step is dropped and the scale lowered), not an error.
+    ``precision``: "default", "highest" or "high": which float32 convolutions and GEMMs (forward and backward) may use
+    TF32, as ``ExecutorV2``'s (``passes.precision``; FP8 training is ``amp="fp8"``).
     """
 
     def __init__(self, graph: Graph, loss: str = "loss", device: str = "cpu", optimizer=None, amp=None,
                  grad_clip: float | None = None, trainable: Sequence[str] | None = None, reuse_memory: bool = True,
                  loss_scale: "_optim.DynamicLossScale | None" = None, checkpoint: Sequence[str] = (),
                  distributed: bool = False, bucket_bytes: int = DEFAULT_BUCKET_BYTES, on_nonfinite: str = "raise",
-                 fp8: "_fp8.DelayedScaling | None" = None):
+                 fp8: "_fp8.DelayedScaling | None" = None, precision: str = "default"):
         if not isinstance(graph, Graph):
             raise TypeError(f"graph: expected a ge2.ir.Graph, got {type(graph).__name__}")
         if device not in ("cpu", "cuda"):
@@ -122,6 +125,7 @@ class Trainer:
         if distributed and not _distributed.is_initialized():
             raise RuntimeError("distributed: ge2.distributed is not initialized; call ge2.distributed.init() first "
                                "(start the script with python -m graph_executor_v2.distributed.run)")
+        self.precision = check_precision(precision, FLOAT32_PRECISIONS)
         autograd.loss_value(graph, loss)  # a missing or non-scalar loss fails here, naming it
         self.graph, self.loss_name, self.device = graph, loss, device
         self.optimizer, self.grad_clip, self.amp, self.loss_scale = optimizer, grad_clip, amp, loss_scale
@@ -217,7 +221,7 @@ class Trainer:
         # reuse bytes along the step's exact lifetimes (what checkpointing relies on). On CUDA the step, optimizer
         # included, is captured as one CUDA graph after its first run.
         self._executor = ExecutorV2(self.train_graph, device, passes=[], reuse_memory=reuse_memory, params=slots,
-                                    streams=1)
+                                    streams=1, precision=precision)
         self._inference = None
         # Data parallelism: every rank starts from rank 0's parameters and states (the gradient averaging is added
         # to each step plan as it is built).
@@ -308,7 +312,8 @@ class Trainer:
         eval graph (``model.eval().graph(...)`` loaded with ``parameters()`` and ``buffers()``)."""
         if self._inference is None:
             self._inference = ExecutorV2(_inference_graph(self.forward_graph, self.loss_name), self.device,
-                                         passes=[], params={**self._param_slots, **self._buffers})
+                                         passes=[], params={**self._param_slots, **self._buffers},
+                                         precision=self.precision)
         return self._inference
 
     def save(self, path) -> None:

@@ -1,4 +1,5 @@
-// conv2d: y = act(conv(x, w) + bias), NCHW or NHWC, stride, explicit padding, dilation, groups; float32 accumulation.
+// conv2d: y = act(conv(x, w) + bias + residual), NCHW or NHWC, stride, explicit padding, dilation, groups; float32
+// accumulation, the epilogue in float32 and y rounded once.
 // Weights: [K, C/groups, R, S] for NCHW (PyTorch's layout), [K, R, S, C/groups] for NHWC.
 #pragma once
 #include <cmath>  // activation.hpp's float math in host-compiled code (the binding)
@@ -37,7 +38,8 @@ struct ForwardArgs {
   Shape shape;
   const void* x = nullptr;
   const void* w = nullptr;
-  const void* bias = nullptr;  // nullptr: no bias
+  const void* bias = nullptr;      // nullptr: no bias
+  const void* residual = nullptr;  // nullptr: none; else y's shape and layout, added before the activation
   void* y = nullptr;
   Act act = Act::None;
   float slope = 0.01f;
@@ -72,18 +74,30 @@ bool has_cudnn();
 // else what was missing (its capability checks then say "not built: " and this).
 std::string cudnn_graph_not_built_reason();
 
-// Empty when `kernel` can run the problem; otherwise the reason it cannot.
-std::string unsupported_reason(Kernel kernel, const Shape& shape, Act act, bool has_bias, bool backward);
+// The forward's epilogue, y = act(conv + bias + residual), as the capability checks see it.
+struct Epilogue {
+  Act act = Act::None;
+  bool has_bias = false;
+  bool has_residual = false;
+  bool any() const { return act != Act::None || has_bias || has_residual; }
+};
+
+inline Epilogue epilogue_of(const ForwardArgs& args) {
+  return {args.act, args.bias != nullptr, args.residual != nullptr};
+}
+
+// Empty when `kernel` can run the problem; otherwise the reason it cannot (backward: the epilogue's act only).
+std::string unsupported_reason(Kernel kernel, const Shape& shape, const Epilogue& epilogue, bool backward);
 
 // Builds what `kernel` needs for the problem ahead of its first call (cudnn_graph: its cuDNN plans; the other
 // kernels need nothing); throws std::runtime_error when cuDNN has no engine for it, so a registry can take the next
 // candidate. Not during CUDA graph capture.
-void prepare(Kernel kernel, const Shape& shape, Act act, float slope, bool has_bias, bool allow_tf32, bool backward);
+void prepare(Kernel kernel, const Shape& shape, const Epilogue& epilogue, float slope, bool allow_tf32, bool backward);
 
 // ---- internal: shared by launcher.cu, kernels/*.cu and backward.cu ------------------------------------------
 
 // Throws std::invalid_argument naming `kernel` and the reason when it cannot run the problem.
-void require_supported(Kernel kernel, const Shape& shape, Act act, bool has_bias, bool backward);
+void require_supported(Kernel kernel, const Shape& shape, const Epilogue& epilogue, bool backward);
 // A named kernel that declined at run time (no cuDNN engine or algorithm for the problem): std::runtime_error.
 [[noreturn]] void throw_declined(Kernel kernel, const std::string& why);
 
@@ -92,9 +106,10 @@ void require_supported(Kernel kernel, const Shape& shape, Act act, bool has_bias
 void launch_im2col(const Shape& shape, const void* x, void* col, cudaStream_t stream);
 void launch_col2im(const Shape& shape, const float* dcol, void* dx, cudaStream_t stream);
 
-// The GEMM result in its layout (NCHW: [K][N * P * Q], NHWC: [N * P * Q][K], float32) -> y = act(acc + bias).
-void launch_epilogue(const Shape& shape, const float* acc, const void* bias, void* y, Act act, float slope,
-                     cudaStream_t stream);
+// The GEMM result in its layout (NCHW: [K][N * P * Q], NHWC: [N * P * Q][K], float32) -> y = act(acc + bias +
+// residual); with acc_in_y_layout, acc is laid out as y (and may be y itself: float32 in place).
+void launch_epilogue(const Shape& shape, const float* acc, bool acc_in_y_layout, const void* bias,
+                     const void* residual, void* y, Act act, float slope, cudaStream_t stream);
 // dz = dy * act'(acc + bias) in the GEMM layout, of the op's dtype (acc unused when act == None).
 void launch_output_grad(const Shape& shape, const void* dy, const float* acc, const void* bias, void* dz, Act act,
                         float slope, cudaStream_t stream);
@@ -103,14 +118,14 @@ void launch_bias_grad(const Shape& shape, const void* dz, void* dbias, bool gemm
 
 // The cuDNN graph-API candidate (kernels/cudnn_graph.cpp); without the frontend in the build the reason says so and
 // the launches throw. The launches return why they enqueued nothing (cuDNN has no engine for the problem), else "".
-std::string cudnn_graph_unsupported_reason(const Shape& shape, Act act, bool has_bias, bool backward);
-void cudnn_graph_prepare(const Shape& shape, Act act, float slope, bool has_bias, bool allow_tf32, bool backward);
+std::string cudnn_graph_unsupported_reason(const Shape& shape, const Epilogue& epilogue, bool backward);
+void cudnn_graph_prepare(const Shape& shape, const Epilogue& epilogue, float slope, bool allow_tf32, bool backward);
 std::string cudnn_graph_forward(const ForwardArgs& args, cudaStream_t stream);
 std::string cudnn_graph_backward(const BackwardArgs& args, cudaStream_t stream);
 
 // The legacy cuDNN candidate (kernels/cudnn.cu); without cuDNN in the build the reason says so and the launches throw.
 // The launches return false, enqueuing nothing, when cudnnFind* returned no working algorithm for the problem.
-std::string cudnn_unsupported_reason(const Shape& shape, Act act, bool has_bias, bool backward);
+std::string cudnn_unsupported_reason(const Shape& shape, const Epilogue& epilogue, bool backward);
 bool cudnn_forward(const ForwardArgs& args, cudaStream_t stream);
 bool cudnn_backward(const BackwardArgs& args, cudaStream_t stream);
 

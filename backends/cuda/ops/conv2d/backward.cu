@@ -25,16 +25,16 @@ void backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream) {
   if (args.x == nullptr) throw std::invalid_argument("x: null device pointer");
   if (args.w == nullptr) throw std::invalid_argument("w: null device pointer");
   if (args.dx == nullptr && args.dw == nullptr && args.dbias == nullptr) return;
-  const bool has_bias = args.bias != nullptr;
+  const Epilogue epilogue{args.act, args.bias != nullptr, false};
   if (requested == Kernel::Auto) {
     for (Kernel kernel : {Kernel::CudnnGraph, Kernel::Cudnn}) {
-      if (unsupported_reason(kernel, args.shape, args.act, has_bias, true).empty() &&
+      if (unsupported_reason(kernel, args.shape, epilogue, true).empty() &&
           try_cudnn_backward(kernel, args, stream).empty()) {
         return;
       }
     }
   } else {
-    require_supported(requested, args.shape, args.act, has_bias, true);
+    require_supported(requested, args.shape, epilogue, true);
     if (requested == Kernel::CudnnGraph || requested == Kernel::Cudnn) {
       const std::string declined = try_cudnn_backward(requested, args, stream);
       if (!declined.empty()) throw_declined(requested, declined);

@@ -42,35 +42,37 @@ std::vector<KernelInfo> kernel_table() {
   return {
       {"cudnn_graph", 40,
        graph_not_built.empty()
-           ? "cuDNN's graph API through the cuDNN frontend: conv_fprop with bias and activation fused as pointwise "
-             "nodes, conv_dgrad, conv_wgrad (dbias by GE2's reduction); plans from heuristics mode A (the fallback "
+           ? "cuDNN's graph API through the cuDNN frontend: conv_fprop with bias, residual and activation fused as "
+             "pointwise nodes (float32 intermediates, y rounded once), conv_dgrad, conv_wgrad (dbias by GE2's reduction); plans from heuristics mode A (the fallback "
              "list when A has none), built once per problem and timed on the first call (the fastest is kept)"
            : "cuDNN's graph API through the cuDNN frontend: NOT BUILT (" + graph_not_built + ")",
-       "built with cuDNN and the cuDNN frontend headers; forward bias/activation only in float16/bfloat16, NHWC, "
-       "groups 1, C and K multiples of 8; backward act none and even padding; strict float32 leaves out TF32, FFT "
+       "built with cuDNN and the cuDNN frontend headers; a forward bias/residual/activation only in "
+       "float16/bfloat16, NHWC, groups 1, C and K multiples of 8 (cuDNN's runtime-fusion engines); backward act none and even padding; strict float32 leaves out TF32, FFT "
        "and Winograd engines; plans built by prepare() or the first call and timed on the first call (not during "
        "CUDA graph capture); auto takes the next candidate when cuDNN has no engine for the problem; plan workspace "
        "<= 256 MiB"},
       {"implicit_gemm", 30,
        "GE2's own implicit GEMM on tensor cores, forward only: x gathered on the fly by 16-byte cp.async (padding, "
        "stride, dilation in the gather, zero-fill outside), w [K, R, S, C], 64-channel reduction tiles in a "
-       "multi-stage shared-memory pipeline, ldmatrix + mma.sync m16n8k16 with float32 accumulation, bias and "
-       "activation fused into the epilogue, y written in 16-byte rows; no workspace. Backward runs on cudnn or "
+       "multi-stage shared-memory pipeline, ldmatrix + mma.sync m16n8k16 with float32 accumulation, bias, "
+       "residual and activation fused into the epilogue, y written in 16-byte rows; no workspace. Backward runs on cudnn or "
        "im2col_gemm. Tile configs (chosen per problem; GE2_IMPLICIT_GEMM_CONFIG=<index> forces one): " +
            implicit_gemm_configs(),
        "forward only; NHWC; float16 or bfloat16; groups 1; C % 8 == 0; R, S <= 16; x and w 16-byte aligned "
        "(auto falls back otherwise); N*P*Q, H*W*C and K*R*S*C below 2^30, N*H*W*C below 2^33; sm_80 or newer"},
       {"cudnn", 20,
        has_cudnn() ? "cuDNN's convolution (legacy C API): the algorithm cudnnFind* times fastest per problem, cached; "
-                     "backward data and filter (dbias by GE2's reduction)"
+                     "float32 bias/residual/activation by one in-place epilogue kernel; backward data and filter (dbias "
+                     "by GE2's reduction)"
                    : "cuDNN's convolution: NOT BUILT (CMake found no cuDNN: neither in the CUDA toolkit nor in the "
                      "nvidia-cudnn-cu13 Python package)",
-       "built with cuDNN; act none; forward without bias (backward takes one); symmetric padding; tensors below "
+       "built with cuDNN; a forward epilogue (bias, residual, activation) in float32 only; backward act none; "
+       "symmetric padding; tensors below "
        "2^31 elements; the first call of a problem runs cudnnFind* (not during CUDA graph capture); auto falls back "
        "to im2col_gemm when cudnnFind* returns no working algorithm"},
       {"im2col_gemm", 10,
        "im2col into a per-stream workspace + one batched cuBLASLt GEMM (a batch per group) + one fused "
-       "bias/activation kernel; backward: dX by GEMM + col2im gather, dW by GEMM, dbias by a reduction",
+       "bias/residual/activation kernel; backward: dX by GEMM + col2im gather, dW by GEMM, dbias by a reduction",
        "none: every layout, stride, padding, dilation, groups, activation and dtype (the path that always works); "
        "workspace of C*R*S*N*P*Q elements plus a float32 K*N*P*Q accumulator", kFallback, kAnyAlignment},
   };
@@ -127,15 +129,15 @@ void im2col_gemm_accumulate(const Shape& s, const void* x, const void* w, void* 
   batched_gemm(call, stream);
 }
 
-std::string unsupported_reason(Kernel kernel, const Shape& shape, Act act, bool has_bias, bool backward) {
-  if (kernel == Kernel::CudnnGraph) return cudnn_graph_unsupported_reason(shape, act, has_bias, backward);
-  if (kernel == Kernel::Cudnn) return cudnn_unsupported_reason(shape, act, has_bias, backward);
+std::string unsupported_reason(Kernel kernel, const Shape& shape, const Epilogue& epilogue, bool backward) {
+  if (kernel == Kernel::CudnnGraph) return cudnn_graph_unsupported_reason(shape, epilogue, backward);
+  if (kernel == Kernel::Cudnn) return cudnn_unsupported_reason(shape, epilogue, backward);
   if (kernel == Kernel::ImplicitGemm) return implicit_gemm_unsupported_reason(shape, backward);
   return "";
 }
 
-void require_supported(Kernel kernel, const Shape& shape, Act act, bool has_bias, bool backward) {
-  const std::string reason = unsupported_reason(kernel, shape, act, has_bias, backward);
+void require_supported(Kernel kernel, const Shape& shape, const Epilogue& epilogue, bool backward) {
+  const std::string reason = unsupported_reason(kernel, shape, epilogue, backward);
   if (!reason.empty()) {
     throw std::invalid_argument(std::string("kernel: '") + kernel_name(kernel) + "' cannot run this problem: " +
                                 reason);
@@ -146,11 +148,11 @@ void throw_declined(Kernel kernel, const std::string& why) {
   throw std::runtime_error(std::string("ge2 op 'conv2d': kernel '") + kernel_name(kernel) + "': " + why);
 }
 
-void prepare(Kernel kernel, const Shape& shape, Act act, float slope, bool has_bias, bool allow_tf32, bool backward) {
+void prepare(Kernel kernel, const Shape& shape, const Epilogue& epilogue, float slope, bool allow_tf32, bool backward) {
   check_shape(shape);
   if (kernel == Kernel::CudnnGraph) {
-    require_supported(kernel, shape, act, has_bias, backward);
-    cudnn_graph_prepare(shape, act, slope, has_bias, allow_tf32, backward);
+    require_supported(kernel, shape, epilogue, backward);
+    cudnn_graph_prepare(shape, epilogue, slope, allow_tf32, backward);
   }
 }
 
@@ -163,7 +165,7 @@ void im2col_gemm_forward(const ForwardArgs& args, cudaStream_t stream) {
   char* scratch = static_cast<char*>(StreamWorkspace::get(col_bytes + acc_bytes, stream));
   float* acc = reinterpret_cast<float*>(scratch + col_bytes);
   im2col_gemm_accumulate(s, args.x, args.w, scratch, acc, args.allow_tf32, stream);
-  launch_epilogue(s, acc, args.bias, args.y, args.act, args.slope, stream);
+  launch_epilogue(s, acc, /*acc_in_y_layout=*/false, args.bias, args.residual, args.y, args.act, args.slope, stream);
 }
 
 // Enqueues the forward on `kernel`: empty when it did, else why it declined at run time (enqueuing nothing).
@@ -188,9 +190,9 @@ Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
   if (args.x == nullptr) throw std::invalid_argument("x: null device pointer");
   if (args.w == nullptr) throw std::invalid_argument("w: null device pointer");
   if (args.y == nullptr) throw std::invalid_argument("y: null device pointer");
-  const bool has_bias = args.bias != nullptr;
+  const Epilogue epilogue = epilogue_of(args);
   if (requested != Kernel::Auto) {
-    require_supported(requested, args.shape, args.act, has_bias, false);
+    require_supported(requested, args.shape, epilogue, false);
     const std::string declined = try_forward(requested, args, stream);
     if (declined.empty()) return requested;
     if (requested == Kernel::ImplicitGemm) throw std::invalid_argument("x, w: kernel 'implicit_gemm' " + declined);
@@ -198,7 +200,7 @@ Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
   }
   // auto: the kernel table's order, each where it applies and finds a way to run the problem.
   for (Kernel kernel : {Kernel::CudnnGraph, Kernel::ImplicitGemm, Kernel::Cudnn}) {
-    if (unsupported_reason(kernel, args.shape, args.act, has_bias, false).empty() &&
+    if (unsupported_reason(kernel, args.shape, epilogue, false).empty() &&
         try_forward(kernel, args, stream).empty()) {
       return kernel;
     }

@@ -18,7 +18,7 @@ namespace ge2::conv2d {
 
 #if !GE2_WITH_CUDNN
 
-std::string cudnn_unsupported_reason(const Shape&, Act, bool, bool) {
+std::string cudnn_unsupported_reason(const Shape&, const Epilogue&, bool) {
   return "this build of _ops_conv2d has no cuDNN (CMake found no cudnn.h and libcudnn: neither in the CUDA toolkit "
          "nor in the nvidia-cudnn-cu13 Python package)";
 }
@@ -141,11 +141,15 @@ bool first_working(const Perf* results, int returned, bool strict_fp32, Perf* ch
 
 }  // namespace
 
-std::string cudnn_unsupported_reason(const Shape& s, Act act, bool has_bias, bool backward) {
-  if (act != Act::None) return "activations run in im2col_gemm's fused epilogue, not in the cuDNN candidate";
-  if (has_bias && !backward) {
-    return "a bias added after cuDNN would round the convolution to the storage type first; im2col_gemm adds it "
-           "in float32";
+std::string cudnn_unsupported_reason(const Shape& s, const Epilogue& epilogue, bool backward) {
+  if (backward && epilogue.act != Act::None) {
+    return "activation gradients (dz = dy * act'(z) with z recomputed) run in im2col_gemm";
+  }
+  if (!backward && epilogue.any() && s.dtype != DType::Float32) {
+    // float32 output is the epilogue's own precision, so a second kernel over y rounds nothing; a 16-bit y would
+    // be rounded before the bias. cudnn_graph and implicit_gemm fuse the epilogue for 16-bit types.
+    return "a 16-bit epilogue (bias, residual, activation) after cuDNN would round the convolution first; "
+           "cudnn_graph and implicit_gemm fuse it in float32";
   }
   // cuDNN pads symmetrically: the output size must come out the same with bottom = top and right = left.
   const int64_t p = (s.h + 2 * s.pad_top - s.dilation_h * (s.r - 1) - 1) / s.stride_h + 1;
@@ -182,6 +186,10 @@ bool cudnn_forward(const ForwardArgs& args, cudaStream_t stream) {
   GE2_CUDNN_CHECK(cudnnConvolutionForward(handle, &alpha, plan->x, args.x, plan->w, args.w, plan->conv,
                                           plan->forward.algo, workspace, plan->forward.memory, &beta, plan->y,
                                           args.y));
+  if (epilogue_of(args).any()) {  // float32 only (cudnn_unsupported_reason): y = act(y + bias + residual) in place
+    launch_epilogue(s, static_cast<const float*>(args.y), /*acc_in_y_layout=*/true, args.bias, args.residual, args.y,
+                    args.act, args.slope, stream);
+  }
   return true;
 }
 

@@ -1,5 +1,5 @@
-// cudnn_graph: cuDNN's graph API through the cuDNN frontend (header-only C++): conv_fprop with the bias add and the
-// activation as fused pointwise nodes, conv_dgrad, conv_wgrad (dbias by GE2's reduction). Compiled only when CMake
+// cudnn_graph: cuDNN's graph API through the cuDNN frontend (header-only C++): conv_fprop with the bias add, the
+// residual add and the activation as fused pointwise nodes (float32 intermediates: y is rounded once), conv_dgrad, conv_wgrad (dbias by GE2's reduction). Compiled only when CMake
 // found cuDNN and the frontend headers (GE2_WITH_CUDNN_FRONTEND). Host code only, so it compiles as C++.
 //
 // Plans per problem, built and timed as _common/cudnn_graph_plans.hpp says. Strict float32 leaves out the engines
@@ -26,10 +26,10 @@ std::string cudnn_graph_not_built_reason() { return cudnn_frontend_not_built_rea
 
 #if !GE2_WITH_CUDNN_FRONTEND
 
-std::string cudnn_graph_unsupported_reason(const Shape&, Act, bool, bool) {
+std::string cudnn_graph_unsupported_reason(const Shape&, const Epilogue&, bool) {
   return "not built: " + cudnn_graph_not_built_reason();
 }
-void cudnn_graph_prepare(const Shape&, Act, float, bool, bool, bool) {
+void cudnn_graph_prepare(const Shape&, const Epilogue&, float, bool, bool) {
   throw std::logic_error("conv2d: built without the cuDNN frontend");
 }
 std::string cudnn_graph_forward(const ForwardArgs&, cudaStream_t) {
@@ -58,7 +58,7 @@ constexpr const char* kKernel = "cudnn_graph";
 enum class Pass : int64_t { Forward, Data, Filter };
 
 // The graphs' tensors, by uid: the variant pack's keys.
-enum Uid : int64_t { kX = 1, kW, kY, kBias, kDy, kDx, kDw };
+enum Uid : int64_t { kX = 1, kW, kY, kBias, kDy, kDx, kDw, kResidual };
 
 fe::DataType_t io_type(DType dtype) {
   switch (dtype) {
@@ -95,6 +95,7 @@ struct Problem {
   Act act = Act::None;
   float slope = 0.0f;
   bool has_bias = false;
+  bool has_residual = false;
   bool allow_tf32 = false;
 
   std::vector<int64_t> key() const {
@@ -104,13 +105,13 @@ struct Problem {
     return {current_device(), s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.p, s.q, s.stride_h, s.stride_w, s.pad_top,
             s.pad_left, s.dilation_h, s.dilation_w, s.groups, static_cast<int64_t>(s.layout),
             static_cast<int64_t>(s.dtype), static_cast<int64_t>(pass), static_cast<int64_t>(act), slope_bits,
-            has_bias, allow_tf32};
+            has_bias, has_residual, allow_tf32};
   }
 };
 
 // Backward passes take no epilogue: act is none there (dbias is GE2's reduction of dy).
 Problem backward_problem(const Shape& shape, Pass pass, bool allow_tf32) {
-  return {shape, pass, Act::None, 0.0f, false, allow_tf32};
+  return {shape, pass, Act::None, 0.0f, false, false, allow_tf32};
 }
 
 // The bottom (right) padding, which Shape does not keep: the top (left) one where that gives the same output size, so
@@ -152,6 +153,11 @@ void add_nodes(fe::graph::Graph& graph, const Problem& problem) {
                                      .set_dim({1, s.k, 1, 1}).set_stride({s.k, 1, 1, 1}));
         y = graph.pointwise(y, bias, fe::graph::Pointwise_attributes().set_name("bias_add").set_mode(
                                          fe::PointwiseMode_t::ADD));
+      }
+      if (problem.has_residual) {  // y's own dims and layout
+        y = graph.pointwise(y, tensor(kResidual, "residual", y_dims),
+                            fe::graph::Pointwise_attributes().set_name("residual_add").set_mode(
+                                fe::PointwiseMode_t::ADD));
       }
       if (problem.act != Act::None) y = graph.pointwise(y, activation_node(problem.act, problem.slope));
       output(y, kY, y_dims);
@@ -196,8 +202,8 @@ GraphPlan& plan_for(const Problem& problem, cudnnHandle_t handle, cudaStream_t s
 }  // namespace
 
 
-std::string cudnn_graph_unsupported_reason(const Shape& s, Act act, bool has_bias, bool backward) {
-  if (backward && act != Act::None) {
+std::string cudnn_graph_unsupported_reason(const Shape& s, const Epilogue& epilogue, bool backward) {
+  if (backward && epilogue.act != Act::None) {
     return "activation gradients (dz = dy * act'(z) with z recomputed) run in im2col_gemm";
   }
   if (backward && (trailing_padding(s.h, s.pad_top, s.p, s.stride_h, s.dilation_h, s.r) != s.pad_top ||
@@ -206,13 +212,13 @@ std::string cudnn_graph_unsupported_reason(const Shape& s, Act act, bool has_bia
     // 2, post-padding 0 (cuDNN 9 of PyTorch 2.11's wheel).
     return "uneven padding in backward: a cuDNN weight-gradient engine reads past the end of dy there";
   }
-  if (!backward && (has_bias || act != Act::None)) {
+  if (!backward && epilogue.any()) {
     // cuDNN fuses pointwise epilogues in its runtime-fusion engines: tensor cores, channels last, vector-aligned
-    // channels.
-    if (s.dtype == DType::Float32) return "a fused bias or activation needs float16 or bfloat16";
-    if (s.layout != Layout::NHWC) return "a fused bias or activation needs NHWC";
+    // channels. float32 takes the cudnn candidate's in-place float32 epilogue instead.
+    if (s.dtype == DType::Float32) return "a fused bias, residual or activation needs float16 or bfloat16";
+    if (s.layout != Layout::NHWC) return "a fused bias, residual or activation needs NHWC";
     if (s.groups != 1 || s.c % 8 != 0 || s.k % 8 != 0) {
-      return "a fused bias or activation needs groups 1 and C, K multiples of 8";
+      return "a fused bias, residual or activation needs groups 1 and C, K multiples of 8";
     }
   }
   constexpr int64_t kMaxElements = (int64_t{1} << 31) - 1;  // cuDNN's kernels index in int32
@@ -223,11 +229,12 @@ std::string cudnn_graph_unsupported_reason(const Shape& s, Act act, bool has_bia
   return "";
 }
 
-void cudnn_graph_prepare(const Shape& shape, Act act, float slope, bool has_bias, bool allow_tf32, bool backward) {
+void cudnn_graph_prepare(const Shape& shape, const Epilogue& epilogue, float slope, bool allow_tf32, bool backward) {
   const std::vector<Problem> problems =
       backward ? std::vector<Problem>{backward_problem(shape, Pass::Data, allow_tf32),
                                       backward_problem(shape, Pass::Filter, allow_tf32)}
-               : std::vector<Problem>{{shape, Pass::Forward, act, slope, has_bias, allow_tf32}};
+               : std::vector<Problem>{{shape, Pass::Forward, epilogue.act, slope, epilogue.has_bias,
+                                       epilogue.has_residual, allow_tf32}};
   std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
   cudnnHandle_t handle = CudnnHandles::instance().current();
   for (const Problem& problem : problems) {
@@ -237,16 +244,17 @@ void cudnn_graph_prepare(const Shape& shape, Act act, float slope, bool has_bias
 }
 
 std::string cudnn_graph_forward(const ForwardArgs& args, cudaStream_t stream) {
-  if (!aligned({args.x, args.w, args.bias, args.y})) return kMisaligned;
+  if (!aligned({args.x, args.w, args.bias, args.residual, args.y})) return kMisaligned;
   std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
   cudnnHandle_t handle = CudnnHandles::instance().bound_to(stream);
   GraphPlan& plan = plan_for({args.shape, Pass::Forward, args.act, args.slope, args.bias != nullptr,
-                              args.allow_tf32},
+                              args.residual != nullptr, args.allow_tf32},
                              handle, stream, /*on_stream=*/true);
   if (plan.graph == nullptr) return no_engine(plan);
   VariantPack pack = {{kX, const_cast<void*>(args.x)}, {kW, const_cast<void*>(args.w)},
                                              {kY, args.y}};
   if (args.bias != nullptr) pack[kBias] = const_cast<void*>(args.bias);
+  if (args.residual != nullptr) pack[kResidual] = const_cast<void*>(args.residual);
   tune(plan, handle, pack, stream, kKernel);
   void* workspace = plan.workspace > 0 ? StreamWorkspace::get(static_cast<std::size_t>(plan.workspace), stream)
                                        : nullptr;

@@ -1,5 +1,5 @@
 // im2col_gemm: the data-movement kernels around the batched cuBLASLt GEMM (im2col, its col2im adjoint, the fused
-// bias/activation epilogue, the output gradient and the bias gradient). Grid-stride loops, int64 indexing.
+// bias/residual/activation epilogue, the output gradient and the bias gradient). Grid-stride loops, int64 indexing.
 #include <algorithm>
 
 #include "api.hpp"
@@ -101,25 +101,30 @@ __global__ void col2im(Geometry g, bool nhwc, const float* __restrict__ dcol, T*
   }
 }
 
-// Output element (in y's layout) -> its index in the GEMM layout (NCHW: [K][N][P*Q]; NHWC: the same as y's).
-__device__ __forceinline__ int64_t gemm_index(const Geometry& g, bool nhwc, int64_t out, int64_t* channel) {
+// Output element (in y's layout) -> its index in the GEMM layout (NCHW: [K][N][P*Q]; NHWC: the same as y's) and
+// its channel; `same` says the GEMM layout is y's (NHWC, or an accumulator already laid out as y).
+__device__ __forceinline__ int64_t gemm_index(const Geometry& g, bool nhwc, int64_t out, int64_t* channel,
+                                              bool same = false) {
+  const int64_t pq = g.p * g.q;
   if (nhwc) {
     *channel = out % g.k;
     return out;
   }
-  const int64_t pq = g.p * g.q;
   const int64_t spatial = out % pq, rest = out / pq;
   *channel = rest % g.k;
-  return (*channel * g.n + rest / g.k) * pq + spatial;
+  return same ? out : (*channel * g.n + rest / g.k) * pq + spatial;
 }
 
+// y = act(acc + bias + residual) in float32, rounded once. acc and y may be one float32 buffer (the cudnn
+// candidate's in-place epilogue: each element is read and then written by the same thread), hence no __restrict__.
 template <typename T>
-__global__ void epilogue(Geometry g, bool nhwc, const float* __restrict__ acc, const T* __restrict__ bias,
-                         T* __restrict__ y, Act act, float slope, int64_t total) {
+__global__ void epilogue(Geometry g, bool nhwc, bool acc_in_y_layout, const float* acc, const T* __restrict__ bias,
+                         const T* __restrict__ residual, T* y, Act act, float slope, int64_t total) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
     int64_t channel;
-    float z = acc[gemm_index(g, nhwc, e, &channel)];
+    float z = acc[gemm_index(g, nhwc, e, &channel, acc_in_y_layout)];
     if (bias != nullptr) z += to_float(bias[channel]);
+    if (residual != nullptr) z += to_float(residual[e]);
     y[e] = from_float<T>(apply_act(act, z, slope));
   }
 }
@@ -183,13 +188,13 @@ void launch_col2im(const Shape& shape, const float* dcol, void* dx, cudaStream_t
   GE2_CHECK_LAUNCH("col2im");
 }
 
-void launch_epilogue(const Shape& shape, const float* acc, const void* bias, void* y, Act act, float slope,
-                     cudaStream_t stream) {
+void launch_epilogue(const Shape& shape, const float* acc, bool acc_in_y_layout, const void* bias,
+                     const void* residual, void* y, Act act, float slope, cudaStream_t stream) {
   const int64_t total = shape.n * shape.k * shape.p * shape.q;
   GE2_DISPATCH_FLOATING(shape.dtype, "dtype", {
-    epilogue<<<grid_for(total), kThreads, 0, stream>>>(Geometry(shape), shape.layout == Layout::NHWC, acc,
-                                                       static_cast<const scalar_t*>(bias),
-                                                       static_cast<scalar_t*>(y), act, slope, total);
+    epilogue<<<grid_for(total), kThreads, 0, stream>>>(
+        Geometry(shape), shape.layout == Layout::NHWC, acc_in_y_layout, acc, static_cast<const scalar_t*>(bias),
+        static_cast<const scalar_t*>(residual), static_cast<scalar_t*>(y), act, slope, total);
   });
   GE2_CHECK_LAUNCH("epilogue");
 }

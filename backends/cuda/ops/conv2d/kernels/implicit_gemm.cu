@@ -4,8 +4,8 @@
 // tap) is gathered from x on the fly with 16-byte cp.async (padding, stride and dilation decided per vector; outside
 // the input, past C or past M the copy reads 0 bytes and zero-fills), the B tile (BN filters x 64 channels) comes
 // from w [K, R, S, C]. Multi-stage cp.async pipeline in XOR-swizzled shared memory, ldmatrix.x4 fragments,
-// mma.sync m16n8k16, and an epilogue that adds the bias, applies the activation, stages the tile in shared memory
-// and writes y in 16-byte rows.
+// mma.sync m16n8k16, and an epilogue that adds the bias and the residual, applies the activation, stages the tile in
+// shared memory and writes y in 16-byte rows.
 //
 // The tile shape is a template; kConfigs below instantiates a few. A launch takes the one choose_config() picks
 // (the H100 sweep's rule), or the one GE2_IMPLICIT_GEMM_CONFIG=<index> names (read per launch, so a benchmark or a
@@ -29,7 +29,8 @@ constexpr const char* kConfigVariable = "GE2_IMPLICIT_GEMM_CONFIG";
 struct Params {
   const void* x;
   const void* w;
-  const void* bias;  // nullptr: none
+  const void* bias;      // nullptr: none
+  const void* residual;  // nullptr: none; else [M][K] as y
   void* y;
   int h, w_in, c, k, r, s;
   int stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w;
@@ -352,9 +353,11 @@ __global__ void __launch_bounds__(WarpsM * WarpsN * 32, MinBlocks)
   __syncthreads();  // every warp is done reading the stages: the output tile reuses their memory
 
   // Epilogue, first half: accumulator element e of tile (i, j) is y[row + (e / 2) * 8][col + e % 2], row = lane / 4
-  // within the m16 tile, col = 2 * (lane % 4) within the n8 tile; bias and activation in float32, then the pair
-  // goes to the [BM][BN + 8] output tile in y's dtype.
+  // within the m16 tile, col = 2 * (lane % 4) within the n8 tile; bias, residual and activation in float32, then
+  // the pair goes to the [BM][BN + 8] output tile in y's dtype (rounded once). The residual is read element by
+  // element (a pair may straddle a 4-byte boundary when K is odd).
   const T* bias = static_cast<const T*>(params.bias);
+  const T* residual = static_cast<const T*>(params.residual);
   T* tile_y = reinterpret_cast<T*>(shared_bytes);
 #pragma unroll
   for (int j = 0; j < kMmaN; ++j) {
@@ -367,8 +370,14 @@ __global__ void __launch_bounds__(WarpsM * WarpsN * 32, MinBlocks)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = warp_m * kWarpM + i * 16 + (lane >> 2) + half * 8;
-        const float v0 = apply_act(params.act, acc[i][j][half * 2] + bias0, params.slope);
-        const float v1 = apply_act(params.act, acc[i][j][half * 2 + 1] + bias1, params.slope);
+        float z0 = acc[i][j][half * 2] + bias0, z1 = acc[i][j][half * 2 + 1] + bias1;
+        if (residual != nullptr && block_m + row < params.m) {
+          const T* r = residual + static_cast<int64_t>(block_m + row) * params.k + block_n + col;
+          if (block_n + col < params.k) z0 += to_float(r[0]);
+          if (block_n + col + 1 < params.k) z1 += to_float(r[1]);
+        }
+        const float v0 = apply_act(params.act, z0, params.slope);
+        const float v1 = apply_act(params.act, z1, params.slope);
         *reinterpret_cast<typename Pair<T>::type*>(tile_y + row * kOutPitch + col) = Pair<T>::make(v0, v1);
       }
     }
@@ -512,7 +521,7 @@ int forced_config() {
 Params make_params(const ForwardArgs& args) {
   const Shape& s = args.shape;
   Params params{};
-  params.x = args.x, params.w = args.w, params.bias = args.bias, params.y = args.y;
+  params.x = args.x, params.w = args.w, params.bias = args.bias, params.residual = args.residual, params.y = args.y;
   params.h = static_cast<int>(s.h), params.w_in = static_cast<int>(s.w);
   params.c = static_cast<int>(s.c), params.k = static_cast<int>(s.k), params.r = static_cast<int>(s.r);
   params.s = static_cast<int>(s.s);

@@ -178,6 +178,27 @@ def test_fused_graph_trains_through_the_grad_rule(rng):
         assert_close(grads[1][name], grads[0][name].astype(np.float64), "float32", reduction_length=288, what=name)
 
 
+def test_exported_silu_becomes_silu_and_fuses_into_the_conv(rng):
+    """PyTorch's exporter writes SiLU as x * sigmoid(x): canonicalization names it, fusion takes it."""
+    g = Graph("silu")
+    x = g.input("x", (1, 8, 5, 5), "float32")
+    conv = g.conv2d(x, g.param("w", random_array(rng, (8, 8, 3, 3), "float32", 0.2)), None, padding=1)
+    g.output(g.mul(g.sigmoid(conv), conv), "y")
+    executor = ge2.ExecutorV2(g, device="cpu")
+    assert executor.optimized_graph.op_counts() == {"conv2d": 1}, executor.explain()
+    assert executor.optimized_graph.nodes[0].attrs["act"] == "silu"
+    feeds = {"x": random_array(rng, (1, 8, 5, 5), "float32")}
+    expected = ge2.ExecutorV2(g, device="cpu", passes=[]).run(feeds)["y"]
+    assert_close(executor.run(feeds)["y"], expected.astype(np.float64), "float32", reduction_length=72)
+    # a sigmoid read elsewhere too (a squeeze-excitation gate) stays
+    g = Graph("gate_shared")
+    x = g.input("x", (2, 4), "float32")
+    gate = g.sigmoid(x)
+    g.output(g.mul(x, gate), "y")
+    g.output(gate, "gate")
+    assert ge2.ExecutorV2(g, device="cpu").optimized_graph.op_counts() == {"mul": 1, "sigmoid": 1}
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Imported graphs (CPU): batch norms fold, residual adds and activations fuse, onnxruntime agrees
 # ---------------------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 - every matrix product is a ``gemm`` (a matmul is a gemm at its defaults);
 - a transpose feeding a gemm operand is the gemm's ``trans_a``/``trans_b``;
 - a row-vector add is a ``bias_add`` (broadcast normalization), and a bias after a gemm is the gemm's bias;
+- ``x * sigmoid(x)`` (how exporters write SiLU) is ``silu(x)``;
 - identities disappear: reshapes to the same shape, identity transposes, dropout with p = 0; chains of
   transposes or of reshapes become one.
 """
@@ -90,8 +91,15 @@ def drop_identity_dropout(graph: Graph, x: Value, y: Value):
     return x if y.producer.attrs["p"] == 0.0 else None
 
 
+# x * sigmoid(x) = silu(x)
+def mul_sigmoid_to_silu(graph: Graph, x: Value, gate: Value, y: Value):
+    return graph.silu(x) if y.type == x.type else None
+
+
 RULES: list[Rule] = [
     (Pat("matmul", name="y"), matmul_to_gemm),
+    (Pat("mul", (Pat(name="x"), Pat("sigmoid", (Pat(name="x"),), name="gate")), name="y", any_order=True),
+     mul_sigmoid_to_silu),
     (Pat("gemm", (Pat("transpose", (Pat(name="a"),), name="t", shared=True), Pat(name="b"), Pat(name="bias"),
                   Pat(name="c")), name="y"), fold_transpose_a),
     (Pat("gemm", (Pat(name="a"), Pat("transpose", (Pat(name="b"),), name="t", shared=True), Pat(name="bias"),

@@ -23,11 +23,14 @@ residual. The pass's last note counts the nodes in each layout and the transpose
 from __future__ import annotations
 
 from ..ir.graph import Graph, Value
-from ..ops.elementwise import BINARY_OPS, UNARY_OPS
+from ..ops import elementwise, pointwise
 from .canonicalize import drop_identity_transpose, merge_transposes
 from .pattern import Pat, Rule, rewrite
 
 PREFERRED = {"float16": "NHWC", "bfloat16": "NHWC", "float32": "NCHW"}
+# What commutes with a transpose: every elementwise op, one operand or two (broadcasting alike)
+UNARY_OPS = tuple(dict.fromkeys(elementwise.UNARY_OPS + pointwise.UNARY_OPS))
+BINARY_OPS = tuple(dict.fromkeys(elementwise.BINARY_OPS + pointwise.BINARY_OPS))
 PERMS = {("NCHW", "NHWC"): (0, 2, 3, 1), ("NHWC", "NCHW"): (0, 3, 1, 2)}
 
 # op -> (input positions, output positions) of tensors laid out by the node's ``layout`` attribute

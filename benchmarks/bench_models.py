@@ -1,0 +1,270 @@
+"""Whole models imported through ONNX, run by GE2 against PyTorch eager, torch.compile and onnxruntime, in one
+process on the GPU (issue 22's table). Random weights (torchvision / transformers constructors, never a download).
+
+Rows: ResNet-50 float16 and float32 at batch 1 and 32; EfficientNet-B0 float16 batch 32; ViT-B/16 float16 batch 32;
+BERT-base float16 (sequence 128, batch 32); GPT-2 124M forward (LM head included) float16, 8 x 512 tokens.
+
+Each row: the model is exported by torch.onnx.export (the dynamo exporter; the TorchScript one when that fails),
+imported (``frontend.onnx``) and planned by ``ExecutorV2`` with its default passes and precision; its output is
+checked against the model in float64 first (GE2's error within 4x of PyTorch's own in that dtype plus a floor, the
+zoo's rule). A model that does not import is a row saying why (the unsupported nodes), not a silent gap.
+
+Columns: GE2, PyTorch eager and torch.compile median ms (CUDA events, L2 flushed), torch.compile's compile time
+(its first call), onnxruntime's ms with its provider named (the CPU provider is wall-clock and, being slow, timed on
+batch-1 rows only unless GE2_BENCH_ORT=all), the precision each side ran at, GE2's kernel count (plan steps that
+launch: views excluded) and which conv2d kernels it chose.
+
+Environment: GE2_BENCH_COMPILE_MODE = torch.compile's mode (default "max-autotune", the issue's; "default" compiles
+in seconds and keeps the whole run within ~4 minutes; "none" skips torch.compile); the table says which ran.
+GE2_BENCH_MODELS = comma-separated row ids to run a subset (resnet50_f16_b32, ...).
+
+Precision: PyTorch runs at its defaults, set explicitly (cuDNN convolutions may use TF32, matmuls may not), GE2 at
+its "default" precision, which is the same policy; float16 rows accumulate in float32 on both sides.
+
+Run: python benchmarks/bench_models.py
+"""
+from __future__ import annotations
+
+import collections
+import copy
+import os
+import statistics
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from harness import median_ms, torch_cuda, write_results
+
+import graph_executor_v2 as ge2
+from graph_executor_v2.frontend import UnsupportedModelError
+from graph_executor_v2.frontend import onnx as onnx_frontend
+from graph_executor_v2.runtime.executor import ALIAS
+from graph_executor_v2.zoo.models import _wrapped
+from graph_executor_v2.zoo.worker import matches, relative_error
+
+COMPILE_MODE = os.environ.get("GE2_BENCH_COMPILE_MODE", "max-autotune")
+ORT_ROWS = os.environ.get("GE2_BENCH_ORT", "batch1")  # "all": time onnxruntime's CPU provider on every row
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    model: str
+    dtype: str
+    batch: int
+    build: object  # build(torch, batch) -> (module in eval mode on the CPU, float32; inputs tuple on the CPU)
+    shape: str  # the input, for the table
+
+
+def _torchvision(name):
+    def build(torch, batch):
+        import torchvision
+
+        torch.manual_seed(0)
+        return getattr(torchvision.models, name)(weights=None).eval(), (torch.randn(batch, 3, 224, 224),)
+
+    return build
+
+
+def _bert(torch, batch):
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig()).eval()  # bert-base: 12 x 768, 12 heads
+    ids = torch.randint(3, model.config.vocab_size, (batch, 128), generator=torch.Generator().manual_seed(1))
+    return _wrapped(torch, model, ("input_ids",)), (ids,)
+
+
+def _gpt2(torch, batch):
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(use_cache=False)).eval()  # 124M: 12 x 768
+    ids = torch.randint(0, model.config.vocab_size, (batch, 512), generator=torch.Generator().manual_seed(1))
+    return _wrapped(torch, model, ("input_ids",)), (ids,)
+
+
+ROWS = [
+    Row("resnet50_f16_b1", "ResNet-50", "float16", 1, _torchvision("resnet50"), "1x3x224x224"),
+    Row("resnet50_f16_b32", "ResNet-50", "float16", 32, _torchvision("resnet50"), "32x3x224x224"),
+    Row("resnet50_f32_b1", "ResNet-50", "float32", 1, _torchvision("resnet50"), "1x3x224x224"),
+    Row("resnet50_f32_b32", "ResNet-50", "float32", 32, _torchvision("resnet50"), "32x3x224x224"),
+    Row("efficientnet_b0_f16_b32", "EfficientNet-B0", "float16", 32, _torchvision("efficientnet_b0"),
+        "32x3x224x224"),
+    Row("vit_b_16_f16_b32", "ViT-B/16", "float16", 32, _torchvision("vit_b_16"), "32x3x224x224"),
+    Row("bert_base_f16_b32", "BERT-base", "float16", 32, _bert, "32x128 tokens"),
+    Row("gpt2_124m_f16_8x512", "GPT-2 124M (LM head)", "float16", 8, _gpt2, "8x512 tokens"),
+]
+
+
+def _on_gpu(torch, module, inputs, dtype):
+    torch_dtype = getattr(torch, dtype)
+    return (copy.deepcopy(module).to("cuda", torch_dtype),
+            tuple(x.to("cuda", torch_dtype) if x.is_floating_point() else x.to("cuda") for x in inputs))
+
+
+def _numpy(torch, tensor) -> np.ndarray:
+    return tensor.detach().to("cpu", torch.float64).numpy()
+
+
+def _export_and_import(torch, module, inputs, directory):
+    """(graph, exporter, ONNX path): the dynamo exporter first, the TorchScript one when it fails."""
+    names = [f"input{index}" for index in range(len(inputs))]
+    path = str(Path(directory) / "model.onnx")
+    failures = []
+    for exporter, options in (("dynamo", dict(dynamo=True)), ("torchscript", dict(dynamo=False, opset_version=17))):
+        try:
+            torch.onnx.export(module, inputs, path, input_names=names, output_names=["y"], **options)
+        except Exception as error:  # noqa: BLE001 - the other exporter is tried, both failures reported
+            failures.append(f"{exporter} export: {type(error).__name__}: {str(error).splitlines()[0][:160]}")
+            continue
+        return onnx_frontend.load(path), exporter, path
+    raise RuntimeError("; ".join(failures))
+
+
+def _kernel_count(executor) -> tuple[int, str]:
+    """(launching steps of the plan, conv2d kernels chosen as 'name xN')."""
+    plan = executor.plans[0]
+    convs = collections.Counter(s.kernel for s in plan.selections if s.op == "conv2d")
+    return (sum(s.kernel != ALIAS for s in plan.selections),
+            ", ".join(f"{kernel} x{count}" for kernel, count in convs.most_common()))
+
+
+def _wall_ms(fn, warmup=1, reps=3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def _onnxruntime(row, path, inputs, reference, record):
+    try:
+        import onnxruntime
+    except ImportError:
+        record["ort"] = "onnxruntime is not installed"
+        return
+    provider = ("CUDAExecutionProvider" if "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+                else "CPUExecutionProvider")
+    record["ort_provider"] = provider.removesuffix("ExecutionProvider")
+    if provider == "CPUExecutionProvider" and ORT_ROWS != "all" and row.batch != 1:
+        record["ort"] = "not timed (CPU provider, batch > 1; GE2_BENCH_ORT=all times it)"
+        return
+    session = onnxruntime.InferenceSession(path, providers=[provider])
+    feeds = {arg.name: x.cpu().numpy() for arg, x in zip(session.get_inputs(), inputs)}
+    result = session.run(None, feeds)[0]
+    record["ort_error"] = relative_error(result, reference)
+    record["ort_ms"] = _wall_ms(lambda: session.run(None, feeds))
+
+
+def _precision(torch, dtype):
+    if dtype != "float32":
+        return f"{dtype} (float32 accumulation)"
+    conv = "TF32" if torch.backends.cudnn.allow_tf32 else "FP32"
+    matmul = "TF32" if torch.backends.cuda.matmul.allow_tf32 else "FP32"
+    return f"float32: conv {conv}, matmul {matmul}"
+
+
+def run_row(torch, row: Row) -> dict:
+    record = {"id": row.id, "model": row.model, "dtype": row.dtype, "input": row.shape, "status": "ok"}
+    started = time.perf_counter()
+    try:
+        master, host_inputs = row.build(torch, row.batch)
+    except ImportError as error:
+        return {**record, "status": f"not run: {error}"}
+    with torch.no_grad():
+        module64, inputs64 = _on_gpu(torch, master, host_inputs, "float64")
+        reference = _numpy(torch, module64(*inputs64))
+        del module64, inputs64
+        module, inputs = _on_gpu(torch, master, host_inputs, row.dtype)
+        record["torch_error"] = relative_error(_numpy(torch, module(*inputs)), reference)
+        record["eager_ms"] = median_ms(lambda: module(*inputs), warmup=5, reps=20)
+        record["torch_precision"] = _precision(torch, row.dtype)
+        with tempfile.TemporaryDirectory() as directory:
+            try:
+                graph, exporter, path = _export_and_import(torch, module, inputs, directory)
+            except UnsupportedModelError as error:
+                unsupported = sorted({f"{op} ({reason[:60]})" for _, op, reason in error.problems})
+                record["status"] = f"does not import: {len(error.problems)} node(s): " + "; ".join(unsupported[:4])
+                graph = None
+            except Exception as error:  # noqa: BLE001 - an export failure is a row of the table, not a crash
+                record["status"] = f"does not export: {str(error)[:300]}"
+                graph = None
+            if graph is not None:
+                record["exporter"] = exporter
+                executor = ge2.ExecutorV2(graph, device="cuda")
+                feeds = {value.name: x for value, x in zip(graph.inputs, inputs)}
+                output = next(iter(graph.outputs))
+                record["ge2_error"] = relative_error(_numpy(torch, executor.run(feeds)[output]), reference)
+                record["match"] = matches(record["ge2_error"], record["torch_error"], row.dtype)
+                record["ge2_ms"] = median_ms(lambda: executor.run(feeds), warmup=5, reps=20)
+                record["kernels"], record["conv_kernels"] = _kernel_count(executor)
+                record["fallbacks"] = len(executor.fallbacks)
+                record["ge2_precision"] = (f"{executor.precision}: " + _precision_of_graph(executor, row.dtype))
+                record["vs_eager"] = record["eager_ms"] / record["ge2_ms"]
+                del executor
+                try:
+                    _onnxruntime(row, path, inputs, reference, record)
+                except Exception as error:  # noqa: BLE001 - an onnxruntime failure is reported in the row
+                    record["ort"] = f"onnxruntime failed: {type(error).__name__}: {str(error).splitlines()[0][:160]}"
+        if COMPILE_MODE != "none":
+            try:
+                compiled = torch.compile(module, mode=COMPILE_MODE)
+                compile_start = time.perf_counter()
+                compiled(*inputs)
+                torch.cuda.synchronize()
+                record["compile_s"] = time.perf_counter() - compile_start
+                record["compile_ms"] = median_ms(lambda: compiled(*inputs), warmup=5, reps=20)
+                if "ge2_ms" in record:
+                    record["vs_compile"] = record["compile_ms"] / record["ge2_ms"]
+            except Exception as error:  # noqa: BLE001 - reported in the row
+                record["compile_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    record["seconds"] = round(time.perf_counter() - started, 1)
+    return record
+
+
+def _precision_of_graph(executor, dtype) -> str:
+    if dtype != "float32":
+        return f"{dtype} (float32 accumulation)"
+    flags = {n.op: n.attrs["allow_tf32"] for n in executor.optimized_graph.nodes if n.op in ("conv2d", "gemm")}
+    return ", ".join(f"{op} {'TF32' if tf32 else 'FP32'}" for op, tf32 in sorted(flags.items()))
+
+
+def main():
+    torch = torch_cuda()
+    torch.backends.cudnn.allow_tf32 = True  # PyTorch's defaults, stated (and what GE2's "default" precision is)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    wanted = os.environ.get("GE2_BENCH_MODELS")
+    rows = [row for row in ROWS if not wanted or row.id in wanted.split(",")]
+    records = []
+    for row in rows:
+        try:
+            record = run_row(torch, row)
+        except Exception as error:  # noqa: BLE001 - one model's failure is its row; the others still run
+            record = {"id": row.id, "model": row.model, "dtype": row.dtype, "input": row.shape,
+                      "status": f"failed: {type(error).__name__}: {str(error).splitlines()[0][:300]}",
+                      "traceback": traceback.format_exc(limit=8)[-1500:]}
+        print({k: v for k, v in record.items() if k != "traceback"}, flush=True)
+        records.append(record)
+        torch.cuda.empty_cache()
+    columns = [("model", "model"), ("dtype", "dtype"), ("input", "input"), ("status", "status"),
+               ("ge2_ms", "GE2 ms"), ("eager_ms", "eager ms"), ("compile_ms", f"compile ({COMPILE_MODE}) ms"),
+               ("compile_s", "compile s"), ("vs_eager", "GE2 x eager"), ("vs_compile", "GE2 x compile"),
+               ("ort_provider", "onnxruntime provider"), ("ort_ms", "onnxruntime ms"), ("ort", "onnxruntime note"),
+               ("kernels", "GE2 kernels"),
+               ("conv_kernels", "GE2 conv2d kernels"), ("fallbacks", "GE2 fallbacks"),
+               ("ge2_error", "GE2 error"), ("torch_error", "torch error"), ("match", "match"),
+               ("ge2_precision", "GE2 precision"), ("torch_precision", "torch precision"), ("exporter", "exporter")]
+    title = (f"Imported models: GE2 vs PyTorch eager, torch.compile(mode={COMPILE_MODE!r}) and onnxruntime "
+             "(targets: >= 1.0x compile on float16 rows, >= 1.2x eager on every row)")
+    print(write_results("models", records, columns, title))
+
+
+if __name__ == "__main__":
+    main()

@@ -287,11 +287,12 @@ def check_backward(rng, poisoned, to_device, case, layout, dtype, kernel):
     y, _ = conv2d.reference(x, w, bias, **attrs)
     dy = random_array(rng, y.shape, dtype)
     expected = conv2d.reference_backward(dy, x, w, bias, **attrs)
-    outs = (poisoned(x.shape, dtype), poisoned(w.shape, dtype), None if bias is None else poisoned(bias.shape, dtype))
+    outs = (poisoned(x.shape, dtype), poisoned(w.shape, dtype), None if bias is None else poisoned(bias.shape, dtype),
+            None)  # no residual: its entry stays None
     with asymmetric_padding_may_have_no_engine(kernel, case):
         grads = conv2d.backward(to_device(dy), to_device(x), to_device(w), None if bias is None else to_device(bias),
                                 **attrs, kernel=kernel, out=outs)
-    assert len(grads) == 3
+    assert len(grads) == 4 and grads[3] is None
     geometry = conv2d.check_problem(x.shape, dtype, w.shape, dtype, **attrs)
     n_pq = geometry.n * geometry.p * geometry.q
     lengths = (geometry.k // geometry.groups * geometry.r * geometry.s, wgrad_length(n_pq, dtype), n_pq)
@@ -331,8 +332,8 @@ def test_large_forward_and_backward(rng, poisoned, to_device, layout, dtype, ker
 
 
 @pytest.mark.parametrize("change, reason", [
-    (dict(act="relu"), "a 16-bit epilogue (bias, residual, activation) after cuDNN would round"),
-    (dict(bias=True), "a 16-bit epilogue (bias, residual, activation) after cuDNN would round"),
+    (dict(act="relu"), "a 16-bit epilogue (bias, residual, activation, clip) after cuDNN would round"),
+    (dict(bias=True), "a 16-bit epilogue (bias, residual, activation, clip) after cuDNN would round"),
     (dict(padding=(1, 0, 1, 1)), "symmetric padding only"),
 ])
 def test_cudnn_constraints_name_the_reason(change, reason):
@@ -385,7 +386,7 @@ def test_torch_interop_matches_pytorch(rng):
                                             dilation=(2, 1), groups=3))
     assert_close(y.cpu().numpy(), expected.cpu().numpy(), "float32", reduction_length=18)
     grads = conv2d.backward(torch.ones_like(y), tx, tw, tb, **attrs)
-    assert all(isinstance(g, torch.Tensor) for g in grads)
+    assert all(isinstance(g, torch.Tensor) for g in grads[:3]) and grads[3] is None
 
 
 @pytest.mark.gpu
@@ -397,7 +398,7 @@ def test_device_argument_errors(rng, to_device, poisoned):
         conv2d.forward(x, w, out=poisoned((2, 3, 4, 4), "float16"))
     with pytest.raises(TypeError, match="x: expected a CUDA device array"):
         conv2d.forward(np.zeros((2, 4, 6, 6), np.float32), w)
-    with pytest.raises(ValueError, match=r"out: expected one entry per input \(x, w, bias\)"):
+    with pytest.raises(ValueError, match=r"out: expected one entry per input \(x, w, bias, residual\)"):
         conv2d.backward(poisoned((2, 3, 4, 4), "float32"), x, w, out=(None, None))
     torch = pytest.importorskip("torch")
     strided = torch.zeros((2, 4, 6, 12), device="cuda")[..., ::2]
@@ -548,7 +549,7 @@ def test_cudnn_graph_float32_is_strict_unless_tf32_is_allowed(rng, to_device, la
     fast = conv2d.forward(*args, **attrs, kernel="cudnn_graph", allow_tf32=True).numpy()
     assert_close(fast, expected, "tf32", reduction_length=288, what="tf32 y")
     dy = random_array(rng, expected.shape, "float32")
-    dx, dw, _ = conv2d.backward(to_device(dy), *args, **attrs, kernel="cudnn_graph")
+    dx, dw, _, _ = conv2d.backward(to_device(dy), *args, **attrs, kernel="cudnn_graph")
     wanted = conv2d.reference_backward(dy, x, w, None, **attrs)
     assert_close(dx.numpy(), wanted[0], "float32", reduction_length=64 * 9, what="strict float32 dx")
     assert_close(dw.numpy(), wanted[1], "float32", reduction_length=wgrad_length(4 * 28 * 28, "float32"),
@@ -568,7 +569,7 @@ def test_cudnn_graph_replays_in_a_cuda_graph_and_refuses_to_set_up_during_captur
     y = runtime.DeviceArray.empty(list(conv2d.reference(x, w, bias, **attrs)[0].shape), "float16")
     dy = runtime.DeviceArray.from_numpy(random_array(rng, tuple(y.shape), "float16"))
     grads = (runtime.DeviceArray.empty(list(x.shape), "float16"), runtime.DeviceArray.empty(list(w.shape), "float16"),
-             runtime.DeviceArray.empty([case[4]], "float16"))
+             runtime.DeviceArray.empty([case[4]], "float16"), None)
     no_act = {**attrs, "act": "none"}
 
     def run():
@@ -585,7 +586,7 @@ def test_cudnn_graph_replays_in_a_cuda_graph_and_refuses_to_set_up_during_captur
                                               for a in (x, w, bias, dy.numpy()))
     for device_array, values in zip((x_dev, w_dev, bias_dev, dy), (fresh_x, fresh_w, fresh_bias, fresh_dy)):
         device_array.copy_from_numpy(values)
-    for output in (y, *grads):
+    for output in (y, *grads[:3]):
         output.poison(stream.handle)
     graph.replay(stream.handle)
     stream.synchronize()
@@ -624,7 +625,7 @@ def test_cudnn_graph_declines_offset_views_and_auto_takes_the_next(rng):
     tx, tw = torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()
     with pytest.raises(RuntimeError, match="kernel 'cudnn_graph': needs 16-byte aligned tensors"):
         conv2d.backward(offset_dy, tx, tw, None, **attrs, kernel="cudnn_graph")
-    dx, dw, _ = conv2d.backward(offset_dy, tx, tw, None, **attrs)
+    dx, dw, _, _ = conv2d.backward(offset_dy, tx, tw, None, **attrs)
     expected = conv2d.reference_backward(dy, x, w, None, **attrs)
     assert_close(dx.cpu().numpy(), expected[0], "float16", reduction_length=8 * 9, what="dx")
     assert_close(dw.cpu().numpy(), expected[1], "float16", reduction_length=2 * 36, what="dw")

@@ -15,6 +15,10 @@ from graph_executor_v2.passes import PASSES, PassManager
 from graph_executor_v2.testing import assert_close, random_array
 
 ACTIVATIONS = ("none", "relu", "gelu", "silu")
+# epilogue id -> conv2d attributes: the activations, then relu6 and a two-sided clip of the activation's output
+EPILOGUES = {**{act: {"act": act} for act in ACTIVATIONS},
+             "relu6": {"act": "none", "clip_min": 0.0, "clip_max": 6.0},
+             "silu_clip": {"act": "silu", "clip_min": -0.25, "clip_max": 0.5}}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -33,6 +37,32 @@ def test_reference_adds_the_residual_before_the_activation(rng, layout, act):
     expected_z = conv_only + residual.astype(np.float64)
     np.testing.assert_allclose(z, expected_z, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(y, ge2.ops.activations.apply(act, expected_z), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("clip_min, clip_max", [(0.0, 6.0), (None, 0.3), (-0.2, None)])
+def test_reference_clips_after_the_activation(rng, clip_min, clip_max):
+    x, w = random_array(rng, (2, 3, 5, 5), "float32"), random_array(rng, (4, 3, 3, 3), "float32")
+    y, z = conv2d.reference(x, w, None, padding=1, act="gelu", clip_min=clip_min, clip_max=clip_max)
+    expected = ge2.ops.activations.apply("gelu", z)
+    expected = np.minimum(expected, np.inf if clip_max is None else clip_max)
+    expected = np.maximum(expected, -np.inf if clip_min is None else clip_min)
+    np.testing.assert_array_equal(y, expected)
+    with pytest.raises(ValueError, match=r"clip_min: must be <= clip_max \(1.0\), got 2.0"):
+        conv2d.check_problem(x.shape, "float32", w.shape, "float32", clip_min=2.0, clip_max=1.0)
+
+
+def test_reference_backward_with_clip_matches_finite_differences(rng):
+    x, w = rng.standard_normal((1, 2, 4, 4)), rng.standard_normal((3, 2, 3, 3))
+    attrs = dict(padding=1, act="silu", clip_min=-0.1, clip_max=0.8)
+    dy = rng.standard_normal(conv2d.reference(x, w, **attrs)[0].shape)
+    _, dw, _, _ = conv2d.reference_backward(dy, x, w, **attrs)
+    step = 1e-6
+    for flat in range(w.size):
+        plus, minus = w.copy(), w.copy()
+        plus.reshape(-1)[flat] += step
+        minus.reshape(-1)[flat] -= step
+        numeric = ((conv2d.reference(x, plus, **attrs)[0] - conv2d.reference(x, minus, **attrs)[0]) * dy).sum()
+        assert abs(dw.reshape(-1)[flat] - numeric / (2 * step)) < 1e-5
 
 
 def test_reference_backward_with_residual_matches_finite_differences(rng):
@@ -135,6 +165,31 @@ def test_fuse_folds_residual_and_activation_into_the_conv(rng, layout, act):
     expected = ge2.ExecutorV2(g, device="cpu", passes=[]).run(feeds)["y"]
     got = ge2.ExecutorV2(after, device="cpu", passes=[]).run(feeds)["y"]
     assert_close(got, expected.astype(np.float64), "float32", reduction_length=72)
+
+
+@pytest.mark.parametrize("with_relu", [False, True])
+def test_fuse_folds_a_clip_after_the_activation(rng, with_relu):
+    """relu6 as exporters write it (Clip(0, 6) after the conv), or a clip after a fused relu."""
+    g = Graph("relu6")
+    x = g.input("x", (1, 4, 5, 5), "float32")
+    h = g.conv2d(x, g.param("w", random_array(rng, (4, 4, 3, 3), "float32", 2.0)), None, padding=1)
+    g.output(g.clip(g.relu(h) if with_relu else h, min=0.0, max=6.0), "y")
+    fused, record = _fused(g)
+    assert fused.op_counts() == {"conv2d": 1}, record.notes
+    node = fused.nodes[0]
+    assert (node.attrs["act"], node.attrs["clip_min"], node.attrs["clip_max"]) == (
+        "relu" if with_relu else "none", 0.0, 6.0)
+    feeds = {"x": random_array(rng, (1, 4, 5, 5), "float32")}
+    expected = ge2.ExecutorV2(g, device="cpu", passes=[]).run(feeds)["y"]
+    assert 0 < (expected == 6.0).sum() < expected.size  # the clip bites
+    assert_close(ge2.ExecutorV2(fused, device="cpu", passes=[]).run(feeds)["y"], expected.astype(np.float64),
+                 "float32", reduction_length=36)
+    # a second clip does not fold into one already there (the pointwise clip stays)
+    g = Graph("two_clips")
+    x = g.input("x", (1, 4, 5, 5), "float32")
+    conv = g.conv2d(x, g.param("w", random_array(rng, (4, 4, 1, 1), "float32")), None, clip_max=6.0)
+    g.output(g.clip(conv, min=0.0, max=1.0), "y")
+    assert _fused(g)[0].op_counts() == {"conv2d": 1, "clip": 1}
 
 
 def test_fuse_guards(rng):
@@ -354,16 +409,18 @@ def _gpu_problem(rng, shape, layout, dtype, with_residual):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("act", ACTIVATIONS)
+@pytest.mark.parametrize("epilogue", EPILOGUES)
 @pytest.mark.parametrize("with_residual", [False, True], ids=["bias", "bias_residual"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=GPU_SHAPE_IDS)
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_every_candidate_epilogue_matches_float64(rng, poisoned, to_device, kernel, shape, layout, dtype,
-                                                   with_residual, act):
+                                                   with_residual, epilogue):
     x, w, bias, residual, attrs, geometry = _gpu_problem(rng, shape, layout, dtype, with_residual)
-    what = (f"y of {kernel} {layout} {dtype} act={act} residual={with_residual} shape={shape} (reduction "
+    attrs = {**attrs, **EPILOGUES[epilogue]}
+    act = attrs.pop("act")
+    what = (f"y of {kernel} {layout} {dtype} epilogue={epilogue} residual={with_residual} shape={shape} (reduction "
             f"{geometry.reduction_length})")
     reason = conv2d.unsupported_reason(kernel, geometry, act, True, has_residual=with_residual)
     if reason is not None:
@@ -381,9 +438,17 @@ def test_every_candidate_epilogue_matches_float64(rng, poisoned, to_device, kern
         pytest.skip(f"this build has no {kernel}")
     expected, _ = conv2d.reference(x, w, bias, residual, **attrs, act=act)
     out = poisoned(expected.shape, dtype)
-    result = conv2d.forward(to_device(x), to_device(w), to_device(bias),
-                            None if residual is None else to_device(residual), **attrs, act=act, kernel=kernel,
-                            out=out)
+    try:
+        result = conv2d.forward(to_device(x), to_device(w), to_device(bias),
+                                None if residual is None else to_device(residual), **attrs, act=act, kernel=kernel,
+                                out=out)
+    except RuntimeError as error:
+        # cuDNN's runtime fusion may have no engine for a clip node (RELU_FWD with both clips): that, and only that,
+        # is an expected failure naming cuDNN's reason (auto then takes implicit_gemm); numbers are checked whenever
+        # it runs.
+        if kernel == "cudnn_graph" and "clip_min" in attrs and "cuDNN has no engine" in str(error):
+            pytest.xfail(f"{what}: {error}")
+        raise
     assert result is out
     got = out.numpy()
     if np.isnan(got.astype(np.float64)).any():

@@ -35,7 +35,8 @@ PYBIND11_MODULE(_ops_conv2d, m) {
       "forward",
       [](std::uintptr_t x, std::uintptr_t w, std::uintptr_t bias, std::uintptr_t residual, std::uintptr_t y,
          const std::vector<int64_t>& geometry, const std::string& layout, const std::string& dtype,
-         const std::string& act, float slope, bool allow_tf32, const std::string& kernel, std::uintptr_t stream) {
+         const std::string& act, float slope, bool allow_tf32, float clip_low, float clip_high,
+         const std::string& kernel, std::uintptr_t stream) {
         ge2::conv2d::ForwardArgs args;
         args.shape = make_shape(geometry, layout, dtype);
         args.x = as_pointer(x);
@@ -46,13 +47,16 @@ PYBIND11_MODULE(_ops_conv2d, m) {
         args.act = ge2::act_from_name(act);
         args.slope = slope;
         args.allow_tf32 = allow_tf32;
+        args.clip_low = clip_low;
+        args.clip_high = clip_high;
         const auto requested = ge2::conv2d::kernel_from_name(kernel);
         ge2::binding::ReleaseGil release;
         return std::string(ge2::conv2d::kernel_name(ge2::conv2d::forward(args, requested, as_stream(stream))));
       },
       py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("residual"), py::arg("y"), py::arg("geometry"), py::arg("layout"),
-      py::arg("dtype"), py::arg("act"), py::arg("slope"), py::arg("allow_tf32"), py::arg("kernel"),
-      py::arg("stream"), "Enqueues the convolution on `stream`; returns the name of the kernel that ran.");
+      py::arg("dtype"), py::arg("act"), py::arg("slope"), py::arg("allow_tf32"), py::arg("clip_low"),
+      py::arg("clip_high"), py::arg("kernel"), py::arg("stream"),
+      "Enqueues the convolution on `stream`; returns the name of the kernel that ran.");
 
   m.def(
       "backward",
@@ -87,16 +91,17 @@ PYBIND11_MODULE(_ops_conv2d, m) {
   m.def(
       "prepare",
       [](const std::string& kernel, const std::vector<int64_t>& geometry, const std::string& layout,
-         const std::string& dtype, const std::string& act, float slope, bool allow_tf32, bool has_bias,
-         bool has_residual, bool backward) {
+         const std::string& dtype, const std::string& act, float slope, bool allow_tf32, float clip_low,
+         float clip_high, bool has_bias, bool has_residual, bool backward) {
         const auto requested = ge2::conv2d::kernel_from_name(kernel);
         const auto shape = make_shape(geometry, layout, dtype);
-        const ge2::conv2d::Epilogue epilogue{ge2::act_from_name(act), has_bias, has_residual};
+        const ge2::conv2d::Epilogue epilogue{ge2::act_from_name(act), has_bias, has_residual, clip_low, clip_high};
         ge2::binding::ReleaseGil release;
         ge2::conv2d::prepare(requested, shape, epilogue, slope, allow_tf32, backward);
       },
       py::arg("kernel"), py::arg("geometry"), py::arg("layout"), py::arg("dtype"), py::arg("act"), py::arg("slope"),
-      py::arg("allow_tf32"), py::arg("has_bias"), py::arg("has_residual"), py::arg("backward"),
+      py::arg("allow_tf32"), py::arg("clip_low"), py::arg("clip_high"), py::arg("has_bias"), py::arg("has_residual"),
+      py::arg("backward"),
       "Builds what `kernel` needs ahead of its first call (cudnn_graph: the cuDNN plans; not during CUDA graph "
       "capture); RuntimeError when cuDNN has no engine for the problem.");
 

@@ -5,8 +5,10 @@ Layouts (the ``layout`` attribute names both the activations' and the weights' l
 - ``NHWC``: x ``[N, H, W, C]``, w ``[K, R, S, C/groups]``, y ``[N, P, Q, K]``.
 ``stride`` and ``dilation`` are an int or (h, w); ``padding`` an int, (h, w) (symmetric) or (top, bottom, left,
 right). ``groups`` divides C and K (groups == C == K is depthwise). ``bias`` ``[K]``, ``residual`` (y's shape and
-dtype, added before the activation: a ResNet block's skip connection) and ``act`` (none, relu, gelu (tanh form), silu,
-leaky_relu with ``slope``) are fused into the epilogue, computed in float32 and rounded to y's dtype once.
+dtype, added before the activation: a ResNet block's skip connection), ``act`` (none, relu, gelu (tanh form), silu,
+leaky_relu with ``slope``) and a clip of the result to [``clip_min``, ``clip_max``] (either None for no bound: relu6
+is ``clip_min=0, clip_max=6``; NaN passes) are fused into the epilogue, computed in float32 and rounded to y's dtype
+once.
 float32/float16/bfloat16 with float32 accumulation; TF32 only with ``allow_tf32``. Output size: ``P = (H + pad_top + pad_bottom - dilation_h * (R - 1) -
 1) // stride_h + 1`` (Q likewise).
 
@@ -118,8 +120,8 @@ class ConvGeometry:
 
 
 def check_problem(x_shape, x_dtype, w_shape, w_dtype, bias_shape=None, bias_dtype=None, *, stride=1, padding=0,
-                  dilation=1, groups=1, layout="NCHW", act="none", slope=0.01, residual_shape=None,
-                  residual_dtype=None) -> ConvGeometry:
+                  dilation=1, groups=1, layout="NCHW", act="none", slope=0.01, clip_min=None, clip_max=None,
+                  residual_shape=None, residual_dtype=None) -> ConvGeometry:
     """Validates a conv2d problem; raises ValueError/TypeError naming the argument, the expectation and the value."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected NCHW or NHWC, got {layout!r}")
@@ -127,6 +129,8 @@ def check_problem(x_shape, x_dtype, w_shape, w_dtype, bias_shape=None, bias_dtyp
         raise ValueError(f"act: expected one of {', '.join(CONV_ACTIVATIONS)}, got {act!r}")
     if isinstance(slope, bool) or not isinstance(slope, (int, float, np.floating, np.integer)):
         raise TypeError(f"slope: expected a float, got {type(slope).__name__}")
+    if clip_min is not None and clip_max is not None and clip_min > clip_max:
+        raise ValueError(f"clip_min: must be <= clip_max ({clip_max}), got {clip_min}")
     stride = _pair(stride, "stride", 1)
     dilation = _pair(dilation, "dilation", 1)
     padding = _padding(padding)
@@ -200,11 +204,31 @@ def _taps(geometry: ConvGeometry):
             yield r, s, rows, slice(s * dw, s * dw + sw * (geometry.q - 1) + 1, sw)
 
 
+def _clip(y, clip_min, clip_max):
+    """y clipped to [clip_min, clip_max] (None: no bound), NaN passing through."""
+    if clip_min is not None:
+        y = np.where(y < clip_min, clip_min, y)
+    if clip_max is not None:
+        y = np.where(y > clip_max, clip_max, y)
+    return y
+
+
+def _clip_derivative(y, clip_min, clip_max):
+    """1 where the clip passes y (bounds included, as the pointwise clip's gradient), else 0."""
+    inside = np.ones(y.shape)
+    if clip_min is not None:
+        inside *= y >= clip_min
+    if clip_max is not None:
+        inside *= y <= clip_max
+    return inside
+
+
 def reference(x, w, bias=None, residual=None, *, stride=1, padding=0, dilation=1, groups=1, layout="NCHW",
-              act="none", slope=0.01):
+              act="none", slope=0.01, clip_min=None, clip_max=None):
     """Returns (y, z) in float64, z being the pre-activation (residual included), both in ``layout``."""
     geometry = check_problem(x.shape, "float32", w.shape, "float32", stride=stride, padding=padding,
-                             dilation=dilation, groups=groups, layout=layout, act=act, slope=slope)
+                             dilation=dilation, groups=groups, layout=layout, act=act, slope=slope,
+                             clip_min=clip_min, clip_max=clip_max)
     x64, w64 = _to_nchw(as_float64(x), as_float64(w), layout)
     top, bottom, left, right = geometry.padding
     g, n = geometry.groups, geometry.n
@@ -221,17 +245,18 @@ def reference(x, w, bias=None, residual=None, *, stride=1, padding=0, dilation=1
         z = z.transpose(0, 2, 3, 1)
     if residual is not None:
         z = z + as_float64(residual)
-    return activations.apply(act, z, slope), z
+    return _clip(activations.apply(act, z, slope), clip_min, clip_max), z
 
 
 def reference_backward(dy, x, w, bias=None, residual=None, *, stride=1, padding=0, dilation=1, groups=1,
-                       layout="NCHW", act="none", slope=0.01):
+                       layout="NCHW", act="none", slope=0.01, clip_min=None, clip_max=None):
     """Returns (dx, dw, dbias, dresidual) in float64 (dbias, dresidual None without a bias, a residual)."""
     attrs = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout, act=act,
-                 slope=slope)
+                 slope=slope, clip_min=clip_min, clip_max=clip_max)
     _, z = reference(x, w, bias, residual, **attrs)
     geometry = check_problem(x.shape, "float32", w.shape, "float32", **attrs)
-    dz = as_float64(dy) * activations.derivative(act, z, slope)
+    clip_mask = _clip_derivative(activations.apply(act, z, slope), clip_min, clip_max)
+    dz = as_float64(dy) * clip_mask * activations.derivative(act, z, slope)
     dresidual = None if residual is None else dz
     x64, w64 = _to_nchw(as_float64(x), as_float64(w), layout)
     if layout == "NHWC":
@@ -272,17 +297,32 @@ def _native_problem_args(geometry: ConvGeometry, attrs) -> tuple:
             bool(attrs["allow_tf32"]))
 
 
-def _refuse_residual(inputs, attrs, **options):
-    """A fused residual is a graph's business: conv2d's grad rule splits it off (dresidual = dy * act'(z))."""
+def _clip_bounds(attrs) -> tuple[float, float]:
+    """(low, high) of the forward's clip as the native forward takes them: an absent bound is infinite."""
+    low, high = attrs["clip_min"], attrs["clip_max"]
+    return (-np.inf if low is None else float(low)), (np.inf if high is None else float(high))
+
+
+def _refuse_residual_and_clip(inputs, attrs, **options):
+    """A fused residual or clip is a graph's business: conv2d's grad rule splits them off (dresidual = dy * act'(z),
+    the clip's gradient first)."""
     if conv_inputs(inputs)[3] is not None:
         raise ValueError("residual: conv2d.backward takes no fused residual (differentiate the graph instead: its "
                          "grad rule gives dresidual = dy * act'(z)); got an array")
+    _refuse_clip(attrs, "conv2d.backward")
+
+
+def _refuse_clip(attrs, what):
+    for name in ("clip_min", "clip_max"):
+        if attrs[name] is not None:
+            raise ValueError(f"{name}: {what} takes no fused clip (conv2d's grad rule applies the clip's gradient "
+                             f"first); got {attrs[name]}")
 
 
 def _backward(dy, inputs, attrs, kernel, out, stream):
     """(dx, dw, dbias, None) as device arrays of x's kind, or ``out``'s entries (dbias None without a bias). With an
     activation the pre-activation is recomputed (one forward GEMM)."""
-    _refuse_residual(inputs, attrs)
+    _refuse_residual_and_clip(inputs, attrs)
     x, w, bias, _ = conv_inputs(inputs)
     views = _layout.input_views({name: a for name, a in (("dy", dy), ("x", x), ("w", w), ("bias", bias))
                                  if a is not None})
@@ -339,7 +379,8 @@ def conv_inputs(values) -> tuple:
 
 
 def _op_attrs(attrs) -> dict:
-    return {name: attrs[name] for name in ("stride", "padding", "dilation", "groups", "layout", "act", "slope")}
+    return {name: attrs[name] for name in ("stride", "padding", "dilation", "groups", "layout", "act", "slope",
+                                           "clip_min", "clip_max")}
 
 
 def _types_geometry(x, w, bias, attrs, residual=None) -> ConvGeometry:
@@ -393,6 +434,8 @@ ATTRS = (
     Attr("layout", str, "NCHW", choices=LAYOUTS),
     Attr("act", str, "none", choices=CONV_ACTIVATIONS),
     Attr("slope", float, 0.01, doc="leaky_relu negative slope"),
+    Attr("clip_min", float, None, doc="lower bound of the clip after the activation; None for none"),
+    Attr("clip_max", float, None, doc="upper bound of the clip after the activation; None for none"),
     Attr("allow_tf32", bool, False),
 )
 
@@ -402,8 +445,8 @@ def _prepare_native(kernel, geometry: ConvGeometry, attrs, has_bias: bool, has_r
     """Builds what ``kernel`` needs ahead of its first launch (cudnn_graph: its cuDNN plans); RuntimeError when
     cuDNN has no engine for the problem, so that the registry takes the next candidate."""
     geometry_list, layout, dtype, act, slope, allow_tf32 = _native_problem_args(geometry, attrs)
-    _native_module().prepare(kernel, geometry_list, layout, dtype, act, slope, allow_tf32, has_bias, has_residual,
-                             backward)
+    _native_module().prepare(kernel, geometry_list, layout, dtype, act, slope, allow_tf32, *_clip_bounds(attrs),
+                             has_bias, has_residual, backward)
 
 
 def _forward_candidate(name):
@@ -418,7 +461,7 @@ def _forward_candidate(name):
         problem_args = _native_problem_args(geometry, problem.attrs)
         _prepare_native(name, geometry, problem.attrs, bias is not None, residual is not None, backward=False)
         return native_launch(_native_module().forward, in_ptr(0), in_ptr(1), in_ptr(2), in_ptr(3), out_ptr(0),
-                             *problem_args, name, stream_arg())
+                             *problem_args, *_clip_bounds(problem.attrs), name, stream_arg())
 
     return table_candidate("_ops_conv2d", name, supports, prepare)
 
@@ -454,6 +497,7 @@ OP = register(OpDef(
 # sum of dz over N, P, Q), and the grad rule drops it then.
 def _infer_backward(in_types, attrs):
     dy, x, w, bias = in_types
+    _refuse_clip(attrs, "conv2d_backward")
     geometry = _types_geometry(x, w, bias, attrs)
     if dy is None:
         raise ValueError("input 'dy' is required")
@@ -501,32 +545,32 @@ BACKWARD_OP = _grad.register_backward(OpDef(
 ))
 
 
-# An activation's gradient op for a fused residual's dz (the elementwise op of the same name).
-_ACTIVATION_BACKWARD = {"relu": "relu_backward", "gelu": "gelu_backward", "silu": "silu_backward"}
+def _activation_backward(g, act, dy, z, slope):
+    if act == "leaky_relu":
+        return g.leaky_relu_backward(dy, z, alpha=slope)
+    return getattr(g, f"{act}_backward")(dy, z)  # relu, gelu (tanh form), silu: the elementwise ops' own
 
 
 def _grad(g, node, out_grads):
     x, w, bias, residual = conv_inputs(node.inputs)
     dy = out_grads[0]
+    attrs = {**node.attrs, "clip_min": None, "clip_max": None}
+    low, high = node.attrs["clip_min"], node.attrs["clip_max"]
+    if low is not None or high is not None:  # the clip's gradient first, at its input act(z), recomputed
+        dy = g.clip_backward(dy, g.conv2d(x, w, bias, residual, **attrs), min=low, max=high)
     if residual is None:
-        dx, dw, dbias = g.conv2d_backward(dy, x, w, bias, **node.attrs)
+        dx, dw, dbias = g.conv2d_backward(dy, x, w, bias, **attrs)
         return [dx, dw, None if bias is None else dbias, None]
     # A fused residual: dresidual = dz = dy * act'(z), z (conv + bias + residual) recomputed without the activation;
     # the convolution's gradients then take dz with no activation.
-    act = node.attrs["act"]
-    if act == "none":
-        dz = dy
-    elif act in _ACTIVATION_BACKWARD:
-        z = g.conv2d(x, w, bias, residual, **{**node.attrs, "act": "none"})
-        dz = getattr(g, _ACTIVATION_BACKWARD[act])(dy, z)
-    else:
-        raise ValueError(f"act: the gradient of conv2d with a fused residual takes act none, "
-                         f"{', '.join(_ACTIVATION_BACKWARD)}; got {act!r}")
-    dx, dw, dbias = g.conv2d_backward(dz, x, w, bias, **{**node.attrs, "act": "none"})
+    act = attrs["act"]
+    dz = dy if act == "none" else _activation_backward(
+        g, act, dy, g.conv2d(x, w, bias, residual, **{**attrs, "act": "none"}), attrs["slope"])
+    dx, dw, dbias = g.conv2d_backward(dz, x, w, bias, **{**attrs, "act": "none"})
     return [dx, dw, None if bias is None else dbias, dz]
 
 
 attach_grad(OP, _grad)
 
 # The face, ``ge2.ops.conv2d.forward / forward_numpy / backward / backward_numpy / kernels / prepare``.
-globals().update(Face(OP, _backward, backward_host_check=_refuse_residual).functions())
+globals().update(Face(OP, _backward, backward_host_check=_refuse_residual_and_clip).functions())

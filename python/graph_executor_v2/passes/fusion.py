@@ -1,5 +1,5 @@
 """Epilogue fusion into gemm and conv2d: an activation after either becomes its ``act``, a residual add gemm's
-``beta * C`` or conv2d's ``residual``.
+``beta * C`` or conv2d's ``residual``, a clip after conv2d (relu6, hardtanh) its ``clip_min``/``clip_max``.
 
 The pattern matcher applies ONNX Runtime's guards to the node being absorbed (its only consumer is the fused node,
 it is not a graph output, same device); each rule adds the dtype and shape checks. A residual is fused before the
@@ -38,16 +38,28 @@ def fuse_residual(graph: Graph, mm: Value, residual: Value):
 # act(conv2d(x, w, bias, residual)) = conv2d(x, w, bias, residual, act=act)
 def fuse_conv_activation(graph: Graph, conv: Value, y: Value):
     node = conv.producer
-    if node.attrs["act"] != "none" or y.type != conv.type:
+    if (node.attrs["act"] != "none" or node.attrs["clip_min"] is not None or node.attrs["clip_max"] is not None
+            or y.type != conv.type):
         return None
     return graph.conv2d(*conv_inputs(node.inputs), **{**node.attrs, "act": EPILOGUE_ACTIVATIONS[y.producer.op]})
+
+
+# clip(conv2d(...), lo, hi) = conv2d(..., clip_min=lo, clip_max=hi): relu6 and hardtanh after a convolution
+def fuse_conv_clip(graph: Graph, conv: Value, y: Value):
+    node = conv.producer
+    if node.attrs["clip_min"] is not None or node.attrs["clip_max"] is not None or y.type != conv.type:
+        return None
+    bounds = y.producer.attrs
+    return graph.conv2d(*conv_inputs(node.inputs), **{**node.attrs, "clip_min": bounds["min"],
+                                                      "clip_max": bounds["max"]})
 
 
 # conv2d(x, w, bias) + r = conv2d(x, w, bias, residual=r) for r of the output's shape, layout and dtype
 def fuse_conv_residual(graph: Graph, conv: Value, residual: Value):
     node = conv.producer
     x, w, bias, existing = conv_inputs(node.inputs)
-    if existing is not None or node.attrs["act"] != "none" or residual is conv or residual.type != conv.type:
+    if (existing is not None or node.attrs["act"] != "none" or node.attrs["clip_min"] is not None
+            or node.attrs["clip_max"] is not None or residual is conv or residual.type != conv.type):
         return None
     return graph.conv2d(x, w, bias, residual, **node.attrs)
 
@@ -57,6 +69,7 @@ RULES: list[Rule] = [
     (Pat(tuple(EPILOGUE_ACTIVATIONS), (Pat("gemm", name="mm"),), name="y"), fuse_activation),
     (Pat("add", (Pat("conv2d", name="conv"), Pat(name="residual")), any_order=True), fuse_conv_residual),
     (Pat(tuple(EPILOGUE_ACTIVATIONS), (Pat("conv2d", name="conv"),), name="y"), fuse_conv_activation),
+    (Pat("clip", (Pat("conv2d", name="conv"),), name="y"), fuse_conv_clip),
 ]
 
 

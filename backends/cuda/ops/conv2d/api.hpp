@@ -4,6 +4,7 @@
 #pragma once
 #include <cmath>  // activation.hpp's float math in host-compiled code (the binding)
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,9 @@ struct ForwardArgs {
   void* y = nullptr;
   Act act = Act::None;
   float slope = 0.01f;
+  // y clipped to [clip_low, clip_high] after the activation (relu6, hardtanh); infinite bounds clip nothing
+  float clip_low = -std::numeric_limits<float>::infinity();
+  float clip_high = std::numeric_limits<float>::infinity();
   bool allow_tf32 = false;
 };
 
@@ -74,16 +78,26 @@ bool has_cudnn();
 // else what was missing (its capability checks then say "not built: " and this).
 std::string cudnn_graph_not_built_reason();
 
-// The forward's epilogue, y = act(conv + bias + residual), as the capability checks see it.
+// The forward's epilogue, y = clip(act(conv + bias + residual)), as the capability checks and plan caches see it.
 struct Epilogue {
   Act act = Act::None;
   bool has_bias = false;
   bool has_residual = false;
-  bool any() const { return act != Act::None || has_bias || has_residual; }
+  float clip_low = -std::numeric_limits<float>::infinity();
+  float clip_high = std::numeric_limits<float>::infinity();
+  bool has_clip() const {
+    return clip_low > -std::numeric_limits<float>::infinity() || clip_high < std::numeric_limits<float>::infinity();
+  }
+  bool any() const { return act != Act::None || has_bias || has_residual || has_clip(); }
 };
 
 inline Epilogue epilogue_of(const ForwardArgs& args) {
-  return {args.act, args.bias != nullptr, args.residual != nullptr};
+  return {args.act, args.bias != nullptr, args.residual != nullptr, args.clip_low, args.clip_high};
+}
+
+// The epilogue's last step; NaN passes (as the pointwise clip).
+__host__ __device__ __forceinline__ float clip_value(float v, float low, float high) {
+  return v < low ? low : (v > high ? high : v);
 }
 
 // Empty when `kernel` can run the problem; otherwise the reason it cannot (backward: the epilogue's act only).
@@ -106,10 +120,10 @@ void require_supported(Kernel kernel, const Shape& shape, const Epilogue& epilog
 void launch_im2col(const Shape& shape, const void* x, void* col, cudaStream_t stream);
 void launch_col2im(const Shape& shape, const float* dcol, void* dx, cudaStream_t stream);
 
-// The GEMM result in its layout (NCHW: [K][N * P * Q], NHWC: [N * P * Q][K], float32) -> y = act(acc + bias +
-// residual); with acc_in_y_layout, acc is laid out as y (and may be y itself: float32 in place).
-void launch_epilogue(const Shape& shape, const float* acc, bool acc_in_y_layout, const void* bias,
-                     const void* residual, void* y, Act act, float slope, cudaStream_t stream);
+// The GEMM result in its layout (NCHW: [K][N * P * Q], NHWC: [N * P * Q][K], float32) -> y = clip(act(acc + bias +
+// residual)) of `args` (its bias, residual, y, act, slope and clip); with acc_in_y_layout, acc is laid out as y (and
+// may be y itself: float32 in place).
+void launch_epilogue(const ForwardArgs& args, const float* acc, bool acc_in_y_layout, cudaStream_t stream);
 // dz = dy * act'(acc + bias) in the GEMM layout, of the op's dtype (acc unused when act == None).
 void launch_output_grad(const Shape& shape, const void* dy, const float* acc, const void* bias, void* dz, Act act,
                         float slope, cudaStream_t stream);

@@ -165,7 +165,7 @@ void im2col_gemm_forward(const ForwardArgs& args, cudaStream_t stream) {
   char* scratch = static_cast<char*>(StreamWorkspace::get(col_bytes + acc_bytes, stream));
   float* acc = reinterpret_cast<float*>(scratch + col_bytes);
   im2col_gemm_accumulate(s, args.x, args.w, scratch, acc, args.allow_tf32, stream);
-  launch_epilogue(s, acc, /*acc_in_y_layout=*/false, args.bias, args.residual, args.y, args.act, args.slope, stream);
+  launch_epilogue(args, acc, /*acc_in_y_layout=*/false, stream);
 }
 
 // Enqueues the forward on `kernel`: empty when it did, else why it declined at run time (enqueuing nothing).

@@ -148,7 +148,7 @@ std::string cudnn_unsupported_reason(const Shape& s, const Epilogue& epilogue, b
   if (!backward && epilogue.any() && s.dtype != DType::Float32) {
     // float32 output is the epilogue's own precision, so a second kernel over y rounds nothing; a 16-bit y would
     // be rounded before the bias. cudnn_graph and implicit_gemm fuse the epilogue for 16-bit types.
-    return "a 16-bit epilogue (bias, residual, activation) after cuDNN would round the convolution first; "
+    return "a 16-bit epilogue (bias, residual, activation, clip) after cuDNN would round the convolution first; "
            "cudnn_graph and implicit_gemm fuse it in float32";
   }
   // cuDNN pads symmetrically: the output size must come out the same with bottom = top and right = left.
@@ -186,9 +186,8 @@ bool cudnn_forward(const ForwardArgs& args, cudaStream_t stream) {
   GE2_CUDNN_CHECK(cudnnConvolutionForward(handle, &alpha, plan->x, args.x, plan->w, args.w, plan->conv,
                                           plan->forward.algo, workspace, plan->forward.memory, &beta, plan->y,
                                           args.y));
-  if (epilogue_of(args).any()) {  // float32 only (cudnn_unsupported_reason): y = act(y + bias + residual) in place
-    launch_epilogue(s, static_cast<const float*>(args.y), /*acc_in_y_layout=*/true, args.bias, args.residual, args.y,
-                    args.act, args.slope, stream);
+  if (epilogue_of(args).any()) {  // float32 only (cudnn_unsupported_reason): y = clip(act(y + bias + residual))
+    launch_epilogue(args, static_cast<const float*>(args.y), /*acc_in_y_layout=*/true, stream);
   }
   return true;
 }

@@ -1,5 +1,5 @@
 // cudnn_graph: cuDNN's graph API through the cuDNN frontend (header-only C++): conv_fprop with the bias add, the
-// residual add and the activation as fused pointwise nodes (float32 intermediates: y is rounded once), conv_dgrad, conv_wgrad (dbias by GE2's reduction). Compiled only when CMake
+// residual add, the activation and the clip as fused pointwise nodes (float32 intermediates: y is rounded once), conv_dgrad, conv_wgrad (dbias by GE2's reduction). Compiled only when CMake
 // found cuDNN and the frontend headers (GE2_WITH_CUDNN_FRONTEND). Host code only, so it compiles as C++.
 //
 // Plans per problem, built and timed as _common/cudnn_graph_plans.hpp says. Strict float32 leaves out the engines
@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -89,29 +90,43 @@ fe::graph::Pointwise_attributes activation_node(Act act, float slope) {
   }
 }
 
+int32_t bits_of(float value) {
+  int32_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
 struct Problem {
   Shape shape;
   Pass pass = Pass::Forward;
-  Act act = Act::None;
+  Epilogue epilogue;  // forward only
   float slope = 0.0f;
-  bool has_bias = false;
-  bool has_residual = false;
   bool allow_tf32 = false;
 
   std::vector<int64_t> key() const {
     const Shape& s = shape;
-    int32_t slope_bits = 0;  // only leaky_relu reads the slope
-    if (act == Act::LeakyRelu) std::memcpy(&slope_bits, &slope, sizeof(slope_bits));
+    const int32_t slope_bits = epilogue.act == Act::LeakyRelu ? bits_of(slope) : 0;  // only leaky_relu reads it
     return {current_device(), s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.p, s.q, s.stride_h, s.stride_w, s.pad_top,
             s.pad_left, s.dilation_h, s.dilation_w, s.groups, static_cast<int64_t>(s.layout),
-            static_cast<int64_t>(s.dtype), static_cast<int64_t>(pass), static_cast<int64_t>(act), slope_bits,
-            has_bias, has_residual, allow_tf32};
+            static_cast<int64_t>(s.dtype), static_cast<int64_t>(pass), static_cast<int64_t>(epilogue.act), slope_bits,
+            epilogue.has_bias, epilogue.has_residual, bits_of(epilogue.clip_low), bits_of(epilogue.clip_high),
+            allow_tf32};
   }
 };
 
 // Backward passes take no epilogue: act is none there (dbias is GE2's reduction of dy).
 Problem backward_problem(const Shape& shape, Pass pass, bool allow_tf32) {
-  return {shape, pass, Act::None, 0.0f, false, false, allow_tf32};
+  return {shape, pass, Epilogue{}, 0.0f, allow_tf32};
+}
+
+// The clip after the activation: cuDNN's RELU_FWD between a lower and an upper clip (an absent bound: the float
+// range's end, which clips nothing finite).
+fe::graph::Pointwise_attributes clip_node(const Epilogue& epilogue) {
+  const float largest = std::numeric_limits<float>::max();
+  return fe::graph::Pointwise_attributes().set_name("clip").set_mode(fe::PointwiseMode_t::RELU_FWD)
+      .set_relu_lower_clip(std::max(epilogue.clip_low, -largest))
+      .set_relu_upper_clip(std::min(epilogue.clip_high, largest))
+      .set_relu_lower_clip_slope(0.0f);
 }
 
 // The bottom (right) padding, which Shape does not keep: the top (left) one where that gives the same output size, so
@@ -148,18 +163,20 @@ void add_nodes(fe::graph::Graph& graph, const Problem& problem) {
       auto y = graph.conv_fprop(tensor(kX, "x", x_dims), tensor(kW, "w", w_dims),
                                 fe::graph::Conv_fprop_attributes().set_name("conv").set_pre_padding(pre)
                                     .set_post_padding(post).set_stride(stride).set_dilation(dilation));
-      if (problem.has_bias) {
+      const Epilogue& epilogue = problem.epilogue;
+      if (epilogue.has_bias) {
         auto bias = graph.tensor(fe::graph::Tensor_attributes().set_name("bias").set_uid(kBias)
                                      .set_dim({1, s.k, 1, 1}).set_stride({s.k, 1, 1, 1}));
         y = graph.pointwise(y, bias, fe::graph::Pointwise_attributes().set_name("bias_add").set_mode(
                                          fe::PointwiseMode_t::ADD));
       }
-      if (problem.has_residual) {  // y's own dims and layout
+      if (epilogue.has_residual) {  // y's own dims and layout
         y = graph.pointwise(y, tensor(kResidual, "residual", y_dims),
                             fe::graph::Pointwise_attributes().set_name("residual_add").set_mode(
                                 fe::PointwiseMode_t::ADD));
       }
-      if (problem.act != Act::None) y = graph.pointwise(y, activation_node(problem.act, problem.slope));
+      if (epilogue.act != Act::None) y = graph.pointwise(y, activation_node(epilogue.act, problem.slope));
+      if (epilogue.has_clip()) y = graph.pointwise(y, clip_node(epilogue));
       output(y, kY, y_dims);
       return;
     }
@@ -233,8 +250,7 @@ void cudnn_graph_prepare(const Shape& shape, const Epilogue& epilogue, float slo
   const std::vector<Problem> problems =
       backward ? std::vector<Problem>{backward_problem(shape, Pass::Data, allow_tf32),
                                       backward_problem(shape, Pass::Filter, allow_tf32)}
-               : std::vector<Problem>{{shape, Pass::Forward, epilogue.act, slope, epilogue.has_bias,
-                                       epilogue.has_residual, allow_tf32}};
+               : std::vector<Problem>{{shape, Pass::Forward, epilogue, slope, allow_tf32}};
   std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
   cudnnHandle_t handle = CudnnHandles::instance().current();
   for (const Problem& problem : problems) {
@@ -247,9 +263,8 @@ std::string cudnn_graph_forward(const ForwardArgs& args, cudaStream_t stream) {
   if (!aligned({args.x, args.w, args.bias, args.residual, args.y})) return kMisaligned;
   std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
   cudnnHandle_t handle = CudnnHandles::instance().bound_to(stream);
-  GraphPlan& plan = plan_for({args.shape, Pass::Forward, args.act, args.slope, args.bias != nullptr,
-                              args.residual != nullptr, args.allow_tf32},
-                             handle, stream, /*on_stream=*/true);
+  GraphPlan& plan = plan_for({args.shape, Pass::Forward, epilogue_of(args), args.slope, args.allow_tf32}, handle,
+                             stream, /*on_stream=*/true);
   if (plan.graph == nullptr) return no_engine(plan);
   VariantPack pack = {{kX, const_cast<void*>(args.x)}, {kW, const_cast<void*>(args.w)},
                                              {kY, args.y}};

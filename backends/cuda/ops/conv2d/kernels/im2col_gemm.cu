@@ -115,17 +115,18 @@ __device__ __forceinline__ int64_t gemm_index(const Geometry& g, bool nhwc, int6
   return same ? out : (*channel * g.n + rest / g.k) * pq + spatial;
 }
 
-// y = act(acc + bias + residual) in float32, rounded once. acc and y may be one float32 buffer (the cudnn
+// y = clip(act(acc + bias + residual)) in float32, rounded once. acc and y may be one float32 buffer (the cudnn
 // candidate's in-place epilogue: each element is read and then written by the same thread), hence no __restrict__.
 template <typename T>
 __global__ void epilogue(Geometry g, bool nhwc, bool acc_in_y_layout, const float* acc, const T* __restrict__ bias,
-                         const T* __restrict__ residual, T* y, Act act, float slope, int64_t total) {
+                         const T* __restrict__ residual, T* y, Act act, float slope, float clip_low, float clip_high,
+                         int64_t total) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
     int64_t channel;
     float z = acc[gemm_index(g, nhwc, e, &channel, acc_in_y_layout)];
     if (bias != nullptr) z += to_float(bias[channel]);
     if (residual != nullptr) z += to_float(residual[e]);
-    y[e] = from_float<T>(apply_act(act, z, slope));
+    y[e] = from_float<T>(clip_value(apply_act(act, z, slope), clip_low, clip_high));
   }
 }
 
@@ -188,13 +189,14 @@ void launch_col2im(const Shape& shape, const float* dcol, void* dx, cudaStream_t
   GE2_CHECK_LAUNCH("col2im");
 }
 
-void launch_epilogue(const Shape& shape, const float* acc, bool acc_in_y_layout, const void* bias,
-                     const void* residual, void* y, Act act, float slope, cudaStream_t stream) {
+void launch_epilogue(const ForwardArgs& args, const float* acc, bool acc_in_y_layout, cudaStream_t stream) {
+  const Shape& shape = args.shape;
   const int64_t total = shape.n * shape.k * shape.p * shape.q;
   GE2_DISPATCH_FLOATING(shape.dtype, "dtype", {
     epilogue<<<grid_for(total), kThreads, 0, stream>>>(
-        Geometry(shape), shape.layout == Layout::NHWC, acc_in_y_layout, acc, static_cast<const scalar_t*>(bias),
-        static_cast<const scalar_t*>(residual), static_cast<scalar_t*>(y), act, slope, total);
+        Geometry(shape), shape.layout == Layout::NHWC, acc_in_y_layout, acc, static_cast<const scalar_t*>(args.bias),
+        static_cast<const scalar_t*>(args.residual), static_cast<scalar_t*>(args.y), args.act, args.slope,
+        args.clip_low, args.clip_high, total);
   });
   GE2_CHECK_LAUNCH("epilogue");
 }

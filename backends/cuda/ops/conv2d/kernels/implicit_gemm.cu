@@ -45,6 +45,7 @@ struct Params {
   int n_tiles;       // ceil(K / BN): the fast index of the 1-d grid (neighbouring blocks share their x tile)
   Act act;
   float slope;
+  float clip_low, clip_high;  // the clip after the activation (infinite: none)
   bool vector_store; // K % 8 == 0 and y 16-byte aligned: the epilogue writes 16-byte vectors
 };
 
@@ -376,8 +377,8 @@ __global__ void __launch_bounds__(WarpsM * WarpsN * 32, MinBlocks)
           if (block_n + col < params.k) z0 += to_float(r[0]);
           if (block_n + col + 1 < params.k) z1 += to_float(r[1]);
         }
-        const float v0 = apply_act(params.act, z0, params.slope);
-        const float v1 = apply_act(params.act, z1, params.slope);
+        const float v0 = clip_value(apply_act(params.act, z0, params.slope), params.clip_low, params.clip_high);
+        const float v1 = clip_value(apply_act(params.act, z1, params.slope), params.clip_low, params.clip_high);
         *reinterpret_cast<typename Pair<T>::type*>(tile_y + row * kOutPitch + col) = Pair<T>::make(v0, v1);
       }
     }
@@ -539,6 +540,7 @@ Params make_params(const ForwardArgs& args) {
   params.w_step_tap = static_cast<uint32_t>(c_vectors - last_channel_tile);
   params.act = args.act;
   params.slope = args.slope;
+  params.clip_low = args.clip_low, params.clip_high = args.clip_high;
   params.vector_store = s.k % 8 == 0 && reinterpret_cast<std::uintptr_t>(args.y) % 16 == 0;
   return params;
 }

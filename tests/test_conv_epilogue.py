@@ -369,6 +369,26 @@ def test_batch_norm_scale_and_shift_on_imported_nhwc_regions(rng):
     assert_close(executor.run(feeds)["y"], unplanned.astype(np.float64), "float16", reduction_length=72)
 
 
+def test_rgb_stem_conv_reads_channels_padded_to_eight(rng):
+    """A float16 ResNet stem (3 input channels, 7x7 stride 2, bias, relu): in NHWC its input is zero-padded to 8
+    channels (one pad after the entry transpose), its weights padded and folded, so its epilogue can fuse."""
+    g = Graph("stem")
+    x = g.input("x", (2, 3, 20, 20), "float16")
+    conv = g.conv2d(x, g.param("w", random_array(rng, (16, 3, 7, 7), "float16", 0.1)),
+                    g.param("b", random_array(rng, (16,), "float16")), stride=2, padding=3)
+    g.output(g.relu(conv), "y")
+    executor = ge2.ExecutorV2(g, device="cpu")
+    optimized = executor.optimized_graph
+    assert optimized.op_counts() == {"transpose": 2, "pad": 1, "conv2d": 1}, executor.explain()
+    node = next(n for n in optimized.nodes if n.op == "conv2d")
+    assert node.inputs[0].type.shape == (2, 20, 20, 8) and node.inputs[1].type.shape == (16, 7, 7, 8)
+    assert node.inputs[1].is_param and node.attrs["act"] == "relu"
+    assert "pad_channels" in executor.explain()
+    feeds = {"x": random_array(rng, (2, 3, 20, 20), "float16")}
+    unplanned = ge2.ExecutorV2(g, device="cpu", passes=[]).run(feeds)["y"]
+    assert_close(executor.run(feeds)["y"], unplanned.astype(np.float64), "float16", reduction_length=147)
+
+
 def test_concat_joins_in_the_region_on_the_permuted_axis(rng):
     g = Graph("concat")
     x = g.input("x", (1, 8, 4, 4), "float16")

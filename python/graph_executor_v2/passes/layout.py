@@ -14,6 +14,8 @@ no measurement has shown NHWC faster there, so an NCHW float32 graph, as every e
    nothing: a parameter, folded by constant folding, or a value the graph already transposes), and concat (on the permuted axis). A transpose back then
    meets the next node's transpose in, and the pair merges into the identity and drops.
 3. A transpose that only moves size-1 dims (a pooled [N, 1, 1, C] back to [N, C, 1, 1]) is a reshape, a view.
+4. A 16-bit NHWC conv whose input channels are not a multiple of 8 (a network's first conv, on RGB) reads its input
+   and weights zero-padded to the next multiple, so that its epilogue fuses (``_pad_channels``).
 
 ``ACTIVATION_OPERANDS`` says which inputs and outputs of each layout-aware op are activations in its layout; the
 rest (statistics, per-channel vectors) do not depend on it. conv2d's weight follows its layout (KCRS for NCHW, KRSC
@@ -21,6 +23,8 @@ for NHWC), so it is transposed with the activations (a parameter: folded once, a
 residual. The pass's last note counts the nodes in each layout and the transposes of activations that remain.
 """
 from __future__ import annotations
+
+import functools
 
 from ..ir.graph import Graph, Value
 from ..ops import elementwise, pointwise
@@ -175,6 +179,32 @@ def _sink_through_concat(graph: Graph) -> list[str]:
     return notes
 
 
+CHANNEL_VECTOR = 8  # 16-byte vectors of 16-bit channels: what cuDNN's runtime fusion and implicit_gemm read
+
+
+def _pad_channels(graph: Graph, node) -> str | None:
+    """A 16-bit NHWC conv2d (groups 1) whose input channels are not a multiple of 8 (an image's 3) reads x and w
+    zero-padded to the next multiple: the fused epilogues (cuDNN's runtime fusion, implicit_gemm) need channel
+    vectors, and the zeros add nothing to any sum. w is a parameter (its pad folds as a constant) or padded too."""
+    if node.op != "conv2d" or node.attrs["layout"] != "NHWC" or node.attrs["groups"] != 1:
+        return None
+    x, w = node.inputs[0], node.inputs[1]
+    if x.type.dtype not in ("float16", "bfloat16") or x.type.rank != 4 or not x.type.is_concrete:
+        return None
+    channels = x.type.shape[3]
+    extra = -channels % CHANNEL_VECTOR
+    if extra == 0:
+        return None
+    pads = (0, 0, 0, 0, 0, 0, 0, extra)  # begins of the 4 axes, then ends: C grows at its end
+    with graph.inserting_before(node):
+        inputs = list(node.inputs)
+        inputs[0], inputs[1] = graph.pad(x, pads=pads), graph.pad(w, pads=pads)
+        rebuilt = graph.add_node(node.op, inputs, dict(node.attrs), device=node.device)
+    graph.replace_uses(node.outputs[0], rebuilt.outputs[0])
+    graph.remove_node(node)
+    return f"pad_channels: {node.name} C {channels} -> {channels + extra} (zeros) as {rebuilt.name}"
+
+
 def _summary(graph: Graph) -> str:
     """The regions' layouts and the transposes of activations that remain (parameters' fold as constants)."""
     layouts: dict[str, int] = {}
@@ -196,6 +226,7 @@ def plan_layouts(graph: Graph) -> list:
             note = _relayout(graph, node, transposed)
             if note:
                 notes.append(note)
+    notes += [note for note in map(functools.partial(_pad_channels, graph), list(graph.nodes)) if note]
     if notes:
         for _ in range(len(graph.nodes)):  # concat and the rules may each unblock the other
             changed = rewrite(graph, RULES) + _sink_through_concat(graph)

@@ -94,7 +94,7 @@ def main():
     with tempfile.TemporaryDirectory() as directory:
         for name, (module, x, dtype, reduction) in models(torch).items():
             path, graph = exported(torch, module, x, directory)
-            executor = ge2.ExecutorV2(graph, device="cuda")
+            executor = ge2.ExecutorV2(graph, device="cuda", precision="highest")  # TF32 off, as PyTorch here
             x_cuda = x.cuda()
             with torch.no_grad():
                 expected = copy.deepcopy(module).double().cuda()(x_cuda.double()).cpu().numpy()

@@ -308,7 +308,7 @@ def test_bad_use_raises_naming_the_problem(rng):
 def test_backward_graph_on_the_gpu_matches_the_cpu_backend(rng, case):
     op = case[1]
     arrays, projection, bg, wrt, feeds = _case_backward_graph(rng, case)
-    executor = ge2.ExecutorV2(bg, device="cuda", passes=TRAINING_BACKWARD)
+    executor = ge2.ExecutorV2(bg, device="cuda", passes=TRAINING_BACKWARD, precision="highest")
     assert not executor.fallbacks, [f"{s.node} ({s.op}): {s.kernel}" for s in executor.fallbacks]
     on_gpu = executor.run(feeds)
     on_cpu = ge2.ExecutorV2(bg, passes=TRAINING_BACKWARD).run(feeds)
@@ -330,7 +330,7 @@ def test_fused_training_graph_on_the_gpu_matches_the_cpu_backend(rng, activation
         autocast(forward, amp)
     fused, _ = PassManager(resolve(TRAINING_BACKWARD)).run(autograd.backward_graph(forward, "loss"))
     feeds = {"x": _normal(rng, (33, 6)), "labels": rng.integers(0, 5, 33).astype(np.int64)}
-    executor = ge2.ExecutorV2(fused, device="cuda", passes=[])
+    executor = ge2.ExecutorV2(fused, device="cuda", passes=[], precision="highest")
     assert not executor.fallbacks, [f"{s.node} ({s.op}): {s.kernel}" for s in executor.fallbacks]
     on_gpu, on_cpu = executor.run(feeds), ge2.ExecutorV2(fused, passes=[]).run(feeds)
     for name, value in on_cpu.items():

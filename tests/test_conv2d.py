@@ -218,7 +218,7 @@ def cudnn_graph_variant(case, layout, dtype, backward):
     """The case as the cudnn_graph candidate takes it: the fused bias/activation only where cuDNN's runtime fusion
     runs it (NHWC float16/bfloat16, groups 1, C and K multiples of 8); in backward act none and even padding."""
     n, c, h, w, k, r, s, stride, padding, dilation, groups, act, with_bias = case
-    fusable = layout == "NHWC" and dtype != "float32" and groups == 1 and c % 8 == 0 and k % 8 == 0
+    fusable = dtype == "float32" or (layout == "NHWC" and groups == 1 and c % 8 == 0 and k % 8 == 0)
     if backward:
         act = "none"
         if isinstance(padding, tuple) and len(padding) == 4:  # uneven padding's backward runs elsewhere
@@ -457,8 +457,6 @@ def test_cudnn_graph_reports_why_it_is_not_built():
 
 
 @pytest.mark.parametrize("change, reason", [
-    (dict(dtype="float32"), "a fused bias, residual or activation needs float16 or bfloat16"),
-    (dict(dtype="float32", act="none"), "a fused bias, residual or activation needs float16 or bfloat16"),
     (dict(layout="NCHW"), "a fused bias, residual or activation needs NHWC"),
     (dict(groups=2), "needs groups 1 and C, K multiples of 8"),
     (dict(c=12), "needs groups 1 and C, K multiples of 8"),
@@ -488,6 +486,9 @@ def test_cudnn_graph_constraints_name_the_reason(change, reason):
         for act in ("relu", "gelu", "silu", "leaky_relu"):
             geometry, _, _, _ = graph_problem(dtype, act=act)
             assert conv2d.unsupported_reason("cudnn_graph", geometry, act, True) is None
+    # float32: the epilogue runs after the graph in place, in any layout and grouping
+    geometry, _, _, _ = graph_problem("float32", "NCHW", groups=2)
+    assert conv2d.unsupported_reason("cudnn_graph", geometry, "silu", True, has_residual=True) is None
 
 
 def registry_ranking(dtype, layout, attrs):
@@ -510,10 +511,11 @@ def test_registry_ranks_cudnn_graph_first_where_it_is_built():
         pytest.skip("this build has no cudnn_graph")
     assert registry_ranking("float32", "NCHW", {"padding": 1}).viable[0].name == "cudnn_graph"
     assert registry_ranking("float16", "NHWC", {"padding": 1, "act": "relu"}).viable[0].name == "cudnn_graph"
-    ranking = registry_ranking("float32", "NCHW", {"padding": 1, "act": "relu"})
     # float32's epilogue runs after cuDNN's convolution in place (float32 is the epilogue's own precision)
-    assert ranking.viable[0].name == ("cudnn" if conv2d.has_cudnn() else "im2col_gemm")
-    assert "needs float16 or bfloat16" in dict(ranking.rejected)["cudnn_graph"]
+    assert registry_ranking("float32", "NCHW", {"padding": 1, "act": "relu"}).viable[0].name == "cudnn_graph"
+    ranking = registry_ranking("float16", "NCHW", {"padding": 1, "act": "relu"})
+    assert ranking.viable[0].name == "im2col_gemm"
+    assert "needs NHWC" in dict(ranking.rejected)["cudnn_graph"]
 
 
 # (N, C, H, W, K, R, S, stride, padding, dilation, groups, act, bias): NHWC float16/bfloat16 with C, K multiples of 8
@@ -540,7 +542,7 @@ def test_cudnn_graph_float32_is_strict_unless_tf32_is_allowed(rng, to_device, la
     """Strict float32 must not take cuDNN's TF32 engines: over a reduction of 288 TF32 is ~1e-3 off, far outside
     float32's tolerance."""
     skip_unless_built("cudnn_graph")
-    case = cudnn_graph_variant(LARGE_CASE, layout, "float32", backward=False)
+    case = (*LARGE_CASE[:11], "none", False)  # the convolution alone: the engines' own math is what is checked
     x, w, bias, attrs = make_problem(rng, case, layout, "float32")
     expected, _ = conv2d.reference(x, w, bias, **attrs)
     args = (to_device(x), to_device(w), None)
@@ -634,11 +636,11 @@ def test_cudnn_graph_declines_offset_views_and_auto_takes_the_next(rng):
 @pytest.mark.gpu
 def test_cudnn_graph_named_problem_it_cannot_run_raises(rng, to_device):
     skip_unless_built("cudnn_graph")
-    x, w = to_device(random_array(rng, (2, 4, 6, 6), "float32")), to_device(random_array(rng, (3, 4, 3, 3), "float32"))
+    x, w = to_device(random_array(rng, (2, 4, 6, 6), "float16")), to_device(random_array(rng, (3, 4, 3, 3), "float16"))
     with pytest.raises(ValueError, match="kernel: 'cudnn_graph' cannot run this problem: a fused bias, residual or "
-                                         "activation needs float16 or bfloat16"):
+                                         "activation needs NHWC"):
         conv2d.forward(x, w, act="relu", kernel="cudnn_graph")
-    dy = to_device(random_array(rng, (2, 3, 4, 4), "float32"))
+    dy = to_device(random_array(rng, (2, 3, 4, 4), "float16"))
     with pytest.raises(ValueError, match="kernel: 'cudnn_graph' cannot run this problem: activation gradients"):
         conv2d.backward(dy, x, w, act="relu", kernel="cudnn_graph")
 

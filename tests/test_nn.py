@@ -14,7 +14,7 @@ from graph_executor_v2.testing import assert_close
 
 def _run(model, x, device="cpu", dtype="float32"):
     graph = model.graph((x.shape, dtype))
-    return ge2.ExecutorV2(graph, device=device).run({"x": x})["y"]
+    return ge2.ExecutorV2(graph, device=device, precision="highest").run({"x": x})["y"]
 
 
 def _layernorm64(x, gamma, beta, eps):
@@ -430,7 +430,7 @@ def test_cnn_against_torch_on_the_gpu(rng):
     x = rng.standard_normal((4, 3, 15, 13)).astype(np.float32)
     expected = torch_model.eval()(torch.from_numpy(x)).detach().double().numpy()
     assert_close(_run(model.eval(), x, device="cuda"), expected, "float32", reduction_length=72)
-    out = ge2.ExecutorV2(model.train().graph((x.shape, "float32")), device="cuda").run({"x": x})
+    out = ge2.ExecutorV2(model.train().graph((x.shape, "float32")), device="cuda", precision="highest").run({"x": x})
     expected = torch_model.train()(torch.from_numpy(x)).detach().double().numpy()
     assert_close(out["y"], expected, "float32", reduction_length=4 * 15 * 13)
     for name in ("running_mean", "running_var"):

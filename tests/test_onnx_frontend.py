@@ -231,7 +231,7 @@ def test_models_exported_by_torch_match_torch_and_onnxruntime(tmp_path):
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         np.testing.assert_allclose(session.run(None, {"x": x.numpy()})[0], expected, rtol=1e-4, atol=1e-5)
         for device in devices:
-            out = ge2.ExecutorV2(graph, device=device).run({"x": x.numpy()})["y"]
+            out = ge2.ExecutorV2(graph, device=device, precision="highest").run({"x": x.numpy()})["y"]
             assert_close(out, expected, "float32", reduction_length=128, what=f"{name} on {device}")
 
 
@@ -287,7 +287,7 @@ def test_gpt2_block_exported_by_torch_matches_torch_and_onnxruntime(tmp_path, rn
     onnxruntime_y = session.run(None, {"x": feed})[0]
     assert_close(onnxruntime_y, expected, dtype, reduction_length=1024, what="onnxruntime")
     for device in ["cpu"] + (["cuda"] if ge2.is_available() else []):
-        out = ge2.ExecutorV2(graph, device=device).run({graph.inputs[0].name: feed})["y"]
+        out = ge2.ExecutorV2(graph, device=device, precision="highest").run({graph.inputs[0].name: feed})["y"]
         assert out.dtype == feed.dtype
         assert_close(out, expected, dtype, reduction_length=1024, what=f"GE2 on {device}")
         assert_close(out, onnxruntime_y.astype(np.float64), dtype, reduction_length=1024,
@@ -329,7 +329,7 @@ def test_cnn_matches_onnxruntime(rng):
     session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     expected = session.run(None, {"x": x})[0]
     for device in ["cpu"] + (["cuda"] if ge2.is_available() else []):
-        out = ge2.ExecutorV2(graph, device=device).run({"x": x})["y"]
+        out = ge2.ExecutorV2(graph, device=device, precision="highest").run({"x": x})["y"]
         assert_close(out, expected, "float32", reduction_length=54, what=device)
 
 

@@ -119,7 +119,7 @@ def test_resnet18_eval_forward_matches_pytorch_large(torch_cuda):
         expected32 = model32.eval()(x).cpu().numpy()
         expected64 = model64.eval()(x.double()).cpu().numpy()
     graph = model.eval().graph({"x": ((BATCH, 3, IMAGE, IMAGE), "float32")})
-    logits = ge2.ExecutorV2(graph, device="cuda").run({"x": x.cpu().numpy()})["logits"]
+    logits = ge2.ExecutorV2(graph, device="cuda", precision="highest").run({"x": x.cpu().numpy()})["logits"]
     report = []
     _check("eval logits", logits, expected32, expected64, report)
     print("\n".join(report))
@@ -142,7 +142,8 @@ def test_resnet18_training_step_matches_pytorch_large(torch_cuda):
         losses[name] = loss.item()
 
     graph = model.train().graph({"x": ((BATCH, 3, IMAGE, IMAGE), "float32"), "labels": ((BATCH,), "int64")})
-    trainer = ge2.train.Trainer(graph, device="cuda", optimizer=ge2.train.SGD(lr=LR, momentum=MOMENTUM))
+    trainer = ge2.train.Trainer(graph, device="cuda", optimizer=ge2.train.SGD(lr=LR, momentum=MOMENTUM),
+                                precision="highest")
     loss = float(trainer.step({"x": x.cpu().numpy(), "labels": labels.cpu().numpy().astype(np.int64)}))
     report = []
     _check("loss", np.array(loss), np.array(losses["float32"]), np.array(losses["float64"]), report)
@@ -158,7 +159,8 @@ def test_resnet18_training_step_matches_pytorch_large(torch_cuda):
     # inputs). So each update may be as far off as PyTorch's median update error over the network.
     updates = {name: (parameters[name] - start[name], state32[name] - start[name], state64[name] - start[name])
                for name in parameters}
-    typical_error = float(np.median([_relative(torch32 - torch64, torch64) for _, torch32, torch64 in updates.values()]))
+    typical_error = float(np.median([_relative(torch32 - torch64, torch64)
+                                     for _, torch32, torch64 in updates.values()]))
     for name, (ge2_update, torch32_update, torch64_update) in updates.items():
         _check(f"update of {name}", ge2_update, torch32_update, torch64_update, report, typical_error)
     for name in buffers:
@@ -188,7 +190,7 @@ def test_resnet18_exported_to_onnx_matches_pytorch_large(torch_cuda, tmp_path):
         expected64 = model64.eval()(x.double()).cpu().numpy()
     graph = onnx_frontend.load(str(path))
     assert graph.op_counts().get("conv2d") == 20, graph.op_counts()
-    out = ge2.ExecutorV2(graph, device="cuda").run({graph.inputs[0].name: x.cpu().numpy()})
+    out = ge2.ExecutorV2(graph, device="cuda", precision="highest").run({graph.inputs[0].name: x.cpu().numpy()})
     report = []
     _check("ONNX import, eval logits", next(iter(out.values())), expected32, expected64, report)
     print("\n".join(report))

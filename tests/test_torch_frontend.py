@@ -16,7 +16,7 @@ def _devices():
 
 def _run_on_ge2(graph, x, device):
     """The imported graph's output y for the one input x (a torch tensor)."""
-    return ge2.ExecutorV2(graph, device=device).run({graph.inputs[0].name: x.numpy()})["y"]
+    return ge2.ExecutorV2(graph, device=device, precision="highest").run({graph.inputs[0].name: x.numpy()})["y"]
 
 
 @pytest.mark.parametrize("device", _devices())

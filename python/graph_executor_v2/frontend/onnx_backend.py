@@ -19,6 +19,9 @@ from onnx.backend.base import Backend, BackendRep  # noqa: E402 (after the check
 from ..runtime import ExecutorV2  # noqa: E402
 from .onnx import UnsupportedModelError, _dtype_names, load, supported_op_types  # noqa: E402
 
+# ONNX's reference computes float32 exactly: strict FP32, no TF32 convolutions (GE2's default, as PyTorch's)
+PRECISION = "highest"
+
 _DEVICES = {"CPU": "cpu", "CUDA": "cuda"}
 
 
@@ -37,7 +40,7 @@ class Ge2BackendRep(BackendRep):
         self.constant_inputs = constant_inputs
         self._executors: dict[tuple, ExecutorV2] = {}
         if not constant_inputs:
-            self._executors[()] = ExecutorV2(load(model), device=device)
+            self._executors[()] = ExecutorV2(load(model), device=device, precision=PRECISION)
 
     def _executor_for(self, feeds: dict) -> ExecutorV2:
         """The executor compiled for the values of the constant inputs in ``feeds``; an import that finds more
@@ -54,7 +57,7 @@ class Ge2BackendRep(BackendRep):
                     raise
                 self.constant_inputs = self.constant_inputs | error.constant_inputs
                 continue
-            executor = self._executors[key] = ExecutorV2(graph, device=self.device)
+            executor = self._executors[key] = ExecutorV2(graph, device=self.device, precision=PRECISION)
             return executor
 
     def run(self, inputs, **kwargs):

@@ -4,26 +4,26 @@ Layouts (the ``layout`` attribute names both the activations' and the weights' l
 - ``NCHW``: x ``[N, C, H, W]``, w ``[K, C/groups, R, S]`` (PyTorch's), y ``[N, K, P, Q]``;
 - ``NHWC``: x ``[N, H, W, C]``, w ``[K, R, S, C/groups]``, y ``[N, P, Q, K]``.
 ``stride`` and ``dilation`` are an int or (h, w); ``padding`` an int, (h, w) (symmetric) or (top, bottom, left,
-right). ``groups`` divides C and K (groups == C == K is depthwise). ``bias`` ``[K]``, ``residual`` (y's shape and
-dtype, added before the activation: a ResNet block's skip connection), ``act`` (none, relu, gelu (tanh form), silu,
-leaky_relu with ``slope``) and a clip of the result to [``clip_min``, ``clip_max``] (either None for no bound: relu6
-is ``clip_min=0, clip_max=6``; NaN passes) are fused into the epilogue, computed in float32 and rounded to y's dtype
-once.
-float32/float16/bfloat16 with float32 accumulation; TF32 only with ``allow_tf32``. Output size: ``P = (H + pad_top + pad_bottom - dilation_h * (R - 1) -
-1) // stride_h + 1`` (Q likewise).
+right). ``groups`` divides C and K (groups == C == K is depthwise). ``bias`` ``[K]``, ``residual`` (y's shape and dtype,
+added before the activation: a ResNet block's skip connection), ``act`` (none, relu, gelu (tanh form), silu, leaky_relu
+with ``slope``) and a clip of the result to [``clip_min``, ``clip_max``] (either None for no bound: relu6 is
+``clip_min=0, clip_max=6``; NaN passes) are fused into the epilogue, computed in float32 and rounded to y's dtype once.
+float32/float16/bfloat16 with float32 accumulation; TF32 only with ``allow_tf32``. Output size: ``P = (H + pad_top +
+pad_bottom - dilation_h * (R - 1) - 1) // stride_h + 1`` (Q likewise).
 
 Kernel candidates (``kernels()``), best first:
-1. ``cudnn_graph``: cuDNN's graph API through the cuDNN frontend (conv_fprop with bias, residual and activation fused
-   as pointwise nodes with float32 intermediates, conv_dgrad, conv_wgrad; dbias by GE2's reduction): up to 10 plans from heuristics mode A's
-   engines then cuDNN's fallback list (PyTorch's cudnn.benchmark sources and limit), built once per problem by
-   ``prepare`` or the first call, timed on the first call (the fastest kept). Strict float32 leaves out TF32, FFT and
-   Winograd engines. Built when CMake finds cuDNN and the frontend headers (the nvidia-cudnn-frontend package or
-   GE2_CUDNN_FRONTEND_DIR; ``has_cudnn_graph()``); a fused bias/residual/activation only in float16/bfloat16 NHWC
-   with groups 1 and C, K multiples of 8 (cuDNN's runtime-fusion engines); backward act none. Where cuDNN has no
-   engine for a problem, preparing it raises and ``auto`` takes the next candidate.
+1. ``cudnn_graph``: cuDNN's graph API through the cuDNN frontend (conv_fprop with bias, residual and activation fused as
+   pointwise nodes with float32 intermediates, conv_dgrad, conv_wgrad; dbias by GE2's reduction): up to 10 plans from
+   heuristics mode A's engines then cuDNN's fallback list (PyTorch's cudnn.benchmark sources and limit), built once per
+   problem by ``prepare`` or the first call, timed on the first call (the fastest kept). Strict float32 leaves out TF32,
+   FFT and Winograd engines. Built when CMake finds cuDNN and the frontend headers (the nvidia-cudnn-frontend package or
+   GE2_CUDNN_FRONTEND_DIR; ``has_cudnn_graph()``); the epilogue fused into the graph in float16/bfloat16 NHWC with
+   groups 1 and C, K multiples of 8 (cuDNN's runtime-fusion engines), run after it in place in float32 (GE2's epilogue
+   kernel: float32 is the epilogue's own precision, nothing rounds twice); backward act none. Where cuDNN has no engine
+   for a problem, preparing it raises and ``auto`` takes the next candidate.
 2. ``implicit_gemm``: GE2's own implicit GEMM on tensor cores (no im2col buffer): x gathered on the fly by 16-byte
-   cp.async, a 4-stage shared-memory pipeline, ldmatrix + mma.sync m16n8k16, float32 accumulation, bias, residual
-   and activation fused into the epilogue. Forward only, NHWC, float16/bfloat16, groups 1, C % 8 == 0 (x and w 16-byte
+   cp.async, a 4-stage shared-memory pipeline, ldmatrix + mma.sync m16n8k16, float32 accumulation, bias, residual and
+   activation fused into the epilogue. Forward only, NHWC, float16/bfloat16, groups 1, C % 8 == 0 (x and w 16-byte
    aligned). Backward runs on ``cudnn_graph``, ``cudnn`` or ``im2col_gemm``.
 3. ``cudnn``: cuDNN's legacy C API (cudnnConvolutionForward / BackwardData / BackwardFilter; dbias by GE2's
    reduction), the algorithm cudnnFind* times fastest, cached per problem. Built when CMake finds cuDNN (the

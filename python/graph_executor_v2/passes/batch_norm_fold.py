@@ -3,11 +3,11 @@
     batch_norm(conv2d(x, w, b), gamma, beta, mean, var) = conv2d(x, w * s, (b - mean) * s + beta),
     s = gamma / sqrt(var + eps) per output channel
 
-Guards, in ONNX Runtime's style: the batch norm is in inference mode (``training=False``); its x comes from a
-``conv2d`` with no fused activation or residual and the same layout, read by nothing else and not a graph output; its other
-outputs (saved statistics, running statistics) are unused; the weights, the conv bias (if any) and the four
-statistics are parameters (constants), so the new weights are computed once here, in float64, and rounded to the
-weights' dtype. The weight's output channels are its axis 0.
+Guards, in ONNX Runtime's style: the batch norm is in inference mode (``training=False``); its x comes from a ``conv2d``
+with no fused activation or residual and the same layout, read by nothing else and not a graph output; its other outputs
+(saved statistics, running statistics) are unused; the weights, the conv bias (if any) and the four statistics are
+parameters (constants), so the new weights are computed once here, in float64, and rounded to the weights' dtype. The
+weight's output channels are its axis 0.
 """
 from __future__ import annotations
 

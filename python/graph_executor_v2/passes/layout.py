@@ -9,10 +9,11 @@ no measurement has shown NHWC faster there, so an NCHW float32 graph, as every e
 1. Each layout-aware node in the other layout is rebuilt in the preferred one, its 4-d activation operands
    transposed in (NCHW -> NHWC: perm (0, 2, 3, 1)) and its used 4-d activation outputs transposed back. A value read
    by several nodes is transposed once.
-2. Transposes sink through what commutes with them: elementwise ops (``relu(transpose(x)) = transpose(relu(x))``;
-   a binary op whose operands are transposed alike, broadcasting included, or whose other operand's transpose costs
-   nothing: a parameter, folded by constant folding, or a value the graph already transposes), and concat (on the permuted axis). A transpose back then
-   meets the next node's transpose in, and the pair merges into the identity and drops.
+2. Transposes sink through what commutes with them: elementwise ops (``relu(transpose(x)) = transpose(relu(x))``; a
+   binary op whose operands are transposed alike, broadcasting included, or whose other operand's transpose costs
+   nothing: a parameter, folded by constant folding, or a value the graph already transposes), and concat (on the
+   permuted axis). A transpose back then meets the next node's transpose in, and the pair merges into the identity and
+   drops.
 3. A transpose that only moves size-1 dims (a pooled [N, 1, 1, C] back to [N, C, 1, 1]) is a reshape, a view.
 4. A 16-bit NHWC conv whose input channels are not a multiple of 8 (a network's first conv, on RGB) reads its input
    and weights zero-padded to the next multiple, so that its epilogue fuses (``_pad_channels``).

@@ -114,6 +114,13 @@ struct Problem {
   }
 };
 
+// The part of a forward epilogue the cuDNN graph computes: all of it in float16/bfloat16 (its pointwise nodes in
+// float32, y rounded once); none in float32, whose y is the epilogue's own precision: GE2's in-place float32 kernel
+// runs it after the convolution (cuDNN's runtime fusion wants tensor cores, which strict float32 leaves out).
+Epilogue fused_part(const Shape& s, const Epilogue& epilogue) {
+  return s.dtype == DType::Float32 ? Epilogue{} : epilogue;
+}
+
 // Backward passes take no epilogue: act is none there (dbias is GE2's reduction of dy).
 Problem backward_problem(const Shape& shape, Pass pass, bool allow_tf32) {
   return {shape, pass, Epilogue{}, 0.0f, allow_tf32};
@@ -229,10 +236,9 @@ std::string cudnn_graph_unsupported_reason(const Shape& s, const Epilogue& epilo
     // 2, post-padding 0 (cuDNN 9 of PyTorch 2.11's wheel).
     return "uneven padding in backward: a cuDNN weight-gradient engine reads past the end of dy there";
   }
-  if (!backward && epilogue.any()) {
+  if (!backward && fused_part(s, epilogue).any()) {
     // cuDNN fuses pointwise epilogues in its runtime-fusion engines: tensor cores, channels last, vector-aligned
-    // channels. float32 takes the cudnn candidate's in-place float32 epilogue instead.
-    if (s.dtype == DType::Float32) return "a fused bias, residual or activation needs float16 or bfloat16";
+    // channels.
     if (s.layout != Layout::NHWC) return "a fused bias, residual or activation needs NHWC";
     if (s.groups != 1 || s.c % 8 != 0 || s.k % 8 != 0) {
       return "a fused bias, residual or activation needs groups 1 and C, K multiples of 8";
@@ -250,7 +256,7 @@ void cudnn_graph_prepare(const Shape& shape, const Epilogue& epilogue, float slo
   const std::vector<Problem> problems =
       backward ? std::vector<Problem>{backward_problem(shape, Pass::Data, allow_tf32),
                                       backward_problem(shape, Pass::Filter, allow_tf32)}
-               : std::vector<Problem>{{shape, Pass::Forward, epilogue, slope, allow_tf32}};
+               : std::vector<Problem>{{shape, Pass::Forward, fused_part(shape, epilogue), slope, allow_tf32}};
   std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
   cudnnHandle_t handle = CudnnHandles::instance().current();
   for (const Problem& problem : problems) {
@@ -263,17 +269,21 @@ std::string cudnn_graph_forward(const ForwardArgs& args, cudaStream_t stream) {
   if (!aligned({args.x, args.w, args.bias, args.residual, args.y})) return kMisaligned;
   std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
   cudnnHandle_t handle = CudnnHandles::instance().bound_to(stream);
-  GraphPlan& plan = plan_for({args.shape, Pass::Forward, epilogue_of(args), args.slope, args.allow_tf32}, handle,
-                             stream, /*on_stream=*/true);
+  const Epilogue epilogue = epilogue_of(args), fused = fused_part(args.shape, epilogue);
+  GraphPlan& plan = plan_for({args.shape, Pass::Forward, fused, args.slope, args.allow_tf32}, handle, stream,
+                             /*on_stream=*/true);
   if (plan.graph == nullptr) return no_engine(plan);
   VariantPack pack = {{kX, const_cast<void*>(args.x)}, {kW, const_cast<void*>(args.w)},
                                              {kY, args.y}};
-  if (args.bias != nullptr) pack[kBias] = const_cast<void*>(args.bias);
-  if (args.residual != nullptr) pack[kResidual] = const_cast<void*>(args.residual);
+  if (fused.has_bias) pack[kBias] = const_cast<void*>(args.bias);
+  if (fused.has_residual) pack[kResidual] = const_cast<void*>(args.residual);
   tune(plan, handle, pack, stream, kKernel);
   void* workspace = plan.workspace > 0 ? StreamWorkspace::get(static_cast<std::size_t>(plan.workspace), stream)
                                        : nullptr;
   execute(plan, handle, pack, workspace, kKernel);
+  if (epilogue.any() && !fused.any()) {  // float32: y = clip(act(y + bias + residual)) in place
+    launch_epilogue(args, static_cast<const float*>(args.y), /*acc_in_y_layout=*/true, stream);
+  }
   return "";
 }
 

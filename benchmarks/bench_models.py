@@ -28,7 +28,6 @@ from __future__ import annotations
 import collections
 import copy
 import os
-import statistics
 import tempfile
 import time
 import traceback
@@ -36,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from harness import median_ms, torch_cuda, write_results
+from harness import median_ms, torch_cuda, wall_ms, write_results
 
 import graph_executor_v2 as ge2
 from graph_executor_v2.frontend import UnsupportedModelError
@@ -133,17 +132,6 @@ def _kernel_count(executor) -> tuple[int, str]:
             ", ".join(f"{kernel} x{count}" for kernel, count in convs.most_common()))
 
 
-def _wall_ms(fn, warmup=1, reps=3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 def _onnxruntime(row, path, inputs, reference, record):
     try:
         import onnxruntime
@@ -160,7 +148,7 @@ def _onnxruntime(row, path, inputs, reference, record):
     feeds = {arg.name: x.cpu().numpy() for arg, x in zip(session.get_inputs(), inputs)}
     result = session.run(None, feeds)[0]
     record["ort_error"] = relative_error(result, reference)
-    record["ort_ms"] = _wall_ms(lambda: session.run(None, feeds))
+    record["ort_ms"] = wall_ms(lambda: session.run(None, feeds), warmup=1, reps=3)
 
 
 def _precision(torch, dtype):

@@ -17,12 +17,10 @@ Run: python benchmarks/bench_onnx.py
 from __future__ import annotations
 
 import copy
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
-from harness import median_ms, torch_cuda, write_results
+from harness import median_ms, torch_cuda, wall_ms, write_results
 
 import graph_executor_v2 as ge2
 from graph_executor_v2.frontend import onnx as onnx_frontend
@@ -49,17 +47,6 @@ def exported(torch, module, x, directory: str) -> tuple[str, object]:
     path = str(Path(directory) / "model.onnx")
     torch.onnx.export(module.eval(), (x,), path, input_names=["x"], output_names=["y"])
     return path, onnx_frontend.load(path)
-
-
-def wall_ms(fn, warmup=5, reps=30) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def onnxruntime_runner(onnxruntime, torch, path: str, x):

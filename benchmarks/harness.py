@@ -44,6 +44,18 @@ def median_ms(fn, warmup: int = 10, reps: int = 50, flush_l2: bool = True) -> fl
     return statistics.median(times)
 
 
+def wall_ms(fn, warmup: int = 5, reps: int = 30) -> float:
+    """Median wall-clock milliseconds of ``fn()`` (host work such as onnxruntime's CPU provider)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
 def graph_replay_ms(fn, calls: int = 20, reps: int = 10) -> float:
     """Device time per call of ``fn`` with no host time at all: ``calls`` calls captured once into a CUDA graph on
     a side stream, the graph replayed ``reps`` times between two CUDA events, divided by ``calls``. ``fn`` must

@@ -491,3 +491,27 @@ def test_fused_block_on_the_gpu_matches_the_cpu_and_says_which_kernels_ran(rng, 
     assert_close(executor.run(feeds)["y"], expected.astype(np.float64), dtype, reduction_length=72, what=explained)
     kernels = {s.kernel for plan in executor._plans.values() for s in plan.selections if s.op == "conv2d"}
     assert "im2col_gemm" not in kernels or not (conv2d.has_cudnn() or conv2d.has_cudnn_graph()), explained
+
+
+@pytest.mark.gpu
+def test_imported_16_bit_stem_and_block_fuse_on_the_gpu(rng):
+    """An exported float16 stem (RGB, 7x7 stride 2) and basic block, planned end to end on the GPU: every conv runs
+    a fused epilogue (cudnn_graph or implicit_gemm, never im2col_gemm), and the numbers match the CPU backend."""
+    g = Graph("stem_block")
+    x = g.input("x", (4, 3, 32, 32), "float16")
+    h = g.relu(g.conv2d(x, g.param("w0", random_array(rng, (16, 3, 7, 7), "float16", 0.1)),
+                        g.param("b0", random_array(rng, (16,), "float16")), stride=2, padding=3))
+    a = g.relu(g.conv2d(h, g.param("w1", random_array(rng, (16, 16, 3, 3), "float16", 0.1)),
+                        g.param("b1", random_array(rng, (16,), "float16")), padding=1))
+    b = g.conv2d(a, g.param("w2", random_array(rng, (16, 16, 3, 3), "float16", 0.1)),
+                 g.param("b2", random_array(rng, (16,), "float16")), padding=1)
+    g.output(g.relu(g.add(b, h)), "y")
+    executor = ge2.ExecutorV2(g, device="cuda")
+    feeds = {"x": random_array(rng, (4, 3, 32, 32), "float16")}
+    got = executor.run(feeds)["y"]
+    explained = executor.explain()
+    print(explained)
+    kernels = [s.kernel for plan in executor.plans for s in plan.selections if s.op == "conv2d"]
+    assert len(kernels) == 3 and "im2col_gemm" not in kernels, explained
+    expected = ge2.ExecutorV2(g, device="cpu", passes=[]).run(feeds)["y"]
+    assert_close(got, expected.astype(np.float64), "float16", reduction_length=147, what=explained)

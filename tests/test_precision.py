@@ -8,7 +8,7 @@ import pytest
 
 import graph_executor_v2 as ge2
 from graph_executor_v2.ir.graph import Graph
-from graph_executor_v2.passes.precision import POLICY, PRECISIONS, apply_precision
+from graph_executor_v2.passes.precision import FLOAT32_PRECISIONS, POLICY, apply_precision
 from graph_executor_v2.testing import assert_close, random_array
 
 # precision -> (conv2d allow_tf32, gemm allow_tf32) for float32 nodes
@@ -30,7 +30,7 @@ def _tf32_flags(graph):
     return {node.op: node.attrs["allow_tf32"] for node in graph.nodes if node.op in POLICY}
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", FLOAT32_PRECISIONS)
 def test_executor_applies_the_policy_and_explain_states_it(rng, precision):
     g, feeds = _conv_then_linear(rng)
     executor = ge2.ExecutorV2(g, device="cpu", precision=precision)
@@ -71,10 +71,21 @@ def test_policy_overrides_a_nodes_own_flag(rng):
 @pytest.mark.parametrize("bad", ["medium", None, "HIGH", 1])
 def test_bad_precision_raises_naming_it(rng, bad):
     g, _ = _conv_then_linear(rng)
-    with pytest.raises(ValueError, match="precision: expected one of 'default', 'highest', 'high', got"):
+    with pytest.raises(ValueError, match="precision: expected one of 'default', 'highest', 'high', 'fp8', got"):
         ge2.ExecutorV2(g, device="cpu", precision=bad)
-    with pytest.raises(ValueError, match="precision: expected one of"):
+    with pytest.raises(ValueError, match="precision: expected one of 'default', 'highest', 'high', got"):
         ge2.train.Trainer(_training_graph(rng), optimizer=ge2.train.SGD(lr=0.1), precision=bad)
+
+
+def test_fp8_keeps_the_default_policy_for_float32_convolutions(rng):
+    """precision="fp8" rewrites GEMMs itself (after calibration); float32 convolutions run as under "default". A
+    Trainer takes FP8 through amp="fp8", not precision."""
+    g, _ = _conv_then_linear(rng)
+    executor = ge2.ExecutorV2(g, device="cpu", precision="fp8")
+    assert _tf32_flags(executor.optimized_graph) == {"conv2d": True, "gemm": False}
+    assert "precision: fp8" in executor.explain()
+    with pytest.raises(ValueError, match="precision: expected one of 'default', 'highest', 'high', got 'fp8'"):
+        ge2.train.Trainer(_training_graph(rng), optimizer=ge2.train.SGD(lr=0.1), precision="fp8")
 
 
 def _training_graph(rng):
@@ -88,7 +99,7 @@ def _training_graph(rng):
     return g
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", FLOAT32_PRECISIONS)
 def test_trainer_applies_the_policy_to_forward_and_backward(rng, precision):
     trainer = ge2.train.Trainer(_training_graph(rng), optimizer=ge2.train.SGD(lr=0.1), precision=precision)
     graph = trainer._executor.optimized_graph
@@ -103,7 +114,7 @@ def test_trainer_applies_the_policy_to_forward_and_backward(rng, precision):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", FLOAT32_PRECISIONS)
 def test_gpu_numbers_follow_the_policy(rng, precision):
     """A float32 conv of reduction 288: strict FP32 meets float32's tolerance, TF32 TF32's."""
     g = Graph("tf32")

@@ -8,6 +8,26 @@ namespace py = pybind11;
 using ge2::binding::as_pointer;
 using ge2::binding::as_stream;
 
+namespace {
+
+// The problem (sizes, dtypes, epilogue) of a call; pointers stay null (aligned) until the caller sets them.
+ge2::scaled_gemm::ForwardArgs problem_args(int64_t rows, int64_t cols, int64_t inner, const std::string& a_dtype,
+                                           const std::string& b_dtype, const std::string& out_dtype,
+                                           const std::string& bias_dtype, const std::string& act) {
+  ge2::scaled_gemm::ForwardArgs args;
+  args.m = rows;
+  args.n = cols;
+  args.k = inner;
+  args.a_dtype = ge2::dtype_from_name(a_dtype, "a_dtype");
+  args.b_dtype = ge2::dtype_from_name(b_dtype, "b_dtype");
+  args.y_dtype = ge2::dtype_from_name(out_dtype, "out_dtype");
+  if (!bias_dtype.empty()) args.bias_dtype = ge2::dtype_from_name(bias_dtype, "bias_dtype");
+  args.act = ge2::act_from_name(act);
+  return args;
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_ops_scaled_gemm, m) {
   m.doc() = "GE2 scaled_gemm: Y = act(scale_a * scale_b * A @ B^T + bias) in FP8 on cuBLASLt, with the output's amax";
 
@@ -17,7 +37,7 @@ PYBIND11_MODULE(_ops_scaled_gemm, m) {
          std::uintptr_t scale_d, std::uintptr_t y, std::uintptr_t amax, int64_t rows, int64_t cols, int64_t inner,
          const std::string& a_dtype, const std::string& b_dtype, const std::string& out_dtype,
          const std::string& bias_dtype, const std::string& act, bool fast_accum, std::uintptr_t stream) {
-        ge2::scaled_gemm::ForwardArgs args;
+        auto args = problem_args(rows, cols, inner, a_dtype, b_dtype, out_dtype, bias_dtype, act);
         args.a = as_pointer(a);
         args.b = as_pointer(b);
         args.scale_a = as_pointer<const float>(scale_a);
@@ -26,14 +46,6 @@ PYBIND11_MODULE(_ops_scaled_gemm, m) {
         args.scale_d = as_pointer<const float>(scale_d);
         args.y = as_pointer(y);
         args.amax = as_pointer<float>(amax);
-        args.m = rows;
-        args.n = cols;
-        args.k = inner;
-        args.a_dtype = ge2::dtype_from_name(a_dtype, "a_dtype");
-        args.b_dtype = ge2::dtype_from_name(b_dtype, "b_dtype");
-        args.y_dtype = ge2::dtype_from_name(out_dtype, "out_dtype");
-        args.bias_dtype = ge2::dtype_from_name(bias_dtype, "bias_dtype");
-        args.act = ge2::act_from_name(act);
         args.fast_accum = fast_accum;
         ge2::binding::ReleaseGil release;
         return ge2::scaled_gemm::forward(args, as_stream(stream));
@@ -49,15 +61,8 @@ PYBIND11_MODULE(_ops_scaled_gemm, m) {
       "unsupported_reason",
       [](int64_t rows, int64_t cols, int64_t inner, const std::string& a_dtype, const std::string& b_dtype,
          const std::string& out_dtype, const std::string& bias_dtype, const std::string& act, int major, int minor) {
-        ge2::scaled_gemm::ForwardArgs args;  // null pointers: a plan's buffers are 256-byte aligned
-        args.m = rows;
-        args.n = cols;
-        args.k = inner;
-        args.a_dtype = ge2::dtype_from_name(a_dtype, "a_dtype");
-        args.b_dtype = ge2::dtype_from_name(b_dtype, "b_dtype");
-        args.y_dtype = ge2::dtype_from_name(out_dtype, "out_dtype");
-        if (!bias_dtype.empty()) args.bias_dtype = ge2::dtype_from_name(bias_dtype, "bias_dtype");
-        args.act = ge2::act_from_name(act);
+        // null pointers: a plan's buffers are 256-byte aligned
+        const auto args = problem_args(rows, cols, inner, a_dtype, b_dtype, out_dtype, bias_dtype, act);
         return ge2::scaled_gemm::unsupported_reason(args, !bias_dtype.empty(), major, minor);
       },
       py::arg("m"), py::arg("n"), py::arg("k"), py::arg("a_dtype"), py::arg("b_dtype"), py::arg("out_dtype"),

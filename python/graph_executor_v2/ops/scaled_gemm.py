@@ -144,7 +144,7 @@ def _prepare(problem: Problem):
     attrs = problem.attrs
     return native_launch(_native_module().forward, in_ptr(0), in_ptr(1), in_ptr(2), in_ptr(3), in_ptr(4), in_ptr(5),
                          out_ptr(0), out_ptr(1), m, n, k, a_dtype, b_dtype, attrs["out_dtype"],
-                         bias_dtype or "bfloat16", attrs["act"], attrs["fast_accum"], stream_arg())
+                         bias_dtype, attrs["act"], attrs["fast_accum"], stream_arg())
 
 
 def _samples(rng):

@@ -10,7 +10,9 @@ Per GEMM ``y = act(x @ W + bias)`` (a ``gemm`` node after fusion):
 - the weight is quantized once, on the host, with its own amax, and stored transposed as [n, k] (cuBLASLt's FP8
   layout, the "TN" rule: the transpose is arranged here once, not per call);
 - ``scaled_gemm`` multiplies them with the reciprocal scales, adds the bias (stored in bfloat16, float16 for a
-  float16 output: cuBLASLt's FP8 bias types) and applies relu/gelu in its epilogue; its output keeps x's dtype.
+  float16 output: cuBLASLt's FP8 bias types) and applies relu/gelu in its epilogue; its output keeps x's dtype, or,
+  when the next FP8 GEMM alone reads it, is that GEMM's E4M3 input directly (cuBLASLt's scaled FP8 output: no
+  quantize between the two, and one rounding instead of two).
 
 A GEMM stays as it is, with its reason in the notes (``explain()``), when it has no parameter weight, a residual or
 alpha != 1, an activation cuBLASLt's FP8 epilogue lacks (silu, leaky_relu), or k or n not a multiple of 16.
@@ -73,8 +75,37 @@ def quantize_gemms(graph: Graph, activation_amax: dict[str, float], margin: int 
     found = sites(graph)
     # read before any rewrite: a rewritten GEMM's output (the next one's input) is a new value
     amax_of = {node: activation_amax[node.inputs[0].name] for node, reason in found if reason is None}
-    return [f"{node.name}: stays {node.outputs[0].type.dtype}: {reason}" if reason is not None
-            else _rewrite(graph, node, amax_of[node], margin) for node, reason in found]
+    notes = [f"{node.name}: stays {node.outputs[0].type.dtype}: {reason}" if reason is not None
+             else _rewrite(graph, node, amax_of[node], margin) for node, reason in found]
+    return notes + _chain_fp8_outputs(graph)
+
+
+def _chain_fp8_outputs(graph: Graph) -> list[str]:
+    """A scaled_gemm whose only reader is the next GEMM's quantize_fp8 writes FP8 itself: its output scale is that
+    quantize's scale (cuBLASLt's D scale, rounding once from float32), and the quantize goes. Its bias becomes
+    bfloat16 if it was float16 (cuBLASLt's bias type with an FP8 output)."""
+    users = graph.users()
+    notes = []
+    for node in [n for n in graph.nodes if n.op == "quantize_fp8"]:
+        source = node.inputs[0].producer
+        if source is None or source.op != "scaled_gemm" or source.attrs["out_dtype"] not in FLOAT_DTYPES:
+            continue
+        if users.get(node.inputs[0]) != [node] or graph.is_output(node.inputs[0]) or graph.is_output(node.outputs[0]):
+            continue
+        if users.get(node.outputs[1]):  # the amax is read: keep the quantize
+            continue
+        a, b, scale_a, scale_b, bias, _ = source.inputs
+        if bias is not None and bias.type.dtype != "bfloat16":
+            bias = _param(graph, f"{source.name}.fp8.bias", bias.data.astype(to_numpy("bfloat16")))
+        with graph.inserting_before(node):
+            y, _ = graph.scaled_gemm(a, b, scale_a, scale_b, bias, node.inputs[1],
+                                     **{**source.attrs, "out_dtype": node.attrs["dtype"]})
+        graph.replace_uses(node.outputs[0], y)
+        graph.remove_node(node)
+        graph.remove_node(source)
+        notes.append(f"{source.name}: writes {node.attrs['dtype']} for the next GEMM (scale_d = {node.name}'s scale; "
+                     f"{node.name} removed)")
+    return notes
 
 
 def _param(graph: Graph, base: str, array) -> Value:

@@ -2,11 +2,13 @@
 // the life of the process: nothing is allocated in the steady state. The first call on a stream must not happen
 // inside CUDA graph capture (the executor warms every plan up before it captures).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -75,6 +77,34 @@ class LtResources {
   std::mutex mutex_;
   std::map<int, cublasLtHandle_t> handles_;
   std::map<std::pair<int, std::uintptr_t>, void*> workspaces_;
+};
+
+// The largest power of two dividing a device address, at most 256 (what cuBLASLt's alignment preferences take);
+// 256 for nullptr (an absent operand constrains nothing).
+inline int64_t lt_alignment(const void* pointer) {
+  const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+  if (address == 0) return 256;
+  return static_cast<int64_t>(std::min<std::uintptr_t>(address & (~address + 1), 256));
+}
+
+// A cached cuBLASLt matmul: its descriptor, the four layouts and the heuristic's algorithms (an op keeps one per
+// problem; pointers are set per call under `mutex`). Destroys its descriptors.
+struct LtMatmulPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_c = nullptr, layout_d = nullptr;
+  std::vector<cublasLtMatmulAlgo_t> algorithms;
+  std::size_t working = 0;  // index of the algorithm that last ran
+  std::mutex mutex;
+
+  LtMatmulPlan() = default;
+  LtMatmulPlan(const LtMatmulPlan&) = delete;
+  LtMatmulPlan& operator=(const LtMatmulPlan&) = delete;
+  ~LtMatmulPlan() {
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    for (auto layout : {layout_a, layout_b, layout_c, layout_d}) {
+      if (layout) cublasLtMatrixLayoutDestroy(layout);
+    }
+  }
 };
 
 inline cudaDataType_t to_cuda_datatype(DType dtype) {

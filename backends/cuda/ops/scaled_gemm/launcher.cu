@@ -27,13 +27,7 @@ std::vector<KernelInfo> kernel_table() {
 
 namespace {
 
-std::uintptr_t alignment_of(const void* pointer) {
-  const auto address = reinterpret_cast<std::uintptr_t>(pointer);
-  if (address == 0) return 256;
-  return address & (~address + 1);  // largest power of two dividing the address
-}
-
-bool aligned16(const void* pointer) { return pointer == nullptr || alignment_of(pointer) >= 16; }
+bool aligned16(const void* pointer) { return lt_alignment(pointer) >= 16; }
 
 cudaDataType_t lt_type(DType dtype) {
   switch (dtype) {
@@ -90,20 +84,8 @@ void check_args(const ForwardArgs& args) {
 // problem (it documents the amax for FP8 outputs), a second plan without it runs and amax.cu computes the amax.
 using PlanKey = std::array<int64_t, 16>;
 
-struct LtPlan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_c = nullptr, layout_d = nullptr;
-  std::vector<cublasLtMatmulAlgo_t> algorithms;
+struct LtPlan : LtMatmulPlan {
   cublasStatus_t heuristic_status = CUBLAS_STATUS_SUCCESS;
-  std::size_t working = 0;  // index of the algorithm that last ran
-  std::mutex mutex;         // pointers are set per call on the shared descriptor
-
-  ~LtPlan() {
-    if (desc) cublasLtMatmulDescDestroy(desc);
-    for (auto layout : {layout_a, layout_b, layout_c, layout_d}) {
-      if (layout) cublasLtMatrixLayoutDestroy(layout);
-    }
-  }
 };
 
 std::mutex plan_cache_mutex;
@@ -134,10 +116,10 @@ LtPlan* find_or_create_plan(const ForwardArgs& args, bool lt_amax, int device) {
                        static_cast<int64_t>(args.b_dtype), static_cast<int64_t>(args.y_dtype),
                        args.bias != nullptr ? static_cast<int64_t>(args.bias_dtype) : -1,
                        static_cast<int64_t>(args.act), args.fast_accum, lt_amax,
-                       static_cast<int64_t>(std::min<std::uintptr_t>(alignment_of(args.a), 256)),
-                       static_cast<int64_t>(std::min<std::uintptr_t>(alignment_of(args.b), 256)),
-                       static_cast<int64_t>(std::min<std::uintptr_t>(alignment_of(args.y), 256)),
-                       static_cast<int64_t>(std::min<std::uintptr_t>(alignment_of(args.bias), 256)),
+                       lt_alignment(args.a),
+                       lt_alignment(args.b),
+                       lt_alignment(args.y),
+                       lt_alignment(args.bias),
                        static_cast<int64_t>(kLtWorkspaceBytes)};
   std::lock_guard<std::mutex> lock(plan_cache_mutex);
   auto found = plan_cache().find(key);
@@ -166,6 +148,18 @@ LtPlan* find_or_create_plan(const ForwardArgs& args, bool lt_amax, int device) {
   const uint64_t workspace_bytes = kLtWorkspaceBytes;
   cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
                                        sizeof(workspace_bytes));
+  // The pointers' actual alignment (cuBLASLt's A is our B, its B our A; C is D's pointer), so that no algorithm
+  // returned assumes more than a call gives.
+  const uint32_t alignments[] = {static_cast<uint32_t>(lt_alignment(args.b)),
+                                 static_cast<uint32_t>(lt_alignment(args.a)),
+                                 static_cast<uint32_t>(lt_alignment(args.y))};
+  const cublasLtMatmulPreferenceAttributes_t alignment_attributes[] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4; ++i) {
+    cublasLtMatmulPreferenceSetAttribute(preference, alignment_attributes[i], &alignments[std::min(i, 2)],
+                                         sizeof(uint32_t));
+  }
   constexpr int kRequested = 8;  // several, so a failing algorithm can fall to the next
   cublasLtMatmulHeuristicResult_t results[kRequested] = {};
   int returned = 0;

@@ -151,7 +151,7 @@ def as_device_array(array, argument: str = "array"):
         if hasattr(array, "__dlpack_device__") and array.__dlpack_device__()[0] != 2:
             raise TypeError(f"{argument}: expected a CUDA array, got one on DLPack device {array.__dlpack_device__()}")
         try:
-            capsule = array.__dlpack__(max_version=(1, 0))
+            capsule = array.__dlpack__(max_version=(1, 1))  # 1.1: the float8 type codes
         except TypeError:  # producers that predate versioned DLPack
             capsule = array.__dlpack__()
         return rt.DeviceArray.from_dlpack_capsule(capsule)

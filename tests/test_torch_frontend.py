@@ -62,7 +62,7 @@ POINTWISE_FUNCTIONS = {
     "clamp": lambda x: torch.clamp(x, min=-1.0) + torch.clamp(x, max=0.5) + torch.clamp(x, -0.2, 0.2)
     + torch.clamp(x, min=x[0], max=x[1] + 1),
     "binary": lambda x: torch.pow(x.abs() + 0.5, x) + torch.remainder(x, 0.7) + torch.fmod(x, -0.7)
-    + torch.minimum(x, 0.5 - x) + torch.maximum(x, 0.25 * x[0]) + 2 ** x + x ** 2,
+    + torch.minimum(x, 0.5 - x) + (1.0 - x) + torch.maximum(x, 0.25 * x[0]) + 2 ** x + x ** 2,
     "where_compare_logical": lambda x: torch.where((x > 0) & ~(x >= 1) | (x == 0.5) ^ (x != x), x, -x)
     + torch.where(x <= -1, 1.0, 0.0) + torch.where(x < 0.5, x, 0.5) + (x > 0).float(),
     "division": lambda x: torch.div(x, 0.3, rounding_mode="floor") + torch.div(x, 0.3, rounding_mode="trunc")

@@ -178,6 +178,20 @@ for _aten, _op in (("add", "add"), ("sub", "sub"), ("mul", "mul"), ("pow", "pow"
 RULES["aten.pow.Tensor_Tensor"] = _binary("pow")
 RULES["aten.pow.Tensor_Scalar"] = _binary("pow")
 RULES["aten.pow.Scalar"] = _binary("pow")
+@rule("aten.rsub.Scalar", "aten.rsub.Tensor")
+def _rsub(ctx, a, b, alpha=1):
+    """``b - alpha * a`` (``1.0 - mask`` in exported attention code)."""
+    return _binary("sub")(ctx, b, a, alpha)
+
+
+@rule("aten.scalar_tensor.default")
+def _scalar_tensor(ctx, value, dtype=None, **kwargs):
+    """A 0-d tensor of a number (torch.where of numbers traces to it): PyTorch's default dtypes unless given."""
+    if dtype is None:
+        return _number(ctx, value, result_type(value))
+    return ctx.graph.param(ctx.graph.unique_name("scalar"), np.array(value, to_numpy(normalize(dtype, "dtype"))))
+
+
 for _aten, _op in (("minimum", "minimum"), ("maximum", "maximum"), ("logical_and", "logical_and"),
                    ("logical_or", "logical_or"), ("logical_xor", "logical_xor")):
     RULES[f"aten.{_aten}.default"] = _binary(_op)

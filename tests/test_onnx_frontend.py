@@ -622,3 +622,49 @@ def test_written_out_attention_becomes_one_attention_node(rng, mask, probabiliti
         scores = np.where(np.tril(np.ones((5, 5), bool), k=1 if mask == "shifted" else 0), scores, -np.inf)
     weights = np.exp(scores - scores.max(-1, keepdims=True))
     assert_close(out, (weights / weights.sum(-1, keepdims=True)) @ v, "float32", reduction_length=8)
+
+
+def test_pointwise_model_with_masks_integers_and_tensor_bounds_matches_onnxruntime(rng):
+    """Exact GELU (Erf), HardSwish, a Where on a computed mask, Mod of both signs, integer Div and Pow, Clip with a
+    bound given at run time, Not/And/IsNaN and a Cast of the mask: each a GE2 pointwise op, against onnxruntime."""
+    f, i = TensorProto.FLOAT, TensorProto.INT32
+    half = numpy_helper.from_array(np.array(0.5, np.float32), "half")
+    root = numpy_helper.from_array(np.array(1 / np.sqrt(2), np.float32), "root")
+    one = numpy_helper.from_array(np.array(1.0, np.float32), "one")
+    three = numpy_helper.from_array(np.array(3, np.int32), "three")
+    minus_three = numpy_helper.from_array(np.array(-3, np.int32), "minus_three")
+    nodes = [helper.make_node("Mul", ["x", "root"], ["scaled"]), helper.make_node("Erf", ["scaled"], ["erf"]),
+             helper.make_node("Add", ["erf", "one"], ["erf1"]), helper.make_node("Mul", ["x", "erf1"], ["xe"]),
+             helper.make_node("Mul", ["xe", "half"], ["gelu"]),
+             helper.make_node("HardSwish", ["x"], ["hs"]),
+             helper.make_node("Greater", ["x", "half"], ["mask"]), helper.make_node("IsNaN", ["x"], ["nan"]),
+             helper.make_node("Not", ["nan"], ["finite"]), helper.make_node("And", ["mask", "finite"], ["keep"]),
+             helper.make_node("Where", ["keep", "gelu", "hs"], ["chosen"]),
+             helper.make_node("Mod", ["x", "y"], ["c_mod"], fmod=1),  # floats: fmod=1 only (before opset 28)
+             helper.make_node("Clip", ["chosen", "low", ""], ["clipped"]),
+             helper.make_node("Cast", ["keep"], ["keep_float"], to=f),
+             helper.make_node("Sum", ["clipped", "c_mod", "keep_float"], ["out"]),
+             helper.make_node("Div", ["k", "three"], ["k_div"]), helper.make_node("Pow", ["k_div", "three"], ["k_pow"]),
+             helper.make_node("Mod", ["k", "minus_three"], ["k_mod"]),  # the divisor's sign
+             helper.make_node("Mod", ["k", "minus_three"], ["k_fmod"], fmod=1),  # the dividend's
+             helper.make_node("Sub", ["k_pow", "k_mod"], ["k_difference"]),
+             helper.make_node("Mul", ["k_difference", "k_fmod"], ["k_out"])]
+    graph = helper.make_graph(nodes, "pointwise", [helper.make_tensor_value_info("x", f, [4, 6]),
+                                                   helper.make_tensor_value_info("y", f, [6]),
+                                                   helper.make_tensor_value_info("low", f, []),
+                                                   helper.make_tensor_value_info("k", i, [5])],
+                              [helper.make_tensor_value_info("out", f, [4, 6]),
+                               helper.make_tensor_value_info("k_out", i, [5])], [half, root, one, three, minus_three])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    feeds = {"x": (rng.standard_normal((4, 6)) * 3).astype(np.float32),
+             "y": (np.abs(rng.standard_normal(6)) + 0.5).astype(np.float32) * rng.choice([-1, 1], 6).astype(np.float32),
+             "low": np.array(-0.25, np.float32), "k": np.array([-7, -3, 0, 5, 11], np.int32)}
+    loaded = onnx_frontend.load(model)
+    assert {"erf", "hardswish", "where", "mod", "maximum", "logical_and", "isnan", "logical_not", "pow"} <= set(
+        loaded.op_counts())
+    out = ge2.ExecutorV2(loaded).run(feeds)
+    onnxruntime = pytest.importorskip("onnxruntime")
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected_out, expected_k = session.run(None, feeds)
+    assert_close(out["out"], expected_out.astype(np.float64), "float32")
+    np.testing.assert_array_equal(out["k_out"], expected_k)

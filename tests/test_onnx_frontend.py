@@ -139,10 +139,6 @@ def test_run_onnx_cli_compares_with_onnxruntime(rng, tmp_path, capsys):
 # Node tests GE2 claims but does not pass yet, with the reason (each regex matches test names).
 KNOWN_FAILURES = {
     r"test_training_dropout.*": "GE2 imports models for inference (training_mode=True)",
-    r"test_attention_(23_boolmask_fullymasked_row_nan_robustness|2[34]_fullymasked_qk_matmul_output_mode3_zero|"
-    r"24_qk_matmul_output_mode3_softmax_precision|causal_boolmask_nan_robustness|local_window_gqa_rank4_mask)":
-        "a boolean attn_mask that leaves a row no key: GE2's lowering adds -inf to the scores and its softmax of "
-        "that row is NaN, where ONNX's reference gives 0",
     r"test_reduce_max_(bool_inputs|empty_set_bool)": "GE2's reductions run on float dtypes only",
     r"test_maxpool_2d_uint8": "GE2's pooling runs on float dtypes only",
     r"test_(blackman|hamming|hann)window(_symmetric)?_expanded": "the window size is a graph input (a Range limit); "

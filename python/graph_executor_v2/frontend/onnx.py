@@ -1051,8 +1051,13 @@ def _attention_lowered(ctx, q, k, v, optional, lengths, causal, scale, softcap, 
     # The additive bias: the mask (padded with -inf up to the keys), then the causal and window masks, aligned
     # after the cache (query i is at position past + i, or lengths[b] - seq_q + i with nonpad_kv_seqlen).
     bias = optional["attn_mask"]
-    if bias is not None and bias.type.dtype == "bool":  # a boolean mask keeps the keys where it is true
-        bias = g.where(bias, constant(0.0, "mask_keep"), constant(-np.inf, "mask_drop"))
+    keep = None  # a boolean mask: True keeps a key (its bias is made below, once the static masks are known)
+    if bias is not None and bias.type.dtype == "bool":
+        keep, bias = bias, None
+        missing = seq_k - keep.type.shape[-1]
+        if missing > 0:
+            pad = g.param(_fresh_name(g, "attention_mask_pad"), np.zeros((*keep.type.shape[:-1], missing), bool))
+            keep = g.concat([keep, pad], axis=keep.type.rank - 1)
     if bias is not None:
         if bias.type.dtype != q.type.dtype:
             raise Unsupported(f"attn_mask of dtype {bias.type.dtype} (a {q.type.dtype} additive mask is supported)")
@@ -1076,6 +1081,12 @@ def _attention_lowered(ctx, q, k, v, optional, lengths, causal, scale, softcap, 
     # A row the causal/window/length masks leave no key is zero in ONNX: its bias stays finite (no NaN from a
     # softmax over -inf only) and its probabilities are multiplied by 0.
     empty_rows = ~allowed.any(axis=-1, keepdims=True)
+    has_key = None
+    if keep is not None:  # rows the boolean and static masks together leave no key are 0 too, as in ONNX
+        reachable = g.mul(g.cast(keep, dtype=q.type.dtype), constant(allowed, "allowed"))
+        has_key = g.greater(g.max(reachable, axis=-1, keepdims=True), constant(0.0, "zero"))
+        bias = g.where(g.logical_or(keep, g.logical_not(has_key)), constant(0.0, "mask_keep"),
+                       constant(-np.inf, "mask_drop"))
     if not allowed.all():
         static = constant(np.where(allowed | empty_rows, 0.0, -np.inf), "static_mask")
         bias = static if bias is None else g.add(bias, static)
@@ -1083,6 +1094,8 @@ def _attention_lowered(ctx, q, k, v, optional, lengths, causal, scale, softcap, 
     probabilities = g.softmax(with_bias, axis=-1)
     if empty_rows.any():
         probabilities = g.mul(probabilities, constant(~empty_rows, "empty_rows"))
+    if has_key is not None:  # a select, not a product: the softmax of a row with no key left is NaN
+        probabilities = g.where(has_key, probabilities, constant(0.0, "zero"))
     output = {0: scores, 1: scores, 2: with_bias, 3: probabilities}[mode]
     return batched_matmul(g, probabilities, v), present_key, present_value, output
 

@@ -603,7 +603,7 @@ def _written_out_attention_model(rng, mask: str, probabilities_output: bool = Fa
 
 @pytest.mark.parametrize("mask, probabilities_output, fused", [
     ("causal", False, True), ("finfo", False, True), ("none", False, True),
-    ("shifted", False, False),  # not the causal mask: stays written out
+    ("shifted", False, True),  # not the causal mask: the attention op's additive bias
     ("causal", True, False),  # the probabilities are read elsewhere: stays written out
 ])
 def test_written_out_attention_becomes_one_attention_node(rng, mask, probabilities_output, fused):

@@ -27,7 +27,7 @@ from .._optional import require
 from ..dtypes import ALL_DTYPES, FLOAT_DTYPES
 from ..ir import dims
 from ..ir.graph import Graph, Value
-from ..passes.attention_fusion import is_causal_bias
+from ..passes.attention_fusion import attention_bias, is_causal_bias
 from ..passes.cleanup import eliminate_dead_code
 from ._einsum import batched_matmul, einsum
 from ._errors import NeedsConstant, Unsupported, UnsupportedModelError
@@ -416,6 +416,12 @@ def _bshd_source(ctx, name: str) -> str | None:
     return node.input[0] if node.input[0] in ctx.values else None
 
 
+def _is_scores(ctx, name: str) -> bool:
+    """Whether ``name`` is QK^T, possibly scaled: which operand of the masking Add is the scores."""
+    scores, _ = _without_scale(ctx, name, divide_too=True)
+    return _sole_producer(ctx, scores, ("MatMul",)) is not None
+
+
 def _written_out_attention(ctx, probs: str, v: str) -> Value | None:
     """``MatMul(probs, v)`` closing a written-out attention, as one GE2 ``attention`` node; None for any other
     MatMul. The pattern (GPT-2 / nanoGPT's explicit form and the exporters' decomposition of
@@ -438,21 +444,27 @@ def _written_out_attention(ctx, probs: str, v: str) -> Value | None:
     if int(_attributes(softmax).get("axis", -1)) not in (-1, 3):
         return None
     logits = softmax.input[0]
-    bias = None
+    bias = None  # a constant mask (an array), or a tensor one (the ONNX name of an additive mask or of a condition)
+    hidden_where = False  # the tensor is Where's condition: True hides a key
     masking = _sole_producer(ctx, logits, ("Add", "Where"))
     if masking is not None and masking.op_type == "Add":
         first, second = masking.input
-        constant, logits = (first, second) if first in ctx.constants else (second, first)
-        if constant not in ctx.constants or logits not in ctx.values:
+        mask, logits = (first, second) if _is_scores(ctx, second) else (second, first)
+        if logits not in ctx.values or (mask not in ctx.constants and mask not in ctx.values):
             return None
-        bias = np.asarray(ctx.constants[constant])
+        bias = np.asarray(ctx.constants[mask]) if mask in ctx.constants else mask
     elif masking is not None:
         condition, fill, logits = masking.input
-        if condition not in ctx.constants or fill not in ctx.constants or logits not in ctx.values:
+        if fill not in ctx.constants or logits not in ctx.values:
             return None
         if not np.isneginf(np.asarray(ctx.constants[fill], np.float64)).all():
             return None
-        bias = np.where(np.asarray(ctx.constants[condition], bool), -np.inf, 0.0)
+        if condition in ctx.constants:
+            bias = np.where(np.asarray(ctx.constants[condition], bool), -np.inf, 0.0)
+        elif condition in ctx.values:
+            bias, hidden_where = condition, True
+        else:
+            return None
     scores, scale = _without_scale(ctx, logits, divide_too=True)
     product = _sole_producer(ctx, scores, ("MatMul",))
     if product is None:
@@ -471,19 +483,36 @@ def _written_out_attention(ctx, probs: str, v: str) -> Value | None:
     seq_k = k_shape[2]
     if k_shape != (batch, heads, seq_k, head_dim) or tuple(v_type.shape) != k_shape:
         return None
-    if bias is not None:
+    causal = False
+    if isinstance(bias, np.ndarray):
         leading = bias.shape[:-2]
-        if bias.ndim > 4 or any(d != 1 for d in leading) or not is_causal_bias(bias.reshape(bias.shape[-2:]),
-                                                                                  seq_q, seq_k):
+        if bias.ndim <= 4 and all(d == 1 for d in leading) and is_causal_bias(bias.reshape(bias.shape[-2:]), seq_q,
+                                                                              seq_k):
+            bias, causal = None, True
+        elif bias.ndim > 4:
             return None
+    k_value = ctx.value(k) if k_layout == "bhsd" else g.transpose(ctx.value(k), perm=(0, 2, 1, 3))
+    q_value, v_value = ctx.value(q), ctx.value(v)
+    if bias is not None:  # any other mask: the op's additive bias, [1 or batch, 1 or heads, seq_q, seq_k]
+        if isinstance(bias, np.ndarray):
+            mask = g.param(_fresh_name(g, "attention_mask"), bias.astype(_numpy_dtype(q_type.dtype)))
+        elif hidden_where:
+            mask = g.logical_not(ctx.value(bias))
+        else:
+            mask = ctx.value(bias)
+        try:
+            mask = attention_bias(g, mask, q_value, k_value)
+        except ValueError:
+            return None
+        return g.attention(q_value, k_value, v_value, mask, causal=False, scale=scale * q_factor * k_factor,
+                           layout="bhsd")[0]
     sources = [_bshd_source(ctx, q), k if k_layout == "bshd" else _bshd_source(ctx, k), _bshd_source(ctx, v)]
     if all(sources):
-        y = g.attention(*(ctx.value(name) for name in sources), causal=bias is not None,
+        y = g.attention(*(ctx.value(name) for name in sources), causal=causal,
                         scale=scale * q_factor * k_factor, layout="bshd")[0]
         return g.transpose(y, perm=(0, 2, 1, 3))
-    k_value = ctx.value(k) if k_layout == "bhsd" else g.transpose(ctx.value(k), perm=(0, 2, 1, 3))
-    return g.attention(ctx.value(q), k_value, ctx.value(v), causal=bias is not None,
-                       scale=scale * q_factor * k_factor, layout="bhsd")[0]
+    return g.attention(q_value, k_value, v_value, causal=causal, scale=scale * q_factor * k_factor,
+                       layout="bhsd")[0]
 
 
 @rule("LayerNormalization")

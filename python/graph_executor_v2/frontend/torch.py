@@ -17,6 +17,7 @@ from .._optional import require
 from ..dtypes import is_float, normalize, result_type, to_numpy
 from ..ir import dims
 from ..ir.graph import Graph, Value
+from ..passes.attention_fusion import attention_bias
 from ._einsum import batched_matmul, einsum
 from ._errors import Unsupported, UnsupportedModelError
 
@@ -281,6 +282,8 @@ def _addmm(ctx, bias, a, b, beta=1, alpha=1):
 def _matmul(ctx, a, b):
     g = ctx.graph
     a, b = ctx.tensor(a), ctx.tensor(b)
+    if b.type.rank > 2 and a.type.rank >= 2:  # batched: one 2-d product per batch entry
+        return batched_matmul(g, a, b)
     if b.type.rank != 2 or a.type.rank < 2:
         raise Unsupported(f"matmul of shapes {a.type.shape} and {b.type.shape}: GE2 multiplies by a 2-d B")
     rows = a if a.type.rank == 2 else g.reshape(a, shape=(-1, a.type.shape[-1]))
@@ -628,6 +631,55 @@ def _adaptive_avg_pool2d(ctx, x, output_size):
     return g.adaptive_avg_pool2d(x, output_size=out)
 
 
+@rule("aten.unsqueeze.default")
+def _unsqueeze(ctx, x, dim):
+    x = ctx.tensor(x)
+    shape = list(x.type.shape)
+    shape.insert(int(dim) % (x.type.rank + 1), 1)
+    return ctx.graph.reshape(x, shape=tuple(shape))
+
+
+@rule("aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default")
+def _squeeze(ctx, x, dim=None):
+    x = ctx.tensor(x)
+    shape = x.type.shape
+    dims_ = range(x.type.rank) if dim is None else [dim] if isinstance(dim, int) else dim
+    drop = {int(d) % max(x.type.rank, 1) for d in dims_ if shape[int(d) % max(x.type.rank, 1)] == 1}
+    return ctx.graph.reshape(x, shape=tuple(d for axis, d in enumerate(shape) if axis not in drop))
+
+
+@rule("aten.ones.default", "aten.zeros.default", "aten.full.default", "aten.scalar_tensor.default")
+def _filled(ctx, *args, dtype=None, **kwargs):
+    """A constant tensor (ones, zeros, full, scalar_tensor) as a param."""
+    target = ctx.node_target
+    if target == "aten.scalar_tensor.default":
+        size, value = (), args[0]
+    elif target == "aten.full.default":
+        size, value = args[0], args[1]
+    else:
+        size, value = args[0], 1 if target == "aten.ones.default" else 0
+    size = tuple(ctx.get(size))
+    if any(isinstance(d, str) for d in size):
+        raise Unsupported(f"a constant of the symbolic shape {size}")
+    name = normalize(dtype, "dtype") if dtype is not None else ("float32" if isinstance(value, float) else
+                                                                "bool" if isinstance(value, bool) else "int64")
+    return ctx.graph.param(ctx.graph.unique_name("constant"), np.full(size, value, to_numpy(name)))
+
+
+@rule("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
+def _masked_fill(ctx, x, mask, value):
+    x = ctx.tensor(x)
+    filler = ctx.tensor(value, x)
+    if filler.type.dtype != x.type.dtype:
+        filler = ctx.graph.cast(filler, dtype=x.type.dtype)
+    return ctx.graph.where(ctx.tensor(mask), filler, x)
+
+
+@rule("aten.bmm.default")
+def _bmm(ctx, a, b):
+    return batched_matmul(ctx.graph, ctx.tensor(a), ctx.tensor(b))
+
+
 # --- shape and index ops (ops/indexing.py) ---------------------------------------------------------------------
 def _dim(value):
     """A size argument: an int, or a symbolic dim (a sym_size result)."""
@@ -819,8 +871,9 @@ def _einsum(ctx, equation, tensors, path=None):
 
 # --- attention --------------------------------------------------------------------------------------------------
 def _attention(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa=False):
-    """GE2's attention op; with an ``attn_mask`` (a boolean keep-mask or an additive float bias) the attention
-    written out on GE2 ops (``_masked_attention``), which returns no log-sum-exp."""
+    """GE2's attention op; an ``attn_mask`` (a boolean keep-mask or an additive float bias, broadcast as PyTorch
+    does) becomes its additive ``bias`` input, [1 or batch, 1 or heads, seq_q, seq_k]. passes/attention_fusion.py
+    then folds a constant causal bias into causal=True."""
     if dropout_p:
         raise Unsupported(f"dropout_p={dropout_p}: export the module in eval() mode")
     q, k, v = ctx.tensor(q), ctx.tensor(k), ctx.tensor(v)
@@ -829,34 +882,8 @@ def _attention(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa=
     if k.type.shape[1] != q.type.shape[1] and not enable_gqa:
         raise Unsupported("K/V heads differ from the query heads without enable_gqa")
     scale = None if scale is None else float(scale)
-    if attn_mask is not None:
-        return _masked_attention(ctx, q, k, v, ctx.tensor(attn_mask), bool(is_causal), scale), None
-    return ctx.graph.attention(q, k, v, causal=bool(is_causal), scale=scale, layout="bhsd")
-
-
-def _masked_attention(ctx, q: Value, k: Value, v: Value, mask: Value, causal: bool, scale: float | None) -> Value:
-    """softmax(scale q k^T + bias) v on [batch, heads, seq, dim] tensors, as PyTorch defines it: a boolean mask keeps
-    the True positions (the others get -inf), a float mask is added; K/V heads are repeated for grouped queries."""
-    g = ctx.graph
-    dtype = to_numpy(q.type.dtype)
-    heads_q, heads_kv, head_dim = q.type.shape[1], k.type.shape[1], q.type.shape[3]
-    if heads_q != heads_kv:
-        k, v = (g.repeat_interleave(x, repeats=heads_q // heads_kv, axis=1) for x in (k, v))
-    factor = (1.0 / np.sqrt(head_dim)) if scale is None else scale
-    scores = batched_matmul(g, g.mul(q, g.param(g.unique_name("attention_scale"), np.array(factor, dtype))),
-                            g.transpose(k, perm=(0, 1, 3, 2)))
-    if mask.type.dtype == "bool":
-        zero = g.param(g.unique_name("mask_keep"), np.array(0, dtype))
-        hidden = g.param(g.unique_name("mask_hidden"), np.array(-np.inf, dtype))
-        bias = g.where(mask, zero, hidden)
-    else:
-        bias = mask if mask.type.dtype == q.type.dtype else g.cast(mask, dtype=q.type.dtype)
-    scores = g.add(scores, bias)
-    if causal:
-        seq_q, seq_k = scores.type.shape[-2:]
-        hidden = np.where(np.tril(np.ones((seq_q, seq_k), bool)), 0.0, -np.inf).astype(dtype)
-        scores = g.add(scores, g.param(g.unique_name("causal_mask"), hidden))
-    return batched_matmul(g, g.softmax(scores, axis=-1), v)
+    bias = None if attn_mask is None else attention_bias(ctx.graph, ctx.tensor(attn_mask), q, k)
+    return ctx.graph.attention(q, k, v, bias, causal=bool(is_causal), scale=scale, layout="bhsd")
 
 
 @rule("aten.scaled_dot_product_attention.default")
@@ -866,7 +893,7 @@ def _sdpa(ctx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=No
 
 @rule("aten._scaled_dot_product_flash_attention_for_cpu.default")
 def _sdpa_flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
-    """(output, logsumexp): GE2's op gives the log-sum-exp too (the written-out masked form does not: None)."""
+    """(output, logsumexp): GE2's op gives the log-sum-exp too."""
     return tuple(_attention(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale))
 
 
@@ -877,8 +904,6 @@ def _getitem(ctx, items, index):
         raise Unsupported(f"indexing a {type(items).__name__}")
     if not -len(items) <= index < len(items):
         raise Unsupported(f"output {index} of a node GE2 translates into {len(items)} outputs")
-    if items[index] is None:
-        raise Unsupported(f"output {index} is not computed by GE2's translation (a masked attention's log-sum-exp)")
     return items[index]
 
 

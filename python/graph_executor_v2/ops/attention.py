@@ -1,10 +1,14 @@
-"""attention: ``y = softmax(scale * q k^T + causal mask) v`` per (batch, head), with the row log-sum-exp saved.
+"""attention: ``y = softmax(scale * q k^T + bias + causal mask) v`` per (batch, head), with the row log-sum-exp saved.
 
 Shapes (``layout``): ``"bhsd"`` is ``[batch, heads, seq, head_dim]``; ``"bshd"`` is ``[batch, seq, heads,
 head_dim]``, what a fused QKV projection gives without a transpose. q is ``heads_q`` heads of ``seq_q`` rows; k and v
 share ``heads_kv`` heads of ``seq_k`` rows, and ``heads_kv`` divides ``heads_q`` (grouped-query attention: query head
 h reads K/V head ``h // (heads_q // heads_kv)``). y has q's shape and dtype; ``lse`` is ``[batch, heads_q, seq_q]``
 float32, ``lse[b, h, i] = log(sum_j exp(scale * q_i . k_j))`` over the keys row i sees.
+
+``bias`` (optional) is an additive bias of q's dtype, ``[1 or batch, 1 or heads_q, seq_q, seq_k]`` (broadcast over an
+axis of extent 1): a padding mask (0 / -inf or finfo.min per key), a relative position bias (T5), any mask. It has
+no gradient here. The cudnn and rowwise kernels take it; flash and unfused decline it.
 
 ``causal`` masks with the top-left alignment, PyTorch's ``is_causal``: query row i sees keys ``j <= i`` whatever
 seq_q and seq_k are (with seq_q > seq_k the last rows see every key; with seq_q < seq_k the last keys are seen by
@@ -117,6 +121,18 @@ def shape_sizes(q_shape, k_shape, v_shape, layout) -> dict:
     return dict(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seq_q=seq_q, seq_k=seq_k, head_dim=head_dim)
 
 
+def bias_dims(bias_shape, sizes: dict) -> tuple[int, int]:
+    """(bias_batch, bias_heads) of an additive bias [1 or batch, 1 or heads_q, seq_q, seq_k]; raises naming bias."""
+    expected = f"[1 or {sizes['batch']}, 1 or {sizes['heads_q']}, {sizes['seq_q']}, {sizes['seq_k']}]"
+    if len(bias_shape) != 4:
+        raise ValueError(f"bias: expected a rank-4 array {expected}, got shape {tuple(bias_shape)}")
+    batch, heads, seq_q, seq_k = bias_shape
+    if (batch not in (1, sizes["batch"]) or heads not in (1, sizes["heads_q"]) or seq_q != sizes["seq_q"]
+            or seq_k != sizes["seq_k"]):
+        raise ValueError(f"bias: expected shape {expected}, got {tuple(bias_shape)}")
+    return batch, heads
+
+
 def default_scale(scale, head_dim) -> float:
     return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
 
@@ -128,9 +144,11 @@ def _heads_first(x, layout):
     return x if layout == "bhsd" else x.transpose(0, 2, 1, 3)
 
 
-def _probabilities(q, k, causal, scale):
-    """(P, lse) in float64 from [b, h, s, d] q and group-expanded k."""
+def _probabilities(q, k, causal, scale, bias=None):
+    """(P, lse) in float64 from [b, h, s, d] q and group-expanded k (plus the broadcast bias)."""
     scores = scale * (q @ np.swapaxes(k, -1, -2))
+    if bias is not None:
+        scores = scores + as_float64(bias)
     if causal:
         seq_q, seq_k = scores.shape[-2:]
         scores = np.where(np.tril(np.ones((seq_q, seq_k), dtype=bool)), scores, -np.inf)
@@ -147,25 +165,29 @@ def _expanded(q, k, v, layout):
     return q64, np.repeat(k64, group, axis=1), np.repeat(v64, group, axis=1), group
 
 
-def reference(q, k, v, causal=False, scale=None, layout="bhsd"):
+def reference(q, k, v, causal=False, scale=None, layout="bhsd", bias=None):
     """(y, lse) in float64."""
-    shape_sizes(q.shape, k.shape, v.shape, layout)
+    sizes = shape_sizes(q.shape, k.shape, v.shape, layout)
     _check_scale(scale)
+    if bias is not None:
+        bias_dims(bias.shape, sizes)
     q64, k64, v64, _ = _expanded(q, k, v, layout)
-    p, lse = _probabilities(q64, k64, causal, default_scale(scale, q64.shape[-1]))
+    p, lse = _probabilities(q64, k64, causal, default_scale(scale, q64.shape[-1]), bias)
     return _heads_first(p @ v64, layout), lse
 
 
-def reference_backward(dy, q, k, v, causal=False, scale=None, layout="bhsd"):
-    """(dq, dk, dv) in float64, from the exact probabilities (not the rounded y and lse)."""
-    shape_sizes(q.shape, k.shape, v.shape, layout)
+def reference_backward(dy, q, k, v, causal=False, scale=None, layout="bhsd", bias=None):
+    """(dq, dk, dv) in float64, from the exact probabilities (not the rounded y and lse); the bias has none."""
+    sizes = shape_sizes(q.shape, k.shape, v.shape, layout)
     _check_scale(scale)
+    if bias is not None:
+        bias_dims(bias.shape, sizes)
     if tuple(dy.shape) != tuple(q.shape):
         raise ValueError(f"dy: expected shape {tuple(q.shape)} (the shape of q), got {tuple(dy.shape)}")
     q64, k64, v64, group = _expanded(q, k, v, layout)
     dy64 = _heads_first(as_float64(dy), layout)
     scale = default_scale(scale, q64.shape[-1])
-    p, _ = _probabilities(q64, k64, causal, scale)
+    p, _ = _probabilities(q64, k64, causal, scale, bias)
     dp = dy64 @ v64.transpose(0, 1, 3, 2)
     ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
     dq = scale * ds @ k64
@@ -182,10 +204,11 @@ def reference_backward(dy, q, k, v, causal=False, scale=None, layout="bhsd"):
 # ---------------------------------------------------------------------------------------------------------------
 # Python face: generated from the OpDef (ops/_face.py); the backward below is the part a definition cannot say.
 # ---------------------------------------------------------------------------------------------------------------
-def _check_native_kernel(kernel, head_dim, dtype):
-    """auto runs every problem (unfused takes what flash and rowwise do not); a named kernel may refuse one."""
-    if kernel != "auto":
-        reason = _native_module().unsupported_reason(kernel, head_dim, dtype)
+def _check_native_kernel(kernel, head_dim, dtype, bias=False):
+    """auto runs every problem (unfused takes what flash and rowwise do not; with a bias, rowwise and cudnn); a named
+    kernel may refuse one."""
+    if kernel != "auto" or bias:
+        reason = _native_module().unsupported_reason(kernel if kernel != "auto" else "rowwise", head_dim, dtype, bias)
         if reason:
             raise ValueError(f"kernel: '{kernel}' cannot run this problem: {reason}")
 
@@ -194,6 +217,12 @@ def _native_sizes(sizes, causal, scale, layout, dtype):
     return dict(batch=sizes["batch"], heads_q=sizes["heads_q"], heads_kv=sizes["heads_kv"], seq_q=sizes["seq_q"],
                 seq_k=sizes["seq_k"], head_dim=sizes["head_dim"], seq_major=layout == "bshd",
                 scale=default_scale(scale, sizes["head_dim"]), causal=bool(causal), dtype=dtype)
+
+
+def _bias_sizes(bias_shape, sizes) -> dict:
+    """The bias arguments of the native calls (no bias: 0 and 0)."""
+    batch, heads = (0, 0) if bias_shape is None else bias_dims(bias_shape, sizes)
+    return dict(bias_batch=batch, bias_heads=heads)
 
 
 def _check_gradient(dy_shape, dy_dtype, q_shape, q_dtype):
@@ -211,24 +240,27 @@ def _check_saved_pair(inputs, attrs, y=None, lse=None):
 
 
 def _backward(dy, inputs, attrs, kernel, out, stream, y=None, lse=None):
-    """(dq, dk, dv) as device arrays of dy's kind (or ``out``'s entries), from dy, the forward inputs and the saved
-    y and lse (the forward runs first when they are not given)."""
-    q, k, v = inputs
-    vdy, vq, vk, vv = _layout.input_views({"dy": dy, "q": q, "k": k, "v": v}).values()
+    """(dq, dk, dv, None) as device arrays of dy's kind (or ``out``'s entries), from dy, the forward inputs and the
+    saved y and lse (the forward runs first when they are not given); the bias has no gradient."""
+    q, k, v, bias = inputs
+    views = {"dy": dy, "q": q, "k": k, "v": v} | ({} if bias is None else {"bias": bias})
+    vdy, vq, vk, vv, *vbias = _layout.input_views(views).values()
     sizes = problem_sizes(vq.shape, vq.dtype, vk.shape, vk.dtype, vv.shape, vv.dtype, attrs["layout"])
+    bias_sizes = _bias_sizes(vbias[0].shape if vbias else None, sizes)
     _check_gradient(vdy.shape, vdy.dtype, vq.shape, vq.dtype)
-    _check_native_kernel(kernel, sizes["head_dim"], vq.dtype)
+    _check_native_kernel(kernel, sizes["head_dim"], vq.dtype, bias is not None)
     _check_saved_pair(inputs, attrs, y, lse)
     if y is None:
-        y, lse = FACES["attention"].forward(q, k, v, **attrs, kernel=kernel, stream=stream)
+        y, lse = FACES["attention"].forward(q, k, v, bias, **attrs, kernel=kernel, stream=stream)
     vy = _layout.checked_view(y, "y", tuple(vq.shape), vq.dtype, vq.device)
     vlse = _layout.checked_view(lse, "lse", (sizes["batch"], sizes["heads_q"], sizes["seq_q"]), "float32", vq.device)
     grads = [_layout.output(None if out is None else out[index], dy, f"out[{index}]", view.shape, view.dtype,
                             vq.device) for index, view in enumerate((vq, vk, vv))]
     _native_module().backward(vdy.ptr, vq.ptr, vk.ptr, vv.ptr, vy.ptr, vlse.ptr, *(view.ptr for _, view in grads),
                               **_native_sizes(sizes, attrs["causal"], attrs["scale"], attrs["layout"], vq.dtype),
-                              kernel=kernel, stream=_device.stream_handle(stream))
-    return tuple(array for array, _ in grads)
+                              kernel=kernel, stream=_device.stream_handle(stream),
+                              bias=vbias[0].ptr if vbias else 0, **bias_sizes)
+    return (*(array for array, _ in grads), None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -242,20 +274,30 @@ _ATTRS = (
 )
 
 
-def _infer_sizes(q, k, v, attrs):
+def _infer_sizes(q, k, v, attrs, bias=None):
     require_inputs((q, k, v), ("q", "k", "v"))
-    return problem_sizes(q.shape, q.dtype, k.shape, k.dtype, v.shape, v.dtype, attrs["layout"])
+    sizes = problem_sizes(q.shape, q.dtype, k.shape, k.dtype, v.shape, v.dtype, attrs["layout"])
+    if bias is not None:
+        if bias.dtype != q.dtype:
+            raise TypeError(f"bias: expected dtype {q.dtype} (the dtype of q), got {bias.dtype}")
+        bias_dims(bias.shape, sizes)
+    return sizes
+
+
+def _optional_bias(values, index: int):
+    """The optional bias among an op's inputs (or their types): absent when the list stops before it."""
+    return values[index] if len(values) > index else None
 
 
 def _infer(in_types, attrs):
-    q, k, v = in_types
-    sizes = _infer_sizes(q, k, v, attrs)
+    q, k, v = in_types[:3]
+    sizes = _infer_sizes(q, k, v, attrs, _optional_bias(in_types, 3))
     return [q, TensorType((sizes["batch"], sizes["heads_q"], sizes["seq_q"]), "float32")]
 
 
 def _infer_backward(in_types, attrs):
-    dy, q, k, v, y, lse = in_types
-    sizes = _infer_sizes(q, k, v, attrs)
+    dy, q, k, v, y, lse = in_types[:6]
+    sizes = _infer_sizes(q, k, v, attrs, _optional_bias(in_types, 6))
     if dy is None or tuple(dy.shape) != tuple(q.shape) or dy.dtype != q.dtype:
         raise ValueError(f"input 'dy': expected shape {tuple(q.shape)} {q.dtype} (that of q), got "
                          f"{None if dy is None else (tuple(dy.shape), dy.dtype)}")
@@ -270,26 +312,32 @@ def _infer_backward(in_types, attrs):
 
 
 def _reference_rule(inputs, attrs):
-    return list(reference(*inputs, **attrs))
+    return list(reference(*inputs[:3], **attrs, bias=_optional_bias(inputs, 3)))
 
 
 def _reference_backward_rule(inputs, outputs, out_grads, attrs):
-    return list(reference_backward(out_grads[0], *inputs, **attrs))
+    return [*reference_backward(out_grads[0], *inputs[:3], **attrs, bias=_optional_bias(inputs, 3)), None]
 
 
 def _reference_backward_op(inputs, attrs):
-    dy, q, k, v, _, _ = inputs
-    return list(reference_backward(dy, q, k, v, **attrs))
+    dy, q, k, v = inputs[:4]
+    return list(reference_backward(dy, q, k, v, **attrs, bias=_optional_bias(inputs, 6)))
+
+
+def _bias_input(first_input: int) -> int:
+    """The bias' input index: the last input, 3 of the forward (q at 0), 6 of the backward (q at 1, then y, lse)."""
+    return 3 if first_input == 0 else 6
 
 
 def _problem_sizes(problem: Problem, first_input: int):
     q, k, v = problem.in_types[first_input:first_input + 3]
-    return _infer_sizes(q, k, v, problem.attrs)
+    return _infer_sizes(q, k, v, problem.attrs, _optional_bias(problem.in_types, _bias_input(first_input)))
 
 
 def _supports(problem: Problem, first_input: int, kernel: str):
     head_dim = _problem_sizes(problem, first_input)["head_dim"]
-    return _native_module().unsupported_reason(kernel, head_dim, problem.in_types[first_input].dtype) or None
+    bias = _optional_bias(problem.in_types, _bias_input(first_input)) is not None
+    return _native_module().unsupported_reason(kernel, head_dim, problem.in_types[first_input].dtype, bias) or None
 
 
 def has_cudnn() -> bool:
@@ -301,13 +349,18 @@ def _prepare(problem: Problem, first_input: int, native_call: str, kernel: str):
     """The launch of the native ``forward`` or ``backward`` (``native_call``) with q at input ``first_input``.
     cudnn builds its plans here: RuntimeError when cuDNN has no engine, so that the registry takes the next
     candidate."""
-    sizes = _native_sizes(_problem_sizes(problem, first_input), problem.attrs["causal"], problem.attrs["scale"],
-                          problem.attrs["layout"], problem.in_types[first_input].dtype)
-    _native_module().prepare(kernel, **sizes, backward=native_call == "backward")
+    problem_sizes_ = _problem_sizes(problem, first_input)
+    sizes = _native_sizes(problem_sizes_, problem.attrs["causal"], problem.attrs["scale"], problem.attrs["layout"],
+                          problem.in_types[first_input].dtype)
+    bias_index = _bias_input(first_input)
+    bias_type = _optional_bias(problem.in_types, bias_index)
+    bias_sizes = _bias_sizes(None if bias_type is None else bias_type.shape, problem_sizes_)
+    _native_module().prepare(kernel, **sizes, backward=native_call == "backward", **bias_sizes)
     native = getattr(_native_module(), native_call)
-    # In the binding's order: positional arguments convert faster.
-    return native_launch(native, *map(in_ptr, range(len(problem.in_types))),
-                         *map(out_ptr, range(len(problem.out_types))), *sizes.values(), kernel, stream_arg())
+    # In the binding's order, the bias (the last input) at the end: positional arguments convert faster.
+    bias = in_ptr(bias_index) if bias_type is not None else 0
+    return native_launch(native, *map(in_ptr, range(bias_index)), *map(out_ptr, range(len(problem.out_types))),
+                         *sizes.values(), kernel, stream_arg(), bias, *bias_sizes.values())
 
 
 # The kernels, best first; priorities, descriptions and alignments are in the native kernels() table (launcher.cu).
@@ -337,7 +390,7 @@ ATTENTION = register(OpDef(
                                  sample_array(rng, 1, 1, 5, 8)), {"causal": True},
                                 "grouped heads (2 query heads per key head), causal, seq_q < seq_k")],
     flops=_attention_flops,
-    inputs=(Input("q"), Input("k"), Input("v")),
+    inputs=(Input("q"), Input("k"), Input("v"), Input("bias", optional=True)),
     outputs=("y", "lse"),
     attrs=_ATTRS,
     infer=_infer,
@@ -351,18 +404,19 @@ ATTENTION = register(OpDef(
 ATTENTION_BACKWARD = _grad.register_backward(OpDef(
     name="attention_backward",
     flops=lambda in_types, out_types, attrs: 2.5 * _attention_flops(in_types[1:4], out_types, attrs),  # 5 matmuls
-    inputs=(Input("dy"), Input("q"), Input("k"), Input("v"), Input("y"), Input("lse")),
+    inputs=(Input("dy"), Input("q"), Input("k"), Input("v"), Input("y"), Input("lse"), Input("bias", optional=True)),
     outputs=("dq", "dk", "dv"),
     attrs=_ATTRS,
     infer=_infer_backward,
     reference=_reference_backward_op,
     candidates=_candidates(1, "backward"),
-    doc="attention's gradients (dq, dk, dv) from dy, the forward inputs and the saved y and lse.",
+    doc="attention's gradients (dq, dk, dv) from dy, the forward inputs (the bias has no gradient) and the saved y "
+        "and lse.",
 ))
 
 # Grad rule: the saved y and lse feed the backward, so nothing is recomputed.
-attach_grad(ATTENTION, lambda g, node, dys: list(g.attention_backward(dys[0], *node.inputs, *node.outputs,
-                                                                      **node.attrs)))
+attach_grad(ATTENTION, lambda g, node, dys: [*g.attention_backward(dys[0], *node.inputs[:3], *node.outputs,
+                                                                   node.inputs[3], **node.attrs), None])
 
 # The face, ``ge2.ops.attention.forward / forward_numpy / backward / backward_numpy / kernels / prepare``: forward
 # returns (y, lse); backward takes dy (the gradient of y; lse has none) and the saved y and lse by keyword.

@@ -1,5 +1,6 @@
-// attention: O = softmax(scale * Q K^T + causal mask) V per (batch, head), with grouped K/V heads (GQA: query head
-// h reads K/V head h / (heads_q / heads_kv)). Causal uses the top-left alignment (PyTorch's is_causal): query row i
+// attention: O = softmax(scale * Q K^T + bias + causal mask) V per (batch, head), with grouped K/V heads (GQA: query
+// head h reads K/V head h / (heads_q / heads_kv)) and an optional additive bias [1 or batch, 1 or heads_q, seq_q,
+// seq_k] of the inputs' dtype (a padding mask, a relative position bias; -inf hides a key). Causal uses the top-left alignment (PyTorch's is_causal): query row i
 // sees keys j <= i, whatever seq_q and seq_k are. float32 math and softmax statistics whatever the storage type.
 //   forward:  O, and lse[b, h, i] = log(sum_j exp(scale * q_i . k_j)) over the visible keys (float32)
 //   backward: D_i = dO_i . O_i; P_ij = exp(scale * q_i . k_j - lse_i); dS_ij = P_ij * (dO_i . v_j - D_i)
@@ -34,6 +35,10 @@ struct Shape {
   float scale = 1.0f;
   bool causal = false;
   DType dtype = DType::Float16;
+  // The additive bias [bias_batch, bias_heads, seq_q, seq_k] (contiguous; bias_batch 1 or batch, bias_heads 1 or
+  // heads_q, broadcast where 1); 0: none.
+  int64_t bias_batch = 0, bias_heads = 0;
+  bool has_bias() const { return bias_batch > 0; }
 };
 
 struct ForwardArgs {
@@ -41,6 +46,7 @@ struct ForwardArgs {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
+  const void* bias = nullptr;  // when shape.has_bias()
   void* o = nullptr;
   float* lse = nullptr;  // [batch, heads_q, seq_q]
 };
@@ -51,6 +57,7 @@ struct BackwardArgs {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
+  const void* bias = nullptr;  // when shape.has_bias()
   const void* o = nullptr;
   const float* lse = nullptr;
   void* dq = nullptr;

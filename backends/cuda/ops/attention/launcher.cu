@@ -70,6 +70,9 @@ std::vector<KernelInfo> kernel_table() {
 
 std::string unsupported_reason(Kernel kernel, const Shape& shape) {
   if (kernel == Kernel::Cudnn) return cudnn_unsupported_reason(shape);
+  if (shape.has_bias() && (kernel == Kernel::Flash || kernel == Kernel::Unfused)) {
+    return std::string(kernel_name(kernel)) + " takes no additive bias (cudnn and rowwise do)";
+  }
   if (kernel == Kernel::Flash) {
     if (shape.head_dim != 64 && shape.head_dim != 128) {
       return "flash is built for head_dim 64 and 128, got head_dim " + std::to_string(shape.head_dim);
@@ -108,6 +111,21 @@ void check_shape(const Shape& s) {
     throw std::invalid_argument(std::string("dtype: expected float32, float16 or bfloat16, got ") +
                                 dtype_name(s.dtype));
   }
+  const bool batch_ok = s.bias_batch == 0 || s.bias_batch == 1 || s.bias_batch == s.batch;
+  const bool heads_ok = s.has_bias() ? (s.bias_heads == 1 || s.bias_heads == s.heads_q) : s.bias_heads == 0;
+  if (!batch_ok || !heads_ok) {
+    throw std::invalid_argument("bias_batch, bias_heads: expected 1 or batch (" + std::to_string(s.batch) +
+                                ") and 1 or heads_q (" + std::to_string(s.heads_q) + "), or 0 and 0 for no bias, got " +
+                                std::to_string(s.bias_batch) + ", " + std::to_string(s.bias_heads));
+  }
+}
+
+void check_bias(const Shape& s, const void* bias) {
+  if (s.has_bias() != (bias != nullptr)) {
+    throw std::invalid_argument(s.has_bias() ? "bias: null device pointer for a bias of bias_batch " +
+                                                   std::to_string(s.bias_batch)
+                                             : "bias: a pointer given with bias_batch 0 (no bias)");
+  }
 }
 
 bool aligned(std::initializer_list<const void*> pointers, std::uintptr_t bytes) {
@@ -130,7 +148,10 @@ Kernel choose(Kernel requested, const Shape& shape, bool flash_aligned) {
   const std::string reason = unsupported_reason(requested, shape);
   if (!reason.empty()) throw std::invalid_argument("kernel: " + reason);
   if (requested != Kernel::Auto) return requested;
-  return unsupported_reason(Kernel::Rowwise, shape).empty() ? Kernel::Rowwise : Kernel::Unfused;
+  const Kernel fallback = unsupported_reason(Kernel::Rowwise, shape).empty() ? Kernel::Rowwise : Kernel::Unfused;
+  const std::string fallback_reason = unsupported_reason(fallback, shape);  // a bias with head_dim > 256
+  if (!fallback_reason.empty()) throw std::invalid_argument("kernel: " + fallback_reason);
+  return fallback;
 }
 
 // cudnn, where `requested` (auto or cudnn) lets it run: true when it ran. auto moves on when cuDNN declines the
@@ -176,6 +197,7 @@ std::size_t workspace_bytes(Kernel kernel, const Shape& shape, bool backward) {
 
 Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
   check_shape(args.shape);
+  check_bias(args.shape, args.bias);
   if (ran_cudnn(requested, args, cudnn_forward, stream)) return Kernel::Cudnn;
   const bool flash_aligned = aligned({args.q, args.k, args.v}, 16) && aligned({args.o}, 4);
   const Kernel kernel = choose(requested, args.shape, flash_aligned);
@@ -191,6 +213,7 @@ Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
 
 Kernel backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream) {
   check_shape(args.shape);
+  check_bias(args.shape, args.bias);
   if (ran_cudnn(requested, args, cudnn_backward, stream)) return Kernel::Cudnn;
   const bool flash_aligned =
       aligned({args.dout, args.q, args.k, args.v}, 16) && aligned({args.o, args.dq, args.dk, args.dv}, 4);

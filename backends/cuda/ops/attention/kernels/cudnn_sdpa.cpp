@@ -5,7 +5,8 @@
 // GE2's contract maps onto cuDNN's as it stands: the layouts are strides of [batch, heads, seq, head_dim] tensors;
 // grouped K/V heads are K/V tensors of heads_kv heads (cuDNN needs heads_q % heads_kv == 0, and sums dK, dV over
 // each group); causal is set_causal_mask, the top-left diagonal (query row i sees keys j <= i, PyTorch's
-// is_causal; set_causal_mask_bottom_right is the other alignment); the scale is the attn_scale value. cuDNN's
+// is_causal; set_causal_mask_bottom_right is the other alignment); the scale is the attn_scale value; the additive
+// bias is set_bias (broadcast over a batch or head axis of extent 1; no dBias: a mask has no gradient here). cuDNN's
 // Stats is the natural-log log-sum-exp of the scaled scores, [batch, heads_q, seq_q, 1] float32: GE2's lse with a
 // unit last dimension, so the forward writes lse in place and the backward reads any candidate's lse as Stats.
 // Plans per problem, built and timed as _common/cudnn_graph_plans.hpp says.
@@ -63,7 +64,7 @@ std::string constraint_reason(const Shape& shape) {
 }
 
 // The graphs' tensors, by uid: the variant pack's keys.
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv };
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv, kBias };
 
 fe::DataType_t io_type(DType dtype) {
   return dtype == DType::BFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
@@ -81,7 +82,7 @@ std::vector<int64_t> key_of(const Shape& s, bool backward) {
   int32_t scale_bits = 0;
   std::memcpy(&scale_bits, &s.scale, sizeof(scale_bits));
   return {current_device(), s.batch, s.heads_q, s.heads_kv, s.seq_q, s.seq_k, s.head_dim, s.seq_major, scale_bits,
-          s.causal, static_cast<int64_t>(s.dtype), backward};
+          s.causal, static_cast<int64_t>(s.dtype), backward, s.bias_batch, s.bias_heads};
 }
 
 // The tensors and the SDPA node (forward or backward) of the problem in `graph`.
@@ -103,9 +104,18 @@ void add_nodes(fe::graph::Graph& graph, const Shape& s, bool backward) {
   auto q = tensor(kQ, "q", s.heads_q, s.seq_q);
   auto k = tensor(kK, "k", s.heads_kv, s.seq_k);
   auto v = tensor(kV, "v", s.heads_kv, s.seq_k);
+  // The additive bias, contiguous [bias_batch, bias_heads, seq_q, seq_k] (extent-1 axes broadcast).
+  std::shared_ptr<fe::graph::Tensor_attributes> bias;
+  if (s.has_bias()) {
+    bias = graph.tensor(fe::graph::Tensor_attributes().set_name("bias").set_uid(kBias)
+                            .set_dim({s.bias_batch, s.bias_heads, s.seq_q, s.seq_k})
+                            .set_stride({s.bias_heads * s.seq_q * s.seq_k, s.seq_q * s.seq_k, s.seq_k, 1})
+                            .set_data_type(io));
+  }
   if (!backward) {
     auto attributes = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(s.scale);
     if (s.causal) attributes.set_causal_mask(true);
+    if (bias) attributes.set_bias(bias);
     auto [o, stats] = graph.sdpa(q, k, v, attributes);
     output(o, kO, s.heads_q, s.seq_q);
     stats->set_output(true).set_uid(kStats).set_dim(stats_dims).set_stride(stats_strides).set_data_type(
@@ -118,6 +128,7 @@ void add_nodes(fe::graph::Graph& graph, const Shape& s, bool backward) {
                                 .set_stride(stats_strides).set_data_type(fe::DataType_t::FLOAT));
   auto attributes = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(s.scale);
   if (s.causal) attributes.set_causal_mask(true);
+  if (bias) attributes.set_bias(bias);
   auto [dq, dk, dv] = graph.sdpa_backward(q, k, v, o, dout, stats, attributes);
   output(dq, kDq, s.heads_q, s.seq_q);
   output(dk, kDk, s.heads_kv, s.seq_k);
@@ -161,8 +172,10 @@ void cudnn_prepare(const Shape& shape, bool backward) {
 
 std::string cudnn_forward(const ForwardArgs& args, cudaStream_t stream) {
   if (!cudnn_graph::aligned({args.q, args.k, args.v, args.o, args.lse})) return cudnn_graph::kMisaligned;
+  if (args.bias != nullptr && !cudnn_graph::aligned({args.bias})) return cudnn_graph::kMisaligned;
   VariantPack pack = {{kQ, const_cast<void*>(args.q)}, {kK, const_cast<void*>(args.k)},
                       {kV, const_cast<void*>(args.v)}, {kO, args.o}, {kStats, args.lse}};
+  if (args.bias != nullptr) pack[kBias] = const_cast<void*>(args.bias);
   return run(args.shape, /*backward=*/false, pack, stream);
 }
 
@@ -175,6 +188,10 @@ std::string cudnn_backward(const BackwardArgs& args, cudaStream_t stream) {
                       {kDo, const_cast<void*>(args.dout)},   {kStats, const_cast<float*>(args.lse)},
                       {kDq, args.dq},                        {kDk, args.dk},
                       {kDv, args.dv}};
+  if (args.bias != nullptr) {
+    if (!cudnn_graph::aligned({args.bias})) return cudnn_graph::kMisaligned;
+    pack[kBias] = const_cast<void*>(args.bias);
+  }
   return run(args.shape, /*backward=*/true, pack, stream);
 }
 

@@ -1,4 +1,5 @@
-// rowwise: a warp per row, lane l holding elements l, l + 32, ... of a head_dim row in registers (kPer of them).
+// rowwise: a warp per row, lane l holding elements l, l + 32, ... of a head_dim row in registers (kPer of them). The
+// optional additive bias is read per score (bias_at).
 // Forward and dQ walk one query row's visible keys with an online softmax; dK/dV walk one key row's visible
 // queries over every query head of its group, so each gradient element has one writer (no atomics).
 #include <cmath>
@@ -49,6 +50,15 @@ __device__ __forceinline__ float dot(const float (&a)[kPer], const float (&b)[kP
   return warp_sum(partial);
 }
 
+// The additive bias of score (i, j) of batch b, query head h: 0 without a bias; broadcast over a batch or head
+// axis of extent 1.
+template <typename T>
+__device__ __forceinline__ float bias_at(const Shape& s, const T* bias, int64_t b, int64_t h, int64_t i, int64_t j) {
+  if (s.bias_batch == 0) return 0.0f;  // no bias (Shape::has_bias is host code: api.hpp is also C++)
+  const int64_t bb = s.bias_batch == 1 ? 0 : b, bh = s.bias_heads == 1 ? 0 : h;
+  return to_float(bias[((bb * s.bias_heads + bh) * s.seq_q + i) * s.seq_k + j]);
+}
+
 // Visible keys of query row i: [0, seq_k), or [0, min(i + 1, seq_k)) when causal (top-left alignment).
 __device__ __forceinline__ int64_t key_end(const Shape& s, int64_t i) {
   return s.causal ? (i + 1 < s.seq_k ? i + 1 : s.seq_k) : s.seq_k;
@@ -57,7 +67,7 @@ __device__ __forceinline__ int64_t key_end(const Shape& s, int64_t i) {
 template <int kPer, typename T>
 __global__ void __launch_bounds__(kWarps * 32)
     forward_kernel(Shape s, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                   T* __restrict__ o, float* __restrict__ lse) {
+                   const T* __restrict__ bias, T* __restrict__ o, float* __restrict__ lse) {
   const int lane = threadIdx.x & 31;
   const int64_t i = int64_t(blockIdx.y) * kWarps + (threadIdx.x >> 5);
   if (i >= s.seq_q) return;
@@ -75,10 +85,11 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int64_t kv_offset = row_offset(s, b, hk, s.heads_kv, j, s.seq_k);
     load_row<kPer>(k + kv_offset, s.head_dim, lane, k_row);
     load_row<kPer>(v + kv_offset, s.head_dim, lane, v_row);
-    const float score = s.scale * dot<kPer>(q_row, k_row);
+    const float score = s.scale * dot<kPer>(q_row, k_row) + bias_at(s, bias, b, h, i, j);
     const float new_max = fmaxf(running_max, score);
-    const float correction = __expf(running_max - new_max);
-    const float p = __expf(score - new_max);
+    // A key hidden by a -inf bias adds nothing, also before the first visible one (no -inf - -inf).
+    const float correction = running_max == -INFINITY ? 0.0f : __expf(running_max - new_max);
+    const float p = score == -INFINITY ? 0.0f : __expf(score - new_max);
     running_sum = running_sum * correction + p;
 #pragma unroll
     for (int t = 0; t < kPer; ++t) acc[t] = acc[t] * correction + p * v_row[t];
@@ -95,7 +106,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <int kPer, typename T>
 __global__ void __launch_bounds__(kWarps * 32)
     backward_query_kernel(Shape s, const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
-                          const T* __restrict__ v, const T* __restrict__ o, const float* __restrict__ lse,
+                          const T* __restrict__ v, const T* __restrict__ bias, const T* __restrict__ o,
+                          const float* __restrict__ lse,
                           T* __restrict__ dq, float* __restrict__ row_dot) {
   const int lane = threadIdx.x & 31;
   const int64_t i = int64_t(blockIdx.y) * kWarps + (threadIdx.x >> 5);
@@ -118,7 +130,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int64_t kv_offset = row_offset(s, b, hk, s.heads_kv, j, s.seq_k);
     load_row<kPer>(k + kv_offset, s.head_dim, lane, k_row);
     load_row<kPer>(v + kv_offset, s.head_dim, lane, v_row);
-    const float p = __expf(s.scale * dot<kPer>(q_row, k_row) - lse_i);
+    const float p = __expf(s.scale * dot<kPer>(q_row, k_row) + bias_at(s, bias, b, h, i, j) - lse_i);
     const float ds = p * (dot<kPer>(do_row, v_row) - d_i);
 #pragma unroll
     for (int t = 0; t < kPer; ++t) grad[t] += ds * k_row[t];
@@ -132,7 +144,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <int kPer, typename T>
 __global__ void __launch_bounds__(kWarps * 32)
     backward_key_kernel(Shape s, const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
-                        const T* __restrict__ v, const float* __restrict__ lse, const float* __restrict__ row_dot,
+                        const T* __restrict__ v, const T* __restrict__ bias, const float* __restrict__ lse,
+                        const float* __restrict__ row_dot,
                         T* __restrict__ dk, T* __restrict__ dv) {
   const int lane = threadIdx.x & 31;
   const int64_t j = int64_t(blockIdx.y) * kWarps + (threadIdx.x >> 5);
@@ -153,7 +166,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int64_t q_offset = row_offset(s, b, h, s.heads_q, i, s.seq_q);
       load_row<kPer>(q + q_offset, s.head_dim, lane, q_row);
       load_row<kPer>(dout + q_offset, s.head_dim, lane, do_row);
-      const float p = __expf(s.scale * dot<kPer>(q_row, k_row) - lse[bh * s.seq_q + i]);
+      const float p = __expf(s.scale * dot<kPer>(q_row, k_row) + bias_at(s, bias, b, h, i, j) -
+                             lse[bh * s.seq_q + i]);
       const float ds = p * (dot<kPer>(do_row, v_row) - row_dot[bh * s.seq_q + i]);
 #pragma unroll
       for (int t = 0; t < kPer; ++t) {
@@ -192,7 +206,8 @@ void launch_rowwise_forward(const ForwardArgs& args, cudaStream_t stream) {
   GE2_DISPATCH_FLOATING(s.dtype, "dtype", dispatch_width(s.head_dim, [&](auto per) {
     forward_kernel<decltype(per)::value, scalar_t><<<grid_for(s.seq_q, s.heads_q, s.batch), kWarps * 32, 0, stream>>>(
         s, static_cast<const scalar_t*>(args.q), static_cast<const scalar_t*>(args.k),
-        static_cast<const scalar_t*>(args.v), static_cast<scalar_t*>(args.o), args.lse);
+        static_cast<const scalar_t*>(args.v), static_cast<const scalar_t*>(args.bias), static_cast<scalar_t*>(args.o),
+        args.lse);
   }));
   GE2_CHECK_LAUNCH("attention rowwise forward");
 }
@@ -204,12 +219,14 @@ void launch_rowwise_backward(const BackwardArgs& args, float* row_dot, cudaStrea
     backward_query_kernel<kPer, scalar_t><<<grid_for(s.seq_q, s.heads_q, s.batch), kWarps * 32, 0, stream>>>(
         s, static_cast<const scalar_t*>(args.dout), static_cast<const scalar_t*>(args.q),
         static_cast<const scalar_t*>(args.k), static_cast<const scalar_t*>(args.v),
-        static_cast<const scalar_t*>(args.o), args.lse, static_cast<scalar_t*>(args.dq), row_dot);
+        static_cast<const scalar_t*>(args.bias), static_cast<const scalar_t*>(args.o), args.lse,
+        static_cast<scalar_t*>(args.dq), row_dot);
     GE2_CHECK_LAUNCH("attention rowwise backward (dQ)");
     backward_key_kernel<kPer, scalar_t><<<grid_for(s.seq_k, s.heads_kv, s.batch), kWarps * 32, 0, stream>>>(
         s, static_cast<const scalar_t*>(args.dout), static_cast<const scalar_t*>(args.q),
-        static_cast<const scalar_t*>(args.k), static_cast<const scalar_t*>(args.v), args.lse, row_dot,
-        static_cast<scalar_t*>(args.dk), static_cast<scalar_t*>(args.dv));
+        static_cast<const scalar_t*>(args.k), static_cast<const scalar_t*>(args.v),
+        static_cast<const scalar_t*>(args.bias), args.lse, row_dot, static_cast<scalar_t*>(args.dk),
+        static_cast<scalar_t*>(args.dv));
   }));
   GE2_CHECK_LAUNCH("attention rowwise backward (dK, dV)");
 }

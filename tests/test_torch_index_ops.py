@@ -107,3 +107,17 @@ def test_sdpa_with_a_mask_and_grouped_heads(mask_kind):
     got = ge2.ExecutorV2(graph).run(feeds)["y"]
     expected = attend(*(x.double() if x.is_floating_point() else x for x in inputs)).numpy()
     assert_close(got, expected, "float32", 8)
+
+
+def test_multihead_attention_module():
+    """nn.MultiheadAttention (batch_first, need_weights=False), as torchvision's ViT calls it."""
+    torch.manual_seed(4)
+    attention = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    module = Lambda(lambda x: attention(x, x, x, need_weights=False)[0])
+    module.attention = attention
+    x = torch.randn(2, 6, 32)
+    graph = from_torch(module.eval(), (x,))
+    got = ge2.ExecutorV2(graph).run({graph.inputs[0].name: x.numpy()})["y"]
+    with torch.no_grad():
+        expected = module.double()(x.double()).numpy()
+    assert_close(got, expected, "float32", 32)

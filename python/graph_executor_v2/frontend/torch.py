@@ -897,6 +897,29 @@ def _sdpa_flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None
     return tuple(_attention(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale))
 
 
+@rule("aten._native_multi_head_attention.default")
+def _native_multi_head_attention(ctx, query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight,
+                                 proj_bias, mask=None, need_weights=True, average_attn_weights=True, mask_type=None):
+    """nn.MultiheadAttention's fused inference path (batch_first [batch, seq, embed]): the Q, K, V projections
+    (rows of the packed qkv weight), attention in the bshd layout, the output projection. (output, None)."""
+    if mask is not None:
+        raise Unsupported("a mask in nn.MultiheadAttention's fused path")
+    if need_weights:
+        raise Unsupported("need_weights=True (the attention probabilities as an output)")
+    g = ctx.graph
+    embed, heads = int(embed_dim), int(num_head)
+    weight, bias = ctx.tensor(qkv_weight), ctx.tensor(qkv_bias)
+    projected = []
+    for index, source in enumerate((query, key, value)):
+        rows = dict(starts=(index * embed,), ends=((index + 1) * embed,), axes=(0,))
+        x = ctx.tensor(source)
+        y = _linear(ctx, x, g.slice(weight, **rows), g.slice(bias, **rows))
+        projected.append(g.reshape(y, shape=(*x.type.shape[:2], heads, embed // heads)))
+    attended, _ = g.attention(*projected, layout="bshd")
+    out = _linear(ctx, g.reshape(attended, shape=(*attended.type.shape[:2], embed)), proj_weight, proj_bias)
+    return out, None
+
+
 @rule("<built-in function getitem>")
 def _getitem(ctx, items, index):
     items = ctx.get(items)

@@ -1,5 +1,5 @@
-"""quantize_fp8: the reference (CPU), the one-pass kernel against it bit for bit (GPU), the amax, and bad input;
-fp8_scale_update, delayed scaling's state update, against its reference."""
+"""quantize_fp8 and quantize_fp8_transpose: the references (CPU), the one-pass kernels against them bit for bit
+(GPU), the amax, and bad input; fp8_scale_update, delayed scaling's state update, against its reference."""
 from __future__ import annotations
 
 import ml_dtypes
@@ -167,3 +167,34 @@ def test_scale_update_kernel_matches_the_reference(rng, length, amax):
                                                  dtype="float8_e5m2", margin=2)
     for name, actual, want in zip(("history", "scale", "scale_inv"), got, expected):
         np.testing.assert_array_equal(actual, want, err_msg=f"{name} (length {length}, amax {amax})")
+
+
+def test_transposing_quantize_gives_both_layouts(rng):
+    x = _input(rng, (5, 7), "float32")
+    g = ge2.ir.Graph("quantize_transpose")
+    y, y_t, amax = g.quantize_fp8_transpose(g.input("x", x.shape, "float32"), g.input("scale", (), "float32"))
+    assert (y.type.shape, y_t.type.shape) == ((5, 7), (7, 5))
+    for value, name in ((y, "y"), (y_t, "y_t"), (amax, "amax")):
+        g.output(value, name)
+    out = ge2.ExecutorV2(g).run({"x": x, "scale": np.array(16.0, np.float32)})
+    expected_y, expected_amax = quantize_fp8.reference(x, np.float32(16.0))
+    _same_bits_or_both_nan(out["y"], expected_y, "y")
+    _same_bits_or_both_nan(out["y_t"], expected_y.T, "y_t")
+    assert out["amax"] == expected_amax
+    with pytest.raises(ValueError, match="x: expected a 2-d array"):
+        g.quantize_fp8_transpose(g.input("v", (4,), "float32"), g.input("s", (), "float32"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("source", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("shape", [(1, 1), (33, 65), (768, 2304), (8192, 16)])
+def test_transposing_kernel_is_bit_exact(rng, source, dtype, shape):
+    x = _input(rng, shape, source)
+    scale = np.array(rng.choice([1.0, 37.5, 1000.0]), np.float32)
+    y, y_t, amax = ge2.ops.quantize_fp8_transpose.forward_numpy(x, scale, dtype)
+    expected_y, expected_amax = quantize_fp8.reference(x, scale, dtype)
+    what = f"{source}->{dtype} shape {shape} scale {float(scale)}"
+    _same_bits_or_both_nan(y, expected_y, what + " y")
+    _same_bits_or_both_nan(y_t, expected_y.T, what + " y_t")
+    assert amax == expected_amax, (what, amax, expected_amax)

@@ -27,6 +27,20 @@ PYBIND11_MODULE(_ops_quantize_fp8, m) {
       "that ran.");
 
   m.def(
+      "quantize_transpose",
+      [](std::uintptr_t x, const std::string& x_dtype, std::uintptr_t scale, std::uintptr_t y, std::uintptr_t y_t,
+         const std::string& dtype, std::uintptr_t amax, int64_t rows, int64_t cols, std::uintptr_t stream) {
+        const auto from = ge2::dtype_from_name(x_dtype, "x_dtype"), to = ge2::dtype_from_name(dtype);
+        ge2::binding::ReleaseGil release;
+        ge2::quantize_fp8::quantize_transpose(as_pointer(x), from, as_pointer<const float>(scale), as_pointer(y),
+                                              as_pointer(y_t), to, as_pointer<float>(amax), rows, cols,
+                                              as_stream(stream));
+      },
+      py::arg("x"), py::arg("x_dtype"), py::arg("scale"), py::arg("y"), py::arg("y_t"), py::arg("dtype"),
+      py::arg("amax"), py::arg("rows"), py::arg("cols"), py::arg("stream"),
+      "Enqueues y = FP8(x * scale), y_t = y's transpose and amax = max |x| for a 2-d x [rows, cols].");
+
+  m.def(
       "scale_update",
       [](std::uintptr_t history, std::uintptr_t scale, std::uintptr_t amax, std::uintptr_t new_history,
          std::uintptr_t new_scale, std::uintptr_t new_scale_inv, int64_t length, const std::string& dtype, int margin,
@@ -43,5 +57,6 @@ PYBIND11_MODULE(_ops_quantize_fp8, m) {
       "Enqueues delayed scaling's update of one tensor's amax history and scale (float32 device arrays).");
 
   m.def("kernels", [] { return ge2::binding::kernel_list(ge2::quantize_fp8::kernel_table()); },
-        "The candidates of quantize_fp8 ('cuda') and fp8_scale_update ('scale_update') with their constraints.");
+        "The candidates of quantize_fp8 ('cuda'), quantize_fp8_transpose ('transpose') and fp8_scale_update "
+        "('scale_update') with their constraints.");
 }

@@ -117,6 +117,49 @@ globals().update(FACE.functions())
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# quantize_fp8_transpose: both layouts from one read of x
+# ---------------------------------------------------------------------------------------------------------------
+def _infer_transpose(in_types, attrs):
+    y, amax = _infer(in_types, attrs)
+    if y.rank != 2:
+        raise ValueError(f"x: expected a 2-d array, got shape {y.shape}")
+    rows, cols = y.shape
+    return [y, TensorType((cols, rows), y.dtype), amax]
+
+
+def _reference_transpose(inputs, attrs):
+    y, amax = reference(inputs[0], inputs[1], attrs["dtype"])
+    return [y, np.ascontiguousarray(y.T), amax]
+
+
+def _prepare_transpose(problem: Problem):
+    x = problem.in_types[0]
+    rows, cols = x.shape
+    return native_launch(_native_module().quantize_transpose, in_ptr(0), x.dtype, in_ptr(1), out_ptr(0), out_ptr(1),
+                         problem.attrs["dtype"], out_ptr(2), rows, cols, stream_arg())
+
+
+TRANSPOSE = register(OpDef(
+    name="quantize_fp8_transpose",
+    samples=lambda rng: [Sample((sample_array(rng, 4, 6), np.array(4.0, np.float32))),
+                         Sample((sample_array(rng, 33, 65) * 1e4, np.array([2.0], np.float32)),
+                                {"dtype": "float8_e5m2"}, "partial tiles, values past E5M2's range")],
+    inputs=(Input("x"), Input("scale")),
+    outputs=("y", "y_t", "amax"),
+    attrs=(Attr("dtype", str, "float8_e4m3fn", choices=FLOAT8_DTYPES, doc="the FP8 output dtype"),),
+    infer=_infer_transpose,
+    reference=_reference_transpose,
+    # no reference_backward and no grad rule: FP8 values are not differentiated
+    candidates=(table_candidate("_ops_quantize_fp8", "transpose", _supports, _prepare_transpose),),
+    doc="quantize_fp8_transpose(x, scale) -> (y, y_t, amax): quantize_fp8 of a 2-d x, and y's transpose, from one "
+        "read of x (Transformer Engine's cast-transpose: FP8 training needs both layouts of x and dY, cuBLASLt's FP8 "
+        "matmul taking only the TN layout).",
+))
+
+TRANSPOSE_FACE = Face(TRANSPOSE, lambda dy, inputs, attrs, kernel, out, stream: (None, None))
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # fp8_scale_update: delayed scaling's state update
 # ---------------------------------------------------------------------------------------------------------------
 def reference_scale_update(history, scale, amax, dtype: str = "float8_e4m3fn", margin: int = 0):

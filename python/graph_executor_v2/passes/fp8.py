@@ -223,8 +223,8 @@ def train_rewrite(graph: Graph, forward_names: set[str], recipe: DelayedScaling,
       reciprocal scales and the bias (and relu) in its epilogue, bfloat16 out;
     - dgrad: dY quantized to E5M2, dX = dY8 @ W8 (E5M2 x E4M3);
     - wgrad: dW = dY8^T @ x8 (or its transpose for a [k, n] W; E5M2 x E4M3); dbias = sum(dY) in bfloat16 as before.
-    cuBLASLt's FP8 matmul takes only the TN layout, so the operands that need it are transposed in FP8
-    (``transpose`` nodes, one byte per element).
+    cuBLASLt's FP8 matmul takes only the TN layout, so x, W and dY are quantized by ``quantize_fp8_transpose``,
+    which writes both layouts from one read.
     Every quantized tensor (x, W, dY) has a state of float32 parameters ``fp8/<weight>/<x|w|g>.{history, scale,
     scale_inv}`` (x and dY start at scale 1 with an empty history, W from its initial amax): a step quantizes with
     the scale its predecessors chose, and ``fp8_scale_update`` computes the next
@@ -268,9 +268,10 @@ def _rewrite_training_site(graph: Graph, node: Node, backward: Node, recipe: Del
               "w": _state(graph, f"{prefix}/w", recipe, FORWARD_DTYPE, w.data),
               "g": _state(graph, f"{prefix}/g", recipe, GRADIENT_DTYPE)}
     with graph.inserting_before(node):
-        x8, x_amax = graph.quantize_fp8(x, states["x"]["scale"], dtype=FORWARD_DTYPE)
-        w8, w_amax = graph.quantize_fp8(w, states["w"]["scale"], dtype=FORWARD_DTYPE)
-        w8_nk = w8 if node.attrs["trans_b"] else graph.transpose(w8, perm=(1, 0))  # [n, k]: the TN layout
+        # both layouts of x and W from one read each (cuBLASLt's FP8 matmul takes only the TN layout)
+        x8, x8_t, x_amax = graph.quantize_fp8_transpose(x, states["x"]["scale"], dtype=FORWARD_DTYPE)
+        w8, w8_t, w_amax = graph.quantize_fp8_transpose(w, states["w"]["scale"], dtype=FORWARD_DTYPE)
+        w8_nk, w8_kn = (w8, w8_t) if node.attrs["trans_b"] else (w8_t, w8)
         y, _ = graph.scaled_gemm(x8, w8_nk, states["x"]["scale_inv"], states["w"]["scale_inv"], bias, None,
                                  act=node.attrs["act"], out_dtype=node.outputs[0].type.dtype)
         _update_state(graph, states["x"], x_amax, FORWARD_DTYPE, recipe.margin, update_prefix)
@@ -282,14 +283,12 @@ def _rewrite_training_site(graph: Graph, node: Node, backward: Node, recipe: Del
     dy = backward.inputs[0]
     da, db, dbias = backward.outputs
     with graph.inserting_before(backward):
-        dy8, dy_amax = graph.quantize_fp8(dy, states["g"]["scale"], dtype=GRADIENT_DTYPE)
+        dy8, dy8_t, dy_amax = graph.quantize_fp8_transpose(dy, states["g"]["scale"], dtype=GRADIENT_DTYPE)
         _update_state(graph, states["g"], dy_amax, GRADIENT_DTYPE, recipe.margin, update_prefix)
         # dX [m, k] = dY [m, n] @ W_nk: cuBLASLt's B is [k, n]
-        w8_kn = graph.transpose(w8, perm=(1, 0)) if node.attrs["trans_b"] else w8
         dx, _ = graph.scaled_gemm(dy8, w8_kn, states["g"]["scale_inv"], states["w"]["scale_inv"],
                                   out_dtype=da.type.dtype)
         # dW as W is stored: [n, k] = dY^T @ x (A = dY^T [n, m], B = x^T [k, m]), or [k, n] = x^T @ dY
-        dy8_t, x8_t = graph.transpose(dy8, perm=(1, 0)), graph.transpose(x8, perm=(1, 0))
         first, second = (dy8_t, x8_t) if node.attrs["trans_b"] else (x8_t, dy8_t)
         scales = (states["g"], states["x"]) if node.attrs["trans_b"] else (states["x"], states["g"])
         dw, _ = graph.scaled_gemm(first, second, scales[0]["scale_inv"], scales[1]["scale_inv"],

@@ -18,6 +18,10 @@ namespace ge2::quantize_fp8 {
 const char* forward(const void* x, DType x_dtype, const float* scale, void* y, DType y_dtype, float* amax,
                     int64_t numel, cudaStream_t stream);
 
+// The same for a 2-d x [rows, cols], also writing y's transpose y_t [cols, rows] (one read of x for both layouts).
+void quantize_transpose(const void* x, DType x_dtype, const float* scale, void* y, void* y_t, DType y_dtype,
+                        float* amax, int64_t rows, int64_t cols, cudaStream_t stream);
+
 // Delayed scaling, one tensor's state after a step: new_history = [amax, history[0 .. length-2]] (newest first),
 // new_scale = fp8_max(dtype) / (max(new_history) * 2^margin), new_scale_inv = 1 / new_scale. An all-zero history
 // keeps the previous scale; a non-finite amax (an overflowed step) leaves history and scale as they were. The

@@ -8,6 +8,8 @@ namespace ge2::quantize_fp8 {
 
 void launch_quantize(const void* x, DType x_dtype, const float* scale, void* y, DType y_dtype, float* amax,
                      int64_t numel, bool vectorized, cudaStream_t stream);
+void launch_quantize_transpose(const void* x, DType x_dtype, const float* scale, void* y, void* y_t, DType y_dtype,
+                               float* amax, int64_t rows, int64_t cols, cudaStream_t stream);
 
 std::vector<KernelInfo> kernel_table() {
   return {
@@ -16,13 +18,18 @@ std::vector<KernelInfo> kernel_table() {
        "('scalar'), grid-stride; amax reduced per warp, one atomicMax each",
        "none (vec8 when x is 8 * itemsize-byte aligned and y 8-byte aligned; the tail runs element-wise)", kFallback,
        kAnyAlignment},
+      {"transpose", 10,
+       "quantize_fp8_transpose: 32 x 32 tiles through shared memory, y and its transpose from one read of x, amax "
+       "per warp + atomicMax",
+       "x 2-d", kFallback, kAnyAlignment},
       {"scale_update", 10, "fp8_scale_update: one block rolls the amax history, max-reduces it and divides",
        "history length >= 1", kFallback, kAnyAlignment},
   };
 }
 
-const char* forward(const void* x, DType x_dtype, const float* scale, void* y, DType y_dtype, float* amax,
-                    int64_t numel, cudaStream_t stream) {
+namespace {
+
+void check_quantize_args(DType x_dtype, DType y_dtype, const float* scale, const float* amax) {
   if (!is_floating(x_dtype)) {
     throw std::invalid_argument(std::string("x dtype: expected float32, float16 or bfloat16, got ") +
                                 dtype_name(x_dtype));
@@ -31,14 +38,33 @@ const char* forward(const void* x, DType x_dtype, const float* scale, void* y, D
     throw std::invalid_argument(std::string("dtype: expected float8_e4m3fn or float8_e5m2, got ") +
                                 dtype_name(y_dtype));
   }
-  if (numel < 0) throw std::invalid_argument("numel: must be >= 0, got " + std::to_string(numel));
   if (scale == nullptr) throw std::invalid_argument("scale: null device pointer");
   if (amax == nullptr) throw std::invalid_argument("amax: null device pointer");
+}
+
+}  // namespace
+
+const char* forward(const void* x, DType x_dtype, const float* scale, void* y, DType y_dtype, float* amax,
+                    int64_t numel, cudaStream_t stream) {
+  check_quantize_args(x_dtype, y_dtype, scale, amax);
+  if (numel < 0) throw std::invalid_argument("numel: must be >= 0, got " + std::to_string(numel));
   if (numel > 0 && (x == nullptr || y == nullptr)) throw std::invalid_argument("x, y: null device pointer");
   const auto x_address = reinterpret_cast<std::uintptr_t>(x), y_address = reinterpret_cast<std::uintptr_t>(y);
   const bool vectorized = x_address % (8 * dtype_size(x_dtype)) == 0 && y_address % 8 == 0;
   launch_quantize(x, x_dtype, scale, y, y_dtype, amax, numel, vectorized, stream);
   return vectorized ? "vec8" : "scalar";
+}
+
+void quantize_transpose(const void* x, DType x_dtype, const float* scale, void* y, void* y_t, DType y_dtype,
+                        float* amax, int64_t rows, int64_t cols, cudaStream_t stream) {
+  check_quantize_args(x_dtype, y_dtype, scale, amax);
+  if (rows < 0 || cols < 0) {
+    throw std::invalid_argument("rows, cols: must be >= 0, got " + std::to_string(rows) + ", " + std::to_string(cols));
+  }
+  if (rows * cols > 0 && (x == nullptr || y == nullptr || y_t == nullptr)) {
+    throw std::invalid_argument("x, y, y_t: null device pointer");
+  }
+  launch_quantize_transpose(x, x_dtype, scale, y, y_t, y_dtype, amax, rows, cols, stream);
 }
 
 }  // namespace ge2::quantize_fp8

@@ -186,12 +186,12 @@ std::string problem_string(const ForwardArgs& args) {
 
 // Runs the plan's algorithms, the one that worked last first. Returns the last cuBLASLt status.
 cublasStatus_t run_plan(LtPlan& plan, const ForwardArgs& args, bool lt_amax, int device, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(plan.mutex);
   if (plan.algorithms.empty()) {
     return plan.heuristic_status == CUBLAS_STATUS_SUCCESS ? CUBLAS_STATUS_NOT_SUPPORTED : plan.heuristic_status;
   }
   cublasLtHandle_t handle = LtResources::instance().handle(device);
   void* workspace = LtResources::instance().workspace(device, stream);
-  std::lock_guard<std::mutex> lock(plan.mutex);
   set_pointers(plan, args, lt_amax);
   const float alpha = 1.0f, beta = 0.0f;
   cublasStatus_t status = CUBLAS_STATUS_NOT_SUPPORTED;
@@ -204,8 +204,12 @@ cublasStatus_t run_plan(LtPlan& plan, const ForwardArgs& args, bool lt_amax, int
       plan.working = index;
       return status;
     }
-    if (status != CUBLAS_STATUS_NOT_SUPPORTED && status != CUBLAS_STATUS_INVALID_VALUE) break;
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED && status != CUBLAS_STATUS_INVALID_VALUE) return status;
   }
+  // No algorithm takes this problem (cuBLASLt refuses before it enqueues anything): remember it, so that later calls
+  // (a captured plan's included) go straight to the alternative.
+  plan.algorithms.clear();
+  plan.heuristic_status = status;
   return status;
 }
 

@@ -13,12 +13,14 @@ folded constants are literals (the compiler turns the index divisions into multi
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ..dtypes import compute_ctype, itemsize
 from ..ir.types import TensorType
 from ..ir.schema import OPS
+from ..ops.elementwise import broadcast_shapes
 from . import elements
 from .group import Member, member_types
 
@@ -45,6 +47,15 @@ class KernelSource:
 def scalar_of(op: str) -> Callable | None:
     """The op's per-element C++ expression builder (``OpDef.scalar``), or None when it has none."""
     return getattr(OPS[op], "scalar", None)
+
+
+def broadcast_shape(shapes) -> tuple | None:
+    """The NumPy broadcast of ``shapes`` (symbolic dims as ``ops.elementwise.broadcast_shapes`` takes them), or None
+    when they do not broadcast."""
+    try:
+        return tuple(functools.reduce(broadcast_shapes, shapes))
+    except ValueError:
+        return None
 
 
 def why_not_generated(members: Sequence[Member], in_types, out_types) -> str | None:

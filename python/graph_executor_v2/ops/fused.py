@@ -22,7 +22,7 @@ from __future__ import annotations
 from ..codegen import candidate as _candidate
 from ..codegen import reduction as _reduction
 from ..codegen.group import Member, member_types, members_of, run_members
-from ..codegen.pointwise import pointwise_source, scalar_of, why_not_generated
+from ..codegen.pointwise import broadcast_shape, pointwise_source, scalar_of, why_not_generated
 from ..ir.schema import OPS, VARIADIC_OUTPUTS, Attr, Input, OpDef, Problem, add_candidate, register
 
 MAX_OUTPUTS = 8
@@ -145,6 +145,10 @@ def _generate_single(problem: Problem, name: str):
 def _why_not_single(problem: Problem):
     if None in problem.in_types:
         return "an optional input is absent"
+    shapes = [t.shape for t in problem.in_types]
+    if broadcast_shape(shapes) != tuple(problem.out_types[0].shape):
+        return (f"the output shape {problem.out_types[0].shape} is not the broadcast of the input shapes "
+                f"{', '.join(map(str, shapes))}: not an element-by-element problem")
     return why_not_generated(_single_member(problem), problem.in_types, problem.out_types)
 
 

@@ -24,6 +24,7 @@ import os
 from typing import Callable
 
 from ..codegen.compiler import availability
+from ..codegen.pointwise import broadcast_shape
 from ..ir.graph import Graph, Node, Value
 from ..ir.schema import OPS
 from ..ops.fused import MAX_OUTPUTS
@@ -34,23 +35,12 @@ REDUCTIONS = ("sum", "mean", "max", "min")
 FLOATS = ("float32", "float16", "bfloat16")
 
 
-def _broadcast(shapes) -> tuple | None:
-    rank = max(len(s) for s in shapes)
-    result = []
-    for axis in range(rank):
-        dims = {s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0} - {1}
-        if len(dims) > 1:
-            return None
-        result.append(dims.pop() if dims else 1)
-    return tuple(result)
-
-
 def is_pointwise(node: Node) -> bool:
     opdef = OPS[node.op]
     if getattr(opdef, "scalar", None) is None or len(node.outputs) != 1:
         return False
     shapes = [tuple(v.type.shape) for v in node.inputs if v is not None]
-    return bool(shapes) and None not in node.inputs and _broadcast(shapes) == tuple(node.outputs[0].type.shape)
+    return bool(shapes) and None not in node.inputs and broadcast_shape(shapes) == tuple(node.outputs[0].type.shape)
 
 
 class _Groups:

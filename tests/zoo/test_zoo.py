@@ -39,6 +39,8 @@ def _records():
         {"model": "bert", "frontend": "torch", "dtype": "float32", "imported": False, "error": None,
          "problems": [["node_7", "aten.cumsum.default", "ATen op not supported by GE2"]]},
         {"model": "resnet18", "frontend": None, "dtype": "float32", "compile_ms": 0.25},
+        {"model": "resnet18", "frontend": "torch", "dtype": "float32", "check": "two_sizes", "error": None,
+         "match": True, "symbolic_inputs": ["float32[s0, 3, 224, 224]"]},
     ]
 
 
@@ -48,11 +50,12 @@ def test_markdown_table_lists_results_compile_times_and_every_unsupported_node()
     assert "| bert | torch | float32 | **no** |" in text
     assert "- `node_7` (aten.cumsum.default): ATen op not supported by GE2" in text
     assert "- float32: 1 of 2 (model, frontend) pairs import and match; 1 import" in text
+    assert "| resnet18 | torch | float32[s0, 3, 224, 224] | match |" in text
 
 
 def _arguments(tmp_path, **given):
     values = dict(models="resnet18", frontend="onnx,torch", dtype="float32", quick=False, no_compile=True,
-                  time_limit=None, out=str(tmp_path / "zoo.md"))
+                  time_limit=None, two_sizes=False, out=str(tmp_path / "zoo.md"))
     values.update(given)
     return SimpleNamespace(**values)
 

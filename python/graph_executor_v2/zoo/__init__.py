@@ -35,7 +35,8 @@ def _missing_package(family: str) -> str | None:
     return None
 
 
-def _run_model(name: str, frontends: list[str], dtypes: list[str], time_limit: float, compile_too: bool) -> list:
+def _run_model(name: str, frontends: list[str], dtypes: list[str], time_limit: float, compile_too: bool,
+               two_sizes: bool = False) -> list:
     """The records of one model, from its worker process; a case the worker did not finish gets a record saying
     why (the time limit, a crash with its last lines of output)."""
     missing = _missing_package(MODELS[name].family)
@@ -45,7 +46,8 @@ def _run_model(name: str, frontends: list[str], dtypes: list[str], time_limit: f
     with tempfile.TemporaryDirectory() as directory:
         out = Path(directory) / "records.jsonl"
         command = [sys.executable, "-m", "graph_executor_v2.zoo.worker", name, "--frontends", ",".join(frontends),
-                   "--dtypes", ",".join(dtypes), "--out", str(out)] + ([] if compile_too else ["--no-compile"])
+                   "--dtypes", ",".join(dtypes), "--out", str(out)] + ([] if compile_too else ["--no-compile"]) + \
+                  (["--two-sizes"] if two_sizes else [])
         environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
             str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")])))
         why = None
@@ -57,7 +59,7 @@ def _run_model(name: str, frontends: list[str], dtypes: list[str], time_limit: f
         except subprocess.TimeoutExpired:
             why = f"time limit of {time_limit:.0f} s reached"
         records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
-    done = {(r["frontend"], r["dtype"]) for r in records}
+    done = {(r["frontend"], r["dtype"]) for r in records if "check" not in r}
     records += [_failed(name, frontend, dtype, why or "the worker wrote no record")
                 for frontend, dtype in expected if (frontend, dtype) not in done]
     return records
@@ -74,7 +76,8 @@ def _number(value, digits: str) -> str:
 def format_markdown(records: list[dict], settings: str) -> str:
     """The zoo table, the summary of matched pairs per dtype and every unsupported node with its reason."""
     compiled = {(r["model"], r["dtype"]): r for r in records if r["frontend"] is None}
-    cases = [r for r in records if r["frontend"] is not None]
+    checks = [r for r in records if r.get("check") == "two_sizes"]
+    cases = [r for r in records if r["frontend"] is not None and "check" not in r]
     lines = ["# Model zoo", "", settings, "",
              "Errors: max |y - y64| / max |y64| against PyTorch in float64; match: GE2's error <= 4 x PyTorch's own "
              "in the same dtype + a floor (1e-5 float32, 1e-3 float16). Times: median ms on the GPU, GE2 with its "
@@ -103,6 +106,12 @@ def format_markdown(records: list[dict], settings: str) -> str:
         matched = sum(bool(r.get("match")) for r in rows)
         lines.append(f"- {dtype}: {matched} of {len(rows)} (model, frontend) pairs import and match; {imported} "
                      "import")
+    if checks:
+        lines += ["", "## Symbolic batch: one executor, batches of 2 and 3 (float32)", "",
+                  "| model | frontend | inputs | result |", "| --- | --- | --- | --- |"]
+        for r in checks:
+            result = "match" if r.get("match") else (r.get("error") or "").replace("|", "/")
+            lines.append(f"| {r['model']} | {r['frontend']} | {', '.join(r.get('symbolic_inputs', []))} | {result} |")
     failures = [r for r in cases if r["problems"]]
     if failures:
         lines += ["", "## Unsupported nodes", ""]
@@ -144,10 +153,11 @@ def main(arguments) -> int:
     records = []
     started = time.perf_counter()
     for name in models:
-        model_records = _run_model(name, frontends, dtypes, time_limit, compile_too)
+        model_records = _run_model(name, frontends, dtypes, time_limit, compile_too,
+                                   arguments.two_sizes or not arguments.quick)
         records += model_records
         for r in model_records:
-            if r["frontend"] is not None:
+            if r["frontend"] is not None and "check" not in r:
                 verdict = ("match" if r.get("match") else "MISMATCH" if r.get("match") is False else
                            f"{len(r['problems'])} unsupported node(s)" if r["problems"] else r.get("error"))
                 print(f"{name:30s} {r['frontend']:12s} {r['dtype']:8s} {verdict}", flush=True)
@@ -175,6 +185,9 @@ def add_parser(commands) -> None:
                         help=f"the models marked quick ({', '.join(n for n, s in MODELS.items() if s.quick)}), "
                              f"float32, no torch.compile, {QUICK_TIME_LIMIT_S} s per model: a few minutes on an H200")
     parser.add_argument("--no-compile", action="store_true", help="do not time torch.compile")
+    parser.add_argument("--two-sizes", action="store_true",
+                        help="also import with a symbolic batch and run batches of 2 and 3 on one executor (float32; "
+                             "on by default, off with --quick unless given)")
     parser.add_argument("--time-limit", type=float, help="seconds per model (default: 300; 60 with --quick)")
     parser.add_argument("--out", default="benchmarks/results/zoo.md", help="the markdown file (JSON next to it)")
     parser.set_defaults(handler=main)

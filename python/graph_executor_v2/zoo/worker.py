@@ -125,6 +125,57 @@ def run_case(torch, model_name: str, frontend: str, dtype: str, master, inputs, 
     return record
 
 
+def check_two_sizes(torch, model_name: str, frontend: str, master, inputs) -> dict:
+    """The symbolic-batch check, float32: the model imported with a dynamic batch (torch.export's Dim / the ONNX
+    exporter's dynamic_shapes), one executor run on batches of 2 and 3, each against PyTorch in float64."""
+    from .. import ExecutorV2
+    from ..frontend import UnsupportedModelError
+
+    record = {"model": model_name, "frontend": frontend, "dtype": "float32", "check": "two_sizes", "error": None}
+    started = time.perf_counter()
+    module, device_inputs = _on_gpu(torch, master, inputs, "float32")
+    batch = torch.export.Dim("batch", min=1, max=64)
+    dynamic = tuple({0: batch} for _ in device_inputs)
+    try:
+        with torch.no_grad(), tempfile.TemporaryDirectory() as directory:
+            if frontend == "torch":
+                from ..frontend.torch import from_torch
+
+                graph = from_torch(module, device_inputs, dynamic_shapes=dynamic)
+            else:
+                from ..frontend import onnx as onnx_frontend
+
+                path = str(Path(directory) / "model.onnx")
+                torch.onnx.export(module, device_inputs, path, dynamo=True, dynamic_shapes=dynamic,
+                                  input_names=[f"input{i}" for i in range(len(device_inputs))], output_names=["y"])
+                graph = onnx_frontend.load(path)
+            record["symbolic_inputs"] = [str(value.type) for value in graph.inputs]
+            executor = ExecutorV2(graph, device="cuda")
+            reference_module = copy.deepcopy(master).to("cuda", torch.float64)
+            errors = []
+            for size in (2, 3):
+                sized = tuple(torch.cat([x] * 2)[:size] for x in device_inputs)  # batch 3: the first row again
+                feeds = {value.name: x for value, x in zip(graph.inputs, sized)}
+                result = executor.run(feeds)[next(iter(graph.outputs))]
+                wide = tuple(x.double() if x.is_floating_point() else x for x in sized)
+                reference = _as_numpy(torch, reference_module(*wide))
+                eager = _as_numpy(torch, module(*sized))
+                ge2_error, torch_error = relative_error(_as_numpy(torch, result), reference), relative_error(eager,
+                                                                                                            reference)
+                errors.append(ge2_error)
+                if not matches(ge2_error, torch_error, "float32"):
+                    record["error"] = f"batch {size}: GE2 error {ge2_error:.2e} vs PyTorch's {torch_error:.2e}"
+            record["match"] = record["error"] is None
+            record["errors"] = errors
+    except UnsupportedModelError as error:
+        record["error"] = f"{len(error.problems)} unsupported node(s), first: {error.problems[0][1]}: " \
+                          f"{error.problems[0][2][:200]}"
+    except Exception as error:  # noqa: BLE001 - reported, the other cases are unaffected
+        record["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+    record["seconds"] = round(time.perf_counter() - started, 1)
+    return record
+
+
 def time_compiled(torch, model_name: str, dtype: str, master, inputs) -> dict:
     """torch.compile's time for the model in ``dtype`` (one record, shared by the frontends' rows)."""
     record = {"model": model_name, "frontend": None, "dtype": dtype}
@@ -147,6 +198,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dtypes", default="float32,float16")
     parser.add_argument("--out", required=True, help="JSON lines file to append the records to")
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--two-sizes", action="store_true", help="also import with a symbolic batch and run 2 and 3")
     arguments = parser.parse_args(argv)
     out = Path(arguments.out)
 
@@ -174,6 +226,10 @@ def main(argv=None) -> int:
         for frontend in arguments.frontends.split(","):
             emit(run_case(torch, arguments.model, frontend, dtype, master, inputs, reference))
             torch.cuda.empty_cache()
+    if arguments.two_sizes and "float32" in arguments.dtypes.split(","):
+        for frontend in arguments.frontends.split(","):
+            if frontend != "onnx-legacy":
+                emit(check_two_sizes(torch, arguments.model, frontend, master, inputs))
     if not arguments.no_compile:  # last: the slowest step, and the one a time limit may cut
         for dtype in arguments.dtypes.split(","):
             emit(time_compiled(torch, arguments.model, dtype, master, inputs))

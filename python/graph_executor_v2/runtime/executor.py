@@ -106,8 +106,8 @@ class Plan:
         """Feed, then execute: the one path of ``ExecutorV2.run``, ``Trainer.step`` and the data-parallel step.
         Copies every input of ``feeds`` (input name -> array; ``views``: their views from ``plan_for``) into its
         slot on the caller's ``stream``, then runs the plan as ``replay`` does; returns the caller stream's handle,
-        on which ``fetch`` reads results. (Feeds are copies made here, before the plan: where a plan should own
-        them, as graph nodes, this loop is what becomes its first steps.)"""
+        on which the backend's ``fetch`` reads results. (Feeds are copies made here, before the plan: where a plan
+        should own them, as graph nodes, this loop is what becomes its first steps.)"""
         executor = self.executor
         backend = executor._backend
         caller = backend.caller_stream(stream)
@@ -117,13 +117,6 @@ class Plan:
             feed(slots[name], feeds[name], name, caller, views[name])
         executor._execute(self, caller)
         return caller
-
-    def fetch(self, name: str, caller, device_like=None, out=None, out_view=None):
-        """Graph output ``name`` after a run on ``caller``: copied into ``out``, else into a new array of
-        ``device_like``'s kind, else into a new host array (the backend's ``fetch``)."""
-        value = self.graph.outputs[name]
-        return self.executor._backend.fetch(self.slots[value.name], value.type, caller, device_like, out,
-                                            f"out['{name}']", out_view)
 
     def __repr__(self) -> str:
         """One line: the graph and signature, kernels, memory and (CUDA) the CUDA graph; ``describe()`` has all."""
@@ -287,8 +280,10 @@ class ExecutorV2:
                      for name, array in out.items()}
         caller = plan.run(feeds, feed_views, stream)
         device_like = next((f for f in feeds.values() if not isinstance(f, np.ndarray)), None)
-        return {name: plan.fetch(name, caller, device_like, out.get(name), out_views.get(name))
-                for name in plan.graph.outputs}
+        fetch = self._backend.fetch
+        return {name: fetch(plan.slots[value.name], value.type, caller, device_like, out.get(name),
+                            f"out['{name}']", out_views.get(name))
+                for name, value in plan.graph.outputs.items()}
 
     def plan(self, shapes: dict[str, tuple] | None = None) -> Plan:
         """The plan for inputs of these shapes (input name -> shape; None: the declared shapes, all concrete),

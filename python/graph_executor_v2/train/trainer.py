@@ -239,7 +239,8 @@ class Trainer:
         caller = plan.run(batch, views)  # the whole step, on the caller's (legacy) stream: on CUDA a captured graph
         if self._backend.asynchronous:  # the loss stays on the device until it is read, with the check's counters
             return DeviceLoss(self._readout, plan.graph.outputs[self.loss_name].type.dtype, self, self.step_count)
-        value = plan.fetch(self.loss_name, caller)
+        loss = plan.graph.outputs[self.loss_name]
+        value = self._backend.fetch(plan.slots[loss.name], loss.type, caller)
         reference = self._reference
         self._check_finite(value, self.step_count, reference.step_count, reference.nonfinite_steps,
                            reference.first_nonfinite)

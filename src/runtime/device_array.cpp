@@ -90,6 +90,7 @@ dlpack::DataType to_dlpack_dtype(DType dtype) {
     case DType::UInt8: return {dlpack::kUInt, 8, 1};
     case DType::Float8E4M3: return {dlpack::kFloat8_e4m3fn, 8, 1};
     case DType::Float8E5M2: return {dlpack::kFloat8_e5m2, 8, 1};
+    case DType::Bool: return {dlpack::kBool, 8, 1};
   }
   return {dlpack::kFloat, 32, 1};
 }
@@ -104,11 +105,12 @@ DType from_dlpack_dtype(dlpack::DataType dtype) {
     if (dtype.code == dlpack::kUInt && dtype.bits == 8) return DType::UInt8;
     if (dtype.code == dlpack::kFloat8_e4m3fn && dtype.bits == 8) return DType::Float8E4M3;
     if (dtype.code == dlpack::kFloat8_e5m2 && dtype.bits == 8) return DType::Float8E5M2;
+    if (dtype.code == dlpack::kBool && dtype.bits == 8) return DType::Bool;
   }
   throw std::invalid_argument("DLPack tensor: unsupported dtype (code " + std::to_string(dtype.code) + ", bits " +
                               std::to_string(dtype.bits) + ", lanes " + std::to_string(dtype.lanes) +
-                              "); expected float32, float16, bfloat16, int32, int64, uint8, float8_e4m3fn or "
-                              "float8_e5m2");
+                              "); expected float32, float16, bfloat16, int32, int64, uint8, float8_e4m3fn, "
+                              "float8_e5m2 or bool");
 }
 
 DType dtype_from_typestr(const std::string& typestr) {
@@ -120,9 +122,11 @@ DType dtype_from_typestr(const std::string& typestr) {
     if (kind == 'i' && bytes == "4") return DType::Int32;
     if (kind == 'i' && bytes == "8") return DType::Int64;
     if (kind == 'u' && bytes == "1") return DType::UInt8;
+    if (kind == 'b' && bytes == "1") return DType::Bool;
   }
   throw std::invalid_argument("__cuda_array_interface__: unsupported typestr '" + typestr +
-                              "'; expected <f4, <f2, <i4, <i8 or |u1 (bfloat16 arrays travel through DLPack)");
+                              "'; expected <f4, <f2, <i4, <i8, |u1 or |b1 (bfloat16 and float8 arrays travel through "
+                              "DLPack)");
 }
 
 std::string typestr_of(DType dtype) {
@@ -132,6 +136,7 @@ std::string typestr_of(DType dtype) {
     case DType::Int32: return "<i4";
     case DType::Int64: return "<i8";
     case DType::UInt8: return "|u1";
+    case DType::Bool: return "|b1";
     case DType::BFloat16:
     case DType::Float8E4M3:
     case DType::Float8E5M2: break;

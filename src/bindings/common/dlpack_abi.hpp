@@ -7,7 +7,7 @@ namespace ge2::dlpack {
 
 enum DeviceType : int32_t { kCPU = 1, kCUDA = 2, kCUDAHost = 3, kCUDAManaged = 13 };
 // kFloat8_e4m3fn and kFloat8_e5m2 came with DLPack 1.1 (what torch's float8_e4m3fn / float8_e5m2 tensors export).
-enum TypeCode : uint8_t { kInt = 0, kUInt = 1, kFloat = 2, kBfloat = 4, kFloat8_e4m3fn = 10, kFloat8_e5m2 = 12 };
+enum TypeCode : uint8_t { kInt = 0, kUInt = 1, kFloat = 2, kBfloat = 4, kBool = 6, kFloat8_e4m3fn = 10, kFloat8_e5m2 = 12 };
 
 struct Device {
   int32_t device_type;

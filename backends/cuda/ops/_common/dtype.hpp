@@ -13,8 +13,9 @@
 
 namespace ge2 {
 
+// Bool: one byte per element, 0 or 1 (NumPy's bool_, DLPack's kDLBool): masks from comparisons and logical ops.
 enum class DType : int {
-  Float32 = 0, Float16 = 1, BFloat16 = 2, Int32 = 3, Int64 = 4, UInt8 = 5, Float8E4M3 = 6, Float8E5M2 = 7
+  Float32 = 0, Float16 = 1, BFloat16 = 2, Int32 = 3, Int64 = 4, UInt8 = 5, Float8E4M3 = 6, Float8E5M2 = 7, Bool = 8
 };
 
 inline constexpr std::size_t dtype_size(DType dtype) {
@@ -27,6 +28,7 @@ inline constexpr std::size_t dtype_size(DType dtype) {
     case DType::UInt8: return 1;
     case DType::Float8E4M3: return 1;
     case DType::Float8E5M2: return 1;
+    case DType::Bool: return 1;
   }
   return 0;
 }
@@ -41,6 +43,7 @@ inline const char* dtype_name(DType dtype) {
     case DType::UInt8: return "uint8";
     case DType::Float8E4M3: return "float8_e4m3fn";
     case DType::Float8E5M2: return "float8_e5m2";
+    case DType::Bool: return "bool";
   }
   return "unknown";
 }
@@ -55,9 +58,10 @@ inline DType dtype_from_name(const std::string& name, const char* argument = "dt
   if (name == "uint8") return DType::UInt8;
   if (name == "float8_e4m3fn") return DType::Float8E4M3;
   if (name == "float8_e5m2") return DType::Float8E5M2;
+  if (name == "bool") return DType::Bool;
   throw std::invalid_argument(std::string(argument) +
                               ": expected one of float32, float16, bfloat16, int32, int64, uint8, float8_e4m3fn, "
-                              "float8_e5m2, got '" + name + "'");
+                              "float8_e5m2, bool, got '" + name + "'");
 }
 
 // The dtypes kernels compute in (FP8 is storage only: see is_float8).

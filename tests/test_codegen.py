@@ -242,23 +242,24 @@ def test_without_nvrtc_the_generated_candidate_is_not_available_and_nothing_fuse
         raise ImportError("libnvrtc.so.13: cannot open shared object file")
 
     monkeypatch.setattr(compiler, "_native_module", missing)
-    problem = next(_single_problems("relu", "float32"))
+    x = TensorType((4, 5), "float32")
+    problem = Problem("relu", (x,), (x,), {})
     generated = next(c for c in OPS["relu"].candidates if c.name == codegen_candidate.NAME)
     assert generated.supports(problem).startswith("NOT AVAILABLE: NVRTC is not available: libnvrtc.so.13")
     # the hand-written kernels are untouched (still ranked first), and nothing is fused
     assert OPS["relu"].candidates[0].name == "vec16"
-    graph, records = PassManager(resolve(["fuse_pointwise"])).run(_swish_residual_graph())
+    graph, records = PassManager(resolve(["fuse_pointwise"])).run(_chain_graph())
     assert "fused_pointwise" not in graph.op_counts() and not records[0].changed
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The fusion pass (CPU)
 # ---------------------------------------------------------------------------------------------------------------
-def _swish_residual_graph(dtype="float16", shape=(64, 256)):
-    g = ge2.ir.Graph("swish_residual")
+def _chain_graph(dtype="float16", shape=(64, 256)):
+    g = ge2.ir.Graph("chain")
     x, r = g.input("x", shape, dtype), g.input("r", shape, dtype)
     b = g.input("b", shape[-1:], dtype)
-    y = g.add(g.mul(x, g.sigmoid(x)), r)
+    y = g.add(g.mul(x, g.tanh(x)), r)
     g.output(y, "y")
     g.output(g.relu(g.bias_add(y, b)), "z")
     return g
@@ -270,16 +271,16 @@ def _feeds(rng, graph):
 
 @needs_nvrtc  # the pass fuses only where the kernels can be generated
 def test_a_chain_with_two_outputs_is_one_node_storing_each_output_once(rng):
-    g = _swish_residual_graph()
+    g = _chain_graph()
     ex = ge2.ExecutorV2(g, "cpu")
     fused = [n for n in ex.optimized_graph.nodes]
     assert [n.op for n in fused] == ["fused_pointwise"]
     assert len(fused[0].outputs) == 2  # y (read by the graph and the next ops) and z
     members = [m["node"] for m in fused[0].attrs["members"]]
-    assert members == ["sigmoid_0", "mul_0", "add_0", "bias_add_0", "relu_0"]
+    assert members == ["tanh_0", "mul_0", "add_0", "bias_add_0", "relu_0"]
     explained = ex.explain()
     assert "fusions: 1" in explained
-    assert "members: sigmoid (sigmoid_0), mul (mul_0), add (add_0), bias_add (bias_add_0), relu (relu_0)" in explained
+    assert "members: tanh (tanh_0), mul (mul_0), add (add_0), bias_add (bias_add_0), relu (relu_0)" in explained
     feeds = _feeds(rng, g)
     fused_out, unfused_out = ex.run(feeds), ge2.ExecutorV2(g, "cpu", passes=[]).run(feeds)
     for name in ("y", "z"):
@@ -356,7 +357,7 @@ def test_single_element_parameters_are_folded_except_for_training():
 
 def test_no_fusion_environment_switch(monkeypatch):
     monkeypatch.setenv("GE2_NO_FUSION", "1")
-    graph, records = PassManager(resolve(["fuse_pointwise"])).run(_swish_residual_graph())
+    graph, records = PassManager(resolve(["fuse_pointwise"])).run(_chain_graph())
     assert "fused_pointwise" not in graph.op_counts() and not records[0].changed
 
 
@@ -648,9 +649,9 @@ def _float32_reference(graph_in_float32, feeds) -> dict:
 @pytest.mark.parametrize("shape", [(1,), (7,), (3, 5), (33, 4097), (2, 3, 4, 5, 6, 7)])
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_fused_plans_match_the_unfused_reference(rng, shape, dtype):
-    g = _swish_residual_graph(dtype, shape)
+    g = _chain_graph(dtype, shape)
     feeds = _feeds(rng, g)
-    expected = _float32_reference(_swish_residual_graph("float32", shape), feeds)
+    expected = _float32_reference(_chain_graph("float32", shape), feeds)
     ex = ge2.ExecutorV2(g, "cuda")
     assert [s.kernel for s in ex.plans[0].selections] == ["generated"]
     for _ in range(2):  # the first run warms up and captures, the second replays the CUDA graph
@@ -658,7 +659,7 @@ def test_fused_plans_match_the_unfused_reference(rng, shape, dtype):
         for name in expected:
             assert_close(got[name], expected[name], dtype, what=name)
     assert ex.plans[0].capture.startswith("captured")
-    assert "kernel ge2_pointwise_sigmoid_mul_add_bias_add_relu_" in ex.explain()
+    assert "kernel ge2_pointwise_tanh_mul_add_bias_add_relu_" in ex.explain()
     profile = ex.profile(feeds, runs=3)
     assert profile.compiles and profile.compiles[0][0] == "fused_pointwise_0"
 

@@ -66,6 +66,8 @@ def test_the_linear_gemms_run_in_fp8_except_the_first_and_last():
     # per GEMM: x, W and dY quantized with both layouts in one pass each, three FP8 GEMMs, three scale updates
     assert ops["scaled_gemm"] == ops["quantize_fp8_transpose"] == ops["fp8_scale_update"] == 7 * 3
     assert "quantize_fp8" not in ops and "transpose" not in ops
+    # delayed scaling reads the amax of x, W and dY (from their quantize), never a GEMM's output amax
+    assert all(not n.attrs["with_amax"] for n in trainer.train_graph.nodes if n.op == "scaled_gemm")
     explained = trainer.explain()
     assert explained.count("runs in FP8: forward E4M3 x E4M3, dgrad and wgrad E5M2 x E4M3") == 7
     assert "(blocks.0.attn.in_proj_weight) stays bfloat16: the forward pass's first or last GEMM" in explained

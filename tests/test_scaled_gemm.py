@@ -199,6 +199,19 @@ def _check(run, inputs, attrs, k, what):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("out_dtype", ["bfloat16", "float8_e4m3fn"])
+def test_without_amax_the_product_is_still_right(rng, out_dtype):
+    a, b = _fp8(rng, (64, 128), "float8_e4m3fn"), _fp8(rng, (32, 128), "float8_e4m3fn")
+    inputs = (a, b, _scalar(0.5), _scalar(0.5), None, _scalar(8.0) if out_dtype in FP8 else None)
+    y, _ = scaled_gemm.forward_numpy(*inputs, out_dtype=out_dtype, with_amax=False)
+    expected, _ = scaled_gemm.reference(*inputs, out_dtype=out_dtype)
+    if out_dtype in FP8:
+        _assert_within_one_fp8_ulp(y, expected, out_dtype, "with_amax=False")
+    else:
+        testing.assert_close(y, expected, out_dtype, 128, what="with_amax=False")
+
+
+@pytest.mark.gpu
 def test_declined_problems_raise_with_the_reason(rng):
     a, b = _fp8(rng, (20, 32), "float8_e4m3fn"), _fp8(rng, (16, 32), "float8_e4m3fn")
     with pytest.raises(ValueError, match="multiples of 16"):

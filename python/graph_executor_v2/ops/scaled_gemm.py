@@ -15,7 +15,8 @@ float16) and so do its layout rules; inside ``gemm`` every one of these would be
   epilogues; gelu is the tanh form).
 - ``scale_d``: float32 scalar, required with an FP8 output and refused otherwise: ``Y = FP8(act(...) * scale_d)``,
   rounded to nearest even and saturating as ``cast``.
-- Outputs: ``y`` [m, n] of ``out_dtype``, and ``amax``, a 0-d float32: ``max |act(...)|`` before ``scale_d``.
+- Outputs: ``y`` [m, n] of ``out_dtype``, and ``amax``, a 0-d float32: ``max |act(...)|`` before ``scale_d``
+  (``with_amax=False``: not computed, when nothing reads it).
 
 The GPU candidate is cuBLASLt's FP8 matmul. It runs only the "TN" layout on Hopper (A row-major [m, k], B
 row-major [n, k]), m, n and k multiples of 16 and 16-byte aligned buffers; a problem outside those rules is declined
@@ -63,7 +64,8 @@ def reference(a, b, scale_a, scale_b, bias=None, scale_d=None, *, trans_a=False,
     exactly representable value for an FP8 one; amax is a 0-d array (NaN when a NaN reached the output)."""
     a64, b64 = as_float64(a), as_float64(b)
     product = (a64.T if trans_a else a64) @ (b64.T if trans_b else b64)
-    z = float(np.float32(np.asarray(scale_a).reshape(()))) * float(np.float32(np.asarray(scale_b).reshape(()))) * product
+    scale = float(np.float32(np.asarray(scale_a).reshape(()))) * float(np.float32(np.asarray(scale_b).reshape(())))
+    z = scale * product
     if bias is not None:
         z = z + as_float64(bias)[None, :]
     y = activations.apply(act, z)
@@ -143,8 +145,8 @@ def _prepare(problem: Problem):
     m, n, k, a_dtype, b_dtype, bias_dtype = _sizes(problem)
     attrs = problem.attrs
     return native_launch(_native_module().forward, in_ptr(0), in_ptr(1), in_ptr(2), in_ptr(3), in_ptr(4), in_ptr(5),
-                         out_ptr(0), out_ptr(1), m, n, k, a_dtype, b_dtype, attrs["out_dtype"],
-                         bias_dtype, attrs["act"], attrs["fast_accum"], stream_arg())
+                         out_ptr(0), out_ptr(1) if attrs["with_amax"] else 0, m, n, k, a_dtype, b_dtype,
+                         attrs["out_dtype"], bias_dtype, attrs["act"], attrs["fast_accum"], stream_arg())
 
 
 def _samples(rng):
@@ -171,6 +173,7 @@ OP = register(OpDef(
         Attr("act", str, "none", choices=ACTIVATIONS),
         Attr("out_dtype", str, "bfloat16", choices=OUT_DTYPES),
         Attr("fast_accum", bool, False, doc="cuBLASLt's FP8 fast accumulation: faster, less accurate"),
+        Attr("with_amax", bool, True, doc="False: amax is not computed (nothing reads it; the FP8 passes set it)"),
     ),
     infer=_infer,
     reference=_reference,

@@ -77,7 +77,18 @@ def quantize_gemms(graph: Graph, activation_amax: dict[str, float], margin: int 
     amax_of = {node: activation_amax[node.inputs[0].name] for node, reason in found if reason is None}
     notes = [f"{node.name}: stays {node.outputs[0].type.dtype}: {reason}" if reason is not None
              else _rewrite(graph, node, amax_of[node], margin) for node, reason in found]
-    return notes + _chain_fp8_outputs(graph)
+    notes += _chain_fp8_outputs(graph)
+    skip_unread_amax(graph)
+    return notes
+
+
+def skip_unread_amax(graph: Graph) -> None:
+    """A scaled_gemm whose amax nothing reads does not compute it (with_amax=False: no AMAX_D_POINTER, and no
+    reduction over a 16-bit output where cuBLASLt computes none)."""
+    users = graph.users()
+    for node in graph.nodes:
+        if node.op == "scaled_gemm" and not users.get(node.outputs[1]) and not graph.is_output(node.outputs[1]):
+            node.attrs["with_amax"] = False
 
 
 def _chain_fp8_outputs(graph: Graph) -> list[str]:
@@ -131,7 +142,8 @@ def _rewrite(graph: Graph, node: Node, x_amax: float, margin: int) -> str:
             bias_dtype = bias_dtype_for(out_dtype)
             bias_value = bias if bias.type.dtype == bias_dtype else _param(
                 graph, f"{prefix}.bias", bias.data.astype(to_numpy(bias_dtype)))
-        y, _ = graph.scaled_gemm(x8, w8_value, _param(graph, f"{prefix}.x_scale_inv", np.float32(1.0) / np.float32(x_scale)),
+        x_scale_inv = _param(graph, f"{prefix}.x_scale_inv", np.float32(1.0) / np.float32(x_scale))
+        y, _ = graph.scaled_gemm(x8, w8_value, x_scale_inv,
                                  _param(graph, f"{prefix}.w_scale_inv", np.float32(1.0) / np.float32(w_scale)),
                                  bias_value, None, act=attrs["act"], out_dtype=out_dtype)
     graph.replace_uses(node.outputs[0], y)
@@ -254,6 +266,7 @@ def train_rewrite(graph: Graph, forward_names: set[str], recipe: DelayedScaling,
         forward_names.update(_rewrite_training_site(graph, node, pairs[node], recipe, update_prefix))
         notes.append(f"{node.name} ({node.inputs[1].name}) runs in FP8: forward E4M3 x E4M3, dgrad and wgrad "
                      f"E5M2 x E4M3, delayed scaling (history {recipe.history}, margin {recipe.margin})")
+    skip_unread_amax(graph)
     return notes
 
 

@@ -24,7 +24,7 @@ struct ForwardArgs {
   const float* scale_d = nullptr;  // device scalar, required when y is FP8 (its quantization factor)
   const void* bias = nullptr;      // [n] or nullptr; bfloat16 for float32/FP8 outputs, else the output's dtype
   void* y = nullptr;               // [m, n]
-  float* amax = nullptr;           // device scalar, written
+  float* amax = nullptr;           // device scalar, written; nullptr: not computed (nothing reads it)
   int64_t m = 0, n = 0, k = 0;
   DType a_dtype = DType::Float8E4M3, b_dtype = DType::Float8E4M3, y_dtype = DType::BFloat16;
   DType bias_dtype = DType::BFloat16;
@@ -37,7 +37,8 @@ struct ForwardArgs {
 // count as aligned, so the problem alone can be asked about.
 std::string unsupported_reason(const ForwardArgs& args, bool has_bias, int major, int minor);
 
-// Enqueues the matmul; returns how the amax was produced ("cublaslt" or "cublaslt+amax_kernel", see launcher.cu).
+// Enqueues the matmul; returns how the amax was produced ("cublaslt", "cublaslt+amax_kernel", see launcher.cu, or
+// "cublaslt (no amax)" for a null amax).
 // Throws std::invalid_argument for bad arguments and std::runtime_error when cuBLASLt fails or has no algorithm.
 std::string forward(const ForwardArgs& args, cudaStream_t stream);
 

@@ -48,13 +48,7 @@ std::vector<KernelInfo> kernel_table() {
 
 namespace {
 
-std::uintptr_t alignment_of(const void* pointer) {
-  const auto address = reinterpret_cast<std::uintptr_t>(pointer);
-  if (address == 0) return 256;
-  return address & (~address + 1);  // largest power of two dividing the address
-}
-
-bool aligned16(const void* pointer) { return pointer == nullptr || alignment_of(pointer) >= 16; }
+bool aligned16(const void* pointer) { return lt_alignment(pointer) >= 16; }
 
 void check_args(const ForwardArgs& args) {
   if (args.m < 1 || args.n < 1 || args.k < 1) {
@@ -76,20 +70,8 @@ void check_args(const ForwardArgs& args) {
 // plan (they are set per call), but their alignment is, because it decides which algorithms are valid.
 using PlanKey = std::array<int64_t, 18>;
 
-struct LtPlan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_c = nullptr, layout_d = nullptr;
-  std::vector<cublasLtMatmulAlgo_t> algorithms;
-  std::size_t working = 0;  // index of the algorithm that last ran (the fastest, once timed)
-  bool timed = false;       // the heuristic's candidates have been timed on this problem
-  std::mutex mutex;         // attributes are set per call on the shared descriptor
-
-  ~LtPlan() {
-    if (desc) cublasLtMatmulDescDestroy(desc);
-    for (auto layout : {layout_a, layout_b, layout_c, layout_d}) {
-      if (layout) cublasLtMatrixLayoutDestroy(layout);
-    }
-  }
+struct LtPlan : LtMatmulPlan {
+  bool timed = false;  // the heuristic's candidates have been timed on this problem (working: the fastest)
 };
 
 std::mutex plan_cache_mutex;
@@ -130,12 +112,12 @@ LtPlan* find_or_create_plan(const LtCall& call, int device) {
   const bool has_c = call.beta != 0.0f;
   const PlanKey key = {device, call.m, call.n, call.k, static_cast<int64_t>(call.dtype), call.trans_a, call.trans_b,
                        static_cast<int64_t>(call.epilogue), call.allow_tf32, has_c,
-                       static_cast<int64_t>(std::min<std::uintptr_t>(alignment_of(call.a), 256)),
-                       static_cast<int64_t>(std::min<std::uintptr_t>(alignment_of(call.b), 256)),
-                       static_cast<int64_t>(std::min<std::uintptr_t>(alignment_of(has_c ? call.c : call.d), 256)),
-                       static_cast<int64_t>(std::min<std::uintptr_t>(alignment_of(call.d), 256)),
-                       static_cast<int64_t>(std::min<std::uintptr_t>(alignment_of(call.bias), 256)),
-                       static_cast<int64_t>(std::min<std::uintptr_t>(alignment_of(call.aux), 256)),
+                       lt_alignment(call.a),
+                       lt_alignment(call.b),
+                       lt_alignment(has_c ? call.c : call.d),
+                       lt_alignment(call.d),
+                       lt_alignment(call.bias),
+                       lt_alignment(call.aux),
                        static_cast<int64_t>(kLtWorkspaceBytes), 0};
   std::lock_guard<std::mutex> lock(plan_cache_mutex);
   auto found = plan_cache().find(key);

@@ -169,11 +169,12 @@ class Sample:
     note: str = ""
 
 
-def sample_array(rng: np.random.Generator, *shape: int, positive: bool = False) -> np.ndarray:
-    """A float32 array of ``shape``, standard normal values (``positive``: their magnitudes plus 0.5, for a log's
-    argument, a divisor or a variance): what most samples are made of."""
+def sample_array(rng: np.random.Generator, *shape: int, positive: bool = False, dtype: str = "float32"
+                 ) -> np.ndarray:
+    """An array of ``shape`` and ``dtype``, standard normal values (``positive``: their magnitudes plus 0.5, for a
+    log's argument, a divisor or a variance): what most samples are made of."""
     values = rng.standard_normal(shape)
-    return (np.abs(values) + 0.5 if positive else values).astype(np.float32)
+    return (np.abs(values) + 0.5 if positive else values).astype(to_numpy(dtype))
 
 
 def _numel(t: TensorType | None) -> int:

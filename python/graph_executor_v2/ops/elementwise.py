@@ -364,7 +364,9 @@ def _binary_def(op):
 
     def samples(rng):
         return [Sample((sample_array(rng, 4, 6), sample_array(rng, 6, positive=divisor)), {}, "a row broadcast"),
-                Sample((sample_array(rng, 3, 5), sample_array(rng, 3, 5, positive=divisor)), {}, "same shape, odd")]
+                Sample((sample_array(rng, 3, 5), sample_array(rng, 3, 5, positive=divisor)), {}, "same shape, odd"),
+                Sample((sample_array(rng, 4, 6, dtype="float16"), sample_array(rng, 6, positive=divisor,
+                                                                               dtype="float16")), {}, "float16")]
 
     return OpDef(name=op, inputs=(Input("a"), Input("b")), outputs=("y",), attrs=(), infer=_infer_binary,
                  samples=samples,

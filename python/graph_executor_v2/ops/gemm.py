@@ -283,7 +283,9 @@ OP = register(OpDef(
     samples=lambda rng: [Sample((sample_array(rng, 4, 8), sample_array(rng, 8, 6), sample_array(rng, 6)),
                                 {"alpha": 0.5}),
                          Sample((sample_array(rng, 5, 3), sample_array(rng, 7, 3), sample_array(rng, 7)),
-                                {"trans_b": True, "act": "relu"}, "odd sizes, b transposed, relu epilogue")],
+                                {"trans_b": True, "act": "relu"}, "odd sizes, b transposed, relu epilogue"),
+                         Sample(tuple(sample_array(rng, *shape, dtype="float16") for shape in ((4, 8), (8, 6), (6,))),
+                                {"act": "relu"}, "float16")],
     flops=lambda in_types, out_types, attrs: 2.0 * out_types[0].numel * (
         in_types[0].shape[0] if attrs["trans_a"] else in_types[0].shape[1]),
     inputs=(Input("a"), Input("b"), Input("bias", optional=True), Input("c", optional=True)),

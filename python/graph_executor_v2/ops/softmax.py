@@ -158,7 +158,8 @@ def _register(op):
     return register(OpDef(
         name=op,
         samples=lambda rng: [Sample((sample_array(rng, 4, 6),), {"axis": 0}, "the first axis (strided)"),
-                             Sample((sample_array(rng, 3, 5),), {}, "the last axis, odd length")],
+                             Sample((sample_array(rng, 3, 5),), {}, "the last axis, odd length"),
+                             Sample((sample_array(rng, 3, 40, dtype="bfloat16"),), {}, "bfloat16")],
         inputs=(Input("x"),),
         outputs=("y",),
         attrs=(Attr("axis", int, -1, doc="the axis the softmax normalizes over"),),

@@ -157,7 +157,6 @@ def bench_training(torch, name, rng) -> dict:
         os.environ["GE2_NO_FUSION"] = switch
         try:
             trainer, feeds = _trainer(torch, bench_train, case, rng)
-            compiler.STATS.clear()
             for _ in range(3):
                 float(trainer.step(feeds))
             row[f"{label}_ms"] = median_ms(lambda: trainer.step(feeds), warmup=3, reps=10, flush_l2=False)

@@ -155,6 +155,25 @@ def test_empty_tensors_launch_nothing():
     assert kernel.grid == 0
 
 
+@needs_nvrtc
+@pytest.mark.parametrize("dtypes", [("float16", "float16"), ("int64", "bool"), ("float32", "uint8")])
+def test_generated_kernels_do_not_spill(dtypes):
+    """The widest vector steps (16 elements when a 1-byte operand sits next to 8-byte ones) and a block-per-row
+    variance stay in registers (ptxas's report, compiled here for sm_90)."""
+    a, b = (TensorType((1024, 2048), d) for d in dtypes)
+    members = (_member("add", ("input", 0), ("input", 1)), _member("mul", ("member", 0), ("input", 0)))
+    attrs = {"members": members, "outputs": (1,)}
+    problems = [Problem("fused_pointwise", (a, b), tuple(OPS["fused_pointwise"].infer([a, b], attrs)), attrs)]
+    if a.dtype in FLOATS:
+        moments = {"members": (), "reduce": "var", "axes": 1, "keepdims": False, "epilogue": (), "outputs": ()}
+        problems.append(Problem("fused_reduction", (a,), tuple(OPS["fused_reduction"].infer([a], moments)),
+                                moments))
+    for problem in problems:
+        kernel = codegen_candidate.build("spill", (), lambda n, p=problem: _generated_source(p, n))
+        _, log = compiler._native_module().compile(kernel.source, kernel.name + ".cu", 90, ["--ptxas-options=-v"])
+        assert "0 bytes spill stores, 0 bytes spill loads" in log and "0 bytes stack frame" in log, log
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The compile cache (CPU: compiling needs no GPU)
 # ---------------------------------------------------------------------------------------------------------------

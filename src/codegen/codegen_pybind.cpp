@@ -181,18 +181,6 @@ class Kernel {
     return ge2::binding::make_c_launch<LaunchState>(std::move(state), inputs, outputs, launch_body);
   }
 
-  // Registers per thread and local (spill) bytes of the loaded kernel: the tests check for spills.
-  py::dict attributes() const {
-    cudaFuncAttributes attributes{};
-    check_cuda(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(library_->kernel())),
-               "cudaFuncGetAttributes");
-    py::dict result;
-    result["registers"] = attributes.numRegs;
-    result["local_bytes"] = attributes.localSizeBytes;
-    result["max_threads_per_block"] = attributes.maxThreadsPerBlock;
-    return result;
-  }
-
  private:
   std::shared_ptr<Library> library_;
 };
@@ -208,6 +196,5 @@ PYBIND11_MODULE(_codegen, m) {
       .def(py::init<py::bytes, const std::string&>(), py::arg("cubin"), py::arg("name"),
            "Loads a cubin (on every device, lazily) and finds its kernel `name`")
       .def("bind", &Kernel::bind, py::arg("inputs"), py::arg("outputs"), py::arg("grid"), py::arg("block"),
-           py::arg("shared_bytes") = 0, "The C launch of the kernel for _runtime.Launch")
-      .def("attributes", &Kernel::attributes);
+           py::arg("shared_bytes") = 0, "The C launch of the kernel for _runtime.Launch");
 }

@@ -78,6 +78,9 @@ ncclDataType_t nccl_type(DType dtype) {
     case DType::Int32: return ncclInt32;
     case DType::Int64: return ncclInt64;
     case DType::UInt8: return ncclUint8;
+    case DType::Float8E4M3:
+    case DType::Float8E5M2:
+    case DType::Bool: break;  // FP8 storage and masks are not reduced across ranks
   }
   throw std::invalid_argument("dtype: not supported by NCCL collectives");
 }

@@ -501,7 +501,7 @@ def test_faces_match_the_reference_on_every_dtype(rng, to_device, poisoned, op):
             _check(out.numpy(), expected, dtypes.normalize(expected.dtype), f"{op} {dtype} forward into poison")
             if opdef.reference_backward is None or dtype not in FLOAT_DTYPES:
                 continue
-            dy = _values(rng, expected.shape, dtype)
+            dy = (_values(rng, expected.shape, "float32") * 0.5).astype(dtypes.to_numpy(dtype))
             grads = face.backward_numpy(dy, *arrays, **attrs)
             references = opdef.reference_backward(arrays, [expected], [dy.astype(np.float64)], full)
             for index, (grad, reference) in enumerate(zip(grads, references)):
@@ -509,7 +509,9 @@ def test_faces_match_the_reference_on_every_dtype(rng, to_device, poisoned, op):
                     assert grad is None, f"{op}: input {index} has no gradient"
                     continue
                 assert grad.shape == arrays[index].shape
-                assert_close(grad, reference, dtype, reduction_length=4, what=f"{op} {dtype} gradient {index}")
+                summed = expected.size // arrays[index].size  # partials rounded to dtype, then summed
+                assert_close(grad, reference, dtype, reduction_length=max(summed, 4),
+                             what=f"{op} {dtype} gradient {index}")
 
 
 @pytest.mark.gpu
@@ -520,7 +522,7 @@ def test_integer_arithmetic_on_the_gpu(rng, to_device, poisoned, op, dtype):
     b[0] = 0  # division by zero gives 0
     (expected,) = OPS[op].run_reference([a, b], {})
     out = poisoned(expected.shape, dtype)
-    ge2.ops.__dict__[op].forward(to_device(a), to_device(b), out=out)
+    getattr(ge2.ops, op).forward(to_device(a), to_device(b), out=out)
     np.testing.assert_array_equal(out.numpy(), expected)
 
 

@@ -145,3 +145,20 @@ def test_torch_in_place_ops_translate_as_their_functional_forms():
     for target in ("aten._assert_tensor_metadata.default", "aten.to.dtype", "aten.sym_size.int", "aten.alias.default",
                    "aten.detach.default", "aten.clone.default", "aten.lift_fresh_copy.default"):
         assert target in torch_frontend.supported_targets(), target
+
+
+def test_a_constant_sliced_to_a_symbolic_length_binds_per_plan(rng):
+    """position_ids[:, :seq] of a constant buffer, seq from Shape: a slice whose end binds with the inputs."""
+    positions = numpy_helper.from_array(np.arange(16, dtype=np.float32).reshape(1, 16), "positions")
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Slice", ["shape", "one_1d", "two_1d"], ["seq"]),
+             helper.make_node("Slice", ["positions", "zero_1d", "seq", "one_1d"], ["window"]),
+             helper.make_node("Add", ["x", "window"], ["y"])]
+    initializers = [positions, _ints("zero_1d", [0]), _ints("one_1d", [1]), _ints("two_1d", [2])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])], initializers)
+    graph = onnx_frontend.load(model)
+    assert graph.outputs["y"].type.shape == ("batch", "seq")
+    executor = ge2.ExecutorV2(graph)
+    for shape in ((2, 5), (3, 9)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        np.testing.assert_array_equal(executor.run({"x": x})["y"], x + np.arange(shape[1], dtype=np.float32))

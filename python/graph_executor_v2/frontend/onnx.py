@@ -613,10 +613,17 @@ def _slice(ctx, inputs, attrs):
     def ints(index, what):
         if len(inputs) <= index or not inputs[index]:
             return None
-        return tuple(int(v) for v in np.asarray(ctx.constant(inputs[index], what)).reshape(-1))
+        return tuple(v if isinstance(v, str) else int(v)
+                     for v in np.asarray(ctx.constant(inputs[index], what)).reshape(-1))
 
-    return [ctx.graph.slice(x, starts=ints(1, "starts"), ends=ints(2, "ends"), axes=ints(3, "axes"),
-                            steps=ints(4, "steps"))]
+    starts, ends, axes = ints(1, "starts"), ints(2, "ends"), ints(3, "axes")
+    if any(isinstance(v, str) for v in starts + (axes or ())):
+        raise Unsupported("a symbolic start or axis (GE2 slices from a fixed start; ends may be symbolic)")
+    # A symbolic end equal to the axis' own extent is the whole axis.
+    axis_list = axes if axes is not None else tuple(range(len(ends)))
+    ends = tuple(2**63 - 1 if isinstance(end, str) and end == x.type.shape[axis % x.type.rank] else end
+                 for end, axis in zip(ends, axis_list))
+    return [ctx.graph.slice(x, starts=starts, ends=ends, axes=axes, steps=ints(4, "steps"))]
 
 
 @rule("Gather")
@@ -1368,6 +1375,8 @@ def _fold_symbolic(node, ctx: _Context) -> list | None:
     fold = SYMBOLIC_FOLDS.get(node.op_type)
     if node.op_type == "Range":  # positions up to a symbolic length: a tensor, the arange op
         return None
+    if node.op_type == "Slice" and not _is_symbolic(ctx.constants[node.input[0]]):
+        return None  # a constant tensor (position ids) sliced to a symbolic length: the slice op, bound per plan
     if fold is None:
         raise Unsupported(f"{node.op_type} of a shape with symbolic dims: GE2 folds "
                           f"{', '.join(sorted(SYMBOLIC_FOLDS))} of symbolic shapes")

@@ -457,8 +457,11 @@ def _cat(ctx, tensors, dim=0):
 @rule("aten.slice.Tensor")
 def _slice(ctx, x, dim=0, start=None, end=None, step=1):
     x = ctx.tensor(x)
-    start = 0 if start is None else int(start)
-    end = 2**63 - 1 if end is None else int(end)
+    start = 0 if start is None else int(ctx.get(start))
+    end = 2**63 - 1 if end is None else ctx.get(end)
+    end = end if isinstance(end, str) else int(end)  # a symbolic end: x[:, :seq] with seq bound at run time
+    if isinstance(end, str) and end == x.type.shape[int(dim)]:
+        end = 2**63 - 1
     return ctx.graph.slice(x, starts=(start,), ends=(end,), axes=(int(dim),), steps=(int(step),))
 
 

@@ -186,8 +186,44 @@ def _slice_args(attrs):
     return attrs["starts"], attrs["ends"], attrs["axes"], attrs["steps"]
 
 
+def _symbolic_ends(x, attrs) -> list | None:
+    """The output shape when some end is a symbolic dim (an exporter's x[:, :seq] with seq bound at run time):
+    those axes must start at 0 with step 1 and take that many elements; the plan binds the dim in the attribute
+    (passes/inference.py). None when every end is an int."""
+    ends = tuple(attrs["ends"])
+    if not any(isinstance(end, str) for end in ends):
+        return None
+    count = len(ends)
+    axes = tuple(range(count)) if attrs["axes"] is None else tuple(a % x.rank for a in attrs["axes"])
+    steps = (1,) * count if attrs["steps"] is None else tuple(attrs["steps"])
+    shape = list(x.shape)
+    plain = {key: [] for key in ("starts", "ends", "axes", "steps")}
+    for axis, start, end, step in zip(axes, attrs["starts"], ends, steps):
+        if isinstance(end, str):
+            if start != 0 or step != 1:
+                raise ValueError(f"ends: a symbolic end {end!r} needs start 0 and step 1 on axis {axis}, got start "
+                                 f"{start}, step {step}")
+            shape[axis] = end
+        else:
+            for key, item in zip(plain, (start, end, axis, step)):
+                plain[key].append(item)
+    if plain["axes"]:
+        rest = _infer([TensorType(tuple(shape), x.dtype)], {key: tuple(v) for key, v in plain.items()})[0]
+        shape = list(rest.shape)
+    return shape
+
+
+def _ends_check(value) -> str | None:
+    """Attr check of ends: ints, or symbolic dims (bound when a plan binds the inputs' dims)."""
+    return None if all(_layout.is_int(v) or isinstance(v, str) for v in value) else \
+        "must hold only ints and symbolic dims"
+
+
 def _infer(in_types, attrs):
     (x,) = in_types
+    symbolic = _symbolic_ends(x, attrs)
+    if symbolic is not None:
+        return [TensorType(tuple(symbolic), x.dtype)]
     if x.is_concrete:
         return [TensorType(geometry(x.shape, *_slice_args(attrs)).shape, x.dtype)]
     # Symbolic extents: a sliced axis must be concrete unless it is sliced whole (start 0, end "to the end", step 1).
@@ -220,7 +256,7 @@ OP = register(OpDef(
     outputs=("y",),
     attrs=(
         Attr("starts", tuple, check=_layout.ints_check, doc="first index per sliced axis (ONNX clamping)"),
-        Attr("ends", tuple, check=_layout.ints_check, doc="end (exclusive) per sliced axis"),
+        Attr("ends", tuple, check=_ends_check, doc="end (exclusive) per sliced axis; a symbolic dim takes that many"),
         Attr("axes", tuple, None, check=_layout.ints_check, doc="the sliced axes; default the first len(starts)"),
         Attr("steps", tuple, None, check=_layout.ints_check, doc="step per sliced axis, nonzero; default 1"),
     ),

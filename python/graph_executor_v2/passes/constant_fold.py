@@ -11,6 +11,9 @@ def fold_constants(graph: Graph) -> list[str]:
     for node in list(graph.nodes):
         if not node.opdef.pure or not all(value is None or value.is_param for value in node.inputs):
             continue
+        if any(isinstance(value, tuple) and any(isinstance(item, str) for item in value)
+               for value in node.attrs.values()):
+            continue  # a symbolic dim in an attribute (x[:, :seq]): computed once the plan binds it
         results = node.opdef.run_reference([None if v is None else v.data for v in node.inputs], node.attrs)
         graph.remove_node(node)  # frees the output names for the parameters that replace them
         for value, result in zip(node.outputs, results):

@@ -148,3 +148,16 @@ def test_nonfinite_on_the_gpu_reported_at_a_later_read(rng):
         float(loss)
     assert (trainer.nonfinite_steps, trainer.optimizer_steps) == (1, 4)
     assert np.isfinite(float(trainer.step(_batch(rng))))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=gpu)])
+def test_skip_counts_on_across_a_checkpoint(rng, tmp_path, device):
+    trainer = _trainer(_classifier(rng), device, on_nonfinite="skip")
+    bad = _batch(rng)
+    bad["x"][1, 1] = np.nan
+    float(trainer.step(_batch(rng)))
+    float(trainer.step(bad))
+    trainer.save(tmp_path / "ckpt.safetensors")
+    trainer.load(tmp_path / "ckpt.safetensors")
+    assert np.isnan(float(trainer.step(bad)))
+    assert (trainer.nonfinite_steps, trainer.optimizer_steps, trainer.step_count) == (2, 1, 3)

@@ -361,6 +361,7 @@ class Trainer:
                 self._backend.store(buffer, np.asarray(tensors[f"state/{name}/{state}"], np.float32))
         for name, buffer in self._buffers.items():
             self._backend.store(buffer, np.asarray(tensors[f"buffer/{name}"], np.float32))
+        self._pull_state()  # the count of dropped non-finite steps goes on from the device's (not in checkpoints)
         self.step_count = int(tensors["step"])
         self._reference.step_count = int(tensors["optimizer_steps"])
         self._reference.loss_scale = float(tensors["loss_scale"])

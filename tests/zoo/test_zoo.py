@@ -95,8 +95,6 @@ def test_resnet18_imports_and_matches_pytorch(frontend):
     own float32 error against float64 (a regression here is a frontend or kernel regression)."""
     torch = pytest.importorskip("torch", reason="the zoo needs PyTorch")
     pytest.importorskip("torchvision", reason="the zoo's CNNs come from torchvision")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
     master, inputs = MODELS["resnet18"].build(torch)
     with torch.no_grad():
         reference = master.double()(*(x.double() for x in inputs)).numpy()

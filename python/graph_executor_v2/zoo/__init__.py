@@ -80,8 +80,9 @@ def format_markdown(records: list[dict], settings: str) -> str:
     cases = [r for r in records if r["frontend"] is not None and "check" not in r]
     lines = ["# Model zoo", "", settings, "",
              "Errors: max |y - y64| / max |y64| against PyTorch in float64; match: GE2's error <= 4 x PyTorch's own "
-             "in the same dtype + a floor (1e-5 float32, 1e-3 float16). Times: median ms on the GPU, GE2 with its "
-             "CUDA graph, PyTorch eager and torch.compile (default mode).", "",
+             "in the same dtype + a floor (1e-5 float32, 1e-3 float16), both at their default precision (TF32 "
+             "convolutions, strict FP32 matmuls). Times: median ms on the GPU, GE2 with its CUDA graph, PyTorch eager "
+             "and torch.compile (default mode).", "",
              "| model | frontend | dtype | import | GE2 error | PyTorch error | match | GE2 ms | eager ms | "
              "compile ms | fallbacks | note |",
              "| --- | --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |"]

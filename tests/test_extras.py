@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import pathlib
 import re
+import subprocess
 import sys
 
 import pytest
@@ -112,3 +114,18 @@ def test_the_library_imports_optional_packages_only_through_require():
             # Submodules may be imported once the file has required the package itself.
             assert f'require("{module}' in source, (
                 f"{path.relative_to(ROOT)} imports {module} without _optional.require, whose error names the extra")
+
+
+def test_a_test_skipped_for_a_missing_optional_package_names_its_extra(tmp_path):
+    """GE2's pytest plugin adds the extra to pytest.importorskip's reason, in a test and at a module's top."""
+    (tmp_path / "conftest.py").write_text('import sys\nsys.modules["torch"] = None  # as if not installed\n'
+                                          'pytest_plugins = ("graph_executor_v2.pytest_plugin",)\n')
+    (tmp_path / "test_in_a_test.py").write_text('import pytest\n\ndef test_x():\n    pytest.importorskip("torch")\n')
+    (tmp_path / "test_at_the_top.py").write_text('import pytest\ntorch = pytest.importorskip("torch")\n\n'
+                                                 'def test_y():\n    pass\n')
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider", str(tmp_path)],
+                            cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
+    skips = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert len(skips) == 2 and all("(pip install graph_executor_v2[torch])" in line for line in skips), \
+        result.stdout[-2000:]

@@ -3,16 +3,19 @@ helpers. A ``conftest.py`` loads it with ``pytest_plugins = ("graph_executor_v2.
 tests/conftest.py does).
 
 GPU tests are skipped with a reason on a machine with no GPU; ``--require-gpu`` or ``GE2_REQUIRE_GPU=1`` turns
-those skips into failures (the GPU suite must never pass by skipping).
+those skips into failures (the GPU suite must never pass by skipping). A test skipped by ``pytest.importorskip`` of
+an optional package says which extra installs it.
 """
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
 
 import graph_executor_v2 as ge2
+from graph_executor_v2._optional import EXTRAS
 
 
 def pytest_addoption(parser):
@@ -43,6 +46,29 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _name_the_extra(report) -> None:
+    """A skip by ``pytest.importorskip`` of a package an extra installs: its reason names the extra too."""
+    if not report.skipped or not isinstance(report.longrepr, tuple):
+        return
+    path, line, reason = report.longrepr
+    match = re.search(r"could not import '([\w.]+)'", reason)
+    if match and match.group(1).split(".")[0] in EXTRAS:
+        extra, _ = EXTRAS[match.group(1).split(".")[0]]
+        report.longrepr = (path, line, f"{reason} (pip install graph_executor_v2[{extra}])")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _name_the_extra(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _name_the_extra(outcome.get_result())
 
 
 @pytest.fixture

@@ -139,7 +139,6 @@ def test_run_onnx_cli_compares_with_onnxruntime(rng, tmp_path, capsys):
 # Node tests GE2 claims but does not pass yet, with the reason (each regex matches test names).
 KNOWN_FAILURES = {
     r"test_training_dropout.*": "GE2 imports models for inference (training_mode=True)",
-    r"test_reduce_max_(bool_inputs|empty_set_bool)": "GE2's reductions run on float dtypes only",
     r"test_maxpool_2d_uint8": "GE2's pooling runs on float dtypes only",
     r"test_(blackman|hamming|hann)window(_symmetric)?_expanded": "the window size is a graph input (a Range limit); "
                                                                   "GE2 plans shapes when it compiles",

@@ -757,22 +757,29 @@ def _where(ctx, inputs, attrs):
 def _reduce(ge2_op):
     def translate(ctx, inputs, attrs):
         _only(attrs, {"axes": _ANY, "keepdims": _ANY, "noop_with_empty_axes": _ANY})
-        x = _float_input(ctx.value(inputs[0]), "input data")
+        x = ctx.value(inputs[0])
+        if x.type.dtype == "bool" and ge2_op == "max":  # "any": the maximum of the mask as 0/1 floats, then > 0
+            reduced = reduce(ctx, ctx.graph.cast(x, dtype="float32"), inputs, attrs)
+            zero = ctx.graph.param(_fresh_name(ctx.graph, "any_zero"), np.zeros((), np.float32))
+            return [ctx.graph.greater(reduced, zero)]
+        return [reduce(ctx, _float_input(x, "input data"), inputs, attrs)]
+
+    def reduce(ctx, x, inputs, attrs):
         axes = attrs.get("axes")
         if len(inputs) > 1 and inputs[1]:
             axes = np.asarray(ctx.constant(inputs[1], "axes")).reshape(-1)
         axes = None if axes is None or len(axes) == 0 else tuple(int(a) for a in axes)
         if axes is None and attrs.get("noop_with_empty_axes", 0):
-            return [x]
+            return x
         keepdims = bool(attrs.get("keepdims", 1))
         shape = x.type.shape
         reduced = range(len(shape)) if axes is None else [a % len(shape) for a in axes]
         if any(shape[a] == 0 for a in reduced):  # a reduction over nothing: ONNX's identity value, a constant
             out_shape = tuple(1 if i in reduced else d for i, d in enumerate(shape) if keepdims or i not in reduced)
             value = EMPTY_REDUCTION[ge2_op]
-            return [ctx.graph.param(_fresh_name(ctx.graph, f"empty_{ge2_op}"),
-                                    np.full(out_shape, value, _numpy_dtype(x.type.dtype)))]
-        return [getattr(ctx.graph, ge2_op)(x, axis=axes, keepdims=keepdims)]
+            return ctx.graph.param(_fresh_name(ctx.graph, f"empty_{ge2_op}"),
+                                   np.full(out_shape, value, _numpy_dtype(x.type.dtype)))
+        return getattr(ctx.graph, ge2_op)(x, axis=axes, keepdims=keepdims)
 
     return translate
 

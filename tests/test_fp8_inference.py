@@ -105,12 +105,12 @@ def test_fp8_plan_on_the_gpu_matches_the_calibrated_reference(rng, dtype):
     amax = on_gpu.calibrate(calibration)
     on_cpu = ge2.ExecutorV2(graph, precision="fp8")
     assert on_cpu.calibrate(calibration) == pytest.approx(amax, rel=1e-2)  # GPU vs CPU unquantized runs
+    x = _feeds(rng, 1, batch=64, dtype=dtype)[0]
+    got, expected = on_gpu.run(x)["y"], on_cpu.run(x)["y"]  # the batch dim binds here: the plan exists from now
     fp8_nodes = [s for plan in on_gpu.plans for s in plan.selections if s.op in ("quantize_fp8", "scaled_gemm")]
     # three FP8 GEMMs, the first two writing the next one's E4M3 input: one quantize (of x)
     assert sorted(s.op for s in fp8_nodes) == ["quantize_fp8"] + ["scaled_gemm"] * 3, on_gpu.explain()
     assert all(s.kernel in ("cuda", "cublaslt_fp8") for s in fp8_nodes), on_gpu.explain()
-    x = _feeds(rng, 1, batch=64, dtype=dtype)[0]
-    got, expected = on_gpu.run(x)["y"], on_cpu.run(x)["y"]
     print(on_gpu.explain())
     # the same FP8 network; the GPU accumulates in float32 in its own order, so a rounding of a hidden activation to
     # FP8 can land one FP8 ulp away and carry on: compare against the output's scale

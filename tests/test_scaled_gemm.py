@@ -137,6 +137,8 @@ def test_cublaslt_rules_are_declined_with_their_reason():
     assert "TN layout" in scaled_gemm.unsupported_reason(problem(trans_b=False))
     assert "TN layout" in scaled_gemm.unsupported_reason(problem(trans_a=True))
     assert "E5M2 x E5M2" in scaled_gemm.unsupported_reason(problem(a="float8_e5m2", b="float8_e5m2"))
+    assert "E5M2 output only from an E5M2 input" in scaled_gemm.unsupported_reason(problem(out_dtype="float8_e5m2"))
+    assert scaled_gemm.unsupported_reason(problem(a="float8_e5m2", out_dtype="float8_e5m2")) is None
     assert "compute capability 8.9" in scaled_gemm.unsupported_reason(problem(cc=(8, 0)))
 
 
@@ -156,6 +158,10 @@ def test_cublaslt_matches_the_reference(rng, m, n, k, a_dtype, b_dtype, out_dtyp
     scale_a, scale_b = _scalar(rng.choice([0.5, 1.0, 3.0])), _scalar(2.0 ** -float(rng.integers(0, 6)))
     scale_d = _scalar(448.0 / (3.0 * np.sqrt(k))) if out_dtype in FP8 else None  # a few values saturate
     run = lambda: scaled_gemm.forward_numpy(a, b, scale_a, scale_b, None, scale_d, out_dtype=out_dtype)  # noqa: E731
+    if out_dtype == "float8_e5m2" and a_dtype == b_dtype == "float8_e4m3fn":
+        with pytest.raises(ValueError, match="E5M2 output only from an E5M2 input"):
+            run()
+        return
     _check(run, (a, b, scale_a, scale_b, None, scale_d), dict(out_dtype=out_dtype), k,
            f"m={m} n={n} k={k} {a_dtype} x {b_dtype} -> {out_dtype} scale_a={float(scale_a)} "
            f"scale_b={float(scale_b)} scale_d={None if scale_d is None else float(scale_d)}")

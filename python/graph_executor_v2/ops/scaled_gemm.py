@@ -19,7 +19,8 @@ float16) and so do its layout rules; inside ``gemm`` every one of these would be
   (``with_amax=False``: not computed, when nothing reads it).
 
 The GPU candidate is cuBLASLt's FP8 matmul. It runs only the "TN" layout on Hopper (A row-major [m, k], B
-row-major [n, k]), m, n and k multiples of 16 and 16-byte aligned buffers; a problem outside those rules is declined
+row-major [n, k]), m, n and k multiples of 16, 16-byte aligned buffers, and an E5M2 output only from an E5M2
+input; a problem outside those rules is declined
 with its reason (a graph then runs it on the host fallback; the FP8 passes arrange the transposes for their own
 GEMMs). The amax comes from cuBLASLt (AMAX_D_POINTER) where it computes one, else from a small reduction over Y
 (a 16/32-bit output only: an FP8 output's amax precedes its scale and cast).

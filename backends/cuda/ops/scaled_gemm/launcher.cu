@@ -19,7 +19,8 @@ namespace ge2::scaled_gemm {
 std::vector<KernelInfo> kernel_table() {
   return {
       {"cublaslt_fp8", 30, "cuBLASLt FP8 matmul: per-tensor scales, bias/relu/gelu epilogue and the output's amax",
-       "sm_89+; A [m, k] and B [n, k] (TN) in float8_e4m3fn or float8_e5m2, not both E5M2; m, n, k multiples of 16; "
+       "sm_89+; A [m, k] and B [n, k] (TN) in float8_e4m3fn or float8_e5m2, not both E5M2; an E5M2 output needs an "
+       "E5M2 input; m, n, k multiples of 16; "
        "A, B, Y and bias 16-byte aligned; act in {none, relu, gelu}; bias bfloat16 for float32/FP8 outputs, else "
        "the output's dtype; scale_d with an FP8 output", false, kVectorAlignment},
   };
@@ -38,7 +39,7 @@ cudaDataType_t lt_type(DType dtype) {
 }
 
 // cuBLASLt's C for an FP8 matmul: bfloat16 when D is FP8 (C is never FP8 on Hopper), else D's own type. beta is
-// 0, so C is never read, but its type must be one cuBLASLt accepts.
+// 0 and C's pointer null, so C is never read, but its layout must be one cuBLASLt accepts.
 cudaDataType_t c_type(DType y_dtype) { return is_float8(y_dtype) ? CUDA_R_16BF : to_cuda_datatype(y_dtype); }
 
 cublasLtEpilogue_t epilogue_of(Act act, bool bias) {
@@ -196,7 +197,9 @@ cublasStatus_t run_plan(LtPlan& plan, const ForwardArgs& args, bool lt_amax, int
   cublasStatus_t status = CUBLAS_STATUS_NOT_SUPPORTED;
   for (std::size_t attempt = 0; attempt < plan.algorithms.size(); ++attempt) {
     const std::size_t index = (plan.working + attempt) % plan.algorithms.size();
-    status = cublasLtMatmul(handle, plan.desc, &alpha, args.b, plan.layout_a, args.a, plan.layout_b, &beta, args.y,
+    // C = nullptr: beta is 0, and C == D would need C's layout to be D's, which an FP8 D's (bfloat16 C) is not
+    // (cuBLASLt answers CUBLAS_STATUS_INVALID_VALUE; torch._scaled_mm passes nullptr too).
+    status = cublasLtMatmul(handle, plan.desc, &alpha, args.b, plan.layout_a, args.a, plan.layout_b, &beta, nullptr,
                             plan.layout_c, args.y, plan.layout_d, &plan.algorithms[index], workspace,
                             kLtWorkspaceBytes, stream);
     if (status == CUBLAS_STATUS_SUCCESS) {
@@ -226,6 +229,10 @@ std::string unsupported_reason(const ForwardArgs& args, bool has_bias, int major
   }
   if (args.a_dtype == DType::Float8E5M2 && args.b_dtype == DType::Float8E5M2) {
     return "cuBLASLt has no E5M2 x E5M2 matmul (one operand must be float8_e4m3fn)";
+  }
+  if (args.y_dtype == DType::Float8E5M2 && args.a_dtype == DType::Float8E4M3 && args.b_dtype == DType::Float8E4M3) {
+    return "cuBLASLt writes an E5M2 output only from an E5M2 input (E4M3 x E4M3 gives float8_e4m3fn, bfloat16, "
+           "float16 or float32)";
   }
   if (args.m % 16 != 0 || args.n % 16 != 0 || args.k % 16 != 0) {
     return "cuBLASLt's FP8 matmul needs m, n and k multiples of 16, got m=" + std::to_string(args.m) +

@@ -231,8 +231,8 @@ def train_rewrite(graph: Graph, forward_names: set[str], recipe: DelayedScaling,
 
     A forward ``gemm`` y = x @ W^T + bias (nn.Linear's layout) or x @ W + bias, relu fused or not, bfloat16 after
     autocast, with its ``gemm_backward`` (which receives relu's backward already applied):
-    - forward: x and W quantized to E4M3 (``quantize_fp8``, amax in the same pass), ``scaled_gemm`` with their
-      reciprocal scales and the bias (and relu) in its epilogue, bfloat16 out;
+    - forward: x and W quantized to E4M3 (amax in the same pass), ``scaled_gemm`` with their reciprocal scales, the
+      bias (and relu) in its epilogue and FP8 fast accumulation (Transformer Engine's choice), bfloat16 out;
     - dgrad: dY quantized to E5M2, dX = dY8 @ W8 (E5M2 x E4M3);
     - wgrad: dW = dY8^T @ x8 (or its transpose for a [k, n] W; E5M2 x E4M3); dbias = sum(dY) in bfloat16 as before.
     cuBLASLt's FP8 matmul takes only the TN layout, so x, W and dY are quantized by ``quantize_fp8_transpose``,
@@ -285,8 +285,10 @@ def _rewrite_training_site(graph: Graph, node: Node, backward: Node, recipe: Del
         x8, x8_t, x_amax = graph.quantize_fp8_transpose(x, states["x"]["scale"], dtype=FORWARD_DTYPE)
         w8, w8_t, w_amax = graph.quantize_fp8_transpose(w, states["w"]["scale"], dtype=FORWARD_DTYPE)
         w8_nk, w8_kn = (w8, w8_t) if node.attrs["trans_b"] else (w8_t, w8)
+        # fast accumulation in the forward GEMM only, as Transformer Engine: the gradients' GEMMs keep cuBLASLt's
+        # periodic promotion to float32 (their sums are longer and their errors feed the update directly)
         y, _ = graph.scaled_gemm(x8, w8_nk, states["x"]["scale_inv"], states["w"]["scale_inv"], bias, None,
-                                 act=node.attrs["act"], out_dtype=node.outputs[0].type.dtype)
+                                 act=node.attrs["act"], out_dtype=node.outputs[0].type.dtype, fast_accum=True)
         _update_state(graph, states["x"], x_amax, FORWARD_DTYPE, recipe.margin, update_prefix)
         _update_state(graph, states["w"], w_amax, FORWARD_DTYPE, recipe.margin, update_prefix)
     graph.replace_uses(node.outputs[0], y)

@@ -60,6 +60,19 @@ int blocks_for(int64_t work) {
   return static_cast<int>(std::min<int64_t>(std::max<int64_t>(1, (work + kThreads - 1) / kThreads), 132 * 8));
 }
 
+template <typename In, typename Out>
+void launch(const void* x, const float* scale, void* y, unsigned int* amax_bits, int64_t numel, bool vectorized,
+            cudaStream_t stream) {
+  const auto* in = static_cast<const In*>(x);
+  auto* out = static_cast<Out*>(y);
+  if (vectorized) {
+    quantize_kernel<In, Out, true><<<blocks_for(numel / kVector + 1), kThreads, 0, stream>>>(in, scale, out,
+                                                                                            amax_bits, numel);
+  } else {
+    quantize_kernel<In, Out, false><<<blocks_for(numel), kThreads, 0, stream>>>(in, scale, out, amax_bits, numel);
+  }
+}
+
 }  // namespace
 
 void launch_quantize(const void* x, DType x_dtype, const float* scale, void* y, DType y_dtype, float* amax,
@@ -68,26 +81,10 @@ void launch_quantize(const void* x, DType x_dtype, const float* scale, void* y, 
   if (numel == 0) return;
   auto* amax_bits = reinterpret_cast<unsigned int*>(amax);
   GE2_DISPATCH_FLOATING(x_dtype, "x dtype", {
-    using in_t = scalar_t;
-    const auto* in = static_cast<const in_t*>(x);
     if (y_dtype == DType::Float8E4M3) {
-      auto* out = static_cast<__nv_fp8_e4m3*>(y);
-      if (vectorized) {
-        quantize_kernel<in_t, __nv_fp8_e4m3, true>
-            <<<blocks_for(numel / kVector + 1), kThreads, 0, stream>>>(in, scale, out, amax_bits, numel);
-      } else {
-        quantize_kernel<in_t, __nv_fp8_e4m3, false>
-            <<<blocks_for(numel), kThreads, 0, stream>>>(in, scale, out, amax_bits, numel);
-      }
+      launch<scalar_t, __nv_fp8_e4m3>(x, scale, y, amax_bits, numel, vectorized, stream);
     } else {
-      auto* out = static_cast<__nv_fp8_e5m2*>(y);
-      if (vectorized) {
-        quantize_kernel<in_t, __nv_fp8_e5m2, true>
-            <<<blocks_for(numel / kVector + 1), kThreads, 0, stream>>>(in, scale, out, amax_bits, numel);
-      } else {
-        quantize_kernel<in_t, __nv_fp8_e5m2, false>
-            <<<blocks_for(numel), kThreads, 0, stream>>>(in, scale, out, amax_bits, numel);
-      }
+      launch<scalar_t, __nv_fp8_e5m2>(x, scale, y, amax_bits, numel, vectorized, stream);
     }
   });
   GE2_CHECK_LAUNCH("quantize_fp8");

@@ -121,3 +121,22 @@ def test_multihead_attention_module():
     with torch.no_grad():
         expected = module.double()(x.double()).numpy()
     assert_close(got, expected, "float32", 32)
+
+
+def test_eager_attention_with_a_relative_position_bias_is_one_attention_node():
+    """T5's eager attention: softmax(q k^T + position_bias) v, no scale: one attention node with the bias input."""
+    torch.manual_seed(5)
+    q, k, v = torch.randn(2, 4, 6, 8), torch.randn(2, 4, 6, 8), torch.randn(2, 4, 6, 8)
+    position_bias = torch.randn(1, 4, 6, 6)
+
+    def eager(q, k, v, bias):
+        scores = torch.matmul(q, k.transpose(3, 2)) + bias
+        return torch.matmul(torch.softmax(scores.float(), dim=-1).type_as(scores), v)
+
+    module = Lambda(eager).eval()
+    inputs = (q, k, v, position_bias)
+    graph = from_torch(module, inputs)
+    optimized = ge2.ExecutorV2(graph).optimized_graph
+    assert optimized.op_counts().get("attention") == 1, optimized.op_counts()
+    got = ge2.ExecutorV2(graph).run({value.name: x.numpy() for value, x in zip(graph.inputs, inputs)})["y"]
+    assert_close(got, eager(*(x.double() for x in inputs)).numpy(), "float32", 8)

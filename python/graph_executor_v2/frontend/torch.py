@@ -281,6 +281,9 @@ def _addmm(ctx, bias, a, b, beta=1, alpha=1):
 @rule("aten.mm.default", "aten.matmul.default")
 def _matmul(ctx, a, b):
     g = ctx.graph
+    attention = _written_out_attention(ctx, a, b)
+    if attention is not None:
+        return attention
     a, b = ctx.tensor(a), ctx.tensor(b)
     if b.type.rank > 2 and a.type.rank >= 2:  # batched: one 2-d product per batch entry
         return batched_matmul(g, a, b)
@@ -289,6 +292,57 @@ def _matmul(ctx, a, b):
     rows = a if a.type.rank == 2 else g.reshape(a, shape=(-1, a.type.shape[-1]))
     y = g.matmul(rows, b)
     return y if a.type.rank == 2 else g.reshape(y, shape=(*a.type.shape[:-1], b.type.shape[1]))
+
+
+_SOFTMAX = ("aten._softmax.default", "aten.softmax.int")
+_PASS_THROUGH = ("aten._to_copy.default", "aten.to.dtype", "aten.type_as.default", "aten.dropout.default",
+                 "aten.clone.default", "aten.contiguous.default")
+
+
+def _target_of(argument) -> str:
+    return _target_name(argument.target) if hasattr(argument, "target") else ""
+
+
+def _written_out_attention(ctx, probs, v) -> Value | None:
+    """``matmul(softmax(q @ k^T [* c or / c] [+ bias]), v)`` on [batch, heads, seq, dim] fx nodes, as eager
+    attention code writes it (T5's relative position bias, BERT's eager path), as GE2's attention op with the bias
+    as its input; None for any other matmul (which is then translated as a matmul)."""
+    while _target_of(probs) in _PASS_THROUGH:
+        probs = probs.args[0]
+    if _target_of(probs) not in _SOFTMAX or int(probs.args[1]) not in (-1, 3):
+        return None
+    logits, bias = probs.args[0], None
+    while _target_of(logits) in _PASS_THROUGH:
+        logits = logits.args[0]
+    if _target_of(logits) == "aten.add.Tensor":
+        first, second = logits.args[:2]
+        scores_first = _target_of(first) in ("aten.matmul.default", "aten.mul.Tensor", "aten.div.Tensor")
+        logits, bias = (first, second) if scores_first else (second, first)
+    scale = 1.0
+    if _target_of(logits) in ("aten.mul.Tensor", "aten.div.Tensor") and isinstance(logits.args[1], (int, float)):
+        scale = float(logits.args[1]) if _target_of(logits) == "aten.mul.Tensor" else 1.0 / float(logits.args[1])
+        logits = logits.args[0]
+    if _target_of(logits) != "aten.matmul.default":
+        return None
+    q, key_t = logits.args[:2]
+    if _target_of(key_t) != "aten.transpose.int" or {int(d) % 4 for d in key_t.args[1:3]} != {2, 3}:
+        return None
+    q_value, k_value, v_value = ctx.tensor(q), ctx.tensor(key_t.args[0]), ctx.tensor(v)
+    if any(x.type.rank != 4 for x in (q_value, k_value, v_value)) or len({q_value.type.dtype, k_value.type.dtype,
+                                                                          v_value.type.dtype}) != 1:
+        return None
+    if bias is not None:
+        bias_value = ctx.get(bias)
+        if not isinstance(bias_value, Value):
+            return None
+        try:
+            bias = attention_bias(ctx.graph, bias_value, q_value, k_value)
+        except ValueError:
+            return None
+    try:
+        return ctx.graph.attention(q_value, k_value, v_value, bias, scale=scale, layout="bhsd")[0]
+    except ValueError:  # shapes the op does not take (K/V heads that do not divide, ...)
+        return None
 
 
 @rule("aten.t.default")

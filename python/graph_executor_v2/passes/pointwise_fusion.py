@@ -3,8 +3,9 @@ row reduction absorbs the pointwise group that feeds it (its prologue) and the o
 one ``fused_reduction`` node. Their kernels are generated (``codegen/``); on the CPU they run the members' references.
 
 Guards (ONNX Runtime style, checked before any rewrite):
-- a member is pointwise: its op has a ``scalar`` expression and one output whose shape is the broadcast of its
-  inputs'; every member of a group has the same output shape (the group's iteration shape) and placement;
+- a member is pointwise: its op has a ``scalar`` expression, one output whose shape is the broadcast of its
+  inputs', and dtypes the generated code has types for (no float8); every member of a group has the same output
+  shape (the group's iteration shape) and placement;
 - groups never form a cycle: two parts merge only when no path leaves one and comes back into the other through a
   node outside them;
 - nothing is recomputed: a member value read outside its group, or a graph output, becomes an output of the fused
@@ -24,6 +25,7 @@ import os
 from typing import Callable
 
 from ..codegen.compiler import availability
+from ..codegen.elements import is_supported
 from ..codegen.pointwise import broadcast_shape
 from ..ir.graph import Graph, Node, Value
 from ..ir.schema import OPS
@@ -40,7 +42,9 @@ def is_pointwise(node: Node) -> bool:
     if getattr(opdef, "scalar", None) is None or len(node.outputs) != 1:
         return False
     shapes = [tuple(v.type.shape) for v in node.inputs if v is not None]
-    return bool(shapes) and None not in node.inputs and broadcast_shape(shapes) == tuple(node.outputs[0].type.shape)
+    generated_types = all(is_supported(v.type.dtype) for v in (*node.inputs, *node.outputs) if v is not None)
+    return (bool(shapes) and None not in node.inputs and generated_types
+            and broadcast_shape(shapes) == tuple(node.outputs[0].type.shape))
 
 
 class _Groups:

@@ -70,7 +70,8 @@ if [[ " $STAGES " == *" sanitize "* ]]; then
   gpu_files=$(echo ${GE2_SANITIZE_FILES:-$(grep -l "mark.gpu" tests/test_*.py | grep -v -E "test_executor|test_registry|test_gpt_parity_gpu")})
   shared_memory_files="tests/test_softmax.py tests/test_reduce.py tests/test_layernorm.py tests/test_rmsnorm.py
     tests/test_attention.py tests/test_cross_entropy.py tests/test_transpose.py tests/test_embedding.py
-    tests/test_optimizer.py tests/test_pool2d.py tests/test_batch_norm.py tests/test_conv2d.py tests/test_codegen.py"
+    tests/test_optimizer.py tests/test_pool2d.py tests/test_batch_norm.py tests/test_conv2d.py tests/test_codegen.py
+    tests/test_quantize_fp8.py"
   tools=" ${GE2_SANITIZE_TOOLS:-memcheck racecheck} "
   { [[ $tools == *" memcheck "* ]] && for f in $gpu_files; do echo "memcheck $f"; done
     [[ $tools == *" racecheck "* ]] && for f in $shared_memory_files; do

@@ -112,6 +112,7 @@ CASES = [
     ("expand", "expand", lambda r: [_normal(r, (3, 1, 4))], {"shape": (2, 3, 5, 4)}),
     ("pad_constant_crop", "pad", lambda r: [_normal(r, (3, 4))], {"pads": (1, -1, 2, 1), "value": 0.5}),
     ("pad_reflect", "pad", lambda r: [_normal(r, (3, 5))], {"pads": (2, 1, 1, 4), "mode": "reflect"}),
+    ("pad_wrap", "pad", lambda r: [_normal(r, (3, 4))], {"pads": (2, 1, 3, 4), "mode": "wrap"}),
     ("pad_edge", "pad", lambda r: [_normal(r, (2, 3, 4))], {"pads": (0, 2, 3, 1, 0, 2), "mode": "edge"}),
     ("roll", "roll", lambda r: [_normal(r, (3, 5))], {"shifts": (2, -1), "axes": (1, 0)}),
     ("repeat_interleave", "repeat_interleave", lambda r: [_normal(r, (2, 3, 2))], {"repeats": 3, "axis": 1}),

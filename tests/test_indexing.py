@@ -27,7 +27,7 @@ def _ints(values):
 
 
 # --- references against ONNX's reference implementation ------------------------------------------------------
-@pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge", "wrap"])
 @pytest.mark.parametrize("shape, pads", [((3, 4), (1, 2, 2, 1)), ((2, 3, 5), (0, 2, 4, 1, 2, 3)), ((4,), (3, 0))])
 def test_pad_reference_matches_onnx(rng, mode, shape, pads):
     x = random_array(rng, shape, "float32")
@@ -50,7 +50,7 @@ def test_pad_crops_with_negative_pads_and_rejects_them_elsewhere(rng):
 def test_pad_backward_adds_every_copy_back(rng):
     """The reference gradient is the adjoint: <pad(x), dy> == <x, pad_backward(dy)> for every mode."""
     x = rng.standard_normal((3, 4))
-    for mode in ("constant", "reflect", "edge"):
+    for mode in ("constant", "reflect", "edge", "wrap"):
         y = indexing.reference_pad(x, (2, 1, 1, 3), mode)
         dy = rng.standard_normal(y.shape)
         dx = indexing.reference_pad_backward(dy, x.shape, (2, 1, 1, 3), mode)
@@ -221,6 +221,7 @@ MOVEMENT_CASES = [
     ("pad", [(3, 4)], {"pads": (-1, 1, 2, -2), "mode": "constant"}),
     ("pad", [(2, 3, 5)], {"pads": (0, 2, 4, 0, 2, 3), "mode": "reflect"}),
     ("pad", [(2, 1, 5)], {"pads": (0, 2, 1, 1, 3, 0), "mode": "edge"}),
+    ("pad", [(2, 3, 5)], {"pads": (1, 0, 7, 0, 2, 3), "mode": "wrap"}),
     ("pad", [(2, 3)], {"pads": (0, 0, 0, 0), "mode": "constant"}),
     ("roll", [(4, 7)], {"shifts": (1, -9), "axes": (0, 1)}),
     ("repeat_interleave", [(2, 3, 5)], {"repeats": 3, "axis": 1}),

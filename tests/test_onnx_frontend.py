@@ -144,7 +144,6 @@ KNOWN_FAILURES = {
                                                                   "GE2 plans shapes when it compiles",
     r"test_center_crop_pad_.*_expanded": "the crop shape is a graph input (the Pad's pads); GE2 plans shapes when it "
                                          "compiles",
-    r"test_wrap_pad": "Pad mode 'wrap' (GE2 pads with a constant, reflect or edge)",
     r"test_resize_.*(cubic|antialias|half_pixel_symmetric|tf_crop_and_resize).*":
         "Resize's cubic mode, antialiasing, half_pixel_symmetric and tf_crop_and_resize (GE2 resizes nearest and "
         "linear, half_pixel / pytorch_half_pixel / align_corners / asymmetric)",

@@ -1175,8 +1175,8 @@ def _optional_constant(ctx, inputs, index: int, what: str):
 
 @rule("Pad")
 def _pad(ctx, inputs, attrs):
-    """Constant, reflect and edge padding; ``pads`` (and ``axes``, opset 18) are constants."""
-    _only(attrs, {"mode": lambda v: v in ("constant", "reflect", "edge")})
+    """Constant, reflect, edge and wrap padding; ``pads`` (and ``axes``, opset 18) are constants."""
+    _only(attrs, {"mode": lambda v: v in ("constant", "reflect", "edge", "wrap")})
     x = ctx.value(inputs[0])
     rank = x.type.rank
     pads = [int(p) for p in np.asarray(ctx.constant(inputs[1], "pads")).reshape(-1)]

@@ -767,9 +767,9 @@ def _constant_pad(ctx, x, pad, value=0.0):
 @rule("aten.pad.default")
 def _pad(ctx, x, pad, mode="constant", value=None):
     x = ctx.tensor(x)
-    modes = {"constant": "constant", "reflect": "reflect", "replicate": "edge"}
+    modes = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
     if mode not in modes:
-        raise Unsupported(f"padding mode {mode!r} (GE2 pads constant, reflect and replicate)")
+        raise Unsupported(f"padding mode {mode!r} (GE2 pads constant, reflect, replicate and circular)")
     return ctx.graph.pad(x, pads=_torch_pads(x, pad), mode=modes[mode], value=float(value or 0.0))
 
 
@@ -782,7 +782,8 @@ def _mode_pad(mode):
 
 
 for _aten, _mode in (("reflection_pad1d", "reflect"), ("reflection_pad2d", "reflect"), ("reflection_pad3d", "reflect"),
-                     ("replication_pad1d", "edge"), ("replication_pad2d", "edge"), ("replication_pad3d", "edge")):
+                     ("replication_pad1d", "edge"), ("replication_pad2d", "edge"), ("replication_pad3d", "edge"),
+                     ("_pad_circular", "wrap")):
     RULES[f"aten.{_aten}.default"] = _mode_pad(_mode)
 
 

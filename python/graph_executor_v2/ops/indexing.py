@@ -3,7 +3,7 @@ backends/cuda/ops/indexing):
 
 - ``expand(x, shape)``: NumPy broadcasting of x with ``shape`` (ONNX Expand; a -1 or 1 keeps x's dim).
 - ``pad(x, pads, mode, value)``: ``pads`` = (begins of every axis, then ends), ONNX's order; "constant" (negative
-  pads crop), "reflect" (the edge not repeated) or "edge".
+  pads crop), "reflect" (the edge not repeated), "edge" or "wrap" (circular).
 - ``roll(x, shifts, axes)``, ``repeat_interleave(x, repeats, axis)``, ``tile(x, repeats)``: as NumPy's roll, repeat,
   tile.
 - ``gather(x, indices, axis)``: ONNX Gather / ``np.take`` (index_select): y = x.shape[:axis] + indices.shape +
@@ -225,6 +225,8 @@ def _pad_indices(extent, begin, out, mode):
         return np.where((o >= 0) & (o < extent), o, -1)
     if mode == "edge":
         return np.clip(o, 0, extent - 1)
+    if mode == "wrap":
+        return np.mod(o, extent)
     period = max(2 * (extent - 1), 1)
     o = np.mod(o, period)
     return np.where(o < extent, o, period - o) if extent > 1 else np.zeros_like(o)
@@ -246,7 +248,7 @@ def _prepare_pad(problem: Problem):
     x, y = problem.in_types[0], problem.out_types[0]
     attrs = problem.attrs
     begins, _, _ = pad_geometry(_concrete(x, "x"), attrs["pads"], attrs["mode"])
-    mode = {"constant": OFFSET, "reflect": REFLECT, "edge": EDGE}[attrs["mode"]]
+    mode = {"constant": OFFSET, "reflect": REFLECT, "edge": EDGE, "wrap": WRAP}[attrs["mode"]]
     return _axis_map_launch(x.shape, y.shape, [mode] * x.rank, begins, x.dtype, attrs["value"])
 
 
@@ -256,7 +258,7 @@ PAD = _register(OpDef(
     inputs=(Input("x"),),
     outputs=("y",),
     attrs=(Attr("pads", tuple, check=_layout.ints_check, doc="begins of every axis, then ends (ONNX order)"),
-           Attr("mode", str, "constant", choices=("constant", "reflect", "edge")),
+           Attr("mode", str, "constant", choices=("constant", "reflect", "edge", "wrap")),
            Attr("value", float, 0.0, doc="the constant (constant mode)")),
     infer=_infer_pad,
     reference=lambda inputs, attrs: [reference_pad(inputs[0], attrs["pads"], attrs["mode"], attrs["value"])],
@@ -782,7 +784,7 @@ def _pad_grad(g, node, dys):
     """constant: the adjoint of padding by p is padding by -p (a crop, or zeros where the pad cropped). reflect and
     edge, one axis at a time (the pad is separable): the centre of dy, plus the border copies added back where they
     came from: the reflected borders flipped onto x[1:b + 1] and x[n - 1 - e:n - 1], the edge borders summed onto
-    x[0] and x[n - 1]."""
+    x[0] and x[n - 1], the wrapped borders onto the far ends they copy."""
     mode, pads = node.attrs["mode"], node.attrs["pads"]
     if mode == "constant":
         return [g.pad(dys[0], pads=tuple(-p for p in pads))]
@@ -793,8 +795,8 @@ def _pad_grad(g, node, dys):
         begin, end, extent = pads[axis], pads[rank + axis], x.shape[axis]
         if begin == 0 and end == 0:
             continue
-        if mode == "reflect" and (begin >= extent or end >= extent):
-            raise ValueError(f"{node.where()}: the gradient of reflect padding needs pads below the extent "
+        if (mode == "reflect" and (begin >= extent or end >= extent)) or (mode == "wrap" and max(begin, end) > extent):
+            raise ValueError(f"{node.where()}: the gradient of {mode} padding needs pads within the extent "
                              f"({extent} along axis {axis}), got {begin} and {end}")
 
         def placed(value, before, after, axis=axis):  # value padded with zeros along axis to x's extent
@@ -803,7 +805,13 @@ def _pad_grad(g, node, dys):
             return g.pad(value, pads=tuple(widths))
 
         total = g.slice(dx, starts=(begin,), ends=(begin + extent,), axes=(axis,))
-        if mode == "reflect":
+        if mode == "wrap":  # the borders are copies of the far ends: x[n - b:] and x[:e]
+            if begin:
+                total = g.add(total, placed(g.slice(dx, starts=(0,), ends=(begin,), axes=(axis,)), extent - begin, 0))
+            if end:
+                border = g.slice(dx, starts=(begin + extent,), ends=(begin + extent + end,), axes=(axis,))
+                total = g.add(total, placed(border, 0, extent - end))
+        elif mode == "reflect":
             if begin:
                 flipped = g.slice(dx, starts=(begin - 1,), ends=(_INT_MIN,), axes=(axis,), steps=(-1,))
                 total = g.add(total, placed(flipped, 1, extent - 1 - begin))

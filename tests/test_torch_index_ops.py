@@ -140,3 +140,18 @@ def test_eager_attention_with_a_relative_position_bias_is_one_attention_node():
     assert optimized.op_counts().get("attention") == 1, optimized.op_counts()
     got = ge2.ExecutorV2(graph).run({value.name: x.numpy() for value, x in zip(graph.inputs, inputs)})["y"]
     assert_close(got, eager(*(x.double() for x in inputs)).numpy(), "float32", 8)
+
+
+def test_constants_made_like_other_tensors():
+    """ones_like / zeros_like / full_like / new_ones and ones / full of a size: params of the right dtype."""
+    torch.manual_seed(6)
+
+    def function(x):
+        return (torch.ones_like(x) + torch.full_like(x, 2.5) * x + x.new_ones(3, 4) - torch.zeros_like(x)
+                + torch.full((3, 4), 0.25))
+
+    module = Lambda(function).eval()
+    x = torch.randn(3, 4)
+    graph = from_torch(module, (x,))
+    got = ge2.ExecutorV2(graph).run({graph.inputs[0].name: x.numpy()})["y"]
+    assert_close(got, function(x.double()).numpy(), "float32")

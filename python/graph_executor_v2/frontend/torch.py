@@ -705,22 +705,30 @@ def _squeeze(ctx, x, dim=None):
     return ctx.graph.reshape(x, shape=tuple(d for axis, d in enumerate(shape) if axis not in drop))
 
 
-@rule("aten.ones.default", "aten.zeros.default", "aten.full.default", "aten.scalar_tensor.default")
+@rule("aten.ones.default", "aten.zeros.default", "aten.full.default", "aten.ones_like.default",
+      "aten.zeros_like.default", "aten.full_like.default", "aten.new_ones.default", "aten.new_zeros.default",
+      "aten.new_full.default")
 def _filled(ctx, *args, dtype=None, **kwargs):
-    """A constant tensor (ones, zeros, full, scalar_tensor) as a param."""
-    target = ctx.node_target
-    if target == "aten.scalar_tensor.default":
-        size, value = (), args[0]
-    elif target == "aten.full.default":
-        size, value = args[0], args[1]
+    """A constant tensor (ones, zeros, full; of a given size, or like / new from another tensor) as a param: its
+    shape must be concrete."""
+    target = ctx.node_target.split(".")[1]
+    like = ctx.tensor(args[0]) if target.endswith("_like") or target.startswith("new_") else None
+    if target.endswith("_like"):
+        size, rest = like.type.shape, args[1:]
+    elif like is not None:
+        size, rest = tuple(ctx.get(args[1])), args[2:]
     else:
-        size, value = args[0], 1 if target == "aten.ones.default" else 0
-    size = tuple(ctx.get(size))
+        size, rest = tuple(ctx.get(args[0])), args[1:]
+    value = rest[0] if "full" in target else (1 if "ones" in target else 0)
     if any(isinstance(d, str) for d in size):
-        raise Unsupported(f"a constant of the symbolic shape {size}")
-    name = normalize(dtype, "dtype") if dtype is not None else ("float32" if isinstance(value, float) else
-                                                                "bool" if isinstance(value, bool) else "int64")
-    return ctx.graph.param(ctx.graph.unique_name("constant"), np.full(size, value, to_numpy(name)))
+        raise Unsupported(f"a constant of the symbolic shape {tuple(size)}")
+    if dtype is not None:
+        name = normalize(dtype, "dtype")
+    elif like is not None:
+        name = like.type.dtype
+    else:
+        name = "float32" if isinstance(value, float) else "bool" if isinstance(value, bool) else "int64"
+    return ctx.graph.param(ctx.graph.unique_name("constant"), np.full(tuple(size), value, to_numpy(name)))
 
 
 @rule("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")

@@ -147,8 +147,6 @@ KNOWN_FAILURES = {
     r"test_resize_.*(cubic|antialias|half_pixel_symmetric|tf_crop_and_resize).*":
         "Resize's cubic mode, antialiasing, half_pixel_symmetric and tf_crop_and_resize (GE2 resizes nearest and "
         "linear, half_pixel / pytorch_half_pixel / align_corners / asymmetric)",
-    r"test_resize_(up|down)sample_sizes_nearest_not_(larger|smaller)": "keep_aspect_ratio_policy not_larger / "
-                                                                       "not_smaller",
     r"test_maxpool_with_argmax_2d_precomputed_(pads|strides)":
         "the Indices output: GE2's max_pool2d indexes within each plane (int32), ONNX across the tensor (int64, "
         "storage_order); GE2 has no integer arithmetic to convert them",

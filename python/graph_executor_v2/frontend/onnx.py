@@ -1243,7 +1243,7 @@ def _resize(ctx, inputs, attrs):
                                                                     "align_corners", "asymmetric"),
                   "nearest_mode": _ANY, "cubic_coeff_a": _ANY, "exclude_outside": lambda v: v == 0,
                   "extrapolation_value": _ANY, "antialias": lambda v: v == 0,
-                  "keep_aspect_ratio_policy": lambda v: v == "stretch", "axes": _ANY})
+                  "keep_aspect_ratio_policy": lambda v: v in ("stretch", "not_larger", "not_smaller"), "axes": _ANY})
     g = ctx.graph
     x = _float_input(ctx.value(inputs[0]), "input X")
     rank = x.type.rank
@@ -1263,11 +1263,21 @@ def _resize(ctx, inputs, attrs):
         raise Unsupported(f"resizing a rank-{rank} tensor of shape {x.type.shape} (GE2 resizes the concrete last "
                           "two axes of 4-d, or the last of 3-d)")
     spatial = tuple(x.type.shape[2:])
+    policy = _decode(attrs.get("keep_aspect_ratio_policy", "stretch"))
+    if sizes is not None and sizes.size and policy != "stretch":  # one scale for the resized axes, sizes rounded
+        resized = [int(a) % rank for a in attrs.get("axes", range(rank))]
+        ratios = [int(sizes.reshape(-1)[a]) / x.type.shape[a] for a in resized]
+        scale = min(ratios) if policy == "not_larger" else max(ratios)
+        scales = np.array([scale if a in resized else 1.0 for a in range(rank)])
+        sizes = np.array([int(scale * d + 0.5) if a in resized else d for a, d in enumerate(x.type.shape)])
+        given = tuple(float(v) for v in scales[2:])
+    else:
+        given = None
     if sizes is not None and sizes.size:
         sizes = tuple(int(v) for v in sizes.reshape(-1))
         if sizes[:2] != tuple(x.type.shape[:2]):
             raise Unsupported(f"sizes {sizes} change the leading axes")
-        out, given_scales = sizes[2:], None
+        out, given_scales = sizes[2:], given
     elif scales is not None and scales.size:
         scales = tuple(float(v) for v in scales.reshape(-1))
         if scales[:2] != (1.0, 1.0):

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # One GPU-machine call within the device tool's 10-minute limit: build, then the whole suite file by file (GPU tests
 # required), then the benchmarks named in GE2_BENCHES, with every log packed so that at most a few files come back.
-#   scripts/gpu_full.sh OUT_DIR [build] [test] [bench]       (no stage named: build and test)
+#   scripts/gpu_full.sh OUT_DIR [build] [zoo] [test] [bench]       (no stage named: build and test)
+# zoo: the model zoo (python -m graph_executor_v2 zoo) beside the tests, every model in GE2_ZOO_GROUPS (default 5)
+# processes, float32 and float16, ONNX and torch.export, no torch.compile: its import and error columns are what it is
+# for there (its times share the GPU with the tests). GE2_ZOO_ARGS replaces its arguments; GE2_ZOO_SECONDS (default
+# 320) bounds it.
 # GE2_DEADLINE_S (default 570) bounds the whole call: the test stage gets what the build left, so the logs always
 # come back. GE2_TEST_ARGS passes extra pytest arguments (e.g. "-k 'not large'"). Headers carried under .gpu/
 # (cudnn_frontend, cutlass) are picked up by scripts/gpu_check.sh.
@@ -18,6 +22,17 @@ mkdir -p "$OUT/work"
 [ -d .gpu/cutlass ] && export GE2_CUTLASS_DIR=${GE2_CUTLASS_DIR:-$PWD/.gpu/cutlass}
 
 [[ " $STAGES " == *" build "* ]] && scripts/gpu_check.sh "$OUT/work" build >/dev/null 2>&1
+if [[ " $STAGES " == *" zoo "* ]]; then
+  models=$(PYTHONPATH=python python3 -c "from graph_executor_v2.zoo.models import MODELS; print(' '.join(MODELS))")
+  groups=${GE2_ZOO_GROUPS:-5}
+  zoo_left=${GE2_ZOO_SECONDS:-320}  # done before the suite's exclusive_gpu tests, which read device-wide free memory
+  for ((group = 0; group < groups; group++)); do
+    members=$(echo $models | tr ' ' '\n' | awk -v g=$group -v n=$groups 'NR % n == g' | paste -sd,)
+    PYTHONPATH=python timeout "$zoo_left" python3 -m graph_executor_v2 zoo --models "$members" \
+      ${GE2_ZOO_ARGS:---frontend onnx,torch --dtype float32,float16 --no-compile --time-limit 120} \
+      --out "$OUT/work/zoo_$group.md" >"$OUT/work/zoo_$group.log" 2>&1 &
+  done
+fi
 if [[ " $STAGES " == *" test "* ]]; then
   left=$((deadline - (SECONDS - start) - 25))
   timeout "$left" scripts/gpu_test_files.sh "$OUT/work/tests" ${GE2_TEST_ARGS:-} >/dev/null 2>&1
@@ -26,6 +41,7 @@ if [[ " $STAGES " == *" test "* ]]; then
   cp "$OUT/work/tests/failures.txt" "$OUT/failures.txt" 2>/dev/null
   rm -f "$OUT/work/tests/all_test_logs.txt"
 fi
+wait  # the zoo groups
 if [[ " $STAGES " == *" bench "* ]]; then
   left=$((deadline - (SECONDS - start) - 20))
   GE2_BENCH_TIMEOUT=${GE2_BENCH_TIMEOUT:-$left} timeout "$left" scripts/gpu_check.sh "$OUT/work" bench >/dev/null 2>&1

@@ -173,6 +173,19 @@ def test_autotune_picks_the_fastest_and_caches_it(fake_op, cache_dir):
     assert again.kernel == "fast_in_practice" and again.reason == "autotune cache: fast_in_practice"
 
 
+def test_autotune_ties_go_to_the_higher_priority(fake_op, cache_dir):
+    """Timings within TIE_FRACTION of the fastest are noise: the candidate ranked first by priority wins them."""
+    node, problem = fake_op(named_candidate("preferred", 30), named_candidate("marginally_faster", 10))
+    selection = choose_kernel(node, problem, FAKE_GPU, Preferences(autotune=True),
+                              fake_timer({"preferred": 1.02, "marginally_faster": 1.0}))
+    assert selection.kernel == "preferred"
+    assert "preferred: within 3% of the fastest, first by priority" in selection.reason
+    node, problem = fake_op(named_candidate("first", 30), named_candidate("clearly_faster", 10))
+    selection = choose_kernel(node, problem, FAKE_GPU, Preferences(autotune=True),
+                              fake_timer({"first": 1.05, "clearly_faster": 1.0}))
+    assert selection.kernel == "clearly_faster"
+
+
 def test_autotune_keeps_setups_apart(fake_op, cache_dir):
     node, problem = fake_op(named_candidate("a", 30), named_candidate("b", 10))
     prefs = Preferences(autotune=True)

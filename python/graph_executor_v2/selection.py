@@ -38,6 +38,7 @@ from .ir.schema import Candidate, Launch, OpDef, Problem
 # environment variable -> the capability that "1" turns off
 CAPABILITY_SWITCHES = {"GE2_FORCE_NO_EPILOGUE": "fused_epilogue"}
 VECTOR_ALIGNMENT = 16  # bytes: what a kernel not marked for any alignment may assume of its pointers
+TIE_FRACTION = 0.03  # autotuned timings this close to the fastest are a tie, which priority breaks (timing noise)
 
 _TABLES: dict[str, dict[str, dict]] = {}
 _RESOLVED: dict[Candidate, Candidate] = {}
@@ -181,10 +182,14 @@ def choose(ranking: Ranking, problem: Problem, *, last_resort: Candidate | None 
                     prepared.pop(candidate.name, None)
                     fallbacks.append((candidate.name, f"{type(error).__name__}: {error}"))
             if times:
-                winner = min(times, key=times.get)
+                # Measurement decides; priority only breaks ties (timings within TIE_FRACTION of the fastest).
+                fastest = min(times.values())
+                winner = next(c.name for c in order if times.get(c.name, float("inf")) <= fastest * (1 + TIE_FRACTION))
                 cache.store(setup, key, winner, times)
                 reason = "autotuned: " + ", ".join(f"{name} {ms:.4f} ms" for name, ms in sorted(times.items(),
                                                                                                 key=lambda i: i[1]))
+                if times[winner] > fastest:
+                    reason += f" ({winner}: within {TIE_FRACTION:.0%} of the fastest, first by priority)"
         order.sort(key=lambda c: c.name != winner)
     if last_resort is not None:
         order.append(last_resort)

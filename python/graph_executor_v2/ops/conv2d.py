@@ -18,9 +18,10 @@ Kernel candidates (``kernels()``), best first:
    problem by ``prepare`` or the first call, timed on the first call (the fastest kept). Strict float32 leaves out TF32,
    FFT and Winograd engines. Built when CMake finds cuDNN and the frontend headers (the nvidia-cudnn-frontend package or
    GE2_CUDNN_FRONTEND_DIR; ``has_cudnn_graph()``); the epilogue fused into the graph in float16/bfloat16 NHWC with
-   groups 1 and C, K multiples of 8 (cuDNN's runtime-fusion engines), run after it in place in float32 (GE2's epilogue
-   kernel: float32 is the epilogue's own precision, nothing rounds twice); backward act none. Where cuDNN has no engine
-   for a problem, preparing it raises and ``auto`` takes the next candidate.
+   groups 1 and C, K multiples of 8 (cuDNN's runtime-fusion engines); elsewhere the graph writes the convolution in
+   float32 (16-bit: to a scratch buffer; float32: y itself) and GE2's epilogue kernel finishes y, rounded once;
+   backward act none. Where cuDNN has no engine for a problem, preparing it raises and ``auto`` takes the next
+   candidate.
 2. ``implicit_gemm``: GE2's own implicit GEMM on tensor cores (no im2col buffer): x gathered on the fly by 16-byte
    cp.async, a 4-stage shared-memory pipeline, ldmatrix + mma.sync m16n8k16, float32 accumulation, bias, residual and
    activation fused into the epilogue. Forward only, NHWC, float16/bfloat16, groups 1, C % 8 == 0 (x and w 16-byte

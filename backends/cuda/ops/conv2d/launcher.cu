@@ -47,8 +47,9 @@ std::vector<KernelInfo> kernel_table() {
              "list when A has none), built once per problem and timed on the first call (the fastest is kept)"
            : "cuDNN's graph API through the cuDNN frontend: NOT BUILT (" + graph_not_built + ")",
        "built with cuDNN and the cuDNN frontend headers; a forward bias/residual/activation/clip fused in the cuDNN "
-       "graph in float16/bfloat16 NHWC, groups 1, C and K multiples of 8 (cuDNN's runtime-fusion engines), after it "
-       "in place in float32 (GE2's epilogue kernel: float32 is the epilogue's own precision); backward act none and even padding; strict float32 leaves out TF32, FFT "
+       "graph in float16/bfloat16 NHWC, groups 1, C and K multiples of 8 (cuDNN's runtime-fusion engines); "
+       "elsewhere the graph writes the convolution in float32 (float16/bfloat16: to a scratch buffer; float32: y) "
+       "and GE2's epilogue kernel finishes y, rounded once; backward act none and even padding; strict float32 leaves out TF32, FFT "
        "and Winograd engines; plans built by prepare() or the first call and timed on the first call (not during "
        "CUDA graph capture); auto takes the next candidate when cuDNN has no engine for the problem; plan workspace "
        "<= 256 MiB"},

@@ -1,6 +1,8 @@
 // cudnn_graph: cuDNN's graph API through the cuDNN frontend (header-only C++): conv_fprop with the bias add, the
-// residual add, the activation and the clip as fused pointwise nodes (float32 intermediates: y is rounded once), conv_dgrad, conv_wgrad (dbias by GE2's reduction). Compiled only when CMake
-// found cuDNN and the frontend headers (GE2_WITH_CUDNN_FRONTEND). Host code only, so it compiles as C++.
+// residual add, the activation and the clip as fused pointwise nodes (float32 intermediates: y is rounded once) where
+// cuDNN's runtime fusion runs, else followed by GE2's epilogue kernel (see forward_problem); conv_dgrad, conv_wgrad
+// (dbias by GE2's reduction). Compiled only when CMake found cuDNN and the frontend headers
+// (GE2_WITH_CUDNN_FRONTEND). Host code only, so it compiles as C++.
 //
 // Plans per problem, built and timed as _common/cudnn_graph_plans.hpp says. Strict float32 leaves out the engines
 // whose numerical notes say tensor cores (TF32), FFT or Winograd; every dtype leaves out those that down-convert
@@ -99,9 +101,10 @@ int32_t bits_of(float value) {
 struct Problem {
   Shape shape;
   Pass pass = Pass::Forward;
-  Epilogue epilogue;  // forward only
+  Epilogue epilogue;  // forward only: what the graph's pointwise nodes compute
   float slope = 0.0f;
   bool allow_tf32 = false;
+  bool float_output = false;  // forward only: y written in float32 (GE2's epilogue kernel then finishes it)
 
   std::vector<int64_t> key() const {
     const Shape& s = shape;
@@ -110,20 +113,29 @@ struct Problem {
             s.pad_left, s.dilation_h, s.dilation_w, s.groups, static_cast<int64_t>(s.layout),
             static_cast<int64_t>(s.dtype), static_cast<int64_t>(pass), static_cast<int64_t>(epilogue.act), slope_bits,
             epilogue.has_bias, epilogue.has_residual, bits_of(epilogue.clip_low), bits_of(epilogue.clip_high),
-            allow_tf32};
+            allow_tf32, float_output};
   }
 };
 
-// The part of a forward epilogue the cuDNN graph computes: all of it in float16/bfloat16 (its pointwise nodes in
-// float32, y rounded once); none in float32, whose y is the epilogue's own precision: GE2's in-place float32 kernel
-// runs it after the convolution (cuDNN's runtime fusion wants tensor cores, which strict float32 leaves out).
-Epilogue fused_part(const Shape& s, const Epilogue& epilogue) {
-  return s.dtype == DType::Float32 ? Epilogue{} : epilogue;
+// The forward problem of a convolution with `epilogue`, split between the cuDNN graph and GE2's epilogue kernel:
+// - float16/bfloat16 where cuDNN's runtime-fusion engines run (NHWC, groups 1, C and K multiples of 8): the whole
+//   epilogue as the graph's pointwise nodes (float32 intermediates, y rounded once);
+// - float16/bfloat16 elsewhere (NCHW, grouped or depthwise, odd channels): the graph writes the convolution in
+//   float32 to a scratch buffer and GE2's epilogue kernel rounds y once from it;
+// - float32: the graph writes y, GE2's epilogue kernel finishes it in place (float32 is the epilogue's precision).
+bool runtime_fusable(const Shape& s) {
+  return s.layout == Layout::NHWC && s.groups == 1 && s.c % 8 == 0 && s.k % 8 == 0;
+}
+
+Problem forward_problem(const Shape& s, const Epilogue& epilogue, float slope, bool allow_tf32) {
+  const bool in_graph = s.dtype != DType::Float32 && runtime_fusable(s);
+  const bool float_output = s.dtype != DType::Float32 && !in_graph && epilogue.any();
+  return {s, Pass::Forward, in_graph ? epilogue : Epilogue{}, slope, allow_tf32, float_output};
 }
 
 // Backward passes take no epilogue: act is none there (dbias is GE2's reduction of dy).
 Problem backward_problem(const Shape& shape, Pass pass, bool allow_tf32) {
-  return {shape, pass, Epilogue{}, 0.0f, allow_tf32};
+  return {shape, pass, Epilogue{}, 0.0f, allow_tf32, false};
 }
 
 // The clip after the activation: cuDNN's RELU_FWD between a lower and an upper clip (an absent bound: the float
@@ -158,8 +170,8 @@ void add_nodes(fe::graph::Graph& graph, const Problem& problem) {
         strides_of(s.layout, dims)));
   };
   auto output = [&](const std::shared_ptr<fe::graph::Tensor_attributes>& t, Uid uid,
-                    const std::vector<int64_t>& dims) {
-    t->set_output(true).set_uid(uid).set_dim(dims).set_stride(strides_of(s.layout, dims)).set_data_type(io);
+                    const std::vector<int64_t>& dims, fe::DataType_t type) {
+    t->set_output(true).set_uid(uid).set_dim(dims).set_stride(strides_of(s.layout, dims)).set_data_type(type);
   };
   const int64_t pad_bottom = trailing_padding(s.h, s.pad_top, s.p, s.stride_h, s.dilation_h, s.r);
   const int64_t pad_right = trailing_padding(s.w, s.pad_left, s.q, s.stride_w, s.dilation_w, s.s);
@@ -184,21 +196,21 @@ void add_nodes(fe::graph::Graph& graph, const Problem& problem) {
       }
       if (epilogue.act != Act::None) y = graph.pointwise(y, activation_node(epilogue.act, problem.slope));
       if (epilogue.has_clip()) y = graph.pointwise(y, clip_node(epilogue));
-      output(y, kY, y_dims);
+      output(y, kY, y_dims, problem.float_output ? fe::DataType_t::FLOAT : io);
       return;
     }
     case Pass::Data: {
       auto dx = graph.conv_dgrad(tensor(kDy, "dy", y_dims), tensor(kW, "w", w_dims),
                                  fe::graph::Conv_dgrad_attributes().set_name("dgrad").set_pre_padding(pre)
                                      .set_post_padding(post).set_stride(stride).set_dilation(dilation));
-      output(dx, kDx, x_dims);
+      output(dx, kDx, x_dims, io);
       return;
     }
     case Pass::Filter: {
       auto dw = graph.conv_wgrad(tensor(kDy, "dy", y_dims), tensor(kX, "x", x_dims),
                                  fe::graph::Conv_wgrad_attributes().set_name("wgrad").set_pre_padding(pre)
                                      .set_post_padding(post).set_stride(stride).set_dilation(dilation));
-      output(dw, kDw, w_dims);
+      output(dw, kDw, w_dims, io);
       return;
     }
   }
@@ -236,14 +248,6 @@ std::string cudnn_graph_unsupported_reason(const Shape& s, const Epilogue& epilo
     // 2, post-padding 0 (cuDNN 9 of PyTorch 2.11's wheel).
     return "uneven padding in backward: a cuDNN weight-gradient engine reads past the end of dy there";
   }
-  if (!backward && fused_part(s, epilogue).any()) {
-    // cuDNN fuses pointwise epilogues in its runtime-fusion engines: tensor cores, channels last, vector-aligned
-    // channels.
-    if (s.layout != Layout::NHWC) return "a fused bias, residual or activation needs NHWC";
-    if (s.groups != 1 || s.c % 8 != 0 || s.k % 8 != 0) {
-      return "a fused bias, residual or activation needs groups 1 and C, K multiples of 8";
-    }
-  }
   constexpr int64_t kMaxElements = (int64_t{1} << 31) - 1;  // cuDNN's kernels index in int32
   if (s.n * s.c * s.h * s.w > kMaxElements || s.n * s.k * s.p * s.q > kMaxElements ||
       s.k * (s.c / s.groups) * s.r * s.s > kMaxElements) {
@@ -256,7 +260,7 @@ void cudnn_graph_prepare(const Shape& shape, const Epilogue& epilogue, float slo
   const std::vector<Problem> problems =
       backward ? std::vector<Problem>{backward_problem(shape, Pass::Data, allow_tf32),
                                       backward_problem(shape, Pass::Filter, allow_tf32)}
-               : std::vector<Problem>{{shape, Pass::Forward, fused_part(shape, epilogue), slope, allow_tf32}};
+               : std::vector<Problem>{forward_problem(shape, epilogue, slope, allow_tf32)};
   std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
   cudnnHandle_t handle = CudnnHandles::instance().current();
   for (const Problem& problem : problems) {
@@ -269,19 +273,36 @@ std::string cudnn_graph_forward(const ForwardArgs& args, cudaStream_t stream) {
   if (!aligned({args.x, args.w, args.bias, args.residual, args.y})) return kMisaligned;
   std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
   cudnnHandle_t handle = CudnnHandles::instance().bound_to(stream);
-  const Epilogue epilogue = epilogue_of(args), fused = fused_part(args.shape, epilogue);
-  GraphPlan& plan = plan_for({args.shape, Pass::Forward, fused, args.slope, args.allow_tf32}, handle, stream,
-                             /*on_stream=*/true);
+  const Epilogue epilogue = epilogue_of(args);
+  const Problem problem = forward_problem(args.shape, epilogue, args.slope, args.allow_tf32);
+  GraphPlan& plan = plan_for(problem, handle, stream, /*on_stream=*/true);
   if (plan.graph == nullptr) return no_engine(plan);
-  VariantPack pack = {{kX, const_cast<void*>(args.x)}, {kW, const_cast<void*>(args.w)},
-                                             {kY, args.y}};
-  if (fused.has_bias) pack[kBias] = const_cast<void*>(args.bias);
-  if (fused.has_residual) pack[kResidual] = const_cast<void*>(args.residual);
+  const Shape& s = args.shape;
+  const std::size_t float_y_bytes =
+      problem.float_output ? static_cast<std::size_t>(s.n * s.k * s.p * s.q) * sizeof(float) : 0;
+  VariantPack pack = {{kX, const_cast<void*>(args.x)}, {kW, const_cast<void*>(args.w)}, {kY, args.y}};
+  if (problem.epilogue.has_bias) pack[kBias] = const_cast<void*>(args.bias);
+  if (problem.epilogue.has_residual) pack[kResidual] = const_cast<void*>(args.residual);
+  if (!plan.tuned && problem.float_output) {
+    // Timed on a float32 y of its own (the stream workspace holds the timing's scratch), once, outside capture.
+    void* timing_y = nullptr;
+    GE2_CUDA_CHECK(cudaMallocAsync(&timing_y, float_y_bytes, stream));
+    pack[kY] = timing_y;
+    tune(plan, handle, pack, stream, kKernel);
+    GE2_CUDA_CHECK(cudaFreeAsync(timing_y, stream));
+  }
   tune(plan, handle, pack, stream, kKernel);
-  void* workspace = plan.workspace > 0 ? StreamWorkspace::get(static_cast<std::size_t>(plan.workspace), stream)
-                                       : nullptr;
-  execute(plan, handle, pack, workspace, kKernel);
-  if (epilogue.any() && !fused.any()) {  // float32: y = clip(act(y + bias + residual)) in place
+  // One stream workspace: the plan's scratch, then (float32 output) the convolution in float32.
+  const std::size_t plan_bytes = (static_cast<std::size_t>(plan.workspace) + 255) / 256 * 256;
+  char* scratch = plan_bytes + float_y_bytes > 0
+                      ? static_cast<char*>(StreamWorkspace::get(plan_bytes + float_y_bytes, stream))
+                      : nullptr;
+  float* float_y = problem.float_output ? reinterpret_cast<float*>(scratch + plan_bytes) : nullptr;
+  if (float_y != nullptr) pack[kY] = float_y;
+  execute(plan, handle, pack, plan.workspace > 0 ? scratch : nullptr, kKernel);
+  if (problem.float_output) {  // y = clip(act(conv + bias + residual)), rounded once from the float32 convolution
+    launch_epilogue(args, float_y, /*acc_in_y_layout=*/true, stream);
+  } else if (epilogue.any() && !problem.epilogue.any()) {  // float32: the same, in place
     launch_epilogue(args, static_cast<const float*>(args.y), /*acc_in_y_layout=*/true, stream);
   }
   return "";

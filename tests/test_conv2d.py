@@ -488,6 +488,10 @@ def test_cudnn_graph_constraints_name_the_reason(change, reason):
                                         ("bfloat16", "NHWC", 2, 16, 16), ("float16", "NHWC", 1, 12, 20)):
         geometry, _, _, _ = graph_problem(dtype, layout, c=c, k=k, groups=groups)
         assert conv2d.unsupported_reason("cudnn_graph", geometry, "silu", True, has_residual=True) is None
+    # ... except where implicit_gemm fuses it in one kernel (16-bit NHWC, groups 1, C % 8 == 0, K % 8 != 0)
+    geometry, _, _, _ = graph_problem("float16", "NHWC", c=16, k=20)
+    assert "implicit_gemm fuses this epilogue in one kernel" in conv2d.unsupported_reason("cudnn_graph", geometry,
+                                                                                          "relu", True)
 
 
 def registry_ranking(dtype, layout, attrs):

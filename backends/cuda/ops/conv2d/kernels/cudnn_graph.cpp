@@ -242,6 +242,12 @@ std::string cudnn_graph_unsupported_reason(const Shape& s, const Epilogue& epilo
   if (backward && epilogue.act != Act::None) {
     return "activation gradients (dz = dy * act'(z) with z recomputed) run in im2col_gemm";
   }
+  if (!backward && epilogue.any() && forward_problem(s, epilogue, 0.0f, false).float_output &&
+      implicit_gemm_unsupported_reason(s, false).empty()) {
+    // Outside cuDNN's runtime fusion the graph writes float32 and a second kernel finishes y; GE2's implicit GEMM
+    // fuses the epilogue in one.
+    return "implicit_gemm fuses this epilogue in one kernel (cuDNN's runtime fusion needs C and K multiples of 8)";
+  }
   if (backward && (trailing_padding(s.h, s.pad_top, s.p, s.stride_h, s.dilation_h, s.r) != s.pad_top ||
                    trailing_padding(s.w, s.pad_left, s.q, s.stride_w, s.dilation_w, s.s) != s.pad_left)) {
     // compute-sanitizer on the H100: cuDNN's wgrad_alg0_engine read up to 16 bytes past dy's end with pre-padding

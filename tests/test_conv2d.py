@@ -408,8 +408,8 @@ def test_device_argument_errors(rng, to_device, poisoned):
 
 @pytest.mark.gpu
 def test_named_kernel_that_cannot_run_raises(rng, to_device):
-    x, w = to_device(random_array(rng, (2, 4, 6, 6), "float32")), to_device(random_array(rng, (3, 4, 3, 3), "float32"))
-    with pytest.raises(ValueError, match="kernel: 'cudnn' cannot run this problem"):
+    x, w = to_device(random_array(rng, (2, 4, 6, 6), "float16")), to_device(random_array(rng, (3, 4, 3, 3), "float16"))
+    with pytest.raises(ValueError, match="kernel: 'cudnn' cannot run this problem: a 16-bit epilogue"):
         conv2d.forward(x, w, act="relu", kernel="cudnn")
 
 
@@ -609,8 +609,9 @@ def test_cudnn_graph_replays_in_a_cuda_graph_and_refuses_to_set_up_during_captur
     try:
         with pytest.raises(RuntimeError, match="kernel 'cudnn_graph' must build its cuDNN plans before CUDA graph "
                                                "capture; run the problem once on this stream first"):
-            conv2d._native_module().forward(x_unseen.ptr, w_unseen.ptr, 0, out.ptr, unseen.native, "NHWC",
-                                            "float16", "none", 0.01, False, "cudnn_graph", stream.handle)
+            conv2d._native_module().forward(x_unseen.ptr, w_unseen.ptr, 0, 0, out.ptr, unseen.native, "NHWC",
+                                            "float16", "none", 0.01, False, -np.inf, np.inf, "cudnn_graph",
+                                            stream.handle)
     finally:
         capture.abort_capture()
 

@@ -8,6 +8,12 @@ the same problem and against torch._scaled_mm where the installed torch has it (
 off, torch's default). Targets: >= 1.6x GE2 bfloat16 at 8192^3, >= 0.97x
 torch._scaled_mm.
 
+cutlass_sm90 rows (results gemm_cutlass; needs a build with CUTLASS and an sm_90 GPU, else skipped with the reason):
+GE2's CUTLASS candidate pinned by name against GE2's cuBLASLt candidate on plain GEMMs >= 2048 (target >= 0.95x),
+and on y = gelu(A @ B + bias + C) (bias, gelu and the residual C, beta = 1, in its one epilogue) at 4096^3 and
+8192x1024x4096 against cuBLASLt's matmul plus one separate bias/residual/gelu kernel (cublaslt_postkernel, target
+>= 1.1x) and against cuBLASLt's own one-pass epilogue with C (cublaslt_epilogue).
+
 Run: python benchmarks/bench_gemm.py [--quick]
 """
 from __future__ import annotations
@@ -124,6 +130,72 @@ def bench_fp8(torch, m, n, k):
     return row
 
 
+CUTLASS_PLAIN_SHAPES = [(2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (8192, 1024, 4096)]
+CUTLASS_FUSED_SHAPES = [(4096, 4096, 4096), (8192, 1024, 4096)]
+
+
+def cutlass_unavailable() -> str:
+    """Empty when the cutlass_sm90 candidate can run here, else why not."""
+    row = next((k for k in gemm.kernels() if k["name"] == "cutlass_sm90"), None)
+    if row is None or "NOT BUILT" in row["description"]:
+        return row["description"] if row else "no cutlass_sm90 candidate"
+    return gemm._native_module().unsupported_reason("cutlass_sm90", 256, 256, 256, "float16", "gelu", True, True,
+                                                    False, True, False, False)
+
+
+def bench_cutlass(torch, m, n, k, dtype_name, fused):
+    dtype = getattr(torch, dtype_name)
+    a = torch.randn(m, k, device="cuda", dtype=dtype) / k**0.5
+    b = torch.randn(k, n, device="cuda", dtype=dtype)
+    bias = torch.randn(n, device="cuda", dtype=dtype) if fused else None
+    c = torch.randn(m, n, device="cuda", dtype=dtype) if fused else None
+    out, lt_out = torch.empty(m, n, device="cuda", dtype=dtype), torch.empty(m, n, device="cuda", dtype=dtype)
+    kwargs = {"act": "gelu", "beta": 1.0} if fused else {}
+    run_cutlass = lambda: gemm.forward(a, b, bias, c, kernel="cutlass_sm90", out=out, **kwargs)  # noqa: E731
+    run_lt = lambda: gemm.forward(a, b, bias, c, kernel="cublaslt_epilogue", out=lt_out, **kwargs)  # noqa: E731
+    run_cutlass()
+    run_lt()
+    error = ((out.float() - lt_out.float()).abs().max() / lt_out.float().abs().max()).item()
+    if not error < (1e-2 if dtype_name == "bfloat16" else 2e-3):
+        raise AssertionError(f"cutlass_sm90 disagrees with cuBLASLt at {m}x{n}x{k} {dtype_name}: rel err {error:.3e}")
+    times = {"cutlass_ms": median_ms(run_cutlass), "lt_ms": median_ms(run_lt)}
+    if fused:
+        # cuBLASLt's plain matmul, then bias, residual and gelu by one separate kernel (the same math, two passes)
+        post_out = torch.empty(m, n, device="cuda", dtype=dtype)
+        times["lt_plus_add_ms"] = median_ms(
+            lambda: gemm.forward(a, b, bias, c, kernel="cublaslt_postkernel", out=post_out, **kwargs))
+    row = {"shape": f"{m}x{n}x{k}", "dtype": dtype_name, "epilogue": "bias+gelu+residual" if fused else "none",
+           **times, "max_rel_err": error}
+    row["cutlass_tflops"] = 2.0 * m * n * k / (times["cutlass_ms"] * 1e-3) / 1e12
+    row["vs_lt"] = times["lt_ms"] / times["cutlass_ms"]
+    row["vs_lt_plus_add"] = times["lt_plus_add_ms"] / times["cutlass_ms"] if fused else float("nan")
+    row["target"] = "vs cuBLASLt+add>=1.1" if fused else "vs cuBLASLt>=0.95"
+    met = row["vs_lt_plus_add"] >= 1.1 if fused else row["vs_lt"] >= 0.95
+    row["met"] = "yes" if met else "NO"
+    return row
+
+
+def main_cutlass(torch, quick: bool) -> None:
+    reason = cutlass_unavailable()
+    if reason:
+        print(f"cutlass_sm90 rows skipped: {reason}")
+        return
+    rows = []
+    cases = [(shape, False) for shape in CUTLASS_PLAIN_SHAPES] + [(shape, True) for shape in CUTLASS_FUSED_SHAPES]
+    for (m, n, k), fused in cases[:3] if quick else cases:
+        for dtype_name in ("float16", "bfloat16"):
+            row = bench_cutlass(torch, m, n, k, dtype_name, fused)
+            rows.append(row)
+            print(f"{row['shape']:>16} {dtype_name:<8} {row['epilogue']:<18} cutlass_sm90 {row['cutlass_ms']:.4f} ms "
+                  f"{row['cutlass_tflops']:6.1f} TF/s | cuBLASLt x{row['vs_lt']:.3f} | cuBLASLt+add "
+                  f"x{row['vs_lt_plus_add']:.3f} {row['met']}", flush=True)
+    columns = [("shape", "M x N x K"), ("dtype", "dtype"), ("epilogue", "epilogue"), ("cutlass_ms", "cutlass_sm90 ms"),
+               ("cutlass_tflops", "cutlass_sm90 TFLOP/s"), ("lt_ms", "cuBLASLt (same epilogue) ms"),
+               ("lt_plus_add_ms", "cuBLASLt + epilogue kernel ms"), ("vs_lt", "x vs cuBLASLt"),
+               ("vs_lt_plus_add", "x vs cuBLASLt+add"), ("target", "target"), ("met", "met")]
+    print(write_results("gemm_cutlass", rows, columns, "cutlass_sm90 vs cuBLASLt (medians, L2 flushed)"))
+
+
 def main(quick: bool) -> None:
     torch = torch_cuda()
     rows = []
@@ -141,6 +213,8 @@ def main(quick: bool) -> None:
                ("linear_act_ms", "F.linear+act ms"), ("mm_ms", "mm alone ms"), ("vs_addmm_act", "x vs addmm_act"),
                ("vs_linear_act", "x vs linear+act"), ("target", "target"), ("met", "met")]
     print(write_results("gemm", rows, columns, "GEMM + bias + activation (medians, L2 flushed)"))
+
+    main_cutlass(torch, quick)
 
     fp8_rows = []
     for m, n, k in FP8_SHAPES[:1] if quick else FP8_SHAPES:

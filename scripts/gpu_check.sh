@@ -33,13 +33,15 @@ if [[ " $STAGES " == *" build "* ]]; then
   start=$SECONDS
   # The cuDNN frontend headers carried to a machine with no network (see GE2_CMAKE_ARGS above).
   [ -z "${GE2_CUDNN_FRONTEND_DIR:-}" ] && [ -d .gpu/cudnn_frontend ] && export GE2_CUDNN_FRONTEND_DIR=$PWD/.gpu/cudnn_frontend
+  # CUTLASS's headers, carried the same way (CMake reads the environment variable GE2_CUTLASS_DIR too).
+  [ -z "${GE2_CUTLASS_DIR:-}" ] && [ -d .gpu/cutlass ] && export GE2_CUTLASS_DIR=$PWD/.gpu/cutlass
   cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
     -Dpybind11_DIR="$("$PYTHON" -m pybind11 --cmakedir)" -DGE2_ONLY_OPS="${GE2_ONLY_OPS:-}" ${GE2_CMAKE_ARGS:-} \
     >"$OUT/build.log" 2>&1 &&
     cmake --build build/gpu -j "$(nproc)" >>"$OUT/build.log" 2>&1
   code=$?
   echo "build took $((SECONDS - start)) s" >>"$SUMMARY"
-  grep -E "^-- cuDNN" "$OUT/build.log" >>"$SUMMARY"  # which cuDNN candidates this build has
+  grep -E "^-- (cuDNN|CUTLASS)" "$OUT/build.log" >>"$SUMMARY"  # which cuDNN and CUTLASS candidates this build has
   record build $code
   [ $code -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
 fi

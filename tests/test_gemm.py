@@ -138,7 +138,7 @@ def test_kernels_report_constraints():
     if not ge2._native.is_built("_ops_gemm"):
         pytest.skip("_ops_gemm is not built")
     names = [k["name"] for k in gemm.kernels()]
-    assert names == ["cublaslt_epilogue", "cublaslt_postkernel", "tiled"]
+    assert names == ["cublaslt_epilogue", "cublaslt_postkernel", "cutlass_sm90", "tiled"]
     assert all(k["constraints"] for k in gemm.kernels())
     native = gemm._native_module()
     assert "activation" in native.unsupported_reason("cublaslt_epilogue", 8, 8, 8, "float16", "silu", True, False,

@@ -132,13 +132,16 @@ PYBIND11_MODULE(_ops_gemm, m) {
   m.def(
       "unsupported_reason",
       [](const std::string& kernel, int64_t rows, int64_t cols, int64_t inner, const std::string& dtype,
-         const std::string& act, bool has_bias, bool has_c, bool save_preact, bool pointers_aligned) {
+         const std::string& act, bool has_bias, bool has_c, bool save_preact, bool pointers_aligned, bool trans_a,
+         bool trans_b) {
         ge2::gemm::ForwardArgs args;
         args.m = rows;
         args.n = cols;
         args.k = inner;
         args.dtype = ge2::dtype_from_name(dtype);
         args.act = ge2::act_from_name(act);
+        args.trans_a = trans_a;
+        args.trans_b = trans_b;
         // Only presence matters here; any non-null address stands in for a real one.
         args.bias = has_bias ? as_pointer(256) : nullptr;
         args.c = has_c ? as_pointer(256) : nullptr;
@@ -147,6 +150,7 @@ PYBIND11_MODULE(_ops_gemm, m) {
       },
       py::arg("kernel"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype"), py::arg("act"),
       py::arg("has_bias"), py::arg("has_c"), py::arg("save_preact"), py::arg("pointers_aligned"),
+      py::arg("trans_a") = false, py::arg("trans_b") = false,
       "Empty string when the kernel can run the problem, else the reason it cannot.");
 
   m.def("kernels", [] { return ge2::binding::kernel_list(ge2::gemm::kernel_table()); },

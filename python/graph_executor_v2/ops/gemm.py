@@ -1,7 +1,7 @@
 """gemm: ``Y = act(alpha * op(A) @ op(B) + beta * C + bias)``, row-major, bias per output column.
 
 Inputs float32/float16/bfloat16 (all of one dtype) with float32 accumulation; TF32 only with ``allow_tf32``.
-``act`` is one of none, relu, gelu (tanh form, as cuBLASLt), silu, leaky_relu (``slope``). With
+``act`` is one of none, relu, gelu (tanh form, as cuBLASLt), gelu_erf (the exact form), silu, leaky_relu (``slope``). With
 ``save_preact`` the pre-activation ``Z`` is returned too, for backward.
 
 Kernel candidates (``kernels()``), best first:
@@ -9,7 +9,11 @@ Kernel candidates (``kernels()``), best first:
    GELU_AUX_BIAS for the saved pre-activation).
 2. ``cublaslt_postkernel``: cuBLASLt GEMM + one fused bias/activation/residual kernel; the fallback for SiLU,
    leaky ReLU, misaligned pointers or no algorithm from the heuristic. ``GE2_FORCE_NO_EPILOGUE=1`` starts here.
-3. ``tiled``: GE2's own tiled kernel, no cuBLAS: the path that always works.
+3. ``cutlass_sm90``: CUTLASS 3.x warp-specialized persistent GEMM for Hopper (sm_90a: TMA, wgmma) with bias,
+   residual, alpha and activation fused by an epilogue visitor tree; float16/bfloat16, no transposes, K and N
+   multiples of 8. NOT BUILT (its ``kernels()`` row says why) without CUTLASS's headers (the ``cutlass`` extra or
+   ``GE2_CUTLASS_DIR``).
+4. ``tiled``: GE2's own tiled kernel, no cuBLAS: the path that always works.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from ._base import (Attr, Input, OpDef, Problem, Sample, as_float64, in_ptr, nat
                     require_inputs, sample_array, stream_arg, table_candidate)
 from ._face import FACES, Face
 
-GEMM_ACTIVATIONS = ("none", "relu", "gelu", "silu", "leaky_relu")
+GEMM_ACTIVATIONS = ("none", "relu", "gelu", "gelu_erf", "silu", "leaky_relu")
 
 
 def _native_module():
@@ -259,7 +263,7 @@ def _make_candidate(name, capabilities=()):
         m, n, k, dtype, has_bias, has_c = _problem_args(problem)
         attrs = problem.attrs
         reason = _native_module().unsupported_reason(name, m, n, k, dtype, attrs["act"], has_bias, has_c, False,
-                                                     True)
+                                                     True, attrs["trans_a"], attrs["trans_b"])
         return reason or None
 
     def prepare(problem: Problem):
@@ -305,6 +309,7 @@ OP = register(OpDef(
     candidates=(
         _make_candidate("cublaslt_epilogue", capabilities=("fused_epilogue",)),  # GE2_FORCE_NO_EPILOGUE=1 turns it off
         _make_candidate("cublaslt_postkernel"),
+        _make_candidate("cutlass_sm90"),
         _make_candidate("tiled"),
     ),
     doc=__doc__,

@@ -12,7 +12,7 @@
 
 namespace ge2::gemm {
 
-enum class Kernel { Auto, LtEpilogue, LtPostKernel, Tiled };
+enum class Kernel { Auto, LtEpilogue, LtPostKernel, CutlassSm90, Tiled };
 
 Kernel kernel_from_name(const std::string& name);
 const char* kernel_name(Kernel kernel);
@@ -104,5 +104,11 @@ void launch_postkernel(const void* acc, const void* c, const void* bias, void* y
                        DType dtype, float beta, Act act, float slope, cudaStream_t stream);
 
 void launch_tiled(const ForwardArgs& args, cudaStream_t stream);
+
+// The cutlass_sm90 candidate (kernels/cutlass_sm90.cu): empty when built, else why not; empty when it runs `args`,
+// else why not; its launch.
+std::string cutlass_sm90_not_built_reason();
+std::string cutlass_sm90_unsupported_reason(const ForwardArgs& args, bool pointers_aligned);
+void launch_cutlass_sm90(const ForwardArgs& args, cudaStream_t stream);
 
 }  // namespace ge2::gemm

@@ -18,8 +18,10 @@ Kernel kernel_from_name(const std::string& name) {
   if (name == "auto") return Kernel::Auto;
   if (name == "cublaslt_epilogue") return Kernel::LtEpilogue;
   if (name == "cublaslt_postkernel") return Kernel::LtPostKernel;
+  if (name == "cutlass_sm90") return Kernel::CutlassSm90;
   if (name == "tiled") return Kernel::Tiled;
-  throw std::invalid_argument("kernel: expected one of auto, cublaslt_epilogue, cublaslt_postkernel, tiled, got '" +
+  throw std::invalid_argument(
+      "kernel: expected one of auto, cublaslt_epilogue, cublaslt_postkernel, cutlass_sm90, tiled, got '" +
                               name + "'");
 }
 
@@ -28,6 +30,7 @@ const char* kernel_name(Kernel kernel) {
     case Kernel::Auto: return "auto";
     case Kernel::LtEpilogue: return "cublaslt_epilogue";
     case Kernel::LtPostKernel: return "cublaslt_postkernel";
+    case Kernel::CutlassSm90: return "cutlass_sm90";
     case Kernel::Tiled: return "tiled";
   }
   return "unknown";
@@ -41,6 +44,16 @@ std::vector<KernelInfo> kernel_table() {
        "return an algorithm"},
       {"cublaslt_postkernel", 20, "cuBLASLt matmul + one fused bias/activation/residual kernel",
        "every act; any alignment; cuBLASLt must return an algorithm for the plain matmul"},
+      // Below the cuBLASLt candidates until the H200 has checked it (pin it by name: kernel="cutlass_sm90").
+      {"cutlass_sm90", 15,
+       cutlass_sm90_not_built_reason().empty()
+           ? "CUTLASS 3.x warp-specialized persistent GEMM for Hopper (TMA loads, wgmma, cooperative 128x128x64 or "
+             "ping-pong 64x128x64 tiles chosen per shape by its tile table) with bias, residual (beta * C), alpha and "
+             "activation fused by an epilogue visitor tree, float32 accumulation"
+           : "CUTLASS 3.x warp-specialized persistent GEMM for Hopper: NOT BUILT (" + cutlass_sm90_not_built_reason() +
+                 ")",
+       "built with CUTLASS; an sm_90 GPU; float16 or bfloat16; trans_a and trans_b false; act none, relu, gelu, "
+       "gelu_erf or silu; no save_preact; K and N multiples of 8; 16-byte aligned pointers"},
       {"tiled", 10, "GE2's own shared-memory tiled kernel, no cuBLAS: the path that always works",
        "none (slow: the reference path)", kFallback, kAnyAlignment},
   };
@@ -298,6 +311,7 @@ LtCall lt_call_for(const ForwardArgs& args) {
 }
 
 std::string unsupported_reason(Kernel kernel, const ForwardArgs& args, bool pointers_aligned) {
+  if (kernel == Kernel::CutlassSm90) return cutlass_sm90_unsupported_reason(args, pointers_aligned);
   if (kernel != Kernel::LtEpilogue) return "";
   if (args.act != Act::None && args.act != Act::Relu && args.act != Act::Gelu) {
     return "cuBLASLt has no epilogue for this activation (only none, relu, gelu)";
@@ -351,6 +365,7 @@ bool run(Kernel kernel, const ForwardArgs& args, cudaStream_t stream) {
   switch (kernel) {
     case Kernel::LtEpilogue: return run_epilogue(args, stream);
     case Kernel::LtPostKernel: return run_postkernel(args, stream);
+    case Kernel::CutlassSm90: launch_cutlass_sm90(args, stream); return true;
     case Kernel::Tiled: launch_tiled(args, stream); return true;
     case Kernel::Auto: break;
   }
@@ -366,7 +381,10 @@ bool force_no_epilogue() {
 
 Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
   check_args(args);
-  const bool aligned = aligned16(args.bias) && aligned16(args.preact);
+  bool aligned = aligned16(args.bias) && aligned16(args.preact);
+  if (requested == Kernel::CutlassSm90) {  // TMA reads every operand in 16-byte rows
+    aligned = aligned && aligned16(args.a) && aligned16(args.b) && aligned16(args.c) && aligned16(args.y);
+  }
   if (requested != Kernel::Auto) {
     const std::string reason = unsupported_reason(requested, args, aligned);
     if (!reason.empty()) {

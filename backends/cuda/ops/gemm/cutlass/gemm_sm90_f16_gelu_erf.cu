@@ -1,0 +1,8 @@
+// cutlass_sm90 instantiation: cutlass::half_t, activation gelu_erf (one per file so they compile in parallel).
+#include "gemm_sm90.cuh"
+
+namespace ge2::gemm::cutlass_sm90 {
+void launch_f16_gelu_erf(const Problem& problem, TileConfig config, cudaStream_t stream) {
+  launch<cutlass::half_t, cutlass::epilogue::thread::GELU>(problem, config, stream);
+}
+}  // namespace ge2::gemm::cutlass_sm90

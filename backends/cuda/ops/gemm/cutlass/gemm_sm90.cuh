@@ -74,7 +74,9 @@ void launch_one(const Problem& problem, cudaStream_t stream) {
       cutlass::gemm::GemmUniversalMode::kGemm,
       {m, n, k, 1},
       {static_cast<const ElementA*>(problem.a), stride_a, static_cast<const ElementA*>(problem.b), stride_b},
-      {{}, static_cast<const ElementC*>(problem.c), stride_c, static_cast<ElementD*>(problem.y), stride_d},
+      // Without a residual C is never read (beta 0), but its TMA descriptor is still built: D stands in for it.
+      {{}, static_cast<const ElementC*>(problem.c != nullptr ? problem.c : problem.y), stride_c,
+       static_cast<ElementD*>(problem.y), stride_d},
       hardware};
   auto& fusion = arguments.epilogue.thread;
   fusion.alpha = problem.alpha;

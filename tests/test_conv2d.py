@@ -399,7 +399,7 @@ def test_device_argument_errors(rng, to_device, poisoned):
     with pytest.raises(TypeError, match="x: expected a CUDA device array"):
         conv2d.forward(np.zeros((2, 4, 6, 6), np.float32), w)
     with pytest.raises(ValueError, match=r"out: expected one entry per input \(x, w, bias, residual\)"):
-        conv2d.backward(poisoned((2, 3, 4, 4), "float32"), x, w, out=(None, None))
+        conv2d.backward(poisoned((2, 3, 4, 4), "float32"), x, w, out=(None,))
     torch = pytest.importorskip("torch")
     strided = torch.zeros((2, 4, 6, 12), device="cuda")[..., ::2]
     with pytest.raises(ValueError, match="x: expected a contiguous row-major array"):

@@ -418,6 +418,8 @@ class Face:
             face._check_kernel(kernel)
             if out is not None:
                 out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+                if len(out) < len(inputs) and all(x is None for x in inputs[len(out):]):
+                    out += (None,) * (len(inputs) - len(out))  # absent trailing optional inputs need no entry
                 if len(out) != len(inputs):
                     raise ValueError(f"out: expected one entry per input ({', '.join(face._input_names(len(inputs)))})"
                                      f", None where a gradient is not wanted in place, got {len(out)}")

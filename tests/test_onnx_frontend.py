@@ -475,6 +475,28 @@ def test_conv_1d_matches_onnxruntime(rng):
 
 
 # --- constant folding, Where, the written-out attention -----------------------------------------------------------
+def test_float16_batch_normalization_takes_float32_statistics(rng):
+    """A float16 model's scale/B/mean (initializers) become float32 parameters, its var (a graph input) a cast."""
+    nodes = [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], epsilon=1e-3)]
+    stats = {name: rng.uniform(0.5, 1.5, 3).astype(np.float16) for name in "sbmv"}
+    graph = helper.make_graph(nodes, "bn16", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4, 3, 2, 5]),
+                                              helper.make_tensor_value_info("v", TensorProto.FLOAT16, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)],
+                              [numpy_helper.from_array(stats[n], n) for n in "sbm"])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    imported = onnx_frontend.load(model)
+    bn = next(node for node in imported.nodes if node.op == "batch_norm")
+    assert [value.type.dtype for value in bn.inputs[1:5]] == ["float32"] * 4
+    assert bn.inputs[4].producer is not None and bn.inputs[4].producer.op == "cast"
+    assert np.array_equal(bn.inputs[1].data, stats["s"].astype(np.float32))
+    x = rng.standard_normal((4, 3, 2, 5)).astype(np.float16)
+    out = ge2.ExecutorV2(imported).run({"x": x, "v": stats["v"]})["y"]
+    assert out.dtype == np.float16
+    s64 = {name: a.astype(np.float64).reshape(1, 3, 1, 1) for name, a in stats.items()}
+    expected = (x.astype(np.float64) - s64["m"]) / np.sqrt(s64["v"] + 1e-3) * s64["s"] + s64["b"]
+    assert_close(out, expected, "float16", reduction_length=1)
+
+
 def _run_against_onnxruntime(model, feeds):
     onnxruntime = pytest.importorskip("onnxruntime")
     session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

@@ -29,6 +29,7 @@ from ..ir import dims
 from ..ir.graph import Graph, Value
 from ..passes.attention_fusion import attention_bias, is_causal_bias
 from ..passes.cleanup import eliminate_dead_code
+from ._batch_norm import float32_statistics
 from ._einsum import batched_matmul, einsum
 from ._errors import NeedsConstant, Unsupported, UnsupportedModelError
 
@@ -972,7 +973,7 @@ def _batch_normalization(ctx, inputs, attrs):
     _only(attrs, {"epsilon": _ANY, "momentum": _ANY, "training_mode": _ANY})
     g = ctx.graph
     x = _float_input(ctx.value(inputs[0]), "input X")
-    params = [ctx.value(name) for name in inputs[1:5]]
+    params = float32_statistics(g, [ctx.value(name) for name in inputs[1:5]])
     for name, value in zip(("scale", "B", "input_mean", "input_var"), params):
         if value.type.dtype != "float32":
             raise Unsupported(f"{name} of dtype {value.type.dtype} (GE2's batch_norm keeps float32 statistics)")

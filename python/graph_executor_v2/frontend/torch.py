@@ -18,6 +18,7 @@ from ..dtypes import is_float, normalize, result_type, to_numpy
 from ..ir import dims
 from ..ir.graph import Graph, Value
 from ..passes.attention_fusion import attention_bias
+from ._batch_norm import float32_statistics
 from ._einsum import batched_matmul, einsum
 from ._errors import Unsupported, UnsupportedModelError
 
@@ -627,6 +628,7 @@ def _batch_norm(ctx, x, weight, bias, running_mean, running_var, training, momen
     weight = ctx.tensor(weight) if weight is not None else g.param(g.unique_name("bn_ones"),
                                                                    np.ones(channels, np.float32))
     bias = ctx.tensor(bias) if bias is not None else g.param(g.unique_name("bn_zeros"), np.zeros(channels, np.float32))
+    weight, bias, *stats = float32_statistics(g, [weight, bias, *stats])
     y, saved_mean, saved_invstd, _, _ = g.batch_norm(x, weight, bias, *stats, training=False, eps=float(eps))
     return y, saved_mean, saved_invstd
 

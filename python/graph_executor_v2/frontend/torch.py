@@ -215,6 +215,8 @@ def _bitwise(op):
 
 for _aten, _op in (("bitwise_and", "logical_and"), ("bitwise_or", "logical_or"), ("bitwise_xor", "logical_xor")):
     RULES[f"aten.{_aten}.Tensor"] = _bitwise(_op)
+for _aten, _op in (("__and__", "logical_and"), ("__or__", "logical_or"), ("__xor__", "logical_xor")):
+    RULES[f"aten.{_aten}.Tensor"] = _bitwise(_op)  # the operators ``&``, ``|``, ``^`` as some exports keep them
 RULES["aten.bitwise_not.default"] = _bitwise("logical_not")
 
 
@@ -369,6 +371,15 @@ def _transpose(ctx, x, dim0, dim1):
 @rule("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default")
 def _view(ctx, x, shape):
     return ctx.graph.reshape(ctx.tensor(x), shape=tuple(d if isinstance(d, str) else int(d) for d in ctx.get(shape)))
+
+
+@rule("aten.unflatten.int")
+def _unflatten(ctx, x, dim, sizes):
+    """Axis ``dim`` split into ``sizes`` (one may be -1): a reshape."""
+    x = ctx.tensor(x)
+    shape = x.type.shape
+    dim %= x.type.rank
+    return ctx.graph.reshape(x, shape=(*shape[:dim], *(int(d) for d in ctx.get(sizes)), *shape[dim + 1:]))
 
 
 @rule("aten.flatten.using_ints")

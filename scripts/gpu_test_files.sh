@@ -3,6 +3,7 @@
 # crash in one file cannot hide the results of the others; then the exclusive_gpu tests (they read device-wide free
 # memory) alone. The longest files (GE2_SHARDED_FILES, default test_attention and test_conv_epilogue) are split
 # into GE2_SHARDS (default 3) processes by their collected test ids, so no one file sets the wall time.
+# GE2_TEST_FILES narrows the run to some files (a re-check after fixes).
 # Usage: scripts/gpu_test_files.sh OUT_DIR [pytest args...]
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_test_files.sh OUT_DIR [pytest args...]}
@@ -14,7 +15,7 @@ sharded=" ${GE2_SHARDED_FILES:-tests/test_attention.py tests/test_conv_epilogue.
 shards=${GE2_SHARDS:-3}
 
 # One job per line: "<log name> <test file or @file of test ids>".
-jobs=$(for f in tests/test_*.py; do
+jobs=$(for f in ${GE2_TEST_FILES:-tests/test_*.py}; do
   name=$(basename "$f" .py)
   if [[ $sharded == *" $f "* ]] &&
      python3 -m pytest "$f" --collect-only -q -p no:cacheprovider -m "not exclusive_gpu" $PYTEST_ARGS 2>/dev/null |

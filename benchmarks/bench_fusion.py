@@ -18,8 +18,8 @@ between its ops (LayerNorm's output before the GELU). A row that fails its check
 ``check`` column, and the bench goes on to the next row. GE2 runs its plan's CUDA graph on inputs already in the
 plan's slots (``Plan.replay``), PyTorch eager and ``torch.compile`` (default mode) on the same values. GB/s counts
 each input read once and each output written once, against the device copy bandwidth measured here (a 1 GiB
-``copy_``); targets: >= 90% of copy bandwidth on the pointwise chains and >= 1.0x torch.compile. Cold compile (an empty kernel
-cache) and cache-hit times are per plan, summed over its generated kernels.
+``copy_``); targets: >= 90% of copy bandwidth on the pointwise chains and >= 1.0x torch.compile. Cold compile (an
+empty kernel cache) and cache-hit times are per plan, summed over its generated kernels.
 Timing: CUDA-event medians with the L2 flushed between repetitions (benchmarks/harness.py).
 
 Run: python benchmarks/bench_fusion.py [--rows swish_residual,...] (about 90 s on an H200; the tables are

@@ -230,17 +230,6 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     wanted = os.environ.get("GE2_BENCH_MODELS")
     rows = [row for row in ROWS if not wanted or row.id in wanted.split(",")]
-    records = []
-    for row in rows:
-        try:
-            record = run_row(torch, row)
-        except Exception as error:  # noqa: BLE001 - one model's failure is its row; the others still run
-            record = {"id": row.id, "model": row.model, "dtype": row.dtype, "input": row.shape,
-                      "status": f"failed: {type(error).__name__}: {str(error).splitlines()[0][:300]}",
-                      "traceback": traceback.format_exc(limit=8)[-1500:]}
-        print({k: v for k, v in record.items() if k != "traceback"}, flush=True)
-        records.append(record)
-        torch.cuda.empty_cache()
     columns = [("model", "model"), ("dtype", "dtype"), ("input", "input"), ("status", "status"),
                ("ge2_ms", "GE2 ms"), ("eager_ms", "eager ms"), ("compile_ms", f"compile ({COMPILE_MODE}) ms"),
                ("compile_s", "compile s"), ("vs_eager", "GE2 x eager"), ("vs_compile", "GE2 x compile"),
@@ -251,7 +240,19 @@ def main():
                ("ge2_precision", "GE2 precision"), ("torch_precision", "torch precision"), ("exporter", "exporter")]
     title = (f"Imported models: GE2 vs PyTorch eager, torch.compile(mode={COMPILE_MODE!r}) and onnxruntime "
              "(targets: >= 1.0x compile on float16 rows, >= 1.2x eager on every row)")
-    print(write_results("models", records, columns, title))
+    records, table = [], f"no row selected by GE2_BENCH_MODELS={wanted!r}"
+    for row in rows:
+        try:
+            record = run_row(torch, row)
+        except Exception as error:  # noqa: BLE001 - one model's failure is its row; the others still run
+            record = {"id": row.id, "model": row.model, "dtype": row.dtype, "input": row.shape,
+                      "status": f"failed: {type(error).__name__}: {str(error).splitlines()[0][:300]}",
+                      "traceback": traceback.format_exc(limit=8)[-1500:]}
+        print({k: v for k, v in record.items() if k != "traceback"}, flush=True)
+        records.append(record)
+        torch.cuda.empty_cache()
+        table = write_results("models", records, columns, title)  # after every row: a time limit keeps those done
+    print(table)
 
 
 if __name__ == "__main__":

@@ -162,3 +162,39 @@ def test_a_constant_sliced_to_a_symbolic_length_binds_per_plan(rng):
     for shape in ((2, 5), (3, 9)):
         x = rng.standard_normal(shape).astype(np.float32)
         np.testing.assert_array_equal(executor.run({"x": x})["y"], x + np.arange(shape[1], dtype=np.float32))
+
+
+class _ValuesContext:
+    """The torch rules' context without torch: the arguments are GE2 Values and Python constants already."""
+
+    def __init__(self, graph):
+        self.graph = graph
+
+    def get(self, argument):
+        return argument
+
+    def tensor(self, argument):
+        return argument
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int64", "bool"])
+def test_torch_diff_is_a_slice_difference_with_prepend_and_append(rng, dtype):
+    torch_frontend = pytest.importorskip("graph_executor_v2.frontend.torch")
+    diff = torch_frontend.RULES["aten.diff.default"]
+    g = ge2.ir.Graph("diff")
+    x, before, after = (g.input(name, shape, dtype) for name, shape in
+                        (("x", ("batch", 5), ), ("before", ("batch", 2)), ("after", ("batch", 1))))
+    ctx = _ValuesContext(g)
+    g.output(diff(ctx, x, 1, -1), "plain")
+    g.output(diff(ctx, x, 1, 1, before, after), "padded")
+    with pytest.raises(torch_frontend.Unsupported, match="n=2"):
+        diff(ctx, x, 2, 1)
+    with pytest.raises(torch_frontend.Unsupported, match="symbolic dimension 'batch'"):
+        diff(ctx, x, 1, 0)
+    numpy_dtype = {"float32": np.float32, "int64": np.int64, "bool": np.bool_}[dtype]
+    feeds = {name: (rng.standard_normal((3, width)) * 10).astype(numpy_dtype)
+             for name, width in (("x", 5), ("before", 2), ("after", 1))}
+    out = ge2.ExecutorV2(g).run(feeds)
+    np.testing.assert_array_equal(out["plain"], np.diff(feeds["x"], axis=-1))
+    np.testing.assert_array_equal(out["padded"], np.diff(feeds["x"], axis=1, prepend=feeds["before"],
+                                                         append=feeds["after"]))

@@ -531,6 +531,25 @@ def _slice(ctx, x, dim=0, start=None, end=None, step=1):
     return ctx.graph.slice(x, starts=(start,), ends=(end,), axes=(int(dim),), steps=(int(step),))
 
 
+@rule("aten.diff.default")
+def _diff(ctx, x, n=1, dim=-1, prepend=None, append=None):
+    """``x[1:] - x[:-1]`` along ``dim`` after concatenating prepend and append (bool: !=, as torch's xor)."""
+    if int(n) != 1:
+        raise Unsupported(f"diff with n={n} (GE2 maps n=1: apply diff n times in the model)")
+    g = ctx.graph
+    x = ctx.tensor(x)
+    if x.type.rank == 0:
+        raise Unsupported("diff of a 0-d tensor (torch needs at least 1 dimension)")
+    dim = int(dim) % x.type.rank
+    parts = [ctx.tensor(part) for part in (prepend, x, append) if part is not None]
+    x = g.concat(parts, axis=dim) if len(parts) > 1 else x
+    if isinstance(x.type.shape[dim], str):
+        raise Unsupported(f"diff along the symbolic dimension '{x.type.shape[dim]}' (GE2 slices those only whole)")
+    later = g.slice(x, starts=(1,), ends=(2**63 - 1,), axes=(dim,), steps=(1,))
+    earlier = g.slice(x, starts=(0,), ends=(-1,), axes=(dim,), steps=(1,))
+    return g.logical_xor(later, earlier) if x.type.dtype == "bool" else g.sub(later, earlier)
+
+
 @rule("aten.select.int")
 def _select(ctx, x, dim, index):
     g = ctx.graph

@@ -181,11 +181,10 @@ def test_fp8_step_on_the_gpu_matches_the_cpu_emulation_and_is_captured():
 @pytest.mark.large
 def test_large_gpt_6x384_trains_1000_steps_in_fp8_within_2_percent_of_bfloat16():
     """The attention issue's GPT (6 layers, width 384) from the same initialisation on the same batches: the FP8 loss
-    curve within 2% of the bfloat16 one at every step after the warm-up (the first 100 steps: delayed scaling starts
-    from scale 1 and learns the tensors' ranges; the learning-rate warm-up is as long), both curves averaged over 20
-    steps. Per step, the two runs are two trajectories that part after a few hundred updates, and a single batch's
-    loss moves by several percent with the trajectory: the first H200 run measured a 0.77% mean and a 3.3% largest
-    per-step gap (step 771, FP8 the lower), FP8's final loss 1.5% below bfloat16's. Both figures are printed."""
+    within 2% of the bfloat16 loss at every step after the warm-up (the first 100 steps: delayed scaling starts from
+    scale 1 and learns the tensors' ranges; the learning-rate warm-up is as long), issue 24's criterion. The H200
+    runs so far miss it: per-step gap 0.77% mean, 3.3% largest (step 771, FP8 the lower), within 2% over 20-step
+    means, FP8's final loss 1.5% below bfloat16's; both figures are printed."""
     config = GPTConfig(vocab=256, context=256, layers=6, heads=6, width=384)
     steps, batch, warmup, window = 1000, 16, 100, 20
     batches = _batches(steps, batch, config.context, seed=7)
@@ -196,12 +195,13 @@ def test_large_gpt_6x384_trains_1000_steps_in_fp8_within_2_percent_of_bfloat16()
                                     grad_clip=1.0, optimizer=ge2.train.AdamW(lr=schedule, weight_decay=0.1))
         curves[amp] = np.array([float(trainer.step(b)) for b in batches])
         assert not trainer._executor.fallbacks, amp
-    per_step = np.abs(curves["fp8"] - curves["bfloat16"])[warmup:] / curves["bfloat16"][warmup:]
+    deviation = np.abs(curves["fp8"] - curves["bfloat16"])[warmup:] / curves["bfloat16"][warmup:]
     smooth = {amp: np.convolve(curve, np.ones(window) / window, mode="valid") for amp, curve in curves.items()}
-    deviation = np.abs(smooth["fp8"] - smooth["bfloat16"])[warmup:] / smooth["bfloat16"][warmup:]
+    smoothed = np.abs(smooth["fp8"] - smooth["bfloat16"])[warmup:] / smooth["bfloat16"][warmup:]
     worst = int(deviation.argmax()) + warmup
-    print(f"FP8 vs bfloat16 per step: max {per_step.max():.3%} at step {int(per_step.argmax()) + warmup + 1}, mean "
-          f"{per_step.mean():.3%}; over {window} steps: max {deviation.max():.3%}, mean {deviation.mean():.3%}; final "
-          f"losses {curves['fp8'][-1]:.4f} / {curves['bfloat16'][-1]:.4f}")
-    assert deviation.max() <= 0.02, (f"steps {worst + 1}-{worst + window}: FP8 {smooth['fp8'][worst]:.4f} vs "
-                                     f"bfloat16 {smooth['bfloat16'][worst]:.4f} (means over {window} steps)")
+    print(f"FP8 vs bfloat16 per step: max {deviation.max():.3%} at step {worst + 1}, mean {deviation.mean():.3%}; "
+          f"over {window} steps: max {smoothed.max():.3%}, mean {smoothed.mean():.3%}; final losses "
+          f"{curves['fp8'][-1]:.4f} / {curves['bfloat16'][-1]:.4f}")
+    assert deviation.max() <= 0.02, (f"step {worst + 1}: FP8 {curves['fp8'][worst]:.4f} vs bfloat16 "
+                                     f"{curves['bfloat16'][worst]:.4f}; over {window}-step means the largest gap is "
+                                     f"{smoothed.max():.3%}")

@@ -34,14 +34,30 @@ def _ordered(values):
     return np.where(bits & 0x80, -(bits & 0x7F), bits & 0x7F)
 
 
-def _assert_within_one_fp8_ulp(actual, expected_float64, dtype, what):
+def _assert_within_one_fp8_ulp(actual, expected_float64, dtype, what, accumulation_bound=None):
+    """Each element one FP8 ulp from the reference at most, or, where the sum cancels to near zero (FP8 ulps there
+    are tiny), within ``accumulation_bound`` (the float32 accumulation's error, in output units) of it."""
     expected = expected_float64.astype(FP8[dtype])
     distance = np.abs(_ordered(np.asarray(actual).astype(FP8[dtype])) - _ordered(expected))
-    if distance.max() > 1:
-        index = tuple(np.argwhere(distance > 1)[0])
-        raise AssertionError(f"{what}: {int((distance > 1).sum())} of {distance.size} elements more than one FP8 ulp "
-                             f"away (max {int(distance.max())} ulps); first at {index}: got {actual[index]!r}, "
-                             f"expected {expected[index]!r}; exactly equal: {float((distance == 0).mean()):.4f}")
+    gap = np.abs(np.asarray(actual).astype(np.float64) - expected.astype(np.float64))
+    bad = (distance > 1) & ~(gap <= (0.0 if accumulation_bound is None else accumulation_bound))
+    if bad.any():
+        index = tuple(np.argwhere(bad)[0])
+        bound = "" if accumulation_bound is None else f", accumulation bound {float(accumulation_bound[index]):.3g}"
+        raise AssertionError(f"{what}: {int(bad.sum())} of {distance.size} elements more than one FP8 ulp away and "
+                             f"past the accumulation bound (max {int(distance.max())} ulps); first at {index}: got "
+                             f"{actual[index]!r}, expected {expected[index]!r}{bound}; exactly equal: "
+                             f"{float((distance == 0).mean()):.4f}")
+
+
+def _accumulation_bound(inputs, fast_accum):
+    """|y - reference| that cuBLASLt's accumulation order and precision may add, in the output's units:
+    eps * scale_d * scale_a * scale_b * sum_k |a_ik b_jk| (eps 2^-12; 2^-10 with fast accumulation; measured on the
+    H200: the largest gaps near zero are ~50x below this)."""
+    a, b, scale_a, scale_b, _, scale_d = inputs
+    magnitude = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)).T
+    eps = 2.0 ** (-10 if fast_accum else -12)
+    return eps * float(scale_d) * abs(float(scale_a) * float(scale_b)) * magnitude
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -126,7 +142,7 @@ def test_bad_input_is_named():
 
 @pytest.mark.skipif(not ge2._native.is_built("_ops_scaled_gemm"), reason="native module _ops_scaled_gemm not built")
 def test_cublaslt_rules_are_declined_with_their_reason():
-    problem = lambda m=32, n=32, k=32, a="float8_e4m3fn", b="float8_e4m3fn", cc=(9, 0), **attrs: ge2.ops.Problem(  # noqa: E731
+    problem = lambda m=32, n=32, k=32, a="float8_e4m3fn", b="float8_e4m3fn", cc=(9, 0), **attrs: ge2.ops.Problem(  # noqa
         "scaled_gemm", (ge2.ir.TensorType((m, k), a), ge2.ir.TensorType((n, k), b), None, None, None, None),
         (ge2.ir.TensorType((m, n), "bfloat16"), ge2.ir.TensorType((), "float32")),
         {"trans_a": False, "trans_b": True, "act": "none", "out_dtype": "bfloat16", "fast_accum": False, **attrs},
@@ -194,7 +210,7 @@ def _check(run, inputs, attrs, k, what):
     assert y.dtype == ge2.dtypes.to_numpy(out_dtype) and amax.shape == () and amax.dtype == np.float32, what
     fast = attrs.get("fast_accum", False)
     if out_dtype in FP8:
-        _assert_within_one_fp8_ulp(y, expected_y, out_dtype, what)
+        _assert_within_one_fp8_ulp(y, expected_y, out_dtype, what, _accumulation_bound(inputs, fast))
     else:
         testing.assert_close(y, expected_y, "bfloat16" if fast else TOLERANCE[out_dtype], k, what=what)
     unscaled = np.abs(scaled_gemm.reference(*inputs[:5], **{**reference_attrs, "out_dtype": "float32"})[0]).max()
@@ -212,7 +228,7 @@ def test_without_amax_the_product_is_still_right(rng, out_dtype):
     y, _ = scaled_gemm.forward_numpy(*inputs, out_dtype=out_dtype, with_amax=False)
     expected, _ = scaled_gemm.reference(*inputs, out_dtype=out_dtype)
     if out_dtype in FP8:
-        _assert_within_one_fp8_ulp(y, expected, out_dtype, "with_amax=False")
+        _assert_within_one_fp8_ulp(y, expected, out_dtype, "with_amax=False", _accumulation_bound(inputs, False))
     else:
         testing.assert_close(y, expected, out_dtype, 128, what="with_amax=False")
 
@@ -250,7 +266,8 @@ def test_quantize_then_scaled_gemm_in_a_cuda_plan_with_no_fallback(rng):
              "w": (rng.standard_normal((n, k)) * 0.05).astype(ml_dtypes.bfloat16),
              "bias": rng.standard_normal(n).astype(ml_dtypes.bfloat16)}
     sx, sw = 448.0 / float(np.abs(feeds["x"].astype(np.float64)).max()), 448.0 / 0.3
-    feeds.update(sx=_scalar(sx), sw=_scalar(sw), inv_sx=_scalar(1.0 / np.float32(sx)), inv_sw=_scalar(1.0 / np.float32(sw)))
+    feeds.update(sx=_scalar(sx), sw=_scalar(sw), inv_sx=_scalar(1.0 / np.float32(sx)),
+                 inv_sw=_scalar(1.0 / np.float32(sw)))
     for _ in range(3):  # replays
         out = executor.run(feeds)
     x_ref, x_amax_ref = ge2.ops.quantize_fp8.reference(feeds["x"], feeds["sx"])

@@ -838,3 +838,31 @@ def test_registry_ranks_implicit_gemm_first_for_nhwc_half():
     nchw_types = (TensorType((2, 16, 8, 8), "float16"), TensorType((4, 16, 3, 3), "float16"), None)
     nchw = Problem("conv2d", nchw_types, tuple(op.infer(nchw_types, nchw_attrs)), nchw_attrs)
     assert "NHWC only" in next(c for c in op.candidates if c.name == "implicit_gemm").supports(nchw)
+
+
+@pytest.mark.parametrize("epilogue", [{"act": "relu", "bias": True}, {"clip_min": 0.0, "clip_max": 6.0},
+                                      {"clip_min": 0.0, "bias": True}])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_cudnn_declines_a_16bit_depthwise_conv_with_an_epilogue_in_supports(layout, epilogue):
+    """mobilenet_v2 float16 on the H200: legacy cuDNN accepted a clip-only epilogue in supports() (the clip bounds
+    did not reach the native check) and refused it at launch; it must decline where the ranking is made."""
+    if not ge2._native.is_built("_ops_conv2d"):
+        pytest.skip("_ops_conv2d is not built")
+    op = OPS["conv2d"]
+    bias = epilogue.get("bias", False)
+    attrs = op.validate_attrs({"padding": 1, "groups": 16, "layout": layout,
+                               **{k: v for k, v in epilogue.items() if k != "bias"}}, "node")
+    x_shape, w_shape = ((2, 16, 8, 8), (16, 1, 3, 3)) if layout == "NCHW" else ((2, 8, 8, 16), (16, 3, 3, 1))
+    types = (TensorType(x_shape, "float16"), TensorType(w_shape, "float16"), TensorType((16,), "float16") if bias
+             else None)
+    problem = Problem("conv2d", types, tuple(op.infer(types, attrs)), attrs)
+    cudnn = next(c for c in op.candidates if c.name == "cudnn")
+    expected = "a 16-bit epilogue" if conv2d.has_cudnn() else "has no cuDNN"
+    assert expected in (cudnn.supports(problem) or "")
+    ranking = selection.rank(op, problem)
+    assert "cudnn" not in [c.name for c in ranking.viable]
+    assert "im2col_gemm" in [c.name for c in ranking.viable]
+    # float32: the epilogue after cuDNN rounds nothing, so cuDNN keeps the problem where it is built
+    types32 = tuple(None if t is None else TensorType(t.shape, "float32") for t in types)
+    problem32 = Problem("conv2d", types32, tuple(op.infer(types32, attrs)), attrs)
+    assert cudnn.supports(problem32) is None or not conv2d.has_cudnn()

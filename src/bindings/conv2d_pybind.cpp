@@ -108,13 +108,16 @@ PYBIND11_MODULE(_ops_conv2d, m) {
   m.def(
       "unsupported_reason",
       [](const std::string& kernel, const std::vector<int64_t>& geometry, const std::string& layout,
-         const std::string& dtype, const std::string& act, bool has_bias, bool has_residual, bool backward) {
+         const std::string& dtype, const std::string& act, bool has_bias, bool has_residual, bool backward,
+         float clip_low, float clip_high) {
+        // the clip bounds too: a clip alone is an epilogue (legacy cuDNN declines it for 16-bit outputs)
         return ge2::conv2d::unsupported_reason(ge2::conv2d::kernel_from_name(kernel),
                                                make_shape(geometry, layout, dtype),
-                                               {ge2::act_from_name(act), has_bias, has_residual}, backward);
+                                               {ge2::act_from_name(act), has_bias, has_residual, clip_low, clip_high},
+                                               backward);
       },
       py::arg("kernel"), py::arg("geometry"), py::arg("layout"), py::arg("dtype"), py::arg("act"),
-      py::arg("has_bias"), py::arg("has_residual"), py::arg("backward"),
+      py::arg("has_bias"), py::arg("has_residual"), py::arg("backward"), py::arg("clip_low"), py::arg("clip_high"),
       "Empty when `kernel` can run the problem (forward, or backward with `backward`); otherwise the reason.");
 
   m.def("kernels", [] { return ge2::binding::kernel_list(ge2::conv2d::kernel_table()); },

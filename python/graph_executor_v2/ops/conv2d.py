@@ -363,11 +363,12 @@ def has_cudnn_graph() -> bool:
 
 
 def unsupported_reason(kernel: str, geometry: ConvGeometry, act: str, has_bias: bool, backward: bool = False, *,
-                       has_residual: bool = False):
-    """None when ``kernel`` can run the problem, else the reason it cannot."""
+                       has_residual: bool = False, clip: tuple[float, float] = (-np.inf, np.inf)):
+    """None when ``kernel`` can run the problem, else the reason it cannot. ``clip``: the forward's (low, high)
+    bounds, infinite when absent (a clip is part of the epilogue, as the bias and the activation)."""
     _check_kernel(kernel)
     reason = _native_module().unsupported_reason(kernel, geometry.native, geometry.layout, geometry.dtype, act,
-                                                 has_bias, has_residual, backward)
+                                                 has_bias, has_residual, backward, *clip)
     return reason or None
 
 
@@ -454,7 +455,8 @@ def _forward_candidate(name):
     def supports(problem: Problem):
         x, w, bias, residual = conv_inputs(problem.in_types)
         return unsupported_reason(name, _types_geometry(x, w, bias, problem.attrs, residual), problem.attrs["act"],
-                                  bias is not None, has_residual=residual is not None)
+                                  bias is not None, has_residual=residual is not None,
+                                  clip=_clip_bounds(problem.attrs))
 
     def prepare(problem: Problem):
         x, w, bias, residual = conv_inputs(problem.in_types)

@@ -2,42 +2,38 @@
 # Runs each tests/test_*.py in its own pytest process (GE2_TEST_JOBS at a time, default 6), GPU tests required, so a
 # crash in one file cannot hide the results of the others; then the exclusive_gpu tests (they read device-wide free
 # memory) alone. The longest files (GE2_SHARDED_FILES, default test_attention and test_conv_epilogue) are split
-# into GE2_SHARDS (default 3) processes by their collected test ids, so no one file sets the wall time.
+# into GE2_SHARDS (default 3) processes, round-robin over their collected tests (GE2_SHARD, tests/conftest.py),
+# so no one file sets the wall time.
 # GE2_TEST_FILES narrows the run to some files (a re-check after fixes).
 # Usage: scripts/gpu_test_files.sh OUT_DIR [pytest args...]
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_test_files.sh OUT_DIR [pytest args...]}
 shift
 cd "$(dirname "$0")/.."
-mkdir -p "$OUT/files" "$OUT/shards"
+mkdir -p "$OUT/files"
 export PYTHONPATH=$PWD/python GE2_REQUIRE_GPU=1 PYTHONUNBUFFERED=1 PYTEST_ARGS="$*" OUT
 sharded=" ${GE2_SHARDED_FILES:-tests/test_attention.py tests/test_conv_epilogue.py} "
 shards=${GE2_SHARDS:-3}
 
-# One job per line: "<log name> <test file or @file of test ids>".
+# One job per line: "<log name> <test file> [<shard>/<shards>]" (a sharded file runs as GE2_SHARD=i/n, see conftest).
 jobs=$(for f in ${GE2_TEST_FILES:-tests/test_*.py}; do
   name=$(basename "$f" .py)
-  if [[ $sharded == *" $f "* ]] &&
-     python3 -m pytest "$f" --collect-only -q -p no:cacheprovider -m "not exclusive_gpu" $PYTEST_ARGS 2>/dev/null |
-       grep "::" >"$OUT/shards/$name.ids"; then  # a file that does not collect runs whole, so its error shows
-    split -n "r/$shards" -d "$OUT/shards/$name.ids" "$OUT/shards/$name.part"
-    for part in "$OUT/shards/$name.part"*; do echo "$name.${part##*.part} @$part"; done
+  if [[ $sharded == *" $f "* ]]; then
+    for ((shard = 0; shard < shards; shard++)); do echo "$name.$shard $f $shard/$shards"; done
   else
     echo "$name $f"
   fi
 done)
 
-run_job() {  # run_job <log name> <test file or @file of test ids>
-  local targets=("$2")
-  [[ $2 == @* ]] && mapfile -t targets <"${2#@}"
-  python3 -m pytest "${targets[@]}" -q -p no:cacheprovider -rf -m "not exclusive_gpu" $PYTEST_ARGS \
+run_job() {  # run_job <log name> <test file> [<shard>/<shards>]
+  GE2_SHARD=${3:-} python3 -m pytest "$2" -q -p no:cacheprovider -rf -m "not exclusive_gpu" $PYTEST_ARGS \
     >"$OUT/files/$1.log" 2>&1
   local code=$?
   [ $code -eq 5 ] && code=0  # a file with no test selected
   echo "$1 exit=$code"
 }
 export -f run_job
-echo "$jobs" | xargs -P "${GE2_TEST_JOBS:-6}" -L 1 bash -c 'run_job "$0" "$1"' | sort >"$OUT/files_summary.txt"
+echo "$jobs" | xargs -P "${GE2_TEST_JOBS:-6}" -L 1 bash -c 'run_job "$0" "$1" "${2:-}"' | sort >"$OUT/files_summary.txt"
 python3 -m pytest tests -q -p no:cacheprovider -rf -m exclusive_gpu $PYTEST_ARGS >"$OUT/files/exclusive_gpu.log" 2>&1
 echo "exclusive_gpu exit=$?" >>"$OUT/files_summary.txt"
 for log in "$OUT"/files/*.log; do

@@ -19,6 +19,7 @@ import graph_executor_v2 as ge2
 from graph_executor_v2 import distributed
 from graph_executor_v2.distributed.buckets import Bucket, plan_buckets
 from graph_executor_v2.distributed.store import StoreError, TCPStore
+from graph_executor_v2.runtime.backends import CudaBackend
 
 PYTHON_PATH = str(Path(__file__).resolve().parents[1] / "python")
 
@@ -374,8 +375,9 @@ def test_trainer_distributed_bad_use(monkeypatch):
             distributed.all_reduce_bucket([np.zeros(2, np.float32)], op="mean")
         from graph_executor_v2.distributed.data_parallel import GradientAverager
 
-        class CudaBackendStandIn:  # the backend check comes before any device work
-            device = "cuda"
+        class CudaBackendStandIn(CudaBackend):  # the backend check comes before any device work
+            def __init__(self):
+                pass  # no GPU needed
 
         with pytest.raises(ValueError, match="distributed: device 'cuda' needs the 'nccl' backend"):
             GradientAverager(distributed.group(), CudaBackendStandIn())
@@ -495,9 +497,11 @@ def test_cuda_buckets_fork_to_the_comm_stream_and_join_before_the_epilogue(monke
         def wait_on(self, stream):
             calls.append(("wait", self.name, stream))
 
-    class CudaBackendStandIn:
-        device = "cuda"
+    class CudaBackendStandIn(CudaBackend):  # the CUDA backend's data-parallel hooks, its device work recorded
         created = 0
+
+        def __init__(self):
+            pass  # no GPU needed
 
         def streams(self, count):
             return ["comm"] * count

@@ -64,21 +64,17 @@ class GradientAverager:
     def __init__(self, group, backend, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
         if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes: expected a positive int, got {bucket_bytes!r}")
-        if backend.device == "cuda" and group.communicator is None:
-            raise ValueError(f"distributed: device 'cuda' needs the 'nccl' backend, but this job runs the "
-                             f"'{group.backend}' backend (ge2.distributed.init(backend='nccl'))")
+        backend.check_process_group(group)
         self.group, self.bucket_bytes, self._backend = group, bucket_bytes, backend
-        if backend.device == "cuda":
-            self._streams = backend.streams(1)  # the communication stream, kept alive with its handle
-            self._comm = backend.stream_handle(self._streams[0])
+        # The communication stream (kept alive here) and its handle; none on the CPU.
+        self._comm_stream, self._comm = backend.side_stream()
         self.buckets: dict[int, list[ScheduledBucket]] = {}  # id(plan) -> its buckets (for explain)
 
     def broadcast(self, buffers) -> None:
         """Overwrites every buffer with rank 0's (start of training, after a checkpoint is loaded)."""
         for buffer in buffers:
             broadcast(buffer, root=0)
-        if self._backend.device == "cuda":
-            self._backend.runtime.synchronize()
+        self._backend.synchronize()
 
     def attach(self, plan, gradients: Sequence[str], loss: str | None) -> None:
         """Adds the bucket all-reduces to ``plan`` (after the steps that finish them) and, to its epilogue, the
@@ -88,25 +84,15 @@ class GradientAverager:
                              f"{plan.schedule.stream_count} streams")
         buckets = schedule_buckets(plan.graph, gradients, loss, self.bucket_bytes)
         self.buckets[id(plan)] = buckets
-        if self._backend.device == "cuda":
-            self.group.add_captured_plan(plan)
+        self._backend.hold_captured_collectives(self.group, plan)
         done_events = []
         for bucket in buckets:
             arrays = [plan.slots[name] for name in bucket.values]
-            if self._backend.device == "cpu":
-                plan.after_step.setdefault(bucket.after, []).append(
-                    lambda stream, arrays=arrays: all_reduce_bucket(arrays, "avg"))
-                continue
-            ready, done = self._backend.event(), self._backend.event()
-            done_events.append(done)
-
-            def launch(stream, arrays=arrays, ready=ready, done=done, comm=self._comm):
-                ready.record(stream)  # the bucket's gradients are final on the compute stream
-                ready.wait_on(comm)
-                all_reduce_bucket(arrays, "avg", comm)
-                done.record(comm)
-
-            plan.after_step.setdefault(bucket.after, []).append(launch)
+            hook, done = self._backend.overlapped(lambda comm, arrays=arrays: all_reduce_bucket(arrays, "avg", comm),
+                                                  self._comm)
+            plan.after_step.setdefault(bucket.after, []).append(hook)
+            if done is not None:
+                done_events.append(done)
         if done_events:
             def join(stream, done_events=done_events):  # the optimizer reads averaged gradients only
                 for done in done_events:
@@ -116,7 +102,7 @@ class GradientAverager:
 
     def describe(self, plan) -> str:
         buckets = self.buckets.get(id(plan), [])
-        where = "NCCL on a communication stream" if self._backend.device == "cuda" else "the store (CPU)"
+        where = self._backend.collectives
         lines = [f"data parallel: rank {self.group.rank} of {self.group.world_size}, gradients and loss averaged "
                  f"by {where}: {len(buckets)} all-reduce(s) a step, buckets closed at "
                  f"{self.bucket_bytes / 2**20:.3g} MB"]

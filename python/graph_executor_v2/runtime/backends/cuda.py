@@ -144,6 +144,41 @@ class CudaBackend:
         self.runtime.memcpy_device_to_device(view.ptr, slot.ptr, slot.nbytes, stream)
         return result
 
+    # Data parallelism (distributed/data_parallel.py): NCCL on a communication stream, captured with the plan.
+    collectives = "NCCL on a communication stream"
+
+    def check_process_group(self, group) -> None:
+        """Raises when ``group`` cannot exchange device buffers (they need NCCL)."""
+        if group.communicator is None:
+            raise ValueError(f"distributed: device 'cuda' needs the 'nccl' backend, but this job runs the "
+                             f"'{group.backend}' backend (ge2.distributed.init(backend='nccl'))")
+
+    def side_stream(self) -> tuple:
+        """(a stream for work that overlaps the plan's, kept alive by the caller; its handle)."""
+        stream = self.streams(1)[0]
+        return stream, self.stream_handle(stream)
+
+    def overlapped(self, work, side_stream: int) -> tuple:
+        """``(hook, done)``: ``hook(stream)`` makes ``side_stream`` wait for what ``stream`` holds so far, enqueues
+        ``work(side_stream)`` and records ``done``, the event that ``done.wait_on(stream)`` joins back (no host
+        synchronisation, so a captured plan captures the fork and the join)."""
+        ready, done = self.event(), self.event()
+
+        def hook(stream):
+            ready.record(stream)
+            ready.wait_on(side_stream)
+            work(side_stream)
+            done.record(side_stream)
+
+        return hook, done
+
+    def hold_captured_collectives(self, group, plan) -> None:
+        """Registers ``plan`` with ``group``: its CUDA graph, once captured, holds the group's communicator."""
+        group.add_captured_plan(plan)
+
+    def synchronize(self) -> None:
+        self.runtime.synchronize()
+
     def time_ms(self, run, stream: int, warmup: int = 3, repetitions: int = 20) -> float:
         """Mean milliseconds of ``run()`` on ``stream``, between CUDA events, after a warm-up."""
         for _ in range(warmup):

@@ -83,3 +83,25 @@ class ReferenceBackend:
 
     def stream_handle(self, stream):
         return stream
+
+    # Data parallelism (distributed/data_parallel.py): the ranks exchange NumPy buffers through the store, in order.
+    collectives = "the store (CPU)"
+
+    def check_process_group(self, group) -> None:
+        """Raises when ``group`` cannot exchange this backend's buffers: the store exchanges NumPy arrays always."""
+
+    def side_stream(self) -> tuple:
+        """(a stream for work that overlaps the plan's, kept alive by the caller; its handle): none on the CPU."""
+        return None, None
+
+    def overlapped(self, work, side_stream) -> tuple:
+        """``(hook, done)``: ``hook(stream)`` runs ``work(side_stream)`` once what ``stream`` holds so far is done;
+        ``done`` is an event that ``done.wait_on(stream)`` waits for, or None. On the CPU: in order, at once."""
+        return (lambda stream: work(side_stream)), None
+
+    def hold_captured_collectives(self, group, plan) -> None:
+        """Registers ``plan`` with ``group`` when its captured form holds the group's collectives: the CPU captures
+        nothing."""
+
+    def synchronize(self) -> None:
+        pass  # the host work is done when a call returns

@@ -674,7 +674,7 @@ def test_graph_runs_on_cuda_executor(rng):
     y, _ = g.attention(q, *kv, causal=True, layout="bshd")
     g.output(y, "y")
     feeds = dict(zip("qkv", _problem(rng, 2, 4, 2, 16, 16, 64, "bfloat16", "bshd")))
-    executor = ge2.ExecutorV2(g, device="cuda")
+    executor = ge2.ExecutorV2(g, device="cuda", autotune=False)  # the priority order is what this test pins
     result = executor.run(feeds)
     expected, _ = attention.reference(feeds["q"], feeds["k"], feeds["v"], causal=True, layout="bshd")
     assert_close(result["y"], expected, "bfloat16", what="y")
@@ -690,7 +690,7 @@ def test_graph_selects_rowwise_then_unfused_where_flash_does_not_apply(rng, head
     y, _ = g.attention(q, k, v, causal=True)
     g.output(y, "y")
     feeds = dict(zip("qkv", _problem(rng, 2, 3, 3, 7, 7, head_dim, "float32")))
-    executor = ge2.ExecutorV2(g, device="cuda")
+    executor = ge2.ExecutorV2(g, device="cuda", autotune=False)  # the priority order is what this test pins
     result = executor.run(feeds)
     expected, _ = attention.reference(feeds["q"], feeds["k"], feeds["v"], causal=True)
     assert_close(result["y"], expected, "float32", reduction_length=head_dim, what="y")

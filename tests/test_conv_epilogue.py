@@ -485,7 +485,7 @@ def test_every_candidate_epilogue_matches_float64(rng, poisoned, to_device, kern
 def test_fused_block_on_the_gpu_matches_the_cpu_and_says_which_kernels_ran(rng, dtype):
     layout = "NHWC" if dtype == "float16" else "NCHW"
     g, feeds = _residual_block(rng, dtype=dtype, layout=layout)
-    executor = ge2.ExecutorV2(g, device="cuda")
+    executor = ge2.ExecutorV2(g, device="cuda", autotune=False)  # the fused kernels rank first: their choice is pinned
     explained = executor.explain()
     print(explained)
     assert executor.optimized_graph.op_counts() == {"conv2d": 2}, explained
@@ -508,7 +508,7 @@ def test_imported_16_bit_stem_and_block_fuse_on_the_gpu(rng):
     b = g.conv2d(a, g.param("w2", random_array(rng, (16, 16, 3, 3), "float16", 0.1)),
                  g.param("b2", random_array(rng, (16,), "float16")), padding=1)
     g.output(g.relu(g.add(b, h)), "y")
-    executor = ge2.ExecutorV2(g, device="cuda")
+    executor = ge2.ExecutorV2(g, device="cuda", autotune=False)  # the fused kernels rank first: their choice is pinned
     feeds = {"x": random_array(rng, (4, 3, 32, 32), "float16")}
     got = executor.run(feeds)["y"]
     explained = executor.explain()

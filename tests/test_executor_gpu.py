@@ -1,6 +1,6 @@
 """ExecutorV2 on the GPU: MLPs against float64 NumPy, fused vs unfused plans, the fallbacks (forced by
 GE2_FORCE_NO_EPILOGUE, by a candidate that cannot prepare, by an op with no GPU kernel), device arrays in and out,
-no device allocation in the steady state, and autotuning across processes."""
+no device allocation in the steady state, autotuning by default and across processes."""
 from __future__ import annotations
 
 import os
@@ -167,3 +167,27 @@ def test_autotune_persists_across_processes(tmp_path):
     assert second.startswith("autotune cache: "), second
     (tmp_path / "autotune.json").write_text("corrupt {")
     assert run().startswith("autotuned: ")  # a corrupt cache is ignored and rewritten, never a crash
+
+
+def test_plans_choose_by_measurement_by_default(rng, tmp_path, monkeypatch):
+    """Every GEMM (several viable kernels each: aligned float16) is timed once per problem at plan build and
+    explain() shows the times; autotune=False keeps the priority order and times nothing."""
+    monkeypatch.setenv("GE2_CACHE_DIR", str(tmp_path))
+    sizes = (128, 256, 256, 64)
+    g, reference = mlp(rng, sizes, "float16", "relu", batch=64)
+    measured = ge2.ExecutorV2(g, device="cuda")
+    x = random_array(rng, (64, sizes[0]), "float16")
+    assert_close(measured.run({"x": x})["y"], reference(x), "float16", max(sizes), what="measured")
+    text = measured.explain()
+    print(text)
+    reasons = [s.reason for s in measured.plans[0].selections]
+    assert all(reason.startswith("autotuned: ") for reason in reasons), text  # three GEMMs, three problems
+    assert all(reason.count(" ms") >= 2 for reason in reasons), text  # at least two candidates timed each
+    assert "autotune: 3 problem(s) timed in " in text
+    assert measured.plans[0].tuning_seconds > 0
+    assert (tmp_path / "autotune.json").exists()
+    by_priority = ge2.ExecutorV2(g, device="cuda", autotune=False)
+    assert_close(by_priority.run({"x": x})["y"], reference(x), "float16", max(sizes), what="by priority")
+    assert all(s.reason.startswith("highest priority of ") for s in by_priority.plans[0].selections), \
+        by_priority.explain()
+    assert by_priority.plans[0].tuning_seconds == 0

@@ -467,7 +467,7 @@ def test_graph_runs_on_cuda_executor(rng):
     g.output(g.mean(x, axis=0, keepdims=True), "mean")
     g.output(g.max(x, axis=(0, 2)), "max")
     feeds = {"x": (rng.standard_normal((16, 24, 40)) + 0.5).astype(np.float16)}
-    executor = ge2.ExecutorV2(g, device="cuda")
+    executor = ge2.ExecutorV2(g, device="cuda", autotune=False)  # the priority order is what this test pins
     result = executor.run(feeds)
     assert_close(result["sum"], reduce.reference("sum", feeds["x"], -1), "float16", 40, what="sum")
     assert_close(result["mean"], reduce.reference("mean", feeds["x"], 0, True), "float16", what="mean")

@@ -17,8 +17,10 @@ import pytest
 from graph_executor_v2.ir import Graph
 from graph_executor_v2 import selection
 from graph_executor_v2.ops._base import OPS, Candidate, Input, OpDef, Problem, table_candidate
-from graph_executor_v2.runtime import Capabilities, Preferences, choose_kernel, select
+from graph_executor_v2.runtime import Capabilities, ExecutorV2, Preferences, choose_kernel, select
+from graph_executor_v2.runtime import executor as executor_module
 from graph_executor_v2.runtime.autotune import AutotuneCache, default_cache_path
+from graph_executor_v2.runtime.backends.reference import ReferenceBackend
 from graph_executor_v2.runtime.registry import problem_key
 
 FAKE_GPU = Capabilities("cuda", (9, 0), "Fake GPU", "Fake GPU | CUDA runtime 0 | cuBLASLt test")
@@ -170,7 +172,8 @@ def test_autotune_picks_the_fastest_and_caches_it(fake_op, cache_dir):
         raise AssertionError("a cached problem must not be timed again")
 
     again = choose_kernel(node, problem, FAKE_GPU, prefs, no_timing, AutotuneCache())
-    assert again.kernel == "fast_in_practice" and again.reason == "autotune cache: fast_in_practice"
+    assert again.kernel == "fast_in_practice"
+    assert again.reason == "autotune cache: fast_in_practice (fast_in_practice 1.0000 ms, fast_on_paper 2.0000 ms)"
 
 
 def test_autotune_ties_go_to_the_higher_priority(fake_op, cache_dir):
@@ -324,3 +327,100 @@ def test_a_table_candidate_missing_from_its_table_or_module_is_rejected_with_the
     assert [c.name for c in ranking.viable] == ["host_reference"]
     assert "has no kernel 'tiled' in its kernels() table (vector, gather, scalar)" in ranking.rejected[0][1]
     assert "_ops_not_built_anywhere" in ranking.rejected[1][1] and "ImportError" in ranking.rejected[1][1]
+
+
+# --- measured choice at plan build ----------------------------------------------------------------------------------
+class TimedReferenceBackend(ReferenceBackend):
+    """The CPU backend posing as one whose kernels are timed between events, as CUDA's are, so that plan building's
+    autotuning runs here: ``time_ms`` runs the launch once and returns the fake time of the kernel it launched."""
+
+    asynchronous = True
+
+    def __init__(self, times_ms):
+        self.times_ms, self.launched, self.timed = times_ms, [], []
+
+    def event(self):
+        return None
+
+    def time_ms(self, run, stream):
+        run()
+        self.timed.append(self.launched[-1])
+        return self.times_ms[self.launched[-1]]
+
+
+def recording_candidate(name, priority, launched):
+    def prepare(problem):
+        return lambda ins, outs, stream: launched.append(name)
+
+    return Candidate(name, priority, name, lambda problem: None, prepare)
+
+
+@pytest.fixture
+def fake_gpu_executor(monkeypatch, cache_dir):
+    """(graph, make): a graph of four 'fake' nodes on two problems (three of shape (64, 64), one of (32, 64)), and
+    make(**options) -> (ExecutorV2 on the fake timed backend, that backend)."""
+    launched = []
+    opdef = OpDef("fake", (Input("x"),), ("y",), (), lambda types, attrs: [types[0]],
+                  lambda inputs, attrs: [inputs[0]],
+                  candidates=(recording_candidate("on_paper", 30, launched), recording_candidate("fast", 10, launched)))
+    monkeypatch.setitem(OPS, "fake", opdef)
+    monkeypatch.setattr(Capabilities, "detect",
+                        staticmethod(lambda device: FAKE_GPU if device == "cuda" else Capabilities("cpu")))
+    g = Graph("measured")
+    g.output(g.fake(g.fake(g.fake(g.input("a", (64, 64), "float32")))), "y")
+    g.output(g.fake(g.input("b", (32, 64), "float32")), "z")
+
+    def make(**options):
+        backend = TimedReferenceBackend({"on_paper": 2.0, "fast": 1.0})
+        backend.launched = launched
+        monkeypatch.setattr(executor_module, "backend_for", lambda device: backend)
+        return ExecutorV2(g, device="cuda", passes=[], **options), backend
+
+    return g, make
+
+
+def test_plans_time_each_distinct_problem_once_by_default_and_keep_the_fastest(fake_gpu_executor):
+    _, make = fake_gpu_executor
+    executor, backend = make()
+    assert backend.timed == ["on_paper", "fast", "on_paper", "fast"]  # two problems, two candidates each
+    selections = executor.plans[0].selections
+    assert [s.kernel for s in selections] == ["fast"] * 4
+    reasons = sorted(s.reason for s in selections)
+    assert reasons == ["autotune cache: fast (fast 1.0000 ms, on_paper 2.0000 ms)"] * 2 + [
+        "autotuned: fast 1.0000 ms, on_paper 2.0000 ms"] * 2
+    text = executor.explain()
+    assert "-> fast: autotuned: fast 1.0000 ms, on_paper 2.0000 ms" in text
+    assert "autotune: 2 problem(s) timed in " in text and ", 2 node(s) from the autotune cache; plan built in" in text
+    assert executor.plans[0].build_seconds >= executor.plans[0].tuning_seconds > 0
+
+    again, backend = make()  # a new executor (as a new process would) reads the winners from the cache on disk
+    assert backend.timed == []
+    assert [s.kernel for s in again.plans[0].selections] == ["fast"] * 4
+    assert "autotune: 0 problem(s) timed in 0.00 s, 4 node(s) from the autotune cache" in again.explain()
+
+
+def test_autotune_false_keeps_the_priority_order_and_times_nothing(fake_gpu_executor):
+    _, make = fake_gpu_executor
+    executor, backend = make(autotune=False)
+    assert backend.timed == []
+    assert [s.kernel for s in executor.plans[0].selections] == ["on_paper"] * 4
+    assert {s.reason for s in executor.plans[0].selections} == {"highest priority of 2 viable"}
+    assert "autotune: off (autotune=False: highest priority first)" in executor.explain()
+
+
+def test_a_pinned_op_is_not_timed(fake_gpu_executor):
+    _, make = fake_gpu_executor
+    executor, backend = make(kernels={"fake": "fast"})
+    assert backend.timed == []
+    assert {(s.kernel, s.reason) for s in executor.plans[0].selections} == {("fast", "pinned by preferences")}
+
+
+def test_the_cpu_times_nothing(fake_gpu_executor):
+    graph, _ = fake_gpu_executor
+    executor = ExecutorV2(graph, device="cpu", passes=[])  # ReferenceBackend has no time_ms: a timing would raise
+    assert {s.kernel for s in executor.plans[0].selections} == {"numpy_reference"}
+    a = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
+    b = np.ones((32, 64), np.float32)
+    result = executor.run({"a": a, "b": b})
+    np.testing.assert_array_equal(result["y"], a)
+    np.testing.assert_array_equal(result["z"], b)

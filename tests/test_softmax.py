@@ -448,7 +448,7 @@ def test_graph_runs_on_cuda_executor(rng):
     g.output(g.softmax(x), "p")
     g.output(g.log_softmax(x, axis=1), "logp")
     feeds = {"x": random_array(rng, (8, 4, 300), "float16", 3.0)}
-    executor = ge2.ExecutorV2(g, device="cuda")
+    executor = ge2.ExecutorV2(g, device="cuda", autotune=False)  # the priority order is what this test pins
     result = executor.run(feeds)
     assert_close(result["p"], softmax.reference("softmax", feeds["x"]), "float16", what="p")
     assert_close(result["logp"], softmax.reference("log_softmax", feeds["x"], axis=1), "float16", what="logp")

@@ -19,8 +19,8 @@ Ranking (``rank``): capabilities turned off by the environment, alignment, then 
 the viable ones best ``priority`` first, a pinned kernel first of all. Choosing (``choose``): the ranked candidates
 prepared in order, a failure falling to the next (recorded), after autotuning when a timer is given: the viable
 candidates timed once per problem and the winner kept in the ``AutotuneCache`` (``runtime/autotune.py``).
-Measured choice at plan build (timing the candidates on the plan's own buffers) hooks in there: ``choose`` with
-that ``timer``.
+Plans on CUDA choose by measurement by default: ``ExecutorV2`` calls ``choose`` with a ``timer`` that runs the
+candidate on the plan's own buffers (``autotune=False`` passes none: the priority order decides).
 
 Environment switches name a capability, never a kernel (``CAPABILITY_SWITCHES``): ``GE2_FORCE_NO_EPILOGUE=1``
 turns off "fused_epilogue", so every candidate declaring it (``Candidate.capabilities``) is out, in faces and
@@ -171,7 +171,7 @@ def choose(ranking: Ranking, problem: Problem, *, last_resort: Candidate | None 
         cache, setup, key = tune_key
         winner = cache.lookup(setup, key)
         if winner in {c.name for c in order}:
-            reason = f"autotune cache: {winner}"
+            reason = f"autotune cache: {winner} ({format_times(cache.times(setup, key))})"
         else:
             times = {}
             for candidate in order:
@@ -186,8 +186,7 @@ def choose(ranking: Ranking, problem: Problem, *, last_resort: Candidate | None 
                 fastest = min(times.values())
                 winner = next(c.name for c in order if times.get(c.name, float("inf")) <= fastest * (1 + TIE_FRACTION))
                 cache.store(setup, key, winner, times)
-                reason = "autotuned: " + ", ".join(f"{name} {ms:.4f} ms" for name, ms in sorted(times.items(),
-                                                                                                key=lambda i: i[1]))
+                reason = "autotuned: " + format_times(times)
                 if times[winner] > fastest:
                     reason += f" ({winner}: within {TIE_FRACTION:.0%} of the fastest, first by priority)"
         order.sort(key=lambda c: c.name != winner)
@@ -207,6 +206,11 @@ def choose(ranking: Ranking, problem: Problem, *, last_resort: Candidate | None 
             reason = f"first to prepare after {len(fallbacks)} failure(s)"
         return Choice(candidate, launch, reason, ranking.rejected, tuple(fallbacks))
     raise NoKernelPrepared(tuple(fallbacks))
+
+
+def format_times(times_ms: dict[str, float]) -> str:
+    """``"b 1.0000 ms, a 3.0000 ms"``: candidates fastest first (what explain() shows of an autotuned choice)."""
+    return ", ".join(f"{name} {ms:.4f} ms" for name, ms in sorted(times_ms.items(), key=lambda item: item[1]))
 
 
 class NoKernelPrepared(RuntimeError):

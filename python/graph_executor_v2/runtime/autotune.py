@@ -33,6 +33,12 @@ class AutotuneCache:
         entry = self._sections.get(setup, {}).get(problem)
         return entry.get("winner") if isinstance(entry, dict) else None
 
+    def times(self, setup: str, problem: str) -> dict[str, float]:
+        """The milliseconds each candidate took when ``problem`` was timed (empty when it never was)."""
+        entry = self._sections.get(setup, {}).get(problem)
+        times = entry.get("times_ms") if isinstance(entry, dict) else None
+        return dict(times) if isinstance(times, dict) else {}
+
     def store(self, setup: str, problem: str, winner: str, times_ms: dict[str, float]) -> None:
         sections = self._read(quiet=True)  # keep what other processes stored since we read
         sections.setdefault(setup, {})[problem] = {"winner": winner, "times_ms": times_ms}

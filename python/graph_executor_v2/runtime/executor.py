@@ -88,6 +88,8 @@ class Plan:
     cuda_graph: object | None = field(default=None, repr=False)  # the captured graph, once there is one
     events: list = field(default_factory=list, repr=False)  # per step (CUDA, signalling steps only), then fork/join
     warmed_up: bool = False
+    build_seconds: float = 0.0  # building the plan, kernel timing included
+    tuning_seconds: float = 0.0  # timing candidates (autotune): the problems not in the autotune cache yet
     # launch(stream) calls run after every node, on the first stream, and captured with the plan: a trainer's
     # optimizer (set before the plan's first run, which captures it).
     epilogue: list = field(default_factory=list, repr=False)
@@ -150,8 +152,13 @@ class ExecutorV2:
     """Compiles ``graph`` for ``device`` ("cpu": NumPy references; "cuda": the native kernels) and runs it.
 
     ``passes``: pass names or ``Pass`` objects (None: ``passes.DEFAULT_PIPELINE``; ``[]``: none).
-    ``autotune``: time the viable GPU kernels once per problem and keep the winners in the autotune cache (where a
-    generated kernel competes with hand-written ones they are timed in any case).
+    ``autotune`` (default True): on CUDA, plan building times the viable kernels of every node's problem (op,
+    shapes, dtypes, attributes) on the plan's own buffers and keeps the fastest; priority only breaks ties (within
+    3%) and orders the fallbacks. A problem is timed once: later nodes and plans with the same problem, and later
+    processes on the same GPU and CUDA setup, read the winner from the autotune cache on disk
+    (``runtime/autotune.py``); ``explain()`` shows the times. False: the highest-priority viable kernel runs (tests
+    that assert a kernel by its priority; where a generated kernel competes with hand-written ones they are
+    timed in any case). The CPU has one candidate per op and times nothing.
     ``kernels``: op -> kernel tried first. ``reuse_memory=False`` gives every buffer its own bytes.
     ``verify``: run the verifier after every pass (the input graph is always verified).
     ``cuda_graph`` (CUDA): capture every plan as a CUDA graph after its first run and replay it from then on.
@@ -169,7 +176,7 @@ class ExecutorV2:
     """
 
     def __init__(self, graph: Graph, device: str = "cpu", passes: Sequence[str | Pass] | None = None,
-                 autotune: bool = False, kernels: dict[str, str] | None = None, reuse_memory: bool = True,
+                 autotune: bool = True, kernels: dict[str, str] | None = None, reuse_memory: bool = True,
                  verify: bool = False, cuda_graph: bool = True, streams: int | None = None,
                  params: dict | None = None, precision: str = "default"):
         if device not in ("cpu", "cuda"):
@@ -187,9 +194,8 @@ class ExecutorV2:
         self.capabilities = Capabilities.detect(device)
         self.preferences = Preferences.from_env(kernels, autotune)
         self._backend = backend_for(device)
-        # Plans time candidates when asked (autotune) and where a generated kernel competes with hand-written ones
-        # (registry.choose_kernel), on a backend whose kernels are timed between events; the cache keeps the
-        # winners across processes.
+        # Plans time candidates (registry.choose_kernel) on a backend whose kernels are timed between events; the
+        # cache keeps the winners across nodes, plans and processes.
         self._autotune_cache = AutotuneCache() if self._backend.asynchronous else None
         self._params = params or {}
         self._param_slots = {name: self._params[name] if name in self._params else self._backend.upload(value.data)
@@ -229,7 +235,8 @@ class ExecutorV2:
         values = {v.name: v for v in probe.inputs} | {v.name: v for n in probe.nodes for v in n.outputs}
         for name in activations:
             probe.output(values[name], f"calibrate/{name}")
-        runner = ExecutorV2(probe, self.device, passes=[], params=self._param_slots, streams=1)
+        runner = ExecutorV2(probe, self.device, passes=[], params=self._param_slots, streams=1,
+                            autotune=self.preferences.autotune)
         amax = dict.fromkeys(activations, 0.0)
         batches = 0
         for feeds in feeds_iterable:
@@ -445,6 +452,7 @@ class ExecutorV2:
         return plan
 
     def _build_plan(self, signature: Signature) -> Plan:
+        started = time.perf_counter()
         graph = self.optimized_graph.clone()
         bound: dict[str, int] = {}
         for value, (shape, dtype) in zip(graph.inputs, signature):
@@ -487,6 +495,7 @@ class ExecutorV2:
         absent = backend.address_of_absent
 
         selections, steps = [], []
+        tuning_seconds = [0.0]  # wall time spent timing candidates (the timers add to it)
         signalling = order.signalling
         # fused nodes' kernels compile in parallel, then load node by node from the cache
         backend.precompile([_problem_of(node, self.capabilities) for node in graph.nodes if node.op in FUSED_OPS])
@@ -504,7 +513,10 @@ class ExecutorV2:
             timer = None
             if self._autotune_cache is not None:
                 def timer(launch, ins=ins, outs=outs, stream=self._stream_handles[order.stream_of[index]]):
-                    return backend.time_ms(lambda: launch(ins, outs, stream), stream)
+                    timing_started = time.perf_counter()
+                    milliseconds = backend.time_ms(lambda: launch(ins, outs, stream), stream)
+                    tuning_seconds[0] += time.perf_counter() - timing_started
+                    return milliseconds
             selection = choose_kernel(node, problem, self.capabilities, self.preferences, timer, self._autotune_cache)
             selections.append(selection)
             label = f"{node.op} {node.name} {selection.kernel}" + (" fallback" if selection.is_fallback else "")
@@ -519,6 +531,7 @@ class ExecutorV2:
             # One event per signalling step, one join per extra stream, then ready, fork and done.
             plan.events = [backend.event() if index in signalling else None for index in range(step_count)]
             plan.events += [backend.event() for _ in range(order.stream_count - 1 + 3)]
+        plan.build_seconds, plan.tuning_seconds = time.perf_counter() - started, tuning_seconds[0]
         return plan
 
     # --- reporting ------------------------------------------------------------------------------------------------
@@ -574,6 +587,7 @@ class ExecutorV2:
                          + (f"; {views} view(s) aliased, no copy" if views else ""))
             if self._backend.asynchronous:
                 lines.append(f"  cuda graph: {plan.capture}")
+                lines.append(f"  {_describe_tuning(plan, self.preferences.autotune)}")
             streams = plan.schedule.stream_count
             name_width = max((len(s.node) for s in plan.selections), default=0)
             for node, selection, step in zip(plan.graph.nodes, plan.selections, plan.steps):
@@ -606,6 +620,16 @@ def _describe_generated(node, selection: Selection) -> list[str]:
     if record is not None:
         lines.append(f"      kernel {record.kernel}: {describe_build(record)}")
     return lines
+
+
+def _describe_tuning(plan: Plan, autotune: bool) -> str:
+    """explain()'s line on measured choice: how many distinct problems were timed and what it cost."""
+    timed = sum(s.reason.startswith("autotuned") for s in plan.selections)
+    cached = sum(s.reason.startswith("autotune cache") for s in plan.selections)
+    if not autotune and not timed:
+        return f"autotune: off (autotune=False: highest priority first); plan built in {plan.build_seconds:.2f} s"
+    return (f"autotune: {timed} problem(s) timed in {plan.tuning_seconds:.2f} s, {cached} node(s) from the "
+            f"autotune cache; plan built in {plan.build_seconds:.2f} s")
 
 
 def _no_launch(ins, outs, stream) -> None:

@@ -6,8 +6,9 @@ kernels). On the CPU the only candidate is the op's NumPy reference. On CUDA the
 best priority first, and the host round trip through the NumPy reference comes last, so every node gets a kernel.
 
 ``choose_kernel`` prepares the ranked candidates in order: one whose ``prepare`` raises (cuBLASLt finds no
-algorithm, a native module is not built) falls to the next, and the ``Selection`` records why. With autotuning
-it first times the viable GPU candidates once per problem and keeps the winner in the ``AutotuneCache``.
+algorithm, a native module is not built) falls to the next, and the ``Selection`` records why. With autotuning (the
+default, given a timer: plans on CUDA) it first times the viable GPU candidates once per problem and keeps the
+winner in the ``AutotuneCache``: measurement chooses, priority breaks ties and orders the fallbacks.
 
 Candidates that other packages registered (``ops.register``, ``ops.add_candidate``) go through the same ranking,
 autotuning and fallbacks; ``kernel_label`` marks them external in explanations.
@@ -60,15 +61,16 @@ def _cublaslt_version() -> str:
 
 @dataclass(frozen=True)
 class Preferences:
-    """``kernels``: op -> candidate tried first; ``exclude``: candidate name -> why it is never used. The
-    environment's switches turn off capabilities, not kernels: the selector reads them (``selection.py``)."""
+    """``kernels``: op -> candidate tried first; ``exclude``: candidate name -> why it is never used; ``autotune``:
+    time the viable candidates where a timer is given (False: the highest priority runs). The environment's
+    switches turn off capabilities, not kernels: the selector reads them (``selection.py``)."""
 
     kernels: dict[str, str] = field(default_factory=dict)
     exclude: dict[str, str] = field(default_factory=dict)
-    autotune: bool = False
+    autotune: bool = True
 
     @staticmethod
-    def from_env(kernels: dict[str, str] | None = None, autotune: bool = False) -> "Preferences":
+    def from_env(kernels: dict[str, str] | None = None, autotune: bool = True) -> "Preferences":
         return Preferences(dict(kernels or {}), {}, autotune)
 
 
@@ -113,7 +115,8 @@ def problem_key(problem: Problem) -> str:
 
 def choose_kernel(node: Node, problem: Problem, caps: Capabilities, prefs: Preferences,
                   timer: Callable[[Launch], float] | None = None, cache: AutotuneCache | None = None) -> Selection:
-    """The kernel for ``node``: the first ranked candidate that prepares (the autotuned winner first, if asked)."""
+    """The kernel for ``node``: the first ranked candidate that prepares; with a ``timer`` and autotuning, the
+    measured winner first (a problem the ``cache`` knows is not timed again: one timing per distinct problem)."""
     opdef = OPS[node.op]
     if caps.device == "cpu":
         ranking, last_resort = select(node, problem, caps, prefs), None
@@ -121,8 +124,8 @@ def choose_kernel(node: Node, problem: Problem, caps: Capabilities, prefs: Prefe
         ranking = selection.rank(opdef, problem, pinned=prefs.kernels.get(node.op), excluded=prefs.exclude,
                                  none_viable="no GPU candidate applies: host round trip")
         last_resort = host_fallback_candidate(opdef)
-    # Autotuning on request; and always where a generated kernel competes with hand-written ones (issue 20: the
-    # plan times them once per problem, the autotune cache keeps the winner, explain() shows the times).
+    # Autotuning by default (autotune=False opts out); and always where a generated kernel competes with
+    # hand-written ones (issue 20: a generated kernel's priority says nothing about its speed).
     competing = len(ranking.viable) > 1 and any(c.name == GENERATED for c in ranking.viable)
     tune = (prefs.autotune or competing) and timer is not None and node.op not in prefs.kernels
     tune_key = ((cache if cache is not None else AutotuneCache()), caps.setup, problem_key(problem)) if tune else None

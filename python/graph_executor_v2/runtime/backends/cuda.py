@@ -179,11 +179,18 @@ class CudaBackend:
     def synchronize(self) -> None:
         self.runtime.synchronize()
 
-    def time_ms(self, run, stream: int, warmup: int = 3, repetitions: int = 20) -> float:
-        """Mean milliseconds of ``run()`` on ``stream``, between CUDA events, after a warm-up."""
+    def time_ms(self, run, stream: int, warmup: int = 3, repetitions: int = 20, budget_ms: float = 10.0) -> float:
+        """Mean milliseconds of ``run()`` on ``stream``, between CUDA events, after a warm-up. The warm-up's time
+        bounds the repetitions to about ``budget_ms`` of device time (at least 3), so timing a plan's large
+        convolutions stays cheap."""
+        start, end = self.runtime.Event(), self.runtime.Event()
+        start.record(stream)
         for _ in range(warmup):
             run()
-        start, end = self.runtime.Event(), self.runtime.Event()
+        end.record(stream)
+        end.synchronize()
+        estimate = start.elapsed_ms(end) / warmup  # first launches included: an overestimate, never too many runs
+        repetitions = max(3, min(repetitions, int(budget_ms / max(estimate, 1e-3))))
         start.record(stream)
         for _ in range(repetitions):
             run()

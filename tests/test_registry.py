@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from graph_executor_v2.ir import Graph
+from graph_executor_v2.ir.types import TensorType
 from graph_executor_v2 import selection
 from graph_executor_v2.ops._base import OPS, Candidate, Input, OpDef, Problem, table_candidate
 from graph_executor_v2.runtime import Capabilities, ExecutorV2, Preferences, choose_kernel, select
@@ -424,3 +425,24 @@ def test_the_cpu_times_nothing(fake_gpu_executor):
     result = executor.run({"a": a, "b": b})
     np.testing.assert_array_equal(result["y"], a)
     np.testing.assert_array_equal(result["z"], b)
+
+
+def test_an_executor_uses_what_another_one_timed_after_it_was_built(fake_gpu_executor):
+    """Two executors of one graph agree on every kernel (bit-identical results): a miss reads the file again."""
+    _, make = fake_gpu_executor
+    cache = AutotuneCache()  # read before anything was timed
+    make()
+    square = TensorType((64, 64), "float32")
+    assert cache.lookup(FAKE_GPU.setup, problem_key(Problem("fake", (square,), (square,), {}, (9, 0)))) == "fast"
+
+
+def test_an_unwritable_cache_still_times_each_problem_once(tmp_path, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv("GE2_CACHE_DIR", str(blocker / "cache"))
+    with pytest.warns(UserWarning, match="could not write the autotune cache"):
+        cache = AutotuneCache()
+        cache.store("setup", "problem", "b", {"a": 2.0, "b": 1.0})
+    assert cache.lookup("setup", "another problem") is None  # a miss reads the (absent) file again...
+    assert cache.lookup("setup", "problem") == "b"  # ... and keeps what was stored in memory
+    assert cache.times("setup", "problem") == {"a": 2.0, "b": 1.0}

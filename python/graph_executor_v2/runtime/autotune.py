@@ -30,6 +30,11 @@ class AutotuneCache:
         self._sections = self._read()
 
     def lookup(self, setup: str, problem: str) -> str | None:
+        """The winner stored for ``problem``; a miss reads the file again first, so that what another executor or
+        process timed meanwhile is used, not timed again (two executors of one graph then agree on every kernel)."""
+        if problem not in self._sections.get(setup, {}):
+            for name, problems in self._read(quiet=True).items():  # merged: an unwritable file keeps what we stored
+                self._sections.setdefault(name, {}).update(problems)
         entry = self._sections.get(setup, {}).get(problem)
         return entry.get("winner") if isinstance(entry, dict) else None
 

@@ -62,6 +62,8 @@ CASES = [
     ("gemm_residual_beta1", "gemm", lambda r: [_normal(r, (1, 4)), _normal(r, (4, 3)), None, _normal(r, (1, 3))],
      {"beta": 1.0}),
     ("matmul", "matmul", lambda r: [_normal(r, (5, 7)), _normal(r, (7, 3))], {}),
+    # batched: A's batch dim broadcast against B's, B missing A's leading dim (both summed back in the gradient)
+    ("matmul_batched", "matmul", lambda r: [_normal(r, (2, 1, 3, 4)), _normal(r, (3, 4, 2))], {}),
     ("sum_axis", "sum", lambda r: [_normal(r, (3, 4, 5))], {"axis": (0, 2)}),
     ("sum_all", "sum", lambda r: [_normal(r, (3, 4))], {}),
     ("mean_keepdims", "mean", lambda r: [_normal(r, (3, 4, 5))], {"axis": 1, "keepdims": True}),

@@ -87,6 +87,52 @@ def test_gather_elements_reference_matches_onnx(rng):
     np.testing.assert_array_equal(indexing.reference_gather_elements(x, small, 1), expected)
 
 
+# (x shape, indices shape, batch_dims): tuples addressing one axis, two, all of them; batch dims shared; 1-d indices
+GATHER_ND_CASES = [((4, 5, 3), (6, 2), 0), ((2, 4, 3), (2, 5, 1), 1), ((2, 3, 4, 5), (2, 3, 7, 2), 2),
+                   ((3, 4), (2, 2, 2), 0), ((3, 4), (2,), 0), ((2, 3, 4), (2, 1), 1)]
+
+
+def _gather_nd_indices(rng, x_shape, index_shape, batch_dims, dtype="int64"):
+    """Index tuples in [-extent, extent) of each addressed axis (negative ones count from the end)."""
+    extents = x_shape[batch_dims:batch_dims + index_shape[-1]]
+    return np.stack([rng.integers(-e, e, index_shape[:-1]) for e in extents], axis=-1).astype(dtype)
+
+
+@pytest.mark.parametrize("x_shape, index_shape, batch_dims", GATHER_ND_CASES)
+def test_gather_nd_reference_matches_onnx(rng, x_shape, index_shape, batch_dims):
+    x = random_array(rng, x_shape, "float32")
+    indices = _gather_nd_indices(rng, x_shape, index_shape, batch_dims)
+    expected = _onnx_run("GatherND", [x, indices], {"batch_dims": batch_dims})[0]
+    got = indexing.reference_gather_nd(x, indices, batch_dims)
+    np.testing.assert_array_equal(got, expected)
+    assert OPS["gather_nd"].infer([TensorType(x_shape, "float32"), TensorType(index_shape, "int64")],
+                                  {"batch_dims": batch_dims}) == [TensorType(expected.shape, "float32")]
+
+
+def test_gather_nd_out_of_range_reads_nan_or_zero():
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    got = indexing.reference_gather_nd(x, np.array([[0, 4], [-1, -1], [3, 0]]))
+    assert np.isnan(got[[0, 2]]).all() and got[1] == 11
+    assert (indexing.reference_gather_nd(x.astype(np.int32), np.array([[5, 0]])) == 0).all()
+
+
+def test_gather_nd_names_bad_arguments():
+    t = TensorType
+    gather_nd = OPS["gather_nd"]
+    assert gather_nd.infer([t(("b", 6, 5), "float16"), t(("b", 3, 1), "int32")], {"batch_dims": 1}) == [
+        t(("b", 3, 5), "float16")]
+    with pytest.raises(ValueError, match=r"indices: tuples of 3 components for x of rank 3 with batch_dims=1"):
+        gather_nd.infer([t((2, 6, 5), "float32"), t((2, 3), "int64")], {"batch_dims": 1})
+    with pytest.raises(ValueError, match="indices: batch axis 0 has extent 3, x's has 2"):
+        gather_nd.infer([t((2, 6, 5), "float32"), t((3, 1), "int64")], {"batch_dims": 1})
+    with pytest.raises(ValueError, match="batch_dims: expected < 2"):
+        gather_nd.infer([t((2, 6, 5), "float32"), t((2, 1), "int64")], {"batch_dims": 2})
+    with pytest.raises(TypeError, match="indices: expected int32 or int64, got float32"):
+        gather_nd.infer([t((2, 6), "float32"), t((2, 1), "float32")], {"batch_dims": 0})
+    with pytest.raises(ValueError, match="the last extent"):
+        gather_nd.infer([t((2, 6), "float32"), t((2, "r"), "int64")], {"batch_dims": 0})
+
+
 @pytest.mark.parametrize("exclusive", [False, True])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_cumsum_reference_matches_onnx(rng, exclusive, reverse):
@@ -257,6 +303,19 @@ def test_gather_kernels(rng, poisoned, to_device, dtype, index_dtype):
     _gpu_case("gather_elements", [x, indices], {"axis": 0}, dtype, poisoned, to_device)
     bad = np.array([0, 9, -1], index_dtype)  # out of range: NaN (floats) or 0, nothing read out of bounds
     _gpu_case("gather", [x, bad], {"axis": 1}, dtype, poisoned, to_device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int64"])
+@pytest.mark.parametrize("index_dtype", ["int32", "int64"])
+def test_gather_nd_kernel(rng, poisoned, to_device, dtype, index_dtype):
+    for x_shape, index_shape, batch_dims in GATHER_ND_CASES + [((3, 70, 50), (3, 400, 2), 1)]:
+        x = (random_array(rng, x_shape, "float32") * 10).astype(ge2.dtypes.to_numpy(dtype))
+        indices = _gather_nd_indices(rng, x_shape, index_shape, batch_dims, index_dtype)
+        _gpu_case("gather_nd", [x, indices], {"batch_dims": batch_dims}, dtype, poisoned, to_device)
+    x = (random_array(rng, (3, 4, 5), "float32") * 10).astype(ge2.dtypes.to_numpy(dtype))
+    bad = np.array([[0, 4], [-1, -1], [3, 0], [-4, 2]], index_dtype)  # out of range: NaN (floats) or 0
+    _gpu_case("gather_nd", [x, bad], {"batch_dims": 0}, dtype, poisoned, to_device)
 
 
 @pytest.mark.gpu

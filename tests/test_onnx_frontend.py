@@ -537,6 +537,44 @@ def test_shape_arithmetic_and_mask_construction_fold_at_import(rng):
     np.testing.assert_allclose(out, _run_against_onnxruntime(model, {"x": x}), rtol=1e-6)
 
 
+@pytest.mark.parametrize("batch", [3, "batch"])
+def test_bert_token_type_ids_fold_through_gather_elements(rng, batch):
+    """BERT's default token type ids as the exporter writes them: GatherElements(Expand(buffer [1, 64], [1, 64]),
+    Slice(position_ids [1, 64]) [1, seq], axis=1), then Expand to [batch, seq] and a Gather of the type embeddings.
+    ONNX's own reference fails on this GatherElements (np.choose takes at most 32 choices); GE2 folds it with its
+    reference. With a symbolic batch the last Expand is the expand op, bound when the plan binds the batch."""
+    ints = lambda name, values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
+    seq, width, positions = 7, 8, 64
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Slice", ["shape", "zero_1d", "two_1d"], ["batch_and_seq"]),
+             helper.make_node("Expand", ["type_buffer", "buffer_shape"], ["types_expanded"]),
+             helper.make_node("Slice", ["position_ids", "zero_1d", "seq_1d", "one_1d"], ["positions"]),
+             helper.make_node("GatherElements", ["types_expanded", "positions"], ["types_1"], axis=1),
+             helper.make_node("Expand", ["types_1", "batch_and_seq"], ["token_types"]),
+             helper.make_node("Gather", ["type_table", "token_types"], ["type_rows"], axis=0),
+             helper.make_node("Add", ["x", "type_rows"], ["y"])]
+    type_table = rng.standard_normal((2, width)).astype(np.float32)
+    buffer = (np.arange(positions) % 2).astype(np.int64).reshape(1, positions)  # not all zero: the rows differ
+    initializers = [ints("zero_1d", [0]), ints("one_1d", [1]), ints("two_1d", [2]), ints("seq_1d", [seq]),
+                    ints("buffer_shape", [1, positions]), numpy_helper.from_array(buffer, "type_buffer"),
+                    numpy_helper.from_array(np.flip(np.arange(positions)).reshape(1, positions).copy(),
+                                            "position_ids"),
+                    numpy_helper.from_array(type_table, "type_table")]
+    graph = helper.make_graph(nodes, "bert_types", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                  [batch, seq, width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    loaded = onnx_frontend.load(model)
+    assert "gather_elements" not in loaded.op_counts()  # folded at import
+    executor = ge2.ExecutorV2(loaded)
+    types = buffer[0, np.flip(np.arange(positions))[:seq]]
+    for rows in (3,) if batch == 3 else (3, 5):
+        x = rng.standard_normal((rows, seq, width)).astype(np.float32)
+        out = executor.run({"x": x})["y"]
+        assert_close(out, x.astype(np.float64) + type_table[types].astype(np.float64), "float32")
+        np.testing.assert_allclose(out, _run_against_onnxruntime(model, {"x": x}), rtol=1e-6)
+
+
 def test_ops_without_a_rule_on_tensors_and_symbolic_shapes_are_reported():
     nodes = [helper.make_node("Tan", ["x"], ["root"], name="sqrt_of_tensor"),
              helper.make_node("Shape", ["x"], ["shape"], name="symbolic_shape"),

@@ -1,5 +1,5 @@
-"""ONNX import of the shape and index ops (Pad, Expand, Gather, GatherElements, Tile, CumSum, Trilu, Range, Resize,
-Einsum): small graphs built with onnx.helper, run on GE2's CPU backend against onnxruntime."""
+"""ONNX import of the shape and index ops (Pad, Expand, Gather, GatherElements, GatherND, Tile, CumSum, Trilu, Range,
+Resize, Einsum): small graphs built with onnx.helper, run on GE2's CPU backend against onnxruntime."""
 import numpy as np
 import pytest
 
@@ -62,6 +62,21 @@ def test_gather_of_any_axis_and_gather_elements(rng):
     loaded = _check(nodes, [_input("x", [4, 5, 6]), _input("ids", [2, 2], TensorProto.INT64),
                             _input("where", [4, 3, 2, 2], TensorProto.INT64)], {"x": x, "ids": ids, "where": where})
     assert loaded.op_counts() == {"gather": 1, "gather_elements": 1}
+
+
+@pytest.mark.parametrize("batch_dims", [0, 1])
+def test_gather_nd(rng, batch_dims):
+    """GatherND (roberta's and T5's exports): index tuples from an input and from a constant, with batch_dims."""
+    x = rng.standard_normal((3, 4, 5, 2)).astype(np.float32)
+    extents = x.shape[batch_dims:batch_dims + 2]
+    tuples = np.stack([rng.integers(-e, e, (3, 6)) for e in extents], axis=-1).astype(np.int64)
+    fixed = np.stack([rng.integers(0, e, (3, 2)) for e in extents], axis=-1).astype(np.int64)
+    nodes = [helper.make_node("GatherND", ["x", "where"], ["g"], batch_dims=batch_dims),
+             helper.make_node("GatherND", ["x", "fixed"], ["h"], batch_dims=batch_dims),
+             helper.make_node("Concat", ["g", "h"], ["y"], axis=1)]
+    loaded = _check(nodes, [_input("x", [3, 4, 5, 2]), _input("where", [3, 6, 2], TensorProto.INT64)],
+                    {"x": x, "where": tuples}, [numpy_helper.from_array(fixed, "fixed")])
+    assert loaded.op_counts() == {"gather_nd": 2, "concat": 1}
 
 
 def test_tile_cumsum_trilu(rng):

@@ -78,8 +78,8 @@ ge2::indexing::AxisMap make_axis_map(const std::vector<int64_t>& x_shape, const 
 }  // namespace
 
 PYBIND11_MODULE(_ops_indexing, m) {
-  m.doc() = "GE2 shape and index ops: axis_map (expand, pad, roll, repeat_interleave, tile), gather, cumsum, trilu, "
-            "arange, resize, adaptive_avg_pool";
+  m.doc() = "GE2 shape and index ops: axis_map (expand, pad, roll, repeat_interleave, tile), gather, gather_nd, "
+            "cumsum, trilu, arange, resize, adaptive_avg_pool";
 
   m.def(
       "axis_map",
@@ -131,6 +131,45 @@ PYBIND11_MODULE(_ops_indexing, m) {
       py::arg("index_strides"), py::arg("axis"), py::arg("axis_extent"), py::arg("index_dtype"),
       py::arg("element_bytes"), py::arg("fill_bits"), py::arg("stream"),
       "Enqueues y[o] = x[o with the axis replaced by indices[o]] (strides in elements; y contiguous).");
+
+  m.def(
+      "gather_nd",
+      [](std::uintptr_t x, std::uintptr_t indices, std::uintptr_t y, const std::vector<int64_t>& y_shape,
+         const std::vector<int64_t>& x_strides, const std::vector<int64_t>& index_strides,
+         const std::vector<int64_t>& extents, const std::vector<int64_t>& component_strides,
+         const std::string& index_dtype, int element_bytes, uint64_t fill_bits, std::uintptr_t stream) {
+        check_rank(y_shape.size(), "y_shape");
+        check_length(x_strides, y_shape.size(), "x_strides");
+        check_length(index_strides, y_shape.size(), "index_strides");
+        check_rank(extents.size(), "extents");
+        check_length(component_strides, extents.size(), "component_strides");
+        const auto type = ge2::dtype_from_name(index_dtype, "index_dtype");
+        if (type != ge2::DType::Int32 && type != ge2::DType::Int64) {
+          throw std::invalid_argument("index_dtype: expected int32 or int64, got " + index_dtype);
+        }
+        ge2::indexing::GatherNdGeometry geometry;
+        geometry.rank = static_cast<int>(y_shape.size());
+        geometry.components = static_cast<int>(extents.size());
+        for (int k = 0; k < geometry.rank; ++k) {
+          check_non_negative(y_shape[k], "y_shape");
+          geometry.y_shape[k] = y_shape[k];
+          geometry.x_strides[k] = x_strides[k];
+          geometry.index_strides[k] = index_strides[k];
+        }
+        for (int k = 0; k < geometry.components; ++k) {
+          check_non_negative(extents[k], "extents");
+          geometry.extents[k] = extents[k];
+          geometry.component_strides[k] = component_strides[k];
+        }
+        const int bytes = element_bytes_of(element_bytes);
+        ge2::binding::ReleaseGil release;
+        ge2::indexing::gather_nd(as_pointer(x), as_pointer(indices), as_pointer(y), geometry, type, bytes,
+                                 fill_bits, as_stream(stream));
+      },
+      py::arg("x"), py::arg("indices"), py::arg("y"), py::arg("y_shape"), py::arg("x_strides"),
+      py::arg("index_strides"), py::arg("extents"), py::arg("component_strides"), py::arg("index_dtype"),
+      py::arg("element_bytes"), py::arg("fill_bits"), py::arg("stream"),
+      "Enqueues y[o] = x at the index tuple of o (ONNX GatherND; strides in elements; y contiguous).");
 
   m.def(
       "cumsum",

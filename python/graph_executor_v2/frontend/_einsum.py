@@ -1,4 +1,4 @@
-"""Matrix products the frontends lower onto GE2's 2-d matmul: numpy.matmul with batch dims (``batched_matmul``) and
+"""Matrix products the frontends write as GE2 matmuls: numpy.matmul with batch dims (``batched_matmul``) and
 ``einsum`` (ONNX Einsum, torch.einsum) as transposes, reshapes, sums and matmuls."""
 from __future__ import annotations
 
@@ -12,37 +12,14 @@ from ._errors import Unsupported
 
 
 def batched_matmul(g: Graph, a: Value, b: Value) -> Value:
-    """numpy.matmul semantics for a batched B: the batch dims broadcast, one 2-d matmul per batch entry (slices of
-    A and B), concatenated. GE2's matmul op is 2-d; this unrolls over the (static) batch."""
-    a_shape, b_shape = tuple(a.type.shape), tuple(b.type.shape)
-    if not all(isinstance(d, int) for d in a_shape + b_shape):
-        raise Unsupported(f"batched MatMul needs concrete shapes, got {a_shape} and {b_shape}")
-    a3 = g.reshape(a, shape=(1, *a_shape)) if len(a_shape) == 1 else a  # a 1-d A is a row, dropped at the end
-    m, k = a3.type.shape[-2:]
-    n = b_shape[-1]
-    a_batch, b_batch = tuple(a3.type.shape[:-2]), b_shape[:-2]
+    """numpy.matmul semantics for a batched B as one GE2 matmul (the batch dims broadcast; a 1-d A is a row, dropped
+    at the end). The attention pass reads it whole; canonicalization lowers what is left to 2-d gemms."""
+    a2 = g.reshape(a, shape=(1, *a.type.shape)) if a.type.rank == 1 else a
     try:
-        batch = np.broadcast_shapes(a_batch, b_batch)
-    except ValueError:
-        raise Unsupported(f"batch dims of {a_shape} and {b_shape} do not broadcast") from None
-    count = int(np.prod(batch, dtype=np.int64))
-    a_flat = g.reshape(a3, shape=(int(np.prod(a_batch, dtype=np.int64)), m, k))
-    b_flat = g.reshape(b, shape=(int(np.prod(b_batch, dtype=np.int64)), k, n))
-    products = []
-    def entry(index: tuple, dims: tuple) -> int:
-        """The flat index, in an operand of batch dims ``dims`` (aligned right, size 1 broadcast), of ``index``."""
-        if not dims:
-            return 0
-        own = tuple(i if d > 1 else 0 for i, d in zip(index[len(index) - len(dims):], dims))
-        return int(np.ravel_multi_index(own, dims))
-
-    for index in np.ndindex(*batch):
-        a_index, b_index = entry(index, a_batch), entry(index, b_batch)
-        a_entry = g.reshape(g.slice(a_flat, starts=(a_index,), ends=(a_index + 1,), axes=(0,)), shape=(m, k))
-        b_entry = g.reshape(g.slice(b_flat, starts=(b_index,), ends=(b_index + 1,), axes=(0,)), shape=(k, n))
-        products.append(g.reshape(g.matmul(a_entry, b_entry), shape=(1, m, n)))
-    y = products[0] if count == 1 else g.concat(products, axis=0)
-    return g.reshape(y, shape=(*batch, n) if len(a_shape) == 1 else (*batch, m, n))
+        y = g.matmul(a2, b)
+    except ValueError as error:  # batch dims that do not broadcast, inner dims that differ
+        raise Unsupported(f"MatMul of shapes {tuple(a.type.shape)} and {tuple(b.type.shape)}: {error}") from None
+    return g.reshape(y, shape=(*y.type.shape[:-2], y.type.shape[-1])) if a.type.rank == 1 else y
 
 
 def _parse(equation: str, ranks: list[int]) -> tuple[list[str], str]:

@@ -8,9 +8,10 @@ emits GE2 nodes); opsets 13 up to the newest the installed ``onnx`` knows are re
 Constant subgraphs are folded while importing: a node whose inputs are all known (initializers, Constant nodes,
 ``Shape`` of a statically shaped tensor, earlier folded nodes) is evaluated once with ONNX's reference
 implementation (``onnx.reference``), of any op type, so an exporter's shape arithmetic and mask construction
-(Shape -> Slice -> Concat -> Expand -> Trilu -> Equal -> Where) becomes a constant. The written-out attention of a
-transformer (QK^T, scale, causal mask, softmax, times V; see ``_written_out_attention``) becomes one ``attention``
-node. Nodes no graph output needs are dropped at the end.
+(Shape -> Slice -> Concat -> Expand -> Trilu -> Equal -> Where) becomes a constant. A MatMul of a batched B is one
+(batched) matmul; at the end the attention pass both frontends share (``passes.attention_fusion.fuse_attention``)
+turns the written-out attention of a transformer (QK^T, scale, mask or bias, softmax, times V) into one
+``attention`` node. Nodes no graph output needs are dropped at the end.
 
 An unsupported op, attribute value, dtype or dynamic shape is collected, not raised at once: ``load`` raises one
 ``UnsupportedModelError`` that lists every offending node with its op type and the reason.
@@ -27,7 +28,8 @@ from .._optional import require
 from ..dtypes import ALL_DTYPES, FLOAT_DTYPES
 from ..ir import dims
 from ..ir.graph import Graph, Value
-from ..passes.attention_fusion import attention_bias, is_causal_bias
+from ..ops.indexing import reference_gather_elements
+from ..passes.attention_fusion import fuse_attention
 from ..passes.cleanup import eliminate_dead_code
 from ._batch_norm import float32_statistics
 from ._einsum import batched_matmul, einsum
@@ -60,8 +62,6 @@ class _Context:
         self.constants: dict[str, np.ndarray] = {}
         self.failed: set[str] = set()  # outputs of nodes that could not be imported
         self.node_outputs: list[str] = []  # the output names of the node being translated ("" for an absent one)
-        self.producers: dict = {}  # ONNX name -> the NodeProto that computes it
-        self.uses: dict[str, int] = {}  # ONNX name -> how many node inputs and graph outputs read it
 
     def wants(self, index: int) -> bool:
         """Whether the node being translated has its optional output ``index``."""
@@ -338,9 +338,6 @@ def _matmul(ctx, inputs, attrs):
     b = _float_input(ctx.value(inputs[1]), "input B")
     if a.type.rank == 0 or b.type.rank == 0:
         raise Unsupported("MatMul of a 0-d tensor")
-    attention = _written_out_attention(ctx, inputs[0], inputs[1])
-    if attention is not None:
-        return [attention]
     if b.type.rank > 2 and (any(d != 1 for d in b.type.shape[:-2]) or b.type.rank > a.type.rank):
         return [batched_matmul(g, a, b)]
     if b.type.rank > 2:  # B's batch dims are all 1 and A has as many: one 2-d B for every row of A
@@ -350,170 +347,6 @@ def _matmul(ctx, inputs, attrs):
     y = g.matmul(a2, b2)
     out_shape = tuple(a.type.shape[:-1]) + ((b.type.shape[-1],) if b.type.rank == 2 else ())
     return [y if tuple(y.type.shape) == out_shape else g.reshape(y, shape=out_shape)]
-
-
-# --- the written-out attention ----------------------------------------------------------------------------------
-def _sole_producer(ctx, name: str, op_types: tuple):
-    """The ONNX node of one of ``op_types`` computing ``name``, when the node being translated is the only reader
-    of ``name`` (so replacing the subgraph leaves nothing else without its input); else None."""
-    node = ctx.producers.get(name)
-    if node is None or node.op_type not in op_types or ctx.uses.get(name, 0) != 1 or name not in ctx.values:
-        return None
-    return node
-
-
-def _scalar_constant(ctx, name: str) -> float | None:
-    if name not in ctx.constants or np.size(ctx.constants[name]) != 1:
-        return None
-    scalar = float(np.asarray(ctx.constants[name], np.float64).reshape(-1)[0])
-    return scalar if np.isfinite(scalar) and scalar != 0 else None
-
-
-def _without_scale(ctx, name: str, divide_too: bool = False) -> tuple[str, float]:
-    """(x, factor) for ``name`` = x * factor (or x / factor' with ``divide_too``), x itself with factor 1."""
-    node = _sole_producer(ctx, name, ("Mul", "Div") if divide_too else ("Mul",))
-    if node is not None:
-        a, b = node.input
-        if node.op_type == "Mul" and _scalar_constant(ctx, a) is not None and b in ctx.values:
-            return b, _scalar_constant(ctx, a)
-        if _scalar_constant(ctx, b) is not None and a in ctx.values:
-            factor = _scalar_constant(ctx, b)
-            return a, factor if node.op_type == "Mul" else 1.0 / factor
-    return name, 1.0
-
-
-def _key_of_transposed(ctx, name: str) -> tuple[str, str] | None:
-    """(K, its layout) for ``name`` = K^T: Transpose(K, (0, 1, 3, 2)) of a [batch, heads, seq, dim] K ("bhsd");
-    Transpose(K, (0, 2, 3, 1)) of a [batch, seq, heads, dim] K ("bshd"); or the dynamo exporter's
-    Reshape(Transpose(Reshape(K, [batch * heads, seq, dim]), (0, 2, 1)), [batch, heads, dim, seq])."""
-    node = _sole_producer(ctx, name, ("Transpose", "Reshape"))
-    if node is None:
-        return None
-    if node.op_type == "Transpose":
-        perm = tuple(_attributes(node).get("perm", ()))
-        layout = {(0, 1, 3, 2): "bhsd", (0, 2, 3, 1): "bshd"}.get(perm)
-        return (node.input[0], layout) if layout else None
-    inner = _sole_producer(ctx, node.input[0], ("Transpose",))
-    if inner is None or tuple(_attributes(inner).get("perm", ())) != (0, 2, 1):
-        return None
-    flatten = _sole_producer(ctx, inner.input[0], ("Reshape",))
-    if flatten is None or flatten.input[0] not in ctx.values:
-        return None
-    key = flatten.input[0]
-    if ctx.value(key).type.rank != 4:
-        return None
-    batch, heads, seq, dim = ctx.value(key).type.shape
-    shapes = [tuple(ctx.value(value).type.shape) for value in (inner.input[0], node.input[0], name)]
-    if shapes != [(batch * heads, seq, dim), (batch * heads, dim, seq), (batch, heads, dim, seq)]:
-        return None
-    return key, "bhsd"
-
-
-def _bshd_source(ctx, name: str) -> str | None:
-    """X for ``name`` = Transpose(X, (0, 2, 1, 3)): the [batch, seq, heads, dim] tensor the heads were split from."""
-    node = ctx.producers.get(name)
-    if node is None or node.op_type != "Transpose" or tuple(_attributes(node).get("perm", ())) != (0, 2, 1, 3):
-        return None
-    return node.input[0] if node.input[0] in ctx.values else None
-
-
-def _is_scores(ctx, name: str) -> bool:
-    """Whether ``name`` is QK^T, possibly scaled: which operand of the masking Add is the scores."""
-    scores, _ = _without_scale(ctx, name, divide_too=True)
-    return _sole_producer(ctx, scores, ("MatMul",)) is not None
-
-
-def _written_out_attention(ctx, probs: str, v: str) -> Value | None:
-    """``MatMul(probs, v)`` closing a written-out attention, as one GE2 ``attention`` node; None for any other
-    MatMul. The pattern (GPT-2 / nanoGPT's explicit form and the exporters' decomposition of
-    F.scaled_dot_product_attention, each intermediate read by the next node only):
-
-        scores = MatMul(Q [* a], K^T [* b])                 Q, V: [batch, heads, seq, head_dim]; K^T: see
-        logits = scores [* c or / c] [+ mask or             ``_key_of_transposed``; a, b, c: scalar constants
-                 Where(condition, -inf, scores)]            mask: the constant top-left causal mask
-                                                            (``is_causal_bias``)
-        Y      = MatMul(Softmax(logits, axis=-1), V)
-      ->
-        Y = attention(Q, K, V, scale=a * b * c, causal=mask given)
-
-    When Q, K and V are each a Transpose (0, 2, 1, 3) of the [batch, seq, heads, head_dim] projections (the usual
-    export), attention reads those in its "bshd" layout and the head transposes go away."""
-    g = ctx.graph
-    softmax = _sole_producer(ctx, probs, ("Softmax",))
-    if softmax is None or v not in ctx.values or ctx.value(v).type.rank != 4:
-        return None
-    if int(_attributes(softmax).get("axis", -1)) not in (-1, 3):
-        return None
-    logits = softmax.input[0]
-    bias = None  # a constant mask (an array), or a tensor one (the ONNX name of an additive mask or of a condition)
-    hidden_where = False  # the tensor is Where's condition: True hides a key
-    masking = _sole_producer(ctx, logits, ("Add", "Where"))
-    if masking is not None and masking.op_type == "Add":
-        first, second = masking.input
-        mask, logits = (first, second) if _is_scores(ctx, second) else (second, first)
-        if logits not in ctx.values or (mask not in ctx.constants and mask not in ctx.values):
-            return None
-        bias = np.asarray(ctx.constants[mask]) if mask in ctx.constants else mask
-    elif masking is not None:
-        condition, fill, logits = masking.input
-        if fill not in ctx.constants or logits not in ctx.values:
-            return None
-        if not np.isneginf(np.asarray(ctx.constants[fill], np.float64)).all():
-            return None
-        if condition in ctx.constants:
-            bias = np.where(np.asarray(ctx.constants[condition], bool), -np.inf, 0.0)
-        elif condition in ctx.values:
-            bias, hidden_where = condition, True
-        else:
-            return None
-    scores, scale = _without_scale(ctx, logits, divide_too=True)
-    product = _sole_producer(ctx, scores, ("MatMul",))
-    if product is None:
-        return None
-    q, q_factor = _without_scale(ctx, product.input[0])
-    key_t, k_factor = _without_scale(ctx, product.input[1])
-    key = _key_of_transposed(ctx, key_t)
-    if key is None or q not in ctx.values:
-        return None
-    k, k_layout = key
-    q_type, k_type, v_type = ctx.value(q).type, ctx.value(k).type, ctx.value(v).type
-    if q_type.rank != 4 or k_type.rank != 4 or len({q_type.dtype, k_type.dtype, v_type.dtype}) != 1:
-        return None
-    k_shape = tuple(k_type.shape[axis] for axis in ((0, 1, 2, 3) if k_layout == "bhsd" else (0, 2, 1, 3)))
-    batch, heads, seq_q, head_dim = q_type.shape
-    seq_k = k_shape[2]
-    if k_shape != (batch, heads, seq_k, head_dim) or tuple(v_type.shape) != k_shape:
-        return None
-    causal = False
-    if isinstance(bias, np.ndarray):
-        leading = bias.shape[:-2]
-        if bias.ndim <= 4 and all(d == 1 for d in leading) and is_causal_bias(bias.reshape(bias.shape[-2:]), seq_q,
-                                                                              seq_k):
-            bias, causal = None, True
-        elif bias.ndim > 4:
-            return None
-    k_value = ctx.value(k) if k_layout == "bhsd" else g.transpose(ctx.value(k), perm=(0, 2, 1, 3))
-    q_value, v_value = ctx.value(q), ctx.value(v)
-    if bias is not None:  # any other mask: the op's additive bias, [1 or batch, 1 or heads, seq_q, seq_k]
-        if isinstance(bias, np.ndarray):
-            mask = g.param(_fresh_name(g, "attention_mask"), bias.astype(_numpy_dtype(q_type.dtype)))
-        elif hidden_where:
-            mask = g.logical_not(ctx.value(bias))
-        else:
-            mask = ctx.value(bias)
-        try:
-            mask = attention_bias(g, mask, q_value, k_value)
-        except ValueError:
-            return None
-        return g.attention(q_value, k_value, v_value, mask, causal=False, scale=scale * q_factor * k_factor,
-                           layout="bhsd")[0]
-    sources = [_bshd_source(ctx, q), k if k_layout == "bshd" else _bshd_source(ctx, k), _bshd_source(ctx, v)]
-    if all(sources):
-        y = g.attention(*(ctx.value(name) for name in sources), causal=causal,
-                        scale=scale * q_factor * k_factor, layout="bshd")[0]
-        return g.transpose(y, perm=(0, 2, 1, 3))
-    return g.attention(q_value, k_value, v_value, causal=causal, scale=scale * q_factor * k_factor,
-                       layout="bhsd")[0]
 
 
 @rule("LayerNormalization")
@@ -656,6 +489,13 @@ def _gather(ctx, inputs, attrs):
 def _gather_elements(ctx, inputs, attrs):
     _only(attrs, {"axis": _ANY})
     return [ctx.graph.gather_elements(ctx.value(inputs[0]), ctx.value(inputs[1]), axis=int(attrs.get("axis", 0)))]
+
+
+@rule("GatherND")
+def _gather_nd(ctx, inputs, attrs):
+    _only(attrs, {"batch_dims": _ANY})
+    batch_dims = int(attrs.get("batch_dims", 0))
+    return [ctx.graph.gather_nd(ctx.value(inputs[0]), ctx.value(inputs[1]), batch_dims=batch_dims)]
 
 
 @rule("Shape")
@@ -1003,10 +843,11 @@ def _attention(ctx, inputs, attrs):
     """ONNX's Attention (opset 23+). Q, K, V are 4-d [batch, heads, seq, head_dim], or 3-d [batch, seq, heads *
     head_dim] with q_num_heads / kv_num_heads; K/V heads may be grouped. Without a mask, a KV cache, softcap, a
     window, the qk_matmul_output or a V head size of its own, it is GE2's attention op (is_causal top-left as GE2's,
-    scale). Otherwise it is lowered onto GE2 ops as ONNX's reference computes it: QK^T (one 2-d matmul per batch and
-    head, see ``batched_matmul`` (frontend/_einsum.py); fine for small models, not fast), softcap, the additive bias (attn_mask, the
-    causal and window masks aligned after the cache), softmax, and the product with V. ``nonpad_kv_seqlen`` must be
-    a constant (the conformance backend binds it per value, as a Reshape's shape); boolean masks are not supported.
+    scale). Otherwise it is lowered onto GE2 ops as ONNX's reference computes it: QK^T (a batched matmul, which
+    canonicalization lowers to one 2-d gemm per batch and head; fine for small models, not fast), softcap, the
+    additive bias (attn_mask, the causal and window masks aligned after the cache), softmax, and the product with V.
+    ``nonpad_kv_seqlen`` must be a constant (the conformance backend binds it per value, as a Reshape's shape);
+    boolean masks are not supported.
     A row whose keys the causal, window and length masks all exclude is 0, as in ONNX; one that only attn_mask
     excludes entirely gives NaN where ONNX gives 0."""
     _only(attrs, {"is_causal": _ANY, "scale": _ANY, "q_num_heads": _ANY, "kv_num_heads": _ANY, "softcap": _ANY,
@@ -1393,8 +1234,8 @@ def _fold_symbolic(node, ctx: _Context) -> list | None:
     fold = SYMBOLIC_FOLDS.get(node.op_type)
     if node.op_type == "Range":  # positions up to a symbolic length: a tensor, the arange op
         return None
-    if node.op_type == "Slice" and not _is_symbolic(ctx.constants[node.input[0]]):
-        return None  # a constant tensor (position ids) sliced to a symbolic length: the slice op, bound per plan
+    if node.op_type in ("Slice", "Expand") and not _is_symbolic(ctx.constants[node.input[0]]):
+        return None  # a constant tensor (position ids) sliced or broadcast to a symbolic size: the op, bound per plan
     if fold is None:
         raise Unsupported(f"{node.op_type} of a shape with symbolic dims: GE2 folds "
                           f"{', '.join(sorted(SYMBOLIC_FOLDS))} of symbolic shapes")
@@ -1410,13 +1251,29 @@ def _fold_symbolic(node, ctx: _Context) -> list | None:
     return [result.astype(bool if all(isinstance(d, (bool, np.bool_)) for d in entries) else np.int64)]
 
 
+# Op types whose ONNX reference implementation fails on what exporters write, folded by GE2's reference instead:
+# onnx.reference's GatherElements picks with np.choose, which takes at most 32 choices (BERT's token type ids are
+# GatherElements of a [1, max_positions] buffer).
+GE2_FOLDS = {
+    "GatherElements": lambda inputs, attrs: reference_gather_elements(inputs[0], inputs[1], int(attrs.get("axis", 0))),
+}
+
+
 def _fold(node, ctx: _Context) -> list | None:
     """The outputs of ``node`` on its constant inputs, computed by ONNX's reference implementation at the model's
-    opset (``_fold_symbolic`` when an input holds symbolic dims; None: not folded, translated by its rule)."""
+    opset (``_fold_symbolic`` when an input holds symbolic dims, ``GE2_FOLDS`` where ONNX's reference fails; None:
+    not folded, translated by its rule)."""
     from onnx.reference import ReferenceEvaluator
 
     if any(_is_symbolic(ctx.constants[name]) for name in node.input if name):
         return _fold_symbolic(node, ctx)
+    if node.op_type in GE2_FOLDS:
+        inputs = [ctx.constants[name] if name else None for name in node.input]
+        try:
+            result = GE2_FOLDS[node.op_type](inputs, _attributes(node))
+        except (ValueError, IndexError) as error:  # indices that do not fit the data
+            raise Unsupported(f"folding this node of constant inputs failed: {error}") from None
+        return [np.asarray(result).astype(np.asarray(inputs[0]).dtype)]
 
     try:
         evaluator = ReferenceEvaluator(node, opsets={"": ctx.opset})
@@ -1523,12 +1380,6 @@ def load(model, input_shapes: dict | None = None, constant_inputs: dict | None =
     if overrides:
         raise ValueError(f"input_shapes: unknown input(s) {sorted(overrides)}")
 
-    for node in model.graph.node:
-        ctx.producers.update((name, node) for name in node.output if name)
-        for name in node.input:
-            ctx.uses[name] = ctx.uses.get(name, 0) + 1
-    for output in model.graph.output:
-        ctx.uses[output.name] = ctx.uses.get(output.name, 0) + 1
     for index, node in enumerate(model.graph.node):
         node_name = node.name or f"{node.op_type}_{index}"
         standard = node.domain in ("", "ai.onnx")
@@ -1569,7 +1420,8 @@ def load(model, input_shapes: dict | None = None, constant_inputs: dict | None =
         raise UnsupportedModelError(model_name, problems, frozenset(needs_constant))
     for output in model.graph.output:
         graph.output(ctx.value(output.name), output.name)
-    eliminate_dead_code(graph)  # what a fused attention replaced, and transposes it made redundant
+    fuse_attention(graph)  # the written-out attention, the pass both frontends share (passes/attention_fusion.py)
+    eliminate_dead_code(graph)
     return graph
 
 

@@ -9,6 +9,9 @@ backends/cuda/ops/indexing):
 - ``gather(x, indices, axis)``: ONNX Gather / ``np.take`` (index_select): y = x.shape[:axis] + indices.shape +
   x.shape[axis + 1:]; negative indices count from the end.
 - ``gather_elements(x, indices, axis)``: ONNX GatherElements / ``take_along_axis``: y has indices' shape.
+- ``gather_nd(x, indices, batch_dims)``: ONNX GatherND: each tuple of r = indices.shape[-1] indices addresses x's r
+  axes after the first ``batch_dims`` (which x and indices share); y = x.shape[:b] + indices.shape[b:-1] +
+  x.shape[b + r:].
 - ``cumsum(x, axis, exclusive, reverse)``: ONNX CumSum.
 - ``trilu(x, k, upper)``: ONNX Trilu on the last two axes (tril / triu with diagonal k).
 - ``arange(x, axis, start, delta, dtype)``: ``start + delta * [0, 1, ..., n - 1]`` with n = x.shape[axis] (a size
@@ -17,9 +20,9 @@ backends/cuda/ops/indexing):
   (bi)linear, coordinate transformations half_pixel, pytorch_half_pixel, align_corners, asymmetric.
 - ``adaptive_avg_pool2d(x, output_size)``: PyTorch's adaptive average pooling of the last two axes.
 
-An index outside its axis (gather, gather_elements) reads nothing: its element is NaN (floats) or 0 (integers), in
-the reference as on the GPU. Gradients: expand, pad, roll, repeat_interleave, tile, cumsum and trilu (ordinary ops of
-the gradient); the gathers, arange, resize and adaptive pooling have none here.
+An index outside its axis (gather, gather_elements, gather_nd) reads nothing: its element is NaN (floats) or 0
+(integers), in the reference as on the GPU. Gradients: expand, pad, roll, repeat_interleave, tile, cumsum and trilu
+(ordinary ops of the gradient); the gathers, arange, resize and adaptive pooling have none here.
 """
 from __future__ import annotations
 
@@ -495,6 +498,85 @@ GATHER_ELEMENTS = _register(OpDef(
     doc="gather_elements(x, indices, axis=0): ONNX GatherElements / take_along_axis.",
 ))
 
+
+
+def _gather_nd_geometry(x: TensorType, indices: TensorType, batch_dims) -> tuple[int, int]:
+    """(b, r): the shared leading axes and the components of one index tuple; ValueError for what GatherND refuses."""
+    _check_indices(indices)
+    if not isinstance(batch_dims, int) or isinstance(batch_dims, bool) or batch_dims < 0:
+        raise ValueError(f"batch_dims: expected an int >= 0, got {batch_dims!r}")
+    if x.rank == 0 or indices.rank == 0:
+        raise ValueError(f"x, indices: expected rank >= 1, got ranks {x.rank} and {indices.rank}")
+    if batch_dims >= min(x.rank, indices.rank):
+        raise ValueError(f"batch_dims: expected < {min(x.rank, indices.rank)} (the smaller rank of x and indices), "
+                         f"got {batch_dims}")
+    components = indices.shape[-1]
+    if not isinstance(components, int):
+        raise ValueError(f"indices: the last extent (the tuple length) must be static, got {components!r}")
+    if not 1 <= components <= x.rank - batch_dims:
+        raise ValueError(f"indices: tuples of {components} components for x of rank {x.rank} with batch_dims="
+                         f"{batch_dims} (expected 1 to {x.rank - batch_dims})")
+    for axis in range(batch_dims):
+        if x.shape[axis] != indices.shape[axis]:
+            raise ValueError(f"indices: batch axis {axis} has extent {indices.shape[axis]}, x's has {x.shape[axis]}")
+    return batch_dims, components
+
+
+def _infer_gather_nd(in_types, attrs):
+    x, indices = in_types
+    b, r = _gather_nd_geometry(x, indices, attrs["batch_dims"])
+    shape = tuple(x.shape[:b]) + tuple(indices.shape[b:-1]) + tuple(x.shape[b + r:])
+    _layout.check_rank(len(shape), "y")
+    return [TensorType(shape, x.dtype)]
+
+
+def reference_gather_nd(x, indices, batch_dims=0) -> np.ndarray:
+    x = _layout.exact(x)
+    indices = np.asarray(indices)
+    b, r = batch_dims, indices.shape[-1]
+    batch = x.shape[:b]
+    count = int(np.prod(batch, dtype=np.int64))
+    x_rows = x.reshape((count,) + x.shape[b:])
+    tuples = indices.reshape(count, -1, r)
+    wrapped = np.stack([_wrapped(tuples[..., j], x.shape[b + j]) for j in range(r)], axis=-1)
+    missing = (wrapped < 0).any(axis=-1)
+    rows = np.arange(count)[:, None]
+    picked = x_rows[(rows,) + tuple(np.maximum(wrapped[..., j], 0) for j in range(r))]
+    if missing.any():
+        fill = _missing("float32" if x.dtype.kind == "f" else "int64")
+        picked = np.where(missing.reshape(missing.shape + (1,) * (picked.ndim - 2)), fill, picked)
+    return picked.reshape(batch + indices.shape[b:-1] + x.shape[b + r:])
+
+
+def _prepare_gather_nd(problem: Problem):
+    x, indices = problem.in_types
+    (y,) = problem.out_types
+    b, r = _gather_nd_geometry(x, indices, problem.attrs["batch_dims"])
+    x_strides = _layout.contiguous_strides(_concrete(x, "x"))
+    index_strides = _layout.contiguous_strides(_concrete(indices, "indices"))
+    tuple_axes = indices.rank - 1 - b
+    rest = x.rank - b - r
+    # y's axes: the batch (in x and in indices), the tuples' own axes (indices only), the rest of x (x only)
+    y_x_strides = list(x_strides[:b]) + [0] * tuple_axes + list(x_strides[b + r:])
+    y_index_strides = list(index_strides[:b]) + list(index_strides[b:b + tuple_axes]) + [0] * rest
+    return native_launch(_native_module().gather_nd, in_ptr(0), in_ptr(1), out_ptr(0), list(_concrete(y, "y")),
+                         y_x_strides, y_index_strides, list(x.shape[b:b + r]), list(x_strides[b:b + r]),
+                         indices.dtype, itemsize(x.dtype), _fill_bits(_missing(x.dtype), x.dtype), stream_arg())
+
+
+GATHER_ND = _register(OpDef(
+    name="gather_nd",
+    samples=lambda rng: [Sample((sample_array(rng, 4, 5, 3), rng.integers(-4, 4, (6, 2))), {"batch_dims": 0}),
+                         Sample((sample_array(rng, 2, 4, 3), rng.integers(0, 4, (2, 5, 1))), {"batch_dims": 1},
+                                "batch_dims=1")],
+    inputs=(Input("x"), Input("indices")),
+    outputs=("y",),
+    attrs=(Attr("batch_dims", int, 0),),
+    infer=_infer_gather_nd,
+    reference=lambda inputs, attrs: [reference_gather_nd(inputs[0], inputs[1], attrs["batch_dims"])],
+    candidates=_candidate("gather_nd", _prepare_gather_nd),
+    doc="gather_nd(x, indices, batch_dims=0): ONNX GatherND.",
+))
 
 # ---------------------------------------------------------------------------------------------------------------
 # cumsum, trilu

@@ -1,34 +1,59 @@
-"""matmul: ``Y = A @ B`` for a 2-d ``A`` (M x K) and ``B`` (K x N) of one float dtype, float32 accumulation.
+"""matmul: ``Y = A @ B`` for ``A`` (..., M x K) and ``B`` (..., K x N) of one float dtype, float32 accumulation;
+leading (batch) dims broadcast as numpy.matmul's.
 
 A plain product is a gemm with every attribute at its default, so this op has no kernels of its own: inference
 and the kernel candidates are gemm's, seen through that translation, and canonicalization rewrites matmul into
 gemm (where bias, transposes and activations can fuse). It stays an op because it is what graphs are written in.
-Its face (``ge2.ops.matmul``) runs gemm's kernels; backward returns (da, db) from gemm's backward.
+A batched matmul is what frontends write for numpy.matmul of a batched B (attention's Q K^T and P V): the attention
+pass reads it whole, and canonicalization lowers what is left to 2-d gemms (one per batch entry; with symbolic batch
+dims it stays, and runs on the reference). Its face (``ge2.ops.matmul``) runs gemm's kernels on 2-d operands;
+backward returns (da, db) from gemm's backward.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
+from ..ir.types import TensorType
 from . import gemm
 from ._base import Candidate, Input, OpDef, Problem, Sample, as_float64, register, sample_array
 from ._face import Face
+from .elementwise import broadcast_shapes, reduce_to_shape
 
 _GEMM_DEFAULTS = gemm.OP.validate_attrs({}, "matmul")
 
 
+def is_batched(in_types) -> bool:
+    return any(t.rank != 2 for t in in_types)
+
+
 def _infer(in_types, attrs):
-    return gemm.OP.infer(list(in_types) + [None, None], _GEMM_DEFAULTS)
+    a, b = in_types
+    if not is_batched(in_types):
+        return gemm.OP.infer(list(in_types) + [None, None], _GEMM_DEFAULTS)
+    if a.rank < 2 or b.rank < 2:
+        raise ValueError(f"a, b: expected rank >= 2 (a batched matmul), got shapes {a.shape} and {b.shape}")
+    (matrix,) = gemm.OP.infer([TensorType(a.shape[-2:], a.dtype), TensorType(b.shape[-2:], b.dtype), None, None],
+                              _GEMM_DEFAULTS)
+    batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return [TensorType(batch + tuple(matrix.shape), matrix.dtype)]
+
+
+def _swapped(x):
+    return x.swapaxes(-1, -2)
 
 
 def _reference(inputs, attrs):
     a, b = inputs
-    return [as_float64(a) @ as_float64(b)]
+    return [np.matmul(as_float64(a), as_float64(b))]
 
 
 def _reference_backward(inputs, outputs, out_grads, attrs):
     a, b = inputs
-    dy = as_float64(out_grads[0])
-    return [dy @ as_float64(b).T, as_float64(a).T @ dy]
+    dy, a64, b64 = as_float64(out_grads[0]), as_float64(a), as_float64(b)
+    return [reduce_to_shape(np.matmul(dy, _swapped(b64)), a64.shape),
+            reduce_to_shape(np.matmul(_swapped(a64), dy), b64.shape)]
 
 
 def _as_gemm_problem(problem: Problem) -> Problem:
@@ -46,8 +71,13 @@ def _via_gemm(candidate: Candidate) -> Candidate:
 
         return launch
 
-    return replace(candidate, supports=lambda problem: candidate.supports(_as_gemm_problem(problem)),
-                   prepare=prepare)
+    def supports(problem: Problem):
+        if is_batched(problem.in_types):
+            return ("a batched matmul has no kernel of its own: the canonicalize pass lowers it to 2-d gemms "
+                    "(its batch dims must then be static)")
+        return candidate.supports(_as_gemm_problem(problem))
+
+    return replace(candidate, supports=supports, prepare=prepare)
 
 
 OP = register(OpDef(
@@ -79,8 +109,23 @@ globals().update(Face(OP, _backward).functions())
 from ._base import attach_grad  # noqa: E402  (the grad section stays separate from the op above)
 
 
+def _summed_to(g, x, shape):
+    """``x`` summed over the batch dims along which an operand of ``shape`` was broadcast."""
+    extra = x.type.rank - len(shape)
+    broadcast = tuple(extra + i for i, d in enumerate(shape[:-2]) if d == 1 and x.type.shape[extra + i] != 1)
+    axes = tuple(range(extra)) + broadcast
+    if not axes:
+        return x
+    return g.reshape(g.sum(x, axis=axes), shape=tuple(shape))
+
+
 def _grad_matmul(g, node, dys):
-    da, db, _ = g.gemm_backward(dys[0], *node.inputs, with_dbias=False)
+    a, b = node.inputs
+    if is_batched([a.type, b.type]):  # numpy.matmul's adjoint: the other operand swapped, broadcast dims summed
+        swap = lambda x: g.transpose(x, perm=(*range(x.type.rank - 2), x.type.rank - 1, x.type.rank - 2))  # noqa: E731
+        return [_summed_to(g, g.matmul(dys[0], swap(b)), a.type.shape),
+                _summed_to(g, g.matmul(swap(a), dys[0]), b.type.shape)]
+    da, db, _ = g.gemm_backward(dys[0], a, b, with_dbias=False)
     return [da, db]
 
 

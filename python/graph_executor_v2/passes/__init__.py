@@ -8,7 +8,7 @@ from typing import Sequence
 
 from .attention_fusion import fuse_attention
 from .batch_norm_fold import fold_batch_norm
-from .canonicalize import canonicalize
+from .canonicalize import canonicalize, lower_batched_matmuls
 from .amp import POLICY, autocast
 from .cleanup import eliminate_common_subexpressions, eliminate_dead_code
 from .constant_fold import fold_constants
@@ -29,6 +29,7 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("fuse_attention", fuse_attention, "matmul -> scale -> causal mask -> softmax -> matmul -> one attention"),
     Pass("canonicalize", canonicalize, "matmul -> gemm, transposes -> trans flags, row adds -> bias_add -> gemm "
                                        "bias, drop identities"),
+    Pass("lower_batched_matmuls", lower_batched_matmuls, "batched matmuls -> 2-d gemms (static batch dims)"),
     Pass("fuse", fuse, "fuse residual adds and activations into gemm and conv2d epilogues"),
     Pass("fuse_pointwise", fuse_pointwise, "connected pointwise ops -> one generated kernel (fused_pointwise); row "
                                            "reductions with their pointwise prologue/epilogue -> fused_reduction"),
@@ -55,10 +56,10 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
 DEFAULT_PIPELINE = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicalize", "constant_fold", "fold_batch_norm",
                     "plan_layouts", "constant_fold", "fuse", "fuse_pointwise", "dce")
 # Training: the forward is canonicalized and fused before autograd (no constant folding: parameters are trained),
-# the graph with gradients is then cleaned and its backward fused.
+# the graph with gradients is then cleaned (batched matmuls of gradients lowered to gemms) and its backward fused.
 TRAINING_FORWARD = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicalize", "fuse_relu", "dce")
-TRAINING_BACKWARD = ("infer_shapes", "cse", "dce", "chain_activation_backward", "trim_gemm_backward",
-                     "fuse_loss_gradient", "join_slice_gradients", "dce")
+TRAINING_BACKWARD = ("infer_shapes", "cse", "dce", "lower_batched_matmuls", "chain_activation_backward",
+                     "trim_gemm_backward", "fuse_loss_gradient", "join_slice_gradients", "dce")
 # Last of all (after activation checkpointing, which finds forward nodes by name): forward and backward pointwise
 # chains of the differentiated graph fuse.
 TRAINING_FUSION = ("fuse_pointwise_training", "dce")
@@ -81,4 +82,5 @@ __all__ = ["DEFAULT_PIPELINE", "PASSES", "POLICY", "TRAINING_BACKWARD", "TRAININ
            "PassManager", "PassRecord", "Pat", "Rewrite", "autocast", "canonicalize", "chain_activation_backward",
            "eliminate_common_subexpressions", "eliminate_dead_code", "fold_batch_norm", "fold_constants", "fuse",
            "fuse_attention", "fuse_loss_gradient", "fuse_pointwise", "fuse_pointwise_training", "fuse_relu",
-           "infer_shapes", "join_slice_gradients", "plan_layouts", "resolve", "rewrite", "trim_gemm_backward"]
+           "infer_shapes", "join_slice_gradients", "lower_batched_matmuls", "plan_layouts", "resolve", "rewrite",
+           "trim_gemm_backward"]

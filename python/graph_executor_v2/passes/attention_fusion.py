@@ -1,20 +1,31 @@
-"""Attention fusion: the written-out attention of one head becomes one ``attention`` node, and every attention node
-is simplified (``simplify_attention``, shared by both frontends): a constant causal bias becomes ``causal=True``, a
-zero bias goes away, and K/V heads repeated for grouped queries (``repeat_kv``: reshape(expand(reshape(k))), or
-repeat_interleave) are read directly, the op's native grouped-query attention. ``attention_bias`` turns an exporter's
-mask (boolean keep-mask or additive float) into the op's bias input.
+"""Attention fusion, one pass shared by both frontends: the written-out attention becomes one ``attention`` node,
+and every attention node is simplified (``simplify_attention``).
 
-    scores = matmul(q, transpose(k, perm=(1, 0)))          q: [seq_q, d], k: [seq_k, d], v: [seq_k, d]
-    scaled = mul(scores, c)  or  div(scores, c)            c: a one-element parameter
-    masked = add(scaled, mask)                             optional; mask: the causal (top-left) parameter,
-                                                           0 where j <= i and -inf (or finfo.min) elsewhere
-    y      = matmul(softmax(masked, axis=-1), v)
+The 4-d form, [batch, heads, seq, dim] (both exporters' eager attention and their decomposition of
+scaled_dot_product_attention; each intermediate read by the next node only)::
+
+    scores = matmul(q [* a], kt [* b])               kt: transpose(k, (0, 1, 3, 2)); transpose(k, (0, 2, 3, 1)) of a
+    logits = scores [* c or / c]                         [batch, seq, heads, dim] k; or the dynamo exporter's
+             [+ mask, or where(hidden, -inf, .),         reshape(transpose(reshape(k, [b * h, s, d]), (0, 2, 1)))
+              or where(keep, ., -inf)]               a, b, c: one-element parameters; mask: any additive tensor
+    y      = matmul([cast] softmax([cast] logits, axis=-1) [cast], v)     (T5's relative position bias, padding)
   ->
-    y = reshape(attention(reshape(q), reshape(k), reshape(v), scale=c or 1/c, causal=mask given)[0])
+    y = attention(q, k, v, bias, scale=a * b * c)
 
-with q, k, v seen as [1, 1, seq, d]. Any other mask, a softmax over another axis, or an interior value read
-elsewhere (the pattern matcher's guards) leaves the graph as it is. It runs before canonicalization, which would
-turn the matmuls into gemms.
+with the mask as the op's additive bias [1 or batch, 1 or heads, seq_q, seq_k] (``attention_bias``); a constant
+causal mask is ``causal=True`` and a zero one none. Without a bias, q, k and v that are each transpose(x, (0, 2, 1,
+3)) of [batch, seq, heads, dim] projections are read in the "bshd" layout and the head transposes go away.
+
+The 2-d form of one head (matmul(q, transpose(k)) with a causal mask or none) becomes attention on [1, 1, seq, d]
+views. ``simplify_attention`` then turns a constant causal bias into ``causal=True``, drops a zero bias, and reads
+K/V heads repeated for grouped queries (``repeat_kv``: reshape(expand(reshape(k))), or repeat_interleave) directly,
+the op's native grouped-query attention.
+
+RoPE's rotate-half, concat(-x[..., d/2:], x[..., :d/2]), becomes roll(x, d/2) * [-1 .. -1, 1 .. 1]: one
+data-movement kernel and a multiply the pointwise fusion takes with the rest of x * cos + rotate_half(x) * sin.
+
+Anything else (another mask, a softmax over another axis, an interior value read elsewhere) is left as it is. The
+pass runs before canonicalization, which would turn the matmuls into gemms.
 """
 from __future__ import annotations
 
@@ -22,8 +33,9 @@ import numpy as np
 
 from ..dtypes import FLOAT_DTYPES, to_numpy
 from ..ir import dims
-from ..ir.graph import Graph, Value
-from .pattern import Pat, Rule, rewrite
+from ..ir.graph import Graph, Node, Value
+from ..ops.slice import axis_slice
+from .pattern import Pat, Rule, remove_unused, rewrite
 
 
 def _scalar(value: Value) -> float | None:
@@ -144,27 +156,36 @@ def _repeated_heads(value: Value) -> tuple[Value, int] | None:
     return source, repeats
 
 
-def _constant_value(value: Value, known: dict) -> np.ndarray | None:
-    """The value of ``value`` when it depends on parameters only (an exporter's mask built from constants and
-    arange comparisons), computed by the ops' references; None when it depends on an input."""
-    if value.is_param:
-        return np.asarray(value.data)
-    node = value.producer
-    if node is None or not node.opdef.pure or len(node.outputs) != 1:
-        return None
-    if value.name not in known:
-        inputs = [None if x is None else _constant_value(x, known) for x in node.inputs]
-        if any(x is None and original is not None for x, original in zip(inputs, node.inputs)):
-            known[value.name] = None
-        else:
-            known[value.name] = node.opdef.run_reference(inputs, node.attrs)[0]
-    return known[value.name]
+class _Constants:
+    """The values computed from parameters only (an exporter's mask built from constants and arange comparisons),
+    found in one sweep in graph order and computed on demand by the ops' references."""
+
+    def __init__(self, graph: Graph):
+        self.derived: set[Value] = set()
+        for node in graph.nodes:
+            if (node.opdef.pure and len(node.outputs) == 1
+                    and all(x is None or x.is_param or x in self.derived for x in node.inputs)):
+                self.derived.add(node.outputs[0])
+        self.known: dict[Value, np.ndarray] = {}
+
+    def value(self, value: Value) -> np.ndarray | None:
+        """The value of ``value`` when it depends on parameters only; None when it depends on an input."""
+        if value.is_param:
+            return np.asarray(value.data)
+        if value not in self.derived:
+            return None
+        if value not in self.known:
+            node = value.producer
+            inputs = [None if x is None else self.value(x) for x in node.inputs]
+            self.known[value] = node.opdef.run_reference(inputs, node.attrs)[0]
+        return self.known[value]
 
 
 def simplify_attention(graph: Graph) -> list[str]:
     """Every attention node: a constant causal bias (a parameter, or computed from parameters only) -> causal=True, a
     zero bias dropped, repeated K/V heads read directly (the op's grouped-query attention)."""
     notes = []
+    constants = _Constants(graph)
     for node in graph.nodes:
         if node.op != "attention":
             continue
@@ -174,7 +195,7 @@ def simplify_attention(graph: Graph) -> list[str]:
             if keys is not None and values is not None and keys[1] == values[1]:
                 node.inputs[1], node.inputs[2] = keys[0], values[0]
                 notes.append(f"{node.name}: K/V heads repeated {keys[1]}x read as grouped-query attention")
-        data = None if bias is None else _constant_value(bias, {})
+        data = None if bias is None else constants.value(bias)
         if data is None:
             continue
         seq_q, seq_k = q.type.shape[2], k.type.shape[2]
@@ -188,5 +209,240 @@ def simplify_attention(graph: Graph) -> list[str]:
     return notes
 
 
+# --- the 4-d attention ------------------------------------------------------------------------------------------
+class _Match:
+    """The walk from one matmul(probs, v) back to q and k: interior nodes must feed only the next one."""
+
+    def __init__(self, graph: Graph, users: dict, constants: _Constants, root: Node):
+        self.graph, self.users, self.constants, self.root = graph, users, constants, root
+        self.nodes: list[Node] = [root]
+
+    def sole(self, value: Value | None, ops: tuple) -> Node | None:
+        """The producer of ``value`` when it is one of ``ops`` and ``value`` feeds one node and is no graph output."""
+        node = None if value is None else value.producer
+        if (node is None or node.op not in ops or len(node.outputs) != 1 or len(self.users.get(value, ())) != 1
+                or self.graph.is_output(value) or node.device != self.root.device):
+            return None
+        return node
+
+    def take(self, node: Node) -> Node:
+        self.nodes.append(node)
+        return node
+
+    def unscaled(self, value: Value, divide_too: bool = False) -> tuple[Value, float]:
+        """(x, factor) for ``value`` = x * factor (or x / factor' with ``divide_too``); x itself with factor 1."""
+        node = self.sole(value, ("mul", "div") if divide_too else ("mul",))
+        if node is not None:
+            a, b = node.inputs
+            if node.op == "mul" and _scalar(a) is not None:
+                self.take(node)
+                return b, _scalar(a)
+            if _scalar(b) is not None:
+                self.take(node)
+                return a, _scalar(b) if node.op == "mul" else 1.0 / _scalar(b)
+        return value, 1.0
+
+    def is_lowest(self, value: Value) -> bool:
+        """A constant of -inf, or of at most half its dtype's lowest (finfo.min, what exporters fill masks with)."""
+        data = self.constants.value(value)
+        if data is None or data.dtype.kind != "f" or data.size == 0:
+            return False
+        lowest = np.finfo(np.float32 if value.type.dtype == "bfloat16" else to_numpy(value.type.dtype)).min
+        data = data.astype(np.float64)
+        return bool((np.isneginf(data) | (data <= lowest / 2)).all())
+
+    def is_scores(self, value: Value) -> bool:
+        """Whether ``value`` is q k^T, maybe scaled (which operand of the masking add is the scores)."""
+        scaled = self.sole(value, ("mul", "div"))
+        if scaled is not None and any(_scalar(x) is not None for x in scaled.inputs):
+            value = next(x for x in scaled.inputs if _scalar(x) is None)
+        return self.sole(value, ("matmul",)) is not None
+
+    def key(self, kt: Value) -> tuple[Value, str] | None:
+        """(k, its layout) for ``kt`` = k^T: transpose(k, (0, 1, 3, 2)) of a "bhsd" k, transpose(k, (0, 2, 3, 1)) of
+        a "bshd" one, or reshape(transpose(reshape(k, [b * h, s, d]), (0, 2, 1)), [b, h, d, s])."""
+        node = self.sole(kt, ("transpose", "reshape"))
+        if node is None:
+            return None
+        if node.op == "transpose":
+            layout = {(0, 1, 3, 2): "bhsd", (0, 2, 3, 1): "bshd"}.get(tuple(a % 4 for a in node.attrs["perm"]))
+            return (self.take(node).inputs[0], layout) if layout and kt.type.rank == 4 else None
+        inner = self.sole(node.inputs[0], ("transpose",))
+        if inner is None or tuple(inner.attrs["perm"]) != (0, 2, 1):
+            return None
+        flatten = self.sole(inner.inputs[0], ("reshape",))
+        if flatten is None or flatten.inputs[0].type.rank != 4:
+            return None
+        key = flatten.inputs[0]
+        batch, heads, seq, dim = key.type.shape
+        shapes = [tuple(x.type.shape) for x in (inner.inputs[0], node.inputs[0], kt)]
+        bh = dims.product(batch, heads)
+        if shapes != [(bh, seq, dim), (bh, dim, seq), (batch, heads, dim, seq)]:
+            return None
+        for taken in (node, inner, flatten):
+            self.take(taken)
+        return key, "bhsd"
+
+
+def _head_source(value: Value) -> Value | None:
+    """x for ``value`` = transpose(x, (0, 2, 1, 3)): the [batch, seq, heads, dim] tensor the heads were split from."""
+    node = value.producer
+    if node is None or node.op != "transpose" or tuple(a % 4 for a in node.attrs["perm"]) != (0, 2, 1, 3):
+        return None
+    return node.inputs[0]
+
+
+def _attention_4d(graph: Graph, users: dict, constants: _Constants, root: Node) -> tuple[Value, list[Node]] | None:
+    """The attention replacing ``root`` = matmul(probs, v) and the nodes it replaces, or None (see the module)."""
+    match = _Match(graph, users, constants, root)
+    probs, v = root.inputs
+    if v.type.rank != 4 or probs.type.rank != 4 or v.type.dtype not in FLOAT_DTYPES:
+        return None
+    node = match.sole(probs, ("cast", "softmax"))
+    if node is not None and node.op == "cast":  # softmax computed in float32, cast back to v's dtype
+        match.take(node)
+        node = match.sole(node.inputs[0], ("softmax",))
+    if node is None or node.attrs["axis"] % 4 != 3:
+        return None
+    logits = match.take(node).inputs[0]
+    widened = match.sole(logits, ("cast",))
+    if widened is not None and widened.inputs[0].type.dtype == v.type.dtype:
+        logits = match.take(widened).inputs[0]
+    mask, hidden = None, False  # hidden: the mask is a boolean that is True where a key is hidden
+    masking = match.sole(logits, ("add", "where"))
+    if masking is not None and masking.op == "add":
+        first, second = masking.inputs
+        if not match.is_scores(first) and not match.is_scores(second):
+            return None
+        logits, mask = (first, second) if match.is_scores(first) else (second, first)
+        match.take(masking)
+    elif masking is not None:
+        condition, x, y = masking.inputs
+        if condition.type.dtype != "bool":
+            return None
+        if match.is_lowest(x) and match.is_scores(y):
+            logits, mask, hidden = y, condition, True
+        elif match.is_lowest(y) and match.is_scores(x):
+            logits, mask = x, condition
+        else:
+            return None
+        match.take(masking)
+    scores, scale = match.unscaled(logits, divide_too=True)
+    product = match.sole(scores, ("matmul",))
+    if product is None:
+        return None
+    match.take(product)
+    q, q_factor = match.unscaled(product.inputs[0])
+    kt, k_factor = match.unscaled(product.inputs[1])
+    key = match.key(kt)
+    if key is None:
+        return None
+    k, k_layout = key
+    if q.type.rank != 4 or k.type.rank != 4 or len({q.type.dtype, k.type.dtype, v.type.dtype}) != 1:
+        return None
+    k_shape = tuple(k.type.shape[axis] for axis in ((0, 1, 2, 3) if k_layout == "bhsd" else (0, 2, 1, 3)))
+    batch, heads, seq_q, head_dim = q.type.shape
+    seq_k = k_shape[2]
+    if k_shape != (batch, heads, seq_k, head_dim) or tuple(v.type.shape) != k_shape:
+        return None
+    scale *= q_factor * k_factor
+    causal, bias_data = False, None
+    if mask is not None and (data := constants.value(mask)) is not None:
+        bias_data = np.where(data, -np.inf, 0.0) if hidden else (
+            np.where(data, 0.0, -np.inf) if data.dtype == bool else data.astype(np.float64))
+        if bias_data.ndim > 4:
+            return None
+        square = bias_data.reshape(bias_data.shape[-2:]) if all(d == 1 for d in bias_data.shape[:-2]) else None
+        if not np.any(bias_data):
+            mask, bias_data = None, None
+        elif square is not None and is_causal_bias(square.astype(to_numpy(q.type.dtype)), seq_q, seq_k):
+            mask, bias_data, causal = None, None, True
+    if mask is None:
+        sources = [_head_source(q), k if k_layout == "bshd" else _head_source(k), _head_source(v)]
+        if all(sources):
+            y = graph.attention(*sources, causal=causal, scale=scale, layout="bshd")[0]
+            heads_split = [x.producer for x in (q, k, v) if x.producer is not None]
+            return graph.transpose(y, perm=(0, 2, 1, 3)), match.nodes + heads_split
+    k_bhsd = k if k_layout == "bhsd" else graph.transpose(k, perm=(0, 2, 1, 3))
+    bias = None
+    if bias_data is not None:
+        mask = graph.param(graph.unique_name("attention_mask"), bias_data.astype(to_numpy(q.type.dtype)))
+    elif hidden:
+        mask = graph.logical_not(mask)
+    if mask is not None:
+        try:
+            bias = attention_bias(graph, mask, q, k_bhsd)
+        except ValueError:  # a mask that does not broadcast to the scores
+            return None
+    try:
+        y = graph.attention(q, k_bhsd, v, bias, causal=causal, scale=scale, layout="bhsd")[0]
+    except ValueError:  # shapes the op does not take
+        return None
+    return y, match.nodes
+
+
+def fuse_attention_4d(graph: Graph) -> list[str]:
+    """Every 4-d written-out attention (see the module) as one attention node; one note per fusion."""
+    notes = []
+    users, constants, removed = graph.users(), _Constants(graph), set()
+    for root in list(graph.nodes):
+        if root.op != "matmul" or root in removed:
+            continue
+        with graph.inserting_before(root) as added:
+            found = _attention_4d(graph, users, constants, root)
+        if found is None:
+            for node in reversed(added):  # declined after building: the new nodes read nothing yet
+                graph.remove_node(node)
+            continue
+        y, replaced = found
+        for node in added:
+            node.device = root.device  # a rewrite never moves work to another device
+        graph.replace_uses(root.outputs[0], y)
+        users = graph.users()
+        gone = set(remove_unused(graph, replaced, users))
+        removed.update(node for node in replaced if node.name in gone)
+        users = graph.users()
+        notes.append(f"attention: {', '.join(sorted(gone))} -> {', '.join(n.name for n in added)}")
+    return notes
+
+
+# --- RoPE's rotate-half ---------------------------------------------------------------------------------------
+def _half(value: Value) -> tuple[Value, int] | None:
+    """(x, 0 or 1) when ``value`` is the first or second half of x's last axis (a slice of step 1)."""
+    node = value.producer
+    x = node.inputs[0]
+    rank, width = x.type.rank, x.type.shape[-1]
+    starts, ends = node.attrs["starts"], node.attrs["ends"]
+    axes, steps = node.attrs["axes"] or tuple(range(len(starts))), node.attrs["steps"] or (1,) * len(starts)
+    if (len(starts) != 1 or axes[0] % rank != rank - 1 or steps[0] != 1 or not isinstance(width, int) or width % 2
+            or isinstance(ends[0], str)):
+        return None
+    start, count = axis_slice(width, starts[0], ends[0], 1)
+    if count != width // 2 or start not in (0, width // 2):
+        return None
+    return x, start // count
+
+
+# concat(-x[..., d/2:], x[..., :d/2], axis=-1) = roll(x, d/2, axis=-1) * [-1] * d/2 + [1] * d/2
+def rotate_half_to_roll(graph: Graph, upper: Value, lower: Value, y: Value):
+    if y.producer.attrs["axis"] % y.type.rank != y.type.rank - 1 or y.type.dtype not in FLOAT_DTYPES:
+        return None
+    first, second = _half(upper), _half(lower)
+    if first is None or second is None or first[0] is not second[0] or (first[1], second[1]) != (1, 0):
+        return None
+    x = first[0]
+    half = x.type.shape[-1] // 2
+    sign = graph.param(graph.unique_name("rotate_half_sign"),
+                       np.concatenate([-np.ones(half), np.ones(half)]).astype(to_numpy(x.type.dtype)))
+    return graph.mul(graph.roll(x, shifts=(half,), axes=(x.type.rank - 1,)), sign)
+
+
+ROTATE_HALF: list[Rule] = [
+    (Pat("concat", (Pat("neg", (Pat("slice", name="upper", shared=True),)), Pat("slice", name="lower", shared=True)),
+         name="y"), rotate_half_to_roll),
+]
+
+
 def fuse_attention(graph: Graph) -> list:
-    return rewrite(graph, RULES) + simplify_attention(graph)
+    return (fuse_attention_4d(graph) + rewrite(graph, RULES) + rewrite(graph, ROTATE_HALF)
+            + simplify_attention(graph))

@@ -1,6 +1,7 @@
 """Canonicalization: one spelling for each computation, so fusion rules need to know only that one.
 
-- every matrix product is a ``gemm`` (a matmul is a gemm at its defaults);
+- every matrix product is a ``gemm`` (a matmul is a gemm at its defaults; a batched matmul is one gemm of A's rows
+  when B has no batch, else one gemm per batch entry, when its shapes are static);
 - a transpose feeding a gemm operand is the gemm's ``trans_a``/``trans_b``;
 - a row-vector add is a ``bias_add`` (broadcast normalization), and a bias after a gemm is the gemm's bias;
 - ``x * sigmoid(x)`` (how exporters write SiLU) is ``silu(x)``;
@@ -8,6 +9,8 @@
   transposes or of reshapes become one.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from ..dtypes import FLOAT_DTYPES
 from ..ir.graph import Graph, Value
@@ -22,10 +25,43 @@ def _perm(transpose: Value) -> tuple[int, ...]:
     return tuple(axis % rank for axis in transpose.producer.attrs["perm"])
 
 
-# matmul(a, b) = gemm(a, b)
+# matmul(a, b) = gemm(a, b); batched: see lower_batched_matmul
 def matmul_to_gemm(graph: Graph, y: Value):
     a, b = y.producer.inputs
-    return graph.gemm(a, b)
+    if a.type.rank == 2 and b.type.rank == 2:
+        return graph.gemm(a, b)
+    return lower_batched_matmul(graph, a, b, y)
+
+
+def lower_batched_matmul(graph: Graph, a: Value, b: Value, y: Value) -> Value | None:
+    """numpy.matmul of rank >= 2 operands on 2-d gemms: B without batch (its batch dims all 1, A's at least as many)
+    multiplies A's rows at once; otherwise one gemm per batch entry (slices of A and B), concatenated. None with
+    symbolic batch dims (the matmul stays, on the reference)."""
+    (m, k), n = a.type.shape[-2:], b.type.shape[-1]
+    if all(d == 1 for d in b.type.shape[:-2]) and a.type.rank >= b.type.rank and isinstance(k, int):
+        b2 = b if b.type.rank == 2 else graph.reshape(b, shape=tuple(b.type.shape[-2:]))
+        return graph.reshape(graph.gemm(graph.reshape(a, shape=(-1, k)), b2), shape=tuple(y.type.shape))
+    if not a.type.is_concrete or not b.type.is_concrete:
+        return None
+    a_batch, b_batch, batch = tuple(a.type.shape[:-2]), tuple(b.type.shape[:-2]), tuple(y.type.shape[:-2])
+    a_flat = graph.reshape(a, shape=(int(np.prod(a_batch, dtype=np.int64)), m, k))
+    b_flat = graph.reshape(b, shape=(int(np.prod(b_batch, dtype=np.int64)), k, n))
+
+    def entry(index: tuple, own: tuple) -> int:
+        """The flat index, in an operand of batch dims ``own`` (aligned right, size 1 broadcast), of ``index``."""
+        if not own:
+            return 0
+        return int(np.ravel_multi_index(tuple(i if d > 1 else 0 for i, d in zip(index[len(index) - len(own):], own)),
+                                        own))
+
+    products = []
+    for index in np.ndindex(*batch):
+        a_index, b_index = entry(index, a_batch), entry(index, b_batch)
+        a_entry = graph.reshape(graph.slice(a_flat, starts=(a_index,), ends=(a_index + 1,), axes=(0,)), shape=(m, k))
+        b_entry = graph.reshape(graph.slice(b_flat, starts=(b_index,), ends=(b_index + 1,), axes=(0,)), shape=(k, n))
+        products.append(graph.reshape(graph.gemm(a_entry, b_entry), shape=(1, m, n)))
+    stacked = products[0] if len(products) == 1 else graph.concat(products, axis=0)
+    return graph.reshape(stacked, shape=tuple(y.type.shape))
 
 
 # gemm(transpose(a), b) = gemm(a, b, trans_a=not trans_a) for a 2-d transpose
@@ -116,3 +152,15 @@ RULES: list[Rule] = [
 
 def canonicalize(graph: Graph) -> list:
     return rewrite(graph, RULES)
+
+
+# matmul(a, b) of batched operands = 2-d gemms (lower_batched_matmul)
+def _lower_batched(graph: Graph, y: Value):
+    a, b = y.producer.inputs
+    return None if a.type.rank == 2 and b.type.rank == 2 else lower_batched_matmul(graph, a, b, y)
+
+
+def lower_batched_matmuls(graph: Graph) -> list:
+    """Only the batched matmuls lowered (the gradients of a batched matmul, in a backward graph that is not
+    canonicalized)."""
+    return rewrite(graph, [(Pat("matmul", name="y"), _lower_batched)])

@@ -3,6 +3,7 @@
 //             (constant, reflect, edge), roll, repeat_interleave, tile
 //   gather    y[o] = x[o with axis replaced by indices[o]] (indices broadcast by strides): ONNX Gather,
 //             index_select, take_along_axis / GatherElements
+//   gather_nd y[o] = x[batch, indices[o][0], ..., indices[o][r-1], rest]: ONNX GatherND
 //   cumsum    inclusive or exclusive, forward or reverse, along one axis
 //   trilu     the lower or upper triangle (diagonal offset k) of the last two axes, zeros elsewhere
 //   arange    y[i] = start + i * delta
@@ -55,6 +56,21 @@ struct GatherGeometry {
 // y (contiguous) = x gathered along axis; an index outside [-extent, extent) gives fill_bits (NaN for floats).
 void gather(const void* x, const void* indices, void* y, const GatherGeometry& geometry, DType index_dtype,
             int element_bytes, uint64_t fill_bits, cudaStream_t stream);
+
+struct GatherNdGeometry {
+  int rank = 0;                          // y's rank: batch axes, index axes, the rest of x's axes
+  int components = 0;                    // r: how many leading non-batch axes of x one index tuple addresses
+  int64_t y_shape[kMaxDims] = {};
+  int64_t x_strides[kMaxDims] = {};      // per y axis, in elements; 0 on the index axes
+  int64_t index_strides[kMaxDims] = {};  // per y axis, in elements (of the tuples' first component); 0 on the rest
+  int64_t extents[kMaxDims] = {};        // x's extent along each addressed axis: components in [-extent, extent)
+  int64_t component_strides[kMaxDims] = {};  // x's stride along each addressed axis
+};
+
+// y (contiguous) = x at the index tuples (contiguous along their last axis); a component out of range gives
+// fill_bits (NaN for floats).
+void gather_nd(const void* x, const void* indices, void* y, const GatherNdGeometry& geometry, DType index_dtype,
+               int element_bytes, uint64_t fill_bits, cudaStream_t stream);
 
 // Along the middle axis of [outer, extent, inner] (contiguous).
 void cumsum(const void* x, void* y, int64_t outer, int64_t extent, int64_t inner, bool exclusive, bool reverse,

@@ -19,6 +19,10 @@ std::vector<KernelInfo> kernel_table() {
                      "index_select, take_along_axis",
        "int32 or int64 indices; any data dtype; an index out of range gives NaN (floats) or 0",
        kFallback, kAnyAlignment},
+      {"gather_nd", 10, "y[o] = x[batch, indices[o] (one tuple of r components), rest]: ONNX GatherND; one thread per "
+                        "output element",
+       "int32 or int64 indices; any data dtype; a component out of range gives NaN (floats) or 0",
+       kFallback, kAnyAlignment},
       {"cumsum", 10, "one thread per line along the axis, float32 or int64 accumulation", "float and int dtypes",
        kFallback, kAnyAlignment},
       {"trilu", 10, "the lower or upper triangle of the last two axes", "any dtype", kFallback, kAnyAlignment},

@@ -1,7 +1,7 @@
-// The data-movement kernels of the indexing module: axis_map, gather and trilu. One thread per output element in
-// a grid-stride loop; the output index is split into per-axis coordinates (row-major), each mapped to the input.
-// They move elements by size (1, 2, 4 or 8 bytes), so every dtype takes them; writes are coalesced, reads follow
-// the map (broadcast and padding reads hit the same rows repeatedly and stay in L2).
+// The data-movement kernels of the indexing module: axis_map, gather, gather_nd and trilu. One thread per output
+// element in a grid-stride loop; the output index is split into per-axis coordinates (row-major), each mapped to the
+// input. They move elements by size (1, 2, 4 or 8 bytes), so every dtype takes them; writes are coalesced, reads
+// follow the map (broadcast and padding reads hit the same rows repeatedly and stay in L2).
 #include <algorithm>
 #include <string>
 
@@ -81,6 +81,32 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(const T* __restrict__ 
   }
 }
 
+// One index tuple per output row: the tuple's r components (each wrapped once from the end) address x's axes
+// after the batch, the remaining output coordinates the rest of x.
+template <typename T, typename Index>
+__global__ void __launch_bounds__(kThreads) gather_nd_kernel(const T* __restrict__ x,
+                                                             const Index* __restrict__ indices, T* __restrict__ y,
+                                                             GatherNdGeometry geometry, int64_t count, T fill) {
+  for (int64_t linear = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; linear < count;
+       linear += static_cast<int64_t>(gridDim.x) * kThreads) {
+    int64_t rest = linear, x_offset = 0, index_offset = 0;
+    for (int axis = geometry.rank - 1; axis >= 0; --axis) {
+      const int64_t o = rest % geometry.y_shape[axis];
+      rest /= geometry.y_shape[axis];
+      index_offset += o * geometry.index_strides[axis];
+      x_offset += o * geometry.x_strides[axis];
+    }
+    bool inside = true;
+    for (int component = 0; component < geometry.components; ++component) {
+      int64_t index = static_cast<int64_t>(indices[index_offset + component]);
+      if (index < 0) index += geometry.extents[component];
+      inside = inside && index >= 0 && index < geometry.extents[component];
+      x_offset += index * geometry.component_strides[component];
+    }
+    y[linear] = inside ? x[x_offset] : fill;
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) trilu_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows,
                                                          int64_t cols, int64_t k, bool upper, int64_t count) {
@@ -144,6 +170,30 @@ void gather(const void* x, const void* indices, void* y, const GatherGeometry& g
           geometry, count, static_cast<storage_t>(fill_bits));
     }
     GE2_CHECK_LAUNCH("indexing gather_kernel");
+  });
+}
+
+void gather_nd(const void* x, const void* indices, void* y, const GatherNdGeometry& geometry, DType index_dtype,
+               int element_bytes, uint64_t fill_bits, cudaStream_t stream) {
+  const int64_t count = product(geometry.y_shape, geometry.rank);
+  if (count == 0) return;
+  check_pointer(x, "x");
+  check_pointer(indices, "indices");
+  check_pointer(y, "y");
+  for (int component = 0; component < geometry.components; ++component) {
+    if (geometry.extents[component] == 0) throw std::invalid_argument("x: gathering from an empty axis");
+  }
+  GE2_DISPATCH_ELEMENT_SIZE(element_bytes, {
+    if (index_dtype == DType::Int32) {
+      gather_nd_kernel<storage_t, int32_t><<<grid_blocks(count), kThreads, 0, stream>>>(
+          static_cast<const storage_t*>(x), static_cast<const int32_t*>(indices), static_cast<storage_t*>(y),
+          geometry, count, static_cast<storage_t>(fill_bits));
+    } else {
+      gather_nd_kernel<storage_t, int64_t><<<grid_blocks(count), kThreads, 0, stream>>>(
+          static_cast<const storage_t*>(x), static_cast<const int64_t*>(indices), static_cast<storage_t*>(y),
+          geometry, count, static_cast<storage_t>(fill_bits));
+    }
+    GE2_CHECK_LAUNCH("indexing gather_nd_kernel");
   });
 }
 

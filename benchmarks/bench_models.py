@@ -16,7 +16,15 @@ launch: views excluded) and which conv2d kernels it chose.
 
 Environment: GE2_BENCH_COMPILE_MODE = torch.compile's mode (default "max-autotune", the issue's; "default" compiles
 in seconds and keeps the whole run within ~4 minutes; "none" skips torch.compile); the table says which ran.
-GE2_BENCH_MODELS = comma-separated row ids to run a subset (resnet50_f16_b32, ...).
+GE2_BENCH_MODELS = comma-separated row ids to run a subset (resnet50_f16_b32, ...). GE2_BENCH_BUDGET_S = a time
+budget in seconds for the whole run: once it is spent, the rows left are written as "not run: time budget" and a
+row started before skips torch.compile (the table is written after every row, so a cut run keeps what it did).
+Within ~4 minutes on the H200: GE2_BENCH_COMPILE_MODE=default GE2_BENCH_BUDGET_S=220 (max-autotune compiles for
+minutes per model: run it on a subset, e.g. GE2_BENCH_MODELS=resnet50_f16_b32,bert_base_f16_b32).
+
+GE2's plan is built with its default measured kernel choice (autotune): "GE2 build s" is ExecutorV2's construction
+(passes, plan, timing the candidates of every distinct problem not in the autotune cache yet), "GE2 tuning s" the
+part spent timing.
 
 Precision: PyTorch runs at its defaults, set explicitly (cuDNN convolutions may use TF32, matmuls may not), GE2 at
 its "default" precision, which is the same policy; float16 rows accumulate in float32 on both sides.
@@ -45,6 +53,12 @@ from graph_executor_v2.zoo.models import _wrapped
 from graph_executor_v2.zoo.worker import matches, relative_error
 
 COMPILE_MODE = os.environ.get("GE2_BENCH_COMPILE_MODE", "max-autotune")
+BUDGET_S = float(os.environ.get("GE2_BENCH_BUDGET_S", "inf"))
+STARTED = time.perf_counter()
+
+
+def budget_left() -> float:
+    return BUDGET_S - (time.perf_counter() - STARTED)
 ORT_ROWS = os.environ.get("GE2_BENCH_ORT", "batch1")  # "all": time onnxruntime's CPU provider on every row
 
 
@@ -186,7 +200,10 @@ def run_row(torch, row: Row) -> dict:
                 graph = None
             if graph is not None:
                 record["exporter"] = exporter
+                build_started = time.perf_counter()
                 executor = ge2.ExecutorV2(graph, device="cuda")
+                record["build_s"] = time.perf_counter() - build_started
+                record["tuning_s"] = executor.plans[0].tuning_seconds
                 feeds = {value.name: x for value, x in zip(graph.inputs, inputs)}
                 output = next(iter(graph.outputs))
                 record["ge2_error"] = relative_error(_numpy(torch, executor.run(feeds)[output]), reference)
@@ -201,7 +218,9 @@ def run_row(torch, row: Row) -> dict:
                     _onnxruntime(row, path, inputs, reference, record)
                 except Exception as error:  # noqa: BLE001 - an onnxruntime failure is reported in the row
                     record["ort"] = f"onnxruntime failed: {type(error).__name__}: {str(error).splitlines()[0][:160]}"
-        if COMPILE_MODE != "none":
+        if COMPILE_MODE != "none" and budget_left() <= 0:
+            record["compile_error"] = f"not run: time budget (GE2_BENCH_BUDGET_S={BUDGET_S:g}) spent"
+        elif COMPILE_MODE != "none":
             try:
                 compiled = torch.compile(module, mode=COMPILE_MODE)
                 compile_start = time.perf_counter()
@@ -234,7 +253,8 @@ def main():
                ("ge2_ms", "GE2 ms"), ("eager_ms", "eager ms"), ("compile_ms", f"compile ({COMPILE_MODE}) ms"),
                ("compile_s", "compile s"), ("vs_eager", "GE2 x eager"), ("vs_compile", "GE2 x compile"),
                ("ort_provider", "onnxruntime provider"), ("ort_ms", "onnxruntime ms"), ("ort", "onnxruntime note"),
-               ("kernels", "GE2 kernels"),
+               ("kernels", "GE2 kernels"), ("build_s", "GE2 build s"), ("tuning_s", "GE2 tuning s"),
+               ("compile_error", "torch.compile note"),
                ("conv_kernels", "GE2 conv2d kernels"), ("fallbacks", "GE2 fallbacks"),
                ("ge2_error", "GE2 error"), ("torch_error", "torch error"), ("match", "match"),
                ("ge2_precision", "GE2 precision"), ("torch_precision", "torch precision"), ("exporter", "exporter")]
@@ -242,6 +262,12 @@ def main():
              "(targets: >= 1.0x compile on float16 rows, >= 1.2x eager on every row)")
     records, table = [], f"no row selected by GE2_BENCH_MODELS={wanted!r}"
     for row in rows:
+        if budget_left() <= 0:
+            record = {"id": row.id, "model": row.model, "dtype": row.dtype, "input": row.shape,
+                      "status": f"not run: time budget (GE2_BENCH_BUDGET_S={BUDGET_S:g}) spent"}
+            records.append(record)
+            table = write_results("models", records, columns, title)
+            continue
         try:
             record = run_row(torch, row)
         except Exception as error:  # noqa: BLE001 - one model's failure is its row; the others still run

@@ -30,6 +30,7 @@ void free_on_device(int device, void* pointer) {
 struct CaptureState {
   int depth = 0;
   std::vector<std::pair<int, void*>> deferred;  // (device, pointer)
+  std::vector<void*> deferred_host;  // page-locked host memory (pinned_empty)
 };
 
 CaptureState& capture_state() {
@@ -174,7 +175,30 @@ void capture_ends() {
   if (--capture.depth > 0) return;
   for (const auto& [device, pointer] : capture.deferred) free_on_device(device, pointer);
   capture.deferred.clear();
+  for (void* pointer : capture.deferred_host) cudaFreeHost(pointer);
+  capture.deferred_host.clear();
 }
+
+namespace {
+
+// A uint8 NumPy array of `nbytes` in page-locked host memory (portable: every device's copies may use it), freed
+// when the array goes; a CUDA graph's memcpy nodes can copy to and from it, which they cannot with pageable memory.
+py::array pinned_empty(std::size_t nbytes) {
+  void* pointer = nullptr;
+  GE2_CUDA_CHECK(cudaHostAlloc(&pointer, nbytes > 0 ? nbytes : 1, cudaHostAllocPortable));
+  py::capsule owner(pointer, [](void* p) {
+    CaptureState& capture = capture_state();
+    if (capture.depth > 0) {
+      capture.deferred_host.push_back(p);
+      return;
+    }
+    cudaFreeHost(p);
+  });
+  return py::array(py::dtype("uint8"), {static_cast<py::ssize_t>(nbytes)}, {static_cast<py::ssize_t>(1)}, pointer,
+                   owner);
+}
+
+}  // namespace
 
 class DeviceArray {
  public:
@@ -551,6 +575,8 @@ void register_device_array(py::module_& m) {
            })
       .def("__repr__", &DeviceArray::repr);
 
+  m.def("pinned_empty", &pinned_empty, py::arg("nbytes"),
+        "A uint8 host array in page-locked memory: graph memcpy nodes copy to and from it (not pageable memory).");
   m.def(
       "memcpy_device_to_device",
       [](std::uintptr_t destination, std::uintptr_t source, std::size_t nbytes, std::uintptr_t stream) {

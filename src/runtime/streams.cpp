@@ -1,9 +1,13 @@
 // Streams (owned, or wrapping a foreign handle from PyTorch/CuPy), events, and CUDA graph capture/replay.
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include <nvtx3/nvToolsExt.h>
+#include <pybind11/stl.h>
 
 #include "runtime.hpp"
 
@@ -144,6 +148,41 @@ class CudaGraph {
     GE2_CUDA_CHECK(cudaGraphLaunch(exec_, as_stream(stream)));
   }
 
+  // (destination, source, bytes): a copy between device memory and device or page-locked host memory.
+  using Copy = std::tuple<std::uintptr_t, std::uintptr_t, std::size_t>;
+
+  // A new graph that runs the `before` copies, then this captured graph (as a child graph node), then the `after`
+  // copies: a plan's feeds and fetches as memcpy nodes, so that a run is one launch. set_copy changes a copy's
+  // addresses in the instantiated graph (copies numbered `before` first), with no new instantiation.
+  std::unique_ptr<CudaGraph> with_copies(const std::vector<Copy>& before, const std::vector<Copy>& after) const {
+    if (graph_ == nullptr) throw std::logic_error("with_copies: nothing has been captured");
+    auto result = std::make_unique<CudaGraph>();
+    GE2_CUDA_CHECK(cudaGraphCreate(&result->graph_, 0));  // owned by `result` from here: freed if a step throws
+    std::vector<cudaGraphNode_t> feeds;
+    for (const auto& copy : before) feeds.push_back(result->add_copy(copy, nullptr, 0));
+    cudaGraphNode_t body = nullptr;
+    GE2_CUDA_CHECK(cudaGraphAddChildGraphNode(&body, result->graph_, feeds.data(), feeds.size(), graph_));
+    for (const auto& copy : after) result->add_copy(copy, &body, 1);
+    GE2_CUDA_CHECK(cudaGraphInstantiate(&result->exec_, result->graph_, 0));
+    return result;
+  }
+
+  // Points copy `index` of a with_copies graph at new addresses for the next launches (launches already enqueued
+  // keep the old ones). False, with the error cleared, when CUDA refuses (the memory is of another kind than at
+  // instantiation): the caller copies outside the graph instead.
+  bool set_copy(std::size_t index, std::uintptr_t destination, std::uintptr_t source, std::size_t nbytes) {
+    if (index >= copies_.size()) {
+      throw std::out_of_range("index: expected < " + std::to_string(copies_.size()) + " copies, got " +
+                              std::to_string(index));
+    }
+    const cudaError_t status =
+        cudaGraphExecMemcpyNodeSetParams1D(exec_, copies_[index], reinterpret_cast<void*>(destination),
+                                           reinterpret_cast<const void*>(source), nbytes, cudaMemcpyDefault);
+    if (status == cudaSuccess) return true;
+    cudaGetLastError();
+    return false;
+  }
+
   bool captured() const { return exec_ != nullptr; }
 
   std::size_t node_count() const {
@@ -159,11 +198,22 @@ class CudaGraph {
     if (graph_ != nullptr) cudaGraphDestroy(graph_);
     exec_ = nullptr;
     graph_ = nullptr;
+    copies_.clear();
+  }
+
+  cudaGraphNode_t add_copy(const Copy& copy, const cudaGraphNode_t* dependencies, std::size_t count) {
+    const auto& [destination, source, nbytes] = copy;
+    cudaGraphNode_t node = nullptr;
+    GE2_CUDA_CHECK(cudaGraphAddMemcpyNode1D(&node, graph_, dependencies, count, reinterpret_cast<void*>(destination),
+                                            reinterpret_cast<const void*>(source), nbytes, cudaMemcpyDefault));
+    copies_.push_back(node);
+    return node;
   }
 
   std::uintptr_t capture_stream_ = 0;
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
+  std::vector<cudaGraphNode_t> copies_;  // with_copies: the memcpy nodes, in set_copy's numbering
 };
 
 // NVTX ranges in the "ge2" domain (NVTX3 is header-only: without a profiler attached each call returns at once).
@@ -226,6 +276,11 @@ void register_streams(py::module_& m) {
       .def("abort_capture", &CudaGraph::abort_capture,
            "Drops a failed capture and clears the error, so the stream runs uncaptured work again.")
       .def("replay", &CudaGraph::replay, py::arg("stream"), "Launches the graph on `stream` (0: the legacy one).")
+      .def("with_copies", &CudaGraph::with_copies, py::arg("before"), py::arg("after"),
+           "A new graph: the `before` copies (destination, source, bytes), this graph, then the `after` copies; "
+           "device or page-locked host memory.")
+      .def("set_copy", &CudaGraph::set_copy, py::arg("index"), py::arg("destination"), py::arg("source"),
+           py::arg("nbytes"), "Changes a with_copies copy's addresses for later launches; False when CUDA refuses.")
       .def_property_readonly("captured", &CudaGraph::captured)
       .def_property_readonly("node_count", &CudaGraph::node_count);
 

@@ -10,9 +10,11 @@ On CUDA the steps run on streams the executor owns (``streams=``: independent br
 order every cross-stream edge), ordered against the caller's stream with events and never a device-wide
 synchronisation. With ``cuda_graph=True`` (the default) the first run of a plan warms it up (library handles,
 workspaces, algorithm timing) and the plan is then captured once as a CUDA graph (its streams fork from and join
-back into the first one, so the graph is self-contained): every later run copies the feeds into the plan's static
-input slots, launches the graph once and copies the outputs out, all on the caller's stream. ``Plan.inputs`` /
-``Plan.outputs`` expose those slots, so a loop can write inputs in place and call ``Plan.replay()`` with no copy.
+back into the first one, so the graph is self-contained): every later ``run()`` is one launch, on the caller's
+stream, of that graph with the copies of the feeds into the plan's static input slots and of the outputs out as
+memcpy nodes around it (host arrays go through page-locked staging buffers; ``backends/cuda.py``, ``CopyingGraph``).
+``Plan.inputs`` / ``Plan.outputs`` expose those slots, so a loop can write inputs in place and call
+``Plan.replay()`` with no copy.
 A plan that cannot be captured (a host-fallback node, a kernel that synchronizes) runs node by node, and
 ``explain()`` names the node and the reason.
 """
@@ -88,6 +90,9 @@ class Plan:
     cuda_graph: object | None = field(default=None, repr=False)  # the captured graph, once there is one
     events: list = field(default_factory=list, repr=False)  # per step (CUDA, signalling steps only), then fork/join
     warmed_up: bool = False
+    # (host feed?, per input; host result?, per output) -> the CopyingGraph that runs it in one launch (CUDA), or
+    # why that kind of run copies outside the graph
+    copying_graphs: dict = field(default_factory=dict, repr=False)
     build_seconds: float = 0.0  # building the plan, kernel timing included
     tuning_seconds: float = 0.0  # timing candidates (autotune): the problems not in the autotune cache yet
     # launch(stream) calls run after every node, on the first stream, and captured with the plan: a trainer's
@@ -105,11 +110,11 @@ class Plan:
         executor._execute(self, executor._backend.caller_stream(stream))
 
     def run(self, feeds: dict, views: dict, stream=None):
-        """Feed, then execute: the one path of ``ExecutorV2.run``, ``Trainer.step`` and the data-parallel step.
+        """Feed, then execute: the path of ``Trainer.step``, the data-parallel step and uncaptured runs.
         Copies every input of ``feeds`` (input name -> array; ``views``: their views from ``plan_for``) into its
         slot on the caller's ``stream``, then runs the plan as ``replay`` does; returns the caller stream's handle,
-        on which the backend's ``fetch`` reads results. (Feeds are copies made here, before the plan: where a plan
-        should own them, as graph nodes, this loop is what becomes its first steps.)"""
+        on which the backend's ``fetch`` reads results. (``ExecutorV2.run`` of a captured plan puts these copies in
+        the graph instead: ``_run_in_one_launch``.)"""
         executor = self.executor
         backend = executor._backend
         caller = backend.caller_stream(stream)
@@ -285,12 +290,62 @@ class ExecutorV2:
             raise ValueError(f"out: unknown output(s) {unknown}; the graph's outputs are {list(plan.graph.outputs)}")
         out_views = {name: _check_array(array, f"out['{name}']", plan.graph.outputs[name].type, self.device)
                      for name, array in out.items()}
-        caller = plan.run(feeds, feed_views, stream)
         device_like = next((f for f in feeds.values() if not isinstance(f, np.ndarray)), None)
+        if plan.cuda_graph is not None:
+            results = self._run_in_one_launch(plan, feeds, feed_views, stream, out, out_views, device_like)
+            if results is not None:
+                return results
+        caller = plan.run(feeds, feed_views, stream)
         fetch = self._backend.fetch
         return {name: fetch(plan.slots[value.name], value.type, caller, device_like, out.get(name),
                             f"out['{name}']", out_views.get(name))
                 for name, value in plan.graph.outputs.items()}
+
+    def _run_in_one_launch(self, plan: Plan, feeds: dict, feed_views: dict, stream, out: dict, out_views: dict,
+                           device_like) -> dict | None:
+        """``run`` of a captured plan as one launch of its ``CopyingGraph`` for this kind of run (which feeds and
+        results are host arrays): the copies in and out are memcpy nodes of that graph. None when this kind of run
+        copies outside the graph instead (CUDA refused the copies; ``explain()`` says why)."""
+        backend = self._backend
+        inputs, outputs = plan.graph.inputs, plan.graph.outputs
+        host_inputs = tuple(isinstance(feeds[value.name], np.ndarray) for value in inputs)
+        host_outputs = tuple(isinstance(out.get(name), np.ndarray) or (name not in out and device_like is None)
+                             for name in outputs)
+        kind = (host_inputs, host_outputs)
+        copying = plan.copying_graphs.get(kind)
+        if isinstance(copying, str):
+            return None
+        if copying is None:
+            copying = plan.copying_graphs[kind] = backend.copying_graph(
+                plan.cuda_graph, [plan.slots[value.name] for value in inputs],
+                [plan.slots[value.name] for value in outputs.values()], host_inputs, host_outputs)
+        sources = [None if host else backend.feed_address(feeds[value.name], value.name, feed_views[value.name])
+                   for value, host in zip(inputs, host_inputs)]
+        results, destinations = {}, []
+        for (name, value), host in zip(outputs.items(), host_outputs):
+            address = None
+            if not host:
+                results[name], address = backend.fetch_target(value.type, device_like, out.get(name),
+                                                              f"out['{name}']", out_views.get(name))
+            destinations.append(address)
+        copying.stage([feeds[value.name] if host else None for value, host in zip(inputs, host_inputs)])
+        caller = backend.caller_stream(stream)
+        if self._nvtx:
+            backend.runtime.nvtx_push(f"ge2 run {self.source_graph.name}")
+        try:
+            launched = copying.launch(sources, destinations, caller)
+        except RuntimeError as error:  # building the graph failed: this kind of run copies outside it from now on
+            plan.copying_graphs[kind] = f"copies outside the graph ({error})"
+            return None
+        finally:
+            if self._nvtx:
+                backend.runtime.nvtx_pop()
+        if not launched:
+            return None
+        for index, (name, host) in enumerate(zip(outputs, host_outputs)):
+            if host:
+                results[name] = copying.host_result(index, out.get(name), f"out['{name}']")
+        return {name: results[name] for name in outputs}
 
     def plan(self, shapes: dict[str, tuple] | None = None) -> Plan:
         """The plan for inputs of these shapes (input name -> shape; None: the declared shapes, all concrete),
@@ -587,6 +642,7 @@ class ExecutorV2:
                          + (f"; {views} view(s) aliased, no copy" if views else ""))
             if self._backend.asynchronous:
                 lines.append(f"  cuda graph: {plan.capture}")
+                lines += [f"  run(): {_describe_copies(kind, copies)}" for kind, copies in plan.copying_graphs.items()]
                 lines.append(f"  {_describe_tuning(plan, self.preferences.autotune)}")
             streams = plan.schedule.stream_count
             name_width = max((len(s.node) for s in plan.selections), default=0)
@@ -620,6 +676,15 @@ def _describe_generated(node, selection: Selection) -> list[str]:
     if record is not None:
         lines.append(f"      kernel {record.kernel}: {describe_build(record)}")
     return lines
+
+
+def _describe_copies(kind: tuple, copying) -> str:
+    """explain()'s line on one kind of run() of a captured plan: one launch, or why its copies are outside."""
+    host_inputs, host_outputs = kind
+    fed = f"{sum(host_inputs)} host / {len(host_inputs) - sum(host_inputs)} device feed(s)"
+    fetched = f"{sum(host_outputs)} host / {len(host_outputs) - sum(host_outputs)} device result(s)"
+    how = copying if isinstance(copying, str) else "one launch, the copies are memcpy nodes of the graph"
+    return f"{fed}, {fetched}: {how}"
 
 
 def _describe_tuning(plan: Plan, autotune: bool) -> str:

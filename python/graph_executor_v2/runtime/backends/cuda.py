@@ -52,6 +52,88 @@ def host_fallback_candidate(opdef: OpDef) -> Candidate:
                      lambda problem: None, prepare, always_works=True)
 
 
+def _checked_host_out(out: np.ndarray, argument: str) -> np.ndarray:
+    if not out.flags.c_contiguous:
+        raise ValueError(f"{argument}: expected a C-contiguous NumPy array")
+    return out
+
+
+class CopyingGraph:
+    """A plan's captured CUDA graph with the copies of a run around it as memcpy nodes, so that ``ExecutorV2.run`` is
+    one launch: each input copied from its feed into its slot, then the plan, then each output copied from its slot
+    to where the caller wants it (``CudaGraph.with_copies``).
+
+    One per plan and kind of run (which inputs come from the host and which outputs go to it). Graph memcpy nodes
+    cannot use pageable memory, so host feeds and fetches go through page-locked staging buffers: the CPU copies a
+    host feed into its buffer before the launch, and a host result out of its buffer once the launch has finished.
+    Device feeds and results are copied from and to the caller's arrays directly; a run that brings another address
+    than the last one repoints that memcpy node (``set_copy``: no new instantiation)."""
+
+    def __init__(self, runtime, graph, input_slots: list, output_slots: list, host_inputs: tuple,
+                 host_outputs: tuple):
+        self.runtime, self.graph = runtime, graph
+        self.input_staging = [_staging(runtime, slot) if host else None for slot, host in zip(input_slots, host_inputs)]
+        self.output_staging = [_staging(runtime, slot) if host else None
+                               for slot, host in zip(output_slots, host_outputs)]
+        # (position, slot address, bytes, staging address or None) of every copy (an empty tensor has none)
+        self.input_copies = [(position, slot.ptr, slot.nbytes, None if buffer is None else buffer.ctypes.data)
+                             for position, (slot, buffer) in enumerate(zip(input_slots, self.input_staging))
+                             if slot.nbytes]
+        self.output_copies = [(position, slot.ptr, slot.nbytes, None if buffer is None else buffer.ctypes.data)
+                              for position, (slot, buffer) in enumerate(zip(output_slots, self.output_staging))
+                              if slot.nbytes]
+        self.uses_host = any(host_inputs) or any(host_outputs)
+        self.finished = runtime.Event(timing=False)  # the last launch: staging buffers are free again after it
+        self.launched = None  # the with_copies graph, built at the first launch (the device addresses known then)
+        self.addresses: list[tuple[int, int]] = []  # (destination, source) of every memcpy node, as set now
+
+    def stage(self, feeds: list) -> None:
+        """Copies the host feeds (None: a device feed) into their staging buffers, once the last launch is done
+        with them."""
+        if any(buffer is not None for buffer in self.input_staging):
+            self.finished.synchronize()
+        for buffer, value in zip(self.input_staging, feeds):
+            if buffer is not None:
+                np.copyto(buffer, value)
+
+    def launch(self, sources: list, destinations: list, stream: int) -> bool:
+        """Launches the graph on ``stream`` with input ``i`` copied from ``sources[i]`` (a device address; None: its
+        staging buffer) and output ``j`` to ``destinations[j]`` (likewise). False, having launched nothing, when CUDA
+        refuses an address for a memcpy node (memory of another kind than the graph was built with)."""
+        copies = [(slot, sources[position] if staged is None else staged, nbytes)
+                  for position, slot, nbytes, staged in self.input_copies]
+        inputs = len(copies)
+        copies += [(destinations[position] if staged is None else staged, slot, nbytes)
+                   for position, slot, nbytes, staged in self.output_copies]
+        if self.launched is None:
+            self.launched = self.graph.with_copies(copies[:inputs], copies[inputs:])
+            self.addresses = [copy[:2] for copy in copies]
+        else:
+            for index, (destination, source, nbytes) in enumerate(copies):
+                if self.addresses[index] != (destination, source):
+                    if not self.launched.set_copy(index, destination, source, nbytes):
+                        return False
+                    self.addresses[index] = (destination, source)
+        self.launched.replay(stream)
+        if self.uses_host:
+            self.finished.record(stream)
+        return True
+
+    def host_result(self, index: int, out: np.ndarray | None, argument: str) -> np.ndarray:
+        """Output ``index``'s staged result, copied into ``out`` or a new array, once the launch has finished."""
+        self.finished.synchronize()
+        staged = self.output_staging[index]
+        if out is None:
+            return staged.copy()
+        np.copyto(_checked_host_out(out, argument), staged)
+        return out
+
+
+def _staging(runtime, slot) -> np.ndarray:
+    """A page-locked host array of the slot's shape and dtype."""
+    return runtime.pinned_empty(slot.nbytes).view(to_numpy(slot.dtype)).reshape(slot.shape)
+
+
 def _to_host(pointer: int, tensor_type: TensorType, stream) -> np.ndarray:
     nbytes = tensor_type.numel * itemsize(tensor_type.dtype)
     return borrow(pointer, nbytes).numpy(stream).view(to_numpy(tensor_type.dtype)).reshape(tensor_type.shape)
@@ -116,12 +198,17 @@ class CudaBackend:
         if isinstance(value, np.ndarray):
             slot.copy_from_numpy(np.require(value, requirements="C"), stream)  # keeps 0-d (ascontiguousarray: 1-d)
             return
+        self.runtime.memcpy_device_to_device(slot.ptr, self.feed_address(value, name, view), slot.nbytes, stream)
+
+    def feed_address(self, value, name: str, view=None) -> int:
+        """The address of device feed ``value`` (its ``DeviceView`` may be given), once checked: contiguous, on the
+        executor's device."""
         view = view or _device.view_of(value, f"input '{name}'")
         if not view.is_contiguous:
             raise ValueError(f"input '{name}': expected a contiguous array, got strides {view.strides}")
         if view.device != self.device_index:
             raise ValueError(f"input '{name}': expected an array on cuda:{self.device_index}, got cuda:{view.device}")
-        self.runtime.memcpy_device_to_device(slot.ptr, view.ptr, slot.nbytes, stream)
+        return view.ptr
 
     def fetch(self, slot, tensor_type: TensorType, stream: int, device_like=None, out=None, argument: str = "out",
               out_view=None):
@@ -129,20 +216,29 @@ class CudaBackend:
         ``DeviceView`` when known), else into a new device array of ``device_like``'s kind, else into a new host
         array."""
         if isinstance(out, np.ndarray):
-            if not out.flags.c_contiguous:
-                raise ValueError(f"{argument}: expected a C-contiguous NumPy array")
-            out[...] = slot.numpy(stream)
+            _checked_host_out(out, argument)[...] = slot.numpy(stream)
             return out
         if out is None and device_like is None:
             return slot.numpy(stream)
+        result, address = self.fetch_target(tensor_type, device_like, out, argument, out_view)
+        self.runtime.memcpy_device_to_device(address, slot.ptr, slot.nbytes, stream)
+        return result
+
+    def fetch_target(self, tensor_type: TensorType, device_like, out, argument: str, out_view=None) -> tuple:
+        """(the device array a result goes to: ``out``, else a new one of ``device_like``'s kind; its address),
+        once checked: contiguous, on the executor's device."""
         result = out if out is not None else _device.empty_like_kind(device_like, tensor_type.shape,
                                                                      tensor_type.dtype, self.device_index)
         view = out_view if out is not None and out_view is not None else _device.view_of(result, argument)
         if not view.is_contiguous or view.device != self.device_index:
             raise ValueError(f"{argument}: expected a contiguous array on cuda:{self.device_index}, got strides "
                              f"{view.strides} on cuda:{view.device}")
-        self.runtime.memcpy_device_to_device(view.ptr, slot.ptr, slot.nbytes, stream)
-        return result
+        return result, view.ptr
+
+    def copying_graph(self, graph, input_slots: list, output_slots: list, host_inputs: tuple, host_outputs: tuple):
+        """A ``CopyingGraph`` of a plan's captured ``graph`` for runs whose feeds / fetches are host (True) or
+        device (False) arrays, input by input and output by output."""
+        return CopyingGraph(self.runtime, graph, input_slots, output_slots, host_inputs, host_outputs)
 
     # Data parallelism (distributed/data_parallel.py): NCCL on a communication stream, captured with the plan.
     collectives = "NCCL on a communication stream"

@@ -107,6 +107,32 @@ def test_padding_mask_from_an_input_is_the_bias(rng):
     assert_close(got, _attention64(feeds["q"], feeds["k"], feeds["v"], bias), "float32", 8)
 
 
+@pytest.mark.parametrize("dropout_p, fused", [(0.0, True), (0.1, False)])
+def test_written_out_4d_attention_in_ge2_ir(rng, dropout_p, fused):
+    """matmul(dropout(cast(softmax(cast(q k^T / c + bias)))), v) as the torch frontend writes eager attention
+    (float16 scores, softmax in float32, dropout at p = 0): one attention node with the bias; a real dropout keeps
+    the graph as it is."""
+    g = ge2.ir.Graph("eager_attention")
+    q, k, v = (g.input(n, (2, 3, 5, 8), "float16") for n in "qkv")
+    bias = g.input("bias", (2, 1, 1, 5), "float16")
+    scores = g.div(g.matmul(q, g.transpose(k, perm=(0, 1, 3, 2))), g.param("root_d", np.array(8 ** 0.5, np.float16)))
+    probs = g.cast(g.softmax(g.cast(g.add(scores, bias), dtype="float32"), axis=-1), dtype="float16")
+    y = g.matmul(g.dropout(probs, p=dropout_p, seed=0), v)
+    g.output(y, "y")
+    notes = fuse_attention(g)
+    counts = g.op_counts()
+    assert (counts.get("attention", 0) == 1) == fused and ("softmax" in counts) != fused, (counts, notes)
+    if not fused:
+        return
+    (node,) = [n for n in g.nodes if n.op == "attention"]
+    assert node.attrs["scale"] == pytest.approx(1 / float(np.float16(8 ** 0.5))) and node.inputs[3] is not None
+    feeds = {n: random_array(rng, (2, 3, 5, 8), "float16") for n in "qkv"}
+    feeds["bias"] = np.zeros((2, 1, 1, 5), np.float16)
+    feeds["bias"][0, ..., -2:] = -np.inf
+    expected = _attention64(feeds["q"], feeds["k"], feeds["v"], feeds["bias"])
+    assert_close(ge2.ExecutorV2(g).run(feeds)["y"], expected, "float16", 8)
+
+
 def test_onnx_written_out_attention_with_a_mask_input(rng):
     onnx = pytest.importorskip("onnx")
     onnxruntime = pytest.importorskip("onnxruntime")

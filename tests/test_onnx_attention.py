@@ -2,8 +2,7 @@
 per form the exporters write: BERT's padding mask from an attention_mask input, T5's relative position bias (float32
 softmax of float16 scores), GPT-2's Where on a causal constant, the dynamo exporter's decomposition of
 scaled_dot_product_attention, Llama's repeat_kv and RoPE's rotate-half. Each is imported, checked to become what
-the pass promises (op counts, attributes) and run on the CPU backend against float64 NumPy; the BERT form also runs
-on CUDA (``gpu``)."""
+the pass promises (op counts, attributes) and run against float64 NumPy on the CPU backend and on CUDA (``gpu``)."""
 import numpy as np
 import pytest
 
@@ -17,6 +16,7 @@ from graph_executor_v2.testing import assert_close  # noqa: E402
 FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
 LOWEST = float(np.finfo(np.float32).min)
 HEADS, DIM = 2, 8
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 def _model(nodes, inputs, initializers, elem=FLOAT, opset=18):
@@ -40,6 +40,10 @@ def _attention64(q, k, v, bias=0.0, scale=None):
 def _heads(x):
     """[batch, seq, heads * dim] -> [batch, heads, seq, dim] (NumPy)."""
     return x.reshape(x.shape[0], x.shape[1], HEADS, DIM).transpose(0, 2, 1, 3)
+
+
+def _executor(loaded, device):
+    return ge2.ExecutorV2(loaded, device=device, precision="highest")
 
 
 def _attention_node(loaded):
@@ -87,33 +91,25 @@ def _bert_expected(feeds):
     return y.transpose(0, 2, 1, 3).reshape(feeds["q_in"].shape)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("batch", [2, "batch"])
-def test_bert_padding_mask_becomes_the_attention_bias(rng, batch):
+def test_bert_padding_mask_becomes_the_attention_bias(rng, device, batch):
     loaded = onnx_frontend.load(_bert_model(batch))
     counts = loaded.op_counts()
     assert counts.get("attention") == 1 and not {"softmax", "matmul"} & set(counts), counts
     node = _attention_node(loaded)
     assert node.inputs[3] is not None and not node.attrs["causal"]
     assert node.attrs["scale"] == pytest.approx(1 / np.sqrt(DIM))
-    executor = ge2.ExecutorV2(loaded)
+    executor = _executor(loaded, device)
     for rows in (2,) if batch == 2 else (2, 3):  # a symbolic batch: one executor, two sizes
         feeds = _bert_feeds(rng, rows)
         assert_close(executor.run(feeds)["y"], _bert_expected(feeds), "float32", reduction_length=DIM)
 
 
-@pytest.mark.gpu
-def test_bert_attention_runs_fused_on_cuda(rng):
-    loaded = onnx_frontend.load(_bert_model("batch"))
-    executor = ge2.ExecutorV2(loaded, device="cuda", precision="highest")
-    for rows in (2, 3):
-        feeds = _bert_feeds(rng, rows)
-        assert_close(executor.run(feeds)["y"], _bert_expected(feeds), "float32", reduction_length=DIM)
-    assert "attention" in executor.explain()
-
-
 # --- T5: no scale, the relative position bias (+ the padding mask) added, softmax in float32 -------------------
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_t5_relative_position_bias_becomes_the_attention_bias(rng, dtype):
+@pytest.mark.parametrize("device", DEVICES)
+def test_t5_relative_position_bias_becomes_the_attention_bias(rng, device, dtype):
     batch, seq, buckets = 2, 5, 8
     elem = FLOAT if dtype == "float32" else FLOAT16
     numpy_dtype = np.dtype(dtype)
@@ -147,11 +143,12 @@ def test_t5_relative_position_bias_becomes_the_attention_bias(rng, dtype):
     feeds["padding"] = padding
     bias = table.astype(np.float64)[bucket_ids].transpose(2, 0, 1)[None] + padding.astype(np.float64)
     expected = _attention64(feeds["q"], feeds["k"], feeds["v"], bias=bias, scale=1.0)
-    assert_close(ge2.ExecutorV2(loaded).run(feeds)["y"], expected, dtype, reduction_length=DIM)
+    assert_close(_executor(loaded, device).run(feeds)["y"], expected, dtype, reduction_length=DIM)
 
 
 # --- GPT-2: Where(causal keep-mask, scores / sqrt(d), lowest), heads split by transposes -------------------------
-def test_gpt2_where_on_a_causal_constant_becomes_causal_attention_on_the_projections(rng):
+@pytest.mark.parametrize("device", DEVICES)
+def test_gpt2_where_on_a_causal_constant_becomes_causal_attention_on_the_projections(rng, device):
     batch, seq = 2, 6
     keep = np.tril(np.ones((seq, seq), bool)).reshape(1, 1, seq, seq)
     nodes = [helper.make_node("Transpose", [n], [f"{n}h"], perm=[0, 2, 1, 3]) for n in "qkv"] + [
@@ -171,15 +168,22 @@ def test_gpt2_where_on_a_causal_constant_becomes_causal_attention_on_the_project
     feeds = {n: rng.standard_normal(shape).astype(np.float32) for n in "qkv"}
     bias = np.where(keep, 0.0, -np.inf)
     expected = _attention64(*(feeds[n].transpose(0, 2, 1, 3) for n in "qkv"), bias=bias)
-    assert_close(ge2.ExecutorV2(loaded).run(feeds)["y"], expected, "float32", reduction_length=DIM)
+    assert_close(_executor(loaded, device).run(feeds)["y"], expected, "float32", reduction_length=DIM)
 
 
-# --- the dynamo exporter's scaled_dot_product_attention: q * sqrt(s), reshaped K^T * sqrt(s), + causal mask ------
-def test_sdpa_decomposition_with_a_reshaped_key_transpose(rng):
-    batch, seq = 2, 5
+# --- the dynamo exporter's scaled_dot_product_attention: q * sqrt(s), reshaped K^T * sqrt(s), + causal mask, Dropout
+@pytest.mark.parametrize("batch", [2, "batch"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_sdpa_decomposition_with_a_reshaped_key_transpose(rng, device, batch):
+    """K^T as torchlib writes it: Reshape(k, [-1, s, d]) -> Transpose (0, 2, 1) -> Reshape to Shape(k)[:2] + [d, s];
+    the probabilities pass a Dropout whose mask output is named but unread."""
+    seq = 5
     root_scale = np.sqrt(0.3)
     causal = np.where(np.tril(np.ones((seq, seq), bool)), 0.0, LOWEST).astype(np.float32)
     nodes = [helper.make_node("Mul", ["q", "root_scale"], ["q_scaled"]),
+             helper.make_node("Shape", ["k"], ["k_shape"]),
+             helper.make_node("Slice", ["k_shape", "zero", "two"], ["k_leading"]),
+             helper.make_node("Concat", ["k_leading", "dim_seq"], ["kt_shape"], axis=0),
              helper.make_node("Reshape", ["k", "flat_shape"], ["k_flat"]),
              helper.make_node("Transpose", ["k_flat"], ["kt_flat"], perm=[0, 2, 1]),
              helper.make_node("Reshape", ["kt_flat", "kt_shape"], ["kt"]),
@@ -187,23 +191,28 @@ def test_sdpa_decomposition_with_a_reshaped_key_transpose(rng):
              helper.make_node("MatMul", ["q_scaled", "kt_scaled"], ["scores"]),
              helper.make_node("Add", ["scores", "causal"], ["logits"]),
              helper.make_node("Softmax", ["logits"], ["probabilities"], axis=-1),
-             helper.make_node("MatMul", ["probabilities", "v"], ["y"])]
+             helper.make_node("Dropout", ["probabilities", "ratio"], ["kept", "dropout_mask"]),
+             helper.make_node("MatMul", ["kept", "v"], ["y"])]
     shape = [batch, HEADS, seq, DIM]
     model = _model(nodes, [helper.make_tensor_value_info(n, FLOAT, shape) for n in "qkv"],
-                   [_array("root_scale", root_scale), _array("causal", causal),
-                    _array("flat_shape", [batch * HEADS, seq, DIM], np.int64),
-                    _array("kt_shape", [batch, HEADS, DIM, seq], np.int64)])
+                   [_array("root_scale", root_scale), _array("causal", causal), _array("ratio", 0.0),
+                    _array("zero", [0], np.int64), _array("two", [2], np.int64),
+                    _array("dim_seq", [DIM, seq], np.int64), _array("flat_shape", [-1, seq, DIM], np.int64)])
     loaded = onnx_frontend.load(model)
     assert loaded.op_counts() == {"attention": 1}
     node = _attention_node(loaded)
     assert node.attrs["causal"] and node.attrs["scale"] == pytest.approx(0.3) and node.inputs[3] is None
-    feeds = {n: rng.standard_normal(shape).astype(np.float32) for n in "qkv"}
-    expected = _attention64(feeds["q"], feeds["k"], feeds["v"], bias=np.where(causal < 0, -np.inf, 0.0), scale=0.3)
-    assert_close(ge2.ExecutorV2(loaded).run(feeds)["y"], expected, "float32", reduction_length=DIM)
+    executor = _executor(loaded, device)
+    for rows in (2,) if batch == 2 else (2, 3):
+        feeds = {n: rng.standard_normal((rows, HEADS, seq, DIM)).astype(np.float32) for n in "qkv"}
+        expected = _attention64(feeds["q"], feeds["k"], feeds["v"], bias=np.where(causal < 0, -np.inf, 0.0),
+                                scale=0.3)
+        assert_close(executor.run(feeds)["y"], expected, "float32", reduction_length=DIM)
 
 
 # --- Llama: repeat_kv (reshape(expand(reshape))) read as grouped-query attention ---------------------------------
-def test_repeat_kv_becomes_grouped_query_attention(rng):
+@pytest.mark.parametrize("device", DEVICES)
+def test_repeat_kv_becomes_grouped_query_attention(rng, device):
     batch, seq, kv_heads, groups = 2, 5, 2, 3
     heads = kv_heads * groups
     causal = np.where(np.tril(np.ones((seq, seq), bool)), 0.0, -np.inf).astype(np.float32)
@@ -232,12 +241,13 @@ def test_repeat_kv_becomes_grouped_query_attention(rng):
     feeds.update({n: rng.standard_normal((batch, kv_heads, seq, DIM)).astype(np.float32) for n in "kv"})
     repeated = [np.repeat(feeds[n], groups, axis=1) for n in "kv"]
     expected = _attention64(feeds["q"], *repeated, bias=causal.astype(np.float64))
-    assert_close(ge2.ExecutorV2(loaded).run(feeds)["y"], expected, "float32", reduction_length=DIM)
+    assert_close(_executor(loaded, device).run(feeds)["y"], expected, "float32", reduction_length=DIM)
 
 
 # --- RoPE's rotate-half: concat(-x2, x1) -> roll(x, d/2) * sign -----------------------------------------------------
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_rope_rotate_half_becomes_a_roll_and_pointwise_ops(rng, dtype):
+@pytest.mark.parametrize("device", DEVICES)
+def test_rope_rotate_half_becomes_a_roll_and_pointwise_ops(rng, device, dtype):
     batch, seq = 2, 5
     elem = FLOAT if dtype == "float32" else FLOAT16
     numpy_dtype = np.dtype(dtype)
@@ -260,7 +270,7 @@ def test_rope_rotate_half_becomes_a_roll_and_pointwise_ops(rng, dtype):
     x = rng.standard_normal(shape).astype(numpy_dtype)
     x64 = x.astype(np.float64)
     expected = x64 * cos + np.concatenate([-x64[..., DIM // 2:], x64[..., :DIM // 2]], axis=-1) * sin
-    assert_close(ge2.ExecutorV2(loaded).run({"x": x})["y"], expected, dtype, reduction_length=2)
+    assert_close(_executor(loaded, device).run({"x": x})["y"], expected, dtype, reduction_length=2)
 
 
 def test_rotate_half_of_other_slices_and_softmax_over_another_axis_stay_as_written(rng):
@@ -286,4 +296,4 @@ def test_rotate_half_of_other_slices_and_softmax_over_another_axis_stay_as_writt
     scores = q @ np.swapaxes(x64, -1, -2)
     weights = np.exp(scores - scores.max(2, keepdims=True))
     expected = (weights / weights.sum(2, keepdims=True)) @ x64
-    assert_close(ge2.ExecutorV2(loaded).run({"x": x})["y"], expected, "float32", reduction_length=DIM)
+    assert_close(_executor(loaded, "cpu").run({"x": x})["y"], expected, "float32", reduction_length=DIM)

@@ -1420,6 +1420,7 @@ def load(model, input_shapes: dict | None = None, constant_inputs: dict | None =
         raise UnsupportedModelError(model_name, problems, frozenset(needs_constant))
     for output in model.graph.output:
         graph.output(ctx.value(output.name), output.name)
+    eliminate_dead_code(graph)  # unread outputs (a Dropout's mask) would count as readers of what attention fuses
     fuse_attention(graph)  # the written-out attention, the pass both frontends share (passes/attention_fusion.py)
     eliminate_dead_code(graph)
     return graph

@@ -8,7 +8,7 @@ scaled_dot_product_attention; each intermediate read by the next node only)::
     logits = scores [* c or / c]                         [batch, seq, heads, dim] k; or the dynamo exporter's
              [+ mask, or where(hidden, -inf, .),         reshape(transpose(reshape(k, [b * h, s, d]), (0, 2, 1)))
               or where(keep, ., -inf)]               a, b, c: one-element parameters; mask: any additive tensor
-    y      = matmul([cast] softmax([cast] logits, axis=-1) [cast], v)     (T5's relative position bias, padding)
+    y      = matmul([cast, dropout p=0] softmax([cast] logits, axis=-1), v)    (T5's relative position bias, padding)
   ->
     y = attention(q, k, v, bias, scale=a * b * c)
 
@@ -298,10 +298,11 @@ def _attention_4d(graph: Graph, users: dict, constants: _Constants, root: Node) 
     probs, v = root.inputs
     if v.type.rank != 4 or probs.type.rank != 4 or v.type.dtype not in FLOAT_DTYPES:
         return None
-    node = match.sole(probs, ("cast", "softmax"))
-    if node is not None and node.op == "cast":  # softmax computed in float32, cast back to v's dtype
-        match.take(node)
-        node = match.sole(node.inputs[0], ("softmax",))
+    node = match.sole(probs, ("cast", "dropout", "softmax"))
+    while node is not None and node.op != "softmax":  # a softmax in float32 cast back to v's dtype; dropout p = 0
+        if node.op == "dropout" and node.attrs["p"] != 0.0:
+            return None
+        node = match.sole(match.take(node).inputs[0], ("cast", "dropout", "softmax"))
     if node is None or node.attrs["axis"] % 4 != 3:
         return None
     logits = match.take(node).inputs[0]

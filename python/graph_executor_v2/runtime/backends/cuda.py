@@ -71,7 +71,7 @@ class CopyingGraph:
 
     def __init__(self, runtime, graph, input_slots: list, output_slots: list, host_inputs: tuple,
                  host_outputs: tuple):
-        self.runtime, self.graph = runtime, graph
+        self.graph = graph
         self.input_staging = [_staging(runtime, slot) if host else None for slot, host in zip(input_slots, host_inputs)]
         self.output_staging = [_staging(runtime, slot) if host else None
                                for slot, host in zip(output_slots, host_outputs)]
@@ -100,11 +100,11 @@ class CopyingGraph:
         """Launches the graph on ``stream`` with input ``i`` copied from ``sources[i]`` (a device address; None: its
         staging buffer) and output ``j`` to ``destinations[j]`` (likewise). False, having launched nothing, when CUDA
         refuses an address for a memcpy node (memory of another kind than the graph was built with)."""
-        copies = [(slot, sources[position] if staged is None else staged, nbytes)
-                  for position, slot, nbytes, staged in self.input_copies]
+        copies = [(slot_address, sources[position] if staged is None else staged, nbytes)
+                  for position, slot_address, nbytes, staged in self.input_copies]
         inputs = len(copies)
-        copies += [(destinations[position] if staged is None else staged, slot, nbytes)
-                   for position, slot, nbytes, staged in self.output_copies]
+        copies += [(destinations[position] if staged is None else staged, slot_address, nbytes)
+                   for position, slot_address, nbytes, staged in self.output_copies]
         if self.launched is None:
             self.launched = self.graph.with_copies(copies[:inputs], copies[inputs:])
             self.addresses = [copy[:2] for copy in copies]

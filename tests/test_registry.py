@@ -208,6 +208,17 @@ def test_autotune_race_drops_a_candidate_that_fails(fake_op, cache_dir):
     assert selection.fallbacks == (("broken", "RuntimeError: no algorithm"),)
 
 
+def test_a_race_failure_ranked_below_the_winner_is_not_a_fallback(fake_op, cache_dir):
+    """Priority order would never have prepared it: it is out of the race, listed with its reason, and the node
+    still counts as having its kernel (ExecutorV2.fallbacks stays empty)."""
+    node, problem = fake_op(named_candidate("a", 30), candidate("broken", 20, prepare_error=RuntimeError("no engine")),
+                            named_candidate("b", 10))
+    selection = choose_kernel(node, problem, FAKE_GPU, Preferences(), fake_timer({"a": 1.0, "b": 3.0}))
+    assert selection.kernel == "a" and selection.reason == "autotuned: a 1.0000 ms, b 3.0000 ms"
+    assert selection.fallbacks == () and not selection.is_fallback
+    assert selection.rejected == (("broken", "failed when timed: RuntimeError: no engine"),)
+
+
 def run_python(code: str, env: dict) -> str:
     result = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env, "PYTHONPATH": PYTHON_DIR},
                             capture_output=True, text=True, check=True)

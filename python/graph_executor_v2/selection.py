@@ -167,20 +167,21 @@ def choose(ranking: Ranking, problem: Problem, *, last_resort: Candidate | None 
     order, reason = list(ranking.viable), ranking.reason
     prepared: dict[str, Launch] = {}
     fallbacks: list[tuple[str, str]] = []
+    rejected = ranking.rejected
     if timer is not None and tune_key is not None and len(order) > 1:
         cache, setup, key = tune_key
         winner = cache.lookup(setup, key)
         if winner in {c.name for c in order}:
             reason = f"autotune cache: {winner} ({format_times(cache.times(setup, key))})"
         else:
-            times = {}
+            times, failed = {}, []
             for candidate in order:
                 try:
                     prepared[candidate.name] = candidate.prepare(problem)
                     times[candidate.name] = timer(prepared[candidate.name])
                 except Exception as error:  # a candidate that cannot run is out of the race, visibly
                     prepared.pop(candidate.name, None)
-                    fallbacks.append((candidate.name, f"{type(error).__name__}: {error}"))
+                    failed.append((candidate.name, f"{type(error).__name__}: {error}"))
             if times:
                 # Measurement decides; priority only breaks ties (timings within TIE_FRACTION of the fastest).
                 fastest = min(times.values())
@@ -189,11 +190,18 @@ def choose(ranking: Ranking, problem: Problem, *, last_resort: Candidate | None 
                 reason = "autotuned: " + format_times(times)
                 if times[winner] > fastest:
                     reason += f" ({winner}: within {TIE_FRACTION:.0%} of the fastest, first by priority)"
+            # A failure ranked above the winner is a fallback (the priority order would have tried it first); one
+            # ranked below it is only out of the race: not viable, with the reason.
+            names = [c.name for c in order]
+            above = set(names[:names.index(winner)] if winner in times else names)
+            fallbacks += [(name, why) for name, why in failed if name in above]
+            rejected += tuple((name, f"failed when timed: {why}") for name, why in failed if name not in above)
         order.sort(key=lambda c: c.name != winner)
     if last_resort is not None:
         order.append(last_resort)
+    out_of_the_race = {name for name, _ in (*fallbacks, *rejected)}
     for candidate in order:
-        if any(name == candidate.name for name, _ in fallbacks):
+        if candidate.name in out_of_the_race:
             continue
         launch = prepared.get(candidate.name)
         if launch is None:
@@ -204,7 +212,7 @@ def choose(ranking: Ranking, problem: Problem, *, last_resort: Candidate | None 
                 continue
         if candidate is not order[0]:
             reason = f"first to prepare after {len(fallbacks)} failure(s)"
-        return Choice(candidate, launch, reason, ranking.rejected, tuple(fallbacks))
+        return Choice(candidate, launch, reason, rejected, tuple(fallbacks))
     raise NoKernelPrepared(tuple(fallbacks))
 
 

@@ -209,8 +209,27 @@ def test_native_reasons_and_table():
     assert "exceed" in native.unsupported_reason("block_row", 32772, "float32", True)
     assert "aligned" in native.unsupported_reason("block_row", 1000, "float32", False)
     assert native.unsupported_reason("streaming", 10**7, "float32", False) == ""
-    with pytest.raises(ValueError, match="kernel: expected one of auto, warp_row"):
+    with pytest.raises(ValueError, match="kernel: expected one of warp_row"):
         native.unsupported_reason("fast", 10, "float32", True)
+    with pytest.raises(ValueError, match="kernel: expected one of warp_row"):  # the selector chooses, not C++
+        native.unsupported_reason("auto", 10, "float32", True)
+    assert all(k["dtypes"] == ("float32", "float16", "bfloat16") for k in native.kernels())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_selector_chooses_the_first_kernel_that_runs_the_rows(dtype):
+    """The order the C++ chain had: warp_row, block_row (vectorizable rows only), streaming."""
+    packs = 16 // np.dtype(ge2.dtypes.to_numpy(dtype)).itemsize
+    assert ce._kernel("auto", 16, dtype, 0) == "warp_row"
+    assert ce._kernel("auto", 4096, dtype, 0, 256) == "block_row"
+    assert ce._kernel("auto", 4096, dtype, 0, 8) == "streaming"  # dlogits not 16-byte aligned: unvectorized
+    assert ce._kernel("auto", 4096 + 1, dtype, 0) == "streaming"
+    assert ce._kernel("auto", 70000, dtype, 0) == "streaming"
+    assert ce._kernel("auto", 128 * packs, dtype, 0) == "warp_row"
+    assert ce._kernel("auto", 130, dtype, 0) == "streaming"  # not packs: over the unvectorized warp's 128
+    assert ce._kernel("block_row", 70000, dtype, 0) == "block_row"  # named: the native call checks it
+    with pytest.raises(ValueError, match="kernel: 'warp_row' cannot run this problem: dtype int32"):
+        ce._kernel("warp_row", 16, "int32", 0)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -400,8 +419,9 @@ def test_kernel_choice(rng, to_device, dtype):
         logits, labels = make_problem(rng, 2, cols, dtype)
         x, y = to_device(logits), to_device(labels)
         loss = ce.forward(x, y, "sum")
-        ran = native.forward(x.ptr, y.ptr, loss.ptr, 0, 2, cols, dtype, "int64", "sum", -100, "auto", True, 0)
-        assert ran == expected, (cols, ran)
+        kernel = ce._kernel("auto", cols, dtype, x.ptr)  # the selector's choice for these arrays
+        ran = native.forward(x.ptr, y.ptr, loss.ptr, 0, 2, cols, dtype, "int64", "sum", -100, kernel, True, 0)
+        assert kernel == ran == expected, (cols, kernel, ran)
     logits, labels = make_problem(rng, 2, 70000, dtype)
     with pytest.raises(ValueError, match="kernel: 'block_row' cannot run this problem: rows of 70000"):
         ce.forward(to_device(logits), to_device(labels), kernel="block_row")

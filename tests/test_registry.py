@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +85,56 @@ def test_a_capability_check_that_raises_rejects_only_that_candidate(fake_op):
     ranking = select(node, problem, FAKE_GPU, Preferences())
     assert [c.name for c in ranking.viable] == ["other", "host_reference"]
     assert "ImportError: native module '_ops_fake' is not built" in ranking.rejected[0][1]
+
+
+def test_a_candidate_without_the_problems_dtype_is_declined_before_its_check(fake_op):
+    """Candidate.dtypes (a table candidate's come from its kernel_table() row): the problem's data dtype (its first
+    input's, float16 here) must be among them; the candidate's own supports is not even asked."""
+    asked = []
+
+    def supports(problem):
+        asked.append(problem)
+        return None
+
+    node, problem = fake_op(replace(candidate("half_only", 30), dtypes=("float16", "bfloat16")),
+                            replace(candidate("float32_only", 40, supports=supports), dtypes=("float32",)),
+                            candidate("any", 10))
+    ranking = selection.rank(OPS["fake"], problem)
+    assert [c.name for c in ranking.viable] == ["half_only", "any"]
+    assert ranking.rejected == (("float32_only", "dtype float16 is not among the dtypes it runs (float32)"),)
+    assert asked == []
+
+
+def test_table_kernel_chooses_by_the_table_for_a_native_call(monkeypatch):
+    """A native call that is not a candidate's launch: the named kernel, or the table's best whose check passes."""
+    rows = {"fast": {"name": "fast", "priority": 30, "dtypes": ("float16",)},
+            "medium": {"name": "medium", "priority": 20, "dtypes": ()},
+            "slow": {"name": "slow", "priority": 10, "dtypes": ("float16", "float32")}}
+    monkeypatch.setitem(selection._TABLES, "_ops_fake", rows)
+    checks = {"medium": "needs cols % 8 == 0"}
+    assert selection.table_kernel("_ops_fake", "auto", checks.get, "float16") == "fast"
+    assert selection.table_kernel("_ops_fake", "auto", checks.get, "float32") == "slow"
+    assert selection.table_kernel("_ops_fake", "auto", lambda name: None, "float32") == "medium"
+    assert selection.table_kernel("_ops_fake", "medium", checks.get, "float32") == "medium"  # the native call checks
+    with pytest.raises(ValueError, match="kernel: 'fast' cannot run this problem: dtype float32 is not among"):
+        selection.table_kernel("_ops_fake", "fast", checks.get, "float32")
+    with pytest.raises(ValueError, match=r"no kernel of _ops_fake can run this problem \(fast: dtype int32 .*; "
+                                         r"medium: needs cols % 8 == 0; slow: dtype int32"):
+        selection.table_kernel("_ops_fake", "auto", checks.get, "int32")
+
+
+def test_every_native_kernel_table_lists_its_dtypes():
+    """kernel_table() rows carry the dtypes each kernel runs (KernelInfo::dtypes), GE2 dtype names."""
+    from graph_executor_v2 import _native
+    from graph_executor_v2.dtypes import ALL_DTYPES
+
+    if not _native.is_built("_ops_concat"):
+        pytest.skip("native modules are not built")
+    for module in ("_ops_concat", "_ops_cross_entropy"):
+        for row in _native.load(module).kernels():
+            assert row["dtypes"] and set(row["dtypes"]) <= set(ALL_DTYPES), (module, row)
+    assert all(row["dtypes"] == ALL_DTYPES[:3] for row in _native.load("_ops_cross_entropy").kernels())
+    assert all(set(row["dtypes"]) == set(ALL_DTYPES) for row in _native.load("_ops_concat").kernels())
 
 
 def test_force_no_epilogue_excludes_every_candidate_with_a_fused_epilogue(fake_op, monkeypatch):

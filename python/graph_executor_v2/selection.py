@@ -5,8 +5,8 @@ op's kernels itself.
 Candidates (``ir/schema.py``). An OpDef's candidates are
 - table candidates, ``table_candidate(module, name, supports, prepare)``: a kernel of a native module whose
   ``kernels()`` row (``kernel_table()`` in ``backends/cuda/ops/<op>``) gives the priority, description,
-  constraints, alignment and whether it is the fallback. Written there only; ``candidates(opdef)`` reads the table
-  once per process and fills them in;
+  constraints, alignment, dtypes and whether it is the fallback. Written there only; ``candidates(opdef)`` reads
+  the table once per process and fills them in;
 - described candidates, ``Candidate(name, priority, description, supports, prepare, ...)``: everything in Python.
 
 A new kind of candidate plugs in as one of these, with no change here: a generated (NVRTC) kernel, an out-of-tree
@@ -15,12 +15,17 @@ candidate of that module). It states what it needs in ``supports(problem)`` (dty
 "the compiler is available": the reason when it does not apply), its rank in ``priority`` and its launch in
 ``prepare(problem)`` (may raise RuntimeError: the next candidate runs instead).
 
-Ranking (``rank``): capabilities turned off by the environment, alignment, then each candidate's ``supports``;
+Ranking (``rank``): capabilities turned off by the environment, alignment, the dtypes a candidate runs (the
+problem's data dtype, its first input's), then each candidate's ``supports``;
 the viable ones best ``priority`` first, a pinned kernel first of all. Choosing (``choose``): the ranked candidates
 prepared in order, a failure falling to the next (recorded), after autotuning when a timer is given: the viable
 candidates timed once per problem and the winner kept in the ``AutotuneCache`` (``runtime/autotune.py``).
 Plans on CUDA choose by measurement by default: ``ExecutorV2`` calls ``choose`` with a ``timer`` that runs the
 candidate on the plan's own buffers (``autotune=False`` passes none: the priority order decides).
+
+Native calls outside an OpDef's candidates (a backward binding, a face whose forward is more than one launch)
+choose here too (``table_kernel``): the highest-priority kernel of the module's table that runs the call. No native
+entry point chooses: each runs the kernel it is named, after checking that the kernel can run the problem.
 
 Environment switches name a capability, never a kernel (``CAPABILITY_SWITCHES``): ``GE2_FORCE_NO_EPILOGUE=1``
 turns off "fused_epilogue", so every candidate declaring it (``Candidate.capabilities``) is out, in faces and
@@ -61,6 +66,12 @@ def kernel_table(module: str) -> dict[str, dict]:
     return rows
 
 
+def table_dtypes(row: dict) -> tuple[str, ...]:
+    """The dtypes a ``kernels()`` row runs; () (every dtype) for a table without them (an out-of-tree module built
+    against a kernel_info.hpp that had none)."""
+    return tuple(row.get("dtypes", ()))
+
+
 def resolve(candidate: Candidate) -> Candidate:
     """``candidate`` with its metadata: a described one as it is, a table one filled in from its kernel table
     (raises ImportError when the module is not built, LookupError when its table has no such kernel)."""
@@ -74,7 +85,7 @@ def resolve(candidate: Candidate) -> Candidate:
                               f"table ({', '.join(kernel_table(candidate.table))})")
         resolved = _RESOLVED[candidate] = replace(
             candidate, priority=row["priority"], description=row["description"], always_works=row["fallback"],
-            any_alignment=row["fallback"] or row["alignment"] < VECTOR_ALIGNMENT)
+            any_alignment=row["fallback"] or row["alignment"] < VECTOR_ALIGNMENT, dtypes=table_dtypes(row))
     return resolved
 
 
@@ -94,8 +105,43 @@ def kernels(opdef: OpDef) -> list[dict]:
             rows.append({"name": candidate.name, "priority": candidate.priority, "description": candidate.description,
                          "constraints": "any" if candidate.always_works else "see description",
                          "fallback": candidate.always_works,
-                         "alignment": 1 if candidate.always_works or candidate.any_alignment else VECTOR_ALIGNMENT})
+                         "alignment": 1 if candidate.always_works or candidate.any_alignment else VECTOR_ALIGNMENT,
+                         "dtypes": candidate.dtypes})
     return rows
+
+
+def problem_dtype(problem: Problem) -> str | None:
+    """The dtype of a problem's data, which ``Candidate.dtypes`` lists: its first present input's."""
+    return next((t.dtype for t in problem.in_types if t is not None), None)
+
+
+def dtype_reason(dtypes, dtype: str | None) -> str | None:
+    """Why a kernel that runs ``dtypes`` (empty: every dtype) cannot run data of ``dtype``; None when it can."""
+    if not dtypes or dtype is None or dtype in dtypes:
+        return None
+    return f"dtype {dtype} is not among the dtypes it runs ({', '.join(dtypes)})"
+
+
+def table_kernel(module: str, requested: str, why_not: Callable[[str], str | None], dtype: str | None = None
+                 ) -> str:
+    """The kernel of native module ``module`` (its ``kernels()`` table) for a native call that is not an OpDef
+    candidate's launch: ``requested`` when it is a kernel name, else ("auto") the highest-priority kernel that runs
+    the call. ``why_not(name)``: the native supports check of that kernel for the call (empty or None when it
+    runs); ``dtype``: the call's data dtype, checked against each kernel's dtypes first. Raises ValueError naming
+    each kernel's reason when none runs it, or why the requested one cannot."""
+    rows = kernel_table(module)
+    if requested != "auto":
+        reason = dtype_reason(table_dtypes(rows[requested]), dtype) if requested in rows else None
+        if reason:
+            raise ValueError(f"kernel: '{requested}' cannot run this problem: {reason}")
+        return requested  # the native call checks the rest and raises naming why it cannot run
+    reasons = []
+    for row in sorted(rows.values(), key=lambda r: -r["priority"]):
+        reason = dtype_reason(table_dtypes(row), dtype) or why_not(row["name"])
+        if not reason:
+            return row["name"]
+        reasons.append(f"{row['name']}: {reason}")
+    raise ValueError(f"kernel: no kernel of {module} can run this problem ({'; '.join(reasons)})")
 
 
 @dataclass(frozen=True)
@@ -106,11 +152,13 @@ class Ranking:
 
 
 def rank(opdef: OpDef, problem: Problem, *, pinned: str | None = None, excluded: dict[str, str] | None = None,
-         aligned: bool = True, none_viable: str = "no candidate applies") -> Ranking:
+         aligned: bool = True, none_viable: str = "no candidate applies",
+         supports: Callable[[Candidate, Problem], str | None] | None = None) -> Ranking:
     """The candidates that can run ``problem``, best first, and why the others cannot. ``pinned``: a kernel name
     tried first when viable; ``excluded``: candidate name -> why it is never used; ``aligned``: False when the
     pointers may not be 16-byte aligned (views), which leaves the candidates that take any alignment;
-    ``none_viable``: the reason when no candidate is viable."""
+    ``none_viable``: the reason when no candidate is viable; ``supports``: in place of each candidate's own check,
+    the check of a direct native call that knows more than the problem (its pointers, the outputs it saves)."""
     disabled = disabled_capabilities()
     viable, rejected = [], []
     for declared in opdef.candidates:
@@ -127,7 +175,8 @@ def rank(opdef: OpDef, problem: Problem, *, pinned: str | None = None, excluded:
             if not aligned and not (candidate.always_works or candidate.any_alignment):
                 why_not = "the inputs are not 16-byte aligned"
             else:
-                why_not = candidate.supports(problem)
+                why_not = dtype_reason(candidate.dtypes, problem_dtype(problem)) or (
+                    candidate.supports(problem) if supports is None else supports(candidate, problem))
         except Exception as error:  # e.g. its native module is not built: the candidate is out, the others go on
             why_not = f"capability check raised {type(error).__name__}: {error}"
         if why_not:

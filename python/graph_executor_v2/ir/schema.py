@@ -147,6 +147,9 @@ class Candidate:
     # What it offers that an environment switch may turn off (selection.CAPABILITY_SWITCHES: "fused_epilogue").
     capabilities: tuple[str, ...] = ()
     table: str = ""  # the native module whose kernels() row gives the metadata ("" for a described candidate)
+    # The dtypes of the op's data (its first input) it runs; () for every dtype the op takes. The selector declines
+    # it for any other before calling ``supports``.
+    dtypes: tuple[str, ...] = ()
 
 
 def table_candidate(table: str, name: str, supports: Callable[[Problem], str | None],

@@ -207,7 +207,8 @@ class Face:
         the candidates that take any alignment."""
         if kernel != "auto":
             candidate = selection.resolve(next(c for c in self.op.candidates if c.name == kernel))
-            reason = candidate.supports(problem)
+            reason = (selection.dtype_reason(candidate.dtypes, selection.problem_dtype(problem))
+                      or candidate.supports(problem))
             if reason:
                 raise ValueError(f"kernel: '{kernel}' cannot run this problem: {reason}")
             return kernel, candidate.prepare(problem)

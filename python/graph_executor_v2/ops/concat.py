@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import _native
 from .. import device as _device
+from .. import selection
 from ..ir.types import TensorType
 from . import _layout
 from ._base import (Attr, Input, OpDef, Problem, Sample, in_ptrs, native_launch, out_ptr, register, sample_array,
@@ -127,7 +128,10 @@ def _backward(dy, inputs, attrs, kernel, out, stream):
         grads.append(grad)
         pointers.append(grad_view.ptr)
     outer, widths = layout(shapes, axis)
-    _native_module().backward(view.ptr, pointers, outer, widths, view.dtype, kernel, _device.stream_handle(stream))
+    native = _native_module()
+    kernel = selection.table_kernel("_ops_concat", kernel,
+                                    lambda name: native.unsupported_reason(name, outer, widths, view.dtype), view.dtype)
+    native.backward(view.ptr, pointers, outer, widths, view.dtype, kernel, _device.stream_handle(stream))
     return grads
 
 

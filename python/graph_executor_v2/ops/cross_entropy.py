@@ -27,6 +27,7 @@ import numpy as np
 
 from .. import _native
 from .. import device as _device
+from .. import selection
 from ..dtypes import FLOAT_DTYPES, to_numpy
 from ..ir.types import TensorType
 from . import _layout
@@ -157,12 +158,23 @@ def _device_problem(logits, labels, reduction, ignore_index):
     return vlogits, vlabels, rows, classes
 
 
+def _kernel(requested: str, classes: int, dtype: str, *pointers: int) -> str:
+    """The kernel for a native call on rows of ``classes`` logits at ``pointers`` (logits, and dlogits when
+    written): ``requested``, or for "auto" the selector's choice (the rows are vectorizable when every pointer is
+    16-byte aligned and the classes divide into 16-byte packs)."""
+    vectorizable = classes % (16 // to_numpy(dtype).itemsize) == 0 and not any(pointer % 16 for pointer in pointers)
+    native = _native_module()
+    return selection.table_kernel("_ops_cross_entropy", requested,
+                                  lambda name: native.unsupported_reason(name, classes, dtype, vectorizable), dtype)
+
+
 def _forward(inputs, attrs, kernel, out, stream, check_labels=True):
     """The loss as an array of logits' kind (or ``out``)."""
     logits, labels = inputs
     reduction, ignore_index = attrs["reduction"], attrs["ignore_index"]
     vlogits, vlabels, rows, classes = _device_problem(logits, labels, reduction, ignore_index)
     loss, vloss = _layout.output(out, logits, "out", loss_shape(rows, reduction), vlogits.dtype, vlogits.device)
+    kernel = _kernel(kernel, classes, vlogits.dtype, vlogits.ptr)
     _native_module().forward(vlogits.ptr, vlabels.ptr, vloss.ptr, 0, rows, classes, vlogits.dtype, vlabels.dtype,
                              reduction, ignore_index, kernel, bool(check_labels), _device.stream_handle(stream))
     return loss
@@ -181,6 +193,7 @@ def forward_backward(logits, labels, reduction="mean", ignore_index=-100, kernel
     dlogits, vdlogits = _layout.output(dlogits_out, logits, "out[1]", (rows, classes), vlogits.dtype,
                                        vlogits.device)
     _layout.check_no_overlap(vdlogits, "out[1]", vlogits, "logits")
+    kernel = _kernel(kernel, classes, vlogits.dtype, vlogits.ptr, vdlogits.ptr)
     _native_module().forward(vlogits.ptr, vlabels.ptr, vloss.ptr, vdlogits.ptr, rows, classes, vlogits.dtype,
                              vlabels.dtype, attrs["reduction"], attrs["ignore_index"], kernel, bool(check_labels),
                              _device.stream_handle(stream))
@@ -211,6 +224,7 @@ def _backward(dy, inputs, attrs, kernel, out, stream, check_labels=True):
     dlogits, vdlogits = _layout.output(None if out is None else out[0], logits, "out[0]", (rows, classes),
                                        vlogits.dtype, vlogits.device)
     _layout.check_no_overlap(vdlogits, "out[0]", vlogits, "logits")
+    kernel = _kernel(kernel, classes, vlogits.dtype, vlogits.ptr, vdlogits.ptr)
     _native_module().backward(vdy.ptr, vlogits.ptr, vlabels.ptr, vdlogits.ptr, rows, classes, vlogits.dtype,
                               vlabels.dtype, reduction, ignore_index, kernel, bool(check_labels),
                               _device.stream_handle(stream))
@@ -317,11 +331,17 @@ def _problem_args(logits, labels, attrs) -> tuple:
     return rows, classes, logits.dtype, labels.dtype, attrs["reduction"], int(attrs["ignore_index"])
 
 
+def _plan_kernel(args: tuple) -> str:
+    """The kernel of a plan's launch (its buffers are 256-byte aligned) for these ``_problem_args``."""
+    classes, dtype = args[1], args[2]
+    return _kernel("auto", classes, dtype)
+
+
 def _prepare_backward(problem: Problem):
     args = _problem_args(*problem.in_types[1:], problem.attrs)
     # labels unchecked (False): checking them would synchronize the step.
-    return native_launch(_native_module().backward, in_ptr(0), in_ptr(1), in_ptr(2), out_ptr(0), *args, "auto",
-                         False, stream_arg())
+    return native_launch(_native_module().backward, in_ptr(0), in_ptr(1), in_ptr(2), out_ptr(0), *args,
+                         _plan_kernel(args), False, stream_arg())
 
 
 BACKWARD_OP = _grad.register_backward(OpDef(
@@ -349,8 +369,8 @@ def _infer_with_grad(in_types, attrs):
 def _prepare_with_grad(problem: Problem):
     args = _problem_args(*problem.in_types, problem.attrs)
     # labels unchecked (False): checking them would synchronize the step.
-    return native_launch(_native_module().forward, in_ptr(0), in_ptr(1), out_ptr(0), out_ptr(1), *args, "auto", False,
-                         stream_arg())
+    return native_launch(_native_module().forward, in_ptr(0), in_ptr(1), out_ptr(0), out_ptr(1), *args,
+                         _plan_kernel(args), False, stream_arg())
 
 
 # The loss and its gradient w.r.t. the logits (upstream gradient 1) in one pass over the logits: what the training

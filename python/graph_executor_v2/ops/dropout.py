@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import _native
 from .. import device as _device
+from .. import selection
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _layout
@@ -141,8 +142,11 @@ def _backward(dy, inputs, attrs, kernel, out, stream):
                              view.device)
     if vdx.ptr != view.ptr:  # in place is fine (each element is read and written by one thread); partial overlap not
         _layout.check_no_overlap(vdx, "out[0]", view, "dy")
-    _native_module().backward(view.ptr, vdx.ptr, _layout.numel(view.shape), view.dtype, attrs["p"], attrs["seed"],
-                              attrs["offset"], kernel, _device.stream_handle(stream))
+    native, aligned = _native_module(), not (view.ptr | vdx.ptr) % 16
+    kernel = selection.table_kernel("_ops_dropout", kernel,
+                                    lambda name: native.unsupported_reason(name, attrs["offset"], aligned), view.dtype)
+    native.backward(view.ptr, vdx.ptr, _layout.numel(view.shape), view.dtype, attrs["p"], attrs["seed"],
+                    attrs["offset"], kernel, _device.stream_handle(stream))
     return (dx,)
 
 

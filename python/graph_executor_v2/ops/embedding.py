@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import _native
 from .. import device as _device
+from .. import selection
 from ..dtypes import FLOAT_DTYPES
 from ..ir.types import TensorType
 from . import _layout
@@ -95,8 +96,12 @@ def _forward(inputs, attrs, kernel, out, stream, check_ids=True):
     vocab, dim, count = check_problem(vtable.shape, vtable.dtype, vids.shape, vids.dtype)
     y, vy = _layout.output(out, inputs[0], "out", tuple(vids.shape) + (dim,), vtable.dtype, vtable.device)
     _layout.check_no_overlap(vy, "out", vtable, "table")
-    _native_module().forward(vtable.ptr, vids.ptr, vy.ptr, vocab, dim, count, vtable.dtype, vids.dtype, kernel,
-                             bool(check_ids), _device.stream_handle(stream))
+    native, aligned = _native_module(), not (vtable.ptr | vy.ptr) % 16
+    kernel = selection.table_kernel("_ops_embedding", kernel,
+                                    lambda name: native.unsupported_reason(name, dim, vtable.dtype, aligned),
+                                    vtable.dtype)
+    native.forward(vtable.ptr, vids.ptr, vy.ptr, vocab, dim, count, vtable.dtype, vids.dtype, kernel, bool(check_ids),
+                   _device.stream_handle(stream))
     return y
 
 

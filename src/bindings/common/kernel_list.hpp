@@ -1,7 +1,9 @@
-// kernels(): an op's kernel table (name, priority, description, constraints, fallback, alignment) as a list of dicts
-// for Python (graph_executor_v2/selection.py reads its candidates from it).
+// kernels(): an op's kernel table (name, priority, description, constraints, fallback, alignment, dtypes) as a list
+// of dicts for Python (graph_executor_v2/selection.py reads its candidates from it).
 #pragma once
 #include <vector>
+
+#include "dtype.hpp"
 
 #include <pybind11/pybind11.h>
 
@@ -18,6 +20,9 @@ pybind11::list kernel_list(const std::vector<Info>& table) {
     row["constraints"] = info.constraints;
     row["fallback"] = info.fallback;
     row["alignment"] = info.alignment;
+    pybind11::tuple dtypes(info.dtypes.size());
+    for (std::size_t i = 0; i < info.dtypes.size(); ++i) dtypes[i] = dtype_name(info.dtypes[i]);
+    row["dtypes"] = dtypes;
     rows.append(row);
   }
   return rows;

@@ -14,7 +14,8 @@
 
 namespace ge2::concat {
 
-enum class Kernel { Auto, Fused, Copy2d };
+// The kernel is chosen by the Python selector (graph_executor_v2/selection.py); a call names it.
+enum class Kernel { Fused, Copy2d };
 
 Kernel kernel_from_name(const std::string& name);
 const char* kernel_name(Kernel kernel);
@@ -29,12 +30,12 @@ struct Layout {
 // layout no kernel can run.
 std::string unsupported_reason(Kernel kernel, const Layout& layout);
 
-// y <- the inputs side by side (every buffer contiguous). Returns the kernel that ran.
-Kernel forward(const std::vector<const void*>& inputs, void* y, const Layout& layout, Kernel requested,
+// y <- the inputs side by side (every buffer contiguous) by `kernel`. Returns the kernel that ran.
+Kernel forward(const std::vector<const void*>& inputs, void* y, const Layout& layout, Kernel kernel,
                cudaStream_t stream);
 
-// Each grads[i] <- its columns of dy (every buffer contiguous). Returns the kernel that ran.
-Kernel backward(const void* dy, const std::vector<void*>& grads, const Layout& layout, Kernel requested,
+// Each grads[i] <- its columns of dy (every buffer contiguous) by `kernel`. Returns the kernel that ran.
+Kernel backward(const void* dy, const std::vector<void*>& grads, const Layout& layout, Kernel kernel,
                 cudaStream_t stream);
 
 std::vector<KernelInfo> kernel_table();
@@ -46,8 +47,8 @@ std::vector<KernelInfo> kernel_table();
 void check_buffers(const Layout& layout, const std::vector<const void*>& parts, const void* whole,
                    const char* parts_name, const char* whole_name);
 
-// Picks the kernel for `requested` (Auto: the best that applies) or throws naming why it cannot run.
-Kernel choose(Kernel requested, const Layout& layout);
+// Throws std::invalid_argument naming why `kernel` cannot run the layout.
+void check_kernel(Kernel kernel, const Layout& layout);
 
 // The fused kernel: one launch moves every part (up to kMaxPartsPerLaunch parts; more take more launches).
 // `parts` are the inputs (concat) or the gradients (split); `whole` is y or dy.

@@ -5,10 +5,10 @@
 
 namespace ge2::concat {
 
-Kernel backward(const void* dy, const std::vector<void*>& grads, const Layout& layout, Kernel requested,
+Kernel backward(const void* dy, const std::vector<void*>& grads, const Layout& layout, Kernel kernel,
                 cudaStream_t stream) {
   check_buffers(layout, std::vector<const void*>(grads.begin(), grads.end()), dy, "grads", "dy");
-  const Kernel kernel = choose(requested, layout);
+  check_kernel(kernel, layout);
   // dy is only read in this direction; the launchers take one pointer type for both directions.
   void* whole = const_cast<void*>(dy);
   if (kernel == Kernel::Fused) {

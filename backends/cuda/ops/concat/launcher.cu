@@ -1,4 +1,4 @@
-// concat launcher: layout checks, the choice fused -> copy2d, and the forward (backward.cu has the split).
+// concat launcher: layout checks, the named kernel's check, and the forward (backward.cu has the split).
 #include <string>
 
 #include "api.hpp"
@@ -7,15 +7,13 @@
 namespace ge2::concat {
 
 Kernel kernel_from_name(const std::string& name) {
-  if (name == "auto") return Kernel::Auto;
   if (name == "fused") return Kernel::Fused;
   if (name == "copy2d") return Kernel::Copy2d;
-  throw std::invalid_argument("kernel: expected one of auto, fused, copy2d, got '" + name + "'");
+  throw std::invalid_argument("kernel: expected one of fused, copy2d, got '" + name + "'");
 }
 
 const char* kernel_name(Kernel kernel) {
   switch (kernel) {
-    case Kernel::Auto: return "auto";
     case Kernel::Fused: return "fused";
     case Kernel::Copy2d: return "copy2d";
   }
@@ -75,20 +73,18 @@ std::string unsupported_reason(Kernel kernel, const Layout& layout) {
   return "";
 }
 
-Kernel choose(Kernel requested, const Layout& layout) {
-  if (requested == Kernel::Auto) return Kernel::Fused;
-  const std::string reason = unsupported_reason(requested, layout);
+void check_kernel(Kernel kernel, const Layout& layout) {
+  const std::string reason = unsupported_reason(kernel, layout);
   if (!reason.empty()) {
-    throw std::invalid_argument(std::string("kernel: '") + kernel_name(requested) + "' cannot run this problem: " +
+    throw std::invalid_argument(std::string("kernel: '") + kernel_name(kernel) + "' cannot run this problem: " +
                                 reason);
   }
-  return requested;
 }
 
-Kernel forward(const std::vector<const void*>& inputs, void* y, const Layout& layout, Kernel requested,
+Kernel forward(const std::vector<const void*>& inputs, void* y, const Layout& layout, Kernel kernel,
                cudaStream_t stream) {
   check_buffers(layout, inputs, y, "inputs", "y");
-  const Kernel kernel = choose(requested, layout);
+  check_kernel(kernel, layout);
   // The parts are only read in this direction; the launchers take one pointer type for both directions.
   std::vector<void*> parts;
   for (const void* input : inputs) parts.push_back(const_cast<void*>(input));

@@ -14,7 +14,8 @@
 
 namespace ge2::cross_entropy {
 
-enum class Kernel { Auto, WarpRow, BlockRow, Streaming };
+// The kernel is chosen by the Python selector (graph_executor_v2/selection.py); a call names it.
+enum class Kernel { WarpRow, BlockRow, Streaming };
 enum class Reduction { None, Sum, Mean };
 
 Kernel kernel_from_name(const std::string& name);
@@ -35,10 +36,10 @@ struct Args {
   int64_t ignore_index = -100;
 };
 
-// Runs the requested kernel (Auto: the best one that fits) and returns the kernel that ran. With check_labels, a
+// Runs `kernel` (std::invalid_argument when it cannot run the problem) and returns it. With check_labels, a
 // label outside [0, cols) that is not ignore_index raises std::invalid_argument after the launch (this waits for the
 // stream); without, such rows get a NaN loss and NaN gradient and the call stays asynchronous.
-Kernel run(const Args& args, Kernel requested, bool check_labels, cudaStream_t stream);
+Kernel run(const Args& args, Kernel kernel, bool check_labels, cudaStream_t stream);
 
 // Empty when `kernel` can run a problem with this row length and dtype; otherwise the reason it cannot.
 // `vectorizable`: logits and dlogits 16-byte aligned and cols a multiple of 16 / sizeof(dtype).

@@ -1,5 +1,5 @@
-// cross_entropy launcher: argument checks, the stream workspace (partial sums, label-error slot) and the candidate
-// chain warp_row -> block_row -> streaming. For "mean" a count kernel runs first; for "sum"/"mean" with a loss a
+// cross_entropy launcher: argument checks, the stream workspace (partial sums, label-error slot) and the named
+// kernel (warp_row, block_row or streaming). For "mean" a count kernel runs first; for "sum"/"mean" with a loss a
 // one-block finalize kernel runs last.
 #include <algorithm>
 #include <cstdint>
@@ -14,16 +14,14 @@
 namespace ge2::cross_entropy {
 
 Kernel kernel_from_name(const std::string& name) {
-  if (name == "auto") return Kernel::Auto;
   if (name == "warp_row") return Kernel::WarpRow;
   if (name == "block_row") return Kernel::BlockRow;
   if (name == "streaming") return Kernel::Streaming;
-  throw std::invalid_argument("kernel: expected one of auto, warp_row, block_row, streaming, got '" + name + "'");
+  throw std::invalid_argument("kernel: expected one of warp_row, block_row, streaming, got '" + name + "'");
 }
 
 const char* kernel_name(Kernel kernel) {
   switch (kernel) {
-    case Kernel::Auto: return "auto";
     case Kernel::WarpRow: return "warp_row";
     case Kernel::BlockRow: return "block_row";
     case Kernel::Streaming: return "streaming";
@@ -39,7 +37,7 @@ Reduction reduction_from_name(const std::string& name) {
 }
 
 std::vector<KernelInfo> kernel_table() {
-  return {
+  return with_dtypes({
       {"warp_row", 30, "one warp per row, row held in registers: one read of the logits, one write of the gradient",
        "cols <= 128 x (16 / itemsize) with 16-byte aligned logits/dlogits and cols % (16 / itemsize) == 0, "
        "else cols <= 128"},
@@ -48,7 +46,7 @@ std::vector<KernelInfo> kernel_table() {
        "cols % (16 / itemsize) == 0"},
       {"streaming", 10, "one block per row, online max/sum pass then a gradient pass: the path that always works",
        "none (reads each row twice when computing the gradient)", kFallback, kAnyAlignment},
-  };
+  }, floating_dtypes());
 }
 
 std::string unsupported_reason(Kernel kernel, int64_t cols, DType dtype, bool vectorizable) {
@@ -73,8 +71,7 @@ std::string unsupported_reason(Kernel kernel, int64_t cols, DType dtype, bool ve
       }
       return "";
     }
-    case Kernel::Streaming:
-    case Kernel::Auto: return "";
+    case Kernel::Streaming: return "";
   }
   return "";
 }
@@ -125,22 +122,15 @@ void check_args(const Args& args) {
 
 }  // namespace
 
-Kernel run(const Args& args, Kernel requested, bool check_labels, cudaStream_t stream) {
+Kernel run(const Args& args, Kernel kernel, bool check_labels, cudaStream_t stream) {
   check_args(args);
   const int64_t vec = 16 / static_cast<int64_t>(dtype_size(args.dtype));
   const bool vectorizable = args.cols % vec == 0 && is_aligned(args.logits, 16) &&
                             (args.dlogits == nullptr || is_aligned(args.dlogits, 16));
-  Kernel kernel = requested;
-  if (requested == Kernel::Auto) {
-    kernel = unsupported_reason(Kernel::WarpRow, args.cols, args.dtype, vectorizable).empty()    ? Kernel::WarpRow
-             : unsupported_reason(Kernel::BlockRow, args.cols, args.dtype, vectorizable).empty() ? Kernel::BlockRow
-                                                                                                 : Kernel::Streaming;
-  } else {
-    const std::string reason = unsupported_reason(requested, args.cols, args.dtype, vectorizable);
-    if (!reason.empty()) {
-      throw std::invalid_argument(std::string("kernel: '") + kernel_name(requested) +
-                                  "' cannot run this problem: " + reason);
-    }
+  const std::string reason = unsupported_reason(kernel, args.cols, args.dtype, vectorizable);
+  if (!reason.empty()) {
+    throw std::invalid_argument(std::string("kernel: '") + kernel_name(kernel) + "' cannot run this problem: " +
+                                reason);
   }
 
   // Nothing to write: no rows, and no reduced loss (whose value for zero rows is 0 or NaN).
@@ -179,7 +169,6 @@ Kernel run(const Args& args, Kernel requested, bool check_labels, cudaStream_t s
         launched = launch_block_row(problem, args.dtype, args.label_dtype, vectorizable, &grid, stream);
         break;
       case Kernel::Streaming:
-      case Kernel::Auto:
         launch_streaming(problem, args.dtype, args.label_dtype, vectorizable, &grid, stream);
         break;
     }

@@ -27,8 +27,8 @@ struct Args {
   uint64_t seed = 0, offset = 0;
 };
 
-// Runs the requested kernel (Auto: the best that fits) and returns the kernel that ran.
-Kernel run(const Args& args, Kernel requested, cudaStream_t stream);
+// Runs `kernel` (std::invalid_argument when it cannot run the problem) and returns it.
+Kernel run(const Args& args, Kernel kernel, cudaStream_t stream);
 
 // Empty when `kernel` can run the problem; otherwise the reason it cannot. `aligned`: x and y 16-byte aligned.
 std::string unsupported_reason(Kernel kernel, uint64_t offset, bool aligned);

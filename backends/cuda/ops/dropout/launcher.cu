@@ -1,4 +1,4 @@
-// dropout launcher: argument checks, p == 0 as a copy, and the candidate chain vec16 -> scalar.
+// dropout launcher: argument checks, the named kernel's check, and p == 0 as a copy.
 #include <cstdint>
 #include <string>
 
@@ -10,12 +10,12 @@
 namespace ge2::dropout {
 
 std::vector<KernelInfo> kernel_table() {
-  return {
+  return with_dtypes({
       {"vec16", 20, "16-byte loads and stores, one Philox4x32-10 call per 4 elements",
        "offset % 4 == 0; x and y 16-byte aligned"},
       {"scalar", 10, "element by element, one Philox4x32-10 call per 4 elements: the path that always works",
        "none", kFallback, kAnyAlignment},
-  };
+  }, floating_dtypes());
 }
 
 std::string unsupported_reason(Kernel kernel, uint64_t offset, bool aligned) {
@@ -46,18 +46,13 @@ void check_args(const Args& args) {
 
 }  // namespace
 
-Kernel run(const Args& args, Kernel requested, cudaStream_t stream) {
+Kernel run(const Args& args, Kernel kernel, cudaStream_t stream) {
   check_args(args);
   const bool aligned = is_aligned(args.x, 16) && is_aligned(args.y, 16);
-  Kernel kernel = requested;
-  if (requested == Kernel::Auto) {
-    kernel = unsupported_reason(Kernel::Vec16, args.offset, aligned).empty() ? Kernel::Vec16 : Kernel::Scalar;
-  } else {
-    const std::string reason = unsupported_reason(requested, args.offset, aligned);
-    if (!reason.empty()) {
-      throw std::invalid_argument(std::string("kernel: '") + kernel_name(requested) +
-                                  "' cannot run this problem: " + reason);
-    }
+  const std::string reason = unsupported_reason(kernel, args.offset, aligned);
+  if (!reason.empty()) {
+    throw std::invalid_argument(std::string("kernel: '") + kernel_name(kernel) + "' cannot run this problem: " +
+                                reason);
   }
   if (args.count == 0) return kernel;
   if (args.p == 0.0) {  // identity: every element kept, scale 1

@@ -37,10 +37,10 @@ struct BackwardArgs {
   DType id_dtype = DType::Int64;
 };
 
-// Runs the requested kernel (Auto: the best that fits) and returns the kernel that ran. With check_ids, an id
+// Runs `kernel` (std::invalid_argument when it cannot run the problem) and returns it. With check_ids, an id
 // outside [0, vocab) raises std::invalid_argument after the launch (this waits for the stream); without, its
 // output row is NaN (forward) or its dy row is skipped (backward) and the call stays asynchronous.
-Kernel forward(const ForwardArgs& args, Kernel requested, bool check_ids, cudaStream_t stream);
+Kernel forward(const ForwardArgs& args, Kernel kernel, bool check_ids, cudaStream_t stream);
 void backward(const BackwardArgs& args, bool check_ids, cudaStream_t stream);
 
 // Empty when `kernel` can run rows of `dim` elements; otherwise the reason it cannot. `aligned`: the table and

@@ -1,5 +1,5 @@
-// embedding launcher: argument checks, the id-error slot (in the module's stream workspace) and the forward
-// candidate chain vec16 -> scalar.
+// embedding launcher: argument checks, the id-error slot (in the module's stream workspace) and the named forward
+// kernel's check.
 #include <cstdint>
 #include <string>
 
@@ -12,11 +12,11 @@
 namespace ge2::embedding {
 
 std::vector<KernelInfo> kernel_table() {
-  return {
+  return with_dtypes({
       {"vec16", 20, "row gather with 16-byte loads and stores, a power-of-two group of lanes per row",
        "dim % (16 / itemsize) == 0; table and output 16-byte aligned"},
       {"scalar", 10, "row gather element by element: the path that always works", "none", kFallback, kAnyAlignment},
-  };
+  }, floating_dtypes());
 }
 
 std::string unsupported_reason(Kernel kernel, int64_t dim, DType dtype, bool aligned) {
@@ -57,18 +57,13 @@ void check_forward_args(const ForwardArgs& args) {
 
 }  // namespace
 
-Kernel forward(const ForwardArgs& args, Kernel requested, bool check_ids, cudaStream_t stream) {
+Kernel forward(const ForwardArgs& args, Kernel kernel, bool check_ids, cudaStream_t stream) {
   check_forward_args(args);
   const bool aligned = is_aligned(args.table, 16) && is_aligned(args.out, 16);
-  Kernel kernel = requested;
-  if (requested == Kernel::Auto) {
-    kernel = unsupported_reason(Kernel::Vec16, args.dim, args.dtype, aligned).empty() ? Kernel::Vec16 : Kernel::Scalar;
-  } else {
-    const std::string reason = unsupported_reason(requested, args.dim, args.dtype, aligned);
-    if (!reason.empty()) {
-      throw std::invalid_argument(std::string("kernel: '") + kernel_name(requested) +
-                                  "' cannot run this problem: " + reason);
-    }
+  const std::string reason = unsupported_reason(kernel, args.dim, args.dtype, aligned);
+  if (!reason.empty()) {
+    throw std::invalid_argument(std::string("kernel: '") + kernel_name(kernel) + "' cannot run this problem: " +
+                                reason);
   }
   if (args.count == 0) return kernel;
   auto* id_error = static_cast<unsigned long long*>(StreamWorkspace::get(sizeof(unsigned long long), stream));

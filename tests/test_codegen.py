@@ -23,6 +23,7 @@ from graph_executor_v2.codegen import candidate as codegen_candidate
 from graph_executor_v2.codegen import compiler, elements
 from graph_executor_v2.codegen.pointwise import pointwise_source
 from graph_executor_v2.codegen.reduction import ReductionGroup
+from graph_executor_v2.codegen.row import ROW_LIMIT, RowGroup
 from graph_executor_v2.ir.types import TensorType
 from graph_executor_v2.ops import OPS, Problem
 from graph_executor_v2.ops.fused import FUSED_OPS
@@ -81,7 +82,8 @@ def _single_problems(op: str, dtype: str):
 def _generated_source(problem: Problem, name: str):
     from graph_executor_v2.ops import fused
 
-    generate = {"fused_pointwise": fused._generate_pointwise, "fused_reduction": fused._generate_reduction}
+    generate = {"fused_pointwise": fused._generate_pointwise, "fused_reduction": fused._generate_reduction,
+                "fused_row": fused._generate_row}
     return generate.get(problem.op, fused._generate_single)(problem, name)
 
 
@@ -534,10 +536,195 @@ def test_reduction_kernels_compile_for_warp_and_block_rows(reduce, cols):
     compiler.compile_cubin(kernel.source, kernel.name, 90, f"{reduce} test")
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Row ops (layernorm, rmsnorm, softmax, log_softmax) with a pointwise prologue and epilogue: fused_row
+# ---------------------------------------------------------------------------------------------------------------
+ROW_OPS = ("layernorm", "rmsnorm", "softmax", "log_softmax")
+
+
+def _row_graph(op: str, shape, dtype: str, prologue: bool = True, epilogue: bool = True, keep_x: bool = False,
+               rng=None):
+    """``(x + r) * s`` (the prologue; ``s`` a per-column scale), the row op, ``gelu_erf(y) + r`` (the epilogue);
+    with ``keep_x``, the prologue's result is also an output (a pre-LN residual stream)."""
+    rng = rng or np.random.default_rng(0)
+    g = ge2.ir.Graph(f"{op}_row")
+    x, r = g.input("x", shape, dtype), g.input("r", shape, dtype)
+    h = g.mul(g.add(x, r), g.input("s", shape[-1:], dtype)) if prologue else x
+    cols = shape[-1]
+    if op == "layernorm":
+        y = g.layernorm(h, g.param("gamma", random_array(rng, (cols,), dtype)),
+                        g.param("beta", random_array(rng, (cols,), dtype)))
+    elif op == "rmsnorm":
+        y = g.rmsnorm(h, g.param("gamma", random_array(rng, (cols,), dtype)))
+    else:
+        y = getattr(g, op)(h)
+    g.output(g.add(g.gelu_erf(y), r) if epilogue else y, "y")
+    if keep_x:
+        g.output(h, "h")
+    return g
+
+
+def _row_feeds(rng, graph):
+    feeds = _feeds(rng, graph)
+    feeds["x"] = (feeds["x"].astype(np.float64) * 2 + 3).astype(feeds["x"].dtype)  # a mean far from 0
+    return feeds
+
+
 @needs_nvrtc
+@pytest.mark.parametrize("op", ROW_OPS)
+def test_a_row_op_with_its_prologue_and_epilogue_is_one_fused_row_node(rng, op):
+    g = _row_graph(op, (6, 40), "float32", keep_x=True)
+    ex = ge2.ExecutorV2(g, "cpu")
+    (node,) = ex.optimized_graph.nodes
+    assert node.op == "fused_row" and len(node.outputs) == 2  # y and the kept prologue value h
+    assert [m["op"] for m in node.attrs["members"]] == ["add", "mul", op, "gelu_erf", "add"]
+    assert f"{op} (" in ex.explain() and "fused_row" in ex.explain()
+    feeds = _row_feeds(rng, g)
+    fused, unfused = ex.run(feeds), ge2.ExecutorV2(g, "cpu", passes=[]).run(feeds)
+    for name in unfused:  # the CPU backend runs the members' references: exactly the unfused graph
+        np.testing.assert_array_equal(fused[name], unfused[name], err_msg=name)
+
+
+@needs_nvrtc
+def test_layernorm_gelu_residual_reads_x_residual_gamma_beta_and_writes_y_once():
+    g = _row_graph("layernorm", (16, 4096), "float16", prologue=False)
+    graph = ge2.ExecutorV2(g, "cpu").optimized_graph
+    (node,) = graph.nodes
+    assert [v.name for v in node.inputs] == ["x", "gamma", "beta", "r"] and len(node.outputs) == 1
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("prologue, epilogue", [(True, False), (False, True)])
+def test_a_prologue_or_an_epilogue_alone_fuses(rng, prologue, epilogue):
+    g = _row_graph("rmsnorm", (5, 9), "float32", prologue, epilogue)
+    ex = ge2.ExecutorV2(g, "cpu")
+    assert ex.optimized_graph.op_counts() == {"fused_row": 1}
+    feeds = _row_feeds(rng, g)
+    np.testing.assert_array_equal(ex.run(feeds)["y"], ge2.ExecutorV2(g, "cpu", passes=[]).run(feeds)["y"])
+
+
+@needs_nvrtc
+def test_rows_past_the_register_bound_and_other_axes_keep_the_hand_written_kernels():
+    long_rows = ge2.ExecutorV2(_row_graph("layernorm", (2, ROW_LIMIT + 1), "float16"), "cpu").optimized_graph
+    assert "fused_row" not in long_rows.op_counts() and long_rows.op_counts()["layernorm"] == 1
+    at_bound = ge2.ExecutorV2(_row_graph("layernorm", (2, ROW_LIMIT), "float16"), "cpu").optimized_graph
+    assert at_bound.op_counts() == {"fused_row": 1}
+    g = ge2.ir.Graph("first_axis")
+    x = g.input("x", (4, 6), "float32")
+    g.output(g.exp(g.softmax(g.neg(x), axis=0)), "y")
+    assert "softmax" in ge2.ExecutorV2(g, "cpu").optimized_graph.op_counts()
+
+
+@needs_nvrtc
+def test_an_epilogue_reading_the_row_output_through_a_gemm_does_not_form_a_cycle(rng):
+    g = ge2.ir.Graph("cycle")
+    x = g.input("x", (4, 8), "float32")
+    y = g.layernorm(g.tanh(x), g.param("gamma", random_array(rng, (8,), "float32")),
+                    g.param("beta", random_array(rng, (8,), "float32")))
+    w = g.param("w", random_array(rng, (8, 8), "float32"))
+    g.output(g.mul(g.sigmoid(y), g.matmul(y, w)), "z")  # the epilogue also reads gemm(y): it cannot join
+    ex = ge2.ExecutorV2(g, "cpu")
+    counts = ex.optimized_graph.op_counts()
+    assert counts["fused_row"] == 1 and "layernorm" not in counts
+    (row,) = [n for n in ex.optimized_graph.nodes if n.op == "fused_row"]
+    assert [m["op"] for m in row.attrs["members"]] == ["tanh", "layernorm"]
+    feeds = _feeds(rng, g)
+    np.testing.assert_array_equal(ex.run(feeds)["z"], ge2.ExecutorV2(g, "cpu", passes=[]).run(feeds)["z"])
+
+
+@needs_nvrtc
+def test_training_fuses_the_forward_row_and_leaves_its_backward_unfused(rng):
+    g = ge2.ir.Graph("ln_train")
+    x = g.input("x", (6, 16), "float32")
+    gamma = g.param("gamma", 1 + random_array(rng, (16,), "float32", scale=0.1))
+    beta = g.param("beta", random_array(rng, (16,), "float32", scale=0.1))
+    h = g.add(g.gelu_erf(g.layernorm(g.tanh(x), gamma, beta)), x)
+    g.output(g.mean(g.mul(h, h)), "loss")
+    differentiated = ge2.autograd.backward_graph(g, "loss", wrt=["gamma", "beta"])
+    fused_graph, _ = PassManager(resolve(["infer_shapes", "cse", "dce", "fuse_pointwise_training", "dce"])).run(
+        differentiated)
+    counts = fused_graph.op_counts()
+    assert counts.get("fused_row") == 1 and counts.get("layernorm_backward") == 1 and "layernorm" not in counts
+    feeds = {"x": random_array(rng, (6, 16), "float32")}
+    fused = ge2.ExecutorV2(fused_graph, "cpu", passes=[]).run(feeds)
+    unfused = ge2.ExecutorV2(differentiated, "cpu", passes=[]).run(feeds)
+    for name in unfused:
+        np.testing.assert_array_equal(fused[name], unfused[name], err_msg=name)
+
+
+def _row_attrs(op: str, dtype: str, prologue=True, epilogue=True):
+    """fused_row attrs of ``(x + r)`` -> op -> ``gelu_erf(y) * s`` over inputs x, r, s (per column), params."""
+    members = [_member("add", ("input", 0), ("input", 1))] if prologue else []
+    x_arg = ("member", 0) if prologue else ("input", 0)
+    parameters = {"layernorm": (("input", 3), ("input", 4)), "rmsnorm": (("input", 3),)}.get(op, ())
+    members.append(_member(op, x_arg, *parameters))
+    row = len(members) - 1
+    if epilogue:
+        members += [_member("gelu_erf", ("member", row)), _member("mul", ("member", row + 1), ("input", 2))]
+    outputs = (len(members) - 1,) + ((0,) if prologue else ())
+    return {"members": tuple(members), "outputs": outputs}
+
+
+def _row_problem(op: str, shape, dtype: str, prologue=True, epilogue=True) -> Problem:
+    cols = shape[-1]
+    in_types = [TensorType(shape, dtype), TensorType(shape, dtype), TensorType((cols,), dtype)]
+    in_types += [TensorType((cols,), dtype)] * {"layernorm": 2, "rmsnorm": 1}.get(op, 0)
+    attrs = _row_attrs(op, dtype, prologue, epilogue)
+    return Problem("fused_row", tuple(in_types), tuple(OPS["fused_row"].infer(in_types, attrs)), attrs)
+
+
+ROW_COLS = (1, 7, 13, 64, 1000, 1024, 1025, 4096, ROW_LIMIT)
+COMPILED_ROW_COLS = (7, 1024, 1025, 4096, ROW_LIMIT)  # warp/block rows, scalar/vector accesses, the bound
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("op", ROW_OPS)
+def test_row_kernels_compile_for_warp_and_block_rows_vector_and_scalar(op, dtype):
+    kernels = [codegen_candidate.build("row", (), lambda n, p=_row_problem(op, (3, cols), dtype): _generated_source(
+        p, n)) for cols in COMPILED_ROW_COLS]
+    for cols, kernel in zip(COMPILED_ROW_COLS, kernels):
+        assert ("__shared__" in kernel.source) == (cols > 1024)
+        assert ("if (vectorized)" in kernel.source) == (cols % (16 // np.dtype(ge2.dtypes.to_numpy(dtype)).itemsize)
+                                                        == 0)
+    source = _one_translation_unit(kernels)
+    assert "tanhf" not in source and "erff" in source  # exact GELU
+    compiler.compile_cubin(source, f"rows_{op}_{dtype}", 90, f"{op} rows")
+
+
+@needs_nvrtc
+def test_row_kernels_index_64_bit_past_2_to_the_31_elements_and_are_dumped(tmp_path, monkeypatch):
+    monkeypatch.setenv("GE2_DUMP_KERNELS", str(tmp_path / "dump"))
+    kernel = codegen_candidate.build("row", (), lambda n: _generated_source(
+        _row_problem("layernorm", (2 ** 19 + 1, 4096), "float16"), n))
+    assert "typedef unsigned long long index_t;" in kernel.source
+    compiler.compile_cubin(kernel.source, kernel.name, 90, "wide layernorm")
+    assert (tmp_path / "dump" / f"{kernel.name}.cu").read_text() == kernel.source
+
+
+def test_row_groups_are_validated():
+    good = _row_attrs("layernorm", "float32")
+    RowGroup.from_attrs(good)
+    two_rows = {**good, "members": good["members"] + (_member("softmax", ("member", 3)),)}
+    with pytest.raises(ValueError, match="exactly one row op"):
+        RowGroup.from_attrs(two_rows)
+    members = (_member("exp", ("input", 0)), _member("neg", ("member", 0)), _member("softmax", ("member", 1)),
+               _member("add", ("member", 2), ("member", 0)))
+    with pytest.raises(ValueError, match="not kept"):
+        RowGroup.from_attrs({"members": members, "outputs": (3,)})
+    with pytest.raises(ValueError, match="outputs: member index 0"):
+        RowGroup.from_attrs({"members": members[:3], "outputs": (0,)})
+    with pytest.raises(ValueError, match="axis=-1"):
+        RowGroup.from_attrs({"members": (_member("softmax", ("input", 0), axis=0),), "outputs": (0,)})
+    problem = _row_problem("softmax", (2, ROW_LIMIT + 1), "float32")
+    assert "register-resident bound" in RowGroup.from_attrs(problem.attrs).why_not(problem.in_types,
+                                                                                    problem.out_types)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Training: fused forward and backward chains
 # ---------------------------------------------------------------------------------------------------------------
+@needs_nvrtc
 def test_training_graphs_fuse_forward_and_backward_and_gradients_match_finite_differences(rng):
     g = ge2.ir.Graph("train_chain")
     x = g.input("x", (3, 4), "float32")
@@ -786,3 +973,68 @@ def test_training_on_the_gpu_runs_fused_groups_and_matches_the_cpu(rng):
         if device == "cuda":
             assert any(s.op in FUSED_OPS and s.kernel == "generated" for s in trainer._executor.plans[0].selections)
     np.testing.assert_allclose(losses["cuda"], losses["cpu"], rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cols", ROW_COLS)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("op", ROW_OPS)
+def test_generated_row_kernels_on_the_gpu(rng, to_device, poisoned, op, dtype, cols):
+    for offset in (0, 1):  # 16-byte packs, then a misaligned view (scalar accesses)
+        problem = _row_problem(op, (5, cols), dtype)
+        arrays = [random_array(rng, t.shape, dtype) for t in problem.in_types]
+        arrays[0] = (arrays[0].astype(np.float64) * 2 + 3).astype(arrays[0].dtype)
+        expected = OPS["fused_row"].run_reference([a.astype(np.float32) for a in arrays], problem.attrs)
+        got = _run_problem(problem, arrays, to_device, poisoned, offset)
+        for k, (g, e) in enumerate(zip(got, expected)):
+            assert_close(g, e, dtype, reduction_length=cols, what=f"{op} {dtype} cols {cols} output {k} offset "
+                                                                   f"{offset}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ROW_OPS)
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_fused_row_plans_time_the_generated_kernel_against_the_hand_written_one(rng, op, dtype):
+    shape = (33, 1000)
+    g = _row_graph(op, shape, dtype, keep_x=True)
+    ex = ge2.ExecutorV2(g, "cuda")
+    (selection,) = ex.plans[0].selections
+    assert selection.op == "fused_row" and selection.kernel in ("generated", "row_kernel_and_pointwise")
+    assert "generated" in selection.reason and "row_kernel_and_pointwise" in selection.reason  # both timed
+    feeds = _row_feeds(rng, g)
+    expected = _float32_reference(_row_graph(op, shape, "float32", keep_x=True), feeds)
+    for _ in range(2):  # warm-up and capture, then the CUDA graph replays
+        got = ex.run(feeds)
+        for name in expected:
+            assert_close(got[name], expected[name], dtype, reduction_length=shape[-1], what=name)
+    assert f"ge2_row_add_mul_{op}_gelu_erf_add_" in ex.explain() or selection.kernel != "generated"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ROW_OPS)
+@pytest.mark.parametrize("cols", [1, 13, 4096])
+def test_the_hand_written_row_kernel_with_generated_prologue_and_epilogue_on_the_gpu(rng, to_device, poisoned, op,
+                                                                                      cols):
+    problem = _row_problem(op, (7, cols), "float16")
+    composite = next(c for c in OPS["fused_row"].candidates if c.name == "row_kernel_and_pointwise")
+    assert composite.supports(problem) is None
+    arrays = [random_array(rng, t.shape, "float16") for t in problem.in_types]
+    launch = composite.prepare(problem)
+    ins = [to_device(a) for a in arrays]
+    outs = [poisoned(t.shape, t.dtype) for t in problem.out_types]
+    launch([a.ptr for a in ins], [o.ptr for o in outs], 0)
+    ge2.device.runtime().synchronize()
+    expected = OPS["fused_row"].run_reference([a.astype(np.float32) for a in arrays], problem.attrs)
+    for k, (out, e) in enumerate(zip(outs, expected)):
+        assert_close(out.numpy(), e, "float16", reduction_length=cols, what=f"{op} output {k}")
+
+
+@pytest.mark.gpu
+def test_rows_past_the_bound_run_the_hand_written_kernels_on_the_gpu(rng):
+    shape = (3, ROW_LIMIT + 3)
+    g = _row_graph("layernorm", shape, "float16")
+    ex = ge2.ExecutorV2(g, "cuda")
+    assert "layernorm" in [s.op for s in ex.plans[0].selections]
+    feeds = _row_feeds(rng, g)
+    expected = _float32_reference(_row_graph("layernorm", shape, "float32"), feeds)["y"]
+    assert_close(ex.run(feeds)["y"], expected, "float16", reduction_length=shape[-1], what="y")

@@ -44,6 +44,17 @@ def build(kind: str, members: tuple[Member, ...], generate: Callable[[str], Kern
     return named(draft, kernel_name(kind, members, draft.source))
 
 
+def generated_launch(kind: str, members: tuple[Member, ...], generate: Callable[[str], KernelSource], arch: int):
+    """The C launch of a group's kernel (``generate(name)`` writes it), compiled or taken from the cache, loaded."""
+    kernel = build(kind, members, generate)
+    group = f"{kind} group [{describe(members)}]"
+    loaded, record = compiler.load_kernel(kernel.source, kernel.name, arch, group)
+    launch = native_launch(loaded.bind(kernel.inputs, kernel.outputs, kernel.grid, kernel.block,
+                                       kernel.shared_bytes))
+    compiler.STATS.attach(launch, record)
+    return launch
+
+
 def generated_candidate(kind: str, members_of_problem: Callable[[Problem], tuple[Member, ...]],
                         why_not: Callable[[Problem], str | None],
                         generate: Callable[[Problem, str], KernelSource], priority: int,
@@ -60,14 +71,8 @@ def generated_candidate(kind: str, members_of_problem: Callable[[Problem], tuple
         return why_not(problem)
 
     def prepare(problem: Problem):
-        members = members_of_problem(problem)
-        kernel = build(kind, members, lambda name: generate(problem, name))
-        group = f"{kind} group [{describe(members)}]"
-        loaded, record = compiler.load_kernel(kernel.source, kernel.name, arch_of(problem), group)
-        launch = native_launch(loaded.bind(kernel.inputs, kernel.outputs, kernel.grid, kernel.block,
-                                           kernel.shared_bytes))
-        compiler.STATS.attach(launch, record)
-        return launch
+        return generated_launch(kind, members_of_problem(problem), lambda name: generate(problem, name),
+                                arch_of(problem))
 
     prepare.generator = generator  # what precompile() needs
     return Candidate(NAME, priority, description, supports, prepare, any_alignment=True)

@@ -116,12 +116,15 @@ def broadcast_index(extents: list[int], carried: list[bool], index: str, suffix:
 
 def member_expressions(members: Sequence[Member], types: Sequence[TensorType], value_of_input: Callable[[int], str],
                        input_types: Sequence[TensorType], prefix: str,
-                       reduced: tuple[str, TensorType] | None = None) -> list[str]:
-    """C++ statements computing every member into ``<prefix><j>`` (its compute type), reading group input k as
-    ``value_of_input(k)`` (and an epilogue's reduced value as ``reduced``: (expression, type)). Each member
-    computes in ``dtypes.compute_ctype`` of its operands' types, its ``scalar`` contract."""
+                       reduced: tuple[str, TensorType] | None = None, only: range | None = None) -> list[str]:
+    """C++ statements computing every member (or the members whose indices are in ``only``) into ``<prefix><j>``
+    (its compute type), reading group input k as ``value_of_input(k)`` (and an epilogue's reduced value as
+    ``reduced``: (expression, type)). Each member computes in ``dtypes.compute_ctype`` of its operands' types, its
+    ``scalar`` contract."""
     lines = []
     for j, member in enumerate(members):
+        if only is not None and j not in only:
+            continue
         arg_exprs, arg_types = [], []
         for arg in member.args:
             if arg is None:

@@ -15,6 +15,12 @@ Streams are assigned after the passes (``runtime/schedule.py``), to whole nodes:
 no group spans a cross-stream edge. ``GE2_NO_FUSION=1`` turns the pass off (before/after comparisons); without NVRTC
 (``codegen.compiler.availability()``) it does nothing, since a fused node would have no kernel.
 
+A row op (layernorm, rmsnorm, softmax or log_softmax over the last axis, rows of at most ``codegen.row.ROW_LIMIT``
+elements) absorbs the pointwise group that feeds its ``x`` (the prologue) and one pointwise group that reads its
+output (the epilogue) into one ``fused_row`` node (``fuse_rows``): LayerNorm -> GELU -> residual add becomes one
+kernel that reads x, the residual, gamma and beta and writes y. Its backward (training) stays unfused: the row op's
+input and output, when the backward reads them, become outputs of the fused node.
+
 Single-element parameters are folded into the generated source as constants (``fuse_pointwise``); the training
 variant (``fuse_pointwise_training``) keeps every parameter an input, since a trainer updates them in place.
 """
@@ -27,6 +33,7 @@ from typing import Callable
 from ..codegen.compiler import availability
 from ..codegen.elements import is_supported
 from ..codegen.pointwise import broadcast_shape
+from ..codegen.row import ROW_LIMIT, ROW_OPS
 from ..ir.graph import Graph, Node, Value
 from ..ir.schema import OPS
 from ..ops.fused import MAX_OUTPUTS
@@ -224,8 +231,9 @@ def fuse_pointwise_groups(graph: Graph, fold_params: bool) -> list[str]:
     if notes:
         _topological_sort(graph)
     reductions = fuse_reductions(graph, fold_params)
-    absorbed = {name for note in reductions for name in note.absorbed}
-    return split + moments + [n for n in notes if n.split(":")[0] not in absorbed] + reductions
+    rows = fuse_rows(graph)
+    absorbed = {name for note in reductions + rows for name in note.absorbed}
+    return split + moments + [n for n in notes if n.split(":")[0] not in absorbed] + reductions + rows
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -368,3 +376,130 @@ def fuse_pointwise(graph: Graph) -> list[str]:
 
 def fuse_pointwise_training(graph: Graph) -> list[str]:
     return fuse_pointwise_groups(graph, fold_params=False)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Row ops: layernorm/rmsnorm/softmax/log_softmax with a pointwise prologue and epilogue (codegen/row.py).
+# ---------------------------------------------------------------------------------------------------------------
+def _is_row_op(node: Node) -> bool:
+    if node.op not in ROW_OPS:
+        return False
+    x = node.inputs[0]
+    if not x.type.is_concrete or x.type.rank < 1 or x.type.dtype not in FLOATS or x.type.shape[-1] > ROW_LIMIT:
+        return False
+    if node.op in ("softmax", "log_softmax") and node.attrs["axis"] % x.type.rank != x.type.rank - 1:
+        return False
+    return all(v is not None for v in node.inputs)
+
+
+def _pointwise_group(node: Node) -> tuple[list[dict], list[Value], list[int]] | None:
+    """(member attrs, inputs, the member index of each output) of a fused_pointwise node or a single pointwise
+    node; None otherwise."""
+    if node.op == "fused_pointwise":
+        return [dict(m) for m in node.attrs["members"]], list(node.inputs), list(node.attrs["outputs"])
+    if is_pointwise(node):
+        return [_member_attr(node, [("input", i) for i in range(len(node.inputs))])], list(node.inputs), [0]
+    return None
+
+
+def _depends_on(values, nodes: set[Node]) -> bool:
+    """Whether any of ``values`` is computed (directly or through other nodes) from a node in ``nodes``."""
+    stack = [v.producer for v in values if v is not None and v.producer is not None]
+    seen = set()
+    while stack:
+        node = stack.pop()
+        if node in nodes:
+            return True
+        if node in seen:
+            continue
+        seen.add(node)
+        stack += [v.producer for v in node.inputs if v is not None and v.producer is not None]
+    return False
+
+
+def _row_group(graph: Graph, node: Node, prologue_node, epilogue_node, users):
+    """(members, inputs, outputs as (member index, value replaced)) of the row op ``node`` with the given prologue
+    and epilogue nodes (either may be None), or None when it would form a cycle or exceed the bounds."""
+    x, y = node.inputs[0], node.outputs[0]
+    inputs: list[Value] = []
+
+    def input_arg(value: Value):
+        if value not in inputs:
+            inputs.append(value)
+        return ("input", inputs.index(value))
+
+    members: list[dict] = []
+    if prologue_node is not None:
+        prologue_members, prologue_inputs = _group_members(prologue_node)
+        members = _remap(prologue_members, {k: input_arg(v) for k, v in enumerate(prologue_inputs)})
+        x_arg = ("member", len(members) - 1)
+    else:
+        x_arg = input_arg(x)  # input 0
+    row = len(members)
+    members.append(_member_attr(node, [x_arg] + [input_arg(v) for v in node.inputs[1:]]))
+    epilogue_outputs: list[tuple[int, Value]] = []
+    if epilogue_node is not None:
+        epilogue_members, epilogue_inputs, outputs = _pointwise_group(epilogue_node)
+        mapping = {k: ("member", row) if v is y else x_arg if v is x else input_arg(v)
+                   for k, v in enumerate(epilogue_inputs)}
+        for m in epilogue_members:
+            members.append({**m, "args": tuple(
+                mapping[a[1]] if a is not None and a[0] == "input"
+                else ("member", a[1] + row + 1) if a is not None and a[0] == "member" else a for a in m["args"])})
+        epilogue_outputs = [(row + 1 + index, value) for index, value in zip(outputs, epilogue_node.outputs)]
+    group_nodes = {n for n in (prologue_node, node, epilogue_node) if n is not None}
+    outputs: list[tuple[int, Value]] = []
+    if prologue_node is not None and (graph.is_output(x) or any(u not in group_nodes for u in users.get(x, []))):
+        outputs.append((row - 1, x))
+    if epilogue_node is None or graph.is_output(y) or any(u not in group_nodes for u in users.get(y, [])):
+        outputs.append((row, y))
+    outputs += epilogue_outputs
+    if (len(inputs) > MAX_INPUTS or len(outputs) > MAX_OUTPUTS or len(members) > MAX_MEMBERS
+            or _depends_on(inputs, group_nodes)):
+        return None
+    return members, inputs, outputs
+
+
+def fuse_rows(graph: Graph) -> list[str]:
+    """Each row op with the pointwise group feeding it and one pointwise group reading it -> one fused_row."""
+    notes = []
+    for node in list(graph.nodes):
+        if node not in graph.nodes or not _is_row_op(node):
+            continue
+        users = graph.users()
+        x, y = node.inputs[0], node.outputs[0]
+        producer = x.producer
+        prologue_node = (producer if producer is not None and producer.device == node.device
+                         and _group_members(producer) is not None else None)
+        epilogue_node = next((u for u in users.get(y, []) if u.device == node.device and u is not node
+                              and _pointwise_group(u) is not None
+                              and all(tuple(v.type.shape) == tuple(y.type.shape) for v in u.outputs)), None)
+        group = None
+        for candidate_prologue, candidate_epilogue in ((prologue_node, epilogue_node), (prologue_node, None),
+                                                       (None, epilogue_node)):
+            if candidate_prologue is None and candidate_epilogue is None:
+                continue
+            group = _row_group(graph, node, candidate_prologue, candidate_epilogue, users)
+            if group is not None:
+                prologue_node, epilogue_node = candidate_prologue, candidate_epilogue
+                break
+        if group is None:
+            continue
+        members, inputs, outputs = group
+        with graph.inserting_before(node):
+            fused = graph.add_node("fused_row", inputs, {"members": tuple(members),
+                                                         "outputs": tuple(index for index, _ in outputs)},
+                                   device=node.device)
+        for (_, old), new in zip(outputs, fused.outputs):
+            graph.replace_uses(old, new)
+        replaced = [n for n in (prologue_node, node, epilogue_node) if n is not None]
+        for old in replaced:
+            graph.remove_node(old)
+        note = FusionNote(f"{fused.name}: fused a {node.op} with its pointwise "
+                          + " and ".join(part for part, n in (("prologue", prologue_node), ("epilogue", epilogue_node))
+                                         if n is not None)
+                          + ": " + ", ".join(f"{m['op']} ({m['node']})" for m in members))
+        note.absorbed = tuple(n.name for n in replaced if n.op == "fused_pointwise")
+        notes.append(note)
+        _topological_sort(graph)
+    return notes

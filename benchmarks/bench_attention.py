@@ -4,7 +4,8 @@ one GPU. Correctness against PyTorch first, then times: the median of one call f
 included) and the device time per call in a CUDA graph replay (no host time: kernel against kernel).
 
 Targets (issue 9): the op (best candidate) >= 1.0x PyTorch forward and >= 0.95x forward+backward at every row;
-GE2's own flash kernel >= 0.8x forward and >= 0.7x forward+backward at the head_dim-128 rows.
+GE2's own flash kernel >= 0.8x forward and >= 0.7x forward+backward at the head_dim-128 rows. Sliding-window rows
+(issue 23: ``window=(left, right)``) run PyTorch's SDPA with the same band as an explicit boolean mask.
 
 Run: python benchmarks/bench_attention.py [--quick] [--kernel NAME[,NAME...]]
 """
@@ -14,19 +15,33 @@ import sys
 
 from harness import graph_replay_ms, median_ms, torch_cuda, write_results
 
+import numpy as np
+
 from graph_executor_v2.ops import attention
 
-# (batch, heads, seq, head_dim, causal)
-SHAPES = [(8, 12, 1024, 64, True), (8, 12, 1024, 64, False), (4, 16, 4096, 128, True), (16, 16, 512, 128, False),
-          (1, 32, 8192, 128, True)]
-QUICK_SHAPES = SHAPES[:2]
+NO_WINDOW = (-1, -1)
+# (batch, heads, seq, head_dim, causal, window)
+SHAPES = [(8, 12, 1024, 64, True, NO_WINDOW), (8, 12, 1024, 64, False, NO_WINDOW), (4, 16, 4096, 128, True, NO_WINDOW),
+          (16, 16, 512, 128, False, NO_WINDOW), (1, 32, 8192, 128, True, NO_WINDOW),
+          # sliding windows: Mistral's (4096 keys back, none ahead) and a symmetric local band
+          (2, 16, 8192, 128, False, (4095, 0)), (4, 16, 4096, 128, False, (256, 256)), (8, 12, 2048, 64, True, (512, -1))]
+QUICK_SHAPES = SHAPES[:2] + SHAPES[-1:]
 
 
 def _relative_error(actual, expected):
     return ((actual.float() - expected.float()).abs().max() / expected.float().abs().max().clamp_min(1e-6)).item()
 
 
-def bench_shape(torch, batch, heads, seq, head_dim, causal, dtype_name, kernel):
+def _band_mask(torch, seq, causal, window):
+    """The window (and causal mask) as PyTorch's boolean attn_mask [seq, seq] (True: attend), None without a window."""
+    if window == NO_WINDOW:
+        return None
+    begin, end = attention.visible_keys(seq, seq, causal, window)
+    keys = np.arange(seq)
+    return torch.from_numpy((keys >= begin[:, None]) & (keys < end[:, None])).to("cuda")
+
+
+def bench_shape(torch, batch, heads, seq, head_dim, causal, window, dtype_name, kernel):
     F = torch.nn.functional
     dtype = getattr(torch, dtype_name)
     q, k, v, dy = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=dtype) for _ in range(4))
@@ -35,23 +50,27 @@ def bench_shape(torch, batch, heads, seq, head_dim, causal, dtype_name, kernel):
     grads = tuple(torch.empty_like(x) for x in (q, k, v))
 
     def ge2_forward(stream=None):
-        attention.forward(q, k, v, causal=causal, kernel=kernel, out=(y, lse), stream=stream)
+        attention.forward(q, k, v, causal=causal, window=window, kernel=kernel, out=(y, lse), stream=stream)
 
     def ge2_forward_backward(stream=None):
         ge2_forward(stream)
-        attention.backward(dy, q, k, v, causal=causal, kernel=kernel, out=grads, y=y, lse=lse, stream=stream)
+        attention.backward(dy, q, k, v, causal=causal, window=window, kernel=kernel, out=grads, y=y, lse=lse,
+                           stream=stream)
 
     def on_current_stream(fn):  # what a graph capture records
         return lambda: fn(torch.cuda.current_stream())
 
     leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+    # A window goes to PyTorch as an explicit mask (which holds causal too); is_causal takes no mask.
+    mask = _band_mask(torch, seq, causal, window)
+    masking = dict(is_causal=causal) if mask is None else dict(attn_mask=mask)
 
     def torch_forward():
         with torch.no_grad():
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return F.scaled_dot_product_attention(q, k, v, **masking)
 
     def torch_forward_backward():
-        out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+        out = F.scaled_dot_product_attention(*leaves, **masking)
         return torch.autograd.grad(out, leaves, dy)
 
     ge2_forward_backward()
@@ -61,7 +80,7 @@ def bench_shape(torch, batch, heads, seq, head_dim, causal, dtype_name, kernel):
                    for name, got, want in zip("qkv", grads, torch_forward_backward())})
     worst = max(errors.values())
     if not worst < tolerance:
-        raise AssertionError(f"GE2 {kernel} disagrees with torch at {(batch, heads, seq, head_dim, causal)} "
+        raise AssertionError(f"GE2 {kernel} disagrees with torch at {(batch, heads, seq, head_dim, causal, window)} "
                              f"{dtype_name}: {errors}")
 
     reps = dict(warmup=3, reps=10)
@@ -72,9 +91,16 @@ def bench_shape(torch, batch, heads, seq, head_dim, causal, dtype_name, kernel):
              "torch_fwd_graph_ms": graph_replay_ms(torch_forward),
              "ge2_fwdbwd_graph_ms": graph_replay_ms(on_current_stream(ge2_forward_backward)),
              "torch_fwdbwd_graph_ms": graph_replay_ms(torch_forward_backward)}
-    # Forward FLOPs: two GEMMs of 2 * seq^2 * head_dim per head, halved by a causal mask; backward is 2.5x that.
-    flops = 4.0 * batch * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
-    row = {"shape": f"({batch},{heads},{seq},{head_dim},{'T' if causal else 'F'})", "dtype": dtype_name,
+    # Forward FLOPs: two GEMMs of 2 * head_dim per head and visible score (seq^2, halved by a causal mask, the band's
+    # scores under a window); backward is 2.5x that.
+    if window == NO_WINDOW:
+        scores = seq * seq * (0.5 if causal else 1.0)
+    else:
+        begin, end = attention.visible_keys(seq, seq, causal, window)
+        scores = float(np.maximum(end - begin, 0).sum())
+    flops = 4.0 * batch * heads * head_dim * scores
+    band = "" if window == NO_WINDOW else f",w={window[0]}:{window[1]}"
+    row = {"shape": f"({batch},{heads},{seq},{head_dim},{'T' if causal else 'F'}{band})", "dtype": dtype_name,
            "kernel": kernel, **times, "max_rel_err": worst,
            "ge2_fwd_tflops": flops / (times["ge2_fwd_graph_ms"] * 1e-3) / 1e12,
            "vs_torch_fwd": times["torch_fwd_ms"] / times["ge2_fwd_ms"],
@@ -101,12 +127,12 @@ def main():
     if "--kernel" in sys.argv:
         candidates = sys.argv[sys.argv.index("--kernel") + 1].split(",")
     rows = []
-    for batch, heads, seq, head_dim, causal in shapes:
+    for batch, heads, seq, head_dim, causal, window in shapes:
         for dtype_name in ("float16", "bfloat16"):
             for kernel in candidates:
-                rows.append(bench_shape(torch, batch, heads, seq, head_dim, causal, dtype_name, kernel))
+                rows.append(bench_shape(torch, batch, heads, seq, head_dim, causal, window, dtype_name, kernel))
                 print(rows[-1], flush=True)
-    columns = [("shape", "(B,H,S,D,causal)"), ("dtype", "dtype"), ("kernel", "kernel"),
+    columns = [("shape", "(B,H,S,D,causal[,w=left:right])"), ("dtype", "dtype"), ("kernel", "kernel"),
                ("ge2_fwd_ms", "GE2 fwd ms"), ("torch_fwd_ms", "torch fwd ms"), ("vs_torch_fwd", "fwd vs torch"),
                ("ge2_fwdbwd_ms", "GE2 fwd+bwd ms"), ("torch_fwdbwd_ms", "torch fwd+bwd ms"),
                ("vs_torch_fwdbwd", "fwd+bwd vs torch"), ("ge2_fwd_graph_ms", "GE2 fwd ms graph"),

@@ -335,7 +335,7 @@ def test_workspace_bytes_of_the_other_kernels_and_bad_arguments(monkeypatch):
 def test_opdef_infers_types_and_raises_naming_inputs():
     opdef = ge2.ops.OPS["attention"]
     attrs = opdef.validate_attrs({"layout": "bshd", "causal": True}, "node")
-    assert attrs == {"causal": True, "scale": None, "layout": "bshd"}
+    assert attrs == {"causal": True, "scale": None, "layout": "bshd", "window": (-1, -1), "softcap": 0.0}
     q, kv = TensorType(("batch", 128, 8, 64), "bfloat16"), TensorType(("batch", 256, 2, 64), "bfloat16")
     assert opdef.infer([q, kv, kv], attrs) == [q, TensorType(("batch", 8, 128), "float32")]
     with pytest.raises(ValueError, match="k: expected a number of heads that divides the 8 heads of q, got 3"):

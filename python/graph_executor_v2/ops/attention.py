@@ -15,15 +15,32 @@ seq_q and seq_k are (with seq_q > seq_k the last rows see every key; with seq_q 
 no row). ``scale`` defaults to ``1 / sqrt(head_dim)``. float32 softmax statistics and accumulation for every
 storage dtype (float32, float16, bfloat16).
 
+``window=(left, right)`` is sliding-window (local) attention, FlashAttention's ``window_size``: query row i sees keys
+``i + o - left <= j <= i + o + right`` with ``o = seq_k - seq_q`` (the bottom-right alignment: the last query row
+sits over the last key), -1 leaving that side unbounded; ``(-1, -1)`` (the default) is no window. ``causal`` and
+``window`` both apply (a key is visible when both let it through): with seq_q == seq_k, ``causal=True`` is the same
+as ``right=0``, so ``causal=True, window=(w, -1)`` and ``window=(w, 0)`` are one mask. With seq_q != seq_k the two
+alignments differ (causal stays top-left), and the mask is their intersection.
+
+``softcap=c`` (0: off) is logit soft-capping (Gemma 2, FlashAttention's ``softcap``): each scaled score
+``s = scale * q_i . k_j`` becomes ``c * tanh(s / c)`` before the bias is added and the mask and softmax apply; the
+backward multiplies dS by its derivative ``1 - tanh(s / c)^2``.
+
+A query row with no visible key (a window or a causal mask that hides every key, or a -inf bias on every key) gives
+``y = 0`` and ``lse = +inf`` (FlashAttention's convention: ``exp(s - lse)`` is then 0 in the backward, so its
+gradients are 0 too).
+
 Backward, from dy and the saved y and lse: ``D_i = dy_i . y_i``, ``P_ij = exp(scale * q_i . k_j - lse_i)``,
-``dS_ij = P_ij (dy_i . v_j - D_i)``, ``dq = scale dS k``, ``dk = scale dS^T q``, ``dv = P^T dy`` (dk, dv summed over the
+``dS_ij = P_ij (dy_i . v_j - D_i)`` (times the soft cap's derivative), ``dq = scale dS k``, ``dk = scale dS^T q``, ``dv = P^T dy`` (dk, dv summed over the
 query heads of each K/V group). lse carries no gradient: it is a saved statistic.
 
 Kernel candidates (``kernels()``), in priority order (``auto`` takes the first that applies):
 1. ``cudnn``: cuDNN's fused SDPA through the cuDNN frontend (Graph::sdpa, whose row statistics are lse, and
    Graph::sdpa_backward, which reads any candidate's lse), built only where CMake found cuDNN and the frontend
    headers (the nvidia-cudnn-frontend package or GE2_CUDNN_FRONTEND_DIR; ``has_cudnn()``); float16 and bfloat16,
-   head_dim a multiple of 8 up to 256, 16-byte aligned arrays. Its plans are built once per problem by ``prepare``
+   head_dim a multiple of 8 up to 256, 16-byte aligned arrays; windows through cuDNN's diagonal band (declined: a
+   soft cap, rows with no visible key, a window together with causal when seq_q != seq_k, a window with a left
+   bound when seq_q > seq_k). Its plans are built once per problem by ``prepare``
    or the first call (never during CUDA graph capture) and timed on the first call; ``auto`` takes the next
    candidate when cuDNN declines a problem.
 2. ``flash``: FlashAttention-2 on tensor cores (mma.sync), float16 and bfloat16, head_dim 64 and 128, any length;
@@ -76,6 +93,47 @@ def _check_scale(scale):
         raise TypeError(f"scale: expected a float or None, got {type(scale).__name__} ({scale!r})")
     if _scale_problem(float(scale)):
         raise ValueError(f"scale: expected a finite nonzero float or None, got {scale!r}")
+
+
+def _window_problem(window) -> str | None:
+    """Attr check (the type is already a tuple): what is wrong with ``window``, or None."""
+    if len(window) != 2 or not all(_layout.is_int(side) and side >= -1 for side in window):
+        return "must be (left, right): two ints >= -1 (-1: unbounded)"
+    return None
+
+
+def _softcap_problem(softcap) -> str | None:
+    """Attr check (the type is already a float): what is wrong with ``softcap``, or None."""
+    return None if math.isfinite(softcap) and softcap >= 0 else "must be finite and >= 0 (0: off)"
+
+
+def _check_window(window):
+    if not isinstance(window, (tuple, list)):
+        raise TypeError(f"window: expected a tuple (left, right) of ints, got {type(window).__name__} ({window!r})")
+    if _window_problem(tuple(window)):
+        raise ValueError(f"window: expected (left, right), two ints >= -1 (-1: unbounded), got {window!r}")
+
+
+def _check_softcap(softcap):
+    if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, (int, float, np.integer, np.floating)):
+        raise TypeError(f"softcap: expected a float, got {type(softcap).__name__} ({softcap!r})")
+    if _softcap_problem(float(softcap)):
+        raise ValueError(f"softcap: expected a finite float >= 0 (0: off), got {softcap!r}")
+
+
+def visible_keys(seq_q: int, seq_k: int, causal: bool = False, window=(-1, -1)) -> tuple[np.ndarray, np.ndarray]:
+    """(begin, end) per query row: row i sees keys [begin[i], end[i]) (none when end <= begin), the causal mask
+    (top-left) and the window (bottom-right) applied together."""
+    left, right = (int(side) for side in window)
+    rows = np.arange(seq_q, dtype=np.int64)
+    diagonal = rows + (seq_k - seq_q)  # the key over query row i, bottom-right aligned
+    begin = np.maximum(diagonal - left, 0) if left >= 0 else np.zeros_like(rows)
+    end = np.full_like(rows, seq_k)
+    if right >= 0:
+        end = np.minimum(end, diagonal + right + 1)
+    if causal:
+        end = np.minimum(end, rows + 1)
+    return begin, end
 
 
 def _dims(shape, layout, argument):
@@ -144,18 +202,27 @@ def _heads_first(x, layout):
     return x if layout == "bhsd" else x.transpose(0, 2, 1, 3)
 
 
-def _probabilities(q, k, causal, scale, bias=None):
-    """(P, lse) in float64 from [b, h, s, d] q and group-expanded k (plus the broadcast bias)."""
+def _probabilities(q, k, causal, scale, bias=None, window=(-1, -1), softcap=0.0):
+    """(P, lse, capped) in float64 from [b, h, s, d] q and group-expanded k (plus the broadcast bias); ``capped``:
+    the soft-capped scores over the cap, tanh(s / c), for the backward (None without a cap). Rows with no visible
+    key: P = 0, lse = +inf."""
     scores = scale * (q @ np.swapaxes(k, -1, -2))
+    capped = None
+    if softcap:
+        capped = np.tanh(scores / softcap)
+        scores = softcap * capped
     if bias is not None:
         scores = scores + as_float64(bias)
-    if causal:
-        seq_q, seq_k = scores.shape[-2:]
-        scores = np.where(np.tril(np.ones((seq_q, seq_k), dtype=bool)), scores, -np.inf)
+    seq_q, seq_k = scores.shape[-2:]
+    begin, end = visible_keys(seq_q, seq_k, causal, window)
+    keys = np.arange(seq_k)
+    scores = np.where((keys >= begin[:, None]) & (keys < end[:, None]), scores, -np.inf)
     peak = scores.max(axis=-1, keepdims=True)
-    total = np.exp(scores - peak).sum(axis=-1, keepdims=True)
-    lse = peak + np.log(total)
-    return np.exp(scores - lse), lse[..., 0]
+    empty = peak == -np.inf
+    total = np.exp(scores - np.where(empty, 0.0, peak)).sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        lse = np.where(empty, np.inf, peak + np.log(total))
+    return np.exp(scores - lse), lse[..., 0], capped
 
 
 def _expanded(q, k, v, layout):
@@ -165,31 +232,37 @@ def _expanded(q, k, v, layout):
     return q64, np.repeat(k64, group, axis=1), np.repeat(v64, group, axis=1), group
 
 
-def reference(q, k, v, causal=False, scale=None, layout="bhsd", bias=None):
-    """(y, lse) in float64."""
+def _check_reference_arguments(q, k, v, scale, layout, bias, window, softcap):
     sizes = shape_sizes(q.shape, k.shape, v.shape, layout)
     _check_scale(scale)
+    _check_window(window)
+    _check_softcap(softcap)
     if bias is not None:
         bias_dims(bias.shape, sizes)
+
+
+def reference(q, k, v, causal=False, scale=None, layout="bhsd", bias=None, window=(-1, -1), softcap=0.0):
+    """(y, lse) in float64."""
+    _check_reference_arguments(q, k, v, scale, layout, bias, window, softcap)
     q64, k64, v64, _ = _expanded(q, k, v, layout)
-    p, lse = _probabilities(q64, k64, causal, default_scale(scale, q64.shape[-1]), bias)
+    p, lse, _ = _probabilities(q64, k64, causal, default_scale(scale, q64.shape[-1]), bias, window, softcap)
     return _heads_first(p @ v64, layout), lse
 
 
-def reference_backward(dy, q, k, v, causal=False, scale=None, layout="bhsd", bias=None):
+def reference_backward(dy, q, k, v, causal=False, scale=None, layout="bhsd", bias=None, window=(-1, -1),
+                       softcap=0.0):
     """(dq, dk, dv) in float64, from the exact probabilities (not the rounded y and lse); the bias has none."""
-    sizes = shape_sizes(q.shape, k.shape, v.shape, layout)
-    _check_scale(scale)
-    if bias is not None:
-        bias_dims(bias.shape, sizes)
+    _check_reference_arguments(q, k, v, scale, layout, bias, window, softcap)
     if tuple(dy.shape) != tuple(q.shape):
         raise ValueError(f"dy: expected shape {tuple(q.shape)} (the shape of q), got {tuple(dy.shape)}")
     q64, k64, v64, group = _expanded(q, k, v, layout)
     dy64 = _heads_first(as_float64(dy), layout)
     scale = default_scale(scale, q64.shape[-1])
-    p, _ = _probabilities(q64, k64, causal, scale, bias)
+    p, _, capped = _probabilities(q64, k64, causal, scale, bias, window, softcap)
     dp = dy64 @ v64.transpose(0, 1, 3, 2)
     ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    if capped is not None:
+        ds = ds * (1.0 - capped * capped)  # d(c tanh(s / c)) / ds
     dq = scale * ds @ k64
     dk = scale * ds.transpose(0, 1, 3, 2) @ q64
     dv = p.transpose(0, 1, 3, 2) @ dy64
@@ -204,11 +277,23 @@ def reference_backward(dy, q, k, v, causal=False, scale=None, layout="bhsd", bia
 # ---------------------------------------------------------------------------------------------------------------
 # Python face: generated from the OpDef (ops/_face.py); the backward below is the part a definition cannot say.
 # ---------------------------------------------------------------------------------------------------------------
-def _check_native_kernel(kernel, head_dim, dtype, bias=False):
+def _mask_arguments(attrs) -> dict:
+    """The window and soft cap as the native calls take them (their last arguments, after the bias ones)."""
+    left, right = attrs.get("window", (-1, -1))
+    return dict(window_left=int(left), window_right=int(right), softcap=float(attrs.get("softcap", 0.0)))
+
+
+def _unsupported_reason(kernel, sizes, dtype, bias, attrs) -> str:
+    return _native_module().unsupported_reason(kernel, sizes["head_dim"], dtype, bias, seq_q=sizes["seq_q"],
+                                               seq_k=sizes["seq_k"], causal=bool(attrs["causal"]),
+                                               **_mask_arguments(attrs))
+
+
+def _check_native_kernel(kernel, sizes, dtype, attrs, bias=False):
     """auto runs every problem (unfused takes what flash and rowwise do not; with a bias, rowwise and cudnn); a named
     kernel may refuse one."""
     if kernel != "auto" or bias:
-        reason = _native_module().unsupported_reason(kernel if kernel != "auto" else "rowwise", head_dim, dtype, bias)
+        reason = _unsupported_reason(kernel if kernel != "auto" else "rowwise", sizes, dtype, bias, attrs)
         if reason:
             raise ValueError(f"kernel: '{kernel}' cannot run this problem: {reason}")
 
@@ -248,7 +333,7 @@ def _backward(dy, inputs, attrs, kernel, out, stream, y=None, lse=None):
     sizes = problem_sizes(vq.shape, vq.dtype, vk.shape, vk.dtype, vv.shape, vv.dtype, attrs["layout"])
     bias_sizes = _bias_sizes(vbias[0].shape if vbias else None, sizes)
     _check_gradient(vdy.shape, vdy.dtype, vq.shape, vq.dtype)
-    _check_native_kernel(kernel, sizes["head_dim"], vq.dtype, bias is not None)
+    _check_native_kernel(kernel, sizes, vq.dtype, attrs, bias is not None)
     _check_saved_pair(inputs, attrs, y, lse)
     if y is None:
         y, lse = FACES["attention"].forward(q, k, v, bias, **attrs, kernel=kernel, stream=stream)
@@ -259,7 +344,7 @@ def _backward(dy, inputs, attrs, kernel, out, stream, y=None, lse=None):
     _native_module().backward(vdy.ptr, vq.ptr, vk.ptr, vv.ptr, vy.ptr, vlse.ptr, *(view.ptr for _, view in grads),
                               **_native_sizes(sizes, attrs["causal"], attrs["scale"], attrs["layout"], vq.dtype),
                               kernel=kernel, stream=_device.stream_handle(stream),
-                              bias=vbias[0].ptr if vbias else 0, **bias_sizes)
+                              bias=vbias[0].ptr if vbias else 0, **bias_sizes, **_mask_arguments(attrs))
     return (*(array for array, _ in grads), None)
 
 
@@ -271,6 +356,9 @@ _ATTRS = (
     Attr("scale", float, None, check=_scale_problem, doc="score scale; None: 1 / sqrt(head_dim)"),
     Attr("layout", str, "bhsd", choices=LAYOUTS, doc="bhsd: [batch, heads, seq, head_dim]; bshd: [batch, seq, "
                                                      "heads, head_dim]"),
+    Attr("window", tuple, (-1, -1), check=_window_problem,
+         doc="(left, right): row i sees keys i + seq_k - seq_q - left <= j <= i + seq_k - seq_q + right; -1: unbounded"),
+    Attr("softcap", float, 0.0, check=_softcap_problem, doc="c > 0: scores s become c * tanh(s / c); 0: off"),
 )
 
 
@@ -335,9 +423,9 @@ def _problem_sizes(problem: Problem, first_input: int):
 
 
 def _supports(problem: Problem, first_input: int, kernel: str):
-    head_dim = _problem_sizes(problem, first_input)["head_dim"]
+    sizes = _problem_sizes(problem, first_input)
     bias = _optional_bias(problem.in_types, _bias_input(first_input)) is not None
-    return _native_module().unsupported_reason(kernel, head_dim, problem.in_types[first_input].dtype, bias) or None
+    return _unsupported_reason(kernel, sizes, problem.in_types[first_input].dtype, bias, problem.attrs) or None
 
 
 def has_cudnn() -> bool:
@@ -355,12 +443,14 @@ def _prepare(problem: Problem, first_input: int, native_call: str, kernel: str):
     bias_index = _bias_input(first_input)
     bias_type = _optional_bias(problem.in_types, bias_index)
     bias_sizes = _bias_sizes(None if bias_type is None else bias_type.shape, problem_sizes_)
-    _native_module().prepare(kernel, **sizes, backward=native_call == "backward", **bias_sizes)
+    mask = _mask_arguments(problem.attrs)
+    _native_module().prepare(kernel, **sizes, backward=native_call == "backward", **bias_sizes, **mask)
     native = getattr(_native_module(), native_call)
-    # In the binding's order, the bias (the last input) at the end: positional arguments convert faster.
+    # In the binding's order, the bias (the last input), then the window and soft cap at the end: positional
+    # arguments convert faster.
     bias = in_ptr(bias_index) if bias_type is not None else 0
     return native_launch(native, *map(in_ptr, range(bias_index)), *map(out_ptr, range(len(problem.out_types))),
-                         *sizes.values(), kernel, stream_arg(), bias, *bias_sizes.values())
+                         *sizes.values(), kernel, stream_arg(), bias, *bias_sizes.values(), *mask.values())
 
 
 # The kernels, best first; priorities, descriptions and alignments are in the native kernels() table (launcher.cu).
@@ -377,10 +467,15 @@ def _candidates(first_input: int, native_call: str) -> tuple[Candidate, ...]:
 
 
 def _attention_flops(in_types, out_types, attrs) -> float:
-    """Two matmuls (QK^T and PV) of 2 * seq_q * seq_k * head_dim FLOPs per query head; half of them under a causal
-    mask of a square problem (FlashAttention's count)."""
+    """Two matmuls (QK^T and PV) of 2 * head_dim FLOPs per query head and score; every score of the problem, half
+    of them under a causal mask of a square problem (FlashAttention's count), the visible ones under a window."""
     sizes = _infer_sizes(*in_types[:3], attrs)
-    flops = 4.0 * sizes["batch"] * sizes["heads_q"] * sizes["seq_q"] * sizes["seq_k"] * sizes["head_dim"]
+    per_score = 4.0 * sizes["batch"] * sizes["heads_q"] * sizes["head_dim"]
+    window = tuple(attrs.get("window", (-1, -1)))
+    if window != (-1, -1) and all(isinstance(sizes[name], int) for name in ("seq_q", "seq_k")):
+        begin, end = visible_keys(sizes["seq_q"], sizes["seq_k"], attrs["causal"], window)
+        return per_score * float(np.maximum(end - begin, 0).sum())
+    flops = per_score * sizes["seq_q"] * sizes["seq_k"]
     return flops / 2 if attrs["causal"] and sizes["seq_q"] == sizes["seq_k"] else flops
 
 
@@ -388,7 +483,10 @@ ATTENTION = register(OpDef(
     name="attention",
     samples=lambda rng: [Sample((sample_array(rng, 1, 2, 3, 8), sample_array(rng, 1, 1, 5, 8),
                                  sample_array(rng, 1, 1, 5, 8)), {"causal": True},
-                                "grouped heads (2 query heads per key head), causal, seq_q < seq_k")],
+                                "grouped heads (2 query heads per key head), causal, seq_q < seq_k"),
+                         Sample((sample_array(rng, 1, 2, 6, 8), sample_array(rng, 1, 2, 9, 8),
+                                 sample_array(rng, 1, 2, 9, 8)), {"window": (2, 1), "softcap": 2.0},
+                                "sliding window (bottom-right aligned, seq_q < seq_k) and soft cap")],
     flops=_attention_flops,
     inputs=(Input("q"), Input("k"), Input("v"), Input("bias", optional=True)),
     outputs=("y", "lse"),

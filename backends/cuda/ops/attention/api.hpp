@@ -1,7 +1,11 @@
 // attention: O = softmax(scale * Q K^T + bias + causal mask) V per (batch, head), with grouped K/V heads (GQA: query
 // head h reads K/V head h / (heads_q / heads_kv)) and an optional additive bias [1 or batch, 1 or heads_q, seq_q,
 // seq_k] of the inputs' dtype (a padding mask, a relative position bias; -inf hides a key). Causal uses the top-left alignment (PyTorch's is_causal): query row i
-// sees keys j <= i, whatever seq_q and seq_k are. float32 math and softmax statistics whatever the storage type.
+// sees keys j <= i, whatever seq_q and seq_k are. A sliding window (left, right) uses the bottom-right alignment
+// (FlashAttention's): row i sees keys i + seq_k - seq_q - left <= j <= i + seq_k - seq_q + right, -1 leaving a side
+// unbounded; causal and the window apply together. A soft cap c > 0 turns each scaled score s into c tanh(s / c)
+// before the bias and the mask. A row with no visible key gives O = 0 and lse = +inf (so P = exp(s - lse) = 0 in
+// the backward). float32 math and softmax statistics whatever the storage type.
 //   forward:  O, and lse[b, h, i] = log(sum_j exp(scale * q_i . k_j)) over the visible keys (float32)
 //   backward: D_i = dO_i . O_i; P_ij = exp(scale * q_i . k_j - lse_i); dS_ij = P_ij * (dO_i . v_j - D_i)
 //             dQ_i = scale * sum_j dS_ij k_j; dK_j = scale * sum_i dS_ij q_i; dV_j = sum_i P_ij dO_i
@@ -38,7 +42,38 @@ struct Shape {
   // The additive bias [bias_batch, bias_heads, seq_q, seq_k] (contiguous; bias_batch 1 or batch, bias_heads 1 or
   // heads_q, broadcast where 1); 0: none.
   int64_t bias_batch = 0, bias_heads = 0;
+  // The sliding window, bottom-right aligned; -1: unbounded on that side.
+  int64_t window_left = -1, window_right = -1;
+  float softcap = 0.0f;  // > 0: scores s become softcap * tanh(s / softcap)
   bool has_bias() const { return bias_batch > 0; }
+  bool has_window() const { return window_left >= 0 || window_right >= 0; }
+
+  // The keys query row i sees: [key_begin(i), key_end(i)), none when key_end(i) <= key_begin(i). Both grow with i.
+  __host__ __device__ int64_t key_begin(int64_t i) const {
+    const int64_t begin = i + seq_k - seq_q - window_left;
+    return window_left >= 0 && begin > 0 ? begin : 0;
+  }
+  __host__ __device__ int64_t key_end(int64_t i) const {
+    int64_t end = seq_k;
+    if (window_right >= 0 && i + seq_k - seq_q + window_right + 1 < end) end = i + seq_k - seq_q + window_right + 1;
+    if (causal && i + 1 < end) end = i + 1;
+    return end;
+  }
+  // The query rows that see key j: [query_begin(j), query_end(j)) (the inverse of the key range). Both grow with j.
+  __host__ __device__ int64_t query_begin(int64_t j) const {
+    int64_t begin = causal ? j : 0;
+    if (window_right >= 0 && j - (seq_k - seq_q) - window_right > begin) begin = j - (seq_k - seq_q) - window_right;
+    return begin;
+  }
+  __host__ __device__ int64_t query_end(int64_t j) const {
+    const int64_t end = j - (seq_k - seq_q) + window_left + 1;
+    return window_left >= 0 && end < seq_q ? end : seq_q;
+  }
+  // Whether some query row sees no key: the number of visible keys, min(...) - max(...) of linear functions of i,
+  // is concave in i, so the first and the last row are the ones to check.
+  bool has_empty_rows() const {
+    return key_end(0) <= key_begin(0) || key_end(seq_q - 1) <= key_begin(seq_q - 1);
+  }
 };
 
 struct ForwardArgs {

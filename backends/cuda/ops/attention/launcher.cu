@@ -2,7 +2,9 @@
 // SDPA through the cuDNN frontend, where it was built; auto moves on when cuDNN declines a problem), flash (tensor
 // cores, head_dim 64 and 128, float16 and bfloat16), rowwise (a warp per query row for the forward and dQ, a warp
 // per key row for dK/dV; no cuBLAS and no score scratch; head_dim <= 256) and unfused (cuBLASLt GEMMs around a
-// softmax through memory, the path that always works).
+// softmax through memory, the path that always works). flash, rowwise and unfused take every sliding window and soft
+// cap; cudnn takes the windows cuDNN's diagonal band expresses and declines a soft cap.
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -106,6 +108,13 @@ void check_shape(const Shape& s) {
   if (s.heads_q % s.heads_kv != 0) {
     throw std::invalid_argument("heads_kv: expected a divisor of heads_q = " + std::to_string(s.heads_q) + ", got " +
                                 std::to_string(s.heads_kv));
+  }
+  if (s.window_left < -1 || s.window_right < -1) {
+    throw std::invalid_argument("window_left, window_right: expected >= -1 (-1: unbounded), got " +
+                                std::to_string(s.window_left) + ", " + std::to_string(s.window_right));
+  }
+  if (!(s.softcap >= 0.0f && s.softcap < INFINITY)) {
+    throw std::invalid_argument("softcap: expected a finite value >= 0 (0: off), got " + std::to_string(s.softcap));
   }
   if (!is_floating(s.dtype)) {
     throw std::invalid_argument(std::string("dtype: expected float32, float16 or bfloat16, got ") +

@@ -6,7 +6,13 @@
 // grouped K/V heads are K/V tensors of heads_kv heads (cuDNN needs heads_q % heads_kv == 0, and sums dK, dV over
 // each group); causal is set_causal_mask, the top-left diagonal (query row i sees keys j <= i, PyTorch's
 // is_causal; set_causal_mask_bottom_right is the other alignment); the scale is the attn_scale value; the additive
-// bias is set_bias (broadcast over a batch or head axis of extent 1; no dBias: a mask has no gradient here). cuDNN's
+// bias is set_bias (broadcast over a batch or head axis of extent 1; no dBias: a mask has no gradient here). The
+// sliding window is cuDNN's diagonal band: right bound = right, left bound = left + 1 (cuDNN keeps keys with
+// j + left_bound > i), bottom-right aligned where seq_q != seq_k (TOP_LEFT, the same mask, where they are equal, so
+// that causal combines with it as right = min(right, 0)). Declined: a soft cap (cuDNN's SDPA node has none), rows with
+// no visible key (GE2 gives them O = 0 and lse = +inf; cuDNN's output there is not specified), causal with a window
+// when seq_q != seq_k (the band has one alignment, causal is top-left and the window bottom-right) and a left bound
+// with seq_q > seq_k (the frontend refuses it). cuDNN's
 // Stats is the natural-log log-sum-exp of the scaled scores, [batch, heads_q, seq_q, 1] float32: GE2's lse with a
 // unit last dimension, so the forward writes lse in place and the backward reads any candidate's lse as Stats.
 // Plans per problem, built and timed as _common/cudnn_graph_plans.hpp says.
@@ -60,6 +66,19 @@ std::string constraint_reason(const Shape& shape) {
     return "cudnn (cuDNN's fused SDPA) needs head_dim a multiple of 8 and <= " + std::to_string(kMaxCudnnHeadDim) +
            ", got head_dim " + std::to_string(shape.head_dim);
   }
+  if (shape.softcap > 0.0f) return "cudnn (cuDNN's fused SDPA) has no logit soft cap (flash, rowwise and unfused have one)";
+  if (!shape.has_window()) return "";
+  if (shape.has_empty_rows()) {
+    return "cudnn (cuDNN's fused SDPA) does not specify the output of a query row with no visible key, which this "
+           "window leaves (GE2: y = 0, lse = +inf)";
+  }
+  if (shape.causal && shape.seq_q != shape.seq_k) {
+    return "cudnn (cuDNN's fused SDPA) takes causal (top-left) with a window (bottom-right) only where seq_q == "
+           "seq_k: its diagonal band has one alignment";
+  }
+  if (shape.window_left >= 0 && shape.seq_q > shape.seq_k) {
+    return "cudnn (cuDNN's fused SDPA) takes a window's left bound only where seq_q <= seq_k";
+  }
   return "";
 }
 
@@ -82,7 +101,23 @@ std::vector<int64_t> key_of(const Shape& s, bool backward) {
   int32_t scale_bits = 0;
   std::memcpy(&scale_bits, &s.scale, sizeof(scale_bits));
   return {current_device(), s.batch, s.heads_q, s.heads_kv, s.seq_q, s.seq_k, s.head_dim, s.seq_major, scale_bits,
-          s.causal, static_cast<int64_t>(s.dtype), backward, s.bias_batch, s.bias_heads};
+          s.causal, static_cast<int64_t>(s.dtype), backward, s.bias_batch, s.bias_heads, s.window_left,
+          s.window_right};
+}
+
+// Causal and the window as cuDNN's diagonal band on the attributes of sdpa or sdpa_backward (constraint_reason has
+// declined what it cannot express).
+template <typename Attributes>
+void set_mask(Attributes& attributes, const Shape& s) {
+  if (!s.has_window()) {
+    if (s.causal) attributes.set_causal_mask(true);
+    return;
+  }
+  attributes.set_diagonal_alignment(s.seq_q == s.seq_k ? fe::DiagonalAlignment_t::TOP_LEFT
+                                                       : fe::DiagonalAlignment_t::BOTTOM_RIGHT);
+  const int64_t right = s.causal ? 0 : s.window_right;  // causal: min(right, 0), -1 being unbounded
+  if (right >= 0) attributes.set_diagonal_band_right_bound(static_cast<int>(right));
+  if (s.window_left >= 0) attributes.set_diagonal_band_left_bound(static_cast<int>(s.window_left + 1));
 }
 
 // The tensors and the SDPA node (forward or backward) of the problem in `graph`.
@@ -114,7 +149,7 @@ void add_nodes(fe::graph::Graph& graph, const Shape& s, bool backward) {
   }
   if (!backward) {
     auto attributes = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(s.scale);
-    if (s.causal) attributes.set_causal_mask(true);
+    set_mask(attributes, s);
     if (bias) attributes.set_bias(bias);
     auto [o, stats] = graph.sdpa(q, k, v, attributes);
     output(o, kO, s.heads_q, s.seq_q);
@@ -127,7 +162,7 @@ void add_nodes(fe::graph::Graph& graph, const Shape& s, bool backward) {
   auto stats = graph.tensor(fe::graph::Tensor_attributes().set_name("stats").set_uid(kStats).set_dim(stats_dims)
                                 .set_stride(stats_strides).set_data_type(fe::DataType_t::FLOAT));
   auto attributes = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(s.scale);
-  if (s.causal) attributes.set_causal_mask(true);
+  set_mask(attributes, s);
   if (bias) attributes.set_bias(bias);
   auto [dq, dk, dv] = graph.sdpa_backward(q, k, v, o, dout, stats, attributes);
   output(dq, kDq, s.heads_q, s.seq_q);

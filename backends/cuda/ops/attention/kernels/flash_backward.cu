@@ -7,6 +7,9 @@
 //    through shared memory so that dQ_tile += dS K can be split by query rows over the warps and added to the
 //    float32 accumulator with atomics;
 // 3. dQ = scale * accumulator, rounded into dq's layout.
+// Causal and the sliding window bound the query tiles a key block walks on both sides; elements outside a row's band
+// get P = 0. With a soft cap, dS also takes the cap's derivative 1 - t^2, t = tanh(s / c) = (ln P + lse) / c: read
+// back from P in registers rather than kept in another 32 of them (where P is 0, so is dS).
 #include <cmath>
 
 #include "api.hpp"
@@ -68,10 +71,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t n0 = int64_t(blockIdx.y) * kBlockN;
   const RowAddressing ka = rows_of(s, b, hk, s.heads_kv, s.seq_k);
 
-  // Steps: (query head of the group, query tile), skipping the tiles whose rows all precede the first key.
-  const int64_t first_tile = s.causal ? n0 / kBlockM : 0;
-  const int64_t query_tiles = (s.seq_q + kBlockM - 1) / kBlockM;
-  const int64_t tiles_per_head = query_tiles > first_tile ? query_tiles - first_tile : 0;
+  // Steps: (query head of the group, query tile), over the tiles holding a row that sees one of the CTA's keys:
+  // from the rows of the first key to those of the last (both bounds grow with the key).
+  const int64_t last_key = (n0 + kBlockN < s.seq_k ? n0 + kBlockN : s.seq_k) - 1;
+  const int64_t query_begin = s.query_begin(n0), query_end = s.query_end(last_key);
+  const int64_t first_tile = query_begin / kBlockM;
+  const int64_t tiles_per_head =
+      query_end > query_begin && query_begin < s.seq_q ? (query_end + kBlockM - 1) / kBlockM - first_tile : 0;
   const int64_t steps = group * tiles_per_head;
 
   auto start_step = [&](int64_t step, int buffer) {
@@ -141,8 +147,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int e = 0; e < 4; ++e) {
         const int column = n * 8 + 2 * (lane & 3) + (e & 1);
         const int64_t query = m0 + column, key = keys[e >> 1];
-        const bool visible = query < s.seq_q && key < s.seq_k && !(s.causal && key > query);
-        p[n][e] = visible ? exp2f(fmaf(p[n][e], scale_log2, -lse_tile[column] * kLog2e)) : 0.0f;
+        const bool visible = query < s.seq_q && key < s.seq_k && key >= s.key_begin(query) && key < s.key_end(query);
+        const float score = s.softcap > 0.0f ? s.softcap * kLog2e * tanhf(p[n][e] * s.scale / s.softcap)
+                                             : p[n][e] * scale_log2;
+        p[n][e] = visible ? exp2f(score - lse_tile[column] * kLog2e) : 0.0f;
       }
     }
 
@@ -179,7 +187,14 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int n = 0; n < kBlockM / 8; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) ds[n][e] = p[n][e] * (ds[n][e] - dot_tile[n * 8 + 2 * (lane & 3) + (e & 1)]);
+      for (int e = 0; e < 4; ++e) {
+        const int column = n * 8 + 2 * (lane & 3) + (e & 1);
+        ds[n][e] = p[n][e] * (ds[n][e] - dot_tile[column]);
+        if (s.softcap > 0.0f && p[n][e] > 0.0f) {
+          const float t = (log2f(p[n][e]) * kLn2 + lse_tile[column]) / s.softcap;
+          ds[n][e] *= 1.0f - t * t;
+        }
+      }
     }
 
     // dK += dS^T Q, and dS^T to shared memory for dQ.

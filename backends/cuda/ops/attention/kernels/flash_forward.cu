@@ -1,8 +1,10 @@
 // flash forward (FlashAttention-2 on mma.sync): a CTA owns kBlockM query rows of one (batch, head), four warps of
 // 16 rows each, and walks the visible K/V tiles of kBlockN rows through shared memory with cp.async double
 // buffering. Q stays in registers as A fragments; S = Q K^T and O += P V run on tensor cores with float32
-// accumulators, and the online softmax (in the log2 domain) works on the S fragments in registers. Causal CTAs stop
-// at the last tile holding a visible key and mask only the tiles that cross the diagonal or the end of K.
+// accumulators, and the online softmax (in the log2 domain) works on the S fragments in registers. A CTA walks only
+// the key tiles its rows can see (causal and the sliding window bound them on both sides) and masks elements only in
+// the tiles that cross a band edge or the end of K. The soft cap (c tanh(s / c)) applies to the scaled scores in
+// registers.
 #include <cmath>
 
 #include "api.hpp"
@@ -43,15 +45,18 @@ __global__ void __launch_bounds__(kThreads, 2)
   const T* k_rows = k + ka.base;
   const T* v_rows = v + ka.base;
 
-  const int64_t key_tiles = (s.seq_k + kBlockN - 1) / kBlockN;
+  // The key tiles the CTA's rows see: from the first row's first key to the last row's last key (both grow with
+  // the row). None when every row of the CTA sees no key.
   const int64_t last_row = (m0 + kBlockM < s.seq_q ? m0 + kBlockM : s.seq_q) - 1;
-  const int64_t causal_tiles = last_row / kBlockN + 1;  // tiles holding a key <= the CTA's last row
-  const int64_t tiles = s.causal && causal_tiles < key_tiles ? causal_tiles : key_tiles;
+  const int64_t first_tile = s.key_begin(m0) / kBlockN;
+  const int64_t key_stop = s.key_end(last_row);
+  const int64_t tiles = key_stop > first_tile * kBlockN ? (key_stop + kBlockN - 1) / kBlockN - first_tile : 0;
+  const int64_t first_key = first_tile * kBlockN;
 
   copy_tile<kBlockM, kHeadDim, kThreads>(q_tile, q_rows, qa.pitch, s.seq_q - m0);
-  copy_tile<kBlockN, kHeadDim, kThreads>(k_tiles, k_rows, ka.pitch, s.seq_k);
+  copy_tile<kBlockN, kHeadDim, kThreads>(k_tiles, k_rows + first_key * ka.pitch, ka.pitch, s.seq_k - first_key);
   commit_copies();
-  copy_tile<kBlockN, kHeadDim, kThreads>(v_tiles, v_rows, ka.pitch, s.seq_k);
+  copy_tile<kBlockN, kHeadDim, kThreads>(v_tiles, v_rows + first_key * ka.pitch, ka.pitch, s.seq_k - first_key);
   commit_copies();
 
   uint32_t q_fragments[kHeadDim / 16][4];
@@ -62,8 +67,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   const float scale_log2 = s.scale * kLog2e;
   const int64_t row_min = m0 + warp * 16;  // this warp's first row; its two rows per thread follow
   const int64_t rows[2] = {row_min + (lane >> 2), row_min + (lane >> 2) + 8};
+  const int64_t begins[2] = {s.key_begin(rows[0]), s.key_begin(rows[1])};
+  const int64_t ends[2] = {s.key_end(rows[0]), s.key_end(rows[1])};
+  // Tiles inside [warp_begin, warp_end) are visible to all of the warp's rows: no element mask there.
+  const int64_t warp_begin = s.key_begin(row_min + 15), warp_end = s.key_end(row_min);
 
-  for (int64_t j = 0; j < tiles; ++j) {
+  for (int64_t j = 0; j < tiles; ++j) {  // the CTA's j-th visible tile
     const int buffer = static_cast<int>(j & 1);
     const T* k_tile = k_tiles + buffer * kBlockN * kHeadDim;
     const T* v_tile = v_tiles + buffer * kBlockN * kHeadDim;
@@ -75,7 +84,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         load_matrix_x4(q_fragments[kk], shared_address(q_tile + a_operand<kHeadDim>(lane, warp * 16, kk * 16)));
       }
     }
-    const int64_t n0 = j * kBlockN;
+    const int64_t n0 = first_key + j * kBlockN;
     if (j + 1 < tiles) {
       copy_tile<kBlockN, kHeadDim, kThreads>(k_tiles + (buffer ^ 1) * kBlockN * kHeadDim,
                                              k_rows + (n0 + kBlockN) * ka.pitch, ka.pitch, s.seq_k - n0 - kBlockN);
@@ -96,14 +105,19 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
 
-    const bool masked = n0 + kBlockN > s.seq_k || (s.causal && n0 + kBlockN - 1 > row_min);
+    const bool masked = n0 < warp_begin || n0 + kBlockN > warp_end;
 #pragma unroll
     for (int n = 0; n < kBlockN / 8; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t column = n0 + n * 8 + 2 * (lane & 3) + (e & 1);
-        const bool hidden = masked && (column >= s.seq_k || (s.causal && column > rows[e >> 1]));
-        scores[n][e] = hidden ? -INFINITY : scores[n][e] * scale_log2;
+        const bool hidden = masked && (column < begins[e >> 1] || column >= ends[e >> 1]);
+        if (s.softcap > 0.0f) {  // c tanh(scale s / c), into the log2 domain
+          scores[n][e] = s.softcap * kLog2e * tanhf(scores[n][e] * s.scale / s.softcap);
+        } else {
+          scores[n][e] *= scale_log2;
+        }
+        if (hidden) scores[n][e] = -INFINITY;
       }
     }
 #pragma unroll
@@ -161,13 +175,13 @@ __global__ void __launch_bounds__(kThreads, 2)
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     if (rows[r] >= s.seq_q) continue;
-    const float inverse = 1.0f / sum;
+    const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;  // a row with no visible key: O = 0, lse = +inf
     T* o_row = o + qa.base + rows[r] * qa.pitch + 2 * (lane & 3);
 #pragma unroll
     for (int n = 0; n < kHeadDim / 8; ++n) {
       *reinterpret_cast<uint32_t*>(o_row + n * 8) = pack<T>(out[n][2 * r] * inverse, out[n][2 * r + 1] * inverse);
     }
-    if ((lane & 3) == 0) lse[bh * s.seq_q + rows[r]] = row_max[r] * kLn2 + logf(sum);
+    if ((lane & 3) == 0) lse[bh * s.seq_q + rows[r]] = sum > 0.0f ? row_max[r] * kLn2 + logf(sum) : INFINITY;
   }
 }
 

@@ -59,9 +59,17 @@ __device__ __forceinline__ float bias_at(const Shape& s, const T* bias, int64_t 
   return to_float(bias[((bb * s.bias_heads + bh) * s.seq_q + i) * s.seq_k + j]);
 }
 
-// Visible keys of query row i: [0, seq_k), or [0, min(i + 1, seq_k)) when causal (top-left alignment).
-__device__ __forceinline__ int64_t key_end(const Shape& s, int64_t i) {
-  return s.causal ? (i + 1 < s.seq_k ? i + 1 : s.seq_k) : s.seq_k;
+// The scaled score s = scale q.k, soft-capped (c tanh(s / c)) when the shape asks for it.
+__device__ __forceinline__ float capped_score(const Shape& s, float dot_product) {
+  const float score = s.scale * dot_product;
+  return s.softcap > 0.0f ? s.softcap * tanhf(score / s.softcap) : score;
+}
+
+// d capped / d s = 1 - tanh(s / c)^2 from the capped score (1 without a cap).
+__device__ __forceinline__ float cap_derivative(const Shape& s, float capped) {
+  if (s.softcap <= 0.0f) return 1.0f;
+  const float t = capped / s.softcap;
+  return 1.0f - t * t;
 }
 
 template <int kPer, typename T>
@@ -80,12 +88,12 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int t = 0; t < kPer; ++t) acc[t] = 0.0f;
   float running_max = -INFINITY, running_sum = 0.0f;
-  const int64_t end = key_end(s, i);
-  for (int64_t j = 0; j < end; ++j) {
+  const int64_t end = s.key_end(i);
+  for (int64_t j = s.key_begin(i); j < end; ++j) {
     const int64_t kv_offset = row_offset(s, b, hk, s.heads_kv, j, s.seq_k);
     load_row<kPer>(k + kv_offset, s.head_dim, lane, k_row);
     load_row<kPer>(v + kv_offset, s.head_dim, lane, v_row);
-    const float score = s.scale * dot<kPer>(q_row, k_row) + bias_at(s, bias, b, h, i, j);
+    const float score = capped_score(s, dot<kPer>(q_row, k_row)) + bias_at(s, bias, b, h, i, j);
     const float new_max = fmaxf(running_max, score);
     // A key hidden by a -inf bias adds nothing, also before the first visible one (no -inf - -inf).
     const float correction = running_max == -INFINITY ? 0.0f : __expf(running_max - new_max);
@@ -95,11 +103,12 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int t = 0; t < kPer; ++t) acc[t] = acc[t] * correction + p * v_row[t];
     running_max = new_max;
   }
-  const float inverse = 1.0f / running_sum;
+  // A row with no visible key: O = 0 and lse = +inf (api.hpp).
+  const float inverse = running_sum > 0.0f ? 1.0f / running_sum : 0.0f;
 #pragma unroll
   for (int t = 0; t < kPer; ++t) acc[t] *= inverse;
   store_row<kPer>(o + q_offset, s.head_dim, lane, acc);
-  if (lane == 0) lse[bh * s.seq_q + i] = running_max + logf(running_sum);
+  if (lane == 0) lse[bh * s.seq_q + i] = running_sum > 0.0f ? running_max + logf(running_sum) : INFINITY;
 }
 
 // dQ of one query row, and D_i = dO_i . O_i for the dK/dV pass.
@@ -125,13 +134,14 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int t = 0; t < kPer; ++t) grad[t] = 0.0f;
   const float lse_i = lse[bh * s.seq_q + i];
-  const int64_t end = key_end(s, i);
-  for (int64_t j = 0; j < end; ++j) {
+  const int64_t end = s.key_end(i);
+  for (int64_t j = s.key_begin(i); j < end; ++j) {
     const int64_t kv_offset = row_offset(s, b, hk, s.heads_kv, j, s.seq_k);
     load_row<kPer>(k + kv_offset, s.head_dim, lane, k_row);
     load_row<kPer>(v + kv_offset, s.head_dim, lane, v_row);
-    const float p = __expf(s.scale * dot<kPer>(q_row, k_row) + bias_at(s, bias, b, h, i, j) - lse_i);
-    const float ds = p * (dot<kPer>(do_row, v_row) - d_i);
+    const float capped = capped_score(s, dot<kPer>(q_row, k_row));
+    const float p = __expf(capped + bias_at(s, bias, b, h, i, j) - lse_i);
+    const float ds = p * (dot<kPer>(do_row, v_row) - d_i) * cap_derivative(s, capped);
 #pragma unroll
     for (int t = 0; t < kPer; ++t) grad[t] += ds * k_row[t];
   }
@@ -159,16 +169,16 @@ __global__ void __launch_bounds__(kWarps * 32)
   load_row<kPer>(v + kv_offset, s.head_dim, lane, v_row);
 #pragma unroll
   for (int t = 0; t < kPer; ++t) dk_acc[t] = dv_acc[t] = 0.0f;
-  const int64_t begin = s.causal ? j : 0;  // query rows i >= j see key j (top-left)
+  const int64_t begin = s.query_begin(j), end = s.query_end(j);  // the query rows that see key j
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
     const int64_t bh = b * s.heads_q + h;
-    for (int64_t i = begin; i < s.seq_q; ++i) {
+    for (int64_t i = begin; i < end; ++i) {
       const int64_t q_offset = row_offset(s, b, h, s.heads_q, i, s.seq_q);
       load_row<kPer>(q + q_offset, s.head_dim, lane, q_row);
       load_row<kPer>(dout + q_offset, s.head_dim, lane, do_row);
-      const float p = __expf(s.scale * dot<kPer>(q_row, k_row) + bias_at(s, bias, b, h, i, j) -
-                             lse[bh * s.seq_q + i]);
-      const float ds = p * (dot<kPer>(do_row, v_row) - row_dot[bh * s.seq_q + i]);
+      const float capped = capped_score(s, dot<kPer>(q_row, k_row));
+      const float p = __expf(capped + bias_at(s, bias, b, h, i, j) - lse[bh * s.seq_q + i]);
+      const float ds = p * (dot<kPer>(do_row, v_row) - row_dot[bh * s.seq_q + i]) * cap_derivative(s, capped);
 #pragma unroll
       for (int t = 0; t < kPer; ++t) {
         dv_acc[t] += p * do_row[t];

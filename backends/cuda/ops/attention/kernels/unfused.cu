@@ -1,6 +1,6 @@
 // unfused: attention through memory, for any head_dim and length. Per chunk of the problem: S = scale Q K^T on
-// cuBLASLt (float32 scores), a block per score row for the causal mask and the softmax (float32 statistics; writes
-// lse and P), then O = P V on cuBLASLt. The backward recomputes P from the saved lse and runs
+// cuBLASLt (float32 scores), a block per score row for the soft cap, the mask (causal, window) and the softmax
+// (float32 statistics; writes lse and P), then O = P V on cuBLASLt. The backward recomputes P from the saved lse and runs
 //   dV += P^T dO;  dP = dO V^T;  dS = P (dP - D), D_i = dO_i . O_i;  dQ = scale dS K;  dK += scale dS^T Q.
 //
 // Precision. cuBLASLt multiplies A and B of one type, so the tensor-core GEMMs need P (and dS) in the input dtype.
@@ -261,16 +261,18 @@ void probs_gemm(const Plan& plan, const Chunk& chunk, const Scratch& scratch, bo
 // The score rows of a chunk: `units` x `rows`, seq_k apart. Row r of a unit is query row (first_row + r) % seq_q
 // (bhsd units stack the group's heads) and its statistic is stats[unit * stat_unit_stride + r].
 struct RowBlock {
-  int64_t rows = 0, seq_k = 0, seq_q = 0, first_row = 0, stat_unit_stride = 0;
-  bool causal = false;
+  Shape s;  // the sizes, the mask (causal, window) and the soft cap
+  int64_t rows = 0, first_row = 0, stat_unit_stride = 0;
   float residual_scale = 1.0f;
 };
 
-// Keys [0, visible) of a row are unmasked (causal: top-left aligned, j <= i).
-__device__ __forceinline__ int64_t visible_keys(const RowBlock& block, int64_t r) {
-  if (!block.causal) return block.seq_k;
-  const int64_t i = (block.first_row + r) % block.seq_q;
-  return i + 1 < block.seq_k ? i + 1 : block.seq_k;
+// The keys row r sees: [begin, end) (api.hpp).
+struct KeyRange {
+  int64_t begin, end;
+};
+__device__ __forceinline__ KeyRange visible_keys(const RowBlock& block, int64_t r) {
+  const int64_t i = (block.first_row + r) % block.s.seq_q;
+  return {block.s.key_begin(i), block.s.key_end(i)};
 }
 
 // A float32 value of P or dS stored as the GEMMs read it (whole for float32, hi and scaled lo parts for 16-bit
@@ -291,21 +293,28 @@ __device__ __forceinline__ float load_parts(const RowBlock& block, int64_t index
   }
 }
 
-// P = exp(S - lse), zero where masked. kSaveLse: the forward computes lse from S and writes it; else it is read.
+// The scaled score as the softmax sees it: soft-capped (c tanh(s / c)) when the shape asks for it.
+__device__ __forceinline__ float capped(const Shape& s, float score) {
+  return s.softcap > 0.0f ? s.softcap * tanhf(score / s.softcap) : score;
+}
+
+// P = exp(S - lse), zero where masked. kSaveLse: the forward computes lse from S and writes it (+inf for a row
+// with no visible key, whose P is then 0); else it is read.
 template <bool kSaveLse, typename T, typename Stat>
 __global__ void __launch_bounds__(kRowThreads)
     probabilities_kernel(RowBlock block, const float* __restrict__ scores, Stat* __restrict__ lse,
                          T* __restrict__ probs, T* __restrict__ residuals) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x, unit = row / block.rows, r = row % block.rows;
-  const float* score_row = scores + row * block.seq_k;
+  const int64_t seq_k = block.s.seq_k;
+  const float* score_row = scores + row * seq_k;
   Stat* stat = lse + unit * block.stat_unit_stride + r;
-  const int64_t visible = visible_keys(block, r);
+  const KeyRange visible = visible_keys(block, r);
   float row_lse;
   if constexpr (kSaveLse) {
     float local_max = -INFINITY, local_sum = 0.0f;  // online: local_sum is relative to local_max
-    for (int64_t j = threadIdx.x; j < visible; j += blockDim.x) {
-      const float x = score_row[j];
+    for (int64_t j = visible.begin + threadIdx.x; j < visible.end; j += blockDim.x) {
+      const float x = capped(block.s, score_row[j]);
       if (x > local_max) {
         local_sum = local_sum * expf(local_max - x) + 1.0f;
         local_max = x;
@@ -315,27 +324,39 @@ __global__ void __launch_bounds__(kRowThreads)
     }
     const float row_max = block_reduce(local_max, MaxOp{}, scratch);
     const float rescaled = local_sum == 0.0f ? 0.0f : local_sum * expf(local_max - row_max);
-    row_lse = row_max + logf(block_reduce(rescaled, SumOp{}, scratch));
+    const float row_sum = block_reduce(rescaled, SumOp{}, scratch);
+    row_lse = row_sum > 0.0f ? row_max + logf(row_sum) : INFINITY;
     if (threadIdx.x == 0) *stat = row_lse;
   } else {
     row_lse = *stat;
   }
-  for (int64_t j = threadIdx.x; j < block.seq_k; j += blockDim.x) {
-    store_parts(block, j < visible ? expf(score_row[j] - row_lse) : 0.0f, row * block.seq_k + j, probs, residuals);
+  for (int64_t j = threadIdx.x; j < seq_k; j += blockDim.x) {
+    const bool shown = j >= visible.begin && j < visible.end;
+    store_parts(block, shown ? expf(capped(block.s, score_row[j]) - row_lse) : 0.0f, row * seq_k + j, probs,
+                residuals);
   }
 }
 
-// dS = P (dP - D_i), written over P. Masked entries of P are zero, and so is their dS: they are left as they are.
+// dS = P (dP - D_i), written over P; with a soft cap also times 1 - t^2, t = tanh(s / c) = (ln P + lse) / c read
+// back from P (dP has overwritten the scores; where P is 0, so is dS). Masked entries of P are zero, and so is their
+// dS: they are left as they are.
 template <typename T>
 __global__ void __launch_bounds__(kRowThreads)
     score_grad_kernel(RowBlock block, const float* __restrict__ dprobs, const float* __restrict__ row_dot,
-                      T* __restrict__ probs, T* __restrict__ residuals) {
+                      const float* __restrict__ lse, T* __restrict__ probs, T* __restrict__ residuals) {
   const int64_t row = blockIdx.x, unit = row / block.rows, r = row % block.rows;
   const float d = row_dot[unit * block.stat_unit_stride + r];
-  const int64_t visible = visible_keys(block, r);
-  for (int64_t j = threadIdx.x; j < visible; j += blockDim.x) {
-    const int64_t index = row * block.seq_k + j;
-    store_parts(block, load_parts(block, index, probs, residuals) * (dprobs[index] - d), index, probs, residuals);
+  const float row_lse = lse[unit * block.stat_unit_stride + r];
+  const KeyRange visible = visible_keys(block, r);
+  for (int64_t j = visible.begin + threadIdx.x; j < visible.end; j += blockDim.x) {
+    const int64_t index = row * block.s.seq_k + j;
+    const float p = load_parts(block, index, probs, residuals);
+    float ds = p * (dprobs[index] - d);
+    if (block.s.softcap > 0.0f && p > 0.0f) {
+      const float t = (logf(p) + row_lse) / block.s.softcap;
+      ds *= 1.0f - t * t;
+    }
+    store_parts(block, ds, index, probs, residuals);
   }
 }
 
@@ -371,8 +392,8 @@ __global__ void store_rows_kernel(int64_t count, int64_t rows, int64_t cols, int
 
 RowBlock row_block(const Plan& plan, const Chunk& chunk) {
   RowBlock block;
-  block.rows = chunk.rows, block.seq_k = plan.s.seq_k, block.seq_q = plan.s.seq_q;
-  block.first_row = chunk.first_row, block.stat_unit_stride = plan.stat_unit_stride, block.causal = plan.s.causal;
+  block.s = plan.s;
+  block.rows = chunk.rows, block.first_row = chunk.first_row, block.stat_unit_stride = plan.stat_unit_stride;
   block.residual_scale = residual_scale(plan.s.dtype);
   return block;
 }
@@ -468,7 +489,7 @@ void launch_unfused_backward(const BackwardArgs& args, void* workspace, cudaStre
                             score_grad_kernel<scalar_t><<<static_cast<unsigned>(chunk.count * chunk.rows),
                                                           row_threads(s.seq_k), 0, stream>>>(
                                 row_block(plan, chunk), scratch.scores, scratch.row_dot + chunk.stat_offset,
-                                static_cast<scalar_t*>(scratch.probs), static_cast<scalar_t*>(scratch.residuals)));
+                                args.lse + chunk.stat_offset, static_cast<scalar_t*>(scratch.probs), static_cast<scalar_t*>(scratch.residuals)));
       GE2_CHECK_LAUNCH("attention unfused softmax backward");
       rows_product(plan, chunk, scratch, args.k, s.scale, args.dq, stream);
       probs_gemm(plan, chunk, scratch, /*rows_side=*/false, args.q, s.scale, beta, dk_target, stream);

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import string
 
-import numpy as np
-
 from ..ir import dims
 from ..ir.graph import Graph, Value
 from ._errors import Unsupported

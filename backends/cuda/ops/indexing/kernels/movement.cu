@@ -130,6 +130,16 @@ __global__ void __launch_bounds__(kThreads) trilu_kernel(const T* __restrict__ x
       throw std::invalid_argument("element_bytes: expected 1, 2, 4 or 8, got " + std::to_string(bytes)); \
   }
 
+// Runs the statement with `index_t` the indices' integer type (int32 or int64).
+#define GE2_DISPATCH_INDEX(index_dtype, ...)                                                       \
+  if ((index_dtype) == DType::Int32) {                                                             \
+    using index_t = int32_t;                                                                       \
+    __VA_ARGS__;                                                                                   \
+  } else {                                                                                         \
+    using index_t = int64_t;                                                                       \
+    __VA_ARGS__;                                                                                   \
+  }
+
 int64_t product(const int64_t* shape, int rank) {
   int64_t count = 1;
   for (int axis = 0; axis < rank; ++axis) count *= shape[axis];
@@ -159,18 +169,12 @@ void gather(const void* x, const void* indices, void* y, const GatherGeometry& g
   check_pointer(indices, "indices");
   check_pointer(y, "y");
   if (geometry.axis_extent == 0) throw std::invalid_argument("x: gathering from an empty axis");
-  GE2_DISPATCH_ELEMENT_SIZE(element_bytes, {
-    if (index_dtype == DType::Int32) {
-      gather_kernel<storage_t, int32_t><<<grid_blocks(count), kThreads, 0, stream>>>(
-          static_cast<const storage_t*>(x), static_cast<const int32_t*>(indices), static_cast<storage_t*>(y),
-          geometry, count, static_cast<storage_t>(fill_bits));
-    } else {
-      gather_kernel<storage_t, int64_t><<<grid_blocks(count), kThreads, 0, stream>>>(
-          static_cast<const storage_t*>(x), static_cast<const int64_t*>(indices), static_cast<storage_t*>(y),
-          geometry, count, static_cast<storage_t>(fill_bits));
-    }
+  GE2_DISPATCH_ELEMENT_SIZE(element_bytes, GE2_DISPATCH_INDEX(index_dtype, {
+    gather_kernel<storage_t, index_t><<<grid_blocks(count), kThreads, 0, stream>>>(
+        static_cast<const storage_t*>(x), static_cast<const index_t*>(indices), static_cast<storage_t*>(y),
+        geometry, count, static_cast<storage_t>(fill_bits));
     GE2_CHECK_LAUNCH("indexing gather_kernel");
-  });
+  }));
 }
 
 void gather_nd(const void* x, const void* indices, void* y, const GatherNdGeometry& geometry, DType index_dtype,
@@ -183,18 +187,12 @@ void gather_nd(const void* x, const void* indices, void* y, const GatherNdGeomet
   for (int component = 0; component < geometry.components; ++component) {
     if (geometry.extents[component] == 0) throw std::invalid_argument("x: gathering from an empty axis");
   }
-  GE2_DISPATCH_ELEMENT_SIZE(element_bytes, {
-    if (index_dtype == DType::Int32) {
-      gather_nd_kernel<storage_t, int32_t><<<grid_blocks(count), kThreads, 0, stream>>>(
-          static_cast<const storage_t*>(x), static_cast<const int32_t*>(indices), static_cast<storage_t*>(y),
-          geometry, count, static_cast<storage_t>(fill_bits));
-    } else {
-      gather_nd_kernel<storage_t, int64_t><<<grid_blocks(count), kThreads, 0, stream>>>(
-          static_cast<const storage_t*>(x), static_cast<const int64_t*>(indices), static_cast<storage_t*>(y),
-          geometry, count, static_cast<storage_t>(fill_bits));
-    }
+  GE2_DISPATCH_ELEMENT_SIZE(element_bytes, GE2_DISPATCH_INDEX(index_dtype, {
+    gather_nd_kernel<storage_t, index_t><<<grid_blocks(count), kThreads, 0, stream>>>(
+        static_cast<const storage_t*>(x), static_cast<const index_t*>(indices), static_cast<storage_t*>(y),
+        geometry, count, static_cast<storage_t>(fill_bits));
     GE2_CHECK_LAUNCH("indexing gather_nd_kernel");
-  });
+  }));
 }
 
 void trilu(const void* x, void* y, int64_t batch, int64_t rows, int64_t cols, int64_t k, bool upper,

@@ -206,6 +206,24 @@ def test_canonicalize_removes_identities_and_merges_chains(rng):
     assert_same_numerics(g, optimized, rng)
 
 
+@pytest.mark.parametrize("a_shape, b_shape, ops_after", [
+    ((2, 3, 5, 4), (4, 6), {"reshape": 2, "gemm": 1}),  # B without batch: one gemm of A's rows
+    ((2, 1, 3, 4), (1, 1, 4, 6), {"reshape": 3, "gemm": 1}),  # B's batch dims all 1
+    ((2, 1, 3, 4), (3, 4, 2), {"reshape": 20, "slice": 12, "gemm": 6, "concat": 1}),  # per broadcast batch entry
+    (("b", 4, 1), ("b", 1, 7), {"mul": 1}),  # an outer product (K = 1), a symbolic batch too: a multiply
+    (("b", 3, 4), ("b", 4, 2), {"matmul": 1}),  # a symbolic batch otherwise: stays (on the reference)
+])
+def test_canonicalize_lowers_batched_matmuls(rng, a_shape, b_shape, ops_after):
+    g = Graph("g")
+    g.output(g.matmul(g.input("a", a_shape, "float32"), g.input("b", b_shape, "float32")), "y")
+    optimized, record = apply("canonicalize", g)
+    assert record.ops_after == ops_after, record.ops_after
+    bound = {"b": 3}
+    feeds = {v.name: random_array(rng, tuple(bound.get(d, d) for d in v.type.shape), "float32") for v in g.inputs}
+    expected = np.matmul(feeds["a"].astype(np.float64), feeds["b"].astype(np.float64))
+    assert_close(ge2.ExecutorV2(optimized, passes=[]).run(feeds)["y"], expected, "float32", a_shape[-1])
+
+
 # --- fuse ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("activation", ["relu", "gelu", "silu"])
 def test_fuse_activation_into_gemm(rng, activation):

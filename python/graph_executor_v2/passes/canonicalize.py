@@ -1,7 +1,7 @@
 """Canonicalization: one spelling for each computation, so fusion rules need to know only that one.
 
 - every matrix product is a ``gemm`` (a matmul is a gemm at its defaults; a batched matmul is one gemm of A's rows
-  when B has no batch, else one gemm per batch entry, when its shapes are static);
+  when B has no batch, else one gemm per batch entry, when its shapes are static, and a multiply when K = 1);
 - a transpose feeding a gemm operand is the gemm's ``trans_a``/``trans_b``;
 - a row-vector add is a ``bias_add`` (broadcast normalization), and a bias after a gemm is the gemm's bias;
 - ``x * sigmoid(x)`` (how exporters write SiLU) is ``silu(x)``;
@@ -35,9 +35,12 @@ def matmul_to_gemm(graph: Graph, y: Value):
 
 def lower_batched_matmul(graph: Graph, a: Value, b: Value, y: Value) -> Value | None:
     """numpy.matmul of rank >= 2 operands on 2-d gemms: B without batch (its batch dims all 1, A's at least as many)
-    multiplies A's rows at once; otherwise one gemm per batch entry (slices of A and B), concatenated. None with
-    symbolic batch dims (the matmul stays, on the reference)."""
+    multiplies A's rows at once; otherwise one gemm per batch entry (slices of A and B), concatenated. An outer
+    product (K = 1: RoPE's frequencies times positions) is a broadcast multiply, whatever the batch dims. None with
+    symbolic batch dims otherwise (the matmul stays, on the reference)."""
     (m, k), n = a.type.shape[-2:], b.type.shape[-1]
+    if k == 1:
+        return graph.mul(a, b)
     if all(d == 1 for d in b.type.shape[:-2]) and a.type.rank >= b.type.rank and isinstance(k, int):
         b2 = b if b.type.rank == 2 else graph.reshape(b, shape=tuple(b.type.shape[-2:]))
         return graph.reshape(graph.gemm(graph.reshape(a, shape=(-1, k)), b2), shape=tuple(y.type.shape))

@@ -133,7 +133,8 @@ def test_source_vectorizes_aligned_operands_and_indexes_broadcasts_by_folded_str
     assert "ge2_pack* __restrict__" not in source
     assert "in1[((i / 40u) % 16u)]" in source  # the broadcast bias: row index of the collapsed [8, 16, 40]
     assert "reinterpret_cast<unsigned long long>(in0) | reinterpret_cast<unsigned long long>(out0)" in source
-    assert kernel.grid == (8 * 16 * 40 // 8 + 255) // 256 and kernel.block == 256
+    assert "u < 4; ++u" in source  # four vector steps a thread, their loads issued first
+    assert kernel.grid == (8 * 16 * 40 // 8 // 4 + 255) // 256 and kernel.block == 256
 
 
 def test_source_uses_64_bit_indices_only_past_2_to_the_31_elements():

@@ -605,6 +605,28 @@ def test_a_prologue_or_an_epilogue_alone_fuses(rng, prologue, epilogue):
 
 
 @needs_nvrtc
+def test_an_epilogue_behind_a_reshape_that_keeps_the_last_axis_fuses(rng):
+    g = ge2.ir.Graph("ln_reshape_cast")
+    x = g.input("x", (2, 3, 8), "float32")
+    y = g.layernorm(x, g.param("gamma", random_array(rng, (8,), "float32")),
+                    g.param("beta", random_array(rng, (8,), "float32")))
+    flat = g.reshape(y, shape=(6, 8))  # as the GPT's blocks feed their GEMMs
+    g.output(g.mul(g.cast(flat, dtype="bfloat16"), g.input("s", (8,), "bfloat16")), "z")
+    g.output(g.sigmoid(g.reshape(g.softmax(x), shape=(2, 24))), "w")  # the last axis changes: no fusion through it
+    ex = ge2.ExecutorV2(g, "cpu")
+    counts = ex.optimized_graph.op_counts()
+    assert counts["fused_row"] == 1 and "layernorm" not in counts and "cast" not in counts and "softmax" in counts
+    (row,) = [n for n in ex.optimized_graph.nodes if n.op == "fused_row"]
+    assert [m["op"] for m in row.attrs["members"]] == ["layernorm", "cast", "mul"]
+    assert row.outputs[0].type.shape == (2, 3, 8) and row.outputs[0].type.dtype == "bfloat16"
+    feeds = _feeds(rng, g)
+    fused, unfused = ex.run(feeds), ge2.ExecutorV2(g, "cpu", passes=[]).run(feeds)
+    for name in unfused:
+        assert fused[name].shape == unfused[name].shape
+        np.testing.assert_array_equal(fused[name], unfused[name], err_msg=name)
+
+
+@needs_nvrtc
 def test_rows_past_the_register_bound_and_other_axes_keep_the_hand_written_kernels():
     long_rows = ge2.ExecutorV2(_row_graph("layernorm", (2, ROW_LIMIT + 1), "float16"), "cpu").optimized_graph
     assert "fused_row" not in long_rows.op_counts() and long_rows.op_counts()["layernorm"] == 1

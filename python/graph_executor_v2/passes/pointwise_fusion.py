@@ -417,10 +417,39 @@ def _depends_on(values, nodes: set[Node]) -> bool:
     return False
 
 
-def _row_group(graph: Graph, node: Node, prologue_node, epilogue_node, users):
+def _epilogue_of(graph: Graph, node: Node, users) -> tuple[Node | None, Node | None]:
+    """(the pointwise group reading the row op's output y, the reshape between them or None): a reader of y's shape
+    first; else a group behind a reshape that keeps the last axis (a (batch, seq, width) row op feeding a
+    (batch * seq, width) cast before a GEMM), whose other inputs have at most one dim (they broadcast alike in both
+    shapes)."""
+    y = node.outputs[0]
+
+    def group_of_shape(reader: Node, shape) -> bool:
+        return (reader.device == node.device and _pointwise_group(reader) is not None
+                and all(tuple(v.type.shape) == tuple(shape) for v in reader.outputs))
+
+    for reader in users.get(y, []):
+        if reader is not node and group_of_shape(reader, y.type.shape):
+            return reader, None
+    for reshape in users.get(y, []):
+        if reshape.op != "reshape" or reshape.device != node.device:
+            continue
+        view = reshape.outputs[0]
+        readers = users.get(view, [])
+        if (not view.type.is_concrete or view.type.rank < 1 or view.type.shape[-1] != y.type.shape[-1]
+                or graph.is_output(view) or len(readers) != 1 or not group_of_shape(readers[0], view.type.shape)):
+            continue
+        if all(v is view or v.type.rank <= 1 for v in readers[0].inputs):
+            return readers[0], reshape
+    return None, None
+
+
+def _row_group(graph: Graph, node: Node, prologue_node, epilogue_node, users, reshape=None):
     """(members, inputs, outputs as (member index, value replaced)) of the row op ``node`` with the given prologue
-    and epilogue nodes (either may be None), or None when it would form a cycle or exceed the bounds."""
+    and epilogue nodes (either may be None; ``reshape``: the reshape between y and the epilogue), or None when it
+    would form a cycle or exceed the bounds."""
     x, y = node.inputs[0], node.outputs[0]
+    view = reshape.outputs[0] if reshape is not None else y
     inputs: list[Value] = []
 
     def input_arg(value: Value):
@@ -440,14 +469,14 @@ def _row_group(graph: Graph, node: Node, prologue_node, epilogue_node, users):
     epilogue_outputs: list[tuple[int, Value]] = []
     if epilogue_node is not None:
         epilogue_members, epilogue_inputs, outputs = _pointwise_group(epilogue_node)
-        mapping = {k: ("member", row) if v is y else x_arg if v is x else input_arg(v)
+        mapping = {k: ("member", row) if v is y or v is view else x_arg if v is x else input_arg(v)
                    for k, v in enumerate(epilogue_inputs)}
         for m in epilogue_members:
             members.append({**m, "args": tuple(
                 mapping[a[1]] if a is not None and a[0] == "input"
                 else ("member", a[1] + row + 1) if a is not None and a[0] == "member" else a for a in m["args"])})
         epilogue_outputs = [(row + 1 + index, value) for index, value in zip(outputs, epilogue_node.outputs)]
-    group_nodes = {n for n in (prologue_node, node, epilogue_node) if n is not None}
+    group_nodes = {n for n in (prologue_node, node, reshape, epilogue_node) if n is not None}
     outputs: list[tuple[int, Value]] = []
     if prologue_node is not None and (graph.is_output(x) or any(u not in group_nodes for u in users.get(x, []))):
         outputs.append((row - 1, x))
@@ -471,28 +500,32 @@ def fuse_rows(graph: Graph) -> list[str]:
         producer = x.producer
         prologue_node = (producer if producer is not None and producer.device == node.device
                          and _group_members(producer) is not None else None)
-        epilogue_node = next((u for u in users.get(y, []) if u.device == node.device and u is not node
-                              and _pointwise_group(u) is not None
-                              and all(tuple(v.type.shape) == tuple(y.type.shape) for v in u.outputs)), None)
+        epilogue_node, reshape = _epilogue_of(graph, node, users)
         group = None
         for candidate_prologue, candidate_epilogue in ((prologue_node, epilogue_node), (prologue_node, None),
                                                        (None, epilogue_node)):
             if candidate_prologue is None and candidate_epilogue is None:
                 continue
-            group = _row_group(graph, node, candidate_prologue, candidate_epilogue, users)
+            group = _row_group(graph, node, candidate_prologue, candidate_epilogue, users,
+                               reshape if candidate_epilogue is not None else None)
             if group is not None:
                 prologue_node, epilogue_node = candidate_prologue, candidate_epilogue
                 break
         if group is None:
             continue
+        if epilogue_node is None:
+            reshape = None
         members, inputs, outputs = group
         with graph.inserting_before(node):
             fused = graph.add_node("fused_row", inputs, {"members": tuple(members),
                                                          "outputs": tuple(index for index, _ in outputs)},
                                    device=node.device)
-        for (_, old), new in zip(outputs, fused.outputs):
+            # epilogue outputs behind the reshape get it back (an alias: no copy)
+            results = [graph.reshape(new, shape=tuple(old.type.shape)) if old.type.shape != new.type.shape else new
+                       for (_, old), new in zip(outputs, fused.outputs)]
+        for (_, old), new in zip(outputs, results):
             graph.replace_uses(old, new)
-        replaced = [n for n in (prologue_node, node, epilogue_node) if n is not None]
+        replaced = [n for n in (prologue_node, node, reshape, epilogue_node) if n is not None]
         for old in replaced:
             graph.remove_node(old)
         note = FusionNote(f"{fused.name}: fused a {node.op} with its pointwise "

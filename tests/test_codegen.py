@@ -737,8 +737,11 @@ def test_row_groups_are_validated():
         RowGroup.from_attrs({"members": members, "outputs": (3,)})
     with pytest.raises(ValueError, match="outputs: member index 0"):
         RowGroup.from_attrs({"members": members[:3], "outputs": (0,)})
-    with pytest.raises(ValueError, match="axis=-1"):
-        RowGroup.from_attrs({"members": (_member("softmax", ("input", 0), axis=0),), "outputs": (0,)})
+    last_axis = RowGroup.from_attrs({"members": (_member("softmax", ("input", 0), axis=2),), "outputs": (0,)})
+    assert last_axis.infer([TensorType((2, 3, 4), "float32")]) == [TensorType((2, 3, 4), "float32")]
+    with pytest.raises(ValueError, match="normalizes the last axis, got axis=0"):
+        RowGroup.from_attrs({"members": (_member("softmax", ("input", 0), axis=0),), "outputs": (0,)}).infer(
+            [TensorType((2, 3, 4), "float32")])
     problem = _row_problem("softmax", (2, ROW_LIMIT + 1), "float32")
     assert "register-resident bound" in RowGroup.from_attrs(problem.attrs).why_not(problem.in_types,
                                                                                     problem.out_types)

@@ -67,9 +67,6 @@ class RowGroup:
             if arg is None or arg[0] not in ("input", "constant"):
                 raise ValueError(f"members[{row}] ({member.node}): its parameters must be group inputs or constants, "
                                  f"got {arg!r}")
-        if member.op in ("softmax", "log_softmax") and member.attrs.get("axis", -1) != -1:
-            raise ValueError(f"members[{row}] ({member.node}): a fused {member.op} normalizes the last axis "
-                             f"(axis=-1), got axis={member.attrs['axis']}")
         kept = row - 1 if row else None  # the prologue member the epilogue may read (held in registers)
         for j, epilogue_member in enumerate(members[row + 1:], start=row + 1):
             for arg in epilogue_member.args:
@@ -92,6 +89,10 @@ class RowGroup:
     def infer(self, in_types) -> list[TensorType]:
         types = member_types(self.members, in_types)
         shape = types[self.row].shape
+        member = self.members[self.row]
+        if member.op in ("softmax", "log_softmax") and member.attrs["axis"] % len(shape) != len(shape) - 1:
+            raise ValueError(f"members[{self.row}] ({member.node}): a fused {member.op} normalizes the last axis, "
+                             f"got axis={member.attrs['axis']} of rank {len(shape)}")
         for j in range(len(self.members)):
             if j != self.row and types[j].shape != shape:
                 raise ValueError(f"members[{j}] ({self.members[j].node}): shape {types[j].shape} is not the row "

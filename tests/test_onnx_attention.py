@@ -171,6 +171,30 @@ def test_gpt2_where_on_a_causal_constant_becomes_causal_attention_on_the_project
     assert_close(_executor(loaded, device).run(feeds)["y"], expected, "float32", reduction_length=DIM)
 
 
+# --- Where(hidden keys, -inf, scores), the condition computed from a graph input (a boolean padding mask) -----------
+def test_where_on_hidden_keys_from_an_input_becomes_a_keep_mask_bias(rng):
+    batch, seq = 2, 5
+    nodes = [helper.make_node("Not", ["keep"], ["hidden"]),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+             helper.make_node("Mul", ["scale", "scores"], ["scaled"]),
+             helper.make_node("Where", ["hidden", "minus_inf", "scaled"], ["logits"]),
+             helper.make_node("Softmax", ["logits"], ["probabilities"], axis=3),
+             helper.make_node("MatMul", ["probabilities", "v"], ["y"])]
+    shape = [batch, HEADS, seq, DIM]
+    inputs = [helper.make_tensor_value_info(n, FLOAT, shape) for n in "qkv"]
+    inputs.append(helper.make_tensor_value_info("keep", TensorProto.BOOL, [batch, 1, 1, seq]))
+    loaded = onnx_frontend.load(_model(nodes, inputs, [_array("scale", 0.25), _array("minus_inf", -np.inf)]))
+    node = _attention_node(loaded)
+    assert node.attrs["scale"] == 0.25 and node.inputs[3] is not None and "softmax" not in loaded.op_counts()
+    feeds = {n: rng.standard_normal(shape).astype(np.float32) for n in "qkv"}
+    feeds["keep"] = np.ones((batch, 1, 1, seq), bool)
+    feeds["keep"][1, ..., 2:] = False
+    expected = _attention64(feeds["q"], feeds["k"], feeds["v"], bias=np.where(feeds["keep"], 0.0, -np.inf),
+                            scale=0.25)
+    assert_close(_executor(loaded, "cpu").run(feeds)["y"], expected, "float32", reduction_length=DIM)
+
+
 # --- the dynamo exporter's scaled_dot_product_attention: q * sqrt(s), reshaped K^T * sqrt(s), + causal mask, Dropout
 @pytest.mark.parametrize("batch", [2, "batch"])
 @pytest.mark.parametrize("device", DEVICES)

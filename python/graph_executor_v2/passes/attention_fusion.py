@@ -268,7 +268,7 @@ class _Match:
             layout = {(0, 1, 3, 2): "bhsd", (0, 2, 3, 1): "bshd"}.get(tuple(a % 4 for a in node.attrs["perm"]))
             return (self.take(node).inputs[0], layout) if layout and kt.type.rank == 4 else None
         inner = self.sole(node.inputs[0], ("transpose",))
-        if inner is None or tuple(inner.attrs["perm"]) != (0, 2, 1):
+        if inner is None or tuple(a % 3 for a in inner.attrs["perm"]) != (0, 2, 1):
             return None
         flatten = self.sole(inner.inputs[0], ("reshape",))
         if flatten is None or flatten.inputs[0].type.rank != 4:

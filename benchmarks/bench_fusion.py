@@ -2,8 +2,9 @@
 
 Rows (float16 unless said):
 - swish_residual: ``x * sigmoid(x) + r``, 16384x4096: one fused_pointwise kernel.
-- layernorm_gelu_residual: LayerNorm -> exact GELU -> residual add, 16384x4096: the hand-written layernorm kernel,
-  then GELU and the add as one generated kernel.
+- layernorm_gelu_residual: LayerNorm -> exact GELU -> residual add, 16384x4096: one fused_row node, whose plan
+  times the generated persistent-row kernel (reads x, r, gamma, beta, writes y once) against the hand-written
+  layernorm kernel followed by a generated GELU + add kernel, and keeps the faster (``ge2_kernel`` column).
 - gpt2_mlp_forward / gpt2_mlp_backward: the GPT-2 MLP's pointwise part, 16 x 1024 tokens x 3072: ``gelu(x + b)``
   (tanh form) and its backward ``gelu'(x + b) * dy``.
 - nhwc_chain: 6 ops over NHWC 64x56x56x256 with a per-channel scale and bias: ``tanh(relu(x * s + b + r) * 0.5)``
@@ -151,7 +152,8 @@ def bench_pointwise(torch, name, rng, bandwidth) -> dict:
         "vs_compile": compile_ms / ge2_ms, "ge2_gbps": ge2_rate / 1e9, "copy_fraction": ge2_rate / bandwidth,
         "ge2_kernels": len(kernels), "generated": sum(s.kernel == "generated" for s in kernels),
         "cold_compile_ms": sum(r.seconds for r in cold) * 1e3, "cache_hit_ms": sum(r.seconds for r in hits) * 1e3,
-        "target": ">= 0.9 copy, >= 1.0x compile" if name != "layernorm_gelu_residual" else ">= 1.0x compile",
+        "ge2_kernel": ", ".join(dict.fromkeys(s.kernel for s in kernels)),
+        "target": ">= 0.9 copy, >= 1.0x compile",
         "check": f"FAILED: {', '.join(failures)}" if failures else "ok",
     }
 
@@ -173,6 +175,8 @@ def bench_training(torch, name, rng) -> dict:
             row[f"{label}_kernels"] = sum(s.kernel != ALIAS for s in plan.selections)
             if label == "fused":
                 row["generated"] = sum(s.kernel == "generated" for s in plan.selections)
+                chosen = [s.kernel for s in plan.selections if s.op == "fused_row"]  # generated or hand-written
+                row["fused_rows"] = ", ".join(f"{kernel} x{chosen.count(kernel)}" for kernel in dict.fromkeys(chosen))
         finally:
             del os.environ["GE2_NO_FUSION"]
     row["speedup"] = row["unfused_ms"] / row["fused_ms"]
@@ -217,12 +221,12 @@ def main():
         ("row", "row"), ("ge2_ms", "GE2 ms"), ("torch_eager_ms", "torch eager ms"),
         ("torch_compile_ms", "torch.compile ms"), ("vs_compile", "speedup vs compile"), ("ge2_gbps", "GE2 GB/s"),
         ("copy_fraction", "of copy bandwidth"), ("ge2_kernels", "GE2 kernels"), ("generated", "generated"),
-        ("cold_compile_ms", "cold compile ms"), ("cache_hit_ms", "cache hit ms"), ("target", "target"),
+        ("ge2_kernel", "GE2 kernel(s)"), ("cold_compile_ms", "cold compile ms"), ("cache_hit_ms", "cache hit ms"), ("target", "target"),
         ("check", "check vs float64")]
     training_columns = [
         ("row", "row"), ("unfused_ms", "step ms, no fusion"), ("fused_ms", "step ms, fused"), ("speedup", "speedup"),
         ("unfused_kernels", "kernels/step before"), ("fused_kernels", "kernels/step after"),
-        ("generated", "generated"), ("target", "target")]
+        ("generated", "generated"), ("fused_rows", "fused_row kernels"), ("target", "target")]
     pointwise, training = [], []
     # The tables are rewritten after every row: a time limit that stops the run keeps the rows measured so far.
     for name in (n for n in ROWS if n in chosen):

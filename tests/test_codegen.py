@@ -676,7 +676,8 @@ def test_training_fuses_the_forward_row_and_leaves_its_backward_unfused(rng):
 
 
 def _row_attrs(op: str, dtype: str, prologue=True, epilogue=True):
-    """fused_row attrs of ``(x + r)`` -> op -> ``gelu_erf(y) * s`` over inputs x, r, s (per column), params."""
+    """fused_row attrs of ``(x + r)`` -> op -> ``gelu_erf(y) * s`` over inputs x, r, s (per column), params; without
+    the prologue, x -> op -> ``gelu_erf(y) * s + x``."""
     members = [_member("add", ("input", 0), ("input", 1))] if prologue else []
     x_arg = ("member", 0) if prologue else ("input", 0)
     parameters = {"layernorm": (("input", 3), ("input", 4)), "rmsnorm": (("input", 3),)}.get(op, ())
@@ -684,6 +685,8 @@ def _row_attrs(op: str, dtype: str, prologue=True, epilogue=True):
     row = len(members) - 1
     if epilogue:
         members += [_member("gelu_erf", ("member", row)), _member("mul", ("member", row + 1), ("input", 2))]
+        if not prologue:  # the row op's input read again by the epilogue: from the registers
+            members.append(_member("add", ("member", row + 2), ("input", 0)))
     outputs = (len(members) - 1,) + ((0,) if prologue else ())
     return {"members": tuple(members), "outputs": outputs}
 
@@ -710,6 +713,9 @@ def test_row_kernels_compile_for_warp_and_block_rows_vector_and_scalar(op, dtype
         assert ("__shared__" in kernel.source) == (cols > 1024)
         assert ("if (vectorized)" in kernel.source) == (cols % (16 // np.dtype(ge2.dtypes.to_numpy(dtype)).itemsize)
                                                         == 0)
+    kernels.append(codegen_candidate.build("row", (), lambda n: _generated_source(
+        _row_problem(op, (3, 4096), dtype, prologue=False), n)))
+    assert "const float x0 = value;" in kernels[-1].source  # the epilogue's x from the registers
     source = _one_translation_unit(kernels)
     assert "tanhf" not in source and "erff" in source  # exact GELU
     compiler.compile_cubin(source, f"rows_{op}_{dtype}", 90, f"{op} rows")
@@ -1006,15 +1012,16 @@ def test_training_on_the_gpu_runs_fused_groups_and_matches_the_cpu(rng):
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("op", ROW_OPS)
 def test_generated_row_kernels_on_the_gpu(rng, to_device, poisoned, op, dtype, cols):
-    for offset in (0, 1):  # 16-byte packs, then a misaligned view (scalar accesses)
-        problem = _row_problem(op, (5, cols), dtype)
+    # 16-byte packs, then a misaligned view (scalar accesses); without a prologue, the epilogue reads x again
+    for offset, prologue in ((0, True), (1, True), (0, False)):
+        problem = _row_problem(op, (5, cols), dtype, prologue=prologue)
         arrays = [random_array(rng, t.shape, dtype) for t in problem.in_types]
         arrays[0] = (arrays[0].astype(np.float64) * 2 + 3).astype(arrays[0].dtype)
         expected = OPS["fused_row"].run_reference([a.astype(np.float32) for a in arrays], problem.attrs)
         got = _run_problem(problem, arrays, to_device, poisoned, offset)
         for k, (g, e) in enumerate(zip(got, expected)):
             assert_close(g, e, dtype, reduction_length=cols, what=f"{op} {dtype} cols {cols} output {k} offset "
-                                                                   f"{offset}")
+                                                                   f"{offset} prologue {prologue}")
 
 
 @pytest.mark.gpu

@@ -138,7 +138,8 @@ class RowGroup:
         full = {k: tuple(_padded(t.shape, len(shape))) == shape for k, t in enumerate(in_types)}
         extents, carried = collapse_dims(shape, [t.shape for t in in_types])
 
-        streamed = sorted({k for k in prologue_inputs + epilogue_inputs if full[k]})
+        reread = [k for k in epilogue_inputs if k or row_index]  # input 0 without a prologue is in registers
+        streamed = sorted({k for k in prologue_inputs + reread if full[k]})
         parameter_inputs = sorted({a[1] for a in parameter_args if a[0] == "input"} - set(streamed))  # read as packs when aligned
         full_sizes = [itemsize(in_types[k].dtype) for k in streamed + parameter_inputs]
         full_sizes += [itemsize(t.dtype) for t in out_types]
@@ -222,7 +223,9 @@ class RowGroup:
                 lines += [f"const float m{kept} = value;", f"(void)m{kept};"]
             vectorized_parameter["value"] = vectorized
             lines.append(f"const float m{row_index} = {normalize()};  // {op} ({row_member.node})")
-            lines += input_values([k for k in epilogue_inputs], vectorized)
+            if kept is None and 0 in epilogue_inputs:  # the row op's input, read again (x + f(x)): from registers
+                lines.append(f"const {elements.compute_type(in_types[0].dtype)} x0 = value;")
+            lines += input_values([k for k in epilogue_inputs if k or kept is not None], vectorized)
             lines += member_expressions(members, types, lambda k: f"x{k}", in_types, "m",
                                         only=range(row_index + 1, len(members)))
             for k, (index, t) in enumerate(zip(self.outputs, out_types)):
@@ -384,7 +387,7 @@ extern "C" __global__ void __launch_bounds__({block}) {name}({", ".join(paramete
     float v[{chunks * vector}];
 {indent([chunk_loop(phase1(True), phase1(False), prologue_inputs, False)], 4)}
     {statistics}
-{indent([chunk_loop(phase3(True), phase3(False), epilogue_inputs, True)], 4)}
+{indent([chunk_loop(phase3(True), phase3(False), reread, True)], 4)}
   }}
 }}
 """

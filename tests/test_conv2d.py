@@ -186,6 +186,15 @@ def test_opdef_infer_and_reference(rng):
     with pytest.raises(ValueError, match="w: the .*kernel .* larger than the padded input"):
         op.infer([TensorType((1, 2, 2, 2), "float32"), TensorType((3, 2, 3, 3), "float32"), None],
                  op.validate_attrs({}, "node"))
+    # a symbolic batch passes through (with the residual's); every other axis is checked and must be concrete
+    residual = TensorType(("n", 5, 5, 8), "float16")
+    assert op.infer([TensorType(("n", 9, 9, 4), "float16"), TensorType(w.shape, "float16"), None, residual],
+                    attrs) == [residual]
+    with pytest.raises(ValueError, match="residual: expected the batch 'n' of x on axis 0"):
+        op.infer([TensorType(("n", 9, 9, 4), "float16"), TensorType(w.shape, "float16"), None,
+                  TensorType((2, 5, 5, 8), "float16")], attrs)
+    with pytest.raises(ValueError, match="x: conv2d needs a concrete shape, got \\(1, 'h', 9, 4\\)"):
+        op.infer([TensorType(("n", "h", 9, 4), "float16"), TensorType(w.shape, "float16"), None], attrs)
 
 
 def test_backward_opdef_matches_reference_backward(rng):
@@ -507,16 +516,68 @@ def registry_ranking(dtype, layout, attrs):
     return select(node, problem, Capabilities("cuda", (9, 0), "Fake GPU", "test"), Preferences())
 
 
+class _NoEngineForGrouped:
+    """_ops_conv2d as a GPU whose cuDNN has no engine for grouped convolutions would answer: the static checks pass,
+    preparing a grouped problem raises as the native cudnn_graph does."""
+
+    def __init__(self):
+        self.prepared = []
+
+    def unsupported_reason(self, kernel, geometry, *args):
+        return ""
+
+    def prepare(self, kernel, geometry, *args):
+        self.prepared.append((kernel, geometry[-1]))
+        if geometry[-1] > 1:  # ConvGeometry.native ends with groups
+            raise RuntimeError("kernel 'cudnn_graph': cuDNN has no engine for this problem (no heuristic engine)")
+
+
+def test_cudnn_graph_declines_at_ranking_where_cudnn_has_no_engine(monkeypatch):
+    """Where a GPU can answer, cudnn_graph asks cuDNN while ranking: a problem without an engine is declined with
+    cuDNN's reason (auto then ranks the next candidate, and no failed prepare counts as a fallback); one with an
+    engine stays viable. The other candidates never ask, and without a GPU nothing is asked."""
+    native = _NoEngineForGrouped()
+    monkeypatch.setattr(conv2d, "_native_module", lambda: native)
+    op = OPS["conv2d"]
+    forward = {c.name: c for c in op.candidates}
+    backward = {c.name: c for c in OPS["conv2d_backward"].candidates}
+
+    def problem(groups, backward_pass=False):
+        attrs = op.validate_attrs({"layout": "NHWC", "padding": 1, "groups": groups}, "node")
+        types = (TensorType((2, 8, 8, 16), "float16"), TensorType((16, 3, 3, 16 // groups), "float16"),
+                 TensorType((16,), "float16"))
+        out = tuple(op.infer(types, attrs))
+        if backward_pass:
+            return Problem("conv2d_backward", (out[0], *types), (), attrs)
+        return Problem("conv2d", types, out, attrs)
+
+    monkeypatch.setattr(conv2d._device, "is_available", lambda: False)
+    assert forward["cudnn_graph"].supports(problem(groups=16)) is None and native.prepared == []
+    monkeypatch.setattr(conv2d._device, "is_available", lambda: True)
+    assert forward["cudnn_graph"].supports(problem(groups=1)) is None
+    declined = forward["cudnn_graph"].supports(problem(groups=16))
+    assert "cuDNN has no engine for this problem" in declined, declined
+    assert "cuDNN has no engine" in backward["cudnn_graph"].supports(problem(groups=4, backward_pass=True))
+    assert forward["im2col_gemm"].supports(problem(groups=16)) is None
+    assert native.prepared == [("cudnn_graph", 1), ("cudnn_graph", 16), ("cudnn_graph", 4)]
+
+
+def _first_or_no_engine(ranking) -> bool:
+    """cudnn_graph ranked first, or declined because cuDNN itself has no engine for the problem (asked at ranking
+    on a GPU): either way no other reason keeps it out."""
+    return ranking.viable[0].name == "cudnn_graph" or "cuDNN has no engine" in dict(ranking.rejected)["cudnn_graph"]
+
+
 def test_registry_ranks_cudnn_graph_first_where_it_is_built():
     if not ge2._native.is_built("_ops_conv2d"):
         pytest.skip("_ops_conv2d is not built")
     if not conv2d.has_cudnn_graph():
         pytest.skip("this build has no cudnn_graph")
-    assert registry_ranking("float32", "NCHW", {"padding": 1}).viable[0].name == "cudnn_graph"
-    assert registry_ranking("float16", "NHWC", {"padding": 1, "act": "relu"}).viable[0].name == "cudnn_graph"
+    assert _first_or_no_engine(registry_ranking("float32", "NCHW", {"padding": 1}))
+    assert _first_or_no_engine(registry_ranking("float16", "NHWC", {"padding": 1, "act": "relu"}))
     # float32's epilogue runs after cuDNN's convolution in place (float32 is the epilogue's own precision)
-    assert registry_ranking("float32", "NCHW", {"padding": 1, "act": "relu"}).viable[0].name == "cudnn_graph"
-    assert registry_ranking("float16", "NCHW", {"padding": 1, "act": "relu"}).viable[0].name == "cudnn_graph"
+    assert _first_or_no_engine(registry_ranking("float32", "NCHW", {"padding": 1, "act": "relu"}))
+    assert _first_or_no_engine(registry_ranking("float16", "NCHW", {"padding": 1, "act": "relu"}))
 
 
 # (N, C, H, W, K, R, S, stride, padding, dilation, groups, act, bias): NHWC float16/bfloat16 with C, K multiples of 8

@@ -397,9 +397,18 @@ def _types_geometry(x, w, bias, attrs, residual=None) -> ConvGeometry:
 
 
 def _infer(in_types, attrs):
+    """y's type; a symbolic batch (axis 0 of x and of the residual, the same name) passes through, everything else
+    checked as at batch 1: the other axes must be concrete (a plan binds the batch and infers again)."""
     x, w, bias, residual = conv_inputs(in_types)
+    batch = x.shape[0] if x is not None and x.rank >= 1 and isinstance(x.shape[0], str) else None
+    if batch is not None:
+        if residual is not None and residual.shape[:1] != (batch,):
+            raise ValueError(f"residual: expected the batch {batch!r} of x on axis 0, got shape {residual.shape}")
+        x = TensorType((1, *x.shape[1:]), x.dtype)
+        residual = None if residual is None else TensorType((1, *residual.shape[1:]), residual.dtype)
     geometry = _types_geometry(x, w, bias, attrs, residual)
-    return [TensorType(geometry.out_shape, geometry.dtype)]
+    shape = geometry.out_shape
+    return [TensorType(shape if batch is None else (batch, *shape[1:]), geometry.dtype)]
 
 
 def _reference(inputs, attrs):
@@ -451,12 +460,28 @@ def _prepare_native(kernel, geometry: ConvGeometry, attrs, has_bias: bool, has_r
                              has_bias, has_residual, backward)
 
 
+def _engine_reason(kernel, geometry: ConvGeometry, attrs, has_bias: bool, has_residual: bool,
+                   backward: bool) -> str | None:
+    """cudnn_graph asks cuDNN itself at ranking time, where a GPU is there to ask: the reason when neither its
+    heuristics nor its fallback list has an engine for the problem (a 16-bit grouped or depthwise convolution
+    writing float32, for one), so that ``auto`` ranks the next candidate instead of counting a failed prepare as a
+    fallback. The plans built here are cached, and the prepare that follows reuses them."""
+    if kernel != "cudnn_graph" or not _device.is_available():
+        return None
+    try:
+        _prepare_native(kernel, geometry, attrs, has_bias, has_residual, backward)
+    except RuntimeError as error:
+        return str(error)
+    return None
+
+
 def _forward_candidate(name):
     def supports(problem: Problem):
         x, w, bias, residual = conv_inputs(problem.in_types)
-        return unsupported_reason(name, _types_geometry(x, w, bias, problem.attrs, residual), problem.attrs["act"],
-                                  bias is not None, has_residual=residual is not None,
-                                  clip=_clip_bounds(problem.attrs))
+        geometry = _types_geometry(x, w, bias, problem.attrs, residual)
+        return unsupported_reason(name, geometry, problem.attrs["act"], bias is not None,
+                                  has_residual=residual is not None, clip=_clip_bounds(problem.attrs)) or \
+            _engine_reason(name, geometry, problem.attrs, bias is not None, residual is not None, backward=False)
 
     def prepare(problem: Problem):
         x, w, bias, residual = conv_inputs(problem.in_types)
@@ -518,8 +543,9 @@ def _reference_of_backward(inputs, attrs):
 def _backward_candidate(name):
     def supports(problem: Problem):
         _, x, w, bias = problem.in_types
-        return unsupported_reason(name, _types_geometry(x, w, bias, problem.attrs), problem.attrs["act"],
-                                  bias is not None, backward=True)
+        geometry = _types_geometry(x, w, bias, problem.attrs)
+        return unsupported_reason(name, geometry, problem.attrs["act"], bias is not None, backward=True) or \
+            _engine_reason(name, geometry, problem.attrs, bias is not None, False, backward=True)
 
     def prepare(problem: Problem):
         _, x, w, bias = problem.in_types

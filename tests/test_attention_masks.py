@@ -88,6 +88,21 @@ def test_constant_causal_bias_becomes_causal(rng, bias_kind):
     assert_close(executor.run(feeds)["y"], _attention64(feeds["q"], feeds["k"], feeds["v"], causal=True), "float32", 8)
 
 
+def test_a_constant_bias_of_symbolic_shape_waits_for_the_plan(rng):
+    """A constant expanded to the sequence length (T5's full_like of the positions, exported with a symbolic
+    sequence) is no constant before the plan binds the length: the pass leaves it, and one executor runs two
+    lengths with it."""
+    g = ge2.ir.Graph("symbolic_bias")
+    q, k, v = (g.input(name, (2, 2, "s", 8), "float32") for name in "qkv")
+    bias = g.expand(g.param("half", np.array(0.5, np.float32)), shape=(1, 1, "s", "s"))
+    y, _ = g.attention(q, k, v, bias)
+    g.output(y, "y")
+    executor = ge2.ExecutorV2(g)
+    for sequence in (5, 3):
+        feeds = {name: random_array(rng, (2, 2, sequence, 8), "float32") for name in "qkv"}
+        assert_close(executor.run(feeds)["y"], _attention64(feeds["q"], feeds["k"], feeds["v"]), "float32", 8)
+
+
 def test_repeat_kv_becomes_grouped_query_attention(rng):
     g = _graph(with_repeat=True)
     notes = fuse_attention(g)

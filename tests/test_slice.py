@@ -153,6 +153,13 @@ def test_opdef_infers_and_validates():
     assert infer([t(("n", 20), "int32")], attrs((0, 5), (INT64_MAX, 6))) == [t(("n", 1), "int32")]
     with pytest.raises(ValueError, match=r"axes: axis 0 has the symbolic extent 'n'; it can only be sliced whole"):
         infer([t(("n", 20), "int32")], attrs((1,), (INT64_MAX,)))
+    # a count that does not depend on the extent: x[0:1], x[2:7:2], x[-1:], x[-4:-1]; a count that does is refused
+    for starts, ends, steps, count in (((0,), (1,), None, 1), ((2,), (7,), (2,), 3), ((-1,), (INT64_MAX,), None, 1),
+                                       ((-4,), (-1,), None, 3), ((5,), (2,), None, 0)):
+        assert infer([t(("n", 20), "int32")], attrs(starts, ends, (0,), steps)) == [t((count, 20), "int32")]
+    for starts, ends, steps in (((1,), (-1,), None), ((0,), (3,), (-1,)), ((-2,), (3,), None)):
+        with pytest.raises(ValueError, match=r"or by a count that does not depend on it"):
+            infer([t(("n", 20), "int32")], attrs(starts, ends, (0,), steps))
     with pytest.raises(ValueError, match=r"steps: a step of 0"):
         infer([t((4,), "float32")], attrs((0,), (4,), None, (0,)))
     candidates = selection.candidates(OPS["slice"])

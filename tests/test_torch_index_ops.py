@@ -41,6 +41,12 @@ CASES = {
                                                           align_corners=True), [(1, 2, 3, 4)]),
     "adaptive_avg_pool": (lambda x: F.adaptive_avg_pool2d(x, (3, 2)), [(2, 3, 7, 5)]),
     "einsum": (lambda a, b: torch.einsum("bhqd,bhkd->bhqk", a, b), [(2, 2, 3, 4), (2, 2, 5, 4)]),
+    # several index tensors, broadcast together: HF's mask[batch_idx, kv_idx], negative indices, axes apart
+    "index_mask_pairs": (lambda x: x[torch.arange(x.shape[0])[:, None, None, None],
+                                     torch.arange(x.shape[1])[None, None, None, :]], [(2, 6)]),
+    "index_negative_pairs": (lambda x: x[:, torch.tensor([[0], [-1]]), torch.tensor([3, -2, 0])], [(2, 3, 5, 2)]),
+    "index_axes_apart": (lambda x: x[torch.tensor([2, -3]), :, torch.tensor([[1], [-1]])], [(3, 4, 5)]),
+    "min_max_of_two": (lambda a, b: torch.min(a, b) * 2 + torch.max(a, b), [(3, 4), (1, 4)]),
 }
 
 
@@ -84,6 +90,49 @@ def test_a_symbolic_batch_stays_symbolic_and_one_executor_runs_two_sizes():
             assert_close(got, module.double()(x.double()).numpy(), "float32", 16)
         module.float()
         np.testing.assert_equal(got.shape, (rows, 4))
+
+
+def test_a_padding_mask_indexed_by_symbolic_positions_runs_two_sizes():
+    """HF's masks index ``mask[batch_idx, kv_idx]`` with aranges over a symbolic batch and sequence: the paired
+    index stays symbolic, and one executor runs two sizes."""
+    def masked(x, mask):
+        batch_idx = torch.arange(mask.shape[0])[:, None, None, None]
+        kv_idx = torch.arange(mask.shape[1])[None, None, None, :]
+        return x[:, None] * mask.bool()[batch_idx, kv_idx]
+
+    module = Lambda(masked).eval()
+    dynamic = {"inputs": ({0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC},
+                          {0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC})}
+    example = (torch.randn(2, 6), torch.ones(2, 6, dtype=torch.int64))
+    graph = from_torch(module, example, dynamic_shapes=dynamic)
+    assert all(isinstance(d, str) for d in graph.inputs[1].type.shape), graph.inputs[1].type
+    executor = ge2.ExecutorV2(graph)
+    for batch, sequence in ((2, 6), (3, 4)):
+        x = torch.randn(batch, sequence)
+        mask = torch.randint(0, 2, (batch, sequence))
+        got = executor.run({graph.inputs[0].name: x.numpy(), graph.inputs[1].name: mask.numpy()})["y"]
+        np.testing.assert_array_equal(got, masked(x, mask).numpy())
+
+
+def test_diff_and_constants_along_a_symbolic_sequence_run_two_sizes():
+    """HF's packed-sequence check (diff of the positions with one prepended) and T5's full_like of the relative
+    positions, over a symbolic sequence: symbolic in the graph, one executor for two lengths."""
+    def function(positions, x):
+        steps = torch.diff(positions, prepend=positions[:, :1] - 1, dim=-1)
+        capped = torch.min(x, torch.full_like(x, 0.5))
+        return capped * steps + torch.ones_like(x)
+
+    module = Lambda(function).eval()
+    dynamic = {"inputs": ({0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC},
+                          {0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC})}
+    graph = from_torch(module, (torch.arange(12).reshape(2, 6), torch.randn(2, 6)), dynamic_shapes=dynamic)
+    assert isinstance(graph.inputs[0].type.shape[1], str), graph.inputs[0].type
+    executor = ge2.ExecutorV2(graph)
+    for batch, sequence in ((2, 6), (3, 4)):
+        positions = torch.randint(0, 9, (batch, sequence))
+        x = torch.randn(batch, sequence)
+        got = executor.run({graph.inputs[0].name: positions.numpy(), graph.inputs[1].name: x.numpy()})["y"]
+        assert_close(got, function(positions, x.double()).numpy(), "float32", 1, what=f"{batch}x{sequence}")
 
 
 @pytest.mark.parametrize("mask_kind", ["bool", "float", "bool_causal"])

@@ -197,6 +197,8 @@ def _scalar_tensor(ctx, value, dtype=None, **kwargs):
 for _aten, _op in (("minimum", "minimum"), ("maximum", "maximum"), ("logical_and", "logical_and"),
                    ("logical_or", "logical_or"), ("logical_xor", "logical_xor")):
     RULES[f"aten.{_aten}.default"] = _binary(_op)
+RULES["aten.min.other"] = _binary("minimum")  # torch.min(a, b): elementwise, as torch.minimum
+RULES["aten.max.other"] = _binary("maximum")
 for _overload in ("Tensor", "Scalar"):
     RULES[f"aten.remainder.{_overload}"] = _binary("mod", fmod=False)
     RULES[f"aten.fmod.{_overload}"] = _binary("mod", fmod=True)
@@ -541,13 +543,29 @@ def _diff(ctx, x, n=1, dim=-1, prepend=None, append=None):
     if x.type.rank == 0:
         raise Unsupported("diff of a 0-d tensor (torch needs at least 1 dimension)")
     dim = int(dim) % x.type.rank
+    if isinstance(x.type.shape[dim], str):
+        return _diff_symbolic(ctx, x, dim, prepend, append)
     parts = [ctx.tensor(part) for part in (prepend, x, append) if part is not None]
     x = g.concat(parts, axis=dim) if len(parts) > 1 else x
-    if isinstance(x.type.shape[dim], str):
-        raise Unsupported(f"diff along the symbolic dimension '{x.type.shape[dim]}' (GE2 slices those only whole)")
     later = g.slice(x, starts=(1,), ends=(2**63 - 1,), axes=(dim,), steps=(1,))
     earlier = g.slice(x, starts=(0,), ends=(-1,), axes=(dim,), steps=(1,))
     return g.logical_xor(later, earlier) if x.type.dtype == "bool" else g.sub(later, earlier)
+
+
+def _diff_symbolic(ctx, x: Value, dim: int, prepend, append) -> Value:
+    """diff along a symbolic axis with one prepended element (HF's packed-sequence check prepends one position):
+    the same length as x, each element minus the one before it, the first minus the prepended one (x rolled by one,
+    its first element replaced)."""
+    g = ctx.graph
+    prepend = None if prepend is None else ctx.tensor(prepend)
+    if append is not None or prepend is None or prepend.type.shape[dim] != 1:
+        raise Unsupported(f"diff along the symbolic dimension '{x.type.shape[dim]}' without exactly one prepended "
+                          "element (GE2 keeps such an axis whole)")
+    positions = g.arange(x, axis=dim, dtype="int64")
+    first = g.equal(g.reshape(positions, shape=tuple(x.type.shape[dim] if axis == dim else 1
+                                                     for axis in range(x.type.rank))), _number(ctx, 0, "int64"))
+    previous = g.where(first, prepend, g.roll(x, shifts=(1,), axes=(dim,)))
+    return g.logical_xor(x, previous) if x.type.dtype == "bool" else g.sub(x, previous)
 
 
 @rule("aten.select.int")
@@ -741,8 +759,8 @@ def _squeeze(ctx, x, dim=None):
       "aten.zeros_like.default", "aten.full_like.default", "aten.new_ones.default", "aten.new_zeros.default",
       "aten.new_full.default")
 def _filled(ctx, *args, dtype=None, **kwargs):
-    """A constant tensor (ones, zeros, full; of a given size, or like / new from another tensor) as a param: its
-    shape must be concrete."""
+    """A constant tensor (ones, zeros, full; of a given size, or like / new from another tensor) as a param; of a
+    symbolic shape, the number expanded to it."""
     target = ctx.node_target.split(".")[1]
     like = ctx.tensor(args[0]) if target.endswith("_like") or target.startswith("new_") else None
     if target.endswith("_like"):
@@ -752,14 +770,15 @@ def _filled(ctx, *args, dtype=None, **kwargs):
     else:
         size, rest = tuple(ctx.get(args[0])), args[1:]
     value = rest[0] if "full" in target else (1 if "ones" in target else 0)
-    if any(isinstance(d, str) for d in size):
-        raise Unsupported(f"a constant of the symbolic shape {tuple(size)}")
     if dtype is not None:
         name = normalize(dtype, "dtype")
     elif like is not None:
         name = like.type.dtype
     else:
         name = "float32" if isinstance(value, float) else "bool" if isinstance(value, bool) else "int64"
+    if any(isinstance(d, str) for d in size):  # symbolic: the number broadcast to the shape bound at run time
+        number = ctx.graph.param(ctx.graph.unique_name("constant"), np.array(value, to_numpy(name)))
+        return ctx.graph.expand(number, shape=tuple(size))
     return ctx.graph.param(ctx.graph.unique_name("constant"), np.full(tuple(size), value, to_numpy(name)))
 
 
@@ -866,18 +885,63 @@ def _index_select(ctx, x, dim, index):
     return ctx.graph.gather(ctx.tensor(x), ctx.tensor(index), axis=int(dim))
 
 
+def _varying_axes(index: Value, rank: int) -> list[int]:
+    """The axes of the broadcast index shape (``rank`` axes, right-aligned) along which ``index`` is not 1."""
+    offset = rank - index.type.rank
+    return [offset + axis for axis, size in enumerate(index.type.shape) if size != 1]
+
+
 @rule("aten.index.Tensor")
 def _index(ctx, x, indices):
-    """x[..., index, ...] with one index tensor (None for the axes taken whole before it): a gather."""
+    """x[..., i, ...]: one index tensor (None for the axes taken whole before it) is a gather along its axis.
+    Several are broadcast together and paired, as PyTorch does:
+    - as an outer product (each varies along its own broadcast axes, in the order of the axes it indexes: HF's
+      ``mask[batch_idx, kv_idx]``): one gather per indexed axis, symbolic sizes included;
+    - otherwise they address the flattened block of their axes: one gather of i_0 * (n_1 * ... * n_k) + ... + i_k,
+      the later indices taken modulo their axis so that negative ones count from its end (the gather honours the
+      first one's sign); the sizes after the first must be concrete.
+    Indexed axes apart from each other go first, as PyTorch puts the broadcast index dims first then."""
+    g = ctx.graph
     x = ctx.tensor(x)
-    given = [(axis, index) for axis, index in enumerate(indices) if index is not None]
-    if len(given) != 1:
-        raise Unsupported(f"advanced indexing with {len(given)} index tensors (GE2 gathers along one axis)")
-    axis, index = given[0]
-    index = ctx.tensor(index)
-    if index.type.dtype == "bool":
+    given = [(axis, ctx.tensor(index)) for axis, index in enumerate(indices) if index is not None]
+    if not given:
+        raise Unsupported("indexing without an index tensor")
+    if any(index.type.dtype == "bool" for _, index in given):
         raise Unsupported("boolean mask indexing (the result's size depends on the values)")
-    return ctx.graph.gather(x, index, axis=axis)
+    if len(given) == 1:
+        return g.gather(x, given[0][1], axis=given[0][0])
+    axes, indexes = [axis for axis, _ in given], [index for _, index in given]
+    first = axes[0]
+    if axes != list(range(first, first + len(axes))):
+        x = g.transpose(x, perm=tuple(axes + [axis for axis in range(x.type.rank) if axis not in axes]))
+        first = 0
+    shape = x.type.shape
+    rest = shape[first + len(indexes):]
+    rank = max(index.type.rank for index in indexes)
+    spans = [_varying_axes(index, rank) for index in indexes]
+    if all(spans) and all(left[-1] < right[0] for left, right in zip(spans, spans[1:])):
+        broadcast = [1] * rank
+        for index, span in zip(indexes, spans):
+            for axis in span:
+                broadcast[axis] = index.type.shape[axis - (rank - index.type.rank)]
+        y = x
+        for position, index in enumerate(indexes):
+            y = g.gather(y, g.reshape(index, shape=(dims.product(*index.type.shape),)), axis=first + position)
+        return g.reshape(y, shape=(*shape[:first], *broadcast, *rest))
+    sizes = list(shape[first:first + len(indexes)])
+    if any(isinstance(size, str) for size in sizes[1:]):
+        raise Unsupported(f"indexing the axes {axes} of shape {shape} with paired (not outer-product) indices: a "
+                          "symbolic size after the first indexed axis")
+    combined = None
+    for position, index in enumerate(indexes):
+        if position > 0:
+            index = g.mod(index, _number(ctx, sizes[position], index.type.dtype), fmod=False)
+        stride = int(np.prod(sizes[position + 1:], dtype=np.int64))
+        if stride != 1:
+            index = g.mul(index, _number(ctx, stride, index.type.dtype))
+        combined = index if combined is None else g.add(combined, index)
+    merged = g.reshape(x, shape=(*shape[:first], dims.product(*sizes), *rest))
+    return g.gather(merged, combined, axis=first)
 
 
 @rule("aten.cumsum.default")

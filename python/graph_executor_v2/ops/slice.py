@@ -226,17 +226,40 @@ def _infer(in_types, attrs):
         return [TensorType(tuple(symbolic), x.dtype)]
     if x.is_concrete:
         return [TensorType(geometry(x.shape, *_slice_args(attrs)).shape, x.dtype)]
-    # Symbolic extents: a sliced axis must be concrete unless it is sliced whole (start 0, end "to the end", step 1).
+    # Symbolic extents: a sliced axis keeps its symbolic extent when sliced whole, and takes a fixed count where the
+    # slice does not depend on the extent (see _symbolic_axis_slice); any other slice of it is refused.
     _layout.check_rank(x.rank, "x")
     axes, starts, ends, steps = _arguments(x.rank, *_slice_args(attrs))
     shape = list(x.shape)
     for axis, start, end, step in zip(axes, starts, ends, steps):
         if isinstance(shape[axis], int):
             shape[axis] = axis_slice(shape[axis], start, end, step)[1]
-        elif not (start == 0 and end >= _BIG and step == 1):
+            continue
+        extent = _symbolic_axis_slice(shape[axis], start, end, step)
+        if extent is None:
             raise ValueError(f"axes: axis {axis} has the symbolic extent {shape[axis]!r}; it can only be sliced "
-                             f"whole (start 0, end >= {_BIG}, step 1), got start {start}, end {end}, step {step}")
+                             f"whole (start 0, end >= {_BIG}, step 1) or by a count that does not depend on it "
+                             f"(start and end both >= 0, or both from the end, step > 0), got start {start}, end "
+                             f"{end}, step {step}")
+        shape[axis] = extent
     return [TensorType(tuple(shape), x.dtype)]
+
+
+def _symbolic_axis_slice(extent: str, start: int, end: int, step: int):
+    """The extent of a slice of an axis of symbolic ``extent``: ``extent`` itself for the whole axis; a count where
+    the slice reaches a fixed number of elements once the axis is long enough for it (exporters' ``x[:, 0]``,
+    ``x[:, :1]``, ``x[:, -1]``, ``x[:, -4:-1]``, the lengths the model's traced guards promise). A bound plan
+    infers again from the bound sizes, with ONNX clamping. None where the count depends on the extent."""
+    to_end = end >= _BIG
+    if start == 0 and to_end and step == 1:
+        return extent
+    if step <= 0:
+        return None
+    if start >= 0 and 0 <= end and not to_end:
+        return max(0, -(-(end - start) // step))
+    if start < 0 and (to_end or end < 0):
+        return max(0, -(-((0 if to_end else end) - start) // step))
+    return None
 
 
 def _prepare(problem: Problem):

@@ -158,12 +158,13 @@ def _repeated_heads(value: Value) -> tuple[Value, int] | None:
 
 class _Constants:
     """The values computed from parameters only (an exporter's mask built from constants and arange comparisons),
-    found in one sweep in graph order and computed on demand by the ops' references."""
+    found in one sweep in graph order and computed on demand by the ops' references. A value of symbolic shape is
+    none of them (a constant expanded to the sequence length is known only once a plan binds it)."""
 
     def __init__(self, graph: Graph):
         self.derived: set[Value] = set()
         for node in graph.nodes:
-            if (node.opdef.pure and len(node.outputs) == 1
+            if (node.opdef.pure and len(node.outputs) == 1 and node.outputs[0].type.is_concrete
                     and all(x is None or x.is_param or x in self.derived for x in node.inputs)):
                 self.derived.add(node.outputs[0])
         self.known: dict[Value, np.ndarray] = {}

@@ -2,10 +2,11 @@
 # One GPU-machine call within the device tool's 10-minute limit: build, then the whole suite file by file (GPU tests
 # required), then the benchmarks named in GE2_BENCHES, with every log packed so that at most a few files come back.
 #   scripts/gpu_full.sh OUT_DIR [build] [zoo] [test] [bench]       (no stage named: build and test)
-# zoo: the model zoo (python -m graph_executor_v2 zoo) beside the tests, every model in GE2_ZOO_GROUPS (default 5)
-# processes, float32 and float16, ONNX and torch.export, no torch.compile: its import and error columns are what it is
-# for there (its times share the GPU with the tests). GE2_ZOO_ARGS replaces its arguments; GE2_ZOO_SECONDS (default
-# 320) bounds it.
+# zoo: the model zoo (python -m graph_executor_v2 zoo) beside the tests: every model, GE2_ZOO_GROUPS (default 5) at a
+# time (the slowest first), float32 and float16, ONNX and torch.export, the two-sizes check, no torch.compile: its
+# import and error columns are what it is for there (its times share the GPU with the tests). GE2_ZOO_SECONDS
+# (default 320) is its deadline: a model's time limit shrinks to what is left, and zoo.md is rewritten after every
+# model, so a cut run keeps what it did. GE2_ZOO_ARGS replaces its frontend/dtype/time-limit arguments.
 # GE2_DEADLINE_S (default 570) bounds the whole call: the test stage gets what the build left, so the logs always
 # come back. GE2_TEST_ARGS passes extra pytest arguments (e.g. "-k 'not large'"). Headers carried under .gpu/
 # (cudnn_frontend, cutlass) are picked up by scripts/gpu_check.sh.
@@ -23,15 +24,10 @@ mkdir -p "$OUT/work"
 
 [[ " $STAGES " == *" build "* ]] && scripts/gpu_check.sh "$OUT/work" build >/dev/null 2>&1
 if [[ " $STAGES " == *" zoo "* ]]; then
-  models=$(PYTHONPATH=python python3 -c "from graph_executor_v2.zoo.models import MODELS; print(' '.join(MODELS))")
-  groups=${GE2_ZOO_GROUPS:-5}
   zoo_left=${GE2_ZOO_SECONDS:-320}  # done before the suite's exclusive_gpu tests, which read device-wide free memory
-  for ((group = 0; group < groups; group++)); do
-    members=$(echo $models | tr ' ' '\n' | awk -v g=$group -v n=$groups 'NR % n == g' | paste -sd,)
-    PYTHONPATH=python timeout "$zoo_left" python3 -m graph_executor_v2 zoo --models "$members" \
-      ${GE2_ZOO_ARGS:---frontend onnx,torch --dtype float32,float16 --no-compile --time-limit 120} \
-      --out "$OUT/work/zoo_$group.md" >"$OUT/work/zoo_$group.log" 2>&1 &
-  done
+  PYTHONPATH=python timeout $((zoo_left + 15)) python3 -m graph_executor_v2 zoo --jobs "${GE2_ZOO_GROUPS:-5}" \
+    --deadline "$zoo_left" ${GE2_ZOO_ARGS:---frontend onnx,torch --dtype float32,float16 --no-compile --time-limit 200} \
+    --out "$OUT/work/zoo.md" >"$OUT/work/zoo.log" 2>&1 &
 fi
 if [[ " $STAGES " == *" test "* ]]; then
   left=$((deadline - (SECONDS - start) - 25))

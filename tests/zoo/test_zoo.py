@@ -2,6 +2,7 @@
 time), and real models against PyTorch in float64 on the GPU machine (torch, torchvision, transformers)."""
 import json
 import math
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -39,23 +40,66 @@ def _records():
         {"model": "bert", "frontend": "torch", "dtype": "float32", "imported": False, "error": None,
          "problems": [["node_7", "aten.cumsum.default", "ATen op not supported by GE2"]]},
         {"model": "resnet18", "frontend": None, "dtype": "float32", "compile_ms": 0.25},
-        {"model": "resnet18", "frontend": "torch", "dtype": "float32", "check": "two_sizes", "error": None,
-         "match": True, "symbolic_inputs": ["float32[s0, 3, 224, 224]"]},
+        {"model": "resnet18", "frontend": "onnx", "dtype": "float32", "check": "two_sizes", "match": False,
+         "error": "export: UserError: Detected mismatch between the structure of `inputs` and `dynamic_shapes`"},
+        {"model": "bert", "frontend": "torch", "dtype": "float32", "check": "two_sizes", "error": None,
+         "match": True, "symbolic_inputs": ["int64[s0, s1]", "int64[s0, s1]"]},
     ]
 
 
 def test_markdown_table_lists_results_compile_times_and_every_unsupported_node():
     text = zoo.format_markdown(_records(), "settings line")
-    assert "| resnet18 | onnx | float32 | yes | 1.00e-06 | 2.00e-06 | yes | 0.500 | 1.000 | 0.250 | 0 |  |" in text
-    assert "| bert | torch | float32 | **no** |" in text
+    assert ("| resnet18 | onnx | float32 | yes | 1.00e-06 | 2.00e-06 | yes | 0.500 | 1.000 | 0.250 | 0 | **no**: "
+            "export: UserError: Detected mismatch between the structure of `inputs` and `dynamic_shapes` |  |") in text
+    assert "| bert | torch | float32 | **no** |  |  |  |  |  |  |  | yes | 1 unsupported node(s)" in text
     assert "- `node_7` (aten.cumsum.default): ATen op not supported by GE2" in text
     assert "- float32: 1 of 2 (model, frontend) pairs import and match; 1 import" in text
-    assert "| resnet18 | torch | float32[s0, 3, 224, 224] | match |" in text
+    assert "- two sizes: 1 of 2 (model, frontend) pairs run both sizes on one executor and match" in text
+    assert "| bert | torch | int64[s0, s1], int64[s0, s1] | match |" in text
+    assert "| resnet18 | onnx |  | export: UserError: Detected mismatch" in text
+
+
+class _FakeTensor:
+    """What the dynamic-shape helpers read of a tensor: its rank and whether it holds floats."""
+
+    def __init__(self, rank: int, floating: bool):
+        self.rank, self.floating = rank, floating
+
+    def dim(self):
+        return self.rank
+
+    def is_floating_point(self):
+        return self.floating
+
+
+def test_dynamic_shapes_are_keyed_by_the_forward_parameters():
+    """torch.export matches dynamic_shapes against forward's signature: the zoo's wrapper takes ``*inputs`` (one
+    parameter, a tuple, so the spec of its inputs is a tuple under that name); a plain forward gets a spec per
+    named parameter. Batch on axis 0 of every input, sequence on axis 1 of token inputs only."""
+    fake_torch = SimpleNamespace(export=SimpleNamespace(Dim=SimpleNamespace(DYNAMIC=lambda min, max: (min, max))))
+    ids, pixels = _FakeTensor(2, floating=False), _FakeTensor(4, floating=True)
+    batch, sequence = (2, 64), (2, worker.SEQUENCE_MAX)
+
+    class Wrapped:
+        def forward(self, *inputs):
+            return inputs
+
+    class Named:
+        def forward(self, input_ids, pixel_values=None):
+            return input_ids
+
+    assert worker.dynamic_shapes(fake_torch, Wrapped(), (ids, ids)) == {
+        "inputs": ({0: batch, 1: sequence}, {0: batch, 1: sequence})}
+    assert worker.dynamic_shapes(fake_torch, Wrapped(), (pixels,)) == {"inputs": ({0: batch},)}
+    assert worker.dynamic_shapes(fake_torch, Named(), (ids, pixels)) == {"input_ids": {0: batch, 1: sequence},
+                                                                         "pixel_values": {0: batch}}
+    assert worker.dynamic_axes((ids, pixels), ["input0", "input1"]) == {"input0": {0: "batch", 1: "sequence"},
+                                                                       "input1": {0: "batch"}}
 
 
 def _arguments(tmp_path, **given):
     values = dict(models="resnet18", frontend="onnx,torch", dtype="float32", quick=False, no_compile=True,
-                  time_limit=None, two_sizes=False, out=str(tmp_path / "zoo.md"))
+                  time_limit=None, two_sizes=False, jobs=1, deadline=None, out=str(tmp_path / "zoo.md"))
     values.update(given)
     return SimpleNamespace(**values)
 
@@ -81,10 +125,46 @@ def test_zoo_command_writes_the_table_and_rejects_unknown_names(tmp_path, capsys
     assert zoo.main(_arguments(tmp_path, models="resnet18,nope")) == 2
     assert "--models: unknown nope" in capsys.readouterr().err
     assert zoo.main(_arguments(tmp_path, frontend="onnx,caffe")) == 2
+    assert zoo.main(_arguments(tmp_path, jobs=0)) == 2
+    assert "--jobs: expected at least 1, got 0" in capsys.readouterr().err
     assert zoo.main(_arguments(tmp_path)) == 0
     records = json.loads((tmp_path / "zoo.json").read_text())
     assert [(r["model"], r["frontend"]) for r in records] == [("resnet18", "onnx"), ("resnet18", "torch")]
     assert (tmp_path / "zoo.md").read_text().startswith("# Model zoo")
+
+
+def test_models_run_in_parallel_slow_ones_first_within_the_deadline(monkeypatch):
+    """The slow models start first; jobs workers run at a time; a model's time limit shrinks to what the deadline
+    leaves, a model that would start too late is reported as not started, and the table is rewritten after every
+    model with the records so far, in the models' order."""
+    started, limits = [], {}
+
+    def fake_run_model(name, frontends, dtypes, time_limit, compile_too, two_sizes=False, limit_source=""):
+        started.append(name)
+        limits[name] = (time_limit, limit_source)
+        time.sleep(0.3)
+        return [zoo._failed(name, frontend, dtype, "ran") for dtype in dtypes for frontend in frontends]
+
+    monkeypatch.setattr(zoo, "_run_model", fake_run_model)
+    monkeypatch.setattr(zoo, "MINIMUM_START_S", 0.5)
+    slow = next(name for name, spec in MODELS.items() if spec.slow)
+    models = ["resnet18", "vgg11_bn", slow]
+    zoo.run_models(models, ["torch"], ["float32"], time_limit=30, compile_too=False, two_sizes=False)
+    assert started == [slow, "resnet18", "vgg11_bn"]
+    assert all(limit == 30 and source == "" for limit, source in limits.values())
+
+    started.clear()
+    limits.clear()
+    snapshots = []
+    records = zoo.run_models(models, ["torch"], ["float32"], time_limit=30, compile_too=False, two_sizes=False,
+                             jobs=2, deadline=0.7, on_model=lambda so_far: snapshots.append(
+                                 [r["model"] for r in so_far]))
+    assert sorted(started) == sorted([slow, "resnet18"])  # vgg11_bn waited for a job until 0.3 s before the deadline
+    assert [r["model"] for r in records] == models  # the given order, whatever finished first
+    assert records[1]["error"] == "not started: the zoo's deadline of 1 s had passed"
+    assert all(0.5 < limit <= 0.7 and source == " (what the zoo's --deadline left)" for limit, source in
+               limits.values())
+    assert len(snapshots) == 3 and snapshots[-1] == models
 
 
 # --- real models on the GPU machine -----------------------------------------------------------------------------

@@ -18,14 +18,18 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from .models import MODELS
+from .worker import TWO_SIZES
 
 FRONTENDS = ("onnx", "onnx-legacy", "torch")
 DTYPES = ("float32", "float16")
 QUICK_TIME_LIMIT_S = 60
+MINIMUM_START_S = 20  # with less left before --deadline a model is not started: loading torch alone takes seconds
 
 
 def _missing_package(family: str) -> str | None:
@@ -36,9 +40,9 @@ def _missing_package(family: str) -> str | None:
 
 
 def _run_model(name: str, frontends: list[str], dtypes: list[str], time_limit: float, compile_too: bool,
-               two_sizes: bool = False) -> list:
+               two_sizes: bool = False, limit_source: str = "") -> list:
     """The records of one model, from its worker process; a case the worker did not finish gets a record saying
-    why (the time limit, a crash with its last lines of output)."""
+    why (the time limit, with ``limit_source`` naming what set it; a crash with its last lines of output)."""
     missing = _missing_package(MODELS[name].family)
     expected = [(frontend, dtype) for dtype in dtypes for frontend in frontends]
     if missing:
@@ -57,7 +61,7 @@ def _run_model(name: str, frontends: list[str], dtypes: list[str], time_limit: f
                 tail = " | ".join((finished.stderr or finished.stdout).strip().splitlines()[-3:])
                 why = f"worker exited with code {finished.returncode}: {tail[-400:]}"
         except subprocess.TimeoutExpired:
-            why = f"time limit of {time_limit:.0f} s reached"
+            why = f"time limit of {time_limit:.0f} s reached{limit_source}"
         records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     done = {(r["frontend"], r["dtype"]) for r in records if "check" not in r}
     records += [_failed(name, frontend, dtype, why or "the worker wrote no record")
@@ -73,6 +77,15 @@ def _number(value, digits: str) -> str:
     return "" if value is None else format(value, digits)
 
 
+def _two_sizes_cell(check: dict | None, dtype: str) -> str:
+    """The two-sizes column of a row: float32 rows only (the check runs in float32), the reason when it failed."""
+    if check is None or dtype != "float32":
+        return ""
+    if check.get("match"):
+        return "yes"
+    return "**no**: " + (check.get("error") or "").replace("|", "/")[:160]
+
+
 def format_markdown(records: list[dict], settings: str) -> str:
     """The zoo table, the summary of matched pairs per dtype and every unsupported node with its reason."""
     compiled = {(r["model"], r["dtype"]): r for r in records if r["frontend"] is None}
@@ -83,9 +96,13 @@ def format_markdown(records: list[dict], settings: str) -> str:
              "in the same dtype + a floor (1e-5 float32, 1e-3 float16), both at their default precision (TF32 "
              "convolutions, strict FP32 matmuls). Times: median ms on the GPU, GE2 with its CUDA graph, PyTorch eager "
              "and torch.compile (default mode).", "",
+             "two sizes (float32 rows): the model exported with a symbolic batch (and sequence, for token inputs) and "
+             f"one executor run at (batch, sequence) {' and '.join(str(tuple(size)) for size in TWO_SIZES)}, each "
+             "matched against float64 like the row; the reason when not.", "",
              "| model | frontend | dtype | import | GE2 error | PyTorch error | match | GE2 ms | eager ms | "
-             "compile ms | fallbacks | note |",
-             "| --- | --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |"]
+             "compile ms | fallbacks | two sizes | note |",
+             "| --- | --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | --- |"]
+    two_sizes = {(r["model"], r["frontend"]): r for r in checks}
     for r in cases:
         compile_record = compiled.get((r["model"], r["dtype"]), {})
         note = r.get("error") or ""
@@ -99,6 +116,7 @@ def format_markdown(records: list[dict], settings: str) -> str:
                      f"{_number(r.get('ge2_error'), '.2e')} | {_number(r.get('torch_error'), '.2e')} | {match} | "
                      f"{_number(r.get('ge2_ms'), '.3f')} | {_number(r.get('eager_ms'), '.3f')} | "
                      f"{_number(compile_record.get('compile_ms'), '.3f')} | {_number(r.get('fallbacks'), 'd')} | "
+                     f"{_two_sizes_cell(two_sizes.get((r['model'], r['frontend'])), r['dtype'])} | "
                      f"{note.replace('|', '/')} |")
     lines += ["", "## Summary", ""]
     for dtype in sorted({r["dtype"] for r in cases}):
@@ -108,8 +126,11 @@ def format_markdown(records: list[dict], settings: str) -> str:
         lines.append(f"- {dtype}: {matched} of {len(rows)} (model, frontend) pairs import and match; {imported} "
                      "import")
     if checks:
-        lines += ["", "## Symbolic batch: one executor, batches of 2 and 3 (float32)", "",
-                  "| model | frontend | inputs | result |", "| --- | --- | --- | --- |"]
+        matched = sum(bool(r.get("match")) for r in checks)
+        lines.append(f"- two sizes: {matched} of {len(checks)} (model, frontend) pairs run both sizes on one executor "
+                     "and match")
+        lines += ["", "## Symbolic shapes: one executor, two sizes (float32)", "",
+                  "| model | frontend | inputs as imported | result |", "| --- | --- | --- | --- |"]
         for r in checks:
             result = "match" if r.get("match") else (r.get("error") or "").replace("|", "/")
             lines.append(f"| {r['model']} | {r['frontend']} | {', '.join(r.get('symbolic_inputs', []))} | {result} |")
@@ -137,6 +158,44 @@ def _names(text: str | None, allowed, what: str) -> list[str]:
     return names
 
 
+def run_models(models: list[str], frontends: list[str], dtypes: list[str], *, time_limit: float, compile_too: bool,
+               two_sizes: bool, jobs: int = 1, deadline: float | None = None, on_model=None) -> list:
+    """Every model's records, ``jobs`` worker processes at a time. The slow models start first, so that no slow
+    one is left to start near the end; each model gets ``time_limit`` seconds, less where ``deadline`` (seconds
+    from now for the whole run) leaves less, and a model not started before the deadline gets records saying so.
+    ``on_model(records so far, in the order of ``models``)`` is called after every model (the table is written
+    there, so a run cut from outside keeps what it did)."""
+    started = time.perf_counter()
+    done: dict[str, list] = {}
+    lock = threading.Lock()
+
+    def run(name: str) -> list:
+        left = None if deadline is None else deadline - (time.perf_counter() - started)
+        if left is not None and left < MINIMUM_START_S:
+            return [_failed(name, frontend, dtype, f"not started: the zoo's deadline of {deadline:.0f} s had passed")
+                    for dtype in dtypes for frontend in frontends]
+        limit, source = time_limit, ""
+        if left is not None and left < time_limit:
+            limit, source = left, " (what the zoo's --deadline left)"
+        return _run_model(name, frontends, dtypes, limit, compile_too, two_sizes, limit_source=source)
+
+    order = sorted(models, key=lambda name: not MODELS[name].slow)  # stable: the given order within each class
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:  # threads: each one waits on a worker process
+        futures = {pool.submit(run, name): name for name in order}
+        for future in as_completed(futures):
+            name = futures[future]
+            with lock:
+                done[name] = future.result()
+                for r in done[name]:
+                    if r["frontend"] is not None and "check" not in r:
+                        verdict = ("match" if r.get("match") else "MISMATCH" if r.get("match") is False else
+                                   f"{len(r['problems'])} unsupported node(s)" if r["problems"] else r.get("error"))
+                        print(f"{name:30s} {r['frontend']:12s} {r['dtype']:8s} {verdict}", flush=True)
+                if on_model is not None:
+                    on_model([r for model in models if model in done for r in done[model]])
+    return [r for model in models for r in done[model]]
+
+
 def main(arguments) -> int:
     """The ``zoo`` command (arguments from ``__main__``)."""
     try:
@@ -146,30 +205,32 @@ def main(arguments) -> int:
             models = [name for name, spec in MODELS.items() if spec.quick or not arguments.quick]
         frontends = _names(arguments.frontend, FRONTENDS, "frontend")
         dtypes = _names(arguments.dtype or ("float32" if arguments.quick else ",".join(DTYPES)), DTYPES, "dtype")
+        if arguments.jobs < 1:
+            raise ValueError(f"--jobs: expected at least 1, got {arguments.jobs}")
     except ValueError as error:
         print(f"zoo: {error}", file=sys.stderr)
         return 2
     time_limit = arguments.time_limit or (QUICK_TIME_LIMIT_S if arguments.quick else 300)
     compile_too = not (arguments.no_compile or arguments.quick)
-    records = []
     started = time.perf_counter()
-    for name in models:
-        model_records = _run_model(name, frontends, dtypes, time_limit, compile_too,
-                                   arguments.two_sizes or not arguments.quick)
-        records += model_records
-        for r in model_records:
-            if r["frontend"] is not None and "check" not in r:
-                verdict = ("match" if r.get("match") else "MISMATCH" if r.get("match") is False else
-                           f"{len(r['problems'])} unsupported node(s)" if r["problems"] else r.get("error"))
-                print(f"{name:30s} {r['frontend']:12s} {r['dtype']:8s} {verdict}", flush=True)
-    settings = (f"Models: {', '.join(models)}; frontends: {', '.join(frontends)}; dtypes: {', '.join(dtypes)}; batch "
-                f"2; time limit {time_limit:.0f} s per model; torch.compile {'timed' if compile_too else 'not timed'}; "
-                f"total {time.perf_counter() - started:.0f} s.")
-    markdown = format_markdown(records, settings)
     out = Path(arguments.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(markdown)
-    out.with_suffix(".json").write_text(json.dumps(records, indent=1) + "\n")
+
+    def write(records, final: bool = False):
+        settings = (f"Models: {', '.join(models)}; frontends: {', '.join(frontends)}; dtypes: {', '.join(dtypes)}; "
+                    f"batch 2; time limit {time_limit:.0f} s per model"
+                    + (f", {arguments.deadline:.0f} s for the whole run" if arguments.deadline else "")
+                    + f"; {arguments.jobs} model(s) at a time; torch.compile "
+                    f"{'timed' if compile_too else 'not timed'}; "
+                    + (f"total {time.perf_counter() - started:.0f} s." if final else
+                       f"{len({r['model'] for r in records})} of {len(models)} models done so far."))
+        out.write_text(format_markdown(records, settings))
+        out.with_suffix(".json").write_text(json.dumps(records, indent=1) + "\n")
+
+    records = run_models(models, frontends, dtypes, time_limit=time_limit, compile_too=compile_too,
+                         two_sizes=arguments.two_sizes or not arguments.quick, jobs=arguments.jobs,
+                         deadline=arguments.deadline, on_model=write)
+    write(records, final=True)
     print(f"\nwrote {out} and {out.with_suffix('.json')}")
     return 0
 
@@ -187,8 +248,14 @@ def add_parser(commands) -> None:
                              f"float32, no torch.compile, {QUICK_TIME_LIMIT_S} s per model: a few minutes on an H200")
     parser.add_argument("--no-compile", action="store_true", help="do not time torch.compile")
     parser.add_argument("--two-sizes", action="store_true",
-                        help="also import with a symbolic batch and run batches of 2 and 3 on one executor (float32; "
-                             "on by default, off with --quick unless given)")
+                        help="also import with a symbolic batch (and sequence, for token inputs) and run two sizes on "
+                             "one executor (float32; on by default, off with --quick unless given)")
     parser.add_argument("--time-limit", type=float, help="seconds per model (default: 300; 60 with --quick)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="models run at a time, each in its own worker process (default: 1); the slow ones first")
+    parser.add_argument("--deadline", type=float,
+                        help="seconds for the whole run: a model's time limit shrinks to what is left, a model not "
+                             f"started with {MINIMUM_START_S} s left is reported as not started; the table is "
+                             "written after every model")
     parser.add_argument("--out", default="benchmarks/results/zoo.md", help="the markdown file (JSON next to it)")
     parser.set_defaults(handler=main)

@@ -20,6 +20,7 @@ class Spec:
     family: str  # "torchvision" or "transformers": the package it needs
     build: Callable  # build(torch) -> (module, inputs)
     quick: bool = False  # part of the --quick subset
+    slow: bool = False  # among the slowest to export and plan: started first when models run in parallel
 
 
 def _wrapped(torch, model, names: tuple[str, ...]):
@@ -51,6 +52,10 @@ def _torchvision(name: str, size: int = 224, **kwargs):
         for package in packages:
             owner = getattr(owner, package)
         model = getattr(owner, function)(weights=None, **kwargs).eval()
+        with torch.no_grad():  # ViT's head starts at zero: an all-zero output would compare nothing
+            for parameter in model.parameters():
+                if parameter.dim() >= 2 and not parameter.any():
+                    torch.nn.init.normal_(parameter, std=0.02)
         image = torch.randn(BATCH, 3, size, size)
         return _wrapped(torch, model, ("x",)), (image,)
 
@@ -110,16 +115,17 @@ MODELS: dict[str, Spec] = {
     "mobilenet_v2": Spec("torchvision", _torchvision("mobilenet_v2")),
     "mobilenet_v3_large": Spec("torchvision", _torchvision("mobilenet_v3_large"), quick=True),
     "efficientnet_b0": Spec("torchvision", _torchvision("efficientnet_b0")),
-    "efficientnet_v2_s": Spec("torchvision", _torchvision("efficientnet_v2_s")),
-    "densenet121": Spec("torchvision", _torchvision("densenet121")),
+    "efficientnet_v2_s": Spec("torchvision", _torchvision("efficientnet_v2_s"), slow=True),
+    "densenet121": Spec("torchvision", _torchvision("densenet121"), slow=True),
     "googlenet": Spec("torchvision", _torchvision("googlenet", aux_logits=False, init_weights=True)),
-    "inception_v3": Spec("torchvision", _torchvision("inception_v3", size=299, aux_logits=False, init_weights=True)),
+    "inception_v3": Spec("torchvision", _torchvision("inception_v3", size=299, aux_logits=False, init_weights=True),
+                         slow=True),
     "convnext_tiny": Spec("torchvision", _torchvision("convnext_tiny"), quick=True),
-    "vit_b_16": Spec("torchvision", _torchvision("vit_b_16")),
+    "vit_b_16": Spec("torchvision", _torchvision("vit_b_16"), slow=True),
     "vgg11_bn": Spec("torchvision", _torchvision("vgg11_bn")),
     "shufflenet_v2_x1_0": Spec("torchvision", _torchvision("shufflenet_v2_x1_0")),
     "deeplabv3_mobilenet_v3_large": Spec("torchvision", _torchvision("segmentation.deeplabv3_mobilenet_v3_large",
-                                                                     size=128, weights_backbone=None)),
+                                                                     size=128, weights_backbone=None), slow=True),
     "bert": Spec("transformers", _transformers("BertConfig", "BertModel", _TEXT, "ids+mask"), quick=True),
     "roberta": Spec("transformers", _transformers("RobertaConfig", "RobertaModel", dict(_TEXT, pad_token_id=1,
                                                                                         max_position_embeddings=66),
@@ -127,8 +133,10 @@ MODELS: dict[str, Spec] = {
     "gpt2": Spec("transformers", _transformers("GPT2Config", "GPT2LMHeadModel",
                                                dict(vocab_size=VOCABULARY, n_embd=128, n_layer=2, n_head=4,
                                                     n_positions=64, use_cache=False), "ids"), quick=True),
-    "llama": Spec("transformers", _transformers("LlamaConfig", "LlamaForCausalLM", _DECODER, "ids"), quick=True),
-    "mistral": Spec("transformers", _transformers("MistralConfig", "MistralForCausalLM", _DECODER, "ids")),
+    "llama": Spec("transformers", _transformers("LlamaConfig", "LlamaForCausalLM", _DECODER, "ids"), quick=True,
+                  slow=True),
+    "mistral": Spec("transformers", _transformers("MistralConfig", "MistralForCausalLM", _DECODER, "ids"),
+                    slow=True),
     "vit": Spec("transformers", _transformers("ViTConfig", "ViTModel", _VISION, "pixels")),
     "clip_vision": Spec("transformers", _transformers("CLIPVisionConfig", "CLIPVisionModel", _VISION, "pixels")),
     "t5_encoder": Spec("transformers", _transformers("T5Config", "T5EncoderModel",

@@ -17,7 +17,9 @@ Operands of the full shape are read and written as 16-byte packs of ``V`` elemen
 accesses at the same columns otherwise. ``gamma``/``beta`` (shape ``(cols,)``) and broadcast operands are read
 element by element (they stay in L1/L2).
 Rows of at most ``WARP_ROW_LIMIT`` elements: a warp per row, ``WARP_ROWS_PER_BLOCK`` rows a block; longer rows up
-to ``ROW_LIMIT``: a block per row. Longer rows keep the hand-written kernels (the fusion pass does not group them).
+to ``ROW_LIMIT``: a block per row, of enough threads (128 to 1024) for two chunks each. The epilogue's full-shape
+operands (a residual) are loaded with the row (within ``PREFETCH_PACKS`` a thread), so their latency hides behind
+the reductions. Longer rows keep the hand-written kernels (the fusion pass does not group them).
 
 Epilogue members read group inputs, constants, the row op's output, later members and the row op's input (kept in
 registers); never another prologue member (it is not kept). Outputs are the row op's input (when a member),
@@ -42,6 +44,7 @@ ROW_LIMIT = 16384  # elements a row held in registers: 16 floats a thread at 102
 WARP_ROW_LIMIT = 1024
 WARP_ROWS_PER_BLOCK = 4
 MAX_THREADS = 1024
+PREFETCH_PACKS = 8  # 16-byte packs of the epilogue's operands a thread loads early (registers)
 
 
 @dataclass(frozen=True)
@@ -149,9 +152,9 @@ class RowGroup:
         warp_rows = cols <= WARP_ROW_LIMIT
         if warp_rows:
             row_threads, block = 32, 32 * WARP_ROWS_PER_BLOCK
-        else:
+        else:  # two chunks a thread (more loads in flight, more blocks a multiprocessor), 128 to 1024 threads
             packs_per_row = -(-cols // vector)
-            row_threads = min(MAX_THREADS, -(-packs_per_row // 32) * 32)
+            row_threads = min(MAX_THREADS, max(128, -(-packs_per_row // (2 * 32)) * 32))
             block = row_threads
         chunks = -(-cols // (vector * row_threads))
         warps = block // 32
@@ -169,16 +172,32 @@ class RowGroup:
                 raw = f"in{k}[{broadcast_index(extents, carried[k], 'i', suffix)}]"
             return elements.from_storage(t.dtype, raw)
 
-        def pack_loads(ks) -> list[str]:
+        # The epilogue's full-shape operands (a residual) are loaded with the row, in the vectorized path, so their
+        # latency hides behind the statistics' reductions (within PREFETCH_PACKS a thread).
+        prefetched, budget = [], PREFETCH_PACKS
+        for k in (k for k in reread if full[k] and vector > 1):
+            if chunks * packs_of(in_types[k].dtype) <= budget:
+                prefetched.append(k)
+                budget -= chunks * packs_of(in_types[k].dtype)
+
+        def pack_loads(ks, phase: int) -> list[str]:
             lines = []
             for k in ks:
                 if not full[k]:
                     continue
                 storage = elements.storage_type(in_types[k].dtype)
                 packs = packs_of(in_types[k].dtype)
+                if phase == 3 and k in prefetched:
+                    lines.append(f"const {storage}* e{k} = reinterpret_cast<const {storage}*>(pre{k} + c * {packs});")
+                    continue
                 lines.append(f"ge2_pack p{k}[{packs}];")
                 lines += [f"p{k}[{q}] = reinterpret_cast<const ge2_pack*>(in{k} + base)[{q}];" for q in range(packs)]
                 lines.append(f"const {storage}* e{k} = reinterpret_cast<const {storage}*>(p{k});")
+            if phase == 1:
+                for k in prefetched:
+                    packs = packs_of(in_types[k].dtype)
+                    source = f"p{k}" if k in ks else f"reinterpret_cast<const ge2_pack*>(in{k} + base)"
+                    lines += [f"pre{k}[c * {packs} + {q}] = {source}[{q}];" for q in range(packs)]
             return lines
 
         def input_values(ks, vectorized: bool) -> list[str]:
@@ -234,7 +253,7 @@ class RowGroup:
             return lines
 
         def chunk_loop(body_vector: list[str], body_scalar: list[str], loads, stores: bool) -> str:
-            vector_lines = list(pack_loads(loads))
+            vector_lines = list(pack_loads(loads, 3 if stores else 1))
             if stores:
                 for k in parameter_inputs:
                     storage = elements.storage_type(in_types[k].dtype)
@@ -385,6 +404,7 @@ extern "C" __global__ void __launch_bounds__({block}) {name}({", ".join(paramete
   {shared}
   {row_loop}
     float v[{chunks * vector}];
+{indent([f"ge2_pack pre{k}[{chunks * packs_of(in_types[k].dtype)}];" for k in prefetched], 4)}
 {indent([chunk_loop(phase1(True), phase1(False), prologue_inputs, False)], 4)}
     {statistics}
 {indent([chunk_loop(phase3(True), phase3(False), reread, True)], 4)}

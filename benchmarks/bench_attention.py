@@ -24,7 +24,8 @@ NO_WINDOW = (-1, -1)
 SHAPES = [(8, 12, 1024, 64, True, NO_WINDOW), (8, 12, 1024, 64, False, NO_WINDOW), (4, 16, 4096, 128, True, NO_WINDOW),
           (16, 16, 512, 128, False, NO_WINDOW), (1, 32, 8192, 128, True, NO_WINDOW),
           # sliding windows: Mistral's (4096 keys back, none ahead) and a symmetric local band
-          (2, 16, 8192, 128, False, (4095, 0)), (4, 16, 4096, 128, False, (256, 256)), (8, 12, 2048, 64, True, (512, -1))]
+          (2, 16, 8192, 128, False, (4095, 0)), (4, 16, 4096, 128, False, (256, 256)),
+          (8, 12, 2048, 64, True, (512, -1))]
 QUICK_SHAPES = SHAPES[:2] + SHAPES[-1:]
 
 

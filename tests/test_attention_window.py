@@ -203,7 +203,8 @@ CUDNN_CASES = (
     (5, 5, True, (2, -1), 0.0, None),
     (3, 9, False, (2, 1), 0.0, None),
     (3, 9, False, (-1, 0), 0.0, None),
-    (3, 9, True, (7, -1), 0.0, "takes causal \\(top-left\\) with a window \\(bottom-right\\) only where seq_q == seq_k"),
+    (3, 9, True, (7, -1), 0.0,
+     "takes causal \\(top-left\\) with a window \\(bottom-right\\) only where seq_q == seq_k"),
     (9, 5, False, (6, -1), 0.0, "takes a window's left bound only where seq_q <= seq_k"),
     (9, 5, False, (-1, 4), 0.0, None),
 )

@@ -31,8 +31,9 @@ A query row with no visible key (a window or a causal mask that hides every key,
 gradients are 0 too).
 
 Backward, from dy and the saved y and lse: ``D_i = dy_i . y_i``, ``P_ij = exp(scale * q_i . k_j - lse_i)``,
-``dS_ij = P_ij (dy_i . v_j - D_i)`` (times the soft cap's derivative), ``dq = scale dS k``, ``dk = scale dS^T q``, ``dv = P^T dy`` (dk, dv summed over the
-query heads of each K/V group). lse carries no gradient: it is a saved statistic.
+``dS_ij = P_ij (dy_i . v_j - D_i)`` (times the soft cap's derivative), ``dq = scale dS k``, ``dk = scale dS^T q``,
+``dv = P^T dy`` (dk, dv summed over the query heads of each K/V group). lse carries no gradient: it is a saved
+statistic.
 
 Kernel candidates (``kernels()``), in priority order (``auto`` takes the first that applies):
 1. ``cudnn``: cuDNN's fused SDPA through the cuDNN frontend (Graph::sdpa, whose row statistics are lse, and
@@ -357,7 +358,7 @@ _ATTRS = (
     Attr("layout", str, "bhsd", choices=LAYOUTS, doc="bhsd: [batch, heads, seq, head_dim]; bshd: [batch, seq, "
                                                      "heads, head_dim]"),
     Attr("window", tuple, (-1, -1), check=_window_problem,
-         doc="(left, right): row i sees keys i + seq_k - seq_q - left <= j <= i + seq_k - seq_q + right; -1: unbounded"),
+         doc="(left, right): row i sees keys i + o - left <= j <= i + o + right, o = seq_k - seq_q; -1: unbounded"),
     Attr("softcap", float, 0.0, check=_softcap_problem, doc="c > 0: scores s become c * tanh(s / c); 0: off"),
 )
 

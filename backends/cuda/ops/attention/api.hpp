@@ -1,11 +1,12 @@
-// attention: O = softmax(scale * Q K^T + bias + causal mask) V per (batch, head), with grouped K/V heads (GQA: query
-// head h reads K/V head h / (heads_q / heads_kv)) and an optional additive bias [1 or batch, 1 or heads_q, seq_q,
-// seq_k] of the inputs' dtype (a padding mask, a relative position bias; -inf hides a key). Causal uses the top-left alignment (PyTorch's is_causal): query row i
-// sees keys j <= i, whatever seq_q and seq_k are. A sliding window (left, right) uses the bottom-right alignment
-// (FlashAttention's): row i sees keys i + seq_k - seq_q - left <= j <= i + seq_k - seq_q + right, -1 leaving a side
-// unbounded; causal and the window apply together. A soft cap c > 0 turns each scaled score s into c tanh(s / c)
-// before the bias and the mask. A row with no visible key gives O = 0 and lse = +inf (so P = exp(s - lse) = 0 in
-// the backward). float32 math and softmax statistics whatever the storage type.
+// attention: O = softmax(softcap(scale * Q K^T) + bias + masks) V per (batch, head), with grouped K/V heads (GQA:
+// query head h reads K/V head h / (heads_q / heads_kv)) and an optional additive bias [1 or batch, 1 or heads_q,
+// seq_q, seq_k] of the inputs' dtype (a padding mask, a relative position bias; -inf hides a key). Causal uses the
+// top-left alignment (PyTorch's is_causal): query row i sees keys j <= i, whatever seq_q and seq_k are. A sliding
+// window (left, right) uses the bottom-right alignment (FlashAttention's): row i sees keys
+// i + seq_k - seq_q - left <= j <= i + seq_k - seq_q + right, -1 leaving a side unbounded; causal and the window
+// apply together. A soft cap c > 0 turns each scaled score s into c tanh(s / c) before the bias and the mask. A row
+// with no visible key gives O = 0 and lse = +inf (so P = exp(s - lse) = 0 in the backward). float32 math and softmax
+// statistics whatever the storage type.
 //   forward:  O, and lse[b, h, i] = log(sum_j exp(scale * q_i . k_j)) over the visible keys (float32)
 //   backward: D_i = dO_i . O_i; P_ij = exp(scale * q_i . k_j - lse_i); dS_ij = P_ij * (dO_i . v_j - D_i)
 //             dQ_i = scale * sum_j dS_ij k_j; dK_j = scale * sum_i dS_ij q_i; dV_j = sum_i P_ij dO_i

@@ -51,7 +51,8 @@ __global__ void row_dot_kernel(Shape s, const T* __restrict__ dout, const T* __r
   if (lane == 0) row_dot[row] = partial;
 }
 
-template <int kHeadDim, typename T>
+// kSoftcap: a separate instantiation, because the cap's code costs the head_dim-128 kernel registers it spills.
+template <int kHeadDim, typename T, bool kSoftcap>
 __global__ void __launch_bounds__(kThreads, 2)
     flash_backward_kernel(Shape s, const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
                           const T* __restrict__ v, const float* __restrict__ lse, const float* __restrict__ row_dot,
@@ -111,6 +112,15 @@ __global__ void __launch_bounds__(kThreads, 2)
   const float scale_log2 = s.scale * kLog2e;
   const int key_row0 = warp * 16;  // this warp's key rows in the tile
   const int64_t keys[2] = {n0 + key_row0 + (lane >> 2), n0 + key_row0 + (lane >> 2) + 8};
+  // The query rows that see each of the thread's two keys, [query_from, query_to) (none past the end of K), once per
+  // CTA: the per-element test is then two 32-bit compares (lengths are <= kMaxSeq).
+  int query_from[2], query_to[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const bool key_valid = keys[r] < s.seq_k;
+    query_from[r] = key_valid ? static_cast<int>(s.query_begin(keys[r])) : 0;
+    query_to[r] = key_valid ? static_cast<int>(s.query_end(keys[r])) : 0;
+  }
 
   for (int64_t step = 0; step < steps; ++step) {
     const int buffer = static_cast<int>(step & 1);
@@ -146,10 +156,9 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int column = n * 8 + 2 * (lane & 3) + (e & 1);
-        const int64_t query = m0 + column, key = keys[e >> 1];
-        const bool visible = query < s.seq_q && key < s.seq_k && key >= s.key_begin(query) && key < s.key_end(query);
-        const float score = s.softcap > 0.0f ? s.softcap * kLog2e * tanhf(p[n][e] * s.scale / s.softcap)
-                                             : p[n][e] * scale_log2;
+        const int query = static_cast<int>(m0) + column;  // query_to <= seq_q
+        const bool visible = query >= query_from[e >> 1] && query < query_to[e >> 1];
+        const float score = kSoftcap ? softcap_log2(p[n][e] * s.scale, s.softcap) : p[n][e] * scale_log2;
         p[n][e] = visible ? exp2f(score - lse_tile[column] * kLog2e) : 0.0f;
       }
     }
@@ -190,8 +199,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int e = 0; e < 4; ++e) {
         const int column = n * 8 + 2 * (lane & 3) + (e & 1);
         ds[n][e] = p[n][e] * (ds[n][e] - dot_tile[column]);
-        if (s.softcap > 0.0f && p[n][e] > 0.0f) {
-          const float t = (log2f(p[n][e]) * kLn2 + lse_tile[column]) / s.softcap;
+        if (kSoftcap && p[n][e] > 0.0f) {
+          const float t = (__log2f(p[n][e]) * kLn2 + lse_tile[column]) / s.softcap;
           ds[n][e] *= 1.0f - t * t;
         }
       }
@@ -288,12 +297,13 @@ void launch(const BackwardArgs& args, float* row_dot, float* dq_accumulator, cud
   GE2_CHECK_LAUNCH("attention flash backward (row dot)");
 
   constexpr int bytes = backward_shared_bytes<kHeadDim>();
-  check_cuda(cudaFuncSetAttribute(flash_backward_kernel<kHeadDim, T>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
-             GE2_OP_NAME, "cudaFuncSetAttribute(flash backward shared memory)");
+  auto kernel =
+      s.softcap > 0.0f ? flash_backward_kernel<kHeadDim, T, true> : flash_backward_kernel<kHeadDim, T, false>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), GE2_OP_NAME,
+             "cudaFuncSetAttribute(flash backward shared memory)");
   const dim3 grid(static_cast<unsigned>(s.batch * s.heads_kv),
                   static_cast<unsigned>((s.seq_k + kBlockN - 1) / kBlockN));
-  flash_backward_kernel<kHeadDim, T><<<grid, kThreads, bytes, stream>>>(
+  kernel<<<grid, kThreads, bytes, stream>>>(
       s, static_cast<const T*>(args.dout), static_cast<const T*>(args.q), static_cast<const T*>(args.k),
       static_cast<const T*>(args.v), args.lse, row_dot, dq_accumulator, static_cast<T*>(args.dk),
       static_cast<T*>(args.dv));

@@ -20,6 +20,14 @@ namespace ge2::attention::flash {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// c tanh(x / c) (the logit soft cap) in the log2 domain, as 1 - 2 / (2^(2 log2e |x| / c) + 1) on the fast exp2 and
+// reciprocal: a few instructions and registers where tanhf takes dozens (the backward kernel is at its register
+// limit). Its absolute error, about 2^-23 c near 0 and below that elsewhere, is far below a 16-bit P's rounding.
+__device__ __forceinline__ float softcap_log2(float x, float cap) {
+  const float tanh_abs = 1.0f - __fdividef(2.0f, exp2f(2.0f * kLog2e * fabsf(x) / cap) + 1.0f);
+  return copysignf(cap * kLog2e * tanh_abs, x);
+}
+
 __device__ __forceinline__ uint32_t shared_address(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
 }

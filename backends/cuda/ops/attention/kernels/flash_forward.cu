@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         const int64_t column = n0 + n * 8 + 2 * (lane & 3) + (e & 1);
         const bool hidden = masked && (column < begins[e >> 1] || column >= ends[e >> 1]);
         if (s.softcap > 0.0f) {  // c tanh(scale s / c), into the log2 domain
-          scores[n][e] = s.softcap * kLog2e * tanhf(scores[n][e] * s.scale / s.softcap);
+          scores[n][e] = softcap_log2(scores[n][e] * s.scale, s.softcap);
         } else {
           scores[n][e] *= scale_log2;
         }

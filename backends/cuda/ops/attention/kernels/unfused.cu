@@ -1,6 +1,7 @@
 // unfused: attention through memory, for any head_dim and length. Per chunk of the problem: S = scale Q K^T on
 // cuBLASLt (float32 scores), a block per score row for the soft cap, the mask (causal, window) and the softmax
-// (float32 statistics; writes lse and P), then O = P V on cuBLASLt. The backward recomputes P from the saved lse and runs
+// (float32 statistics; writes lse and P), then O = P V on cuBLASLt. The backward recomputes P from the saved lse and
+// runs
 //   dV += P^T dO;  dP = dO V^T;  dS = P (dP - D), D_i = dO_i . O_i;  dQ = scale dS K;  dK += scale dS^T Q.
 //
 // Precision. cuBLASLt multiplies A and B of one type, so the tensor-core GEMMs need P (and dS) in the input dtype.
@@ -489,7 +490,8 @@ void launch_unfused_backward(const BackwardArgs& args, void* workspace, cudaStre
                             score_grad_kernel<scalar_t><<<static_cast<unsigned>(chunk.count * chunk.rows),
                                                           row_threads(s.seq_k), 0, stream>>>(
                                 row_block(plan, chunk), scratch.scores, scratch.row_dot + chunk.stat_offset,
-                                args.lse + chunk.stat_offset, static_cast<scalar_t*>(scratch.probs), static_cast<scalar_t*>(scratch.residuals)));
+                                args.lse + chunk.stat_offset, static_cast<scalar_t*>(scratch.probs),
+                                static_cast<scalar_t*>(scratch.residuals)));
       GE2_CHECK_LAUNCH("attention unfused softmax backward");
       rows_product(plan, chunk, scratch, args.k, s.scale, args.dq, stream);
       probs_gemm(plan, chunk, scratch, /*rows_side=*/false, args.q, s.scale, beta, dk_target, stream);

@@ -12,7 +12,9 @@ cutlass_sm90 rows (results gemm_cutlass; needs a build with CUTLASS and an sm_90
 GE2's CUTLASS candidate pinned by name against GE2's cuBLASLt candidate on plain GEMMs >= 2048 (target >= 0.95x),
 and on y = gelu(A @ B + bias + C) (bias, gelu and the residual C, beta = 1, in its one epilogue) at 4096^3 and
 8192x1024x4096 against cuBLASLt's matmul plus one separate bias/residual/gelu kernel (cublaslt_postkernel, target
->= 1.1x) and against cuBLASLt's own one-pass epilogue with C (cublaslt_epilogue).
+>= 1.1x) and against cuBLASLt's own one-pass epilogue with C (cublaslt_epilogue); and on the skip connection
+y = gelu(A @ B + bias) + C (residual_after_act) against cuBLASLt's bias+gelu epilogue plus a separate add (target
+>= 1.1x) and against cuBLASLt's matmul plus GE2's post-kernel (cublaslt_postkernel).
 
 Run: python benchmarks/bench_gemm.py [--quick]
 """
@@ -143,31 +145,43 @@ def cutlass_unavailable() -> str:
                                                     False, True, False, False)
 
 
-def bench_cutlass(torch, m, n, k, dtype_name, fused):
+CUTLASS_EPILOGUES = {"none": {}, "bias+gelu+residual": {"act": "gelu", "beta": 1.0},
+                     "bias+gelu, then +residual": {"act": "gelu", "beta": 1.0, "residual_after_act": True}}
+
+
+def bench_cutlass(torch, m, n, k, dtype_name, epilogue):
     dtype = getattr(torch, dtype_name)
+    fused = epilogue != "none"
+    after = epilogue == "bias+gelu, then +residual"
     a = torch.randn(m, k, device="cuda", dtype=dtype) / k**0.5
     b = torch.randn(k, n, device="cuda", dtype=dtype)
     bias = torch.randn(n, device="cuda", dtype=dtype) if fused else None
     c = torch.randn(m, n, device="cuda", dtype=dtype) if fused else None
     out, lt_out = torch.empty(m, n, device="cuda", dtype=dtype), torch.empty(m, n, device="cuda", dtype=dtype)
-    kwargs = {"act": "gelu", "beta": 1.0} if fused else {}
+    kwargs = CUTLASS_EPILOGUES[epilogue]
     run_cutlass = lambda: gemm.forward(a, b, bias, c, kernel="cutlass_sm90", out=out, **kwargs)  # noqa: E731
-    run_lt = lambda: gemm.forward(a, b, bias, c, kernel="cublaslt_epilogue", out=lt_out, **kwargs)  # noqa: E731
+    if after:  # cuBLASLt's bias+gelu epilogue, then the residual added by a separate kernel
+        def run_lt():
+            gemm.forward(a, b, bias, None, act="gelu", kernel="cublaslt_epilogue", out=lt_out)
+            lt_out.add_(c)
+    else:
+        run_lt = lambda: gemm.forward(a, b, bias, c, kernel="cublaslt_epilogue", out=lt_out, **kwargs)  # noqa: E731
     run_cutlass()
     run_lt()
     error = ((out.float() - lt_out.float()).abs().max() / lt_out.float().abs().max()).item()
     if not error < (1e-2 if dtype_name == "bfloat16" else 2e-3):
         raise AssertionError(f"cutlass_sm90 disagrees with cuBLASLt at {m}x{n}x{k} {dtype_name}: rel err {error:.3e}")
-    times = {"cutlass_ms": median_ms(run_cutlass), "lt_ms": median_ms(run_lt)}
+    # with the residual after the activation cuBLASLt has no one-pass epilogue: run_lt is the two-kernel baseline
+    times = {"cutlass_ms": median_ms(run_cutlass), "lt_plus_add_ms" if after else "lt_ms": median_ms(run_lt)}
     if fused:
-        # cuBLASLt's plain matmul, then bias, residual and gelu by one separate kernel (the same math, two passes)
+        # cuBLASLt's plain matmul, then bias, residual and gelu by GE2's one post-kernel (the same math, two passes)
         post_out = torch.empty(m, n, device="cuda", dtype=dtype)
-        times["lt_plus_add_ms"] = median_ms(
+        times["postkernel_ms"] = median_ms(
             lambda: gemm.forward(a, b, bias, c, kernel="cublaslt_postkernel", out=post_out, **kwargs))
-    row = {"shape": f"{m}x{n}x{k}", "dtype": dtype_name, "epilogue": "bias+gelu+residual" if fused else "none",
-           **times, "max_rel_err": error}
+        times.setdefault("lt_plus_add_ms", times["postkernel_ms"])
+    row = {"shape": f"{m}x{n}x{k}", "dtype": dtype_name, "epilogue": epilogue, **times, "max_rel_err": error}
     row["cutlass_tflops"] = 2.0 * m * n * k / (times["cutlass_ms"] * 1e-3) / 1e12
-    row["vs_lt"] = times["lt_ms"] / times["cutlass_ms"]
+    row["vs_lt"] = times["lt_ms"] / times["cutlass_ms"] if "lt_ms" in times else float("nan")
     row["vs_lt_plus_add"] = times["lt_plus_add_ms"] / times["cutlass_ms"] if fused else float("nan")
     row["target"] = "vs cuBLASLt+add>=1.1" if fused else "vs cuBLASLt>=0.95"
     met = row["vs_lt_plus_add"] >= 1.1 if fused else row["vs_lt"] >= 0.95
@@ -181,16 +195,18 @@ def main_cutlass(torch, quick: bool) -> None:
         print(f"cutlass_sm90 rows skipped: {reason}")
         return
     rows = []
-    cases = [(shape, False) for shape in CUTLASS_PLAIN_SHAPES] + [(shape, True) for shape in CUTLASS_FUSED_SHAPES]
-    for (m, n, k), fused in cases[:3] if quick else cases:
+    cases = [(shape, "none") for shape in CUTLASS_PLAIN_SHAPES] + [
+        (shape, epilogue) for shape in CUTLASS_FUSED_SHAPES for epilogue in list(CUTLASS_EPILOGUES)[1:]]
+    for (m, n, k), epilogue in cases[:3] if quick else cases:
         for dtype_name in ("float16", "bfloat16"):
-            row = bench_cutlass(torch, m, n, k, dtype_name, fused)
+            row = bench_cutlass(torch, m, n, k, dtype_name, epilogue)
             rows.append(row)
-            print(f"{row['shape']:>16} {dtype_name:<8} {row['epilogue']:<18} cutlass_sm90 {row['cutlass_ms']:.4f} ms "
+            print(f"{row['shape']:>16} {dtype_name:<8} {row['epilogue']:<25} cutlass_sm90 {row['cutlass_ms']:.4f} ms "
                   f"{row['cutlass_tflops']:6.1f} TF/s | cuBLASLt x{row['vs_lt']:.3f} | cuBLASLt+add "
                   f"x{row['vs_lt_plus_add']:.3f} {row['met']}", flush=True)
     columns = [("shape", "M x N x K"), ("dtype", "dtype"), ("epilogue", "epilogue"), ("cutlass_ms", "cutlass_sm90 ms"),
                ("cutlass_tflops", "cutlass_sm90 TFLOP/s"), ("lt_ms", "cuBLASLt (same epilogue) ms"),
+               ("postkernel_ms", "cuBLASLt + GE2 post-kernel ms"),
                ("lt_plus_add_ms", "cuBLASLt + epilogue kernel ms"), ("vs_lt", "x vs cuBLASLt"),
                ("vs_lt_plus_add", "x vs cuBLASLt+add"), ("target", "target"), ("met", "met")]
     print(write_results("gemm_cutlass", rows, columns, "cutlass_sm90 vs cuBLASLt (medians, L2 flushed)"))

@@ -61,6 +61,12 @@ CASES = [
      {"act": "silu", "alpha": 0.7, "beta": 0.5}),
     ("gemm_residual_beta1", "gemm", lambda r: [_normal(r, (1, 4)), _normal(r, (4, 3)), None, _normal(r, (1, 3))],
      {"beta": 1.0}),
+    ("gemm_residual_after_gelu", "gemm", lambda r: [_normal(r, (5, 4)), _normal(r, (4, 3)), _normal(r, (3,)),
+                                                    _normal(r, (5, 3))],
+     {"act": "gelu", "beta": 0.5, "residual_after_act": True}),
+    ("gemm_residual_after_relu", "gemm", lambda r: [_normal(r, (5, 4)), _normal(r, (4, 3)), None,
+                                                    _normal(r, (5, 3))],
+     {"act": "relu", "beta": 1.0, "residual_after_act": True}),
     ("matmul", "matmul", lambda r: [_normal(r, (5, 7)), _normal(r, (7, 3))], {}),
     # batched: A's batch dim broadcast against B's, B missing A's leading dim (both summed back in the gradient)
     ("matmul_batched", "matmul", lambda r: [_normal(r, (2, 1, 3, 4)), _normal(r, (3, 4, 2))], {}),

@@ -31,6 +31,17 @@ def test_reference_matches_closed_form():
     np.testing.assert_array_equal(y, np.maximum(expected_z, 0))
 
 
+def test_reference_adds_the_residual_after_the_activation():
+    a = np.array([[1.0, 2.0], [3.0, 4.0]])
+    b = np.array([[5.0, -6.0], [7.0, 8.0]])
+    bias = np.array([1.0, -100.0])
+    c = np.array([[1.0, -2.0], [0.5, 4.0]])
+    y, z = gemm.reference(a, b, bias, c, act="relu", alpha=2.0, beta=3.0, residual_after_act=True)
+    expected_z = 2.0 * np.array([[19.0, 10.0], [43.0, 14.0]]) + bias
+    np.testing.assert_array_equal(z, expected_z)
+    np.testing.assert_array_equal(y, np.maximum(expected_z, 0) + 3.0 * c)
+
+
 def test_reference_transposes():
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((3, 5)), rng.standard_normal((4, 3))
@@ -38,12 +49,13 @@ def test_reference_transposes():
     np.testing.assert_allclose(y, a.T @ b.T)
 
 
+@pytest.mark.parametrize("residual_after_act", (False, True))
 @pytest.mark.parametrize("act", ACTS)
-def test_reference_backward_matches_finite_differences(act, rng):
+def test_reference_backward_matches_finite_differences(act, residual_after_act, rng):
     a, b = rng.standard_normal((3, 4)), rng.standard_normal((4, 5))
     bias, c = rng.standard_normal(5), rng.standard_normal((3, 5))
     dy = rng.standard_normal((3, 5))
-    kwargs = dict(act=act, alpha=1.5, beta=0.5, slope=0.1)
+    kwargs = dict(act=act, alpha=1.5, beta=0.5, slope=0.1, residual_after_act=residual_after_act)
     _, z = gemm.reference(a, b, bias, c, **kwargs)
     da, db, dbias, dc = gemm.reference_backward(dy, a, b, z, **kwargs)
 
@@ -161,7 +173,8 @@ def test_no_gpu_is_a_clear_error():
 # ---------------------------------------------------------------------------------------------------------------
 # GPU
 # ---------------------------------------------------------------------------------------------------------------
-def _run(rng, m, n, k, dtype, act, with_bias, with_c, trans_a, trans_b, kernel, save_preact=False, scale=None):
+def _run(rng, m, n, k, dtype, act, with_bias, with_c, trans_a, trans_b, kernel, save_preact=False, scale=None,
+         residual_after_act=False):
     scale = scale if scale is not None else 1.0 / np.sqrt(k)  # keeps outputs O(1) so activations are exercised
     a = random_array(rng, (k, m) if trans_a else (m, k), dtype, scale)
     b = random_array(rng, (n, k) if trans_b else (k, n), dtype)
@@ -175,10 +188,10 @@ def _run(rng, m, n, k, dtype, act, with_bias, with_c, trans_a, trans_b, kernel, 
     z.poison()
     result = gemm.forward(to_device(a), to_device(b), to_device(bias), to_device(c), act=act, alpha=alpha, beta=beta,
                           trans_a=trans_a, trans_b=trans_b, slope=slope, kernel=kernel, save_preact=save_preact,
-                          out=y, preact_out=z)
+                          out=y, preact_out=z, residual_after_act=residual_after_act)
     result = (result[0].numpy(), result[1].numpy()) if save_preact else result.numpy()
     y_ref, z_ref = gemm.reference(a, b, bias, c, act=act, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b,
-                                  slope=slope)
+                                  slope=slope, residual_after_act=residual_after_act)
     return result, y_ref, z_ref
 
 
@@ -205,6 +218,26 @@ def test_forward_every_dtype_act_kernel(rng, dtype, act, kernel):
             return
         y, y_ref, _ = _run(rng, 24, 40, 56, dtype, act, with_bias, with_c, trans_a, trans_b, kernel)
         assert_close(y, y_ref, dtype, 56, what=f"{kernel} bias={with_bias} C={with_c} ta={trans_a} tb={trans_b}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ACTS)
+def test_residual_after_the_activation(rng, dtype, act):
+    for kernel in ("auto", *CANDIDATES):
+        for save_preact in ((False, True) if act != "none" else (False,)):
+            if kernel == "cublaslt_epilogue" and act != "none":
+                with pytest.raises(ValueError, match="residual_after_act: cuBLASLt adds C before"):
+                    _run(rng, 24, 40, 56, dtype, act, True, True, False, False, kernel, residual_after_act=True)
+                continue
+            if not _supported(kernel, act, save_preact, 40):
+                continue
+            result, y_ref, z_ref = _run(rng, 24, 40, 56, dtype, act, True, True, False, True, kernel, save_preact,
+                                        residual_after_act=True)
+            y = result[0] if save_preact else result
+            assert_close(y, y_ref, dtype, 56, what=f"{kernel} save_preact={save_preact}")
+            if save_preact:
+                assert_close(result[1], z_ref, dtype, 56, what=f"{kernel} preact (without the residual)")
 
 
 @pytest.mark.gpu
@@ -368,6 +401,21 @@ def test_backward_matches_reference(rng, dtype, act):
         refs = gemm.reference_backward(dy, a, b, z, **kwargs)
         for name, got, ref, length in zip(("dA", "dB", "dbias", "dC"), grads, refs, (n, m, m, 1)):
             assert_close(got, ref, dtype, length, what=f"{name} ta={trans_a} tb={trans_b}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ("none", "gelu"))
+def test_backward_with_the_residual_after_the_activation(rng, act):
+    m, n, k, dtype = 24, 40, 32, "float32"
+    a, b = random_array(rng, (m, k), dtype, 0.5), random_array(rng, (k, n), dtype, 0.5)
+    bias, c, dy = random_array(rng, (n,), dtype), random_array(rng, (m, n), dtype), random_array(rng, (m, n), dtype)
+    kwargs = dict(act=act, beta=0.5, residual_after_act=True)
+    _, z = gemm.reference(a, b, bias, c, **kwargs)
+    z = z.astype(a.dtype)
+    grads = gemm.backward_numpy(dy, a, b, bias, c, preact=None if act == "none" else z, **kwargs)
+    refs = gemm.reference_backward(dy, a, b, z, **kwargs)
+    for name, got, ref, length in zip(("dA", "dB", "dbias", "dC"), grads, refs, (n, m, m, 1)):
+        assert_close(got, ref, dtype, length, what=name)
 
 
 @pytest.mark.gpu

@@ -1,10 +1,14 @@
 """gemm's cutlass_sm90 candidate (CUTLASS 3.x warp-specialized persistent GEMM, sm_90a), pinned by name: every fused
-epilogue in float16 and bfloat16 against the float64 reference, edge shapes, and what it declines (with the reason).
-On a CPU machine: kernels() says whether it was built, and why not."""
+epilogue (the residual before and after the activation) in float16 and bfloat16 against the float64 reference, every
+tile configuration forced through GE2_CUTLASS_SM90_TILE on edge shapes, the tile scheduler's swizzles, and what it
+declines (with the reason). On a CPU machine: kernels() says whether it was built, and why not; the tile table and
+the sweep that writes it agree."""
 from __future__ import annotations
 
 import itertools
 import re
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +19,25 @@ from graph_executor_v2.testing import assert_close, random_array
 
 DTYPES = ("float16", "bfloat16")
 ACTS = ("none", "relu", "gelu", "gelu_erf", "silu")
+TILE_TABLE = Path(__file__).resolve().parents[1] / "backends/cuda/ops/gemm/cutlass/tile_table.hpp"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _sweep_module():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import sweep_cutlass_gemm
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return sweep_cutlass_gemm
+
+
+def _header_config_names() -> dict[str, str]:
+    """tile_table.hpp's kTileConfigNames: name -> TileConfig enumerator."""
+    return dict(re.findall(r'\{"(\w+)", TileConfig::(\w+)\}', TILE_TABLE.read_text()))
+
+
+TILE_CONFIGS = tuple(_header_config_names())
 
 
 def _native():
@@ -78,6 +101,53 @@ def test_odd_m_is_not_declined_for_alignment():
     assert "multiples of 8" not in reason and "aligned" not in reason
 
 
+def test_cublaslt_epilogue_declines_the_residual_after_the_activation():
+    reason = _native().unsupported_reason("cublaslt_epilogue", 64, 64, 64, "float16", "gelu", True, True, False, True,
+                                          False, False, True)
+    assert "residual_after_act" in reason
+    # without an activation (or without C) the order does not matter
+    for act, has_c in (("none", True), ("gelu", False)):
+        assert _native().unsupported_reason("cublaslt_epilogue", 64, 64, 64, "float16", act, True, has_c, False, True,
+                                            False, False, True) == ""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CPU: the tile table and the sweep that writes it
+# ---------------------------------------------------------------------------------------------------------------
+def test_tile_table_names_every_configuration_the_sweep_times():
+    header = TILE_TABLE.read_text()
+    enumerators = re.search(r"enum class TileConfig \{([^}]*)\}",
+                            (TILE_TABLE.parent / "cutlass_sm90.hpp").read_text()).group(1)
+    assert set(_header_config_names().values()) == {e.strip() for e in enumerators.split(",")}
+    assert _sweep_module().CONFIGS == _header_config_names()
+    # kTileTable: increasing limits, known enumerators, swizzles of 1, 2, 4 or 8, the last rule matching everything
+    rules = re.findall(r"\{(\w+), \{TileConfig::(\w+), (\d+)\}\}", header.split("kTileTable[]")[1].split("};")[0])
+    assert rules and rules[-1][0] == "INT64_MAX"
+    limits = [int(limit) for limit, _, _ in rules[:-1]]
+    assert limits == sorted(limits) and len(set(limits)) == len(limits)
+    assert all(config in _header_config_names().values() and swizzle in ("1", "2", "4", "8")
+               for _, config, swizzle in rules)
+
+
+def test_sweep_turns_its_winners_into_table_rules():
+    sweep = _sweep_module()
+    small, medium, large = "pingpong_64x128x64", "cooperative_128x128x64", "cooperative_128x256x64_cluster2x1"
+
+    def row(tiles, best, swizzle=1):
+        times = {config: 2.0 for config in sweep.CONFIGS}
+        times[best] = 1.0
+        return {"tiles": tiles, "best": best, "swizzle": swizzle, **times}
+
+    rows = [row(8, small), row(8, small), row(64, small), row(64, medium), row(64, small), row(256, medium),
+            row(1024, large, 4), row(1024, large, 4), row(1024, medium), row(4096, large, 8), row(4096, large, 4)]
+    assert sweep.tile_table(rows) == (
+        "constexpr TileRule kTileTable[] = {\n"
+        "    {64, {TileConfig::Pingpong64x128, 1}},\n"
+        "    {256, {TileConfig::Cooperative128x128, 1}},\n"
+        "    {INT64_MAX, {TileConfig::Cooperative128x256Cluster2x1, 4}},\n"
+        "};")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # GPU
 # ---------------------------------------------------------------------------------------------------------------
@@ -89,7 +159,7 @@ def _require_candidate():
         pytest.skip(_reason())
 
 
-def _run(rng, m, n, k, dtype, act, with_bias, with_c, alpha=1.25):
+def _run(rng, m, n, k, dtype, act, with_bias, with_c, alpha=1.25, residual_after_act=False):
     a = random_array(rng, (m, k), dtype, 1.0 / np.sqrt(k))  # keeps outputs O(1) so activations are exercised
     b = random_array(rng, (k, n), dtype)
     bias = random_array(rng, (n,), dtype) if with_bias else None
@@ -100,8 +170,9 @@ def _run(rng, m, n, k, dtype, act, with_bias, with_c, alpha=1.25):
     y = runtime.DeviceArray.empty([m, n], dtype)
     y.poison()  # NaN: an element the kernel forgets to write can never pass
     result = gemm.forward(to_device(a), to_device(b), to_device(bias), to_device(c), act=act, alpha=alpha, beta=beta,
-                          kernel="cutlass_sm90", out=y).numpy()
-    expected, _ = gemm.reference(a, b, bias, c, act=act, alpha=alpha, beta=beta)
+                          kernel="cutlass_sm90", out=y, residual_after_act=residual_after_act).numpy()
+    expected, _ = gemm.reference(a, b, bias, c, act=act, alpha=alpha, beta=beta,
+                                 residual_after_act=residual_after_act)
     return result, expected
 
 
@@ -110,17 +181,61 @@ def _run(rng, m, n, k, dtype, act, with_bias, with_c, alpha=1.25):
 @pytest.mark.parametrize("act", ACTS)
 def test_every_epilogue_matches_the_reference(rng, dtype, act):
     _require_candidate()
-    for with_bias, with_c in itertools.product((False, True), repeat=2):
-        y, expected = _run(rng, 136, 264, 200, dtype, act, with_bias, with_c)
-        assert_close(y, expected, dtype, 200, what=f"cutlass_sm90 {act} bias={with_bias} residual={with_c}")
+    for with_bias, with_c, after in itertools.product((False, True), repeat=3):
+        y, expected = _run(rng, 136, 264, 200, dtype, act, with_bias, with_c, residual_after_act=after)
+        assert_close(y, expected, dtype, 200,
+                     what=f"cutlass_sm90 {act} bias={with_bias} residual={with_c} residual_after_act={after}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("config", TILE_CONFIGS)
+def test_every_tile_configuration_on_edge_shapes(rng, monkeypatch, dtype, config):
+    _require_candidate()
+    monkeypatch.setenv("GE2_CUTLASS_SM90_TILE", config)
+    # one row; odd M (a partial cluster of two CTAs); K not a multiple of the 64-deep tile; N not a multiple of the
+    # 128- or 256-wide tile; several waves of tiles
+    for m, n, k in ((1, 8, 8), (7, 24, 72), (129, 136, 520), (333, 1032, 4104), (1000, 2056, 264)):
+        for act, with_bias, with_c, after in (("gelu", True, True, False), ("silu", True, True, True),
+                                              ("none", False, False, False)):
+            y, expected = _run(rng, m, n, k, dtype, act, with_bias, with_c, alpha=1.0, residual_after_act=after)
+            assert_close(y, expected, dtype, k, what=f"cutlass_sm90 {config} {m}x{n}x{k} {act} bias={with_bias} "
+                                                     f"residual={with_c} residual_after_act={after}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("swizzle", ("2", "4", "8"))
+@pytest.mark.parametrize("config", ("cooperative_128x128x64", "cooperative_128x256x64_cluster2x1"))
+def test_tile_scheduler_swizzles(rng, monkeypatch, swizzle, config):
+    _require_candidate()
+    monkeypatch.setenv("GE2_CUTLASS_SM90_TILE", config)
+    monkeypatch.setenv("GE2_CUTLASS_SM90_SWIZZLE", swizzle)
+    for m, n in ((1160, 2056), (2056, 1160)):  # both raster directions, tiles left over at the strips' ends
+        y, expected = _run(rng, m, n, 136, "bfloat16", "gelu", True, True)
+        assert_close(y, expected, "bfloat16", 136, what=f"cutlass_sm90 {config} swizzle {swizzle} {m}x{n}")
+
+
+@pytest.mark.gpu
+def test_bad_tile_or_swizzle_settings_are_refused(rng, monkeypatch):
+    _require_candidate()
+    monkeypatch.setenv("GE2_CUTLASS_SM90_TILE", "cooperative_64x64x64")
+    with pytest.raises(ValueError, match="GE2_CUTLASS_SM90_TILE: expected one of pingpong_64x128x64, .*got "
+                                         "'cooperative_64x64x64'"):
+        _run(rng, 64, 64, 64, "float16", "none", False, False)
+    monkeypatch.setenv("GE2_CUTLASS_SM90_TILE", "cooperative_128x128x64")
+    monkeypatch.setenv("GE2_CUTLASS_SM90_SWIZZLE", "3")
+    with pytest.raises(ValueError, match="GE2_CUTLASS_SM90_SWIZZLE: expected 1, 2, 4 or 8, got '3'"):
+        _run(rng, 64, 64, 64, "float16", "none", False, False)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     "m, n, k",
-    # K not a multiple of the 64-deep tile, odd M, one row, N below one tile, both tile configurations
-    [(1, 8, 8), (7, 16, 72), (129, 136, 520), (33, 1032, 4104), (1000, 1000, 1000), (2048, 2048, 2048)],
+    # K not a multiple of the 64-deep tile, odd M, one row, N below one tile; the table's rules in turn (up to 131,
+    # up to 511 and from 512 128x128 output tiles)
+    [(1, 8, 8), (7, 16, 72), (129, 136, 520), (33, 1032, 4104), (1000, 1000, 1000), (2048, 2048, 2048),
+     (4095, 2056, 200)],
 )
 def test_edge_shapes(rng, dtype, m, n, k):
     _require_candidate()
@@ -140,3 +255,21 @@ def test_misaligned_or_unsupported_problems_are_refused_with_the_reason(rng):
     a32 = runtime.DeviceArray.from_numpy(random_array(rng, (16, 24), "float32"))
     with pytest.raises(ValueError, match="float16 or bfloat16 only"):
         gemm.forward(a32, b32, kernel="cutlass_sm90")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", TILE_CONFIGS)
+@pytest.mark.parametrize("operand", ("a", "b", "c", "bias"))
+def test_misaligned_pointers_are_refused_for_every_configuration(rng, monkeypatch, config, operand):
+    _require_candidate()
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("GE2_CUTLASS_SM90_TILE", config)
+    shapes = {"a": (64, 72), "b": (72, 40), "c": (64, 40), "bias": (40,)}
+    tensors = {}
+    for name, shape in shapes.items():
+        storage = torch.randn(int(np.prod(shape)) + 1, device="cuda", dtype=torch.float16)
+        start = 1 if name == operand else 0  # a 2-byte offset: not 16-byte aligned
+        tensors[name] = storage[start:start + int(np.prod(shape))].view(shape)
+    with pytest.raises(ValueError, match="kernel: 'cutlass_sm90' cannot run this problem: .*16-byte aligned"):
+        gemm.forward(tensors["a"], tensors["b"], tensors["bias"], tensors["c"], act="gelu", beta=1.0,
+                     kernel="cutlass_sm90")

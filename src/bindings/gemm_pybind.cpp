@@ -16,7 +16,7 @@ namespace {
 ge2::gemm::ForwardArgs forward_args(std::uintptr_t a, std::uintptr_t b, std::uintptr_t c, std::uintptr_t bias,
                                     std::uintptr_t y, std::uintptr_t preact, int64_t m, int64_t n, int64_t k,
                                     const std::string& dtype, bool trans_a, bool trans_b, float alpha, float beta,
-                                    const std::string& act, float slope, bool allow_tf32) {
+                                    const std::string& act, float slope, bool allow_tf32, bool residual_after_act) {
   ge2::gemm::ForwardArgs args;
   args.a = as_pointer(a);
   args.b = as_pointer(b);
@@ -35,22 +35,24 @@ ge2::gemm::ForwardArgs forward_args(std::uintptr_t a, std::uintptr_t b, std::uin
   args.act = ge2::act_from_name(act);
   args.slope = slope;
   args.allow_tf32 = allow_tf32;
+  args.residual_after_act = residual_after_act;
   return args;
 }
 
 }  // namespace
 
 PYBIND11_MODULE(_ops_gemm, m) {
-  m.doc() = "GE2 gemm: Y = act(alpha * op(A) @ op(B) + beta * C + bias) (row-major)";
+  m.doc() = "GE2 gemm: Y = act(alpha * op(A) @ op(B) + beta * C + bias), or act(alpha * op(A) @ op(B) + bias) + "
+            "beta * C (residual_after_act) (row-major)";
 
   m.def(
       "forward",
       [](std::uintptr_t a, std::uintptr_t b, std::uintptr_t c, std::uintptr_t bias, std::uintptr_t y,
          std::uintptr_t preact, int64_t rows, int64_t cols, int64_t inner, const std::string& dtype, bool trans_a,
          bool trans_b, float alpha, float beta, const std::string& act, float slope, bool allow_tf32,
-         const std::string& kernel, std::uintptr_t stream) {
+         const std::string& kernel, std::uintptr_t stream, bool residual_after_act) {
         const auto args = forward_args(a, b, c, bias, y, preact, rows, cols, inner, dtype, trans_a, trans_b, alpha,
-                                       beta, act, slope, allow_tf32);
+                                       beta, act, slope, allow_tf32, residual_after_act);
         const auto requested = ge2::gemm::kernel_from_name(kernel);
         ge2::binding::ReleaseGil release;
         return std::string(ge2::gemm::kernel_name(ge2::gemm::forward(args, requested, as_stream(stream))));
@@ -58,18 +60,20 @@ PYBIND11_MODULE(_ops_gemm, m) {
       py::arg("a"), py::arg("b"), py::arg("c"), py::arg("bias"), py::arg("y"), py::arg("preact"), py::arg("m"),
       py::arg("n"), py::arg("k"), py::arg("dtype"), py::arg("trans_a"), py::arg("trans_b"), py::arg("alpha"),
       py::arg("beta"), py::arg("act"), py::arg("slope"), py::arg("allow_tf32"), py::arg("kernel"), py::arg("stream"),
+      py::arg("residual_after_act") = false,
       "Enqueues the gemm on `stream`; returns the name of the kernel that ran.");
 
   m.def(
       "bind_forward",
       [](int64_t rows, int64_t cols, int64_t inner, const std::string& dtype, bool trans_a, bool trans_b, float alpha,
-         float beta, const std::string& act, float slope, bool allow_tf32, const std::string& kernel) {
+         float beta, const std::string& act, float slope, bool allow_tf32, const std::string& kernel,
+         bool residual_after_act) {
         struct Bound {
           ge2::gemm::ForwardArgs args;
           ge2::gemm::Kernel kernel;
         };
         Bound bound{forward_args(0, 0, 0, 0, 0, 0, rows, cols, inner, dtype, trans_a, trans_b, alpha, beta, act,
-                                 slope, allow_tf32),
+                                 slope, allow_tf32, residual_after_act),
                     ge2::gemm::kernel_from_name(kernel)};
         return ge2::binding::make_c_launch<Bound>(
             bound, 4, 1, [](Bound& b, const std::uintptr_t* in, const std::uintptr_t* out, cudaStream_t stream) {
@@ -84,6 +88,7 @@ PYBIND11_MODULE(_ops_gemm, m) {
       },
       py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype"), py::arg("trans_a"), py::arg("trans_b"),
       py::arg("alpha"), py::arg("beta"), py::arg("act"), py::arg("slope"), py::arg("allow_tf32"), py::arg("kernel"),
+      py::arg("residual_after_act") = false,
       "forward for one problem as a C launch (inputs a, b, bias, c; output y), its arguments converted once.");
 
   m.def(
@@ -92,7 +97,7 @@ PYBIND11_MODULE(_ops_gemm, m) {
          std::uintptr_t da, std::uintptr_t db, std::uintptr_t dbias, std::uintptr_t dc, int64_t rows, int64_t cols,
          int64_t inner, const std::string& dtype, bool trans_a, bool trans_b, float alpha, float beta,
          const std::string& act, float slope, bool allow_tf32, std::uintptr_t a_preact, const std::string& a_act,
-         float a_slope, std::uintptr_t dbias_a, std::uintptr_t stream) {
+         float a_slope, std::uintptr_t dbias_a, std::uintptr_t stream, bool residual_after_act) {
         ge2::gemm::BackwardArgs args;
         args.dy = as_pointer(dy);
         args.a = as_pointer(a);
@@ -118,6 +123,7 @@ PYBIND11_MODULE(_ops_gemm, m) {
         args.a_act = ge2::act_from_name(a_act, "a_act");
         args.a_slope = a_slope;
         args.dbias_a = as_pointer(dbias_a);
+        args.residual_after_act = residual_after_act;
         ge2::binding::ReleaseGil release;
         ge2::gemm::backward(args, as_stream(stream));
       },
@@ -125,15 +131,15 @@ PYBIND11_MODULE(_ops_gemm, m) {
       py::arg("db"), py::arg("dbias"), py::arg("dc"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype"),
       py::arg("trans_a"), py::arg("trans_b"), py::arg("alpha"), py::arg("beta"), py::arg("act"), py::arg("slope"),
       py::arg("allow_tf32"), py::arg("a_preact"), py::arg("a_act"), py::arg("a_slope"), py::arg("dbias_a"),
-      py::arg("stream"),
+      py::arg("stream"), py::arg("residual_after_act") = false,
       "Enqueues dA, dB, dbias, dC (each skipped when its address is 0); with a_act, dA is the gradient w.r.t. "
-      "a_preact and dbias_a the previous layer's bias gradient.");
+      "a_preact and dbias_a the previous layer's bias gradient; dC is beta * dY with residual_after_act.");
 
   m.def(
       "unsupported_reason",
       [](const std::string& kernel, int64_t rows, int64_t cols, int64_t inner, const std::string& dtype,
          const std::string& act, bool has_bias, bool has_c, bool save_preact, bool pointers_aligned, bool trans_a,
-         bool trans_b) {
+         bool trans_b, bool residual_after_act) {
         ge2::gemm::ForwardArgs args;
         args.m = rows;
         args.n = cols;
@@ -142,6 +148,7 @@ PYBIND11_MODULE(_ops_gemm, m) {
         args.act = ge2::act_from_name(act);
         args.trans_a = trans_a;
         args.trans_b = trans_b;
+        args.residual_after_act = residual_after_act;
         // Only presence matters here; any non-null address stands in for a real one.
         args.bias = has_bias ? as_pointer(256) : nullptr;
         args.c = has_c ? as_pointer(256) : nullptr;
@@ -150,7 +157,7 @@ PYBIND11_MODULE(_ops_gemm, m) {
       },
       py::arg("kernel"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype"), py::arg("act"),
       py::arg("has_bias"), py::arg("has_c"), py::arg("save_preact"), py::arg("pointers_aligned"),
-      py::arg("trans_a") = false, py::arg("trans_b") = false,
+      py::arg("trans_a") = false, py::arg("trans_b") = false, py::arg("residual_after_act") = false,
       "Empty string when the kernel can run the problem, else the reason it cannot.");
 
   m.def("kernels", [] { return ge2::binding::kernel_list(ge2::gemm::kernel_table()); },

@@ -1,4 +1,6 @@
-"""gemm: ``Y = act(alpha * op(A) @ op(B) + beta * C + bias)``, row-major, bias per output column.
+"""gemm: ``Y = act(alpha * op(A) @ op(B) + beta * C + bias)``, row-major, bias per output column; with
+``residual_after_act`` the residual comes after the activation, as a skip connection does:
+``Y = act(alpha * op(A) @ op(B) + bias) + beta * C``.
 
 Inputs float32/float16/bfloat16 (all of one dtype) with float32 accumulation; TF32 only with ``allow_tf32``.
 ``act`` is one of none, relu, gelu (tanh form, as cuBLASLt), gelu_erf (the exact form), silu, leaky_relu (``slope``). With
@@ -40,27 +42,31 @@ def _native_module():
 # Reference (float64): the oracle of every test and the CPU backend.
 # ---------------------------------------------------------------------------------------------------------------
 def reference(a, b, bias=None, c=None, *, act="none", alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
-              slope=0.01):
-    """Returns (Y, Z) in float64, Z being the pre-activation."""
+              slope=0.01, residual_after_act=False):
+    """Returns (Y, Z) in float64, Z being the pre-activation (without the residual when it comes after)."""
     a64, b64 = as_float64(a), as_float64(b)
     z = alpha * ((a64.T if trans_a else a64) @ (b64.T if trans_b else b64))
-    if c is not None and beta != 0.0:
-        z = z + beta * as_float64(c)
+    residual = beta * as_float64(c) if c is not None and beta != 0.0 else 0.0
+    if not residual_after_act:
+        z = z + residual
     if bias is not None:
         z = z + as_float64(bias)[None, :]
-    return activations.apply(act, z, slope), z
+    y = activations.apply(act, z, slope)
+    return (y + residual if residual_after_act else y), z
 
 
 def reference_backward(dy, a, b, preact=None, *, act="none", alpha=1.0, beta=0.0, trans_a=False, trans_b=False,
-                       slope=0.01):
-    """Returns (dA, dB, dbias, dC) in float64 for the forward above (dC = beta * dZ)."""
+                       slope=0.01, residual_after_act=False):
+    """Returns (dA, dB, dbias, dC) in float64 for the forward above (dC = beta * dZ, or beta * dY when the residual
+    comes after the activation)."""
     dy64, a64, b64 = as_float64(dy), as_float64(a), as_float64(b)
     dz = dy64 if act == "none" else dy64 * activations.derivative(act, as_float64(preact), slope)
     op_a = a64.T if trans_a else a64
     op_b = b64.T if trans_b else b64
     d_op_a = alpha * dz @ op_b.T
     d_op_b = alpha * op_a.T @ dz
-    return (d_op_a.T if trans_a else d_op_a, d_op_b.T if trans_b else d_op_b, dz.sum(axis=0), beta * dz)
+    dc = beta * (dy64 if residual_after_act else dz)
+    return (d_op_a.T if trans_a else d_op_a, d_op_b.T if trans_b else d_op_b, dz.sum(axis=0), dc)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -135,7 +141,7 @@ def _forward_with_preact(inputs, attrs, kernel, out, stream, save_preact=False, 
         va.ptr, vb.ptr, 0 if vc is None else vc.ptr, 0 if vbias is None else vbias.ptr, vy.ptr,
         vz.ptr if want_preact else 0, shape.m, shape.n, shape.k, shape.dtype, attrs["trans_a"], attrs["trans_b"],
         attrs["alpha"], attrs["beta"] if vc is not None else 0.0, attrs["act"], attrs["slope"], attrs["allow_tf32"],
-        kernel, _device.stream_handle(stream))
+        kernel, _device.stream_handle(stream), residual_after_act=attrs["residual_after_act"])
     return (y, z) if save_preact else y
 
 
@@ -204,7 +210,7 @@ def _backward(dy, inputs, attrs, kernel, out, stream, preact=None, a_preact=None
         vdy.ptr, va.ptr, vb.ptr, ptr(views.get("preact")), ptr(vdz), vda.ptr, vdb.ptr, ptr(vdbias), ptr(vdc),
         shape.m, shape.n, shape.k, shape.dtype, attrs["trans_a"], attrs["trans_b"], attrs["alpha"], attrs["beta"],
         act, attrs["slope"], attrs["allow_tf32"], ptr(vaz), a_act, float(a_slope), ptr(vdbias_a),
-        _device.stream_handle(stream))
+        _device.stream_handle(stream), residual_after_act=attrs["residual_after_act"])
     return da, db, dbias, dc
 
 
@@ -237,17 +243,19 @@ def _infer(in_types, attrs):
 def _reference(inputs, attrs):
     a, b, bias, c = inputs
     y, _ = reference(a, b, bias, c, act=attrs["act"], alpha=attrs["alpha"], beta=attrs["beta"],
-                     trans_a=attrs["trans_a"], trans_b=attrs["trans_b"], slope=attrs["slope"])
+                     trans_a=attrs["trans_a"], trans_b=attrs["trans_b"], slope=attrs["slope"],
+                     residual_after_act=attrs["residual_after_act"])
     return [y]
 
 
 def _reference_backward(inputs, outputs, out_grads, attrs):
     a, b, bias, c = inputs
+    after = attrs["residual_after_act"]
     _, z = reference(a, b, bias, c, act=attrs["act"], alpha=attrs["alpha"], beta=attrs["beta"],
-                     trans_a=attrs["trans_a"], trans_b=attrs["trans_b"], slope=attrs["slope"])
+                     trans_a=attrs["trans_a"], trans_b=attrs["trans_b"], slope=attrs["slope"], residual_after_act=after)
     da, db, dbias, dc = reference_backward(out_grads[0], a, b, z, act=attrs["act"], alpha=attrs["alpha"],
                                            beta=attrs["beta"], trans_a=attrs["trans_a"], trans_b=attrs["trans_b"],
-                                           slope=attrs["slope"])
+                                           slope=attrs["slope"], residual_after_act=after)
     return [da, db, None if bias is None else dbias, None if c is None else dc]
 
 
@@ -263,7 +271,8 @@ def _make_candidate(name, capabilities=()):
         m, n, k, dtype, has_bias, has_c = _problem_args(problem)
         attrs = problem.attrs
         reason = _native_module().unsupported_reason(name, m, n, k, dtype, attrs["act"], has_bias, has_c, False,
-                                                     True, attrs["trans_a"], attrs["trans_b"])
+                                                     True, attrs["trans_a"], attrs["trans_b"],
+                                                     attrs["residual_after_act"])
         return reason or None
 
     def prepare(problem: Problem):
@@ -273,7 +282,7 @@ def _make_candidate(name, capabilities=()):
         beta = float(attrs["beta"]) if has_c else 0.0
         # A C launch (inputs a, b, bias, c; output y): the arguments are converted once, here.
         return native_launch(_native_module().bind_forward(m, n, k, dtype, attrs["trans_a"], attrs["trans_b"], alpha,
-                                                           beta, act, slope, tf32, name))
+                                                           beta, act, slope, tf32, name, attrs["residual_after_act"]))
 
     return table_candidate("_ops_gemm", name, supports, prepare, capabilities)
 
@@ -302,6 +311,7 @@ OP = register(OpDef(
         Attr("trans_b", bool, False),
         Attr("slope", float, 0.01, check=_positive, doc="leaky_relu negative slope"),
         Attr("allow_tf32", bool, False),
+        Attr("residual_after_act", bool, False, doc="add beta * C after the activation, not before it"),
     ),
     infer=_infer,
     reference=_reference,
@@ -403,10 +413,12 @@ def _grad_gemm(g, node, dys):
     a, b, bias, c = node.inputs
     attrs = node.attrs
     act = attrs["act"]
-    if act == "relu":
+    after = attrs["residual_after_act"] and c is not None  # y = act(z) + beta * c
+    if act == "relu" and not after:
         dz = g.relu_backward(dy, node.outputs[0])  # relu'(z) == relu'(relu(z)): no pre-activation needed
-    elif act in ("gelu", "silu"):
-        z = g.gemm(a, b, bias, c, **{**attrs, "act": "none"})  # the pre-activation, recomputed
+    elif act in ("relu", "gelu", "silu"):  # the pre-activation, recomputed (without a residual added after act)
+        z = g.gemm(a, b, bias, None if after else c,
+                   **{**attrs, "act": "none", "beta": 0.0 if after else attrs["beta"]})
         dz = getattr(g, f"{act}_backward")(dy, z)
     elif act == "none":
         dz = dy
@@ -417,7 +429,8 @@ def _grad_gemm(g, node, dys):
                                     with_dbias=bias is not None)
     dc = None
     if c is not None:
-        dc = dz if attrs["beta"] == 1.0 else g.mul(dz, _grad.constant(g, attrs["beta"], dz.type.dtype))
+        dy_c = dy if after else dz  # the gradient where beta * C is added
+        dc = dy_c if attrs["beta"] == 1.0 else g.mul(dy_c, _grad.constant(g, attrs["beta"], dy_c.type.dtype))
     return [da, db, dbias if bias is not None else None, dc]
 
 

@@ -1,4 +1,5 @@
-// gemm: Y = act(alpha * op(A) @ op(B) + beta * C + bias), row-major, bias per output column, float32 accumulation.
+// gemm: Y = act(alpha * op(A) @ op(B) + beta * C + bias), or with residual_after_act
+// Y = act(alpha * op(A) @ op(B) + bias) + beta * C; row-major, bias per output column, float32 accumulation.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -31,6 +32,7 @@ struct ForwardArgs {
   Act act = Act::None;
   float slope = 0.01f;
   bool allow_tf32 = false;
+  bool residual_after_act = false;  // beta * C is added to act(Z) instead of into Z (preact excludes it)
 };
 
 struct BackwardArgs {
@@ -57,6 +59,7 @@ struct BackwardArgs {
   Act a_act = Act::None;
   float a_slope = 0.01f;
   void* dbias_a = nullptr;
+  bool residual_after_act = false;  // the forward added beta * C after the activation: dC = beta * dY
 };
 
 // Empty when `kernel` can run the problem; otherwise the reason it cannot. `pointers_aligned` says whether the
@@ -99,9 +102,10 @@ bool lt_matmul(const LtCall& call, cudaStream_t stream);
 // The plain matmul of a forward problem, alpha * op(A) @ op(B) into y, as a cuBLASLt call with no epilogue.
 LtCall lt_call_for(const ForwardArgs& args);
 
-// z = acc + beta * c + bias; preact = z (if given); y = act(z). acc may alias y or preact.
+// z = acc + beta * c + bias; preact = z (if given); y = act(z); with residual_after_act z = acc + bias and
+// y = act(z) + beta * c. acc may alias y or preact.
 void launch_postkernel(const void* acc, const void* c, const void* bias, void* y, void* preact, int64_t m, int64_t n,
-                       DType dtype, float beta, Act act, float slope, cudaStream_t stream);
+                       DType dtype, float beta, bool residual_after_act, Act act, float slope, cudaStream_t stream);
 
 void launch_tiled(const ForwardArgs& args, cudaStream_t stream);
 

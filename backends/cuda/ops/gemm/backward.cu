@@ -1,6 +1,6 @@
 // gemm backward. With Z the pre-activation and dZ = dY * act'(Z):
 //   dA = alpha * dZ @ op(B)^T (transposed back when trans_a), dB = alpha * op(A)^T @ dZ (likewise for trans_b),
-//   dbias = column sums of dZ, dC = beta * dZ.
+//   dbias = column sums of dZ, dC = beta * dZ (beta * dY when the residual was added after the activation).
 // Chained layers (a_act set): dA becomes the previous layer's pre-activation gradient, through DGELU_BGRAD when it
 // applies and a post-kernel otherwise (DRELU needs cuBLASLt's relu bit-mask, which a dense pre-activation is not).
 // dbias rides on the dB matmul as cuBLASLt's BGRADA/BGRADB epilogue; when cuBLASLt has no algorithm for that, a
@@ -205,7 +205,8 @@ void backward(const BackwardArgs& args, cudaStream_t stream) {
   }
   if (args.dbias != nullptr && !dbias_done) launch_column_sum(dz, args.dbias, m, n, args.dtype, stream);
   if (args.dc != nullptr) {
-    launch_activation_grad(dz, nullptr, args.dc, m * n, args.dtype, Act::None, 0.0f, args.beta, stream);
+    launch_activation_grad(args.residual_after_act ? args.dy : dz, nullptr, args.dc, m * n, args.dtype, Act::None,
+                           0.0f, args.beta, stream);
   }
 }
 

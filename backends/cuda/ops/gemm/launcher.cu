@@ -39,17 +39,19 @@ const char* kernel_name(Kernel kernel) {
 std::vector<KernelInfo> kernel_table() {
   return {
       {"cublaslt_epilogue", 30, "cuBLASLt matmul with bias and activation fused into its epilogue",
-       "act in {none, relu, gelu}; save_preact only with gelu and N % 8 == 0 (GELU_AUX; RELU_AUX saves a "
-       "bit-mask, not the pre-activation); bias and pre-activation pointers 16-byte aligned; cuBLASLt must "
-       "return an algorithm"},
+       "act in {none, relu, gelu}; the residual before the activation (residual_after_act only with act none); "
+       "save_preact only with gelu and N % 8 == 0 (GELU_AUX; RELU_AUX saves a bit-mask, not the pre-activation); "
+       "bias and pre-activation pointers 16-byte aligned; cuBLASLt must return an algorithm"},
       {"cublaslt_postkernel", 20, "cuBLASLt matmul + one fused bias/activation/residual kernel",
        "every act; any alignment; cuBLASLt must return an algorithm for the plain matmul"},
       // Below the cuBLASLt candidates until the H200 has checked it (pin it by name: kernel="cutlass_sm90").
       {"cutlass_sm90", 15,
        cutlass_sm90_not_built_reason().empty()
-           ? "CUTLASS 3.x warp-specialized persistent GEMM for Hopper (TMA loads, wgmma, cooperative 128x128x64 or "
-             "ping-pong 64x128x64 tiles chosen per shape by its tile table) with bias, residual (beta * C), alpha and "
-             "activation fused by an epilogue visitor tree, float32 accumulation"
+           ? "CUTLASS 3.x warp-specialized persistent GEMM for Hopper (TMA loads, wgmma; ping-pong 64x128x64, "
+             "cooperative 128x128x64, ping-pong 128x128x64 or cooperative 128x256x64 tiles, the last two in 2-CTA "
+             "clusters with TMA multicast, chosen per shape by its tile table) with bias, residual (beta * C, before "
+             "or after the activation), alpha and activation fused by an epilogue visitor tree, float32 "
+             "accumulation"
            : "CUTLASS 3.x warp-specialized persistent GEMM for Hopper: NOT BUILT (" + cutlass_sm90_not_built_reason() +
                  ")",
        "built with CUTLASS; an sm_90 GPU; float16 or bfloat16; trans_a and trans_b false; act none, relu, gelu, "
@@ -316,6 +318,9 @@ std::string unsupported_reason(Kernel kernel, const ForwardArgs& args, bool poin
   if (args.act != Act::None && args.act != Act::Relu && args.act != Act::Gelu) {
     return "cuBLASLt has no epilogue for this activation (only none, relu, gelu)";
   }
+  if (args.residual_after_act && args.c != nullptr && args.act != Act::None) {
+    return "residual_after_act: cuBLASLt adds C before its epilogue's activation";
+  }
   if (args.preact != nullptr && args.act == Act::Relu) {
     return "save_preact with relu: RELU_AUX saves a bit-mask, not the pre-activation";
   }
@@ -357,7 +362,7 @@ bool run_postkernel(const ForwardArgs& args, cudaStream_t stream) {
   call.d = accumulator;
   if (!lt_matmul(call, stream)) return false;
   launch_postkernel(accumulator, args.c, args.bias, args.y, args.preact, args.m, args.n, args.dtype,
-                    args.c != nullptr ? args.beta : 0.0f, args.act, args.slope, stream);
+                    args.c != nullptr ? args.beta : 0.0f, args.residual_after_act, args.act, args.slope, stream);
   return true;
 }
 

@@ -1,9 +1,11 @@
-// The cutlass_sm90 candidate's kernel, instantiated once per (dtype, activation) in its own translation unit
+// The cutlass_sm90 candidate's kernels, instantiated once per (dtype, activation) in its own translation unit
 // (gemm_sm90_<dtype>_<act>.cu) so the slow CUTLASS instantiations compile in parallel:
-//   D = act(alpha * A @ B + beta * C + bias[col])
+//   D = beta_after * C + act(alpha * A @ B + beta_before * C + bias[col])
+// (one of the betas is the problem's beta, the other 0: the residual is added before or after the activation).
 // A (M x K), B (K x N), C and D (M x N) row-major; float32 accumulation; Hopper's warp-specialized persistent
-// kernel (TMA loads into a multi-stage pipeline, wgmma, cooperative schedule) with the epilogue fused through
-// CUTLASS's epilogue visitor tree LinCombPerColBiasEltAct (bias broadcast down the rows, a null bias reads as 0).
+// kernels (TMA loads into a multi-stage pipeline, wgmma; cooperative or ping-pong consumer warpgroups; 2-CTA clusters
+// multicasting the shared operand's tiles) with the epilogue fused through an epilogue visitor tree (bias broadcast
+// down the rows, a null bias reads as 0; C is not read while both betas are 0).
 #pragma once
 #include <cstdint>
 #include <stdexcept>
@@ -14,7 +16,7 @@
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
-#include "cutlass/epilogue/fusion/operations.hpp"
+#include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
 #include "cutlass/epilogue/thread/activation.h"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
@@ -24,19 +26,38 @@
 
 namespace ge2::gemm::cutlass_sm90 {
 
-// The kernel for one tile shape and schedule (see TileConfig in cutlass_sm90.hpp).
-template <typename Element, template <class> class Activation, typename TileShape, typename KernelSchedule,
-          typename EpilogueSchedule>
+// The epilogue visitor tree: beta_after * C + act(beta_before * C + (alpha * acc + bias)). Both residual nodes are
+// CUTLASS's beta * C + X node, which skips C's TMA load while its beta is 0, so one instantiation serves the plain
+// product, the residual before the activation and the residual after it.
+namespace evt = cutlass::epilogue::fusion;
+constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+using ScalarArgument = evt::Sm90ScalarBroadcast<float, cute::Stride<cute::_0, cute::_0, int64_t>>;
+template <typename Element, template <class> class Activation, typename TileShape, int kAlignment>
+using ResidualBiasActEpilogue = evt::Sm90EVT<
+    evt::Sm90Compute<cutlass::homogeneous_multiply_add, Element, float, kRound>,  // beta_after * C + act(...)
+    ScalarArgument,                                                                 // beta_after
+    evt::Sm90SrcFetch<Element>,                                                     // C
+    evt::Sm90EVT<evt::Sm90Compute<Activation, float, float, kRound>,                // act(...)
+        evt::Sm90EVT<evt::Sm90Compute<cutlass::homogeneous_multiply_add, float, float, kRound>,  // beta_before*C + X
+            ScalarArgument,                                                                       // beta_before
+            evt::Sm90SrcFetch<Element>,                                                           // C
+            evt::Sm90EVT<evt::Sm90Compute<cutlass::homogeneous_multiply_add, float, float, kRound>,  // alpha*acc+bias
+                ScalarArgument,                                                                        // alpha
+                evt::Sm90AccFetch,                                                                     // acc
+                evt::Sm90RowBroadcast<0, TileShape, Element, float, cute::Stride<cute::_0, cute::_1, int64_t>,
+                                      kAlignment>>>>>;  // bias[col]
+
+// The kernel for one tile shape, cluster shape and schedule (see TileConfig in cutlass_sm90.hpp). The builder picks
+// the mainloop's stage count from the shared memory the epilogue leaves; the tile scheduler is the persistent one.
+template <typename Element, template <class> class Activation, typename TileShape, typename ClusterShape,
+          typename KernelSchedule, typename EpilogueSchedule>
 struct GemmFor {
   using Layout = cutlass::layout::RowMajor;
   static constexpr int kAlignment = 16 / sizeof(Element);
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<Activation, Element, float, Element, Element,
-                                                                    float>;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, Element, Layout, kAlignment, Element, Layout,
-      kAlignment, EpilogueSchedule, Fusion>::CollectiveOp;
+      kAlignment, EpilogueSchedule, ResidualBiasActEpilogue<Element, Activation, TileShape, kAlignment>>::CollectiveOp;
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, Layout, kAlignment, Element, Layout, kAlignment,
       float, TileShape, ClusterShape,
@@ -49,7 +70,7 @@ struct GemmFor {
 };
 
 template <typename Gemm>
-void launch_one(const Problem& problem, cudaStream_t stream) {
+void launch_one(const Problem& problem, const Schedule& schedule, cudaStream_t stream) {
   using Kernel = typename Gemm::GemmKernel;
   const int m = static_cast<int>(problem.m), n = static_cast<int>(problem.n), k = static_cast<int>(problem.k);
   using ElementA = typename Kernel::ElementA;
@@ -74,14 +95,27 @@ void launch_one(const Problem& problem, cudaStream_t stream) {
       cutlass::gemm::GemmUniversalMode::kGemm,
       {m, n, k, 1},
       {static_cast<const ElementA*>(problem.a), stride_a, static_cast<const ElementA*>(problem.b), stride_b},
-      // Without a residual C is never read (beta 0), but its TMA descriptor is still built: D stands in for it.
+      // Without a residual C is never read (both betas 0), but its TMA descriptor is still built: D stands in.
       {{}, static_cast<const ElementC*>(problem.c != nullptr ? problem.c : problem.y), stride_c,
        static_cast<ElementD*>(problem.y), stride_d},
       hardware};
-  auto& fusion = arguments.epilogue.thread;
-  fusion.alpha = problem.alpha;
-  fusion.beta = problem.c != nullptr ? problem.beta : 0.0f;
-  fusion.bias_ptr = static_cast<const ElementC*>(problem.bias);
+  const float beta = problem.c != nullptr ? problem.beta : 0.0f;
+  const float beta_before = problem.residual_after_act ? 0.0f : beta;
+  const float beta_after = problem.residual_after_act ? beta : 0.0f;
+  const ElementC* bias = static_cast<const ElementC*>(problem.bias);
+  // The tree's arguments, children first then the node's own, in the order of ResidualBiasActEpilogue.
+  arguments.epilogue.thread = {
+      {{beta_after}},  // beta_after
+      {},              // C
+      {                // act(...)
+       {                // beta_before * C + (...)
+        {{beta_before}},
+        {},
+        {{{problem.alpha}}, {}, {bias, ElementC(0), {}}, {}},  // alpha * acc + bias
+        {}},
+       {}},
+      {}};
+  arguments.scheduler.max_swizzle_size = schedule.max_swizzle;
   Gemm gemm;
   if (gemm.can_implement(arguments) != cutlass::Status::kSuccess) {
     throw std::invalid_argument("kernel: 'cutlass_sm90' cannot run this problem: CUTLASS can_implement refused it "
@@ -101,24 +135,33 @@ void launch_one(const Problem& problem, cudaStream_t stream) {
   }
 }
 
-using Cooperative128x128 = cute::Shape<cute::_128, cute::_128, cute::_64>;
-using Pingpong64x128 = cute::Shape<cute::_64, cute::_128, cute::_64>;
+using Cluster1x1 = cute::Shape<cute::_1, cute::_1, cute::_1>;
+// Two CTAs along M share each B tile: TMA multicasts it to both.
+using Cluster2x1 = cute::Shape<cute::_2, cute::_1, cute::_1>;
 
-// Runs `problem` with the tile configuration the table picked.
+// Runs `problem` with the tile configuration the table picked (or GE2_CUTLASS_SM90_TILE forced).
 template <typename Element, template <class> class Activation>
-void launch(const Problem& problem, TileConfig config, cudaStream_t stream) {
-  namespace schedule = cutlass::gemm;
-  namespace epilogue = cutlass::epilogue;
-  switch (config) {
-    case TileConfig::Cooperative128x128:
-      launch_one<typename GemmFor<Element, Activation, Cooperative128x128,
-                                  schedule::KernelTmaWarpSpecializedCooperative,
-                                  epilogue::TmaWarpSpecializedCooperative>::Gemm>(problem, stream);
-      return;
+void launch(const Problem& problem, const Schedule& schedule, cudaStream_t stream) {
+  using cute::_64;
+  using cute::_128;
+  using cute::_256;
+  using Cooperative = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using Pingpong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using CooperativeEpilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using PingpongEpilogue = cutlass::epilogue::TmaWarpSpecialized;
+  switch (schedule.config) {
     case TileConfig::Pingpong64x128:
-      launch_one<typename GemmFor<Element, Activation, Pingpong64x128, schedule::KernelTmaWarpSpecializedPingpong,
-                                  epilogue::TmaWarpSpecialized>::Gemm>(problem, stream);
-      return;
+      return launch_one<typename GemmFor<Element, Activation, cute::Shape<_64, _128, _64>, Cluster1x1, Pingpong,
+                                         PingpongEpilogue>::Gemm>(problem, schedule, stream);
+    case TileConfig::Cooperative128x128:
+      return launch_one<typename GemmFor<Element, Activation, cute::Shape<_128, _128, _64>, Cluster1x1, Cooperative,
+                                         CooperativeEpilogue>::Gemm>(problem, schedule, stream);
+    case TileConfig::Pingpong128x128Cluster2x1:
+      return launch_one<typename GemmFor<Element, Activation, cute::Shape<_128, _128, _64>, Cluster2x1, Pingpong,
+                                         PingpongEpilogue>::Gemm>(problem, schedule, stream);
+    case TileConfig::Cooperative128x256Cluster2x1:
+      return launch_one<typename GemmFor<Element, Activation, cute::Shape<_128, _256, _64>, Cluster2x1, Cooperative,
+                                         CooperativeEpilogue>::Gemm>(problem, schedule, stream);
   }
   throw std::logic_error("cutlass_sm90: unknown tile configuration");
 }

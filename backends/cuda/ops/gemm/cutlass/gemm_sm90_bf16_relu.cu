@@ -2,7 +2,7 @@
 #include "gemm_sm90.cuh"
 
 namespace ge2::gemm::cutlass_sm90 {
-void launch_bf16_relu(const Problem& problem, TileConfig config, cudaStream_t stream) {
-  launch<cutlass::bfloat16_t, cutlass::epilogue::thread::ReLu>(problem, config, stream);
+void launch_bf16_relu(const Problem& problem, const Schedule& schedule, cudaStream_t stream) {
+  launch<cutlass::bfloat16_t, cutlass::epilogue::thread::ReLu>(problem, schedule, stream);
 }
 }  // namespace ge2::gemm::cutlass_sm90

@@ -2,7 +2,7 @@
 #include "gemm_sm90.cuh"
 
 namespace ge2::gemm::cutlass_sm90 {
-void launch_f16_gelu(const Problem& problem, TileConfig config, cudaStream_t stream) {
-  launch<cutlass::half_t, cutlass::epilogue::thread::GELU_taylor>(problem, config, stream);
+void launch_f16_gelu(const Problem& problem, const Schedule& schedule, cudaStream_t stream) {
+  launch<cutlass::half_t, cutlass::epilogue::thread::GELU_taylor>(problem, schedule, stream);
 }
 }  // namespace ge2::gemm::cutlass_sm90

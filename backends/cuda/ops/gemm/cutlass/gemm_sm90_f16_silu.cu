@@ -2,7 +2,7 @@
 #include "gemm_sm90.cuh"
 
 namespace ge2::gemm::cutlass_sm90 {
-void launch_f16_silu(const Problem& problem, TileConfig config, cudaStream_t stream) {
-  launch<cutlass::half_t, cutlass::epilogue::thread::SiLu>(problem, config, stream);
+void launch_f16_silu(const Problem& problem, const Schedule& schedule, cudaStream_t stream) {
+  launch<cutlass::half_t, cutlass::epilogue::thread::SiLu>(problem, schedule, stream);
 }
 }  // namespace ge2::gemm::cutlass_sm90

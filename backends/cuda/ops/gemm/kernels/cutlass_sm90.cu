@@ -59,7 +59,7 @@ std::string cutlass_sm90_unsupported_reason(const ForwardArgs& args, bool pointe
            ", N = " + std::to_string(args.n);
   }
   if (args.m > INT32_MAX || args.n > INT32_MAX || args.k > INT32_MAX) return "M, N, K must be below 2^31";
-  if (!pointers_aligned) return "bias pointer is not 16-byte aligned";
+  if (!pointers_aligned) return "a, b, c, y and bias pointers must be 16-byte aligned (TMA reads 16-byte rows)";
   const int capability = current_compute_capability();
   if (capability != 90) {
     return "needs an sm_90 GPU (built for sm_90a), this device is " +
@@ -82,18 +82,26 @@ void launch_cutlass_sm90(const ForwardArgs& args, cudaStream_t stream) {
   problem.k = args.k;
   problem.alpha = args.alpha;
   problem.beta = args.beta;
-  // GE2_CUTLASS_SM90_TILE=<name> forces one configuration (benchmarks/sweep_cutlass_gemm.py times each).
-  const char* forced = std::getenv("GE2_CUTLASS_SM90_TILE");
-  const TileConfig config = forced != nullptr && *forced != '\0' ? tile_config_from_name(forced)
-                                                                   : choose_tile(args.m, args.n);
+  problem.residual_after_act = args.residual_after_act;
+  // GE2_CUTLASS_SM90_TILE=<name> forces one configuration, GE2_CUTLASS_SM90_SWIZZLE=<1|2|4|8> the tile scheduler's
+  // swizzle (1 when only the configuration is forced): benchmarks/sweep_cutlass_gemm.py times each.
+  const char* forced_tile = std::getenv("GE2_CUTLASS_SM90_TILE");
+  const char* forced_swizzle = std::getenv("GE2_CUTLASS_SM90_SWIZZLE");
+  Schedule schedule = choose_schedule(args.m, args.n);
+  if (forced_tile != nullptr && *forced_tile != '\0') schedule = {tile_config_from_name(forced_tile), 1};
+  if (forced_swizzle != nullptr && *forced_swizzle != '\0') schedule.max_swizzle = swizzle_from_text(forced_swizzle);
   const bool f16 = args.dtype == DType::Float16;
   switch (args.act) {
-    case Act::None: return f16 ? launch_f16_none(problem, config, stream) : launch_bf16_none(problem, config, stream);
-    case Act::Relu: return f16 ? launch_f16_relu(problem, config, stream) : launch_bf16_relu(problem, config, stream);
-    case Act::Gelu: return f16 ? launch_f16_gelu(problem, config, stream) : launch_bf16_gelu(problem, config, stream);
+    case Act::None:
+      return f16 ? launch_f16_none(problem, schedule, stream) : launch_bf16_none(problem, schedule, stream);
+    case Act::Relu:
+      return f16 ? launch_f16_relu(problem, schedule, stream) : launch_bf16_relu(problem, schedule, stream);
+    case Act::Gelu:
+      return f16 ? launch_f16_gelu(problem, schedule, stream) : launch_bf16_gelu(problem, schedule, stream);
     case Act::GeluErf:
-      return f16 ? launch_f16_gelu_erf(problem, config, stream) : launch_bf16_gelu_erf(problem, config, stream);
-    case Act::Silu: return f16 ? launch_f16_silu(problem, config, stream) : launch_bf16_silu(problem, config, stream);
+      return f16 ? launch_f16_gelu_erf(problem, schedule, stream) : launch_bf16_gelu_erf(problem, schedule, stream);
+    case Act::Silu:
+      return f16 ? launch_f16_silu(problem, schedule, stream) : launch_bf16_silu(problem, schedule, stream);
     default: break;
   }
   throw std::logic_error("cutlass_sm90: activation not instantiated (unsupported_reason should have declined it)");

@@ -13,7 +13,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     tiled_gemm(const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ c, const T* __restrict__ bias,
                T* __restrict__ y, T* __restrict__ preact, int64_t m, int64_t n, int64_t k, bool trans_a,
-               bool trans_b, float alpha, float beta, Act act, float slope) {
+               bool trans_b, float alpha, float beta, bool residual_after_act, Act act, float slope) {
   __shared__ float a_tile[kTileK][kTileM + 1];  // +1: rows of different k land in different banks
   __shared__ float b_tile[kTileK][kTileN + 1];
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -60,10 +60,12 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t col = col0 + tx + 16 * j;
       if (col >= n) continue;
       float z = alpha * acc[i][j];
-      if (c != nullptr) z += beta * to_float(c[row * n + col]);
+      const float residual = c != nullptr ? beta * to_float(c[row * n + col]) : 0.0f;
+      if (!residual_after_act) z += residual;
       if (bias != nullptr) z += to_float(bias[col]);
       if (preact != nullptr) preact[row * n + col] = from_float<T>(z);
-      y[row * n + col] = from_float<T>(apply_act(act, z, slope));
+      const float activated = apply_act(act, z, slope);
+      y[row * n + col] = from_float<T>(residual_after_act ? activated + residual : activated);
     }
   }
 }
@@ -79,7 +81,8 @@ void launch_tiled(const ForwardArgs& args, cudaStream_t stream) {
                             static_cast<const scalar_t*>(args.a), static_cast<const scalar_t*>(args.b),
                             static_cast<const scalar_t*>(args.c), static_cast<const scalar_t*>(args.bias),
                             static_cast<scalar_t*>(args.y), static_cast<scalar_t*>(args.preact), args.m, args.n,
-                            args.k, args.trans_a, args.trans_b, args.alpha, args.beta, args.act, args.slope));
+                            args.k, args.trans_a, args.trans_b, args.alpha, args.beta, args.residual_after_act,
+                            args.act, args.slope));
   GE2_CHECK_LAUNCH("gemm tiled_gemm");
 }
 

@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
-import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -291,31 +289,29 @@ def test_outputs_are_fully_written(rng, poisoned, to_device):
         assert_close(result, gemm.reference(a, b)[0], "float16", 29, what=kernel)
 
 
-@pytest.mark.gpu
-def test_auto_picks_epilogue_and_falls_back(rng, to_device):
-    a, b, bias = (random_array(rng, s, "float16") for s in ((64, 64), (64, 64), (64,)))
-    native = gemm._native_module()
-    da, db, dbias = to_device(a), to_device(b), to_device(bias)
-    y = ge2.device.runtime().DeviceArray.empty([64, 64], "float16")
-    view = lambda x: ge2.device.view_of(x)  # noqa: E731
-    call = lambda act, bias_ptr: native.forward(view(da).ptr, view(db).ptr, 0, bias_ptr, y.ptr, 0, 64, 64, 64,  # noqa
-                                                "float16", False, False, 1.0, 0.0, act, 0.01, False, "auto", 0)
-    assert call("gelu", view(dbias).ptr) == "cublaslt_epilogue"
-    assert call("silu", view(dbias).ptr) == "cublaslt_postkernel"
+def test_a_direct_call_tries_the_kernels_the_c_chain_tried(monkeypatch):
+    """save_preact's direct native call: the selector's order for its pointers (cublaslt_epilogue, then
+    cublaslt_postkernel, ..., tiled last), the fused epilogue left out for GE2_FORCE_NO_EPILOGUE=1."""
+    if not ge2._native.is_built("_ops_gemm"):
+        pytest.skip("_ops_gemm is not built")
+    view = lambda *shape: SimpleNamespace(shape=shape, dtype="float16")  # noqa: E731
+    views = {"a": view(64, 64), "b": view(64, 64), "bias": view(64)}
+    aligned, misaligned_bias = (256, 512, 0, 768, 1024, 0), (256, 512, 0, 770, 1024, 0)
 
+    def kernels(act, pointers=aligned, save_preact=False):
+        attrs = gemm.OP.validate_attrs({"act": act}, "test")
+        return gemm._call_kernels("auto", views, attrs, pointers, save_preact)
 
-@pytest.mark.gpu
-def test_force_no_epilogue_env_selects_postkernel():
-    code = (
-        "import numpy as np, graph_executor_v2 as ge2\n"
-        "g = ge2.ops.gemm; n = g._native_module(); rt = ge2.device.runtime()\n"
-        "a = rt.DeviceArray.from_numpy(np.ones((8, 8), np.float16)); y = rt.DeviceArray.empty([8, 8], 'float16')\n"
-        "print(n.forward(a.ptr, a.ptr, 0, 0, y.ptr, 0, 8, 8, 8, 'float16', False, False, 1.0, 0.0, 'relu', 0.0,"
-        " False, 'auto', 0))\n"
-    )
-    env = dict(os.environ, GE2_FORCE_NO_EPILOGUE="1")
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert result.stdout.strip() == "cublaslt_postkernel"
+    assert kernels("gelu")[0] == "cublaslt_epilogue" and kernels("gelu")[-1] == "tiled"
+    assert kernels("silu")[0] == "cublaslt_postkernel"  # no cuBLASLt epilogue for SiLU
+    assert kernels("gelu", misaligned_bias)[0] == "cublaslt_postkernel"
+    assert kernels("relu", save_preact=True)[0] == "cublaslt_postkernel"  # RELU_AUX saves a bit-mask
+    assert gemm._call_kernels("tiled", views, {}, aligned, False) == ["tiled"]  # named: the native call checks it
+    monkeypatch.setenv("GE2_FORCE_NO_EPILOGUE", "1")
+    assert kernels("relu")[0] == "cublaslt_postkernel"
+    with pytest.raises(ValueError, match="kernel: expected one of cublaslt_epilogue"):  # the selector chooses
+        gemm._native_module().unsupported_reason("auto", 8, 8, 8, "float16", "none", False, False, False, True,
+                                                 False, False)
 
 
 @pytest.mark.gpu

@@ -8,7 +8,7 @@ import pytest
 import graph_executor_v2 as ge2
 from graph_executor_v2 import selection
 from graph_executor_v2.ir import Graph, TensorType
-from graph_executor_v2.ops import layernorm
+from graph_executor_v2.ops import _row_norm, layernorm
 from graph_executor_v2.ops._base import Problem
 from graph_executor_v2.testing import assert_close, random_array, tolerance
 from row_norm_checks import (DTYPES, EDGE_SHAPES, KERNELS, assert_within, inputs, kernel_sweep_tests, numeric_gradient,
@@ -170,7 +170,7 @@ def test_kernels_and_limits_reported_by_the_native_module():
         (dict(x=0), r"x: null device pointer"),
         (dict(y=0), r"y: null device pointer"),
         (dict(cols=2048, kernel="warp_per_row"), r"kernel: 'warp_per_row' cannot run this problem"),
-        (dict(kernel="fastest"), r"kernel: expected one of auto, warp_per_row"),
+        (dict(kernel="fastest"), r"kernel: expected one of warp_per_row"),
     ],
 )
 def test_native_forward_checks_arguments_before_any_device_work(changes, match):
@@ -178,7 +178,7 @@ def test_native_forward_checks_arguments_before_any_device_work(changes, match):
     if not ge2._native.is_built("_ops_layernorm"):
         pytest.skip("_ops_layernorm is not built")
     args = dict(x=256, gamma=512, beta=768, y=1024, mean=0, rstd=0, rows=4, cols=64, dtype="float16", eps=1e-5,
-                kernel="auto", stream=0)
+                kernel="warp_per_row", stream=0)
     args.update(changes)
     with pytest.raises(ValueError, match=match):
         layernorm._native_module().forward(**args)
@@ -187,14 +187,21 @@ def test_native_forward_checks_arguments_before_any_device_work(changes, match):
 def test_native_calls_with_no_rows_launch_nothing():
     if not ge2._native.is_built("_ops_layernorm"):
         pytest.skip("_ops_layernorm is not built")
-    assert layernorm._native_module().forward(0, 512, 768, 0, 0, 0, 0, 64, "float32", 1e-5, "auto", 0) == \
-        "warp_per_row"
+    native = layernorm._native_module()
+    kernel = _row_norm.choose_kernel(native, "auto", 64, "float32", True, False)  # the selector's choice
+    assert native.forward(0, 512, 768, 0, 0, 0, 0, 64, "float32", 1e-5, kernel, 0) == kernel == "warp_per_row"
+    assert _row_norm.choose_kernel(native, "auto", 1025, "float32", True, False) == "block_per_row"
+    assert _row_norm.choose_kernel(native, "auto", 1025, "float32", True, True) == "block_per_row"
+    assert _row_norm.choose_kernel(native, "auto", 8193, "float32", True, True) == "multipass"
+    assert _row_norm.choose_kernel(native, "auto", 513, "float32", False, False) == "block_per_row"  # scalar loads
+    with pytest.raises(ValueError, match="kernel: expected one of warp_per_row"):  # the selector chooses, not C++
+        native.unsupported_reason("auto", 64, "float32", True, False)
     with pytest.raises(ValueError, match=r"mean, rstd: pass both saved statistics or neither"):
         layernorm._native_module().backward(256, 256, 512, 1024, 0, 256, 512, 512, 256, 4, 2, 64, "float32", 1e-5,
-                                            "auto", 0)
+                                            "warp_per_row", 0)
     with pytest.raises(ValueError, match=r"dbeta: null device pointer"):
         layernorm._native_module().backward(256, 256, 512, 0, 0, 256, 512, 0, 256, 4, 2, 64, "float32", 1e-5,
-                                            "auto", 0)
+                                            "warp_per_row", 0)
 
 
 # ---------------------------------------------------------------------------------------------------------------

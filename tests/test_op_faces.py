@@ -461,7 +461,7 @@ def test_c_launch_of_an_op_module_reports_its_errors():
     with pytest.raises(ValueError, match=r"a: null device pointer"):
         launch([0, 0x2000, 0, 0], [0x3000], None)
     with pytest.raises(IndexError, match=r"launch: needs"):
-        native_launch(softmax._native_module().bind_forward("softmax", 1, 4, 1, "float32", "auto"))([], [], 0)
+        native_launch(softmax._native_module().bind_forward("softmax", 1, 4, 1, "float32", "strided"))([], [], 0)
     with pytest.raises(ValueError, match=r"kernel: expected one of"):
         bind(2, 4, 4, "float32", False, False, 1.0, 0.0, "relu", 0.01, False, "fastest")
     with pytest.raises(TypeError, match=r"an op module's C launch takes the call's addresses only"):

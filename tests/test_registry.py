@@ -135,6 +135,8 @@ def test_every_native_kernel_table_lists_its_dtypes():
             assert row["dtypes"] and set(row["dtypes"]) <= set(ALL_DTYPES), (module, row)
     assert all(row["dtypes"] == ALL_DTYPES[:3] for row in _native.load("_ops_cross_entropy").kernels())
     assert all(set(row["dtypes"]) == set(ALL_DTYPES) for row in _native.load("_ops_concat").kernels())
+    transpose = {row["name"]: row["dtypes"] for row in _native.load("_ops_transpose").kernels()}
+    assert transpose["tiled_packed"] == ("float16", "bfloat16") and set(transpose["strided"]) == set(ALL_DTYPES)
 
 
 def test_force_no_epilogue_excludes_every_candidate_with_a_fused_epilogue(fake_op, monkeypatch):

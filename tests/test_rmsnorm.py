@@ -152,7 +152,7 @@ def test_native_forward_checks_arguments_before_any_device_work(changes, match):
     if not ge2._native.is_built("_ops_rmsnorm"):
         pytest.skip("_ops_rmsnorm is not built")
     args = dict(x=256, gamma=512, beta=0, y=1024, mean=0, rstd=0, rows=4, cols=64, dtype="bfloat16", eps=1e-6,
-                kernel="auto", stream=0)
+                kernel="warp_per_row", stream=0)
     args.update(changes)
     with pytest.raises(ValueError, match=match):
         rmsnorm._native_module().forward(**args)
@@ -163,9 +163,9 @@ def test_native_backward_checks_arguments_before_any_device_work():
         pytest.skip("_ops_rmsnorm is not built")
     backward = rmsnorm._native_module().backward
     with pytest.raises(ValueError, match=r"dgamma: null device pointer"):
-        backward(256, 256, 512, 0, 0, 256, 0, 0, 256, 4, 2, 64, "float32", 1e-6, "auto", 0)
+        backward(256, 256, 512, 0, 0, 256, 0, 0, 256, 4, 2, 64, "float32", 1e-6, "warp_per_row", 0)
     with pytest.raises(ValueError, match=r"dx: null device pointer"):
-        backward(256, 256, 512, 0, 0, 0, 512, 0, 256, 4, 2, 64, "float32", 1e-6, "auto", 0)
+        backward(256, 256, 512, 0, 0, 0, 512, 0, 256, 4, 2, 64, "float32", 1e-6, "warp_per_row", 0)
     with pytest.raises(ValueError, match=r"kernel: 'warp_per_row' cannot run this problem: .*cols <= 512"):
         backward(256, 256, 512, 0, 0, 256, 512, 0, 256, 4, 2, 513, "float32", 1e-6, "warp_per_row", 0)
 

@@ -359,21 +359,33 @@ def test_empty_arrays_launch_nothing():
         assert ge2.ops.log_softmax.backward(y, x, axis=axis, y=y)[0].shape == shape
 
 
-@pytest.mark.gpu
-def test_auto_picks_the_kernel_for_the_shape():
-    runtime = ge2.device.runtime()
-    native = softmax._native_module()
-    x, y, dx = (runtime.DeviceArray.from_numpy(np.zeros((2, 40000), np.float16)) for _ in range(3))
+def test_selector_picks_the_kernel_for_the_shape():
+    """The order the C++ chain had: warp_row, block_row, block_row_two_pass on the last axis, else strided."""
     picks = {
         (2, 1000, 1): "warp_row", (2, 4096, 1): "block_row", (2, 16385, 1): "block_row_two_pass",
         (2, 100, 3): "strided",
     }
     for (outer, n, inner), expected in picks.items():
-        assert native.forward("softmax", x.ptr, y.ptr, outer, n, inner, "float16", "auto", 0) == expected
-    assert native.backward("softmax", y.ptr, x.ptr, dx.ptr, 2, 8192, 1, "float16", "auto", 0) == "block_row"
-    assert native.backward("softmax", y.ptr, x.ptr, dx.ptr, 2, 8193, 1, "float16", "auto", 0) == "block_row_two_pass"
+        shape = (outer, n, inner) if inner != 1 else (outer, n)
+        problem = Problem("softmax", (TensorType(shape, "float16"),), (TensorType(shape, "float16"),), {"axis": 1})
+        assert selection.rank(softmax.SOFTMAX, problem).viable[0].name == expected
+    assert softmax._backward_kernel("auto", 8192, 1, "float16") == "block_row"
+    assert softmax._backward_kernel("auto", 8193, 1, "float16") == "block_row_two_pass"
+    assert softmax._backward_kernel("auto", 100, 3, "float16") == "strided"
+    with pytest.raises(ValueError, match="kernel: 'block_row' cannot run this problem: block_row holds a row"):
+        softmax._backward_kernel("block_row", 8193, 1, "float16")
+    with pytest.raises(ValueError, match="kernel: expected one of warp_row"):  # the selector chooses, not C++
+        softmax._native_module().unsupported_reason("auto", 8, 1, False)
+
+
+@pytest.mark.gpu
+def test_native_calls_check_the_named_kernel():
+    runtime = ge2.device.runtime()
+    native = softmax._native_module()
+    x, y = (runtime.DeviceArray.from_numpy(np.zeros((2, 40000), np.float16)) for _ in range(2))
+    assert native.forward("softmax", x.ptr, y.ptr, 2, 1000, 1, "float16", "warp_row", 0) == "warp_row"
     with pytest.raises(ValueError, match="y: null device pointer"):
-        native.forward("softmax", x.ptr, 0, 2, 8, 1, "float16", "auto", 0)
+        native.forward("softmax", x.ptr, 0, 2, 8, 1, "float16", "warp_row", 0)
     with pytest.raises(ValueError, match=r"kernel: 'warp_row' cannot run this problem"):
         native.forward("softmax", x.ptr, y.ptr, 2, 8, 3, "float16", "warp_row", 0)
 

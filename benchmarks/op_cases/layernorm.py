@@ -3,7 +3,7 @@ one binding call, y only); its backward is the native call with saved statistics
 workspace. PyTorch runs what its autograd runs: native_layer_norm and native_layer_norm_backward."""
 from __future__ import annotations
 
-from graph_executor_v2.ops import layernorm
+from graph_executor_v2.ops import _row_norm, layernorm
 
 from ._launch import close, holding, prepared
 
@@ -32,14 +32,15 @@ def cases(torch):
     _, torch_mean, torch_rstd = torch_forward()
     dx, dgamma, dbeta = torch.empty_like(x), torch.empty_like(gamma), torch.empty_like(beta)
     native = layernorm._native_module()
-    workspace_bytes = native.backward_workspace_bytes(ROWS, COLS, "float16", "auto", True)
+    kernel = _row_norm.choose_kernel(native, "auto", COLS, "float16", True, True)  # the selector's choice
+    workspace_bytes = native.backward_workspace_bytes(ROWS, COLS, "float16", kernel, True)
     workspace = torch.empty(workspace_bytes // 4, device="cuda", dtype=torch.float32)
     operands = (dy, x, gamma, mean, rstd, dx, dgamma, dbeta, workspace)
     pointers = [t.data_ptr() for t in operands]
     # `backward` holds the operands: mean, rstd and the workspace are referenced nowhere else, and once freed the
     # caching allocator hands their memory to later allocations (PyTorch's forward outputs, same sizes), so the
     # backward would read whatever statistics were written there last.
-    backward = holding(lambda: native.backward(*pointers, workspace_bytes, ROWS, COLS, "float16", EPS, "auto", 0),
+    backward = holding(lambda: native.backward(*pointers, workspace_bytes, ROWS, COLS, "float16", EPS, kernel, 0),
                        *operands)
 
     def torch_backward():

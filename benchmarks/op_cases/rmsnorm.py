@@ -4,7 +4,7 @@ workspace. PyTorch runs F.rms_norm and, for the backward, its fused aten kernel 
 (_fused_rms_norm_backward), else the autograd backward of F.rms_norm (or of a composite on old builds)."""
 from __future__ import annotations
 
-from graph_executor_v2.ops import rmsnorm
+from graph_executor_v2.ops import _row_norm, rmsnorm
 
 from ._launch import close, holding, prepared
 
@@ -59,13 +59,14 @@ def cases(torch):
     _, rstd = rmsnorm.forward(x, gamma, eps=EPS, save_stats=True)
     dx, dgamma = torch.empty_like(x), torch.empty_like(gamma)
     native = rmsnorm._native_module()
-    workspace_bytes = native.backward_workspace_bytes(ROWS, COLS, "float16", "auto", True)
+    kernel = _row_norm.choose_kernel(native, "auto", COLS, "float16", True, True)  # the selector's choice
+    workspace_bytes = native.backward_workspace_bytes(ROWS, COLS, "float16", kernel, True)
     workspace = torch.empty(workspace_bytes // 4, device="cuda", dtype=torch.float32)
     operands = (dy, x, gamma, None, rstd, dx, dgamma, None, workspace)  # no mean, no dbeta: 0
     pointers = [0 if t is None else t.data_ptr() for t in operands]
     # `backward` holds the operands: rstd and the workspace are referenced nowhere else (freed, their memory would
     # go to the next allocation while the backward still reads and writes it).
-    backward = holding(lambda: native.backward(*pointers, workspace_bytes, ROWS, COLS, "float16", EPS, "auto", 0),
+    backward = holding(lambda: native.backward(*pointers, workspace_bytes, ROWS, COLS, "float16", EPS, kernel, 0),
                        *(t for t in operands if t is not None))
 
     torch_backward = _torch_backward(torch, x, gamma, dy)

@@ -80,15 +80,17 @@ def device_workspace(nbytes: int):
 
 def row_norm_backward_launch(native, problem: Problem, call: Callable) -> Launch:
     """The launch of a row norm's backward (layernorm, rmsnorm): its float32 workspace allocated once, here;
-    ``call(ins, outs, workspace_ptr, workspace_bytes, shape, eps, stream)`` makes the native call."""
-    from ._row_norm import problem_dims
+    ``call(ins, outs, workspace_ptr, workspace_bytes, shape, eps, kernel, stream)`` makes the native call with the
+    selector's kernel (plan buffers are 16-byte aligned)."""
+    from ._row_norm import choose_kernel, problem_dims
 
     shape = problem_dims(problem)
-    size = native.backward_workspace_bytes(shape.rows, shape.cols, shape.dtype, "auto", True)
+    kernel = choose_kernel(native, "auto", shape.cols, shape.dtype, True, True)
+    size = native.backward_workspace_bytes(shape.rows, shape.cols, shape.dtype, kernel, True)
     workspace = device_workspace(size)
     eps = float(problem.attrs["eps"])
 
     def launch(ins, outs, stream, workspace=workspace):  # the default argument keeps the workspace alive
-        call(ins, outs, workspace.ptr, size, shape, eps, stream)
+        call(ins, outs, workspace.ptr, size, shape, eps, kernel, stream)
 
     return launch

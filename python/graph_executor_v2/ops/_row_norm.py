@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import device as _device
+from .. import selection
 from ..dtypes import FLOAT_DTYPES, normalize
 from ..ir.types import TensorType
 from . import _layout
@@ -109,6 +110,13 @@ def statistic(array, argument: str, shape: NormShape, device: int):
     return view
 
 
+def choose_kernel(module, requested: str, cols: int, dtype: str, aligned: bool, backward: bool) -> str:
+    """The kernel of a native call of row-norm ``module`` (the loaded ``_ops_layernorm`` or ``_ops_rmsnorm``) on rows
+    of ``cols``: ``requested``, or for "auto" the selector's choice (``aligned``: every pointer 16-byte aligned)."""
+    return selection.table_kernel(module.__name__.rpartition(".")[2], requested,
+                                  lambda name: module.unsupported_reason(name, cols, dtype, aligned, backward), dtype)
+
+
 def workspace_for(native, workspace, template, shape: NormShape, kernel: str, aligned: bool, device: int):
     """The backward's float32 workspace (allocated when not given) and its view and size in bytes."""
     need = native.backward_workspace_bytes(shape.rows, shape.cols, shape.dtype, kernel, aligned)
@@ -132,7 +140,9 @@ def workspace_bytes(native, op: str, x_shape, dtype, kernel: str, aligned: bool)
     if kernel not in ("auto",) + KERNELS:
         raise ValueError(f"kernel: expected auto or one of the candidates, got {kernel!r}")
     _device.require_gpu(f"{op}.backward_workspace_bytes")
-    return native().backward_workspace_bytes(shape.rows, shape.cols, shape.dtype, kernel, bool(aligned))
+    module = native()
+    kernel = choose_kernel(module, kernel, shape.cols, shape.dtype, bool(aligned), True)
+    return module.backward_workspace_bytes(shape.rows, shape.cols, shape.dtype, kernel, bool(aligned))
 
 
 def address(view) -> int:
@@ -169,9 +179,12 @@ def make_face(opdef, native, stats: tuple[str, ...]) -> Face:
         saved = [_layout.output(stat_outs.get(f"{stat}_out"), x, f"{stat}_out", (shape.rows,), "float32", device)
                  if save_stats else (None, None) for stat in stats]
         saved_views = dict(zip(stats, (view for _, view in saved)))
-        native().forward(views["x"].ptr, views["gamma"].ptr, address(views.get("beta")), vy.ptr,
-                         address(saved_views.get("mean")), address(saved_views.get("rstd")), shape.rows, shape.cols,
-                         shape.dtype, attrs["eps"], kernel, _device.stream_handle(stream))
+        module = native()
+        aligned = is_aligned(*(v for v in (views["x"], vy, views["gamma"], views.get("beta")) if v is not None))
+        kernel = choose_kernel(module, kernel, shape.cols, shape.dtype, aligned, False)
+        module.forward(views["x"].ptr, views["gamma"].ptr, address(views.get("beta")), vy.ptr,
+                       address(saved_views.get("mean")), address(saved_views.get("rstd")), shape.rows, shape.cols,
+                       shape.dtype, attrs["eps"], kernel, _device.stream_handle(stream))
         return (y, *(array for array, _ in saved)) if save_stats else y
 
     def backward(dy, inputs, attrs, kernel, out, stream, workspace=None, **saved):
@@ -191,6 +204,7 @@ def make_face(opdef, native, stats: tuple[str, ...]) -> Face:
         grad_views = [view for _, view in grads] + [None]  # no dbeta for rmsnorm
         module = native()
         aligned = is_aligned(views["dy"], views["x"], views["gamma"], grad_views[0])
+        kernel = choose_kernel(module, kernel, shape.cols, shape.dtype, aligned, True)
         workspace, vworkspace, size = workspace_for(module, workspace, x, shape, kernel, aligned, device)
         module.backward(views["dy"].ptr, views["x"].ptr, views["gamma"].ptr, address(stat_views.get("mean")),
                         address(stat_views.get("rstd")), grad_views[0].ptr, grad_views[1].ptr,

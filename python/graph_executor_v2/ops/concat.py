@@ -110,6 +110,13 @@ def reference_backward(dy, sections, axis) -> list[np.ndarray]:
 # ---------------------------------------------------------------------------------------------------------------
 # Python face: generated (ops/_face.py); forward is one candidate launch, backward splits dy here.
 # ---------------------------------------------------------------------------------------------------------------
+def backward_kernel(requested: str, outer: int, widths: list[int], dtype: str) -> str:
+    """The kernel of a native backward call: ``requested``, or for "auto" the selector's choice."""
+    native = _native_module()
+    return selection.table_kernel("_ops_concat", requested,
+                                  lambda name: native.unsupported_reason(name, outer, widths, dtype), dtype)
+
+
 def _backward(dy, inputs, attrs, kernel, out, stream):
     """One gradient per array of ``xs``: the sections of dy along ``axis``, arrays of dy's kind (or the given
     ``out`` entries)."""
@@ -128,10 +135,8 @@ def _backward(dy, inputs, attrs, kernel, out, stream):
         grads.append(grad)
         pointers.append(grad_view.ptr)
     outer, widths = layout(shapes, axis)
-    native = _native_module()
-    kernel = selection.table_kernel("_ops_concat", kernel,
-                                    lambda name: native.unsupported_reason(name, outer, widths, view.dtype), view.dtype)
-    native.backward(view.ptr, pointers, outer, widths, view.dtype, kernel, _device.stream_handle(stream))
+    _native_module().backward(view.ptr, pointers, outer, widths, view.dtype,
+                              backward_kernel(kernel, outer, widths, view.dtype), _device.stream_handle(stream))
     return grads
 
 

@@ -133,6 +133,14 @@ def reference_backward(dy, p, seed, offset=0) -> np.ndarray:
 # Python face: generated (ops/_face.py); forward is one candidate launch (``out=x`` runs in place), backward
 # regenerates the mask here.
 # ---------------------------------------------------------------------------------------------------------------
+def backward_kernel(requested: str, offset: int, aligned: bool, dtype: str) -> str:
+    """The kernel of a native backward call: ``requested``, or for "auto" the selector's choice (``aligned``: dy and
+    dx 16-byte aligned)."""
+    native = _native_module()
+    return selection.table_kernel("_ops_dropout", requested,
+                                  lambda name: native.unsupported_reason(name, offset, aligned), dtype)
+
+
 def _backward(dy, inputs, attrs, kernel, out, stream):
     """(dx,): dy * mask / (1 - p), the forward's mask regenerated from (seed, offset); ``out=(dy,)`` runs in
     place."""
@@ -142,11 +150,9 @@ def _backward(dy, inputs, attrs, kernel, out, stream):
                              view.device)
     if vdx.ptr != view.ptr:  # in place is fine (each element is read and written by one thread); partial overlap not
         _layout.check_no_overlap(vdx, "out[0]", view, "dy")
-    native, aligned = _native_module(), not (view.ptr | vdx.ptr) % 16
-    kernel = selection.table_kernel("_ops_dropout", kernel,
-                                    lambda name: native.unsupported_reason(name, attrs["offset"], aligned), view.dtype)
-    native.backward(view.ptr, vdx.ptr, _layout.numel(view.shape), view.dtype, attrs["p"], attrs["seed"],
-                    attrs["offset"], kernel, _device.stream_handle(stream))
+    kernel = backward_kernel(kernel, attrs["offset"], not (view.ptr | vdx.ptr) % 16, view.dtype)
+    _native_module().backward(view.ptr, vdx.ptr, _layout.numel(view.shape), view.dtype, attrs["p"], attrs["seed"],
+                              attrs["offset"], kernel, _device.stream_handle(stream))
     return (dx,)
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import device as _device
 from .. import _native
+from .. import selection
 from ..dtypes import FLOAT_DTYPES, normalize
 from ..ir.types import TensorType
 from . import _layout, activations
@@ -137,12 +138,43 @@ def _forward_with_preact(inputs, attrs, kernel, out, stream, save_preact=False, 
     want_preact = save_preact and attrs["act"] != "none"
     z, vz = (_layout.output(preact_out, a, "preact_out", (shape.m, shape.n), shape.dtype, va.device) if want_preact
              else (y, None))
-    _native_module().forward(
-        va.ptr, vb.ptr, 0 if vc is None else vc.ptr, 0 if vbias is None else vbias.ptr, vy.ptr,
-        vz.ptr if want_preact else 0, shape.m, shape.n, shape.k, shape.dtype, attrs["trans_a"], attrs["trans_b"],
-        attrs["alpha"], attrs["beta"] if vc is not None else 0.0, attrs["act"], attrs["slope"], attrs["allow_tf32"],
-        kernel, _device.stream_handle(stream), residual_after_act=attrs["residual_after_act"])
+    native, ptr = _native_module(), lambda view: 0 if view is None else view.ptr  # noqa: E731
+    pointers = (va.ptr, vb.ptr, ptr(vc), ptr(vbias), vy.ptr, ptr(vz))
+    for name in _call_kernels(kernel, views, attrs, pointers, want_preact):
+        try:
+            native.forward(*pointers, shape.m, shape.n, shape.k, shape.dtype, attrs["trans_a"], attrs["trans_b"],
+                           attrs["alpha"], attrs["beta"] if vc is not None else 0.0, attrs["act"], attrs["slope"],
+                           attrs["allow_tf32"], name, _device.stream_handle(stream),
+                           residual_after_act=attrs["residual_after_act"])
+            break
+        except RuntimeError:  # cuBLASLt returned no algorithm: a chosen kernel falls to the next, a named one raises
+            if kernel != "auto":
+                raise
     return (y, z) if save_preact else y
+
+
+def _call_kernels(kernel, views, attrs, pointers, save_preact) -> list[str]:
+    """The kernels a direct native forward tries in order: the named one, or the selector's viable candidates for
+    these pointers (a, b, c, bias, y, preact) and this save_preact, best first (the fused epilogue left out when
+    the environment turned it off). The last one, tiled, always runs."""
+    if kernel != "auto":
+        return [kernel]
+    native = _native_module()
+    a, b, c, bias, y, preact = pointers
+    epilogue_aligned = not (bias | preact) % 16  # what the cuBLASLt epilogue reads besides the operands
+    every_aligned = not (a | b | c | bias | y | preact) % 16  # TMA (cutlass_sm90) reads every operand
+    in_types = tuple(None if views.get(name) is None else TensorType(views[name].shape, views[name].dtype)
+                     for name in ("a", "b", "bias", "c"))
+    problem = Problem("gemm", in_types, tuple(OP.infer(list(in_types), attrs)), attrs)
+
+    def supports(candidate, problem):
+        m, n, k, dtype, has_bias, has_c = _problem_args(problem)
+        aligned = every_aligned if candidate.name == "cutlass_sm90" else epilogue_aligned
+        return native.unsupported_reason(candidate.name, m, n, k, dtype, attrs["act"], has_bias, has_c, save_preact,
+                                         aligned, attrs["trans_a"], attrs["trans_b"],
+                                         attrs["residual_after_act"]) or None
+
+    return [candidate.name for candidate in selection.rank(OP, problem, supports=supports).viable]
 
 
 def _check_chaining(a_shape, dtype, a_preact_shape, a_preact_dtype, a_act, a_slope):

@@ -116,9 +116,9 @@ def _infer_backward(in_types, attrs):
 def _prepare_backward(problem: Problem):
     native = _native_module()
 
-    def call(ins, outs, workspace, size, shape, eps, stream):
+    def call(ins, outs, workspace, size, shape, eps, kernel, stream):
         native.backward(ins[0], ins[1], ins[2], 0, 0, outs[0], outs[1], outs[2], workspace, size, shape.rows,
-                        shape.cols, shape.dtype, eps, "auto", stream)
+                        shape.cols, shape.dtype, eps, kernel, stream)
 
     return _grad.row_norm_backward_launch(native, problem, call)
 

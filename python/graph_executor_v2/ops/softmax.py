@@ -28,6 +28,7 @@ import numpy as np
 
 from .. import _native
 from .. import device as _device
+from .. import selection
 from ..dtypes import FLOAT_DTYPES
 from . import _layout
 from ._base import (Attr, Input, OPS, OpDef, Problem, Sample, as_float64, native_launch, register, sample_array,
@@ -95,6 +96,18 @@ def layout(shape, axis) -> tuple[int, int, int]:
                                                                                    dtype=np.int64))
 
 
+def _backward_kernel(requested: str, n: int, inner: int, dtype: str) -> str:
+    """The backward kernel: ``requested`` after checking it (ValueError naming why it cannot run the problem), or
+    for "auto" the selector's choice."""
+    native = _native_module()
+    if requested != "auto":
+        reason = native.unsupported_reason(requested, n, inner, True)
+        if reason:
+            raise ValueError(f"kernel: '{requested}' cannot run this problem: {reason}")
+    return selection.table_kernel("_ops_softmax", requested,
+                                  lambda name: native.unsupported_reason(name, n, inner, True), dtype)
+
+
 def _backward(op):
     def backward(dy, inputs, attrs, kernel, out, stream, y=None):
         """dx from dy and the forward output ``y`` (recomputed from x when not given)."""
@@ -105,10 +118,7 @@ def _backward(op):
             y = FACES[op].forward(x, axis=attrs["axis"], stream=stream)
         vy = _layout.checked_view(y, "y", tuple(vx.shape), vx.dtype, vx.device)
         vdy = _layout.checked_view(dy, "dy", tuple(vx.shape), vx.dtype, vx.device)
-        if kernel != "auto":
-            reason = _native_module().unsupported_reason(kernel, n, inner, True)
-            if reason:
-                raise ValueError(f"kernel: '{kernel}' cannot run this problem: {reason}")
+        kernel = _backward_kernel(kernel, n, inner, vx.dtype)
         dx, vdx = _layout.output(None if out is None else out[0], dy, "out", tuple(vx.shape), vx.dtype, vx.device)
         _native_module().backward(op, vy.ptr, vdy.ptr, vdx.ptr, outer, n, inner, vx.dtype, kernel,
                                   _device.stream_handle(stream))
@@ -201,7 +211,8 @@ def _register_backward(op):
     def prepare(problem: Problem):
         y = problem.in_types[1]
         outer, n, inner = layout(y.shape, problem.attrs["axis"])
-        return native_launch(_native_module().bind_backward(op, outer, n, inner, y.dtype, "auto"))  # a C launch
+        kernel = _backward_kernel("auto", n, inner, y.dtype)
+        return native_launch(_native_module().bind_backward(op, outer, n, inner, y.dtype, kernel))  # a C launch
 
     return _grad.register_backward(OpDef(
         name=f"{op}_backward",

@@ -33,6 +33,7 @@ import numpy as np
 
 from .. import _native
 from .. import device as _device
+from .. import selection
 from ..dtypes import itemsize
 from ..ir import dims
 from ..ir.types import TensorType
@@ -115,8 +116,13 @@ def _transpose(x, perm, kernel="auto", out=None, stream=None):
     perm = check_perm(perm, len(view.shape))
     y, y_view = _layout.output(out, x, "out", tuple(view.shape[axis] for axis in perm), view.dtype, view.device)
     _layout.check_no_overlap(y_view, "out", view, "x")
-    _native_module().forward(view.ptr, y_view.ptr, list(view.shape), list(view.strides), list(perm), view.dtype,
-                             kernel, _device.stream_handle(stream))
+    native, shape, strides = _native_module(), list(view.shape), list(view.strides)
+    kernel = selection.table_kernel(
+        "_ops_transpose", kernel,
+        lambda name: native.unsupported_reason(name, shape, strides, list(perm), view.dtype, view.ptr, y_view.ptr),
+        view.dtype)
+    native.forward(view.ptr, y_view.ptr, shape, strides, list(perm), view.dtype, kernel,
+                   _device.stream_handle(stream))
     return y
 
 

@@ -15,7 +15,8 @@ namespace ge2::elementwise {
 
 enum class BinaryOp { Add, Sub, Mul, Div };
 enum class UnaryOp { Relu, Gelu, GeluErf, Silu, Sigmoid, Tanh, Exp, Neg };
-enum class Kernel { Auto, Vec16, RowCol, Strided };
+// The kernel is chosen by the Python selector (graph_executor_v2/selection.py); a call names it.
+enum class Kernel { Vec16, RowCol, Strided };
 
 BinaryOp binary_op_from_name(const std::string& name);
 UnaryOp unary_op_from_name(const std::string& name);
@@ -48,10 +49,11 @@ Broadcast make_broadcast(const std::vector<int64_t>& a_shape, const std::vector<
 std::string unsupported_reason(Kernel kernel, const Broadcast& problem, DType dtype);
 std::string unsupported_reason(Kernel kernel, int64_t numel, DType dtype);
 
-// Forward passes; each returns the kernel that ran (Auto picks the best that applies to the pointers given).
+// Forward passes by the named kernel (std::invalid_argument when it cannot run the problem or the pointers given);
+// each returns it.
 Kernel binary(BinaryOp op, const void* a, const void* b, void* y, const Broadcast& problem, DType dtype,
-              Kernel requested, cudaStream_t stream);
-Kernel unary(UnaryOp op, const void* x, void* y, int64_t numel, DType dtype, Kernel requested, cudaStream_t stream);
+              Kernel kernel, cudaStream_t stream);
+Kernel unary(UnaryOp op, const void* x, void* y, int64_t numel, DType dtype, Kernel kernel, cudaStream_t stream);
 
 // dx = dy * op'(x).
 void unary_backward(UnaryOp op, const void* dy, const void* x, void* dx, int64_t numel, DType dtype,

@@ -1,5 +1,5 @@
-// elementwise launcher: names, the broadcast collapse, argument checks and the candidate chain
-//   vec16 (same shape) -> rowcol (2-d broadcast) -> strided (anything).
+// elementwise launcher: names, the broadcast collapse, argument checks and the named kernel's check (vec16: same
+// shape; rowcol: 2-d broadcast; strided: anything; the Python selector chooses among them).
 #include <string>
 
 #include "api.hpp"
@@ -30,16 +30,14 @@ UnaryOp unary_op_from_name(const std::string& name) {
 }
 
 Kernel kernel_from_name(const std::string& name) {
-  if (name == "auto") return Kernel::Auto;
   if (name == "vec16") return Kernel::Vec16;
   if (name == "rowcol") return Kernel::RowCol;
   if (name == "strided") return Kernel::Strided;
-  throw std::invalid_argument("kernel: expected one of auto, vec16, rowcol, strided, got '" + name + "'");
+  throw std::invalid_argument("kernel: expected one of vec16, rowcol, strided, got '" + name + "'");
 }
 
 const char* kernel_name(Kernel kernel) {
   switch (kernel) {
-    case Kernel::Auto: return "auto";
     case Kernel::Vec16: return "vec16";
     case Kernel::RowCol: return "rowcol";
     case Kernel::Strided: return "strided";
@@ -48,7 +46,7 @@ const char* kernel_name(Kernel kernel) {
 }
 
 std::vector<KernelInfo> kernel_table() {
-  return {
+  return with_dtypes({
       {"vec16", 30, "contiguous operands of one shape, 16-byte vector loads/stores, one pass",
        "binary: a and b of the same shape (after dropping size-1 dims); every pointer 16-byte aligned"},
       {"rowcol", 20, "2-d broadcast: each operand full, a row vector, a column vector or a scalar of [rows, cols]",
@@ -57,7 +55,7 @@ std::vector<KernelInfo> kernel_table() {
       {"strided", 10, "general broadcast by strided index math (binary); element by element (unary)",
        "none: at most 8 dims after collapsing, which NumPy-style shapes of up to 8 dims always meet",
        kFallback, kAnyAlignment},
-  };
+  }, floating_dtypes());
 }
 
 bool aligned16(const void* pointer) { return is_aligned(pointer, 16); }
@@ -141,7 +139,6 @@ Broadcast make_broadcast(const std::vector<int64_t>& a_shape, const std::vector<
 std::string unsupported_reason(Kernel kernel, const Broadcast& problem, DType dtype) {
   if (!is_floating(dtype)) return std::string("dtype ") + dtype_name(dtype) + " is not a float type";
   switch (kernel) {
-    case Kernel::Auto:
     case Kernel::Strided: return "";
     case Kernel::Vec16:
       return vec16_fits(problem) ? "" : "vec16 needs operands of one shape (no broadcasting)";
@@ -165,29 +162,18 @@ std::string unsupported_reason(Kernel kernel, int64_t numel, DType dtype) {
 }
 
 Kernel binary(BinaryOp op, const void* a, const void* b, void* y, const Broadcast& problem, DType dtype,
-              Kernel requested, cudaStream_t stream) {
+              Kernel kernel, cudaStream_t stream) {
   check_floating(dtype);
-  if (problem.numel == 0) return requested == Kernel::Auto ? Kernel::Strided : requested;
+  if (problem.numel == 0) return kernel;
   check_pointer(a, "a");
   check_pointer(b, "b");
   check_pointer(y, "y");
   const bool aligned = aligned16(a) && aligned16(b) && aligned16(y);
-  Kernel kernel = requested;
-  if (kernel == Kernel::Auto) {
-    if (aligned && vec16_fits(problem)) {
-      kernel = Kernel::Vec16;
-    } else if (aligned && rowcol_fits(problem, dtype)) {
-      kernel = Kernel::RowCol;
-    } else {
-      kernel = Kernel::Strided;
-    }
-  } else {
-    const std::string reason = unsupported_reason(kernel, problem, dtype);
-    if (!reason.empty()) throw std::invalid_argument(std::string("kernel: ") + reason);
-    if (kernel != Kernel::Strided && !aligned) {
-      throw std::invalid_argument(std::string("a, b, y: kernel ") + kernel_name(kernel) +
-                                  " needs 16-byte aligned pointers; use kernel='auto' or 'strided'");
-    }
+  const std::string reason = unsupported_reason(kernel, problem, dtype);
+  if (!reason.empty()) throw std::invalid_argument(std::string("kernel: ") + reason);
+  if (kernel != Kernel::Strided && !aligned) {
+    throw std::invalid_argument(std::string("a, b, y: kernel ") + kernel_name(kernel) +
+                                " needs 16-byte aligned pointers; use kernel 'strided'");
   }
   switch (kernel) {
     case Kernel::Vec16: launch_binary_vec16(op, a, b, y, problem.numel, dtype, stream); break;
@@ -197,19 +183,17 @@ Kernel binary(BinaryOp op, const void* a, const void* b, void* y, const Broadcas
   return kernel;
 }
 
-Kernel unary(UnaryOp op, const void* x, void* y, int64_t numel, DType dtype, Kernel requested,
-             cudaStream_t stream) {
+Kernel unary(UnaryOp op, const void* x, void* y, int64_t numel, DType dtype, Kernel kernel, cudaStream_t stream) {
   check_floating(dtype);
   if (numel < 0) throw std::invalid_argument("numel: expected >= 0, got " + std::to_string(numel));
-  const std::string reason = unsupported_reason(requested, numel, dtype);
+  const std::string reason = unsupported_reason(kernel, numel, dtype);
   if (!reason.empty()) throw std::invalid_argument(std::string("kernel: ") + reason);
-  if (numel == 0) return requested == Kernel::Auto ? Kernel::Strided : requested;
+  if (numel == 0) return kernel;
   check_pointer(x, "x");
   check_pointer(y, "y");
   const bool aligned = aligned16(x) && aligned16(y);
-  Kernel kernel = requested == Kernel::Auto ? (aligned ? Kernel::Vec16 : Kernel::Strided) : requested;
   if (kernel == Kernel::Vec16 && !aligned) {
-    throw std::invalid_argument("x, y: kernel vec16 needs 16-byte aligned pointers; use kernel='auto' or 'strided'");
+    throw std::invalid_argument("x, y: kernel vec16 needs 16-byte aligned pointers; use kernel 'strided'");
   }
   if (kernel == Kernel::Vec16) {
     launch_unary_vec16(op, x, y, numel, dtype, stream);

@@ -13,7 +13,8 @@
 
 namespace ge2::gemm {
 
-enum class Kernel { Auto, LtEpilogue, LtPostKernel, CutlassSm90, Tiled };
+// The kernel is chosen by the Python selector (graph_executor_v2/selection.py); a call names it.
+enum class Kernel { LtEpilogue, LtPostKernel, CutlassSm90, Tiled };
 
 Kernel kernel_from_name(const std::string& name);
 const char* kernel_name(Kernel kernel);
@@ -66,8 +67,9 @@ struct BackwardArgs {
 // bias/aux pointers are 16-byte aligned (the plan's buffers always are).
 std::string unsupported_reason(Kernel kernel, const ForwardArgs& args, bool pointers_aligned);
 
-// Runs the requested kernel (or, for Auto, the best one that works) and returns the kernel that ran.
-Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream);
+// Runs `kernel` and returns it: std::invalid_argument when it cannot run the problem, std::runtime_error when
+// cuBLASLt returns no algorithm for it (the selector then tries the next candidate).
+Kernel forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream);
 
 void backward(const BackwardArgs& args, cudaStream_t stream);
 

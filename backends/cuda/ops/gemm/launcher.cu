@@ -1,8 +1,8 @@
-// gemm launcher: argument checks, the cuBLASLt plan cache, and the candidate chain
-//   cublaslt_epilogue -> cublaslt_postkernel -> tiled.
+// gemm launcher: argument checks, the cuBLASLt plan cache, and the named kernel (cublaslt_epilogue,
+// cublaslt_postkernel, cutlass_sm90 or tiled; the Python selector chooses, and turns the fused epilogue off for
+// GE2_FORCE_NO_EPILOGUE=1).
 #include <algorithm>
 #include <array>
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -15,19 +15,16 @@
 namespace ge2::gemm {
 
 Kernel kernel_from_name(const std::string& name) {
-  if (name == "auto") return Kernel::Auto;
   if (name == "cublaslt_epilogue") return Kernel::LtEpilogue;
   if (name == "cublaslt_postkernel") return Kernel::LtPostKernel;
   if (name == "cutlass_sm90") return Kernel::CutlassSm90;
   if (name == "tiled") return Kernel::Tiled;
   throw std::invalid_argument(
-      "kernel: expected one of auto, cublaslt_epilogue, cublaslt_postkernel, cutlass_sm90, tiled, got '" +
-                              name + "'");
+      "kernel: expected one of cublaslt_epilogue, cublaslt_postkernel, cutlass_sm90, tiled, got '" + name + "'");
 }
 
 const char* kernel_name(Kernel kernel) {
   switch (kernel) {
-    case Kernel::Auto: return "auto";
     case Kernel::LtEpilogue: return "cublaslt_epilogue";
     case Kernel::LtPostKernel: return "cublaslt_postkernel";
     case Kernel::CutlassSm90: return "cutlass_sm90";
@@ -372,43 +369,28 @@ bool run(Kernel kernel, const ForwardArgs& args, cudaStream_t stream) {
     case Kernel::LtPostKernel: return run_postkernel(args, stream);
     case Kernel::CutlassSm90: launch_cutlass_sm90(args, stream); return true;
     case Kernel::Tiled: launch_tiled(args, stream); return true;
-    case Kernel::Auto: break;
   }
-  throw std::logic_error("run: Auto is not a kernel");
-}
-
-bool force_no_epilogue() {
-  const char* value = std::getenv("GE2_FORCE_NO_EPILOGUE");
-  return value != nullptr && std::string(value) == "1";
+  throw std::logic_error("run: unknown kernel");
 }
 
 }  // namespace
 
-Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
+Kernel forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream) {
   check_args(args);
   bool aligned = aligned16(args.bias) && aligned16(args.preact);
-  if (requested == Kernel::CutlassSm90) {  // TMA reads every operand in 16-byte rows
+  if (kernel == Kernel::CutlassSm90) {  // TMA reads every operand in 16-byte rows
     aligned = aligned && aligned16(args.a) && aligned16(args.b) && aligned16(args.c) && aligned16(args.y);
   }
-  if (requested != Kernel::Auto) {
-    const std::string reason = unsupported_reason(requested, args, aligned);
-    if (!reason.empty()) {
-      throw std::invalid_argument(std::string("kernel: '") + kernel_name(requested) + "' cannot run this problem: " +
-                                  reason);
-    }
-    if (!run(requested, args, stream)) {
-      throw std::runtime_error(std::string("ge2 op 'gemm': kernel '") + kernel_name(requested) +
-                               "': cuBLASLt returned no algorithm for this problem");
-    }
-    return requested;
+  const std::string reason = unsupported_reason(kernel, args, aligned);
+  if (!reason.empty()) {
+    throw std::invalid_argument(std::string("kernel: '") + kernel_name(kernel) + "' cannot run this problem: " +
+                                reason);
   }
-  const Kernel chain[] = {Kernel::LtEpilogue, Kernel::LtPostKernel, Kernel::Tiled};
-  for (Kernel kernel : chain) {
-    if (kernel == Kernel::LtEpilogue && force_no_epilogue()) continue;
-    if (!unsupported_reason(kernel, args, aligned).empty()) continue;
-    if (run(kernel, args, stream)) return kernel;
+  if (!run(kernel, args, stream)) {
+    throw std::runtime_error(std::string("ge2 op 'gemm': kernel '") + kernel_name(kernel) +
+                             "': cuBLASLt returned no algorithm for this problem");
   }
-  throw std::logic_error("gemm: the tiled kernel always runs");
+  return kernel;
 }
 
 }  // namespace ge2::gemm

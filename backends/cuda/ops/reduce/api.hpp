@@ -21,7 +21,8 @@ namespace ge2::reduce {
 enum class Reduction { Sum, Mean, Max };
 Reduction reduction_from_name(const std::string& op);
 
-enum class Kernel { Auto, RowWarp, RowBlock, Column, Generic };
+// The kernel is chosen by the Python selector (graph_executor_v2/selection.py); a call names it.
+enum class Kernel { RowWarp, RowBlock, Column, Generic };
 Kernel kernel_from_name(const std::string& name);
 const char* kernel_name(Kernel kernel);
 
@@ -68,9 +69,9 @@ struct BackwardArgs {
 // Empty when `kernel` can run the layout; otherwise the reason it cannot.
 std::string unsupported_reason(Kernel kernel, const Layout& layout);
 
-// Runs the requested kernel (Auto: the best one that can) and returns the kernel that ran. Nothing is launched
+// Runs `kernel` (std::invalid_argument when it cannot run the problem) and returns it. Nothing is launched
 // when y is empty.
-Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream);
+Kernel forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream);
 void backward(const BackwardArgs& args, cudaStream_t stream);
 
 std::vector<KernelInfo> kernel_table();

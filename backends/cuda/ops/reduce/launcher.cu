@@ -1,7 +1,7 @@
-// reduce launcher: argument checks, the simplification of (shape, axes) into a Layout, the kernel table and the
-// choice among
-//   row_warp (Rows, length <= 4096) -> row_block (Rows) ; column (Columns) ; generic (any: always works),
-// and how split reductions are planned (their partials live in the module's StreamWorkspace).
+// reduce launcher: argument checks, the simplification of (shape, axes) into a Layout, the kernel table (row_warp:
+// Rows, length <= 4096; row_block: Rows; column: Columns; generic: any, always works), the named kernel's check
+// (the Python selector chooses among them) and how split reductions are planned (their partials live in the
+// module's StreamWorkspace).
 #include <algorithm>
 #include <string>
 
@@ -19,18 +19,15 @@ Reduction reduction_from_name(const std::string& op) {
 }
 
 Kernel kernel_from_name(const std::string& name) {
-  if (name == "auto") return Kernel::Auto;
   if (name == "row_warp") return Kernel::RowWarp;
   if (name == "row_block") return Kernel::RowBlock;
   if (name == "column") return Kernel::Column;
   if (name == "generic") return Kernel::Generic;
-  throw std::invalid_argument("kernel: expected one of auto, row_warp, row_block, column, generic, got '" + name +
-                              "'");
+  throw std::invalid_argument("kernel: expected one of row_warp, row_block, column, generic, got '" + name + "'");
 }
 
 const char* kernel_name(Kernel kernel) {
   switch (kernel) {
-    case Kernel::Auto: return "auto";
     case Kernel::RowWarp: return "row_warp";
     case Kernel::RowBlock: return "row_block";
     case Kernel::Column: return "column";
@@ -42,7 +39,7 @@ const char* kernel_name(Kernel kernel) {
 std::vector<KernelInfo> kernel_table() {
   const std::string vectors = "; 16-byte loads when the contiguous run is a multiple of 16 / itemsize and the "
                               "pointers are 16-byte aligned, scalar otherwise";
-  return {
+  return with_dtypes({
       {"row_warp", 30, "a group of lanes (up to a warp) per output, reducing its contiguous run",
        "the reduced axes are the trailing ones after merging (Rows); length <= " + std::to_string(kRowWarpMax) +
            vectors},
@@ -56,7 +53,7 @@ std::vector<KernelInfo> kernel_table() {
        "one run of reduced axes followed by kept axes after merging (Columns)" + vectors},
       {"generic", 5, "a warp per output walking the reduced multi-index: any set of axes. The path that always works",
        "none", kFallback, kAnyAlignment},
-  };
+  }, floating_dtypes());
 }
 
 Layout make_layout(const std::vector<int64_t>& shape, const std::vector<int64_t>& axes) {
@@ -140,8 +137,7 @@ std::string unsupported_reason(Kernel kernel, const Layout& layout) {
                "merging neighbours)";
       }
       return "";
-    case Kernel::Generic:
-    case Kernel::Auto: return "";
+    case Kernel::Generic: return "";
   }
   return "";
 }
@@ -182,29 +178,22 @@ Split plan_split(int64_t tasks, int64_t outputs, int64_t length, int64_t min_chu
 // ---- forward -----------------------------------------------------------------------------------------------------
 namespace {
 
-Kernel choose(Kernel requested, const Layout& layout) {
-  if (requested != Kernel::Auto) {
-    const std::string reason = unsupported_reason(requested, layout);
-    if (!reason.empty()) {
-      throw std::invalid_argument(std::string("kernel: '") + kernel_name(requested) + "' cannot run this problem: " +
-                                  reason);
-    }
-    return requested;
+void check_kernel(Kernel kernel, const Layout& layout) {
+  const std::string reason = unsupported_reason(kernel, layout);
+  if (!reason.empty()) {
+    throw std::invalid_argument(std::string("kernel: '") + kernel_name(kernel) + "' cannot run this problem: " +
+                                reason);
   }
-  for (Kernel kernel : {Kernel::RowWarp, Kernel::RowBlock, Kernel::Column}) {
-    if (unsupported_reason(kernel, layout).empty()) return kernel;
-  }
-  return Kernel::Generic;
 }
 
 }  // namespace
 
-Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
+Kernel forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream) {
   if (!is_floating(args.dtype)) {
     throw std::invalid_argument(std::string("dtype: expected float32, float16 or bfloat16, got ") +
                                 dtype_name(args.dtype));
   }
-  const Kernel kernel = choose(requested, args.layout);
+  check_kernel(kernel, args.layout);
   if (args.layout.outputs == 0) return kernel;
   if (args.x == nullptr) throw std::invalid_argument("x: null device pointer");
   if (args.y == nullptr) throw std::invalid_argument("y: null device pointer");
@@ -213,7 +202,6 @@ Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
     case Kernel::RowBlock: launch_row_block(args, stream); break;
     case Kernel::Column: launch_column(args, stream); break;
     case Kernel::Generic: launch_generic(args, stream); break;
-    case Kernel::Auto: throw std::logic_error("reduce forward: Auto is not a kernel");
   }
   return kernel;
 }

@@ -37,20 +37,18 @@
 
 namespace ge2::row_norm {
 
-enum class Kernel { Auto, WarpPerRow, BlockPerRow, Multipass };
+// The kernel is chosen by the Python selector (graph_executor_v2/selection.py); a call names it.
+enum class Kernel { WarpPerRow, BlockPerRow, Multipass };
 
 inline Kernel kernel_from_name(const std::string& name) {
-  if (name == "auto") return Kernel::Auto;
   if (name == "warp_per_row") return Kernel::WarpPerRow;
   if (name == "block_per_row") return Kernel::BlockPerRow;
   if (name == "multipass") return Kernel::Multipass;
-  throw std::invalid_argument("kernel: expected one of auto, warp_per_row, block_per_row, multipass, got '" + name +
-                              "'");
+  throw std::invalid_argument("kernel: expected one of warp_per_row, block_per_row, multipass, got '" + name + "'");
 }
 
 inline const char* kernel_name(Kernel kernel) {
   switch (kernel) {
-    case Kernel::Auto: return "auto";
     case Kernel::WarpPerRow: return "warp_per_row";
     case Kernel::BlockPerRow: return "block_per_row";
     case Kernel::Multipass: return "multipass";
@@ -147,19 +145,13 @@ inline std::string unsupported_reason(Kernel kernel, int64_t cols, DType dtype, 
          std::to_string(cols);
 }
 
-inline Kernel choose_kernel(Kernel requested, int64_t cols, DType dtype, bool aligned, bool backward) {
-  if (requested != Kernel::Auto) {
-    const std::string reason = unsupported_reason(requested, cols, dtype, aligned, backward);
-    if (!reason.empty()) {
-      throw std::invalid_argument(std::string("kernel: '") + kernel_name(requested) +
-                                  "' cannot run this problem: " + reason);
-    }
-    return requested;
+// Throws std::invalid_argument naming why `kernel` cannot run rows of `cols` elements.
+inline void check_kernel(Kernel kernel, int64_t cols, DType dtype, bool aligned, bool backward) {
+  const std::string reason = unsupported_reason(kernel, cols, dtype, aligned, backward);
+  if (!reason.empty()) {
+    throw std::invalid_argument(std::string("kernel: '") + kernel_name(kernel) + "' cannot run this problem: " +
+                                reason);
   }
-  for (Kernel kernel : {Kernel::WarpPerRow, Kernel::BlockPerRow}) {
-    if (unsupported_reason(kernel, cols, dtype, aligned, backward).empty()) return kernel;
-  }
-  return Kernel::Multipass;
 }
 
 inline int next_power_of_two(int64_t value) {
@@ -217,7 +209,7 @@ inline std::vector<KernelInfo> kernel_table() {
   const std::string vector_rule =
       "16-byte vector loads when x, y (dy, dx), gamma, beta are 16-byte aligned and cols % (16 / itemsize) == 0, "
       "scalar loads otherwise";
-  return {
+  return with_dtypes({
       {"warp_per_row", 30, "one warp per row, the row held in registers: x read once",
        "cols <= " + std::to_string(max_cols(Kernel::WarpPerRow, false, true)) + " (" +
            std::to_string(max_cols(Kernel::WarpPerRow, false, false)) + " with scalar loads); " + vector_rule},
@@ -228,23 +220,23 @@ inline std::vector<KernelInfo> kernel_table() {
            std::to_string(max_cols(Kernel::BlockPerRow, true, false)) + "); " + vector_rule},
       {"multipass", 10, "one block per row re-reading the row for each pass (from L2): the path that always works",
        "none", kFallback, kAnyAlignment},
-  };
+  }, floating_dtypes());
 }
 
 // ---- defined in row_norm_kernels.hpp, instantiated by each op module -----------------------------------------
 
-// Checks the arguments (std::invalid_argument naming the argument), runs the requested kernel (Auto: the best one
-// that can) and returns the kernel that ran. Nothing is launched for zero rows (the backward then zeroes dgamma
+// Checks the arguments (std::invalid_argument naming the argument, or why `kernel` cannot run the problem), runs
+// `kernel` and returns it. Nothing is launched for zero rows (the backward then zeroes dgamma
 // and dbeta).
 template <bool kCentered>
-Kernel forward(const Forward& args, Kernel requested, cudaStream_t stream);
+Kernel forward(const Forward& args, Kernel kernel, cudaStream_t stream);
 template <bool kCentered>
-Kernel backward(const Backward& args, Kernel requested, cudaStream_t stream);
+Kernel backward(const Backward& args, Kernel kernel, cudaStream_t stream);
 
 // Workspace bytes the backward needs on the current device (0 for zero rows). `aligned`: dy, x, gamma and dx are
 // 16-byte aligned (buffers of a plan always are).
 template <bool kCentered>
-std::size_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtype, bool aligned, Kernel requested);
+std::size_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtype, bool aligned, Kernel kernel);
 
 #ifdef GE2_OP_NAME
 // The variant of the module being built: add_standalone_op defines GE2_OP_NAME as "layernorm" or "rmsnorm".

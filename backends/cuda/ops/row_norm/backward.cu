@@ -5,8 +5,8 @@
 
 namespace ge2::row_norm {
 
-template Kernel backward<kOpCentered>(const Backward& args, Kernel requested, cudaStream_t stream);
+template Kernel backward<kOpCentered>(const Backward& args, Kernel kernel, cudaStream_t stream);
 template std::size_t backward_workspace_bytes<kOpCentered>(int64_t rows, int64_t cols, DType dtype, bool aligned,
-                                                           Kernel requested);
+                                                           Kernel kernel);
 
 }  // namespace ge2::row_norm

@@ -5,6 +5,6 @@
 
 namespace ge2::row_norm {
 
-template Kernel forward<kOpCentered>(const Forward& args, Kernel requested, cudaStream_t stream);
+template Kernel forward<kOpCentered>(const Forward& args, Kernel kernel, cudaStream_t stream);
 
 }  // namespace ge2::row_norm

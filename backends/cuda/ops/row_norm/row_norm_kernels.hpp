@@ -617,7 +617,7 @@ BackwardPlan plan_backward(int64_t rows, int64_t cols, DType dtype, bool aligned
 }
 
 template <bool kCentered>
-Kernel forward(const Forward& args, Kernel requested, cudaStream_t stream) {
+Kernel forward(const Forward& args, Kernel kernel, cudaStream_t stream) {
   check_problem(args.rows, args.cols, args.dtype);
   check_eps(args.eps);
   require_pointer(args.gamma, "gamma");
@@ -628,7 +628,7 @@ Kernel forward(const Forward& args, Kernel requested, cudaStream_t stream) {
   }
   const bool aligned =
       aligned16(args.x) && aligned16(args.y) && aligned16(args.gamma) && (!kCentered || aligned16(args.beta));
-  const Kernel kernel = choose_kernel(requested, args.cols, args.dtype, aligned, /*backward=*/false);
+  check_kernel(kernel, args.cols, args.dtype, aligned, /*backward=*/false);
   if (args.rows == 0) return kernel;
 
   const Geometry geometry = choose_geometry(kernel, args.cols, args.dtype, aligned, /*backward=*/false);
@@ -643,15 +643,15 @@ Kernel forward(const Forward& args, Kernel requested, cudaStream_t stream) {
 }
 
 template <bool kCentered>
-std::size_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtype, bool aligned, Kernel requested) {
+std::size_t backward_workspace_bytes(int64_t rows, int64_t cols, DType dtype, bool aligned, Kernel kernel) {
   check_problem(rows, cols, dtype);
-  const Kernel kernel = choose_kernel(requested, cols, dtype, aligned, /*backward=*/true);
+  check_kernel(kernel, cols, dtype, aligned, /*backward=*/true);
   if (rows == 0) return 0;
   return plan_backward<kCentered>(rows, cols, dtype, aligned, kernel).workspace_bytes;
 }
 
 template <bool kCentered>
-Kernel backward(const Backward& args, Kernel requested, cudaStream_t stream) {
+Kernel backward(const Backward& args, Kernel kernel, cudaStream_t stream) {
   check_problem(args.rows, args.cols, args.dtype);
   check_eps(args.eps);
   require_pointer(args.gamma, "gamma");
@@ -666,7 +666,7 @@ Kernel backward(const Backward& args, Kernel requested, cudaStream_t stream) {
     throw std::invalid_argument("mean, rstd: pass both saved statistics or neither (then they are recomputed)");
   }
   const bool aligned = aligned16(args.dy) && aligned16(args.x) && aligned16(args.gamma) && aligned16(args.dx);
-  const Kernel kernel = choose_kernel(requested, args.cols, args.dtype, aligned, /*backward=*/true);
+  check_kernel(kernel, args.cols, args.dtype, aligned, /*backward=*/true);
   const std::size_t gradient_bytes = static_cast<std::size_t>(args.cols) * dtype_size(args.dtype);
   if (args.rows == 0) {  // no rows: dgamma and dbeta are sums of nothing
     GE2_CUDA_CHECK(cudaMemsetAsync(args.dgamma, 0, gradient_bytes, stream));

@@ -14,7 +14,8 @@
 
 namespace ge2::softmax {
 
-enum class Kernel { Auto, WarpRow, BlockRow, BlockRowTwoPass, Strided };
+// The kernel is chosen by the Python selector (graph_executor_v2/selection.py); a call names it.
+enum class Kernel { WarpRow, BlockRow, BlockRowTwoPass, Strided };
 
 Kernel kernel_from_name(const std::string& name);
 const char* kernel_name(Kernel kernel);
@@ -47,10 +48,10 @@ struct BackwardArgs {
 // Empty when `kernel` can run the problem; otherwise the reason it cannot.
 std::string unsupported_reason(Kernel kernel, int64_t n, int64_t inner, bool backward);
 
-// Run the requested kernel (Auto: the best one that can) and return the kernel that ran. Nothing is launched for
+// Run `kernel` (std::invalid_argument when it cannot run the problem) and return it. Nothing is launched for
 // an empty array.
-Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream);
-Kernel backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream);
+Kernel forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream);
+Kernel backward(const BackwardArgs& args, Kernel kernel, cudaStream_t stream);
 
 std::vector<KernelInfo> kernel_table();
 

@@ -1,6 +1,6 @@
-// softmax launcher: argument checks, the kernel table, and the choice among
-//   warp_row (last axis, n <= 1024) -> block_row (last axis, n <= 16384; 8192 backward)
-//   -> block_row_two_pass (last axis, any n) ; strided (any axis: the path that always works).
+// softmax launcher: argument checks, the kernel table (warp_row: last axis, n <= 1024; block_row: last axis,
+// n <= 16384, 8192 backward; block_row_two_pass: last axis, any n; strided: any axis, the path that always works)
+// and the named kernel's check (the Python selector chooses among them).
 #include <string>
 
 #include "api.hpp"
@@ -9,18 +9,16 @@
 namespace ge2::softmax {
 
 Kernel kernel_from_name(const std::string& name) {
-  if (name == "auto") return Kernel::Auto;
   if (name == "warp_row") return Kernel::WarpRow;
   if (name == "block_row") return Kernel::BlockRow;
   if (name == "block_row_two_pass") return Kernel::BlockRowTwoPass;
   if (name == "strided") return Kernel::Strided;
-  throw std::invalid_argument("kernel: expected one of auto, warp_row, block_row, block_row_two_pass, strided, got '" +
-                              name + "'");
+  throw std::invalid_argument("kernel: expected one of warp_row, block_row, block_row_two_pass, strided, got '" + name +
+                              "'");
 }
 
 const char* kernel_name(Kernel kernel) {
   switch (kernel) {
-    case Kernel::Auto: return "auto";
     case Kernel::WarpRow: return "warp_row";
     case Kernel::BlockRow: return "block_row";
     case Kernel::BlockRowTwoPass: return "block_row_two_pass";
@@ -38,7 +36,7 @@ bool is_log_from_name(const std::string& op) {
 std::vector<KernelInfo> kernel_table() {
   const std::string vectors =
       "; 16-byte accesses when n % (16 / itemsize) == 0 and every pointer is 16-byte aligned, scalar otherwise";
-  return {
+  return with_dtypes({
       {"warp_row", 30, "a group of lanes (up to a warp) per row, the row held in registers: one read, one write",
        "softmax over the last axis (inner == 1); n <= " + std::to_string(kWarpRowMax) + vectors},
       {"block_row", 20, "one block of 32-512 threads per row, the row held in registers: one read, one write",
@@ -51,11 +49,11 @@ std::vector<KernelInfo> kernel_table() {
        "any axis without a transpose: tiles of adjacent inner columns, online statistics merged in shared memory, "
        "then a write pass; scalar accesses. The path that always works",
        "none", kFallback, kAnyAlignment},
-  };
+  }, floating_dtypes());
 }
 
 std::string unsupported_reason(Kernel kernel, int64_t n, int64_t inner, bool backward) {
-  if (kernel == Kernel::Strided || kernel == Kernel::Auto) return "";
+  if (kernel == Kernel::Strided) return "";
   if (inner != 1) {
     return std::string(kernel_name(kernel)) +
            " needs the softmax axis to be the last one (inner == 1), got inner = " + std::to_string(inner);
@@ -86,26 +84,19 @@ void check_pointer(const void* pointer, const char* name) {
   if (pointer == nullptr) throw std::invalid_argument(std::string(name) + ": null device pointer");
 }
 
-Kernel choose(Kernel requested, int64_t n, int64_t inner, bool backward) {
-  if (requested != Kernel::Auto) {
-    const std::string reason = unsupported_reason(requested, n, inner, backward);
-    if (!reason.empty()) {
-      throw std::invalid_argument(std::string("kernel: '") + kernel_name(requested) + "' cannot run this problem: " +
-                                  reason);
-    }
-    return requested;
+void check_kernel(Kernel kernel, int64_t n, int64_t inner, bool backward) {
+  const std::string reason = unsupported_reason(kernel, n, inner, backward);
+  if (!reason.empty()) {
+    throw std::invalid_argument(std::string("kernel: '") + kernel_name(kernel) + "' cannot run this problem: " +
+                                reason);
   }
-  for (Kernel kernel : {Kernel::WarpRow, Kernel::BlockRow, Kernel::BlockRowTwoPass}) {
-    if (unsupported_reason(kernel, n, inner, backward).empty()) return kernel;
-  }
-  return Kernel::Strided;
 }
 
 }  // namespace
 
-Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
+Kernel forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream) {
   check_sizes(args.outer, args.n, args.inner, args.dtype);
-  const Kernel kernel = choose(requested, args.n, args.inner, false);
+  check_kernel(kernel, args.n, args.inner, false);
   if (args.outer * args.n * args.inner == 0) return kernel;
   check_pointer(args.x, "x");
   check_pointer(args.y, "y");
@@ -114,14 +105,13 @@ Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
     case Kernel::BlockRow: launch_block_row_forward(args, stream); break;
     case Kernel::BlockRowTwoPass: launch_block_row_two_pass_forward(args, stream); break;
     case Kernel::Strided: launch_strided_forward(args, stream); break;
-    case Kernel::Auto: throw std::logic_error("softmax forward: Auto is not a kernel");
   }
   return kernel;
 }
 
-Kernel backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream) {
+Kernel backward(const BackwardArgs& args, Kernel kernel, cudaStream_t stream) {
   check_sizes(args.outer, args.n, args.inner, args.dtype);
-  const Kernel kernel = choose(requested, args.n, args.inner, true);
+  check_kernel(kernel, args.n, args.inner, true);
   if (args.outer * args.n * args.inner == 0) return kernel;
   check_pointer(args.y, "y");
   check_pointer(args.dy, "dy");
@@ -131,7 +121,6 @@ Kernel backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream)
     case Kernel::BlockRow: launch_block_row_backward(args, stream); break;
     case Kernel::BlockRowTwoPass: launch_block_row_two_pass_backward(args, stream); break;
     case Kernel::Strided: launch_strided_backward(args, stream); break;
-    case Kernel::Auto: throw std::logic_error("softmax backward: Auto is not a kernel");
   }
   return kernel;
 }

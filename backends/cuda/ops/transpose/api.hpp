@@ -14,7 +14,8 @@
 
 namespace ge2::transpose {
 
-enum class Kernel { Auto, TiledPacked, Tiled, Strided };
+// The kernel is chosen by the Python selector (graph_executor_v2/selection.py); a call names it.
+enum class Kernel { TiledPacked, Tiled, Strided };
 
 Kernel kernel_from_name(const std::string& name);
 const char* kernel_name(Kernel kernel);
@@ -33,8 +34,8 @@ struct Problem {
 // problem no kernel can run (bad perm, null pointers, negative extents).
 std::string unsupported_reason(Kernel kernel, const Problem& problem);
 
-// Runs the requested kernel (or, for Auto, the best one that applies) and returns the kernel that ran.
-Kernel forward(const Problem& problem, Kernel requested, cudaStream_t stream);
+// Runs `kernel` (std::invalid_argument when it cannot run the problem) and returns it.
+Kernel forward(const Problem& problem, Kernel kernel, cudaStream_t stream);
 
 // dst <- src, `nbytes` bytes, device to device.
 void copy(const void* src, void* dst, int64_t nbytes, cudaStream_t stream);

@@ -1,5 +1,5 @@
-// transpose launcher: argument checks, the reduction of a transpose to a simplified strided copy, and the choice
-//   tiled_packed -> tiled -> strided.
+// transpose launcher: argument checks, the reduction of a transpose to a simplified strided copy, and the named
+// kernel's check (tiled_packed, tiled or strided; the Python selector chooses).
 // y = x.transpose(perm) is the copy "walk y's axes in order; y is contiguous, x is read through its strides
 // permuted". Simplifying that copy drops extent-1 axes and merges the axes that stay neighbours, so a 4-d (0,2,1,3)
 // permute is a batched move of whole rows and a 2-d transpose stays 2-d. Then:
@@ -16,16 +16,14 @@
 namespace ge2::transpose {
 
 Kernel kernel_from_name(const std::string& name) {
-  if (name == "auto") return Kernel::Auto;
   if (name == "tiled_packed") return Kernel::TiledPacked;
   if (name == "tiled") return Kernel::Tiled;
   if (name == "strided") return Kernel::Strided;
-  throw std::invalid_argument("kernel: expected one of auto, tiled_packed, tiled, strided, got '" + name + "'");
+  throw std::invalid_argument("kernel: expected one of tiled_packed, tiled, strided, got '" + name + "'");
 }
 
 const char* kernel_name(Kernel kernel) {
   switch (kernel) {
-    case Kernel::Auto: return "auto";
     case Kernel::TiledPacked: return "tiled_packed";
     case Kernel::Tiled: return "tiled";
     case Kernel::Strided: return "strided";
@@ -39,7 +37,8 @@ std::vector<KernelInfo> kernel_table() {
        "64x64 shared-memory tiles of 2-byte elements moved as 4-byte words (2x2 transposes in registers): every "
        "warp reads and writes 128 contiguous bytes",
        "2-byte dtype (float16, bfloat16); the input's unit-stride axis moves; both tile axes even and >= 8; x and y "
-       "4-byte aligned; every other stride even"},
+       "4-byte aligned; every other stride even",
+       false, kVectorAlignment, {DType::Float16, DType::BFloat16}},
       {"tiled", 20, "32x32 shared-memory tiles, padded against bank conflicts: coalesced reads and writes",
        "the input's unit-stride axis moves; both tile axes >= 8"},
       {"strided", 10,
@@ -155,7 +154,7 @@ TileParams tile_params(const StridedCopy& copy, int tile) {
 }
 
 std::string reason_for(Kernel kernel, const Problem& problem, const StridedCopy& simple) {
-  if (kernel == Kernel::Strided || kernel == Kernel::Auto) return "";
+  if (kernel == Kernel::Strided) return "";
   return tiled_reason(simple, kernel == Kernel::TiledPacked, static_cast<int>(dtype_size(problem.dtype)), problem.x,
                       problem.y);
 }
@@ -167,25 +166,14 @@ std::string unsupported_reason(Kernel kernel, const Problem& problem) {
   return reason_for(kernel, problem, simplified(as_copy(problem)));
 }
 
-Kernel forward(const Problem& problem, Kernel requested, cudaStream_t stream) {
+Kernel forward(const Problem& problem, Kernel kernel, cudaStream_t stream) {
   check_problem(problem);
   const StridedCopy copy = as_copy(problem);
   const StridedCopy simple = simplified(copy);
-  Kernel kernel = requested;
-  if (requested == Kernel::Auto) {
-    kernel = Kernel::Strided;
-    for (Kernel candidate : {Kernel::TiledPacked, Kernel::Tiled}) {
-      if (reason_for(candidate, problem, simple).empty()) {
-        kernel = candidate;
-        break;
-      }
-    }
-  } else {
-    const std::string reason = reason_for(requested, problem, simple);
-    if (!reason.empty()) {
-      throw std::invalid_argument(std::string("kernel: '") + kernel_name(requested) +
-                                  "' cannot run this problem: " + reason);
-    }
+  const std::string reason = reason_for(kernel, problem, simple);
+  if (!reason.empty()) {
+    throw std::invalid_argument(std::string("kernel: '") + kernel_name(kernel) + "' cannot run this problem: " +
+                                reason);
   }
   if (simple.numel() == 0) return kernel;
   const int element_bytes = static_cast<int>(dtype_size(problem.dtype));
@@ -199,7 +187,6 @@ Kernel forward(const Problem& problem, Kernel requested, cudaStream_t stream) {
     case Kernel::Strided:
       launch_strided_copy(problem.x, problem.y, copy, element_bytes, stream);
       break;
-    case Kernel::Auto: throw std::logic_error("transpose: Auto is not a kernel");
   }
   return kernel;
 }

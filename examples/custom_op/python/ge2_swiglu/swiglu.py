@@ -21,6 +21,7 @@ import numpy as np
 
 from graph_executor_v2 import _native
 from graph_executor_v2 import device as _device
+from graph_executor_v2 import selection
 from graph_executor_v2.dtypes import FLOAT_DTYPES
 from graph_executor_v2.ir.types import TensorType
 from graph_executor_v2.ops import (Candidate, Face, Input, OpDef, Problem, Sample, _layout, in_ptr, native_launch,
@@ -66,8 +67,14 @@ def _backward(dy, inputs, attrs, kernel, out, stream):
     dy_view = views[0]
     grads, grad_views = _layout.gradient_outputs(out, dy, 2, zip(("dy", "a", "b"), views), tuple(dy_view.shape),
                                                  dy_view.dtype, dy_view.device)
-    _native_module().backward(*(view.ptr for view in views), *(view.ptr for view in grad_views),
-                              _layout.numel(dy_view.shape), dy_view.dtype, kernel, _device.stream_handle(stream))
+    native, count = _native_module(), _layout.numel(dy_view.shape)
+    pointers = [view.ptr for view in views] + [view.ptr for view in grad_views]
+    aligned = not any(pointer % 16 for pointer in pointers)
+    # "auto": GE2's selector picks from the kernel table, as for the forward (the native call runs what it is named).
+    kernel = selection.table_kernel("ge2_swiglu._ops_swiglu", kernel,
+                                    lambda name: native.unsupported_reason(name, count, dy_view.dtype, aligned),
+                                    dy_view.dtype)
+    native.backward(*pointers, count, dy_view.dtype, kernel, _device.stream_handle(stream))
     return tuple(grads)
 
 

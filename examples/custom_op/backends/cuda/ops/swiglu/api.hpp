@@ -15,7 +15,8 @@
 
 namespace ge2::swiglu {
 
-enum class Kernel { Auto, Vec16, Scalar };
+// GE2's selector (graph_executor_v2/selection.py) chooses the kernel; a call names it.
+enum class Kernel { Vec16, Scalar };
 
 Kernel kernel_from_name(const std::string& name);
 const char* kernel_name(Kernel kernel);
@@ -38,10 +39,10 @@ struct BackwardArgs {
   DType dtype = DType::Float32;
 };
 
-// Check the arguments (std::invalid_argument naming the argument), run the requested kernel (Auto: vec16 when it
-// can, else scalar) on `stream` and return the kernel that ran. Nothing is launched for count == 0.
-Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream);
-Kernel backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream);
+// Check the arguments (std::invalid_argument naming the argument, or why `kernel` cannot run the problem), run
+// `kernel` on `stream` and return it. Nothing is launched for count == 0.
+Kernel forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream);
+Kernel backward(const BackwardArgs& args, Kernel kernel, cudaStream_t stream);
 
 // Empty when `kernel` can run `count` elements of `dtype`; otherwise why not. `aligned`: every array 16-byte aligned.
 std::string unsupported_reason(Kernel kernel, int64_t count, DType dtype, bool aligned);

@@ -1,4 +1,4 @@
-// swiglu launcher: argument checks and the candidate chain vec16 -> scalar.
+// swiglu launcher: argument checks and the named kernel (vec16 or scalar; GE2's selector chooses).
 #include <string>
 
 #include "api.hpp"
@@ -8,15 +8,13 @@
 namespace ge2::swiglu {
 
 Kernel kernel_from_name(const std::string& name) {
-  if (name == "auto") return Kernel::Auto;
   if (name == "vec16") return Kernel::Vec16;
   if (name == "scalar") return Kernel::Scalar;
-  throw std::invalid_argument("kernel: expected one of auto, vec16, scalar, got '" + name + "'");
+  throw std::invalid_argument("kernel: expected one of vec16, scalar, got '" + name + "'");
 }
 
 const char* kernel_name(Kernel kernel) {
   switch (kernel) {
-    case Kernel::Auto: return "auto";
     case Kernel::Vec16: return "vec16";
     case Kernel::Scalar: return "scalar";
   }
@@ -24,12 +22,12 @@ const char* kernel_name(Kernel kernel) {
 }
 
 std::vector<KernelInfo> kernel_table() {
-  return {
+  return with_dtypes({
       {"vec16", 20, "16-byte loads and stores, one pack per thread, grid-stride loop",
        "arrays 16-byte aligned; element count a multiple of 4 (float32) or 8 (float16, bfloat16)"},
       {"scalar", 10, "one element per thread, grid-stride loop: the path that always works", "none", kFallback,
        kAnyAlignment},
-  };
+  }, floating_dtypes());
 }
 
 std::string unsupported_reason(Kernel kernel, int64_t count, DType dtype, bool aligned) {
@@ -57,25 +55,21 @@ void check_pointer(const void* pointer, const char* argument) {
   if (pointer == nullptr) throw std::invalid_argument(std::string(argument) + ": null device pointer");
 }
 
-// The requested kernel, or for Auto the best one that can run; an explicit kernel that cannot is an error.
-Kernel resolve(Kernel requested, int64_t count, DType dtype, bool aligned) {
-  if (requested == Kernel::Auto) {
-    return unsupported_reason(Kernel::Vec16, count, dtype, aligned).empty() ? Kernel::Vec16 : Kernel::Scalar;
-  }
-  const std::string reason = unsupported_reason(requested, count, dtype, aligned);
+// Throws std::invalid_argument naming why `kernel` cannot run the problem.
+void check_kernel(Kernel kernel, int64_t count, DType dtype, bool aligned) {
+  const std::string reason = unsupported_reason(kernel, count, dtype, aligned);
   if (!reason.empty()) {
-    throw std::invalid_argument(std::string("kernel: '") + kernel_name(requested) + "' cannot run this problem: " +
+    throw std::invalid_argument(std::string("kernel: '") + kernel_name(kernel) + "' cannot run this problem: " +
                                 reason);
   }
-  return requested;
 }
 
 }  // namespace
 
-Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
+Kernel forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream) {
   check_common(args.count, args.dtype);
   const bool aligned = is_aligned(args.a, 16) && is_aligned(args.b, 16) && is_aligned(args.y, 16);
-  const Kernel kernel = resolve(requested, args.count, args.dtype, aligned);
+  check_kernel(kernel, args.count, args.dtype, aligned);
   if (args.count == 0) return kernel;
   check_pointer(args.a, "a");
   check_pointer(args.b, "b");
@@ -88,12 +82,12 @@ Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
   return kernel;
 }
 
-Kernel backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream) {
+Kernel backward(const BackwardArgs& args, Kernel kernel, cudaStream_t stream) {
   check_common(args.count, args.dtype);
   // A gradient not asked for (nullptr) is never stored, so its alignment does not matter.
   const bool aligned = is_aligned(args.dy, 16) && is_aligned(args.a, 16) && is_aligned(args.b, 16) &&
                        is_aligned(args.da, 16) && is_aligned(args.db, 16);
-  const Kernel kernel = resolve(requested, args.count, args.dtype, aligned);
+  check_kernel(kernel, args.count, args.dtype, aligned);
   if (args.count == 0) return kernel;
   check_pointer(args.dy, "dy");
   check_pointer(args.a, "a");

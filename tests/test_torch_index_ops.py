@@ -47,6 +47,9 @@ CASES = {
     "index_negative_pairs": (lambda x: x[:, torch.tensor([[0], [-1]]), torch.tensor([3, -2, 0])], [(2, 3, 5, 2)]),
     "index_axes_apart": (lambda x: x[torch.tensor([2, -3]), :, torch.tensor([[1], [-1]])], [(3, 4, 5)]),
     "min_max_of_two": (lambda a, b: torch.min(a, b) * 2 + torch.max(a, b), [(3, 4), (1, 4)]),
+    "any_all": (lambda x: torch.where(torch.isinf(x).any(), x, -x) + (x > 0.5).any(dim=1, keepdim=True) * 2.0
+                + (x > -1).all(dim=(0, 2), keepdim=True) * 3.0 + (x > -9).all() * 4.0 + x.any(-1, keepdim=True) * 5.0,
+                [(2, 3, 4)]),
 }
 
 

@@ -517,6 +517,29 @@ RULES["aten.mean.dim"] = _reduction("mean")
 RULES["aten.amax.default"] = _reduction("max")
 
 
+def _truth_reduction(every: bool):
+    """any / all: whether some / every element along ``dim`` (all axes when none) is nonzero: the max of the
+    elements' truth (all: no element false). T5 in float16 asks ``isinf(hidden).any()``."""
+
+    def translate(ctx, x, dim=None, keepdim=False):
+        g = ctx.graph
+        x = ctx.tensor(x)
+        truth = x if x.type.dtype == "bool" else g.not_equal(x, _number(ctx, 0, x.type.dtype))
+        axes = [dim] if isinstance(dim, int) else list(dim or ())
+        axis = tuple(int(d) for d in axes) if axes else None
+        sought = g.logical_not(truth) if every else truth
+        found = g.greater(g.max(g.cast(sought, dtype="float32"), axis=axis, keepdims=bool(keepdim)),
+                          _number(ctx, 0.5, "float32"))
+        return g.logical_not(found) if every else found
+
+    return translate
+
+
+for _overload in ("default", "dim", "dims"):
+    RULES[f"aten.any.{_overload}"] = _truth_reduction(every=False)
+    RULES[f"aten.all.{_overload}"] = _truth_reduction(every=True)
+
+
 @rule("aten.cat.default")
 def _cat(ctx, tensors, dim=0):
     return ctx.graph.concat([ctx.tensor(t) for t in tensors], axis=int(dim))

@@ -28,28 +28,6 @@ def _scalar(value):
     return np.array(value, np.float32)
 
 
-def _ordered(values):
-    """FP8 values as integers in value order (sign-magnitude bits): neighbours differ by one."""
-    bits = np.asarray(values).view(np.uint8).astype(np.int64)
-    return np.where(bits & 0x80, -(bits & 0x7F), bits & 0x7F)
-
-
-def _assert_within_one_fp8_ulp(actual, expected_float64, dtype, what, accumulation_bound=None):
-    """Each element one FP8 ulp from the reference at most, or, where the sum cancels to near zero (FP8 ulps there
-    are tiny), within ``accumulation_bound`` (the float32 accumulation's error, in output units) of it."""
-    expected = expected_float64.astype(FP8[dtype])
-    distance = np.abs(_ordered(np.asarray(actual).astype(FP8[dtype])) - _ordered(expected))
-    gap = np.abs(np.asarray(actual).astype(np.float64) - expected.astype(np.float64))
-    bad = (distance > 1) & ~(gap <= (0.0 if accumulation_bound is None else accumulation_bound))
-    if bad.any():
-        index = tuple(np.argwhere(bad)[0])
-        bound = "" if accumulation_bound is None else f", accumulation bound {float(accumulation_bound[index]):.3g}"
-        raise AssertionError(f"{what}: {int(bad.sum())} of {distance.size} elements more than one FP8 ulp away and "
-                             f"past the accumulation bound (max {int(distance.max())} ulps); first at {index}: got "
-                             f"{actual[index]!r}, expected {expected[index]!r}{bound}; exactly equal: "
-                             f"{float((distance == 0).mean()):.4f}")
-
-
 def _accumulation_bound(inputs, fast_accum):
     """|y - reference| that cuBLASLt's accumulation order and precision may add, in the output's units:
     eps * scale_d * scale_a * scale_b * sum_k |a_ik b_jk| (eps 2^-12; 2^-10 with fast accumulation; measured on the
@@ -210,7 +188,7 @@ def _check(run, inputs, attrs, k, what):
     assert y.dtype == ge2.dtypes.to_numpy(out_dtype) and amax.shape == () and amax.dtype == np.float32, what
     fast = attrs.get("fast_accum", False)
     if out_dtype in FP8:
-        _assert_within_one_fp8_ulp(y, expected_y, out_dtype, what, _accumulation_bound(inputs, fast))
+        testing.assert_within_one_fp8_ulp(y, expected_y, out_dtype, what, _accumulation_bound(inputs, fast))
     else:
         testing.assert_close(y, expected_y, "bfloat16" if fast else TOLERANCE[out_dtype], k, what=what)
     unscaled = np.abs(scaled_gemm.reference(*inputs[:5], **{**reference_attrs, "out_dtype": "float32"})[0]).max()
@@ -228,7 +206,8 @@ def test_without_amax_the_product_is_still_right(rng, out_dtype):
     y, _ = scaled_gemm.forward_numpy(*inputs, out_dtype=out_dtype, with_amax=False)
     expected, _ = scaled_gemm.reference(*inputs, out_dtype=out_dtype)
     if out_dtype in FP8:
-        _assert_within_one_fp8_ulp(y, expected, out_dtype, "with_amax=False", _accumulation_bound(inputs, False))
+        testing.assert_within_one_fp8_ulp(y, expected, out_dtype, "with_amax=False",
+                                          _accumulation_bound(inputs, False))
     else:
         testing.assert_close(y, expected, out_dtype, 128, what="with_amax=False")
 

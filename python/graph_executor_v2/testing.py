@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._optional import require
+from .dtypes import to_numpy
 
 # (atol, rtol) against a float64 reference, per result dtype. "tf32" is float32 storage with TF32 matmul inputs.
 _TOLERANCES = {
@@ -40,6 +41,32 @@ def assert_close(actual, expected, dtype: str, reduction_length: int = 1, what: 
             f"rtol={rtol:.2e}); first at {index}: got {actual[index]!r}, expected {expected[index]!r}; "
             f"max abs error {error:.3e}"
         )
+
+
+def _fp8_ordered(values) -> np.ndarray:
+    """FP8 values as integers in value order (sign-magnitude bits): neighbours differ by one."""
+    bits = np.asarray(values).view(np.uint8).astype(np.int64)
+    return np.where(bits & 0x80, -(bits & 0x7F), bits & 0x7F)
+
+
+def assert_within_one_fp8_ulp(actual, expected_float64, dtype: str, what: str = "result",
+                              accumulation_bound=None) -> None:
+    """Each element of the FP8 array ``actual`` one FP8 ulp from the reference at most, or, where the sum cancels to
+    near zero (FP8 ulps there are tiny), within ``accumulation_bound`` (the float32 accumulation's error, in output
+    units, elementwise) of it. ``expected_float64`` holds exactly representable ``dtype`` values."""
+    storage = to_numpy(dtype)
+    expected = np.asarray(expected_float64).astype(storage)
+    actual = np.asarray(actual)
+    distance = np.abs(_fp8_ordered(actual.astype(storage)) - _fp8_ordered(expected))
+    gap = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
+    bad = (distance > 1) & ~(gap <= (0.0 if accumulation_bound is None else accumulation_bound))
+    if bad.any():
+        index = tuple(np.argwhere(bad)[0])
+        bound = "" if accumulation_bound is None else f", accumulation bound {float(accumulation_bound[index]):.3g}"
+        raise AssertionError(f"{what}: {int(bad.sum())} of {distance.size} elements more than one FP8 ulp away and "
+                             f"past the accumulation bound (max {int(distance.max())} ulps); first at {index}: got "
+                             f"{actual[index]!r}, expected {expected[index]!r}{bound}; exactly equal: "
+                             f"{float((distance == 0).mean()):.4f}")
 
 
 def random_array(rng: np.random.Generator, shape, dtype: str, scale: float = 1.0) -> np.ndarray:

@@ -26,6 +26,23 @@ ge2::conv2d::Shape make_shape(const std::vector<int64_t>& geometry, const std::s
   return s;
 }
 
+// scaled_conv2d's problem: geometry as make_shape's (groups 1, NHWC), y's dtype and the epilogue.
+ge2::conv2d::ScaledConv make_scaled_conv(const std::vector<int64_t>& geometry, const std::string& x_dtype,
+                                         const std::string& w_dtype, const std::string& out_dtype,
+                                         const std::string& bias_dtype, bool has_residual, const std::string& act,
+                                         float slope, float clip_low, float clip_high, bool with_amax) {
+  ge2::conv2d::ScaledConv conv;
+  conv.shape = make_shape(geometry, "NHWC", "float32");
+  conv.shape.dtype = ge2::dtype_from_name(out_dtype, "out_dtype");
+  conv.x_dtype = ge2::dtype_from_name(x_dtype, "x_dtype");
+  conv.w_dtype = ge2::dtype_from_name(w_dtype, "w_dtype");
+  if (!bias_dtype.empty()) conv.bias_dtype = ge2::dtype_from_name(bias_dtype, "bias_dtype");
+  conv.epilogue = {ge2::act_from_name(act), !bias_dtype.empty(), has_residual, clip_low, clip_high};
+  conv.slope = slope;
+  conv.with_amax = with_amax;
+  return conv;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_ops_conv2d, m) {
@@ -119,6 +136,66 @@ PYBIND11_MODULE(_ops_conv2d, m) {
       py::arg("kernel"), py::arg("geometry"), py::arg("layout"), py::arg("dtype"), py::arg("act"),
       py::arg("has_bias"), py::arg("has_residual"), py::arg("backward"), py::arg("clip_low"), py::arg("clip_high"),
       "Empty when `kernel` can run the problem (forward, or backward with `backward`); otherwise the reason.");
+
+  // scaled_conv2d (FP8): its kernel shares this module's cuDNN graph code.
+  m.def(
+      "scaled_forward",
+      [](std::uintptr_t x, std::uintptr_t w, std::uintptr_t scale_x, std::uintptr_t scale_w, std::uintptr_t bias,
+         std::uintptr_t residual, std::uintptr_t scale_y, std::uintptr_t y, std::uintptr_t amax,
+         const std::vector<int64_t>& geometry, const std::string& x_dtype, const std::string& w_dtype,
+         const std::string& out_dtype, const std::string& bias_dtype, const std::string& act, float slope,
+         float clip_low, float clip_high, std::uintptr_t stream) {
+        ge2::conv2d::ScaledForwardArgs args;
+        args.conv = make_scaled_conv(geometry, x_dtype, w_dtype, out_dtype, bias_dtype, residual != 0, act, slope,
+                                     clip_low, clip_high, amax != 0);
+        args.x = as_pointer(x);
+        args.w = as_pointer(w);
+        args.scale_x = as_pointer<const float>(scale_x);
+        args.scale_w = as_pointer<const float>(scale_w);
+        args.bias = as_pointer(bias);
+        args.residual = as_pointer(residual);
+        args.scale_y = as_pointer<const float>(scale_y);
+        args.y = as_pointer(y);
+        args.amax = as_pointer<float>(amax);
+        ge2::binding::ReleaseGil release;
+        ge2::conv2d::scaled_forward(args, as_stream(stream));
+      },
+      py::arg("x"), py::arg("w"), py::arg("scale_x"), py::arg("scale_w"), py::arg("bias"), py::arg("residual"),
+      py::arg("scale_y"), py::arg("y"), py::arg("amax"), py::arg("geometry"), py::arg("x_dtype"), py::arg("w_dtype"),
+      py::arg("out_dtype"), py::arg("bias_dtype"), py::arg("act"), py::arg("slope"), py::arg("clip_low"),
+      py::arg("clip_high"), py::arg("stream"),
+      "Enqueues scaled_conv2d (NHWC, FP8 x and w) on `stream`; amax 0: not computed.");
+
+  m.def(
+      "scaled_unsupported_reason",
+      [](const std::vector<int64_t>& geometry, const std::string& x_dtype, const std::string& w_dtype,
+         const std::string& out_dtype, const std::string& bias_dtype, bool has_residual, const std::string& act,
+         float clip_low, float clip_high, bool with_amax, int major, int minor) {
+        return ge2::conv2d::scaled_unsupported_reason(
+            make_scaled_conv(geometry, x_dtype, w_dtype, out_dtype, bias_dtype, has_residual, act, 0.0f, clip_low,
+                             clip_high, with_amax),
+            major, minor);
+      },
+      py::arg("geometry"), py::arg("x_dtype"), py::arg("w_dtype"), py::arg("out_dtype"), py::arg("bias_dtype"),
+      py::arg("has_residual"), py::arg("act"), py::arg("clip_low"), py::arg("clip_high"), py::arg("with_amax"),
+      py::arg("major"), py::arg("minor"),
+      "Empty when scaled_conv2d's cuDNN graph applies to the problem (bias_dtype '' for none), else why not.");
+
+  m.def(
+      "scaled_prepare",
+      [](const std::vector<int64_t>& geometry, const std::string& x_dtype, const std::string& w_dtype,
+         const std::string& out_dtype, const std::string& bias_dtype, bool has_residual, const std::string& act,
+         float slope, float clip_low, float clip_high, bool with_amax) {
+        const auto conv = make_scaled_conv(geometry, x_dtype, w_dtype, out_dtype, bias_dtype, has_residual, act,
+                                           slope, clip_low, clip_high, with_amax);
+        ge2::binding::ReleaseGil release;
+        ge2::conv2d::scaled_prepare(conv);
+      },
+      py::arg("geometry"), py::arg("x_dtype"), py::arg("w_dtype"), py::arg("out_dtype"), py::arg("bias_dtype"),
+      py::arg("has_residual"), py::arg("act"), py::arg("slope"), py::arg("clip_low"), py::arg("clip_high"),
+      py::arg("with_amax"),
+      "Builds scaled_conv2d's cuDNN plans (not during CUDA graph capture); RuntimeError with cuDNN's reason when it "
+      "has no engine for the problem.");
 
   m.def("kernels", [] { return ge2::binding::kernel_list(ge2::conv2d::kernel_table()); },
         "The kernel candidates: name, priority, description, constraints.");

@@ -20,7 +20,7 @@ from . import pointwise
 from . import optimizer
 from . import attention
 from . import batch_norm, pool2d
-from . import conv2d
+from . import conv2d, scaled_conv2d
 from . import indexing
 from . import fused  # last: it gives every op with a scalar expression its generated candidate
 

@@ -298,7 +298,7 @@ def _native_problem_args(geometry: ConvGeometry, attrs) -> tuple:
             bool(attrs["allow_tf32"]))
 
 
-def _clip_bounds(attrs) -> tuple[float, float]:
+def clip_bounds(attrs) -> tuple[float, float]:
     """(low, high) of the forward's clip as the native forward takes them: an absent bound is infinite."""
     low, high = attrs["clip_min"], attrs["clip_max"]
     return (-np.inf if low is None else float(low)), (np.inf if high is None else float(high))
@@ -456,7 +456,7 @@ def _prepare_native(kernel, geometry: ConvGeometry, attrs, has_bias: bool, has_r
     """Builds what ``kernel`` needs ahead of its first launch (cudnn_graph: its cuDNN plans); RuntimeError when
     cuDNN has no engine for the problem, so that the registry takes the next candidate."""
     geometry_list, layout, dtype, act, slope, allow_tf32 = _native_problem_args(geometry, attrs)
-    _native_module().prepare(kernel, geometry_list, layout, dtype, act, slope, allow_tf32, *_clip_bounds(attrs),
+    _native_module().prepare(kernel, geometry_list, layout, dtype, act, slope, allow_tf32, *clip_bounds(attrs),
                              has_bias, has_residual, backward)
 
 
@@ -480,7 +480,7 @@ def _forward_candidate(name):
         x, w, bias, residual = conv_inputs(problem.in_types)
         geometry = _types_geometry(x, w, bias, problem.attrs, residual)
         return unsupported_reason(name, geometry, problem.attrs["act"], bias is not None,
-                                  has_residual=residual is not None, clip=_clip_bounds(problem.attrs)) or \
+                                  has_residual=residual is not None, clip=clip_bounds(problem.attrs)) or \
             _engine_reason(name, geometry, problem.attrs, bias is not None, residual is not None, backward=False)
 
     def prepare(problem: Problem):
@@ -489,7 +489,7 @@ def _forward_candidate(name):
         problem_args = _native_problem_args(geometry, problem.attrs)
         _prepare_native(name, geometry, problem.attrs, bias is not None, residual is not None, backward=False)
         return native_launch(_native_module().forward, in_ptr(0), in_ptr(1), in_ptr(2), in_ptr(3), out_ptr(0),
-                             *problem_args, *_clip_bounds(problem.attrs), name, stream_arg())
+                             *problem_args, *clip_bounds(problem.attrs), name, stream_arg())
 
     return table_candidate("_ops_conv2d", name, supports, prepare)
 

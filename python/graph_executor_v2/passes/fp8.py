@@ -1,8 +1,8 @@
-"""FP8 GEMMs: inference on calibrated scales (``ExecutorV2(..., precision="fp8")``, ``quantize_gemms``) and
-training on delayed scaling (``Trainer(..., amp="fp8")``, ``train_rewrite``).
+"""FP8 GEMMs and convolutions: inference on calibrated scales (``ExecutorV2(..., precision="fp8")``, ``quantize``)
+and training on delayed scaling (``Trainer(..., amp="fp8")``, ``train_rewrite``, GEMMs only).
 
-Inference: GEMMs whose weight is a parameter run as ``quantize_fp8`` + ``scaled_gemm`` on calibrated per-tensor
-scales.
+Inference: GEMMs and convolutions whose weight is a parameter run as ``quantize_fp8`` + ``scaled_gemm`` /
+``scaled_conv2d`` on calibrated per-tensor scales.
 
 Per GEMM ``y = act(x @ W + bias)`` (a ``gemm`` node after fusion):
 - the activation x is quantized to E4M3 on the device with ``x_scale = 448 / (amax_x * 2**margin)``, amax_x the
@@ -16,8 +16,13 @@ Per GEMM ``y = act(x @ W + bias)`` (a ``gemm`` node after fusion):
 
 A GEMM stays as it is, with its reason in the notes (``explain()``), when it has no parameter weight, a residual or
 alpha != 1, an activation cuBLASLt's FP8 epilogue lacks (silu, leaky_relu), or k or n not a multiple of 16.
-Convolutions stay in their precision: cuDNN's FP8 convolutions need the frontend's FP8 graph API (scale/amax
-tensor attributes per operation) that GE2's conv2d candidates do not build yet.
+
+Per convolution ``y = clip(act(conv(x, w) + bias + residual))`` (a ``conv2d`` node after fusion), NHWC with groups 1,
+C and K multiples of 16, float16/bfloat16 activations and a parameter weight: x is quantized to E4M3 on the device
+with its calibrated static scale as a GEMM's, w once on the host (its [K, R, S, C] layout is cuDNN's), and
+``scaled_conv2d`` convolves them with the reciprocal scales and the whole epilogue in float32 in one cuDNN graph,
+writing x's dtype. A convolution outside those rules stays as it is with its reason, and so does one for which
+cuDNN has no FP8 engine (``engine_reason``, asked on the GPU when the executor calibrates), with cuDNN's reason.
 The scales and FP8 weights are parameters of the rewritten graph, so ``ExecutorV2.save`` keeps them with the plan.
 
 Training (Transformer Engine's recipe): see ``train_rewrite`` and ``DelayedScaling``.
@@ -25,21 +30,33 @@ Training (Transformer Engine's recipe): see ``train_rewrite`` and ``DelayedScali
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from ..dtypes import FLOAT8_MAX, FLOAT_DTYPES, saturate_to_float8, to_numpy
 from ..ir.graph import Graph, Node, Value
+from ..ir.types import TensorType
+from ..ir.schema import Problem
+from ..ops import scaled_conv2d
 from ..ops.scaled_gemm import ACTIVATIONS as FP8_ACTIVATIONS
 from ..ops.scaled_gemm import bias_dtype_for
 
 FP8_INFERENCE_DTYPE = "float8_e4m3fn"
+FP8_OPS = ("scaled_gemm", "scaled_conv2d")  # what an FP8 inference graph holds once calibrated
+SITE_OPS = ("gemm", "conv2d")
+CONV_DTYPES = ("float16", "bfloat16")
+
+# problem -> why the GPU cannot run that scaled_conv2d (None: it can); the executor's on the GPU
+EngineReason = Callable[[Problem], "str | None"]
 
 
 def site_reason(graph: Graph, node: Node) -> str | None:
-    """Why ``node`` cannot run as an FP8 GEMM (None when it can)."""
+    """Why ``node`` (a gemm or a conv2d) cannot run in FP8 (None when it can)."""
+    if node.op == "conv2d":
+        return _conv_site_reason(node)
     if node.op != "gemm":
-        return "not a gemm"
+        return "not a gemm or a conv2d"
     a, w, _, c = node.inputs
     attrs = node.attrs
     if not w.is_param:
@@ -56,9 +73,26 @@ def site_reason(graph: Graph, node: Node) -> str | None:
     return None
 
 
+def _conv_site_reason(node: Node) -> str | None:
+    x, w, _, _ = (list(node.inputs) + [None, None])[:4]
+    attrs = node.attrs
+    if not w.is_param:
+        return "the weight is not a parameter (only constant weights are quantized ahead of time)"
+    if x.type.dtype not in CONV_DTYPES:
+        return f"the activation is {x.type.dtype}, not 16-bit (float16 or bfloat16)"
+    if attrs["layout"] != "NHWC" or attrs["groups"] != 1:
+        return f"layout {attrs['layout']}, groups {attrs['groups']}: cuDNN's FP8 convolutions take NHWC, groups 1"
+    if not x.type.is_concrete:
+        return f"the activation's shape {x.type.shape} is not concrete"
+    c, k = x.type.shape[3], w.type.shape[0]
+    if c % 16 or k % 16:
+        return f"C={c} and K={k} must be multiples of 16 (FP8 channels in 16-byte vectors)"
+    return None
+
+
 def sites(graph: Graph) -> list[tuple[Node, str | None]]:
-    """Every gemm node of ``graph`` with the reason it stays out of FP8 (None: it can run in FP8)."""
-    return [(node, site_reason(graph, node)) for node in graph.nodes if node.op == "gemm"]
+    """Every gemm and conv2d node of ``graph`` with the reason it stays out of FP8 (None: it can run in FP8)."""
+    return [(node, site_reason(graph, node)) for node in graph.nodes if node.op in SITE_OPS]
 
 
 def scale_for(amax: float, margin: int = 0, dtype: str = FP8_INFERENCE_DTYPE) -> float:
@@ -69,14 +103,24 @@ def scale_for(amax: float, margin: int = 0, dtype: str = FP8_INFERENCE_DTYPE) ->
     return float(np.float32(FLOAT8_MAX[dtype] / (amax * 2.0 ** margin)))
 
 
-def quantize_gemms(graph: Graph, activation_amax: dict[str, float], margin: int = 0) -> list[str]:
-    """Rewrites every eligible gemm of ``graph`` in place (see the module docstring); ``activation_amax`` maps the
-    name of each gemm's activation input to its calibrated amax. Returns notes, one per gemm."""
+def quantize(graph: Graph, activation_amax: dict[str, float], margin: int = 0,
+             engine_reason: EngineReason | None = None) -> list[str]:
+    """Rewrites every eligible gemm and conv2d of ``graph`` in place (see the module docstring);
+    ``activation_amax`` maps the name of each one's activation input to its calibrated amax; ``engine_reason``
+    (on the GPU) says why a convolution's ``scaled_conv2d`` cannot run there (it then stays in 16 bits). Returns
+    notes, one per gemm and conv2d."""
     found = sites(graph)
-    # read before any rewrite: a rewritten GEMM's output (the next one's input) is a new value
+    # read before any rewrite: a rewritten node's output (the next one's input) is a new value
     amax_of = {node: activation_amax[node.inputs[0].name] for node, reason in found if reason is None}
-    notes = [f"{node.name}: stays {node.outputs[0].type.dtype}: {reason}" if reason is not None
-             else _rewrite(graph, node, amax_of[node], margin) for node, reason in found]
+    notes = []
+    quantized: dict[str, tuple[Value, Value, float]] = {}  # activation name -> its E4M3 value, 1 / scale, scale
+    for node, reason in found:
+        if reason is not None:
+            notes.append(f"{node.name}: stays {node.outputs[0].type.dtype}: {reason}")
+        elif node.op == "conv2d":
+            notes.append(_rewrite_conv(graph, node, amax_of[node], margin, engine_reason, quantized))
+        else:
+            notes.append(_rewrite(graph, node, amax_of[node], margin, quantized))
     notes += _chain_fp8_outputs(graph)
     skip_unread_amax(graph)
     return notes
@@ -123,26 +167,81 @@ def _param(graph: Graph, base: str, array) -> Value:
     return graph.param(graph.unique_name(base), np.asarray(array))
 
 
-def _rewrite(graph: Graph, node: Node, x_amax: float, margin: int) -> str:
+def _quantized_activation(graph: Graph, x: Value, x_amax: float, margin: int, prefix: str,
+                          quantized: dict) -> tuple[Value, Value, float]:
+    """(x in E4M3, 1 / its scale, its scale): one quantize_fp8 per activation, shared by the nodes that read it.
+    Call inside ``graph.inserting_before`` the first reader."""
+    if x.name not in quantized:
+        x_scale = scale_for(x_amax, margin)
+        x8, _ = graph.quantize_fp8(x, _param(graph, f"{prefix}.x_scale", np.float32(x_scale)),
+                                   dtype=FP8_INFERENCE_DTYPE)
+        quantized[x.name] = (x8, _param(graph, f"{prefix}.x_scale_inv", np.float32(1.0) / np.float32(x_scale)),
+                             x_scale)
+    return quantized[x.name]
+
+
+def _quantized_weight(weight, margin: int) -> tuple[np.ndarray, float, float]:
+    """(E4M3 weight, its amax, its scale): quantized once, on the host."""
+    weight = np.asarray(weight, np.float64)
+    w_amax = float(np.abs(weight).max()) if weight.size else 0.0
+    w_scale = scale_for(w_amax, margin)
+    w8 = saturate_to_float8(weight * np.float32(w_scale), FP8_INFERENCE_DTYPE).astype(to_numpy(FP8_INFERENCE_DTYPE))
+    return np.ascontiguousarray(w8), w_amax, w_scale
+
+
+def _conv_problem(node: Node) -> Problem:
+    """The scaled_conv2d problem ``node`` (an eligible conv2d) becomes."""
+    x, w, bias, residual = (list(node.inputs) + [None, None])[:4]
+    scalar = TensorType((), "float32")
+    attrs = {attr.name: node.attrs[attr.name] for attr in scaled_conv2d.OP.attrs if attr.name in node.attrs}
+    attrs.update(out_dtype=x.type.dtype, with_amax=False)
+    in_types = (TensorType(x.type.shape, FP8_INFERENCE_DTYPE), TensorType(w.type.shape, FP8_INFERENCE_DTYPE), scalar,
+                scalar, None if bias is None else TensorType(bias.type.shape, bias_dtype_for(x.type.dtype)),
+                None if residual is None else residual.type, None)
+    return Problem("scaled_conv2d", in_types, tuple(scaled_conv2d.OP.infer(in_types, attrs)), attrs)
+
+
+def _rewrite_conv(graph: Graph, node: Node, x_amax: float, margin: int, engine_reason: EngineReason | None,
+                  quantized: dict) -> str:
+    problem = _conv_problem(node)
+    declined = engine_reason(problem) if engine_reason is not None else None
+    if declined is not None:
+        return f"{node.name}: stays {node.outputs[0].type.dtype}: the GPU declines its FP8 convolution: {declined}"
+    x, w, bias, residual = (list(node.inputs) + [None, None])[:4]
+    out_dtype = problem.attrs["out_dtype"]
+    w8, w_amax, w_scale = _quantized_weight(w.data, margin)
+    prefix = f"{node.name}.fp8"
+    with graph.inserting_before(node):
+        x8, x_scale_inv, x_scale = _quantized_activation(graph, x, x_amax, margin, prefix, quantized)
+        bias_value = bias
+        if bias is not None and bias.type.dtype != problem.in_types[4].dtype:
+            bias_value = _param(graph, f"{prefix}.bias", bias.data.astype(to_numpy(problem.in_types[4].dtype)))
+        y, _ = graph.scaled_conv2d(x8, _param(graph, f"{prefix}.w", w8), x_scale_inv,
+                                   _param(graph, f"{prefix}.w_scale_inv", np.float32(1.0) / np.float32(w_scale)),
+                                   bias_value, residual, None, **problem.attrs)
+    graph.replace_uses(node.outputs[0], y)
+    graph.remove_node(node)
+    r, s = w.type.shape[1:3]
+    return (f"{node.name}: FP8 E4M3 convolution {r}x{s} [{x.type.shape[3]} -> {w8.shape[0]}] "
+            f"act={problem.attrs['act']}, x amax {x_amax:.4g} (scale {x_scale:.4g}), w amax {w_amax:.4g} "
+            f"(scale {w_scale:.4g}), output {out_dtype}")
+
+
+def _rewrite(graph: Graph, node: Node, x_amax: float, margin: int, quantized: dict) -> str:
     x, w, bias, _ = node.inputs
     attrs = node.attrs
     out_dtype = node.outputs[0].type.dtype
     weight = w.data.astype(np.float64)
-    weight_nk = weight if attrs["trans_b"] else weight.T  # [n, k]: the TN layout
-    w_amax = float(np.abs(weight_nk).max()) if weight_nk.size else 0.0
-    x_scale, w_scale = scale_for(x_amax, margin), scale_for(w_amax, margin)
-    w8 = saturate_to_float8(weight_nk * np.float32(w_scale), FP8_INFERENCE_DTYPE).astype(to_numpy(FP8_INFERENCE_DTYPE))
+    w8, w_amax, w_scale = _quantized_weight(weight if attrs["trans_b"] else weight.T, margin)  # [n, k]: the TN layout
     prefix = f"{node.name}.fp8"
     with graph.inserting_before(node):
-        x8, _ = graph.quantize_fp8(x, _param(graph, f"{prefix}.x_scale", np.float32(x_scale)),
-                                   dtype=FP8_INFERENCE_DTYPE)
-        w8_value = _param(graph, f"{prefix}.w", np.ascontiguousarray(w8))
+        x8, x_scale_inv, x_scale = _quantized_activation(graph, x, x_amax, margin, prefix, quantized)
+        w8_value = _param(graph, f"{prefix}.w", w8)
         bias_value = None
         if bias is not None:
             bias_dtype = bias_dtype_for(out_dtype)
             bias_value = bias if bias.type.dtype == bias_dtype else _param(
                 graph, f"{prefix}.bias", bias.data.astype(to_numpy(bias_dtype)))
-        x_scale_inv = _param(graph, f"{prefix}.x_scale_inv", np.float32(1.0) / np.float32(x_scale))
         y, _ = graph.scaled_gemm(x8, w8_value, x_scale_inv,
                                  _param(graph, f"{prefix}.w_scale_inv", np.float32(1.0) / np.float32(w_scale)),
                                  bias_value, None, act=attrs["act"], out_dtype=out_dtype)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -36,6 +36,7 @@ from ..ir.graph import Graph
 from ..ir.schema import Problem
 from ..ir.types import TensorType
 from ..ir.verify import verify as verify_graph
+from ..ops import scaled_conv2d
 from ..ops.fused import FUSED_OPS
 from ..passes import Pass, PassManager, PassRecord, eliminate_dead_code, fp8, infer_shapes, resolve
 from ..passes.precision import apply_precision, check_precision
@@ -175,8 +176,8 @@ class ExecutorV2:
     place of an uploaded copy: a trainer updates them in place and plans read the current values.
     ``precision``: "default" (PyTorch's defaults: float32 convolutions may use TF32, matmuls may not), "highest"
     (strict FP32), "high" (TF32 for both) (``passes/precision.py``, applied after the passes, shown by ``explain()``);
-    or "fp8": the GEMMs with a parameter weight run on FP8 tensor cores (``passes/fp8.py``) once ``calibrate`` has
-    chosen their activations' scales, float32 elsewhere as "default"; a graph saved after calibration (``save``)
+    or "fp8": the GEMMs and NHWC convolutions with a parameter weight run on FP8 tensor cores (``passes/fp8.py``)
+    once ``calibrate`` has chosen their activations' scales, float32 elsewhere as "default"; a graph saved after calibration (``save``)
     holds its scales and FP8 weights and runs in FP8 as loaded.
     """
 
@@ -211,6 +212,7 @@ class ExecutorV2:
         self._streams = self._backend.streams(self.stream_count)  # kept: handles below point into them
         self._stream_handles = [self._backend.stream_handle(stream) for stream in self._streams]
         self._plans: dict[Signature, Plan] = {}
+        self._calibrated = False
         if self.needs_calibration:
             return  # plans wait for the scales (calibrate)
         if all(value.type.is_concrete for value in self.optimized_graph.inputs):
@@ -219,14 +221,17 @@ class ExecutorV2:
     # --- FP8 ------------------------------------------------------------------------------------------------------
     @property
     def needs_calibration(self) -> bool:
-        """precision="fp8" on a graph with no FP8 GEMM yet: ``calibrate`` must choose the scales before a run."""
-        return self.precision == "fp8" and "scaled_gemm" not in self.optimized_graph.op_counts()
+        """precision="fp8" on a graph not calibrated (no FP8 GEMM or convolution yet): ``calibrate`` must choose the
+        scales before a run."""
+        counts = self.optimized_graph.op_counts()
+        return self.precision == "fp8" and not self._calibrated and not any(op in counts for op in fp8.FP8_OPS)
 
     def calibrate(self, feeds_iterable, margin: int = 0) -> dict[str, float]:
         """Runs the graph as compiled (its own dtypes) on every feeds dict of ``feeds_iterable``, records the largest
-        ``|x|`` reaching each FP8-eligible GEMM's activation input, and rewrites those GEMMs to FP8 with the scales
-        ``448 / (amax * 2**margin)`` (``passes/fp8.py``). Returns activation name -> amax. Plans are rebuilt; the
-        scales are parameters of the graph from then on (``save`` keeps them)."""
+        ``|x|`` reaching each FP8-eligible GEMM's and convolution's activation input, and rewrites them to FP8 with
+        the scales ``448 / (amax * 2**margin)`` (``passes/fp8.py``; on the GPU a convolution for which cuDNN has no
+        FP8 engine stays in 16 bits, its reason in ``explain()``). Returns activation name -> amax. Plans are rebuilt;
+        the scales are parameters of the graph from then on (``save`` keeps them)."""
         if self.precision != "fp8":
             raise ValueError(f"calibrate: needs ExecutorV2(..., precision='fp8'), this one has precision "
                              f"{self.precision!r}")
@@ -256,16 +261,25 @@ class ExecutorV2:
         graph = self.optimized_graph.clone()
         started = time.perf_counter()
         before = graph.op_counts()
-        notes = fp8.quantize_gemms(graph, amax, margin) + eliminate_dead_code(graph)
+        notes = fp8.quantize(graph, amax, margin, self._fp8_engine_reason()) + eliminate_dead_code(graph)
         self.pass_records.append(PassRecord(f"fp8 (calibrated on {batches} feed(s), margin {margin})", tuple(notes),
                                             before, graph.op_counts(), time.perf_counter() - started))
         self.optimized_graph = graph
+        self._calibrated = True
         self._param_slots = {name: self._params[name] if name in self._params else self._backend.upload(value.data)
                              for name, value in graph.params.items()}
         self._plans = {}
         if all(value.type.is_concrete for value in graph.inputs):
             self._plan_for(tuple((v.type.shape, v.type.dtype) for v in graph.inputs))
         return amax
+
+    def _fp8_engine_reason(self):
+        """On the GPU: why this device cannot run an FP8 convolution problem (its cuDNN plans are built to find out);
+        None on the CPU, whose reference runs every one."""
+        if self.device != "cuda":
+            return None
+        capability = self.capabilities.compute_capability
+        return lambda problem: scaled_conv2d.engine_reason(replace(problem, compute_capability=capability))
 
     def save(self, path) -> None:
         """Writes the compiled graph (after the passes and, with precision="fp8", the calibration: FP8 weights and
@@ -622,7 +636,7 @@ class ExecutorV2:
             f"cuda ({caps.gpu_name}, sm_{caps.compute_capability[0]}{caps.compute_capability[1]})")
         lines = [f"ExecutorV2 '{self.source_graph.name}' on {target}"]
         if self.precision == "fp8":
-            lines.append("precision: fp8 (E4M3 GEMMs on calibrated per-tensor scales)" + (
+            lines.append("precision: fp8 (E4M3 GEMMs and convolutions on calibrated per-tensor scales)" + (
                 "; not calibrated yet: call calibrate(feeds_iterable)" if self.needs_calibration else ""))
         else:
             lines.append(describe_precision(self.precision))

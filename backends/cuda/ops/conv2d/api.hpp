@@ -137,6 +137,42 @@ void cudnn_graph_prepare(const Shape& shape, const Epilogue& epilogue, float slo
 std::string cudnn_graph_forward(const ForwardArgs& args, cudaStream_t stream);
 std::string cudnn_graph_backward(const BackwardArgs& args, cudaStream_t stream);
 
+// ---- scaled_conv2d: the FP8 forward (kernels/cudnn_graph.cpp), cudnn_graph's graph with FP8 x and w --------------
+// y = clip(act(scale_x * scale_w * conv(x, w) + bias + residual)), times scale_y for an FP8 y, and amax = max |...|
+// before scale_y; x [N, H, W, C] and w [K, R, S, C] in FP8 (NHWC, groups 1), the convolution accumulated in float32
+// and the epilogue computed in float32 by the graph's pointwise nodes. Scales and amax are float32 device scalars.
+struct ScaledConv {
+  Shape shape;  // NHWC, groups 1; shape.dtype is y's dtype (float16, bfloat16 or FP8)
+  DType x_dtype = DType::Float8E4M3, w_dtype = DType::Float8E4M3;
+  DType bias_dtype = DType::BFloat16;  // y's dtype for a 16-bit y, bfloat16 for an FP8 one
+  Epilogue epilogue;
+  float slope = 0.01f;
+  bool with_amax = false;  // an FP8 y's amax (cuDNN's AMAX reduction before scale_y)
+};
+
+struct ScaledForwardArgs {
+  ScaledConv conv;
+  const void* x = nullptr;
+  const void* w = nullptr;
+  const float* scale_x = nullptr;  // dequantization factors: real x = x * scale_x
+  const float* scale_w = nullptr;
+  const void* bias = nullptr;      // [K], when conv.epilogue.has_bias
+  const void* residual = nullptr;  // y's shape, a 16-bit y's dtype, when conv.epilogue.has_residual
+  const float* scale_y = nullptr;  // an FP8 y's quantization factor
+  void* y = nullptr;
+  float* amax = nullptr;           // when conv.with_amax
+};
+
+// Empty when the FP8 graph applies to the problem on a GPU of compute capability major.minor (built with the cuDNN
+// frontend, sm_89+, NHWC, groups 1, C and K multiples of 16, the dtypes above), else why not. Whether cuDNN has an
+// engine for it shows only when its plans are built (scaled_prepare).
+std::string scaled_unsupported_reason(const ScaledConv& conv, int major, int minor);
+// Builds the problem's cuDNN plans; std::runtime_error with cuDNN's reason when it has no engine for it (a registry
+// then takes the next candidate, an FP8 pass keeps the convolution in 16 bits). Not during CUDA graph capture.
+void scaled_prepare(const ScaledConv& conv);
+// Enqueues the FP8 convolution; std::invalid_argument for bad arguments, std::runtime_error when cuDNN has no engine.
+void scaled_forward(const ScaledForwardArgs& args, cudaStream_t stream);
+
 // The legacy cuDNN candidate (kernels/cudnn.cu); without cuDNN in the build the reason says so and the launches throw.
 // The launches return false, enqueuing nothing, when cudnnFind* returned no working algorithm for the problem.
 std::string cudnn_unsupported_reason(const Shape& shape, const Epilogue& epilogue, bool backward);

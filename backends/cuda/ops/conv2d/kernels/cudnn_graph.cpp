@@ -17,6 +17,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "cudnn_graph_plans.hpp"
@@ -34,6 +35,13 @@ std::string cudnn_graph_unsupported_reason(const Shape&, const Epilogue&, bool) 
 }
 void cudnn_graph_prepare(const Shape&, const Epilogue&, float, bool, bool) {
   throw std::logic_error("conv2d: built without the cuDNN frontend");
+}
+std::string scaled_unsupported_reason(const ScaledConv&, int, int) {
+  return "not built: " + cudnn_graph_not_built_reason();
+}
+void scaled_prepare(const ScaledConv&) { throw std::logic_error("scaled_conv2d: built without the cuDNN frontend"); }
+void scaled_forward(const ScaledForwardArgs&, cudaStream_t) {
+  throw std::logic_error("scaled_conv2d: built without the cuDNN frontend");
 }
 std::string cudnn_graph_forward(const ForwardArgs&, cudaStream_t) {
   throw std::logic_error("conv2d: built without the cuDNN frontend");
@@ -58,10 +66,10 @@ namespace {
 
 constexpr const char* kKernel = "cudnn_graph";
 
-enum class Pass : int64_t { Forward, Data, Filter };
+enum class Pass : int64_t { Forward, Data, Filter, ScaledForward };
 
 // The graphs' tensors, by uid: the variant pack's keys.
-enum Uid : int64_t { kX = 1, kW, kY, kBias, kDy, kDx, kDw, kResidual };
+enum Uid : int64_t { kX = 1, kW, kY, kBias, kDy, kDx, kDw, kResidual, kScaleX, kScaleW, kScaleY, kAmax };
 
 fe::DataType_t io_type(DType dtype) {
   switch (dtype) {
@@ -69,6 +77,15 @@ fe::DataType_t io_type(DType dtype) {
     case DType::Float16: return fe::DataType_t::HALF;
     case DType::BFloat16: return fe::DataType_t::BFLOAT16;
     default: throw std::invalid_argument("dtype: cuDNN takes float32, float16 or bfloat16");
+  }
+}
+
+// io_type's, and the FP8 types of scaled_conv2d's tensors.
+fe::DataType_t tensor_type(DType dtype) {
+  switch (dtype) {
+    case DType::Float8E4M3: return fe::DataType_t::FP8_E4M3;
+    case DType::Float8E5M2: return fe::DataType_t::FP8_E5M2;
+    default: return io_type(dtype);
   }
 }
 
@@ -157,6 +174,42 @@ int64_t trailing_padding(int64_t size, int64_t leading, int64_t outputs, int64_t
   return std::max<int64_t>(0, (outputs - 1) * stride + extent - size - leading);
 }
 
+// The convolution's window as the frontend's attributes take it.
+struct Window {
+  std::vector<int64_t> pre, post, stride, dilation;
+};
+
+Window window_of(const Shape& s) {
+  const int64_t pad_bottom = trailing_padding(s.h, s.pad_top, s.p, s.stride_h, s.dilation_h, s.r);
+  const int64_t pad_right = trailing_padding(s.w, s.pad_left, s.q, s.stride_w, s.dilation_w, s.s);
+  return {{s.pad_top, s.pad_left}, {pad_bottom, pad_right}, {s.stride_h, s.stride_w}, {s.dilation_h, s.dilation_w}};
+}
+
+using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+// y = clip(act(y + bias + residual)) as pointwise nodes (float32 intermediates); the bias and the residual of types
+// `bias_type` and `residual_type`, the residual in y's dims and layout.
+TensorPtr add_epilogue(fe::graph::Graph& graph, TensorPtr y, const Shape& s, const Epilogue& epilogue, float slope,
+                       fe::DataType_t bias_type, fe::DataType_t residual_type) {
+  if (epilogue.has_bias) {
+    auto bias = graph.tensor(fe::graph::Tensor_attributes().set_name("bias").set_uid(kBias).set_dim({1, s.k, 1, 1})
+                                 .set_stride({s.k, 1, 1, 1}).set_data_type(bias_type));
+    y = graph.pointwise(y, bias, fe::graph::Pointwise_attributes().set_name("bias_add").set_mode(
+                                     fe::PointwiseMode_t::ADD));
+  }
+  if (epilogue.has_residual) {
+    const std::vector<int64_t> y_dims = {s.n, s.k, s.p, s.q};
+    auto residual = graph.tensor(fe::graph::Tensor_attributes().set_name("residual").set_uid(kResidual)
+                                     .set_dim(y_dims).set_stride(strides_of(s.layout, y_dims))
+                                     .set_data_type(residual_type));
+    y = graph.pointwise(y, residual, fe::graph::Pointwise_attributes().set_name("residual_add").set_mode(
+                                         fe::PointwiseMode_t::ADD));
+  }
+  if (epilogue.act != Act::None) y = graph.pointwise(y, activation_node(epilogue.act, slope));
+  if (epilogue.has_clip()) y = graph.pointwise(y, clip_node(epilogue));
+  return y;
+}
+
 // The tensors and the convolution node of `problem` in `graph`.
 void add_nodes(fe::graph::Graph& graph, const Problem& problem) {
   const Shape& s = problem.shape;
@@ -173,46 +226,34 @@ void add_nodes(fe::graph::Graph& graph, const Problem& problem) {
                     const std::vector<int64_t>& dims, fe::DataType_t type) {
     t->set_output(true).set_uid(uid).set_dim(dims).set_stride(strides_of(s.layout, dims)).set_data_type(type);
   };
-  const int64_t pad_bottom = trailing_padding(s.h, s.pad_top, s.p, s.stride_h, s.dilation_h, s.r);
-  const int64_t pad_right = trailing_padding(s.w, s.pad_left, s.q, s.stride_w, s.dilation_w, s.s);
-  const std::vector<int64_t> pre = {s.pad_top, s.pad_left}, post = {pad_bottom, pad_right},
-                             stride = {s.stride_h, s.stride_w}, dilation = {s.dilation_h, s.dilation_w};
+  const Window window = window_of(s);
   switch (problem.pass) {
     case Pass::Forward: {
       auto y = graph.conv_fprop(tensor(kX, "x", x_dims), tensor(kW, "w", w_dims),
-                                fe::graph::Conv_fprop_attributes().set_name("conv").set_pre_padding(pre)
-                                    .set_post_padding(post).set_stride(stride).set_dilation(dilation));
-      const Epilogue& epilogue = problem.epilogue;
-      if (epilogue.has_bias) {
-        auto bias = graph.tensor(fe::graph::Tensor_attributes().set_name("bias").set_uid(kBias)
-                                     .set_dim({1, s.k, 1, 1}).set_stride({s.k, 1, 1, 1}));
-        y = graph.pointwise(y, bias, fe::graph::Pointwise_attributes().set_name("bias_add").set_mode(
-                                         fe::PointwiseMode_t::ADD));
-      }
-      if (epilogue.has_residual) {  // y's own dims and layout
-        y = graph.pointwise(y, tensor(kResidual, "residual", y_dims),
-                            fe::graph::Pointwise_attributes().set_name("residual_add").set_mode(
-                                fe::PointwiseMode_t::ADD));
-      }
-      if (epilogue.act != Act::None) y = graph.pointwise(y, activation_node(epilogue.act, problem.slope));
-      if (epilogue.has_clip()) y = graph.pointwise(y, clip_node(epilogue));
+                                fe::graph::Conv_fprop_attributes().set_name("conv").set_pre_padding(window.pre)
+                                    .set_post_padding(window.post).set_stride(window.stride)
+                                    .set_dilation(window.dilation));
+      y = add_epilogue(graph, y, s, problem.epilogue, problem.slope, io, io);
       output(y, kY, y_dims, problem.float_output ? fe::DataType_t::FLOAT : io);
       return;
     }
     case Pass::Data: {
       auto dx = graph.conv_dgrad(tensor(kDy, "dy", y_dims), tensor(kW, "w", w_dims),
-                                 fe::graph::Conv_dgrad_attributes().set_name("dgrad").set_pre_padding(pre)
-                                     .set_post_padding(post).set_stride(stride).set_dilation(dilation));
+                                 fe::graph::Conv_dgrad_attributes().set_name("dgrad").set_pre_padding(window.pre)
+                                     .set_post_padding(window.post).set_stride(window.stride)
+                                     .set_dilation(window.dilation));
       output(dx, kDx, x_dims, io);
       return;
     }
     case Pass::Filter: {
       auto dw = graph.conv_wgrad(tensor(kDy, "dy", y_dims), tensor(kX, "x", x_dims),
-                                 fe::graph::Conv_wgrad_attributes().set_name("wgrad").set_pre_padding(pre)
-                                     .set_post_padding(post).set_stride(stride).set_dilation(dilation));
+                                 fe::graph::Conv_wgrad_attributes().set_name("wgrad").set_pre_padding(window.pre)
+                                     .set_post_padding(window.post).set_stride(window.stride)
+                                     .set_dilation(window.dilation));
       output(dw, kDw, w_dims, io);
       return;
     }
+    case Pass::ScaledForward: throw std::logic_error("conv2d: scaled_conv2d's graph is add_scaled_nodes'");
   }
 }
 
@@ -343,6 +384,169 @@ std::string cudnn_graph_backward(const BackwardArgs& args, cudaStream_t stream) 
   // act is none here, so dbias is the sum of dy: the reduction im2col_gemm uses, one dbias path for every dtype.
   if (args.dbias != nullptr) launch_bias_grad(args.shape, args.dy, args.dbias, /*gemm_layout=*/false, stream);
   return "";
+}
+
+// ---- scaled_conv2d: FP8 x and w ---------------------------------------------------------------------------------
+// One graph: conv_fprop on the FP8 tensors (products exact, float32 accumulation), the dequantization as two
+// pointwise multiplies by the device scalars scale_x and scale_w, the epilogue's nodes (float32), then an FP8 y's
+// AMAX reduction and its multiply by scale_y before the cast (cuDNN's FP8 fprop sample's graph). No engine is left
+// out by its numerical notes: an FP8 convolution is reduced precision by design, and its inputs are already FP8.
+namespace {
+
+constexpr const char* kFp8Kernel = "cudnn_graph_fp8";
+
+std::vector<int64_t> scaled_key(const ScaledConv& conv) {
+  std::vector<int64_t> key =
+      Problem{conv.shape, Pass::ScaledForward, conv.epilogue, conv.slope, false, false}.key();
+  key.insert(key.end(), {static_cast<int64_t>(conv.x_dtype), static_cast<int64_t>(conv.w_dtype),
+                         conv.epilogue.has_bias ? static_cast<int64_t>(conv.bias_dtype) : -1, conv.with_amax});
+  return key;
+}
+
+void add_scaled_nodes(fe::graph::Graph& graph, const ScaledConv& conv) {
+  const Shape& s = conv.shape;
+  const bool fp8_y = is_float8(s.dtype);
+  graph.set_io_data_type(fp8_y ? fe::DataType_t::BFLOAT16 : io_type(s.dtype))
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const std::vector<int64_t> x_dims = {s.n, s.c, s.h, s.w}, w_dims = {s.k, s.c, s.r, s.s},
+                             y_dims = {s.n, s.k, s.p, s.q};
+  auto tensor = [&](Uid uid, const char* name, const std::vector<int64_t>& dims, DType dtype) {
+    return graph.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims)
+                            .set_stride(strides_of(Layout::NHWC, dims)).set_data_type(tensor_type(dtype)));
+  };
+  auto scalar = [&](Uid uid, const char* name) {
+    return graph.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim({1, 1, 1, 1})
+                            .set_stride({1, 1, 1, 1}).set_data_type(fe::DataType_t::FLOAT));
+  };
+  auto multiply = [](const char* name) {
+    return fe::graph::Pointwise_attributes().set_name(name).set_mode(fe::PointwiseMode_t::MUL);
+  };
+  const Window window = window_of(s);
+  auto z = graph.conv_fprop(tensor(kX, "x", x_dims, conv.x_dtype), tensor(kW, "w", w_dims, conv.w_dtype),
+                            fe::graph::Conv_fprop_attributes().set_name("conv").set_pre_padding(window.pre)
+                                .set_post_padding(window.post).set_stride(window.stride)
+                                .set_dilation(window.dilation));
+  z = graph.pointwise(z, scalar(kScaleX, "scale_x"), multiply("descale_x"));
+  z = graph.pointwise(z, scalar(kScaleW, "scale_w"), multiply("descale_w"));
+  z = add_epilogue(graph, z, s, conv.epilogue, conv.slope, tensor_type(conv.bias_dtype), tensor_type(s.dtype));
+  if (conv.with_amax) {
+    auto amax = graph.reduction(z, fe::graph::Reduction_attributes().set_name("amax").set_mode(
+                                       fe::ReductionMode_t::AMAX).set_compute_data_type(fe::DataType_t::FLOAT));
+    amax->set_output(true).set_uid(kAmax).set_dim({1, 1, 1, 1}).set_stride({1, 1, 1, 1}).set_data_type(
+        fe::DataType_t::FLOAT);
+  }
+  if (fp8_y) z = graph.pointwise(z, scalar(kScaleY, "scale_y"), multiply("scale_y"));
+  z->set_output(true).set_uid(kY).set_dim(y_dims).set_stride(strides_of(Layout::NHWC, y_dims)).set_data_type(
+      tensor_type(s.dtype));
+}
+
+GraphPlan& scaled_plan_for(const ScaledConv& conv, cudnnHandle_t handle, cudaStream_t stream, bool on_stream) {
+  return GraphPlans::instance().plan_for(
+      scaled_key(conv), [&conv](fe::graph::Graph& graph) { add_scaled_nodes(graph, conv); }, {}, handle, stream,
+      on_stream, kFp8Kernel);
+}
+
+// scaled_unsupported_reason without the architecture: what the arguments themselves break.
+std::string scaled_problem_reason(const ScaledConv& conv) {
+  const Shape& s = conv.shape;
+  const bool fp8_y = is_float8(s.dtype);
+  if (s.layout != Layout::NHWC) return "NHWC only (x [N, H, W, C], w [K, R, S, C])";
+  if (s.groups != 1) return "groups 1 only, got " + std::to_string(s.groups);
+  if (!is_float8(conv.x_dtype) || !is_float8(conv.w_dtype)) {
+    return std::string("x and w must be float8_e4m3fn or float8_e5m2, got ") + dtype_name(conv.x_dtype) + " and " +
+           dtype_name(conv.w_dtype);
+  }
+  if (s.dtype != DType::Float16 && s.dtype != DType::BFloat16 && !fp8_y) {
+    return std::string("out_dtype must be float16, bfloat16 or an FP8 dtype, got ") + dtype_name(s.dtype);
+  }
+  if (s.c % 16 != 0 || s.k % 16 != 0) {
+    return "C=" + std::to_string(s.c) + " and K=" + std::to_string(s.k) +
+           " must be multiples of 16 (FP8 channels in 16-byte vectors)";
+  }
+  const DType bias_dtype = fp8_y ? DType::BFloat16 : s.dtype;
+  if (conv.epilogue.has_bias && conv.bias_dtype != bias_dtype) {
+    return std::string("bias must be ") + dtype_name(bias_dtype) + " with a " + dtype_name(s.dtype) +
+           " output, got " + dtype_name(conv.bias_dtype);
+  }
+  const Act act = conv.epilogue.act;
+  if (act != Act::None && act != Act::Relu && act != Act::LeakyRelu && act != Act::Gelu && act != Act::Silu) {
+    return "act must be none, relu, leaky_relu, gelu or silu (cuDNN's pointwise nodes)";
+  }
+  if (conv.epilogue.has_residual && fp8_y) return "a residual only with a 16-bit output";
+  if (conv.with_amax && !fp8_y) return "the amax only with an FP8 output (cuDNN's AMAX reduction before scale_y)";
+  constexpr int64_t kMaxElements = (int64_t{1} << 31) - 1;  // cuDNN's kernels index in int32
+  if (s.n * s.c * s.h * s.w > kMaxElements || s.n * s.k * s.p * s.q > kMaxElements ||
+      s.k * s.c * s.r * s.s > kMaxElements) {
+    return "a tensor has more than 2^31 - 1 elements";
+  }
+  return "";
+}
+
+void check_scaled_shape(const Shape& shape) {
+  Shape sizes = shape;
+  sizes.dtype = DType::Float32;  // check_shape's sizes and window; the dtypes are scaled_problem_reason's
+  check_shape(sizes);
+}
+
+}  // namespace
+
+std::string scaled_unsupported_reason(const ScaledConv& conv, int major, int minor) {
+  if (major * 10 + minor < 89) {
+    return "FP8 tensor cores need sm_89 or newer, got sm_" + std::to_string(major) + std::to_string(minor);
+  }
+  return scaled_problem_reason(conv);
+}
+
+void scaled_prepare(const ScaledConv& conv) {
+  check_scaled_shape(conv.shape);
+  const std::string reason = scaled_problem_reason(conv);
+  if (!reason.empty()) throw std::invalid_argument("kernel: 'cudnn_graph_fp8' cannot run this problem: " + reason);
+  std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
+  const GraphPlan& plan = scaled_plan_for(conv, CudnnHandles::instance().current(), nullptr, /*on_stream=*/false);
+  if (plan.graph == nullptr) throw std::runtime_error(cudnn_graph::kernel_prefix(kFp8Kernel) + no_engine(plan));
+}
+
+void scaled_forward(const ScaledForwardArgs& args, cudaStream_t stream) {
+  const ScaledConv& conv = args.conv;
+  check_scaled_shape(conv.shape);
+  const std::string reason = scaled_problem_reason(conv);
+  if (!reason.empty()) throw std::invalid_argument("kernel: 'cudnn_graph_fp8' cannot run this problem: " + reason);
+  const std::pair<const void*, const char*> required[] = {
+      {args.x, "x"}, {args.w, "w"}, {args.scale_x, "scale_x"}, {args.scale_w, "scale_w"}, {args.y, "y"}};
+  for (const auto& [pointer, name] : required) {
+    if (pointer == nullptr) throw std::invalid_argument(std::string(name) + ": null device pointer");
+  }
+  if (conv.epilogue.has_bias != (args.bias != nullptr)) {
+    throw std::invalid_argument("bias: a pointer exactly when the problem has a bias");
+  }
+  if (conv.epilogue.has_residual != (args.residual != nullptr)) {
+    throw std::invalid_argument("residual: a pointer exactly when the problem has a residual");
+  }
+  if (is_float8(conv.shape.dtype) && args.scale_y == nullptr) {
+    throw std::invalid_argument("scale_y: an FP8 output needs its scale (a float32 device scalar)");
+  }
+  if (conv.with_amax && args.amax == nullptr) throw std::invalid_argument("amax: null device pointer");
+  if (!aligned({args.x, args.w, args.bias, args.residual, args.y})) {
+    throw std::invalid_argument("x, w, bias, residual, y: kernel 'cudnn_graph_fp8' " + std::string(kMisaligned));
+  }
+  std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
+  cudnnHandle_t handle = CudnnHandles::instance().bound_to(stream);
+  GraphPlan& plan = scaled_plan_for(conv, handle, stream, /*on_stream=*/true);
+  if (plan.graph == nullptr) throw std::runtime_error(cudnn_graph::kernel_prefix(kFp8Kernel) + no_engine(plan));
+  VariantPack pack = {{kX, const_cast<void*>(args.x)},
+                      {kW, const_cast<void*>(args.w)},
+                      {kScaleX, const_cast<float*>(args.scale_x)},
+                      {kScaleW, const_cast<float*>(args.scale_w)},
+                      {kY, args.y}};
+  if (conv.epilogue.has_bias) pack[kBias] = const_cast<void*>(args.bias);
+  if (conv.epilogue.has_residual) pack[kResidual] = const_cast<void*>(args.residual);
+  if (is_float8(conv.shape.dtype)) pack[kScaleY] = const_cast<float*>(args.scale_y);
+  if (conv.with_amax) pack[kAmax] = args.amax;
+  tune(plan, handle, pack, stream, kFp8Kernel);
+  void* workspace =
+      plan.workspace > 0 ? StreamWorkspace::get(static_cast<std::size_t>(plan.workspace), stream) : nullptr;
+  execute(plan, handle, pack, workspace, kFp8Kernel);
 }
 
 #endif

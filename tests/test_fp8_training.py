@@ -66,6 +66,10 @@ def test_the_linear_gemms_run_in_fp8_except_the_first_and_last():
     # per GEMM: x, W and dY quantized with both layouts in one pass each, three FP8 GEMMs, three scale updates
     assert ops["scaled_gemm"] == ops["quantize_fp8_transpose"] == ops["fp8_scale_update"] == 7 * 3
     assert "quantize_fp8" not in ops and "transpose" not in ops
+    # each FP8 site's dbias comes from its dY quantize's own read of dY (no separate sum over dY)
+    quantizes = [n for n in trainer.train_graph.nodes if n.op == "quantize_fp8_transpose"]
+    assert sum(n.attrs["with_column_sum"] for n in quantizes) == 7
+    assert all(n.attrs["dtype"] == "float8_e5m2" for n in quantizes if n.attrs["with_column_sum"])
     # delayed scaling reads the amax of x, W and dY (from their quantize), never a GEMM's output amax
     assert all(not n.attrs["with_amax"] for n in trainer.train_graph.nodes if n.op == "scaled_gemm")
     explained = trainer.explain()

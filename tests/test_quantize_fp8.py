@@ -172,15 +172,20 @@ def test_scale_update_kernel_matches_the_reference(rng, length, amax):
 def test_transposing_quantize_gives_both_layouts(rng):
     x = _input(rng, (5, 7), "float32")
     g = ge2.ir.Graph("quantize_transpose")
-    y, y_t, amax = g.quantize_fp8_transpose(g.input("x", x.shape, "float32"), g.input("scale", (), "float32"))
-    assert (y.type.shape, y_t.type.shape) == ((5, 7), (7, 5))
-    for value, name in ((y, "y"), (y_t, "y_t"), (amax, "amax")):
+    y, y_t, amax, column_sum = g.quantize_fp8_transpose(g.input("x", x.shape, "float32"),
+                                                        g.input("scale", (), "float32"), with_column_sum=True)
+    assert (y.type.shape, y_t.type.shape, column_sum.type.shape) == ((5, 7), (7, 5), (7,))
+    for value, name in ((y, "y"), (y_t, "y_t"), (amax, "amax"), (column_sum, "column_sum")):
         g.output(value, name)
     out = ge2.ExecutorV2(g).run({"x": x, "scale": np.array(16.0, np.float32)})
     expected_y, expected_amax = quantize_fp8.reference(x, np.float32(16.0))
     _same_bits_or_both_nan(out["y"], expected_y, "y")
     _same_bits_or_both_nan(out["y_t"], expected_y.T, "y_t")
     assert out["amax"] == expected_amax
+    np.testing.assert_allclose(out["column_sum"], x.astype(np.float64).sum(axis=0), rtol=1e-6)
+    without = ge2.ir.Graph("without_column_sum")
+    assert without.quantize_fp8_transpose(without.input("x", (5, 7), "float32"),
+                                          without.input("s", (), "float32"))[3].type.shape == (0,)
     with pytest.raises(ValueError, match="x: expected a 2-d array"):
         g.quantize_fp8_transpose(g.input("v", (4,), "float32"), g.input("s", (), "float32"))
 
@@ -192,9 +197,18 @@ def test_transposing_quantize_gives_both_layouts(rng):
 def test_transposing_kernel_is_bit_exact(rng, source, dtype, shape):
     x = _input(rng, shape, source)
     scale = np.array(rng.choice([1.0, 37.5, 1000.0]), np.float32)
-    y, y_t, amax = ge2.ops.quantize_fp8_transpose.forward_numpy(x, scale, dtype)
+    y, y_t, amax, column_sum = ge2.ops.quantize_fp8_transpose.forward_numpy(x, scale, dtype, with_column_sum=True)
     expected_y, expected_amax = quantize_fp8.reference(x, scale, dtype)
     what = f"{source}->{dtype} shape {shape} scale {float(scale)}"
     _same_bits_or_both_nan(y, expected_y, what + " y")
     _same_bits_or_both_nan(y_t, expected_y.T, what + " y_t")
     assert amax == expected_amax, (what, amax, expected_amax)
+    # the column sum (dbias) of the unquantized x: float32 sums (rows * 2^-24 relative to sum |x| at most), rounded
+    # once to x's dtype (its half ulp)
+    x64 = x.astype(np.float64)
+    bound = np.abs(x64).sum(axis=0) * (shape[0] * 2.0 ** -24 + {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8}[source])
+    gap = np.abs(column_sum.astype(np.float64) - x64.sum(axis=0))
+    assert (gap <= bound).all(), f"{what} column_sum: max gap {gap.max():.3g}, bound there {bound[gap.argmax()]:.3g}"
+    y_alone, _, _, empty = ge2.ops.quantize_fp8_transpose.forward_numpy(x, scale, dtype)
+    _same_bits_or_both_nan(y_alone, expected_y, what + " y without the column sum")
+    assert empty.shape == (0,)

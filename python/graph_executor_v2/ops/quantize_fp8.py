@@ -25,8 +25,8 @@ import numpy as np
 from .. import _native
 from ..dtypes import FLOAT8_DTYPES, FLOAT8_MAX, FLOAT_DTYPES, saturate_to_float8
 from ..ir.types import TensorType
-from ._base import (Attr, Input, OpDef, Problem, Sample, in_ptr, native_launch, out_ptr, register, require_inputs,
-                    sample_array, stream_arg, table_candidate)
+from ._base import (Attr, Input, OpDef, Problem, Sample, as_float64, in_ptr, native_launch, out_ptr, register,
+                    require_inputs, sample_array, stream_arg, table_candidate)
 from ._face import Face
 
 
@@ -124,36 +124,45 @@ def _infer_transpose(in_types, attrs):
     if y.rank != 2:
         raise ValueError(f"x: expected a 2-d array, got shape {y.shape}")
     rows, cols = y.shape
-    return [y, TensorType((cols, rows), y.dtype), amax]
+    column_sum = TensorType((cols if attrs["with_column_sum"] else 0,), in_types[0].dtype)
+    return [y, TensorType((cols, rows), y.dtype), amax, column_sum]
 
 
 def _reference_transpose(inputs, attrs):
     y, amax = reference(inputs[0], inputs[1], attrs["dtype"])
-    return [y, np.ascontiguousarray(y.T), amax]
+    x = as_float64(inputs[0])
+    column_sum = x.sum(axis=0) if attrs["with_column_sum"] else np.zeros(0)
+    return [y, np.ascontiguousarray(y.T), amax, column_sum]
 
 
 def _prepare_transpose(problem: Problem):
     x = problem.in_types[0]
     rows, cols = x.shape
     return native_launch(_native_module().quantize_transpose, in_ptr(0), x.dtype, in_ptr(1), out_ptr(0), out_ptr(1),
-                         problem.attrs["dtype"], out_ptr(2), rows, cols, stream_arg())
+                         problem.attrs["dtype"], out_ptr(2), out_ptr(3) if problem.attrs["with_column_sum"] else 0,
+                         rows, cols, stream_arg())
 
 
 TRANSPOSE = register(OpDef(
     name="quantize_fp8_transpose",
     samples=lambda rng: [Sample((sample_array(rng, 4, 6), np.array(4.0, np.float32))),
                          Sample((sample_array(rng, 33, 65) * 1e4, np.array([2.0], np.float32)),
-                                {"dtype": "float8_e5m2"}, "partial tiles, values past E5M2's range")],
+                                {"dtype": "float8_e5m2", "with_column_sum": True},
+                                "partial tiles, values past E5M2's range, the column sum")],
     inputs=(Input("x"), Input("scale")),
-    outputs=("y", "y_t", "amax"),
-    attrs=(Attr("dtype", str, "float8_e4m3fn", choices=FLOAT8_DTYPES, doc="the FP8 output dtype"),),
+    outputs=("y", "y_t", "amax", "column_sum"),
+    attrs=(Attr("dtype", str, "float8_e4m3fn", choices=FLOAT8_DTYPES, doc="the FP8 output dtype"),
+           Attr("with_column_sum", bool, False,
+                doc="True: column_sum [cols] (x's dtype) is the sum of x over its rows (dbias of a linear layer "
+                    "whose output gradient is x), from the same read; False: column_sum is empty")),
     infer=_infer_transpose,
     reference=_reference_transpose,
     # no reference_backward and no grad rule: FP8 values are not differentiated
     candidates=(table_candidate("_ops_quantize_fp8", "transpose", _supports, _prepare_transpose),),
-    doc="quantize_fp8_transpose(x, scale) -> (y, y_t, amax): quantize_fp8 of a 2-d x, and y's transpose, from one "
-        "read of x (Transformer Engine's cast-transpose: FP8 training needs both layouts of x and dY, cuBLASLt's FP8 "
-        "matmul taking only the TN layout).",
+    doc="quantize_fp8_transpose(x, scale) -> (y, y_t, amax, column_sum): quantize_fp8 of a 2-d x, and y's "
+        "transpose, from one read of x (Transformer Engine's cast-transpose: FP8 training needs both layouts of x "
+        "and dY, cuBLASLt's FP8 matmul taking only the TN layout); with with_column_sum, also the sum of the "
+        "unquantized x over its rows, accumulated in float32 (cast-transpose-dbias: dY's bias gradient).",
 ))
 
 TRANSPOSE_FACE = Face(TRANSPOSE, lambda dy, inputs, attrs, kernel, out, stream: (None, None))

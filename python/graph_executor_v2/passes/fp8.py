@@ -333,7 +333,8 @@ def train_rewrite(graph: Graph, forward_names: set[str], recipe: DelayedScaling,
     - forward: x and W quantized to E4M3 (amax in the same pass), ``scaled_gemm`` with their reciprocal scales, the
       bias (and relu) in its epilogue and FP8 fast accumulation (Transformer Engine's choice), bfloat16 out;
     - dgrad: dY quantized to E5M2, dX = dY8 @ W8 (E5M2 x E4M3);
-    - wgrad: dW = dY8^T @ x8 (or its transpose for a [k, n] W; E5M2 x E4M3); dbias = sum(dY) in bfloat16 as before.
+    - wgrad: dW = dY8^T @ x8 (or its transpose for a [k, n] W; E5M2 x E4M3); dbias = sum(dY) (of the bfloat16 dY,
+      float32 accumulation) from the quantize's own read of dY.
     cuBLASLt's FP8 matmul takes only the TN layout, so x, W and dY are quantized by ``quantize_fp8_transpose``,
     which writes both layouts from one read.
     Every quantized tensor (x, W, dY) has a state of float32 parameters ``fp8/<weight>/<x|w|g>.{history, scale,
@@ -381,8 +382,8 @@ def _rewrite_training_site(graph: Graph, node: Node, backward: Node, recipe: Del
               "g": _state(graph, f"{prefix}/g", recipe, GRADIENT_DTYPE)}
     with graph.inserting_before(node):
         # both layouts of x and W from one read each (cuBLASLt's FP8 matmul takes only the TN layout)
-        x8, x8_t, x_amax = graph.quantize_fp8_transpose(x, states["x"]["scale"], dtype=FORWARD_DTYPE)
-        w8, w8_t, w_amax = graph.quantize_fp8_transpose(w, states["w"]["scale"], dtype=FORWARD_DTYPE)
+        x8, x8_t, x_amax, _ = graph.quantize_fp8_transpose(x, states["x"]["scale"], dtype=FORWARD_DTYPE)
+        w8, w8_t, w_amax, _ = graph.quantize_fp8_transpose(w, states["w"]["scale"], dtype=FORWARD_DTYPE)
         w8_nk, w8_kn = (w8, w8_t) if node.attrs["trans_b"] else (w8_t, w8)
         # fast accumulation in the forward GEMM only, as Transformer Engine: the gradients' GEMMs keep cuBLASLt's
         # periodic promotion to float32 (their sums are longer and their errors feed the update directly)
@@ -397,7 +398,9 @@ def _rewrite_training_site(graph: Graph, node: Node, backward: Node, recipe: Del
     dy = backward.inputs[0]
     da, db, dbias = backward.outputs
     with graph.inserting_before(backward):
-        dy8, dy8_t, dy_amax = graph.quantize_fp8_transpose(dy, states["g"]["scale"], dtype=GRADIENT_DTYPE)
+        # dbias = sum(dY) over the rows from the quantize's own read of dY (Transformer Engine's cast-transpose-dbias)
+        dy8, dy8_t, dy_amax, dy_sum = graph.quantize_fp8_transpose(dy, states["g"]["scale"], dtype=GRADIENT_DTYPE,
+                                                                   with_column_sum=backward.attrs["with_dbias"])
         _update_state(graph, states["g"], dy_amax, GRADIENT_DTYPE, recipe.margin, update_prefix)
         # dX [m, k] = dY [m, n] @ W_nk: cuBLASLt's B is [k, n]
         dx, _ = graph.scaled_gemm(dy8, w8_kn, states["g"]["scale_inv"], states["w"]["scale_inv"],
@@ -409,7 +412,7 @@ def _rewrite_training_site(graph: Graph, node: Node, backward: Node, recipe: Del
                                   out_dtype=db.type.dtype)
         replacements = [(da, dx), (db, dw)]
         if backward.attrs["with_dbias"]:
-            replacements.append((dbias, graph.sum(dy, axis=0)))
+            replacements.append((dbias, dy_sum))
     for old, new in replacements:
         graph.replace_uses(old, new)
     graph.remove_node(backward)

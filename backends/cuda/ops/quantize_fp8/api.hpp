@@ -18,9 +18,12 @@ namespace ge2::quantize_fp8 {
 const char* forward(const void* x, DType x_dtype, const float* scale, void* y, DType y_dtype, float* amax,
                     int64_t numel, cudaStream_t stream);
 
-// The same for a 2-d x [rows, cols], also writing y's transpose y_t [cols, rows] (one read of x for both layouts).
+// The same for a 2-d x [rows, cols], also writing y's transpose y_t [cols, rows] (one read of x for both layouts)
+// and, when column_sum is not null, the sum of x over its rows into column_sum [cols] of x's dtype (a linear
+// layer's dbias when x is its output gradient): float32 partial sums per 32-row tile from the same read, then one
+// small kernel adds them up in a fixed order (deterministic; the partials live in the stream's workspace).
 void quantize_transpose(const void* x, DType x_dtype, const float* scale, void* y, void* y_t, DType y_dtype,
-                        float* amax, int64_t rows, int64_t cols, cudaStream_t stream);
+                        float* amax, void* column_sum, int64_t rows, int64_t cols, cudaStream_t stream);
 
 // Delayed scaling, one tensor's state after a step: new_history = [amax, history[0 .. length-2]] (newest first),
 // new_scale = fp8_max(dtype) / (max(new_history) * 2^margin), new_scale_inv = 1 / new_scale. An all-zero history

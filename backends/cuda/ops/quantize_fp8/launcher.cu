@@ -9,7 +9,7 @@ namespace ge2::quantize_fp8 {
 void launch_quantize(const void* x, DType x_dtype, const float* scale, void* y, DType y_dtype, float* amax,
                      int64_t numel, bool vectorized, cudaStream_t stream);
 void launch_quantize_transpose(const void* x, DType x_dtype, const float* scale, void* y, void* y_t, DType y_dtype,
-                               float* amax, int64_t rows, int64_t cols, cudaStream_t stream);
+                               float* amax, void* column_sum, int64_t rows, int64_t cols, cudaStream_t stream);
 
 std::vector<KernelInfo> kernel_table() {
   return {
@@ -20,7 +20,8 @@ std::vector<KernelInfo> kernel_table() {
        kAnyAlignment},
       {"transpose", 10,
        "quantize_fp8_transpose: 32 x 32 tiles through shared memory, y and its transpose from one read of x, amax "
-       "per warp + atomicMax",
+       "per warp + atomicMax; the column sum (dbias) as float32 partials per tile from the same read, added up in "
+       "a fixed order by a second small kernel",
        "x 2-d", kFallback, kAnyAlignment},
       {"scale_update", 10, "fp8_scale_update: one block rolls the amax history, max-reduces it and divides",
        "history length >= 1", kFallback, kAnyAlignment},
@@ -56,7 +57,7 @@ const char* forward(const void* x, DType x_dtype, const float* scale, void* y, D
 }
 
 void quantize_transpose(const void* x, DType x_dtype, const float* scale, void* y, void* y_t, DType y_dtype,
-                        float* amax, int64_t rows, int64_t cols, cudaStream_t stream) {
+                        float* amax, void* column_sum, int64_t rows, int64_t cols, cudaStream_t stream) {
   check_quantize_args(x_dtype, y_dtype, scale, amax);
   if (rows < 0 || cols < 0) {
     throw std::invalid_argument("rows, cols: must be >= 0, got " + std::to_string(rows) + ", " + std::to_string(cols));
@@ -64,7 +65,7 @@ void quantize_transpose(const void* x, DType x_dtype, const float* scale, void* 
   if (rows * cols > 0 && (x == nullptr || y == nullptr || y_t == nullptr)) {
     throw std::invalid_argument("x, y, y_t: null device pointer");
   }
-  launch_quantize_transpose(x, x_dtype, scale, y, y_t, y_dtype, amax, rows, cols, stream);
+  launch_quantize_transpose(x, x_dtype, scale, y, y_t, y_dtype, amax, column_sum, rows, cols, stream);
 }
 
 }  // namespace ge2::quantize_fp8

@@ -113,7 +113,9 @@ def test_cpu_graph_runs_the_reference(rng):
 
 
 @pytest.mark.skipif(not ge2._native.is_built("_ops_conv2d"), reason="native module _ops_conv2d not built")
-def test_candidate_rules_are_declined_with_their_reason():
+def test_candidate_rules_are_declined_with_their_reason(monkeypatch):
+    # the rules alone: where a GPU can answer, unsupported_reason also asks cuDNN (the GPU tests below)
+    monkeypatch.setattr(scaled_conv2d._device, "is_available", lambda: False)
     def problem(c=16, k=32, out_dtype="bfloat16", cc=(9, 0), **attrs):
         in_types = (ge2.ir.TensorType((2, 6, 6, c), E4M3), ge2.ir.TensorType((k, 3, 3, c), E4M3),
                     ge2.ir.TensorType((), "float32"), ge2.ir.TensorType((), "float32"), None, None, None)
@@ -260,7 +262,8 @@ def test_a_convolution_with_a_computed_weight_stays_16_bit(rng):
 
 def test_a_convolution_the_gpu_declines_stays_16_bit_with_the_engine_reason(rng):
     """On the GPU the pass asks each convolution's scaled_conv2d problem whether cuDNN has an engine for it
-    (``engine_reason``); a declined one keeps its 16-bit conv2d and explain() gives cuDNN's reason."""
+    (``scaled_conv2d.unsupported_reason``); a declined one keeps its 16-bit conv2d and explain() gives cuDNN's
+    reason."""
     graph, reference = _convnet(rng)
     asked = []
 
@@ -353,7 +356,7 @@ def _engine_or_xfail(problem_inputs, attrs):
     full = {a.name: a.default for a in scaled_conv2d.OP.attrs} | attrs
     problem = ge2.ops.Problem("scaled_conv2d", in_types, tuple(scaled_conv2d.OP.infer(in_types, full)), full,
                               ge2.device.compute_capability(0))
-    reason = scaled_conv2d.engine_reason(problem)
+    reason = scaled_conv2d.unsupported_reason(problem)
     if reason is not None:
         pytest.xfail(f"cuDNN declines this FP8 epilogue: {reason}")
 

@@ -21,9 +21,9 @@ The GPU candidate, ``cudnn_graph_fp8`` (in _ops_conv2d, beside conv2d's ``cudnn_
 shares), builds one cuDNN graph: conv_fprop of the FP8 tensors (exact products, float32 accumulation), the
 dequantization as two pointwise multiplies, the epilogue's pointwise nodes in float32, an FP8 output's AMAX
 reduction and output scale. It needs sm_89+, NHWC, groups 1, C and K multiples of 16 and 16-byte aligned tensors;
-whether cuDNN has an engine shows when its plans are built (``prepare``): with none it declines with cuDNN's
-reason (``engine_reason``), a graph then runs the op on the host fallback, and the FP8 pass keeps that convolution
-in 16 bits.
+whether cuDNN has an engine shows when its plans are built: where a GPU can answer, ``unsupported_reason`` builds
+them and declines with cuDNN's reason when it has none (a graph then runs the op on the host fallback, and the FP8
+pass keeps that convolution in 16 bits).
 
 Numerics. The reference emulates the quantization exactly: FP8 inputs are exact in float64, the convolution is
 summed in float64 and scaled, the epilogue applied, and an FP8 output rounded by ``saturate_to_float8`` from float32.
@@ -36,6 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _native
+from .. import device as _device
 from ..dtypes import FLOAT8_DTYPES, saturate_to_float8, to_numpy
 from ..ir.types import TensorType
 from . import conv2d
@@ -136,37 +137,34 @@ def _native_problem(problem: Problem) -> tuple:
 
 
 def unsupported_reason(problem: Problem) -> str | None:
-    """Why cudnn_graph_fp8 cannot run ``problem`` (None when it may: cuDNN's engines are asked by ``engine_reason``)."""
+    """Why cudnn_graph_fp8 cannot run ``problem`` (None when it can): its rules, then, where a GPU can answer, cuDNN
+    itself (its plans are built: the error when it has no FP8 engine for the problem; the plans are cached for the
+    prepare that follows), as conv2d's cudnn_graph asks at ranking time. The FP8 pass asks it per convolution on
+    the GPU and keeps those it declines in 16 bits."""
     if not _native.is_built("_ops_conv2d"):
         return "native module _ops_conv2d is not built"
-    geometry, x_dtype, w_dtype, out_dtype, bias_dtype, has_residual, act, _, low, high = _native_problem(problem)
+    native = _native_problem(problem)
+    geometry, x_dtype, w_dtype, out_dtype, bias_dtype, has_residual, act, _, low, high = native
     major, minor = problem.compute_capability
-    return _native_module().scaled_unsupported_reason(geometry, x_dtype, w_dtype, out_dtype, bias_dtype,
-                                                      has_residual, act, low, high, problem.attrs["with_amax"],
-                                                      major, minor) or None
+    reason = _native_module().scaled_unsupported_reason(geometry, x_dtype, w_dtype, out_dtype, bias_dtype,
+                                                        has_residual, act, low, high, problem.attrs["with_amax"],
+                                                        major, minor)
+    if reason or not _device.is_available():
+        return reason or None
+    try:
+        _native_module().scaled_prepare(*native, problem.attrs["with_amax"])
+    except RuntimeError as error:
+        return str(error)
+    return None
 
 
 def _prepare(problem: Problem):
     native = _native_problem(problem)
     with_amax = problem.attrs["with_amax"]
-    _native_module().scaled_prepare(*native, with_amax)  # RuntimeError when cuDNN has no engine: the next candidate
+    _native_module().scaled_prepare(*native, with_amax)  # cached by unsupported_reason's build on a GPU
     return native_launch(_native_module().scaled_forward, in_ptr(0), in_ptr(1), in_ptr(2), in_ptr(3), in_ptr(4),
                          in_ptr(5), in_ptr(6), out_ptr(0), out_ptr(1) if with_amax else 0, native[0], *native[1:5],
                          *native[6:], stream_arg())
-
-
-def engine_reason(problem: Problem) -> str | None:
-    """Why the GPU cannot run ``problem`` in FP8 (None when it can): ``unsupported_reason``, else the error of building
-    its cuDNN plans (cuDNN has no engine for it). Builds the plans, so it needs the GPU; the FP8 pass asks it per
-    convolution and keeps those it declines in 16 bits."""
-    reason = unsupported_reason(problem)
-    if reason is not None:
-        return reason
-    try:
-        _native_module().scaled_prepare(*_native_problem(problem), problem.attrs["with_amax"])
-    except RuntimeError as error:
-        return str(error)
-    return None
 
 
 def _samples(rng):

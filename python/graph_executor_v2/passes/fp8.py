@@ -22,7 +22,8 @@ C and K multiples of 16, float16/bfloat16 activations and a parameter weight: x 
 with its calibrated static scale as a GEMM's, w once on the host (its [K, R, S, C] layout is cuDNN's), and
 ``scaled_conv2d`` convolves them with the reciprocal scales and the whole epilogue in float32 in one cuDNN graph,
 writing x's dtype. A convolution outside those rules stays as it is with its reason, and so does one for which
-cuDNN has no FP8 engine (``engine_reason``, asked on the GPU when the executor calibrates), with cuDNN's reason.
+cuDNN has no FP8 engine (the ``engine_reason`` callback: ``scaled_conv2d.unsupported_reason``, which the executor
+passes when it calibrates on the GPU), with cuDNN's reason.
 The scales and FP8 weights are parameters of the rewritten graph, so ``ExecutorV2.save`` keeps them with the plan.
 
 Training (Transformer Engine's recipe): see ``train_rewrite`` and ``DelayedScaling``.

@@ -279,7 +279,7 @@ class ExecutorV2:
         if self.device != "cuda":
             return None
         capability = self.capabilities.compute_capability
-        return lambda problem: scaled_conv2d.engine_reason(replace(problem, compute_capability=capability))
+        return lambda problem: scaled_conv2d.unsupported_reason(replace(problem, compute_capability=capability))
 
     def save(self, path) -> None:
         """Writes the compiled graph (after the passes and, with precision="fp8", the calibration: FP8 weights and

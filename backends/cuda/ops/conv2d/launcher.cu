@@ -77,7 +77,8 @@ std::vector<KernelInfo> kernel_table() {
        "bias/residual/activation kernel; backward: dX by GEMM + col2im gather, dW by GEMM, dbias by a reduction",
        "none: every layout, stride, padding, dilation, groups, activation and dtype (the path that always works); "
        "workspace of C*R*S*N*P*Q elements plus a float32 K*N*P*Q accumulator", kFallback, kAnyAlignment},
-      // the scaled_conv2d op's (FP8) kernel: cudnn_graph's graph with FP8 tensors, in this module to share it
+      // the scaled_conv2d op's (FP8) kernel: cudnn_graph's graph with FP8 tensors, in this module to share it; its
+      // own dtypes (FP8 x), whatever the conv2d rows' are
       {"cudnn_graph_fp8", 40,
        graph_not_built.empty()
            ? "scaled_conv2d on cuDNN's graph API: conv_fprop of FP8 x and w (float32 accumulation), dequantized by "
@@ -86,7 +87,8 @@ std::vector<KernelInfo> kernel_table() {
            : "scaled_conv2d on cuDNN's graph API: NOT BUILT (" + graph_not_built + ")",
        "built with cuDNN and the cuDNN frontend headers; sm_89+; NHWC, groups 1, C and K multiples of 16; x and w "
        "FP8; y float16, bfloat16 or FP8; bias y's dtype (bfloat16 for an FP8 y); a residual with a 16-bit y only; "
-       "amax with an FP8 y only; 16-byte aligned tensors; declines at prepare() when cuDNN has no engine"},
+       "amax with an FP8 y only; 16-byte aligned tensors; declines at prepare() when cuDNN has no engine",
+       false, kVectorAlignment, {DType::Float8E4M3, DType::Float8E5M2}},
   };
 }
 

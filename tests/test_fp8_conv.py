@@ -317,6 +317,19 @@ def _accumulation_bound(x, w, scale, attrs):
     return 2.0 ** -12 * scale * magnitude
 
 
+def _engine_or_xfail(problem_inputs, attrs):
+    """xfail (with cuDNN's reason, for the report) where cuDNN has no FP8 engine for the problem: the pass keeps
+    such convolutions in 16 bits (test_a_convolution_the_gpu_declines_... covers that)."""
+    in_types = tuple(None if a is None else ge2.ir.TensorType(a.shape, ge2.dtypes.normalize(a.dtype))
+                     for a in problem_inputs)
+    full = {a.name: a.default for a in scaled_conv2d.OP.attrs} | attrs
+    problem = ge2.ops.Problem("scaled_conv2d", in_types, tuple(scaled_conv2d.OP.infer(in_types, full)), full,
+                              ge2.device.compute_capability(0))
+    reason = scaled_conv2d.unsupported_reason(problem)
+    if reason is not None:
+        pytest.xfail(f"cuDNN declines this FP8 convolution: {reason}")
+
+
 CONFIGS = [
     ("3x3 pad 1", (4, 14, 14, 64), (64, 3, 3, 64), dict(padding=1)),
     ("1x1", (8, 7, 7, 128), (256, 1, 1, 128), {}),
@@ -330,9 +343,12 @@ CONFIGS = [
 @pytest.mark.parametrize("name, x_shape, w_shape, attrs", CONFIGS, ids=[c[0] for c in CONFIGS])
 @pytest.mark.parametrize("out_dtype", ["bfloat16", "float16"])
 def test_cudnn_fp8_convolution_matches_the_reference(rng, name, x_shape, w_shape, attrs, out_dtype):
-    """The plain FP8 convolution (no epilogue): cuDNN must have an engine for each of these on Hopper."""
+    """The plain FP8 convolution (no epilogue): cuDNN must have an engine for the 3x3 and 1x1 ones on Hopper; the
+    others xfail with cuDNN's reason where it has none (the pass keeps such convolutions in 16 bits)."""
     x, w = _fp8(rng, x_shape), _fp8(rng, w_shape)
     scale_x, scale_w = _scalar(0.5), _scalar(0.125)
+    if name not in ("3x3 pad 1", "1x1"):
+        _engine_or_xfail((x, w, scale_x, scale_w, None, None, None), dict(out_dtype=out_dtype, **attrs))
     y, amax = scaled_conv2d.forward_numpy(x, w, scale_x, scale_w, out_dtype=out_dtype, **attrs)
     expected, _ = scaled_conv2d.reference(x, w, scale_x, scale_w, out_dtype=out_dtype, **attrs)
     assert y.dtype == STORAGE[out_dtype] and y.shape == expected.shape
@@ -346,19 +362,6 @@ EPILOGUES = [
     ("bias + silu + residual", dict(act="silu"), True, True),
     ("leaky_relu + clip", dict(act="leaky_relu", slope=0.1, clip_min=-0.5, clip_max=6.0), False, False),
 ]
-
-
-def _engine_or_xfail(problem_inputs, attrs):
-    """xfail (with cuDNN's reason, for the report) where cuDNN has no FP8 engine for an epilogue: the pass keeps
-    such convolutions in 16 bits, which test_a_convolution_the_gpu_declines_... covers."""
-    in_types = tuple(None if a is None else ge2.ir.TensorType(a.shape, ge2.dtypes.normalize(a.dtype))
-                     for a in problem_inputs)
-    full = {a.name: a.default for a in scaled_conv2d.OP.attrs} | attrs
-    problem = ge2.ops.Problem("scaled_conv2d", in_types, tuple(scaled_conv2d.OP.infer(in_types, full)), full,
-                              ge2.device.compute_capability(0))
-    reason = scaled_conv2d.unsupported_reason(problem)
-    if reason is not None:
-        pytest.xfail(f"cuDNN declines this FP8 epilogue: {reason}")
 
 
 @pytest.mark.gpu
@@ -380,9 +383,11 @@ def test_cudnn_fp8_epilogues_match_the_reference(rng, name, attrs, with_bias, wi
 @pytest.mark.gpu
 @pytest.mark.parametrize("act", ["none", "relu"])
 def test_cudnn_fp8_output_with_its_scale_and_amax(rng, act):
-    """cuDNN's FP8 fprop graph as its sample builds it: E4M3 out times scale_y, the amax before scale_y."""
+    """cuDNN's FP8 fprop graph as its sample builds it: E4M3 out times scale_y, the amax before scale_y. |y| stays
+    below ~10 (0.25 * a sum of 64 standard normal products: sigma 2), so y * scale_y stays inside E4M3's range
+    (whether cuDNN's cast saturates an overflow is not what this checks)."""
     x, w = _fp8(rng, (8, 12, 12, 64)), _fp8(rng, (128, 1, 1, 64))
-    scale_x, scale_w, scale_y = _scalar(0.5), _scalar(0.5), _scalar(448.0 / (0.25 * 3.0 * 8.0))
+    scale_x, scale_w, scale_y = _scalar(0.5), _scalar(0.5), _scalar(28.0)
     attrs = dict(act=act, out_dtype=E4M3, with_amax=True)
     inputs = (x, w, scale_x, scale_w, None, None, scale_y)
     _engine_or_xfail(inputs, attrs)

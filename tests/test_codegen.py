@@ -26,6 +26,7 @@ from graph_executor_v2.codegen.reduction import ReductionGroup
 from graph_executor_v2.codegen.row import ROW_LIMIT, RowGroup
 from graph_executor_v2.ir.types import TensorType
 from graph_executor_v2.ops import OPS, Problem
+from graph_executor_v2.ops import fused as fused_ops
 from graph_executor_v2.ops.fused import FUSED_OPS
 from graph_executor_v2.passes import PassManager, resolve
 from graph_executor_v2.passes.pointwise_fusion import MAX_INPUTS, fuse_pointwise, is_pointwise
@@ -721,9 +722,23 @@ def test_row_kernels_compile_for_warp_and_block_rows_vector_and_scalar(op, dtype
     kernels.append(codegen_candidate.build("row", (), lambda n: _generated_source(
         _row_problem(op, (3, 4096), dtype, prologue=False), n)))
     assert "const float x0 = value;" in kernels[-1].source  # the epilogue's x from the registers
+    # the competing candidate's generated parts: the prologue, and the epilogue reading the row op's output
+    kernels += fused_ops._composite_kernels(_row_problem(op, (3, 4096), dtype))
     source = _one_translation_unit(kernels)
     assert "tanhf" not in source and "erff" in source  # exact GELU
     compiler.compile_cubin(source, f"rows_{op}_{dtype}", 90, f"{op} rows")
+
+
+@needs_nvrtc
+def test_a_plan_precompiles_the_kernels_of_both_row_candidates():
+    problem = _row_problem("rmsnorm", (4, 2048), "bfloat16")
+    compiler.STATS.clear()
+    codegen_candidate.precompile([problem])
+    compiled = {r.kernel for r in compiler.STATS.records}
+    expected = {k.name for k in fused_ops._composite_kernels(problem)}
+    members = RowGroup.from_attrs(problem.attrs).members
+    expected.add(codegen_candidate.build("row", members, lambda n: _generated_source(problem, n)).name)
+    assert compiled == expected and len(expected) == 3
 
 
 @needs_nvrtc

@@ -62,8 +62,6 @@ def generated_candidate(kind: str, members_of_problem: Callable[[Problem], tuple
     """A ``generated`` Candidate: ``why_not(problem)`` says what it cannot run, ``generate(problem, name)`` writes
     the kernel."""
 
-    generator = (kind, members_of_problem, generate)
-
     def supports(problem: Problem) -> str | None:
         unavailable = compiler.availability()
         if unavailable:
@@ -74,25 +72,28 @@ def generated_candidate(kind: str, members_of_problem: Callable[[Problem], tuple
         return generated_launch(kind, members_of_problem(problem), lambda name: generate(problem, name),
                                 arch_of(problem))
 
-    prepare.generator = generator  # what precompile() needs
+    prepare.kernels = lambda problem: [build(kind, members_of_problem(problem), lambda name: generate(problem, name))]
     return Candidate(NAME, priority, description, supports, prepare, any_alignment=True)
 
 
 def precompile(problems) -> None:
     """Compiles the generated kernels of fused nodes' problems on parallel threads (NVRTC releases the GIL) into
-    the disk cache, so that the nodes' prepare, one after the other, find them there. A kernel that fails to compile
-    is left to its node's prepare, which reports it with its group."""
+    the disk cache, so that the nodes' prepare, one after the other, find them there: those of every candidate whose
+    ``prepare.kernels(problem)`` lists the kernels it compiles (the ``generated`` candidates; fused_row's
+    hand-written row kernel with its generated prologue and epilogue). A kernel that fails to compile is left to its
+    node's prepare, which reports it with its group."""
     jobs = {}
     for problem in problems:
-        candidate = next((c for c in OPS[problem.op].candidates if c.name == NAME), None)
-        if candidate is None or candidate.supports(problem) is not None:
-            continue
-        kind, members_of_problem, generate = candidate.prepare.generator
-        try:
-            kernel = build(kind, members_of_problem(problem), lambda name: generate(problem, name))
-        except (ValueError, TypeError):
-            continue
-        jobs.setdefault(kernel.name, (kernel, arch_of(problem)))
+        for candidate in OPS[problem.op].candidates:
+            kernels_of = getattr(candidate.prepare, "kernels", None)
+            if kernels_of is None or candidate.supports(problem) is not None:
+                continue
+            try:
+                kernels = kernels_of(problem)
+            except (ValueError, TypeError):
+                continue
+            for kernel in kernels:
+                jobs.setdefault(kernel.name, (kernel, arch_of(problem)))
     if not jobs:
         return
 

@@ -159,11 +159,43 @@ def _why_not_row(problem: Problem):
 COMPOSITE = "row_kernel_and_pointwise"
 
 
-def _pointwise_part(members, outputs, in_types, arch):
-    """The C launch of ``members`` as a pointwise group (inputs ``in_types``) computing ``outputs``."""
+def _pointwise_part(members, outputs, in_types):
+    """(members, a function writing their pointwise kernel under a name): ``members`` over inputs ``in_types``
+    computing ``outputs``."""
     out_types = tuple(member_types(members, in_types)[i] for i in outputs)
-    return _candidate.generated_launch(
-        "pointwise", members, lambda name: pointwise_source(name, members, outputs, in_types, out_types), arch)
+    return members, lambda name: pointwise_source(name, members, outputs, in_types, out_types)
+
+
+def _composite_parts(problem: Problem):
+    """The generated parts of the composite: (prologue, epilogue), each None or a ``_pointwise_part``; the epilogue
+    reads the group's inputs, then the row op's output, then (with a prologue) the row op's input."""
+    group = _row_group(problem.attrs)
+    members, row, outputs = group.members, group.row, group.outputs
+    in_types = tuple(problem.in_types)
+    types = member_types(members, in_types)
+    kept = row - 1 if row else None
+    prologue = _pointwise_part(members[:row], (kept,), in_types) if kept is not None else None
+    epilogue = None
+    epilogue_outputs = [i for i in outputs if i > row]
+    if epilogue_outputs:
+        count = len(in_types)
+        mapping = {row: ("input", count), kept: ("input", count + 1)}
+
+        def remap(arg):
+            if arg is None or arg[0] != "member":
+                return arg
+            return mapping[arg[1]] if arg[1] <= row else ("member", arg[1] - row - 1)
+
+        epilogue_members = tuple(Member(m.op, m.node, m.attrs, tuple(remap(a) for a in m.args))
+                                 for m in members[row + 1:])
+        epilogue_types = in_types + (types[row],) + ((types[kept],) if kept is not None else ())
+        epilogue = _pointwise_part(epilogue_members, tuple(i - row - 1 for i in epilogue_outputs), epilogue_types)
+    return prologue, epilogue
+
+
+def _composite_kernels(problem: Problem):
+    return [_candidate.build("pointwise", members, generate)
+            for members, generate in filter(None, _composite_parts(problem))]
 
 
 def _composite_plan(problem: Problem):
@@ -187,11 +219,12 @@ def _composite_plan(problem: Problem):
         buffers.append(row_type.numel * _itemsize(types[index].dtype))
         return ("buffer", len(buffers) - 1)
 
+    prologue, epilogue = _composite_parts(problem)
     steps = []
     x_source = ("in", 0)
-    if kept is not None:
+    if prologue is not None:
         x_source = place(kept)
-        steps.append((_pointwise_part(members[:row], (kept,), in_types, arch),
+        steps.append((_candidate.generated_launch("pointwise", *prologue, arch),
                       [("in", k) for k in range(len(in_types))], [x_source]))
     row_member = members[row]
     parameters = row_member.args[1:]
@@ -199,23 +232,12 @@ def _composite_plan(problem: Problem):
                           + tuple(in_types[a[1]] for a in parameters), (row_type,), dict(row_member.attrs),
                           problem.compute_capability)
     choice = selection.choose(selection.rank(OPS[row_member.op], row_problem), row_problem)
-    y_source = place(row) if row + 1 < len(members) or row in outputs else None
+    y_source = place(row)
     steps.append((choice.launch, [x_source] + [("in", a[1]) for a in parameters], [y_source]))
-    epilogue_outputs = [i for i in outputs if i > row]
-    if epilogue_outputs:
-        count = len(in_types)
-        mapping = {row: ("input", count), kept: ("input", count + 1)}
-
-        def remap(arg):
-            if arg is None or arg[0] != "member":
-                return arg
-            return mapping[arg[1]] if arg[1] <= row else ("member", arg[1] - row - 1)
-
-        epilogue = tuple(Member(m.op, m.node, m.attrs, tuple(remap(a) for a in m.args)) for m in members[row + 1:])
-        epilogue_types = in_types + (row_type,) + ((types[kept],) if kept is not None else ())
-        sources = [("in", k) for k in range(count)] + [y_source] + ([x_source] if kept is not None else [])
-        steps.append((_pointwise_part(epilogue, tuple(i - row - 1 for i in epilogue_outputs), epilogue_types, arch),
-                      sources, [("out", outputs.index(i)) for i in epilogue_outputs]))
+    if epilogue is not None:
+        sources = [("in", k) for k in range(len(in_types))] + [y_source] + ([x_source] if kept is not None else [])
+        steps.append((_candidate.generated_launch("pointwise", *epilogue, arch), sources,
+                      [("out", outputs.index(i)) for i in outputs if i > row]))
     return steps, buffers
 
 
@@ -245,6 +267,9 @@ def _prepare_composite(problem: Problem):
             step([address(s) for s in in_sources], [address(s) for s in out_sources], stream)
 
     return launch
+
+
+_prepare_composite.kernels = _composite_kernels  # what codegen.candidate.precompile() compiles ahead
 
 
 def _composite_candidate() -> Candidate:

@@ -24,11 +24,12 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _sweep_module():
+    saved = list(sys.path)  # the sweep's harness puts the source tree first on the path: restore it after
     sys.path.insert(0, str(BENCHMARKS))
     try:
         import sweep_cutlass_gemm
     finally:
-        sys.path.remove(str(BENCHMARKS))
+        sys.path[:] = saved
     return sweep_cutlass_gemm
 
 

@@ -50,22 +50,26 @@ std::vector<KernelInfo> kernel_table() {
            std::to_string(kMaxCudnnHeadDim) + " (<= 128 before sm_90); 16-byte aligned arrays; plans built by "
            "prepare() or the first call (not during CUDA graph capture); auto takes the next candidate when cuDNN "
            "declines a problem (no engine, e.g. seq_q = seq_k = 1 in the backward; an offset view); plan workspace "
-           "<= 256 MiB"},
+           "<= 256 MiB; a window as cuDNN's diagonal band (not with causal where seq_q != seq_k, no left bound where "
+           "seq_q > seq_k, no row left without a visible key); no soft cap"},
       {"flash", 20,
        "FlashAttention-2 on tensor cores (mma.sync m16n8k16, ldmatrix, cp.async double buffering): 64 query rows "
        "per CTA, online softmax in registers; backward per 64 key rows with dQ accumulated in float32 atomics",
-       "head_dim 64 or 128; float16, bfloat16; any seq_q, seq_k; 16-byte aligned arrays"},
+       "head_dim 64 or 128; float16, bfloat16; any seq_q, seq_k, window and soft cap (key tiles outside the window "
+       "are skipped); 16-byte aligned arrays"},
       {"rowwise", 10,
        "a warp per query row (forward, dQ) or key row (dK, dV): online softmax in float32, K/V rows streamed from "
        "L2, no tensor cores, no cuBLAS and no score scratch",
-       "head_dim <= " + std::to_string(kMaxRowwiseHeadDim) + "; any seq_q, seq_k; float32, float16, bfloat16",
+       "head_dim <= " + std::to_string(kMaxRowwiseHeadDim) + "; any seq_q, seq_k, window and soft cap; float32, "
+       "float16, bfloat16",
        false, kAnyAlignment},
       {"unfused", 5,
        "S = scale Q K^T on cuBLASLt (float32 scores), a block per row for mask, softmax and lse, then O = P V on "
        "cuBLASLt, 16-bit P (and dS) as a high and a residual part (two GEMMs per product); backward recomputes P from "
        "lse. Chunks of (batch, K/V head) and query rows bound the scratch in the per-stream workspace. The path that "
        "always works",
-       "none: any head_dim, seq_q, seq_k, dtype and alignment; workspace up to 512 MiB per chunk",
+       "none: any head_dim, seq_q, seq_k, window, soft cap, dtype and alignment (a window's masked scores are "
+       "computed and ignored); workspace up to 512 MiB per chunk",
        kFallback, kAnyAlignment},
   };
 }

@@ -79,6 +79,7 @@ def mlp_rows(torch, rng) -> list[dict]:
 
 
 RUN = "GE2 run() (copies in and out: memcpy nodes of the graph)"
+REPLAY = "GE2 Plan.replay() (zero copy)"
 
 
 def assert_one_launch(plan) -> None:
@@ -86,7 +87,6 @@ def assert_one_launch(plan) -> None:
     assert plan.cuda_graph is not None, plan.capture
     assert plan.copying_graphs and not any(isinstance(c, str) for c in plan.copying_graphs.values()), \
         plan.copying_graphs
-REPLAY = "GE2 Plan.replay() (zero copy)"
 
 
 def variant_rows(torch, case, eager, x, graph, executor, plan, feeds, out, loop, eager_target=None) -> list[dict]:

@@ -3,7 +3,7 @@
 
 On the CPU, a fake runtime plays CUDA with host memory: its "graph" performs the copies with ``ctypes.memmove``
 around a body that computes the plan's outputs from its input slots, so staging, address changes and refusals are
-tested here. The GPU tests check the real graphs: numbers against float64 NumPy over many runs with fresh inputs,
+tested here, and ExecutorV2.run's path for a captured plan runs on a CPU plan given that fake graph. The GPU tests check the real graphs: numbers against float64 NumPy over many runs with fresh inputs,
 every kind of feed and result, addresses that change between runs, and what explain() says.
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 
 import graph_executor_v2 as ge2
 from graph_executor_v2.runtime.backends.cuda import CopyingGraph
+from graph_executor_v2.runtime.backends.reference import ReferenceBackend
 from graph_executor_v2.testing import assert_close, mlp, random_array
 
 SIZES = (128, 256, 11)
@@ -60,7 +61,11 @@ class FakeLaunchedGraph:
 
 class FakeCapturedGraph:
     def __init__(self, body):
-        self.body, self.refuse, self.built = body, False, []
+        self.body, self.refuse, self.built, self.replays = body, False, [], 0
+
+    def replay(self, stream):  # the plan alone (Plan.replay, or a run that copies outside the graph)
+        self.replays += 1
+        self.body()
 
     def with_copies(self, before, after):
         self.built.append(FakeLaunchedGraph(before, after, self.body, self.refuse))
@@ -135,6 +140,51 @@ def test_a_refused_address_launches_nothing(doubling_plan, rng):
     assert not copying.launch([other.ctypes.data, 0], [None], stream=0)
     assert graph.built[0].replays == 1
     np.testing.assert_array_equal(copying.host_result(0, None, "out['y']"), 2 * x)
+
+
+class HostCopyingBackend(ReferenceBackend):
+    """The CPU backend with CUDA's face for a captured plan's run(): its CopyingGraph on the fake runtime."""
+
+    asynchronous = True
+
+    def copying_graph(self, graph, input_slots, output_slots, host_inputs, host_outputs):
+        return CopyingGraph(fake_runtime(), graph, [slot_of(s) for s in input_slots],
+                            [slot_of(s) for s in output_slots], host_inputs, host_outputs)
+
+
+def test_executor_run_of_a_captured_plan_is_one_launch_of_its_copying_graph(rng):
+    """ExecutorV2.run's path for a captured plan, driven on the CPU: the fake graph runs the plan's steps between
+    its copies; host feeds and results, new arrays and out=, against float64 NumPy."""
+    g, reference = mlp(rng, SIZES, "float32", "relu", batch=16)
+    executor = ge2.ExecutorV2(g, device="cpu")
+    plan = executor.plans[0]
+
+    def body():
+        for step in plan.steps:
+            step.launch(step.ins, step.outs, None)
+
+    executor._backend = HostCopyingBackend()
+    plan.cuda_graph = FakeCapturedGraph(body)
+    results, out = [], np.full((16, SIZES[-1]), np.nan, np.float32)
+    for step in range(4):
+        x = random_array(rng, (16, SIZES[0]), "float32")
+        if step % 2:
+            assert executor.run({"x": x}, out={"y": out})["y"] is out
+            results.append((x, out.copy()))
+        else:
+            results.append((x, executor.run({"x": x})["y"]))
+    for x, y in results:
+        assert_close(y, reference(x), "float32", max(SIZES))
+    ((kind, copying),) = plan.copying_graphs.items()
+    assert kind == ((True,), (True,))
+    assert len(plan.cuda_graph.built) == 1 and copying.launched.replays == 4
+    assert "run(): 1 host / 0 device feed(s), 1 host / 0 device result(s): one launch" in executor.explain()
+    assert plan.cuda_graph.replays == 0
+    plan.copying_graphs[kind] = "copies outside the graph (refused)"  # that kind of run then copies outside it
+    x = random_array(rng, (16, SIZES[0]), "float32")
+    assert_close(executor.run({"x": x})["y"], reference(x), "float32", max(SIZES))
+    assert plan.cuda_graph.replays == 1 and copying.launched.replays == 4
+    assert "1 host / 0 device result(s): copies outside the graph (refused)" in executor.explain()
 
 
 # --- the GPU: real graphs ------------------------------------------------------------------------------------------

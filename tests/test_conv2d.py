@@ -562,6 +562,30 @@ def test_cudnn_graph_declines_at_ranking_where_cudnn_has_no_engine(monkeypatch):
     assert native.prepared == [("cudnn_graph", 1), ("cudnn_graph", 16), ("cudnn_graph", 4)]
 
 
+@pytest.mark.gpu
+def test_depthwise_and_narrow_16bit_convolutions_run_without_a_fallback(rng):
+    """EfficientNet's and ConvNeXt's float16 convolutions outside cuDNN's runtime fusion (a depthwise 7x7 and 3x3
+    with bias and SiLU, a 1x1 expansion from 4 channels), NHWC as the layout pass makes them: the executor chooses a
+    kernel for each without a failed prepare (cudnn_graph declines at ranking where cuDNN has no engine), and the
+    numbers match float64."""
+    g = ge2.ir.Graph("depthwise")
+    x = g.input("x", (2, 14, 14, 32), "float16")
+    depthwise7 = g.conv2d(x, g.param("w7", random_array(rng, (32, 7, 7, 1), "float16", 0.2)),
+                          g.param("b7", random_array(rng, (32,), "float16", 0.1)), padding=3, groups=32, layout="NHWC")
+    depthwise3 = g.conv2d(depthwise7, g.param("w3", random_array(rng, (32, 3, 3, 1), "float16", 0.3)),
+                          g.param("b3", random_array(rng, (32,), "float16", 0.1)), padding=1, groups=32,
+                          act="silu", layout="NHWC")
+    squeezed = g.conv2d(depthwise3, g.param("ws", random_array(rng, (4, 1, 1, 32), "float16", 0.2)), layout="NHWC")
+    g.output(g.conv2d(squeezed, g.param("we", random_array(rng, (32, 1, 1, 4), "float16", 0.4)),
+                      g.param("be", random_array(rng, (32,), "float16", 0.1)), act="silu", layout="NHWC"), "y")
+    feeds = {"x": random_array(rng, (2, 14, 14, 32), "float16")}
+    executor = ge2.ExecutorV2(g, device="cuda")
+    got = executor.run(feeds)["y"]
+    assert executor.fallbacks == [], executor.explain()
+    expected = ge2.ExecutorV2(g, device="cpu", passes=[]).run(feeds)["y"]
+    assert_close(got, expected.astype(np.float64), "float16", reduction_length=49, what=executor.explain())
+
+
 def _first_or_no_engine(ranking) -> bool:
     """cudnn_graph ranked first, or declined because cuDNN itself has no engine for the problem (asked at ranking
     on a GPU): either way no other reason keeps it out."""

@@ -143,7 +143,7 @@ class RowGroup:
 
         reread = [k for k in epilogue_inputs if k or row_index]  # input 0 without a prologue is in registers
         streamed = sorted({k for k in prologue_inputs + reread if full[k]})
-        parameter_inputs = sorted({a[1] for a in parameter_args if a[0] == "input"} - set(streamed))  # read as packs when aligned
+        parameter_inputs = sorted({a[1] for a in parameter_args if a[0] == "input"})  # packs at col0 when aligned
         full_sizes = [itemsize(in_types[k].dtype) for k in streamed + parameter_inputs]
         full_sizes += [itemsize(t.dtype) for t in out_types]
         vector = PACK_BYTES // min(full_sizes)
@@ -385,7 +385,8 @@ __device__ __forceinline__ float {name}_row_max(float value, float* partial) {{
             row_loop = f"for (index_t row = blockIdx.x; row < {rows}{suffix}; row += gridDim.x) {{"
             shared = f"__shared__ float partial[{warps}];"
 
-        aligned_pointers = [f"in{k}" for k in streamed + parameter_inputs] + [f"out{k}" for k in range(len(out_types))]
+        aligned_pointers = [f"in{k}" for k in sorted(set(streamed + parameter_inputs))]
+        aligned_pointers += [f"out{k}" for k in range(len(out_types))]
         vectorized = ("(" + " | ".join(f"reinterpret_cast<unsigned long long>({p})" for p in aligned_pointers)
                       + ") % 16ull == 0") if vector > 1 else "false"
         parameters = [f"const {elements.storage_type(t.dtype)}* __restrict__ in{k}" for k, t in enumerate(in_types)]

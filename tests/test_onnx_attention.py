@@ -200,7 +200,8 @@ def test_where_on_hidden_keys_from_an_input_becomes_a_keep_mask_bias(rng):
 @pytest.mark.parametrize("device", DEVICES)
 def test_sdpa_decomposition_with_a_reshaped_key_transpose(rng, device, batch):
     """K^T as torchlib writes it: Reshape(k, [-1, s, d]) -> Transpose (0, 2, 1) -> Reshape to Shape(k)[:2] + [d, s];
-    the probabilities pass a Dropout whose mask output is named but unread."""
+    the probabilities' NaN rows (keys all hidden) are zeroed by Where(IsNaN(p), 0, p), then pass a Dropout whose mask
+    output is named but unread."""
     seq = 5
     root_scale = np.sqrt(0.3)
     causal = np.where(np.tril(np.ones((seq, seq), bool)), 0.0, LOWEST).astype(np.float32)
@@ -215,11 +216,14 @@ def test_sdpa_decomposition_with_a_reshaped_key_transpose(rng, device, batch):
              helper.make_node("MatMul", ["q_scaled", "kt_scaled"], ["scores"]),
              helper.make_node("Add", ["scores", "causal"], ["logits"]),
              helper.make_node("Softmax", ["logits"], ["probabilities"], axis=-1),
-             helper.make_node("Dropout", ["probabilities", "ratio"], ["kept", "dropout_mask"]),
+             helper.make_node("IsNaN", ["probabilities"], ["nan_rows"]),
+             helper.make_node("Where", ["nan_rows", "zero_float", "probabilities"], ["zeroed"]),
+             helper.make_node("Dropout", ["zeroed", "ratio"], ["kept", "dropout_mask"]),
              helper.make_node("MatMul", ["kept", "v"], ["y"])]
     shape = [batch, HEADS, seq, DIM]
     model = _model(nodes, [helper.make_tensor_value_info(n, FLOAT, shape) for n in "qkv"],
                    [_array("root_scale", root_scale), _array("causal", causal), _array("ratio", 0.0),
+                    _array("zero_float", [0.0]),
                     _array("zero", [0], np.int64), _array("two", [2], np.int64),
                     _array("dim_seq", [DIM, seq], np.int64), _array("flat_shape", [-1, seq, DIM], np.int64)])
     loaded = onnx_frontend.load(model)

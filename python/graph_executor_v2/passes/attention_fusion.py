@@ -8,7 +8,8 @@ scaled_dot_product_attention; each intermediate read by the next node only)::
     logits = scores [* c or / c]                         [batch, seq, heads, dim] k; or the dynamo exporter's
              [+ mask, or where(hidden, -inf, .),         reshape(transpose(reshape(k, [b * h, s, d]), (0, 2, 1)))
               or where(keep, ., -inf)]               a, b, c: one-element parameters; mask: any additive tensor
-    y      = matmul([cast, dropout p=0] softmax([cast] logits, axis=-1), v)    (T5's relative position bias, padding)
+    p      = [cast, dropout p=0, where(isnan(.), 0, .)] softmax([cast] logits, axis=-1)
+    y      = matmul(p, v)                                       (T5's relative position bias, BERT's padding mask)
   ->
     y = attention(q, k, v, bias, scale=a * b * c)
 
@@ -218,13 +219,26 @@ class _Match:
         self.graph, self.users, self.constants, self.root = graph, users, constants, root
         self.nodes: list[Node] = [root]
 
-    def sole(self, value: Value | None, ops: tuple) -> Node | None:
-        """The producer of ``value`` when it is one of ``ops`` and ``value`` feeds one node and is no graph output."""
+    def sole(self, value: Value | None, ops: tuple, readers: int = 1) -> Node | None:
+        """The producer of ``value`` when it is one of ``ops`` and ``value`` feeds ``readers`` nodes (those of the
+        pattern) and is no graph output."""
         node = None if value is None else value.producer
-        if (node is None or node.op not in ops or len(node.outputs) != 1 or len(self.users.get(value, ())) != 1
-                or self.graph.is_output(value) or node.device != self.root.device):
+        if (node is None or node.op not in ops or len(node.outputs) != 1
+                or len(self.users.get(value, ())) != readers or self.graph.is_output(value)
+                or node.device != self.root.device):
             return None
         return node
+
+    def nan_rows_zeroed(self, node: Node) -> Value | None:
+        """p for ``node`` = where(isnan(p), 0, p): torchlib's scaled_dot_product_attention zeroes the rows of a
+        softmax over keys that are all hidden, as the attention op does (y = 0 for a row with no visible key)."""
+        condition, zero, kept = node.inputs
+        test = self.sole(condition, ("isnan",))
+        fill = self.constants.value(zero)
+        if test is None or test.inputs[0] is not kept or fill is None or np.any(fill):
+            return None
+        self.take(test)
+        return kept
 
     def take(self, node: Node) -> Node:
         self.nodes.append(node)
@@ -299,11 +313,17 @@ def _attention_4d(graph: Graph, users: dict, constants: _Constants, root: Node) 
     probs, v = root.inputs
     if v.type.rank != 4 or probs.type.rank != 4 or v.type.dtype not in FLOAT_DTYPES:
         return None
-    node = match.sole(probs, ("cast", "dropout", "softmax"))
-    while node is not None and node.op != "softmax":  # a softmax in float32 cast back to v's dtype; dropout p = 0
+    between = ("cast", "dropout", "where", "softmax")
+    node = match.sole(probs, between)
+    while node is not None and node.op != "softmax":  # softmax in float32 cast back; dropout p = 0; NaN rows zeroed
+        match.take(node)
         if node.op == "dropout" and node.attrs["p"] != 0.0:
             return None
-        node = match.sole(match.take(node).inputs[0], ("cast", "dropout", "softmax"))
+        if node.op == "where":
+            kept = match.nan_rows_zeroed(node)
+            node = None if kept is None else match.sole(kept, between, readers=2)  # read by isnan and where
+        else:
+            node = match.sole(node.inputs[0], between)
     if node is None or node.attrs["axis"] % 4 != 3:
         return None
     logits = match.take(node).inputs[0]

@@ -240,7 +240,10 @@ def test_sdpa_decomposition_with_a_reshaped_key_transpose(rng, device, batch):
 
 # --- Llama: repeat_kv (reshape(expand(reshape))) read as grouped-query attention ---------------------------------
 @pytest.mark.parametrize("device", DEVICES)
-def test_repeat_kv_becomes_grouped_query_attention(rng, device):
+@pytest.mark.parametrize("key_form", ["transpose", "dynamo"])
+def test_repeat_kv_becomes_grouped_query_attention(rng, device, key_form):
+    """K^T a Transpose of the repeated K, or as the dynamo exporter writes Llama: Reshape(Transpose(Reshape(expanded
+    K [b, h_kv, n, s, d], [b * h, s, d]), (0, 2, 1)), [b, h, d, s]), its causal mask expanded over the batch."""
     batch, seq, kv_heads, groups = 2, 5, 2, 3
     heads = kv_heads * groups
     causal = np.where(np.tril(np.ones((seq, seq), bool)), 0.0, -np.inf).astype(np.float32)
@@ -249,8 +252,15 @@ def test_repeat_kv_becomes_grouped_query_attention(rng, device):
         nodes += [helper.make_node("Unsqueeze", [n, "axis_2"], [f"{n}5"]),
                   helper.make_node("Expand", [f"{n}5", "expanded_shape"], [f"{n}_expanded"]),
                   helper.make_node("Reshape", [f"{n}_expanded", "repeated_shape"], [f"{n}_repeated"])]
-    nodes += [helper.make_node("Transpose", ["k_repeated"], ["kt"], perm=[0, 1, 3, 2]),
-              helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+    if key_form == "transpose":
+        nodes.append(helper.make_node("Transpose", ["k_repeated"], ["kt"], perm=[0, 1, 3, 2]))
+    else:
+        nodes = [node for node in nodes if node.output[0] != "k_repeated"]
+        nodes += [helper.make_node("Reshape", ["k_expanded", "flat_shape"], ["k_flat"]),
+                  helper.make_node("Transpose", ["k_flat"], ["kt_flat"], perm=[0, 2, 1]),
+                  helper.make_node("Reshape", ["kt_flat", "kt_shape"], ["kt"])]
+        causal = np.broadcast_to(causal, (batch, 1, seq, seq)).copy()
+    nodes += [helper.make_node("MatMul", ["q", "kt"], ["scores"]),
               helper.make_node("Mul", ["scores", "scale"], ["scaled"]),
               helper.make_node("Add", ["scaled", "causal"], ["logits"]),
               helper.make_node("Softmax", ["logits"], ["probabilities"], axis=-1),
@@ -260,7 +270,8 @@ def test_repeat_kv_becomes_grouped_query_attention(rng, device):
     model = _model(nodes, inputs, [_array("axis_2", [2], np.int64), _array("scale", 1 / np.sqrt(DIM)),
                                    _array("expanded_shape", [batch, kv_heads, groups, seq, DIM], np.int64),
                                    _array("repeated_shape", [batch, heads, seq, DIM], np.int64),
-                                   _array("causal", causal)])
+                                   _array("flat_shape", [batch * heads, seq, DIM], np.int64),
+                                   _array("kt_shape", [batch, heads, DIM, seq], np.int64), _array("causal", causal)])
     loaded = onnx_frontend.load(model)
     assert loaded.op_counts() == {"attention": 1}
     node = _attention_node(loaded)

@@ -62,6 +62,15 @@ def is_causal_bias(data: np.ndarray, seq_q, seq_k) -> bool:
     return bool((data[visible] == 0).all() and (np.isneginf(hidden) | (hidden <= np.finfo(data.dtype).min / 2)).all())
 
 
+def _one_square(data: np.ndarray) -> np.ndarray | None:
+    """The [seq_q, seq_k] matrix of a constant bias [..., seq_q, seq_k] that repeats it over every leading dim (an
+    exporter's causal mask expanded over the batch), else None."""
+    if data.ndim < 2:
+        return None
+    square = data.reshape((-1,) + data.shape[-2:])
+    return square[0] if (square == square[:1]).all() else None
+
+
 def _is_causal_mask(mask: Value, seq_q, seq_k) -> bool:
     return mask.is_param and is_causal_bias(mask.data, seq_q, seq_k)
 
@@ -204,7 +213,7 @@ def simplify_attention(graph: Graph) -> list[str]:
         if not np.any(data):
             node.inputs[3] = None
             notes.append(f"{node.name}: zero bias dropped")
-        elif data.shape[:2] == (1, 1) and is_causal_bias(data.reshape(data.shape[2:]), seq_q, seq_k):
+        elif (square := _one_square(data)) is not None and is_causal_bias(square, seq_q, seq_k):
             node.inputs[3] = None
             node.attrs["causal"] = True
             notes.append(f"{node.name}: causal bias -> causal=True")
@@ -275,7 +284,9 @@ class _Match:
 
     def key(self, kt: Value) -> tuple[Value, str] | None:
         """(k, its layout) for ``kt`` = k^T: transpose(k, (0, 1, 3, 2)) of a "bhsd" k, transpose(k, (0, 2, 3, 1)) of
-        a "bshd" one, or reshape(transpose(reshape(k, [b * h, s, d]), (0, 2, 1)), [b, h, d, s])."""
+        a "bshd" one, or reshape(transpose(reshape(k, [b * h, s, d]), (0, 2, 1)), [b, h, d, s]) (k of any shape with
+        those elements: the exporter merges repeat_kv's reshape of [b, h_kv, n, s, d] into the first one; k is then
+        reshaped to [b, h, s, d], where the grouped-query simplification finds repeat_kv again)."""
         node = self.sole(kt, ("transpose", "reshape"))
         if node is None:
             return None
@@ -286,16 +297,18 @@ class _Match:
         if inner is None or tuple(a % 3 for a in inner.attrs["perm"]) != (0, 2, 1):
             return None
         flatten = self.sole(inner.inputs[0], ("reshape",))
-        if flatten is None or flatten.inputs[0].type.rank != 4:
+        if flatten is None or kt.type.rank != 4:
             return None
-        key = flatten.inputs[0]
-        batch, heads, seq, dim = key.type.shape
-        shapes = [tuple(x.type.shape) for x in (inner.inputs[0], node.inputs[0], kt)]
+        batch, heads, dim, seq = kt.type.shape
+        shapes = [tuple(x.type.shape) for x in (inner.inputs[0], node.inputs[0])]
         bh = dims.product(batch, heads)
-        if shapes != [(bh, seq, dim), (bh, dim, seq), (batch, heads, dim, seq)]:
+        if shapes != [(bh, seq, dim), (bh, dim, seq)]:
             return None
         for taken in (node, inner, flatten):
             self.take(taken)
+        key = flatten.inputs[0]
+        if tuple(key.type.shape) != (batch, heads, seq, dim):
+            key = self.graph.reshape(key, shape=(batch, heads, seq, dim))
         return key, "bhsd"
 
 
@@ -374,7 +387,7 @@ def _attention_4d(graph: Graph, users: dict, constants: _Constants, root: Node) 
             np.where(data, 0.0, -np.inf) if data.dtype == bool else data.astype(np.float64))
         if bias_data.ndim > 4:
             return None
-        square = bias_data.reshape(bias_data.shape[-2:]) if all(d == 1 for d in bias_data.shape[:-2]) else None
+        square = _one_square(bias_data)
         if not np.any(bias_data):
             mask, bias_data = None, None
         elif square is not None and is_causal_bias(square.astype(to_numpy(q.type.dtype)), seq_q, seq_k):

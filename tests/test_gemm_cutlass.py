@@ -5,6 +5,7 @@ declines (with the reason). On a CPU machine: kernels() says whether it was buil
 the sweep that writes it agree."""
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import re
 import sys
@@ -24,13 +25,16 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _sweep_module():
-    saved = list(sys.path)  # the sweep's harness puts the source tree first on the path: restore it after
+    """benchmarks/sweep_cutlass_gemm.py, loaded from its file (benchmarks are scripts, not an installed package)."""
+    saved = list(sys.path)  # the sweep imports its harness from benchmarks/, which puts the source tree first
     sys.path.insert(0, str(BENCHMARKS))
     try:
-        import sweep_cutlass_gemm
+        spec = importlib.util.spec_from_file_location("sweep_cutlass_gemm", BENCHMARKS / "sweep_cutlass_gemm.py")
+        sweep = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sweep)
     finally:
         sys.path[:] = saved
-    return sweep_cutlass_gemm
+    return sweep
 
 
 def _header_config_names() -> dict[str, str]:

@@ -254,8 +254,8 @@ def add_parser(commands) -> None:
     parser.add_argument("--jobs", type=int, default=1,
                         help="models run at a time, each in its own worker process (default: 1); the slow ones first")
     parser.add_argument("--deadline", type=float,
-                        help="seconds for the whole run: a model's time limit shrinks to what is left, a model not "
-                             f"started with {MINIMUM_START_S} s left is reported as not started; the table is "
-                             "written after every model")
+                        help="seconds for the whole run (default: none): a model's time limit shrinks to what is "
+                             f"left, a model not started with {MINIMUM_START_S} s left is reported as not started; the "
+                             "table is written after every model either way")
     parser.add_argument("--out", default="benchmarks/results/zoo.md", help="the markdown file (JSON next to it)")
     parser.set_defaults(handler=main)

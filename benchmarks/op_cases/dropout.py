@@ -40,7 +40,7 @@ def cases(torch):
     dy[dy == 0] = 1
     dx = torch.empty_like(x)
     native_backward = dp._native_module().backward
-    kernel = dp.backward_kernel("auto", 0, not (dy.data_ptr() | dx.data_ptr()) % 16, "float16")
+    kernel = dp.kernel_for("auto", 0, not (dy.data_ptr() | dx.data_ptr()) % 16, "float16")
 
     def backward():
         native_backward(dy.data_ptr(), dx.data_ptr(), COUNT, "float16", P, SEED, 0, kernel, 0)

@@ -133,9 +133,9 @@ def reference_backward(dy, p, seed, offset=0) -> np.ndarray:
 # Python face: generated (ops/_face.py); forward is one candidate launch (``out=x`` runs in place), backward
 # regenerates the mask here.
 # ---------------------------------------------------------------------------------------------------------------
-def backward_kernel(requested: str, offset: int, aligned: bool, dtype: str) -> str:
-    """The kernel of a native backward call: ``requested``, or for "auto" the selector's choice (``aligned``: dy and
-    dx 16-byte aligned)."""
+def kernel_for(requested: str, offset: int, aligned: bool, dtype: str) -> str:
+    """The kernel of a native forward or backward call: ``requested``, or for "auto" the selector's choice
+    (``aligned``: both arrays 16-byte aligned)."""
     native = _native_module()
     return selection.table_kernel("_ops_dropout", requested,
                                   lambda name: native.unsupported_reason(name, offset, aligned), dtype)
@@ -150,7 +150,7 @@ def _backward(dy, inputs, attrs, kernel, out, stream):
                              view.device)
     if vdx.ptr != view.ptr:  # in place is fine (each element is read and written by one thread); partial overlap not
         _layout.check_no_overlap(vdx, "out[0]", view, "dy")
-    kernel = backward_kernel(kernel, attrs["offset"], not (view.ptr | vdx.ptr) % 16, view.dtype)
+    kernel = kernel_for(kernel, attrs["offset"], not (view.ptr | vdx.ptr) % 16, view.dtype)
     _native_module().backward(view.ptr, vdx.ptr, _layout.numel(view.shape), view.dtype, attrs["p"], attrs["seed"],
                               attrs["offset"], kernel, _device.stream_handle(stream))
     return (dx,)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs each tests/test_*.py in its own pytest process (GE2_TEST_JOBS at a time, default 6), GPU tests required, so a
 # crash in one file cannot hide the results of the others; then the exclusive_gpu tests (they read device-wide free
-# memory) alone. The longest files (GE2_SHARDED_FILES, default test_attention and test_conv_epilogue) are split
-# into GE2_SHARDS (default 3) processes, round-robin over their collected tests (GE2_SHARD, tests/conftest.py),
-# so no one file sets the wall time.
+# memory) alone. The longest files (GE2_SHARDED_FILES, default test_attention, test_attention_window and
+# test_conv_epilogue) are split into GE2_SHARDS (default 3) processes, round-robin over their collected tests
+# (GE2_SHARD, tests/conftest.py), so no one file sets the wall time.
 # GE2_TEST_FILES narrows the run to some files (a re-check after fixes).
 # Usage: scripts/gpu_test_files.sh OUT_DIR [pytest args...]
 set -uo pipefail
@@ -12,7 +12,7 @@ shift
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT/files"
 export PYTHONPATH=$PWD/python GE2_REQUIRE_GPU=1 PYTHONUNBUFFERED=1 PYTEST_ARGS="$*" OUT
-sharded=" ${GE2_SHARDED_FILES:-tests/test_attention.py tests/test_conv_epilogue.py} "
+sharded=" ${GE2_SHARDED_FILES:-tests/test_attention.py tests/test_attention_window.py tests/test_conv_epilogue.py} "
 shards=${GE2_SHARDS:-3}
 
 # One job per line: "<log name> <test file> [<shard>/<shards>]" (a sharded file runs as GE2_SHARD=i/n, see conftest).

@@ -14,6 +14,7 @@ from graph_executor_v2 import selection
 from graph_executor_v2.ir import Graph, TensorType
 from graph_executor_v2.ops import attention
 from graph_executor_v2.testing import assert_close, random_array
+from attention_checks import reference_backward_from_stored_y
 from row_norm_checks import numeric_gradient
 
 DTYPES = ("float16", "bfloat16")
@@ -471,9 +472,10 @@ def _check_backward(q, k, v, dy, causal, layout, kernel, poisoned, dtype, scale=
     outs = tuple(poisoned(x.shape, dtype) for x in (q, k, v))
     grads = attention.backward(*(runtime.DeviceArray.from_numpy(x) for x in (dy, q, k, v)), causal=causal,
                                scale=scale, layout=layout, kernel=kernel, out=outs, y=y, lse=lse)
-    expected = attention.reference_backward(dy, q, k, v, causal=causal, scale=scale, layout=layout)
-    # Softmax weights sum to one, so the error does not grow with the length: D_i = dy_i . y_i (from the rounded y)
-    # is the largest source, a head_dim-long dot product.
+    # D_i = dy_i . y_i from the stored y, as the kernels take it (attention_checks.py).
+    expected = reference_backward_from_stored_y(dy, q, k, v, y.numpy(), causal=causal, scale=scale, layout=layout)
+    # Softmax weights sum to one, so the error does not grow with the length: D_i, a head_dim-long dot product, is
+    # the largest source.
     head_dim = q.shape[-1]
     for name, got, want in zip("qkv", grads, expected):
         assert_close(got.numpy(), want, dtype, reduction_length=head_dim, what=f"d{name}")

@@ -16,6 +16,7 @@ from graph_executor_v2 import autograd
 from graph_executor_v2.ir import Graph, TensorType
 from graph_executor_v2.ops import attention
 from graph_executor_v2.testing import assert_close, random_array
+from attention_checks import reference_backward_from_stored_y
 from row_norm_checks import numeric_gradient
 
 KERNELS = ("cudnn", "flash", "rowwise", "unfused")
@@ -289,7 +290,7 @@ def _check(rng, poisoned, kernel, dtype, heads_q, heads_kv, seq_q, seq_k, head_d
     outs = tuple(poisoned(x.shape, dtype) for x in (q, k, v))
     with _cudnn_may_decline(kernel):
         grads = attention.backward(device[3], *device[:3], **attrs, kernel=kernel, out=outs, y=y, lse=lse)
-    for name, got, want in zip("qkv", grads, attention.reference_backward(dy, q, k, v, **attrs)):
+    for name, got, want in zip("qkv", grads, reference_backward_from_stored_y(dy, q, k, v, y.numpy(), **attrs)):
         assert_close(got.numpy(), want, dtype, reduction_length=head_dim, what=f"d{name}")
 
 
@@ -348,5 +349,29 @@ def test_auto_runs_windows_and_softcap(rng, poisoned, dtype):
         assert_close(y, expected_y, dtype, what="y")
         assert_close(lse, expected_lse, "float32", reduction_length=64, what="lse")
         grads = attention.backward_numpy(dy, q, k, v, **attrs)
-        for name, got, want in zip("qkv", grads, attention.reference_backward(dy, q, k, v, **attrs)):
+        for name, got, want in zip("qkv", grads, reference_backward_from_stored_y(dy, q, k, v, y, **attrs)):
             assert_close(got, want, dtype, reduction_length=64, what=f"d{name}")
+
+
+@pytest.mark.parametrize("attrs", (dict(causal=True, scale=0.4), dict(window=(3, 1), softcap=2.0)))
+def test_stored_y_reference_is_the_kernels_computation(rng, attrs):
+    """The GPU tests' backward reference takes D_i = dy_i . y_i from the stored (rounded) y, as the kernels do: with
+    the exact y it is reference_backward, with a rounded one it is the kernels' formula evaluated in float64."""
+    q, k, v, dy = (x.astype(np.float64) for x in _problem(rng, 1, 4, 2, 6, 9, 8, "float32"))
+    y, _ = attention.reference(q, k, v, **attrs)
+    for got, want in zip(reference_backward_from_stored_y(dy, q, k, v, y, **attrs),
+                         attention.reference_backward(dy, q, k, v, **attrs)):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    stored = y.astype(np.float16).astype(np.float64)
+    scale = attrs.get("scale", 1 / math.sqrt(8))
+    q64, k64 = q, np.repeat(k, 2, axis=1)  # two query heads per K/V head
+    p, _, capped = attention._probabilities(q64, k64, attrs.get("causal", False), scale, None,
+                                            attrs.get("window", (-1, -1)), attrs.get("softcap", 0.0))
+    ds = p * (dy @ np.repeat(v, 2, axis=1).transpose(0, 1, 3, 2) - (dy * stored).sum(axis=-1, keepdims=True))
+    if capped is not None:
+        ds = ds * (1 - capped * capped)
+    dq = scale * ds @ k64
+    dk = (scale * ds.transpose(0, 1, 3, 2) @ q64).reshape(1, 2, 2, 9, 8).sum(axis=2)
+    got_dq, got_dk, _ = reference_backward_from_stored_y(dy, q, k, v, stored, **attrs)
+    np.testing.assert_allclose(got_dq, dq, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got_dk, dk, rtol=1e-10, atol=1e-12)

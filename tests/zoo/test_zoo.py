@@ -20,6 +20,11 @@ def test_relative_error_counts_nan_and_shape_mismatch_as_infinite():
     assert worker.relative_error(reference[:1], reference) == math.inf
     assert worker.matches(3.9e-5, 1e-5, "float32") and not worker.matches(6e-5, 1e-5, "float32")
     assert worker.matches(1.7e-3, 2e-4, "float16") and not worker.matches(1.9e-3, 2e-4, "float16")
+    # PyTorch's own error not finite or about 1 (the model overflows in float16): no comparison, never a match
+    for overflowed in (math.inf, math.nan, 1.0):
+        assert not worker.matches(overflowed, overflowed, "float16")
+        assert worker.no_comparison(overflowed, "float16").startswith("no comparison: PyTorch's own float16 error")
+    assert worker.no_comparison(0.3, "float16") is None
 
 
 def test_the_issue_lists_every_model():
@@ -165,6 +170,19 @@ def test_models_run_in_parallel_slow_ones_first_within_the_deadline(monkeypatch)
     assert all(0.5 < limit <= 0.7 and source == " (what the zoo's --deadline left)" for limit, source in
                limits.values())
     assert len(snapshots) == 3 and snapshots[-1] == models
+
+
+def test_sized_inputs_are_contiguous_at_the_new_batch_and_sequence():
+    """The two-sizes check feeds its inputs to GE2 as they are: contiguous, the batch rows repeated from the first,
+    token inputs cut (or repeated) to the sequence, other inputs at their own size."""
+    torch = pytest.importorskip("torch", reason="the zoo's inputs are torch tensors")
+    ids = torch.arange(32).reshape(2, 16)
+    pixels = torch.randn(2, 3, 4, 4)
+    sized_ids, sized_pixels = worker.sized_inputs(torch, (ids, pixels), 3, 14)
+    assert sized_ids.is_contiguous() and sized_pixels.is_contiguous()
+    assert torch.equal(sized_ids, torch.cat([ids, ids[:1]])[:, :14])
+    assert torch.equal(sized_pixels, torch.cat([pixels, pixels[:1]]))
+    assert torch.equal(worker.sized_inputs(torch, (ids,), 2, 20)[0][:, 16:], ids[:, :4])
 
 
 # --- real models on the GPU machine -----------------------------------------------------------------------------

@@ -42,6 +42,20 @@ def _wrapped(torch, model, names: tuple[str, ...]):
     return FirstTensor().eval()
 
 
+def _calibrate_batch_norms(torch, model, images) -> None:
+    """BatchNorm running statistics measured on a batch of ``images`` (one forward with only the batch norms in
+    train mode and a cumulative average): with the initial ones (mean 0, variance 1) a random-weight network's
+    activations grow layer after layer and overflow float16, and PyTorch's own error then reads inf or 1."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None
+        norm.train()
+    with torch.no_grad():
+        model(images)
+    model.eval()
+
+
 def _torchvision(name: str, size: int = 224, **kwargs):
     def build(torch):
         import torchvision
@@ -57,6 +71,7 @@ def _torchvision(name: str, size: int = 224, **kwargs):
                 if parameter.dim() >= 2 and not parameter.any():
                     torch.nn.init.normal_(parameter, std=0.02)
         image = torch.randn(BATCH, 3, size, size)
+        _calibrate_batch_norms(torch, model, torch.randn(BATCH, 3, size, size))
         return _wrapped(torch, model, ("x",)), (image,)
 
     return build

@@ -17,13 +17,13 @@ EXPECTED = {"default": (True, False), "highest": (False, False), "high": (True, 
 
 def _conv_then_linear(rng, dtype="float32"):
     g = Graph("conv_linear")
-    x = g.input("x", (2, 3, 6, 6), dtype)
-    h = g.relu(g.conv2d(x, g.param("w", random_array(rng, (4, 3, 3, 3), dtype, 0.3)),
+    x = g.input("x", (2, 8, 6, 6), dtype)
+    h = g.relu(g.conv2d(x, g.param("w", random_array(rng, (4, 8, 3, 3), dtype, 0.3)),
                         g.param("b", random_array(rng, (4,), dtype)), padding=1))
     flat = g.reshape(g.global_avg_pool(h), shape=(2, 4))
     g.output(g.add(g.matmul(flat, g.param("fc", random_array(rng, (4, 5), dtype, 0.5))),
                    g.param("fc_b", random_array(rng, (5,), dtype))), "y")
-    return g, {"x": random_array(rng, (2, 3, 6, 6), dtype)}
+    return g, {"x": random_array(rng, (2, 8, 6, 6), dtype)}
 
 
 def _tf32_flags(graph):
@@ -60,6 +60,28 @@ def test_16_bit_nodes_are_left_alone(rng):
     assert apply_precision(optimized, "high") == []
 
 
+@pytest.mark.parametrize("precision", FLOAT32_PRECISIONS)
+def test_narrow_convolutions_stay_strict(rng, precision):
+    """A float32 convolution with fewer than 8 input channels per group (an RGB stem, ViT's patch embedding; a
+    grouped one of 4 per group) is strict FP32 under every policy, as PyTorch's cuDNN runs them; 8 and more follow
+    the policy, in either layout."""
+    g = Graph("stems")
+    for name, layout, w_shape, groups, wide in (("rgb", "NCHW", (16, 3, 16, 16), 1, False),
+                                                ("grouped", "NCHW", (16, 4, 3, 3), 4, False),
+                                                ("wide", "NHWC", (16, 3, 3, 8), 1, True)):
+        channels = w_shape[1 if layout == "NCHW" else 3] * groups
+        shape = (2, channels, 16, 16) if layout == "NCHW" else (2, 16, 16, channels)
+        x = g.input(name, shape, "float32")
+        g.output(g.conv2d(x, g.param(f"w_{name}", random_array(rng, w_shape, "float32")), None, groups=groups,
+                          layout=layout, allow_tf32=True), f"y_{name}")
+    apply_precision(g, precision)
+    conv_tf32, _ = EXPECTED[precision]
+    flags = {node.inputs[0].name: node.attrs["allow_tf32"] for node in g.nodes}
+    assert flags == {"rgb": False, "grouped": False, "wide": conv_tf32}
+    assert ("fewer than 8 input channels per group strict FP32" in ge2.ExecutorV2(g, precision=precision).explain()) \
+        is conv_tf32
+
+
 def test_policy_overrides_a_nodes_own_flag(rng):
     g = Graph("explicit")
     x = g.input("x", (3, 4), "float32")
@@ -90,9 +112,9 @@ def test_fp8_keeps_the_default_policy_for_float32_convolutions(rng):
 
 def _training_graph(rng):
     g = Graph("train")
-    x = g.input("x", (2, 3, 5, 5), "float32")
+    x = g.input("x", (2, 8, 5, 5), "float32")
     labels = g.input("labels", (2,), "int64")
-    h = g.conv2d(x, g.param("w", random_array(rng, (4, 3, 3, 3), "float32", 0.3)), None, padding=1)
+    h = g.conv2d(x, g.param("w", random_array(rng, (4, 8, 3, 3), "float32", 0.3)), None, padding=1)
     logits = g.matmul(g.reshape(g.global_avg_pool(h), shape=(2, 4)), g.param("fc", random_array(rng, (4, 3),
                                                                                                 "float32")))
     g.output(g.cross_entropy(logits, labels), "loss")

@@ -31,8 +31,8 @@ product with scale_d, as the GPU rounds it. cuBLASLt accumulates in its own orde
 not bit for bit the reference's: an FP8 output is within one FP8 ulp of it (the neighbouring FP8 value when the sum
 lands on the other side of a rounding boundary), except where the sum cancels to near zero, there within the
 accumulation error ``2^-12 * scale_d * scale_a * scale_b * sum_k |a_ik b_jk|`` (``2^-10`` with fast accumulation;
-on the H200 99.3-99.8% of FP8 elements equal the reference); a 16/32-bit output within the accumulation error plus
-the output's own rounding (the bfloat16/float16 tolerances of ``testing.tolerance``). tests/test_scaled_gemm.py
+on the H200 99.3-99.8% of FP8 elements equal the reference); a 16/32-bit output within the same accumulation error
+(through the activation's slope) plus half an ulp of its own rounding. tests/test_scaled_gemm.py
 checks both on the GPU. FP8 values carry no gradient (see ``quantize_fp8``).
 """
 from __future__ import annotations

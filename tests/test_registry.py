@@ -511,3 +511,19 @@ def test_an_unwritable_cache_still_times_each_problem_once(tmp_path, monkeypatch
     assert cache.lookup("setup", "another problem") is None  # a miss reads the (absent) file again...
     assert cache.lookup("setup", "problem") == "b"  # ... and keeps what was stored in memory
     assert cache.times("setup", "problem") == {"a": 2.0, "b": 1.0}
+
+
+def test_a_spent_tuning_budget_leaves_the_rest_to_priority_but_the_cache_still_answers(fake_gpu_executor,
+                                                                                      monkeypatch):
+    _, make = fake_gpu_executor
+    monkeypatch.setattr(executor_module, "TUNING_BUDGET_S", 0.0)  # spent before the first node
+    executor, backend = make()
+    assert backend.timed == []
+    assert [s.kernel for s in executor.plans[0].selections] == ["on_paper"] * 4
+    assert "tuning budget (0 s) spent: 4 node(s) by priority" in executor.explain()
+    monkeypatch.setattr(executor_module, "TUNING_BUDGET_S", 30.0)
+    make()  # times the two problems and stores the winners
+    monkeypatch.setattr(executor_module, "TUNING_BUDGET_S", 0.0)
+    cached, backend = make()
+    assert backend.timed == [] and [s.kernel for s in cached.plans[0].selections] == ["fast"] * 4
+    assert "4 node(s) from the autotune cache; plan built" in cached.explain()

@@ -210,19 +210,20 @@ def choose(ranking: Ranking, problem: Problem, *, last_resort: Candidate | None 
     """The first of ``ranking.viable`` (then ``last_resort``) whose ``prepare`` succeeds; NoKernelPrepared when
     none does.
 
-    With a ``timer`` (launch -> milliseconds) and ``tune_key`` = (cache, setup, problem key), the viable candidates
-    race once per problem, the cache keeps the winner, and the winner is prepared first. ``catch``: the prepare
+    With ``tune_key`` = (cache, setup, problem key), the winner the cache holds for the problem is prepared first;
+    on a miss, with a ``timer`` (launch -> milliseconds), the viable candidates race and the cache keeps the winner
+    (without one, the priority order stands). ``catch``: the prepare
     errors that fall to the next candidate (the others propagate)."""
     order, reason = list(ranking.viable), ranking.reason
     prepared: dict[str, Launch] = {}
     fallbacks: list[tuple[str, str]] = []
     rejected = ranking.rejected
-    if timer is not None and tune_key is not None and len(order) > 1:
+    if tune_key is not None and len(order) > 1:
         cache, setup, key = tune_key
         winner = cache.lookup(setup, key)
         if winner in {c.name for c in order}:
             reason = f"autotune cache: {winner} ({format_times(cache.times(setup, key))})"
-        else:
+        elif timer is not None:
             times, failed = {}, []
             for candidate in order:
                 try:

@@ -50,6 +50,9 @@ from .registry import Capabilities, Preferences, Selection, choose_kernel, kerne
 from .schedule import Schedule, schedule, width
 
 ALIAS = "alias"  # the "kernel" of a node whose outputs share its input's buffer: nothing runs
+# Seconds of candidate timing (prepares included) one plan may spend; the nodes after it take the priority order
+# unless the autotune cache knows their problem (a large graph's first build stays bounded; the next one is cached).
+TUNING_BUDGET_S = 30.0
 MAX_DEFAULT_STREAMS = 4  # enough for the branches of the graphs we see (q/k/v, wide MLP heads); each costs a workspace
 
 Signature = tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype) of each graph input, in order
@@ -96,6 +99,7 @@ class Plan:
     copying_graphs: dict = field(default_factory=dict, repr=False)
     build_seconds: float = 0.0  # building the plan, kernel timing included
     tuning_seconds: float = 0.0  # timing candidates (autotune): the problems not in the autotune cache yet
+    untimed: int = 0  # nodes left to priority order because the plan's tuning budget was spent
     # launch(stream) calls run after every node, on the first stream, and captured with the plan: a trainer's
     # optimizer (set before the plan's first run, which captures it).
     epilogue: list = field(default_factory=list, repr=False)
@@ -564,7 +568,8 @@ class ExecutorV2:
         absent = backend.address_of_absent
 
         selections, steps = [], []
-        tuning_seconds = [0.0]  # wall time spent timing candidates (the timers add to it)
+        tuning_seconds = 0.0  # wall time of the choices that timed candidates (their prepares included)
+        untimed = 0  # nodes chosen by priority once TUNING_BUDGET_S was spent (the cache still answers)
         signalling = order.signalling
         # fused nodes' kernels compile in parallel, then load node by node from the cache
         backend.precompile([_problem_of(node, self.capabilities) for node in graph.nodes if node.op in FUSED_OPS])
@@ -580,13 +585,16 @@ class ExecutorV2:
                                   index in signalling, f"{node.op} {node.name} {ALIAS}"))
                 continue
             timer = None
-            if self._autotune_cache is not None:
+            if self._autotune_cache is not None and tuning_seconds < TUNING_BUDGET_S:
                 def timer(launch, ins=ins, outs=outs, stream=self._stream_handles[order.stream_of[index]]):
-                    timing_started = time.perf_counter()
-                    milliseconds = backend.time_ms(lambda: launch(ins, outs, stream), stream)
-                    tuning_seconds[0] += time.perf_counter() - timing_started
-                    return milliseconds
+                    return backend.time_ms(lambda: launch(ins, outs, stream), stream)
+            choosing = time.perf_counter()
             selection = choose_kernel(node, problem, self.capabilities, self.preferences, timer, self._autotune_cache)
+            if selection.reason.startswith("autotuned"):
+                tuning_seconds += time.perf_counter() - choosing
+            elif (timer is None and self._autotune_cache is not None and self.preferences.autotune
+                  and selection.reason.startswith("highest priority of ") and " of 1 viable" not in selection.reason):
+                untimed += 1
             selections.append(selection)
             label = f"{node.op} {node.name} {selection.kernel}" + (" fallback" if selection.is_fallback else "")
             steps.append(Step(selection.launch, ins, outs, order.stream_of[index], order.waits[index],
@@ -600,7 +608,7 @@ class ExecutorV2:
             # One event per signalling step, one join per extra stream, then ready, fork and done.
             plan.events = [backend.event() if index in signalling else None for index in range(step_count)]
             plan.events += [backend.event() for _ in range(order.stream_count - 1 + 3)]
-        plan.build_seconds, plan.tuning_seconds = time.perf_counter() - started, tuning_seconds[0]
+        plan.build_seconds, plan.tuning_seconds, plan.untimed = time.perf_counter() - started, tuning_seconds, untimed
         return plan
 
     # --- reporting ------------------------------------------------------------------------------------------------
@@ -707,8 +715,11 @@ def _describe_tuning(plan: Plan, autotune: bool) -> str:
     cached = sum(s.reason.startswith("autotune cache") for s in plan.selections)
     if not autotune and not timed:
         return f"autotune: off (autotune=False: highest priority first); plan built in {plan.build_seconds:.2f} s"
+    budget = (f"; tuning budget ({TUNING_BUDGET_S:g} s) spent: {plan.untimed} node(s) by priority"
+              if plan.untimed else "")
     return (f"autotune: {timed} problem(s) timed in {plan.tuning_seconds:.2f} s, {cached} node(s) from the "
-            f"autotune cache; plan built in {plan.build_seconds:.2f} s")
+            f"autotune cache{budget}; plan built in {plan.build_seconds:.2f} s; kernels are timed within the "
+            f"precision policy (a float32 node's allow_tf32)")
 
 
 def _no_launch(ins, outs, stream) -> None:

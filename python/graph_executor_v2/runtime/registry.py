@@ -127,7 +127,7 @@ def choose_kernel(node: Node, problem: Problem, caps: Capabilities, prefs: Prefe
     # Autotuning by default (autotune=False opts out); and always where a generated kernel competes with
     # hand-written ones (issue 20: a generated kernel's priority says nothing about its speed).
     competing = len(ranking.viable) > 1 and any(c.name == GENERATED for c in ranking.viable)
-    tune = (prefs.autotune or competing) and timer is not None and node.op not in prefs.kernels
+    tune = (prefs.autotune or competing) and (timer is not None or cache is not None) and node.op not in prefs.kernels
     tune_key = ((cache if cache is not None else AutotuneCache()), caps.setup, problem_key(problem)) if tune else None
     choice = selection.choose(ranking, problem, last_resort=last_resort, timer=timer if tune else None,
                               tune_key=tune_key)  # the last resort never fails

@@ -521,7 +521,7 @@ def test_a_spent_tuning_budget_leaves_the_rest_to_priority_but_the_cache_still_a
     assert backend.timed == []
     assert [s.kernel for s in executor.plans[0].selections] == ["on_paper"] * 4
     assert "tuning budget (0 s) spent: 4 node(s) by priority" in executor.explain()
-    monkeypatch.setattr(executor_module, "TUNING_BUDGET_S", 30.0)
+    monkeypatch.setattr(executor_module, "TUNING_BUDGET_S", 20.0)
     make()  # times the two problems and stores the winners
     monkeypatch.setattr(executor_module, "TUNING_BUDGET_S", 0.0)
     cached, backend = make()

@@ -52,7 +52,7 @@ from .schedule import Schedule, schedule, width
 ALIAS = "alias"  # the "kernel" of a node whose outputs share its input's buffer: nothing runs
 # Seconds of candidate timing (prepares included) one plan may spend; the nodes after it take the priority order
 # unless the autotune cache knows their problem (a large graph's first build stays bounded; the next one is cached).
-TUNING_BUDGET_S = 30.0
+TUNING_BUDGET_S = 20.0
 MAX_DEFAULT_STREAMS = 4  # enough for the branches of the graphs we see (q/k/v, wide MLP heads); each costs a workspace
 
 Signature = tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype) of each graph input, in order

@@ -1091,3 +1091,37 @@ def test_rows_past_the_bound_run_the_hand_written_kernels_on_the_gpu(rng):
     feeds = _row_feeds(rng, g)
     expected = _float32_reference(_row_graph("layernorm", shape, "float32", rounded_to="float16"), feeds)["y"]
     assert_close(ex.run(feeds)["y"], expected, "float16", reduction_length=shape[-1], what="y")
+
+
+def _row_float64(op, prologue, x, r, s, *parameters):
+    """The outputs of ``_row_attrs``'s group in float64: (the epilogue's result[, the prologue's value])."""
+    from math import erf
+
+    from graph_executor_v2.ops import layernorm, rmsnorm, softmax
+
+    x64, r64, s64 = (a.astype(np.float64) for a in (x, r, s))
+    h = x64 + r64 if prologue else x64
+    if op == "layernorm":
+        y = layernorm.reference(h, *parameters)[0]
+    elif op == "rmsnorm":
+        y = rmsnorm.reference(h, *parameters)[0]
+    else:
+        y = softmax.reference(op, h)
+    z = 0.5 * y * (1 + np.vectorize(erf)(y / np.sqrt(2))) * s64
+    return [z, h] if prologue else [z + x64]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cols", [7, 768, 1000, 4096, ROW_LIMIT])
+@pytest.mark.parametrize("op", ROW_OPS)
+def test_float32_row_kernels_are_float32_accurate(rng, to_device, poisoned, op, cols):
+    """Against float64 at float32's own tolerance (no allowance for the row length): the statistics are reduced from
+    float32 registers in two passes, so a row of 16384 elements keeps float32 accuracy."""
+    for prologue in (True, False):
+        problem = _row_problem(op, (3, cols), "float32", prologue=prologue)
+        arrays = [random_array(rng, t.shape, "float32") for t in problem.in_types]
+        arrays[0] = arrays[0] * 2 + 3
+        expected = _row_float64(op, prologue, *arrays)
+        got = _run_problem(problem, arrays, to_device, poisoned)
+        for k, (g, e) in enumerate(zip(got, expected)):
+            assert_close(g, e, "float32", what=f"{op} cols {cols} output {k} prologue {prologue}")

@@ -16,7 +16,7 @@ and on y = gelu(A @ B + bias + C) (bias, gelu and the residual C, beta = 1, in i
 y = gelu(A @ B + bias) + C (residual_after_act) against cuBLASLt's bias+gelu epilogue plus a separate add (target
 >= 1.1x) and against cuBLASLt's matmul plus GE2's post-kernel (cublaslt_postkernel).
 
-Run: python benchmarks/bench_gemm.py [--quick]
+Run: python benchmarks/bench_gemm.py [--quick] [--cutlass]  (--cutlass: only the cutlass_sm90 rows)
 """
 from __future__ import annotations
 
@@ -212,8 +212,11 @@ def main_cutlass(torch, quick: bool) -> None:
     print(write_results("gemm_cutlass", rows, columns, "cutlass_sm90 vs cuBLASLt (medians, L2 flushed)"))
 
 
-def main(quick: bool) -> None:
+def main(quick: bool, cutlass_only: bool) -> None:
     torch = torch_cuda()
+    if cutlass_only:
+        main_cutlass(torch, quick)
+        return
     rows = []
     shapes = SHAPES[:4] if quick else SHAPES
     for m, n, k in shapes:
@@ -248,4 +251,4 @@ def main(quick: bool) -> None:
 
 
 if __name__ == "__main__":
-    main("--quick" in sys.argv)
+    main("--quick" in sys.argv, "--cutlass" in sys.argv)

@@ -5,6 +5,8 @@ the CPU backend, validation; on the GPU both kernels x every dtype x edge shapes
 poisoned), misaligned views, torch interop, an autotuned plan's explain() and gradients through the kernels."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -222,5 +224,5 @@ def test_gradients_through_the_kernels(rng):
     d_gate, d_up = swiglu.reference_backward(d_out @ w["w_down"].T, gate, up)
     for name, grad in {"w_down": h.T @ d_out, "w_gate": x.T @ d_gate, "w_up": x.T @ d_up}.items():
         assert_close(result[autograd.grad_name(name)], grad, "tf32", 64, what=f"gradient of {name}")
-    text = executor.explain()
-    assert "swiglu_backward -> vec16 [external: ge2_swiglu]" in text, text
+    text = executor.explain()  # the plan times vec16 against scalar, so either may run
+    assert re.search(r"swiglu_backward -> (vec16|scalar) \[external: ge2_swiglu\]", text), text

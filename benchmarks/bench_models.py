@@ -22,9 +22,15 @@ row started before skips torch.compile (the table is written after every row, so
 Within ~4 minutes on the H200: GE2_BENCH_COMPILE_MODE=default GE2_BENCH_BUDGET_S=220 (max-autotune compiles for
 minutes per model: run it on a subset, e.g. GE2_BENCH_MODELS=resnet50_f16_b32,bert_base_f16_b32).
 
-GE2's plan is built with its default measured kernel choice (autotune): "GE2 build s" is ExecutorV2's construction
-(passes, plan, timing the candidates of every distinct problem not in the autotune cache yet), "GE2 tuning s" the
-part spent timing.
+GE2's plan is built with its default measured kernel choice (autotune). The plan-build cost has a table of its own,
+results/models_build.md, per row:
+- cold, in the benchmark's process with an empty GE2_CACHE_DIR (no compiled kernel, no autotune entry): ONNX export
+  and import seconds, then ExecutorV2's passes, its plan (of which: compiling generated kernels ahead, in parallel,
+  and timing candidates, with the count of problems timed, of nodes the autotune cache answered and of nodes left
+  to priority once the plan's tuning budget was spent), parameter upload and the rest, and the first run (the
+  warm-up node by node, then the CUDA-graph capture, which is also shown alone);
+- warm, in a new process with the caches the cold build filled (what a second run of a user's script pays): the
+  same columns (GE2_BENCH_WARM_BUILD=0 skips it; it is skipped once the time budget is spent).
 
 Precision: PyTorch runs at its defaults, set explicitly (cuDNN convolutions may use TF32, matmuls may not), GE2 at
 its "default" precision, which is the same policy; float16 rows accumulate in float32 on both sides.
@@ -33,9 +39,14 @@ Run: python benchmarks/bench_models.py
 """
 from __future__ import annotations
 
+import argparse
 import collections
+import contextlib
 import copy
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -60,6 +71,7 @@ STARTED = time.perf_counter()
 def budget_left() -> float:
     return BUDGET_S - (time.perf_counter() - STARTED)
 ORT_ROWS = os.environ.get("GE2_BENCH_ORT", "batch1")  # "all": time onnxruntime's CPU provider on every row
+WARM_BUILD = os.environ.get("GE2_BENCH_WARM_BUILD", "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -123,19 +135,81 @@ def _numpy(torch, tensor) -> np.ndarray:
     return tensor.detach().to("cpu", torch.float64).numpy()
 
 
-def _export_and_import(torch, module, inputs, directory):
-    """(graph, exporter, ONNX path): the dynamo exporter first, the TorchScript one when it fails."""
+def _export_and_import(torch, module, inputs, directory, seconds: dict | None = None):
+    """(graph, exporter, ONNX path): the dynamo exporter first, the TorchScript one when it fails. ``seconds``, when
+    given, receives "export_s" (the exporter that succeeded) and "import_s"."""
     names = [f"input{index}" for index in range(len(inputs))]
     path = str(Path(directory) / "model.onnx")
     failures = []
     for exporter, options in (("dynamo", dict(dynamo=True)), ("torchscript", dict(dynamo=False, opset_version=17))):
+        started = time.perf_counter()
         try:
             torch.onnx.export(module, inputs, path, input_names=names, output_names=["y"], **options)
         except Exception as error:  # noqa: BLE001 - the other exporter is tried, both failures reported
             failures.append(f"{exporter} export: {type(error).__name__}: {str(error).splitlines()[0][:160]}")
             continue
-        return onnx_frontend.load(path), exporter, path
+        exported = time.perf_counter()
+        graph = onnx_frontend.load(path)
+        if seconds is not None:
+            seconds.update(export_s=exported - started, import_s=time.perf_counter() - exported)
+        return graph, exporter, path
     raise RuntimeError("; ".join(failures))
+
+
+@contextlib.contextmanager
+def _cache_directory(path):
+    """GE2_CACHE_DIR (the kernel and autotune caches) set to ``path`` for the block."""
+    previous = os.environ.get("GE2_CACHE_DIR")
+    os.environ["GE2_CACHE_DIR"] = str(path)
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["GE2_CACHE_DIR"]
+        else:
+            os.environ["GE2_CACHE_DIR"] = previous
+
+
+def build_and_run_once(graph, host_feeds: dict, device: str = "cuda") -> tuple:
+    """(executor, its first run's outputs, the seconds of each part of getting there): ExecutorV2's passes and plan
+    (of which compiling generated kernels ahead and timing candidates, with their counts), parameter upload and the
+    rest of the constructor, and the first run on host feeds (warm-up node by node, then the capture)."""
+    started = time.perf_counter()
+    executor = ge2.ExecutorV2(graph, device=device)
+    build_s = time.perf_counter() - started
+    plan = executor.plans[0]
+    started = time.perf_counter()
+    outputs = executor.run(host_feeds)  # host results: the run has finished when it returns
+    first_run_s = time.perf_counter() - started
+    passes_s = sum(record.seconds for record in executor.pass_records)
+    split = {"build_s": build_s, "passes_s": passes_s, "plan_s": plan.build_seconds,
+             "kernel_compile_s": plan.compile_seconds, "tuning_s": plan.tuning_seconds,
+             "other_s": build_s - passes_s - plan.build_seconds, "first_run_s": first_run_s,
+             "capture_s": plan.capture_seconds, "timed": plan.timed_problems, "cache_hits": plan.cached_choices,
+             "untimed": plan.untimed}
+    return executor, outputs, split
+
+
+def warm_build(directory, cache, seconds: float) -> dict:
+    """The plan build of the model exported in ``directory`` again, in a new process, with the caches in ``cache``
+    that the cold build filled: what a second run of a user's script pays (``--warm-build``)."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--warm-build", str(directory)]
+    result = subprocess.run(command, env={**os.environ, "GE2_CACHE_DIR": str(cache)}, capture_output=True, text=True,
+                            timeout=seconds)
+    if result.returncode != 0:
+        raise RuntimeError(f"warm build failed: {result.stderr.strip().splitlines()[-1:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _warm_build_main(directory: str) -> None:
+    """--warm-build DIR: imports DIR/model.onnx, builds and runs it once on DIR/inputs.npz; prints the split."""
+    started = time.perf_counter()
+    graph = onnx_frontend.load(str(Path(directory) / "model.onnx"))
+    import_s = time.perf_counter() - started
+    with np.load(Path(directory) / "inputs.npz") as inputs:
+        feeds = {name: inputs[name] for name in inputs.files}
+    _, _, split = build_and_run_once(graph, feeds)
+    print(json.dumps({"import_s": import_s, **split}))
 
 
 def _kernel_count(executor) -> tuple[int, str]:
@@ -189,8 +263,9 @@ def run_row(torch, row: Row) -> dict:
         record["eager_ms"] = median_ms(lambda: module(*inputs), warmup=5, reps=20)
         record["torch_precision"] = _precision(torch, row.dtype)
         with tempfile.TemporaryDirectory() as directory:
+            seconds = {}
             try:
-                graph, exporter, path = _export_and_import(torch, module, inputs, directory)
+                graph, exporter, path = _export_and_import(torch, module, inputs, directory, seconds)
             except UnsupportedModelError as error:
                 unsupported = sorted({f"{op} ({reason[:60]})" for _, op, reason in error.problems})
                 record["status"] = f"does not import: {len(error.problems)} node(s): " + "; ".join(unsupported[:4])
@@ -200,13 +275,15 @@ def run_row(torch, row: Row) -> dict:
                 graph = None
             if graph is not None:
                 record["exporter"] = exporter
-                build_started = time.perf_counter()
-                executor = ge2.ExecutorV2(graph, device="cuda")
-                record["build_s"] = time.perf_counter() - build_started
-                record["tuning_s"] = executor.plans[0].tuning_seconds
+                record.update(seconds)
+                host_feeds = {value.name: x.cpu().numpy() for value, x in zip(graph.inputs, inputs)}
+                cache = Path(directory) / "cache"
+                with _cache_directory(cache):  # cold: no compiled kernel, no autotune entry
+                    executor, first, split = build_and_run_once(graph, host_feeds)
+                record.update(split)
                 feeds = {value.name: x for value, x in zip(graph.inputs, inputs)}
                 output = next(iter(graph.outputs))
-                record["ge2_error"] = relative_error(_numpy(torch, executor.run(feeds)[output]), reference)
+                record["ge2_error"] = relative_error(first[output].astype(np.float64), reference)
                 record["match"] = matches(record["ge2_error"], record["torch_error"], row.dtype)
                 record["ge2_ms"] = median_ms(lambda: executor.run(feeds), warmup=5, reps=20)
                 record["kernels"], record["conv_kernels"] = _kernel_count(executor)
@@ -214,6 +291,16 @@ def run_row(torch, row: Row) -> dict:
                 record["ge2_precision"] = (f"{executor.precision}: " + _precision_of_graph(executor, row.dtype))
                 record["vs_eager"] = record["eager_ms"] / record["ge2_ms"]
                 del executor
+                if WARM_BUILD and budget_left() > 0:
+                    np.savez(Path(directory) / "inputs.npz", **host_feeds)
+                    try:
+                        warm = warm_build(directory, cache, min(180.0, max(30.0, budget_left())))
+                        record.update({f"warm_{key}": value for key, value in warm.items()})
+                    except Exception as error:  # noqa: BLE001 - reported in the row
+                        record["warm_note"] = f"{type(error).__name__}: {str(error)[:200]}"
+                else:
+                    record["warm_note"] = ("not run: time budget spent" if WARM_BUILD else
+                                           "not run (GE2_BENCH_WARM_BUILD=0)")
                 try:
                     _onnxruntime(row, path, inputs, reference, record)
                 except Exception as error:  # noqa: BLE001 - an onnxruntime failure is reported in the row
@@ -253,13 +340,24 @@ def main():
                ("ge2_ms", "GE2 ms"), ("eager_ms", "eager ms"), ("compile_ms", f"compile ({COMPILE_MODE}) ms"),
                ("compile_s", "compile s"), ("vs_eager", "GE2 x eager"), ("vs_compile", "GE2 x compile"),
                ("ort_provider", "onnxruntime provider"), ("ort_ms", "onnxruntime ms"), ("ort", "onnxruntime note"),
-               ("kernels", "GE2 kernels"), ("build_s", "GE2 build s"), ("tuning_s", "GE2 tuning s"),
+               ("kernels", "GE2 kernels"), ("build_s", "GE2 build s (cold; models_build.md splits it)"),
                ("compile_error", "torch.compile note"),
                ("conv_kernels", "GE2 conv2d kernels"), ("fallbacks", "GE2 fallbacks"),
                ("ge2_error", "GE2 error"), ("torch_error", "torch error"), ("match", "match"),
                ("ge2_precision", "GE2 precision"), ("torch_precision", "torch precision"), ("exporter", "exporter")]
     title = (f"Imported models: GE2 vs PyTorch eager, torch.compile(mode={COMPILE_MODE!r}) and onnxruntime "
              "(targets: >= 1.0x compile on float16 rows, >= 1.2x eager on every row)")
+    split = [("export_s", "export s"), ("import_s", "import s"), ("passes_s", "passes s"), ("plan_s", "plan s"),
+             ("kernel_compile_s", "of which kernel compile s"), ("tuning_s", "of which tuning s"),
+             ("timed", "problems timed"), ("cache_hits", "autotune cache hits"),
+             ("untimed", "by priority (tuning budget spent)"), ("other_s", "upload + other s"),
+             ("first_run_s", "first run s"), ("capture_s", "of which capture s")]
+    build_columns = ([("model", "model"), ("dtype", "dtype"), ("input", "input"), ("kernels", "GE2 kernels")]
+                     + [(key, f"cold: {header}") for key, header in split]
+                     + [(f"warm_{key}", f"warm: {header}") for key, header in split[1:]]
+                     + [("warm_note", "warm note")])
+    build_title = ("GE2 plan build of imported models: cold (empty kernel and autotune caches, in the benchmark's "
+                   "process) and warm (a new process with the caches the cold build filled)")
     records, table = [], f"no row selected by GE2_BENCH_MODELS={wanted!r}"
     for row in rows:
         if budget_left() <= 0:
@@ -267,6 +365,7 @@ def main():
                       "status": f"not run: time budget (GE2_BENCH_BUDGET_S={BUDGET_S:g}) spent"}
             records.append(record)
             table = write_results("models", records, columns, title)
+            write_results("models_build", records, build_columns, build_title)
             continue
         try:
             record = run_row(torch, row)
@@ -278,8 +377,19 @@ def main():
         records.append(record)
         torch.cuda.empty_cache()
         table = write_results("models", records, columns, title)  # after every row: a time limit keeps those done
+        build_table = write_results("models_build", records, build_columns, build_title)
     print(table)
+    if records:
+        print(build_table)
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description="Imported models: GE2 vs PyTorch eager, torch.compile and "
+                                                 "onnxruntime (issue 22's table)")
+    parser.add_argument("--warm-build", metavar="DIR",
+                        help="internal: the warm plan build of the model a row exported into DIR, in a new process")
+    arguments = parser.parse_args()
+    if arguments.warm_build:
+        _warm_build_main(arguments.warm_build)
+    else:
+        main()

@@ -25,12 +25,15 @@ Correctness first: the first steps' losses of GE2 and PyTorch eager agree (float
 ResNet, whose ReLU masks and max-pool winners flip under rounding; AMP: 2%).
 Each step's time is the median of CUDA-event timings (benchmarks/harness.py); the batch is fed from device tensors.
 
-Run: python benchmarks/bench_train.py [--cases small,large,gpt,resnet18,resnet18_default,gpt2_fp8]
+Run: python benchmarks/bench_train.py [--cases small,large,gpt,resnet18,resnet18_default,gpt2_fp8] [--budget-s S]
+(--budget-s: cases not started once S seconds have passed are rows saying so; each ResNet-18 row takes under a
+minute on the H200: a cold plan build with candidate timing, three steps per side, then 30 timed steps each.)
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import time
 
 import numpy as np
 from harness import median_ms, torch_cuda, write_results
@@ -285,8 +288,15 @@ def compare(torch, case, trainer, feeds, eager, make_graph_step, inputs, flops, 
         "ge2_kernels": sum(s.kernel != ALIAS for s in trainer._executor.plans[0].selections),
         "fallbacks": len(trainer._executor.fallbacks),
         "capture": trainer._executor.plans[0].capture,
+        "plan_build": _plan_build(trainer._executor.plans[0]),
         "target": case["target"],
     }
+
+
+def _plan_build(plan) -> str:
+    """The step plan's build seconds, with what timing candidates took of it (a cold autotune cache times all)."""
+    return (f"{plan.build_seconds:.1f} s: {plan.timed_problems} problem(s) timed in {plan.tuning_seconds:.1f} s, "
+            f"{plan.cached_choices} from the autotune cache, {plan.untimed} by priority (budget spent)")
 
 
 def _float32_precision(torch, trainer) -> str:
@@ -300,7 +310,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", default=",".join(case["case"] for case in CASES),
                         help="comma-separated cases to run (default: all)")
-    chosen = parser.parse_args().cases.split(",")
+    parser.add_argument("--budget-s", type=float, default=float("inf"),
+                        help="seconds after which the cases not started yet are skipped (rows say so)")
+    arguments = parser.parse_args()
+    chosen = arguments.cases.split(",")
     unknown = sorted(set(chosen) - {case["case"] for case in CASES})
     if unknown:
         parser.error(f"--cases: unknown case(s) {unknown}; expected among {[case['case'] for case in CASES]}")
@@ -308,19 +321,28 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     rng = np.random.default_rng(0)
     benches = {"gpt": bench_gpt, "resnet18": bench_resnet, "resnet18_default": bench_resnet}
-    rows = [benches.get(case["case"], bench)(torch, case, rng) for case in CASES
-            if case["case"] in chosen and case["case"] != "gpt2_fp8"]
+    started, rows = time.perf_counter(), []
+    for case in CASES:
+        if case["case"] not in chosen or case["case"] == "gpt2_fp8":
+            continue
+        if time.perf_counter() - started > arguments.budget_s:
+            rows.append({"case": case["case"], "target": case["target"],
+                         "capture": f"not run: time budget (--budget-s {arguments.budget_s:g}) spent"})
+            continue
+        rows.append(benches.get(case["case"], bench)(torch, case, rng))
     columns = [("case", "case"), ("shape", "shape"), ("precision", "precision"), ("ge2_ms", "GE2 step ms"),
                ("torch_eager_ms", "torch eager ms"), ("torch_graph_ms", "torch graph ms"),
                ("vs_graph", "GE2 / torch graph"), ("eager_speedup", "speedup vs eager"),
                ("ge2_tflops", "GE2 TFLOP/s"), ("ge2_peak_mb", "GE2 peak MB"), ("torch_peak_mb", "torch peak MB"),
                ("memory_ratio", "memory ratio"), ("ge2_kernels", "GE2 kernels per step"), ("fallbacks", "fallbacks"),
-               ("capture", "GE2 CUDA graph"),
+               ("capture", "GE2 CUDA graph"), ("plan_build", "GE2 plan build"),
                ("target", "target")]
     if rows:
         name = "train" if len(rows) == len(CASES) - 1 else "train_" + "_".join(row["case"] for row in rows)
         print(write_results(name, rows, columns, "Training step: ge2.train (cuda) vs PyTorch eager and CUDA graph"))
-    if "gpt2_fp8" in chosen:
+    if "gpt2_fp8" in chosen and time.perf_counter() - started > arguments.budget_s:
+        print(f"gpt2_fp8: not run: time budget (--budget-s {arguments.budget_s:g}) spent")
+    elif "gpt2_fp8" in chosen:
         fp8_rows = [bench_gpt2_fp8(torch, next(c for c in CASES if c["case"] == "gpt2_fp8"), rng)]
         columns = [("case", "case"), ("shape", "shape"), ("precision", "precision"), ("ge2_ms", "GE2 FP8 step ms"),
                    ("ge2_bf16_ms", "GE2 bf16 step ms"), ("torch_compile_ms", "torch.compile bf16 ms"),

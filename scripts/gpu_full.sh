@@ -33,7 +33,7 @@ if [[ " $STAGES " == *" test "* ]]; then
   left=$((deadline - (SECONDS - start) - 25))
   timeout "$left" scripts/gpu_test_files.sh "$OUT/work/tests" ${GE2_TEST_ARGS:-} >/dev/null 2>&1
   echo "tests: exit $? after $((SECONDS - start)) s (124: cut at the deadline)" >>"$OUT/work/summary.txt"
-  cat "$OUT/work/tests/files_summary.txt" >>"$OUT/work/summary.txt" 2>/dev/null
+  cat "$OUT/work/tests/files_summary.txt" "$OUT/work/tests/tuning_summary.txt" >>"$OUT/work/summary.txt" 2>/dev/null
   cp "$OUT/work/tests/failures.txt" "$OUT/failures.txt" 2>/dev/null
   rm -f "$OUT/work/tests/all_test_logs.txt"
 fi

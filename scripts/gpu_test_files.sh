@@ -5,6 +5,10 @@
 # test_conv_epilogue) are split into GE2_SHARDS (default 3) processes, round-robin over their collected tests
 # (GE2_SHARD, tests/conftest.py), so no one file sets the wall time.
 # GE2_TEST_FILES narrows the run to some files (a re-check after fixes).
+# GE2_CACHE_DIR (default: a new directory) holds the kernel and autotune caches that the run's processes share, as
+# processes on a user's machine do: each distinct problem is timed once per run, by the first test that meets it. Its
+# autotune journal comes back as OUT_DIR/autotune.jsonl, with OUT_DIR/tuning_summary.txt (problems timed, seconds
+# spent timing them, per op, and the costliest).
 # Usage: scripts/gpu_test_files.sh OUT_DIR [pytest args...]
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_test_files.sh OUT_DIR [pytest args...]}
@@ -12,6 +16,11 @@ shift
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT/files"
 export PYTHONPATH=$PWD/python GE2_REQUIRE_GPU=1 PYTHONUNBUFFERED=1 PYTEST_ARGS="$*" OUT
+if [ -z "${GE2_CACHE_DIR:-}" ]; then
+  GE2_CACHE_DIR=$(mktemp -d -t ge2_test_cache.XXXXXX)
+  trap 'rm -rf "$GE2_CACHE_DIR"' EXIT
+fi
+export GE2_CACHE_DIR
 sharded=" ${GE2_SHARDED_FILES:-tests/test_attention.py tests/test_attention_window.py tests/test_conv_epilogue.py} "
 shards=${GE2_SHARDS:-3}
 
@@ -40,5 +49,8 @@ for log in "$OUT"/files/*.log; do
   echo "== $(basename "$log" .log): $(grep -E '^[0-9]+ (passed|failed)|(passed|failed|error).* in [0-9.]+s' "$log" | tail -1)"
 done | tee -a "$OUT/files_summary.txt"
 grep -h -E "^FAILED|Fatal Python error|Segmentation" "$OUT"/files/*.log | cut -c1-240 >"$OUT/failures.txt"
+cp "$GE2_CACHE_DIR/autotune.jsonl" "$OUT/autotune.jsonl" 2>/dev/null
+python3 -c "from graph_executor_v2.runtime.autotune import AutotuneCache, summarize
+print(summarize(AutotuneCache().entries()))" >"$OUT/tuning_summary.txt" 2>&1
 cat "$OUT"/files/*.log >"$OUT/all_test_logs.txt"
 ! grep -q "exit=[^0]" "$OUT/files_summary.txt"

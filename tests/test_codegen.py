@@ -742,6 +742,33 @@ def test_a_plan_precompiles_the_kernels_of_both_row_candidates():
 
 
 @needs_nvrtc
+@pytest.mark.parametrize("settled", ["generated", "row_kernel_and_pointwise"])
+def test_a_plan_precompiles_only_the_settled_candidate(settled):
+    """A problem whose kernel is known before timing (the autotune cache's winner, a pin) compiles that one's."""
+    problem = _row_problem("rmsnorm", (4, 2048), "bfloat16")
+    compiler.STATS.clear()
+    codegen_candidate.precompile([problem], lambda p: settled)
+    compiled = {r.kernel for r in compiler.STATS.records}
+    members = RowGroup.from_attrs(problem.attrs).members
+    generated = {codegen_candidate.build("row", members, lambda n: _generated_source(problem, n)).name}
+    composite = {k.name for k in fused_ops._composite_kernels(problem)}
+    assert compiled == (generated if settled == "generated" else composite)
+
+
+@needs_nvrtc
+def test_a_plan_precompiles_the_generated_candidate_of_an_unfused_op():
+    """Every node's problem is offered, not only fused ones: gelu's generated kernel, which its timing prepares."""
+    x = TensorType((64, 1000), "float16")
+    problem = Problem("gelu", (x,), (x,), {}, (9, 0))
+    compiler.STATS.clear()
+    codegen_candidate.precompile([problem])
+    assert [r.kernel.startswith("ge2_") and "gelu" in r.kernel for r in compiler.STATS.records] == [True]
+    compiler.STATS.clear()
+    codegen_candidate.precompile([problem], lambda p: "vec16")  # the cache settled on a hand-written kernel
+    assert compiler.STATS.records == []
+
+
+@needs_nvrtc
 def test_row_kernels_index_64_bit_past_2_to_the_31_elements_and_are_dumped(tmp_path, monkeypatch):
     monkeypatch.setenv("GE2_DUMP_KERNELS", str(tmp_path / "dump"))
     kernel = codegen_candidate.build("row", (), lambda n: _generated_source(

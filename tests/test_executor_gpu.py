@@ -165,10 +165,10 @@ def test_autotune_persists_across_processes(tmp_path):
                                  text=True, check=True).stdout.strip()
     first = run()
     assert first.startswith("autotuned: "), first
-    assert (tmp_path / "autotune.json").exists()
+    assert (tmp_path / "autotune.jsonl").exists()
     second = run()
     assert second.startswith("autotune cache: "), second
-    (tmp_path / "autotune.json").write_text("corrupt {")
+    (tmp_path / "autotune.jsonl").write_text("corrupt {")
     assert run().startswith("autotuned: ")  # a corrupt cache is ignored and rewritten, never a crash
 
 
@@ -188,7 +188,7 @@ def test_plans_choose_by_measurement_by_default(rng, tmp_path, monkeypatch):
     assert all(reason.count(" ms") >= 2 for reason in reasons), text  # at least two candidates timed each
     assert "autotune: 3 problem(s) timed in " in text
     assert measured.plans[0].tuning_seconds > 0
-    assert (tmp_path / "autotune.json").exists()
+    assert (tmp_path / "autotune.jsonl").exists()
     by_priority = ge2.ExecutorV2(g, device="cuda", autotune=False)
     assert_close(by_priority.run({"x": x})["y"], reference(x), "float16", max(sizes), what="by priority")
     assert all(s.reason.startswith("highest priority of ") for s in by_priority.plans[0].selections), \

@@ -93,7 +93,7 @@ def test_external_candidate_wins_autotuning(fake_op, tmp_path):
         times[name] = 0.5 if name == "own" else 0.2
         return times[name]
 
-    cache = AutotuneCache(tmp_path / "autotune.json")
+    cache = AutotuneCache(tmp_path / "autotune.jsonl")
     selection = choose_kernel(node, problem, FAKE_GPU, Preferences(autotune=True), timer, cache)
     assert selection.kernel == "user_variant"
     assert selection.reason.startswith("autotuned: user_variant 0.2000 ms, own 0.5000 ms")

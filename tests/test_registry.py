@@ -20,6 +20,7 @@ from graph_executor_v2.ir.types import TensorType
 from graph_executor_v2 import selection
 from graph_executor_v2.ops._base import OPS, Candidate, Input, OpDef, Problem, table_candidate
 from graph_executor_v2.runtime import Capabilities, ExecutorV2, Preferences, choose_kernel, select
+from graph_executor_v2.runtime import autotune
 from graph_executor_v2.runtime import executor as executor_module
 from graph_executor_v2.runtime.autotune import AutotuneCache, default_cache_path
 from graph_executor_v2.runtime.backends.reference import ReferenceBackend
@@ -218,9 +219,12 @@ def test_autotune_picks_the_fastest_and_caches_it(fake_op, cache_dir):
                                                                          "fast_in_practice": 1.0}))
     assert selection.kernel == "fast_in_practice"
     assert selection.reason.startswith("autotuned: fast_in_practice 1.0000 ms, fast_on_paper 2.0000 ms")
-    document = json.loads((cache_dir / "autotune.json").read_text())
-    entry = document["setups"][FAKE_GPU.setup][problem_key(problem)]
-    assert entry == {"winner": "fast_in_practice", "times_ms": {"fast_on_paper": 2.0, "fast_in_practice": 1.0}}
+    header, line = (cache_dir / "autotune.jsonl").read_text().splitlines()  # a header, then one line per problem
+    assert json.loads(header) == {"format": "graph_executor_v2.autotune", "version": 2}
+    entry = json.loads(line)
+    assert entry.pop("seconds") >= 0  # the timing's wall time, prepares included
+    assert entry == {"setup": FAKE_GPU.setup, "problem": problem_key(problem), "winner": "fast_in_practice",
+                     "times_ms": {"fast_on_paper": 2.0, "fast_in_practice": 1.0}}
 
     def no_timing(launch):
         raise AssertionError("a cached problem must not be timed again")
@@ -295,26 +299,66 @@ def test_autotune_cache_survives_a_new_process(fake_op, cache_dir):
 
 @pytest.mark.parametrize("content, why", [
     ("{ not json", "corrupt"),
-    ('{"format": "graph_executor_v2.autotune", "version": 0, "setups": {}}', "stale"),
-    ('["a list"]', "not an autotune cache"),
-    ('{"format": "graph_executor_v2.autotune", "version": 1, "setups": {"x": 3}}', "malformed"),
+    ('{"format": "graph_executor_v2.autotune", "version": 1, "setups": {}}', r"stale \(version 1, expected 2\)"),
+    ('["a list"]\n', "not an autotune cache"),
+    (autotune.HEADER + '{"setup": 3}\n', "malformed entry"),
+    (autotune.HEADER + '{"setup": "s", "prob\n', "corrupt line"),
 ])
-def test_a_bad_cache_file_warns_and_is_rewritten(fake_op, cache_dir, content, why):
+def test_a_bad_cache_file_warns_and_is_rewritten(fake_op, cache_dir, content, why, monkeypatch):
     cache_dir.mkdir(parents=True)
-    (cache_dir / "autotune.json").write_text(content)
+    (cache_dir / "autotune.jsonl").write_text(content)
     node, problem = fake_op(named_candidate("a", 30), named_candidate("b", 10))
     with pytest.warns(UserWarning, match=f"ignoring the autotune cache .*{why}"):
         selection = choose_kernel(node, problem, FAKE_GPU, Preferences(autotune=True),
                                   fake_timer({"a": 1.0, "b": 2.0}))
     assert selection.kernel == "a"
+    monkeypatch.setattr(autotune, "_JOURNALS", {})  # as a new process: the file read from its start
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the rewritten file is clean
         assert AutotuneCache().lookup(FAKE_GPU.setup, problem_key(problem)) == "a"
 
 
+def test_a_store_appends_one_line_and_a_miss_reads_what_others_appended(cache_dir):
+    """The file is a journal: a store neither rewrites nor reparses what is there (so a shared file that grew to
+    thousands of problems costs each store the same), and a miss reads the lines other processes appended, leaving
+    a line that is not finished for the next read."""
+    cache = AutotuneCache()
+    cache.store("setup", "first", "a", {"a": 1.0, "b": 2.0}, seconds=0.5)
+    path = cache_dir / "autotune.jsonl"
+    before, inode = path.read_bytes(), path.stat().st_ino
+    run_python("from graph_executor_v2.runtime.autotune import AutotuneCache; "
+               "AutotuneCache().store('setup', 'second', 'b', {'a': 3.0, 'b': 1.0})", {"GE2_CACHE_DIR": str(cache_dir)})
+    after = path.read_bytes()
+    assert path.stat().st_ino == inode and after.startswith(before) and after.count(b"\n") == 3
+    assert cache.lookup("setup", "second") == "b" and cache.times("setup", "second") == {"a": 3.0, "b": 1.0}
+    finished = json.dumps({"setup": "setup", "problem": "third", "winner": "c", "times_ms": {"c": 1.0}}) + "\n"
+    with open(path, "a") as file:
+        file.write(finished[:30])  # a writer half-way through its line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cache.lookup("setup", "third") is None
+        with open(path, "a") as file:
+            file.write(finished[30:])
+        assert cache.lookup("setup", "third") == "c"
+    assert {(e["problem"], e["seconds"]) for e in cache.entries()} == {("first", 0.5), ("second", None),
+                                                                       ("third", None)}
+
+
+def test_processes_storing_at_once_lose_no_entry(cache_dir):
+    code = ("import sys; from graph_executor_v2.runtime.autotune import AutotuneCache; cache = AutotuneCache(); "
+            "[cache.store('setup', f'{sys.argv[1]} {i}', 'a', {'a': float(i)}) for i in range(100)]")
+    environment = {**os.environ, "GE2_CACHE_DIR": str(cache_dir), "PYTHONPATH": PYTHON_DIR}
+    writers = [subprocess.Popen([sys.executable, "-c", code, str(n)], env=environment) for n in range(4)]
+    assert [writer.wait() for writer in writers] == [0] * 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one header, 400 whole lines
+        entries = AutotuneCache().entries()
+    assert sorted(e["problem"] for e in entries) == sorted(f"{n} {i}" for n in range(4) for i in range(100))
+
+
 def test_a_corrupt_cache_in_a_new_process_only_warns(cache_dir):
     cache_dir.mkdir(parents=True)
-    (cache_dir / "autotune.json").write_bytes(b"\x00\xff garbage")
+    (cache_dir / "autotune.jsonl").write_bytes(b"\x00\xff garbage")
     code = ("import warnings; warnings.simplefilter('always'); "
             "from graph_executor_v2.runtime.autotune import AutotuneCache; print(AutotuneCache().lookup('s', 'p'))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -338,12 +382,12 @@ def test_an_unwritable_cache_only_warns(fake_op, tmp_path, monkeypatch):
 def test_default_cache_location(monkeypatch, tmp_path):
     monkeypatch.delenv("GE2_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert default_cache_path() == tmp_path / "graph_executor_v2" / "autotune.json"
+    assert default_cache_path() == tmp_path / "graph_executor_v2" / "autotune.jsonl"
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert default_cache_path() == tmp_path / ".cache" / "graph_executor_v2" / "autotune.json"
+    assert default_cache_path() == tmp_path / ".cache" / "graph_executor_v2" / "autotune.jsonl"
     monkeypatch.setenv("GE2_CACHE_DIR", str(tmp_path / "mine"))
-    assert default_cache_path() == tmp_path / "mine" / "autotune.json"
+    assert default_cache_path() == tmp_path / "mine" / "autotune.jsonl"
 
 
 # --- table candidates: metadata read from the native kernels() table -----------------------------------------------
@@ -407,6 +451,9 @@ class TimedReferenceBackend(ReferenceBackend):
     def event(self):
         return None
 
+    def precompile(self, problems, settled):
+        self.precompiled = [(problem.in_types[0].shape, settled(problem)) for problem in problems]
+
     def time_ms(self, run, stream):
         run()
         self.timed.append(self.launched[-1])
@@ -462,6 +509,18 @@ def test_plans_time_each_distinct_problem_once_by_default_and_keep_the_fastest(f
     assert backend.timed == []
     assert [s.kernel for s in again.plans[0].selections] == ["fast"] * 4
     assert "autotune: 0 problem(s) timed in 0.00 s, 4 node(s) from the autotune cache" in again.explain()
+
+
+def test_a_plan_offers_every_node_to_the_parallel_compile_with_the_kernel_known_to_run(fake_gpu_executor):
+    """Compilation is what runs in parallel ahead of timing: every node's problem is offered, with the one kernel
+    that will run when the autotune cache or a pin settles it (the other candidates then need no compile)."""
+    _, make = fake_gpu_executor
+    _, backend = make()
+    assert backend.precompiled == [((64, 64), None)] * 3 + [((32, 64), None)]
+    _, backend = make()
+    assert backend.precompiled == [((64, 64), "fast")] * 3 + [((32, 64), "fast")]
+    _, backend = make(kernels={"fake": "on_paper"})
+    assert {settled for _, settled in backend.precompiled} == {"on_paper"}
 
 
 def test_autotune_false_keeps_the_priority_order_and_times_nothing(fake_gpu_executor):
@@ -527,3 +586,20 @@ def test_a_spent_tuning_budget_leaves_the_rest_to_priority_but_the_cache_still_a
     cached, backend = make()
     assert backend.timed == [] and [s.kernel for s in cached.plans[0].selections] == ["fast"] * 4
     assert "4 node(s) from the autotune cache; plan built" in cached.explain()
+
+
+def test_the_tuning_summary_adds_the_seconds_per_op_and_names_the_costliest(cache_dir):
+    cache = AutotuneCache()
+    cache.store("setup", 'gemm(float16[64,64]) {} sm(9, 0)', "cublaslt", {"cublaslt": 0.01, "tiled": 0.02}, 0.25)
+    cache.store("setup", 'gemm(float16[8,8]) {} sm(9, 0)', "tiled", {"cublaslt": 0.01, "tiled": 0.005}, 0.5)
+    cache.store("setup", 'conv2d(float16[1,3,8,8]) {} sm(9, 0)', "cudnn", {"cudnn": 0.1, "im2col_gemm": 0.3}, 2.0)
+    cache.store("setup", 'relu(float32[4]) {} sm(9, 0)', "vec16", {"vec16": 0.001, "generated": 0.002})  # no seconds
+    lines = autotune.summarize(cache.entries(), top=2).splitlines()
+    assert lines == [
+        "4 problem(s) in the cache, 3 with their timing's seconds: 2.8 s",
+        "  conv2d: 1 problem(s), 2.00 s, at most 2.000 s",
+        "  gemm: 2 problem(s), 0.75 s, at most 0.500 s",
+        "costliest 2:",
+        "  2.000 s  conv2d(float16[1,3,8,8]) {} sm(9, 0)  (2 candidates, cudnn won)",
+        "  0.500 s  gemm(float16[8,8]) {} sm(9, 0)  (2 candidates, tiled won)",
+    ]

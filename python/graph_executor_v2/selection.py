@@ -34,6 +34,7 @@ plans alike.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -225,6 +226,7 @@ def choose(ranking: Ranking, problem: Problem, *, last_resort: Candidate | None 
             reason = f"autotune cache: {winner} ({format_times(cache.times(setup, key))})"
         elif timer is not None:
             times, failed = {}, []
+            race_started = time.perf_counter()
             for candidate in order:
                 try:
                     prepared[candidate.name] = candidate.prepare(problem)
@@ -236,7 +238,7 @@ def choose(ranking: Ranking, problem: Problem, *, last_resort: Candidate | None 
                 # Measurement decides; priority only breaks ties (timings within TIE_FRACTION of the fastest).
                 fastest = min(times.values())
                 winner = next(c.name for c in order if times.get(c.name, float("inf")) <= fastest * (1 + TIE_FRACTION))
-                cache.store(setup, key, winner, times)
+                cache.store(setup, key, winner, times, seconds=time.perf_counter() - race_started)
                 reason = "autotuned: " + format_times(times)
                 if times[winner] > fastest:
                     reason += f" ({winner}: within {TIE_FRACTION:.0%} of the fastest, first by priority)"

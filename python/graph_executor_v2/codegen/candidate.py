@@ -76,17 +76,24 @@ def generated_candidate(kind: str, members_of_problem: Callable[[Problem], tuple
     return Candidate(NAME, priority, description, supports, prepare, any_alignment=True)
 
 
-def precompile(problems) -> None:
-    """Compiles the generated kernels of fused nodes' problems on parallel threads (NVRTC releases the GIL) into
-    the disk cache, so that the nodes' prepare, one after the other, find them there: those of every candidate whose
-    ``prepare.kernels(problem)`` lists the kernels it compiles (the ``generated`` candidates; fused_row's
-    hand-written row kernel with its generated prologue and epilogue). A kernel that fails to compile is left to its
-    node's prepare, which reports it with its group."""
+def precompile(problems, settled: Callable[[Problem], str | None] = lambda problem: None) -> None:
+    """Compiles the kernels a plan's nodes may prepare on parallel threads (NVRTC releases the GIL) into the disk
+    cache, so that the nodes' prepare and timing, one after the other, find them there: those of every viable
+    candidate whose ``prepare.kernels(problem)`` lists the kernels it compiles (the ``generated`` candidates;
+    fused_row's hand-written row kernel with its generated prologue and epilogue). ``settled(problem)``: the one
+    candidate a node will prepare when that is known before timing (the autotune cache's winner, a pinned kernel),
+    else None (every viable candidate may be timed). A kernel that fails to compile is left to its node's prepare,
+    which reports it with its group.
+
+    Only compilation runs in parallel: kernels are timed one at a time on one stream (a timing beside another
+    kernel would measure the sharing of the GPU, not the kernel), and native prepares (cuDNN plans, cuBLASLt
+    heuristics) run in the plan's order (cuDNN's go through one lock in any case)."""
     jobs = {}
     for problem in problems:
+        winner = settled(problem)
         for candidate in OPS[problem.op].candidates:
             kernels_of = getattr(candidate.prepare, "kernels", None)
-            if kernels_of is None or candidate.supports(problem) is not None:
+            if kernels_of is None or winner not in (None, candidate.name) or candidate.supports(problem) is not None:
                 continue
             try:
                 kernels = kernels_of(problem)

@@ -46,7 +46,7 @@ from .backends import backend_for
 from .backends.cuda import HOST_FALLBACK
 from .planner import Buffer, MemoryPlan, alias_roots, plan_memory
 from .profile import Profile, profile_plan
-from .registry import Capabilities, Preferences, Selection, choose_kernel, kernel_label
+from .registry import Capabilities, Preferences, Selection, choose_kernel, kernel_label, problem_key
 from .schedule import Schedule, schedule, width
 
 ALIAS = "alias"  # the "kernel" of a node whose outputs share its input's buffer: nothing runs
@@ -98,7 +98,9 @@ class Plan:
     # why that kind of run copies outside the graph
     copying_graphs: dict = field(default_factory=dict, repr=False)
     build_seconds: float = 0.0  # building the plan, kernel timing included
-    tuning_seconds: float = 0.0  # timing candidates (autotune): the problems not in the autotune cache yet
+    compile_seconds: float = 0.0  # of which compiling generated kernels ahead, in parallel (NVRTC)
+    tuning_seconds: float = 0.0  # of which timing candidates (autotune): the problems not in the autotune cache yet
+    capture_seconds: float = 0.0  # capturing and instantiating the CUDA graph (after the first run's warm-up)
     untimed: int = 0  # nodes left to priority order because the plan's tuning budget was spent
     # launch(stream) calls run after every node, on the first stream, and captured with the plan: a trainer's
     # optimizer (set before the plan's first run, which captures it).
@@ -129,6 +131,16 @@ class Plan:
             feed(slots[name], feeds[name], name, caller, views[name])
         executor._execute(self, caller)
         return caller
+
+    @property
+    def timed_problems(self) -> int:
+        """Nodes whose candidates this plan timed (one per distinct problem: later nodes read the cache)."""
+        return sum(s.reason.startswith("autotuned") for s in self.selections)
+
+    @property
+    def cached_choices(self) -> int:
+        """Nodes whose kernel the autotune cache answered (timed by an earlier node, plan or process)."""
+        return sum(s.reason.startswith("autotune cache") for s in self.selections)
 
     def __repr__(self) -> str:
         """One line: the graph and signature, kernels, memory and (CUDA) the CUDA graph; ``describe()`` has all."""
@@ -460,6 +472,7 @@ class ExecutorV2:
                             f"that synchronizes")
             return
         runtime = self._backend.runtime
+        started = time.perf_counter()
         graph = runtime.CudaGraph()
         if self._nvtx:
             runtime.nvtx_push(f"ge2 capture {self.source_graph.name}")
@@ -476,6 +489,7 @@ class ExecutorV2:
                 runtime.nvtx_pop()
         plan.cuda_graph = graph
         plan.capture = f"captured: {graph.node_count} graph nodes on {plan.schedule.stream_count} stream(s)"
+        plan.capture_seconds = time.perf_counter() - started
 
     def _signature_of(self, feeds: dict) -> tuple[Signature, dict]:
         """Checks the feeds against the declared inputs (symbolic dims must bind consistently across inputs);
@@ -571,8 +585,11 @@ class ExecutorV2:
         tuning_seconds = 0.0  # wall time of the choices that timed candidates (their prepares included)
         untimed = 0  # nodes chosen by priority once TUNING_BUDGET_S was spent (the cache still answers)
         signalling = order.signalling
-        # fused nodes' kernels compile in parallel, then load node by node from the cache
-        backend.precompile([_problem_of(node, self.capabilities) for node in graph.nodes if node.op in FUSED_OPS])
+        # The kernels the nodes may prepare compile in parallel, then load node by node from the kernel cache.
+        compiling = time.perf_counter()
+        backend.precompile([_problem_of(node, self.capabilities) for node in graph.nodes
+                            if not (node.outputs and node.outputs[0] in roots)], self._settled_kernel)
+        compile_seconds = time.perf_counter() - compiling
         for index, node in enumerate(graph.nodes):
             ins = tuple(absent if v is None else addresses[v.name] for v in node.inputs)
             outs = tuple(addresses[v.name] for v in node.outputs)
@@ -609,7 +626,16 @@ class ExecutorV2:
             plan.events = [backend.event() if index in signalling else None for index in range(step_count)]
             plan.events += [backend.event() for _ in range(order.stream_count - 1 + 3)]
         plan.build_seconds, plan.tuning_seconds, plan.untimed = time.perf_counter() - started, tuning_seconds, untimed
+        plan.compile_seconds = compile_seconds
         return plan
+
+    def _settled_kernel(self, problem: Problem) -> str | None:
+        """The one kernel a node of ``problem`` will prepare when known before timing (pinned, or the autotune
+        cache's winner), else None: what the parallel precompile need not compile the others for."""
+        pinned = self.preferences.kernels.get(problem.op)
+        if pinned is not None or self._autotune_cache is None:
+            return pinned
+        return self._autotune_cache.lookup(self.capabilities.setup, problem_key(problem))
 
     # --- reporting ------------------------------------------------------------------------------------------------
     def profile(self, feeds: dict, runs: int = 20) -> Profile:
@@ -711,15 +737,15 @@ def _describe_copies(kind: tuple, copying) -> str:
 
 def _describe_tuning(plan: Plan, autotune: bool) -> str:
     """explain()'s line on measured choice: how many distinct problems were timed and what it cost."""
-    timed = sum(s.reason.startswith("autotuned") for s in plan.selections)
-    cached = sum(s.reason.startswith("autotune cache") for s in plan.selections)
+    timed, cached = plan.timed_problems, plan.cached_choices
     if not autotune and not timed:
         return f"autotune: off (autotune=False: highest priority first); plan built in {plan.build_seconds:.2f} s"
     budget = (f"; tuning budget ({TUNING_BUDGET_S:g} s) spent: {plan.untimed} node(s) by priority"
               if plan.untimed else "")
     return (f"autotune: {timed} problem(s) timed in {plan.tuning_seconds:.2f} s, {cached} node(s) from the "
-            f"autotune cache{budget}; plan built in {plan.build_seconds:.2f} s; kernels are timed within the "
-            f"precision policy (a float32 node's allow_tf32)")
+            f"autotune cache{budget}; plan built in {plan.build_seconds:.2f} s ({plan.compile_seconds:.2f} s "
+            f"compiling generated kernels ahead, in parallel; timing is one kernel at a time on one stream); kernels "
+            f"are timed within the precision policy (a float32 node's allow_tf32)")
 
 
 def _no_launch(ins, outs, stream) -> None:

@@ -188,9 +188,10 @@ class CudaBackend:
         """Device copy of ``source``'s bytes into ``destination`` (same size) on ``stream``: captured with a plan."""
         self.runtime.memcpy_device_to_device(destination.ptr, source.ptr, destination.nbytes, stream)
 
-    def precompile(self, problems: list) -> None:
-        """Compiles the generated kernels of a plan's fused nodes in parallel, before they are prepared one by one."""
-        precompile(problems)
+    def precompile(self, problems: list, settled) -> None:
+        """Compiles the kernels a plan's nodes may prepare in parallel, before they are prepared and timed one by
+        one (``codegen.candidate.precompile``; ``settled(problem)``: the one candidate known to run, or None)."""
+        precompile(problems, settled)
 
     def feed(self, slot, value, name: str, stream: int, view=None) -> None:
         """Copies ``value`` (NumPy, or a device array whose ``DeviceView`` may be given) into ``slot`` on

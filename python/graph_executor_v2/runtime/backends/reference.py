@@ -47,7 +47,7 @@ class ReferenceBackend:
     def copy(self, destination: np.ndarray, source: np.ndarray, stream=None) -> None:
         destination[...] = source.reshape(destination.shape)
 
-    def precompile(self, problems: list) -> None:
+    def precompile(self, problems: list, settled) -> None:
         pass  # fused nodes run their members' references: nothing to compile
 
     def upload(self, array: np.ndarray) -> np.ndarray:

@@ -12,6 +12,7 @@ import graph_executor_v2 as ge2
 from graph_executor_v2 import nn
 from graph_executor_v2.datasets import python_source_corpus, random_windows
 from graph_executor_v2.models.gpt import GPT, GPTConfig
+from graph_executor_v2.nn.losses import CONSTANT_PREFIX
 from graph_executor_v2.passes import fp8
 
 SMALL = GPTConfig(vocab=256, context=32, layers=2, heads=2, width=64)
@@ -118,6 +119,54 @@ def test_fp8_training_learns_and_tracks_bfloat16(rng):
     assert deviation.max() < 0.05, (fp8_losses, bf16_losses)
 
 
+def _loss_scaled_graph(model, batch, factor):
+    """The model's loss graph with its loss multiplied by ``factor`` (a constant, not trained)."""
+    g = model.loss_graph(batch)
+    loss = g.outputs.pop("loss")
+    g.output(g.mul(loss, g.param(f"{CONSTANT_PREFIX}loss_factor", np.array(factor, np.float32))), "loss")
+    return g
+
+
+def test_calibration_gives_the_first_steps_the_gradients_of_a_mean_loss_over_many_tokens():
+    """GPT-2's bench row (8192 tokens a step) rose to loss 11.98 at its third FP8 step against bfloat16's 9.89: a
+    mean loss's gradients there are around 1e-6, below E5M2's smallest subnormal (2**-16) at the initial scale 1,
+    so the FP8 layers' first gradients were zeros, and so were the gradients their dgrad passes on. The loss
+    multiplied by 1/8192 gives the small GPT such gradients. Calibrated (the default), every weight moves in the
+    first step and the loss stays with bfloat16's; uncalibrated (Transformer Engine's scale-1 start), no weight
+    inside the blocks moves in the first step (bfloat16 ones included: their gradient comes through an FP8 dgrad)
+    and the loss lags."""
+    batch = _batches(1, 8, SMALL.context, seed=4)[0]
+    factor, steps = 1.0 / 8192, 3
+    initial = {name: p.data.copy() for name, p in _gpt(seed=4).named_parameters()}
+    trainers = {key: ge2.train.Trainer(_loss_scaled_graph(_gpt(seed=4), 8, factor), loss="loss", amp=amp,
+                                       optimizer=ge2.train.Adam(lr=1e-3), **options)
+                for key, amp, options in (("bfloat16", "bfloat16", {}), ("calibrated", "fp8", {}),
+                                          ("uncalibrated", "fp8", {"fp8": ge2.train.DelayedScaling(calibrate=False)}))}
+    losses, moved = {}, {}
+    for key, trainer in trainers.items():
+        losses[key] = [float(trainer.step(batch)) / factor]
+        moved[key] = {name: float(np.mean(value != initial[name])) for name, value in trainer.parameters().items()}
+        losses[key] += [float(trainer.step(batch)) / factor for _ in range(steps - 1)]
+    fp8_weights = sorted(_states(trainers["calibrated"]))
+    assert len(fp8_weights) == 7
+    # three passes: x and the gradients after fc2/out_proj, then those behind their dgrad, then settled
+    assert trainers["calibrated"].fp8_calibration_passes == 3 and trainers["uncalibrated"].fp8_calibration_passes == 0
+    assert "calibrated by 3 forward/backward pass(es) on the first batch" in trainers["calibrated"].explain()
+    block_weights = [name for name in initial if name.startswith("blocks.") and name.endswith("weight")]
+    assert set(fp8_weights) < set(block_weights)
+    for key in ("bfloat16", "calibrated"):
+        assert all(moved[key][name] > 0.9 for name in block_weights), (key, moved[key])
+    assert all(moved["uncalibrated"][name] == 0.0 for name in block_weights), moved["uncalibrated"]
+    deviation = {key: np.abs(np.array(losses[key]) - losses["bfloat16"]) / losses["bfloat16"]
+                 for key in ("calibrated", "uncalibrated")}
+    assert deviation["calibrated"].max() < 0.002, losses
+    assert deviation["uncalibrated"].max() > 0.005, losses  # the defect this guards against
+    # the calibration's amaxes are in the history, behind the first step's own
+    for tensors in _states(trainers["calibrated"]).values():
+        for tensor in ("x", "g"):
+            assert (tensors[tensor]["history"][:steps + 3] > 0).sum() >= steps + 2, tensors[tensor]["history"]
+
+
 def test_checkpoints_save_and_restore_the_scaling_state(tmp_path):
     batches = _batches(4, 4, SMALL.context, seed=2)
     trainer = _trainer(_gpt(seed=2), 4)
@@ -182,13 +231,38 @@ def test_fp8_step_on_the_gpu_matches_the_cpu_emulation_and_is_captured():
 
 
 @pytest.mark.gpu
+def test_gpt2_sized_fp8_steps_track_bfloat16_from_the_first_step():
+    """bench_train.py's gpt2_fp8 setting (GPT-2's width, heads and vocabulary, batch 8 x 1024: 8192 tokens a step,
+    AdamW lr 1e-3, no clipping, the same batch every step), 4 layers: every weight moves in the first step and the
+    FP8 loss is within 2% of bfloat16's at every step. Before the first-step calibration the 12-layer row's FP8 loss
+    rose to 11.98 at its third step against bfloat16's 9.89 (E5M2 gradients at scale 1 flushed to zero)."""
+    config, batch, steps = GPTConfig(vocab=50257, context=1024, layers=4, heads=12, width=768), 8, 4
+    rng = np.random.default_rng(11)
+    feeds = {name: rng.integers(0, config.vocab, (batch, config.context)) for name in ("ids", "targets")}
+    initial = {name: p.data.copy() for name, p in _gpt(config, seed=11).named_parameters()}
+    curves = {}
+    for amp in ("bfloat16", "fp8"):
+        trainer = ge2.train.Trainer(_gpt(config, seed=11).loss_graph(batch), loss="loss", device="cuda", amp=amp,
+                                    optimizer=ge2.train.AdamW(lr=1e-3, weight_decay=0.01))
+        curves[amp] = [float(trainer.step(feeds))]
+        # moved by an update (about lr), not by the weight decay alone (lr * 0.01 * |w|, below 1e-6)
+        unmoved = [name for name, value in trainer.parameters().items()
+                   if name.endswith("weight") and np.mean(np.abs(value - initial[name]) > 1e-5) < 0.9]
+        assert not unmoved, (amp, unmoved)
+        curves[amp] += [float(trainer.step(feeds)) for _ in range(steps - 1)]
+        assert not trainer._executor.fallbacks, amp
+    assert trainer.fp8_calibration_passes >= 2, trainer.explain()
+    print(f"losses bfloat16 {np.round(curves['bfloat16'], 4)}, fp8 {np.round(curves['fp8'], 4)}")
+    np.testing.assert_allclose(curves["fp8"], curves["bfloat16"], rtol=0.02, err_msg="FP8 vs bfloat16 per step")
+
+
+@pytest.mark.gpu
 @pytest.mark.large
 def test_large_gpt_6x384_trains_1000_steps_in_fp8_within_2_percent_of_bfloat16():
     """The attention issue's GPT (6 layers, width 384) from the same initialisation on the same batches: the FP8 loss
-    within 2% of the bfloat16 loss at every step after the warm-up (the first 100 steps: delayed scaling starts from
-    scale 1 and learns the tensors' ranges; the learning-rate warm-up is as long), issue 24's criterion. The H200
-    runs so far miss it: per-step gap 0.77% mean, 3.3% largest (step 771, FP8 the lower), within 2% over 20-step
-    means, FP8's final loss 1.5% below bfloat16's; both figures are printed."""
+    within 2% of the bfloat16 loss at every step after the warm-up (the learning rate's, the first 100 steps), issue
+    24's criterion. The H200 runs before the first-step calibration missed it (the latest: 5.66% largest at step
+    108, 0.79% mean, 1.12% largest over 20-step means; final losses 1.0485 / 1.0513); the figures are printed."""
     config = GPTConfig(vocab=256, context=256, layers=6, heads=6, width=384)
     steps, batch, warmup, window = 1000, 16, 100, 20
     batches = _batches(steps, batch, config.context, seed=7)

@@ -122,14 +122,25 @@ class Plan:
         slot on the caller's ``stream``, then runs the plan as ``replay`` does; returns the caller stream's handle,
         on which the backend's ``fetch`` reads results. (``ExecutorV2.run`` of a captured plan puts these copies in
         the graph instead: ``_run_in_one_launch``.)"""
-        executor = self.executor
-        backend = executor._backend
+        caller = self._feed(feeds, views, stream)
+        self.executor._execute(self, caller)
+        return caller
+
+    def run_uncaptured(self, feeds: dict, views: dict, stream=None):
+        """``run`` node by node (epilogue included), leaving the plan's warm-up and CUDA graph as they were: a run
+        before the plan's first real one (a trainer's FP8 scaling calibration, before it attaches its optimizer).
+        Returns the caller stream's handle."""
+        caller = self._feed(feeds, views, stream)
+        self.executor._launch_steps(self, caller)
+        return caller
+
+    def _feed(self, feeds: dict, views: dict, stream):
+        """Copies every input of ``feeds`` into its slot on the caller's ``stream``; returns that stream's handle."""
+        backend = self.executor._backend
         caller = backend.caller_stream(stream)
-        slots, feed = self.slots, backend.feed
         for value in self.graph.inputs:
             name = value.name
-            feed(slots[name], feeds[name], name, caller, views[name])
-        executor._execute(self, caller)
+            backend.feed(self.slots[name], feeds[name], name, caller, views[name])
         return caller
 
     @property

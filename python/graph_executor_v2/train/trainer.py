@@ -209,6 +209,7 @@ class Trainer:
                              f"{self.train_graph.outputs[loss].type.dtype} loss '{loss}'")
         self._seed = self._backend.upload(self._scale.astype(seed_dtype))
         self.step_count = 0  # steps taken
+        self.fp8_calibration_passes = 0  # forward/backward passes run to calibrate FP8 scaling (no update)
         # CUDA: each step's epilogue copies its loss (bytes 0-7), the applied optimizer steps (8-15) and the
         # non-finite counters (16-23) here, so a loss read is one 24-byte copy that brings the check's flag along.
         self._readout = self._backend.upload(np.zeros(3, np.int64)) if self._backend.asynchronous else None
@@ -427,6 +428,11 @@ class Trainer:
             "fused multi-tensor kernels on the device (FusedOptimizerStep), the plan's epilogue")
         lines.append(f"optimizer: {clip}{type(self.optimizer).__name__} on {len(self.trained)} parameter(s), states "
                      f"{list(self.optimizer.state_names)}; {where}")
+        if self.fp8 is not None:
+            calibration = (f"calibrated by {self.fp8_calibration_passes} forward/backward pass(es) on the first "
+                           "batch" if self.fp8.calibrate else "not calibrated: the first step quantizes with scale 1")
+            lines.append(f"FP8 delayed scaling: amax history {self.fp8.history}, margin {self.fp8.margin}; "
+                         f"{calibration}")
         lines.append(f"memory: persistent {self.persistent_bytes / 2**20:.3g} MB (masters, copies, states), "
                      f"peak {self.peak_bytes / 2**20:.3g} MB")
         if self._averager is not None:
@@ -445,6 +451,8 @@ class Trainer:
         except (ValueError, TypeError) as error:
             raise type(error)(f"batch: {error}") from None
         if not plan.epilogue:
+            if self.fp8 is not None and self.fp8.calibrate:  # before the optimizer and all-reduces are attached
+                self._calibrate_fp8(plan, batch, views)
             if self._averager is not None:  # the gradients' all-reduces and, first in the epilogue, their wait
                 self._averager.attach(plan, [plan.graph.outputs[autograd.grad_name(name)].name
                                              for name in self.trained], plan.graph.outputs[self.loss_name].name)
@@ -483,11 +491,11 @@ class Trainer:
 
         return launch
 
-    def _buffer_update_launch(self, plan: Plan):
-        """launch(stream) copying this step's buffer updates (outputs of the plan) into the buffers the next step
-        reads: device work only on CUDA, captured with the plan."""
+    def _buffer_update_launch(self, plan: Plan, names=None):
+        """launch(stream) copying this step's updates of the buffers ``names`` (default all; outputs of the plan)
+        into the buffers the next step reads: device work only on CUDA, captured with the plan."""
         pairs = [(self._buffers[name], plan.slots[plan.graph.outputs[BUFFER_UPDATE_PREFIX + name].name])
-                 for name in self.buffer_names]
+                 for name in (self.buffer_names if names is None else names)]
         copy = self._backend.copy
 
         def launch(stream):
@@ -495,6 +503,33 @@ class Trainer:
                 copy(buffer, update, stream)
 
         return launch
+
+    def _calibrate_fp8(self, plan: Plan, batch: dict, views: dict) -> None:
+        """FP8 delayed scaling's first scales from the data (``DelayedScaling.calibrate``), when an activation's or
+        gradient's amax history is still empty: runs the plan's forward and backward on ``batch`` (no optimizer: it
+        is not attached yet) and keeps only the new scaling state, until no tensor's amax moves by more than a
+        factor of 2 from one pass to the next. A gradient that reaches its GEMM through another FP8 GEMM's dgrad is
+        all zeros (or too small) while that GEMM's scale is still 1, so it settles a pass later: three passes for a
+        transformer, at most one per FP8 GEMM and one more for a chain of them. Host reads of the histories, before
+        a plan's first step only."""
+        names = [name for name in self.buffer_names if name.startswith(_fp8.STATE_PREFIX)]
+        histories = [self._buffers[name] for name in names if name.endswith(".history")]
+
+        def newest() -> np.ndarray:
+            return np.array([self._backend.to_host(history)[0] for history in histories], np.float64)
+
+        if all(self._backend.to_host(history).any() for history in histories):
+            return  # calibrated already: an earlier plan's steps, or a checkpoint
+        keep_state = self._buffer_update_launch(plan, names)
+        amax = newest()
+        for _ in range(len(histories) // 3 + 1):  # x, w and g per FP8 GEMM
+            keep_state(plan.run_uncaptured(batch, views))
+            self.fp8_calibration_passes += 1
+            previous, amax = amax, newest()
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = np.where(previous == amax, 1.0, amax / previous)  # 0 -> 0 is settled, 0 -> a value is not
+            if not np.any(np.isfinite(amax) & ((ratio > 2.0) | (ratio < 0.5))):
+                break
 
     def _device_optimizer_launch(self, plan: Plan, names, grad_slots, grad_types):
         """The fused optimizer step of this plan (one per plan: the gradients live in its arena), device work only,

@@ -14,6 +14,7 @@ import pytest
 
 import graph_executor_v2 as ge2
 from graph_executor_v2.ops._base import OPS, Candidate
+from graph_executor_v2.runtime.autotune import AutotuneCache
 from graph_executor_v2.testing import assert_close, mlp, random_array
 
 pytestmark = pytest.mark.gpu
@@ -187,10 +188,38 @@ def test_plans_choose_by_measurement_by_default(rng, tmp_path, monkeypatch):
     assert all(reason.startswith("autotuned: ") for reason in reasons), text  # three GEMMs, three problems
     assert all(reason.count(" ms") >= 2 for reason in reasons), text  # at least two candidates timed each
     assert "autotune: 3 problem(s) timed in " in text
-    assert measured.plans[0].tuning_seconds > 0
-    assert (tmp_path / "autotune.jsonl").exists()
+    plan = measured.plans[0]
+    assert plan.timed_problems == 3 and plan.build_seconds >= plan.tuning_seconds > 0
+    assert plan.cuda_graph is not None and plan.capture_seconds > 0
+    entries = AutotuneCache().entries()  # the journal: one line per timed problem, with what its timing took
+    assert len(entries) == 3 and all(entry["problem"].startswith("gemm(") for entry in entries), entries
+    assert 0 < sum(entry["seconds"] for entry in entries) <= plan.tuning_seconds * 1.01 + 1e-3, entries
     by_priority = ge2.ExecutorV2(g, device="cuda", autotune=False)
     assert_close(by_priority.run({"x": x})["y"], reference(x), "float16", max(sizes), what="by priority")
     assert all(s.reason.startswith("highest priority of ") for s in by_priority.plans[0].selections), \
         by_priority.explain()
     assert by_priority.plans[0].tuning_seconds == 0
+
+
+def test_a_plan_compiles_the_generated_kernels_it_times_ahead_in_parallel(rng, tmp_path, monkeypatch):
+    """Two unfused pointwise nodes, each with a generated candidate timed against the hand-written ones: both
+    kernels compile in the plan's parallel precompile (before any node is prepared), and the nodes' prepares then
+    find them in the kernel cache."""
+    from graph_executor_v2.codegen import compiler
+
+    monkeypatch.setenv("GE2_CACHE_DIR", str(tmp_path))
+    g = ge2.ir.Graph("two_pointwise")
+    x = g.input("x", (64, 1000), "float16")
+    g.output(g.gelu(x), "g")
+    g.output(g.silu(x), "s")
+    compiler.STATS.clear()
+    executor = ge2.ExecutorV2(g, device="cuda", passes=[])
+    plan = executor.plans[0]
+    cold = [record for record in compiler.STATS.records if not record.cache_hit]
+    assert len(cold) == 2 and all(record.group == record.kernel for record in cold), cold  # precompile's records
+    assert plan.compile_seconds >= max(record.seconds for record in cold)
+    assert all(" generated " in s.reason for s in plan.selections), executor.explain()  # timed with the others
+    x_host = random_array(rng, (64, 1000), "float16")
+    outputs = executor.run({"x": x_host})
+    for name, op in (("g", "gelu"), ("s", "silu")):  # the ops' float64 references
+        assert_close(outputs[name], OPS[op].reference([x_host.astype(np.float64)], {})[0], "float16", what=op)

@@ -132,8 +132,11 @@ class _Journal:
             os.link(file.name, self.path)
         except FileExistsError:
             pass
-        finally:
-            os.unlink(file.name)
+        except OSError:  # a file system without hard links: a rename, which a racing creator may undo (no harm)
+            if not self.path.exists():
+                os.replace(file.name, self.path)
+                return
+        os.unlink(file.name)
 
     def _rewrite(self) -> None:
         """The file replaced by the header and every good entry known here."""

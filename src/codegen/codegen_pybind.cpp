@@ -9,6 +9,7 @@
 // cudaLaunchKernel), the runtime's own equivalent of cuModuleLoadData / cuModuleGetFunction / cuLaunchKernel: the
 // module links the shared CUDA runtime like every op and needs no libcuda at link or import time, so compiling
 // works on a machine with no driver (tests, CI) and only loading and launching need a GPU.
+#include <dlfcn.h>
 #include <nvrtc.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -17,6 +18,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -50,12 +52,25 @@ struct ProgramGuard {
   throw std::runtime_error(message);
 }
 
+std::pair<int, int> loaded_nvrtc_version() {
+  int major = 0, minor = 0;
+  nvrtcResult result = nvrtcVersion(&major, &minor);
+  if (result != NVRTC_SUCCESS) nvrtc_failed("nvrtcVersion", result, "");
+  return {major, minor};
+}
+
 // Compiles `source` (file name `name` in the log) to a cubin for sm_<arch>; returns (cubin, log). RuntimeError with
 // NVRTC's log when the source does not compile.
 py::tuple compile(const std::string& source, const std::string& name, int arch, const std::vector<std::string>& options) {
   if (arch < 50 || arch > 1000) throw std::invalid_argument("arch: expected a compute capability as 10*major+minor "
                                                             "(e.g. 90), got " + std::to_string(arch));
   std::vector<std::string> all_options = {"--gpu-architecture=sm_" + std::to_string(arch), "-std=c++17"};
+  // NVRTC 12.9+ takes a cubin from the driver's compute cache when it has one (only where a driver is installed),
+  // skipping ptxas: the log then lacks ptxas's report (--ptxas-options=-v) and its warnings. GE2 caches cubins
+  // itself (codegen/compiler.py), so NVRTC's cache is off and every compile runs ptxas and returns its whole log.
+  // The check is on the library loaded at run time (the PyPI wheel's may differ from the headers').
+  const auto [major, minor] = loaded_nvrtc_version();
+  if (major > 12 || (major == 12 && minor >= 9)) all_options.push_back("--no-cache");
   all_options.insert(all_options.end(), options.begin(), options.end());
   std::vector<const char*> option_pointers;
   for (const auto& option : all_options) option_pointers.push_back(option.c_str());
@@ -87,10 +102,16 @@ py::tuple compile(const std::string& source, const std::string& name, int arch, 
 }
 
 py::tuple nvrtc_version() {
-  int major = 0, minor = 0;
-  nvrtcResult result = nvrtcVersion(&major, &minor);
-  if (result != NVRTC_SUCCESS) nvrtc_failed("nvrtcVersion", result, "");
+  const auto [major, minor] = loaded_nvrtc_version();
   return py::make_tuple(major, minor);
+}
+
+// The path of the NVRTC library this process loaded (the toolkit's, or the PyPI wheel's preloaded by
+// codegen/compiler.py); "" when the loader cannot say.
+std::string nvrtc_library() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&nvrtcVersion), &info) == 0 || info.dli_fname == nullptr) return "";
+  return info.dli_fname;
 }
 
 void check_cuda(cudaError_t status, const char* what) {
@@ -192,6 +213,7 @@ PYBIND11_MODULE(_codegen, m) {
   m.def("compile", &compile, py::arg("source"), py::arg("name"), py::arg("arch"), py::arg("options"),
         "Compiles CUDA C++ to a cubin for sm_<arch>: (cubin bytes, log). RuntimeError with the log on failure.");
   m.def("nvrtc_version", &nvrtc_version, "NVRTC's (major, minor) version");
+  m.def("nvrtc_library", &nvrtc_library, "The path of the loaded NVRTC library (\"\" when unknown)");
   py::class_<Kernel>(m, "Kernel")
       .def(py::init<py::bytes, const std::string&>(), py::arg("cubin"), py::arg("name"),
            "Loads a cubin (on every device, lazily) and finds its kernel `name`")

@@ -6,7 +6,10 @@
   written to a temporary name and renamed into place, so two processes compiling the same kernel both succeed and a
   reader never sees half a file. Each file starts with a header holding the digest of its cubin: a corrupt or
   truncated file is recompiled, with a warning, and rewritten.
-- An NVRTC error is a RuntimeError naming the group, with NVRTC's log and the failing source line.
+- An NVRTC error is a RuntimeError naming the group, with NVRTC's log, the failing source line and which NVRTC
+  (version and library file) compiled it; explain() names it beside each cold compile too.
+- NVRTC's own cache (12.9+, the driver's compute cache) is off: the native compile always runs ptxas and returns
+  its whole log (``--ptxas-options=-v`` reports included); GE2's cache below is the only one.
 - ``GE2_DUMP_KERNELS=DIR`` writes every generated source to ``DIR/<kernel>.cu``.
 - ``availability()``: None when kernels can be generated, else why not (no ``_codegen`` module, no NVRTC): the
   ``generated`` candidates then report it and the hand-written kernels run.
@@ -40,9 +43,10 @@ class CompileRecord:
 
 
 def describe_build(record: CompileRecord) -> str:
-    """``compiled cold in 412.0 ms`` or ``cache hit in 0.3 ms (compiled cold in 412.0 ms earlier)``."""
+    """``compiled cold in 412.0 ms by NVRTC 13.0 (/usr/local/cuda/lib64/libnvrtc.so.13)`` or ``cache hit in 0.3 ms
+    (compiled cold in 412.0 ms earlier)``."""
     if not record.cache_hit:
-        return f"compiled cold in {record.seconds * 1e3:.1f} ms"
+        return f"compiled cold in {record.seconds * 1e3:.1f} ms by {nvrtc_description()}"
     earlier = "" if record.cold_seconds is None else f" (compiled cold in {record.cold_seconds * 1e3:.1f} ms earlier)"
     return f"cache hit in {record.seconds * 1e3:.1f} ms{earlier}"
 
@@ -117,6 +121,14 @@ def nvrtc_version() -> tuple[int, int]:
     return tuple(_native_module().nvrtc_version())
 
 
+def nvrtc_description() -> str:
+    """``NVRTC 13.0 (/usr/local/cuda/lib64/libnvrtc.so.13)``: the version and the library file loaded at run time
+    (the toolkit's, or the PyPI wheel's)."""
+    native = _native_module()
+    library = native.nvrtc_library() or "library file unknown"
+    return "NVRTC %d.%d (%s)" % (*native.nvrtc_version(), library)
+
+
 def user_cache_directory() -> Path:
     """GE2's cache directory: ``$GE2_CACHE_DIR``, else ``$XDG_CACHE_HOME/graph_executor_v2``, else
     ``~/.cache/graph_executor_v2`` (the kernel cache here, the autotune cache in runtime/autotune.py)."""
@@ -183,8 +195,8 @@ def compile_error(group: str, name: str, source: str, log: str) -> RuntimeError:
         if 1 <= number <= len(lines):
             quoted.append(f"  line {number}: {lines[number - 1].strip()}")
     where = "\n".join(quoted) or "  (NVRTC named no source line)"
-    return RuntimeError(f"generated kernel for {group}: NVRTC could not compile {name}.cu:\n{log.strip()}\n"
-                        f"failing source line(s):\n{where}")
+    return RuntimeError(f"generated kernel for {group}: {nvrtc_description()} could not compile {name}.cu:\n"
+                        f"{log.strip()}\nfailing source line(s):\n{where}")
 
 
 def compile_cubin(source: str, name: str, arch: int, group: str) -> bytes:

@@ -6,8 +6,10 @@ folded constants are literals (the compiler turns the index divisions into multi
   are all issued before the first is used (a block covers ``BLOCK * UNROLL`` consecutive steps): operands of the full output shape are read and
   written as 16-byte packs when every such pointer is 16-byte aligned (checked at run time: a view may be
   misaligned), with a scalar loop for the tail and for the misaligned case;
-- reads a broadcast operand element by element at ``sum(coordinate_d * stride_d)`` over the output's dims collapsed
-  where all operands broadcast alike;
+- reads a broadcast operand at ``sum(coordinate_d * stride_d)`` over the output's dims collapsed where all operands
+  broadcast alike; in the vector loop, where a vector step stays inside one innermost row (its extent a multiple of
+  ``V``), once a step: as 16-byte packs when the operand runs along that row (a bias: its ``V`` elements are
+  consecutive), as one value when it does not (a per-row scale); else element by element;
 - indexes with 32-bit integers unless the element count needs 64 bits;
 - computes floating values in float32 (16-bit ones widened on load, rounded once on store) and integer values in
   their exact type; each member's math is its op's ``scalar`` C++ expression.
@@ -175,16 +177,12 @@ def pointwise_source(name: str, members: Sequence[Member], outputs: Sequence[int
 
     parameters = [f"const {elements.storage_type(t.dtype)}* __restrict__ in{k}" for k, t in enumerate(in_types)]
     parameters += [f"{elements.storage_type(t.dtype)}* __restrict__ out{k}" for k, t in enumerate(out_types)]
-    full_pointers = [f"in{k}" for k, f in enumerate(full) if f] + [f"out{k}" for k in range(len(out_types))]
 
-    def body(value_of_full_input, store) -> list[str]:
-        lines = []
-        for k, t in enumerate(in_types):
-            if full[k]:
-                loaded = value_of_full_input(k)
-            else:
-                loaded = elements.from_storage(t.dtype, f"in{k}[{broadcast_index(extents, carried[k], 'i', suffix)}]")
-            lines.append(f"const {elements.compute_type(t.dtype)} x{k} = {loaded};")
+    def broadcast_load(k: int, index: str) -> str:
+        return elements.from_storage(in_types[k].dtype, f"in{k}[{broadcast_index(extents, carried[k], index, suffix)}]")
+
+    def body(value_of_input, store) -> list[str]:
+        lines = [f"const {elements.compute_type(t.dtype)} x{k} = {value_of_input(k)};" for k, t in enumerate(in_types)]
         lines += member_expressions(members, types, lambda k: f"x{k}", in_types, "m")
         lines += [store(k, elements.to_storage(t.dtype, f"m{index}"))
                   for k, (index, t) in enumerate(zip(outputs, out_types))]
@@ -193,41 +191,58 @@ def pointwise_source(name: str, members: Sequence[Member], outputs: Sequence[int
     def packs_of(dtype: str) -> int:
         return vector * itemsize(dtype) // PACK_BYTES
 
+    # How the vector loop reads each broadcast operand. A step's V elements lie in one innermost row when the row's
+    # extent is a multiple of V: an operand running along that row holds them consecutively, at an offset that is a
+    # multiple of V (16-byte aligned when its base is), so it loads as packs like a full operand (a bias: one load
+    # a step instead of V loads and V index computations); one that does not run along it has one value for the
+    # whole step (a per-row scale).
+    in_row = extents[-1] % vector == 0 if extents else False
+    packed = [full[k] or (in_row and carried[k][-1] and vector * itemsize(t.dtype) % PACK_BYTES == 0)
+              for k, t in enumerate(in_types)]
+    uniform = [not full[k] and in_row and not carried[k][-1] for k in range(len(in_types))]
+
     # Several packs in flight a thread (the loads of ``unroll`` vector steps are issued before any is used): one
     # 16-byte load per operand a thread leaves the memory system idle between requests (0.68-0.85 of copy
     # bandwidth on the H200); the bound on packs a thread keeps the widest mixes (int64 with bool) in registers.
-    packs_per_step = sum(packs_of(t.dtype) for k, t in enumerate(in_types) if full[k])
+    packs_per_step = sum(packs_of(t.dtype) for k, t in enumerate(in_types) if packed[k])
     packs_per_step += sum(packs_of(t.dtype) for t in out_types)
     unroll = next(u for u in (UNROLL, 2, 1) if u == 1 or u * packs_per_step <= MAX_PACKS_IN_FLIGHT)
+    step_start = f"(v * {vector}{suffix})"  # the flat index of a vector step's first element
     load_lines = []
     vector_lines = []
+    load_body = []
     for k, t in enumerate(in_types):
-        if full[k]:
+        if packed[k]:
             packs = packs_of(t.dtype)
             load_lines.append(f"ge2_pack p{k}[{unroll * packs}];")
             vector_lines.append(f"const {elements.storage_type(t.dtype)}* e{k} = "
                                 f"reinterpret_cast<const {elements.storage_type(t.dtype)}*>(p{k} + u * {packs});")
-    load_body = [f"p{k}[u * {packs_of(t.dtype)} + {q}] = reinterpret_cast<const ge2_pack*>(in{k})"
-                 f"[v * {packs_of(t.dtype)}{suffix} + {q}];"
-                 for k, t in enumerate(in_types) if full[k] for q in range(packs_of(t.dtype))]
+            first_pack = (f"v * {packs}{suffix}" if full[k] else
+                          f"({broadcast_index(extents, carried[k], step_start, suffix)}) / {vector // packs}{suffix}")
+            load_body += [f"p{k}[u * {packs} + {q}] = reinterpret_cast<const ge2_pack*>(in{k})[{first_pack} + {q}];"
+                          for q in range(packs)]
+        elif uniform[k]:
+            vector_lines.append(f"const {elements.compute_type(t.dtype)} b{k} = {broadcast_load(k, step_start)};")
     for k, t in enumerate(out_types):
         vector_lines.append(f"ge2_pack q{k}[{packs_of(t.dtype)}];")
         vector_lines.append(f"{elements.storage_type(t.dtype)}* f{k} = "
                             f"reinterpret_cast<{elements.storage_type(t.dtype)}*>(q{k});")
-    element_lines = body(lambda k: elements.from_storage(in_dtypes[k], f"e{k}[lane]"),
+    element_lines = body(lambda k: elements.from_storage(in_dtypes[k], f"e{k}[lane]") if packed[k] else
+                         f"b{k}" if uniform[k] else broadcast_load(k, "i"),
                          lambda k, value: f"f{k}[lane] = {value};")
     store_lines = []
     for k, t in enumerate(out_types):
         packs = packs_of(t.dtype)
         store_lines += [f"reinterpret_cast<ge2_pack*>(out{k})[v * {packs}{suffix} + {q}] = q{k}[{q}];"
                         for q in range(packs)]
-    scalar_lines = body(lambda k: elements.from_storage(in_dtypes[k], f"in{k}[i]"),
-                        lambda k, value: f"out{k}[i] = {value};")
+    scalar_lines = body(lambda k: elements.from_storage(in_dtypes[k], f"in{k}[i]") if full[k] else
+                        broadcast_load(k, "i"), lambda k, value: f"out{k}[i] = {value};")
 
     def indent(lines, depth):
         return "\n".join(" " * depth + line for line in lines)
 
-    aligned = " | ".join(f"reinterpret_cast<unsigned long long>({p})" for p in full_pointers)
+    vector_pointers = [f"in{k}" for k, p in enumerate(packed) if p] + [f"out{k}" for k in range(len(out_types))]
+    aligned = " | ".join(f"reinterpret_cast<unsigned long long>({p})" for p in vector_pointers)
     source = f"""{elements.PREAMBLE}
 // {len(members)} op(s): {", ".join(f"{m.op} ({m.node})" for m in members)}
 // iteration shape {shape}, {count} elements, {vector} per vector step, {"64" if wide else "32"}-bit indices

@@ -91,15 +91,40 @@ def test_symbolic_shape_arithmetic_stays_symbolic_and_one_executor_runs_two_size
         np.testing.assert_array_equal(y, session.run(None, {"x": x})[0])
 
 
-def test_symbolic_shape_arithmetic_beyond_products_is_reported():
-    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
-             helper.make_node("Add", ["shape", "one"], ["grown"], name="sum_of_dims"),
-             helper.make_node("Reshape", ["x", "grown"], ["y"])]
-    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])], [_ints("one", [1])])
+def _reported(nodes, initializers, input_shape=("n",)):
+    """The (node name, reason) pairs the importer reports for a model of input x [input_shape]."""
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(input_shape))], initializers)
     with pytest.raises(UnsupportedModelError) as caught:
         onnx_frontend.load(model)
-    assert [problem[0] for problem in caught.value.problems] == ["sum_of_dims"]
-    assert "symbolic dims" in caught.value.problems[0][2]
+    return [(problem[0], problem[2]) for problem in caught.value.problems]
+
+
+def test_shape_arithmetic_that_depends_on_the_sizes_is_reported():
+    shape = helper.make_node("Shape", ["x"], ["shape"])
+    # x [n] reshaped to [n + 1]: the element counts differ for every n.
+    grown = _reported([shape, helper.make_node("Add", ["shape", "one"], ["grown"]),
+                       helper.make_node("Reshape", ["x", "grown"], ["y"], name="reshape_to_n_plus_1")],
+                      [_ints("one", [1])])
+    assert grown[0][0] == "reshape_to_n_plus_1" and "element counts differ" in grown[0][1]
+    # n == 5 holds for some sizes only.
+    compared = _reported([shape, helper.make_node("Equal", ["shape", "five"], ["is_five"], name="n_is_five"),
+                          helper.make_node("Where", ["is_five", "shape", "five"], ["target"]),
+                          helper.make_node("Reshape", ["x", "target"], ["y"])], [_ints("five", [5])])
+    assert compared[0][0] == "n_is_five" and "depends on the sizes" in compared[0][1]
+    # n / m of two names: no dim.
+    divided = _reported([shape, helper.make_node("Gather", ["shape", "zero"], ["n"]),
+                         helper.make_node("Gather", ["shape", "one"], ["m"]),
+                         helper.make_node("Div", ["n", "m"], ["ratio"], name="n_over_m"),
+                         helper.make_node("Reshape", ["x", "ratio"], ["y"])],
+                        [_ints("zero", [0]), _ints("one", [1])], ("n", "m"))
+    assert divided[0][0] == "n_over_m" and "not a multiple" in divided[0][1]
+    # A range from a symbolic start: GE2's arange starts at a constant.
+    ranged = _reported([shape, helper.make_node("Gather", ["shape", "zero"], ["n"]),
+                        helper.make_node("Mul", ["n", "two"], ["twice"]),
+                        helper.make_node("Range", ["n", "twice", "one"], ["positions"], name="range_from_n"),
+                        helper.make_node("Cast", ["positions"], ["y"], to=TensorProto.FLOAT)],
+                       [_ints("zero", 0), _ints("one", 1), _ints("two", 2)])
+    assert ranged[0][0] == "range_from_n" and "constant start" in ranged[0][1]
 
 
 def test_dim_arithmetic():
@@ -118,6 +143,40 @@ def test_dim_arithmetic():
     assert dims.bind_shape(("batch", -1, 3), {"batch": 7}) == (7, -1, 3)
     with pytest.raises(TypeError, match="dim: expected an int or a symbolic name"):
         dims.product(1.5)
+
+
+def test_dims_are_integer_polynomials_in_one_canonical_form():
+    """Sums, differences and floor divisions of dims (exporters' s + 1, 2 * s - 1, s // 2): one canonical string per
+    polynomial, so equal sizes compare equal, and each evaluates as Python would at every binding."""
+    assert dims.add("seq", 1) == "seq+1" and dims.canonical("seq + 1") == "seq+1"
+    assert dims.subtract("seq+1", 1) == "seq" and dims.subtract("seq", "seq") == 0
+    assert dims.add(dims.product(2, "s"), -1) == "2*s-1"
+    assert dims.product("s+1", "s") == "s*s+s" == dims.canonical("s**2 + s")
+    assert dims.floor_divide("2*s", 2) == "s" and dims.floor_divide("s", 2) == "s//2"
+    assert dims.floor_divide("2*s+3", 2) == "s+1" and dims.floor_divide("s+1", 2) == "(s+1)//2"
+    assert dims.canonical("3*s//2*t") == "(s//2)*t+s*t"  # Python's left-to-right (3 * s) // 2 * t
+    with pytest.raises(ValueError, match="not a multiple"):
+        dims.floor_divide("s", "t")
+    with pytest.raises(ValueError, match="not an integer expression"):
+        dims.canonical("batch size")
+    expressions = ["s+1", "2*s-1", "s//2", "(s+1)//2", "-(s//2)+s", "2*(s//2)", "(s//2)*t+s*t", "s*s-3*t+7",
+                   "(2*s+t-1)//3", "s-3*(s//3)"]
+    for text in expressions:
+        form = dims.canonical(text)
+        assert dims.canonical(form) == form, text
+        assert dims.names(form) <= {"s", "t"}
+        for s in (1, 2, 5, 8):
+            for t in (1, 3):
+                assert dims.evaluate(form, {"s": s, "t": t}) == eval(text, {"s": s, "t": t}), (text, s, t)
+    assert dims.evaluate("(s+1)//2*t", {"s": 4}) == "2*t"
+    # Orders that hold for every size >= 1, and those that depend on it.
+    assert dims.compare("s+1", "s") == 1 and dims.compare("s", "2*s") == -1 and dims.compare("s", 0) == 1
+    assert dims.compare("s", "t") is None and dims.compare("s-1", 0) is None and dims.compare("s", 4) is None
+    assert dims.lower_bound("s-1") == 0 and dims.lower_bound("1-s") is None and dims.lower_bound("(s-3)//2") == -1
+    # An input extent of seq+1 binds seq; one that no seq >= 1 gives does not.
+    assert dims.solve("s+1", 5, {}) == {"s": 4} and dims.solve("2*s", 5, {}) is None
+    assert dims.solve("s*t", 6, {"t": 2}) == {"s": 3} and dims.solve("s+1", 1, {}) is None
+    assert dims.solve("s*t", 6, {}) is None  # two unknowns: not guessed
 
 
 def test_reshape_to_symbolic_dims_binds_per_plan(rng):
@@ -179,22 +238,235 @@ class _ValuesContext:
 
 @pytest.mark.parametrize("dtype", ["float32", "int64", "bool"])
 def test_torch_diff_is_a_slice_difference_with_prepend_and_append(rng, dtype):
+    """diff along a fixed axis and along the symbolic batch (batch - 1 rows; batch + 1 with a prepended row, back to
+    batch: HF's packed-sequence check), one executor at two batch sizes."""
     torch_frontend = pytest.importorskip("graph_executor_v2.frontend.torch")
     diff = torch_frontend.RULES["aten.diff.default"]
     g = ge2.ir.Graph("diff")
-    x, before, after = (g.input(name, shape, dtype) for name, shape in
-                        (("x", ("batch", 5), ), ("before", ("batch", 2)), ("after", ("batch", 1))))
+    x, before, after, first = (g.input(name, shape, dtype) for name, shape in
+                               (("x", ("batch", 5)), ("before", ("batch", 2)), ("after", ("batch", 1)),
+                                ("first", (1, 5))))
     ctx = _ValuesContext(g)
     g.output(diff(ctx, x, 1, -1), "plain")
     g.output(diff(ctx, x, 1, 1, before, after), "padded")
+    g.output(diff(ctx, x, 1, 0), "down")
+    g.output(diff(ctx, x, 1, 0, first), "down_prepended")
+    assert g.outputs["down"].type.shape == ("batch-1", 5)
+    assert g.outputs["down_prepended"].type.shape == ("batch", 5)
     with pytest.raises(torch_frontend.Unsupported, match="n=2"):
         diff(ctx, x, 2, 1)
-    with pytest.raises(torch_frontend.Unsupported, match="symbolic dimension 'batch'"):
-        diff(ctx, x, 1, 0)
     numpy_dtype = {"float32": np.float32, "int64": np.int64, "bool": np.bool_}[dtype]
-    feeds = {name: (rng.standard_normal((3, width)) * 10).astype(numpy_dtype)
-             for name, width in (("x", 5), ("before", 2), ("after", 1))}
-    out = ge2.ExecutorV2(g).run(feeds)
-    np.testing.assert_array_equal(out["plain"], np.diff(feeds["x"], axis=-1))
-    np.testing.assert_array_equal(out["padded"], np.diff(feeds["x"], axis=1, prepend=feeds["before"],
-                                                         append=feeds["after"]))
+    executor = ge2.ExecutorV2(g)
+    for batch in (3, 6):
+        feeds = {name: (rng.standard_normal(shape) * 10).astype(numpy_dtype)
+                 for name, shape in (("x", (batch, 5)), ("before", (batch, 2)), ("after", (batch, 1)),
+                                     ("first", (1, 5)))}
+        out = executor.run(feeds)
+        np.testing.assert_array_equal(out["plain"], np.diff(feeds["x"], axis=-1))
+        np.testing.assert_array_equal(out["padded"], np.diff(feeds["x"], axis=1, prepend=feeds["before"],
+                                                             append=feeds["after"]))
+        np.testing.assert_array_equal(out["down"], np.diff(feeds["x"], axis=0))
+        np.testing.assert_array_equal(out["down_prepended"], np.diff(feeds["x"], axis=0, prepend=feeds["first"]))
+
+
+def test_torch_size_arithmetic_makes_symbolic_dims():
+    """torch.export's SymInt arithmetic (operator.add / sub / mul / floordiv on sym_size results) as dims."""
+    torch_frontend = pytest.importorskip("graph_executor_v2.frontend.torch")
+    ctx = _ValuesContext(ge2.ir.Graph("sizes"))
+    rule = {name: torch_frontend.RULES[f"<built-in function {name}>"] for name in ("add", "sub", "mul", "floordiv")}
+    assert rule["add"](ctx, "seq", 1) == "seq+1"
+    assert rule["sub"](ctx, "seq+1", 1) == "seq"
+    assert rule["mul"](ctx, 2, "seq") == "2*seq"
+    assert rule["floordiv"](ctx, "seq", 2) == "seq//2"
+    assert rule["floordiv"](ctx, "4*seq", 2) == "2*seq"
+    assert rule["add"](ctx, 3, 4) == 7
+
+
+def _floats(name, values):
+    return numpy_helper.from_array(np.asarray(values, np.float32), name)
+
+
+def _decoder_shape_patterns_model(rng):
+    """x [batch, seq, 8] through the shape arithmetic exporters write for decoders (GPT-2, Llama, Mistral), every size
+    from Shape -> Gather: a causal mask from Range(0, s) and LessOrEqual, expanded to [batch, 1, s, s] by a Concat of
+    Shape-Gathers; position ids Range(past, past + s); heads by Reshape to Concat(batch, seq, 2, 4); attention;
+    HF's packed-sequence diff (Concat of a prepended column: s + 1, then Slices back to s, one ending at s + 1);
+    x[:, :s - s % 2] reshaped to [batch, s // 2, 2, 8]; Max(s, 1); a ConstantOfShape([s, s]) -> Trilu prefix sum."""
+    weights = {name: rng.standard_normal((8, 8)).astype(np.float32) / 3 for name in ("wq", "wk", "wv")}
+    node = helper.make_node
+    nodes = [
+        node("Shape", ["x"], ["shape"]),
+        node("Gather", ["shape", "zero"], ["b"], axis=0), node("Gather", ["shape", "one"], ["s"], axis=0),
+        node("Unsqueeze", ["b", "axis0"], ["b1"]), node("Unsqueeze", ["s", "axis0"], ["s1"]),
+        # The causal mask.
+        node("Range", ["zero", "s", "one"], ["positions"]),
+        node("Unsqueeze", ["positions", "axis1"], ["rows"]), node("Unsqueeze", ["positions", "axis0"], ["cols"]),
+        node("LessOrEqual", ["cols", "rows"], ["allowed"]),
+        node("Where", ["allowed", "f_zero", "f_lowest"], ["bias2d"]),
+        node("Concat", ["b1", "one_1d", "s1", "s1"], ["bias_shape"], axis=0),
+        node("Expand", ["bias2d", "bias_shape"], ["bias"]),
+        # Position ids from past = 3.
+        node("Add", ["s", "past"], ["past_end"]),
+        node("Range", ["past", "past_end", "one"], ["position_ids"]),
+        node("Cast", ["position_ids"], ["position_f"], to=TensorProto.FLOAT),
+        node("Unsqueeze", ["position_f", "axes02"], ["position_col"]),
+        node("Mul", ["position_col", "f_tenth"], ["position_bias"]),
+        node("Add", ["x", "position_bias"], ["h"]),
+        # Heads, attention with the expanded causal bias, heads merged back.
+        node("Concat", ["b1", "s1", "heads"], ["heads_shape"], axis=0),
+        node("Concat", ["b1", "s1", "width"], ["merged_shape"], axis=0),
+    ]
+    for name in ("q", "k", "v"):
+        nodes += [node("MatMul", ["h", f"w{name}"], [f"{name}_flat"]),
+                  node("Reshape", [f"{name}_flat", "heads_shape"], [f"{name}_split"]),
+                  node("Transpose", [f"{name}_split"], [f"{name}_heads"], perm=(0, 2, 1, 3))]
+    nodes += [
+        node("Transpose", ["k_heads"], ["k_t"], perm=(0, 1, 3, 2)),
+        node("MatMul", ["q_heads", "k_t"], ["scores_raw"]),
+        node("Mul", ["scores_raw", "f_scale"], ["scores_scaled"]),
+        node("Add", ["scores_scaled", "bias"], ["scores"]),
+        node("Softmax", ["scores"], ["probabilities"], axis=-1),
+        node("MatMul", ["probabilities", "v_heads"], ["context_heads"]),
+        node("Transpose", ["context_heads"], ["context_split"], perm=(0, 2, 1, 3)),
+        node("Reshape", ["context_split", "merged_shape"], ["context"]),
+        # The packed-sequence diff of the first feature.
+        node("Slice", ["x", "zero_1d", "one_1d", "two_1d"], ["column3d"]),
+        node("Squeeze", ["column3d", "two_1d"], ["column"]),
+        node("Slice", ["column", "zero_1d", "one_1d", "one_1d"], ["first"]),
+        node("Sub", ["first", "f_one"], ["prepended"]),
+        node("Concat", ["prepended", "column"], ["joined"], axis=1),
+        node("Add", ["s1", "one_1d"], ["s_plus_1"]),
+        node("Slice", ["joined", "one_1d", "s_plus_1", "one_1d"], ["later"]),
+        node("Slice", ["joined", "zero_1d", "s1", "one_1d"], ["earlier"]),
+        node("Sub", ["later", "earlier"], ["steps"]),
+        node("Unsqueeze", ["steps", "two_1d"], ["steps3d"]),
+        # x[:, :s - s % 2] as [batch, s // 2, 2, 8], summed over both middle axes; Max(s, 1) rows of ones.
+        node("Mod", ["s1", "two_1d"], ["odd"]), node("Sub", ["s1", "odd"], ["even"]),
+        node("Slice", ["x", "zero_1d", "even", "one_1d"], ["even_rows"]),
+        node("Div", ["s1", "two_1d"], ["half"]),
+        node("Max", ["s1", "one_1d"], ["s_at_least_1"]),
+        node("Concat", ["b1", "half", "two_1d", "width"], ["pairs_shape"], axis=0),
+        node("Reshape", ["even_rows", "pairs_shape"], ["pairs"]),
+        node("ReduceSum", ["pairs", "axes12"], ["pair_sum"], keepdims=1),
+        node("Concat", ["b1", "s_at_least_1", "width"], ["same_shape"], axis=0),
+        node("Reshape", ["pair_sum", "b_one_width"], ["pair_sum3d"]),
+        # A prefix sum over the sequence: ConstantOfShape([s, s]) -> lower triangle, times x.
+        node("Concat", ["s1", "s1"], ["square"], axis=0),
+        node("ConstantOfShape", ["square"], ["ones"], value=numpy_helper.from_array(np.ones(1, np.float32))),
+        node("Trilu", ["ones"], ["lower"], upper=0),
+        node("MatMul", ["lower", "x"], ["prefix"]),
+        node("Mul", ["prefix", "f_tenth"], ["prefix_small"]),
+        node("Add", ["context", "steps3d"], ["sum1"]),
+        node("Add", ["sum1", "pair_sum3d"], ["sum2"]),
+        node("Add", ["sum2", "prefix_small"], ["sum3"]),
+        node("Reshape", ["sum3", "same_shape"], ["y"]),
+    ]
+    initializers = [_ints("zero", 0), _ints("one", 1), _ints("past", 3), _ints("axis0", [0]), _ints("axis1", [1]),
+                    _ints("axes02", [0, 2]), _ints("axes12", [1, 2]), _ints("zero_1d", [0]), _ints("one_1d", [1]),
+                    _ints("two_1d", [2]), _ints("heads", [2, 4]), _ints("width", [8]),
+                    _ints("b_one_width", [0, 1, 8]),
+                    _floats("f_zero", 0.0), _floats("f_lowest", -1e9), _floats("f_tenth", 0.1),
+                    _floats("f_scale", 0.5), _floats("f_one", 1.0)]
+    initializers += [numpy_helper.from_array(w, name) for name, w in weights.items()]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])], initializers)
+    return model, {name: w.astype(np.float64) for name, w in weights.items()}
+
+
+def _decoder_shape_patterns_reference(x, weights):
+    batch, seq, _ = x.shape
+    h = x + 0.1 * (3 + np.arange(seq))[None, :, None]
+    q, k, v = ((h @ weights[f"w{name}"]).reshape(batch, seq, 2, 4).transpose(0, 2, 1, 3) for name in "qkv")
+    scores = 0.5 * q @ k.transpose(0, 1, 3, 2) + np.where(np.tril(np.ones((seq, seq), bool)), 0.0, -1e9)
+    probabilities = np.exp(scores - scores.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    context = (probabilities @ v).transpose(0, 2, 1, 3).reshape(batch, seq, 8)
+    column = x[:, :, 0]
+    steps = np.diff(column, axis=1, prepend=column[:, :1] - 1)
+    even = seq - seq % 2
+    pair_sum = x[:, :even].reshape(batch, seq // 2, 2, 8).sum(axis=(1, 2))[:, None, :]
+    prefix = np.cumsum(x, axis=1) * 0.1
+    return context + steps[:, :, None] + pair_sum + prefix
+
+
+def test_decoder_shape_arithmetic_stays_symbolic_and_one_executor_runs_two_sizes(rng):
+    """The exporters' shape arithmetic of GPT-2 / Llama / Mistral (sums s + 1, past + s, s // 2, s % 2, Max) imports
+    as symbolic dims, and one CPU executor runs two (batch, sequence) sizes against float64 NumPy."""
+    model, weights = _decoder_shape_patterns_model(rng)
+    graph = onnx_frontend.load(model)
+    assert graph.inputs[0].type.shape == ("batch", "seq", 8)
+    assert graph.outputs["y"].type.shape == ("batch", "seq", 8)
+    extents = {d for node in graph.nodes for value in node.outputs for d in value.type.shape}
+    assert {"seq+1", "seq//2", "2*(seq//2)"} <= extents
+    ops = [node.op for node in graph.nodes]
+    assert ops.count("arange") == 2 and "attention" in ops  # both ranges; the written-out attention fused
+    executor = ge2.ExecutorV2(graph)
+    for shape in ((2, 5, 8), (3, 8, 8), (1, 2, 8)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        y = executor.run({"x": x})["y"]
+        assert_close(y, _decoder_shape_patterns_reference(x.astype(np.float64), weights), "float32",
+                     reduction_length=shape[1])
+    assert len(executor._plans) == 3
+
+
+def test_sums_of_dims_bind_per_plan_and_inputs_bind_the_name_in_an_expression(rng):
+    """pad, concat and slice with symbolic sums (b + 1, 2 * b + 1, back to b), and an input declared [b + 1, 3]: the
+    executor binds b from it, checks the other input against b, and names the expression when they disagree."""
+    g = ge2.ir.Graph("sums")
+    x = g.input("x", ("b", 3), "float32")
+    longer = g.input("longer", ("b + 1", 3), "float32")
+    padded = g.pad(x, pads=(1, 0, 0, 0))
+    joined = g.concat([padded, x], axis=0)
+    tail = g.slice(joined, starts=("b+1",), ends=(2**63 - 1,), axes=(0,))
+    assert (padded.type.shape, joined.type.shape, tail.type.shape) == (("b+1", 3), ("2*b+1", 3), ("b", 3))
+    assert longer.type.shape == ("b+1", 3)
+    g.output(g.add(padded, longer), "y")
+    g.output(g.relu(tail), "tail")
+    executor = ge2.ExecutorV2(g)
+    for batch in (2, 5):
+        feeds = {"x": rng.standard_normal((batch, 3)).astype(np.float32),
+                 "longer": rng.standard_normal((batch + 1, 3)).astype(np.float32)}
+        out = executor.run(feeds)
+        np.testing.assert_array_equal(out["y"], np.pad(feeds["x"], ((1, 0), (0, 0))) + feeds["longer"])
+        np.testing.assert_array_equal(out["tail"], np.maximum(feeds["x"], 0))
+    with pytest.raises(ValueError, match=r"input 'longer': expected shape \(b\+1, 3\), got \(5, 3\)"):
+        executor.run({"x": np.zeros((2, 3), np.float32), "longer": np.zeros((5, 3), np.float32)})
+
+
+@pytest.mark.parametrize("scale_op", ["div", "mul"])
+def test_torch_eager_attention_is_fused_by_the_shared_pass(rng, scale_op):
+    """Eager attention as the torch rules translate it (BERT's eager path: matmul(q, transpose(k, -1, -2)) / sqrt(d)
+    + an additive padding bias, softmax, dropout in eval, matmul by v), with a symbolic batch and sequence: the end
+    of from_torch (the pass the ONNX importer shares) leaves one attention node, and one executor runs two sizes
+    against float64 NumPy."""
+    torch_frontend = pytest.importorskip("graph_executor_v2.frontend.torch")
+    from graph_executor_v2.passes.attention_fusion import fuse_imported_attention
+
+    rules = torch_frontend.RULES
+    g = ge2.ir.Graph("eager_attention")
+    ctx = _ValuesContext(g)
+    q, k, v = (g.input(name, ("batch", 2, "seq", 8), "float32") for name in "qkv")
+    bias = g.input("bias", ("batch", 1, 1, "seq"), "float32")
+    scores = rules["aten.matmul.default"](ctx, q, rules["aten.transpose.int"](ctx, k, -1, -2))
+    scaled = (rules["aten.div.Tensor"](ctx, scores, 8 ** 0.5) if scale_op == "div"
+              else rules["aten.mul.Tensor"](ctx, scores, 8 ** -0.5))
+    logits = rules["aten.add.Tensor"](ctx, scaled, bias)
+    probabilities = rules["aten.dropout.default"](ctx, rules["aten._softmax.default"](ctx, logits, -1, False), 0.1,
+                                                  False)
+    g.output(rules["aten.matmul.default"](ctx, probabilities, v), "y")
+    assert [node.op for node in g.nodes if node.op in ("matmul", "softmax", "attention")] == \
+        ["matmul", "softmax", "matmul"]
+    notes = fuse_imported_attention(g)
+    assert len(notes) == 1
+    assert [node.op for node in g.nodes if node.op in ("matmul", "softmax", "attention")] == ["attention"]
+    attention = next(node for node in g.nodes if node.op == "attention")
+    assert attention.attrs["scale"] == pytest.approx(8 ** -0.5) and attention.inputs[3] is not None
+    executor = ge2.ExecutorV2(g)
+    for batch, seq in ((2, 5), (3, 7)):
+        feeds = {name: rng.standard_normal((batch, 2, seq, 8)).astype(np.float32) for name in "qkv"}
+        feeds["bias"] = np.where(rng.random((batch, 1, 1, seq)) < 0.3, -1e9, 0.0).astype(np.float32)
+        feeds["bias"][..., 0] = 0.0  # every row sees a key
+        q64, k64, v64, bias64 = (feeds[name].astype(np.float64) for name in ("q", "k", "v", "bias"))
+        logits64 = q64 @ k64.transpose(0, 1, 3, 2) / 8 ** 0.5 + bias64
+        weights = np.exp(logits64 - logits64.max(-1, keepdims=True))
+        expected = weights / weights.sum(-1, keepdims=True) @ v64
+        assert_close(executor.run(feeds)["y"], expected, "float32", reduction_length=seq)

@@ -8,10 +8,12 @@ emits GE2 nodes); opsets 13 up to the newest the installed ``onnx`` knows are re
 Constant subgraphs are folded while importing: a node whose inputs are all known (initializers, Constant nodes,
 ``Shape`` of a statically shaped tensor, earlier folded nodes) is evaluated once with ONNX's reference
 implementation (``onnx.reference``), of any op type, so an exporter's shape arithmetic and mask construction
-(Shape -> Slice -> Concat -> Expand -> Trilu -> Equal -> Where) becomes a constant. A MatMul of a batched B is one
+(Shape -> Slice -> Concat -> Expand -> Trilu -> Equal -> Where) becomes a constant. Shape arithmetic on symbolic
+dims (``SYMBOLIC_FOLDS``: s + 1, 2 * s, s // 2, comparisons that hold for every size) gives symbolic dims
+(``ir/dims.py``), bound when a plan binds the inputs; a Range up to one is the arange op. A MatMul of a batched B is one
 (batched) matmul; at the end the attention pass both frontends share (``passes.attention_fusion.fuse_attention``)
 turns the written-out attention of a transformer (QK^T, scale, mask or bias, softmax, times V) into one
-``attention`` node. Nodes no graph output needs are dropped at the end.
+``attention`` node (``fuse_imported_attention``). Nodes no graph output needs are dropped at the end.
 
 An unsupported op, attribute value, dtype or dynamic shape is collected, not raised at once: ``load`` raises one
 ``UnsupportedModelError`` that lists every offending node with its op type and the reason.
@@ -29,8 +31,7 @@ from ..dtypes import ALL_DTYPES, FLOAT_DTYPES
 from ..ir import dims
 from ..ir.graph import Graph, Value
 from ..ops.indexing import reference_gather_elements
-from ..passes.attention_fusion import fuse_attention
-from ..passes.cleanup import eliminate_dead_code
+from ..passes.attention_fusion import fuse_imported_attention
 from ._batch_norm import float32_statistics
 from ._einsum import batched_matmul, einsum
 from ._errors import NeedsConstant, Unsupported, UnsupportedModelError
@@ -451,8 +452,8 @@ def _slice(ctx, inputs, attrs):
                      for v in np.asarray(ctx.constant(inputs[index], what)).reshape(-1))
 
     starts, ends, axes = ints(1, "starts"), ints(2, "ends"), ints(3, "axes")
-    if any(isinstance(v, str) for v in starts + (axes or ())):
-        raise Unsupported("a symbolic start or axis (GE2 slices from a fixed start; ends may be symbolic)")
+    if any(isinstance(v, str) for v in axes or ()):
+        raise Unsupported("a symbolic axis (starts and ends may be symbolic, the sliced axes are fixed)")
     # A symbolic end equal to the axis' own extent is the whole axis.
     axis_list = axes if axes is not None else tuple(range(len(ends)))
     ends = tuple(2**63 - 1 if isinstance(end, str) and end == x.type.shape[axis % x.type.rank] else end
@@ -1059,20 +1060,39 @@ def _trilu(ctx, inputs, attrs):
 
 @rule("Range")
 def _range(ctx, inputs, attrs):
-    """A range whose limit is a symbolic dim (start and delta constants; constant ranges fold at import): the
-    arange op over the axis of a graph input that has that dim."""
+    """A range whose limit is a symbolic dim (constant ranges fold at import): the arange op over an axis of that
+    many elements of a tensor the graph already has (an input's sequence axis, a concat's seq+1 positions). The
+    start may be an int (positions from ``past``), the delta a positive int."""
     _only(attrs, {})
     start, limit, delta = (np.asarray(ctx.constant(name, what)).reshape(-1)[0]
                            for name, what in zip(inputs, ("start", "limit", "delta")))
-    if isinstance(start, str) or isinstance(delta, str) or not isinstance(limit, str):
-        raise Unsupported("a range with a symbolic start or delta")
-    if int(start) != 0 or int(delta) != 1:
-        raise Unsupported(f"a range from {start} by {delta} up to the symbolic dim {limit!r} (GE2 builds 0, 1, ...)")
-    for value in ctx.graph.inputs:
-        if limit in value.type.shape:
-            dtype = "int64" if np.asarray(ctx.constants[inputs[0]]).dtype.kind in "iu" else "float32"
-            return [ctx.graph.arange(value, axis=list(value.type.shape).index(limit), dtype=dtype)]
-    raise Unsupported(f"no graph input has the symbolic dim {limit!r} the range runs to")
+    if isinstance(start, str) or isinstance(delta, str):
+        raise Unsupported(f"a range from {start!r} by {delta!r}: GE2's arange takes a constant start and delta")
+    if float(delta) != int(delta) or int(delta) <= 0 or float(start) != int(start):
+        raise Unsupported(f"a range from {start} by {delta} up to the symbolic dim {limit!r} (GE2 counts integer "
+                          "steps up from an integer start)")
+    start, delta = int(start), int(delta)
+    count = dims.floor_divide(dims.add(dims.subtract(limit, start), delta - 1), delta)
+    if isinstance(count, str) and (dims.lower_bound(count) is None or dims.lower_bound(count) < 0):
+        raise Unsupported(f"a range from {start} to {limit!r} may be empty or negative")
+    dtype = ctx.value_info.get(ctx.node_outputs[0], (None, None))[1] or "int64"
+    graph = ctx.graph
+    for value in [*graph.inputs, *(output for node in graph.nodes for output in node.outputs)]:
+        if count in value.type.shape:
+            return [graph.arange(value, axis=list(value.type.shape).index(count), start=float(start),
+                                 delta=float(delta), dtype=dtype)]
+    raise Unsupported(f"no tensor of the graph has an axis of {count!r} elements, the length of this range")
+
+
+@rule("ConstantOfShape")
+def _constant_of_shape(ctx, inputs, attrs):
+    """A constant broadcast to a shape with symbolic dims (constant shapes fold at import): a one-element param
+    expanded to the shape, bound with the plan's dims."""
+    _only(attrs, {"value": _ANY})
+    shape = tuple(_dim_of(d) for d in np.asarray(ctx.constant(inputs[0], "the shape")).reshape(-1))
+    value = _onnx().numpy_helper.to_array(attrs["value"]) if "value" in attrs else np.zeros(1, np.float32)
+    scalar = ctx.graph.param(_fresh_name(ctx.graph, "constant_of_shape"), np.asarray(value).reshape(()))
+    return [ctx.graph.expand(scalar, shape=shape)]
 
 
 @rule("Resize")
@@ -1171,19 +1191,50 @@ def _elementwise(combine):
     return lambda a, b: np.asarray(function(a, b), object)
 
 
-def _symbolic_equal(a, b):
-    """Dims compared: equal names are equal; a symbolic dim is never 0 or negative (so never ONNX's 0 / -1 markers);
-    a name against a positive int is unknown until the plan binds it."""
-    if isinstance(a, str) and isinstance(b, str):
-        if a == b:
-            return True
-        raise Unsupported(f"comparing the symbolic dims {a!r} and {b!r}")
-    if isinstance(a, str) or isinstance(b, str):
-        number = b if isinstance(a, str) else a
-        if int(number) <= 0:
-            return False
-        raise Unsupported(f"comparing a symbolic dim with {number}")
-    return int(a) == int(b)
+def _dim_of(entry):
+    return entry if isinstance(entry, str) else int(entry)
+
+
+def _at_least(a, b) -> bool:
+    """Whether dim ``a`` >= dim ``b``, known for every size (ir/dims.py: names are >= 1); a comparison that depends
+    on the sizes is refused."""
+    known = dims.greater_or_equal(_dim_of(a), _dim_of(b))
+    if known is None:
+        raise Unsupported(f"comparing the dims {a!r} and {b!r}: the result depends on the sizes")
+    return known
+
+
+def _equal(a, b) -> bool:
+    order = dims.compare(_dim_of(a), _dim_of(b))
+    if order is None:
+        raise Unsupported(f"comparing the dims {a!r} and {b!r}: the result depends on the sizes")
+    return order == 0
+
+
+def _comparison(test):
+    """A comparison of dims (numpy broadcasting): a bool array, known when the graph is imported."""
+    function = np.frompyfunc(test, 2, 1)
+    return lambda inputs, attrs: np.asarray(function(inputs[0], inputs[1]), bool)
+
+
+def _extremum(pick_first):
+    """Min / Max of dims over the inputs (numpy broadcasting), where their order is known for every size."""
+    function = np.frompyfunc(lambda a, b: a if pick_first(a, b) else b, 2, 1)
+
+    def fold(inputs, attrs):
+        result = np.asarray(inputs[0], object)
+        for other in inputs[1:]:
+            result = np.asarray(function(result, other), object)
+        return result
+
+    return fold
+
+
+def _modulo(a, b):
+    """``a mod b`` of a dim by a positive int (ONNX Mod with fmod=0: the divisor's sign): a - b * (a // b)."""
+    if isinstance(b, str) or int(b) <= 0:
+        raise ValueError(f"{a!r} mod {b!r}: GE2 takes a symbolic dim modulo a positive integer")
+    return dims.subtract(a, dims.product(b, dims.floor_divide(a, b)))
 
 
 def _axes_of(inputs, attrs):
@@ -1220,9 +1271,20 @@ SYMBOLIC_FOLDS = {
     "Concat": lambda inputs, attrs: np.concatenate([np.asarray(i, object) for i in inputs], axis=int(attrs["axis"])),
     "Reshape": lambda inputs, attrs: np.reshape(inputs[0], [int(d) for d in np.asarray(inputs[1]).reshape(-1)]),
     "Slice": lambda inputs, attrs: _symbolic_slice(inputs, attrs),
+    "Add": lambda inputs, attrs: _elementwise(dims.add)(inputs[0], inputs[1]),
+    "Sub": lambda inputs, attrs: _elementwise(dims.subtract)(inputs[0], inputs[1]),
     "Mul": lambda inputs, attrs: _elementwise(dims.product)(inputs[0], inputs[1]),
-    "Div": lambda inputs, attrs: _elementwise(dims.quotient)(inputs[0], inputs[1]),
-    "Equal": lambda inputs, attrs: np.asarray(np.frompyfunc(_symbolic_equal, 2, 1)(inputs[0], inputs[1]), bool),
+    # Sizes are >= 0, where ONNX's integer Div (truncating) is the floor division.
+    "Div": lambda inputs, attrs: _elementwise(dims.floor_divide)(inputs[0], inputs[1]),
+    "Mod": lambda inputs, attrs: _elementwise(_modulo)(inputs[0], inputs[1]),
+    "Neg": lambda inputs, attrs: _elementwise(dims.subtract)(0, inputs[0]),
+    "Max": _extremum(_at_least),
+    "Min": _extremum(lambda a, b: _at_least(b, a)),
+    "Equal": _comparison(_equal),
+    "Less": _comparison(lambda a, b: not _at_least(a, b)),
+    "LessOrEqual": _comparison(lambda a, b: _at_least(b, a)),
+    "Greater": _comparison(lambda a, b: not _at_least(b, a)),
+    "GreaterOrEqual": _comparison(_at_least),
     "Where": lambda inputs, attrs: np.where(np.asarray(inputs[0], bool), inputs[1], inputs[2]).astype(object),
     "ReduceProd": lambda inputs, attrs: np.asarray(dims.product(*np.asarray(inputs[0]).reshape(-1)), object),
 }
@@ -1230,9 +1292,9 @@ SYMBOLIC_FOLDS = {
 
 def _fold_symbolic(node, ctx: _Context) -> list | None:
     """``node`` on constant inputs some of which hold symbolic dims (``SYMBOLIC_FOLDS``); None for an op type that
-    makes a tensor of them (Range up to a symbolic dim), which its rule translates."""
+    makes a tensor of a symbolic size (Range, ConstantOfShape), which its rule translates."""
     fold = SYMBOLIC_FOLDS.get(node.op_type)
-    if node.op_type == "Range":  # positions up to a symbolic length: a tensor, the arange op
+    if node.op_type in ("Range", "ConstantOfShape"):  # positions up to a symbolic length, a filled mask: tensors
         return None
     if node.op_type in ("Slice", "Expand") and not _is_symbolic(ctx.constants[node.input[0]]):
         return None  # a constant tensor (position ids) sliced or broadcast to a symbolic size: the op, bound per plan
@@ -1345,7 +1407,7 @@ def load(model, input_shapes: dict | None = None, constant_inputs: dict | None =
         tensor_type = info.type.tensor_type
         shape = None
         if tensor_type.HasField("shape"):
-            shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+            shape = tuple(d.dim_value if d.HasField("dim_value") else _dim_param(d.dim_param)
                           for d in tensor_type.shape.dim)
         value_info[info.name] = (shape, dtypes.get(tensor_type.elem_type))
 
@@ -1420,10 +1482,21 @@ def load(model, input_shapes: dict | None = None, constant_inputs: dict | None =
         raise UnsupportedModelError(model_name, problems, frozenset(needs_constant))
     for output in model.graph.output:
         graph.output(ctx.value(output.name), output.name)
-    eliminate_dead_code(graph)  # unread outputs (a Dropout's mask) would count as readers of what attention fuses
-    fuse_attention(graph)  # the written-out attention, the pass both frontends share (passes/attention_fusion.py)
-    eliminate_dead_code(graph)
+    fuse_imported_attention(graph)  # the pass both frontends share (passes/attention_fusion.py)
     return graph
+
+
+def _dim_param(text: str):
+    """A named dim as GE2 writes it (ir/dims.py): an expression of names as it is (the dynamo exporter writes
+    ``s41 + 1``), any other text as one name made an identifier (``"batch size"`` -> ``batch_size``); None when
+    unnamed."""
+    if not text:
+        return None
+    try:
+        return dims.canonical(text)
+    except ValueError:
+        name = re.sub(r"\W+", "_", text).strip("_") or "dim"
+        return f"_{name}" if name[0].isdigit() else name
 
 
 def _constant_value(attrs: dict) -> np.ndarray:

@@ -3,8 +3,10 @@
 The module is exported (``torch.export.export``, which traces to ATen ops); its parameters and buffers become
 params under their ``state_dict`` names, its user inputs become graph inputs with the example inputs' shapes and
 dtypes, and every ATen op is translated by one rule of ``RULES``. Nodes GE2 cannot translate are collected and
-raised together as one ``UnsupportedModelError`` listing each with its ATen target. torch is an optional extra:
-importing this module needs it.
+raised together as one ``UnsupportedModelError`` listing each with its ATen target. At the end, attention written
+out in eager code (QK^T, scale, bias, softmax, times V: BERT's eager path, T5's relative position bias) becomes
+attention nodes through the pass the ONNX importer runs too (``passes.attention_fusion.fuse_imported_attention``).
+torch is an optional extra: importing this module needs it.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from .._optional import require
 from ..dtypes import is_float, normalize, result_type, to_numpy
 from ..ir import dims
 from ..ir.graph import Graph, Value
-from ..passes.attention_fusion import attention_bias
+from ..passes.attention_fusion import attention_bias, fuse_imported_attention
 from ._batch_norm import float32_statistics
 from ._einsum import batched_matmul, einsum
 from ._errors import Unsupported, UnsupportedModelError
@@ -286,9 +288,6 @@ def _addmm(ctx, bias, a, b, beta=1, alpha=1):
 @rule("aten.mm.default", "aten.matmul.default")
 def _matmul(ctx, a, b):
     g = ctx.graph
-    attention = _written_out_attention(ctx, a, b)
-    if attention is not None:
-        return attention
     a, b = ctx.tensor(a), ctx.tensor(b)
     if b.type.rank > 2 and a.type.rank >= 2:  # batched: one 2-d product per batch entry
         return batched_matmul(g, a, b)
@@ -297,57 +296,6 @@ def _matmul(ctx, a, b):
     rows = a if a.type.rank == 2 else g.reshape(a, shape=(-1, a.type.shape[-1]))
     y = g.matmul(rows, b)
     return y if a.type.rank == 2 else g.reshape(y, shape=(*a.type.shape[:-1], b.type.shape[1]))
-
-
-_SOFTMAX = ("aten._softmax.default", "aten.softmax.int")
-_PASS_THROUGH = ("aten._to_copy.default", "aten.to.dtype", "aten.type_as.default", "aten.dropout.default",
-                 "aten.clone.default", "aten.contiguous.default")
-
-
-def _target_of(argument) -> str:
-    return _target_name(argument.target) if hasattr(argument, "target") else ""
-
-
-def _written_out_attention(ctx, probs, v) -> Value | None:
-    """``matmul(softmax(q @ k^T [* c or / c] [+ bias]), v)`` on [batch, heads, seq, dim] fx nodes, as eager
-    attention code writes it (T5's relative position bias, BERT's eager path), as GE2's attention op with the bias
-    as its input; None for any other matmul (which is then translated as a matmul)."""
-    while _target_of(probs) in _PASS_THROUGH:
-        probs = probs.args[0]
-    if _target_of(probs) not in _SOFTMAX or int(probs.args[1]) not in (-1, 3):
-        return None
-    logits, bias = probs.args[0], None
-    while _target_of(logits) in _PASS_THROUGH:
-        logits = logits.args[0]
-    if _target_of(logits) == "aten.add.Tensor":
-        first, second = logits.args[:2]
-        scores_first = _target_of(first) in ("aten.matmul.default", "aten.mul.Tensor", "aten.div.Tensor")
-        logits, bias = (first, second) if scores_first else (second, first)
-    scale = 1.0
-    if _target_of(logits) in ("aten.mul.Tensor", "aten.div.Tensor") and isinstance(logits.args[1], (int, float)):
-        scale = float(logits.args[1]) if _target_of(logits) == "aten.mul.Tensor" else 1.0 / float(logits.args[1])
-        logits = logits.args[0]
-    if _target_of(logits) != "aten.matmul.default":
-        return None
-    q, key_t = logits.args[:2]
-    if _target_of(key_t) != "aten.transpose.int" or {int(d) % 4 for d in key_t.args[1:3]} != {2, 3}:
-        return None
-    q_value, k_value, v_value = ctx.tensor(q), ctx.tensor(key_t.args[0]), ctx.tensor(v)
-    if any(x.type.rank != 4 for x in (q_value, k_value, v_value)) or len({q_value.type.dtype, k_value.type.dtype,
-                                                                          v_value.type.dtype}) != 1:
-        return None
-    if bias is not None:
-        bias_value = ctx.get(bias)
-        if not isinstance(bias_value, Value):
-            return None
-        try:
-            bias = attention_bias(ctx.graph, bias_value, q_value, k_value)
-        except ValueError:
-            return None
-    try:
-        return ctx.graph.attention(q_value, k_value, v_value, bias, scale=scale, layout="bhsd")[0]
-    except ValueError:  # shapes the op does not take (K/V heads that do not divide, ...)
-        return None
 
 
 @rule("aten.t.default")
@@ -442,9 +390,11 @@ def _sym_size(ctx, x, dim):
     return x.type.shape[int(dim) % x.type.rank]
 
 
-for _arithmetic, _combine in (("<built-in function mul>", dims.product), ("<built-in function floordiv>",
-                                                                          dims.quotient)):
-    RULES[_arithmetic] = lambda ctx, a, b, combine=_combine: combine(ctx.get(a), ctx.get(b))
+# Size arithmetic on symbolic dims (ir/dims.py): seq + 1, 2 * seq, seq // 2.
+for _arithmetic, _combine in (("<built-in function mul>", dims.product), ("<built-in function add>", dims.add),
+                              ("<built-in function sub>", dims.subtract),
+                              ("<built-in function floordiv>", dims.floor_divide)):
+    RULES[_arithmetic] = lambda ctx, a, b, combine=_combine: combine(_dim(ctx.get(a)), _dim(ctx.get(b)))
 
 
 @rule("aten.dropout.default")
@@ -548,9 +498,8 @@ def _cat(ctx, tensors, dim=0):
 @rule("aten.slice.Tensor")
 def _slice(ctx, x, dim=0, start=None, end=None, step=1):
     x = ctx.tensor(x)
-    start = 0 if start is None else int(ctx.get(start))
-    end = 2**63 - 1 if end is None else ctx.get(end)
-    end = end if isinstance(end, str) else int(end)  # a symbolic end: x[:, :seq] with seq bound at run time
+    start = 0 if start is None else _dim(ctx.get(start))
+    end = 2**63 - 1 if end is None else _dim(ctx.get(end))  # symbolic: x[:, :seq] with seq bound at run time
     if isinstance(end, str) and end == x.type.shape[int(dim)]:
         end = 2**63 - 1
     return ctx.graph.slice(x, starts=(start,), ends=(end,), axes=(int(dim),), steps=(int(step),))
@@ -558,7 +507,8 @@ def _slice(ctx, x, dim=0, start=None, end=None, step=1):
 
 @rule("aten.diff.default")
 def _diff(ctx, x, n=1, dim=-1, prepend=None, append=None):
-    """``x[1:] - x[:-1]`` along ``dim`` after concatenating prepend and append (bool: !=, as torch's xor)."""
+    """``x[1:] - x[:-1]`` along ``dim`` after concatenating prepend and append (bool: !=, as torch's xor); along a
+    symbolic axis the lengths are sums of dims (HF's packed-sequence check prepends one position: seq+1, then seq)."""
     if int(n) != 1:
         raise Unsupported(f"diff with n={n} (GE2 maps n=1: apply diff n times in the model)")
     g = ctx.graph
@@ -566,29 +516,11 @@ def _diff(ctx, x, n=1, dim=-1, prepend=None, append=None):
     if x.type.rank == 0:
         raise Unsupported("diff of a 0-d tensor (torch needs at least 1 dimension)")
     dim = int(dim) % x.type.rank
-    if isinstance(x.type.shape[dim], str):
-        return _diff_symbolic(ctx, x, dim, prepend, append)
     parts = [ctx.tensor(part) for part in (prepend, x, append) if part is not None]
     x = g.concat(parts, axis=dim) if len(parts) > 1 else x
     later = g.slice(x, starts=(1,), ends=(2**63 - 1,), axes=(dim,), steps=(1,))
     earlier = g.slice(x, starts=(0,), ends=(-1,), axes=(dim,), steps=(1,))
     return g.logical_xor(later, earlier) if x.type.dtype == "bool" else g.sub(later, earlier)
-
-
-def _diff_symbolic(ctx, x: Value, dim: int, prepend, append) -> Value:
-    """diff along a symbolic axis with one prepended element (HF's packed-sequence check prepends one position):
-    the same length as x, each element minus the one before it, the first minus the prepended one (x rolled by one,
-    its first element replaced)."""
-    g = ctx.graph
-    prepend = None if prepend is None else ctx.tensor(prepend)
-    if append is not None or prepend is None or prepend.type.shape[dim] != 1:
-        raise Unsupported(f"diff along the symbolic dimension '{x.type.shape[dim]}' without exactly one prepended "
-                          "element (GE2 keeps such an axis whole)")
-    positions = g.arange(x, axis=dim, dtype="int64")
-    first = g.equal(g.reshape(positions, shape=tuple(x.type.shape[dim] if axis == dim else 1
-                                                     for axis in range(x.type.rank))), _number(ctx, 0, "int64"))
-    previous = g.where(first, prepend, g.roll(x, shifts=(1,), axes=(dim,)))
-    return g.logical_xor(x, previous) if x.type.dtype == "bool" else g.sub(x, previous)
 
 
 @rule("aten.select.int")
@@ -1221,6 +1153,7 @@ def from_torch(module, example_inputs: tuple, name: str | None = None, dynamic_s
                 graph.output(value, "y" if len(values) == 1 else f"y{index}")
     if problems:
         raise UnsupportedModelError(graph.name, problems)
+    fuse_imported_attention(graph)  # eager attention written out, as the ONNX importer (passes/attention_fusion.py)
     return graph
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..dtypes import ALL_DTYPES
+from . import dims
 
-Dim = int | str  # an integer extent, or a symbolic name bound at run time ("batch")
+Dim = int | str  # an integer extent, or a symbolic dim bound at run time ("batch", "seq+1"; see ir/dims.py)
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,13 @@ class TensorType:
             raise TypeError(f"TensorType.dtype: expected one of {', '.join(ALL_DTYPES)}, got {self.dtype!r}")
         for dim in self.shape:
             if isinstance(dim, bool) or not isinstance(dim, (int, str)) or (isinstance(dim, int) and dim < 0):
-                raise ValueError(f"TensorType.shape: dims must be ints >= 0 or symbolic names, got {self.shape}")
+                raise ValueError(f"TensorType.shape: dims must be ints >= 0 or symbolic dims, got {self.shape}")
+        # Symbolic dims in their canonical form, so equal sizes compare equal ("seq + 1" is "seq+1").
+        try:
+            shape = tuple(dims.canonical(d) if isinstance(d, str) else d for d in self.shape)
+        except ValueError as error:
+            raise ValueError(f"TensorType.shape: {error} (in {tuple(self.shape)})") from None
+        object.__setattr__(self, "shape", shape)
 
     @property
     def rank(self) -> int:
@@ -38,9 +45,9 @@ class TensorType:
             count *= d
         return count
 
-    def bind(self, dims: dict[str, int]) -> "TensorType":
+    def bind(self, bound: dict[str, int]) -> "TensorType":
         """Replaces symbolic dims with their bound values."""
-        return TensorType(tuple(dims.get(d, d) if isinstance(d, str) else d for d in self.shape), self.dtype)
+        return TensorType(dims.bind_shape(self.shape, bound), self.dtype)
 
     def __str__(self) -> str:
         return f"{self.dtype}[{', '.join(str(d) for d in self.shape)}]"

@@ -18,6 +18,7 @@ import numpy as np
 from .. import _native
 from .. import device as _device
 from .. import selection
+from ..ir import dims
 from ..ir.types import TensorType
 from . import _layout
 from ._base import (Attr, Input, OpDef, Problem, Sample, in_ptrs, native_launch, out_ptr, register, sample_array,
@@ -153,8 +154,8 @@ def _infer(in_types, attrs):
     if all(t.is_concrete for t in in_types):
         _, y_shape = check_inputs([t.shape for t in in_types], [t.dtype for t in in_types], attrs["axis"])
         return [TensorType(y_shape, in_types[0].dtype)]
-    # Symbolic extents: an int and a name are compatible (the name binds to the int); the joined axis must be known
-    # unless there is a single input.
+    # Symbolic extents: an int and a name are compatible (the name binds to the int); along the joined axis the
+    # extents add up (ir/dims.py: a prepended position makes seq+1).
     first = in_types[0]
     if first.rank == 0:
         raise ValueError("xs[0]: expected rank >= 1 (0-d arrays have no axis to join along), got a 0-d array")
@@ -172,11 +173,7 @@ def _infer(in_types, attrs):
                 raise ValueError(_mismatch(index, t.shape, first.shape, axis))
             if isinstance(extent, int):
                 shape[k] = extent
-    along = [t.shape[axis] for t in in_types]
-    if all(isinstance(extent, int) for extent in along):
-        shape[axis] = sum(along)
-    elif len(along) > 1:
-        raise ValueError(f"axis: the inputs' extents along axis {axis} must be known to join them, got {along}")
+    shape[axis] = dims.add(*(t.shape[axis] for t in in_types))
     return [TensorType(tuple(shape), first.dtype)]
 
 
@@ -231,12 +228,9 @@ def _grad_concat(g, node, dys):
     axis = node.attrs["axis"] % dy.type.rank
     grads, start = [], 0
     for x in node.inputs:
-        extent = x.type.shape[axis]
-        if not isinstance(extent, int):
-            raise ValueError(f"{node.where()}: input '{x.name}' has the symbolic extent {extent!r} along the concat "
-                             "axis; its gradient slice needs a concrete one")
-        grads.append(g.slice(dy, starts=(start,), ends=(start + extent,), axes=(axis,)))
-        start += extent
+        end = dims.add(start, x.type.shape[axis])  # symbolic positions are bound with the plan's dims
+        grads.append(g.slice(dy, starts=(start,), ends=(end,), axes=(axis,)))
+        start = end
     return grads
 
 

@@ -196,8 +196,13 @@ def pad_geometry(shape, pads, mode) -> tuple[tuple, tuple, tuple]:
         if begin == 0 and end == 0:
             out.append(extent)
             continue
-        if not isinstance(extent, int):
-            raise ValueError(f"pads: axis {axis} has the symbolic extent {extent!r}; only unpadded axes may be symbolic")
+        if not isinstance(extent, int):  # checked again once the plan binds it
+            padded = dims.add(extent, begin, end)
+            if dims.lower_bound(padded) is None or dims.lower_bound(padded) < 0:
+                raise ValueError(f"pads: axis {axis} of the symbolic extent {extent!r} may be cropped below zero by "
+                                 f"{begin} and {end}")
+            out.append(padded)
+            continue
         if mode != "constant" and extent == 0:
             raise ValueError(f"pads: axis {axis} is empty; only constant padding applies to it")
         if extent + begin + end < 0:

@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import _native
 from .. import device as _device
+from ..ir import dims
 from ..ir.types import TensorType
 from . import _layout
 from ._base import (Attr, Input, OpDef, Problem, Sample, in_ptr, native_launch, out_ptr, register, sample_array,
@@ -186,80 +187,66 @@ def _slice_args(attrs):
     return attrs["starts"], attrs["ends"], attrs["axes"], attrs["steps"]
 
 
-def _symbolic_ends(x, attrs) -> list | None:
-    """The output shape when some end is a symbolic dim (an exporter's x[:, :seq] with seq bound at run time):
-    those axes must start at 0 with step 1 and take that many elements; the plan binds the dim in the attribute
-    (passes/inference.py). None when every end is an int."""
-    ends = tuple(attrs["ends"])
-    if not any(isinstance(end, str) for end in ends):
-        return None
-    count = len(ends)
-    axes = tuple(range(count)) if attrs["axes"] is None else tuple(a % x.rank for a in attrs["axes"])
-    steps = (1,) * count if attrs["steps"] is None else tuple(attrs["steps"])
-    shape = list(x.shape)
-    plain = {key: [] for key in ("starts", "ends", "axes", "steps")}
-    for axis, start, end, step in zip(axes, attrs["starts"], ends, steps):
-        if isinstance(end, str):
-            if start != 0 or step != 1:
-                raise ValueError(f"ends: a symbolic end {end!r} needs start 0 and step 1 on axis {axis}, got start "
-                                 f"{start}, step {step}")
-            shape[axis] = end
-        else:
-            for key, item in zip(plain, (start, end, axis, step)):
-                plain[key].append(item)
-    if plain["axes"]:
-        rest = _infer([TensorType(tuple(shape), x.dtype)], {key: tuple(v) for key, v in plain.items()})[0]
-        shape = list(rest.shape)
-    return shape
+def _is_symbolic_dim(value) -> bool:
+    try:
+        return isinstance(value, str) and isinstance(dims.canonical(value), str)
+    except ValueError:
+        return False
 
 
-def _ends_check(value) -> str | None:
-    """Attr check of ends: ints, or symbolic dims (bound when a plan binds the inputs' dims)."""
-    return None if all(_layout.is_int(v) or isinstance(v, str) for v in value) else \
+def _positions_check(value) -> str | None:
+    """Attr check of starts and ends: ints, or symbolic dims (bound when a plan binds the inputs' dims)."""
+    return None if all(_layout.is_int(v) or _is_symbolic_dim(v) for v in value) else \
         "must hold only ints and symbolic dims"
 
 
 def _infer(in_types, attrs):
     (x,) = in_types
-    symbolic = _symbolic_ends(x, attrs)
-    if symbolic is not None:
-        return [TensorType(tuple(symbolic), x.dtype)]
-    if x.is_concrete:
+    starts, ends = tuple(attrs["starts"]), tuple(attrs["ends"])
+    if x.is_concrete and not any(isinstance(v, str) for v in starts + ends):
         return [TensorType(geometry(x.shape, *_slice_args(attrs)).shape, x.dtype)]
-    # Symbolic extents: a sliced axis keeps its symbolic extent when sliced whole, and takes a fixed count where the
-    # slice does not depend on the extent (see _symbolic_axis_slice); any other slice of it is refused.
+    # Symbolic extents, starts or ends (see _symbolic_axis_slice): the plan infers again from the bound sizes.
     _layout.check_rank(x.rank, "x")
-    axes, starts, ends, steps = _arguments(x.rank, *_slice_args(attrs))
+    placeholders = tuple(0 if isinstance(v, str) else v for v in starts), \
+        tuple(0 if isinstance(v, str) else v for v in ends)
+    axes, _, _, steps = _arguments(x.rank, *placeholders, attrs["axes"], attrs["steps"])
     shape = list(x.shape)
     for axis, start, end, step in zip(axes, starts, ends, steps):
-        if isinstance(shape[axis], int):
+        if all(isinstance(v, int) for v in (shape[axis], start, end)):
             shape[axis] = axis_slice(shape[axis], start, end, step)[1]
             continue
         extent = _symbolic_axis_slice(shape[axis], start, end, step)
         if extent is None:
-            raise ValueError(f"axes: axis {axis} has the symbolic extent {shape[axis]!r}; it can only be sliced "
-                             f"whole (start 0, end >= {_BIG}, step 1) or by a count that does not depend on it "
-                             f"(start and end both >= 0, or both from the end, step > 0), got start {start}, end "
-                             f"{end}, step {step}")
+            raise ValueError(f"axes: axis {axis} of extent {shape[axis]!r} sliced from {start!r} to {end!r} by "
+                             f"{step}: its length depends on the sizes in a way GE2 does not infer (it takes a "
+                             f"whole axis, a fixed count, or start <= end <= extent it can prove, step > 0)")
         shape[axis] = extent
     return [TensorType(tuple(shape), x.dtype)]
 
 
-def _symbolic_axis_slice(extent: str, start: int, end: int, step: int):
-    """The extent of a slice of an axis of symbolic ``extent``: ``extent`` itself for the whole axis; a count where
-    the slice reaches a fixed number of elements once the axis is long enough for it (exporters' ``x[:, 0]``,
-    ``x[:, :1]``, ``x[:, -1]``, ``x[:, -4:-1]``, the lengths the model's traced guards promise). A bound plan
-    infers again from the bound sizes, with ONNX clamping. None where the count depends on the extent."""
-    to_end = end >= _BIG
-    if start == 0 and to_end and step == 1:
-        return extent
+def _symbolic_axis_slice(extent, start, end, step):
+    """The extent of a slice where the extent, start or end is a symbolic dim (ir/dims.py), or None: a negative int
+    counts from the end, an end >= INT32_MAX is the end; then the slice takes ``end - start`` elements (every
+    ``step``-th) when ``0 <= start <= end`` holds for every size. An end beyond the extent is clamped where that is
+    provable, else taken as it is (the length the model's traced guards promise: exporters' ``x[:, :seq]``,
+    ``x[:, -1]``, ``x[:, :4]``); a bound plan infers again from the bound sizes, with ONNX clamping."""
     if step <= 0:
         return None
-    if start >= 0 and 0 <= end and not to_end:
-        return max(0, -(-(end - start) // step))
-    if start < 0 and (to_end or end < 0):
-        return max(0, -(-((0 if to_end else end) - start) // step))
-    return None
+    if isinstance(start, int) and start < 0:
+        start = dims.add(extent, start)
+    if isinstance(end, int) and end >= _BIG:
+        end = extent
+    elif isinstance(end, int) and end < 0:
+        end = dims.add(extent, end)
+    if dims.compare(end, extent) == 1:
+        end = extent
+    length = dims.subtract(end, start)
+    if isinstance(length, int):  # x[:, 2:7:2], x[:, -4:-1] of an axis long enough: a count (ONNX: none if < 0)
+        return max(0, -(-length // step))
+    start_floor, length_floor = dims.lower_bound(start), dims.lower_bound(length)
+    if start_floor is None or start_floor < 0 or length_floor is None or length_floor < 0:
+        return None
+    return dims.floor_divide(dims.add(length, step - 1), step)
 
 
 def _prepare(problem: Problem):
@@ -278,8 +265,10 @@ OP = register(OpDef(
     inputs=(Input("x"),),
     outputs=("y",),
     attrs=(
-        Attr("starts", tuple, check=_layout.ints_check, doc="first index per sliced axis (ONNX clamping)"),
-        Attr("ends", tuple, check=_ends_check, doc="end (exclusive) per sliced axis; a symbolic dim takes that many"),
+        Attr("starts", tuple, check=_positions_check,
+             doc="first index per sliced axis (ONNX clamping); a symbolic dim is bound with the inputs' dims"),
+        Attr("ends", tuple, check=_positions_check,
+             doc="end (exclusive) per sliced axis (ONNX clamping); a symbolic dim is bound with the inputs' dims"),
         Attr("axes", tuple, None, check=_layout.ints_check, doc="the sliced axes; default the first len(starts)"),
         Attr("steps", tuple, None, check=_layout.ints_check, doc="step per sliced axis, nonzero; default 1"),
     ),

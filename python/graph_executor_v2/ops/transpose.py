@@ -177,7 +177,8 @@ def _infer_reshape(in_types, attrs):
     if x.is_concrete and not any(isinstance(extent, str) for extent in shape):
         return [TensorType(reshape_shape(x.shape, shape), x.dtype)]
     # Symbolic dims (in the input or the target): a -1 is the quotient of the element counts as symbolic products
-    # (dims.quotient); a fully given target is taken as it is and checked when the plan binds the dims.
+    # (dims.quotient); a fully given target is taken as it is (unless the counts differ for every size) and checked
+    # when the plan binds the dims.
     _layout.check_rank(len(shape), "shape")
     if any(isinstance(extent, int) and extent < -1 for extent in shape) or shape.count(-1) > 1:
         raise ValueError(f"shape: expected extents >= 0, symbolic dims and at most one -1, got {shape}")
@@ -188,6 +189,9 @@ def _infer_reshape(in_types, attrs):
             raise ValueError(f"shape: cannot reshape {tuple(x.shape)} into {shape}: the known dims do not divide "
                              "the element count") from None
         shape = tuple(inferred if extent == -1 else extent for extent in shape)
+    elif dims.compare(dims.product(*x.shape), dims.product(*shape)) not in (0, None):
+        raise ValueError(f"shape: cannot reshape {tuple(x.shape)} into {shape}: the element counts differ for "
+                         "every size")
     return [TensorType(shape, x.dtype)]
 
 

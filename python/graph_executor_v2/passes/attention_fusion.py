@@ -36,6 +36,7 @@ from ..dtypes import FLOAT_DTYPES, to_numpy
 from ..ir import dims
 from ..ir.graph import Graph, Node, Value
 from ..ops.slice import axis_slice
+from .cleanup import eliminate_dead_code
 from .pattern import Pat, Rule, remove_unused, rewrite
 
 
@@ -481,3 +482,13 @@ ROTATE_HALF: list[Rule] = [
 def fuse_attention(graph: Graph) -> list:
     return (fuse_attention_4d(graph) + rewrite(graph, RULES) + rewrite(graph, ROTATE_HALF)
             + simplify_attention(graph))
+
+
+def fuse_imported_attention(graph: Graph) -> list:
+    """The end of an import, in both frontends: unread values dropped (an unread output, a Dropout's mask, would
+    count as a reader of what attention fuses), the written-out attention fused (``fuse_attention``), and the nodes
+    it replaced dropped; the graph as imported then shows the attention nodes it will run."""
+    eliminate_dead_code(graph)
+    notes = fuse_attention(graph)
+    eliminate_dead_code(graph)
+    return notes

@@ -32,6 +32,7 @@ from .. import device as _device
 from ..codegen.compiler import STATS, describe_build
 from ..codegen.group import fused_members
 from ..dtypes import itemsize
+from ..ir import dims
 from ..ir.graph import Graph
 from ..ir.schema import Problem
 from ..ir.types import TensorType
@@ -777,15 +778,25 @@ def _format_counts(counts: dict) -> str:
     return "{" + ", ".join(f"{op}: {n}" for op, n in sorted(counts.items())) + "}"
 
 
-def _bind(expected: tuple, actual: tuple, dims: dict[str, int]) -> bool:
-    """Whether ``actual`` fits ``expected``; on success the symbolic dims it binds are added to ``dims``."""
+def _bind(expected: tuple, actual: tuple, bound: dict[str, int]) -> bool:
+    """Whether ``actual`` fits ``expected``; on success the symbolic dims it binds are added to ``bound`` (a plain
+    name binds to its size; an expression such as ``seq+1`` binds the one name it leaves unknown, else checks)."""
     if len(actual) != len(expected):
         return False
-    bound = dict(dims)
+    found = dict(bound)
     for want, got in zip(expected, actual):
-        if (bound.setdefault(want, got) if isinstance(want, str) else want) != got:
-            return False
-    dims.update(bound)
+        if isinstance(want, int):
+            if want != got:
+                return False
+        elif want in found or dims.is_name(want):
+            if found.setdefault(want, got) != got:
+                return False
+        else:
+            solved = dims.solve(want, got, found)
+            if solved is None:
+                return False
+            found.update(solved)
+    bound.update(found)
     return True
 
 

@@ -153,11 +153,13 @@ KNOWN_FAILURES = {
 }
 
 
-# Where attention's cudnn candidate is built, `auto` runs ONNX Attention on it on the GPU.
+# Where attention's cudnn candidate is built, the conformance backend (kernels in priority order, not timed:
+# onnx_backend.AUTOTUNE) runs ONNX Attention on it on the GPU.
 KNOWN_FAILURES_WITH_CUDNN_ATTENTION = {
     r"test_attention_4d(_causal)?_fp16":
         "cuDNN's SDPA rounds the probabilities to float16 before P @ V (as PyTorch's flash and cuDNN backends do): "
-        "one output element of 192 is 2 float16 ulps off, where the test allows rtol 1e-3 (one ulp)",
+        "1-2 output elements of 192 are 2 float16 ulps off (H200: max |err| 4.9e-4, within GE2's float16 bound "
+        "atol 1e-3 / rtol 2e-3), where the test allows rtol 1e-3 (one ulp); rowwise and unfused are within one ulp",
 }
 
 
@@ -187,6 +189,18 @@ def _backend_tests():
 
 
 globals().update(_backend_tests())
+
+
+def test_the_conformance_backend_takes_kernels_in_priority_order(rng):
+    """Conformance results, and the expected failures above, must not depend on which candidate won a timing race
+    (measured choice picked rowwise over cudnn for ONNX's float16 attention on the H200, an unexpected success)."""
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    rep = Ge2Backend.prepare(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "CPU")
+    assert [executor.preferences.autotune for executor in rep._executors.values()] == [False]
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(rep.run([x])[0], np.maximum(x, 0))
 
 
 def test_claimed_node_tests_are_many():

@@ -470,3 +470,39 @@ def test_torch_eager_attention_is_fused_by_the_shared_pass(rng, scale_op):
         weights = np.exp(logits64 - logits64.max(-1, keepdims=True))
         expected = weights / weights.sum(-1, keepdims=True) @ v64
         assert_close(executor.run(feeds)["y"], expected, "float32", reduction_length=seq)
+
+
+def test_advanced_index_of_symbolic_aranges_binds_per_plan(rng):
+    """The dynamo exporter's x[batch_idx, q_idx] (HF's packed-sequence mask): index tensors from Range(0, b) and
+    Range(0, s) broadcast to a shape computed as Shape(Max(Expand(1, Shape(i)) ...)), stacked and read by GatherND;
+    one executor at two sizes against NumPy's advanced indexing."""
+    node = helper.make_node
+    nodes = [node("Shape", ["x"], ["shape"]), node("Gather", ["shape", "zero"], ["b"]),
+             node("Gather", ["shape", "one"], ["s"]),
+             node("Range", ["zero", "b", "one"], ["batch_positions"]),
+             node("Range", ["zero", "s", "one"], ["positions"]),
+             node("Reshape", ["batch_positions", "batch_column"], ["batch_index"]),
+             node("Reshape", ["positions", "sequence_column"], ["sequence_index"]),
+             node("Shape", ["batch_index"], ["batch_index_shape"]),
+             node("Shape", ["sequence_index"], ["sequence_index_shape"]),
+             node("Expand", ["one", "batch_index_shape"], ["batch_ones"]),
+             node("Expand", ["one", "sequence_index_shape"], ["sequence_ones"]),
+             node("Max", ["batch_ones", "sequence_ones"], ["broadcast"]),
+             node("Shape", ["broadcast"], ["broadcast_shape"]),
+             node("Expand", ["batch_index", "broadcast_shape"], ["batch_wide"]),
+             node("Expand", ["sequence_index", "broadcast_shape"], ["sequence_wide"]),
+             node("Unsqueeze", ["batch_wide", "last"], ["batch_last"]),
+             node("Unsqueeze", ["sequence_wide", "last"], ["sequence_last"]),
+             node("Concat", ["batch_last", "sequence_last"], ["index"], axis=-1),
+             node("GatherND", ["x", "index"], ["y"])]
+    initializers = [_ints("zero", 0), _ints("one", 1), _ints("batch_column", [-1, 1, 1, 1]),
+                    _ints("sequence_column", [1, 1, -1, 1]), _ints("last", [-1])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])], initializers,
+                   opset=18)
+    graph = onnx_frontend.load(model)
+    assert graph.outputs["y"].type.shape == ("batch", 1, "seq", 1)
+    executor = ge2.ExecutorV2(graph)
+    for batch, seq in ((2, 5), (3, 7)):
+        x = rng.standard_normal((batch, seq)).astype(np.float32)
+        expected = x[np.arange(batch)[:, None, None, None], np.arange(seq)[None, None, :, None]]
+        np.testing.assert_array_equal(executor.run({"x": x})["y"], expected)

@@ -238,7 +238,6 @@ def test_cudnn_constraints_name_the_reason(head_dim, dtype, reason):
 def test_unfused_runs_every_head_dim_and_rowwise_up_to_256(head_dim, dtype):
     native = attention._native_module()
     assert native.unsupported_reason("unfused", head_dim, dtype) == ""
-    assert native.unsupported_reason("auto", head_dim, dtype) == ""
     rowwise = native.unsupported_reason("rowwise", head_dim, dtype)
     assert rowwise == ("" if head_dim <= 256 else
                        f"rowwise holds a row in registers: needs head_dim <= 256, got {head_dim}")
@@ -324,7 +323,8 @@ def test_workspace_bytes_of_the_other_kernels_and_bad_arguments(monkeypatch):
     assert _workspace("rowwise", 2, 4, 2, 9, 11, 64, "bhsd", "float16", False) == 0
     assert _workspace("rowwise", 2, 4, 2, 9, 11, 64, "bhsd", "float16", True) == 2 * 4 * 9 * 4
     assert _workspace("flash", 2, 4, 2, 9, 11, 64, "bhsd", "float16", False) == 0
-    with pytest.raises(ValueError, match="kernel: expected flash, rowwise or unfused .*got auto"):
+    with pytest.raises(ValueError, match=r"kernel: expected one of cudnn, flash, rowwise, unfused \(attention's "
+                                         r"kernels\), got 'auto'"):  # the Python selector chooses, never C++
         _workspace("auto", 2, 4, 2, 9, 11, 64, "bhsd", "float16", True)
     with pytest.raises(ValueError, match="heads_kv: expected a divisor of heads_q = 4, got 3"):
         _workspace("unfused", 2, 4, 3, 9, 11, 64, "bhsd", "float16", True)
@@ -599,22 +599,39 @@ def test_unfused_rounds_y_once(rng, poisoned, monkeypatch, budget, dtype):
 
 @pytest.mark.gpu
 def test_auto_runs_cudnn_else_flash_else_rowwise_else_unfused(rng, poisoned):
-    # The native face returns the kernel that ran: the first in priority order that can run the problem.
-    native = attention._native_module()
+    # The selector's choice, which the face's prepared call names: the first in priority order that runs the problem.
     cudnn = attention.has_cudnn()
     for dtype, head_dim, expected in (("bfloat16", 128, "cudnn" if cudnn else "flash"),
                                       ("float16", 96, "cudnn" if cudnn else "rowwise"), ("float16", 100, "rowwise"),
                                       ("float32", 64, "rowwise"), ("bfloat16", 272, "unfused")):
         host = _problem(rng, 1, 2, 2, 20, 20, head_dim, dtype)[:3]
         q, k, v = (ge2.device.runtime().DeviceArray.from_numpy(x) for x in host)
+        assert attention.prepare(q, k, v, causal=True, scale=0.5).kernel == expected, (dtype, head_dim)
         y, lse = poisoned(q.shape, dtype), poisoned((1, 2, 20), "float32")
-        ran = native.forward(q.ptr, k.ptr, v.ptr, y.ptr, lse.ptr, batch=1, heads_q=2, heads_kv=2, seq_q=20, seq_k=20,
-                             head_dim=head_dim, seq_major=False, scale=0.5, causal=True, dtype=dtype, kernel="auto",
-                             stream=0)
-        assert ran == expected, (dtype, head_dim)
+        attention.forward(q, k, v, causal=True, scale=0.5, out=(y, lse))
         expected_y, _ = attention.reference(*host, causal=True, scale=0.5)
         assert_close(y.numpy(), expected_y, dtype, reduction_length=head_dim if dtype == "float32" else 1,
-                     what=f"y ({ran})")
+                     what=f"y ({expected})")
+
+
+def test_native_entry_points_run_the_kernel_they_are_named():
+    """No native call chooses: "auto" is the Python selector's word, and the binding refuses it naming the op."""
+    if not ge2._native.is_built("_ops_attention"):
+        pytest.skip("_ops_attention is not built")
+    native = attention._native_module()
+    expected = r"kernel: expected one of cudnn, flash, rowwise, unfused \(attention's kernels\), got 'auto'"
+    with pytest.raises(ValueError, match=expected):
+        native.unsupported_reason("auto", 64, "float16")
+    with pytest.raises(ValueError, match=expected):
+        native.forward(16, 16, 16, 16, 16, batch=1, heads_q=1, heads_kv=1, seq_q=1, seq_k=1, head_dim=64,
+                       seq_major=False, scale=1.0, causal=False, dtype="float16", kernel="auto", stream=0)
+    with pytest.raises(ValueError, match="kernel: flash is built for head_dim 64 and 128, got head_dim 96"):
+        native.forward(16, 16, 16, 16, 16, batch=1, heads_q=1, heads_kv=1, seq_q=1, seq_k=1, head_dim=96,
+                       seq_major=False, scale=1.0, causal=False, dtype="float16", kernel="flash", stream=0)
+    with pytest.raises(ValueError, match="kernel: flash needs inputs at 16-byte and outputs at 4-byte aligned"):
+        native.backward(16, 16, 16, 16, 18, 16, 16, 16, 16, batch=1, heads_q=1, heads_kv=1, seq_q=1, seq_k=1,
+                        head_dim=64, seq_major=False, scale=1.0, causal=False, dtype="float16", kernel="flash",
+                        stream=0)
 
 
 @pytest.mark.gpu

@@ -720,6 +720,26 @@ def test_cudnn_graph_declines_offset_views_and_auto_takes_the_next(rng):
     assert_close(dw.cpu().numpy(), expected[1], "float16", reduction_length=2 * 36, what="dw")
 
 
+def test_native_entry_points_run_the_kernel_they_are_named():
+    """No native call chooses: "auto" is the Python selector's word, and the binding refuses it naming the op."""
+    if not ge2._native.is_built("_ops_conv2d"):
+        pytest.skip("_ops_conv2d is not built")
+    native = conv2d._native_module()
+    geometry = conv2d.check_problem((2, 6, 6, 16), "float16", (4, 3, 3, 16), "float16", padding=1, layout="NHWC")
+    expected = (r"kernel: expected one of cudnn_graph, implicit_gemm, cudnn, im2col_gemm \(conv2d's kernels\), got "
+                r"'auto'")
+    with pytest.raises(ValueError, match=expected):
+        native.forward(16, 16, 0, 0, 16, geometry.native, "NHWC", "float16", "none", 0.01, False, -np.inf, np.inf,
+                       "auto", 0)
+    with pytest.raises(ValueError, match=expected):
+        native.backward(16, 16, 16, 0, 16, 16, 0, geometry.native, "NHWC", "float16", "none", 0.01, False, "auto", 0)
+    with pytest.raises(ValueError, match=expected):
+        conv2d.unsupported_reason("auto", geometry, "none", False)
+    with pytest.raises(ValueError, match="kernel: 'implicit_gemm' cannot run this problem: forward only"):
+        native.backward(16, 16, 16, 0, 16, 16, 0, geometry.native, "NHWC", "float16", "none", 0.01, False,
+                        "implicit_gemm", 0)
+
+
 @pytest.mark.gpu
 def test_cudnn_graph_named_problem_it_cannot_run_raises(rng, to_device):
     skip_unless_built("cudnn_graph")
@@ -840,7 +860,8 @@ def test_implicit_gemm_rejects_what_it_cannot_run(rng, to_device):
     dy = to_device(random_array(rng, (2, 4, 4, 4), "float16"))
     x16 = to_device(random_array(rng, (2, 6, 6, 16), "float16"))
     w16 = to_device(random_array(rng, (4, 3, 3, 16), "float16"))
-    with pytest.raises(ValueError, match="kernel: 'implicit_gemm' cannot run this problem: forward only"):
+    with pytest.raises(ValueError, match="kernel: 'implicit_gemm' cannot run this problem: conv2d_backward has no "
+                                         "kernel 'implicit_gemm'"):
         conv2d.backward(dy, x16, w16, layout="NHWC", kernel="implicit_gemm")
 
 

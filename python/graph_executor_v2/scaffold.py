@@ -85,14 +85,14 @@ def substitutions(name: str, inputs: list[str], package: str, in_tree: bool) -> 
     grads = ["d" + value for value in inputs]
     formula = f"y = alpha * ({' + '.join(inputs)})" if len(inputs) > 1 else f"y = alpha * {inputs[0]}"
     if in_tree:
-        imports = ("from .. import _native\nfrom .. import device as _device\nfrom ..dtypes import FLOAT_DTYPES\n"
-                   "from ..ir.types import TensorType\nfrom . import _layout\n"
+        imports = ("from .. import _native, selection\nfrom .. import device as _device\n"
+                   "from ..dtypes import FLOAT_DTYPES\nfrom ..ir.types import TensorType\nfrom . import _layout\n"
                    "from ._base import (Attr, Candidate, Input, OpDef, Problem, Sample, as_float64, in_ptr, "
                    "native_launch, out_ptr,\n                    register, sample_array, stream_arg, table_candidate)\n"
                    "from ._face import Face")
         op_import = f"from graph_executor_v2.ops import {name} as op"
     else:
-        imports = ("from graph_executor_v2 import _native\nfrom graph_executor_v2 import device as _device\n"
+        imports = ("from graph_executor_v2 import _native, selection\nfrom graph_executor_v2 import device as _device\n"
                    "from graph_executor_v2.dtypes import FLOAT_DTYPES\n"
                    "from graph_executor_v2.ir.types import TensorType\n"
                    "from graph_executor_v2.ops import (Attr, Candidate, Face, Input, OpDef, Problem, Sample, _layout, "

@@ -55,17 +55,16 @@ PYBIND11_MODULE(_ops_attention, m) {
         args.bias = as_pointer(bias);
         args.o = as_pointer(o);
         args.lse = as_pointer<float>(lse);
-        const auto requested = ge2::attention::kernel_from_name(kernel);
+        const auto named = ge2::attention::kernel_from_name(kernel);
         ge2::binding::ReleaseGil release;
-        return std::string(
-            ge2::attention::kernel_name(ge2::attention::forward(args, requested, as_stream(stream))));
+        ge2::attention::forward(args, named, as_stream(stream));
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("lse"), py::arg("batch"), py::arg("heads_q"),
       py::arg("heads_kv"), py::arg("seq_q"), py::arg("seq_k"), py::arg("head_dim"), py::arg("seq_major"),
       py::arg("scale"), py::arg("causal"), py::arg("dtype"), py::arg("kernel"), py::arg("stream"),
       py::arg("bias") = 0, py::arg("bias_batch") = 0, py::arg("bias_heads") = 0, py::arg("window_left") = -1,
       py::arg("window_right") = -1, py::arg("softcap") = 0.0,
-      "Enqueues O and the float32 row log-sum-exp; returns the name of the kernel that ran. bias (0: none): the "
+      "Enqueues O and the float32 row log-sum-exp on the named kernel (the selector's choice). bias (0: none): the "
       "additive [bias_batch, bias_heads, seq_q, seq_k] bias; window_left, window_right: the sliding window (-1: "
       "unbounded); softcap: c > 0 caps the scores at c tanh(s / c) (0: off).");
 
@@ -89,17 +88,16 @@ PYBIND11_MODULE(_ops_attention, m) {
         args.dq = as_pointer(dq);
         args.dk = as_pointer(dk);
         args.dv = as_pointer(dv);
-        const auto requested = ge2::attention::kernel_from_name(kernel);
+        const auto named = ge2::attention::kernel_from_name(kernel);
         ge2::binding::ReleaseGil release;
-        return std::string(
-            ge2::attention::kernel_name(ge2::attention::backward(args, requested, as_stream(stream))));
+        ge2::attention::backward(args, named, as_stream(stream));
       },
       py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("lse"), py::arg("dq"),
       py::arg("dk"), py::arg("dv"), py::arg("batch"), py::arg("heads_q"), py::arg("heads_kv"), py::arg("seq_q"),
       py::arg("seq_k"), py::arg("head_dim"), py::arg("seq_major"), py::arg("scale"), py::arg("causal"),
       py::arg("dtype"), py::arg("kernel"), py::arg("stream"), py::arg("bias") = 0, py::arg("bias_batch") = 0,
       py::arg("bias_heads") = 0, py::arg("window_left") = -1, py::arg("window_right") = -1, py::arg("softcap") = 0.0,
-      "Enqueues dQ, dK, dV from dO and the saved O and log-sum-exp; returns the name of the kernel that ran.");
+      "Enqueues dQ, dK, dV from dO and the saved O and log-sum-exp on the named kernel (the selector's choice).");
 
   m.def(
       "unsupported_reason",

@@ -66,14 +66,14 @@ PYBIND11_MODULE(_ops_conv2d, m) {
         args.allow_tf32 = allow_tf32;
         args.clip_low = clip_low;
         args.clip_high = clip_high;
-        const auto requested = ge2::conv2d::kernel_from_name(kernel);
+        const auto named = ge2::conv2d::kernel_from_name(kernel);
         ge2::binding::ReleaseGil release;
-        return std::string(ge2::conv2d::kernel_name(ge2::conv2d::forward(args, requested, as_stream(stream))));
+        ge2::conv2d::forward(args, named, as_stream(stream));
       },
       py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("residual"), py::arg("y"), py::arg("geometry"), py::arg("layout"),
       py::arg("dtype"), py::arg("act"), py::arg("slope"), py::arg("allow_tf32"), py::arg("clip_low"),
       py::arg("clip_high"), py::arg("kernel"), py::arg("stream"),
-      "Enqueues the convolution on `stream`; returns the name of the kernel that ran.");
+      "Enqueues the convolution on `stream` on the named kernel (the selector's choice).");
 
   m.def(
       "backward",
@@ -93,14 +93,15 @@ PYBIND11_MODULE(_ops_conv2d, m) {
         args.act = ge2::act_from_name(act);
         args.slope = slope;
         args.allow_tf32 = allow_tf32;
-        const auto requested = ge2::conv2d::kernel_from_name(kernel);
+        const auto named = ge2::conv2d::kernel_from_name(kernel);
         ge2::binding::ReleaseGil release;
-        ge2::conv2d::backward(args, requested, as_stream(stream));
+        ge2::conv2d::backward(args, named, as_stream(stream));
       },
       py::arg("dy"), py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("dx"), py::arg("dw"), py::arg("dbias"),
       py::arg("geometry"), py::arg("layout"), py::arg("dtype"), py::arg("act"), py::arg("slope"),
       py::arg("allow_tf32"), py::arg("kernel"), py::arg("stream"),
-      "Enqueues dX, dW, dbias (each skipped when its address is 0) on `stream`.");
+      "Enqueues dX, dW, dbias (each skipped when its address is 0) on `stream` on the named kernel (the selector's "
+      "choice).");
 
   m.attr("has_cudnn") = ge2::conv2d::has_cudnn();
   m.attr("has_cudnn_graph") = ge2::conv2d::cudnn_graph_not_built_reason().empty();

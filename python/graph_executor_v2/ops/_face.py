@@ -202,26 +202,7 @@ class Face:
                          tuple(map(nbytes, in_types)), tuple(map(nbytes, out_types)))
 
     def _choose(self, problem: Problem, kernel: str, aligned: bool) -> tuple[str, Callable]:
-        """The named candidate, or the selector's choice (``selection.py``, as for plans): the best one that
-        supports the problem and prepares. Pointers that are not 16-byte aligned (views into other arrays) go to
-        the candidates that take any alignment."""
-        if kernel != "auto":
-            candidate = selection.resolve(next(c for c in self.op.candidates if c.name == kernel))
-            reason = (selection.dtype_reason(candidate.dtypes, selection.problem_dtype(problem))
-                      or candidate.supports(problem))
-            if reason:
-                raise ValueError(f"kernel: '{kernel}' cannot run this problem: {reason}")
-            return kernel, candidate.prepare(problem)
-        try:
-            choice = selection.choose(selection.rank(self.op, problem, aligned=aligned), problem, catch=RuntimeError)
-            return choice.candidate.name, choice.launch
-        except selection.NoKernelPrepared as error:
-            failures = [f"{name}: {message.partition(': ')[2]}" for name, message in error.fallbacks]
-        if not failures and self._no_kernel is not None:
-            self._no_kernel(problem)
-        if not aligned:
-            failures.append("the inputs are not 16-byte aligned: only the candidates that take any alignment apply")
-        raise RuntimeError(f"{self.name}: no kernel can run this problem ({'; '.join(failures) or 'none applies'})")
+        return choose_launch(self.op, problem, kernel, aligned, self._no_kernel)
 
     def _check_overlap(self, entry: _Prepared, index: int, pointer: int, in_pointers: list[int]) -> None:
         size = entry.out_bytes[index]
@@ -497,6 +478,37 @@ class Face:
         for options in (extras or {}, saved or {}):
             params += [P(name, P.KEYWORD_ONLY, default=default) for name, default in options.items()]
         return inspect.Signature(params)
+
+
+def choose_launch(opdef: OpDef, problem: Problem, kernel: str, aligned: bool,
+                  no_kernel: Callable[[Problem], None] | None = None) -> tuple[str, Callable]:
+    """(kernel name, launch) of ``opdef``'s candidate for ``problem``: the one named ``kernel``, or for "auto" the
+    selector's choice (``selection.py``, as for plans): the best one that supports the problem and prepares.
+    Pointers that are not 16-byte aligned (``aligned`` False: views into other arrays) go to the candidates that
+    take any alignment. A face's forward asks this of its op, a face's backward of the backward op (whose launch
+    takes the backward op's inputs and outputs). ``no_kernel(problem)``: raises the error naming the argument when
+    no candidate supports a valid problem."""
+    if kernel != "auto":
+        declared = next((c for c in opdef.candidates if c.name == kernel), None)
+        if declared is None:
+            raise ValueError(f"kernel: '{kernel}' cannot run this problem: {opdef.name} has no kernel '{kernel}' (its "
+                             f"kernels: {', '.join(c.name for c in opdef.candidates)})")
+        candidate = selection.resolve(declared)
+        reason = (selection.dtype_reason(candidate.dtypes, selection.problem_dtype(problem))
+                  or candidate.supports(problem))
+        if reason:
+            raise ValueError(f"kernel: '{kernel}' cannot run this problem: {reason}")
+        return kernel, candidate.prepare(problem)
+    try:
+        choice = selection.choose(selection.rank(opdef, problem, aligned=aligned), problem, catch=RuntimeError)
+        return choice.candidate.name, choice.launch
+    except selection.NoKernelPrepared as error:
+        failures = [f"{name}: {message.partition(': ')[2]}" for name, message in error.fallbacks]
+    if not failures and no_kernel is not None:
+        no_kernel(problem)
+    if not aligned:
+        failures.append("the inputs are not 16-byte aligned: only the candidates that take any alignment apply")
+    raise RuntimeError(f"{opdef.name}: no kernel can run this problem ({'; '.join(failures) or 'none applies'})")
 
 
 def _named(function, op: str, name: str, signature: inspect.Signature):

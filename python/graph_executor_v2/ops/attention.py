@@ -65,7 +65,7 @@ from ..ir.types import TensorType
 from . import _grad, _layout
 from ._base import (Attr, Candidate, Input, OpDef, Problem, Sample, as_float64, attach_grad, in_ptr, native_launch,
                     out_ptr, register, require_inputs, sample_array, stream_arg, table_candidate)
-from ._face import FACES, Face
+from ._face import FACES, Face, choose_launch
 
 LAYOUTS = ("bhsd", "bshd")
 
@@ -290,15 +290,6 @@ def _unsupported_reason(kernel, sizes, dtype, bias, attrs) -> str:
                                                **_mask_arguments(attrs))
 
 
-def _check_native_kernel(kernel, sizes, dtype, attrs, bias=False):
-    """auto runs every problem (unfused takes what flash and rowwise do not; with a bias, rowwise and cudnn); a named
-    kernel may refuse one."""
-    if kernel != "auto" or bias:
-        reason = _unsupported_reason(kernel if kernel != "auto" else "rowwise", sizes, dtype, bias, attrs)
-        if reason:
-            raise ValueError(f"kernel: '{kernel}' cannot run this problem: {reason}")
-
-
 def _native_sizes(sizes, causal, scale, layout, dtype):
     return dict(batch=sizes["batch"], heads_q=sizes["heads_q"], heads_kv=sizes["heads_kv"], seq_q=sizes["seq_q"],
                 seq_k=sizes["seq_k"], head_dim=sizes["head_dim"], seq_major=layout == "bshd",
@@ -327,14 +318,15 @@ def _check_saved_pair(inputs, attrs, y=None, lse=None):
 
 def _backward(dy, inputs, attrs, kernel, out, stream, y=None, lse=None):
     """(dq, dk, dv, None) as device arrays of dy's kind (or ``out``'s entries), from dy, the forward inputs and the
-    saved y and lse (the forward runs first when they are not given); the bias has no gradient."""
+    saved y and lse (the forward runs first when they are not given); the bias has no gradient. The kernel is
+    attention_backward's candidate named ``kernel``, or the selector's choice for these arrays."""
     q, k, v, bias = inputs
     views = {"dy": dy, "q": q, "k": k, "v": v} | ({} if bias is None else {"bias": bias})
     vdy, vq, vk, vv, *vbias = _layout.input_views(views).values()
     sizes = problem_sizes(vq.shape, vq.dtype, vk.shape, vk.dtype, vv.shape, vv.dtype, attrs["layout"])
-    bias_sizes = _bias_sizes(vbias[0].shape if vbias else None, sizes)
+    if vbias:
+        bias_dims(vbias[0].shape, sizes)
     _check_gradient(vdy.shape, vdy.dtype, vq.shape, vq.dtype)
-    _check_native_kernel(kernel, sizes, vq.dtype, attrs, bias is not None)
     _check_saved_pair(inputs, attrs, y, lse)
     if y is None:
         y, lse = FACES["attention"].forward(q, k, v, bias, **attrs, kernel=kernel, stream=stream)
@@ -342,10 +334,14 @@ def _backward(dy, inputs, attrs, kernel, out, stream, y=None, lse=None):
     vlse = _layout.checked_view(lse, "lse", (sizes["batch"], sizes["heads_q"], sizes["seq_q"]), "float32", vq.device)
     grads = [_layout.output(None if out is None else out[index], dy, f"out[{index}]", view.shape, view.dtype,
                             vq.device) for index, view in enumerate((vq, vk, vv))]
-    _native_module().backward(vdy.ptr, vq.ptr, vk.ptr, vv.ptr, vy.ptr, vlse.ptr, *(view.ptr for _, view in grads),
-                              **_native_sizes(sizes, attrs["causal"], attrs["scale"], attrs["layout"], vq.dtype),
-                              kernel=kernel, stream=_device.stream_handle(stream),
-                              bias=vbias[0].ptr if vbias else 0, **bias_sizes, **_mask_arguments(attrs))
+    in_views = (vdy, vq, vk, vv, vy, vlse, *vbias)
+    out_views = tuple(view for _, view in grads)
+    problem = Problem(ATTENTION_BACKWARD.name, tuple(TensorType(view.shape, view.dtype) for view in in_views),
+                      tuple(TensorType(view.shape, view.dtype) for view in out_views), attrs,
+                      _device.compute_capability(vq.device))
+    aligned = not any(view.ptr % 16 for view in in_views + out_views)
+    _, launch = choose_launch(ATTENTION_BACKWARD, problem, kernel, aligned)
+    launch([view.ptr for view in in_views], [view.ptr for view in out_views], _device.stream_handle(stream))
     return (*(array for array, _ in grads), None)
 
 

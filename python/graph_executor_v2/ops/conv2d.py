@@ -49,11 +49,10 @@ from ..ir.types import TensorType
 from . import _grad, _layout, activations
 from ._base import (Attr, Input, OpDef, Problem, Sample, as_float64, attach_grad, in_ptr, native_launch, out_ptr,
                     register, require_inputs, sample_array, stream_arg, table_candidate)
-from ._face import Face
+from ._face import Face, choose_launch
 
 CONV_ACTIVATIONS = ("none", "relu", "gelu", "silu", "leaky_relu")
 LAYOUTS = ("NCHW", "NHWC")
-KERNELS = ("auto", "cudnn_graph", "implicit_gemm", "cudnn", "im2col_gemm")
 
 
 def _native_module():
@@ -180,11 +179,6 @@ def check_problem(x_shape, x_dtype, w_shape, w_dtype, bias_shape=None, bias_dtyp
         if residual_dtype != x_dtype:
             raise TypeError(f"residual: expected dtype {x_dtype}, got {residual_dtype}")
     return geometry
-
-
-def _check_kernel(kernel):
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel: expected one of {', '.join(KERNELS)}, got {kernel!r}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -321,8 +315,9 @@ def _refuse_clip(attrs, what):
 
 
 def _backward(dy, inputs, attrs, kernel, out, stream):
-    """(dx, dw, dbias, None) as device arrays of x's kind, or ``out``'s entries (dbias None without a bias). With an
-    activation the pre-activation is recomputed (one forward GEMM)."""
+    """(dx, dw, dbias, None) as device arrays of x's kind, or ``out``'s entries (dbias None without a bias), on
+    conv2d_backward's candidate named ``kernel`` or the selector's choice for these arrays. With an activation the
+    pre-activation is recomputed (one forward GEMM)."""
     _refuse_residual_and_clip(inputs, attrs)
     x, w, bias, _ = conv_inputs(inputs)
     views = _layout.input_views({name: a for name, a in (("dy", dy), ("x", x), ("w", w), ("bias", bias))
@@ -345,10 +340,15 @@ def _backward(dy, inputs, attrs, kernel, out, stream):
                 _layout.check_no_overlap(view, name, input_view, input_name)
         grads.append(array)
         grad_views.append(view)
+    in_views = (vdy, vx, vw, vbias)
+    problem = Problem(BACKWARD_OP.name, tuple(None if view is None else TensorType(view.shape, view.dtype)
+                                              for view in in_views),
+                      tuple(TensorType(shape, geometry.dtype) for shape in shapes), attrs,
+                      _device.compute_capability(vx.device))
+    present = [view for view in (*in_views, *grad_views) if view is not None]
+    _, launch = choose_launch(BACKWARD_OP, problem, kernel, not any(view.ptr % 16 for view in present))
     ptr = lambda view: 0 if view is None else view.ptr  # noqa: E731
-    _native_module().backward(vdy.ptr, vx.ptr, vw.ptr, ptr(vbias), ptr(grad_views[0]), ptr(grad_views[1]),
-                              ptr(grad_views[2]), *_native_problem_args(geometry, attrs), kernel,
-                              _device.stream_handle(stream))
+    launch([ptr(view) for view in in_views], [ptr(view) for view in grad_views], _device.stream_handle(stream))
     return (*grads, None)
 
 
@@ -366,7 +366,6 @@ def unsupported_reason(kernel: str, geometry: ConvGeometry, act: str, has_bias: 
                        has_residual: bool = False, clip: tuple[float, float] = (-np.inf, np.inf)):
     """None when ``kernel`` can run the problem, else the reason it cannot. ``clip``: the forward's (low, high)
     bounds, infinite when absent (a clip is part of the epilogue, as the bias and the activation)."""
-    _check_kernel(kernel)
     reason = _native_module().unsupported_reason(kernel, geometry.native, geometry.layout, geometry.dtype, act,
                                                  has_bias, has_residual, backward, *clip)
     return reason or None

@@ -23,7 +23,7 @@
 
 namespace ge2::attention {
 
-enum class Kernel { Auto, Cudnn, Rowwise, Flash, Unfused };
+enum class Kernel { Cudnn, Rowwise, Flash, Unfused };
 
 Kernel kernel_from_name(const std::string& name);
 const char* kernel_name(Kernel kernel);
@@ -109,8 +109,11 @@ void prepare(Kernel kernel, const Shape& shape, bool backward);
 // Bytes of per-stream workspace the forward (backward == false) or backward of `kernel` takes for the problem.
 std::size_t workspace_bytes(Kernel kernel, const Shape& shape, bool backward);
 
-Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream);
-Kernel backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream);
+// Run `kernel`, which the Python selector chose (nothing here chooses): std::invalid_argument naming why when it
+// cannot run the problem (flash also needs 16-byte aligned inputs and 4-byte aligned outputs), std::runtime_error
+// when cuDNN declines it at run time (no engine, an offset view).
+void forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream);
+void backward(const BackwardArgs& args, Kernel kernel, cudaStream_t stream);
 
 std::vector<KernelInfo> kernel_table();
 

@@ -1,5 +1,5 @@
-// attention launcher: argument checks, the kernel table and the choice of kernel. Candidates: cudnn (cuDNN's fused
-// SDPA through the cuDNN frontend, where it was built; auto moves on when cuDNN declines a problem), flash (tensor
+// attention launcher: argument checks, the kernel table and the launch of the named kernel (the Python selector
+// chooses). Candidates: cudnn (cuDNN's fused SDPA through the cuDNN frontend, where it was built), flash (tensor
 // cores, head_dim 64 and 128, float16 and bfloat16), rowwise (a warp per query row for the forward and dQ, a warp
 // per key row for dK/dV; no cuBLAS and no score scratch; head_dim <= 256) and unfused (cuBLASLt GEMMs around a
 // softmax through memory, the path that always works). flash, rowwise and unfused take every sliding window and soft
@@ -16,17 +16,16 @@
 namespace ge2::attention {
 
 Kernel kernel_from_name(const std::string& name) {
-  if (name == "auto") return Kernel::Auto;
   if (name == "cudnn") return Kernel::Cudnn;
   if (name == "rowwise") return Kernel::Rowwise;
   if (name == "flash") return Kernel::Flash;
   if (name == "unfused") return Kernel::Unfused;
-  throw std::invalid_argument("kernel: expected one of auto, cudnn, flash, rowwise, unfused, got '" + name + "'");
+  throw std::invalid_argument("kernel: expected one of cudnn, flash, rowwise, unfused (attention's kernels), got '" +
+                              name + "'");
 }
 
 const char* kernel_name(Kernel kernel) {
   switch (kernel) {
-    case Kernel::Auto: return "auto";
     case Kernel::Cudnn: return "cudnn";
     case Kernel::Rowwise: return "rowwise";
     case Kernel::Flash: return "flash";
@@ -48,8 +47,8 @@ std::vector<KernelInfo> kernel_table() {
                  ")",
        "built with cuDNN and the cuDNN frontend headers; float16, bfloat16; head_dim a multiple of 8, <= " +
            std::to_string(kMaxCudnnHeadDim) + " (<= 128 before sm_90); 16-byte aligned arrays; plans built by "
-           "prepare() or the first call (not during CUDA graph capture); auto takes the next candidate when cuDNN "
-           "declines a problem (no engine, e.g. seq_q = seq_k = 1 in the backward; an offset view); plan workspace "
+           "prepare() or the first call (not during CUDA graph capture); prepare() raises when cuDNN has no engine for a "
+           "problem (e.g. seq_q = seq_k = 1 in the backward), and the selector takes the next candidate; plan workspace "
            "<= 256 MiB; a window as cuDNN's diagonal band (not with causal where seq_q != seq_k, no left bound where "
            "seq_q > seq_k, no row left without a visible key); no soft cap"},
       {"flash", 20,
@@ -92,7 +91,7 @@ std::string unsupported_reason(Kernel kernel, const Shape& shape) {
     return "rowwise holds a row in registers: needs head_dim <= " + std::to_string(kMaxRowwiseHeadDim) + ", got " +
            std::to_string(shape.head_dim);
   }
-  return "";  // unfused, and auto (which falls back to it), run every problem
+  return "";  // unfused runs every problem
 }
 
 namespace {
@@ -148,40 +147,21 @@ bool aligned(std::initializer_list<const void*> pointers, std::uintptr_t bytes) 
   return true;
 }
 
-// flash copies 16-byte chunks of the inputs and stores 4-byte pairs of the outputs. auto, in priority order: flash
-// where it applies, else rowwise, else unfused (head_dim > 256).
-Kernel choose(Kernel requested, const Shape& shape, bool flash_aligned) {
-  if ((requested == Kernel::Auto || requested == Kernel::Flash) &&
-      unsupported_reason(Kernel::Flash, shape).empty() && flash_aligned) {
-    return Kernel::Flash;
-  }
-  if (requested == Kernel::Flash && unsupported_reason(Kernel::Flash, shape).empty()) {
+// Throws naming why `kernel` cannot run the problem; flash also reads 16-byte chunks of the inputs and stores
+// 4-byte pairs of the outputs (`flash_aligned`).
+void require_runs(Kernel kernel, const Shape& shape, bool flash_aligned) {
+  const std::string reason = unsupported_reason(kernel, shape);
+  if (!reason.empty()) throw std::invalid_argument("kernel: " + reason);
+  if (kernel == Kernel::Flash && !flash_aligned) {
     throw std::invalid_argument("kernel: flash needs inputs at 16-byte and outputs at 4-byte aligned addresses");
   }
-  const std::string reason = unsupported_reason(requested, shape);
-  if (!reason.empty()) throw std::invalid_argument("kernel: " + reason);
-  if (requested != Kernel::Auto) return requested;
-  const Kernel fallback = unsupported_reason(Kernel::Rowwise, shape).empty() ? Kernel::Rowwise : Kernel::Unfused;
-  const std::string fallback_reason = unsupported_reason(fallback, shape);  // a bias with head_dim > 256
-  if (!fallback_reason.empty()) throw std::invalid_argument("kernel: " + fallback_reason);
-  return fallback;
 }
 
-// cudnn, where `requested` (auto or cudnn) lets it run: true when it ran. auto moves on when cuDNN declines the
-// problem; cudnn named throws why.
+// Enqueues cudnn's forward or backward; std::runtime_error with cuDNN's reason when it declines the problem.
 template <typename Args>
-bool ran_cudnn(Kernel requested, const Args& args, std::string (*run)(const Args&, cudaStream_t),
-               cudaStream_t stream) {
-  if (requested != Kernel::Auto && requested != Kernel::Cudnn) return false;
-  const std::string reason = unsupported_reason(Kernel::Cudnn, args.shape);
-  if (!reason.empty()) {
-    if (requested == Kernel::Cudnn) throw std::invalid_argument("kernel: " + reason);
-    return false;
-  }
+void run_cudnn(const Args& args, std::string (*run)(const Args&, cudaStream_t), cudaStream_t stream) {
   const std::string declined = run(args, stream);
-  if (declined.empty()) return true;
-  if (requested == Kernel::Cudnn) throw std::runtime_error("ge2 op 'attention': kernel 'cudnn': " + declined);
-  return false;
+  if (!declined.empty()) throw std::runtime_error("ge2 op 'attention': kernel 'cudnn': " + declined);
 }
 
 }  // namespace
@@ -201,36 +181,35 @@ std::size_t workspace_bytes(Kernel kernel, const Shape& shape, bool backward) {
     case Kernel::Unfused: return unfused_workspace_bytes(shape, backward);
     case Kernel::Rowwise:  // D_i
       return backward ? static_cast<std::size_t>(shape.batch * shape.heads_q * shape.seq_q) * sizeof(float) : 0;
-    case Kernel::Cudnn:  // its plans' workspace, sized when they are built
-    case Kernel::Auto: break;
+    case Kernel::Cudnn: break;  // its plans' workspace, sized when they are built
   }
   throw std::invalid_argument(std::string("kernel: expected flash, rowwise or unfused (a kernel that runs with a "
                                           "workspace of known size), got ") + kernel_name(kernel));
 }
 
-Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
+void forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream) {
   check_shape(args.shape);
   check_bias(args.shape, args.bias);
-  if (ran_cudnn(requested, args, cudnn_forward, stream)) return Kernel::Cudnn;
-  const bool flash_aligned = aligned({args.q, args.k, args.v}, 16) && aligned({args.o}, 4);
-  const Kernel kernel = choose(requested, args.shape, flash_aligned);
-  if (kernel == Kernel::Flash) {
-    launch_flash_forward(args, stream);
-  } else if (kernel == Kernel::Unfused) {
-    launch_unfused_forward(args, StreamWorkspace::get(workspace_bytes(kernel, args.shape, false), stream), stream);
-  } else {
-    launch_rowwise_forward(args, stream);
+  require_runs(kernel, args.shape, aligned({args.q, args.k, args.v}, 16) && aligned({args.o}, 4));
+  switch (kernel) {
+    case Kernel::Cudnn: run_cudnn(args, cudnn_forward, stream); return;
+    case Kernel::Flash: launch_flash_forward(args, stream); return;
+    case Kernel::Rowwise: launch_rowwise_forward(args, stream); return;
+    case Kernel::Unfused:
+      launch_unfused_forward(args, StreamWorkspace::get(workspace_bytes(kernel, args.shape, false), stream), stream);
+      return;
   }
-  return kernel;
 }
 
-Kernel backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream) {
+void backward(const BackwardArgs& args, Kernel kernel, cudaStream_t stream) {
   check_shape(args.shape);
   check_bias(args.shape, args.bias);
-  if (ran_cudnn(requested, args, cudnn_backward, stream)) return Kernel::Cudnn;
-  const bool flash_aligned =
-      aligned({args.dout, args.q, args.k, args.v}, 16) && aligned({args.o, args.dq, args.dk, args.dv}, 4);
-  const Kernel kernel = choose(requested, args.shape, flash_aligned);
+  require_runs(kernel, args.shape,
+               aligned({args.dout, args.q, args.k, args.v}, 16) && aligned({args.o, args.dq, args.dk, args.dv}, 4));
+  if (kernel == Kernel::Cudnn) {
+    run_cudnn(args, cudnn_backward, stream);
+    return;
+  }
   void* workspace = StreamWorkspace::get(workspace_bytes(kernel, args.shape, true), stream);
   if (kernel == Kernel::Flash) {
     launch_flash_backward(args, workspace, stream);
@@ -239,7 +218,6 @@ Kernel backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream)
   } else {
     launch_rowwise_backward(args, static_cast<float*>(workspace), stream);
   }
-  return kernel;
 }
 
 }  // namespace ge2::attention

@@ -17,7 +17,7 @@
 namespace ge2::conv2d {
 
 enum class Layout { NCHW, NHWC };
-enum class Kernel { Auto, CudnnGraph, Cudnn, Im2colGemm, ImplicitGemm };
+enum class Kernel { CudnnGraph, Cudnn, Im2colGemm, ImplicitGemm };
 
 Kernel kernel_from_name(const std::string& name);
 const char* kernel_name(Kernel kernel);
@@ -67,8 +67,11 @@ struct BackwardArgs {
 // Checks sizes and pointers; throws std::invalid_argument naming the argument.
 void check_shape(const Shape& shape);
 
-Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream);
-void backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream);
+// Run `kernel`, which the Python selector chose (nothing here chooses): std::invalid_argument naming why when it
+// cannot run the problem (implicit_gemm: also x or w not 16-byte aligned), std::runtime_error when cuDNN declines it
+// at run time (no engine or algorithm, an offset view).
+void forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream);
+void backward(const BackwardArgs& args, Kernel kernel, cudaStream_t stream);
 
 std::vector<KernelInfo> kernel_table();
 

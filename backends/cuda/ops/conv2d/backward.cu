@@ -1,5 +1,5 @@
-// conv2d backward: a cuDNN candidate (cudnn_graph, then cudnn) when chosen and it has an engine or algorithm for the
-// problem; otherwise im2col_gemm: dz = dy * act'(z) (z recomputed by the forward GEMM when act != none), dbias by a
+// conv2d backward on the named kernel (the Python selector chooses): cudnn_graph or cudnn (std::runtime_error when
+// cuDNN has no engine or algorithm for the problem), or im2col_gemm: dz = dy * act'(z) (z recomputed by the forward GEMM when act != none), dbias by a
 // reduction of dz, dW = dz @ col^T and dX = col2im(W^T @ dz) per group.
 #include "api.hpp"
 #include "batched_gemm.hpp"
@@ -19,27 +19,18 @@ std::string try_cudnn_backward(Kernel kernel, const BackwardArgs& args, cudaStre
 
 }  // namespace
 
-void backward(const BackwardArgs& args, Kernel requested, cudaStream_t stream) {
+void backward(const BackwardArgs& args, Kernel kernel, cudaStream_t stream) {
   check_shape(args.shape);
   if (args.dy == nullptr) throw std::invalid_argument("dy: null device pointer");
   if (args.x == nullptr) throw std::invalid_argument("x: null device pointer");
   if (args.w == nullptr) throw std::invalid_argument("w: null device pointer");
   if (args.dx == nullptr && args.dw == nullptr && args.dbias == nullptr) return;
   const Epilogue epilogue{args.act, args.bias != nullptr, false};
-  if (requested == Kernel::Auto) {
-    for (Kernel kernel : {Kernel::CudnnGraph, Kernel::Cudnn}) {
-      if (unsupported_reason(kernel, args.shape, epilogue, true).empty() &&
-          try_cudnn_backward(kernel, args, stream).empty()) {
-        return;
-      }
-    }
-  } else {
-    require_supported(requested, args.shape, epilogue, true);
-    if (requested == Kernel::CudnnGraph || requested == Kernel::Cudnn) {
-      const std::string declined = try_cudnn_backward(requested, args, stream);
-      if (!declined.empty()) throw_declined(requested, declined);
-      return;
-    }
+  require_supported(kernel, args.shape, epilogue, true);
+  if (kernel == Kernel::CudnnGraph || kernel == Kernel::Cudnn) {
+    const std::string declined = try_cudnn_backward(kernel, args, stream);
+    if (!declined.empty()) throw_declined(kernel, declined);
+    return;
   }
   const Shape& s = args.shape;
   const int64_t cg = s.c / s.groups, kg = s.k / s.groups, npq = s.n * s.p * s.q, rsc = cg * s.r * s.s;

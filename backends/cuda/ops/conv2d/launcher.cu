@@ -1,4 +1,5 @@
-// conv2d launcher: argument checks and the im2col_gemm forward (its GEMM is _common/batched_gemm.hpp).
+// conv2d launcher: argument checks, the kernel table and the forward of the named kernel (the Python selector
+// chooses); the im2col_gemm forward (its GEMM is _common/batched_gemm.hpp).
 #include <string>
 
 #include "api.hpp"
@@ -9,18 +10,16 @@
 namespace ge2::conv2d {
 
 Kernel kernel_from_name(const std::string& name) {
-  if (name == "auto") return Kernel::Auto;
   if (name == "cudnn_graph") return Kernel::CudnnGraph;
   if (name == "cudnn") return Kernel::Cudnn;
   if (name == "im2col_gemm") return Kernel::Im2colGemm;
   if (name == "implicit_gemm") return Kernel::ImplicitGemm;
-  throw std::invalid_argument("kernel: expected one of auto, cudnn_graph, implicit_gemm, cudnn, im2col_gemm, got '" +
-                              name + "'");
+  throw std::invalid_argument(
+      "kernel: expected one of cudnn_graph, implicit_gemm, cudnn, im2col_gemm (conv2d's kernels), got '" + name + "'");
 }
 
 const char* kernel_name(Kernel kernel) {
   switch (kernel) {
-    case Kernel::Auto: return "auto";
     case Kernel::CudnnGraph: return "cudnn_graph";
     case Kernel::Cudnn: return "cudnn";
     case Kernel::Im2colGemm: return "im2col_gemm";
@@ -51,8 +50,8 @@ std::vector<KernelInfo> kernel_table() {
        "elsewhere the graph writes the convolution in float32 (float16/bfloat16: to a scratch buffer; float32: y) "
        "and GE2's epilogue kernel finishes y, rounded once; backward act none and even padding; strict float32 leaves out TF32, FFT "
        "and Winograd engines; plans built by prepare() or the first call and timed on the first call (not during "
-       "CUDA graph capture); auto takes the next candidate when cuDNN has no engine for the problem; plan workspace "
-       "<= 256 MiB"},
+       "CUDA graph capture); the selector takes the next candidate when cuDNN has no engine for the problem; plan "
+       "workspace <= 256 MiB"},
       {"implicit_gemm", 30,
        "GE2's own implicit GEMM on tensor cores, forward only: x gathered on the fly by 16-byte cp.async (padding, "
        "stride, dilation in the gather, zero-fill outside), w [K, R, S, C], 64-channel reduction tiles in a "
@@ -61,7 +60,7 @@ std::vector<KernelInfo> kernel_table() {
        "im2col_gemm. Tile configs (chosen per problem; GE2_IMPLICIT_GEMM_CONFIG=<index> forces one): " +
            implicit_gemm_configs(),
        "forward only; NHWC; float16 or bfloat16; groups 1; C % 8 == 0; R, S <= 16; x and w 16-byte aligned "
-       "(auto falls back otherwise); N*P*Q, H*W*C and K*R*S*C below 2^30, N*H*W*C below 2^33; sm_80 or newer"},
+       "(the selector takes the next candidate otherwise); N*P*Q, H*W*C and K*R*S*C below 2^30, N*H*W*C below 2^33; sm_80 or newer"},
       {"cudnn", 20,
        has_cudnn() ? "cuDNN's convolution (legacy C API): the algorithm cudnnFind* times fastest per problem, cached; "
                      "float32 bias/residual/activation by one in-place epilogue kernel; backward data and filter (dbias "
@@ -70,8 +69,8 @@ std::vector<KernelInfo> kernel_table() {
                      "nvidia-cudnn-cu13 Python package)",
        "built with cuDNN; a forward epilogue (bias, residual, activation) in float32 only; backward act none; "
        "symmetric padding; tensors below "
-       "2^31 elements; the first call of a problem runs cudnnFind* (not during CUDA graph capture); auto falls back "
-       "to im2col_gemm when cudnnFind* returns no working algorithm"},
+       "2^31 elements; the first call of a problem runs cudnnFind* (not during CUDA graph capture); a call "
+       "raises when cudnnFind* returns no working algorithm"},
       {"im2col_gemm", 10,
        "im2col into a per-stream workspace + one batched cuBLASLt GEMM (a batch per group) + one fused "
        "bias/residual/activation kernel; backward: dX by GEMM + col2im gather, dW by GEMM, dbias by a reduction",
@@ -199,28 +198,16 @@ std::string try_forward(Kernel kernel, const ForwardArgs& args, cudaStream_t str
 
 }  // namespace
 
-Kernel forward(const ForwardArgs& args, Kernel requested, cudaStream_t stream) {
+void forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream) {
   check_shape(args.shape);
   if (args.x == nullptr) throw std::invalid_argument("x: null device pointer");
   if (args.w == nullptr) throw std::invalid_argument("w: null device pointer");
   if (args.y == nullptr) throw std::invalid_argument("y: null device pointer");
-  const Epilogue epilogue = epilogue_of(args);
-  if (requested != Kernel::Auto) {
-    require_supported(requested, args.shape, epilogue, false);
-    const std::string declined = try_forward(requested, args, stream);
-    if (declined.empty()) return requested;
-    if (requested == Kernel::ImplicitGemm) throw std::invalid_argument("x, w: kernel 'implicit_gemm' " + declined);
-    throw_declined(requested, declined);
-  }
-  // auto: the kernel table's order, each where it applies and finds a way to run the problem.
-  for (Kernel kernel : {Kernel::CudnnGraph, Kernel::ImplicitGemm, Kernel::Cudnn}) {
-    if (unsupported_reason(kernel, args.shape, epilogue, false).empty() &&
-        try_forward(kernel, args, stream).empty()) {
-      return kernel;
-    }
-  }
-  im2col_gemm_forward(args, stream);
-  return Kernel::Im2colGemm;
+  require_supported(kernel, args.shape, epilogue_of(args), false);
+  const std::string declined = try_forward(kernel, args, stream);
+  if (declined.empty()) return;
+  if (kernel == Kernel::ImplicitGemm) throw std::invalid_argument("x, w: kernel 'implicit_gemm' " + declined);
+  throw_declined(kernel, declined);
 }
 
 }  // namespace ge2::conv2d

@@ -56,7 +56,8 @@ using cudnn_graph::VariantPack;
 constexpr const char* kKernel = "cudnn";
 
 // The constraints of cuDNN's 16-bit SDPA on every architecture it runs on (forward and backward; sm_90 takes
-// head_dim up to 256, older ones up to 128: the build of the plans says no there, and auto moves on).
+// head_dim up to 256, older ones up to 128: the build of the plans says no there, and the selector takes the next
+// candidate).
 std::string constraint_reason(const Shape& shape) {
   if (shape.dtype != DType::Float16 && shape.dtype != DType::BFloat16) {
     return std::string("cudnn runs cuDNN's fused SDPA, which takes float16 and bfloat16: got ") +

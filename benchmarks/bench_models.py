@@ -28,7 +28,8 @@ results/models_build.md, per row:
 - cold, in the benchmark's process with an empty GE2_CACHE_DIR (no compiled kernel, no autotune entry): ONNX export
   and import seconds, then ExecutorV2's passes, its plan (of which: compiling generated kernels ahead, in parallel,
   and timing candidates, with the count of problems timed, of nodes the autotune cache answered and of nodes left
-  to priority once the plan's tuning budget was spent), parameter upload and the rest, and the first run (the
+  to priority once the plan's tuning budget was spent; and the other nodes' choices: capability checks, which for
+  cudnn_graph build cuDNN's plans, and prepares), parameter upload and the rest, and the first run (the
   warm-up node by node, then the CUDA-graph capture, which is also shown alone); the first row run also pays
   GE2's one-time library set-up (cuDNN and cuBLASLt handles, module loads);
 - warm, in a new process with the caches the cold build filled (what a second run of a user's script pays): the
@@ -186,6 +187,7 @@ def build_and_run_once(graph, host_feeds: dict, device: str = "cuda") -> tuple:
     passes_s = sum(record.seconds for record in executor.pass_records)
     split = {"build_s": build_s, "passes_s": passes_s, "plan_s": plan.build_seconds,
              "kernel_compile_s": plan.compile_seconds, "tuning_s": plan.tuning_seconds,
+             "choosing_s": plan.choose_seconds - plan.tuning_seconds,
              "other_s": build_s - passes_s - plan.build_seconds, "first_run_s": first_run_s,
              "capture_s": plan.capture_seconds, "timed": plan.timed_problems, "cache_hits": plan.cached_choices,
              "untimed": plan.untimed}
@@ -352,7 +354,9 @@ def main():
     split = [("export_s", "export s"), ("import_s", "import s"), ("passes_s", "passes s"), ("plan_s", "plan s"),
              ("kernel_compile_s", "of which kernel compile s"), ("tuning_s", "of which tuning s"),
              ("timed", "problems timed"), ("cache_hits", "autotune cache hits"),
-             ("untimed", "by priority (tuning budget spent)"), ("other_s", "upload + other s"),
+             ("untimed", "by priority (tuning budget spent)"),
+             ("choosing_s", "of which choosing without timing s (ranking, prepares)"),
+             ("other_s", "upload + other s"),
              ("first_run_s", "first run s"), ("capture_s", "of which capture s")]
     build_columns = ([("model", "model"), ("dtype", "dtype"), ("input", "input"), ("kernels", "GE2 kernels")]
                      + [(key, f"cold: {header}") for key, header in split]

@@ -296,7 +296,8 @@ def compare(torch, case, trainer, feeds, eager, make_graph_step, inputs, flops, 
 def _plan_build(plan) -> str:
     """The step plan's build seconds, with what timing candidates took of it (a cold autotune cache times all)."""
     return (f"{plan.build_seconds:.1f} s: {plan.timed_problems} problem(s) timed in {plan.tuning_seconds:.1f} s, "
-            f"{plan.cached_choices} from the autotune cache, {plan.untimed} by priority (budget spent)")
+            f"{plan.cached_choices} from the autotune cache, {plan.untimed} by priority (budget spent), other "
+            f"choices {plan.choose_seconds - plan.tuning_seconds:.1f} s, kernel compile {plan.compile_seconds:.1f} s")
 
 
 def _float32_precision(torch, trainer) -> str:

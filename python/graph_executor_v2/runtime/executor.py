@@ -100,7 +100,8 @@ class Plan:
     copying_graphs: dict = field(default_factory=dict, repr=False)
     build_seconds: float = 0.0  # building the plan, kernel timing included
     compile_seconds: float = 0.0  # of which compiling generated kernels ahead, in parallel (NVRTC)
-    tuning_seconds: float = 0.0  # of which timing candidates (autotune): the problems not in the autotune cache yet
+    choose_seconds: float = 0.0  # of which choosing every node's kernel: ranking, prepares and timing
+    tuning_seconds: float = 0.0  # of that, the choices that timed candidates: problems not in the autotune cache yet
     capture_seconds: float = 0.0  # capturing and instantiating the CUDA graph (after the first run's warm-up)
     untimed: int = 0  # nodes left to priority order because the plan's tuning budget was spent
     # launch(stream) calls run after every node, on the first stream, and captured with the plan: a trainer's
@@ -594,7 +595,8 @@ class ExecutorV2:
         absent = backend.address_of_absent
 
         selections, steps = [], []
-        tuning_seconds = 0.0  # wall time of the choices that timed candidates (their prepares included)
+        choose_seconds = 0.0  # wall time of every node's choice: ranking (capability checks) and prepares
+        tuning_seconds = 0.0  # of which the choices that timed candidates (their prepares included)
         untimed = 0  # nodes chosen by priority once TUNING_BUDGET_S was spent (the cache still answers)
         signalling = order.signalling
         # The kernels the nodes may prepare compile in parallel, then load node by node from the kernel cache.
@@ -619,8 +621,10 @@ class ExecutorV2:
                     return backend.time_ms(lambda: launch(ins, outs, stream), stream)
             choosing = time.perf_counter()
             selection = choose_kernel(node, problem, self.capabilities, self.preferences, timer, self._autotune_cache)
+            chosen_in = time.perf_counter() - choosing
+            choose_seconds += chosen_in
             if selection.reason.startswith("autotuned"):
-                tuning_seconds += time.perf_counter() - choosing
+                tuning_seconds += chosen_in
             elif (timer is None and self._autotune_cache is not None and self.preferences.autotune
                   and selection.reason.startswith("highest priority of ") and " of 1 viable" not in selection.reason):
                 untimed += 1
@@ -638,7 +642,7 @@ class ExecutorV2:
             plan.events = [backend.event() if index in signalling else None for index in range(step_count)]
             plan.events += [backend.event() for _ in range(order.stream_count - 1 + 3)]
         plan.build_seconds, plan.tuning_seconds, plan.untimed = time.perf_counter() - started, tuning_seconds, untimed
-        plan.compile_seconds = compile_seconds
+        plan.compile_seconds, plan.choose_seconds = compile_seconds, choose_seconds
         return plan
 
     def _settled_kernel(self, problem: Problem) -> str | None:

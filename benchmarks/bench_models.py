@@ -24,7 +24,7 @@ build, timings, torch.compile), so for a 4-minute limit: GE2_BENCH_COMPILE_MODE=
 subset of rows (max-autotune compiles for minutes per model), e.g. GE2_BENCH_MODELS=resnet50_f16_b32,resnet50_f32_b32.
 
 GE2's plan is built with its default measured kernel choice (autotune). The plan-build cost has a table of its own,
-results/models_build.md, per row:
+results/models_build.md (a subset of rows: results/models_<ids>.md and models_<ids>_build.md), per row:
 - cold, in the benchmark's process with an empty GE2_CACHE_DIR (no compiled kernel, no autotune entry): ONNX export
   and import seconds, then ExecutorV2's passes, its plan (of which: compiling generated kernels ahead, in parallel,
   and timing candidates, with the count of problems timed, of nodes the autotune cache answered and of nodes left
@@ -364,14 +364,16 @@ def main():
                      + [("warm_note", "warm note")])
     build_title = ("GE2 plan build of imported models: cold (empty kernel and autotune caches, in the benchmark's "
                    "process) and warm (a new process with the caches the cold build filled)")
+    # A subset writes tables of its own (models_<ids>.md), so runs of different subsets do not overwrite each other.
+    name = "models" if len(rows) == len(ROWS) else "_".join(["models", *(row.id for row in rows)])
     records, table = [], f"no row selected by GE2_BENCH_MODELS={wanted!r}"
     for row in rows:
         if budget_left() <= 0:
             record = {"id": row.id, "model": row.model, "dtype": row.dtype, "input": row.shape,
                       "status": f"not run: time budget (GE2_BENCH_BUDGET_S={BUDGET_S:g}) spent"}
             records.append(record)
-            table = write_results("models", records, columns, title)
-            write_results("models_build", records, build_columns, build_title)
+            table = write_results(name, records, columns, title)
+            build_table = write_results(f"{name}_build", records, build_columns, build_title)
             continue
         try:
             record = run_row(torch, row)
@@ -382,8 +384,8 @@ def main():
         print({k: v for k, v in record.items() if k != "traceback"}, flush=True)
         records.append(record)
         torch.cuda.empty_cache()
-        table = write_results("models", records, columns, title)  # after every row: a time limit keeps those done
-        build_table = write_results("models_build", records, build_columns, build_title)
+        table = write_results(name, records, columns, title)  # after every row: a time limit keeps those done
+        build_table = write_results(f"{name}_build", records, build_columns, build_title)
     print(table)
     if records:
         print(build_table)

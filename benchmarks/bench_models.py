@@ -62,6 +62,7 @@ from harness import median_ms, torch_cuda, wall_ms, write_results
 import graph_executor_v2 as ge2
 from graph_executor_v2.frontend import UnsupportedModelError
 from graph_executor_v2.frontend import onnx as onnx_frontend
+from graph_executor_v2.runtime.autotune import AutotuneCache, seconds_by_op, summarize
 from graph_executor_v2.runtime.executor import ALIAS
 from graph_executor_v2.zoo.models import _wrapped
 from graph_executor_v2.zoo.worker import matches, relative_error
@@ -284,7 +285,11 @@ def run_row(torch, row: Row) -> dict:
                 cache = Path(directory) / "cache"
                 with _cache_directory(cache):  # cold: no compiled kernel, no autotune entry
                     executor, first, split = build_and_run_once(graph, host_feeds)
+                    tuned = AutotuneCache().entries()
                 record.update(split)
+                print(f"{row.id}: what the cold build's timing cost:\n{summarize(tuned, top=8)}", flush=True)
+                record["tuning_by_op"] = ", ".join(f"{op} {len(seconds)}: {sum(seconds):.1f} s"
+                                                   for op, seconds in seconds_by_op(tuned).items())
                 feeds = {value.name: x for value, x in zip(graph.inputs, inputs)}
                 output = next(iter(graph.outputs))
                 record["ge2_error"] = relative_error(first[output].astype(np.float64), reference)
@@ -360,6 +365,7 @@ def main():
              ("first_run_s", "first run s"), ("capture_s", "of which capture s")]
     build_columns = ([("model", "model"), ("dtype", "dtype"), ("input", "input"), ("kernels", "GE2 kernels")]
                      + [(key, f"cold: {header}") for key, header in split]
+                     + [("tuning_by_op", "cold: timing per op (problems: seconds)")]
                      + [(f"warm_{key}", f"warm: {header}") for key, header in split[1:]]
                      + [("warm_note", "warm note")])
     build_title = ("GE2 plan build of imported models: cold (empty kernel and autotune caches, in the benchmark's "

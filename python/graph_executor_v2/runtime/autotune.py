@@ -201,16 +201,22 @@ class AutotuneCache:
                     for setup, problems in journal.sections.items() for problem, entry in problems.items()]
 
 
+def seconds_by_op(entries: list[dict]) -> dict[str, list[float]]:
+    """op -> the seconds each of its timed problems took (entries with their seconds), costliest op first."""
+    by_op: dict[str, list[float]] = {}
+    for entry in entries:
+        if entry.get("seconds") is not None:
+            by_op.setdefault(entry["problem"].split("(", 1)[0], []).append(entry["seconds"])
+    return dict(sorted(by_op.items(), key=lambda item: -sum(item[1])))
+
+
 def summarize(entries: list[dict], top: int = 10) -> str:
     """What timing cost, from ``AutotuneCache.entries()``: the problems timed and their wall seconds (prepares
     included), per op, and the ``top`` costliest problems (scripts/gpu_test_files.sh writes it for a test run)."""
     timed = [entry for entry in entries if entry.get("seconds") is not None]
     total = sum(entry["seconds"] for entry in timed)
     lines = [f"{len(entries)} problem(s) in the cache, {len(timed)} with their timing's seconds: {total:.1f} s"]
-    by_op: dict[str, list[float]] = {}
-    for entry in timed:
-        by_op.setdefault(entry["problem"].split("(", 1)[0], []).append(entry["seconds"])
-    for op, seconds in sorted(by_op.items(), key=lambda item: -sum(item[1])):
+    for op, seconds in seconds_by_op(entries).items():
         lines.append(f"  {op}: {len(seconds)} problem(s), {sum(seconds):.2f} s, at most {max(seconds):.3f} s")
     lines.append(f"costliest {min(top, len(timed))}:")
     for entry in sorted(timed, key=lambda entry: -entry["seconds"])[:top]:

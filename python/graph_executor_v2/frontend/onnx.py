@@ -1087,12 +1087,12 @@ def _range(ctx, inputs, attrs):
 @rule("ConstantOfShape")
 def _constant_of_shape(ctx, inputs, attrs):
     """A constant broadcast to a shape with symbolic dims (constant shapes fold at import): a one-element param
-    expanded to the shape, bound with the plan's dims."""
+    expanded to the shape (of rank >= 1: it has a symbolic dim), bound with the plan's dims."""
     _only(attrs, {"value": _ANY})
     shape = tuple(_dim_of(d) for d in np.asarray(ctx.constant(inputs[0], "the shape")).reshape(-1))
     value = _onnx().numpy_helper.to_array(attrs["value"]) if "value" in attrs else np.zeros(1, np.float32)
-    scalar = ctx.graph.param(_fresh_name(ctx.graph, "constant_of_shape"), np.asarray(value).reshape(()))
-    return [ctx.graph.expand(scalar, shape=shape)]
+    element = ctx.graph.param(_fresh_name(ctx.graph, "constant_of_shape"), np.asarray(value).reshape(1))
+    return [ctx.graph.expand(element, shape=shape)]
 
 
 @rule("Resize")

@@ -282,6 +282,31 @@ def test_torch_size_arithmetic_makes_symbolic_dims():
     assert rule["add"](ctx, 3, 4) == 7
 
 
+def test_torch_arange_up_to_a_sum_of_dims_binds_per_plan(rng):
+    """torch.arange(past, past + seq) and arange(0, seq + 1) (positions after a prepended one): the arange op over
+    an axis of that many elements, bound per plan; a range from a symbolic start is reported."""
+    torch_frontend = pytest.importorskip("graph_executor_v2.frontend.torch")
+    arange = torch_frontend.RULES["aten.arange.start_step"]
+    g = ge2.ir.Graph("ranges")
+    ctx = _ValuesContext(g)
+    x = g.input("x", ("batch", "seq"), "float32")
+    joined = g.concat([g.slice(x, starts=(0,), ends=(1,), axes=(1,)), x], axis=1)
+    positions = arange(ctx, 3, torch_frontend.RULES["<built-in function add>"](ctx, "seq", 3), 1, dtype="int64")
+    longer = arange(ctx, 0, "seq+1", 1, dtype="float32")
+    assert positions.type.shape == ("seq",) and longer.type.shape == ("seq+1",) == joined.type.shape[1:]
+    g.output(positions, "positions")
+    g.output(longer, "longer")
+    with pytest.raises(torch_frontend.Unsupported, match="constant start"):
+        arange(ctx, "seq", "2*seq", 1)
+    with pytest.raises(torch_frontend.Unsupported, match="no tensor of the graph has an axis of 'seq//2\\+1'"):
+        arange(ctx, 0, "seq+1", 2)
+    executor = ge2.ExecutorV2(g)
+    for seq in (4, 7):
+        out = executor.run({"x": rng.standard_normal((2, seq)).astype(np.float32)})
+        np.testing.assert_array_equal(out["positions"], np.arange(3, 3 + seq))
+        np.testing.assert_array_equal(out["longer"], np.arange(seq + 1, dtype=np.float32))
+
+
 def _floats(name, values):
     return numpy_helper.from_array(np.asarray(values, np.float32), name)
 

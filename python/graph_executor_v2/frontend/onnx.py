@@ -32,6 +32,7 @@ from ..ir import dims
 from ..ir.graph import Graph, Value
 from ..ops.indexing import reference_gather_elements
 from ..passes.attention_fusion import fuse_imported_attention
+from ._arange import symbolic_range
 from ._batch_norm import float32_statistics
 from ._einsum import batched_matmul, einsum
 from ._errors import NeedsConstant, Unsupported, UnsupportedModelError
@@ -1060,28 +1061,12 @@ def _trilu(ctx, inputs, attrs):
 
 @rule("Range")
 def _range(ctx, inputs, attrs):
-    """A range whose limit is a symbolic dim (constant ranges fold at import): the arange op over an axis of that
-    many elements of a tensor the graph already has (an input's sequence axis, a concat's seq+1 positions). The
-    start may be an int (positions from ``past``), the delta a positive int."""
+    """A range whose limit is a symbolic dim (constant ranges fold at import): ``_arange.symbolic_range``."""
     _only(attrs, {})
     start, limit, delta = (np.asarray(ctx.constant(name, what)).reshape(-1)[0]
                            for name, what in zip(inputs, ("start", "limit", "delta")))
-    if isinstance(start, str) or isinstance(delta, str):
-        raise Unsupported(f"a range from {start!r} by {delta!r}: GE2's arange takes a constant start and delta")
-    if float(delta) != int(delta) or int(delta) <= 0 or float(start) != int(start):
-        raise Unsupported(f"a range from {start} by {delta} up to the symbolic dim {limit!r} (GE2 counts integer "
-                          "steps up from an integer start)")
-    start, delta = int(start), int(delta)
-    count = dims.floor_divide(dims.add(dims.subtract(limit, start), delta - 1), delta)
-    if isinstance(count, str) and (dims.lower_bound(count) is None or dims.lower_bound(count) < 0):
-        raise Unsupported(f"a range from {start} to {limit!r} may be empty or negative")
     dtype = ctx.value_info.get(ctx.node_outputs[0], (None, None))[1] or "int64"
-    graph = ctx.graph
-    for value in [*graph.inputs, *(output for node in graph.nodes for output in node.outputs)]:
-        if count in value.type.shape:
-            return [graph.arange(value, axis=list(value.type.shape).index(count), start=float(start),
-                                 delta=float(delta), dtype=dtype)]
-    raise Unsupported(f"no tensor of the graph has an axis of {count!r} elements, the length of this range")
+    return [symbolic_range(ctx.graph, start, limit, delta, dtype)]
 
 
 @rule("ConstantOfShape")

@@ -20,6 +20,7 @@ from ..dtypes import is_float, normalize, result_type, to_numpy
 from ..ir import dims
 from ..ir.graph import Graph, Value
 from ..passes.attention_fusion import attention_bias, fuse_imported_attention
+from ._arange import symbolic_range
 from ._batch_norm import float32_statistics
 from ._einsum import batched_matmul, einsum
 from ._errors import Unsupported, UnsupportedModelError
@@ -921,21 +922,16 @@ def _triu(ctx, x, diagonal=0):
 
 @rule("aten.arange.default", "aten.arange.start", "aten.arange.start_step")
 def _arange(ctx, *bounds, dtype=None, **kwargs):
-    """A constant range becomes a param; a range up to a symbolic dim (0, 1, ..., n - 1) the arange op over the
-    axis of the graph input that has it."""
+    """A constant range becomes a param; a range up to a symbolic dim (``arange(past, past + seq)``) the arange op
+    (``_arange.symbolic_range``)."""
     g = ctx.graph
     bounds = [ctx.get(b) for b in bounds]
     start, end, step = (0, bounds[0], 1) if len(bounds) == 1 else (*bounds, 1)[:3]
     floating = any(isinstance(b, float) for b in (start, end, step))
     name = normalize(dtype, "dtype") if dtype is not None else ("float32" if floating else "int64")
-    if not isinstance(end, str):
+    if not any(isinstance(b, str) for b in (start, end, step)):
         return g.param(g.unique_name("arange"), np.arange(start, end, step).astype(to_numpy(name)))
-    if start != 0 or step != 1:
-        raise Unsupported(f"arange({start}, {end!r}, {step}) up to a symbolic dim (GE2 builds 0, 1, ...)")
-    for value in g.inputs:
-        if end in value.type.shape:
-            return g.arange(value, axis=list(value.type.shape).index(end), dtype=name)
-    raise Unsupported(f"no graph input has the symbolic dim {end!r} the range runs to")
+    return symbolic_range(g, start, end, step, name)
 
 
 def _upsample(ctx, x, output_size, scales, mode, align_corners=False):

@@ -413,9 +413,10 @@ def _decoder_shape_patterns_reference(x, weights):
     return context + steps[:, :, None] + pair_sum + prefix
 
 
-def test_decoder_shape_arithmetic_stays_symbolic_and_one_executor_runs_two_sizes(rng):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_decoder_shape_arithmetic_stays_symbolic_and_one_executor_runs_two_sizes(rng, device):
     """The exporters' shape arithmetic of GPT-2 / Llama / Mistral (sums s + 1, past + s, s // 2, s % 2, Max) imports
-    as symbolic dims, and one CPU executor runs two (batch, sequence) sizes against float64 NumPy."""
+    as symbolic dims, and one executor (CPU, CUDA) runs three (batch, sequence) sizes against float64 NumPy."""
     model, weights = _decoder_shape_patterns_model(rng)
     graph = onnx_frontend.load(model)
     assert graph.inputs[0].type.shape == ("batch", "seq", 8)
@@ -424,7 +425,7 @@ def test_decoder_shape_arithmetic_stays_symbolic_and_one_executor_runs_two_sizes
     assert {"seq+1", "seq//2", "2*(seq//2)"} <= extents
     ops = [node.op for node in graph.nodes]
     assert ops.count("arange") == 2 and "attention" in ops  # both ranges; the written-out attention fused
-    executor = ge2.ExecutorV2(graph)
+    executor = ge2.ExecutorV2(graph, device=device)
     for shape in ((2, 5, 8), (3, 8, 8), (1, 2, 8)):
         x = rng.standard_normal(shape).astype(np.float32)
         y = executor.run({"x": x})["y"]
@@ -433,7 +434,8 @@ def test_decoder_shape_arithmetic_stays_symbolic_and_one_executor_runs_two_sizes
     assert len(executor._plans) == 3
 
 
-def test_sums_of_dims_bind_per_plan_and_inputs_bind_the_name_in_an_expression(rng):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_sums_of_dims_bind_per_plan_and_inputs_bind_the_name_in_an_expression(rng, device):
     """pad, concat and slice with symbolic sums (b + 1, 2 * b + 1, back to b), and an input declared [b + 1, 3]: the
     executor binds b from it, checks the other input against b, and names the expression when they disagree."""
     g = ge2.ir.Graph("sums")
@@ -446,7 +448,7 @@ def test_sums_of_dims_bind_per_plan_and_inputs_bind_the_name_in_an_expression(rn
     assert longer.type.shape == ("b+1", 3)
     g.output(g.add(padded, longer), "y")
     g.output(g.relu(tail), "tail")
-    executor = ge2.ExecutorV2(g)
+    executor = ge2.ExecutorV2(g, device=device)
     for batch in (2, 5):
         feeds = {"x": rng.standard_normal((batch, 3)).astype(np.float32),
                  "longer": rng.standard_normal((batch + 1, 3)).astype(np.float32)}
@@ -457,8 +459,9 @@ def test_sums_of_dims_bind_per_plan_and_inputs_bind_the_name_in_an_expression(rn
         executor.run({"x": np.zeros((2, 3), np.float32), "longer": np.zeros((5, 3), np.float32)})
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("scale_op", ["div", "mul"])
-def test_torch_eager_attention_is_fused_by_the_shared_pass(rng, scale_op):
+def test_torch_eager_attention_is_fused_by_the_shared_pass(rng, scale_op, device):
     """Eager attention as the torch rules translate it (BERT's eager path: matmul(q, transpose(k, -1, -2)) / sqrt(d)
     + an additive padding bias, softmax, dropout in eval, matmul by v), with a symbolic batch and sequence: the end
     of from_torch (the pass the ONNX importer shares) leaves one attention node, and one executor runs two sizes
@@ -485,7 +488,7 @@ def test_torch_eager_attention_is_fused_by_the_shared_pass(rng, scale_op):
     assert [node.op for node in g.nodes if node.op in ("matmul", "softmax", "attention")] == ["attention"]
     attention = next(node for node in g.nodes if node.op == "attention")
     assert attention.attrs["scale"] == pytest.approx(8 ** -0.5) and attention.inputs[3] is not None
-    executor = ge2.ExecutorV2(g)
+    executor = ge2.ExecutorV2(g, device=device)
     for batch, seq in ((2, 5), (3, 7)):
         feeds = {name: rng.standard_normal((batch, 2, seq, 8)).astype(np.float32) for name in "qkv"}
         feeds["bias"] = np.where(rng.random((batch, 1, 1, seq)) < 0.3, -1e9, 0.0).astype(np.float32)
@@ -497,7 +500,8 @@ def test_torch_eager_attention_is_fused_by_the_shared_pass(rng, scale_op):
         assert_close(executor.run(feeds)["y"], expected, "float32", reduction_length=seq)
 
 
-def test_advanced_index_of_symbolic_aranges_binds_per_plan(rng):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_advanced_index_of_symbolic_aranges_binds_per_plan(rng, device):
     """The dynamo exporter's x[batch_idx, q_idx] (HF's packed-sequence mask): index tensors from Range(0, b) and
     Range(0, s) broadcast to a shape computed as Shape(Max(Expand(1, Shape(i)) ...)), stacked and read by GatherND;
     one executor at two sizes against NumPy's advanced indexing."""
@@ -526,7 +530,7 @@ def test_advanced_index_of_symbolic_aranges_binds_per_plan(rng):
                    opset=18)
     graph = onnx_frontend.load(model)
     assert graph.outputs["y"].type.shape == ("batch", 1, "seq", 1)
-    executor = ge2.ExecutorV2(graph)
+    executor = ge2.ExecutorV2(graph, device=device)
     for batch, seq in ((2, 5), (3, 7)):
         x = rng.standard_normal((batch, seq)).astype(np.float32)
         expected = x[np.arange(batch)[:, None, None, None], np.arange(seq)[None, None, :, None]]

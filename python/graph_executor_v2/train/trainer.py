@@ -68,8 +68,9 @@ class Trainer:
     writes the low-precision copies. float16 uses dynamic loss scaling (``loss_scale``, a ``DynamicLossScale``): a
     step whose gradients hold an inf or NaN is skipped and the scale lowered. ``amp="fp8"``: bfloat16 mixed
     precision with the GEMMs of nn.Linear layers on FP8 tensor cores (``passes/fp8.py``: E4M3 forward, E5M2
-    gradients, delayed scaling per tensor on the device; ``fp8``: a ``DelayedScaling`` recipe, its amax history
-    length, margin and which GEMMs stay bfloat16 (by default the first and the last); the scaling state is saved
+    gradients, delayed scaling per tensor on the device, calibrated on the first batch before the first step;
+    ``fp8``: a ``DelayedScaling`` recipe, its amax history length, margin, calibration and which GEMMs stay
+    bfloat16 (by default the first and the last); the scaling state is saved
     in checkpoints; ``explain()`` lists which GEMMs run in FP8). Overflow: FP8 casts saturate, a non-finite amax
     leaves the scaling state as it was, and a step whose gradients are not finite drops its update
     (``on_nonfinite``), so the parameters never take a NaN. ``checkpoint``: activations to

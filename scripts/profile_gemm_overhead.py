@@ -30,6 +30,7 @@ def main():
     launch, pointers, out_pointers = entry.launch, [ta.data_ptr(), tb.data_ptr(), tbias.data_ptr(), 0], [ty.data_ptr()]
     prepared, prepared_device = ops.gemm.prepare(ta, tb, tbias, act="relu"), ops.gemm.prepare(a, b, bias, act="relu")
     native, softmax_native = ops.gemm._native_module(), ops.softmax._native_module()
+    softmax_kernel = ops.softmax.prepare(tx).kernel  # the selector's choice: the binding runs what it is named
     raw = lambda kernel: native.forward(a.ptr, b.ptr, 0, bias.ptr, y.ptr, 0, 64, 256, 128, "float16",  # noqa: E731
                                         False, False, 1.0, 0.0, "relu", 0.01, False, kernel, 0)
     rows = {
@@ -45,7 +46,7 @@ def main():
         "native forward, tiled (launch only)": lambda: raw("tiled"),
         "native forward, cublaslt_epilogue": lambda: raw("cublaslt_epilogue"),
         "softmax binding, launch only": lambda: softmax_native.forward("softmax", tx.data_ptr(), ty.data_ptr(), 64, 256,
-                                                                       1, "float16", "auto", 0),
+                                                                       1, "float16", softmax_kernel, 0),
         "gemm.prepare(...)(DeviceArray, out=)": lambda: prepared_device(a, b, bias, out=y),
         "gemm.prepare(...)(torch, out=)": lambda: prepared(ta, tb, tbias, out=ty),
         "gemm.forward(torch, out=)": lambda: ops.gemm.forward(ta, tb, tbias, act="relu", out=ty),

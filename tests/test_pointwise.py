@@ -377,8 +377,10 @@ def test_bad_inputs_name_the_argument():
 _HOST_PRELUDE = """
 #include <math.h>
 #include <string.h>
-// What generated kernels get from CUDA without a header: the bit casts.
+// What generated kernels get from CUDA without a header: the bit casts, and the fast division (within 2 ulp on
+// the device; exact here: the rule's formula is what this test checks).
 static inline float __int_as_float(int bits) { float f; memcpy(&f, &bits, sizeof f); return f; }
+static inline float __fdividef(float a, float b) { return a / b; }
 """
 _C_TYPES = {"float": np.float32, "int": np.int32, "long long": np.int64, "unsigned char": np.uint8, "bool": np.bool_}
 _SPECIALS = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.5, 3.0, -3.0, 1e-30, 80.0, -80.0, float("inf"), float("-inf"),

@@ -194,15 +194,12 @@ class Face:
         in_types = [None if v is None else TensorType(v.shape, v.dtype) for v in views]
         out_types = tuple(self.op.infer(in_types, attrs))
         problem = Problem(self.name, tuple(in_types), out_types, attrs, _device.compute_capability(first.device))
-        kernel_name, launch = self._choose(problem, kernel, aligned)
+        kernel_name, launch = choose_launch(self.op, problem, kernel, aligned, self._no_kernel)
         template = inputs[views.index(first)]
         makers = tuple(_device.allocator(template, t.shape, t.dtype, first.device) for t in out_types)
         nbytes = lambda t: 0 if t is None else _layout.numel(t.shape) * itemsize(t.dtype)  # noqa: E731
         return _Prepared(kernel_name, launch, makers, out_types, first.device, aligned,
                          tuple(map(nbytes, in_types)), tuple(map(nbytes, out_types)))
-
-    def _choose(self, problem: Problem, kernel: str, aligned: bool) -> tuple[str, Callable]:
-        return choose_launch(self.op, problem, kernel, aligned, self._no_kernel)
 
     def _check_overlap(self, entry: _Prepared, index: int, pointer: int, in_pointers: list[int]) -> None:
         size = entry.out_bytes[index]

@@ -51,7 +51,9 @@ def reshape_to(g, x, shape: tuple):
 
 
 def native_candidate(module: str, description: str, prepare: Callable[[Problem], Launch]) -> Candidate:
-    """The one GPU candidate of a backward op: the op's native ``backward`` (which picks its own kernel)."""
+    """The one GPU candidate of a backward op: the op's native ``backward``. Where the module has several backward
+    kernels, ``prepare`` names the one the selector's ``table_kernel`` picks for the problem (no native call picks;
+    gemm's backward still falls back from cuBLASLt to its tiled kernel per matmul inside C++)."""
 
     def supports(problem: Problem):
         return None if _native.is_built(module) else f"native module {module} is not built"

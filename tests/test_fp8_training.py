@@ -170,6 +170,7 @@ def test_calibration_gives_the_first_steps_the_gradients_of_a_mean_loss_over_man
 def test_checkpoints_save_and_restore_the_scaling_state(tmp_path):
     batches = _batches(4, 4, SMALL.context, seed=2)
     trainer = _trainer(_gpt(seed=2), 4)
+    assert "no calibration pass run yet (no step taken, or the state came calibrated)" in trainer.explain()
     for batch in batches[:2]:
         trainer.step(batch)
     trainer.save(tmp_path / "fp8.safetensors")
@@ -179,8 +180,9 @@ def test_checkpoints_save_and_restore_the_scaling_state(tmp_path):
     assert any(name.startswith(fp8.STATE_PREFIX) for name in saved)
     for name, value in restored.buffers().items():
         np.testing.assert_array_equal(value, saved[name], err_msg=name)
-    # both continue identically from the restored state
+    # both continue identically from the restored state (calibrated already: no calibration pass)
     assert float(restored.step(batches[2])) == float(trainer.step(batches[2]))
+    assert restored.fp8_calibration_passes == 0 and trainer.fp8_calibration_passes > 0
 
 
 def test_overflowing_inputs_leave_no_nan_parameters(rng):

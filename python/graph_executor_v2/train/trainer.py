@@ -430,8 +430,13 @@ class Trainer:
         lines.append(f"optimizer: {clip}{type(self.optimizer).__name__} on {len(self.trained)} parameter(s), states "
                      f"{list(self.optimizer.state_names)}; {where}")
         if self.fp8 is not None:
-            calibration = (f"calibrated by {self.fp8_calibration_passes} forward/backward pass(es) on the first "
-                           "batch" if self.fp8.calibrate else "not calibrated: the first step quantizes with scale 1")
+            if not self.fp8.calibrate:
+                calibration = "not calibrated: the first step quantizes with scale 1"
+            elif self.fp8_calibration_passes:
+                calibration = (f"calibrated by {self.fp8_calibration_passes} forward/backward pass(es) on the first "
+                               "batch")
+            else:
+                calibration = "no calibration pass run yet (no step taken, or the state came calibrated)"
             lines.append(f"FP8 delayed scaling: amax history {self.fp8.history}, margin {self.fp8.margin}; "
                          f"{calibration}")
         lines.append(f"memory: persistent {self.persistent_bytes / 2**20:.3g} MB (masters, copies, states), "

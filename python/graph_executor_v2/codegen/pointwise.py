@@ -203,9 +203,9 @@ def pointwise_source(name: str, members: Sequence[Member], outputs: Sequence[int
 
     # Several packs in flight a thread (the loads of ``unroll`` vector steps are issued before any is used): one
     # 16-byte load per operand a thread leaves the memory system idle between requests (0.68-0.85 of copy
-    # bandwidth on the H200); the bound on packs a thread keeps the widest mixes (int64 with bool) in registers.
+    # bandwidth on the H200); the bound on the input packs a thread holds (a step's output packs live only while it
+    # is stored) keeps the widest mixes (int64 with bool, many broadcast packs, eight outputs) in registers.
     packs_per_step = sum(packs_of(t.dtype) for k, t in enumerate(in_types) if packed[k])
-    packs_per_step += sum(packs_of(t.dtype) for t in out_types)
     unroll = next(u for u in (UNROLL, 2, 1) if u == 1 or u * packs_per_step <= MAX_PACKS_IN_FLIGHT)
     step_start = f"(v * {vector}{suffix})"  # the flat index of a vector step's first element
     load_lines = []

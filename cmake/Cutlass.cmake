@@ -1,4 +1,4 @@
-# ge2_use_cutlass(<target> <source>...): compiles <source> (CUTLASS 3.x kernels) for sm_90a into an object library
+# ge2_use_cutlass(<target> <source>...): compiles <source> (CUTLASS 3.x / CuTe kernels) for sm_90a into an object library
 # linked into <target>, and <target> with GE2_WITH_CUTLASS=1, when CUTLASS's headers are found; GE2_WITH_CUTLASS=0
 # otherwise (the op's CUTLASS candidates then report themselves as NOT BUILT, with the reason).
 # Looked up in GE2_CUTLASS_DIR (a folder holding cutlass/cutlass.h or include/cutlass/cutlass.h; a CMake variable or
@@ -8,7 +8,7 @@
 option(GE2_CUTLASS "Build the CUTLASS sm_90a candidates when CUTLASS's headers are found" ON)
 function(ge2_use_cutlass target)
   if(NOT GE2_CUTLASS)
-    message(STATUS "CUTLASS for ${target}: turned off by -DGE2_CUTLASS=OFF (its cutlass_sm90 candidate is NOT BUILT)")
+    message(STATUS "CUTLASS for ${target}: turned off by -DGE2_CUTLASS=OFF (its CUTLASS candidates are NOT BUILT)")
     target_compile_definitions(${target} PRIVATE GE2_WITH_CUTLASS=0
                                "GE2_CUTLASS_NOT_BUILT_REASON=\"turned off at build time by -DGE2_CUTLASS=OFF\"")
     return()
@@ -41,7 +41,7 @@ function(ge2_use_cutlass target)
     target_link_libraries(${target} PRIVATE ${objects})
     target_compile_definitions(${target} PRIVATE GE2_WITH_CUTLASS=1)
   else()
-    message(STATUS "CUTLASS for ${target}: cutlass/cutlass.h not found (its cutlass_sm90 candidate is NOT BUILT: "
+    message(STATUS "CUTLASS for ${target}: cutlass/cutlass.h not found (its CUTLASS candidates are NOT BUILT: "
                    "install the cutlass extra, nvidia-cutlass, or set GE2_CUTLASS_DIR)")
     target_compile_definitions(${target} PRIVATE GE2_WITH_CUTLASS=0
       "GE2_CUTLASS_NOT_BUILT_REASON=\"CMake found no CUTLASS headers: install the cutlass extra (nvidia-cutlass) or set GE2_CUTLASS_DIR\"")

@@ -19,7 +19,9 @@ from row_norm_checks import numeric_gradient
 
 DTYPES = ("float16", "bfloat16")
 ALL_DTYPES = ("float32", "float16", "bfloat16")
-KERNELS = ("cudnn", "flash", "rowwise", "unfused")  # as kernels() lists them; the GPU tests run each where it applies
+KERNELS = ("cudnn", "flash", "rowwise", "unfused")  # the GPU tests run each where it applies, forward and backward
+# kernels() as listed: flash_sm90 runs the forward only (tests/test_attention_sm90.py).
+TABLE = ("cudnn", "flash", "flash_sm90", "rowwise", "unfused")
 NOT_BUILT = (r"not built: (cuDNN frontend headers not found \(install nvidia-cudnn-frontend or set "
              r"GE2_CUDNN_FRONTEND_DIR\)|CMake found no cuDNN \(cudnn.h and libcudnn: .*\))")
 
@@ -131,7 +133,8 @@ def test_bad_scalar_arguments_name_the_argument():
         attention.forward_numpy(q, q, q, scale=float("nan"))
     with pytest.raises(TypeError, match="attribute 'causal' expected bool, got int"):
         attention.forward_numpy(q, q, q, causal=1)
-    with pytest.raises(ValueError, match="kernel: expected one of auto, cudnn, flash, rowwise, unfused, got 'flash9'"):
+    with pytest.raises(ValueError,
+                       match="kernel: expected one of auto, cudnn, flash, flash_sm90, rowwise, unfused, got 'flash9'"):
         attention.forward_numpy(q, q, q, kernel="flash9")
     with pytest.raises(TypeError, match="q: expected a NumPy array, got list"):
         attention.forward_numpy([[1.0]], q, q)
@@ -148,15 +151,16 @@ def test_bad_scalar_arguments_name_the_argument():
 
 def test_kernels_report_constraints():
     table = attention.kernels()
-    assert [k["name"] for k in table] == list(KERNELS)
-    assert [k["priority"] for k in table] == [30, 20, 10, 5]  # auto: cudnn, else flash, else rowwise, else unfused
+    assert [k["name"] for k in table] == list(TABLE)
+    assert [k["priority"] for k in table] == [30, 20, 15, 10, 5]  # cudnn, flash, flash_sm90, rowwise, unfused
     assert all(k["constraints"] for k in table)
     candidates = selection.candidates(ge2.ops.OPS["attention"])
     assert [(c.name, c.priority) for c in candidates] == [(k["name"], k["priority"]) for k in table]
     assert [c.name for c in candidates if c.always_works] == ["unfused"]
     assert [c.name for c in candidates if c.any_alignment] == ["rowwise", "unfused"]
     backward = selection.candidates(ge2.ops.OPS["attention_backward"])
-    assert [(c.name, c.always_works) for c in backward] == [(c.name, c.always_works) for c in candidates]
+    assert [(c.name, c.always_works) for c in backward] == [(c.name, c.always_works) for c in candidates
+                                                            if c.name != "flash_sm90"]
 
 
 @pytest.mark.parametrize("head_dim,dtype,reason", (
@@ -173,6 +177,7 @@ def test_flash_reports_why_it_cannot_run(head_dim, dtype, reason):
                               attrs={"causal": False, "scale": None, "layout": "bhsd"})
     supports = {c.name: c.supports(problem) for c in ge2.ops.OPS["attention"].candidates}
     assert supports.pop("cudnn") == (native.unsupported_reason("cudnn", head_dim, dtype) or None)
+    assert supports.pop("flash_sm90") == (native.unsupported_reason("flash_sm90", head_dim, dtype) or None)
     assert supports == {"flash": reason, "unfused": None, "rowwise": None}
 
 
@@ -263,6 +268,8 @@ def test_registry_ranks_cudnn_then_flash_then_rowwise_then_unfused(head_dim, dty
     it is built and applies; unfused only where nothing else applies, or when autotuning or a preference picks it."""
     if cudnn_applies and attention.has_cudnn():
         ranked = ["cudnn", *ranked]
+    if not attention._native_module().unsupported_reason("flash_sm90", head_dim, dtype):  # built, on an sm_90 GPU
+        ranked = [name for flash in ranked for name in ((flash, "flash_sm90") if flash == "flash" else (flash,))]
     g = Graph("attention")
     q, k, v = (g.input(name, (2, 4, 9, head_dim), dtype) for name in "qkv")
     y, _ = g.attention(q, k, v, causal=True)
@@ -323,8 +330,8 @@ def test_workspace_bytes_of_the_other_kernels_and_bad_arguments(monkeypatch):
     assert _workspace("rowwise", 2, 4, 2, 9, 11, 64, "bhsd", "float16", False) == 0
     assert _workspace("rowwise", 2, 4, 2, 9, 11, 64, "bhsd", "float16", True) == 2 * 4 * 9 * 4
     assert _workspace("flash", 2, 4, 2, 9, 11, 64, "bhsd", "float16", False) == 0
-    with pytest.raises(ValueError, match=r"kernel: expected one of cudnn, flash, rowwise, unfused \(attention's "
-                                         r"kernels\), got 'auto'"):  # the Python selector chooses, never C++
+    with pytest.raises(ValueError, match=r"kernel: expected one of cudnn, flash, flash_sm90, rowwise, unfused "
+                                         r"\(attention's kernels\), got 'auto'"):  # the Python selector chooses
         _workspace("auto", 2, 4, 2, 9, 11, 64, "bhsd", "float16", True)
     with pytest.raises(ValueError, match="heads_kv: expected a divisor of heads_q = 4, got 3"):
         _workspace("unfused", 2, 4, 3, 9, 11, 64, "bhsd", "float16", True)
@@ -619,7 +626,7 @@ def test_native_entry_points_run_the_kernel_they_are_named():
     if not ge2._native.is_built("_ops_attention"):
         pytest.skip("_ops_attention is not built")
     native = attention._native_module()
-    expected = r"kernel: expected one of cudnn, flash, rowwise, unfused \(attention's kernels\), got 'auto'"
+    expected = r"kernel: expected one of cudnn, flash, flash_sm90, rowwise, unfused \(attention's kernels\), got 'auto'"
     with pytest.raises(ValueError, match=expected):
         native.unsupported_reason("auto", 64, "float16")
     with pytest.raises(ValueError, match=expected):

@@ -29,6 +29,19 @@ inline int current_device() {
   return device;
 }
 
+// The compute capability of the current device (90 for sm_90), or -1 when there is none (a CPU-only machine): what
+// a candidate built for one architecture (sm_90a) checks before it says it can run.
+inline int current_compute_capability() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return major * 10 + minor;
+}
+
 }  // namespace ge2
 
 #define GE2_CUDA_CHECK(expr) ::ge2::check_cuda((expr), GE2_OP_NAME, #expr)

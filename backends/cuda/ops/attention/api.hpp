@@ -23,7 +23,7 @@
 
 namespace ge2::attention {
 
-enum class Kernel { Cudnn, Rowwise, Flash, Unfused };
+enum class Kernel { Cudnn, FlashSm90, Rowwise, Flash, Unfused };
 
 Kernel kernel_from_name(const std::string& name);
 const char* kernel_name(Kernel kernel);
@@ -130,6 +130,11 @@ void launch_flash_backward(const BackwardArgs& args, void* workspace, cudaStream
 std::size_t unfused_workspace_bytes(const Shape& shape, bool backward);
 void launch_unfused_forward(const ForwardArgs& args, void* workspace, cudaStream_t stream);
 void launch_unfused_backward(const BackwardArgs& args, void* workspace, cudaStream_t stream);
+// flash_sm90 (kernels/flash_sm90.cu, its sm_90a kernels in sm90/): forward only; empty reasons when built with
+// CUTLASS's headers and run on an sm_90 device.
+std::string flash_sm90_not_built_reason();
+std::string flash_sm90_unsupported_reason(const Shape& shape);
+void launch_flash_sm90_forward(const ForwardArgs& args, cudaStream_t stream);
 // cudnn (kernels/cudnn_sdpa.cpp): empty reasons when built with the cuDNN frontend. forward/backward enqueue and
 // return empty, or return why cuDNN declined the problem at run time (no engine, an offset view), enqueuing nothing.
 std::string cudnn_not_built_reason();

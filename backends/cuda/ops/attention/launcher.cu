@@ -1,6 +1,7 @@
 // attention launcher: argument checks, the kernel table and the launch of the named kernel (the Python selector
 // chooses). Candidates: cudnn (cuDNN's fused SDPA through the cuDNN frontend, where it was built), flash (tensor
-// cores, head_dim 64 and 128, float16 and bfloat16), rowwise (a warp per query row for the forward and dQ, a warp
+// cores, head_dim 64 and 128, float16 and bfloat16), flash_sm90 (the forward on Hopper's wgmma and TMA, where CUTLASS's
+// headers were found), rowwise (a warp per query row for the forward and dQ, a warp
 // per key row for dK/dV; no cuBLAS and no score scratch; head_dim <= 256) and unfused (cuBLASLt GEMMs around a
 // softmax through memory, the path that always works). flash, rowwise and unfused take every sliding window and soft
 // cap; cudnn takes the windows cuDNN's diagonal band expresses and declines a soft cap.
@@ -19,9 +20,10 @@ Kernel kernel_from_name(const std::string& name) {
   if (name == "cudnn") return Kernel::Cudnn;
   if (name == "rowwise") return Kernel::Rowwise;
   if (name == "flash") return Kernel::Flash;
+  if (name == "flash_sm90") return Kernel::FlashSm90;
   if (name == "unfused") return Kernel::Unfused;
-  throw std::invalid_argument("kernel: expected one of cudnn, flash, rowwise, unfused (attention's kernels), got '" +
-                              name + "'");
+  throw std::invalid_argument("kernel: expected one of cudnn, flash, flash_sm90, rowwise, unfused (attention's "
+                              "kernels), got '" + name + "'");
 }
 
 const char* kernel_name(Kernel kernel) {
@@ -29,6 +31,7 @@ const char* kernel_name(Kernel kernel) {
     case Kernel::Cudnn: return "cudnn";
     case Kernel::Rowwise: return "rowwise";
     case Kernel::Flash: return "flash";
+    case Kernel::FlashSm90: return "flash_sm90";
     case Kernel::Unfused: return "unfused";
   }
   return "unknown";
@@ -36,6 +39,7 @@ const char* kernel_name(Kernel kernel) {
 
 std::vector<KernelInfo> kernel_table() {
   const std::string cudnn_not_built = cudnn_not_built_reason();
+  const std::string flash_sm90_not_built = flash_sm90_not_built_reason();
   return {
       {"cudnn", 30,
        cudnn_not_built.empty()
@@ -56,6 +60,15 @@ std::vector<KernelInfo> kernel_table() {
        "per CTA, online softmax in registers; backward per 64 key rows with dQ accumulated in float32 atomics",
        "head_dim 64 or 128; float16, bfloat16; any seq_q, seq_k, window and soft cap (key tiles outside the window "
        "are skipped); 16-byte aligned arrays"},
+      // Forward only. Below flash until the H200 has checked it; measured choice races it against the others.
+      {"flash_sm90", 15,
+       std::string(flash_sm90_not_built.empty() ? "" : "NOT BUILT (" + flash_sm90_not_built + "): ") +
+           "forward only, on Hopper's wgmma and TMA (CuTe, sm_90a): a CTA of 128 query rows is a producer warpgroup "
+           "loading Q once and K/V tiles of 128 rows by TMA into a 2-stage shared-memory ring (mbarriers) and two "
+           "consumer warpgroups of 64 rows running S = Q K^T (shared-memory operands) and O += P V (P from "
+           "registers), online softmax in float32 registers; the backward runs on the other candidates",
+       "built with CUTLASS's headers (GE2_CUTLASS); an sm_90 GPU; forward only; head_dim 64 or 128; float16, "
+       "bfloat16; any seq_q, seq_k, causal or not; no bias, window or soft cap; 16-byte aligned arrays"},
       {"rowwise", 10,
        "a warp per query row (forward, dQ) or key row (dK, dV): online softmax in float32, K/V rows streamed from "
        "L2, no tensor cores, no cuBLAS and no score scratch",
@@ -75,6 +88,7 @@ std::vector<KernelInfo> kernel_table() {
 
 std::string unsupported_reason(Kernel kernel, const Shape& shape) {
   if (kernel == Kernel::Cudnn) return cudnn_unsupported_reason(shape);
+  if (kernel == Kernel::FlashSm90) return flash_sm90_unsupported_reason(shape);
   if (shape.has_bias() && (kernel == Kernel::Flash || kernel == Kernel::Unfused)) {
     return std::string(kernel_name(kernel)) + " takes no additive bias (cudnn and rowwise do)";
   }
@@ -147,15 +161,19 @@ bool aligned(std::initializer_list<const void*> pointers, std::uintptr_t bytes) 
   return true;
 }
 
-// Throws naming why `kernel` cannot run the problem; flash also reads 16-byte chunks of the inputs and stores
-// 4-byte pairs of the outputs (`flash_aligned`).
+// Throws naming why `kernel` cannot run the problem; flash and flash_sm90 also read 16-byte chunks (TMA: 16-byte
+// rows) of the inputs and store 4-byte pairs of the outputs (`flash_aligned`).
 void require_runs(Kernel kernel, const Shape& shape, bool flash_aligned) {
   const std::string reason = unsupported_reason(kernel, shape);
   if (!reason.empty()) throw std::invalid_argument("kernel: " + reason);
-  if (kernel == Kernel::Flash && !flash_aligned) {
-    throw std::invalid_argument("kernel: flash needs inputs at 16-byte and outputs at 4-byte aligned addresses");
+  if ((kernel == Kernel::Flash || kernel == Kernel::FlashSm90) && !flash_aligned) {
+    throw std::invalid_argument(std::string("kernel: ") + kernel_name(kernel) +
+                                " needs inputs at 16-byte and outputs at 4-byte aligned addresses");
   }
 }
+
+constexpr const char* kForwardOnly = "kernel: flash_sm90 runs the forward only (the backward: cudnn, flash, rowwise, "
+                                     "unfused)";
 
 // Enqueues cudnn's forward or backward; std::runtime_error with cuDNN's reason when it declines the problem.
 template <typename Args>
@@ -178,6 +196,9 @@ std::size_t workspace_bytes(Kernel kernel, const Shape& shape, bool backward) {
   check_shape(shape);
   switch (kernel) {
     case Kernel::Flash: return backward ? flash_backward_workspace_bytes(shape) : 0;
+    case Kernel::FlashSm90:
+      if (!backward) return 0;
+      throw std::invalid_argument(kForwardOnly);
     case Kernel::Unfused: return unfused_workspace_bytes(shape, backward);
     case Kernel::Rowwise:  // D_i
       return backward ? static_cast<std::size_t>(shape.batch * shape.heads_q * shape.seq_q) * sizeof(float) : 0;
@@ -194,6 +215,7 @@ void forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream) {
   switch (kernel) {
     case Kernel::Cudnn: run_cudnn(args, cudnn_forward, stream); return;
     case Kernel::Flash: launch_flash_forward(args, stream); return;
+    case Kernel::FlashSm90: launch_flash_sm90_forward(args, stream); return;
     case Kernel::Rowwise: launch_rowwise_forward(args, stream); return;
     case Kernel::Unfused:
       launch_unfused_forward(args, StreamWorkspace::get(workspace_bytes(kernel, args.shape, false), stream), stream);
@@ -204,6 +226,7 @@ void forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream) {
 void backward(const BackwardArgs& args, Kernel kernel, cudaStream_t stream) {
   check_shape(args.shape);
   check_bias(args.shape, args.bias);
+  if (kernel == Kernel::FlashSm90) throw std::invalid_argument(kForwardOnly);
   require_runs(kernel, args.shape,
                aligned({args.dout, args.q, args.k, args.v}, 16) && aligned({args.o, args.dq, args.dk, args.dv}, 4));
   if (kernel == Kernel::Cudnn) {

@@ -13,7 +13,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "api.hpp"
+#include "../api.hpp"
 
 namespace ge2::attention::flash {
 
@@ -26,6 +26,23 @@ constexpr float kLn2 = 0.6931471805599453f;
 __device__ __forceinline__ float softcap_log2(float x, float cap) {
   const float tanh_abs = 1.0f - __fdividef(2.0f, exp2f(2.0f * kLog2e * fabsf(x) / cap) + 1.0f);
   return copysignf(cap * kLog2e * tanh_abs, x);
+}
+
+// One step of the online softmax for a row held by a quad of threads (an mma accumulator row: 4 lanes, xor 1 and 2):
+// `tile_max` is this thread's max of the row's new scores (log2 domain, -inf where masked). Updates `row_max` to the
+// running max and returns the base the new scores are exponentiated against (0 while the row has seen nothing, so
+// exp2(-inf - base) = 0) and the correction the old sum and output are multiplied by.
+struct RowRescale {
+  float base, correction;
+};
+__device__ __forceinline__ RowRescale rescale_row(float& row_max, float tile_max) {
+  tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+  tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+  const float new_max = fmaxf(row_max, tile_max);
+  const float base = new_max == -INFINITY ? 0.0f : new_max;
+  const float correction = exp2f(row_max - base);
+  row_max = new_max;
+  return {base, correction};
 }
 
 __device__ __forceinline__ uint32_t shared_address(const void* pointer) {

@@ -125,24 +125,19 @@ __global__ void __launch_bounds__(kThreads, 2)
       float tile_max = -INFINITY;
 #pragma unroll
       for (int n = 0; n < kBlockN / 8; ++n) tile_max = fmaxf(tile_max, fmaxf(scores[n][2 * r], scores[n][2 * r + 1]));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float new_max = fmaxf(row_max[r], tile_max);
-      const float base = new_max == -INFINITY ? 0.0f : new_max;  // a row with nothing visible yet stays at zero
-      const float correction = exp2f(row_max[r] - base);
-      row_max[r] = new_max;
+      const RowRescale step = rescale_row(row_max[r], tile_max);
       float sum = 0.0f;
 #pragma unroll
       for (int n = 0; n < kBlockN / 8; ++n) {
-        scores[n][2 * r] = exp2f(scores[n][2 * r] - base);
-        scores[n][2 * r + 1] = exp2f(scores[n][2 * r + 1] - base);
+        scores[n][2 * r] = exp2f(scores[n][2 * r] - step.base);
+        scores[n][2 * r + 1] = exp2f(scores[n][2 * r + 1] - step.base);
         sum += scores[n][2 * r] + scores[n][2 * r + 1];
       }
-      row_sum[r] = row_sum[r] * correction + sum;
+      row_sum[r] = row_sum[r] * step.correction + sum;
 #pragma unroll
       for (int n = 0; n < kHeadDim / 8; ++n) {
-        out[n][2 * r] *= correction;
-        out[n][2 * r + 1] *= correction;
+        out[n][2 * r] *= step.correction;
+        out[n][2 * r + 1] *= step.correction;
       }
     }
 

@@ -14,26 +14,6 @@
 
 namespace ge2::gemm {
 
-namespace {
-
-// The compute capability of the current device, or -1 when there is none (a CPU-only machine).
-int current_compute_capability() {
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return -1;
-  }
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-    cudaGetLastError();
-    return -1;
-  }
-  return major * 10 + minor;
-}
-
-}  // namespace
-
 std::string cutlass_sm90_not_built_reason() {
 #if GE2_WITH_CUTLASS
   return "";

@@ -1,0 +1,60 @@
+// The flash_sm90 candidate's checks and dispatch (compiled for every architecture, no CUTLASS headers): which
+// problems it runs, and which (dtype, head_dim) instantiation in sm90/flash_sm90_*.cu (compiled for sm_90a only,
+// when CMake found CUTLASS: GE2_WITH_CUTLASS=1) runs them. Forward only: the backward reads its lse through the
+// other candidates.
+#include <string>
+
+#include "api.hpp"
+#include "status.hpp"
+
+#if GE2_WITH_CUTLASS
+#include "../sm90/flash_sm90.hpp"
+#endif
+
+namespace ge2::attention {
+
+std::string flash_sm90_not_built_reason() {
+#if GE2_WITH_CUTLASS
+  return "";
+#else
+  return GE2_CUTLASS_NOT_BUILT_REASON;
+#endif
+}
+
+std::string flash_sm90_unsupported_reason(const Shape& s) {
+  const std::string not_built = flash_sm90_not_built_reason();
+  if (!not_built.empty()) return "flash_sm90 is NOT BUILT: " + not_built;
+  if (s.head_dim != 64 && s.head_dim != 128) {
+    return "flash_sm90 is built for head_dim 64 and 128, got head_dim " + std::to_string(s.head_dim);
+  }
+  if (s.dtype != DType::Float16 && s.dtype != DType::BFloat16) {
+    return std::string("flash_sm90 runs float16 and bfloat16 on wgmma: got ") + dtype_name(s.dtype);
+  }
+  if (s.has_bias()) return "flash_sm90 takes no additive bias (cudnn and rowwise do)";
+  if (s.has_window()) return "flash_sm90 takes no sliding window (flash, rowwise and unfused do)";
+  if (s.softcap > 0.0f) return "flash_sm90 takes no soft cap (flash, rowwise and unfused do)";
+  const int capability = current_compute_capability();
+  if (capability != 90) {
+    return "flash_sm90 needs an sm_90 GPU (built for sm_90a: wgmma and TMA), this device is " +
+           (capability < 0 ? std::string("absent") : "sm_" + std::to_string(capability));
+  }
+  return "";
+}
+
+void launch_flash_sm90_forward(const ForwardArgs& args, cudaStream_t stream) {
+#if GE2_WITH_CUTLASS
+  const bool wide = args.shape.head_dim == 128;
+  if (args.shape.dtype == DType::Float16) {
+    wide ? flash_sm90::launch_f16_128(args, stream) : flash_sm90::launch_f16_64(args, stream);
+  } else {
+    wide ? flash_sm90::launch_bf16_128(args, stream) : flash_sm90::launch_bf16_64(args, stream);
+  }
+  GE2_CHECK_LAUNCH("attention flash_sm90 forward");
+#else
+  (void)args;
+  (void)stream;
+  throw std::invalid_argument("kernel: flash_sm90 is NOT BUILT: " + flash_sm90_not_built_reason());
+#endif
+}
+
+}  // namespace ge2::attention

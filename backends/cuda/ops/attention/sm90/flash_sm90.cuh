@@ -1,0 +1,342 @@
+// flash_sm90 forward (compiled for sm_90a only, on CuTe): a CTA owns kBlockM = 128 query rows of one (batch, head)
+// and is three warpgroups. Warpgroup 0 is the producer: one thread loads the Q tile once and the K and V tiles of
+// kBlockN rows with TMA into a kStages-deep shared-memory ring, each stage guarded by a "full" mbarrier (TMA's
+// transaction count) and an "empty" one (the consumers' release). Warpgroups 1 and 2 are the consumers, 64 query
+// rows each: S = Q K^T on wgmma from shared memory (SS), the online softmax in float32 registers (log2 domain), then
+// O += P V on wgmma with P from registers (RS), float32 accumulators throughout, O and lse written once at the end.
+// setmaxnreg moves registers from the producer (40) to the consumers (232), which hold S, O and P (CUTLASS's split for
+// two consumer warpgroups: 40 * 128 + 232 * 256 <= 64K).
+//
+// TMA reads rows past seq_q or seq_k as zeros, so any length runs: scores of keys >= seq_k (and, causal, keys past
+// the row) are masked to -inf in the tiles that reach them, and rows >= seq_q are computed and not written.
+#pragma once
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+#include <cute/arch/mma_sm90.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/numeric_conversion.h>
+#include <cutlass/numeric_types.h>
+
+#include "../api.hpp"
+#include "../kernels/flash_common.cuh"
+#include "status.hpp"
+
+namespace ge2::attention::flash_sm90 {
+
+using namespace cute;
+
+template <int kHeadDim_, typename Element_>
+struct Traits {
+  using Element = Element_;  // cutlass::half_t or cutlass::bfloat16_t
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = 2;
+  static constexpr int kConsumerWarpgroups = kBlockM / 64;
+  static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
+  static constexpr int kThreads = 128 + kConsumerThreads;
+
+  using TileQK = cute::Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
+  using TilePV = cute::Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;
+  using Warpgroups = Layout<cute::Shape<Int<kConsumerWarpgroups>, _1, _1>>;  // each warpgroup: 64 rows of the tile
+  using MmaQK = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, TileQK>(), Warpgroups{}));
+  // P V: P (rows x keys) from registers, K-major; V stored [key][dim] is the B operand (dim x key) in MN-major.
+  using MmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, TilePV, GMMA::Major::K, GMMA::Major::MN>(), Warpgroups{}));
+
+  // Rows of kHeadDim 16-bit values (128 or 256 bytes) in the 128-byte swizzle that wgmma and TMA share.
+  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                             cute::Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                              cute::Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  // V's stages seen as (dim, key, stage): the same bytes, the transposed view the P V product reads.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutKV{},
+      make_ordered_layout(cute::Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+
+  // Global tensors as (seq, dim, head, batch) with element strides: both layouts (bhsd, bshd) are strides.
+  using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
+  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
+  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemShape{},
+                                          GmemStride{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{},
+                                      cute::Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutKV{}),
+                                       cute::Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);  // one K or V tile
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> k;
+    cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> v;
+    alignas(8) uint64_t q_full;
+    uint64_t k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages];
+  };
+};
+
+template <class T>
+struct Params {
+  typename T::TmaQ tma_q;
+  typename T::TmaKV tma_k, tma_v;
+  typename T::Element* o;  // Q's strides
+  float* lse;              // [batch, heads_q, seq_q]
+  int32_t batch, heads_q, heads_kv, seq_q, seq_k;
+  int64_t o_pitch, o_head_stride, o_batch_stride;
+  float scale_log2;  // scale * log2(e): the softmax runs on exp2
+  bool causal;
+};
+
+// ((2, 2, N/8), MMA_M, MMA_N), a wgmma accumulator's per-thread layout, as (rows, columns): ((2, MMA_M), (2, N/8,
+// MMA_N)). A thread holds 2 rows (r and r + 8) of its warp's 16, in column pairs spread over the 4 threads of a quad.
+template <class Layout>
+__device__ constexpr auto rows_by_columns(Layout accumulator) {
+  return make_layout(make_layout(get<0, 1>(accumulator), get<1>(accumulator)),
+                     make_layout(get<0, 0>(accumulator), get<0, 2>(accumulator), get<2>(accumulator)));
+}
+
+// The S accumulator's layout read as the A operand of the P V wgmma (16-bit A: k-blocks of 16 columns are pairs of
+// 8-column accumulator blocks): ((2, 2, N/8), MMA_M, MMA_N) -> ((2, 2, 2), MMA_M, (N/16, MMA_N)).
+template <class Layout>
+__device__ constexpr auto accumulator_as_a_operand(Layout accumulator) {
+  auto blocks = logical_divide(get<0, 2>(accumulator), Tile<_2>{});  // ((2, N/16))
+  return make_layout(make_layout(get<0, 0>(accumulator), get<0, 1>(accumulator), get<0, 0>(blocks)),
+                     get<1>(accumulator), coalesce(make_layout(get<0, 1>(blocks), get<2>(accumulator))));
+}
+
+// c (+)= a b over the k-blocks, issued as one wgmma batch by the calling warpgroup and waited for.
+template <bool kZeroInit, bool kRegistersA, class Mma, class A, class B, class C>
+__device__ __forceinline__ void warpgroup_gemm(Mma& mma, A& a, B const& b, C& c) {
+  if constexpr (kRegistersA) warpgroup_fence_operand(a);
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int kb = 0; kb < size<2>(a); ++kb) {
+    cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(c);
+  if constexpr (kRegistersA) warpgroup_fence_operand(a);
+}
+
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONSTANT Params<T> const p) {
+  using Element = typename T::Element;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  using TransactionBarrier = cutlass::arch::ClusterTransactionBarrier;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kStages = T::kStages;
+
+  extern __shared__ __align__(1024) unsigned char shared_bytes[];
+  auto& smem = *reinterpret_cast<typename T::SharedStorage*>(shared_bytes);
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename T::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename T::SmemLayoutKV{});
+  Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename T::SmemLayoutVt{});
+
+  const int m_block = static_cast<int>(gridDim.y - 1 - blockIdx.y);  // the longest causal rows start first
+  const int bh = static_cast<int>(blockIdx.x), b = bh / p.heads_q, h = bh % p.heads_q;
+  const int hk = h / (p.heads_q / p.heads_kv);
+  const int m0 = m_block * kBlockM;
+  // The key tiles the CTA's rows see: causal (top-left) row i sees keys j <= i, so the last row bounds them.
+  const int row_stop = min(p.seq_q, m0 + kBlockM);
+  const int key_stop = p.causal ? min(p.seq_k, row_stop) : p.seq_k;
+  const int tiles = (key_stop + kBlockN - 1) / kBlockN;  // >= 1: seq_k >= 1 and row m0 sees key 0
+
+  const int warpgroup = cutlass::canonical_warp_group_idx();
+  if (threadIdx.x == 0) {
+    Barrier::init(&smem.q_full, 1);
+    CUTE_UNROLL
+    for (int s = 0; s < kStages; ++s) {
+      Barrier::init(&smem.k_full[s], 1);
+      Barrier::init(&smem.v_full[s], 1);
+      Barrier::init(&smem.k_empty[s], T::kConsumerThreads);
+      Barrier::init(&smem.v_empty[s], T::kConsumerThreads);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {  // producer
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (threadIdx.x != 0) return;
+    Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.seq_q, kHeadDim, p.heads_q, p.batch));
+    Tensor mK = p.tma_k.get_tma_tensor(make_shape(p.seq_k, kHeadDim, p.heads_kv, p.batch));
+    Tensor mV = p.tma_v.get_tma_tensor(make_shape(p.seq_k, kHeadDim, p.heads_kv, p.batch));
+    Tensor gQ = local_tile(mQ(_, _, h, b), cute::Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));
+    Tensor gK = local_tile(mK(_, _, hk, b), cute::Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+    Tensor gV = local_tile(mV(_, _, hk, b), cute::Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+    auto cta_q = p.tma_q.get_slice(_0{});
+    auto cta_k = p.tma_k.get_slice(_0{});
+    auto cta_v = p.tma_v.get_slice(_0{});
+    Tensor tQgQ = cta_q.partition_S(gQ);
+    Tensor tQsQ = cta_q.partition_D(sQ);
+    Tensor tKgK = cta_k.partition_S(gK);  // (TMA, TMA_N, TMA_D, tile)
+    Tensor tKsK = cta_k.partition_D(sK);  // (TMA, TMA_N, TMA_D, stage)
+    Tensor tVgV = cta_v.partition_S(gV);
+    Tensor tVsV = cta_v.partition_D(sV);
+
+    TransactionBarrier::arrive_and_expect_tx(&smem.q_full, T::kQBytes);
+    copy(p.tma_q.with(smem.q_full), tQgQ, tQsQ);
+    for (int j = 0; j < tiles; ++j) {
+      const int stage = j % kStages;
+      const uint32_t phase = (j / kStages) & 1;
+      Barrier::wait(&smem.k_empty[stage], phase ^ 1);  // the first pass finds every stage free
+      TransactionBarrier::arrive_and_expect_tx(&smem.k_full[stage], T::kKVBytes);
+      copy(p.tma_k.with(smem.k_full[stage]), tKgK(_, _, _, j), tKsK(_, _, _, stage));
+      Barrier::wait(&smem.v_empty[stage], phase ^ 1);
+      TransactionBarrier::arrive_and_expect_tx(&smem.v_full[stage], T::kKVBytes);
+      copy(p.tma_v.with(smem.v_full[stage]), tVgV(_, _, _, j), tVsV(_, _, _, stage));
+    }
+    return;
+  }
+
+  // consumers
+  cutlass::arch::warpgroup_reg_alloc<232>();
+  const int thread = static_cast<int>(threadIdx.x) - 128;
+  typename T::MmaQK mma_qk;
+  typename T::MmaPV mma_pv;
+  auto thread_qk = mma_qk.get_thread_slice(thread);
+  auto thread_pv = mma_pv.get_thread_slice(thread);
+  Tensor tSrQ = thread_qk.partition_fragment_A(sQ);   // descriptors
+  Tensor tSrK = thread_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stage)
+  Tensor tOrV = thread_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stage)
+  Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename T::TilePV{}));
+  clear(tOrO);
+  Tensor o = make_tensor(tOrO.data(), rows_by_columns(tOrO.layout()));
+  // (row, column) in the tile of every accumulator element of this thread
+  Tensor tScS = thread_qk.partition_C(make_identity_tensor(select<0, 1>(typename T::TileQK{})));
+  Tensor score_coordinates = make_tensor(tScS.data(), rows_by_columns(tScS.layout()));
+  Tensor tOcO = thread_pv.partition_C(make_identity_tensor(select<0, 1>(typename T::TilePV{})));
+  Tensor out_coordinates = make_tensor(tOcO.data(), rows_by_columns(tOcO.layout()));
+  constexpr int kRows = size<0>(decltype(o.layout()){});  // 2
+
+  float row_max[kRows], row_sum[kRows];
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    row_max[r] = -INFINITY;
+    row_sum[r] = 0.0f;
+  }
+
+  Barrier::wait(&smem.q_full, 0);
+  for (int j = 0; j < tiles; ++j) {
+    const int stage = j % kStages;
+    const uint32_t phase = (j / kStages) & 1;
+    Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(typename T::TileQK{}));
+    Barrier::wait(&smem.k_full[stage], phase);
+    warpgroup_gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
+    Barrier::arrive(&smem.k_empty[stage]);
+
+    Tensor s = make_tensor(tSrS.data(), rows_by_columns(tSrS.layout()));
+    const int n0 = j * kBlockN;
+    // Only the tiles that reach past seq_k or, causal, past the CTA's first row mask elements.
+    const bool masked = n0 + kBlockN > p.seq_k || (p.causal && n0 + kBlockN - 1 > m0);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = m0 + get<0>(score_coordinates(r, 0));
+      float tile_max = -INFINITY;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) {
+        float x = s(r, c) * p.scale_log2;
+        if (masked) {
+          const int column = n0 + get<1>(score_coordinates(r, c));
+          if (column >= p.seq_k || (p.causal && column > row)) x = -INFINITY;
+        }
+        s(r, c) = x;
+        tile_max = fmaxf(tile_max, x);
+      }
+      const flash::RowRescale step = flash::rescale_row(row_max[r], tile_max);  // quads hold rows, as in mma.sync
+      float sum = 0.0f;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) {
+        s(r, c) = exp2f(s(r, c) - step.base);
+        sum += s(r, c);
+      }
+      row_sum[r] = row_sum[r] * step.correction + sum;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= step.correction;
+    }
+
+    // P in the input dtype, as the A operand (registers) of O += P V.
+    constexpr int kScores = decltype(size(tSrS))::value;
+    cutlass::NumericArrayConverter<Element, float, kScores> to_element;
+    auto p_values = to_element(*reinterpret_cast<cutlass::Array<float, kScores> const*>(tSrS.data()));
+    Tensor tOrP = make_tensor(make_rmem_ptr<Element>(p_values.data()), accumulator_as_a_operand(tSrS.layout()));
+    Barrier::wait(&smem.v_full[stage], phase);
+    warpgroup_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, stage), tOrO);
+    Barrier::arrive(&smem.v_empty[stage]);
+  }
+
+  // O / row sum, rounded once; lse = ln(sum exp(scale s)) (+inf for a row with no visible key, whose O is 0).
+  Element* o_head = p.o + int64_t(b) * p.o_batch_stride + int64_t(h) * p.o_head_stride;
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const int row = m0 + get<0>(out_coordinates(r, 0));
+    if (row >= p.seq_q) continue;
+    Element* o_row = o_head + int64_t(row) * p.o_pitch;
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(o); c += 2) {  // column pairs (c, c + 1) are adjacent: one 4-byte store
+      const int column = get<1>(out_coordinates(r, c));
+      cutlass::Array<Element, 2> pair;
+      pair[0] = static_cast<Element>(o(r, c) * inverse);
+      pair[1] = static_cast<Element>(o(r, c + 1) * inverse);
+      *reinterpret_cast<cutlass::Array<Element, 2>*>(o_row + column) = pair;
+    }
+    if ((threadIdx.x & 3) == 0) {
+      p.lse[int64_t(bh) * p.seq_q + row] = sum > 0.0f ? row_max[r] * flash::kLn2 + logf(sum) : INFINITY;
+    }
+  }
+}
+
+// The (seq, dim, head, batch) view of Q, K or V, whose rows are `pitch` elements apart.
+template <class T>
+typename T::GmemTensor gmem_view(const void* data, const attention::Shape& s, int64_t heads, int64_t seq) {
+  const int64_t pitch = s.seq_major ? heads * s.head_dim : s.head_dim;
+  const int64_t head_stride = s.seq_major ? s.head_dim : seq * s.head_dim;
+  return make_tensor(make_gmem_ptr(static_cast<typename T::Element const*>(data)),
+                     make_shape(int32_t(seq), int32_t(s.head_dim), int32_t(heads), int32_t(s.batch)),
+                     make_stride(pitch, _1{}, head_stride, seq * heads * s.head_dim));
+}
+
+template <int kHeadDim, typename Element>
+void launch(const ForwardArgs& args, cudaStream_t stream) {
+  using T = Traits<kHeadDim, Element>;
+  const attention::Shape& s = args.shape;
+  Params<T> p{};
+  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem_view<T>(args.q, s, s.heads_q, s.seq_q), typename T::SmemLayoutQ{},
+                          cute::Shape<Int<T::kBlockM>, Int<kHeadDim>>{}, _1{});
+  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gmem_view<T>(args.k, s, s.heads_kv, s.seq_k),
+                          take<0, 2>(typename T::SmemLayoutKV{}), cute::Shape<Int<T::kBlockN>, Int<kHeadDim>>{}, _1{});
+  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem_view<T>(args.v, s, s.heads_kv, s.seq_k),
+                          take<0, 2>(typename T::SmemLayoutKV{}), cute::Shape<Int<T::kBlockN>, Int<kHeadDim>>{}, _1{});
+  p.o = static_cast<Element*>(args.o);
+  p.lse = args.lse;
+  p.batch = int32_t(s.batch);
+  p.heads_q = int32_t(s.heads_q);
+  p.heads_kv = int32_t(s.heads_kv);
+  p.seq_q = int32_t(s.seq_q);
+  p.seq_k = int32_t(s.seq_k);
+  p.o_pitch = s.seq_major ? s.heads_q * s.head_dim : s.head_dim;
+  p.o_head_stride = s.seq_major ? s.head_dim : s.seq_q * s.head_dim;
+  p.o_batch_stride = s.seq_q * s.heads_q * s.head_dim;
+  p.scale_log2 = s.scale * flash::kLog2e;
+  p.causal = s.causal;
+
+  constexpr int bytes = sizeof(typename T::SharedStorage);
+  check_cuda(cudaFuncSetAttribute(forward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+             "attention", "cudaFuncSetAttribute(flash_sm90 forward shared memory)");
+  const dim3 grid(static_cast<unsigned>(s.batch * s.heads_q),
+                  static_cast<unsigned>((s.seq_q + T::kBlockM - 1) / T::kBlockM));
+  forward_kernel<T><<<grid, T::kThreads, bytes, stream>>>(p);
+}
+
+}  // namespace ge2::attention::flash_sm90

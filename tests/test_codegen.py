@@ -22,7 +22,7 @@ import pytest
 import graph_executor_v2 as ge2
 from graph_executor_v2.codegen import candidate as codegen_candidate
 from graph_executor_v2.codegen import compiler, elements
-from graph_executor_v2.codegen.pointwise import pointwise_source
+from graph_executor_v2.codegen.pointwise import KernelSource, pointwise_source
 from graph_executor_v2.codegen.reduction import ReductionGroup
 from graph_executor_v2.codegen.row import ROW_LIMIT, RowGroup
 from graph_executor_v2.ir.types import TensorType
@@ -837,6 +837,33 @@ def test_a_plan_precompiles_the_generated_candidate_of_an_unfused_op():
     compiler.STATS.clear()
     codegen_candidate.precompile([problem], lambda p: "vec16")  # the cache settled on a hand-written kernel
     assert compiler.STATS.records == []
+
+
+def test_the_precompile_never_fails_a_plan_build(monkeypatch):
+    """Compiling ahead is only a head start: a candidate whose kernels cannot be generated or compiled is left to its
+    node's prepare, which raises with the node's group and lets the plan fall back to the next candidate."""
+    from graph_executor_v2.ir.schema import Candidate, Input, OpDef
+
+    def prepare(problem):
+        raise AssertionError("precompile must not prepare")
+
+    def unlisted(problem):
+        raise KeyError("no kernel for this problem")
+
+    def uncompilable(problem):
+        return [codegen_candidate.named(KernelSource("GE2_KERNEL_NAME", "not CUDA", 1, 1, 1, 1),
+                                        "ge2_not_cuda")]
+
+    prepare.kernels = unlisted
+    other = lambda problem: None  # noqa: E731
+    other.kernels = uncompilable
+    candidates = (Candidate("unlisted", 20, "", lambda problem: None, prepare),
+                  Candidate("uncompilable", 10, "", lambda problem: None, other))
+    monkeypatch.setitem(OPS, "fake_precompiled", OpDef("fake_precompiled", (Input("x"),), ("y",), (),
+                                                       lambda types, attrs: [types[0]], lambda inputs, attrs: inputs,
+                                                       candidates=candidates))
+    x = TensorType((4,), "float32")
+    codegen_candidate.precompile([Problem("fake_precompiled", (x,), (x,), {}, (9, 0))])
 
 
 @needs_nvrtc

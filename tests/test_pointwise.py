@@ -42,7 +42,8 @@ def _accepted_dtypes(op: str) -> list[str]:
 
 
 def _values(rng, shape, dtype: str, op: str = "") -> np.ndarray:
-    """Fresh values of ``dtype``: normal floats (positive for logarithms and roots), small integers, random bools."""
+    """Fresh values of ``dtype``: normal floats (positive for logarithms and roots, at least 0.1 from the pole for
+    reciprocal, whose float16 gradient -dy / x^2 overflows float16's range near 0), small integers, random bools."""
     if dtype == "bool":
         return np.asarray(rng.random(shape) < 0.5)
     if dtype in INT_DTYPES:
@@ -51,6 +52,8 @@ def _values(rng, shape, dtype: str, op: str = "") -> np.ndarray:
     x = np.asarray(rng.standard_normal(shape) * 2)
     if op in ("log", "log2", "sqrt", "rsqrt", "log1p"):
         x = np.abs(x) + 0.1
+    if op == "reciprocal":
+        x = np.where(x < 0, x - 0.1, x + 0.1)
     return np.asarray(x.astype(dtypes.to_numpy(dtype)))
 
 

@@ -446,5 +446,12 @@ def test_fp8_convnet_on_the_gpu_matches_the_calibrated_reference(rng):
     assert not on_gpu.fallbacks, on_gpu.explain()
     scale = float(np.abs(expected.astype(np.float64)).max())
     error = float(np.abs(got.astype(np.float64) - expected.astype(np.float64)).max())
-    assert error <= 3e-2 * scale, f"max |gpu - cpu reference| {error:.4g} against max |y| {scale:.4g}"
+    # The GPU's and the CPU's first convolution round h to bfloat16 apart from each other now and then, and an h
+    # element next to an E4M3 rounding boundary then quantizes one FP8 step apart: at the top of the range that is
+    # 32 / 448 of h's calibrated amax, which the 1x1 convolutions carry to y times one weight (the H200 showed 0.94
+    # against max |y| 26: one such step, 16.75 / 14 x 0.78). A wrong scale or layout is off by the order of max |y|.
+    one_step = amax["conv2d_0"] * 32.0 / 448.0 * max(float(np.abs(graph.params[name].data).max())
+                                                     for name in ("w1", "skip"))
+    assert error <= 3e-2 * scale + one_step, (f"max |gpu - cpu reference| {error:.4g} against max |y| {scale:.4g} "
+                                              f"(one FP8 step of h through a weight: {one_step:.4g})")
     _assert_fp8_network_error(got, reference(x["x"]), "GPU")

@@ -21,7 +21,7 @@ if [ -z "${GE2_CACHE_DIR:-}" ]; then
   trap 'rm -rf "$GE2_CACHE_DIR"' EXIT
 fi
 export GE2_CACHE_DIR
-sharded=" ${GE2_SHARDED_FILES:-tests/test_attention.py tests/test_attention_window.py tests/test_conv_epilogue.py} "
+sharded=" $(echo ${GE2_SHARDED_FILES:-tests/test_attention.py tests/test_attention_window.py tests/test_conv_epilogue.py}) "  # echo: any whitespace (newlines too) separates the names
 shards=${GE2_SHARDS:-3}
 
 # One job per line: "<log name> <test file> [<shard>/<shards>]" (a sharded file runs as GE2_SHARD=i/n, see conftest).

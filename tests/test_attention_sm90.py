@@ -15,6 +15,7 @@ from graph_executor_v2.ir import TensorType
 from graph_executor_v2.ops import attention
 from graph_executor_v2.testing import assert_close, random_array
 from attention_checks import reference_backward_from_stored_y
+from test_attention import _check_forward
 
 KERNEL = "flash_sm90"
 FORWARD_ONLY = "kernel: flash_sm90 runs the forward only (the backward: cudnn, flash, rowwise, unfused)"
@@ -105,22 +106,6 @@ def _problem(rng, batch, heads_q, heads_kv, seq_q, seq_k, head_dim, dtype, layou
     return [x if layout == "bhsd" else np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in arrays]
 
 
-def _check_forward(poisoned, q, k, v, dtype, causal, layout, scale=None):
-    """y and lse of flash_sm90 into poisoned outputs, against the float64 reference (y rounded once: the 16-bit
-    tolerance; lse in float32 from head_dim-long scores)."""
-    runtime = ge2.device.runtime()
-    sizes = attention.shape_sizes(q.shape, k.shape, v.shape, layout)
-    y_out = poisoned(q.shape, dtype)
-    lse_out = poisoned((sizes["batch"], sizes["heads_q"], sizes["seq_q"]), "float32")
-    y, lse = attention.forward(*(runtime.DeviceArray.from_numpy(x) for x in (q, k, v)), causal=causal, scale=scale,
-                               layout=layout, kernel=KERNEL, out=(y_out, lse_out))
-    expected_y, expected_lse = attention.reference(q, k, v, causal=causal, scale=scale, layout=layout)
-    what = f"flash_sm90 {dtype} {layout} causal={causal} q{q.shape} k{k.shape}"
-    assert_close(y.numpy(), expected_y, dtype, what=f"y of {what}")
-    assert_close(lse.numpy(), expected_lse, "float32", reduction_length=sizes["head_dim"], what=f"lse of {what}")
-    return y, lse
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
 @pytest.mark.parametrize("head_dim", (64, 128))
@@ -129,7 +114,7 @@ def _check_forward(poisoned, q, k, v, dtype, causal, layout, scale=None):
 def test_forward_matches_the_reference(rng, poisoned, dtype, head_dim, causal, seq):
     _require_flash_sm90()
     q, k, v, _ = _problem(rng, 2, 3, 3, seq, seq, head_dim, dtype, "bhsd")
-    _check_forward(poisoned, q, k, v, dtype, causal, "bhsd")
+    _check_forward(q, k, v, causal, "bhsd", KERNEL, poisoned, dtype)
 
 
 @pytest.mark.gpu
@@ -143,7 +128,7 @@ def test_grouped_heads_unequal_lengths_and_layouts(rng, poisoned, dtype, causal,
                                                    seq_k, head_dim):
     _require_flash_sm90()
     q, k, v, _ = _problem(rng, 2, heads_q, heads_kv, seq_q, seq_k, head_dim, dtype, layout)
-    _check_forward(poisoned, q, k, v, dtype, causal, layout, scale=0.3)
+    _check_forward(q, k, v, causal, layout, KERNEL, poisoned, dtype, scale=0.3)
 
 
 @pytest.mark.gpu
@@ -153,7 +138,7 @@ def test_long_rows_wrap_the_pipeline(rng, poisoned, dtype, causal):
     """2048 keys: 16 K/V tiles through the 2-stage ring of every CTA (8 passes of each stage's barriers)."""
     _require_flash_sm90()
     q, k, v, _ = _problem(rng, 1, 2, 1, 2048, 2048, 128, dtype, "bshd")
-    _check_forward(poisoned, q, k, v, dtype, causal, "bshd")
+    _check_forward(q, k, v, causal, "bshd", KERNEL, poisoned, dtype)
 
 
 @pytest.mark.gpu
@@ -165,7 +150,7 @@ def test_backward_reads_its_lse(rng, poisoned, dtype, causal):
     _require_flash_sm90()
     runtime = ge2.device.runtime()
     q, k, v, dy = _problem(rng, 2, 4, 2, 129, 200, 128, dtype, "bhsd")
-    y, lse = _check_forward(poisoned, q, k, v, dtype, causal, "bhsd")
+    y, lse = _check_forward(q, k, v, causal, "bhsd", KERNEL, poisoned, dtype)
     device = [runtime.DeviceArray.from_numpy(x) for x in (dy, q, k, v)]
     outs = tuple(poisoned(x.shape, dtype) for x in (q, k, v))
     grads = attention.backward(*device, causal=causal, kernel="flash", out=outs, y=y, lse=lse)

@@ -43,7 +43,7 @@ class CompileRecord:
 
 
 def describe_build(record: CompileRecord) -> str:
-    """``compiled cold in 412.0 ms by NVRTC 13.0 (/usr/local/cuda/lib64/libnvrtc.so.13)`` or ``cache hit in 0.3 ms
+    """``compiled cold in 412.0 ms by NVRTC 13.0 (<path of the libnvrtc loaded>)`` or ``cache hit in 0.3 ms
     (compiled cold in 412.0 ms earlier)``."""
     if not record.cache_hit:
         return f"compiled cold in {record.seconds * 1e3:.1f} ms by {nvrtc_description()}"
@@ -122,7 +122,7 @@ def nvrtc_version() -> tuple[int, int]:
 
 
 def nvrtc_description() -> str:
-    """``NVRTC 13.0 (/usr/local/cuda/lib64/libnvrtc.so.13)``: the version and the library file loaded at run time
+    """``NVRTC 13.0 (<path of the libnvrtc loaded>)``: the version and the library file loaded at run time
     (the toolkit's, or the PyPI wheel's)."""
     native = _native_module()
     library = native.nvrtc_library() or "library file unknown"

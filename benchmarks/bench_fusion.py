@@ -10,8 +10,9 @@ Rows (float16 unless said):
 - nhwc_chain: 6 ops over NHWC 64x56x56x256 with a per-channel scale and bias: ``tanh(relu(x * s + b + r) * 0.5)``
   (the 0.5 folded into the source).
 - mse_rows: ``mean((x - y)^2)`` per row of 16384x4096: one fused_reduction kernel (prologue in registers).
-- train_gpt / train_resnet18 (float32 ResNet, bf16-AMP GPT, bench_train.py's configurations): step time and kernels
-  per step with the fusion pass off (``GE2_NO_FUSION=1``) and on.
+- train_gpt / train_resnet18 / train_resnet50 (float32 ResNets at GE2's default precision, bf16-AMP GPT,
+  bench_train.py's configurations): step time and kernels per step with the fusion pass off (``GE2_NO_FUSION=1``)
+  and on.
 
 Every row is checked first against the same math in float64 (the torch function on float64 copies of the inputs)
 with GE2's float16 tolerance (``ge2.testing.assert_close``): PyTorch eager float16 is no reference, it rounds
@@ -41,7 +42,7 @@ from graph_executor_v2.runtime.executor import ALIAS
 from graph_executor_v2.testing import assert_close
 
 ROWS = ("swish_residual", "layernorm_gelu_residual", "gpt2_mlp_forward", "gpt2_mlp_backward", "nhwc_chain",
-        "mse_rows", "train_gpt", "train_resnet18")
+        "mse_rows", "train_gpt", "train_resnet18", "train_resnet50")
 
 
 def copy_bandwidth(torch) -> float:
@@ -197,10 +198,9 @@ def _trainer(torch, bench_train, case, rng):
         trainer = ge2.train.Trainer(model.loss_graph(batch), device="cuda",
                                     optimizer=ge2.train.AdamW(lr=1e-3, weight_decay=0.01), amp=case["amp"])
         return trainer, {"ids": ids, "targets": targets}
-    from graph_executor_v2.models import resnet18
-
     batch, image = case["batch"], case["image"]
-    graph = resnet18().train().graph({"x": ((batch, 3, image, image), "float32"), "labels": ((batch,), "int64")})
+    build = bench_train.RESNETS[case["model"]][0]
+    graph = build().train().graph({"x": ((batch, 3, image, image), "float32"), "labels": ((batch,), "int64")})
     trainer = ge2.train.Trainer(graph, device="cuda", optimizer=ge2.train.SGD(lr=0.05, momentum=0.9))
     x = torch.randn(batch, 3, image, image, device="cuda")
     return trainer, {"x": x, "labels": torch.randint(0, 1000, (batch,), device="cuda")}

@@ -13,6 +13,9 @@
   matching precision: GE2 ``precision="highest"`` against PyTorch with TF32 off everywhere; resnet18_default: GE2's
   default precision against PyTorch's defaults (cuDNN convolutions may use TF32, matmuls may not). Target (issue 22):
   <= 1.0x PyTorch's CUDA-graph step on both.
+- resnet50: ResNet-50 (``ge2.models.resnet50``, torchvision's v1.5 bottlenecks; PyTorch runs
+  ``models.resnet.torch_resnet50``), as resnet18_default otherwise: batch 32 of 3x224x224, float32 at both sides'
+  default precision. Reported (issue 20: bench_fusion's train_resnet50 row times this step before and after fusion).
 - gpt2_fp8: GPT-2 124M (12 layers, 768 wide, 12 heads, context 1024, vocabulary 50257, tied head), batch 8,
   AdamW: GE2's ``amp="fp8"`` step (issue 24: the linear layers' GEMMs in FP8 with delayed scaling, the first and last
   bfloat16) against GE2's bfloat16 step and PyTorch's ``torch.compile`` bfloat16 step (autocast), the same weights.
@@ -25,7 +28,8 @@ Correctness first: the first steps' losses of GE2 and PyTorch eager agree (float
 ResNet, whose ReLU masks and max-pool winners flip under rounding; AMP: 2%).
 Each step's time is the median of CUDA-event timings (benchmarks/harness.py); the batch is fed from device tensors.
 
-Run: python benchmarks/bench_train.py [--cases small,large,gpt,resnet18,resnet18_default,gpt2_fp8] [--budget-s S]
+Run: python benchmarks/bench_train.py [--cases small,large,gpt,resnet18,resnet18_default,resnet50,gpt2_fp8]
+[--budget-s S]
 (--budget-s: cases not started once S seconds have passed are rows saying so; each ResNet-18 row takes under a
 minute on the H200: a cold plan build with candidate timing, three steps per side, then 30 timed steps each.)
 """
@@ -40,9 +44,9 @@ from harness import median_ms, torch_cuda, write_results
 
 import graph_executor_v2 as ge2
 from graph_executor_v2 import nn
-from graph_executor_v2.models import resnet18
+from graph_executor_v2.models import resnet18, resnet50
 from graph_executor_v2.models.gpt import GPT, GPTConfig, torch_gpt
-from graph_executor_v2.models.resnet import torch_resnet18
+from graph_executor_v2.models.resnet import torch_resnet18, torch_resnet50
 from graph_executor_v2.runtime.executor import ALIAS
 
 CASES = [
@@ -52,15 +56,18 @@ CASES = [
      "target": "<= 0.85x torch graph"},
     {"case": "gpt", "batch": 32, "gpt": GPTConfig(vocab=8192, context=256, layers=6, heads=6, width=384),
      "amp": "bfloat16", "target": "<= 0.9x torch graph"},
-    {"case": "resnet18", "batch": 32, "image": 224, "amp": None, "loss_rtol": 1e-3, "reps": 30,
+    {"case": "resnet18", "model": "resnet18", "batch": 32, "image": 224, "amp": None, "loss_rtol": 1e-3, "reps": 30,
      "precision": "highest", "target": "<= 1.0x torch graph (both strict FP32)"},
-    {"case": "resnet18_default", "batch": 32, "image": 224, "amp": None, "loss_rtol": 1e-2, "reps": 30,
-     "precision": "default", "target": "<= 1.0x torch graph (both at PyTorch's default precision)"},
+    {"case": "resnet18_default", "model": "resnet18", "batch": 32, "image": 224, "amp": None, "loss_rtol": 1e-2,
+     "reps": 30, "precision": "default", "target": "<= 1.0x torch graph (both at PyTorch's default precision)"},
+    {"case": "resnet50", "model": "resnet50", "batch": 32, "image": 224, "amp": None, "loss_rtol": 1e-2, "reps": 20,
+     "precision": "default", "target": "report"},
     {"case": "gpt2_fp8", "batch": 8, "gpt": GPTConfig(vocab=50257, context=1024, layers=12, heads=12, width=768),
      "amp": "fp8", "reps": 30, "target": ">= 1.3x GE2 bf16, >= 1.4x torch.compile bf16"},
 ]
-# ResNet-18's forward at 224x224: 1.82 GFLOP (multiply-adds counted twice) per image; a training step ~3x that.
-RESNET18_FORWARD_FLOPS = 1.82e9
+# model -> (GE2 builder, PyTorch builder, forward FLOPs per 224x224 image: the convolutions' and the classifier's
+# multiply-adds, 1.814e9 and 4.089e9 from the graphs' shapes, counted twice); a training step is ~3x the forward.
+RESNETS = {"resnet18": (resnet18, torch_resnet18, 2 * 1.814e9), "resnet50": (resnet50, torch_resnet50, 2 * 4.089e9)}
 
 
 def init(rng, sizes):
@@ -230,8 +237,9 @@ def bench_resnet(torch, case, rng) -> dict:
     torch.backends.cudnn.allow_tf32 = case["precision"] == "default"  # PyTorch's default is True
     torch.backends.cudnn.benchmark = True
     torch.manual_seed(int(rng.integers(0, 2**31)))
-    network = torch_resnet18().cuda().train()
-    model = resnet18()
+    ge2_builder, torch_builder, forward_flops = RESNETS[case["model"]]
+    network = torch_builder().cuda().train()
+    model = ge2_builder()
     model.load_state_dict({name: value.detach().cpu().numpy() for name, value in network.state_dict().items()})
     x = torch.randn(batch, 3, image, image, device="cuda")
     labels = torch.randint(0, 1000, (batch,), device="cuda")
@@ -254,7 +262,7 @@ def bench_resnet(torch, case, rng) -> dict:
         return step
 
     return compare(torch, case, trainer, {"x": x, "labels": labels}, torch_resnet_step(False),
-                   lambda: torch_resnet_step(True), (x, labels), 3.0 * RESNET18_FORWARD_FLOPS * batch,
+                   lambda: torch_resnet_step(True), (x, labels), 3.0 * forward_flops * batch,
                    f"batch {batch}, 3x{image}x{image}")
 
 
@@ -321,7 +329,7 @@ def main():
     torch = torch_cuda()
     torch.backends.cuda.matmul.allow_tf32 = False
     rng = np.random.default_rng(0)
-    benches = {"gpt": bench_gpt, "resnet18": bench_resnet, "resnet18_default": bench_resnet}
+    benches = {"gpt": bench_gpt, "resnet18": bench_resnet, "resnet18_default": bench_resnet, "resnet50": bench_resnet}
     started, rows = time.perf_counter(), []
     for case in CASES:
         if case["case"] not in chosen or case["case"] == "gpt2_fp8":

@@ -19,10 +19,12 @@ std::vector<KernelInfo> kernel_table() {
        "none (vec8 when x is 8 * itemsize-byte aligned and y 8-byte aligned; the tail runs element-wise)", kFallback,
        kAnyAlignment},
       {"transpose", 10,
-       "quantize_fp8_transpose: 32 x 32 tiles through shared memory, y and its transpose from one read of x, amax "
-       "per warp + atomicMax; the column sum (dbias) as float32 partials per tile from the same read, added up in "
-       "a fixed order by a second small kernel",
-       "x 2-d", kFallback, kAnyAlignment},
+       "quantize_fp8_transpose: tiles through shared memory, y and its transpose from one read of x (64 x 64 "
+       "tiles with 8-element loads and 8-byte stores when the shape and alignment allow, else 32 x 32 tiles "
+       "element-wise), amax reduced per block (64 x 64) or per warp + atomicMax; the column sum (dbias) as "
+       "float32 partials per tile from the same read, added up in a fixed order by a second small kernel",
+       "x 2-d (the 64 x 64 kernel: rows and cols multiples of 64, x 8-element and y, y_t 8-byte aligned)",
+       kFallback, kAnyAlignment},
       {"scale_update", 10, "fp8_scale_update: one block rolls the amax history, max-reduces it and divides",
        "history length >= 1", kFallback, kAnyAlignment},
   };

@@ -1,13 +1,18 @@
 // quantize_fp8_transpose: y = FP8(x * scale) and its transpose y_t, with amax = max |x|, in one pass over a 2-d x
 // (Transformer Engine's cast-transpose). FP8 training needs both layouts of x and dY (cuBLASLt's FP8 matmul takes
 // only TN): writing both from one read of x saves a separate transpose's read and write.
-// 32 x 32 tiles, 32 x 8 threads: each thread quantizes 4 rows of a tile column into y and a shared-memory tile,
-// then writes 4 rows of the transposed tile into y_t. 32 one-byte stores per warp are one 32-byte sector.
+// Two kernels:
+//   1. wide (rows and cols multiples of 64, x aligned to 8 elements, y and y_t to 8 bytes: every FP8 GEMM operand
+//      of a transformer): 64 x 64 tiles, 256 threads; a thread loads 8 consecutive elements (16 bytes of 16-bit x)
+//      of two rows, stores their 8 FP8 bytes into y with one 8-byte store, and after the tile is in shared memory
+//      gathers 8 bytes of a tile column into one 8-byte store of y_t (8 threads write a 64-byte run of a y_t row).
+//   2. scalar (any shape and alignment): 32 x 32 tiles, 32 x 8 threads, one element per thread and load.
 // With a column sum (a linear layer's dbias, Transformer Engine's cast-transpose-dbias): each thread also sums its
 // 4 unquantized values, the tile's 8 partial rows are added in shared memory and written as one float32 row of
 // partials [row tiles, cols]; column_sum_kernel then adds each column's partials in row order (no atomics: the
 // same sums every run).
 #include <algorithm>
+#include <cstdint>
 
 #include "api.hpp"
 #include "status.hpp"
@@ -61,6 +66,98 @@ __global__ void __launch_bounds__(kTile * kRowsPerPass)
   if (threadIdx.x == 0 && amax_bits != 0) atomicMax(amax, amax_bits);
 }
 
+constexpr int kWideTile = 64;
+constexpr int kWideThreads = 256;
+constexpr int kVector = 8;
+constexpr int kWideRowsPerPass = kWideThreads / (kWideTile / kVector);  // 32: a tile takes two passes of rows
+// Shared-memory row stride of the FP8 tile: 68 bytes keeps 4-byte stores aligned and spreads the column gathers of
+// a warp over more banks than a 64- or 72-byte stride (2-way conflicts at most).
+constexpr int kWideStride = kWideTile + 4;
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T value[N];
+};
+
+template <typename In, typename Out, bool kColumnSum>
+__global__ void __launch_bounds__(kWideThreads)
+    quantize_transpose_wide_kernel(const In* __restrict__ x, const float* __restrict__ scale_pointer,
+                                   Out* __restrict__ y, Out* __restrict__ y_t, unsigned int* __restrict__ amax,
+                                   float* __restrict__ column_partials, int64_t rows, int64_t cols) {
+  static_assert(sizeof(Out) == 1, "FP8 outputs are one byte");
+  __shared__ __align__(16) unsigned char tile[kWideTile * kWideStride];
+  __shared__ float partial_rows[kColumnSum ? kWideRowsPerPass : 1][kWideTile];
+  __shared__ unsigned int warp_amax[kWideThreads / 32];
+  const float scale = *scale_pointer;
+  unsigned int amax_bits = 0;
+  const int lane_vector = threadIdx.x % (kWideTile / kVector);  // which 8 columns of the tile this thread loads
+  const int pass_row = threadIdx.x / (kWideTile / kVector);     // its row in each pass (0..31)
+  const int64_t tiles_across = cols / kWideTile;
+  const int64_t tiles = tiles_across * (rows / kWideTile);
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t row0 = (t / tiles_across) * kWideTile, col0 = (t % tiles_across) * kWideTile;
+    float column_partial[kVector] = {};
+#pragma unroll
+    for (int pass = 0; pass < kWideTile / kWideRowsPerPass; ++pass) {
+      const int r = pass * kWideRowsPerPass + pass_row;
+      const int64_t offset = (row0 + r) * cols + col0 + lane_vector * kVector;
+      const Pack<In, kVector> in = *reinterpret_cast<const Pack<In, kVector>*>(x + offset);
+      Pack<Out, kVector> out;
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) {
+        const float value = to_float(in.value[i]);
+        amax_bits = max(amax_bits, __float_as_uint(fabsf(value)));
+        if constexpr (kColumnSum) column_partial[i] += value;
+        out.value[i] = from_float<Out>(value * scale);
+      }
+      *reinterpret_cast<Pack<Out, kVector>*>(y + offset) = out;
+      const auto* words = reinterpret_cast<const unsigned int*>(&out);
+      auto* row = reinterpret_cast<unsigned int*>(tile + r * kWideStride + lane_vector * kVector);
+      row[0] = words[0];
+      row[1] = words[1];
+    }
+    if constexpr (kColumnSum) {
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) partial_rows[pass_row][lane_vector * kVector + i] = column_partial[i];
+    }
+    __syncthreads();
+    if constexpr (kColumnSum) {
+      if (threadIdx.x < kWideTile) {  // the tile's 32 partial rows of column threadIdx.x, in row order
+        float sum = 0.0f;
+        for (int j = 0; j < kWideRowsPerPass; ++j) sum += partial_rows[j][threadIdx.x];
+        column_partials[(row0 / kWideTile) * cols + col0 + threadIdx.x] = sum;
+      }
+    }
+    // y_t[col0 + c, row0 + 8 s .. row0 + 8 s + 7] = tile[8 s .. 8 s + 7][c]
+#pragma unroll
+    for (int pass = 0; pass < kWideTile * kWideTile / kVector / kWideThreads; ++pass) {
+      const int item = pass * kWideThreads + threadIdx.x;
+      const int segment = item % (kWideTile / kVector), c = item / (kWideTile / kVector);
+      Pack<unsigned char, kVector> gathered;
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) gathered.value[i] = tile[(segment * kVector + i) * kWideStride + c];
+      *reinterpret_cast<Pack<unsigned char, kVector>*>(y_t + (col0 + c) * rows + row0 + segment * kVector) =
+          gathered;
+    }
+    __syncthreads();  // the tile and the partial rows are rewritten by the next iteration
+  }
+  amax_bits = __reduce_max_sync(0xffffffffu, amax_bits);
+  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax_bits;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kWideThreads / 32; ++w) amax_bits = max(amax_bits, warp_amax[w]);
+    if (amax_bits != 0) atomicMax(amax, amax_bits);  // one atomic per block
+  }
+}
+
+bool fits_wide(const void* x, DType x_dtype, const void* y, const void* y_t, int64_t rows, int64_t cols) {
+  const auto aligned = [](const void* pointer, std::size_t bytes) {
+    return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
+  };
+  return rows % kWideTile == 0 && cols % kWideTile == 0 && aligned(x, kVector * dtype_size(x_dtype)) &&
+         aligned(y, kVector) && aligned(y_t, kVector);
+}
+
 // column_sum[c] = the sum of the row tiles' partials of column c, in row order, rounded once to x's dtype.
 template <typename T>
 __global__ void column_sum_kernel(const float* __restrict__ column_partials, T* __restrict__ column_sum,
@@ -74,7 +171,17 @@ __global__ void column_sum_kernel(const float* __restrict__ column_partials, T* 
 
 template <typename In, typename Out>
 void launch(const void* x, const float* scale, void* y, void* y_t, float* amax, float* column_partials,
-            int64_t rows, int64_t cols, cudaStream_t stream) {
+            int64_t rows, int64_t cols, bool wide, cudaStream_t stream) {
+  if (wide) {
+    const int64_t tiles = (rows / kWideTile) * (cols / kWideTile);
+    const int blocks = static_cast<int>(std::min<int64_t>(tiles, 132 * 8));
+    auto* kernel = column_partials != nullptr ? quantize_transpose_wide_kernel<In, Out, true>
+                                              : quantize_transpose_wide_kernel<In, Out, false>;
+    kernel<<<blocks, kWideThreads, 0, stream>>>(static_cast<const In*>(x), scale, static_cast<Out*>(y),
+                                                static_cast<Out*>(y_t), reinterpret_cast<unsigned int*>(amax),
+                                                column_partials, rows, cols);
+    return;
+  }
   const int64_t tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
   const int blocks = static_cast<int>(std::min<int64_t>(tiles, 132 * 16));
   quantize_transpose_kernel<In, Out><<<blocks, dim3(kTile, kRowsPerPass), 0, stream>>>(
@@ -93,19 +200,22 @@ void launch_quantize_transpose(const void* x, DType x_dtype, const float* scale,
     GE2_CUDA_CHECK(cudaMemsetAsync(column_sum, 0, static_cast<std::size_t>(cols) * dtype_size(x_dtype), stream));
   }
   if (rows == 0) return;
-  const std::size_t partial_bytes = static_cast<std::size_t>(row_tiles * cols) * sizeof(float);
+  const bool wide = fits_wide(x, x_dtype, y, y_t, rows, cols);
+  const int64_t partial_row_count = wide ? rows / kWideTile : row_tiles;  // one float32 row per row tile
+  const std::size_t partial_bytes = static_cast<std::size_t>(partial_row_count * cols) * sizeof(float);
   float* column_partials =
       column_sum != nullptr ? static_cast<float*>(StreamWorkspace::get(partial_bytes, stream)) : nullptr;
   GE2_DISPATCH_FLOATING(x_dtype, "x dtype", {
     if (y_dtype == DType::Float8E4M3) {
-      launch<scalar_t, __nv_fp8_e4m3>(x, scale, y, y_t, amax, column_partials, rows, cols, stream);
+      launch<scalar_t, __nv_fp8_e4m3>(x, scale, y, y_t, amax, column_partials, rows, cols, wide, stream);
     } else {
-      launch<scalar_t, __nv_fp8_e5m2>(x, scale, y, y_t, amax, column_partials, rows, cols, stream);
+      launch<scalar_t, __nv_fp8_e5m2>(x, scale, y, y_t, amax, column_partials, rows, cols, wide, stream);
     }
     if (column_sum != nullptr) {
       constexpr int kThreads = 256;
       column_sum_kernel<scalar_t><<<static_cast<unsigned int>((cols + kThreads - 1) / kThreads), kThreads, 0,
-                                    stream>>>(column_partials, static_cast<scalar_t*>(column_sum), row_tiles, cols);
+                                    stream>>>(column_partials, static_cast<scalar_t*>(column_sum), partial_row_count,
+                                              cols);
     }
   });
   GE2_CHECK_LAUNCH("quantize_fp8_transpose");

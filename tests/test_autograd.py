@@ -278,9 +278,36 @@ def test_training_passes_fuse_and_keep_the_numbers(rng, activation):
     assert sum(not n.attrs["with_da"] for n in fused.nodes if n.op == "gemm_backward") == 1  # the first layer's dA
     assert counts.get("gemm", 0) == 3 and ("relu" not in counts)  # relu fused into the gemm epilogue
     assert counts["cross_entropy_with_grad"] == 1 and "cross_entropy_backward" not in counts
+    assert not any(n.attrs["float32_loss"] for n in fused.nodes if n.op == "cross_entropy_with_grad")  # float32 in
     optimized = ge2.ExecutorV2(fused, passes=[]).run(feeds)
     for name, value in plain.items():
         assert_close(optimized[name], value.astype(np.float64), "float32", 16, what=name)
+
+
+@pytest.mark.parametrize("low", ["bfloat16", "float16"])
+def test_loss_gradient_of_cast_logits_reads_the_16_bit_logits(rng, low):
+    """Mixed precision's cross_entropy(cast(logits16 -> float32)), whose gradient is cast back to 16 bits, fuses
+    into one cross_entropy_with_grad on the 16-bit logits with a float32 loss: no cast of the logits either way, and
+    the numbers of the unfused graph."""
+    g = ge2.ir.Graph("cast_logits")
+    x = g.input("x", (6, 4), "float32")
+    labels = g.input("labels", (6,), "int64")
+    w = g.param("w", _normal(rng, (4, 9), 0.5))
+    logits = g.matmul(g.cast(x, dtype=low), g.cast(w, dtype=low))
+    g.output(g.cross_entropy(g.cast(logits, dtype="float32"), labels), "loss")
+    feeds = {"x": _normal(rng, (6, 4)), "labels": rng.integers(0, 9, 6).astype(np.int64)}
+    plain = ge2.ExecutorV2(autograd.backward_graph(g, "loss"), passes=[]).run(feeds)
+    fused, records = PassManager(resolve(TRAINING_BACKWARD)).run(autograd.backward_graph(g, "loss"))
+    (node,) = [n for n in fused.nodes if n.op == "cross_entropy_with_grad"]
+    assert node.attrs["float32_loss"]
+    assert node.inputs[0].type.dtype == low and node.outputs[1].type.dtype == low
+    assert not any(n.op == "cast" and node.inputs[0] in n.inputs for n in fused.nodes), fused.op_counts()
+    assert fused.outputs["loss"].type.dtype == "float32"
+    assert any("float32 loss" in note for record in records for note in record.notes)
+    optimized = ge2.ExecutorV2(fused, passes=[]).run(feeds)
+    assert optimized["loss"].dtype == np.float32
+    for name, value in plain.items():
+        assert_close(optimized[name], value.astype(np.float64), low, what=name)
 
 
 def test_bad_use_raises_naming_the_problem(rng):

@@ -214,6 +214,20 @@ def test_native_reasons_and_table():
     with pytest.raises(ValueError, match="kernel: expected one of warp_row"):  # the selector chooses, not C++
         native.unsupported_reason("auto", 10, "float32", True)
     assert all(k["dtypes"] == ("float32", "float16", "bfloat16") for k in native.kernels())
+    # a float32 loss of 16-bit logits is for a reduced loss only; no other loss dtype (checked before any launch)
+    for loss_dtype, reduction in (("float16", "mean"), ("float32", "none")):
+        with pytest.raises(ValueError, match=f"loss_dtype: expected the logits' dtype bfloat16 or float32 for a "
+                                             f"reduced loss, got {loss_dtype}"):
+            native.forward(0, 0, 0, 0, 1, 10, "bfloat16", "int64", reduction, -100, "streaming", False, 0, loss_dtype)
+
+
+def test_with_grad_float32_loss_infers_a_float32_loss():
+    op = OPS["cross_entropy_with_grad"]
+    in_types = (TensorType((3, 7), "bfloat16"), TensorType((3,), "int64"))
+    plain = op.infer(in_types, op.validate_attrs({}, "node"))
+    wide = op.infer(in_types, op.validate_attrs({"float32_loss": True}, "node"))
+    assert plain == [TensorType((), "bfloat16"), in_types[0]]
+    assert wide == [TensorType((), "float32"), in_types[0]]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -446,6 +460,30 @@ def test_candidates_launch_plan_style(rng, to_device, poisoned, dtype):
                 launch([x.ptr, y.ptr], [out.ptr], 0)
                 assert_close(out.numpy(), ce.reference(logits, labels, reduction), dtype,
                              what=f"{candidate.name} {reduction} {cols}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("rows, cols", [(7, 24), (9, 2048), (5, 50257)])
+def test_with_grad_float32_loss_of_16_bit_logits(rng, to_device, poisoned, dtype, rows, cols):
+    """cross_entropy_with_grad(float32_loss=True) launched as a plan launches it (mixed precision's fused loss): the
+    loss in float32 at float32's tolerance against the float64 reference (not rounded to 16 bits), dlogits in the
+    logits' dtype."""
+    op = OPS["cross_entropy_with_grad"]
+    logits, labels = make_problem(rng, rows, cols, dtype)
+    (candidate,) = op.candidates
+    for reduction in ("sum", "mean"):
+        attrs = op.validate_attrs({"reduction": reduction, "float32_loss": True}, "node")
+        in_types = (TensorType(logits.shape, dtype), TensorType(labels.shape, "int64"))
+        out_types = tuple(op.infer(in_types, attrs))
+        launch = candidate.prepare(Problem("cross_entropy_with_grad", in_types, out_types, attrs))
+        x, y = to_device(logits), to_device(labels)
+        loss, dlogits = poisoned((), "float32"), poisoned((rows, cols), dtype)
+        launch([x.ptr, y.ptr], [loss.ptr, dlogits.ptr], 0)
+        what = f"{reduction} {rows}x{cols}"
+        assert_close(loss.numpy(), ce.reference(logits, labels, reduction), "float32", cols, what=f"loss {what}")
+        assert_close(dlogits.numpy(), ce.reference_backward(np.ones(()), logits, labels, reduction), dtype,
+                     what=f"dlogits {what}")
 
 
 @pytest.mark.gpu

@@ -13,7 +13,8 @@ namespace {
 ge2::cross_entropy::Args make_args(std::uintptr_t logits, std::uintptr_t labels, std::uintptr_t dloss,
                                    std::uintptr_t loss, std::uintptr_t dlogits, int64_t rows, int64_t cols,
                                    const std::string& dtype, const std::string& label_dtype,
-                                   const std::string& reduction, int64_t ignore_index) {
+                                   const std::string& reduction, int64_t ignore_index,
+                                   const std::string& loss_dtype = "") {
   ge2::cross_entropy::Args args;
   args.logits = as_pointer(logits);
   args.labels = as_pointer(labels);
@@ -23,6 +24,7 @@ ge2::cross_entropy::Args make_args(std::uintptr_t logits, std::uintptr_t labels,
   args.rows = rows;
   args.cols = cols;
   args.dtype = ge2::dtype_from_name(dtype);
+  args.loss_dtype = loss_dtype.empty() ? args.dtype : ge2::dtype_from_name(loss_dtype, "loss_dtype");
   args.label_dtype = ge2::dtype_from_name(label_dtype, "labels");
   args.reduction = ge2::cross_entropy::reduction_from_name(reduction);
   args.ignore_index = ignore_index;
@@ -45,16 +47,19 @@ PYBIND11_MODULE(_ops_cross_entropy, m) {
       "forward",
       [](std::uintptr_t logits, std::uintptr_t labels, std::uintptr_t loss, std::uintptr_t dlogits, int64_t rows,
          int64_t cols, const std::string& dtype, const std::string& label_dtype, const std::string& reduction,
-         int64_t ignore_index, const std::string& kernel, bool check_labels, std::uintptr_t stream) {
+         int64_t ignore_index, const std::string& kernel, bool check_labels, std::uintptr_t stream,
+         const std::string& loss_dtype) {
         return run(make_args(logits, labels, 0, loss, dlogits, rows, cols, dtype, label_dtype, reduction,
-                             ignore_index),
+                             ignore_index, loss_dtype),
                    kernel, check_labels, stream);
       },
       py::arg("logits"), py::arg("labels"), py::arg("loss"), py::arg("dlogits"), py::arg("rows"), py::arg("cols"),
       py::arg("dtype"), py::arg("label_dtype"), py::arg("reduction"), py::arg("ignore_index"), py::arg("kernel"),
-      py::arg("check_labels"), py::arg("stream"),
+      py::arg("check_labels"), py::arg("stream"), py::arg("loss_dtype") = "",
       "Enqueues the loss; with dlogits != 0 also the gradient of the loss (upstream gradient 1) in the same pass. "
-      "Returns the kernel that ran. check_labels waits for the stream and raises ValueError on a bad label.");
+      "loss_dtype: the reduced loss's dtype, '' for the logits' dtype or 'float32' (16-bit logits, a float32 "
+      "loss: mixed precision's loss, not rounded to 16 bits). Returns the kernel that ran. check_labels waits for "
+      "the stream and raises ValueError on a bad label.");
 
   m.def(
       "backward",

@@ -9,6 +9,8 @@ with max-subtraction (stable for logits of 1e4). The sum behind "sum"/"mean" is 
 Gradient: ``dlogits[r] = (softmax(logits[r]) - onehot(labels[r])) * upstream[r]`` with ``upstream[r]`` = dloss[r]
 ("none"), dloss ("sum") or dloss / count ("mean"). One kernel reads each row once and writes its loss and its
 gradient: ``forward_backward`` (upstream 1) costs one read and one write of the logits for the whole training step.
+The graph op ``cross_entropy_with_grad`` (the training fusion) takes ``float32_loss``: a float32 loss of 16-bit
+logits, whose gradient keeps their dtype (mixed precision without float32 copies of the logits).
 
 Labels outside [0, classes) that are not ``ignore_index`` raise ValueError: host arrays are checked before any
 device work; on device arrays the kernel checks each label (never reading out of bounds), writes NaN for that row,
@@ -363,23 +365,30 @@ def _infer_with_grad(in_types, attrs):
     if attrs["reduction"] == "none":
         raise ValueError("reduction: cross_entropy_with_grad computes the gradient of a scalar loss; expected "
                          "'mean' or 'sum', got 'none'")
-    return _infer(in_types, attrs) + [in_types[0]]
+    (loss,) = _infer(in_types[:2], attrs)
+    if attrs["float32_loss"]:
+        loss = TensorType(loss.shape, "float32")
+    return [loss, in_types[0]]
 
 
 def _prepare_with_grad(problem: Problem):
     args = _problem_args(*problem.in_types, problem.attrs)
+    loss_dtype = problem.out_types[0].dtype
     # labels unchecked (False): checking them would synchronize the step.
     return native_launch(_native_module().forward, in_ptr(0), in_ptr(1), out_ptr(0), out_ptr(1), *args,
-                         _plan_kernel(args), False, stream_arg())
+                         _plan_kernel(args), False, stream_arg(), loss_dtype)
 
 
 # The loss and its gradient w.r.t. the logits (upstream gradient 1) in one pass over the logits: what the training
-# fusion ``fuse_loss_gradient`` turns a cross_entropy + cross_entropy_backward(seed 1) pair into.
+# fusion ``fuse_loss_gradient`` turns a cross_entropy + cross_entropy_backward(seed 1) pair into. With
+# ``float32_loss`` the loss is float32 for 16-bit logits (mixed precision: the loss of float32-cast logits and their
+# gradient cast back, from the 16-bit logits in one pass, without the two float32 copies of the logits).
 WITH_GRAD_OP = _grad.register_backward(OpDef(
     name="cross_entropy_with_grad",
     inputs=(Input("logits"), Input("labels")),
     outputs=("loss", "dlogits"),
-    attrs=OP.attrs,
+    attrs=(*OP.attrs, Attr("float32_loss", bool, False,
+                           doc="the loss in float32 whatever the logits' dtype (dlogits keeps the logits' dtype)")),
     infer=_infer_with_grad,
     reference=lambda inputs, attrs: [reference(*inputs, attrs["reduction"], attrs["ignore_index"]),
                                      reference_backward(np.ones(()), *inputs, attrs["reduction"],

@@ -8,7 +8,10 @@
   derivative applied to dA by the gemm's backward (cuBLASLt DGELU epilogue or its post-kernel) instead of a node.
 - ``trim_gemm_backward``: a gemm_backward output nothing reads (dA of the first layer) is not computed.
 - ``fuse_loss_gradient``: a scalar cross_entropy and its backward seeded by a constant 1 become one
-  ``cross_entropy_with_grad`` (one pass over the logits). Not for a seed that changes (a loss scale).
+  ``cross_entropy_with_grad`` (one pass over the logits). Not for a seed that changes (a loss scale). Under mixed
+  precision the logits are 16-bit, cast to float32 for the loss (autocast's policy), and their gradient is cast
+  back: the fused op then reads the 16-bit logits and writes the 16-bit gradient itself (``float32_loss``: the same
+  float32 math and the same roundings, without the two float32 copies of the logits, a GPT's largest tensors).
 """
 from __future__ import annotations
 
@@ -67,14 +70,39 @@ def fuse_loss_gradient(graph: Graph) -> list[str]:
                           and n.attrs == node.attrs), None)
         if loss_node is None or node.attrs["reduction"] == "none":
             continue
+        casts_back = _casts_back(graph, logits, node.outputs[0])
         with graph.inserting_before(loss_node):
-            loss, dlogits = graph.cross_entropy_with_grad(logits, labels, **node.attrs)
+            if casts_back is None:
+                loss, dlogits = graph.cross_entropy_with_grad(logits, labels, **node.attrs)
+            else:
+                loss, dlogits = graph.cross_entropy_with_grad(logits.producer.inputs[0], labels, **node.attrs,
+                                                              float32_loss=True)
         graph.replace_uses(loss_node.outputs[0], loss)
         graph.replace_uses(node.outputs[0], dlogits)
+        for cast in casts_back or ():
+            graph.replace_uses(cast.outputs[0], dlogits)
+            graph.remove_node(cast)
         graph.remove_node(node)
         graph.remove_node(loss_node)
-        notes.append(f"fused {loss_node.name} and {node.name} into {loss.producer.name} (cross_entropy_with_grad)")
+        notes.append(f"fused {loss_node.name} and {node.name} into {loss.producer.name} (cross_entropy_with_grad"
+                     + (f" on the {dlogits.type.dtype} logits, float32 loss)" if casts_back else ")"))
     return notes
+
+
+def _casts_back(graph: Graph, logits, dlogits) -> list | None:
+    """The cast nodes taking the float32 gradient ``dlogits`` back to the dtype of the 16-bit logits that ``logits``
+    was cast from (mixed precision), when they are its only readers; else None."""
+    cast = logits.producer
+    if cast is None or cast.op != "cast" or logits.type.dtype != "float32" or graph.is_output(dlogits):
+        return None
+    low = cast.inputs[0].type.dtype
+    readers = graph.users().get(dlogits, [])
+    if low not in ("float16", "bfloat16") or not readers:
+        return None
+    if any(reader.op != "cast" or reader.attrs["dtype"] != low or reader.inputs[0] is not dlogits
+           for reader in readers):
+        return None
+    return readers
 
 
 def trim_gemm_backward(graph: Graph) -> list[str]:

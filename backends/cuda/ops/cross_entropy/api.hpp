@@ -31,6 +31,7 @@ struct Args {
   void* dlogits = nullptr;       // (rows, cols); nullptr: no gradient. Must not overlap logits.
   int64_t rows = 0, cols = 0;
   DType dtype = DType::Float32;
+  DType loss_dtype = DType::Float32;  // of a reduced loss ("sum"/"mean"): dtype, or float32 for 16-bit logits
   DType label_dtype = DType::Int64;
   Reduction reduction = Reduction::Mean;
   int64_t ignore_index = -100;

@@ -103,6 +103,11 @@ void check_args(const Args& args) {
     throw std::invalid_argument(std::string("labels: expected dtype int32 or int64, got ") +
                                 dtype_name(args.label_dtype));
   }
+  if (args.loss_dtype != args.dtype && (args.loss_dtype != DType::Float32 || args.reduction == Reduction::None)) {
+    throw std::invalid_argument(std::string("loss_dtype: expected the logits' dtype ") + dtype_name(args.dtype) +
+                                " or float32 for a reduced loss, got " + dtype_name(args.loss_dtype) +
+                                " (reduction " + (args.reduction == Reduction::None ? "none" : "sum/mean") + ")");
+  }
   if (args.loss == nullptr && args.dlogits == nullptr && args.rows > 0) {
     throw std::invalid_argument("loss, dlogits: at least one output is needed");
   }
@@ -179,7 +184,7 @@ Kernel run(const Args& args, Kernel kernel, bool check_labels, cudaStream_t stre
   }
   if (args.loss != nullptr && args.reduction != Reduction::None) {
     launch_finalize(problem.partial_loss, grid, problem.partial_counts, problem.count_blocks, args.reduction,
-                    args.loss, args.dtype, stream);
+                    args.loss, args.loss_dtype, stream);
   }
   if (check) {
     const IndexError error = take_index_error(problem.label_error, args.labels, args.label_dtype, stream);

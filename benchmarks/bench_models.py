@@ -7,21 +7,31 @@ BERT-base float16 (sequence 128, batch 32); GPT-2 124M forward (LM head included
 Each row: the model is exported by torch.onnx.export (the dynamo exporter; the TorchScript one when that fails),
 imported (``frontend.onnx``) and planned by ``ExecutorV2`` with its default passes and precision; its output is
 checked against the model in float64 first (GE2's error within 4x of PyTorch's own in that dtype plus a floor, the
-zoo's rule). A model that does not import is a row saying why (the unsupported nodes), not a silent gap.
+zoo's rule). A model that does not import is a row saying why (the unsupported nodes), not a silent gap. The
+torchvision models get the zoo's random-weight preparation (``zoo.models.random_weights_ready``: ViT's all-zero head
+gets weights, so its output compares something; batch norms get measured statistics, so float16 does not overflow).
 
-Columns: GE2, PyTorch eager and torch.compile median ms (CUDA events, L2 flushed), torch.compile's compile time
-(its first call), onnxruntime's ms with its provider named (the CPU provider is wall-clock and, being slow, timed on
-batch-1 rows only unless GE2_BENCH_ORT=all), the precision each side ran at, GE2's kernel count (plan steps that
-launch: views excluded) and which conv2d kernels it chose.
+Columns: GE2, PyTorch eager and torch.compile median ms (CUDA events, L2 flushed), torch.compile's mode and compile
+time (its first call, after ``torch._dynamo.reset()``, static shapes) and its error against float64, onnxruntime's
+ms with its provider named (the CPU provider is wall-clock and, being slow, timed on batch-1 rows only unless
+GE2_BENCH_ORT=all), the precision each side ran at, GE2's kernel count (plan steps that launch: views excluded)
+and which conv2d kernels it chose.
 
-Environment: GE2_BENCH_COMPILE_MODE = torch.compile's mode (default "max-autotune", the issue's; "default" compiles
-in seconds and keeps the whole run within ~4 minutes; "none" skips torch.compile); the table says which ran.
-GE2_BENCH_MODELS = comma-separated row ids to run a subset (resnet50_f16_b32, ...). GE2_BENCH_BUDGET_S = a time
-budget in seconds for the whole run: once it is spent, the rows left are written as "not run: time budget" and a
-row started before skips torch.compile (the table is written after every row, so a cut run keeps what it did).
-The budget is checked when a row starts, and a row takes up to ~1.5 minutes (export, cold build with timing, warm
-build, timings, torch.compile), so for a 4-minute limit: GE2_BENCH_COMPILE_MODE=default GE2_BENCH_BUDGET_S=150 on a
-subset of rows (max-autotune compiles for minutes per model), e.g. GE2_BENCH_MODELS=resnet50_f16_b32,resnet50_f32_b32.
+Profiles (for a row's cause): results/models_profile.md (a subset: models_<ids>_profile.md) holds, per row, GE2's
+``ex.profile()`` summed per (op, kernel) (``Profile.op_table``), its slowest nodes and ``explain()``. GE2's timed
+runs lie between cudaProfilerStart/Stop, so ``nsys profile --capture-range=cudaProfilerApi
+--cuda-graph-trace=node`` over a one-row run records exactly them (kernels inside the CUDA graph included).
+
+Environment:
+- GE2_BENCH_COMPILE_MODE: torch.compile's mode for every row (default "max-autotune", the issue's; "default"
+  compiles in a fraction of the time; "none" skips torch.compile), or per dtype, e.g.
+  "float16:max-autotune,float32:default" (a dtype not named: "none"). The table says which ran on each row.
+- GE2_BENCH_MODELS: comma-separated row ids to run a subset (resnet50_f16_b32, ...), in the table's order.
+- GE2_BENCH_BUDGET_S: a time budget in seconds for the whole run: once it is spent, the rows left are written as
+  "not run: time budget" and a row started before skips its warm build and torch.compile (the tables are written
+  after every row, so a cut run keeps what it did). A row without torch.compile takes 20-70 s on the H200 (export,
+  cold build with timing, timings); max-autotune compiles for minutes per model.
+- GE2_BENCH_WARM_BUILD, GE2_BENCH_PROFILE: "1" (every row, the default), "0" (none) or comma-separated row ids.
 
 GE2's plan is built with its default measured kernel choice (autotune). The plan-build cost has a table of its own,
 results/models_build.md (a subset of rows: results/models_<ids>.md and models_<ids>_build.md), per row:
@@ -33,7 +43,7 @@ results/models_build.md (a subset of rows: results/models_<ids>.md and models_<i
   warm-up node by node, then the CUDA-graph capture, which is also shown alone); the first row run also pays
   GE2's one-time library set-up (cuDNN and cuBLASLt handles, module loads);
 - warm, in a new process with the caches the cold build filled (what a second run of a user's script pays): the
-  same columns (GE2_BENCH_WARM_BUILD=0 skips it; it is skipped once the time budget is spent).
+  same columns (GE2_BENCH_WARM_BUILD chooses the rows; skipped once the time budget is spent).
 
 Precision: PyTorch runs at its defaults, set explicitly (cuDNN convolutions may use TF32, matmuls may not), GE2 at
 its "default" precision, which is the same policy; float16 rows accumulate in float32 on both sides.
@@ -57,25 +67,49 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from harness import median_ms, torch_cuda, wall_ms, write_results
+from harness import RESULTS, median_ms, torch_cuda, wall_ms, write_results
 
 import graph_executor_v2 as ge2
 from graph_executor_v2.frontend import UnsupportedModelError
 from graph_executor_v2.frontend import onnx as onnx_frontend
 from graph_executor_v2.runtime.autotune import AutotuneCache, seconds_by_op, summarize
 from graph_executor_v2.runtime.executor import ALIAS
-from graph_executor_v2.zoo.models import _wrapped
+from graph_executor_v2.zoo.models import _wrapped, random_weights_ready
 from graph_executor_v2.zoo.worker import matches, relative_error
 
-COMPILE_MODE = os.environ.get("GE2_BENCH_COMPILE_MODE", "max-autotune")
+COMPILE_MODES = ("max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead", "default", "none")
 BUDGET_S = float(os.environ.get("GE2_BENCH_BUDGET_S", "inf"))
 STARTED = time.perf_counter()
+ORT_ROWS = os.environ.get("GE2_BENCH_ORT", "batch1")  # "all": time onnxruntime's CPU provider on every row
 
 
 def budget_left() -> float:
     return BUDGET_S - (time.perf_counter() - STARTED)
-ORT_ROWS = os.environ.get("GE2_BENCH_ORT", "batch1")  # "all": time onnxruntime's CPU provider on every row
-WARM_BUILD = os.environ.get("GE2_BENCH_WARM_BUILD", "1") != "0"
+
+
+def compile_modes(setting: str) -> dict[str, str]:
+    """GE2_BENCH_COMPILE_MODE: one torch.compile mode for every row ("max-autotune"), or per dtype
+    ("float16:max-autotune,float32:default"; a dtype not named gets "none"). Returns dtype -> mode."""
+    if ":" not in setting:
+        pairs = [(dtype, setting) for dtype in ("float16", "float32")]
+    else:
+        pairs = [tuple(part.split(":", 1)) for part in setting.split(",")]
+    modes = {"float16": "none", "float32": "none"} if ":" in setting else {}
+    for dtype, mode in pairs:
+        if dtype not in ("float16", "float32") or mode not in COMPILE_MODES:
+            raise ValueError(f"GE2_BENCH_COMPILE_MODE: expected a mode of {COMPILE_MODES} or dtype:mode pairs "
+                             f"(dtype float16 or float32), got {setting!r}")
+        modes[dtype] = mode
+    return modes
+
+
+def row_switch(variable: str, default: str, row_id: str) -> bool:
+    """An on/off setting per row: "1" (every row), "0" (none) or comma-separated row ids."""
+    setting = os.environ.get(variable, default)
+    return setting == "1" or row_id in setting.split(",")
+
+
+COMPILE_MODE = compile_modes(os.environ.get("GE2_BENCH_COMPILE_MODE", "max-autotune"))
 
 
 @dataclass(frozen=True)
@@ -93,7 +127,10 @@ def _torchvision(name):
         import torchvision
 
         torch.manual_seed(0)
-        return getattr(torchvision.models, name)(weights=None).eval(), (torch.randn(batch, 3, 224, 224),)
+        model = getattr(torchvision.models, name)(weights=None).eval()
+        # as the zoo does: ViT's zero head gets weights, batch norms measured statistics (no float16 overflow)
+        random_weights_ready(torch, model, torch.randn(min(batch, 8), 3, 224, 224))
+        return model, (torch.randn(batch, 3, 224, 224),)
 
     return build
 
@@ -294,13 +331,18 @@ def run_row(torch, row: Row) -> dict:
                 output = next(iter(graph.outputs))
                 record["ge2_error"] = relative_error(first[output].astype(np.float64), reference)
                 record["match"] = matches(record["ge2_error"], record["torch_error"], row.dtype)
+                torch.cuda.profiler.start()  # nsys --capture-range=cudaProfilerApi records GE2's timed runs only
                 record["ge2_ms"] = median_ms(lambda: executor.run(feeds), warmup=5, reps=20)
+                torch.cuda.profiler.stop()
                 record["kernels"], record["conv_kernels"] = _kernel_count(executor)
                 record["fallbacks"] = len(executor.fallbacks)
                 record["ge2_precision"] = (f"{executor.precision}: " + _precision_of_graph(executor, row.dtype))
                 record["vs_eager"] = record["eager_ms"] / record["ge2_ms"]
+                if row_switch("GE2_BENCH_PROFILE", "1", row.id):
+                    record["profile"] = _profile_text(executor, feeds)
                 del executor
-                if WARM_BUILD and budget_left() > 0:
+                warm = row_switch("GE2_BENCH_WARM_BUILD", "1", row.id)
+                if warm and budget_left() > 0:
                     np.savez(Path(directory) / "inputs.npz", **host_feeds)
                     try:
                         warm = warm_build(directory, cache, min(180.0, max(30.0, budget_left())))
@@ -308,21 +350,27 @@ def run_row(torch, row: Row) -> dict:
                     except Exception as error:  # noqa: BLE001 - reported in the row
                         record["warm_note"] = f"{type(error).__name__}: {str(error)[:200]}"
                 else:
-                    record["warm_note"] = ("not run: time budget spent" if WARM_BUILD else
-                                           "not run (GE2_BENCH_WARM_BUILD=0)")
+                    record["warm_note"] = ("not run: time budget spent" if warm else
+                                           "not run (GE2_BENCH_WARM_BUILD leaves this row out)")
                 try:
                     _onnxruntime(row, path, inputs, reference, record)
                 except Exception as error:  # noqa: BLE001 - an onnxruntime failure is reported in the row
                     record["ort"] = f"onnxruntime failed: {type(error).__name__}: {str(error).splitlines()[0][:160]}"
-        if COMPILE_MODE != "none" and budget_left() <= 0:
+        mode = record["compile_mode"] = COMPILE_MODE[row.dtype]
+        if mode != "none" and budget_left() <= 0:
             record["compile_error"] = f"not run: time budget (GE2_BENCH_BUDGET_S={BUDGET_S:g}) spent"
-        elif COMPILE_MODE != "none":
+        elif mode != "none":
             try:
-                compiled = torch.compile(module, mode=COMPILE_MODE)
+                # A fresh compile per row, static shapes: a code object compiled for an earlier row (ResNet's
+                # forward at another batch) would otherwise recompile with a dynamic batch.
+                torch._dynamo.reset()
+                compiled = torch.compile(module, mode=mode, dynamic=False)
                 compile_start = time.perf_counter()
-                compiled(*inputs)
+                result = compiled(*inputs)
                 torch.cuda.synchronize()
                 record["compile_s"] = time.perf_counter() - compile_start
+                record["compile_error_vs_f64"] = relative_error(_numpy(torch, result), reference)
+                del result
                 record["compile_ms"] = median_ms(lambda: compiled(*inputs), warmup=5, reps=20)
                 if "ge2_ms" in record:
                     record["vs_compile"] = record["compile_ms"] / record["ge2_ms"]
@@ -333,10 +381,46 @@ def run_row(torch, row: Row) -> dict:
 
 
 def _precision_of_graph(executor, dtype) -> str:
+    """The float32 math of GE2's convolutions and GEMMs, counted ("conv2d TF32 x52, conv2d FP32 x1, gemm FP32 x1")."""
     if dtype != "float32":
         return f"{dtype} (float32 accumulation)"
-    flags = {n.op: n.attrs["allow_tf32"] for n in executor.optimized_graph.nodes if n.op in ("conv2d", "gemm")}
-    return ", ".join(f"{op} {'TF32' if tf32 else 'FP32'}" for op, tf32 in sorted(flags.items()))
+    flags = collections.Counter((n.op, "TF32" if n.attrs["allow_tf32"] else "FP32")
+                                for n in executor.optimized_graph.nodes if n.op in ("conv2d", "gemm"))
+    return ", ".join(f"{op} {math} x{count}" for (op, math), count in sorted(flags.items()))
+
+
+SLOWEST_NODES = 15
+
+
+def _profile_text(executor, feeds) -> str:
+    """What GE2's time went to, for a row's cause: ``ex.profile()`` summed per (op, kernel), its slowest nodes, and
+    ``explain()`` (passes, fusions, kernel choices and their timings)."""
+    profile = executor.profile(feeds)
+    slowest = sorted(profile.nodes, key=lambda row: -row.median_ms)[:SLOWEST_NODES]
+    lines = [profile.op_table(), "", f"slowest {len(slowest)} nodes:"]
+    lines += [f"  {row.node} ({row.op}, {row.kernel}{'*' if row.fallback else ''}): {row.median_ms:.4f} ms, "
+              f"{row.share:.1%}" + ("" if row.roofline_fraction is None else f", {row.roofline_fraction:.1%} of "
+                                    f"roofline") for row in slowest]
+    lines.append(f"plan: {profile.node_by_node_ms:.4f} ms node by node, "
+                 + ("not captured" if profile.cuda_graph_ms is None else
+                    f"{profile.cuda_graph_ms:.4f} ms as a CUDA graph"))
+    return "\n".join(lines + ["", executor.explain()])
+
+
+def _write_profiles(name: str, records: list[dict]) -> None:
+    """results/<name>.md (and GE2_BENCH_OUT's copy): every profiled row's figures, then its profile text."""
+    sections = []
+    for record in records:
+        if "profile" in record:
+            figures = ", ".join(f"{key} {record[key]:.3f}" for key in ("ge2_ms", "eager_ms", "compile_ms",
+                                                                        "vs_eager", "vs_compile") if key in record)
+            sections.append(f"## {record['id']}: {figures}\n\n```\n{record['profile']}\n```\n")
+    if not sections:
+        return
+    text = "# GE2 profiles of bench_models' rows (ex.profile() and explain())\n\n" + "\n".join(sections)
+    for directory in filter(None, (RESULTS, os.environ.get("GE2_BENCH_OUT"))):
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        (Path(directory) / f"{name}.md").write_text(text)
 
 
 def main():
@@ -346,16 +430,18 @@ def main():
     wanted = os.environ.get("GE2_BENCH_MODELS")
     rows = [row for row in ROWS if not wanted or row.id in wanted.split(",")]
     columns = [("model", "model"), ("dtype", "dtype"), ("input", "input"), ("status", "status"),
-               ("ge2_ms", "GE2 ms"), ("eager_ms", "eager ms"), ("compile_ms", f"compile ({COMPILE_MODE}) ms"),
-               ("compile_s", "compile s"), ("vs_eager", "GE2 x eager"), ("vs_compile", "GE2 x compile"),
+               ("ge2_ms", "GE2 ms"), ("eager_ms", "eager ms"), ("compile_ms", "torch.compile ms"),
+               ("compile_mode", "torch.compile mode"), ("compile_s", "compile s (first call)"),
+               ("vs_eager", "GE2 x eager"), ("vs_compile", "GE2 x compile"),
                ("ort_provider", "onnxruntime provider"), ("ort_ms", "onnxruntime ms"), ("ort", "onnxruntime note"),
                ("kernels", "GE2 kernels"), ("build_s", "GE2 build s (cold; models_build.md splits it)"),
                ("compile_error", "torch.compile note"),
                ("conv_kernels", "GE2 conv2d kernels"), ("fallbacks", "GE2 fallbacks"),
                ("ge2_error", "GE2 error"), ("torch_error", "torch error"), ("match", "match"),
+               ("compile_error_vs_f64", "torch.compile error"),
                ("ge2_precision", "GE2 precision"), ("torch_precision", "torch precision"), ("exporter", "exporter")]
-    title = (f"Imported models: GE2 vs PyTorch eager, torch.compile(mode={COMPILE_MODE!r}) and onnxruntime "
-             "(targets: >= 1.0x compile on float16 rows, >= 1.2x eager on every row)")
+    title = ("Imported models: GE2 vs PyTorch eager, torch.compile and onnxruntime (targets: >= 1.0x "
+             "torch.compile(mode='max-autotune') on float16 rows, >= 1.2x eager on every row)")
     split = [("export_s", "export s"), ("import_s", "import s"), ("passes_s", "passes s"), ("plan_s", "plan s"),
              ("kernel_compile_s", "of which kernel compile s"), ("tuning_s", "of which tuning s"),
              ("timed", "problems timed"), ("cache_hits", "autotune cache hits"),
@@ -392,6 +478,7 @@ def main():
         torch.cuda.empty_cache()
         table = write_results(name, records, columns, title)  # after every row: a time limit keeps those done
         build_table = write_results(f"{name}_build", records, build_columns, build_title)
+        _write_profiles(f"{name}_profile", records)
     print(table)
     if records:
         print(build_table)

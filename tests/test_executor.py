@@ -432,6 +432,37 @@ def test_profile_table_and_chrome_trace(rng, tmp_path):
     assert all(later["ts"] >= earlier["ts"] + earlier["dur"] - 1e-9 for earlier, later in zip(events, events[1:]))
 
 
+def test_profile_by_op_sums_the_nodes_of_each_op_and_kernel(rng):
+    g, _ = mlp(rng, (32, 64, 64, 16), "float32", "relu", batch=8)
+    ex = ge2.ExecutorV2(g, passes=[])
+    profile = ex.profile({"x": random_array(rng, (8, 32), "float32")}, runs=3)
+    summary = profile.by_op()
+    ops = [node.op for node in ex.plans[0].graph.nodes]
+    assert sorted((entry.op, entry.nodes) for entry in summary) == sorted((op, ops.count(op)) for op in set(ops))
+    for entry in summary:
+        rows = [row for row in profile.nodes if row.op == entry.op]
+        assert math.isclose(entry.total_ms, sum(row.median_ms for row in rows))
+        assert entry.kernel == "numpy_reference" and entry.roofline_fraction is None  # the CPU has no roofline
+    assert [entry.total_ms for entry in summary] == sorted((entry.total_ms for entry in summary), reverse=True)
+    assert math.isclose(sum(entry.share for entry in summary), 1.0)
+    text = profile.op_table()
+    assert all(f"{entry.op} " in text for entry in summary) and "by op" in text
+
+
+def test_profile_by_op_weighs_roofline_fractions_by_time():
+    from graph_executor_v2.runtime.profile import NodeTime, Profile
+
+    def node(name, ms, fraction):
+        return NodeTime(name, "gemm", "cublaslt", False, 0, ms, 0.0, 1.0, "TFLOP/s", fraction)
+
+    profile = Profile("g", "gpu", 1, [node("a", 1.0, 0.8), node("b", 3.0, 0.4)], 4.0, None)
+    (entry,) = profile.by_op()
+    assert entry.nodes == 2 and math.isclose(entry.total_ms, 4.0) and math.isclose(entry.share, 1.0)
+    assert math.isclose(entry.roofline_fraction, (0.8 * 1.0 + 0.4 * 3.0) / 4.0)
+    (unknown,) = Profile("g", "gpu", 1, [node("a", 1.0, 0.8), node("b", 1.0, None)], 2.0, None).by_op()
+    assert unknown.roofline_fraction is None
+
+
 def test_explain_names_the_stream_of_every_node(rng):
     g, _ = branches(rng, 4, 16, "float32")
     text = ge2.ExecutorV2(g, streams=2).explain()

@@ -238,6 +238,36 @@ def test_sdpa_decomposition_with_a_reshaped_key_transpose(rng, device, batch):
         assert_close(executor.run(feeds)["y"], expected, "float32", reduction_length=DIM)
 
 
+# --- nn.MultiheadAttention (torchvision's ViT-B/16) through the dynamo exporter: heads split seq-first ------------
+@pytest.mark.parametrize("device", DEVICES)
+def test_multihead_attention_export_with_a_transposed_flat_key(rng, device):
+    """q, k and v come [seq, batch * heads, dim] (MultiheadAttention works sequence-first) and are transposed to
+    [batch * heads, seq, dim]; K^T = Reshape(Transpose(that, (0, 2, 1)), [b, h, d, s]), with no Reshape of a 4-d K
+    under it; q and K^T each scaled by sqrt(scale). One attention node, as ViT-B/16's export needs (it fell to 12
+    batched matmuls per layer, one gemm per batch entry and head)."""
+    batch, seq = 3, 5
+    root_scale = np.sqrt(1 / np.sqrt(DIM))
+    nodes = [helper.make_node("Transpose", [f"{n}_sbd"], [f"{n}_flat"], perm=[1, 0, 2]) for n in "qkv"]
+    nodes += [helper.make_node("Reshape", ["q_flat", "heads_shape"], ["q"]),
+              helper.make_node("Reshape", ["v_flat", "heads_shape"], ["v"]),
+              helper.make_node("Transpose", ["k_flat"], ["kt_flat"], perm=[0, 2, 1]),
+              helper.make_node("Reshape", ["kt_flat", "kt_shape"], ["kt"]),
+              helper.make_node("Mul", ["q", "root_scale"], ["q_scaled"]),
+              helper.make_node("Mul", ["kt", "root_scale"], ["kt_scaled"]),
+              helper.make_node("MatMul", ["q_scaled", "kt_scaled"], ["scores"]),
+              helper.make_node("Softmax", ["scores"], ["probabilities"], axis=-1),
+              helper.make_node("MatMul", ["probabilities", "v"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info(f"{n}_sbd", FLOAT, [seq, batch * HEADS, DIM]) for n in "qkv"],
+                   [_array("root_scale", root_scale), _array("heads_shape", [batch, HEADS, seq, DIM], np.int64),
+                    _array("kt_shape", [batch, HEADS, DIM, seq], np.int64)])
+    loaded = onnx_frontend.load(model)
+    assert loaded.op_counts().get("attention") == 1 and "matmul" not in loaded.op_counts()
+    assert _attention_node(loaded).attrs["scale"] == pytest.approx(1 / np.sqrt(DIM))
+    feeds = {f"{n}_sbd": rng.standard_normal((seq, batch * HEADS, DIM)).astype(np.float32) for n in "qkv"}
+    q, k, v = (feeds[f"{n}_sbd"].transpose(1, 0, 2).reshape(batch, HEADS, seq, DIM) for n in "qkv")
+    assert_close(_executor(loaded, device).run(feeds)["y"], _attention64(q, k, v), "float32", reduction_length=DIM)
+
+
 # --- Llama: repeat_kv (reshape(expand(reshape))) read as grouped-query attention ---------------------------------
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("key_form", ["transpose", "dynamo"])

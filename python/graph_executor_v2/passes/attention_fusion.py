@@ -285,9 +285,10 @@ class _Match:
 
     def key(self, kt: Value) -> tuple[Value, str] | None:
         """(k, its layout) for ``kt`` = k^T: transpose(k, (0, 1, 3, 2)) of a "bhsd" k, transpose(k, (0, 2, 3, 1)) of
-        a "bshd" one, or reshape(transpose(reshape(k, [b * h, s, d]), (0, 2, 1)), [b, h, d, s]) (k of any shape with
-        those elements: the exporter merges repeat_kv's reshape of [b, h_kv, n, s, d] into the first one; k is then
-        reshaped to [b, h, s, d], where the grouped-query simplification finds repeat_kv again)."""
+        a "bshd" one, or reshape(transpose(x, (0, 2, 1)), [b, h, d, s]) of an x of [b * h, s, d]: k is x reshaped to
+        [b, h, s, d], or, where x = reshape(k, [b * h, s, d]), that k (of any shape with those elements: the exporter
+        merges repeat_kv's reshape of [b, h_kv, n, s, d] into it; k is then reshaped to [b, h, s, d], where the
+        grouped-query simplification finds repeat_kv again)."""
         node = self.sole(kt, ("transpose", "reshape"))
         if node is None:
             return None
@@ -297,17 +298,19 @@ class _Match:
         inner = self.sole(node.inputs[0], ("transpose",))
         if inner is None or tuple(a % 3 for a in inner.attrs["perm"]) != (0, 2, 1):
             return None
-        flatten = self.sole(inner.inputs[0], ("reshape",))
-        if flatten is None or kt.type.rank != 4:
+        if kt.type.rank != 4:
             return None
         batch, heads, dim, seq = kt.type.shape
         shapes = [tuple(x.type.shape) for x in (inner.inputs[0], node.inputs[0])]
         bh = dims.product(batch, heads)
         if shapes != [(bh, seq, dim), (bh, dim, seq)]:
             return None
-        for taken in (node, inner, flatten):
+        for taken in (node, inner):
             self.take(taken)
-        key = flatten.inputs[0]
+        # k = the [b * h, s, d] tensor reshaped, whatever produced it: nn.MultiheadAttention's export (ViT-B/16)
+        # makes it by a transpose of [s, b * h, d], not by a reshape of k
+        flatten = self.sole(inner.inputs[0], ("reshape",))
+        key = inner.inputs[0] if flatten is None else self.take(flatten).inputs[0]
         if tuple(key.type.shape) != (batch, heads, seq, dim):
             key = self.graph.reshape(key, shape=(batch, heads, seq, dim))
         return key, "bhsd"

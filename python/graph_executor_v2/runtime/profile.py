@@ -35,6 +35,17 @@ class NodeTime:
 
 
 @dataclass(frozen=True)
+class OpTime:
+    """The nodes of one (op, kernel) pair together: where a plan's time goes, by kind of work."""
+    op: str
+    kernel: str
+    nodes: int
+    total_ms: float  # sum of the nodes' medians
+    share: float  # of the sum of all node medians
+    roofline_fraction: float | None  # time-weighted mean of the nodes' fractions; None when a node has none
+
+
+@dataclass(frozen=True)
 class Profile:
     graph: str
     device: str
@@ -61,6 +72,31 @@ class Profile:
         return "\n".join(lines)
 
     __str__ = table
+
+    def by_op(self) -> list[OpTime]:
+        """The node times summed per (op, kernel), the largest total first."""
+        groups: dict[tuple[str, str], list[NodeTime]] = {}
+        for row in self.nodes:
+            groups.setdefault((row.op, row.kernel), []).append(row)
+        total = sum(row.median_ms for row in self.nodes) or 1.0
+        summary = []
+        for (op, kernel), rows in groups.items():
+            group_ms = sum(row.median_ms for row in rows)
+            fractions = [row.roofline_fraction for row in rows]
+            fraction = (None if group_ms == 0 or any(f is None for f in fractions) else
+                        sum(f * row.median_ms for f, row in zip(fractions, rows)) / group_ms)
+            summary.append(OpTime(op, kernel, len(rows), group_ms, group_ms / total, fraction))
+        return sorted(summary, key=lambda entry: -entry.total_ms)
+
+    def op_table(self) -> str:
+        """``by_op()`` as text: per (op, kernel) its node count, total ms, share and roofline fraction."""
+        header = f"{'op':<20} {'kernel':<26} {'nodes':>5} {'total ms':>10} {'share':>6} {'roofline':>8}"
+        lines = [f"profile of '{self.graph}' on {self.device} by op, {self.runs} runs", header, "-" * len(header)]
+        for entry in self.by_op():
+            fraction = "-" if entry.roofline_fraction is None else f"{entry.roofline_fraction:.1%}"
+            lines.append(f"{entry.op:<20} {entry.kernel:<26} {entry.nodes:>5} {entry.total_ms:>10.4f} "
+                         f"{entry.share:>6.1%} {fraction:>8}")
+        return "\n".join(lines)
 
     def export_chrome_trace(self, path) -> None:
         """Writes the node timeline (one complete event per node, laid end to end as they ran when timed one by

@@ -42,10 +42,16 @@ def _wrapped(torch, model, names: tuple[str, ...]):
     return FirstTensor().eval()
 
 
-def _calibrate_batch_norms(torch, model, images) -> None:
-    """BatchNorm running statistics measured on a batch of ``images`` (one forward with only the batch norms in
-    train mode and a cumulative average): with the initial ones (mean 0, variance 1) a random-weight network's
-    activations grow layer after layer and overflow float16, and PyTorch's own error then reads inf or 1."""
+def random_weights_ready(torch, model, images) -> None:
+    """Makes a torchvision ``model``'s random weights give a finite, non-zero output in 16 bits: parameters that
+    start all zero (ViT's head: its output would be zero and compare nothing) get normal(0, 0.02) values, and the
+    BatchNorm running statistics are measured on ``images`` (one forward with only the batch norms in train mode and
+    a cumulative average): with the initial ones (mean 0, variance 1) a random-weight network's activations grow
+    layer after layer and overflow float16, and PyTorch's own error then reads inf or 1. Leaves it in eval mode."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() >= 2 and not parameter.any():
+                torch.nn.init.normal_(parameter, std=0.02)
     norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     for norm in norms:
         norm.reset_running_stats()
@@ -66,12 +72,8 @@ def _torchvision(name: str, size: int = 224, **kwargs):
         for package in packages:
             owner = getattr(owner, package)
         model = getattr(owner, function)(weights=None, **kwargs).eval()
-        with torch.no_grad():  # ViT's head starts at zero: an all-zero output would compare nothing
-            for parameter in model.parameters():
-                if parameter.dim() >= 2 and not parameter.any():
-                    torch.nn.init.normal_(parameter, std=0.02)
         image = torch.randn(BATCH, 3, size, size)
-        _calibrate_batch_norms(torch, model, torch.randn(BATCH, 3, size, size))
+        random_weights_ready(torch, model, torch.randn(BATCH, 3, size, size))
         return _wrapped(torch, model, ("x",)), (image,)
 
     return build

@@ -1,4 +1,5 @@
-"""Reports the imports of graph_executor_v2 that point from a lower layer to a higher one, and the import cycles.
+"""Reports the imports of graph_executor_v2 that point from a lower layer to a higher one, and the import cycles;
+then the dependency cycles between the units (.cpp files) of the native runtime, src/runtime.
 
     python scripts/import_layers.py [--verbose]
 
@@ -6,15 +7,22 @@ Every import counts, also one inside a function (it is still a dependency, only 
 the LAYERS entry of its first package level below graph_executor_v2; an import from a lower layer into a higher one
 is "upward". Cycles are the strongly connected groups of modules (more than one module, or a module importing
 itself). Exit status 0 always: this is a report, the numbers go into the closing note of a change.
+
+Native units: a unit depends on another when it names a function or class that the other defines and a header of
+the directory declares (so a unit's own helpers do not count), and when it includes the other's header (X.hpp of
+X.cpp). Read with regular expressions, which this code style makes enough: one declaration per line, and the
+definitions at namespace scope start in column 0.
 """
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
 PACKAGE = "graph_executor_v2"
 ROOT = Path(__file__).resolve().parents[1] / "python" / PACKAGE
+NATIVE_UNITS = Path(__file__).resolve().parents[1] / "src" / "runtime"
 
 # Lowest first. Modules of one layer may import each other; a module imports only its own layer and those below.
 LAYERS = [
@@ -125,6 +133,32 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return result
 
 
+def _without_comments(text: str) -> str:
+    return re.sub(r"//[^\n]*|/\*.*?\*/", "", text, flags=re.S)
+
+
+def native_unit_graph(directory: Path) -> dict[str, set[str]]:
+    """Each unit (``<name>.cpp``) of ``directory`` -> the units it depends on (see the module's docstring)."""
+    units = {path.stem: _without_comments(path.read_text()) for path in sorted(directory.glob("*.cpp"))}
+    declared = set()
+    for header in directory.glob("*.hpp"):
+        text = _without_comments(header.read_text())
+        declared |= set(re.findall(r"^\s*(?:[\w:<>*&]+\s+)+(\w+)\s*\([^;{]*\)\s*;", text, flags=re.M))
+        declared |= set(re.findall(r"^\s*class\s+(\w+)", text, flags=re.M))
+    owner = {}
+    for unit, text in units.items():
+        for name in declared:
+            if re.search(rf"^(?!\s)[^;{{}}()]*?\b(?:\w+::)*{name}\s*\([^;{{]*\)\s*(?:const\s*)?\{{", text,
+                         flags=re.M):
+                owner[name] = unit
+    graph = {unit: set() for unit in units}
+    for unit, text in units.items():
+        graph[unit] |= {owner[name] for name in owner if owner[name] != unit and re.search(rf"\b{name}\b", text)}
+        graph[unit] |= {header for header in re.findall(r'^#include "(\w+)\.hpp"', text, flags=re.M)
+                        if header in units and header != unit}
+    return graph
+
+
 def main(argv: list[str]) -> int:
     verbose = "--verbose" in argv
     modules = collect_modules()
@@ -141,6 +175,15 @@ def main(argv: list[str]) -> int:
     print(f"import cycles: {len(found_cycles)} ({sum(map(len, found_cycles))} modules)")
     for component in found_cycles if verbose else []:
         print("  " + " <-> ".join(name.removeprefix(PACKAGE + ".") for name in component))
+    units = native_unit_graph(NATIVE_UNITS)
+    unit_cycles = cycles(units)
+    print(f"native units ({NATIVE_UNITS.relative_to(NATIVE_UNITS.parents[1])}): {len(units)} units, "
+          f"{sum(map(len, units.values()))} dependencies")
+    for unit, uses in sorted(units.items()) if verbose else []:
+        print(f"  {unit}.cpp -> {', '.join(f'{used}.cpp' for used in sorted(uses)) or '(none)'}")
+    print(f"native unit cycles: {len(unit_cycles)}")
+    for component in unit_cycles if verbose else []:
+        print("  " + " <-> ".join(f"{unit}.cpp" for unit in component))
     return 0
 
 

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 import graph_executor_v2 as ge2
-from graph_executor_v2.ops import gemm
+from graph_executor_v2 import selection
+from graph_executor_v2.ir.types import TensorType
+from graph_executor_v2.ops import Problem, gemm
 from graph_executor_v2.testing import assert_close, random_array
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -316,6 +318,88 @@ def test_a_direct_call_tries_the_kernels_the_c_chain_tried(monkeypatch):
                                                  False, False)
 
 
+BACKWARD_KERNELS = ("cublaslt_epilogue", "cublaslt_postkernel", "tiled")
+
+
+def _backward_problem(dtype="float16", with_dbias=True):
+    types = [TensorType(shape, dtype) for shape in ((64, 48), (64, 32), (32, 48))]
+    attrs = gemm.BACKWARD_OP.validate_attrs({"with_dbias": with_dbias}, "test")
+    return Problem("gemm_backward", (*types, None), (types[1], types[2], TensorType((48,), dtype)), attrs)
+
+
+def test_backward_kernels_are_the_tables_kernels_but_cutlass():
+    """gemm_backward's candidates are table candidates of _ops_gemm (metadata written once, in C++), best first."""
+    if not ge2._native.is_built("_ops_gemm"):
+        pytest.skip("_ops_gemm is not built")
+    candidates = sorted(selection.candidates(gemm.BACKWARD_OP), key=lambda c: -c.priority)
+    assert tuple(c.name for c in candidates) == BACKWARD_KERNELS
+    assert candidates[-1].always_works and candidates[0].capabilities == ("fused_epilogue",)
+
+
+def test_backward_runs_tiled_exactly_where_cublaslt_declines(monkeypatch):
+    """A direct backward call takes the first kernel the native check accepts for its pointers, in the selector's
+    order: the fused epilogue, then plain cuBLASLt, then tiled; GE2_FORCE_NO_EPILOGUE=1 leaves the epilogue out."""
+    declined = set()
+    why_not = lambda name: "cuBLASLt returned no algorithm" if name in declined else ""  # noqa: E731
+    problem = _backward_problem()
+    for refused, expected in (((), "cublaslt_epilogue"), (("cublaslt_epilogue",), "cublaslt_postkernel"),
+                              (("cublaslt_epilogue", "cublaslt_postkernel"), "tiled")):
+        declined = set(refused)
+        assert gemm._backward_kernel(problem, why_not) == expected, refused
+    declined = set(BACKWARD_KERNELS)
+    with pytest.raises(RuntimeError, match="gemm.backward: no kernel can run this problem .*tiled: cuBLASLt"):
+        gemm._backward_kernel(problem, why_not)
+    declined = set()
+    monkeypatch.setenv("GE2_FORCE_NO_EPILOGUE", "1")
+    assert gemm._backward_kernel(problem, why_not) == "cublaslt_postkernel"
+
+
+def test_backward_plan_candidates_fall_to_the_next_where_cublaslt_declines(monkeypatch):
+    """A plan's gemm_backward: each candidate's prepare asks the native check (plan buffers' alignment) and raises
+    where its kernel cannot run, so the selector prepares the next; the launch names the kernel that prepared."""
+    if not ge2._native.is_built("_runtime"):
+        pytest.skip("_runtime is not built")
+    asked = []
+
+    class Native:
+        declined = ("cublaslt_epilogue",)
+
+        def backward_unsupported_reason(self, kernel, *call):
+            asked.append((kernel, call[:9]))
+            return "cuBLASLt returned no algorithm for the dB matmul" if kernel in self.declined else ""
+
+        def backward(self, *call, residual_after_act=False):
+            raise AssertionError("not launched in this test")
+
+    monkeypatch.setattr(gemm, "_native_module", lambda: Native())
+    problem = _backward_problem(with_dbias=False)
+    choice = selection.choose(selection.rank(gemm.BACKWARD_OP, problem), problem)
+    assert choice.candidate.name == "cublaslt_postkernel"
+    assert choice.fallbacks == (("cublaslt_epilogue", "RuntimeError: gemm_backward: kernel 'cublaslt_epilogue' "
+                                 "cannot run this problem: cuBLASLt returned no algorithm for the dB matmul"),)
+    # Every present operand stands in at a plan buffer's 256-byte alignment; the absent ones (no dbias) are 0.
+    assert asked[0] == ("cublaslt_epilogue", (256, 256, 256, 0, 0, 256, 256, 0, 0))
+
+
+def test_native_backward_runs_only_the_kernel_it_is_named():
+    """The native entry point chooses nothing: "auto" is refused, and a kernel that has no backward is refused with
+    the op and the reason, before any device work (this runs without a GPU)."""
+    if not ge2._native.is_built("_ops_gemm"):
+        pytest.skip("_ops_gemm is not built")
+    native = gemm._native_module()
+    call = (256, 512, 768, 0, 0, 1024, 1280, 0, 0, 8, 8, 8, "float16", False, False, 1.0, 0.0, "none", 0.01, False,
+            0, "none", 0.01, 0)
+    assert "cutlass_sm90 has no backward" in native.backward_unsupported_reason("cutlass_sm90", *call)
+    assert native.backward_unsupported_reason("tiled", *call) == ""
+    with pytest.raises(ValueError, match="ge2 op 'gemm' backward: kernel 'cutlass_sm90' cannot run this problem: "
+                                         "cutlass_sm90 has no backward"):
+        native.backward(*call, "cutlass_sm90", 0)
+    with pytest.raises(ValueError, match="kernel: expected one of cublaslt_epilogue"):
+        native.backward(*call, "auto", 0)
+    with pytest.raises(ValueError, match="m, n, k: every dimension must be >= 1"):
+        native.backward_unsupported_reason("tiled", *call[:9], 0, *call[10:])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
 def test_misaligned_bias_forces_fallback(rng, dtype):
@@ -468,3 +552,51 @@ def test_backward_chained_through_previous_activation(rng, dtype, a_act):
                      what=f"dbias_a ta={trans_a} k={k}")
         with pytest.raises(ValueError, match="dbias_a_out: required"):
             gemm.backward(device(dy), device(a), device(b), trans_a=trans_a, a_preact=device(a_preact), a_act=a_act)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kernel", BACKWARD_KERNELS)
+def test_backward_every_kernel_matches_reference(rng, poisoned, dtype, kernel):
+    """Each backward kernel by name, into poisoned outputs: bias gradient (BGRAD for the epilogue kernel), alpha 1
+    and not, every transpose, a chained gelu (DGELU_BGRAD for the epilogue kernel where trans_a is False)."""
+    from graph_executor_v2.ops import activations
+
+    device = ge2.device.runtime().DeviceArray.from_numpy
+    m, n, k = 32, 24, 48
+    for (trans_a, trans_b), alpha in itertools.product(itertools.product((False, True), repeat=2), (1.0, 0.75)):
+        a_preact = random_array(rng, (k, m) if trans_a else (m, k), dtype)
+        a = activations.apply("gelu", a_preact.astype(np.float64), 0.01).astype(a_preact.dtype)
+        b, dy = random_array(rng, (n, k) if trans_b else (k, n), dtype, 0.5), random_array(rng, (m, n), dtype)
+        bias = random_array(rng, (n,), dtype)
+        out = (poisoned(a.shape, dtype), poisoned(b.shape, dtype), poisoned((n,), dtype))
+        dbias_a = poisoned((a.shape[1],), dtype)
+        gemm.backward(device(dy), device(a), device(b), device(bias), alpha=alpha, trans_a=trans_a, trans_b=trans_b,
+                      kernel=kernel, out=out, a_preact=device(a_preact), a_act="gelu", dbias_a_out=dbias_a)
+        d_a, d_b, d_bias, _ = gemm.reference_backward(dy, a, b, alpha=alpha, trans_a=trans_a, trans_b=trans_b)
+        d_pre = d_a * activations.derivative("gelu", a_preact.astype(np.float64), 0.01)
+        what = f"{kernel} ta={trans_a} tb={trans_b} alpha={alpha}"
+        assert_close(out[0].numpy(), d_pre, dtype, n, what=f"dA_pre {what}")
+        assert_close(out[1].numpy(), d_b, dtype, m, what=f"dB {what}")
+        assert_close(out[2].numpy(), d_bias, dtype, m, what=f"dbias {what}")
+        assert_close(dbias_a.numpy(), d_pre.sum(axis=0), dtype, n * a.shape[0], what=f"dbias_a {what}")
+
+
+@pytest.mark.gpu
+def test_backward_auto_takes_the_first_kernel_cublaslt_runs(rng, to_device):
+    """On the GPU: plain cuBLASLt and tiled run an ordinary problem, "auto" is the first kernel the native check
+    accepts for the call's pointers, and a kernel with no backward is a ValueError naming it."""
+    a, b = to_device(random_array(rng, (64, 32), "float16")), to_device(random_array(rng, (32, 48), "float16"))
+    dy, bias = to_device(random_array(rng, (64, 48), "float16")), to_device(random_array(rng, (48,), "float16"))
+    da, db, dbias = to_device(np.zeros((64, 32), np.float16)), to_device(np.zeros((32, 48), np.float16)), \
+        to_device(np.zeros(48, np.float16))
+    call = (dy.ptr, a.ptr, b.ptr, 0, 0, da.ptr, db.ptr, dbias.ptr, 0, 64, 48, 32, "float16", False, False, 1.0, 0.0,
+            "none", 0.01, False, 0, "none", 0.01, 0)
+    native = gemm._native_module()
+    reasons = {name: native.backward_unsupported_reason(name, *call) for name in BACKWARD_KERNELS}
+    assert reasons["cublaslt_postkernel"] == "" and reasons["tiled"] == "", reasons
+    first = next(name for name in BACKWARD_KERNELS if not reasons[name])
+    assert gemm._backward_kernel(_backward_problem(), lambda name: reasons[name]) == first
+    with pytest.raises(ValueError, match="kernel 'cutlass_sm90' cannot run this problem: cutlass_sm90 has no "
+                                         "backward"):
+        gemm.backward(dy, a, b, bias, kernel="cutlass_sm90")

@@ -1,10 +1,12 @@
 """The quick start's scripts: the build reports its progress, and the jobs write their files under runs/ (git-ignored)
-and say where."""
+and say where; scripts/import_layers.py's layering report (Python imports and the native runtime's units)."""
 from __future__ import annotations
 
+import importlib.util
 import pathlib
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -60,3 +62,39 @@ def test_train_digits_writes_its_plot_under_runs_and_says_where(tmp_path, monkey
     written = tmp_path / "runs" / "digits_loss.png"
     assert written.read_bytes().startswith(b"\x89PNG")
     assert f"loss curve: written to {written}" in capsys.readouterr().out
+
+
+def _import_layers():
+    spec = importlib.util.spec_from_file_location("import_layers", ROOT / "scripts" / "import_layers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_tree_has_no_upward_import_and_no_cycle_python_or_native():
+    """scripts/import_layers.py on this tree: the layering of issue 25 holds (Python imports and the units of the
+    native runtime, src/runtime)."""
+    output = subprocess.run([sys.executable, str(ROOT / "scripts" / "import_layers.py"), "--verbose"], check=True,
+                            capture_output=True, text=True).stdout
+    assert "upward imports: 0\n" in output and "import cycles: 0 " in output, output
+    assert "native unit cycles: 0\n" in output and "  devices.cpp -> (none)\n" in output, output
+
+
+def test_the_native_unit_check_finds_a_cycle_through_a_shared_header(tmp_path):
+    """Two units calling each other's functions, declared in one shared header: a cycle, though neither includes the
+    other's header; a function only the unit itself declares (a static helper) makes no dependency."""
+    layers = _import_layers()
+    (tmp_path / "shared.hpp").write_text("int device_count();\nvoid register_streams(int module);\n")
+    (tmp_path / "runtime_pybind.cpp").write_text(
+        '#include "shared.hpp"\nint device_count() {\n  return 1;\n}\nvoid module() { register_streams(0); }\n')
+    (tmp_path / "streams.cpp").write_text(
+        '#include "shared.hpp"\nstatic int helper() { return 2; }\n'
+        'void register_streams(int module) {\n  helper();\n  device_count();  // uses the other unit\n}\n')
+    graph = layers.native_unit_graph(tmp_path)
+    assert graph == {"runtime_pybind": {"streams"}, "streams": {"runtime_pybind"}}
+    assert layers.cycles(graph) == [["runtime_pybind", "streams"]]
+    (tmp_path / "devices.cpp").write_text('#include "shared.hpp"\nint device_count() {\n  return 1;\n}\n')
+    (tmp_path / "runtime_pybind.cpp").write_text('#include "shared.hpp"\nvoid module() { register_streams(0); }\n')
+    graph = layers.native_unit_graph(tmp_path)
+    assert graph == {"devices": set(), "runtime_pybind": {"streams"}, "streams": {"devices"}}
+    assert layers.cycles(graph) == []

@@ -39,6 +39,42 @@ ge2::gemm::ForwardArgs forward_args(std::uintptr_t a, std::uintptr_t b, std::uin
   return args;
 }
 
+ge2::gemm::BackwardArgs backward_args(std::uintptr_t dy, std::uintptr_t a, std::uintptr_t b, std::uintptr_t preact,
+                                      std::uintptr_t dz_scratch, std::uintptr_t da, std::uintptr_t db,
+                                      std::uintptr_t dbias, std::uintptr_t dc, int64_t m, int64_t n, int64_t k,
+                                      const std::string& dtype, bool trans_a, bool trans_b, float alpha, float beta,
+                                      const std::string& act, float slope, bool allow_tf32, std::uintptr_t a_preact,
+                                      const std::string& a_act, float a_slope, std::uintptr_t dbias_a,
+                                      bool residual_after_act) {
+  ge2::gemm::BackwardArgs args;
+  args.dy = as_pointer(dy);
+  args.a = as_pointer(a);
+  args.b = as_pointer(b);
+  args.preact = as_pointer(preact);
+  args.dz_scratch = as_pointer(dz_scratch);
+  args.da = as_pointer(da);
+  args.db = as_pointer(db);
+  args.dbias = as_pointer(dbias);
+  args.dc = as_pointer(dc);
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.dtype = ge2::dtype_from_name(dtype);
+  args.trans_a = trans_a;
+  args.trans_b = trans_b;
+  args.alpha = alpha;
+  args.beta = beta;
+  args.act = ge2::act_from_name(act);
+  args.slope = slope;
+  args.allow_tf32 = allow_tf32;
+  args.a_preact = as_pointer(a_preact);
+  args.a_act = ge2::act_from_name(a_act, "a_act");
+  args.a_slope = a_slope;
+  args.dbias_a = as_pointer(dbias_a);
+  args.residual_after_act = residual_after_act;
+  return args;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_ops_gemm, m) {
@@ -97,43 +133,44 @@ PYBIND11_MODULE(_ops_gemm, m) {
          std::uintptr_t da, std::uintptr_t db, std::uintptr_t dbias, std::uintptr_t dc, int64_t rows, int64_t cols,
          int64_t inner, const std::string& dtype, bool trans_a, bool trans_b, float alpha, float beta,
          const std::string& act, float slope, bool allow_tf32, std::uintptr_t a_preact, const std::string& a_act,
-         float a_slope, std::uintptr_t dbias_a, std::uintptr_t stream, bool residual_after_act) {
-        ge2::gemm::BackwardArgs args;
-        args.dy = as_pointer(dy);
-        args.a = as_pointer(a);
-        args.b = as_pointer(b);
-        args.preact = as_pointer(preact);
-        args.dz_scratch = as_pointer(dz_scratch);
-        args.da = as_pointer(da);
-        args.db = as_pointer(db);
-        args.dbias = as_pointer(dbias);
-        args.dc = as_pointer(dc);
-        args.m = rows;
-        args.n = cols;
-        args.k = inner;
-        args.dtype = ge2::dtype_from_name(dtype);
-        args.trans_a = trans_a;
-        args.trans_b = trans_b;
-        args.alpha = alpha;
-        args.beta = beta;
-        args.act = ge2::act_from_name(act);
-        args.slope = slope;
-        args.allow_tf32 = allow_tf32;
-        args.a_preact = as_pointer(a_preact);
-        args.a_act = ge2::act_from_name(a_act, "a_act");
-        args.a_slope = a_slope;
-        args.dbias_a = as_pointer(dbias_a);
-        args.residual_after_act = residual_after_act;
+         float a_slope, std::uintptr_t dbias_a, const std::string& kernel, std::uintptr_t stream,
+         bool residual_after_act) {
+        const auto args = backward_args(dy, a, b, preact, dz_scratch, da, db, dbias, dc, rows, cols, inner, dtype,
+                                        trans_a, trans_b, alpha, beta, act, slope, allow_tf32, a_preact, a_act,
+                                        a_slope, dbias_a, residual_after_act);
+        const auto requested = ge2::gemm::kernel_from_name(kernel);
         ge2::binding::ReleaseGil release;
-        ge2::gemm::backward(args, as_stream(stream));
+        ge2::gemm::backward(args, requested, as_stream(stream));
       },
       py::arg("dy"), py::arg("a"), py::arg("b"), py::arg("preact"), py::arg("dz_scratch"), py::arg("da"),
       py::arg("db"), py::arg("dbias"), py::arg("dc"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype"),
       py::arg("trans_a"), py::arg("trans_b"), py::arg("alpha"), py::arg("beta"), py::arg("act"), py::arg("slope"),
       py::arg("allow_tf32"), py::arg("a_preact"), py::arg("a_act"), py::arg("a_slope"), py::arg("dbias_a"),
-      py::arg("stream"), py::arg("residual_after_act") = false,
-      "Enqueues dA, dB, dbias, dC (each skipped when its address is 0); with a_act, dA is the gradient w.r.t. "
-      "a_preact and dbias_a the previous layer's bias gradient; dC is beta * dY with residual_after_act.");
+      py::arg("kernel"), py::arg("stream"), py::arg("residual_after_act") = false,
+      "Enqueues dA, dB, dbias, dC (each skipped when its address is 0) on `kernel` (cublaslt_epilogue, "
+      "cublaslt_postkernel or tiled; ValueError naming the reason when it cannot run the call); with a_act, dA is "
+      "the gradient w.r.t. a_preact and dbias_a the previous layer's bias gradient; dC is beta * dY with "
+      "residual_after_act.");
+
+  m.def(
+      "backward_unsupported_reason",
+      [](const std::string& kernel, std::uintptr_t dy, std::uintptr_t a, std::uintptr_t b, std::uintptr_t preact,
+         std::uintptr_t dz_scratch, std::uintptr_t da, std::uintptr_t db, std::uintptr_t dbias, std::uintptr_t dc,
+         int64_t rows, int64_t cols, int64_t inner, const std::string& dtype, bool trans_a, bool trans_b, float alpha,
+         float beta, const std::string& act, float slope, bool allow_tf32, std::uintptr_t a_preact,
+         const std::string& a_act, float a_slope, std::uintptr_t dbias_a, bool residual_after_act) {
+        const auto args = backward_args(dy, a, b, preact, dz_scratch, da, db, dbias, dc, rows, cols, inner, dtype,
+                                        trans_a, trans_b, alpha, beta, act, slope, allow_tf32, a_preact, a_act,
+                                        a_slope, dbias_a, residual_after_act);
+        return ge2::gemm::backward_unsupported_reason(ge2::gemm::kernel_from_name(kernel), args);
+      },
+      py::arg("kernel"), py::arg("dy"), py::arg("a"), py::arg("b"), py::arg("preact"), py::arg("dz_scratch"),
+      py::arg("da"), py::arg("db"), py::arg("dbias"), py::arg("dc"), py::arg("m"), py::arg("n"), py::arg("k"),
+      py::arg("dtype"), py::arg("trans_a"), py::arg("trans_b"), py::arg("alpha"), py::arg("beta"), py::arg("act"),
+      py::arg("slope"), py::arg("allow_tf32"), py::arg("a_preact"), py::arg("a_act"), py::arg("a_slope"),
+      py::arg("dbias_a"), py::arg("residual_after_act") = false,
+      "Empty string when the backward kernel can run the call (these addresses: their alignment decides cuBLASLt's "
+      "algorithms, and the cuBLASLt kernels ask its heuristic on the current device), else the reason it cannot.");
 
   m.def(
       "unsupported_reason",

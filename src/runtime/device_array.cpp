@@ -10,9 +10,13 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <cuda_runtime.h>
+
+#include "device_array.hpp"
+#include "devices.hpp"
 #include "dlpack_abi.hpp"
 #include "dtype.hpp"
-#include "runtime.hpp"
+#include "status.hpp"
 #include "tensor_view.hpp"
 
 namespace ge2::runtime {

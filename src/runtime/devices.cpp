@@ -1,8 +1,12 @@
 // The device functions of _runtime: device count and checks, the current device, DeviceGuard, properties,
 // memory info and synchronization. Streams, arrays and launches use them; nothing here uses those.
+#include <stdexcept>
 #include <string>
 
-#include "runtime.hpp"
+#include <cuda_runtime.h>
+
+#include "devices.hpp"
+#include "status.hpp"
 
 namespace ge2::runtime {
 

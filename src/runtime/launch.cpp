@@ -19,7 +19,8 @@
 #include <vector>
 
 #include "c_launch.hpp"
-#include "runtime.hpp"
+#include "device_array.hpp"
+#include "launch.hpp"
 
 namespace ge2::runtime {
 namespace {

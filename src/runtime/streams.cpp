@@ -6,10 +6,14 @@
 #include <tuple>
 #include <vector>
 
+#include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
 #include <pybind11/stl.h>
 
-#include "runtime.hpp"
+#include "device_array.hpp"
+#include "devices.hpp"
+#include "status.hpp"
+#include "streams.hpp"
 
 namespace ge2::runtime {
 namespace {

@@ -52,8 +52,9 @@ def reshape_to(g, x, shape: tuple):
 
 def native_candidate(module: str, description: str, prepare: Callable[[Problem], Launch]) -> Candidate:
     """The one GPU candidate of a backward op: the op's native ``backward``. Where the module has several backward
-    kernels, ``prepare`` names the one the selector's ``table_kernel`` picks for the problem (no native call picks;
-    gemm's backward still falls back from cuBLASLt to its tiled kernel per matmul inside C++)."""
+    kernels, ``prepare`` names the one the selector's ``table_kernel`` picks for the problem (no native call picks).
+    A backward op whose kernels differ in speed enough to be timed declares them as table candidates instead
+    (gemm_backward, conv2d_backward, attention_backward)."""
 
     def supports(problem: Problem):
         return None if _native.is_built(module) else f"native module {module} is not built"

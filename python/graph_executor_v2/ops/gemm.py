@@ -16,6 +16,11 @@ Kernel candidates (``kernels()``), best first:
    multiples of 8. NOT BUILT (its ``kernels()`` row says why) without CUTLASS's headers (the ``cutlass`` extra or
    ``GE2_CUTLASS_DIR``).
 4. ``tiled``: GE2's own tiled kernel, no cuBLAS: the path that always works.
+
+The backward (``backward``, and ``gemm_backward`` in plans) runs the same kernels but ``cutlass_sm90``: the fused
+epilogue (dbias as BGRAD, a chained gelu as DGELU_BGRAD), plain cuBLASLt with post-kernels, or tiled. cuBLASLt's
+heuristic is asked for each of the call's matmuls when the kernel is chosen, so the selector runs the next kernel
+exactly where cuBLASLt has no algorithm; the native call runs only the kernel it is named.
 """
 from __future__ import annotations
 
@@ -209,6 +214,17 @@ def _check_backward_options(inputs, attrs, preact=None, a_preact=None, a_act="no
     return shape
 
 
+def _backward_kernel(problem: Problem, why_not) -> str:
+    """The kernel of a direct backward call: the selector's first viable candidate of gemm_backward, each checked
+    by ``why_not(name)`` (the native check of this call's pointers: cuBLASLt's heuristic is asked with their
+    alignment), so the tiled kernel runs exactly where cuBLASLt has no algorithm for one of the call's matmuls."""
+    ranking = selection.rank(BACKWARD_OP, problem, supports=lambda candidate, _: why_not(candidate.name) or None)
+    if not ranking.viable:
+        reasons = "; ".join(f"{name}: {why}" for name, why in ranking.rejected)
+        raise RuntimeError(f"gemm.backward: no kernel can run this problem ({reasons})")
+    return ranking.viable[0].name
+
+
 def _backward(dy, inputs, attrs, kernel, out, stream, preact=None, a_preact=None, a_act="none", a_slope=0.01,
               dbias_a_out=None):
     """(da, db, dbias, dc); dbias and dc are None when bias or c was not given. ``preact``: the saved
@@ -217,7 +233,10 @@ def _backward(dy, inputs, attrs, kernel, out, stream, preact=None, a_preact=None
     Layer chaining: when a = a_act(a_preact) came from the previous layer, pass ``a_preact``/``a_act`` and
     ``dbias_a_out``: da comes back as the gradient w.r.t. a_preact and that layer's bias gradient is written into
     dbias_a_out - fused into the da matmul as cuBLASLt's DGELU_BGRAD epilogue for gelu (trans_a False, K % 8 == 0),
-    by a post-kernel otherwise."""
+    by a post-kernel otherwise.
+
+    The kernel: the one named (the native call raises a ValueError saying why when it cannot run the call), or for
+    "auto" the selector's choice among gemm_backward's candidates for this call (``_backward_kernel``)."""
     a, b, bias, c = inputs
     act = attrs["act"]
     views = _layout.input_views({name: x for name, x in (("dy", dy), ("a", a), ("b", b), ("preact", preact),
@@ -238,11 +257,22 @@ def _backward(dy, inputs, attrs, kernel, out, stream, preact=None, a_preact=None
     vdz = new(None, "scratch", (shape.m, shape.n))[1] if act != "none" else None
     vdbias_a = new(dbias_a_out, "dbias_a_out", (va.shape[1],))[1] if chained else None
     ptr = lambda view: 0 if view is None else view.ptr  # noqa: E731
-    _native_module().backward(
-        vdy.ptr, va.ptr, vb.ptr, ptr(views.get("preact")), ptr(vdz), vda.ptr, vdb.ptr, ptr(vdbias), ptr(vdc),
-        shape.m, shape.n, shape.k, shape.dtype, attrs["trans_a"], attrs["trans_b"], attrs["alpha"], attrs["beta"],
-        act, attrs["slope"], attrs["allow_tf32"], ptr(vaz), a_act, float(a_slope), ptr(vdbias_a),
-        _device.stream_handle(stream), residual_after_act=attrs["residual_after_act"])
+    call = (vdy.ptr, va.ptr, vb.ptr, ptr(views.get("preact")), ptr(vdz), vda.ptr, vdb.ptr, ptr(vdbias), ptr(vdc),
+            shape.m, shape.n, shape.k, shape.dtype, attrs["trans_a"], attrs["trans_b"], attrs["alpha"], attrs["beta"],
+            act, attrs["slope"], attrs["allow_tf32"], ptr(vaz), a_act, float(a_slope), ptr(vdbias_a))
+    after = attrs["residual_after_act"]
+    if kernel == "auto":
+        backward_attrs = BACKWARD_OP.validate_attrs({name: value for name, value in attrs.items()
+                                                     if name in ("alpha", "trans_a", "trans_b", "allow_tf32")}
+                                                    | {"a_act": a_act, "a_slope": float(a_slope),
+                                                       "with_dbias": bias is not None}, "gemm.backward")
+        view_type = lambda view: None if view is None else TensorType(view.shape, view.dtype)  # noqa: E731
+        problem = Problem(BACKWARD_OP.name, tuple(map(view_type, (vdy, va, vb, vaz))),
+                          tuple(map(view_type, (vda, vdb, vdbias))), backward_attrs,
+                          _device.compute_capability(va.device))
+        kernel = _backward_kernel(problem, lambda name: _native_module().backward_unsupported_reason(
+            name, *call, residual_after_act=after))
+    _native_module().backward(*call, kernel, _device.stream_handle(stream), residual_after_act=after)
     return da, db, dbias, dc
 
 
@@ -400,18 +430,35 @@ def _reference_gemm_backward(inputs, attrs):
     return [da, db, dbias]
 
 
-def _prepare_gemm_backward(problem: Problem):
-    attrs = problem.attrs
-    m, n, k = _backward_dims(problem.in_types, attrs)
-    dtype = problem.in_types[1].dtype
-    native_backward = _native_module().backward
-    want = (attrs["with_da"], attrs["with_db"], attrs["with_dbias"])
-    trans_a, trans_b, alpha, tf32 = attrs["trans_a"], attrs["trans_b"], float(attrs["alpha"]), attrs["allow_tf32"]
-    a_act, a_slope = attrs["a_act"], float(attrs["a_slope"])
+# A stand-in address for the pointers of a plan's launch, which prepare does not know yet: plans align every buffer
+# to 256 bytes (runtime/planner.py), and cuBLASLt's heuristic answers by alignment.
+_PLAN_BUFFER_ADDRESS = 256
 
-    da, db, dbias = (out_ptr(index) if wanted else 0 for index, wanted in enumerate(want))
-    return native_launch(native_backward, in_ptr(0), in_ptr(1), in_ptr(2), 0, 0, da, db, dbias, 0, m, n, k, dtype,
-                         trans_a, trans_b, alpha, 0.0, "none", 0.01, tf32, in_ptr(3), a_act, a_slope, 0, stream_arg())
+
+def _backward_candidate(name, capabilities=()):
+    """gemm_backward's candidate of kernel ``name``; its prepare asks the native check (cuBLASLt's heuristic for
+    each of the call's matmuls) and raises RuntimeError when the kernel cannot run it, so the next one prepares."""
+
+    def prepare(problem: Problem):
+        attrs = problem.attrs
+        m, n, k = _backward_dims(problem.in_types, attrs)
+        dtype = problem.in_types[1].dtype
+        native = _native_module()
+        want = (attrs["with_da"], attrs["with_db"], attrs["with_dbias"])
+        args = (m, n, k, dtype, attrs["trans_a"], attrs["trans_b"], float(attrs["alpha"]), 0.0, "none", 0.01,
+                attrs["allow_tf32"])
+        chain = (attrs["a_act"], float(attrs["a_slope"]))
+        stand_in = lambda present: _PLAN_BUFFER_ADDRESS if present else 0  # noqa: E731
+        a_preact = problem.in_types[3] is not None
+        reason = native.backward_unsupported_reason(
+            name, *(stand_in(True),) * 3, 0, 0, *map(stand_in, want), 0, *args, stand_in(a_preact), *chain, 0)
+        if reason:
+            raise RuntimeError(f"gemm_backward: kernel '{name}' cannot run this problem: {reason}")
+        da, db, dbias = (out_ptr(index) if wanted else 0 for index, wanted in enumerate(want))
+        return native_launch(native.backward, in_ptr(0), in_ptr(1), in_ptr(2), 0, 0, da, db, dbias, 0, *args,
+                             in_ptr(3), *chain, 0, name, stream_arg())
+
+    return table_candidate("_ops_gemm", name, lambda problem: None, prepare, capabilities)
 
 
 BACKWARD_OP = _grad.register_backward(OpDef(
@@ -433,8 +480,9 @@ BACKWARD_OP = _grad.register_backward(OpDef(
     ),
     infer=_infer_backward,
     reference=_reference_gemm_backward,
-    candidates=(_grad.native_candidate("_ops_gemm", "cuBLASLt dA/dB matmuls, BGRAD epilogue for dbias, DGELU "
-                                       "epilogue or post-kernel for a chained activation", _prepare_gemm_backward),),
+    candidates=(_backward_candidate("cublaslt_epilogue", capabilities=("fused_epilogue",)),
+                _backward_candidate("cublaslt_postkernel"),
+                _backward_candidate("tiled")),
     doc="gemm_backward(dy, a, b, a_preact?) -> (da, db, dbias) of y = alpha * op(a) @ op(b) + bias; dy is the "
         "gradient of the pre-activation. With a_act, da is w.r.t. a_preact (a = a_act(a_preact)).",
 ))

@@ -71,7 +71,15 @@ std::string unsupported_reason(Kernel kernel, const ForwardArgs& args, bool poin
 // cuBLASLt returns no algorithm for it (the selector then tries the next candidate).
 Kernel forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream);
 
-void backward(const BackwardArgs& args, cudaStream_t stream);
+// Empty when `kernel` (cublaslt_epilogue, cublaslt_postkernel or tiled) can run the backward call `args`, else the
+// reason: for the cuBLASLt kernels, cuBLASLt's heuristic is asked for each of the call's matmuls with these pointers'
+// alignment (the answer is cached with the plan the call then runs; it needs the device). Throws
+// std::invalid_argument for invalid arguments.
+std::string backward_unsupported_reason(Kernel kernel, const BackwardArgs& args);
+
+// Runs `kernel`; std::invalid_argument naming the op and the reason when it cannot run `args` (nothing is enqueued
+// then: the selector chooses another kernel).
+void backward(const BackwardArgs& args, Kernel kernel, cudaStream_t stream);
 
 std::vector<KernelInfo> kernel_table();
 
@@ -81,7 +89,7 @@ std::size_t lt_plan_count();
 // ---- internal: shared by launcher.cu, kernels/*.cu and backward.cu ------------------------------------------
 
 // D[m x n] = alpha * op(A) @ op(B) (+ beta * C) with an optional cuBLASLt epilogue. Returns false when cuBLASLt
-// has no algorithm for the problem (the caller falls back); throws on every other failure.
+// has no algorithm for the problem (the caller raises, naming the kernel); throws on every other failure.
 enum class LtEpilogue {
   Default, Bias, Relu, ReluBias, Gelu, GeluBias, GeluAux, GeluAuxBias, BiasGradA, BiasGradB, GeluGradBiasGrad
 };
@@ -100,6 +108,8 @@ struct LtCall {
   bool allow_tf32 = false;
 };
 bool lt_matmul(const LtCall& call, cudaStream_t stream);
+// Whether cuBLASLt's heuristic returns an algorithm for `call` on the current device (its plan is created and kept).
+bool lt_has_algorithm(const LtCall& call);
 
 // The plain matmul of a forward problem, alpha * op(A) @ op(B) into y, as a cuBLASLt call with no epilogue.
 LtCall lt_call_for(const ForwardArgs& args);

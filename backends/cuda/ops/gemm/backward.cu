@@ -3,8 +3,12 @@
 //   dbias = column sums of dZ, dC = beta * dZ (beta * dY when the residual was added after the activation).
 // Chained layers (a_act set): dA becomes the previous layer's pre-activation gradient, through DGELU_BGRAD when it
 // applies and a post-kernel otherwise (DRELU needs cuBLASLt's relu bit-mask, which a dense pre-activation is not).
-// dbias rides on the dB matmul as cuBLASLt's BGRADA/BGRADB epilogue; when cuBLASLt has no algorithm for that, a
-// deterministic two-pass column sum computes it instead. Every matmul falls back to the tiled kernel.
+// The call names its kernel (the Python selector chooses it, as for the forward):
+// - cublaslt_epilogue: cuBLASLt matmuls; dbias rides on the dB matmul as the BGRADA/BGRADB epilogue (alpha == 1), a
+//   chained gelu on the dA matmul as DGELU_BGRAD (trans_a false, K % 8 == 0, 16-byte aligned pointers);
+// - cublaslt_postkernel: plain cuBLASLt matmuls, dbias and the chained activation by the post-kernels below;
+// - tiled: the tiled kernel's matmuls and the same post-kernels.
+// A kernel that cannot run the call (cuBLASLt has no algorithm for one of its matmuls) is refused before any work.
 #include <algorithm>
 
 #include "api.hpp"
@@ -90,10 +94,25 @@ void launch_column_sum(const void* dz, void* out, int64_t m, int64_t n, DType dt
   });
 }
 
-// Row-major D[m x n] = alpha * op(A) @ op(B); cuBLASLt first, the tiled kernel when it has no algorithm.
-void matmul(const void* a, const void* b, void* d, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
-            const BackwardArgs& args, cudaStream_t stream) {
+// One matmul of a backward call: the plain product alpha * op(A) @ op(B) (what the tiled kernel runs) and its
+// cuBLASLt call (the same product, with the epilogue the kernel adds to it).
+struct Matmul {
   ForwardArgs problem;
+  LtCall lt;
+};
+
+// The matmuls of one backward call for one kernel. `fused_*`: an epilogue computes that bias gradient.
+struct BackwardMatmuls {
+  bool with_da = false, with_db = false;
+  Matmul da, db;
+  bool fused_chain = false;  // DGELU_BGRAD: gelu' and the previous layer's bias gradient in the dA matmul
+  bool fused_dbias = false;  // BGRADA/BGRADB: dbias in the dB matmul
+};
+
+Matmul plain_matmul(const void* a, const void* b, void* d, int64_t m, int64_t n, int64_t k, bool trans_a,
+                    bool trans_b, const BackwardArgs& args) {
+  Matmul matmul;
+  ForwardArgs& problem = matmul.problem;
   problem.a = a;
   problem.b = b;
   problem.y = d;
@@ -105,7 +124,73 @@ void matmul(const void* a, const void* b, void* d, int64_t m, int64_t n, int64_t
   problem.trans_b = trans_b;
   problem.alpha = args.alpha;
   problem.allow_tf32 = args.allow_tf32;
-  if (!lt_matmul(lt_call_for(problem), stream)) launch_tiled(problem, stream);
+  matmul.lt = lt_call_for(problem);
+  return matmul;
+}
+
+const void* dz_of(const BackwardArgs& args) { return args.act != Act::None ? args.dz_scratch : args.dy; }
+
+BackwardMatmuls backward_matmuls(const BackwardArgs& args, Kernel kernel) {
+  const int64_t m = args.m, n = args.n, k = args.k;
+  const void* dz = dz_of(args);
+  const bool epilogues = kernel == Kernel::LtEpilogue;
+  BackwardMatmuls matmuls;
+  if (args.da != nullptr) {
+    matmuls.with_da = true;
+    if (!args.trans_a) {  // dZ @ op(B)^T
+      matmuls.da = plain_matmul(dz, args.b, args.da, m, k, n, false, !args.trans_b, args);
+      matmuls.fused_chain = epilogues && args.a_act == Act::Gelu && args.dbias_a != nullptr && k % 8 == 0 &&
+                            is_aligned(args.a_preact, 16) && is_aligned(args.dbias_a, 16);
+      if (matmuls.fused_chain) {
+        matmuls.da.lt.aux = args.a_preact;
+        matmuls.da.lt.bias = args.dbias_a;
+        matmuls.da.lt.epilogue = LtEpilogue::GeluGradBiasGrad;
+      }
+    } else {  // op(B) @ dZ^T
+      matmuls.da = plain_matmul(args.b, dz, args.da, k, m, n, args.trans_b, true, args);
+    }
+  }
+  if (args.db != nullptr) {
+    matmuls.with_db = true;
+    // dbias through BGRAD on the dB matmul: the reduction is over that matmul's k (= m rows of dZ). alpha scales
+    // the matmul but not the bias gradient, so BGRAD is used only when alpha == 1.
+    matmuls.fused_dbias = epilogues && args.dbias != nullptr && args.alpha == 1.0f;
+    if (!args.trans_b) {  // dB[k x n] = op(A)^T @ dZ; dZ is cuBLASLt's A operand
+      matmuls.db = plain_matmul(args.a, dz, args.db, k, n, m, !args.trans_a, false, args);
+      if (matmuls.fused_dbias) matmuls.db.lt.epilogue = LtEpilogue::BiasGradA;
+    } else {  // dB[n x k] = dZ^T @ op(A); dZ is cuBLASLt's B operand
+      matmuls.db = plain_matmul(dz, args.a, args.db, n, k, m, true, args.trans_a, args);
+      if (matmuls.fused_dbias) matmuls.db.lt.epilogue = LtEpilogue::BiasGradB;
+    }
+    if (matmuls.fused_dbias) matmuls.db.lt.bias = args.dbias;
+  }
+  return matmuls;
+}
+
+std::string describe(const char* which, const LtCall& call) {
+  std::string text = std::string("cuBLASLt returned no algorithm for the ") + which + " matmul (" +
+                     std::to_string(call.m) + " x " + std::to_string(call.n) + " x " + std::to_string(call.k) +
+                     (call.trans_a ? ", A transposed" : "") + (call.trans_b ? ", B transposed" : "");
+  switch (call.epilogue) {
+    case LtEpilogue::BiasGradA: text += ", BGRADA epilogue"; break;
+    case LtEpilogue::BiasGradB: text += ", BGRADB epilogue"; break;
+    case LtEpilogue::GeluGradBiasGrad: text += ", DGELU_BGRAD epilogue"; break;
+    default: break;
+  }
+  return text + ")";
+}
+
+// One matmul of the call on `kernel`: cuBLASLt (which the reason check found an algorithm for) or the tiled kernel.
+void run_matmul(const Matmul& matmul, Kernel kernel, const char* which, cudaStream_t stream) {
+  if (kernel == Kernel::Tiled) {
+    launch_tiled(matmul.problem, stream);
+    return;
+  }
+  // Every algorithm the heuristic returned failed with NOT_SUPPORTED when run (rare: the reason check passed).
+  if (!lt_matmul(matmul.lt, stream)) {
+    throw std::runtime_error(std::string("ge2 op 'gemm' backward: kernel '") + kernel_name(kernel) + "': " +
+                             describe(which, matmul.lt));
+  }
 }
 
 void check_backward_args(const BackwardArgs& args) {
@@ -124,43 +209,34 @@ void check_backward_args(const BackwardArgs& args) {
 
 }  // namespace
 
-void backward(const BackwardArgs& args, cudaStream_t stream) {
+std::string backward_unsupported_reason(Kernel kernel, const BackwardArgs& args) {
   check_backward_args(args);
+  if (kernel == Kernel::CutlassSm90) {
+    return "cutlass_sm90 has no backward (the backward kernels: cublaslt_epilogue, cublaslt_postkernel, tiled)";
+  }
+  if (kernel == Kernel::Tiled) return "";
+  const BackwardMatmuls matmuls = backward_matmuls(args, kernel);
+  if (matmuls.with_da && !lt_has_algorithm(matmuls.da.lt)) return describe("dA", matmuls.da.lt);
+  if (matmuls.with_db && !lt_has_algorithm(matmuls.db.lt)) return describe("dB", matmuls.db.lt);
+  return "";
+}
+
+void backward(const BackwardArgs& args, Kernel kernel, cudaStream_t stream) {
+  const std::string reason = backward_unsupported_reason(kernel, args);
+  if (!reason.empty()) {
+    throw std::invalid_argument(std::string("ge2 op 'gemm' backward: kernel '") + kernel_name(kernel) +
+                                "' cannot run this problem: " + reason);
+  }
   const int64_t m = args.m, n = args.n, k = args.k;
-  const void* dz = args.dy;
   if (args.act != Act::None) {
     launch_activation_grad(args.dy, args.preact, args.dz_scratch, m * n, args.dtype, args.act, args.slope, 1.0f,
                            stream);
-    dz = args.dz_scratch;
   }
-  if (args.da != nullptr) {
-    const bool chained = args.a_act != Act::None;
-    bool chain_done = false;
-    if (!args.trans_a) {
-      // dZ @ op(B)^T; chained through a gelu producer, DGELU_BGRAD also applies gelu' and sums the bias gradient.
-      if (chained && args.a_act == Act::Gelu && args.dbias_a != nullptr && k % 8 == 0 &&
-          is_aligned(args.a_preact, 16) && is_aligned(args.dbias_a, 16)) {
-        LtCall call;
-        call.a = dz;
-        call.b = args.b;
-        call.d = args.da;
-        call.m = m;
-        call.n = k;
-        call.k = n;
-        call.dtype = args.dtype;
-        call.trans_b = !args.trans_b;
-        call.alpha = args.alpha;
-        call.allow_tf32 = args.allow_tf32;
-        call.aux = args.a_preact;
-        call.bias = args.dbias_a;
-        call.epilogue = LtEpilogue::GeluGradBiasGrad;
-        chain_done = lt_matmul(call, stream);
-      }
-      if (!chain_done) matmul(dz, args.b, args.da, m, k, n, false, !args.trans_b, args, stream);
-    } else {
-      matmul(args.b, dz, args.da, k, m, n, args.trans_b, true, args, stream);  // op(B) @ dZ^T
-    }
-    if (chained && !chain_done) {
+  const void* dz = dz_of(args);
+  const BackwardMatmuls matmuls = backward_matmuls(args, kernel);
+  if (matmuls.with_da) {
+    run_matmul(matmuls.da, kernel, "dA", stream);
+    if (args.a_act != Act::None && !matmuls.fused_chain) {
       // The producer's pre-activation gradient in place, then its bias gradient over the stored layout.
       launch_activation_grad(args.da, args.a_preact, args.da, m * k, args.dtype, args.a_act, args.a_slope, 1.0f,
                              stream);
@@ -168,42 +244,8 @@ void backward(const BackwardArgs& args, cudaStream_t stream) {
       if (args.dbias_a != nullptr) launch_column_sum(args.da, args.dbias_a, rows, cols, args.dtype, stream);
     }
   }
-  bool dbias_done = false;
-  if (args.db != nullptr) {
-    // dbias through BGRAD on the dB matmul: the reduction is over that matmul's k (= m rows of dZ).
-    LtCall call;
-    call.d = args.db;
-    call.dtype = args.dtype;
-    call.alpha = args.alpha;
-    call.allow_tf32 = args.allow_tf32;
-    call.bias = args.dbias;
-    if (!args.trans_b) {  // dB[k x n] = op(A)^T @ dZ; dZ is cuBLASLt's A operand
-      call.a = args.a;
-      call.b = dz;
-      call.m = k;
-      call.n = n;
-      call.k = m;
-      call.trans_a = !args.trans_a;
-      call.trans_b = false;
-      call.epilogue = LtEpilogue::BiasGradA;
-    } else {  // dB[n x k] = dZ^T @ op(A); dZ is cuBLASLt's B operand
-      call.a = dz;
-      call.b = args.a;
-      call.m = n;
-      call.n = k;
-      call.k = m;
-      call.trans_a = true;
-      call.trans_b = args.trans_a;
-      call.epilogue = LtEpilogue::BiasGradB;
-    }
-    // alpha scales the matmul but not the bias gradient, so BGRAD is used only when alpha == 1.
-    if (args.dbias != nullptr && args.alpha == 1.0f && lt_matmul(call, stream)) {
-      dbias_done = true;
-    } else {
-      matmul(call.a, call.b, call.d, call.m, call.n, call.k, call.trans_a, call.trans_b, args, stream);
-    }
-  }
-  if (args.dbias != nullptr && !dbias_done) launch_column_sum(dz, args.dbias, m, n, args.dtype, stream);
+  if (matmuls.with_db) run_matmul(matmuls.db, kernel, "dB", stream);
+  if (args.dbias != nullptr && !matmuls.fused_dbias) launch_column_sum(dz, args.dbias, m, n, args.dtype, stream);
   if (args.dc != nullptr) {
     launch_activation_grad(args.residual_after_act ? args.dy : dz, nullptr, args.dc, m * n, args.dtype, Act::None,
                            0.0f, args.beta, stream);

@@ -1,6 +1,6 @@
 // gemm launcher: argument checks, the cuBLASLt plan cache, and the named kernel (cublaslt_epilogue,
 // cublaslt_postkernel, cutlass_sm90 or tiled; the Python selector chooses, and turns the fused epilogue off for
-// GE2_FORCE_NO_EPILOGUE=1).
+// GE2_FORCE_NO_EPILOGUE=1). The backward (backward.cu) runs the same names but cutlass_sm90.
 #include <algorithm>
 #include <array>
 #include <map>
@@ -35,12 +35,17 @@ const char* kernel_name(Kernel kernel) {
 
 std::vector<KernelInfo> kernel_table() {
   return {
-      {"cublaslt_epilogue", 30, "cuBLASLt matmul with bias and activation fused into its epilogue",
+      {"cublaslt_epilogue", 30,
+       "cuBLASLt matmul with bias and activation fused into its epilogue (backward: dbias as BGRAD on the dB "
+       "matmul, a chained gelu as DGELU_BGRAD on the dA matmul)",
        "act in {none, relu, gelu}; the residual before the activation (residual_after_act only with act none); "
        "save_preact only with gelu and N % 8 == 0 (GELU_AUX; RELU_AUX saves a bit-mask, not the pre-activation); "
-       "bias and pre-activation pointers 16-byte aligned; cuBLASLt must return an algorithm"},
-      {"cublaslt_postkernel", 20, "cuBLASLt matmul + one fused bias/activation/residual kernel",
-       "every act; any alignment; cuBLASLt must return an algorithm for the plain matmul"},
+       "bias and pre-activation pointers 16-byte aligned; cuBLASLt must return an algorithm (backward: for each "
+       "matmul with its epilogue)"},
+      {"cublaslt_postkernel", 20,
+       "cuBLASLt matmul + one fused bias/activation/residual kernel (backward: plain cuBLASLt matmuls, post-kernels "
+       "for dbias and a chained activation)",
+       "every act; any alignment; cuBLASLt must return an algorithm for the plain matmul (backward: for each)"},
       // Below the cuBLASLt candidates until the H200 has checked it (pin it by name: kernel="cutlass_sm90").
       {"cutlass_sm90", 15,
        cutlass_sm90_not_built_reason().empty()
@@ -52,8 +57,8 @@ std::vector<KernelInfo> kernel_table() {
            : "CUTLASS 3.x warp-specialized persistent GEMM for Hopper: NOT BUILT (" + cutlass_sm90_not_built_reason() +
                  ")",
        "built with CUTLASS; an sm_90 GPU; float16 or bfloat16; trans_a and trans_b false; act none, relu, gelu, "
-       "gelu_erf or silu; no save_preact; K and N multiples of 8; 16-byte aligned pointers"},
-      {"tiled", 10, "GE2's own shared-memory tiled kernel, no cuBLAS: the path that always works",
+       "gelu_erf or silu; no save_preact; K and N multiples of 8; 16-byte aligned pointers; no backward"},
+      {"tiled", 10, "GE2's own shared-memory tiled kernel, no cuBLAS: the path that always works (backward too)",
        "none (slow: the reference path)", kFallback, kAnyAlignment},
   };
 }
@@ -258,6 +263,8 @@ std::size_t lt_plan_count() {
   std::lock_guard<std::mutex> lock(plan_cache_mutex);
   return plan_cache().size();
 }
+
+bool lt_has_algorithm(const LtCall& call) { return !find_or_create_plan(call, current_device())->algorithms.empty(); }
 
 bool lt_matmul(const LtCall& call, cudaStream_t stream) {
   const int device = current_device();

@@ -589,6 +589,34 @@ def test_a_spent_tuning_budget_leaves_the_rest_to_priority_but_the_cache_still_a
     assert "4 node(s) from the autotune cache; plan built" in cached.explain()
 
 
+def test_the_tuning_budget_counts_timing_not_ranking(fake_gpu_executor, monkeypatch):
+    """Every node ranks its candidates, timed or not, and ranking can be slow (cudnn_graph's capability check builds
+    cuDNN's plans: ~2 s per problem in a cold process on the H200, which spent ResNet-50's whole budget on 10 of 48
+    problems): only the races, the candidates' prepares and timed runs, spend the budget."""
+    import time
+
+    _, make = fake_gpu_executor
+    ranking_s = 0.05
+
+    def slow_to_rank(candidate):
+        def supports(problem):
+            time.sleep(ranking_s)
+            return candidate.supports(problem)
+
+        return replace(candidate, supports=supports)
+
+    opdef = OPS["fake"]
+    monkeypatch.setitem(OPS, "fake", replace(opdef, candidates=tuple(map(slow_to_rank, opdef.candidates))))
+    monkeypatch.setattr(executor_module, "TUNING_BUDGET_S", ranking_s)  # less than one node's ranking
+    executor, backend = make()
+    assert backend.timed == ["on_paper", "fast", "on_paper", "fast"]  # both problems timed
+    plan = executor.plans[0]
+    assert plan.untimed == 0 and plan.timed_problems == 2
+    assert plan.tuning_seconds < ranking_s and plan.choose_seconds - plan.tuning_seconds >= 4 * 2 * ranking_s
+    assert plan.tuning_seconds == pytest.approx(sum(entry["seconds"] for entry in AutotuneCache().entries()))
+    assert [s.tuning_seconds > 0 for s in plan.selections] == [True, False, False, True]  # two cache answers
+
+
 def test_the_tuning_summary_adds_the_seconds_per_op_and_names_the_costliest(cache_dir):
     cache = AutotuneCache()
     cache.store("setup", 'gemm(float16[64,64]) {} sm(9, 0)', "cublaslt", {"cublaslt": 0.01, "tiled": 0.02}, 0.25)

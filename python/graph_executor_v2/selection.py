@@ -203,6 +203,7 @@ class Choice:
     reason: str
     rejected: tuple[tuple[str, str], ...] = ()
     fallbacks: tuple[tuple[str, str], ...] = ()  # (candidate, the error its prepare raised)
+    tuning_seconds: float = 0.0  # wall time of the race (the candidates' prepares and timed runs); 0 when none ran
 
 
 def choose(ranking: Ranking, problem: Problem, *, last_resort: Candidate | None = None,
@@ -218,6 +219,7 @@ def choose(ranking: Ranking, problem: Problem, *, last_resort: Candidate | None 
     order, reason = list(ranking.viable), ranking.reason
     prepared: dict[str, Launch] = {}
     fallbacks: list[tuple[str, str]] = []
+    tuning_seconds = 0.0
     rejected = ranking.rejected
     if tune_key is not None and len(order) > 1:
         cache, setup, key = tune_key
@@ -238,7 +240,8 @@ def choose(ranking: Ranking, problem: Problem, *, last_resort: Candidate | None 
                 # Measurement decides; priority only breaks ties (timings within TIE_FRACTION of the fastest).
                 fastest = min(times.values())
                 winner = next(c.name for c in order if times.get(c.name, float("inf")) <= fastest * (1 + TIE_FRACTION))
-                cache.store(setup, key, winner, times, seconds=time.perf_counter() - race_started)
+                tuning_seconds = time.perf_counter() - race_started
+                cache.store(setup, key, winner, times, seconds=tuning_seconds)
                 reason = "autotuned: " + format_times(times)
                 if times[winner] > fastest:
                     reason += f" ({winner}: within {TIE_FRACTION:.0%} of the fastest, first by priority)"
@@ -264,7 +267,7 @@ def choose(ranking: Ranking, problem: Problem, *, last_resort: Candidate | None 
                 continue
         if candidate is not order[0]:
             reason = f"first to prepare after {len(fallbacks)} failure(s)"
-        return Choice(candidate, launch, reason, rejected, tuple(fallbacks))
+        return Choice(candidate, launch, reason, rejected, tuple(fallbacks), tuning_seconds)
     raise NoKernelPrepared(tuple(fallbacks))
 
 

@@ -51,8 +51,11 @@ from .registry import Capabilities, Preferences, Selection, choose_kernel, kerne
 from .schedule import Schedule, schedule, width
 
 ALIAS = "alias"  # the "kernel" of a node whose outputs share its input's buffer: nothing runs
-# Seconds of candidate timing (prepares included) one plan may spend; the nodes after it take the priority order
-# unless the autotune cache knows their problem (a large graph's first build stays bounded; the next one is cached).
+# Seconds of candidate timing (the racing candidates' prepares and timed runs) one plan may spend; the nodes after it
+# take the priority order unless the autotune cache knows their problem (a large graph's first build stays bounded;
+# the next one is cached). Ranking is not counted: every node ranks its candidates, timed or not, and cudnn_graph's
+# capability checks build cuDNN's plans there (a cold process compiles cuDNN's runtime-fusion kernels: ~2 s for each
+# of ResNet-50's first conv problems on the H200, which used the whole budget on 10 problems and left 38 untimed).
 TUNING_BUDGET_S = 20.0
 MAX_DEFAULT_STREAMS = 4  # enough for the branches of the graphs we see (q/k/v, wide MLP heads); each costs a workspace
 
@@ -101,7 +104,7 @@ class Plan:
     build_seconds: float = 0.0  # building the plan, kernel timing included
     compile_seconds: float = 0.0  # of which compiling generated kernels ahead, in parallel (NVRTC)
     choose_seconds: float = 0.0  # of which choosing every node's kernel: ranking, prepares and timing
-    tuning_seconds: float = 0.0  # of that, the choices that timed candidates: problems not in the autotune cache yet
+    tuning_seconds: float = 0.0  # of that, timing candidates (prepares and timed runs) of problems not cached yet
     capture_seconds: float = 0.0  # capturing and instantiating the CUDA graph (after the first run's warm-up)
     untimed: int = 0  # nodes left to priority order because the plan's tuning budget was spent
     # launch(stream) calls run after every node, on the first stream, and captured with the plan: a trainer's
@@ -596,7 +599,7 @@ class ExecutorV2:
 
         selections, steps = [], []
         choose_seconds = 0.0  # wall time of every node's choice: ranking (capability checks) and prepares
-        tuning_seconds = 0.0  # of which the choices that timed candidates (their prepares included)
+        tuning_seconds = 0.0  # of which timing candidates: the races' prepares and timed runs (ranking not included)
         untimed = 0  # nodes chosen by priority once TUNING_BUDGET_S was spent (the cache still answers)
         signalling = order.signalling
         # The kernels the nodes may prepare compile in parallel, then load node by node from the kernel cache.
@@ -623,10 +626,9 @@ class ExecutorV2:
             selection = choose_kernel(node, problem, self.capabilities, self.preferences, timer, self._autotune_cache)
             chosen_in = time.perf_counter() - choosing
             choose_seconds += chosen_in
-            if selection.reason.startswith("autotuned"):
-                tuning_seconds += chosen_in
-            elif (timer is None and self._autotune_cache is not None and self.preferences.autotune
-                  and selection.reason.startswith("highest priority of ") and " of 1 viable" not in selection.reason):
+            tuning_seconds += selection.tuning_seconds
+            if (timer is None and self._autotune_cache is not None and self.preferences.autotune
+                    and selection.reason.startswith("highest priority of ") and " of 1 viable" not in selection.reason):
                 untimed += 1
             selections.append(selection)
             label = f"{node.op} {node.name} {selection.kernel}" + (" fallback" if selection.is_fallback else "")

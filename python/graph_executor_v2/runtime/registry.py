@@ -84,6 +84,7 @@ class Selection:
     reason: str
     rejected: tuple[tuple[str, str], ...] = ()
     fallbacks: tuple[tuple[str, str], ...] = ()  # (candidate, the error its prepare raised)
+    tuning_seconds: float = 0.0  # timing candidates (their prepares and timed runs) for this choice; 0 when untimed
 
     @property
     def is_fallback(self) -> bool:
@@ -133,4 +134,4 @@ def choose_kernel(node: Node, problem: Problem, caps: Capabilities, prefs: Prefe
                               tune_key=tune_key)  # the last resort never fails
     candidate = choice.candidate
     return Selection(node.name, node.op, candidate.name, candidate.description, choice.launch, choice.reason,
-                     choice.rejected, choice.fallbacks)
+                     choice.rejected, choice.fallbacks, choice.tuning_seconds)

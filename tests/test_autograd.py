@@ -284,6 +284,50 @@ def test_training_passes_fuse_and_keep_the_numbers(rng, activation):
         assert_close(optimized[name], value.astype(np.float64), "float32", 16, what=name)
 
 
+def _classifier(rng, classes, trans_b, with_bias, logits_output=False):
+    """A linear classifier (width 12) over ``classes`` classes with its mean cross-entropy: the GPT head's shape."""
+    g = ge2.ir.Graph("classifier")
+    x = g.input("x", (9, 12), "float32")
+    labels = g.input("labels", (9,), "int64")
+    w = g.param("w", _normal(rng, (classes, 12) if trans_b else (12, classes), 0.3))
+    bias = g.param("b", _normal(rng, (classes,), 0.3)) if with_bias else None
+    logits = g.gemm(x, w, bias, trans_b=trans_b)
+    g.output(g.cross_entropy(logits, labels), "loss")
+    if logits_output:
+        g.output(logits, "logits")
+    return g
+
+
+@pytest.mark.parametrize("trans_b", [True, False])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_pad_classes_keeps_the_loss_and_gradients(rng, trans_b, with_bias):
+    """1031 classes (not a multiple of 8) become 1088 with zero weights and a -inf bias on the 57 added: the loss
+    and the gradients of x, w (and the bias) are those of the unpadded graph."""
+    g = _classifier(rng, 1031, trans_b, with_bias)
+    feeds = {"x": _normal(rng, (9, 12)), "labels": rng.integers(0, 1031, 9).astype(np.int64)}
+    wrt = ["x", "w"] + (["b"] if with_bias else [])
+    plain = ge2.ExecutorV2(autograd.backward_graph(g, "loss", wrt), passes=[]).run(feeds)
+    padded, records = PassManager(resolve(["pad_classes"])).run(g)
+    (gemm,) = [n for n in padded.nodes if n.op == "gemm"]
+    assert gemm.outputs[0].type.shape == (9, 1088), gemm.outputs[0].type
+    assert any("1031 classes computed as 1088" in note for record in records for note in record.notes)
+    result = ge2.ExecutorV2(autograd.backward_graph(padded, "loss", wrt), passes=[]).run(feeds)
+    assert set(result) == set(plain)
+    for name, value in plain.items():
+        assert result[name].shape == value.shape, name
+        assert_close(result[name], value.astype(np.float64), "float32", 1031, what=name)
+
+
+@pytest.mark.parametrize("classes, logits_output", [(1031, True), (1032, False), (999, False)])
+def test_pad_classes_leaves_aligned_small_or_read_logits(rng, classes, logits_output):
+    """No padding where the logits are also an output (their shape is the graph's), where the class count is a
+    multiple of 8 already, or below 1024 classes (the added columns' share of a small GEMM)."""
+    g = _classifier(rng, classes, True, False, logits_output)
+    padded, _ = PassManager(resolve(["pad_classes"])).run(g)
+    assert [n.outputs[0].type.shape for n in padded.nodes if n.op == "gemm"] == [(9, classes)]
+    assert "pad" not in padded.op_counts()
+
+
 @pytest.mark.parametrize("low", ["bfloat16", "float16"])
 def test_loss_gradient_of_cast_logits_reads_the_16_bit_logits(rng, low):
     """Mixed precision's cross_entropy(cast(logits16 -> float32)), whose gradient is cast back to 16 bits, fuses

@@ -19,7 +19,7 @@ from .manager import Pass, PassManager, PassRecord
 from .pattern import Pat, Rewrite, rewrite
 from .pointwise_fusion import fuse_pointwise, fuse_pointwise_training
 from .slice_gradients import join_slice_gradients
-from .training import chain_activation_backward, fuse_loss_gradient, fuse_relu, trim_gemm_backward
+from .training import chain_activation_backward, fuse_loss_gradient, fuse_relu, pad_classes, trim_gemm_backward
 
 PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("infer_shapes", infer_shapes, "recompute every output type from the input types"),
@@ -36,6 +36,8 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("fuse_pointwise_training", fuse_pointwise_training,
          "fuse_pointwise for training graphs: parameters stay inputs (the trainer updates them in place)"),
     Pass("fuse_relu", fuse_relu, "fuse residual adds and ReLU (not GELU/SiLU) into gemm epilogues, for training"),
+    Pass("pad_classes", pad_classes, "a loss's classifier gemm with classes not a multiple of 8 computes them rounded "
+                                     "up to 64 (zero weights, -inf bias: cross_entropy ignores them exactly)"),
     Pass("chain_activation_backward", chain_activation_backward,
          "apply an activation's backward inside the next gemm's dA (gemm_backward a_act)"),
     Pass("trim_gemm_backward", trim_gemm_backward, "do not compute gemm_backward outputs nothing reads"),
@@ -57,7 +59,8 @@ DEFAULT_PIPELINE = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicaliz
                     "plan_layouts", "constant_fold", "fuse", "fuse_pointwise", "dce")
 # Training: the forward is canonicalized and fused before autograd (no constant folding: parameters are trained),
 # the graph with gradients is then cleaned (batched matmuls of gradients lowered to gemms) and its backward fused.
-TRAINING_FORWARD = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicalize", "fuse_relu", "dce")
+TRAINING_FORWARD = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicalize", "pad_classes", "fuse_relu",
+                    "dce")
 TRAINING_BACKWARD = ("infer_shapes", "cse", "dce", "lower_batched_matmuls", "chain_activation_backward",
                      "trim_gemm_backward", "fuse_loss_gradient", "join_slice_gradients", "dce")
 # Last of all (after activation checkpointing, which finds forward nodes by name): forward and backward pointwise

@@ -27,10 +27,14 @@ Environment:
   compiles in a fraction of the time; "none" skips torch.compile), or per dtype, e.g.
   "float16:max-autotune,float32:default" (a dtype not named: "none"). The table says which ran on each row.
 - GE2_BENCH_MODELS: comma-separated row ids to run a subset (resnet50_f16_b32, ...), in the table's order.
-- GE2_BENCH_BUDGET_S: a time budget in seconds for the whole run: once it is spent, the rows left are written as
-  "not run: time budget" and a row started before skips its warm build and torch.compile (the tables are written
-  after every row, so a cut run keeps what it did). A row without torch.compile takes 20-70 s on the H200 (export,
-  cold build with timing, timings); max-autotune compiles for minutes per model.
+- GE2_BENCH_BUDGET_S: a time budget in seconds for the whole run. The run has two phases: every row's GE2 part
+  (export, cold build with timing, GE2 and eager times, profile, warm build, onnxruntime: 20-80 s a row on the
+  H200), then torch.compile row by row (max-autotune compiles for minutes per model), so a short budget costs
+  compile columns, never a row's GE2 figures. Once the budget is spent, the rows left are written as "not run:
+  time budget", a warm build is skipped and no compile starts. The tables are written after every step, so a run
+  killed by a time limit keeps what it did.
+- GE2_BENCH_COMPILE_FIRST: comma-separated row ids that get their torch.compile first, in that order; then the
+  float16 rows (the ones with a target against torch.compile), then the float32 ones, in the table's order.
 - GE2_BENCH_WARM_BUILD, GE2_BENCH_PROFILE: "1" (every row, the default), "0" (none) or comma-separated row ids.
 
 GE2's plan is built with its default measured kernel choice (autotune). The plan-build cost has a table of its own,
@@ -289,13 +293,24 @@ def _precision(torch, dtype):
     return f"float32: conv {conv}, matmul {matmul}"
 
 
-def run_row(torch, row: Row) -> dict:
+@dataclass
+class Kept:
+    """What a row keeps for its torch.compile, which runs after every row's GE2 part: the module and inputs in the
+    row's dtype on the GPU, and the float64 reference output (host)."""
+    module: object
+    inputs: tuple
+    reference: np.ndarray
+
+
+def run_row(torch, row: Row) -> tuple[dict, Kept | None]:
+    """The row's GE2 part (export, import, cold build, GE2 and eager times, profile, warm build, onnxruntime):
+    (its record, what its torch.compile needs; None when the model could not be built)."""
     record = {"id": row.id, "model": row.model, "dtype": row.dtype, "input": row.shape, "status": "ok"}
     started = time.perf_counter()
     try:
         master, host_inputs = row.build(torch, row.batch)
     except ImportError as error:
-        return {**record, "status": f"not run: {error}"}
+        return {**record, "status": f"not run: {error}"}, None
     with torch.no_grad():
         module64, inputs64 = _on_gpu(torch, master, host_inputs, "float64")
         reference = _numpy(torch, module64(*inputs64))
@@ -356,28 +371,45 @@ def run_row(torch, row: Row) -> dict:
                     _onnxruntime(row, path, inputs, reference, record)
                 except Exception as error:  # noqa: BLE001 - an onnxruntime failure is reported in the row
                     record["ort"] = f"onnxruntime failed: {type(error).__name__}: {str(error).splitlines()[0][:160]}"
-        mode = record["compile_mode"] = COMPILE_MODE[row.dtype]
-        if mode != "none" and budget_left() <= 0:
-            record["compile_error"] = f"not run: time budget (GE2_BENCH_BUDGET_S={BUDGET_S:g}) spent"
-        elif mode != "none":
-            try:
-                # A fresh compile per row, static shapes: a code object compiled for an earlier row (ResNet's
-                # forward at another batch) would otherwise recompile with a dynamic batch.
-                torch._dynamo.reset()
-                compiled = torch.compile(module, mode=mode, dynamic=False)
-                compile_start = time.perf_counter()
-                result = compiled(*inputs)
-                torch.cuda.synchronize()
-                record["compile_s"] = time.perf_counter() - compile_start
-                record["compile_error_vs_f64"] = relative_error(_numpy(torch, result), reference)
-                del result
-                record["compile_ms"] = median_ms(lambda: compiled(*inputs), warmup=5, reps=20)
-                if "ge2_ms" in record:
-                    record["vs_compile"] = record["compile_ms"] / record["ge2_ms"]
-            except Exception as error:  # noqa: BLE001 - reported in the row
-                record["compile_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
     record["seconds"] = round(time.perf_counter() - started, 1)
-    return record
+    return record, Kept(module, inputs, reference)
+
+
+def compile_row(torch, row: Row, record: dict, kept: Kept) -> None:
+    """The row's torch.compile columns: compile time (the first call), error against float64, median ms."""
+    mode = record["compile_mode"] = COMPILE_MODE[row.dtype]
+    if mode == "none":
+        return
+    if budget_left() <= 0:
+        record["compile_error"] = f"not run: time budget (GE2_BENCH_BUDGET_S={BUDGET_S:g}) spent"
+        return
+    started = time.perf_counter()
+    try:
+        with torch.no_grad():
+            # A fresh compile per row, static shapes: a code object compiled for an earlier row (ResNet's forward at
+            # another batch) would otherwise recompile with a dynamic batch.
+            torch._dynamo.reset()
+            compiled = torch.compile(kept.module, mode=mode, dynamic=False)
+            result = compiled(*kept.inputs)
+            torch.cuda.synchronize()
+            record["compile_s"] = time.perf_counter() - started
+            record["compile_error_vs_f64"] = relative_error(_numpy(torch, result), kept.reference)
+            del result
+            record["compile_ms"] = median_ms(lambda: compiled(*kept.inputs), warmup=5, reps=20)
+        if "ge2_ms" in record:
+            record["vs_compile"] = record["compile_ms"] / record["ge2_ms"]
+    except Exception as error:  # noqa: BLE001 - reported in the row
+        record["compile_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    record["seconds"] = round(record.get("seconds", 0.0) + time.perf_counter() - started, 1)
+
+
+def compile_order(rows: list[Row]) -> list[Row]:
+    """The order rows get their torch.compile in: GE2_BENCH_COMPILE_FIRST's row ids first (as listed), then the
+    float16 rows (those with a target against torch.compile), then the float32 ones, each in the table's order."""
+    first = [row_id for row_id in os.environ.get("GE2_BENCH_COMPILE_FIRST", "").split(",") if row_id]
+    ranked = [row for row_id in first for row in rows if row.id == row_id]
+    return ranked + [row for dtype in ("float16", "float32") for row in rows
+                     if row.dtype == dtype and row not in ranked]
 
 
 def _precision_of_graph(executor, dtype) -> str:
@@ -458,30 +490,39 @@ def main():
                    "process) and warm (a new process with the caches the cold build filled)")
     # A subset writes tables of its own (models_<ids>.md), so runs of different subsets do not overwrite each other.
     name = "models" if len(rows) == len(ROWS) else "_".join(["models", *(row.id for row in rows)])
-    records, table = [], f"no row selected by GE2_BENCH_MODELS={wanted!r}"
+    records, kept, table = {}, {}, f"no row selected by GE2_BENCH_MODELS={wanted!r}"
+
+    def write() -> str:  # after every step: a time limit keeps what was done
+        done = [records[row.id] for row in rows if row.id in records]
+        write_results(f"{name}_build", done, build_columns, build_title)
+        _write_profiles(f"{name}_profile", done)
+        return write_results(name, done, columns, title)
+
+    # Every row's GE2 part first, then torch.compile row by row (minutes each in max-autotune) while the budget
+    # lasts: a budget that runs short costs compile columns, never a row's GE2 figures.
     for row in rows:
         if budget_left() <= 0:
-            record = {"id": row.id, "model": row.model, "dtype": row.dtype, "input": row.shape,
-                      "status": f"not run: time budget (GE2_BENCH_BUDGET_S={BUDGET_S:g}) spent"}
-            records.append(record)
-            table = write_results(name, records, columns, title)
-            build_table = write_results(f"{name}_build", records, build_columns, build_title)
-            continue
-        try:
-            record = run_row(torch, row)
-        except Exception as error:  # noqa: BLE001 - one model's failure is its row; the others still run
-            record = {"id": row.id, "model": row.model, "dtype": row.dtype, "input": row.shape,
-                      "status": f"failed: {type(error).__name__}: {str(error).splitlines()[0][:300]}",
-                      "traceback": traceback.format_exc(limit=8)[-1500:]}
-        print({k: v for k, v in record.items() if k != "traceback"}, flush=True)
-        records.append(record)
-        torch.cuda.empty_cache()
-        table = write_results(name, records, columns, title)  # after every row: a time limit keeps those done
-        build_table = write_results(f"{name}_build", records, build_columns, build_title)
-        _write_profiles(f"{name}_profile", records)
+            records[row.id] = {"id": row.id, "model": row.model, "dtype": row.dtype, "input": row.shape,
+                               "status": f"not run: time budget (GE2_BENCH_BUDGET_S={BUDGET_S:g}) spent"}
+        else:
+            try:
+                records[row.id], kept[row.id] = run_row(torch, row)
+            except Exception as error:  # noqa: BLE001 - one model's failure is its row; the others still run
+                records[row.id] = {"id": row.id, "model": row.model, "dtype": row.dtype, "input": row.shape,
+                                   "status": f"failed: {type(error).__name__}: {str(error).splitlines()[0][:300]}",
+                                   "traceback": traceback.format_exc(limit=8)[-1500:]}
+            print({k: v for k, v in records[row.id].items() if k not in ("traceback", "profile")}, flush=True)
+            torch.cuda.empty_cache()
+        table = write()
+    for row in compile_order([row for row in rows if kept.get(row.id) is not None]):
+        compile_row(torch, row, records[row.id], kept[row.id])
+        print(f"{row.id}: torch.compile " + ", ".join(f"{key} {records[row.id][key]}" for key in (
+            "compile_mode", "compile_s", "compile_ms", "vs_compile", "compile_error") if key in records[row.id]),
+              flush=True)
+        table = write()
     print(table)
     if records:
-        print(build_table)
+        print((RESULTS / f"{name}_build.md").read_text())
 
 
 if __name__ == "__main__":

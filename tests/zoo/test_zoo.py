@@ -1,5 +1,6 @@
 """The model zoo: its machinery on any machine (the table, the error measure, a worker that crashes or runs out of
 time), and real models against PyTorch in float64 on the GPU machine (torch, torchvision, transformers)."""
+import copy
 import json
 import math
 import time
@@ -40,7 +41,7 @@ def test_the_issue_lists_every_model():
 def _records():
     return [
         {"model": "resnet18", "frontend": "onnx", "dtype": "float32", "imported": True, "problems": [], "error": None,
-         "ge2_error": 1e-6, "torch_error": 2e-6, "match": True, "ge2_ms": 0.5, "eager_ms": 1.0, "fallbacks": 0,
+         "exporter": "dynamo", "ge2_error": 1e-6, "torch_error": 2e-6, "match": True, "ge2_ms": 0.5, "eager_ms": 1.0, "fallbacks": 0,
          "fallback_ops": []},
         {"model": "bert", "frontend": "torch", "dtype": "float32", "imported": False, "error": None,
          "problems": [["node_7", "aten.cumsum.default", "ATen op not supported by GE2"]]},
@@ -48,20 +49,20 @@ def _records():
         {"model": "resnet18", "frontend": "onnx", "dtype": "float32", "check": "two_sizes", "match": False,
          "error": "export: UserError: Detected mismatch between the structure of `inputs` and `dynamic_shapes`"},
         {"model": "bert", "frontend": "torch", "dtype": "float32", "check": "two_sizes", "error": None,
-         "match": True, "symbolic_inputs": ["int64[s0, s1]", "int64[s0, s1]"]},
+         "match": True, "exporter": "torch.export", "symbolic_inputs": ["int64[s0, s1]", "int64[s0, s1]"]},
     ]
 
 
 def test_markdown_table_lists_results_compile_times_and_every_unsupported_node():
     text = zoo.format_markdown(_records(), "settings line")
-    assert ("| resnet18 | onnx | float32 | yes | 1.00e-06 | 2.00e-06 | yes | 0.500 | 1.000 | 0.250 | 0 | **no**: "
+    assert ("| resnet18 | onnx | dynamo | float32 | yes | 1.00e-06 | 2.00e-06 | yes | 0.500 | 1.000 | 0.250 | 0 | **no**: "
             "export: UserError: Detected mismatch between the structure of `inputs` and `dynamic_shapes` |  |") in text
-    assert "| bert | torch | float32 | **no** |  |  |  |  |  |  |  | yes | 1 unsupported node(s)" in text
+    assert "| bert | torch |  | float32 | **no** |  |  |  |  |  |  |  | yes | 1 unsupported node(s)" in text
     assert "- `node_7` (aten.cumsum.default): ATen op not supported by GE2" in text
     assert "- float32: 1 of 2 (model, frontend) pairs import and match; 1 import" in text
     assert "- two sizes: 1 of 2 (model, frontend) pairs run both sizes on one executor and match" in text
-    assert "| bert | torch | int64[s0, s1], int64[s0, s1] | match |" in text
-    assert "| resnet18 | onnx |  | export: UserError: Detected mismatch" in text
+    assert "| bert | torch | torch.export | int64[s0, s1], int64[s0, s1] | match |" in text
+    assert "| resnet18 | onnx |  |  | export: UserError: Detected mismatch" in text
 
 
 class _FakeTensor:
@@ -104,7 +105,8 @@ def test_dynamic_shapes_are_keyed_by_the_forward_parameters():
 
 def _arguments(tmp_path, **given):
     values = dict(models="resnet18", frontend="onnx,torch", dtype="float32", quick=False, no_compile=True,
-                  time_limit=None, two_sizes=False, jobs=1, deadline=None, out=str(tmp_path / "zoo.md"))
+                  time_limit=None, two_sizes=False, jobs=1, deadline=None, device="cuda",
+                  out=str(tmp_path / "zoo.md"))
     values.update(given)
     return SimpleNamespace(**values)
 
@@ -144,7 +146,8 @@ def test_models_run_in_parallel_slow_ones_first_within_the_deadline(monkeypatch)
     model with the records so far, in the models' order."""
     started, limits = [], {}
 
-    def fake_run_model(name, frontends, dtypes, time_limit, compile_too, two_sizes=False, limit_source=""):
+    def fake_run_model(name, frontends, dtypes, time_limit, compile_too, two_sizes=False, limit_source="",
+                       device="cuda"):
         started.append(name)
         limits[name] = (time_limit, limit_source)
         time.sleep(0.3)
@@ -202,3 +205,71 @@ def test_resnet18_imports_and_matches_pytorch(frontend):
     assert record["imported"] and record["error"] is None, record
     assert record["match"], record
 
+
+
+def test_dynamo_export_is_retried_with_math_attention_only_for_the_stride_failure(monkeypatch, tmp_path):
+    """torch's dynamo exporter can fail on scaled_dot_product_attention's output strides ("Cannot view a tensor"
+    raised inside its decomposition): the zoo exports once more with the math SDPA kernel selected and says so;
+    any other export failure is raised as it is, after one attempt."""
+    torch = pytest.importorskip("torch", reason="the retry selects a PyTorch SDPA kernel")
+    calls = []
+
+    def failing_export(*arguments, **options):
+        calls.append(torch.backends.cuda.flash_sdp_enabled())
+        if len(calls) == 1:
+            try:
+                raise ValueError("Cannot view a tensor with shape torch.Size([2, 16, 4, 32]) and strides ...")
+            except ValueError as cause:
+                raise RuntimeError("Failed to decompose the FX graph for ONNX compatibility") from cause
+
+    monkeypatch.setattr(torch.onnx, "export", failing_export)
+    assert worker._export_dynamo(torch, None, (), str(tmp_path / "m.onnx")) == "dynamo, SDPA traced as math"
+    assert calls == [torch.backends.cuda.flash_sdp_enabled(), False]  # the second export: flash attention off
+
+    def other_failure(*arguments, **options):
+        calls.append("other")
+        raise RuntimeError("Unsupported FX nodes: {'aten.frobnicate'}")
+
+    calls.clear()
+    monkeypatch.setattr(torch.onnx, "export", other_failure)
+    with pytest.raises(RuntimeError, match="frobnicate"):
+        worker._export_dynamo(torch, None, (), str(tmp_path / "m.onnx"))
+    assert calls == ["other"]
+
+
+def test_t5_encoder_through_the_dynamo_exporter_on_the_cpu(tmp_path):
+    """T5EncoderModel (relative position bias, padding mask) through torch.onnx.export's dynamo exporter, imported
+    and run on GE2's CPU backend against PyTorch float64. With autograd on, torch 2.11's exporter fails on SDPA's
+    output strides, which the zoo's retry covers; the row names the exporter that wrote the graph."""
+    torch = pytest.importorskip("torch", reason="the zoo needs PyTorch")
+    pytest.importorskip("transformers", reason="T5 comes from transformers")
+    import graph_executor_v2 as ge2
+
+    master, inputs = MODELS["t5_encoder"].build(torch)
+    with torch.no_grad():
+        reference = master.double()(*inputs).numpy()
+        torch_error = worker.relative_error(master.float()(*inputs).numpy(), reference)
+    graph, exporter = worker._import(torch, "onnx", master, inputs, str(tmp_path))  # autograd on: the retry
+    assert exporter in ("dynamo", "dynamo, SDPA traced as math")
+    assert graph.op_counts().get("attention", 0) == 2, graph.op_counts()  # one per layer, the bias as its input
+    result = ge2.ExecutorV2(graph, device="cpu").run({v.name: x.numpy() for v, x in zip(graph.inputs, inputs)})
+    error = worker.relative_error(next(iter(result.values())), reference)
+    assert worker.matches(error, torch_error, "float32"), (error, torch_error)
+
+
+@pytest.mark.parametrize("frontend", ["onnx", "onnx-legacy", "torch"])
+def test_a_case_runs_on_the_cpu_without_times(frontend):
+    """``--device cpu``: PyTorch and GE2's CPU backend, the same record as on the GPU (imported, the exporter, both
+    errors against float64, the match) without the GPU's times."""
+    torch = pytest.importorskip("torch", reason="the zoo needs PyTorch")
+    torch.manual_seed(0)
+    master = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
+    inputs = (torch.randn(3, 16),)
+    with torch.no_grad():
+        reference = copy.deepcopy(master).double()(inputs[0].double()).numpy()
+    record = worker.run_case(torch, "mlp", frontend, "float32", master, inputs, reference, device="cpu")
+    assert record["imported"] and record["error"] is None, record
+    assert record["exporter"] == {"onnx": "dynamo", "onnx-legacy": "legacy (TorchScript)",
+                                  "torch": "torch.export"}[frontend]
+    assert record["match"] and record["ge2_error"] < 1e-6, record
+    assert "ge2_ms" not in record and "eager_ms" not in record

@@ -8,7 +8,8 @@ frontend, dtype): whether the import succeeded, the unsupported nodes with their
 and PyTorch's own in that dtype (both relative to the float64 result's largest value), whether GE2 is within 4x of
 PyTorch plus a floor (``worker.matches``), the GE2 / eager / torch.compile times and the nodes that fell back to a
 host round trip. The models need torch, torchvision and transformers (the GPU machine has them); where they are
-missing each row says so.
+missing each row says so. ``--device cpu`` runs PyTorch and GE2's CPU backend instead of the GPU: imports and errors
+on a machine without one (no times). The exporter column names what wrote each imported graph.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def _missing_package(family: str) -> str | None:
 
 
 def _run_model(name: str, frontends: list[str], dtypes: list[str], time_limit: float, compile_too: bool,
-               two_sizes: bool = False, limit_source: str = "") -> list:
+               two_sizes: bool = False, limit_source: str = "", device: str = "cuda") -> list:
     """The records of one model, from its worker process; a case the worker did not finish gets a record saying
     why (the time limit, with ``limit_source`` naming what set it; a crash with its last lines of output)."""
     missing = _missing_package(MODELS[name].family)
@@ -51,7 +52,7 @@ def _run_model(name: str, frontends: list[str], dtypes: list[str], time_limit: f
         out = Path(directory) / "records.jsonl"
         command = [sys.executable, "-m", "graph_executor_v2.zoo.worker", name, "--frontends", ",".join(frontends),
                    "--dtypes", ",".join(dtypes), "--out", str(out)] + ([] if compile_too else ["--no-compile"]) + \
-                  (["--two-sizes"] if two_sizes else [])
+                  (["--two-sizes"] if two_sizes else []) + ["--device", device]
         environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
             str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")])))
         why = None
@@ -99,9 +100,13 @@ def format_markdown(records: list[dict], settings: str) -> str:
              "two sizes (float32 rows): the model exported with a symbolic batch (and sequence, for token inputs) and "
              f"one executor run at (batch, sequence) {' and '.join(str(tuple(size)) for size in TWO_SIZES)}, each "
              "matched against float64 like the row; the reason when not.", "",
-             "| model | frontend | dtype | import | GE2 error | PyTorch error | match | GE2 ms | eager ms | "
+             "exporter: what wrote the graph GE2 imported: torch.export (frontend torch), torch.onnx.export's "
+             "default dynamo exporter (onnx) or its legacy TorchScript one (onnx-legacy); 'SDPA traced as math' where "
+             "the dynamo export failed on attention's output strides and was exported again with PyTorch's math "
+             "attention kernel selected (the same ONNX attention, a different trace).", "",
+             "| model | frontend | exporter | dtype | import | GE2 error | PyTorch error | match | GE2 ms | eager ms | "
              "compile ms | fallbacks | two sizes | note |",
-             "| --- | --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | --- |"]
+             "| --- | --- | --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | --- |"]
     two_sizes = {(r["model"], r["frontend"]): r for r in checks}
     for r in cases:
         compile_record = compiled.get((r["model"], r["dtype"]), {})
@@ -112,7 +117,8 @@ def format_markdown(records: list[dict], settings: str) -> str:
         if r.get("fallback_ops"):
             note = (note + "; " if note else "") + "fallback: " + ", ".join(r["fallback_ops"])
         match = {True: "yes", False: "**no**", None: ""}[r.get("match")]
-        lines.append(f"| {r['model']} | {r['frontend']} | {r['dtype']} | {'yes' if r['imported'] else '**no**'} | "
+        lines.append(f"| {r['model']} | {r['frontend']} | {r.get('exporter') or ''} | {r['dtype']} | "
+                     f"{'yes' if r['imported'] else '**no**'} | "
                      f"{_number(r.get('ge2_error'), '.2e')} | {_number(r.get('torch_error'), '.2e')} | {match} | "
                      f"{_number(r.get('ge2_ms'), '.3f')} | {_number(r.get('eager_ms'), '.3f')} | "
                      f"{_number(compile_record.get('compile_ms'), '.3f')} | {_number(r.get('fallbacks'), 'd')} | "
@@ -130,10 +136,11 @@ def format_markdown(records: list[dict], settings: str) -> str:
         lines.append(f"- two sizes: {matched} of {len(checks)} (model, frontend) pairs run both sizes on one executor "
                      "and match")
         lines += ["", "## Symbolic shapes: one executor, two sizes (float32)", "",
-                  "| model | frontend | inputs as imported | result |", "| --- | --- | --- | --- |"]
+                  "| model | frontend | exporter | inputs as imported | result |", "| --- | --- | --- | --- | --- |"]
         for r in checks:
             result = "match" if r.get("match") else (r.get("error") or "").replace("|", "/")
-            lines.append(f"| {r['model']} | {r['frontend']} | {', '.join(r.get('symbolic_inputs', []))} | {result} |")
+            lines.append(f"| {r['model']} | {r['frontend']} | {r.get('exporter') or ''} | "
+                         f"{', '.join(r.get('symbolic_inputs', []))} | {result} |")
     failures = [r for r in cases if r["problems"]]
     if failures:
         lines += ["", "## Unsupported nodes", ""]
@@ -159,7 +166,8 @@ def _names(text: str | None, allowed, what: str) -> list[str]:
 
 
 def run_models(models: list[str], frontends: list[str], dtypes: list[str], *, time_limit: float, compile_too: bool,
-               two_sizes: bool, jobs: int = 1, deadline: float | None = None, on_model=None) -> list:
+               two_sizes: bool, jobs: int = 1, deadline: float | None = None, on_model=None,
+               device: str = "cuda") -> list:
     """Every model's records, ``jobs`` worker processes at a time. The slow models start first, so that no slow
     one is left to start near the end; each model gets ``time_limit`` seconds, less where ``deadline`` (seconds
     from now for the whole run) leaves less, and a model not started before the deadline gets records saying so.
@@ -177,7 +185,7 @@ def run_models(models: list[str], frontends: list[str], dtypes: list[str], *, ti
         limit, source = time_limit, ""
         if left is not None and left < time_limit:
             limit, source = left, " (what the zoo's --deadline left)"
-        return _run_model(name, frontends, dtypes, limit, compile_too, two_sizes, limit_source=source)
+        return _run_model(name, frontends, dtypes, limit, compile_too, two_sizes, limit_source=source, device=device)
 
     order = sorted(models, key=lambda name: not MODELS[name].slow)  # stable: the given order within each class
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:  # threads: each one waits on a worker process
@@ -211,14 +219,14 @@ def main(arguments) -> int:
         print(f"zoo: {error}", file=sys.stderr)
         return 2
     time_limit = arguments.time_limit or (QUICK_TIME_LIMIT_S if arguments.quick else 300)
-    compile_too = not (arguments.no_compile or arguments.quick)
+    compile_too = not (arguments.no_compile or arguments.quick or arguments.device == "cpu")
     started = time.perf_counter()
     out = Path(arguments.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def write(records, final: bool = False):
         settings = (f"Models: {', '.join(models)}; frontends: {', '.join(frontends)}; dtypes: {', '.join(dtypes)}; "
-                    f"batch 2; time limit {time_limit:.0f} s per model"
+                    f"device {arguments.device}; batch 2; time limit {time_limit:.0f} s per model"
                     + (f", {arguments.deadline:.0f} s for the whole run" if arguments.deadline else "")
                     + f"; {arguments.jobs} model(s) at a time; torch.compile "
                     f"{'timed' if compile_too else 'not timed'}; "
@@ -229,7 +237,7 @@ def main(arguments) -> int:
 
     records = run_models(models, frontends, dtypes, time_limit=time_limit, compile_too=compile_too,
                          two_sizes=arguments.two_sizes or not arguments.quick, jobs=arguments.jobs,
-                         deadline=arguments.deadline, on_model=write)
+                         deadline=arguments.deadline, on_model=write, device=arguments.device)
     write(records, final=True)
     print(f"\nwrote {out} and {out.with_suffix('.json')}")
     return 0
@@ -257,5 +265,8 @@ def add_parser(commands) -> None:
                         help="seconds for the whole run (default: none): a model's time limit shrinks to what is "
                              f"left, a model not started with {MINIMUM_START_S} s left is reported as not started; the "
                              "table is written after every model either way")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="where PyTorch and GE2 run: cpu checks imports and errors on GE2's CPU backend, without "
+                             "times or torch.compile")
     parser.add_argument("--out", default="benchmarks/results/zoo.md", help="the markdown file (JSON next to it)")
     parser.set_defaults(handler=main)

@@ -2,10 +2,11 @@
 --dtypes ... --out FILE``. Every (frontend, dtype) case appends one JSON line to FILE as soon as it is known, and
 torch.compile's time per dtype comes last, so a crash or the parent's time limit loses only the step under way.
 
-A case: the model in float64 on the GPU (the reference), PyTorch in the dtype under test (its own error against the
-reference), the model imported into GE2 (``frontend``: "onnx" = torch.onnx.export's default dynamo exporter,
-"onnx-legacy" = its TorchScript exporter, "torch" = ``frontend.torch.from_torch``), planned and run on the GPU,
-its error, and the times: GE2, PyTorch eager, torch.compile.
+A case: the model in float64 on the device (the reference), PyTorch in the dtype under test (its own error against
+the reference), the model imported into GE2 (``frontend``: "onnx" = torch.onnx.export's default dynamo exporter,
+"onnx-legacy" = its TorchScript exporter, "torch" = ``frontend.torch.from_torch``), planned and run on the device,
+its error, and on the GPU the times: GE2, PyTorch eager, torch.compile. ``--device cpu`` runs both PyTorch and GE2's
+CPU backend instead (a machine without a GPU checks imports and errors; no times).
 """
 from __future__ import annotations
 
@@ -78,49 +79,93 @@ def _as_numpy(torch, tensor) -> np.ndarray:
     return np.asarray(tensor, np.float64)
 
 
-def _import(torch, frontend: str, module, inputs, directory: str):
-    """The GE2 graph of ``module`` on ``inputs`` (both on the GPU, in the dtype under test)."""
+def _export_dynamo(torch, module, inputs, path: str, **options) -> str:
+    """``torch.onnx.export(dynamo=True)``; what was exported, as the zoo's rows name it: "dynamo", or where torch
+    fails to trace scaled_dot_product_attention's output strides (T5: its fake CUDA/CPU kernel returns a [b, s, h, d]
+    layout and a later re-trace of the same graph a [b, h, s, d] one, so a reshape of its transpose becomes an
+    invalid view), "dynamo, SDPA traced as math" after exporting again with PyTorch's math SDPA kernel selected.
+    The exported ONNX graph holds the same attention either way; the kernel choice only affects the trace."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    try:
+        torch.onnx.export(module, inputs, path, dynamo=True, **options)
+        return "dynamo"
+    except Exception as error:  # noqa: BLE001 - retried once below, and re-raised if that fails too
+        if "Cannot view a tensor" not in "".join(_causes(error)):
+            raise
+    # The failed trace left its SDPA results in the fake-tensor cache, whose key does not hold the kernel choice.
+    torch._subclasses.fake_tensor.FakeTensorMode.cache_clear()
+    with sdpa_kernel([SDPBackend.MATH]):
+        torch.onnx.export(module, inputs, path, dynamo=True, **options)
+    return "dynamo, SDPA traced as math"
+
+
+def _causes(error: BaseException) -> list[str]:
+    """The text of ``error`` and of every exception it was raised from."""
+    texts = []
+    while error is not None:
+        texts.append(str(error))
+        error = error.__cause__ or error.__context__
+    return texts
+
+
+def _import(torch, frontend: str, module, inputs, directory: str, dynamic: bool = False):
+    """(the GE2 graph of ``module`` on ``inputs``, the exporter that wrote it): ``module`` exported on ``inputs``
+    (both on the device, in the dtype under test); with ``dynamic``, with the symbolic axes of ``dynamic_shapes``
+    (torch.export, the dynamo exporter) / ``dynamic_axes`` (the legacy exporter)."""
     if frontend == "torch":
         from ..frontend.torch import from_torch
 
-        return from_torch(module, inputs)
+        options = {"dynamic_shapes": dynamic_shapes(torch, module, inputs)} if dynamic else {}
+        return from_torch(module, inputs, **options), "torch.export"
     from ..frontend import onnx as onnx_frontend
 
     path = str(Path(directory) / "model.onnx")
     names = [f"input{index}" for index in range(len(inputs))]
     if frontend == "onnx":
-        torch.onnx.export(module, inputs, path, input_names=names, output_names=["y"], dynamo=True)
+        options = {"dynamic_shapes": dynamic_shapes(torch, module, inputs)} if dynamic else {}
+        exporter = _export_dynamo(torch, module, inputs, path, input_names=names, output_names=["y"], **options)
     else:
-        torch.onnx.export(module, inputs, path, input_names=names, output_names=["y"], dynamo=False, opset_version=17)
-    return onnx_frontend.load(path)
+        options = {"dynamic_axes": {**dynamic_axes(inputs, names), "y": {0: "batch"}}} if dynamic else {}
+        torch.onnx.export(module, inputs, path, input_names=names, output_names=["y"], dynamo=False, opset_version=17,
+                          **options)
+        exporter = "legacy (TorchScript)"
+    return onnx_frontend.load(path), exporter
 
 
-def _on_gpu(torch, master, inputs, dtype: str):
-    """(module, inputs) on the GPU in ``dtype`` (integer inputs, token ids and masks, stay as they are)."""
+def _feed(x, device: str):
+    """A torch tensor as GE2 takes it on ``device``: the tensor itself on the GPU, a NumPy array on the CPU."""
+    return x if device == "cuda" else x.numpy()
+
+
+def _on_device(torch, master, inputs, dtype: str, device: str):
+    """(module, inputs) on ``device`` in ``dtype`` (integer inputs, token ids and masks, stay as they are)."""
     torch_dtype = getattr(torch, dtype)
-    module = copy.deepcopy(master).to("cuda", torch_dtype)
-    return module, tuple(x.to("cuda", torch_dtype) if x.is_floating_point() else x.to("cuda") for x in inputs)
+    module = copy.deepcopy(master).to(device, torch_dtype)
+    return module, tuple(x.to(device, torch_dtype) if x.is_floating_point() else x.to(device) for x in inputs)
 
 
-def run_case(torch, model_name: str, frontend: str, dtype: str, master, inputs, reference: np.ndarray) -> dict:
-    """One (model, frontend, dtype) case: what it found, as a record."""
+def run_case(torch, model_name: str, frontend: str, dtype: str, master, inputs, reference: np.ndarray,
+             device: str = "cuda") -> dict:
+    """One (model, frontend, dtype) case on ``device`` ("cuda" or "cpu": both PyTorch and GE2 there; times only on
+    "cuda"): what it found, as a record."""
     from .. import ExecutorV2
     from ..frontend import UnsupportedModelError
 
     record = {"model": model_name, "frontend": frontend, "dtype": dtype, "imported": False, "problems": [],
               "error": None}
     started = time.perf_counter()
-    module, device_inputs = _on_gpu(torch, master, inputs, dtype)
+    module, device_inputs = _on_device(torch, master, inputs, dtype, device)
     try:
         with torch.no_grad():
             eager = module(*device_inputs)
             record["torch_error"] = relative_error(_as_numpy(torch, eager), reference)
             with tempfile.TemporaryDirectory() as directory:
-                graph = _import(torch, frontend, module, device_inputs, directory)
+                graph, record["exporter"] = _import(torch, frontend, module, device_inputs, directory)
             record["imported"] = True
             record["nodes"] = len(graph.nodes)
-            executor = ExecutorV2(graph, device="cuda")
-            feeds = {value.name: x for value, x in zip(graph.inputs, device_inputs)}
+            executor = ExecutorV2(graph, device=device)
+            feeds = {value.name: _feed(x, device) for value, x in zip(graph.inputs, device_inputs)}
             output_name = next(iter(graph.outputs))
             result = executor.run(feeds)[output_name]
             record["ge2_error"] = relative_error(_as_numpy(torch, result), reference)
@@ -129,8 +174,9 @@ def run_case(torch, model_name: str, frontend: str, dtype: str, master, inputs, 
             fallbacks = executor.fallbacks
             record["fallbacks"] = len(fallbacks)
             record["fallback_ops"] = sorted({selection.op for selection in fallbacks})
-            record["ge2_ms"] = _median_cuda_ms(torch, lambda: executor.run(feeds))
-            record["eager_ms"] = _median_cuda_ms(torch, lambda: module(*device_inputs))
+            if device == "cuda":
+                record["ge2_ms"] = _median_cuda_ms(torch, lambda: executor.run(feeds))
+                record["eager_ms"] = _median_cuda_ms(torch, lambda: module(*device_inputs))
     except UnsupportedModelError as error:
         record["problems"] = [list(problem) for problem in error.problems]
     except Exception as error:  # noqa: BLE001 - any failure of one case is reported, the next case still runs
@@ -188,26 +234,7 @@ def sized_inputs(torch, inputs, batch: int, sequence: int) -> tuple:
     return tuple(sized)
 
 
-def _import_dynamic(torch, frontend: str, module, inputs, directory: str):
-    """The GE2 graph of ``module`` exported with the symbolic axes of ``dynamic_shapes`` / ``dynamic_axes``."""
-    if frontend == "torch":
-        from ..frontend.torch import from_torch
-
-        return from_torch(module, inputs, dynamic_shapes=dynamic_shapes(torch, module, inputs))
-    from ..frontend import onnx as onnx_frontend
-
-    path = str(Path(directory) / "model.onnx")
-    names = [f"input{index}" for index in range(len(inputs))]
-    if frontend == "onnx":
-        torch.onnx.export(module, inputs, path, input_names=names, output_names=["y"], dynamo=True,
-                          dynamic_shapes=dynamic_shapes(torch, module, inputs))
-    else:
-        torch.onnx.export(module, inputs, path, input_names=names, output_names=["y"], dynamo=False, opset_version=17,
-                          dynamic_axes={**dynamic_axes(inputs, names), "y": {0: "batch"}})
-    return onnx_frontend.load(path)
-
-
-def check_two_sizes(torch, model_name: str, frontend: str, master, inputs) -> dict:
+def check_two_sizes(torch, model_name: str, frontend: str, master, inputs, device: str = "cuda") -> dict:
     """The symbolic-shapes check, float32: the model imported with a symbolic batch (and sequence, for token
     inputs), one executor run at each of ``TWO_SIZES``, each against PyTorch in float64 (GE2 within 4x PyTorch's own
     float32 error plus the floor). A failure at any step is the record's error, with the exception's text."""
@@ -217,21 +244,21 @@ def check_two_sizes(torch, model_name: str, frontend: str, master, inputs) -> di
     record = {"model": model_name, "frontend": frontend, "dtype": "float32", "check": "two_sizes", "error": None,
               "sizes": [list(size) for size in TWO_SIZES]}
     started = time.perf_counter()
-    module, device_inputs = _on_gpu(torch, master, inputs, "float32")
+    module, device_inputs = _on_device(torch, master, inputs, "float32", device)
     step = "export"
     try:
         with torch.no_grad(), tempfile.TemporaryDirectory() as directory:
-            graph = _import_dynamic(torch, frontend, module, device_inputs, directory)
+            graph, record["exporter"] = _import(torch, frontend, module, device_inputs, directory, dynamic=True)
             record["symbolic_inputs"] = [str(value.type) for value in graph.inputs]
             step = "plan"
-            executor = ExecutorV2(graph, device="cuda")
-            reference_module = copy.deepcopy(master).to("cuda", torch.float64)
+            executor = ExecutorV2(graph, device=device)
+            reference_module = copy.deepcopy(master).to(device, torch.float64)
             errors = []
             tokens = any(_is_token_input(x) for x in device_inputs)
             for batch, sequence in TWO_SIZES:
                 step = f"batch {batch}" + (f", sequence {sequence}" if tokens else "")
                 sized = sized_inputs(torch, device_inputs, batch, sequence)
-                feeds = {value.name: x for value, x in zip(graph.inputs, sized)}
+                feeds = {value.name: _feed(x, device) for value, x in zip(graph.inputs, sized)}
                 result = executor.run(feeds)[next(iter(graph.outputs))]
                 wide = tuple(x.double() if x.is_floating_point() else x for x in sized)
                 reference = _as_numpy(torch, reference_module(*wide))
@@ -258,7 +285,7 @@ def time_compiled(torch, model_name: str, dtype: str, master, inputs) -> dict:
     """torch.compile's time for the model in ``dtype`` (one record, shared by the frontends' rows)."""
     record = {"model": model_name, "frontend": None, "dtype": dtype}
     started = time.perf_counter()
-    module, device_inputs = _on_gpu(torch, master, inputs, dtype)
+    module, device_inputs = _on_device(torch, master, inputs, dtype, "cuda")
     try:
         compiled = torch.compile(module)
         with torch.no_grad():
@@ -278,7 +305,10 @@ def main(argv=None) -> int:
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--two-sizes", action="store_true",
                         help="also import with a symbolic batch (and sequence) and run two sizes on one executor")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="where PyTorch and GE2 run (cpu: no times, no torch.compile)")
     arguments = parser.parse_args(argv)
+    device = arguments.device
     out = Path(arguments.out)
 
     def emit(record):
@@ -286,7 +316,7 @@ def main(argv=None) -> int:
             stream.write(json.dumps(record) + "\n")
 
     torch = require("torch", "the zoo")
-    if not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available():
         for dtype in arguments.dtypes.split(","):
             for frontend in arguments.frontends.split(","):
                 emit({"model": arguments.model, "frontend": frontend, "dtype": dtype, "imported": False,
@@ -296,20 +326,20 @@ def main(argv=None) -> int:
     # is measured as users get it, and GE2's precision="default" follows the same policy.
     master, inputs = MODELS[arguments.model].build(torch)
     with torch.no_grad():
-        reference_module = copy.deepcopy(master).to("cuda", torch.float64)
-        reference_inputs = tuple(x.to("cuda", torch.float64) if x.is_floating_point() else x.to("cuda")
+        reference_module = copy.deepcopy(master).to(device, torch.float64)
+        reference_inputs = tuple(x.to(device, torch.float64) if x.is_floating_point() else x.to(device)
                                  for x in inputs)
         reference = _as_numpy(torch, reference_module(*reference_inputs))
         del reference_module
     for dtype in arguments.dtypes.split(","):
         for frontend in arguments.frontends.split(","):
-            emit(run_case(torch, arguments.model, frontend, dtype, master, inputs, reference))
+            emit(run_case(torch, arguments.model, frontend, dtype, master, inputs, reference, device))
             torch.cuda.empty_cache()
     if arguments.two_sizes and "float32" in arguments.dtypes.split(","):
         for frontend in arguments.frontends.split(","):
-            emit(check_two_sizes(torch, arguments.model, frontend, master, inputs))
+            emit(check_two_sizes(torch, arguments.model, frontend, master, inputs, device))
             torch.cuda.empty_cache()
-    if not arguments.no_compile:  # last: the slowest step, and the one a time limit may cut
+    if device == "cuda" and not arguments.no_compile:  # last: the slowest step, and the one a time limit may cut
         for dtype in arguments.dtypes.split(","):
             emit(time_compiled(torch, arguments.model, dtype, master, inputs))
     return 0

@@ -91,6 +91,40 @@ def test_symbolic_shape_arithmetic_stays_symbolic_and_one_executor_runs_two_size
         np.testing.assert_array_equal(y, session.run(None, {"x": x})[0])
 
 
+def test_flatten_and_the_shape_of_a_symbolic_shape_run_two_sizes(rng):
+    """The legacy exporter's Flatten of a [batch, seq, 4] tensor (T5's mask at axis 2; torchvision's classifier at
+    axis 1) multiplies symbolic extents, and the Shape of a shape-valued constant (its length, an int) folds: here
+    it picks the last extent for a Reshape([-1, shape[rank - 1]]). One executor runs two sizes, checked against
+    NumPy in float64 and onnxruntime."""
+    nodes = [helper.make_node("Flatten", ["x"], ["rows"], axis=2),
+             helper.make_node("Flatten", ["x"], ["batches"], axis=1),
+             helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Shape", ["shape"], ["rank"]),
+             helper.make_node("Sub", ["rank", "one"], ["last"]),
+             helper.make_node("Slice", ["shape", "last", "rank"], ["width"]),
+             helper.make_node("Concat", ["minus_one", "width"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["reshaped"]),
+             helper.make_node("Relu", ["rows"], ["positive_rows"]),
+             helper.make_node("Reshape", ["batches", "target"], ["batch_rows"]),
+             helper.make_node("Add", ["positive_rows", "batch_rows"], ["sum"]),
+             helper.make_node("Add", ["sum", "reshaped"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 4])],
+                   [_ints("one", [1]), _ints("minus_one", [-1])])
+    graph = onnx_frontend.load(model)
+    assert graph.outputs["y"].type.shape == ("batch*seq", 4)
+    flattened = [node.attrs["shape"] for node in graph.nodes if node.op == "reshape"]
+    assert ("batch*seq", 4) in flattened and ("batch", "4*seq") in flattened, flattened
+    executor = ge2.ExecutorV2(graph)
+    onnxruntime = pytest.importorskip("onnxruntime")
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for shape in ((2, 3, 4), (3, 5, 4)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        rows = x.astype(np.float64).reshape(-1, 4)
+        y = executor.run({"x": x})["y"]
+        assert_close(y, np.maximum(rows, 0) + 2 * rows, "float32")
+        assert_close(y, session.run(None, {"x": x})[0], "float32")
+
+
 def _reported(nodes, initializers, input_shape=("n",)):
     """The (node name, reason) pairs the importer reports for a model of input x [input_shape]."""
     model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(input_shape))], initializers)

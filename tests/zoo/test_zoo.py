@@ -3,6 +3,7 @@ time), and real models against PyTorch in float64 on the GPU machine (torch, tor
 import copy
 import json
 import math
+import threading
 import time
 from types import SimpleNamespace
 
@@ -147,7 +148,7 @@ def test_models_run_in_parallel_slow_ones_first_within_the_deadline(monkeypatch)
     started, limits = [], {}
 
     def fake_run_model(name, frontends, dtypes, time_limit, compile_too, two_sizes=False, limit_source="",
-                       device="cuda"):
+                       device="cuda", gpu=None):
         started.append(name)
         limits[name] = (time_limit, limit_source)
         time.sleep(0.3)
@@ -173,6 +174,33 @@ def test_models_run_in_parallel_slow_ones_first_within_the_deadline(monkeypatch)
     assert all(0.5 < limit <= 0.7 and source == " (what the zoo's --deadline left)" for limit, source in
                limits.values())
     assert len(snapshots) == 3 and snapshots[-1] == models
+
+
+def test_workers_spread_over_the_visible_gpus(monkeypatch):
+    """With several GPUs, each worker process runs on the least busy one alone (CUDA_VISIBLE_DEVICES): 4 jobs over
+    2 GPUs run 2 models on each at a time; the ids come from CUDA_VISIBLE_DEVICES where it is set."""
+    given, busy, most = {}, {"3": 0, "5": 0}, {"3": 0, "5": 0}
+    lock = threading.Lock()
+
+    def fake_run_model(name, frontends, dtypes, time_limit, compile_too, two_sizes=False, limit_source="",
+                       device="cuda", gpu=None):
+        with lock:
+            given[name] = gpu
+            busy[gpu] += 1
+            most[gpu] = max(most[gpu], busy[gpu])
+        time.sleep(0.3)
+        with lock:
+            busy[gpu] -= 1
+        return [zoo._failed(name, frontend, dtype, "ran") for dtype in dtypes for frontend in frontends]
+
+    monkeypatch.setattr(zoo, "_run_model", fake_run_model)
+    models = ["resnet18", "resnet50", "vgg11_bn", "googlenet", "bert", "gpt2"]
+    zoo.run_models(models, ["torch"], ["float32"], time_limit=30, compile_too=False, two_sizes=False, jobs=4,
+                   gpus=["3", "5"])
+    assert set(given) == set(models) and set(given.values()) == {"3", "5"}
+    assert most == {"3": 2, "5": 2}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 5")
+    assert zoo._visible_gpus() == ["3", "5"]
 
 
 def test_sized_inputs_are_contiguous_at_the_new_batch_and_sequence():

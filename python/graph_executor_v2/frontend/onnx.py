@@ -430,9 +430,8 @@ def _flatten(ctx, inputs, attrs):
     x = ctx.value(inputs[0])
     axis = int(attrs.get("axis", 1))
     axis += x.type.rank if axis < 0 else 0  # ONNX axes of Flatten run over [-rank, rank]
-    outer = int(np.prod(x.type.shape[:axis], dtype=np.int64))
-    inner = int(np.prod(x.type.shape[axis:], dtype=np.int64))
-    return [ctx.graph.reshape(x, shape=(outer, inner))]
+    # Symbolic extents multiply into symbolic products (a legacy export's Flatten of a [batch, ...] tensor)
+    return [ctx.graph.reshape(x, shape=(dims.product(*x.type.shape[:axis]), dims.product(*x.type.shape[axis:])))]
 
 
 @rule("Concat")
@@ -1246,6 +1245,9 @@ def _symbolic_slice(inputs, attrs):
 # Shape and the Reshape / Expand that reads it. Each takes the node's inputs (None for absent ones) and attributes.
 SYMBOLIC_FOLDS = {
     "Identity": lambda inputs, attrs: inputs[0],
+    # The extents of a shape-valued constant are ints even where its entries are symbolic
+    "Shape": lambda inputs, attrs: np.asarray(inputs[0].shape[slice(attrs.get("start"), attrs.get("end"))],
+                                              np.int64),
     "Cast": lambda inputs, attrs: inputs[0],  # int64 <-> int32 of sizes
     "Gather": lambda inputs, attrs: np.take(inputs[0], np.asarray(inputs[1]).astype(np.int64),
                                             axis=int(attrs.get("axis", 0))),

@@ -24,6 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from ..device import device_count
 from .models import MODELS
 from .worker import TWO_SIZES
 
@@ -41,9 +42,10 @@ def _missing_package(family: str) -> str | None:
 
 
 def _run_model(name: str, frontends: list[str], dtypes: list[str], time_limit: float, compile_too: bool,
-               two_sizes: bool = False, limit_source: str = "", device: str = "cuda") -> list:
-    """The records of one model, from its worker process; a case the worker did not finish gets a record saying
-    why (the time limit, with ``limit_source`` naming what set it; a crash with its last lines of output)."""
+               two_sizes: bool = False, limit_source: str = "", device: str = "cuda", gpu: str | None = None) -> list:
+    """The records of one model, from its worker process (on CUDA device ``gpu`` alone where given); a case the
+    worker did not finish gets a record saying why (the time limit, with ``limit_source`` naming what set it; a
+    crash with its last lines of output)."""
     missing = _missing_package(MODELS[name].family)
     expected = [(frontend, dtype) for dtype in dtypes for frontend in frontends]
     if missing:
@@ -55,6 +57,8 @@ def _run_model(name: str, frontends: list[str], dtypes: list[str], time_limit: f
                   (["--two-sizes"] if two_sizes else []) + ["--device", device]
         environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
             str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")])))
+        if gpu is not None:
+            environment["CUDA_VISIBLE_DEVICES"] = gpu
         why = None
         try:
             finished = subprocess.run(command, capture_output=True, text=True, timeout=time_limit, env=environment)
@@ -68,6 +72,14 @@ def _run_model(name: str, frontends: list[str], dtypes: list[str], time_limit: f
     records += [_failed(name, frontend, dtype, why or "the worker wrote no record")
                 for frontend, dtype in expected if (frontend, dtype) not in done]
     return records
+
+
+def _visible_gpus() -> list[str]:
+    """The CUDA device ids a worker may be given: CUDA_VISIBLE_DEVICES's entries where it is set, else every GPU."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [entry.strip() for entry in visible.split(",") if entry.strip()]
+    return [str(index) for index in range(device_count())]
 
 
 def _failed(model: str, frontend: str, dtype: str, why: str) -> dict:
@@ -167,8 +179,9 @@ def _names(text: str | None, allowed, what: str) -> list[str]:
 
 def run_models(models: list[str], frontends: list[str], dtypes: list[str], *, time_limit: float, compile_too: bool,
                two_sizes: bool, jobs: int = 1, deadline: float | None = None, on_model=None,
-               device: str = "cuda") -> list:
-    """Every model's records, ``jobs`` worker processes at a time. The slow models start first, so that no slow
+               device: str = "cuda", gpus: list[str] | None = None) -> list:
+    """Every model's records, ``jobs`` worker processes at a time, each on the least busy of ``gpus`` (CUDA device
+    ids) where given, so that models run side by side on several GPUs. The slow models start first, so that no slow
     one is left to start near the end; each model gets ``time_limit`` seconds, less where ``deadline`` (seconds
     from now for the whole run) leaves less, and a model not started before the deadline gets records saying so.
     ``on_model(records so far, in the order of ``models``)`` is called after every model (the table is written
@@ -176,6 +189,7 @@ def run_models(models: list[str], frontends: list[str], dtypes: list[str], *, ti
     started = time.perf_counter()
     done: dict[str, list] = {}
     lock = threading.Lock()
+    running = dict.fromkeys(gpus or [], 0)  # worker processes per GPU
 
     def run(name: str) -> list:
         left = None if deadline is None else deadline - (time.perf_counter() - started)
@@ -185,7 +199,18 @@ def run_models(models: list[str], frontends: list[str], dtypes: list[str], *, ti
         limit, source = time_limit, ""
         if left is not None and left < time_limit:
             limit, source = left, " (what the zoo's --deadline left)"
-        return _run_model(name, frontends, dtypes, limit, compile_too, two_sizes, limit_source=source, device=device)
+        if not running:
+            return _run_model(name, frontends, dtypes, limit, compile_too, two_sizes, limit_source=source,
+                              device=device)
+        with lock:
+            gpu = min(running, key=running.get)
+            running[gpu] += 1
+        try:
+            return _run_model(name, frontends, dtypes, limit, compile_too, two_sizes, limit_source=source,
+                              device=device, gpu=gpu)
+        finally:
+            with lock:
+                running[gpu] -= 1
 
     order = sorted(models, key=lambda name: not MODELS[name].slow)  # stable: the given order within each class
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:  # threads: each one waits on a worker process
@@ -220,6 +245,7 @@ def main(arguments) -> int:
         return 2
     time_limit = arguments.time_limit or (QUICK_TIME_LIMIT_S if arguments.quick else 300)
     compile_too = not (arguments.no_compile or arguments.quick or arguments.device == "cpu")
+    gpus = _visible_gpus() if arguments.device == "cuda" else []
     started = time.perf_counter()
     out = Path(arguments.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -228,7 +254,8 @@ def main(arguments) -> int:
         settings = (f"Models: {', '.join(models)}; frontends: {', '.join(frontends)}; dtypes: {', '.join(dtypes)}; "
                     f"device {arguments.device}; batch 2; time limit {time_limit:.0f} s per model"
                     + (f", {arguments.deadline:.0f} s for the whole run" if arguments.deadline else "")
-                    + f"; {arguments.jobs} model(s) at a time; torch.compile "
+                    + f"; {arguments.jobs} model(s) at a time"
+                    + (f" over {len(gpus)} GPUs" if len(gpus) > 1 else "") + "; torch.compile "
                     f"{'timed' if compile_too else 'not timed'}; "
                     + (f"total {time.perf_counter() - started:.0f} s." if final else
                        f"{len({r['model'] for r in records})} of {len(models)} models done so far."))
@@ -237,7 +264,8 @@ def main(arguments) -> int:
 
     records = run_models(models, frontends, dtypes, time_limit=time_limit, compile_too=compile_too,
                          two_sizes=arguments.two_sizes or not arguments.quick, jobs=arguments.jobs,
-                         deadline=arguments.deadline, on_model=write, device=arguments.device)
+                         deadline=arguments.deadline, on_model=write, device=arguments.device,
+                         gpus=gpus if len(gpus) > 1 else None)
     write(records, final=True)
     print(f"\nwrote {out} and {out.with_suffix('.json')}")
     return 0
@@ -260,7 +288,8 @@ def add_parser(commands) -> None:
                              "one executor (float32; on by default, off with --quick unless given)")
     parser.add_argument("--time-limit", type=float, help="seconds per model (default: 300; 60 with --quick)")
     parser.add_argument("--jobs", type=int, default=1,
-                        help="models run at a time, each in its own worker process (default: 1); the slow ones first")
+                        help="models run at a time, each in its own worker process (default: 1); the slow ones first; "
+                             "with several GPUs visible, each worker on the least busy one")
     parser.add_argument("--deadline", type=float,
                         help="seconds for the whole run (default: none): a model's time limit shrinks to what is "
                              f"left, a model not started with {MINIMUM_START_S} s left is reported as not started; the "

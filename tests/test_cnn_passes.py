@@ -202,3 +202,27 @@ def test_plan_layouts_on_a_conv_chain(rng, conv2d):
     activation_transposes = [n for n in after.nodes if n.op == "transpose" and not n.inputs[0].is_param]
     assert len(activation_transposes) == 2  # the input and the output; weight transposes fold as constants
     _same_results(g, after, {"x": random_array(rng, (2, 4, 8, 8), "float16")}, "float16", 36)
+
+
+@pytest.mark.parametrize("keepdims", [True, False])
+def test_plan_layouts_sinks_transposes_through_reductions(rng, conv2d, keepdims):
+    """A squeeze-and-excitation block as exporters write it (EfficientNet's ReduceMean over H and W): in NHWC the
+    mean reads the conv's output directly; the transposed copy of the activation it read before is gone."""
+    g = Graph("squeeze_excite")
+    x = g.input("x", (2, 8, 6, 6), "float16")
+    h = g.relu(g.conv2d(x, g.param("w", random_array(rng, (8, 8, 3, 3), "float16", 0.2)), None, stride=(1, 1),
+                        padding=(1, 1)))
+    squeezed = g.mean(h, axis=(2, 3), keepdims=keepdims)
+    if keepdims:  # [N, C, 1, 1] scales the activation
+        g.output(g.mul(g.sigmoid(squeezed), h), "y")
+        g.output(g.max(h, axis=3, keepdims=False), "z")  # [N, C, H]: NHWC's [N, H, C] transposed back
+    else:  # [N, C] feeds a classifier
+        g.output(g.gemm(squeezed, g.param("fc", random_array(rng, (8, 4), "float16", 0.3))), "y")
+    after, record = _run_pass("plan_layouts", g)
+    assert all(n.attrs["layout"] == "NHWC" for n in _layout_nodes(after))
+    reductions = [n for n in after.nodes if n.op in ("mean", "max")]
+    assert all(n.inputs[0].producer.op == "conv2d" or n.inputs[0].producer.op == "relu" for n in reductions)
+    assert [n.attrs["axis"] for n in reductions if n.op == "mean"] == [(1, 2)]
+    activation_transposes = [n for n in after.nodes if n.op == "transpose" and not n.inputs[0].is_param]
+    assert len(activation_transposes) == (3 if keepdims else 1), record.notes[-1]  # x in; y back (and z's order)
+    _same_results(g, after, {"x": random_array(rng, (2, 8, 6, 6), "float16")}, "float16", 72)

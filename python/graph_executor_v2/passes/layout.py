@@ -11,8 +11,9 @@ no measurement has shown NHWC faster there, so an NCHW float32 graph, as every e
    by several nodes is transposed once.
 2. Transposes sink through what commutes with them: elementwise ops (``relu(transpose(x)) = transpose(relu(x))``; a
    binary op whose operands are transposed alike, broadcasting included, or whose other operand's transpose costs
-   nothing: a parameter, folded by constant folding, or a value the graph already transposes), and concat (on the
-   permuted axis). A transpose back then meets the next node's transpose in, and the pair merges into the identity and
+   nothing: a parameter, folded by constant folding, or a value the graph already transposes), concat (on the
+   permuted axis) and reductions (``sum``/``mean``/``max`` over the permuted axes: an exported global average pool,
+   EfficientNet's squeeze-and-excitation ReduceMean, reads the NHWC activation instead of a transposed copy). A transpose back then meets the next node's transpose in, and the pair merges into the identity and
    drops.
 3. A transpose that only moves size-1 dims (a pooled [N, 1, 1, C] back to [N, C, 1, 1]) is a reshape, a view.
 4. A 16-bit NHWC conv whose input channels are not a multiple of 8 (a network's first conv, on RGB) reads its input
@@ -29,6 +30,8 @@ import functools
 
 from ..ir.graph import Graph, Value
 from ..ops import elementwise, pointwise
+from ..ops.reduce import OP_NAMES as REDUCTION_OPS
+from ..ops.reduce import normalize_axes
 from .canonicalize import drop_identity_transpose, merge_transposes
 from .pattern import Pat, Rule, rewrite
 
@@ -131,6 +134,20 @@ def sink_past_operand(graph: Graph, a: Value, t: Value, c: Value, y: Value):
     return graph.transpose(moved, perm=perm)
 
 
+# reduce(transpose(x, p), axes) = transpose(reduce(x, p[axes]), q): keepdims keeps the rank (q = p, and a transpose
+# of the reduced size-1 dims becomes a view); without it q orders x's kept axes as the transposed input had them
+def sink_through_reduction(graph: Graph, x: Value, t: Value, y: Value):
+    perm = _perm(t)
+    attrs = y.producer.attrs
+    axes = normalize_axes(attrs["axis"], len(perm))
+    reduced = graph.add_node(y.producer.op, [x], {**attrs, "axis": tuple(sorted(perm[a] for a in axes))}).outputs[0]
+    if attrs["keepdims"]:
+        return graph.transpose(reduced, perm=perm)
+    kept = [perm[a] for a in range(len(perm)) if a not in axes]  # x's axes, in the order the result has them
+    order = tuple(sorted(kept).index(a) for a in kept)
+    return reduced if order == tuple(range(len(order))) else graph.transpose(reduced, perm=order)
+
+
 # transpose(x, p) that keeps the order of the dims larger than 1 = reshape(x): a view, no copy
 def unit_transpose_to_reshape(graph: Graph, x: Value, y: Value):
     if not x.type.is_concrete:
@@ -147,6 +164,8 @@ RULES: list[Rule] = [
                       Pat("transpose", (Pat(name="b"),), name="tb", shared=True)), name="y"), sink_through_binary),
     (Pat(BINARY_OPS, (Pat("transpose", (Pat(name="a"),), name="t", shared=True), Pat(name="c")), name="y",
          any_order=True), sink_past_operand),
+    (Pat(REDUCTION_OPS, (Pat("transpose", (Pat(name="x"),), name="t", shared=True),), name="y"),
+     sink_through_reduction),
     (Pat("transpose", (Pat(name="x"),), name="y"), drop_identity_transpose),
     (Pat("transpose", (Pat("transpose", name="inner", shared=True),), name="y"), merge_transposes),
 ]

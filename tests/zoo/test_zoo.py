@@ -175,6 +175,14 @@ def test_models_run_in_parallel_slow_ones_first_within_the_deadline(monkeypatch)
                limits.values())
     assert len(snapshots) == 3 and snapshots[-1] == models
 
+    # one worker per (model, dtype): float16 rows neither wait for float32 ones nor share their time limit
+    started.clear()
+    records = zoo.run_models(["resnet18", slow], ["torch"], ["float32", "float16"], time_limit=30, compile_too=False,
+                             two_sizes=False, jobs=4)
+    assert sorted(started) == sorted(["resnet18", "resnet18", slow, slow])
+    assert [(r["model"], r["dtype"]) for r in records] == [("resnet18", "float32"), ("resnet18", "float16"),
+                                                            (slow, "float32"), (slow, "float16")]
+
 
 def test_workers_spread_over_the_visible_gpus(monkeypatch):
     """With several GPUs, each worker process runs on the least busy one alone (CUDA_VISIBLE_DEVICES): 4 jobs over

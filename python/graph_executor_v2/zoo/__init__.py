@@ -2,7 +2,7 @@
 checked against PyTorch in float64 and timed against PyTorch eager and torch.compile on the GPU.
 
 ``python -m graph_executor_v2 zoo [--models a,b] [--frontend onnx,torch] [--dtype float32,float16] [--quick]``
-runs every model in a process of its own (``zoo/worker.py``) under a time limit, so one model that fails, hangs or
+runs every (model, dtype) in a process of its own (``zoo/worker.py``) under a time limit, so one model that fails, hangs or
 crashes costs only its own rows, and writes ``benchmarks/results/zoo.md`` (and ``zoo.json``). Each row is a (model,
 frontend, dtype): whether the import succeeded, the unsupported nodes with their reasons when not, GE2's max error
 and PyTorch's own in that dtype (both relative to the float64 result's largest value), whether GE2 is within 4x of
@@ -180,53 +180,59 @@ def _names(text: str | None, allowed, what: str) -> list[str]:
 def run_models(models: list[str], frontends: list[str], dtypes: list[str], *, time_limit: float, compile_too: bool,
                two_sizes: bool, jobs: int = 1, deadline: float | None = None, on_model=None,
                device: str = "cuda", gpus: list[str] | None = None) -> list:
-    """Every model's records, ``jobs`` worker processes at a time, each on the least busy of ``gpus`` (CUDA device
-    ids) where given, so that models run side by side on several GPUs. The slow models start first, so that no slow
-    one is left to start near the end; each model gets ``time_limit`` seconds, less where ``deadline`` (seconds
-    from now for the whole run) leaves less, and a model not started before the deadline gets records saying so.
-    ``on_model(records so far, in the order of ``models``)`` is called after every model (the table is written
-    there, so a run cut from outside keeps what it did)."""
+    """Every model's records, one worker process per (model, dtype), ``jobs`` at a time, each on the least busy of
+    ``gpus`` (CUDA device ids) where given, so that workers run side by side on several GPUs; the two-sizes check
+    runs in the float32 worker. A model's dtypes in workers of their own: a heavy model's float16 rows do not wait
+    for (or share the time limit of) its float32 ones. The slow models start first, so that no slow one is left to
+    start near the end; each worker gets ``time_limit`` seconds, less where ``deadline`` (seconds from now for the
+    whole run) leaves less, and one not started before the deadline gets records saying so. ``on_model(records so
+    far, in the order of ``models``)`` is called after every worker (the table is written there, so a run cut from
+    outside keeps what it did)."""
     started = time.perf_counter()
-    done: dict[str, list] = {}
+    done: dict[tuple[str, str], list] = {}
     lock = threading.Lock()
     running = dict.fromkeys(gpus or [], 0)  # worker processes per GPU
 
-    def run(name: str) -> list:
+    def run(name: str, dtype: str) -> list:
         left = None if deadline is None else deadline - (time.perf_counter() - started)
         if left is not None and left < MINIMUM_START_S:
             return [_failed(name, frontend, dtype, f"not started: the zoo's deadline of {deadline:.0f} s had passed")
-                    for dtype in dtypes for frontend in frontends]
+                    for frontend in frontends]
         limit, source = time_limit, ""
         if left is not None and left < time_limit:
             limit, source = left, " (what the zoo's --deadline left)"
         if not running:
-            return _run_model(name, frontends, dtypes, limit, compile_too, two_sizes, limit_source=source,
+            return _run_model(name, frontends, [dtype], limit, compile_too, two_sizes, limit_source=source,
                               device=device)
         with lock:
             gpu = min(running, key=running.get)
             running[gpu] += 1
         try:
-            return _run_model(name, frontends, dtypes, limit, compile_too, two_sizes, limit_source=source,
+            return _run_model(name, frontends, [dtype], limit, compile_too, two_sizes, limit_source=source,
                               device=device, gpu=gpu)
         finally:
             with lock:
                 running[gpu] -= 1
 
-    order = sorted(models, key=lambda name: not MODELS[name].slow)  # stable: the given order within each class
+    def in_order() -> list:
+        return [r for model in models for dtype in dtypes for r in done.get((model, dtype), [])]
+
+    # Stable: the given order within each class, float32 before float16 of a model
+    order = sorted(((name, dtype) for name in models for dtype in dtypes), key=lambda task: not MODELS[task[0]].slow)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:  # threads: each one waits on a worker process
-        futures = {pool.submit(run, name): name for name in order}
+        futures = {pool.submit(run, *task): task for task in order}
         for future in as_completed(futures):
-            name = futures[future]
+            task = futures[future]
             with lock:
-                done[name] = future.result()
-                for r in done[name]:
+                done[task] = future.result()
+                for r in done[task]:
                     if r["frontend"] is not None and "check" not in r:
                         verdict = ("match" if r.get("match") else "MISMATCH" if r.get("match") is False else
                                    f"{len(r['problems'])} unsupported node(s)" if r["problems"] else r.get("error"))
-                        print(f"{name:30s} {r['frontend']:12s} {r['dtype']:8s} {verdict}", flush=True)
+                        print(f"{task[0]:30s} {r['frontend']:12s} {r['dtype']:8s} {verdict}", flush=True)
                 if on_model is not None:
-                    on_model([r for model in models if model in done for r in done[model]])
-    return [r for model in models for r in done[model]]
+                    on_model(in_order())
+    return in_order()
 
 
 def main(arguments) -> int:
@@ -258,7 +264,8 @@ def main(arguments) -> int:
                     + (f" over {len(gpus)} GPUs" if len(gpus) > 1 else "") + "; torch.compile "
                     f"{'timed' if compile_too else 'not timed'}; "
                     + (f"total {time.perf_counter() - started:.0f} s." if final else
-                       f"{len({r['model'] for r in records})} of {len(models)} models done so far."))
+                       f"{len({(r['model'], r['dtype']) for r in records})} of {len(models) * len(dtypes)} "
+                       "(model, dtype) workers done so far."))
         out.write_text(format_markdown(records, settings))
         out.with_suffix(".json").write_text(json.dumps(records, indent=1) + "\n")
 

@@ -42,7 +42,8 @@ def test_the_issue_lists_every_model():
 def _records():
     return [
         {"model": "resnet18", "frontend": "onnx", "dtype": "float32", "imported": True, "problems": [], "error": None,
-         "exporter": "dynamo", "ge2_error": 1e-6, "torch_error": 2e-6, "match": True, "ge2_ms": 0.5, "eager_ms": 1.0, "fallbacks": 0,
+         "exporter": "dynamo", "ge2_error": 1e-6, "torch_error": 2e-6, "match": True, "ge2_ms": 0.5, "eager_ms": 1.0,
+         "fallbacks": 0,
          "fallback_ops": []},
         {"model": "bert", "frontend": "torch", "dtype": "float32", "imported": False, "error": None,
          "problems": [["node_7", "aten.cumsum.default", "ATen op not supported by GE2"]]},
@@ -56,7 +57,8 @@ def _records():
 
 def test_markdown_table_lists_results_compile_times_and_every_unsupported_node():
     text = zoo.format_markdown(_records(), "settings line")
-    assert ("| resnet18 | onnx | dynamo | float32 | yes | 1.00e-06 | 2.00e-06 | yes | 0.500 | 1.000 | 0.250 | 0 | **no**: "
+    assert ("| resnet18 | onnx | dynamo | float32 | yes | 1.00e-06 | 2.00e-06 | yes | 0.500 | 1.000 | 0.250 | 0 | "
+            "**no**: "
             "export: UserError: Detected mismatch between the structure of `inputs` and `dynamic_shapes` |  |") in text
     assert "| bert | torch |  | float32 | **no** |  |  |  |  |  |  |  | yes | 1 unsupported node(s)" in text
     assert "- `node_7` (aten.cumsum.default): ATen op not supported by GE2" in text

@@ -3,10 +3,10 @@ checked against PyTorch in float64 and timed against PyTorch eager and torch.com
 
 ``python -m graph_executor_v2 zoo [--models a,b] [--frontend onnx,torch] [--dtype float32,float16] [--quick]``
 runs every (model, dtype) in a process of its own (``zoo/worker.py``) under a time limit, so one model that fails,
-hangs or crashes costs only its own rows, and writes ``benchmarks/results/zoo.md`` (and ``zoo.json``). Each row is
-a (model, frontend, dtype): whether the import succeeded, the unsupported nodes with their reasons when not, GE2's max error
-and PyTorch's own in that dtype (both relative to the float64 result's largest value), whether GE2 is within 4x of
-PyTorch plus a floor (``worker.matches``), the GE2 / eager / torch.compile times and the nodes that fell back to a
+hangs or crashes costs only its own rows, and writes ``benchmarks/results/zoo.md`` (and ``zoo.json``). Each row is a
+(model, frontend, dtype): whether the import succeeded, the unsupported nodes with their reasons when not, GE2's max
+error and PyTorch's own in that dtype (both relative to the float64 result's largest value), whether GE2 is within 4x
+of PyTorch plus a floor (``worker.matches``), the GE2 / eager / torch.compile times and the nodes that fell back to a
 host round trip. The models need torch, torchvision and transformers (the GPU machine has them); where they are
 missing each row says so. ``--device cpu`` runs PyTorch and GE2's CPU backend instead of the GPU: imports and errors
 on a machine without one (no times). The exporter column names what wrote each imported graph.

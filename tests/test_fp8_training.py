@@ -71,6 +71,12 @@ def test_the_linear_gemms_run_in_fp8_except_the_first_and_last():
     quantizes = [n for n in trainer.train_graph.nodes if n.op == "quantize_fp8_transpose"]
     assert sum(n.attrs["with_column_sum"] for n in quantizes) == 7
     assert all(n.attrs["dtype"] == "float8_e5m2" for n in quantizes if n.attrs["with_column_sum"])
+    # the GELU between fc1 and fc2 is the prologue of fc2's x quantize, and GELU's backward that of fc1's dY
+    # quantize (with the pre-activation): neither runs as a node
+    assert "gelu" not in ops and "gelu_backward" not in ops
+    prologues = sorted((n.attrs["act"], n.inputs[2] is not None, n.attrs["with_column_sum"]) for n in quantizes
+                       if n.attrs["act"] != "none")
+    assert prologues == [("gelu", False, False)] * 2 + [("gelu", True, True)] * 2, prologues
     # delayed scaling reads the amax of x, W and dY (from their quantize), never a GEMM's output amax
     assert all(not n.attrs["with_amax"] for n in trainer.train_graph.nodes if n.op == "scaled_gemm")
     explained = trainer.explain()

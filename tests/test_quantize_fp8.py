@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 import graph_executor_v2 as ge2
-from graph_executor_v2.ops import quantize_fp8
+from graph_executor_v2.dtypes import saturate_to_float8
+from graph_executor_v2.ops import activations, quantize_fp8
+from graph_executor_v2.testing import assert_within_one_fp8_ulp
 
 FP8 = {"float8_e4m3fn": ml_dtypes.float8_e4m3fn, "float8_e5m2": ml_dtypes.float8_e5m2}
 SOURCES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
@@ -190,6 +192,77 @@ def test_transposing_quantize_gives_both_layouts(rng):
         g.quantize_fp8_transpose(g.input("v", (4,), "float32"), g.input("s", (), "float32"))
 
 
+def _activated(x, preact, act):
+    """act(x), or x * act'(preact), in float64 from the float32 values (an independent statement of the prologue)."""
+    x64 = x.astype(np.float32).astype(np.float64)
+    if preact is None:
+        return activations.apply(act, x64)
+    return x64 * activations.derivative(act, preact.astype(np.float32).astype(np.float64))
+
+
+@pytest.mark.parametrize("act", ["gelu", "silu"])
+@pytest.mark.parametrize("with_preact", [False, True])
+def test_activation_prologue_quantizes_the_activated_values(rng, act, with_preact):
+    x = _input(rng, (6, 9), "float32")
+    preact = _input(rng, (6, 9), "float32") if with_preact else None
+    g = ge2.ir.Graph("prologue")
+    inputs = [g.input("x", x.shape, "float32"), g.input("scale", (), "float32")]
+    if with_preact:
+        inputs.append(g.input("preact", x.shape, "float32"))
+    y, y_t, amax, column_sum = g.quantize_fp8_transpose(*inputs, act=act, dtype="float8_e5m2", with_column_sum=True)
+    for value, name in ((y, "y"), (y_t, "y_t"), (amax, "amax"), (column_sum, "column_sum")):
+        g.output(value, name)
+    feeds = {"x": x, "scale": np.array(4.0, np.float32), **({"preact": preact} if with_preact else {})}
+    out = ge2.ExecutorV2(g).run(feeds)
+    value = _activated(x, preact, act)
+    assert_within_one_fp8_ulp(out["y"], saturate_to_float8(value * 4.0, "float8_e5m2"), "float8_e5m2", "y")
+    _same_bits_or_both_nan(out["y_t"], out["y"].T, "y_t")
+    np.testing.assert_allclose(out["amax"], np.abs(value).max(), rtol=1e-6)
+    np.testing.assert_allclose(out["column_sum"], value.sum(axis=0), rtol=1e-5, atol=1e-6)
+
+
+def test_activation_prologue_bad_input_is_named():
+    g = ge2.ir.Graph("bad_prologue")
+    x, s = g.input("x", (4, 8), "bfloat16"), g.input("s", (), "float32")
+    with pytest.raises(ValueError, match="preact: given with act='none'"):
+        g.quantize_fp8_transpose(x, s, g.input("p", (4, 8), "bfloat16"))
+    with pytest.raises(ValueError, match=r"preact: expected bfloat16\[4, 8\]"):
+        g.quantize_fp8_transpose(x, s, g.input("q", (4, 8), "float32"), act="gelu")
+    with pytest.raises(ValueError, match="act"):
+        g.quantize_fp8_transpose(x, s, act="relu")
+
+
+@pytest.mark.skipif(not ge2._native.is_built("_ops_quantize_fp8"), reason="_ops_quantize_fp8 not built")
+def test_native_prologue_checks_come_before_any_launch():
+    native = ge2._native.load("_ops_quantize_fp8")
+    fake = 256  # never dereferenced: the checks raise first
+    with pytest.raises(ValueError, match="act: leaky_relu"):
+        native.quantize_transpose(fake, "bfloat16", fake, fake, fake, "float8_e4m3fn", fake, 0, 4, 4, 0, "leaky_relu")
+    with pytest.raises(ValueError, match="preact: given with act none"):
+        native.quantize_transpose(fake, "bfloat16", fake, fake, fake, "float8_e4m3fn", fake, 0, 4, 4, 0, "none", fake)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("source", ["float32", "bfloat16"])
+@pytest.mark.parametrize("act, with_preact", [("gelu", False), ("gelu", True), ("silu", True)])
+@pytest.mark.parametrize("shape", [(33, 65), (128, 192)])  # the element-wise and the 64 x 64 kernels
+def test_activation_prologue_kernel_matches_the_reference(rng, source, act, with_preact, shape):
+    x = _input(rng, shape, source)
+    preact = _input(rng, shape, source) if with_preact else None
+    scale = np.array(16.0, np.float32)
+    y, y_t, amax, column_sum = ge2.ops.quantize_fp8_transpose.forward_numpy(x, scale, preact, dtype="float8_e4m3fn",
+                                                                            with_column_sum=True, act=act)
+    value = _activated(x, preact, act)
+    what = f"{source} {act} preact={with_preact} {shape}"
+    # float32 math on the device (tanhf, expf) against float64: one FP8 ulp where a value sits on a rounding edge
+    assert_within_one_fp8_ulp(y, saturate_to_float8(value * 16.0, "float8_e4m3fn"), "float8_e4m3fn", what + " y")
+    _same_bits_or_both_nan(y_t, y.T, what + " y_t")
+    np.testing.assert_allclose(amax, np.abs(value).max(), rtol=1e-6, err_msg=what + " amax")
+    bound = np.abs(value).sum(axis=0) * (shape[0] * 2.0 ** -24 + {"float32": 2.0 ** -22, "bfloat16": 2.0 ** -8}[source])
+    gap = np.abs(column_sum.astype(np.float64) - value.sum(axis=0))
+    assert (gap <= bound + 1e-6).all(), f"{what} column_sum: max gap {gap.max():.3g}"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("source", ["float32", "bfloat16"])
 @pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
@@ -199,7 +272,8 @@ def test_transposing_quantize_gives_both_layouts(rng):
 def test_transposing_kernel_is_bit_exact(rng, source, dtype, shape):
     x = _input(rng, shape, source)
     scale = np.array(rng.choice([1.0, 37.5, 1000.0]), np.float32)
-    y, y_t, amax, column_sum = ge2.ops.quantize_fp8_transpose.forward_numpy(x, scale, dtype, with_column_sum=True)
+    y, y_t, amax, column_sum = ge2.ops.quantize_fp8_transpose.forward_numpy(x, scale, dtype=dtype,
+                                                                            with_column_sum=True)
     expected_y, expected_amax = quantize_fp8.reference(x, scale, dtype)
     what = f"{source}->{dtype} shape {shape} scale {float(scale)}"
     _same_bits_or_both_nan(y, expected_y, what + " y")
@@ -211,6 +285,6 @@ def test_transposing_kernel_is_bit_exact(rng, source, dtype, shape):
     bound = np.abs(x64).sum(axis=0) * (shape[0] * 2.0 ** -24 + {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8}[source])
     gap = np.abs(column_sum.astype(np.float64) - x64.sum(axis=0))
     assert (gap <= bound).all(), f"{what} column_sum: max gap {gap.max():.3g}, bound there {bound[gap.argmax()]:.3g}"
-    y_alone, _, _, empty = ge2.ops.quantize_fp8_transpose.forward_numpy(x, scale, dtype)
+    y_alone, _, _, empty = ge2.ops.quantize_fp8_transpose.forward_numpy(x, scale, dtype=dtype)
     _same_bits_or_both_nan(y_alone, expected_y, what + " y without the column sum")
     assert empty.shape == (0,)

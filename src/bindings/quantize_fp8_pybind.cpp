@@ -30,17 +30,20 @@ PYBIND11_MODULE(_ops_quantize_fp8, m) {
       "quantize_transpose",
       [](std::uintptr_t x, const std::string& x_dtype, std::uintptr_t scale, std::uintptr_t y, std::uintptr_t y_t,
          const std::string& dtype, std::uintptr_t amax, std::uintptr_t column_sum, int64_t rows, int64_t cols,
-         std::uintptr_t stream) {
+         std::uintptr_t stream, const std::string& act, std::uintptr_t preact) {
         const auto from = ge2::dtype_from_name(x_dtype, "x_dtype"), to = ge2::dtype_from_name(dtype);
+        const auto activation = ge2::act_from_name(act);
         ge2::binding::ReleaseGil release;
         ge2::quantize_fp8::quantize_transpose(as_pointer(x), from, as_pointer<const float>(scale), as_pointer(y),
                                               as_pointer(y_t), to, as_pointer<float>(amax), as_pointer(column_sum),
-                                              rows, cols, as_stream(stream));
+                                              rows, cols, as_stream(stream), activation, as_pointer(preact));
       },
       py::arg("x"), py::arg("x_dtype"), py::arg("scale"), py::arg("y"), py::arg("y_t"), py::arg("dtype"),
       py::arg("amax"), py::arg("column_sum"), py::arg("rows"), py::arg("cols"), py::arg("stream"),
-      "Enqueues y = FP8(x * scale), y_t = y's transpose and amax = max |x| for a 2-d x [rows, cols], and the sum "
-      "of x over its rows into column_sum [cols] (x's dtype) unless its address is 0.");
+      py::arg("act") = "none", py::arg("preact") = 0,
+      "Enqueues y = FP8(v * scale), y_t = y's transpose and amax = max |v| for a 2-d x [rows, cols], and the sum "
+      "of v over its rows into column_sum [cols] (x's dtype) unless its address is 0; v = x, or with act: act(x) "
+      "(preact 0) or x * act'(preact) (preact [rows, cols] of x's dtype).");
 
   m.def(
       "scale_update",

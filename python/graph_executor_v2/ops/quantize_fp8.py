@@ -27,6 +27,7 @@ from ..dtypes import FLOAT8_DTYPES, FLOAT8_MAX, FLOAT_DTYPES, saturate_to_float8
 from ..ir.types import TensorType
 from ._base import (Attr, Input, OpDef, Problem, Sample, as_float64, in_ptr, native_launch, out_ptr, register,
                     require_inputs, sample_array, stream_arg, table_candidate)
+from . import activations
 from ._face import Face
 
 
@@ -119,28 +120,50 @@ globals().update(FACE.functions())
 # ---------------------------------------------------------------------------------------------------------------
 # quantize_fp8_transpose: both layouts from one read of x
 # ---------------------------------------------------------------------------------------------------------------
+PROLOGUE_ACTIVATIONS = ("none", "gelu", "silu")  # the activations a training graph keeps as nodes (relu is fused)
+
+
 def _infer_transpose(in_types, attrs):
-    y, amax = _infer(in_types, attrs)
+    y, amax = _infer(in_types[:2], attrs)
     if y.rank != 2:
         raise ValueError(f"x: expected a 2-d array, got shape {y.shape}")
+    preact = in_types[2]
+    if preact is not None:
+        if attrs["act"] == "none":
+            raise ValueError("preact: given with act='none' (the derivative of which activation?)")
+        if preact != in_types[0]:
+            raise ValueError(f"preact: expected {in_types[0]} (x's type), got {preact}")
     rows, cols = y.shape
     column_sum = TensorType((cols if attrs["with_column_sum"] else 0,), in_types[0].dtype)
     return [y, TensorType((cols, rows), y.dtype), amax, column_sum]
 
 
+def prologue_value(x, preact, act: str) -> np.ndarray:
+    """What quantize_fp8_transpose quantizes, in float32 as its kernels compute it (from float64 math rounded once):
+    x, act(x) (no preact) or x * act'(preact)."""
+    x32 = np.asarray(x).astype(np.float32)
+    if act == "none":
+        return x32
+    if preact is None:
+        return activations.apply(act, x32.astype(np.float64)).astype(np.float32)
+    derivative = activations.derivative(act, np.asarray(preact).astype(np.float32).astype(np.float64))
+    return (x32.astype(np.float64) * derivative.astype(np.float32)).astype(np.float32)
+
+
 def _reference_transpose(inputs, attrs):
-    y, amax = reference(inputs[0], inputs[1], attrs["dtype"])
-    x = as_float64(inputs[0])
-    column_sum = x.sum(axis=0) if attrs["with_column_sum"] else np.zeros(0)
+    value = prologue_value(inputs[0], inputs[2], attrs["act"])
+    y, amax = reference(value, inputs[1], attrs["dtype"])
+    column_sum = value.astype(np.float64).sum(axis=0) if attrs["with_column_sum"] else np.zeros(0)
     return [y, np.ascontiguousarray(y.T), amax, column_sum]
 
 
 def _prepare_transpose(problem: Problem):
     x = problem.in_types[0]
     rows, cols = x.shape
+    preact = in_ptr(2) if problem.in_types[2] is not None else 0
     return native_launch(_native_module().quantize_transpose, in_ptr(0), x.dtype, in_ptr(1), out_ptr(0), out_ptr(1),
                          problem.attrs["dtype"], out_ptr(2), out_ptr(3) if problem.attrs["with_column_sum"] else 0,
-                         rows, cols, stream_arg())
+                         rows, cols, stream_arg(), problem.attrs["act"], preact)
 
 
 TRANSPOSE = register(OpDef(
@@ -150,21 +173,32 @@ TRANSPOSE = register(OpDef(
                                 {"dtype": "float8_e5m2"}, "partial tiles, values past E5M2's range"),
                          Sample((rng.integers(-8, 9, (70, 48)).astype(np.float32), np.array(8.0, np.float32)),
                                 {"dtype": "float8_e5m2", "with_column_sum": True},
-                                "the column sum over three row tiles (integers: exact float32 sums)")],
-    inputs=(Input("x"), Input("scale")),
+                                "the column sum over three row tiles (integers: exact float32 sums)"),
+                         Sample((sample_array(rng, 33, 65), np.array(16.0, np.float32)), {"act": "gelu"},
+                                "GELU of x quantized"),
+                         Sample((sample_array(rng, 40, 24), np.array(16.0, np.float32), sample_array(rng, 40, 24)),
+                                {"act": "gelu", "dtype": "float8_e5m2", "with_column_sum": True},
+                                "x times GELU's derivative at preact (GELU's input gradient), its column sum")],
+    inputs=(Input("x"), Input("scale"), Input("preact", optional=True)),
     outputs=("y", "y_t", "amax", "column_sum"),
     attrs=(Attr("dtype", str, "float8_e4m3fn", choices=FLOAT8_DTYPES, doc="the FP8 output dtype"),
            Attr("with_column_sum", bool, False,
-                doc="True: column_sum [cols] (x's dtype) is the sum of x over its rows (dbias of a linear layer "
-                    "whose output gradient is x), from the same read; False: column_sum is empty")),
+                doc="True: column_sum [cols] (x's dtype) is the sum of the quantized values (before quantization) "
+                    "over the rows (dbias of a linear layer whose output gradient they are), from the same read; "
+                    "False: column_sum is empty"),
+           Attr("act", str, "none", choices=PROLOGUE_ACTIVATIONS,
+                doc="quantize act(x), or with preact x * act'(preact), computed in float32 from the same read "
+                    "(an activation's output, or its input gradient, never written in 16 bits)")),
     infer=_infer_transpose,
     reference=_reference_transpose,
     # no reference_backward and no grad rule: FP8 values are not differentiated
     candidates=(table_candidate("_ops_quantize_fp8", "transpose", _supports, _prepare_transpose),),
-    doc="quantize_fp8_transpose(x, scale) -> (y, y_t, amax, column_sum): quantize_fp8 of a 2-d x, and y's "
-        "transpose, from one read of x (Transformer Engine's cast-transpose: FP8 training needs both layouts of x "
-        "and dY, cuBLASLt's FP8 matmul taking only the TN layout); with with_column_sum, also the sum of the "
-        "unquantized x over its rows, accumulated in float32 (cast-transpose-dbias: dY's bias gradient).",
+    doc="quantize_fp8_transpose(x, scale, preact?) -> (y, y_t, amax, column_sum): quantize_fp8 of a 2-d x, and "
+        "y's transpose, from one read of x (Transformer Engine's cast-transpose: FP8 training needs both layouts of "
+        "x and dY, cuBLASLt's FP8 matmul taking only the TN layout); with with_column_sum, also the sum of the "
+        "unquantized values over the rows, accumulated in float32 (cast-transpose-dbias: dY's bias gradient); with "
+        "act, the values are act(x), or x * act'(preact) (an activation fused in front: GELU's output or its input "
+        "gradient quantized without a 16-bit copy).",
 ))
 
 TRANSPOSE_FACE = Face(TRANSPOSE, lambda dy, inputs, attrs, kernel, out, stream: (None, None))

@@ -380,6 +380,53 @@ def train_rewrite(graph: Graph, forward_names: set[str], recipe: DelayedScaling,
         notes.append(f"{node.name} ({node.inputs[1].name}) runs in FP8: forward E4M3 x E4M3, dgrad and wgrad "
                      f"E5M2 x E4M3, delayed scaling (history {recipe.history}, margin {recipe.margin})")
     skip_unread_amax(graph)
+    return notes + _fuse_activation_quantizes(graph, forward_names)
+
+
+PROLOGUE_OPS = ("gelu", "silu")  # the activations a training graph keeps as nodes (ReLU fuses into its gemm)
+
+
+def _view_source(graph: Graph, value: Value, users: dict) -> tuple[Value, Node | None]:
+    """(the value that ``value`` is a chain of reshapes of, each read by the next alone; the chain's first reshape,
+    None when ``value`` is no reshape)."""
+    first = None
+    while (value.producer is not None and value.producer.op == "reshape"
+           and users.get(value.producer.inputs[0]) == [value.producer]
+           and not graph.is_output(value.producer.inputs[0])):
+        first = value.producer
+        value = first.inputs[0]
+    return value, first
+
+
+def _fuse_activation_quantizes(graph: Graph, forward_names: set[str]) -> list[str]:
+    """A quantize_fp8_transpose of an activation's output (the GELU between two FP8 GEMMs) or of its input gradient,
+    which nothing else reads (through reshapes), quantizes act(x) or dY * act'(x) itself (its ``act`` prologue):
+    the activation's node and its 16-bit output go."""
+    notes = []
+    for node in [n for n in graph.nodes if n.op == "quantize_fp8_transpose" and n.attrs["act"] == "none"]:
+        users = graph.users()
+        source, first_view = _view_source(graph, node.inputs[0], users)
+        activation = source.producer
+        reader = first_view if first_view is not None else node
+        if (activation is None or graph.is_output(source) or users.get(source) != [reader]
+                or activation.op not in (*PROLOGUE_OPS, *(f"{op}_backward" for op in PROLOGUE_OPS))):
+            continue
+        shape = node.inputs[0].type.shape
+        with graph.inserting_before(node):
+            if activation.op in PROLOGUE_OPS:
+                act, x, preact = activation.op, graph.reshape(activation.inputs[0], shape=shape), None
+            else:  # <act>_backward(dy, preact)
+                act = activation.op[:-len("_backward")]
+                x, preact = (graph.reshape(value, shape=shape) for value in activation.inputs)
+            fused = graph.quantize_fp8_transpose(x, node.inputs[1], preact, **{**node.attrs, "act": act})
+        for old, new in zip(node.outputs, fused):
+            graph.replace_uses(old, new)
+        if node.name in forward_names:
+            forward_names.update(value.producer.name for value in (fused[0], x, preact) if value is not None)
+        graph.remove_node(node)
+        notes.append(f"{activation.name} ({activation.op}) fused into {fused[0].producer.name} "
+                     f"(quantize_fp8_transpose act={act}{' with preact' if preact is not None else ''}): no 16-bit "
+                     f"copy of its output")
     return notes
 
 

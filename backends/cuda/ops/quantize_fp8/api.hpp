@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include "activation.hpp"
 #include "dtype.hpp"
 #include "kernel_info.hpp"
 
@@ -22,8 +23,13 @@ const char* forward(const void* x, DType x_dtype, const float* scale, void* y, D
 // and, when column_sum is not null, the sum of x over its rows into column_sum [cols] of x's dtype (a linear
 // layer's dbias when x is its output gradient): float32 partial sums per 32-row tile from the same read, then one
 // small kernel adds them up in a fixed order (deterministic; the partials live in the stream's workspace).
+// An activation prologue quantizes v instead of x, computed in float32 from the same read: v = act(x) when preact is
+// null (x is the activation's input), v = x * act'(preact) otherwise (x is the gradient of the activation's output,
+// preact [rows, cols] of x's dtype its input). amax and column_sum are then those of v. FP8 training reads GELU's
+// output and GELU's input gradient only through this quantize, so neither is written in 16 bits.
 void quantize_transpose(const void* x, DType x_dtype, const float* scale, void* y, void* y_t, DType y_dtype,
-                        float* amax, void* column_sum, int64_t rows, int64_t cols, cudaStream_t stream);
+                        float* amax, void* column_sum, int64_t rows, int64_t cols, cudaStream_t stream,
+                        Act act = Act::None, const void* preact = nullptr);
 
 // Delayed scaling, one tensor's state after a step: new_history = [amax, history[0 .. length-2]] (newest first),
 // new_scale = fp8_max(dtype) / (max(new_history) * 2^margin), new_scale_inv = 1 / new_scale. An all-zero history

@@ -9,7 +9,8 @@ namespace ge2::quantize_fp8 {
 void launch_quantize(const void* x, DType x_dtype, const float* scale, void* y, DType y_dtype, float* amax,
                      int64_t numel, bool vectorized, cudaStream_t stream);
 void launch_quantize_transpose(const void* x, DType x_dtype, const float* scale, void* y, void* y_t, DType y_dtype,
-                               float* amax, void* column_sum, int64_t rows, int64_t cols, cudaStream_t stream);
+                               float* amax, void* column_sum, int64_t rows, int64_t cols, Act act,
+                               const void* preact, cudaStream_t stream);
 
 std::vector<KernelInfo> kernel_table() {
   return {
@@ -59,7 +60,8 @@ const char* forward(const void* x, DType x_dtype, const float* scale, void* y, D
 }
 
 void quantize_transpose(const void* x, DType x_dtype, const float* scale, void* y, void* y_t, DType y_dtype,
-                        float* amax, void* column_sum, int64_t rows, int64_t cols, cudaStream_t stream) {
+                        float* amax, void* column_sum, int64_t rows, int64_t cols, cudaStream_t stream, Act act,
+                        const void* preact) {
   check_quantize_args(x_dtype, y_dtype, scale, amax);
   if (rows < 0 || cols < 0) {
     throw std::invalid_argument("rows, cols: must be >= 0, got " + std::to_string(rows) + ", " + std::to_string(cols));
@@ -67,7 +69,11 @@ void quantize_transpose(const void* x, DType x_dtype, const float* scale, void* 
   if (rows * cols > 0 && (x == nullptr || y == nullptr || y_t == nullptr)) {
     throw std::invalid_argument("x, y, y_t: null device pointer");
   }
-  launch_quantize_transpose(x, x_dtype, scale, y, y_t, y_dtype, amax, column_sum, rows, cols, stream);
+  if (act == Act::LeakyRelu) throw std::invalid_argument("act: leaky_relu (its slope) is not a quantize prologue");
+  if (preact != nullptr && act == Act::None) {
+    throw std::invalid_argument("preact: given with act none (the derivative of which activation?)");
+  }
+  launch_quantize_transpose(x, x_dtype, scale, y, y_t, y_dtype, amax, column_sum, rows, cols, act, preact, stream);
 }
 
 }  // namespace ge2::quantize_fp8

@@ -24,11 +24,18 @@ namespace {
 constexpr int kTile = 32;
 constexpr int kRowsPerPass = 8;
 
+// The value a quantize takes from x (and preact, when has_preact): x, act(x), or x * act'(preact) (see api.hpp).
+__device__ __forceinline__ float prologue(float x, float preact, bool has_preact, Act act) {
+  if (act == Act::None) return x;
+  return has_preact ? x * act_derivative(act, preact, 0.0f) : apply_act(act, x, 0.0f);
+}
+
 template <typename In, typename Out>
 __global__ void __launch_bounds__(kTile * kRowsPerPass)
-    quantize_transpose_kernel(const In* __restrict__ x, const float* __restrict__ scale_pointer, Out* __restrict__ y,
-                              Out* __restrict__ y_t, unsigned int* __restrict__ amax,
-                              float* __restrict__ column_partials, int64_t rows, int64_t cols) {
+    quantize_transpose_kernel(const In* __restrict__ x, const In* __restrict__ preact, Act act,
+                              const float* __restrict__ scale_pointer, Out* __restrict__ y, Out* __restrict__ y_t,
+                              unsigned int* __restrict__ amax, float* __restrict__ column_partials, int64_t rows,
+                              int64_t cols) {
   __shared__ Out tile[kTile][kTile + 1];
   __shared__ float partial_rows[kRowsPerPass][kTile];
   const float scale = *scale_pointer;
@@ -41,7 +48,9 @@ __global__ void __launch_bounds__(kTile * kRowsPerPass)
     for (int j = threadIdx.y; j < kTile; j += kRowsPerPass) {
       const int64_t r = row0 + j, c = col0 + threadIdx.x;
       if (r < rows && c < cols) {
-        const float value = to_float(x[r * cols + c]);
+        const int64_t i = r * cols + c;
+        const float value = prologue(to_float(x[i]), preact != nullptr ? to_float(preact[i]) : 0.0f,
+                                     preact != nullptr, act);
         amax_bits = max(amax_bits, __float_as_uint(fabsf(value)));
         column_partial += value;
         const Out q = from_float<Out>(value * scale);
@@ -79,10 +88,12 @@ struct alignas(sizeof(T) * N) Pack {
   T value[N];
 };
 
-template <typename In, typename Out, bool kColumnSum>
+// kPrologue: act is not none (the plain kernel keeps its registers for loads in flight).
+template <typename In, typename Out, bool kColumnSum, bool kPrologue>
 __global__ void __launch_bounds__(kWideThreads)
-    quantize_transpose_wide_kernel(const In* __restrict__ x, const float* __restrict__ scale_pointer,
-                                   Out* __restrict__ y, Out* __restrict__ y_t, unsigned int* __restrict__ amax,
+    quantize_transpose_wide_kernel(const In* __restrict__ x, const In* __restrict__ preact, Act act,
+                                   const float* __restrict__ scale_pointer, Out* __restrict__ y,
+                                   Out* __restrict__ y_t, unsigned int* __restrict__ amax,
                                    float* __restrict__ column_partials, int64_t rows, int64_t cols) {
   static_assert(sizeof(Out) == 1, "FP8 outputs are one byte");
   __shared__ __align__(16) unsigned char tile[kWideTile * kWideStride];
@@ -102,10 +113,13 @@ __global__ void __launch_bounds__(kWideThreads)
       const int r = pass * kWideRowsPerPass + pass_row;
       const int64_t offset = (row0 + r) * cols + col0 + lane_vector * kVector;
       const Pack<In, kVector> in = *reinterpret_cast<const Pack<In, kVector>*>(x + offset);
+      Pack<In, kVector> pre{};
+      if (kPrologue && preact != nullptr) pre = *reinterpret_cast<const Pack<In, kVector>*>(preact + offset);
       Pack<Out, kVector> out;
 #pragma unroll
       for (int i = 0; i < kVector; ++i) {
-        const float value = to_float(in.value[i]);
+        const float value = kPrologue ? prologue(to_float(in.value[i]), to_float(pre.value[i]), preact != nullptr, act)
+                                      : to_float(in.value[i]);
         amax_bits = max(amax_bits, __float_as_uint(fabsf(value)));
         if constexpr (kColumnSum) column_partial[i] += value;
         out.value[i] = from_float<Out>(value * scale);
@@ -150,12 +164,13 @@ __global__ void __launch_bounds__(kWideThreads)
   }
 }
 
-bool fits_wide(const void* x, DType x_dtype, const void* y, const void* y_t, int64_t rows, int64_t cols) {
+bool fits_wide(const void* x, const void* preact, DType x_dtype, const void* y, const void* y_t, int64_t rows,
+               int64_t cols) {
   const auto aligned = [](const void* pointer, std::size_t bytes) {
     return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
   };
   return rows % kWideTile == 0 && cols % kWideTile == 0 && aligned(x, kVector * dtype_size(x_dtype)) &&
-         aligned(y, kVector) && aligned(y_t, kVector);
+         aligned(preact, kVector * dtype_size(x_dtype)) && aligned(y, kVector) && aligned(y_t, kVector);
 }
 
 // column_sum[c] = the sum of the row tiles' partials of column c, in row order, rounded once to x's dtype.
@@ -170,29 +185,33 @@ __global__ void column_sum_kernel(const float* __restrict__ column_partials, T* 
 }
 
 template <typename In, typename Out>
-void launch(const void* x, const float* scale, void* y, void* y_t, float* amax, float* column_partials,
-            int64_t rows, int64_t cols, bool wide, cudaStream_t stream) {
+void launch(const void* x, const void* preact, Act act, const float* scale, void* y, void* y_t, float* amax,
+            float* column_partials, int64_t rows, int64_t cols, bool wide, cudaStream_t stream) {
   if (wide) {
     const int64_t tiles = (rows / kWideTile) * (cols / kWideTile);
     const int blocks = static_cast<int>(std::min<int64_t>(tiles, 132 * 8));
-    auto* kernel = column_partials != nullptr ? quantize_transpose_wide_kernel<In, Out, true>
-                                              : quantize_transpose_wide_kernel<In, Out, false>;
-    kernel<<<blocks, kWideThreads, 0, stream>>>(static_cast<const In*>(x), scale, static_cast<Out*>(y),
-                                                static_cast<Out*>(y_t), reinterpret_cast<unsigned int*>(amax),
-                                                column_partials, rows, cols);
+    const bool sums = column_partials != nullptr, prologue = act != Act::None;
+    auto* kernel = sums ? (prologue ? quantize_transpose_wide_kernel<In, Out, true, true>
+                                    : quantize_transpose_wide_kernel<In, Out, true, false>)
+                        : (prologue ? quantize_transpose_wide_kernel<In, Out, false, true>
+                                    : quantize_transpose_wide_kernel<In, Out, false, false>);
+    kernel<<<blocks, kWideThreads, 0, stream>>>(static_cast<const In*>(x), static_cast<const In*>(preact), act,
+                                                scale, static_cast<Out*>(y), static_cast<Out*>(y_t),
+                                                reinterpret_cast<unsigned int*>(amax), column_partials, rows, cols);
     return;
   }
   const int64_t tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
   const int blocks = static_cast<int>(std::min<int64_t>(tiles, 132 * 16));
   quantize_transpose_kernel<In, Out><<<blocks, dim3(kTile, kRowsPerPass), 0, stream>>>(
-      static_cast<const In*>(x), scale, static_cast<Out*>(y), static_cast<Out*>(y_t),
-      reinterpret_cast<unsigned int*>(amax), column_partials, rows, cols);
+      static_cast<const In*>(x), static_cast<const In*>(preact), act, scale, static_cast<Out*>(y),
+      static_cast<Out*>(y_t), reinterpret_cast<unsigned int*>(amax), column_partials, rows, cols);
 }
 
 }  // namespace
 
 void launch_quantize_transpose(const void* x, DType x_dtype, const float* scale, void* y, void* y_t, DType y_dtype,
-                               float* amax, void* column_sum, int64_t rows, int64_t cols, cudaStream_t stream) {
+                               float* amax, void* column_sum, int64_t rows, int64_t cols, Act act,
+                               const void* preact, cudaStream_t stream) {
   GE2_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
   if (cols == 0) return;
   const int64_t row_tiles = (rows + kTile - 1) / kTile;
@@ -200,16 +219,18 @@ void launch_quantize_transpose(const void* x, DType x_dtype, const float* scale,
     GE2_CUDA_CHECK(cudaMemsetAsync(column_sum, 0, static_cast<std::size_t>(cols) * dtype_size(x_dtype), stream));
   }
   if (rows == 0) return;
-  const bool wide = fits_wide(x, x_dtype, y, y_t, rows, cols);
+  const bool wide = fits_wide(x, preact, x_dtype, y, y_t, rows, cols);
   const int64_t partial_row_count = wide ? rows / kWideTile : row_tiles;  // one float32 row per row tile
   const std::size_t partial_bytes = static_cast<std::size_t>(partial_row_count * cols) * sizeof(float);
   float* column_partials =
       column_sum != nullptr ? static_cast<float*>(StreamWorkspace::get(partial_bytes, stream)) : nullptr;
   GE2_DISPATCH_FLOATING(x_dtype, "x dtype", {
     if (y_dtype == DType::Float8E4M3) {
-      launch<scalar_t, __nv_fp8_e4m3>(x, scale, y, y_t, amax, column_partials, rows, cols, wide, stream);
+      launch<scalar_t, __nv_fp8_e4m3>(x, preact, act, scale, y, y_t, amax, column_partials, rows, cols, wide,
+                                      stream);
     } else {
-      launch<scalar_t, __nv_fp8_e5m2>(x, scale, y, y_t, amax, column_partials, rows, cols, wide, stream);
+      launch<scalar_t, __nv_fp8_e5m2>(x, preact, act, scale, y, y_t, amax, column_partials, rows, cols, wide,
+                                      stream);
     }
     if (column_sum != nullptr) {
       constexpr int kThreads = 256;

@@ -164,6 +164,24 @@ def test_canonicalize_guards_keep_shared_or_non_bias_adds(rng):
     assert_same_numerics(g, optimized, rng)
 
 
+def test_canonicalize_folds_a_bias_added_to_a_reshaped_product(rng):
+    """A linear layer as the dynamo exporter writes it (BERT's, ViT's projections): the input flattened to 2-d,
+    multiplied, the product viewed as [batch, seq, N] and the bias added there. The bias joins the gemm when the view
+    keeps the rows (last dim N); a view that splits N (heads) does not take it."""
+    g = Graph("g")
+    x = g.input("x", (2, 3, 16), "float32")
+    flat = g.reshape(x, shape=(6, 16))
+    kept_rows = g.reshape(g.matmul(flat, weights(g, rng, "w1", (16, 8))), shape=(2, 3, 8))
+    g.output(g.add(kept_rows, g.param("b1", random_array(rng, (8,), "float32"))), "projected")
+    split = g.reshape(g.matmul(flat, weights(g, rng, "w2", (16, 8))), shape=(2, 3, 2, 4))
+    g.output(g.add(split, g.param("b2", random_array(rng, (4,), "float32"))), "heads")
+    optimized, record = apply("canonicalize", g)
+    assert record.ops_after == {"reshape": 3, "gemm": 2, "bias_add": 1}
+    biased = [node for node in optimized.nodes if node.op == "gemm" and node.inputs[2] is not None]
+    assert [node.inputs[2].name for node in biased] == ["b1"]
+    assert_same_numerics(g, optimized, rng)
+
+
 def test_canonicalize_computed_rows_become_bias_adds(rng):
     g = Graph("g")
     x = g.input("x", (4, 8), "float32")

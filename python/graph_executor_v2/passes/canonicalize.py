@@ -3,7 +3,8 @@
 - every matrix product is a ``gemm`` (a matmul is a gemm at its defaults; a batched matmul is one gemm of A's rows
   when B has no batch, else one gemm per batch entry, when its shapes are static, and a multiply when K = 1);
 - a transpose feeding a gemm operand is the gemm's ``trans_a``/``trans_b``;
-- a row-vector add is a ``bias_add`` (broadcast normalization), and a bias after a gemm is the gemm's bias;
+- a row-vector add is a ``bias_add`` (broadcast normalization), and a bias after a gemm (or after a reshape of it
+  that keeps its rows) is the gemm's bias;
 - ``x * sigmoid(x)`` (how exporters write SiLU) is ``silu(x)``;
 - identities disappear: reshapes to the same shape, identity transposes, dropout with p = 0; chains of
   transposes or of reshapes become one.
@@ -101,6 +102,16 @@ def fold_bias_into_gemm(graph: Graph, mm: Value, bias: Value):
     return graph.gemm(a, b, bias, c, **gemm.attrs)
 
 
+# bias_add(reshape(gemm(a, b, c)), bias) = reshape(gemm(a, b, bias, c)) when the reshape keeps the gemm's rows (its
+# last dim is N): exporters flatten a linear layer's input to 2-d, multiply, view the product as 3-d and add the bias
+# there (BERT's and ViT's query/key/value projections)
+def fold_bias_through_reshape(graph: Graph, mm: Value, view: Value, bias: Value):
+    if not view.type.is_concrete or view.type.shape[-1] != mm.type.shape[-1]:
+        return None
+    folded = fold_bias_into_gemm(graph, mm, bias)
+    return None if folded is None else graph.reshape(folded, shape=tuple(view.type.shape))
+
+
 # transpose(x, identity) = x
 def drop_identity_transpose(graph: Graph, x: Value, y: Value):
     return x if _perm(y) == tuple(range(y.type.rank)) else None
@@ -145,6 +156,8 @@ RULES: list[Rule] = [
                   Pat(name="c")), name="y"), fold_transpose_b),
     (Pat("add", (Pat(name="x"), Pat(name="row")), name="y", any_order=True), add_row_to_bias_add),
     (Pat("bias_add", (Pat("gemm", name="mm"), Pat(name="bias"))), fold_bias_into_gemm),
+    (Pat("bias_add", (Pat("reshape", (Pat("gemm", name="mm"),), name="view"), Pat(name="bias"))),
+     fold_bias_through_reshape),
     (Pat("transpose", (Pat(name="x"),), name="y"), drop_identity_transpose),
     (Pat("transpose", (Pat("transpose", name="inner", shared=True),), name="y"), merge_transposes),
     (Pat("reshape", (Pat(name="x"),), name="y"), drop_identity_reshape),

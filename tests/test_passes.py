@@ -242,6 +242,47 @@ def test_canonicalize_lowers_batched_matmuls(rng, a_shape, b_shape, ops_after):
     assert_close(ge2.ExecutorV2(optimized, passes=[]).run(feeds)["y"], expected, "float32", a_shape[-1])
 
 
+# --- pad_gemm_columns ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("trans_b, with_bias", [(False, True), (True, False)])
+def test_pad_gemm_columns_computes_unaligned_columns_aligned_and_slices_them_back(rng, trans_b, with_bias):
+    """1031 float16 columns (GPT-2's LM head has 50257): the weight gets 57 zero columns (a parameter: folded), the
+    gemm writes 1088 aligned ones, a slice keeps the first 1031; the output is the unpadded graph's."""
+    g = Graph("g")
+    x = g.input("x", (5, 16), "float16")
+    w = weights(g, rng, "w", (1031, 16) if trans_b else (16, 1031), "float16")
+    bias = g.param("b", random_array(rng, (1031,), "float16")) if with_bias else None
+    g.output(g.gemm(x, w, bias, trans_b=trans_b), "y")
+    padded, record = apply("pad_gemm_columns", g)
+    (gemm,) = [n for n in padded.nodes if n.op == "gemm"]
+    assert gemm.outputs[0].type.shape == (5, 1088) and padded.outputs["y"].type.shape == (5, 1031)
+    assert padded.outputs["y"].producer.op == "slice" and "1031 columns computed as 1088" in record.notes[0]
+    folded, _ = PassManager([PASSES["constant_fold"]]).run(padded)
+    assert folded.op_counts() == {"gemm": 1, "slice": 1}  # the weight's (and bias's) pad is a parameter now
+    assert_same_numerics(g, padded, rng, "float16", 16)
+
+
+@pytest.mark.parametrize("columns, dtype, weight_is_param", [(1032, "float16", True), (999, "float16", True),
+                                                             (1031, "float32", True), (1031, "bfloat16", False)])
+def test_pad_gemm_columns_leaves_aligned_small_float32_or_computed_weights(rng, columns, dtype, weight_is_param):
+    g = Graph("g")
+    x = g.input("x", (5, 16), dtype)
+    w = weights(g, rng, "w", (16, columns), dtype) if weight_is_param else g.input("w", (16, columns), dtype)
+    g.output(g.gemm(x, w), "y")
+    _, record = apply("pad_gemm_columns", g)
+    assert not record.changed
+
+
+def test_pad_gemm_columns_runs_in_the_default_pipeline(rng):
+    g = Graph("g")
+    x = g.input("x", (3, 8), "float16")
+    g.output(g.matmul(x, weights(g, rng, "w", (8, 1031), "float16")), "logits")
+    executor = ge2.ExecutorV2(g)
+    assert executor.optimized_graph.op_counts() == {"gemm": 1, "slice": 1}
+    assert "1031 columns computed as 1088" in executor.explain()
+    feeds = {"x": random_array(rng, (3, 8), "float16")}
+    assert_close(executor.run(feeds)["logits"], ge2.ExecutorV2(g, passes=[]).run(feeds)["logits"], "float16", 8)
+
+
 # --- fuse ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("activation", ["relu", "gelu", "silu"])
 def test_fuse_activation_into_gemm(rng, activation):

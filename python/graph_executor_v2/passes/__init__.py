@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .alignment import pad_gemm_columns
 from .attention_fusion import fuse_attention
 from .batch_norm_fold import fold_batch_norm
 from .canonicalize import canonicalize, lower_batched_matmuls
@@ -38,6 +39,9 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("fuse_relu", fuse_relu, "fuse residual adds and ReLU (not GELU/SiLU) into gemm epilogues, for training"),
     Pass("pad_classes", pad_classes, "a loss's classifier gemm with classes not a multiple of 8 computes them rounded "
                                      "up to 64 (zero weights, -inf bias: cross_entropy ignores them exactly)"),
+    Pass("pad_gemm_columns", pad_gemm_columns, "a 16-bit gemm of >= 1024 columns, not a multiple of 8, with a "
+                                               "parameter weight computes them aligned (zero columns up to a "
+                                               "multiple of 64) and slices the output back"),
     Pass("chain_activation_backward", chain_activation_backward,
          "apply an activation's backward inside the next gemm's dA (gemm_backward a_act)"),
     Pass("trim_gemm_backward", trim_gemm_backward, "do not compute gemm_backward outputs nothing reads"),
@@ -50,13 +54,13 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
                                        "transposes only at the edges"),
 )}
 
-# Folding runs after canonicalization, so the reshapes it inserts for parameter rows become parameters. Attention
-# fuses before canonicalization turns its matmuls into gemms. Layouts are planned after batch norms fold into their
-# convs and before epilogue fusion (transposes sink through the activations and residual adds still apart), and the
-# weights' transposes it leaves fold as constants. Pointwise fusion runs after the epilogue fusion, on what the
-# epilogues did not absorb.
-DEFAULT_PIPELINE = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicalize", "constant_fold", "fold_batch_norm",
-                    "plan_layouts", "constant_fold", "fuse", "fuse_pointwise", "dce")
+# Folding runs after canonicalization, so the reshapes it inserts for parameter rows become parameters (and so do
+# the zero columns pad_gemm_columns adds to an unaligned weight). Attention fuses before canonicalization turns its
+# matmuls into gemms. Layouts are planned after batch norms fold into their convs and before epilogue fusion
+# (transposes sink through the activations and residual adds still apart), and the weights' transposes it leaves fold
+# as constants. Pointwise fusion runs after the epilogue fusion, on what the epilogues did not absorb.
+DEFAULT_PIPELINE = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicalize", "pad_gemm_columns", "constant_fold",
+                    "fold_batch_norm", "plan_layouts", "constant_fold", "fuse", "fuse_pointwise", "dce")
 # Training: the forward is canonicalized and fused before autograd (no constant folding: parameters are trained),
 # the graph with gradients is then cleaned (batched matmuls of gradients lowered to gemms) and its backward fused.
 TRAINING_FORWARD = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicalize", "pad_classes", "fuse_relu",
@@ -85,5 +89,5 @@ __all__ = ["DEFAULT_PIPELINE", "PASSES", "POLICY", "TRAINING_BACKWARD", "TRAININ
            "PassManager", "PassRecord", "Pat", "Rewrite", "autocast", "canonicalize", "chain_activation_backward",
            "eliminate_common_subexpressions", "eliminate_dead_code", "fold_batch_norm", "fold_constants", "fuse",
            "fuse_attention", "fuse_loss_gradient", "fuse_pointwise", "fuse_pointwise_training", "fuse_relu",
-           "infer_shapes", "join_slice_gradients", "lower_batched_matmuls", "plan_layouts", "resolve", "rewrite",
-           "trim_gemm_backward"]
+           "infer_shapes", "join_slice_gradients", "lower_batched_matmuls", "pad_gemm_columns", "plan_layouts",
+           "resolve", "rewrite", "trim_gemm_backward"]

@@ -64,8 +64,8 @@ def test_train_digits_writes_its_plot_under_runs_and_says_where(tmp_path, monkey
     assert f"loss curve: written to {written}" in capsys.readouterr().out
 
 
-def _import_layers():
-    spec = importlib.util.spec_from_file_location("import_layers", ROOT / "scripts" / "import_layers.py")
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -83,7 +83,7 @@ def test_the_tree_has_no_upward_import_and_no_cycle_python_or_native():
 def test_the_native_unit_check_finds_a_cycle_through_a_shared_header(tmp_path):
     """Two units calling each other's functions, declared in one shared header: a cycle, though neither includes the
     other's header; a function only the unit itself declares (a static helper) makes no dependency."""
-    layers = _import_layers()
+    layers = _script("import_layers")
     (tmp_path / "shared.hpp").write_text("int device_count();\nvoid register_streams(int module);\n")
     (tmp_path / "runtime_pybind.cpp").write_text(
         '#include "shared.hpp"\nint device_count() {\n  return 1;\n}\nvoid module() { register_streams(0); }\n')
@@ -98,3 +98,17 @@ def test_the_native_unit_check_finds_a_cycle_through_a_shared_header(tmp_path):
     graph = layers.native_unit_graph(tmp_path)
     assert graph == {"devices": set(), "runtime_pybind": {"streams"}, "streams": {"devices"}}
     assert layers.cycles(graph) == []
+
+
+def test_compare_test_ids_counts_ids_per_function_and_reads_gpu_logs(tmp_path):
+    """scripts/compare_test_ids.py (issue 25's same-counts proof): ids grouped by file and test function (the
+    parameters stripped), and a GPU run's per-file totals summed over shards from pytest's last summary line."""
+    compare = _script("compare_test_ids")
+    ids = ["tests/test_a.py::test_x[float16]", "tests/test_a.py::test_x[float32]", "tests/test_a.py::Cls::test_y",
+           "tests/test_b.py::test_z"]
+    assert compare.by_function(ids) == {"tests/test_a.py": {"test_x": 2, "Cls::test_y": 1},
+                                        "tests/test_b.py": {"test_z": 1}}
+    (tmp_path / "test_a.0.log").write_text("....\n3 passed, 1 skipped, 2 deselected in 1.0s\n")
+    (tmp_path / "test_a.1.log").write_text("F.\nFAILED x\n1 failed, 1 passed, 1 xfailed, 4 warnings in 2.0s\n")
+    (tmp_path / "test_b.log").write_text("1 error in 0.1s\n")
+    assert compare.gpu_log_totals([tmp_path]) == {"tests/test_a.py": 7, "tests/test_b.py": 1}

@@ -386,6 +386,41 @@ def test_set_state_and_control_addresses(rng):
         problem.fused.set_state(step=0, loss_scale=0.0)
 
 
+def test_buffer_copies_bad_rows_name_the_row():
+    for row in ((0, 256, 4), (256, 256), (256, 512, -1)):
+        with pytest.raises(ValueError, match=r"copies\[1\]: expected \(source, destination, bytes\)"):
+            opt.BufferCopies([(256, 512, 4), row])
+    if ge2._native.is_built("_ops_optimizer"):  # the native checks come before any launch
+        native = ge2._native.load("_ops_optimizer")
+        with pytest.raises(ValueError, match="entries: null device pointer"):
+            native.copy_buffers(0, 3, 0)
+        with pytest.raises(ValueError, match="count: expected >= 0, got -1"):
+            native.copy_buffers(256, -1, 0)
+
+
+@gpu
+def test_buffer_copies_copy_every_row_in_one_launch(rng, to_device):
+    """Rows of the sizes a step's buffer updates have (a 4-byte scale, a 64-byte history, batch norm's statistics)
+    and unaligned ones (odd sizes and an odd offset: the byte path), each into a poisoned destination with a
+    guard byte after it that must stay."""
+    sizes = [4, 64, 4096 * 4, 6, 1 << 20 | 3]
+    sources = [to_device(rng.integers(0, 256, size, dtype=np.uint8)) for size in sizes]
+    destinations = [to_device(np.full(size + 1, 0xA5, np.uint8)) for size in sizes]
+    offset_source = to_device(rng.integers(0, 256, 33, dtype=np.uint8))  # read from byte 1: unaligned
+    offset_destination = to_device(np.full(32, 0xA5, np.uint8))
+    rows = [(s.ptr, d.ptr, size) for s, d, size in zip(sources, destinations, sizes)]
+    rows.append((offset_source.ptr + 1, offset_destination.ptr, 32))
+    copies = opt.BufferCopies(rows)
+    assert copies.count == len(sizes) + 1
+    copies.launch()
+    for source, destination, size in zip(sources, destinations, sizes):
+        got = destination.numpy()
+        np.testing.assert_array_equal(got[:size], source.numpy(), err_msg=f"{size} bytes")
+        assert got[size] == 0xA5, f"{size} bytes: wrote past the end"
+    np.testing.assert_array_equal(offset_destination.numpy(), offset_source.numpy()[1:])
+    opt.BufferCopies([]).launch()  # nothing to copy: no launch
+
+
 @gpu
 def test_bad_arrays_name_the_argument(to_device):
     config = opt.OptimizerConfig("adamw", 1e-3)

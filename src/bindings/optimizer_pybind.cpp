@@ -139,6 +139,15 @@ PYBIND11_MODULE(_ops_optimizer, m) {
         py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("decoupled"), py::arg("amsgrad"),
         py::arg("momentum"), py::arg("dampening"), py::arg("nesterov"), py::arg("scaling"), py::arg("clipping"),
         py::arg("stream"), "Enqueues the update of every tensor of one dtype group (low_dtype '' for no copies).");
+  m.def(
+      "copy_buffers",
+      [](std::uintptr_t entries, int64_t count, std::uintptr_t stream) {
+        ge2::binding::ReleaseGil release;
+        opt::copy_buffers(as_pointer<const opt::CopyEntry>(entries), count, as_stream(stream));
+      },
+      py::arg("entries"), py::arg("count"), py::arg("stream"),
+      "Enqueues every copy of a device table of int64[4] rows (source, destination, bytes, 0) in one launch.");
+  m.def("copy_entry_bytes", [] { return sizeof(opt::CopyEntry); });
   m.def("control_layout", &control_layout, "Control block fields: name -> (byte offset, dtype).");
   m.def("control_bytes", [] { return sizeof(opt::Control); });
   m.def("entry_bytes", [] { return sizeof(opt::TensorEntry); });

@@ -474,6 +474,30 @@ def _field(raw: np.ndarray, offset: int, dtype: str):
     return value.item()
 
 
+class BufferCopies:
+    """Copies between device buffers, prepared once (a table of (source, destination, bytes) rows uploaded here) and
+    enqueued by ``launch(stream)`` as one kernel: a training step's buffer updates (batch norm's running statistics,
+    FP8 delayed scaling's histories and scales) without a memcpy node per buffer in the captured step. The caller
+    keeps the buffers alive and in place."""
+
+    def __init__(self, copies, device: int = 0):
+        rows = [tuple(copy) for copy in copies]
+        for index, row in enumerate(rows):
+            if len(row) != 3 or not all(isinstance(v, (int, np.integer)) and v >= 0 for v in row) or not all(row[:2]):
+                raise ValueError(f"copies[{index}]: expected (source, destination, bytes), two device addresses and "
+                                 f"a size >= 0, got {row!r}")
+        table = np.zeros((len(rows), 4), np.uint64)
+        for index, (source, destination, nbytes) in enumerate(rows):
+            table[index, :3] = source, destination, nbytes
+        self.count = len(rows)
+        self._table = _device.runtime().DeviceArray.from_numpy(table.view(np.int64), device) if rows else None
+
+    def launch(self, stream=None) -> None:
+        """Enqueues every copy on ``stream`` (None: the legacy default stream)."""
+        if self.count:
+            _native_module().copy_buffers(self._table.ptr, self.count, _device.stream_handle(stream))
+
+
 def _contiguous(array, argument):
     view = _device.view_of(array, argument)
     if not view.is_contiguous:

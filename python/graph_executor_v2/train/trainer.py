@@ -500,15 +500,9 @@ class Trainer:
     def _buffer_update_launch(self, plan: Plan, names=None):
         """launch(stream) copying this step's updates of the buffers ``names`` (default all; outputs of the plan)
         into the buffers the next step reads: device work only on CUDA, captured with the plan."""
-        pairs = [(self._buffers[name], plan.slots[plan.graph.outputs[BUFFER_UPDATE_PREFIX + name].name])
-                 for name in (self.buffer_names if names is None else names)]
-        copy = self._backend.copy
-
-        def launch(stream):
-            for buffer, update in pairs:
-                copy(buffer, update, stream)
-
-        return launch
+        return self._backend.copier([(self._buffers[name],
+                                      plan.slots[plan.graph.outputs[BUFFER_UPDATE_PREFIX + name].name])
+                                     for name in (self.buffer_names if names is None else names)])
 
     def _calibrate_fp8(self, plan: Plan, batch: dict, views: dict) -> None:
         """FP8 delayed scaling's first scales from the data (``DelayedScaling.calibrate``), when an activation's or

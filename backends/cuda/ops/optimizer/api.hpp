@@ -108,11 +108,25 @@ void grad_norm(const NormArgs& args, cudaStream_t stream);
 void finalize(const FinalizeArgs& args, cudaStream_t stream);
 void step(const StepArgs& args, cudaStream_t stream);
 
+// One row of a buffer-copy table (device memory, built once by the caller): `bytes` bytes from `source` to
+// `destination`, which must not overlap.
+struct CopyEntry {
+  uint64_t source;
+  uint64_t destination;
+  int64_t bytes;
+  int64_t reserved;
+};
+static_assert(sizeof(CopyEntry) == 32, "the Python side builds this table as int64[4] rows");
+
+// Every row's copy in one launch (a training step's buffer updates: see kernels/copy_buffers.cu).
+void copy_buffers(const CopyEntry* entries, int64_t count, cudaStream_t stream);
+
 std::vector<KernelInfo> kernel_table();
 
 // ---- internal: shared by launcher.cu and kernels/*.cu ---------------------------------------------------------
 void launch_grad_norm(const NormArgs& args, cudaStream_t stream);
 void launch_finalize(const FinalizeArgs& args, cudaStream_t stream);
 void launch_step(const StepArgs& args, cudaStream_t stream);
+void launch_copy_buffers(const CopyEntry* entries, int64_t count, cudaStream_t stream);
 
 }  // namespace ge2::optimizer

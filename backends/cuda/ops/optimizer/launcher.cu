@@ -61,4 +61,11 @@ void step(const StepArgs& args, cudaStream_t stream) {
   launch_step(args, stream);
 }
 
+void copy_buffers(const CopyEntry* entries, int64_t count, cudaStream_t stream) {
+  if (count < 0) throw std::invalid_argument("count: expected >= 0, got " + std::to_string(count));
+  if (count > 0 && entries == nullptr) throw std::invalid_argument("entries: null device pointer");
+  if (count == 0) return;
+  launch_copy_buffers(entries, count, stream);
+}
+
 }  // namespace ge2::optimizer

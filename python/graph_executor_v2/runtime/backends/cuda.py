@@ -11,6 +11,7 @@ from ...codegen.candidate import precompile
 from ...dtypes import itemsize, to_numpy
 from ...ir.types import TensorType
 from ...ir.schema import Candidate, OpDef, Problem
+from ...ops.optimizer import BufferCopies
 
 
 HOST_FALLBACK = "host_reference"
@@ -184,9 +185,12 @@ class CudaBackend:
         """Writes the host ``array`` (the buffer's dtype, any shape of its size) into ``buffer`` on ``stream``."""
         buffer.copy_from_numpy(np.require(array, requirements="C").reshape(buffer.shape), stream)
 
-    def copy(self, destination, source, stream: int) -> None:
-        """Device copy of ``source``'s bytes into ``destination`` (same size) on ``stream``: captured with a plan."""
-        self.runtime.memcpy_device_to_device(destination.ptr, source.ptr, destination.nbytes, stream)
+    def copier(self, pairs):
+        """launch(stream) copying each (destination, source) pair's bytes (same sizes) on ``stream``: one kernel for
+        all of them (a table uploaded here), so a captured step holds one node, not a memcpy node per pair."""
+        copies = BufferCopies([(source.ptr, destination.ptr, destination.nbytes) for destination, source in pairs],
+                              self.device_index)
+        return copies.launch
 
     def precompile(self, problems: list, settled) -> None:
         """Compiles the kernels a plan's nodes may prepare in parallel, before they are prepared and timed one by

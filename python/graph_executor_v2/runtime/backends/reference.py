@@ -44,8 +44,13 @@ class ReferenceBackend:
     def store(self, buffer: np.ndarray, array: np.ndarray, stream=None) -> None:
         buffer[...] = np.reshape(array, buffer.shape)
 
-    def copy(self, destination: np.ndarray, source: np.ndarray, stream=None) -> None:
-        destination[...] = source.reshape(destination.shape)
+    def copier(self, pairs):
+        """launch(stream) copying each (destination, source) pair of arrays."""
+        def launch(stream=None):
+            for destination, source in pairs:
+                destination[...] = source.reshape(destination.shape)
+
+        return launch
 
     def precompile(self, problems: list, settled) -> None:
         pass  # fused nodes run their members' references: nothing to compile

@@ -166,12 +166,21 @@ def test_in_tree_files_registrations_and_cpu_tests(repo_copy, own_imports):
     assert "from . import scaled_sum\n" in init and '"scaled_sum"]' in init
     probe = ("import graph_executor_v2 as ge2; from graph_executor_v2.ops import scaled_sum; "
              "print(ge2.ops.OPS['scaled_sum'].candidates[0].name, ge2.ops.OPS['scaled_sum'].grad is not None, "
-             "ge2.ops.OPS['scaled_sum_backward'].outputs, 'scaled_sum' in ge2.ops.__all__)")
+             "ge2.ops.OPS['scaled_sum_backward'].outputs, 'scaled_sum' in ge2.ops.__all__, "
+             "'scaled_sum_backward' in ge2.ops.BACKWARD_OPS)")
     assert run([sys.executable, "-c", probe], repo_copy, python).split() == ["grid_stride", "True", "('da',",
-                                                                               "'db')", "True"]
+                                                                               "'db')", "True", "True"]
     summary = generated_test_summary(run([sys.executable, "-m", "pytest", "tests/test_scaled_sum.py", "-q", "-m",
                                           "not gpu", "-p", "no:cacheprovider"], repo_copy, python))
     assert "6 passed" in summary and "failed" not in summary, summary  # the CPU tests (the module is not built)
+    # No other file to edit: the generic face tests and the grad-rule tests take the new op from its OpDef (its
+    # samples; the sample walk's fixtures need _runtime), and its backward op, registered as one, gets no face.
+    share_runtime(repo_copy / "python" / "graph_executor_v2")
+    selected = "scaled_sum" if _native.is_built("_runtime") else "scaled_sum and not every_sample"
+    summary = generated_test_summary(run([sys.executable, "-m", "pytest", "tests/test_op_faces.py",
+                                          "tests/test_autograd.py", "-q", "-m", "not gpu", "-k", selected, "-p",
+                                          "no:cacheprovider"], repo_copy, python))
+    assert " passed" in summary and "failed" not in summary and "error" not in summary, summary
 
 
 @pytest.mark.slow

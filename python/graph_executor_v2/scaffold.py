@@ -89,15 +89,15 @@ def substitutions(name: str, inputs: list[str], package: str, in_tree: bool) -> 
                    "from ..dtypes import FLOAT_DTYPES\nfrom ..ir.types import TensorType\nfrom . import _layout\n"
                    "from ._base import (Attr, Candidate, Input, OpDef, Problem, Sample, as_float64, in_ptr, "
                    "native_launch, out_ptr,\n                    register, sample_array, stream_arg, table_candidate)\n"
-                   "from ._face import Face")
+                   "from ._face import Face\nfrom ._grad import register_backward")
         op_import = f"from graph_executor_v2.ops import {name} as op"
     else:
         imports = ("from graph_executor_v2 import _native, selection\nfrom graph_executor_v2 import device as _device\n"
                    "from graph_executor_v2.dtypes import FLOAT_DTYPES\n"
                    "from graph_executor_v2.ir.types import TensorType\n"
                    "from graph_executor_v2.ops import (Attr, Candidate, Face, Input, OpDef, Problem, Sample, _layout, "
-                   "in_ptr,\n                                   native_launch, out_ptr, register, sample_array, "
-                   "stream_arg, table_candidate)\n"
+                   "in_ptr,\n                                   native_launch, out_ptr, register, register_backward, "
+                   "sample_array, stream_arg,\n                                   table_candidate)\n"
                    "from graph_executor_v2.ops._base import as_float64")
         op_import = f"from {package} import {name} as op"
     grad_copies = ["grad"] + ["grad.copy()"] * (len(inputs) - 1)

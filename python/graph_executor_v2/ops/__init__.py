@@ -27,13 +27,13 @@ from . import fused  # last: it gives every op with a scalar expression its gene
 # The faces of ops that share a module (add, relu, log_softmax, sum, reshape, ...); one-op modules are their face.
 globals().update({name: face for name, face in FACES.items() if name not in globals()})
 
-from ._grad import BACKWARD_OPS
+from ._grad import BACKWARD_OPS, register_backward
 from .fused import FUSED_OPS
 
 # Every op has a face except the backward ops (ops/_grad.py, BACKWARD_OPS) and the fused ops the compiler makes
 # (ops/fused.py, FUSED_OPS).
 __all__ = ["OPS", "FACES", "BACKWARD_OPS", "FUSED_OPS", "Attr", "Candidate", "Face", "Input", "OpDef", "Problem",
-           "Sample", "pointwise", "add_candidate", "register", "remove_candidate", "native_launch", "in_ptr", "in_ptrs",
-           "out_ptr", "out_ptrs", "sample_array", "stream_arg", "table_candidate", "elementwise", "reduce", "optimizer",
-           "pool2d"]
+           "Sample", "pointwise", "add_candidate", "register", "register_backward", "remove_candidate", "native_launch",
+           "in_ptr", "in_ptrs", "out_ptr", "out_ptrs", "sample_array", "stream_arg", "table_candidate", "elementwise",
+           "reduce", "optimizer", "pool2d"]
 __all__ += sorted(set(OPS) - BACKWARD_OPS - FUSED_OPS)

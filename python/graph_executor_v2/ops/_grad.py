@@ -7,12 +7,14 @@ op's native ``backward``.
 """
 from __future__ import annotations
 
+import sys
 from typing import Callable
 
 import numpy as np
 
 from .. import _native
 from ..dtypes import to_numpy
+from ..ir.schema import _package_of
 from ._base import Candidate, Launch, OpDef, Problem, register
 
 # The ops that compute gradients (``<op>_backward``, ``cross_entropy_with_grad``): IR ops that training plans run,
@@ -20,10 +22,13 @@ from ._base import Candidate, Launch, OpDef, Problem, register
 BACKWARD_OPS: set[str] = set()
 
 
-def register_backward(opdef: OpDef) -> OpDef:
-    """Registers an op that computes gradients (see ``BACKWARD_OPS``)."""
+def register_backward(opdef: OpDef, origin: str | None = None) -> OpDef:
+    """Registers an op that computes gradients (see ``BACKWARD_OPS``): an op's, a scaffolded op's or another
+    package's. ``origin`` as for ``register`` (default: the calling package, so another package's backward op is
+    marked external like its forward)."""
+    registered = register(opdef, _package_of(sys._getframe(1)) if origin is None else origin)
     BACKWARD_OPS.add(opdef.name)
-    return register(opdef)
+    return registered
 
 
 def sum_to(g, dy, shape: tuple):

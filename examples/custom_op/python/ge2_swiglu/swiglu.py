@@ -25,7 +25,8 @@ from graph_executor_v2 import selection
 from graph_executor_v2.dtypes import FLOAT_DTYPES
 from graph_executor_v2.ir.types import TensorType
 from graph_executor_v2.ops import (Candidate, Face, Input, OpDef, Problem, Sample, _layout, in_ptr, native_launch,
-                                   out_ptr, register, sample_array, stream_arg, table_candidate)
+                                   out_ptr, register, register_backward, sample_array, stream_arg,
+                                   table_candidate)
 from graph_executor_v2.ops._base import as_float64
 
 INPUTS = ("a", "b")
@@ -155,7 +156,7 @@ OP = register(OpDef(
     doc=__doc__,
 ))
 
-BACKWARD_OP = register(OpDef(
+BACKWARD_OP = register_backward(OpDef(
     name="swiglu_backward",
     inputs=(Input("dy"), Input("a"), Input("b")),
     outputs=("da", "db"),

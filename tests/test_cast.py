@@ -107,7 +107,8 @@ def test_bad_dtype_is_named():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("source, target", PAIRS)
-@pytest.mark.parametrize("shape", [(1,), (7, 33), (1025, 1023)])
+# (7, 33), (1025, 1023): 8-element vectors and an element-wise tail; (64, 64): vectors only; (1,): the tail only
+@pytest.mark.parametrize("shape", [(1,), (7, 33), (64, 64), (1025, 1023)])
 def test_native_cast_matches_the_reference(rng, source, target, shape):
     x = (rng.standard_normal(shape) * 3).astype(NUMPY[source])
     x.reshape(-1)[: min(4, x.size)] = np.array([0.0, -0.0, 65504.0, 1e-8])[: min(4, x.size)].astype(NUMPY[source])

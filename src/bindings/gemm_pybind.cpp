@@ -13,17 +13,11 @@ using ge2::binding::as_stream;
 
 namespace {
 
-ge2::gemm::ForwardArgs forward_args(std::uintptr_t a, std::uintptr_t b, std::uintptr_t c, std::uintptr_t bias,
-                                    std::uintptr_t y, std::uintptr_t preact, int64_t m, int64_t n, int64_t k,
-                                    const std::string& dtype, bool trans_a, bool trans_b, float alpha, float beta,
-                                    const std::string& act, float slope, bool allow_tf32, bool residual_after_act) {
-  ge2::gemm::ForwardArgs args;
-  args.a = as_pointer(a);
-  args.b = as_pointer(b);
-  args.c = as_pointer(c);
-  args.bias = as_pointer(bias);
-  args.y = as_pointer(y);
-  args.preact = as_pointer(preact);
+// The problem's fields, which ForwardArgs and BackwardArgs share.
+template <typename Args>
+Args problem_args(int64_t m, int64_t n, int64_t k, const std::string& dtype, bool trans_a, bool trans_b, float alpha,
+                  float beta, const std::string& act, float slope, bool allow_tf32, bool residual_after_act) {
+  Args args;
   args.m = m;
   args.n = n;
   args.k = k;
@@ -39,6 +33,21 @@ ge2::gemm::ForwardArgs forward_args(std::uintptr_t a, std::uintptr_t b, std::uin
   return args;
 }
 
+ge2::gemm::ForwardArgs forward_args(std::uintptr_t a, std::uintptr_t b, std::uintptr_t c, std::uintptr_t bias,
+                                    std::uintptr_t y, std::uintptr_t preact, int64_t m, int64_t n, int64_t k,
+                                    const std::string& dtype, bool trans_a, bool trans_b, float alpha, float beta,
+                                    const std::string& act, float slope, bool allow_tf32, bool residual_after_act) {
+  auto args = problem_args<ge2::gemm::ForwardArgs>(m, n, k, dtype, trans_a, trans_b, alpha, beta, act, slope,
+                                                   allow_tf32, residual_after_act);
+  args.a = as_pointer(a);
+  args.b = as_pointer(b);
+  args.c = as_pointer(c);
+  args.bias = as_pointer(bias);
+  args.y = as_pointer(y);
+  args.preact = as_pointer(preact);
+  return args;
+}
+
 ge2::gemm::BackwardArgs backward_args(std::uintptr_t dy, std::uintptr_t a, std::uintptr_t b, std::uintptr_t preact,
                                       std::uintptr_t dz_scratch, std::uintptr_t da, std::uintptr_t db,
                                       std::uintptr_t dbias, std::uintptr_t dc, int64_t m, int64_t n, int64_t k,
@@ -46,7 +55,8 @@ ge2::gemm::BackwardArgs backward_args(std::uintptr_t dy, std::uintptr_t a, std::
                                       const std::string& act, float slope, bool allow_tf32, std::uintptr_t a_preact,
                                       const std::string& a_act, float a_slope, std::uintptr_t dbias_a,
                                       bool residual_after_act) {
-  ge2::gemm::BackwardArgs args;
+  auto args = problem_args<ge2::gemm::BackwardArgs>(m, n, k, dtype, trans_a, trans_b, alpha, beta, act, slope,
+                                                    allow_tf32, residual_after_act);
   args.dy = as_pointer(dy);
   args.a = as_pointer(a);
   args.b = as_pointer(b);
@@ -56,22 +66,10 @@ ge2::gemm::BackwardArgs backward_args(std::uintptr_t dy, std::uintptr_t a, std::
   args.db = as_pointer(db);
   args.dbias = as_pointer(dbias);
   args.dc = as_pointer(dc);
-  args.m = m;
-  args.n = n;
-  args.k = k;
-  args.dtype = ge2::dtype_from_name(dtype);
-  args.trans_a = trans_a;
-  args.trans_b = trans_b;
-  args.alpha = alpha;
-  args.beta = beta;
-  args.act = ge2::act_from_name(act);
-  args.slope = slope;
-  args.allow_tf32 = allow_tf32;
   args.a_preact = as_pointer(a_preact);
   args.a_act = ge2::act_from_name(a_act, "a_act");
   args.a_slope = a_slope;
   args.dbias_a = as_pointer(dbias_a);
-  args.residual_after_act = residual_after_act;
   return args;
 }
 

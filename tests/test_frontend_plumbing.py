@@ -125,6 +125,55 @@ def test_flatten_and_the_shape_of_a_symbolic_shape_run_two_sizes(rng):
         assert_close(y, session.run(None, {"x": x})[0], "float32")
 
 
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_resize_to_sizes_with_a_symbolic_batch_runs_two_sizes(rng, mode):
+    """The dynamo exporter's upsampling (DeepLabV3's head): Resize's sizes concatenate the input's own leading
+    extents, symbolic batch included, with the target height and width; one executor runs two batches, against
+    onnxruntime."""
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Slice", ["shape", "zero", "two"], ["leading"]),
+             helper.make_node("Concat", ["leading", "target"], ["sizes"], axis=0),
+             helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode=mode)]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 4, 5])],
+                   [_ints("zero", [0]), _ints("two", [2]), _ints("target", [8, 9])], opset=19)
+    graph = onnx_frontend.load(model)
+    assert graph.outputs["y"].type.shape == ("batch", 3, 8, 9)
+    executor = ge2.ExecutorV2(graph)
+    onnxruntime = pytest.importorskip("onnxruntime")
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for batch in (2, 3):
+        x = rng.standard_normal((batch, 3, 4, 5)).astype(np.float32)
+        assert_close(executor.run({"x": x})["y"], session.run(None, {"x": x})[0], "float32", 5)
+
+
+def test_size_and_cast_like(rng):
+    """Size is a constant (a symbolic product where the shape has symbolic dims: here the target of a Reshape that
+    flattens x, so one executor runs two sizes; a 0-d int64 output where the shape is static), and CastLike casts to
+    the element type of its second input, a graph input or a constant."""
+    nodes = [helper.make_node("Size", ["x"], ["count"]),
+             helper.make_node("Unsqueeze", ["count", "zero"], ["flat_shape"]),
+             helper.make_node("Reshape", ["x", "flat_shape"], ["flat"]),
+             helper.make_node("CastLike", ["flat", "half_like"], ["half"]),
+             helper.make_node("CastLike", ["half", "int_like"], ["y"]),
+             helper.make_node("Size", ["half_like"], ["half_count"])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3]),
+              helper.make_tensor_value_info("half_like", TensorProto.FLOAT16, [2, 2])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.INT64, None),
+               helper.make_tensor_value_info("half", TensorProto.FLOAT16, None),
+               helper.make_tensor_value_info("half_count", TensorProto.INT64, None)]
+    graph = helper.make_graph(nodes, "size", inputs, outputs, [_ints("zero", [0]), _ints("int_like", [7])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+    loaded = onnx_frontend.load(model)
+    assert loaded.outputs["y"].type.shape == ("3*batch",) and loaded.outputs["y"].type.dtype == "int64"
+    executor = ge2.ExecutorV2(loaded)
+    for batch in (2, 5):
+        x = (rng.standard_normal((batch, 3)) * 100).astype(np.float32)
+        got = executor.run({"x": x, "half_like": np.zeros((2, 2), np.float16)})
+        np.testing.assert_array_equal(got["half"], x.reshape(-1).astype(np.float16))
+        np.testing.assert_array_equal(got["y"], x.reshape(-1).astype(np.float16).astype(np.int64))
+        assert got["half_count"].shape == () and got["half_count"] == 4
+
+
 def _reported(nodes, initializers, input_shape=("n",)):
     """The (node name, reason) pairs the importer reports for a model of input x [input_shape]."""
     model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(input_shape))], initializers)

@@ -119,6 +119,57 @@ def test_resize(rng, mode, coordinates, nearest_mode, by):
     assert loaded.op_counts() == {"resize": 1}
 
 
+def _float64_reference(nodes, input_shape, x, initializers):
+    """ONNX's reference evaluator on the same graph in float64 (its input and output declared DOUBLE)."""
+    from onnx.reference import ReferenceEvaluator
+
+    graph = helper.make_graph(nodes, "float64", [_input("x", list(input_shape), TensorProto.DOUBLE)],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)], list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+    return ReferenceEvaluator(model).run(None, {"x": x.astype(np.float64)})[0]
+
+
+def _scales(values):
+    return numpy_helper.from_array(np.array(values, np.float32), "scales")
+
+
+@pytest.mark.parametrize("shape, inputs, initializers, attributes", [
+    ((2, 3, 5, 6), ["x", "", "scales"], [_scales([1, 1, 0.6, 1.7])], dict(mode="cubic")),
+    ((2, 3, 5, 6), ["x", "", "", "sizes"], [_ints("sizes", [2, 3, 8, 4])],
+     dict(mode="cubic", coordinate_transformation_mode="align_corners")),
+    ((2, 3, 5, 6), ["x", "", "scales"], [_scales([1, 1, 1.5, 0.7])],
+     dict(mode="cubic", coordinate_transformation_mode="asymmetric", cubic_coeff_a=-0.5, exclude_outside=1)),
+    ((1, 2, 9, 10), ["x", "", "scales"], [_scales([1, 1, 0.5, 0.6])], dict(mode="linear", antialias=1)),
+    ((1, 2, 9, 10), ["x", "", "", "sizes"], [_ints("sizes", [1, 2, 4, 3])], dict(mode="cubic", antialias=1)),
+    ((2, 3, 5, 6), ["x", "", "scales"], [_scales([1, 1, 0.7, 1.3])],
+     dict(mode="linear", coordinate_transformation_mode="half_pixel_symmetric")),
+    ((2, 3, 5, 6), ["x", "roi", "", "sizes"],
+     [numpy_helper.from_array(np.array([0, 0, -0.2, 0.3, 1, 1, 0.9, 1.4], np.float32), "roi"),
+      _ints("sizes", [2, 3, 7, 4])],
+     dict(mode="linear", coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=10.0)),
+    ((2, 3, 5, 6), ["x", "roi", "", "sizes"],
+     [numpy_helper.from_array(np.array([0.1, 0.7], np.float32), "roi"), _ints("sizes", [5])],
+     dict(mode="nearest", coordinate_transformation_mode="tf_crop_and_resize", axes=[3], nearest_mode="ceil")),
+    ((2, 3, 7), ["x", "", "scales"], [_scales([1, 1, 1.6])], dict(mode="cubic", cubic_coeff_a=-0.6)),
+])
+def test_resize_as_interpolation_matmuls(rng, shape, inputs, initializers, attributes):
+    """The Resize modes GE2's resize kernel does not run (cubic with its coefficient and exclude_outside,
+    antialiased downsampling, half_pixel_symmetric, tf_crop_and_resize with roi, extrapolation and axes, a 3-d
+    input) import as one matmul per axis with interpolation weights, checked against ONNX's reference evaluator in
+    float64 and onnxruntime (which resizes cubically only 2-d and 4-d tensors)."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    nodes = [helper.make_node("Resize", inputs, ["y"], **attributes)]
+    if len(shape) == 4:
+        loaded = _check(nodes, [_input("x", list(shape))], {"x": x}, initializers, opset=19, reduction=shape[-1])
+    else:
+        graph = helper.make_graph(nodes, "resize", [_input("x", list(shape))],
+                                  [helper.make_tensor_value_info("y", FLOAT, None)], list(initializers))
+        loaded = onnx_frontend.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9))
+    assert "resize" not in loaded.op_counts() and loaded.op_counts()["matmul"] == (2 if len(shape) == 4 else 1)
+    got = ge2.ExecutorV2(loaded).run({"x": x})["y"]
+    assert_close(got, _float64_reference(nodes, shape, x, initializers), "float32", shape[-1])
+
+
 @pytest.mark.parametrize("equation, shapes", [
     ("bhqd,bhkd->bhqk", [(2, 2, 3, 4), (2, 2, 5, 4)]), ("ij,jk->ik", [(3, 4), (4, 5)]), ("i,j->ij", [(3,), (4,)]),
     ("...ij,jk->...ik", [(2, 3, 4), (4, 5)]), ("bld,lrd->blr", [(2, 3, 4), (3, 5, 4)]), ("ij->j", [(3, 4)])])

@@ -108,7 +108,7 @@ def test_dynamic_shapes_are_keyed_by_the_forward_parameters():
 
 def _arguments(tmp_path, **given):
     values = dict(models="resnet18", frontend="onnx,torch", dtype="float32", quick=False, no_compile=True,
-                  time_limit=None, two_sizes=False, jobs=1, deadline=None, device="cuda",
+                  time_limit=None, two_sizes=False, jobs=1, deadline=None, device="cuda", merge=None,
                   out=str(tmp_path / "zoo.md"))
     values.update(given)
     return SimpleNamespace(**values)
@@ -141,6 +141,32 @@ def test_zoo_command_writes_the_table_and_rejects_unknown_names(tmp_path, capsys
     records = json.loads((tmp_path / "zoo.json").read_text())
     assert [(r["model"], r["frontend"]) for r in records] == [("resnet18", "onnx"), ("resnet18", "torch")]
     assert (tmp_path / "zoo.md").read_text().startswith("# Model zoo")
+
+
+def test_runs_merge_into_one_table_later_rows_first_unless_not_started(tmp_path, capsys):
+    """Two runs' zoo.json files as one table: the second run's rows replace the first's, except where the second
+    did not start the model; the rows follow the zoo's model order whatever order the files hold them in."""
+    first = [zoo._failed("bert", "onnx", "float32", "not started: the zoo's deadline of 380 s had passed"),
+             {**_records()[0]},
+             zoo._failed("gpt2", "torch", "float16", "time limit of 22 s reached")]
+    second = [{**_records()[0], "model": "bert", "ge2_error": 3e-7},
+              zoo._failed("resnet18", "onnx", "float32", "not started: the zoo's deadline of 120 s had passed"),
+              {**_records()[0], "model": "gpt2", "frontend": "torch", "dtype": "float16"}]
+    paths = []
+    for index, run in enumerate((first, second)):
+        paths.append(str(tmp_path / f"run{index}.json"))
+        (tmp_path / f"run{index}.json").write_text(json.dumps(run))
+    out = tmp_path / "merged.md"
+    assert zoo.main(_arguments(tmp_path, merge=paths, out=str(out))) == 0
+    merged = json.loads(out.with_suffix(".json").read_text())
+    assert [(r["model"], r["frontend"], r["dtype"], r.get("match")) for r in merged] == [
+        ("resnet18", "onnx", "float32", True), ("bert", "onnx", "float32", True), ("gpt2", "torch", "float16", True)]
+    assert merged[1]["ge2_error"] == 3e-7
+    text = out.read_text()
+    assert text.startswith("# Model zoo") and f"Merged from {paths[0]}, {paths[1]}" in text
+    assert "- float32: 2 of 2 (model, frontend) pairs import and match" in text
+    assert zoo.main(_arguments(tmp_path, merge=[str(tmp_path / "missing.json")])) == 2
+    assert "--merge: cannot read" in capsys.readouterr().err
 
 
 def test_models_run_in_parallel_slow_ones_first_within_the_deadline(monkeypatch):

@@ -30,12 +30,13 @@ from .._optional import require
 from ..dtypes import ALL_DTYPES, FLOAT_DTYPES
 from ..ir import dims
 from ..ir.graph import Graph, Value
-from ..ops.indexing import reference_gather_elements
+from ..ops.indexing import COORDINATES as RESIZE_COORDINATES, reference_gather_elements
 from ..passes.attention_fusion import fuse_imported_attention
 from ._arange import symbolic_range
 from ._batch_norm import float32_statistics
 from ._einsum import batched_matmul, einsum
 from ._errors import NeedsConstant, Unsupported, UnsupportedModelError
+from ._resize import interpolation_weights
 
 MIN_OPSET = 13
 
@@ -80,7 +81,8 @@ class _Context:
             if array.dtype.name not in ALL_DTYPES:
                 raise Unsupported(f"constant '{name}' of dtype {array.dtype} is used as a tensor; GE2 has "
                                   f"{', '.join(ALL_DTYPES)}")
-            value = self.graph.param(_fresh_name(self.graph, name), np.ascontiguousarray(array))
+            # np.ascontiguousarray makes a 0-d array 1-d: the reshape keeps a scalar constant 0-d
+            value = self.graph.param(_fresh_name(self.graph, name), np.ascontiguousarray(array).reshape(array.shape))
             self.values[name] = value
             return value
         raise Unsupported(f"input '{name}' is not produced by any node, input or initializer")
@@ -268,9 +270,12 @@ def _gelu(ctx, inputs, attrs):
 
 @rule("Identity", "Dropout")
 def _identity(ctx, inputs, attrs):
-    # Dropout is the identity at inference: its training_mode input must be absent or a constant false.
+    # Dropout is the identity at inference, and in training with a ratio of 0: its training_mode input must be
+    # absent or a constant false, or its ratio a constant 0.
     if len(inputs) > 2 and inputs[2] and bool(np.asarray(ctx.constant(inputs[2], "training_mode")).item()):
-        raise Unsupported("training_mode=True: GE2 imports models for inference")
+        ratio = float(np.asarray(ctx.constant(inputs[1], "ratio")).item()) if len(inputs) > 1 and inputs[1] else 0.5
+        if ratio != 0:
+            raise Unsupported(f"training_mode=True with ratio {ratio}: GE2 imports models for inference")
     _only(attrs, {"seed": _ANY})
     x = ctx.value(inputs[0])
     if not ctx.wants(1):
@@ -514,6 +519,14 @@ def _shape(ctx, inputs, attrs):
     return [np.array(list(shape[start:end]) + [None], object)[:-1]]  # a 1-d object array even of one name
 
 
+@rule("Size")
+def _size(ctx, inputs, attrs):
+    """A constant: the number of elements, a product of symbolic dims where the shape has them."""
+    _only(attrs, {})
+    count = dims.product(*ctx.shape(inputs[0]))
+    return [np.array(count, np.int64) if isinstance(count, int) else np.array(count, object)]
+
+
 def _axes_input(ctx, inputs) -> list | None:
     """The axes of Squeeze/Unsqueeze (an input since opset 13), or None if absent."""
     if len(inputs) < 2 or not inputs[1]:
@@ -729,7 +742,14 @@ def _pool(ctx, inputs, attrs, op: str):
     if op == "max_pool2d" and ctx.wants(1):
         raise Unsupported("the Indices output (GE2's max_pool2d indexes within each plane, ONNX across the tensor)")
     g = ctx.graph
-    x = _float_input(ctx.value(inputs[0]), "input X")
+    x = ctx.value(inputs[0])
+    if op == "max_pool2d" and x.type.dtype == "uint8":  # pooled in float32, which holds every uint8 exactly
+        return [g.cast(_pooled(g, g.cast(x, dtype="float32"), attrs, op), dtype="uint8")]
+    return [_pooled(g, _float_input(x, "input X"), attrs, op)]
+
+
+def _pooled(g: Graph, x: Value, attrs, op: str) -> Value:
+    """``_pool``'s result for a float ``x``."""
     if x.type.rank not in (3, 4, 5):
         raise Unsupported(f"{op} of a rank-{x.type.rank} input (GE2 pools 1-d, 2-d and 3-d windows)")
     kernel, strides, dilations, begin, end, outputs = _window_geometry(x, attrs, op)
@@ -749,12 +769,12 @@ def _pool(ctx, inputs, attrs, op: str):
             y = g.avg_pool2d(x4, count_include_pad=include_pad, **window)
         if tuple(y.type.shape[2:]) != ((1,) if one_d else ()) + outputs:
             raise Unsupported(f"{op} gives {y.type.shape[2:]} outputs where ONNX's rule gives {outputs}")
-        return [g.reshape(y, shape=(*y.type.shape[:2], y.type.shape[3])) if one_d else y]
+        return g.reshape(y, shape=(*y.type.shape[:2], y.type.shape[3])) if one_d else y
     y = x
     for axis in range(len(kernel)):
         y = _pool_axis(g, y, 2 + axis, kernel[axis], strides[axis], dilations[axis], begin[axis], end[axis],
                        outputs[axis], "max" if op == "max_pool2d" else "avg", include_pad)
-    return [y]
+    return y
 
 
 def _pool_axis(g: Graph, x: Value, axis: int, kernel: int, stride: int, dilation: int, begin: int, end: int,
@@ -804,6 +824,16 @@ def _global_average_pool(ctx, inputs, attrs):
     x4, one_d = _as_2d(g, x, "GlobalAveragePool")
     y = g.global_avg_pool(x4)
     return [g.reshape(y, shape=(*x.type.shape[:2], 1)) if one_d else y]
+
+
+@rule("GlobalMaxPool")
+def _global_max_pool(ctx, inputs, attrs):
+    """The maximum over every spatial axis (any number of them), kept as extents of 1."""
+    _only(attrs, {})
+    x = _float_input(ctx.value(inputs[0]), "input X")
+    if x.type.rank < 3:
+        raise Unsupported(f"GlobalMaxPool of a rank-{x.type.rank} input (expected [N, C, spatial...])")
+    return [ctx.graph.max(x, axis=tuple(range(2, x.type.rank)), keepdims=True)]
 
 
 @rule("BatchNormalization")
@@ -988,15 +1018,36 @@ def _attention_lowered(ctx, q, k, v, optional, lengths, causal, scale, softcap, 
 @rule("Cast")
 def _cast(ctx, inputs, attrs):
     _only(attrs, {"to": _ANY, "saturate": _ANY, "round_mode": _ANY})
-    x = ctx.value(inputs[0])
     target = _dtype_names().get(int(attrs["to"]))
     if target is None:
         raise Unsupported(f"cast to ONNX element type {attrs['to']}")
+    return [_cast_to(ctx, ctx.value(inputs[0]), target)]
+
+
+@rule("CastLike")
+def _cast_like(ctx, inputs, attrs):
+    """A cast to the element type of the second input (whose values are not read)."""
+    _only(attrs, {"saturate": _ANY, "round_mode": _ANY})
+    like = inputs[1]
+    if like in ctx.constants:
+        array = ctx.constants[like]
+        if array.dtype.name not in ALL_DTYPES:
+            raise Unsupported(f"cast like '{like}' of dtype {array.dtype}; GE2 has {', '.join(ALL_DTYPES)}")
+        target = array.dtype.name
+    else:
+        target = ctx.value(like).type.dtype
+    if inputs[0] in ctx.constants:  # a constant stays one (a pad value; shape arithmetic, as Cast's fold keeps it)
+        constant = ctx.constants[inputs[0]]
+        return [constant if _is_symbolic(constant) else constant.astype(_numpy_dtype(target))]
+    return [_cast_to(ctx, ctx.value(inputs[0]), target)]
+
+
+def _cast_to(ctx, x: Value, target: str) -> Value:
     if target == x.type.dtype:
-        return [x]
+        return x
     if "cast" not in _registered_ops():
         raise Unsupported(f"cast {x.type.dtype} -> {target}: GE2 has no cast op")
-    return [ctx.graph.cast(x, dtype=target)]
+    return ctx.graph.cast(x, dtype=target)
 
 
 def _registered_ops():
@@ -1081,15 +1132,17 @@ def _constant_of_shape(ctx, inputs, attrs):
 
 @rule("Resize")
 def _resize(ctx, inputs, attrs):
-    """Nearest and (bi)linear resizing of the last two axes of a 4-d (or 3-d, last axis) tensor, with ONNX's
-    coordinate transformations half_pixel, pytorch_half_pixel, align_corners and asymmetric; sizes or scales
-    constant, leading axes unscaled."""
-    _only(attrs, {"mode": lambda v: v in ("nearest", "linear"),
-                  "coordinate_transformation_mode": lambda v: v in ("half_pixel", "pytorch_half_pixel",
-                                                                    "align_corners", "asymmetric"),
-                  "nearest_mode": _ANY, "cubic_coeff_a": _ANY, "exclude_outside": lambda v: v == 0,
-                  "extrapolation_value": _ANY, "antialias": lambda v: v == 0,
-                  "keep_aspect_ratio_policy": lambda v: v in ("stretch", "not_larger", "not_smaller"), "axes": _ANY})
+    """Resizing of the last two axes of a 4-d (or 3-d, last axis) tensor; sizes or scales (and roi) constant,
+    leading axes unscaled. Nearest and (bi)linear with the coordinate transformations half_pixel,
+    pytorch_half_pixel, align_corners and asymmetric run as the resize op; the other modes (cubic, antialias,
+    exclude_outside, half_pixel_symmetric, tf_crop_and_resize) as one matmul per axis with interpolation weights
+    computed at import (``_resize``)."""
+    _only(attrs, {"mode": lambda v: v in ("nearest", "linear", "cubic"),
+                  "coordinate_transformation_mode": lambda v: v in (*RESIZE_COORDINATES, "half_pixel_symmetric",
+                                                                    "tf_crop_and_resize"),
+                  "nearest_mode": _ANY, "cubic_coeff_a": _ANY, "exclude_outside": _ANY, "extrapolation_value": _ANY,
+                  "antialias": _ANY, "keep_aspect_ratio_policy": lambda v: v in ("stretch", "not_larger",
+                                                                                 "not_smaller"), "axes": _ANY})
     g = ctx.graph
     x = _float_input(ctx.value(inputs[0]), "input X")
     rank = x.type.rank
@@ -1120,9 +1173,11 @@ def _resize(ctx, inputs, attrs):
     else:
         given = None
     if sizes is not None and sizes.size:
-        sizes = tuple(int(v) for v in sizes.reshape(-1))
+        sizes = tuple(_dim_of(v) for v in sizes.reshape(-1))  # the leading ones symbolic where x's are
         if sizes[:2] != tuple(x.type.shape[:2]):
             raise Unsupported(f"sizes {sizes} change the leading axes")
+        if not all(isinstance(d, int) for d in sizes[2:]):
+            raise Unsupported(f"sizes {sizes}: GE2 resizes to concrete extents")
         out, given_scales = sizes[2:], given
     elif scales is not None and scales.size:
         scales = tuple(float(v) for v in scales.reshape(-1))
@@ -1132,14 +1187,58 @@ def _resize(ctx, inputs, attrs):
         given_scales = scales[2:]
     else:
         raise Unsupported("Resize without scales or sizes")
+    mode = _decode(attrs.get("mode", "nearest"))
+    coordinates = _decode(attrs.get("coordinate_transformation_mode", "half_pixel"))
+    if (mode == "cubic" or coordinates not in RESIZE_COORDINATES or attrs.get("exclude_outside", 0)
+            or attrs.get("antialias", 0)):
+        return [_resize_by_matmuls(ctx, inputs, attrs, x, out, given_scales, mode, coordinates)]
     one_d = rank == 3
     if one_d:
         x = g.reshape(x, shape=(*x.type.shape[:2], 1, spatial[0]))
         out, given_scales = (1, *out), None if given_scales is None else (1.0, *given_scales)
-    y = g.resize(x, size=out, mode=_decode(attrs.get("mode", "nearest")),
-                 coordinates=_decode(attrs.get("coordinate_transformation_mode", "half_pixel")),
+    y = g.resize(x, size=out, mode=mode, coordinates=coordinates,
                  nearest_mode=_decode(attrs.get("nearest_mode", "round_prefer_floor")), scales=given_scales)
     return [g.reshape(y, shape=(*y.type.shape[:2], out[-1])) if one_d else y]
+
+
+def _resize_by_matmuls(ctx, inputs, attrs, x: Value, out: tuple, scales: tuple | None, mode: str,
+                       coordinates: str) -> Value:
+    """Resize as one matmul per resized axis (the last two of a 4-d x, the last of a 3-d one) with its [out, in]
+    interpolation weights; tf_crop_and_resize's positions outside the input then take extrapolation_value."""
+    g = ctx.graph
+    rank = x.type.rank
+    spatial = tuple(x.type.shape[2:])
+    scales = scales or tuple(o / i for o, i in zip(out, spatial))
+    roi = _optional_constant(ctx, inputs, 1, "roi")
+    if coordinates == "tf_crop_and_resize":
+        if roi is None or not roi.size:
+            raise Unsupported("tf_crop_and_resize without a roi")
+        resized_axes = [int(a) % rank for a in attrs.get("axes", range(rank))]
+        roi = roi.reshape(2, -1).astype(np.float32)  # ONNX's roi is float32: coordinates as ONNX computes them
+        bounds = [(roi[0][resized_axes.index(a)], roi[1][resized_axes.index(a)]) if a in resized_axes else (0.0, 1.0)
+                  for a in range(2, rank)]
+    else:
+        bounds = [(0.0, 1.0)] * len(spatial)
+    options = dict(mode=mode, coordinates=coordinates, nearest_mode=_decode(attrs.get("nearest_mode",
+                                                                                      "round_prefer_floor")),
+                   cubic_a=float(attrs.get("cubic_coeff_a", -0.75)),
+                   exclude_outside=bool(attrs.get("exclude_outside", 0)), antialias=bool(attrs.get("antialias", 0)))
+    dtype = _numpy_dtype(x.type.dtype)
+    y, outside = x, np.zeros(out, bool)
+    for axis, (in_length, out_length, scale, roi_bounds) in enumerate(zip(spatial, out, scales, bounds)):
+        weights, inside = interpolation_weights(in_length, out_length, scale, roi=roi_bounds, **options)
+        outside |= ~inside.reshape((-1,) + (1,) * (len(spatial) - 1 - axis))
+        matrix = g.param(_fresh_name(g, "resize_weights"), weights.astype(dtype))
+        if axis == len(spatial) - 1:  # the last axis: rows of y times weights^T, one 2-d matmul
+            rows = g.reshape(y, shape=(-1, in_length))
+            transposed = g.param(_fresh_name(g, "resize_weights"), np.ascontiguousarray(weights.T).astype(dtype))
+            y = g.reshape(g.matmul(rows, transposed), shape=(*y.type.shape[:-1], out_length))
+        else:  # axis -2: weights times every [in, width] plane
+            y = g.matmul(matrix, y)
+    if outside.any():  # positions outside the input: their weights are zero, the value is added
+        value = float(attrs.get("extrapolation_value", 0.0)) * outside
+        y = g.add(y, g.param(_fresh_name(g, "extrapolation"), value.astype(dtype)))
+    return y
 
 
 @rule("Einsum")

@@ -235,8 +235,44 @@ def run_models(models: list[str], frontends: list[str], dtypes: list[str], *, ti
     return in_order()
 
 
+def merge_runs(runs: list[list[dict]]) -> list[dict]:
+    """The records of several zoo runs (zoo.json files, in order) as one: a later run's record of a (model, frontend,
+    dtype, check) replaces an earlier one, unless the later run did not start that model (its deadline had passed);
+    rows in the zoo's model order."""
+    merged: dict[tuple, dict] = {}
+    for records in runs:
+        for r in records:
+            key = (r["model"], r["frontend"], r["dtype"], r.get("check"))
+            if key in merged and (r.get("error") or "").startswith("not started:"):
+                continue
+            merged[key] = r
+    order = {name: index for index, name in enumerate(MODELS)}
+    return sorted(merged.values(), key=lambda r: order.get(r["model"], len(order)))  # stable within a model
+
+
+def _merge(arguments) -> int:
+    runs = []
+    for path in arguments.merge:
+        try:
+            runs.append(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as error:
+            print(f"zoo: --merge: cannot read {path}: {error}", file=sys.stderr)
+            return 2
+    out = Path(arguments.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    records = merge_runs(runs)
+    settings = (f"Merged from {', '.join(arguments.merge)}: a later run's row replaces an earlier one, except rows "
+                "the later run did not start.")
+    out.write_text(format_markdown(records, settings))
+    out.with_suffix(".json").write_text(json.dumps(records, indent=1) + "\n")
+    print(f"wrote {out} and {out.with_suffix('.json')}")
+    return 0
+
+
 def main(arguments) -> int:
     """The ``zoo`` command (arguments from ``__main__``)."""
+    if arguments.merge:
+        return _merge(arguments)
     try:
         if arguments.models:
             models = _names(arguments.models, list(MODELS), "models")
@@ -304,5 +340,9 @@ def add_parser(commands) -> None:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="where PyTorch and GE2 run: cpu checks imports and errors on GE2's CPU backend, without "
                              "times or torch.compile")
+    parser.add_argument("--merge", nargs="+", metavar="ZOO_JSON",
+                        help="run nothing: merge the zoo.json files of earlier runs (a later file's rows replace an "
+                             "earlier one's, except rows it did not start) into one table at --out (default: run "
+                             "the models)")
     parser.add_argument("--out", default="benchmarks/results/zoo.md", help="the markdown file (JSON next to it)")
     parser.set_defaults(handler=main)

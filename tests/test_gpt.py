@@ -128,6 +128,31 @@ def test_gradients_match_finite_differences(rng):
         assert_close(got.reshape(-1)[flat], numeric, "float32", 4 * TINY.width, what=f"d loss / d {name}")
 
 
+def test_unaligned_vocabulary_head_is_padded_with_the_same_loss_and_gradients(rng):
+    """A vocabulary of 1031 (not a multiple of 8, as GPT-2's 50257): the trainer's forward passes compute the tied
+    head over 1088 classes (pad_classes); the float64 NumPy GPT's loss, and every gradient of the unpadded graph,
+    hold; the trainer explains the padding."""
+    config = GPTConfig(vocab=1031, context=5, layers=1, heads=2, width=12)
+    model = _model(rng, config)
+    ids, targets = _batch(rng, 2, config)
+    feeds = {"ids": ids, "targets": targets}
+    passes = [name for name in TRAINING_FORWARD if name != "pad_classes"]
+    results = {}
+    for padded in (False, True):
+        forward, records = PassManager(resolve(TRAINING_FORWARD if padded else passes)).run(model.loss_graph(2))
+        heads = [n.outputs[0].type.shape for n in forward.nodes if n.op == "gemm" and n.attrs["trans_b"]
+                 and n.inputs[1].producer is not None]
+        assert heads == ([(10, 1088)] if padded else []), heads
+        differentiated, _ = PassManager(resolve(TRAINING_BACKWARD)).run(autograd.backward_graph(forward, "loss"))
+        results[padded] = ge2.ExecutorV2(differentiated, passes=[]).run(feeds)
+    assert_close(results[True]["loss"], numpy_gpt_loss(model.state_dict(), ids, targets, config), "float32",
+                 4 * config.width, "loss")
+    for name, value in results[False].items():
+        assert_close(results[True][name], value.astype(np.float64), "float32", 1031, what=name)
+    trainer = ge2.train.Trainer(model.loss_graph(2), optimizer=ge2.train.AdamW(lr=1e-3), amp="bfloat16")
+    assert "1031 classes computed as 1088" in trainer.explain()
+
+
 def test_tied_embedding_gradient_sums_both_uses(rng):
     """A token that is never an input still gets a gradient, from the output head alone."""
     model = _model(rng)

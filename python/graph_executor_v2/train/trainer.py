@@ -420,9 +420,10 @@ class Trainer:
                  f"backward ({len(backward)} nodes): " + ", ".join(f"{n.name}={n.op}" for n in graph.nodes
                                                                    if n in backward)]
         fusions = [note for record in self._forward_records + self._backward_records for note in record.notes
-                   if record.name in ("fuse_relu", "autocast", "chain_activation_backward", "trim_gemm_backward",
-                                      "fuse_loss_gradient", "recompute", "fp8")]
-        lines.append(f"training rewrites (fusions, mixed precision, FP8 GEMMs, recomputation): {len(fusions)}")
+                   if record.name in ("pad_classes", "fuse_relu", "autocast", "chain_activation_backward",
+                                      "trim_gemm_backward", "fuse_loss_gradient", "recompute", "fp8")]
+        lines.append(f"training rewrites (padded classes, fusions, mixed precision, FP8 GEMMs, recomputation): "
+                     f"{len(fusions)}")
         lines += [f"  {note}" for note in fusions]
         clip = f"clip to global norm {self.grad_clip}, " if self.grad_clip else ""
         where = "NumPy reference (ReferenceOptimizer)" if not self._backend.asynchronous else (

@@ -244,7 +244,7 @@ def test_native_prologue_checks_come_before_any_launch():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("source", ["float32", "bfloat16"])
-@pytest.mark.parametrize("act, with_preact", [("gelu", False), ("gelu", True), ("silu", True)])
+@pytest.mark.parametrize("act, with_preact", [("gelu", False), ("gelu", True), ("silu", False), ("silu", True)])
 @pytest.mark.parametrize("shape", [(33, 65), (128, 192)])  # the element-wise and the 64 x 64 kernels
 def test_activation_prologue_kernel_matches_the_reference(rng, source, act, with_preact, shape):
     x = _input(rng, shape, source)

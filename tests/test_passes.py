@@ -182,6 +182,25 @@ def test_canonicalize_folds_a_bias_added_to_a_reshaped_product(rng):
     assert_same_numerics(g, optimized, rng)
 
 
+@pytest.mark.parametrize("axis, index, index_shape", [(0, 1, ()), (1, -1, ()), (2, 0, (1,))])
+def test_canonicalize_gathers_of_one_constant_index_become_slices(rng, axis, index, index_shape):
+    """ViT-B/16's export unbinds q, k and v with Gather of a constant scalar: a slice (a block copy) instead."""
+    g = Graph("g")
+    x = g.input("x", (3, 4, 5), "float32")
+    g.output(g.relu(g.gather(x, g.param("i", np.full(index_shape, index, np.int64)), axis=axis)), "y")
+    g.output(g.gather(x, g.input("j", (2,), "int64"), axis=0), "computed_indices")  # stays a gather
+    optimized, record = apply("canonicalize", g)
+    reshapes = {"reshape": 1} if index_shape == () else {}  # a [1] index keeps the axis: the slice's own shape
+    assert record.ops_after == {"slice": 1, "relu": 1, "gather": 1, **reshapes}
+    (sliced,) = [n for n in optimized.nodes if n.op == "slice"]
+    assert sliced.attrs["axes"] == (axis,) and sliced.attrs["starts"] == (index % x.type.shape[axis],)
+    feeds = {"x": random_array(rng, (3, 4, 5), "float32"), "j": np.array([2, 0], np.int64)}
+    expected = ge2.ExecutorV2(g, passes=[]).run(feeds)
+    actual = ge2.ExecutorV2(optimized, passes=[]).run(feeds)
+    for name in expected:
+        np.testing.assert_array_equal(actual[name], expected[name])
+
+
 def test_canonicalize_computed_rows_become_bias_adds(rng):
     g = Graph("g")
     x = g.input("x", (4, 8), "float32")

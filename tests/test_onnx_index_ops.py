@@ -119,6 +119,30 @@ def test_resize(rng, mode, coordinates, nearest_mode, by):
     assert loaded.op_counts() == {"resize": 1}
 
 
+@pytest.mark.parametrize("axes", [None, [1]])
+def test_any_as_the_max_of_truths_cast_to_integers(rng, axes):
+    """torch's any() as the dynamo exporter writes it (T5's float16 clamp: isinf(h).any()): Cast(bool -> int64),
+    ReduceMax, Cast(-> bool); over every axis or one, against onnxruntime and NumPy."""
+    reduce_inputs = ["ints"] + (["axes"] if axes else [])
+    nodes = [helper.make_node("IsInf", ["x"], ["infinite"]),
+             helper.make_node("Cast", ["infinite"], ["ints"], to=TensorProto.INT64),
+             helper.make_node("ReduceMax", reduce_inputs, ["largest"], keepdims=1 if axes else 0),
+             helper.make_node("Cast", ["largest"], ["flag"], to=TensorProto.BOOL),
+             helper.make_node("Neg", ["x"], ["negated"]),
+             helper.make_node("Where", ["flag", "negated", "x"], ["y"])]
+    finite = rng.standard_normal((3, 4)).astype(np.float32)
+    with_inf = finite.copy()
+    with_inf[1, 2] = np.inf
+    feeds = [{"x": finite}, {"x": with_inf}]
+    loaded = _check(nodes, [_input("x", [3, 4])], feeds[0], [_ints("axes", axes or [])], feeds_too=feeds[1:])
+    assert "max" in loaded.op_counts()
+    executor = ge2.ExecutorV2(loaded)
+    for feed in feeds:
+        x = feed["x"]
+        flag = np.isinf(x).any(axis=None if axes is None else 1, keepdims=axes is not None)
+        np.testing.assert_array_equal(executor.run(feed)["y"], np.where(flag, -x, x))
+
+
 def _float64_reference(nodes, input_shape, x, initializers):
     """ONNX's reference evaluator on the same graph in float64 (its input and output declared DOUBLE)."""
     from onnx.reference import ReferenceEvaluator

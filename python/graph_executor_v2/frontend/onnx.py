@@ -613,11 +613,18 @@ def _reduce(ge2_op):
     def translate(ctx, inputs, attrs):
         _only(attrs, {"axes": _ANY, "keepdims": _ANY, "noop_with_empty_axes": _ANY})
         x = ctx.value(inputs[0])
-        if x.type.dtype == "bool" and ge2_op == "max":  # "any": the maximum of the mask as 0/1 floats, then > 0
-            reduced = reduce(ctx, ctx.graph.cast(x, dtype="float32"), inputs, attrs)
-            zero = ctx.graph.param(_fresh_name(ctx.graph, "any_zero"), np.zeros((), np.float32))
-            return [ctx.graph.greater(reduced, zero)]
+        if ge2_op == "max" and x.type.dtype in ("int32", "int64") and _cast_from_bool(x):
+            # The largest of truths cast to integers (torch's any() as the dynamo exporter writes it): any, cast
+            return [ctx.graph.cast(any_of(ctx, x.producer.inputs[0], inputs, attrs), dtype=x.type.dtype)]
+        if x.type.dtype == "bool" and ge2_op == "max":
+            return [any_of(ctx, x, inputs, attrs)]
         return [reduce(ctx, _float_input(x, "input data"), inputs, attrs)]
+
+    def any_of(ctx, mask, inputs, attrs):
+        """Whether any element of the bool ``mask`` is true: the maximum of it as 0/1 floats, then > 0."""
+        reduced = reduce(ctx, ctx.graph.cast(mask, dtype="float32"), inputs, attrs)
+        zero = ctx.graph.param(_fresh_name(ctx.graph, "any_zero"), np.zeros((), np.float32))
+        return ctx.graph.greater(reduced, zero)
 
     def reduce(ctx, x, inputs, attrs):
         axes = attrs.get("axes")
@@ -637,6 +644,11 @@ def _reduce(ge2_op):
         return getattr(ctx.graph, ge2_op)(x, axis=axes, keepdims=keepdims)
 
     return translate
+
+
+def _cast_from_bool(x: Value) -> bool:
+    """Whether ``x`` is a cast of a bool tensor (its values are 0 and 1)."""
+    return x.producer is not None and x.producer.op == "cast" and x.producer.inputs[0].type.dtype == "bool"
 
 
 EMPTY_REDUCTION = {"sum": 0.0, "mean": np.nan, "max": -np.inf}  # ONNX's results over an empty set

@@ -152,7 +152,7 @@ def test_bad_problems_raise_naming_the_argument(change, error, match):
 
 def test_forward_numpy_checks_before_touching_the_gpu(rng):
     x, w = random_array(rng, (1, 2, 5, 5), "float32"), random_array(rng, (3, 2, 3, 3), "float32")
-    expected = "kernel: expected one of auto, cudnn_graph, implicit_gemm, cudnn, im2col_gemm"
+    expected = "kernel: expected one of auto, cudnn_graph, implicit_gemm, depthwise, cudnn, im2col_gemm"
     with pytest.raises(ValueError, match=expected):
         conv2d.forward_numpy(x, w, kernel="winograd")
     with pytest.raises(TypeError, match="x: expected a NumPy array"):
@@ -367,6 +367,51 @@ def test_forward_matches_reference(rng, poisoned, to_device, case, layout, dtype
     check_forward(rng, poisoned, to_device, case, layout, dtype, kernel)
 
 
+# (n, c, h, w, k, r, s, stride, padding, dilation, groups, act, with_bias), groups == C == K
+DEPTHWISE_CASES = [
+    CASES[4],  # 3x3, leaky_relu
+    (2, 32, 14, 14, 32, 3, 3, 1, 1, 1, 32, "silu", True),  # EfficientNet's
+    (1, 24, 15, 13, 24, 5, 5, 2, 2, 1, 24, "relu", False),  # 5x5 stride 2, odd sizes
+    (2, 16, 9, 9, 16, 3, 3, (2, 1), (2, 0, 1, 2), (2, 1), 16, "gelu", True),  # uneven padding, dilation
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("case", DEPTHWISE_CASES, ids=["3x3", "efficientnet", "5x5_stride2", "uneven_dilated"])
+def test_depthwise_forward_matches_reference(rng, poisoned, to_device, case, layout, dtype):
+    check_forward(rng, poisoned, to_device, case, layout, dtype, "depthwise")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_depthwise_fuses_residual_and_clip(rng, poisoned, to_device, dtype):
+    x, w, bias, attrs = make_problem(rng, DEPTHWISE_CASES[1], "NHWC", dtype)
+    attrs.update(act="relu", clip_min=0.0, clip_max=0.5)
+    expected_shape = conv2d.reference(x, w, bias, **attrs)[0].shape
+    residual = random_array(rng, expected_shape, dtype)
+    expected, _ = conv2d.reference(x, w, bias, residual=residual, **attrs)
+    out = poisoned(expected.shape, dtype)
+    conv2d.forward(to_device(x), to_device(w), to_device(bias), to_device(residual), **attrs, kernel="depthwise",
+                   out=out)
+    assert_close(out.numpy(), expected, dtype, reduction_length=9, what="y")
+
+
+def test_depthwise_takes_depthwise_forward_problems_only():
+    if not ge2._native.is_built("_ops_conv2d"):
+        pytest.skip("_ops_conv2d is not built")
+    depthwise = conv2d.check_problem((2, 8, 8, 16), "float16", (16, 3, 3, 1), "float16", padding=1, groups=16,
+                                     layout="NHWC")
+    assert conv2d.unsupported_reason("depthwise", depthwise, "silu", True) is None
+    assert "forward only" in conv2d.unsupported_reason("depthwise", depthwise, "none", False, backward=True)
+    grouped = conv2d.check_problem((2, 8, 8, 16), "float16", (16, 3, 3, 4), "float16", padding=1, groups=4,
+                                   layout="NHWC")
+    assert "groups == C == K" in conv2d.unsupported_reason("depthwise", grouped, "none", False)
+    multiplier = conv2d.check_problem((2, 16, 8, 8), "float32", (32, 1, 3, 3), "float32", padding=1, groups=16)
+    assert "got C=16, K=32, groups=16" in conv2d.unsupported_reason("depthwise", multiplier, "none", False)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["auto", "cudnn_graph", "cudnn", "im2col_gemm"])
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -471,8 +516,8 @@ def test_kernels_table():
     if not ge2._native.is_built("_ops_conv2d"):
         pytest.skip("_ops_conv2d is not built")
     rows = {row["name"]: row for row in conv2d.kernels()}
-    assert list(rows) == ["cudnn_graph", "implicit_gemm", "cudnn", "im2col_gemm"]
-    assert [row["priority"] for row in rows.values()] == [40, 30, 20, 10]
+    assert list(rows) == ["cudnn_graph", "implicit_gemm", "depthwise", "cudnn", "im2col_gemm"]
+    assert [row["priority"] for row in rows.values()] == [40, 30, 25, 20, 10]
     assert all(row["description"] and row["constraints"] for row in rows.values())
     assert conv2d.has_cudnn() == ("NOT BUILT" not in rows["cudnn"]["description"])
     assert conv2d.has_cudnn_graph() == ("NOT BUILT" not in rows["cudnn_graph"]["description"])
@@ -771,8 +816,8 @@ def test_native_entry_points_run_the_kernel_they_are_named():
         pytest.skip("_ops_conv2d is not built")
     native = conv2d._native_module()
     geometry = conv2d.check_problem((2, 6, 6, 16), "float16", (4, 3, 3, 16), "float16", padding=1, layout="NHWC")
-    expected = (r"kernel: expected one of cudnn_graph, implicit_gemm, cudnn, im2col_gemm \(conv2d's kernels\), got "
-                r"'auto'")
+    expected = (r"kernel: expected one of cudnn_graph, implicit_gemm, depthwise, cudnn, im2col_gemm \(conv2d's "
+                r"kernels\), got 'auto'")
     with pytest.raises(ValueError, match=expected):
         native.forward(16, 16, 0, 0, 16, geometry.native, "NHWC", "float16", "none", 0.01, False, -np.inf, np.inf,
                        "auto", 0)

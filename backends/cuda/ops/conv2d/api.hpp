@@ -17,7 +17,7 @@
 namespace ge2::conv2d {
 
 enum class Layout { NCHW, NHWC };
-enum class Kernel { CudnnGraph, Cudnn, Im2colGemm, ImplicitGemm };
+enum class Kernel { CudnnGraph, Cudnn, Im2colGemm, ImplicitGemm, Depthwise };
 
 Kernel kernel_from_name(const std::string& name);
 const char* kernel_name(Kernel kernel);
@@ -132,6 +132,11 @@ void launch_output_grad(const Shape& shape, const void* dy, const float* acc, co
                         float slope, cudaStream_t stream);
 // dbias[k] = sum of dz over N, P, Q; dz in the GEMM layout, or in y's layout when gemm_layout is false.
 void launch_bias_grad(const Shape& shape, const void* dz, void* dbias, bool gemm_layout, cudaStream_t stream);
+
+// GE2's direct depthwise forward (kernels/depthwise.cu): groups == C == K, any layout and float dtype, the epilogue
+// fused in float32.
+std::string depthwise_unsupported_reason(const Shape& shape, bool backward);
+void depthwise_forward(const ForwardArgs& args, cudaStream_t stream);
 
 // The cuDNN graph-API candidate (kernels/cudnn_graph.cpp); without the frontend in the build the reason says so and
 // the launches throw. The launches return why they enqueued nothing (cuDNN has no engine for the problem), else "".

@@ -14,8 +14,9 @@ Kernel kernel_from_name(const std::string& name) {
   if (name == "cudnn") return Kernel::Cudnn;
   if (name == "im2col_gemm") return Kernel::Im2colGemm;
   if (name == "implicit_gemm") return Kernel::ImplicitGemm;
-  throw std::invalid_argument(
-      "kernel: expected one of cudnn_graph, implicit_gemm, cudnn, im2col_gemm (conv2d's kernels), got '" + name + "'");
+  if (name == "depthwise") return Kernel::Depthwise;
+  throw std::invalid_argument("kernel: expected one of cudnn_graph, implicit_gemm, depthwise, cudnn, im2col_gemm "
+                              "(conv2d's kernels), got '" + name + "'");
 }
 
 const char* kernel_name(Kernel kernel) {
@@ -24,6 +25,7 @@ const char* kernel_name(Kernel kernel) {
     case Kernel::Cudnn: return "cudnn";
     case Kernel::Im2colGemm: return "im2col_gemm";
     case Kernel::ImplicitGemm: return "implicit_gemm";
+    case Kernel::Depthwise: return "depthwise";
   }
   return "unknown";
 }
@@ -61,6 +63,11 @@ std::vector<KernelInfo> kernel_table() {
            implicit_gemm_configs(),
        "forward only; NHWC; float16 or bfloat16; groups 1; C % 8 == 0; R, S <= 16; x and w 16-byte aligned "
        "(the selector takes the next candidate otherwise); N*P*Q, H*W*C and K*R*S*C below 2^30, N*H*W*C below 2^33; sm_80 or newer"},
+      {"depthwise", 25,
+       "GE2's direct depthwise convolution, forward only: a thread per output, the R x S taps of its channel "
+       "accumulated in float32, bias, residual, activation and clip fused, y rounded once; no workspace",
+       "forward only; groups == C == K (one filter per channel); NCHW or NHWC; float32, float16 or bfloat16; any "
+       "alignment", false, kAnyAlignment},
       {"cudnn", 20,
        has_cudnn() ? "cuDNN's convolution (legacy C API): the algorithm cudnnFind* times fastest per problem, cached; "
                      "float32 bias/residual/activation by one in-place epilogue kernel; backward data and filter (dbias "
@@ -146,6 +153,7 @@ std::string unsupported_reason(Kernel kernel, const Shape& shape, const Epilogue
   if (kernel == Kernel::CudnnGraph) return cudnn_graph_unsupported_reason(shape, epilogue, backward);
   if (kernel == Kernel::Cudnn) return cudnn_unsupported_reason(shape, epilogue, backward);
   if (kernel == Kernel::ImplicitGemm) return implicit_gemm_unsupported_reason(shape, backward);
+  if (kernel == Kernel::Depthwise) return depthwise_unsupported_reason(shape, backward);
   return "";
 }
 
@@ -192,6 +200,7 @@ std::string try_forward(Kernel kernel, const ForwardArgs& args, cudaStream_t str
       implicit_gemm_forward(args, stream);
       return "";
     case Kernel::Cudnn: return cudnn_forward(args, stream) ? "" : "cudnnFind* returned no working algorithm";
+    case Kernel::Depthwise: depthwise_forward(args, stream); return "";
     default: im2col_gemm_forward(args, stream); return "";
   }
 }

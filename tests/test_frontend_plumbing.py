@@ -146,6 +146,29 @@ def test_resize_to_sizes_with_a_symbolic_batch_runs_two_sizes(rng, mode):
         assert_close(executor.run({"x": x})["y"], session.run(None, {"x": x})[0], "float32", 5)
 
 
+def test_symbolic_sizes_used_as_numbers_run_two_sizes(rng):
+    """The legacy exporter multiplies tensors by sizes from Shape (BERT's and T5's position arithmetic): a symbolic
+    size used as a number, 0-d (the sequence length) or inside a 1-d shape (a graph output here), becomes a tensor
+    holding the size the plan binds. One executor runs two sizes, against NumPy."""
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Gather", ["shape", "one"], ["seq"], axis=0),
+             helper.make_node("Range", ["zero", "seq", "one"], ["positions"]),
+             helper.make_node("Mul", ["positions", "seq"], ["scaled"]),
+             helper.make_node("Cast", ["scaled"], ["float_scaled"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["x", "float_scaled"], ["y"]),
+             helper.make_node("Mul", ["shape", "two"], ["doubled_shape"])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+               helper.make_tensor_value_info("doubled_shape", TensorProto.INT64, None)]
+    graph = helper.make_graph(nodes, "sizes", inputs, outputs, [_ints("zero", 0), _ints("one", 1), _ints("two", 2)])
+    executor = ge2.ExecutorV2(onnx_frontend.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])))
+    for batch, seq in ((2, 3), (3, 7)):
+        x = rng.standard_normal((batch, seq)).astype(np.float32)
+        got = executor.run({"x": x})
+        np.testing.assert_array_equal(got["y"], x + (np.arange(seq) * seq).astype(np.float32))
+        np.testing.assert_array_equal(got["doubled_shape"], [2 * batch, 2 * seq])
+
+
 def test_size_and_cast_like(rng):
     """Size is a constant (a symbolic product where the shape has symbolic dims: here the target of a Reshape that
     flattens x, so one executor runs two sizes; a 0-d int64 output where the shape is static), and CastLike casts to

@@ -32,7 +32,7 @@ from ..ir import dims
 from ..ir.graph import Graph, Value
 from ..ops.indexing import COORDINATES as RESIZE_COORDINATES, reference_gather_elements
 from ..passes.attention_fusion import fuse_imported_attention
-from ._arange import symbolic_range
+from ._arange import symbolic_range, symbolic_scalar
 from ._batch_norm import float32_statistics
 from ._einsum import batched_matmul, einsum
 from ._errors import NeedsConstant, Unsupported, UnsupportedModelError
@@ -78,6 +78,9 @@ class _Context:
             array = self.constants[name]
             if array.dtype == np.float64:
                 raise Unsupported(f"constant '{name}' is float64, which GE2 does not run")
+            if _is_symbolic(array):  # shape arithmetic used as numbers: each symbolic size from the graph
+                value = self.values[name] = _symbolic_tensor(self, name, array)
+                return value
             if array.dtype.name not in ALL_DTYPES:
                 raise Unsupported(f"constant '{name}' of dtype {array.dtype} is used as a tensor; GE2 has "
                                   f"{', '.join(ALL_DTYPES)}")
@@ -101,6 +104,22 @@ class _Context:
             raise NeedsConstant(name, what)
         raise Unsupported(f"{what} ('{name}') must be a constant (an initializer, a Constant node or a graph input "
                           "given in constant_inputs); GE2 plans shapes when it compiles")
+
+
+def _symbolic_tensor(ctx: _Context, name: str, array: np.ndarray) -> Value:
+    """A shape-valued constant with symbolic entries (a 0-d or 1-d object array of ints and dim names) as a tensor
+    of its ONNX element type: the ints as constants, each name's size counted over an axis of that many elements
+    (``_arange.symbolic_scalar``)."""
+    g = ctx.graph
+    dtype = ctx.value_info.get(name, (None, None))[1] or "int64"
+    if array.ndim > 1:
+        raise Unsupported(f"constant '{name}' of symbolic dims of rank {array.ndim} is used as a tensor")
+    pieces = [symbolic_scalar(g, entry, dtype) if isinstance(entry, str)
+              else g.param(_fresh_name(g, name), np.array(int(entry), _numpy_dtype(dtype)))
+              for entry in array.reshape(-1)]
+    if array.ndim == 0:
+        return pieces[0]
+    return g.concat([g.reshape(piece, shape=(1,)) for piece in pieces], axis=0)
 
 
 def _fresh_name(graph: Graph, name: str) -> str:

@@ -318,6 +318,12 @@ def is_name(dim: Dim) -> bool:
     return isinstance(dim, str) and re.fullmatch(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*", dim) is not None
 
 
+def monomials(dim: Dim) -> list[tuple[tuple[str, ...], int]]:
+    """``dim`` as a sum of coefficient x product of terms: [(terms, coefficient)], a term a name or a floor division
+    ``"(P)//k"``, the constant with no terms; ``"2*b*s+1"`` -> [(("b", "s"), 2), ((), 1)]."""
+    return [(tuple(monomial), coefficient) for monomial, coefficient in sorted(_poly(dim).items())]
+
+
 def names(dim: Dim) -> set[str]:
     """The symbolic names a dim is made of (inside floor divisions too)."""
     found = set()

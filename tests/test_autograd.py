@@ -354,34 +354,6 @@ def test_loss_gradient_of_cast_logits_reads_the_16_bit_logits(rng, low):
         assert_close(optimized[name], value.astype(np.float64), low, what=name)
 
 
-@pytest.mark.parametrize("activation", ["gelu", "silu"])
-def test_activation_backward_chains_through_a_3d_layers_reshapes(rng, activation):
-    """A [batch, seq, width] MLP (each gemm between reshapes, as nn.Linear on 3-d input, the activation on the 3-d
-    view): the activation's backward still chains into the next gemm's dA, with the same numbers."""
-    g = ge2.ir.Graph("mlp3d")
-    x = g.input("x", (2, 3, 6), "float32")
-    labels = g.input("labels", (6,), "int64")
-    h = x
-    for index, (fan_in, fan_out) in enumerate(((6, 16), (16, 5))):
-        rows = g.reshape(h, shape=(6, fan_in))
-        z = g.add(g.matmul(rows, g.param(f"w{index}", _normal(rng, (fan_in, fan_out), fan_in ** -0.5))),
-                  g.param(f"b{index}", _normal(rng, (fan_out,), 0.1)))
-        h = g.reshape(z, shape=(2, 3, fan_out))
-        if index == 0:
-            h = getattr(g, activation)(h)
-    g.output(g.cross_entropy(g.reshape(h, shape=(6, 5)), labels), "loss")
-    feeds = {"x": _normal(rng, (2, 3, 6)), "labels": rng.integers(0, 5, 6).astype(np.int64)}
-    plain = ge2.ExecutorV2(autograd.backward_graph(g, "loss"), passes=[]).run(feeds)
-    forward, _ = PassManager(resolve(TRAINING_FORWARD)).run(g)
-    fused, records = PassManager(resolve(TRAINING_BACKWARD)).run(autograd.backward_graph(forward, "loss"))
-    counts = fused.op_counts()
-    assert f"{activation}_backward" not in counts, counts
-    assert [n.attrs["a_act"] for n in fused.nodes if n.op == "gemm_backward"].count(activation) == 1
-    optimized = ge2.ExecutorV2(fused, passes=[]).run(feeds)
-    for name, value in plain.items():
-        assert_close(optimized[name], value.astype(np.float64), "float32", 16, what=name)
-
-
 def test_bad_use_raises_naming_the_problem(rng):
     g = ge2.ir.Graph("bad")
     x = g.input("x", (3, 4), "float32")

@@ -77,53 +77,28 @@ def pad_classes(graph: Graph) -> list[str]:
     return notes
 
 
-def _unviewed(graph: Graph, value, users: dict, single_reader: bool):
-    """The value ``value`` is a chain of reshapes of (with ``single_reader``, each read by the next alone), or
-    ``value``: a [batch, seq, width] linear layer's 2-d gemm sits between reshapes of its 3-d input and output."""
-    while value.producer is not None and value.producer.op == "reshape":
-        source = value.producer.inputs[0]
-        if single_reader and (users.get(source) != [value.producer] or graph.is_output(source)):
-            break
-        value = source
-    return value
-
-
 def chain_activation_backward(graph: Graph) -> list[str]:
     notes = []
     for node in list(graph.nodes):
         act = node.op[:-len("_backward")] if node.op.endswith("_backward") else None
         if act not in CHAINABLE or node not in graph.nodes:
             continue
-        users = graph.users()
-        dy, preact = node.inputs
-        da = _unviewed(graph, dy, users, single_reader=True)  # through the reshapes of a 3-d layer
+        da, preact = node.inputs
         gemm_bwd = da.producer
         if gemm_bwd is None or gemm_bwd.op != "gemm_backward" or gemm_bwd.outputs[0] is not da:
             continue
-        if gemm_bwd.attrs["a_act"] != "none" or graph.is_output(da) or len(users.get(da, [])) != 1:
+        if gemm_bwd.attrs["a_act"] != "none" or graph.is_output(da) or len(graph.users().get(da, [])) != 1:
             continue
         a = gemm_bwd.inputs[1]
-        source = _unviewed(graph, a, users, single_reader=False)
-        produced_by_act = (source.producer is not None and source.producer.op == act
-                           and source.producer.inputs[0] is preact)
-        if not (produced_by_act or (act == "relu" and source is preact)):
-            continue
-        if preact.type != a.type and (preact.type.dtype != a.type.dtype or not preact.type.is_concrete
-                                      or not a.type.is_concrete or preact.type.numel != a.type.numel):
+        produced_by_act = a.producer is not None and a.producer.op == act and a.producer.inputs[0] is preact
+        if not (produced_by_act or (act == "relu" and a is preact)) or preact.type != a.type:
             continue
         with graph.inserting_before(node):
-            a_preact = preact if preact.type == a.type else graph.reshape(preact, shape=a.type.shape)
-            chained = graph.gemm_backward(*gemm_bwd.inputs[:3], a_preact, **{**gemm_bwd.attrs, "a_act": act})
-            dx = chained[0] if chained[0].type == node.outputs[0].type else graph.reshape(
-                chained[0], shape=node.outputs[0].type.shape)
-        graph.replace_uses(node.outputs[0], dx)
+            chained = graph.gemm_backward(*gemm_bwd.inputs[:3], preact, **{**gemm_bwd.attrs, "a_act": act})
+        graph.replace_uses(node.outputs[0], chained[0])
         for old, new in zip(gemm_bwd.outputs[1:], chained[1:]):
             graph.replace_uses(old, new)
         graph.remove_node(node)
-        while dy is not da:  # the reshapes from dA to the activation's backward, each read by the next alone
-            view = dy.producer
-            dy = view.inputs[0]
-            graph.remove_node(view)
         graph.remove_node(gemm_bwd)
         notes.append(f"fused {node.name} ({node.op}) into {chained[0].producer.name} (gemm_backward a_act={act})")
     return notes

@@ -254,13 +254,36 @@ def test_activation_prologue_kernel_matches_the_reference(rng, source, act, with
                                                                             with_column_sum=True, act=act)
     value = _activated(x, preact, act)
     what = f"{source} {act} preact={with_preact} {shape}"
-    # float32 math on the device (tanhf, expf) against float64: one FP8 ulp where a value sits on a rounding edge
-    assert_within_one_fp8_ulp(y, saturate_to_float8(value * 16.0, "float8_e4m3fn"), "float8_e4m3fn", what + " y")
+    # float32 math on the device (tanhf, expf) against float64: one FP8 ulp where a value sits on a rounding edge, or
+    # the float32 evaluation's error where the activation's terms cancel (GELU's derivative near z = -5 is 1e-7 made
+    # of two terms near 1e-5, PyTorch's float32 formula alike; H200: 3 FP8 ulps at dY = 1112)
+    evaluation = _prologue_evaluation_bound(x, preact, act)
+    assert_within_one_fp8_ulp(y, saturate_to_float8(value * 16.0, "float8_e4m3fn"), "float8_e4m3fn", what + " y",
+                              accumulation_bound=16.0 * evaluation)
     _same_bits_or_both_nan(y_t, y.T, what + " y_t")
-    np.testing.assert_allclose(amax, np.abs(value).max(), rtol=1e-6, err_msg=what + " amax")
+    np.testing.assert_allclose(amax, np.abs(value).max(), rtol=1e-6, atol=evaluation.max(), err_msg=what + " amax")
     bound = np.abs(value).sum(axis=0) * (shape[0] * 2.0 ** -24 + {"float32": 2.0 ** -22, "bfloat16": 2.0 ** -8}[source])
     gap = np.abs(column_sum.astype(np.float64) - value.sum(axis=0))
-    assert (gap <= bound + 1e-6).all(), f"{what} column_sum: max gap {gap.max():.3g}"
+    assert (gap <= bound + evaluation.sum(axis=0) + 1e-6).all(), f"{what} column_sum: max gap {gap.max():.3g}"
+
+
+def _prologue_evaluation_bound(x, preact, act):
+    """Elementwise bound on the float32 evaluation error of act(x) or x * act'(preact): 16 float32 ulps of the sum of
+    the magnitudes of the formula's terms (activation.hpp's), times |x|."""
+    x64 = np.abs(np.asarray(x).astype(np.float64))
+    if preact is None:  # gelu: 0.5 x (1 + tanh(inner(x))), an error in tanh times |x| / 2; silu: x * sigmoid(x)
+        magnitude = 1.0 + (x64 if act == "gelu" else 0.0)
+    else:
+        z = np.asarray(preact).astype(np.float64)
+        if act == "gelu":
+            t = np.tanh(0.7978845608028654 * (z + 0.044715 * z ** 3))
+            magnitude = 0.5 * (1 + np.abs(t)) + 0.5 * np.abs(z) * (1 + t * t) * 0.7978845608028654 * (
+                1 + 3 * 0.044715 * z * z)
+        else:  # silu: s (1 + z (1 - s))
+            with np.errstate(over="ignore"):
+                s = 1 / (1 + np.exp(-z))
+            magnitude = s * (1 + np.abs(z) * (1 + s))
+    return 2.0 ** -20 * x64 * magnitude
 
 
 @pytest.mark.gpu

@@ -345,6 +345,48 @@ def test_without_nvrtc_the_generated_candidate_is_not_available_and_nothing_fuse
     graph, records = PassManager(resolve(["fuse_pointwise"])).run(_chain_graph())
     assert "fused_pointwise" not in graph.op_counts() and not records[0].changed
 
+def test_without_the_toolkit_nvrtc_the_pypi_wheel_library_is_loaded_first(tmp_path, monkeypatch):
+    """Where only the driver is installed, ``_codegen`` fails to import on libnvrtc; the PyPI wheel's library
+    (nvidia/cuda_nvrtc/lib or CUDA 13's nvidia/cu13/lib) is then loaded globally and the import retried."""
+    import ctypes.util
+
+    loadable = ctypes.util.find_library("m")  # any loadable shared library stands in for the wheel's libnvrtc
+    assert loadable, "the C math library must be findable"
+    loadable = next(Path(p) for p in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64")
+                    if (Path(p) / loadable).exists()) / loadable
+    wheel_lib = tmp_path / "nvidia" / "cuda_nvrtc" / "lib"
+    wheel_lib.mkdir(parents=True)
+    (wheel_lib / "libnvrtc-builtins.so.13.0").symlink_to(loadable)  # loadable, but never loaded: it is not NVRTC
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "nvidia" or m.startswith("nvidia.")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert compiler._preload_wheel_nvrtc() is False  # the wheel's directory holds only the builtins library
+
+    (wheel_lib / "libnvrtc.so.13").symlink_to(loadable)
+    attempts = []
+
+    def load(name):
+        attempts.append(name)
+        if len(attempts) == 1:
+            raise ImportError("libnvrtc.so.13: cannot open shared object file: No such file or directory")
+        return "the module"
+
+    monkeypatch.setattr(compiler._native, "load", load)
+    assert compiler._native_module() == "the module" and attempts == ["_codegen", "_codegen"]
+
+    # an import error that is not about NVRTC is not hidden behind a retry
+    attempts.clear()
+
+    def broken(name):
+        attempts.append(name)
+        raise ImportError("undefined symbol: _ZN3ge24fooEv")
+
+    monkeypatch.setattr(compiler._native, "load", broken)
+    with pytest.raises(ImportError, match="undefined symbol"):
+        compiler._native_module()
+    assert attempts == ["_codegen"]
+
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # The fusion pass (CPU)

@@ -97,9 +97,7 @@ def _preload_wheel_nvrtc() -> bool:
         except ImportError:
             continue
         for directory in (spec.submodule_search_locations or []) if spec else []:
-            for library in sorted(Path(directory, "lib").glob("libnvrtc.so*")):
-                if "builtins" in library.name:
-                    continue
+            for library in sorted(Path(directory, "lib").glob("libnvrtc.so*")):  # not libnvrtc-builtins
                 try:
                     ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
                     return True

@@ -11,7 +11,7 @@ the added columns would be a noticeable share of a small GEMM, and the gemm stay
 from __future__ import annotations
 
 from ..ir.graph import Graph
-from .training import PADDED_CLASSES_MIN, PADDED_CLASSES_MULTIPLE
+from .training import PADDED_CLASSES_MIN, PADDED_CLASSES_MULTIPLE, padded_columns_gemm
 
 ALIGNED_DTYPES = ("float16", "bfloat16")  # 8 elements = 16 bytes; float32 GEMMs were not measured slower unaligned
 
@@ -21,7 +21,7 @@ def pad_gemm_columns(graph: Graph) -> list[str]:
     for node in list(graph.nodes):
         if node.op != "gemm":
             continue
-        a, w, bias, c = node.inputs
+        _, w, _, c = node.inputs
         y = node.outputs[0]
         columns = y.type.shape[-1]
         if (y.type.dtype not in ALIGNED_DTYPES or not isinstance(columns, int) or columns % 8 == 0
@@ -29,10 +29,7 @@ def pad_gemm_columns(graph: Graph) -> list[str]:
             continue
         added = -columns % PADDED_CLASSES_MULTIPLE
         with graph.inserting_before(node):
-            # pads: the begins of every axis, then the ends; the columns are w's rows with trans_b, else its columns
-            padded_w = graph.pad(w, pads=(0, 0, added, 0) if node.attrs["trans_b"] else (0, 0, 0, added))
-            padded_bias = None if bias is None else graph.pad(bias, pads=(0, added))
-            padded = graph.gemm(a, padded_w, padded_bias, None, **node.attrs)
+            padded = padded_columns_gemm(graph, node, added, added_bias=0.0)
             kept = graph.slice(padded, starts=(0,), ends=(columns,), axes=(1,))
         graph.replace_uses(y, kept)
         graph.remove_node(node)

@@ -56,25 +56,32 @@ def pad_classes(graph: Graph) -> list[str]:
                 or graph.is_output(logits)
                 or any(reader.op != "cross_entropy" or reader.inputs[0] is not logits for reader in readers)):
             continue
-        a, w, bias, c = node.inputs
-        if c is not None or node.attrs["act"] != "none":
+        if node.inputs[3] is not None or node.attrs["act"] != "none":
             continue
         added = -classes % PADDED_CLASSES_MULTIPLE
         with graph.inserting_before(node):
-            # pads: the begins of every axis, then the ends; the classes are w's rows with trans_b, else its columns
-            padded_w = graph.pad(w, pads=(0, 0, added, 0) if node.attrs["trans_b"] else (0, 0, 0, added))
-            if bias is None:
-                values = np.concatenate([np.zeros(classes), np.full(added, -np.inf)])
-                padded_bias = graph.param(graph.unique_name(f"{node.name}_added_classes_bias"),
-                                          values.astype(to_numpy(logits.type.dtype)))
-            else:
-                padded_bias = graph.pad(bias, pads=(0, added), value=-np.inf)
-            padded = graph.gemm(a, padded_w, padded_bias, None, **node.attrs)
+            padded = padded_columns_gemm(graph, node, added, added_bias=-np.inf)
         graph.replace_uses(logits, padded)
         graph.remove_node(node)
         notes.append(f"{node.name}: {classes} classes computed as {classes + added} ({padded.producer.name}; the "
                      f"{added} added have a -inf bias, so cross_entropy ignores them exactly)")
     return notes
+
+
+def padded_columns_gemm(graph: Graph, node, added: int, added_bias: float):
+    """``node`` (a gemm) computing ``added`` more output columns, inserted at the graph's insertion point: zero
+    weights for them, and ``added_bias`` as their bias (a bias input is created where the gemm has none and
+    ``added_bias`` is not 0)."""
+    a, w, bias, _ = node.inputs
+    y = node.outputs[0]
+    # pads: the begins of every axis, then the ends; the columns are w's rows with trans_b, else its columns
+    padded_w = graph.pad(w, pads=(0, 0, added, 0) if node.attrs["trans_b"] else (0, 0, 0, added))
+    if bias is not None:
+        bias = graph.pad(bias, pads=(0, added), value=added_bias)
+    elif added_bias != 0:
+        values = np.concatenate([np.zeros(y.type.shape[-1]), np.full(added, added_bias)])
+        bias = graph.param(graph.unique_name(f"{node.name}_added_columns_bias"), values.astype(to_numpy(y.type.dtype)))
+    return graph.gemm(a, padded_w, bias, None, **node.attrs)
 
 
 def chain_activation_backward(graph: Graph) -> list[str]:

@@ -3,19 +3,24 @@ every tile/schedule configuration (GE2_CUTLASS_SM90_TILE forces one) on a grid o
 bias + gelu + residual and the plain product; on shapes of at least 512 128x128 output tiles it also times the
 winner with the tile scheduler's swizzle 2, 4 and 8 (GE2_CUTLASS_SM90_SWIZZLE). It prints the winner per shape and
 the kTileTable it implies (per tile count the configuration that won most rows, consecutive counts with one winner
-merged into one rule, with the swizzle that won most of its rows): paste it into tile_table.hpp. Needs an sm_90 GPU
-and PyTorch (for the device buffers and the timer).
+merged into one rule, with the swizzle that won most of its rows) and writes it to the file the candidate compiles,
+backends/cuda/ops/gemm/cutlass/tile_rules.inc (or --table PATH), with the GPU and date it was measured on; the
+results table goes to benchmarks/results/cutlass_gemm_sweep.md. The whole sweep takes about 40 s on the H200. Needs an
+sm_90 GPU, PyTorch (for the device buffers and the timer) and a build with CUTLASS.
 
-Run: python benchmarks/sweep_cutlass_gemm.py [--quick]
+Run: python benchmarks/sweep_cutlass_gemm.py [--quick] [--table PATH]
 """
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import sys
+import time
 from collections import Counter
+from pathlib import Path
 
-from harness import median_ms, torch_cuda, write_results
+from harness import environment, median_ms, torch_cuda, write_results
 
 from graph_executor_v2.ops import gemm
 
@@ -26,15 +31,21 @@ CONFIGS = {"pingpong_64x128x64": "Pingpong64x128",
            "cooperative_128x256x64_cluster2x1": "Cooperative128x256Cluster2x1"}
 SWIZZLES = (2, 4, 8)  # tried on the winner of the large shapes; every configuration is first timed with 1
 SWIZZLE_FROM_TILES = 512
+# bench_gemm's targets (2048 and up, 8192x1024x4096) and transformer layers (GPT-2's 768/3072 widths, batch x seq rows)
 SHAPES = [(128, 1024, 4096), (256, 4096, 4096), (512, 4096, 4096), (1024, 1024, 4096), (1024, 4096, 4096),
-          (2048, 2048, 2048), (4096, 4096, 4096), (8192, 1024, 4096), (8192, 8192, 8192), (16384, 4096, 4096)]
+          (2048, 2048, 2048), (4096, 768, 3072), (4096, 3072, 768), (4096, 4096, 4096), (8192, 1024, 4096),
+          (8192, 8192, 8192), (16384, 4096, 4096)]
+TABLE = Path(__file__).resolve().parents[1] / "backends/cuda/ops/gemm/cutlass/tile_rules.inc"
+TIMING = {"warmup": 5, "reps": 30}  # medians of 30 keep the whole sweep near 40 s
 
 
 def output_tiles(m: int, n: int) -> int:
     return math.ceil(m / 128) * math.ceil(n / 128)
 
 
-def time_config(torch, config, swizzle, m, n, k, dtype_name, fused):
+def time_config(torch, config, swizzle, m, n, k, dtype_name, fused, failures):
+    """Median ms of one configuration; infinite (never the winner) when it refuses the problem or its result is
+    wrong, which is appended to ``failures``."""
     dtype = getattr(torch, dtype_name)
     a = torch.randn(m, k, device="cuda", dtype=dtype) / k**0.5
     b = torch.randn(k, n, device="cuda", dtype=dtype)
@@ -53,9 +64,12 @@ def time_config(torch, config, swizzle, m, n, k, dtype_name, fused):
             expected = 0.5 * z * (1 + torch.tanh(0.7978845608028654 * (z + 0.044715 * z**3)))
         error = ((out.float() - expected).abs().max() / expected.abs().max()).item()
         if not error < 2e-2:
-            raise AssertionError(f"cutlass_sm90 {config} swizzle {swizzle} wrong at {m}x{n}x{k} {dtype_name}: "
-                                 f"rel err {error:.3e}")
-        return median_ms(run)
+            failures.append(f"{config} swizzle {swizzle} wrong at {m}x{n}x{k} {dtype_name}: rel err {error:.3e}")
+            return math.inf
+        return median_ms(run, **TIMING)
+    except ValueError as error:  # the configuration declined the problem (CUTLASS's can_implement)
+        failures.append(f"{config} swizzle {swizzle} refused {m}x{n}x{k} {dtype_name}: {error}")
+        return math.inf
     finally:
         del os.environ["GE2_CUTLASS_SM90_TILE"], os.environ["GE2_CUTLASS_SM90_SWIZZLE"]
 
@@ -83,17 +97,28 @@ def tile_table(rows) -> str:
     return "constexpr TileRule kTileTable[] = {\n" + "\n".join(lines) + "\n};"
 
 
-def main(quick: bool) -> None:
+def table_file(rows, env) -> str:
+    """tile_rules.inc's text: where and when the rules were measured, then kTileTable."""
+    return ("// Written by benchmarks/sweep_cutlass_gemm.py (do not edit: re-run the sweep on the GPU and check its\n"
+            f"// output in): measured on {env['gpu']}, {env['time']}, CUDA {env['cuda']}, {len(rows)} rows "
+            f"({len({row['shape'] for row in rows})} shapes x float16/bfloat16 x plain/bias+gelu+residual).\n"
+            "// Included by tile_table.hpp inside namespace ge2::gemm::cutlass_sm90.\n" + tile_table(rows) + "\n")
+
+
+def main(quick: bool, table: Path) -> None:
     torch = torch_cuda()
-    rows = []
+    started = time.perf_counter()
+    rows, failures = [], []
     for m, n, k in SHAPES[::3] if quick else SHAPES:
         for dtype_name in ("float16", "bfloat16"):
             for fused in (False, True):
-                times = {config: time_config(torch, config, 1, m, n, k, dtype_name, fused) for config in CONFIGS}
+                times = {config: time_config(torch, config, 1, m, n, k, dtype_name, fused, failures)
+                         for config in CONFIGS}
                 best = min(times, key=times.get)
                 swizzled = {1: times[best]}
                 if output_tiles(m, n) >= SWIZZLE_FROM_TILES:
-                    swizzled.update({s: time_config(torch, best, s, m, n, k, dtype_name, fused) for s in SWIZZLES})
+                    swizzled.update({s: time_config(torch, best, s, m, n, k, dtype_name, fused, failures)
+                                     for s in SWIZZLES})
                 swizzle = min(swizzled, key=swizzled.get)
                 row = {"shape": f"{m}x{n}x{k}", "tiles": output_tiles(m, n), "dtype": dtype_name,
                        "epilogue": "bias+gelu+residual" if fused else "none", **times, "best": best,
@@ -108,8 +133,15 @@ def main(quick: bool) -> None:
                *[(c, f"{c} ms") for c in CONFIGS], ("best", "best"), ("swizzle", "best swizzle"),
                ("best_ms", "best ms"), ("tflops", "best TFLOP/s")]
     print(write_results("cutlass_gemm_sweep", rows, columns, "cutlass_sm90 tile/schedule sweep (medians)"))
-    print(tile_table(rows))
+    table.write_text(table_file(rows, environment()))
+    print(f"{table} ({time.perf_counter() - started:.0f} s):\n{table.read_text()}")
+    if failures:  # a wrong or refused configuration never wins a row, but the build has a defect to look at
+        sys.exit("FAILED configurations:\n" + "\n".join(failures))
 
 
 if __name__ == "__main__":
-    main("--quick" in sys.argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="every third shape only")
+    parser.add_argument("--table", type=Path, default=TABLE, help=f"where the rules go (default {TABLE})")
+    arguments = parser.parse_args()
+    main(arguments.quick, arguments.table)

@@ -21,6 +21,7 @@ from graph_executor_v2.testing import assert_close, random_array
 DTYPES = ("float16", "bfloat16")
 ACTS = ("none", "relu", "gelu", "gelu_erf", "silu")
 TILE_TABLE = Path(__file__).resolve().parents[1] / "backends/cuda/ops/gemm/cutlass/tile_table.hpp"
+TILE_RULES = TILE_TABLE.parent / "tile_rules.inc"  # kTileTable, as the sweep writes it
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -119,19 +120,25 @@ def test_cublaslt_epilogue_declines_the_residual_after_the_activation():
 # ---------------------------------------------------------------------------------------------------------------
 # CPU: the tile table and the sweep that writes it
 # ---------------------------------------------------------------------------------------------------------------
-def test_tile_table_names_every_configuration_the_sweep_times():
-    header = TILE_TABLE.read_text()
-    enumerators = re.search(r"enum class TileConfig \{([^}]*)\}",
-                            (TILE_TABLE.parent / "cutlass_sm90.hpp").read_text()).group(1)
-    assert set(_header_config_names().values()) == {e.strip() for e in enumerators.split(",")}
-    assert _sweep_module().CONFIGS == _header_config_names()
-    # kTileTable: increasing limits, known enumerators, swizzles of 1, 2, 4 or 8, the last rule matching everything
-    rules = re.findall(r"\{(\w+), \{TileConfig::(\w+), (\d+)\}\}", header.split("kTileTable[]")[1].split("};")[0])
+def _check_rules(text: str) -> None:
+    """kTileTable in ``text``: increasing limits, known enumerators, swizzles of 1, 2, 4 or 8, the last rule matching
+    everything."""
+    rules = re.findall(r"\{(\w+), \{TileConfig::(\w+), (\d+)\}\}", text.split("kTileTable[]")[1].split("};")[0])
     assert rules and rules[-1][0] == "INT64_MAX"
     limits = [int(limit) for limit, _, _ in rules[:-1]]
     assert limits == sorted(limits) and len(set(limits)) == len(limits)
     assert all(config in _header_config_names().values() and swizzle in ("1", "2", "4", "8")
                for _, config, swizzle in rules)
+
+
+def test_tile_table_names_every_configuration_the_sweep_times():
+    enumerators = re.search(r"enum class TileConfig \{([^}]*)\}",
+                            (TILE_TABLE.parent / "cutlass_sm90.hpp").read_text()).group(1)
+    assert set(_header_config_names().values()) == {e.strip() for e in enumerators.split(",")}
+    assert _sweep_module().CONFIGS == _header_config_names()
+    assert '#include "tile_rules.inc"' in TILE_TABLE.read_text()
+    assert _sweep_module().TABLE == TILE_RULES  # the sweep writes the file the candidate compiles
+    _check_rules(TILE_RULES.read_text())
 
 
 def test_sweep_turns_its_winners_into_table_rules():
@@ -151,6 +158,12 @@ def test_sweep_turns_its_winners_into_table_rules():
         "    {256, {TileConfig::Cooperative128x128, 1}},\n"
         "    {INT64_MAX, {TileConfig::Cooperative128x256Cluster2x1, 4}},\n"
         "};")
+    env = {"gpu": "NVIDIA H200", "time": "2026-11-29 13:40:00", "cuda": "13.0"}
+    shaped = [{**r, "shape": f"{r['tiles']}x1x1"} for r in rows]
+    written = sweep.table_file(shaped, env)
+    assert written.startswith("// Written by benchmarks/sweep_cutlass_gemm.py") and "NVIDIA H200, 2026-11-29" in written
+    assert "11 rows (5 shapes" in written and written.endswith(sweep.tile_table(shaped) + "\n")
+    _check_rules(written)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-// The cutlass_sm90 candidate's tile/schedule choice per problem shape, written by benchmarks/sweep_cutlass_gemm.py
-// (which times every TileConfig, and the swizzles of the large ones, on the H200 and prints kTileTable: paste it
-// below). The rules key on the count of 128x128 output tiles, ceil(M/128) * ceil(N/128).
+// The cutlass_sm90 candidate's tile/schedule choice per problem shape: the rules in tile_rules.inc, which
+// benchmarks/sweep_cutlass_gemm.py writes after timing every TileConfig (and the swizzles of the large problems) on
+// the GPU. The rules key on the count of 128x128 output tiles, ceil(M/128) * ceil(N/128).
 #pragma once
 #include <cstdint>
 #include <stdexcept>
@@ -15,15 +15,9 @@ struct TileRule {
   Schedule schedule;
 };
 
-// First matching rule wins; the last one matches everything. The sweep of 2 configurations (ping-pong 64x128 below
-// 132 tiles, cooperative 128x128 above) set the first rule; the large-tile rule is the unmeasured starting point
-// (CUTLASS's profiler and cuBLAS run 128x256 tiles in 2-CTA clusters on large Hopper GEMMs), from 512 tiles on,
-// where the 128x256 tiles still make about two full waves of the H200's 132 SMs.
-constexpr TileRule kTileTable[] = {
-    {131, {TileConfig::Pingpong64x128, 1}},  // fewer 128x128 tiles than the H200's 132 SMs
-    {511, {TileConfig::Cooperative128x128, 1}},
-    {INT64_MAX, {TileConfig::Cooperative128x256Cluster2x1, 1}},
-};
+// kTileTable: the first rule whose limit the problem's tile count does not exceed wins; the last one matches
+// everything.
+#include "tile_rules.inc"
 
 struct TileConfigName {
   const char* name;

@@ -3,6 +3,7 @@ time), and real models against PyTorch in float64 on the GPU machine (torch, tor
 import copy
 import json
 import math
+import sys
 import threading
 import time
 from types import SimpleNamespace
@@ -43,11 +44,11 @@ def _records():
     return [
         {"model": "resnet18", "frontend": "onnx", "dtype": "float32", "imported": True, "problems": [], "error": None,
          "exporter": "dynamo", "ge2_error": 1e-6, "torch_error": 2e-6, "match": True, "ge2_ms": 0.5, "eager_ms": 1.0,
-         "fallbacks": 0,
-         "fallback_ops": []},
+         "fallbacks": 0, "fallback_ops": [], "timed_alone": True},
         {"model": "bert", "frontend": "torch", "dtype": "float32", "imported": False, "error": None,
          "problems": [["node_7", "aten.cumsum.default", "ATen op not supported by GE2"]]},
-        {"model": "resnet18", "frontend": None, "dtype": "float32", "compile_ms": 0.25},
+        {"model": "resnet18", "frontend": None, "dtype": "float32", "compile_ms": 0.25, "compile_mode": "default",
+         "timed_alone": True},
         {"model": "resnet18", "frontend": "onnx", "dtype": "float32", "check": "two_sizes", "match": False,
          "error": "export: UserError: Detected mismatch between the structure of `inputs` and `dynamic_shapes`"},
         {"model": "bert", "frontend": "torch", "dtype": "float32", "check": "two_sizes", "error": None,
@@ -66,6 +67,23 @@ def test_markdown_table_lists_results_compile_times_and_every_unsupported_node()
     assert "- two sizes: 1 of 2 (model, frontend) pairs run both sizes on one executor and match" in text
     assert "| bert | torch | torch.export | int64[s0, s1], int64[s0, s1] | match |" in text
     assert "| resnet18 | onnx |  |  | export: UserError: Detected mismatch" in text
+    assert "torch.compile (mode default, compiled once per (model, dtype)" in text
+    assert "A row's three times come from one process, the worker of its (model, dtype)" in text
+
+
+def test_markdown_notes_say_what_was_not_timed_or_timed_beside_other_workers():
+    """A row timed in an older run beside other workers says so; a worker whose timing did not happen, or whose
+    torch.compile failed, says why in its rows' notes."""
+    case, _, compiled = _records()[:3]
+    older = {**case, "timed_alone": False}
+    untimed = {**case, "dtype": "float16", "ge2_ms": None, "eager_ms": None, "timed_alone": False,
+               "timing_error": "not timed: the zoo's deadline had passed before its turn"}
+    failed_compile = {**compiled, "dtype": "float16", "compile_ms": None,
+                      "compile_error": "BackendCompilerFailed: inductor raised"}
+    text = zoo.format_markdown([older, untimed, failed_compile], "settings line")
+    assert "| 0.500 | 1.000 |  | 0 |  | timed beside other workers |" in text
+    assert ("|  |  |  | 0 |  | not timed: the zoo's deadline had passed before its turn; torch.compile failed: "
+            "BackendCompilerFailed: inductor raised |") in text
 
 
 class _FakeTensor:
@@ -179,10 +197,11 @@ def test_models_run_in_parallel_slow_ones_first_within_the_deadline(monkeypatch)
     started, limits = [], {}
 
     def fake_run_model(name, frontends, dtypes, time_limit, compile_too, two_sizes=False, limit_source="",
-                       device="cuda", gpu=None):
+                       device="cuda", gpu=None, turns=None):
         started.append(name)
         limits[name] = (time_limit, limit_source)
         time.sleep(0.3)
+        turns.done_preparing()
         return [zoo._failed(name, frontend, dtype, "ran") for dtype in dtypes for frontend in frontends]
 
     monkeypatch.setattr(zoo, "_run_model", fake_run_model)
@@ -222,7 +241,7 @@ def test_workers_spread_over_the_visible_gpus(monkeypatch):
     lock = threading.Lock()
 
     def fake_run_model(name, frontends, dtypes, time_limit, compile_too, two_sizes=False, limit_source="",
-                       device="cuda", gpu=None):
+                       device="cuda", gpu=None, turns=None):
         with lock:
             given[name] = gpu
             busy[gpu] += 1
@@ -230,6 +249,7 @@ def test_workers_spread_over_the_visible_gpus(monkeypatch):
         time.sleep(0.3)
         with lock:
             busy[gpu] -= 1
+        turns.done_preparing()
         return [zoo._failed(name, frontend, dtype, "ran") for dtype in dtypes for frontend in frontends]
 
     monkeypatch.setattr(zoo, "_run_model", fake_run_model)
@@ -240,6 +260,99 @@ def test_workers_spread_over_the_visible_gpus(monkeypatch):
     assert most == {"3": 2, "5": 2}
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 5")
     assert zoo._visible_gpus() == ["3", "5"]
+
+
+def test_workers_prepare_side_by_side_and_time_alone(monkeypatch):
+    """jobs workers prepare at a time; a prepared worker waits for a turn to time in which no other worker prepares
+    or times; once WAITING_MOST wait, no new worker starts until they have been timed, so a run of many models times
+    as it goes instead of holding every model to the end."""
+    events, lock = [], threading.Lock()
+
+    def log(*event):
+        with lock:
+            events.append((time.perf_counter(), *event))
+
+    def fake_run_model(name, frontends, dtypes, time_limit, compile_too, two_sizes=False, limit_source="",
+                       device="cuda", gpu=None, turns=None):
+        log("prepare", name)
+        time.sleep(0.2 + 0.1 * (len(name) % 3))
+        log("prepared", name)
+        turns.done_preparing()
+        with turns.turn() as allowed:
+            assert allowed == zoo.TIMING_LIMIT_S
+            log("time", name)
+            time.sleep(0.02)
+            log("timed", name)
+        return [zoo._failed(name, frontend, dtype, "ran") for dtype in dtypes for frontend in frontends]
+
+    monkeypatch.setattr(zoo, "_run_model", fake_run_model)
+    monkeypatch.setattr(zoo, "WAITING_MOST", 3)
+    models = list(MODELS)[:12]
+    records = zoo.run_models(models, ["torch"], ["float32"], time_limit=30, compile_too=False, two_sizes=False, jobs=4)
+    assert [r["model"] for r in records] == models
+    preparing, timing, most_preparing, most_waiting, waiting = set(), set(), 0, 0, set()
+    for _, kind, name in sorted(events):
+        if kind == "prepare":
+            assert not timing, f"{name} started while {timing} timed"
+            preparing.add(name)
+        elif kind == "prepared":
+            preparing.remove(name)
+            waiting.add(name)
+        elif kind == "time":
+            assert not preparing and not timing, f"{name} timed while {preparing or timing} ran"
+            waiting.remove(name)
+            timing.add(name)
+        else:
+            timing.remove(name)
+        most_preparing, most_waiting = max(most_preparing, len(preparing)), max(most_waiting, len(waiting))
+    assert most_preparing == 4  # side by side, never more than jobs
+    assert most_waiting <= 3 + 4 - 1  # WAITING_MOST waiting stops new starts; the ones preparing may still join
+
+
+def test_a_turn_is_refused_after_the_deadline_and_lasts_what_is_left():
+    turns = zoo._Turns(jobs=2, waiting_most=4, deadline_at=time.perf_counter() + 30)
+    with turns.turn() as allowed:
+        assert 29 < allowed <= 30  # less than TIMING_LIMIT_S: what the deadline leaves
+    late = zoo._Turns(jobs=2, waiting_most=4, deadline_at=time.perf_counter() - 1)
+    with late.turn() as allowed:
+        assert allowed is None
+    late.start_preparing()  # the refused turn left nothing draining
+
+
+_FAKE_WORKER = r"""
+import json, sys
+out = sys.argv[sys.argv.index("--out") + 1]
+record = {"model": "resnet18", "frontend": "torch", "dtype": "float32", "imported": True, "problems": [],
+          "error": None, "ge2_error": 1e-6, "match": True}
+def emit(r):
+    with open(out, "a") as stream:
+        stream.write(json.dumps(r) + "\n")
+emit(record)
+print("some library's chatter", flush=True)
+print("PREPARED", flush=True)
+if sys.stdin.readline().strip() == "time":
+    emit({**record, "ge2_ms": 0.5, "eager_ms": 2.0})
+"""
+
+
+def test_a_worker_times_only_in_its_turn_and_its_rows_say_so(tmp_path, monkeypatch):
+    """The handshake with a real process: the worker's first record (no times) is replaced by its timed one, marked
+    timed alone; where the deadline passed before its turn the worker is told to stop, and the row says it was not
+    timed."""
+    script = tmp_path / "fake_worker.py"
+    script.write_text(_FAKE_WORKER)
+    monkeypatch.setattr(zoo, "_missing_package", lambda family: None)
+    monkeypatch.setattr(zoo, "_worker_command", lambda name, frontends, dtypes, out, *rest: [
+        sys.executable, str(script), "--out", str(out)])
+    turns = zoo._Turns(jobs=1, waiting_most=2)
+    turns.start_preparing()
+    [record] = zoo._run_model("resnet18", ["torch"], ["float32"], time_limit=60, compile_too=True, turns=turns)
+    assert (record["ge2_ms"], record["eager_ms"], record["timed_alone"]) == (0.5, 2.0, True)
+    late = zoo._Turns(jobs=1, waiting_most=2, deadline_at=time.perf_counter() - 1)
+    late.start_preparing()
+    [record] = zoo._run_model("resnet18", ["torch"], ["float32"], time_limit=60, compile_too=True, turns=late)
+    assert "ge2_ms" not in record and "timed_alone" not in record and record["match"]
+    assert record["timing_error"] == "not timed: the zoo's deadline had passed before its turn"
 
 
 def test_sized_inputs_are_contiguous_at_the_new_batch_and_sequence():
@@ -267,11 +380,12 @@ def test_resnet18_imports_and_matches_pytorch(frontend):
     with torch.no_grad():
         reference = master.double()(*(x.double() for x in inputs)).numpy()
     master = master.float()
-    record = worker.run_case(torch, "resnet18", frontend, "float32", master, inputs, reference)
+    record, time_case = worker.run_case(torch, "resnet18", frontend, "float32", master, inputs, reference)
+    record = time_case()
     print(json.dumps(record, indent=1))  # the whole record in the log of a failing run
     assert record["imported"] and record["error"] is None, record
     assert record["match"], record
-
+    assert record["ge2_ms"] > 0 and record["eager_ms"] > 0, record
 
 
 def test_dynamo_export_is_retried_with_math_attention_only_for_the_stride_failure(monkeypatch, tmp_path):
@@ -334,7 +448,8 @@ def test_a_case_runs_on_the_cpu_without_times(frontend):
     inputs = (torch.randn(3, 16),)
     with torch.no_grad():
         reference = copy.deepcopy(master).double()(inputs[0].double()).numpy()
-    record = worker.run_case(torch, "mlp", frontend, "float32", master, inputs, reference, device="cpu")
+    record, time_case = worker.run_case(torch, "mlp", frontend, "float32", master, inputs, reference, device="cpu")
+    assert time_case is None
     assert record["imported"] and record["error"] is None, record
     assert record["exporter"] == {"onnx": "dynamo", "onnx-legacy": "legacy (TorchScript)",
                                   "torch": "torch.export"}[frontend]

@@ -7,12 +7,14 @@ hangs or crashes costs only its own rows, and writes ``benchmarks/results/zoo.md
 (model, frontend, dtype): whether the import succeeded, the unsupported nodes with their reasons when not, GE2's max
 error and PyTorch's own in that dtype (both relative to the float64 result's largest value), whether GE2 is within 4x
 of PyTorch plus a floor (``worker.matches``), the GE2 / eager / torch.compile times and the nodes that fell back to a
-host round trip. The models need torch, torchvision and transformers (the GPU machine has them); where they are
+host round trip. ``--jobs`` workers prepare side by side (export, import, plan, check, compile); each then times
+alone, with no other worker running (``_Turns``), so that parallel workers do not disturb the times. The models need torch, torchvision and transformers (the GPU machine has them); where they are
 missing each row says so. ``--device cpu`` runs PyTorch and GE2's CPU backend instead of the GPU: imports and errors
 on a machine without one (no times). The exporter column names what wrote each imported graph.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -26,12 +28,15 @@ from pathlib import Path
 
 from ..device import device_count
 from .models import MODELS
-from .worker import TWO_SIZES
+from .worker import COMPILE_MODE, PREPARED, TWO_SIZES
 
 FRONTENDS = ("onnx", "onnx-legacy", "torch")
 DTYPES = ("float32", "float16")
 QUICK_TIME_LIMIT_S = 60
 MINIMUM_START_S = 20  # with less left before --deadline a model is not started: loading torch alone takes seconds
+TIMING_LIMIT_S = 120  # one worker's timing turn: GE2, eager and torch.compile, 23 runs each, of one (model, dtype)
+WAITING_MOST = 10  # prepared workers holding their models while they wait for a turn to time (host and GPU memory)
+TIMING_RESERVE_S = 40  # with --deadline on the GPU, preparation ends this long before it, left to the timing turns
 
 
 def _missing_package(family: str) -> str | None:
@@ -41,37 +46,139 @@ def _missing_package(family: str) -> str | None:
     return None
 
 
+def _worker_command(name: str, frontends: list[str], dtypes: list[str], out: Path, compile_too: bool,
+                    two_sizes: bool, device: str, handshake: bool) -> list[str]:
+    return [sys.executable, "-m", "graph_executor_v2.zoo.worker", name, "--frontends", ",".join(frontends),
+            "--dtypes", ",".join(dtypes), "--out", str(out), "--device", device] + \
+        ([] if compile_too else ["--no-compile"]) + (["--two-sizes"] if two_sizes else []) + \
+        (["--handshake"] if handshake else [])
+
+
 def _run_model(name: str, frontends: list[str], dtypes: list[str], time_limit: float, compile_too: bool,
-               two_sizes: bool = False, limit_source: str = "", device: str = "cuda", gpu: str | None = None) -> list:
+               two_sizes: bool = False, limit_source: str = "", device: str = "cuda", gpu: str | None = None,
+               turns: _Turns | None = None) -> list:
     """The records of one model, from its worker process (on CUDA device ``gpu`` alone where given); a case the
     worker did not finish gets a record saying why (the time limit, with ``limit_source`` naming what set it; a
-    crash with its last lines of output)."""
+    crash with its last lines of output). ``time_limit`` bounds the worker's preparation. With ``turns`` the worker
+    times only in a turn of its own (``_Turns.turn``: no other worker running), and its records say so
+    (``timed_alone``); ``turns.done_preparing()`` is called once it has prepared or ended."""
     missing = _missing_package(MODELS[name].family)
     expected = [(frontend, dtype) for dtype in dtypes for frontend in frontends]
     if missing:
+        if turns is not None:
+            turns.done_preparing()
         return [_failed(name, frontend, dtype, f"skipped: {missing}") for frontend, dtype in expected]
     with tempfile.TemporaryDirectory() as directory:
-        out = Path(directory) / "records.jsonl"
-        command = [sys.executable, "-m", "graph_executor_v2.zoo.worker", name, "--frontends", ",".join(frontends),
-                   "--dtypes", ",".join(dtypes), "--out", str(out)] + ([] if compile_too else ["--no-compile"]) + \
-                  (["--two-sizes"] if two_sizes else []) + ["--device", device]
+        out, log = Path(directory) / "records.jsonl", Path(directory) / "stderr.txt"
+        command = _worker_command(name, frontends, dtypes, out, compile_too, two_sizes, device, turns is not None)
         environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
             str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")])))
         if gpu is not None:
             environment["CUDA_VISIBLE_DEVICES"] = gpu
-        why = None
-        try:
-            finished = subprocess.run(command, capture_output=True, text=True, timeout=time_limit, env=environment)
-            if finished.returncode != 0:
-                tail = " | ".join((finished.stderr or finished.stdout).strip().splitlines()[-3:])
-                why = f"worker exited with code {finished.returncode}: {tail[-400:]}"
-        except subprocess.TimeoutExpired:
+        why = timing_error = None
+        in_turn = False  # the worker was timed alone (if it timed anything)
+        out_of_time = threading.Event()
+        with log.open("w") as stderr, subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                       stderr=stderr, text=True, env=environment) as process:
+            def cut():
+                out_of_time.set()
+                process.kill()
+
+            limit = threading.Timer(time_limit, cut)
+            limit.start()
+            prepared = False
+            try:
+                for line in process.stdout:  # the worker prints nothing else of use; stderr goes to the log
+                    if line.strip() == PREPARED:
+                        prepared = True
+                        break
+            finally:
+                limit.cancel()
+                if turns is not None:
+                    turns.done_preparing()
+            if prepared:
+                with turns.turn() as allowed:
+                    if allowed is None:
+                        timing_error = "not timed: the zoo's deadline had passed before its turn"
+                        process.communicate("stop\n")
+                    else:
+                        in_turn = True
+                        try:
+                            process.communicate("time\n", timeout=allowed)
+                        except subprocess.TimeoutExpired:
+                            process.kill()
+                            process.communicate()
+                            timing_error = f"not timed: its timing's limit of {allowed:.0f} s was reached"
+            else:
+                process.communicate()
+        if out_of_time.is_set():
             why = f"time limit of {time_limit:.0f} s reached{limit_source}"
-        records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+        elif process.returncode != 0:
+            tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
+            why = f"worker exited with code {process.returncode}: {tail[-400:]}"
+            timing_error = timing_error or (f"not timed: {why}" if prepared else None)
+        latest = {}  # a later line of a case (its times) replaces the earlier one
+        for line in out.read_text().splitlines() if out.exists() else []:
+            record = json.loads(line)
+            latest[(record["frontend"], record["dtype"], record.get("check"))] = record
+    records = list(latest.values())
+    for record in records:
+        if "ge2_ms" in record or "compile_ms" in record:
+            record["timed_alone"] = in_turn
+        elif timing_error and ("ge2_error" in record or "compile_mode" in record and "compile_error" not in record):
+            record["timing_error"] = timing_error  # what it would have timed
     done = {(r["frontend"], r["dtype"]) for r in records if "check" not in r}
     records += [_failed(name, frontend, dtype, why or "the worker wrote no record")
                 for frontend, dtype in expected if (frontend, dtype) not in done]
     return records
+
+
+class _Turns:
+    """Workers prepare side by side, ``jobs`` at a time, and are timed one at a time with no other worker preparing
+    or timing: the GPU and the CPU are the timed worker's alone. A worker that has prepared waits for its turn,
+    holding its models; once ``waiting_most`` wait, no new worker starts until they have all had their turn (the
+    ones preparing finish, then the waiting ones time). No turn starts after ``deadline_at`` (a
+    ``time.perf_counter()`` value), and one lasts at most ``TIMING_LIMIT_S`` or what is left before it."""
+
+    def __init__(self, jobs: int, waiting_most: int, deadline_at: float | None = None):
+        self._condition = threading.Condition()
+        self._jobs, self._waiting_most, self._deadline_at = jobs, waiting_most, deadline_at
+        self._preparing = self._waiting = 0
+        self._timing = self._draining = False
+
+    def start_preparing(self) -> None:
+        """Blocks until a worker may start."""
+        with self._condition:
+            self._condition.wait_for(lambda: self._preparing < self._jobs and not (self._draining or self._timing))
+            self._preparing += 1
+
+    def done_preparing(self) -> None:
+        with self._condition:
+            self._preparing -= 1
+            self._condition.notify_all()
+
+    def _left(self) -> float | None:
+        return None if self._deadline_at is None else self._deadline_at - time.perf_counter()
+
+    @contextlib.contextmanager
+    def turn(self):
+        """Waits until no worker prepares or times; yields the seconds the timing may take, or None where the
+        deadline passed first."""
+        with self._condition:
+            self._waiting += 1
+            self._draining = self._draining or self._waiting >= self._waiting_most
+            ready = self._condition.wait_for(lambda: self._preparing == 0 and not self._timing, timeout=self._left())
+            self._waiting -= 1
+            left = self._left()
+            ready = ready and (left is None or left > 0)
+            self._timing = ready
+        try:
+            yield (min(TIMING_LIMIT_S, left) if left is not None else TIMING_LIMIT_S) if ready else None
+        finally:
+            with self._condition:
+                self._timing = False
+                self._draining = self._draining and self._waiting > 0
+                self._condition.notify_all()
 
 
 def _visible_gpus() -> list[str]:
@@ -104,11 +211,16 @@ def format_markdown(records: list[dict], settings: str) -> str:
     compiled = {(r["model"], r["dtype"]): r for r in records if r["frontend"] is None}
     checks = [r for r in records if r.get("check") == "two_sizes"]
     cases = [r for r in records if r["frontend"] is not None and "check" not in r]
+    compile_modes = sorted({r["compile_mode"] for r in compiled.values() if r.get("compile_mode")})
     lines = ["# Model zoo", "", settings, "",
              "Errors: max |y - y64| / max |y64| against PyTorch in float64; match: GE2's error <= 4 x PyTorch's own "
              "in the same dtype + a floor (1e-5 float32, 1e-3 float16), both at their default precision (TF32 "
-             "convolutions, strict FP32 matmuls). Times: median ms on the GPU, GE2 with its CUDA graph, PyTorch eager "
-             "and torch.compile (default mode).", "",
+             "convolutions, strict FP32 matmuls).", "",
+             "Times: median of 20 runs (after 3) in ms on the GPU: GE2 with its CUDA graph, PyTorch eager, and "
+             f"torch.compile (mode {', '.join(compile_modes) or COMPILE_MODE}, compiled once per (model, dtype), its "
+             "time shared by the frontends' rows). A row's three times come from one process, the worker of its "
+             "(model, dtype), which imported, planned and compiled beside other workers, then timed with no other "
+             "worker running; a row timed beside other workers (runs before session 31) says so in its note.", "",
              "two sizes (float32 rows): the model exported with a symbolic batch (and sequence, for token inputs) and "
              f"one executor run at (batch, sequence) {' and '.join(str(tuple(size)) for size in TWO_SIZES)}, each "
              "matched against float64 like the row; the reason when not.", "",
@@ -126,8 +238,11 @@ def format_markdown(records: list[dict], settings: str) -> str:
         if r["problems"]:
             first = r["problems"][0]
             note = f"{len(r['problems'])} unsupported node(s), first: {first[1]} ({first[2][:80]})"
-        if r.get("fallback_ops"):
-            note = (note + "; " if note else "") + "fallback: " + ", ".join(r["fallback_ops"])
+        for extra in (r.get("timing_error"), compile_record.get("compile_error") and "torch.compile failed: " +
+                      compile_record["compile_error"], r.get("ge2_ms") is not None and not r.get("timed_alone") and
+                      "timed beside other workers", r.get("fallback_ops") and "fallback: " + ", ".join(r["fallback_ops"])):
+            if extra:
+                note = (note + "; " if note else "") + extra
         match = {True: "yes", False: "**no**", None: ""}[r.get("match")]
         lines.append(f"| {r['model']} | {r['frontend']} | {r.get('exporter') or ''} | {r['dtype']} | "
                      f"{'yes' if r['imported'] else '**no**'} | "
@@ -179,23 +294,27 @@ def _names(text: str | None, allowed, what: str) -> list[str]:
 
 def run_models(models: list[str], frontends: list[str], dtypes: list[str], *, time_limit: float, compile_too: bool,
                two_sizes: bool, jobs: int = 1, deadline: float | None = None, on_model=None,
-               device: str = "cuda", gpus: list[str] | None = None) -> list:
-    """Every model's records, one worker process per (model, dtype), ``jobs`` at a time, each on the least busy of
-    ``gpus`` (CUDA device ids) where given, so that workers run side by side on several GPUs; the two-sizes check
-    runs in the float32 worker. A model's dtypes in workers of their own: a heavy model's float16 rows do not wait
-    for (or share the time limit of) its float32 ones. The slow models start first, so that no slow one is left to
-    start near the end; each worker gets ``time_limit`` seconds, less where ``deadline`` (seconds from now for the
-    whole run) leaves less, and one not started before the deadline gets records saying so. ``on_model(records so
-    far, in the order of ``models``)`` is called after every worker (the table is written there, so a run cut from
+               device: str = "cuda", gpus: list[str] | None = None, timing_reserve: float = 0.0) -> list:
+    """Every model's records, one worker process per (model, dtype), ``jobs`` preparing at a time (``_Turns``: each
+    is timed alone once prepared), each on the least busy of ``gpus`` (CUDA device ids) where given, so that workers
+    run side by side on several GPUs; the two-sizes check runs in the float32 worker. A model's dtypes in workers of
+    their own: a heavy model's float16 rows do not wait for (or share the time limit of) its float32 ones. The slow
+    models start first, so that no slow one is left to start near the end; each worker gets ``time_limit`` seconds
+    to prepare, less where ``deadline`` (seconds from now for the whole run) less ``timing_reserve`` (kept for the
+    timing turns) leaves less, and one not started before then gets records saying so. ``on_model(records so far,
+    in the order of ``models``)`` is called after every worker (the table is written there, so a run cut from
     outside keeps what it did)."""
     started = time.perf_counter()
     done: dict[tuple[str, str], list] = {}
     lock = threading.Lock()
     running = dict.fromkeys(gpus or [], 0)  # worker processes per GPU
+    turns = _Turns(jobs, WAITING_MOST, None if deadline is None else started + deadline)
 
     def run(name: str, dtype: str) -> list:
-        left = None if deadline is None else deadline - (time.perf_counter() - started)
+        turns.start_preparing()
+        left = None if deadline is None else deadline - timing_reserve - (time.perf_counter() - started)
         if left is not None and left < MINIMUM_START_S:
+            turns.done_preparing()
             return [_failed(name, frontend, dtype, f"not started: the zoo's deadline of {deadline:.0f} s had passed")
                     for frontend in frontends]
         limit, source = time_limit, ""
@@ -203,13 +322,13 @@ def run_models(models: list[str], frontends: list[str], dtypes: list[str], *, ti
             limit, source = left, " (what the zoo's --deadline left)"
         if not running:
             return _run_model(name, frontends, [dtype], limit, compile_too, two_sizes, limit_source=source,
-                              device=device)
+                              device=device, turns=turns)
         with lock:
             gpu = min(running, key=running.get)
             running[gpu] += 1
         try:
             return _run_model(name, frontends, [dtype], limit, compile_too, two_sizes, limit_source=source,
-                              device=device, gpu=gpu)
+                              device=device, gpu=gpu, turns=turns)
         finally:
             with lock:
                 running[gpu] -= 1
@@ -219,7 +338,8 @@ def run_models(models: list[str], frontends: list[str], dtypes: list[str], *, ti
 
     # Stable: the given order within each class, float32 before float16 of a model
     order = sorted(((name, dtype) for name in models for dtype in dtypes), key=lambda task: not MODELS[task[0]].slow)
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:  # threads: each one waits on a worker process
+    # threads: each waits on a worker process, which prepares (jobs at a time) or waits for its turn to time
+    with ThreadPoolExecutor(max_workers=max(1, jobs) + WAITING_MOST) as pool:
         futures = {pool.submit(run, *task): task for task in order}
         for future in as_completed(futures):
             task = futures[future]
@@ -296,8 +416,8 @@ def main(arguments) -> int:
         settings = (f"Models: {', '.join(models)}; frontends: {', '.join(frontends)}; dtypes: {', '.join(dtypes)}; "
                     f"device {arguments.device}; batch 2; time limit {time_limit:.0f} s per model"
                     + (f", {arguments.deadline:.0f} s for the whole run" if arguments.deadline else "")
-                    + f"; {arguments.jobs} model(s) at a time"
-                    + (f" over {len(gpus)} GPUs" if len(gpus) > 1 else "") + "; torch.compile "
+                    + f"; {arguments.jobs} worker(s) preparing at a time"
+                    + (f" over {len(gpus)} GPUs" if len(gpus) > 1 else "") + ", each timed alone; torch.compile "
                     f"{'timed' if compile_too else 'not timed'}; "
                     + (f"total {time.perf_counter() - started:.0f} s." if final else
                        f"{len({(r['model'], r['dtype']) for r in records})} of {len(models) * len(dtypes)} "
@@ -305,10 +425,13 @@ def main(arguments) -> int:
         out.write_text(format_markdown(records, settings))
         out.with_suffix(".json").write_text(json.dumps(records, indent=1) + "\n")
 
+    # torch.compile's compiler processes: the cores shared among the workers preparing at a time
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 1) // arguments.jobs)))
     records = run_models(models, frontends, dtypes, time_limit=time_limit, compile_too=compile_too,
                          two_sizes=arguments.two_sizes or not arguments.quick, jobs=arguments.jobs,
                          deadline=arguments.deadline, on_model=write, device=arguments.device,
-                         gpus=gpus if len(gpus) > 1 else None)
+                         gpus=gpus if len(gpus) > 1 else None,
+                         timing_reserve=TIMING_RESERVE_S if arguments.device == "cuda" else 0.0)
     write(records, final=True)
     print(f"\nwrote {out} and {out.with_suffix('.json')}")
     return 0
@@ -329,12 +452,16 @@ def add_parser(commands) -> None:
     parser.add_argument("--two-sizes", action="store_true",
                         help="also import with a symbolic batch (and sequence, for token inputs) and run two sizes on "
                              "one executor (float32; on by default, off with --quick unless given)")
-    parser.add_argument("--time-limit", type=float, help="seconds per model (default: 300; 60 with --quick)")
+    parser.add_argument("--time-limit", type=float, help="seconds per worker to prepare (default: 300; 60 with "
+                                                          "--quick); its timing has up to "
+                                                          f"{TIMING_LIMIT_S} s more")
     parser.add_argument("--jobs", type=int, default=1,
-                        help="models run at a time, each in its own worker process (default: 1); the slow ones first; "
-                             "with several GPUs visible, each worker on the least busy one")
+                        help="workers preparing at a time, one process per (model, dtype) (default: 1); the slow ones "
+                             "first; with several GPUs visible, each worker on the least busy one. Each worker times "
+                             "alone once it has prepared, with no other worker running")
     parser.add_argument("--deadline", type=float,
-                        help="seconds for the whole run (default: none): a model's time limit shrinks to what is "
+                        help="seconds for the whole run (default: none): on the GPU the last "
+                             f"{TIMING_RESERVE_S} s are kept for timing; a worker's time limit shrinks to what is "
                              f"left, a model not started with {MINIMUM_START_S} s left is reported as not started; the "
                              "table is written after every model either way")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",

@@ -1,6 +1,11 @@
 """One model of the zoo in its own process: ``python -m graph_executor_v2.zoo.worker MODEL --frontends ...
---dtypes ... --out FILE``. Every (frontend, dtype) case appends one JSON line to FILE as soon as it is known, and
-torch.compile's time per dtype comes last, so a crash or the parent's time limit loses only the step under way.
+--dtypes ... --out FILE``. The worker prepares first: every (frontend, dtype) case is imported, planned, run and
+checked, the two-sizes check runs and torch.compile compiles the model once per dtype (its first call); each result
+is appended to FILE as one JSON line as soon as it is known, so a crash or the parent's time limit loses only the
+step under way. Then it times, on the GPU: GE2, PyTorch eager and the compiled model, every case's record appended
+again with its times (a later line of the same case replaces the earlier one). With ``--handshake`` it prints
+``PREPARED`` after preparing and times only once its parent writes ``time`` to its stdin: the parent lets workers
+prepare side by side and times them one at a time, with no other worker running.
 
 A case: the model in float64 on the device (the reference), PyTorch in the dtype under test (its own error against
 the reference), the model imported into GE2 (``frontend``: "onnx" = torch.onnx.export's default dynamo exporter,
@@ -146,9 +151,10 @@ def _on_device(torch, master, inputs, dtype: str, device: str):
 
 
 def run_case(torch, model_name: str, frontend: str, dtype: str, master, inputs, reference: np.ndarray,
-             device: str = "cuda") -> dict:
-    """One (model, frontend, dtype) case on ``device`` ("cuda" or "cpu": both PyTorch and GE2 there; times only on
-    "cuda"): what it found, as a record."""
+             device: str = "cuda") -> tuple:
+    """One (model, frontend, dtype) case on ``device`` ("cuda" or "cpu": both PyTorch and GE2 there): (what it found,
+    as a record; on "cuda", where it ran, a function that times GE2 and PyTorch eager on it and returns the record
+    with ``ge2_ms`` and ``eager_ms``, else None)."""
     from .. import ExecutorV2
     from ..frontend import UnsupportedModelError
 
@@ -156,6 +162,7 @@ def run_case(torch, model_name: str, frontend: str, dtype: str, master, inputs, 
               "error": None}
     started = time.perf_counter()
     module, device_inputs = _on_device(torch, master, inputs, dtype, device)
+    timer = None
     try:
         with torch.no_grad():
             eager = module(*device_inputs)
@@ -175,15 +182,26 @@ def run_case(torch, model_name: str, frontend: str, dtype: str, master, inputs, 
             record["fallbacks"] = len(fallbacks)
             record["fallback_ops"] = sorted({selection.op for selection in fallbacks})
             if device == "cuda":
-                record["ge2_ms"] = _median_cuda_ms(torch, lambda: executor.run(feeds))
-                record["eager_ms"] = _median_cuda_ms(torch, lambda: module(*device_inputs))
+                def timer():
+                    with torch.no_grad():
+                        return _timed(record, lambda: {"ge2_ms": _median_cuda_ms(torch, lambda: executor.run(feeds)),
+                                                       "eager_ms": _median_cuda_ms(torch,
+                                                                                   lambda: module(*device_inputs))})
     except UnsupportedModelError as error:
         record["problems"] = [list(problem) for problem in error.problems]
     except Exception as error:  # noqa: BLE001 - any failure of one case is reported, the next case still runs
         record["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
         record["traceback"] = traceback.format_exc(limit=6)[-2000:]
     record["seconds"] = round(time.perf_counter() - started, 1)
-    return record
+    return record, timer
+
+
+def _timed(record: dict, measure) -> dict:
+    """``record`` with the times ``measure()`` returns, or with ``timing_error`` where it raised."""
+    try:
+        return {**record, **measure()}
+    except Exception as error:  # noqa: BLE001 - the record keeps its check; the failure to time is reported
+        return {**record, "timing_error": f"{type(error).__name__}: {error}".splitlines()[0][:300]}
 
 
 # The two sizes one executor runs in the symbolic-shapes check: (batch, sequence); the sequence applies to token
@@ -281,19 +299,32 @@ def check_two_sizes(torch, model_name: str, frontend: str, master, inputs, devic
     return record
 
 
-def time_compiled(torch, model_name: str, dtype: str, master, inputs) -> dict:
-    """torch.compile's time for the model in ``dtype`` (one record, shared by the frontends' rows)."""
-    record = {"model": model_name, "frontend": None, "dtype": dtype}
+# torch.compile's mode in the zoo: the default one (no CUDA graphs, no max-autotune), as users call it first.
+COMPILE_MODE = "default"
+
+
+def compile_model(torch, model_name: str, dtype: str, master, inputs) -> tuple:
+    """torch.compile of the model in ``dtype``, compiled by its first call, once for the frontends' rows: (its record,
+    a function that times it and returns the record with ``compile_ms``, or None where it failed to compile)."""
+    record = {"model": model_name, "frontend": None, "dtype": dtype, "compile_mode": COMPILE_MODE}
     started = time.perf_counter()
     module, device_inputs = _on_device(torch, master, inputs, dtype, "cuda")
+    timer = None
     try:
-        compiled = torch.compile(module)
+        compiled = torch.compile(module, mode=COMPILE_MODE)
         with torch.no_grad():
-            record["compile_ms"] = _median_cuda_ms(torch, lambda: compiled(*device_inputs))
+            compiled(*device_inputs)
+
+        def timer():
+            with torch.no_grad():
+                return _timed(record, lambda: {"compile_ms": _median_cuda_ms(torch, lambda: compiled(*device_inputs))})
     except Exception as error:  # noqa: BLE001 - reported in the table, the other cases are unaffected
         record["compile_error"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
-    record["seconds"] = round(time.perf_counter() - started, 1)
-    return record
+    record["compile_seconds"] = round(time.perf_counter() - started, 1)
+    return record, timer
+
+
+PREPARED = "PREPARED"  # the line a --handshake worker prints when it waits for its turn to time
 
 
 def main(argv=None) -> int:
@@ -307,6 +338,9 @@ def main(argv=None) -> int:
                         help="also import with a symbolic batch (and sequence) and run two sizes on one executor")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="where PyTorch and GE2 run (cpu: no times, no torch.compile)")
+    parser.add_argument("--handshake", action="store_true",
+                        help=f"after preparing, print {PREPARED} and time only when stdin reads 'time' (anything "
+                             "else: exit without timing)")
     arguments = parser.parse_args(argv)
     device = arguments.device
     out = Path(arguments.out)
@@ -331,17 +365,28 @@ def main(argv=None) -> int:
                                  for x in inputs)
         reference = _as_numpy(torch, reference_module(*reference_inputs))
         del reference_module
+    timers = []  # what to time once everything is prepared
     for dtype in arguments.dtypes.split(","):
         for frontend in arguments.frontends.split(","):
-            emit(run_case(torch, arguments.model, frontend, dtype, master, inputs, reference, device))
+            record, timer = run_case(torch, arguments.model, frontend, dtype, master, inputs, reference, device)
+            emit(record)
+            timers += [timer] if timer else []
             torch.cuda.empty_cache()
     if arguments.two_sizes and "float32" in arguments.dtypes.split(","):
         for frontend in arguments.frontends.split(","):
             emit(check_two_sizes(torch, arguments.model, frontend, master, inputs, device))
             torch.cuda.empty_cache()
-    if device == "cuda" and not arguments.no_compile:  # last: the slowest step, and the one a time limit may cut
+    if device == "cuda" and not arguments.no_compile:
         for dtype in arguments.dtypes.split(","):
-            emit(time_compiled(torch, arguments.model, dtype, master, inputs))
+            record, timer = compile_model(torch, arguments.model, dtype, master, inputs)
+            emit(record)
+            timers += [timer] if timer else []
+    if timers and arguments.handshake:
+        print(PREPARED, flush=True)
+        if sys.stdin.readline().strip() != "time":
+            return 0
+    for timer in timers:
+        emit(timer())
     return 0
 
 

@@ -20,6 +20,7 @@ from .manager import Pass, PassManager, PassRecord
 from .pattern import Pat, Rewrite, rewrite
 from .pointwise_fusion import fuse_pointwise, fuse_pointwise_training
 from .slice_gradients import join_slice_gradients
+from .transposes import propagate_transposes
 from .training import chain_activation_backward, fuse_loss_gradient, fuse_relu, pad_classes, trim_gemm_backward
 
 PASSES: dict[str, Pass] = {p.name: p for p in (
@@ -52,15 +53,19 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("fold_batch_norm", fold_batch_norm, "fold inference batch norms into the conv2d before them"),
     Pass("plan_layouts", plan_layouts, "run conv/pool/batch-norm chains in their dtype's preferred layout, "
                                        "transposes only at the edges"),
+    Pass("propagate_transposes", propagate_transposes,
+         "move transposes through gemm rows, slices, attention heads and pointwise ops until they cancel; a chain "
+         "of reshapes and transposes keeps at most one transpose (kept only when fewer bytes are transposed)"),
 )}
 
 # Folding runs after canonicalization, so the reshapes it inserts for parameter rows become parameters (and so do
 # the zero columns pad_gemm_columns adds to an unaligned weight). Attention fuses before canonicalization turns its
 # matmuls into gemms. Layouts are planned after batch norms fold into their convs and before epilogue fusion
 # (transposes sink through the activations and residual adds still apart), and the weights' transposes it leaves fold
-# as constants. Pointwise fusion runs after the epilogue fusion, on what the epilogues did not absorb.
+# as constants; the transposes left anywhere then move until they cancel (propagate_transposes). Pointwise fusion runs after the epilogue fusion, on what the epilogues did not absorb.
 DEFAULT_PIPELINE = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicalize", "pad_gemm_columns", "constant_fold",
-                    "fold_batch_norm", "plan_layouts", "constant_fold", "fuse", "fuse_pointwise", "dce")
+                    "fold_batch_norm", "plan_layouts", "propagate_transposes",
+                    "constant_fold", "fuse", "fuse_pointwise", "dce")
 # Training: the forward is canonicalized and fused before autograd (no constant folding: parameters are trained),
 # the graph with gradients is then cleaned (batched matmuls of gradients lowered to gemms) and its backward fused.
 TRAINING_FORWARD = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicalize", "pad_classes", "fuse_relu",
@@ -90,4 +95,4 @@ __all__ = ["DEFAULT_PIPELINE", "PASSES", "POLICY", "TRAINING_BACKWARD", "TRAININ
            "eliminate_common_subexpressions", "eliminate_dead_code", "fold_batch_norm", "fold_constants", "fuse",
            "fuse_attention", "fuse_loss_gradient", "fuse_pointwise", "fuse_pointwise_training", "fuse_relu",
            "infer_shapes", "join_slice_gradients", "lower_batched_matmuls", "pad_gemm_columns", "plan_layouts",
-           "resolve", "rewrite", "trim_gemm_backward"]
+           "propagate_transposes", "resolve", "rewrite", "trim_gemm_backward"]

@@ -201,6 +201,52 @@ def test_canonicalize_gathers_of_one_constant_index_become_slices(rng, axis, ind
         np.testing.assert_array_equal(actual[name], expected[name])
 
 
+def _patch_conv64(x, w, bias, layout):
+    """conv2d with kernel = stride and no padding in float64: every output pixel is one patch times w."""
+    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    if layout == "NHWC":
+        x, w = x.transpose(0, 3, 1, 2), w.transpose(0, 3, 1, 2)
+    n, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    patches = x.reshape(n, c, h // kh, kh, wd // kw, kw)
+    y = np.einsum("ncharb,ocab->nohr", patches, w) + (0 if bias is None else np.asarray(bias, np.float64)[:, None, None])
+    return y.transpose(0, 2, 3, 1) if layout == "NHWC" else y
+
+
+@pytest.mark.parametrize("layout, with_bias", [("NCHW", True), ("NHWC", False)])
+def test_canonicalize_patch_embedding_conv_becomes_one_gemm(rng, layout, with_bias):
+    """ViT's patch embedding (a 16 x 16 / 16 conv on RGB; here 4 x 2 / (4, 2) on 3 channels): the patches as rows,
+    one gemm (bias included), then the tokens read batch-first with no transpose left but the patches' own."""
+    g = Graph("g")
+    shape = (2, 3, 8, 6) if layout == "NCHW" else (2, 8, 6, 3)
+    x = g.input("x", shape, "float32")
+    w = weights(g, rng, "w", (5, 3, 4, 2) if layout == "NCHW" else (5, 4, 2, 3))
+    bias = g.param("b", random_array(rng, (5,), "float32")) if with_bias else None
+    y = g.conv2d(x, w, bias, stride=(4, 2), layout=layout)
+    tokens = g.transpose(g.reshape(y, shape=(2, 5, 6)), perm=(0, 2, 1)) if layout == "NCHW" else g.reshape(
+        y, shape=(2, 6, 5))
+    g.output(tokens, "tokens")
+    optimized, record = apply("canonicalize", g)
+    assert record.notes[0].rule == "patch_conv_to_gemm" and "conv2d" not in record.ops_after
+    executor = ge2.ExecutorV2(g, precision="highest")
+    assert executor.optimized_graph.op_counts().get("transpose") == 1  # the patches; NCHW's back-and-forth cancels
+    feeds = {"x": random_array(rng, shape, "float32")}
+    expected = _patch_conv64(feeds["x"], w.data, None if bias is None else bias.data, layout)
+    expected = expected.reshape(2, 5, 6).transpose(0, 2, 1) if layout == "NCHW" else expected.reshape(2, 6, 5)
+    assert_close(executor.run(feeds)["tokens"], expected, "float32", reduction_length=24)
+
+
+@pytest.mark.parametrize("attrs, channels", [({"stride": 2, "padding": 1}, 3), ({"stride": 2, "dilation": 2}, 3),
+                                             ({"stride": 1}, 3), ({"stride": 2}, 8), ({"stride": 2, "act": "relu"}, 3)])
+def test_canonicalize_keeps_convs_that_are_not_patch_embeddings(rng, attrs, channels):
+    g = Graph("g")
+    x = g.input("x", (1, channels, 8, 8), "float32")
+    kernel = 1 if attrs["stride"] == 1 else 2
+    g.output(g.conv2d(x, weights(g, rng, "w", (4, channels, kernel, kernel)), **attrs), "y")
+    _, record = apply("canonicalize", g)
+    assert record.ops_after == {"conv2d": 1}
+
+
 def test_canonicalize_computed_rows_become_bias_adds(rng):
     g = Graph("g")
     x = g.input("x", (4, 8), "float32")

@@ -17,15 +17,16 @@ def holding(call, *tensors):
 
 
 def prepared(op, inputs, outputs, attrs, candidate=None):
-    """The op's best supported candidate (or the one named), prepared once for these tensors' shapes."""
+    """The op's best supported candidate (or the one named), prepared once for these tensors' shapes (None for an
+    absent optional input)."""
     opdef = OPS[op]
     attrs = opdef.validate_attrs(attrs, op)
-    in_types = tuple(TensorType(tuple(x.shape), normalize(x.dtype)) for x in inputs)
+    in_types = tuple(None if x is None else TensorType(tuple(x.shape), normalize(x.dtype)) for x in inputs)
     problem = Problem(op, in_types, tuple(opdef.infer(list(in_types), attrs)), attrs)
     viable = selection.rank(opdef, problem, pinned=candidate).viable
     chosen = viable[0] if candidate is None else next(c for c in viable if c.name == candidate)
     launch = chosen.prepare(problem)
-    in_ptrs, out_ptrs = [x.data_ptr() for x in inputs], [y.data_ptr() for y in outputs]
+    in_ptrs, out_ptrs = [0 if x is None else x.data_ptr() for x in inputs], [y.data_ptr() for y in outputs]
     return holding(lambda: launch(in_ptrs, out_ptrs, 0), *inputs, *outputs)
 
 

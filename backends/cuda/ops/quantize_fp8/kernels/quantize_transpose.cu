@@ -6,6 +6,9 @@
 //      of a transformer): 64 x 64 tiles, 256 threads; a thread loads 8 consecutive elements (16 bytes of 16-bit x)
 //      of two rows, stores their 8 FP8 bytes into y with one 8-byte store, and after the tile is in shared memory
 //      gathers 8 bytes of a tile column into one 8-byte store of y_t (8 threads write a 64-byte run of a y_t row).
+//      The grid is one wave of resident blocks; a block issues a tile's loads together and the next tile's before
+//      transposing this one (one 16-byte load in flight at a time, and none across the barriers, held the first
+//      version at about a third of copy bandwidth).
 //   2. scalar (any shape and alignment): 32 x 32 tiles, 32 x 8 threads, one element per thread and load.
 // With a column sum (a linear layer's dbias, Transformer Engine's cast-transpose-dbias): each thread also sums its
 // 4 unquantized values, the tile's 8 partial rows are added in shared memory and written as one float32 row of
@@ -88,7 +91,32 @@ struct alignas(sizeof(T) * N) Pack {
   T value[N];
 };
 
+// The wide kernel's loads of one tile: each thread's two 16-byte vectors of x (and of preact), issued together.
+template <typename In>
+struct TileLoads {
+  Pack<In, kVector> x[kWideTile / kWideRowsPerPass];
+  Pack<In, kVector> preact[kWideTile / kWideRowsPerPass];
+};
+
+template <typename In, bool kPrologue>
+__device__ __forceinline__ void load_tile(TileLoads<In>& loads, const In* __restrict__ x,
+                                          const In* __restrict__ preact, int64_t t, int64_t tiles_across,
+                                          int64_t cols, int lane_vector, int pass_row) {
+  const int64_t row0 = (t / tiles_across) * kWideTile, col0 = (t % tiles_across) * kWideTile;
+#pragma unroll
+  for (int pass = 0; pass < kWideTile / kWideRowsPerPass; ++pass) {
+    const int64_t offset = (row0 + pass * kWideRowsPerPass + pass_row) * cols + col0 + lane_vector * kVector;
+    loads.x[pass] = *reinterpret_cast<const Pack<In, kVector>*>(x + offset);
+    if (kPrologue && preact != nullptr) {
+      loads.preact[pass] = *reinterpret_cast<const Pack<In, kVector>*>(preact + offset);
+    }
+  }
+}
+
 // kPrologue: act is not none (the plain kernel keeps its registers for loads in flight).
+// A block takes tiles blockIdx.x, blockIdx.x + gridDim.x, ... (the grid is one wave of resident blocks) and keeps
+// DRAM busy through its barriers: all of a tile's loads are issued together, and the next tile's go out as soon as
+// this tile's values are in registers, so they are in flight while this tile is transposed through shared memory.
 template <typename In, typename Out, bool kColumnSum, bool kPrologue>
 __global__ void __launch_bounds__(kWideThreads)
     quantize_transpose_wide_kernel(const In* __restrict__ x, const In* __restrict__ preact, Act act,
@@ -96,6 +124,7 @@ __global__ void __launch_bounds__(kWideThreads)
                                    Out* __restrict__ y_t, unsigned int* __restrict__ amax,
                                    float* __restrict__ column_partials, int64_t rows, int64_t cols) {
   static_assert(sizeof(Out) == 1, "FP8 outputs are one byte");
+  constexpr int kPasses = kWideTile / kWideRowsPerPass;
   __shared__ __align__(16) unsigned char tile[kWideTile * kWideStride];
   __shared__ float partial_rows[kColumnSum ? kWideRowsPerPass : 1][kWideTile];
   __shared__ unsigned int warp_amax[kWideThreads / 32];
@@ -105,21 +134,23 @@ __global__ void __launch_bounds__(kWideThreads)
   const int pass_row = threadIdx.x / (kWideTile / kVector);     // its row in each pass (0..31)
   const int64_t tiles_across = cols / kWideTile;
   const int64_t tiles = tiles_across * (rows / kWideTile);
+  TileLoads<In> loads{};  // preact stays zero without one
+  if (blockIdx.x < tiles) {
+    load_tile<In, kPrologue>(loads, x, preact, blockIdx.x, tiles_across, cols, lane_vector, pass_row);
+  }
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int64_t row0 = (t / tiles_across) * kWideTile, col0 = (t % tiles_across) * kWideTile;
     float column_partial[kVector] = {};
 #pragma unroll
-    for (int pass = 0; pass < kWideTile / kWideRowsPerPass; ++pass) {
+    for (int pass = 0; pass < kPasses; ++pass) {
       const int r = pass * kWideRowsPerPass + pass_row;
       const int64_t offset = (row0 + r) * cols + col0 + lane_vector * kVector;
-      const Pack<In, kVector> in = *reinterpret_cast<const Pack<In, kVector>*>(x + offset);
-      Pack<In, kVector> pre{};
-      if (kPrologue && preact != nullptr) pre = *reinterpret_cast<const Pack<In, kVector>*>(preact + offset);
       Pack<Out, kVector> out;
 #pragma unroll
       for (int i = 0; i < kVector; ++i) {
-        const float value = kPrologue ? prologue(to_float(in.value[i]), to_float(pre.value[i]), preact != nullptr, act)
-                                      : to_float(in.value[i]);
+        const float value = kPrologue ? prologue(to_float(loads.x[pass].value[i]),
+                                                 to_float(loads.preact[pass].value[i]), preact != nullptr, act)
+                                      : to_float(loads.x[pass].value[i]);
         amax_bits = max(amax_bits, __float_as_uint(fabsf(value)));
         if constexpr (kColumnSum) column_partial[i] += value;
         out.value[i] = from_float<Out>(value * scale);
@@ -129,6 +160,9 @@ __global__ void __launch_bounds__(kWideThreads)
       auto* row = reinterpret_cast<unsigned int*>(tile + r * kWideStride + lane_vector * kVector);
       row[0] = words[0];
       row[1] = words[1];
+    }
+    if (t + gridDim.x < tiles) {  // the next tile's loads, in flight during this tile's transpose
+      load_tile<In, kPrologue>(loads, x, preact, t + gridDim.x, tiles_across, cols, lane_vector, pass_row);
     }
     if constexpr (kColumnSum) {
 #pragma unroll
@@ -189,12 +223,19 @@ void launch(const void* x, const void* preact, Act act, const float* scale, void
             float* column_partials, int64_t rows, int64_t cols, bool wide, cudaStream_t stream) {
   if (wide) {
     const int64_t tiles = (rows / kWideTile) * (cols / kWideTile);
-    const int blocks = static_cast<int>(std::min<int64_t>(tiles, 132 * 8));
     const bool sums = column_partials != nullptr, prologue = act != Act::None;
     auto* kernel = sums ? (prologue ? quantize_transpose_wide_kernel<In, Out, true, true>
                                     : quantize_transpose_wide_kernel<In, Out, true, false>)
                         : (prologue ? quantize_transpose_wide_kernel<In, Out, false, true>
                                     : quantize_transpose_wide_kernel<In, Out, false, false>);
+    // one wave of resident blocks, each taking the same number of tiles (give or take one)
+    int device = 0, sms = 0, resident = 0;
+    GE2_CUDA_CHECK(cudaGetDevice(&device));
+    GE2_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    GE2_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kWideThreads, 0));
+    const int64_t wave = std::max<int64_t>(1, static_cast<int64_t>(sms) * resident);
+    const int64_t tiles_per_block = (tiles + wave - 1) / wave;
+    const int blocks = static_cast<int>((tiles + tiles_per_block - 1) / tiles_per_block);
     kernel<<<blocks, kWideThreads, 0, stream>>>(static_cast<const In*>(x), static_cast<const In*>(preact), act,
                                                 scale, static_cast<Out*>(y), static_cast<Out*>(y_t),
                                                 reinterpret_cast<unsigned int*>(amax), column_partials, rows, cols);

@@ -64,8 +64,12 @@ def test_the_linear_gemms_run_in_fp8_except_the_first_and_last():
     ops = trainer.train_graph.op_counts()
     # 2 blocks x (qkv, out_proj, fc1, fc2) = 8 linear GEMMs; the first (block 0's qkv) stays bfloat16, the LM head
     # (tied embedding: its weight is a cast, not a parameter) is no FP8 site at all
-    # per GEMM: x, W and dY quantized with both layouts in one pass each, three FP8 GEMMs, three scale updates
-    assert ops["scaled_gemm"] == ops["quantize_fp8_transpose"] == ops["fp8_scale_update"] == 7 * 3
+    # per GEMM: x, W and dY quantized with both layouts in one pass each, three FP8 GEMMs; the 21 states update in
+    # two nodes at the end of the step (E4M3: x and W; E5M2: dY)
+    assert ops["scaled_gemm"] == ops["quantize_fp8_transpose"] == 7 * 3
+    updates = [n for n in trainer.train_graph.nodes if n.op == "fp8_scale_update"]
+    assert sorted((n.attrs["dtype"], len(n.inputs)) for n in updates) == [("float8_e4m3fn", 14 * 3),
+                                                                          ("float8_e5m2", 7 * 3)]
     assert "quantize_fp8" not in ops and "transpose" not in ops
     # each FP8 site's dbias comes from its dY quantize's own read of dY (no separate sum over dY)
     quantizes = [n for n in trainer.train_graph.nodes if n.op == "quantize_fp8_transpose"]

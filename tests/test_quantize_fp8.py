@@ -150,11 +150,46 @@ def test_scale_update_rolls_the_history_and_targets_the_format_maximum():
 
 def test_scale_update_bad_input_is_named():
     g = ge2.ir.Graph("bad_update")
-    with pytest.raises(TypeError, match="history: expected a 1-d float32"):
+    with pytest.raises(TypeError, match=r"states\[0\] \(tensor 0's history\): expected a 1-d float32"):
         g.fp8_scale_update(g.input("h", (2, 2), "float32"), g.input("s", (), "float32"), g.input("a", (), "float32"))
     with pytest.raises(ValueError, match="margin"):
         g.fp8_scale_update(g.input("h1", (4,), "float32"), g.input("s1", (), "float32"),
                            g.input("a1", (), "float32"), margin=-1)
+    good = [g.input("h2", (4,), "float32"), g.input("s2", (), "float32"), g.input("a2", (), "float32")]
+    with pytest.raises(ValueError, match=r"states: expected \(history, scale, amax\) for each tensor, got 4 inputs"):
+        g.fp8_scale_update(*good, g.input("h3", (4,), "float32"))
+    with pytest.raises(ValueError, match=r"states\[5\] \(tensor 1's amax\): expected one element"):
+        g.fp8_scale_update(*good, g.input("h4", (4,), "float32"), g.input("s4", (), "float32"),
+                           g.input("a4", (2,), "float32"))
+    with pytest.raises(TypeError, match=r"states\[4\] \(tensor 1's scale\): expected a float32 scalar"):
+        g.fp8_scale_update(*good, g.input("h5", (4,), "float32"), g.input("s5", (), "float16"),
+                           g.input("a5", (), "float32"))
+
+
+def _scale_states(rng, lengths):
+    """(history, scale, amax) per length: histories of positive values (all zero for every fifth), scales in
+    [0.5, 8), amaxes cycling through the cases the update treats apart (0, a value, a tiny one, inf, NaN)."""
+    amaxes = [0.0, 3.0, 1e-30, np.inf, np.nan, 250.0]
+    states = []
+    for index, length in enumerate(lengths):
+        history = (np.abs(rng.standard_normal(length)) * 10).astype(np.float32) * (index % 5 != 0)
+        states += [history, np.array(rng.uniform(0.5, 8.0), np.float32), np.array(amaxes[index % 6], np.float32)]
+    return states
+
+
+def test_scale_update_of_several_tensors_is_each_ones_update(rng):
+    states = _scale_states(rng, [1, 16, 3, 7])
+    g = ge2.ir.Graph("several_updates")
+    values = [g.input(f"v{i}", array.shape, "float32") for i, array in enumerate(states)]
+    outputs = g.fp8_scale_update(*values, dtype="float8_e5m2", margin=1)
+    for index, value in enumerate(outputs):
+        g.output(value, f"out{index}")
+    assert len(outputs) == 12 and [v.type.shape for v in outputs[:3]] == [(1,), (), ()]
+    got = ge2.ExecutorV2(g, device="cpu").run({f"v{i}": array for i, array in enumerate(states)})
+    for tensor in range(4):
+        expected = quantize_fp8.reference_scale_update(*states[3 * tensor:3 * tensor + 3], "float8_e5m2", margin=1)
+        for field, want in enumerate(expected):
+            np.testing.assert_array_equal(got[f"out{3 * tensor + field}"], want, err_msg=f"tensor {tensor} {field}")
 
 
 @pytest.mark.gpu
@@ -165,10 +200,37 @@ def test_scale_update_kernel_matches_the_reference(rng, length, amax):
     if amax == 0.0:
         history[:] = 0.0
     expected = quantize_fp8.reference_scale_update(history, 2.0, amax, "float8_e5m2", margin=2)
-    got = ge2.ops.fp8_scale_update.forward_numpy(history, np.array(2.0, np.float32), np.array(amax, np.float32),
+    got = ge2.ops.fp8_scale_update.forward_numpy([history, np.array(2.0, np.float32), np.array(amax, np.float32)],
                                                  dtype="float8_e5m2", margin=2)
     for name, actual, want in zip(("history", "scale", "scale_inv"), got, expected):
         np.testing.assert_array_equal(actual, want, err_msg=f"{name} (length {length}, amax {amax})")
+
+
+@pytest.mark.skipif(not ge2._native.is_built("_ops_quantize_fp8"), reason="_ops_quantize_fp8 not built")
+def test_native_scale_update_checks_come_before_any_launch():
+    native = ge2._native.load("_ops_quantize_fp8")
+    fake = [256 * i for i in range(1, 7)]  # never dereferenced: the checks raise first
+    with pytest.raises(ValueError, match="inputs, outputs: expected 3 addresses per history length"):
+        native.scale_update(fake[:3], fake[3:5], [4], "float8_e4m3fn", 0, 0)
+    with pytest.raises(ValueError, match=r"states\[1\]: the amax history needs >= 1 entry, got length 0"):
+        native.scale_update(fake[:3] * 2, fake[3:] * 2, [4, 0], "float8_e4m3fn", 0, 0)
+    with pytest.raises(ValueError, match=r"states\[0\]: history, scale, amax and the outputs: null device pointer"):
+        native.scale_update([0, *fake[1:3]], fake[3:], [4], "float8_e5m2", 0, 0)
+    with pytest.raises(ValueError, match="dtype: expected float8_e4m3fn or float8_e5m2, got bfloat16"):
+        native.scale_update(fake[:3], fake[3:], [4], "bfloat16", 0, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("count", [64, 141])  # one full launch; three launches (64 + 64 + 13), a GPT-2 step's count
+def test_scale_update_kernel_updates_every_tensor_of_several_launches(rng, count):
+    lengths = [(1, 16, 1024, 5)[index % 4] for index in range(count)]
+    states = _scale_states(rng, lengths)
+    got = ge2.ops.fp8_scale_update.forward_numpy(states, dtype="float8_e4m3fn", margin=1)
+    assert len(got) == 3 * count
+    for tensor in range(count):
+        expected = quantize_fp8.reference_scale_update(*states[3 * tensor:3 * tensor + 3], "float8_e4m3fn", margin=1)
+        for name, actual, want in zip(("history", "scale", "scale_inv"), got[3 * tensor:3 * tensor + 3], expected):
+            np.testing.assert_array_equal(actual, want, err_msg=f"tensor {tensor} of {count}: {name}")
 
 
 def test_transposing_quantize_gives_both_layouts(rng):

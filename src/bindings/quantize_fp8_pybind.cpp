@@ -47,19 +47,27 @@ PYBIND11_MODULE(_ops_quantize_fp8, m) {
 
   m.def(
       "scale_update",
-      [](std::uintptr_t history, std::uintptr_t scale, std::uintptr_t amax, std::uintptr_t new_history,
-         std::uintptr_t new_scale, std::uintptr_t new_scale_inv, int64_t length, const std::string& dtype, int margin,
-         std::uintptr_t stream) {
+      [](const std::vector<std::uintptr_t>& inputs, const std::vector<std::uintptr_t>& outputs,
+         const std::vector<int64_t>& lengths, const std::string& dtype, int margin, std::uintptr_t stream) {
+        if (inputs.size() != 3 * lengths.size() || outputs.size() != inputs.size()) {
+          throw std::invalid_argument("inputs, outputs: expected 3 addresses per history length (" +
+                                      std::to_string(3 * lengths.size()) + "), got " + std::to_string(inputs.size()) +
+                                      " and " + std::to_string(outputs.size()));
+        }
         const auto type = ge2::dtype_from_name(dtype);
+        std::vector<ge2::quantize_fp8::ScaleState> states;
+        for (std::size_t i = 0; i < lengths.size(); ++i) {
+          states.push_back({as_pointer<const float>(inputs[3 * i]), as_pointer<const float>(inputs[3 * i + 1]),
+                            as_pointer<const float>(inputs[3 * i + 2]), as_pointer<float>(outputs[3 * i]),
+                            as_pointer<float>(outputs[3 * i + 1]), as_pointer<float>(outputs[3 * i + 2]), lengths[i]});
+        }
         ge2::binding::ReleaseGil release;
-        ge2::quantize_fp8::scale_update(as_pointer<const float>(history), as_pointer<const float>(scale),
-                                        as_pointer<const float>(amax), as_pointer<float>(new_history),
-                                        as_pointer<float>(new_scale), as_pointer<float>(new_scale_inv), length, type,
-                                        margin, as_stream(stream));
+        ge2::quantize_fp8::scale_update(states, type, margin, as_stream(stream));
       },
-      py::arg("history"), py::arg("scale"), py::arg("amax"), py::arg("new_history"), py::arg("new_scale"),
-      py::arg("new_scale_inv"), py::arg("length"), py::arg("dtype"), py::arg("margin"), py::arg("stream"),
-      "Enqueues delayed scaling's update of one tensor's amax history and scale (float32 device arrays).");
+      py::arg("inputs"), py::arg("outputs"), py::arg("lengths"), py::arg("dtype"), py::arg("margin"),
+      py::arg("stream"),
+      "Enqueues delayed scaling's update of every tensor's amax history and scale (float32 device arrays): inputs "
+      "(history, scale, amax) and outputs (new_history, new_scale, new_scale_inv) per tensor, in a few launches.");
 
   m.def("kernels", [] { return ge2::binding::kernel_list(ge2::quantize_fp8::kernel_table()); },
         "The candidates of quantize_fp8 ('cuda'), quantize_fp8_transpose ('transpose') and fp8_scale_update "

@@ -12,11 +12,13 @@ The native kernel (``_ops_quantize_fp8``) reduces the amax per warp over the flo
 ``atomicMax`` per warp: no separate amax kernel. FP8 values carry no gradient (autograd differentiates the float
 dtypes); ``Trainer(amp="fp8")`` builds its FP8 backward itself.
 
-``fp8_scale_update(history, scale, amax) -> (history, scale, scale_inv)`` (Transformer Engine's delayed scaling,
-"max" over the history): the step's amax enters the history first (newest first, the oldest drops out), and the
-next scale is ``fp8_max(dtype) / (max(history) * 2**margin)``. An all-zero history keeps the previous scale; a
-non-finite amax (an overflowed step) leaves history and scale as they were, so one overflow never poisons the
-scale. All float32, updated on the device inside a captured training step: no host synchronization.
+``fp8_scale_update(history_0, scale_0, amax_0, history_1, ...) -> (history_0, scale_0, scale_inv_0, history_1, ...)``
+(Transformer Engine's delayed scaling, "max" over the history), for any number of tensors of one FP8 format: each
+step's amax enters its history first (newest first, the oldest drops out), and the next scale is
+``fp8_max(dtype) / (max(history) * 2**margin)``. An all-zero history keeps the previous scale; a non-finite amax (an
+overflowed step) leaves history and scale as they were, so one overflow never poisons the scale. All float32,
+updated on the device inside a captured training step: no host synchronization. The kernel updates up to 64 tensors
+a launch (one block each), so a training step's hundreds of FP8 tensors cost a few launches, not one each.
 """
 from __future__ import annotations
 
@@ -25,8 +27,9 @@ import numpy as np
 from .. import _native
 from ..dtypes import FLOAT8_DTYPES, FLOAT8_MAX, FLOAT_DTYPES, saturate_to_float8
 from ..ir.types import TensorType
-from ._base import (Attr, Input, OpDef, Problem, Sample, as_float64, in_ptr, native_launch, out_ptr, register,
-                    require_inputs, sample_array, stream_arg, table_candidate)
+from ..ir.schema import VARIADIC_OUTPUTS
+from ._base import (Attr, Input, OpDef, Problem, Sample, as_float64, in_ptr, in_ptrs, native_launch, out_ptr,
+                    out_ptrs, register, require_inputs, sample_array, stream_arg, table_candidate)
 from . import activations
 from ._face import Face
 
@@ -225,19 +228,31 @@ def reference_scale_update(history, scale, amax, dtype: str = "float8_e4m3fn", m
 
 
 def _infer_scale_update(in_types, attrs):
-    require_inputs(in_types, ("history", "scale", "amax"))
-    history, scale, amax = in_types
-    if history.dtype != "float32" or history.rank != 1:
-        raise TypeError(f"history: expected a 1-d float32 array, got {history}")
-    check_scale(scale, "scale")
-    check_scale(amax, "amax")
-    return [history, TensorType((), "float32"), TensorType((), "float32")]
+    if not in_types or len(in_types) % 3:
+        raise ValueError(f"states: expected (history, scale, amax) for each tensor, got {len(in_types)} inputs")
+    out_types = []
+    for first in range(0, len(in_types), 3):
+        history, scale, amax = in_types[first:first + 3]
+        tensor = f"tensor {first // 3}"
+        if history is None or history.dtype != "float32" or history.rank != 1:
+            raise TypeError(f"states[{first}] ({tensor}'s history): expected a 1-d float32 array, got {history}")
+        for value, index, role in ((scale, first + 1, "scale"), (amax, first + 2, "amax")):
+            if value is None:
+                raise ValueError(f"states[{index}] ({tensor}'s {role}): required")
+            check_scale(value, f"states[{index}] ({tensor}'s {role})")
+        out_types += [history, TensorType((), "float32"), TensorType((), "float32")]
+    return out_types
+
+
+def _reference_scale_update(inputs, attrs):
+    return [array for first in range(0, len(inputs), 3)
+            for array in reference_scale_update(*inputs[first:first + 3], attrs["dtype"], attrs["margin"])]
 
 
 def _prepare_scale_update(problem: Problem):
-    (length,) = problem.in_types[0].shape
-    return native_launch(_native_module().scale_update, in_ptr(0), in_ptr(1), in_ptr(2), out_ptr(0), out_ptr(1),
-                         out_ptr(2), length, problem.attrs["dtype"], problem.attrs["margin"], stream_arg())
+    lengths = [history.shape[0] for history in problem.in_types[0::3]]
+    return native_launch(_native_module().scale_update, in_ptrs(), out_ptrs(), lengths, problem.attrs["dtype"],
+                         problem.attrs["margin"], stream_arg())
 
 
 def _non_negative(value):
@@ -246,18 +261,21 @@ def _non_negative(value):
 
 SCALE_UPDATE = register(OpDef(
     name="fp8_scale_update",
-    samples=lambda rng: [Sample((np.abs(sample_array(rng, 8)), np.array(2.0, np.float32), np.array(3.5, np.float32)),
-                                {"margin": 1}),
-                         Sample((np.zeros(4, np.float32), np.array(2.0, np.float32), np.array(np.inf, np.float32)),
-                                {"dtype": "float8_e5m2"}, "an overflowed step: the state stays")],
-    inputs=(Input("history"), Input("scale"), Input("amax")),
-    outputs=("new_history", "new_scale", "new_scale_inv"),
-    attrs=(Attr("dtype", str, "float8_e4m3fn", choices=FLOAT8_DTYPES, doc="the format the scale targets"),
-           Attr("margin", int, 0, check=_non_negative, doc="scale backed off by 2**margin")),
+    samples=lambda rng: [Sample(([np.abs(sample_array(rng, 8)), np.array(2.0, np.float32),
+                                  np.array(3.5, np.float32)],), {"margin": 1}),
+                         Sample(([np.zeros(4, np.float32), np.array(2.0, np.float32), np.array(np.inf, np.float32)],),
+                                {"dtype": "float8_e5m2"}, "an overflowed step: the state stays"),
+                         Sample(([np.abs(sample_array(rng, 3)), np.array(1.0, np.float32), np.array(0.25, np.float32),
+                                  np.zeros(5, np.float32), np.array(4.0, np.float32), np.array(9.0, np.float32)],),
+                                {}, "two tensors, histories of different lengths")],
+    inputs=(Input("states", variadic=True),),
+    outputs=(VARIADIC_OUTPUTS,),
+    attrs=(Attr("dtype", str, "float8_e4m3fn", choices=FLOAT8_DTYPES, doc="the format the scales target"),
+           Attr("margin", int, 0, check=_non_negative, doc="scales backed off by 2**margin")),
     infer=_infer_scale_update,
-    reference=lambda inputs, attrs: list(reference_scale_update(*inputs, attrs["dtype"], attrs["margin"])),
+    reference=_reference_scale_update,
     candidates=(table_candidate("_ops_quantize_fp8", "scale_update", _supports, _prepare_scale_update),),
     doc=__doc__,
 ))
 
-SCALE_UPDATE_FACE = Face(SCALE_UPDATE, lambda dy, inputs, attrs, kernel, out, stream: (None, None, None))
+SCALE_UPDATE_FACE = Face(SCALE_UPDATE, lambda dy, inputs, attrs, kernel, out, stream: [None] * len(inputs))

@@ -329,11 +329,22 @@ def _state(graph: Graph, prefix: str, recipe: DelayedScaling, dtype: str, initia
             "scale_inv": graph.param(f"{prefix}.scale_inv", np.array(np.float32(1.0) / scale, np.float32))}
 
 
-def _update_state(graph: Graph, state: dict[str, Value], amax: Value, dtype: str, margin: int,
-                  update_prefix: str) -> None:
-    outputs = graph.fp8_scale_update(state["history"], state["scale"], amax, dtype=dtype, margin=margin)
-    for key, value in zip(("history", "scale", "scale_inv"), outputs):
-        graph.output(value, update_prefix + state[key].name)
+# (a tensor's state, the amax its step recorded) per FP8 format: updated together at the end of the step
+PendingUpdates = dict[str, list[tuple[dict[str, Value], Value]]]
+
+
+def _update_states(graph: Graph, pending: PendingUpdates, margin: int, update_prefix: str) -> None:
+    """One ``fp8_scale_update`` per FP8 format for every state of the step, appended after the nodes whose amax it
+    reads; its outputs are the graph outputs ``update_prefix + name`` the trainer copies over the state."""
+    for dtype, updates in pending.items():
+        if not updates:
+            continue
+        outputs = graph.fp8_scale_update(*[value for state, amax in updates
+                                           for value in (state["history"], state["scale"], amax)],
+                                         dtype=dtype, margin=margin)
+        for index, (state, _) in enumerate(updates):
+            for key, value in zip(("history", "scale", "scale_inv"), outputs[3 * index:3 * index + 3]):
+                graph.output(value, update_prefix + state[key].name)
 
 
 def train_rewrite(graph: Graph, forward_names: set[str], recipe: DelayedScaling, update_prefix: str) -> list[str]:
@@ -352,9 +363,10 @@ def train_rewrite(graph: Graph, forward_names: set[str], recipe: DelayedScaling,
     Every quantized tensor (x, W, dY) has a state of float32 parameters ``fp8/<weight>/<x|w|g>.{history, scale,
     scale_inv}`` (x and dY start at scale 1 with an empty history, which the trainer's calibration fills before the
     first step unless ``recipe.calibrate`` is False; W from its initial amax): a step quantizes with
-    the scale its predecessors chose, and ``fp8_scale_update`` computes the next
-    state into graph outputs ``update_prefix + name``, which the trainer copies over the state after the step (its
-    buffers: on the device, captured with the step, saved in checkpoints). The names of the forward nodes it adds
+    the scale its predecessors chose, and two ``fp8_scale_update`` nodes at the end of the step (one per FP8 format,
+    every tensor's state in a few launches) compute the next state into graph outputs ``update_prefix + name``, which
+    the trainer copies over the state after the step (its buffers: on the device, captured with the step, saved in
+    checkpoints). The names of the forward nodes it adds
     join ``forward_names``."""
     backward_of: dict[tuple, Node] = {}
     for node in graph.nodes:
@@ -372,13 +384,15 @@ def train_rewrite(graph: Graph, forward_names: set[str], recipe: DelayedScaling,
         if reasons[node] is None and node.inputs[1].name in recipe.exclude:
             reasons[node] = "its weight is in DelayedScaling.exclude"
     notes = []
+    pending: PendingUpdates = {FORWARD_DTYPE: [], GRADIENT_DTYPE: []}
     for node in candidates:
         if reasons[node] is not None:
             notes.append(f"{node.name} ({node.inputs[1].name}) stays bfloat16: {reasons[node]}")
             continue
-        forward_names.update(_rewrite_training_site(graph, node, pairs[node], recipe, update_prefix))
+        forward_names.update(_rewrite_training_site(graph, node, pairs[node], recipe, pending))
         notes.append(f"{node.name} ({node.inputs[1].name}) runs in FP8: forward E4M3 x E4M3, dgrad and wgrad "
                      f"E5M2 x E4M3, delayed scaling (history {recipe.history}, margin {recipe.margin})")
+    _update_states(graph, pending, recipe.margin, update_prefix)
     skip_unread_amax(graph)
     return notes + _fuse_activation_quantizes(graph, forward_names)
 
@@ -431,8 +445,9 @@ def _fuse_activation_quantizes(graph: Graph, forward_names: set[str]) -> list[st
 
 
 def _rewrite_training_site(graph: Graph, node: Node, backward: Node, recipe: DelayedScaling,
-                           update_prefix: str) -> list[str]:
-    """Rewrites one site; returns the names of the forward nodes it added."""
+                           pending: PendingUpdates) -> list[str]:
+    """Rewrites one site, adding its states' updates to ``pending``; returns the names of the forward nodes it
+    added."""
     x, w, bias, _ = node.inputs
     before = {n.name for n in graph.nodes}
     prefix = f"{STATE_PREFIX}{w.name}"
@@ -449,8 +464,7 @@ def _rewrite_training_site(graph: Graph, node: Node, backward: Node, recipe: Del
         # periodic promotion to float32 (their sums are longer and their errors feed the update directly)
         y, _ = graph.scaled_gemm(x8, w8_nk, states["x"]["scale_inv"], states["w"]["scale_inv"], bias, None,
                                  act=node.attrs["act"], out_dtype=node.outputs[0].type.dtype, fast_accum=True)
-        _update_state(graph, states["x"], x_amax, FORWARD_DTYPE, recipe.margin, update_prefix)
-        _update_state(graph, states["w"], w_amax, FORWARD_DTYPE, recipe.margin, update_prefix)
+        pending[FORWARD_DTYPE] += [(states["x"], x_amax), (states["w"], w_amax)]
     graph.replace_uses(node.outputs[0], y)
     graph.remove_node(node)
     forward_nodes = [n.name for n in graph.nodes if n.name not in before]
@@ -461,7 +475,7 @@ def _rewrite_training_site(graph: Graph, node: Node, backward: Node, recipe: Del
         # dbias = sum(dY) over the rows from the quantize's own read of dY (Transformer Engine's cast-transpose-dbias)
         dy8, dy8_t, dy_amax, dy_sum = graph.quantize_fp8_transpose(dy, states["g"]["scale"], dtype=GRADIENT_DTYPE,
                                                                    with_column_sum=backward.attrs["with_dbias"])
-        _update_state(graph, states["g"], dy_amax, GRADIENT_DTYPE, recipe.margin, update_prefix)
+        pending[GRADIENT_DTYPE].append((states["g"], dy_amax))
         # dX [m, k] = dY [m, n] @ W_nk: cuBLASLt's B is [k, n]
         dx, _ = graph.scaled_gemm(dy8, w8_kn, states["g"]["scale_inv"], states["w"]["scale_inv"],
                                   out_dtype=da.type.dtype)

@@ -31,12 +31,26 @@ void quantize_transpose(const void* x, DType x_dtype, const float* scale, void* 
                         float* amax, void* column_sum, int64_t rows, int64_t cols, cudaStream_t stream,
                         Act act = Act::None, const void* preact = nullptr);
 
-// Delayed scaling, one tensor's state after a step: new_history = [amax, history[0 .. length-2]] (newest first),
+// One tensor's delayed-scaling state (float32 device arrays: history [length], scale, amax) and where its update
+// goes (new_history [length], new_scale, new_scale_inv).
+struct ScaleState {
+  const float* history;
+  const float* scale;
+  const float* amax;
+  float* new_history;
+  float* new_scale;
+  float* new_scale_inv;
+  int64_t length;
+};
+
+// Delayed scaling, each tensor's state after a step: new_history = [amax, history[0 .. length-2]] (newest first),
 // new_scale = fp8_max(dtype) / (max(new_history) * 2^margin), new_scale_inv = 1 / new_scale. An all-zero history
 // keeps the previous scale; a non-finite amax (an overflowed step) leaves history and scale as they were. The
-// outputs must not alias the inputs (the trainer copies them over the state after the step).
-void scale_update(const float* history, const float* scale, const float* amax, float* new_history, float* new_scale,
-                  float* new_scale_inv, int64_t length, DType dtype, int margin, cudaStream_t stream);
+// outputs must not alias the inputs (the trainer copies them over the state after the step). Every state in one
+// launch of up to kStatesPerLaunch (their addresses passed by value), one block per state: a training step's
+// hundreds of FP8 tensors update in a few launches, not one each.
+constexpr int kStatesPerLaunch = 64;
+void scale_update(const std::vector<ScaleState>& states, DType dtype, int margin, cudaStream_t stream);
 
 std::vector<KernelInfo> kernel_table();
 

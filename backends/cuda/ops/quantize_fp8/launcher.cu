@@ -26,8 +26,10 @@ std::vector<KernelInfo> kernel_table() {
        "float32 partials per tile from the same read, added up in a fixed order by a second small kernel",
        "x 2-d (the 64 x 64 kernel: rows and cols multiples of 64, x 8-element and y, y_t 8-byte aligned)",
        kFallback, kAnyAlignment},
-      {"scale_update", 10, "fp8_scale_update: one block rolls the amax history, max-reduces it and divides",
-       "history length >= 1", kFallback, kAnyAlignment},
+      {"scale_update", 10,
+       "fp8_scale_update: every tensor's state in one launch (up to 64 a launch, addresses passed by value), one "
+       "block per state rolls its amax history, max-reduces it and divides",
+       "history lengths >= 1", kFallback, kAnyAlignment},
   };
 }
 

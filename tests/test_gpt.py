@@ -150,7 +150,12 @@ def test_unaligned_vocabulary_head_is_padded_with_the_same_loss_and_gradients(rn
     for name, value in results[False].items():
         assert_close(results[True][name], value.astype(np.float64), "float32", 1031, what=name)
     trainer = ge2.train.Trainer(model.loss_graph(2), optimizer=ge2.train.AdamW(lr=1e-3), amp="bfloat16")
-    assert "1031 classes computed as 1088" in trainer.explain()
+    explained = trainer.explain()
+    assert "1031 classes computed as 1088" in explained and "after its cast to bfloat16" in explained
+    # the float32 tied weight is cast first and padded in bfloat16; its gradient's crop runs in bfloat16 too
+    pads = [n for n in trainer.train_graph.nodes if n.op == "pad"]
+    assert sorted((n.outputs[0].type.shape[0], n.outputs[0].type.dtype) for n in pads) == [(1031, "bfloat16"),
+                                                                                          (1088, "bfloat16")]
 
 
 def test_tied_embedding_gradient_sums_both_uses(rng):

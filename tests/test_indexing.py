@@ -279,6 +279,13 @@ MOVEMENT_CASES = [
     ("trilu", [(5, 3)], {"k": -1, "upper": False}),
     ("pad", [(0, 3)], {"pads": (1, 0, 0, 1), "mode": "constant", "value": 4.0}),  # an empty input, filled
     ("expand", [(2, 1)], {"shape": (2, 0)}),  # an empty output: nothing launched
+    # the leading axis alone, fill bytes alike (0; uint8's 2): one copy of the kept rows and memsets around them
+    ("pad", [(37, 5, 3)], {"pads": (4, 0, 0, 3, 0, 0)}),
+    ("pad", [(37, 6)], {"pads": (-5, 0, 3, 0)}),
+    ("pad", [(37, 6)], {"pads": (2, 0, -10, 0), "value": 2.0}),
+    ("pad", [(9, 4)], {"pads": (-9, 0, 2, 0)}),  # every row cropped: the fill alone
+    ("pad", [(50,)], {"pads": (3, 5)}),
+    ("pad", [(5, 4)], {"pads": (2, 0, 1, 0), "value": -2.0}),  # fill bytes that differ: the element-wise kernel
 ]
 
 

@@ -348,6 +348,37 @@ def test_pad_gemm_columns_runs_in_the_default_pipeline(rng):
     assert_close(executor.run(feeds)["logits"], ge2.ExecutorV2(g, passes=[]).run(feeds)["logits"], "float16", 8)
 
 
+# --- pad_after_cast -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", [0.0, -np.inf])
+def test_pad_after_cast_pads_the_narrow_values_bit_for_bit(rng, value):
+    """pad_classes' LM head after autocast: a float32 weight padded, then cast to bfloat16 for its gemm. The cast moves
+    to the unpadded weight and the pad to its bfloat16 output; the values are the same bits."""
+    g = Graph("g")
+    w = g.input("w", (50, 4), "float32")
+    g.output(g.cast(g.pad(w, pads=(0, 0, 14, 0), value=value), dtype="bfloat16"), "y")
+    moved, record = apply("pad_after_cast", g)
+    (pad,) = [n for n in moved.nodes if n.op == "pad"]
+    assert pad.inputs[0].producer.op == "cast" and pad.outputs[0].type.dtype == "bfloat16"
+    assert moved.outputs["y"].producer is pad and pad.attrs["value"] == value and "after its cast" in record.notes[0]
+    feeds = {"w": random_array(rng, (50, 4), "float32") * 1e3}
+    expected = ge2.ExecutorV2(g, passes=[]).run(feeds)["y"]
+    actual = ge2.ExecutorV2(moved, passes=[]).run(feeds)["y"]
+    np.testing.assert_array_equal(actual.view(np.uint16), expected.view(np.uint16))
+
+
+def test_pad_after_cast_leaves_widening_casts_shared_pads_and_unrepresentable_constants(rng):
+    g = Graph("g")
+    w = g.input("w", (8, 4), "float32")
+    h = g.input("h", (8, 4), "bfloat16")
+    g.output(g.cast(g.pad(h, pads=(1, 0, 0, 0)), dtype="float32"), "widened")
+    shared = g.pad(w, pads=(1, 0, 0, 0))
+    g.output(g.cast(shared, dtype="bfloat16"), "narrowed")
+    g.output(shared, "shared")
+    g.output(g.cast(g.pad(w, pads=(0, 0, 2, 0), value=0.1), dtype="bfloat16"), "tenth")  # 0.1 is no bfloat16
+    _, record = apply("pad_after_cast", g)
+    assert not record.changed
+
+
 # --- fuse ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("activation", ["relu", "gelu", "silu"])
 def test_fuse_activation_into_gemm(rng, activation):

@@ -10,7 +10,7 @@ from .alignment import pad_gemm_columns
 from .attention_fusion import fuse_attention
 from .batch_norm_fold import fold_batch_norm
 from .canonicalize import canonicalize, lower_batched_matmuls
-from .amp import POLICY, autocast
+from .amp import POLICY, autocast, pad_after_cast
 from .cleanup import eliminate_common_subexpressions, eliminate_dead_code
 from .constant_fold import fold_constants
 from .fusion import fuse
@@ -40,6 +40,8 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("fuse_relu", fuse_relu, "fuse residual adds and ReLU (not GELU/SiLU) into gemm epilogues, for training"),
     Pass("pad_classes", pad_classes, "a loss's classifier gemm with classes not a multiple of 8 computes them rounded "
                                      "up to 64 (zero weights, -inf bias: cross_entropy ignores them exactly)"),
+    Pass("pad_after_cast", pad_after_cast, "a pad read only by a narrowing cast pads the cast's output instead "
+                                           "(fewer bytes through both, and its gradient's crop in 16 bits)"),
     Pass("pad_gemm_columns", pad_gemm_columns, "a 16-bit gemm of >= 1024 columns, not a multiple of 8, with a "
                                                "parameter weight computes them aligned (zero columns up to a "
                                                "multiple of 64) and slices the output back"),

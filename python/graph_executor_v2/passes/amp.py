@@ -8,7 +8,9 @@ the low-precision copy); elsewhere a ``cast`` node converts a value once per dty
 """
 from __future__ import annotations
 
-from ..dtypes import FLOAT_DTYPES, to_numpy
+import numpy as np
+
+from ..dtypes import FLOAT_DTYPES, itemsize, to_numpy
 from ..ir.graph import Graph, Value, infer_types
 
 LOW, FLOAT32, FOLLOW = "low", "float32", "follow"
@@ -56,6 +58,33 @@ def autocast(graph: Graph, dtype: str) -> list[str]:
                                                                            for v in node.inputs],
                                                              node.attrs, node.where())):
             value.type = inferred
+    return notes
+
+
+def pad_after_cast(graph: Graph) -> list[str]:
+    """A pad whose only reader is a narrowing cast (pad_classes' float32 LM-head weight padded, then cast to 16 bits
+    for its GEMM) pads the cast's output instead: the cast moves only the unpadded elements, the pad moves 16-bit
+    ones, and the pad's gradient (a crop) runs in 16 bits before the widening cast back. Exact: a cast is
+    elementwise, and a constant pad moves only when its value is the same in the narrow dtype."""
+    notes = []
+    for cast in [node for node in graph.nodes if node.op == "cast"]:
+        pad = cast.inputs[0].producer
+        if pad is None or pad.op != "pad" or graph.users().get(pad.outputs[0]) != [cast] \
+                or graph.is_output(pad.outputs[0]):
+            continue
+        source, target = pad.outputs[0].type.dtype, cast.attrs["dtype"]
+        if source not in FLOAT_DTYPES or target not in FLOAT_DTYPES or itemsize(target) >= itemsize(source):
+            continue
+        value = pad.attrs["value"]
+        if pad.attrs["mode"] == "constant" and not np.isnan(value) and \
+                float(np.asarray(value).astype(to_numpy(target))) != value:
+            continue
+        with graph.inserting_before(cast):
+            padded = graph.pad(graph.cast(pad.inputs[0], **cast.attrs), **pad.attrs)
+        graph.replace_uses(cast.outputs[0], padded)
+        graph.remove_node(cast)
+        graph.remove_node(pad)
+        notes.append(f"{pad.name} pads {pad.inputs[0].name} after its cast to {target} ({padded.producer.name})")
     return notes
 
 

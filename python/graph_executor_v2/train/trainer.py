@@ -152,7 +152,8 @@ class Trainer:
         if amp is not None:
             low = "bfloat16" if amp == "fp8" else amp  # FP8 GEMMs inside a bfloat16 step
             self.forward_graph, amp_records = PassManager([Pass("autocast", lambda g: autocast(g, low)),
-                                                           *resolve(("cse", "dce"))]).run(self.forward_graph)
+                                                           *resolve(("pad_after_cast", "cse", "dce"))]
+                                                          ).run(self.forward_graph)
             self._forward_records += amp_records
         # Parameters the loss does not read (removed by dead-code elimination) keep their values and get no update.
         self.trained = [name for name in names if name in self.forward_graph.params]
@@ -420,8 +421,9 @@ class Trainer:
                  f"backward ({len(backward)} nodes): " + ", ".join(f"{n.name}={n.op}" for n in graph.nodes
                                                                    if n in backward)]
         fusions = [note for record in self._forward_records + self._backward_records for note in record.notes
-                   if record.name in ("pad_classes", "fuse_relu", "autocast", "chain_activation_backward",
-                                      "trim_gemm_backward", "fuse_loss_gradient", "recompute", "fp8")]
+                   if record.name in ("pad_classes", "fuse_relu", "autocast", "pad_after_cast",
+                                      "chain_activation_backward", "trim_gemm_backward", "fuse_loss_gradient",
+                                      "recompute", "fp8")]
         lines.append(f"training rewrites (padded classes, fusions, mixed precision, FP8 GEMMs, recomputation): "
                      f"{len(fusions)}")
         lines += [f"  {note}" for note in fusions]

@@ -13,7 +13,8 @@ namespace ge2::indexing {
 std::vector<KernelInfo> kernel_table() {
   return {
       {"axis_map", 10, "y[o] = x[map(o)] per axis (offset/reflect/edge/wrap/divide/modulo): expand, pad, roll, "
-                       "repeat_interleave, tile; one thread per output element",
+                       "repeat_interleave, tile; one thread per output element (a constant pad or crop of the "
+                       "leading axis alone, with a fill of like bytes: one contiguous copy and memsets)",
        "contiguous x and y; any dtype (1, 2, 4 or 8-byte elements)", kFallback, kAnyAlignment},
       {"gather", 10, "y[o] = x[o with the axis replaced by indices[o]], indices broadcast by strides: ONNX Gather, "
                      "index_select, take_along_axis",

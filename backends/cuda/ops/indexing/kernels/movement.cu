@@ -146,6 +146,46 @@ int64_t product(const int64_t* shape, int rank) {
   return count;
 }
 
+// The byte every byte of the fill value is, or -1 when they differ (then no memset can write it).
+int uniform_fill_byte(uint64_t fill_bits, int element_bytes) {
+  const int byte = static_cast<int>(fill_bits & 0xff);
+  for (int i = 1; i < element_bytes; ++i) {
+    if (static_cast<int>((fill_bits >> (8 * i)) & 0xff) != byte) return -1;
+  }
+  return byte;
+}
+
+// A constant pad or crop of the leading axis alone (every other axis kept whole, fill bytes all alike): y's rows are
+// x's moved by params[0] and the fill around them, so one contiguous copy and at most two memsets write it at copy
+// bandwidth instead of an index map per element (pad_classes' LM-head weight, 77 MB, and its gradient's crop).
+// Returns false, launching nothing, for any other map.
+bool leading_rows_moved(const void* x, void* y, const AxisMap& map, int element_bytes, uint64_t fill_bits,
+                        cudaStream_t stream) {
+  const int fill_byte = uniform_fill_byte(fill_bits, element_bytes);
+  if (map.rank < 1 || static_cast<AxisMode>(map.modes[0]) != AxisMode::Offset || fill_byte < 0) return false;
+  for (int axis = 1; axis < map.rank; ++axis) {
+    if (static_cast<AxisMode>(map.modes[axis]) != AxisMode::Offset || map.params[axis] != 0 ||
+        map.x_shape[axis] != map.y_shape[axis]) {
+      return false;
+    }
+  }
+  const auto row_bytes = static_cast<std::size_t>(product(map.y_shape + 1, map.rank - 1) * element_bytes);
+  const int64_t y_rows = map.y_shape[0], shift = map.params[0];  // y row r is x row r - shift
+  const int64_t first = std::clamp<int64_t>(shift, 0, y_rows);  // y rows [first, last) are copied
+  const int64_t last = std::clamp<int64_t>(map.x_shape[0] + shift, 0, y_rows);
+  auto* y_bytes = static_cast<char*>(y);
+  if (last > first) {
+    GE2_CUDA_CHECK(cudaMemcpyAsync(y_bytes + first * row_bytes,
+                                   static_cast<const char*>(x) + (first - shift) * row_bytes,
+                                   (last - first) * row_bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+  if (first > 0) GE2_CUDA_CHECK(cudaMemsetAsync(y_bytes, fill_byte, first * row_bytes, stream));
+  if (last < y_rows) {
+    GE2_CUDA_CHECK(cudaMemsetAsync(y_bytes + last * row_bytes, fill_byte, (y_rows - last) * row_bytes, stream));
+  }
+  return true;
+}
+
 }  // namespace
 
 void axis_map(const void* x, void* y, const AxisMap& map, int element_bytes, uint64_t fill_bits,
@@ -154,6 +194,7 @@ void axis_map(const void* x, void* y, const AxisMap& map, int element_bytes, uin
   if (count == 0) return;
   if (product(map.x_shape, map.rank) > 0) check_pointer(x, "x");  // an empty x padded with the constant reads none
   check_pointer(y, "y");
+  if (leading_rows_moved(x, y, map, element_bytes, fill_bits, stream)) return;
   GE2_DISPATCH_ELEMENT_SIZE(element_bytes, {
     axis_map_kernel<storage_t><<<grid_blocks(count), kThreads, 0, stream>>>(
         static_cast<const storage_t*>(x), static_cast<storage_t*>(y), map, count, static_cast<storage_t>(fill_bits));

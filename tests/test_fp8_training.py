@@ -81,10 +81,16 @@ def test_the_linear_gemms_run_in_fp8_except_the_first_and_last():
     prologues = sorted((n.attrs["act"], n.inputs[2] is not None, n.attrs["with_column_sum"]) for n in quantizes
                        if n.attrs["act"] != "none")
     assert prologues == [("gelu", False, False)] * 2 + [("gelu", True, True)] * 2, prologues
+    # the dgrads whose float32 gradient goes on to a layernorm_backward (fc1's in both blocks, block 1's QKV) write
+    # float32 themselves: no cast kernel widens a bfloat16 output
+    gemms = [n for n in trainer.train_graph.nodes if n.op == "scaled_gemm"]
+    assert [n.attrs["out_dtype"] for n in gemms].count("float32") == 3
+    assert not [n for n in trainer.train_graph.nodes if n.op == "cast" and n.inputs[0].producer in gemms]
     # delayed scaling reads the amax of x, W and dY (from their quantize), never a GEMM's output amax
     assert all(not n.attrs["with_amax"] for n in trainer.train_graph.nodes if n.op == "scaled_gemm")
     explained = trainer.explain()
     assert explained.count("runs in FP8: forward E4M3 x E4M3, dgrad and wgrad E5M2 x E4M3") == 7
+    assert explained.count("writes float32 for") == 3
     assert "(blocks.0.attn.in_proj_weight) stays bfloat16: the forward pass's first or last GEMM" in explained
     assert "stays bfloat16: the weight is not a parameter" in explained  # the tied LM head
     every = _trainer(_gpt(), 4, fp8=ge2.train.DelayedScaling(keep_first_last=False, exclude=("blocks.1.mlp.2.weight",)))

@@ -35,13 +35,14 @@ from typing import Callable
 
 import numpy as np
 
-from ..dtypes import FLOAT8_MAX, FLOAT_DTYPES, saturate_to_float8, to_numpy
+from ..dtypes import FLOAT8_MAX, FLOAT_DTYPES, itemsize, saturate_to_float8, to_numpy
 from ..ir.graph import Graph, Node, Value
 from ..ir.types import TensorType
 from ..ir.schema import Problem
 from ..ops import scaled_conv2d
 from ..ops.scaled_gemm import ACTIVATIONS as FP8_ACTIVATIONS
 from ..ops.scaled_gemm import bias_dtype_for
+from .pointwise_fusion import is_pointwise
 
 FP8_INFERENCE_DTYPE = "float8_e4m3fn"
 FP8_OPS = ("scaled_gemm", "scaled_conv2d")  # what an FP8 inference graph holds once calibrated
@@ -394,7 +395,36 @@ def train_rewrite(graph: Graph, forward_names: set[str], recipe: DelayedScaling,
                      f"E5M2 x E4M3, delayed scaling (history {recipe.history}, margin {recipe.margin})")
     _update_states(graph, pending, recipe.margin, update_prefix)
     skip_unread_amax(graph)
-    return notes + _fuse_activation_quantizes(graph, forward_names)
+    return notes + _fuse_activation_quantizes(graph, forward_names) + _widen_outputs(graph)
+
+
+def _widen_outputs(graph: Graph) -> list[str]:
+    """A scaled_gemm whose output only a widening cast reads (a dgrad into the float32 residual stream, whose
+    gradient reaches a layernorm_backward) writes the wider dtype itself: cuBLASLt's FP8 matmul rounds its float32
+    sum once, where a bfloat16 output and a cast kernel (2 bytes read, 4 written an element) rounded it to
+    bfloat16 first. Not where a pointwise op reads the cast (its fused kernel then reads the narrower bytes)."""
+    users = graph.users()
+    notes = []
+    for node in [n for n in graph.nodes if n.op == "scaled_gemm" and n.attrs["out_dtype"] in FLOAT_DTYPES]:
+        y, bias = node.outputs[0], node.inputs[4]
+        readers = users.get(y, [])
+        if len(readers) != 1 or readers[0].op != "cast" or graph.is_output(y):
+            continue
+        cast = readers[0]
+        wide = cast.attrs["dtype"]
+        if (wide not in FLOAT_DTYPES or itemsize(wide) <= itemsize(y.type.dtype)
+                or any(is_pointwise(reader) for reader in users.get(cast.outputs[0], []))
+                or (bias is not None and bias.type.dtype != bias_dtype_for(wide))):
+            continue
+        with graph.inserting_before(node):
+            widened, amax = graph.scaled_gemm(*node.inputs, **{**node.attrs, "out_dtype": wide})
+        graph.replace_uses(cast.outputs[0], widened)
+        graph.replace_uses(node.outputs[1], amax)
+        graph.remove_node(cast)
+        graph.remove_node(node)
+        notes.append(f"{node.name} writes {wide} for {cast.name}'s readers ({widened.producer.name}; {cast.name} "
+                     f"removed)")
+    return notes
 
 
 PROLOGUE_OPS = ("gelu", "silu")  # the activations a training graph keeps as nodes (ReLU fuses into its gemm)

@@ -98,6 +98,31 @@ def test_the_linear_gemms_run_in_fp8_except_the_first_and_last():
     assert "(blocks.1.mlp.2.weight) stays bfloat16: its weight is in DelayedScaling.exclude" in every.explain()
 
 
+def test_only_a_dgrad_bound_for_a_layernorm_backward_writes_float32(rng):
+    """x @ W1 -> layernorm -> @ W2 -> loss, both GEMMs FP8. W2's dgrad reaches the layernorm's backward through a
+    widening cast alone: it writes float32 itself. W1's output reaches the layernorm through a cast too, but that
+    cast fuses into the layernorm's kernel (fused_row), which reads the bfloat16: it stays; so do the bfloat16 logits
+    (the fused loss reads them in 16 bits)."""
+    g = ge2.ir.Graph("ln_between")
+    x, labels = g.input("x", (32, 32), "float32"), g.input("labels", (32,), "int64")
+    w1, w2 = (g.param(name, (rng.standard_normal((32, 32)) * 0.2).astype(np.float32)) for name in ("w1", "w2"))
+    gamma, beta = g.param("gamma", np.ones(32, np.float32)), g.param("beta", np.zeros(32, np.float32))
+    hidden = g.layernorm(g.gemm(x, w1, trans_b=True), gamma, beta)
+    g.output(g.cross_entropy(g.gemm(hidden, w2, trans_b=True), labels), "loss")
+    trainer = ge2.train.Trainer(g, loss="loss", amp="fp8", optimizer=ge2.train.AdamW(lr=1e-3),
+                                fp8=ge2.train.DelayedScaling(keep_first_last=False))
+    graph = trainer.train_graph
+    users = graph.users()
+    # reader -> the dtype the scaled_gemm feeding it writes (the weight gradients are graph outputs, read by none)
+    out_dtypes = {users[n.outputs[0]][0].op: n.attrs["out_dtype"] for n in graph.nodes
+                  if n.op == "scaled_gemm" and users.get(n.outputs[0])}
+    assert out_dtypes == {"fused_row": "bfloat16", "cross_entropy_with_grad": "bfloat16",
+                          "layernorm_backward": "float32"}, out_dtypes
+    assert "writes float32 for" in trainer.explain()
+    feeds = {"x": rng.standard_normal((32, 32)).astype(np.float32), "labels": rng.integers(0, 32, 32)}
+    assert np.isfinite(float(trainer.step(feeds)))
+
+
 def test_delayed_scaling_state_rolls_and_sets_the_scales_after_each_step():
     trainer = _trainer(_gpt(), 4, fp8=ge2.train.DelayedScaling(history=3, margin=1))
     batches = _batches(4, 4, SMALL.context)

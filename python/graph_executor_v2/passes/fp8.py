@@ -42,7 +42,6 @@ from ..ir.schema import Problem
 from ..ops import scaled_conv2d
 from ..ops.scaled_gemm import ACTIVATIONS as FP8_ACTIVATIONS
 from ..ops.scaled_gemm import bias_dtype_for
-from .pointwise_fusion import is_pointwise
 
 FP8_INFERENCE_DTYPE = "float8_e4m3fn"
 FP8_OPS = ("scaled_gemm", "scaled_conv2d")  # what an FP8 inference graph holds once calibrated
@@ -398,11 +397,31 @@ def train_rewrite(graph: Graph, forward_names: set[str], recipe: DelayedScaling,
     return notes + _fuse_activation_quantizes(graph, forward_names) + _widen_outputs(graph)
 
 
+# The ops a widened scaled_gemm output may go to: normalizations' backwards, which read a float32 gradient
+# (autocast's policy) and fuse no cast in front of them, so the cast is a kernel of its own. Elsewhere the cast
+# fuses into its reader, which then reads the narrower bytes: a pointwise op, a forward normalization (fused_row's
+# prologue), cross_entropy (16-bit logits after fuse_loss_gradient).
+WIDENED_FOR = ("layernorm_backward", "rmsnorm_backward")
+
+
+def _final_readers(graph: Graph, value: Value, users: dict) -> list[Node] | None:
+    """The nodes reading ``value`` through chains of reshapes; None when one of the values is a graph output."""
+    readers = []
+    for reader in users.get(value, []):
+        if reader.op != "reshape":
+            readers.append(reader)
+        elif graph.is_output(reader.outputs[0]) or (through := _final_readers(graph, reader.outputs[0], users)) is None:
+            return None
+        else:
+            readers += through
+    return None if graph.is_output(value) else readers
+
+
 def _widen_outputs(graph: Graph) -> list[str]:
-    """A scaled_gemm whose output only a widening cast reads (a dgrad into the float32 residual stream, whose
-    gradient reaches a layernorm_backward) writes the wider dtype itself: cuBLASLt's FP8 matmul rounds its float32
-    sum once, where a bfloat16 output and a cast kernel (2 bytes read, 4 written an element) rounded it to
-    bfloat16 first. Not where a pointwise op reads the cast (its fused kernel then reads the narrower bytes)."""
+    """A scaled_gemm whose output only a widening cast reads, on its way to a normalization's backward
+    (``WIDENED_FOR``: fc1's and QKV's dgrad into their layernorm_backward), writes the wider dtype itself: cuBLASLt's
+    FP8 matmul rounds its float32 sum once, where a bfloat16 output and a cast kernel (2 bytes read, 4 written an
+    element) rounded it to bfloat16 first."""
     users = graph.users()
     notes = []
     for node in [n for n in graph.nodes if n.op == "scaled_gemm" and n.attrs["out_dtype"] in FLOAT_DTYPES]:
@@ -412,8 +431,9 @@ def _widen_outputs(graph: Graph) -> list[str]:
             continue
         cast = readers[0]
         wide = cast.attrs["dtype"]
-        if (wide not in FLOAT_DTYPES or itemsize(wide) <= itemsize(y.type.dtype)
-                or any(is_pointwise(reader) for reader in users.get(cast.outputs[0], []))
+        final = _final_readers(graph, cast.outputs[0], users)
+        if (wide not in FLOAT_DTYPES or itemsize(wide) <= itemsize(y.type.dtype) or not final
+                or any(reader.op not in WIDENED_FOR for reader in final)
                 or (bias is not None and bias.type.dtype != bias_dtype_for(wide))):
             continue
         with graph.inserting_before(node):

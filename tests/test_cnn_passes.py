@@ -226,3 +226,22 @@ def test_plan_layouts_sinks_transposes_through_reductions(rng, conv2d, keepdims)
     activation_transposes = [n for n in after.nodes if n.op == "transpose" and not n.inputs[0].is_param]
     assert len(activation_transposes) == (3 if keepdims else 1), record.notes[-1]  # x in; y back (and z's order)
     _same_results(g, after, {"x": random_array(rng, (2, 8, 6, 6), "float16")}, "float16", 72)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_plan_layouts_keeps_an_upsampling_between_convs_channels_last(rng, conv2d, mode):
+    """conv -> relu -> resize 2x -> conv (a segmentation head's, a U-Net's upsampling): the resize runs on the NHWC
+    activation (layout="NHWC"), so the region has one transpose in and one out, none around the resize."""
+    g = Graph("upsample")
+    x = g.input("x", (2, 8, 5, 6), "float16")
+    h = g.relu(g.conv2d(x, g.param("w1", random_array(rng, (8, 8, 3, 3), "float16", 0.2)), None, stride=(1, 1),
+                        padding=(1, 1)))
+    up = g.resize(h, size=(10, 12), mode=mode)
+    g.output(g.conv2d(up, g.param("w2", random_array(rng, (4, 8, 3, 3), "float16", 0.2)), None, stride=(1, 1),
+                      padding=(1, 1)), "y")
+    after, record = _run_pass("plan_layouts", g)
+    (resize,) = [n for n in after.nodes if n.op == "resize"]
+    assert resize.attrs["layout"] == "NHWC" and resize.inputs[0].producer.op == "relu"
+    activation_transposes = [n for n in after.nodes if n.op == "transpose" and not n.inputs[0].is_param]
+    assert len(activation_transposes) == 2, record.notes[-1]
+    _same_results(g, after, {"x": random_array(rng, (2, 8, 5, 6), "float16")}, "float16", 144)

@@ -176,6 +176,19 @@ def test_resize_with_given_scales_matches_onnx(rng):
     np.testing.assert_allclose(indexing.reference_resize(x, size, "linear", scales=(2.5, 1.5)), expected, rtol=1e-12)
 
 
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_resize_channels_last_resizes_the_two_axes_before_the_channels(rng, mode):
+    """layout="NHWC": [N, H, W, C] resized on H and W is the NCHW resize of the channels moved first (ONNX's)."""
+    x = rng.standard_normal((2, 4, 5, 3))
+    expected = _onnx_run("Resize", [x.transpose(0, 3, 1, 2), None, None, _ints((2, 3, 7, 3))], {"mode": mode})[0]
+    actual = indexing.reference_resize(x, (7, 3), mode, layout="NHWC")
+    np.testing.assert_allclose(actual, expected.transpose(0, 2, 3, 1), rtol=1e-12, atol=1e-12)
+    g = ge2.ir.Graph("g")
+    assert g.resize(g.input("x", (2, 4, 5, 3), "float32"), size=(7, 3), layout="NHWC").type.shape == (2, 7, 3, 3)
+    with pytest.raises(ValueError, match=r"rank >= 3"):
+        g.resize(g.input("v", (4, 5), "float32"), size=(7, 3), layout="NHWC")
+
+
 def test_adaptive_avg_pool_matches_average_pooling_when_windows_divide_and_overlaps_otherwise(rng):
     x = rng.standard_normal((2, 3, 6, 8))
     np.testing.assert_allclose(indexing.reference_adaptive_avg_pool2d(x, (3, 2)),
@@ -272,6 +285,10 @@ MOVEMENT_CASES = [
     ("pad", [(2, 1, 5)], {"pads": (0, 2, 1, 1, 3, 0), "mode": "edge"}),
     ("pad", [(2, 3, 5)], {"pads": (1, 0, 7, 0, 2, 3), "mode": "wrap"}),
     ("pad", [(2, 3)], {"pads": (0, 0, 0, 0), "mode": "constant"}),
+    # the kernel merges neighbouring unpadded axes: a stem's channel pad ([N, H, W, 3] -> 8), and unpadded axes on
+    # both sides of a padded one
+    ("pad", [(2, 5, 6, 3)], {"pads": (0, 0, 0, 0, 0, 0, 0, 5), "mode": "constant"}),
+    ("pad", [(2, 3, 4, 5, 2)], {"pads": (0, 0, 1, 0, 0, 0, 0, 2, 0, 0), "mode": "constant", "value": 1.0}),
     ("roll", [(4, 7)], {"shifts": (1, -9), "axes": (0, 1)}),
     ("repeat_interleave", [(2, 3, 5)], {"repeats": 3, "axis": 1}),
     ("tile", [(2, 3)], {"repeats": (3, 2)}),
@@ -355,10 +372,11 @@ def test_arange_kernel(rng, poisoned, to_device, dtype):
     ("linear", "pytorch_half_pixel", "round_prefer_floor"), ("linear", "align_corners", "round_prefer_floor"),
     ("linear", "asymmetric", "round_prefer_floor")])
 def test_resize_kernel(rng, poisoned, to_device, dtype, mode, coordinates, nearest_mode):
-    x = random_array(rng, (2, 3, 9, 14), dtype)
+    planar, channels_last = random_array(rng, (2, 3, 9, 14), dtype), random_array(rng, (2, 9, 14, 5), dtype)
     for size in ((18, 28), (4, 5), (1, 1), (9, 33)):
-        _gpu_case("resize", [x], {"size": size, "mode": mode, "coordinates": coordinates,
-                                  "nearest_mode": nearest_mode}, dtype, poisoned, to_device)
+        for x, layout in ((planar, "NCHW"), (channels_last, "NHWC")):
+            _gpu_case("resize", [x], {"size": size, "mode": mode, "coordinates": coordinates,
+                                      "nearest_mode": nearest_mode, "layout": layout}, dtype, poisoned, to_device)
 
 
 @pytest.mark.gpu

@@ -216,10 +216,10 @@ PYBIND11_MODULE(_ops_indexing, m) {
   m.def(
       "resize",
       [](std::uintptr_t x, std::uintptr_t y, int64_t planes, int64_t in_h, int64_t in_w, int64_t out_h, int64_t out_w,
-         double scale_h, double scale_w, int coordinates, bool linear, int rounding, const std::string& dtype,
-         std::uintptr_t stream) {
+         int64_t channels, double scale_h, double scale_w, int coordinates, bool linear, int rounding,
+         const std::string& dtype, std::uintptr_t stream) {
         for (auto [value, name] : {std::pair{planes, "planes"}, {in_h, "in_h"}, {in_w, "in_w"}, {out_h, "out_h"},
-                                   {out_w, "out_w"}}) {
+                                   {out_w, "out_w"}, {channels, "channels"}}) {
           check_non_negative(value, name);
         }
         if (!(scale_h > 0.0) || !(scale_w > 0.0)) throw std::invalid_argument("scale: expected > 0");
@@ -231,6 +231,7 @@ PYBIND11_MODULE(_ops_indexing, m) {
         geometry.in_w = in_w;
         geometry.out_h = out_h;
         geometry.out_w = out_w;
+        geometry.channels = channels;
         geometry.scale_h = scale_h;
         geometry.scale_w = scale_w;
         geometry.coordinates = static_cast<ge2::indexing::Coordinates>(coordinates);
@@ -241,9 +242,10 @@ PYBIND11_MODULE(_ops_indexing, m) {
         ge2::indexing::resize(as_pointer(x), as_pointer(y), geometry, type, as_stream(stream));
       },
       py::arg("x"), py::arg("y"), py::arg("planes"), py::arg("in_h"), py::arg("in_w"), py::arg("out_h"),
-      py::arg("out_w"), py::arg("scale_h"), py::arg("scale_w"), py::arg("coordinates"), py::arg("linear"),
-      py::arg("rounding"), py::arg("dtype"), py::arg("stream"),
-      "Enqueues the resampling of [planes, in_h, in_w] to [planes, out_h, out_w].");
+      py::arg("out_w"), py::arg("channels"), py::arg("scale_h"), py::arg("scale_w"), py::arg("coordinates"),
+      py::arg("linear"), py::arg("rounding"), py::arg("dtype"), py::arg("stream"),
+      "Enqueues the resampling of [planes, in_h, in_w, channels] to [planes, out_h, out_w, channels] (channels 1: "
+      "the planar [planes, h, w]).");
 
   m.def(
       "adaptive_avg_pool",

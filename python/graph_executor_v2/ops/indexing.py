@@ -16,8 +16,9 @@ backends/cuda/ops/indexing):
 - ``trilu(x, k, upper)``: ONNX Trilu on the last two axes (tril / triu with diagonal k).
 - ``arange(x, axis, start, delta, dtype)``: ``start + delta * [0, 1, ..., n - 1]`` with n = x.shape[axis] (a size
   that may be symbolic: the positions of a sequence).
-- ``resize(x, size, mode, coordinates, nearest_mode, scales)``: ONNX Resize of the last two axes, nearest or
-  (bi)linear, coordinate transformations half_pixel, pytorch_half_pixel, align_corners, asymmetric.
+- ``resize(x, size, mode, coordinates, nearest_mode, scales, layout)``: ONNX Resize of the last two axes (``layout``
+  "NCHW", the default) or of the two before the last (``"NHWC"``: channels-last, the channels the innermost axis),
+  nearest or (bi)linear, coordinate transformations half_pixel, pytorch_half_pixel, align_corners, asymmetric.
 - ``adaptive_avg_pool2d(x, output_size)``: PyTorch's adaptive average pooling of the last two axes.
 
 An index outside its axis (gather, gather_elements, gather_nd) reads nothing: its element is NaN (floats) or 0
@@ -718,14 +719,26 @@ def _scales_check(value) -> str | None:
         "must be 2 numbers > 0"
 
 
+RESIZE_LAYOUTS = ("NCHW", "NHWC")  # the resized axes: the last two, or the two before the channels (last)
+
+
+def _resized_axes(rank: int, layout: str) -> tuple[int, int]:
+    return (rank - 2, rank - 1) if layout == "NCHW" else (rank - 3, rank - 2)
+
+
 def _infer_resize(in_types, attrs):
     (x,) = in_types
-    if x.rank < 2:
-        raise ValueError(f"x: expected rank >= 2 (the last two axes are resized), got rank {x.rank}")
+    least = 2 if attrs["layout"] == "NCHW" else 3
+    if x.rank < least:
+        raise ValueError(f"x: expected rank >= {least} (layout {attrs['layout']} resizes axes "
+                         f"{'-2 and -1' if least == 2 else '-3 and -2'}), got rank {x.rank}")
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"x: expected a float dtype, got {x.dtype}")
-    _concrete(TensorType(x.shape[-2:], x.dtype), "x (its last two axes)")
-    return [TensorType(tuple(x.shape[:-2]) + tuple(attrs["size"]), x.dtype)]
+    first, second = _resized_axes(x.rank, attrs["layout"])
+    _concrete(TensorType((x.shape[first], x.shape[second]), x.dtype), "x (its resized axes)")
+    shape = list(x.shape)
+    shape[first], shape[second] = attrs["size"]
+    return [TensorType(tuple(shape), x.dtype)]
 
 
 def _resize_scales(in_shape, size, scales):
@@ -759,9 +772,13 @@ def _nearest(coordinate, mode, length):
 
 
 def reference_resize(x, size, mode="nearest", coordinates="half_pixel", nearest_mode="round_prefer_floor",
-                     scales=None) -> np.ndarray:
-    """ONNX Resize of the last two axes in float64 (linear: the edge beyond the input, as ONNX's reference)."""
+                     scales=None, layout="NCHW") -> np.ndarray:
+    """ONNX Resize of the last two axes (NHWC: the two before the last) in float64 (linear: the edge beyond the
+    input, as ONNX's reference)."""
     x = _layout.exact(x)
+    if layout == "NHWC":
+        resized = reference_resize(np.moveaxis(x, -1, -3), size, mode, coordinates, nearest_mode, scales)
+        return np.moveaxis(resized, -3, -1)
     in_shape = x.shape[-2:]
     scale = _resize_scales(in_shape, size, scales)
     y = x
@@ -783,10 +800,12 @@ def _prepare_resize(problem: Problem):
     x, y = problem.in_types[0], problem.out_types[0]
     attrs = problem.attrs
     shape = _concrete(x, "x")
-    planes = int(np.prod(shape[:-2], dtype=np.int64))
-    scale_h, scale_w = _resize_scales(shape[-2:], attrs["size"], attrs["scales"])
-    return native_launch(_native_module().resize, in_ptr(0), out_ptr(0), planes, shape[-2], shape[-1],
-                         attrs["size"][0], attrs["size"][1], scale_h, scale_w,
+    first, second = _resized_axes(len(shape), attrs["layout"])
+    planes = int(np.prod(shape[:first], dtype=np.int64))
+    channels = 1 if attrs["layout"] == "NCHW" else shape[-1]
+    scale_h, scale_w = _resize_scales((shape[first], shape[second]), attrs["size"], attrs["scales"])
+    return native_launch(_native_module().resize, in_ptr(0), out_ptr(0), planes, shape[first], shape[second],
+                         attrs["size"][0], attrs["size"][1], channels, scale_h, scale_w,
                          COORDINATES.index(attrs["coordinates"]), attrs["mode"] == "linear",
                          NEAREST_MODES.index(attrs["nearest_mode"]), x.dtype, stream_arg())
 
@@ -801,13 +820,15 @@ RESIZE = _register(OpDef(
            Attr("coordinates", str, "half_pixel", choices=COORDINATES, doc="ONNX coordinate_transformation_mode"),
            Attr("nearest_mode", str, "round_prefer_floor", choices=NEAREST_MODES),
            Attr("scales", tuple, None, check=_scales_check,
-                doc="the scales the coordinates use (ONNX's scales input); default size / input size")),
+                doc="the scales the coordinates use (ONNX's scales input); default size / input size"),
+           Attr("layout", str, "NCHW", choices=RESIZE_LAYOUTS,
+                doc="NCHW: the last two axes are resized; NHWC: the two before the last (channels-last)")),
     infer=_infer_resize,
     reference=lambda inputs, attrs: [reference_resize(inputs[0], attrs["size"], attrs["mode"], attrs["coordinates"],
-                                                      attrs["nearest_mode"], attrs["scales"])],
+                                                      attrs["nearest_mode"], attrs["scales"], attrs["layout"])],
     candidates=_candidate("resize", _prepare_resize),
-    doc="resize(x, size, mode='nearest', coordinates='half_pixel', nearest_mode='round_prefer_floor', scales=None): "
-        "ONNX Resize / F.interpolate of the last two axes.",
+    doc="resize(x, size, mode='nearest', coordinates='half_pixel', nearest_mode='round_prefer_floor', scales=None, "
+        "layout='NCHW'): ONNX Resize / F.interpolate of the last two axes (NHWC: of the two before the channels).",
 ))
 
 

@@ -13,8 +13,10 @@ no measurement has shown NHWC faster there, so an NCHW float32 graph, as every e
    binary op whose operands are transposed alike, broadcasting included, or whose other operand's transpose costs
    nothing: a parameter, folded by constant folding, or a value the graph already transposes), concat (on the
    permuted axis) and reductions (``sum``/``mean``/``max`` over the permuted axes: an exported global average pool,
-   EfficientNet's squeeze-and-excitation ReduceMean, reads the NHWC activation instead of a transposed copy). A transpose back then meets the next node's transpose in, and the pair merges into the identity and
-   drops.
+   EfficientNet's squeeze-and-excitation ReduceMean, reads the NHWC activation instead of a transposed copy) and
+   resize (``resize(transpose(x))`` resizes x's H and W in its own layout: a segmentation head's or a U-Net's
+   upsampling stays channels-last). A transpose back then meets the next node's transpose in, and the pair merges
+   into the identity and drops.
 3. A transpose that only moves size-1 dims (a pooled [N, 1, 1, C] back to [N, C, 1, 1]) is a reshape, a view.
 4. A 16-bit NHWC conv whose input channels are not a multiple of 8 (a network's first conv, on RGB) reads its input
    and weights zero-padded to the next multiple, so that its epilogue fuses (``_pad_channels``).
@@ -148,6 +150,17 @@ def sink_through_reduction(graph: Graph, x: Value, t: Value, y: Value):
     return reduced if order == tuple(range(len(order))) else graph.transpose(reduced, perm=order)
 
 
+# resize(transpose(x, p)) = transpose(resize(x, layout of x), p) for p between NCHW and NHWC: the resize takes x's
+# spatial axes where x has them (the channels-last kernel when x is NHWC)
+def sink_through_resize(graph: Graph, x: Value, t: Value, y: Value):
+    attrs = y.producer.attrs
+    source_layout = {("NCHW", PERMS[("NHWC", "NCHW")]): "NHWC", ("NHWC", PERMS[("NCHW", "NHWC")]): "NCHW"}.get(
+        (attrs["layout"], _perm(t)))
+    if source_layout is None or x.type.rank != 4:
+        return None
+    return graph.transpose(graph.resize(x, **{**attrs, "layout": source_layout}), perm=_perm(t))
+
+
 # transpose(x, p) that keeps the order of the dims larger than 1 = reshape(x): a view, no copy
 def unit_transpose_to_reshape(graph: Graph, x: Value, y: Value):
     if not x.type.is_concrete:
@@ -166,6 +179,7 @@ RULES: list[Rule] = [
          any_order=True), sink_past_operand),
     (Pat(REDUCTION_OPS, (Pat("transpose", (Pat(name="x"),), name="t", shared=True),), name="y"),
      sink_through_reduction),
+    (Pat("resize", (Pat("transpose", (Pat(name="x"),), name="t", shared=True),), name="y"), sink_through_resize),
     (Pat("transpose", (Pat(name="x"),), name="y"), drop_identity_transpose),
     (Pat("transpose", (Pat("transpose", name="inner", shared=True),), name="y"), merge_transposes),
 ]

@@ -7,7 +7,8 @@
 //   cumsum    inclusive or exclusive, forward or reverse, along one axis
 //   trilu     the lower or upper triangle (diagonal offset k) of the last two axes, zeros elsewhere
 //   arange    y[i] = start + i * delta
-//   resize    nearest / linear resampling of the last two axes with ONNX's coordinate transformations
+//   resize    nearest / linear resampling of the last two axes (or the two before a channels axis) with ONNX's
+//             coordinate transformations
 //   adaptive_avg_pool  the mean over PyTorch's adaptive windows of the last two axes
 // Data-movement kernels (axis_map, gather, trilu) work on element sizes (1, 2, 4, 8 bytes), so every dtype takes
 // them; the arithmetic ones dispatch on the dtype.
@@ -91,6 +92,7 @@ enum class Rounding : int { RoundPreferFloor = 0, RoundPreferCeil = 1, Floor = 2
 struct ResizeGeometry {
   int64_t planes = 0;  // product of the leading axes
   int64_t in_h = 0, in_w = 0, out_h = 0, out_w = 0;
+  int64_t channels = 1;  // the innermost axis, after the resized two (channels-last); 1: they are the last two
   double scale_h = 1.0, scale_w = 1.0;
   Coordinates coordinates = Coordinates::HalfPixel;
   bool linear = false;  // bilinear; else nearest

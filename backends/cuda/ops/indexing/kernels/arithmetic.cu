@@ -112,17 +112,21 @@ __device__ __forceinline__ int64_t nearest_index(double coordinate, Rounding rou
 template <typename T>
 __global__ void __launch_bounds__(kThreads) resize_kernel(const T* __restrict__ x, T* __restrict__ y,
                                                           ResizeGeometry g, int64_t count) {
+  // [planes, h, w, channels]: consecutive threads take consecutive channels of one pixel (channels-last reads and
+  // writes stay coalesced); channels = 1 is the planar [planes, h, w]
   for (int64_t linear = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; linear < count;
        linear += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const int64_t column = linear % g.out_w;
-    const int64_t row = (linear / g.out_w) % g.out_h;
-    const T* plane = x + (linear / (g.out_w * g.out_h)) * g.in_h * g.in_w;
+    const int64_t channel = linear % g.channels;
+    const int64_t pixel = linear / g.channels;
+    const int64_t column = pixel % g.out_w;
+    const int64_t row = (pixel / g.out_w) % g.out_h;
+    const T* plane = x + (pixel / (g.out_w * g.out_h)) * g.in_h * g.in_w * g.channels + channel;
     const double source_row = original_coordinate(row, g.scale_h, g.in_h, g.coordinates);
     const double source_column = original_coordinate(column, g.scale_w, g.in_w, g.coordinates);
     if (!g.linear) {
       const int64_t r = nearest_index(source_row, g.rounding, g.in_h);
       const int64_t c = nearest_index(source_column, g.rounding, g.in_w);
-      y[linear] = plane[r * g.in_w + c];
+      y[linear] = plane[(r * g.in_w + c) * g.channels];
       continue;
     }
     // Coordinates outside the input take the edge (ONNX's reference pads with edge values; PyTorch clamps).
@@ -132,8 +136,9 @@ __global__ void __launch_bounds__(kThreads) resize_kernel(const T* __restrict__ 
     const int64_t r1 = r0 + 1 < g.in_h ? r0 + 1 : r0, c1 = c0 + 1 < g.in_w ? c0 + 1 : c0;
     const float wr = static_cast<float>(r - static_cast<double>(r0));
     const float wc = static_cast<float>(c - static_cast<double>(c0));
-    const float top = to_float(plane[r0 * g.in_w + c0]) * (1.0f - wc) + to_float(plane[r0 * g.in_w + c1]) * wc;
-    const float bottom = to_float(plane[r1 * g.in_w + c0]) * (1.0f - wc) + to_float(plane[r1 * g.in_w + c1]) * wc;
+    const auto at = [&](int64_t i, int64_t j) { return to_float(plane[(i * g.in_w + j) * g.channels]); };
+    const float top = at(r0, c0) * (1.0f - wc) + at(r0, c1) * wc;
+    const float bottom = at(r1, c0) * (1.0f - wc) + at(r1, c1) * wc;
     y[linear] = from_float<T>(top * (1.0f - wr) + bottom * wr);
   }
 }
@@ -212,7 +217,7 @@ void arange(void* y, int64_t count, double start, double delta, DType dtype, cud
 }
 
 void resize(const void* x, void* y, const ResizeGeometry& geometry, DType dtype, cudaStream_t stream) {
-  const int64_t count = geometry.planes * geometry.out_h * geometry.out_w;
+  const int64_t count = geometry.planes * geometry.out_h * geometry.out_w * geometry.channels;
   if (count == 0) return;
   check_pointer(x, "x");
   check_pointer(y, "y");

@@ -13,25 +13,26 @@ namespace {
 
 
 // The input index along one axis, or -1 where the output element is the fill value.
-__device__ __forceinline__ int64_t map_index(int64_t o, int mode, int64_t n, int64_t p) {
+template <typename Index>
+__device__ __forceinline__ Index map_index(Index o, int mode, Index n, Index p) {
   switch (static_cast<AxisMode>(mode)) {
     case AxisMode::Offset: {
-      const int64_t i = o - p;
+      const Index i = o - p;
       return (i >= 0 && i < n) ? i : -1;
     }
     case AxisMode::Reflect: {
       if (n == 1) return 0;
-      const int64_t period = 2 * (n - 1);
-      int64_t i = (o - p) % period;
+      const Index period = 2 * (n - 1);
+      Index i = (o - p) % period;
       if (i < 0) i += period;
       return i < n ? i : period - i;
     }
     case AxisMode::Edge: {
-      const int64_t i = o - p;
+      const Index i = o - p;
       return i < 0 ? 0 : (i >= n ? n - 1 : i);
     }
     case AxisMode::Wrap: {
-      int64_t i = (o - p) % n;
+      Index i = (o - p) % n;
       return i < 0 ? i + n : i;
     }
     case AxisMode::Divide:
@@ -42,20 +43,24 @@ __device__ __forceinline__ int64_t map_index(int64_t o, int mode, int64_t n, int
   return -1;
 }
 
-template <typename T>
+// Index: int32_t when x and y have fewer than 2^31 elements (32-bit division is several times cheaper than 64-bit,
+// and the coordinate split is most of this kernel's work), else int64_t.
+template <typename T, typename Index>
 __global__ void __launch_bounds__(kThreads) axis_map_kernel(const T* __restrict__ x, T* __restrict__ y, AxisMap map,
                                                             int64_t count, T fill) {
   for (int64_t linear = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; linear < count;
        linear += static_cast<int64_t>(gridDim.x) * kThreads) {
-    int64_t rest = linear, offset = 0, stride = 1;
+    Index rest = static_cast<Index>(linear), offset = 0, stride = 1;
     bool inside = true;
     for (int axis = map.rank - 1; axis >= 0; --axis) {
-      const int64_t o = rest % map.y_shape[axis];
-      rest /= map.y_shape[axis];
-      const int64_t i = map_index(o, map.modes[axis], map.x_shape[axis], map.params[axis]);
+      const Index extent = static_cast<Index>(map.y_shape[axis]);
+      const Index o = rest % extent;
+      rest /= extent;
+      const Index i = map_index<Index>(o, map.modes[axis], static_cast<Index>(map.x_shape[axis]),
+                                       static_cast<Index>(map.params[axis]));
       inside = inside && i >= 0;
       offset += i * stride;
-      stride *= map.x_shape[axis];
+      stride *= static_cast<Index>(map.x_shape[axis]);
     }
     y[linear] = inside ? x[offset] : fill;
   }
@@ -186,18 +191,52 @@ bool leading_rows_moved(const void* x, void* y, const AxisMap& map, int element_
   return true;
 }
 
+// The map with neighbouring axes that both copy x unchanged (offset 0, equal extents) merged into one: a channel pad
+// of [N, H, W, 3] to [N, H, W, 8] is [N * H * W, 3] to [N * H * W, 8], one coordinate split instead of four.
+AxisMap merge_identity_axes(const AxisMap& map) {
+  const auto identity = [&](int axis) {
+    return static_cast<AxisMode>(map.modes[axis]) == AxisMode::Offset && map.params[axis] == 0 &&
+           map.x_shape[axis] == map.y_shape[axis];
+  };
+  AxisMap merged;
+  for (int axis = 0; axis < map.rank; ++axis) {
+    if (merged.rank > 0 && identity(axis) && identity(axis - 1)) {
+      merged.x_shape[merged.rank - 1] *= map.x_shape[axis];
+      merged.y_shape[merged.rank - 1] *= map.y_shape[axis];
+      continue;
+    }
+    merged.x_shape[merged.rank] = map.x_shape[axis];
+    merged.y_shape[merged.rank] = map.y_shape[axis];
+    merged.modes[merged.rank] = map.modes[axis];
+    merged.params[merged.rank] = map.params[axis];
+    ++merged.rank;
+  }
+  return merged;
+}
+
 }  // namespace
 
 void axis_map(const void* x, void* y, const AxisMap& map, int element_bytes, uint64_t fill_bits,
               cudaStream_t stream) {
   const int64_t count = product(map.y_shape, map.rank);
   if (count == 0) return;
-  if (product(map.x_shape, map.rank) > 0) check_pointer(x, "x");  // an empty x padded with the constant reads none
+  const int64_t x_count = product(map.x_shape, map.rank);
+  if (x_count > 0) check_pointer(x, "x");  // an empty x padded with the constant reads none
   check_pointer(y, "y");
   if (leading_rows_moved(x, y, map, element_bytes, fill_bits, stream)) return;
+  const AxisMap merged = merge_identity_axes(map);
+  const bool narrow = count < (int64_t(1) << 31) && x_count < (int64_t(1) << 31);
   GE2_DISPATCH_ELEMENT_SIZE(element_bytes, {
-    axis_map_kernel<storage_t><<<grid_blocks(count), kThreads, 0, stream>>>(
-        static_cast<const storage_t*>(x), static_cast<storage_t*>(y), map, count, static_cast<storage_t>(fill_bits));
+    const auto* source = static_cast<const storage_t*>(x);
+    auto* target = static_cast<storage_t*>(y);
+    const auto fill = static_cast<storage_t>(fill_bits);
+    if (narrow) {
+      axis_map_kernel<storage_t, int32_t><<<grid_blocks(count), kThreads, 0, stream>>>(source, target, merged, count,
+                                                                                      fill);
+    } else {
+      axis_map_kernel<storage_t, int64_t><<<grid_blocks(count), kThreads, 0, stream>>>(source, target, merged, count,
+                                                                                      fill);
+    }
     GE2_CHECK_LAUNCH("indexing axis_map_kernel");
   });
 }

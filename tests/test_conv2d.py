@@ -373,13 +373,18 @@ DEPTHWISE_CASES = [
     (2, 32, 14, 14, 32, 3, 3, 1, 1, 1, 32, "silu", True),  # EfficientNet's
     (1, 24, 15, 13, 24, 5, 5, 2, 2, 1, 24, "relu", False),  # 5x5 stride 2, odd sizes
     (2, 16, 9, 9, 16, 3, 3, (2, 1), (2, 0, 1, 2), (2, 1), 16, "gelu", True),  # uneven padding, dilation
+    (1, 12, 7, 7, 12, 3, 3, 1, 1, 1, 12, "none", True),  # channels not a multiple of 8: the scalar kernel in NHWC
+    # 33 channel vectors: two blocks of channels, the second one vector wide; 7x7 filters of 32 vectors would not
+    # fit 48 KB of shared memory, so a block takes 31
+    (1, 264, 9, 9, 264, 7, 7, 1, 3, 1, 264, "relu", True),
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-@pytest.mark.parametrize("case", DEPTHWISE_CASES, ids=["3x3", "efficientnet", "5x5_stride2", "uneven_dilated"])
+@pytest.mark.parametrize("case", DEPTHWISE_CASES, ids=["3x3", "efficientnet", "5x5_stride2", "uneven_dilated",
+                                                       "12_channels", "264_channels_7x7"])
 def test_depthwise_forward_matches_reference(rng, poisoned, to_device, case, layout, dtype):
     check_forward(rng, poisoned, to_device, case, layout, dtype, "depthwise")
 

@@ -209,7 +209,8 @@ def _patch_conv64(x, w, bias, layout):
     n, c, h, wd = x.shape
     o, _, kh, kw = w.shape
     patches = x.reshape(n, c, h // kh, kh, wd // kw, kw)
-    y = np.einsum("ncharb,ocab->nohr", patches, w) + (0 if bias is None else np.asarray(bias, np.float64)[:, None, None])
+    shift = 0 if bias is None else np.asarray(bias, np.float64)[:, None, None]
+    y = np.einsum("ncharb,ocab->nohr", patches, w) + shift
     return y.transpose(0, 2, 3, 1) if layout == "NHWC" else y
 
 
@@ -377,6 +378,47 @@ def test_pad_after_cast_leaves_widening_casts_shared_pads_and_unrepresentable_co
     g.output(g.cast(g.pad(w, pads=(0, 0, 2, 0), value=0.1), dtype="bfloat16"), "tenth")  # 0.1 is no bfloat16
     _, record = apply("pad_after_cast", g)
     assert not record.changed
+
+
+@pytest.mark.parametrize("trans_b, with_bias", [(False, True), (True, False)])
+def test_split_gemm_columns_computes_each_sliced_column_block_on_its_own(rng, trans_b, with_bias):
+    """GPT-2's fused QKV: gemm [B * S, 3E] viewed [B, S, 3E] and split in three slices of the last axis; and the
+    same product viewed [B, S, 3, E] (ViT's in_proj once its transposes are gone) sliced on the 3: one gemm per
+    slice, no slice copies, the same numbers."""
+    g = Graph("g")
+    x = g.input("x", (6, 8), "float32")
+    w = weights(g, rng, "w", (12, 8) if trans_b else (8, 12))
+    bias = g.param("b", random_array(rng, (12,), "float32")) if with_bias else None
+    flat = g.gemm(x, w, bias, trans_b=trans_b)
+    view = g.reshape(flat, shape=(2, 3, 12))
+    for index in range(3):
+        g.output(g.relu(g.slice(view, starts=(4 * index,), ends=(4 * index + 4,), axes=(2,))), f"part{index}")
+    heads = g.reshape(g.gemm(x, w, bias, trans_b=trans_b, name="second"), shape=(2, 3, 3, 4))
+    for index in range(3):
+        g.output(g.slice(heads, starts=(index,), ends=(index + 1,), axes=(-2,)), f"head{index}")
+    optimized, record = apply("split_gemm_columns", g)
+    # the slices left are of the parameters (folded as constants in the pipeline): w and the bias, per gemm
+    assert record.ops_after == {"gemm": 6, "slice": 12 if with_bias else 6, "reshape": 6, "relu": 3}
+    assert record.notes[0] == "gemm_0: read only in 3 column slices ([0:4], [4:8], [8:12]): one gemm each"
+    assert all(node.inputs[0].is_param for node in optimized.nodes if node.op == "slice")
+    assert_same_numerics(g, optimized, rng, reduction_length=8)
+
+
+def test_split_gemm_columns_leaves_products_read_whole_once_or_with_steps(rng):
+    g = Graph("g")
+    x = g.input("x", (6, 8), "float32")
+    read_whole = g.gemm(x, weights(g, rng, "w1", (8, 12)))
+    g.output(g.slice(read_whole, starts=(0,), ends=(4,), axes=(1,)), "a")
+    g.output(g.slice(read_whole, starts=(4,), ends=(8,), axes=(1,)), "b")
+    g.output(read_whole, "whole")
+    strided = g.gemm(x, weights(g, rng, "w2", (8, 12)))
+    g.output(g.slice(strided, starts=(0,), ends=(12,), axes=(1,), steps=(2,)), "c")
+    g.output(g.slice(strided, starts=(1,), ends=(12,), axes=(1,), steps=(2,)), "d")
+    rows = g.gemm(x, weights(g, rng, "w3", (8, 12)))
+    g.output(g.slice(rows, starts=(0,), ends=(3,), axes=(0,)), "e")
+    g.output(g.slice(rows, starts=(3,), ends=(6,), axes=(0,)), "f")
+    _, record = apply("split_gemm_columns", g)
+    assert record.notes == ()
 
 
 # --- fuse ---------------------------------------------------------------------------------------------------------

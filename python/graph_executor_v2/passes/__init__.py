@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .alignment import pad_gemm_columns
+from .alignment import pad_gemm_columns, split_gemm_columns
 from .attention_fusion import fuse_attention
 from .batch_norm_fold import fold_batch_norm
 from .canonicalize import canonicalize, lower_batched_matmuls
@@ -45,6 +45,8 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("pad_gemm_columns", pad_gemm_columns, "a 16-bit gemm of >= 1024 columns, not a multiple of 8, with a "
                                                "parameter weight computes them aligned (zero columns up to a "
                                                "multiple of 64) and slices the output back"),
+    Pass("split_gemm_columns", split_gemm_columns, "a gemm product (parameter weight) read only in column slices "
+                                                   "(a fused QKV's q, k, v) is one gemm per slice: no slice copies"),
     Pass("chain_activation_backward", chain_activation_backward,
          "apply an activation's backward inside the next gemm's dA (gemm_backward a_act)"),
     Pass("trim_gemm_backward", trim_gemm_backward, "do not compute gemm_backward outputs nothing reads"),
@@ -64,10 +66,12 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
 # the zero columns pad_gemm_columns adds to an unaligned weight). Attention fuses before canonicalization turns its
 # matmuls into gemms. Layouts are planned after batch norms fold into their convs and before epilogue fusion
 # (transposes sink through the activations and residual adds still apart), and the weights' transposes it leaves fold
-# as constants; the transposes left anywhere then move until they cancel (propagate_transposes). Pointwise fusion runs after the epilogue fusion, on what the epilogues did not absorb.
+# as constants; the transposes left anywhere then move until they cancel (propagate_transposes), after which a fused
+# QKV's product is read only in column slices and splits (split_gemm_columns; its weight slices fold as constants).
+# Pointwise fusion runs after the epilogue fusion, on what the epilogues did not absorb.
 DEFAULT_PIPELINE = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicalize", "pad_gemm_columns", "constant_fold",
-                    "fold_batch_norm", "plan_layouts", "propagate_transposes",
-                    "constant_fold", "fuse", "fuse_pointwise", "dce")
+                    "fold_batch_norm", "plan_layouts", "propagate_transposes", "split_gemm_columns", "constant_fold",
+                    "fuse", "fuse_pointwise", "dce")
 # Training: the forward is canonicalized and fused before autograd (no constant folding: parameters are trained),
 # the graph with gradients is then cleaned (batched matmuls of gradients lowered to gemms) and its backward fused.
 TRAINING_FORWARD = ("infer_shapes", "dce", "cse", "fuse_attention", "canonicalize", "pad_classes", "fuse_relu",
@@ -97,4 +101,4 @@ __all__ = ["DEFAULT_PIPELINE", "PASSES", "POLICY", "TRAINING_BACKWARD", "TRAININ
            "eliminate_common_subexpressions", "eliminate_dead_code", "fold_batch_norm", "fold_constants", "fuse",
            "fuse_attention", "fuse_loss_gradient", "fuse_pointwise", "fuse_pointwise_training", "fuse_relu",
            "infer_shapes", "join_slice_gradients", "lower_batched_matmuls", "pad_gemm_columns", "plan_layouts",
-           "propagate_transposes", "resolve", "rewrite", "trim_gemm_backward"]
+           "propagate_transposes", "resolve", "rewrite", "split_gemm_columns", "trim_gemm_backward"]

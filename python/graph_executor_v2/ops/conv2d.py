@@ -18,17 +18,20 @@ Kernel candidates (``kernels()``), best first:
    problem by ``prepare`` or the first call, timed on the first call (the fastest kept). Strict float32 leaves out TF32,
    FFT and Winograd engines. Built when CMake finds cuDNN and the frontend headers (the nvidia-cudnn-frontend package or
    GE2_CUDNN_FRONTEND_DIR; ``has_cudnn_graph()``); the epilogue fused into the graph in float16/bfloat16 NHWC with
-   groups 1 and C, K multiples of 8 (cuDNN's runtime-fusion engines); elsewhere the graph writes the convolution in
-   float32 (16-bit: to a scratch buffer; float32: y itself) and GE2's epilogue kernel finishes y, rounded once;
-   backward act none. Where cuDNN has no engine for a problem, preparing it raises and ``auto`` takes the next
-   candidate.
+   each group's C and K multiples of 8 (cuDNN's runtime-fusion engines; groups 1 or a ResNeXt-style grouped
+   convolution); elsewhere the graph writes the convolution in float32 (16-bit: to a scratch buffer; float32: y
+   itself) and GE2's epilogue kernel finishes y, rounded once, except a grouped 16-bit one (depthwise included), for
+   which cuDNN has no engine writing float32 (declined up front: searching its fallback list took seconds a
+   problem); backward act none. Where cuDNN has no engine for a problem, preparing it raises and ``auto`` takes the
+   next candidate.
 2. ``implicit_gemm``: GE2's own implicit GEMM on tensor cores (no im2col buffer): x gathered on the fly by 16-byte
    cp.async, a 4-stage shared-memory pipeline, ldmatrix + mma.sync m16n8k16, float32 accumulation, bias, residual and
    activation fused into the epilogue. Forward only, NHWC, float16/bfloat16, groups 1, C % 8 == 0 (x and w 16-byte
    aligned). Backward runs on ``cudnn_graph``, ``cudnn`` or ``im2col_gemm``.
 3. ``depthwise``: GE2's direct depthwise convolution (groups == C == K), forward only, any layout and float dtype: a
    thread per output accumulates its channel's R x S taps in float32 and applies the fused epilogue before y is
-   rounded once. The 16-bit depthwise convolutions with an epilogue (EfficientNet's, MobileNet's) have no cuDNN
+   rounded once (16-bit NHWC with C a multiple of 8: a thread per 8 channels of a pixel, 16-byte loads, the filters
+   in shared memory). The 16-bit depthwise convolutions with an epilogue (EfficientNet's, MobileNet's) have no cuDNN
    runtime-fusion engine and must not round before the epilogue, so only im2col_gemm ran them before (21.4 of
    EfficientNet-B0's 22.7 ms on the H200).
 4. ``cudnn``: cuDNN's legacy C API (cudnnConvolutionForward / BackwardData / BackwardFilter; dbias by GE2's

@@ -135,13 +135,14 @@ struct Problem {
 };
 
 // The forward problem of a convolution with `epilogue`, split between the cuDNN graph and GE2's epilogue kernel:
-// - float16/bfloat16 where cuDNN's runtime-fusion engines run (NHWC, groups 1, C and K multiples of 8): the whole
-//   epilogue as the graph's pointwise nodes (float32 intermediates, y rounded once);
-// - float16/bfloat16 elsewhere (NCHW, grouped or depthwise, odd channels): the graph writes the convolution in
-//   float32 to a scratch buffer and GE2's epilogue kernel rounds y once from it;
+// - float16/bfloat16 where cuDNN's runtime-fusion engines run (NHWC, each group's C and K multiples of 8: groups 1
+//   or a ResNeXt-style grouped convolution): the whole epilogue as the graph's pointwise nodes (float32
+//   intermediates, y rounded once);
+// - float16/bfloat16 elsewhere (NCHW, depthwise, odd channels): the graph writes the convolution in float32 to a
+//   scratch buffer and GE2's epilogue kernel rounds y once from it;
 // - float32: the graph writes y, GE2's epilogue kernel finishes it in place (float32 is the epilogue's precision).
 bool runtime_fusable(const Shape& s) {
-  return s.layout == Layout::NHWC && s.groups == 1 && s.c % 8 == 0 && s.k % 8 == 0;
+  return s.layout == Layout::NHWC && (s.c / s.groups) % 8 == 0 && (s.k / s.groups) % 8 == 0;
 }
 
 Problem forward_problem(const Shape& s, const Epilogue& epilogue, float slope, bool allow_tf32) {
@@ -288,6 +289,13 @@ std::string cudnn_graph_unsupported_reason(const Shape& s, const Epilogue& epilo
     // Outside cuDNN's runtime fusion the graph writes float32 and a second kernel finishes y; GE2's implicit GEMM
     // fuses the epilogue in one.
     return "implicit_gemm fuses this epilogue in one kernel (cuDNN's runtime fusion needs C and K multiples of 8)";
+  }
+  if (!backward && epilogue.any() && forward_problem(s, epilogue, 0.0f, false).float_output && s.groups > 1) {
+    // cuDNN answers INVALID_DATA_CONFIG for every engine (EfficientNet-B0's 16 depthwise convolutions on the H200),
+    // after building and trying its whole fallback list: 74 of the cold plan build's 75 s (GPU call 1, session 31)
+    return "cuDNN has no engine for a grouped 16-bit convolution writing float32 (an invalid data config outside "
+           "its runtime fusion, which needs each group's C and K multiples of 8): depthwise runs on depthwise, the "
+           "rest on im2col_gemm";
   }
   if (backward && (trailing_padding(s.h, s.pad_top, s.p, s.stride_h, s.dilation_h, s.r) != s.pad_top ||
                    trailing_padding(s.w, s.pad_left, s.q, s.stride_w, s.dilation_w, s.s) != s.pad_left)) {

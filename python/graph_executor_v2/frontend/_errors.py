@@ -19,9 +19,12 @@ class Unsupported(Exception):
 
 
 class NeedsConstant(Unsupported):
-    """A rule needs the value of a graph input (a shape, axes, starts ...) when the graph is built."""
+    """A rule needs the value of graph inputs (a shape, axes, starts ...) when the graph is built: the value is one of
+    them, or is computed from them by nodes that fold once they are constants."""
 
-    def __init__(self, input_name: str, what: str):
-        super().__init__(f"{what} comes from graph input '{input_name}'; GE2 plans shapes when it compiles: "
-                         f"pass its value in constant_inputs={{'{input_name}': ...}}")
-        self.input_name = input_name
+    def __init__(self, input_names, what: str):
+        self.input_names = frozenset(input_names)
+        names = ", ".join(f"'{name}'" for name in sorted(self.input_names))
+        given = ", ".join(f"'{name}': ..." for name in sorted(self.input_names))
+        super().__init__(f"{what} comes from graph input(s) {names}; GE2 plans shapes when it compiles: pass their "
+                         f"values in constant_inputs={{{given}}}")

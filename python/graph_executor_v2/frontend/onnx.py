@@ -30,6 +30,7 @@ from .._optional import require
 from ..dtypes import ALL_DTYPES, FLOAT_DTYPES
 from ..ir import dims
 from ..ir.graph import Graph, Value
+from ..ops.elementwise import broadcast_shapes
 from ..ops.indexing import COORDINATES as RESIZE_COORDINATES, reference_gather_elements
 from ..passes.attention_fusion import fuse_imported_attention
 from ._arange import symbolic_range, symbolic_scalar
@@ -64,6 +65,9 @@ class _Context:
         self.values: dict[str, Value] = {}
         self.constants: dict[str, np.ndarray] = {}
         self.failed: set[str] = set()  # outputs of nodes that could not be imported
+        # ONNX name -> the integer graph inputs it is computed from by nodes that fold once those are constants (a
+        # window's size through Cast and Sub, a crop's shape through Max and Sub): what to bind where a rule needs it
+        self.derived: dict[str, frozenset] = {}
         self.node_outputs: list[str] = []  # the output names of the node being translated ("" for an absent one)
 
     def wants(self, index: int) -> bool:
@@ -88,6 +92,8 @@ class _Context:
             value = self.graph.param(_fresh_name(self.graph, name), np.ascontiguousarray(array).reshape(array.shape))
             self.values[name] = value
             return value
+        if name in self.derived:
+            raise _NotImported(name)
         raise Unsupported(f"input '{name}' is not produced by any node, input or initializer")
 
     def shape(self, name: str) -> tuple:
@@ -101,9 +107,15 @@ class _Context:
         if name in self.constants:
             return self.constants[name]
         if name in self.values and self.values[name].is_input:
-            raise NeedsConstant(name, what)
+            raise NeedsConstant({name}, what)
+        if name in self.derived:
+            raise NeedsConstant(self.derived[name], what)
         raise Unsupported(f"{what} ('{name}') must be a constant (an initializer, a Constant node or a graph input "
                           "given in constant_inputs); GE2 plans shapes when it compiles")
+
+
+class _NotImported(Unsupported):
+    """A value computed from graph inputs whose producer failed (listed already) is used as a tensor."""
 
 
 def _symbolic_tensor(ctx: _Context, name: str, array: np.ndarray) -> Value:
@@ -624,7 +636,17 @@ def _expand(ctx, inputs, attrs):
 
 @rule("Where")
 def _where(ctx, inputs, attrs):
+    """A select; one whose condition is a constant of one truth value is the branch it picks, where that branch has
+    the result's shape (ONNX's expanded Attention zeroes the rows its mask leaves empty: none, for a causal mask over
+    at least as many keys as queries)."""
     _only(attrs, {})
+    truth = np.asarray(ctx.constants.get(inputs[0], np.zeros(0, bool)))
+    if truth.dtype == bool and truth.size:
+        if truth.all() or not truth.any():
+            picked, other = (inputs[1], inputs[2]) if truth.all() else (inputs[2], inputs[1])
+            result = broadcast_shapes(broadcast_shapes(truth.shape, ctx.shape(other)), ctx.shape(picked))
+            if tuple(result) == tuple(ctx.shape(picked)):
+                return [ctx.value(picked)]
     return [ctx.graph.where(*(ctx.value(name) for name in inputs[:3]))]
 
 
@@ -766,21 +788,39 @@ def _pool(ctx, inputs, attrs, op: str):
     allowed = {"auto_pad": _ANY, "ceil_mode": _ANY, "dilations": _ANY, "kernel_shape": _ANY, "pads": _ANY,
                "strides": _ANY}
     if op == "max_pool2d":
-        allowed["storage_order"] = lambda v: v == 0
+        allowed["storage_order"] = lambda v: v in (0, 1)
     else:
         allowed["count_include_pad"] = _ANY
     _only(attrs, allowed)
-    if op == "max_pool2d" and ctx.wants(1):
-        raise Unsupported("the Indices output (GE2's max_pool2d indexes within each plane, ONNX across the tensor)")
     g = ctx.graph
     x = ctx.value(inputs[0])
+    with_indices = op == "max_pool2d" and ctx.wants(1)
     if op == "max_pool2d" and x.type.dtype == "uint8":  # pooled in float32, which holds every uint8 exactly
-        return [g.cast(_pooled(g, g.cast(x, dtype="float32"), attrs, op), dtype="uint8")]
-    return [_pooled(g, _float_input(x, "input X"), attrs, op)]
+        pooled = _pooled(g, g.cast(x, dtype="float32"), attrs, op, with_indices)
+        pooled = (g.cast(pooled[0], dtype="uint8"), *pooled[1:]) if with_indices else g.cast(pooled, dtype="uint8")
+    else:
+        pooled = _pooled(g, _float_input(x, "input X"), attrs, op, with_indices)
+    return list(pooled) if with_indices else [pooled]
 
 
-def _pooled(g: Graph, x: Value, attrs, op: str) -> Value:
-    """``_pool``'s result for a float ``x``."""
+def _tensor_indices(g: Graph, plane_indices: Value, plane_shape: tuple, storage_order: int) -> Value:
+    """ONNX MaxPool's Indices from GE2's argmax within each plane (int32 ``h * W + w`` of a [N, C, H, W] input):
+    int64 positions in the whole tensor, row-major (``storage_order`` 0: ``((n * C + c) * H + h) * W + w``) or with
+    each plane column-major (1: ``(n * C + c) * H * W + w * H + h``)."""
+    batch, channels, height, width = plane_shape
+    if not isinstance(batch, int) or not isinstance(channels, int):
+        raise Unsupported(f"the Indices output with a symbolic batch or channel count ({batch}, {channels})")
+    plane = g.cast(plane_indices, dtype="int64")
+    if storage_order == 1:
+        row = g.div(plane, g.param(_fresh_name(g, "pool_width"), np.array(width, np.int64)))
+        column = g.sub(plane, g.mul(row, g.param(_fresh_name(g, "pool_width"), np.array(width, np.int64))))
+        plane = g.add(g.mul(column, g.param(_fresh_name(g, "pool_height"), np.array(height, np.int64))), row)
+    offsets = (np.arange(batch * channels, dtype=np.int64) * height * width).reshape(batch, channels, 1, 1)
+    return g.add(plane, g.param(_fresh_name(g, "pool_plane_offsets"), offsets))
+
+
+def _pooled(g: Graph, x: Value, attrs, op: str, with_indices: bool = False):
+    """``_pool``'s result for a float ``x``; with ``with_indices`` (max pooling), (the result, ONNX's Indices)."""
     if x.type.rank not in (3, 4, 5):
         raise Unsupported(f"{op} of a rank-{x.type.rank} input (GE2 pools 1-d, 2-d and 3-d windows)")
     kernel, strides, dilations, begin, end, outputs = _window_geometry(x, attrs, op)
@@ -795,12 +835,20 @@ def _pooled(g: Graph, x: Value, attrs, op: str) -> Value:
             begin = (0, *begin)
         window = dict(kernel_size=kernel, stride=strides, padding=begin, ceil_mode=bool(attrs.get("ceil_mode", 0)))
         if op == "max_pool2d":
-            y = g.max_pool2d(x4, dilation=dilations, **window)[0]
+            y, plane_indices = g.max_pool2d(x4, dilation=dilations, **window)
         else:
             y = g.avg_pool2d(x4, count_include_pad=include_pad, **window)
         if tuple(y.type.shape[2:]) != ((1,) if one_d else ()) + outputs:
             raise Unsupported(f"{op} gives {y.type.shape[2:]} outputs where ONNX's rule gives {outputs}")
-        return g.reshape(y, shape=(*y.type.shape[:2], y.type.shape[3])) if one_d else y
+        results = [y]
+        if with_indices:
+            results.append(_tensor_indices(g, plane_indices, tuple(x4.type.shape), int(attrs.get("storage_order", 0))))
+        if one_d:
+            results = [g.reshape(r, shape=(*r.type.shape[:2], r.type.shape[3])) for r in results]
+        return tuple(results) if with_indices else results[0]
+    if with_indices:
+        raise Unsupported("the Indices output of a window GE2 pools one axis at a time (3-d, asymmetric or large "
+                          "pads)")
     y = x
     for axis in range(len(kernel)):
         y = _pool_axis(g, y, 2 + axis, kernel[axis], strides[axis], dilations[axis], begin[axis], end[axis],
@@ -1046,13 +1094,23 @@ def _attention_lowered(ctx, q, k, v, optional, lengths, causal, scale, softcap, 
     output = {0: scores, 1: scores, 2: with_bias, 3: probabilities}[mode]
     return batched_matmul(g, probabilities, v), present_key, present_value, output
 
+
+ONNX_DOUBLE = 11  # TensorProto.DOUBLE
+
+
 @rule("Cast")
 def _cast(ctx, inputs, attrs):
+    """A cast; one of a float tensor to float64 (an expanded function's wider softmax or log-sum-exp) computes in
+    float32: GE2 has no float64, and its Attention computes softmax_precision=double in float32 as well. A float64
+    value must not reach a graph output (``load`` refuses one)."""
     _only(attrs, {"to": _ANY, "saturate": _ANY, "round_mode": _ANY})
+    x = ctx.value(inputs[0])
+    if int(attrs["to"]) == ONNX_DOUBLE and x.type.dtype in FLOAT_DTYPES:
+        return [_cast_to(ctx, x, "float32")]
     target = _dtype_names().get(int(attrs["to"]))
     if target is None:
         raise Unsupported(f"cast to ONNX element type {attrs['to']}")
-    return [_cast_to(ctx, ctx.value(inputs[0]), target)]
+    return [_cast_to(ctx, x, target)]
 
 
 @rule("CastLike")
@@ -1289,9 +1347,22 @@ _NOT_FOLDED = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUnifo
 def _foldable(ctx: _Context, node) -> bool:
     """Whether every input of ``node`` is a known constant (and its result is deterministic, with no subgraph)."""
     inputs = [name for name in node.input if name]
-    return (bool(inputs) and all(name in ctx.constants for name in inputs) and node.op_type not in _NOT_FOLDED
-            and not any(a.type in (_onnx().AttributeProto.GRAPH, _onnx().AttributeProto.GRAPHS)
-                        for a in node.attribute))
+    return bool(inputs) and all(name in ctx.constants for name in inputs) and _folds(node)
+
+
+def _folds(node) -> bool:
+    """Whether ``node`` folds when its inputs are constants: deterministic, with no subgraph."""
+    return node.op_type not in _NOT_FOLDED and not any(
+        a.type in (_onnx().AttributeProto.GRAPH, _onnx().AttributeProto.GRAPHS) for a in node.attribute)
+
+
+def _derived_from(ctx: _Context, node) -> frozenset:
+    """The integer graph inputs the outputs of ``node`` are computed from, where it folds once they are constants
+    (every input a constant or derived from them, at least one derived); empty otherwise."""
+    inputs = [name for name in node.input if name]
+    if not inputs or not _folds(node) or not all(name in ctx.constants or name in ctx.derived for name in inputs):
+        return frozenset()
+    return frozenset().union(*(ctx.derived.get(name, frozenset()) for name in inputs))
 
 
 def _is_symbolic(array) -> bool:
@@ -1556,6 +1627,8 @@ def load(model, input_shapes: dict | None = None, constant_inputs: dict | None =
             ctx.failed.add(info.name)
             continue
         ctx.values[info.name] = graph.input(_fresh_name(graph, info.name), shape, dtype)
+        if dtype in ("int32", "int64"):  # sizes and shapes come as integers
+            ctx.derived[info.name] = frozenset({info.name})
     if overrides:
         raise ValueError(f"input_shapes: unknown input(s) {sorted(overrides)}")
 
@@ -1567,6 +1640,8 @@ def load(model, input_shapes: dict | None = None, constant_inputs: dict | None =
                 problems.append((node_name, node.op_type, "op type not supported by GE2"))
             ctx.failed.update(node.output)  # its cause is already listed
             continue
+        derived = _derived_from(ctx, node) if standard else frozenset()
+        ctx.derived.update((name, derived) for name in node.output if name and derived)
         try:
             if node.op_type == "Constant" and standard:
                 ctx.constants[node.output[0]] = _constant_value(_attributes(node))
@@ -1587,14 +1662,21 @@ def load(model, input_shapes: dict | None = None, constant_inputs: dict | None =
                     ctx.constants[onnx_name] = value
                 elif onnx_name:
                     ctx.values[onnx_name] = value
+        except _NotImported:  # the producer's failure is listed; derived outputs stay derived, so that a rule
+            ctx.failed.update(name for name in node.output if name not in ctx.derived)  # needing one names the inputs
         except Unsupported as reason:
             problems.append((node_name, node.op_type, str(reason)))
-            ctx.failed.update(node.output)
+            ctx.failed.update(name for name in node.output if name not in ctx.derived)
             if isinstance(reason, NeedsConstant):
-                needs_constant.add(reason.input_name)
+                needs_constant |= reason.input_names
         except (ValueError, TypeError) as error:  # GE2's own inference rejected the node
             problems.append((node_name, node.op_type, str(error)))
-            ctx.failed.update(node.output)
+            ctx.failed.update(name for name in node.output if name not in ctx.derived)
+    for output in model.graph.output:
+        elem_type = output.type.tensor_type.elem_type
+        if output.name not in ctx.failed and elem_type and elem_type not in dtypes:
+            problems.append((output.name, "output", f"element type {elem_type} is not one GE2 produces (a float64 "
+                                                    "value computes in float32 inside the graph, never as an output)"))
     if problems:
         raise UnsupportedModelError(model_name, problems, frozenset(needs_constant))
     for output in model.graph.output:

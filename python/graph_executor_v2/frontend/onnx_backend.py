@@ -7,6 +7,7 @@ failure with its reason; ``python -m graph_executor_v2 onnx-conformance`` prints
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -117,11 +118,25 @@ class Ge2Backend(Backend):
 # ---------------------------------------------------------------------------------------------------------------
 # Conformance: the node tests of the op types GE2 claims.
 # ---------------------------------------------------------------------------------------------------------------
+# Node tests of claimed op types that GE2 does not claim, with the reason: what they check is outside any backend's
+# contract with the op, not a property of GE2's translation.
+NOT_CLAIMED = {
+    r"test_training_dropout(_default)?(_mask)?":
+        "training-mode Dropout with a ratio above 0: the expected outputs are NumPy's Mersenne Twister stream for "
+        "seed 0 (np.random.seed; uniform >= ratio), and ONNX leaves the random generator to the backend, so only "
+        "that generator reproduces them (GE2 imports models for inference and refuses the node; ratio 0, the "
+        "identity, is claimed and passes)",
+}
+
+
 def claimed_node_tests() -> list:
     """ONNX's node test cases that GE2 claims: every node of an op type ``load`` translates (``Constant``
     included) and every graph input and output of an element type GE2 has (float32, float16, bfloat16, int32, int64,
-    uint8, bool: a test of float64, int8 or float8 data is outside GE2's types, not a failure of its ops)."""
+    uint8, bool: a test of float64, int8 or float8 data is outside GE2's types, not a failure of its ops), except
+    those ``NOT_CLAIMED`` names."""
     from onnx.backend.test.loader import load_model_tests
+
+    not_claimed = re.compile("^(" + "|".join(NOT_CLAIMED) + ")$")
 
     claimed_ops = set(supported_op_types()) | {"Constant"}
     claimed_types = set(_dtype_names())
@@ -129,7 +144,7 @@ def claimed_node_tests() -> list:
     def claimed(case) -> bool:
         graph = case.model.graph
         tensors = list(graph.input) + list(graph.output)
-        return ({n.op_type for n in graph.node} <= claimed_ops
+        return ({n.op_type for n in graph.node} <= claimed_ops and not not_claimed.match(case.name)
                 and all(t.type.tensor_type.elem_type in claimed_types for t in tensors))
 
     return [case for case in load_model_tests(kind="node") if case.model is not None and claimed(case)]

@@ -382,6 +382,7 @@ def main(argv=None) -> int:
             emit(record)
             timers += [timer] if timer else []
     if timers and arguments.handshake:
+        torch.cuda.empty_cache()  # what the models do not hold goes back while the worker waits for its turn
         print(PREPARED, flush=True)
         if sys.stdin.readline().strip() != "time":
             return 0

@@ -245,3 +245,72 @@ def test_plan_layouts_keeps_an_upsampling_between_convs_channels_last(rng, conv2
     activation_transposes = [n for n in after.nodes if n.op == "transpose" and not n.inputs[0].is_param]
     assert len(activation_transposes) == 2, record.notes[-1]
     _same_results(g, after, {"x": random_array(rng, (2, 8, 5, 6), "float16")}, "float16", 144)
+
+
+# --- the float32 layout by measurement ----------------------------------------------------------------------------
+def _float32_conv_chain(rng, channels=8):
+    g = Graph("float32_convs")
+    x = g.input("x", (2, channels, 6, 6), "float32")
+    h = x
+    for index in range(2):
+        w = g.param(f"w{index}", random_array(rng, (channels, channels, 3, 3), "float32", 0.2))
+        h = g.relu(g.conv2d(h, w, None, stride=(1, 1), padding=(1, 1)))
+    g.output(h, "y")
+    return g
+
+
+@pytest.mark.parametrize("nhwc_ms, expected", [(0.5, "NHWC"), (0.99, "NCHW"), (RuntimeError("no plan"), "NCHW")])
+def test_plan_layouts_chooses_the_float32_layout_its_measurement_finds_faster(rng, conv2d, nhwc_ms, expected):
+    """An executor on CUDA passes ``measure``: the float32 convolutions take NHWC only when it is more than 3% faster
+    in sum (NCHW 1 ms each here); a timing that fails keeps NCHW. The note states both sums, or the failure."""
+    g = _float32_conv_chain(rng)
+    asked = []
+
+    def measure(node, layout):
+        asked.append((node.name, layout))
+        if isinstance(nhwc_ms, Exception) and layout == "NHWC":
+            raise nhwc_ms
+        return 1.0 if layout == "NCHW" else nhwc_ms
+
+    rewritten, records = PassManager([ge2.passes.Pass("plan_layouts", lambda graph: ge2.passes.plan_layouts(
+        graph, measure=measure))], verify_each=True).run(g)
+    assert {n.attrs["layout"] for n in _layout_nodes(rewritten)} == {expected}
+    assert {name for name, _ in asked} == {"conv2d_0", "conv2d_1"}
+    if isinstance(nhwc_ms, Exception):
+        assert records[0].notes[0] == "float32 layout: NCHW (timing it in NHWC failed: no plan)"
+    else:
+        assert records[0].notes[0] == (f"float32 layout by measurement: 2 convolution(s), NCHW 2.0000 ms, NHWC "
+                                       f"{2 * nhwc_ms:.4f} ms -> {expected}")
+    _same_results(g, rewritten, {"x": random_array(rng, (2, 8, 6, 6), "float32")}, "float32", 72)
+
+
+def test_the_layout_timer_plans_the_convolution_alone_in_the_asked_layout(rng, conv2d):
+    """The graph the timer plans: the node's conv2d with its operands as inputs, x, w and the residual permuted into
+    the asked layout (KRSC weights for NHWC), the bias as it is, every other attribute kept."""
+    from graph_executor_v2.runtime.layout_timing import _single_conv
+
+    g = Graph("g")
+    x = g.input("x", (2, 4, 7, 5), "float16")
+    w = g.param("w", random_array(rng, (6, 4, 3, 3), "float16"))
+    bias = g.param("b", random_array(rng, (6,), "float16"))
+    y = g.conv2d(x, w, bias, stride=(2, 1), padding=(1, 1), act="relu")
+    alone = _single_conv(y.producer, "NHWC")
+    assert [tuple(v.type.shape) for v in alone.inputs] == [(2, 7, 5, 4), (6, 3, 3, 4), (6,)]
+    (node,) = alone.nodes
+    assert node.attrs == {**y.producer.attrs, "layout": "NHWC"}
+    assert alone.outputs["y"].type.shape == (2, 4, 5, 6)
+    assert [tuple(v.type.shape) for v in _single_conv(y.producer, "NCHW").inputs] == [(2, 4, 7, 5), (6, 4, 3, 3),
+                                                                                      (6,)]
+
+
+@pytest.mark.gpu
+def test_an_executor_on_cuda_measures_the_float32_layout(rng):
+    """ExecutorV2 on CUDA times the float32 convolutions in both layouts before it plans the layouts (the note in
+    explain() says the sums and the choice); either way the result matches float64."""
+    g = _float32_conv_chain(rng, channels=32)
+    executor = ge2.ExecutorV2(g, device="cuda", precision="highest")
+    (record,) = [r for r in executor.pass_records if r.name == "plan_layouts"]
+    assert record.notes[0].startswith("float32 layout by measurement: 2 convolution(s), NCHW ")
+    feeds = {"x": random_array(rng, (2, 32, 6, 6), "float32")}
+    expected = ge2.ExecutorV2(g, device="cpu", passes=[]).run(feeds)["y"]
+    assert_close(executor.run(feeds)["y"], expected.astype(np.float64), "float32", 288)

@@ -3,8 +3,11 @@ transposes remain only at the edges of each region of such nodes.
 
 ``PREFERRED``: NHWC for float16/bfloat16 (cuDNN's runtime-fusion engines, which fuse a conv's bias, residual and
 activation, and GE2's implicit GEMM take only channels-last; pooling and batch norm read channel vectors), NCHW for
-float32 (GE2's float32 convolutions run on cuDNN's legacy API with its in-place float32 epilogue in either layout;
-no measurement has shown NHWC faster there, so an NCHW float32 graph, as every exported one is, is left alone).
+float32 unless measured otherwise: given ``measure`` (an executor on CUDA passes one: ``runtime/layout_timing.py``),
+the float32 convolutions are timed in both layouts (each its fastest kernel, as the plan will choose) and the graph's
+float32 nodes take NHWC where that sum is more than 3% faster (the autotuner's own margin: it also pays the
+transposes at the region's edges); the note says both sums. Without ``measure`` (the CPU, no GPU) an NCHW float32
+graph, as every exported one is, is left alone.
 
 1. Each layout-aware node in the other layout is rebuilt in the preferred one, its 4-d activation operands
    transposed in (NCHW -> NHWC: perm (0, 2, 3, 1)) and its used 4-d activation outputs transposed back. A value read
@@ -57,12 +60,13 @@ ACTIVATION_OPERANDS = {
 }
 
 
-def _relayout(graph: Graph, node, transposed: dict) -> str | None:
-    """Rebuilds ``node`` in its dtype's preferred layout; None when it already is (or is not 4-d). ``transposed``
-    maps (value, perm) to the transposes built so far, so a value read by several nodes is transposed once."""
+def _relayout(graph: Graph, node, transposed: dict, preferred: dict) -> str | None:
+    """Rebuilds ``node`` in its dtype's ``preferred`` layout; None when it already is (or is not 4-d).
+    ``transposed`` maps (value, perm) to the transposes built so far, so a value read by several nodes is transposed
+    once."""
     inputs, outputs = ACTIVATION_OPERANDS[node.op]
     x = node.inputs[0]
-    target = PREFERRED.get(x.type.dtype)
+    target = preferred.get(x.type.dtype)
     current = node.attrs["layout"]
     if target is None or target == current or x.type.rank != 4:
         return None
@@ -252,12 +256,38 @@ def _summary(graph: Graph) -> str:
             + (": " + "; ".join(remaining) if remaining else ""))
 
 
-def plan_layouts(graph: Graph) -> list:
+MEASURED_MARGIN = 0.97  # NHWC must be this much faster: the autotuner's margin, and the region's edge transposes
+
+
+def _measured_float32_layout(graph: Graph, measure) -> tuple[str, str | None]:
+    """(the float32 layout, a note) from ``measure(conv node, layout) -> ms`` over the graph's float32 4-d
+    convolutions; NCHW when there is none, or when timing one fails (the note says why)."""
+    convs = [n for n in graph.nodes if n.op == "conv2d" and n.inputs[0].type.dtype == "float32"
+             and n.inputs[0].type.rank == 4 and n.inputs[0].type.is_concrete]
+    if not convs:
+        return PREFERRED["float32"], None
+    totals = {}
+    for layout in ("NCHW", "NHWC"):
+        try:
+            totals[layout] = sum(measure(node, layout) for node in convs)
+        except (RuntimeError, ValueError) as error:  # a plan that cannot be built: the layout stays unmeasured
+            return PREFERRED["float32"], (f"float32 layout: {PREFERRED['float32']} (timing it in {layout} failed: "
+                                          f"{error})")
+    chosen = "NHWC" if totals["NHWC"] < MEASURED_MARGIN * totals["NCHW"] else "NCHW"
+    return chosen, (f"float32 layout by measurement: {len(convs)} convolution(s), NCHW {totals['NCHW']:.4f} ms, NHWC "
+                    f"{totals['NHWC']:.4f} ms -> {chosen}")
+
+
+def plan_layouts(graph: Graph, measure=None) -> list:
     notes: list = []
     transposed: dict = {}
+    preferred = dict(PREFERRED)
+    if measure is not None:
+        preferred["float32"], measured = _measured_float32_layout(graph, measure)
+        notes += [measured] if measured else []
     for node in list(graph.nodes):
         if node.op in ACTIVATION_OPERANDS:
-            note = _relayout(graph, node, transposed)
+            note = _relayout(graph, node, transposed, preferred)
             if note:
                 notes.append(note)
     notes += [note for note in map(functools.partial(_pad_channels, graph), list(graph.nodes)) if note]

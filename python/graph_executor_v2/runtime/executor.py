@@ -39,12 +39,13 @@ from ..ir.types import TensorType
 from ..ir.verify import verify as verify_graph
 from ..ops import scaled_conv2d
 from ..ops.fused import FUSED_OPS
-from ..passes import Pass, PassManager, PassRecord, eliminate_dead_code, fp8, infer_shapes, resolve
+from ..passes import Pass, PassManager, PassRecord, eliminate_dead_code, fp8, infer_shapes, plan_layouts, resolve
 from ..passes.precision import apply_precision, check_precision
 from ..passes.precision import describe as describe_precision
 from .autotune import AutotuneCache
 from .backends import backend_for
 from .backends.cuda import HOST_FALLBACK
+from .layout_timing import conv_layout_timer
 from .planner import Buffer, MemoryPlan, alias_roots, plan_memory
 from .profile import Profile, profile_plan
 from .registry import Capabilities, Preferences, Selection, choose_kernel, kernel_label, problem_key
@@ -225,8 +226,12 @@ class ExecutorV2:
         self.device = device
         self.source_graph = graph
         self.precision = check_precision(precision)
+        pipeline = resolve(passes)
+        if device == "cuda" and autotune:  # plan_layouts times the float32 convolutions in both layouts
+            measured = functools.partial(plan_layouts, measure=conv_layout_timer(self.precision))
+            pipeline = [Pass(p.name, measured, p.doc) if p.name == "plan_layouts" else p for p in pipeline]
         self.optimized_graph, self.pass_records = PassManager(
-            [*resolve(passes), Pass("precision", functools.partial(apply_precision, precision=precision))],
+            [*pipeline, Pass("precision", functools.partial(apply_precision, precision=precision))],
             verify_each=verify).run(graph)
         self.reuse_memory = reuse_memory
         self.capabilities = Capabilities.detect(device)

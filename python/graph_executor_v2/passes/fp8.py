@@ -150,18 +150,28 @@ def _chain_fp8_outputs(graph: Graph) -> list[str]:
             continue
         if users.get(node.outputs[1]):  # the amax is read: keep the quantize
             continue
-        a, b, scale_a, scale_b, bias, _ = source.inputs
+        bias = source.inputs[4]
         if bias is not None and bias.type.dtype != "bfloat16":
             bias = _param(graph, f"{source.name}.fp8.bias", bias.data.astype(to_numpy("bfloat16")))
-        with graph.inserting_before(node):
-            y, _ = graph.scaled_gemm(a, b, scale_a, scale_b, bias, node.inputs[1],
-                                     **{**source.attrs, "out_dtype": node.attrs["dtype"]})
-        graph.replace_uses(node.outputs[0], y)
-        graph.remove_node(node)
-        graph.remove_node(source)
+        _write_for_reader(graph, source, node, node.attrs["dtype"], bias, node.inputs[1])
         notes.append(f"{source.name}: writes {node.attrs['dtype']} for the next GEMM (scale_d = {node.name}'s scale; "
                      f"{node.name} removed)")
     return notes
+
+
+def _write_for_reader(graph: Graph, gemm: Node, reader: Node, out_dtype: str, bias: Value | None,
+                      scale_d: Value | None) -> Value:
+    """``gemm`` (a scaled_gemm) rebuilt to write ``out_dtype`` itself (with ``bias`` and ``scale_d``) in place of
+    ``reader``, the one node that read its output: both go; the new output takes the reader's uses and the new amax
+    the old one's. Returns the new output."""
+    a, b, scale_a, scale_b = gemm.inputs[:4]
+    with graph.inserting_before(reader):
+        y, amax = graph.scaled_gemm(a, b, scale_a, scale_b, bias, scale_d, **{**gemm.attrs, "out_dtype": out_dtype})
+    graph.replace_uses(reader.outputs[0], y)
+    graph.replace_uses(gemm.outputs[1], amax)
+    graph.remove_node(reader)
+    graph.remove_node(gemm)
+    return y
 
 
 def _param(graph: Graph, base: str, array) -> Value:
@@ -436,12 +446,7 @@ def _widen_outputs(graph: Graph) -> list[str]:
                 or any(reader.op not in WIDENED_FOR for reader in final)
                 or (bias is not None and bias.type.dtype != bias_dtype_for(wide))):
             continue
-        with graph.inserting_before(node):
-            widened, amax = graph.scaled_gemm(*node.inputs, **{**node.attrs, "out_dtype": wide})
-        graph.replace_uses(cast.outputs[0], widened)
-        graph.replace_uses(node.outputs[1], amax)
-        graph.remove_node(cast)
-        graph.remove_node(node)
+        widened = _write_for_reader(graph, node, cast, wide, bias, node.inputs[5])
         notes.append(f"{node.name} writes {wide} for {cast.name}'s readers ({widened.producer.name}; {cast.name} "
                      f"removed)")
     return notes

@@ -376,8 +376,7 @@ def train_rewrite(graph: Graph, forward_names: set[str], recipe: DelayedScaling,
     the scale its predecessors chose, and two ``fp8_scale_update`` nodes at the end of the step (one per FP8 format,
     every tensor's state in a few launches) compute the next state into graph outputs ``update_prefix + name``, which
     the trainer copies over the state after the step (its buffers: on the device, captured with the step, saved in
-    checkpoints). The names of the forward nodes it adds
-    join ``forward_names``."""
+    checkpoints). The names of the forward nodes it adds join ``forward_names``."""
     backward_of: dict[tuple, Node] = {}
     for node in graph.nodes:
         if node.op == "gemm_backward" and node.name not in forward_names:

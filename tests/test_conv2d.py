@@ -152,7 +152,7 @@ def test_bad_problems_raise_naming_the_argument(change, error, match):
 
 def test_forward_numpy_checks_before_touching_the_gpu(rng):
     x, w = random_array(rng, (1, 2, 5, 5), "float32"), random_array(rng, (3, 2, 3, 3), "float32")
-    expected = "kernel: expected one of auto, cudnn_graph, implicit_gemm, depthwise, cudnn, im2col_gemm"
+    expected = "kernel: expected one of auto, cudnn_graph, cutlass_sm90, implicit_gemm, depthwise, cudnn, im2col_gemm"
     with pytest.raises(ValueError, match=expected):
         conv2d.forward_numpy(x, w, kernel="winograd")
     with pytest.raises(TypeError, match="x: expected a NumPy array"):
@@ -557,8 +557,8 @@ def test_kernels_table():
     if not ge2._native.is_built("_ops_conv2d"):
         pytest.skip("_ops_conv2d is not built")
     rows = {row["name"]: row for row in conv2d.kernels()}
-    assert list(rows) == ["cudnn_graph", "implicit_gemm", "depthwise", "cudnn", "im2col_gemm"]
-    assert [row["priority"] for row in rows.values()] == [40, 30, 25, 20, 10]
+    assert list(rows) == ["cudnn_graph", "cutlass_sm90", "implicit_gemm", "depthwise", "cudnn", "im2col_gemm"]
+    assert [row["priority"] for row in rows.values()] == [40, 35, 30, 25, 20, 10]
     assert all(row["description"] and row["constraints"] for row in rows.values())
     assert conv2d.has_cudnn() == ("NOT BUILT" not in rows["cudnn"]["description"])
     assert conv2d.has_cudnn_graph() == ("NOT BUILT" not in rows["cudnn_graph"]["description"])
@@ -857,8 +857,8 @@ def test_native_entry_points_run_the_kernel_they_are_named():
         pytest.skip("_ops_conv2d is not built")
     native = conv2d._native_module()
     geometry = conv2d.check_problem((2, 6, 6, 16), "float16", (4, 3, 3, 16), "float16", padding=1, layout="NHWC")
-    expected = (r"kernel: expected one of cudnn_graph, implicit_gemm, depthwise, cudnn, im2col_gemm \(conv2d's "
-                r"kernels\), got 'auto'")
+    expected = (r"kernel: expected one of cudnn_graph, cutlass_sm90, implicit_gemm, depthwise, cudnn, im2col_gemm "
+                r"\(conv2d's kernels\), got 'auto'")
     with pytest.raises(ValueError, match=expected):
         native.forward(16, 16, 0, 0, 16, geometry.native, "NHWC", "float16", "none", 0.01, False, -np.inf, np.inf,
                        "auto", 0)

@@ -24,22 +24,29 @@ Kernel candidates (``kernels()``), best first:
    which cuDNN has no engine writing float32 (declined up front: searching its fallback list took seconds a
    problem); backward act none. Where cuDNN has no engine for a problem, preparing it raises and ``auto`` takes the
    next candidate.
-2. ``implicit_gemm``: GE2's own implicit GEMM on tensor cores (no im2col buffer): x gathered on the fly by 16-byte
+2. ``cutlass_sm90``: CUTLASS 3.x's sm90 implicit GEMM for Hopper (sm_90a): x loaded by TMA in im2col mode, w by
+   tiled TMA, a multi-stage shared-memory pipeline feeding wgmma with float32 accumulation, and the whole epilogue
+   (bias, residual, activation, clip) fused through an epilogue visitor tree, y rounded once; backward with act none
+   and stride 1 (CUTLASS's dgrad and wgrad kernels, dbias by GE2's reduction). NHWC, float16/bfloat16, groups 1, C
+   and K multiples of 8, padding <= 128, (R-1)*dilation < 255, stride <= 8 (TMA's im2col limits); every tensor
+   16-byte aligned. NOT BUILT (its ``kernels()`` row says why) without CUTLASS's headers (the ``cutlass`` extra or
+   ``GE2_CUTLASS_DIR``, with CUTLASS's tools/util/include beside include/).
+3. ``implicit_gemm``: GE2's own implicit GEMM on tensor cores (no im2col buffer): x gathered on the fly by 16-byte
    cp.async, a 4-stage shared-memory pipeline, ldmatrix + mma.sync m16n8k16, float32 accumulation, bias, residual and
    activation fused into the epilogue. Forward only, NHWC, float16/bfloat16, groups 1, C % 8 == 0 (x and w 16-byte
-   aligned). Backward runs on ``cudnn_graph``, ``cudnn`` or ``im2col_gemm``.
-3. ``depthwise``: GE2's direct depthwise convolution (groups == C == K), forward only, any layout and float dtype: a
+   aligned). Backward runs on ``cudnn_graph``, ``cutlass_sm90``, ``cudnn`` or ``im2col_gemm``.
+4. ``depthwise``: GE2's direct depthwise convolution (groups == C == K), forward only, any layout and float dtype: a
    thread per output accumulates its channel's R x S taps in float32 and applies the fused epilogue before y is
    rounded once (16-bit NHWC with C a multiple of 8: a thread per 8 channels of a pixel, 16-byte loads, the filters
    in shared memory). The 16-bit depthwise convolutions with an epilogue (EfficientNet's, MobileNet's) have no cuDNN
    runtime-fusion engine and must not round before the epilogue, so only im2col_gemm ran them before (21.4 of
    EfficientNet-B0's 22.7 ms on the H200).
-4. ``cudnn``: cuDNN's legacy C API (cudnnConvolutionForward / BackwardData / BackwardFilter; dbias by GE2's
+5. ``cudnn``: cuDNN's legacy C API (cudnnConvolutionForward / BackwardData / BackwardFilter; dbias by GE2's
    reduction), the algorithm cudnnFind* times fastest, cached per problem. Built when CMake finds cuDNN (the
    nvidia-cudnn-cu13 package or the CUDA toolkit; ``has_cudnn()``); a forward epilogue only in float32 (one in-place
    kernel over y: float32 is the epilogue's own precision, so nothing is rounded twice); backward act none;
    symmetric padding.
-5. ``im2col_gemm``: im2col into a per-stream workspace, one batched cuBLASLt GEMM (a batch entry per group) and one
+6. ``im2col_gemm``: im2col into a per-stream workspace, one batched cuBLASLt GEMM (a batch entry per group) and one
    fused bias/residual/activation kernel; backward dX by GEMM + a col2im gather, dW by GEMM, dbias by a reduction. Every
    attribute combination: the path that always works.
 ``auto`` times the ones that apply (and, for the cuDNN ones, have an engine or algorithm for the problem) and keeps
@@ -521,6 +528,7 @@ OP = register(OpDef(
     reference=_reference,
     reference_backward=_reference_backward,
     candidates=(_forward_candidate("cudnn_graph"),
+                _forward_candidate("cutlass_sm90"),
                 _forward_candidate("implicit_gemm"),
                 _forward_candidate("depthwise"),
                 _forward_candidate("cudnn"),
@@ -579,6 +587,7 @@ BACKWARD_OP = _grad.register_backward(OpDef(
     infer=_infer_backward,
     reference=_reference_of_backward,
     candidates=(_backward_candidate("cudnn_graph"),
+                _backward_candidate("cutlass_sm90"),
                 _backward_candidate("cudnn"),
                 _backward_candidate("im2col_gemm")),
     doc="Gradients of conv2d: dx, dw and dbias (the sum of dz over N, P, Q; with_dbias=False leaves it out).",

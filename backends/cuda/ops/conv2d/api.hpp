@@ -17,7 +17,7 @@
 namespace ge2::conv2d {
 
 enum class Layout { NCHW, NHWC };
-enum class Kernel { CudnnGraph, Cudnn, Im2colGemm, ImplicitGemm, Depthwise };
+enum class Kernel { CudnnGraph, Cudnn, Im2colGemm, ImplicitGemm, Depthwise, CutlassSm90 };
 
 Kernel kernel_from_name(const std::string& name);
 const char* kernel_name(Kernel kernel);
@@ -68,8 +68,8 @@ struct BackwardArgs {
 void check_shape(const Shape& shape);
 
 // Run `kernel`, which the Python selector chose (nothing here chooses): std::invalid_argument naming why when it
-// cannot run the problem (implicit_gemm: also x or w not 16-byte aligned), std::runtime_error when cuDNN declines it
-// at run time (no engine or algorithm, an offset view).
+// cannot run the problem (implicit_gemm, cutlass_sm90: also a tensor not 16-byte aligned), std::runtime_error when
+// cuDNN declines it at run time (no engine or algorithm, an offset view).
 void forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream);
 void backward(const BackwardArgs& args, Kernel kernel, cudaStream_t stream);
 
@@ -195,6 +195,17 @@ std::string implicit_gemm_configs();
 std::string implicit_gemm_unsupported_reason(const Shape& shape, bool backward);
 bool implicit_gemm_aligned(const ForwardArgs& args);
 void implicit_gemm_forward(const ForwardArgs& args, cudaStream_t stream);
+
+// The CUTLASS 3.x sm90 implicit-GEMM kernels (kernels/cutlass_sm90.cu, instantiations in cutlass/, built for sm_90a
+// when CMake finds CUTLASS's headers): NHWC, float16/bfloat16, groups 1, C and K multiples of 8, TMA's im2col limits
+// on padding, filter extent and stride; the forward with the whole epilogue fused, the backward (dgrad, wgrad, GE2's
+// dbias reduction) with act none and stride 1. Every tensor 16-byte aligned (checked per call: the forward's
+// cutlass_sm90_aligned, the backward throws std::invalid_argument). Without CUTLASS (cutlass_build.hpp) the
+// unsupported reason says why and the launches throw.
+std::string cutlass_sm90_unsupported_reason(const Shape& shape, const Epilogue& epilogue, bool backward);
+bool cutlass_sm90_aligned(const ForwardArgs& args);
+void cutlass_sm90_forward(const ForwardArgs& args, cudaStream_t stream);
+void cutlass_sm90_backward(const BackwardArgs& args, cudaStream_t stream);
 
 // Elements of the im2col column matrix: C * R * S * N * P * Q.
 std::size_t im2col_col_elements(const Shape& shape);

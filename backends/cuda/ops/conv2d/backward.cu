@@ -1,6 +1,7 @@
 // conv2d backward on the named kernel (the Python selector chooses): cudnn_graph or cudnn (std::runtime_error when
-// cuDNN has no engine or algorithm for the problem), or im2col_gemm: dz = dy * act'(z) (z recomputed by the forward GEMM when act != none), dbias by a
-// reduction of dz, dW = dz @ col^T and dX = col2im(W^T @ dz) per group.
+// cuDNN has no engine or algorithm for the problem), cutlass_sm90 (kernels/cutlass_sm90.cu), or im2col_gemm:
+// dz = dy * act'(z) (z recomputed by the forward GEMM when act != none), dbias by a reduction of dz,
+// dW = dz @ col^T and dX = col2im(W^T @ dz) per group.
 #include "api.hpp"
 #include "batched_gemm.hpp"
 #include "status.hpp"
@@ -32,6 +33,7 @@ void backward(const BackwardArgs& args, Kernel kernel, cudaStream_t stream) {
     if (!declined.empty()) throw_declined(kernel, declined);
     return;
   }
+  if (kernel == Kernel::CutlassSm90) return cutlass_sm90_backward(args, stream);
   const Shape& s = args.shape;
   const int64_t cg = s.c / s.groups, kg = s.k / s.groups, npq = s.n * s.p * s.q, rsc = cg * s.r * s.s;
   const bool nhwc = s.layout == Layout::NHWC;

@@ -4,6 +4,7 @@
 
 #include "api.hpp"
 #include "batched_gemm.hpp"
+#include "cutlass_build.hpp"
 #include "status.hpp"
 #include "stream_workspace.hpp"
 
@@ -15,8 +16,9 @@ Kernel kernel_from_name(const std::string& name) {
   if (name == "im2col_gemm") return Kernel::Im2colGemm;
   if (name == "implicit_gemm") return Kernel::ImplicitGemm;
   if (name == "depthwise") return Kernel::Depthwise;
-  throw std::invalid_argument("kernel: expected one of cudnn_graph, implicit_gemm, depthwise, cudnn, im2col_gemm "
-                              "(conv2d's kernels), got '" + name + "'");
+  if (name == "cutlass_sm90") return Kernel::CutlassSm90;
+  throw std::invalid_argument("kernel: expected one of cudnn_graph, cutlass_sm90, implicit_gemm, depthwise, cudnn, "
+                              "im2col_gemm (conv2d's kernels), got '" + name + "'");
 }
 
 const char* kernel_name(Kernel kernel) {
@@ -26,6 +28,7 @@ const char* kernel_name(Kernel kernel) {
     case Kernel::Im2colGemm: return "im2col_gemm";
     case Kernel::ImplicitGemm: return "implicit_gemm";
     case Kernel::Depthwise: return "depthwise";
+    case Kernel::CutlassSm90: return "cutlass_sm90";
   }
   return "unknown";
 }
@@ -40,6 +43,7 @@ bool has_cudnn() { return GE2_WITH_CUDNN != 0; }
 
 std::vector<KernelInfo> kernel_table() {
   const std::string graph_not_built = cudnn_graph_not_built_reason();
+  const std::string cutlass_not_built = cutlass_not_built_reason();
   return {
       {"cudnn_graph", 40,
        graph_not_built.empty()
@@ -54,6 +58,21 @@ std::vector<KernelInfo> kernel_table() {
        "and Winograd engines; plans built by prepare() or the first call and timed on the first call (not during "
        "CUDA graph capture); the selector takes the next candidate when cuDNN has no engine for the problem; plan "
        "workspace <= 256 MiB"},
+      {"cutlass_sm90", 35,
+       cutlass_not_built.empty()
+           ? "CUTLASS 3.x implicit GEMM for Hopper (sm_90a): x read by TMA in im2col mode and w by tiled TMA into "
+             "a multi-stage shared-memory pipeline, wgmma with float32 accumulation (a producer warp, a consumer "
+             "warpgroup), 128 x 128 output tiles of 64-channel steps (128 x 64 for 64 filters or fewer; "
+             "GE2_CUTLASS_SM90_CONV_TILE=128x128|128x64 forces one); bias, residual, activation and clip fused "
+             "through an epilogue visitor tree (the activation a run-time argument: one instantiation per tile and "
+             "dtype), y rounded once and written by TMA; backward: CUTLASS's dgrad (dy in im2col mode) and wgrad "
+             "(64 x 128 tiles, no split-K) kernels, dbias by GE2's reduction; no workspace"
+           : "CUTLASS 3.x implicit GEMM for Hopper (sm_90a): NOT BUILT (" + cutlass_not_built + ")",
+       "built with CUTLASS's headers; an sm_90 GPU; NHWC; float16 or bfloat16; groups 1; C and K multiples of 8; "
+       "padding <= 128, (R-1)*dilation and (S-1)*dilation < 255, stride <= 8 (TMA im2col); backward act none and "
+       "stride 1; every tensor 16-byte aligned (the selector takes the next candidate otherwise); tensors below "
+       "2^31 elements",
+       false, kVectorAlignment, {DType::Float16, DType::BFloat16}},
       {"implicit_gemm", 30,
        "GE2's own implicit GEMM on tensor cores, forward only: x gathered on the fly by 16-byte cp.async (padding, "
        "stride, dilation in the gather, zero-fill outside), w [K, R, S, C], 64-channel reduction tiles in a "
@@ -154,6 +173,7 @@ std::string unsupported_reason(Kernel kernel, const Shape& shape, const Epilogue
   if (kernel == Kernel::Cudnn) return cudnn_unsupported_reason(shape, epilogue, backward);
   if (kernel == Kernel::ImplicitGemm) return implicit_gemm_unsupported_reason(shape, backward);
   if (kernel == Kernel::Depthwise) return depthwise_unsupported_reason(shape, backward);
+  if (kernel == Kernel::CutlassSm90) return cutlass_sm90_unsupported_reason(shape, epilogue, backward);
   return "";
 }
 
@@ -199,6 +219,13 @@ std::string try_forward(Kernel kernel, const ForwardArgs& args, cudaStream_t str
       }
       implicit_gemm_forward(args, stream);
       return "";
+    case Kernel::CutlassSm90:
+      if (!cutlass_sm90_aligned(args)) {
+        return "needs 16-byte aligned x, w, y, bias and residual (TMA reads and writes 16-byte rows); got an offset "
+               "view";
+      }
+      cutlass_sm90_forward(args, stream);
+      return "";
     case Kernel::Cudnn: return cudnn_forward(args, stream) ? "" : "cudnnFind* returned no working algorithm";
     case Kernel::Depthwise: depthwise_forward(args, stream); return "";
     default: im2col_gemm_forward(args, stream); return "";
@@ -216,6 +243,9 @@ void forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream) {
   const std::string declined = try_forward(kernel, args, stream);
   if (declined.empty()) return;
   if (kernel == Kernel::ImplicitGemm) throw std::invalid_argument("x, w: kernel 'implicit_gemm' " + declined);
+  if (kernel == Kernel::CutlassSm90) {
+    throw std::invalid_argument("x, w, y, bias, residual: kernel 'cutlass_sm90' " + declined);
+  }
   throw_declined(kernel, declined);
 }
 

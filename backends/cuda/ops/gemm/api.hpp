@@ -121,9 +121,8 @@ void launch_postkernel(const void* acc, const void* c, const void* bias, void* y
 
 void launch_tiled(const ForwardArgs& args, cudaStream_t stream);
 
-// The cutlass_sm90 candidate (kernels/cutlass_sm90.cu): empty when built, else why not; empty when it runs `args`,
-// else why not; its launch.
-std::string cutlass_sm90_not_built_reason();
+// The cutlass_sm90 candidate (kernels/cutlass_sm90.cu; whether it is built: cutlass_build.hpp): empty when it runs
+// `args`, else why not; its launch.
 std::string cutlass_sm90_unsupported_reason(const ForwardArgs& args, bool pointers_aligned);
 void launch_cutlass_sm90(const ForwardArgs& args, cudaStream_t stream);
 

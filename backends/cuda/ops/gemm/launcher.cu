@@ -10,6 +10,7 @@
 
 #include "api.hpp"
 #include "cublaslt_cache.hpp"
+#include "cutlass_build.hpp"
 #include "status.hpp"
 
 namespace ge2::gemm {
@@ -48,13 +49,13 @@ std::vector<KernelInfo> kernel_table() {
        "every act; any alignment; cuBLASLt must return an algorithm for the plain matmul (backward: for each)"},
       // Below the cuBLASLt candidates until the H200 has checked it (pin it by name: kernel="cutlass_sm90").
       {"cutlass_sm90", 15,
-       cutlass_sm90_not_built_reason().empty()
+       cutlass_not_built_reason().empty()
            ? "CUTLASS 3.x warp-specialized persistent GEMM for Hopper (TMA loads, wgmma; ping-pong 64x128x64, "
              "cooperative 128x128x64, ping-pong 128x128x64 or cooperative 128x256x64 tiles, the last two in 2-CTA "
              "clusters with TMA multicast, chosen per shape by its tile table) with bias, residual (beta * C, before "
              "or after the activation), alpha and activation fused by an epilogue visitor tree, float32 "
              "accumulation"
-           : "CUTLASS 3.x warp-specialized persistent GEMM for Hopper: NOT BUILT (" + cutlass_sm90_not_built_reason() +
+           : "CUTLASS 3.x warp-specialized persistent GEMM for Hopper: NOT BUILT (" + cutlass_not_built_reason() +
                  ")",
        "built with CUTLASS; an sm_90 GPU; float16 or bfloat16; trans_a and trans_b false; act none, relu, gelu, "
        "gelu_erf or silu; no save_preact; K and N multiples of 8; 16-byte aligned pointers; no backward"},

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "api.hpp"
+#include "cutlass_build.hpp"
 #include "status.hpp"
 
 #if GE2_WITH_CUTLASS
@@ -14,16 +15,8 @@
 
 namespace ge2::gemm {
 
-std::string cutlass_sm90_not_built_reason() {
-#if GE2_WITH_CUTLASS
-  return "";
-#else
-  return GE2_CUTLASS_NOT_BUILT_REASON;
-#endif
-}
-
 std::string cutlass_sm90_unsupported_reason(const ForwardArgs& args, bool pointers_aligned) {
-  const std::string not_built = cutlass_sm90_not_built_reason();
+  const std::string not_built = cutlass_not_built_reason();
   if (!not_built.empty()) return "NOT BUILT: " + not_built;
   if (args.dtype != DType::Float16 && args.dtype != DType::BFloat16) {
     return std::string("dtype: float16 or bfloat16 only, got ") + dtype_name(args.dtype);
@@ -88,7 +81,7 @@ void launch_cutlass_sm90(const ForwardArgs& args, cudaStream_t stream) {
 #else
   (void)args;
   (void)stream;
-  throw std::logic_error("cutlass_sm90: " + cutlass_sm90_not_built_reason());
+  throw std::logic_error("cutlass_sm90: " + cutlass_not_built_reason());
 #endif
 }
 

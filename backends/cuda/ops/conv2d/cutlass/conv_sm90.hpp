@@ -1,0 +1,32 @@
+// The cutlass_sm90 conv2d candidate's instantiations (cutlass/conv_sm90_<pass>_<dtype>.cu, compiled for sm_90a only,
+// when CMake found CUTLASS: GE2_WITH_CUTLASS=1); kernels/cutlass_sm90.cu checks the problem and picks one.
+#pragma once
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "../api.hpp"
+
+namespace ge2::conv2d::cutlass_sm90 {
+
+// The bottom (right) padding CUTLASS is given: the least that yields conv2d's P (Q) output rows, never negative
+// (input rows the stride skips at the bottom need none).
+inline int far_padding(int64_t out, int64_t in, int64_t filter, int64_t stride, int64_t dilation, int64_t near) {
+  const int64_t needed = (out - 1) * stride + dilation * (filter - 1) + 1 - in - near;
+  return static_cast<int>(needed > 0 ? needed : 0);
+}
+
+// y = clip(act(conv(x, w) + bias + residual)) of `args` (NHWC, groups 1, the dtype of the function's name) in
+// 128 x 128 or 128 x 64 tiles of output pixels x filters (the narrow one for layers of 64 filters or fewer, where a
+// 128-wide tile would compute half empty).
+void fprop_128x128_f16(const ForwardArgs& args, cudaStream_t stream);
+void fprop_128x128_bf16(const ForwardArgs& args, cudaStream_t stream);
+void fprop_128x64_f16(const ForwardArgs& args, cudaStream_t stream);
+void fprop_128x64_bf16(const ForwardArgs& args, cudaStream_t stream);
+// dx = dgrad(dy, w) and dw = wgrad(dy, x) of `args` (act none: dy is dz; stride 1 for dgrad).
+void dgrad_f16(const BackwardArgs& args, cudaStream_t stream);
+void dgrad_bf16(const BackwardArgs& args, cudaStream_t stream);
+void wgrad_f16(const BackwardArgs& args, cudaStream_t stream);
+void wgrad_bf16(const BackwardArgs& args, cudaStream_t stream);
+
+}  // namespace ge2::conv2d::cutlass_sm90

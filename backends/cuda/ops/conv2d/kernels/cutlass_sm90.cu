@@ -1,0 +1,122 @@
+// The cutlass_sm90 conv2d candidate's checks and dispatch (compiled for every architecture, no CUTLASS headers):
+// which problems it runs, and which pass and dtype's instantiation in cutlass/conv_sm90_*.cu (compiled for sm_90a
+// only, when CMake found CUTLASS: GE2_WITH_CUTLASS=1) runs them; the backward's dbias is GE2's reduction of dy.
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "api.hpp"
+#include "cutlass/conv_sm90.hpp"
+#include "cutlass_build.hpp"
+#include "status.hpp"
+
+namespace ge2::conv2d {
+
+std::string cutlass_sm90_unsupported_reason(const Shape& s, const Epilogue& epilogue, bool backward) {
+  const std::string not_built = cutlass_not_built_reason();
+  if (!not_built.empty()) return "NOT BUILT: " + not_built;
+  if (s.layout != Layout::NHWC) return "NHWC only (NCHW runs on cudnn_graph, cudnn or im2col_gemm)";
+  if (s.dtype != DType::Float16 && s.dtype != DType::BFloat16) {
+    return std::string("float16 and bfloat16 only, got ") + dtype_name(s.dtype);
+  }
+  if (s.groups != 1) return "groups == 1 only, got groups=" + std::to_string(s.groups);
+  if (s.c % 8 != 0 || s.k % 8 != 0) {
+    return "input channels C and output channels K must be multiples of 8 (16-byte TMA rows of x, w and y), got C=" +
+           std::to_string(s.c) + ", K=" + std::to_string(s.k);
+  }
+  if (backward && epilogue.act != Act::None) {
+    return "backward with act none only (dy is the convolution's gradient: no activation to recompute)";
+  }
+  if (backward && (s.stride_h != 1 || s.stride_w != 1)) {
+    return "backward with stride 1 only (CUTLASS 4.2's sm90 dgrad has no strided form), got stride " +
+           std::to_string(s.stride_h) + "x" + std::to_string(s.stride_w);
+  }
+  // TMA's im2col mode for 2-d filters: the padding and the corners of the window it walks (fprop and wgrad over x,
+  // dgrad over dy) within 8-bit signed offsets, the dilated filter extent within 8 bits.
+  const int pad_bottom = cutlass_sm90::far_padding(s.p, s.h, s.r, s.stride_h, s.dilation_h, s.pad_top);
+  const int pad_right = cutlass_sm90::far_padding(s.q, s.w, s.s, s.stride_w, s.dilation_w, s.pad_left);
+  const int64_t extent_h = (s.r - 1) * s.dilation_h, extent_w = (s.s - 1) * s.dilation_w;
+  const auto within = [](int64_t corner) { return corner >= -128 && corner <= 127; };
+  bool fits = s.pad_top <= 128 && s.pad_left <= 128 && within(pad_bottom - extent_h) &&
+              within(pad_right - extent_w) && extent_h < 255 && extent_w < 255;
+  if (backward) {  // dgrad's corners: pad - extent and pad - extent + H - P
+    fits = fits && within(s.pad_top - extent_h) && within(s.pad_left - extent_w) &&
+           within(s.pad_top - extent_h + s.h - s.p) && within(s.pad_left - extent_w + s.w - s.q);
+  }
+  if (!fits) {
+    return "padding up to 128 and a dilated filter extent (R-1)*dilation below 255 (TMA im2col offsets), got "
+           "padding top/left " + std::to_string(s.pad_top) + "/" + std::to_string(s.pad_left) + ", filter " +
+           std::to_string(s.r) + "x" + std::to_string(s.s) + " dilation " + std::to_string(s.dilation_h) + "x" +
+           std::to_string(s.dilation_w);
+  }
+  if (s.stride_h > 8 || s.stride_w > 8) {
+    return "stride up to 8 (TMA im2col element strides), got " + std::to_string(s.stride_h) + "x" +
+           std::to_string(s.stride_w);
+  }
+  if (s.n * s.h * s.w * s.c > INT32_MAX || s.n * s.p * s.q * s.k > INT32_MAX || s.k * s.r * s.s * s.c > INT32_MAX) {
+    return "x, w and y must each have fewer than 2^31 elements (CUTLASS's 32-bit conv extents)";
+  }
+  const int capability = current_compute_capability();
+  if (capability != 90) {
+    return "needs an sm_90 GPU (built for sm_90a), this device is " +
+           (capability < 0 ? std::string("absent") : "sm_" + std::to_string(capability));
+  }
+  return "";
+}
+
+namespace {
+
+bool aligned_16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; }
+
+#if GE2_WITH_CUTLASS
+// The forward's tile: 128 x 64 (pixels x filters) for layers of 64 filters or fewer, where a 128-wide tile computes
+// half empty, else 128 x 128; GE2_CUTLASS_SM90_CONV_TILE=128x128|128x64 forces one for every launch (read per launch,
+// so the tests check both tiles and a benchmark times both in one process).
+bool narrow_tile(const Shape& s) {
+  const char* forced = std::getenv("GE2_CUTLASS_SM90_CONV_TILE");
+  if (forced == nullptr || *forced == '\0') return s.k <= 64;
+  const std::string name(forced);
+  if (name == "128x64") return true;
+  if (name == "128x128") return false;
+  throw std::invalid_argument("GE2_CUTLASS_SM90_CONV_TILE: expected 128x128 or 128x64, got '" + name + "'");
+}
+#endif
+
+}  // namespace
+
+bool cutlass_sm90_aligned(const ForwardArgs& args) {
+  return aligned_16(args.x) && aligned_16(args.w) && aligned_16(args.y) && aligned_16(args.bias) &&
+         aligned_16(args.residual);
+}
+
+void cutlass_sm90_forward(const ForwardArgs& args, cudaStream_t stream) {
+#if GE2_WITH_CUTLASS
+  using namespace cutlass_sm90;
+  const bool f16 = args.shape.dtype == DType::Float16;
+  if (narrow_tile(args.shape)) return (f16 ? fprop_128x64_f16 : fprop_128x64_bf16)(args, stream);
+  return (f16 ? fprop_128x128_f16 : fprop_128x128_bf16)(args, stream);
+#else
+  (void)args;
+  (void)stream;
+  throw std::logic_error("cutlass_sm90: " + cutlass_not_built_reason());
+#endif
+}
+
+void cutlass_sm90_backward(const BackwardArgs& args, cudaStream_t stream) {
+  if (!aligned_16(args.dy) || !aligned_16(args.x) || !aligned_16(args.w) || !aligned_16(args.dx) ||
+      !aligned_16(args.dw)) {
+    throw std::invalid_argument("dy, x, w, dx, dw: kernel 'cutlass_sm90' needs 16-byte aligned tensors (TMA reads "
+                                "and writes 16-byte rows); got an offset view");
+  }
+#if GE2_WITH_CUTLASS
+  const bool f16 = args.shape.dtype == DType::Float16;
+  if (args.dbias != nullptr) launch_bias_grad(args.shape, args.dy, args.dbias, /*gemm_layout=*/false, stream);
+  if (args.dx != nullptr) (f16 ? cutlass_sm90::dgrad_f16 : cutlass_sm90::dgrad_bf16)(args, stream);
+  if (args.dw != nullptr) (f16 ? cutlass_sm90::wgrad_f16 : cutlass_sm90::wgrad_bf16)(args, stream);
+#else
+  (void)stream;
+  throw std::logic_error("cutlass_sm90: " + cutlass_not_built_reason());
+#endif
+}
+
+}  // namespace ge2::conv2d

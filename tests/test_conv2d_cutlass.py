@@ -1,0 +1,245 @@
+"""conv2d's cutlass_sm90 candidate (CUTLASS 3.x sm90 implicit GEMM, sm_90a), pinned by name: the forward and the
+backward (dx, dw, dbias) against the float64 reference in float16 and bfloat16 on edge shapes (odd H and W, stride
+2, uneven padding, dilation, 1x1 and 7x7 filters, partial pixel, filter and channel tiles), the fused epilogue (bias,
+residual, every activation, the clip), what it declines (with the reason) and misaligned tensors. On a CPU machine:
+kernels() says whether it was built, and why not."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graph_executor_v2 as ge2
+from graph_executor_v2 import selection
+from graph_executor_v2.ops import OPS, conv2d
+from graph_executor_v2.testing import assert_close, random_array
+
+HALF_DTYPES = ("float16", "bfloat16")
+ACTS = ("none", "relu", "gelu", "silu", "leaky_relu")
+
+# (N, C, H, W, K, R, S, stride, padding, dilation, act, bias)
+CASES = [
+    (2, 16, 9, 7, 24, 1, 1, 1, 0, 1, "none", False),  # 1x1, odd H and W
+    (2, 32, 14, 13, 64, 1, 1, 2, 0, 1, "relu", False),  # 1x1 stride 2 (a ResNet downsample)
+    (2, 8, 11, 9, 16, 3, 3, 1, 1, 1, "relu", True),  # one 8-channel step of a 64-channel tile
+    (3, 24, 13, 12, 40, 3, 3, 2, (1, 0, 2, 1), 1, "gelu", True),  # stride 2, uneven padding, a partial filter tile
+    (2, 16, 8, 8, 16, 3, 3, 2, 0, 1, "none", True),  # stride 2 skips the last input row and column
+    (2, 40, 12, 11, 64, 3, 3, 1, 2, 2, "silu", True),  # dilation 2, C = 40
+    (2, 8, 23, 21, 16, 7, 7, 2, 3, 1, "leaky_relu", True),  # the stem's 7x7 stride 2
+    (2, 16, 10, 17, 24, 2, 5, (2, 1), (0, 1), (1, 2), "none", True),  # rectangular filter, stride and dilation
+    (2, 136, 9, 10, 72, 3, 3, 1, 1, 1, "gelu", True),  # three channel tiles per tap, the last an eighth full
+    (3, 16, 56, 56, 136, 3, 3, 1, 1, 1, "relu", True),  # many pixel tiles, a partial filter tile
+]
+CASE_IDS = ["1x1_odd", "1x1_stride2", "3x3_c8", "3x3_stride2_pad4", "3x3_stride2_tail", "3x3_dilation2_c40",
+            "7x7_stride2", "rectangular", "c136", "56x56_k136"]
+
+
+def _row():
+    return next(row for row in conv2d.kernels() if row["name"] == "cutlass_sm90")
+
+
+def _require_native():
+    if not ge2._native.is_built("_ops_conv2d"):
+        pytest.skip("_ops_conv2d is not built")
+
+
+def _built() -> bool:
+    return "NOT BUILT" not in _row()["description"]
+
+
+def _require_candidate():
+    _require_native()
+    if not _built():
+        pytest.skip(f"cutlass_sm90 is not built: {_row()['description']}")
+
+
+def _geometry(n=2, c=16, h=8, w=8, k=16, r=3, s=3, dtype="float16", layout="NHWC", **attrs):
+    x_shape = (n, h, w, c) if layout == "NHWC" else (n, c, h, w)
+    groups = attrs.get("groups", 1)
+    w_shape = (k, r, s, c // groups) if layout == "NHWC" else (k, c // groups, r, s)
+    return conv2d.check_problem(x_shape, dtype, w_shape, dtype, layout=layout, **attrs)
+
+
+def _problem(rng, case, dtype, with_residual=False):
+    n, c, h, w, k, r, s, stride, padding, dilation, act, with_bias = case
+    x = random_array(rng, (n, h, w, c), dtype)
+    weights = random_array(rng, (k, r, s, c), dtype, 1.0 / np.sqrt(c * r * s))  # keeps z O(1): activations bend
+    bias = random_array(rng, (k,), dtype) if with_bias else None
+    attrs = dict(stride=stride, padding=padding, dilation=dilation, layout="NHWC", act=act)
+    geometry = conv2d.check_problem(x.shape, dtype, weights.shape, dtype, **attrs)
+    residual = random_array(rng, geometry.out_shape, dtype) if with_residual else None
+    return x, weights, bias, residual, attrs, geometry
+
+
+def _check(rng, poisoned, to_device, case, dtype, with_residual=False, **extra):
+    _require_candidate()
+    x, w, bias, residual, attrs, geometry = _problem(rng, case, dtype, with_residual)
+    attrs.update(extra)
+    expected, _ = conv2d.reference(x, w, bias, residual, **attrs)
+    out = poisoned(expected.shape, dtype)  # NaN: an element the kernel forgets to write can never pass
+    device = lambda a: None if a is None else to_device(a)  # noqa: E731
+    result = conv2d.forward(device(x), device(w), device(bias), device(residual), **attrs, kernel="cutlass_sm90",
+                            out=out)
+    assert result is out
+    assert_close(out.numpy(), expected, dtype, reduction_length=geometry.reduction_length, what="y")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CPU: the kernels() row and the reasons it declines
+# ---------------------------------------------------------------------------------------------------------------
+def test_kernels_row_says_built_or_not_built_with_the_reason():
+    _require_native()
+    row = _row()
+    assert row["priority"] == 35 and tuple(row["dtypes"]) == ("float16", "bfloat16") and row["constraints"]
+    assert [c.name for c in OPS["conv2d"].candidates][:2] == ["cudnn_graph", "cutlass_sm90"]
+    assert "cutlass_sm90" in [c.name for c in selection.candidates(OPS["conv2d"])]
+    geometry = _geometry()
+    reason = conv2d.unsupported_reason("cutlass_sm90", geometry, "relu", True)
+    if _built():
+        assert reason is None or reason.startswith("needs an sm_90 GPU")
+    else:
+        assert row["description"].startswith("CUTLASS 3.x implicit GEMM for Hopper (sm_90a): NOT BUILT (")
+        assert reason.startswith("NOT BUILT: ")
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(c=12), "input channels C and output channels K must be multiples of 8 (16-byte TMA rows of x, w and y), "
+                 "got C=12, K=16"),
+    (dict(k=20), "got C=16, K=20"),
+    (dict(layout="NCHW"), "NHWC only"),
+    (dict(dtype="float32"), "float16 and bfloat16 only, got float32"),
+    (dict(groups=2), "groups == 1 only, got groups=2"),
+    (dict(backward=True, act="relu"), "backward with act none only"),
+    (dict(backward=True, stride=2), "backward with stride 1 only (CUTLASS 4.2's sm90 dgrad has no strided form), "
+                                    "got stride 2x2"),
+    (dict(padding=130), "padding up to 128 and a dilated filter extent (R-1)*dilation below 255 (TMA im2col "
+                        "offsets), got padding top/left 130/130"),
+    (dict(h=300, r=129, dilation=2), "got padding top/left 0/0, filter 129x3 dilation 2x2"),
+    (dict(stride=9), "stride up to 8 (TMA im2col element strides), got 9x9"),
+])
+def test_declines_what_it_does_not_support_naming_the_reason(change, reason):
+    _require_candidate()
+    change = dict(change)  # the parameter's own dict stays whole
+    backward = change.pop("backward", False)
+    act = change.pop("act", "none" if backward else "relu")
+    geometry = _geometry(**change)
+    assert reason in conv2d.unsupported_reason("cutlass_sm90", geometry, act, True, backward=backward)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", ["128x128", "128x64"])
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_forward_matches_the_reference(rng, poisoned, to_device, monkeypatch, case, dtype, tile):
+    """Each forward tile, forced, on every edge case (either tile runs any K)."""
+    monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_TILE", tile)
+    _check(rng, poisoned, to_device, case, dtype)
+
+
+@pytest.mark.gpu
+def test_bad_tile_setting_is_refused(rng, to_device, monkeypatch):
+    _require_candidate()
+    monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_TILE", "256x128")
+    x = to_device(random_array(rng, (2, 6, 6, 16), "float16"))
+    w = to_device(random_array(rng, (16, 3, 3, 16), "float16"))
+    with pytest.raises(ValueError, match="GE2_CUTLASS_SM90_CONV_TILE: expected 128x128 or 128x64, got '256x128'"):
+        conv2d.forward(x, w, layout="NHWC", kernel="cutlass_sm90")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("act", ACTS)
+def test_fused_residual_and_every_activation(rng, poisoned, to_device, act, dtype):
+    """y = act(conv + bias + residual): the residual is the epilogue's source tensor, read only when given."""
+    case = (2, 24, 13, 11, 32, 3, 3, 1, 1, 1, act, True)
+    _check(rng, poisoned, to_device, case, dtype, with_residual=True, slope=0.2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("clip_min, clip_max", [(0.0, 0.5), (None, 0.25), (-0.25, None)])
+def test_fused_clip_after_the_activation(rng, poisoned, to_device, clip_min, clip_max, dtype):
+    """relu6-like and hardtanh-like clips, each bound alone too: the last node of the epilogue."""
+    case = (2, 16, 9, 9, 24, 3, 3, 1, 1, 1, "gelu", True)
+    _check(rng, poisoned, to_device, case, dtype, with_residual=True, clip_min=clip_min, clip_max=clip_max)
+
+
+# The backward's cases: stride 1 (dgrad's) and act none, with the forward's edges otherwise.
+BACKWARD_CASES = [
+    (2, 16, 9, 7, 24, 1, 1, 1, 0, 1, "none", False),  # 1x1, odd H and W
+    (2, 8, 11, 9, 16, 3, 3, 1, 1, 1, "none", True),
+    (3, 24, 13, 12, 40, 3, 3, 1, (1, 0, 2, 1), 1, "none", True),  # uneven padding, a partial filter tile
+    (2, 40, 12, 11, 64, 3, 3, 1, 2, 2, "none", True),  # dilation 2, C = 40
+    (2, 8, 15, 13, 16, 7, 7, 1, 3, 1, "none", True),  # 7x7: dgrad's window corners at -3 and -3
+    (2, 16, 10, 17, 24, 2, 5, 1, (0, 1), (1, 2), "none", True),  # rectangular filter and dilation
+    (2, 136, 9, 10, 72, 3, 3, 1, 1, 1, "none", True),  # three channel tiles
+    (2, 16, 28, 28, 136, 3, 3, 1, 1, 1, "none", True),  # many dgrad pixel tiles, a partial wgrad tile
+]
+BACKWARD_IDS = ["1x1_odd", "3x3_c8", "3x3_pad4", "3x3_dilation2_c40", "7x7", "rectangular", "c136", "28x28_k136"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("case", BACKWARD_CASES, ids=BACKWARD_IDS)
+def test_backward_matches_the_reference(rng, poisoned, to_device, case, dtype):
+    """dx (dgrad), dw (wgrad) and dbias (GE2's reduction of dy), each written whole into a poisoned output."""
+    _require_candidate()
+    x, w, bias, _, attrs, geometry = _problem(rng, case, dtype)
+    y, _ = conv2d.reference(x, w, bias, **attrs)
+    dy = random_array(rng, y.shape, dtype)
+    expected = conv2d.reference_backward(dy, x, w, bias, **attrs)
+    outs = (poisoned(x.shape, dtype), poisoned(w.shape, dtype), None if bias is None else poisoned(bias.shape, dtype),
+            None)
+    device = lambda a: None if a is None else to_device(a)  # noqa: E731
+    grads = conv2d.backward(device(dy), device(x), device(w), device(bias), **attrs, kernel="cutlass_sm90", out=outs)
+    n_pq = geometry.n * geometry.p * geometry.q
+    lengths = (geometry.k * geometry.r * geometry.s, n_pq, n_pq)
+    for name, grad, out, wanted, length in zip(("dx", "dw", "dbias"), grads, outs, expected, lengths):
+        if wanted is None:
+            assert grad is None
+            continue
+        assert grad is out
+        assert_close(grad.numpy(), wanted, dtype, reduction_length=length, what=name)
+
+
+@pytest.mark.gpu
+def test_named_kernel_refuses_what_it_cannot_run(rng, to_device):
+    _require_candidate()
+    x = to_device(random_array(rng, (2, 6, 6, 12), "float16"))
+    w = to_device(random_array(rng, (16, 3, 3, 12), "float16"))
+    with pytest.raises(ValueError, match=r"kernel: 'cutlass_sm90' cannot run this problem: input channels C and "
+                                         r"output channels K must be multiples of 8 .*got C=12, K=16"):
+        conv2d.forward(x, w, layout="NHWC", kernel="cutlass_sm90")
+    dy = to_device(random_array(rng, (2, 4, 4, 16), "float16"))
+    x16 = to_device(random_array(rng, (2, 6, 6, 16), "float16"))
+    w16 = to_device(random_array(rng, (16, 3, 3, 16), "float16"))
+    with pytest.raises(ValueError, match="kernel: 'cutlass_sm90' cannot run this problem: backward with act none"):
+        conv2d.backward(dy, x16, w16, layout="NHWC", act="relu", kernel="cutlass_sm90")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("operand", ["x", "y"])
+def test_misaligned_tensors_are_refused_with_the_reason(rng, operand):
+    """x or y 2 bytes past a 16-byte boundary (an offset view): the named kernel refuses, naming the tensors. For a
+    misaligned x, auto runs another candidate and gets the same numbers (the selector ranks by the inputs'
+    alignment)."""
+    torch = pytest.importorskip("torch")
+    _require_candidate()
+    x, w, bias, _, attrs, geometry = _problem(rng, CASES[2], "float16")
+    expected, _ = conv2d.reference(x, w, bias, **attrs)
+    tx, tw, tb = (torch.from_numpy(a).cuda() for a in (x, w, bias))
+    out = None
+    if operand == "x":
+        storage = torch.empty(x.size + 1, dtype=torch.float16, device="cuda")
+        tx = storage[1:].view(x.shape)
+        tx.copy_(torch.from_numpy(x))
+    else:
+        out = torch.full((expected.size + 1,), float("nan"), dtype=torch.float16, device="cuda")[1:].view(
+            expected.shape)
+    with pytest.raises(ValueError, match="kernel 'cutlass_sm90' needs 16-byte aligned x, w, y, bias and residual"):
+        conv2d.forward(tx, tw, tb, **attrs, kernel="cutlass_sm90", out=out)
+    if operand == "x":
+        y = conv2d.forward(tx, tw, tb, **attrs)
+        assert_close(y.cpu().numpy(), expected, "float16", reduction_length=geometry.reduction_length, what="y")

@@ -4,8 +4,9 @@ transposes remain only at the edges of each region of such nodes.
 ``PREFERRED``: NHWC for float16/bfloat16 (cuDNN's runtime-fusion engines, which fuse a conv's bias, residual and
 activation, and GE2's implicit GEMM take only channels-last; pooling and batch norm read channel vectors), NCHW for
 float32 unless measured otherwise: given ``measure`` (an executor on CUDA passes one: ``runtime/layout_timing.py``),
-the float32 convolutions are timed in both layouts (each its fastest kernel, as the plan will choose) and the graph's
-float32 nodes take NHWC where that sum is more than 3% faster (the autotuner's own margin: it also pays the
+the float32 convolutions are timed in both layouts (each its fastest kernel, as the plan will choose; the costliest
+distinct problems, up to 8 or 80% of the FLOPs) and the graph's float32 nodes take NHWC where that sum is more than
+3% faster (the autotuner's own margin: it also pays the
 transposes at the region's edges); the note says both sums. Without ``measure`` (the CPU, no GPU) an NCHW float32
 graph, as every exported one is, is left alone.
 
@@ -257,24 +258,49 @@ def _summary(graph: Graph) -> str:
 
 
 MEASURED_MARGIN = 0.97  # NHWC must be this much faster: the autotuner's margin, and the region's edge transposes
+# The costliest distinct problems are timed, until they hold this share of the convolutions' FLOPs or this many: a
+# network of 60 conv shapes (DenseNet-121) would otherwise plan 120 one-conv graphs at build time.
+MEASURED_FLOPS_SHARE = 0.8
+MEASURED_PROBLEMS = 8
+
+
+def _problem(node) -> tuple:
+    """What makes two convolutions the same timing: operand types and attributes."""
+    return (tuple(None if v is None else v.type for v in node.inputs),
+            tuple(sorted((name, repr(value)) for name, value in node.attrs.items())))
 
 
 def _measured_float32_layout(graph: Graph, measure) -> tuple[str, str | None]:
-    """(the float32 layout, a note) from ``measure(conv node, layout) -> ms`` over the graph's float32 4-d
-    convolutions; NCHW when there is none, or when timing one fails (the note says why)."""
+    """(the float32 layout, a note) from ``measure(conv node, layout) -> ms`` over the graph's costliest float32 4-d
+    convolution problems (each weighted by how many nodes share it); NCHW when there is none, or when timing one
+    fails (the note says why)."""
     convs = [n for n in graph.nodes if n.op == "conv2d" and n.inputs[0].type.dtype == "float32"
              and n.inputs[0].type.rank == 4 and n.inputs[0].type.is_concrete]
     if not convs:
         return PREFERRED["float32"], None
+    problems: dict[tuple, list] = {}
+    for node in convs:
+        problems.setdefault(_problem(node), []).append(node)
+    flops = {key: len(nodes) * nodes[0].opdef.flop_count([None if v is None else v.type for v in nodes[0].inputs],
+                                                         [v.type for v in nodes[0].outputs], nodes[0].attrs)
+             for key, nodes in problems.items()}
+    total, covered, chosen_keys = sum(flops.values()), 0.0, []
+    for key in sorted(problems, key=flops.get, reverse=True):
+        if len(chosen_keys) == MEASURED_PROBLEMS or (chosen_keys and covered >= MEASURED_FLOPS_SHARE * total):
+            break
+        chosen_keys.append(key)
+        covered += flops[key]
     totals = {}
     for layout in ("NCHW", "NHWC"):
         try:
-            totals[layout] = sum(measure(node, layout) for node in convs)
+            totals[layout] = sum(len(problems[key]) * measure(problems[key][0], layout) for key in chosen_keys)
         except (RuntimeError, ValueError) as error:  # a plan that cannot be built: the layout stays unmeasured
             return PREFERRED["float32"], (f"float32 layout: {PREFERRED['float32']} (timing it in {layout} failed: "
                                           f"{error})")
     chosen = "NHWC" if totals["NHWC"] < MEASURED_MARGIN * totals["NCHW"] else "NCHW"
-    return chosen, (f"float32 layout by measurement: {len(convs)} convolution(s), NCHW {totals['NCHW']:.4f} ms, NHWC "
+    share = covered / total if total else 1.0
+    return chosen, (f"float32 layout by measurement: the {len(chosen_keys)} costliest of {len(problems)} convolution "
+                    f"problem(s) ({share:.0%} of the FLOPs), NCHW {totals['NCHW']:.4f} ms, NHWC "
                     f"{totals['NHWC']:.4f} ms -> {chosen}")
 
 

@@ -228,7 +228,7 @@ class ExecutorV2:
         self.precision = check_precision(precision)
         pipeline = resolve(passes)
         if device == "cuda" and autotune:  # plan_layouts times the float32 convolutions in both layouts
-            measured = functools.partial(plan_layouts, measure=conv_layout_timer(self.precision))
+            measured = functools.partial(plan_layouts, measure=conv_layout_timer(type(self), self.precision))
             pipeline = [Pass(p.name, measured, p.doc) if p.name == "plan_layouts" else p for p in pipeline]
         self.optimized_graph, self.pass_records = PassManager(
             [*pipeline, Pass("precision", functools.partial(apply_precision, precision=precision))],

@@ -1,9 +1,10 @@
 """The measurement plan_layouts chooses a float32 graph's layout by (issue 22: "from measurement, not assumption"):
 a convolution timed in a given layout, as a plan of that one node on CUDA would run it.
 
-``conv_layout_timer(precision)`` returns ``measure(node, layout) -> ms``: the node's problem (its shapes, dtype and
-attributes; the activations and the weight permuted into ``layout``, KCRS for NCHW and KRSC for NHWC) becomes a graph
-of one conv2d, planned by an ExecutorV2 on CUDA with no passes and the same precision policy, so the plan's autotuner
+``conv_layout_timer(executor_class, precision)`` returns ``measure(node, layout) -> ms``: the node's problem (its
+shapes, dtype and attributes; the activations and the weight permuted into ``layout``, KCRS for NCHW and KRSC for
+NHWC) becomes a graph of one conv2d, planned by ``executor_class`` (ExecutorV2, which builds its passes with this
+timer) on CUDA with no passes and the same precision policy, so the plan's autotuner
 chooses its kernel as the real plan will (the autotune cache keeps the races across processes); the chosen kernel's
 launch is then timed between CUDA events. One measurement per distinct problem and layout.
 """
@@ -35,17 +36,15 @@ def _single_conv(node: Node, layout: str) -> Graph:
     return graph
 
 
-def conv_layout_timer(precision: str):
-    from .executor import ExecutorV2  # the executor builds its passes with this timer
-
+def conv_layout_timer(executor_class, precision: str):
     measured: dict[tuple, float] = {}
 
     def measure(node: Node, layout: str) -> float:
         key = (tuple((None if v is None else (tuple(v.type.shape), v.type.dtype)) for v in node.inputs),
                tuple(sorted((name, repr(value)) for name, value in node.attrs.items())), layout)
         if key not in measured:
-            executor = ExecutorV2(_single_conv(node, layout), device="cuda", passes=[], precision=precision,
-                                  cuda_graph=False)
+            executor = executor_class(_single_conv(node, layout), device="cuda", passes=[], precision=precision,
+                                      cuda_graph=False)
             plan = executor.plan()
             (step,) = [step for step in plan.steps if step.label.startswith("conv2d ")]
             stream = executor._stream_handles[step.stream]

@@ -126,7 +126,7 @@ def test_dynamic_shapes_are_keyed_by_the_forward_parameters():
 
 def _arguments(tmp_path, **given):
     values = dict(models="resnet18", frontend="onnx,torch", dtype="float32", quick=False, no_compile=True,
-                  time_limit=None, two_sizes=False, jobs=1, deadline=None, device="cuda", merge=None,
+                  time_limit=None, two_sizes=None, jobs=1, deadline=None, device="cuda", merge=None,
                   out=str(tmp_path / "zoo.md"))
     values.update(given)
     return SimpleNamespace(**values)
@@ -235,8 +235,9 @@ def test_models_run_in_parallel_slow_ones_first_within_the_deadline(monkeypatch)
 
 
 def test_workers_spread_over_the_visible_gpus(monkeypatch):
-    """With several GPUs, each worker process runs on the least busy one alone (CUDA_VISIBLE_DEVICES): 4 jobs over
-    2 GPUs run 2 models on each at a time; the ids come from CUDA_VISIBLE_DEVICES where it is set."""
+    """With several GPUs, each worker process runs on the one with the fewest workers alive on it (preparing or
+    waiting for its turn to time), alone (CUDA_VISIBLE_DEVICES): 4 jobs over 2 GPUs prepare 2 models on each; the 2
+    that start while the first 4 wait go one to each GPU; the ids come from CUDA_VISIBLE_DEVICES where it is set."""
     given, busy, most = {}, {"3": 0, "5": 0}, {"3": 0, "5": 0}
     lock = threading.Lock()
 
@@ -247,9 +248,10 @@ def test_workers_spread_over_the_visible_gpus(monkeypatch):
             busy[gpu] += 1
             most[gpu] = max(most[gpu], busy[gpu])
         time.sleep(0.3)
-        with lock:
-            busy[gpu] -= 1
         turns.done_preparing()
+        with turns.turn():
+            with lock:
+                busy[gpu] -= 1
         return [zoo._failed(name, frontend, dtype, "ran") for dtype in dtypes for frontend in frontends]
 
     monkeypatch.setattr(zoo, "_run_model", fake_run_model)
@@ -257,15 +259,15 @@ def test_workers_spread_over_the_visible_gpus(monkeypatch):
     zoo.run_models(models, ["torch"], ["float32"], time_limit=30, compile_too=False, two_sizes=False, jobs=4,
                    gpus=["3", "5"])
     assert set(given) == set(models) and set(given.values()) == {"3", "5"}
-    assert most == {"3": 2, "5": 2}
+    assert most == {"3": 3, "5": 3}
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 5")
     assert zoo._visible_gpus() == ["3", "5"]
 
 
 def test_workers_prepare_side_by_side_and_time_alone(monkeypatch):
     """jobs workers prepare at a time; a prepared worker waits for a turn to time in which no other worker prepares
-    or times; once WAITING_MOST wait, no new worker starts until they have been timed, so a run of many models times
-    as it goes instead of holding every model to the end."""
+    or times; at most ALIVE_MOST workers prepare or wait at once, and a start that limit holds back lets the waiting
+    ones time first (a run of many models times as it goes instead of stalling)."""
     events, lock = [], threading.Lock()
 
     def log(*event):
@@ -286,11 +288,11 @@ def test_workers_prepare_side_by_side_and_time_alone(monkeypatch):
         return [zoo._failed(name, frontend, dtype, "ran") for dtype in dtypes for frontend in frontends]
 
     monkeypatch.setattr(zoo, "_run_model", fake_run_model)
-    monkeypatch.setattr(zoo, "WAITING_MOST", 3)
+    monkeypatch.setattr(zoo, "ALIVE_MOST", 6)
     models = list(MODELS)[:12]
     records = zoo.run_models(models, ["torch"], ["float32"], time_limit=30, compile_too=False, two_sizes=False, jobs=4)
     assert [r["model"] for r in records] == models
-    preparing, timing, most_preparing, most_waiting, waiting = set(), set(), 0, 0, set()
+    preparing, waiting, timing, most_preparing, most_alive = set(), set(), set(), 0, 0
     for _, kind, name in sorted(events):
         if kind == "prepare":
             assert not timing, f"{name} started while {timing} timed"
@@ -304,19 +306,22 @@ def test_workers_prepare_side_by_side_and_time_alone(monkeypatch):
             timing.add(name)
         else:
             timing.remove(name)
-        most_preparing, most_waiting = max(most_preparing, len(preparing)), max(most_waiting, len(waiting))
+        most_preparing = max(most_preparing, len(preparing))
+        most_alive = max(most_alive, len(preparing | waiting | timing))
     assert most_preparing == 4  # side by side, never more than jobs
-    assert most_waiting <= 3 + 4 - 1  # WAITING_MOST waiting stops new starts; the ones preparing may still join
+    assert most_alive == 6  # the limit holds, and is reached
+    first_time = min(when for when, kind, _ in events if kind == "time")
+    assert first_time < max(when for when, kind, _ in events if kind == "prepare")  # drained, then went on
 
 
 def test_a_turn_is_refused_after_the_deadline_and_lasts_what_is_left():
-    turns = zoo._Turns(jobs=2, waiting_most=4, deadline_at=time.perf_counter() + 30)
+    turns = zoo._Turns(jobs=2, alive_most=4, deadline_at=time.perf_counter() + 30)
     with turns.turn() as allowed:
         assert 29 < allowed <= 30  # less than TIMING_LIMIT_S: what the deadline leaves
-    late = zoo._Turns(jobs=2, waiting_most=4, deadline_at=time.perf_counter() - 1)
+    late = zoo._Turns(jobs=2, alive_most=4, deadline_at=time.perf_counter() - 1)
     with late.turn() as allowed:
         assert allowed is None
-    late.start_preparing()  # the refused turn left nothing draining
+    late.start_preparing(0)  # the refused turn left nothing draining
 
 
 _FAKE_WORKER = r"""
@@ -344,12 +349,12 @@ def test_a_worker_times_only_in_its_turn_and_its_rows_say_so(tmp_path, monkeypat
     monkeypatch.setattr(zoo, "_missing_package", lambda family: None)
     monkeypatch.setattr(zoo, "_worker_command", lambda name, frontends, dtypes, out, *rest: [
         sys.executable, str(script), "--out", str(out)])
-    turns = zoo._Turns(jobs=1, waiting_most=2)
-    turns.start_preparing()
+    turns = zoo._Turns(jobs=1, alive_most=2)
+    turns.start_preparing(0)
     [record] = zoo._run_model("resnet18", ["torch"], ["float32"], time_limit=60, compile_too=True, turns=turns)
     assert (record["ge2_ms"], record["eager_ms"], record["timed_alone"]) == (0.5, 2.0, True)
-    late = zoo._Turns(jobs=1, waiting_most=2, deadline_at=time.perf_counter() - 1)
-    late.start_preparing()
+    late = zoo._Turns(jobs=1, alive_most=2, deadline_at=time.perf_counter() - 1)
+    late.start_preparing(0)
     [record] = zoo._run_model("resnet18", ["torch"], ["float32"], time_limit=60, compile_too=True, turns=late)
     assert "ge2_ms" not in record and "timed_alone" not in record and record["match"]
     assert record["timing_error"] == "not timed: the zoo's deadline had passed before its turn"
@@ -455,3 +460,10 @@ def test_a_case_runs_on_the_cpu_without_times(frontend):
                                   "torch": "torch.export"}[frontend]
     assert record["match"] and record["ge2_error"] < 1e-6, record
     assert "ge2_ms" not in record and "eager_ms" not in record
+
+
+def test_the_two_sizes_check_is_on_by_default_and_can_be_turned_off():
+    from graph_executor_v2.__main__ import build_parser
+
+    parse = lambda *flags: build_parser().parse_args(["zoo", *flags]).two_sizes  # noqa: E731
+    assert (parse(), parse("--two-sizes"), parse("--no-two-sizes")) == (None, True, False)

@@ -14,6 +14,7 @@ on a machine without one (no times). The exporter column names what wrote each i
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.util
 import json
@@ -35,7 +36,8 @@ DTYPES = ("float32", "float16")
 QUICK_TIME_LIMIT_S = 60
 MINIMUM_START_S = 20  # with less left before --deadline a model is not started: loading torch alone takes seconds
 TIMING_LIMIT_S = 120  # one worker's timing turn: GE2, eager and torch.compile, 23 runs each, of one (model, dtype)
-WAITING_MOST = 10  # prepared workers holding their models while they wait for a turn to time (host and GPU memory)
+ALIVE_MOST = 24  # workers holding their models at once, preparing or waiting for a turn to time (host memory: 2-4 GB
+#                 each; session 31's part 1 ran 16 CNN workers at once on a 128 GB machine)
 TIMING_RESERVE_S = 40  # with --deadline on the GPU, preparation ends this long before it, left to the timing turns
 
 
@@ -136,21 +138,31 @@ def _run_model(name: str, frontends: list[str], dtypes: list[str], time_limit: f
 class _Turns:
     """Workers prepare side by side, ``jobs`` at a time, and are timed one at a time with no other worker preparing
     or timing: the GPU and the CPU are the timed worker's alone. A worker that has prepared waits for its turn,
-    holding its models; once ``waiting_most`` wait, no new worker starts until they have all had their turn (the
-    ones preparing finish, then the waiting ones time). No turn starts after ``deadline_at`` (a
-    ``time.perf_counter()`` value), and one lasts at most ``TIMING_LIMIT_S`` or what is left before it."""
+    holding its models; at most ``alive_most`` workers prepare or wait at once, and once that limit holds a worker
+    back, no new one starts until the waiting ones have all had their turn (the ones preparing finish, then the
+    waiting ones time). No turn starts after ``deadline_at`` (a ``time.perf_counter()`` value), and one lasts at
+    most ``TIMING_LIMIT_S`` or what is left before it."""
 
-    def __init__(self, jobs: int, waiting_most: int, deadline_at: float | None = None):
+    def __init__(self, jobs: int, alive_most: int, deadline_at: float | None = None):
         self._condition = threading.Condition()
-        self._jobs, self._waiting_most, self._deadline_at = jobs, waiting_most, deadline_at
-        self._preparing = self._waiting = 0
+        self._jobs, self._alive_most, self._deadline_at = jobs, max(jobs, alive_most), deadline_at
+        self._preparing = self._waiting = self._started = 0
         self._timing = self._draining = False
 
-    def start_preparing(self) -> None:
-        """Blocks until a worker may start."""
+    def start_preparing(self, ticket: int) -> None:
+        """Blocks until the worker of ``ticket`` (0, 1, ...: the order the workers start in) may start."""
         with self._condition:
-            self._condition.wait_for(lambda: self._preparing < self._jobs and not (self._draining or self._timing))
+            def may_start() -> bool:
+                if ticket != self._started or self._preparing >= self._jobs:
+                    return False
+                if self._preparing + self._waiting >= self._alive_most:
+                    self._draining = True  # held back by memory: time the waiting ones first
+                return not (self._draining or self._timing)
+
+            self._condition.wait_for(may_start)
             self._preparing += 1
+            self._started += 1
+            self._condition.notify_all()
 
     def done_preparing(self) -> None:
         with self._condition:
@@ -166,7 +178,6 @@ class _Turns:
         deadline passed first."""
         with self._condition:
             self._waiting += 1
-            self._draining = self._draining or self._waiting >= self._waiting_most
             ready = self._condition.wait_for(lambda: self._preparing == 0 and not self._timing, timeout=self._left())
             self._waiting -= 1
             left = self._left()
@@ -308,10 +319,10 @@ def run_models(models: list[str], frontends: list[str], dtypes: list[str], *, ti
     done: dict[tuple[str, str], list] = {}
     lock = threading.Lock()
     running = dict.fromkeys(gpus or [], 0)  # worker processes per GPU
-    turns = _Turns(jobs, WAITING_MOST, None if deadline is None else started + deadline)
+    turns = _Turns(jobs, ALIVE_MOST, None if deadline is None else started + deadline)
 
-    def run(name: str, dtype: str) -> list:
-        turns.start_preparing()
+    def run(ticket: int, name: str, dtype: str) -> list:
+        turns.start_preparing(ticket)
         left = None if deadline is None else deadline - timing_reserve - (time.perf_counter() - started)
         if left is not None and left < MINIMUM_START_S:
             turns.done_preparing()
@@ -339,8 +350,8 @@ def run_models(models: list[str], frontends: list[str], dtypes: list[str], *, ti
     # Stable: the given order within each class, float32 before float16 of a model
     order = sorted(((name, dtype) for name in models for dtype in dtypes), key=lambda task: not MODELS[task[0]].slow)
     # threads: each waits on a worker process, which prepares (jobs at a time) or waits for its turn to time
-    with ThreadPoolExecutor(max_workers=max(1, jobs) + WAITING_MOST) as pool:
-        futures = {pool.submit(run, *task): task for task in order}
+    with ThreadPoolExecutor(max_workers=max(jobs, ALIVE_MOST) + 1) as pool:  # + 1: a start held back drains
+        futures = {pool.submit(run, ticket, *task): task for ticket, task in enumerate(order)}
         for future in as_completed(futures):
             task = futures[future]
             with lock:
@@ -428,7 +439,8 @@ def main(arguments) -> int:
     # torch.compile's compiler processes: the cores shared among the workers preparing at a time
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 1) // arguments.jobs)))
     records = run_models(models, frontends, dtypes, time_limit=time_limit, compile_too=compile_too,
-                         two_sizes=arguments.two_sizes or not arguments.quick, jobs=arguments.jobs,
+                         two_sizes=not arguments.quick if arguments.two_sizes is None else arguments.two_sizes,
+                         jobs=arguments.jobs,
                          deadline=arguments.deadline, on_model=write, device=arguments.device,
                          gpus=gpus if len(gpus) > 1 else None,
                          timing_reserve=TIMING_RESERVE_S if arguments.device == "cuda" else 0.0)
@@ -449,7 +461,7 @@ def add_parser(commands) -> None:
                         help=f"the models marked quick ({', '.join(n for n, s in MODELS.items() if s.quick)}), "
                              f"float32, no torch.compile, {QUICK_TIME_LIMIT_S} s per model: a few minutes on an H200")
     parser.add_argument("--no-compile", action="store_true", help="do not time torch.compile")
-    parser.add_argument("--two-sizes", action="store_true",
+    parser.add_argument("--two-sizes", action=argparse.BooleanOptionalAction, default=None,
                         help="also import with a symbolic batch (and sequence, for token inputs) and run two sizes on "
                              "one executor (float32; on by default, off with --quick unless given)")
     parser.add_argument("--time-limit", type=float, help="seconds per worker to prepare (default: 300; 60 with "

@@ -20,7 +20,7 @@ from row_norm_checks import numeric_gradient
 DTYPES = ("float16", "bfloat16")
 ALL_DTYPES = ("float32", "float16", "bfloat16")
 KERNELS = ("cudnn", "flash", "rowwise", "unfused")  # the GPU tests run each where it applies, forward and backward
-# kernels() as listed: flash_sm90 runs the forward only (tests/test_attention_sm90.py).
+# kernels() as listed; flash_sm90 (an sm_90 GPU and a CUTLASS build) has its own tests (tests/test_attention_sm90.py).
 TABLE = ("cudnn", "flash", "flash_sm90", "rowwise", "unfused")
 NOT_BUILT = (r"not built: (cuDNN frontend headers not found \(install nvidia-cudnn-frontend or set "
              r"GE2_CUDNN_FRONTEND_DIR\)|CMake found no cuDNN \(cudnn.h and libcudnn: .*\))")
@@ -159,8 +159,7 @@ def test_kernels_report_constraints():
     assert [c.name for c in candidates if c.always_works] == ["unfused"]
     assert [c.name for c in candidates if c.any_alignment] == ["rowwise", "unfused"]
     backward = selection.candidates(ge2.ops.OPS["attention_backward"])
-    assert [(c.name, c.always_works) for c in backward] == [(c.name, c.always_works) for c in candidates
-                                                            if c.name != "flash_sm90"]
+    assert [(c.name, c.always_works) for c in backward] == [(c.name, c.always_works) for c in candidates]
 
 
 @pytest.mark.parametrize("head_dim,dtype,reason", (
@@ -325,7 +324,7 @@ def test_unfused_workspace_is_bounded_by_chunks(monkeypatch, dtype, element):
 
 
 def test_workspace_bytes_of_the_other_kernels_and_bad_arguments(monkeypatch):
-    with pytest.raises(ValueError, match="kernel: expected flash, rowwise or unfused .*got cudnn"):
+    with pytest.raises(ValueError, match="kernel: expected flash, flash_sm90, rowwise or unfused .*got cudnn"):
         _workspace("cudnn", 2, 4, 2, 9, 11, 64, "bhsd", "float16", True)
     assert _workspace("rowwise", 2, 4, 2, 9, 11, 64, "bhsd", "float16", False) == 0
     assert _workspace("rowwise", 2, 4, 2, 9, 11, 64, "bhsd", "float16", True) == 2 * 4 * 9 * 4

@@ -1,7 +1,8 @@
-"""attention's flash_sm90 candidate (the forward on Hopper's wgmma and TMA, sm_90a, CuTe): its kernels() row, its
-declines with their reasons and its absence from the backward's candidates (CPU); y and lse against the float64
-reference for both dtypes, head_dim 64 and 128, causal and not, odd lengths, both layouts and grouped K/V heads, with
-poisoned outputs, and another candidate's backward from its lse (GPU, an sm_90 device and a CUTLASS build)."""
+"""attention's flash_sm90 candidate (forward and backward on Hopper's wgmma and TMA, sm_90a, CuTe): its kernels() row,
+its declines with their reasons, forward and backward (CPU); y, lse and dq, dk, dv against the float64 reference for
+both dtypes, head_dim 64 and 128, causal and not, seq 1, odd lengths, seq_q != seq_k, both layouts and grouped K/V
+heads, with poisoned outputs, and the lse contract with another candidate both ways (GPU, an sm_90 device and a
+CUTLASS build)."""
 from __future__ import annotations
 
 import re
@@ -15,10 +16,9 @@ from graph_executor_v2.ir import TensorType
 from graph_executor_v2.ops import attention
 from graph_executor_v2.testing import assert_close, random_array
 from attention_checks import reference_backward_from_stored_y
-from test_attention import _check_forward
+from test_attention import _check_backward, _check_forward
 
 KERNEL = "flash_sm90"
-FORWARD_ONLY = "kernel: flash_sm90 runs the forward only (the backward: cudnn, flash, rowwise, unfused)"
 
 
 def _native():
@@ -35,25 +35,28 @@ def _row():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# CPU: the table, the declines, forward only
+# CPU: the table, the declines, the backward's workspace
 # ---------------------------------------------------------------------------------------------------------------
 def test_row_states_the_candidate():
     row = _row()
     assert row["priority"] == 15  # below flash (20) until the H200 has checked it; above rowwise (10)
-    assert "forward only" in row["description"] and "wgmma" in row["description"] and "TMA" in row["description"]
+    assert all(word in row["description"] for word in ("wgmma", "TMA", "Forward:", "Backward:"))
     assert "head_dim 64 or 128" in row["constraints"] and "no bias, window or soft cap" in row["constraints"]
     assert not row["fallback"]
     built = "NOT BUILT" not in _reason()
     assert ("NOT BUILT" in row["description"]) == (not built)
 
 
-def test_backward_has_no_flash_sm90_candidate():
+def test_backward_has_the_forwards_candidates_and_flashs_workspace():
     forward = [c.name for c in selection.candidates(ge2.ops.OPS["attention"])]
     backward = [c.name for c in selection.candidates(ge2.ops.OPS["attention_backward"])]
-    assert KERNEL in forward and KERNEL not in backward
-    assert backward == [name for name in forward if name != KERNEL]
-    with pytest.raises(ValueError, match=re.escape(FORWARD_ONLY)):
-        _native().workspace_bytes(KERNEL, 1, 2, 2, 9, 9, 64, False, "float16", True)
+    assert KERNEL in forward and backward == forward
+    # D_i (batch * heads_q * seq_q floats) and the float32 dQ accumulator (head_dim floats per row), as flash's
+    rows = 3 * 4 * 9
+    for layout_bshd in (False, True):
+        assert _native().workspace_bytes(KERNEL, 3, 4, 2, 9, 11, 64, layout_bshd, "float16", True) == rows * 4 * 65
+        assert (_native().workspace_bytes(KERNEL, 3, 4, 2, 9, 11, 64, layout_bshd, "float16", True) ==
+                _native().workspace_bytes("flash", 3, 4, 2, 9, 11, 64, layout_bshd, "float16", True))
     assert _native().workspace_bytes(KERNEL, 1, 2, 2, 9, 9, 64, False, "float16", False) == 0
 
 
@@ -80,6 +83,12 @@ def test_declines_with_the_reason(problem, reason):
              "window": problem.get("window", (-1, -1)), "softcap": problem.get("softcap", 0.0)}
     candidate = next(c for c in ge2.ops.OPS["attention"].candidates if c.name == KERNEL)
     assert candidate.supports(ge2.ops.Problem(op="attention", in_types=inputs, out_types=(), attrs=attrs)) == reason
+    # and the backward's: (dy, q, k, v, y, lse[, bias])
+    lse = TensorType((1, 2, 9), "float32")
+    backward_inputs = (q, *inputs[:3], q, lse, *inputs[3:])
+    candidate = next(c for c in ge2.ops.OPS["attention_backward"].candidates if c.name == KERNEL)
+    assert candidate.supports(ge2.ops.Problem(op="attention_backward", in_types=backward_inputs, out_types=(),
+                                              attrs=attrs)) == reason
 
 
 @pytest.mark.parametrize("head_dim,dtype", ((64, "float16"), (128, "bfloat16")))
@@ -111,10 +120,12 @@ def _problem(rng, batch, heads_q, heads_kv, seq_q, seq_k, head_dim, dtype, layou
 @pytest.mark.parametrize("head_dim", (64, 128))
 @pytest.mark.parametrize("causal", (False, True))
 @pytest.mark.parametrize("seq", (1, 7, 129, 1000))
-def test_forward_matches_the_reference(rng, poisoned, dtype, head_dim, causal, seq):
+def test_forward_and_backward_match_the_reference(rng, poisoned, dtype, head_dim, causal, seq):
+    """y and lse, then dq, dk, dv from them: one tile (1, 7), a partial second (129), many (1000: 8 key tiles, the
+    backward's causal CTAs skipping the query tiles above their keys)."""
     _require_flash_sm90()
-    q, k, v, _ = _problem(rng, 2, 3, 3, seq, seq, head_dim, dtype, "bhsd")
-    _check_forward(q, k, v, causal, "bhsd", KERNEL, poisoned, dtype)
+    q, k, v, dy = _problem(rng, 2, 3, 3, seq, seq, head_dim, dtype, "bhsd")
+    _check_backward(q, k, v, dy, causal, "bhsd", KERNEL, poisoned, dtype)
 
 
 @pytest.mark.gpu
@@ -126,48 +137,67 @@ def test_forward_matches_the_reference(rng, poisoned, dtype, head_dim, causal, s
     (2, 1, 1, 1000, 128), (3, 3, 256, 256, 128)))
 def test_grouped_heads_unequal_lengths_and_layouts(rng, poisoned, dtype, causal, layout, heads_q, heads_kv, seq_q,
                                                    seq_k, head_dim):
+    """Grouped K/V heads (a backward CTA walks every query head of its group: one writer of dk, dv), seq_q != seq_k
+    both ways (causal, top-left: keys past seq_q see no query, their dk, dv are 0), both layouts."""
     _require_flash_sm90()
-    q, k, v, _ = _problem(rng, 2, heads_q, heads_kv, seq_q, seq_k, head_dim, dtype, layout)
-    _check_forward(q, k, v, causal, layout, KERNEL, poisoned, dtype, scale=0.3)
+    q, k, v, dy = _problem(rng, 2, heads_q, heads_kv, seq_q, seq_k, head_dim, dtype, layout)
+    _check_backward(q, k, v, dy, causal, layout, KERNEL, poisoned, dtype, scale=0.3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
+@pytest.mark.parametrize("head_dim", (64, 128))
+@pytest.mark.parametrize("causal", (False, True))
+def test_long_sequences_wrap_the_pipelines(rng, poisoned, dtype, head_dim, causal):
+    """2048 keys and queries, 2 query heads per K/V head: the forward's 16 K/V tiles and the backward's 32 (head_dim
+    128) or 16 (64) Q/dO tiles per head through their 2-stage rings, and the backward's double-buffered dS."""
+    _require_flash_sm90()
+    q, k, v, dy = _problem(rng, 1, 2, 1, 2048, 2048, head_dim, dtype, "bshd")
+    _check_backward(q, k, v, dy, causal, "bshd", KERNEL, poisoned, dtype)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
 @pytest.mark.parametrize("causal", (False, True))
-def test_long_rows_wrap_the_pipeline(rng, poisoned, dtype, causal):
-    """2048 keys: 16 K/V tiles through the 2-stage ring of every CTA (8 passes of each stage's barriers)."""
-    _require_flash_sm90()
-    q, k, v, _ = _problem(rng, 1, 2, 1, 2048, 2048, 128, dtype, "bshd")
-    _check_forward(q, k, v, causal, "bshd", KERNEL, poisoned, dtype)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
-@pytest.mark.parametrize("causal", (False, True))
-def test_backward_reads_its_lse(rng, poisoned, dtype, causal):
-    """The lse contract: flash's backward from flash_sm90's y and lse gives the reference gradients; flash_sm90 named
-    for the backward is refused."""
+@pytest.mark.parametrize("forward_kernel,backward_kernel", ((KERNEL, "flash"), ("flash", KERNEL)))
+def test_backward_reads_the_other_kernels_lse(rng, poisoned, dtype, causal, forward_kernel, backward_kernel):
+    """The lse contract both ways: flash's backward from flash_sm90's y and lse, and flash_sm90's from flash's."""
     _require_flash_sm90()
     runtime = ge2.device.runtime()
     q, k, v, dy = _problem(rng, 2, 4, 2, 129, 200, 128, dtype, "bhsd")
-    y, lse = _check_forward(q, k, v, causal, "bhsd", KERNEL, poisoned, dtype)
+    y, lse = _check_forward(q, k, v, causal, "bhsd", forward_kernel, poisoned, dtype)
     device = [runtime.DeviceArray.from_numpy(x) for x in (dy, q, k, v)]
     outs = tuple(poisoned(x.shape, dtype) for x in (q, k, v))
-    grads = attention.backward(*device, causal=causal, kernel="flash", out=outs, y=y, lse=lse)
+    grads = attention.backward(*device, causal=causal, kernel=backward_kernel, out=outs, y=y, lse=lse)
     expected = reference_backward_from_stored_y(dy, q, k, v, y.numpy(), causal=causal)
     for name, got, want in zip("qkv", grads, expected):
-        assert_close(got.numpy(), want, dtype, reduction_length=q.shape[-1], what=f"d{name} from flash_sm90's lse")
-    with pytest.raises(ValueError, match="kernel: 'flash_sm90' cannot run this problem: attention_backward has no "
-                                         "kernel 'flash_sm90'"):
-        attention.backward(*device, causal=causal, kernel=KERNEL, y=y, lse=lse)
+        assert_close(got.numpy(), want, dtype, reduction_length=q.shape[-1],
+                     what=f"d{name}: {backward_kernel}'s backward from {forward_kernel}'s lse")
 
 
 @pytest.mark.gpu
 def test_declined_problem_is_refused_by_name(rng):
     _require_flash_sm90()
     runtime = ge2.device.runtime()
-    q, k, v, _ = _problem(rng, 1, 2, 2, 9, 9, 64, "float16", "bhsd")
+    q, k, v, dy = _problem(rng, 1, 2, 2, 9, 9, 64, "float16", "bhsd")
     device = [runtime.DeviceArray.from_numpy(x) for x in (q, k, v)]
-    with pytest.raises(ValueError, match=re.escape(f"kernel: '{KERNEL}' cannot run this problem: flash_sm90 takes "
-                                                   "no sliding window")):
+    refused = re.escape(f"kernel: '{KERNEL}' cannot run this problem: flash_sm90 takes no sliding window")
+    with pytest.raises(ValueError, match=refused):
         attention.forward(*device, window=(2, 0), kernel=KERNEL)
+    y, lse = attention.forward(*device, window=(2, 0), kernel="flash")
+    with pytest.raises(ValueError, match=refused):
+        attention.backward(runtime.DeviceArray.from_numpy(dy), *device, window=(2, 0), kernel=KERNEL, y=y, lse=lse)
+
+
+@pytest.mark.gpu
+def test_misaligned_arrays_are_refused_by_name():
+    """TMA reads 16-byte aligned rows and the outputs are stored in 4-byte pairs: both passes refuse other addresses
+    before launching anything (the addresses below are never read)."""
+    _require_flash_sm90()
+    sizes = dict(batch=1, heads_q=1, heads_kv=1, seq_q=1, seq_k=1, head_dim=64, seq_major=False, scale=1.0,
+                 causal=False, dtype="float16", kernel=KERNEL, stream=0)
+    refused = "kernel: flash_sm90 needs inputs at 16-byte and outputs at 4-byte aligned addresses"
+    with pytest.raises(ValueError, match=refused):
+        _native().forward(24, 16, 16, 16, 16, **sizes)  # q
+    with pytest.raises(ValueError, match=refused):
+        _native().backward(16, 16, 16, 16, 16, 16, 16, 16, 18, **sizes)  # dv

@@ -46,10 +46,11 @@ Kernel candidates (``kernels()``), in priority order (``auto`` takes the first t
    candidate when cuDNN declines a problem.
 2. ``flash``: FlashAttention-2 on tensor cores (mma.sync), float16 and bfloat16, head_dim 64 and 128, any length;
    its backward adds dq in float32 atomics.
-   ``flash_sm90``: the forward only, on Hopper's wgmma and TMA (CuTe, sm_90a; built where CMake found CUTLASS's
-   headers, run on an sm_90 GPU): a producer warpgroup loads K/V tiles by TMA into a 2-stage ring, two consumer
-   warpgroups run the products and the float32 online softmax; float16 and bfloat16, head_dim 64 and 128, any
-   length, causal or not (no bias, window or soft cap). It writes the same lse, which every backward reads.
+   ``flash_sm90``: Hopper's wgmma and TMA (CuTe, sm_90a; built where CMake found CUTLASS's headers, run on an sm_90
+   GPU): a producer warpgroup loads tiles by TMA into a 2-stage ring, two consumer warpgroups run the products; the
+   forward's online softmax is in float32 registers, the backward keeps dk, dv in registers per 128 keys and adds
+   dq in float32 atomics; float16 and bfloat16, head_dim 64 and 128, any length, causal or not (no bias, window or
+   soft cap). It writes and reads the same lse as the others.
 3. ``rowwise``: a warp per query row (forward, dq) or key row (dk, dv), float32 online softmax, no tensor cores, no
    cuBLAS and no score scratch; head_dim <= 256, any length.
 4. ``unfused``: S = scale q k^T and y = P v on cuBLASLt around a softmax kernel (16-bit P and dS as a high and a
@@ -456,18 +457,15 @@ def _prepare(problem: Problem, first_input: int, native_call: str, kernel: str):
 
 # The kernels, best first; priorities, descriptions and alignments are in the native kernels() table (launcher.cu).
 _KERNELS = ("cudnn", "flash", "flash_sm90", "rowwise", "unfused")
-_FORWARD_ONLY = ("flash_sm90",)  # not candidates of attention_backward
 
 
 def _candidates(first_input: int, native_call: str) -> tuple[Candidate, ...]:
-    """cudnn where it was built and applies, else flash, else flash_sm90 (forward only), else rowwise, else unfused
-    (head_dim > 256); autotuning and explicit use may pick any (the forward OpDef reads q at input 0, the backward
-    at 1)."""
-    names = _KERNELS if native_call == "forward" else tuple(name for name in _KERNELS if name not in _FORWARD_ONLY)
+    """cudnn where it was built and applies, else flash, else flash_sm90, else rowwise, else unfused (head_dim >
+    256); autotuning and explicit use may pick any (the forward OpDef reads q at input 0, the backward at 1)."""
     return tuple(table_candidate("_ops_attention", name,
                                  lambda problem, name=name: _supports(problem, first_input, name),
                                  lambda problem, name=name: _prepare(problem, first_input, native_call, name))
-                 for name in names)
+                 for name in _KERNELS)
 
 
 def _attention_flops(in_types, out_types, attrs) -> float:

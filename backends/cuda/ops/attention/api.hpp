@@ -125,16 +125,29 @@ void launch_flash_forward(const ForwardArgs& args, cudaStream_t stream);
 // workspace: flash_backward_workspace_bytes(shape) of device scratch (D_i and the float32 dQ accumulator).
 std::size_t flash_backward_workspace_bytes(const Shape& shape);
 void launch_flash_backward(const BackwardArgs& args, void* workspace, cudaStream_t stream);
+// The two kernels around flash's and flash_sm90's main backward kernel (float16/bfloat16): row_dot writes
+// D_i = dO_i . O_i and zeroes the float32 dQ accumulator [batch, heads_q, seq_q, head_dim]; dq_store writes
+// dq = scale * accumulator in dq's dtype and layout.
+struct FlashBackwardWorkspace {
+  float* row_dot;         // batch * heads_q * seq_q, after the accumulator
+  float* dq_accumulator;  // batch * heads_q * seq_q * head_dim, at the workspace's start
+};
+FlashBackwardWorkspace flash_backward_workspace(const Shape& shape, void* workspace);
+void launch_flash_backward_row_dot(const BackwardArgs& args, const FlashBackwardWorkspace& workspace,
+                                   cudaStream_t stream);
+void launch_flash_backward_dq_store(const BackwardArgs& args, const FlashBackwardWorkspace& workspace,
+                                    cudaStream_t stream);
 // workspace: unfused_workspace_bytes(shape, backward) of device scratch (a chunk's scores and probabilities; for
 // the backward also D_i and, for 16-bit dK/dV summed over several GEMMs, their float32 sums).
 std::size_t unfused_workspace_bytes(const Shape& shape, bool backward);
 void launch_unfused_forward(const ForwardArgs& args, void* workspace, cudaStream_t stream);
 void launch_unfused_backward(const BackwardArgs& args, void* workspace, cudaStream_t stream);
-// flash_sm90 (kernels/flash_sm90.cu, its sm_90a kernels in sm90/): forward only; empty reasons when built with
-// CUTLASS's headers and run on an sm_90 device.
+// flash_sm90 (kernels/flash_sm90.cu, its sm_90a kernels in sm90/): empty reasons when built with CUTLASS's headers
+// and run on an sm_90 device. The backward's workspace is flash's (flash_backward_workspace_bytes).
 std::string flash_sm90_not_built_reason();
 std::string flash_sm90_unsupported_reason(const Shape& shape);
 void launch_flash_sm90_forward(const ForwardArgs& args, cudaStream_t stream);
+void launch_flash_sm90_backward(const BackwardArgs& args, void* workspace, cudaStream_t stream);
 // cudnn (kernels/cudnn_sdpa.cpp): empty reasons when built with the cuDNN frontend. forward/backward enqueue and
 // return empty, or return why cuDNN declined the problem at run time (no engine, an offset view), enqueuing nothing.
 std::string cudnn_not_built_reason();

@@ -1,7 +1,7 @@
 // attention launcher: argument checks, the kernel table and the launch of the named kernel (the Python selector
 // chooses). Candidates: cudnn (cuDNN's fused SDPA through the cuDNN frontend, where it was built), flash (tensor
-// cores, head_dim 64 and 128, float16 and bfloat16), flash_sm90 (the forward on Hopper's wgmma and TMA, where CUTLASS's
-// headers were found), rowwise (a warp per query row for the forward and dQ, a warp
+// cores, head_dim 64 and 128, float16 and bfloat16), flash_sm90 (Hopper's wgmma and TMA, where CUTLASS's headers were
+// found), rowwise (a warp per query row for the forward and dQ, a warp
 // per key row for dK/dV; no cuBLAS and no score scratch; head_dim <= 256) and unfused (cuBLASLt GEMMs around a
 // softmax through memory, the path that always works). flash, rowwise and unfused take every sliding window and soft
 // cap; cudnn takes the windows cuDNN's diagonal band expresses and declines a soft cap.
@@ -60,15 +60,17 @@ std::vector<KernelInfo> kernel_table() {
        "per CTA, online softmax in registers; backward per 64 key rows with dQ accumulated in float32 atomics",
        "head_dim 64 or 128; float16, bfloat16; any seq_q, seq_k, window and soft cap (key tiles outside the window "
        "are skipped); 16-byte aligned arrays"},
-      // Forward only. Below flash until the H200 has checked it; measured choice races it against the others.
+      // Below flash until the H200 has checked it; measured choice races it against the others.
       {"flash_sm90", 15,
        std::string(flash_sm90_not_built.empty() ? "" : "NOT BUILT (" + flash_sm90_not_built + "): ") +
-           "forward only, on Hopper's wgmma and TMA (CuTe, sm_90a): a CTA of 128 query rows is a producer warpgroup "
-           "loading Q once and K/V tiles of 128 rows by TMA into a 2-stage shared-memory ring (mbarriers) and two "
-           "consumer warpgroups of 64 rows running S = Q K^T (shared-memory operands) and O += P V (P from "
-           "registers), online softmax in float32 registers; the backward runs on the other candidates",
-       "built with CUTLASS's headers (GE2_CUTLASS); an sm_90 GPU; forward only; head_dim 64 or 128; float16, "
-       "bfloat16; any seq_q, seq_k, causal or not; no bias, window or soft cap; 16-byte aligned arrays"},
+           "Hopper's wgmma and TMA (CuTe, sm_90a), a producer warpgroup loading tiles by TMA into a 2-stage "
+           "shared-memory ring (mbarriers) and two consumer warpgroups of 64 rows. Forward: a CTA of 128 query rows "
+           "loads Q once and K/V tiles of 128 rows, runs S = Q K^T (shared-memory operands) and O += P V (P from "
+           "registers), online softmax in float32 registers. Backward: a CTA of 128 key rows loads K/V once and walks "
+           "the Q/dO tiles that see them (causal skips the others), S^T, dP^T, dV += P^T dO, dK += dS^T Q in "
+           "registers, dQ = dS K added in float32 atomics",
+       "built with CUTLASS's headers (GE2_CUTLASS); an sm_90 GPU; head_dim 64 or 128; float16, bfloat16; any "
+       "seq_q, seq_k, causal or not; no bias, window or soft cap; 16-byte aligned arrays"},
       {"rowwise", 10,
        "a warp per query row (forward, dQ) or key row (dK, dV): online softmax in float32, K/V rows streamed from "
        "L2, no tensor cores, no cuBLAS and no score scratch",
@@ -172,9 +174,6 @@ void require_runs(Kernel kernel, const Shape& shape, bool flash_aligned) {
   }
 }
 
-constexpr const char* kForwardOnly = "kernel: flash_sm90 runs the forward only (the backward: cudnn, flash, rowwise, "
-                                     "unfused)";
-
 // Enqueues cudnn's forward or backward; std::runtime_error with cuDNN's reason when it declines the problem.
 template <typename Args>
 void run_cudnn(const Args& args, std::string (*run)(const Args&, cudaStream_t), cudaStream_t stream) {
@@ -195,17 +194,15 @@ void prepare(Kernel kernel, const Shape& shape, bool backward) {
 std::size_t workspace_bytes(Kernel kernel, const Shape& shape, bool backward) {
   check_shape(shape);
   switch (kernel) {
-    case Kernel::Flash: return backward ? flash_backward_workspace_bytes(shape) : 0;
-    case Kernel::FlashSm90:
-      if (!backward) return 0;
-      throw std::invalid_argument(kForwardOnly);
+    case Kernel::Flash:
+    case Kernel::FlashSm90: return backward ? flash_backward_workspace_bytes(shape) : 0;
     case Kernel::Unfused: return unfused_workspace_bytes(shape, backward);
     case Kernel::Rowwise:  // D_i
       return backward ? static_cast<std::size_t>(shape.batch * shape.heads_q * shape.seq_q) * sizeof(float) : 0;
     case Kernel::Cudnn: break;  // its plans' workspace, sized when they are built
   }
-  throw std::invalid_argument(std::string("kernel: expected flash, rowwise or unfused (a kernel that runs with a "
-                                          "workspace of known size), got ") + kernel_name(kernel));
+  throw std::invalid_argument(std::string("kernel: expected flash, flash_sm90, rowwise or unfused (a kernel that "
+                                          "runs with a workspace of known size), got ") + kernel_name(kernel));
 }
 
 void forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream) {
@@ -226,7 +223,6 @@ void forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream) {
 void backward(const BackwardArgs& args, Kernel kernel, cudaStream_t stream) {
   check_shape(args.shape);
   check_bias(args.shape, args.bias);
-  if (kernel == Kernel::FlashSm90) throw std::invalid_argument(kForwardOnly);
   require_runs(kernel, args.shape,
                aligned({args.dout, args.q, args.k, args.v}, 16) && aligned({args.o, args.dq, args.dk, args.dv}, 4));
   if (kernel == Kernel::Cudnn) {
@@ -236,6 +232,8 @@ void backward(const BackwardArgs& args, Kernel kernel, cudaStream_t stream) {
   void* workspace = StreamWorkspace::get(workspace_bytes(kernel, args.shape, true), stream);
   if (kernel == Kernel::Flash) {
     launch_flash_backward(args, workspace, stream);
+  } else if (kernel == Kernel::FlashSm90) {
+    launch_flash_sm90_backward(args, workspace, stream);
   } else if (kernel == Kernel::Unfused) {
     launch_unfused_backward(args, workspace, stream);
   } else {

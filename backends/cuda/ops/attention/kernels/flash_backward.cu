@@ -289,13 +289,6 @@ __global__ void dq_store_kernel(Shape s, const float* __restrict__ dq_accumulato
 template <int kHeadDim, typename T>
 void launch(const BackwardArgs& args, float* row_dot, float* dq_accumulator, cudaStream_t stream) {
   const Shape& s = args.shape;
-  const int64_t rows = s.batch * s.heads_q * s.seq_q;
-  constexpr int kRowsPerBlock = 8;
-  row_dot_kernel<T><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kRowsPerBlock * 32, 0,
-                      stream>>>(s, static_cast<const T*>(args.dout), static_cast<const T*>(args.o), row_dot,
-                                dq_accumulator);
-  GE2_CHECK_LAUNCH("attention flash backward (row dot)");
-
   constexpr int bytes = backward_shared_bytes<kHeadDim>();
   auto kernel =
       s.softcap > 0.0f ? flash_backward_kernel<kHeadDim, T, true> : flash_backward_kernel<kHeadDim, T, false>;
@@ -308,8 +301,23 @@ void launch(const BackwardArgs& args, float* row_dot, float* dq_accumulator, cud
       static_cast<const T*>(args.v), args.lse, row_dot, dq_accumulator, static_cast<T*>(args.dk),
       static_cast<T*>(args.dv));
   GE2_CHECK_LAUNCH("attention flash backward (dK, dV, dQ accumulation)");
+}
 
-  const int64_t elements = rows * kHeadDim;
+template <typename T>
+void launch_row_dot(const BackwardArgs& args, float* row_dot, float* dq_accumulator, cudaStream_t stream) {
+  const Shape& s = args.shape;
+  const int64_t rows = s.batch * s.heads_q * s.seq_q;
+  constexpr int kRowsPerBlock = 8;
+  row_dot_kernel<T><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kRowsPerBlock * 32, 0,
+                      stream>>>(s, static_cast<const T*>(args.dout), static_cast<const T*>(args.o), row_dot,
+                                dq_accumulator);
+  GE2_CHECK_LAUNCH("attention flash backward (row dot)");
+}
+
+template <typename T>
+void launch_dq_store(const BackwardArgs& args, const float* dq_accumulator, cudaStream_t stream) {
+  const Shape& s = args.shape;
+  const int64_t elements = s.batch * s.heads_q * s.seq_q * s.head_dim;
   const int64_t blocks = (elements + 255) / 256 < 65536 ? (elements + 255) / 256 : 65536;
   dq_store_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(s, dq_accumulator,
                                                                         static_cast<T*>(args.dq));
@@ -323,19 +331,43 @@ std::size_t flash_backward_workspace_bytes(const Shape& s) {
   return rows * sizeof(float) * (1 + static_cast<std::size_t>(s.head_dim));
 }
 
+FlashBackwardWorkspace flash_backward_workspace(const Shape& s, void* workspace) {
+  // The accumulator first: its rows stay 8-byte aligned for flash_sm90's float2 atomics whatever the row count.
+  float* dq_accumulator = static_cast<float*>(workspace);
+  return {dq_accumulator + s.batch * s.heads_q * s.seq_q * s.head_dim, dq_accumulator};
+}
+
+void launch_flash_backward_row_dot(const BackwardArgs& args, const FlashBackwardWorkspace& workspace,
+                                   cudaStream_t stream) {
+  if (args.shape.dtype == DType::Float16) {
+    launch_row_dot<__half>(args, workspace.row_dot, workspace.dq_accumulator, stream);
+  } else {
+    launch_row_dot<__nv_bfloat16>(args, workspace.row_dot, workspace.dq_accumulator, stream);
+  }
+}
+
+void launch_flash_backward_dq_store(const BackwardArgs& args, const FlashBackwardWorkspace& workspace,
+                                    cudaStream_t stream) {
+  if (args.shape.dtype == DType::Float16) {
+    launch_dq_store<__half>(args, workspace.dq_accumulator, stream);
+  } else {
+    launch_dq_store<__nv_bfloat16>(args, workspace.dq_accumulator, stream);
+  }
+}
+
 void launch_flash_backward(const BackwardArgs& args, void* workspace, cudaStream_t stream) {
   const Shape& s = args.shape;
-  float* row_dot = static_cast<float*>(workspace);
-  const auto rows = static_cast<std::size_t>(s.batch * s.heads_q * s.seq_q);
-  float* dq_accumulator = row_dot + rows;
+  const FlashBackwardWorkspace scratch = flash_backward_workspace(s, workspace);
+  launch_flash_backward_row_dot(args, scratch, stream);
   const bool wide = s.head_dim == 128;
   if (s.dtype == DType::Float16) {
-    wide ? launch<128, __half>(args, row_dot, dq_accumulator, stream)
-         : launch<64, __half>(args, row_dot, dq_accumulator, stream);
+    wide ? launch<128, __half>(args, scratch.row_dot, scratch.dq_accumulator, stream)
+         : launch<64, __half>(args, scratch.row_dot, scratch.dq_accumulator, stream);
   } else {
-    wide ? launch<128, __nv_bfloat16>(args, row_dot, dq_accumulator, stream)
-         : launch<64, __nv_bfloat16>(args, row_dot, dq_accumulator, stream);
+    wide ? launch<128, __nv_bfloat16>(args, scratch.row_dot, scratch.dq_accumulator, stream)
+         : launch<64, __nv_bfloat16>(args, scratch.row_dot, scratch.dq_accumulator, stream);
   }
+  launch_flash_backward_dq_store(args, scratch, stream);
 }
 
 }  // namespace ge2::attention

@@ -1,7 +1,7 @@
 // The flash_sm90 candidate's checks and dispatch (compiled for every architecture, no CUTLASS headers): which
-// problems it runs, and which (dtype, head_dim) instantiation in sm90/flash_sm90_*.cu (compiled for sm_90a only,
-// when CMake found CUTLASS: GE2_WITH_CUTLASS=1) runs them. Forward only: the backward reads its lse through the
-// other candidates.
+// problems it runs, and which (pass, dtype, head_dim) instantiation in sm90/flash_sm90_*.cu (compiled for sm_90a
+// only, when CMake found CUTLASS: GE2_WITH_CUTLASS=1) runs them. The backward runs between flash's row_dot and
+// dq_store kernels, in flash's workspace.
 #include <string>
 
 #include "api.hpp"
@@ -52,6 +52,28 @@ void launch_flash_sm90_forward(const ForwardArgs& args, cudaStream_t stream) {
   GE2_CHECK_LAUNCH("attention flash_sm90 forward");
 #else
   (void)args;
+  (void)stream;
+  throw std::invalid_argument("kernel: flash_sm90 is NOT BUILT: " + flash_sm90_not_built_reason());
+#endif
+}
+
+void launch_flash_sm90_backward(const BackwardArgs& args, void* workspace, cudaStream_t stream) {
+#if GE2_WITH_CUTLASS
+  const FlashBackwardWorkspace scratch = flash_backward_workspace(args.shape, workspace);
+  launch_flash_backward_row_dot(args, scratch, stream);
+  const bool wide = args.shape.head_dim == 128;
+  if (args.shape.dtype == DType::Float16) {
+    wide ? flash_sm90::launch_backward_f16_128(args, scratch.row_dot, scratch.dq_accumulator, stream)
+         : flash_sm90::launch_backward_f16_64(args, scratch.row_dot, scratch.dq_accumulator, stream);
+  } else {
+    wide ? flash_sm90::launch_backward_bf16_128(args, scratch.row_dot, scratch.dq_accumulator, stream)
+         : flash_sm90::launch_backward_bf16_64(args, scratch.row_dot, scratch.dq_accumulator, stream);
+  }
+  GE2_CHECK_LAUNCH("attention flash_sm90 backward (dK, dV, dQ accumulation)");
+  launch_flash_backward_dq_store(args, scratch, stream);
+#else
+  (void)args;
+  (void)workspace;
   (void)stream;
   throw std::invalid_argument("kernel: flash_sm90 is NOT BUILT: " + flash_sm90_not_built_reason());
 #endif

@@ -107,9 +107,10 @@ __device__ constexpr auto accumulator_as_a_operand(Layout accumulator) {
                      get<1>(accumulator), coalesce(make_layout(get<0, 1>(blocks), get<2>(accumulator))));
 }
 
-// c (+)= a b over the k-blocks, issued as one wgmma batch by the calling warpgroup and waited for.
+// c (+)= a b over the k-blocks, issued as one wgmma batch by the calling warpgroup, not waited for (warpgroup_wait
+// retires batches in order; then fence c, and a from registers, before touching them).
 template <bool kZeroInit, bool kRegistersA, class Mma, class A, class B, class C>
-__device__ __forceinline__ void warpgroup_gemm(Mma& mma, A& a, B const& b, C& c) {
+__device__ __forceinline__ void issue_warpgroup_gemm(Mma& mma, A&& a, B const& b, C& c) {  // a: a view, or registers
   if constexpr (kRegistersA) warpgroup_fence_operand(a);
   warpgroup_fence_operand(c);
   warpgroup_arrive();
@@ -120,6 +121,12 @@ __device__ __forceinline__ void warpgroup_gemm(Mma& mma, A& a, B const& b, C& c)
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
+}
+
+// The same, waited for.
+template <bool kZeroInit, bool kRegistersA, class Mma, class A, class B, class C>
+__device__ __forceinline__ void warpgroup_gemm(Mma& mma, A& a, B const& b, C& c) {
+  issue_warpgroup_gemm<kZeroInit, kRegistersA>(mma, a, b, c);
   warpgroup_wait<0>();
   warpgroup_fence_operand(c);
   if constexpr (kRegistersA) warpgroup_fence_operand(a);

@@ -1,0 +1,397 @@
+// flash_sm90 backward (compiled for sm_90a only, on CuTe): dK, dV and the float32 dQ accumulator from dO, Q, K, V,
+// the forward's lse and D_i = dO_i . O_i (flash's row_dot kernel writes D and zeroes the accumulator before, its
+// dq_store kernel scales and rounds dQ after). A CTA owns kBlockN = 128 key rows of one (batch, K/V head) and walks
+// the query tiles of kBlockM rows that see them, for every query head of the group, so dK and dV have one writer.
+// It is three warpgroups. Warpgroup 0's first thread loads K and V once and the Q and dO tiles by TMA into a
+// kStages-deep ring (full and empty mbarriers, as in the forward), and its second warp the tile's lse and D into the
+// same stage (the full barrier waits for both). Warpgroups 1 and 2 own 64 keys each; per query tile they run
+//   S^T = K Q^T and dP^T = V dO^T on wgmma from shared memory, then in float32 registers P^T = exp(scale S^T - lse)
+//   and dS^T = P^T (dP^T - D);
+//   dV += P^T dO and dK += dS^T Q on wgmma with P^T and dS^T from registers (16-bit), dK and dV in registers;
+//   dS^T to shared memory (double-buffered), a barrier of the two warpgroups, then dQ_tile = dS K, split by query
+//   rows (head_dim 64: 128-row tiles) or by head_dim halves (128: 64-row tiles) over the two warpgroups, added to
+//   the float32 accumulator with 8-byte atomics.
+// Causal skips the query tiles that see none of the CTA's keys; scores outside a row's visible keys get P = 0. TMA
+// reads rows past seq_q or seq_k as zeros: such keys see no query (their dK, dV are not written) and such queries'
+// P is 0.
+#pragma once
+#include <cstdint>
+
+#include <cutlass/arch/barrier.h>
+
+#include "flash_sm90.cuh"
+
+namespace ge2::attention::flash_sm90 {
+
+using namespace cute;
+
+template <int kHeadDim_, typename Element_>
+struct BackwardTraits {
+  using Element = Element_;  // cutlass::half_t or cutlass::bfloat16_t
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = 128;                       // key rows per CTA, 64 per consumer warpgroup
+  static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;  // query rows per step: S^T, dP^T, dK, dV fit registers
+  static constexpr int kStages = 2;
+  static constexpr int kConsumerWarpgroups = kBlockN / 64;
+  static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
+  static constexpr int kThreads = 128 + kConsumerThreads;
+  // dQ's tile split over the consumer warpgroups: by 64-row halves when kBlockM is 128, else by head_dim halves.
+  static constexpr int kDqRowGroups = kBlockM / 64;
+  static constexpr int kDqColumnGroups = kConsumerWarpgroups / kDqRowGroups;
+
+  using TileSdP = cute::Shape<Int<kBlockN>, Int<kBlockM>, Int<kHeadDim>>;  // S^T, dP^T: keys x queries
+  using TileKV = cute::Shape<Int<kBlockN>, Int<kHeadDim>, Int<kBlockM>>;   // dK, dV: keys x head_dim
+  using TileDQ = cute::Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;   // dQ: queries x head_dim
+  using KeyWarpgroups = Layout<cute::Shape<Int<kConsumerWarpgroups>, _1, _1>>;
+  using DqWarpgroups = Layout<cute::Shape<Int<kDqRowGroups>, Int<kDqColumnGroups>, _1>>;
+  using MmaSdP = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, TileSdP>(), KeyWarpgroups{}));
+  // A from registers (P^T or dS^T, K-major); B is dO or Q stored [query][dim], read as (dim x query): MN-major.
+  using MmaKV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, TileKV, GMMA::Major::K, GMMA::Major::MN>(), KeyWarpgroups{}));
+  // A is dS stored [key][query], read as (query x key); B is K stored [key][dim], read as (dim x key): both MN-major.
+  using MmaDQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float,
+                           cute::Shape<Int<kBlockM / kDqRowGroups>, Int<kHeadDim / kDqColumnGroups>, Int<kBlockN>>,
+                           GMMA::Major::MN, GMMA::Major::MN>(),
+      DqWarpgroups{}));
+
+  // 128-byte swizzled rows, as in the forward; the transposed views are the same bytes read the other way.
+  using SmemLayoutKV = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                              cute::Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutKt = decltype(composition(
+      SmemLayoutKV{}, make_ordered_layout(cute::Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
+  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                             cute::Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{},
+      make_ordered_layout(cute::Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+  using SmemLayoutDs = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                              cute::Shape<Int<kBlockN>, Int<kBlockM>, _2>{}));
+  using SmemLayoutDsT = decltype(composition(
+      SmemLayoutDs{}, make_ordered_layout(cute::Shape<Int<kBlockM>, Int<kBlockN>, _2>{}, Step<_2, _1, _3>{})));
+
+  // Global tensors as (seq, dim, head, batch) with element strides, as in the forward.
+  using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
+  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
+  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemShape{},
+                                          GmemStride{}));
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKV{},
+                                       cute::Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutQ{}),
+                                      cute::Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);  // K and V, each
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);   // one Q or dO tile
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> k;
+    cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> v;
+    cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> dout;
+    cute::array_aligned<Element, cosize_v<SmemLayoutDs>, 1024> ds;
+    float lse[kStages][kBlockM], row_dot[kStages][kBlockM];  // of the stage's query rows (0 past seq_q)
+    alignas(8) uint64_t kv_full;
+    uint64_t q_full[kStages], dout_full[kStages], q_empty[kStages], dout_empty[kStages];
+  };
+  static constexpr int kStatisticsLanes = 32;  // the producer's second warp: lse and D into shared memory
+};
+
+template <class T>
+struct BackwardParams {
+  typename T::TmaKV tma_k, tma_v;
+  typename T::TmaQ tma_q, tma_dout;
+  attention::Shape shape;
+  const float* lse;            // [batch, heads_q, seq_q]
+  const float* row_dot;        // D, as lse
+  float* dq_accumulator;       // [batch, heads_q, seq_q, head_dim]
+  typename T::Element *dk, *dv;  // K's strides
+  int64_t kv_pitch, kv_head_stride, kv_batch_stride;
+  float scale_log2;  // scale * log2(e): P = exp2(scale_log2 s - log2(e) lse)
+};
+
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONSTANT BackwardParams<T> const p) {
+  using Element = typename T::Element;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  using TransactionBarrier = cutlass::arch::ClusterTransactionBarrier;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kStages = T::kStages;
+  const attention::Shape& s = p.shape;
+
+  extern __shared__ __align__(1024) unsigned char shared_bytes[];
+  auto& smem = *reinterpret_cast<typename T::SharedStorage*>(shared_bytes);
+  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename T::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename T::SmemLayoutKV{});
+  Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), typename T::SmemLayoutKt{});
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename T::SmemLayoutQ{});
+  Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename T::SmemLayoutQt{});
+  Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename T::SmemLayoutQ{});
+  Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename T::SmemLayoutQt{});
+  Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), typename T::SmemLayoutDs{});
+  Tensor sdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename T::SmemLayoutDsT{});
+
+  const int n_block = static_cast<int>(blockIdx.y);
+  const int bhk = static_cast<int>(blockIdx.x), b = bhk / int(s.heads_kv), hk = bhk % int(s.heads_kv);
+  const int group = int(s.heads_q / s.heads_kv);
+  const int n0 = n_block * kBlockN;
+  // Steps: (query head of the group, query tile) over the tiles holding a row that sees one of the CTA's keys, from
+  // the rows of its first key to those of its last (both bounds grow with the key).
+  const int last_key = min(int(s.seq_k), n0 + kBlockN) - 1;
+  const int query_begin = int(s.query_begin(n0)), query_end = int(s.query_end(last_key));
+  const int first_tile = query_begin / kBlockM;
+  const int tiles_per_head = query_end > query_begin && query_begin < s.seq_q
+                                 ? (query_end + kBlockM - 1) / kBlockM - first_tile : 0;
+  const int steps = group * tiles_per_head;
+
+  const int warpgroup = cutlass::canonical_warp_group_idx();
+  if (threadIdx.x == 0) {
+    Barrier::init(&smem.kv_full, 1);
+    CUTE_UNROLL
+    for (int stage = 0; stage < kStages; ++stage) {
+      Barrier::init(&smem.q_full[stage], 1 + T::kStatisticsLanes);  // TMA's thread and the statistics warp
+      Barrier::init(&smem.dout_full[stage], 1);
+      Barrier::init(&smem.q_empty[stage], T::kConsumerThreads);
+      Barrier::init(&smem.dout_empty[stage], T::kConsumerThreads);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {  // producer
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (steps == 0 || threadIdx.x >= 32 + T::kStatisticsLanes) return;
+    if (threadIdx.x >= 32) {  // lse and D of each step's query rows, read by the consumers' softmax
+      const int lane = static_cast<int>(threadIdx.x) - 32;
+      for (int step = 0; step < steps; ++step) {
+        const int stage = step % kStages;
+        const int h = hk * group + step / tiles_per_head, m0 = (first_tile + step % tiles_per_head) * kBlockM;
+        const int64_t row0 = (int64_t(b) * s.heads_q + h) * s.seq_q;
+        Barrier::wait(&smem.q_empty[stage], ((step / kStages) & 1) ^ 1);
+        for (int i = lane; i < kBlockM; i += T::kStatisticsLanes) {
+          const bool valid = m0 + i < s.seq_q;
+          smem.lse[stage][i] = valid ? p.lse[row0 + m0 + i] : 0.0f;
+          smem.row_dot[stage][i] = valid ? p.row_dot[row0 + m0 + i] : 0.0f;
+        }
+        Barrier::arrive(&smem.q_full[stage]);  // releases the stores above to the waiting consumers
+      }
+      return;
+    }
+    if (threadIdx.x != 0) return;
+    Tensor mK = p.tma_k.get_tma_tensor(make_shape(int32_t(s.seq_k), kHeadDim, int32_t(s.heads_kv), int32_t(s.batch)));
+    Tensor mV = p.tma_v.get_tma_tensor(make_shape(int32_t(s.seq_k), kHeadDim, int32_t(s.heads_kv), int32_t(s.batch)));
+    Tensor mQ = p.tma_q.get_tma_tensor(make_shape(int32_t(s.seq_q), kHeadDim, int32_t(s.heads_q), int32_t(s.batch)));
+    Tensor mdO =
+        p.tma_dout.get_tma_tensor(make_shape(int32_t(s.seq_q), kHeadDim, int32_t(s.heads_q), int32_t(s.batch)));
+    using KVTile = cute::Shape<Int<kBlockN>, Int<kHeadDim>>;
+    using QTile = cute::Shape<Int<kBlockM>, Int<kHeadDim>>;
+    Tensor gK = local_tile(mK(_, _, hk, b), KVTile{}, make_coord(n_block, _0{}));
+    Tensor gV = local_tile(mV(_, _, hk, b), KVTile{}, make_coord(n_block, _0{}));
+    auto cta_k = p.tma_k.get_slice(_0{});
+    auto cta_v = p.tma_v.get_slice(_0{});
+    auto cta_q = p.tma_q.get_slice(_0{});
+    auto cta_dout = p.tma_dout.get_slice(_0{});
+    Tensor tQsQ = cta_q.partition_D(sQ);  // (TMA, TMA_M, TMA_D, stage)
+    Tensor tdOsdO = cta_dout.partition_D(sdO);
+
+    TransactionBarrier::arrive_and_expect_tx(&smem.kv_full, 2 * T::kKVBytes);
+    copy(p.tma_k.with(smem.kv_full), cta_k.partition_S(gK), cta_k.partition_D(sK));
+    copy(p.tma_v.with(smem.kv_full), cta_v.partition_S(gV), cta_v.partition_D(sV));
+    for (int step = 0; step < steps; ++step) {
+      const int stage = step % kStages;
+      const uint32_t phase = (step / kStages) & 1;
+      const int h = hk * group + step / tiles_per_head, m_tile = first_tile + step % tiles_per_head;
+      Tensor gQ = local_tile(mQ(_, _, h, b), QTile{}, make_coord(m_tile, _0{}));
+      Tensor gdO = local_tile(mdO(_, _, h, b), QTile{}, make_coord(m_tile, _0{}));
+      Barrier::wait(&smem.q_empty[stage], phase ^ 1);  // the first pass finds every stage free
+      TransactionBarrier::arrive_and_expect_tx(&smem.q_full[stage], T::kQBytes);
+      copy(p.tma_q.with(smem.q_full[stage]), cta_q.partition_S(gQ), tQsQ(_, _, _, stage));
+      Barrier::wait(&smem.dout_empty[stage], phase ^ 1);
+      TransactionBarrier::arrive_and_expect_tx(&smem.dout_full[stage], T::kQBytes);
+      copy(p.tma_dout.with(smem.dout_full[stage]), cta_dout.partition_S(gdO), tdOsdO(_, _, _, stage));
+    }
+    return;
+  }
+
+  // consumers
+  cutlass::arch::warpgroup_reg_alloc<232>();
+  const int thread = static_cast<int>(threadIdx.x) - 128;
+  typename T::MmaSdP mma_sdp;
+  typename T::MmaKV mma_kv;
+  typename T::MmaDQ mma_dq;
+  auto thread_sdp = mma_sdp.get_thread_slice(thread);
+  auto thread_kv = mma_kv.get_thread_slice(thread);
+  auto thread_dq = mma_dq.get_thread_slice(thread);
+  Tensor tSrK = thread_sdp.partition_fragment_A(sK);     // descriptors
+  Tensor tSrV = thread_sdp.partition_fragment_A(sV);
+  Tensor tSrQ = thread_sdp.partition_fragment_B(sQ);     // (MMA, MMA_N, MMA_K, stage)
+  Tensor tSrdO = thread_sdp.partition_fragment_B(sdO);
+  Tensor tKVrQt = thread_kv.partition_fragment_B(sQt);   // (MMA, MMA_N, MMA_K, stage)
+  Tensor tKVrdOt = thread_kv.partition_fragment_B(sdOt);
+  Tensor tQrdS = thread_dq.partition_fragment_A(sdSt);   // (MMA, MMA_M, MMA_K, buffer)
+  Tensor tQrKt = thread_dq.partition_fragment_B(sKt);
+  Tensor tSsdS = thread_sdp.partition_C(sdS);            // this thread's dS^T elements, (MMA, MMA_M, MMA_N, buffer)
+
+  Tensor tdKrdK = partition_fragment_C(mma_kv, select<0, 1>(typename T::TileKV{}));
+  Tensor tdVrdV = partition_fragment_C(mma_kv, select<0, 1>(typename T::TileKV{}));
+  clear(tdKrdK);
+  clear(tdVrdV);
+  // (key, query) in the tile of every score element of this thread, as (rows, columns)
+  Tensor tScS = thread_sdp.partition_C(make_identity_tensor(select<0, 1>(typename T::TileSdP{})));
+  Tensor score_coordinates = make_tensor(tScS.data(), rows_by_columns(tScS.layout()));
+  constexpr int kRows = size<0>(decltype(score_coordinates.layout()){});  // 2 keys
+
+  // The query rows that see each of the thread's keys, [query_from, query_to) (none for keys past seq_k).
+  int query_from[kRows], query_to[kRows];
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const int key = n0 + get<0>(score_coordinates(r, 0));
+    query_from[r] = key < s.seq_k ? int(s.query_begin(key)) : 0;
+    query_to[r] = key < s.seq_k ? int(s.query_end(key)) : 0;
+  }
+  constexpr int kScores = decltype(size(partition_fragment_C(mma_sdp, select<0, 1>(typename T::TileSdP{}))))::value;
+  cutlass::NumericArrayConverter<Element, float, kScores> to_element;
+  using ScoreArray = cutlass::Array<float, kScores>;
+
+  if (steps > 0) Barrier::wait(&smem.kv_full, 0);
+  for (int step = 0; step < steps; ++step) {
+    const int stage = step % kStages, buffer = step & 1;
+    const uint32_t phase = (step / kStages) & 1;
+    const int h = hk * group + step / tiles_per_head;
+    const int m0 = (first_tile + step % tiles_per_head) * kBlockM;
+    const int64_t row0 = (int64_t(b) * s.heads_q + h) * s.seq_q;  // the dQ accumulator's rows of this head
+
+    // S^T = K Q^T and dP^T = V dO^T, two batches: the softmax of S^T runs while dP^T is computed.
+    Tensor tSrS = partition_fragment_C(mma_sdp, select<0, 1>(typename T::TileSdP{}));
+    Tensor tSrdP = partition_fragment_C(mma_sdp, select<0, 1>(typename T::TileSdP{}));
+    Barrier::wait(&smem.q_full[stage], phase);
+    issue_warpgroup_gemm<true, false>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
+    Barrier::wait(&smem.dout_full[stage], phase);
+    issue_warpgroup_gemm<true, false>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
+
+    // P^T = exp(scale S^T - lse) over the visible (key, query) pairs, 0 elsewhere.
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(tSrS);
+    Tensor scores = make_tensor(tSrS.data(), rows_by_columns(tSrS.layout()));
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(scores); ++c) {
+      const int column = get<1>(score_coordinates(0, c)), query = m0 + column;
+      const float lse_log2 = smem.lse[stage][column] * flash::kLog2e;
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const bool visible = query >= query_from[r] && query < query_to[r];
+        scores(r, c) = visible ? exp2f(scores(r, c) * p.scale_log2 - lse_log2) : 0.0f;
+      }
+    }
+    // dS^T = P^T (dP^T - D).
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrdP);
+    Tensor dp = make_tensor(tSrdP.data(), rows_by_columns(tSrdP.layout()));
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(dp); ++c) {
+      const float row_dot = smem.row_dot[stage][get<1>(score_coordinates(0, c))];
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) dp(r, c) = scores(r, c) * (dp(r, c) - row_dot);
+    }
+
+    // dV += P^T dO and dK += dS^T Q, P^T and dS^T rounded to the input dtype once, from registers.
+    auto p_values = to_element(*reinterpret_cast<ScoreArray const*>(tSrS.data()));
+    auto ds_values = to_element(*reinterpret_cast<ScoreArray const*>(tSrdP.data()));
+    Tensor tKVrP = make_tensor(make_rmem_ptr<Element>(p_values.data()), accumulator_as_a_operand(tSrS.layout()));
+    Tensor tKVrdS = make_tensor(make_rmem_ptr<Element>(ds_values.data()), accumulator_as_a_operand(tSrdP.layout()));
+    issue_warpgroup_gemm<false, true>(mma_kv, tKVrP, tKVrdOt(_, _, _, stage), tdVrdV);
+    issue_warpgroup_gemm<false, true>(mma_kv, tKVrdS, tKVrQt(_, _, _, stage), tdKrdK);
+
+    // dS^T to shared memory for dQ = dS K, which reads the other warpgroup's keys too: the async proxy (wgmma) must
+    // see both warpgroups' writes. The buffers alternate, so a warpgroup a step ahead never overwrites the dS that
+    // the other one still reads (it waits at the next barrier for that one's dQ to be done).
+    Tensor ds_register = make_tensor(make_rmem_ptr<Element>(ds_values.data()), tSrdP.layout());
+    copy(ds_register, tSsdS(_, _, _, buffer));
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, 0);
+
+    Tensor tQrdQ = partition_fragment_C(mma_dq, select<0, 1>(typename T::TileDQ{}));
+    issue_warpgroup_gemm<true, false>(mma_dq, tQrdS(_, _, _, buffer), tQrKt, tQrdQ);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tdVrdV);
+    warpgroup_fence_operand(tdKrdK);
+    warpgroup_fence_operand(tKVrP);
+    warpgroup_fence_operand(tKVrdS);
+    warpgroup_fence_operand(tQrdQ);
+    Barrier::arrive(&smem.q_empty[stage]);
+    Barrier::arrive(&smem.dout_empty[stage]);
+
+    // dQ_tile into the float32 accumulator: column pairs (c, c + 1) are adjacent, one 8-byte atomic each.
+    Tensor tQcdQ = thread_dq.partition_C(make_identity_tensor(select<0, 1>(typename T::TileDQ{})));
+    Tensor dq = make_tensor(tQrdQ.data(), rows_by_columns(tQrdQ.layout()));
+    Tensor dq_coordinates = make_tensor(tQcdQ.data(), rows_by_columns(tQcdQ.layout()));
+    CUTE_UNROLL
+    for (int r = 0; r < size<0>(dq); ++r) {
+      const int query = m0 + get<0>(dq_coordinates(r, 0));
+      if (query >= s.seq_q) continue;
+      float* accumulator_row = p.dq_accumulator + (row0 + query) * kHeadDim;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(dq); c += 2) {
+        atomicAdd(reinterpret_cast<float2*>(accumulator_row + get<1>(dq_coordinates(r, c))),
+                  make_float2(dq(r, c), dq(r, c + 1)));
+      }
+    }
+  }
+
+  // dK = scale * sum dS^T Q and dV, rounded once, for the keys that exist (zero for keys no query sees).
+  Tensor tKVcKV = thread_kv.partition_C(make_identity_tensor(select<0, 1>(typename T::TileKV{})));
+  Tensor dk = make_tensor(tdKrdK.data(), rows_by_columns(tdKrdK.layout()));
+  Tensor dv = make_tensor(tdVrdV.data(), rows_by_columns(tdVrdV.layout()));
+  Tensor kv_coordinates = make_tensor(tKVcKV.data(), rows_by_columns(tKVcKV.layout()));
+  const float scale = s.scale;
+  CUTE_UNROLL
+  for (int r = 0; r < size<0>(dk); ++r) {
+    const int key = n0 + get<0>(kv_coordinates(r, 0));
+    if (key >= s.seq_k) continue;
+    const int64_t offset = int64_t(b) * p.kv_batch_stride + int64_t(hk) * p.kv_head_stride + int64_t(key) * p.kv_pitch;
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(dk); c += 2) {
+      const int column = get<1>(kv_coordinates(r, c));
+      cutlass::Array<Element, 2> pair;
+      pair[0] = static_cast<Element>(dk(r, c) * scale);
+      pair[1] = static_cast<Element>(dk(r, c + 1) * scale);
+      *reinterpret_cast<cutlass::Array<Element, 2>*>(p.dk + offset + column) = pair;
+      pair[0] = static_cast<Element>(dv(r, c));
+      pair[1] = static_cast<Element>(dv(r, c + 1));
+      *reinterpret_cast<cutlass::Array<Element, 2>*>(p.dv + offset + column) = pair;
+    }
+  }
+}
+
+template <int kHeadDim, typename Element>
+void launch_backward(const BackwardArgs& args, const float* row_dot, float* dq_accumulator, cudaStream_t stream) {
+  using T = BackwardTraits<kHeadDim, Element>;
+  const attention::Shape& s = args.shape;
+  BackwardParams<T> p{};
+  using KVTile = cute::Shape<Int<T::kBlockN>, Int<kHeadDim>>;
+  using QTile = cute::Shape<Int<T::kBlockM>, Int<kHeadDim>>;
+  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gmem_view<T>(args.k, s, s.heads_kv, s.seq_k), typename T::SmemLayoutKV{},
+                          KVTile{}, _1{});
+  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem_view<T>(args.v, s, s.heads_kv, s.seq_k), typename T::SmemLayoutKV{},
+                          KVTile{}, _1{});
+  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem_view<T>(args.q, s, s.heads_q, s.seq_q),
+                          take<0, 2>(typename T::SmemLayoutQ{}), QTile{}, _1{});
+  p.tma_dout = make_tma_copy(SM90_TMA_LOAD{}, gmem_view<T>(args.dout, s, s.heads_q, s.seq_q),
+                             take<0, 2>(typename T::SmemLayoutQ{}), QTile{}, _1{});
+  p.shape = s;
+  p.lse = args.lse;
+  p.row_dot = row_dot;
+  p.dq_accumulator = dq_accumulator;
+  p.dk = static_cast<Element*>(args.dk);
+  p.dv = static_cast<Element*>(args.dv);
+  p.kv_pitch = s.seq_major ? s.heads_kv * s.head_dim : s.head_dim;
+  p.kv_head_stride = s.seq_major ? s.head_dim : s.seq_k * s.head_dim;
+  p.kv_batch_stride = s.seq_k * s.heads_kv * s.head_dim;
+  p.scale_log2 = s.scale * flash::kLog2e;
+
+  constexpr int bytes = sizeof(typename T::SharedStorage);
+  check_cuda(cudaFuncSetAttribute(backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+             "attention", "cudaFuncSetAttribute(flash_sm90 backward shared memory)");
+  const dim3 grid(static_cast<unsigned>(s.batch * s.heads_kv),
+                  static_cast<unsigned>((s.seq_k + T::kBlockN - 1) / T::kBlockN));
+  backward_kernel<T><<<grid, T::kThreads, bytes, stream>>>(p);
+}
+
+}  // namespace ge2::attention::flash_sm90

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "api.hpp"
+#include "cutlass_build.hpp"
 #include "status.hpp"
 
 #if GE2_WITH_CUTLASS
@@ -13,13 +14,7 @@
 
 namespace ge2::attention {
 
-std::string flash_sm90_not_built_reason() {
-#if GE2_WITH_CUTLASS
-  return "";
-#else
-  return GE2_CUTLASS_NOT_BUILT_REASON;
-#endif
-}
+std::string flash_sm90_not_built_reason() { return cutlass_not_built_reason(); }
 
 std::string flash_sm90_unsupported_reason(const Shape& s) {
   const std::string not_built = flash_sm90_not_built_reason();

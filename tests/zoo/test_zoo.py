@@ -81,7 +81,8 @@ def test_markdown_notes_say_what_was_not_timed_or_timed_beside_other_workers():
     failed_compile = {**compiled, "dtype": "float16", "compile_ms": None,
                       "compile_error": "BackendCompilerFailed: inductor raised"}
     text = zoo.format_markdown([older, untimed, failed_compile], "settings line")
-    assert "| 0.500 | 1.000 |  | 0 |  | timed beside other workers |" in text
+    assert ("| 0.500 | 1.000 |  | 0 |  | timed beside other workers; torch.compile not timed (by the run of this "
+            "row) |") in text
     assert ("|  |  |  | 0 |  | not timed: the zoo's deadline had passed before its turn; torch.compile failed: "
             "BackendCompilerFailed: inductor raised |") in text
 

@@ -251,7 +251,9 @@ def format_markdown(records: list[dict], settings: str) -> str:
             note = f"{len(r['problems'])} unsupported node(s), first: {first[1]} ({first[2][:80]})"
         for extra in (r.get("timing_error"), compile_record.get("compile_error") and "torch.compile failed: " +
                       compile_record["compile_error"], r.get("ge2_ms") is not None and not r.get("timed_alone") and
-                      "timed beside other workers", r.get("fallback_ops") and "fallback: " + ", ".join(r["fallback_ops"])):
+                      "timed beside other workers", r.get("ge2_ms") is not None and not compile_record and
+                      "torch.compile not timed (by the run of this row)",
+                      r.get("fallback_ops") and "fallback: " + ", ".join(r["fallback_ops"])):
             if extra:
                 note = (note + "; " if note else "") + extra
         match = {True: "yes", False: "**no**", None: ""}[r.get("match")]

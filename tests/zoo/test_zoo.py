@@ -201,12 +201,12 @@ def test_models_run_in_parallel_slow_ones_first_within_the_deadline(monkeypatch)
                        device="cuda", gpu=None, turns=None):
         started.append(name)
         limits[name] = (time_limit, limit_source)
-        time.sleep(0.3)
+        time.sleep(1.0)  # seconds apart from the deadline's margins below, so a loaded CI host keeps the outcome
         turns.done_preparing()
         return [zoo._failed(name, frontend, dtype, "ran") for dtype in dtypes for frontend in frontends]
 
     monkeypatch.setattr(zoo, "_run_model", fake_run_model)
-    monkeypatch.setattr(zoo, "MINIMUM_START_S", 0.5)
+    monkeypatch.setattr(zoo, "MINIMUM_START_S", 1.5)
     slow = next(name for name, spec in MODELS.items() if spec.slow)
     models = ["resnet18", "vgg11_bn", slow]
     zoo.run_models(models, ["torch"], ["float32"], time_limit=30, compile_too=False, two_sizes=False)
@@ -217,12 +217,12 @@ def test_models_run_in_parallel_slow_ones_first_within_the_deadline(monkeypatch)
     limits.clear()
     snapshots = []
     records = zoo.run_models(models, ["torch"], ["float32"], time_limit=30, compile_too=False, two_sizes=False,
-                             jobs=2, deadline=0.7, on_model=lambda so_far: snapshots.append(
+                             jobs=2, deadline=2.0, on_model=lambda so_far: snapshots.append(
                                  [r["model"] for r in so_far]))
-    assert sorted(started) == sorted([slow, "resnet18"])  # vgg11_bn waited for a job until 0.3 s before the deadline
+    assert sorted(started) == sorted([slow, "resnet18"])  # vgg11_bn waited for a job until 1 s before the deadline
     assert [r["model"] for r in records] == models  # the given order, whatever finished first
-    assert records[1]["error"] == "not started: the zoo's deadline of 1 s had passed"
-    assert all(0.5 < limit <= 0.7 and source == " (what the zoo's --deadline left)" for limit, source in
+    assert records[1]["error"] == "not started: the zoo's deadline of 2 s had passed"
+    assert all(1.5 < limit <= 2.0 and source == " (what the zoo's --deadline left)" for limit, source in
                limits.values())
     assert len(snapshots) == 3 and snapshots[-1] == models
 
@@ -241,6 +241,7 @@ def test_workers_spread_over_the_visible_gpus(monkeypatch):
     that start while the first 4 wait go one to each GPU; the ids come from CUDA_VISIBLE_DEVICES where it is set."""
     given, busy, most = {}, {"3": 0, "5": 0}, {"3": 0, "5": 0}
     lock = threading.Lock()
+    models = ["resnet18", "resnet50", "vgg11_bn", "googlenet", "bert", "gpt2"]
 
     def fake_run_model(name, frontends, dtypes, time_limit, compile_too, two_sizes=False, limit_source="",
                        device="cuda", gpu=None, turns=None):
@@ -248,7 +249,9 @@ def test_workers_spread_over_the_visible_gpus(monkeypatch):
             given[name] = gpu
             busy[gpu] += 1
             most[gpu] = max(most[gpu], busy[gpu])
-        time.sleep(0.3)
+        # staggered preparations: one ends every 0.4 s, so a job frees (and the next model starts) while others still
+        # prepare, and no turn can begin (it needs none preparing) before all six have started, even on a busy CI host
+        time.sleep(0.3 + 0.4 * models.index(name))
         turns.done_preparing()
         with turns.turn():
             with lock:
@@ -256,7 +259,6 @@ def test_workers_spread_over_the_visible_gpus(monkeypatch):
         return [zoo._failed(name, frontend, dtype, "ran") for dtype in dtypes for frontend in frontends]
 
     monkeypatch.setattr(zoo, "_run_model", fake_run_model)
-    models = ["resnet18", "resnet50", "vgg11_bn", "googlenet", "bert", "gpt2"]
     zoo.run_models(models, ["torch"], ["float32"], time_limit=30, compile_too=False, two_sizes=False, jobs=4,
                    gpus=["3", "5"])
     assert set(given) == set(models) and set(given.values()) == {"3", "5"}

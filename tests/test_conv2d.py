@@ -334,6 +334,17 @@ def check_forward(rng, poisoned, to_device, case, layout, dtype, kernel):
     assert_close(out.numpy(), expected, dtype, reduction_length=geometry.reduction_length, what="y")
 
 
+def assert_gradients_written(grads, outs, expected, lengths, dtype):
+    """dx, dw and dbias each written into its given output and close to the float64 reference (reduction lengths
+    in the same order); a gradient with no reference (no bias) is None."""
+    for name, grad, out, wanted, length in zip(("dx", "dw", "dbias"), grads, outs, expected, lengths):
+        if wanted is None:
+            assert grad is None
+            continue
+        assert grad is out
+        assert_close(grad.numpy(), wanted, dtype, reduction_length=length, what=name)
+
+
 def check_backward(rng, poisoned, to_device, case, layout, dtype, kernel):
     skip_unless_built(kernel)
     case = variant_for(kernel, case, layout, dtype, backward=True)
@@ -350,12 +361,7 @@ def check_backward(rng, poisoned, to_device, case, layout, dtype, kernel):
     geometry = conv2d.check_problem(x.shape, dtype, w.shape, dtype, **attrs)
     n_pq = geometry.n * geometry.p * geometry.q
     lengths = (geometry.k // geometry.groups * geometry.r * geometry.s, wgrad_length(n_pq, dtype), n_pq)
-    for name, grad, out, wanted, length in zip(("dx", "dw", "dbias"), grads, outs, expected, lengths):
-        if wanted is None:
-            assert grad is None
-            continue
-        assert grad is out
-        assert_close(grad.numpy(), wanted, dtype, reduction_length=length, what=name)
+    assert_gradients_written(grads, outs, expected, lengths, dtype)
 
 
 @pytest.mark.gpu

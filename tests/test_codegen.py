@@ -9,6 +9,7 @@ ones, CUDA-graph capture, 100 groups in one plan, sizes from 1 element to 2^31+ 
 """
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import subprocess
@@ -357,7 +358,9 @@ def test_without_the_toolkit_nvrtc_the_pypi_wheel_library_is_loaded_first(tmp_pa
     wheel_lib = tmp_path / "nvidia" / "cuda_nvrtc" / "lib"
     wheel_lib.mkdir(parents=True)
     (wheel_lib / "libnvrtc-builtins.so.13.0").symlink_to(loadable)  # loadable, but never loaded: it is not NVRTC
-    monkeypatch.syspath_prepend(str(tmp_path))
+    # tmp_path alone: an installed nvidia.cu13 or nvidia.cuda_nvrtc wheel (torch's, on a GPU machine) must not answer
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    importlib.invalidate_caches()
     for name in [m for m in sys.modules if m == "nvidia" or m.startswith("nvidia.")]:
         monkeypatch.delitem(sys.modules, name)
     assert compiler._preload_wheel_nvrtc() is False  # the wheel's directory holds only the builtins library

@@ -12,6 +12,7 @@ import pytest
 import graph_executor_v2 as ge2
 from graph_executor_v2.dtypes import FLOAT_DTYPES
 from graph_executor_v2.ir import TensorType
+from graph_executor_v2.ir.graph import output_names
 from graph_executor_v2.ops import BACKWARD_OPS, FUSED_OPS, OPS
 from graph_executor_v2.testing import assert_close, random_array
 
@@ -104,8 +105,9 @@ def _assert_outputs(op, got, expected, how, dtype="float32"):
     """The face's result (one array, or a tuple for several outputs) against the reference outputs, with the
     tolerance of ``dtype`` (the problem's compute dtype)."""
     got = got if isinstance(got, tuple) else (got,)
-    assert len(got) == len(expected) == len(OPS[op].outputs), f"{op} {how}"
-    for name, array, want in zip(OPS[op].outputs, got, expected):
+    names = output_names(OPS[op], len(expected))  # the OpDef's, or y0, y1, ... for variadic outputs
+    assert len(got) == len(expected) == len(names), f"{op} {how}"
+    for name, array, want in zip(names, got, expected):
         array = array if isinstance(array, np.ndarray) else ge2.device.as_device_array(array).numpy()
         assert array.shape == want.shape and array.dtype == want.dtype, f"{op} {how}: {name}"
         if np.issubdtype(want.dtype, np.integer):  # indices

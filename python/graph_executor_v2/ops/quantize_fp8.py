@@ -204,7 +204,7 @@ TRANSPOSE = register(OpDef(
         "gradient quantized without a 16-bit copy).",
 ))
 
-TRANSPOSE_FACE = Face(TRANSPOSE, lambda dy, inputs, attrs, kernel, out, stream: (None, None))
+TRANSPOSE_FACE = Face(TRANSPOSE, lambda dy, inputs, attrs, kernel, out, stream: [None] * len(inputs))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -79,7 +79,7 @@ def bench_shape(torch, shape, dtype_name, layout, candidate):
     ge2_forward()
     y_as_torch = y.permute(0, 3, 1, 2) if layout == "NHWC" else y
     dx_expected, dw_expected = torch_train()
-    dx, dw, _ = ge2_train()
+    dx, dw = ge2_train()[:2]  # (dx, dw, dbias, dresidual): no bias or residual here
     if layout == "NHWC":
         dx, dw = dx.permute(0, 3, 1, 2), dw.permute(0, 3, 1, 2)
     errors = [relative_error(torch, y_as_torch, expected), relative_error(torch, dx, dx_expected),

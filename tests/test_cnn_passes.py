@@ -3,6 +3,8 @@ transposes only at the edges) and fold_batch_norm (an inference batch norm folde
 Op counts before and after, and the CPU backend's results unchanged by each rewrite."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -259,34 +261,190 @@ def _float32_conv_chain(rng, channels=8):
     return g
 
 
-@pytest.mark.parametrize("nhwc_ms, expected", [(0.5, "NHWC"), (0.99, "NCHW"), (RuntimeError("no plan"), "NCHW")])
+COPY_BYTES_PER_S = 1e12  # the stand-in device's copy bandwidth: 1000 GB/s
+CHAIN_EDGE_BYTES = 2 * 2 * (2 * 8 * 6 * 6 * 4)  # _float32_conv_chain: x in and y out, each read and written once
+
+
+def _plan_layouts_measured(graph, measure, copy_bytes_per_s=COPY_BYTES_PER_S):
+    return PassManager([ge2.passes.Pass("plan_layouts", lambda g: ge2.passes.plan_layouts(
+        g, measure=measure, copy_bytes_per_s=copy_bytes_per_s))], verify_each=True).run(graph)
+
+
+def _conv_layouts(graph) -> dict:
+    """{input channels: layout} of the graph's convolutions (the tests give each region its own channel count)."""
+    return {n.inputs[1].type.shape[1 if n.attrs["layout"] == "NCHW" else 3]: n.attrs["layout"]
+            for n in graph.nodes if n.op == "conv2d"}
+
+
+@pytest.mark.parametrize("nhwc_ms, expected", [(0.5, "NHWC"), (0.99, "NCHW")])
 def test_plan_layouts_chooses_the_float32_layout_its_measurement_finds_faster(rng, conv2d, nhwc_ms, expected):
-    """An executor on CUDA passes ``measure``: the float32 convolutions take NHWC only when it is more than 3% faster
-    in sum (NCHW 1 ms each here); a timing that fails keeps NCHW. The note states both sums, or the failure."""
+    """An executor on CUDA passes ``measure`` and the copy bandwidth: the float32 region takes NHWC only when it is
+    more than 3% faster in sum, its edge transposes included (NCHW 1 ms each here). The notes state the timed share,
+    then the region: its convs, both sums, the transposes' cost and the choice."""
     g = _float32_conv_chain(rng)
     asked = []
 
     def measure(node, layout):
         asked.append((node.name, layout))
-        if isinstance(nhwc_ms, Exception) and layout == "NHWC":
-            raise nhwc_ms
         return 1.0 if layout == "NCHW" else nhwc_ms
 
-    rewritten, records = PassManager([ge2.passes.Pass("plan_layouts", lambda graph: ge2.passes.plan_layouts(
-        graph, measure=measure))], verify_each=True).run(g)
+    rewritten, records = _plan_layouts_measured(g, measure)
     assert {n.attrs["layout"] for n in _layout_nodes(rewritten)} == {expected}
-    assert {name for name, _ in asked} == {"conv2d_0"}  # conv2d_1 is the same problem: timed once, counted twice
-    if isinstance(nhwc_ms, Exception):
-        assert records[0].notes[0] == "float32 layout: NCHW (timing it in NHWC failed: no plan)"
-    else:
-        assert records[0].notes[0] == (f"float32 layout by measurement: the 1 costliest of 1 convolution problem(s) "
-                                       f"(100% of the FLOPs), NCHW 2.0000 ms, NHWC {2 * nhwc_ms:.4f} ms -> {expected}")
+    assert asked == [("conv2d_0", "NCHW"), ("conv2d_0", "NHWC")]  # conv2d_1 is the same problem: timed once
+    assert list(records[0].notes[:2]) == [
+        "float32 layout by measurement: the 1 costliest of 1 convolution problem(s) (100% of the FLOPs), 1 region(s)",
+        f"float32 region 1 of 1: 2 conv(s) (conv2d_0, conv2d_1), 2 timed: NCHW 2.0000 ms, NHWC {2 * nhwc_ms:.4f} ms, "
+        f"NHWC + {CHAIN_EDGE_BYTES / COPY_BYTES_PER_S * 1e3:.4f} ms of transposes (2 at its edges, "
+        f"{CHAIN_EDGE_BYTES} bytes at 1000 GB/s) -> {expected}"]
     _same_results(g, rewritten, {"x": random_array(rng, (2, 8, 6, 6), "float32")}, "float32", 72)
+
+
+@pytest.mark.parametrize("nhwc_ms, reason", [
+    (RuntimeError("no plan"), "timing conv2d_0 in NHWC failed: no plan"),
+    (float("nan"), "timing conv2d_0 in NHWC failed: measure returned nan, expected a positive finite time in ms"),
+    (-1.0, "timing conv2d_0 in NHWC failed: measure returned -1.0, expected a positive finite time in ms"),
+    ("0.5", "timing conv2d_0 in NHWC failed: measure returned '0.5', expected a positive finite time in ms")])
+def test_a_failing_or_bad_measurement_keeps_the_region_in_nchw(rng, conv2d, nhwc_ms, reason):
+    g = _float32_conv_chain(rng)
+
+    def measure(node, layout):
+        if layout == "NCHW":
+            return 1.0
+        if isinstance(nhwc_ms, Exception):
+            raise nhwc_ms
+        return nhwc_ms
+
+    rewritten, records = _plan_layouts_measured(g, measure)
+    assert {n.attrs["layout"] for n in _layout_nodes(rewritten)} == {"NCHW"}
+    assert records[0].notes[1] == f"float32 region 1 of 1: 2 conv(s) (conv2d_0, conv2d_1), 2 timed: NCHW ({reason})"
+
+
+@pytest.mark.parametrize("copy_bytes_per_s, expected", [(1e12, "NHWC"), (CHAIN_EDGE_BYTES / 0.2e-3, "NCHW")])
+def test_the_edge_transposes_decide_a_marginal_region(rng, conv2d, copy_bytes_per_s, expected):
+    """NHWC's convs are 10% faster (1.8 against 2.0 ms); at a copy bandwidth where the region's two edge transposes
+    take 0.2 ms, NHWC's total is 2.0 ms and the region stays NCHW."""
+    g = _float32_conv_chain(rng)
+    rewritten, records = _plan_layouts_measured(g, lambda node, layout: 1.0 if layout == "NCHW" else 0.9,
+                                                copy_bytes_per_s)
+    assert {n.attrs["layout"] for n in _layout_nodes(rewritten)} == {expected}
+    transposes_ms = CHAIN_EDGE_BYTES / copy_bytes_per_s * 1e3
+    assert records[0].notes[1].endswith(f"NCHW 2.0000 ms, NHWC 1.8000 ms, NHWC + {transposes_ms:.4f} ms of "
+                                        f"transposes (2 at its edges, {CHAIN_EDGE_BYTES} bytes at "
+                                        f"{copy_bytes_per_s / 1e9:.0f} GB/s) -> {expected}")
+
+
+def _two_regions(rng, second_channels=8):
+    """conv (4 -> 8 channels, 16x16) -> relu -> pad (not layout-free: the regions' border) -> conv (``second_channels``
+    -> 8, 4x4, stride 2) -> relu: two float32 regions with a transpose pair between them when they differ."""
+    g = Graph("two_regions")
+    x = g.input("x", (2, 4, 16, 16), "float32")
+    first = g.relu(g.conv2d(x, g.param("w0", random_array(rng, (8, 4, 3, 3), "float32", 0.3)), None,
+                            stride=(1, 1), padding=(1, 1)))
+    padded = g.pad(first, pads=(0, 0, 1, 1, 0, second_channels - 8, 1, 1))
+    g.output(g.relu(g.conv2d(padded, g.param("w1", random_array(rng, (8, second_channels, 3, 3), "float32", 0.2)),
+                             None, stride=(2, 2), padding=(1, 1))), "y")
+    return g, {"x": random_array(rng, (2, 4, 16, 16), "float32")}
+
+
+@pytest.mark.parametrize("nhwc_channels", [4, 8])
+def test_two_regions_with_opposite_preferences_take_opposite_layouts(rng, conv2d, nhwc_channels):
+    """Each region is timed on its own convolution (the stub's NHWC is twice as fast for one, twice as slow for the
+    other), and each takes its faster layout; the result is the original graph's."""
+    g, feeds = _two_regions(rng)
+    asked = []
+
+    def measure(node, layout):
+        channels = node.inputs[1].type.shape[1]
+        asked.append((channels, layout))
+        return 1.0 if layout == "NCHW" else (0.5 if channels == nhwc_channels else 2.0)
+
+    rewritten, records = _plan_layouts_measured(g, measure)
+    assert _conv_layouts(rewritten) == {nhwc_channels: "NHWC", 12 - nhwc_channels: "NCHW"}
+    assert sorted(asked) == [(4, "NCHW"), (4, "NHWC"), (8, "NCHW"), (8, "NHWC")]
+    notes = records[0].notes
+    assert notes[0].endswith("(100% of the FLOPs), 2 region(s)")
+    first, second = ("NHWC", "NCHW") if nhwc_channels == 4 else ("NCHW", "NHWC")
+    assert notes[1].startswith("float32 region 1 of 2: 1 conv(s) (conv2d_0), 1 timed: NCHW 1.0000 ms, NHWC "
+                               f"{0.5 if first == 'NHWC' else 2.0:.4f} ms, NHWC + ")
+    assert notes[1].endswith(f"-> {first}") and notes[2].endswith(f"-> {second}")
+    assert notes[2].startswith("float32 region 2 of 2: 1 conv(s) (conv2d_1), 1 timed: NCHW 1.0000 ms")
+    _same_results(g, rewritten, feeds, "float32", 72)
+
+
+def test_a_problem_shared_by_two_regions_is_timed_once(rng, conv2d):
+    g = Graph("shared_problem")
+    w = g.param("w", random_array(rng, (8, 8, 3, 3), "float32", 0.2))
+    x = g.input("x", (2, 8, 6, 6), "float32")
+    first = g.relu(g.conv2d(x, w, None, stride=(1, 1), padding=(1, 1)))
+    g.output(g.conv2d(g.pad(first, pads=(0, 0, 0, 0, 0, 0, 0, 0)), w, None, stride=(1, 1), padding=(1, 1)), "y")
+    asked = []
+
+    def measure(node, layout):
+        asked.append(layout)
+        return 1.0 if layout == "NCHW" else 0.5
+
+    _, records = _plan_layouts_measured(g, measure)
+    assert asked == ["NCHW", "NHWC"]
+    assert [note.split(": ", 1)[1][:48] for note in records[0].notes[1:3]] == [
+        "1 conv(s) (conv2d_0), 1 timed: NCHW 1.0000 ms, N", "1 conv(s) (conv2d_1), 1 timed: NCHW 1.0000 ms, N"]
+
+
+def test_a_failed_timing_keeps_only_its_own_region_in_nchw(rng, conv2d):
+    g, feeds = _two_regions(rng)
+
+    def measure(node, layout):
+        if node.inputs[1].type.shape[1] == 8 and layout == "NHWC":
+            raise ValueError("no kernel")
+        return 1.0 if layout == "NCHW" else 0.5
+
+    rewritten, records = _plan_layouts_measured(g, measure)
+    assert _conv_layouts(rewritten) == {4: "NHWC", 8: "NCHW"}
+    assert records[0].notes[2] == ("float32 region 2 of 2: 1 conv(s) (conv2d_1), 1 timed: NCHW (timing conv2d_1 in "
+                                   "NHWC failed: no kernel)")
+    _same_results(g, rewritten, feeds, "float32", 72)
+
+
+def test_a_residual_block_is_one_region_with_one_transpose_at_each_edge(rng, conv2d):
+    """conv -> relu -> conv, + the block's input, relu: the add joins both convs and the input into one region;
+    in NHWC only the input's transpose in and the output's back remain."""
+    g = Graph("residual")
+    x = g.input("x", (2, 8, 6, 6), "float32")
+    h = g.relu(g.conv2d(x, g.param("w0", random_array(rng, (8, 8, 3, 3), "float32", 0.2)), None, stride=(1, 1),
+                        padding=(1, 1)))
+    h = g.conv2d(h, g.param("w1", random_array(rng, (8, 8, 1, 1), "float32", 0.3)), None, stride=(1, 1),
+                 padding=(0, 0))
+    g.output(g.relu(g.add(h, x)), "y")
+    rewritten, records = _plan_layouts_measured(g, lambda node, layout: 1.0 if layout == "NCHW" else 0.5)
+    assert records[0].notes[0].endswith(", 1 region(s)")
+    assert f"(2 at its edges, {CHAIN_EDGE_BYTES} bytes" in records[0].notes[1]
+    assert len([n for n in rewritten.nodes if n.op == "transpose" and not n.inputs[0].is_param]) == 2
+    _same_results(g, rewritten, {"x": random_array(rng, (2, 8, 6, 6), "float32")}, "float32", 81)
+
+
+def test_a_transpose_that_is_a_view_costs_nothing_at_a_region_edge(rng, conv2d):
+    """A region ending in a global mean with keepdims: its [N, C, 1, 1] output's transpose back is a view (a
+    reshape), so only the input's transpose in is charged."""
+    g = Graph("pooled")
+    x = g.input("x", (2, 8, 6, 6), "float32")
+    h = g.relu(g.conv2d(x, g.param("w", random_array(rng, (8, 8, 3, 3), "float32", 0.2)), None, stride=(1, 1),
+                        padding=(1, 1)))
+    g.output(g.mean(h, axis=(2, 3), keepdims=True), "y")
+    rewritten, records = _plan_layouts_measured(g, lambda node, layout: 1.0 if layout == "NCHW" else 0.5)
+    assert f"(1 at its edges, {CHAIN_EDGE_BYTES // 2} bytes at 1000 GB/s) -> NHWC" in records[0].notes[1]
+    _same_results(g, rewritten, {"x": random_array(rng, (2, 8, 6, 6), "float32")}, "float32", 72)
+
+
+@pytest.mark.parametrize("copy_bytes_per_s", [None, 0.0, float("inf"), True, "1e12"])
+def test_plan_layouts_refuses_a_measure_without_a_copy_bandwidth(rng, conv2d, copy_bytes_per_s):
+    with pytest.raises(ValueError, match="copy_bytes_per_s: expected a positive number of bytes per second"):
+        ge2.passes.plan_layouts(_float32_conv_chain(rng), measure=lambda node, layout: 1.0,
+                                copy_bytes_per_s=copy_bytes_per_s)
 
 
 def test_the_float32_layout_measures_the_costliest_convolution_problems_only(rng, conv2d):
     """A convolution with 90% of the FLOPs is timed; the small one (10%) is not: the timed problems stop at 80% of
-    the FLOPs (or 8 problems), so a network of many conv shapes plans a bounded number of one-conv graphs."""
+    the FLOPs (or 8 problems), so a network of many conv shapes plans a bounded number of one-conv graphs. The small
+    one's region keeps NCHW and its note says why."""
     g = Graph("two_sizes")
     big, small = g.input("big", (2, 8, 24, 24), "float32"), g.input("small", (2, 8, 8, 8), "float32")
     w = g.param("w", random_array(rng, (8, 8, 3, 3), "float32", 0.2))
@@ -296,13 +454,15 @@ def test_the_float32_layout_measures_the_costliest_convolution_problems_only(rng
 
     def measure(node, layout):
         asked.append(node.inputs[0].name)
-        return 1.0
+        return 1.0 if layout == "NCHW" else 0.5
 
-    _, records = PassManager([ge2.passes.Pass("plan_layouts", lambda graph: ge2.passes.plan_layouts(
-        graph, measure=measure))]).run(g)
+    rewritten, records = _plan_layouts_measured(g, measure)
     assert set(asked) == {"big"}
-    assert records[0].notes[0].startswith("float32 layout by measurement: the 1 costliest of 2 convolution problem(s) "
-                                          "(90% of the FLOPs)")
+    assert records[0].notes[0] == ("float32 layout by measurement: the 1 costliest of 2 convolution problem(s) "
+                                   "(90% of the FLOPs), 2 region(s)")
+    assert records[0].notes[2] == ("float32 region 2 of 2: 1 conv(s) (conv2d_1), 0 timed: NCHW (none of its "
+                                   "convolutions is among the costliest problems)")
+    assert [n.attrs["layout"] for n in rewritten.nodes if n.op == "conv2d"] == ["NHWC", "NCHW"]
 
 
 def test_the_layout_timer_plans_the_convolution_alone_in_the_asked_layout(rng, conv2d):
@@ -331,7 +491,47 @@ def test_an_executor_on_cuda_measures_the_float32_layout(rng):
     g = _float32_conv_chain(rng, channels=32)
     executor = ge2.ExecutorV2(g, device="cuda", precision="highest")
     (record,) = [r for r in executor.pass_records if r.name == "plan_layouts"]
-    assert record.notes[0].startswith("float32 layout by measurement: the 1 costliest of 1 convolution problem(s)")
+    assert record.notes[0] == ("float32 layout by measurement: the 1 costliest of 1 convolution problem(s) (100% of "
+                               "the FLOPs), 1 region(s)")
+    assert record.notes[1].startswith("float32 region 1 of 1: 2 conv(s) (conv2d_0, conv2d_1), 2 timed: NCHW ")
+    assert record.notes[1] in executor.explain()
     feeds = {"x": random_array(rng, (2, 32, 6, 6), "float32")}
     expected = ge2.ExecutorV2(g, device="cpu", passes=[]).run(feeds)["y"]
     assert_close(executor.run(feeds)["y"], expected.astype(np.float64), "float32", 288)
+
+
+@pytest.mark.gpu
+def test_an_executor_on_cuda_measures_each_float32_region(rng):
+    """Two float32 regions apart (a pad between them): each is timed and chosen on its own, explain() lists both,
+    and the result matches float64 whatever they chose."""
+    g, feeds = _two_regions(rng)
+    executor = ge2.ExecutorV2(g, device="cuda", precision="highest")
+    (record,) = [r for r in executor.pass_records if r.name == "plan_layouts"]
+    assert record.notes[0].endswith("(100% of the FLOPs), 2 region(s)")
+    for number, conv in ((1, "conv2d_0"), (2, "conv2d_1")):
+        note = record.notes[number]
+        assert note.startswith(f"float32 region {number} of 2: 1 conv(s) ({conv}), 1 timed: NCHW ") and note in \
+            executor.explain()
+        assert {note[-4:]} == {layout for channels, layout in _conv_layouts(executor.optimized_graph).items()
+                               if channels == (4 if number == 1 else 8)}
+    expected = ge2.ExecutorV2(g, device="cpu", passes=[]).run(feeds)["y"]
+    assert_close(executor.run(feeds)["y"], expected.astype(np.float64), "float32", 72)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nhwc_channels", [4, 8])
+def test_float32_regions_in_opposite_layouts_run_on_cuda(rng, nhwc_channels):
+    """The default pipeline on CUDA with a stand-in measurement that sends one region to NHWC and the other to NCHW
+    (a transpose pair between them): the result matches float64."""
+    g, feeds = _two_regions(rng)
+
+    def measure(node, layout):
+        return 1.0 if layout == "NCHW" else (0.5 if node.inputs[1].type.shape[1] == nhwc_channels else 2.0)
+
+    by_stub = functools.partial(ge2.passes.plan_layouts, measure=measure, copy_bytes_per_s=COPY_BYTES_PER_S)
+    pipeline = [ge2.passes.Pass("plan_layouts_by_stub", by_stub, p.doc) if p.name == "plan_layouts" else p
+                for p in ge2.passes.resolve(None)]
+    executor = ge2.ExecutorV2(g, device="cuda", passes=pipeline, precision="highest")
+    assert _conv_layouts(executor.optimized_graph) == {nhwc_channels: "NHWC", 12 - nhwc_channels: "NCHW"}
+    expected = ge2.ExecutorV2(g, device="cpu", passes=[]).run(feeds)["y"]
+    assert_close(executor.run(feeds)["y"], expected.astype(np.float64), "float32", 72)

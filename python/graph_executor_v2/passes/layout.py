@@ -3,12 +3,16 @@ transposes remain only at the edges of each region of such nodes.
 
 ``PREFERRED``: NHWC for float16/bfloat16 (cuDNN's runtime-fusion engines, which fuse a conv's bias, residual and
 activation, and GE2's implicit GEMM take only channels-last; pooling and batch norm read channel vectors), NCHW for
-float32 unless measured otherwise: given ``measure`` (an executor on CUDA passes one: ``runtime/layout_timing.py``),
-the float32 convolutions are timed in both layouts (each its fastest kernel, as the plan will choose; the costliest
-distinct problems, up to 8 or 80% of the FLOPs) and the graph's float32 nodes take NHWC where that sum is more than
-3% faster (the autotuner's own margin: it also pays the
-transposes at the region's edges); the note says both sums. Without ``measure`` (the CPU, no GPU) an NCHW float32
-graph, as every exported one is, is left alone.
+float32 unless measured otherwise, region by region. A float32 region is a maximal set of layout-aware nodes and of
+the ops step 2 moves transposes through, connected by float32 4-d activations, with a convolution in it: what ends
+up with one transpose at each entry and exit. Given ``measure`` and the copy bandwidth (an executor on CUDA passes
+``runtime/layout_timing.py``'s timer and the roofline's measured copy), the graph's costliest distinct float32
+convolution problems (up to 8 or 80% of the FLOPs, each timed once in each layout with its fastest kernel, as the plan
+will choose) are summed per region, the transposes its edges would need are added to the layout it is not in (bytes
+read and written at the copy bandwidth), and the region takes NHWC where that total is more than 3% below NCHW's (the
+autotuner's margin). A note per region says its convs, both sums, the transposes' cost and the choice (or why it
+stays NCHW: no timed problem, a timing that failed). Without ``measure`` (the CPU, no GPU) an NCHW float32 graph, as
+every exported one is, is left alone.
 
 1. Each layout-aware node in the other layout is rebuilt in the preferred one, its 4-d activation operands
    transposed in (NCHW -> NHWC: perm (0, 2, 3, 1)) and its used 4-d activation outputs transposed back. A value read
@@ -33,7 +37,10 @@ residual. The pass's last note counts the nodes in each layout and the transpose
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 
+from ..dtypes import itemsize
 from ..ir.graph import Graph, Value
 from ..ops import elementwise, pointwise
 from ..ops.reduce import OP_NAMES as REDUCTION_OPS
@@ -61,13 +68,12 @@ ACTIVATION_OPERANDS = {
 }
 
 
-def _relayout(graph: Graph, node, transposed: dict, preferred: dict) -> str | None:
-    """Rebuilds ``node`` in its dtype's ``preferred`` layout; None when it already is (or is not 4-d).
+def _relayout(graph: Graph, node, transposed: dict, target: str | None) -> str | None:
+    """Rebuilds ``node`` in the ``target`` layout; None when it already is (or is not 4-d, or target is None).
     ``transposed`` maps (value, perm) to the transposes built so far, so a value read by several nodes is transposed
     once."""
     inputs, outputs = ACTIVATION_OPERANDS[node.op]
     x = node.inputs[0]
-    target = preferred.get(x.type.dtype)
     current = node.attrs["layout"]
     if target is None or target == current or x.type.rank != 4:
         return None
@@ -166,12 +172,15 @@ def sink_through_resize(graph: Graph, x: Value, t: Value, y: Value):
     return graph.transpose(graph.resize(x, **{**attrs, "layout": source_layout}), perm=_perm(t))
 
 
+def _is_view(shape, perm) -> bool:
+    """Whether transposing a concrete ``shape`` by ``perm`` keeps the order of the dims larger than 1 (a reshape)."""
+    moved = [axis for axis in perm if shape[axis] != 1]
+    return moved == sorted(moved)
+
+
 # transpose(x, p) that keeps the order of the dims larger than 1 = reshape(x): a view, no copy
 def unit_transpose_to_reshape(graph: Graph, x: Value, y: Value):
-    if not x.type.is_concrete:
-        return None
-    moved = [axis for axis in _perm(y) if x.type.shape[axis] != 1]
-    if moved != sorted(moved) or _perm(y) == tuple(range(x.type.rank)):
+    if not x.type.is_concrete or not _is_view(x.type.shape, _perm(y)) or _perm(y) == tuple(range(x.type.rank)):
         return None
     return graph.reshape(x, shape=y.type.shape)
 
@@ -257,11 +266,13 @@ def _summary(graph: Graph) -> str:
             + (": " + "; ".join(remaining) if remaining else ""))
 
 
-MEASURED_MARGIN = 0.97  # NHWC must be this much faster: the autotuner's margin, and the region's edge transposes
+MEASURED_MARGIN = 0.97  # a layout must be this much faster (the autotuner's margin)
 # The costliest distinct problems are timed, until they hold this share of the convolutions' FLOPs or this many: a
 # network of 60 conv shapes (DenseNet-121) would otherwise plan 120 one-conv graphs at build time.
 MEASURED_FLOPS_SHARE = 0.8
 MEASURED_PROBLEMS = 8
+# Ops a region's layout passes through (step 2's rules): its nodes, besides the layout-aware ones
+LAYOUT_FREE_OPS = frozenset(UNARY_OPS + BINARY_OPS + REDUCTION_OPS + ("resize", "concat"))
 
 
 def _problem(node) -> tuple:
@@ -270,50 +281,156 @@ def _problem(node) -> tuple:
             tuple(sorted((name, repr(value)) for name, value in node.attrs.items())))
 
 
-def _measured_float32_layout(graph: Graph, measure) -> tuple[str, str | None]:
-    """(the float32 layout, a note) from ``measure(conv node, layout) -> ms`` over the graph's costliest float32 4-d
-    convolution problems (each weighted by how many nodes share it); NCHW when there is none, or when timing one
-    fails (the note says why)."""
-    convs = [n for n in graph.nodes if n.op == "conv2d" and n.inputs[0].type.dtype == "float32"
-             and n.inputs[0].type.rank == 4 and n.inputs[0].type.is_concrete]
-    if not convs:
-        return PREFERRED["float32"], None
+def _is_float32_conv(node) -> bool:
+    return node.op == "conv2d" and node.inputs[0].type.dtype == "float32" and node.inputs[0].type.rank == 4 \
+        and node.inputs[0].type.is_concrete
+
+
+def _float32_activations(node) -> tuple[list, list]:
+    """(inputs, outputs) of ``node`` that are float32 4-d activations: the values a layout change transposes."""
+    if node.op in ACTIVATION_OPERANDS:
+        positions_in, positions_out = ACTIVATION_OPERANDS[node.op]
+        inputs = [node.inputs[i] for i in positions_in if i < len(node.inputs)]
+        outputs = [node.outputs[i] for i in positions_out]
+    else:
+        inputs, outputs = node.inputs, node.outputs
+
+    def activation(value):
+        return value is not None and not value.is_param and value.type.dtype == "float32" and value.type.rank == 4 \
+            and value.type.is_concrete
+    return [v for v in inputs if activation(v)], [v for v in outputs if activation(v)]
+
+
+def _float32_regions(graph: Graph) -> list[list]:
+    """The float32 regions, each its nodes in graph order: maximal sets of layout-aware and layout-free nodes
+    connected through float32 4-d activations, each holding a float32 4-d convolution. They are what step 2 leaves
+    with one transpose at each entry and exit when the region changes layout."""
+    root = {node: node for node in graph.nodes if node.op in ACTIVATION_OPERANDS or node.op in LAYOUT_FREE_OPS}
+
+    def find(node):
+        while root[node] is not node:
+            root[node] = root[root[node]]
+            node = root[node]
+        return node
+
+    first_toucher: dict = {}
+    for node in root:
+        inputs, outputs = _float32_activations(node)
+        for value in inputs + outputs:
+            root[find(node)] = find(first_toucher.setdefault(value, node))
+    regions: dict = {}
+    for node in root:
+        regions.setdefault(find(node), []).append(node)
+    return [nodes for nodes in regions.values() if any(map(_is_float32_conv, nodes))]
+
+
+def _edge_bytes(graph: Graph, region: list, current: str) -> tuple[int, int]:
+    """(transposes, bytes they read and write) at ``region``'s entries and exits if it left ``current``: each
+    activation produced outside and read inside, or produced inside and read outside (or a graph output), once. A
+    transpose that only moves size-1 dims is a view (step 3) and costs nothing."""
+    members, users = set(region), graph.users()
+    edges: dict = {}
+    for node in region:
+        inputs, outputs = _float32_activations(node)
+        for value in inputs:
+            if value.producer not in members:
+                edges[value] = None
+        for value in outputs:
+            if graph.is_output(value) or any(user not in members for user in users.get(value, [])):
+                edges[value] = None
+    perm = PERMS[(current, "NHWC" if current == "NCHW" else "NCHW")]
+    moving = [v for v in edges if not _is_view(v.type.shape, perm)]
+    return len(moving), sum(2 * v.type.numel * itemsize(v.type.dtype) for v in moving)
+
+
+def _positive(number) -> bool:
+    return isinstance(number, numbers.Real) and not isinstance(number, bool) and math.isfinite(number) and number > 0
+
+
+def _timed(measure, node, layout: str) -> float:
+    """``measure(node, layout)``, checked: a time in ms, positive and finite."""
+    ms = measure(node, layout)
+    if not _positive(ms):
+        raise ValueError(f"measure returned {ms!r}, expected a positive finite time in ms")
+    return float(ms)
+
+
+def _measured_float32_layouts(graph: Graph, measure, copy_bytes_per_s: float) -> tuple[dict, list]:
+    """({layout-aware node: its float32 layout}, notes), region by region. The graph's costliest float32 4-d
+    convolution problems (each weighted by how many nodes share it; bounded over the whole graph) are timed once
+    each by ``measure(conv node, layout) -> ms``; a region sums its own convolutions of those problems in both
+    layouts, adds to the layout it is not in the transposes its edges would need (bytes read and written at
+    ``copy_bytes_per_s``), and takes NHWC when that total is more than 3% below NCHW's. A region keeps NCHW when
+    none of its problems was timed, or when timing one failed (its note says why)."""
+    regions = _float32_regions(graph)
+    if not regions:
+        return {}, []
     problems: dict[tuple, list] = {}
-    for node in convs:
-        problems.setdefault(_problem(node), []).append(node)
+    for region in regions:
+        for node in region:
+            if _is_float32_conv(node):
+                problems.setdefault(_problem(node), []).append(node)
     flops = {key: len(nodes) * nodes[0].opdef.flop_count([None if v is None else v.type for v in nodes[0].inputs],
                                                          [v.type for v in nodes[0].outputs], nodes[0].attrs)
              for key, nodes in problems.items()}
-    total, covered, chosen_keys = sum(flops.values()), 0.0, []
+    total, covered, timed_keys = sum(flops.values()), 0.0, []
     for key in sorted(problems, key=flops.get, reverse=True):
-        if len(chosen_keys) == MEASURED_PROBLEMS or (chosen_keys and covered >= MEASURED_FLOPS_SHARE * total):
+        if len(timed_keys) == MEASURED_PROBLEMS or (timed_keys and covered >= MEASURED_FLOPS_SHARE * total):
             break
-        chosen_keys.append(key)
+        timed_keys.append(key)
         covered += flops[key]
-    totals = {}
-    for layout in ("NCHW", "NHWC"):
-        try:
-            totals[layout] = sum(len(problems[key]) * measure(problems[key][0], layout) for key in chosen_keys)
-        except (RuntimeError, ValueError) as error:  # a plan that cannot be built: the layout stays unmeasured
-            return PREFERRED["float32"], (f"float32 layout: {PREFERRED['float32']} (timing it in {layout} failed: "
-                                          f"{error})")
-    chosen = "NHWC" if totals["NHWC"] < MEASURED_MARGIN * totals["NCHW"] else "NCHW"
+    times: dict[tuple, dict] = {}  # problem -> {layout: ms}, or the failure's text under "failed"
+    for key in timed_keys:
+        times[key] = {}
+        for layout in ("NCHW", "NHWC"):
+            try:
+                times[key][layout] = _timed(measure, problems[key][0], layout)
+            except (RuntimeError, ValueError) as error:  # a plan that cannot be built: the problem stays unmeasured
+                times[key] = {"failed": f"timing {problems[key][0].name} in {layout} failed: {error}"}
+                break
     share = covered / total if total else 1.0
-    return chosen, (f"float32 layout by measurement: the {len(chosen_keys)} costliest of {len(problems)} convolution "
-                    f"problem(s) ({share:.0%} of the FLOPs), NCHW {totals['NCHW']:.4f} ms, NHWC "
-                    f"{totals['NHWC']:.4f} ms -> {chosen}")
+    notes = [f"float32 layout by measurement: the {len(timed_keys)} costliest of {len(problems)} convolution "
+             f"problem(s) ({share:.0%} of the FLOPs), {len(regions)} region(s)"]
+    layouts: dict = {}
+    for number, region in enumerate(regions, 1):
+        convs = [n for n in region if _is_float32_conv(n)]
+        timed = [n for n in convs if _problem(n) in times]
+        heading = (f"float32 region {number} of {len(regions)}: {len(convs)} conv(s) "
+                   f"({', '.join(n.name for n in convs)}), {len(timed)} timed")
+        failures = [times[_problem(n)]["failed"] for n in timed if "failed" in times[_problem(n)]]
+        if failures or not timed:
+            reason = failures[0] if failures else "none of its convolutions is among the costliest problems"
+            notes.append(f"{heading}: NCHW ({reason})")
+            continue
+        current = "NHWC" if 2 * sum(n.attrs["layout"] == "NHWC" for n in convs) > len(convs) else "NCHW"
+        other = "NHWC" if current == "NCHW" else "NCHW"
+        count, moved = _edge_bytes(graph, region, current)
+        sums = {layout: sum(times[_problem(n)][layout] for n in timed) for layout in ("NCHW", "NHWC")}
+        transposes_ms = moved / copy_bytes_per_s * 1e3
+        totals = {**sums, other: sums[other] + transposes_ms}
+        chosen = "NHWC" if totals["NHWC"] < MEASURED_MARGIN * totals["NCHW"] else "NCHW"
+        layouts.update({n: chosen for n in region if n.op in ACTIVATION_OPERANDS})
+        notes.append(f"{heading}: NCHW {sums['NCHW']:.4f} ms, NHWC "
+                     f"{sums['NHWC']:.4f} ms, {other} + {transposes_ms:.4f} ms of transposes ({count} at its edges, "
+                     f"{moved} bytes at {copy_bytes_per_s / 1e9:.0f} GB/s) -> {chosen}")
+    return layouts, notes
 
 
-def plan_layouts(graph: Graph, measure=None) -> list:
+def plan_layouts(graph: Graph, measure=None, copy_bytes_per_s: float | None = None) -> list:
+    """See the module's doc. ``measure(conv node, layout) -> ms`` and the device's ``copy_bytes_per_s`` (read +
+    write) choose each float32 region's layout; without them every float32 node takes NCHW."""
+    if measure is not None and not _positive(copy_bytes_per_s):
+        raise ValueError(f"copy_bytes_per_s: expected a positive number of bytes per second with measure, got "
+                         f"{copy_bytes_per_s!r}")
     notes: list = []
     transposed: dict = {}
-    preferred = dict(PREFERRED)
+    layouts: dict = {}
     if measure is not None:
-        preferred["float32"], measured = _measured_float32_layout(graph, measure)
-        notes += [measured] if measured else []
+        layouts, measured = _measured_float32_layouts(graph, measure, copy_bytes_per_s)
+        notes += measured
     for node in list(graph.nodes):
         if node.op in ACTIVATION_OPERANDS:
-            note = _relayout(graph, node, transposed, preferred)
+            note = _relayout(graph, node, transposed, layouts.get(node, PREFERRED.get(node.inputs[0].type.dtype)))
             if note:
                 notes.append(note)
     notes += [note for note in map(functools.partial(_pad_channels, graph), list(graph.nodes)) if note]

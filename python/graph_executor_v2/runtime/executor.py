@@ -48,6 +48,7 @@ from .backends.cuda import HOST_FALLBACK
 from .layout_timing import conv_layout_timer
 from .planner import Buffer, MemoryPlan, alias_roots, plan_memory
 from .profile import Profile, profile_plan
+from .roofline import current as current_roofline
 from .registry import Capabilities, Preferences, Selection, choose_kernel, kernel_label, problem_key
 from .schedule import Schedule, schedule, width
 
@@ -227,16 +228,20 @@ class ExecutorV2:
         self.source_graph = graph
         self.precision = check_precision(precision)
         pipeline = resolve(passes)
-        if device == "cuda" and autotune:  # plan_layouts times the float32 convolutions in both layouts
-            measured = functools.partial(plan_layouts, measure=conv_layout_timer(type(self), self.precision))
+        self.capabilities = Capabilities.detect(device)
+        self._backend = backend_for(device)
+        if device == "cuda" and autotune and any(p.name == "plan_layouts" for p in pipeline):
+            # plan_layouts times the float32 convolutions in both layouts, and a region's edge transposes at the
+            # device's copy bandwidth
+            copy_bytes_per_s = current_roofline(self._backend.runtime, self.capabilities.setup).copy_bytes_per_s
+            measured = functools.partial(plan_layouts, measure=conv_layout_timer(type(self), self.precision),
+                                         copy_bytes_per_s=copy_bytes_per_s)
             pipeline = [Pass(p.name, measured, p.doc) if p.name == "plan_layouts" else p for p in pipeline]
         self.optimized_graph, self.pass_records = PassManager(
             [*pipeline, Pass("precision", functools.partial(apply_precision, precision=precision))],
             verify_each=verify).run(graph)
         self.reuse_memory = reuse_memory
-        self.capabilities = Capabilities.detect(device)
         self.preferences = Preferences.from_env(kernels, autotune)
-        self._backend = backend_for(device)
         # Plans time candidates (registry.choose_kernel) on a backend whose kernels are timed between events; the
         # cache keeps the winners across nodes, plans and processes.
         self._autotune_cache = AutotuneCache() if self._backend.asynchronous else None

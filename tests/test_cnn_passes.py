@@ -435,6 +435,26 @@ def test_a_transpose_that_is_a_view_costs_nothing_at_a_region_edge(rng, conv2d):
     _same_results(g, rewritten, {"x": random_array(rng, (2, 8, 6, 6), "float32")}, "float32", 72)
 
 
+@pytest.mark.parametrize("copy_bytes_per_s, expected", [(1e12, "NCHW"), (1e9, "NHWC")])
+def test_a_channels_last_region_charges_the_transposes_to_nchw(rng, conv2d, copy_bytes_per_s, expected):
+    """A float32 region already in NHWC (a hand-built graph) pays the transposes at its edges only if it moves to
+    NCHW: NCHW's convs are 20% faster here (0.008 against 0.010 ms), but not with 0.0092 ms of transposes (1 GB/s)."""
+    g = Graph("channels_last")
+    x = g.input("x", (2, 6, 6, 8), "float32")
+    h = x
+    for index in range(2):
+        w = g.param(f"w{index}", random_array(rng, (8, 3, 3, 8), "float32", 0.2))
+        h = g.relu(g.conv2d(h, w, None, stride=(1, 1), padding=(1, 1), layout="NHWC"))
+    g.output(h, "y")
+    rewritten, records = _plan_layouts_measured(g, lambda node, layout: 0.004 if layout == "NCHW" else 0.005,
+                                                copy_bytes_per_s)
+    assert {n.attrs["layout"] for n in _layout_nodes(rewritten)} == {expected}
+    assert records[0].notes[1].endswith(
+        f"NCHW 0.0080 ms, NHWC 0.0100 ms, NCHW + {CHAIN_EDGE_BYTES / copy_bytes_per_s * 1e3:.4f} ms of transposes "
+        f"(2 at its edges, {CHAIN_EDGE_BYTES} bytes at {copy_bytes_per_s / 1e9:.0f} GB/s) -> {expected}")
+    _same_results(g, rewritten, {"x": random_array(rng, (2, 6, 6, 8), "float32")}, "float32", 72)
+
+
 @pytest.mark.parametrize("copy_bytes_per_s", [None, 0.0, float("inf"), True, "1e12"])
 def test_plan_layouts_refuses_a_measure_without_a_copy_bandwidth(rng, conv2d, copy_bytes_per_s):
     with pytest.raises(ValueError, match="copy_bytes_per_s: expected a positive number of bytes per second"):

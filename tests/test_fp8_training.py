@@ -339,3 +339,25 @@ def test_large_gpt_6x384_trains_1000_steps_in_fp8_within_2_percent_of_bfloat16()
                                     f"bfloat16's at step {worst + 1}")
     assert deviation.mean() <= max(0.01, 1.25 * yardstick.mean()), (
         f"FP8's mean per-step gap to bfloat16 {deviation.mean():.3%}, float32's {yardstick.mean():.3%}")
+
+
+@pytest.mark.gpu
+def test_the_captured_fp8_step_holds_no_memset_per_quantize():
+    """The quantize kernels write their amax and column sums (their last blocks finish the reductions), so the
+    captured FP8 step has no memset node before each quantize: it holds fewer extra memsets over the bfloat16 step
+    of the same model than it has quantizes (before, one memset per quantize)."""
+    batch = _batches(1, 8, SMALL.context, seed=5)[0]
+    memsets, quantizes = {}, 0
+    for amp in ("bfloat16", "fp8"):
+        trainer = _trainer(_gpt(seed=5), 8, device="cuda", amp=amp)
+        for _ in range(3):  # warm-up, capture, replay
+            trainer.step(batch)
+        graphs = [plan for plan in trainer._executor.plans if plan.cuda_graph is not None]
+        assert graphs, trainer.explain()
+        step = max(graphs, key=lambda plan: plan.cuda_graph.node_count)
+        memsets[amp] = step.cuda_graph.node_types.get("memset", 0)
+        print(amp, step.cuda_graph.node_types)
+        if amp == "fp8":
+            quantizes = sum(s.op in ("quantize_fp8", "quantize_fp8_transpose") for s in step.selections)
+    assert quantizes > 0
+    assert memsets["fp8"] - memsets["bfloat16"] < quantizes, (memsets, quantizes)

@@ -9,7 +9,7 @@ import pytest
 import graph_executor_v2 as ge2
 from graph_executor_v2.dtypes import saturate_to_float8
 from graph_executor_v2.ops import activations, quantize_fp8
-from graph_executor_v2.testing import assert_within_one_fp8_ulp
+from graph_executor_v2.testing import assert_within_one_fp8_ulp, captured_graph
 
 FP8 = {"float8_e4m3fn": ml_dtypes.float8_e4m3fn, "float8_e5m2": ml_dtypes.float8_e5m2}
 SOURCES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
@@ -373,3 +373,110 @@ def test_transposing_kernel_is_bit_exact(rng, source, dtype, shape):
     y_alone, _, _, empty = ge2.ops.quantize_fp8_transpose.forward_numpy(x, scale, dtype=dtype)
     _same_bits_or_both_nan(y_alone, expected_y, what + " y without the column sum")
     assert empty.shape == (0,)
+
+
+def _column_sum_in_kernel_order(x):
+    """quantize_fp8_transpose's column sums with the kernels' float32 additions in their order, rounded once to x's
+    dtype: a tile's thread adds its rows (p, p + rows per pass, ...) from 0, the tile adds its threads' partial rows
+    in order, and the row tiles' partials are added in row order. 64 x 64 tiles with 32 rows a pass when both extents
+    are multiples of 64 (the wide kernel, for aligned arrays), else 32 x 32 with 8."""
+    rows, cols = x.shape
+    tile, rows_per_pass = (64, 32) if rows % 64 == 0 and cols % 64 == 0 else (32, 8)
+    values, total = x.astype(np.float32), np.zeros(cols, np.float32)
+    for row0 in range(0, rows, tile):
+        threads = np.zeros((rows_per_pass, cols), np.float32)
+        for first in range(row0, min(row0 + tile, rows), rows_per_pass):
+            chunk = values[first:min(first + rows_per_pass, row0 + tile, rows)]
+            threads[:len(chunk)] += chunk
+        tile_sum = np.zeros(cols, np.float32)
+        for partial_row in threads:
+            tile_sum += partial_row
+        total += tile_sum
+    return total.astype(x.dtype)
+
+
+def _poisoned(*arrays):
+    for array in arrays:
+        array.poison()
+    return arrays
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("source", ["float32", "bfloat16"])
+# the element-wise kernel, the 64 x 64 one, and the 64 x 64 one with several tiles a block (the grid-stride loop)
+@pytest.mark.parametrize("shape", [(96, 80), (256, 192), (8192, 768)])
+def test_repeated_calls_write_each_calls_amax_and_column_sum_without_zeroing(rng, source, shape):
+    """The kernels write the amax and the column sums (the last block finishes them): called again on the same
+    poisoned outputs, with a smaller maximum, with all zeros, with a NaN, each call gives its own results, the column
+    sums bit for bit the kernels' float32 additions in their order."""
+    rt = ge2.device.runtime()
+    scale = rt.DeviceArray.from_numpy(np.array(2.0, np.float32))
+    rows, cols = shape
+    y, y_t = rt.DeviceArray.empty([rows, cols], "float8_e5m2"), rt.DeviceArray.empty([cols, rows], "float8_e5m2")
+    amax, column_sum = rt.DeviceArray.empty([], "float32"), rt.DeviceArray.empty([cols], source)
+    y_flat, amax_flat = rt.DeviceArray.empty([rows * cols], "float8_e5m2"), rt.DeviceArray.empty([], "float32")
+    large = _input(rng, shape, source)
+    with_nan = _input(rng, shape, source)
+    with_nan[rows // 2, cols - 1] = np.nan
+    inputs = {"large": large, "smaller": (large / 64).astype(large.dtype), "zeros": np.zeros(shape, large.dtype),
+              "fresh": _input(rng, shape, source), "NaN": with_nan}
+    for what, x in inputs.items():
+        ge2.ops.quantize_fp8_transpose.forward(rt.DeviceArray.from_numpy(x), scale, dtype="float8_e5m2",
+                                               with_column_sum=True, out=(y, y_t, *_poisoned(amax, column_sum)))
+        quantize_fp8.forward(rt.DeviceArray.from_numpy(x.reshape(-1)), scale, dtype="float8_e5m2",
+                             out=(y_flat, *_poisoned(amax_flat)))
+        expected_amax = quantize_fp8.reference(x, np.float32(2.0), "float8_e5m2")[1]
+        for name, got in (("quantize_fp8_transpose", amax.numpy()), ("quantize_fp8", amax_flat.numpy())):
+            _same_bits_or_both_nan(got, expected_amax, f"{what} {source} {shape}: {name}'s amax")
+        _same_bits_or_both_nan(column_sum.numpy(), _column_sum_in_kernel_order(x), f"{what} {source} {shape} sums")
+
+
+@pytest.mark.gpu
+def test_captured_quantizes_are_one_kernel_node_each_and_replay_without_zeroing(rng):
+    """A CUDA graph of quantize_fp8 and quantize_fp8_transpose (with its column sum) holds their two kernels and
+    nothing else (no memset of the amax, no column-sum kernel), and replayed on new inputs, poisoned outputs, with
+    maxima that shrink from one replay to the next, each replay gives its own amaxes and sums."""
+    rt = ge2.device.runtime()
+    stream = rt.Stream()
+    shape, flat_size = (512, 320), 4096 + 5  # the 64 x 64 kernel; the vectorized kernel and its tail
+    x, x_flat = rt.DeviceArray.empty(list(shape), "bfloat16"), rt.DeviceArray.empty([flat_size], "float32")
+    scale = rt.DeviceArray.from_numpy(np.array(0.5, np.float32))
+    y = rt.DeviceArray.empty(list(shape), "float8_e4m3fn")
+    y_t = rt.DeviceArray.empty(list(shape[::-1]), "float8_e4m3fn")
+    amax, column_sum = rt.DeviceArray.empty([], "float32"), rt.DeviceArray.empty([shape[1]], "bfloat16")
+    y_flat, amax_flat = rt.DeviceArray.empty([flat_size], "float8_e4m3fn"), rt.DeviceArray.empty([], "float32")
+
+    def run():
+        ge2.ops.quantize_fp8_transpose.forward(x, scale, with_column_sum=True, out=(y, y_t, amax, column_sum),
+                                               stream=stream)
+        quantize_fp8.forward(x_flat, scale, out=(y_flat, amax_flat), stream=stream)
+
+    graph = captured_graph(run, stream)
+    assert graph.node_types == {"kernel": 2}, graph.node_types
+    for replay, magnitude in enumerate([1.0, 2.0 ** -6, 2.0 ** -12]):
+        host = (_input(rng, shape, "bfloat16") * magnitude).astype(ml_dtypes.bfloat16)
+        host_flat = (_input(rng, (flat_size,), "float32") * magnitude).astype(np.float32)
+        x.copy_from_numpy(host, stream.handle)
+        x_flat.copy_from_numpy(host_flat, stream.handle)
+        for output in (y, y_t, amax, column_sum, y_flat, amax_flat):
+            output.poison(stream.handle)
+        graph.replay(stream.handle)
+        stream.synchronize()
+        expected_y, expected_amax = quantize_fp8.reference(host, np.float32(0.5))
+        _same_bits_or_both_nan(y.numpy(), expected_y, f"replay {replay}: y")
+        _same_bits_or_both_nan(y_t.numpy(), expected_y.T, f"replay {replay}: y_t")
+        assert amax.numpy() == expected_amax, (replay, amax.numpy(), expected_amax)
+        _same_bits_or_both_nan(column_sum.numpy(), _column_sum_in_kernel_order(host), f"replay {replay}: sums")
+        expected_y_flat, expected_amax_flat = quantize_fp8.reference(host_flat, np.float32(0.5))
+        _same_bits_or_both_nan(y_flat.numpy(), expected_y_flat, f"replay {replay}: flat y")
+        assert amax_flat.numpy() == expected_amax_flat, (replay, amax_flat.numpy(), expected_amax_flat)
+
+
+def test_column_sum_emulation_is_the_sum_to_float32_rounding(rng):
+    """The kernel-order emulation above is a column sum (a test helper that could drift into anything else would
+    make the GPU checks meaningless): within float32's accumulated rounding of float64's, both tilings."""
+    for shape in ((96, 80), (256, 192), (1, 3)):
+        x = _input(rng, shape, "float32")
+        x64 = x.astype(np.float64)
+        bound = np.abs(x64).sum(axis=0) * shape[0] * 2.0 ** -23
+        assert (np.abs(_column_sum_in_kernel_order(x).astype(np.float64) - x64.sum(axis=0)) <= bound).all(), shape

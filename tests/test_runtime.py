@@ -213,6 +213,8 @@ def test_cuda_graph_capture_and_replay(rng):
     gemm.forward(a, b, act="relu", out=y, stream=stream)
     graph.end_capture()
     assert graph.node_count >= 1
+    kinds = graph.node_types  # every node counted once, by kind: the gemm's kernels among them, no host node
+    assert sum(kinds.values()) == graph.node_count and kinds.get("kernel", 0) >= 1 and "host" not in kinds, kinds
     new_a = rng.standard_normal((32, 16)).astype(np.float32)
     a.copy_from_numpy(new_a)
     y.poison(stream.handle)  # same stream as the replay: a non-blocking stream does not wait for stream 0

@@ -79,6 +79,25 @@ def random_array(rng: np.random.Generator, shape, dtype: str, scale: float = 1.0
     return (rng.standard_normal(shape) * scale).astype(to_numpy(dtype))
 
 
+def captured_graph(run, stream):
+    """A CUDA graph of ``run()``'s launches on ``stream`` (a runtime Stream): ``run`` goes once uncaptured first, so
+    plans and workspaces are set up outside the capture, then once captured. A failed capture is aborted (else the
+    thread stays capturing and later CUDA calls fail) and its error raised."""
+    from .device import runtime
+
+    run()
+    stream.synchronize()
+    graph = runtime().CudaGraph()
+    graph.begin_capture(stream.handle)
+    try:
+        run()
+    except BaseException:
+        graph.abort_capture()
+        raise
+    graph.end_capture()
+    return graph
+
+
 def mlp(rng: np.random.Generator, sizes, dtype: str, activation: str, batch="batch", residual: bool = False):
     """An MLP graph written the way users write it (matmul, add, activation; ``residual`` adds each square
     layer's input back before its activation), and its float64 NumPy twin on the same dtype-rounded weights.

@@ -1,5 +1,6 @@
 // Streams (owned, or wrapping a foreign handle from PyTorch/CuPy), events, and CUDA graph capture/replay.
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -196,7 +197,38 @@ class CudaGraph {
     return count;
   }
 
+  // How many nodes of each kind the graph holds ("kernel", "memset", "memcpy", ...): what a captured step launches
+  // besides its kernels.
+  std::map<std::string, std::size_t> node_types() const {
+    std::map<std::string, std::size_t> counts;
+    std::size_t count = node_count();
+    std::vector<cudaGraphNode_t> nodes(count);
+    if (count > 0) GE2_CUDA_CHECK(cudaGraphGetNodes(graph_, nodes.data(), &count));
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+      GE2_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+      ++counts[node_type_name(type)];
+    }
+    return counts;
+  }
+
  private:
+  static std::string node_type_name(cudaGraphNodeType type) {
+    switch (type) {
+      case cudaGraphNodeTypeKernel: return "kernel";
+      case cudaGraphNodeTypeMemcpy: return "memcpy";
+      case cudaGraphNodeTypeMemset: return "memset";
+      case cudaGraphNodeTypeHost: return "host";
+      case cudaGraphNodeTypeGraph: return "graph";
+      case cudaGraphNodeTypeEmpty: return "empty";
+      case cudaGraphNodeTypeWaitEvent: return "wait_event";
+      case cudaGraphNodeTypeEventRecord: return "event_record";
+      case cudaGraphNodeTypeMemAlloc: return "mem_alloc";
+      case cudaGraphNodeTypeMemFree: return "mem_free";
+      default: return "other (type " + std::to_string(static_cast<int>(type)) + ")";
+    }
+  }
+
   void reset() {
     if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
     if (graph_ != nullptr) cudaGraphDestroy(graph_);
@@ -286,7 +318,9 @@ void register_streams(py::module_& m) {
       .def("set_copy", &CudaGraph::set_copy, py::arg("index"), py::arg("destination"), py::arg("source"),
            py::arg("nbytes"), "Changes a with_copies copy's addresses for later launches; False when CUDA refuses.")
       .def_property_readonly("captured", &CudaGraph::captured)
-      .def_property_readonly("node_count", &CudaGraph::node_count);
+      .def_property_readonly("node_count", &CudaGraph::node_count)
+      .def_property_readonly("node_types", &CudaGraph::node_types,
+                             "{kind: count} of the captured graph's nodes: 'kernel', 'memset', 'memcpy', ...");
 
   m.def("nvtx_push", &nvtx_push, py::arg("message"), "Opens an NVTX range in the 'ge2' domain.");
   m.def("nvtx_pop", &nvtx_pop, "Closes the innermost NVTX range of the 'ge2' domain.");

@@ -8,8 +8,10 @@ stays NaN). ``amax`` is a 0-d float32, the largest ``|x|`` before scaling (what 
 the next scale), NaN when x holds a NaN, 0 for an empty x. The product ``x * scale`` is rounded to float32 before
 the cast, as the kernel computes it.
 
-The native kernel (``_ops_quantize_fp8``) reduces the amax per warp over the float bits of ``|x|`` and adds one
-``atomicMax`` per warp: no separate amax kernel. FP8 values carry no gradient (autograd differentiates the float
+The native kernel (``_ops_quantize_fp8``) reduces the amax per block over the float bits of ``|x|`` and the block
+that finishes last writes it: no separate amax kernel, and no memset of the amax before the kernel (the amax is
+written, not accumulated into, so a captured training step holds one node per quantize; the kernels' README says
+how). FP8 values carry no gradient (autograd differentiates the float
 dtypes); ``Trainer(amp="fp8")`` builds its FP8 backward itself.
 
 ``fp8_scale_update(history_0, scale_0, amax_0, history_1, ...) -> (history_0, scale_0, scale_inv_0, history_1, ...)``

@@ -7,6 +7,10 @@
 // allocated, never handed out again) and the new one is at least twice as large: retired memory stays below the
 // size of the live buffer. Growing is refused during capture: run the op once on the stream first (the executor
 // warms every plan up before it captures).
+//
+// get_zeroed hands out a second buffer per (device, stream) that is zero whenever no kernel is using it: every user
+// restores the zeros it changed before its kernel ends (grid-completion counters that the last block resets), so a
+// kernel that finishes a grid-wide reduction itself needs no memset node before it.
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -29,6 +33,13 @@ class StreamWorkspace {
   // (in stream order).
   static void* get(std::size_t bytes, cudaStream_t stream) {
     static auto* workspaces = new StreamWorkspace();  // never destroyed: outlives Python's teardown order
+    return workspaces->acquire(bytes, stream);
+  }
+
+  // At least `bytes` of device memory that is zero at the start of every kernel enqueued on `stream` after this
+  // call, provided each user leaves it zero when its kernel ends (see the top of this file).
+  static void* get_zeroed(std::size_t bytes, cudaStream_t stream) {
+    static auto* workspaces = new StreamWorkspace();  // apart from get's: scratch data would break the zeros
     return workspaces->acquire(bytes, stream);
   }
 

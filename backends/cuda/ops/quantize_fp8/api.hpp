@@ -14,15 +14,17 @@
 namespace ge2::quantize_fp8 {
 
 // x: float32, float16 or bfloat16; y: float8_e4m3fn or float8_e5m2; both contiguous, `numel` elements. amax is
-// zeroed, then set to max |x| (NaN when x holds one: the maximum is over the bits of |x|). Any alignment; 16-byte
+// set to max |x| (NaN when x holds one: the maximum is over the bits of |x|) by the kernel's last block: it needs no
+// zeroing first, and the launch is one kernel node (a memset only for numel 0). Any alignment; 16-byte
 // aligned x with 8-byte aligned y take 8-element vectors. Returns the kernel that ran ("vec8" or "scalar").
 const char* forward(const void* x, DType x_dtype, const float* scale, void* y, DType y_dtype, float* amax,
                     int64_t numel, cudaStream_t stream);
 
 // The same for a 2-d x [rows, cols], also writing y's transpose y_t [cols, rows] (one read of x for both layouts)
 // and, when column_sum is not null, the sum of x over its rows into column_sum [cols] of x's dtype (a linear
-// layer's dbias when x is its output gradient): float32 partial sums per 32-row tile from the same read, then one
-// small kernel adds them up in a fixed order (deterministic; the partials live in the stream's workspace).
+// layer's dbias when x is its output gradient): float32 partial sums per row tile from the same read, added up in
+// row order by the block that completes each column strip (deterministic; the partials live in the stream's
+// workspace). One kernel node, column sum or not.
 // An activation prologue quantizes v instead of x, computed in float32 from the same read: v = act(x) when preact is
 // null (x is the activation's input), v = x * act'(preact) otherwise (x is the gradient of the activation's output,
 // preact [rows, cols] of x's dtype its input). amax and column_sum are then those of v. FP8 training reads GELU's

@@ -16,14 +16,14 @@ std::vector<KernelInfo> kernel_table() {
   return {
       {"cuda", 10,
        "quantize_fp8 in one pass: 8 elements per step (one 16-byte load of 16-bit x; 'vec8') or element-wise "
-       "('scalar'), grid-stride; amax reduced per warp, one atomicMax each",
+       "('scalar'), grid-stride; amax reduced per block, written by the last block (no memset before it)",
        "none (vec8 when x is 8 * itemsize-byte aligned and y 8-byte aligned; the tail runs element-wise)", kFallback,
        kAnyAlignment},
       {"transpose", 10,
        "quantize_fp8_transpose: tiles through shared memory, y and its transpose from one read of x (64 x 64 "
        "tiles with 8-element loads and 8-byte stores when the shape and alignment allow, else 32 x 32 tiles "
-       "element-wise), amax reduced per block (64 x 64) or per warp + atomicMax; the column sum (dbias) as "
-       "float32 partials per tile from the same read, added up in a fixed order by a second small kernel",
+       "element-wise), amax reduced per block and written by the last block; the column sum (dbias) as float32 "
+       "partials per tile from the same read, added up in row order by the block completing each column strip",
        "x 2-d (the 64 x 64 kernel: rows and cols multiples of 64, x 8-element and y, y_t 8-byte aligned)",
        kFallback, kAnyAlignment},
       {"scale_update", 10,

@@ -1,5 +1,6 @@
 // quantize_fp8 kernels: y = FP8(x * scale) (round to nearest even, saturating, NaN kept) and amax = max |x| in one
-// pass. Bandwidth-bound: x is read once, y written once; the amax costs a warp reduction and one atomicMax per warp.
+// pass. Bandwidth-bound: x is read once, y written once; the amax costs a block reduction and one atomicMax per
+// block into a stream counter, and the last block writes it to amax (grid_completion.cuh: no memset before the kernel).
 // The maximum is over the float bits of |x| as unsigned integers (non-negative floats order like their bits), so a
 // NaN in x makes the amax NaN and delayed scaling sees the overflow (fmaxf would drop it).
 //   1. scalar: one element per thread, grid-stride
@@ -7,7 +8,9 @@
 #include <algorithm>
 
 #include "api.hpp"
+#include "grid_completion.cuh"
 #include "status.hpp"
+#include "stream_workspace.hpp"
 
 namespace ge2::quantize_fp8 {
 namespace {
@@ -30,7 +33,8 @@ __device__ __forceinline__ Out quantize_one(In x, float scale, unsigned int& ama
 template <typename In, typename Out, bool kVectorized>
 __global__ void __launch_bounds__(kThreads)
     quantize_kernel(const In* __restrict__ x, const float* __restrict__ scale_pointer, Out* __restrict__ y,
-                    unsigned int* __restrict__ amax, int64_t numel) {
+                    float* __restrict__ amax, unsigned int* __restrict__ counters, int64_t numel) {
+  __shared__ unsigned int warp_amax[kThreads / 32];
   const float scale = *scale_pointer;
   unsigned int amax_bits = 0;
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -53,7 +57,12 @@ __global__ void __launch_bounds__(kThreads)
     y[index] = quantize_one<In, Out>(x[index], scale, amax_bits);
   }
   amax_bits = __reduce_max_sync(0xffffffffu, amax_bits);
-  if ((threadIdx.x & 31) == 0 && amax_bits != 0) atomicMax(amax, amax_bits);
+  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax_bits;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) amax_bits = max(amax_bits, warp_amax[w]);
+    finish_amax(amax_bits, counters, amax);
+  }
 }
 
 int blocks_for(int64_t work) {
@@ -61,15 +70,16 @@ int blocks_for(int64_t work) {
 }
 
 template <typename In, typename Out>
-void launch(const void* x, const float* scale, void* y, unsigned int* amax_bits, int64_t numel, bool vectorized,
-            cudaStream_t stream) {
+void launch(const void* x, const float* scale, void* y, float* amax, unsigned int* counters, int64_t numel,
+            bool vectorized, cudaStream_t stream) {
   const auto* in = static_cast<const In*>(x);
   auto* out = static_cast<Out*>(y);
   if (vectorized) {
-    quantize_kernel<In, Out, true><<<blocks_for(numel / kVector + 1), kThreads, 0, stream>>>(in, scale, out,
-                                                                                            amax_bits, numel);
+    quantize_kernel<In, Out, true><<<blocks_for(numel / kVector + 1), kThreads, 0, stream>>>(in, scale, out, amax,
+                                                                                            counters, numel);
   } else {
-    quantize_kernel<In, Out, false><<<blocks_for(numel), kThreads, 0, stream>>>(in, scale, out, amax_bits, numel);
+    quantize_kernel<In, Out, false><<<blocks_for(numel), kThreads, 0, stream>>>(in, scale, out, amax, counters,
+                                                                               numel);
   }
 }
 
@@ -77,14 +87,16 @@ void launch(const void* x, const float* scale, void* y, unsigned int* amax_bits,
 
 void launch_quantize(const void* x, DType x_dtype, const float* scale, void* y, DType y_dtype, float* amax,
                      int64_t numel, bool vectorized, cudaStream_t stream) {
-  GE2_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
-  if (numel == 0) return;
-  auto* amax_bits = reinterpret_cast<unsigned int*>(amax);
+  if (numel == 0) {  // no kernel: the amax of nothing is 0
+    GE2_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
+    return;
+  }
+  auto* counters = static_cast<unsigned int*>(StreamWorkspace::get_zeroed(counter_bytes(0), stream));
   GE2_DISPATCH_FLOATING(x_dtype, "x dtype", {
     if (y_dtype == DType::Float8E4M3) {
-      launch<scalar_t, __nv_fp8_e4m3>(x, scale, y, amax_bits, numel, vectorized, stream);
+      launch<scalar_t, __nv_fp8_e4m3>(x, scale, y, amax, counters, numel, vectorized, stream);
     } else {
-      launch<scalar_t, __nv_fp8_e5m2>(x, scale, y, amax_bits, numel, vectorized, stream);
+      launch<scalar_t, __nv_fp8_e5m2>(x, scale, y, amax, counters, numel, vectorized, stream);
     }
   });
   GE2_CHECK_LAUNCH("quantize_fp8");

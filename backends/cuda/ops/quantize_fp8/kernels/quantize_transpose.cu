@@ -11,13 +11,15 @@
 //      version at about a third of copy bandwidth).
 //   2. scalar (any shape and alignment): 32 x 32 tiles, 32 x 8 threads, one element per thread and load.
 // With a column sum (a linear layer's dbias, Transformer Engine's cast-transpose-dbias): each thread also sums its
-// 4 unquantized values, the tile's 8 partial rows are added in shared memory and written as one float32 row of
-// partials [row tiles, cols]; column_sum_kernel then adds each column's partials in row order (no atomics: the
-// same sums every run).
+// unquantized values, the tile's partial rows are added in shared memory and written as one float32 row of partials
+// [row tiles, cols]; the block that writes the last row tile of a column strip then adds each of its columns'
+// partials in row order (no atomics on the sums: the same sums every run, and no second kernel).
+// The amax: per block, one atomicMax into a stream counter; the last block writes it (grid_completion.cuh).
 #include <algorithm>
 #include <cstdint>
 
 #include "api.hpp"
+#include "grid_completion.cuh"
 #include "status.hpp"
 #include "stream_workspace.hpp"
 
@@ -37,10 +39,15 @@ template <typename In, typename Out>
 __global__ void __launch_bounds__(kTile * kRowsPerPass)
     quantize_transpose_kernel(const In* __restrict__ x, const In* __restrict__ preact, Act act,
                               const float* __restrict__ scale_pointer, Out* __restrict__ y, Out* __restrict__ y_t,
-                              unsigned int* __restrict__ amax, float* __restrict__ column_partials, int64_t rows,
+                              float* __restrict__ amax, float* __restrict__ column_partials,
+                              In* __restrict__ column_sum, unsigned int* __restrict__ counters, int64_t rows,
                               int64_t cols) {
   __shared__ Out tile[kTile][kTile + 1];
   __shared__ float partial_rows[kRowsPerPass][kTile];
+  __shared__ unsigned int warp_amax[kRowsPerPass];
+  __shared__ bool strip_done;
+  const bool first_thread = threadIdx.x == 0 && threadIdx.y == 0;
+  const int64_t row_tiles = (rows + kTile - 1) / kTile;
   const float scale = *scale_pointer;
   unsigned int amax_bits = 0;
   const int64_t tiles_across = (cols + kTile - 1) / kTile;
@@ -67,15 +74,26 @@ __global__ void __launch_bounds__(kTile * kRowsPerPass)
       float sum = 0.0f;
       for (int j = 0; j < kRowsPerPass; ++j) sum += partial_rows[j][threadIdx.x];
       column_partials[(row0 / kTile) * cols + col0 + threadIdx.x] = sum;
+      __threadfence();  // before this tile counts as done in its column strip
     }
     for (int j = threadIdx.y; j < kTile; j += kRowsPerPass) {
       const int64_t r = col0 + j, c = row0 + threadIdx.x;  // y_t[r, c] = y[c, r]
       if (r < cols && c < rows) y_t[r * rows + c] = tile[threadIdx.x][j];
     }
     __syncthreads();  // the tile is rewritten by the next iteration
+    if (column_partials != nullptr &&
+        strip_completed(counters, col0 / kTile, row_tiles, first_thread, strip_done) && threadIdx.y == 0 &&
+        col0 + threadIdx.x < cols) {
+      write_column_sum(column_partials, column_sum, row_tiles, cols, col0 + threadIdx.x);
+    }
   }
   amax_bits = __reduce_max_sync(0xffffffffu, amax_bits);
-  if (threadIdx.x == 0 && amax_bits != 0) atomicMax(amax, amax_bits);
+  if (threadIdx.x == 0) warp_amax[threadIdx.y] = amax_bits;
+  __syncthreads();
+  if (first_thread) {
+    for (int w = 1; w < kRowsPerPass; ++w) amax_bits = max(amax_bits, warp_amax[w]);
+    finish_amax(amax_bits, counters, amax);
+  }
 }
 
 constexpr int kWideTile = 64;
@@ -121,13 +139,15 @@ template <typename In, typename Out, bool kColumnSum, bool kPrologue>
 __global__ void __launch_bounds__(kWideThreads)
     quantize_transpose_wide_kernel(const In* __restrict__ x, const In* __restrict__ preact, Act act,
                                    const float* __restrict__ scale_pointer, Out* __restrict__ y,
-                                   Out* __restrict__ y_t, unsigned int* __restrict__ amax,
-                                   float* __restrict__ column_partials, int64_t rows, int64_t cols) {
+                                   Out* __restrict__ y_t, float* __restrict__ amax,
+                                   float* __restrict__ column_partials, In* __restrict__ column_sum,
+                                   unsigned int* __restrict__ counters, int64_t rows, int64_t cols) {
   static_assert(sizeof(Out) == 1, "FP8 outputs are one byte");
   constexpr int kPasses = kWideTile / kWideRowsPerPass;
   __shared__ __align__(16) unsigned char tile[kWideTile * kWideStride];
   __shared__ float partial_rows[kColumnSum ? kWideRowsPerPass : 1][kWideTile];
   __shared__ unsigned int warp_amax[kWideThreads / 32];
+  __shared__ bool strip_done;
   const float scale = *scale_pointer;
   unsigned int amax_bits = 0;
   const int lane_vector = threadIdx.x % (kWideTile / kVector);  // which 8 columns of the tile this thread loads
@@ -174,6 +194,7 @@ __global__ void __launch_bounds__(kWideThreads)
         float sum = 0.0f;
         for (int j = 0; j < kWideRowsPerPass; ++j) sum += partial_rows[j][threadIdx.x];
         column_partials[(row0 / kWideTile) * cols + col0 + threadIdx.x] = sum;
+        __threadfence();  // before this tile counts as done in its column strip
       }
     }
     // y_t[col0 + c, row0 + 8 s .. row0 + 8 s + 7] = tile[8 s .. 8 s + 7][c]
@@ -188,13 +209,19 @@ __global__ void __launch_bounds__(kWideThreads)
           gathered;
     }
     __syncthreads();  // the tile and the partial rows are rewritten by the next iteration
+    if constexpr (kColumnSum) {
+      if (strip_completed(counters, col0 / kWideTile, rows / kWideTile, threadIdx.x == 0, strip_done) &&
+          threadIdx.x < kWideTile) {
+        write_column_sum(column_partials, column_sum, rows / kWideTile, cols, col0 + threadIdx.x);
+      }
+    }
   }
   amax_bits = __reduce_max_sync(0xffffffffu, amax_bits);
   if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax_bits;
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int w = 1; w < kWideThreads / 32; ++w) amax_bits = max(amax_bits, warp_amax[w]);
-    if (amax_bits != 0) atomicMax(amax, amax_bits);  // one atomic per block
+    finish_amax(amax_bits, counters, amax);
   }
 }
 
@@ -207,20 +234,10 @@ bool fits_wide(const void* x, const void* preact, DType x_dtype, const void* y, 
          aligned(preact, kVector * dtype_size(x_dtype)) && aligned(y, kVector) && aligned(y_t, kVector);
 }
 
-// column_sum[c] = the sum of the row tiles' partials of column c, in row order, rounded once to x's dtype.
-template <typename T>
-__global__ void column_sum_kernel(const float* __restrict__ column_partials, T* __restrict__ column_sum,
-                                  int64_t row_tiles, int64_t cols) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  float sum = 0.0f;
-  for (int64_t tile = 0; tile < row_tiles; ++tile) sum += column_partials[tile * cols + c];
-  column_sum[c] = from_float<T>(sum);
-}
-
 template <typename In, typename Out>
 void launch(const void* x, const void* preact, Act act, const float* scale, void* y, void* y_t, float* amax,
-            float* column_partials, int64_t rows, int64_t cols, bool wide, cudaStream_t stream) {
+            float* column_partials, void* column_sum, unsigned int* counters, int64_t rows, int64_t cols, bool wide,
+            cudaStream_t stream) {
   if (wide) {
     const int64_t tiles = (rows / kWideTile) * (cols / kWideTile);
     const bool sums = column_partials != nullptr, prologue = act != Act::None;
@@ -237,15 +254,15 @@ void launch(const void* x, const void* preact, Act act, const float* scale, void
     const int64_t tiles_per_block = (tiles + wave - 1) / wave;
     const int blocks = static_cast<int>((tiles + tiles_per_block - 1) / tiles_per_block);
     kernel<<<blocks, kWideThreads, 0, stream>>>(static_cast<const In*>(x), static_cast<const In*>(preact), act,
-                                                scale, static_cast<Out*>(y), static_cast<Out*>(y_t),
-                                                reinterpret_cast<unsigned int*>(amax), column_partials, rows, cols);
+                                                scale, static_cast<Out*>(y), static_cast<Out*>(y_t), amax,
+                                                column_partials, static_cast<In*>(column_sum), counters, rows, cols);
     return;
   }
   const int64_t tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
   const int blocks = static_cast<int>(std::min<int64_t>(tiles, 132 * 16));
   quantize_transpose_kernel<In, Out><<<blocks, dim3(kTile, kRowsPerPass), 0, stream>>>(
       static_cast<const In*>(x), static_cast<const In*>(preact), act, scale, static_cast<Out*>(y),
-      static_cast<Out*>(y_t), reinterpret_cast<unsigned int*>(amax), column_partials, rows, cols);
+      static_cast<Out*>(y_t), amax, column_partials, static_cast<In*>(column_sum), counters, rows, cols);
 }
 
 }  // namespace
@@ -253,31 +270,28 @@ void launch(const void* x, const void* preact, Act act, const float* scale, void
 void launch_quantize_transpose(const void* x, DType x_dtype, const float* scale, void* y, void* y_t, DType y_dtype,
                                float* amax, void* column_sum, int64_t rows, int64_t cols, Act act,
                                const void* preact, cudaStream_t stream) {
-  GE2_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
-  if (cols == 0) return;
-  const int64_t row_tiles = (rows + kTile - 1) / kTile;
-  if (column_sum != nullptr && row_tiles == 0) {  // no rows: the sums are 0
-    GE2_CUDA_CHECK(cudaMemsetAsync(column_sum, 0, static_cast<std::size_t>(cols) * dtype_size(x_dtype), stream));
+  if (rows == 0 || cols == 0) {  // no kernel: the amax of nothing is 0, and so are the sums over no rows
+    GE2_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
+    if (column_sum != nullptr && cols > 0) {
+      GE2_CUDA_CHECK(cudaMemsetAsync(column_sum, 0, static_cast<std::size_t>(cols) * dtype_size(x_dtype), stream));
+    }
+    return;
   }
-  if (rows == 0) return;
   const bool wide = fits_wide(x, preact, x_dtype, y, y_t, rows, cols);
-  const int64_t partial_row_count = wide ? rows / kWideTile : row_tiles;  // one float32 row per row tile
-  const std::size_t partial_bytes = static_cast<std::size_t>(partial_row_count * cols) * sizeof(float);
+  const int64_t tile = wide ? kWideTile : kTile;
+  const int64_t row_tiles = (rows + tile - 1) / tile, column_strips = (cols + tile - 1) / tile;
+  const std::size_t partial_bytes = static_cast<std::size_t>(row_tiles * cols) * sizeof(float);  // a row per tile
   float* column_partials =
       column_sum != nullptr ? static_cast<float*>(StreamWorkspace::get(partial_bytes, stream)) : nullptr;
+  auto* counters = static_cast<unsigned int*>(
+      StreamWorkspace::get_zeroed(counter_bytes(column_sum != nullptr ? column_strips : 0), stream));
   GE2_DISPATCH_FLOATING(x_dtype, "x dtype", {
     if (y_dtype == DType::Float8E4M3) {
-      launch<scalar_t, __nv_fp8_e4m3>(x, preact, act, scale, y, y_t, amax, column_partials, rows, cols, wide,
-                                      stream);
+      launch<scalar_t, __nv_fp8_e4m3>(x, preact, act, scale, y, y_t, amax, column_partials, column_sum, counters,
+                                      rows, cols, wide, stream);
     } else {
-      launch<scalar_t, __nv_fp8_e5m2>(x, preact, act, scale, y, y_t, amax, column_partials, rows, cols, wide,
-                                      stream);
-    }
-    if (column_sum != nullptr) {
-      constexpr int kThreads = 256;
-      column_sum_kernel<scalar_t><<<static_cast<unsigned int>((cols + kThreads - 1) / kThreads), kThreads, 0,
-                                    stream>>>(column_partials, static_cast<scalar_t*>(column_sum), partial_row_count,
-                                              cols);
+      launch<scalar_t, __nv_fp8_e5m2>(x, preact, act, scale, y, y_t, amax, column_partials, column_sum, counters,
+                                      rows, cols, wide, stream);
     }
   });
   GE2_CHECK_LAUNCH("quantize_fp8_transpose");

@@ -61,6 +61,9 @@ def test_captured_and_uncaptured_plans_are_bit_identical(rng):
             np.testing.assert_array_equal(actual.view(np.uint8), expected.view(np.uint8), err_msg=name)
         for plan in captured.plans:
             assert plan.cuda_graph is not None and plan.capture.startswith("captured"), (name, plan.capture)
+            kernels = plan.cuda_graph.node_types["kernel"]  # the node count and its kinds, kernels among them
+            assert f"{plan.cuda_graph.node_count} graph nodes (" in plan.capture, (name, plan.capture)
+            assert f"{kernels} kernel" in plan.capture, (name, plan.capture)
         assert all(plan.cuda_graph is None and plan.capture == "off (cuda_graph=False)" for plan in uncaptured.plans)
         assert "cuda graph: captured" in captured.explain()
 

@@ -514,7 +514,10 @@ class ExecutorV2:
             if self._nvtx:
                 runtime.nvtx_pop()
         plan.cuda_graph = graph
-        plan.capture = f"captured: {graph.node_count} graph nodes on {plan.schedule.stream_count} stream(s)"
+        # the kinds of nodes, so that what runs besides kernels (memsets, copies) shows in explain()
+        kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(graph.node_types.items()))
+        plan.capture = (f"captured: {graph.node_count} graph nodes ({kinds}) on {plan.schedule.stream_count} "
+                        f"stream(s)")
         plan.capture_seconds = time.perf_counter() - started
 
     def _signature_of(self, feeds: dict) -> tuple[Signature, dict]:

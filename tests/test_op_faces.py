@@ -181,7 +181,8 @@ def test_forward_on_device_arrays_and_the_prepared_call(rng, to_device, poisoned
     _assert_outputs(op, out, expected, "prepared")
     _assert_outputs(op, prepared(*on_device), expected, "prepared, new output")
     wrong = [upload(np.zeros((3, 3, 3), F32))]
-    wrong = [wrong + on_device[0][1:]] if op == "concat" else wrong + on_device[1:]
+    variadic = opdef.inputs[0].variadic  # concat, fp8_scale_update: the one argument is the list of arrays
+    wrong = [wrong + on_device[0][1:]] if variadic else wrong + on_device[1:]
     with pytest.raises(ValueError, match="expected an array like the prepared one"):
         prepared(*wrong)
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs each tests/test_*.py in its own pytest process (GE2_TEST_JOBS at a time, default 6), GPU tests required, so a
 # crash in one file cannot hide the results of the others; then the exclusive_gpu tests (they read device-wide free
-# memory) alone. The longest files (GE2_SHARDED_FILES, default test_attention, test_attention_window and
-# test_conv_epilogue) are split into GE2_SHARDS (default 3) processes, round-robin over their collected tests
-# (GE2_SHARD, tests/conftest.py), so no one file sets the wall time.
+# memory) alone. The longest files (GE2_SHARDED_FILES, default test_attention, test_attention_window,
+# test_conv_epilogue, test_onnx_frontend and test_codegen: 4-9 minutes each, whole, under 12 jobs on the H200) are
+# split into GE2_SHARDS (default 3) processes, round-robin over their collected tests (GE2_SHARD, tests/conftest.py),
+# so no one file sets the wall time.
 # GE2_TEST_FILES narrows the run to some files (a re-check after fixes).
 # GE2_CACHE_DIR (default: a new directory) holds the kernel and autotune caches that the run's processes share, as
 # processes on a user's machine do: each distinct problem is timed once per run, by the first test that meets it. Its
@@ -21,7 +22,9 @@ if [ -z "${GE2_CACHE_DIR:-}" ]; then
   trap 'rm -rf "$GE2_CACHE_DIR"' EXIT
 fi
 export GE2_CACHE_DIR
-sharded=" $(echo ${GE2_SHARDED_FILES:-tests/test_attention.py tests/test_attention_window.py tests/test_conv_epilogue.py}) "  # echo: any whitespace (newlines too) separates the names
+default_sharded="tests/test_attention.py tests/test_attention_window.py tests/test_conv_epilogue.py
+  tests/test_onnx_frontend.py tests/test_codegen.py"
+sharded=" $(echo ${GE2_SHARDED_FILES:-$default_sharded}) "  # echo: any whitespace (newlines too) separates the names
 shards=${GE2_SHARDS:-3}
 
 # One job per line: "<log name> <test file> [<shard>/<shards>]" (a sharded file runs as GE2_SHARD=i/n, see conftest).

@@ -25,6 +25,8 @@ NO_WINDOW = (-1, -1)
 # (batch, heads, seq, head_dim, causal, window)
 SHAPES = [(8, 12, 1024, 64, True, NO_WINDOW), (8, 12, 1024, 64, False, NO_WINDOW), (4, 16, 4096, 128, True, NO_WINDOW),
           (16, 16, 512, 128, False, NO_WINDOW), (1, 32, 8192, 128, True, NO_WINDOW),
+          # head_dim 256 (Gemma's)
+          (4, 16, 2048, 256, True, NO_WINDOW), (8, 8, 1024, 256, False, NO_WINDOW),
           # sliding windows: Mistral's (4096 keys back, none ahead) and a symmetric local band
           (2, 16, 8192, 128, False, (4095, 0)), (4, 16, 4096, 128, False, (256, 256)),
           (8, 12, 2048, 64, True, (512, -1))]

@@ -1,6 +1,6 @@
 """attention's flash_sm90 candidate (forward and backward on Hopper's wgmma and TMA, sm_90a, CuTe): its kernels() row,
 its declines with their reasons, forward and backward (CPU); y, lse and dq, dk, dv against the float64 reference for
-both dtypes, head_dim 64 and 128, causal and not, seq 1, odd lengths, seq_q != seq_k, both layouts and grouped K/V
+both dtypes, head_dim 64, 128 and 256, causal and not, seq 1, odd lengths, seq_q != seq_k, both layouts and grouped K/V
 heads, with poisoned outputs, and the lse contract with another candidate both ways (GPU, an sm_90 device and a
 CUTLASS build)."""
 from __future__ import annotations
@@ -41,7 +41,7 @@ def test_row_states_the_candidate():
     row = _row()
     assert row["priority"] == 15  # below flash (20) until the H200 has checked it; above rowwise (10)
     assert all(word in row["description"] for word in ("wgmma", "TMA", "Forward:", "Backward:"))
-    assert "head_dim 64 or 128" in row["constraints"] and "no bias, window or soft cap" in row["constraints"]
+    assert "head_dim 64, 128 or 256" in row["constraints"] and "no bias, window or soft cap" in row["constraints"]
     assert not row["fallback"]
     built = "NOT BUILT" not in _reason()
     assert ("NOT BUILT" in row["description"]) == (not built)
@@ -61,8 +61,8 @@ def test_backward_has_the_forwards_candidates_and_flashs_workspace():
 
 
 @pytest.mark.parametrize("problem,reason", (
-    (dict(head_dim=40), "flash_sm90 is built for head_dim 64 and 128, got head_dim 40"),
-    (dict(head_dim=256, dtype="bfloat16"), "flash_sm90 is built for head_dim 64 and 128, got head_dim 256"),
+    (dict(head_dim=40), "flash_sm90 is built for head_dim 64, 128 and 256, got head_dim 40"),
+    (dict(head_dim=96, dtype="bfloat16"), "flash_sm90 is built for head_dim 64, 128 and 256, got head_dim 96"),
     (dict(dtype="float32"), "flash_sm90 runs float16 and bfloat16 on wgmma: got float32"),
     (dict(bias=True), "flash_sm90 takes no additive bias (cudnn and rowwise do)"),
     (dict(window=(4, -1), causal=True), "flash_sm90 takes no sliding window (flash, rowwise and unfused do)"),
@@ -91,7 +91,7 @@ def test_declines_with_the_reason(problem, reason):
                                               attrs=attrs)) == reason
 
 
-@pytest.mark.parametrize("head_dim,dtype", ((64, "float16"), (128, "bfloat16")))
+@pytest.mark.parametrize("head_dim,dtype", ((64, "float16"), (128, "bfloat16"), (256, "float16")))
 @pytest.mark.parametrize("causal", (False, True))
 def test_runs_its_problems_only_built_and_on_sm90(head_dim, dtype, causal):
     """A problem it takes: declined only for the build (NOT BUILT, why) or the device (not sm_90, which)."""
@@ -109,6 +109,10 @@ def _require_flash_sm90():
         pytest.skip(reason)
 
 
+def _head_dim_id(head_dim):  # test ids name it, so that `-k head_dim256` selects one head_dim's cases
+    return f"head_dim{head_dim}"
+
+
 def _problem(rng, batch, heads_q, heads_kv, seq_q, seq_k, head_dim, dtype, layout):
     arrays = [random_array(rng, (batch, heads, seq, head_dim), dtype)
               for heads, seq in ((heads_q, seq_q), (heads_kv, seq_k), (heads_kv, seq_k), (heads_q, seq_q))]
@@ -117,24 +121,33 @@ def _problem(rng, batch, heads_q, heads_kv, seq_q, seq_k, head_dim, dtype, layou
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
-@pytest.mark.parametrize("head_dim", (64, 128))
+@pytest.mark.parametrize("head_dim", (64, 128, 256), ids=_head_dim_id)
 @pytest.mark.parametrize("causal", (False, True))
 @pytest.mark.parametrize("seq", (1, 7, 129, 1000))
 def test_forward_and_backward_match_the_reference(rng, poisoned, dtype, head_dim, causal, seq):
-    """y and lse, then dq, dk, dv from them: one tile (1, 7), a partial second (129), many (1000: 8 key tiles, the
-    backward's causal CTAs skipping the query tiles above their keys)."""
+    """y and lse, then dq, dk, dv from them: one tile (1, 7), a partial second (129), many (1000: 8 key tiles, 13 at
+    head_dim 256, the backward's causal CTAs skipping the query tiles above their keys)."""
     _require_flash_sm90()
     q, k, v, dy = _problem(rng, 2, 3, 3, seq, seq, head_dim, dtype, "bhsd")
     _check_backward(q, k, v, dy, causal, "bhsd", KERNEL, poisoned, dtype)
+
+
+_GROUPED_SHAPES = ((8, 2, 33, 33, 64), (4, 1, 7, 129, 64), (4, 4, 129, 7, 128), (4, 2, 130, 1000, 128),
+                   (2, 2, 1000, 77, 64), (2, 1, 1, 1000, 128), (3, 3, 256, 256, 128))
+_GROUPED_SHAPES += tuple(shape[:-1] + (256,) for shape in _GROUPED_SHAPES)
+
+
+def _grouped_shape_id(shape):
+    heads_q, heads_kv, seq_q, seq_k, head_dim = shape
+    return f"heads{heads_q}_{heads_kv}-seq{seq_q}_{seq_k}-{_head_dim_id(head_dim)}"
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
 @pytest.mark.parametrize("causal", (False, True))
 @pytest.mark.parametrize("layout", attention.LAYOUTS)
-@pytest.mark.parametrize("heads_q,heads_kv,seq_q,seq_k,head_dim", (
-    (8, 2, 33, 33, 64), (4, 1, 7, 129, 64), (4, 4, 129, 7, 128), (4, 2, 130, 1000, 128), (2, 2, 1000, 77, 64),
-    (2, 1, 1, 1000, 128), (3, 3, 256, 256, 128)))
+@pytest.mark.parametrize("heads_q,heads_kv,seq_q,seq_k,head_dim", _GROUPED_SHAPES,
+                         ids=[_grouped_shape_id(shape) for shape in _GROUPED_SHAPES])
 def test_grouped_heads_unequal_lengths_and_layouts(rng, poisoned, dtype, causal, layout, heads_q, heads_kv, seq_q,
                                                    seq_k, head_dim):
     """Grouped K/V heads (a backward CTA walks every query head of its group: one writer of dk, dv), seq_q != seq_k
@@ -146,11 +159,12 @@ def test_grouped_heads_unequal_lengths_and_layouts(rng, poisoned, dtype, causal,
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
-@pytest.mark.parametrize("head_dim", (64, 128))
+@pytest.mark.parametrize("head_dim", (64, 128, 256), ids=_head_dim_id)
 @pytest.mark.parametrize("causal", (False, True))
 def test_long_sequences_wrap_the_pipelines(rng, poisoned, dtype, head_dim, causal):
-    """2048 keys and queries, 2 query heads per K/V head: the forward's 16 K/V tiles and the backward's 32 (head_dim
-    128) or 16 (64) Q/dO tiles per head through their 2-stage rings, and the backward's double-buffered dS."""
+    """2048 keys and queries, 2 query heads per K/V head: the forward's 16 K/V tiles (26 at head_dim 256) and the
+    backward's 32 (head_dim 128 and 256) or 16 (64) Q/dO tiles per head through their 2-stage rings, and the
+    backward's double-buffered dS (and P at head_dim 256)."""
     _require_flash_sm90()
     q, k, v, dy = _problem(rng, 1, 2, 1, 2048, 2048, head_dim, dtype, "bshd")
     _check_backward(q, k, v, dy, causal, "bshd", KERNEL, poisoned, dtype)
@@ -159,12 +173,16 @@ def test_long_sequences_wrap_the_pipelines(rng, poisoned, dtype, head_dim, causa
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
 @pytest.mark.parametrize("causal", (False, True))
-@pytest.mark.parametrize("forward_kernel,backward_kernel", ((KERNEL, "flash"), ("flash", KERNEL)))
-def test_backward_reads_the_other_kernels_lse(rng, poisoned, dtype, causal, forward_kernel, backward_kernel):
-    """The lse contract both ways: flash's backward from flash_sm90's y and lse, and flash_sm90's from flash's."""
+@pytest.mark.parametrize("other,head_dim", (("flash", 128), ("rowwise", 256)),  # flash stops at head_dim 128
+                         ids=("flash-head_dim128", "rowwise-head_dim256"))
+@pytest.mark.parametrize("sm90_first", (True, False))
+def test_backward_reads_the_other_kernels_lse(rng, poisoned, dtype, causal, other, head_dim, sm90_first):
+    """The lse contract both ways: another kernel's backward from flash_sm90's y and lse, and flash_sm90's from the
+    other's."""
     _require_flash_sm90()
+    forward_kernel, backward_kernel = (KERNEL, other) if sm90_first else (other, KERNEL)
     runtime = ge2.device.runtime()
-    q, k, v, dy = _problem(rng, 2, 4, 2, 129, 200, 128, dtype, "bhsd")
+    q, k, v, dy = _problem(rng, 2, 4, 2, 129, 200, head_dim, dtype, "bhsd")
     y, lse = _check_forward(q, k, v, causal, "bhsd", forward_kernel, poisoned, dtype)
     device = [runtime.DeviceArray.from_numpy(x) for x in (dy, q, k, v)]
     outs = tuple(poisoned(x.shape, dtype) for x in (q, k, v))

@@ -48,9 +48,9 @@ Kernel candidates (``kernels()``), in priority order (``auto`` takes the first t
    its backward adds dq in float32 atomics.
    ``flash_sm90``: Hopper's wgmma and TMA (CuTe, sm_90a; built where CMake found CUTLASS's headers, run on an sm_90
    GPU): a producer warpgroup loads tiles by TMA into a 2-stage ring, two consumer warpgroups run the products; the
-   forward's online softmax is in float32 registers, the backward keeps dk, dv in registers per 128 keys and adds
-   dq in float32 atomics; float16 and bfloat16, head_dim 64 and 128, any length, causal or not (no bias, window or
-   soft cap). It writes and reads the same lse as the others.
+   forward's online softmax is in float32 registers, the backward keeps dk, dv in registers per 128 keys (64 at
+   head_dim 256) and adds dq in float32 atomics; float16 and bfloat16, head_dim 64, 128 and 256, any length, causal
+   or not (no bias, window or soft cap). It writes and reads the same lse as the others.
 3. ``rowwise``: a warp per query row (forward, dq) or key row (dk, dv), float32 online softmax, no tensor cores, no
    cuBLAS and no score scratch; head_dim <= 256, any length.
 4. ``unfused``: S = scale q k^T and y = P v on cuBLASLt around a softmax kernel (16-bit P and dS as a high and a

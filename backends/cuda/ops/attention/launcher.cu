@@ -64,12 +64,13 @@ std::vector<KernelInfo> kernel_table() {
       {"flash_sm90", 15,
        std::string(flash_sm90_not_built.empty() ? "" : "NOT BUILT (" + flash_sm90_not_built + "): ") +
            "Hopper's wgmma and TMA (CuTe, sm_90a), a producer warpgroup loading tiles by TMA into a 2-stage "
-           "shared-memory ring (mbarriers) and two consumer warpgroups of 64 rows. Forward: a CTA of 128 query rows "
-           "loads Q once and K/V tiles of 128 rows, runs S = Q K^T (shared-memory operands) and O += P V (P from "
-           "registers), online softmax in float32 registers. Backward: a CTA of 128 key rows loads K/V once and walks "
-           "the Q/dO tiles that see them (causal skips the others), S^T, dP^T, dV += P^T dO, dK += dS^T Q in "
-           "registers, dQ = dS K added in float32 atomics",
-       "built with CUTLASS's headers (GE2_CUTLASS); an sm_90 GPU; head_dim 64 or 128; float16, bfloat16; any "
+           "shared-memory ring (mbarriers) and two consumer warpgroups. Forward: a CTA of 128 query rows, 64 per "
+           "warpgroup, loads Q once and K/V tiles of 128 rows (80 at head_dim 256), runs S = Q K^T (shared-memory "
+           "operands) and O += P V (P from registers), online softmax in float32 registers. Backward: a CTA of 128 "
+           "key rows (64 at head_dim 256) loads K/V once and walks the Q/dO tiles that see them (causal skips the "
+           "others), S^T, dP^T, dV += P^T dO, dK += dS^T Q in registers (head_dim 256: the warpgroups split dK and "
+           "dV by columns, P^T and dS^T through shared memory), dQ = dS K added in float32 atomics",
+       "built with CUTLASS's headers (GE2_CUTLASS); an sm_90 GPU; head_dim 64, 128 or 256; float16, bfloat16; any "
        "seq_q, seq_k, causal or not; no bias, window or soft cap; 16-byte aligned arrays"},
       {"rowwise", 10,
        "a warp per query row (forward, dQ) or key row (dK, dV): online softmax in float32, K/V rows streamed from "

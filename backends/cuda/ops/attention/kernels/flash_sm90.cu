@@ -19,8 +19,8 @@ std::string flash_sm90_not_built_reason() { return cutlass_not_built_reason(); }
 std::string flash_sm90_unsupported_reason(const Shape& s) {
   const std::string not_built = flash_sm90_not_built_reason();
   if (!not_built.empty()) return "flash_sm90 is NOT BUILT: " + not_built;
-  if (s.head_dim != 64 && s.head_dim != 128) {
-    return "flash_sm90 is built for head_dim 64 and 128, got head_dim " + std::to_string(s.head_dim);
+  if (s.head_dim != 64 && s.head_dim != 128 && s.head_dim != 256) {
+    return "flash_sm90 is built for head_dim 64, 128 and 256, got head_dim " + std::to_string(s.head_dim);
   }
   if (s.dtype != DType::Float16 && s.dtype != DType::BFloat16) {
     return std::string("flash_sm90 runs float16 and bfloat16 on wgmma: got ") + dtype_name(s.dtype);
@@ -38,12 +38,13 @@ std::string flash_sm90_unsupported_reason(const Shape& s) {
 
 void launch_flash_sm90_forward(const ForwardArgs& args, cudaStream_t stream) {
 #if GE2_WITH_CUTLASS
-  const bool wide = args.shape.head_dim == 128;
-  if (args.shape.dtype == DType::Float16) {
-    wide ? flash_sm90::launch_f16_128(args, stream) : flash_sm90::launch_f16_64(args, stream);
-  } else {
-    wide ? flash_sm90::launch_bf16_128(args, stream) : flash_sm90::launch_bf16_64(args, stream);
-  }
+  using Launch = void (*)(const ForwardArgs&, cudaStream_t);
+  const bool half = args.shape.dtype == DType::Float16;
+  const int head_dim = args.shape.head_dim;
+  const Launch launch = head_dim == 64    ? (half ? flash_sm90::launch_f16_64 : flash_sm90::launch_bf16_64)
+                        : head_dim == 128 ? (half ? flash_sm90::launch_f16_128 : flash_sm90::launch_bf16_128)
+                                          : (half ? flash_sm90::launch_f16_256 : flash_sm90::launch_bf16_256);
+  launch(args, stream);
   GE2_CHECK_LAUNCH("attention flash_sm90 forward");
 #else
   (void)args;
@@ -56,14 +57,14 @@ void launch_flash_sm90_backward(const BackwardArgs& args, void* workspace, cudaS
 #if GE2_WITH_CUTLASS
   const FlashBackwardWorkspace scratch = flash_backward_workspace(args.shape, workspace);
   launch_flash_backward_row_dot(args, scratch, stream);
-  const bool wide = args.shape.head_dim == 128;
-  if (args.shape.dtype == DType::Float16) {
-    wide ? flash_sm90::launch_backward_f16_128(args, scratch.row_dot, scratch.dq_accumulator, stream)
-         : flash_sm90::launch_backward_f16_64(args, scratch.row_dot, scratch.dq_accumulator, stream);
-  } else {
-    wide ? flash_sm90::launch_backward_bf16_128(args, scratch.row_dot, scratch.dq_accumulator, stream)
-         : flash_sm90::launch_backward_bf16_64(args, scratch.row_dot, scratch.dq_accumulator, stream);
-  }
+  using Launch = void (*)(const BackwardArgs&, const float*, float*, cudaStream_t);
+  const bool half = args.shape.dtype == DType::Float16;
+  const int head_dim = args.shape.head_dim;
+  const Launch launch =
+      head_dim == 64    ? (half ? flash_sm90::launch_backward_f16_64 : flash_sm90::launch_backward_bf16_64)
+      : head_dim == 128 ? (half ? flash_sm90::launch_backward_f16_128 : flash_sm90::launch_backward_bf16_128)
+                        : (half ? flash_sm90::launch_backward_f16_256 : flash_sm90::launch_backward_bf16_256);
+  launch(args, scratch.row_dot, scratch.dq_accumulator, stream);
   GE2_CHECK_LAUNCH("attention flash_sm90 backward (dK, dV, dQ accumulation)");
   launch_flash_backward_dq_store(args, scratch, stream);
 #else

@@ -1,9 +1,10 @@
 // flash_sm90 forward (compiled for sm_90a only, on CuTe): a CTA owns kBlockM = 128 query rows of one (batch, head)
 // and is three warpgroups. Warpgroup 0 is the producer: one thread loads the Q tile once and the K and V tiles of
-// kBlockN rows with TMA into a kStages-deep shared-memory ring, each stage guarded by a "full" mbarrier (TMA's
-// transaction count) and an "empty" one (the consumers' release). Warpgroups 1 and 2 are the consumers, 64 query
-// rows each: S = Q K^T on wgmma from shared memory (SS), the online softmax in float32 registers (log2 domain), then
-// O += P V on wgmma with P from registers (RS), float32 accumulators throughout, O and lse written once at the end.
+// kBlockN rows (128; 80 at head_dim 256) with TMA into a kStages-deep shared-memory ring, each stage guarded by a
+// "full" mbarrier (TMA's transaction count) and an "empty" one (the consumers' release). Warpgroups 1 and 2 are the
+// consumers, 64 query rows each: S = Q K^T on wgmma from shared memory (SS), the online softmax in float32 registers
+// (log2 domain), then O += P V on wgmma with P from registers (RS), float32 accumulators throughout, O and lse written
+// once at the end.
 // setmaxnreg moves registers from the producer (40) to the consumers (232), which hold S, O and P (CUTLASS's split for
 // two consumer warpgroups: 40 * 128 + 232 * 256 <= 64K).
 //
@@ -28,12 +29,16 @@ namespace ge2::attention::flash_sm90 {
 
 using namespace cute;
 
+constexpr int kSharedMemoryBytes = 227 * 1024;  // an sm_90 CTA's dynamic shared memory at most
+
 template <int kHeadDim_, typename Element_>
 struct Traits {
   using Element = Element_;  // cutlass::half_t or cutlass::bfloat16_t
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = 128;
-  static constexpr int kBlockN = 128;
+  // head_dim 256: Q (64 KB) and a 2-stage K/V ring of 80-row tiles (160 KB) fill 224 of the 227 KB of shared memory,
+  // and a consumer thread holds O (128 floats) and S (40).
+  static constexpr int kBlockN = kHeadDim == 256 ? 80 : 128;
   static constexpr int kStages = 2;
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
@@ -43,11 +48,13 @@ struct Traits {
   using TilePV = cute::Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;
   using Warpgroups = Layout<cute::Shape<Int<kConsumerWarpgroups>, _1, _1>>;  // each warpgroup: 64 rows of the tile
   using MmaQK = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, TileQK>(), Warpgroups{}));
+  // One wgmma spans the key tile (80 is one of CuTe's extended shapes, which CMake enables for these sources).
+  static_assert(size<1>(typename MmaQK::AtomShape_MNK{}) == kBlockN, "S = Q K^T would run in narrower wgmma tiles");
   // P V: P (rows x keys) from registers, K-major; V stored [key][dim] is the B operand (dim x key) in MN-major.
   using MmaPV = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, TilePV, GMMA::Major::K, GMMA::Major::MN>(), Warpgroups{}));
 
-  // Rows of kHeadDim 16-bit values (128 or 256 bytes) in the 128-byte swizzle that wgmma and TMA share.
+  // Rows of kHeadDim 16-bit values (128, 256 or 512 bytes) in the 128-byte swizzle that wgmma and TMA share.
   using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
                                              cute::Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   using SmemLayoutKV = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
@@ -339,6 +346,7 @@ void launch(const ForwardArgs& args, cudaStream_t stream) {
   p.causal = s.causal;
 
   constexpr int bytes = sizeof(typename T::SharedStorage);
+  static_assert(bytes <= kSharedMemoryBytes, "the forward's tiles exceed an sm_90 CTA's shared memory");
   check_cuda(cudaFuncSetAttribute(forward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
              "attention", "cudaFuncSetAttribute(flash_sm90 forward shared memory)");
   const dim3 grid(static_cast<unsigned>(s.batch * s.heads_q),

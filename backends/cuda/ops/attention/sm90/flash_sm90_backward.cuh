@@ -1,21 +1,25 @@
 // flash_sm90 backward (compiled for sm_90a only, on CuTe): dK, dV and the float32 dQ accumulator from dO, Q, K, V,
 // the forward's lse and D_i = dO_i . O_i (flash's row_dot kernel writes D and zeroes the accumulator before, its
-// dq_store kernel scales and rounds dQ after). A CTA owns kBlockN = 128 key rows of one (batch, K/V head) and walks
-// the query tiles of kBlockM rows that see them, for every query head of the group, so dK and dV have one writer.
-// It is three warpgroups. Warpgroup 0's first thread loads K and V once and the Q and dO tiles by TMA into a
-// kStages-deep ring (full and empty mbarriers, as in the forward), and its second warp the tile's lse and D into the
-// same stage (the full barrier waits for both). Warpgroups 1 and 2 own 64 keys each; per query tile they run
+// dq_store kernel scales and rounds dQ after). A CTA owns kBlockN = 128 key rows (64 at head_dim 256) of one
+// (batch, K/V head) and walks the query tiles of kBlockM rows that see them, for every query head of the group, so dK
+// and dV have one writer. It is three warpgroups. Warpgroup 0's first thread loads K and V once and the Q and dO
+// tiles by TMA into a kStages-deep ring (full and empty mbarriers, as in the forward), and its second warp the tile's
+// lse and D into the same stage (the full barrier waits for both). Warpgroups 1 and 2 own 64 keys each (head_dim
+// 256: the same 64 keys, half of the queries of S^T and dP^T, half of the columns of dK and dV); per query tile
+// they run
 //   S^T = K Q^T and dP^T = V dO^T on wgmma from shared memory, then in float32 registers P^T = exp(scale S^T - lse)
 //   and dS^T = P^T (dP^T - D);
-//   dV += P^T dO and dK += dS^T Q on wgmma with P^T and dS^T from registers (16-bit), dK and dV in registers;
+//   dV += P^T dO and dK += dS^T Q on wgmma with P^T and dS^T from registers (16-bit; head_dim 256: from shared
+//   memory, double-buffered, after a barrier of the two warpgroups), dK and dV in registers;
 //   dS^T to shared memory (double-buffered), a barrier of the two warpgroups, then dQ_tile = dS K, split by query
-//   rows (head_dim 64: 128-row tiles) or by head_dim halves (128: 64-row tiles) over the two warpgroups, added to
-//   the float32 accumulator with 8-byte atomics.
+//   rows (head_dim 64: 128-row tiles) or by head_dim halves (128 and 256: 64-row tiles) over the two warpgroups,
+//   added to the float32 accumulator with 8-byte atomics.
 // Causal skips the query tiles that see none of the CTA's keys; scores outside a row's visible keys get P = 0. TMA
 // reads rows past seq_q or seq_k as zeros: such keys see no query (their dK, dV are not written) and such queries'
 // P is 0.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include <cutlass/arch/barrier.h>
 
@@ -29,12 +33,22 @@ template <int kHeadDim_, typename Element_>
 struct BackwardTraits {
   using Element = Element_;  // cutlass::half_t or cutlass::bfloat16_t
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockN = 128;                       // key rows per CTA, 64 per consumer warpgroup
-  static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;  // query rows per step: S^T, dP^T, dK, dV fit registers
+  // Up to head_dim 128 a CTA owns 128 keys, 64 per consumer warpgroup, which holds their dK and dV rows in registers
+  // and gets P^T and dS^T, the A operands of dV += P^T dO and dK += dS^T Q, from its own S^T and dP^T in registers.
+  // At head_dim 256 the dK and dV rows of 64 keys alone would take 256 float registers per thread (a consumer has
+  // 232): a CTA owns 64 keys and the warpgroups split dK and dV by head_dim halves (128 floats per thread). Each then
+  // computes S^T and dP^T for half of the step's queries, and P^T and dS^T, which dV and dK need whole, go through
+  // shared memory (wgmma reads A from there).
+  static constexpr bool kScoresInSharedMemory = kHeadDim == 256;
+  static constexpr int kBlockN = kScoresInSharedMemory ? 64 : 128;  // key rows per CTA
+  static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;          // query rows per step: the accumulators fit
   static constexpr int kStages = 2;
-  static constexpr int kConsumerWarpgroups = kBlockN / 64;
+  static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kThreads = 128 + kConsumerThreads;
+  // The consumer warpgroups along the keys (of S^T, dP^T, dK, dV), and along S^T's queries and dK's, dV's columns.
+  static constexpr int kKeyGroups = kBlockN / 64;
+  static constexpr int kQueryGroups = kConsumerWarpgroups / kKeyGroups;
   // dQ's tile split over the consumer warpgroups: by 64-row halves when kBlockM is 128, else by head_dim halves.
   static constexpr int kDqRowGroups = kBlockM / 64;
   static constexpr int kDqColumnGroups = kConsumerWarpgroups / kDqRowGroups;
@@ -42,12 +56,19 @@ struct BackwardTraits {
   using TileSdP = cute::Shape<Int<kBlockN>, Int<kBlockM>, Int<kHeadDim>>;  // S^T, dP^T: keys x queries
   using TileKV = cute::Shape<Int<kBlockN>, Int<kHeadDim>, Int<kBlockM>>;   // dK, dV: keys x head_dim
   using TileDQ = cute::Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;   // dQ: queries x head_dim
-  using KeyWarpgroups = Layout<cute::Shape<Int<kConsumerWarpgroups>, _1, _1>>;
+  using ScoreWarpgroups = Layout<cute::Shape<Int<kKeyGroups>, Int<kQueryGroups>, _1>>;  // also dK's and dV's
   using DqWarpgroups = Layout<cute::Shape<Int<kDqRowGroups>, Int<kDqColumnGroups>, _1>>;
-  using MmaSdP = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, TileSdP>(), KeyWarpgroups{}));
-  // A from registers (P^T or dS^T, K-major); B is dO or Q stored [query][dim], read as (dim x query): MN-major.
-  using MmaKV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, TileKV, GMMA::Major::K, GMMA::Major::MN>(), KeyWarpgroups{}));
+  using MmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, cute::Shape<_64, Int<kBlockM / kQueryGroups>, Int<kHeadDim>>>(),
+      ScoreWarpgroups{}));
+  // A is P^T or dS^T (K-major), from registers or shared memory; B is dO or Q stored [query][dim], read as
+  // (dim x query): MN-major.
+  using TileKVWarpgroup = cute::Shape<_64, Int<kHeadDim / kQueryGroups>, Int<kBlockM>>;
+  using MmaKVOp = std::conditional_t<
+      kScoresInSharedMemory,
+      decltype(GMMA::ss_op_selector<Element, Element, float, TileKVWarpgroup, GMMA::Major::K, GMMA::Major::MN>()),
+      decltype(GMMA::rs_op_selector<Element, Element, float, TileKVWarpgroup, GMMA::Major::K, GMMA::Major::MN>())>;
+  using MmaKV = decltype(make_tiled_mma(MmaKVOp{}, ScoreWarpgroups{}));
   // A is dS stored [key][query], read as (query x key); B is K stored [key][dim], read as (dim x key): both MN-major.
   using MmaDQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float,
@@ -88,6 +109,7 @@ struct BackwardTraits {
     cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> dout;
     cute::array_aligned<Element, cosize_v<SmemLayoutDs>, 1024> ds;
+    cute::array_aligned<Element, kScoresInSharedMemory ? cosize_v<SmemLayoutDs> : 1, 1024> p;  // P^T, as dS^T
     float lse[kStages][kBlockM], row_dot[kStages][kBlockM];  // of the stage's query rows (0 past seq_q)
     alignas(8) uint64_t kv_full;
     uint64_t q_full[kStages], dout_full[kStages], q_empty[kStages], dout_empty[kStages];
@@ -127,6 +149,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONS
   Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename T::SmemLayoutQt{});
   Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), typename T::SmemLayoutDs{});
   Tensor sdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename T::SmemLayoutDsT{});
+  Tensor sP = make_tensor(make_smem_ptr(smem.p.data()), typename T::SmemLayoutDs{});  // head_dim 256 only
 
   const int n_block = static_cast<int>(blockIdx.y);
   const int bhk = static_cast<int>(blockIdx.x), b = bhk / int(s.heads_kv), hk = bhk % int(s.heads_kv);
@@ -291,29 +314,42 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONS
       for (int r = 0; r < kRows; ++r) dp(r, c) = scores(r, c) * (dp(r, c) - row_dot);
     }
 
-    // dV += P^T dO and dK += dS^T Q, P^T and dS^T rounded to the input dtype once, from registers.
+    // dV += P^T dO and dK += dS^T Q, P^T and dS^T rounded to the input dtype once. dS^T also goes to shared memory
+    // for dQ = dS K, which reads the other warpgroup's keys too: the async proxy (wgmma) must see both warpgroups'
+    // writes. The buffers alternate, so a warpgroup a step ahead never overwrites the dS (or P) that the other one
+    // still reads (it waits at the next barrier for that one's gemms to be done).
     auto p_values = to_element(*reinterpret_cast<ScoreArray const*>(tSrS.data()));
     auto ds_values = to_element(*reinterpret_cast<ScoreArray const*>(tSrdP.data()));
+    Tensor ds_register = make_tensor(make_rmem_ptr<Element>(ds_values.data()), tSrdP.layout());
     Tensor tKVrP = make_tensor(make_rmem_ptr<Element>(p_values.data()), accumulator_as_a_operand(tSrS.layout()));
     Tensor tKVrdS = make_tensor(make_rmem_ptr<Element>(ds_values.data()), accumulator_as_a_operand(tSrdP.layout()));
-    issue_warpgroup_gemm<false, true>(mma_kv, tKVrP, tKVrdOt(_, _, _, stage), tdVrdV);
-    issue_warpgroup_gemm<false, true>(mma_kv, tKVrdS, tKVrQt(_, _, _, stage), tdKrdK);
-
-    // dS^T to shared memory for dQ = dS K, which reads the other warpgroup's keys too: the async proxy (wgmma) must
-    // see both warpgroups' writes. The buffers alternate, so a warpgroup a step ahead never overwrites the dS that
-    // the other one still reads (it waits at the next barrier for that one's dQ to be done).
-    Tensor ds_register = make_tensor(make_rmem_ptr<Element>(ds_values.data()), tSrdP.layout());
-    copy(ds_register, tSsdS(_, _, _, buffer));
-    cutlass::arch::fence_view_async_shared();
-    cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, 0);
+    if constexpr (T::kScoresInSharedMemory) {  // this warpgroup's queries of P^T and dS^T; dV and dK read all
+      Tensor tKVsP = thread_kv.partition_fragment_A(sP);  // descriptors, (MMA, MMA_M, MMA_K, buffer)
+      Tensor tKVsdS = thread_kv.partition_fragment_A(sdS);
+      Tensor tSsP = thread_sdp.partition_C(sP);
+      copy(make_tensor(make_rmem_ptr<Element>(p_values.data()), tSrS.layout()), tSsP(_, _, _, buffer));
+      copy(ds_register, tSsdS(_, _, _, buffer));
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, 0);
+      issue_warpgroup_gemm<false, false>(mma_kv, tKVsP(_, _, _, buffer), tKVrdOt(_, _, _, stage), tdVrdV);
+      issue_warpgroup_gemm<false, false>(mma_kv, tKVsdS(_, _, _, buffer), tKVrQt(_, _, _, stage), tdKrdK);
+    } else {
+      issue_warpgroup_gemm<false, true>(mma_kv, tKVrP, tKVrdOt(_, _, _, stage), tdVrdV);
+      issue_warpgroup_gemm<false, true>(mma_kv, tKVrdS, tKVrQt(_, _, _, stage), tdKrdK);
+      copy(ds_register, tSsdS(_, _, _, buffer));
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, 0);
+    }
 
     Tensor tQrdQ = partition_fragment_C(mma_dq, select<0, 1>(typename T::TileDQ{}));
     issue_warpgroup_gemm<true, false>(mma_dq, tQrdS(_, _, _, buffer), tQrKt, tQrdQ);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tdVrdV);
     warpgroup_fence_operand(tdKrdK);
-    warpgroup_fence_operand(tKVrP);
-    warpgroup_fence_operand(tKVrdS);
+    if constexpr (!T::kScoresInSharedMemory) {
+      warpgroup_fence_operand(tKVrP);
+      warpgroup_fence_operand(tKVrdS);
+    }
     warpgroup_fence_operand(tQrdQ);
     Barrier::arrive(&smem.q_empty[stage]);
     Barrier::arrive(&smem.dout_empty[stage]);
@@ -387,6 +423,7 @@ void launch_backward(const BackwardArgs& args, const float* row_dot, float* dq_a
   p.scale_log2 = s.scale * flash::kLog2e;
 
   constexpr int bytes = sizeof(typename T::SharedStorage);
+  static_assert(bytes <= kSharedMemoryBytes, "the backward's tiles exceed an sm_90 CTA's shared memory");
   check_cuda(cudaFuncSetAttribute(backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
              "attention", "cudaFuncSetAttribute(flash_sm90 backward shared memory)");
   const dim3 grid(static_cast<unsigned>(s.batch * s.heads_kv),

@@ -5,7 +5,9 @@
 - a transpose feeding a gemm operand is the gemm's ``trans_a``/``trans_b``;
 - a row-vector add is a ``bias_add`` (broadcast normalization), and a bias after a gemm (or after a reshape of it
   that keeps its rows) is the gemm's bias;
-- ``x * sigmoid(x)`` (how exporters write SiLU) is ``silu(x)``;
+- ``x * sigmoid(x)`` (how exporters write SiLU) is ``silu(x)``, and the tanh-GELU written out,
+  ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))`` (HF GPT-2's gelu_new), is ``gelu(x)``, so the gemm
+  before it takes it as its epilogue;
 - identities disappear: reshapes to the same shape, identity transposes, dropout with p = 0; chains of
   transposes or of reshapes become one;
 - a gather of one constant index is a slice (a block copy);
@@ -14,9 +16,11 @@
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from ..dtypes import FLOAT_DTYPES
+from ..dtypes import FLOAT_DTYPES, INT_DTYPES
 from ..ir.graph import Graph, Value
 from .pattern import Pat, Rule, rewrite
 
@@ -205,8 +209,61 @@ def mul_sigmoid_to_silu(graph: Graph, x: Value, gate: Value, y: Value):
     return graph.silu(x) if y.type == x.type else None
 
 
+# The constants of the tanh-GELU, by the name its patterns bind them under
+GELU_TANH_CONSTANTS = {"half": 0.5, "one": 1.0, "scale": math.sqrt(2.0 / math.pi), "cubic": 0.044715, "three": 3.0,
+                       "inner_one": 1.0, "two": 2.0}
+
+
+def _is_constant(value: Value, expected: float) -> bool:
+    """``value`` is a one-element parameter (0-d or not) equal to ``expected`` rounded to float32, or to its own
+    dtype when that is narrower (a float16 export stores 0.044715 as float16's 0.04471)."""
+    if not value.is_param or value.data.size != 1 or value.type.dtype not in FLOAT_DTYPES + INT_DTYPES:
+        return False
+    stored = np.float32(np.asarray(value.data).reshape(()))
+    return bool(stored == np.float32(np.asarray(expected, value.data.dtype)))
+
+
+# 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) = gelu(x) (GELU's tanh form), with every constant a
+# one-element parameter of GELU's value (a different constant is another function: it stays)
+def written_out_gelu_to_gelu(graph: Graph, x: Value, y: Value, half: Value, one: Value, scale: Value, cubic: Value,
+                             three: Value | None = None, inner_one: Value | None = None, two: Value | None = None):
+    if y.type != x.type or x.type.dtype not in FLOAT_DTYPES:
+        return None
+    bound = {"half": half, "one": one, "scale": scale, "cubic": cubic, "three": three, "inner_one": inner_one,
+             "two": two}
+    if not all(_is_constant(value, GELU_TANH_CONSTANTS[name]) for name, value in bound.items() if value is not None):
+        return None
+    return graph.gelu(x)
+
+
+def _gelu_tanh_patterns() -> list[Pat]:
+    """Every arrangement exporters write the tanh-GELU in (operands of add and mul in either order). The tanh's
+    argument: sqrt(2/pi) * (x + 0.044715 * x^3), x^3 as pow(x, 3) or (x * x) * x (PyTorch's and ONNX exports of HF's
+    gelu_new, PyTorch's decomposition of gelu(approximate="tanh")), or factored, (x * sqrt(2/pi)) * (1 + 0.044715 *
+    x^2), x^2 as pow(x, 2), x * x or 0.044715 * x * x (HF's gelu_fast). The outer product: (0.5 * x) * (1 + t),
+    x * (0.5 * (1 + t)) or 0.5 * (x * (1 + t))."""
+    x, scale, cubic = Pat(name="x"), Pat(name="scale"), Pat(name="cubic")
+    arguments = [Pat("mul", (Pat("add", (x, Pat("mul", (cube, cubic), any_order=True)), any_order=True), scale),
+                     any_order=True)
+                 for cube in (Pat("pow", (x, Pat(name="three"))), Pat("mul", (Pat("mul", (x, x)), x), any_order=True))]
+    for square_term in (Pat("mul", (Pat("pow", (x, Pat(name="two"))), cubic), any_order=True),
+                        Pat("mul", (Pat("mul", (x, x)), cubic), any_order=True),
+                        Pat("mul", (Pat("mul", (x, cubic), any_order=True), x), any_order=True)):
+        arguments.append(Pat("mul", (Pat("mul", (x, scale), any_order=True),
+                                     Pat("add", (square_term, Pat(name="inner_one")), any_order=True)), any_order=True))
+    patterns = []
+    for argument in arguments:
+        one_plus_tanh = Pat("add", (Pat("tanh", (argument,)), Pat(name="one")), any_order=True)
+        half = Pat(name="half")
+        patterns += [Pat("mul", (Pat("mul", (x, half), any_order=True), one_plus_tanh), name="y", any_order=True),
+                     Pat("mul", (x, Pat("mul", (half, one_plus_tanh), any_order=True)), name="y", any_order=True),
+                     Pat("mul", (half, Pat("mul", (x, one_plus_tanh), any_order=True)), name="y", any_order=True)]
+    return patterns
+
+
 RULES: list[Rule] = [
     (Pat("matmul", name="y"), matmul_to_gemm),
+    *[(pattern, written_out_gelu_to_gelu) for pattern in _gelu_tanh_patterns()],
     (Pat("mul", (Pat(name="x"), Pat("sigmoid", (Pat(name="x"),), name="gate")), name="y", any_order=True),
      mul_sigmoid_to_silu),
     (Pat("gemm", (Pat("transpose", (Pat(name="a"),), name="t", shared=True), Pat(name="b"), Pat(name="bias"),

@@ -1,5 +1,6 @@
-"""Epilogue fusion into gemm and conv2d: an activation after either becomes its ``act``, a residual add gemm's
-``beta * C`` or conv2d's ``residual``, a clip after conv2d (relu6, hardtanh) its ``clip_min``/``clip_max``.
+"""Epilogue fusion into gemm and conv2d: an activation after either (or after a reshape of a gemm) becomes its
+``act``, a residual add gemm's ``beta * C`` or conv2d's ``residual``, a clip after conv2d (relu6, hardtanh) its
+``clip_min``/``clip_max``.
 
 The pattern matcher applies ONNX Runtime's guards to the node being absorbed (its only consumer is the fused node,
 it is not a graph output, same device); each rule adds the dtype and shape checks. A residual is fused before the
@@ -24,6 +25,17 @@ def fuse_activation(graph: Graph, mm: Value, y: Value):
     if gemm.attrs["act"] != "none" or y.type != mm.type:
         return None
     return graph.gemm(*gemm.inputs, **{**gemm.attrs, "act": EPILOGUE_ACTIVATIONS[y.producer.op]})
+
+
+# act(reshape(gemm(a, b, bias, c))) = reshape(gemm(a, b, bias, c, act=act)): an activation is elementwise, so it
+# applies before the view as well; exporters view a linear layer's 2-d product as 3-d before its activation (HF
+# GPT-2's MLP: addmm, view, gelu)
+def fuse_activation_through_reshape(graph: Graph, mm: Value, view: Value, y: Value):
+    gemm = mm.producer
+    if gemm.attrs["act"] != "none" or y.type != view.type:
+        return None
+    fused = graph.gemm(*gemm.inputs, **{**gemm.attrs, "act": EPILOGUE_ACTIVATIONS[y.producer.op]})
+    return graph.reshape(fused, **view.producer.attrs)
 
 
 # gemm(a, b, bias) + r = gemm(a, b, bias, c=r, beta=1) for a full M x N residual r of the gemm's dtype
@@ -67,6 +79,8 @@ def fuse_conv_residual(graph: Graph, conv: Value, residual: Value):
 RULES: list[Rule] = [
     (Pat("add", (Pat("gemm", name="mm"), Pat(name="residual")), any_order=True), fuse_residual),
     (Pat(tuple(EPILOGUE_ACTIVATIONS), (Pat("gemm", name="mm"),), name="y"), fuse_activation),
+    (Pat(tuple(EPILOGUE_ACTIVATIONS), (Pat("reshape", (Pat("gemm", name="mm"),), name="view"),), name="y"),
+     fuse_activation_through_reshape),
     (Pat("add", (Pat("conv2d", name="conv"), Pat(name="residual")), any_order=True), fuse_conv_residual),
     (Pat(tuple(EPILOGUE_ACTIVATIONS), (Pat("conv2d", name="conv"),), name="y"), fuse_conv_activation),
     (Pat("clip", (Pat("conv2d", name="conv"),), name="y"), fuse_conv_clip),

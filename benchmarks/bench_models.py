@@ -36,6 +36,10 @@ Environment:
 - GE2_BENCH_COMPILE_FIRST: comma-separated row ids that get their torch.compile first, in that order; then the
   float16 rows (the ones with a target against torch.compile), then the float32 ones, in the table's order.
 - GE2_BENCH_WARM_BUILD, GE2_BENCH_PROFILE: "1" (every row, the default), "0" (none) or comma-separated row ids.
+- GE2_BENCH_COMPILE_CONV_BACKENDS: torch._inductor's max_autotune_conv_backends for the max-autotune compiles, e.g.
+  "ATEN" (cuDNN only). In torch 2.11 Triton's convolution templates fault with an illegal address while autotuning
+  EfficientNet-B0's depthwise convs (which leaves the process's CUDA context unusable), so that row needs "ATEN";
+  the mode column names the setting.
 
 GE2's plan is built with its default measured kernel choice (autotune). The plan-build cost has a table of its own,
 results/models_build.md (a subset of rows: results/models_<ids>.md and models_<ids>_build.md), per row:
@@ -380,6 +384,12 @@ def compile_row(torch, row: Row, record: dict, kept: Kept) -> None:
     mode = record["compile_mode"] = COMPILE_MODE[row.dtype]
     if mode == "none":
         return
+    conv_backends = os.environ.get("GE2_BENCH_COMPILE_CONV_BACKENDS")
+    if conv_backends and mode.startswith("max-autotune"):
+        from torch._inductor import config as inductor_config  # torch is imported at run time in this script
+
+        inductor_config.max_autotune_conv_backends = conv_backends
+        record["compile_mode"] = f"{mode} (conv backends: {conv_backends})"
     if budget_left() <= 0:
         record["compile_error"] = f"not run: time budget (GE2_BENCH_BUDGET_S={BUDGET_S:g}) spent"
         return

@@ -286,6 +286,22 @@ def test_large_slices(rng, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("shape, starts, ends, axes, steps", [
+    ((6, 50304), (0,), (50257,), (1,), None),  # GPT-2's logits crop: aligned rows in, rows 2 bytes apart out (f16)
+    ((5, 5003), (1,), (5000,), (1,), None),  # both sides off 16-byte alignment, each row by another amount
+    ((3, 2, 4101), (1, 0, 7), (3, 2, 4100), None, None),  # outer dims above the rows, one of them sliced
+    ((4, 4099), (3, 5), (INT64_MAX, 4099), (0, 1), (-1, 1)),  # a reversed outer axis
+])
+def test_long_unaligned_rows(rng, poisoned, dtype, shape, starts, ends, axes, steps):
+    # Rows of at least 4 KB that are unit-stride but not 16-byte aligned take the row kernel (16-byte stores fed by
+    # shifted aligned loads, the ragged bytes one by one), for every element size.
+    x = random_values(rng, shape, dtype)
+    _check_forward_and_backward(rng, poisoned, x, starts, ends, axes, steps, dtype,
+                                f"{shape} starts {starts} ends {ends} axes {axes} steps {steps}")
+
+
+@pytest.mark.gpu
 def test_plan_candidate_and_cuda_executor(rng, poisoned):
     x = random_values(rng, (12, 70), "float16")
     attrs = {"starts": (1, -1), "ends": (11, INT64_MIN), "axes": None, "steps": (3, -2)}

@@ -8,6 +8,8 @@
 //   - one contiguous run on both sides: cudaMemcpyAsync (the copy ceiling, nothing to beat);
 //   - innermost dim unit-stride on both sides: the element is widened to the largest access (up to 16 bytes) that
 //     divides the innermost extent, every other stride and both pointers, so each thread moves 16-byte vectors;
+//     rows of 4 KB or more that allow less than 16 bytes take a row kernel instead (16-byte stores at dst's aligned
+//     addresses from shifted aligned loads of src);
 //   - otherwise element by element.
 // This header holds that plan (and the unit types and launch constants that other data-movement kernels share);
 // strided_copy_kernel.hpp holds the kernel and its launcher. Data moves as raw bytes: the dtype only matters

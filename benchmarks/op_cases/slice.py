@@ -1,5 +1,6 @@
 """slice vs PyTorch, float16 8192x8192: every other column (x[:, ::2]) forward and backward, and a block of rows
-(one contiguous copy). Every-other-column reads every 32-byte sector of x, so its bytes count all of x read plus y
+(one contiguous copy); and GPT-2's logits crop, the first 50257 of 50304 float16 columns of 4096 rows (rows 2 bytes
+out of 16-byte alignment on the output side: the strided copy's row kernel). Every-other-column reads every 32-byte sector of x, so its bytes count all of x read plus y
 written; its backward writes all of dx (zeros off the slice) and reads dy once, against PyTorch's zero fill plus
 strided copy (what autograd's slice_backward runs)."""
 from __future__ import annotations
@@ -15,17 +16,20 @@ def cases(torch):
     from graph_executor_v2.ops import slice as sl
 
     x = torch.randn(ROWS, COLS, device="cuda", dtype=torch.float16)
+    logits = torch.randn(4096, 50304, device="cuda", dtype=torch.float16)
     nbytes = x.numel() * 2
     result = []
-    for name, attrs, torch_fn, moved in (
-        ("slice f16 8192x8192 [:, ::2]", {"starts": (0,), "ends": (COLS,), "axes": (1,), "steps": (2,)},
+    for name, source, attrs, torch_fn, moved in (
+        ("slice f16 4096x50304 [:, :50257]", logits, {"starts": (0,), "ends": (50257,), "axes": (1,)},
+         lambda: logits[:, :50257].contiguous(), 2 * 2 * 4096 * 50257),
+        ("slice f16 8192x8192 [:, ::2]", x, {"starts": (0,), "ends": (COLS,), "axes": (1,), "steps": (2,)},
          lambda: x[:, ::2].contiguous(), nbytes + nbytes // 2),
-        ("slice f16 8192x8192 [1024:7168]", {"starts": (1024,), "ends": (7168,)},
+        ("slice f16 8192x8192 [1024:7168]", x, {"starts": (1024,), "ends": (7168,)},
          lambda: x[1024:7168].clone(), 2 * (nbytes * 6144 // ROWS)),
     ):
         expected = torch_fn()
         y = torch.empty_like(expected)
-        run = prepared("slice", [x], [y], attrs)
+        run = prepared("slice", [source], [y], attrs)
 
         def check(run=run, y=y, torch_fn=torch_fn):
             y.fill_(float("nan"))

@@ -1,8 +1,8 @@
 """slice vs PyTorch, float16 8192x8192: every other column (x[:, ::2]) forward and backward, and a block of rows
-(one contiguous copy); and GPT-2's logits crop, the first 50257 of 50304 float16 columns of 4096 rows (rows 2 bytes
-out of 16-byte alignment on the output side: the strided copy's row kernel). Every-other-column reads every 32-byte sector of x, so its bytes count all of x read plus y
-written; its backward writes all of dx (zeros off the slice) and reads dy once, against PyTorch's zero fill plus
-strided copy (what autograd's slice_backward runs)."""
+(one contiguous copy); and GPT-2's logits crop, the first 50257 of 50304 float16 columns of 4096 rows (output rows
+2 bytes apart from 16-byte alignment: the strided copy's row kernel). Every-other-column reads every 32-byte sector
+of x, so its bytes count all of x read plus y written; its backward writes all of dx (zeros off the slice) and reads
+dy once, against PyTorch's zero fill plus strided copy (what autograd's slice_backward runs)."""
 from __future__ import annotations
 
 from ._launch import prepared

@@ -307,7 +307,9 @@ def test_native_prologue_checks_come_before_any_launch():
 @pytest.mark.gpu
 @pytest.mark.parametrize("source", ["float32", "bfloat16"])
 @pytest.mark.parametrize("act, with_preact", [("gelu", False), ("gelu", True), ("silu", False), ("silu", True)])
-@pytest.mark.parametrize("shape", [(33, 65), (128, 192)])  # the element-wise and the 64 x 64 kernels
+# the element-wise kernel, the 64 x 64 one, and the 64 x 64 one with runs of several row tiles a block (63 row tiles:
+# the last run of each column strip shorter)
+@pytest.mark.parametrize("shape", [(33, 65), (128, 192), (4032, 768)])
 def test_activation_prologue_kernel_matches_the_reference(rng, source, act, with_preact, shape):
     x = _input(rng, shape, source)
     preact = _input(rng, shape, source) if with_preact else None
@@ -326,6 +328,40 @@ def test_activation_prologue_kernel_matches_the_reference(rng, source, act, with
     np.testing.assert_allclose(amax, np.abs(value).max(), rtol=1e-6, atol=evaluation.max(), err_msg=what + " amax")
     bound = np.abs(value).sum(axis=0) * (shape[0] * 2.0 ** -24 + {"float32": 2.0 ** -22, "bfloat16": 2.0 ** -8}[source])
     gap = np.abs(column_sum.astype(np.float64) - value.sum(axis=0))
+    assert (gap <= bound + evaluation.sum(axis=0) + 1e-6).all(), f"{what} column_sum: max gap {gap.max():.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ["tanh", "sigmoid"])
+@pytest.mark.parametrize("with_preact", [False, True])
+def test_native_prologues_other_than_gelu_and_silu_run_element_wise_as_exact(rng, act, with_preact):
+    """The 64 x 64 kernel is compiled for the prologues FP8 training uses (none, gelu, silu); another activation of the
+    native API at a shape that kernel takes (multiples of 64, aligned) runs the element-wise kernel, as exact."""
+    rt = ge2.device.runtime()
+    stream = rt.Stream()
+    rows, cols = 128, 192
+    x = _input(rng, (rows, cols), "bfloat16")
+    preact = _input(rng, (rows, cols), "bfloat16") if with_preact else None
+    x_device, scale = rt.DeviceArray.from_numpy(x), rt.DeviceArray.from_numpy(np.array(16.0, np.float32))
+    preact_device = rt.DeviceArray.from_numpy(preact) if with_preact else None
+    y, y_t = rt.DeviceArray.empty([rows, cols], "float8_e4m3fn"), rt.DeviceArray.empty([cols, rows], "float8_e4m3fn")
+    amax, column_sum = rt.DeviceArray.empty([], "float32"), rt.DeviceArray.empty([cols], "bfloat16")
+    for output in (y, y_t, amax, column_sum):
+        output.poison(stream.handle)
+    ge2._native.load("_ops_quantize_fp8").quantize_transpose(
+        x_device.ptr, "bfloat16", scale.ptr, y.ptr, y_t.ptr, "float8_e4m3fn", amax.ptr, column_sum.ptr, rows, cols,
+        stream.handle, act, preact_device.ptr if with_preact else 0)
+    stream.synchronize()
+    value = _activated(x, preact, act)
+    what = f"{act} preact={with_preact}"
+    # tanh, sigmoid and their derivatives' terms are at most 1 (2 with preact): float32 evaluation error of a few ulps
+    evaluation = 2.0 ** -20 * np.abs(x.astype(np.float64)) * 2.0
+    assert_within_one_fp8_ulp(y.numpy(), saturate_to_float8(value * 16.0, "float8_e4m3fn"), "float8_e4m3fn",
+                              what + " y", accumulation_bound=16.0 * evaluation)
+    _same_bits_or_both_nan(y_t.numpy(), y.numpy().T, what + " y_t")
+    np.testing.assert_allclose(amax.numpy(), np.abs(value).max(), rtol=1e-6, atol=evaluation.max(), err_msg=what)
+    bound = np.abs(value).sum(axis=0) * (rows * 2.0 ** -24 + 2.0 ** -8)
+    gap = np.abs(column_sum.numpy().astype(np.float64) - value.sum(axis=0))
     assert (gap <= bound + evaluation.sum(axis=0) + 1e-6).all(), f"{what} column_sum: max gap {gap.max():.3g}"
 
 
@@ -351,9 +387,10 @@ def _prologue_evaluation_bound(x, preact, act):
 @pytest.mark.gpu
 @pytest.mark.parametrize("source", ["float32", "bfloat16"])
 @pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
-# (768, 2304), (128, 192) and (8192, 768) take the 64 x 64 vectorized kernel (the last more tiles than blocks: the
-# grid-stride loop); the others the element-wise one.
-@pytest.mark.parametrize("shape", [(1, 1), (33, 65), (768, 2304), (128, 192), (8192, 768), (8192, 16)])
+# (768, 2304), (128, 192), (8192, 768) and (8128, 768) take the 64 x 64 vectorized kernel (the last two more tiles
+# than resident blocks: runs of several row tiles a block, 8128 = 127 row tiles making each strip's last run shorter);
+# the others the element-wise one.
+@pytest.mark.parametrize("shape", [(1, 1), (33, 65), (768, 2304), (128, 192), (8192, 768), (8128, 768), (8192, 16)])
 def test_transposing_kernel_is_bit_exact(rng, source, dtype, shape):
     x = _input(rng, shape, source)
     scale = np.array(rng.choice([1.0, 37.5, 1000.0]), np.float32)
@@ -403,8 +440,9 @@ def _poisoned(*arrays):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("source", ["float32", "bfloat16"])
-# the element-wise kernel, the 64 x 64 one, and the 64 x 64 one with several tiles a block (the grid-stride loop)
-@pytest.mark.parametrize("shape", [(96, 80), (256, 192), (8192, 768)])
+# the element-wise kernel, the 64 x 64 one, and the 64 x 64 one with runs of several row tiles a block (the last of
+# each column strip shorter in (8128, 768))
+@pytest.mark.parametrize("shape", [(96, 80), (256, 192), (8192, 768), (8128, 768)])
 def test_repeated_calls_write_each_calls_amax_and_column_sum_without_zeroing(rng, source, shape):
     """The kernels write the amax and the column sums (the last block finishes them): called again on the same
     poisoned outputs, with a smaller maximum, with all zeros, with a NaN, each call gives its own results, the column

@@ -24,7 +24,8 @@ std::vector<KernelInfo> kernel_table() {
        "tiles with 8-element loads and 8-byte stores when the shape and alignment allow, else 32 x 32 tiles "
        "element-wise), amax reduced per block and written by the last block; the column sum (dbias) as float32 "
        "partials per tile from the same read, added up in row order by the block completing each column strip",
-       "x 2-d (the 64 x 64 kernel: rows and cols multiples of 64, x 8-element and y, y_t 8-byte aligned)",
+       "x 2-d (the 64 x 64 kernel: rows and cols multiples of 64, x 8-element and y, y_t 8-byte aligned, act "
+       "none, gelu or silu)",
        kFallback, kAnyAlignment},
       {"scale_update", 10,
        "fp8_scale_update: every tensor's state in one launch (up to 64 a launch, addresses passed by value), one "

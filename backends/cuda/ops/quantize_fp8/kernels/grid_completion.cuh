@@ -34,14 +34,15 @@ __device__ __forceinline__ void finish_amax(unsigned int block_amax_bits, unsign
   }
 }
 
-// Every thread of a block, after the block wrote its float32 partial row of column strip `strip` (each writer
-// followed its store with __threadfence()) and passed a __syncthreads: true in the block that completed the strip's
-// last row tile, whose thread 0 has reset the strip's counter. `completed` is the block's shared flag.
+// Every thread of a block, after the block wrote its float32 partial rows of `tiles_done` row tiles of column strip
+// `strip` (each writer followed its stores with __threadfence()) and passed a __syncthreads: true in the block that
+// completed the strip's last row tiles, whose thread 0 has reset the strip's counter. `completed` is the block's
+// shared flag.
 __device__ __forceinline__ bool strip_completed(unsigned int* counters, int64_t strip, int64_t row_tiles,
-                                                bool is_first_thread, bool& completed) {
+                                                unsigned int tiles_done, bool is_first_thread, bool& completed) {
   if (is_first_thread) {
     unsigned int* counter = counters + kFirstStripCounter + strip;
-    const bool last = atomicAdd(counter, 1u) == static_cast<unsigned int>(row_tiles - 1);
+    const bool last = atomicAdd(counter, tiles_done) + tiles_done == static_cast<unsigned int>(row_tiles);
     if (last) {
       __threadfence();  // the other blocks' partial rows are visible to this block's reads below
       *counter = 0;

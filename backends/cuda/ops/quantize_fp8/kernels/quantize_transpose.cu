@@ -2,14 +2,13 @@
 // (Transformer Engine's cast-transpose). FP8 training needs both layouts of x and dY (cuBLASLt's FP8 matmul takes
 // only TN): writing both from one read of x saves a separate transpose's read and write.
 // Two kernels:
-//   1. wide (rows and cols multiples of 64, x aligned to 8 elements, y and y_t to 8 bytes: every FP8 GEMM operand
-//      of a transformer): 64 x 64 tiles, 256 threads; a thread loads 8 consecutive elements (16 bytes of 16-bit x)
-//      of two rows, stores their 8 FP8 bytes into y with one 8-byte store, and after the tile is in shared memory
-//      gathers 8 bytes of a tile column into one 8-byte store of y_t (8 threads write a 64-byte run of a y_t row).
-//      The grid is one wave of resident blocks; a block issues a tile's loads together and the next tile's before
-//      transposing this one (one 16-byte load in flight at a time, and none across the barriers, held the first
-//      version at about a third of copy bandwidth).
-//   2. scalar (any shape and alignment): 32 x 32 tiles, 32 x 8 threads, one element per thread and load.
+//   1. wide (rows and cols multiples of 64, x aligned to 8 elements, y and y_t to 8 bytes, act none, gelu or silu:
+//      every FP8 GEMM operand of a transformer): 64 x 64 tiles, 256 threads; a thread loads 8 consecutive elements
+//      (16 bytes of 16-bit x) of two rows, stores their 8 FP8 bytes into y with one 8-byte store, and after the tile
+//      is in shared memory gathers 8 bytes of a tile column into one 8-byte store of y_t (8 threads write a 64-byte
+//      run of a y_t row). One wave of resident blocks, each a run of consecutive row tiles of one column strip, the
+//      next tile's loads in flight while it transposes this one. The activation is a template argument.
+//   2. scalar (any shape, alignment and activation): 32 x 32 tiles, 32 x 8 threads, one element per thread and load.
 // With a column sum (a linear layer's dbias, Transformer Engine's cast-transpose-dbias): each thread also sums its
 // unquantized values, the tile's partial rows are added in shared memory and written as one float32 row of partials
 // [row tiles, cols]; the block that writes the last row tile of a column strip then adds each of its columns'
@@ -82,7 +81,7 @@ __global__ void __launch_bounds__(kTile * kRowsPerPass)
     }
     __syncthreads();  // the tile is rewritten by the next iteration
     if (column_partials != nullptr &&
-        strip_completed(counters, col0 / kTile, row_tiles, first_thread, strip_done) && threadIdx.y == 0 &&
+        strip_completed(counters, col0 / kTile, row_tiles, 1u, first_thread, strip_done) && threadIdx.y == 0 &&
         col0 + threadIdx.x < cols) {
       write_column_sum(column_partials, column_sum, row_tiles, cols, col0 + threadIdx.x);
     }
@@ -100,9 +99,28 @@ constexpr int kWideTile = 64;
 constexpr int kWideThreads = 256;
 constexpr int kVector = 8;
 constexpr int kWideRowsPerPass = kWideThreads / (kWideTile / kVector);  // 32: a tile takes two passes of rows
+constexpr int kWidePasses = kWideTile / kWideRowsPerPass;
 // Shared-memory row stride of the FP8 tile: 68 bytes keeps 4-byte stores aligned and spreads the column gathers of
 // a warp over more banks than a 64- or 72-byte stride (2-way conflicts at most).
 constexpr int kWideStride = kWideTile + 4;
+
+// The activations the wide kernel is compiled for: FP8 training's prologues (GELU, SiLU); other activations take the
+// element-wise kernel.
+constexpr bool wide_prologue(Act act) { return act == Act::None || act == Act::Gelu || act == Act::Silu; }
+
+// What the wide kernel quantizes, with the activation and the preact read known at compile time: the same float32
+// operations as `prologue`, inlined without its switch. (With `act` at run time each of a thread's 16 values a tile
+// carried every activation's code and its branches: GELU's backward ran at a quarter of copy bandwidth.)
+template <Act kAct, bool kPreact>
+__device__ __forceinline__ float wide_prologue_value(float x, float preact) {
+  if constexpr (kAct == Act::None) {
+    return x;
+  } else if constexpr (kPreact) {
+    return x * act_derivative(kAct, preact, 0.0f);
+  } else {
+    return apply_act(kAct, x, 0.0f);
+  }
+}
 
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Pack {
@@ -112,77 +130,109 @@ struct alignas(sizeof(T) * N) Pack {
 // The wide kernel's loads of one tile: each thread's two 16-byte vectors of x (and of preact), issued together.
 template <typename In>
 struct TileLoads {
-  Pack<In, kVector> x[kWideTile / kWideRowsPerPass];
-  Pack<In, kVector> preact[kWideTile / kWideRowsPerPass];
+  Pack<In, kVector> x[kWidePasses];
+  Pack<In, kVector> preact[kWidePasses];
 };
 
-template <typename In, bool kPrologue>
+template <typename In, bool kPreact>
 __device__ __forceinline__ void load_tile(TileLoads<In>& loads, const In* __restrict__ x,
-                                          const In* __restrict__ preact, int64_t t, int64_t tiles_across,
-                                          int64_t cols, int lane_vector, int pass_row) {
-  const int64_t row0 = (t / tiles_across) * kWideTile, col0 = (t % tiles_across) * kWideTile;
+                                          const In* __restrict__ preact, int64_t row0, int64_t col0, int64_t cols,
+                                          int lane_vector, int pass_row) {
 #pragma unroll
-  for (int pass = 0; pass < kWideTile / kWideRowsPerPass; ++pass) {
+  for (int pass = 0; pass < kWidePasses; ++pass) {
     const int64_t offset = (row0 + pass * kWideRowsPerPass + pass_row) * cols + col0 + lane_vector * kVector;
     loads.x[pass] = *reinterpret_cast<const Pack<In, kVector>*>(x + offset);
-    if (kPrologue && preact != nullptr) {
-      loads.preact[pass] = *reinterpret_cast<const Pack<In, kVector>*>(preact + offset);
-    }
+    if constexpr (kPreact) loads.preact[pass] = *reinterpret_cast<const Pack<In, kVector>*>(preact + offset);
   }
 }
 
-// kPrologue: act is not none (the plain kernel keeps its registers for loads in flight).
-// A block takes tiles blockIdx.x, blockIdx.x + gridDim.x, ... (the grid is one wave of resident blocks) and keeps
-// DRAM busy through its barriers: all of a tile's loads are issued together, and the next tile's go out as soon as
-// this tile's values are in registers, so they are in flight while this tile is transposed through shared memory.
-template <typename In, typename Out, bool kColumnSum, bool kPrologue>
+// Row tiles of partials the completing block stages in shared memory at a time (the column-sum kernels' partial
+// rows array, 16 KB).
+constexpr int kStagedTiles = 64;
+
+__device__ __forceinline__ void copy_async_16(void* shared, const void* global) {
+  const auto address = static_cast<unsigned int>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global) : "memory");  // via L2
+}
+
+// The completing block's column sums of its strip (64 columns): each column's row-tile partials added in row order
+// from 0, rounded once to In (write_column_sum's additions). The partials, written by other blocks, come through L2
+// into shared memory kStagedTiles row tiles at a time, every thread's copies in flight together (one round trip a
+// round, not a chain of them), and no registers held for them (they would set the whole kernel's count).
+template <typename In>
+__device__ __forceinline__ void write_strip_column_sums(const float* column_partials, In* column_sum,
+                                                        int64_t row_tiles, int64_t cols, int64_t col0,
+                                                        float (*staged)[kWideTile]) {
+  constexpr int kPieces = kWideTile * sizeof(float) / 16;  // 16-byte pieces of a tile's partial row
+  float sum = 0.0f;
+  for (int64_t base = 0; base < row_tiles; base += kStagedTiles) {
+    const int count = static_cast<int>(min(static_cast<int64_t>(kStagedTiles), row_tiles - base));
+    for (int piece = threadIdx.x; piece < count * kPieces; piece += kWideThreads) {
+      const int tile = piece / kPieces, offset = piece % kPieces * 4;
+      copy_async_16(&staged[tile][offset], column_partials + (base + tile) * cols + col0 + offset);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncthreads();
+    if (threadIdx.x < kWideTile) {
+      for (int tile = 0; tile < count; ++tile) sum += staged[tile][threadIdx.x];
+    }
+    __syncthreads();  // read before the next round's copies
+  }
+  if (threadIdx.x < kWideTile) column_sum[col0 + threadIdx.x] = from_float<In>(sum);
+}
+
+// The 64 x 64 kernel. A block takes a run of `run_tiles` consecutive row tiles of one column strip (blocks ordered
+// strip first, so the blocks running together read whole rows of x) and keeps the next tile's loads in flight while
+// it transposes this one through shared memory. With a column sum, each tile's partial row is written with a plain
+// store, and the block fences once and counts its run into the strip's counter once, after the run (a fence and an
+// atomic after every tile stalled each block for their round trips); the block that completes a strip adds its
+// columns' partials.
+template <typename In, typename Out, bool kColumnSum, Act kAct, bool kPreact>
 __global__ void __launch_bounds__(kWideThreads)
-    quantize_transpose_wide_kernel(const In* __restrict__ x, const In* __restrict__ preact, Act act,
+    quantize_transpose_wide_kernel(const In* __restrict__ x, const In* __restrict__ preact,
                                    const float* __restrict__ scale_pointer, Out* __restrict__ y,
                                    Out* __restrict__ y_t, float* __restrict__ amax,
                                    float* __restrict__ column_partials, In* __restrict__ column_sum,
-                                   unsigned int* __restrict__ counters, int64_t rows, int64_t cols) {
+                                   unsigned int* __restrict__ counters, int64_t rows, int64_t cols, int run_tiles) {
   static_assert(sizeof(Out) == 1, "FP8 outputs are one byte");
-  constexpr int kPasses = kWideTile / kWideRowsPerPass;
   __shared__ __align__(16) unsigned char tile[kWideTile * kWideStride];
-  __shared__ float partial_rows[kColumnSum ? kWideRowsPerPass : 1][kWideTile];
+  // a tile's partial rows (its first kWideRowsPerPass rows), and the completing block's staged partials
+  __shared__ __align__(16) float partial_rows[kColumnSum ? kStagedTiles : 1][kWideTile];
   __shared__ unsigned int warp_amax[kWideThreads / 32];
   __shared__ bool strip_done;
   const float scale = *scale_pointer;
   unsigned int amax_bits = 0;
   const int lane_vector = threadIdx.x % (kWideTile / kVector);  // which 8 columns of the tile this thread loads
   const int pass_row = threadIdx.x / (kWideTile / kVector);     // its row in each pass (0..31)
-  const int64_t tiles_across = cols / kWideTile;
-  const int64_t tiles = tiles_across * (rows / kWideTile);
-  TileLoads<In> loads{};  // preact stays zero without one
-  if (blockIdx.x < tiles) {
-    load_tile<In, kPrologue>(loads, x, preact, blockIdx.x, tiles_across, cols, lane_vector, pass_row);
-  }
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int64_t row0 = (t / tiles_across) * kWideTile, col0 = (t % tiles_across) * kWideTile;
+  const int64_t strips = cols / kWideTile, row_tiles = rows / kWideTile;
+  const int64_t strip = blockIdx.x % strips, col0 = strip * kWideTile;
+  const int64_t first_tile = blockIdx.x / strips * run_tiles;  // < row_tiles: the launch makes no empty run
+  const int64_t end_tile = min(first_tile + run_tiles, row_tiles);
+  TileLoads<In> loads;
+  load_tile<In, kPreact>(loads, x, preact, first_tile * kWideTile, col0, cols, lane_vector, pass_row);
+  for (int64_t row_tile = first_tile; row_tile < end_tile; ++row_tile) {
+    const int64_t row0 = row_tile * kWideTile;
     float column_partial[kVector] = {};
 #pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
+    for (int pass = 0; pass < kWidePasses; ++pass) {
       const int r = pass * kWideRowsPerPass + pass_row;
-      const int64_t offset = (row0 + r) * cols + col0 + lane_vector * kVector;
       Pack<Out, kVector> out;
 #pragma unroll
       for (int i = 0; i < kVector; ++i) {
-        const float value = kPrologue ? prologue(to_float(loads.x[pass].value[i]),
-                                                 to_float(loads.preact[pass].value[i]), preact != nullptr, act)
-                                      : to_float(loads.x[pass].value[i]);
+        const float value = wide_prologue_value<kAct, kPreact>(
+            to_float(loads.x[pass].value[i]), kPreact ? to_float(loads.preact[pass].value[i]) : 0.0f);
         amax_bits = max(amax_bits, __float_as_uint(fabsf(value)));
         if constexpr (kColumnSum) column_partial[i] += value;
         out.value[i] = from_float<Out>(value * scale);
       }
-      *reinterpret_cast<Pack<Out, kVector>*>(y + offset) = out;
+      *reinterpret_cast<Pack<Out, kVector>*>(y + (row0 + r) * cols + col0 + lane_vector * kVector) = out;
       const auto* words = reinterpret_cast<const unsigned int*>(&out);
       auto* row = reinterpret_cast<unsigned int*>(tile + r * kWideStride + lane_vector * kVector);
       row[0] = words[0];
       row[1] = words[1];
     }
-    if (t + gridDim.x < tiles) {  // the next tile's loads, in flight during this tile's transpose
-      load_tile<In, kPrologue>(loads, x, preact, t + gridDim.x, tiles_across, cols, lane_vector, pass_row);
+    if (row_tile + 1 < end_tile) {  // the next tile's loads, in flight during this tile's transpose
+      load_tile<In, kPreact>(loads, x, preact, row0 + kWideTile, col0, cols, lane_vector, pass_row);
     }
     if constexpr (kColumnSum) {
 #pragma unroll
@@ -193,8 +243,7 @@ __global__ void __launch_bounds__(kWideThreads)
       if (threadIdx.x < kWideTile) {  // the tile's 32 partial rows of column threadIdx.x, in row order
         float sum = 0.0f;
         for (int j = 0; j < kWideRowsPerPass; ++j) sum += partial_rows[j][threadIdx.x];
-        column_partials[(row0 / kWideTile) * cols + col0 + threadIdx.x] = sum;
-        __threadfence();  // before this tile counts as done in its column strip
+        column_partials[row_tile * cols + col0 + threadIdx.x] = sum;
       }
     }
     // y_t[col0 + c, row0 + 8 s .. row0 + 8 s + 7] = tile[8 s .. 8 s + 7][c]
@@ -209,11 +258,13 @@ __global__ void __launch_bounds__(kWideThreads)
           gathered;
     }
     __syncthreads();  // the tile and the partial rows are rewritten by the next iteration
-    if constexpr (kColumnSum) {
-      if (strip_completed(counters, col0 / kWideTile, rows / kWideTile, threadIdx.x == 0, strip_done) &&
-          threadIdx.x < kWideTile) {
-        write_column_sum(column_partials, column_sum, rows / kWideTile, cols, col0 + threadIdx.x);
-      }
+  }
+  if constexpr (kColumnSum) {
+    if (threadIdx.x < kWideTile) __threadfence();  // the run's partial rows before its tiles count as done
+    __syncthreads();                               // every writer's fence before thread 0 counts them
+    if (strip_completed(counters, strip, row_tiles, static_cast<unsigned int>(end_tile - first_tile),
+                        threadIdx.x == 0, strip_done)) {
+      write_strip_column_sums(column_partials, column_sum, row_tiles, cols, col0, partial_rows);
     }
   }
   amax_bits = __reduce_max_sync(0xffffffffu, amax_bits);
@@ -226,12 +277,31 @@ __global__ void __launch_bounds__(kWideThreads)
 }
 
 bool fits_wide(const void* x, const void* preact, DType x_dtype, const void* y, const void* y_t, int64_t rows,
-               int64_t cols) {
+               int64_t cols, Act act) {
   const auto aligned = [](const void* pointer, std::size_t bytes) {
     return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
   };
-  return rows % kWideTile == 0 && cols % kWideTile == 0 && aligned(x, kVector * dtype_size(x_dtype)) &&
-         aligned(preact, kVector * dtype_size(x_dtype)) && aligned(y, kVector) && aligned(y_t, kVector);
+  return rows % kWideTile == 0 && cols % kWideTile == 0 && wide_prologue(act) &&
+         aligned(x, kVector * dtype_size(x_dtype)) && aligned(preact, kVector * dtype_size(x_dtype)) &&
+         aligned(y, kVector) && aligned(y_t, kVector);
+}
+
+template <typename In, typename Out>
+using WideKernel = void (*)(const In*, const In*, const float*, Out*, Out*, float*, float*, In*, unsigned int*,
+                            int64_t, int64_t, int);
+
+template <typename In, typename Out, bool kColumnSum>
+WideKernel<In, Out> wide_kernel(Act act, bool with_preact) {
+  switch (act) {
+    case Act::Gelu:
+      return with_preact ? quantize_transpose_wide_kernel<In, Out, kColumnSum, Act::Gelu, true>
+                         : quantize_transpose_wide_kernel<In, Out, kColumnSum, Act::Gelu, false>;
+    case Act::Silu:
+      return with_preact ? quantize_transpose_wide_kernel<In, Out, kColumnSum, Act::Silu, true>
+                         : quantize_transpose_wide_kernel<In, Out, kColumnSum, Act::Silu, false>;
+    default:  // Act::None (fits_wide admits no other)
+      return quantize_transpose_wide_kernel<In, Out, kColumnSum, Act::None, false>;
+  }
 }
 
 template <typename In, typename Out>
@@ -239,23 +309,21 @@ void launch(const void* x, const void* preact, Act act, const float* scale, void
             float* column_partials, void* column_sum, unsigned int* counters, int64_t rows, int64_t cols, bool wide,
             cudaStream_t stream) {
   if (wide) {
-    const int64_t tiles = (rows / kWideTile) * (cols / kWideTile);
-    const bool sums = column_partials != nullptr, prologue = act != Act::None;
-    auto* kernel = sums ? (prologue ? quantize_transpose_wide_kernel<In, Out, true, true>
-                                    : quantize_transpose_wide_kernel<In, Out, true, false>)
-                        : (prologue ? quantize_transpose_wide_kernel<In, Out, false, true>
-                                    : quantize_transpose_wide_kernel<In, Out, false, false>);
-    // one wave of resident blocks, each taking the same number of tiles (give or take one)
+    const WideKernel<In, Out> kernel = column_partials != nullptr ? wide_kernel<In, Out, true>(act, preact != nullptr)
+                                                                  : wide_kernel<In, Out, false>(act, preact != nullptr);
+    // one wave of resident blocks, each a run of the same number of row tiles (the last of a strip's runs shorter)
     int device = 0, sms = 0, resident = 0;
     GE2_CUDA_CHECK(cudaGetDevice(&device));
     GE2_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     GE2_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kWideThreads, 0));
+    const int64_t strips = cols / kWideTile, row_tiles = rows / kWideTile;
     const int64_t wave = std::max<int64_t>(1, static_cast<int64_t>(sms) * resident);
-    const int64_t tiles_per_block = (tiles + wave - 1) / wave;
-    const int blocks = static_cast<int>((tiles + tiles_per_block - 1) / tiles_per_block);
-    kernel<<<blocks, kWideThreads, 0, stream>>>(static_cast<const In*>(x), static_cast<const In*>(preact), act,
-                                                scale, static_cast<Out*>(y), static_cast<Out*>(y_t), amax,
-                                                column_partials, static_cast<In*>(column_sum), counters, rows, cols);
+    const int64_t run_tiles = std::min(row_tiles, (strips * row_tiles + wave - 1) / wave);
+    const int64_t runs = (row_tiles + run_tiles - 1) / run_tiles;
+    kernel<<<static_cast<unsigned int>(strips * runs), kWideThreads, 0, stream>>>(
+        static_cast<const In*>(x), static_cast<const In*>(preact), scale, static_cast<Out*>(y),
+        static_cast<Out*>(y_t), amax, column_partials, static_cast<In*>(column_sum), counters, rows, cols,
+        static_cast<int>(run_tiles));
     return;
   }
   const int64_t tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
@@ -277,7 +345,7 @@ void launch_quantize_transpose(const void* x, DType x_dtype, const float* scale,
     }
     return;
   }
-  const bool wide = fits_wide(x, preact, x_dtype, y, y_t, rows, cols);
+  const bool wide = fits_wide(x, preact, x_dtype, y, y_t, rows, cols, act);
   const int64_t tile = wide ? kWideTile : kTile;
   const int64_t row_tiles = (rows + tile - 1) / tile, column_strips = (cols + tile - 1) / tile;
   const std::size_t partial_bytes = static_cast<std::size_t>(row_tiles * cols) * sizeof(float);  // a row per tile

@@ -383,6 +383,14 @@ DEPTHWISE_CASES = [
     # 33 channel vectors: two blocks of channels, the second one vector wide; 7x7 filters of 32 vectors would not
     # fit 48 KB of shared memory, so a block takes 31
     (1, 264, 9, 9, 264, 7, 7, 1, 3, 1, 264, "relu", True),
+    # 16-bit NHWC 3x3/5x5 at stride 1/2 run depthwise_nhwc_tiled (64-channel tiles, 8 x 16 outputs or fewer):
+    # 144 channels end in a tile of 16; 13 x 11 outputs: a partial tile of rows, a strip of 4 one column short;
+    # batch 1
+    (1, 144, 13, 11, 144, 5, 5, 1, 2, 1, 144, "silu", True),
+    # stride 2 on odd sizes, 96 channels (a tile of 64 and one of 32), 9 x 10 outputs in tiles of 8 x 8
+    (2, 96, 17, 19, 96, 3, 3, 2, 1, 1, 96, "silu", True),
+    # 5x5 stride 2 with asymmetric padding (top 1, bottom 2, left 2, right 1): 11 x 18 outputs, tiles of 4 x 8
+    (2, 72, 23, 37, 72, 5, 5, 2, (1, 2, 2, 1), 1, 72, "relu", True),
 ]
 
 
@@ -390,13 +398,14 @@ DEPTHWISE_CASES = [
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("case", DEPTHWISE_CASES, ids=["3x3", "efficientnet", "5x5_stride2", "uneven_dilated",
-                                                       "12_channels", "264_channels_7x7"])
+                                                       "12_channels", "264_channels_7x7", "144_channels_5x5",
+                                                       "96_channels_stride2", "5x5_stride2_asymmetric"])
 def test_depthwise_forward_matches_reference(rng, poisoned, to_device, case, layout, dtype):
     check_forward(rng, poisoned, to_device, case, layout, dtype, "depthwise")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_depthwise_fuses_residual_and_clip(rng, poisoned, to_device, dtype):
     x, w, bias, attrs = make_problem(rng, DEPTHWISE_CASES[1], "NHWC", dtype)
     attrs.update(act="relu", clip_min=0.0, clip_max=0.5)

@@ -36,9 +36,11 @@ Kernel candidates (``kernels()``), best first:
    activation fused into the epilogue. Forward only, NHWC, float16/bfloat16, groups 1, C % 8 == 0 (x and w 16-byte
    aligned). Backward runs on ``cudnn_graph``, ``cutlass_sm90``, ``cudnn`` or ``im2col_gemm``.
 4. ``depthwise``: GE2's direct depthwise convolution (groups == C == K), forward only, any layout and float dtype: a
-   thread per output accumulates its channel's R x S taps in float32 and applies the fused epilogue before y is
-   rounded once (16-bit NHWC with C a multiple of 8: a thread per 8 channels of a pixel, 16-byte loads, the filters
-   in shared memory). The 16-bit depthwise convolutions with an epilogue (EfficientNet's, MobileNet's) have no cuDNN
+   channel's R x S taps accumulated in float32 and the fused epilogue applied before y is rounded once. 16-bit NHWC
+   with C a multiple of 8 and a 3x3 or 5x5 filter at stride 1 or 2: output tiles whose input window (halo included,
+   64 channels) is staged in shared memory, a thread computing strips of 4 outputs of a channel pair from registers;
+   other 16-bit NHWC with C a multiple of 8: a thread per 8 channels of a pixel (16-byte loads); else a thread per
+   output. The 16-bit depthwise convolutions with an epilogue (EfficientNet's, MobileNet's) have no cuDNN
    runtime-fusion engine and must not round before the epilogue, so only im2col_gemm ran them before (21.4 of
    EfficientNet-B0's 22.7 ms on the H200).
 5. ``cudnn``: cuDNN's legacy C API (cudnnConvolutionForward / BackwardData / BackwardFilter; dbias by GE2's

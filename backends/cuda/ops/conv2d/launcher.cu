@@ -83,8 +83,11 @@ std::vector<KernelInfo> kernel_table() {
        "forward only; NHWC; float16 or bfloat16; groups 1; C % 8 == 0; R, S <= 16; x and w 16-byte aligned "
        "(the selector takes the next candidate otherwise); N*P*Q, H*W*C and K*R*S*C below 2^30, N*H*W*C below 2^33; sm_80 or newer"},
       {"depthwise", 25,
-       "GE2's direct depthwise convolution, forward only: a thread per output, the R x S taps of its channel "
-       "accumulated in float32, bias, residual, activation and clip fused, y rounded once; no workspace",
+       "GE2's direct depthwise convolution, forward only: the R x S taps of a channel accumulated in float32, bias, "
+       "residual, activation and clip fused, y rounded once; no workspace. 16-bit NHWC, C % 8 == 0, 3x3 or 5x5 at "
+       "stride 1 or 2: output tiles whose input window (halo included, 64 channels) is staged in shared memory by "
+       "16-byte cp.async, a thread computing strips of 4 outputs of a channel pair from registers; other 16-bit "
+       "NHWC with C % 8 == 0: a thread per 8 channels of a pixel (16-byte loads); else a thread per output",
        "forward only; groups == C == K (one filter per channel); NCHW or NHWC; float32, float16 or bfloat16; any "
        "alignment", false, kAnyAlignment},
       {"cudnn", 20,

@@ -1,15 +1,19 @@
 // depthwise: GE2's direct depthwise convolution (groups == C == K: one filter per channel), forward only, NCHW or
-// NHWC, float32/float16/bfloat16. A thread computes whole outputs (grid-stride over y in its own layout, so NHWC
-// neighbours are neighbouring channels and read x coalesced): the R x S taps of one channel accumulated in float32,
-// then the epilogue (bias, residual, activation, clip) in float32, y rounded once. It exists for the 16-bit
-// depthwise convolutions with a fused epilogue that nothing else ran fast: cuDNN's runtime fusion has no engine for
-// them, legacy cuDNN would round before the epilogue, and im2col_gemm took 21.4 of EfficientNet-B0's 22.7 ms on the
-// H200 (batch 32, float16).
-// The 16-bit NHWC case with channels a multiple of 8 (every depthwise conv of EfficientNet and MobileNet) runs
-// depthwise_nhwc_vec8: a thread takes 8 neighbouring channels of one output pixel, so every tap is one 16-byte load
-// of x; the block's filters sit in shared memory tap-major (as floats), so a tap's 8 weights are two float4 reads.
-// The scalar kernel took 3.1 of EfficientNet-B0's 4.7 ms (float16, batch 32, H200, GPU call 1 of session 31): a
-// 2-byte load and a global filter read per tap.
+// NHWC, float32/float16/bfloat16. Taps accumulated in float32, then the epilogue (bias, residual, activation, clip)
+// in float32, y rounded once. It exists for the 16-bit depthwise convolutions with a fused epilogue that nothing else
+// ran fast: cuDNN's runtime fusion has no engine for them, legacy cuDNN would round before the epilogue, and
+// im2col_gemm took 21.4 of EfficientNet-B0's 22.7 ms on the H200 (batch 32, float16).
+// Three kernels, the first that applies:
+// - depthwise_nhwc_tiled (16-bit NHWC, C % 8 == 0, 3x3 or 5x5, stride 1 or 2, no dilation: every depthwise conv of
+//   EfficientNet and MobileNet): a block stages an output tile's input window (halo included, zeros outside the
+//   image) for up to 64 channels in shared memory with 16-byte cp.async, all copies in flight at once; a thread
+//   then owns a channel pair, holds its filters in registers and computes strips of 4 neighbouring outputs, each
+//   input pair read once per strip row. Its predecessor (depthwise_nhwc_vec8 alone: a thread per 8 channels of
+//   one pixel, every tap a dependent 16-byte global load, 64-bit index divisions, spills) ran EfficientNet-B0's 16
+//   depthwise convs at ~8x their memory time (0.965 of 2.164 ms, float16 batch 32, H200, session 33).
+// - depthwise_nhwc_vec8 (16-bit NHWC, C % 8 == 0, other filters): a thread takes 8 neighbouring channels of one
+//   output pixel, every tap one 16-byte load of x; the block's filters sit in shared memory tap-major (as floats).
+// - depthwise_forward (everything else): a thread per output.
 #include <algorithm>
 #include <cstdint>
 
@@ -124,7 +128,185 @@ __global__ void __launch_bounds__(kThreads) depthwise_nhwc_vec8(Depthwise d, con
   }
 }
 
-bool aligned16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; }
+constexpr int kStrip = 4;          // neighbouring outputs (along Q) a thread computes from one pass over its inputs
+constexpr int kTileChannels = 64;  // a block's channels: a warp's 32 channel pairs, one 128-byte row per pixel
+// Under 48 KB (no opt-in), and small enough for several blocks per SM, so one block's copies overlap another's math.
+constexpr int64_t kTileSharedBytes = 40 << 10;
+
+// A block's outputs: rows x cols (cols a multiple of kStrip) of one image and up to kTileChannels channels, and the
+// input window they read.
+struct Tile {
+  int rows, cols, in_rows, in_cols, channels, tiles_q;
+};
+
+// 16 bytes global -> shared, zero-filled when !valid (src is then any mapped address and is not read).
+__device__ __forceinline__ void copy_16_or_zero(void* dst, const void* src, bool valid) {
+  const auto shared_address = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address), "l"(src), "r"(valid ? 16 : 0));
+}
+
+template <typename T>
+__device__ __forceinline__ float2 load_pair(const T* at) {  // two neighbouring channels, one 4-byte access
+  const uint32_t raw = *reinterpret_cast<const uint32_t*>(at);
+  const T* values = reinterpret_cast<const T*>(&raw);
+  return make_float2(to_float(values[0]), to_float(values[1]));
+}
+
+// grid (spatial tiles, channel tiles, N); block (channel pairs of the tile, thread groups). R x S filters, stride
+// kStride both ways, no dilation; C % 8 == 0, x 16-byte aligned, w/bias/residual/y 4-byte aligned.
+template <typename T, int R, int S, int kStride>
+__global__ void __launch_bounds__(kThreads) depthwise_nhwc_tiled(Depthwise d, Tile tile, const T* __restrict__ x,
+                                                                 const T* __restrict__ w, const T* __restrict__ bias,
+                                                                 const T* __restrict__ residual, T* __restrict__ y,
+                                                                 Act act, float slope, float clip_low,
+                                                                 float clip_high) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  T* window = reinterpret_cast<T*>(shared);  // [in_rows][in_cols][tile.channels]
+  // [R * S][tile.channels] floats: a thread's two channels of a tap are one conflict-free 8-byte read
+  float* filters = reinterpret_cast<float*>(shared + sizeof(T) * tile.in_rows * tile.in_cols * tile.channels);
+  const int64_t n = blockIdx.z;
+  const int first_p = blockIdx.x / tile.tiles_q * tile.rows, first_q = blockIdx.x % tile.tiles_q * tile.cols;
+  const int64_t first_channel = int64_t(blockIdx.y) * tile.channels;
+  const int thread = threadIdx.y * blockDim.x + threadIdx.x, threads = blockDim.x * blockDim.y;
+  {
+    const int vectors = tile.channels / kVector, count = tile.in_rows * tile.in_cols * vectors;
+    const int64_t top = int64_t(first_p) * kStride - d.pad_top, left = int64_t(first_q) * kStride - d.pad_left;
+    for (int i = thread; i < count; i += threads) {
+      const int pixel = i / vectors, vector = i % vectors;
+      const int64_t in_h = top + pixel / tile.in_cols, in_w = left + pixel % tile.in_cols;
+      const int64_t channel = first_channel + vector * kVector;
+      const bool inside = in_h >= 0 && in_h < d.h && in_w >= 0 && in_w < d.w && channel < d.c;
+      const T* src = inside ? x + ((n * d.h + in_h) * d.w + in_w) * d.c + channel : x;
+      copy_16_or_zero(window + int64_t(i) * kVector, src, inside);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+  constexpr int kTaps = R * S;
+  for (int i = thread; i < kTaps * tile.channels; i += threads) {  // consecutive i: one channel's taps, coalesced
+    const int local = i / kTaps, tap = i % kTaps;
+    const int64_t channel = first_channel + local;
+    filters[tap * tile.channels + local] = channel < d.c ? to_float(w[channel * kTaps + tap]) : 0.0f;
+  }
+  asm volatile("cp.async.wait_all;\n" ::);
+  __syncthreads();
+
+  const int64_t channel = first_channel + 2 * threadIdx.x;
+  if (channel >= d.c) return;  // the last channel tile's unused lanes (no barrier follows)
+  float2 weight[kTaps];
+#pragma unroll
+  for (int tap = 0; tap < kTaps; ++tap) {
+    weight[tap] = *reinterpret_cast<const float2*>(filters + tap * tile.channels + 2 * threadIdx.x);
+  }
+  const float2 shift = bias != nullptr ? load_pair(bias + channel) : make_float2(0.0f, 0.0f);
+  constexpr int kWindowCols = (kStrip - 1) * kStride + S;  // the input columns one strip reads per filter row
+  const int strips = tile.cols / kStrip;
+  for (int task = threadIdx.y; task < tile.rows * strips; task += blockDim.y) {
+    const int row = task / strips, strip = task % strips;
+    const int64_t out_p = first_p + row;
+    if (out_p >= d.p) continue;
+    const T* first_input = window + int64_t(row * kStride * tile.in_cols + strip * kStrip * kStride) * tile.channels +
+                           2 * threadIdx.x;  // the strip's top-left input
+    float2 acc[kStrip] = {};
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const T* in_row = first_input + int64_t(r) * tile.in_cols * tile.channels;
+#pragma unroll
+      for (int col = 0; col < kWindowCols; ++col) {
+        const float2 value = load_pair(in_row + col * tile.channels);
+#pragma unroll
+        for (int out = 0; out < kStrip; ++out) {
+          const int s = col - out * kStride;  // resolved at compile time
+          if (s >= 0 && s < S) {
+            acc[out].x += value.x * weight[r * S + s].x;
+            acc[out].y += value.y * weight[r * S + s].y;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int out = 0; out < kStrip; ++out) {
+      const int64_t out_q = first_q + strip * kStrip + out;
+      if (out_q >= d.q) break;
+      const int64_t at = ((n * d.p + out_p) * d.q + out_q) * d.c + channel;
+      float2 sum = make_float2(acc[out].x + shift.x, acc[out].y + shift.y);
+      if (residual != nullptr) {
+        const float2 added = load_pair(residual + at);
+        sum.x += added.x;
+        sum.y += added.y;
+      }
+      T result[2] = {from_float<T>(clip_value(apply_act(act, sum.x, slope), clip_low, clip_high)),
+                     from_float<T>(clip_value(apply_act(act, sum.y, slope), clip_low, clip_high))};
+      *reinterpret_cast<uint32_t*>(y + at) = *reinterpret_cast<const uint32_t*>(result);
+    }
+  }
+}
+
+bool aligned(const void* pointer, std::uintptr_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
+}
+bool aligned16(const void* pointer) { return aligned(pointer, 16); }
+
+int64_t tile_shared_bytes(const Tile& t, int64_t element_bytes, int64_t taps) {
+  return element_bytes * t.in_rows * t.in_cols * t.channels + int64_t(sizeof(float)) * taps * t.channels;
+}
+
+// 8 x 16 outputs (fewer for a smaller image), halved (the longer side first) until the window and the filters fit
+// kTileSharedBytes.
+Tile choose_tile(const Shape& s, int64_t element_bytes) {
+  Tile t{};
+  t.channels = static_cast<int>(std::min<int64_t>(s.c, kTileChannels));
+  t.rows = static_cast<int>(std::min<int64_t>(s.p, 8));
+  t.cols = static_cast<int>(std::min<int64_t>((s.q + kStrip - 1) / kStrip * kStrip, 16));
+  const auto fit_window = [&] {
+    t.in_rows = static_cast<int>((t.rows - 1) * s.stride_h + s.r);
+    t.in_cols = static_cast<int>((t.cols - 1) * s.stride_w + s.s);
+  };
+  fit_window();
+  while (tile_shared_bytes(t, element_bytes, s.r * s.s) > kTileSharedBytes && (t.rows > 1 || t.cols > kStrip)) {
+    if (t.cols > kStrip && (t.cols > t.rows || t.rows == 1)) {
+      t.cols = std::max(kStrip, (t.cols / 2 + kStrip - 1) / kStrip * kStrip);
+    } else {
+      t.rows = (t.rows + 1) / 2;
+    }
+    fit_window();
+  }
+  t.tiles_q = static_cast<int>((s.q + t.cols - 1) / t.cols);
+  return t;
+}
+
+// Whether depthwise_nhwc_tiled has an instantiation for the filter and stride (and the grid fits the problem).
+bool tiled_applies(const Shape& s) {
+  const bool filter = s.r == s.s && (s.r == 3 || s.r == 5) && s.stride_h == s.stride_w &&
+                      (s.stride_h == 1 || s.stride_h == 2) && s.dilation_h == 1 && s.dilation_w == 1;
+  return filter && s.n <= 65535 && (s.c + kTileChannels - 1) / kTileChannels <= 65535;
+}
+
+template <typename T, int R, int kStride>
+void launch_tiled_with(const Depthwise& d, const Tile& t, const ForwardArgs& args, dim3 grid, dim3 block,
+                       size_t shared, cudaStream_t stream) {
+  depthwise_nhwc_tiled<T, R, R, kStride><<<grid, block, shared, stream>>>(
+      d, t, static_cast<const T*>(args.x), static_cast<const T*>(args.w), static_cast<const T*>(args.bias),
+      static_cast<const T*>(args.residual), static_cast<T*>(args.y), args.act, args.slope, args.clip_low,
+      args.clip_high);
+}
+
+template <typename T>
+void launch_tiled(const Depthwise& d, const ForwardArgs& args, cudaStream_t stream) {
+  const Shape& s = args.shape;
+  const Tile t = choose_tile(s, sizeof(T));
+  const int64_t tiles = (s.p + t.rows - 1) / t.rows * t.tiles_q;
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>((s.c + t.channels - 1) / t.channels),
+                  static_cast<unsigned>(s.n));
+  const dim3 block(t.channels / 2, kThreads / (t.channels / 2));
+  const size_t shared = static_cast<size_t>(tile_shared_bytes(t, sizeof(T), s.r * s.s));
+  if (s.r == 3) {
+    if (s.stride_h == 1) launch_tiled_with<T, 3, 1>(d, t, args, grid, block, shared, stream);
+    else launch_tiled_with<T, 3, 2>(d, t, args, grid, block, shared, stream);
+  } else {
+    if (s.stride_h == 1) launch_tiled_with<T, 5, 1>(d, t, args, grid, block, shared, stream);
+    else launch_tiled_with<T, 5, 2>(d, t, args, grid, block, shared, stream);
+  }
+}
 
 template <typename T>
 void launch_vec8(const Depthwise& d, const ForwardArgs& args, dim3 grid, dim3 block, size_t shared, int64_t pixels,
@@ -155,6 +337,18 @@ void depthwise_forward(const ForwardArgs& args, cudaStream_t stream) {
   const bool vector = d.nhwc && s.dtype != DType::Float32 && s.c % kVector == 0 && aligned16(args.x) &&
                       aligned16(args.y) && (args.bias == nullptr || aligned16(args.bias)) &&
                       (args.residual == nullptr || aligned16(args.residual));
+  const bool tiled = d.nhwc && s.dtype != DType::Float32 && s.c % kVector == 0 && tiled_applies(s) &&
+                     aligned16(args.x) && aligned(args.y, 4) && (args.bias == nullptr || aligned(args.bias, 4)) &&
+                     (args.residual == nullptr || aligned(args.residual, 4));
+  if (tiled) {
+    if (s.dtype == DType::Float16) {
+      launch_tiled<__half>(d, args, stream);
+    } else {
+      launch_tiled<__nv_bfloat16>(d, args, stream);
+    }
+    GE2_CHECK_LAUNCH("depthwise_nhwc_tiled");
+    return;
+  }
   // channel vectors per block: a warp's worth, fewer when the filters of that many would not fit 48 KB of shared memory
   const int64_t fitting = kSharedBytes / (int64_t(sizeof(float)) * s.r * s.s * kVector);
   const int vectors = static_cast<int>(std::min<int64_t>({s.c / kVector, 32, fitting}));

@@ -18,7 +18,7 @@ from row_norm_checks import numeric_gradient
 
 OPS = ("sum", "mean", "max")
 DTYPES = ("float32", "float16", "bfloat16")
-KERNELS = ("row_warp", "row_block", "column", "generic")
+KERNELS = ("row_warp", "row_block", "column", "column_wave", "generic")
 F32 = np.float32
 
 
@@ -175,7 +175,7 @@ def test_native_layouts():
         for kernel in KERNELS:
             reason = native.unsupported_reason(kernel, list(shape), list(axes))
             expected = kernel == "generic" or (kind == "rows" and kernel in ("row_warp", "row_block")) or (
-                kind == "columns" and kernel == "column")
+                kind == "columns" and kernel in ("column", "column_wave"))
             assert (reason == "") == expected, (shape, axes, kernel, reason)
     assert "at most 4096" in native.unsupported_reason("row_warp", [3, 4097], [1])
     with pytest.raises(ValueError, match=r"axes: axis 1 is repeated"):
@@ -303,6 +303,8 @@ CASES = [
     ((2, 3, 4), (1, 2)), ((64, 8), 0), ((37, 5), 0), ((1000, 3), 0), ((100_003, 2), 0), ((2048, 16), 0),
     ((8, 3, 4096), 1), ((5, 7, 9), 1), ((7, 130, 24), (0, 1)), ((2, 3, 4), (0, 2)), ((6, 5, 4, 3), (1, 3)),
     ((6, 5, 4, 3), (0, 2)), ((3, 1, 4, 1), (1, 3)), ((4, 1, 5), 1), ((2, 3), ()), ((), None), ((5, 1), 0),
+    # squeeze-and-excitation means of NHWC activations (EfficientNet's): column_wave splits the H*W run
+    ((4, 14, 14, 480), (1, 2)), ((2, 56, 56, 40), (1, 2)),
 ]
 
 
@@ -310,7 +312,7 @@ def _applies(kernel, shape, axis):
     kind = reduce._native_module().layout(list(shape), list(reduce.normalize_axes(axis, len(shape))))
     if kernel == "generic":
         return True
-    if kernel == "column":
+    if kernel in ("column", "column_wave"):
         return kind["kind"] == "columns"
     return kind["kind"] == "rows" and (kernel == "row_block" or kind["length"] <= 4096)
 
@@ -371,7 +373,7 @@ def test_backward_against_finite_differences(rng, op, shape, axis):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_max_propagates_nan_and_keeps_minus_infinity(poisoned, kernel):
-    if kernel == "column":
+    if kernel in ("column", "column_wave"):
         x = np.ones((3000, 4), F32)
         x[:, 1] = -np.inf
         x[2999, 2] = np.nan
@@ -425,6 +427,15 @@ def test_split_reductions_are_deterministic(rng):
         native.forward("sum", x.ptr, y.ptr, [2_000_003], [0], "float32", "row_block", 0)
         assert y.numpy().tobytes() == first.tobytes()
     np.testing.assert_allclose(first, x.numpy().astype(np.float64).sum(), rtol=1e-5, atol=1e-3)
+    # column_wave: a squeeze-and-excitation mean split over H*W into float32 partials
+    se = runtime.DeviceArray.from_numpy(rng.standard_normal((8, 3136, 96)).astype(np.float16))
+    means = runtime.DeviceArray.empty([8, 96], "float16")
+    assert native.forward("mean", se.ptr, means.ptr, [8, 3136, 96], [1], "float16", "column_wave", 0) == "column_wave"
+    first = means.numpy()
+    for _ in range(3):
+        native.forward("mean", se.ptr, means.ptr, [8, 3136, 96], [1], "float16", "column_wave", 0)
+        assert means.numpy().tobytes() == first.tobytes()
+    assert_close(first, reduce.reference("mean", se.numpy(), 1), "float16", what="column_wave mean")
     outputs = runtime.DeviceArray.empty([100], "float32")
     with pytest.raises(ValueError, match="x: null device pointer"):
         native.forward("sum", 0, outputs.ptr, [4, 5], [1], "float32", "row_warp", 0)
@@ -493,10 +504,12 @@ def test_split_reduction_replays_in_a_cuda_graph(rng):
     stream = runtime.Stream()
     x = runtime.DeviceArray.from_numpy(rng.standard_normal((60_000, 3)).astype(F32))
     total, columns = runtime.DeviceArray.empty([], "float32"), runtime.DeviceArray.empty([3], "float32")
+    waves = runtime.DeviceArray.empty([3], "float32")
 
     def run():
         ge2.ops.sum.forward(x, out=total, stream=stream)
         ge2.ops.mean.forward(x, axis=0, out=columns, stream=stream)
+        ge2.ops.mean.forward(x, axis=0, out=waves, stream=stream, kernel="column_wave")
 
     run()  # warm up
     stream.synchronize()
@@ -508,7 +521,9 @@ def test_split_reduction_replays_in_a_cuda_graph(rng):
     x.copy_from_numpy(new_x)
     total.poison(stream.handle)
     columns.poison(stream.handle)
+    waves.poison(stream.handle)
     graph.replay(stream.handle)
     stream.synchronize()
     assert_close(total.numpy(), reduce.reference("sum", new_x), "float32", new_x.size, what="captured sum")
     assert_close(columns.numpy(), reduce.reference("mean", new_x, 0), "float32", what="captured mean")
+    assert_close(waves.numpy(), reduce.reference("mean", new_x, 0), "float32", what="captured column_wave mean")

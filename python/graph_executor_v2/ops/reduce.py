@@ -14,7 +14,11 @@ both kept merged. Kernel candidates (``kernels()``), best first:
 2. ``row_block``: Rows of any length: a block per output; few long rows (the all-reduce included) are split over
    blocks into float32 partials combined in a fixed order by a second kernel.
 3. ``column``: reduced axes followed by kept ones ([outer, length, inner]): column tiles with coalesced rows.
-4. ``generic``: any set of axes, e.g. (0, 2) of a 3-d array: the path that always works.
+4. ``column_wave``: the same problems and kernel launched as about one wave of resident blocks: tiles up to 32
+   vectors wide, the reduced axis split into float32 partials (combined in a fixed order by a second kernel) until
+   the blocks fill every SM, each thread's batch of loads in flight together. Autotuning times it against
+   ``column`` (EfficientNet's squeeze-and-excitation means, [32, H*W, C]).
+5. ``generic``: any set of axes, e.g. (0, 2) of a 3-d array: the path that always works.
 """
 from __future__ import annotations
 
@@ -246,6 +250,7 @@ def _register(op):
             _make_candidate(op, "row_warp"),
             _make_candidate(op, "row_block"),
             _make_candidate(op, "column"),
+            _make_candidate(op, "column_wave"),
             _make_candidate(op, "generic"),
         ),
         doc=__doc__,

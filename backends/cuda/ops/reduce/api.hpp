@@ -22,7 +22,7 @@ enum class Reduction { Sum, Mean, Max };
 Reduction reduction_from_name(const std::string& op);
 
 // The kernel is chosen by the Python selector (graph_executor_v2/selection.py); a call names it.
-enum class Kernel { RowWarp, RowBlock, Column, Generic };
+enum class Kernel { RowWarp, RowBlock, Column, ColumnWave, Generic };
 Kernel kernel_from_name(const std::string& name);
 const char* kernel_name(Kernel kernel);
 
@@ -94,12 +94,17 @@ struct Split {
 // module's StreamWorkspace (grown on first use, so the first split launch of a size on a stream must not be
 // inside CUDA graph capture).
 Split plan_split(int64_t tasks, int64_t outputs, int64_t length, int64_t min_chunk, int align, cudaStream_t stream);
+// The split that brings `tasks` blocks up to about `wanted_blocks` (a split whenever there are fewer tasks, whatever
+// the SM count), with the same chunk and workspace rules as plan_split.
+Split plan_split_to(int64_t tasks, int64_t wanted_blocks, int64_t outputs, int64_t length, int64_t min_chunk,
+                    int align, cudaStream_t stream);
 // The number of SMs of the current device.
 int sm_count();
 
 void launch_row_warp(const ForwardArgs& args, cudaStream_t stream);
 void launch_row_block(const ForwardArgs& args, cudaStream_t stream);
 void launch_column(const ForwardArgs& args, cudaStream_t stream);
+void launch_column_wave(const ForwardArgs& args, cudaStream_t stream);
 void launch_generic(const ForwardArgs& args, cudaStream_t stream);
 // y[o] = combine over s of partials[s * outputs + o], scaled and stored as the dtype.
 void launch_finalize_partials(const float* partials, void* y, int64_t outputs, int64_t splits, DType dtype,

@@ -1,7 +1,7 @@
 // reduce launcher: argument checks, the simplification of (shape, axes) into a Layout, the kernel table (row_warp:
-// Rows, length <= 4096; row_block: Rows; column: Columns; generic: any, always works), the named kernel's check
-// (the Python selector chooses among them) and how split reductions are planned (their partials live in the
-// module's StreamWorkspace).
+// Rows, length <= 4096; row_block: Rows; column, column_wave: Columns; generic: any, always works), the named
+// kernel's check (the Python selector chooses among them) and how split reductions are planned (their partials live
+// in the module's StreamWorkspace).
 #include <algorithm>
 #include <string>
 
@@ -22,8 +22,10 @@ Kernel kernel_from_name(const std::string& name) {
   if (name == "row_warp") return Kernel::RowWarp;
   if (name == "row_block") return Kernel::RowBlock;
   if (name == "column") return Kernel::Column;
+  if (name == "column_wave") return Kernel::ColumnWave;
   if (name == "generic") return Kernel::Generic;
-  throw std::invalid_argument("kernel: expected one of row_warp, row_block, column, generic, got '" + name + "'");
+  throw std::invalid_argument("kernel: expected one of row_warp, row_block, column, column_wave, generic, got '" +
+                              name + "'");
 }
 
 const char* kernel_name(Kernel kernel) {
@@ -31,6 +33,7 @@ const char* kernel_name(Kernel kernel) {
     case Kernel::RowWarp: return "row_warp";
     case Kernel::RowBlock: return "row_block";
     case Kernel::Column: return "column";
+    case Kernel::ColumnWave: return "column_wave";
     case Kernel::Generic: return "generic";
   }
   return "unknown";
@@ -50,6 +53,11 @@ std::vector<KernelInfo> kernel_table() {
       {"column", 20,
        "[outer, length, inner] with inner > 1: tiles of adjacent inner columns, lanes along the reduced axis, a "
        "shared-memory tree per column; split into partials when there are few tiles",
+       "one run of reduced axes followed by kept axes after merging (Columns)" + vectors},
+      {"column_wave", 15,
+       "column's kernel launched as about one wave of resident blocks: wide tiles (rows of up to 32 vectors), the "
+       "reduced axis split into float32 partials until the blocks fill every SM, each thread's loads of a batch in "
+       "flight together (the tail predicated); a second kernel combines the partials in a fixed order",
        "one run of reduced axes followed by kept axes after merging (Columns)" + vectors},
       {"generic", 5, "a warp per output walking the reduced multi-index: any set of axes. The path that always works",
        "none", kFallback, kAnyAlignment},
@@ -132,9 +140,11 @@ std::string unsupported_reason(Kernel kernel, const Layout& layout) {
       }
       return "";
     case Kernel::Column:
+    case Kernel::ColumnWave:
       if (layout.kind != Layout::Kind::Columns) {
-        return "column needs the reduced axes to be one run followed by kept axes (after dropping size-1 axes and "
-               "merging neighbours)";
+        return std::string(kernel_name(kernel)) +
+               " needs the reduced axes to be one run followed by kept axes (after dropping size-1 axes and merging "
+               "neighbours)";
       }
       return "";
     case Kernel::Generic: return "";
@@ -146,7 +156,8 @@ std::string unsupported_reason(Kernel kernel, const Layout& layout) {
 namespace {
 
 // Partials one split launch may write: bounded so the workspace stays small (about 0.5 MB on an H100). plan_split
-// asks for splits only when there are fewer tasks than SMs, so this bound rarely binds.
+// asks for splits only when there are fewer tasks than SMs, so this bound rarely binds there; column_wave's splits
+// stop at it.
 int64_t max_partials(int sms) { return int64_t{1024} * sms; }
 
 }  // namespace
@@ -159,12 +170,19 @@ int sm_count() {
 }
 
 Split plan_split(int64_t tasks, int64_t outputs, int64_t length, int64_t min_chunk, int align, cudaStream_t stream) {
+  const int sms = sm_count();
+  if (tasks >= sms) return Split{1, length, nullptr};
+  return plan_split_to(tasks, 2 * int64_t{sms}, outputs, length, min_chunk, align, stream);
+}
+
+Split plan_split_to(int64_t tasks, int64_t wanted_blocks, int64_t outputs, int64_t length, int64_t min_chunk,
+                    int align, cudaStream_t stream) {
   Split split;
   split.chunk = length;
-  const int sms = sm_count();
-  if (tasks >= sms || outputs == 0) return split;
-  const int64_t wanted = (2 * int64_t{sms} + tasks - 1) / tasks;
-  const int64_t splits = std::min({wanted, length / std::max<int64_t>(1, min_chunk), max_partials(sms) / outputs});
+  if (tasks >= wanted_blocks || outputs == 0) return split;
+  const int64_t wanted = (wanted_blocks + tasks - 1) / tasks;
+  const int64_t splits =
+      std::min({wanted, length / std::max<int64_t>(1, min_chunk), max_partials(sm_count()) / outputs});
   if (splits <= 1) return split;
   const int64_t chunk = ((length + splits - 1) / splits + align - 1) / align * align;
   if ((length + chunk - 1) / chunk <= 1) return split;
@@ -201,6 +219,7 @@ Kernel forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream) {
     case Kernel::RowWarp: launch_row_warp(args, stream); break;
     case Kernel::RowBlock: launch_row_block(args, stream); break;
     case Kernel::Column: launch_column(args, stream); break;
+    case Kernel::ColumnWave: launch_column_wave(args, stream); break;
     case Kernel::Generic: launch_generic(args, stream); break;
   }
   return kernel;

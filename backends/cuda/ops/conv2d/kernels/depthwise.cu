@@ -169,15 +169,18 @@ __global__ void __launch_bounds__(kThreads) depthwise_nhwc_tiled(Depthwise d, Ti
   const int64_t first_channel = int64_t(blockIdx.y) * tile.channels;
   const int thread = threadIdx.y * blockDim.x + threadIdx.x, threads = blockDim.x * blockDim.y;
   {
-    const int vectors = tile.channels / kVector, count = tile.in_rows * tile.in_cols * vectors;
+    // threads is a multiple of the vectors per pixel (blockDim.x = 4 x vectors): each thread keeps one vector and
+    // walks pixels `step` apart, its window row and column advanced without divisions
+    const int vectors = tile.channels / kVector, vector = thread % vectors, step = threads / vectors;
+    const int64_t channel = first_channel + vector * kVector;
     const int64_t top = int64_t(first_p) * kStride - d.pad_top, left = int64_t(first_q) * kStride - d.pad_left;
-    for (int i = thread; i < count; i += threads) {
-      const int pixel = i / vectors, vector = i % vectors;
-      const int64_t in_h = top + pixel / tile.in_cols, in_w = left + pixel % tile.in_cols;
-      const int64_t channel = first_channel + vector * kVector;
+    int row = thread / vectors / tile.in_cols, col = thread / vectors % tile.in_cols;
+    for (int pixel = thread / vectors; pixel < tile.in_rows * tile.in_cols; pixel += step) {
+      const int64_t in_h = top + row, in_w = left + col;
       const bool inside = in_h >= 0 && in_h < d.h && in_w >= 0 && in_w < d.w && channel < d.c;
       const T* src = inside ? x + ((n * d.h + in_h) * d.w + in_w) * d.c + channel : x;
-      copy_16_or_zero(window + int64_t(i) * kVector, src, inside);
+      copy_16_or_zero(window + (int64_t(pixel) * vectors + vector) * kVector, src, inside);
+      for (col += step; col >= tile.in_cols; col -= tile.in_cols) ++row;
     }
     asm volatile("cp.async.commit_group;\n" ::);
   }

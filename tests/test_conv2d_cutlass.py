@@ -116,6 +116,7 @@ def test_kernels_row_says_built_or_not_built_with_the_reason():
                         "offsets), got padding top/left 130/130"),
     (dict(h=300, r=129, dilation=2), "got padding top/left 0/0, filter 129x3 dilation 2x2"),
     (dict(stride=9), "stride up to 8 (TMA im2col element strides), got 9x9"),
+    (dict(act="tanh"), "act none, relu, leaky_relu, gelu or silu only (the instantiated ones), got tanh"),
 ])
 def test_declines_what_it_does_not_support_naming_the_reason(change, reason):
     _require_candidate()
@@ -150,20 +151,25 @@ def test_bad_tile_setting_is_refused(rng, to_device, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tile", ["128x128", "128x64"])
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("act", ACTS)
-def test_fused_residual_and_every_activation(rng, poisoned, to_device, act, dtype):
-    """y = act(conv + bias + residual): the residual is the epilogue's source tensor, read only when given."""
+def test_fused_residual_and_every_activation(rng, poisoned, to_device, monkeypatch, act, dtype, tile):
+    """y = act(conv + bias + residual): the residual is the epilogue's source tensor, read only when given. Every
+    activation on every tile and dtype: each (tile, dtype) has an instantiation per activation family (none, relu,
+    leaky_relu; gelu, silu), each family's members chosen at run time."""
+    monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_TILE", tile)
     case = (2, 24, 13, 11, 32, 3, 3, 1, 1, 1, act, True)
     _check(rng, poisoned, to_device, case, dtype, with_residual=True, slope=0.2)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("act", ["relu", "gelu"])  # one of each activation family
 @pytest.mark.parametrize("clip_min, clip_max", [(0.0, 0.5), (None, 0.25), (-0.25, None)])
-def test_fused_clip_after_the_activation(rng, poisoned, to_device, clip_min, clip_max, dtype):
+def test_fused_clip_after_the_activation(rng, poisoned, to_device, clip_min, clip_max, act, dtype):
     """relu6-like and hardtanh-like clips, each bound alone too: the last node of the epilogue."""
-    case = (2, 16, 9, 9, 24, 3, 3, 1, 1, 1, "gelu", True)
+    case = (2, 16, 9, 9, 24, 3, 3, 1, 1, 1, act, True)
     _check(rng, poisoned, to_device, case, dtype, with_residual=True, clip_min=clip_min, clip_max=clip_max)
 
 

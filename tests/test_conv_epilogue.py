@@ -409,7 +409,7 @@ def test_concat_joins_in_the_region_on_the_permuted_axis(rng):
 # ---------------------------------------------------------------------------------------------------------------
 # GPU: every candidate's epilogue against the float64 reference
 # ---------------------------------------------------------------------------------------------------------------
-KERNELS = ("cudnn_graph", "implicit_gemm", "cudnn", "im2col_gemm")
+KERNELS = ("cudnn_graph", "cutlass_sm90", "implicit_gemm", "cudnn", "im2col_gemm")
 # (N, C, H, W, K, R, S, stride, padding): channels multiples of 8 (cuDNN's runtime fusion, implicit_gemm's vectors),
 # and one odd K (implicit_gemm's element-wise residual reads and stores)
 GPU_SHAPES = [(2, 16, 9, 7, 24, 3, 3, 1, 1), (1, 32, 14, 14, 40, 1, 1, 2, 0), (2, 8, 8, 8, 13, 3, 3, 1, 1)]
@@ -445,11 +445,14 @@ def test_every_candidate_epilogue_matches_float64(rng, poisoned, to_device, kern
             f"{geometry.reduction_length})")
     reason = conv2d.unsupported_reason(kernel, geometry, act, True, has_residual=with_residual)
     if reason is not None:
-        # Only the documented refusals: implicit_gemm runs 16-bit NHWC, the legacy cudnn takes float32 epilogues,
-        # cudnn_graph takes every epilogue (fused where cuDNN's runtime fusion runs, else after a float32 graph)
-        # but leaves to implicit_gemm the 16-bit NHWC ones with K % 8 != 0 that it fuses in one kernel.
+        # Only the documented refusals: implicit_gemm runs 16-bit NHWC, cutlass_sm90 16-bit NHWC with K % 8 == 0 on
+        # an sm_90 GPU, the legacy cudnn takes float32 epilogues, cudnn_graph takes every epilogue (fused where
+        # cuDNN's runtime fusion runs, else after a float32 graph) but leaves to implicit_gemm the 16-bit NHWC ones
+        # with K % 8 != 0 that it fuses in one kernel.
         expected_refusal = {
             "cudnn_graph": dtype != "float32" and layout == "NHWC" and geometry.k % 8 != 0,
+            "cutlass_sm90": dtype == "float32" or layout == "NCHW" or geometry.k % 8 != 0
+                            or "NOT BUILT" in reason or "needs an sm_90 GPU" in reason,
             "implicit_gemm": dtype == "float32" or layout == "NCHW",
             "cudnn": dtype != "float32",
         }.get(kernel, False)

@@ -23,6 +23,20 @@ inline Act act_from_name(const std::string& name, const char* argument = "act") 
                               name + "'");
 }
 
+inline const char* act_name(Act act) {
+  switch (act) {
+    case Act::None: return "none";
+    case Act::Relu: return "relu";
+    case Act::Gelu: return "gelu";
+    case Act::GeluErf: return "gelu_erf";
+    case Act::Silu: return "silu";
+    case Act::LeakyRelu: return "leaky_relu";
+    case Act::Sigmoid: return "sigmoid";
+    case Act::Tanh: return "tanh";
+  }
+  return "unknown";
+}
+
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCubic = 0.044715f;
 constexpr float kInvSqrt2 = 0.7071067811865476f;

@@ -64,9 +64,10 @@ std::vector<KernelInfo> kernel_table() {
              "a multi-stage shared-memory pipeline, wgmma with float32 accumulation (a producer warp, a consumer "
              "warpgroup), 128 x 128 output tiles of 64-channel steps (128 x 64 for 64 filters or fewer; "
              "GE2_CUTLASS_SM90_CONV_TILE=128x128|128x64 forces one); bias, residual, activation and clip fused "
-             "through an epilogue visitor tree (the activation a run-time argument: one instantiation per tile and "
-             "dtype), y rounded once and written by TMA; backward: CUTLASS's dgrad (dy in im2col mode) and wgrad "
-             "(64 x 128 tiles, no split-K) kernels, dbias by GE2's reduction; no workspace"
+             "through an epilogue visitor tree (the activation a run-time argument within one of two instantiated "
+             "families: none/relu/leaky_relu and gelu/silu), y rounded once and written by TMA; backward: CUTLASS's "
+             "dgrad (dy in im2col mode) and wgrad (64 x 128 tiles, no split-K) kernels, dbias by GE2's reduction; no "
+             "workspace"
            : "CUTLASS 3.x implicit GEMM for Hopper (sm_90a): NOT BUILT (" + cutlass_not_built + ")",
        "built with CUTLASS's headers; an sm_90 GPU; NHWC; float16 or bfloat16; groups 1; C and K multiples of 8; "
        "padding <= 128, (R-1)*dilation and (S-1)*dilation < 255, stride <= 8 (TMA im2col); backward act none and "

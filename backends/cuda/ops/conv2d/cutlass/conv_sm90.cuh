@@ -1,13 +1,13 @@
 // The cutlass_sm90 conv2d kernels, each instantiated in a translation unit of its own
-// (conv_sm90_fprop_<tile>_<dtype>.cu, conv_sm90_<dgrad|wgrad>_<dtype>.cu) so the slow CUTLASS instantiations compile
-// in parallel: NHWC implicit GEMM on CUTLASS 3.x's sm90 conv collective (the "activation" read by TMA in im2col
-// mode, the other operand by tiled TMA, both into a multi-stage shared-memory pipeline feeding wgmma, float32
+// (conv_sm90_fprop_<tile>_<dtype>_<family>.cu, conv_sm90_<dgrad|wgrad>_<dtype>.cu) so the slow CUTLASS instantiations
+// compile in parallel: NHWC implicit GEMM on CUTLASS 3.x's sm90 conv collective (the "activation" read by TMA in
+// im2col mode, the other operand by tiled TMA, both into a multi-stage shared-memory pipeline feeding wgmma, float32
 // accumulation, a producer warp and a consumer warpgroup). The forward (M = N*P*Q output pixels, N = K filters,
 // reduction C*R*S) fuses GE2's whole epilogue through an epilogue visitor tree:
 //   y = clip(act(acc + bias[k] + residual)), computed in float32 and rounded to y's dtype once.
-// The activation and the clip are one visitor node whose arguments say which (GE2's own apply_act and clip_value,
-// so the numbers are the other candidates'): one instantiation serves every activation, the bias (a null bias reads
-// as 0) and the residual (not read while its beta is 0).
+// The activation and the clip are one visitor node whose arguments say which (GE2's own apply_act and clip_value, so
+// the numbers are the other candidates'). One instantiation serves a family of activations (ActivationAndClip), the
+// bias (a null bias reads as 0) and the residual (not read while its beta is 0).
 #pragma once
 #include <cstdint>
 #include <limits>
@@ -31,39 +31,55 @@
 
 namespace ge2::conv2d::cutlass_sm90 {
 
-// The epilogue's last node: clip(act(z)) with the activation, its slope and the clip bounds as run-time arguments.
-template <typename T>
+// The epilogue's last node: clip(act(z)) with the activation (one of the family kMembers), its slope and the clip
+// bounds as run-time arguments. The activation is tested once per fragment and each member's fragment loop is
+// compiled with its activation known: the epilogue is unrolled over a thread's 64 or 128 accumulators, and a switch
+// per element put jump tables and every activation's code at each of them (a 128 x 128 kernel of 22,300 SASS
+// instructions, 4,400 now for the piecewise-linear family), a fixed cost that dominated the forward.
+template <Act... kMembers>
 struct ActivationAndClip {
+  static constexpr bool has(Act act) { return ((act == kMembers) || ...); }
   struct Arguments {
     Act act = Act::None;
     float slope = 0.01f;
     float clip_low = -std::numeric_limits<float>::infinity();
     float clip_high = std::numeric_limits<float>::infinity();
   };
-  CUTLASS_HOST_DEVICE T operator()(T const& z, Arguments const& arguments) const {
-    return clip_value(apply_act(arguments.act, z, arguments.slope), arguments.clip_low, arguments.clip_high);
-  }
+  // Sm90Compute reads the arguments' type from Fn<float> and calls Fn<Array<float, N>> on each fragment.
+  template <typename T>
+  struct Fn {
+    using Arguments = ActivationAndClip::Arguments;
+  };
+  template <typename T, int N>
+  struct Fn<cutlass::Array<T, N>> {
+    using Arguments = ActivationAndClip::Arguments;
+    template <Act kAct>
+    CUTLASS_DEVICE static bool apply(cutlass::Array<T, N> const& z, Arguments const& arguments,
+                                     cutlass::Array<T, N>& y) {
+      if (arguments.act != kAct) return false;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < N; ++i) {
+        y[i] = clip_value(apply_act(kAct, z[i], arguments.slope), arguments.clip_low, arguments.clip_high);
+      }
+      return true;
+    }
+    CUTLASS_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& z, Arguments const& arguments) const {
+      cutlass::Array<T, N> y;
+      (void)(apply<kMembers>(z, arguments, y) || ...);  // fprop() runs only an activation of the family
+      return y;
+    }
+  };
 };
-
-template <typename T, int N>
-struct ActivationAndClip<cutlass::Array<T, N>> {
-  using Arguments = typename ActivationAndClip<T>::Arguments;
-  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& z,
-                                                      Arguments const& arguments) const {
-    cutlass::Array<T, N> y;
-    ActivationAndClip<T> scalar;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) y[i] = scalar(z[i], arguments);
-    return y;
-  }
-};
+// The two families, one instantiation each per tile and dtype.
+using PiecewiseLinearActivations = ActivationAndClip<Act::None, Act::Relu, Act::LeakyRelu>;
+using SmoothActivations = ActivationAndClip<Act::Gelu, Act::Silu>;
 
 namespace evt = cutlass::epilogue::fusion;
 constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
 // clip(act(beta * residual + (acc + bias[k]))): beta is 1 with a residual, 0 (its load skipped) without.
-template <typename Element, typename TileShape, int kAlignment>
+template <typename Element, typename Activations, typename TileShape, int kAlignment>
 using ConvEpilogue = evt::Sm90EVT<
-    evt::Sm90Compute<ActivationAndClip, Element, float, kRound>,                      // clip(act(...))
+    evt::Sm90Compute<Activations::template Fn, Element, float, kRound>,               // clip(act(...))
     evt::Sm90EVT<evt::Sm90Compute<cutlass::homogeneous_multiply_add, float, float, kRound>,  // beta * residual + ...
         evt::Sm90ScalarBroadcast<float, cute::Stride<cute::_0, cute::_0, int64_t>>,     // beta
         evt::Sm90SrcFetch<Element>,                                                      // residual
@@ -74,7 +90,7 @@ using ConvEpilogue = evt::Sm90EVT<
 
 // The forward kernel for one tile shape: the builders pick the stage count from the shared memory the epilogue
 // leaves (CUTLASS 4.2's sm90 conv mainloop has the non-persistent warp-specialized schedule only).
-template <typename Element, typename TileShape, typename ClusterShape>
+template <typename Element, typename Activations, typename TileShape, typename ClusterShape>
 struct FpropFor {
   static constexpr int kAlignment = 16 / sizeof(Element);  // 16-byte TMA rows: C and K multiples of 8
   using Layout = cutlass::layout::TensorNHWC;
@@ -82,7 +98,7 @@ struct FpropFor {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, Element, Layout, kAlignment, Element, Layout,
       kAlignment, cutlass::epilogue::TmaWarpSpecialized,
-      ConvEpilogue<Element, TileShape, kAlignment>>::CollectiveOp;
+      ConvEpilogue<Element, Activations, TileShape, kAlignment>>::CollectiveOp;
   using CollectiveMainloop = typename cutlass::conv::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kFprop, Element, Layout,
       kAlignment, Element, Layout, kAlignment, float, TileShape, ClusterShape,
@@ -182,14 +198,18 @@ void run_fprop(const ForwardArgs& args, cudaStream_t stream) {
   launch<Conv>(arguments, stream);
 }
 
-// 128 x kTileN output tiles (pixels x filters) of 64-channel reduction steps, one CTA per cluster.
-template <typename Element, int kTileN>
+// 128 x kTileN output tiles (pixels x filters) of 64-channel reduction steps, one CTA per cluster, for an
+// activation of the family Activations.
+template <typename Element, int kTileN, typename Activations>
 void fprop(const ForwardArgs& args, cudaStream_t stream) {
+  if (!Activations::has(args.act)) {
+    throw std::logic_error("cutlass_sm90: the forward instantiation picked lacks the activation asked for");
+  }
   using cute::_1;
   using cute::_64;
   using cute::_128;
   using TileShape = cute::Shape<_128, cute::Int<kTileN>, cute::Shape<_64>>;
-  run_fprop<typename FpropFor<Element, TileShape, cute::Shape<_1, _1, _1>>::Conv>(args, stream);
+  run_fprop<typename FpropFor<Element, Activations, TileShape, cute::Shape<_1, _1, _1>>::Conv>(args, stream);
 }
 
 // The backward passes with a plain epilogue (D = acc, rounded once; no source tensor): dgrad writes dx [N,H,W,C]

@@ -16,13 +16,25 @@ inline int far_padding(int64_t out, int64_t in, int64_t filter, int64_t stride, 
   return static_cast<int>(needed > 0 ? needed : 0);
 }
 
+// The forward's activation families, each instantiated per tile and dtype: 0 for the piecewise-linear activations
+// (none, relu, leaky_relu), 1 for the smooth ones (gelu, silu), -1 for an activation conv2d does not offer.
+inline int activation_family(Act act) {
+  if (act == Act::None || act == Act::Relu || act == Act::LeakyRelu) return 0;
+  if (act == Act::Gelu || act == Act::Silu) return 1;
+  return -1;
+}
+
 // y = clip(act(conv(x, w) + bias + residual)) of `args` (NHWC, groups 1, the dtype of the function's name) in
 // 128 x 128 or 128 x 64 tiles of output pixels x filters (the narrow one for layers of 64 filters or fewer, where a
-// 128-wide tile would compute half empty).
-void fprop_128x128_f16(const ForwardArgs& args, cudaStream_t stream);
-void fprop_128x128_bf16(const ForwardArgs& args, cudaStream_t stream);
-void fprop_128x64_f16(const ForwardArgs& args, cudaStream_t stream);
-void fprop_128x64_bf16(const ForwardArgs& args, cudaStream_t stream);
+// 128-wide tile would compute half empty), for an activation of the family the name ends with (activation_family).
+void fprop_128x128_f16_linear(const ForwardArgs& args, cudaStream_t stream);
+void fprop_128x128_f16_smooth(const ForwardArgs& args, cudaStream_t stream);
+void fprop_128x128_bf16_linear(const ForwardArgs& args, cudaStream_t stream);
+void fprop_128x128_bf16_smooth(const ForwardArgs& args, cudaStream_t stream);
+void fprop_128x64_f16_linear(const ForwardArgs& args, cudaStream_t stream);
+void fprop_128x64_f16_smooth(const ForwardArgs& args, cudaStream_t stream);
+void fprop_128x64_bf16_linear(const ForwardArgs& args, cudaStream_t stream);
+void fprop_128x64_bf16_smooth(const ForwardArgs& args, cudaStream_t stream);
 // dx = dgrad(dy, w) and dw = wgrad(dy, x) of `args` (act none: dy is dz; stride 1 for dgrad).
 void dgrad_f16(const BackwardArgs& args, cudaStream_t stream);
 void dgrad_bf16(const BackwardArgs& args, cudaStream_t stream);

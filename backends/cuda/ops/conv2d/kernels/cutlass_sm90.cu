@@ -24,6 +24,10 @@ std::string cutlass_sm90_unsupported_reason(const Shape& s, const Epilogue& epil
     return "input channels C and output channels K must be multiples of 8 (16-byte TMA rows of x, w and y), got C=" +
            std::to_string(s.c) + ", K=" + std::to_string(s.k);
   }
+  if (cutlass_sm90::activation_family(epilogue.act) < 0) {
+    return std::string("act none, relu, leaky_relu, gelu or silu only (the instantiated ones), got ") +
+           act_name(epilogue.act);
+  }
   if (backward && epilogue.act != Act::None) {
     return "backward with act none only (dy is the convolution's gradient: no activation to recompute)";
   }
@@ -92,9 +96,11 @@ bool cutlass_sm90_aligned(const ForwardArgs& args) {
 void cutlass_sm90_forward(const ForwardArgs& args, cudaStream_t stream) {
 #if GE2_WITH_CUTLASS
   using namespace cutlass_sm90;
-  const bool f16 = args.shape.dtype == DType::Float16;
-  if (narrow_tile(args.shape)) return (f16 ? fprop_128x64_f16 : fprop_128x64_bf16)(args, stream);
-  return (f16 ? fprop_128x128_f16 : fprop_128x128_bf16)(args, stream);
+  using Fprop = void (*)(const ForwardArgs&, cudaStream_t);
+  static constexpr Fprop kFprop[2][2][2] = {  // [narrow tile][bfloat16][activation family]
+      {{fprop_128x128_f16_linear, fprop_128x128_f16_smooth}, {fprop_128x128_bf16_linear, fprop_128x128_bf16_smooth}},
+      {{fprop_128x64_f16_linear, fprop_128x64_f16_smooth}, {fprop_128x64_bf16_linear, fprop_128x64_bf16_smooth}}};
+  kFprop[narrow_tile(args.shape)][args.shape.dtype == DType::BFloat16][activation_family(args.act)](args, stream);
 #else
   (void)args;
   (void)stream;

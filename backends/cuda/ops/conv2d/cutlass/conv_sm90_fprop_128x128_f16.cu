@@ -1,6 +1,0 @@
-// cutlass_sm90 conv2d forward instantiation: cutlass::half_t, 128 x 128 tiles (one per file so they compile in parallel).
-#include "conv_sm90.cuh"
-
-namespace ge2::conv2d::cutlass_sm90 {
-void fprop_128x128_f16(const ForwardArgs& args, cudaStream_t stream) { fprop<cutlass::half_t, 128>(args, stream); }
-}  // namespace ge2::conv2d::cutlass_sm90

@@ -11,9 +11,9 @@
 //   and dS^T = P^T (dP^T - D);
 //   dV += P^T dO and dK += dS^T Q on wgmma with P^T and dS^T from registers (16-bit; head_dim 256: from shared
 //   memory, double-buffered, after a barrier of the two warpgroups), dK and dV in registers;
-//   dS^T to shared memory (double-buffered), a barrier of the two warpgroups, then dQ_tile = dS K, split by query
-//   rows (head_dim 64: 128-row tiles) or by head_dim halves (128 and 256: 64-row tiles) over the two warpgroups,
-//   added to the float32 accumulator with 8-byte atomics.
+//   dS^T to shared memory (double-buffered, by stmatrix), a barrier of the two warpgroups, then dQ_tile = dS K,
+//   split by query rows (head_dim 64: 128-row tiles) or by head_dim halves (128 and 256: 64-row tiles) over the
+//   two warpgroups, added to the float32 accumulator with 8-byte atomics.
 // Causal skips the query tiles that see none of the CTA's keys; scores outside a row's visible keys get P = 0. TMA
 // reads rows past seq_q or seq_k as zeros: such keys see no query (their dK, dV are not written) and such queries'
 // P is 0.
@@ -90,6 +90,10 @@ struct BackwardTraits {
                                               cute::Shape<Int<kBlockN>, Int<kBlockM>, _2>{}));
   using SmemLayoutDsT = decltype(composition(
       SmemLayoutDs{}, make_ordered_layout(cute::Shape<Int<kBlockM>, Int<kBlockN>, _2>{}, Step<_2, _1, _3>{})));
+  // P^T and dS^T go from the S^T/dP^T accumulators' registers to shared memory by stmatrix, 16 bytes a thread per
+  // instruction: an element-wise copy into the swizzled view computes its addresses as integers, which loses the
+  // shared address space, and compiled to 4-byte generic stores (ST.E).
+  using SmemCopyScores = Copy_Atom<SM90_U32x4_STSM_N, Element>;
 
   // Global tensors as (seq, dim, head, batch) with element strides, as in the forward.
   using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
@@ -250,7 +254,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONS
   Tensor tKVrdOt = thread_kv.partition_fragment_B(sdOt);
   Tensor tQrdS = thread_dq.partition_fragment_A(sdSt);   // (MMA, MMA_M, MMA_K, buffer)
   Tensor tQrKt = thread_dq.partition_fragment_B(sKt);
-  Tensor tSsdS = thread_sdp.partition_C(sdS);            // this thread's dS^T elements, (MMA, MMA_M, MMA_N, buffer)
+  auto score_store = make_tiled_copy_C(typename T::SmemCopyScores{}, mma_sdp);
+  auto thread_score_store = score_store.get_thread_slice(thread);
+  Tensor tSsdS = thread_score_store.partition_D(sdS);    // this thread's dS^T elements, (CPY, CPY_M, CPY_N, buffer)
 
   Tensor tdKrdK = partition_fragment_C(mma_kv, select<0, 1>(typename T::TileKV{}));
   Tensor tdVrdV = partition_fragment_C(mma_kv, select<0, 1>(typename T::TileKV{}));
@@ -326,9 +332,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONS
     if constexpr (T::kScoresInSharedMemory) {  // this warpgroup's queries of P^T and dS^T; dV and dK read all
       Tensor tKVsP = thread_kv.partition_fragment_A(sP);  // descriptors, (MMA, MMA_M, MMA_K, buffer)
       Tensor tKVsdS = thread_kv.partition_fragment_A(sdS);
-      Tensor tSsP = thread_sdp.partition_C(sP);
-      copy(make_tensor(make_rmem_ptr<Element>(p_values.data()), tSrS.layout()), tSsP(_, _, _, buffer));
-      copy(ds_register, tSsdS(_, _, _, buffer));
+      Tensor tSsP = thread_score_store.partition_D(sP);
+      Tensor p_register = make_tensor(make_rmem_ptr<Element>(p_values.data()), tSrS.layout());
+      copy(score_store, thread_score_store.retile_S(p_register), tSsP(_, _, _, buffer));
+      copy(score_store, thread_score_store.retile_S(ds_register), tSsdS(_, _, _, buffer));
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, 0);
       issue_warpgroup_gemm<false, false>(mma_kv, tKVsP(_, _, _, buffer), tKVrdOt(_, _, _, stage), tdVrdV);
@@ -336,7 +343,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONS
     } else {
       issue_warpgroup_gemm<false, true>(mma_kv, tKVrP, tKVrdOt(_, _, _, stage), tdVrdV);
       issue_warpgroup_gemm<false, true>(mma_kv, tKVrdS, tKVrQt(_, _, _, stage), tdKrdK);
-      copy(ds_register, tSsdS(_, _, _, buffer));
+      copy(score_store, thread_score_store.retile_S(ds_register), tSsdS(_, _, _, buffer));
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, 0);
     }

@@ -332,7 +332,7 @@ std::size_t flash_backward_workspace_bytes(const Shape& s) {
 }
 
 FlashBackwardWorkspace flash_backward_workspace(const Shape& s, void* workspace) {
-  // The accumulator first: its rows stay 8-byte aligned for flash_sm90's float2 atomics whatever the row count.
+  // The accumulator first: its rows stay 16-byte aligned for flash_sm90's float4 atomics whatever the row count.
   float* dq_accumulator = static_cast<float*>(workspace);
   return {dq_accumulator + s.batch * s.heads_q * s.seq_q * s.head_dim, dq_accumulator};
 }

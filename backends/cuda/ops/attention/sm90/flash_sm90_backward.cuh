@@ -13,7 +13,7 @@
 //   memory, double-buffered, after a barrier of the two warpgroups), dK and dV in registers;
 //   dS^T to shared memory (double-buffered, by stmatrix), a barrier of the two warpgroups, then dQ_tile = dS K,
 //   split by query rows (head_dim 64: 128-row tiles) or by head_dim halves (128 and 256: 64-row tiles) over the
-//   two warpgroups, added to the float32 accumulator with 8-byte atomics.
+//   two warpgroups, added to the float32 accumulator with 16-byte atomics (8-byte at head_dim 256).
 // Causal skips the query tiles that see none of the CTA's keys; scores outside a row's visible keys get P = 0. TMA
 // reads rows past seq_q or seq_k as zeros: such keys see no query (their dK, dV are not written) and such queries'
 // P is 0.
@@ -361,19 +361,43 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONS
     Barrier::arrive(&smem.q_empty[stage]);
     Barrier::arrive(&smem.dout_empty[stage]);
 
-    // dQ_tile into the float32 accumulator: column pairs (c, c + 1) are adjacent, one 8-byte atomic each.
+    // dQ_tile into the float32 accumulator. A thread holds column pairs (c, c + 1) of 8-column blocks, one 8-byte
+    // atomic each; up to head_dim 128 the quad neighbours (lanes l and l ^ 1, which hold the adjacent pairs) swap one
+    // pair of every two blocks, so each holds 4 adjacent columns: one 16-byte atomic, half as many (the workspace is
+    // 256-byte aligned, rows are kHeadDim floats). At head_dim 256 the swaps would spill (dK, dV and dQ fill 192 of
+    // a consumer's registers).
     Tensor tQcdQ = thread_dq.partition_C(make_identity_tensor(select<0, 1>(typename T::TileDQ{})));
     Tensor dq = make_tensor(tQrdQ.data(), rows_by_columns(tQrdQ.layout()));
     Tensor dq_coordinates = make_tensor(tQcdQ.data(), rows_by_columns(tQcdQ.layout()));
+    constexpr int kDqRows = decltype(size<0>(dq))::value, kDqColumns = decltype(size<1>(dq))::value;
+    static_assert(kDqColumns % 4 == 0, "dQ's columns come in pairs of 8-column blocks");
+    const bool odd_lane = (threadIdx.x & 1) != 0;
     CUTE_UNROLL
-    for (int r = 0; r < size<0>(dq); ++r) {
-      const int query = m0 + get<0>(dq_coordinates(r, 0));
-      if (query >= s.seq_q) continue;
+    for (int r = 0; r < kDqRows; ++r) {
+      const int query = m0 + get<0>(dq_coordinates(r, 0));  // the neighbour's too: a quad holds one row
       float* accumulator_row = p.dq_accumulator + (row0 + query) * kHeadDim;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(dq); c += 2) {
-        atomicAdd(reinterpret_cast<float2*>(accumulator_row + get<1>(dq_coordinates(r, c))),
-                  make_float2(dq(r, c), dq(r, c + 1)));
+      if constexpr (kHeadDim <= 128) {
+        float4 sums[kDqColumns / 4];  // the row's swaps first (every lane), then its atomics
+        CUTE_UNROLL
+        for (int c = 0; c < kDqColumns; c += 4) {  // the pair of the first block at c, of the second at c + 2
+          const float got0 = __shfl_xor_sync(0xffffffffu, odd_lane ? dq(r, c) : dq(r, c + 2), 1);
+          const float got1 = __shfl_xor_sync(0xffffffffu, odd_lane ? dq(r, c + 1) : dq(r, c + 3), 1);
+          sums[c / 4] = odd_lane ? make_float4(got0, got1, dq(r, c + 2), dq(r, c + 3))
+                                 : make_float4(dq(r, c), dq(r, c + 1), got0, got1);
+        }
+        if (query >= s.seq_q) continue;
+        CUTE_UNROLL
+        for (int c = 0; c < kDqColumns; c += 4) {
+          const int column = odd_lane ? get<1>(dq_coordinates(r, c + 2)) - 2 : get<1>(dq_coordinates(r, c));
+          atomicAdd(reinterpret_cast<float4*>(accumulator_row + column), sums[c / 4]);
+        }
+      } else {
+        if (query >= s.seq_q) continue;
+        CUTE_UNROLL
+        for (int c = 0; c < kDqColumns; c += 2) {
+          atomicAdd(reinterpret_cast<float2*>(accumulator_row + get<1>(dq_coordinates(r, c))),
+                    make_float2(dq(r, c), dq(r, c + 1)));
+        }
       }
     }
   }

@@ -4,7 +4,8 @@
 // "full" mbarrier (TMA's transaction count) and an "empty" one (the consumers' release). Warpgroups 1 and 2 are the
 // consumers, 64 query rows each: S = Q K^T on wgmma from shared memory (SS), the online softmax in float32 registers
 // (log2 domain), then O += P V on wgmma with P from registers (RS), float32 accumulators throughout, O and lse written
-// once at the end.
+// once at the end. As in FlashAttention-3, tile j's S is issued with tile j-1's P V, so tile j's softmax overlaps that
+// product, and the two consumers issue their gemms in turns (ping-pong), so one's softmax overlaps the other's gemms.
 // setmaxnreg moves registers from the producer (40) to the consumers (232), which hold S, O and P (CUTLASS's split for
 // two consumer warpgroups: 40 * 128 + 232 * 256 <= 64K).
 //
@@ -12,6 +13,7 @@
 // the row) are masked to -inf in the tiles that reach them, and rows >= seq_q are computed and not written.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cute/arch/mma_sm90.hpp>
@@ -230,26 +232,19 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
   Tensor out_coordinates = make_tensor(tOcO.data(), rows_by_columns(tOcO.layout()));
   constexpr int kRows = size<0>(decltype(o.layout()){});  // 2
 
-  float row_max[kRows], row_sum[kRows];
+  float row_max[kRows], row_sum[kRows], correction[kRows];
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
     row_max[r] = -INFINITY;
     row_sum[r] = 0.0f;
   }
 
-  Barrier::wait(&smem.q_full, 0);
-  for (int j = 0; j < tiles; ++j) {
-    const int stage = j % kStages;
-    const uint32_t phase = (j / kStages) & 1;
-    Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(typename T::TileQK{}));
-    Barrier::wait(&smem.k_full[stage], phase);
-    warpgroup_gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
-    Barrier::arrive(&smem.k_empty[stage]);
-
+  // Tile j's scores in place: exp2 of the scaled (masked) scores less the running row max; `correction` is the factor
+  // O takes before tile j's P V is added. The masking is compiled in only for the tiles that need it.
+  auto softmax_tile = [&](auto& tSrS, int j, auto masked_tile) {
+    constexpr bool masked = decltype(masked_tile)::value;
     Tensor s = make_tensor(tSrS.data(), rows_by_columns(tSrS.layout()));
     const int n0 = j * kBlockN;
-    // Only the tiles that reach past seq_k or, causal, past the CTA's first row mask elements.
-    const bool masked = n0 + kBlockN > p.seq_k || (p.causal && n0 + kBlockN - 1 > m0);
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const int row = m0 + get<0>(score_coordinates(r, 0));
@@ -257,7 +252,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
       CUTE_UNROLL
       for (int c = 0; c < size<1>(s); ++c) {
         float x = s(r, c) * p.scale_log2;
-        if (masked) {
+        if constexpr (masked) {
           const int column = n0 + get<1>(score_coordinates(r, c));
           if (column >= p.seq_k || (p.causal && column > row)) x = -INFINITY;
         }
@@ -272,19 +267,79 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
         sum += s(r, c);
       }
       row_sum[r] = row_sum[r] * step.correction + sum;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= step.correction;
+      correction[r] = step.correction;
     }
+  };
+  auto softmax = [&](auto& tSrS, int j) {
+    // Only the tiles that reach past seq_k or, causal, past the CTA's first row mask elements.
+    const int n0 = j * kBlockN;
+    if (n0 + kBlockN > p.seq_k || (p.causal && n0 + kBlockN - 1 > m0)) {
+      softmax_tile(tSrS, j, std::true_type{});
+    } else {
+      softmax_tile(tSrS, j, std::false_type{});
+    }
+  };
+  auto rescale_o = [&]() {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction[r];
+    }
+  };
 
-    // P in the input dtype, as the A operand (registers) of O += P V.
-    constexpr int kScores = decltype(size(tSrS))::value;
-    cutlass::NumericArrayConverter<Element, float, kScores> to_element;
-    auto p_values = to_element(*reinterpret_cast<cutlass::Array<float, kScores> const*>(tSrS.data()));
-    Tensor tOrP = make_tensor(make_rmem_ptr<Element>(p_values.data()), accumulator_as_a_operand(tSrS.layout()));
-    Barrier::wait(&smem.v_full[stage], phase);
-    warpgroup_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, stage), tOrO);
-    Barrier::arrive(&smem.v_empty[stage]);
+  // Ping-pong: the two consumers take turns to issue their gemms (named barrier i is consumer i's turn), so one's
+  // softmax runs while the other's gemms hold the tensor cores. Consumer 0 goes first: consumer 1 gives it the first
+  // turn and skips the pass after its own last issue, so both barriers see as many passes as waits.
+  const int consumer = warpgroup - 1;
+  auto wait_turn = [&]() { cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, consumer); };
+  auto pass_turn = [&](bool last_issue) {
+    if (consumer == 0 || !last_issue) cutlass::arch::NamedBarrier::arrive(T::kConsumerThreads, 1 - consumer);
+  };
+  if (consumer == 1) pass_turn(false);
+
+  // P in the input dtype, as the A operand (registers) of O += P V.
+  constexpr int kScores = decltype(size(partition_fragment_C(mma_qk, select<0, 1>(typename T::TileQK{}))))::value;
+  cutlass::NumericArrayConverter<Element, float, kScores> to_element;
+  using ScoreArray = cutlass::Array<float, kScores>;
+  Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(typename T::TileQK{}));
+  Barrier::wait(&smem.q_full, 0);
+  Barrier::wait(&smem.k_full[0], 0);
+  wait_turn();
+  issue_warpgroup_gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, 0), tSrS);
+  pass_turn(tiles == 1);
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(tSrS);
+  Barrier::arrive(&smem.k_empty[0]);
+  softmax(tSrS, 0);
+  auto p_values = to_element(*reinterpret_cast<ScoreArray const*>(tSrS.data()));
+  Tensor tOrP = make_tensor(make_rmem_ptr<Element>(p_values.data()), accumulator_as_a_operand(tSrS.layout()));
+
+  // Tile j's S = Q K_j^T is issued with O += P_{j-1} V_{j-1}; tile j's softmax runs while the tensor cores finish
+  // the latter (the intra-warpgroup overlap). The ring's K and V stages are released separately.
+  for (int j = 1; j < tiles; ++j) {
+    const int stage = j % kStages, previous = (j - 1) % kStages;
+    Barrier::wait(&smem.k_full[stage], (j / kStages) & 1);
+    wait_turn();
+    issue_warpgroup_gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
+    rescale_o();  // by tile j-1's correction: O's last product is done
+    Barrier::wait(&smem.v_full[previous], ((j - 1) / kStages) & 1);
+    issue_warpgroup_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, previous), tOrO);
+    pass_turn(j + 1 == tiles);
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(tSrS);
+    Barrier::arrive(&smem.k_empty[stage]);
+    softmax(tSrS, j);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tOrO);
+    warpgroup_fence_operand(tOrP);
+    Barrier::arrive(&smem.v_empty[previous]);
+    p_values = to_element(*reinterpret_cast<ScoreArray const*>(tSrS.data()));
   }
+  const int last = (tiles - 1) % kStages;
+  rescale_o();
+  Barrier::wait(&smem.v_full[last], ((tiles - 1) / kStages) & 1);
+  warpgroup_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, last), tOrO);
+  Barrier::arrive(&smem.v_empty[last]);
 
   // O / row sum, rounded once; lse = ln(sum exp(scale s)) (+inf for a row with no visible key, whose O is 0).
   Element* o_head = p.o + int64_t(b) * p.o_batch_stride + int64_t(h) * p.o_head_stride;

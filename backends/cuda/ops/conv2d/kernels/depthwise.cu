@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "api.hpp"
+#include "cp_async.hpp"
 #include "status.hpp"
 
 namespace ge2::conv2d {
@@ -139,12 +140,6 @@ struct Tile {
   int rows, cols, in_rows, in_cols, channels, tiles_q;
 };
 
-// 16 bytes global -> shared, zero-filled when !valid (src is then any mapped address and is not read).
-__device__ __forceinline__ void copy_16_or_zero(void* dst, const void* src, bool valid) {
-  const auto shared_address = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address), "l"(src), "r"(valid ? 16 : 0));
-}
-
 template <typename T>
 __device__ __forceinline__ float2 load_pair(const T* at) {  // two neighbouring channels, one 4-byte access
   const uint32_t raw = *reinterpret_cast<const uint32_t*>(at);
@@ -179,10 +174,11 @@ __global__ void __launch_bounds__(kThreads) depthwise_nhwc_tiled(Depthwise d, Ti
       const int64_t in_h = top + row, in_w = left + col;
       const bool inside = in_h >= 0 && in_h < d.h && in_w >= 0 && in_w < d.w && channel < d.c;
       const T* src = inside ? x + ((n * d.h + in_h) * d.w + in_w) * d.c + channel : x;
-      copy_16_or_zero(window + (int64_t(pixel) * vectors + vector) * kVector, src, inside);
+      cp_async_16(smem_address(window + (int64_t(pixel) * vectors + vector) * kVector),
+                  reinterpret_cast<uint64_t>(src), inside);
       for (col += step; col >= tile.in_cols; col -= tile.in_cols) ++row;
     }
-    asm volatile("cp.async.commit_group;\n" ::);
+    cp_async_commit();
   }
   constexpr int kTaps = R * S;
   for (int i = thread; i < kTaps * tile.channels; i += threads) {  // consecutive i: one channel's taps, coalesced
@@ -190,7 +186,7 @@ __global__ void __launch_bounds__(kThreads) depthwise_nhwc_tiled(Depthwise d, Ti
     const int64_t channel = first_channel + local;
     filters[tap * tile.channels + local] = channel < d.c ? to_float(w[channel * kTaps + tap]) : 0.0f;
   }
-  asm volatile("cp.async.wait_all;\n" ::);
+  cp_async_wait_all();
   __syncthreads();
 
   const int64_t channel = first_channel + 2 * threadIdx.x;

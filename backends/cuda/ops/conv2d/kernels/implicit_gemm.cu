@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "api.hpp"
+#include "cp_async.hpp"
 #include "fast_divmod.hpp"
 #include "status.hpp"
 
@@ -56,36 +57,12 @@ __device__ __forceinline__ int tile_offset(int row, int chunk) {
   return row * kTileK + ((chunk ^ (row & 7)) << 3);
 }
 
-__device__ __forceinline__ unsigned smem_address(const void* pointer) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-// 16 bytes global (a generic address) -> shared; with `valid` false it reads nothing and writes zeros. ThroughL1
-// (.ca) keeps the line in L1: the x gather of a 3x3 layer reads nearly the same lines for consecutive taps (the
-// window moves by one pixel or one row), so L1 can serve what L2 would otherwise send again; .cg bypasses L1.
-template <bool ThroughL1 = false>
-__device__ __forceinline__ void cp_async_16(unsigned dst, uint64_t src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  if constexpr (ThroughL1) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-  } else {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-  }
-}
-
 // base + 16 * vector in one multiply-add. As asm, the select that zeroes an invalid vector stays a 32-bit select
 // before it: written in C++, the compiler moved it past the widening and selected both halves of the address.
 __device__ __forceinline__ uint64_t vector_address(uint64_t base, unsigned vector) {
   uint64_t address;
   asm("mad.wide.u32 %0, %1, 16, %2;\n" : "=l"(address) : "r"(vector), "l"(base));
   return address;
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int Pending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
 }
 
 // volatile keeps the shared-memory read between the barriers that guard it.
@@ -136,7 +113,8 @@ constexpr std::size_t shared_bytes_of() {
 // Prefetch picks the main loop: false, the first one (per k-tile: wait, barrier, refill, then ldmatrix + mma of
 // the tile); true, the barrier comes before the tile's last k16 step, so that step's MMAs overlap the barrier, the
 // refill and the first ldmatrix of the next tile (CUTLASS's multistage order; all Stages stages hold loads).
-// ThroughL1: the x gather goes through L1 (cp.async.ca), see cp_async_16.
+// ThroughL1: the x gather goes through L1 (cp.async.ca): a 3x3 layer's consecutive taps read nearly the same
+// lines (the window moves by one pixel or one row), so L1 serves what L2 would otherwise send again.
 template <typename T, int BM, int BN, int WarpsM, int WarpsN, int Stages, int MinBlocks, bool Prefetch,
           bool ThroughL1>
 __global__ void __launch_bounds__(WarpsM * WarpsN * 32, MinBlocks)

@@ -520,3 +520,64 @@ def test_imported_16_bit_stem_and_block_fuse_on_the_gpu(rng):
     assert len(kernels) == 3 and "im2col_gemm" not in kernels, explained
     expected = ge2.ExecutorV2(g, device="cpu", passes=[]).run(feeds)["y"]
     assert_close(got, expected.astype(np.float64), "float16", reduction_length=147, what=explained)
+
+
+def squeeze_excitation_graph(rng, gate_act="silu", value=0.0, mode="constant", reduce_read_twice=False,
+                             layout="NCHW"):
+    """EfficientNet's squeeze-and-excitation in float16: mean over H and W -> 1x1 conv 16 -> 4 (bias) -> act ->
+    1x1 conv 4 -> 16 (bias) -> sigmoid -> times the input. In NHWC the second conv's 4 input channels are padded
+    to 8 (``pad_channels``)."""
+    g = Graph("squeeze_excitation")
+    x = g.input("x", (2, 16, 7, 5) if layout == "NCHW" else (2, 7, 5, 16), "float16")
+    spatial = (2, 3) if layout == "NCHW" else (1, 2)
+    # NHWC: the expand conv reads the 8 padded channels, with weights for all 8 (a pad of ones adds to y)
+    w_reduce = random_array(rng, (4, 16, 1, 1), "float16", 0.3)
+    w_expand = random_array(rng, (16, 4 if layout == "NCHW" else 8, 1, 1), "float16")
+    if layout == "NHWC":
+        w_reduce, w_expand = w_reduce.transpose(0, 2, 3, 1).copy(), w_expand.transpose(0, 2, 3, 1).copy()
+    squeezed = g.conv2d(g.mean(x, axis=spatial, keepdims=True), g.param("w_reduce", w_reduce),
+                        g.param("b_reduce", random_array(rng, (4,), "float16")), layout=layout)
+    gated = g.add_node(gate_act, [squeezed]).outputs[0]
+    if layout == "NHWC":  # the pad pad_channels would add, written out (its value and mode under test)
+        gated = g.pad(gated, pads=(0, 0, 0, 0, 0, 0, 0, 4), value=value, mode=mode)
+    expanded = g.conv2d(gated, g.param("w_expand", w_expand), g.param("b_expand", random_array(rng, (16,), "float16")),
+                        layout=layout)
+    y = g.mul(x, g.sigmoid(expanded))
+    g.output(g.add(y, g.mean(squeezed)) if reduce_read_twice else y, "y")
+    return g
+
+
+def check_against_unplanned(rng, g, reduction_length):
+    executor = ge2.ExecutorV2(g, device="cpu")
+    shape = g.inputs[0].type.shape
+    feeds = {"x": random_array(rng, shape, "float16")}
+    unplanned = ge2.ExecutorV2(g, device="cpu", passes=[]).run(feeds)["y"]
+    assert_close(executor.run(feeds)["y"], unplanned.astype(np.float64), "float16", reduction_length=reduction_length)
+    return executor
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_squeeze_excitation_conv_computes_the_padded_channels_itself(rng, layout):
+    """The 16 -> 4 conv before the 4 -> 16 conv's channel pad (pad_channels' in NCHW, the graph's own in NHWC;
+    through silu: 0 stays 0) takes 4 zero filters and zero biases and writes 8 channels: the pad drops (one kernel
+    launch less per EfficientNet block) and explain() says so; y matches the graph run without passes."""
+    executor = check_against_unplanned(rng, squeeze_excitation_graph(rng, layout=layout), reduction_length=16)
+    optimized = executor.optimized_graph
+    assert "pad" not in optimized.op_counts(), executor.explain()
+    reduce, expand = [n for n in optimized.nodes if n.op == "conv2d"]
+    assert reduce.inputs[1].type.shape == (8, 1, 1, 16) and reduce.inputs[1].is_param
+    assert reduce.inputs[2].type.shape == (8,) and reduce.inputs[2].is_param
+    assert not reduce.inputs[1].data[4:].any() and not reduce.inputs[2].data[4:].any()
+    assert reduce.attrs["act"] == "silu" and expand.inputs[0].type.shape == (2, 1, 1, 8)
+    assert "widen_conv_output" in executor.explain()
+
+
+@pytest.mark.parametrize("case", ["sigmoid_between", "reduce_read_twice", "value_1", "reflect"])
+def test_channel_pads_that_must_stay(rng, case):
+    """sigmoid(0) = 0.5 would fill the new channels; a conv output read by another node would change shape; a pad
+    of ones or a reflect pad is no zero filter. Each keeps its pad, and y still matches."""
+    kwargs = {"sigmoid_between": dict(gate_act="sigmoid"), "reduce_read_twice": dict(reduce_read_twice=True),
+              "value_1": dict(value=1.0, layout="NHWC"), "reflect": dict(mode="reflect", layout="NHWC")}[case]
+    executor = check_against_unplanned(rng, squeeze_excitation_graph(rng, **kwargs), reduction_length=16)
+    assert executor.optimized_graph.op_counts().get("pad") == 1, executor.explain()
+    assert "widen_conv_output" not in executor.explain()

@@ -28,6 +28,10 @@ every exported one is, is left alone.
 3. A transpose that only moves size-1 dims (a pooled [N, 1, 1, C] back to [N, C, 1, 1]) is a reshape, a view.
 4. A 16-bit NHWC conv whose input channels are not a multiple of 8 (a network's first conv, on RGB) reads its input
    and weights zero-padded to the next multiple, so that its epilogue fuses (``_pad_channels``).
+5. Where that pad reads a conv's output (through an activation that keeps 0 at 0: EfficientNet's squeeze-and-
+   excitation, a 96 -> 4 conv and silu before the 4 -> 96 conv), the producer computes the zero channels itself
+   instead: its weights and bias get zero filters (folded as constants), and the pad, a kernel launch of its own,
+   drops (``widen_conv_output``).
 
 ``ACTIVATION_OPERANDS`` says which inputs and outputs of each layout-aware op are activations in its layout; the
 rest (statistics, per-channel vectors) do not depend on it. conv2d's weight follows its layout (KCRS for NCHW, KRSC
@@ -253,6 +257,72 @@ def _pad_channels(graph: Graph, node) -> str | None:
     return f"pad_channels: {node.name} C {channels} -> {channels + extra} (zeros) as {rebuilt.name}"
 
 
+# The unary ops and conv2d activations with f(0) = 0: a channel of zero filters and zero bias stays 0 through them
+ZERO_PRESERVING_OPS = ("relu", "gelu", "gelu_erf", "silu", "tanh", "neg")
+ZERO_PRESERVING_CONV_ACTS = ("none", "relu", "gelu", "silu", "leaky_relu")
+
+
+def _folds(value: Value) -> bool:
+    """Whether constant folding turns the value into a parameter: a parameter, or pure ops of parameters only (a
+    conv weight this pass transposed, not folded yet). Walked without recursion: a value computed from the graph's
+    input reaches it through every layer."""
+    pending, seen = [value], set()
+    while pending:
+        current = pending.pop()
+        if current is None or current in seen:
+            continue
+        seen.add(current)
+        node = current.producer
+        if node is None:
+            if not current.is_param:  # a graph input
+                return False
+            continue
+        if not node.opdef.pure:
+            return False
+        pending += node.inputs
+    return True
+
+
+def _channel_extra(pad: Value) -> int | None:
+    """The zero channels a constant-zero pad adds at the end of a 4-d value's last axis and nowhere else, or None."""
+    attrs = pad.producer.attrs
+    pads = tuple(attrs["pads"])
+    if attrs["mode"] != "constant" or attrs["value"] != 0.0 or len(pads) != 8 or any(pads[:7]) or pads[7] <= 0:
+        return None
+    return pads[7]
+
+
+# pad(f(conv2d(x, w, b)), C + extra) = f(conv2d(x, w', b')), w' and b' with `extra` zero filters: a zero filter's
+# output is 0 (plus a zero bias), and f(0) = 0 (f: none, or a ZERO_PRESERVING op; conv2d's own act and clip alike)
+def widen_conv_output(graph: Graph, conv: Value, y: Value, act: Value | None = None):
+    extra = _channel_extra(y)
+    node = conv.producer
+    attrs = node.attrs
+    weight, bias = node.inputs[1], node.inputs[2] if len(node.inputs) > 2 else None
+    residual = node.inputs[3] if len(node.inputs) > 3 else None
+    clip_keeps_zero = ((attrs.get("clip_min") is None or attrs["clip_min"] <= 0.0)
+                       and (attrs.get("clip_max") is None or attrs["clip_max"] >= 0.0))
+    if (extra is None or attrs["layout"] != "NHWC" or attrs["groups"] != 1 or residual is not None
+            or attrs["act"] not in ZERO_PRESERVING_CONV_ACTS or not clip_keeps_zero or not _folds(weight)
+            or not (bias is None or _folds(bias))):
+        return None
+    inputs = list(node.inputs)
+    inputs[1] = graph.pad(weight, pads=(0, 0, 0, 0, extra, 0, 0, 0))  # [K, R, S, C]: K grows at its end
+    if bias is not None:
+        inputs[2] = graph.pad(bias, pads=(0, extra))
+    widened = graph.add_node("conv2d", inputs, dict(attrs), device=node.device).outputs[0]
+    if act is None:
+        return widened
+    return graph.add_node(act.producer.op, [widened], dict(act.producer.attrs), device=act.producer.device).outputs[0]
+
+
+WIDEN_RULES: list[Rule] = [
+    (Pat("pad", (Pat(ZERO_PRESERVING_OPS, (Pat("conv2d", name="conv"),), name="act"),), name="y"),
+     widen_conv_output),
+    (Pat("pad", (Pat("conv2d", name="conv"),), name="y"), widen_conv_output),
+]
+
+
 def _summary(graph: Graph) -> str:
     """The regions' layouts and the transposes of activations that remain (parameters' fold as constants)."""
     layouts: dict[str, int] = {}
@@ -441,5 +511,7 @@ def plan_layouts(graph: Graph, measure=None, copy_bytes_per_s: float | None = No
             if not changed:
                 break
         notes += rewrite(graph, FINAL_RULES)
+    notes += rewrite(graph, WIDEN_RULES)  # pad_channels' pads, and those of a graph that was NHWC already
+    if notes:
         notes.append(_summary(graph))
     return notes

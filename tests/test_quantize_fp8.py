@@ -308,9 +308,22 @@ def test_native_prologue_checks_come_before_any_launch():
 @pytest.mark.parametrize("source", ["float32", "bfloat16"])
 @pytest.mark.parametrize("act, with_preact", [("gelu", False), ("gelu", True), ("silu", False), ("silu", True)])
 # the element-wise kernel, the 64 x 64 one, and the 64 x 64 one with runs of several row tiles a block (63 row tiles:
-# the last run of each column strip shorter)
+# the last run of each column strip shorter); float32 with preact runs element-wise at every shape (its two tiles a
+# stage would not fit the 64 x 64 kernel's ring twice)
 @pytest.mark.parametrize("shape", [(33, 65), (128, 192), (4032, 768)])
 def test_activation_prologue_kernel_matches_the_reference(rng, source, act, with_preact, shape):
+    _check_activation_prologue(rng, source, act, with_preact, shape)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("with_preact", [False, True])
+def test_gelu_prologues_over_runs_that_wrap_the_stage_ring(rng, with_preact):
+    """FP8 training's GELU quantizes at a shape where a block's run of row tiles (3 on an H200: 1536 tiles over a wave
+    of about 660 blocks) is longer than the ring of two stages the kernel with preact keeps in flight."""
+    _check_activation_prologue(rng, "bfloat16", "gelu", with_preact, (8192, 768))
+
+
+def _check_activation_prologue(rng, source, act, with_preact, shape):
     x = _input(rng, shape, source)
     preact = _input(rng, shape, source) if with_preact else None
     scale = np.array(16.0, np.float32)
@@ -467,6 +480,56 @@ def test_repeated_calls_write_each_calls_amax_and_column_sum_without_zeroing(rng
         for name, got in (("quantize_fp8_transpose", amax.numpy()), ("quantize_fp8", amax_flat.numpy())):
             _same_bits_or_both_nan(got, expected_amax, f"{what} {source} {shape}: {name}'s amax")
         _same_bits_or_both_nan(column_sum.numpy(), _column_sum_in_kernel_order(x), f"{what} {source} {shape} sums")
+
+
+@pytest.mark.gpu
+# runs of row tiles longer than the 64 x 64 kernel's ring of stages (4 for 16-bit x, 2 for float32) on an H200:
+# (12288, 1024) is 3072 tiles, runs of 4 (without the column sum) and 5 (with it: fewer blocks resident) tiles, the
+# last run of each strip 2; (8192, 768) float32, runs of 2 and 3
+@pytest.mark.parametrize("source, shape, dtype", [("bfloat16", (12288, 1024), "float8_e5m2"),
+                                                  ("float32", (8192, 768), "float8_e4m3fn")])
+def test_runs_that_wrap_the_stage_ring_are_bit_exact(rng, source, shape, dtype):
+    rt = ge2.device.runtime()
+    rows, cols = shape
+    x = _input(rng, shape, source)
+    scale = np.float32(rng.choice([1.0, 37.5, 1000.0]))
+    expected_y, expected_amax = quantize_fp8.reference(x, scale, dtype)
+    x_device, scale_device = rt.DeviceArray.from_numpy(x), rt.DeviceArray.from_numpy(np.array(scale))
+    for with_column_sum in (False, True):  # two kernels: without and with the column sum
+        y, y_t = rt.DeviceArray.empty([rows, cols], dtype), rt.DeviceArray.empty([cols, rows], dtype)
+        amax = rt.DeviceArray.empty([], "float32")
+        column_sum = rt.DeviceArray.empty([cols if with_column_sum else 0], source)
+        _poisoned(y, y_t, amax, *([column_sum] if with_column_sum else []))  # (an empty array has no address)
+        ge2.ops.quantize_fp8_transpose.forward(x_device, scale_device, dtype=dtype, with_column_sum=with_column_sum,
+                                               out=(y, y_t, amax, column_sum))
+        what = f"{source}->{dtype} {shape} column sum {with_column_sum}"
+        _same_bits_or_both_nan(y.numpy(), expected_y, what + " y")
+        _same_bits_or_both_nan(y_t.numpy(), expected_y.T, what + " y_t")
+        _same_bits_or_both_nan(amax.numpy(), expected_amax, what + " amax")
+        if with_column_sum:
+            _same_bits_or_both_nan(column_sum.numpy(), _column_sum_in_kernel_order(x), what + " column sums")
+
+
+@pytest.mark.gpu
+def test_transpose_not_16_byte_aligned_takes_the_element_wise_kernel_as_exact(rng):
+    """The 64 x 64 kernel stores y_t in 16-byte vectors: a y_t 8 bytes off (a view into a larger buffer) takes the
+    element-wise kernel, with the same values and nothing written outside the view."""
+    rt = ge2.device.runtime()
+    rows, cols = 128, 192
+    x = _input(rng, (rows, cols), "bfloat16")
+    scale = rt.DeviceArray.from_numpy(np.array(8.0, np.float32))
+    y, amax = rt.DeviceArray.empty([rows, cols], "float8_e4m3fn"), rt.DeviceArray.empty([], "float32")
+    buffer = rt.DeviceArray.empty([rows * cols + 16], "float8_e4m3fn")
+    _poisoned(y, amax, buffer)
+    y_t = buffer.view(8, [cols, rows], "float8_e4m3fn")
+    no_sum = rt.DeviceArray.empty([0], "bfloat16")
+    ge2.ops.quantize_fp8_transpose.forward(rt.DeviceArray.from_numpy(x), scale, out=(y, y_t, amax, no_sum))
+    expected_y, expected_amax = quantize_fp8.reference(x, np.float32(8.0))
+    _same_bits_or_both_nan(y.numpy(), expected_y, "y")
+    _same_bits_or_both_nan(y_t.numpy(), expected_y.T, "y_t")
+    assert amax.numpy() == expected_amax
+    untouched = buffer.numpy().view(np.uint8)
+    assert (untouched[:8] == 0xFF).all() and (untouched[8 + rows * cols:] == 0xFF).all(), "written outside y_t"
 
 
 @pytest.mark.gpu

@@ -21,11 +21,12 @@ std::vector<KernelInfo> kernel_table() {
        kAnyAlignment},
       {"transpose", 10,
        "quantize_fp8_transpose: tiles through shared memory, y and its transpose from one read of x (64 x 64 "
-       "tiles with 8-element loads and 8-byte stores when the shape and alignment allow, else 32 x 32 tiles "
-       "element-wise), amax reduced per block and written by the last block; the column sum (dbias) as float32 "
-       "partials per tile from the same read, added up in row order by the block completing each column strip",
-       "x 2-d (the 64 x 64 kernel: rows and cols multiples of 64, x 8-element and y, y_t 8-byte aligned, act "
-       "none, gelu or silu)",
+       "tiles loaded through a ring of cp.async stages, 8-byte stores of y and 16-byte stores of y_t when the "
+       "shape and alignment allow, else 32 x 32 tiles element-wise), amax reduced per block and written by the "
+       "last block; the column sum (dbias) as float32 partials per tile from the same read, added up in row order "
+       "by the block completing each column strip",
+       "x 2-d (the 64 x 64 kernel: rows and cols multiples of 64, x and preact 16-byte, y 8-byte and y_t 16-byte "
+       "aligned, act none, gelu or silu, not float32 x with preact)",
        kFallback, kAnyAlignment},
       {"scale_update", 10,
        "fp8_scale_update: every tensor's state in one launch (up to 64 a launch, addresses passed by value), one "

@@ -2,12 +2,13 @@
 // (Transformer Engine's cast-transpose). FP8 training needs both layouts of x and dY (cuBLASLt's FP8 matmul takes
 // only TN): writing both from one read of x saves a separate transpose's read and write.
 // Two kernels:
-//   1. wide (rows and cols multiples of 64, x aligned to 8 elements, y and y_t to 8 bytes, act none, gelu or silu:
-//      every FP8 GEMM operand of a transformer): 64 x 64 tiles, 256 threads; a thread loads 8 consecutive elements
-//      (16 bytes of 16-bit x) of two rows, stores their 8 FP8 bytes into y with one 8-byte store, and after the tile
-//      is in shared memory gathers 8 bytes of a tile column into one 8-byte store of y_t (8 threads write a 64-byte
-//      run of a y_t row). One wave of resident blocks, each a run of consecutive row tiles of one column strip, the
-//      next tile's loads in flight while it transposes this one. The activation is a template argument.
+//   1. wide (rows and cols multiples of 64, x and preact aligned to 16 bytes, y to 8 and y_t to 16, act none, gelu
+//      or silu: every FP8 GEMM operand of a transformer): 64 x 64 tiles, 256 threads; a thread converts 8
+//      consecutive elements of two rows, stores their 8 FP8 bytes into y with one 8-byte store, and after the tile
+//      is in shared memory gathers 16 bytes of a tile column into one 16-byte store of y_t (4 threads write a
+//      64-byte run of a y_t row). One wave of resident blocks, each a run of consecutive row tiles of one column
+//      strip, its loads running up to three tiles ahead through a ring of cp.async stages in shared memory. The
+//      activation is a template argument.
 //   2. scalar (any shape, alignment and activation): 32 x 32 tiles, 32 x 8 threads, one element per thread and load.
 // With a column sum (a linear layer's dbias, Transformer Engine's cast-transpose-dbias): each thread also sums its
 // unquantized values, the tile's partial rows are added in shared memory and written as one float32 row of partials
@@ -15,9 +16,11 @@
 // partials in row order (no atomics on the sums: the same sums every run, and no second kernel).
 // The amax: per block, one atomicMax into a stream counter; the last block writes it (grid_completion.cuh).
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 #include "api.hpp"
+#include "cp_async.hpp"
 #include "grid_completion.cuh"
 #include "status.hpp"
 #include "stream_workspace.hpp"
@@ -103,10 +106,31 @@ constexpr int kWidePasses = kWideTile / kWideRowsPerPass;
 // Shared-memory row stride of the FP8 tile: 68 bytes keeps 4-byte stores aligned and spreads the column gathers of
 // a warp over more banks than a 64- or 72-byte stride (2-way conflicts at most).
 constexpr int kWideStride = kWideTile + 4;
+// Bytes of y_t a thread gathers from a tile column and stores at once: 4 threads write a 64-byte run of a y_t row.
+constexpr int kTransposeVector = 16;
 
 // The activations the wide kernel is compiled for: FP8 training's prologues (GELU, SiLU); other activations take the
 // element-wise kernel.
 constexpr bool wide_prologue(Act act) { return act == Act::None || act == Act::Gelu || act == Act::Silu; }
+
+// The loads run ahead through a ring of stages in shared memory, each a tile of x (and of preact): cp.async copies
+// issued kCount - 1 tiles ahead of the one converted, so a block keeps up to three quarters of kStageBudget in flight
+// without registers to hold them.
+// A 16-bit tile is 8 KB: four stages for a plain cast, two with preact (or a float32 x); float32 with preact
+// (32 KB a stage) would not fit twice under the 48 KB of static shared memory and takes the element-wise kernel.
+constexpr int kStageBudget = 32 * 1024;
+constexpr int kMaxStageBytes = kStageBudget / 2;
+
+constexpr int stage_bytes(std::size_t x_bytes, bool with_preact) {
+  return kWideTile * kWideTile * static_cast<int>(x_bytes) * (with_preact ? 2 : 1);
+}
+
+template <typename In, bool kPreact>
+struct WideStages {
+  static constexpr int kBytes = stage_bytes(sizeof(In), kPreact);  // a stage: x's tile, then preact's
+  static constexpr int kCount = kStageBudget / kBytes;
+  static_assert(kCount >= 2, "a stage ring needs two stages: one loading, one converting");
+};
 
 // What the wide kernel quantizes, with the activation and the preact read known at compile time: the same float32
 // operations as `prologue`, inlined without its switch. (With `act` at run time each of a thread's 16 values a tile
@@ -123,37 +147,44 @@ __device__ __forceinline__ float wide_prologue_value(float x, float preact) {
 }
 
 template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
+struct alignas(sizeof(T) * N > 16 ? 16 : sizeof(T) * N) Pack {
   T value[N];
 };
 
-// The wide kernel's loads of one tile: each thread's two 16-byte vectors of x (and of preact), issued together.
-template <typename In>
-struct TileLoads {
-  Pack<In, kVector> x[kWidePasses];
-  Pack<In, kVector> preact[kWidePasses];
-};
+// Offset (in elements) of a thread's 8 elements of pass `pass` within a row-major 64 x 64 tile.
+__device__ __forceinline__ int tile_offset(int pass, int pass_row, int lane_vector) {
+  return (pass * kWideRowsPerPass + pass_row) * kWideTile + lane_vector * kVector;
+}
 
+// A thread's copies of one tile into a stage: exactly the 8-element vectors of x (and of preact) it converts later,
+// so the data it waits for is its own copies' and needs no barrier between the wait and the reads.
 template <typename In, bool kPreact>
-__device__ __forceinline__ void load_tile(TileLoads<In>& loads, const In* __restrict__ x,
+__device__ __forceinline__ void copy_tile(unsigned char* stage, const In* __restrict__ x,
                                           const In* __restrict__ preact, int64_t row0, int64_t col0, int64_t cols,
                                           int lane_vector, int pass_row) {
+  constexpr int kPieces = kVector * sizeof(In) / 16;  // 16-byte copies per 8-element vector
 #pragma unroll
   for (int pass = 0; pass < kWidePasses; ++pass) {
     const int64_t offset = (row0 + pass * kWideRowsPerPass + pass_row) * cols + col0 + lane_vector * kVector;
-    loads.x[pass] = *reinterpret_cast<const Pack<In, kVector>*>(x + offset);
-    if constexpr (kPreact) loads.preact[pass] = *reinterpret_cast<const Pack<In, kVector>*>(preact + offset);
+    In* x_tile = reinterpret_cast<In*>(stage) + tile_offset(pass, pass_row, lane_vector);
+#pragma unroll
+    for (int piece = 0; piece < kPieces; ++piece) {
+      cp_async_16(smem_address(reinterpret_cast<unsigned char*>(x_tile) + 16 * piece),
+                  reinterpret_cast<uint64_t>(reinterpret_cast<const unsigned char*>(x + offset) + 16 * piece), true);
+      if constexpr (kPreact) {
+        cp_async_16(smem_address(reinterpret_cast<unsigned char*>(x_tile) + stage_bytes(sizeof(In), false) +
+                                 16 * piece),
+                    reinterpret_cast<uint64_t>(reinterpret_cast<const unsigned char*>(preact + offset) + 16 * piece),
+                    true);
+      }
+    }
   }
 }
 
-// Row tiles of partials the completing block stages in shared memory at a time (the column-sum kernels' partial
-// rows array, 16 KB).
+// Row tiles of partials the completing block stages in shared memory at a time (16 KB, in the stage ring, which is
+// idle by then).
 constexpr int kStagedTiles = 64;
-
-__device__ __forceinline__ void copy_async_16(void* shared, const void* global) {
-  const auto address = static_cast<unsigned int>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global) : "memory");  // via L2
-}
+static_assert(kStagedTiles * kWideTile * sizeof(float) <= kStageBudget, "the staged partials fit the stage ring");
 
 // The completing block's column sums of its strip (64 columns): each column's row-tile partials added in row order
 // from 0, rounded once to In (write_column_sum's additions). The partials, written by other blocks, come through L2
@@ -169,9 +200,10 @@ __device__ __forceinline__ void write_strip_column_sums(const float* column_part
     const int count = static_cast<int>(min(static_cast<int64_t>(kStagedTiles), row_tiles - base));
     for (int piece = threadIdx.x; piece < count * kPieces; piece += kWideThreads) {
       const int tile = piece / kPieces, offset = piece % kPieces * 4;
-      copy_async_16(&staged[tile][offset], column_partials + (base + tile) * cols + col0 + offset);
+      cp_async_16(smem_address(&staged[tile][offset]),
+                  reinterpret_cast<uint64_t>(column_partials + (base + tile) * cols + col0 + offset), true);
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    cp_async_wait_all();
     __syncthreads();
     if (threadIdx.x < kWideTile) {
       for (int tile = 0; tile < count; ++tile) sum += staged[tile][threadIdx.x];
@@ -182,45 +214,71 @@ __device__ __forceinline__ void write_strip_column_sums(const float* column_part
 }
 
 // The 64 x 64 kernel. A block takes a run of `run_tiles` consecutive row tiles of one column strip (blocks ordered
-// strip first, so the blocks running together read whole rows of x) and keeps the next tile's loads in flight while
-// it transposes this one through shared memory. With a column sum, each tile's partial row is written with a plain
-// store, and the block fences once and counts its run into the strip's counter once, after the run (a fence and an
-// atomic after every tile stalled each block for their round trips); the block that completes a strip adds its
-// columns' partials.
+// strip first, so the blocks running together read whole rows of x); its loads run kCount - 1 tiles ahead through
+// the stage ring while it converts one tile and transposes it through shared memory. With a column sum, each tile's
+// partial row is written with a plain store, and the block fences once and counts its run into the strip's counter
+// once, after the run (a fence and an atomic after every tile stalled each block for their round trips); the block
+// that completes a strip adds its columns' partials.
 template <typename In, typename Out, bool kColumnSum, Act kAct, bool kPreact>
 __global__ void __launch_bounds__(kWideThreads)
     quantize_transpose_wide_kernel(const In* __restrict__ x, const In* __restrict__ preact,
                                    const float* __restrict__ scale_pointer, Out* __restrict__ y,
                                    Out* __restrict__ y_t, float* __restrict__ amax,
                                    float* __restrict__ column_partials, In* __restrict__ column_sum,
-                                   unsigned int* __restrict__ counters, int64_t rows, int64_t cols, int run_tiles) {
+                                   unsigned int* __restrict__ counters, int rows, int cols, int run_tiles) {
   static_assert(sizeof(Out) == 1, "FP8 outputs are one byte");
+  using Stages = WideStages<In, kPreact>;
+  __shared__ __align__(16) unsigned char stages[Stages::kCount][Stages::kBytes];
   __shared__ __align__(16) unsigned char tile[kWideTile * kWideStride];
-  // a tile's partial rows (its first kWideRowsPerPass rows), and the completing block's staged partials
-  __shared__ __align__(16) float partial_rows[kColumnSum ? kStagedTiles : 1][kWideTile];
+  __shared__ float partial_rows[kColumnSum ? kWideRowsPerPass : 1][kWideTile];  // a tile's partial rows
   __shared__ unsigned int warp_amax[kWideThreads / 32];
   __shared__ bool strip_done;
   const float scale = *scale_pointer;
   unsigned int amax_bits = 0;
-  const int lane_vector = threadIdx.x % (kWideTile / kVector);  // which 8 columns of the tile this thread loads
+  const int lane_vector = threadIdx.x % (kWideTile / kVector);  // which 8 columns of the tile this thread converts
   const int pass_row = threadIdx.x / (kWideTile / kVector);     // its row in each pass (0..31)
-  const int64_t strips = cols / kWideTile, row_tiles = rows / kWideTile;
-  const int64_t strip = blockIdx.x % strips, col0 = strip * kWideTile;
-  const int64_t first_tile = blockIdx.x / strips * run_tiles;  // < row_tiles: the launch makes no empty run
-  const int64_t end_tile = min(first_tile + run_tiles, row_tiles);
-  TileLoads<In> loads;
-  load_tile<In, kPreact>(loads, x, preact, first_tile * kWideTile, col0, cols, lane_vector, pass_row);
-  for (int64_t row_tile = first_tile; row_tile < end_tile; ++row_tile) {
-    const int64_t row0 = row_tile * kWideTile;
+  const int strips = cols / kWideTile, row_tiles = rows / kWideTile;
+  const int strip = static_cast<int>(blockIdx.x) % strips, col0 = strip * kWideTile;
+  const int first_tile = static_cast<int>(blockIdx.x) / strips * run_tiles;  // < row_tiles: no empty run
+  const int tiles = min(run_tiles, row_tiles - first_tile);
+  // Tiles 0 .. kCount - 2 of the run in flight, each its own group (a group per tile, empty past the run's end, so
+  // that "tile t has landed" is always "at most kCount - 2 groups pending" after the next tile's commit).
+#pragma unroll
+  for (int t = 0; t < Stages::kCount - 1; ++t) {
+    if (t < tiles) {
+      copy_tile<In, kPreact>(stages[t], x, preact, static_cast<int64_t>(first_tile + t) * kWideTile, col0, cols,
+                             lane_vector, pass_row);
+    }
+    cp_async_commit();
+  }
+  cp_async_wait<Stages::kCount - 2>();  // tile 0 (each thread converts only what it copied itself)
+  __syncthreads();                      // and a barrier the compiler keeps the stage reads below
+  for (int t = 0; t < tiles; ++t) {
+    const int64_t row0 = static_cast<int64_t>(first_tile + t) * kWideTile;
+    // the stage tile t - 1 used, refilled kCount - 1 tiles ahead (this thread read its part before the last barrier)
+    if (t + Stages::kCount - 1 < tiles) {
+      copy_tile<In, kPreact>(stages[(t + Stages::kCount - 1) % Stages::kCount], x, preact,
+                             row0 + (Stages::kCount - 1) * kWideTile, col0, cols, lane_vector, pass_row);
+    }
+    cp_async_commit();
+    const unsigned char* stage = stages[t % Stages::kCount];
     float column_partial[kVector] = {};
 #pragma unroll
     for (int pass = 0; pass < kWidePasses; ++pass) {
       const int r = pass * kWideRowsPerPass + pass_row;
+      const int offset = tile_offset(pass, pass_row, lane_vector);
+      const Pack<In, kVector> x_values = *reinterpret_cast<const Pack<In, kVector>*>(
+          reinterpret_cast<const In*>(stage) + offset);
+      Pack<In, kVector> preact_values;
+      if constexpr (kPreact) {
+        preact_values = *reinterpret_cast<const Pack<In, kVector>*>(
+            reinterpret_cast<const In*>(stage + stage_bytes(sizeof(In), false)) + offset);
+      }
       Pack<Out, kVector> out;
 #pragma unroll
       for (int i = 0; i < kVector; ++i) {
         const float value = wide_prologue_value<kAct, kPreact>(
-            to_float(loads.x[pass].value[i]), kPreact ? to_float(loads.preact[pass].value[i]) : 0.0f);
+            to_float(x_values.value[i]), kPreact ? to_float(preact_values.value[i]) : 0.0f);
         amax_bits = max(amax_bits, __float_as_uint(fabsf(value)));
         if constexpr (kColumnSum) column_partial[i] += value;
         out.value[i] = from_float<Out>(value * scale);
@@ -231,9 +289,6 @@ __global__ void __launch_bounds__(kWideThreads)
       row[0] = words[0];
       row[1] = words[1];
     }
-    if (row_tile + 1 < end_tile) {  // the next tile's loads, in flight during this tile's transpose
-      load_tile<In, kPreact>(loads, x, preact, row0 + kWideTile, col0, cols, lane_vector, pass_row);
-    }
     if constexpr (kColumnSum) {
 #pragma unroll
       for (int i = 0; i < kVector; ++i) partial_rows[pass_row][lane_vector * kVector + i] = column_partial[i];
@@ -243,28 +298,32 @@ __global__ void __launch_bounds__(kWideThreads)
       if (threadIdx.x < kWideTile) {  // the tile's 32 partial rows of column threadIdx.x, in row order
         float sum = 0.0f;
         for (int j = 0; j < kWideRowsPerPass; ++j) sum += partial_rows[j][threadIdx.x];
-        column_partials[row_tile * cols + col0 + threadIdx.x] = sum;
+        column_partials[(first_tile + t) * static_cast<int64_t>(cols) + col0 + threadIdx.x] = sum;
       }
     }
-    // y_t[col0 + c, row0 + 8 s .. row0 + 8 s + 7] = tile[8 s .. 8 s + 7][c]
+    {  // y_t[col0 + c, row0 + 16 s .. row0 + 16 s + 15] = tile[16 s .. 16 s + 15][c]: one 16-byte store a thread
+      static_assert(kWideTile * kWideTile == kWideThreads * kTransposeVector, "one y_t vector per thread a tile");
+      constexpr int kSegments = kWideTile / kTransposeVector;  // 16-byte segments of a tile column
+      const int segment = threadIdx.x % kSegments, c = threadIdx.x / kSegments;
+      Pack<unsigned char, kTransposeVector> gathered;
 #pragma unroll
-    for (int pass = 0; pass < kWideTile * kWideTile / kVector / kWideThreads; ++pass) {
-      const int item = pass * kWideThreads + threadIdx.x;
-      const int segment = item % (kWideTile / kVector), c = item / (kWideTile / kVector);
-      Pack<unsigned char, kVector> gathered;
-#pragma unroll
-      for (int i = 0; i < kVector; ++i) gathered.value[i] = tile[(segment * kVector + i) * kWideStride + c];
-      *reinterpret_cast<Pack<unsigned char, kVector>*>(y_t + (col0 + c) * rows + row0 + segment * kVector) =
-          gathered;
+      for (int i = 0; i < kTransposeVector; ++i) {
+        gathered.value[i] = tile[(segment * kTransposeVector + i) * kWideStride + c];
+      }
+      *reinterpret_cast<Pack<unsigned char, kTransposeVector>*>(
+          y_t + (col0 + c) * static_cast<int64_t>(rows) + row0 + segment * kTransposeVector) = gathered;
     }
-    __syncthreads();  // the tile and the partial rows are rewritten by the next iteration
+    cp_async_wait<Stages::kCount - 2>();  // tile t + 1 has landed (this thread's copies of it)
+    __syncthreads();  // the tile and the partial rows are rewritten by the next iteration, stage t refilled
   }
   if constexpr (kColumnSum) {
     if (threadIdx.x < kWideTile) __threadfence();  // the run's partial rows before its tiles count as done
     __syncthreads();                               // every writer's fence before thread 0 counts them
-    if (strip_completed(counters, strip, row_tiles, static_cast<unsigned int>(end_tile - first_tile),
-                        threadIdx.x == 0, strip_done)) {
-      write_strip_column_sums(column_partials, column_sum, row_tiles, cols, col0, partial_rows);
+    if (strip_completed(counters, strip, row_tiles, static_cast<unsigned int>(tiles), threadIdx.x == 0,
+                        strip_done)) {
+      // the stage ring is idle: every copy landed (the groups past the run's end are empty) and was read
+      write_strip_column_sums(column_partials, column_sum, row_tiles, cols, col0,
+                              reinterpret_cast<float (*)[kWideTile]>(&stages[0][0]));
     }
   }
   amax_bits = __reduce_max_sync(0xffffffffu, amax_bits);
@@ -281,23 +340,34 @@ bool fits_wide(const void* x, const void* preact, DType x_dtype, const void* y, 
   const auto aligned = [](const void* pointer, std::size_t bytes) {
     return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
   };
-  return rows % kWideTile == 0 && cols % kWideTile == 0 && wide_prologue(act) &&
-         aligned(x, kVector * dtype_size(x_dtype)) && aligned(preact, kVector * dtype_size(x_dtype)) &&
-         aligned(y, kVector) && aligned(y_t, kVector);
+  // 16-byte copies of 8-element vectors (16 bytes of 16-bit x, 32 of float32); int tile indices and extents
+  return rows % kWideTile == 0 && cols % kWideTile == 0 && rows <= INT32_MAX && cols <= INT32_MAX &&
+         wide_prologue(act) && stage_bytes(dtype_size(x_dtype), preact != nullptr) <= kMaxStageBytes &&
+         aligned(x, 16) && aligned(preact, 16) && aligned(y, kVector) && aligned(y_t, kTransposeVector);
 }
 
 template <typename In, typename Out>
-using WideKernel = void (*)(const In*, const In*, const float*, Out*, Out*, float*, float*, In*, unsigned int*,
-                            int64_t, int64_t, int);
+using WideKernel = void (*)(const In*, const In*, const float*, Out*, Out*, float*, float*, In*, unsigned int*, int,
+                            int, int);
+
+// The instantiation for an activation with preact, where its stages fit (fits_wide admits no other).
+template <typename In, typename Out, bool kColumnSum, Act kAct>
+WideKernel<In, Out> wide_kernel_with_preact() {
+  if constexpr (stage_bytes(sizeof(In), true) <= kMaxStageBytes) {
+    return quantize_transpose_wide_kernel<In, Out, kColumnSum, kAct, true>;
+  } else {
+    return nullptr;
+  }
+}
 
 template <typename In, typename Out, bool kColumnSum>
 WideKernel<In, Out> wide_kernel(Act act, bool with_preact) {
   switch (act) {
     case Act::Gelu:
-      return with_preact ? quantize_transpose_wide_kernel<In, Out, kColumnSum, Act::Gelu, true>
+      return with_preact ? wide_kernel_with_preact<In, Out, kColumnSum, Act::Gelu>()
                          : quantize_transpose_wide_kernel<In, Out, kColumnSum, Act::Gelu, false>;
     case Act::Silu:
-      return with_preact ? quantize_transpose_wide_kernel<In, Out, kColumnSum, Act::Silu, true>
+      return with_preact ? wide_kernel_with_preact<In, Out, kColumnSum, Act::Silu>()
                          : quantize_transpose_wide_kernel<In, Out, kColumnSum, Act::Silu, false>;
     default:  // Act::None (fits_wide admits no other)
       return quantize_transpose_wide_kernel<In, Out, kColumnSum, Act::None, false>;
@@ -322,8 +392,8 @@ void launch(const void* x, const void* preact, Act act, const float* scale, void
     const int64_t runs = (row_tiles + run_tiles - 1) / run_tiles;
     kernel<<<static_cast<unsigned int>(strips * runs), kWideThreads, 0, stream>>>(
         static_cast<const In*>(x), static_cast<const In*>(preact), scale, static_cast<Out*>(y),
-        static_cast<Out*>(y_t), amax, column_partials, static_cast<In*>(column_sum), counters, rows, cols,
-        static_cast<int>(run_tiles));
+        static_cast<Out*>(y_t), amax, column_partials, static_cast<In*>(column_sum), counters,
+        static_cast<int>(rows), static_cast<int>(cols), static_cast<int>(run_tiles));
     return;
   }
   const int64_t tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);

@@ -86,11 +86,17 @@ def test_the_linear_gemms_run_in_fp8_except_the_first_and_last():
     gemms = [n for n in trainer.train_graph.nodes if n.op == "scaled_gemm"]
     assert [n.attrs["out_dtype"] for n in gemms].count("float32") == 3
     assert not [n for n in trainer.train_graph.nodes if n.op == "cast" and n.inputs[0].producer in gemms]
+    # block 1's QKV output gradients (q, k and v's, joined by join_slice_gradients) are read in place by their dY
+    # quantize (x, x1, x2): no concat; block 0's QKV stays bfloat16, its gemm_backward reads the one concat left
+    in_blocks = [n for n in quantizes if n.inputs[3] is not None]
+    assert len(in_blocks) == 1 and in_blocks[0].inputs[4] is not None and ops["concat"] == 1, ops
+    assert in_blocks[0].attrs["with_column_sum"] and in_blocks[0].outputs[0].type.shape[1] == 3 * SMALL.width
     # delayed scaling reads the amax of x, W and dY (from their quantize), never a GEMM's output amax
     assert all(not n.attrs["with_amax"] for n in trainer.train_graph.nodes if n.op == "scaled_gemm")
     explained = trainer.explain()
     assert explained.count("runs in FP8: forward E4M3 x E4M3, dgrad and wgrad E5M2 x E4M3") == 7
     assert explained.count("writes float32 for") == 3
+    assert explained.count("(concat of 3 on axis 2) read in place by") == 1
     assert "(blocks.0.attn.in_proj_weight) stays bfloat16: the forward pass's first or last GEMM" in explained
     assert "stays bfloat16: the weight is not a parameter" in explained  # the tied LM head
     every = _trainer(_gpt(), 4, fp8=ge2.train.DelayedScaling(keep_first_last=False, exclude=("blocks.1.mlp.2.weight",)))

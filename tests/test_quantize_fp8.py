@@ -254,6 +254,76 @@ def test_transposing_quantize_gives_both_layouts(rng):
         g.quantize_fp8_transpose(g.input("v", (4,), "float32"), g.input("s", (), "float32"))
 
 
+def test_column_blocks_are_quantized_as_their_concatenation(rng):
+    """x, x1 and x2 side by side (a QKV projection's gradients read in place of their concat): the graph's results
+    (CPU reference backend) are those of the concatenated matrix."""
+    parts = [_input(rng, (70, width), "float32") for width in (16, 24, 8)]
+    g = ge2.ir.Graph("column_blocks")
+    blocks = [g.input(name, part.shape, "float32") for name, part in zip(("x", "x1", "x2"), parts)]
+    y, y_t, amax, column_sum = g.quantize_fp8_transpose(blocks[0], g.input("scale", (), "float32"), None, *blocks[1:],
+                                                        dtype="float8_e5m2", with_column_sum=True)
+    assert (y.type.shape, y_t.type.shape, column_sum.type.shape) == ((70, 48), (48, 70), (48,))
+    for value, name in ((y, "y"), (y_t, "y_t"), (amax, "amax"), (column_sum, "column_sum")):
+        g.output(value, name)
+    out = ge2.ExecutorV2(g).run({"x": parts[0], "x1": parts[1], "x2": parts[2], "scale": np.array(8.0, np.float32)})
+    x = np.concatenate(parts, axis=1)
+    expected_y, expected_amax = quantize_fp8.reference(x, np.float32(8.0), "float8_e5m2")
+    _same_bits_or_both_nan(out["y"], expected_y, "y")
+    _same_bits_or_both_nan(out["y_t"], expected_y.T, "y_t")
+    assert out["amax"] == expected_amax
+    np.testing.assert_allclose(out["column_sum"], x.astype(np.float64).sum(axis=0), rtol=1e-6)
+
+
+def test_column_blocks_bad_input_is_named():
+    g = ge2.ir.Graph("bad_blocks")
+    x, s = g.input("x", (4, 8), "float32"), g.input("s", (), "float32")
+    with pytest.raises(ValueError, match="x2: given without x1"):
+        g.quantize_fp8_transpose(x, s, None, None, g.input("b0", (4, 8), "float32"))
+    with pytest.raises(ValueError, match=r"x1: expected a 2-d float32 array of 4 rows \(x's\)"):
+        g.quantize_fp8_transpose(x, s, None, g.input("b1", (5, 8), "float32"))
+    with pytest.raises(ValueError, match="x1: expected a 2-d float32 array"):
+        g.quantize_fp8_transpose(x, s, None, g.input("b2", (4, 8), "bfloat16"))
+    with pytest.raises(ValueError, match="x1: column blocks take no preact"):
+        g.quantize_fp8_transpose(x, s, g.input("p", (4, 8), "float32"), g.input("b3", (4, 8), "float32"), act="gelu")
+
+
+def test_native_column_block_checks_come_before_any_launch():
+    native = ge2._native.load("_ops_quantize_fp8")
+    fake = 256  # never dereferenced: the checks raise first
+    with pytest.raises(ValueError, match="x2: given without x1"):
+        native.quantize_transpose(fake, "bfloat16", fake, fake, fake, "float8_e4m3fn", fake, 0, 4, 8, 0, "none", 0,
+                                  0, 0, fake, 4)
+    with pytest.raises(ValueError, match=r"more_blocks\[0\].cols: expected 1 to 7"):
+        native.quantize_transpose(fake, "bfloat16", fake, fake, fake, "float8_e4m3fn", fake, 0, 4, 8, 0, "none", 0,
+                                  fake, 8)
+    with pytest.raises(ValueError, match="preact: not with column blocks"):
+        native.quantize_transpose(fake, "bfloat16", fake, fake, fake, "float8_e4m3fn", fake, 0, 4, 8, 0, "gelu", fake,
+                                  fake, 4)
+
+
+@pytest.mark.gpu
+# GPT-2's QKV output gradients (4096 of its 8192 rows: the 64 x 64 kernel, runs of row tiles); two blocks; widths
+# that are not multiples of 64 (the element-wise kernel)
+@pytest.mark.parametrize("rows, widths", [(4096, (768, 768, 768)), (192, (64, 128)), (96, (40, 24, 16))])
+def test_column_blocks_kernel_is_bit_exact(rng, rows, widths):
+    rt = ge2.device.runtime()
+    parts = [_input(rng, (rows, width), "bfloat16") for width in widths]
+    x = np.concatenate(parts, axis=1)
+    cols = x.shape[1]
+    y, y_t = rt.DeviceArray.empty([rows, cols], "float8_e5m2"), rt.DeviceArray.empty([cols, rows], "float8_e5m2")
+    amax, column_sum = rt.DeviceArray.empty([], "float32"), rt.DeviceArray.empty([cols], "bfloat16")
+    blocks = [rt.DeviceArray.from_numpy(part) for part in parts]
+    ge2.ops.quantize_fp8_transpose.forward(blocks[0], rt.DeviceArray.from_numpy(np.array(37.5, np.float32)), None,
+                                           *blocks[1:], dtype="float8_e5m2", with_column_sum=True,
+                                           out=_poisoned(y, y_t, amax, column_sum))
+    expected_y, expected_amax = quantize_fp8.reference(x, np.float32(37.5), "float8_e5m2")
+    what = f"blocks {widths} of {rows} rows"
+    _same_bits_or_both_nan(y.numpy(), expected_y, what + " y")
+    _same_bits_or_both_nan(y_t.numpy(), expected_y.T, what + " y_t")
+    _same_bits_or_both_nan(amax.numpy(), expected_amax, what + " amax")
+    _same_bits_or_both_nan(column_sum.numpy(), _column_sum_in_kernel_order(x), what + " column sums")
+
+
 def _activated(x, preact, act):
     """act(x), or x * act'(preact), in float64 from the float32 values (an independent statement of the prologue)."""
     x64 = x.astype(np.float32).astype(np.float64)

@@ -1,7 +1,8 @@
 """quantize_fp8_transpose vs PyTorch, the five quantizes of a GPT-2 124M FP8 training step (8192 tokens, width
 768; 141 of them a step, 4.08 ms in session 30's profile at about 1.4 TB/s): a layer input [8192, 768], a weight
-[3072, 768], the QKV output gradient with its dbias [8192, 2304], GELU's output quantized from fc1's output
-[8192, 3072] and GELU's input gradient from fc2's dX and the pre-activation, with its dbias. GE2 runs the prepared
+[3072, 768], the QKV output gradient with its dbias [8192, 2304] (contiguous, and as the q, k and v gradients that
+FP8 training's quantize reads in place of their concat: PyTorch concatenates them), GELU's output quantized from
+fc1's output [8192, 3072] and GELU's input gradient from fc2's dX and the pre-activation, with its dbias. GE2 runs the prepared
 candidate a plan runs; PyTorch runs the same math unfused (scale, cast, transpose, amax, column sum), so the row's
 point is GE2's TB/s against the copy ceiling. Bytes: x (and the pre-activation) read once, y and y_t written once."""
 from __future__ import annotations
@@ -10,30 +11,35 @@ from ._launch import close, prepared
 
 TARGET = {"copy_fraction": 0.8}
 TOKENS, WIDTH = 8192, 768
-# (name, shape, FP8 dtype, act, with the pre-activation, with the column sum)
-SHAPES = (("x", (TOKENS, WIDTH), "float8_e4m3fn", "none", False, False),
-          ("w", (4 * WIDTH, WIDTH), "float8_e4m3fn", "none", False, False),
-          ("dY+dbias", (TOKENS, 3 * WIDTH), "float8_e5m2", "none", False, True),
-          ("gelu(x)", (TOKENS, 4 * WIDTH), "float8_e4m3fn", "gelu", False, False),
-          ("dY*gelu'(x)+dbias", (TOKENS, 4 * WIDTH), "float8_e5m2", "gelu", True, True))
+# (name, shape, FP8 dtype, act, with the pre-activation, with the column sum, column blocks of x)
+SHAPES = (("x", (TOKENS, WIDTH), "float8_e4m3fn", "none", False, False, 1),
+          ("w", (4 * WIDTH, WIDTH), "float8_e4m3fn", "none", False, False, 1),
+          ("dY+dbias", (TOKENS, 3 * WIDTH), "float8_e5m2", "none", False, True, 1),
+          ("dY q|k|v blocks+dbias", (TOKENS, 3 * WIDTH), "float8_e5m2", "none", False, True, 3),
+          ("gelu(x)", (TOKENS, 4 * WIDTH), "float8_e4m3fn", "gelu", False, False, 1),
+          ("dY*gelu'(x)+dbias", (TOKENS, 4 * WIDTH), "float8_e5m2", "gelu", True, True, 1))
 
 
 def cases(torch):
     F = torch.nn.functional
     result = []
-    for label, (rows, cols), dtype, act, with_preact, with_sum in SHAPES:
+    for label, (rows, cols), dtype, act, with_preact, with_sum, blocks in SHAPES:
         fp8 = getattr(torch, dtype)
-        x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+        # FP8 training's QKV dY: q's, k's and v's gradients, which GE2 reads in place and PyTorch concatenates
+        parts = [torch.randn(rows, cols // blocks, device="cuda", dtype=torch.bfloat16) for _ in range(blocks)]
+        x = torch.cat(parts, dim=1) if blocks > 1 else parts[0]
         preact = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16) if with_preact else None
         scale = torch.tensor(0.5 * float(torch.finfo(fp8).max) / 6.0, device="cuda")  # |values| < 6: in range
         y = torch.empty(rows, cols, device="cuda", dtype=fp8)
         y_t = torch.empty(cols, rows, device="cuda", dtype=fp8)
         amax = torch.empty((), device="cuda")
         column_sum = torch.empty(cols if with_sum else 0, device="cuda", dtype=torch.bfloat16)
-        run = prepared("quantize_fp8_transpose", [x, scale, preact], [y, y_t, amax, column_sum],
+        run = prepared("quantize_fp8_transpose", [parts[0], scale, preact, *parts[1:]], [y, y_t, amax, column_sum],
                        {"dtype": dtype, "act": act, "with_column_sum": with_sum})
 
-        def values(x=x, preact=preact, act=act):
+        def values(x=x, parts=parts, preact=preact, act=act):
+            if len(parts) > 1:
+                return torch.cat(parts, dim=1).float()
             if act == "none":
                 return x.float()
             if preact is None:

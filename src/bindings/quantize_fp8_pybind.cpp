@@ -1,5 +1,8 @@
 // _ops_quantize_fp8: the native face of the quantize_fp8 op. Raw device addresses and sizes in, work enqueued on
 // `stream`; graph_executor_v2.ops.quantize_fp8 checks arguments for users first.
+#include <utility>
+#include <vector>
+
 #include "api.hpp"
 #include "kernel_list.hpp"
 #include "op_binding.hpp"
@@ -30,20 +33,30 @@ PYBIND11_MODULE(_ops_quantize_fp8, m) {
       "quantize_transpose",
       [](std::uintptr_t x, const std::string& x_dtype, std::uintptr_t scale, std::uintptr_t y, std::uintptr_t y_t,
          const std::string& dtype, std::uintptr_t amax, std::uintptr_t column_sum, int64_t rows, int64_t cols,
-         std::uintptr_t stream, const std::string& act, std::uintptr_t preact) {
+         std::uintptr_t stream, const std::string& act, std::uintptr_t preact, std::uintptr_t x1, int64_t x1_cols,
+         std::uintptr_t x2, int64_t x2_cols) {
         const auto from = ge2::dtype_from_name(x_dtype, "x_dtype"), to = ge2::dtype_from_name(dtype);
         const auto activation = ge2::act_from_name(act);
+        if (x2_cols != 0 && x1_cols == 0) throw std::invalid_argument("x2: given without x1");
+        std::vector<ge2::quantize_fp8::ColumnBlock> more_blocks;
+        for (const auto& [data, block_cols] : {std::pair{x1, x1_cols}, std::pair{x2, x2_cols}}) {
+          if (block_cols != 0) more_blocks.push_back({as_pointer(data), block_cols});
+        }
         ge2::binding::ReleaseGil release;
         ge2::quantize_fp8::quantize_transpose(as_pointer(x), from, as_pointer<const float>(scale), as_pointer(y),
                                               as_pointer(y_t), to, as_pointer<float>(amax), as_pointer(column_sum),
-                                              rows, cols, as_stream(stream), activation, as_pointer(preact));
+                                              rows, cols, as_stream(stream), activation, as_pointer(preact),
+                                              more_blocks);
       },
       py::arg("x"), py::arg("x_dtype"), py::arg("scale"), py::arg("y"), py::arg("y_t"), py::arg("dtype"),
       py::arg("amax"), py::arg("column_sum"), py::arg("rows"), py::arg("cols"), py::arg("stream"),
-      py::arg("act") = "none", py::arg("preact") = 0,
+      py::arg("act") = "none", py::arg("preact") = 0, py::arg("x1") = 0, py::arg("x1_cols") = 0,
+      py::arg("x2") = 0, py::arg("x2_cols") = 0,
       "Enqueues y = FP8(v * scale), y_t = y's transpose and amax = max |v| for a 2-d x [rows, cols], and the sum "
       "of v over its rows into column_sum [cols] (x's dtype) unless its address is 0; v = x, or with act: act(x) "
-      "(preact 0) or x * act'(preact) (preact [rows, cols] of x's dtype).");
+      "(preact 0) or x * act'(preact) (preact [rows, cols] of x's dtype). With x1_cols (and x2_cols) > 0, x's "
+      "columns come in blocks read in place of their concatenation: x [rows, cols - x1_cols - x2_cols], then x1 "
+      "[rows, x1_cols], then x2 [rows, x2_cols] (no preact then).");
 
   m.def(
       "scale_update",

@@ -132,13 +132,24 @@ def _infer_transpose(in_types, attrs):
     y, amax = _infer(in_types[:2], attrs)
     if y.rank != 2:
         raise ValueError(f"x: expected a 2-d array, got shape {y.shape}")
-    preact = in_types[2]
+    preact, x1, x2 = (list(in_types[2:]) + [None, None, None])[:3]
     if preact is not None:
         if attrs["act"] == "none":
             raise ValueError("preact: given with act='none' (the derivative of which activation?)")
         if preact != in_types[0]:
             raise ValueError(f"preact: expected {in_types[0]} (x's type), got {preact}")
     rows, cols = y.shape
+    if x2 is not None and x1 is None:
+        raise ValueError("x2: given without x1 (the column blocks follow x in order)")
+    for name, block in (("x1", x1), ("x2", x2)):
+        if block is None:
+            continue
+        if preact is not None:
+            raise ValueError(f"{name}: column blocks take no preact (x's columns come from several arrays)")
+        if block.dtype != in_types[0].dtype or block.rank != 2 or block.shape[0] != rows:
+            raise ValueError(f"{name}: expected a 2-d {in_types[0].dtype} array of {rows} rows (x's), got {block}")
+        cols += block.shape[1]
+    y = TensorType((rows, cols), y.dtype)
     column_sum = TensorType((cols if attrs["with_column_sum"] else 0,), in_types[0].dtype)
     return [y, TensorType((cols, rows), y.dtype), amax, column_sum]
 
@@ -156,7 +167,8 @@ def prologue_value(x, preact, act: str) -> np.ndarray:
 
 
 def _reference_transpose(inputs, attrs):
-    value = prologue_value(inputs[0], inputs[2], attrs["act"])
+    x = np.concatenate([block for block in (list(inputs[:1]) + list(inputs[3:5])) if block is not None], axis=1)
+    value = prologue_value(x, inputs[2] if len(inputs) > 2 else None, attrs["act"])
     y, amax = reference(value, inputs[1], attrs["dtype"])
     column_sum = value.astype(np.float64).sum(axis=0) if attrs["with_column_sum"] else np.zeros(0)
     return [y, np.ascontiguousarray(y.T), amax, column_sum]
@@ -164,11 +176,14 @@ def _reference_transpose(inputs, attrs):
 
 def _prepare_transpose(problem: Problem):
     x = problem.in_types[0]
-    rows, cols = x.shape
-    preact = in_ptr(2) if problem.in_types[2] is not None else 0
+    rows, cols = problem.out_types[0].shape
+    preact, x1, x2 = (list(problem.in_types[2:]) + [None, None, None])[:3]
+    blocks = [value for index, block in ((3, x1), (4, x2)) if block is not None
+              for value in (in_ptr(index), block.shape[1])]
     return native_launch(_native_module().quantize_transpose, in_ptr(0), x.dtype, in_ptr(1), out_ptr(0), out_ptr(1),
                          problem.attrs["dtype"], out_ptr(2), out_ptr(3) if problem.attrs["with_column_sum"] else 0,
-                         rows, cols, stream_arg(), problem.attrs["act"], preact)
+                         rows, cols, stream_arg(), problem.attrs["act"], in_ptr(2) if preact is not None else 0,
+                         *blocks)
 
 
 TRANSPOSE = register(OpDef(
@@ -183,8 +198,12 @@ TRANSPOSE = register(OpDef(
                                 "GELU of x quantized"),
                          Sample((sample_array(rng, 40, 24), np.array(16.0, np.float32), sample_array(rng, 40, 24)),
                                 {"act": "gelu", "dtype": "float8_e5m2", "with_column_sum": True},
-                                "x times GELU's derivative at preact (GELU's input gradient), its column sum")],
-    inputs=(Input("x"), Input("scale"), Input("preact", optional=True)),
+                                "x times GELU's derivative at preact (GELU's input gradient), its column sum"),
+                         Sample((sample_array(rng, 70, 16), np.array(8.0, np.float32), None, sample_array(rng, 70, 24),
+                                 sample_array(rng, 70, 8)), {"dtype": "float8_e5m2", "with_column_sum": True},
+                                "x in three column blocks (a QKV projection's gradients, not concatenated)")],
+    inputs=(Input("x"), Input("scale"), Input("preact", optional=True), Input("x1", optional=True),
+            Input("x2", optional=True)),
     outputs=("y", "y_t", "amax", "column_sum"),
     attrs=(Attr("dtype", str, "float8_e4m3fn", choices=FLOAT8_DTYPES, doc="the FP8 output dtype"),
            Attr("with_column_sum", bool, False,
@@ -198,12 +217,14 @@ TRANSPOSE = register(OpDef(
     reference=_reference_transpose,
     # no reference_backward and no grad rule: FP8 values are not differentiated
     candidates=(table_candidate("_ops_quantize_fp8", "transpose", _supports, _prepare_transpose),),
-    doc="quantize_fp8_transpose(x, scale, preact?) -> (y, y_t, amax, column_sum): quantize_fp8 of a 2-d x, and "
-        "y's transpose, from one read of x (Transformer Engine's cast-transpose: FP8 training needs both layouts of "
-        "x and dY, cuBLASLt's FP8 matmul taking only the TN layout); with with_column_sum, also the sum of the "
-        "unquantized values over the rows, accumulated in float32 (cast-transpose-dbias: dY's bias gradient); with "
-        "act, the values are act(x), or x * act'(preact) (an activation fused in front: GELU's output or its input "
-        "gradient quantized without a 16-bit copy).",
+    doc="quantize_fp8_transpose(x, scale, preact?, x1?, x2?) -> (y, y_t, amax, column_sum): quantize_fp8 of a 2-d "
+        "x, and y's transpose, from one read of x (Transformer Engine's cast-transpose: FP8 training needs both "
+        "layouts of x and dY, cuBLASLt's FP8 matmul taking only the TN layout); with with_column_sum, also the sum "
+        "of the unquantized values over the rows, accumulated in float32 (cast-transpose-dbias: dY's bias "
+        "gradient); with act, the values are act(x), or x * act'(preact) (an activation fused in front: GELU's "
+        "output or its input gradient quantized without a 16-bit copy). With x1 (and x2), of x's rows and dtype, "
+        "the quantized matrix is x, x1 and x2 side by side (concatenated along columns), read in place: a QKV "
+        "projection's three output gradients quantized without their 16-bit concatenation (no preact then).",
 ))
 
 TRANSPOSE_FACE = Face(TRANSPOSE, lambda dy, inputs, attrs, kernel, out, stream: [None] * len(inputs))

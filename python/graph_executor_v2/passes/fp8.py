@@ -498,6 +498,48 @@ def _fuse_activation_quantizes(graph: Graph, forward_names: set[str]) -> list[st
     return notes
 
 
+MAX_COLUMN_BLOCKS = 3  # x and two more column blocks a quantize_fp8_transpose reads in place (x1, x2)
+
+
+def read_column_blocks(graph: Graph) -> list[str]:
+    """A quantize_fp8_transpose (no preact) of a concat that nothing else reads (through reshapes), whose parts lie
+    side by side in the 2-d x (concatenated along an axis after the rows': a QKV projection's output gradients,
+    joined by join_slice_gradients), reads the parts in place (its x, x1, x2): the concat and its 16-bit output go.
+    Runs after join_slice_gradients, which makes the concat (FP8 training's second pass)."""
+    notes = []
+    for node in [n for n in graph.nodes if n.op == "quantize_fp8_transpose"]:
+        if any(value is not None for value in node.inputs[2:]):
+            continue
+        users = graph.users()
+        source, first_view = _view_source(graph, node.inputs[0], users)
+        concat = source.producer
+        reader = first_view if first_view is not None else node
+        if (concat is None or concat.op != "concat" or graph.is_output(source) or users.get(source) != [reader]
+                or not 2 <= len(concat.inputs) <= MAX_COLUMN_BLOCKS):
+            continue
+        rows = node.inputs[0].type.shape[0]
+        axis = concat.attrs["axis"] % source.type.rank
+        if not source.type.is_concrete or int(np.prod(source.type.shape[:axis])) != rows:
+            continue  # unknown extents, or parts that would interleave within x's rows
+        with graph.inserting_before(node):
+            blocks = [graph.reshape(part, shape=(rows, int(np.prod(part.type.shape[axis:]))))
+                      for part in concat.inputs]
+            fused = graph.quantize_fp8_transpose(blocks[0], node.inputs[1], None, *blocks[1:], **node.attrs)
+        for old, new in zip(node.outputs, fused):
+            graph.replace_uses(old, new)
+        graph.remove_node(node)
+        view = node.inputs[0].producer
+        while view is not None and view is not concat:  # the reshapes between the concat and the quantize, then it
+            previous = view.inputs[0].producer
+            graph.remove_node(view)
+            view = previous
+        graph.remove_node(concat)
+        notes.append(f"{concat.name} (concat of {len(blocks)} on axis {axis}) read in place by "
+                     f"{fused[0].producer.name} (quantize_fp8_transpose x, x1{', x2' if len(blocks) > 2 else ''}): "
+                     f"no 16-bit concatenation")
+    return notes
+
+
 def _rewrite_training_site(graph: Graph, node: Node, backward: Node, recipe: DelayedScaling,
                            pending: PendingUpdates) -> list[str]:
     """Rewrites one site, adding its states' updates to ``pending``; returns the names of the forward nodes it

@@ -29,9 +29,19 @@ const char* forward(const void* x, DType x_dtype, const float* scale, void* y, D
 // null (x is the activation's input), v = x * act'(preact) otherwise (x is the gradient of the activation's output,
 // preact [rows, cols] of x's dtype its input). amax and column_sum are then those of v. FP8 training reads GELU's
 // output and GELU's input gradient only through this quantize, so neither is written in 16 bits.
+// x may come in column blocks, read in place of their concatenation (a QKV projection's three output gradients,
+// which FP8 training would otherwise concatenate only for this read): x [rows, cols] is then x's own block
+// [rows, cols - the others' columns] followed by each of more_blocks [rows, block.cols] (each contiguous), up to
+// kMaxColumnBlocks blocks in all; no preact with blocks.
+struct ColumnBlock {
+  const void* data;
+  int64_t cols;
+};
+constexpr int kMaxColumnBlocks = 3;
 void quantize_transpose(const void* x, DType x_dtype, const float* scale, void* y, void* y_t, DType y_dtype,
                         float* amax, void* column_sum, int64_t rows, int64_t cols, cudaStream_t stream,
-                        Act act = Act::None, const void* preact = nullptr);
+                        Act act = Act::None, const void* preact = nullptr,
+                        const std::vector<ColumnBlock>& more_blocks = {});
 
 // One tensor's delayed-scaling state (float32 device arrays: history [length], scale, amax) and where its update
 // goes (new_history [length], new_scale, new_scale_inv).

@@ -1,5 +1,6 @@
 // quantize_fp8 launcher: argument checks and the choice between the 8-element vector and the scalar kernel.
 #include <string>
+#include <vector>
 
 #include "api.hpp"
 #include "status.hpp"
@@ -8,9 +9,9 @@ namespace ge2::quantize_fp8 {
 
 void launch_quantize(const void* x, DType x_dtype, const float* scale, void* y, DType y_dtype, float* amax,
                      int64_t numel, bool vectorized, cudaStream_t stream);
-void launch_quantize_transpose(const void* x, DType x_dtype, const float* scale, void* y, void* y_t, DType y_dtype,
-                               float* amax, void* column_sum, int64_t rows, int64_t cols, Act act,
-                               const void* preact, cudaStream_t stream);
+void launch_quantize_transpose(const ColumnBlock* blocks, int block_count, DType x_dtype, const float* scale, void* y,
+                               void* y_t, DType y_dtype, float* amax, void* column_sum, int64_t rows, int64_t cols,
+                               Act act, const void* preact, cudaStream_t stream);
 
 std::vector<KernelInfo> kernel_table() {
   return {
@@ -25,8 +26,9 @@ std::vector<KernelInfo> kernel_table() {
        "shape and alignment allow, else 32 x 32 tiles element-wise), amax reduced per block and written by the "
        "last block; the column sum (dbias) as float32 partials per tile from the same read, added up in row order "
        "by the block completing each column strip",
-       "x 2-d (the 64 x 64 kernel: rows and cols multiples of 64, x and preact 16-byte, y 8-byte and y_t 16-byte "
-       "aligned, act none, gelu or silu, not float32 x with preact)",
+       "x 2-d, in up to 3 column blocks (the 64 x 64 kernel: rows and cols multiples of 64, block widths too, x, "
+       "its blocks and preact 16-byte, y 8-byte and y_t 16-byte aligned, act none, gelu or silu, not float32 x with "
+       "preact)",
        kFallback, kAnyAlignment},
       {"scale_update", 10,
        "fp8_scale_update: every tensor's state in one launch (up to 64 a launch, addresses passed by value), one "
@@ -65,7 +67,7 @@ const char* forward(const void* x, DType x_dtype, const float* scale, void* y, D
 
 void quantize_transpose(const void* x, DType x_dtype, const float* scale, void* y, void* y_t, DType y_dtype,
                         float* amax, void* column_sum, int64_t rows, int64_t cols, cudaStream_t stream, Act act,
-                        const void* preact) {
+                        const void* preact, const std::vector<ColumnBlock>& more_blocks) {
   check_quantize_args(x_dtype, y_dtype, scale, amax);
   if (rows < 0 || cols < 0) {
     throw std::invalid_argument("rows, cols: must be >= 0, got " + std::to_string(rows) + ", " + std::to_string(cols));
@@ -77,7 +79,29 @@ void quantize_transpose(const void* x, DType x_dtype, const float* scale, void* 
   if (preact != nullptr && act == Act::None) {
     throw std::invalid_argument("preact: given with act none (the derivative of which activation?)");
   }
-  launch_quantize_transpose(x, x_dtype, scale, y, y_t, y_dtype, amax, column_sum, rows, cols, act, preact, stream);
+  if (more_blocks.size() + 1 > static_cast<std::size_t>(kMaxColumnBlocks)) {
+    throw std::invalid_argument("more_blocks: at most " + std::to_string(kMaxColumnBlocks - 1) +
+                                " blocks besides x's, got " + std::to_string(more_blocks.size()));
+  }
+  if (!more_blocks.empty() && preact != nullptr) {
+    throw std::invalid_argument("preact: not with column blocks (x's columns come from several arrays)");
+  }
+  ColumnBlock blocks[kMaxColumnBlocks] = {{x, cols}};
+  for (std::size_t b = 0; b < more_blocks.size(); ++b) {
+    const ColumnBlock& block = more_blocks[b];
+    if (block.cols <= 0 || block.cols >= blocks[0].cols) {
+      throw std::invalid_argument("more_blocks[" + std::to_string(b) + "].cols: expected 1 to " +
+                                  std::to_string(blocks[0].cols - 1) + " (x's columns left), got " +
+                                  std::to_string(block.cols));
+    }
+    if (rows > 0 && block.data == nullptr) {
+      throw std::invalid_argument("more_blocks[" + std::to_string(b) + "]: null device pointer");
+    }
+    blocks[0].cols -= block.cols;
+    blocks[b + 1] = block;
+  }
+  launch_quantize_transpose(blocks, static_cast<int>(more_blocks.size()) + 1, x_dtype, scale, y, y_t, y_dtype, amax,
+                            column_sum, rows, cols, act, preact, stream);
 }
 
 }  // namespace ge2::quantize_fp8

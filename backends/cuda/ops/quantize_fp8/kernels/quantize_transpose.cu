@@ -31,6 +31,31 @@ namespace {
 constexpr int kTile = 32;
 constexpr int kRowsPerPass = 8;
 
+// One column block of x: its first column of x, its width and its rows (contiguous).
+struct ColumnBlockView {
+  const void* data;
+  int64_t start, cols;
+};
+
+// x's column blocks, by value in the kernel parameters: block b holds x's columns [end[b - 1], end[b]) (from 0 for
+// block 0), its rows of that width contiguous at data[b] (one block: x itself).
+struct XBlocks {
+  const void* data[kMaxColumnBlocks];
+  int64_t end[kMaxColumnBlocks];
+  int count;
+
+  // The block holding `column`, chosen with constant indices only (a dynamic index into a parameter array would
+  // copy the parameters to local memory).
+  __device__ __forceinline__ ColumnBlockView locate(int64_t column) const {
+    ColumnBlockView view{data[0], 0, end[0]};
+#pragma unroll
+    for (int b = 1; b < kMaxColumnBlocks; ++b) {
+      if (b < count && column >= end[b - 1]) view = {data[b], end[b - 1], end[b] - end[b - 1]};
+    }
+    return view;
+  }
+};
+
 // The value a quantize takes from x (and preact, when has_preact): x, act(x), or x * act'(preact) (see api.hpp).
 __device__ __forceinline__ float prologue(float x, float preact, bool has_preact, Act act) {
   if (act == Act::None) return x;
@@ -39,7 +64,7 @@ __device__ __forceinline__ float prologue(float x, float preact, bool has_preact
 
 template <typename In, typename Out>
 __global__ void __launch_bounds__(kTile * kRowsPerPass)
-    quantize_transpose_kernel(const In* __restrict__ x, const In* __restrict__ preact, Act act,
+    quantize_transpose_kernel(XBlocks x, const In* __restrict__ preact, Act act,
                               const float* __restrict__ scale_pointer, Out* __restrict__ y, Out* __restrict__ y_t,
                               float* __restrict__ amax, float* __restrict__ column_partials,
                               In* __restrict__ column_sum, unsigned int* __restrict__ counters, int64_t rows,
@@ -60,8 +85,10 @@ __global__ void __launch_bounds__(kTile * kRowsPerPass)
     for (int j = threadIdx.y; j < kTile; j += kRowsPerPass) {
       const int64_t r = row0 + j, c = col0 + threadIdx.x;
       if (r < rows && c < cols) {
-        const int64_t i = r * cols + c;
-        const float value = prologue(to_float(x[i]), preact != nullptr ? to_float(preact[i]) : 0.0f,
+        const ColumnBlockView block = x.locate(c);
+        const int64_t i = r * cols + c;  // preact comes with one block only
+        const In x_value = static_cast<const In*>(block.data)[r * block.cols + c - block.start];
+        const float value = prologue(to_float(x_value), preact != nullptr ? to_float(preact[i]) : 0.0f,
                                      preact != nullptr, act);
         amax_bits = max(amax_bits, __float_as_uint(fabsf(value)));
         column_partial += value;
@@ -156,29 +183,42 @@ __device__ __forceinline__ int tile_offset(int pass, int pass_row, int lane_vect
   return (pass * kWideRowsPerPass + pass_row) * kWideTile + lane_vector * kVector;
 }
 
-// A thread's copies of one tile into a stage: exactly the 8-element vectors of x (and of preact) it converts later,
-// so the data it waits for is its own copies' and needs no barrier between the wait and the reads.
+// A thread's source vectors in x (or preact) through a run's tiles: its vector of the first pass of the next tile to
+// copy, and the steps (in elements) to its second pass and to the next tile.
+template <typename In>
+struct RunCursor {
+  const In* next;
+  int64_t pass_step, tile_step;
+
+  __device__ __forceinline__ RunCursor(const In* rows, int64_t row_width, int64_t first_row, int64_t column)
+      : next(rows + first_row * row_width + column),
+        pass_step(kWideRowsPerPass * row_width),
+        tile_step(kWideTile * row_width) {}
+};
+
+// A thread's copies of the next tile of its run into a stage, advancing the cursors: exactly the 8-element vectors
+// of x (and of preact) it converts later, so the data it waits for is its own copies' and needs no barrier between
+// the wait and the reads.
 template <typename In, bool kPreact>
-__device__ __forceinline__ void copy_tile(unsigned char* stage, const In* __restrict__ x,
-                                          const In* __restrict__ preact, int64_t row0, int64_t col0, int64_t cols,
+__device__ __forceinline__ void copy_tile(unsigned char* stage, RunCursor<In>& x, RunCursor<In>& preact,
                                           int lane_vector, int pass_row) {
   constexpr int kPieces = kVector * sizeof(In) / 16;  // 16-byte copies per 8-element vector
 #pragma unroll
   for (int pass = 0; pass < kWidePasses; ++pass) {
-    const int64_t offset = (row0 + pass * kWideRowsPerPass + pass_row) * cols + col0 + lane_vector * kVector;
-    In* x_tile = reinterpret_cast<In*>(stage) + tile_offset(pass, pass_row, lane_vector);
+    const auto* x_vector = reinterpret_cast<const unsigned char*>(x.next + pass * x.pass_step);
+    unsigned char* x_tile = stage + tile_offset(pass, pass_row, lane_vector) * sizeof(In);
 #pragma unroll
     for (int piece = 0; piece < kPieces; ++piece) {
-      cp_async_16(smem_address(reinterpret_cast<unsigned char*>(x_tile) + 16 * piece),
-                  reinterpret_cast<uint64_t>(reinterpret_cast<const unsigned char*>(x + offset) + 16 * piece), true);
+      cp_async_16(smem_address(x_tile + 16 * piece), reinterpret_cast<uint64_t>(x_vector + 16 * piece), true);
       if constexpr (kPreact) {
-        cp_async_16(smem_address(reinterpret_cast<unsigned char*>(x_tile) + stage_bytes(sizeof(In), false) +
-                                 16 * piece),
-                    reinterpret_cast<uint64_t>(reinterpret_cast<const unsigned char*>(preact + offset) + 16 * piece),
-                    true);
+        const auto* preact_vector = reinterpret_cast<const unsigned char*>(preact.next + pass * preact.pass_step);
+        cp_async_16(smem_address(x_tile + stage_bytes(sizeof(In), false) + 16 * piece),
+                    reinterpret_cast<uint64_t>(preact_vector + 16 * piece), true);
       }
     }
   }
+  x.next += x.tile_step;
+  if constexpr (kPreact) preact.next += preact.tile_step;
 }
 
 // Row tiles of partials the completing block stages in shared memory at a time (16 KB, in the stage ring, which is
@@ -221,7 +261,7 @@ __device__ __forceinline__ void write_strip_column_sums(const float* column_part
 // that completes a strip adds its columns' partials.
 template <typename In, typename Out, bool kColumnSum, Act kAct, bool kPreact>
 __global__ void __launch_bounds__(kWideThreads)
-    quantize_transpose_wide_kernel(const In* __restrict__ x, const In* __restrict__ preact,
+    quantize_transpose_wide_kernel(XBlocks x_blocks, const In* __restrict__ preact,
                                    const float* __restrict__ scale_pointer, Out* __restrict__ y,
                                    Out* __restrict__ y_t, float* __restrict__ amax,
                                    float* __restrict__ column_partials, In* __restrict__ column_sum,
@@ -241,13 +281,18 @@ __global__ void __launch_bounds__(kWideThreads)
   const int strip = static_cast<int>(blockIdx.x) % strips, col0 = strip * kWideTile;
   const int first_tile = static_cast<int>(blockIdx.x) / strips * run_tiles;  // < row_tiles: no empty run
   const int tiles = min(run_tiles, row_tiles - first_tile);
+  const ColumnBlockView block = x_blocks.locate(col0);  // the strip's column block (widths: multiples of 64)
+  const int64_t first_row = static_cast<int64_t>(first_tile) * kWideTile + pass_row;
+  RunCursor<In> x_copies(static_cast<const In*>(block.data), block.cols, first_row,
+                         col0 - block.start + lane_vector * kVector);
+  RunCursor<In> preact_copies = x_copies;  // not read without preact
+  if constexpr (kPreact) preact_copies = RunCursor<In>(preact, cols, first_row, col0 + lane_vector * kVector);
   // Tiles 0 .. kCount - 2 of the run in flight, each its own group (a group per tile, empty past the run's end, so
   // that "tile t has landed" is always "at most kCount - 2 groups pending" after the next tile's commit).
 #pragma unroll
   for (int t = 0; t < Stages::kCount - 1; ++t) {
     if (t < tiles) {
-      copy_tile<In, kPreact>(stages[t], x, preact, static_cast<int64_t>(first_tile + t) * kWideTile, col0, cols,
-                             lane_vector, pass_row);
+      copy_tile<In, kPreact>(stages[t], x_copies, preact_copies, lane_vector, pass_row);
     }
     cp_async_commit();
   }
@@ -257,8 +302,8 @@ __global__ void __launch_bounds__(kWideThreads)
     const int64_t row0 = static_cast<int64_t>(first_tile + t) * kWideTile;
     // the stage tile t - 1 used, refilled kCount - 1 tiles ahead (this thread read its part before the last barrier)
     if (t + Stages::kCount - 1 < tiles) {
-      copy_tile<In, kPreact>(stages[(t + Stages::kCount - 1) % Stages::kCount], x, preact,
-                             row0 + (Stages::kCount - 1) * kWideTile, col0, cols, lane_vector, pass_row);
+      copy_tile<In, kPreact>(stages[(t + Stages::kCount - 1) % Stages::kCount], x_copies, preact_copies,
+                             lane_vector, pass_row);
     }
     cp_async_commit();
     const unsigned char* stage = stages[t % Stages::kCount];
@@ -335,19 +380,23 @@ __global__ void __launch_bounds__(kWideThreads)
   }
 }
 
-bool fits_wide(const void* x, const void* preact, DType x_dtype, const void* y, const void* y_t, int64_t rows,
+bool fits_wide(const XBlocks& x, const void* preact, DType x_dtype, const void* y, const void* y_t, int64_t rows,
                int64_t cols, Act act) {
   const auto aligned = [](const void* pointer, std::size_t bytes) {
     return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
   };
-  // 16-byte copies of 8-element vectors (16 bytes of 16-bit x, 32 of float32); int tile indices and extents
+  // a tile strip inside one block, 16-byte copies of 8-element vectors (16 bytes of 16-bit x, 32 of float32)
+  for (int b = 0; b < x.count; ++b) {
+    if (x.end[b] % kWideTile != 0 || !aligned(x.data[b], 16)) return false;
+  }
+  // int tile indices and extents
   return rows % kWideTile == 0 && cols % kWideTile == 0 && rows <= INT32_MAX && cols <= INT32_MAX &&
          wide_prologue(act) && stage_bytes(dtype_size(x_dtype), preact != nullptr) <= kMaxStageBytes &&
-         aligned(x, 16) && aligned(preact, 16) && aligned(y, kVector) && aligned(y_t, kTransposeVector);
+         aligned(preact, 16) && aligned(y, kVector) && aligned(y_t, kTransposeVector);
 }
 
 template <typename In, typename Out>
-using WideKernel = void (*)(const In*, const In*, const float*, Out*, Out*, float*, float*, In*, unsigned int*, int,
+using WideKernel = void (*)(XBlocks, const In*, const float*, Out*, Out*, float*, float*, In*, unsigned int*, int,
                             int, int);
 
 // The instantiation for an activation with preact, where its stages fit (fits_wide admits no other).
@@ -375,7 +424,7 @@ WideKernel<In, Out> wide_kernel(Act act, bool with_preact) {
 }
 
 template <typename In, typename Out>
-void launch(const void* x, const void* preact, Act act, const float* scale, void* y, void* y_t, float* amax,
+void launch(const XBlocks& x, const void* preact, Act act, const float* scale, void* y, void* y_t, float* amax,
             float* column_partials, void* column_sum, unsigned int* counters, int64_t rows, int64_t cols, bool wide,
             cudaStream_t stream) {
   if (wide) {
@@ -391,7 +440,7 @@ void launch(const void* x, const void* preact, Act act, const float* scale, void
     const int64_t run_tiles = std::min(row_tiles, (strips * row_tiles + wave - 1) / wave);
     const int64_t runs = (row_tiles + run_tiles - 1) / run_tiles;
     kernel<<<static_cast<unsigned int>(strips * runs), kWideThreads, 0, stream>>>(
-        static_cast<const In*>(x), static_cast<const In*>(preact), scale, static_cast<Out*>(y),
+        x, static_cast<const In*>(preact), scale, static_cast<Out*>(y),
         static_cast<Out*>(y_t), amax, column_partials, static_cast<In*>(column_sum), counters,
         static_cast<int>(rows), static_cast<int>(cols), static_cast<int>(run_tiles));
     return;
@@ -399,21 +448,26 @@ void launch(const void* x, const void* preact, Act act, const float* scale, void
   const int64_t tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
   const int blocks = static_cast<int>(std::min<int64_t>(tiles, 132 * 16));
   quantize_transpose_kernel<In, Out><<<blocks, dim3(kTile, kRowsPerPass), 0, stream>>>(
-      static_cast<const In*>(x), static_cast<const In*>(preact), act, scale, static_cast<Out*>(y),
+      x, static_cast<const In*>(preact), act, scale, static_cast<Out*>(y),
       static_cast<Out*>(y_t), amax, column_partials, static_cast<In*>(column_sum), counters, rows, cols);
 }
 
 }  // namespace
 
-void launch_quantize_transpose(const void* x, DType x_dtype, const float* scale, void* y, void* y_t, DType y_dtype,
-                               float* amax, void* column_sum, int64_t rows, int64_t cols, Act act,
-                               const void* preact, cudaStream_t stream) {
+void launch_quantize_transpose(const ColumnBlock* blocks, int block_count, DType x_dtype, const float* scale, void* y,
+                               void* y_t, DType y_dtype, float* amax, void* column_sum, int64_t rows, int64_t cols,
+                               Act act, const void* preact, cudaStream_t stream) {
   if (rows == 0 || cols == 0) {  // no kernel: the amax of nothing is 0, and so are the sums over no rows
     GE2_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
     if (column_sum != nullptr && cols > 0) {
       GE2_CUDA_CHECK(cudaMemsetAsync(column_sum, 0, static_cast<std::size_t>(cols) * dtype_size(x_dtype), stream));
     }
     return;
+  }
+  XBlocks x{{}, {}, block_count};
+  for (int b = 0; b < block_count; ++b) {
+    x.data[b] = blocks[b].data;
+    x.end[b] = (b == 0 ? 0 : x.end[b - 1]) + blocks[b].cols;
   }
   const bool wide = fits_wide(x, preact, x_dtype, y, y_t, rows, cols, act);
   const int64_t tile = wide ? kWideTile : kTile;

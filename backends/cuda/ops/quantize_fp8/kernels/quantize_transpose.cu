@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "api.hpp"
 #include "cp_async.hpp"
@@ -178,6 +179,23 @@ struct alignas(sizeof(T) * N > 16 ? 16 : sizeof(T) * N) Pack {
   T value[N];
 };
 
+// A vector of x as float32 values: a bfloat16 pair widens from its 32-bit word with one shift and one mask (the
+// element-wise conversion extracted each half first, two instructions a value); other dtypes through to_float.
+template <typename In>
+__device__ __forceinline__ void widen(const Pack<In, kVector>& pack, float (&values)[kVector]) {
+  if constexpr (std::is_same_v<In, __nv_bfloat16>) {
+    const auto* words = reinterpret_cast<const unsigned int*>(&pack);
+#pragma unroll
+    for (int i = 0; i < kVector / 2; ++i) {
+      values[2 * i] = __uint_as_float(words[i] << 16);
+      values[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kVector; ++i) values[i] = to_float(pack.value[i]);
+  }
+}
+
 // Offset (in elements) of a thread's 8 elements of pass `pass` within a row-major 64 x 64 tile.
 __device__ __forceinline__ int tile_offset(int pass, int pass_row, int lane_vector) {
   return (pass * kWideRowsPerPass + pass_row) * kWideTile + lane_vector * kVector;
@@ -221,10 +239,9 @@ __device__ __forceinline__ void copy_tile(unsigned char* stage, RunCursor<In>& x
   if constexpr (kPreact) preact.next += preact.tile_step;
 }
 
-// Row tiles of partials the completing block stages in shared memory at a time (16 KB, in the stage ring, which is
-// idle by then).
-constexpr int kStagedTiles = 64;
-static_assert(kStagedTiles * kWideTile * sizeof(float) <= kStageBudget, "the staged partials fit the stage ring");
+// Row tiles of partials the completing block stages in shared memory at a time: the whole stage ring, idle by then
+// (128 row tiles, one L2 round trip for a GPT-2 step's 8192 rows).
+constexpr int kStagedTiles = kStageBudget / (kWideTile * sizeof(float));
 
 // The completing block's column sums of its strip (64 columns): each column's row-tile partials added in row order
 // from 0, rounded once to In (write_column_sum's additions). The partials, written by other blocks, come through L2
@@ -268,6 +285,8 @@ __global__ void __launch_bounds__(kWideThreads)
                                    unsigned int* __restrict__ counters, int rows, int cols, int run_tiles) {
   static_assert(sizeof(Out) == 1, "FP8 outputs are one byte");
   using Stages = WideStages<In, kPreact>;
+  static_assert(Stages::kCount * Stages::kBytes >= kStagedTiles * kWideTile * sizeof(float),
+                "the completing block's staged partials fit the stage ring");
   __shared__ __align__(16) unsigned char stages[Stages::kCount][Stages::kBytes];
   __shared__ __align__(16) unsigned char tile[kWideTile * kWideStride];
   __shared__ float partial_rows[kColumnSum ? kWideRowsPerPass : 1][kWideTile];  // a tile's partial rows
@@ -312,18 +331,17 @@ __global__ void __launch_bounds__(kWideThreads)
     for (int pass = 0; pass < kWidePasses; ++pass) {
       const int r = pass * kWideRowsPerPass + pass_row;
       const int offset = tile_offset(pass, pass_row, lane_vector);
-      const Pack<In, kVector> x_values = *reinterpret_cast<const Pack<In, kVector>*>(
-          reinterpret_cast<const In*>(stage) + offset);
-      Pack<In, kVector> preact_values;
+      float x_values[kVector], preact_values[kVector] = {};
+      widen<In>(*reinterpret_cast<const Pack<In, kVector>*>(reinterpret_cast<const In*>(stage) + offset), x_values);
       if constexpr (kPreact) {
-        preact_values = *reinterpret_cast<const Pack<In, kVector>*>(
-            reinterpret_cast<const In*>(stage + stage_bytes(sizeof(In), false)) + offset);
+        widen<In>(*reinterpret_cast<const Pack<In, kVector>*>(
+                      reinterpret_cast<const In*>(stage + stage_bytes(sizeof(In), false)) + offset),
+                  preact_values);
       }
       Pack<Out, kVector> out;
 #pragma unroll
       for (int i = 0; i < kVector; ++i) {
-        const float value = wide_prologue_value<kAct, kPreact>(
-            to_float(x_values.value[i]), kPreact ? to_float(preact_values.value[i]) : 0.0f);
+        const float value = wide_prologue_value<kAct, kPreact>(x_values[i], preact_values[i]);
         amax_bits = max(amax_bits, __float_as_uint(fabsf(value)));
         if constexpr (kColumnSum) column_partial[i] += value;
         out.value[i] = from_float<Out>(value * scale);

@@ -188,10 +188,18 @@ BACKWARD_IDS = ["1x1_odd", "3x3_c8", "3x3_pad4", "3x3_dilation2_c40", "7x7", "re
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tile", ["128x128", "128x64"])
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("case", BACKWARD_CASES, ids=BACKWARD_IDS)
-def test_backward_matches_the_reference(rng, poisoned, to_device, case, dtype):
-    """dx (dgrad), dw (wgrad) and dbias (GE2's reduction of dy), each written whole into a poisoned output."""
+def test_backward_matches_the_reference(rng, poisoned, to_device, monkeypatch, case, dtype, tile):
+    """dx (dgrad, each tile forced), dw (wgrad) and dbias (GE2's reduction of dy), each written whole into a poisoned
+    output; the slices of wgrad's reduction as the cost model picks them (28x28_k136: 27 output tiles, 25 k tiles in
+    4 slices)."""
+    monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_TILE", tile)
+    _check_backward(rng, poisoned, to_device, case, dtype)
+
+
+def _check_backward(rng, poisoned, to_device, case, dtype):
     _require_candidate()
     x, w, bias, _, attrs, geometry = _problem(rng, case, dtype)
     y, _ = conv2d.reference(x, w, bias, **attrs)
@@ -204,6 +212,50 @@ def test_backward_matches_the_reference(rng, poisoned, to_device, case, dtype):
     n_pq = geometry.n * geometry.p * geometry.q
     lengths = (geometry.k * geometry.r * geometry.s, n_pq, n_pq)
     assert_gradients_written(grads, outs, expected, lengths, dtype)
+
+
+# wgrad's reduction over N*P*Q runs in slices (grid layers of CTAs writing float32 partial sums, added up and rounded
+# once by a second kernel) where its output tiles are too few for the GPU. Shapes whose k tiles (64 pixels of N*P*Q
+# each) split unevenly, the last k tile part-full, N = 1 and odd N:
+SLICE_CASES = [
+    (1, 16, 12, 12, 24, 3, 3, 1, 1, 1, "none", False),  # N = 1: 144 pixels, 3 k tiles
+    (3, 24, 13, 12, 40, 3, 3, 1, (1, 0, 2, 1), 1, "none", True),  # odd N, uneven padding: 468 pixels, 8 k tiles
+    (5, 32, 17, 15, 72, 3, 3, 1, 1, 1, "none", True),  # 1,275 pixels, 20 k tiles; a partial second filter tile
+    (3, 136, 9, 10, 72, 1, 1, 1, 0, 1, "none", False),  # 1x1: 270 pixels, 5 k tiles; a second channel tile
+]
+SLICE_IDS = ["n1", "n3_pad4", "n5_20_k_tiles", "1x1_c136"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("slices", ["1", "2", "3", "7"])
+@pytest.mark.parametrize("case", SLICE_CASES, ids=SLICE_IDS)
+def test_backward_in_forced_wgrad_slices_matches_the_reference(rng, poisoned, to_device, monkeypatch, case, slices,
+                                                                dtype):
+    """GE2_CUTLASS_SM90_WGRAD_SLICES forces the slice count (cut to the k tile count: 7 asked of 3 k tiles runs 3,
+    of 8 runs 4 of 2): 1 is the direct kernel writing dw, the others slices of unequal length (20 k tiles in 3:
+    7 + 7 + 6; in 7: six of 3 and one of 2)."""
+    monkeypatch.setenv("GE2_CUTLASS_SM90_WGRAD_SLICES", slices)
+    _check_backward(rng, poisoned, to_device, case, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_backward_of_a_resnet_layer_at_batch_1_matches_the_reference(rng, poisoned, to_device, dtype):
+    """ResNet-50's first 3x3 layer (C = K = 64, 56 x 56) at N = 1: 9 wgrad output tiles against 49 k tiles, so the
+    cost model slices the reduction by itself."""
+    _check_backward(rng, poisoned, to_device, (1, 64, 56, 56, 64, 3, 3, 1, 1, 1, "none", False), dtype)
+
+
+@pytest.mark.gpu
+def test_bad_wgrad_slices_setting_is_refused(rng, to_device, monkeypatch):
+    _require_candidate()
+    monkeypatch.setenv("GE2_CUTLASS_SM90_WGRAD_SLICES", "0")
+    dy = to_device(random_array(rng, (2, 6, 6, 16), "float16"))
+    x = to_device(random_array(rng, (2, 6, 6, 16), "float16"))
+    w = to_device(random_array(rng, (16, 1, 1, 16), "float16"))
+    with pytest.raises(ValueError, match="GE2_CUTLASS_SM90_WGRAD_SLICES: expected a slice count 1..1024, got '0'"):
+        conv2d.backward(dy, x, w, layout="NHWC", kernel="cutlass_sm90")
 
 
 @pytest.mark.gpu

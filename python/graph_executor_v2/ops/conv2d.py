@@ -27,10 +27,11 @@ Kernel candidates (``kernels()``), best first:
 2. ``cutlass_sm90``: CUTLASS 3.x's sm90 implicit GEMM for Hopper (sm_90a): x loaded by TMA in im2col mode, w by
    tiled TMA, a multi-stage shared-memory pipeline feeding wgmma with float32 accumulation, and the whole epilogue
    (bias, residual, activation, clip) fused through an epilogue visitor tree, y rounded once; backward with act none
-   and stride 1 (CUTLASS's dgrad and wgrad kernels, dbias by GE2's reduction). NHWC, float16/bfloat16, groups 1, C
-   and K multiples of 8, padding <= 128, (R-1)*dilation < 255, stride <= 8 (TMA's im2col limits); every tensor
-   16-byte aligned. NOT BUILT (its ``kernels()`` row says why) without CUTLASS's headers (the ``cutlass`` extra or
-   ``GE2_CUTLASS_DIR``, with CUTLASS's tools/util/include beside include/).
+   and stride 1 (CUTLASS's dgrad and wgrad kernels, wgrad's long N*P*Q reduction in slices through a float32
+   workspace where its output tiles are too few for the GPU, dbias by GE2's reduction). NHWC, float16/bfloat16,
+   groups 1, C and K multiples of 8, padding <= 128, (R-1)*dilation < 255, stride <= 8 (TMA's im2col limits);
+   every tensor 16-byte aligned. NOT BUILT (its ``kernels()`` row says why) without CUTLASS's headers (the
+   ``cutlass`` extra or ``GE2_CUTLASS_DIR``, with CUTLASS's tools/util/include beside include/).
 3. ``implicit_gemm``: GE2's own implicit GEMM on tensor cores (no im2col buffer): x gathered on the fly by 16-byte
    cp.async, a 4-stage shared-memory pipeline, ldmatrix + mma.sync m16n8k16, float32 accumulation, bias, residual and
    activation fused into the epilogue. Forward only, NHWC, float16/bfloat16, groups 1, C % 8 == 0 (x and w 16-byte

@@ -199,7 +199,8 @@ void implicit_gemm_forward(const ForwardArgs& args, cudaStream_t stream);
 // The CUTLASS 3.x sm90 implicit-GEMM kernels (kernels/cutlass_sm90.cu, instantiations in cutlass/, built for sm_90a
 // when CMake finds CUTLASS's headers): NHWC, float16/bfloat16, groups 1, C and K multiples of 8, TMA's im2col limits
 // on padding, filter extent and stride; the forward with the whole epilogue fused, the backward (dgrad, wgrad, GE2's
-// dbias reduction) with act none and stride 1. Every tensor 16-byte aligned (checked per call: the forward's
+// dbias reduction) with act none and stride 1, wgrad's reduction in slices through a per-stream workspace where its
+// output tiles are few. Every tensor 16-byte aligned (checked per call: the forward's
 // cutlass_sm90_aligned, the backward throws std::invalid_argument). Without CUTLASS (cutlass_build.hpp) the
 // unsupported reason says why and the launches throw.
 std::string cutlass_sm90_unsupported_reason(const Shape& shape, const Epilogue& epilogue, bool backward);

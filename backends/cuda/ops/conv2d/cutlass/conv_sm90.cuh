@@ -1,9 +1,9 @@
 // The cutlass_sm90 conv2d kernels, each instantiated in a translation unit of its own
-// (conv_sm90_fprop_<tile>_<dtype>_<family>.cu, conv_sm90_<dgrad|wgrad>_<dtype>.cu) so the slow CUTLASS instantiations
-// compile in parallel: NHWC implicit GEMM on CUTLASS 3.x's sm90 conv collective (the "activation" read by TMA in
-// im2col mode, the other operand by tiled TMA, both into a multi-stage shared-memory pipeline feeding wgmma, float32
-// accumulation, a producer warp and a consumer warpgroup). The forward (M = N*P*Q output pixels, N = K filters,
-// reduction C*R*S) fuses GE2's whole epilogue through an epilogue visitor tree:
+// (conv_sm90_fprop_<tile>_<dtype>_<family>.cu, conv_sm90_dgrad_<tile>_<dtype>.cu, conv_sm90_wgrad[_sliced]_<dtype>.cu)
+// so the slow CUTLASS instantiations compile in parallel: NHWC implicit GEMM on CUTLASS 3.x's sm90 conv collective
+// (the "activation" read by TMA in im2col mode, the other operand by tiled TMA, both into a multi-stage shared-memory
+// pipeline feeding wgmma, float32 accumulation, a producer warp and a consumer warpgroup). The forward (M = N*P*Q
+// output pixels, N = K filters, reduction C*R*S) fuses GE2's whole epilogue through an epilogue visitor tree:
 //   y = clip(act(acc + bias[k] + residual)), computed in float32 and rounded to y's dtype once.
 // The activation and the clip are one visitor node whose arguments say which (GE2's own apply_act and clip_value, so
 // the numbers are the other candidates'). One instantiation serves a family of activations (ActivationAndClip), the
@@ -212,25 +212,29 @@ void fprop(const ForwardArgs& args, cudaStream_t stream) {
   run_fprop<typename FpropFor<Element, Activations, TileShape, cute::Shape<_1, _1, _1>>::Conv>(args, stream);
 }
 
-// The backward passes with a plain epilogue (D = acc, rounded once; no source tensor): dgrad writes dx [N,H,W,C]
-// from dy and w (M = N*H*W, N = C, reduction K*R*S), wgrad writes dw [K,R,S,C] from dy and x (M = K, N = R*S*C,
-// reduction N*P*Q, which this non-persistent schedule runs in one CTA per output tile: no split-K).
-template <typename Element, cutlass::conv::Operator kOp, typename TileShape, typename EpilogueSchedule>
+// The backward passes with a plain epilogue (D = acc, rounded once to ElementD; no source tensor): dgrad writes dx
+// [N,H,W,C] from dy and w (M = N*H*W, N = C, reduction K*R*S), wgrad writes dw [K,R,S,C] from dy and x (M = K,
+// N = (C, S, R), reduction N*P*Q: one CTA per output tile, or per tile and slice with SlicedWgrad below).
+// kStages: the pipeline's stage count, 0 for as many as fit in shared memory (one CTA per SM).
+template <typename Element, cutlass::conv::Operator kOp, typename TileShape, typename EpilogueSchedule,
+          typename ElementD = Element, int kStages = 0>
 struct GradFor {
   static constexpr int kAlignment = 16 / sizeof(Element);
+  static constexpr int kAlignmentD = 16 / sizeof(ElementD);
   using Layout = cutlass::layout::TensorNHWC;
   using OutputLayout =
       cute::conditional_t<kOp == cutlass::conv::Operator::kWgrad, cutlass::layout::TensorKCSR, Layout>;
   using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, OutputLayout, kAlignment, Element,
-      OutputLayout, kAlignment, EpilogueSchedule>::CollectiveOp;
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, OutputLayout, kAlignmentD, ElementD,
+      OutputLayout, kAlignmentD, EpilogueSchedule>::CollectiveOp;
   using CollectiveMainloop = typename cutlass::conv::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, kOp, Element, Layout, kAlignment, Element, Layout,
       kAlignment, float, TileShape, Cluster,
-      cutlass::conv::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      cute::conditional_t<(kStages > 0), cutlass::conv::collective::StageCount<(kStages > 0 ? kStages : 1)>,
+                          cutlass::conv::collective::StageCountAutoCarveout<static_cast<int>(
+                              sizeof(typename CollectiveEpilogue::SharedStorage))>>,
       cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>::CollectiveOp;
   using ProblemShape = cutlass::conv::ConvProblemShape<kOp, 2>;
   using Kernel = cutlass::conv::kernel::ConvUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
@@ -238,9 +242,9 @@ struct GradFor {
 };
 
 template <typename Conv>
-void run_grad(const Shape& shape, const void* a, const void* b, void* d, cudaStream_t stream) {
+typename Conv::Arguments grad_arguments(const Shape& shape, const void* a, const void* b, void* d) {
   using Kernel = typename Conv::ConvKernel;
-  using Element = typename Kernel::ElementA;
+  using ElementA = typename Kernel::ElementA;
   using ProblemShape = typename Kernel::ProblemShape;
   const auto problem = problem_shape<ProblemShape>(shape);
   typename Kernel::StrideD stride_d{};
@@ -250,33 +254,200 @@ void run_grad(const Shape& shape, const void* a, const void* b, void* d, cudaStr
   } else {
     stride_d = activation_stride<Kernel>(problem);
   }
-  typename Conv::Arguments arguments{
-      problem,
-      {static_cast<const Element*>(a), static_cast<const Element*>(b)},
-      {{}, nullptr, stride_d, static_cast<Element*>(d), stride_d},
-      hardware_info()};
+  typename Conv::Arguments arguments{};  // member by member: SlicedWgrad's collectives add fields to theirs
+  arguments.mode = cutlass::gemm::GemmUniversalMode::kGemm;
+  arguments.problem_shape = problem;
+  arguments.mainloop.ptr_A = static_cast<const ElementA*>(a);
+  arguments.mainloop.ptr_B = static_cast<const ElementA*>(b);
+  arguments.epilogue.ptr_C = nullptr;
+  arguments.epilogue.dC = stride_d;
+  arguments.epilogue.ptr_D = static_cast<typename Kernel::ElementD*>(d);
+  arguments.epilogue.dD = stride_d;
+  arguments.hw_info = hardware_info();
   arguments.epilogue.thread.alpha = 1.0f;
   arguments.epilogue.thread.beta = 0.0f;
-  launch<Conv>(arguments, stream);
+  return arguments;
 }
 
+template <typename Conv>
+void run_grad(const Shape& shape, const void* a, const void* b, void* d, cudaStream_t stream) {
+  launch<Conv>(grad_arguments<Conv>(shape, a, b, d), stream);
+}
+
+// wgrad's tile (conv_sm90.hpp): filters x channels (CUTLASS tiles the GEMM's N = (C, S, R) along C) x pixels.
+using WgradTileShape = cute::Shape<cute::Int<kWgradTileFilters>, cute::Shape<cute::Int<kWgradTileChannels>>,
+                                   cute::Shape<cute::Int<kWgradTilePixels>>>;
+
+// A mainloop's tiled view (BLK, BLK_K, tiles, k tiles) of an operand cut to its first `count` k tiles. The im2col
+// operand's view is a composed layout (CuTe's im2col map after the tiling): its tiling is the inner layout.
+template <typename Layout>
+CUTLASS_DEVICE auto first_k_tiles(const Layout& layout, int count) {
+  if constexpr (cute::is_composed_layout<Layout>::value) {
+    return cute::ComposedLayout{layout.layout_a(), layout.offset(), first_k_tiles(layout.layout_b(), count)};
+  } else {
+    // The k tile mode has one (dynamic) extent: the linearized N*P*Q over 64.
+    const auto k_tiles = cute::transform_leaf(cute::shape<3>(layout), [count](auto) { return count; });
+    return cute::make_layout(cute::layout<0>(layout), cute::layout<1>(layout), cute::layout<2>(layout),
+                             cute::make_layout(k_tiles, cute::stride<3>(layout)));
+  }
+}
+
+// The k tiles [begin, begin + count) of a mainloop's tiled view of an operand.
+template <typename Tiles>
+CUTLASS_DEVICE auto k_tile_range(const Tiles& tiles, int begin, int count) {
+  const auto shifted = cute::domain_offset(cute::make_coord(0, 0, 0, begin), tiles);
+  return cute::make_tensor(shifted.data(), first_k_tiles(shifted.layout(), count));
+}
+
+// wgrad's mainloop over one slice of the reduction: the CTAs of grid layer blockIdx.z load and multiply the k tiles
+// [z * k_tiles_per_slice, (z + 1) * k_tiles_per_slice), the last slice fewer (WgradSlices: none empty, so every CTA
+// writes its partial sums). The kernel takes its k tile count from these views, so loads, MMAs and the pipeline's
+// drain all see the slice.
+template <typename Mainloop>
+struct SliceOfReduction : Mainloop {
+  struct Arguments : Mainloop::Arguments {
+    int k_tiles_per_slice = 0;
+  };
+  struct Params : Mainloop::Params {
+    int k_tiles_per_slice = 0;
+  };
+  static Params to_underlying_arguments(const typename Mainloop::ProblemShape& problem, const Arguments& arguments,
+                                        void* workspace) {
+    Params params;
+    static_cast<typename Mainloop::Params&>(params) = Mainloop::to_underlying_arguments(problem, arguments, workspace);
+    params.k_tiles_per_slice = arguments.k_tiles_per_slice;
+    return params;
+  }
+  template <typename ProblemShapeMNKL>
+  CUTLASS_DEVICE auto load_init(const ProblemShapeMNKL& problem, const Params& params) {
+    const auto tiles = Mainloop::load_init(problem, params);
+    const int begin = static_cast<int>(blockIdx.z) * params.k_tiles_per_slice;
+    const int count = cute::min(params.k_tiles_per_slice, static_cast<int>(cute::size<3>(cute::get<0>(tiles))) - begin);
+    return cute::make_tuple(k_tile_range(cute::get<0>(tiles), begin, count),
+                            k_tile_range(cute::get<1>(tiles), begin, count));
+  }
+};
+
+// wgrad's plain epilogue writing grid layer blockIdx.z's partial sums to slice z of the float32 workspace
+// [slices, K, R, S, C].
+template <typename Epilogue>
+struct SliceOutput : Epilogue {
+  struct Arguments : Epilogue::Arguments {
+    int64_t slice_elements = 0;
+  };
+  using Params = Arguments;
+  template <typename ProblemShape>
+  static Params to_underlying_arguments(const ProblemShape&, const Arguments& arguments, void*) {
+    return arguments;
+  }
+  CUTLASS_DEVICE SliceOutput(const Params& params, typename Epilogue::TensorStorage& shared_tensors)
+      : Epilogue(at_slice(params), shared_tensors) {}
+
+ private:
+  CUTLASS_DEVICE static typename Epilogue::Params at_slice(const Params& params) {
+    typename Epilogue::Params slice = params;
+    slice.ptr_D += static_cast<int64_t>(blockIdx.z) * params.slice_elements;
+    return slice;
+  }
+};
+
+// wgrad with its reduction in slices: CUTLASS's kernel on the two wrappers above, launched with one grid layer per
+// slice.
 template <typename Element>
+struct SlicedWgrad {
+  using Grad = GradFor<Element, cutlass::conv::Operator::kWgrad, WgradTileShape,
+                       cutlass::epilogue::NoSmemWarpSpecialized, float>;
+  using Mainloop = SliceOfReduction<typename Grad::CollectiveMainloop>;
+  using Epilogue = SliceOutput<typename Grad::CollectiveEpilogue>;
+  using Base = cutlass::conv::kernel::ConvUniversal<typename Grad::ProblemShape, Mainloop, Epilogue>;
+  struct Kernel : Base {
+    static dim3 get_grid_shape(const typename Base::Params& params) {
+      dim3 grid = Base::get_grid_shape(params);
+      const int k_tiles = cute::ceil_div(static_cast<int>(cute::get<2>(params.problem_shape)), int(kWgradTilePixels));
+      grid.z = cute::ceil_div(k_tiles, params.mainloop.k_tiles_per_slice);
+      return grid;
+    }
+  };
+  using Conv = cutlass::conv::device::ConvUniversalAdapter<Kernel>;
+};
+
+// dw = the slices' partial sums added in a fixed order and rounded to dw's dtype once: a block covers 32 groups of
+// 4 neighbouring elements (512 contiguous bytes of each slice) with 8 threads each, thread t adding slices t, t + 8,
+// ...; the 8 sums of a group are then added in order. Many slices of a small dw (the layers that need slices most)
+// are read by many threads at once.
+constexpr int kSumGroups = 32, kSumLanes = 8;
+template <typename Element>
+__global__ void __launch_bounds__(kSumGroups * kSumLanes)
+    sum_slices(const float* __restrict__ partial, Element* __restrict__ dw, int64_t elements, int slices) {
+  __shared__ float4 sums[kSumLanes][kSumGroups];
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kSumGroups + threadIdx.x) * 4;
+  float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (first < elements) {
+#pragma unroll 4
+    for (int slice = threadIdx.y; slice < slices; slice += kSumLanes) {
+      const float4 part = __ldg(reinterpret_cast<const float4*>(partial + slice * elements + first));
+      sum.x += part.x, sum.y += part.y, sum.z += part.z, sum.w += part.w;
+    }
+  }
+  sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y != 0 || first >= elements) return;
+  for (int lane = 1; lane < kSumLanes; ++lane) {
+    const float4 part = sums[lane][threadIdx.x];
+    sum.x += part.x, sum.y += part.y, sum.z += part.z, sum.w += part.w;
+  }
+  cutlass::AlignedArray<Element, 4> out;
+  out[0] = Element(sum.x), out[1] = Element(sum.y), out[2] = Element(sum.z), out[3] = Element(sum.w);
+  *reinterpret_cast<cutlass::AlignedArray<Element, 4>*>(dw + first) = out;
+}
+
+// dgrad in 128 x kTileN tiles (pixels x channels) of 64-filter reduction steps: 128 x 128 with as many stages as
+// fit (one CTA per SM), or 128 x 64, for 64 channels or fewer where a 128-wide tile computes half empty, with 4
+// stages (96 KB: two CTAs per SM, one's prologue and epilogue under the other's mainloop).
+template <typename Element, int kTileN>
 void dgrad(const BackwardArgs& args, cudaStream_t stream) {
-  using cute::_64;
-  using cute::_128;
-  using Grad = GradFor<Element, cutlass::conv::Operator::kDgrad, cute::Shape<_128, _128, cute::Shape<_64>>,
-                       cutlass::epilogue::TmaWarpSpecialized>;
+  using TileShape = cute::Shape<cute::_128, cute::Int<kTileN>, cute::Shape<cute::_64>>;
+  using Grad = GradFor<Element, cutlass::conv::Operator::kDgrad, TileShape, cutlass::epilogue::TmaWarpSpecialized,
+                       Element, kTileN == 64 ? 4 : 0>;
   run_grad<typename Grad::Conv>(args.shape, args.dy, args.w, args.dx, stream);
 }
 
 template <typename Element>
 void wgrad(const BackwardArgs& args, cudaStream_t stream) {
-  using cute::_64;
-  using cute::_128;
-  using Grad = GradFor<Element, cutlass::conv::Operator::kWgrad,
-                       cute::Shape<_64, cute::Shape<_128>, cute::Shape<_64>>,
+  using Grad = GradFor<Element, cutlass::conv::Operator::kWgrad, WgradTileShape,
                        cutlass::epilogue::NoSmemWarpSpecialized>;
   run_grad<typename Grad::Conv>(args.shape, args.dy, args.x, args.dw, stream);
+}
+
+template <typename Element>
+void wgrad_sliced(const BackwardArgs& args, const WgradSlices& slices, float* workspace, cudaStream_t stream) {
+  using Sliced = SlicedWgrad<Element>;
+  using Conv = typename Sliced::Conv;
+  const Shape& s = args.shape;
+  const int64_t dw_elements = s.k * s.r * s.s * s.c;
+  // The plan's k tiles must be CUTLASS's: a slice past the reduction's end would write no partial sums.
+  const auto problem = problem_shape<typename Sliced::Grad::ProblemShape>(s);
+  const int64_t k_tiles =
+      cute::ceil_div(int64_t(cute::get<2>(Sliced::Mainloop::get_problem_shape_MNKL(problem))), kWgradTilePixels);
+  if (slices.count < 2 || (slices.count - 1) * slices.k_tiles_per_slice >= k_tiles ||
+      slices.count * slices.k_tiles_per_slice < k_tiles ||
+      slices.workspace_bytes < static_cast<std::size_t>(slices.count * dw_elements) * sizeof(float)) {
+    throw std::logic_error("cutlass_sm90: wgrad's slices (" + std::to_string(slices.count) + " of " +
+                           std::to_string(slices.k_tiles_per_slice) + " k tiles) do not cover its " +
+                           std::to_string(k_tiles) + " k tiles");
+  }
+  typename Conv::Arguments arguments = grad_arguments<Conv>(s, args.dy, args.x, workspace);
+  arguments.mainloop.k_tiles_per_slice = static_cast<int>(slices.k_tiles_per_slice);
+  arguments.epilogue.slice_elements = dw_elements;
+  launch<Conv>(arguments, stream);
+  const dim3 block(kSumGroups, kSumLanes);
+  const auto blocks = static_cast<unsigned>(cute::ceil_div(dw_elements, int64_t(4 * kSumGroups)));
+  sum_slices<<<blocks, block, 0, stream>>>(workspace, static_cast<Element*>(args.dw), dw_elements, slices.count);
+  const cudaError_t error = cudaGetLastError();
+  if (error != cudaSuccess) {
+    throw std::runtime_error(std::string("ge2 op 'conv2d': cutlass_sm90 wgrad's sum of slices launch: ") +
+                             cudaGetErrorString(error));
+  }
 }
 
 }  // namespace ge2::conv2d::cutlass_sm90

@@ -1,6 +1,7 @@
 // The cutlass_sm90 conv2d candidate's instantiations (cutlass/conv_sm90_<pass>_<dtype>.cu, compiled for sm_90a only,
 // when CMake found CUTLASS: GE2_WITH_CUTLASS=1); kernels/cutlass_sm90.cu checks the problem and picks one.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -24,6 +25,20 @@ inline int activation_family(Act act) {
   return -1;
 }
 
+// wgrad's output tiles: 64 filters x 128 channels of one filter tap (CUTLASS tiles the GEMM's N = (C, S, R) along C
+// only), reduced over N*P*Q in 64-pixel steps ("k tiles").
+constexpr int64_t kWgradTileFilters = 64, kWgradTileChannels = 128, kWgradTilePixels = 64;
+
+// How wgrad splits its reduction over N*P*Q (kernels/cutlass_sm90.cu chooses): `count` slices of `k_tiles_per_slice`
+// consecutive k tiles (the last one shorter), each slice a layer of the grid writing its float32 partial sums of dw
+// to the workspace, which one more kernel adds up and rounds to dw's dtype once. One slice writes dw directly and
+// takes no workspace.
+struct WgradSlices {
+  int count = 1;
+  int64_t k_tiles_per_slice = 0;
+  std::size_t workspace_bytes = 0;
+};
+
 // y = clip(act(conv(x, w) + bias + residual)) of `args` (NHWC, groups 1, the dtype of the function's name) in
 // 128 x 128 or 128 x 64 tiles of output pixels x filters (the narrow one for layers of 64 filters or fewer, where a
 // 128-wide tile would compute half empty), for an activation of the family the name ends with (activation_family).
@@ -35,10 +50,17 @@ void fprop_128x64_f16_linear(const ForwardArgs& args, cudaStream_t stream);
 void fprop_128x64_f16_smooth(const ForwardArgs& args, cudaStream_t stream);
 void fprop_128x64_bf16_linear(const ForwardArgs& args, cudaStream_t stream);
 void fprop_128x64_bf16_smooth(const ForwardArgs& args, cudaStream_t stream);
-// dx = dgrad(dy, w) and dw = wgrad(dy, x) of `args` (act none: dy is dz; stride 1 for dgrad).
-void dgrad_f16(const BackwardArgs& args, cudaStream_t stream);
-void dgrad_bf16(const BackwardArgs& args, cudaStream_t stream);
+// dx = dgrad(dy, w) in 128 x 128 or 128 x 64 tiles (pixels x channels) and dw = wgrad(dy, x) of `args` (act none:
+// dy is dz; stride 1 for dgrad); wgrad in one slice
+// (dw written directly) or wgrad_sliced in `slices` (slices.count > 1) through `workspace`, slices.workspace_bytes of
+// 16-byte aligned device memory.
+void dgrad_128x128_f16(const BackwardArgs& args, cudaStream_t stream);
+void dgrad_128x128_bf16(const BackwardArgs& args, cudaStream_t stream);
+void dgrad_128x64_f16(const BackwardArgs& args, cudaStream_t stream);
+void dgrad_128x64_bf16(const BackwardArgs& args, cudaStream_t stream);
 void wgrad_f16(const BackwardArgs& args, cudaStream_t stream);
 void wgrad_bf16(const BackwardArgs& args, cudaStream_t stream);
+void wgrad_sliced_f16(const BackwardArgs& args, const WgradSlices& slices, float* workspace, cudaStream_t stream);
+void wgrad_sliced_bf16(const BackwardArgs& args, const WgradSlices& slices, float* workspace, cudaStream_t stream);
 
 }  // namespace ge2::conv2d::cutlass_sm90

@@ -1,6 +1,8 @@
 // The cutlass_sm90 conv2d candidate's checks and dispatch (compiled for every architecture, no CUTLASS headers):
 // which problems it runs, and which pass and dtype's instantiation in cutlass/conv_sm90_*.cu (compiled for sm_90a
 // only, when CMake found CUTLASS: GE2_WITH_CUTLASS=1) runs them; the backward's dbias is GE2's reduction of dy.
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -9,6 +11,7 @@
 #include "cutlass/conv_sm90.hpp"
 #include "cutlass_build.hpp"
 #include "status.hpp"
+#include "stream_workspace.hpp"
 
 namespace ge2::conv2d {
 
@@ -73,16 +76,88 @@ namespace {
 bool aligned_16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; }
 
 #if GE2_WITH_CUTLASS
-// The forward's tile: 128 x 64 (pixels x filters) for layers of 64 filters or fewer, where a 128-wide tile computes
-// half empty, else 128 x 128; GE2_CUTLASS_SM90_CONV_TILE=128x128|128x64 forces one for every launch (read per launch,
-// so the tests check both tiles and a benchmark times both in one process).
-bool narrow_tile(const Shape& s) {
+// The tile of the forward and of dgrad, whose tiles are 128 output pixels by `columns` (the forward's filters K,
+// dgrad's channels C): 128 x 64 for 64 columns or fewer, where a 128-wide tile computes half empty, else 128 x 128;
+// GE2_CUTLASS_SM90_CONV_TILE=128x128|128x64 forces one for every launch (read per launch, so the tests check both
+// tiles and a benchmark times both in one process).
+bool narrow_tile(int64_t columns) {
   const char* forced = std::getenv("GE2_CUTLASS_SM90_CONV_TILE");
-  if (forced == nullptr || *forced == '\0') return s.k <= 64;
+  if (forced == nullptr || *forced == '\0') return columns <= 64;
   const std::string name(forced);
   if (name == "128x64") return true;
   if (name == "128x128") return false;
   throw std::invalid_argument("GE2_CUTLASS_SM90_CONV_TILE: expected 128x128 or 128x64, got '" + name + "'");
+}
+
+using cutlass_sm90::kWgradTileChannels;
+using cutlass_sm90::kWgradTileFilters;
+using cutlass_sm90::kWgradTilePixels;
+using cutlass_sm90::WgradSlices;
+
+// The slices for problem `s` on a GPU of `sms` SMs: the count the cost model below finds cheapest, or `forced` (> 0)
+// slices, cut down so that every slice has a k tile. The wgrad kernel runs one CTA per SM (its pipeline fills the
+// shared memory) and one CTA per output tile and slice, so a layer of few output tiles (K*R*S*C small against the
+// reduction: 9 tiles for C = K = 64 3x3, against 1,568 k tiles at N = 32, 56 x 56) leaves most SMs idle without
+// slices. Cost, in the time of one k tile of one CTA: waves of CTAs times (k tiles per slice + a CTA's fixed cost:
+// launch, pipeline fill, epilogue), plus the adding kernel (a launch, and reading every slice's partial sums).
+WgradSlices wgrad_slices(const Shape& s, int sms, int forced) {
+  constexpr int64_t kCtaCost = 6;          // a CTA's fixed cost, in k tiles
+  constexpr int64_t kSumLaunchCost = 8;    // the adding kernel's launch and tail, in k tiles
+  constexpr int64_t kSumBytesPerKTile = 640 * 1024;  // float32 partial sums the adding kernel reads per k tile's time
+  constexpr int kMostSlices = 256;
+  const auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  const int64_t tiles = ceil_div(s.k, kWgradTileFilters) * ceil_div(s.c, kWgradTileChannels) * s.r * s.s;
+  const int64_t k_tiles = ceil_div(s.n * s.p * s.q, kWgradTilePixels);
+  const int64_t dw_bytes = s.k * s.r * s.s * s.c * static_cast<int64_t>(sizeof(float));
+  const auto plan = [&](int64_t wanted) {
+    WgradSlices slices;
+    slices.k_tiles_per_slice = ceil_div(k_tiles, std::max<int64_t>(1, std::min(wanted, k_tiles)));
+    slices.count = static_cast<int>(ceil_div(k_tiles, slices.k_tiles_per_slice));  // no empty slice
+    slices.workspace_bytes = slices.count > 1 ? static_cast<std::size_t>(slices.count * dw_bytes) : 0;
+    return slices;
+  };
+  if (forced > 0) return plan(forced);
+  WgradSlices best = plan(1);
+  int64_t best_cost = -1;
+  for (int64_t wanted = 1; wanted <= std::min<int64_t>(k_tiles, kMostSlices); ++wanted) {
+    const WgradSlices slices = plan(wanted);
+    if (slices.count != wanted) continue;  // the same split as a smaller count
+    const int64_t waves = ceil_div(tiles * slices.count, std::max(sms, 1));
+    int64_t cost = waves * (slices.k_tiles_per_slice + kCtaCost);
+    if (slices.count > 1) cost += kSumLaunchCost + static_cast<int64_t>(slices.workspace_bytes) / kSumBytesPerKTile;
+    if (best_cost < 0 || cost < best_cost) best = slices, best_cost = cost;
+  }
+  return best;
+}
+
+// GE2_CUTLASS_SM90_WGRAD_SLICES=<n> forces wgrad's reduction into n slices (fewer where it has fewer k tiles), 1 for
+// none; unset, the cost model of wgrad_slices chooses. Read per launch, so the tests run every path.
+int forced_wgrad_slices() {
+  const char* forced = std::getenv("GE2_CUTLASS_SM90_WGRAD_SLICES");
+  if (forced == nullptr || *forced == '\0') return 0;
+  char* end = nullptr;
+  const long slices = std::strtol(forced, &end, 10);
+  if (*end != '\0' || slices < 1 || slices > 1024) {
+    throw std::invalid_argument(std::string("GE2_CUTLASS_SM90_WGRAD_SLICES: expected a slice count 1..1024, got '") +
+                                forced + "'");
+  }
+  return static_cast<int>(slices);
+}
+
+int sm_count() {
+  int device = 0, sms = 0;
+  GE2_CUDA_CHECK(cudaGetDevice(&device));
+  GE2_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));  // cheap: no cache needed
+  return sms;
+}
+
+void wgrad(const BackwardArgs& args, cudaStream_t stream) {
+  using namespace cutlass_sm90;
+  const bool f16 = args.shape.dtype == DType::Float16;
+  const WgradSlices slices = wgrad_slices(args.shape, sm_count(), forced_wgrad_slices());
+  if (slices.count == 1) return (f16 ? wgrad_f16 : wgrad_bf16)(args, stream);
+  float* workspace = static_cast<float*>(StreamWorkspace::get(slices.workspace_bytes, stream));
+  (f16 ? wgrad_sliced_f16 : wgrad_sliced_bf16)(args, slices, workspace, stream);
 }
 #endif
 
@@ -100,7 +175,7 @@ void cutlass_sm90_forward(const ForwardArgs& args, cudaStream_t stream) {
   static constexpr Fprop kFprop[2][2][2] = {  // [narrow tile][bfloat16][activation family]
       {{fprop_128x128_f16_linear, fprop_128x128_f16_smooth}, {fprop_128x128_bf16_linear, fprop_128x128_bf16_smooth}},
       {{fprop_128x64_f16_linear, fprop_128x64_f16_smooth}, {fprop_128x64_bf16_linear, fprop_128x64_bf16_smooth}}};
-  kFprop[narrow_tile(args.shape)][args.shape.dtype == DType::BFloat16][activation_family(args.act)](args, stream);
+  kFprop[narrow_tile(args.shape.k)][args.shape.dtype == DType::BFloat16][activation_family(args.act)](args, stream);
 #else
   (void)args;
   (void)stream;
@@ -117,8 +192,14 @@ void cutlass_sm90_backward(const BackwardArgs& args, cudaStream_t stream) {
 #if GE2_WITH_CUTLASS
   const bool f16 = args.shape.dtype == DType::Float16;
   if (args.dbias != nullptr) launch_bias_grad(args.shape, args.dy, args.dbias, /*gemm_layout=*/false, stream);
-  if (args.dx != nullptr) (f16 ? cutlass_sm90::dgrad_f16 : cutlass_sm90::dgrad_bf16)(args, stream);
-  if (args.dw != nullptr) (f16 ? cutlass_sm90::wgrad_f16 : cutlass_sm90::wgrad_bf16)(args, stream);
+  if (args.dx != nullptr) {
+    using Dgrad = void (*)(const BackwardArgs&, cudaStream_t);
+    static constexpr Dgrad kDgrad[2][2] = {  // [narrow tile][bfloat16]
+        {cutlass_sm90::dgrad_128x128_f16, cutlass_sm90::dgrad_128x128_bf16},
+        {cutlass_sm90::dgrad_128x64_f16, cutlass_sm90::dgrad_128x64_bf16}};
+    kDgrad[narrow_tile(args.shape.c)][!f16](args, stream);
+  }
+  if (args.dw != nullptr) wgrad(args, stream);
 #else
   (void)stream;
   throw std::logic_error("cutlass_sm90: " + cutlass_not_built_reason());

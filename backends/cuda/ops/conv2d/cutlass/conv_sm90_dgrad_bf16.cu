@@ -1,6 +1,0 @@
-// cutlass_sm90 conv2d dgrad instantiation: cutlass::bfloat16_t (one per file so they compile in parallel).
-#include "conv_sm90.cuh"
-
-namespace ge2::conv2d::cutlass_sm90 {
-void dgrad_bf16(const BackwardArgs& args, cudaStream_t stream) { dgrad<cutlass::bfloat16_t>(args, stream); }
-}  // namespace ge2::conv2d::cutlass_sm90

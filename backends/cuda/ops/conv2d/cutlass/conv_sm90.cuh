@@ -402,8 +402,8 @@ __global__ void __launch_bounds__(kSumGroups * kSumLanes)
 }
 
 // dgrad in 128 x kTileN tiles (pixels x channels) of 64-filter reduction steps: 128 x 128 with as many stages as
-// fit (one CTA per SM), or 128 x 64, for 64 channels or fewer where a 128-wide tile computes half empty, with 4
-// stages (96 KB: two CTAs per SM, one's prologue and epilogue under the other's mainloop).
+// fit (one CTA per SM), or 128 x 64 with 4 stages (96 KB: two CTAs per SM, one's prologue and epilogue under the
+// other's mainloop) for few channels or a short reduction (kernels/cutlass_sm90.cu picks).
 template <typename Element, int kTileN>
 void dgrad(const BackwardArgs& args, cudaStream_t stream) {
   using TileShape = cute::Shape<cute::_128, cute::Int<kTileN>, cute::Shape<cute::_64>>;

@@ -76,13 +76,12 @@ namespace {
 bool aligned_16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; }
 
 #if GE2_WITH_CUTLASS
-// The tile of the forward and of dgrad, whose tiles are 128 output pixels by `columns` (the forward's filters K,
-// dgrad's channels C): 128 x 64 for 64 columns or fewer, where a 128-wide tile computes half empty, else 128 x 128;
-// GE2_CUTLASS_SM90_CONV_TILE=128x128|128x64 forces one for every launch (read per launch, so the tests check both
-// tiles and a benchmark times both in one process).
-bool narrow_tile(int64_t columns) {
+// The tile of the forward and of dgrad: 128 output pixels by 64 columns (the forward's filters K, dgrad's channels
+// C) where `narrow_by_default`, else by 128; GE2_CUTLASS_SM90_CONV_TILE=128x128|128x64 forces one for every launch
+// (read per launch, so the tests check both tiles and a benchmark times both in one process).
+bool narrow_tile(bool narrow_by_default) {
   const char* forced = std::getenv("GE2_CUTLASS_SM90_CONV_TILE");
-  if (forced == nullptr || *forced == '\0') return columns <= 64;
+  if (forced == nullptr || *forced == '\0') return narrow_by_default;
   const std::string name(forced);
   if (name == "128x64") return true;
   if (name == "128x128") return false;
@@ -98,13 +97,15 @@ using cutlass_sm90::WgradSlices;
 // slices, cut down so that every slice has a k tile. The wgrad kernel runs one CTA per SM (its pipeline fills the
 // shared memory) and one CTA per output tile and slice, so a layer of few output tiles (K*R*S*C small against the
 // reduction: 9 tiles for C = K = 64 3x3, against 1,568 k tiles at N = 32, 56 x 56) leaves most SMs idle without
-// slices. Cost, in the time of one k tile of one CTA: waves of CTAs times (k tiles per slice + a CTA's fixed cost:
-// launch, pipeline fill, epilogue), plus the adding kernel (a launch, and reading every slice's partial sums).
+// slices. Measured on the H200 (N = 32 ResNet-50 layers, wgrad alone, CUDA-graph replay): the CTAs of one wave
+// share L2 bandwidth, so past ~100 of them a slice's k tiles get slower and a second wave costs more than it saves
+// (C128 H28 K128 3x3, 18 tiles: 7 slices 18.4 us, 8 slices 27.0; C256 H14 K256 3x3, 72 tiles: 1 slice 21.4 us, 2
+// slices 28.7), while filling the wave paid everywhere (C64 H56 K64 3x3: 1 slice 245 us, 14 slices 42.0). So: the
+// counts that keep one wave, costed as k tiles per slice plus the adding kernel (a launch, and reading every slice's
+// partial sums), in the time of one k tile.
 WgradSlices wgrad_slices(const Shape& s, int sms, int forced) {
-  constexpr int64_t kCtaCost = 6;          // a CTA's fixed cost, in k tiles
-  constexpr int64_t kSumLaunchCost = 8;    // the adding kernel's launch and tail, in k tiles
-  constexpr int64_t kSumBytesPerKTile = 640 * 1024;  // float32 partial sums the adding kernel reads per k tile's time
-  constexpr int kMostSlices = 256;
+  constexpr int64_t kSumLaunchCost = 16;             // the adding kernel's launch and tail, in k tiles
+  constexpr int64_t kSumBytesPerKTile = 512 * 1024;  // float32 partial sums it reads per k tile's time
   const auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
   const int64_t tiles = ceil_div(s.k, kWgradTileFilters) * ceil_div(s.c, kWgradTileChannels) * s.r * s.s;
   const int64_t k_tiles = ceil_div(s.n * s.p * s.q, kWgradTilePixels);
@@ -118,17 +119,22 @@ WgradSlices wgrad_slices(const Shape& s, int sms, int forced) {
   };
   if (forced > 0) return plan(forced);
   WgradSlices best = plan(1);
-  int64_t best_cost = -1;
-  for (int64_t wanted = 1; wanted <= std::min<int64_t>(k_tiles, kMostSlices); ++wanted) {
+  int64_t best_cost = best.k_tiles_per_slice;
+  for (int64_t wanted = 2; wanted <= std::min<int64_t>(k_tiles, sms / tiles); ++wanted) {
     const WgradSlices slices = plan(wanted);
-    if (slices.count != wanted) continue;  // the same split as a smaller count
-    const int64_t waves = ceil_div(tiles * slices.count, std::max(sms, 1));
-    int64_t cost = waves * (slices.k_tiles_per_slice + kCtaCost);
-    if (slices.count > 1) cost += kSumLaunchCost + static_cast<int64_t>(slices.workspace_bytes) / kSumBytesPerKTile;
-    if (best_cost < 0 || cost < best_cost) best = slices, best_cost = cost;
+    const int64_t cost = slices.k_tiles_per_slice + kSumLaunchCost +
+                         static_cast<int64_t>(slices.workspace_bytes) / kSumBytesPerKTile;
+    if (cost < best_cost) best = slices, best_cost = cost;
   }
   return best;
 }
+
+// dgrad's tile: 128 x 64 (4 stages, two CTAs per SM) for 64 channels or fewer, where the 128-wide tile computes half
+// empty, and for reductions (K*R*S) of two 64-filter steps or fewer, whose short CTAs gain from a second CTA per SM
+// hiding one's prologue and epilogue; else 128 x 128. H200, dgrad alone at N = 32: C64 H56 K64 3x3 23.1 us against
+// 41.9, C256 H56 K64 1x1 31.2 against 37.4, C512 H28 K128 1x1 17.6 against 20.4; C128 H28 K128 3x3 22.7 against
+// 17.4 and C256 H14 K256 3x3 18.9 against 14.4 (long reductions) stay on 128 x 128.
+bool dgrad_narrow_by_default(const Shape& s) { return s.c <= 64 || s.k * s.r * s.s <= 128; }
 
 // GE2_CUTLASS_SM90_WGRAD_SLICES=<n> forces wgrad's reduction into n slices (fewer where it has fewer k tiles), 1 for
 // none; unset, the cost model of wgrad_slices chooses. Read per launch, so the tests run every path.
@@ -175,7 +181,8 @@ void cutlass_sm90_forward(const ForwardArgs& args, cudaStream_t stream) {
   static constexpr Fprop kFprop[2][2][2] = {  // [narrow tile][bfloat16][activation family]
       {{fprop_128x128_f16_linear, fprop_128x128_f16_smooth}, {fprop_128x128_bf16_linear, fprop_128x128_bf16_smooth}},
       {{fprop_128x64_f16_linear, fprop_128x64_f16_smooth}, {fprop_128x64_bf16_linear, fprop_128x64_bf16_smooth}}};
-  kFprop[narrow_tile(args.shape.k)][args.shape.dtype == DType::BFloat16][activation_family(args.act)](args, stream);
+  const bool narrow = narrow_tile(args.shape.k <= 64);  // 64 filters or fewer: a 128-wide tile computes half empty
+  kFprop[narrow][args.shape.dtype == DType::BFloat16][activation_family(args.act)](args, stream);
 #else
   (void)args;
   (void)stream;
@@ -197,7 +204,7 @@ void cutlass_sm90_backward(const BackwardArgs& args, cudaStream_t stream) {
     static constexpr Dgrad kDgrad[2][2] = {  // [narrow tile][bfloat16]
         {cutlass_sm90::dgrad_128x128_f16, cutlass_sm90::dgrad_128x128_bf16},
         {cutlass_sm90::dgrad_128x64_f16, cutlass_sm90::dgrad_128x64_bf16}};
-    kDgrad[narrow_tile(args.shape.c)][!f16](args, stream);
+    kDgrad[narrow_tile(dgrad_narrow_by_default(args.shape))][!f16](args, stream);
   }
   if (args.dw != nullptr) wgrad(args, stream);
 #else

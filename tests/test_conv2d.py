@@ -383,14 +383,22 @@ DEPTHWISE_CASES = [
     # 33 channel vectors: two blocks of channels, the second one vector wide; 7x7 filters of 32 vectors would not
     # fit 48 KB of shared memory, so a block takes 31
     (1, 264, 9, 9, 264, 7, 7, 1, 3, 1, 264, "relu", True),
-    # 16-bit NHWC 3x3/5x5 at stride 1/2 run depthwise_nhwc_tiled (64-channel tiles, 8 x 16 outputs or fewer):
-    # 144 channels end in a tile of 16; 13 x 11 outputs: a partial tile of rows, a strip of 4 one column short;
-    # batch 1
+    # 16-bit NHWC 3x3/5x5 at stride 1/2 run depthwise_nhwc_tiled (channel tiles of up to 64, 8 x 16 outputs or
+    # fewer, one instantiation per activation): 144 channels in three tiles of 48 (a warp spans two strips);
+    # 13 x 11 outputs: rows in tiles of 7 and 6, a strip of 4 one column short; batch 1
     (1, 144, 13, 11, 144, 5, 5, 1, 2, 1, 144, "silu", True),
-    # stride 2 on odd sizes, 96 channels (a tile of 64 and one of 32), 9 x 10 outputs in tiles of 8 x 8
+    # stride 2 on odd sizes, 96 channels (two tiles of 48), 9 x 10 outputs
     (2, 96, 17, 19, 96, 3, 3, 2, 1, 1, 96, "silu", True),
-    # 5x5 stride 2 with asymmetric padding (top 1, bottom 2, left 2, right 1): 11 x 18 outputs, tiles of 4 x 8
+    # 5x5 stride 2 with asymmetric padding (top 1, bottom 2, left 2, right 1): 11 x 18 outputs, tiles of 4 x 8;
+    # 72 channels in a tile of 40 and a part-empty one (32 of 40)
     (2, 72, 23, 37, 72, 5, 5, 2, (1, 2, 2, 1), 1, 72, "relu", True),
+    # the tiled kernel's other activations: gelu on 48 channels (one tile, 24 lanes) and 14 x 14 outputs (rows in
+    # tiles of 7); none at stride 2 on 240 channels (five tiles of 48); leaky_relu on 200 channels (tiles of 40)
+    (2, 48, 14, 14, 48, 3, 3, 1, 1, 1, 48, "gelu", True),
+    (1, 240, 9, 7, 240, 3, 3, 2, 1, 1, 240, "none", False),
+    (1, 200, 11, 10, 200, 5, 5, 1, 2, 1, 200, "leaky_relu", True),
+    # 536 channels (8 x 67): no tile from 32 to 64 divides them; 17 tiles of 32, the last with 24
+    (1, 536, 6, 5, 536, 3, 3, 1, 1, 1, 536, "silu", True),
 ]
 
 
@@ -399,7 +407,9 @@ DEPTHWISE_CASES = [
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("case", DEPTHWISE_CASES, ids=["3x3", "efficientnet", "5x5_stride2", "uneven_dilated",
                                                        "12_channels", "264_channels_7x7", "144_channels_5x5",
-                                                       "96_channels_stride2", "5x5_stride2_asymmetric"])
+                                                       "96_channels_stride2", "5x5_stride2_asymmetric",
+                                                       "48_channels_gelu", "240_channels_stride2_none",
+                                                       "200_channels_5x5_leaky_relu", "536_channels"])
 def test_depthwise_forward_matches_reference(rng, poisoned, to_device, case, layout, dtype):
     check_forward(rng, poisoned, to_device, case, layout, dtype, "depthwise")
 

@@ -90,7 +90,7 @@ std::vector<KernelInfo> kernel_table() {
       {"depthwise", 25,
        "GE2's direct depthwise convolution, forward only: the R x S taps of a channel accumulated in float32, bias, "
        "residual, activation and clip fused, y rounded once; no workspace. 16-bit NHWC, C % 8 == 0, 3x3 or 5x5 at "
-       "stride 1 or 2: output tiles whose input window (halo included, 64 channels) is staged in shared memory by "
+       "stride 1 or 2: output tiles whose input window (halo included, up to 64 channels) is staged in shared memory by "
        "16-byte cp.async, a thread computing strips of 4 outputs of a channel pair from registers; other 16-bit "
        "NHWC with C % 8 == 0: a thread per 8 channels of a pixel (16-byte loads); else a thread per output",
        "forward only; groups == C == K (one filter per channel); NCHW or NHWC; float32, float16 or bfloat16; any "

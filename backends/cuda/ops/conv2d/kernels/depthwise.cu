@@ -4,13 +4,15 @@
 // ran fast: cuDNN's runtime fusion has no engine for them, legacy cuDNN would round before the epilogue, and
 // im2col_gemm took 21.4 of EfficientNet-B0's 22.7 ms on the H200 (batch 32, float16).
 // Three kernels, the first that applies:
-// - depthwise_nhwc_tiled (16-bit NHWC, C % 8 == 0, 3x3 or 5x5, stride 1 or 2, no dilation: every depthwise conv of
-//   EfficientNet and MobileNet): a block stages an output tile's input window (halo included, zeros outside the
-//   image) for up to 64 channels in shared memory with 16-byte cp.async, all copies in flight at once; a thread
-//   then owns a channel pair, holds its filters in registers and computes strips of 4 neighbouring outputs, each
-//   input pair read once per strip row. Its predecessor (depthwise_nhwc_vec8 alone: a thread per 8 channels of
-//   one pixel, every tap a dependent 16-byte global load, 64-bit index divisions, spills) ran EfficientNet-B0's 16
-//   depthwise convs at ~8x their memory time (0.965 of 2.164 ms, float16 batch 32, H200, session 33).
+// - depthwise_nhwc_tiled (16-bit NHWC, C % 8 == 0, 3x3 or 5x5, stride 1 or 2, no dilation, conv2d's activations:
+//   every depthwise conv of EfficientNet and MobileNet): a block stages an output tile's input window (halo
+//   included, zeros outside the image) for up to 64 channels in shared memory with 16-byte cp.async, all copies in
+//   flight at once; a thread then owns a channel pair, holds its filters in registers and computes strips of 4
+//   neighbouring outputs, each input pair read once per strip row. One instantiation per activation. Its
+//   predecessor (depthwise_nhwc_vec8 alone: a thread per 8 channels of one pixel, every tap a dependent 16-byte
+//   global load, 64-bit index divisions, spills) ran EfficientNet-B0's 16 depthwise convs at ~8x their memory time
+//   (0.965 of 2.164 ms, float16 batch 32, H200, session 33); its first version (the activation a runtime switch
+//   inlined for each of a strip's 8 outputs, 64-channel tiles only) at ~5x (0.649 of 1.757 ms, session 33).
 // - depthwise_nhwc_vec8 (16-bit NHWC, C % 8 == 0, other filters): a thread takes 8 neighbouring channels of one
 //   output pixel, every tap one 16-byte load of x; the block's filters sit in shared memory tap-major (as floats).
 // - depthwise_forward (everything else): a thread per output.
@@ -140,6 +142,22 @@ struct Tile {
   int rows, cols, in_rows, in_cols, channels, tiles_q;
 };
 
+// The tiled kernel's activation, fixed at compile time: with the runtime switch, each of a strip's 8 outputs
+// inlined every activation's code (erf, tanh, an IEEE division: ~2,000 instructions, a spill in the 3x3 kernel).
+// silu's sigmoid is two MUFU instructions, the hardware exponential and reciprocal (~2 float32 ulp, far below y's
+// 16-bit rounding); exp(-z) overflowing to inf (z < -88) gives 0, silu's limit.
+template <Act kAct>
+__device__ __forceinline__ float tiled_act(float z, float slope) {
+  if constexpr (kAct == Act::Silu) {
+    float exponential, reciprocal;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(exponential) : "f"(z * -1.4426950408889634f));
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(reciprocal) : "f"(1.0f + exponential));
+    return z * reciprocal;
+  } else {
+    return apply_act(kAct, z, slope);
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ float2 load_pair(const T* at) {  // two neighbouring channels, one 4-byte access
   const uint32_t raw = *reinterpret_cast<const uint32_t*>(at);
@@ -147,18 +165,23 @@ __device__ __forceinline__ float2 load_pair(const T* at) {  // two neighbouring 
   return make_float2(to_float(values[0]), to_float(values[1]));
 }
 
+// Blocks per SM the register budget must allow: a block's copies overlap other blocks' math, so occupancy counts
+// more than the extra registers the unrolled strips would take (5x5: 96 without the bound, 2 blocks per SM).
+constexpr int tiled_min_blocks(int r) { return r == 3 ? 5 : 3; }
+
 // grid (spatial tiles, channel tiles, N); block (channel pairs of the tile, thread groups). R x S filters, stride
-// kStride both ways, no dilation; C % 8 == 0, x 16-byte aligned, w/bias/residual/y 4-byte aligned.
-template <typename T, int R, int S, int kStride>
-__global__ void __launch_bounds__(kThreads) depthwise_nhwc_tiled(Depthwise d, Tile tile, const T* __restrict__ x,
-                                                                 const T* __restrict__ w, const T* __restrict__ bias,
-                                                                 const T* __restrict__ residual, T* __restrict__ y,
-                                                                 Act act, float slope, float clip_low,
-                                                                 float clip_high) {
+// kStride both ways, no dilation; C % 8 == 0, x 16-byte aligned, w/bias/residual/y 4-byte aligned. The window's
+// pixels sit kTileChannels apart in shared memory whatever the tile's channels, so a strip's reads are one base
+// address plus compile-time offsets.
+template <typename T, int R, int S, int kStride, Act kAct>
+__global__ void __launch_bounds__(kThreads, tiled_min_blocks(R))
+    depthwise_nhwc_tiled(Depthwise d, Tile tile, const T* __restrict__ x, const T* __restrict__ w,
+                         const T* __restrict__ bias, const T* __restrict__ residual, T* __restrict__ y, float slope,
+                         float clip_low, float clip_high) {
   extern __shared__ __align__(16) unsigned char shared[];
-  T* window = reinterpret_cast<T*>(shared);  // [in_rows][in_cols][tile.channels]
+  T* window = reinterpret_cast<T*>(shared);  // [in_rows][in_cols][kTileChannels], the tile's channels first
   // [R * S][tile.channels] floats: a thread's two channels of a tap are one conflict-free 8-byte read
-  float* filters = reinterpret_cast<float*>(shared + sizeof(T) * tile.in_rows * tile.in_cols * tile.channels);
+  float* filters = reinterpret_cast<float*>(shared + sizeof(T) * tile.in_rows * tile.in_cols * kTileChannels);
   const int64_t n = blockIdx.z;
   const int first_p = blockIdx.x / tile.tiles_q * tile.rows, first_q = blockIdx.x % tile.tiles_q * tile.cols;
   const int64_t first_channel = int64_t(blockIdx.y) * tile.channels;
@@ -174,8 +197,8 @@ __global__ void __launch_bounds__(kThreads) depthwise_nhwc_tiled(Depthwise d, Ti
       const int64_t in_h = top + row, in_w = left + col;
       const bool inside = in_h >= 0 && in_h < d.h && in_w >= 0 && in_w < d.w && channel < d.c;
       const T* src = inside ? x + ((n * d.h + in_h) * d.w + in_w) * d.c + channel : x;
-      cp_async_16(smem_address(window + (int64_t(pixel) * vectors + vector) * kVector),
-                  reinterpret_cast<uint64_t>(src), inside);
+      cp_async_16(smem_address(window + pixel * kTileChannels + vector * kVector), reinterpret_cast<uint64_t>(src),
+                  inside);
       for (col += step; col >= tile.in_cols; col -= tile.in_cols) ++row;
     }
     cp_async_commit();
@@ -197,21 +220,24 @@ __global__ void __launch_bounds__(kThreads) depthwise_nhwc_tiled(Depthwise d, Ti
     weight[tap] = *reinterpret_cast<const float2*>(filters + tap * tile.channels + 2 * threadIdx.x);
   }
   const float2 shift = bias != nullptr ? load_pair(bias + channel) : make_float2(0.0f, 0.0f);
+  const bool clipped = clip_low > -INFINITY || clip_high < INFINITY;  // the same for every thread: no divergence
   constexpr int kWindowCols = (kStrip - 1) * kStride + S;  // the input columns one strip reads per filter row
-  const int strips = tile.cols / kStrip;
-  for (int task = threadIdx.y; task < tile.rows * strips; task += blockDim.y) {
-    const int row = task / strips, strip = task % strips;
-    const int64_t out_p = first_p + row;
-    if (out_p >= d.p) continue;
-    const T* first_input = window + int64_t(row * kStride * tile.in_cols + strip * kStrip * kStride) * tile.channels +
+  // a task is one strip (row, strip) of the tile, the image's last tiles trimmed to the strips inside it (56
+  // columns: a last tile of 8 in 16 computes 2 strips, not 4); a thread's tasks are blockDim.y apart, walked without
+  // divisions
+  const int rows = min(tile.rows, static_cast<int>(d.p) - first_p);
+  const int strips = (min(tile.cols, static_cast<int>(d.q) - first_q) + kStrip - 1) / kStrip;
+  const int window_row = tile.in_cols * kTileChannels;
+  for (int row = threadIdx.y / strips, strip = threadIdx.y % strips; row < rows;) {
+    const T* first_input = window + (row * kStride * tile.in_cols + strip * kStrip * kStride) * kTileChannels +
                            2 * threadIdx.x;  // the strip's top-left input
     float2 acc[kStrip] = {};
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const T* in_row = first_input + int64_t(r) * tile.in_cols * tile.channels;
+      const T* in_row = first_input + r * window_row;
 #pragma unroll
       for (int col = 0; col < kWindowCols; ++col) {
-        const float2 value = load_pair(in_row + col * tile.channels);
+        const float2 value = load_pair(in_row + col * kTileChannels);
 #pragma unroll
         for (int out = 0; out < kStrip; ++out) {
           const int s = col - out * kStride;  // resolved at compile time
@@ -222,21 +248,36 @@ __global__ void __launch_bounds__(kThreads) depthwise_nhwc_tiled(Depthwise d, Ti
         }
       }
     }
+    const int out_q = first_q + strip * kStrip, outputs = min(kStrip, static_cast<int>(d.q) - out_q);
+    const int64_t at = ((n * d.p + first_p + row) * d.q + out_q) * d.c + channel;
+    if (residual != nullptr) {  // the same for every thread, as `clipped`
+#pragma unroll
+      for (int out = 0; out < kStrip; ++out) {
+        if (out >= outputs) break;
+        const float2 added = load_pair(residual + at + out * d.c);
+        acc[out].x += added.x;
+        acc[out].y += added.y;
+      }
+    }
 #pragma unroll
     for (int out = 0; out < kStrip; ++out) {
-      const int64_t out_q = first_q + strip * kStrip + out;
-      if (out_q >= d.q) break;
-      const int64_t at = ((n * d.p + out_p) * d.q + out_q) * d.c + channel;
-      float2 sum = make_float2(acc[out].x + shift.x, acc[out].y + shift.y);
-      if (residual != nullptr) {
-        const float2 added = load_pair(residual + at);
-        sum.x += added.x;
-        sum.y += added.y;
-      }
-      T result[2] = {from_float<T>(clip_value(apply_act(act, sum.x, slope), clip_low, clip_high)),
-                     from_float<T>(clip_value(apply_act(act, sum.y, slope), clip_low, clip_high))};
-      *reinterpret_cast<uint32_t*>(y + at) = *reinterpret_cast<const uint32_t*>(result);
+      acc[out].x = tiled_act<kAct>(acc[out].x + shift.x, slope);
+      acc[out].y = tiled_act<kAct>(acc[out].y + shift.y, slope);
     }
+    if (clipped) {
+#pragma unroll
+      for (int out = 0; out < kStrip; ++out) {
+        acc[out].x = clip_value(acc[out].x, clip_low, clip_high);
+        acc[out].y = clip_value(acc[out].y, clip_low, clip_high);
+      }
+    }
+#pragma unroll
+    for (int out = 0; out < kStrip; ++out) {
+      if (out >= outputs) break;
+      T result[2] = {from_float<T>(acc[out].x), from_float<T>(acc[out].y)};
+      *reinterpret_cast<uint32_t*>(y + at + out * d.c) = *reinterpret_cast<const uint32_t*>(result);
+    }
+    for (strip += blockDim.y; strip >= strips; strip -= strips) ++row;
   }
 }
 
@@ -246,15 +287,29 @@ bool aligned(const void* pointer, std::uintptr_t bytes) {
 bool aligned16(const void* pointer) { return aligned(pointer, 16); }
 
 int64_t tile_shared_bytes(const Tile& t, int64_t element_bytes, int64_t taps) {
-  return element_bytes * t.in_rows * t.in_cols * t.channels + int64_t(sizeof(float)) * taps * t.channels;
+  return element_bytes * t.in_rows * t.in_cols * kTileChannels + int64_t(sizeof(float)) * taps * t.channels;
 }
 
-// 8 x 16 outputs (fewer for a smaller image), halved (the longer side first) until the window and the filters fit
+// All of C up to 64 channels, else the multiple of 8 from 64 down to 32 that pads C least, the largest on ties:
+// 96 and 144 channels take tiles of 48, 672 of 56, where tiles of 64 left the last one part empty (its idle lanes
+// still scheduled).
+int choose_tile_channels(int64_t c) {
+  if (c <= kTileChannels) return static_cast<int>(c);
+  const auto padded = [c](int64_t channels) { return (c + channels - 1) / channels * channels; };
+  int best = kTileChannels;
+  for (int channels = kTileChannels - kVector; channels >= 32; channels -= kVector) {
+    if (padded(channels) < padded(best)) best = channels;
+  }
+  return best;
+}
+
+// 8 x 16 outputs (fewer for a smaller image; rows spread evenly over the tiles, so 14 or 28 rows take tiles of 7,
+// not 8 and a part-empty one), halved (the longer side first) until the window and the filters fit
 // kTileSharedBytes.
 Tile choose_tile(const Shape& s, int64_t element_bytes) {
   Tile t{};
-  t.channels = static_cast<int>(std::min<int64_t>(s.c, kTileChannels));
-  t.rows = static_cast<int>(std::min<int64_t>(s.p, 8));
+  t.channels = choose_tile_channels(s.c);
+  t.rows = static_cast<int>((s.p + (s.p + 7) / 8 - 1) / ((s.p + 7) / 8));
   t.cols = static_cast<int>(std::min<int64_t>((s.q + kStrip - 1) / kStrip * kStrip, 16));
   const auto fit_window = [&] {
     t.in_rows = static_cast<int>((t.rows - 1) * s.stride_h + s.r);
@@ -273,20 +328,36 @@ Tile choose_tile(const Shape& s, int64_t element_bytes) {
   return t;
 }
 
-// Whether depthwise_nhwc_tiled has an instantiation for the filter and stride (and the grid fits the problem).
-bool tiled_applies(const Shape& s) {
+// Whether depthwise_nhwc_tiled has an instantiation for the filter, stride and activation (and the grid fits the
+// problem).
+bool tiled_applies(const Shape& s, Act act) {
   const bool filter = s.r == s.s && (s.r == 3 || s.r == 5) && s.stride_h == s.stride_w &&
                       (s.stride_h == 1 || s.stride_h == 2) && s.dilation_h == 1 && s.dilation_w == 1;
-  return filter && s.n <= 65535 && (s.c + kTileChannels - 1) / kTileChannels <= 65535;
+  const bool instantiated = act == Act::None || act == Act::Relu || act == Act::Gelu || act == Act::Silu ||
+                            act == Act::LeakyRelu;
+  return filter && instantiated && s.n <= 65535 && (s.c + 31) / 32 <= 65535;
+}
+
+template <typename T, int R, int kStride, Act kAct>
+void launch_tiled_act(const Depthwise& d, const Tile& t, const ForwardArgs& args, dim3 grid, dim3 block,
+                      size_t shared, cudaStream_t stream) {
+  depthwise_nhwc_tiled<T, R, R, kStride, kAct><<<grid, block, shared, stream>>>(
+      d, t, static_cast<const T*>(args.x), static_cast<const T*>(args.w), static_cast<const T*>(args.bias),
+      static_cast<const T*>(args.residual), static_cast<T*>(args.y), args.slope, args.clip_low, args.clip_high);
 }
 
 template <typename T, int R, int kStride>
 void launch_tiled_with(const Depthwise& d, const Tile& t, const ForwardArgs& args, dim3 grid, dim3 block,
                        size_t shared, cudaStream_t stream) {
-  depthwise_nhwc_tiled<T, R, R, kStride><<<grid, block, shared, stream>>>(
-      d, t, static_cast<const T*>(args.x), static_cast<const T*>(args.w), static_cast<const T*>(args.bias),
-      static_cast<const T*>(args.residual), static_cast<T*>(args.y), args.act, args.slope, args.clip_low,
-      args.clip_high);
+  switch (args.act) {  // the activations tiled_applies admits
+    case Act::Relu: return launch_tiled_act<T, R, kStride, Act::Relu>(d, t, args, grid, block, shared, stream);
+    case Act::Gelu: return launch_tiled_act<T, R, kStride, Act::Gelu>(d, t, args, grid, block, shared, stream);
+    case Act::Silu: return launch_tiled_act<T, R, kStride, Act::Silu>(d, t, args, grid, block, shared, stream);
+    case Act::LeakyRelu:
+      return launch_tiled_act<T, R, kStride, Act::LeakyRelu>(d, t, args, grid, block, shared, stream);
+    case Act::None: return launch_tiled_act<T, R, kStride, Act::None>(d, t, args, grid, block, shared, stream);
+    default: throw std::logic_error(std::string("depthwise_nhwc_tiled: no instantiation for act ") + act_name(args.act));
+  }
 }
 
 template <typename T>
@@ -296,7 +367,12 @@ void launch_tiled(const Depthwise& d, const ForwardArgs& args, cudaStream_t stre
   const int64_t tiles = (s.p + t.rows - 1) / t.rows * t.tiles_q;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>((s.c + t.channels - 1) / t.channels),
                   static_cast<unsigned>(s.n));
-  const dim3 block(t.channels / 2, kThreads / (t.channels / 2));
+  // thread groups: the most, up to kThreads threads, that divide the tile's strips evenly (a tile of 48 channels
+  // takes 8 groups of 24 threads for 32 strips: 10 groups would leave 8 of them a round with nothing to do)
+  const int pairs = t.channels / 2, tasks = t.rows * (t.cols / kStrip);
+  int groups = std::max(1, std::min(tasks, kThreads / pairs));
+  while (tasks % groups != 0) --groups;
+  const dim3 block(pairs, groups);
   const size_t shared = static_cast<size_t>(tile_shared_bytes(t, sizeof(T), s.r * s.s));
   if (s.r == 3) {
     if (s.stride_h == 1) launch_tiled_with<T, 3, 1>(d, t, args, grid, block, shared, stream);
@@ -336,7 +412,7 @@ void depthwise_forward(const ForwardArgs& args, cudaStream_t stream) {
   const bool vector = d.nhwc && s.dtype != DType::Float32 && s.c % kVector == 0 && aligned16(args.x) &&
                       aligned16(args.y) && (args.bias == nullptr || aligned16(args.bias)) &&
                       (args.residual == nullptr || aligned16(args.residual));
-  const bool tiled = d.nhwc && s.dtype != DType::Float32 && s.c % kVector == 0 && tiled_applies(s) &&
+  const bool tiled = d.nhwc && s.dtype != DType::Float32 && s.c % kVector == 0 && tiled_applies(s, args.act) &&
                      aligned16(args.x) && aligned(args.y, 4) && (args.bias == nullptr || aligned(args.bias, 4)) &&
                      (args.residual == nullptr || aligned(args.residual, 4));
   if (tiled) {

@@ -289,6 +289,10 @@ MOVEMENT_CASES = [
     # both sides of a padded one
     ("pad", [(2, 5, 6, 3)], {"pads": (0, 0, 0, 0, 0, 0, 0, 5), "mode": "constant"}),
     ("pad", [(2, 3, 4, 5, 2)], {"pads": (0, 0, 1, 0, 0, 0, 0, 2, 0, 0), "mode": "constant", "value": 1.0}),
+    # the last axis alone (last_axis_pad_kernel, 4 elements a thread): cropped at its start and padded at its end;
+    # 4 * 301 rows of 8, a count no multiple of a block's 1,024
+    ("pad", [(7, 33, 5)], {"pads": (0, 0, -2, 0, 0, 4), "mode": "constant", "value": 3.0}),
+    ("pad", [(4, 301, 3)], {"pads": (0, 0, 0, 0, 0, 5)}),
     ("roll", [(4, 7)], {"shifts": (1, -9), "axes": (0, 1)}),
     ("repeat_interleave", [(2, 3, 5)], {"repeats": 3, "axis": 1}),
     ("tile", [(2, 3)], {"repeats": (3, 2)}),

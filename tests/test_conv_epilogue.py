@@ -581,3 +581,28 @@ def test_channel_pads_that_must_stay(rng, case):
     executor = check_against_unplanned(rng, squeeze_excitation_graph(rng, **kwargs), reduction_length=16)
     assert executor.optimized_graph.op_counts().get("pad") == 1, executor.explain()
     assert "widen_conv_output" not in executor.explain()
+
+
+@pytest.mark.gpu
+def test_squeeze_excitation_block_on_the_gpu_matches_the_cpu(rng):
+    """EfficientNet's block tail on the GPU, autotuned: a 3x3 depthwise conv with silu (depthwise's tiled kernel in
+    NHWC) and the squeeze-and-excitation after it, whose 16 -> 4 conv now writes 8 channels (4 zero filters) for
+    the 4 -> 16 conv: no pad left, and y matches the CPU backend without passes."""
+    g = Graph("efficientnet_block")
+    x = g.input("x", (4, 16, 13, 11), "float16")
+    h = g.silu(g.conv2d(x, g.param("w_depthwise", random_array(rng, (16, 1, 3, 3), "float16", 0.3)),
+                        g.param("b_depthwise", random_array(rng, (16,), "float16")), padding=1, groups=16))
+    squeezed = g.silu(g.conv2d(g.mean(h, axis=(2, 3), keepdims=True),
+                               g.param("w_reduce", random_array(rng, (4, 16, 1, 1), "float16", 0.3)),
+                               g.param("b_reduce", random_array(rng, (4,), "float16"))))
+    gate = g.sigmoid(g.conv2d(squeezed, g.param("w_expand", random_array(rng, (16, 4, 1, 1), "float16")),
+                              g.param("b_expand", random_array(rng, (16,), "float16"))))
+    g.output(g.mul(h, gate), "y")
+    executor = ge2.ExecutorV2(g, device="cuda")
+    feeds = {"x": random_array(rng, (4, 16, 13, 11), "float16")}
+    got = executor.run(feeds)["y"]
+    explained = executor.explain()
+    print(explained)
+    assert "pad" not in executor.optimized_graph.op_counts() and "widen_conv_output" in explained, explained
+    expected = ge2.ExecutorV2(g, device="cpu", passes=[]).run(feeds)["y"]
+    assert_close(got, expected.astype(np.float64), "float16", reduction_length=16, what=explained)

@@ -108,6 +108,8 @@ CASES = [
      {"stride": 2, "padding": 1}),
     ("conv2d_residual_gelu", "conv2d", lambda r: [_normal(r, (2, 3, 6, 5)), _normal(r, (4, 3, 3, 3)), _normal(r, (4,)),
                                                   _normal(r, (2, 4, 6, 5))], {"padding": 1, "act": "gelu"}),
+    ("conv2d_residual_sigmoid", "conv2d", lambda r: [_normal(r, (1, 3, 5, 4)), _normal(r, (2, 3, 3, 3)), _normal(r, (2,)),
+                                                     _normal(r, (1, 2, 5, 4))], {"padding": 1, "act": "sigmoid"}),
     ("conv2d_residual_clip", "conv2d", lambda r: [_normal(r, (1, 2, 5, 4)), _normal(r, (3, 2, 3, 3)), _normal(r, (3,)),
                                                   _normal(r, (1, 3, 5, 4))],
      {"padding": 1, "act": "leaky_relu", "slope": 0.2, "clip_min": -0.3, "clip_max": 1.5}),

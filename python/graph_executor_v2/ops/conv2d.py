@@ -5,8 +5,8 @@ Layouts (the ``layout`` attribute names both the activations' and the weights' l
 - ``NHWC``: x ``[N, H, W, C]``, w ``[K, R, S, C/groups]``, y ``[N, P, Q, K]``.
 ``stride`` and ``dilation`` are an int or (h, w); ``padding`` an int, (h, w) (symmetric) or (top, bottom, left,
 right). ``groups`` divides C and K (groups == C == K is depthwise). ``bias`` ``[K]``, ``residual`` (y's shape and dtype,
-added before the activation: a ResNet block's skip connection), ``act`` (none, relu, gelu (tanh form), silu, leaky_relu
-with ``slope``) and a clip of the result to [``clip_min``, ``clip_max``] (either None for no bound: relu6 is
+added before the activation: a ResNet block's skip connection), ``act`` (none, relu, gelu (tanh form), silu, sigmoid,
+leaky_relu with ``slope``) and a clip of the result to [``clip_min``, ``clip_max``] (either None for no bound: relu6 is
 ``clip_min=0, clip_max=6``; NaN passes) are fused into the epilogue, computed in float32 and rounded to y's dtype once.
 float32/float16/bfloat16 with float32 accumulation; TF32 only with ``allow_tf32``. Output size: ``P = (H + pad_top +
 pad_bottom - dilation_h * (R - 1) - 1) // stride_h + 1`` (Q likewise).
@@ -70,7 +70,7 @@ from ._base import (Attr, Input, OpDef, Problem, Sample, as_float64, attach_grad
                     register, require_inputs, sample_array, stream_arg, table_candidate)
 from ._face import Face, choose_launch
 
-CONV_ACTIVATIONS = ("none", "relu", "gelu", "silu", "leaky_relu")
+CONV_ACTIVATIONS = ("none", "relu", "gelu", "silu", "sigmoid", "leaky_relu")
 LAYOUTS = ("NCHW", "NHWC")
 
 
@@ -600,6 +600,10 @@ BACKWARD_OP = _grad.register_backward(OpDef(
 def _activation_backward(g, act, dy, z, slope):
     if act == "leaky_relu":
         return g.leaky_relu_backward(dy, z, alpha=slope)
+    if act == "sigmoid":  # dy * s * (1 - s) = dy * s - (dy * s) * s, s = sigmoid(z)
+        s = g.sigmoid(z)
+        scaled = g.mul(dy, s)
+        return g.sub(scaled, g.mul(scaled, s))
     return getattr(g, f"{act}_backward")(dy, z)  # relu, gelu (tanh form), silu: the elementwise ops' own
 
 

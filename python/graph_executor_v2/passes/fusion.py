@@ -17,6 +17,9 @@ from .pattern import Pat, Rule, rewrite
 # elementwise op -> epilogue ``act`` of gemm and conv2d: what every candidate's epilogue computes (cuBLASLt's, cuDNN's
 # pointwise nodes, GE2's kernels; GELU in the tanh form)
 EPILOGUE_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu"}
+# conv2d's epilogue also computes sigmoid (cuBLASLt's has none): a squeeze-and-excitation gate (EfficientNet's 16)
+# is then no kernel launch of its own
+CONV_EPILOGUE_ACTIVATIONS = {**EPILOGUE_ACTIVATIONS, "sigmoid": "sigmoid"}
 
 
 # act(gemm(a, b, bias, c)) = gemm(a, b, bias, c, act=act)
@@ -53,7 +56,7 @@ def fuse_conv_activation(graph: Graph, conv: Value, y: Value):
     if (node.attrs["act"] != "none" or node.attrs["clip_min"] is not None or node.attrs["clip_max"] is not None
             or y.type != conv.type):
         return None
-    return graph.conv2d(*conv_inputs(node.inputs), **{**node.attrs, "act": EPILOGUE_ACTIVATIONS[y.producer.op]})
+    return graph.conv2d(*conv_inputs(node.inputs), **{**node.attrs, "act": CONV_EPILOGUE_ACTIVATIONS[y.producer.op]})
 
 
 # clip(conv2d(...), lo, hi) = conv2d(..., clip_min=lo, clip_max=hi): relu6 and hardtanh after a convolution
@@ -82,7 +85,7 @@ RULES: list[Rule] = [
     (Pat(tuple(EPILOGUE_ACTIVATIONS), (Pat("reshape", (Pat("gemm", name="mm"),), name="view"),), name="y"),
      fuse_activation_through_reshape),
     (Pat("add", (Pat("conv2d", name="conv"), Pat(name="residual")), any_order=True), fuse_conv_residual),
-    (Pat(tuple(EPILOGUE_ACTIVATIONS), (Pat("conv2d", name="conv"),), name="y"), fuse_conv_activation),
+    (Pat(tuple(CONV_EPILOGUE_ACTIVATIONS), (Pat("conv2d", name="conv"),), name="y"), fuse_conv_activation),
     (Pat("clip", (Pat("conv2d", name="conv"),), name="y"), fuse_conv_clip),
 ]
 

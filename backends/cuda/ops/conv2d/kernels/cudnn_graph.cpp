@@ -105,6 +105,7 @@ fe::graph::Pointwise_attributes activation_node(Act act, float slope) {
     case Act::LeakyRelu: return node.set_mode(fe::PointwiseMode_t::RELU_FWD).set_relu_lower_clip_slope(slope);
     case Act::Gelu: return node.set_mode(fe::PointwiseMode_t::GELU_APPROX_TANH_FWD);
     case Act::Silu: return node.set_mode(fe::PointwiseMode_t::SWISH_FWD).set_swish_beta(1.0f);
+    case Act::Sigmoid: return node.set_mode(fe::PointwiseMode_t::SIGMOID_FWD);
     default: throw std::logic_error("conv2d: cudnn_graph has no node for this activation");
   }
 }

@@ -385,7 +385,7 @@ DEPTHWISE_CASES = [
     (1, 264, 9, 9, 264, 7, 7, 1, 3, 1, 264, "relu", True),
     # 16-bit NHWC 3x3/5x5 at stride 1/2 run depthwise_nhwc_tiled (channel tiles of up to 64, 8 x 16 outputs or
     # fewer, one instantiation per activation): 144 channels in three tiles of 48 (a warp spans two strips);
-    # 13 x 11 outputs: rows in tiles of 7 and 6, a strip of 4 one column short; batch 1
+    # 13 x 11 outputs: rows in tiles of 8 and 5, a strip of 4 one column short; batch 1
     (1, 144, 13, 11, 144, 5, 5, 1, 2, 1, 144, "silu", True),
     # stride 2 on odd sizes, 96 channels (two tiles of 48), 9 x 10 outputs
     (2, 96, 17, 19, 96, 3, 3, 2, 1, 1, 96, "silu", True),
@@ -393,7 +393,8 @@ DEPTHWISE_CASES = [
     # 72 channels in a tile of 40 and a part-empty one (32 of 40)
     (2, 72, 23, 37, 72, 5, 5, 2, (1, 2, 2, 1), 1, 72, "relu", True),
     # the tiled kernel's other activations: gelu on 48 channels (one tile, 24 lanes) and 14 x 14 outputs (rows in
-    # tiles of 7); none at stride 2 on 240 channels (five tiles of 48); leaky_relu on 200 channels (tiles of 40)
+    # tiles of 8 and 6, bands of 2); none at stride 2 on 240 channels (five tiles of 48), 5 x 4 outputs (a band
+    # with one row inside the image); leaky_relu on 200 channels (tiles of 40)
     (2, 48, 14, 14, 48, 3, 3, 1, 1, 1, 48, "gelu", True),
     (1, 240, 9, 7, 240, 3, 3, 2, 1, 1, 240, "none", False),
     (1, 200, 11, 10, 200, 5, 5, 1, 2, 1, 200, "leaky_relu", True),

@@ -415,6 +415,36 @@ def test_depthwise_forward_matches_reference(rng, poisoned, to_device, case, lay
     check_forward(rng, poisoned, to_device, case, layout, dtype, "depthwise")
 
 
+# (N, H, W, C, K, act, with residual, clip): 1x1 convolutions of at most 64 output pixels run implicit_gemm's
+# pointwise_small_m (a squeeze-and-excitation's convs); 75 pixels take the tiles
+SMALL_M_CASES = [
+    (32, 1, 1, 96, 8, "silu", False, None),  # EfficientNet's SE reduce conv (its K widened to 8): 2 blocks
+    (32, 1, 1, 1152, 48, "silu", False, None),  # the largest: 144 channel vectors over 8 warps, 12 blocks
+    (32, 1, 1, 48, 1152, "sigmoid", False, None),  # an SE expand conv with its gate: 6 vectors, 2 warps idle
+    (1, 1, 1, 8, 13, "none", True, None),  # one pixel, K % 4 != 0 (the last block part empty), a residual
+    (16, 2, 2, 40, 20, "relu", True, (0.0, 0.5)),  # 64 pixels (two per lane), a residual and a clip
+    (5, 3, 5, 16, 12, "gelu", False, None),  # 75 pixels: the tiles
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", SMALL_M_CASES, ids=["se_reduce", "se_reduce_1152", "se_expand_sigmoid",
+                                                     "one_pixel_residual", "64_pixels_clip", "75_pixels"])
+def test_implicit_gemm_pointwise_small_m_matches_reference(rng, poisoned, to_device, case, dtype):
+    skip_unless_built("implicit_gemm")
+    n, h, w, c, k, act, with_residual, clip = case
+    x, weights = random_array(rng, (n, h, w, c), dtype), random_array(rng, (k, 1, 1, c), dtype, 1.0 / np.sqrt(c))
+    bias = random_array(rng, (k,), dtype)
+    residual = random_array(rng, (n, h, w, k), dtype) if with_residual else None
+    attrs = dict(layout="NHWC", act=act, **({} if clip is None else {"clip_min": clip[0], "clip_max": clip[1]}))
+    expected, _ = conv2d.reference(x, weights, bias, residual, **attrs)
+    out = poisoned(expected.shape, dtype)
+    conv2d.forward(to_device(x), to_device(weights), to_device(bias),
+                   None if residual is None else to_device(residual), **attrs, kernel="implicit_gemm", out=out)
+    assert_close(out.numpy(), expected, dtype, reduction_length=c, what=f"y of {case}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_depthwise_fuses_residual_and_clip(rng, poisoned, to_device, dtype):

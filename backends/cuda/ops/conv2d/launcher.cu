@@ -62,8 +62,9 @@ std::vector<KernelInfo> kernel_table() {
        cutlass_not_built.empty()
            ? "CUTLASS 3.x implicit GEMM for Hopper (sm_90a): x read by TMA in im2col mode and w by tiled TMA into "
              "a multi-stage shared-memory pipeline, wgmma with float32 accumulation (a producer warp, a consumer "
-             "warpgroup), 128 x 128 output tiles of 64-channel steps (128 x 64 for 64 filters or fewer; "
-             "GE2_CUTLASS_SM90_CONV_TILE=128x128|128x64 forces one); bias, residual, activation and clip fused "
+             "warpgroup), 128 x 128 output tiles of 64-channel steps (128 x 64 for 64 filters or fewer, with 4 "
+             "stages, two CTAs per SM, for none/relu/leaky_relu; GE2_CUTLASS_SM90_CONV_TILE=128x128|128x64 forces "
+             "one); bias, residual, activation and clip fused "
              "through an epilogue visitor tree (the activation a run-time argument within one of two instantiated "
              "families: none/relu/leaky_relu and gelu/silu), y rounded once and written by TMA; backward: CUTLASS's "
              "dgrad (dy in im2col mode; 128 x 128 tiles, or 128 x 64 with 4 stages, two CTAs per SM, for 64 channels "

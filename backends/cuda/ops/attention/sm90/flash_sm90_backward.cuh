@@ -4,7 +4,8 @@
 // (batch, K/V head) and walks the query tiles of kBlockM rows that see them, for every query head of the group, so dK
 // and dV have one writer. It is three warpgroups. Warpgroup 0's first thread loads K and V once and the Q and dO
 // tiles by TMA into a kStages-deep ring (full and empty mbarriers, as in the forward), and its second warp the tile's
-// lse and D into the same stage (the full barrier waits for both). Warpgroups 1 and 2 own 64 keys each (head_dim
+// lse and D into the same stage (the full barrier waits for both); up to head_dim 128 its third warp adds each step's
+// dQ tile to the float32 accumulator (below). Warpgroups 1 and 2 own 64 keys each (head_dim
 // 256: the same 64 keys, half of the queries of S^T and dP^T, half of the columns of dK and dV); per query tile
 // they run
 //   S^T = K Q^T and dP^T = V dO^T on wgmma from shared memory, then in float32 registers P^T = exp(scale S^T - lse)
@@ -13,7 +14,10 @@
 //   memory, double-buffered, after a barrier of the two warpgroups), dK and dV in registers;
 //   dS^T to shared memory (double-buffered, by stmatrix), a barrier of the two warpgroups, then dQ_tile = dS K,
 //   split by query rows (head_dim 64: 128-row tiles) or by head_dim halves (128 and 256: 64-row tiles) over the
-//   two warpgroups, added to the float32 accumulator with 16-byte atomics (8-byte at head_dim 256).
+//   two warpgroups. Up to head_dim 128 the consumers write it to shared memory, float32, and one thread of the
+//   producer's third warp adds it to the accumulator by a TMA reduce-add (as FlashAttention-3 does): the consumers
+//   go on to the next step instead of waiting on global atomics, which stalled their registers' reuse (ncu: L1TEX
+//   long scoreboard, the top stall). At head_dim 256 shared memory is full: 8-byte atomics from the registers.
 // Causal skips the query tiles that see none of the CTA's keys; scores outside a row's visible keys get P = 0. TMA
 // reads rows past seq_q or seq_k as zeros: such keys see no query (their dK, dV are not written) and such queries'
 // P is 0.
@@ -94,6 +98,11 @@ struct BackwardTraits {
   // instruction: an element-wise copy into the swizzled view computes its addresses as integers, which loses the
   // shared address space, and compiled to 4-byte generic stores (ST.E).
   using SmemCopyScores = Copy_Atom<SM90_U32x4_STSM_N, Element>;
+  // The step's dQ tile in float32, rows of 32 floats in the 128-byte swizzle, which TMA reads back (4 boxes of 32
+  // columns at head_dim 128). The swizzle spreads a warp's 8-byte stores of 8 rows over all banks.
+  static constexpr bool kDqInSharedMemory = !kScoresInSharedMemory;  // head_dim 256: 224 of the 227 KB are taken
+  using SmemLayoutDQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{},
+                                              cute::Shape<Int<kBlockM>, Int<kHeadDim>>{}));
 
   // Global tensors as (seq, dim, head, batch) with element strides, as in the forward.
   using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
@@ -104,6 +113,9 @@ struct BackwardTraits {
                                        cute::Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutQ{}),
                                       cute::Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using DqGmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), GmemShape{}, GmemStride{}));
+  using TmaDQ = decltype(make_tma_copy(SM90_TMA_REDUCE_ADD{}, DqGmemTensor{}, SmemLayoutDQ{},
+                                       cute::Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);  // K and V, each
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);   // one Q or dO tile
 
@@ -114,17 +126,23 @@ struct BackwardTraits {
     cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> dout;
     cute::array_aligned<Element, cosize_v<SmemLayoutDs>, 1024> ds;
     cute::array_aligned<Element, kScoresInSharedMemory ? cosize_v<SmemLayoutDs> : 1, 1024> p;  // P^T, as dS^T
+    cute::array_aligned<float, kDqInSharedMemory ? cosize_v<SmemLayoutDQ> : 1, 1024> dq;
     float lse[kStages][kBlockM], row_dot[kStages][kBlockM];  // of the stage's query rows (0 past seq_q)
     alignas(8) uint64_t kv_full;
     uint64_t q_full[kStages], dout_full[kStages], q_empty[kStages], dout_empty[kStages];
   };
   static constexpr int kStatisticsLanes = 32;  // the producer's second warp: lse and D into shared memory
+  // Named barriers of the consumers (dS^T written) and of the consumers with the producer's dQ warp (the dQ tile
+  // written; the dQ buffer read by TMA, free again).
+  static constexpr uint32_t kScoresWrittenBarrier = 0, kDqFullBarrier = 1, kDqEmptyBarrier = 2;
+  static constexpr int kDqBarrierThreads = kConsumerThreads + 32;
 };
 
 template <class T>
 struct BackwardParams {
   typename T::TmaKV tma_k, tma_v;
   typename T::TmaQ tma_q, tma_dout;
+  typename T::TmaDQ tma_dq;    // up to head_dim 128: onto dq_accumulator
   attention::Shape shape;
   const float* lse;            // [batch, heads_q, seq_q]
   const float* row_dot;        // D, as lse
@@ -133,6 +151,29 @@ struct BackwardParams {
   int64_t kv_pitch, kv_head_stride, kv_batch_stride;
   float scale_log2;  // scale * log2(e): P = exp2(scale_log2 s - log2(e) lse)
 };
+
+// Two adjacent floats into shared memory, 8 bytes at a shared-space address: through CuTe's swizzled view a plain
+// store would be generic (the swizzle computes the address as an integer).
+__device__ __forceinline__ void store_shared_pair(uint32_t address, float first, float second) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(address), "f"(first), "f"(second));
+}
+
+// A thread's dQ tile in shared memory, ((2, 2, N/8), MMA_M, MMA_N) as its accumulator, in the 128-byte swizzle of
+// 32-float rows (address bits 4-6 ^= bits 7-9): the byte offset of pair i from the pair of its column block mod 4 in
+// the first row half. Row halves (8 rows), 32-column blocks and the MMA tiles are multiples of 1024 bytes, which the
+// swizzle does not change; the static_assert checks it for every pair of the (unswizzled, static) layout.
+template <class Layout, int... kPairs>
+constexpr bool dq_offsets_are_swizzle_free(Layout layout, std::integer_sequence<int, kPairs...>) {
+  return (((layout(2 * kPairs) - layout(2 * kPairs / 4 % 4 * 4)) % 256 == 0) && ...);
+}
+
+template <class Layout>
+__device__ __forceinline__ constexpr uint32_t dq_chunk_offset(Layout layout, int i) {
+  static_assert(is_static<Layout>::value && dq_offsets_are_swizzle_free(
+                    Layout{}, std::make_integer_sequence<int, decltype(size(Layout{}))::value / 2>{}),
+                "a dQ pair's offset from its chunk would cross the swizzle's bits");
+  return uint32_t(layout(i) - layout(i / 4 % 4 * 4)) * sizeof(float);
+}
 
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONSTANT BackwardParams<T> const p) {
@@ -154,6 +195,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONS
   Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), typename T::SmemLayoutDs{});
   Tensor sdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename T::SmemLayoutDsT{});
   Tensor sP = make_tensor(make_smem_ptr(smem.p.data()), typename T::SmemLayoutDs{});  // head_dim 256 only
+  Tensor sdQ = make_tensor(make_smem_ptr(smem.dq.data()), typename T::SmemLayoutDQ{});  // up to head_dim 128
 
   const int n_block = static_cast<int>(blockIdx.y);
   const int bhk = static_cast<int>(blockIdx.x), b = bhk / int(s.heads_kv), hk = bhk % int(s.heads_kv);
@@ -184,7 +226,29 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONS
 
   if (warpgroup == 0) {  // producer
     cutlass::arch::warpgroup_reg_dealloc<40>();
-    if (steps == 0 || threadIdx.x >= 32 + T::kStatisticsLanes) return;
+    using cutlass::arch::NamedBarrier;
+    constexpr int kDqWarpEnd = T::kDqInSharedMemory ? 96 : 64;
+    if (steps == 0 || threadIdx.x >= kDqWarpEnd) return;
+    if (threadIdx.x >= 64) {  // the third warp: each step's dQ tile from shared memory onto the accumulator
+      Tensor mdQ =
+          p.tma_dq.get_tma_tensor(make_shape(int32_t(s.seq_q), kHeadDim, int32_t(s.heads_q), int32_t(s.batch)));
+      auto cta_dq = p.tma_dq.get_slice(_0{});
+      Tensor tdQsdQ = cta_dq.partition_S(sdQ);
+      NamedBarrier::arrive(T::kDqBarrierThreads, T::kDqEmptyBarrier);  // the buffer starts free
+      for (int step = 0; step < steps; ++step) {
+        const int h = hk * group + step / tiles_per_head, m_tile = first_tile + step % tiles_per_head;
+        Tensor gdQ = local_tile(mdQ(_, _, h, b), cute::Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_tile, _0{}));
+        NamedBarrier::sync(T::kDqBarrierThreads, T::kDqFullBarrier);
+        if (threadIdx.x == 64) {  // rows past seq_q are not written: the tensor's bounds clip the boxes
+          copy(p.tma_dq, tdQsdQ, cta_dq.partition_D(gdQ));
+          tma_store_arrive();
+          tma_store_wait<0>();  // TMA has read the buffer (before the consumers overwrite it, or the CTA exits)
+        }
+        __syncwarp();
+        if (step + 1 < steps) NamedBarrier::arrive(T::kDqBarrierThreads, T::kDqEmptyBarrier);
+      }
+      return;
+    }
     if (threadIdx.x >= 32) {  // lse and D of each step's query rows, read by the consumers' softmax
       const int lane = static_cast<int>(threadIdx.x) - 32;
       for (int step = 0; step < steps; ++step) {
@@ -257,6 +321,15 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONS
   auto score_store = make_tiled_copy_C(typename T::SmemCopyScores{}, mma_sdp);
   auto thread_score_store = score_store.get_thread_slice(thread);
   Tensor tSsdS = thread_score_store.partition_D(sdS);    // this thread's dS^T elements, (CPY, CPY_M, CPY_N, buffer)
+  Tensor tQsdQ = thread_dq.partition_C(sdQ);             // this thread's dQ elements, as its accumulator
+  // Shared-memory addresses of the thread's dQ pairs: 4 swizzled chunks (by column block mod 4) plus offsets that
+  // leave the swizzle alone (dq_chunk_offset), instead of one address register per pair (which spilled).
+  uint32_t dq_chunks[4];
+  if constexpr (T::kDqInSharedMemory) {
+    static_assert(size<0, 0>(tQsdQ) == 2 && size<0, 2>(tQsdQ) % 4 == 0, "((column pair, row half, column block), ...)");
+    CUTE_UNROLL
+    for (int block = 0; block < 4; ++block) dq_chunks[block] = cast_smem_ptr_to_uint(&tQsdQ(4 * block));
+  }
 
   Tensor tdKrdK = partition_fragment_C(mma_kv, select<0, 1>(typename T::TileKV{}));
   Tensor tdVrdV = partition_fragment_C(mma_kv, select<0, 1>(typename T::TileKV{}));
@@ -283,9 +356,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONS
   for (int step = 0; step < steps; ++step) {
     const int stage = step % kStages, buffer = step & 1;
     const uint32_t phase = (step / kStages) & 1;
-    const int h = hk * group + step / tiles_per_head;
     const int m0 = (first_tile + step % tiles_per_head) * kBlockM;
-    const int64_t row0 = (int64_t(b) * s.heads_q + h) * s.seq_q;  // the dQ accumulator's rows of this head
 
     // S^T = K Q^T and dP^T = V dO^T, two batches: the softmax of S^T runs while dP^T is computed.
     Tensor tSrS = partition_fragment_C(mma_sdp, select<0, 1>(typename T::TileSdP{}));
@@ -337,7 +408,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONS
       copy(score_store, thread_score_store.retile_S(p_register), tSsP(_, _, _, buffer));
       copy(score_store, thread_score_store.retile_S(ds_register), tSsdS(_, _, _, buffer));
       cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, 0);
+      cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, T::kScoresWrittenBarrier);
       issue_warpgroup_gemm<false, false>(mma_kv, tKVsP(_, _, _, buffer), tKVrdOt(_, _, _, stage), tdVrdV);
       issue_warpgroup_gemm<false, false>(mma_kv, tKVsdS(_, _, _, buffer), tKVrQt(_, _, _, stage), tdKrdK);
     } else {
@@ -345,7 +416,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONS
       issue_warpgroup_gemm<false, true>(mma_kv, tKVrdS, tKVrQt(_, _, _, stage), tdKrdK);
       copy(score_store, thread_score_store.retile_S(ds_register), tSsdS(_, _, _, buffer));
       cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, 0);
+      cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, T::kScoresWrittenBarrier);
     }
 
     Tensor tQrdQ = partition_fragment_C(mma_dq, select<0, 1>(typename T::TileDQ{}));
@@ -361,40 +432,29 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONS
     Barrier::arrive(&smem.q_empty[stage]);
     Barrier::arrive(&smem.dout_empty[stage]);
 
-    // dQ_tile into the float32 accumulator. A thread holds column pairs (c, c + 1) of 8-column blocks, one 8-byte
-    // atomic each; up to head_dim 128 the quad neighbours (lanes l and l ^ 1, which hold the adjacent pairs) swap one
-    // pair of every two blocks, so each holds 4 adjacent columns: one 16-byte atomic, half as many (the workspace is
-    // 256-byte aligned, rows are kHeadDim floats). At head_dim 256 the swaps would spill (dK, dV and dQ fill 192 of
-    // a consumer's registers).
-    Tensor tQcdQ = thread_dq.partition_C(make_identity_tensor(select<0, 1>(typename T::TileDQ{})));
-    Tensor dq = make_tensor(tQrdQ.data(), rows_by_columns(tQrdQ.layout()));
-    Tensor dq_coordinates = make_tensor(tQcdQ.data(), rows_by_columns(tQcdQ.layout()));
-    constexpr int kDqRows = decltype(size<0>(dq))::value, kDqColumns = decltype(size<1>(dq))::value;
-    static_assert(kDqColumns % 4 == 0, "dQ's columns come in pairs of 8-column blocks");
-    const bool odd_lane = (threadIdx.x & 1) != 0;
-    CUTE_UNROLL
-    for (int r = 0; r < kDqRows; ++r) {
-      const int query = m0 + get<0>(dq_coordinates(r, 0));  // the neighbour's too: a quad holds one row
-      float* accumulator_row = p.dq_accumulator + (row0 + query) * kHeadDim;
-      if constexpr (kHeadDim <= 128) {
-        float4 sums[kDqColumns / 4];  // the row's swaps first (every lane), then its atomics
-        CUTE_UNROLL
-        for (int c = 0; c < kDqColumns; c += 4) {  // the pair of the first block at c, of the second at c + 2
-          const float got0 = __shfl_xor_sync(0xffffffffu, odd_lane ? dq(r, c) : dq(r, c + 2), 1);
-          const float got1 = __shfl_xor_sync(0xffffffffu, odd_lane ? dq(r, c + 1) : dq(r, c + 3), 1);
-          sums[c / 4] = odd_lane ? make_float4(got0, got1, dq(r, c + 2), dq(r, c + 3))
-                                 : make_float4(dq(r, c), dq(r, c + 1), got0, got1);
-        }
+    if constexpr (T::kDqInSharedMemory) {
+      // dQ_tile to shared memory, once the dQ warp's TMA has read the previous one, then handed to that warp (the
+      // async proxy must see the stores). Rows past seq_q hold zeros (their P is 0) and are not added.
+      cutlass::arch::NamedBarrier::sync(T::kDqBarrierThreads, T::kDqEmptyBarrier);
+      CUTE_UNROLL
+      for (int i = 0; i < size(tQrdQ); i += 2) {
+        store_shared_pair(dq_chunks[(i / 4) % 4] + dq_chunk_offset(tQsdQ.layout(), i), tQrdQ(i), tQrdQ(i + 1));
+      }
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::arrive(T::kDqBarrierThreads, T::kDqFullBarrier);
+    } else {
+      // head_dim 256: dQ_tile into the float32 accumulator, a thread's column pairs (c, c + 1) by 8-byte atomics.
+      Tensor tQcdQ = thread_dq.partition_C(make_identity_tensor(select<0, 1>(typename T::TileDQ{})));
+      Tensor dq = make_tensor(tQrdQ.data(), rows_by_columns(tQrdQ.layout()));
+      Tensor dq_coordinates = make_tensor(tQcdQ.data(), rows_by_columns(tQcdQ.layout()));
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(dq); ++r) {
+        const int query = m0 + get<0>(dq_coordinates(r, 0));
         if (query >= s.seq_q) continue;
+        const int h = hk * group + step / tiles_per_head;
+        float* accumulator_row = p.dq_accumulator + ((int64_t(b) * s.heads_q + h) * s.seq_q + query) * kHeadDim;
         CUTE_UNROLL
-        for (int c = 0; c < kDqColumns; c += 4) {
-          const int column = odd_lane ? get<1>(dq_coordinates(r, c + 2)) - 2 : get<1>(dq_coordinates(r, c));
-          atomicAdd(reinterpret_cast<float4*>(accumulator_row + column), sums[c / 4]);
-        }
-      } else {
-        if (query >= s.seq_q) continue;
-        CUTE_UNROLL
-        for (int c = 0; c < kDqColumns; c += 2) {
+        for (int c = 0; c < size<1>(dq); c += 2) {
           atomicAdd(reinterpret_cast<float2*>(accumulator_row + get<1>(dq_coordinates(r, c))),
                     make_float2(dq(r, c), dq(r, c + 1)));
         }
@@ -442,6 +502,13 @@ void launch_backward(const BackwardArgs& args, const float* row_dot, float* dq_a
                           take<0, 2>(typename T::SmemLayoutQ{}), QTile{}, _1{});
   p.tma_dout = make_tma_copy(SM90_TMA_LOAD{}, gmem_view<T>(args.dout, s, s.heads_q, s.seq_q),
                              take<0, 2>(typename T::SmemLayoutQ{}), QTile{}, _1{});
+  if constexpr (T::kDqInSharedMemory) {  // the accumulator as (seq, dim, head, batch), float32, row-major
+    const auto accumulator = make_tensor(
+        make_gmem_ptr(dq_accumulator),
+        make_shape(int32_t(s.seq_q), int32_t(kHeadDim), int32_t(s.heads_q), int32_t(s.batch)),
+        make_stride(int64_t(kHeadDim), _1{}, s.seq_q * kHeadDim, s.heads_q * s.seq_q * kHeadDim));
+    p.tma_dq = make_tma_copy(SM90_TMA_REDUCE_ADD{}, accumulator, typename T::SmemLayoutDQ{}, QTile{}, _1{});
+  }
   p.shape = s;
   p.lse = args.lse;
   p.row_dot = row_dot;

@@ -10,14 +10,14 @@
 // they run
 //   S^T = K Q^T and dP^T = V dO^T on wgmma from shared memory, then in float32 registers P^T = exp(scale S^T - lse)
 //   and dS^T = P^T (dP^T - D);
-//   dV += P^T dO and dK += dS^T Q on wgmma with P^T and dS^T from registers (16-bit; head_dim 256: from shared
-//   memory, double-buffered, after a barrier of the two warpgroups), dK and dV in registers;
-//   dS^T to shared memory (double-buffered, by stmatrix), a barrier of the two warpgroups, then dQ_tile = dS K,
-//   split by query rows (head_dim 64: 128-row tiles) or by head_dim halves (128 and 256: 64-row tiles) over the
-//   two warpgroups. Up to head_dim 128 the consumers write it to shared memory, float32, and one thread of the
-//   producer's third warp adds it to the accumulator by a TMA reduce-add (as FlashAttention-3 does): the consumers
-//   go on to the next step instead of waiting on global atomics, which stalled their registers' reuse (ncu: L1TEX
-//   long scoreboard, the top stall). At head_dim 256 shared memory is full: 8-byte atomics from the registers.
+//   dV += P^T dO, dQ_tile = dS K and dK += dS^T Q, issued in that order: dV and dK on wgmma with P^T and dS^T from
+//   registers (16-bit; head_dim 256: from shared memory, double-buffered, after a barrier of the two warpgroups), dK
+//   and dV in registers; dQ from dS^T in shared memory (double-buffered, by stmatrix, after a barrier of the two
+//   warpgroups), split by query rows (head_dim 64: 128-row tiles) or by head_dim halves (128 and 256: 64-row tiles)
+//   over the two warpgroups, and sent out while dK runs. Up to head_dim 128 the consumers write it to shared memory,
+//   float32, and one thread of the producer's third warp adds it to the accumulator by a TMA reduce-add (as
+//   FlashAttention-3 does): the consumers go on instead of waiting on global atomics, which stalled their registers'
+//   reuse (ncu: L1TEX long scoreboard, the top stall). At head_dim 256 shared memory is full: 8-byte atomics.
 // Causal skips the query tiles that see none of the CTA's keys; scores outside a row's visible keys get P = 0. TMA
 // reads rows past seq_q or seq_k as zeros: such keys see no query (their dK, dV are not written) and such queries'
 // P is 0.
@@ -391,10 +391,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONS
       for (int r = 0; r < kRows; ++r) dp(r, c) = scores(r, c) * (dp(r, c) - row_dot);
     }
 
-    // dV += P^T dO and dK += dS^T Q, P^T and dS^T rounded to the input dtype once. dS^T also goes to shared memory
-    // for dQ = dS K, which reads the other warpgroup's keys too: the async proxy (wgmma) must see both warpgroups'
-    // writes. The buffers alternate, so a warpgroup a step ahead never overwrites the dS (or P) that the other one
-    // still reads (it waits at the next barrier for that one's gemms to be done).
+    // dV += P^T dO, dQ_tile = dS K and dK += dS^T Q, in that order, P^T and dS^T rounded to the input dtype once.
+    // dS^T also goes to shared memory for dQ, which reads the other warpgroup's keys too: the async proxy (wgmma)
+    // must see both warpgroups' writes. The buffers alternate, so a warpgroup a step ahead never overwrites the dS
+    // (or P) that the other one still reads (it waits at the next barrier for that one's gemms to be done). dK is
+    // issued last, so that dQ goes out while it runs.
     auto p_values = to_element(*reinterpret_cast<ScoreArray const*>(tSrS.data()));
     auto ds_values = to_element(*reinterpret_cast<ScoreArray const*>(tSrdP.data()));
     Tensor ds_register = make_tensor(make_rmem_ptr<Element>(ds_values.data()), tSrdP.layout());
@@ -402,7 +403,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONS
     Tensor tKVrdS = make_tensor(make_rmem_ptr<Element>(ds_values.data()), accumulator_as_a_operand(tSrdP.layout()));
     if constexpr (T::kScoresInSharedMemory) {  // this warpgroup's queries of P^T and dS^T; dV and dK read all
       Tensor tKVsP = thread_kv.partition_fragment_A(sP);  // descriptors, (MMA, MMA_M, MMA_K, buffer)
-      Tensor tKVsdS = thread_kv.partition_fragment_A(sdS);
       Tensor tSsP = thread_score_store.partition_D(sP);
       Tensor p_register = make_tensor(make_rmem_ptr<Element>(p_values.data()), tSrS.layout());
       copy(score_store, thread_score_store.retile_S(p_register), tSsP(_, _, _, buffer));
@@ -410,26 +410,23 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONS
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, T::kScoresWrittenBarrier);
       issue_warpgroup_gemm<false, false>(mma_kv, tKVsP(_, _, _, buffer), tKVrdOt(_, _, _, stage), tdVrdV);
-      issue_warpgroup_gemm<false, false>(mma_kv, tKVsdS(_, _, _, buffer), tKVrQt(_, _, _, stage), tdKrdK);
     } else {
       issue_warpgroup_gemm<false, true>(mma_kv, tKVrP, tKVrdOt(_, _, _, stage), tdVrdV);
-      issue_warpgroup_gemm<false, true>(mma_kv, tKVrdS, tKVrQt(_, _, _, stage), tdKrdK);
       copy(score_store, thread_score_store.retile_S(ds_register), tSsdS(_, _, _, buffer));
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, T::kScoresWrittenBarrier);
     }
-
     Tensor tQrdQ = partition_fragment_C(mma_dq, select<0, 1>(typename T::TileDQ{}));
     issue_warpgroup_gemm<true, false>(mma_dq, tQrdS(_, _, _, buffer), tQrKt, tQrdQ);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tdVrdV);
-    warpgroup_fence_operand(tdKrdK);
-    if constexpr (!T::kScoresInSharedMemory) {
-      warpgroup_fence_operand(tKVrP);
-      warpgroup_fence_operand(tKVrdS);
+    if constexpr (T::kScoresInSharedMemory) {
+      Tensor tKVsdS = thread_kv.partition_fragment_A(sdS);
+      issue_warpgroup_gemm<false, false>(mma_kv, tKVsdS(_, _, _, buffer), tKVrQt(_, _, _, stage), tdKrdK);
+    } else {
+      issue_warpgroup_gemm<false, true>(mma_kv, tKVrdS, tKVrQt(_, _, _, stage), tdKrdK);
     }
+    warpgroup_wait<1>();  // dV and dQ are done, dK runs on: dO's stage is free
+    warpgroup_fence_operand(tdVrdV);
     warpgroup_fence_operand(tQrdQ);
-    Barrier::arrive(&smem.q_empty[stage]);
     Barrier::arrive(&smem.dout_empty[stage]);
 
     if constexpr (T::kDqInSharedMemory) {
@@ -460,6 +457,13 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONS
         }
       }
     }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tdKrdK);
+    if constexpr (!T::kScoresInSharedMemory) {
+      warpgroup_fence_operand(tKVrP);
+      warpgroup_fence_operand(tKVrdS);
+    }
+    Barrier::arrive(&smem.q_empty[stage]);
   }
 
   // dK = scale * sum dS^T Q and dV, rounded once, for the keys that exist (zero for keys no query sees).

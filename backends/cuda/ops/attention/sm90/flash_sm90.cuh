@@ -116,6 +116,32 @@ __device__ constexpr auto accumulator_as_a_operand(Layout accumulator) {
                      get<1>(accumulator), coalesce(make_layout(get<0, 1>(blocks), get<2>(accumulator))));
 }
 
+// Which (head, block) a CTA runs: heads (batch x heads) in sections whose shared tiles (Q, dO and the dQ
+// accumulator of the backward's key blocks) fit in L2 together, a section's CTAs
+// block by block (the caller's block 0 first), all its heads at each. The hardware starts CTAs in the order of their
+// linear index, so the blocks of one head run close together and read those tiles from L2, where head-major order
+// (one block of every head, then the next) had more heads in flight than L2 holds once the grid exceeds a wave.
+struct HeadBlock {
+  int head, block;
+};
+
+__device__ __forceinline__ HeadBlock l2_sectioned_head_block(int heads, int blocks, int heads_per_section) {
+  const int cta = static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x);
+  const int section_ctas = heads_per_section * blocks;
+  const int first_head = cta / section_ctas * heads_per_section;
+  const int section_heads = min(heads_per_section, heads - first_head);  // the last section may be narrower
+  const int within = cta % section_ctas;
+  return {first_head + within % section_heads, within / section_heads};
+}
+
+// Heads per section, from the bytes the blocks of one head share: about half of the H100's and H200's 50 MB of L2,
+// the rest left to the tiles that stream through.
+inline int heads_per_l2_section(int64_t shared_bytes_per_head, int64_t heads) {
+  constexpr int64_t kSectionBytes = int64_t(24) << 20;
+  const int64_t fit = kSectionBytes / (shared_bytes_per_head > 0 ? shared_bytes_per_head : 1);
+  return static_cast<int>(fit < 1 ? 1 : fit > heads ? heads : fit);
+}
+
 // c (+)= a b over the k-blocks, issued as one wgmma batch by the calling warpgroup, not waited for (warpgroup_wait
 // retires batches in order; then fence c, and a from registers, before touching them).
 template <bool kZeroInit, bool kRegistersA, class Mma, class A, class B, class C>

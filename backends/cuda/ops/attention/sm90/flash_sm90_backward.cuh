@@ -150,6 +150,7 @@ struct BackwardParams {
   typename T::Element *dk, *dv;  // K's strides
   int64_t kv_pitch, kv_head_stride, kv_batch_stride;
   float scale_log2;  // scale * log2(e): P = exp2(scale_log2 s - log2(e) lse)
+  int32_t heads_per_section;  // of batch x heads_kv, for l2_sectioned_head_block
 };
 
 // Two adjacent floats into shared memory, 8 bytes at a shared-space address: through CuTe's swizzled view a plain
@@ -197,8 +198,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONS
   Tensor sP = make_tensor(make_smem_ptr(smem.p.data()), typename T::SmemLayoutDs{});  // head_dim 256 only
   Tensor sdQ = make_tensor(make_smem_ptr(smem.dq.data()), typename T::SmemLayoutDQ{});  // up to head_dim 128
 
-  const int n_block = static_cast<int>(blockIdx.y);
-  const int bhk = static_cast<int>(blockIdx.x), b = bhk / int(s.heads_kv), hk = bhk % int(s.heads_kv);
+  // Causal: key block 0 sees the most query tiles and starts first.
+  const HeadBlock work = l2_sectioned_head_block(int(s.batch * s.heads_kv), int(gridDim.y), p.heads_per_section);
+  const int n_block = work.block;
+  const int bhk = work.head, b = bhk / int(s.heads_kv), hk = bhk % int(s.heads_kv);
   const int group = int(s.heads_q / s.heads_kv);
   const int n0 = n_block * kBlockN;
   // Steps: (query head of the group, query tile) over the tiles holding a row that sees one of the CTA's keys, from
@@ -523,6 +526,10 @@ void launch_backward(const BackwardArgs& args, const float* row_dot, float* dq_a
   p.kv_head_stride = s.seq_major ? s.head_dim : s.seq_k * s.head_dim;
   p.kv_batch_stride = s.seq_k * s.heads_kv * s.head_dim;
   p.scale_log2 = s.scale * flash::kLog2e;
+  // A K/V head's blocks share its query heads' Q, dO (16-bit) and dQ accumulator (float32) rows.
+  p.heads_per_section = heads_per_l2_section(
+      (s.heads_q / s.heads_kv) * s.seq_q * kHeadDim * int64_t(2 * sizeof(Element) + sizeof(float)),
+      s.batch * s.heads_kv);
 
   constexpr int bytes = sizeof(typename T::SharedStorage);
   static_assert(bytes <= kSharedMemoryBytes, "the backward's tiles exceed an sm_90 CTA's shared memory");

@@ -96,6 +96,7 @@ struct Params {
   int32_t batch, heads_q, heads_kv, seq_q, seq_k;
   int64_t o_pitch, o_head_stride, o_batch_stride;
   float scale_log2;  // scale * log2(e): the softmax runs on exp2
+  int32_t heads_per_section;  // of batch x heads_q, for l2_sectioned_head_block
   bool causal;
 };
 
@@ -116,8 +117,8 @@ __device__ constexpr auto accumulator_as_a_operand(Layout accumulator) {
                      get<1>(accumulator), coalesce(make_layout(get<0, 1>(blocks), get<2>(accumulator))));
 }
 
-// Which (head, block) a CTA runs: heads (batch x heads) in sections whose shared tiles (Q, dO and the dQ
-// accumulator of the backward's key blocks) fit in L2 together, a section's CTAs
+// Which (head, block) a CTA runs: heads (batch x heads) in sections whose shared tiles (K and V of the forward's
+// query blocks; Q, dO and the dQ accumulator of the backward's key blocks) fit in L2 together, a section's CTAs
 // block by block (the caller's block 0 first), all its heads at each. The hardware starts CTAs in the order of their
 // linear index, so the blocks of one head run close together and read those tiles from L2, where head-major order
 // (one block of every head, then the next) had more heads in flight than L2 holds once the grid exceeds a wave.
@@ -181,8 +182,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename T::SmemLayoutKV{});
   Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename T::SmemLayoutVt{});
 
-  const int m_block = static_cast<int>(gridDim.y - 1 - blockIdx.y);  // the longest causal rows start first
-  const int bh = static_cast<int>(blockIdx.x), b = bh / p.heads_q, h = bh % p.heads_q;
+  const HeadBlock work = l2_sectioned_head_block(p.batch * p.heads_q, int(gridDim.y), p.heads_per_section);
+  const int m_block = int(gridDim.y) - 1 - work.block;  // the longest causal rows start first
+  const int bh = work.head, b = bh / p.heads_q, h = bh % p.heads_q;
   const int hk = h / (p.heads_q / p.heads_kv);
   const int m0 = m_block * kBlockM;
   // The key tiles the CTA's rows see: causal (top-left) row i sees keys j <= i, so the last row bounds them.
@@ -425,6 +427,7 @@ void launch(const ForwardArgs& args, cudaStream_t stream) {
   p.o_batch_stride = s.seq_q * s.heads_q * s.head_dim;
   p.scale_log2 = s.scale * flash::kLog2e;
   p.causal = s.causal;
+  p.heads_per_section = heads_per_l2_section(2 * s.seq_k * kHeadDim * int64_t(sizeof(Element)), s.batch * s.heads_q);
 
   constexpr int bytes = sizeof(typename T::SharedStorage);
   static_assert(bytes <= kSharedMemoryBytes, "the forward's tiles exceed an sm_90 CTA's shared memory");

@@ -171,6 +171,24 @@ def test_long_sequences_wrap_the_pipelines(rng, poisoned, dtype, head_dim, causa
 
 
 @pytest.mark.gpu
+def test_forward_heads_in_l2_sections(rng, poisoned):
+    """16384 keys of head_dim 128: each head's K and V take 8 MB, so the forward's CTAs run in L2 sections of 3 heads
+    and a last one of 1 (of batch 2 x 2 heads), each head's 2 query blocks found from the CTA's linear index."""
+    _require_flash_sm90()
+    q, k, v, _ = _problem(rng, 2, 2, 2, 129, 16384, 128, "float16", "bhsd")
+    _check_forward(q, k, v, False, "bhsd", KERNEL, poisoned, "float16")
+
+
+@pytest.mark.gpu
+def test_backward_heads_in_l2_sections(rng, poisoned):
+    """8192 queries of head_dim 128: each K/V head's Q, dO and dQ accumulator rows take 8 MB, so the backward's CTAs
+    run in L2 sections of 3 heads and a last one of 1, each head's 2 key blocks found from the CTA's linear index."""
+    _require_flash_sm90()
+    q, k, v, dy = _problem(rng, 2, 2, 2, 8192, 129, 128, "float16", "bhsd")
+    _check_backward(q, k, v, dy, False, "bhsd", KERNEL, poisoned, "float16")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
 @pytest.mark.parametrize("causal", (False, True))
 @pytest.mark.parametrize("other,head_dim", (("flash", 128), ("rowwise", 256)),  # flash stops at head_dim 128

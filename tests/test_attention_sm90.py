@@ -227,13 +227,15 @@ def test_declined_problem_is_refused_by_name(rng):
 
 @pytest.mark.gpu
 def test_misaligned_arrays_are_refused_by_name():
-    """TMA reads 16-byte aligned rows and the outputs are stored in 4-byte pairs: both passes refuse other addresses
-    before launching anything (the addresses below are never read)."""
+    """TMA reads and writes 16-byte aligned rows (inputs, O): both passes refuse other addresses before launching
+    anything (the addresses below are never read)."""
     _require_flash_sm90()
     sizes = dict(batch=1, heads_q=1, heads_kv=1, seq_q=1, seq_k=1, head_dim=64, seq_major=False, scale=1.0,
                  causal=False, dtype="float16", kernel=KERNEL, stream=0)
-    refused = "kernel: flash_sm90 needs inputs at 16-byte and outputs at 4-byte aligned addresses"
+    refused = "kernel: flash_sm90 needs inputs and outputs at 16-byte aligned addresses"
     with pytest.raises(ValueError, match=refused):
         _native().forward(24, 16, 16, 16, 16, **sizes)  # q
+    with pytest.raises(ValueError, match=refused):
+        _native().forward(16, 16, 16, 20, 16, **sizes)  # o: 4-byte aligned, as flash would take it
     with pytest.raises(ValueError, match=refused):
         _native().backward(16, 16, 16, 16, 16, 16, 16, 16, 18, **sizes)  # dv

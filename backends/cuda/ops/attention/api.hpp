@@ -110,7 +110,8 @@ void prepare(Kernel kernel, const Shape& shape, bool backward);
 std::size_t workspace_bytes(Kernel kernel, const Shape& shape, bool backward);
 
 // Run `kernel`, which the Python selector chose (nothing here chooses): std::invalid_argument naming why when it
-// cannot run the problem (flash also needs 16-byte aligned inputs and 4-byte aligned outputs), std::runtime_error
+// cannot run the problem (flash also needs 16-byte aligned inputs and 4-byte aligned outputs, flash_sm90 16-byte
+// aligned inputs and outputs), std::runtime_error
 // when cuDNN declines it at run time (no engine, an offset view).
 void forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream);
 void backward(const BackwardArgs& args, Kernel kernel, cudaStream_t stream);

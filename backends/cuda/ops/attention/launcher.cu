@@ -164,14 +164,17 @@ bool aligned(std::initializer_list<const void*> pointers, std::uintptr_t bytes) 
   return true;
 }
 
-// Throws naming why `kernel` cannot run the problem; flash and flash_sm90 also read 16-byte chunks (TMA: 16-byte
-// rows) of the inputs and store 4-byte pairs of the outputs (`flash_aligned`).
-void require_runs(Kernel kernel, const Shape& shape, bool flash_aligned) {
+// Throws naming why `kernel` cannot run the problem; flash also reads 16-byte chunks of the inputs and stores 4-byte
+// pairs of the outputs, flash_sm90 reads the inputs and stores O by TMA (16-byte rows both ways).
+void require_runs(Kernel kernel, const Shape& shape, std::initializer_list<const void*> inputs,
+                  std::initializer_list<const void*> outputs) {
   const std::string reason = unsupported_reason(kernel, shape);
   if (!reason.empty()) throw std::invalid_argument("kernel: " + reason);
-  if ((kernel == Kernel::Flash || kernel == Kernel::FlashSm90) && !flash_aligned) {
-    throw std::invalid_argument(std::string("kernel: ") + kernel_name(kernel) +
-                                " needs inputs at 16-byte and outputs at 4-byte aligned addresses");
+  if (kernel == Kernel::Flash && !(aligned(inputs, 16) && aligned(outputs, 4))) {
+    throw std::invalid_argument("kernel: flash needs inputs at 16-byte and outputs at 4-byte aligned addresses");
+  }
+  if (kernel == Kernel::FlashSm90 && !(aligned(inputs, 16) && aligned(outputs, 16))) {
+    throw std::invalid_argument("kernel: flash_sm90 needs inputs and outputs at 16-byte aligned addresses");
   }
 }
 
@@ -209,7 +212,7 @@ std::size_t workspace_bytes(Kernel kernel, const Shape& shape, bool backward) {
 void forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream) {
   check_shape(args.shape);
   check_bias(args.shape, args.bias);
-  require_runs(kernel, args.shape, aligned({args.q, args.k, args.v}, 16) && aligned({args.o}, 4));
+  require_runs(kernel, args.shape, {args.q, args.k, args.v}, {args.o});
   switch (kernel) {
     case Kernel::Cudnn: run_cudnn(args, cudnn_forward, stream); return;
     case Kernel::Flash: launch_flash_forward(args, stream); return;
@@ -224,8 +227,7 @@ void forward(const ForwardArgs& args, Kernel kernel, cudaStream_t stream) {
 void backward(const BackwardArgs& args, Kernel kernel, cudaStream_t stream) {
   check_shape(args.shape);
   check_bias(args.shape, args.bias);
-  require_runs(kernel, args.shape,
-               aligned({args.dout, args.q, args.k, args.v}, 16) && aligned({args.o, args.dq, args.dk, args.dv}, 4));
+  require_runs(kernel, args.shape, {args.dout, args.q, args.k, args.v}, {args.o, args.dq, args.dk, args.dv});
   if (kernel == Kernel::Cudnn) {
     run_cudnn(args, cudnn_backward, stream);
     return;

@@ -3,14 +3,16 @@
 // kBlockN rows (128; 80 at head_dim 256) with TMA into a kStages-deep shared-memory ring, each stage guarded by a
 // "full" mbarrier (TMA's transaction count) and an "empty" one (the consumers' release). Warpgroups 1 and 2 are the
 // consumers, 64 query rows each: S = Q K^T on wgmma from shared memory (SS), the online softmax in float32 registers
-// (log2 domain), then O += P V on wgmma with P from registers (RS), float32 accumulators throughout, O and lse written
-// once at the end. As in FlashAttention-3, tile j's S is issued with tile j-1's P V, so tile j's softmax overlaps that
-// product, and the two consumers issue their gemms in turns (ping-pong), so one's softmax overlaps the other's gemms.
+// (log2 domain), then O += P V on wgmma with P from registers (RS), float32 accumulators throughout, lse and O written
+// once at the end (O by stmatrix into Q's tile, then one TMA store). As in FlashAttention-3, tile j's S is issued
+// with tile j-1's P V, so tile j's softmax overlaps that product, and the two consumers issue their gemms in turns
+// (ping-pong), so one's softmax overlaps the other's gemms.
 // setmaxnreg moves registers from the producer (40) to the consumers (232), which hold S, O and P (CUTLASS's split for
 // two consumer warpgroups: 40 * 128 + 232 * 256 <= 64K).
 //
 // TMA reads rows past seq_q or seq_k as zeros, so any length runs: scores of keys >= seq_k (and, causal, keys past
-// the row) are masked to -inf in the tiles that reach them, and rows >= seq_q are computed and not written.
+// the row) are masked to -inf in the tiles that reach them, and rows >= seq_q are computed and not written (TMA clips
+// them from the store).
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -75,8 +77,14 @@ struct Traits {
                                       cute::Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
   using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutKV{}),
                                        cute::Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  // O leaves as Q came, through the Q tile's shared memory: stmatrix from the accumulators (16 bytes a thread per
+  // instruction), one TMA store of the tile.
+  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutQ{},
+                                      cute::Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using SmemCopyO = Copy_Atom<SM90_U32x4_STSM_N, Element>;
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);  // one K or V tile
+  static constexpr uint32_t kOutputWrittenBarrier = 2;  // a named barrier of the consumers (0 and 1: their turns)
 
   struct SharedStorage {
     cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
@@ -91,10 +99,9 @@ template <class T>
 struct Params {
   typename T::TmaQ tma_q;
   typename T::TmaKV tma_k, tma_v;
-  typename T::Element* o;  // Q's strides
+  typename T::TmaO tma_o;  // Q's strides
   float* lse;              // [batch, heads_q, seq_q]
   int32_t batch, heads_q, heads_kv, seq_q, seq_k;
-  int64_t o_pitch, o_head_stride, o_batch_stride;
   float scale_log2;  // scale * log2(e): the softmax runs on exp2
   int32_t heads_per_section;  // of batch x heads_q, for l2_sectioned_head_block
   bool causal;
@@ -369,28 +376,43 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
   warpgroup_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, last), tOrO);
   Barrier::arrive(&smem.v_empty[last]);
 
-  // O / row sum, rounded once; lse = ln(sum exp(scale s)) (+inf for a row with no visible key, whose O is 0).
-  Element* o_head = p.o + int64_t(b) * p.o_batch_stride + int64_t(h) * p.o_head_stride;
+  // O / row sum, rounded once, into the Q tile's shared memory (a warpgroup's QK^T gemms, done, were the only
+  // readers of its 64 rows there), and lse = ln(sum exp(scale s)) (+inf for a row with no visible key, whose O is 0).
+  float lse[kRows];
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
     float sum = row_sum[r];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const int row = m0 + get<0>(out_coordinates(r, 0));
-    if (row >= p.seq_q) continue;
-    Element* o_row = o_head + int64_t(row) * p.o_pitch;
     CUTE_UNROLL
-    for (int c = 0; c < size<1>(o); c += 2) {  // column pairs (c, c + 1) are adjacent: one 4-byte store
-      const int column = get<1>(out_coordinates(r, c));
-      cutlass::Array<Element, 2> pair;
-      pair[0] = static_cast<Element>(o(r, c) * inverse);
-      pair[1] = static_cast<Element>(o(r, c + 1) * inverse);
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(o_row + column) = pair;
-    }
-    if ((threadIdx.x & 3) == 0) {
-      p.lse[int64_t(bh) * p.seq_q + row] = sum > 0.0f ? row_max[r] * flash::kLn2 + logf(sum) : INFINITY;
-    }
+    for (int c = 0; c < size<1>(o); ++c) o(r, c) *= inverse;
+    lse[r] = sum > 0.0f ? row_max[r] * flash::kLn2 + logf(sum) : INFINITY;
+  }
+  constexpr int kOutputs = decltype(size(tOrO))::value;
+  auto o_values = cutlass::NumericArrayConverter<Element, float, kOutputs>{}(
+      *reinterpret_cast<cutlass::Array<float, kOutputs> const*>(tOrO.data()));
+  Tensor o_register = make_tensor(make_rmem_ptr<Element>(o_values.data()), tOrO.layout());
+  auto o_store = make_tiled_copy_C(typename T::SmemCopyO{}, mma_pv);
+  auto thread_o_store = o_store.get_thread_slice(thread);
+  copy(o_store, thread_o_store.retile_S(o_register), thread_o_store.partition_D(sQ));
+  // Both warpgroups' rows, seen by the async proxy, then one TMA store (rows past seq_q are clipped), read out of
+  // shared memory before the CTA exits.
+  cutlass::arch::fence_view_async_shared();
+  cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, T::kOutputWrittenBarrier);
+  // lse after the fence, which would otherwise wait for these global stores too (ptxas puts a MEMBAR before it).
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const int row = m0 + get<0>(out_coordinates(r, 0));
+    if ((threadIdx.x & 3) == 0 && row < p.seq_q) p.lse[int64_t(bh) * p.seq_q + row] = lse[r];
+  }
+  if (thread == 0) {
+    Tensor mO = p.tma_o.get_tma_tensor(make_shape(p.seq_q, kHeadDim, p.heads_q, p.batch));
+    Tensor gO = local_tile(mO(_, _, h, b), cute::Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));
+    auto cta_o = p.tma_o.get_slice(_0{});
+    copy(p.tma_o, cta_o.partition_S(sQ), cta_o.partition_D(gO));
+    tma_store_arrive();
+    tma_store_wait<0>();
   }
 }
 
@@ -415,16 +437,14 @@ void launch(const ForwardArgs& args, cudaStream_t stream) {
                           take<0, 2>(typename T::SmemLayoutKV{}), cute::Shape<Int<T::kBlockN>, Int<kHeadDim>>{}, _1{});
   p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem_view<T>(args.v, s, s.heads_kv, s.seq_k),
                           take<0, 2>(typename T::SmemLayoutKV{}), cute::Shape<Int<T::kBlockN>, Int<kHeadDim>>{}, _1{});
-  p.o = static_cast<Element*>(args.o);
+  p.tma_o = make_tma_copy(SM90_TMA_STORE{}, gmem_view<T>(args.o, s, s.heads_q, s.seq_q), typename T::SmemLayoutQ{},
+                          cute::Shape<Int<T::kBlockM>, Int<kHeadDim>>{}, _1{});
   p.lse = args.lse;
   p.batch = int32_t(s.batch);
   p.heads_q = int32_t(s.heads_q);
   p.heads_kv = int32_t(s.heads_kv);
   p.seq_q = int32_t(s.seq_q);
   p.seq_k = int32_t(s.seq_k);
-  p.o_pitch = s.seq_major ? s.heads_q * s.head_dim : s.head_dim;
-  p.o_head_stride = s.seq_major ? s.head_dim : s.seq_q * s.head_dim;
-  p.o_batch_stride = s.seq_q * s.heads_q * s.head_dim;
   p.scale_log2 = s.scale * flash::kLog2e;
   p.causal = s.causal;
   p.heads_per_section = heads_per_l2_section(2 * s.seq_k * kHeadDim * int64_t(sizeof(Element)), s.batch * s.heads_q);

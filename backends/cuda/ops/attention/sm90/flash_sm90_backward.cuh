@@ -94,10 +94,10 @@ struct BackwardTraits {
                                               cute::Shape<Int<kBlockN>, Int<kBlockM>, _2>{}));
   using SmemLayoutDsT = decltype(composition(
       SmemLayoutDs{}, make_ordered_layout(cute::Shape<Int<kBlockM>, Int<kBlockN>, _2>{}, Step<_2, _1, _3>{})));
-  // P^T and dS^T go from the S^T/dP^T accumulators' registers to shared memory by stmatrix, 16 bytes a thread per
-  // instruction: an element-wise copy into the swizzled view computes its addresses as integers, which loses the
-  // shared address space, and compiled to 4-byte generic stores (ST.E).
-  using SmemCopyScores = Copy_Atom<SM90_U32x4_STSM_N, Element>;
+  // P^T and dS^T (and at the end dK and dV) go from the accumulators' registers to shared memory by stmatrix, 16
+  // bytes a thread per instruction: an element-wise copy into the swizzled view computes its addresses as integers,
+  // which loses the shared address space, and compiled to 4-byte generic stores (ST.E).
+  using SmemCopyAccumulators = Copy_Atom<SM90_U32x4_STSM_N, Element>;
   // The step's dQ tile in float32, rows of 32 floats in the 128-byte swizzle, which TMA reads back (4 boxes of 32
   // columns at head_dim 128). The swizzle spreads a warp's 8-byte stores of 8 rows over all banks.
   static constexpr bool kDqInSharedMemory = !kScoresInSharedMemory;  // head_dim 256: 224 of the 227 KB are taken
@@ -111,6 +111,9 @@ struct BackwardTraits {
                                           GmemStride{}));
   using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKV{},
                                        cute::Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  // dK and dV leave as K and V came, through their tiles' shared memory.
+  using TmaKVStore = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutKV{},
+                                            cute::Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutQ{}),
                                       cute::Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
   using DqGmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), GmemShape{}, GmemStride{}));
@@ -147,8 +150,7 @@ struct BackwardParams {
   const float* lse;            // [batch, heads_q, seq_q]
   const float* row_dot;        // D, as lse
   float* dq_accumulator;       // [batch, heads_q, seq_q, head_dim]
-  typename T::Element *dk, *dv;  // K's strides
-  int64_t kv_pitch, kv_head_stride, kv_batch_stride;
+  typename T::TmaKVStore tma_dk, tma_dv;  // K's strides
   float scale_log2;  // scale * log2(e): P = exp2(scale_log2 s - log2(e) lse)
   int32_t heads_per_section;  // of batch x heads_kv, for l2_sectioned_head_block
 };
@@ -321,7 +323,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONS
   Tensor tKVrdOt = thread_kv.partition_fragment_B(sdOt);
   Tensor tQrdS = thread_dq.partition_fragment_A(sdSt);   // (MMA, MMA_M, MMA_K, buffer)
   Tensor tQrKt = thread_dq.partition_fragment_B(sKt);
-  auto score_store = make_tiled_copy_C(typename T::SmemCopyScores{}, mma_sdp);
+  auto score_store = make_tiled_copy_C(typename T::SmemCopyAccumulators{}, mma_sdp);
   auto thread_score_store = score_store.get_thread_slice(thread);
   Tensor tSsdS = thread_score_store.partition_D(sdS);    // this thread's dS^T elements, (CPY, CPY_M, CPY_N, buffer)
   Tensor tQsdQ = thread_dq.partition_C(sdQ);             // this thread's dQ elements, as its accumulator
@@ -469,28 +471,38 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONS
     Barrier::arrive(&smem.q_empty[stage]);
   }
 
-  // dK = scale * sum dS^T Q and dV, rounded once, for the keys that exist (zero for keys no query sees).
-  Tensor tKVcKV = thread_kv.partition_C(make_identity_tensor(select<0, 1>(typename T::TileKV{})));
-  Tensor dk = make_tensor(tdKrdK.data(), rows_by_columns(tdKrdK.layout()));
-  Tensor dv = make_tensor(tdVrdV.data(), rows_by_columns(tdVrdV.layout()));
-  Tensor kv_coordinates = make_tensor(tKVcKV.data(), rows_by_columns(tKVcKV.layout()));
-  const float scale = s.scale;
+  // dK = scale * sum dS^T Q and dV, rounded once, into K's and V's shared memory by stmatrix, once both warpgroups
+  // are past their last gemms (which read all of K and V), then one TMA store each: keys past seq_k are clipped, keys
+  // that no query sees get zeros.
   CUTE_UNROLL
-  for (int r = 0; r < size<0>(dk); ++r) {
-    const int key = n0 + get<0>(kv_coordinates(r, 0));
-    if (key >= s.seq_k) continue;
-    const int64_t offset = int64_t(b) * p.kv_batch_stride + int64_t(hk) * p.kv_head_stride + int64_t(key) * p.kv_pitch;
-    CUTE_UNROLL
-    for (int c = 0; c < size<1>(dk); c += 2) {
-      const int column = get<1>(kv_coordinates(r, c));
-      cutlass::Array<Element, 2> pair;
-      pair[0] = static_cast<Element>(dk(r, c) * scale);
-      pair[1] = static_cast<Element>(dk(r, c + 1) * scale);
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(p.dk + offset + column) = pair;
-      pair[0] = static_cast<Element>(dv(r, c));
-      pair[1] = static_cast<Element>(dv(r, c + 1));
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(p.dv + offset + column) = pair;
-    }
+  for (int i = 0; i < size(tdKrdK); ++i) tdKrdK(i) *= s.scale;
+  constexpr int kKVValues = decltype(size(tdKrdK))::value;
+  cutlass::NumericArrayConverter<Element, float, kKVValues> kv_to_element;
+  using KVArray = cutlass::Array<float, kKVValues>;
+  auto dk_values = kv_to_element(*reinterpret_cast<KVArray const*>(tdKrdK.data()));
+  auto dv_values = kv_to_element(*reinterpret_cast<KVArray const*>(tdVrdV.data()));
+  auto kv_store = make_tiled_copy_C(typename T::SmemCopyAccumulators{}, mma_kv);
+  auto thread_kv_store = kv_store.get_thread_slice(thread);
+  cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, T::kScoresWrittenBarrier);
+  copy(kv_store, thread_kv_store.retile_S(make_tensor(make_rmem_ptr<Element>(dk_values.data()), tdKrdK.layout())),
+       thread_kv_store.partition_D(sK));
+  copy(kv_store, thread_kv_store.retile_S(make_tensor(make_rmem_ptr<Element>(dv_values.data()), tdVrdV.layout())),
+       thread_kv_store.partition_D(sV));
+  cutlass::arch::fence_view_async_shared();
+  cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, T::kScoresWrittenBarrier);
+  if (thread == 0) {
+    const auto kv_shape = make_shape(int32_t(s.seq_k), kHeadDim, int32_t(s.heads_kv), int32_t(s.batch));
+    Tensor mdK = p.tma_dk.get_tma_tensor(kv_shape);
+    Tensor mdV = p.tma_dv.get_tma_tensor(kv_shape);
+    using KVTile = cute::Shape<Int<kBlockN>, Int<kHeadDim>>;
+    auto cta_dk = p.tma_dk.get_slice(_0{});
+    auto cta_dv = p.tma_dv.get_slice(_0{});
+    Tensor gdK = local_tile(mdK(_, _, hk, b), KVTile{}, make_coord(n_block, _0{}));
+    Tensor gdV = local_tile(mdV(_, _, hk, b), KVTile{}, make_coord(n_block, _0{}));
+    copy(p.tma_dk, cta_dk.partition_S(sK), cta_dk.partition_D(gdK));
+    copy(p.tma_dv, cta_dv.partition_S(sV), cta_dv.partition_D(gdV));
+    tma_store_arrive();
+    tma_store_wait<0>();
   }
 }
 
@@ -520,11 +532,10 @@ void launch_backward(const BackwardArgs& args, const float* row_dot, float* dq_a
   p.lse = args.lse;
   p.row_dot = row_dot;
   p.dq_accumulator = dq_accumulator;
-  p.dk = static_cast<Element*>(args.dk);
-  p.dv = static_cast<Element*>(args.dv);
-  p.kv_pitch = s.seq_major ? s.heads_kv * s.head_dim : s.head_dim;
-  p.kv_head_stride = s.seq_major ? s.head_dim : s.seq_k * s.head_dim;
-  p.kv_batch_stride = s.seq_k * s.heads_kv * s.head_dim;
+  p.tma_dk = make_tma_copy(SM90_TMA_STORE{}, gmem_view<T>(args.dk, s, s.heads_kv, s.seq_k),
+                           typename T::SmemLayoutKV{}, KVTile{}, _1{});
+  p.tma_dv = make_tma_copy(SM90_TMA_STORE{}, gmem_view<T>(args.dv, s, s.heads_kv, s.seq_k),
+                           typename T::SmemLayoutKV{}, KVTile{}, _1{});
   p.scale_log2 = s.scale * flash::kLog2e;
   // A K/V head's blocks share its query heads' Q, dO (16-bit) and dQ accumulator (float32) rows.
   p.heads_per_section = heads_per_l2_section(

@@ -8,11 +8,13 @@
 //   every depthwise conv of EfficientNet and MobileNet): a block stages an output tile's input window (halo
 //   included, zeros outside the image) for up to 64 channels in shared memory with 16-byte cp.async, all copies in
 //   flight at once; a thread then owns a channel pair, holds its filters in registers and computes strips of 4
-//   neighbouring outputs, each input pair read once per strip row. One instantiation per activation. Its
+//   neighbouring outputs (two rows of them for 3x3), each input pair read once per strip. One instantiation per activation. Its
 //   predecessor (depthwise_nhwc_vec8 alone: a thread per 8 channels of one pixel, every tap a dependent 16-byte
 //   global load, 64-bit index divisions, spills) ran EfficientNet-B0's 16 depthwise convs at ~8x their memory time
 //   (0.965 of 2.164 ms, float16 batch 32, H200, session 33); its first version (the activation a runtime switch
-//   inlined for each of a strip's 8 outputs, 64-channel tiles only) at ~5x (0.649 of 1.757 ms, session 33).
+//   inlined for each of a strip's 8 outputs, 64-channel tiles only) at ~5x (0.649 of 1.757 ms, session 33); this
+//   one takes 0.323 ms for the 16 (CUDA-graph replay of each alone, H200, session 34), the 5x5 layers 0.18 of it at
+//   0.5-1.1 TB/s (by their SASS instruction counts ~1.5 issued per cycle per SM: not profiled; 3 blocks of ~7 warps).
 // - depthwise_nhwc_vec8 (16-bit NHWC, C % 8 == 0, other filters): a thread takes 8 neighbouring channels of one
 //   output pixel, every tap one 16-byte load of x; the block's filters sit in shared memory tap-major (as floats).
 // - depthwise_forward (everything else): a thread per output.

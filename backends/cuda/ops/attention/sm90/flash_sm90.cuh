@@ -201,6 +201,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
 
   const int warpgroup = cutlass::canonical_warp_group_idx();
   if (threadIdx.x == 0) {
+    // The TMA descriptors into the cache now, not at each one's first copy (as CUTLASS's kernels do).
+    prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_o.get_tma_descriptor());
     Barrier::init(&smem.q_full, 1);
     CUTE_UNROLL
     for (int s = 0; s < kStages; ++s) {

@@ -217,6 +217,14 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONS
 
   const int warpgroup = cutlass::canonical_warp_group_idx();
   if (threadIdx.x == 0) {
+    // The TMA descriptors into the cache now, not at each one's first copy (as CUTLASS's kernels do).
+    prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_dout.get_tma_descriptor());
+    if constexpr (T::kDqInSharedMemory) prefetch_tma_descriptor(p.tma_dq.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_dk.get_tma_descriptor());
+    prefetch_tma_descriptor(p.tma_dv.get_tma_descriptor());
     Barrier::init(&smem.kv_full, 1);
     CUTE_UNROLL
     for (int stage = 0; stage < kStages; ++stage) {

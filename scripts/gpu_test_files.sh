@@ -6,6 +6,9 @@
 # split into GE2_SHARDS (default 3) processes, round-robin over their collected tests (GE2_SHARD, tests/conftest.py),
 # so no one file sets the wall time.
 # GE2_TEST_FILES narrows the run to some files (a re-check after fixes).
+# Every visible GPU takes jobs: job slot i runs on GPU i mod (the GPU count), so a 2-GPU machine runs the suite in about
+# half the time (GE2_TEST_GPUS sets the count; nvidia-smi's count by default). The multi-GPU files (GE2_ALL_GPU_FILES,
+# default test_distributed and test_readme) see every GPU.
 # GE2_CACHE_DIR (default: a new directory) holds the kernel and autotune caches that the run's processes share, as
 # processes on a user's machine do: each distinct problem is timed once per run, by the first test that meets it. Its
 # autotune journal comes back as OUT_DIR/autotune.jsonl, with OUT_DIR/tuning_summary.txt (problems timed, seconds
@@ -26,6 +29,9 @@ default_sharded="tests/test_attention.py tests/test_attention_window.py tests/te
   tests/test_onnx_frontend.py tests/test_codegen.py"
 sharded=" $(echo ${GE2_SHARDED_FILES:-$default_sharded}) "  # echo: any whitespace (newlines too) separates the names
 shards=${GE2_SHARDS:-3}
+visible_gpus=${CUDA_VISIBLE_DEVICES:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | paste -sd,)}
+export ALL_GPU_FILES=" $(echo ${GE2_ALL_GPU_FILES:-tests/test_distributed.py tests/test_readme.py}) "
+export GPU_LIST=${visible_gpus:-0} GPU_COUNT=${GE2_TEST_GPUS:-$(echo "${visible_gpus:-0}" | tr ',' '\n' | grep -c .)}
 
 # One job per line: "<log name> <test file> [<shard>/<shards>]" (a sharded file runs as GE2_SHARD=i/n, see conftest).
 jobs=$(for f in ${GE2_TEST_FILES:-tests/test_*.py}; do
@@ -37,15 +43,17 @@ jobs=$(for f in ${GE2_TEST_FILES:-tests/test_*.py}; do
   fi
 done)
 
-run_job() {  # run_job <log name> <test file> [<shard>/<shards>]
-  GE2_SHARD=${3:-} python3 -m pytest "$2" -q -p no:cacheprovider -rf -m "not exclusive_gpu" $PYTEST_ARGS \
-    >"$OUT/files/$1.log" 2>&1
+run_job() {  # run_job <log name> <test file> [<shard>/<shards>]; XARGS_SLOT picks the GPU
+  local gpus=(${GPU_LIST//,/ }) visible=$GPU_LIST
+  [[ $ALL_GPU_FILES == *" $2 "* ]] || visible=${gpus[$((XARGS_SLOT % GPU_COUNT))]}
+  CUDA_VISIBLE_DEVICES=$visible GE2_SHARD=${3:-} python3 -m pytest "$2" -q -p no:cacheprovider -rf \
+    -m "not exclusive_gpu" $PYTEST_ARGS >"$OUT/files/$1.log" 2>&1
   local code=$?
   [ $code -eq 5 ] && code=0  # a file with no test selected
   echo "$1 exit=$code"
 }
 export -f run_job
-echo "$jobs" | xargs -P "${GE2_TEST_JOBS:-6}" -L 1 bash -c 'run_job "$0" "$1" "${2:-}"' | sort >"$OUT/files_summary.txt"
+echo "$jobs" | xargs -P "${GE2_TEST_JOBS:-6}" --process-slot-var=XARGS_SLOT -L 1 bash -c 'run_job "$0" "$1" "${2:-}"' | sort >"$OUT/files_summary.txt"
 python3 -m pytest tests -q -p no:cacheprovider -rf -m exclusive_gpu $PYTEST_ARGS >"$OUT/files/exclusive_gpu.log" 2>&1
 echo "exclusive_gpu exit=$?" >>"$OUT/files_summary.txt"
 for log in "$OUT"/files/*.log; do

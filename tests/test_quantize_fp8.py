@@ -651,3 +651,129 @@ def test_column_sum_emulation_is_the_sum_to_float32_rounding(rng):
         x64 = x.astype(np.float64)
         bound = np.abs(x64).sum(axis=0) * shape[0] * 2.0 ** -23
         assert (np.abs(_column_sum_in_kernel_order(x).astype(np.float64) - x64.sum(axis=0)) <= bound).all(), shape
+
+
+# --- quantize_fp8_transpose_multi: several tensors' cast-transposes in one launch -------------------------------
+def test_multi_quantize_is_each_tensors_quantize_transpose(rng):
+    """The CPU graph (reference backend): each tensor's (y, y_t, amax) is quantize_fp8_transpose's of it alone."""
+    arrays = [_input(rng, shape, "float32") for shape in ((5, 7), (64, 128), (0, 3), (1, 1))]
+    scales = [np.array(s, np.float32) for s in (16.0, 0.5, 1.0, 448.0)]
+    g = ge2.ir.Graph("multi")
+    values = []
+    for index, (x, scale) in enumerate(zip(arrays, scales)):
+        values += [g.input(f"x{index}", x.shape, "float32"), g.input(f"s{index}", scale.shape, "float32")]
+    outputs = g.quantize_fp8_transpose_multi(*values, dtype="float8_e5m2")
+    assert len(outputs) == 12 and [v.type.shape for v in outputs[:3]] == [(5, 7), (7, 5), ()]
+    assert outputs[0].type.dtype == "float8_e5m2"
+    for index, value in enumerate(outputs):
+        g.output(value, f"out{index}")
+    got = ge2.ExecutorV2(g, device="cpu").run({**{f"x{i}": x for i, x in enumerate(arrays)},
+                                               **{f"s{i}": s for i, s in enumerate(scales)}})
+    for index, (x, scale) in enumerate(zip(arrays, scales)):
+        expected_y, expected_amax = quantize_fp8.reference(x, scale, "float8_e5m2")
+        _same_bits_or_both_nan(got[f"out{3 * index}"], expected_y, f"tensor {index} y")
+        _same_bits_or_both_nan(got[f"out{3 * index + 1}"], expected_y.T, f"tensor {index} y_t")
+        _same_bits_or_both_nan(got[f"out{3 * index + 2}"], expected_amax, f"tensor {index} amax")
+
+
+def test_multi_quantize_bad_input_is_named():
+    g = ge2.ir.Graph("bad_multi")
+    x, s = g.input("x", (4, 8), "bfloat16"), g.input("s", (), "float32")
+    with pytest.raises(ValueError, match=r"tensors: expected \(x, scale\) for each tensor, got 3 inputs"):
+        g.quantize_fp8_transpose_multi(x, s, x)
+    with pytest.raises(TypeError, match=r"tensors\[2\] \(tensor 1's x\): expected a 2-d array"):
+        g.quantize_fp8_transpose_multi(x, s, g.input("v", (4,), "bfloat16"), s)
+    with pytest.raises(TypeError, match=r"tensors\[2\] \(tensor 1's x\): expected bfloat16 \(tensor 0's dtype"):
+        g.quantize_fp8_transpose_multi(x, s, g.input("f", (4, 8), "float32"), s)
+    with pytest.raises(TypeError, match=r"tensors\[3\] \(tensor 1's scale\): expected a float32 scalar"):
+        g.quantize_fp8_transpose_multi(x, s, x, g.input("h", (), "float16"))
+    with pytest.raises(ValueError, match=r"tensors\[1\] \(tensor 0's scale\): expected one element"):
+        g.quantize_fp8_transpose_multi(x, g.input("s2", (2,), "float32"))
+    with pytest.raises(ValueError, match="dtype"):
+        g.quantize_fp8_transpose_multi(x, s, dtype="bfloat16")
+
+
+@pytest.mark.skipif(not ge2._native.is_built("_ops_quantize_fp8"), reason="_ops_quantize_fp8 not built")
+def test_native_multi_quantize_checks_come_before_any_launch():
+    native = ge2._native.load("_ops_quantize_fp8")
+    fake = [256 * i for i in range(1, 6)]  # never dereferenced: the checks raise first
+    with pytest.raises(ValueError, match="inputs, outputs, rows, cols: expected 2 input and 3 output addresses"):
+        native.quantize_transpose_multi(fake[:2], fake[2:4], [4], [8], "bfloat16", "float8_e4m3fn", 0)
+    with pytest.raises(ValueError, match=r"tensors\[1\]: scale: null device pointer"):
+        native.quantize_transpose_multi(fake[:2] + [fake[0], 0], fake[2:] * 2, [4, 4], [8, 8], "bfloat16",
+                                        "float8_e4m3fn", 0)
+    with pytest.raises(ValueError, match=r"tensors\[0\]: rows, cols: expected 0 to 2\^31 - 1, got -1, 8"):
+        native.quantize_transpose_multi(fake[:2], fake[2:], [-1], [8], "bfloat16", "float8_e4m3fn", 0)
+    with pytest.raises(ValueError, match=r"tensors\[0\]: x, y, y_t: null device pointer"):
+        native.quantize_transpose_multi([0, fake[1]], fake[2:], [4], [8], "bfloat16", "float8_e4m3fn", 0)
+    with pytest.raises(ValueError, match=r"tensors\[0\]: dtype: expected float8_e4m3fn or float8_e5m2"):
+        native.quantize_transpose_multi(fake[:2], fake[2:], [4], [8], "bfloat16", "bfloat16", 0)
+
+
+# GPT-2 124M's weight shapes (whole 64 x 64 tiles: 8-element vectors), with shapes that are not multiples of 64 and
+# an empty tensor between them (element-wise tiles, partial at the edges; an amax of nothing)
+MULTI_SHAPES = [(2304, 768), (768, 768), (3072, 768), (768, 3072), (33, 65), (0, 64), (1, 1), (128, 200), (64, 64)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("source", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_multi_quantize_kernel_is_bit_exact_with_one_quantize_per_tensor(rng, source, dtype):
+    rt = ge2.device.runtime()
+    arrays = [_input(rng, shape, source) for shape in MULTI_SHAPES]
+    arrays[3][5, 7] = np.nan  # one tensor's NaN shows in its amax alone
+    scales = [np.array(rng.choice([1.0, 37.5, 1000.0, 0.01]), np.float32) for _ in arrays]
+    inputs, outputs = [], []
+    for x, scale in zip(arrays, scales):
+        inputs += [rt.DeviceArray.from_numpy(x), rt.DeviceArray.from_numpy(scale)]
+        rows, cols = x.shape
+        outputs += [rt.DeviceArray.empty([rows, cols], dtype), rt.DeviceArray.empty([cols, rows], dtype),
+                    rt.DeviceArray.empty([], "float32")]
+    for _ in range(2):  # twice on the same poisoned outputs: each call's own amaxes (the counters were reset)
+        ge2.ops.quantize_fp8_transpose_multi.forward(inputs, dtype=dtype, out=_poisoned(*outputs))
+        for index, (x, scale) in enumerate(zip(arrays, scales)):
+            what = f"{source}->{dtype} tensor {index} {x.shape} scale {float(scale)}"
+            y, y_t, amax = (outputs[3 * index + i].numpy() for i in range(3))
+            expected_y, expected_amax = quantize_fp8.reference(x, scale, dtype)
+            _same_bits_or_both_nan(y, expected_y, what + " y")
+            _same_bits_or_both_nan(y_t, expected_y.T, what + " y_t")
+            _same_bits_or_both_nan(amax, expected_amax, what + " amax")
+            if x.size:  # the same bits as quantize_fp8_transpose of the tensor alone
+                alone = ge2.ops.quantize_fp8_transpose.forward_numpy(x, scale, dtype=dtype)
+                _same_bits_or_both_nan(y, alone[0], what + " y vs quantize_fp8_transpose")
+                _same_bits_or_both_nan(amax, alone[2], what + " amax vs quantize_fp8_transpose")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("count", [64, 141])  # one full launch; three launches (64 + 64 + 13)
+def test_multi_quantize_kernel_over_several_launches(rng, count):
+    shapes = [((64, 128), (33, 17), (0, 4), (128, 64))[index % 4] for index in range(count)]
+    arrays = [_input(rng, shape, "bfloat16") for shape in shapes]
+    scales = [np.array(2.0 ** (index % 7 - 3), np.float32) for index in range(count)]
+    got = ge2.ops.quantize_fp8_transpose_multi.forward_numpy(
+        [array for pair in zip(arrays, scales) for array in pair], dtype="float8_e4m3fn")
+    assert len(got) == 3 * count
+    for index, (x, scale) in enumerate(zip(arrays, scales)):
+        expected_y, expected_amax = quantize_fp8.reference(x, scale, "float8_e4m3fn")
+        what = f"tensor {index} of {count} {x.shape}"
+        _same_bits_or_both_nan(got[3 * index], expected_y, what + " y")
+        _same_bits_or_both_nan(got[3 * index + 1], expected_y.T, what + " y_t")
+        _same_bits_or_both_nan(got[3 * index + 2], expected_amax, what + " amax")
+
+
+@pytest.mark.gpu
+def test_multi_quantize_of_misaligned_views_runs_element_wise(rng):
+    """x and y one element past 16-byte alignment (views into larger arrays): the tensor takes the element-wise tile
+    path, with the same bits."""
+    rt = ge2.device.runtime()
+    x = _input(rng, (64 * 64 + 1,), "bfloat16")
+    scale = np.array(8.0, np.float32)
+    base = rt.DeviceArray.from_numpy(x)
+    view = base.view(2, [64, 64], "bfloat16")  # 16-bit elements at a 2-byte offset
+    y, y_t, amax = (rt.DeviceArray.empty([64, 64], "float8_e4m3fn"), rt.DeviceArray.empty([64, 64], "float8_e4m3fn"),
+                    rt.DeviceArray.empty([], "float32"))
+    ge2.ops.quantize_fp8_transpose_multi.forward([view, rt.DeviceArray.from_numpy(scale)], out=_poisoned(y, y_t, amax))
+    expected_y, expected_amax = quantize_fp8.reference(x[1:].reshape(64, 64), scale)
+    _same_bits_or_both_nan(y.numpy(), expected_y, "misaligned y")
+    _same_bits_or_both_nan(y_t.numpy(), expected_y.T, "misaligned y_t")
+    _same_bits_or_both_nan(amax.numpy(), expected_amax, "misaligned amax")

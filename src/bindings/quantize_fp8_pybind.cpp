@@ -59,6 +59,32 @@ PYBIND11_MODULE(_ops_quantize_fp8, m) {
       "[rows, x1_cols], then x2 [rows, x2_cols] (no preact then).");
 
   m.def(
+      "quantize_transpose_multi",
+      [](const std::vector<std::uintptr_t>& inputs, const std::vector<std::uintptr_t>& outputs,
+         const std::vector<int64_t>& rows, const std::vector<int64_t>& cols, const std::string& x_dtype,
+         const std::string& dtype, std::uintptr_t stream) {
+        if (inputs.size() != 2 * rows.size() || cols.size() != rows.size() || outputs.size() != 3 * rows.size()) {
+          throw std::invalid_argument("inputs, outputs, rows, cols: expected 2 input and 3 output addresses per "
+                                      "tensor and one rows and cols each (" + std::to_string(rows.size()) +
+                                      " rows), got " + std::to_string(inputs.size()) + ", " +
+                                      std::to_string(outputs.size()) + ", " + std::to_string(cols.size()));
+        }
+        const auto from = ge2::dtype_from_name(x_dtype, "x_dtype"), to = ge2::dtype_from_name(dtype);
+        std::vector<ge2::quantize_fp8::MultiQuantize> tensors;
+        for (std::size_t i = 0; i < rows.size(); ++i) {
+          tensors.push_back({as_pointer(inputs[2 * i]), as_pointer<const float>(inputs[2 * i + 1]),
+                             as_pointer(outputs[3 * i]), as_pointer(outputs[3 * i + 1]),
+                             as_pointer<float>(outputs[3 * i + 2]), rows[i], cols[i]});
+        }
+        ge2::binding::ReleaseGil release;
+        ge2::quantize_fp8::quantize_transpose_multi(tensors, from, to, as_stream(stream));
+      },
+      py::arg("inputs"), py::arg("outputs"), py::arg("rows"), py::arg("cols"), py::arg("x_dtype"), py::arg("dtype"),
+      py::arg("stream"),
+      "Enqueues quantize_transpose for several 2-d tensors in as few launches as possible: inputs (x, scale) and "
+      "outputs (y, y_t, amax) per tensor, x [rows[i], cols[i]] of x_dtype.");
+
+  m.def(
       "scale_update",
       [](const std::vector<std::uintptr_t>& inputs, const std::vector<std::uintptr_t>& outputs,
          const std::vector<int64_t>& lengths, const std::string& dtype, int margin, std::uintptr_t stream) {

@@ -231,6 +231,70 @@ TRANSPOSE_FACE = Face(TRANSPOSE, lambda dy, inputs, attrs, kernel, out, stream: 
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# quantize_fp8_transpose_multi: several tensors' cast-transposes in one launch
+# ---------------------------------------------------------------------------------------------------------------
+def _infer_multi(in_types, attrs):
+    if not in_types or len(in_types) % 2:
+        raise ValueError(f"tensors: expected (x, scale) for each tensor, got {len(in_types)} inputs")
+    out_types, x_dtype = [], None
+    for first in range(0, len(in_types), 2):
+        x, scale = in_types[first:first + 2]
+        tensor = f"tensor {first // 2}"
+        if x is None or x.dtype not in FLOAT_DTYPES or x.rank != 2:
+            raise TypeError(f"tensors[{first}] ({tensor}'s x): expected a 2-d array of {', '.join(FLOAT_DTYPES)}, "
+                            f"got {x}")
+        if x_dtype is not None and x.dtype != x_dtype:
+            raise TypeError(f"tensors[{first}] ({tensor}'s x): expected {x_dtype} (tensor 0's dtype: one dtype a "
+                            f"launch), got {x.dtype}")
+        x_dtype = x.dtype
+        if scale is None:
+            raise ValueError(f"tensors[{first + 1}] ({tensor}'s scale): required")
+        check_scale(scale, f"tensors[{first + 1}] ({tensor}'s scale)")
+        rows, cols = x.shape
+        out_types += [TensorType((rows, cols), attrs["dtype"]), TensorType((cols, rows), attrs["dtype"]),
+                      TensorType((), "float32")]
+    return out_types
+
+
+def _reference_multi(inputs, attrs):
+    outputs = []
+    for first in range(0, len(inputs), 2):
+        y, amax = reference(inputs[first], inputs[first + 1], attrs["dtype"])
+        outputs += [y, np.ascontiguousarray(y.T), amax]
+    return outputs
+
+
+def _prepare_multi(problem: Problem):
+    shapes = [x.shape for x in problem.in_types[0::2]]
+    return native_launch(_native_module().quantize_transpose_multi, in_ptrs(), out_ptrs(),
+                         [rows for rows, _ in shapes], [cols for _, cols in shapes], problem.in_types[0].dtype,
+                         problem.attrs["dtype"], stream_arg())
+
+
+MULTI = register(OpDef(
+    name="quantize_fp8_transpose_multi",
+    samples=lambda rng: [Sample(([sample_array(rng, 4, 6), np.array(4.0, np.float32)],)),
+                         Sample(([sample_array(rng, 33, 65) * 1e4, np.array([2.0], np.float32),
+                                  sample_array(rng, 64, 128), np.array(16.0, np.float32),
+                                  np.zeros((0, 5), np.float32), np.array(1.0, np.float32)],),
+                                {"dtype": "float8_e5m2"},
+                                "three tensors: partial tiles past E5M2's range, whole 64 x 64 tiles, an empty one")],
+    inputs=(Input("tensors", variadic=True),),
+    outputs=(VARIADIC_OUTPUTS,),
+    attrs=(Attr("dtype", str, "float8_e4m3fn", choices=FLOAT8_DTYPES, doc="the FP8 output dtype"),),
+    infer=_infer_multi,
+    reference=_reference_multi,
+    candidates=(table_candidate("_ops_quantize_fp8", "transpose_multi", _supports, _prepare_multi),),
+    doc="quantize_fp8_transpose_multi(x_0, scale_0, x_1, scale_1, ...) -> (y_0, y_t_0, amax_0, y_1, ...): "
+        "quantize_fp8_transpose (no column sum, no activation) of several 2-d tensors of one dtype, bit for bit, in "
+        "one launch (up to 64 tensors a launch, one block per 64 x 64 tile of any of them): FP8 training's weights, "
+        "each too little work to fill the GPU alone, quantized together.",
+))
+
+MULTI_FACE = Face(MULTI, lambda dy, inputs, attrs, kernel, out, stream: [None] * len(inputs))
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # fp8_scale_update: delayed scaling's state update
 # ---------------------------------------------------------------------------------------------------------------
 def reference_scale_update(history, scale, amax, dtype: str = "float8_e4m3fn", margin: int = 0):

@@ -403,7 +403,40 @@ def train_rewrite(graph: Graph, forward_names: set[str], recipe: DelayedScaling,
                      f"E5M2 x E4M3, delayed scaling (history {recipe.history}, margin {recipe.margin})")
     _update_states(graph, pending, recipe.margin, update_prefix)
     skip_unread_amax(graph)
-    return notes + _fuse_activation_quantizes(graph, forward_names) + _widen_outputs(graph)
+    return (notes + _batch_weight_quantizes(graph, forward_names) + _fuse_activation_quantizes(graph, forward_names)
+            + _widen_outputs(graph))
+
+
+def _batch_weight_quantizes(graph: Graph, forward_names: set[str]) -> list[str]:
+    """The weights' quantize_fp8_transpose nodes (a parameter x, no column sum, no activation) of one x dtype and FP8
+    format become one quantize_fp8_transpose_multi, where the first of them was: the same values bit for bit (the
+    same scales, amaxes and rounding), in one launch instead of one per weight, each of which was too little work
+    to fill the GPU (GPT-2 124M: 47 weights, 3.8-5.8 us each). The inputs are parameters, so the node may run as
+    early as the first weight's quantize."""
+    users = graph.users()
+    groups: dict[tuple[str, str], list[Node]] = {}
+    for node in graph.nodes:
+        if (node.op == "quantize_fp8_transpose" and node.inputs[0].is_param and node.attrs["act"] == "none"
+                and not node.attrs["with_column_sum"] and all(value is None for value in node.inputs[2:])
+                and not users.get(node.outputs[3]) and not graph.is_output(node.outputs[3])):
+            groups.setdefault((node.inputs[0].type.dtype, node.attrs["dtype"]), []).append(node)
+    notes = []
+    for (_, dtype), nodes in groups.items():
+        if len(nodes) < 2:
+            continue
+        with graph.inserting_before(nodes[0]):
+            outputs = graph.quantize_fp8_transpose_multi(*[value for node in nodes for value in node.inputs[:2]],
+                                                         dtype=dtype)
+        for index, node in enumerate(nodes):
+            for old, new in zip(node.outputs[:3], outputs[3 * index:3 * index + 3]):
+                graph.replace_uses(old, new)
+            graph.remove_node(node)
+        batched = outputs[0].producer.name
+        if nodes[0].name in forward_names:
+            forward_names.add(batched)
+        notes.append(f"{len(nodes)} weight quantizes ({dtype}) batched into {batched} "
+                     f"(quantize_fp8_transpose_multi: one launch)")
+    return notes
 
 
 # The ops a widened scaled_gemm output may go to: normalizations' backwards, which read a float32 gradient

@@ -43,6 +43,23 @@ void quantize_transpose(const void* x, DType x_dtype, const float* scale, void* 
                         Act act = Act::None, const void* preact = nullptr,
                         const std::vector<ColumnBlock>& more_blocks = {});
 
+// Several 2-d tensors' quantize_transpose (no column sum, no activation, one x dtype and one FP8 dtype) in one launch
+// of up to kTensorsPerLaunch tensors: y = FP8(x * scale), y_t its transpose and amax = max |x| per tensor, bit for
+// bit what a quantize_transpose per tensor writes. FP8 training quantizes all its weights this way (each alone is too
+// little work to fill the GPU). A tensor may be empty (its amax is then 0); any shape and alignment (a tensor whose
+// rows and cols are multiples of 64, with x 16-byte, y 8-byte and y_t 16-byte aligned, takes 8-element vectors).
+struct MultiQuantize {
+  const void* x;
+  const float* scale;
+  void* y;
+  void* y_t;
+  float* amax;
+  int64_t rows, cols;
+};
+constexpr int kTensorsPerLaunch = 64;
+void quantize_transpose_multi(const std::vector<MultiQuantize>& tensors, DType x_dtype, DType y_dtype,
+                              cudaStream_t stream);
+
 // One tensor's delayed-scaling state (float32 device arrays: history [length], scale, amax) and where its update
 // goes (new_history [length], new_scale, new_scale_inv).
 struct ScaleState {

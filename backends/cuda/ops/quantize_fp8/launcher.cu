@@ -1,4 +1,6 @@
 // quantize_fp8 launcher: argument checks and the choice between the 8-element vector and the scalar kernel.
+#include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -12,6 +14,8 @@ void launch_quantize(const void* x, DType x_dtype, const float* scale, void* y, 
 void launch_quantize_transpose(const ColumnBlock* blocks, int block_count, DType x_dtype, const float* scale, void* y,
                                void* y_t, DType y_dtype, float* amax, void* column_sum, int64_t rows, int64_t cols,
                                Act act, const void* preact, cudaStream_t stream);
+void launch_quantize_transpose_multi(const std::vector<MultiQuantize>& tensors, DType x_dtype, DType y_dtype,
+                                     cudaStream_t stream);
 
 std::vector<KernelInfo> kernel_table() {
   return {
@@ -29,6 +33,12 @@ std::vector<KernelInfo> kernel_table() {
        "x 2-d, in up to 3 column blocks (the 64 x 64 kernel: rows and cols multiples of 64, block widths too, x, "
        "its blocks and preact 16-byte, y 8-byte and y_t 16-byte aligned, act none, gelu or silu, not float32 x with "
        "preact)",
+       kFallback, kAnyAlignment},
+      {"transpose_multi", 10,
+       "quantize_fp8_transpose_multi: up to 64 tensors' cast-transposes a launch, one block per 64 x 64 tile of any "
+       "of them (the tensors' tiles numbered one after another), amax per tensor written by the launch's last block",
+       "x 2-d, one dtype for all (8-element vectors for a tensor whose rows and cols are multiples of 64, x 16-byte, "
+       "y 8-byte and y_t 16-byte aligned; element-wise otherwise)",
        kFallback, kAnyAlignment},
       {"scale_update", 10,
        "fp8_scale_update: every tensor's state in one launch (up to 64 a launch, addresses passed by value), one "
@@ -102,6 +112,28 @@ void quantize_transpose(const void* x, DType x_dtype, const float* scale, void* 
   }
   launch_quantize_transpose(blocks, static_cast<int>(more_blocks.size()) + 1, x_dtype, scale, y, y_t, y_dtype, amax,
                             column_sum, rows, cols, act, preact, stream);
+}
+
+void quantize_transpose_multi(const std::vector<MultiQuantize>& tensors, DType x_dtype, DType y_dtype,
+                              cudaStream_t stream) {
+  for (std::size_t index = 0; index < tensors.size(); ++index) {
+    const MultiQuantize& q = tensors[index];
+    const std::string where = "tensors[" + std::to_string(index) + "]: ";
+    try {
+      check_quantize_args(x_dtype, y_dtype, q.scale, q.amax);
+    } catch (const std::invalid_argument& error) {
+      throw std::invalid_argument(where + error.what());
+    }
+    if (q.rows < 0 || q.cols < 0 || q.rows > INT32_MAX || q.cols > INT32_MAX) {
+      throw std::invalid_argument(where + "rows, cols: expected 0 to 2^31 - 1, got " + std::to_string(q.rows) +
+                                  ", " + std::to_string(q.cols));
+    }
+    if (q.rows * q.cols > 0 && (q.x == nullptr || q.y == nullptr || q.y_t == nullptr)) {
+      throw std::invalid_argument(where + "x, y, y_t: null device pointer");
+    }
+  }
+  if (tensors.empty()) return;
+  launch_quantize_transpose_multi(tensors, x_dtype, y_dtype, stream);
 }
 
 }  // namespace ge2::quantize_fp8

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "api.hpp"
 #include "cp_async.hpp"
@@ -470,6 +471,142 @@ void launch(const XBlocks& x, const void* preact, Act act, const float* scale, v
       static_cast<Out*>(y_t), amax, column_partials, static_cast<In*>(column_sum), counters, rows, cols);
 }
 
+// --- quantize_fp8_transpose_multi: several tensors' plain cast-transposes in one launch ---------------------------
+// FP8 training quantizes every weight (47 of them for GPT-2 124M, 0.6 to 2.4 M elements each) with both layouts; one
+// launch a weight left each at 0.6-1.7 TB/s (a launch, a ramp and one round trip of too few tiles for 132 SMs). Here
+// one block converts one 64 x 64 tile of one tensor, the tensors' tiles numbered one after another, so all of them
+// fill the GPU together. The per-element arithmetic is the wide kernel's (act none), so y, y_t and each amax are bit
+// for bit those of one quantize_fp8_transpose per tensor. Each block adds its tile's amax into its tensor's counter
+// and counts itself done; the last block of the launch writes every tensor's amax and resets the counters (zero-kept
+// stream scratch, as grid_completion.cuh's). A tensor whose shape or alignment does not allow the 8-element vectors
+// converts its tiles element by element (partial tiles at its edges).
+
+// One tensor of a launch. `wide`: rows and cols multiples of 64, x 16-byte, y 8-byte, y_t 16-byte aligned.
+struct MultiTensor {
+  const void* x;
+  void* y;
+  void* y_t;
+  const float* scale;
+  float* amax;
+  int rows, cols;
+  int first_tile;  // its first tile in the launch's numbering
+  int wide;
+};
+
+// The tensors of a launch, by value (__grid_constant__: indexed in place, not copied to local memory).
+struct MultiTable {
+  MultiTensor tensor[kTensorsPerLaunch];
+  int count;
+  int tiles;  // all the tensors' tiles
+};
+static_assert(sizeof(MultiTable) + sizeof(void*) <= 4096, "kernel parameters are limited to 4 KB");
+
+// counters[0]: blocks finished; counters[1 + k]: tensor k's amax so far (float bits).
+constexpr int kMultiAmaxCounter = 1;
+
+template <typename In, typename Out>
+__global__ void __launch_bounds__(kWideThreads)
+    quantize_transpose_multi_kernel(const __grid_constant__ MultiTable table, unsigned int* __restrict__ counters) {
+  static_assert(sizeof(Out) == 1, "FP8 outputs are one byte");
+  __shared__ __align__(16) unsigned char tile[kWideTile * kWideStride];
+  __shared__ unsigned int warp_amax[kWideThreads / 32];
+  __shared__ bool last_block;
+  const int g = static_cast<int>(blockIdx.x);
+  int k = 0, last = table.count - 1;  // the tensor holding tile g: the last one starting at or before it
+  while (k < last) {                   // (empty tensors start where the next one does)
+    const int middle = (k + last + 1) / 2;
+    if (table.tensor[middle].first_tile <= g) {
+      k = middle;
+    } else {
+      last = middle - 1;
+    }
+  }
+  unsigned int amax_bits = 0;
+  if (g < table.tiles) {
+    const MultiTensor& t = table.tensor[k];
+    const In* x = static_cast<const In*>(t.x);
+    Out* y = static_cast<Out*>(t.y);
+    Out* y_t = static_cast<Out*>(t.y_t);
+    const float scale = *t.scale;
+    const int tiles_across = (t.cols + kWideTile - 1) / kWideTile;
+    const int local = g - t.first_tile;
+    const int64_t rows = t.rows, cols = t.cols;
+    const int64_t row0 = static_cast<int64_t>(local / tiles_across) * kWideTile;
+    const int64_t col0 = static_cast<int64_t>(local % tiles_across) * kWideTile;
+    if (t.wide) {
+      const int lane_vector = threadIdx.x % (kWideTile / kVector);
+      const int pass_row = threadIdx.x / (kWideTile / kVector);
+      Pack<In, kVector> packs[kWidePasses];
+#pragma unroll
+      for (int pass = 0; pass < kWidePasses; ++pass) {  // both loads in flight together
+        const int64_t r = row0 + pass * kWideRowsPerPass + pass_row;
+        packs[pass] = *reinterpret_cast<const Pack<In, kVector>*>(x + r * cols + col0 + lane_vector * kVector);
+      }
+#pragma unroll
+      for (int pass = 0; pass < kWidePasses; ++pass) {
+        const int r = pass * kWideRowsPerPass + pass_row;
+        float values[kVector];
+        widen<In>(packs[pass], values);
+        Pack<Out, kVector> out;
+#pragma unroll
+        for (int i = 0; i < kVector; ++i) {
+          amax_bits = max(amax_bits, __float_as_uint(fabsf(values[i])));
+          out.value[i] = from_float<Out>(values[i] * scale);
+        }
+        *reinterpret_cast<Pack<Out, kVector>*>(y + (row0 + r) * cols + col0 + lane_vector * kVector) = out;
+        const auto* words = reinterpret_cast<const unsigned int*>(&out);
+        auto* row = reinterpret_cast<unsigned int*>(tile + r * kWideStride + lane_vector * kVector);
+        row[0] = words[0];
+        row[1] = words[1];
+      }
+      __syncthreads();
+      constexpr int kSegments = kWideTile / kTransposeVector;
+      const int segment = threadIdx.x % kSegments, c = threadIdx.x / kSegments;
+      Pack<unsigned char, kTransposeVector> gathered;
+#pragma unroll
+      for (int i = 0; i < kTransposeVector; ++i) {
+        gathered.value[i] = tile[(segment * kTransposeVector + i) * kWideStride + c];
+      }
+      *reinterpret_cast<Pack<unsigned char, kTransposeVector>*>(y_t + (col0 + c) * rows + row0 +
+                                                                segment * kTransposeVector) = gathered;
+    } else {
+      Out* tile_values = reinterpret_cast<Out*>(tile);
+      for (int i = threadIdx.x; i < kWideTile * kWideTile; i += kWideThreads) {
+        const int r = i / kWideTile, c = i % kWideTile;  // along y's rows
+        if (row0 + r < rows && col0 + c < cols) {
+          const float value = to_float(x[(row0 + r) * cols + col0 + c]);
+          amax_bits = max(amax_bits, __float_as_uint(fabsf(value)));
+          const Out q = from_float<Out>(value * scale);
+          y[(row0 + r) * cols + col0 + c] = q;
+          tile_values[r * kWideStride + c] = q;
+        }
+      }
+      __syncthreads();
+      for (int i = threadIdx.x; i < kWideTile * kWideTile; i += kWideThreads) {
+        const int c = i / kWideTile, r = i % kWideTile;  // along y_t's rows
+        if (row0 + r < rows && col0 + c < cols) y_t[(col0 + c) * rows + row0 + r] = tile_values[r * kWideStride + c];
+      }
+    }
+  }
+  amax_bits = __reduce_max_sync(0xffffffffu, amax_bits);
+  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax_bits;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kWideThreads / 32; ++w) amax_bits = max(amax_bits, warp_amax[w]);
+    if (amax_bits != 0) atomicMax(counters + kMultiAmaxCounter + k, amax_bits);
+    __threadfence();  // this block's maximum is in before the block counts as finished
+    last_block = atomicAdd(counters, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (last_block) {
+    __threadfence();
+    for (int i = threadIdx.x; i < table.count; i += kWideThreads) {
+      *table.tensor[i].amax = __uint_as_float(atomicExch(counters + kMultiAmaxCounter + i, 0u));
+    }
+    if (threadIdx.x == 0) counters[0] = 0;
+  }
+}
+
 }  // namespace
 
 void launch_quantize_transpose(const ColumnBlock* blocks, int block_count, DType x_dtype, const float* scale, void* y,
@@ -505,6 +642,47 @@ void launch_quantize_transpose(const ColumnBlock* blocks, int block_count, DType
     }
   });
   GE2_CHECK_LAUNCH("quantize_fp8_transpose");
+}
+
+}  // namespace ge2::quantize_fp8
+
+namespace ge2::quantize_fp8 {
+
+void launch_quantize_transpose_multi(const std::vector<MultiQuantize>& tensors, DType x_dtype, DType y_dtype,
+                                     cudaStream_t stream) {
+  const auto aligned = [](const void* pointer, std::size_t bytes) {
+    return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
+  };
+  auto* counters = static_cast<unsigned int*>(
+      StreamWorkspace::get_zeroed((kMultiAmaxCounter + kTensorsPerLaunch) * sizeof(unsigned int), stream));
+  for (std::size_t first = 0; first < tensors.size(); first += kTensorsPerLaunch) {
+    const std::size_t count = std::min<std::size_t>(kTensorsPerLaunch, tensors.size() - first);
+    MultiTable table{};
+    int64_t tiles = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      const MultiQuantize& q = tensors[first + i];
+      const int64_t tile_count = ((q.rows + kWideTile - 1) / kWideTile) * ((q.cols + kWideTile - 1) / kWideTile);
+      const bool wide = q.rows % kWideTile == 0 && q.cols % kWideTile == 0 && aligned(q.x, 16) &&
+                        aligned(q.y, kVector) && aligned(q.y_t, kTransposeVector);
+      table.tensor[i] = {q.x, q.y, q.y_t, q.scale, q.amax, static_cast<int>(q.rows), static_cast<int>(q.cols),
+                         static_cast<int>(tiles), wide ? 1 : 0};
+      tiles += tile_count;
+      if (tiles > INT32_MAX) {
+        throw std::invalid_argument("tensors: more than 2^31 - 1 tiles of 64 x 64 in one launch");
+      }
+    }
+    table.count = static_cast<int>(count);
+    table.tiles = static_cast<int>(tiles);
+    const auto blocks = static_cast<unsigned int>(std::max<int64_t>(1, tiles));  // one block even for no tile
+    GE2_DISPATCH_FLOATING(x_dtype, "x dtype", {
+      if (y_dtype == DType::Float8E4M3) {
+        quantize_transpose_multi_kernel<scalar_t, __nv_fp8_e4m3><<<blocks, kWideThreads, 0, stream>>>(table, counters);
+      } else {
+        quantize_transpose_multi_kernel<scalar_t, __nv_fp8_e5m2><<<blocks, kWideThreads, 0, stream>>>(table, counters);
+      }
+    });
+    GE2_CHECK_LAUNCH("quantize_fp8_transpose_multi");
+  }
 }
 
 }  // namespace ge2::quantize_fp8

@@ -66,7 +66,16 @@ def test_the_linear_gemms_run_in_fp8_except_the_first_and_last():
     # (tied embedding: its weight is a cast, not a parameter) is no FP8 site at all
     # per GEMM: x, W and dY quantized with both layouts in one pass each, three FP8 GEMMs; the 21 states update in
     # two nodes at the end of the step (E4M3: x and W; E5M2: dY)
-    assert ops["scaled_gemm"] == ops["quantize_fp8_transpose"] == 7 * 3
+    # the weights' quantizes (parameters: all known at the step's start) are one node, one launch
+    assert ops["scaled_gemm"] == 7 * 3 and ops["quantize_fp8_transpose"] == 7 * 2
+    assert ops["quantize_fp8_transpose_multi"] == 1
+    multi = next(n for n in trainer.train_graph.nodes if n.op == "quantize_fp8_transpose_multi")
+    assert len(multi.inputs) == 7 * 2 and all(x.is_param and x.name.endswith("weight") for x in multi.inputs[0::2])
+    assert multi.attrs["dtype"] == "float8_e4m3fn" and len(multi.outputs) == 7 * 3
+    # it runs where the first weight's quantize ran, before the first FP8 GEMM reads any of its outputs
+    first_reader = min(trainer.train_graph.nodes.index(n) for n in trainer.train_graph.nodes
+                       if any(v in multi.outputs for v in n.inputs))
+    assert trainer.train_graph.nodes.index(multi) < first_reader
     updates = [n for n in trainer.train_graph.nodes if n.op == "fp8_scale_update"]
     assert sorted((n.attrs["dtype"], len(n.inputs)) for n in updates) == [("float8_e4m3fn", 14 * 3),
                                                                           ("float8_e5m2", 7 * 3)]
@@ -95,6 +104,7 @@ def test_the_linear_gemms_run_in_fp8_except_the_first_and_last():
     assert all(not n.attrs["with_amax"] for n in trainer.train_graph.nodes if n.op == "scaled_gemm")
     explained = trainer.explain()
     assert explained.count("runs in FP8: forward E4M3 x E4M3, dgrad and wgrad E5M2 x E4M3") == 7
+    assert "7 weight quantizes (float8_e4m3fn) batched into" in explained
     assert explained.count("writes float32 for") == 3
     assert explained.count("(concat of 3 on axis 2) read in place by") == 1
     assert "(blocks.0.attn.in_proj_weight) stays bfloat16: the forward pass's first or last GEMM" in explained

@@ -762,6 +762,27 @@ def test_multi_quantize_kernel_over_several_launches(rng, count):
 
 
 @pytest.mark.gpu
+def test_multi_quantize_block_runs_cross_tensors(rng):
+    """Enough tiles for runs of several consecutive tiles a block (2,664 tiles: runs of 3-4 on an H200's wave of
+    resident blocks), tensors of 110 tiles between one-tile ones, so runs start and end inside tensors and span a
+    tensor's end: every tensor's amax is its own (each scaled differently, one with a NaN, one all zeros)."""
+    shapes = [shape for _ in range(24) for shape in ((640, 704), (33, 17))]
+    arrays = [(_input(rng, shape, "bfloat16") * (index + 1)).astype(ml_dtypes.bfloat16)
+              for index, shape in enumerate(shapes)]
+    arrays[5][:] = 0
+    arrays[8][100, 3] = np.nan
+    scales = [np.array(2.0 ** (index % 9 - 6), np.float32) for index in range(len(shapes))]
+    got = ge2.ops.quantize_fp8_transpose_multi.forward_numpy(
+        [array for pair in zip(arrays, scales) for array in pair], dtype="float8_e5m2")
+    for index, (x, scale) in enumerate(zip(arrays, scales)):
+        expected_y, expected_amax = quantize_fp8.reference(x, scale, "float8_e5m2")
+        what = f"tensor {index} {x.shape}"
+        _same_bits_or_both_nan(got[3 * index], expected_y, what + " y")
+        _same_bits_or_both_nan(got[3 * index + 1], expected_y.T, what + " y_t")
+        _same_bits_or_both_nan(got[3 * index + 2], expected_amax, what + " amax")
+
+
+@pytest.mark.gpu
 def test_multi_quantize_of_misaligned_views_runs_element_wise(rng):
     """x and y one element past 16-byte alignment (views into larger arrays): the tensor takes the element-wise tile
     path, with the same bits."""

@@ -474,12 +474,13 @@ void launch(const XBlocks& x, const void* preact, Act act, const float* scale, v
 // --- quantize_fp8_transpose_multi: several tensors' plain cast-transposes in one launch ---------------------------
 // FP8 training quantizes every weight (47 of them for GPT-2 124M, 0.6 to 2.4 M elements each) with both layouts; one
 // launch a weight left each at 0.6-1.7 TB/s (a launch, a ramp and one round trip of too few tiles for 132 SMs). Here
-// one block converts one 64 x 64 tile of one tensor, the tensors' tiles numbered one after another, so all of them
-// fill the GPU together. The per-element arithmetic is the wide kernel's (act none), so y, y_t and each amax are bit
-// for bit those of one quantize_fp8_transpose per tensor. Each block adds its tile's amax into its tensor's counter
-// and counts itself done; the last block of the launch writes every tensor's amax and resets the counters (zero-kept
-// stream scratch, as grid_completion.cuh's). A tensor whose shape or alignment does not allow the 8-element vectors
-// converts its tiles element by element (partial tiles at its edges).
+// the tensors' 64 x 64 tiles are numbered one after another and one wave of resident blocks takes equal runs of
+// consecutive tiles, so all the tensors fill the GPU together. A tile's arithmetic is the wide kernel's (act none),
+// so y, y_t and each amax are bit for bit those of one quantize_fp8_transpose per tensor. A block keeps a running
+// amax while its tiles stay in one tensor and adds it into that tensor's counter when the run moves on to the next
+// tensor (or ends); then the block counts itself done, and the launch's last block writes every tensor's amax and
+// resets the counters (zero-kept stream scratch, as grid_completion.cuh's). A tensor whose shape or alignment does not
+// allow the 8-element vectors converts its tiles element by element (partial tiles at its edges).
 
 // One tensor of a launch. `wide`: rows and cols multiples of 64, x 16-byte, y 8-byte, y_t 16-byte aligned.
 struct MultiTensor {
@@ -497,12 +498,91 @@ struct MultiTensor {
 struct MultiTable {
   MultiTensor tensor[kTensorsPerLaunch];
   int count;
-  int tiles;  // all the tensors' tiles
+  int tiles;      // all the tensors' tiles
+  int run_tiles;  // consecutive tiles a block takes
 };
 static_assert(sizeof(MultiTable) + sizeof(void*) <= 4096, "kernel parameters are limited to 4 KB");
 
 // counters[0]: blocks finished; counters[1 + k]: tensor k's amax so far (float bits).
 constexpr int kMultiAmaxCounter = 1;
+
+// The block's maximum of `amax_bits` added into tensor k's counter (every thread calls it, at the same point).
+__device__ __forceinline__ void flush_tensor_amax(unsigned int amax_bits, int k, unsigned int* counters,
+                                                  unsigned int* warp_amax) {
+  amax_bits = __reduce_max_sync(0xffffffffu, amax_bits);
+  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax_bits;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kWideThreads / 32; ++w) amax_bits = max(amax_bits, warp_amax[w]);
+    if (amax_bits != 0) atomicMax(counters + kMultiAmaxCounter + k, amax_bits);
+  }
+  __syncthreads();  // warp_amax is rewritten by the next flush
+}
+
+// One 64 x 64 tile (row0, col0) of tensor t; amax_bits takes the maximum of its |x| bits. Ends with a barrier: the
+// shared tile is free for the next one.
+template <typename In, typename Out>
+__device__ __forceinline__ void multi_tile(MultiTensor t, int64_t row0, int64_t col0, unsigned char* tile,
+                                           unsigned int& amax_bits) {
+  const In* x = static_cast<const In*>(t.x);
+  Out* y = static_cast<Out*>(t.y);
+  Out* y_t = static_cast<Out*>(t.y_t);
+  const float scale = *t.scale;
+  const int64_t rows = t.rows, cols = t.cols;
+  if (t.wide) {
+    const int lane_vector = threadIdx.x % (kWideTile / kVector);
+    const int pass_row = threadIdx.x / (kWideTile / kVector);
+    Pack<In, kVector> packs[kWidePasses];
+#pragma unroll
+    for (int pass = 0; pass < kWidePasses; ++pass) {  // both loads in flight together
+      const int64_t r = row0 + pass * kWideRowsPerPass + pass_row;
+      packs[pass] = *reinterpret_cast<const Pack<In, kVector>*>(x + r * cols + col0 + lane_vector * kVector);
+    }
+#pragma unroll
+    for (int pass = 0; pass < kWidePasses; ++pass) {
+      const int r = pass * kWideRowsPerPass + pass_row;
+      float values[kVector];
+      widen<In>(packs[pass], values);
+      Pack<Out, kVector> out;
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) {
+        amax_bits = max(amax_bits, __float_as_uint(fabsf(values[i])));
+        out.value[i] = from_float<Out>(values[i] * scale);
+      }
+      *reinterpret_cast<Pack<Out, kVector>*>(y + (row0 + r) * cols + col0 + lane_vector * kVector) = out;
+      const auto* words = reinterpret_cast<const unsigned int*>(&out);
+      auto* row = reinterpret_cast<unsigned int*>(tile + r * kWideStride + lane_vector * kVector);
+      row[0] = words[0];
+      row[1] = words[1];
+    }
+    __syncthreads();
+    constexpr int kSegments = kWideTile / kTransposeVector;
+    const int segment = threadIdx.x % kSegments, c = threadIdx.x / kSegments;
+    Pack<unsigned char, kTransposeVector> gathered;
+#pragma unroll
+    for (int i = 0; i < kTransposeVector; ++i) gathered.value[i] = tile[(segment * kTransposeVector + i) * kWideStride + c];
+    *reinterpret_cast<Pack<unsigned char, kTransposeVector>*>(y_t + (col0 + c) * rows + row0 +
+                                                              segment * kTransposeVector) = gathered;
+  } else {
+    Out* tile_values = reinterpret_cast<Out*>(tile);
+    for (int i = threadIdx.x; i < kWideTile * kWideTile; i += kWideThreads) {
+      const int r = i / kWideTile, c = i % kWideTile;  // along y's rows
+      if (row0 + r < rows && col0 + c < cols) {
+        const float value = to_float(x[(row0 + r) * cols + col0 + c]);
+        amax_bits = max(amax_bits, __float_as_uint(fabsf(value)));
+        const Out q = from_float<Out>(value * scale);
+        y[(row0 + r) * cols + col0 + c] = q;
+        tile_values[r * kWideStride + c] = q;
+      }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < kWideTile * kWideTile; i += kWideThreads) {
+      const int c = i / kWideTile, r = i % kWideTile;  // along y_t's rows
+      if (row0 + r < rows && col0 + c < cols) y_t[(col0 + c) * rows + row0 + r] = tile_values[r * kWideStride + c];
+    }
+  }
+  __syncthreads();
+}
 
 template <typename In, typename Out>
 __global__ void __launch_bounds__(kWideThreads)
@@ -511,90 +591,33 @@ __global__ void __launch_bounds__(kWideThreads)
   __shared__ __align__(16) unsigned char tile[kWideTile * kWideStride];
   __shared__ unsigned int warp_amax[kWideThreads / 32];
   __shared__ bool last_block;
-  const int g = static_cast<int>(blockIdx.x);
-  int k = 0, last = table.count - 1;  // the tensor holding tile g: the last one starting at or before it
-  while (k < last) {                   // (empty tensors start where the next one does)
+  const int begin = static_cast<int>(blockIdx.x) * table.run_tiles;
+  const int end = min(begin + table.run_tiles, table.tiles);
+  int k = 0, last = table.count - 1;  // the tensor holding tile `begin`: the last one starting at or before it
+  while (k < last) {                   // (an empty tensor starts where the next one does)
     const int middle = (k + last + 1) / 2;
-    if (table.tensor[middle].first_tile <= g) {
+    if (table.tensor[middle].first_tile <= begin) {
       k = middle;
     } else {
       last = middle - 1;
     }
   }
-  unsigned int amax_bits = 0;
-  if (g < table.tiles) {
-    const MultiTensor& t = table.tensor[k];
-    const In* x = static_cast<const In*>(t.x);
-    Out* y = static_cast<Out*>(t.y);
-    Out* y_t = static_cast<Out*>(t.y_t);
-    const float scale = *t.scale;
+  unsigned int amax_bits = 0;  // this thread's maximum over tensor k's tiles so far
+  for (int g = begin; g < end; ++g) {
+    if (k + 1 < table.count && table.tensor[k + 1].first_tile <= g) {  // the run moves on to the next tensor
+      flush_tensor_amax(amax_bits, k, counters, warp_amax);
+      amax_bits = 0;
+      while (k + 1 < table.count && table.tensor[k + 1].first_tile <= g) ++k;  // past empty tensors
+    }
+    const MultiTensor t = table.tensor[k];
     const int tiles_across = (t.cols + kWideTile - 1) / kWideTile;
     const int local = g - t.first_tile;
-    const int64_t rows = t.rows, cols = t.cols;
-    const int64_t row0 = static_cast<int64_t>(local / tiles_across) * kWideTile;
-    const int64_t col0 = static_cast<int64_t>(local % tiles_across) * kWideTile;
-    if (t.wide) {
-      const int lane_vector = threadIdx.x % (kWideTile / kVector);
-      const int pass_row = threadIdx.x / (kWideTile / kVector);
-      Pack<In, kVector> packs[kWidePasses];
-#pragma unroll
-      for (int pass = 0; pass < kWidePasses; ++pass) {  // both loads in flight together
-        const int64_t r = row0 + pass * kWideRowsPerPass + pass_row;
-        packs[pass] = *reinterpret_cast<const Pack<In, kVector>*>(x + r * cols + col0 + lane_vector * kVector);
-      }
-#pragma unroll
-      for (int pass = 0; pass < kWidePasses; ++pass) {
-        const int r = pass * kWideRowsPerPass + pass_row;
-        float values[kVector];
-        widen<In>(packs[pass], values);
-        Pack<Out, kVector> out;
-#pragma unroll
-        for (int i = 0; i < kVector; ++i) {
-          amax_bits = max(amax_bits, __float_as_uint(fabsf(values[i])));
-          out.value[i] = from_float<Out>(values[i] * scale);
-        }
-        *reinterpret_cast<Pack<Out, kVector>*>(y + (row0 + r) * cols + col0 + lane_vector * kVector) = out;
-        const auto* words = reinterpret_cast<const unsigned int*>(&out);
-        auto* row = reinterpret_cast<unsigned int*>(tile + r * kWideStride + lane_vector * kVector);
-        row[0] = words[0];
-        row[1] = words[1];
-      }
-      __syncthreads();
-      constexpr int kSegments = kWideTile / kTransposeVector;
-      const int segment = threadIdx.x % kSegments, c = threadIdx.x / kSegments;
-      Pack<unsigned char, kTransposeVector> gathered;
-#pragma unroll
-      for (int i = 0; i < kTransposeVector; ++i) {
-        gathered.value[i] = tile[(segment * kTransposeVector + i) * kWideStride + c];
-      }
-      *reinterpret_cast<Pack<unsigned char, kTransposeVector>*>(y_t + (col0 + c) * rows + row0 +
-                                                                segment * kTransposeVector) = gathered;
-    } else {
-      Out* tile_values = reinterpret_cast<Out*>(tile);
-      for (int i = threadIdx.x; i < kWideTile * kWideTile; i += kWideThreads) {
-        const int r = i / kWideTile, c = i % kWideTile;  // along y's rows
-        if (row0 + r < rows && col0 + c < cols) {
-          const float value = to_float(x[(row0 + r) * cols + col0 + c]);
-          amax_bits = max(amax_bits, __float_as_uint(fabsf(value)));
-          const Out q = from_float<Out>(value * scale);
-          y[(row0 + r) * cols + col0 + c] = q;
-          tile_values[r * kWideStride + c] = q;
-        }
-      }
-      __syncthreads();
-      for (int i = threadIdx.x; i < kWideTile * kWideTile; i += kWideThreads) {
-        const int c = i / kWideTile, r = i % kWideTile;  // along y_t's rows
-        if (row0 + r < rows && col0 + c < cols) y_t[(col0 + c) * rows + row0 + r] = tile_values[r * kWideStride + c];
-      }
-    }
+    multi_tile<In, Out>(t, static_cast<int64_t>(local / tiles_across) * kWideTile,
+                        static_cast<int64_t>(local % tiles_across) * kWideTile, tile, amax_bits);
   }
-  amax_bits = __reduce_max_sync(0xffffffffu, amax_bits);
-  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax_bits;
-  __syncthreads();
+  flush_tensor_amax(amax_bits, k, counters, warp_amax);
   if (threadIdx.x == 0) {
-    for (int w = 1; w < kWideThreads / 32; ++w) amax_bits = max(amax_bits, warp_amax[w]);
-    if (amax_bits != 0) atomicMax(counters + kMultiAmaxCounter + k, amax_bits);
-    __threadfence();  // this block's maximum is in before the block counts as finished
+    __threadfence();  // this block's maxima are in before the block counts as finished
     last_block = atomicAdd(counters, 1u) == gridDim.x - 1;
   }
   __syncthreads();
@@ -655,6 +678,14 @@ void launch_quantize_transpose_multi(const std::vector<MultiQuantize>& tensors, 
   };
   auto* counters = static_cast<unsigned int*>(
       StreamWorkspace::get_zeroed((kMultiAmaxCounter + kTensorsPerLaunch) * sizeof(unsigned int), stream));
+  int device = 0, sms = 0, resident = 0;
+  GE2_CUDA_CHECK(cudaGetDevice(&device));
+  GE2_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  GE2_DISPATCH_FLOATING(x_dtype, "x dtype", {  // the same resources for either FP8 format
+    GE2_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &resident, quantize_transpose_multi_kernel<scalar_t, __nv_fp8_e4m3>, kWideThreads, 0));
+  });
+  const int64_t wave = std::max<int64_t>(1, static_cast<int64_t>(sms) * resident);
   for (std::size_t first = 0; first < tensors.size(); first += kTensorsPerLaunch) {
     const std::size_t count = std::min<std::size_t>(kTensorsPerLaunch, tensors.size() - first);
     MultiTable table{};
@@ -673,7 +704,9 @@ void launch_quantize_transpose_multi(const std::vector<MultiQuantize>& tensors, 
     }
     table.count = static_cast<int>(count);
     table.tiles = static_cast<int>(tiles);
-    const auto blocks = static_cast<unsigned int>(std::max<int64_t>(1, tiles));  // one block even for no tile
+    // one wave of resident blocks, each a run of the same number of consecutive tiles (one block even for none)
+    table.run_tiles = static_cast<int>(std::max<int64_t>(1, (tiles + wave - 1) / wave));
+    const auto blocks = static_cast<unsigned int>(std::max<int64_t>(1, (tiles + table.run_tiles - 1) / table.run_tiles));
     GE2_DISPATCH_FLOATING(x_dtype, "x dtype", {
       if (y_dtype == DType::Float8E4M3) {
         quantize_transpose_multi_kernel<scalar_t, __nv_fp8_e4m3><<<blocks, kWideThreads, 0, stream>>>(table, counters);

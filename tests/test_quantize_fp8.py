@@ -750,12 +750,17 @@ def test_multi_quantize_kernel_over_several_launches(rng, count):
     shapes = [((64, 128), (33, 17), (0, 4), (128, 64))[index % 4] for index in range(count)]
     arrays = [_input(rng, shape, "bfloat16") for shape in shapes]
     scales = [np.array(2.0 ** (index % 7 - 3), np.float32) for index in range(count)]
+    _check_multi_quantize(arrays, scales, "float8_e4m3fn")
+
+
+def _check_multi_quantize(arrays, scales, dtype):
+    """quantize_fp8_transpose_multi of (arrays, scales) on the GPU: each tensor's (y, y_t, amax) its reference's."""
     got = ge2.ops.quantize_fp8_transpose_multi.forward_numpy(
-        [array for pair in zip(arrays, scales) for array in pair], dtype="float8_e4m3fn")
-    assert len(got) == 3 * count
+        [array for pair in zip(arrays, scales) for array in pair], dtype=dtype)
+    assert len(got) == 3 * len(arrays)
     for index, (x, scale) in enumerate(zip(arrays, scales)):
-        expected_y, expected_amax = quantize_fp8.reference(x, scale, "float8_e4m3fn")
-        what = f"tensor {index} of {count} {x.shape}"
+        expected_y, expected_amax = quantize_fp8.reference(x, scale, dtype)
+        what = f"tensor {index} of {len(arrays)} {x.shape}"
         _same_bits_or_both_nan(got[3 * index], expected_y, what + " y")
         _same_bits_or_both_nan(got[3 * index + 1], expected_y.T, what + " y_t")
         _same_bits_or_both_nan(got[3 * index + 2], expected_amax, what + " amax")
@@ -772,19 +777,12 @@ def test_multi_quantize_block_runs_cross_tensors(rng):
     arrays[5][:] = 0
     arrays[8][100, 3] = np.nan
     scales = [np.array(2.0 ** (index % 9 - 6), np.float32) for index in range(len(shapes))]
-    got = ge2.ops.quantize_fp8_transpose_multi.forward_numpy(
-        [array for pair in zip(arrays, scales) for array in pair], dtype="float8_e5m2")
-    for index, (x, scale) in enumerate(zip(arrays, scales)):
-        expected_y, expected_amax = quantize_fp8.reference(x, scale, "float8_e5m2")
-        what = f"tensor {index} {x.shape}"
-        _same_bits_or_both_nan(got[3 * index], expected_y, what + " y")
-        _same_bits_or_both_nan(got[3 * index + 1], expected_y.T, what + " y_t")
-        _same_bits_or_both_nan(got[3 * index + 2], expected_amax, what + " amax")
+    _check_multi_quantize(arrays, scales, "float8_e5m2")
 
 
 @pytest.mark.gpu
 def test_multi_quantize_of_misaligned_views_runs_element_wise(rng):
-    """x and y one element past 16-byte alignment (views into larger arrays): the tensor takes the element-wise tile
+    """x one element past 16-byte alignment (a view into a larger array): the tensor takes the element-wise tile
     path, with the same bits."""
     rt = ge2.device.runtime()
     x = _input(rng, (64 * 64 + 1,), "bfloat16")

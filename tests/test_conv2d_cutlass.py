@@ -141,12 +141,16 @@ def test_forward_matches_the_reference(rng, poisoned, to_device, monkeypatch, ca
 
 
 @pytest.mark.gpu
-def test_bad_tile_setting_is_refused(rng, to_device, monkeypatch):
+@pytest.mark.parametrize("variable, value, filter_size, expected", [
+    ("GE2_CUTLASS_SM90_CONV_TILE", "256x128", 3, "expected 128x128 or 128x64, got '256x128'"),
+    ("GE2_CUTLASS_SM90_CONV_1X1", "gemm_256x128", 1, "expected conv, gemm_128x64 or gemm_64x128, got 'gemm_256x128'"),
+])
+def test_bad_tile_setting_is_refused(rng, to_device, monkeypatch, variable, value, filter_size, expected):
     _require_candidate()
-    monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_TILE", "256x128")
+    monkeypatch.setenv(variable, value)
     x = to_device(random_array(rng, (2, 6, 6, 16), "float16"))
-    w = to_device(random_array(rng, (16, 3, 3, 16), "float16"))
-    with pytest.raises(ValueError, match="GE2_CUTLASS_SM90_CONV_TILE: expected 128x128 or 128x64, got '256x128'"):
+    w = to_device(random_array(rng, (16, filter_size, filter_size, 16), "float16"))
+    with pytest.raises(ValueError, match=f"{variable}: {expected}"):
         conv2d.forward(x, w, layout="NHWC", kernel="cutlass_sm90")
 
 
@@ -171,6 +175,28 @@ def test_fused_clip_after_the_activation(rng, poisoned, to_device, clip_min, cli
     """relu6-like and hardtanh-like clips, each bound alone too: the last node of the epilogue."""
     case = (2, 16, 9, 9, 24, 3, 3, 1, 1, 1, act, True)
     _check(rng, poisoned, to_device, case, dtype, with_residual=True, clip_min=clip_min, clip_max=clip_max)
+
+
+# 1x1 convolutions at stride 1 without padding: GEMMs on the persistent kernel (GE2_CUTLASS_SM90_CONV_1X1 picks the
+# tile, or "conv" the conv collective) for the piecewise-linear activations, the conv collective for the others.
+POINTWISE_CASES = [
+    (2, 16, 9, 7, 24, 1, 1, 1, 0, 1, "none", False),  # odd H and W: a partial pixel tile, a partial filter tile
+    (1, 8, 3, 5, 8, 1, 1, 1, 0, 1, "relu", True),  # one 8-channel step, 15 pixels
+    (3, 136, 10, 11, 72, 1, 1, 1, 0, 1, "relu", True),  # three 64-channel steps, the last an eighth full
+    (2, 64, 28, 28, 136, 1, 1, 1, 0, 1, "leaky_relu", True),  # several tiles per persistent CTA, a partial filter tile
+    (2, 32, 7, 9, 40, 1, 1, 1, 0, 1, "gelu", True),  # the smooth family: the conv collective whatever the setting
+]
+POINTWISE_IDS = ["odd", "c8", "c136", "28x28_k136", "gelu"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["conv", "gemm_128x64", "gemm_64x128"])
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("case", POINTWISE_CASES, ids=POINTWISE_IDS)
+def test_pointwise_forward_matches_the_reference(rng, poisoned, to_device, monkeypatch, case, dtype, path):
+    """The 1x1 GEMM's tiles and the conv collective, each forced, with the whole epilogue (bias, residual, act)."""
+    monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_1X1", path)
+    _check(rng, poisoned, to_device, case, dtype, with_residual=True, slope=0.2)
 
 
 # The backward's cases: stride 1 (dgrad's) and act none, with the forward's edges otherwise.

@@ -159,6 +159,7 @@ inline cutlass::KernelHardwareInfo hardware_info() {
   return {device, cached_sms};
 }
 
+// Runs a CUTLASS device adapter: a conv kernel's, or conv_sm90_1x1.cuh's GEMM's.
 template <typename Conv>
 void launch(const typename Conv::Arguments& arguments, cudaStream_t stream) {
   Conv conv;
@@ -167,7 +168,7 @@ void launch(const typename Conv::Arguments& arguments, cudaStream_t stream) {
                                 "(TMA alignment, im2col corner or filter offset limits)");
   }
   if (Conv::get_workspace_size(arguments) != 0) {
-    throw std::logic_error("cutlass_sm90: the non-persistent conv kernels need no workspace");
+    throw std::logic_error("cutlass_sm90: the conv kernels and the data-parallel persistent GEMM need no workspace");
   }
   cutlass::Status status = conv.initialize(arguments, nullptr, stream);
   if (status == cutlass::Status::kSuccess) status = conv.run(stream);
@@ -178,6 +179,19 @@ void launch(const typename Conv::Arguments& arguments, cudaStream_t stream) {
   if (error != cudaSuccess) {
     throw std::runtime_error(std::string("ge2 op 'conv2d': cutlass_sm90 launch: ") + cudaGetErrorString(error));
   }
+}
+
+// The forward's epilogue arguments (ConvEpilogue's tree, children first then the node's own) for `args`: beta 1 with
+// a residual, 0 (its load skipped) without.
+template <typename Element, typename ThreadArguments>
+void set_epilogue_arguments(ThreadArguments& thread, const ForwardArgs& args) {
+  thread = {
+      {                                                                       // beta * residual + (acc + bias)
+       {{args.residual != nullptr ? 1.0f : 0.0f}},                           // beta
+       {},                                                                    // residual
+       {{}, {static_cast<const Element*>(args.bias), Element(0), {}}, {}},   // acc + bias
+       {}},
+      {args.act, args.slope, args.clip_low, args.clip_high}};                 // clip(act(...))
 }
 
 template <typename Conv>
@@ -194,15 +208,7 @@ void run_fprop(const ForwardArgs& args, cudaStream_t stream) {
       {{}, residual != nullptr ? residual : static_cast<const Element*>(args.y), stride_y,
        static_cast<Element*>(args.y), stride_y},
       hardware_info()};
-  const float beta = residual != nullptr ? 1.0f : 0.0f;
-  // The tree's arguments, children first then the node's own, in the order of ConvEpilogue.
-  arguments.epilogue.thread = {
-      {                                                                       // beta * residual + (acc + bias)
-       {{beta}},                                                              // beta
-       {},                                                                    // residual
-       {{}, {static_cast<const Element*>(args.bias), Element(0), {}}, {}},   // acc + bias
-       {}},
-      {args.act, args.slope, args.clip_low, args.clip_high}};                 // clip(act(...))
+  set_epilogue_arguments<Element>(arguments.epilogue.thread, args);
   launch<Conv>(arguments, stream);
 }
 

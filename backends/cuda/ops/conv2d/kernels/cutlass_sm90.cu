@@ -88,6 +88,25 @@ bool narrow_tile(bool narrow_by_default) {
   throw std::invalid_argument("GE2_CUTLASS_SM90_CONV_TILE: expected 128x128 or 128x64, got '" + name + "'");
 }
 
+// The 1x1 GEMM's tile (cutlass_sm90::PointwiseTile) for a pointwise problem, or none (false) for the conv collective:
+// GE2_CUTLASS_SM90_CONV_1X1=conv|gemm_128x64|gemm_64x128 forces one (read per launch: the tests check each, a
+// benchmark times each in one process; problems that are not pointwise ignore it), unset 128 x 64.
+bool pointwise_tile(cutlass_sm90::PointwiseTile& tile) {
+  const char* forced = std::getenv("GE2_CUTLASS_SM90_CONV_1X1");
+  const std::string name(forced == nullptr ? "" : forced);
+  if (name.empty() || name == "gemm_128x64") {
+    tile = cutlass_sm90::PointwiseTile::Pingpong128x64;
+    return true;
+  }
+  if (name == "gemm_64x128") {
+    tile = cutlass_sm90::PointwiseTile::Pingpong64x128;
+    return true;
+  }
+  if (name == "conv") return false;
+  throw std::invalid_argument("GE2_CUTLASS_SM90_CONV_1X1: expected conv, gemm_128x64 or gemm_64x128, got '" + name +
+                              "'");
+}
+
 using cutlass_sm90::kWgradTileChannels;
 using cutlass_sm90::kWgradTileFilters;
 using cutlass_sm90::kWgradTilePixels;
@@ -181,8 +200,13 @@ void cutlass_sm90_forward(const ForwardArgs& args, cudaStream_t stream) {
   static constexpr Fprop kFprop[2][2][2] = {  // [narrow tile][bfloat16][activation family]
       {{fprop_128x128_f16_linear, fprop_128x128_f16_smooth}, {fprop_128x128_bf16_linear, fprop_128x128_bf16_smooth}},
       {{fprop_128x64_f16_linear, fprop_128x64_f16_smooth}, {fprop_128x64_bf16_linear, fprop_128x64_bf16_smooth}}};
+  const bool bf16 = args.shape.dtype == DType::BFloat16;
+  PointwiseTile tile{};
+  if (pointwise(args.shape, args.act) && pointwise_tile(tile)) {
+    return (bf16 ? fprop_1x1_bf16 : fprop_1x1_f16)(args, tile, stream);
+  }
   const bool narrow = narrow_tile(args.shape.k <= 64);  // 64 filters or fewer: a 128-wide tile computes half empty
-  kFprop[narrow][args.shape.dtype == DType::BFloat16][activation_family(args.act)](args, stream);
+  kFprop[narrow][bf16][activation_family(args.act)](args, stream);
 #else
   (void)args;
   (void)stream;

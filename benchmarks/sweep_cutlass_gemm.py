@@ -28,10 +28,7 @@ from graph_executor_v2.ops import gemm
 CONFIGS = {"pingpong_64x128x64": "Pingpong64x128",
            "cooperative_128x128x64": "Cooperative128x128",
            "pingpong_128x128x64_cluster2x1": "Pingpong128x128Cluster2x1",
-           "cooperative_128x256x64_cluster2x1": "Cooperative128x256Cluster2x1",
-           # stream-K: instantiated for act none only; the fused rows run the same tile data-parallel
-           "cooperative_128x128x64_streamk": "Cooperative128x128StreamK",
-           "cooperative_128x256x64_cluster2x1_streamk": "Cooperative128x256Cluster2x1StreamK"}
+           "cooperative_128x256x64_cluster2x1": "Cooperative128x256Cluster2x1"}
 SWIZZLES = (2, 4, 8)  # tried on the winner of the large shapes; every configuration is first timed with 1
 SWIZZLE_FROM_TILES = 512
 # bench_gemm's targets (2048 and up, 8192x1024x4096) and transformer layers (GPT-2's 768/3072 widths, batch x seq rows)

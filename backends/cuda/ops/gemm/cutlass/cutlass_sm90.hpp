@@ -22,18 +22,11 @@ struct Problem {
 
 // Tile shape, cluster shape and schedule (names in tile_table.hpp): chosen per problem shape by the table there
 // (benchmarks/sweep_cutlass_gemm.py), or forced by GE2_CUTLASS_SM90_TILE.
-// The *StreamK configurations (CUTLASS's stream-K tile scheduler: the output tiles' k iterations spread evenly over the
-// persistent CTAs where the tiles would leave the last wave part-empty, partial sums fixed up through a workspace in a
-// fixed order) are instantiated for act none only (gemm_sm90_<dtype>_none.cu, the plain GEMMs they are for); the
-// other activations run the same tile data-parallel.
-enum class TileConfig {
-  Pingpong64x128,
-  Cooperative128x128,
-  Pingpong128x128Cluster2x1,
-  Cooperative128x256Cluster2x1,
-  Cooperative128x128StreamK,
-  Cooperative128x256Cluster2x1StreamK
-};
+// Tried and left out (H200, session 35, plain GEMMs against cuBLASLt, L2 flushed): CUTLASS's stream-K tile scheduler
+// on the cooperative 128x128 and 128x256 cluster 2x1 kernels. At 2048^3 and 8192x1024x4096 float16 it reached
+// 0.72-0.84x, against 0.87-0.99x for the table's data-parallel choice; only bfloat16 8192x1024x4096 gained (1.03x
+// against 0.92x), where the data-parallel 128x256 cluster 2x1 tile with swizzle 8 reached 1.08x.
+enum class TileConfig { Pingpong64x128, Cooperative128x128, Pingpong128x128Cluster2x1, Cooperative128x256Cluster2x1 };
 
 // A tile configuration and the persistent tile scheduler's swizzle: it walks the output tiles in strips of
 // max_swizzle tiles (1, 2, 4 or 8) across its raster direction (CUTLASS's heuristic: along the side with fewer

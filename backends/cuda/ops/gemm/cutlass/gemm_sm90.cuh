@@ -7,11 +7,9 @@
 // multicasting the shared operand's tiles) with the epilogue fused through an epilogue visitor tree (bias broadcast
 // down the rows, a null bias reads as 0; C is not read while both betas are 0).
 #pragma once
-#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 
 #include <cuda_runtime.h>
 
@@ -19,7 +17,6 @@
 
 #include "cutlass_sm90.hpp"
 #include "gemm_sm90_kernel.cuh"
-#include "stream_workspace.hpp"
 
 namespace ge2::gemm::cutlass_sm90 {
 
@@ -46,10 +43,10 @@ using ResidualBiasActEpilogue = evt::Sm90EVT<
 
 // The kernel for one tile shape, cluster shape and schedule (see TileConfig in cutlass_sm90.hpp).
 template <typename Element, template <class> class Activation, typename TileShape, typename ClusterShape,
-          typename KernelSchedule, typename EpilogueSchedule, typename TileScheduler = void>
+          typename KernelSchedule, typename EpilogueSchedule>
 using GemmFor = GemmKernelFor<Element, cutlass::layout::RowMajor,
                               ResidualBiasActEpilogue<Element, Activation, TileShape, 16 / sizeof(Element)>, TileShape,
-                              ClusterShape, KernelSchedule, EpilogueSchedule, TileScheduler>;
+                              ClusterShape, KernelSchedule, EpilogueSchedule>;
 
 template <typename Gemm>
 void launch_one(const Problem& problem, const Schedule& schedule, cudaStream_t stream) {
@@ -103,10 +100,10 @@ void launch_one(const Problem& problem, const Schedule& schedule, cudaStream_t s
     throw std::invalid_argument("kernel: 'cutlass_sm90' cannot run this problem: CUTLASS can_implement refused it "
                                 "(alignment or shape)");
   }
-  // The stream-K schedule's partial sums and locks (the data-parallel one needs none); CUTLASS zeroes the locks.
-  const std::size_t workspace_bytes = Gemm::get_workspace_size(arguments);
-  void* workspace = workspace_bytes != 0 ? StreamWorkspace::get(workspace_bytes, stream) : nullptr;
-  cutlass::Status status = gemm.initialize(arguments, workspace, stream);
+  if (Gemm::get_workspace_size(arguments) != 0) {
+    throw std::logic_error("cutlass_sm90: the data-parallel persistent schedule needs no workspace");
+  }
+  cutlass::Status status = gemm.initialize(arguments, nullptr, stream);
   if (status == cutlass::Status::kSuccess) status = gemm.run(stream);
   if (status != cutlass::Status::kSuccess) {
     throw std::runtime_error(std::string("ge2 op 'gemm': cutlass_sm90 failed: ") + cutlassGetStatusString(status));
@@ -127,8 +124,6 @@ void launch(const Problem& problem, const Schedule& schedule, cudaStream_t strea
   using Pingpong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
   using CooperativeEpilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
   using PingpongEpilogue = cutlass::epilogue::TmaWarpSpecialized;
-  // The stream-K configurations are built for the plain product's translation units only (TileConfig).
-  constexpr bool kPlain = std::is_same_v<Activation<float>, cutlass::epilogue::thread::Identity<float>>;
   switch (schedule.config) {
     case TileConfig::Pingpong64x128:
       return launch_one<typename GemmFor<Element, Activation, cute::Shape<_64, _128, _64>, Cluster1x1, Pingpong,
@@ -142,23 +137,6 @@ void launch(const Problem& problem, const Schedule& schedule, cudaStream_t strea
     case TileConfig::Cooperative128x256Cluster2x1:
       return launch_one<typename GemmFor<Element, Activation, cute::Shape<_128, _256, _64>, Cluster2x1, Cooperative,
                                          CooperativeEpilogue>::Gemm>(problem, schedule, stream);
-    case TileConfig::Cooperative128x128StreamK:
-      if constexpr (kPlain) {
-        return launch_one<typename GemmFor<Element, Activation, cute::Shape<_128, _128, _64>, Cluster1x1, Cooperative,
-                                           CooperativeEpilogue, cutlass::gemm::StreamKScheduler>::Gemm>(
-            problem, schedule, stream);
-      } else {
-        return launch<Element, Activation>(problem, {TileConfig::Cooperative128x128, schedule.max_swizzle}, stream);
-      }
-    case TileConfig::Cooperative128x256Cluster2x1StreamK:
-      if constexpr (kPlain) {
-        return launch_one<typename GemmFor<Element, Activation, cute::Shape<_128, _256, _64>, Cluster2x1, Cooperative,
-                                           CooperativeEpilogue, cutlass::gemm::StreamKScheduler>::Gemm>(
-            problem, schedule, stream);
-      } else {
-        return launch<Element, Activation>(problem, {TileConfig::Cooperative128x256Cluster2x1, schedule.max_swizzle},
-                                           stream);
-      }
   }
   throw std::logic_error("cutlass_sm90: unknown tile configuration");
 }

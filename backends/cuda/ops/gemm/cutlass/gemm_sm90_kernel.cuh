@@ -19,10 +19,10 @@ using Cluster1x1 = cute::Shape<cute::_1, cute::_1, cute::_1>;
 // Two CTAs along M share each B tile: TMA multicasts it to both.
 using Cluster2x1 = cute::Shape<cute::_2, cute::_1, cute::_1>;
 
-// The builder picks the mainloop's stage count from the shared memory the epilogue leaves; TileScheduler void is the
+// The builder picks the mainloop's stage count from the shared memory the epilogue leaves; the tile scheduler is the
 // data-parallel persistent one.
 template <typename Element, typename LayoutB, typename Fusion, typename TileShape, typename ClusterShape,
-          typename KernelSchedule, typename EpilogueSchedule, typename TileScheduler = void>
+          typename KernelSchedule, typename EpilogueSchedule>
 struct GemmKernelFor {
   using Layout = cutlass::layout::RowMajor;
   static constexpr int kAlignment = 16 / sizeof(Element);
@@ -37,7 +37,7 @@ struct GemmKernelFor {
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
-                                                      CollectiveEpilogue, TileScheduler>;
+                                                      CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 

@@ -23,14 +23,12 @@ struct TileConfigName {
   const char* name;
   TileConfig config;
 };
-// The names GE2_CUTLASS_SM90_TILE and the sweep use: schedule_<tile M>x<tile N>x<tile K>[_cluster<M>x<N>][_streamk].
+// The names GE2_CUTLASS_SM90_TILE and the sweep use: schedule_<tile M>x<tile N>x<tile K>[_cluster<M>x<N>].
 constexpr TileConfigName kTileConfigNames[] = {
     {"pingpong_64x128x64", TileConfig::Pingpong64x128},
     {"cooperative_128x128x64", TileConfig::Cooperative128x128},
     {"pingpong_128x128x64_cluster2x1", TileConfig::Pingpong128x128Cluster2x1},
     {"cooperative_128x256x64_cluster2x1", TileConfig::Cooperative128x256Cluster2x1},
-    {"cooperative_128x128x64_streamk", TileConfig::Cooperative128x128StreamK},
-    {"cooperative_128x256x64_cluster2x1_streamk", TileConfig::Cooperative128x256Cluster2x1StreamK},
 };
 
 inline TileConfig tile_config_from_name(const std::string& name) {

@@ -55,8 +55,8 @@ void fprop_128x64_bf16_smooth(const ForwardArgs& args, cudaStream_t stream);
 // tiles of output pixels x filters.
 enum class PointwiseTile { Pingpong128x64, Pingpong64x128 };
 inline bool pointwise(const Shape& s, Act act) {
-  return s.groups == 1 && s.r == 1 && s.s == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_top == 0 && s.pad_left == 0 &&
-         s.p == s.h && s.q == s.w && activation_family(act) == 0;
+  return s.groups == 1 && s.r == 1 && s.s == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_top == 0 &&
+         s.pad_left == 0 && s.p == s.h && s.q == s.w && activation_family(act) == 0;
 }
 void fprop_1x1_f16(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream);
 void fprop_1x1_bf16(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream);

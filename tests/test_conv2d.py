@@ -419,18 +419,22 @@ def test_depthwise_forward_matches_reference(rng, poisoned, to_device, case, lay
 # pointwise_small_m (a squeeze-and-excitation's convs); 75 pixels take the tiles
 SMALL_M_CASES = [
     (32, 1, 1, 96, 8, "silu", False, None),  # EfficientNet's SE reduce conv (its K widened to 8): 2 blocks
-    (32, 1, 1, 1152, 48, "silu", False, None),  # the largest: 144 channel vectors over 8 warps, 12 blocks
-    (32, 1, 1, 48, 1152, "sigmoid", False, None),  # an SE expand conv with its gate: 6 vectors, 2 warps idle
+    (32, 1, 1, 1152, 48, "silu", False, None),  # the largest: 144 channel vectors over 15 warps, 24 blocks
+    (32, 1, 1, 48, 1152, "sigmoid", False, None),  # an SE expand conv with its gate: 6 vectors, one warp
     (1, 1, 1, 8, 13, "none", True, None),  # one pixel, K % 4 != 0 (the last block part empty), a residual
     (16, 2, 2, 40, 20, "relu", True, (0.0, 0.5)),  # 64 pixels (two per lane), a residual and a clip
     (5, 3, 5, 16, 12, "gelu", False, None),  # 75 pixels: the tiles
+    (64, 1, 1, 1536, 7, "silu", True, None),  # 16 warps, two batches per warp, both pixel halves, K odd
+    (20, 1, 1, 1224, 5, "none", False, None),  # 153 vectors over 16 warps (uneven), 20 pixels (lanes idle)
+    (1, 2, 3, 24, 3, "sigmoid", False, None),  # 6 pixels of one image, 3 vectors: one warp
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", SMALL_M_CASES, ids=["se_reduce", "se_reduce_1152", "se_expand_sigmoid",
-                                                     "one_pixel_residual", "64_pixels_clip", "75_pixels"])
+                                                     "one_pixel_residual", "64_pixels_clip", "75_pixels",
+                                                     "two_batches_residual", "uneven_warps", "one_warp"])
 def test_implicit_gemm_pointwise_small_m_matches_reference(rng, poisoned, to_device, case, dtype):
     skip_unless_built("implicit_gemm")
     n, h, w, c, k, act, with_residual, clip = case

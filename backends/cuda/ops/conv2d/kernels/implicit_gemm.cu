@@ -10,6 +10,7 @@
 // The tile shape is a template; kConfigs below instantiates a few. A launch takes the one choose_config() picks
 // (the H100 sweep's rule), or the one GE2_IMPLICIT_GEMM_CONFIG=<index> names (read per launch, so a benchmark or a
 // test can time or check every config in one process).
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdlib>
@@ -529,14 +530,21 @@ bool aligned_16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(p
 // A 1x1 convolution of at most 64 output pixels (a squeeze-and-excitation's convs on [N, 1, 1, C]: EfficientNet-B0's
 // 32 of them took 8-15 us each, ~0.33 of its 1.757 ms, H200 session 33): the tiles above put all M in one 128-row
 // tile and walk C serially in one CTA per 64 filters (a 1152 -> 48 conv: one CTA, 18 steps of 64 channels). Here a
-// block takes kPointwiseFilters filters for every pixel, its 8 warps split C between them (warp w takes the channel
-// vectors w, w + 8, ...; lane l the pixels l and l + 32), the block's filters staged in shared memory as floats; the
-// warps' partial sums meet in shared memory, and one thread per output adds them in a fixed order (deterministic)
-// and applies the epilogue, y rounded once.
-constexpr int kPointwiseFilters = 4;
-constexpr int kPointwiseWarps = 8;
+// block takes kPointwiseFilters filters for every pixel and its warps split C between them (warp w takes the channel
+// vectors w, w + warps, ...; lane l the pixels l and l + 32), the block's filters staged in shared memory as floats;
+// the warps' partial sums meet in shared memory, and one thread per output adds them in a fixed order
+// (deterministic) and applies the epilogue, y rounded once.
+// Latency, not bandwidth, bounds it (1152 -> 48 moves 74 KB of x): the first version (4 filters and 8 warps a block,
+// one x load at a time) took 23.2 us there against cuDNN's 4.2 (session 34 mid call, H200): 12 blocks, each warp
+// waiting on 18 loads in turn. Now a block takes 2 filters (twice the blocks), up to 16 warps (as many as put each
+// warp's vectors in one batch of kPointwiseBatch), and each warp issues its batch of loads together; the first batch
+// is issued before the filters are staged, so both latencies overlap. 1152 -> 48: 24 blocks of 15 warps, one batch
+// of 10 loads per lane.
+constexpr int kPointwiseFilters = 2;
+constexpr int kPointwiseMaxWarps = 16;
+constexpr int kPointwiseBatch = 10;   // x vectors in flight per lane
 constexpr int kPointwiseMaxPixels = 64;
-constexpr int kPointwiseMaxChannels = 1536;  // the filters as floats: kPointwiseFilters * C * 4 bytes <= 24 KB
+constexpr int kPointwiseMaxChannels = 1536;  // the filters as floats: kPointwiseFilters * C * 4 bytes <= 12 KB
 
 template <typename T>
 __device__ __forceinline__ void unpack8(const uint4& raw, float (&out)[8]) {
@@ -545,40 +553,71 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&out)[8]) {
   for (int i = 0; i < 8; ++i) out[i] = to_float(values[i]);
 }
 
+// Warps per block: enough that each holds its share of C's vectors in one batch, at most kPointwiseMaxWarps.
+int pointwise_warps(int64_t c) {
+  const int64_t vectors = c / 8;
+  return static_cast<int>(std::min<int64_t>(kPointwiseMaxWarps, std::max<int64_t>(1, (vectors + kPointwiseBatch - 1) /
+                                                                                          kPointwiseBatch)));
+}
+
 template <typename T>
-__global__ void __launch_bounds__(kPointwiseWarps * 32) pointwise_small_m(Params p) {
+__global__ void __launch_bounds__(kPointwiseMaxWarps * 32) pointwise_small_m(Params p) {
   __shared__ __align__(16) float filters[kPointwiseFilters * kPointwiseMaxChannels];  // [filter][C]
-  __shared__ float partial[kPointwiseWarps][kPointwiseMaxPixels][kPointwiseFilters];
+  __shared__ float partial[kPointwiseMaxWarps][kPointwiseMaxPixels][kPointwiseFilters];
   const int first_filter = blockIdx.x * kPointwiseFilters, thread = threadIdx.x;
   const int filters_here = min(kPointwiseFilters, p.k - first_filter);
-  const int warp = thread / 32, lane = thread % 32, vectors = p.c / 8;
+  const int warps = blockDim.x / 32, warp = thread / 32, lane = thread % 32, vectors = p.c / 8;
+  const int per_pass = kPointwiseBatch * warps;  // vectors the block's warps cover in one batch each
+  const uint4* x = static_cast<const uint4*>(p.x);  // [M][C], 16-byte aligned, C % 8 == 0
+  // Vector u of a batch starting at `first`: first + u * warps (warp-uniform, so the guards below do not diverge);
+  // past C, or for a pixel past M, the slot holds zeros and is not read.
+  uint4 raw[kPointwiseBatch];
+  const auto load_batch = [&](int pixel, int first) {
+#pragma unroll
+    for (int u = 0; u < kPointwiseBatch; ++u) {
+      const int vector = first + u * warps;
+      raw[u] = make_uint4(0u, 0u, 0u, 0u);
+      if (vector < vectors && pixel < p.m) raw[u] = x[int64_t(pixel) * vectors + vector];
+    }
+  };
+  load_batch(lane, warp);  // pixel `lane`'s first batch, in flight while the filters are staged
+
   const uint4* w = static_cast<const uint4*>(p.w);  // [K][C], 16-byte aligned, C % 8 == 0
 #pragma unroll
   for (int filter = 0; filter < kPointwiseFilters; ++filter) {
     for (int vector = thread; vector < vectors; vector += blockDim.x) {
       float values[8] = {};
-      if (filter < filters_here) unpack8<T>(w[int64_t(first_filter + filter) * vectors + vector], values);
+      if (filter < filters_here) {
+        const uint4 taps = w[int64_t(first_filter + filter) * vectors + vector];  // one 16-byte load
+        unpack8<T>(taps, values);
+      }
       float4* staged = reinterpret_cast<float4*>(filters + filter * p.c + vector * 8);
       staged[0] = make_float4(values[0], values[1], values[2], values[3]);
       staged[1] = make_float4(values[4], values[5], values[6], values[7]);
     }
   }
   __syncthreads();
-  const uint4* x = static_cast<const uint4*>(p.x);
+
   float acc[2][kPointwiseFilters] = {};
-  for (int vector = warp; vector < vectors; vector += kPointwiseWarps) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int pixel = lane + 32 * half;
-      if (pixel >= p.m) break;
-      float values[8];
-      unpack8<T>(x[int64_t(pixel) * vectors + vector], values);
+  for (int half = 0; half < 2; ++half) {
+    if (32 * half >= p.m) break;  // uniform: no pixel of this half
+    const int pixel = lane + 32 * half;
+    for (int first = warp; first < vectors; first += per_pass) {
+      if (half != 0 || first != warp) load_batch(pixel, first);
 #pragma unroll
-      for (int filter = 0; filter < kPointwiseFilters; ++filter) {
-        const float4* taps = reinterpret_cast<const float4*>(filters + filter * p.c + vector * 8);
-        const float4 low = taps[0], high = taps[1];  // one address for the whole warp: a broadcast
-        acc[half][filter] += values[0] * low.x + values[1] * low.y + values[2] * low.z + values[3] * low.w +
-                             values[4] * high.x + values[5] * high.y + values[6] * high.z + values[7] * high.w;
+      for (int u = 0; u < kPointwiseBatch; ++u) {
+        const int vector = first + u * warps;
+        if (vector >= vectors) break;  // uniform
+        float values[8];
+        unpack8<T>(raw[u], values);
+#pragma unroll
+        for (int filter = 0; filter < kPointwiseFilters; ++filter) {
+          const float4* taps = reinterpret_cast<const float4*>(filters + filter * p.c + vector * 8);
+          const float4 low = taps[0], high = taps[1];  // one address for the whole warp: a broadcast
+          acc[half][filter] += values[0] * low.x + values[1] * low.y + values[2] * low.z + values[3] * low.w +
+                               values[4] * high.x + values[5] * high.y + values[6] * high.z + values[7] * high.w;
+        }
       }
     }
   }
@@ -595,8 +634,7 @@ __global__ void __launch_bounds__(kPointwiseWarps * 32) pointwise_small_m(Params
     const int pixel = output / kPointwiseFilters, filter = output % kPointwiseFilters;
     if (filter >= filters_here) continue;
     float sum = 0.0f;
-#pragma unroll
-    for (int from = 0; from < kPointwiseWarps; ++from) sum += partial[from][pixel][filter];
+    for (int from = 0; from < warps; ++from) sum += partial[from][pixel][filter];
     const int64_t at = int64_t(pixel) * p.k + first_filter + filter;
     if (bias != nullptr) sum += to_float(bias[first_filter + filter]);
     if (residual != nullptr) sum += to_float(residual[at]);
@@ -655,10 +693,11 @@ void implicit_gemm_forward(const ForwardArgs& args, cudaStream_t stream) {
   const Params params = make_params(args);
   if (forced < 0 && pointwise_small_m_applies(args.shape)) {  // a forced config (the sweep, its tests) runs as named
     const unsigned blocks = static_cast<unsigned>((params.k + kPointwiseFilters - 1) / kPointwiseFilters);
+    const unsigned threads = static_cast<unsigned>(pointwise_warps(args.shape.c) * 32);
     if (args.shape.dtype == DType::Float16) {
-      pointwise_small_m<__half><<<blocks, kPointwiseWarps * 32, 0, stream>>>(params);
+      pointwise_small_m<__half><<<blocks, threads, 0, stream>>>(params);
     } else {
-      pointwise_small_m<__nv_bfloat16><<<blocks, kPointwiseWarps * 32, 0, stream>>>(params);
+      pointwise_small_m<__nv_bfloat16><<<blocks, threads, 0, stream>>>(params);
     }
     GE2_CHECK_LAUNCH("implicit_gemm pointwise_small_m");
     return;

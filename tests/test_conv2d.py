@@ -449,6 +449,36 @@ def test_implicit_gemm_pointwise_small_m_matches_reference(rng, poisoned, to_dev
     assert_close(out.numpy(), expected, dtype, reduction_length=c, what=f"y of {case}")
 
 
+# (N, H, W, C, K, act, with residual, clip): 1x1 convolutions of C <= 40 channels (a multiple of 8), K a multiple of
+# 16 and more than 64 output pixels run implicit_gemm's pointwise_thin_c (an inverted-residual block's expand conv)
+THIN_C_CASES = [
+    (2, 7, 9, 24, 144, "silu", False, None),  # 126 pixels: the last 32-pixel item part empty; 9 filter groups
+    (1, 9, 9, 16, 96, "silu", False, None),  # 81 pixels
+    (3, 5, 7, 40, 240, "relu", True, (0.0, 0.5)),  # the widest C, a residual and a clip
+    (4, 8, 8, 8, 32, "none", True, None),  # C = 8, a residual
+    (2, 6, 6, 32, 48, "sigmoid", False, None),  # 3 filter groups
+    (32, 56, 56, 16, 96, "silu", False, None),  # M = 100352: more items than resident warps (the grid-stride walk)
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", THIN_C_CASES, ids=["c24_k144", "c16_k96", "c40_k240_residual_clip",
+                                                    "c8_residual", "c32_k48_sigmoid", "c16_k96_long"])
+def test_implicit_gemm_pointwise_thin_c_matches_reference(rng, poisoned, to_device, case, dtype):
+    skip_unless_built("implicit_gemm")
+    n, h, w, c, k, act, with_residual, clip = case
+    x, weights = random_array(rng, (n, h, w, c), dtype), random_array(rng, (k, 1, 1, c), dtype, 1.0 / np.sqrt(c))
+    bias = random_array(rng, (k,), dtype)
+    residual = random_array(rng, (n, h, w, k), dtype) if with_residual else None
+    attrs = dict(layout="NHWC", act=act, **({} if clip is None else {"clip_min": clip[0], "clip_max": clip[1]}))
+    expected, _ = conv2d.reference(x, weights, bias, residual, **attrs)
+    out = poisoned(expected.shape, dtype)
+    conv2d.forward(to_device(x), to_device(weights), to_device(bias),
+                   None if residual is None else to_device(residual), **attrs, kernel="implicit_gemm", out=out)
+    assert_close(out.numpy(), expected, dtype, reduction_length=c, what=f"y of {case}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_depthwise_fuses_residual_and_clip(rng, poisoned, to_device, dtype):

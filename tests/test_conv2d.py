@@ -415,6 +415,21 @@ def test_depthwise_forward_matches_reference(rng, poisoned, to_device, case, lay
     check_forward(rng, poisoned, to_device, case, layout, dtype, "depthwise")
 
 
+def check_pointwise_case(rng, poisoned, to_device, case, dtype):
+    """A 1x1 case (N, H, W, C, K, act, with residual, clip) on implicit_gemm against float64, outputs poisoned."""
+    skip_unless_built("implicit_gemm")
+    n, h, w, c, k, act, with_residual, clip = case
+    x, weights = random_array(rng, (n, h, w, c), dtype), random_array(rng, (k, 1, 1, c), dtype, 1.0 / np.sqrt(c))
+    bias = random_array(rng, (k,), dtype)
+    residual = random_array(rng, (n, h, w, k), dtype) if with_residual else None
+    attrs = dict(layout="NHWC", act=act, **({} if clip is None else {"clip_min": clip[0], "clip_max": clip[1]}))
+    expected, _ = conv2d.reference(x, weights, bias, residual, **attrs)
+    out = poisoned(expected.shape, dtype)
+    conv2d.forward(to_device(x), to_device(weights), to_device(bias),
+                   None if residual is None else to_device(residual), **attrs, kernel="implicit_gemm", out=out)
+    assert_close(out.numpy(), expected, dtype, reduction_length=c, what=f"y of {case}")
+
+
 # (N, H, W, C, K, act, with residual, clip): 1x1 convolutions of at most 64 output pixels run implicit_gemm's
 # pointwise_small_m (a squeeze-and-excitation's convs); 75 pixels take the tiles
 SMALL_M_CASES = [
@@ -436,17 +451,7 @@ SMALL_M_CASES = [
                                                      "one_pixel_residual", "64_pixels_clip", "75_pixels",
                                                      "two_batches_residual", "uneven_warps", "one_warp"])
 def test_implicit_gemm_pointwise_small_m_matches_reference(rng, poisoned, to_device, case, dtype):
-    skip_unless_built("implicit_gemm")
-    n, h, w, c, k, act, with_residual, clip = case
-    x, weights = random_array(rng, (n, h, w, c), dtype), random_array(rng, (k, 1, 1, c), dtype, 1.0 / np.sqrt(c))
-    bias = random_array(rng, (k,), dtype)
-    residual = random_array(rng, (n, h, w, k), dtype) if with_residual else None
-    attrs = dict(layout="NHWC", act=act, **({} if clip is None else {"clip_min": clip[0], "clip_max": clip[1]}))
-    expected, _ = conv2d.reference(x, weights, bias, residual, **attrs)
-    out = poisoned(expected.shape, dtype)
-    conv2d.forward(to_device(x), to_device(weights), to_device(bias),
-                   None if residual is None else to_device(residual), **attrs, kernel="implicit_gemm", out=out)
-    assert_close(out.numpy(), expected, dtype, reduction_length=c, what=f"y of {case}")
+    check_pointwise_case(rng, poisoned, to_device, case, dtype)
 
 
 # (N, H, W, C, K, act, with residual, clip): 1x1 convolutions of C <= 40 channels (a multiple of 8), K a multiple of
@@ -466,17 +471,7 @@ THIN_C_CASES = [
 @pytest.mark.parametrize("case", THIN_C_CASES, ids=["c24_k144", "c16_k96", "c40_k240_residual_clip",
                                                     "c8_residual", "c32_k48_sigmoid", "c16_k96_long"])
 def test_implicit_gemm_pointwise_thin_c_matches_reference(rng, poisoned, to_device, case, dtype):
-    skip_unless_built("implicit_gemm")
-    n, h, w, c, k, act, with_residual, clip = case
-    x, weights = random_array(rng, (n, h, w, c), dtype), random_array(rng, (k, 1, 1, c), dtype, 1.0 / np.sqrt(c))
-    bias = random_array(rng, (k,), dtype)
-    residual = random_array(rng, (n, h, w, k), dtype) if with_residual else None
-    attrs = dict(layout="NHWC", act=act, **({} if clip is None else {"clip_min": clip[0], "clip_max": clip[1]}))
-    expected, _ = conv2d.reference(x, weights, bias, residual, **attrs)
-    out = poisoned(expected.shape, dtype)
-    conv2d.forward(to_device(x), to_device(weights), to_device(bias),
-                   None if residual is None else to_device(residual), **attrs, kernel="implicit_gemm", out=out)
-    assert_close(out.numpy(), expected, dtype, reduction_length=c, what=f"y of {case}")
+    check_pointwise_case(rng, poisoned, to_device, case, dtype)
 
 
 @pytest.mark.gpu

@@ -442,6 +442,7 @@ SMALL_M_CASES = [
     (64, 1, 1, 1536, 7, "silu", True, None),  # 16 warps, two batches per warp, both pixel halves, K odd
     (20, 1, 1, 1224, 5, "none", False, None),  # 153 vectors over 16 warps (uneven), 20 pixels (lanes idle)
     (1, 2, 3, 24, 3, "sigmoid", False, None),  # 6 pixels of one image, 3 vectors: one warp
+    (1, 7, 7, 64, 260, "relu", True, None),  # K > 256: 4 filters a block (the last one part empty), 49 pixels
 ]
 
 
@@ -449,7 +450,8 @@ SMALL_M_CASES = [
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", SMALL_M_CASES, ids=["se_reduce", "se_reduce_1152", "se_expand_sigmoid",
                                                      "one_pixel_residual", "64_pixels_clip", "75_pixels",
-                                                     "two_batches_residual", "uneven_warps", "one_warp"])
+                                                     "two_batches_residual", "uneven_warps", "one_warp",
+                                                     "wide_k_residual"])
 def test_implicit_gemm_pointwise_small_m_matches_reference(rng, poisoned, to_device, case, dtype):
     check_pointwise_case(rng, poisoned, to_device, case, dtype)
 

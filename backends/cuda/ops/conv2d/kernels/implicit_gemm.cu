@@ -530,21 +530,24 @@ bool aligned_16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(p
 // A 1x1 convolution of at most 64 output pixels (a squeeze-and-excitation's convs on [N, 1, 1, C]: EfficientNet-B0's
 // 32 of them took 8-15 us each, ~0.33 of its 1.757 ms, H200 session 33): the tiles above put all M in one 128-row
 // tile and walk C serially in one CTA per 64 filters (a 1152 -> 48 conv: one CTA, 18 steps of 64 channels). Here a
-// block takes kPointwiseFilters filters for every pixel and its warps split C between them (warp w takes the channel
+// block takes kFilters filters for every pixel and its warps split C between them (warp w takes the channel
 // vectors w, w + warps, ...; lane l the pixels l and l + 32), the block's filters staged in shared memory as floats;
 // the warps' partial sums meet in shared memory, and one thread per output adds them in a fixed order
 // (deterministic) and applies the epilogue, y rounded once.
 // Latency, not bandwidth, bounds it (1152 -> 48 moves 74 KB of x): the first version (4 filters and 8 warps a block,
 // one x load at a time) took 23.2 us there against cuDNN's 4.2 (session 34 mid call, H200): 12 blocks, each warp
-// waiting on 18 loads in turn. Now a block takes 2 filters (twice the blocks), up to 16 warps (as many as put each
-// warp's vectors in one batch of kPointwiseBatch), and each warp issues its batch of loads together; the first batch
-// is issued before the filters are staged, so both latencies overlap. 1152 -> 48: 24 blocks of 15 warps, one batch
-// of 10 loads per lane.
-constexpr int kPointwiseFilters = 2;
+// waiting on 18 loads in turn. Now a block takes 2 filters where K <= 256 (twice the blocks; 4 for wider K, as every
+// block reads all of x: ResNet-50 batch 1's 512 -> 2048 on 7 x 7 would read 51 MB of L2 at 2), up to 16 warps (as
+// many as put each warp's vectors in one batch of kPointwiseBatch), and each warp issues its batch of loads together;
+// the first batch is issued before the filters are staged, so both latencies overlap. 1152 -> 48: 24 blocks of 15
+// warps, one batch of 10 loads per lane.
+constexpr int kPointwiseFewFilters = 2;   // K <= kPointwiseWideK: twice the blocks of 4
+constexpr int kPointwiseManyFilters = 4;  // wider K: each block reads all of x, so fewer blocks read it less often
+constexpr int kPointwiseWideK = 256;
 constexpr int kPointwiseMaxWarps = 16;
 constexpr int kPointwiseBatch = 10;   // x vectors in flight per lane
 constexpr int kPointwiseMaxPixels = 64;
-constexpr int kPointwiseMaxChannels = 1536;  // the filters as floats: kPointwiseFilters * C * 4 bytes <= 12 KB
+constexpr int kPointwiseMaxChannels = 1536;  // the filters as floats: kFilters * C * 4 bytes <= 24 KB
 
 template <typename T>
 __device__ __forceinline__ void unpack8(const uint4& raw, float (&out)[8]) {
@@ -560,12 +563,12 @@ int pointwise_warps(int64_t c) {
                                                                                           kPointwiseBatch)));
 }
 
-template <typename T>
+template <typename T, int kFilters>
 __global__ void __launch_bounds__(kPointwiseMaxWarps * 32) pointwise_small_m(Params p) {
-  __shared__ __align__(16) float filters[kPointwiseFilters * kPointwiseMaxChannels];  // [filter][C]
-  __shared__ float partial[kPointwiseMaxWarps][kPointwiseMaxPixels][kPointwiseFilters];
-  const int first_filter = blockIdx.x * kPointwiseFilters, thread = threadIdx.x;
-  const int filters_here = min(kPointwiseFilters, p.k - first_filter);
+  __shared__ __align__(16) float filters[kFilters * kPointwiseMaxChannels];  // [filter][C]
+  __shared__ float partial[kPointwiseMaxWarps][kPointwiseMaxPixels][kFilters];
+  const int first_filter = blockIdx.x * kFilters, thread = threadIdx.x;
+  const int filters_here = min(kFilters, p.k - first_filter);
   const int warps = blockDim.x / 32, warp = thread / 32, lane = thread % 32, vectors = p.c / 8;
   const int per_pass = kPointwiseBatch * warps;  // vectors the block's warps cover in one batch each
   const uint4* x = static_cast<const uint4*>(p.x);  // [M][C], 16-byte aligned, C % 8 == 0
@@ -584,7 +587,7 @@ __global__ void __launch_bounds__(kPointwiseMaxWarps * 32) pointwise_small_m(Par
 
   const uint4* w = static_cast<const uint4*>(p.w);  // [K][C], 16-byte aligned, C % 8 == 0
 #pragma unroll
-  for (int filter = 0; filter < kPointwiseFilters; ++filter) {
+  for (int filter = 0; filter < kFilters; ++filter) {
     for (int vector = thread; vector < vectors; vector += blockDim.x) {
       float values[8] = {};
       if (filter < filters_here) {
@@ -598,7 +601,7 @@ __global__ void __launch_bounds__(kPointwiseMaxWarps * 32) pointwise_small_m(Par
   }
   __syncthreads();
 
-  float acc[2][kPointwiseFilters] = {};
+  float acc[2][kFilters] = {};
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     if (32 * half >= p.m) break;  // uniform: no pixel of this half
@@ -612,7 +615,7 @@ __global__ void __launch_bounds__(kPointwiseMaxWarps * 32) pointwise_small_m(Par
         float values[8];
         unpack8<T>(raw[u], values);
 #pragma unroll
-        for (int filter = 0; filter < kPointwiseFilters; ++filter) {
+        for (int filter = 0; filter < kFilters; ++filter) {
           const float4* taps = reinterpret_cast<const float4*>(filters + filter * p.c + vector * 8);
           const float4 low = taps[0], high = taps[1];  // one address for the whole warp: a broadcast
           acc[half][filter] += values[0] * low.x + values[1] * low.y + values[2] * low.z + values[3] * low.w +
@@ -624,14 +627,14 @@ __global__ void __launch_bounds__(kPointwiseMaxWarps * 32) pointwise_small_m(Par
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
 #pragma unroll
-    for (int filter = 0; filter < kPointwiseFilters; ++filter) partial[warp][lane + 32 * half][filter] = acc[half][filter];
+    for (int filter = 0; filter < kFilters; ++filter) partial[warp][lane + 32 * half][filter] = acc[half][filter];
   }
   __syncthreads();
   const T* bias = static_cast<const T*>(p.bias);
   const T* residual = static_cast<const T*>(p.residual);
   T* y = static_cast<T*>(p.y);
-  for (int output = thread; output < p.m * kPointwiseFilters; output += blockDim.x) {
-    const int pixel = output / kPointwiseFilters, filter = output % kPointwiseFilters;
+  for (int output = thread; output < p.m * kFilters; output += blockDim.x) {
+    const int pixel = output / kFilters, filter = output % kFilters;
     if (filter >= filters_here) continue;
     float sum = 0.0f;
     for (int from = 0; from < warps; ++from) sum += partial[from][pixel][filter];
@@ -665,7 +668,8 @@ constexpr int kThinMaxShared = 48 * 1024;  // [C][K] filters + K biases as float
 
 bool pointwise_thin_c_applies(const ForwardArgs& args) {
   const Shape& s = args.shape;
-  const bool aligned = aligned_16(args.x) && aligned_16(args.y) && (args.residual == nullptr || aligned_16(args.residual));
+  const bool aligned =
+      aligned_16(args.x) && aligned_16(args.y) && (args.residual == nullptr || aligned_16(args.residual));
   return s.r == 1 && s.s == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_top == 0 && s.pad_left == 0 &&
          s.p == s.h && s.q == s.w && s.c % 8 == 0 && s.c <= kThinMaxChannels && s.k % kThinFilters == 0 &&
          (s.c + 1) * s.k * 4 <= kThinMaxShared && s.n * s.p * s.q > kPointwiseMaxPixels && aligned;
@@ -816,13 +820,16 @@ void implicit_gemm_forward(const ForwardArgs& args, cudaStream_t stream) {
   const int forced = forced_config();
   const Params params = make_params(args);
   if (forced < 0 && pointwise_small_m_applies(args.shape)) {  // a forced config (the sweep, its tests) runs as named
-    const unsigned blocks = static_cast<unsigned>((params.k + kPointwiseFilters - 1) / kPointwiseFilters);
+    const bool few = params.k <= kPointwiseWideK;
+    const int filters = few ? kPointwiseFewFilters : kPointwiseManyFilters;
+    const unsigned blocks = static_cast<unsigned>((params.k + filters - 1) / filters);
     const unsigned threads = static_cast<unsigned>(pointwise_warps(args.shape.c) * 32);
-    if (args.shape.dtype == DType::Float16) {
-      pointwise_small_m<__half><<<blocks, threads, 0, stream>>>(params);
-    } else {
-      pointwise_small_m<__nv_bfloat16><<<blocks, threads, 0, stream>>>(params);
-    }
+    const bool half = args.shape.dtype == DType::Float16;
+    const auto kernel = few ? (half ? pointwise_small_m<__half, kPointwiseFewFilters>
+                                    : pointwise_small_m<__nv_bfloat16, kPointwiseFewFilters>)
+                            : (half ? pointwise_small_m<__half, kPointwiseManyFilters>
+                                    : pointwise_small_m<__nv_bfloat16, kPointwiseManyFilters>);
+    kernel<<<blocks, threads, 0, stream>>>(params);
     GE2_CHECK_LAUNCH("implicit_gemm pointwise_small_m");
     return;
   }

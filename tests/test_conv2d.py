@@ -443,6 +443,7 @@ SMALL_M_CASES = [
     (20, 1, 1, 1224, 5, "none", False, None),  # 153 vectors over 16 warps (uneven), 20 pixels (lanes idle)
     (1, 2, 3, 24, 3, "sigmoid", False, None),  # 6 pixels of one image, 3 vectors: one warp
     (1, 7, 7, 64, 260, "relu", True, None),  # K > 256: 4 filters a block (the last one part empty), 49 pixels
+    (1, 7, 7, 512, 264, "none", False, None),  # C * K above 2^17: the tiles
 ]
 
 
@@ -451,28 +452,8 @@ SMALL_M_CASES = [
 @pytest.mark.parametrize("case", SMALL_M_CASES, ids=["se_reduce", "se_reduce_1152", "se_expand_sigmoid",
                                                      "one_pixel_residual", "64_pixels_clip", "75_pixels",
                                                      "two_batches_residual", "uneven_warps", "one_warp",
-                                                     "wide_k_residual"])
+                                                     "wide_k_residual", "many_weights_tiles"])
 def test_implicit_gemm_pointwise_small_m_matches_reference(rng, poisoned, to_device, case, dtype):
-    check_pointwise_case(rng, poisoned, to_device, case, dtype)
-
-
-# (N, H, W, C, K, act, with residual, clip): 1x1 convolutions of C <= 40 channels (a multiple of 8), K a multiple of
-# 16 and more than 64 output pixels run implicit_gemm's pointwise_thin_c (an inverted-residual block's expand conv)
-THIN_C_CASES = [
-    (2, 7, 9, 24, 144, "silu", False, None),  # 126 pixels: the last 32-pixel item part empty; 9 filter groups
-    (1, 9, 9, 16, 96, "silu", False, None),  # 81 pixels
-    (3, 5, 7, 40, 240, "relu", True, (0.0, 0.5)),  # the widest C, a residual and a clip
-    (4, 8, 8, 8, 32, "none", True, None),  # C = 8, a residual
-    (2, 6, 6, 32, 48, "sigmoid", False, None),  # 3 filter groups
-    (32, 56, 56, 16, 96, "silu", False, None),  # M = 100352: more items than resident warps (the grid-stride walk)
-]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("case", THIN_C_CASES, ids=["c24_k144", "c16_k96", "c40_k240_residual_clip",
-                                                    "c8_residual", "c32_k48_sigmoid", "c16_k96_long"])
-def test_implicit_gemm_pointwise_thin_c_matches_reference(rng, poisoned, to_device, case, dtype):
     check_pointwise_case(rng, poisoned, to_device, case, dtype)
 
 

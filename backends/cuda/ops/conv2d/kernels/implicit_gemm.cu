@@ -548,6 +548,10 @@ constexpr int kPointwiseMaxWarps = 16;
 constexpr int kPointwiseBatch = 10;   // x vectors in flight per lane
 constexpr int kPointwiseMaxPixels = 64;
 constexpr int kPointwiseMaxChannels = 1536;  // the filters as floats: kFilters * C * 4 bytes <= 24 KB
+// Every block reads all of x for its few filters: with many weights the tiles do better. Session 35's mid call (H200,
+// CUDA-graph replay): ResNet-50 batch 1's 512 -> 2048 on 7 x 7 took 17.6 us here, 10.1 on the tiles (cuDNN 5.1);
+// EfficientNet's SE convs (C * K <= 55,296) 2.7-5.8 us here against the tiles' 9-18.
+constexpr int64_t kPointwiseMaxWeights = int64_t{1} << 17;
 
 template <typename T>
 __device__ __forceinline__ void unpack8(const uint4& raw, float (&out)[8]) {
@@ -647,132 +651,8 @@ __global__ void __launch_bounds__(kPointwiseMaxWarps * 32) pointwise_small_m(Par
 
 bool pointwise_small_m_applies(const Shape& s) {
   return s.r == 1 && s.s == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_top == 0 && s.pad_left == 0 &&
-         s.p == s.h && s.q == s.w && s.n * s.p * s.q <= kPointwiseMaxPixels && s.c <= kPointwiseMaxChannels;
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// A 1x1 convolution with few input channels (C <= 40) and a long M: an inverted-residual block's expand conv
-// (EfficientNet-B0 / MobileNetV2: 16 -> 96 at 112 x 112, 24 -> 144 at 56 x 56, 40 -> 240 at 28 x 28). The GEMM's
-// reduction is one 64-channel tile at most 62% full, so the tiles above run one k-tile per CTA: a CTA's whole life
-// is one load latency, a few MMAs and the epilogue (24 -> 144 at 56 x 56, N = 32: implicit_gemm 114 us, cuDNN 32 us
-// against ~8 us of memory time; 16 -> 96 at 112 x 112: cuDNN 64 us against ~22; session-33 autotune, H200). Here the
-// conv streams: a block stages all filters (as floats, [C][K]) and the bias in shared memory once, and each warp
-// walks items of 32 pixels x 16 filters: lane l holds pixel l's C inputs in registers (16-byte loads: a warp reads
-// 32 contiguous rows of x) and accumulates its 16 outputs in float32 in channel order, the filter values read as
-// broadcasts (every lane the same address); the epilogue (bias, residual, activation, clip, y rounded once) writes
-// 32 contiguous bytes per lane. CUDA-core FMAs: C per output, ~10 us of the H200's FP32 rate at 24 -> 144.
-constexpr int kThinMaxChannels = 40;
-constexpr int kThinFilters = 16;          // outputs per lane
-constexpr int kThinWarps = 8;
-constexpr int kThinMaxShared = 48 * 1024;  // [C][K] filters + K biases as floats, without the opt-in
-
-bool pointwise_thin_c_applies(const ForwardArgs& args) {
-  const Shape& s = args.shape;
-  const bool aligned =
-      aligned_16(args.x) && aligned_16(args.y) && (args.residual == nullptr || aligned_16(args.residual));
-  return s.r == 1 && s.s == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_top == 0 && s.pad_left == 0 &&
-         s.p == s.h && s.q == s.w && s.c % 8 == 0 && s.c <= kThinMaxChannels && s.k % kThinFilters == 0 &&
-         (s.c + 1) * s.k * 4 <= kThinMaxShared && s.n * s.p * s.q > kPointwiseMaxPixels && aligned;
-}
-
-template <typename T, int C>
-__global__ void __launch_bounds__(kThinWarps * 32) pointwise_thin_c(Params p) {
-  extern __shared__ __align__(16) float thin_shared[];  // [C][K] filters, then [K] biases
-  float* filters = thin_shared;
-  float* biases = thin_shared + C * p.k;
-  const T* w = static_cast<const T*>(p.w);  // [K][C]
-  const T* bias = static_cast<const T*>(p.bias);
-  for (int i = threadIdx.x; i < C * p.k; i += blockDim.x) {
-    const int filter = i / C, channel = i % C;  // reads w in order; the [C][K] writes scatter (staged once)
-    filters[channel * p.k + filter] = to_float(w[i]);
-  }
-  for (int i = threadIdx.x; i < p.k; i += blockDim.x) biases[i] = bias != nullptr ? to_float(bias[i]) : 0.0f;
-  __syncthreads();
-
-  constexpr int kVectors = C / 8;
-  const int lane = threadIdx.x % 32;
-  const int groups = p.k / kThinFilters;
-  const int64_t pixel_blocks = (int64_t{p.m} + 31) / 32;
-  const int64_t items = pixel_blocks * groups;
-  const int64_t warps = int64_t{gridDim.x} * kThinWarps;
-  const uint4* x = static_cast<const uint4*>(p.x);  // [M][C]
-  const T* residual = static_cast<const T*>(p.residual);
-  T* y = static_cast<T*>(p.y);
-  // Consecutive warps take the same 32 pixels for consecutive filter groups: their x rows come from L1.
-  for (int64_t item = int64_t{blockIdx.x} * kThinWarps + threadIdx.x / 32; item < items; item += warps) {
-    const int64_t pixel = (item / groups) * 32 + lane;
-    const int group = static_cast<int>(item % groups);
-    if (pixel >= p.m) continue;
-    float inputs[C];
-#pragma unroll
-    for (int v = 0; v < kVectors; ++v) {
-      float values[8];
-      unpack8<T>(x[pixel * kVectors + v], values);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) inputs[v * 8 + e] = values[e];
-    }
-    float acc[kThinFilters];
-#pragma unroll
-    for (int j = 0; j < kThinFilters; ++j) acc[j] = 0.0f;
-    const float* taps = filters + group * kThinFilters;
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-      const float4* row = reinterpret_cast<const float4*>(taps + c * p.k);  // one address for the whole warp
-#pragma unroll
-      for (int q = 0; q < kThinFilters / 4; ++q) {
-        const float4 t = row[q];
-        acc[4 * q + 0] = fmaf(inputs[c], t.x, acc[4 * q + 0]);
-        acc[4 * q + 1] = fmaf(inputs[c], t.y, acc[4 * q + 1]);
-        acc[4 * q + 2] = fmaf(inputs[c], t.z, acc[4 * q + 2]);
-        acc[4 * q + 3] = fmaf(inputs[c], t.w, acc[4 * q + 3]);
-      }
-    }
-    const int64_t at = pixel * p.k + group * kThinFilters;
-    float added[kThinFilters];
-#pragma unroll
-    for (int j = 0; j < kThinFilters; ++j) added[j] = 0.0f;
-    if (residual != nullptr) {
-#pragma unroll
-      for (int h = 0; h < kThinFilters / 8; ++h) {
-        float values[8];
-        unpack8<T>(*reinterpret_cast<const uint4*>(residual + at + h * 8), values);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) added[h * 8 + e] = values[e];
-      }
-    }
-    alignas(16) T out[kThinFilters];
-#pragma unroll
-    for (int j = 0; j < kThinFilters; ++j) {
-      float z = acc[j] + biases[group * kThinFilters + j];
-      if (residual != nullptr) z += added[j];
-      out[j] = from_float<T>(clip_value(apply_act(p.act, z, p.slope), p.clip_low, p.clip_high));
-    }
-#pragma unroll
-    for (int h = 0; h < kThinFilters / 8; ++h) {
-      *reinterpret_cast<uint4*>(y + at + h * 8) = *reinterpret_cast<const uint4*>(out + h * 8);
-    }
-  }
-}
-
-template <typename T>
-void launch_thin_c(const Params& params, int channels, int device, cudaStream_t stream) {
-  const std::size_t shared = static_cast<std::size_t>(channels + 1) * params.k * sizeof(float);
-  auto kernel = pointwise_thin_c<T, 8>;
-  switch (channels) {
-    case 8: kernel = pointwise_thin_c<T, 8>; break;
-    case 16: kernel = pointwise_thin_c<T, 16>; break;
-    case 24: kernel = pointwise_thin_c<T, 24>; break;
-    case 32: kernel = pointwise_thin_c<T, 32>; break;
-    default: kernel = pointwise_thin_c<T, 40>; break;
-  }
-  int resident = 0;
-  GE2_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThinWarps * 32, shared));
-  const int64_t items = (int64_t{params.m} + 31) / 32 * (params.k / kThinFilters);
-  const int64_t wanted = (items + kThinWarps - 1) / kThinWarps;
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(wanted, int64_t{std::max(1, resident)} *
-                                                                           sm_count(device)));
-  kernel<<<static_cast<unsigned>(blocks), kThinWarps * 32, shared, stream>>>(params);
-  GE2_CHECK_LAUNCH("implicit_gemm pointwise_thin_c");
+         s.p == s.h && s.q == s.w && s.n * s.p * s.q <= kPointwiseMaxPixels && s.c <= kPointwiseMaxChannels &&
+         s.c * s.k <= kPointwiseMaxWeights;
 }
 
 }  // namespace
@@ -834,14 +714,6 @@ void implicit_gemm_forward(const ForwardArgs& args, cudaStream_t stream) {
     return;
   }
   const int device = current_device();
-  if (forced < 0 && pointwise_thin_c_applies(args)) {
-    if (args.shape.dtype == DType::Float16) {
-      launch_thin_c<__half>(params, static_cast<int>(args.shape.c), device, stream);
-    } else {
-      launch_thin_c<__nv_bfloat16>(params, static_cast<int>(args.shape.c), device, stream);
-    }
-    return;
-  }
   const Config& config = kConfigs[forced >= 0 ? forced : choose_config(params, device)];
   (args.shape.dtype == DType::Float16 ? config.half : config.bfloat16)(params, device, stream);
 }

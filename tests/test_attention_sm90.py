@@ -171,6 +171,20 @@ def test_long_sequences_wrap_the_pipelines(rng, poisoned, dtype, head_dim, causa
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", (64, 128, 256), ids=_head_dim_id)
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("layout", attention.LAYOUTS)
+def test_persistent_ctas_walk_several_work_items(rng, poisoned, monkeypatch, head_dim, causal, layout):
+    """Persistent forward CTAs (forced on, causal too): 4 x 8 heads x 9 query blocks of 128 (the last of 6 rows) are
+    288 work items for the H200's 132 CTAs, so a CTA runs 2 or 3 items of different key tile counts (700 keys) and
+    its K/V ring, Q tile (and, head_dim 256, O through Q's tile) turn over between them."""
+    _require_flash_sm90()
+    monkeypatch.setenv("GE2_FLASH_SM90_PERSISTENT", "1")
+    q, k, v, dy = _problem(rng, 4, 8, 2, 1030, 700, head_dim, "bfloat16", layout)
+    _check_backward(q, k, v, dy, causal, layout, KERNEL, poisoned, "bfloat16", scale=0.3)
+
+
+@pytest.mark.gpu
 def test_forward_heads_in_l2_sections(rng, poisoned):
     """16384 keys of head_dim 128: each head's K and V take 8 MB, so the forward's CTAs run in L2 sections of 3 heads
     and a last one of 1 (of batch 2 x 2 heads), each head's 2 query blocks found from the CTA's linear index."""

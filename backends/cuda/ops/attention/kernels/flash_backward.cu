@@ -11,6 +11,7 @@
 // get P = 0. With a soft cap, dS also takes the cap's derivative 1 - t^2, t = tanh(s / c) = (ln P + lse) / c: read
 // back from P in registers rather than kept in another 32 of them (where P is 0, so is dS).
 #include <cmath>
+#include <cstdint>
 
 #include "api.hpp"
 #include "flash_common.cuh"
@@ -32,23 +33,51 @@ constexpr int backward_shared_bytes() {
   return (2 * kBlockN * kHeadDim + 4 * kBlockM * kHeadDim + kBlockN * kBlockM) * 2 + 4 * kBlockM * 4;
 }
 
-template <typename T>
-__global__ void row_dot_kernel(Shape s, const T* __restrict__ dout, const T* __restrict__ o,
-                               float* __restrict__ row_dot, float* __restrict__ dq_accumulator) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);  // over batch, heads_q, seq_q
-  if (row >= s.batch * s.heads_q * s.seq_q) return;
+// Both preprocess kernels move 16-byte chunks of 8 values: `lanes` = head_dim / 8 threads a row (8, 16 or 32; a
+// power of two, so a row's lanes are an aligned group of a warp), one chunk each. In bhsd a row's values are
+// row * head_dim from the start, as in the accumulator; bshd needs the row's (batch, head, position).
+__device__ __forceinline__ int64_t row_offset(const Shape& s, int64_t row) {
+  if (!s.seq_major) return row * s.head_dim;
   const int64_t bh = row / s.seq_q, i = row % s.seq_q;
   const RowAddressing a = rows_of(s, bh / s.heads_q, bh % s.heads_q, s.heads_q, s.seq_q);
-  const T* dout_row = dout + a.base + i * a.pitch;
-  const T* o_row = o + a.base + i * a.pitch;
+  return a.base + i * a.pitch;
+}
+
+template <typename T>
+__device__ __forceinline__ float dot8(const uint4& x, const uint4& y) {
+  const T* a = reinterpret_cast<const T*>(&x);
+  const T* b = reinterpret_cast<const T*>(&y);
+  float sum = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) sum += to_float(a[e]) * to_float(b[e]);
+  return sum;
+}
+
+template <typename T>
+__global__ void row_dot_kernel(Shape s, const T* __restrict__ dout, const T* __restrict__ o,
+                               float* __restrict__ row_dot, float* __restrict__ dq_accumulator, bool wide_o) {
+  const int lanes = int(s.head_dim / 8);
+  const int64_t thread = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = thread >> (__ffs(lanes) - 1);  // over batch, heads_q, seq_q
+  const int chunk = int(thread & (lanes - 1));
+  const bool active = row < s.batch * s.heads_q * s.seq_q;
   float partial = 0.0f;
-  for (int64_t d = lane; d < s.head_dim; d += 32) {
-    partial += to_float(dout_row[d]) * to_float(o_row[d]);
-    dq_accumulator[row * s.head_dim + d] = 0.0f;
+  if (active) {
+    const int64_t at = row_offset(s, row) + chunk * 8;
+    uint4 o_chunk;
+    if (wide_o) {
+      o_chunk = *reinterpret_cast<const uint4*>(o + at);
+    } else {  // flash's o (the forward's output) may be only 4-byte aligned
+      const uint32_t* pairs = reinterpret_cast<const uint32_t*>(o + at);
+      o_chunk = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+    }
+    partial = dot8<T>(*reinterpret_cast<const uint4*>(dout + at), o_chunk);
+    float4* zero = reinterpret_cast<float4*>(dq_accumulator + row * s.head_dim + chunk * 8);
+    zero[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    zero[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  for (int offset = 16; offset > 0; offset >>= 1) partial += __shfl_xor_sync(0xffffffffu, partial, offset);
-  if (lane == 0) row_dot[row] = partial;
+  for (int offset = lanes / 2; offset > 0; offset >>= 1) partial += __shfl_xor_sync(0xffffffffu, partial, offset);
+  if (active && chunk == 0) row_dot[row] = partial;
 }
 
 // kSoftcap: a separate instantiation, because the cap's code costs the head_dim-128 kernel registers it spills.
@@ -274,15 +303,28 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
+// dq = scale * accumulator, 8 values a thread: one 16-byte store where dq is 16-byte aligned (flash_sm90 requires
+// it), else four 4-byte pairs (flash requires 4 bytes).
 template <typename T>
-__global__ void dq_store_kernel(Shape s, const float* __restrict__ dq_accumulator, T* __restrict__ dq) {
-  const int64_t total = s.batch * s.heads_q * s.seq_q * s.head_dim;
-  for (int64_t index = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; index < total;
-       index += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t row = index / s.head_dim, d = index % s.head_dim;
-    const int64_t bh = row / s.seq_q, i = row % s.seq_q;
-    const RowAddressing a = rows_of(s, bh / s.heads_q, bh % s.heads_q, s.heads_q, s.seq_q);
-    dq[a.base + i * a.pitch + d] = from_float<T>(dq_accumulator[index] * s.scale);
+__global__ void dq_store_kernel(Shape s, const float* __restrict__ dq_accumulator, T* __restrict__ dq, bool wide) {
+  const int lanes = int(s.head_dim / 8);
+  const int64_t thread = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = thread >> (__ffs(lanes) - 1);
+  const int chunk = int(thread & (lanes - 1));
+  if (row >= s.batch * s.heads_q * s.seq_q) return;
+  const float4* in = reinterpret_cast<const float4*>(dq_accumulator + row * s.head_dim + chunk * 8);
+  const float4 x = in[0], y = in[1];
+  const uint4 packed = make_uint4(pack<T>(x.x * s.scale, x.y * s.scale), pack<T>(x.z * s.scale, x.w * s.scale),
+                                  pack<T>(y.x * s.scale, y.y * s.scale), pack<T>(y.z * s.scale, y.w * s.scale));
+  T* out = dq + row_offset(s, row) + chunk * 8;
+  if (wide) {
+    *reinterpret_cast<uint4*>(out) = packed;
+  } else {
+    uint32_t* pairs = reinterpret_cast<uint32_t*>(out);
+    pairs[0] = packed.x;
+    pairs[1] = packed.y;
+    pairs[2] = packed.z;
+    pairs[3] = packed.w;
   }
 }
 
@@ -303,24 +345,25 @@ void launch(const BackwardArgs& args, float* row_dot, float* dq_accumulator, cud
   GE2_CHECK_LAUNCH("attention flash backward (dK, dV, dQ accumulation)");
 }
 
+// Blocks of 256 threads over rows x head_dim / 8 chunks (head_dim 64, 128 or 256: flash's and flash_sm90's).
+inline unsigned preprocess_blocks(const Shape& s) {
+  return static_cast<unsigned>((s.batch * s.heads_q * s.seq_q * (s.head_dim / 8) + 255) / 256);
+}
+
 template <typename T>
 void launch_row_dot(const BackwardArgs& args, float* row_dot, float* dq_accumulator, cudaStream_t stream) {
   const Shape& s = args.shape;
-  const int64_t rows = s.batch * s.heads_q * s.seq_q;
-  constexpr int kRowsPerBlock = 8;
-  row_dot_kernel<T><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kRowsPerBlock * 32, 0,
-                      stream>>>(s, static_cast<const T*>(args.dout), static_cast<const T*>(args.o), row_dot,
-                                dq_accumulator);
+  const bool wide_o = reinterpret_cast<std::uintptr_t>(args.o) % 16 == 0;  // dout: an input, 16-byte aligned
+  row_dot_kernel<T><<<preprocess_blocks(s), 256, 0, stream>>>(
+      s, static_cast<const T*>(args.dout), static_cast<const T*>(args.o), row_dot, dq_accumulator, wide_o);
   GE2_CHECK_LAUNCH("attention flash backward (row dot)");
 }
 
 template <typename T>
 void launch_dq_store(const BackwardArgs& args, const float* dq_accumulator, cudaStream_t stream) {
   const Shape& s = args.shape;
-  const int64_t elements = s.batch * s.heads_q * s.seq_q * s.head_dim;
-  const int64_t blocks = (elements + 255) / 256 < 65536 ? (elements + 255) / 256 : 65536;
-  dq_store_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(s, dq_accumulator,
-                                                                        static_cast<T*>(args.dq));
+  const bool wide = reinterpret_cast<std::uintptr_t>(args.dq) % 16 == 0;
+  dq_store_kernel<T><<<preprocess_blocks(s), 256, 0, stream>>>(s, dq_accumulator, static_cast<T*>(args.dq), wide);
   GE2_CHECK_LAUNCH("attention flash backward (dQ store)");
 }
 

@@ -10,11 +10,19 @@
 // setmaxnreg moves registers from the producer (40) to the consumers (232), which hold S, O and P (CUTLASS's split for
 // two consumer warpgroups: 40 * 128 + 232 * 256 <= 64K).
 //
+// Persistent CTAs (non-causal problems): a CTA per SM walks work items (a head's 128 query rows each) in the
+// L2-sectioned order, the producer loading the next item's Q (into its own tile; O has another up to head_dim 128)
+// and K/V tiles while the consumers finish the current item's last product and store its O.
+//
 // TMA reads rows past seq_q or seq_k as zeros, so any length runs: scores of keys >= seq_k (and, causal, keys past
 // the row) are masked to -inf in the tiles that reach them, and rows >= seq_q are computed and not written (TMA clips
 // them from the store).
 #pragma once
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include <cute/tensor.hpp>
@@ -84,13 +92,21 @@ struct Traits {
   using SmemCopyO = Copy_Atom<SM90_U32x4_STSM_N, Element>;
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);  // one K or V tile
-  static constexpr uint32_t kOutputWrittenBarrier = 2;  // a named barrier of the consumers (0 and 1: their turns)
+  // Named barriers of the consumers (0 and 1: their turns).
+  static constexpr uint32_t kOutputWrittenBarrier = 2;  // O's tile written to shared memory
+  static constexpr uint32_t kOutputFreeBarrier = 3;     // the previous work item's O store has read it
+
+  // O's own tile where shared memory has room (up to head_dim 128), so that the producer loads the next work item's
+  // Q while the consumers finish the current one; at head_dim 256 (Q and the ring fill 224 of the 227 KB) O goes
+  // through Q's tile, and the next Q waits for the O store to read it.
+  static constexpr bool kSeparateO = kHeadDim <= 128;
 
   struct SharedStorage {
     cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> k;
     cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> v;
-    alignas(8) uint64_t q_full;
+    cute::array_aligned<Element, kSeparateO ? cosize_v<SmemLayoutQ> : 1, 1024> o;
+    alignas(8) uint64_t q_full, q_empty;
     uint64_t k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages];
   };
 };
@@ -104,6 +120,8 @@ struct Params {
   int32_t batch, heads_q, heads_kv, seq_q, seq_k;
   float scale_log2;  // scale * log2(e): the softmax runs on exp2
   int32_t heads_per_section;  // of batch x heads_q, for l2_sectioned_head_block
+  int32_t m_blocks;           // query blocks of a head
+  int32_t work_items;         // batch x heads_q x m_blocks; a CTA runs items blockIdx.x, + gridDim.x, ...
   bool causal;
 };
 
@@ -124,17 +142,18 @@ __device__ constexpr auto accumulator_as_a_operand(Layout accumulator) {
                      get<1>(accumulator), coalesce(make_layout(get<0, 1>(blocks), get<2>(accumulator))));
 }
 
-// Which (head, block) a CTA runs: heads (batch x heads) in sections whose shared tiles (K and V of the forward's
-// query blocks; Q, dO and the dQ accumulator of the backward's key blocks) fit in L2 together, a section's CTAs
-// block by block (the caller's block 0 first), all its heads at each. The hardware starts CTAs in the order of their
-// linear index, so the blocks of one head run close together and read those tiles from L2, where head-major order
-// (one block of every head, then the next) had more heads in flight than L2 holds once the grid exceeds a wave.
+// Which (head, block) work item `cta` (a CTA's linear index, or a persistent CTA's item) runs: heads (batch x heads)
+// in sections whose shared tiles (K and V of the forward's query blocks; Q, dO and the dQ accumulator of the
+// backward's key blocks) fit in L2 together, a section's items block by block (the caller's block 0 first), all its
+// heads at each. The hardware starts CTAs in the order of their linear index (and persistent CTAs take items in
+// waves of that order), so the blocks of one head run close together and read those tiles from L2, where
+// head-major order (one block of every head, then the next) had more heads in flight than L2 holds once the grid
+// exceeds a wave.
 struct HeadBlock {
   int head, block;
 };
 
-__device__ __forceinline__ HeadBlock l2_sectioned_head_block(int heads, int blocks, int heads_per_section) {
-  const int cta = static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x);
+__device__ __forceinline__ HeadBlock l2_sectioned_head_block(int cta, int heads, int blocks, int heads_per_section) {
   const int section_ctas = heads_per_section * blocks;
   const int first_head = cta / section_ctas * heads_per_section;
   const int section_heads = min(heads_per_section, heads - first_head);  // the last section may be narrower
@@ -175,6 +194,32 @@ __device__ __forceinline__ void warpgroup_gemm(Mma& mma, A& a, B const& b, C& c)
   if constexpr (kRegistersA) warpgroup_fence_operand(a);
 }
 
+// A work item: 128 query rows of one (batch, head), and the key tiles they see.
+struct WorkItem {
+  int bh, b, h, hk, m_block, m0, tiles;
+};
+
+template <class T>
+__device__ __forceinline__ WorkItem work_item(Params<T> const& p, int index) {
+  const HeadBlock work = l2_sectioned_head_block(index, p.batch * p.heads_q, p.m_blocks, p.heads_per_section);
+  WorkItem item;
+  item.m_block = p.m_blocks - 1 - work.block;  // the longest causal rows start first
+  item.bh = work.head;
+  item.b = work.head / p.heads_q;
+  item.h = work.head % p.heads_q;
+  item.hk = item.h / (p.heads_q / p.heads_kv);
+  item.m0 = item.m_block * T::kBlockM;
+  // The key tiles the rows see: causal (top-left) row i sees keys j <= i, so the last row bounds them.
+  const int row_stop = min(p.seq_q, item.m0 + T::kBlockM);
+  const int key_stop = p.causal ? min(p.seq_k, row_stop) : p.seq_k;
+  item.tiles = (key_stop + T::kBlockN - 1) / T::kBlockN;  // >= 1: seq_k >= 1 and row m0 sees key 0
+  return item;
+}
+
+// A CTA runs work items blockIdx.x, blockIdx.x + gridDim.x, ...: one where the grid has an item per CTA, several
+// where it is persistent (a CTA per SM). Across a CTA's items the K/V ring keeps turning (its stage and phase count
+// the CTA's tiles), so the producer loads the next item's K/V tiles, and its Q once the consumers have read the
+// current one, while the consumers finish the current item's last P V and store its O.
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONSTANT Params<T> const p) {
   using Element = typename T::Element;
@@ -188,16 +233,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename T::SmemLayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename T::SmemLayoutKV{});
   Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename T::SmemLayoutVt{});
-
-  const HeadBlock work = l2_sectioned_head_block(p.batch * p.heads_q, int(gridDim.y), p.heads_per_section);
-  const int m_block = int(gridDim.y) - 1 - work.block;  // the longest causal rows start first
-  const int bh = work.head, b = bh / p.heads_q, h = bh % p.heads_q;
-  const int hk = h / (p.heads_q / p.heads_kv);
-  const int m0 = m_block * kBlockM;
-  // The key tiles the CTA's rows see: causal (top-left) row i sees keys j <= i, so the last row bounds them.
-  const int row_stop = min(p.seq_q, m0 + kBlockM);
-  const int key_stop = p.causal ? min(p.seq_k, row_stop) : p.seq_k;
-  const int tiles = (key_stop + kBlockN - 1) / kBlockN;  // >= 1: seq_k >= 1 and row m0 sees key 0
+  Tensor sO = make_tensor(make_smem_ptr(T::kSeparateO ? smem.o.data() : smem.q.data()), typename T::SmemLayoutQ{});
 
   const int warpgroup = cutlass::canonical_warp_group_idx();
   if (threadIdx.x == 0) {
@@ -207,6 +243,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
     prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
     prefetch_tma_descriptor(p.tma_o.get_tma_descriptor());
     Barrier::init(&smem.q_full, 1);
+    // Q's tile is free again once both consumers' last S = Q K^T of an item is done (separate O), or once the O
+    // store, by the consumers' first thread, has read it (O through Q's tile).
+    Barrier::init(&smem.q_empty, T::kSeparateO ? T::kConsumerThreads : 1);
     CUTE_UNROLL
     for (int s = 0; s < kStages; ++s) {
       Barrier::init(&smem.k_full[s], 1);
@@ -224,30 +263,39 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
     Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.seq_q, kHeadDim, p.heads_q, p.batch));
     Tensor mK = p.tma_k.get_tma_tensor(make_shape(p.seq_k, kHeadDim, p.heads_kv, p.batch));
     Tensor mV = p.tma_v.get_tma_tensor(make_shape(p.seq_k, kHeadDim, p.heads_kv, p.batch));
-    Tensor gQ = local_tile(mQ(_, _, h, b), cute::Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));
-    Tensor gK = local_tile(mK(_, _, hk, b), cute::Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
-    Tensor gV = local_tile(mV(_, _, hk, b), cute::Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
     auto cta_q = p.tma_q.get_slice(_0{});
     auto cta_k = p.tma_k.get_slice(_0{});
     auto cta_v = p.tma_v.get_slice(_0{});
-    Tensor tQgQ = cta_q.partition_S(gQ);
     Tensor tQsQ = cta_q.partition_D(sQ);
-    Tensor tKgK = cta_k.partition_S(gK);  // (TMA, TMA_N, TMA_D, tile)
     Tensor tKsK = cta_k.partition_D(sK);  // (TMA, TMA_N, TMA_D, stage)
-    Tensor tVgV = cta_v.partition_S(gV);
     Tensor tVsV = cta_v.partition_D(sV);
+    int ring = 0;  // K/V tiles loaded so far, over the CTA's items
+    int items = 0;
+    for (int index = int(blockIdx.x); index < p.work_items; index += int(gridDim.x), ++items) {
+      const WorkItem item = work_item(p, index);
+      Tensor gQ = local_tile(mQ(_, _, item.h, item.b), cute::Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                             make_coord(item.m_block, _0{}));
+      Tensor gK = local_tile(mK(_, _, item.hk, item.b), cute::Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                             make_coord(_, _0{}));
+      Tensor gV = local_tile(mV(_, _, item.hk, item.b), cute::Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                             make_coord(_, _0{}));
+      Tensor tQgQ = cta_q.partition_S(gQ);
+      Tensor tKgK = cta_k.partition_S(gK);  // (TMA, TMA_N, TMA_D, tile)
+      Tensor tVgV = cta_v.partition_S(gV);
 
-    TransactionBarrier::arrive_and_expect_tx(&smem.q_full, T::kQBytes);
-    copy(p.tma_q.with(smem.q_full), tQgQ, tQsQ);
-    for (int j = 0; j < tiles; ++j) {
-      const int stage = j % kStages;
-      const uint32_t phase = (j / kStages) & 1;
-      Barrier::wait(&smem.k_empty[stage], phase ^ 1);  // the first pass finds every stage free
-      TransactionBarrier::arrive_and_expect_tx(&smem.k_full[stage], T::kKVBytes);
-      copy(p.tma_k.with(smem.k_full[stage]), tKgK(_, _, _, j), tKsK(_, _, _, stage));
-      Barrier::wait(&smem.v_empty[stage], phase ^ 1);
-      TransactionBarrier::arrive_and_expect_tx(&smem.v_full[stage], T::kKVBytes);
-      copy(p.tma_v.with(smem.v_full[stage]), tVgV(_, _, _, j), tVsV(_, _, _, stage));
+      Barrier::wait(&smem.q_empty, (items & 1) ^ 1);  // the first item finds it free
+      TransactionBarrier::arrive_and_expect_tx(&smem.q_full, T::kQBytes);
+      copy(p.tma_q.with(smem.q_full), tQgQ, tQsQ);
+      for (int j = 0; j < item.tiles; ++j, ++ring) {
+        const int stage = ring % kStages;
+        const uint32_t phase = (ring / kStages) & 1;
+        Barrier::wait(&smem.k_empty[stage], phase ^ 1);  // the first pass finds every stage free
+        TransactionBarrier::arrive_and_expect_tx(&smem.k_full[stage], T::kKVBytes);
+        copy(p.tma_k.with(smem.k_full[stage]), tKgK(_, _, _, j), tKsK(_, _, _, stage));
+        Barrier::wait(&smem.v_empty[stage], phase ^ 1);
+        TransactionBarrier::arrive_and_expect_tx(&smem.v_full[stage], T::kKVBytes);
+        copy(p.tma_v.with(smem.v_full[stage]), tVgV(_, _, _, j), tVsV(_, _, _, stage));
+      }
     }
     return;
   }
@@ -263,7 +311,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
   Tensor tSrK = thread_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stage)
   Tensor tOrV = thread_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stage)
   Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename T::TilePV{}));
-  clear(tOrO);
   Tensor o = make_tensor(tOrO.data(), rows_by_columns(tOrO.layout()));
   // (row, column) in the tile of every accumulator element of this thread
   Tensor tScS = thread_qk.partition_C(make_identity_tensor(select<0, 1>(typename T::TileQK{})));
@@ -271,65 +318,13 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
   Tensor tOcO = thread_pv.partition_C(make_identity_tensor(select<0, 1>(typename T::TilePV{})));
   Tensor out_coordinates = make_tensor(tOcO.data(), rows_by_columns(tOcO.layout()));
   constexpr int kRows = size<0>(decltype(o.layout()){});  // 2
-
-  float row_max[kRows], row_sum[kRows], correction[kRows];
-  CUTE_UNROLL
-  for (int r = 0; r < kRows; ++r) {
-    row_max[r] = -INFINITY;
-    row_sum[r] = 0.0f;
-  }
-
-  // Tile j's scores in place: exp2 of the scaled (masked) scores less the running row max; `correction` is the factor
-  // O takes before tile j's P V is added. The masking is compiled in only for the tiles that need it.
-  auto softmax_tile = [&](auto& tSrS, int j, auto masked_tile) {
-    constexpr bool masked = decltype(masked_tile)::value;
-    Tensor s = make_tensor(tSrS.data(), rows_by_columns(tSrS.layout()));
-    const int n0 = j * kBlockN;
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      const int row = m0 + get<0>(score_coordinates(r, 0));
-      float tile_max = -INFINITY;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(s); ++c) {
-        float x = s(r, c) * p.scale_log2;
-        if constexpr (masked) {
-          const int column = n0 + get<1>(score_coordinates(r, c));
-          if (column >= p.seq_k || (p.causal && column > row)) x = -INFINITY;
-        }
-        s(r, c) = x;
-        tile_max = fmaxf(tile_max, x);
-      }
-      const flash::RowRescale step = flash::rescale_row(row_max[r], tile_max);  // quads hold rows, as in mma.sync
-      float sum = 0.0f;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(s); ++c) {
-        s(r, c) = exp2f(s(r, c) - step.base);
-        sum += s(r, c);
-      }
-      row_sum[r] = row_sum[r] * step.correction + sum;
-      correction[r] = step.correction;
-    }
-  };
-  auto softmax = [&](auto& tSrS, int j) {
-    // Only the tiles that reach past seq_k or, causal, past the CTA's first row mask elements.
-    const int n0 = j * kBlockN;
-    if (n0 + kBlockN > p.seq_k || (p.causal && n0 + kBlockN - 1 > m0)) {
-      softmax_tile(tSrS, j, std::true_type{});
-    } else {
-      softmax_tile(tSrS, j, std::false_type{});
-    }
-  };
-  auto rescale_o = [&]() {
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction[r];
-    }
-  };
+  auto o_store = make_tiled_copy_C(typename T::SmemCopyO{}, mma_pv);
+  auto thread_o_store = o_store.get_thread_slice(thread);
 
   // Ping-pong: the two consumers take turns to issue their gemms (named barrier i is consumer i's turn), so one's
   // softmax runs while the other's gemms hold the tensor cores. Consumer 0 goes first: consumer 1 gives it the first
-  // turn and skips the pass after its own last issue, so both barriers see as many passes as waits.
+  // turn and skips the pass after its own last issue (of the CTA's last item), so both barriers see as many passes
+  // as waits. The turns run on across items.
   const int consumer = warpgroup - 1;
   auto wait_turn = [&]() { cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, consumer); };
   auto pass_turn = [&](bool last_issue) {
@@ -342,83 +337,165 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
   cutlass::NumericArrayConverter<Element, float, kScores> to_element;
   using ScoreArray = cutlass::Array<float, kScores>;
   Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(typename T::TileQK{}));
-  Barrier::wait(&smem.q_full, 0);
-  Barrier::wait(&smem.k_full[0], 0);
-  wait_turn();
-  issue_warpgroup_gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, 0), tSrS);
-  pass_turn(tiles == 1);
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(tSrS);
-  Barrier::arrive(&smem.k_empty[0]);
-  softmax(tSrS, 0);
-  auto p_values = to_element(*reinterpret_cast<ScoreArray const*>(tSrS.data()));
-  Tensor tOrP = make_tensor(make_rmem_ptr<Element>(p_values.data()), accumulator_as_a_operand(tSrS.layout()));
 
-  // Tile j's S = Q K_j^T is issued with O += P_{j-1} V_{j-1}; tile j's softmax runs while the tensor cores finish
-  // the latter (the intra-warpgroup overlap). The ring's K and V stages are released separately.
-  for (int j = 1; j < tiles; ++j) {
-    const int stage = j % kStages, previous = (j - 1) % kStages;
-    Barrier::wait(&smem.k_full[stage], (j / kStages) & 1);
-    wait_turn();
-    issue_warpgroup_gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
-    rescale_o();  // by tile j-1's correction: O's last product is done
-    Barrier::wait(&smem.v_full[previous], ((j - 1) / kStages) & 1);
-    issue_warpgroup_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, previous), tOrO);
-    pass_turn(j + 1 == tiles);
-    warpgroup_wait<1>();
-    warpgroup_fence_operand(tSrS);
-    Barrier::arrive(&smem.k_empty[stage]);
-    softmax(tSrS, j);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tOrO);
-    warpgroup_fence_operand(tOrP);
-    Barrier::arrive(&smem.v_empty[previous]);
-    p_values = to_element(*reinterpret_cast<ScoreArray const*>(tSrS.data()));
-  }
-  const int last = (tiles - 1) % kStages;
-  rescale_o();
-  Barrier::wait(&smem.v_full[last], ((tiles - 1) / kStages) & 1);
-  warpgroup_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, last), tOrO);
-  Barrier::arrive(&smem.v_empty[last]);
+  int ring = 0;  // K/V tiles consumed so far, over the CTA's items
+  int items = 0;
+  for (int index = int(blockIdx.x); index < p.work_items; index += int(gridDim.x), ++items) {
+    const WorkItem item = work_item(p, index);
+    const int m0 = item.m0, tiles = item.tiles;
+    const bool last_item = index + int(gridDim.x) >= p.work_items;
 
-  // O / row sum, rounded once, into the Q tile's shared memory (a warpgroup's QK^T gemms, done, were the only
-  // readers of its 64 rows there), and lse = ln(sum exp(scale s)) (+inf for a row with no visible key, whose O is 0).
-  float lse[kRows];
-  CUTE_UNROLL
-  for (int r = 0; r < kRows; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+    float row_max[kRows], row_sum[kRows], correction[kRows];
     CUTE_UNROLL
-    for (int c = 0; c < size<1>(o); ++c) o(r, c) *= inverse;
-    lse[r] = sum > 0.0f ? row_max[r] * flash::kLn2 + logf(sum) : INFINITY;
+    for (int r = 0; r < kRows; ++r) {
+      row_max[r] = -INFINITY;
+      row_sum[r] = 0.0f;
+    }
+
+    // Tile j's scores in place: exp2 of the scaled (masked) scores less the running row max; `correction` is the
+    // factor O takes before tile j's P V is added. The masking is compiled in only for the tiles that need it.
+    auto softmax_tile = [&](auto& scores, int j, auto masked_tile) {
+      constexpr bool masked = decltype(masked_tile)::value;
+      Tensor s = make_tensor(scores.data(), rows_by_columns(scores.layout()));
+      const int n0 = j * kBlockN;
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int row = m0 + get<0>(score_coordinates(r, 0));
+        float tile_max = -INFINITY;
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(s); ++c) {
+          float x = s(r, c) * p.scale_log2;
+          if constexpr (masked) {
+            const int column = n0 + get<1>(score_coordinates(r, c));
+            if (column >= p.seq_k || (p.causal && column > row)) x = -INFINITY;
+          }
+          s(r, c) = x;
+          tile_max = fmaxf(tile_max, x);
+        }
+        const flash::RowRescale step = flash::rescale_row(row_max[r], tile_max);  // quads hold rows, as in mma.sync
+        float sum = 0.0f;
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(s); ++c) {
+          s(r, c) = exp2f(s(r, c) - step.base);
+          sum += s(r, c);
+        }
+        row_sum[r] = row_sum[r] * step.correction + sum;
+        correction[r] = step.correction;
+      }
+    };
+    auto softmax = [&](auto& scores, int j) {
+      // Only the tiles that reach past seq_k or, causal, past the item's first row mask elements.
+      const int n0 = j * kBlockN;
+      if (n0 + kBlockN > p.seq_k || (p.causal && n0 + kBlockN - 1 > m0)) {
+        softmax_tile(scores, j, std::true_type{});
+      } else {
+        softmax_tile(scores, j, std::false_type{});
+      }
+    };
+    auto rescale_o = [&]() {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction[r];
+      }
+    };
+    // After the item's last S = Q K^T: the producer may load the next item's Q (separate O only).
+    auto release_q = [&]() {
+      if constexpr (T::kSeparateO) Barrier::arrive(&smem.q_empty);
+    };
+
+    Barrier::wait(&smem.q_full, items & 1);
+    Barrier::wait(&smem.k_full[ring % kStages], (ring / kStages) & 1);
+    wait_turn();
+    issue_warpgroup_gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, ring % kStages), tSrS);
+    pass_turn(last_item && tiles == 1);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+    Barrier::arrive(&smem.k_empty[ring % kStages]);
+    if (tiles == 1) release_q();
+    softmax(tSrS, 0);
+    auto p_values = to_element(*reinterpret_cast<ScoreArray const*>(tSrS.data()));
+    Tensor tOrP = make_tensor(make_rmem_ptr<Element>(p_values.data()), accumulator_as_a_operand(tSrS.layout()));
+    clear(tOrO);
+
+    // Tile j's S = Q K_j^T is issued with O += P_{j-1} V_{j-1}; tile j's softmax runs while the tensor cores finish
+    // the latter (the intra-warpgroup overlap). The ring's K and V stages are released separately.
+    for (int j = 1; j < tiles; ++j) {
+      const int stage = (ring + j) % kStages, previous = (ring + j - 1) % kStages;
+      Barrier::wait(&smem.k_full[stage], ((ring + j) / kStages) & 1);
+      wait_turn();
+      issue_warpgroup_gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
+      rescale_o();  // by tile j-1's correction: O's last product is done
+      Barrier::wait(&smem.v_full[previous], ((ring + j - 1) / kStages) & 1);
+      issue_warpgroup_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, previous), tOrO);
+      pass_turn(last_item && j + 1 == tiles);
+      warpgroup_wait<1>();
+      warpgroup_fence_operand(tSrS);
+      Barrier::arrive(&smem.k_empty[stage]);
+      if (j + 1 == tiles) release_q();
+      softmax(tSrS, j);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      warpgroup_fence_operand(tOrP);
+      Barrier::arrive(&smem.v_empty[previous]);
+      p_values = to_element(*reinterpret_cast<ScoreArray const*>(tSrS.data()));
+    }
+    const int last = (ring + tiles - 1) % kStages;
+    rescale_o();
+    Barrier::wait(&smem.v_full[last], ((ring + tiles - 1) / kStages) & 1);
+    warpgroup_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, last), tOrO);
+    Barrier::arrive(&smem.v_empty[last]);
+    ring += tiles;
+
+    // O / row sum, rounded once, and lse = ln(sum exp(scale s)) (+inf for a row with no visible key, whose O is 0).
+    float lse[kRows];
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float sum = row_sum[r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= inverse;
+      lse[r] = sum > 0.0f ? row_max[r] * flash::kLn2 + logf(sum) : INFINITY;
+    }
+    constexpr int kOutputs = decltype(size(tOrO))::value;
+    auto o_values = cutlass::NumericArrayConverter<Element, float, kOutputs>{}(
+        *reinterpret_cast<cutlass::Array<float, kOutputs> const*>(tOrO.data()));
+    Tensor o_register = make_tensor(make_rmem_ptr<Element>(o_values.data()), tOrO.layout());
+    // O's tile: its own, once the previous item's store has read it; or Q's (a warpgroup's QK^T gemms, done, were
+    // the only readers of its 64 rows there).
+    if constexpr (T::kSeparateO) {
+      if (items > 0) {
+        if (thread == 0) tma_store_wait<0>();
+        cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, T::kOutputFreeBarrier);
+      }
+    }
+    copy(o_store, thread_o_store.retile_S(o_register), thread_o_store.partition_D(sO));
+    // Both warpgroups' rows, seen by the async proxy, then one TMA store (rows past seq_q are clipped).
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, T::kOutputWrittenBarrier);
+    // lse after the fence, which would otherwise wait for these global stores too (ptxas puts a MEMBAR before it).
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = m0 + get<0>(out_coordinates(r, 0));
+      if ((threadIdx.x & 3) == 0 && row < p.seq_q) p.lse[int64_t(item.bh) * p.seq_q + row] = lse[r];
+    }
+    if (thread == 0) {
+      Tensor mO = p.tma_o.get_tma_tensor(make_shape(p.seq_q, kHeadDim, p.heads_q, p.batch));
+      Tensor gO = local_tile(mO(_, _, item.h, item.b), cute::Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                             make_coord(item.m_block, _0{}));
+      auto cta_o = p.tma_o.get_slice(_0{});
+      copy(p.tma_o, cta_o.partition_S(sO), cta_o.partition_D(gO));
+      tma_store_arrive();
+      if constexpr (!T::kSeparateO) {
+        tma_store_wait<0>();  // Q's tile read out: the producer may load the next item's Q there
+        Barrier::arrive(&smem.q_empty);
+      }
+    }
   }
-  constexpr int kOutputs = decltype(size(tOrO))::value;
-  auto o_values = cutlass::NumericArrayConverter<Element, float, kOutputs>{}(
-      *reinterpret_cast<cutlass::Array<float, kOutputs> const*>(tOrO.data()));
-  Tensor o_register = make_tensor(make_rmem_ptr<Element>(o_values.data()), tOrO.layout());
-  auto o_store = make_tiled_copy_C(typename T::SmemCopyO{}, mma_pv);
-  auto thread_o_store = o_store.get_thread_slice(thread);
-  copy(o_store, thread_o_store.retile_S(o_register), thread_o_store.partition_D(sQ));
-  // Both warpgroups' rows, seen by the async proxy, then one TMA store (rows past seq_q are clipped), read out of
-  // shared memory before the CTA exits.
-  cutlass::arch::fence_view_async_shared();
-  cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, T::kOutputWrittenBarrier);
-  // lse after the fence, which would otherwise wait for these global stores too (ptxas puts a MEMBAR before it).
-  CUTE_UNROLL
-  for (int r = 0; r < kRows; ++r) {
-    const int row = m0 + get<0>(out_coordinates(r, 0));
-    if ((threadIdx.x & 3) == 0 && row < p.seq_q) p.lse[int64_t(bh) * p.seq_q + row] = lse[r];
-  }
-  if (thread == 0) {
-    Tensor mO = p.tma_o.get_tma_tensor(make_shape(p.seq_q, kHeadDim, p.heads_q, p.batch));
-    Tensor gO = local_tile(mO(_, _, h, b), cute::Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));
-    auto cta_o = p.tma_o.get_slice(_0{});
-    copy(p.tma_o, cta_o.partition_S(sQ), cta_o.partition_D(gO));
-    tma_store_arrive();
-    tma_store_wait<0>();
-  }
+  // The last store reads shared memory before the CTA exits.
+  if (thread == 0) tma_store_wait<0>();
 }
 
 // The (seq, dim, head, batch) view of Q, K or V, whose rows are `pitch` elements apart.
@@ -429,6 +506,24 @@ typename T::GmemTensor gmem_view(const void* data, const attention::Shape& s, in
   return make_tensor(make_gmem_ptr(static_cast<typename T::Element const*>(data)),
                      make_shape(int32_t(seq), int32_t(s.head_dim), int32_t(heads), int32_t(s.batch)),
                      make_stride(pitch, _1{}, head_stride, seq * heads * s.head_dim));
+}
+
+inline int multiprocessors() {
+  int device = 0, count = 0;
+  check_cuda(cudaGetDevice(&device), "attention", "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "attention",
+             "cudaDeviceGetAttribute(multiprocessor count)");  // cheap: no cache needed
+  return count;
+}
+
+// Persistent CTAs (one per SM, each walking its share of the work items) hide each item's Q load and O store behind
+// the neighbouring items' work, which pays where an item has few key tiles. Causal items differ in length, and the
+// hardware's own CTA scheduling balances them better than a fixed share per CTA. GE2_FLASH_SM90_PERSISTENT=0 or 1
+// overrides the choice (for measurements).
+inline bool persistent_forward(const attention::Shape& s) {
+  const char* value = std::getenv("GE2_FLASH_SM90_PERSISTENT");
+  if (value != nullptr && (value[0] == '0' || value[0] == '1') && value[1] == '\0') return value[0] == '1';
+  return !s.causal;
 }
 
 template <int kHeadDim, typename Element>
@@ -458,9 +553,16 @@ void launch(const ForwardArgs& args, cudaStream_t stream) {
   static_assert(bytes <= kSharedMemoryBytes, "the forward's tiles exceed an sm_90 CTA's shared memory");
   check_cuda(cudaFuncSetAttribute(forward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
              "attention", "cudaFuncSetAttribute(flash_sm90 forward shared memory)");
-  const dim3 grid(static_cast<unsigned>(s.batch * s.heads_q),
-                  static_cast<unsigned>((s.seq_q + T::kBlockM - 1) / T::kBlockM));
-  forward_kernel<T><<<grid, T::kThreads, bytes, stream>>>(p);
+  const int64_t m_blocks = (s.seq_q + T::kBlockM - 1) / T::kBlockM;
+  const int64_t work_items = s.batch * s.heads_q * m_blocks;
+  if (work_items > INT32_MAX) {
+    throw std::invalid_argument("flash_sm90: batch x heads_q x query blocks of 128 must stay under 2^31, got " +
+                                std::to_string(work_items));
+  }
+  p.m_blocks = int32_t(m_blocks);
+  p.work_items = int32_t(work_items);
+  const int64_t ctas = persistent_forward(s) ? std::min<int64_t>(work_items, multiprocessors()) : work_items;
+  forward_kernel<T><<<static_cast<unsigned>(ctas), T::kThreads, bytes, stream>>>(p);
 }
 
 }  // namespace ge2::attention::flash_sm90

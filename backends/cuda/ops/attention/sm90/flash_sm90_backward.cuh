@@ -201,7 +201,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) backward_kernel(CUTE_GRID_CONS
   Tensor sdQ = make_tensor(make_smem_ptr(smem.dq.data()), typename T::SmemLayoutDQ{});  // up to head_dim 128
 
   // Causal: key block 0 sees the most query tiles and starts first.
-  const HeadBlock work = l2_sectioned_head_block(int(s.batch * s.heads_kv), int(gridDim.y), p.heads_per_section);
+  const HeadBlock work = l2_sectioned_head_block(int(blockIdx.y * gridDim.x + blockIdx.x), int(s.batch * s.heads_kv),
+                                                int(gridDim.y), p.heads_per_section);
   const int n_block = work.block;
   const int bhk = work.head, b = bhk / int(s.heads_kv), hk = bhk % int(s.heads_kv);
   const int group = int(s.heads_q / s.heads_kv);

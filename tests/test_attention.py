@@ -666,6 +666,29 @@ def test_flash_refuses_misaligned_arrays_and_auto_falls_back(rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("layout", attention.LAYOUTS)
+def test_flash_backward_takes_4_byte_aligned_outputs(layout):
+    """flash's outputs need only 4-byte alignment: y (the backward's o, read by the row_dot preprocess) and dq (written
+    by dq_store) at 4 bytes past a 16-byte boundary take those kernels' narrow paths."""
+    torch = pytest.importorskip("torch")
+    batch, heads, seq, head_dim = 2, 3, 77, 64
+    shape = (batch, heads, seq, head_dim) if layout == "bhsd" else (batch, seq, heads, head_dim)
+    q, k, v, dy = (torch.randn(shape, device="cuda", dtype=torch.float16) for _ in range(4))
+    size = math.prod(shape)
+    storage = torch.empty(2 + 2 * size, device="cuda", dtype=torch.float16)
+    y, dq = (storage[2 + i * size:2 + (i + 1) * size].view(shape) for i in range(2))
+    assert y.data_ptr() % 16 == 4 and dq.data_ptr() % 16 == 4  # size * 2 bytes is a multiple of 16
+    lse = torch.empty(batch, heads, seq, device="cuda", dtype=torch.float32)
+    attention.forward(q, k, v, causal=True, layout=layout, kernel="flash", out=(y, lse))
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    attention.backward(dy, q, k, v, causal=True, layout=layout, kernel="flash", out=(dq, dk, dv), y=y, lse=lse)
+    host = [x.float().cpu().numpy() for x in (dy, q, k, v)]
+    expected = reference_backward_from_stored_y(*host, y.float().cpu().numpy(), causal=True, layout=layout)
+    for name, got, want in zip("qkv", (dq, dk, dv), expected):
+        assert_close(got.float().cpu().numpy(), want, "float16", reduction_length=head_dim, what=f"d{name}")
+
+
+@pytest.mark.gpu
 def test_float32_and_numpy_face(rng):
     q, k, v, dy = _problem(rng, 1, 2, 2, 9, 11, 96, "float32")
     y, lse = attention.forward_numpy(q, k, v, causal=True)

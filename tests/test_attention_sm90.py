@@ -171,13 +171,13 @@ def test_long_sequences_wrap_the_pipelines(rng, poisoned, dtype, head_dim, causa
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head_dim", (64, 128, 256), ids=_head_dim_id)
+@pytest.mark.parametrize("head_dim", (64, 128), ids=_head_dim_id)  # head_dim 256 runs an item a CTA
 @pytest.mark.parametrize("causal", (False, True))
 @pytest.mark.parametrize("layout", attention.LAYOUTS)
 def test_persistent_ctas_walk_several_work_items(rng, poisoned, monkeypatch, head_dim, causal, layout):
     """Persistent forward CTAs (forced on, causal too): 4 x 8 heads x 9 query blocks of 128 (the last of 6 rows) are
     288 work items for the H200's 132 CTAs, so a CTA runs 2 or 3 items of different key tile counts (700 keys) and
-    its K/V ring, Q tile (and, head_dim 256, O through Q's tile) turn over between them."""
+    its K/V ring, Q tile and O tile turn over between them."""
     _require_flash_sm90()
     monkeypatch.setenv("GE2_FLASH_SM90_PERSISTENT", "1")
     q, k, v, dy = _problem(rng, 4, 8, 2, 1030, 700, head_dim, "bfloat16", layout)

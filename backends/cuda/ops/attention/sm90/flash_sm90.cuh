@@ -10,9 +10,9 @@
 // setmaxnreg moves registers from the producer (40) to the consumers (232), which hold S, O and P (CUTLASS's split for
 // two consumer warpgroups: 40 * 128 + 232 * 256 <= 64K).
 //
-// Persistent CTAs (non-causal problems): a CTA per SM walks work items (a head's 128 query rows each) in the
-// L2-sectioned order, the producer loading the next item's Q (into its own tile; O has another up to head_dim 128)
-// and K/V tiles while the consumers finish the current item's last product and store its O.
+// Persistent CTAs (non-causal problems up to head_dim 128): a CTA per SM walks work items (a head's 128 query rows
+// each) in the L2-sectioned order, the producer loading the next item's Q (O has a tile of its own) and K/V tiles
+// while the consumers finish the current item's last product and store its O.
 //
 // TMA reads rows past seq_q or seq_k as zeros, so any length runs: scores of keys >= seq_k (and, causal, keys past
 // the row) are masked to -inf in the tiles that reach them, and rows >= seq_q are computed and not written (TMA clips
@@ -96,16 +96,16 @@ struct Traits {
   static constexpr uint32_t kOutputWrittenBarrier = 2;  // O's tile written to shared memory
   static constexpr uint32_t kOutputFreeBarrier = 3;     // the previous work item's O store has read it
 
-  // O's own tile where shared memory has room (up to head_dim 128), so that the producer loads the next work item's
-  // Q while the consumers finish the current one; at head_dim 256 (Q and the ring fill 224 of the 227 KB) O goes
-  // through Q's tile, and the next Q waits for the O store to read it.
-  static constexpr bool kSeparateO = kHeadDim <= 128;
+  // Persistent CTAs (several work items a CTA) up to head_dim 128, where shared memory has room for O's own tile, so
+  // that the producer loads the next item's Q while the consumers finish the current one. At head_dim 256 (Q and the
+  // ring fill 224 of the 227 KB) a CTA runs one item and O goes out through Q's tile.
+  static constexpr bool kPersistent = kHeadDim <= 128;
 
   struct SharedStorage {
     cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> k;
     cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> v;
-    cute::array_aligned<Element, kSeparateO ? cosize_v<SmemLayoutQ> : 1, 1024> o;
+    cute::array_aligned<Element, kPersistent ? cosize_v<SmemLayoutQ> : 1, 1024> o;
     alignas(8) uint64_t q_full, q_empty;
     uint64_t k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages];
   };
@@ -216,8 +216,8 @@ __device__ __forceinline__ WorkItem work_item(Params<T> const& p, int index) {
   return item;
 }
 
-// A CTA runs work items blockIdx.x, blockIdx.x + gridDim.x, ...: one where the grid has an item per CTA, several
-// where it is persistent (a CTA per SM). Across a CTA's items the K/V ring keeps turning (its stage and phase count
+// A CTA runs work items blockIdx.x, blockIdx.x + gridDim.x, ...: one where the grid has an item per CTA (always at
+// head_dim 256, T::kPersistent false), several where it is persistent (a CTA per SM). Across a CTA's items the K/V ring keeps turning (its stage and phase count
 // the CTA's tiles), so the producer loads the next item's K/V tiles, and its Q once the consumers have read the
 // current one, while the consumers finish the current item's last P V and store its O.
 template <class T>
@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename T::SmemLayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename T::SmemLayoutKV{});
   Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename T::SmemLayoutVt{});
-  Tensor sO = make_tensor(make_smem_ptr(T::kSeparateO ? smem.o.data() : smem.q.data()), typename T::SmemLayoutQ{});
+  Tensor sO = make_tensor(make_smem_ptr(T::kPersistent ? smem.o.data() : smem.q.data()), typename T::SmemLayoutQ{});
 
   const int warpgroup = cutlass::canonical_warp_group_idx();
   if (threadIdx.x == 0) {
@@ -243,9 +243,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
     prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
     prefetch_tma_descriptor(p.tma_o.get_tma_descriptor());
     Barrier::init(&smem.q_full, 1);
-    // Q's tile is free again once both consumers' last S = Q K^T of an item is done (separate O), or once the O
-    // store, by the consumers' first thread, has read it (O through Q's tile).
-    Barrier::init(&smem.q_empty, T::kSeparateO ? T::kConsumerThreads : 1);
+    // Q's tile is free again once both consumers' last S = Q K^T of an item is done.
+    Barrier::init(&smem.q_empty, T::kConsumerThreads);
     CUTE_UNROLL
     for (int s = 0; s < kStages; ++s) {
       Barrier::init(&smem.k_full[s], 1);
@@ -296,6 +295,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
         TransactionBarrier::arrive_and_expect_tx(&smem.v_full[stage], T::kKVBytes);
         copy(p.tma_v.with(smem.v_full[stage]), tVgV(_, _, _, j), tVsV(_, _, _, stage));
       }
+      if constexpr (!T::kPersistent) break;  // one item: the compiler sees a single pass
     }
     return;
   }
@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
   for (int index = int(blockIdx.x); index < p.work_items; index += int(gridDim.x), ++items) {
     const WorkItem item = work_item(p, index);
     const int m0 = item.m0, tiles = item.tiles;
-    const bool last_item = index + int(gridDim.x) >= p.work_items;
+    const bool last_item = !T::kPersistent || index + int(gridDim.x) >= p.work_items;
 
     float row_max[kRows], row_sum[kRows], correction[kRows];
     CUTE_UNROLL
@@ -399,9 +399,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
         for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction[r];
       }
     };
-    // After the item's last S = Q K^T: the producer may load the next item's Q (separate O only).
+    // After the item's last S = Q K^T: the producer may load the next item's Q.
     auto release_q = [&]() {
-      if constexpr (T::kSeparateO) Barrier::arrive(&smem.q_empty);
+      if constexpr (T::kPersistent) Barrier::arrive(&smem.q_empty);
     };
 
     Barrier::wait(&smem.q_full, items & 1);
@@ -465,7 +465,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
     Tensor o_register = make_tensor(make_rmem_ptr<Element>(o_values.data()), tOrO.layout());
     // O's tile: its own, once the previous item's store has read it; or Q's (a warpgroup's QK^T gemms, done, were
     // the only readers of its 64 rows there).
-    if constexpr (T::kSeparateO) {
+    if constexpr (T::kPersistent) {
       if (items > 0) {
         if (thread == 0) tma_store_wait<0>();
         cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, T::kOutputFreeBarrier);
@@ -488,11 +488,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
       auto cta_o = p.tma_o.get_slice(_0{});
       copy(p.tma_o, cta_o.partition_S(sO), cta_o.partition_D(gO));
       tma_store_arrive();
-      if constexpr (!T::kSeparateO) {
-        tma_store_wait<0>();  // Q's tile read out: the producer may load the next item's Q there
-        Barrier::arrive(&smem.q_empty);
-      }
     }
+    if constexpr (!T::kPersistent) break;
   }
   // The last store reads shared memory before the CTA exits.
   if (thread == 0) tma_store_wait<0>();
@@ -561,7 +558,8 @@ void launch(const ForwardArgs& args, cudaStream_t stream) {
   }
   p.m_blocks = int32_t(m_blocks);
   p.work_items = int32_t(work_items);
-  const int64_t ctas = persistent_forward(s) ? std::min<int64_t>(work_items, multiprocessors()) : work_items;
+  const int64_t ctas =
+      T::kPersistent && persistent_forward(s) ? std::min<int64_t>(work_items, multiprocessors()) : work_items;
   forward_kernel<T><<<static_cast<unsigned>(ctas), T::kThreads, bytes, stream>>>(p);
 }
 

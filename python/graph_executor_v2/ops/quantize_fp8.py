@@ -287,8 +287,8 @@ MULTI = register(OpDef(
     candidates=(table_candidate("_ops_quantize_fp8", "transpose_multi", _supports, _prepare_multi),),
     doc="quantize_fp8_transpose_multi(x_0, scale_0, x_1, scale_1, ...) -> (y_0, y_t_0, amax_0, y_1, ...): "
         "quantize_fp8_transpose (no column sum, no activation) of several 2-d tensors of one dtype, bit for bit, in "
-        "one launch (up to 64 tensors a launch, one block per 64 x 64 tile of any of them): FP8 training's weights, "
-        "each too little work to fill the GPU alone, quantized together.",
+        "one launch (up to 64 tensors a launch; one wave of blocks, each a run of consecutive 64 x 64 tiles across "
+        "them): FP8 training's weights, each too little work to fill the GPU alone, quantized together.",
 ))
 
 MULTI_FACE = Face(MULTI, lambda dy, inputs, attrs, kernel, out, stream: [None] * len(inputs))

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Runs each tests/test_*.py in its own pytest process (GE2_TEST_JOBS at a time, default 6), GPU tests required, so a
 # crash in one file cannot hide the results of the others; then the exclusive_gpu tests (they read device-wide free
-# memory) alone. The longest files (GE2_SHARDED_FILES, default test_attention, test_attention_window,
-# test_conv_epilogue, test_onnx_frontend and test_codegen: 4-9 minutes each, whole, under 12 jobs on the H200) are
-# split into GE2_SHARDS (default 3) processes, round-robin over their collected tests (GE2_SHARD, tests/conftest.py),
-# so no one file sets the wall time.
+# memory) alone. The longest files (GE2_SHARDED_FILES, default test_attention, test_attention_sm90,
+# test_attention_window, test_conv_epilogue, test_onnx_frontend, test_codegen and test_fp8_conv: 4-9 minutes each,
+# whole, under 12 jobs on the H200) are split into GE2_SHARDS (default 3) processes, round-robin over their collected
+# tests (GE2_SHARD, tests/conftest.py), so no one file sets the wall time.
 # GE2_TEST_FILES narrows the run to some files (a re-check after fixes).
 # Every visible GPU takes jobs: job slot i runs on GPU i mod (the GPU count), so a 2-GPU machine runs the suite in about
 # half the time (GE2_TEST_GPUS sets the count; nvidia-smi's count by default). The multi-GPU files (GE2_ALL_GPU_FILES,
@@ -25,8 +25,8 @@ if [ -z "${GE2_CACHE_DIR:-}" ]; then
   trap 'rm -rf "$GE2_CACHE_DIR"' EXIT
 fi
 export GE2_CACHE_DIR
-default_sharded="tests/test_attention.py tests/test_attention_window.py tests/test_conv_epilogue.py
-  tests/test_onnx_frontend.py tests/test_codegen.py"
+default_sharded="tests/test_attention.py tests/test_attention_sm90.py tests/test_attention_window.py
+  tests/test_conv_epilogue.py tests/test_onnx_frontend.py tests/test_codegen.py tests/test_fp8_conv.py"
 sharded=" $(echo ${GE2_SHARDED_FILES:-$default_sharded}) "  # echo: any whitespace (newlines too) separates the names
 shards=${GE2_SHARDS:-3}
 visible_gpus=${CUDA_VISIBLE_DEVICES:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | paste -sd,)}

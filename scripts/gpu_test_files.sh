@@ -6,8 +6,8 @@
 # whole, under 12 jobs on the H200) are split into GE2_SHARDS (default 3) processes, round-robin over their collected
 # tests (GE2_SHARD, tests/conftest.py), so no one file sets the wall time.
 # GE2_TEST_FILES narrows the run to some files (a re-check after fixes).
-# Every visible GPU takes jobs: job slot i runs on GPU i mod (the GPU count), so a 2-GPU machine runs the suite in about
-# half the time (GE2_TEST_GPUS sets the count; nvidia-smi's count by default). The multi-GPU files (GE2_ALL_GPU_FILES,
+# Every visible GPU takes jobs: job slot i runs on GPU i mod (the GPU count), so more jobs can run without crowding one
+# GPU (GE2_TEST_GPUS sets the count; nvidia-smi's count by default; session 35: 20 jobs on 2 H200s, about 11 minutes). The multi-GPU files (GE2_ALL_GPU_FILES,
 # default test_distributed and test_readme) see every GPU.
 # GE2_CACHE_DIR (default: a new directory) holds the kernel and autotune caches that the run's processes share, as
 # processes on a user's machine do: each distinct problem is timed once per run, by the first test that meets it. Its

@@ -35,8 +35,9 @@ std::vector<KernelInfo> kernel_table() {
        "preact)",
        kFallback, kAnyAlignment},
       {"transpose_multi", 10,
-       "quantize_fp8_transpose_multi: up to 64 tensors' cast-transposes a launch, one block per 64 x 64 tile of any "
-       "of them (the tensors' tiles numbered one after another), amax per tensor written by the launch's last block",
+       "quantize_fp8_transpose_multi: up to 64 tensors' cast-transposes a launch, one wave of resident blocks, each a "
+       "run of consecutive 64 x 64 tiles (the tensors' tiles numbered one after another), amax per tensor written "
+       "by the launch's last block",
        "x 2-d, one dtype for all (8-element vectors for a tensor whose rows and cols are multiples of 64, x 16-byte, "
        "y 8-byte and y_t 16-byte aligned; element-wise otherwise)",
        kFallback, kAnyAlignment},

@@ -21,7 +21,7 @@ from graph_executor_v2.testing import assert_close, random_array
 DTYPES = ("float16", "bfloat16")
 ACTS = ("none", "relu", "gelu", "gelu_erf", "silu")
 TILE_TABLE = Path(__file__).resolve().parents[1] / "backends/cuda/ops/gemm/cutlass/tile_table.hpp"
-TILE_RULES = TILE_TABLE.parent / "tile_rules.inc"  # kTileTable, as the sweep writes it
+TILE_RULES = TILE_TABLE.parent / "tile_rules.inc"  # the tile tables, as the sweep writes them
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -43,7 +43,17 @@ def _header_config_names() -> dict[str, str]:
     return dict(re.findall(r'\{"(\w+)", TileConfig::(\w+)\}', TILE_TABLE.read_text()))
 
 
+def _header_act_none_only() -> tuple[str, ...]:
+    """tile_table.hpp's kActNoneOnly, as configuration names."""
+    enumerators = re.findall(r"TileConfig::(\w+)", TILE_TABLE.read_text().split("kActNoneOnly[]")[1].split("};")[0])
+    names = {enumerator: name for name, enumerator in _header_config_names().items()}
+    return tuple(names[enumerator] for enumerator in enumerators)
+
+
 TILE_CONFIGS = tuple(_header_config_names())
+ACT_NONE_ONLY = _header_act_none_only()
+TABLE_NAMES = ("kTileTableFloat16ActNone", "kTileTableFloat16Activation", "kTileTableBFloat16ActNone",
+               "kTileTableBFloat16Activation")
 
 
 def _native():
@@ -120,15 +130,19 @@ def test_cublaslt_epilogue_declines_the_residual_after_the_activation():
 # ---------------------------------------------------------------------------------------------------------------
 # CPU: the tile table and the sweep that writes it
 # ---------------------------------------------------------------------------------------------------------------
-def _check_rules(text: str) -> None:
-    """kTileTable in ``text``: increasing limits, known enumerators, swizzles of 1, 2, 4 or 8, the last rule matching
-    everything."""
-    rules = re.findall(r"\{(\w+), \{TileConfig::(\w+), (\d+)\}\}", text.split("kTileTable[]")[1].split("};")[0])
+def _check_rules(text: str, name: str) -> None:
+    """The table ``name`` in ``text``: increasing limits, known enumerators (compiled for every activation in the
+    activation tables), swizzles of 1, 2, 4 or 8, raster orders, the last rule matching everything."""
+    rules = re.findall(r"\{(\w+), \{TileConfig::(\w+), (\d+), Raster::(\w+)\}\}",
+                       text.split(f"{name}[]")[1].split("};")[0])
     assert rules and rules[-1][0] == "INT64_MAX"
-    limits = [int(limit) for limit, _, _ in rules[:-1]]
+    limits = [int(limit) for limit, _, _, _ in rules[:-1]]
     assert limits == sorted(limits) and len(set(limits)) == len(limits)
-    assert all(config in _header_config_names().values() and swizzle in ("1", "2", "4", "8")
-               for _, config, swizzle in rules)
+    names = {enumerator: config for config, enumerator in _header_config_names().items()}
+    assert all(config in names and swizzle in ("1", "2", "4", "8") and raster in ("Heuristic", "AlongM", "AlongN")
+               for _, config, swizzle, raster in rules)
+    if name.endswith("Activation"):
+        assert not any(names[config] in ACT_NONE_ONLY for _, config, _, _ in rules)
 
 
 def test_tile_table_names_every_configuration_the_sweep_times():
@@ -136,34 +150,42 @@ def test_tile_table_names_every_configuration_the_sweep_times():
                             (TILE_TABLE.parent / "cutlass_sm90.hpp").read_text()).group(1)
     assert set(_header_config_names().values()) == {e.strip() for e in enumerators.split(",")}
     assert _sweep_module().CONFIGS == _header_config_names()
+    assert _sweep_module().ACT_NONE_ONLY == ACT_NONE_ONLY
+    assert tuple(_sweep_module().TABLE_NAMES.values()) == TABLE_NAMES
     assert '#include "tile_rules.inc"' in TILE_TABLE.read_text()
     assert _sweep_module().TABLE == TILE_RULES  # the sweep writes the file the candidate compiles
-    _check_rules(TILE_RULES.read_text())
+    for name in TABLE_NAMES:
+        assert f"first_matching_rule({name}, tiles)" in TILE_TABLE.read_text()
+        _check_rules(TILE_RULES.read_text(), name)
 
 
 def test_sweep_turns_its_winners_into_table_rules():
     sweep = _sweep_module()
     small, medium, large = "pingpong_64x128x64", "cooperative_128x128x64", "cooperative_128x256x64_cluster2x1"
 
-    def row(tiles, best, swizzle=1):
+    def row(tiles, best, swizzle=1, raster="heuristic"):
         times = {config: 2.0 for config in sweep.CONFIGS}
         times[best] = 1.0
-        return {"tiles": tiles, "best": best, "swizzle": swizzle, **times}
+        return {"tiles": tiles, "best": best, "swizzle": swizzle, "raster": raster, **times}
 
     rows = [row(8, small), row(8, small), row(64, small), row(64, medium), row(64, small), row(256, medium),
-            row(1024, large, 4), row(1024, large, 4), row(1024, medium), row(4096, large, 8), row(4096, large, 4)]
-    assert sweep.tile_table(rows) == (
-        "constexpr TileRule kTileTable[] = {\n"
-        "    {64, {TileConfig::Pingpong64x128, 1}},\n"
-        "    {256, {TileConfig::Cooperative128x128, 1}},\n"
-        "    {INT64_MAX, {TileConfig::Cooperative128x256Cluster2x1, 4}},\n"
+            row(1024, large, 4, "n"), row(1024, large, 4, "n"), row(1024, medium), row(4096, large, 8),
+            row(4096, large, 4, "m")]
+    assert sweep.tile_table(rows, "kTileTableFloat16ActNone") == (
+        "constexpr TileRule kTileTableFloat16ActNone[] = {\n"
+        "    {64, {TileConfig::Pingpong64x128, 1, Raster::Heuristic}},\n"
+        "    {256, {TileConfig::Cooperative128x128, 1, Raster::Heuristic}},\n"
+        "    {INT64_MAX, {TileConfig::Cooperative128x256Cluster2x1, 4, Raster::AlongN}},\n"
         "};")
     env = {"gpu": "NVIDIA H200", "time": "2026-11-29 13:40:00", "cuda": "13.0"}
-    shaped = [{**r, "shape": f"{r['tiles']}x1x1"} for r in rows]
+    shaped = [{**r, "shape": f"{r['tiles']}x1x1", "dtype": dtype, "epilogue": epilogue}
+              for r in rows for dtype in ("float16", "bfloat16") for epilogue in ("none", "bias+gelu+residual")]
     written = sweep.table_file(shaped, env)
     assert written.startswith("// Written by benchmarks/sweep_cutlass_gemm.py") and "NVIDIA H200, 2026-11-29" in written
-    assert "11 rows (5 shapes" in written and written.endswith(sweep.tile_table(shaped) + "\n")
-    _check_rules(written)
+    assert "44 rows (5 shapes" in written
+    for name in TABLE_NAMES:
+        assert sweep.tile_table(rows, name) in written
+        _check_rules(written, name)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -213,12 +235,23 @@ def test_every_tile_configuration_on_edge_shapes(rng, monkeypatch, dtype, config
     monkeypatch.setenv("GE2_CUTLASS_SM90_TILE", config)
     # one row; odd M (a partial cluster of two CTAs); K not a multiple of the 64-deep tile; N not a multiple of the
     # 128- or 256-wide tile; several waves of tiles
+    # (the act-none-only configurations: the plain product and act none with bias and residual)
+    cases = (("none", True, True, False), ("none", False, False, False)) if config in ACT_NONE_ONLY else (
+        ("gelu", True, True, False), ("silu", True, True, True), ("none", False, False, False))
     for m, n, k in ((1, 8, 8), (7, 24, 72), (129, 136, 520), (333, 1032, 4104), (1000, 2056, 264)):
-        for act, with_bias, with_c, after in (("gelu", True, True, False), ("silu", True, True, True),
-                                              ("none", False, False, False)):
+        for act, with_bias, with_c, after in cases:
             y, expected = _run(rng, m, n, k, dtype, act, with_bias, with_c, alpha=1.0, residual_after_act=after)
             assert_close(y, expected, dtype, k, what=f"cutlass_sm90 {config} {m}x{n}x{k} {act} bias={with_bias} "
                                                      f"residual={with_c} residual_after_act={after}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", ACT_NONE_ONLY)
+def test_act_none_only_configurations_refuse_an_activation(rng, monkeypatch, config):
+    _require_candidate()
+    monkeypatch.setenv("GE2_CUTLASS_SM90_TILE", config)
+    with pytest.raises(ValueError, match="compiled for act none only"):
+        _run(rng, 64, 64, 64, "float16", "relu", True, False)
 
 
 @pytest.mark.gpu
@@ -234,6 +267,50 @@ def test_tile_scheduler_swizzles(rng, monkeypatch, swizzle, config):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("raster", ("m", "n"))
+@pytest.mark.parametrize("config", ("cooperative_128x128x64", "cooperative_128x256x64_cluster2x1"))
+def test_tile_scheduler_raster_orders(rng, monkeypatch, raster, config):
+    _require_candidate()
+    monkeypatch.setenv("GE2_CUTLASS_SM90_TILE", config)
+    monkeypatch.setenv("GE2_CUTLASS_SM90_SWIZZLE", "2")
+    monkeypatch.setenv("GE2_CUTLASS_SM90_RASTER", raster)
+    for m, n in ((1160, 2056), (2056, 1160)):
+        y, expected = _run(rng, m, n, 136, "float16", "gelu", True, True)
+        assert_close(y, expected, "float16", 136, what=f"cutlass_sm90 {config} raster {raster} {m}x{n}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cache", ("1", "0"))
+def test_repeated_problems_reuse_parameters_only_when_nothing_changed(rng, monkeypatch, cache):
+    """Calls on the same buffers reuse the kernel's stored parameters: new data, another alpha or beta, another
+    bias or residual buffer, another output or the residual's order each give the right answer."""
+    _require_candidate()
+    monkeypatch.setenv("GE2_CUTLASS_SM90_PARAMS_CACHE", cache)
+    runtime = ge2.device.runtime()
+    m, n, k = 200, 264, 136
+    host = {name: random_array(rng, shape, "float16", 1.0 / np.sqrt(k) if name == "a" else 1.0)
+            for name, shape in (("a", (m, k)), ("b", (k, n)), ("bias", (n,)), ("bias2", (n,)), ("c", (m, n)))}
+    dev = {name: runtime.DeviceArray.from_numpy(value) for name, value in host.items()}
+    outputs = [runtime.DeviceArray.empty([m, n], "float16") for _ in range(2)]
+    # (bias, alpha, beta, residual_after_act, output): each call changes one thing, the second only the data
+    calls = [("bias", 1.0, 1.0, False, 0), ("bias", 1.0, 1.0, False, 0), ("bias", 0.5, 1.0, False, 0),
+             ("bias", 0.5, 2.0, False, 0), ("bias2", 0.5, 2.0, False, 0), ("bias2", 0.5, 2.0, True, 0),
+             ("bias2", 0.5, 2.0, True, 1), (None, 0.5, 2.0, True, 1)]
+    for index, (bias, alpha, beta, after, out) in enumerate(calls):
+        if index == 1:  # new data in the same buffers
+            host["a"] = random_array(rng, (m, k), "float16", 1.0 / np.sqrt(k))
+            dev["a"].copy_from_numpy(host["a"])
+        y = outputs[out]
+        y.poison()
+        result = gemm.forward(dev["a"], dev["b"], None if bias is None else dev[bias], dev["c"], act="gelu",
+                              alpha=alpha, beta=beta, kernel="cutlass_sm90", out=y, residual_after_act=after).numpy()
+        expected, _ = gemm.reference(host["a"], host["b"], None if bias is None else host[bias], host["c"], act="gelu",
+                                     alpha=alpha, beta=beta, residual_after_act=after)
+        assert_close(result, expected, "float16", k, what=f"cutlass_sm90 call {index} ({bias}, alpha {alpha}, beta "
+                                                          f"{beta}, after {after}, out {out}) cache={cache}")
+
+
+@pytest.mark.gpu
 def test_bad_tile_or_swizzle_settings_are_refused(rng, monkeypatch):
     _require_candidate()
     monkeypatch.setenv("GE2_CUTLASS_SM90_TILE", "cooperative_64x64x64")
@@ -243,6 +320,10 @@ def test_bad_tile_or_swizzle_settings_are_refused(rng, monkeypatch):
     monkeypatch.setenv("GE2_CUTLASS_SM90_TILE", "cooperative_128x128x64")
     monkeypatch.setenv("GE2_CUTLASS_SM90_SWIZZLE", "3")
     with pytest.raises(ValueError, match="GE2_CUTLASS_SM90_SWIZZLE: expected 1, 2, 4 or 8, got '3'"):
+        _run(rng, 64, 64, 64, "float16", "none", False, False)
+    monkeypatch.setenv("GE2_CUTLASS_SM90_SWIZZLE", "2")
+    monkeypatch.setenv("GE2_CUTLASS_SM90_RASTER", "diagonal")
+    with pytest.raises(ValueError, match="GE2_CUTLASS_SM90_RASTER: expected heuristic, m or n, got 'diagonal'"):
         _run(rng, 64, 64, 64, "float16", "none", False, False)
 
 

@@ -26,7 +26,23 @@ struct Problem {
 // on the cooperative 128x128 and 128x256 cluster 2x1 kernels. At 2048^3 and 8192x1024x4096 float16 it reached
 // 0.72-0.84x, against 0.87-0.99x for the table's data-parallel choice; only bfloat16 8192x1024x4096 gained (1.03x
 // against 0.92x), where the data-parallel 128x256 cluster 2x1 tile with swizzle 8 reached 1.08x.
-enum class TileConfig { Pingpong64x128, Cooperative128x128, Pingpong128x128Cluster2x1, Cooperative128x256Cluster2x1 };
+// The last five are sweep candidates compiled for the plain product only (act none: gemm_sm90_none_<config>.cu);
+// another activation refuses them.
+enum class TileConfig {
+  Pingpong64x128,
+  Cooperative128x128,
+  Pingpong128x128Cluster2x1,
+  Cooperative128x256Cluster2x1,
+  Cooperative128x256,
+  Cooperative256x128Cluster1x2,
+  Pingpong128x128,
+  Cooperative128x128Cluster1x2,
+  Cooperative128x256Cluster1x2
+};
+
+// The persistent tile scheduler's walk over the output tiles: CUTLASS's heuristic (along N when there are at least
+// as many tile rows as tile columns, else along M), or forced.
+enum class Raster { Heuristic, AlongM, AlongN };
 
 // A tile configuration and the persistent tile scheduler's swizzle: it walks the output tiles in strips of
 // max_swizzle tiles (1, 2, 4 or 8) across its raster direction (CUTLASS's heuristic: along the side with fewer
@@ -34,6 +50,7 @@ enum class TileConfig { Pingpong64x128, Cooperative128x128, Pingpong128x128Clust
 struct Schedule {
   TileConfig config = TileConfig::Cooperative128x128;
   int max_swizzle = 1;
+  Raster raster = Raster::Heuristic;
 };
 
 // One per (dtype, activation) translation unit.
@@ -49,5 +66,16 @@ GE2_CUTLASS_SM90_LAUNCHERS(f16)
 GE2_CUTLASS_SM90_LAUNCHERS(bf16)
 #undef GE2_CUTLASS_SM90_LAUNCHERS
 #undef GE2_CUTLASS_SM90_LAUNCHER
+
+// The act-none-only candidates, one translation unit per configuration holding both dtypes.
+#define GE2_CUTLASS_SM90_NONE_ONLY(config)                                                                  \
+  void launch_f16_none_##config(const Problem& problem, const Schedule& schedule, cudaStream_t stream);  \
+  void launch_bf16_none_##config(const Problem& problem, const Schedule& schedule, cudaStream_t stream);
+GE2_CUTLASS_SM90_NONE_ONLY(Cooperative128x256)
+GE2_CUTLASS_SM90_NONE_ONLY(Cooperative256x128Cluster1x2)
+GE2_CUTLASS_SM90_NONE_ONLY(Pingpong128x128)
+GE2_CUTLASS_SM90_NONE_ONLY(Cooperative128x128Cluster1x2)
+GE2_CUTLASS_SM90_NONE_ONLY(Cooperative128x256Cluster1x2)
+#undef GE2_CUTLASS_SM90_NONE_ONLY
 
 }  // namespace ge2::gemm::cutlass_sm90

@@ -8,8 +8,10 @@
 // down the rows, a null bias reads as 0; C is not read while both betas are 0).
 #pragma once
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
@@ -48,9 +50,86 @@ using GemmFor = GemmKernelFor<Element, cutlass::layout::RowMajor,
                               ResidualBiasActEpilogue<Element, Activation, TileShape, 16 / sizeof(Element)>, TileShape,
                               ClusterShape, KernelSchedule, EpilogueSchedule>;
 
+// What a kernel's parameters are built from, besides its type: a call with an equal key may reuse them.
+struct ParamsKey {
+  const void* a;
+  const void* b;
+  const void* c;
+  const void* bias;
+  void* y;
+  int64_t m, n, k;
+  float alpha, beta_before, beta_after;
+  int max_swizzle;
+  Raster raster;
+  int device;
+  bool operator==(const ParamsKey& other) const {
+    return a == other.a && b == other.b && c == other.c && bias == other.bias && y == other.y && m == other.m &&
+           n == other.n && k == other.k && alpha == other.alpha && beta_before == other.beta_before &&
+           beta_after == other.beta_after && max_swizzle == other.max_swizzle && raster == other.raster &&
+           device == other.device;
+  }
+};
+
+// The parameters of the last few problems each kernel ran on this thread. Building them (CUTLASS's
+// to_underlying_arguments: one TMA descriptor per operand, each encoded through a driver entry point looked up by
+// name, plus the shared memory attribute) is host time on every call; a call that repeats a problem (the same
+// pointers, shapes and scalars: a training step, a replayed plan, a benchmark loop) launches with the stored ones.
+template <typename Params>
+struct ParamsCache {
+  struct Entry {
+    ParamsKey key;
+    Params params;
+  };
+  static constexpr int kEntries = 8;
+  Entry entries[kEntries];
+  int used = 0, next = 0;
+
+  Params* find(const ParamsKey& key) {
+    for (int i = 0; i < used; ++i) {
+      if (entries[i].key == key) return &entries[i].params;
+    }
+    return nullptr;
+  }
+  void insert(const ParamsKey& key, const Params& params) {  // round robin over the entries
+    entries[next] = {key, params};
+    next = (next + 1) % kEntries;
+    used = used < kEntries ? used + 1 : used;
+  }
+};
+
+// GE2_CUTLASS_SM90_PARAMS_CACHE=0 builds the parameters on every call (read on every call: the benchmark compares).
+inline bool params_cache_enabled() {
+  const char* setting = std::getenv("GE2_CUTLASS_SM90_PARAMS_CACHE");
+  return setting == nullptr || setting[0] != '0';
+}
+
+inline void check_launch(cutlass::Status status) {
+  if (status != cutlass::Status::kSuccess) {
+    throw std::runtime_error(std::string("ge2 op 'gemm': cutlass_sm90 failed: ") + cutlassGetStatusString(status));
+  }
+  const cudaError_t error = cudaGetLastError();
+  if (error != cudaSuccess) {
+    throw std::runtime_error(std::string("ge2 op 'gemm': cutlass_sm90 launch: ") + cudaGetErrorString(error));
+  }
+}
+
 template <typename Gemm>
 void launch_one(const Problem& problem, const Schedule& schedule, cudaStream_t stream) {
   using Kernel = typename Gemm::GemmKernel;
+  int device = 0;
+  cudaGetDevice(&device);
+  const float beta = problem.c != nullptr ? problem.beta : 0.0f;
+  const float beta_before = problem.residual_after_act ? 0.0f : beta;
+  const float beta_after = problem.residual_after_act ? beta : 0.0f;
+  const ParamsKey key{problem.a, problem.b,     problem.c,   problem.bias, problem.y,            problem.m,       problem.n,
+                      problem.k, problem.alpha, beta_before, beta_after,   schedule.max_swizzle, schedule.raster, device};
+  static thread_local ParamsCache<typename Gemm::Params> cache;
+  if (params_cache_enabled()) {
+    if (typename Gemm::Params* params = cache.find(key)) {
+      // initialize() set the kernel's shared memory attribute when these parameters were built on this device
+      return check_launch(Gemm::run(*params, stream));
+    }
+  }
   const int m = static_cast<int>(problem.m), n = static_cast<int>(problem.n), k = static_cast<int>(problem.k);
   using ElementA = typename Kernel::ElementA;
   using ElementC = typename Kernel::ElementC;
@@ -61,8 +140,6 @@ void launch_one(const Problem& problem, const Schedule& schedule, cudaStream_t s
   typename Kernel::StrideB stride_b = cute::make_stride(cute::Int<1>{}, int64_t(n), int64_t(n) * k);
   typename Kernel::StrideC stride_c = cute::make_stride(int64_t(n), cute::Int<1>{}, int64_t(m) * n);
   typename Kernel::StrideD stride_d = stride_c;
-  int device = 0;
-  cudaGetDevice(&device);
   // The SM count query is cached by CUTLASS per device only when asked through KernelHardwareInfo; do it once.
   static thread_local int cached_device = -1, cached_sms = 0;
   if (cached_device != device) {
@@ -78,9 +155,6 @@ void launch_one(const Problem& problem, const Schedule& schedule, cudaStream_t s
       {{}, static_cast<const ElementC*>(problem.c != nullptr ? problem.c : problem.y), stride_c,
        static_cast<ElementD*>(problem.y), stride_d},
       hardware};
-  const float beta = problem.c != nullptr ? problem.beta : 0.0f;
-  const float beta_before = problem.residual_after_act ? 0.0f : beta;
-  const float beta_after = problem.residual_after_act ? beta : 0.0f;
   const ElementC* bias = static_cast<const ElementC*>(problem.bias);
   // The tree's arguments, children first then the node's own, in the order of ResidualBiasActEpilogue.
   arguments.epilogue.thread = {
@@ -95,6 +169,10 @@ void launch_one(const Problem& problem, const Schedule& schedule, cudaStream_t s
        {}},
       {}};
   arguments.scheduler.max_swizzle_size = schedule.max_swizzle;
+  using RasterOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
+  arguments.scheduler.raster_order = schedule.raster == Raster::AlongM   ? RasterOptions::AlongM
+                                     : schedule.raster == Raster::AlongN ? RasterOptions::AlongN
+                                                                         : RasterOptions::Heuristic;
   Gemm gemm;
   if (gemm.can_implement(arguments) != cutlass::Status::kSuccess) {
     throw std::invalid_argument("kernel: 'cutlass_sm90' cannot run this problem: CUTLASS can_implement refused it "
@@ -104,41 +182,66 @@ void launch_one(const Problem& problem, const Schedule& schedule, cudaStream_t s
     throw std::logic_error("cutlass_sm90: the data-parallel persistent schedule needs no workspace");
   }
   cutlass::Status status = gemm.initialize(arguments, nullptr, stream);
-  if (status == cutlass::Status::kSuccess) status = gemm.run(stream);
-  if (status != cutlass::Status::kSuccess) {
-    throw std::runtime_error(std::string("ge2 op 'gemm': cutlass_sm90 failed: ") + cutlassGetStatusString(status));
+  if (status == cutlass::Status::kSuccess) {
+    cache.insert(key, gemm.params());
+    status = gemm.run(stream);
   }
-  const cudaError_t error = cudaGetLastError();
-  if (error != cudaSuccess) {
-    throw std::runtime_error(std::string("ge2 op 'gemm': cutlass_sm90 launch: ") + cudaGetErrorString(error));
-  }
+  check_launch(status);
 }
+
+using cute::_64;
+using cute::_128;
+using cute::_256;
+using Cooperative = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using Pingpong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+using CooperativeEpilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
+using PingpongEpilogue = cutlass::epilogue::TmaWarpSpecialized;
+// Two CTAs along N share each A tile: TMA multicasts it to both.
+using Cluster1x2 = cute::Shape<cute::_1, cute::_2, cute::_1>;
+
+template <typename Element, template <class> class Activation, typename TileShape, typename ClusterShape,
+          typename KernelSchedule, typename EpilogueSchedule>
+void launch_config(const Problem& problem, const Schedule& schedule, cudaStream_t stream) {
+  launch_one<typename GemmFor<Element, Activation, TileShape, ClusterShape, KernelSchedule, EpilogueSchedule>::Gemm>(
+      problem, schedule, stream);
+}
+
+// An act-none-only configuration (its own translation unit, gemm_sm90_none_<config>.cu).
+#define GE2_CUTLASS_SM90_NONE_ONLY_CASE(config)                                                                \
+  case TileConfig::config:                                                                                     \
+    if constexpr (!kNone) {                                                                                    \
+      throw std::invalid_argument("GE2_CUTLASS_SM90_TILE: " #config " is compiled for act none only");       \
+    } else if constexpr (std::is_same_v<Element, cutlass::half_t>) {                                          \
+      return launch_f16_none_##config(problem, schedule, stream);                                              \
+    } else {                                                                                                   \
+      return launch_bf16_none_##config(problem, schedule, stream);                                             \
+    }
 
 // Runs `problem` with the tile configuration the table picked (or GE2_CUTLASS_SM90_TILE forced).
 template <typename Element, template <class> class Activation>
 void launch(const Problem& problem, const Schedule& schedule, cudaStream_t stream) {
-  using cute::_64;
-  using cute::_128;
-  using cute::_256;
-  using Cooperative = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-  using Pingpong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
-  using CooperativeEpilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
-  using PingpongEpilogue = cutlass::epilogue::TmaWarpSpecialized;
+  constexpr bool kNone = std::is_same_v<Activation<float>, cutlass::epilogue::thread::Identity<float>>;
   switch (schedule.config) {
     case TileConfig::Pingpong64x128:
-      return launch_one<typename GemmFor<Element, Activation, cute::Shape<_64, _128, _64>, Cluster1x1, Pingpong,
-                                         PingpongEpilogue>::Gemm>(problem, schedule, stream);
+      return launch_config<Element, Activation, cute::Shape<_64, _128, _64>, Cluster1x1, Pingpong, PingpongEpilogue>(
+          problem, schedule, stream);
     case TileConfig::Cooperative128x128:
-      return launch_one<typename GemmFor<Element, Activation, cute::Shape<_128, _128, _64>, Cluster1x1, Cooperative,
-                                         CooperativeEpilogue>::Gemm>(problem, schedule, stream);
+      return launch_config<Element, Activation, cute::Shape<_128, _128, _64>, Cluster1x1, Cooperative,
+                           CooperativeEpilogue>(problem, schedule, stream);
     case TileConfig::Pingpong128x128Cluster2x1:
-      return launch_one<typename GemmFor<Element, Activation, cute::Shape<_128, _128, _64>, Cluster2x1, Pingpong,
-                                         PingpongEpilogue>::Gemm>(problem, schedule, stream);
+      return launch_config<Element, Activation, cute::Shape<_128, _128, _64>, Cluster2x1, Pingpong, PingpongEpilogue>(
+          problem, schedule, stream);
     case TileConfig::Cooperative128x256Cluster2x1:
-      return launch_one<typename GemmFor<Element, Activation, cute::Shape<_128, _256, _64>, Cluster2x1, Cooperative,
-                                         CooperativeEpilogue>::Gemm>(problem, schedule, stream);
+      return launch_config<Element, Activation, cute::Shape<_128, _256, _64>, Cluster2x1, Cooperative,
+                           CooperativeEpilogue>(problem, schedule, stream);
+    GE2_CUTLASS_SM90_NONE_ONLY_CASE(Cooperative128x256)
+    GE2_CUTLASS_SM90_NONE_ONLY_CASE(Cooperative256x128Cluster1x2)
+    GE2_CUTLASS_SM90_NONE_ONLY_CASE(Pingpong128x128)
+    GE2_CUTLASS_SM90_NONE_ONLY_CASE(Cooperative128x128Cluster1x2)
+    GE2_CUTLASS_SM90_NONE_ONLY_CASE(Cooperative128x256Cluster1x2)
   }
   throw std::logic_error("cutlass_sm90: unknown tile configuration");
 }
+#undef GE2_CUTLASS_SM90_NONE_ONLY_CASE
 
 }  // namespace ge2::gemm::cutlass_sm90

@@ -1,7 +1,10 @@
-// The cutlass_sm90 candidate's tile/schedule choice per problem shape: the rules in tile_rules.inc, which
-// benchmarks/sweep_cutlass_gemm.py writes after timing every TileConfig (and the swizzles of the large problems) on
-// the GPU. The rules key on the count of 128x128 output tiles, ceil(M/128) * ceil(N/128).
+// The cutlass_sm90 candidate's tile/schedule choice per dtype, epilogue and problem shape: the rules in
+// tile_rules.inc, which benchmarks/sweep_cutlass_gemm.py writes after timing every TileConfig (and the swizzles and
+// raster orders of the large problems) on the GPU. One table per dtype for act none (any configuration) and one for
+// the activations (the configurations compiled for every activation); the rules key on the count of 128x128 output
+// tiles, ceil(M/128) * ceil(N/128).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -15,7 +18,7 @@ struct TileRule {
   Schedule schedule;
 };
 
-// kTileTable: the first rule whose limit the problem's tile count does not exceed wins; the last one matches
+// In every table the first rule whose limit the problem's tile count does not exceed wins; the last one matches
 // everything.
 #include "tile_rules.inc"
 
@@ -29,7 +32,16 @@ constexpr TileConfigName kTileConfigNames[] = {
     {"cooperative_128x128x64", TileConfig::Cooperative128x128},
     {"pingpong_128x128x64_cluster2x1", TileConfig::Pingpong128x128Cluster2x1},
     {"cooperative_128x256x64_cluster2x1", TileConfig::Cooperative128x256Cluster2x1},
+    {"cooperative_128x256x64", TileConfig::Cooperative128x256},
+    {"cooperative_256x128x64_cluster1x2", TileConfig::Cooperative256x128Cluster1x2},
+    {"pingpong_128x128x64", TileConfig::Pingpong128x128},
+    {"cooperative_128x128x64_cluster1x2", TileConfig::Cooperative128x128Cluster1x2},
+    {"cooperative_128x256x64_cluster1x2", TileConfig::Cooperative128x256Cluster1x2},
 };
+// The configurations compiled for act none only (sweep candidates; see TileConfig).
+constexpr TileConfig kActNoneOnly[] = {TileConfig::Cooperative128x256, TileConfig::Cooperative256x128Cluster1x2,
+                                       TileConfig::Pingpong128x128, TileConfig::Cooperative128x128Cluster1x2,
+                                       TileConfig::Cooperative128x256Cluster1x2};
 
 inline TileConfig tile_config_from_name(const std::string& name) {
   std::string names;
@@ -45,12 +57,29 @@ inline int swizzle_from_text(const std::string& text) {
   throw std::invalid_argument("GE2_CUTLASS_SM90_SWIZZLE: expected 1, 2, 4 or 8, got '" + text + "'");
 }
 
-inline Schedule choose_schedule(int64_t m, int64_t n) {
-  const int64_t tiles = ((m + 127) / 128) * ((n + 127) / 128);
-  for (const TileRule& rule : kTileTable) {
+inline Raster raster_from_text(const std::string& text) {
+  if (text == "heuristic") return Raster::Heuristic;
+  if (text == "m") return Raster::AlongM;
+  if (text == "n") return Raster::AlongN;
+  throw std::invalid_argument("GE2_CUTLASS_SM90_RASTER: expected heuristic, m or n, got '" + text + "'");
+}
+
+template <size_t kRules>
+Schedule first_matching_rule(const TileRule (&table)[kRules], int64_t tiles) {
+  for (const TileRule& rule : table) {
     if (tiles <= rule.max_output_tiles_128) return rule.schedule;
   }
-  throw std::logic_error("cutlass_sm90: kTileTable's last rule must match every problem");
+  throw std::logic_error("cutlass_sm90: a tile table's last rule must match every problem");
+}
+
+inline Schedule choose_schedule(bool float16, bool act_none, int64_t m, int64_t n) {
+  const int64_t tiles = ((m + 127) / 128) * ((n + 127) / 128);
+  if (float16) {
+    return act_none ? first_matching_rule(kTileTableFloat16ActNone, tiles)
+                    : first_matching_rule(kTileTableFloat16Activation, tiles);
+  }
+  return act_none ? first_matching_rule(kTileTableBFloat16ActNone, tiles)
+                  : first_matching_rule(kTileTableBFloat16Activation, tiles);
 }
 
 }  // namespace ge2::gemm::cutlass_sm90

@@ -57,13 +57,16 @@ void launch_cutlass_sm90(const ForwardArgs& args, cudaStream_t stream) {
   problem.beta = args.beta;
   problem.residual_after_act = args.residual_after_act;
   // GE2_CUTLASS_SM90_TILE=<name> forces one configuration, GE2_CUTLASS_SM90_SWIZZLE=<1|2|4|8> the tile scheduler's
-  // swizzle (1 when only the configuration is forced): benchmarks/sweep_cutlass_gemm.py times each.
+  // swizzle (1 when only the configuration is forced), GE2_CUTLASS_SM90_RASTER=<heuristic|m|n> its raster order:
+  // benchmarks/sweep_cutlass_gemm.py times each.
   const char* forced_tile = std::getenv("GE2_CUTLASS_SM90_TILE");
   const char* forced_swizzle = std::getenv("GE2_CUTLASS_SM90_SWIZZLE");
-  Schedule schedule = choose_schedule(args.m, args.n);
+  const char* forced_raster = std::getenv("GE2_CUTLASS_SM90_RASTER");
+  const bool f16 = args.dtype == DType::Float16;
+  Schedule schedule = choose_schedule(f16, args.act == Act::None, args.m, args.n);
   if (forced_tile != nullptr && *forced_tile != '\0') schedule = {tile_config_from_name(forced_tile), 1};
   if (forced_swizzle != nullptr && *forced_swizzle != '\0') schedule.max_swizzle = swizzle_from_text(forced_swizzle);
-  const bool f16 = args.dtype == DType::Float16;
+  if (forced_raster != nullptr && *forced_raster != '\0') schedule.raster = raster_from_text(forced_raster);
   switch (args.act) {
     case Act::None:
       return f16 ? launch_f16_none(problem, schedule, stream) : launch_bf16_none(problem, schedule, stream);

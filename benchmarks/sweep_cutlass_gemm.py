@@ -33,13 +33,9 @@ CONFIGS = {"pingpong_64x128x64": "Pingpong64x128",
            "pingpong_128x128x64_cluster2x1": "Pingpong128x128Cluster2x1",
            "cooperative_128x256x64_cluster2x1": "Cooperative128x256Cluster2x1",
            "cooperative_128x256x64": "Cooperative128x256",
-           "cooperative_256x128x64_cluster1x2": "Cooperative256x128Cluster1x2",
-           "pingpong_128x128x64": "Pingpong128x128",
-           "cooperative_128x128x64_cluster1x2": "Cooperative128x128Cluster1x2",
-           "cooperative_128x256x64_cluster1x2": "Cooperative128x256Cluster1x2"}
+           "pingpong_128x128x64": "Pingpong128x128"}
 # tile_table.hpp's kActNoneOnly: compiled for the plain product (act none) only
-ACT_NONE_ONLY = ("cooperative_128x256x64", "cooperative_256x128x64_cluster1x2", "pingpong_128x128x64",
-                 "cooperative_128x128x64_cluster1x2", "cooperative_128x256x64_cluster1x2")
+ACT_NONE_ONLY = ("cooperative_128x256x64", "pingpong_128x128x64")
 SWIZZLES = (2, 4, 8)  # tried on the winner of the large shapes; every configuration is first timed with 1
 RASTERS = {"heuristic": "Heuristic", "m": "AlongM", "n": "AlongN"}  # GE2_CUTLASS_SM90_RASTER -> Raster
 SWIZZLE_FROM_TILES = 256

@@ -280,12 +280,10 @@ def test_tile_scheduler_raster_orders(rng, monkeypatch, raster, config):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cache", ("1", "0"))
-def test_repeated_problems_reuse_parameters_only_when_nothing_changed(rng, monkeypatch, cache):
+def test_repeated_problems_reuse_parameters_only_when_nothing_changed(rng):
     """Calls on the same buffers reuse the kernel's stored parameters: new data, another alpha or beta, another
     bias or residual buffer, another output or the residual's order each give the right answer."""
     _require_candidate()
-    monkeypatch.setenv("GE2_CUTLASS_SM90_PARAMS_CACHE", cache)
     runtime = ge2.device.runtime()
     m, n, k = 200, 264, 136
     host = {name: random_array(rng, shape, "float16", 1.0 / np.sqrt(k) if name == "a" else 1.0)
@@ -307,7 +305,7 @@ def test_repeated_problems_reuse_parameters_only_when_nothing_changed(rng, monke
         expected, _ = gemm.reference(host["a"], host["b"], None if bias is None else host[bias], host["c"], act="gelu",
                                      alpha=alpha, beta=beta, residual_after_act=after)
         assert_close(result, expected, "float16", k, what=f"cutlass_sm90 call {index} ({bias}, alpha {alpha}, beta "
-                                                          f"{beta}, after {after}, out {out}) cache={cache}")
+                                                          f"{beta}, after {after}, out {out})")
 
 
 @pytest.mark.gpu

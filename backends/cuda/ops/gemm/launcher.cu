@@ -51,10 +51,10 @@ std::vector<KernelInfo> kernel_table() {
       {"cutlass_sm90", 15,
        cutlass_not_built_reason().empty()
            ? "CUTLASS 3.x warp-specialized persistent GEMM for Hopper (TMA loads, wgmma; ping-pong 64x128x64, "
-             "cooperative 128x128x64, ping-pong 128x128x64 or cooperative 128x256x64 tiles, the last two in 2-CTA "
-             "clusters with TMA multicast, chosen per shape by its tile table) with bias, residual (beta * C, before "
-             "or after the activation), alpha and activation fused by an epilogue visitor tree, float32 "
-             "accumulation"
+             "cooperative 128x128x64, ping-pong 128x128x64 or cooperative 128x256x64 tiles, the last two also in "
+             "2-CTA clusters with TMA multicast (without clusters: act none only), chosen per dtype and shape by its "
+             "tile tables) with bias, residual (beta * C, before or after the activation), alpha and activation "
+             "fused by an epilogue visitor tree, float32 accumulation"
            : "CUTLASS 3.x warp-specialized persistent GEMM for Hopper: NOT BUILT (" + cutlass_not_built_reason() +
                  ")",
        "built with CUTLASS; an sm_90 GPU; float16 or bfloat16; trans_a and trans_b false; act none, relu, gelu, "

@@ -25,19 +25,20 @@ struct Problem {
 // Tried and left out (H200, session 35, plain GEMMs against cuBLASLt, L2 flushed): CUTLASS's stream-K tile scheduler
 // on the cooperative 128x128 and 128x256 cluster 2x1 kernels. At 2048^3 and 8192x1024x4096 float16 it reached
 // 0.72-0.84x, against 0.87-0.99x for the table's data-parallel choice; only bfloat16 8192x1024x4096 gained (1.03x
-// against 0.92x), where the data-parallel 128x256 cluster 2x1 tile with swizzle 8 reached 1.08x.
-// The last five are sweep candidates compiled for the plain product only (act none: gemm_sm90_none_<config>.cu);
-// another activation refuses them.
+// against 0.92x), where the data-parallel 128x256 cluster 2x1 tile with swizzle 8 reached 1.08x. Session 36 (plain
+// GEMMs against cuBLASLt, device time with the host's launch hidden): 2-CTA clusters along N (A multicast) in
+// cooperative 128x128, 128x256 and 256x128 tiles won no target shape: 2048^3 0.915-0.958x and 8192x1024x4096
+// 0.919-0.982x (the cluster-free 128x128 ping-pong and 128x256 cooperative tiles: 0.938-0.968x, 0.968-0.990x),
+// 8192^3 0.80-0.96x (the table's 128x256 cluster 2x1, swizzle 8: 0.985-1.005x).
+// The last two, without clusters, are compiled for act none only (gemm_sm90_none_<config>.cu: the plain product's
+// table picks them, the activations' does not); another activation refuses them.
 enum class TileConfig {
   Pingpong64x128,
   Cooperative128x128,
   Pingpong128x128Cluster2x1,
   Cooperative128x256Cluster2x1,
   Cooperative128x256,
-  Cooperative256x128Cluster1x2,
-  Pingpong128x128,
-  Cooperative128x128Cluster1x2,
-  Cooperative128x256Cluster1x2
+  Pingpong128x128
 };
 
 // The persistent tile scheduler's walk over the output tiles: CUTLASS's heuristic (along N when there are at least
@@ -67,15 +68,12 @@ GE2_CUTLASS_SM90_LAUNCHERS(bf16)
 #undef GE2_CUTLASS_SM90_LAUNCHERS
 #undef GE2_CUTLASS_SM90_LAUNCHER
 
-// The act-none-only candidates, one translation unit per configuration holding both dtypes.
+// The act-none-only configurations, one translation unit per configuration holding both dtypes.
 #define GE2_CUTLASS_SM90_NONE_ONLY(config)                                                                  \
   void launch_f16_none_##config(const Problem& problem, const Schedule& schedule, cudaStream_t stream);  \
   void launch_bf16_none_##config(const Problem& problem, const Schedule& schedule, cudaStream_t stream);
 GE2_CUTLASS_SM90_NONE_ONLY(Cooperative128x256)
-GE2_CUTLASS_SM90_NONE_ONLY(Cooperative256x128Cluster1x2)
 GE2_CUTLASS_SM90_NONE_ONLY(Pingpong128x128)
-GE2_CUTLASS_SM90_NONE_ONLY(Cooperative128x128Cluster1x2)
-GE2_CUTLASS_SM90_NONE_ONLY(Cooperative128x256Cluster1x2)
 #undef GE2_CUTLASS_SM90_NONE_ONLY
 
 }  // namespace ge2::gemm::cutlass_sm90

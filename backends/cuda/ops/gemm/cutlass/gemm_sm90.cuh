@@ -8,7 +8,6 @@
 // down the rows, a null bias reads as 0; C is not read while both betas are 0).
 #pragma once
 #include <cstdint>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -74,6 +73,9 @@ struct ParamsKey {
 // to_underlying_arguments: one TMA descriptor per operand, each encoded through a driver entry point looked up by
 // name, plus the shared memory attribute) is host time on every call; a call that repeats a problem (the same
 // pointers, shapes and scalars: a training step, a replayed plan, a benchmark loop) launches with the stored ones.
+// Session 36's mid call (H200, host time per call of gemm.forward at 256^3 float16): 14.2 us with the stored
+// parameters against 18.1 us building them (cuBLASLt's candidate: 16.3 us); 17.1 against 21.7 us for a 2-CTA
+// cluster kernel.
 template <typename Params>
 struct ParamsCache {
   struct Entry {
@@ -97,12 +99,6 @@ struct ParamsCache {
   }
 };
 
-// GE2_CUTLASS_SM90_PARAMS_CACHE=0 builds the parameters on every call (read on every call: the benchmark compares).
-inline bool params_cache_enabled() {
-  const char* setting = std::getenv("GE2_CUTLASS_SM90_PARAMS_CACHE");
-  return setting == nullptr || setting[0] != '0';
-}
-
 inline void check_launch(cutlass::Status status) {
   if (status != cutlass::Status::kSuccess) {
     throw std::runtime_error(std::string("ge2 op 'gemm': cutlass_sm90 failed: ") + cutlassGetStatusString(status));
@@ -121,14 +117,13 @@ void launch_one(const Problem& problem, const Schedule& schedule, cudaStream_t s
   const float beta = problem.c != nullptr ? problem.beta : 0.0f;
   const float beta_before = problem.residual_after_act ? 0.0f : beta;
   const float beta_after = problem.residual_after_act ? beta : 0.0f;
-  const ParamsKey key{problem.a, problem.b,     problem.c,   problem.bias, problem.y,            problem.m,       problem.n,
-                      problem.k, problem.alpha, beta_before, beta_after,   schedule.max_swizzle, schedule.raster, device};
+  const ParamsKey key{problem.a,  problem.b,  problem.c,   problem.bias, problem.y,  problem.m,
+                      problem.n,  problem.k,  problem.alpha, beta_before, beta_after, schedule.max_swizzle,
+                      schedule.raster, device};
   static thread_local ParamsCache<typename Gemm::Params> cache;
-  if (params_cache_enabled()) {
-    if (typename Gemm::Params* params = cache.find(key)) {
-      // initialize() set the kernel's shared memory attribute when these parameters were built on this device
-      return check_launch(Gemm::run(*params, stream));
-    }
+  if (typename Gemm::Params* params = cache.find(key)) {
+    // initialize() set the kernel's shared memory attribute when these parameters were built on this device
+    return check_launch(Gemm::run(*params, stream));
   }
   const int m = static_cast<int>(problem.m), n = static_cast<int>(problem.n), k = static_cast<int>(problem.k);
   using ElementA = typename Kernel::ElementA;
@@ -196,8 +191,6 @@ using Cooperative = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 using Pingpong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
 using CooperativeEpilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
 using PingpongEpilogue = cutlass::epilogue::TmaWarpSpecialized;
-// Two CTAs along N share each A tile: TMA multicasts it to both.
-using Cluster1x2 = cute::Shape<cute::_1, cute::_2, cute::_1>;
 
 template <typename Element, template <class> class Activation, typename TileShape, typename ClusterShape,
           typename KernelSchedule, typename EpilogueSchedule>
@@ -235,10 +228,7 @@ void launch(const Problem& problem, const Schedule& schedule, cudaStream_t strea
       return launch_config<Element, Activation, cute::Shape<_128, _256, _64>, Cluster2x1, Cooperative,
                            CooperativeEpilogue>(problem, schedule, stream);
     GE2_CUTLASS_SM90_NONE_ONLY_CASE(Cooperative128x256)
-    GE2_CUTLASS_SM90_NONE_ONLY_CASE(Cooperative256x128Cluster1x2)
     GE2_CUTLASS_SM90_NONE_ONLY_CASE(Pingpong128x128)
-    GE2_CUTLASS_SM90_NONE_ONLY_CASE(Cooperative128x128Cluster1x2)
-    GE2_CUTLASS_SM90_NONE_ONLY_CASE(Cooperative128x256Cluster1x2)
   }
   throw std::logic_error("cutlass_sm90: unknown tile configuration");
 }

@@ -33,15 +33,10 @@ constexpr TileConfigName kTileConfigNames[] = {
     {"pingpong_128x128x64_cluster2x1", TileConfig::Pingpong128x128Cluster2x1},
     {"cooperative_128x256x64_cluster2x1", TileConfig::Cooperative128x256Cluster2x1},
     {"cooperative_128x256x64", TileConfig::Cooperative128x256},
-    {"cooperative_256x128x64_cluster1x2", TileConfig::Cooperative256x128Cluster1x2},
     {"pingpong_128x128x64", TileConfig::Pingpong128x128},
-    {"cooperative_128x128x64_cluster1x2", TileConfig::Cooperative128x128Cluster1x2},
-    {"cooperative_128x256x64_cluster1x2", TileConfig::Cooperative128x256Cluster1x2},
 };
-// The configurations compiled for act none only (sweep candidates; see TileConfig).
-constexpr TileConfig kActNoneOnly[] = {TileConfig::Cooperative128x256, TileConfig::Cooperative256x128Cluster1x2,
-                                       TileConfig::Pingpong128x128, TileConfig::Cooperative128x128Cluster1x2,
-                                       TileConfig::Cooperative128x256Cluster1x2};
+// The configurations compiled for act none only (see TileConfig).
+constexpr TileConfig kActNoneOnly[] = {TileConfig::Cooperative128x256, TileConfig::Pingpong128x128};
 
 inline TileConfig tile_config_from_name(const std::string& name) {
   std::string names;

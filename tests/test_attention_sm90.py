@@ -185,6 +185,20 @@ def test_persistent_ctas_walk_several_work_items(rng, poisoned, monkeypatch, hea
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", (64, 128), ids=_head_dim_id)
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("seq_k", (100, 300))
+def test_persistent_ctas_walk_short_items(rng, poisoned, monkeypatch, head_dim, causal, seq_k):
+    """Persistent forward CTAs over 4 x 8 heads x 16 query blocks (2000 rows) = 512 items of few key tiles: 100 keys
+    make every item one tile (a CTA's items turn over at every tile: Q's two buffers alternate, each consumer stores
+    its O rows every tile), 300 three (the last partial; causal, the first blocks see one or two)."""
+    _require_flash_sm90()
+    monkeypatch.setenv("GE2_FLASH_SM90_PERSISTENT", "1")
+    q, k, v, _ = _problem(rng, 4, 8, 2, 2000, seq_k, head_dim, "float16", "bhsd")
+    _check_forward(q, k, v, causal, "bhsd", KERNEL, poisoned, "float16", scale=0.3)
+
+
+@pytest.mark.gpu
 def test_forward_heads_in_l2_sections(rng, poisoned):
     """16384 keys of head_dim 128: each head's K and V take 8 MB, so the forward's CTAs run in L2 sections of 3 heads
     and a last one of 1 (of batch 2 x 2 heads), each head's 2 query blocks found from the CTA's linear index."""

@@ -1,18 +1,19 @@
 // flash_sm90 forward (compiled for sm_90a only, on CuTe): a CTA owns kBlockM = 128 query rows of one (batch, head)
-// and is three warpgroups. Warpgroup 0 is the producer: one thread loads the Q tile once and the K and V tiles of
-// kBlockN rows (128; 80 at head_dim 256) with TMA into a kStages-deep shared-memory ring, each stage guarded by a
-// "full" mbarrier (TMA's transaction count) and an "empty" one (the consumers' release). Warpgroups 1 and 2 are the
-// consumers, 64 query rows each: S = Q K^T on wgmma from shared memory (SS), the online softmax in float32 registers
-// (log2 domain), then O += P V on wgmma with P from registers (RS), float32 accumulators throughout, lse and O written
-// once at the end (O by stmatrix into Q's tile, then one TMA store). As in FlashAttention-3, tile j's S is issued
-// with tile j-1's P V, so tile j's softmax overlaps that product, and the two consumers issue their gemms in turns
-// (ping-pong), so one's softmax overlaps the other's gemms.
+// at a time (a work item) and is three warpgroups. Warpgroup 0 is the producer: one thread loads each item's Q tile
+// and its K and V tiles of kBlockN rows (128; 80 at head_dim 256) with TMA, K and V into a kStages-deep shared-memory
+// ring, each buffer guarded by a "full" mbarrier (TMA's transaction count) and an "empty" one (the consumers'
+// release). Warpgroups 1 and 2 are the consumers, 64 query rows each: S = Q K^T on wgmma from shared memory (SS), the
+// online softmax in float32 registers (log2 domain), then O += P V on wgmma with P from registers (RS), float32
+// accumulators throughout, lse and O written once an item (O by stmatrix into shared memory, then TMA stores). As in
+// FlashAttention-3, tile j's S is issued with tile j-1's P V, so tile j's softmax overlaps that product, and the two
+// consumers issue their gemms in turns (ping-pong), so one's softmax overlaps the other's gemms.
 // setmaxnreg moves registers from the producer (40) to the consumers (232), which hold S, O and P (CUTLASS's split for
 // two consumer warpgroups: 40 * 128 + 232 * 256 <= 64K).
 //
 // Persistent CTAs (up to head_dim 128; non-causal problems, and causal ones up to 1024 rows): a CTA per SM walks
-// work items (a head's 128 query rows each) in the L2-sectioned order, the producer loading the next item's Q (O has
-// a tile of its own) and K/V tiles while the consumers finish the current item's last product and store its O.
+// work items in the L2-sectioned order. Q is double-buffered and O has a tile of its own, so the producer loads the
+// next item's Q and K/V tiles while the consumers work on the current one, and each consumer stores its own 64 rows
+// of O, so neither waits for the other at an item's end and their ping-pong runs on into the next item.
 //
 // TMA reads rows past seq_q or seq_k as zeros, so any length runs: scores of keys >= seq_k (and, causal, keys past
 // the row) are masked to -inf in the tiles that reach them, and rows >= seq_q are computed and not written (TMA clips
@@ -81,32 +82,53 @@ struct Traits {
   using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
   using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemShape{},
                                           GmemStride{}));
-  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{},
-                                      cute::Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
   using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutKV{}),
                                        cute::Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
-  // O leaves as Q came, through the Q tile's shared memory: stmatrix from the accumulators (16 bytes a thread per
-  // instruction), one TMA store of the tile.
-  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutQ{},
-                                      cute::Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
-  using SmemCopyO = Copy_Atom<SM90_U32x4_STSM_N, Element>;
-  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);  // one K or V tile
-  // Named barriers of the consumers (0 and 1: their turns).
-  static constexpr uint32_t kOutputWrittenBarrier = 2;  // O's tile written to shared memory
-  static constexpr uint32_t kOutputFreeBarrier = 3;     // the previous work item's O store has read it
-
   // Persistent CTAs (several work items a CTA) up to head_dim 128, where shared memory has room for O's own tile, so
   // that the producer loads the next item's Q while the consumers finish the current one. At head_dim 256 (Q and the
   // ring fill 224 of the 227 KB) a CTA runs one item and O goes out through Q's tile.
   static constexpr bool kPersistent = kHeadDim <= 128;
+  // Persistent, Q is double-buffered (shared memory: 2 Q tiles, the K/V ring and O's tile, 224 KB at head_dim 128), so
+  // the producer loads the next item's Q while the consumers still read the current one.
+  static constexpr int kQBuffers = kPersistent ? 2 : 1;
+
+  // O leaves by stmatrix from the accumulators (16 bytes a thread per instruction) into shared memory, then TMA
+  // stores. Persistent, each consumer stores its own 64 rows (its half of O's tile, laid out one after the other), so
+  // neither waits for the other at an item's end and their ping-pong runs on into the next item; at head_dim 256 the
+  // tile (Q's) goes out in one store.
+  static constexpr int kStoreRows = kPersistent ? 64 : kBlockM;
+  static constexpr int kStoreUnits = kBlockM / kStoreRows;
+  static constexpr int kStoreThreads = 2 * kStoreRows;  // a warpgroup's 64 rows, or both
+  using SmemLayoutOStore = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                                  cute::Shape<Int<kStoreRows>, Int<kHeadDim>>{}));
+  using SmemLayoutOUnits = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                                  cute::Shape<Int<kStoreRows>, Int<kHeadDim>, Int<kStoreUnits>>{}));
+  // (row, dim) of the 128-row tile over the units: row = r + kStoreRows * unit.
+  using SmemLayoutO = std::conditional_t<
+      kPersistent,
+      decltype(composition(SmemLayoutOUnits{},
+                           make_layout(cute::Shape<cute::Shape<Int<kStoreRows>, Int<kStoreUnits>>, Int<kHeadDim>>{},
+                                       Stride<Stride<_1, Int<kStoreRows * kHeadDim>>, Int<kStoreRows>>{}))),
+      SmemLayoutQ>;
+  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutOStore{},
+                                      cute::Shape<Int<kStoreRows>, Int<kHeadDim>>{}, _1{}));
+  using SmemCopyO = Copy_Atom<SM90_U32x4_STSM_N, Element>;
+  using SmemLayoutQBuffers = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                                    cute::Shape<Int<kBlockM>, Int<kHeadDim>, Int<kQBuffers>>{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutQBuffers{}),
+                                      cute::Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);  // one K or V tile
+  // Named barriers of the consumers (0 and 1: their turns), per store unit (+ its index).
+  static constexpr uint32_t kOutputWrittenBarrier = 2;  // O's rows written to shared memory
+  static constexpr uint32_t kOutputFreeBarrier = 4;     // the previous work item's O store has read them
 
   struct SharedStorage {
-    cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cosize_v<SmemLayoutQBuffers>, 1024> q;
     cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> k;
     cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> v;
-    cute::array_aligned<Element, kPersistent ? cosize_v<SmemLayoutQ> : 1, 1024> o;
-    alignas(8) uint64_t q_full, q_empty;
+    cute::array_aligned<Element, kPersistent ? cosize_v<SmemLayoutO> : 1, 1024> o;
+    alignas(8) uint64_t q_full[kQBuffers], q_empty[kQBuffers];
     uint64_t k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages];
   };
 };
@@ -124,6 +146,14 @@ struct Params {
   int32_t work_items;         // batch x heads_q x m_blocks; a CTA runs items blockIdx.x, + gridDim.x, ...
   bool causal;
 };
+
+// 2^x on the SFU with denormals flushed: one MUFU.EX2, where exp2f adds a range test and two scalings for denormal
+// results, which the softmax does not need (a weight under 2^-126 of its row's largest changes no rounded output).
+__device__ __forceinline__ float exp2_flushed(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 // ((2, 2, N/8), MMA_M, MMA_N), a wgmma accumulator's per-thread layout, as (rows, columns): ((2, MMA_M), (2, N/8,
 // MMA_N)). A thread holds 2 rows (r and r + 8) of its warp's 16, in column pairs spread over the 4 threads of a quad.
@@ -218,23 +248,24 @@ __device__ __forceinline__ WorkItem work_item(Params<T> const& p, int index) {
 
 // A CTA runs work items blockIdx.x, blockIdx.x + gridDim.x, ...: one where the grid has an item per CTA (always at
 // head_dim 256, T::kPersistent false), several where it is persistent (a CTA per SM). Across a CTA's items the K/V
-// ring keeps turning (its stage and phase count the CTA's tiles), so the producer loads the next item's K/V tiles,
-// and its Q once the consumers have read the current one, while the consumers finish the current item's last P V
-// and store its O.
+// ring keeps turning (its stage and phase count the CTA's tiles) and Q's buffers alternate, so the producer loads the
+// next item's Q and K/V tiles while the consumers still work on the current one.
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONSTANT Params<T> const p) {
   using Element = typename T::Element;
   using Barrier = cutlass::arch::ClusterBarrier;
   using TransactionBarrier = cutlass::arch::ClusterTransactionBarrier;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kHeadDim = T::kHeadDim, kStages = T::kStages;
+  constexpr int kQBuffers = T::kQBuffers;
 
   extern __shared__ __align__(1024) unsigned char shared_bytes[];
   auto& smem = *reinterpret_cast<typename T::SharedStorage*>(shared_bytes);
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename T::SmemLayoutQ{});
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename T::SmemLayoutQBuffers{});  // (row, dim, buffer)
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename T::SmemLayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename T::SmemLayoutKV{});
   Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename T::SmemLayoutVt{});
-  Tensor sO = make_tensor(make_smem_ptr(T::kPersistent ? smem.o.data() : smem.q.data()), typename T::SmemLayoutQ{});
+  Element* o_tile = T::kPersistent ? smem.o.data() : smem.q.data();
+  Tensor sO = make_tensor(make_smem_ptr(o_tile), typename T::SmemLayoutO{});
 
   const int warpgroup = cutlass::canonical_warp_group_idx();
   if (threadIdx.x == 0) {
@@ -243,9 +274,12 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
     prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
     prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
     prefetch_tma_descriptor(p.tma_o.get_tma_descriptor());
-    Barrier::init(&smem.q_full, 1);
-    // Q's tile is free again once both consumers' last S = Q K^T of an item is done.
-    Barrier::init(&smem.q_empty, T::kConsumerThreads);
+    CUTE_UNROLL
+    for (int b = 0; b < kQBuffers; ++b) {
+      Barrier::init(&smem.q_full[b], 1);
+      // A Q buffer is free again once both consumers' last S = Q K^T of its item is done.
+      Barrier::init(&smem.q_empty[b], T::kConsumerThreads);
+    }
     CUTE_UNROLL
     for (int s = 0; s < kStages; ++s) {
       Barrier::init(&smem.k_full[s], 1);
@@ -266,7 +300,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
     auto cta_q = p.tma_q.get_slice(_0{});
     auto cta_k = p.tma_k.get_slice(_0{});
     auto cta_v = p.tma_v.get_slice(_0{});
-    Tensor tQsQ = cta_q.partition_D(sQ);
+    Tensor tQsQ = cta_q.partition_D(sQ);  // (TMA, TMA_M, TMA_D, buffer)
     Tensor tKsK = cta_k.partition_D(sK);  // (TMA, TMA_N, TMA_D, stage)
     Tensor tVsV = cta_v.partition_D(sV);
     int ring = 0;  // K/V tiles loaded so far, over the CTA's items
@@ -283,9 +317,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
       Tensor tKgK = cta_k.partition_S(gK);  // (TMA, TMA_N, TMA_D, tile)
       Tensor tVgV = cta_v.partition_S(gV);
 
-      Barrier::wait(&smem.q_empty, (items & 1) ^ 1);  // the first item finds it free
-      TransactionBarrier::arrive_and_expect_tx(&smem.q_full, T::kQBytes);
-      copy(p.tma_q.with(smem.q_full), tQgQ, tQsQ);
+      const int buffer = items % kQBuffers;
+      Barrier::wait(&smem.q_empty[buffer], ((items / kQBuffers) & 1) ^ 1);  // the first pass finds it free
+      TransactionBarrier::arrive_and_expect_tx(&smem.q_full[buffer], T::kQBytes);
+      copy(p.tma_q.with(smem.q_full[buffer]), tQgQ, tQsQ(_, _, _, buffer));
       for (int j = 0; j < item.tiles; ++j, ++ring) {
         const int stage = ring % kStages;
         const uint32_t phase = (ring / kStages) & 1;
@@ -308,7 +343,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
   typename T::MmaPV mma_pv;
   auto thread_qk = mma_qk.get_thread_slice(thread);
   auto thread_pv = mma_pv.get_thread_slice(thread);
-  Tensor tSrQ = thread_qk.partition_fragment_A(sQ);   // descriptors
+  Tensor tSrQ = thread_qk.partition_fragment_A(sQ);   // descriptors (MMA, MMA_M, MMA_K, buffer)
   Tensor tSrK = thread_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stage)
   Tensor tOrV = thread_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stage)
   Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename T::TilePV{}));
@@ -339,82 +374,137 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
   using ScoreArray = cutlass::Array<float, kScores>;
   Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(typename T::TileQK{}));
 
+  float row_max[kRows], row_sum[kRows], correction[kRows];
+  auto reset_rows = [&]() {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      row_max[r] = -INFINITY;
+      row_sum[r] = 0.0f;
+    }
+  };
+  // Tile j's scores (of the item whose first row is m0) in place: exp2 of the scaled (masked) scores less the running
+  // row max; `correction` is the factor O takes before tile j's P V is added. The masking is compiled in only for the
+  // tiles that need it.
+  auto softmax_tile = [&](auto& scores, int m0, int j, auto masked_tile) {
+    constexpr bool masked = decltype(masked_tile)::value;
+    Tensor s = make_tensor(scores.data(), rows_by_columns(scores.layout()));
+    const int n0 = j * kBlockN;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = m0 + get<0>(score_coordinates(r, 0));
+      float tile_max = -INFINITY;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) {
+        float x = s(r, c) * p.scale_log2;
+        if constexpr (masked) {
+          const int column = n0 + get<1>(score_coordinates(r, c));
+          if (column >= p.seq_k || (p.causal && column > row)) x = -INFINITY;
+        }
+        s(r, c) = x;
+        tile_max = fmaxf(tile_max, x);
+      }
+      const flash::RowRescale step = flash::rescale_row(row_max[r], tile_max);  // quads hold rows, as in mma.sync
+      float sum = 0.0f;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) {
+        s(r, c) = exp2_flushed(s(r, c) - step.base);
+        sum += s(r, c);
+      }
+      row_sum[r] = row_sum[r] * step.correction + sum;
+      correction[r] = step.correction;
+    }
+  };
+  auto softmax = [&](auto& scores, int m0, int j) {
+    // Only the tiles that reach past seq_k or, causal, past the item's first row mask elements.
+    const int n0 = j * kBlockN;
+    if (n0 + kBlockN > p.seq_k || (p.causal && n0 + kBlockN - 1 > m0)) {
+      softmax_tile(scores, m0, j, std::true_type{});
+    } else {
+      softmax_tile(scores, m0, j, std::false_type{});
+    }
+  };
+  auto rescale_o = [&]() {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction[r];
+    }
+  };
+  // After an item's last S = Q K^T: the producer may load a later item's Q into its buffer.
+  auto release_q = [&](int buffer) {
+    if constexpr (T::kPersistent) Barrier::arrive(&smem.q_empty[buffer]);
+  };
+
+  // An item's O (its last P V done) / row sum, rounded once, and lse = ln(sum exp(scale s)) (+inf for a row with no
+  // visible key, whose O is 0); `stored` items went out before it. Persistent, each consumer stores its own 64 rows
+  // (a unit); at head_dim 256 both join for one store of the tile.
+  auto store_output = [&](const WorkItem& item, int stored, const float (&maxima)[kRows], const float (&sums)[kRows]) {
+    float lse[kRows];
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float sum = sums[r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= inverse;
+      lse[r] = sum > 0.0f ? maxima[r] * flash::kLn2 + logf(sum) : INFINITY;
+    }
+    constexpr int kOutputs = decltype(size(tOrO))::value;
+    auto o_values = cutlass::NumericArrayConverter<Element, float, kOutputs>{}(
+        *reinterpret_cast<cutlass::Array<float, kOutputs> const*>(tOrO.data()));
+    Tensor o_register = make_tensor(make_rmem_ptr<Element>(o_values.data()), tOrO.layout());
+    const int unit = T::kPersistent ? consumer : 0;
+    const bool store_thread = thread % T::kStoreThreads == 0;  // issues (and waits for) the unit's stores
+    // O's tile: its own, each unit's rows once the previous item's store of them has read them; or Q's (a
+    // warpgroup's QK^T gemms, done, were the only readers of its 64 rows there).
+    if constexpr (T::kPersistent) {
+      if (stored > 0) {
+        if (store_thread) tma_store_wait<0>();
+        cutlass::arch::NamedBarrier::sync(T::kStoreThreads, T::kOutputFreeBarrier + unit);
+      }
+    }
+    copy(o_store, thread_o_store.retile_S(o_register), thread_o_store.partition_D(sO));
+    // The unit's rows, seen by the async proxy, then one TMA store of them (rows past seq_q are clipped).
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(T::kStoreThreads, T::kOutputWrittenBarrier + unit);
+    // lse after the fence, which would otherwise wait for these global stores too (ptxas puts a MEMBAR before it).
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = item.m0 + get<0>(out_coordinates(r, 0));
+      if ((threadIdx.x & 3) == 0 && row < p.seq_q) p.lse[int64_t(item.bh) * p.seq_q + row] = lse[r];
+    }
+    if (store_thread) {
+      Tensor mO = p.tma_o.get_tma_tensor(make_shape(p.seq_q, kHeadDim, p.heads_q, p.batch));
+      Tensor gO = local_tile(mO(_, _, item.h, item.b), cute::Shape<Int<T::kStoreRows>, Int<kHeadDim>>{},
+                             make_coord(item.m_block * T::kStoreUnits + unit, _0{}));
+      Tensor sOUnit = make_tensor(make_smem_ptr(o_tile + unit * T::kStoreRows * kHeadDim),
+                                  typename T::SmemLayoutOStore{});
+      auto cta_o = p.tma_o.get_slice(_0{});
+      copy(p.tma_o, cta_o.partition_S(sOUnit), cta_o.partition_D(gO));
+      tma_store_arrive();
+    }
+  };
+
   int ring = 0;  // K/V tiles consumed so far, over the CTA's items
   int items = 0;
   for (int index = int(blockIdx.x); index < p.work_items; index += int(gridDim.x), ++items) {
     const WorkItem item = work_item(p, index);
     const int m0 = item.m0, tiles = item.tiles;
     const bool last_item = !T::kPersistent || index + int(gridDim.x) >= p.work_items;
+    const int buffer = items % kQBuffers;
+    reset_rows();
 
-    float row_max[kRows], row_sum[kRows], correction[kRows];
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      row_max[r] = -INFINITY;
-      row_sum[r] = 0.0f;
-    }
-
-    // Tile j's scores in place: exp2 of the scaled (masked) scores less the running row max; `correction` is the
-    // factor O takes before tile j's P V is added. The masking is compiled in only for the tiles that need it.
-    auto softmax_tile = [&](auto& scores, int j, auto masked_tile) {
-      constexpr bool masked = decltype(masked_tile)::value;
-      Tensor s = make_tensor(scores.data(), rows_by_columns(scores.layout()));
-      const int n0 = j * kBlockN;
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        const int row = m0 + get<0>(score_coordinates(r, 0));
-        float tile_max = -INFINITY;
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(s); ++c) {
-          float x = s(r, c) * p.scale_log2;
-          if constexpr (masked) {
-            const int column = n0 + get<1>(score_coordinates(r, c));
-            if (column >= p.seq_k || (p.causal && column > row)) x = -INFINITY;
-          }
-          s(r, c) = x;
-          tile_max = fmaxf(tile_max, x);
-        }
-        const flash::RowRescale step = flash::rescale_row(row_max[r], tile_max);  // quads hold rows, as in mma.sync
-        float sum = 0.0f;
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(s); ++c) {
-          s(r, c) = exp2f(s(r, c) - step.base);
-          sum += s(r, c);
-        }
-        row_sum[r] = row_sum[r] * step.correction + sum;
-        correction[r] = step.correction;
-      }
-    };
-    auto softmax = [&](auto& scores, int j) {
-      // Only the tiles that reach past seq_k or, causal, past the item's first row mask elements.
-      const int n0 = j * kBlockN;
-      if (n0 + kBlockN > p.seq_k || (p.causal && n0 + kBlockN - 1 > m0)) {
-        softmax_tile(scores, j, std::true_type{});
-      } else {
-        softmax_tile(scores, j, std::false_type{});
-      }
-    };
-    auto rescale_o = [&]() {
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction[r];
-      }
-    };
-    // After the item's last S = Q K^T: the producer may load the next item's Q.
-    auto release_q = [&]() {
-      if constexpr (T::kPersistent) Barrier::arrive(&smem.q_empty);
-    };
-
-    Barrier::wait(&smem.q_full, items & 1);
+    Barrier::wait(&smem.q_full[buffer], (items / kQBuffers) & 1);
     Barrier::wait(&smem.k_full[ring % kStages], (ring / kStages) & 1);
     wait_turn();
-    issue_warpgroup_gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, ring % kStages), tSrS);
+    issue_warpgroup_gemm<true, false>(mma_qk, tSrQ(_, _, _, buffer), tSrK(_, _, _, ring % kStages), tSrS);
     pass_turn(last_item && tiles == 1);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
     Barrier::arrive(&smem.k_empty[ring % kStages]);
-    if (tiles == 1) release_q();
-    softmax(tSrS, 0);
+    if (tiles == 1) release_q(buffer);
+    softmax(tSrS, m0, 0);
     auto p_values = to_element(*reinterpret_cast<ScoreArray const*>(tSrS.data()));
     Tensor tOrP = make_tensor(make_rmem_ptr<Element>(p_values.data()), accumulator_as_a_operand(tSrS.layout()));
     clear(tOrO);
@@ -425,7 +515,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
       const int stage = (ring + j) % kStages, previous = (ring + j - 1) % kStages;
       Barrier::wait(&smem.k_full[stage], ((ring + j) / kStages) & 1);
       wait_turn();
-      issue_warpgroup_gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
+      issue_warpgroup_gemm<true, false>(mma_qk, tSrQ(_, _, _, buffer), tSrK(_, _, _, stage), tSrS);
       rescale_o();  // by tile j-1's correction: O's last product is done
       Barrier::wait(&smem.v_full[previous], ((ring + j - 1) / kStages) & 1);
       issue_warpgroup_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, previous), tOrO);
@@ -433,8 +523,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
       warpgroup_wait<1>();
       warpgroup_fence_operand(tSrS);
       Barrier::arrive(&smem.k_empty[stage]);
-      if (j + 1 == tiles) release_q();
-      softmax(tSrS, j);
+      if (j + 1 == tiles) release_q(buffer);
+      softmax(tSrS, m0, j);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
       warpgroup_fence_operand(tOrP);
@@ -447,53 +537,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
     warpgroup_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, last), tOrO);
     Barrier::arrive(&smem.v_empty[last]);
     ring += tiles;
-
-    // O / row sum, rounded once, and lse = ln(sum exp(scale s)) (+inf for a row with no visible key, whose O is 0).
-    float lse[kRows];
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      float sum = row_sum[r];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= inverse;
-      lse[r] = sum > 0.0f ? row_max[r] * flash::kLn2 + logf(sum) : INFINITY;
-    }
-    constexpr int kOutputs = decltype(size(tOrO))::value;
-    auto o_values = cutlass::NumericArrayConverter<Element, float, kOutputs>{}(
-        *reinterpret_cast<cutlass::Array<float, kOutputs> const*>(tOrO.data()));
-    Tensor o_register = make_tensor(make_rmem_ptr<Element>(o_values.data()), tOrO.layout());
-    // O's tile: its own, once the previous item's store has read it; or Q's (a warpgroup's QK^T gemms, done, were
-    // the only readers of its 64 rows there).
-    if constexpr (T::kPersistent) {
-      if (items > 0) {
-        if (thread == 0) tma_store_wait<0>();
-        cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, T::kOutputFreeBarrier);
-      }
-    }
-    copy(o_store, thread_o_store.retile_S(o_register), thread_o_store.partition_D(sO));
-    // Both warpgroups' rows, seen by the async proxy, then one TMA store (rows past seq_q are clipped).
-    cutlass::arch::fence_view_async_shared();
-    cutlass::arch::NamedBarrier::sync(T::kConsumerThreads, T::kOutputWrittenBarrier);
-    // lse after the fence, which would otherwise wait for these global stores too (ptxas puts a MEMBAR before it).
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      const int row = m0 + get<0>(out_coordinates(r, 0));
-      if ((threadIdx.x & 3) == 0 && row < p.seq_q) p.lse[int64_t(item.bh) * p.seq_q + row] = lse[r];
-    }
-    if (thread == 0) {
-      Tensor mO = p.tma_o.get_tma_tensor(make_shape(p.seq_q, kHeadDim, p.heads_q, p.batch));
-      Tensor gO = local_tile(mO(_, _, item.h, item.b), cute::Shape<Int<kBlockM>, Int<kHeadDim>>{},
-                             make_coord(item.m_block, _0{}));
-      auto cta_o = p.tma_o.get_slice(_0{});
-      copy(p.tma_o, cta_o.partition_S(sO), cta_o.partition_D(gO));
-      tma_store_arrive();
-    }
+    store_output(item, items, row_max, row_sum);
     if constexpr (!T::kPersistent) break;
   }
-  // The last store reads shared memory before the CTA exits.
-  if (thread == 0) tma_store_wait<0>();
+  // The last stores read shared memory before the CTA exits.
+  if (thread % T::kStoreThreads == 0) tma_store_wait<0>();
 }
 
 // The (seq, dim, head, batch) view of Q, K or V, whose rows are `pitch` elements apart.
@@ -531,14 +579,15 @@ void launch(const ForwardArgs& args, cudaStream_t stream) {
   using T = Traits<kHeadDim, Element>;
   const attention::Shape& s = args.shape;
   Params<T> p{};
-  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem_view<T>(args.q, s, s.heads_q, s.seq_q), typename T::SmemLayoutQ{},
-                          cute::Shape<Int<T::kBlockM>, Int<kHeadDim>>{}, _1{});
+  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem_view<T>(args.q, s, s.heads_q, s.seq_q),
+                          take<0, 2>(typename T::SmemLayoutQBuffers{}), cute::Shape<Int<T::kBlockM>, Int<kHeadDim>>{},
+                          _1{});
   p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gmem_view<T>(args.k, s, s.heads_kv, s.seq_k),
                           take<0, 2>(typename T::SmemLayoutKV{}), cute::Shape<Int<T::kBlockN>, Int<kHeadDim>>{}, _1{});
   p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem_view<T>(args.v, s, s.heads_kv, s.seq_k),
                           take<0, 2>(typename T::SmemLayoutKV{}), cute::Shape<Int<T::kBlockN>, Int<kHeadDim>>{}, _1{});
-  p.tma_o = make_tma_copy(SM90_TMA_STORE{}, gmem_view<T>(args.o, s, s.heads_q, s.seq_q), typename T::SmemLayoutQ{},
-                          cute::Shape<Int<T::kBlockM>, Int<kHeadDim>>{}, _1{});
+  p.tma_o = make_tma_copy(SM90_TMA_STORE{}, gmem_view<T>(args.o, s, s.heads_q, s.seq_q),
+                          typename T::SmemLayoutOStore{}, cute::Shape<Int<T::kStoreRows>, Int<kHeadDim>>{}, _1{});
   p.lse = args.lse;
   p.batch = int32_t(s.batch);
   p.heads_q = int32_t(s.heads_q);

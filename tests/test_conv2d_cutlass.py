@@ -130,13 +130,28 @@ def test_declines_what_it_does_not_support_naming_the_reason(change, reason):
 # ---------------------------------------------------------------------------------------------------------------
 # GPU
 # ---------------------------------------------------------------------------------------------------------------
+# The forward's paths, forced (each runs any K): the conv collective's two tiles and the persistent ping-pong kernel
+# (the piecewise-linear family only), with the 1x1 cases off the 1x1 GEMM.
+FORWARD_PATHS = {"conv_128x128": {"GE2_CUTLASS_SM90_CONV_FPROP": "conv", "GE2_CUTLASS_SM90_CONV_TILE": "128x128"},
+                 "conv_128x64": {"GE2_CUTLASS_SM90_CONV_FPROP": "conv", "GE2_CUTLASS_SM90_CONV_TILE": "128x64"},
+                 "pingpong": {"GE2_CUTLASS_SM90_CONV_FPROP": "pingpong"}}
+
+
+def _force_forward_path(monkeypatch, path, act):
+    if path == "pingpong" and act not in ("none", "relu", "leaky_relu"):
+        pytest.skip("the ping-pong forward runs the piecewise-linear activations only")
+    monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_1X1", "conv")
+    for variable, value in FORWARD_PATHS[path].items():
+        monkeypatch.setenv(variable, value)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", ["128x128", "128x64"])
+@pytest.mark.parametrize("path", FORWARD_PATHS)
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-def test_forward_matches_the_reference(rng, poisoned, to_device, monkeypatch, case, dtype, tile):
-    """Each forward tile, forced, on every edge case (either tile runs any K)."""
-    monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_TILE", tile)
+def test_forward_matches_the_reference(rng, poisoned, to_device, monkeypatch, case, dtype, path):
+    """Each forward path, forced, on every edge case."""
+    _force_forward_path(monkeypatch, path, case[10])
     _check(rng, poisoned, to_device, case, dtype)
 
 
@@ -144,6 +159,8 @@ def test_forward_matches_the_reference(rng, poisoned, to_device, monkeypatch, ca
 @pytest.mark.parametrize("variable, value, filter_size, expected", [
     ("GE2_CUTLASS_SM90_CONV_TILE", "256x128", 3, "expected 128x128 or 128x64, got '256x128'"),
     ("GE2_CUTLASS_SM90_CONV_1X1", "gemm_256x128", 1, "expected conv, gemm_128x64 or gemm_64x128, got 'gemm_256x128'"),
+    ("GE2_CUTLASS_SM90_CONV_FPROP", "cooperative", 3, "expected conv or pingpong, got 'cooperative'"),
+    ("GE2_CUTLASS_SM90_PDL", "yes", 1, "expected 0 or 1, got 'yes'"),
 ])
 def test_bad_tile_setting_is_refused(rng, to_device, monkeypatch, variable, value, filter_size, expected):
     _require_candidate()
@@ -155,14 +172,14 @@ def test_bad_tile_setting_is_refused(rng, to_device, monkeypatch, variable, valu
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", ["128x128", "128x64"])
+@pytest.mark.parametrize("path", FORWARD_PATHS)
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("act", ACTS)
-def test_fused_residual_and_every_activation(rng, poisoned, to_device, monkeypatch, act, dtype, tile):
+def test_fused_residual_and_every_activation(rng, poisoned, to_device, monkeypatch, act, dtype, path):
     """y = act(conv + bias + residual): the residual is the epilogue's source tensor, read only when given. Every
-    activation on every tile and dtype: each (tile, dtype) has an instantiation per activation family (none, relu,
-    leaky_relu; gelu, silu), each family's members chosen at run time."""
-    monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_TILE", tile)
+    activation on every path and dtype: each (tile, dtype) has an instantiation per activation family (none, relu,
+    leaky_relu; gelu, silu; the ping-pong kernel the first only), each family's members chosen at run time."""
+    _force_forward_path(monkeypatch, path, act)
     case = (2, 24, 13, 11, 32, 3, 3, 1, 1, 1, act, True)
     _check(rng, poisoned, to_device, case, dtype, with_residual=True, slope=0.2)
 
@@ -197,6 +214,35 @@ def test_pointwise_forward_matches_the_reference(rng, poisoned, to_device, monke
     """The 1x1 GEMM's tiles and the conv collective, each forced, with the whole epilogue (bias, residual, act)."""
     monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_1X1", path)
     _check(rng, poisoned, to_device, case, dtype, with_residual=True, slope=0.2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("programmatic", ["0", "1"])
+@pytest.mark.parametrize("path", ["gemm_128x64", "gemm_64x128", "pingpong"])
+def test_programmatic_dependent_launch_on_and_off(rng, poisoned, to_device, monkeypatch, path, programmatic):
+    """The persistent kernels run as programmatic dependent launches unless GE2_CUTLASS_SM90_PDL=0: launches back to
+    back, each reading what the one before wrote (the second waits for the first before its first load)."""
+    _require_candidate()
+    monkeypatch.setenv("GE2_CUTLASS_SM90_PDL", programmatic)
+    if path == "pingpong":
+        monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_FPROP", "pingpong")
+        shape, r = (2, 14, 13, 136), 3
+    else:
+        monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_1X1", path)
+        shape, r = (2, 28, 28, 136), 1
+    x = random_array(rng, shape, "float16")
+    w = random_array(rng, (136, r, r, 136), "float16", 1.0 / np.sqrt(136 * r * r))
+    attrs = dict(padding=r // 2, layout="NHWC", act="relu")
+    outs = [poisoned(shape, "float16") for _ in range(3)]  # allocated first: the launches follow one another
+    current, device_w = to_device(x), to_device(w)
+    for out in outs:  # y of one launch is x of the next
+        conv2d.forward(current, device_w, **attrs, kernel="cutlass_sm90", out=out)
+        current = out
+    previous = x
+    for out in outs:
+        expected, _ = conv2d.reference(previous, w, None, None, **attrs)
+        assert_close(out.numpy(), expected, "float16", reduction_length=136 * r * r, what="y")
+        previous = out.numpy()
 
 
 # The backward's cases: stride 1 (dgrad's) and act none, with the forward's edges otherwise.

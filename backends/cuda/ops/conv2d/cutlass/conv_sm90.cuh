@@ -10,6 +10,7 @@
 // bias (a null bias reads as 0) and the residual (not read while its beta is 0).
 #pragma once
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -159,8 +160,21 @@ inline cutlass::KernelHardwareInfo hardware_info() {
   return {device, cached_sms};
 }
 
-// Runs a CUTLASS device adapter: a conv kernel's, or conv_sm90_1x1.cuh's GEMM's.
-template <typename Conv>
+// Whether the persistent ping-pong kernels (the 1x1 GEMM, conv_sm90_pingpong.cuh) run as programmatic dependent
+// launches: yes unless GE2_CUTLASS_SM90_PDL=0 (read per launch). They are compiled with CUTLASS's grid dependency
+// control: each waits for the grid before it to finish (griddepcontrol.wait) before its first global load and lets
+// the next one launch when its last tiles start, so its CTAs start and run their prologue (barriers, TMA descriptor
+// prefetch, scheduler) under the previous kernel's tail instead of after it.
+inline bool programmatic_launch() {
+  const char* value = std::getenv("GE2_CUTLASS_SM90_PDL");
+  if (value == nullptr || *value == '\0' || std::string(value) == "1") return true;
+  if (std::string(value) == "0") return false;
+  throw std::invalid_argument(std::string("GE2_CUTLASS_SM90_PDL: expected 0 or 1, got '") + value + "'");
+}
+
+// Runs a CUTLASS device adapter: a conv kernel's, or conv_sm90_1x1.cuh's GEMM's; kProgrammatic (a GEMM compiled with
+// CUTLASS_ENABLE_GDC_FOR_SM90 only) launches it as a programmatic dependent launch.
+template <typename Conv, bool kProgrammatic = false>
 void launch(const typename Conv::Arguments& arguments, cudaStream_t stream) {
   Conv conv;
   if (conv.can_implement(arguments) != cutlass::Status::kSuccess) {
@@ -171,7 +185,13 @@ void launch(const typename Conv::Arguments& arguments, cudaStream_t stream) {
     throw std::logic_error("cutlass_sm90: the conv kernels and the data-parallel persistent GEMM need no workspace");
   }
   cutlass::Status status = conv.initialize(arguments, nullptr, stream);
-  if (status == cutlass::Status::kSuccess) status = conv.run(stream);
+  if (status == cutlass::Status::kSuccess) {
+    if constexpr (kProgrammatic) {
+      status = conv.run(stream, nullptr, /*launch_with_pdl=*/true);
+    } else {
+      status = conv.run(stream);
+    }
+  }
   if (status != cutlass::Status::kSuccess) {
     throw std::runtime_error(std::string("ge2 op 'conv2d': cutlass_sm90 failed: ") + cutlassGetStatusString(status));
   }

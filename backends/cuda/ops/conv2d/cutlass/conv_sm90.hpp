@@ -50,6 +50,10 @@ void fprop_128x64_f16_linear(const ForwardArgs& args, cudaStream_t stream);
 void fprop_128x64_f16_smooth(const ForwardArgs& args, cudaStream_t stream);
 void fprop_128x64_bf16_linear(const ForwardArgs& args, cudaStream_t stream);
 void fprop_128x64_bf16_smooth(const ForwardArgs& args, cudaStream_t stream);
+// The same in 64 x 128 tiles on the persistent ping-pong GEMM kernel fed by the conv collective's mainloop
+// (conv_sm90_pingpong.cuh), the piecewise-linear family.
+void fprop_pingpong_64x128_f16_linear(const ForwardArgs& args, cudaStream_t stream);
+void fprop_pingpong_64x128_bf16_linear(const ForwardArgs& args, cudaStream_t stream);
 // The forward of a 1x1 convolution at stride 1 without padding (pointwise(): y [N*H*W, K] = x [N*H*W, C] w^T) with a
 // piecewise-linear activation, on the persistent ping-pong GEMM kernel (conv_sm90_1x1.cuh) in 128 x 64 or 64 x 128
 // tiles of output pixels x filters.

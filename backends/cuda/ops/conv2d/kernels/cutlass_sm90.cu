@@ -114,6 +114,30 @@ bool pointwise_tile(const Shape& s, cutlass_sm90::PointwiseTile& tile) {
                               "'");
 }
 
+// Whether the forward runs on the persistent ping-pong kernel (64 x 128 tiles, conv_sm90_pingpong.cuh) rather than the
+// conv collective's one CTA per tile: for more than 64 filters (a 128-wide tile is full) with a piecewise-linear
+// activation (the smooth family's epilogue is not instantiated there). H200, session 36's mid call, N = 32 float16,
+// forward alone in CUDA-graph replay against cuDNN: C128 H28 K128 3x3 15.4 us, 1.157x (the collective's 128 x 128
+// tiles 20.9 us, 0.853x: 196 CTAs on 132 SMs, a part-empty second wave; 1.066x without the programmatic launch);
+// C256 H14 K256 3x3 16.3 us, 1.074x (128 x 128: 16.0 us, 1.072x). C64 H56 K64 3x3 took 60-66 us (half-empty tiles),
+// against 25.3 on the collective's 128 x 64. GE2_CUTLASS_SM90_CONV_FPROP=conv|pingpong forces one (read per launch;
+// pingpong refuses the smooth family).
+bool pingpong_forward(const ForwardArgs& args) {
+  const char* forced = std::getenv("GE2_CUTLASS_SM90_CONV_FPROP");
+  const std::string name(forced == nullptr ? "" : forced);
+  const bool linear = cutlass_sm90::activation_family(args.act) == 0;
+  if (name.empty()) return linear && args.shape.k > 64;
+  if (name == "conv") return false;
+  if (name != "pingpong") {
+    throw std::invalid_argument("GE2_CUTLASS_SM90_CONV_FPROP: expected conv or pingpong, got '" + name + "'");
+  }
+  if (!linear) {
+    throw std::invalid_argument(std::string("GE2_CUTLASS_SM90_CONV_FPROP: pingpong runs act none, relu or leaky_relu "
+                                            "only, got ") + act_name(args.act));
+  }
+  return true;
+}
+
 using cutlass_sm90::kWgradTileChannels;
 using cutlass_sm90::kWgradTileFilters;
 using cutlass_sm90::kWgradTilePixels;
@@ -211,6 +235,9 @@ void cutlass_sm90_forward(const ForwardArgs& args, cudaStream_t stream) {
   PointwiseTile tile{};
   if (pointwise(args.shape, args.act) && pointwise_tile(args.shape, tile)) {
     return (bf16 ? fprop_1x1_bf16 : fprop_1x1_f16)(args, tile, stream);
+  }
+  if (pingpong_forward(args)) {
+    return (bf16 ? fprop_pingpong_64x128_bf16_linear : fprop_pingpong_64x128_f16_linear)(args, stream);
   }
   const bool narrow = narrow_tile(args.shape.k <= 64);  // 64 filters or fewer: a 128-wide tile computes half empty
   kFprop[narrow][bf16][activation_family(args.act)](args, stream);

@@ -377,3 +377,28 @@ def test_the_captured_fp8_step_holds_no_memset_per_quantize():
             quantizes = sum(s.op in ("quantize_fp8", "quantize_fp8_transpose") for s in step.selections)
     assert quantizes > 0
     assert memsets["fp8"] - memsets["bfloat16"] < quantizes, (memsets, quantizes)
+
+
+def test_streams_is_checked():
+    model = _gpt()
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="streams"):
+            _trainer(model, 4, streams=bad)
+
+
+@pytest.mark.gpu
+def test_a_two_stream_fp8_step_matches_the_one_stream_step_bit_for_bit():
+    """streams=2 runs the same kernels on the same values in another order (the weight-gradient GEMMs beside the
+    next layer's backward): every loss, parameter and scaling state equals the one-stream step's exactly, and the
+    step is still one captured CUDA graph."""
+    batches = _batches(4, 8, SMALL.context, seed=7)
+    trainers = {streams: _trainer(_gpt(seed=7), 8, device="cuda", streams=streams) for streams in (1, 2)}
+    losses = {streams: [float(trainer.step(batch)) for batch in batches] for streams, trainer in trainers.items()}
+    assert losses[1] == losses[2], losses
+    explained = trainers[2].explain()
+    assert "cuda graph: captured" in explained or "cuda graph: replayed" in explained, explained
+    assert any(plan.schedule.stream_count == 2 for plan in trainers[2]._executor.plans)
+    for name, value in trainers[1].parameters().items():
+        np.testing.assert_array_equal(trainers[2].parameters()[name], value, err_msg=name)
+    for name, value in trainers[1].buffers().items():
+        np.testing.assert_array_equal(trainers[2].buffers()[name], value, err_msg=name)

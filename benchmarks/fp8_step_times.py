@@ -4,9 +4,9 @@ bench_train gpt2_fp8 row without torch.compile): for a quick before/after of an 
 Run: python benchmarks/fp8_step_times.py [--layers 12] [--reps 30] [--streams 1,2] [--unbatched] [--profile]
 [--kernels] [--weights-only]
 --streams times both steps at each count of streams (``Trainer(streams=)``: with 2 the weight-gradient GEMMs run
-beside the next layer's backward); --kernels prints the FP8 step's kernels (torch.profiler over CUDA-graph replays
-of the first count of streams: device time a step per kernel, and per group: FP8 GEMMs, quantizes, attention, ...);
---unbatched also times the FP8 step with its weights' quantizes one node each (train_rewrite without
+beside the next layer's backward); --kernels prints the first FP8 step's kernels as soon as it is timed
+(torch.profiler over CUDA-graph replays: device time a step per kernel, and per group: GEMMs, quantizes, attention,
+...); --unbatched also times the FP8 step with its weights' quantizes one node each (train_rewrite without
 _batch_weight_quantizes: the step before quantize_fp8_transpose_multi); --profile prints the FP8 plan's per-op table
 (``ExecutorV2.profile``, node by node); --weights-only times just the quantizes of the FP8 step's 47 weights (GPT-2
 124M's shapes, bfloat16 to E4M3), one quantize_fp8_transpose node each against one quantize_fp8_transpose_multi, as
@@ -142,14 +142,14 @@ def main() -> None:
               f"quantize_fp8_transpose, {ops.get('quantize_fp8_transpose_multi', 0)} multi; "
               f"{trainer._executor.plans[0].capture}; built and run in {time.perf_counter() - started:.1f} s)",
               flush=True)
+        if arguments.kernels and len(results) == 1:  # the first FP8 step's kernels, early (time-capped calls)
+            kernel_table(torch, lambda: trainer.step(feeds), steps=5)
     for label, amp, _, streams in runs:
         if amp == "fp8":  # against bfloat16 at the same count of streams, and at the first count
             same, first_count = f"bfloat16{tails[streams]}", f"bfloat16{tails[counts[0]]}"
             print(f"{label} vs {same}: {results[same] / results[label]:.3f}x; vs {first_count}: "
                   f"{results[first_count] / results[label]:.3f}x", flush=True)
     first = f"fp8{tails[counts[0]]}"
-    if arguments.kernels:
-        kernel_table(torch, lambda: trainers[first].step(feeds), steps=5)
     if arguments.profile:
         profile = trainers[first]._executor.profile(feeds, runs=5)
         print(profile.op_table(), flush=True)

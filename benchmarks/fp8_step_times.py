@@ -1,16 +1,17 @@
 """GPT-2 124M training step (batch 8 x 1024), GE2 FP8 vs GE2 bfloat16, in one process, CUDA-graph replay (the
 bench_train gpt2_fp8 row without torch.compile): for a quick before/after of an FP8 step change.
 
-Run: python benchmarks/fp8_step_times.py [--layers 12] [--reps 30] [--streams 1,2] [--unbatched] [--profile]
-[--kernels] [--weights-only]
+Run: python benchmarks/fp8_step_times.py [--layers 12] [--reps 30] [--streams 1,2] [--unbatched] [--unfused-adds]
+[--profile] [--kernels] [--weights-only]
 --streams times both steps at each count of streams (``Trainer(streams=)``: with 2 the weight-gradient GEMMs run
 beside the next layer's backward); --kernels prints the first FP8 step's kernels as soon as it is timed
 (torch.profiler over CUDA-graph replays: device time a step per kernel, and per group: GEMMs, quantizes, attention,
 ...); --unbatched also times the FP8 step with its weights' quantizes one node each (train_rewrite without
 _batch_weight_quantizes: the step before quantize_fp8_transpose_multi); --profile prints the FP8 plan's per-op table
-(``ExecutorV2.profile``, node by node); --weights-only times just the quantizes of the FP8 step's 47 weights (GPT-2
-124M's shapes, bfloat16 to E4M3), one quantize_fp8_transpose node each against one quantize_fp8_transpose_multi, as
-CUDA graphs."""
+(``ExecutorV2.profile``, node by node); --unfused-adds also times the FP8 step without ``fuse_gradient_adds`` (the
+residual-stream gradients added and cast by a generated kernel, then quantized); --weights-only times just the
+quantizes of the FP8 step's 47 weights (GPT-2 124M's shapes, bfloat16 to E4M3), one quantize_fp8_transpose node each
+against one quantize_fp8_transpose_multi, as CUDA graphs."""
 from __future__ import annotations
 
 import argparse
@@ -109,6 +110,7 @@ def main() -> None:
     parser.add_argument("--weights-only", action="store_true")
     parser.add_argument("--streams", default="1", help="comma-separated counts of streams, e.g. 1,2")
     parser.add_argument("--kernels", action="store_true")
+    parser.add_argument("--unfused-adds", action="store_true")
     arguments = parser.parse_args()
     if arguments.weights_only:
         weight_quantizes(arguments.layers)
@@ -121,28 +123,34 @@ def main() -> None:
     ids, targets = (torch.tensor(rng.integers(0, config.vocab, (batch, config.context)), device="cuda")
                     for _ in range(2))
     feeds = {"ids": ids, "targets": targets}
-    batched = fp8._batch_weight_quantizes
     counts = [int(count) for count in arguments.streams.split(",")]
     tails = {streams: "" if streams == 1 else f" streams={streams}" for streams in counts}
-    runs = [(f"{amp}{tails[streams]}", amp, batched, streams) for streams in counts for amp in ("fp8", "bfloat16")]
+    runs = [(f"{amp}{tails[streams]}", amp, {}, streams) for streams in counts for amp in ("fp8", "bfloat16")]
+    # variants of the first FP8 step with one of the FP8 pass's rewrites off (replaced by a no-op), timed third
     if arguments.unbatched:
-        runs.insert(1, ("fp8 unbatched", "fp8", lambda graph, names: [], counts[0]))
+        runs.insert(2, ("fp8 unbatched", "fp8", {"_batch_weight_quantizes": lambda graph, names: []}, counts[0]))
+    if arguments.unfused_adds:
+        runs.insert(2, ("fp8 unfused adds", "fp8", {"fuse_gradient_adds": lambda graph: []}, counts[0]))
     results, trainers = {}, {}
-    for label, amp, batching, streams in runs:
+    for label, amp, switched_off, streams in runs:
         started = time.perf_counter()
-        fp8._batch_weight_quantizes = batching
+        kept = {name: getattr(fp8, name) for name in switched_off}
+        for name, replacement in switched_off.items():
+            setattr(fp8, name, replacement)
         try:
             trainer = ge2.train.Trainer(model.loss_graph(batch), device="cuda", amp=amp, streams=streams,
                                         optimizer=ge2.train.AdamW(lr=1e-3, weight_decay=0.01))
         finally:
-            fp8._batch_weight_quantizes = batched
+            for name, function in kept.items():
+                setattr(fp8, name, function)
         losses = [float(trainer.step(feeds)) for _ in range(3)]
         ms = median_ms(lambda: trainer.step(feeds), warmup=5, reps=arguments.reps, flush_l2=False)
         ops = trainer.train_graph.op_counts()
         results[label] = ms
         trainers[label] = trainer
         print(f"{label}: {ms:.3f} ms a step (losses {np.round(losses, 4)}; {ops.get('quantize_fp8_transpose', 0)} "
-              f"quantize_fp8_transpose, {ops.get('quantize_fp8_transpose_multi', 0)} multi; "
+              f"quantize_fp8_transpose, {ops.get('quantize_fp8_add_transpose', 0)} add, "
+              f"{ops.get('quantize_fp8_transpose_multi', 0)} multi; "
               f"{trainer._executor.plans[0].capture}; built and run in {time.perf_counter() - started:.1f} s)",
               flush=True)
         if arguments.kernels and len(results) == 1:  # the first FP8 step's kernels, early (time-capped calls)

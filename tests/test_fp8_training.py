@@ -67,7 +67,10 @@ def test_the_linear_gemms_run_in_fp8_except_the_first_and_last():
     # per GEMM: x, W and dY quantized with both layouts in one pass each, three FP8 GEMMs; the 21 states update in
     # two nodes at the end of the step (E4M3: x and W; E5M2: dY)
     # the weights' quantizes (parameters: all known at the step's start) are one node, one launch
-    assert ops["scaled_gemm"] == 7 * 3 and ops["quantize_fp8_transpose"] == 7 * 2
+    # the residual-stream gradients of three dY quantizes (block 1's out_proj, block 0's fc2 and out_proj) are added
+    # by the quantize itself (quantize_fp8_add_transpose): 7 * 2 quantizes in all
+    assert ops["scaled_gemm"] == 7 * 3 and ops["quantize_fp8_transpose"] == 7 * 2 - 3
+    assert ops["quantize_fp8_add_transpose"] == 3
     assert ops["quantize_fp8_transpose_multi"] == 1
     multi = next(n for n in trainer.train_graph.nodes if n.op == "quantize_fp8_transpose_multi")
     assert len(multi.inputs) == 7 * 2 and all(x.is_param and x.name.endswith("weight") for x in multi.inputs[0::2])
@@ -82,8 +85,10 @@ def test_the_linear_gemms_run_in_fp8_except_the_first_and_last():
     assert "quantize_fp8" not in ops and "transpose" not in ops
     # each FP8 site's dbias comes from its dY quantize's own read of dY (no separate sum over dY)
     quantizes = [n for n in trainer.train_graph.nodes if n.op == "quantize_fp8_transpose"]
-    assert sum(n.attrs["with_column_sum"] for n in quantizes) == 7
-    assert all(n.attrs["dtype"] == "float8_e5m2" for n in quantizes if n.attrs["with_column_sum"])
+    adds = [n for n in trainer.train_graph.nodes if n.op == "quantize_fp8_add_transpose"]
+    assert sum(n.attrs["with_column_sum"] for n in quantizes + adds) == 7
+    assert all(n.attrs["dtype"] == "float8_e5m2" for n in quantizes + adds if n.attrs["with_column_sum"])
+    assert all(n.attrs["value_dtype"] == "bfloat16" for n in adds)
     # the GELU between fc1 and fc2 is the prologue of fc2's x quantize, and GELU's backward that of fc1's dY
     # quantize (with the pre-activation): neither runs as a node
     assert "gelu" not in ops and "gelu_backward" not in ops
@@ -402,3 +407,45 @@ def test_a_two_stream_fp8_step_matches_the_one_stream_step_bit_for_bit():
         np.testing.assert_array_equal(trainers[2].parameters()[name], value, err_msg=name)
     for name, value in trainers[1].buffers().items():
         np.testing.assert_array_equal(trainers[2].buffers()[name], value, err_msg=name)
+
+
+def _unfused_gradient_adds(monkeypatch):
+    monkeypatch.setattr(fp8, "fuse_gradient_adds", lambda graph: [])
+
+
+def test_residual_gradient_adds_are_fused_into_their_quantizes(monkeypatch):
+    """Every float32 add of two input gradients whose bfloat16 cast only a dY quantize read (a transformer's
+    residual-stream gradient) becomes one quantize_fp8_add_transpose; the steps' losses and parameters are those of
+    the unfused step (CPU backend: each op's reference)."""
+    batches = _batches(3, 4, SMALL.context, seed=9)
+    fused = _trainer(_gpt(seed=9), 4)
+    ops = fused.train_graph.op_counts()
+    # a 2-layer GPT: the second block's attention projection, the first block's two (fc2's of the last block reads
+    # the final layernorm's gradient alone: no add)
+    assert ops.get("quantize_fp8_add_transpose") == 2 * SMALL.layers - 1, ops
+    assert "quantize_fp8_add_transpose" in fused.explain()
+    _unfused_gradient_adds(monkeypatch)
+    unfused = _trainer(_gpt(seed=9), 4)
+    assert "quantize_fp8_add_transpose" not in unfused.train_graph.op_counts()
+    for batch in batches:
+        assert float(fused.step(batch)) == float(unfused.step(batch))
+    for name, value in unfused.parameters().items():
+        np.testing.assert_array_equal(fused.parameters()[name], value, err_msg=name)
+
+
+@pytest.mark.gpu
+def test_fused_residual_gradient_quantizes_match_the_unfused_step_bit_for_bit(monkeypatch):
+    """On the GPU the fused kernel's float32 sums, roundings, amaxes and column sums are the generated add-and-cast
+    kernel's followed by quantize_fp8_transpose's, bit for bit: every loss, parameter and scaling state equal."""
+    batches = _batches(4, 8, SMALL.context, seed=13)
+    fused = _trainer(_gpt(seed=13), 8, device="cuda")
+    _unfused_gradient_adds(monkeypatch)
+    unfused = _trainer(_gpt(seed=13), 8, device="cuda")
+    assert fused.train_graph.op_counts().get("quantize_fp8_add_transpose") == 2 * SMALL.layers - 1
+    losses = [(float(fused.step(batch)), float(unfused.step(batch))) for batch in batches]
+    assert all(a == b for a, b in losses), losses
+    assert not fused._executor.fallbacks, [s.node for s in fused._executor.fallbacks]
+    for name, value in unfused.parameters().items():
+        np.testing.assert_array_equal(fused.parameters()[name], value, err_msg=name)
+    for name, value in unfused.buffers().items():
+        np.testing.assert_array_equal(fused.buffers()[name], value, err_msg=name)

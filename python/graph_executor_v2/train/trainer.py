@@ -183,6 +183,8 @@ class Trainer:
                                                                         BUFFER_UPDATE_PREFIX)))
             # after join_slice_gradients, which joins a QKV projection's gradients into the concat this reads in place
             passes.append(Pass("fp8_column_blocks", _fp8.read_column_blocks))
+            # before the pointwise fusion, which would join a residual gradient's add and cast into one kernel
+            passes.append(Pass("fp8_gradient_adds", _fp8.fuse_gradient_adds))
         if checkpoint:
             if isinstance(checkpoint, str):
                 raise TypeError("checkpoint: expected a sequence of names, got a single string; wrap it in a list")
@@ -435,7 +437,7 @@ class Trainer:
         fusions = [note for record in self._forward_records + self._backward_records for note in record.notes
                    if record.name in ("pad_classes", "fuse_relu", "autocast", "pad_after_cast",
                                       "chain_activation_backward", "trim_gemm_backward", "fuse_loss_gradient",
-                                      "recompute", "fp8", "fp8_column_blocks")]
+                                      "recompute", "fp8", "fp8_column_blocks", "fp8_gradient_adds")]
         lines.append(f"training rewrites (padded classes, fusions, mixed precision, FP8 GEMMs, recomputation): "
                      f"{len(fusions)}")
         lines += [f"  {note}" for note in fusions]

@@ -705,26 +705,22 @@ void launch_quantize_transpose(const ColumnBlock* blocks, int block_count, DType
       column_sum != nullptr ? static_cast<float*>(StreamWorkspace::get(partial_bytes, stream)) : nullptr;
   auto* counters = static_cast<unsigned int*>(
       StreamWorkspace::get_zeroed(counter_bytes(column_sum != nullptr ? column_strips : 0), stream));
-  if (addend != nullptr) {  // float32 x (the launcher checks it); Value: the dtype the sums are rounded to
-    GE2_DISPATCH_FLOATING(value_dtype, "value dtype", {
-      if (y_dtype == DType::Float8E4M3) {
-        launch<float, __nv_fp8_e4m3, scalar_t>(x, nullptr, act, scale, y, y_t, amax, column_partials, column_sum,
-                                               counters, rows, cols, wide, addend, sum, stream);
-      } else {
-        launch<float, __nv_fp8_e5m2, scalar_t>(x, nullptr, act, scale, y, y_t, amax, column_partials, column_sum,
-                                               counters, rows, cols, wide, addend, sum, stream);
-      }
-    });
+  // In: x's type; Value: what the quantized values are rounded to (x's type, or with an addend value_dtype)
+  const auto run = [&](auto in, auto value) {
+    using In = decltype(in);
+    using Value = decltype(value);
+    if (y_dtype == DType::Float8E4M3) {
+      launch<In, __nv_fp8_e4m3, Value>(x, preact, act, scale, y, y_t, amax, column_partials, column_sum, counters,
+                                       rows, cols, wide, addend, sum, stream);
+    } else {
+      launch<In, __nv_fp8_e5m2, Value>(x, preact, act, scale, y, y_t, amax, column_partials, column_sum, counters,
+                                       rows, cols, wide, addend, sum, stream);
+    }
+  };
+  if (addend != nullptr) {  // float32 x (the launcher checks it)
+    GE2_DISPATCH_FLOATING(value_dtype, "value dtype", run(float{}, scalar_t{}));
   } else {
-    GE2_DISPATCH_FLOATING(x_dtype, "x dtype", {
-      if (y_dtype == DType::Float8E4M3) {
-        launch<scalar_t, __nv_fp8_e4m3, scalar_t>(x, preact, act, scale, y, y_t, amax, column_partials, column_sum,
-                                                  counters, rows, cols, wide, nullptr, nullptr, stream);
-      } else {
-        launch<scalar_t, __nv_fp8_e5m2, scalar_t>(x, preact, act, scale, y, y_t, amax, column_partials, column_sum,
-                                                  counters, rows, cols, wide, nullptr, nullptr, stream);
-      }
-    });
+    GE2_DISPATCH_FLOATING(x_dtype, "x dtype", run(scalar_t{}, scalar_t{}));
   }
   GE2_CHECK_LAUNCH("quantize_fp8_transpose");
 }

@@ -64,7 +64,7 @@ __device__ __forceinline__ float prologue(float x, float preact, bool has_preact
   return has_preact ? x * act_derivative(act, preact, 0.0f) : apply_act(act, x, 0.0f);
 }
 
-// With addend (float32 x, one block): s = x + addend goes to sum, and the value quantized is s rounded to Value
+// With addend (float32 x, one block): s = x + addend goes to sum_out, and the value quantized is s rounded to Value
 // (what a float32 add followed by a cast to Value gives); column_sum is of Value (In otherwise).
 template <typename In, typename Out, typename Value>
 __global__ void __launch_bounds__(kTile * kRowsPerPass)
@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kTile * kRowsPerPass)
                               const float* __restrict__ scale_pointer, Out* __restrict__ y, Out* __restrict__ y_t,
                               float* __restrict__ amax, float* __restrict__ column_partials,
                               Value* __restrict__ column_sum, unsigned int* __restrict__ counters, int64_t rows,
-                              int64_t cols, const float* __restrict__ addend, float* __restrict__ sum) {
+                              int64_t cols, const float* __restrict__ addend, float* __restrict__ sum_out) {
   __shared__ Out tile[kTile][kTile + 1];
   __shared__ float partial_rows[kRowsPerPass][kTile];
   __shared__ unsigned int warp_amax[kRowsPerPass];
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kTile * kRowsPerPass)
         float value;
         if (addend != nullptr) {
           const float s = to_float(x_value) + addend[i];
-          sum[i] = s;
+          sum_out[i] = s;
           value = to_float(from_float<Value>(s));
         } else {
           value = prologue(to_float(x_value), preact != nullptr ? to_float(preact[i]) : 0.0f, preact != nullptr,
@@ -290,7 +290,7 @@ __device__ __forceinline__ void write_strip_column_sums(const float* column_part
 // partial row is written with a plain store, and the block fences once and counts its run into the strip's counter
 // once, after the run (a fence and an atomic after every tile stalled each block for their round trips); the block
 // that completes a strip adds its columns' partials.
-// kAdd (float32 x): preact is the addend, s = x + addend goes to sum and the value quantized is s rounded to Value
+// kAdd (float32 x): preact is the addend, s = x + addend goes to sum_out and the value quantized is s rounded to Value
 // (a float32 add and a cast to Value, bit for bit); column_sum is of Value (In otherwise).
 template <typename In, typename Out, typename Value, bool kColumnSum, Act kAct, bool kPreact, bool kAdd>
 __global__ void __launch_bounds__(kWideThreads)
@@ -299,7 +299,7 @@ __global__ void __launch_bounds__(kWideThreads)
                                    Out* __restrict__ y_t, float* __restrict__ amax,
                                    float* __restrict__ column_partials, Value* __restrict__ column_sum,
                                    unsigned int* __restrict__ counters, int rows, int cols, int run_tiles,
-                                   float* __restrict__ sum) {
+                                   float* __restrict__ sum_out) {
   static_assert(sizeof(Out) == 1, "FP8 outputs are one byte");
   static_assert(!kAdd || (std::is_same_v<In, float> && !kPreact && kAct == Act::None),
                 "the add prologue reads float32 x and its addend, no activation");
@@ -367,9 +367,10 @@ __global__ void __launch_bounds__(kWideThreads)
           sums[i / (kVector / 2)].value[i % (kVector / 2)] = s;
           x_values[i] = to_float(from_float<Value>(s));
         }
-        auto* row = reinterpret_cast<Pack<float, kVector / 2>*>(sum + (row0 + r) * cols + col0 + lane_vector * kVector);
-        row[0] = sums[0];
-        row[1] = sums[1];
+        auto* sums_row =
+            reinterpret_cast<Pack<float, kVector / 2>*>(sum_out + (row0 + r) * cols + col0 + lane_vector * kVector);
+        sums_row[0] = sums[0];
+        sums_row[1] = sums[1];
       }
       Pack<Out, kVector> out;
 #pragma unroll

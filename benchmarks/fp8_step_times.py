@@ -62,10 +62,10 @@ def weight_quantizes(layers: int) -> None:
 # Kernel groups of a GPT step, by a substring of the kernel's name (first match wins; lower case).
 KERNEL_GROUPS = (("quantize (FP8 casts, transposes, amax)", ("quantize",)),
                  ("scale update", ("scale_update",)),
-                 ("attention", ("flash", "attention", "fmha")),
-                 ("GEMMs (cuBLASLt / CUTLASS)", ("gemm", "xmma", "cutlass", "sm90_", "matmul", "splitk")),
-                 ("layernorm / fused rows", ("layernorm", "row", "norm")),
+                 ("attention", ("flash", "attention", "fmha", "sdpa", "dot_do_o", "convert_dq")),
                  ("cross entropy", ("cross_entropy", "softmax")),
+                 ("GEMMs (cuBLASLt / CUTLASS)", ("gemm", "xmma", "cutlass", "nvjet", "matmul", "splitk")),
+                 ("layernorm / fused rows", ("layernorm", "row", "norm")),
                  ("optimizer", ("adam", "optim", "multi_tensor")),
                  ("pointwise / casts / copies", ("pointwise", "cast", "elementwise", "copy", "slice", "concat",
                                                  "gelu", "add", "memset", "memcpy")))

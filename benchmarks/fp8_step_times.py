@@ -64,9 +64,9 @@ KERNEL_GROUPS = (("quantize (FP8 casts, transposes, amax)", ("quantize",)),
                  ("scale update", ("scale_update",)),
                  ("attention", ("flash", "attention", "fmha", "sdpa", "dot_do_o", "convert_dq")),
                  ("cross entropy", ("cross_entropy", "softmax")),
+                 ("optimizer", ("adam", "optim", "multi_tensor")),
                  ("GEMMs (cuBLASLt / CUTLASS)", ("gemm", "xmma", "cutlass", "nvjet", "matmul", "splitk")),
                  ("layernorm / fused rows", ("layernorm", "row", "norm")),
-                 ("optimizer", ("adam", "optim", "multi_tensor")),
                  ("pointwise / casts / copies", ("pointwise", "cast", "elementwise", "copy", "slice", "concat",
                                                  "gelu", "add", "memset", "memcpy")))
 

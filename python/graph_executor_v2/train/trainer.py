@@ -95,10 +95,10 @@ class Trainer:
     TF32, as ``ExecutorV2``'s (``passes.precision``; FP8 training is ``amp="fp8"``).
     ``streams``: how many CUDA streams the step's nodes may run on (``ExecutorV2``'s ``streams=``; 1, the default,
     runs the step as one chain). With 2, a node that does not continue its producer's stream takes the other one:
-    the weight-gradient GEMMs, which only the optimizer reads, then run beside the next layer's backward (a small
-    wgrad, 768 x 768 from 8192 tokens, fills a quarter of an H200's SMs; the quantizes and normalizations beside it
-    are bandwidth-bound). The same kernels and values, in another order; the memory plan keeps every buffer until
-    the steps on both streams are done with it, so the step may take more memory. Not with ``distributed``.
+    FP8 training's weight-gradient GEMMs, which only the optimizer reads, then run beside the next layer's backward.
+    The same kernels and values, in another order; the memory plan keeps every buffer until the steps on both
+    streams are done with it, so the step may take more memory. Not with ``distributed``. (GPT-2 124M on an H200 was
+    not faster with 2: docs/fp8.md.)
     """
 
     def __init__(self, graph: Graph, loss: str = "loss", device: str = "cpu", optimizer=None, amp=None,

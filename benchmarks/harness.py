@@ -25,8 +25,16 @@ def torch_cuda():
     return torch
 
 
-def median_ms(fn, warmup: int = 10, reps: int = 50, flush_l2: bool = True) -> float:
-    """Median time of ``fn()`` in milliseconds, each repetition timed with CUDA events on the current stream."""
+# Cycles of the device sleep before each timed call of median_ms: ~100 us at the H200's ~2 GHz, longer than the host
+# takes to launch a call (a few to tens of us, more when other jobs load the CPUs).
+SLEEP_CYCLES = 200_000
+
+
+def median_ms(fn, warmup: int = 10, reps: int = 50, flush_l2: bool = True, sleep: bool = True) -> float:
+    """Median time of ``fn()`` in milliseconds, each repetition timed with CUDA events on the current stream. With
+    ``sleep`` the stream first sleeps on the device (SLEEP_CYCLES), so the host's launch of ``fn`` is queued while
+    the GPU is busy and the events time the device's work only: without it host time leaks into kernels under
+    ~30 us when the CPUs are busy (host work in ``fn`` that outlasts the sleep still counts)."""
     torch = torch_cuda()
     flush = torch.empty(64 << 20, dtype=torch.int8, device="cuda") if flush_l2 else None  # 64 MB > 50 MB of L2
     for _ in range(warmup):
@@ -35,6 +43,8 @@ def median_ms(fn, warmup: int = 10, reps: int = 50, flush_l2: bool = True) -> fl
     for _ in range(reps):
         if flush is not None:
             flush.zero_()
+        if sleep:
+            torch.cuda._sleep(SLEEP_CYCLES)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()

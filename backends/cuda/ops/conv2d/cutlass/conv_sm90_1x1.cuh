@@ -16,12 +16,19 @@
 
 namespace ge2::conv2d::cutlass_sm90 {
 
-template <typename Element, typename TileShape>
-using PointwiseGemm = typename gemm::cutlass_sm90::GemmKernelFor<
+template <typename Element, typename TileShape, typename KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+          typename EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized>
+using PointwiseKernelFor = gemm::cutlass_sm90::GemmKernelFor<
     Element, cutlass::layout::ColumnMajor,
     ConvEpilogue<Element, PiecewiseLinearActivations, TileShape, 16 / sizeof(Element)>, TileShape,
-    gemm::cutlass_sm90::Cluster1x1, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
-    cutlass::epilogue::TmaWarpSpecialized>::Gemm;
+    gemm::cutlass_sm90::Cluster1x1, KernelSchedule, EpilogueSchedule>;
+template <typename Element, typename TileShape>
+using PointwiseGemm = typename PointwiseKernelFor<Element, TileShape>::Gemm;
+// Trial (session 37): both consumer warpgroups on one tile.
+template <typename Element, typename TileShape>
+using CooperativePointwiseGemm =
+    typename PointwiseKernelFor<Element, TileShape, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                                cutlass::epilogue::TmaWarpSpecializedCooperative>::Gemm;
 
 template <typename Gemm>
 void run_pointwise(const ForwardArgs& args, cudaStream_t stream) {
@@ -60,8 +67,16 @@ void fprop_1x1(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream)
       return run_pointwise<PointwiseGemm<Element, cute::Shape<_128, _64, _64>>>(args, stream);
     case PointwiseTile::Pingpong64x128:
       return run_pointwise<PointwiseGemm<Element, cute::Shape<_64, _128, _64>>>(args, stream);
+    default:
+      break;
   }
-  throw std::logic_error("cutlass_sm90: unknown 1x1 GEMM tile");
+  if constexpr (std::is_same_v<Element, cutlass::half_t>) {
+    if (fprop_1x1_trial_a_f16(args, tile, stream) || fprop_1x1_trial_b_f16(args, tile, stream) ||
+        fprop_1x1_trial_c_f16(args, tile, stream)) {
+      return;
+    }
+  }
+  throw std::invalid_argument("GE2_CUTLASS_SM90_CONV_1X1: the trial tiles run float16 only");
 }
 
 }  // namespace ge2::conv2d::cutlass_sm90

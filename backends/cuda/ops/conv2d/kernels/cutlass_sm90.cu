@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "api.hpp"
 #include "cutlass/conv_sm90.hpp"
@@ -101,17 +102,22 @@ bool pointwise_tile(const Shape& s, cutlass_sm90::PointwiseTile& tile) {
     tile = s.k <= 64 ? cutlass_sm90::PointwiseTile::Pingpong128x64 : cutlass_sm90::PointwiseTile::Pingpong64x128;
     return true;
   }
-  if (name == "gemm_128x64") {
-    tile = cutlass_sm90::PointwiseTile::Pingpong128x64;
-    return true;
-  }
-  if (name == "gemm_64x128") {
-    tile = cutlass_sm90::PointwiseTile::Pingpong64x128;
-    return true;
+  using cutlass_sm90::PointwiseTile;
+  static const std::pair<const char*, PointwiseTile> kTiles[] = {
+      {"gemm_128x64", PointwiseTile::Pingpong128x64},        {"gemm_64x128", PointwiseTile::Pingpong64x128},
+      {"gemm_64x64", PointwiseTile::Pingpong64x64},          {"gemm_128x128", PointwiseTile::Pingpong128x128},
+      {"gemm_192x128", PointwiseTile::Pingpong192x128},      {"coop_128x128", PointwiseTile::Cooperative128x128},
+      {"coop_256x128", PointwiseTile::Cooperative256x128},
+      {"gemm_192x64", PointwiseTile::Pingpong192x64},        {"coop_256x64", PointwiseTile::Cooperative256x64}};
+  for (const auto& [tile_name, named_tile] : kTiles) {
+    if (name == tile_name) {
+      tile = named_tile;
+      return true;
+    }
   }
   if (name == "conv") return false;
-  throw std::invalid_argument("GE2_CUTLASS_SM90_CONV_1X1: expected conv, gemm_128x64 or gemm_64x128, got '" + name +
-                              "'");
+  throw std::invalid_argument("GE2_CUTLASS_SM90_CONV_1X1: expected conv, gemm_128x64 or gemm_64x128 (or a session 37 "
+                              "trial tile), got '" + name + "'");
 }
 
 // Whether the forward runs on the persistent ping-pong kernel (64 x 128 tiles, conv_sm90_pingpong.cuh) rather than the

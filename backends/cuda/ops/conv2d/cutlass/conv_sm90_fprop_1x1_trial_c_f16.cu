@@ -1,0 +1,24 @@
+// cutlass_sm90 conv2d forward, 1x1 GEMM trial tiles (session 37, float16, measured in the mid call against the
+// main tiles; removed after it but for the winner): the ping-pong 192x64 and the cooperative 256x64 (64 filters).
+#include "conv_sm90_1x1.cuh"
+
+namespace ge2::conv2d::cutlass_sm90 {
+bool fprop_1x1_trial_c_f16(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream) {
+  using Element = cutlass::half_t;
+  using cute::_64;
+  using cute::_128;
+  using cute::_192;
+  using cute::_256;
+  switch (tile) {
+    case PointwiseTile::Pingpong192x64:
+      run_pointwise<PointwiseGemm<Element, cute::Shape<_192, _64, _64>>>(args, stream);
+      break;
+    case PointwiseTile::Cooperative256x64:
+      run_pointwise<CooperativePointwiseGemm<Element, cute::Shape<_256, _64, _64>>>(args, stream);
+      break;
+    default:
+      return false;
+  }
+  return true;
+}
+}  // namespace ge2::conv2d::cutlass_sm90

@@ -158,8 +158,8 @@ def test_forward_matches_the_reference(rng, poisoned, to_device, monkeypatch, ca
 @pytest.mark.gpu
 @pytest.mark.parametrize("variable, value, filter_size, expected", [
     ("GE2_CUTLASS_SM90_CONV_TILE", "256x128", 3, "expected 128x128 or 128x64, got '256x128'"),
-    ("GE2_CUTLASS_SM90_CONV_1X1", "gemm_256x256", 1,
-     r"expected conv, gemm_128x64 or gemm_64x128 \(or a session 37 trial tile\), got 'gemm_256x256'"),
+    ("GE2_CUTLASS_SM90_CONV_1X1", "gemm_256x128", 1,
+     "expected conv, gemm_128x64, gemm_64x128, coop_256x64 or coop_256x128, got 'gemm_256x128'"),
     ("GE2_CUTLASS_SM90_CONV_FPROP", "cooperative", 3, "expected conv or pingpong, got 'cooperative'"),
     ("GE2_CUTLASS_SM90_PDL", "yes", 1, "expected 0 or 1, got 'yes'"),
 ])
@@ -208,7 +208,7 @@ POINTWISE_IDS = ["odd", "c8", "c136", "28x28_k136", "gelu"]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["conv", "gemm_128x64", "gemm_64x128"])
+@pytest.mark.parametrize("path", ["conv", "gemm_128x64", "gemm_64x128", "coop_256x64", "coop_256x128"])
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("case", POINTWISE_CASES, ids=POINTWISE_IDS)
 def test_pointwise_forward_matches_the_reference(rng, poisoned, to_device, monkeypatch, case, dtype, path):
@@ -217,23 +217,9 @@ def test_pointwise_forward_matches_the_reference(rng, poisoned, to_device, monke
     _check(rng, poisoned, to_device, case, dtype, with_residual=True, slope=0.2)
 
 
-TRIAL_TILES = ["gemm_64x64", "gemm_128x128", "gemm_192x128", "coop_128x128", "coop_256x128",
-               "gemm_192x64", "coop_256x64"]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("path", TRIAL_TILES)
-@pytest.mark.parametrize("case", POINTWISE_CASES + [(4, 512, 28, 28, 128, 1, 1, 1, 0, 1, "relu", True)],
-                         ids=POINTWISE_IDS + ["resnet_c512"])
-def test_pointwise_trial_tiles_match_the_reference(rng, poisoned, to_device, monkeypatch, case, path):
-    """Session 37's trial tiles of the 1x1 GEMM (float16 only), forced, with the whole epilogue."""
-    monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_1X1", path)
-    _check(rng, poisoned, to_device, case, "float16", with_residual=True, slope=0.2)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("programmatic", ["0", "1"])
-@pytest.mark.parametrize("path", ["gemm_128x64", "gemm_64x128", "pingpong"])
+@pytest.mark.parametrize("path", ["gemm_128x64", "gemm_64x128", "coop_256x128", "pingpong"])
 def test_programmatic_dependent_launch_on_and_off(rng, poisoned, to_device, monkeypatch, path, programmatic):
     """The persistent kernels run as programmatic dependent launches unless GE2_CUTLASS_SM90_PDL=0: launches back to
     back, each reading what the one before wrote (the second waits for the first before its first load)."""

@@ -55,31 +55,16 @@ void fprop_128x64_bf16_smooth(const ForwardArgs& args, cudaStream_t stream);
 void fprop_pingpong_64x128_f16_linear(const ForwardArgs& args, cudaStream_t stream);
 void fprop_pingpong_64x128_bf16_linear(const ForwardArgs& args, cudaStream_t stream);
 // The forward of a 1x1 convolution at stride 1 without padding (pointwise(): y [N*H*W, K] = x [N*H*W, C] w^T) with a
-// piecewise-linear activation, on the persistent ping-pong GEMM kernel (conv_sm90_1x1.cuh) in 128 x 64 or 64 x 128
-// tiles of output pixels x filters.
-enum class PointwiseTile {
-  Pingpong128x64,
-  Pingpong64x128,
-  // Trials (session 37, float16 only): conv_sm90_fprop_1x1_trial_<a|b|c>_f16.cu.
-  Pingpong64x64,
-  Pingpong128x128,
-  Pingpong192x128,
-  Cooperative128x128,
-  Cooperative256x128,
-  Pingpong192x64,
-  Cooperative256x64,
-};
+// piecewise-linear activation, on CUTLASS's persistent GEMM kernel (conv_sm90_1x1.cuh) in tiles of output pixels x
+// filters: ping-pong 128 x 64 or 64 x 128 (two consumer warpgroups alternating tiles), or cooperative 256 x 64 or
+// 256 x 128 (both warpgroups on one tile).
+enum class PointwiseTile { Pingpong128x64, Pingpong64x128, Cooperative256x64, Cooperative256x128 };
 inline bool pointwise(const Shape& s, Act act) {
   return s.groups == 1 && s.r == 1 && s.s == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_top == 0 &&
          s.pad_left == 0 && s.p == s.h && s.q == s.w && activation_family(act) == 0;
 }
 void fprop_1x1_f16(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream);
 void fprop_1x1_bf16(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream);
-// The trial tiles (session 37), float16: a, the ping-pong 64x64, 128x128, 192x128; b, the cooperative 128x128 and
-// 256x128; c, the ping-pong 192x64 and cooperative 256x64 (false: not the file's tile).
-bool fprop_1x1_trial_a_f16(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream);
-bool fprop_1x1_trial_b_f16(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream);
-bool fprop_1x1_trial_c_f16(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream);
 // dx = dgrad(dy, w) in 128 x 128 or 128 x 64 tiles (pixels x channels) and dw = wgrad(dy, x) of `args` (act none:
 // dy is dz; stride 1 for dgrad); wgrad in one slice
 // (dw written directly) or wgrad_sliced in `slices` (slices.count > 1) through `workspace`, slices.workspace_bytes of

@@ -1,12 +1,13 @@
 // cutlass_sm90's 1x1 convolutions at stride 1 without padding, run as the GEMMs they are: y [N*H*W, K] =
-// x [N*H*W, C] (row-major) times w [K, C]^T (K-major), on CUTLASS's warp-specialized persistent ping-pong GEMM kernel
-// (gemm/cutlass/gemm_sm90_kernel.cuh) with the conv forward's epilogue visitor tree (ConvEpilogue: bias, residual,
-// the piecewise-linear activations and the clip). Why not the conv collective: these layers are memory-bound (C512
-// H28 K128 at N = 32 reads 25 MB of x for 3.3 GFLOP) with 4-8 reduction steps per tile, and CUTLASS 4.2's sm90 conv
-// kernel has no persistent scheduler, so every CTA's prologue (pipeline fill) and epilogue were exposed (0.60-0.81x
-// cuDNN). The persistent kernel's producer warp loads the next tile while a consumer warpgroup runs the last one's
-// epilogue, and the two consumer warpgroups alternate tiles; it runs as a programmatic dependent launch
-// (programmatic_launch(): 0.873x -> 0.950x cuDNN on C256 H56 K64, 0.815x -> 0.898x on C512 H28 K128).
+// x [N*H*W, C] (row-major) times w [K, C]^T (K-major), on CUTLASS's warp-specialized persistent GEMM kernels
+// (gemm/cutlass/gemm_sm90_kernel.cuh: ping-pong, or cooperative for short reductions) with the conv forward's
+// epilogue visitor tree (ConvEpilogue: bias, residual, the piecewise-linear activations and the clip). Why not the
+// conv collective: these layers are memory-bound (C512 H28 K128 at N = 32 reads 25 MB of x for 3.3 GFLOP) with 1-8
+// reduction steps per tile, and CUTLASS 4.2's sm90 conv kernel has no persistent scheduler, so every CTA's prologue
+// (pipeline fill) and epilogue were exposed (0.60-0.81x cuDNN). The persistent kernel's producer warp loads the next
+// tile while the consumers run the last one's epilogue (the ping-pong kernel's two consumer warpgroups alternate
+// tiles); it runs as a programmatic dependent launch (programmatic_launch(): 0.873x -> 0.950x cuDNN on C256 H56 K64,
+// 0.815x -> 0.898x on C512 H28 K128).
 #pragma once
 // Grid dependency control for programmatic_launch() (conv_sm90.cuh); before CUTLASS's headers (this header is each 1x1
 // unit's first include).
@@ -16,7 +17,8 @@
 
 namespace ge2::conv2d::cutlass_sm90 {
 
-template <typename Element, typename TileShape, typename KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+template <typename Element, typename TileShape,
+          typename KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong,
           typename EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized>
 using PointwiseKernelFor = gemm::cutlass_sm90::GemmKernelFor<
     Element, cutlass::layout::ColumnMajor,
@@ -24,7 +26,7 @@ using PointwiseKernelFor = gemm::cutlass_sm90::GemmKernelFor<
     gemm::cutlass_sm90::Cluster1x1, KernelSchedule, EpilogueSchedule>;
 template <typename Element, typename TileShape>
 using PointwiseGemm = typename PointwiseKernelFor<Element, TileShape>::Gemm;
-// Trial (session 37): both consumer warpgroups on one tile.
+// Both consumer warpgroups on one tile (M split between them).
 template <typename Element, typename TileShape>
 using CooperativePointwiseGemm =
     typename PointwiseKernelFor<Element, TileShape, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
@@ -54,7 +56,7 @@ void run_pointwise(const ForwardArgs& args, cudaStream_t stream) {
   launch<Gemm>(arguments, stream);
 }
 
-// The tiles (output pixels x filters, 64-channel reduction steps) of PointwiseTile, one consumer warpgroup per tile.
+// The tiles (output pixels x filters, 64-channel reduction steps) of PointwiseTile.
 template <typename Element>
 void fprop_1x1(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream) {
   if (!PiecewiseLinearActivations::has(args.act)) {
@@ -62,21 +64,18 @@ void fprop_1x1(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream)
   }
   using cute::_64;
   using cute::_128;
+  using cute::_256;
   switch (tile) {
     case PointwiseTile::Pingpong128x64:
       return run_pointwise<PointwiseGemm<Element, cute::Shape<_128, _64, _64>>>(args, stream);
     case PointwiseTile::Pingpong64x128:
       return run_pointwise<PointwiseGemm<Element, cute::Shape<_64, _128, _64>>>(args, stream);
-    default:
-      break;
+    case PointwiseTile::Cooperative256x64:
+      return run_pointwise<CooperativePointwiseGemm<Element, cute::Shape<_256, _64, _64>>>(args, stream);
+    case PointwiseTile::Cooperative256x128:
+      return run_pointwise<CooperativePointwiseGemm<Element, cute::Shape<_256, _128, _64>>>(args, stream);
   }
-  if constexpr (std::is_same_v<Element, cutlass::half_t>) {
-    if (fprop_1x1_trial_a_f16(args, tile, stream) || fprop_1x1_trial_b_f16(args, tile, stream) ||
-        fprop_1x1_trial_c_f16(args, tile, stream)) {
-      return;
-    }
-  }
-  throw std::invalid_argument("GE2_CUTLASS_SM90_CONV_1X1: the trial tiles run float16 only");
+  throw std::logic_error("cutlass_sm90: unknown 1x1 GEMM tile");
 }
 
 }  // namespace ge2::conv2d::cutlass_sm90

@@ -1,5 +1,5 @@
 // cutlass_sm90 conv2d forward instantiation: cutlass::bfloat16_t, 1x1 convolutions at stride 1 without padding as
-// GEMMs, the piecewise-linear activations (none, relu, leaky_relu), both PointwiseTile tiles (one file per dtype so
+// GEMMs, the piecewise-linear activations (none, relu, leaky_relu), the four PointwiseTile tiles (one file per dtype so
 // they compile in parallel).
 #include "conv_sm90_1x1.cuh"
 

@@ -77,6 +77,13 @@ namespace {
 bool aligned_16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; }
 
 #if GE2_WITH_CUTLASS
+int sm_count() {
+  int device = 0, sms = 0;
+  GE2_CUDA_CHECK(cudaGetDevice(&device));
+  GE2_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));  // cheap: no cache needed
+  return sms;
+}
+
 // The tile of the forward and of dgrad: 128 output pixels by 64 columns (the forward's filters K, dgrad's channels
 // C) where `narrow_by_default`, else by 128; GE2_CUTLASS_SM90_CONV_TILE=128x128|128x64 forces one for every launch
 // (read per launch, so the tests check both tiles and a benchmark times both in one process).
@@ -90,25 +97,37 @@ bool narrow_tile(bool narrow_by_default) {
 }
 
 // The 1x1 GEMM's tile (cutlass_sm90::PointwiseTile) for pointwise problem `s`, or none (false) for the conv
-// collective: 128 x 64 for 64 filters or fewer (a 128-wide tile would compute half empty), else 64 x 128 (each tile
-// reads its x rows once). H200, N = 32, float16, forward alone in CUDA-graph replay against cuDNN: C256 H56 K64 20.8
-// us (64 x 128: 29.2, the conv collective 22.4, cuDNN 18.3); C512 H28 K128 10.1 us (128 x 64: 10.5, the conv
-// collective 14.3, cuDNN 8.6). GE2_CUTLASS_SM90_CONV_1X1=conv|gemm_128x64|gemm_64x128 forces one (read per launch:
-// the tests check each, a benchmark times each in one process; problems that are not pointwise ignore it).
+// collective. Reductions of at most four 64-channel steps (C <= 256) with a full wave of 256-row tiles: the
+// cooperative 256 x 64 (64 filters or fewer) or 256 x 128 tile, both consumer warpgroups on a tile; else the ping-pong
+// 128 x 64 (64 filters or fewer: a 128-wide tile would compute half empty) or 64 x 128. Why: with so few reduction
+// steps each tile's fixed costs (its epilogue's turn, the pipeline's refill) dominate, and the 256-row tile has half as
+// many tiles and reads w's slice once per 256 rows. H200, session 37's mid call, N = 32 float16, forward alone in
+// CUDA-graph replay, us against the ping-pong tile (cuDNN): C256 H56 K64 18.5 against 19.1 (18.1), C64 H56 K256 28.2
+// against 41.3 (23.3), C128 H28 K512 16.8 against 22.6 (17.5), C64 H56 K64 9.7 against 11.1 (6.4); ties at C256 H56
+// K128 (25.0, 25.0) and C256 H14 K1024 (13.4 against 13.3; 200 tiles). Longer reductions lost on it: C512 H28 K128
+// 10.4 against 9.3 (98 tiles), C512 H28 K256 18.6 against 15.7, C1024 H14 K256 14.1 against 8.4; under one wave its
+// tiles leave SMs idle. GE2_CUTLASS_SM90_CONV_1X1=conv|gemm_128x64|gemm_64x128|coop_256x64|coop_256x128 forces one
+// (read per launch: the tests check each, a benchmark times each in one process; problems that are not pointwise
+// ignore it).
 bool pointwise_tile(const Shape& s, cutlass_sm90::PointwiseTile& tile) {
+  using cutlass_sm90::PointwiseTile;
   const char* forced = std::getenv("GE2_CUTLASS_SM90_CONV_1X1");
   const std::string name(forced == nullptr ? "" : forced);
   if (name.empty()) {
-    tile = s.k <= 64 ? cutlass_sm90::PointwiseTile::Pingpong128x64 : cutlass_sm90::PointwiseTile::Pingpong64x128;
+    const bool narrow = s.k <= 64;
+    const int64_t wide_tiles = (s.n * s.h * s.w + 255) / 256 * (narrow ? 1 : (s.k + 127) / 128);
+    if (s.c <= 256 && wide_tiles >= sm_count()) {
+      tile = narrow ? PointwiseTile::Cooperative256x64 : PointwiseTile::Cooperative256x128;
+    } else {
+      tile = narrow ? PointwiseTile::Pingpong128x64 : PointwiseTile::Pingpong64x128;
+    }
     return true;
   }
-  using cutlass_sm90::PointwiseTile;
   static const std::pair<const char*, PointwiseTile> kTiles[] = {
-      {"gemm_128x64", PointwiseTile::Pingpong128x64},        {"gemm_64x128", PointwiseTile::Pingpong64x128},
-      {"gemm_64x64", PointwiseTile::Pingpong64x64},          {"gemm_128x128", PointwiseTile::Pingpong128x128},
-      {"gemm_192x128", PointwiseTile::Pingpong192x128},      {"coop_128x128", PointwiseTile::Cooperative128x128},
-      {"coop_256x128", PointwiseTile::Cooperative256x128},
-      {"gemm_192x64", PointwiseTile::Pingpong192x64},        {"coop_256x64", PointwiseTile::Cooperative256x64}};
+      {"gemm_128x64", PointwiseTile::Pingpong128x64},
+      {"gemm_64x128", PointwiseTile::Pingpong64x128},
+      {"coop_256x64", PointwiseTile::Cooperative256x64},
+      {"coop_256x128", PointwiseTile::Cooperative256x128}};
   for (const auto& [tile_name, named_tile] : kTiles) {
     if (name == tile_name) {
       tile = named_tile;
@@ -116,8 +135,9 @@ bool pointwise_tile(const Shape& s, cutlass_sm90::PointwiseTile& tile) {
     }
   }
   if (name == "conv") return false;
-  throw std::invalid_argument("GE2_CUTLASS_SM90_CONV_1X1: expected conv, gemm_128x64 or gemm_64x128 (or a session 37 "
-                              "trial tile), got '" + name + "'");
+  throw std::invalid_argument(
+      "GE2_CUTLASS_SM90_CONV_1X1: expected conv, gemm_128x64, gemm_64x128, coop_256x64 or coop_256x128, got '" +
+      name + "'");
 }
 
 // Whether the forward runs on the persistent ping-pong kernel (64 x 128 tiles, conv_sm90_pingpong.cuh) rather than the
@@ -204,13 +224,6 @@ int forced_wgrad_slices() {
                                 forced + "'");
   }
   return static_cast<int>(slices);
-}
-
-int sm_count() {
-  int device = 0, sms = 0;
-  GE2_CUDA_CHECK(cudaGetDevice(&device));
-  GE2_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));  // cheap: no cache needed
-  return sms;
 }
 
 void wgrad(const BackwardArgs& args, cudaStream_t stream) {

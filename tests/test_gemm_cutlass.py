@@ -50,8 +50,16 @@ def _header_act_none_only() -> tuple[str, ...]:
     return tuple(names[enumerator] for enumerator in enumerators)
 
 
+def _header_float16_only() -> tuple[str, ...]:
+    """tile_table.hpp's kFloat16Only, as configuration names."""
+    enumerators = re.findall(r"TileConfig::(\w+)", TILE_TABLE.read_text().split("kFloat16Only[]")[1].split("};")[0])
+    names = {enumerator: name for name, enumerator in _header_config_names().items()}
+    return tuple(names[enumerator] for enumerator in enumerators)
+
+
 TILE_CONFIGS = tuple(_header_config_names())
 ACT_NONE_ONLY = _header_act_none_only()
+FLOAT16_ONLY = _header_float16_only()
 TABLE_NAMES = ("kTileTableFloat16ActNone", "kTileTableFloat16Activation", "kTileTableBFloat16ActNone",
                "kTileTableBFloat16Activation")
 
@@ -143,6 +151,8 @@ def _check_rules(text: str, name: str) -> None:
                for _, config, swizzle, raster in rules)
     if name.endswith("Activation"):
         assert not any(names[config] in ACT_NONE_ONLY for _, config, _, _ in rules)
+    if "BFloat16" in name:
+        assert not any(names[config] in FLOAT16_ONLY for _, config, _, _ in rules)
 
 
 def test_tile_table_names_every_configuration_the_sweep_times():
@@ -151,6 +161,7 @@ def test_tile_table_names_every_configuration_the_sweep_times():
     assert set(_header_config_names().values()) == {e.strip() for e in enumerators.split(",")}
     assert _sweep_module().CONFIGS == _header_config_names()
     assert _sweep_module().ACT_NONE_ONLY == ACT_NONE_ONLY
+    assert _sweep_module().FLOAT16_ONLY == FLOAT16_ONLY and set(FLOAT16_ONLY) <= set(ACT_NONE_ONLY)
     assert tuple(_sweep_module().TABLE_NAMES.values()) == TABLE_NAMES
     assert '#include "tile_rules.inc"' in TILE_TABLE.read_text()
     assert _sweep_module().TABLE == TILE_RULES  # the sweep writes the file the candidate compiles
@@ -233,11 +244,17 @@ def test_every_epilogue_matches_the_reference(rng, dtype, act):
 def test_every_tile_configuration_on_edge_shapes(rng, monkeypatch, dtype, config):
     _require_candidate()
     monkeypatch.setenv("GE2_CUTLASS_SM90_TILE", config)
+    if dtype != "float16" and config in FLOAT16_ONLY:
+        with pytest.raises(ValueError, match="compiled for float16 only"):
+            _run(rng, 64, 64, 64, dtype, "none", False, False)
+        return
     # one row; odd M (a partial cluster of two CTAs); K not a multiple of the 64-deep tile; N not a multiple of the
     # 128- or 256-wide tile; several waves of tiles
-    # (the act-none-only configurations: the plain product and act none with bias and residual)
-    cases = (("none", True, True, False), ("none", False, False, False)) if config in ACT_NONE_ONLY else (
-        ("gelu", True, True, False), ("silu", True, True, True), ("none", False, False, False))
+    # (the act-none-only configurations: the plain product, with bias, and act none with bias and residual, which
+    # the configurations without C run on their sibling with C)
+    cases = (("none", True, True, False), ("none", False, False, False), ("none", True, False, False)) \
+        if config in ACT_NONE_ONLY else (("gelu", True, True, False), ("silu", True, True, True),
+                                         ("none", False, False, False))
     for m, n, k in ((1, 8, 8), (7, 24, 72), (129, 136, 520), (333, 1032, 4104), (1000, 2056, 264)):
         for act, with_bias, with_c, after in cases:
             y, expected = _run(rng, m, n, k, dtype, act, with_bias, with_c, alpha=1.0, residual_after_act=after)

@@ -30,15 +30,26 @@ struct Problem {
 // cooperative 128x128, 128x256 and 256x128 tiles won no target shape: 2048^3 0.915-0.958x and 8192x1024x4096
 // 0.919-0.982x (the cluster-free 128x128 ping-pong and 128x256 cooperative tiles: 0.938-0.968x, 0.968-0.990x),
 // 8192^3 0.80-0.96x (the table's 128x256 cluster 2x1, swizzle 8: 0.985-1.005x).
-// The last two, without clusters, are compiled for act none only (gemm_sm90_none_<config>.cu: the plain product's
-// table picks them, the activations' does not); another activation refuses them.
+// Cooperative128x256 and Pingpong128x128, without clusters, are compiled for act none only (gemm_sm90_none_<config>.cu:
+// the plain product's table picks them, the activations' does not); another activation refuses them.
+// The <...>NoC configurations (session 37's candidates for 2048^3 float16) are compiled for act none and float16 only,
+// without a C operand (gemm_sm90.cuh's BiasEpilogue: no C in shared memory, each TMA store delayed by one subtile); a
+// problem with a residual runs on the same tiles with C (Cooperative128x128Cluster2x1NoC on Cooperative128x128,
+// Pingpong128x128Cluster1x2NoC on Pingpong128x128). Cluster1x2: two CTAs along N share each A tile (cuBLASLt's
+// 2048^3 float16 kernel, nvjet_sm90_hsh_128x128_64x6_2x1, clusters two CTAs along its M, which is our N: it computes
+// the transposed product); Epi64x64: the epilogue in 64x64 subtiles (CUTLASS's choice: 64x32).
 enum class TileConfig {
   Pingpong64x128,
   Cooperative128x128,
   Pingpong128x128Cluster2x1,
   Cooperative128x256Cluster2x1,
   Cooperative128x256,
-  Pingpong128x128
+  Pingpong128x128,
+  Pingpong128x128NoC,
+  Pingpong128x128Cluster2x1NoC,
+  Cooperative128x128Cluster2x1NoC,
+  Pingpong128x128Cluster1x2NoC,
+  Pingpong128x128Cluster2x1NoCEpi64x64
 };
 
 // The persistent tile scheduler's walk over the output tiles: CUTLASS's heuristic (along N when there are at least
@@ -75,5 +86,16 @@ GE2_CUTLASS_SM90_LAUNCHERS(bf16)
 GE2_CUTLASS_SM90_NONE_ONLY(Cooperative128x256)
 GE2_CUTLASS_SM90_NONE_ONLY(Pingpong128x128)
 #undef GE2_CUTLASS_SM90_NONE_ONLY
+
+// The act-none, float16-only configurations without C, one translation unit each.
+void launch_f16_none_Pingpong128x128NoC(const Problem& problem, const Schedule& schedule, cudaStream_t stream);
+void launch_f16_none_Pingpong128x128Cluster2x1NoC(const Problem& problem, const Schedule& schedule,
+                                                  cudaStream_t stream);
+void launch_f16_none_Cooperative128x128Cluster2x1NoC(const Problem& problem, const Schedule& schedule,
+                                                     cudaStream_t stream);
+void launch_f16_none_Pingpong128x128Cluster1x2NoC(const Problem& problem, const Schedule& schedule,
+                                                  cudaStream_t stream);
+void launch_f16_none_Pingpong128x128Cluster2x1NoCEpi64x64(const Problem& problem, const Schedule& schedule,
+                                                          cudaStream_t stream);
 
 }  // namespace ge2::gemm::cutlass_sm90

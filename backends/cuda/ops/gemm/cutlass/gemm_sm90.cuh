@@ -49,6 +49,22 @@ using GemmFor = GemmKernelFor<Element, cutlass::layout::RowMajor,
                               ResidualBiasActEpilogue<Element, Activation, TileShape, 16 / sizeof(Element)>, TileShape,
                               ClusterShape, KernelSchedule, EpilogueSchedule>;
 
+// The plain product's tree without a source operand: alpha * acc + bias[col]. Kernels built on it (ElementC void:
+// no C in shared memory, CUTLASS delays each TMA store by one epilogue subtile) run only problems without a residual.
+template <typename Element, typename TileShape, int kAlignment>
+using BiasEpilogue = evt::Sm90EVT<
+    evt::Sm90Compute<cutlass::homogeneous_multiply_add, Element, float, kRound>,  // alpha * acc + bias
+    ScalarArgument,                                                                 // alpha
+    evt::Sm90AccFetch,                                                              // acc
+    evt::Sm90RowBroadcast<0, TileShape, Element, float, cute::Stride<cute::_0, cute::_1, int64_t>,
+                          kAlignment>>;  // bias[col]
+
+template <typename Element, typename TileShape, typename ClusterShape, typename KernelSchedule,
+          typename EpilogueSchedule, typename EpilogueTile>
+using GemmNoCFor =
+    GemmKernelFor<Element, cutlass::layout::RowMajor, BiasEpilogue<Element, TileShape, 16 / sizeof(Element)>, TileShape,
+                  ClusterShape, KernelSchedule, EpilogueSchedule, void, EpilogueTile>;
+
 // What a kernel's parameters are built from, besides its type: a call with an equal key may reuse them.
 struct ParamsKey {
   const void* a;
@@ -127,8 +143,12 @@ void launch_one(const Problem& problem, const Schedule& schedule, cudaStream_t s
   }
   const int m = static_cast<int>(problem.m), n = static_cast<int>(problem.n), k = static_cast<int>(problem.k);
   using ElementA = typename Kernel::ElementA;
-  using ElementC = typename Kernel::ElementC;
+  using ElementC = typename Kernel::ElementC;  // void: the kernel has no source operand (BiasEpilogue)
   using ElementD = typename Kernel::ElementD;
+  constexpr bool kHasC = !std::is_void_v<ElementC>;
+  if (!kHasC && beta != 0.0f) {
+    throw std::logic_error("cutlass_sm90: a kernel without a C operand was given a residual");
+  }
   // Packed row-major strides in CuTe's (rows, columns, batch) order: A is M x K (K contiguous), B is seen as N x K
   // with N contiguous, C and D are M x N (N contiguous).
   typename Kernel::StrideA stride_a = cute::make_stride(int64_t(k), cute::Int<1>{}, int64_t(m) * k);
@@ -147,22 +167,29 @@ void launch_one(const Problem& problem, const Schedule& schedule, cudaStream_t s
       {m, n, k, 1},
       {static_cast<const ElementA*>(problem.a), stride_a, static_cast<const ElementA*>(problem.b), stride_b},
       // Without a residual C is never read (both betas 0), but its TMA descriptor is still built: D stands in.
-      {{}, static_cast<const ElementC*>(problem.c != nullptr ? problem.c : problem.y), stride_c,
-       static_cast<ElementD*>(problem.y), stride_d},
+      {{},
+       static_cast<const ElementC*>(!kHasC ? nullptr : problem.c != nullptr ? problem.c : problem.y),
+       stride_c, static_cast<ElementD*>(problem.y), stride_d},
       hardware};
-  const ElementC* bias = static_cast<const ElementC*>(problem.bias);
-  // The tree's arguments, children first then the node's own, in the order of ResidualBiasActEpilogue.
-  arguments.epilogue.thread = {
-      {{beta_after}},  // beta_after
-      {},              // C
-      {                // act(...)
-       {                // beta_before * C + (...)
-        {{beta_before}},
-        {},
-        {{{problem.alpha}}, {}, {bias, ElementC(0), {}}, {}},  // alpha * acc + bias
-        {}},
-       {}},
-      {}};
+  // The tree's arguments, children first then the node's own, in the order of ResidualBiasActEpilogue (or
+  // BiasEpilogue).
+  if constexpr (kHasC) {
+    const ElementD* bias = static_cast<const ElementD*>(problem.bias);
+    arguments.epilogue.thread = {
+        {{beta_after}},  // beta_after
+        {},              // C
+        {                // act(...)
+         {                // beta_before * C + (...)
+          {{beta_before}},
+          {},
+          {{{problem.alpha}}, {}, {bias, ElementD(0), {}}, {}},  // alpha * acc + bias
+          {}},
+         {}},
+        {}};
+  } else {  // alpha * acc + bias
+    arguments.epilogue.thread = {
+        {{problem.alpha}}, {}, {static_cast<const ElementD*>(problem.bias), ElementD(0), {}}, {}};
+  }
   arguments.scheduler.max_swizzle_size = schedule.max_swizzle;
   using RasterOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
   arguments.scheduler.raster_order = schedule.raster == Raster::AlongM   ? RasterOptions::AlongM
@@ -199,6 +226,14 @@ void launch_config(const Problem& problem, const Schedule& schedule, cudaStream_
       problem, schedule, stream);
 }
 
+template <typename Element, typename TileShape, typename ClusterShape, typename KernelSchedule,
+          typename EpilogueSchedule, typename EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto>
+void launch_config_no_c(const Problem& problem, const Schedule& schedule, cudaStream_t stream) {
+  launch_one<
+      typename GemmNoCFor<Element, TileShape, ClusterShape, KernelSchedule, EpilogueSchedule, EpilogueTile>::Gemm>(
+      problem, schedule, stream);
+}
+
 // An act-none-only configuration (its own translation unit, gemm_sm90_none_<config>.cu).
 #define GE2_CUTLASS_SM90_NONE_ONLY_CASE(config)                                                                \
   case TileConfig::config:                                                                                     \
@@ -208,6 +243,23 @@ void launch_config(const Problem& problem, const Schedule& schedule, cudaStream_
       return launch_f16_none_##config(problem, schedule, stream);                                              \
     } else {                                                                                                   \
       return launch_bf16_none_##config(problem, schedule, stream);                                             \
+    }
+
+// An act-none, float16-only configuration without a C operand (its own translation unit,
+// gemm_sm90_none_<config>.cu); a problem with a residual runs on `sibling`, the same tiles with C.
+#define GE2_CUTLASS_SM90_NO_C_CASE(no_c_config, sibling)                                                              \
+  case TileConfig::no_c_config:                                                                                       \
+    if constexpr (!kNone) {                                                                                           \
+      throw std::invalid_argument("GE2_CUTLASS_SM90_TILE: " #no_c_config " is compiled for act none only");           \
+    } else if constexpr (!std::is_same_v<Element, cutlass::half_t>) {                                                 \
+      throw std::invalid_argument("GE2_CUTLASS_SM90_TILE: " #no_c_config " is compiled for float16 only");            \
+    } else {                                                                                                          \
+      if (problem.c != nullptr && problem.beta != 0.0f) {                                                             \
+        Schedule with_c = schedule;                                                                                   \
+        with_c.config = TileConfig::sibling;                                                                          \
+        return launch<Element, Activation>(problem, with_c, stream);                                                  \
+      }                                                                                                               \
+      return launch_f16_none_##no_c_config(problem, schedule, stream);                                                \
     }
 
 // Runs `problem` with the tile configuration the table picked (or GE2_CUTLASS_SM90_TILE forced).
@@ -229,9 +281,15 @@ void launch(const Problem& problem, const Schedule& schedule, cudaStream_t strea
                            CooperativeEpilogue>(problem, schedule, stream);
     GE2_CUTLASS_SM90_NONE_ONLY_CASE(Cooperative128x256)
     GE2_CUTLASS_SM90_NONE_ONLY_CASE(Pingpong128x128)
+    GE2_CUTLASS_SM90_NO_C_CASE(Pingpong128x128NoC, Pingpong128x128)
+    GE2_CUTLASS_SM90_NO_C_CASE(Pingpong128x128Cluster2x1NoC, Pingpong128x128Cluster2x1)
+    GE2_CUTLASS_SM90_NO_C_CASE(Cooperative128x128Cluster2x1NoC, Cooperative128x128)
+    GE2_CUTLASS_SM90_NO_C_CASE(Pingpong128x128Cluster1x2NoC, Pingpong128x128)
+    GE2_CUTLASS_SM90_NO_C_CASE(Pingpong128x128Cluster2x1NoCEpi64x64, Pingpong128x128Cluster2x1)
   }
   throw std::logic_error("cutlass_sm90: unknown tile configuration");
 }
 #undef GE2_CUTLASS_SM90_NONE_ONLY_CASE
+#undef GE2_CUTLASS_SM90_NO_C_CASE
 
 }  // namespace ge2::gemm::cutlass_sm90

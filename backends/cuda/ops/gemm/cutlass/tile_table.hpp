@@ -34,9 +34,25 @@ constexpr TileConfigName kTileConfigNames[] = {
     {"cooperative_128x256x64_cluster2x1", TileConfig::Cooperative128x256Cluster2x1},
     {"cooperative_128x256x64", TileConfig::Cooperative128x256},
     {"pingpong_128x128x64", TileConfig::Pingpong128x128},
+    {"pingpong_128x128x64_noc", TileConfig::Pingpong128x128NoC},
+    {"pingpong_128x128x64_cluster2x1_noc", TileConfig::Pingpong128x128Cluster2x1NoC},
+    {"cooperative_128x128x64_cluster2x1_noc", TileConfig::Cooperative128x128Cluster2x1NoC},
+    {"pingpong_128x128x64_cluster1x2_noc", TileConfig::Pingpong128x128Cluster1x2NoC},
+    {"pingpong_128x128x64_cluster2x1_noc_epi64x64", TileConfig::Pingpong128x128Cluster2x1NoCEpi64x64},
 };
 // The configurations compiled for act none only (see TileConfig).
-constexpr TileConfig kActNoneOnly[] = {TileConfig::Cooperative128x256, TileConfig::Pingpong128x128};
+constexpr TileConfig kActNoneOnly[] = {TileConfig::Cooperative128x256,
+                                       TileConfig::Pingpong128x128,
+                                       TileConfig::Pingpong128x128NoC,
+                                       TileConfig::Pingpong128x128Cluster2x1NoC,
+                                       TileConfig::Cooperative128x128Cluster2x1NoC,
+                                       TileConfig::Pingpong128x128Cluster1x2NoC,
+                                       TileConfig::Pingpong128x128Cluster2x1NoCEpi64x64};
+// Of those, the ones compiled for float16 only (the bfloat16 tables must not pick them).
+constexpr TileConfig kFloat16Only[] = {TileConfig::Pingpong128x128NoC, TileConfig::Pingpong128x128Cluster2x1NoC,
+                                       TileConfig::Cooperative128x128Cluster2x1NoC,
+                                       TileConfig::Pingpong128x128Cluster1x2NoC,
+                                       TileConfig::Pingpong128x128Cluster2x1NoCEpi64x64};
 
 inline TileConfig tile_config_from_name(const std::string& name) {
   std::string names;

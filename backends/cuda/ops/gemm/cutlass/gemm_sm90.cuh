@@ -172,9 +172,8 @@ void launch_one(const Problem& problem, const Schedule& schedule, cudaStream_t s
        stride_c, static_cast<ElementD*>(problem.y), stride_d},
       hardware};
   // The tree's arguments, children first then the node's own, in the order of ResidualBiasActEpilogue (or
-  // BiasEpilogue).
+  // BiasEpilogue; bias is cast in place: nvcc warns of a local used in one branch of an if constexpr only).
   if constexpr (kHasC) {
-    const ElementD* bias = static_cast<const ElementD*>(problem.bias);
     arguments.epilogue.thread = {
         {{beta_after}},  // beta_after
         {},              // C
@@ -182,7 +181,7 @@ void launch_one(const Problem& problem, const Schedule& schedule, cudaStream_t s
          {                // beta_before * C + (...)
           {{beta_before}},
           {},
-          {{{problem.alpha}}, {}, {bias, ElementD(0), {}}, {}},  // alpha * acc + bias
+          {{{problem.alpha}}, {}, {static_cast<const ElementD*>(problem.bias), ElementD(0), {}}, {}},  // alpha*acc+bias
           {}},
          {}},
         {}};

@@ -358,6 +358,18 @@ def test_edge_shapes(rng, dtype, m, n, k):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m, n, k", [(2048, 2048, 136), (3000, 4200, 72)])
+def test_plain_table_rules_without_c_give_way_to_a_residual(rng, dtype, m, n, k):
+    """The float16 act-none table picks a configuration without C at 193-256 and from 769 128x128 tiles (256 and 792
+    here); a problem with a residual takes the activations' rule there."""
+    _require_candidate()
+    for with_bias, with_c in ((False, False), (True, False), (True, True)):
+        y, expected = _run(rng, m, n, k, dtype, "none", with_bias, with_c, alpha=1.0)
+        assert_close(y, expected, dtype, k, what=f"cutlass_sm90 {m}x{n}x{k} bias={with_bias} residual={with_c}")
+
+
+@pytest.mark.gpu
 def test_misaligned_or_unsupported_problems_are_refused_with_the_reason(rng):
     _require_candidate()
     runtime = ge2.device.runtime()

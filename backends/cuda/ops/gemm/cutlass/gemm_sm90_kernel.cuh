@@ -21,16 +21,15 @@ using Cluster2x1 = cute::Shape<cute::_2, cute::_1, cute::_1>;
 
 // The builder picks the mainloop's stage count from the shared memory the epilogue leaves; the tile scheduler is the
 // data-parallel persistent one. ElementC void: an epilogue without a source operand (no C in shared memory, no C
-// loads; the tree must not fetch C). EpilogueTile: the epilogue's subtile (CUTLASS's choice by default).
+// loads; the tree must not fetch C).
 template <typename Element, typename LayoutB, typename Fusion, typename TileShape, typename ClusterShape,
-          typename KernelSchedule, typename EpilogueSchedule, typename ElementC = Element,
-          typename EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto>
+          typename KernelSchedule, typename EpilogueSchedule, typename ElementC = Element>
 struct GemmKernelFor {
   using Layout = cutlass::layout::RowMajor;
   static constexpr int kAlignment = 16 / sizeof(Element);
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      EpilogueTile, float, float, ElementC, Layout, kAlignment, Element, Layout,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, Layout, kAlignment, Element, Layout,
       kAlignment, EpilogueSchedule, Fusion>::CollectiveOp;
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, Layout, kAlignment, Element, LayoutB, kAlignment,

@@ -34,25 +34,15 @@ constexpr TileConfigName kTileConfigNames[] = {
     {"cooperative_128x256x64_cluster2x1", TileConfig::Cooperative128x256Cluster2x1},
     {"cooperative_128x256x64", TileConfig::Cooperative128x256},
     {"pingpong_128x128x64", TileConfig::Pingpong128x128},
-    {"pingpong_128x128x64_noc", TileConfig::Pingpong128x128NoC},
     {"pingpong_128x128x64_cluster2x1_noc", TileConfig::Pingpong128x128Cluster2x1NoC},
-    {"cooperative_128x128x64_cluster2x1_noc", TileConfig::Cooperative128x128Cluster2x1NoC},
-    {"pingpong_128x128x64_cluster1x2_noc", TileConfig::Pingpong128x128Cluster1x2NoC},
-    {"pingpong_128x128x64_cluster2x1_noc_epi64x64", TileConfig::Pingpong128x128Cluster2x1NoCEpi64x64},
 };
 // The configurations compiled for act none only (see TileConfig).
-constexpr TileConfig kActNoneOnly[] = {TileConfig::Cooperative128x256,
-                                       TileConfig::Pingpong128x128,
-                                       TileConfig::Pingpong128x128NoC,
-                                       TileConfig::Pingpong128x128Cluster2x1NoC,
-                                       TileConfig::Cooperative128x128Cluster2x1NoC,
-                                       TileConfig::Pingpong128x128Cluster1x2NoC,
-                                       TileConfig::Pingpong128x128Cluster2x1NoCEpi64x64};
-// Of those, the ones compiled for float16 only (the bfloat16 tables must not pick them).
-constexpr TileConfig kFloat16Only[] = {TileConfig::Pingpong128x128NoC, TileConfig::Pingpong128x128Cluster2x1NoC,
-                                       TileConfig::Cooperative128x128Cluster2x1NoC,
-                                       TileConfig::Pingpong128x128Cluster1x2NoC,
-                                       TileConfig::Pingpong128x128Cluster2x1NoCEpi64x64};
+constexpr TileConfig kActNoneOnly[] = {TileConfig::Cooperative128x256, TileConfig::Pingpong128x128,
+                                       TileConfig::Pingpong128x128Cluster2x1NoC};
+// Of those, the ones compiled for float16 only (the bfloat16 tables must not pick them) and the ones without a C
+// operand (a problem with a residual takes the activations' table instead).
+constexpr TileConfig kFloat16Only[] = {TileConfig::Pingpong128x128Cluster2x1NoC};
+constexpr TileConfig kWithoutC[] = {TileConfig::Pingpong128x128Cluster2x1NoC};
 
 inline TileConfig tile_config_from_name(const std::string& name) {
   std::string names;
@@ -83,14 +73,19 @@ Schedule first_matching_rule(const TileRule (&table)[kRules], int64_t tiles) {
   throw std::logic_error("cutlass_sm90: a tile table's last rule must match every problem");
 }
 
-inline Schedule choose_schedule(bool float16, bool act_none, int64_t m, int64_t n) {
+// has_residual: the problem reads C (beta != 0); the act-none table's configurations without C then give way to the
+// activations' table, measured with a residual.
+inline Schedule choose_schedule(bool float16, bool act_none, bool has_residual, int64_t m, int64_t n) {
   const int64_t tiles = ((m + 127) / 128) * ((n + 127) / 128);
-  if (float16) {
-    return act_none ? first_matching_rule(kTileTableFloat16ActNone, tiles)
-                    : first_matching_rule(kTileTableFloat16Activation, tiles);
+  if (act_none) {
+    const Schedule plain = float16 ? first_matching_rule(kTileTableFloat16ActNone, tiles)
+                                   : first_matching_rule(kTileTableBFloat16ActNone, tiles);
+    bool without_c = false;
+    for (TileConfig config : kWithoutC) without_c = without_c || config == plain.config;
+    if (!(has_residual && without_c)) return plain;
   }
-  return act_none ? first_matching_rule(kTileTableBFloat16ActNone, tiles)
-                  : first_matching_rule(kTileTableBFloat16Activation, tiles);
+  return float16 ? first_matching_rule(kTileTableFloat16Activation, tiles)
+                 : first_matching_rule(kTileTableBFloat16Activation, tiles);
 }
 
 }  // namespace ge2::gemm::cutlass_sm90

@@ -63,7 +63,8 @@ void launch_cutlass_sm90(const ForwardArgs& args, cudaStream_t stream) {
   const char* forced_swizzle = std::getenv("GE2_CUTLASS_SM90_SWIZZLE");
   const char* forced_raster = std::getenv("GE2_CUTLASS_SM90_RASTER");
   const bool f16 = args.dtype == DType::Float16;
-  Schedule schedule = choose_schedule(f16, args.act == Act::None, args.m, args.n);
+  const bool has_residual = args.c != nullptr && args.beta != 0.0f;
+  Schedule schedule = choose_schedule(f16, args.act == Act::None, has_residual, args.m, args.n);
   if (forced_tile != nullptr && *forced_tile != '\0') schedule = {tile_config_from_name(forced_tile), 1};
   if (forced_swizzle != nullptr && *forced_swizzle != '\0') schedule.max_swizzle = swizzle_from_text(forced_swizzle);
   if (forced_raster != nullptr && *forced_raster != '\0') schedule.raster = raster_from_text(forced_raster);

@@ -36,7 +36,7 @@ struct Problem {
 // (gemm_sm90.cuh's BiasEpilogue: no C in shared memory, each TMA store delayed by one subtile); forced on a problem
 // with a residual it runs Pingpong128x128Cluster2x1, and the table gives such problems the activations' choice. Session
 // 37's mid call (H200, device time, float16): 2048^3 29.4 us against 31.0 for the table's ping-pong 128x128 (cuBLASLt
-// 30.3), 8192^3 1704 against 1760 us for cooperative 128x256 cluster 2x1 (cuBLASLt 1818). Tried there and left out:
+// 30.3), 8192^3 1706 against 1760 us for cooperative 128x256 cluster 2x1 (cuBLASLt 1818). Tried there and left out:
 // the same tiles without a cluster (2048^3 29.8 us, 4096^3 205.2 against 193.6), in clusters along N (TMA multicasts
 // A; cuBLASLt's 2048^3 kernel clusters along its M, our N: 29.2 us at 2048^3 and 1700.8 at 8192^3, within noise of the
 // kept one, but 251 us against 102 at 8192x1024x4096 with swizzle 8), with 64x64 epilogue subtiles (29.5 us against

@@ -30,9 +30,9 @@ def torch_cuda():
 SLEEP_CYCLES = 200_000
 
 
-def median_ms(fn, warmup: int = 10, reps: int = 50, flush_l2: bool = True, sleep: bool = True) -> float:
-    """Median time of ``fn()`` in milliseconds, each repetition timed with CUDA events on the current stream. With
-    ``sleep`` the stream first sleeps on the device (SLEEP_CYCLES), so the host's launch of ``fn`` is queued while
+def median_ms(fn, warmup: int = 10, reps: int = 50, flush_l2: bool = True) -> float:
+    """Median time of ``fn()`` in milliseconds, each repetition timed with CUDA events on the current stream. The
+    stream first sleeps on the device (SLEEP_CYCLES), so the host's launch of ``fn`` is queued while
     the GPU is busy and the events time the device's work only: without it host time leaks into kernels under
     ~30 us when the CPUs are busy (host work in ``fn`` that outlasts the sleep still counts)."""
     torch = torch_cuda()
@@ -43,8 +43,7 @@ def median_ms(fn, warmup: int = 10, reps: int = 50, flush_l2: bool = True, sleep
     for _ in range(reps):
         if flush is not None:
             flush.zero_()
-        if sleep:
-            torch.cuda._sleep(SLEEP_CYCLES)
+        torch.cuda._sleep(SLEEP_CYCLES)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()

@@ -1,5 +1,5 @@
 """benchmarks/harness.py's median_ms on a CPU machine, with a recording stand-in for torch: each timed call is
-preceded by the L2 flush and a device sleep (so the host's launch is hidden), and the sleep can be turned off."""
+preceded by the L2 flush (unless turned off) and a device sleep (so the host's launch is hidden)."""
 from __future__ import annotations
 
 import importlib.util
@@ -67,5 +67,5 @@ def test_median_ms_sleeps_on_the_device_before_each_timed_call(monkeypatch):
     sleep = f"sleep {harness.SLEEP_CYCLES}"
     assert fake.log == ["fn"] + ["flush", sleep, "record", "fn", "record"] * 2
     fake.log.clear()
-    harness.median_ms(lambda: fake.log.append("fn"), warmup=0, reps=1, flush_l2=False, sleep=False)
-    assert fake.log == ["record", "fn", "record"]
+    harness.median_ms(lambda: fake.log.append("fn"), warmup=0, reps=1, flush_l2=False)
+    assert fake.log == [sleep, "record", "fn", "record"]

@@ -34,13 +34,13 @@ export ALL_GPU_FILES=" $(echo ${GE2_ALL_GPU_FILES:-tests/test_distributed.py tes
 export GPU_LIST=${visible_gpus:-0} GPU_COUNT=${GE2_TEST_GPUS:-$(echo "${visible_gpus:-0}" | tr ',' '\n' | grep -c .)}
 
 # One job per line: "<log name> <test file> [<shard>/<shards>]" (a sharded file runs as GE2_SHARD=i/n, see conftest).
+# The sharded (longest) files' shards come first, so no long shard starts in the run's last minutes.
 jobs=$(for f in ${GE2_TEST_FILES:-tests/test_*.py}; do
-  name=$(basename "$f" .py)
-  if [[ $sharded == *" $f "* ]]; then
-    for ((shard = 0; shard < shards; shard++)); do echo "$name.$shard $f $shard/$shards"; done
-  else
-    echo "$name $f"
-  fi
+  [[ $sharded == *" $f "* ]] || continue
+  for ((shard = 0; shard < shards; shard++)); do echo "$(basename "$f" .py).$shard $f $shard/$shards"; done
+done
+for f in ${GE2_TEST_FILES:-tests/test_*.py}; do
+  [[ $sharded == *" $f "* ]] || echo "$(basename "$f" .py) $f"
 done)
 
 run_job() {  # run_job <log name> <test file> [<shard>/<shards>]; XARGS_SLOT picks the GPU

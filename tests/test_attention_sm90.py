@@ -113,15 +113,6 @@ def _head_dim_id(head_dim):  # test ids name it, so that `-k head_dim256` select
     return f"head_dim{head_dim}"
 
 
-@pytest.fixture(params=("0", "1", "2"), ids=("forward0", "forward1", "forward2"))
-def forward_variant(request, monkeypatch):
-    """Every forward kernel, chosen by GE2_FLASH_SM90_FORWARD at each launch: 0 scales every score before the max,
-    1 folds the scaling into each score's exp2 FFMA (the max of the raw scores, scaled once a row; one mask limit a
-    row), 2 also loads K and V from two producer threads."""
-    monkeypatch.setenv("GE2_FLASH_SM90_FORWARD", request.param)
-    return request.param
-
-
 def _problem(rng, batch, heads_q, heads_kv, seq_q, seq_k, head_dim, dtype, layout):
     arrays = [random_array(rng, (batch, heads, seq, head_dim), dtype)
               for heads, seq in ((heads_q, seq_q), (heads_kv, seq_k), (heads_kv, seq_k), (heads_q, seq_q))]
@@ -133,7 +124,7 @@ def _problem(rng, batch, heads_q, heads_kv, seq_q, seq_k, head_dim, dtype, layou
 @pytest.mark.parametrize("head_dim", (64, 128, 256), ids=_head_dim_id)
 @pytest.mark.parametrize("causal", (False, True))
 @pytest.mark.parametrize("seq", (1, 7, 129, 1000))
-def test_forward_and_backward_match_the_reference(rng, poisoned, forward_variant, dtype, head_dim, causal, seq):
+def test_forward_and_backward_match_the_reference(rng, poisoned, dtype, head_dim, causal, seq):
     """y and lse, then dq, dk, dv from them: one tile (1, 7), a partial second (129), many (1000: 8 key tiles, 13 at
     head_dim 256, the backward's causal CTAs skipping the query tiles above their keys)."""
     _require_flash_sm90()
@@ -170,7 +161,7 @@ def test_grouped_heads_unequal_lengths_and_layouts(rng, poisoned, dtype, causal,
 @pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
 @pytest.mark.parametrize("head_dim", (64, 128, 256), ids=_head_dim_id)
 @pytest.mark.parametrize("causal", (False, True))
-def test_long_sequences_wrap_the_pipelines(rng, poisoned, forward_variant, dtype, head_dim, causal):
+def test_long_sequences_wrap_the_pipelines(rng, poisoned, dtype, head_dim, causal):
     """2048 keys and queries, 2 query heads per K/V head: the forward's 16 K/V tiles (26 at head_dim 256) and the
     backward's 32 (head_dim 128 and 256) or 16 (64) Q/dO tiles per head through their 2-stage rings, and the
     backward's double-buffered dS (and P at head_dim 256)."""
@@ -183,8 +174,7 @@ def test_long_sequences_wrap_the_pipelines(rng, poisoned, forward_variant, dtype
 @pytest.mark.parametrize("head_dim", (64, 128), ids=_head_dim_id)  # head_dim 256 runs an item a CTA
 @pytest.mark.parametrize("causal", (False, True))
 @pytest.mark.parametrize("layout", attention.LAYOUTS)
-def test_persistent_ctas_walk_several_work_items(rng, poisoned, monkeypatch, forward_variant, head_dim, causal,
-                                                 layout):
+def test_persistent_ctas_walk_several_work_items(rng, poisoned, monkeypatch, head_dim, causal, layout):
     """Persistent forward CTAs (forced on, causal too): 4 x 8 heads x 9 query blocks of 128 (the last of 6 rows) are
     288 work items for the H200's 132 CTAs, so a CTA runs 2 or 3 items of different key tile counts (700 keys) and
     its K/V ring, Q tile and O tile turn over between them."""
@@ -198,7 +188,7 @@ def test_persistent_ctas_walk_several_work_items(rng, poisoned, monkeypatch, for
 @pytest.mark.parametrize("head_dim", (64, 128), ids=_head_dim_id)
 @pytest.mark.parametrize("causal", (False, True))
 @pytest.mark.parametrize("seq_k", (100, 300))
-def test_persistent_ctas_walk_short_items(rng, poisoned, monkeypatch, forward_variant, head_dim, causal, seq_k):
+def test_persistent_ctas_walk_short_items(rng, poisoned, monkeypatch, head_dim, causal, seq_k):
     """Persistent forward CTAs over 4 x 8 heads x 16 query blocks (2000 rows) = 512 items of few key tiles: 100 keys
     make every item one tile (a CTA's items turn over at every tile: Q's two buffers alternate, each consumer stores
     its O rows every tile), 300 three (the last partial; causal, the first blocks see one or two)."""
@@ -211,12 +201,11 @@ def test_persistent_ctas_walk_short_items(rng, poisoned, monkeypatch, forward_va
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", (64, 128, 256), ids=_head_dim_id)
 @pytest.mark.parametrize("causal", (False, True))
-@pytest.mark.parametrize("variant", ("1", "2"))
-def test_folded_scale_keeps_a_negative_scale_right(rng, poisoned, monkeypatch, variant, head_dim, causal):
-    """The folded softmax takes the max of the raw scores, which is the max of the scaled ones only for scale > 0:
-    asked for with a negative scale, the launcher runs forward 0 (300 keys: a partial third tile)."""
+def test_folded_scale_keeps_a_negative_scale_right(rng, poisoned, head_dim, causal):
+    """The forward folds the scale into each score's exp2, so its row statistics come from the raw scores: their
+    max for scale > 0, their min (masked scores +inf) for scale < 0. At -0.3 a key tile's scaled scores span more
+    than 2^16 a row, so a max taken the wrong way round would overflow P's float16 (300 keys: a partial third tile)."""
     _require_flash_sm90()
-    monkeypatch.setenv("GE2_FLASH_SM90_FORWARD", variant)
     q, k, v, _ = _problem(rng, 2, 4, 2, 300, 300, head_dim, "float16", "bhsd")
     _check_forward(q, k, v, causal, "bhsd", KERNEL, poisoned, "float16", scale=-0.3)
 

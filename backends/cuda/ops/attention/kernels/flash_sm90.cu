@@ -2,6 +2,8 @@
 // problems it runs, and which (pass, dtype, head_dim) instantiation in sm90/flash_sm90_*.cu (compiled for sm_90a
 // only, when CMake found CUTLASS: GE2_WITH_CUTLASS=1) runs them. The backward runs between flash's row_dot and
 // dq_store kernels, in flash's workspace.
+#include <cmath>
+#include <stdexcept>
 #include <string>
 
 #include "api.hpp"
@@ -38,6 +40,12 @@ std::string flash_sm90_unsupported_reason(const Shape& s) {
 
 void launch_flash_sm90_forward(const ForwardArgs& args, cudaStream_t stream) {
 #if GE2_WITH_CUTLASS
+  // The forward folds the scale into each score's exp2, ordering the raw scores by its sign (attention's Python
+  // entry points accept finite nonzero scales only; this guards other callers from a silently wrong result).
+  if (!(std::isfinite(args.shape.scale) && args.shape.scale != 0.0f)) {
+    throw std::invalid_argument("scale: flash_sm90 needs a finite nonzero scale, got " +
+                                std::to_string(args.shape.scale));
+  }
   using Launch = void (*)(const ForwardArgs&, cudaStream_t);
   const bool half = args.shape.dtype == DType::Float16;
   const int head_dim = args.shape.head_dim;

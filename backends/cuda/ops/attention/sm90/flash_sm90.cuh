@@ -250,18 +250,15 @@ __device__ __forceinline__ WorkItem work_item(Params<T> const& p, int index) {
 // head_dim 256, T::kPersistent false), several where it is persistent (a CTA per SM). Across a CTA's items the K/V
 // ring keeps turning (its stage and phase count the CTA's tiles) and Q's buffers alternate, so the producer loads the
 // next item's Q and K/V tiles while the consumers still work on the current one.
-// kFoldScale (scale > 0 only): the softmax takes the row max of the raw scores and scales that once a row, and each
-// score's exp2 argument is one FFMA, s * scale_log2 - max (FlashAttention-3's way), where the other path spends an
-// FMUL on every score before the max and an FADD after it. Rounding is monotonic, so fl(scale_log2 * max s) is the
-// max of the scaled scores and the row statistics (so lse) are those of the other path; each exponent is rounded
-// once instead of twice. Its masked tiles compare each score's column offset with one limit a row (FlashAttention-3's
-// col_limit): with the other path's per-score tests of seq_k and the causal bound, the fold alone spilled (ptxas
-// kept the masks in registers that the FMULs had overlapped).
-// kSplitLoads: thread 0 loads Q and K, the next warp's first thread V, each as soon as its own ring stage is free.
-// The consumers release K_j after S_j = Q K_j^T but V_{j-1} only after tile j's softmax and P V_{j-1}; one thread
-// loading K and V in turn issued K_{j+2} after V_{j+1}, so behind V_{j-1}'s release, a softmax later than its stage
-// was free.
-template <class T, bool kFoldScale, bool kSplitLoads>
+// The softmax folds the scaling into each score's exp2 (FlashAttention-3's way): it takes the row max of the raw
+// scores and scales that once a row, and each exponent is one FFMA, s * scale_log2 - max (scaling every score first
+// costs an FMUL before the max and an FADD after it: session 38's H200 bench, (8,12,1024,64) causal 1.038x torch
+// against 0.839x). Rounding is monotonic, so for scale > 0 fl(scale_log2 * max s) is the max of the scaled scores,
+// and each exponent is rounded once. For scale < 0 (kNegativeScale) the order turns over: the row min of the raw
+// scores, scaled, is the max of the scaled ones, and masked scores are +inf (+inf * scale_log2 = -inf). The masked
+// tiles compare each score's column offset with one limit a row (FlashAttention-3's col_limit): per-score tests of
+// seq_k and the causal bound spilled with the fold (ptxas kept the masks in registers).
+template <class T, bool kNegativeScale>
 __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONSTANT Params<T> const p) {
   using Element = typename T::Element;
   using Barrier = cutlass::arch::ClusterBarrier;
@@ -304,9 +301,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
 
   if (warpgroup == 0) {  // producer
     cutlass::arch::warpgroup_reg_dealloc<40>();
-    const bool loads_k = threadIdx.x == 0;  // and Q
-    const bool loads_v = kSplitLoads ? threadIdx.x == 32 : loads_k;
-    if (!loads_k && !loads_v) return;
+    if (threadIdx.x != 0) return;
     Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.seq_q, kHeadDim, p.heads_q, p.batch));
     Tensor mK = p.tma_k.get_tma_tensor(make_shape(p.seq_k, kHeadDim, p.heads_kv, p.batch));
     Tensor mV = p.tma_v.get_tma_tensor(make_shape(p.seq_k, kHeadDim, p.heads_kv, p.batch));
@@ -331,24 +326,18 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
       Tensor tVgV = cta_v.partition_S(gV);
 
       const int buffer = items % kQBuffers;
-      if (loads_k) {
-        Barrier::wait(&smem.q_empty[buffer], ((items / kQBuffers) & 1) ^ 1);  // the first pass finds it free
-        TransactionBarrier::arrive_and_expect_tx(&smem.q_full[buffer], T::kQBytes);
-        copy(p.tma_q.with(smem.q_full[buffer]), tQgQ, tQsQ(_, _, _, buffer));
-      }
+      Barrier::wait(&smem.q_empty[buffer], ((items / kQBuffers) & 1) ^ 1);  // the first pass finds it free
+      TransactionBarrier::arrive_and_expect_tx(&smem.q_full[buffer], T::kQBytes);
+      copy(p.tma_q.with(smem.q_full[buffer]), tQgQ, tQsQ(_, _, _, buffer));
       for (int j = 0; j < item.tiles; ++j, ++ring) {
         const int stage = ring % kStages;
         const uint32_t phase = (ring / kStages) & 1;
-        if (loads_k) {
-          Barrier::wait(&smem.k_empty[stage], phase ^ 1);  // the first pass finds every stage free
-          TransactionBarrier::arrive_and_expect_tx(&smem.k_full[stage], T::kKVBytes);
-          copy(p.tma_k.with(smem.k_full[stage]), tKgK(_, _, _, j), tKsK(_, _, _, stage));
-        }
-        if (loads_v) {
-          Barrier::wait(&smem.v_empty[stage], phase ^ 1);
-          TransactionBarrier::arrive_and_expect_tx(&smem.v_full[stage], T::kKVBytes);
-          copy(p.tma_v.with(smem.v_full[stage]), tVgV(_, _, _, j), tVsV(_, _, _, stage));
-        }
+        Barrier::wait(&smem.k_empty[stage], phase ^ 1);  // the first pass finds every stage free
+        TransactionBarrier::arrive_and_expect_tx(&smem.k_full[stage], T::kKVBytes);
+        copy(p.tma_k.with(smem.k_full[stage]), tKgK(_, _, _, j), tKsK(_, _, _, stage));
+        Barrier::wait(&smem.v_empty[stage], phase ^ 1);
+        TransactionBarrier::arrive_and_expect_tx(&smem.v_full[stage], T::kKVBytes);
+        copy(p.tma_v.with(smem.v_full[stage]), tVgV(_, _, _, j), tVsV(_, _, _, stage));
       }
       if constexpr (!T::kPersistent) break;  // one item: the compiler sees a single pass
     }
@@ -403,8 +392,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
   };
   // Tile j's scores (of the item whose first row is m0) in place: exp2 of the scaled (masked) scores less the running
   // row max; `correction` is the factor O takes before tile j's P V is added. The masking is compiled in only for the
-  // tiles that need it. Masked scores are -inf, before the scaling or after: -inf * scale_log2 = -inf for scale > 0,
-  // and a row with none visible yet has base 0, so fma(-inf, scale_log2, -0) = -inf and its weights are 0 either way.
+  // tiles that need it. A masked score (-inf, +inf for scale < 0) scales to -inf, and a row with none visible yet has
+  // base 0, so fma(masked, scale_log2, -0) = -inf and its weights are 0.
   auto softmax_tile = [&](auto& scores, int m0, int j, auto masked_tile) {
     constexpr bool masked = decltype(masked_tile)::value;
     Tensor s = make_tensor(scores.data(), rows_by_columns(scores.layout()));
@@ -412,29 +401,24 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(CUTE_GRID_CONST
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const int row = m0 + get<0>(score_coordinates(r, 0));
-      // kFoldScale: the row sees keys below min(seq_k, row + 1 if causal), and a column's offset from the thread's
-      // first column is a constant, so each score's mask is one compare with an immediate; the other path tests seq_k
-      // and the causal bound per score.
+      // The row sees keys below min(seq_k, row + 1 if causal), and a column's offset from the thread's first column
+      // is a constant, so each score's mask is one compare with an immediate.
       const int column_limit = (p.causal ? min(p.seq_k, row + 1) : p.seq_k) - (n0 + get<1>(score_coordinates(r, 0)));
-      float tile_max = -INFINITY;
+      constexpr float kMasked = kNegativeScale ? INFINITY : -INFINITY;
+      float tile_max = kMasked;  // of the raw scores; their min for scale < 0
       CUTE_UNROLL
       for (int c = 0; c < size<1>(s); ++c) {
-        float x = kFoldScale ? s(r, c) : s(r, c) * p.scale_log2;
-        if constexpr (masked && kFoldScale) {
-          if (get<1>(score_coordinates(r, c)) - get<1>(score_coordinates(r, 0)) >= column_limit) x = -INFINITY;
-        } else if constexpr (masked) {
-          const int column = n0 + get<1>(score_coordinates(r, c));
-          if (column >= p.seq_k || (p.causal && column > row)) x = -INFINITY;
+        if constexpr (masked) {
+          if (get<1>(score_coordinates(r, c)) - get<1>(score_coordinates(r, 0)) >= column_limit) s(r, c) = kMasked;
         }
-        s(r, c) = x;
-        tile_max = fmaxf(tile_max, x);
+        tile_max = kNegativeScale ? fminf(tile_max, s(r, c)) : fmaxf(tile_max, s(r, c));
       }
-      if constexpr (kFoldScale) tile_max *= p.scale_log2;  // the raw scores' max, scaled once (-inf stays -inf)
+      tile_max *= p.scale_log2;  // the scaled scores' max (-inf where all are masked)
       const flash::RowRescale step = flash::rescale_row(row_max[r], tile_max);  // quads hold rows, as in mma.sync
       float sum = 0.0f;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(s); ++c) {
-        s(r, c) = exp2_flushed(kFoldScale ? fmaf(s(r, c), p.scale_log2, -step.base) : s(r, c) - step.base);
+        s(r, c) = exp2_flushed(fmaf(s(r, c), p.scale_log2, -step.base));
         sum += s(r, c);
       }
       row_sum[r] = row_sum[r] * step.correction + sum;
@@ -601,16 +585,6 @@ inline bool persistent_forward(const attention::Shape& s) {
   return !s.causal || std::min(s.seq_q, s.seq_k) <= 8 * 128;  // causal: the longest item has at most 8 key tiles
 }
 
-// GE2_FLASH_SM90_FORWARD picks the forward kernel at every launch (a captured graph keeps the one it captured):
-// unset or 0 the kernel without forward_kernel's options, 1 with kFoldScale (the softmax's scaling folded into each
-// score's exp2 FFMA), 2 with kFoldScale and kSplitLoads (K and V loaded by two producer threads). The fold needs
-// scale > 0 (the max of the raw scores is then the max of the scaled ones): any other scale runs 0.
-inline int forward_variant(const attention::Shape& s) {
-  const char* value = std::getenv("GE2_FLASH_SM90_FORWARD");
-  if (value == nullptr || value[0] < '0' || value[0] > '2' || value[1] != '\0' || !(s.scale > 0.0f)) return 0;
-  return value[0] - '0';
-}
-
 template <int kHeadDim, typename Element>
 void launch(const ForwardArgs& args, cudaStream_t stream) {
   using T = Traits<kHeadDim, Element>;
@@ -637,10 +611,8 @@ void launch(const ForwardArgs& args, cudaStream_t stream) {
 
   constexpr int bytes = sizeof(typename T::SharedStorage);
   static_assert(bytes <= kSharedMemoryBytes, "the forward's tiles exceed an sm_90 CTA's shared memory");
-  const int variant = forward_variant(s);
-  void (*kernel)(Params<T>) = variant == 2   ? forward_kernel<T, true, true>
-                              : variant == 1 ? forward_kernel<T, true, false>
-                                             : forward_kernel<T, false, false>;
+  // The softmax takes the raw scores' max (scale > 0) or min (scale < 0; launch_flash_sm90_forward refuses 0).
+  void (*kernel)(Params<T>) = s.scale < 0.0f ? forward_kernel<T, true> : forward_kernel<T, false>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention",
              "cudaFuncSetAttribute(flash_sm90 forward shared memory)");
   const int64_t m_blocks = (s.seq_q + T::kBlockM - 1) / T::kBlockM;

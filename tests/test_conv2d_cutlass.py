@@ -127,6 +127,73 @@ def test_declines_what_it_does_not_support_naming_the_reason(change, reason):
     assert reason in conv2d.unsupported_reason("cutlass_sm90", geometry, act, True, backward=backward)
 
 
+def _pointwise_tile(problem, dtype="float16", act="relu", sms=132, r=1):
+    """The forward's 1x1 GEMM tile for problem (N, C, H = W, K)."""
+    n, c, h, k = problem
+    return conv2d.cutlass_sm90_pointwise_tile(_geometry(n=n, c=c, h=h, w=h, k=k, r=r, s=r, dtype=dtype), act, sms)
+
+
+def _sm_count() -> int:
+    runtime = ge2.device.runtime()
+    return runtime.device_properties(runtime.current_device())["sm_count"]
+
+
+def _require_pointwise_tile():
+    _require_native()
+    if not hasattr(conv2d._native_module(), "cutlass_sm90_pointwise_tile"):
+        pytest.skip("this _ops_conv2d predates cutlass_sm90_pointwise_tile (rebuild it)")
+
+
+# ResNet-50's 1x1 layers at N = 32 on the H200's 132 SMs: (C, H, K) and the forward's 1x1 GEMM tile. The transposed
+# 128 x 192 tile where its tiles fill their waves, C >= 256 and (C == 256 or one wave): session 38's bench call
+# (cuDNN's time / GE2's, the transposed tile against main's before).
+RESNET50_POINTWISE_TILES = [
+    ((512, 28, 128), "trans_128x192"),  # 131 tiles: 0.924x cuDNN against 0.894x
+    ((256, 14, 1024), "trans_128x192"),  # 264 tiles, two whole waves: 0.740x against 0.647x
+    ((256, 56, 128), "trans_128x192"),  # 523 tiles: 1.011x against 0.974x
+    ((1024, 14, 512), "trans_128x192"),  # 132 tiles, one whole wave: 0.873x against 0.828x
+    ((512, 28, 256), "gemm_64x128"),  # 262 tiles, two waves of a long reduction: 0.760x against 0.777x
+    ((1024, 14, 256), "gemm_64x128"),  # 66 tiles, half a wave: 0.704x against 0.929x
+    ((2048, 7, 512), "gemm_64x128"),  # 36 tiles: 0.406x against 0.842x
+    ((512, 7, 2048), "gemm_64x128"),  # 144 tiles, 1.09 waves: 0.554x against 0.738x
+    ((64, 56, 256), "coop_256x128"),  # C = 64: 0.795x against 0.856x
+    ((128, 28, 512), "coop_256x128"),  # C = 128: 0.725x against 0.750x
+    ((256, 56, 64), "coop_256x64"),  # 64 filters: half a 128-filter tile
+]
+
+
+@pytest.mark.parametrize("problem, tile", RESNET50_POINTWISE_TILES,
+                         ids=[f"c{c}_h{h}_k{k}" for (c, h, k), _ in RESNET50_POINTWISE_TILES])
+def test_pointwise_tile_rule_on_resnet50_layers(monkeypatch, problem, tile):
+    _require_pointwise_tile()
+    monkeypatch.delenv("GE2_CUTLASS_SM90_CONV_1X1", raising=False)
+    assert _pointwise_tile((32, *problem)) == tile
+
+
+def test_pointwise_tile_rule_keeps_bfloat16_and_the_rest_off_the_transposed_tile(monkeypatch):
+    _require_pointwise_tile()
+    monkeypatch.delenv("GE2_CUTLASS_SM90_CONV_1X1", raising=False)
+    assert _pointwise_tile((32, 512, 28, 128), dtype="bfloat16") == "gemm_64x128"
+    assert _pointwise_tile((32, 512, 28, 128), act="gelu") == "conv"  # the smooth family: the conv collective
+    assert _pointwise_tile((32, 512, 28, 128), r=3) == "conv"
+    assert _pointwise_tile((32, 512, 28, 128), sms=114) == "gemm_64x128"  # 131 tiles on 114 SMs: 1.15 waves
+    assert _pointwise_tile((3, 264, 89, 128)) == "trans_128x192"  # the GPU test's shape: 124 tiles, one wave
+
+
+def test_pointwise_tile_setting_wins_and_is_checked(monkeypatch):
+    _require_pointwise_tile()
+    monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_1X1", "trans_128x192")
+    assert _pointwise_tile((2, 64, 8, 64)) == "trans_128x192"
+    monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_1X1", "conv")
+    assert _pointwise_tile((32, 512, 28, 128)) == "conv"
+    monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_1X1", "trans_128x192")
+    with pytest.raises(ValueError, match="trans_128x192 runs float16 only, got bfloat16"):
+        _pointwise_tile((32, 512, 28, 128), dtype="bfloat16")
+    monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_1X1", "trans_128x192_1x2")  # session 37's trial, removed
+    with pytest.raises(ValueError, match="or trans_128x192, got 'trans_128x192_1x2'"):
+        _pointwise_tile((32, 512, 28, 128))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # GPU
 # ---------------------------------------------------------------------------------------------------------------
@@ -159,7 +226,7 @@ def test_forward_matches_the_reference(rng, poisoned, to_device, monkeypatch, ca
 @pytest.mark.parametrize("variable, value, filter_size, expected", [
     ("GE2_CUTLASS_SM90_CONV_TILE", "256x128", 3, "expected 128x128 or 128x64, got '256x128'"),
     ("GE2_CUTLASS_SM90_CONV_1X1", "gemm_256x128", 1,
-     "expected conv, gemm_128x64, gemm_64x128, coop_256x64 or coop_256x128, got 'gemm_256x128'"),
+     "expected conv, gemm_128x64, gemm_64x128, coop_256x64, coop_256x128 or trans_128x192, got 'gemm_256x128'"),
     ("GE2_CUTLASS_SM90_CONV_FPROP", "cooperative", 3, "expected conv or pingpong, got 'cooperative'"),
     ("GE2_CUTLASS_SM90_PDL", "yes", 1, "expected 0 or 1, got 'yes'"),
 ])
@@ -215,6 +282,52 @@ def test_pointwise_forward_matches_the_reference(rng, poisoned, to_device, monke
     """The 1x1 GEMM's tiles and the conv collective, each forced, with the whole epilogue (bias, residual, act)."""
     monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_1X1", path)
     _check(rng, poisoned, to_device, case, dtype, with_residual=True, slope=0.2)
+
+
+# The transposed GEMM's edges besides POINTWISE_CASES': pixel counts that are not multiples of its 192-pixel tile,
+# partial 128-filter tiles, a partial last 64-channel step.
+TRANSPOSED_CASES = POINTWISE_CASES + [
+    (4, 512, 28, 28, 128, 1, 1, 1, 0, 1, "relu", True),  # ResNet-50's C512 K128 at N = 4: 3,136 pixels, 16.3 tiles
+    (3, 264, 11, 13, 200, 1, 1, 1, 0, 1, "leaky_relu", True),  # 429 pixels, 200 filters, 264 channels
+]
+TRANSPOSED_IDS = POINTWISE_IDS + ["resnet_c512_n4", "c264_k200"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", TRANSPOSED_CASES, ids=TRANSPOSED_IDS)
+def test_pointwise_transposed_tile_matches_the_reference(rng, poisoned, to_device, monkeypatch, case):
+    """The transposed GEMM (float16 only; y^T = w x^T, the bias along M), forced, with the whole epilogue."""
+    monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_1X1", "trans_128x192")
+    _check(rng, poisoned, to_device, case, "float16", with_residual=True, slope=0.2)
+
+
+@pytest.mark.gpu
+def test_pointwise_default_takes_the_transposed_tile_where_its_wave_is_full(rng, poisoned, to_device, monkeypatch):
+    """Unforced, on a shape the rule gives the transposed tile on the H200 (124 of 132 tiles; 23,763 pixels, not a
+    multiple of 192; 264 channels, the last 64-channel step an eighth full)."""
+    monkeypatch.delenv("GE2_CUTLASS_SM90_CONV_1X1", raising=False)
+    case = (3, 264, 89, 89, 128, 1, 1, 1, 0, 1, "relu", True)
+    if _sm_count() == 132:
+        assert _pointwise_tile((3, 264, 89, 128)) == "trans_128x192"
+    _check(rng, poisoned, to_device, case, "float16", with_residual=True)
+
+
+@pytest.mark.gpu
+def test_transposed_tile_refuses_bfloat16_and_a_misaligned_bias(rng, to_device, monkeypatch):
+    """trans_128x192 has a float16 instantiation only; its bias (a column broadcast along the filters) is read by
+    16-byte vectors, so an offset view of it is refused as every misaligned tensor is."""
+    torch = pytest.importorskip("torch")
+    _require_candidate()
+    monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_1X1", "trans_128x192")
+    x = to_device(random_array(rng, (2, 6, 6, 16), "bfloat16"))
+    w = to_device(random_array(rng, (16, 1, 1, 16), "bfloat16"))
+    with pytest.raises(ValueError, match="GE2_CUTLASS_SM90_CONV_1X1: trans_128x192 runs float16 only, got bfloat16"):
+        conv2d.forward(x, w, layout="NHWC", kernel="cutlass_sm90")
+    tx = torch.from_numpy(random_array(rng, (2, 6, 6, 16), "float16")).cuda()
+    tw = torch.from_numpy(random_array(rng, (16, 1, 1, 16), "float16")).cuda()
+    bias = torch.zeros(17, dtype=torch.float16, device="cuda")[1:]
+    with pytest.raises(ValueError, match="kernel 'cutlass_sm90' needs 16-byte aligned x, w, y, bias and residual"):
+        conv2d.forward(tx, tw, bias, layout="NHWC", kernel="cutlass_sm90")
 
 
 @pytest.mark.gpu

@@ -138,6 +138,17 @@ PYBIND11_MODULE(_ops_conv2d, m) {
       py::arg("has_bias"), py::arg("has_residual"), py::arg("backward"), py::arg("clip_low"), py::arg("clip_high"),
       "Empty when `kernel` can run the problem (forward, or backward with `backward`); otherwise the reason.");
 
+  m.def(
+      "cutlass_sm90_pointwise_tile",
+      [](const std::vector<int64_t>& geometry, const std::string& layout, const std::string& dtype,
+         const std::string& act, int64_t sms) {
+        return ge2::conv2d::cutlass_sm90_pointwise_tile(make_shape(geometry, layout, dtype), ge2::act_from_name(act),
+                                                        sms);
+      },
+      py::arg("geometry"), py::arg("layout"), py::arg("dtype"), py::arg("act"), py::arg("sms"),
+      "The 1x1 GEMM tile cutlass_sm90's forward runs the problem in on a GPU of `sms` SMs, as "
+      "GE2_CUTLASS_SM90_CONV_1X1 names it (that setting wins when set), or 'conv' for its conv collective.");
+
   // scaled_conv2d (FP8): its kernel shares this module's cuDNN graph code.
   m.def(
       "scaled_forward",

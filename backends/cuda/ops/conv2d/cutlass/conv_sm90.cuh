@@ -78,17 +78,23 @@ using SmoothActivations = ActivationAndClip<Act::Gelu, Act::Silu>;
 
 namespace evt = cutlass::epilogue::fusion;
 constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+// The bias bias[k] along the GEMM's N (y's columns: filters) or, for a transposed GEMM (filters along M), along M.
+template <typename Element, typename TileShape, int kAlignment>
+using BiasAlongN =
+    evt::Sm90RowBroadcast<0, TileShape, Element, float, cute::Stride<cute::_0, cute::_1, int64_t>, kAlignment>;
+template <typename Element, typename TileShape, int kAlignment>
+using BiasAlongM =
+    evt::Sm90ColBroadcast<0, TileShape, Element, float, cute::Stride<cute::_1, cute::_0, int64_t>, kAlignment>;
 // clip(act(beta * residual + (acc + bias[k]))): beta is 1 with a residual, 0 (its load skipped) without.
-template <typename Element, typename Activations, typename TileShape, int kAlignment>
+template <typename Element, typename Activations, typename TileShape, int kAlignment,
+          typename Bias = BiasAlongN<Element, TileShape, kAlignment>>
 using ConvEpilogue = evt::Sm90EVT<
     evt::Sm90Compute<Activations::template Fn, Element, float, kRound>,               // clip(act(...))
     evt::Sm90EVT<evt::Sm90Compute<cutlass::homogeneous_multiply_add, float, float, kRound>,  // beta * residual + ...
         evt::Sm90ScalarBroadcast<float, cute::Stride<cute::_0, cute::_0, int64_t>>,     // beta
         evt::Sm90SrcFetch<Element>,                                                      // residual
         evt::Sm90EVT<evt::Sm90Compute<cutlass::plus, float, float, kRound>,              // acc + bias
-            evt::Sm90AccFetch,
-            evt::Sm90RowBroadcast<0, TileShape, Element, float, cute::Stride<cute::_0, cute::_1, int64_t>,
-                                  kAlignment>>>>;  // bias[k], along the GEMM's N
+            evt::Sm90AccFetch, Bias>>>;
 
 // A mainloop's pipeline stages: kStages, or for 0 as many as fit in the shared memory the epilogue leaves (one CTA
 // per SM). The mainloop and the epilogue share their shared memory (CUTLASS 4.2's sm90 conv mainloop has the

@@ -58,13 +58,22 @@ void fprop_pingpong_64x128_bf16_linear(const ForwardArgs& args, cudaStream_t str
 // piecewise-linear activation, on CUTLASS's persistent GEMM kernel (conv_sm90_1x1.cuh) in tiles of output pixels x
 // filters: ping-pong 128 x 64 or 64 x 128 (two consumer warpgroups alternating tiles), or cooperative 256 x 64 or
 // 256 x 128 (both warpgroups on one tile).
-enum class PointwiseTile { Pingpong128x64, Pingpong64x128, Cooperative256x64, Cooperative256x128 };
+enum class PointwiseTile {
+  Pingpong128x64,
+  Pingpong64x128,
+  Cooperative256x64,
+  Cooperative256x128,
+  // float16 only (conv_sm90_fprop_1x1_transposed_f16.cu): the transposed GEMM y^T = w x^T in cooperative 128 x 192
+  // tiles of filters x pixels.
+  Transposed128x192,
+};
 inline bool pointwise(const Shape& s, Act act) {
   return s.groups == 1 && s.r == 1 && s.s == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_top == 0 &&
          s.pad_left == 0 && s.p == s.h && s.q == s.w && activation_family(act) == 0;
 }
 void fprop_1x1_f16(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream);
 void fprop_1x1_bf16(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream);
+void fprop_1x1_transposed_128x192_f16(const ForwardArgs& args, cudaStream_t stream);
 // dx = dgrad(dy, w) in 128 x 128 or 128 x 64 tiles (pixels x channels) and dw = wgrad(dy, x) of `args` (act none:
 // dy is dz; stride 1 for dgrad); wgrad in one slice
 // (dw written directly) or wgrad_sliced in `slices` (slices.count > 1) through `workspace`, slices.workspace_bytes of

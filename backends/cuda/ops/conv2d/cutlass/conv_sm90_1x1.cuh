@@ -32,21 +32,51 @@ using CooperativePointwiseGemm =
     typename PointwiseKernelFor<Element, TileShape, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
                                 cutlass::epilogue::TmaWarpSpecializedCooperative>::Gemm;
 
-template <typename Gemm>
+// The GEMM transposed, y^T [K, N*H*W] = w [K, C] x^T, as cuBLAS's nvjet_sm90_hsh_128x192_64x5_1x2_h_bz_coopB_TNN
+// runs C512 H28 K128 for PyTorch: filters along M, pixels along N, y column-major (the same memory as NHWC's y), the
+// bias along M; cooperative (both warpgroups on a tile), one CTA per cluster (session 38's bench call: cuBLAS's 1 x 2
+// cluster lost to one CTA on every ResNet-50 1x1 layer here).
+template <typename Element, typename TileShape>
+struct TransposedPointwiseGemmFor {
+  using ClusterShape = gemm::cutlass_sm90::Cluster1x1;
+  static constexpr int kAlignment = 16 / sizeof(Element);
+  using Fusion = ConvEpilogue<Element, PiecewiseLinearActivations, TileShape, kAlignment,
+                              BiasAlongM<Element, TileShape, kAlignment>>;
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, Element, cutlass::layout::ColumnMajor, kAlignment,
+      Element, cutlass::layout::ColumnMajor, kAlignment, cutlass::epilogue::TmaWarpSpecializedCooperative,
+      Fusion>::CollectiveOp;
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, kAlignment, Element,
+      cutlass::layout::ColumnMajor, kAlignment, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<cutlass::gemm::kernel::GemmUniversal<
+      cute::Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue>>;
+};
+
+// kTransposed: Gemm computes y^T = w x^T (TransposedPointwiseGemmFor), else y = x w^T.
+template <typename Gemm, bool kTransposed = false>
 void run_pointwise(const ForwardArgs& args, cudaStream_t stream) {
   using Kernel = typename Gemm::GemmKernel;
   using Element = typename Kernel::ElementA;
   const Shape& s = args.shape;
-  const int m = static_cast<int>(s.n * s.h * s.w), n = static_cast<int>(s.k), k = static_cast<int>(s.c);
-  // Packed strides in CuTe's (rows, reduction or columns, batch) order: x is M x C, w is K x C, y M x K.
-  const auto stride_x = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, cute::make_shape(m, k, 1));
-  const auto stride_w = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, cute::make_shape(n, k, 1));
+  const int pixels = static_cast<int>(s.n * s.h * s.w), filters = static_cast<int>(s.k);
+  const int m = kTransposed ? filters : pixels, n = kTransposed ? pixels : filters, k = static_cast<int>(s.c);
+  // Packed strides in CuTe's (rows, reduction or columns, batch) order: x is pixels x C, w is K x C (each K-major),
+  // y pixels x K row-major (for the transposed GEMM: K x pixels column-major).
+  const auto stride_a = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, cute::make_shape(m, k, 1));
+  const auto stride_b = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, cute::make_shape(n, k, 1));
   const auto stride_y = cutlass::make_cute_packed_stride(typename Kernel::StrideC{}, cute::make_shape(m, n, 1));
+  const Element* x = static_cast<const Element*>(args.x);
+  const Element* w = static_cast<const Element*>(args.w);
   const Element* residual = static_cast<const Element*>(args.residual);
   typename Gemm::Arguments arguments{
       cutlass::gemm::GemmUniversalMode::kGemm,
       {m, n, k, 1},
-      {static_cast<const Element*>(args.x), stride_x, static_cast<const Element*>(args.w), stride_w},
+      {kTransposed ? w : x, stride_a, kTransposed ? x : w, stride_b},
       // Without a residual it is never read (beta 0), but its TMA descriptor is still built: y stands in.
       {{}, residual != nullptr ? residual : static_cast<const Element*>(args.y), stride_y,
        static_cast<Element*>(args.y), stride_y},
@@ -56,7 +86,8 @@ void run_pointwise(const ForwardArgs& args, cudaStream_t stream) {
   launch<Gemm>(arguments, stream);
 }
 
-// The tiles (output pixels x filters, 64-channel reduction steps) of PointwiseTile.
+// The tiles (output pixels x filters, 64-channel reduction steps; the transposed one filters x pixels, float16 only)
+// of PointwiseTile.
 template <typename Element>
 void fprop_1x1(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream) {
   if (!PiecewiseLinearActivations::has(args.act)) {
@@ -74,8 +105,11 @@ void fprop_1x1(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream)
       return run_pointwise<CooperativePointwiseGemm<Element, cute::Shape<_256, _64, _64>>>(args, stream);
     case PointwiseTile::Cooperative256x128:
       return run_pointwise<CooperativePointwiseGemm<Element, cute::Shape<_256, _128, _64>>>(args, stream);
+    case PointwiseTile::Transposed128x192:
+      if constexpr (std::is_same_v<Element, cutlass::half_t>) return fprop_1x1_transposed_128x192_f16(args, stream);
+      break;
   }
-  throw std::logic_error("cutlass_sm90: unknown 1x1 GEMM tile");
+  throw std::logic_error("cutlass_sm90: no 1x1 GEMM of this tile for this dtype");
 }
 
 }  // namespace ge2::conv2d::cutlass_sm90

@@ -76,6 +76,84 @@ namespace {
 
 bool aligned_16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; }
 
+using cutlass_sm90::PointwiseTile;
+
+// GE2_CUTLASS_SM90_CONV_1X1's names of the 1x1 GEMM's tiles.
+constexpr std::pair<const char*, PointwiseTile> kPointwiseTiles[] = {
+    {"gemm_128x64", PointwiseTile::Pingpong128x64},
+    {"gemm_64x128", PointwiseTile::Pingpong64x128},
+    {"coop_256x64", PointwiseTile::Cooperative256x64},
+    {"coop_256x128", PointwiseTile::Cooperative256x128},
+    {"trans_128x192", PointwiseTile::Transposed128x192}};
+
+// The 1x1 GEMM's tile for pointwise problem `s` on a GPU of `sms` SMs. H200 figures below: N = 32, forward alone in
+// CUDA-graph replay, cuDNN's time / GE2's (higher is better) or us.
+//
+// float16, 128 filters or more, C >= 256, and 128 x 192 transposed tiles (ceil(K/128) * ceil(N*H*W/192)) that fill
+// their waves of `sms` tiles to 90% or more: the transposed GEMM (filters x pixels), except for reductions past 256
+// channels over more than one wave. Why (a reading of the figures, not a proof): its tiles are large (both consumer
+// warpgroups on 64 x 192 each), so it wins only where no wave runs part-empty, and only where the reduction (C/64 steps
+// of 64 channels) is long enough to amortize its cooperative epilogue (not overlapped with a mainloop, as the ping-pong
+// kernel's is); cuBLAS runs this tile shape for PyTorch. Session 38's bench call, against main's tile: won at C512 H28
+// K128 0.924 against 0.894 (131 tiles, one wave), C256 H14 K1024 0.740 against 0.647 (264 tiles, two waves), C256 H56
+// K128 1.011 against 0.974 (523 tiles, 99% of four waves), C1024 H14 K512 0.873 against 0.828 (132 tiles); lost on
+// part-empty waves, C1024 H14 K256 0.704 against 0.929 (66 tiles), C512 H7 K2048 0.554 against 0.738 (144), C2048 H7
+// K512 0.406 against 0.842 (36), and on short reductions, C64 H56 K256 0.795 against 0.856, C128 H28 K512 0.725 against
+// 0.750; C512 H28 K256 (262 tiles, two waves of a 512-channel reduction) 0.760 against 0.777, the one such layer
+// measured, stays on main's tile. bfloat16 has no transposed instantiation (not measured).
+//
+// Else reductions of at most four 64-channel steps (C <= 256) with a full wave of 256-row tiles: the cooperative
+// 256 x 64 (64 filters or fewer) or 256 x 128 tile, both consumer warpgroups on a tile; else the ping-pong 128 x 64 (64
+// filters or fewer: a 128-wide tile would compute half empty) or 64 x 128. Why: with so few reduction steps each
+// tile's fixed costs (its epilogue's turn, the pipeline's refill) dominate, and the 256-row tile has half as many tiles
+// and reads w's slice once per 256 rows. Session 37's mid call, us against the ping-pong tile (cuDNN): C256 H56 K64
+// 18.5 against 19.1 (18.1), C64 H56 K256 28.2 against 41.3 (23.3), C128 H28 K512 16.8 against 22.6 (17.5), C64 H56
+// K64 9.7 against 11.1 (6.4); ties at C256 H56 K128 (25.0, 25.0) and C256 H14 K1024 (13.4 against 13.3; 200 tiles).
+// Longer reductions lost on it: C512 H28 K128 10.4 against 9.3 (98 tiles), C512 H28 K256 18.6 against 15.7, C1024 H14
+// K256 14.1 against 8.4; under one wave its tiles leave SMs idle.
+PointwiseTile default_pointwise_tile(const Shape& s, int64_t sms) {
+  const auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  const int64_t pixels = s.n * s.h * s.w;
+  const int64_t transposed_tiles = ceil_div(s.k, 128) * ceil_div(pixels, 192);
+  const int64_t waves = ceil_div(transposed_tiles, sms);
+  const bool full_waves = transposed_tiles * 10 >= waves * sms * 9;
+  if (s.dtype == DType::Float16 && s.k >= 128 && s.c >= 256 && full_waves && (s.c <= 256 || waves == 1)) {
+    return PointwiseTile::Transposed128x192;
+  }
+  const bool narrow = s.k <= 64;
+  const int64_t wide_tiles = ceil_div(pixels, 256) * (narrow ? 1 : ceil_div(s.k, 128));
+  if (s.c <= 256 && wide_tiles >= sms) {
+    return narrow ? PointwiseTile::Cooperative256x64 : PointwiseTile::Cooperative256x128;
+  }
+  return narrow ? PointwiseTile::Pingpong128x64 : PointwiseTile::Pingpong64x128;
+}
+
+// The tile for pointwise problem `s` (default_pointwise_tile), or none (false) for the conv collective.
+// GE2_CUTLASS_SM90_CONV_1X1=conv|gemm_128x64|gemm_64x128|coop_256x64|coop_256x128|trans_128x192 forces one (read per
+// launch: the tests check each, a benchmark times each in one process; problems that are not pointwise ignore it;
+// trans_128x192 refuses bfloat16).
+bool pointwise_tile(const Shape& s, int64_t sms, PointwiseTile& tile) {
+  const char* forced = std::getenv("GE2_CUTLASS_SM90_CONV_1X1");
+  const std::string name(forced == nullptr ? "" : forced);
+  if (name.empty()) {
+    tile = default_pointwise_tile(s, sms);
+    return true;
+  }
+  if (name == "conv") return false;
+  for (const auto& [tile_name, named_tile] : kPointwiseTiles) {
+    if (name != tile_name) continue;
+    if (named_tile == PointwiseTile::Transposed128x192 && s.dtype != DType::Float16) {
+      throw std::invalid_argument(std::string("GE2_CUTLASS_SM90_CONV_1X1: trans_128x192 runs float16 only, got ") +
+                                  dtype_name(s.dtype));
+    }
+    tile = named_tile;
+    return true;
+  }
+  throw std::invalid_argument(
+      "GE2_CUTLASS_SM90_CONV_1X1: expected conv, gemm_128x64, gemm_64x128, coop_256x64, coop_256x128 or "
+      "trans_128x192, got '" + name + "'");
+}
+
 #if GE2_WITH_CUTLASS
 int sm_count() {
   int device = 0, sms = 0;
@@ -94,50 +172,6 @@ bool narrow_tile(bool narrow_by_default) {
   if (name == "128x64") return true;
   if (name == "128x128") return false;
   throw std::invalid_argument("GE2_CUTLASS_SM90_CONV_TILE: expected 128x128 or 128x64, got '" + name + "'");
-}
-
-// The 1x1 GEMM's tile (cutlass_sm90::PointwiseTile) for pointwise problem `s`, or none (false) for the conv
-// collective. Reductions of at most four 64-channel steps (C <= 256) with a full wave of 256-row tiles: the
-// cooperative 256 x 64 (64 filters or fewer) or 256 x 128 tile, both consumer warpgroups on a tile; else the ping-pong
-// 128 x 64 (64 filters or fewer: a 128-wide tile would compute half empty) or 64 x 128. Why: with so few reduction
-// steps each tile's fixed costs (its epilogue's turn, the pipeline's refill) dominate, and the 256-row tile has half as
-// many tiles and reads w's slice once per 256 rows. H200, session 37's mid call, N = 32 float16, forward alone in
-// CUDA-graph replay, us against the ping-pong tile (cuDNN): C256 H56 K64 18.5 against 19.1 (18.1), C64 H56 K256 28.2
-// against 41.3 (23.3), C128 H28 K512 16.8 against 22.6 (17.5), C64 H56 K64 9.7 against 11.1 (6.4); ties at C256 H56
-// K128 (25.0, 25.0) and C256 H14 K1024 (13.4 against 13.3; 200 tiles). Longer reductions lost on it: C512 H28 K128
-// 10.4 against 9.3 (98 tiles), C512 H28 K256 18.6 against 15.7, C1024 H14 K256 14.1 against 8.4; under one wave its
-// tiles leave SMs idle. GE2_CUTLASS_SM90_CONV_1X1=conv|gemm_128x64|gemm_64x128|coop_256x64|coop_256x128 forces one
-// (read per launch: the tests check each, a benchmark times each in one process; problems that are not pointwise
-// ignore it).
-bool pointwise_tile(const Shape& s, cutlass_sm90::PointwiseTile& tile) {
-  using cutlass_sm90::PointwiseTile;
-  const char* forced = std::getenv("GE2_CUTLASS_SM90_CONV_1X1");
-  const std::string name(forced == nullptr ? "" : forced);
-  if (name.empty()) {
-    const bool narrow = s.k <= 64;
-    const int64_t wide_tiles = (s.n * s.h * s.w + 255) / 256 * (narrow ? 1 : (s.k + 127) / 128);
-    if (s.c <= 256 && wide_tiles >= sm_count()) {
-      tile = narrow ? PointwiseTile::Cooperative256x64 : PointwiseTile::Cooperative256x128;
-    } else {
-      tile = narrow ? PointwiseTile::Pingpong128x64 : PointwiseTile::Pingpong64x128;
-    }
-    return true;
-  }
-  static const std::pair<const char*, PointwiseTile> kTiles[] = {
-      {"gemm_128x64", PointwiseTile::Pingpong128x64},
-      {"gemm_64x128", PointwiseTile::Pingpong64x128},
-      {"coop_256x64", PointwiseTile::Cooperative256x64},
-      {"coop_256x128", PointwiseTile::Cooperative256x128}};
-  for (const auto& [tile_name, named_tile] : kTiles) {
-    if (name == tile_name) {
-      tile = named_tile;
-      return true;
-    }
-  }
-  if (name == "conv") return false;
-  throw std::invalid_argument(
-      "GE2_CUTLASS_SM90_CONV_1X1: expected conv, gemm_128x64, gemm_64x128, coop_256x64 or coop_256x128, got '" +
-      name + "'");
 }
 
 // Whether the forward runs on the persistent ping-pong kernel (64 x 128 tiles, conv_sm90_pingpong.cuh) rather than the
@@ -238,6 +272,15 @@ void wgrad(const BackwardArgs& args, cudaStream_t stream) {
 
 }  // namespace
 
+std::string cutlass_sm90_pointwise_tile(const Shape& s, Act act, int64_t sms) {
+  PointwiseTile tile{};
+  if (!cutlass_sm90::pointwise(s, act) || !pointwise_tile(s, sms, tile)) return "conv";
+  for (const auto& [tile_name, named_tile] : kPointwiseTiles) {
+    if (named_tile == tile) return tile_name;
+  }
+  throw std::logic_error("cutlass_sm90: a 1x1 GEMM tile without a name");
+}
+
 bool cutlass_sm90_aligned(const ForwardArgs& args) {
   return aligned_16(args.x) && aligned_16(args.w) && aligned_16(args.y) && aligned_16(args.bias) &&
          aligned_16(args.residual);
@@ -252,7 +295,7 @@ void cutlass_sm90_forward(const ForwardArgs& args, cudaStream_t stream) {
       {{fprop_128x64_f16_linear, fprop_128x64_f16_smooth}, {fprop_128x64_bf16_linear, fprop_128x64_bf16_smooth}}};
   const bool bf16 = args.shape.dtype == DType::BFloat16;
   PointwiseTile tile{};
-  if (pointwise(args.shape, args.act) && pointwise_tile(args.shape, tile)) {
+  if (pointwise(args.shape, args.act) && pointwise_tile(args.shape, sm_count(), tile)) {
     return (bf16 ? fprop_1x1_bf16 : fprop_1x1_f16)(args, tile, stream);
   }
   if (pingpong_forward(args)) {

@@ -332,7 +332,7 @@ def test_transposed_tile_refuses_bfloat16_and_a_misaligned_bias(rng, to_device, 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("programmatic", ["0", "1"])
-@pytest.mark.parametrize("path", ["gemm_128x64", "gemm_64x128", "coop_256x128", "pingpong"])
+@pytest.mark.parametrize("path", ["gemm_128x64", "gemm_64x128", "coop_256x128", "trans_128x192", "pingpong"])
 def test_programmatic_dependent_launch_on_and_off(rng, poisoned, to_device, monkeypatch, path, programmatic):
     """The persistent kernels run as programmatic dependent launches unless GE2_CUTLASS_SM90_PDL=0: launches back to
     back, each reading what the one before wrote (the second waits for the first before its first load)."""

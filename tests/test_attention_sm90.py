@@ -211,6 +211,19 @@ def test_folded_scale_keeps_a_negative_scale_right(rng, poisoned, head_dim, caus
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("section_heads", ("1", "5"))
+def test_forward_section_heads_override_runs_every_item(rng, poisoned, monkeypatch, section_heads):
+    """GE2_FLASH_SM90_SECTION_HEADS (for measurements) sets the forward's heads per L2 section, so the order of its
+    work items: 1 runs head after head, 5 makes 6 sections of 5 of the 4 x 8 query heads and a last of 2 (9 query
+    blocks a head, persistent CTAs). Every item still runs once."""
+    _require_flash_sm90()
+    monkeypatch.setenv("GE2_FLASH_SM90_PERSISTENT", "1")
+    monkeypatch.setenv("GE2_FLASH_SM90_SECTION_HEADS", section_heads)
+    q, k, v, _ = _problem(rng, 4, 8, 2, 1030, 700, 128, "float16", "bhsd")
+    _check_forward(q, k, v, False, "bhsd", KERNEL, poisoned, "float16", scale=0.3)
+
+
+@pytest.mark.gpu
 def test_forward_heads_in_l2_sections(rng, poisoned):
     """16384 keys of head_dim 128: each head's K and V take 8 MB, so the forward's CTAs run in L2 sections of 3 heads
     and a last one of 1 (of batch 2 x 2 heads), each head's 2 query blocks found from the CTA's linear index."""

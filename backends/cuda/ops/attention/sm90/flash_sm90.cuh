@@ -585,6 +585,17 @@ inline bool persistent_forward(const attention::Shape& s) {
   return !s.causal || std::min(s.seq_q, s.seq_k) <= 8 * 128;  // causal: the longest item has at most 8 key tiles
 }
 
+// The forward's heads per L2 section: as many as keep their K and V within about 24 MB (heads_per_l2_section).
+// GE2_FLASH_SM90_SECTION_HEADS=n (n >= 1) overrides it, for measurements: with n = 33, a wave of 132 persistent CTAs
+// over heads of 4 query blocks runs 33 whole heads, so each head's K and V come from DRAM once for its 4 CTAs at the
+// same time and every wave reads as many new heads; the 24 MB sections (96 heads of (16,16,512,128)) read a section's
+// K and V in its first wave.
+inline int forward_heads_per_section(int fit, int64_t heads) {
+  const char* value = std::getenv("GE2_FLASH_SM90_SECTION_HEADS");
+  const long long n = value != nullptr ? std::strtoll(value, nullptr, 10) : 0;
+  return n >= 1 ? static_cast<int>(std::min<long long>(n, heads)) : fit;
+}
+
 template <int kHeadDim, typename Element>
 void launch(const ForwardArgs& args, cudaStream_t stream) {
   using T = Traits<kHeadDim, Element>;
@@ -607,7 +618,9 @@ void launch(const ForwardArgs& args, cudaStream_t stream) {
   p.seq_k = int32_t(s.seq_k);
   p.scale_log2 = s.scale * flash::kLog2e;
   p.causal = s.causal;
-  p.heads_per_section = heads_per_l2_section(2 * s.seq_k * kHeadDim * int64_t(sizeof(Element)), s.batch * s.heads_q);
+  p.heads_per_section = forward_heads_per_section(
+      heads_per_l2_section(2 * s.seq_k * kHeadDim * int64_t(sizeof(Element)), s.batch * s.heads_q),
+      s.batch * s.heads_q);
 
   constexpr int bytes = sizeof(typename T::SharedStorage);
   static_assert(bytes <= kSharedMemoryBytes, "the forward's tiles exceed an sm_90 CTA's shared memory");

@@ -224,6 +224,17 @@ def test_forward_section_heads_override_runs_every_item(rng, poisoned, monkeypat
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
+def test_forward_short_rows_take_a_wave_of_whole_heads_a_section(rng, poisoned, dtype):
+    """Persistent non-causal rows of at most 8 query blocks run in sections of as many heads as one wave of CTAs runs
+    whole: 3 x 27 query heads of 3 blocks (300 queries, a partial last block) are 243 items, so sections of
+    ceil(SMs / 3) heads and a narrower last one (132 SMs: 44, 37)."""
+    _require_flash_sm90()
+    q, k, v, _ = _problem(rng, 3, 27, 9, 300, 260, 128, dtype, "bhsd")
+    _check_forward(q, k, v, False, "bhsd", KERNEL, poisoned, dtype)
+
+
+@pytest.mark.gpu
 def test_forward_heads_in_l2_sections(rng, poisoned):
     """16384 keys of head_dim 128: each head's K and V take 8 MB, so the forward's CTAs run in L2 sections of 3 heads
     and a last one of 1 (of batch 2 x 2 heads), each head's 2 query blocks found from the CTA's linear index."""

@@ -585,15 +585,21 @@ inline bool persistent_forward(const attention::Shape& s) {
   return !s.causal || std::min(s.seq_q, s.seq_k) <= 8 * 128;  // causal: the longest item has at most 8 key tiles
 }
 
-// The forward's heads per L2 section: as many as keep their K and V within about 24 MB (heads_per_l2_section).
-// GE2_FLASH_SM90_SECTION_HEADS=n (n >= 1) overrides it, for measurements: with n = 33, a wave of 132 persistent CTAs
-// over heads of 4 query blocks runs 33 whole heads, so each head's K and V come from DRAM once for its 4 CTAs at the
-// same time and every wave reads as many new heads; the 24 MB sections (96 heads of (16,16,512,128)) read a section's
-// K and V in its first wave.
-inline int forward_heads_per_section(int fit, int64_t heads) {
+// The forward's heads per L2 section: as many as keep their K and V within about 24 MB (heads_per_l2_section), but
+// for persistent non-causal rows of at most 8 query blocks only as many as one wave of CTAs runs whole
+// (ceil(ctas / blocks)): each head's K and V then come from DRAM once for all its CTAs at the same time and every wave
+// reads as many new heads, where a 24 MB section (96 heads of (16,16,512,128)) read all its K and V in its first wave
+// and little in the next two. Session 38's mid call (H200, graph replay against torch SDPA, best of 5):
+// (16,16,512,128) 0.916 -> 0.955 (float16), 0.917 -> 0.963 (bfloat16), 33 heads a section; (8,12,1024,64) 0.981 /
+// 0.978 (17), unchanged. Causal rows keep the 24 MB sections: (8,12,1024,64) causal fell from 1.040 to 0.747 with 17.
+// GE2_FLASH_SM90_SECTION_HEADS=n (n >= 1) overrides it, for measurements.
+inline int forward_heads_per_section(int fit, int64_t heads, const attention::Shape& s, int64_t blocks, int64_t ctas,
+                                     bool persistent) {
   const char* value = std::getenv("GE2_FLASH_SM90_SECTION_HEADS");
   const long long n = value != nullptr ? std::strtoll(value, nullptr, 10) : 0;
-  return n >= 1 ? static_cast<int>(std::min<long long>(n, heads)) : fit;
+  if (n >= 1) return static_cast<int>(std::min<long long>(n, heads));
+  if (!persistent || s.causal || blocks > 8) return fit;
+  return static_cast<int>(std::min<int64_t>(fit, (ctas + blocks - 1) / blocks));
 }
 
 template <int kHeadDim, typename Element>
@@ -618,9 +624,6 @@ void launch(const ForwardArgs& args, cudaStream_t stream) {
   p.seq_k = int32_t(s.seq_k);
   p.scale_log2 = s.scale * flash::kLog2e;
   p.causal = s.causal;
-  p.heads_per_section = forward_heads_per_section(
-      heads_per_l2_section(2 * s.seq_k * kHeadDim * int64_t(sizeof(Element)), s.batch * s.heads_q),
-      s.batch * s.heads_q);
 
   constexpr int bytes = sizeof(typename T::SharedStorage);
   static_assert(bytes <= kSharedMemoryBytes, "the forward's tiles exceed an sm_90 CTA's shared memory");
@@ -636,8 +639,11 @@ void launch(const ForwardArgs& args, cudaStream_t stream) {
   }
   p.m_blocks = int32_t(m_blocks);
   p.work_items = int32_t(work_items);
-  const int64_t ctas =
-      T::kPersistent && persistent_forward(s) ? std::min<int64_t>(work_items, multiprocessors()) : work_items;
+  const bool persistent = T::kPersistent && persistent_forward(s);
+  const int64_t ctas = persistent ? std::min<int64_t>(work_items, multiprocessors()) : work_items;
+  p.heads_per_section = forward_heads_per_section(
+      heads_per_l2_section(2 * s.seq_k * kHeadDim * int64_t(sizeof(Element)), s.batch * s.heads_q),
+      s.batch * s.heads_q, s, m_blocks, ctas, persistent);
   kernel<<<static_cast<unsigned>(ctas), T::kThreads, bytes, stream>>>(p);
 }
 

@@ -194,6 +194,12 @@ def test_pointwise_tile_setting_wins_and_is_checked(monkeypatch):
         _pointwise_tile((32, 512, 28, 128))
 
 
+@pytest.mark.parametrize("sms", (0, -4, 1.5, True))
+def test_pointwise_tile_refuses_a_bad_sm_count(sms):
+    with pytest.raises(ValueError, match=f"sms: expected a positive number of SMs, got {sms!r}"):
+        _pointwise_tile((32, 512, 28, 128), sms=sms)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # GPU
 # ---------------------------------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ and on y = gelu(A @ B + bias + C) (bias, gelu and the residual C, beta = 1, in i
 8192x1024x4096 against cuBLASLt's matmul plus one separate bias/residual/gelu kernel (cublaslt_postkernel, target
 >= 1.1x) and against cuBLASLt's own one-pass epilogue with C (cublaslt_epilogue); and on the skip connection
 y = gelu(A @ B + bias) + C (residual_after_act) against cuBLASLt's bias+gelu epilogue plus a separate add (target
->= 1.1x) and against cuBLASLt's matmul plus GE2's post-kernel (cublaslt_postkernel).
+>= 1.1x) and against cuBLASLt's matmul plus GE2's post-kernel (cublaslt_postkernel). A row's sides are timed
+interleaved, round by round (harness.interleaved_median_ms).
 
 Run: python benchmarks/bench_gemm.py [--quick] [--cutlass]  (--cutlass: only the cutlass_sm90 rows)
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import sys
 
-from harness import median_ms, torch_cuda, write_results
+from harness import interleaved_median_ms, median_ms, torch_cuda, write_results
 
 from graph_executor_v2.ops import gemm, scaled_gemm
 
@@ -172,12 +173,13 @@ def bench_cutlass(torch, m, n, k, dtype_name, epilogue):
     if not error < (1e-2 if dtype_name == "bfloat16" else 2e-3):
         raise AssertionError(f"cutlass_sm90 disagrees with cuBLASLt at {m}x{n}x{k} {dtype_name}: rel err {error:.3e}")
     # with the residual after the activation cuBLASLt has no one-pass epilogue: run_lt is the two-kernel baseline
-    times = {"cutlass_ms": median_ms(run_cutlass), "lt_plus_add_ms" if after else "lt_ms": median_ms(run_lt)}
+    fns = {"cutlass_ms": run_cutlass, "lt_plus_add_ms" if after else "lt_ms": run_lt}
     if fused:
         # cuBLASLt's plain matmul, then bias, residual and gelu by GE2's one post-kernel (the same math, two passes)
         post_out = torch.empty(m, n, device="cuda", dtype=dtype)
-        times["postkernel_ms"] = median_ms(
-            lambda: gemm.forward(a, b, bias, c, kernel="cublaslt_postkernel", out=post_out, **kwargs))
+        fns["postkernel_ms"] = lambda: gemm.forward(a, b, bias, c, kernel="cublaslt_postkernel", out=post_out, **kwargs)
+    times = interleaved_median_ms(fns)
+    if fused:
         times.setdefault("lt_plus_add_ms", times["postkernel_ms"])
     row = {"shape": f"{m}x{n}x{k}", "dtype": dtype_name, "epilogue": epilogue, **times, "max_rel_err": error}
     row["cutlass_tflops"] = 2.0 * m * n * k / (times["cutlass_ms"] * 1e-3) / 1e12

@@ -35,22 +35,35 @@ def median_ms(fn, warmup: int = 10, reps: int = 50, flush_l2: bool = True) -> fl
     stream first sleeps on the device (SLEEP_CYCLES), so the host's launch of ``fn`` is queued while
     the GPU is busy and the events time the device's work only: without it host time leaks into kernels under
     ~30 us when the CPUs are busy (host work in ``fn`` that outlasts the sleep still counts)."""
+    return interleaved_median_ms({"fn": fn}, warmup, reps, flush_l2)["fn"]
+
+
+def interleaved_median_ms(fns: dict, warmup: int = 10, reps: int = 50, flush_l2: bool = True) -> dict:
+    """Median milliseconds of each function in ``fns`` (name -> fn), timed as median_ms times one, but round by
+    round: each round times every function once, starting at the next one each round. A drift of the GPU's clocks
+    or of the machine's load over the run then reaches every side alike; separate medians taken one after the other
+    put it on one side (bench_gemm's 8192x1024x4096 float16 cutlass_sm90 row read 0.87x and 1.03x cuBLASLt in two
+    runs that way)."""
     torch = torch_cuda()
     flush = torch.empty(64 << 20, dtype=torch.int8, device="cuda") if flush_l2 else None  # 64 MB > 50 MB of L2
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        if flush is not None:
-            flush.zero_()
-        torch.cuda._sleep(SLEEP_CYCLES)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    times = {name: [] for name in names}
+    for rep in range(reps):
+        for i in range(len(names)):
+            name = names[(rep + i) % len(names)]
+            if flush is not None:
+                flush.zero_()
+            torch.cuda._sleep(SLEEP_CYCLES)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fns[name]()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end))
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def wall_ms(fn, warmup: int = 5, reps: int = 30) -> float:

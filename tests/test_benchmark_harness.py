@@ -1,5 +1,5 @@
-"""benchmarks/harness.py's median_ms on a CPU machine, with a recording stand-in for torch: each timed call is
-preceded by the L2 flush (unless turned off) and a device sleep (so the host's launch is hidden)."""
+"""benchmarks/harness.py's median_ms and interleaved_median_ms on a CPU machine, with a recording stand-in for torch:
+each timed call is preceded by the L2 flush (unless turned off) and a device sleep (so the host's launch is hidden)."""
 from __future__ import annotations
 
 import importlib.util
@@ -69,3 +69,16 @@ def test_median_ms_sleeps_on_the_device_before_each_timed_call(monkeypatch):
     fake.log.clear()
     harness.median_ms(lambda: fake.log.append("fn"), warmup=0, reps=1, flush_l2=False)
     assert fake.log == [sleep, "record", "fn", "record"]
+
+
+def test_interleaved_median_ms_times_every_side_each_round_from_a_rotating_start(monkeypatch):
+    harness = _harness()
+    fake = _FakeTorch()
+    monkeypatch.setattr(harness, "torch_cuda", lambda: fake)
+    fns = {name: (lambda name=name: fake.log.append(name)) for name in ("a", "b", "c")}
+    assert harness.interleaved_median_ms(fns, warmup=1, reps=3, flush_l2=False) == {"a": 2.0, "b": 2.0, "c": 2.0}
+    timed = [entry for entry in fake.log[3:] if entry in fns]
+    assert fake.log[:3] == ["a", "b", "c"]  # the warm-up calls
+    assert timed == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    sleep = f"sleep {harness.SLEEP_CYCLES}"
+    assert fake.log[3:7] == [sleep, "record", "a", "record"]

@@ -593,11 +593,11 @@ inline bool persistent_forward(const attention::Shape& s) {
 // (16,16,512,128) 0.916 -> 0.955 (float16), 0.917 -> 0.963 (bfloat16), 33 heads a section; (8,12,1024,64) 0.981 /
 // 0.978 (17), unchanged. Causal rows keep the 24 MB sections: (8,12,1024,64) causal fell from 1.040 to 0.747 with 17.
 // GE2_FLASH_SM90_SECTION_HEADS=n (n >= 1) overrides it, for measurements.
-inline int forward_heads_per_section(int fit, int64_t heads, const attention::Shape& s, int64_t blocks, int64_t ctas,
+inline int forward_heads_per_section(int fit, const attention::Shape& s, int64_t blocks, int64_t ctas,
                                      bool persistent) {
   const char* value = std::getenv("GE2_FLASH_SM90_SECTION_HEADS");
   const long long n = value != nullptr ? std::strtoll(value, nullptr, 10) : 0;
-  if (n >= 1) return static_cast<int>(std::min<long long>(n, heads));
+  if (n >= 1) return static_cast<int>(std::min<long long>(n, s.batch * s.heads_q));
   if (!persistent || s.causal || blocks > 8) return fit;
   return static_cast<int>(std::min<int64_t>(fit, (ctas + blocks - 1) / blocks));
 }
@@ -642,8 +642,8 @@ void launch(const ForwardArgs& args, cudaStream_t stream) {
   const bool persistent = T::kPersistent && persistent_forward(s);
   const int64_t ctas = persistent ? std::min<int64_t>(work_items, multiprocessors()) : work_items;
   p.heads_per_section = forward_heads_per_section(
-      heads_per_l2_section(2 * s.seq_k * kHeadDim * int64_t(sizeof(Element)), s.batch * s.heads_q),
-      s.batch * s.heads_q, s, m_blocks, ctas, persistent);
+      heads_per_l2_section(2 * s.seq_k * kHeadDim * int64_t(sizeof(Element)), s.batch * s.heads_q), s, m_blocks, ctas,
+      persistent);
   kernel<<<static_cast<unsigned>(ctas), T::kThreads, bytes, stream>>>(p);
 }
 

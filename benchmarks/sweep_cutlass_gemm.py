@@ -3,8 +3,7 @@ every tile/schedule configuration (GE2_CUTLASS_SM90_TILE forces one) on a grid o
 bias + gelu + residual and the plain product, beside cuBLASLt with the same epilogue; on shapes of at least 256
 128x128 output tiles it also times the winner with the tile scheduler's swizzle 2, 4 and 8
 (GE2_CUTLASS_SM90_SWIZZLE), then with the best swizzle along M and along N (GE2_CUTLASS_SM90_RASTER). The
-configurations compiled for act none only (ACT_NONE_ONLY) are timed on the plain rows only, those compiled for float16
-only (FLOAT16_ONLY) on the float16 rows only. It prints the winner per
+configurations compiled for act none only (ACT_NONE_ONLY) are timed on the plain rows only. It prints the winner per
 shape and the four tables it implies (per dtype, act none from the plain rows and the activations from the fused
 ones: per tile count the configuration that won most rows, consecutive counts with one winner merged into one rule,
 with the swizzle and raster order that won most of its rows) and writes them to the file the candidate compiles,
@@ -36,10 +35,8 @@ CONFIGS = {"pingpong_64x128x64": "Pingpong64x128",
            "cooperative_128x256x64": "Cooperative128x256",
            "pingpong_128x128x64": "Pingpong128x128",
            "pingpong_128x128x64_cluster2x1_noc": "Pingpong128x128Cluster2x1NoC"}
-# tile_table.hpp's kFloat16Only: compiled for float16 only (not timed on the bfloat16 rows: inf)
-FLOAT16_ONLY = ("pingpong_128x128x64_cluster2x1_noc",)
 # tile_table.hpp's kActNoneOnly: compiled for the plain product (act none) only
-ACT_NONE_ONLY = ("cooperative_128x256x64", "pingpong_128x128x64", *FLOAT16_ONLY)
+ACT_NONE_ONLY = ("cooperative_128x256x64", "pingpong_128x128x64", "pingpong_128x128x64_cluster2x1_noc")
 SWIZZLES = (2, 4, 8)  # tried on the winner of the large shapes; every configuration is first timed with 1
 RASTERS = {"heuristic": "Heuristic", "m": "AlongM", "n": "AlongN"}  # GE2_CUTLASS_SM90_RASTER -> Raster
 SWIZZLE_FROM_TILES = 256
@@ -139,9 +136,8 @@ def table_file(rows, env) -> str:
 def sweep_row(torch, m, n, k, dtype_name, fused, failures) -> dict:
     problem = Problem(torch, m, n, k, dtype_name, fused)
     lt_ms = problem.time("cublaslt_epilogue", failures)
-    skipped = lambda config: ((fused and config in ACT_NONE_ONLY)  # noqa: E731
-                              or (dtype_name != "float16" and config in FLOAT16_ONLY))
-    times = {config: math.inf if skipped(config) else problem.time("cutlass_sm90", failures, tile=config, swizzle=1)
+    times = {config: math.inf if fused and config in ACT_NONE_ONLY
+             else problem.time("cutlass_sm90", failures, tile=config, swizzle=1)
              for config in CONFIGS}
     best = min(times, key=times.get)
     schedules = {(1, "heuristic"): times[best]}

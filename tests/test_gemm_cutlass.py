@@ -50,16 +50,16 @@ def _header_act_none_only() -> tuple[str, ...]:
     return tuple(names[enumerator] for enumerator in enumerators)
 
 
-def _header_float16_only() -> tuple[str, ...]:
-    """tile_table.hpp's kFloat16Only, as configuration names."""
-    enumerators = re.findall(r"TileConfig::(\w+)", TILE_TABLE.read_text().split("kFloat16Only[]")[1].split("};")[0])
+def _header_without_c() -> tuple[str, ...]:
+    """tile_table.hpp's kWithoutC, as configuration names."""
+    enumerators = re.findall(r"TileConfig::(\w+)", TILE_TABLE.read_text().split("kWithoutC[]")[1].split("};")[0])
     names = {enumerator: name for name, enumerator in _header_config_names().items()}
     return tuple(names[enumerator] for enumerator in enumerators)
 
 
 TILE_CONFIGS = tuple(_header_config_names())
 ACT_NONE_ONLY = _header_act_none_only()
-FLOAT16_ONLY = _header_float16_only()
+WITHOUT_C = _header_without_c()
 TABLE_NAMES = ("kTileTableFloat16ActNone", "kTileTableFloat16Activation", "kTileTableBFloat16ActNone",
                "kTileTableBFloat16Activation")
 
@@ -151,8 +151,6 @@ def _check_rules(text: str, name: str) -> None:
                for _, config, swizzle, raster in rules)
     if name.endswith("Activation"):
         assert not any(names[config] in ACT_NONE_ONLY for _, config, _, _ in rules)
-    if "BFloat16" in name:
-        assert not any(names[config] in FLOAT16_ONLY for _, config, _, _ in rules)
 
 
 def test_tile_table_names_every_configuration_the_sweep_times():
@@ -161,13 +159,36 @@ def test_tile_table_names_every_configuration_the_sweep_times():
     assert set(_header_config_names().values()) == {e.strip() for e in enumerators.split(",")}
     assert _sweep_module().CONFIGS == _header_config_names()
     assert _sweep_module().ACT_NONE_ONLY == ACT_NONE_ONLY
-    assert _sweep_module().FLOAT16_ONLY == FLOAT16_ONLY and set(FLOAT16_ONLY) <= set(ACT_NONE_ONLY)
     assert tuple(_sweep_module().TABLE_NAMES.values()) == TABLE_NAMES
     assert '#include "tile_rules.inc"' in TILE_TABLE.read_text()
     assert _sweep_module().TABLE == TILE_RULES  # the sweep writes the file the candidate compiles
     for name in TABLE_NAMES:
         assert f"first_matching_rule({name}, tiles)" in TILE_TABLE.read_text()
         _check_rules(TILE_RULES.read_text(), name)
+
+
+def _defined_launchers(act: str) -> set[tuple[str, str]]:
+    """(dtype, TileConfig enumerator) of every launch_<dtype>_<act>_<config> the candidate's gemm_sm90_<act>_*.cu
+    translation units define, written out or through gemm_sm90.cuh's GE2_CUTLASS_SM90_PER_DTYPE."""
+    text = "".join(path.read_text() for path in TILE_TABLE.parent.glob(f"gemm_sm90_{act}_*.cu"))
+    return set(re.findall(rf"void launch_(b?f16)_{act}_(\w+)\(const Problem", text)) | set(
+        re.findall(rf"^GE2_CUTLASS_SM90_PER_DTYPE\((b?f16), [\w:]+, {act}, (\w+)\)$", text, re.MULTILINE))
+
+
+def test_act_none_only_configurations_are_compiled_for_both_dtypes():
+    """Every act-none-only configuration (the ones without C among them) has a float16 and a bfloat16 launcher,
+    declared in cutlass_sm90.hpp and defined in the candidate's translation units, so the bfloat16 tables and
+    GE2_CUTLASS_SM90_TILE may pick any of them."""
+    assert WITHOUT_C and set(WITHOUT_C) <= set(ACT_NONE_ONLY)
+    declared = (TILE_TABLE.parent / "cutlass_sm90.hpp").read_text()
+    defined = _defined_launchers("none")
+    enumerators = _header_config_names()
+    for config in ACT_NONE_ONLY:
+        for dtype in ("f16", "bf16"):
+            assert (dtype, enumerators[config]) in defined, f"{config}: no {dtype} launcher defined"
+            assert (f"launch_{dtype}_none_{enumerators[config]}(" in declared
+                    or f"GE2_CUTLASS_SM90_NONE_ONLY({enumerators[config]})" in declared), config
+    assert "compiled for float16 only" not in (TILE_TABLE.parent / "gemm_sm90.cuh").read_text()
 
 
 def test_sweep_turns_its_winners_into_table_rules():
@@ -244,10 +265,6 @@ def test_every_epilogue_matches_the_reference(rng, dtype, act):
 def test_every_tile_configuration_on_edge_shapes(rng, monkeypatch, dtype, config):
     _require_candidate()
     monkeypatch.setenv("GE2_CUTLASS_SM90_TILE", config)
-    if dtype != "float16" and config in FLOAT16_ONLY:
-        with pytest.raises(ValueError, match="compiled for float16 only"):
-            _run(rng, 64, 64, 64, dtype, "none", False, False)
-        return
     # one row; odd M (a partial cluster of two CTAs); K not a multiple of the 64-deep tile; N not a multiple of the
     # 128- or 256-wide tile; several waves of tiles
     # (the act-none-only configurations: the plain product, with bias, and act none with bias and residual, which
@@ -281,6 +298,24 @@ def test_tile_scheduler_swizzles(rng, monkeypatch, swizzle, config):
     for m, n in ((1160, 2056), (2056, 1160)):  # both raster directions, tiles left over at the strips' ends
         y, expected = _run(rng, m, n, 136, "bfloat16", "gelu", True, True)
         assert_close(y, expected, "bfloat16", 136, what=f"cutlass_sm90 {config} swizzle {swizzle} {m}x{n}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("swizzle", ("1", "2", "8"))
+@pytest.mark.parametrize("config", WITHOUT_C)
+def test_configurations_without_c_at_every_swizzle(rng, monkeypatch, dtype, swizzle, config):
+    """The configurations without C forced in both dtypes at the swizzles the table and the benchmarks use: the plain
+    product and with bias on 256 and 520 128x128 tiles (2048^3's and a thin 8192x1024's tile grids, short K), both
+    raster directions and a partial cluster; with a residual they run on the sibling with C."""
+    _require_candidate()
+    monkeypatch.setenv("GE2_CUTLASS_SM90_TILE", config)
+    monkeypatch.setenv("GE2_CUTLASS_SM90_SWIZZLE", swizzle)
+    for m, n, k in ((2048, 2048, 136), (8320, 1024, 72), (1160, 2056, 200), (129, 2056, 264)):
+        for with_bias, with_c in ((False, False), (True, False), (True, True)):
+            y, expected = _run(rng, m, n, k, dtype, "none", with_bias, with_c, alpha=1.0)
+            assert_close(y, expected, dtype, k, what=f"cutlass_sm90 {config} swizzle {swizzle} {m}x{n}x{k} "
+                                                     f"bias={with_bias} residual={with_c}")
 
 
 @pytest.mark.gpu

@@ -32,15 +32,15 @@ struct Problem {
 // 8192^3 0.80-0.96x (the table's 128x256 cluster 2x1, swizzle 8: 0.985-1.005x).
 // Cooperative128x256 and Pingpong128x128, without clusters, are compiled for act none only (gemm_sm90_none_<config>.cu:
 // the plain product's table picks them, the activations' does not); another activation refuses them.
-// Pingpong128x128Cluster2x1NoC (session 37) is compiled for act none and float16 only, without a C operand
-// (gemm_sm90.cuh's BiasEpilogue: no C in shared memory, each TMA store delayed by one subtile); forced on a problem
-// with a residual it runs Pingpong128x128Cluster2x1, and the table gives such problems the activations' choice. Session
-// 37's mid call (H200, device time, float16): 2048^3 29.4 us against 31.0 for the table's ping-pong 128x128 (cuBLASLt
-// 30.3), 8192^3 1706 against 1760 us for cooperative 128x256 cluster 2x1 (cuBLASLt 1818). Tried there and left out:
-// the same tiles without a cluster (2048^3 29.8 us, 4096^3 205.2 against 193.6), in clusters along N (TMA multicasts
-// A; cuBLASLt's 2048^3 kernel clusters along its M, our N: 29.2 us at 2048^3 and 1700.8 at 8192^3, within noise of the
-// kept one, but 251 us against 102 at 8192x1024x4096 with swizzle 8), with 64x64 epilogue subtiles (29.5 us against
-// 29.4), cooperative 128x128 in clusters along M without C (30.3 us at 2048^3).
+// Pingpong128x128Cluster2x1NoC (session 37; bfloat16 since session 39) is compiled for act none only, without a C
+// operand (gemm_sm90.cuh's BiasEpilogue: no C in shared memory, each TMA store delayed by one subtile); forced on a
+// problem with a residual it runs Pingpong128x128Cluster2x1, and the table gives such problems the activations' choice.
+// Session 37's mid call (H200, device time, float16): 2048^3 29.4 us against 31.0 for the table's ping-pong 128x128
+// (cuBLASLt 30.3), 8192^3 1706 against 1760 us for cooperative 128x256 cluster 2x1 (cuBLASLt 1818). Tried there and
+// left out: the same tiles without a cluster (2048^3 29.8 us, 4096^3 205.2 against 193.6), in clusters along N (TMA
+// multicasts A; cuBLASLt's 2048^3 kernel clusters along its M, our N: 29.2 us at 2048^3 and 1700.8 at 8192^3, within
+// noise of the kept one, but 251 us against 102 at 8192x1024x4096 with swizzle 8), with 64x64 epilogue subtiles (29.5
+// us against 29.4), cooperative 128x128 in clusters along M without C (30.3 us at 2048^3).
 enum class TileConfig {
   Pingpong64x128,
   Cooperative128x128,
@@ -86,8 +86,10 @@ GE2_CUTLASS_SM90_NONE_ONLY(Cooperative128x256)
 GE2_CUTLASS_SM90_NONE_ONLY(Pingpong128x128)
 #undef GE2_CUTLASS_SM90_NONE_ONLY
 
-// The act-none, float16-only configuration without C (its own translation unit).
+// The act-none configuration without C (one translation unit per dtype).
 void launch_f16_none_Pingpong128x128Cluster2x1NoC(const Problem& problem, const Schedule& schedule,
                                                   cudaStream_t stream);
+void launch_bf16_none_Pingpong128x128Cluster2x1NoC(const Problem& problem, const Schedule& schedule,
+                                                   cudaStream_t stream);
 
 }  // namespace ge2::gemm::cutlass_sm90

@@ -39,9 +39,7 @@ constexpr TileConfigName kTileConfigNames[] = {
 // The configurations compiled for act none only (see TileConfig).
 constexpr TileConfig kActNoneOnly[] = {TileConfig::Cooperative128x256, TileConfig::Pingpong128x128,
                                        TileConfig::Pingpong128x128Cluster2x1NoC};
-// Of those, the ones compiled for float16 only (the bfloat16 tables must not pick them) and the ones without a C
-// operand (a problem with a residual takes the activations' table instead).
-constexpr TileConfig kFloat16Only[] = {TileConfig::Pingpong128x128Cluster2x1NoC};
+// Of those, the ones without a C operand (a problem with a residual takes the activations' table instead).
 constexpr TileConfig kWithoutC[] = {TileConfig::Pingpong128x128Cluster2x1NoC};
 
 inline TileConfig tile_config_from_name(const std::string& name) {

@@ -8,7 +8,7 @@ auto's backward (the "bwd kernel" column). The cuDNN
 candidates that this build lacks (cudnn, cudnn_graph: ``kernels()`` says NOT BUILT) are left out. cudnn_graph's first
 call of a shape builds and times its cuDNN plans (cudnn.benchmark's work), before the timed repetitions.
 
-Run: python benchmarks/bench_conv.py [--quick] [--kernels=cudnn_graph,implicit_gemm] [--dtypes=float16]
+Run: python benchmarks/bench_conv.py [--quick] [--all-1x1] [--kernels=cudnn_graph,implicit_gemm] [--dtypes=float16]
 """
 from __future__ import annotations
 
@@ -22,6 +22,10 @@ BATCH = 32
 # (C, H, K, R, stride), padding R // 2: the issue's ResNet-50 rows.
 SHAPES = [(64, 56, 64, 3, 1), (256, 56, 64, 1, 1), (128, 28, 128, 3, 1), (512, 28, 128, 1, 1), (256, 14, 256, 3, 1),
           (3, 224, 64, 7, 2)]
+# ResNet-50's other stride-1 1x1 layers, with --all-1x1 (the issue's target covers every 3x3 and 1x1 layer).
+MORE_1X1_SHAPES = [(64, 56, 64, 1, 1), (64, 56, 256, 1, 1), (256, 56, 128, 1, 1), (128, 28, 512, 1, 1),
+                   (512, 28, 256, 1, 1), (256, 14, 1024, 1, 1), (1024, 14, 256, 1, 1), (1024, 14, 512, 1, 1),
+                   (512, 7, 2048, 1, 1), (2048, 7, 512, 1, 1)]
 CONFIGS = [("float32", "NCHW"), ("float16", "NHWC")]
 
 
@@ -136,7 +140,8 @@ def main(quick: bool) -> None:
     candidates = [name for name in candidates if name in (option("kernels") or candidates)]
     configs = [config for config in CONFIGS if config[0] in (option("dtypes") or [c[0] for c in CONFIGS])]
     rows = []
-    for shape in SHAPES[:2] if quick else SHAPES:
+    shapes = SHAPES[:2] if quick else SHAPES + (MORE_1X1_SHAPES if "--all-1x1" in sys.argv else [])
+    for shape in shapes:
         for dtype_name, layout in configs:
             for candidate in candidates:
                 row = bench_shape(torch, shape, dtype_name, layout, candidate)

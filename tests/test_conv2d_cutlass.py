@@ -128,7 +128,7 @@ def test_declines_what_it_does_not_support_naming_the_reason(change, reason):
 
 
 # GE2_CUTLASS_SM90_CONV_1X1's tiles (besides conv, the conv collective), and those instantiated for float16 only.
-POINTWISE_TILES = ["gemm_128x64", "gemm_64x128", "coop_256x64", "coop_256x128", "coop_384x64", "trans_128x192",
+POINTWISE_TILES = ["gemm_128x64", "gemm_64x128", "coop_256x64", "coop_256x128", "trans_128x192",
                    "trans_128x224", "trans_128x48", "trans_128x192_2x1", "trans_128x256_2x1"]
 FLOAT16_ONLY_TILES = POINTWISE_TILES[4:]
 

@@ -85,7 +85,6 @@ constexpr std::pair<const char*, PointwiseTile> kPointwiseTiles[] = {
     {"gemm_64x128", PointwiseTile::Pingpong64x128},
     {"coop_256x64", PointwiseTile::Cooperative256x64},
     {"coop_256x128", PointwiseTile::Cooperative256x128},
-    {"coop_384x64", PointwiseTile::Cooperative384x64},
     {"trans_128x192", PointwiseTile::Transposed128x192},
     {"trans_128x224", PointwiseTile::Transposed128x224},
     {"trans_128x48", PointwiseTile::Transposed128x48},

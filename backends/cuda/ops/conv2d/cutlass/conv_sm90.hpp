@@ -63,16 +63,9 @@ enum class PointwiseTile {
   Pingpong64x128,
   Cooperative256x64,
   Cooperative256x128,
-  // float16 only, each in a file of its own (conv_sm90_fprop_1x1_<tile>_f16.cu): cooperative 384 x 64 with epilogue
-  // subtiles of 128 x 64 (whole 128-byte rows of y); the transposed GEMM y^T = w x^T in cooperative tiles of filters x
-  // pixels, 128 x 192, 128 x 224, 128 x 48, and 128 x 192 or 128 x 256 in 2 x 1 clusters (x's tile multicast to two
-  // filter tiles).
-  Cooperative384x64,
+  // float16 only (conv_sm90_fprop_1x1_transposed_f16.cu): the transposed GEMM y^T = w x^T in cooperative 128 x 192
+  // tiles of filters x pixels.
   Transposed128x192,
-  Transposed128x224,
-  Transposed128x48,
-  Transposed128x192Cluster2x1,
-  Transposed128x256Cluster2x1,
 };
 inline bool pointwise(const Shape& s, Act act) {
   return s.groups == 1 && s.r == 1 && s.s == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_top == 0 &&
@@ -80,12 +73,7 @@ inline bool pointwise(const Shape& s, Act act) {
 }
 void fprop_1x1_f16(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream);
 void fprop_1x1_bf16(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream);
-void fprop_1x1_coop_384x64_f16(const ForwardArgs& args, cudaStream_t stream);
 void fprop_1x1_transposed_128x192_f16(const ForwardArgs& args, cudaStream_t stream);
-void fprop_1x1_transposed_128x224_f16(const ForwardArgs& args, cudaStream_t stream);
-void fprop_1x1_transposed_128x48_f16(const ForwardArgs& args, cudaStream_t stream);
-void fprop_1x1_transposed_128x192_2x1_f16(const ForwardArgs& args, cudaStream_t stream);
-void fprop_1x1_transposed_128x256_2x1_f16(const ForwardArgs& args, cudaStream_t stream);
 // dx = dgrad(dy, w) in 128 x 128 or 128 x 64 tiles (pixels x channels) and dw = wgrad(dy, x) of `args` (act none:
 // dy is dz; stride 1 for dgrad); wgrad in one slice
 // (dw written directly) or wgrad_sliced in `slices` (slices.count > 1) through `workspace`, slices.workspace_bytes of

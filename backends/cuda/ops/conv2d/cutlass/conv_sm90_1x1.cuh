@@ -32,24 +32,20 @@ using CooperativePointwiseGemm =
     typename PointwiseKernelFor<Element, TileShape, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
                                 cutlass::epilogue::TmaWarpSpecializedCooperative>::Gemm;
 
-// The cooperative GEMM (both consumer warpgroups on one tile) for one tile, cluster and epilogue tile: y = x w^T, or
-// for kTransposed the GEMM transposed, y^T [K, N*H*W] = w x^T, as cuBLAS's nvjet_sm90_hsh_128x192_64x5_1x2_h_bz_coopB_TNN
+// The GEMM transposed, y^T [K, N*H*W] = w [K, C] x^T, as cuBLAS's nvjet_sm90_hsh_128x192_64x5_1x2_h_bz_coopB_TNN
 // runs C512 H28 K128 for PyTorch: filters along M, pixels along N, y column-major (the same memory as NHWC's y), the
-// bias along M. A (x, or w transposed) is row-major and B (w, or x) K-major either way. A 2 x 1 cluster of the
-// transposed GEMM pairs CTAs of neighbouring filter tiles and the same pixels: TMA multicasts x's tile to both
-// (session 38's bench call: a 1 x 2 cluster, w multicast, lost to one CTA on every ResNet-50 1x1 layer here).
-template <typename Element, typename TileShape, bool kTransposed,
-          typename ClusterShape = gemm::cutlass_sm90::Cluster1x1,
-          typename EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto>
-struct CooperativePointwiseGemmFor {
+// bias along M; cooperative (both warpgroups on a tile), one CTA per cluster (session 38's bench call: cuBLAS's 1 x 2
+// cluster lost to one CTA on every ResNet-50 1x1 layer here).
+template <typename Element, typename TileShape>
+struct TransposedPointwiseGemmFor {
+  using ClusterShape = gemm::cutlass_sm90::Cluster1x1;
   static constexpr int kAlignment = 16 / sizeof(Element);
-  using Bias = cute::conditional_t<kTransposed, BiasAlongM<Element, TileShape, kAlignment>,
-                                   BiasAlongN<Element, TileShape, kAlignment>>;
-  using Fusion = ConvEpilogue<Element, PiecewiseLinearActivations, TileShape, kAlignment, Bias>;
-  using LayoutY = cute::conditional_t<kTransposed, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
+  using Fusion = ConvEpilogue<Element, PiecewiseLinearActivations, TileShape, kAlignment,
+                              BiasAlongM<Element, TileShape, kAlignment>>;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape, EpilogueTile, float, float,
-      Element, LayoutY, kAlignment, Element, LayoutY, kAlignment, cutlass::epilogue::TmaWarpSpecializedCooperative,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, Element, cutlass::layout::ColumnMajor, kAlignment,
+      Element, cutlass::layout::ColumnMajor, kAlignment, cutlass::epilogue::TmaWarpSpecializedCooperative,
       Fusion>::CollectiveOp;
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, kAlignment, Element,
@@ -60,10 +56,8 @@ struct CooperativePointwiseGemmFor {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<cutlass::gemm::kernel::GemmUniversal<
       cute::Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue>>;
 };
-template <typename Element, typename TileShape, typename ClusterShape = gemm::cutlass_sm90::Cluster1x1>
-using TransposedPointwiseGemm = typename CooperativePointwiseGemmFor<Element, TileShape, true, ClusterShape>::Gemm;
 
-// kTransposed: Gemm computes y^T = w x^T (CooperativePointwiseGemmFor's transposed GEMM), else y = x w^T.
+// kTransposed: Gemm computes y^T = w x^T (TransposedPointwiseGemmFor), else y = x w^T.
 template <typename Gemm, bool kTransposed = false>
 void run_pointwise(const ForwardArgs& args, cudaStream_t stream) {
   using Kernel = typename Gemm::GemmKernel;
@@ -92,8 +86,8 @@ void run_pointwise(const ForwardArgs& args, cudaStream_t stream) {
   launch<Gemm>(arguments, stream);
 }
 
-// The tiles (output pixels x filters, 64-channel reduction steps; the transposed ones filters x pixels; the last six
-// float16 only, in translation units of their own) of PointwiseTile.
+// The tiles (output pixels x filters, 64-channel reduction steps; the transposed one filters x pixels, float16 only)
+// of PointwiseTile.
 template <typename Element>
 void fprop_1x1(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream) {
   if (!PiecewiseLinearActivations::has(args.act)) {
@@ -111,23 +105,8 @@ void fprop_1x1(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream)
       return run_pointwise<CooperativePointwiseGemm<Element, cute::Shape<_256, _64, _64>>>(args, stream);
     case PointwiseTile::Cooperative256x128:
       return run_pointwise<CooperativePointwiseGemm<Element, cute::Shape<_256, _128, _64>>>(args, stream);
-    case PointwiseTile::Cooperative384x64:
-      if constexpr (std::is_same_v<Element, cutlass::half_t>) return fprop_1x1_coop_384x64_f16(args, stream);
-      break;
     case PointwiseTile::Transposed128x192:
       if constexpr (std::is_same_v<Element, cutlass::half_t>) return fprop_1x1_transposed_128x192_f16(args, stream);
-      break;
-    case PointwiseTile::Transposed128x224:
-      if constexpr (std::is_same_v<Element, cutlass::half_t>) return fprop_1x1_transposed_128x224_f16(args, stream);
-      break;
-    case PointwiseTile::Transposed128x48:
-      if constexpr (std::is_same_v<Element, cutlass::half_t>) return fprop_1x1_transposed_128x48_f16(args, stream);
-      break;
-    case PointwiseTile::Transposed128x192Cluster2x1:
-      if constexpr (std::is_same_v<Element, cutlass::half_t>) return fprop_1x1_transposed_128x192_2x1_f16(args, stream);
-      break;
-    case PointwiseTile::Transposed128x256Cluster2x1:
-      if constexpr (std::is_same_v<Element, cutlass::half_t>) return fprop_1x1_transposed_128x256_2x1_f16(args, stream);
       break;
   }
   throw std::logic_error("cutlass_sm90: no 1x1 GEMM of this tile for this dtype");

@@ -5,7 +5,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <iterator>
 #include <string>
 #include <utility>
 
@@ -85,17 +84,7 @@ constexpr std::pair<const char*, PointwiseTile> kPointwiseTiles[] = {
     {"gemm_64x128", PointwiseTile::Pingpong64x128},
     {"coop_256x64", PointwiseTile::Cooperative256x64},
     {"coop_256x128", PointwiseTile::Cooperative256x128},
-    {"trans_128x192", PointwiseTile::Transposed128x192},
-    {"trans_128x224", PointwiseTile::Transposed128x224},
-    {"trans_128x48", PointwiseTile::Transposed128x48},
-    {"trans_128x192_2x1", PointwiseTile::Transposed128x192Cluster2x1},
-    {"trans_128x256_2x1", PointwiseTile::Transposed128x256Cluster2x1}};
-
-// The tiles instantiated for float16 only.
-bool float16_only(PointwiseTile tile) {
-  return tile != PointwiseTile::Pingpong128x64 && tile != PointwiseTile::Pingpong64x128 &&
-         tile != PointwiseTile::Cooperative256x64 && tile != PointwiseTile::Cooperative256x128;
-}
+    {"trans_128x192", PointwiseTile::Transposed128x192}};
 
 // The 1x1 GEMM's tile for pointwise problem `s` on a GPU of `sms` SMs. H200 figures below: N = 32, forward alone in
 // CUDA-graph replay, cuDNN's time / GE2's (higher is better) or us.
@@ -140,9 +129,9 @@ PointwiseTile default_pointwise_tile(const Shape& s, int64_t sms) {
 }
 
 // The tile for pointwise problem `s` (default_pointwise_tile), or none (false) for the conv collective.
-// GE2_CUTLASS_SM90_CONV_1X1=conv or a name of kPointwiseTiles forces one (read per launch: the tests check each, a
-// benchmark times each in one process; problems that are not pointwise ignore it; the float16-only tiles refuse
-// bfloat16).
+// GE2_CUTLASS_SM90_CONV_1X1=conv|gemm_128x64|gemm_64x128|coop_256x64|coop_256x128|trans_128x192 forces one (read per
+// launch: the tests check each, a benchmark times each in one process; problems that are not pointwise ignore it;
+// trans_128x192 refuses bfloat16).
 bool pointwise_tile(const Shape& s, int64_t sms, PointwiseTile& tile) {
   const char* forced = std::getenv("GE2_CUTLASS_SM90_CONV_1X1");
   const std::string name(forced == nullptr ? "" : forced);
@@ -153,18 +142,16 @@ bool pointwise_tile(const Shape& s, int64_t sms, PointwiseTile& tile) {
   if (name == "conv") return false;
   for (const auto& [tile_name, named_tile] : kPointwiseTiles) {
     if (name != tile_name) continue;
-    if (float16_only(named_tile) && s.dtype != DType::Float16) {
-      throw std::invalid_argument("GE2_CUTLASS_SM90_CONV_1X1: " + name + " runs float16 only, got " +
+    if (named_tile == PointwiseTile::Transposed128x192 && s.dtype != DType::Float16) {
+      throw std::invalid_argument(std::string("GE2_CUTLASS_SM90_CONV_1X1: trans_128x192 runs float16 only, got ") +
                                   dtype_name(s.dtype));
     }
     tile = named_tile;
     return true;
   }
-  std::string expected = "conv";
-  for (std::size_t i = 0; i < std::size(kPointwiseTiles); ++i) {
-    expected += (i + 1 < std::size(kPointwiseTiles) ? ", " : " or ") + std::string(kPointwiseTiles[i].first);
-  }
-  throw std::invalid_argument("GE2_CUTLASS_SM90_CONV_1X1: expected " + expected + ", got '" + name + "'");
+  throw std::invalid_argument(
+      "GE2_CUTLASS_SM90_CONV_1X1: expected conv, gemm_128x64, gemm_64x128, coop_256x64, coop_256x128 or "
+      "trans_128x192, got '" + name + "'");
 }
 
 #if GE2_WITH_CUTLASS

@@ -211,7 +211,7 @@ def main_cutlass(torch, quick: bool) -> None:
                ("postkernel_ms", "cuBLASLt + GE2 post-kernel ms"),
                ("lt_plus_add_ms", "cuBLASLt + epilogue kernel ms"), ("vs_lt", "x vs cuBLASLt"),
                ("vs_lt_plus_add", "x vs cuBLASLt+add"), ("target", "target"), ("met", "met")]
-    print(write_results("gemm_cutlass", rows, columns, "cutlass_sm90 vs cuBLASLt (medians, L2 flushed)"))
+    print(write_results("gemm_cutlass", rows, columns, "cutlass_sm90 vs cuBLASLt (interleaved medians, L2 flushed)"))
 
 
 def main(quick: bool, cutlass_only: bool) -> None:

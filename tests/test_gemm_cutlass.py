@@ -167,12 +167,12 @@ def test_tile_table_names_every_configuration_the_sweep_times():
         _check_rules(TILE_RULES.read_text(), name)
 
 
-def _defined_launchers(act: str) -> set[tuple[str, str]]:
-    """(dtype, TileConfig enumerator) of every launch_<dtype>_<act>_<config> the candidate's gemm_sm90_<act>_*.cu
+def _defined_act_none_launchers() -> set[tuple[str, str]]:
+    """(dtype, TileConfig enumerator) of every launch_<dtype>_none_<config> the candidate's gemm_sm90_none_*.cu
     translation units define, written out or through gemm_sm90.cuh's GE2_CUTLASS_SM90_PER_DTYPE."""
-    text = "".join(path.read_text() for path in TILE_TABLE.parent.glob(f"gemm_sm90_{act}_*.cu"))
-    return set(re.findall(rf"void launch_(b?f16)_{act}_(\w+)\(const Problem", text)) | set(
-        re.findall(rf"^GE2_CUTLASS_SM90_PER_DTYPE\((b?f16), [\w:]+, {act}, (\w+)\)$", text, re.MULTILINE))
+    text = "".join(path.read_text() for path in TILE_TABLE.parent.glob("gemm_sm90_none_*.cu"))
+    return set(re.findall(r"void launch_(b?f16)_none_(\w+)\(const Problem", text)) | set(
+        re.findall(r"^GE2_CUTLASS_SM90_PER_DTYPE\((b?f16), [\w:]+, (\w+)\)$", text, re.MULTILINE))
 
 
 def test_act_none_only_configurations_are_compiled_for_both_dtypes():
@@ -181,7 +181,7 @@ def test_act_none_only_configurations_are_compiled_for_both_dtypes():
     GE2_CUTLASS_SM90_TILE may pick any of them."""
     assert WITHOUT_C and set(WITHOUT_C) <= set(ACT_NONE_ONLY)
     declared = (TILE_TABLE.parent / "cutlass_sm90.hpp").read_text()
-    defined = _defined_launchers("none")
+    defined = _defined_act_none_launchers()
     enumerators = _header_config_names()
     for config in ACT_NONE_ONLY:
         for dtype in ("f16", "bf16"):

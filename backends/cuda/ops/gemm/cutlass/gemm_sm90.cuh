@@ -232,33 +232,32 @@ void launch_config_no_c(const Problem& problem, const Schedule& schedule, cudaSt
       problem, schedule, stream);
 }
 
-// The configurations compiled one translation unit per dtype (gemm_sm90_<act>_<config>_<dtype>.cu, each holding
-// GE2_CUTLASS_SM90_PER_DTYPE(<dtype>, <element>, <act>, <config>)): their launchers' bodies, for either dtype.
+// The act-none configurations compiled one translation unit per dtype (gemm_sm90_none_<config>_<dtype>.cu, each
+// holding GE2_CUTLASS_SM90_PER_DTYPE(<dtype>, <element>, <config>)): their launchers' bodies, for either dtype.
 template <typename Element>
 void launch_none_Pingpong128x128Cluster2x1NoC(const Problem& problem, const Schedule& schedule, cudaStream_t stream) {
   launch_config_no_c<Element, cute::Shape<_128, _128, _64>, Cluster2x1, Pingpong, PingpongEpilogue>(problem, schedule,
                                                                                                     stream);
 }
-#define GE2_CUTLASS_SM90_PER_DTYPE(dtype_name, element, act_name, config)                                           \
-  void ge2::gemm::cutlass_sm90::launch_##dtype_name##_##act_name##_##config(const Problem& problem,                  \
-                                                                            const Schedule& schedule,                \
-                                                                            cudaStream_t stream) {                   \
-    launch_##act_name##_##config<element>(problem, schedule, stream);                                                \
+#define GE2_CUTLASS_SM90_PER_DTYPE(dtype_name, element, config)                                                     \
+  void ge2::gemm::cutlass_sm90::launch_##dtype_name##_none_##config(const Problem& problem, const Schedule& schedule, \
+                                                                    cudaStream_t stream) {                          \
+    launch_none_##config<element>(problem, schedule, stream);                                                        \
   }
 
-// A configuration compiled for one activation only, act_name (none: kIs_none), in its own translation units
-// (gemm_sm90_<act>_<config>[_<dtype>].cu); another activation refuses it.
-#define GE2_CUTLASS_SM90_ONE_ACT_LAUNCH(config, act_name, compiled_for)                                             \
-  if constexpr (!kIs_##act_name) {                                                                                  \
-    throw std::invalid_argument("GE2_CUTLASS_SM90_TILE: " #config " is compiled for " compiled_for " only");        \
-  } else if constexpr (std::is_same_v<Element, cutlass::half_t>) {                                                  \
-    return launch_f16_##act_name##_##config(problem, schedule, stream);                                             \
-  } else {                                                                                                          \
-    return launch_bf16_##act_name##_##config(problem, schedule, stream);                                            \
+// A configuration compiled for activation none only, in its own translation units
+// (gemm_sm90_none_<config>[_<dtype>].cu); another activation refuses it.
+#define GE2_CUTLASS_SM90_ACT_NONE_LAUNCH(config)                                                           \
+  if constexpr (!kIs_none) {                                                                               \
+    throw std::invalid_argument("GE2_CUTLASS_SM90_TILE: " #config " is compiled for act none only");       \
+  } else if constexpr (std::is_same_v<Element, cutlass::half_t>) {                                         \
+    return launch_f16_none_##config(problem, schedule, stream);                                            \
+  } else {                                                                                                 \
+    return launch_bf16_none_##config(problem, schedule, stream);                                           \
   }
-#define GE2_CUTLASS_SM90_ONE_ACT_CASE(config, act_name, compiled_for) \
-  case TileConfig::config:                                            \
-    GE2_CUTLASS_SM90_ONE_ACT_LAUNCH(config, act_name, compiled_for)
+#define GE2_CUTLASS_SM90_ACT_NONE_CASE(config) \
+  case TileConfig::config:                     \
+    GE2_CUTLASS_SM90_ACT_NONE_LAUNCH(config)
 
 // An act-none configuration without a C operand: a problem with a residual runs on `sibling`, the same tiles with C
 // (the table gives such problems the activations' choice instead; this serves GE2_CUTLASS_SM90_TILE).
@@ -269,7 +268,7 @@ void launch_none_Pingpong128x128Cluster2x1NoC(const Problem& problem, const Sche
       with_c.config = TileConfig::sibling;                                      \
       return launch<Element, Activation>(problem, with_c, stream);              \
     }                                                                           \
-    GE2_CUTLASS_SM90_ONE_ACT_LAUNCH(no_c_config, none, "act none")
+    GE2_CUTLASS_SM90_ACT_NONE_LAUNCH(no_c_config)
 
 // Runs `problem` with the tile configuration the table picked (or GE2_CUTLASS_SM90_TILE forced).
 template <typename Element, template <class> class Activation>
@@ -288,14 +287,14 @@ void launch(const Problem& problem, const Schedule& schedule, cudaStream_t strea
     case TileConfig::Cooperative128x256Cluster2x1:
       return launch_config<Element, Activation, cute::Shape<_128, _256, _64>, Cluster2x1, Cooperative,
                            CooperativeEpilogue>(problem, schedule, stream);
-    GE2_CUTLASS_SM90_ONE_ACT_CASE(Cooperative128x256, none, "act none")
-    GE2_CUTLASS_SM90_ONE_ACT_CASE(Pingpong128x128, none, "act none")
+    GE2_CUTLASS_SM90_ACT_NONE_CASE(Cooperative128x256)
+    GE2_CUTLASS_SM90_ACT_NONE_CASE(Pingpong128x128)
     GE2_CUTLASS_SM90_NO_C_CASE(Pingpong128x128Cluster2x1NoC, Pingpong128x128Cluster2x1)
   }
   throw std::logic_error("cutlass_sm90: unknown tile configuration");
 }
-#undef GE2_CUTLASS_SM90_ONE_ACT_CASE
-#undef GE2_CUTLASS_SM90_ONE_ACT_LAUNCH
+#undef GE2_CUTLASS_SM90_ACT_NONE_CASE
+#undef GE2_CUTLASS_SM90_ACT_NONE_LAUNCH
 #undef GE2_CUTLASS_SM90_NO_C_CASE
 
 }  // namespace ge2::gemm::cutlass_sm90

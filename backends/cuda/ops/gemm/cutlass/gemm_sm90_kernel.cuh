@@ -25,6 +25,11 @@ using Cluster2x1 = cute::Shape<cute::_2, cute::_1, cute::_1>;
 template <typename Element, typename LayoutB, typename Fusion, typename TileShape, typename ClusterShape,
           typename KernelSchedule, typename EpilogueSchedule, typename ElementC = Element>
 struct GemmKernelFor {
+  // A TMA box spans at most 256 elements a dimension, and A's and B's boxes span the tile's M and N. CuTe reports a
+  // larger box only through an assert when it builds the descriptor, which Release builds compile out: the kernel
+  // would launch with a bad descriptor and the process die (session 39's 384x64 trial tile).
+  static_assert(cute::size<0>(TileShape{}) <= 256 && cute::size<1>(TileShape{}) <= 256,
+                "GemmKernelFor: a tile's M and N must be at most 256 (TMA's box limit)");
   using Layout = cutlass::layout::RowMajor;
   static constexpr int kAlignment = 16 / sizeof(Element);
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<

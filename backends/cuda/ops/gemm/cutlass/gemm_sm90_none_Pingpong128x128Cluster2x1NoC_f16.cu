@@ -4,4 +4,4 @@
 // (gemm_sm90_none_Pingpong128x128Cluster2x1NoC_bf16.cu) so the two compile in parallel.
 #include "gemm_sm90.cuh"
 
-GE2_CUTLASS_SM90_PER_DTYPE(f16, cutlass::half_t, none, Pingpong128x128Cluster2x1NoC)
+GE2_CUTLASS_SM90_PER_DTYPE(f16, cutlass::half_t, Pingpong128x128Cluster2x1NoC)

@@ -190,8 +190,27 @@ def test_pointwise_tile_setting_wins_and_is_checked(monkeypatch):
     with pytest.raises(ValueError, match="trans_128x192 runs float16 only, got bfloat16"):
         _pointwise_tile((32, 512, 28, 128), dtype="bfloat16")
     monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_1X1", "trans_128x192_1x2")  # session 37's trial, removed
-    with pytest.raises(ValueError, match="or trans_128x192, got 'trans_128x192_1x2'"):
+    with pytest.raises(ValueError, match="or trans_128x192_noc, got 'trans_128x192_1x2'"):
         _pointwise_tile((32, 512, 28, 128))
+
+
+# The 1x1 GEMM's tiles without the epilogue's source operand (float16 only, forced only): problems without a residual
+# run on them, the others on their namesakes with one.
+NO_C_TILES = ("gemm_64x128_noc", "coop_256x64_noc", "coop_256x128_noc", "trans_128x192_noc")
+
+
+@pytest.mark.parametrize("tile", NO_C_TILES)
+def test_pointwise_no_c_tiles_are_named_float16_only_and_never_the_default(monkeypatch, tile):
+    _require_pointwise_tile()
+    monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_1X1", tile)
+    assert _pointwise_tile((2, 64, 8, 64)) == tile
+    assert _pointwise_tile((32, 512, 28, 128), act="none") == tile
+    assert _pointwise_tile((32, 512, 28, 128), act="gelu") == "conv"  # the smooth family: the conv collective
+    with pytest.raises(ValueError, match=f"GE2_CUTLASS_SM90_CONV_1X1: {tile} runs float16 only, got bfloat16"):
+        _pointwise_tile((32, 512, 28, 128), dtype="bfloat16")
+    monkeypatch.delenv("GE2_CUTLASS_SM90_CONV_1X1")
+    for (c, h, k), default in RESNET50_POINTWISE_TILES:
+        assert _pointwise_tile((32, c, h, k), act="none") == default
 
 
 @pytest.mark.parametrize("sms", (0, -4, 1.5, True))
@@ -232,7 +251,8 @@ def test_forward_matches_the_reference(rng, poisoned, to_device, monkeypatch, ca
 @pytest.mark.parametrize("variable, value, filter_size, expected", [
     ("GE2_CUTLASS_SM90_CONV_TILE", "256x128", 3, "expected 128x128 or 128x64, got '256x128'"),
     ("GE2_CUTLASS_SM90_CONV_1X1", "gemm_256x128", 1,
-     "expected conv, gemm_128x64, gemm_64x128, coop_256x64, coop_256x128 or trans_128x192, got 'gemm_256x128'"),
+     "expected conv, gemm_128x64, gemm_64x128, coop_256x64, coop_256x128, trans_128x192, gemm_64x128_noc, "
+     "coop_256x64_noc, coop_256x128_noc or trans_128x192_noc, got 'gemm_256x128'"),
     ("GE2_CUTLASS_SM90_CONV_FPROP", "cooperative", 3, "expected conv or pingpong, got 'cooperative'"),
     ("GE2_CUTLASS_SM90_PDL", "yes", 1, "expected 0 or 1, got 'yes'"),
 ])
@@ -308,6 +328,29 @@ def test_pointwise_transposed_tile_matches_the_reference(rng, poisoned, to_devic
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("tile", NO_C_TILES)
+@pytest.mark.parametrize("case", TRANSPOSED_CASES, ids=TRANSPOSED_IDS)
+def test_pointwise_no_c_tile_matches_the_reference(rng, poisoned, to_device, monkeypatch, case, tile, bias):
+    """Each tile without a source operand (float16; ElementC void: bias, act and clip only), forced, without a
+    residual, with and without the bias, on the pointwise edges (partial pixel, filter and channel tiles); with the
+    bias, a clip too (the no-C tree's last node takes the activation's and the clip's arguments)."""
+    monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_1X1", tile)
+    clip = dict(clip_min=-0.75, clip_max=1.25) if bias else {}
+    _check(rng, poisoned, to_device, case[:11] + (bias,), "float16", slope=0.2, **clip)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", NO_C_TILES)
+@pytest.mark.parametrize("case", TRANSPOSED_CASES[1:4], ids=TRANSPOSED_IDS[1:4])
+def test_pointwise_no_c_tile_runs_a_residual_on_its_namesake(rng, poisoned, to_device, monkeypatch, case, tile):
+    """A problem with a residual, forced onto a tile without a source operand, runs on the tile with one (the same
+    tile shape and schedule): the residual is added, not dropped."""
+    monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_1X1", tile)
+    _check(rng, poisoned, to_device, case, "float16", with_residual=True, slope=0.2, clip_min=-0.5, clip_max=1.5)
+
+
+@pytest.mark.gpu
 def test_pointwise_default_takes_the_transposed_tile_where_its_wave_is_full(rng, poisoned, to_device, monkeypatch):
     """Unforced, on a shape the rule gives the transposed tile on the H200 (124 of 132 tiles; 23,763 pixels, not a
     multiple of 192; 264 channels, the last 64-channel step an eighth full)."""
@@ -338,7 +381,8 @@ def test_transposed_tile_refuses_bfloat16_and_a_misaligned_bias(rng, to_device, 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("programmatic", ["0", "1"])
-@pytest.mark.parametrize("path", ["gemm_128x64", "gemm_64x128", "coop_256x128", "trans_128x192", "pingpong"])
+@pytest.mark.parametrize("path", ["gemm_128x64", "gemm_64x128", "coop_256x128", "trans_128x192", "pingpong",
+                                  "gemm_64x128_noc", "trans_128x192_noc"])
 def test_programmatic_dependent_launch_on_and_off(rng, poisoned, to_device, monkeypatch, path, programmatic):
     """The persistent kernels run as programmatic dependent launches unless GE2_CUTLASS_SM90_PDL=0: launches back to
     back, each reading what the one before wrote (the second waits for the first before its first load)."""

@@ -66,6 +66,13 @@ enum class PointwiseTile {
   // float16 only (conv_sm90_fprop_1x1_transposed_f16.cu): the transposed GEMM y^T = w x^T in cooperative 128 x 192
   // tiles of filters x pixels.
   Transposed128x192,
+  // float16 only, each in a file of its own (conv_sm90_fprop_1x1_noc_<tile>_f16.cu): the four tiles above without
+  // the epilogue's source operand (ElementC void: no residual in shared memory, so more mainloop stages, and CUTLASS
+  // delays each TMA store by one epilogue subtile). A problem with a residual runs on the sibling with one.
+  Pingpong64x128NoC,
+  Cooperative256x64NoC,
+  Cooperative256x128NoC,
+  Transposed128x192NoC,
 };
 inline bool pointwise(const Shape& s, Act act) {
   return s.groups == 1 && s.r == 1 && s.s == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_top == 0 &&
@@ -74,6 +81,11 @@ inline bool pointwise(const Shape& s, Act act) {
 void fprop_1x1_f16(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream);
 void fprop_1x1_bf16(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream);
 void fprop_1x1_transposed_128x192_f16(const ForwardArgs& args, cudaStream_t stream);
+// The no-C tiles (PointwiseTile::*NoC): problems without a residual only.
+void fprop_1x1_noc_pingpong_64x128_f16(const ForwardArgs& args, cudaStream_t stream);
+void fprop_1x1_noc_cooperative_256x64_f16(const ForwardArgs& args, cudaStream_t stream);
+void fprop_1x1_noc_cooperative_256x128_f16(const ForwardArgs& args, cudaStream_t stream);
+void fprop_1x1_noc_transposed_128x192_f16(const ForwardArgs& args, cudaStream_t stream);
 // dx = dgrad(dy, w) in 128 x 128 or 128 x 64 tiles (pixels x channels) and dw = wgrad(dy, x) of `args` (act none:
 // dy is dz; stride 1 for dgrad); wgrad in one slice
 // (dw written directly) or wgrad_sliced in `slices` (slices.count > 1) through `workspace`, slices.workspace_bytes of

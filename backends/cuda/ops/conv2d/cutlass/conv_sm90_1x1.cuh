@@ -17,36 +17,53 @@
 
 namespace ge2::conv2d::cutlass_sm90 {
 
+// The epilogue without a source operand, for problems without a residual: clip(act(acc + bias[k])). A kernel built on
+// it (kWithC false: ElementC void) keeps no residual tile in shared memory, so the mainloop gets the stages that
+// memory held, and CUTLASS delays each TMA store of y by one epilogue subtile (gemm_sm90.cuh's BiasEpilogue does the
+// same for the plain product).
+template <typename Element, typename Activations, typename TileShape, int kAlignment,
+          typename Bias = BiasAlongN<Element, TileShape, kAlignment>>
+using ConvNoCEpilogue = evt::Sm90EVT<
+    evt::Sm90Compute<Activations::template Fn, Element, float, kRound>,  // clip(act(...))
+    evt::Sm90EVT<evt::Sm90Compute<cutlass::plus, float, float, kRound>,  // acc + bias
+        evt::Sm90AccFetch, Bias>>;
+template <bool kWithC, typename Element, typename TileShape, int kAlignment, typename Bias>
+using PointwiseEpilogue =
+    cute::conditional_t<kWithC, ConvEpilogue<Element, PiecewiseLinearActivations, TileShape, kAlignment, Bias>,
+                        ConvNoCEpilogue<Element, PiecewiseLinearActivations, TileShape, kAlignment, Bias>>;
+
 template <typename Element, typename TileShape,
           typename KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong,
-          typename EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized>
+          typename EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized, bool kWithC = true>
 using PointwiseKernelFor = gemm::cutlass_sm90::GemmKernelFor<
     Element, cutlass::layout::ColumnMajor,
-    ConvEpilogue<Element, PiecewiseLinearActivations, TileShape, 16 / sizeof(Element)>, TileShape,
-    gemm::cutlass_sm90::Cluster1x1, KernelSchedule, EpilogueSchedule>;
-template <typename Element, typename TileShape>
-using PointwiseGemm = typename PointwiseKernelFor<Element, TileShape>::Gemm;
+    PointwiseEpilogue<kWithC, Element, TileShape, 16 / sizeof(Element),
+                      BiasAlongN<Element, TileShape, 16 / sizeof(Element)>>,
+    TileShape, gemm::cutlass_sm90::Cluster1x1, KernelSchedule, EpilogueSchedule,
+    cute::conditional_t<kWithC, Element, void>>;
+template <typename Element, typename TileShape, bool kWithC = true>
+using PointwiseGemm = typename PointwiseKernelFor<Element, TileShape, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                                                  cutlass::epilogue::TmaWarpSpecialized, kWithC>::Gemm;
 // Both consumer warpgroups on one tile (M split between them).
-template <typename Element, typename TileShape>
+template <typename Element, typename TileShape, bool kWithC = true>
 using CooperativePointwiseGemm =
     typename PointwiseKernelFor<Element, TileShape, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
-                                cutlass::epilogue::TmaWarpSpecializedCooperative>::Gemm;
+                                cutlass::epilogue::TmaWarpSpecializedCooperative, kWithC>::Gemm;
 
 // The GEMM transposed, y^T [K, N*H*W] = w [K, C] x^T, as cuBLAS's nvjet_sm90_hsh_128x192_64x5_1x2_h_bz_coopB_TNN
 // runs C512 H28 K128 for PyTorch: filters along M, pixels along N, y column-major (the same memory as NHWC's y), the
 // bias along M; cooperative (both warpgroups on a tile), one CTA per cluster (session 38's bench call: cuBLAS's 1 x 2
-// cluster lost to one CTA on every ResNet-50 1x1 layer here).
-template <typename Element, typename TileShape>
+// cluster lost to one CTA on every ResNet-50 1x1 layer here). kWithC false: without the residual (ConvNoCEpilogue).
+template <typename Element, typename TileShape, bool kWithC = true>
 struct TransposedPointwiseGemmFor {
   using ClusterShape = gemm::cutlass_sm90::Cluster1x1;
   static constexpr int kAlignment = 16 / sizeof(Element);
-  using Fusion = ConvEpilogue<Element, PiecewiseLinearActivations, TileShape, kAlignment,
-                              BiasAlongM<Element, TileShape, kAlignment>>;
+  using Fusion = PointwiseEpilogue<kWithC, Element, TileShape, kAlignment, BiasAlongM<Element, TileShape, kAlignment>>;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, Element, cutlass::layout::ColumnMajor, kAlignment,
-      Element, cutlass::layout::ColumnMajor, kAlignment, cutlass::epilogue::TmaWarpSpecializedCooperative,
-      Fusion>::CollectiveOp;
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, cute::conditional_t<kWithC, Element, void>,
+      cutlass::layout::ColumnMajor, kAlignment, Element, cutlass::layout::ColumnMajor, kAlignment,
+      cutlass::epilogue::TmaWarpSpecializedCooperative, Fusion>::CollectiveOp;
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, kAlignment, Element,
       cutlass::layout::ColumnMajor, kAlignment, float, TileShape, ClusterShape,
@@ -56,6 +73,11 @@ struct TransposedPointwiseGemmFor {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<cutlass::gemm::kernel::GemmUniversal<
       cute::Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue>>;
 };
+
+// The mainloop's pipeline stages of a Gemm (the builder's StageCountAutoCarveout: as many as fit in the shared memory
+// the epilogue leaves), checked in each unit by static_assert (the no-C tiles against their siblings with C).
+template <typename Gemm>
+constexpr int kMainloopStages = Gemm::GemmKernel::CollectiveMainloop::DispatchPolicy::Stages;
 
 // kTransposed: Gemm computes y^T = w x^T (TransposedPointwiseGemmFor), else y = x w^T.
 template <typename Gemm, bool kTransposed = false>
@@ -73,17 +95,63 @@ void run_pointwise(const ForwardArgs& args, cudaStream_t stream) {
   const Element* x = static_cast<const Element*>(args.x);
   const Element* w = static_cast<const Element*>(args.w);
   const Element* residual = static_cast<const Element*>(args.residual);
+  using ElementC = typename Kernel::ElementC;  // void: no source operand (ConvNoCEpilogue)
+  constexpr bool kHasC = !std::is_void_v<ElementC>;
+  if (!kHasC && residual != nullptr) {
+    throw std::logic_error("cutlass_sm90: a 1x1 GEMM without a source operand was given a residual");
+  }
   typename Gemm::Arguments arguments{
       cutlass::gemm::GemmUniversalMode::kGemm,
       {m, n, k, 1},
       {kTransposed ? w : x, stride_a, kTransposed ? x : w, stride_b},
-      // Without a residual it is never read (beta 0), but its TMA descriptor is still built: y stands in.
-      {{}, residual != nullptr ? residual : static_cast<const Element*>(args.y), stride_y,
-       static_cast<Element*>(args.y), stride_y},
+      // Without a residual it is never read (beta 0), but its TMA descriptor is still built: y stands in (none for a
+      // kernel without a source operand).
+      {{}, static_cast<const ElementC*>(!kHasC ? nullptr : residual != nullptr ? residual
+                                                                              : static_cast<const Element*>(args.y)),
+       stride_y, static_cast<Element*>(args.y), stride_y},
       hardware_info()};
-  set_epilogue_arguments<Element>(arguments.epilogue.thread, args);
+  if constexpr (kHasC) {
+    set_epilogue_arguments<Element>(arguments.epilogue.thread, args);
+  } else {  // ConvNoCEpilogue's: clip(act(acc + bias))
+    arguments.epilogue.thread = {
+        {{}, {static_cast<const Element*>(args.bias), Element(0), {}}, {}},  // acc + bias
+        {args.act, args.slope, args.clip_low, args.clip_high}};              // clip(act(...))
+  }
   if (programmatic_launch()) return launch<Gemm, true>(arguments, stream);
   launch<Gemm>(arguments, stream);
+}
+
+// The no-C tiles (float16 only), or for a problem with a residual their siblings with one.
+template <typename Element>
+void fprop_1x1(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream);
+template <typename Element>
+void fprop_1x1_noc(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream) {
+  const bool residual = args.residual != nullptr;
+  switch (tile) {
+    case PointwiseTile::Pingpong64x128NoC:
+      if (residual) return fprop_1x1<Element>(args, PointwiseTile::Pingpong64x128, stream);
+      if constexpr (std::is_same_v<Element, cutlass::half_t>) return fprop_1x1_noc_pingpong_64x128_f16(args, stream);
+      break;
+    case PointwiseTile::Cooperative256x64NoC:
+      if (residual) return fprop_1x1<Element>(args, PointwiseTile::Cooperative256x64, stream);
+      if constexpr (std::is_same_v<Element, cutlass::half_t>) return fprop_1x1_noc_cooperative_256x64_f16(args, stream);
+      break;
+    case PointwiseTile::Cooperative256x128NoC:
+      if (residual) return fprop_1x1<Element>(args, PointwiseTile::Cooperative256x128, stream);
+      if constexpr (std::is_same_v<Element, cutlass::half_t>) {
+        return fprop_1x1_noc_cooperative_256x128_f16(args, stream);
+      }
+      break;
+    case PointwiseTile::Transposed128x192NoC:
+      if (residual) return fprop_1x1<Element>(args, PointwiseTile::Transposed128x192, stream);
+      if constexpr (std::is_same_v<Element, cutlass::half_t>) {
+        return fprop_1x1_noc_transposed_128x192_f16(args, stream);
+      }
+      break;
+    default:
+      break;
+  }
+  throw std::logic_error("cutlass_sm90: no 1x1 GEMM of this tile for this dtype");
 }
 
 // The tiles (output pixels x filters, 64-channel reduction steps; the transposed one filters x pixels, float16 only)
@@ -108,6 +176,8 @@ void fprop_1x1(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream)
     case PointwiseTile::Transposed128x192:
       if constexpr (std::is_same_v<Element, cutlass::half_t>) return fprop_1x1_transposed_128x192_f16(args, stream);
       break;
+    default:
+      return fprop_1x1_noc<Element>(args, tile, stream);
   }
   throw std::logic_error("cutlass_sm90: no 1x1 GEMM of this tile for this dtype");
 }

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <iterator>
 #include <string>
 #include <utility>
 
@@ -78,13 +79,26 @@ bool aligned_16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(p
 
 using cutlass_sm90::PointwiseTile;
 
-// GE2_CUTLASS_SM90_CONV_1X1's names of the 1x1 GEMM's tiles.
+// GE2_CUTLASS_SM90_CONV_1X1's names of the 1x1 GEMM's tiles. The _noc ones (float16 only, forced only: nothing
+// measured yet) are their namesakes without the epilogue's source operand: more mainloop stages where the residual's
+// shared memory made room for one (gemm_64x128 8 -> 9, coop_256x64 4 -> 5, trans_128x192 4 -> 5, coop_256x128 4 and
+// 4) and each TMA store of y delayed by one epilogue subtile; a problem with a residual runs on the namesake.
 constexpr std::pair<const char*, PointwiseTile> kPointwiseTiles[] = {
     {"gemm_128x64", PointwiseTile::Pingpong128x64},
     {"gemm_64x128", PointwiseTile::Pingpong64x128},
     {"coop_256x64", PointwiseTile::Cooperative256x64},
     {"coop_256x128", PointwiseTile::Cooperative256x128},
-    {"trans_128x192", PointwiseTile::Transposed128x192}};
+    {"trans_128x192", PointwiseTile::Transposed128x192},
+    {"gemm_64x128_noc", PointwiseTile::Pingpong64x128NoC},
+    {"coop_256x64_noc", PointwiseTile::Cooperative256x64NoC},
+    {"coop_256x128_noc", PointwiseTile::Cooperative256x128NoC},
+    {"trans_128x192_noc", PointwiseTile::Transposed128x192NoC}};
+
+// The tiles instantiated for float16 only.
+bool float16_only(PointwiseTile tile) {
+  return tile != PointwiseTile::Pingpong128x64 && tile != PointwiseTile::Pingpong64x128 &&
+         tile != PointwiseTile::Cooperative256x64 && tile != PointwiseTile::Cooperative256x128;
+}
 
 // The 1x1 GEMM's tile for pointwise problem `s` on a GPU of `sms` SMs. H200 figures below: N = 32, forward alone in
 // CUDA-graph replay, cuDNN's time / GE2's (higher is better) or us.
@@ -129,9 +143,9 @@ PointwiseTile default_pointwise_tile(const Shape& s, int64_t sms) {
 }
 
 // The tile for pointwise problem `s` (default_pointwise_tile), or none (false) for the conv collective.
-// GE2_CUTLASS_SM90_CONV_1X1=conv|gemm_128x64|gemm_64x128|coop_256x64|coop_256x128|trans_128x192 forces one (read per
-// launch: the tests check each, a benchmark times each in one process; problems that are not pointwise ignore it;
-// trans_128x192 refuses bfloat16).
+// GE2_CUTLASS_SM90_CONV_1X1=conv or a name of kPointwiseTiles forces one (read per launch: the tests check each, a
+// benchmark times each in one process; problems that are not pointwise ignore it; the float16-only tiles refuse
+// bfloat16).
 bool pointwise_tile(const Shape& s, int64_t sms, PointwiseTile& tile) {
   const char* forced = std::getenv("GE2_CUTLASS_SM90_CONV_1X1");
   const std::string name(forced == nullptr ? "" : forced);
@@ -142,16 +156,18 @@ bool pointwise_tile(const Shape& s, int64_t sms, PointwiseTile& tile) {
   if (name == "conv") return false;
   for (const auto& [tile_name, named_tile] : kPointwiseTiles) {
     if (name != tile_name) continue;
-    if (named_tile == PointwiseTile::Transposed128x192 && s.dtype != DType::Float16) {
-      throw std::invalid_argument(std::string("GE2_CUTLASS_SM90_CONV_1X1: trans_128x192 runs float16 only, got ") +
+    if (float16_only(named_tile) && s.dtype != DType::Float16) {
+      throw std::invalid_argument("GE2_CUTLASS_SM90_CONV_1X1: " + name + " runs float16 only, got " +
                                   dtype_name(s.dtype));
     }
     tile = named_tile;
     return true;
   }
-  throw std::invalid_argument(
-      "GE2_CUTLASS_SM90_CONV_1X1: expected conv, gemm_128x64, gemm_64x128, coop_256x64, coop_256x128 or "
-      "trans_128x192, got '" + name + "'");
+  std::string names = "conv";
+  for (std::size_t i = 0; i < std::size(kPointwiseTiles); ++i) {
+    names += (i + 1 < std::size(kPointwiseTiles) ? ", " : " or ") + std::string(kPointwiseTiles[i].first);
+  }
+  throw std::invalid_argument("GE2_CUTLASS_SM90_CONV_1X1: expected " + names + ", got '" + name + "'");
 }
 
 #if GE2_WITH_CUTLASS

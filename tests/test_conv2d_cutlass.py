@@ -127,10 +127,11 @@ def test_declines_what_it_does_not_support_naming_the_reason(change, reason):
     assert reason in conv2d.unsupported_reason("cutlass_sm90", geometry, act, True, backward=backward)
 
 
-def _pointwise_tile(problem, dtype="float16", act="relu", sms=132, r=1):
-    """The forward's 1x1 GEMM tile for problem (N, C, H = W, K)."""
+def _pointwise_tile(problem, dtype="float16", act="relu", sms=132, r=1, residual=True):
+    """The forward's 1x1 GEMM tile for problem (N, C, H = W, K), with a residual unless told."""
     n, c, h, k = problem
-    return conv2d.cutlass_sm90_pointwise_tile(_geometry(n=n, c=c, h=h, w=h, k=k, r=r, s=r, dtype=dtype), act, sms)
+    return conv2d.cutlass_sm90_pointwise_tile(_geometry(n=n, c=c, h=h, w=h, k=k, r=r, s=r, dtype=dtype), act, sms,
+                                              residual=residual)
 
 
 def _sm_count() -> int:
@@ -144,9 +145,9 @@ def _require_pointwise_tile():
         pytest.skip("this _ops_conv2d predates cutlass_sm90_pointwise_tile (rebuild it)")
 
 
-# ResNet-50's 1x1 layers at N = 32 on the H200's 132 SMs: (C, H, K) and the forward's 1x1 GEMM tile. The transposed
-# 128 x 192 tile where its tiles fill their waves, C >= 256 and (C == 256 or one wave): session 38's bench call
-# (cuDNN's time / GE2's, the transposed tile against main's before).
+# ResNet-50's 1x1 layers at N = 32 on the H200's 132 SMs: (C, H, K) and the forward's 1x1 GEMM tile with a residual.
+# The transposed 128 x 192 tile where its tiles fill their waves, C >= 256 and (C == 256 or one wave): session 38's
+# bench call (cuDNN's time / GE2's, the transposed tile against main's before).
 RESNET50_POINTWISE_TILES = [
     ((512, 28, 128), "trans_128x192"),  # 131 tiles: 0.924x cuDNN against 0.894x
     ((256, 14, 1024), "trans_128x192"),  # 264 tiles, two whole waves: 0.740x against 0.647x
@@ -168,6 +169,41 @@ def test_pointwise_tile_rule_on_resnet50_layers(monkeypatch, problem, tile):
     _require_pointwise_tile()
     monkeypatch.delenv("GE2_CUTLASS_SM90_CONV_1X1", raising=False)
     assert _pointwise_tile((32, *problem)) == tile
+
+
+# The same layers without a residual, float16: the tiles without C (session 40's mid call, us on the tile with C ->
+# its twin without; cuDNN). The transposed tile takes C512 H28 K256 too, where with C it lost.
+RESNET50_POINTWISE_TILES_WITHOUT_RESIDUAL = [
+    ((512, 28, 128), "trans_128x192_noc"),  # 9.0 -> 8.0 (8.4)
+    ((256, 14, 1024), "trans_128x192_noc"),  # 11.7 -> 10.3 (8.8)
+    ((256, 56, 128), "trans_128x192_noc"),  # 25.3 -> 23.6 (26.0)
+    ((1024, 14, 512), "trans_128x192_noc"),  # 12.6 -> 11.9 (11.2)
+    ((512, 28, 256), "trans_128x192_noc"),  # 14.8 against gemm_64x128_noc's 16.5 (12.5)
+    ((1024, 14, 256), "gemm_64x128_noc"),  # 8.5 -> 8.3 (8.0)
+    ((2048, 7, 512), "gemm_64x128_noc"),  # 8.5 -> 8.2 (7.2)
+    ((512, 7, 2048), "gemm_64x128_noc"),  # 10.8 -> 9.9 (8.0)
+    ((64, 56, 256), "coop_256x128_noc"),  # 28.3 -> 24.5 (21.7)
+    ((128, 28, 512), "coop_256x128_noc"),  # 16.8 -> 14.8 (16.7)
+    ((256, 56, 64), "coop_256x64_noc"),  # 18.7 -> 18.2 (18.3)
+    ((64, 56, 64), "coop_256x64_noc"),  # 9.7 -> 8.6 (6.3)
+]
+
+
+@pytest.mark.parametrize("problem, tile", RESNET50_POINTWISE_TILES_WITHOUT_RESIDUAL,
+                         ids=[f"c{c}_h{h}_k{k}" for (c, h, k), _ in RESNET50_POINTWISE_TILES_WITHOUT_RESIDUAL])
+def test_pointwise_tile_rule_without_a_residual_takes_the_tiles_without_c(monkeypatch, problem, tile):
+    _require_pointwise_tile()
+    monkeypatch.delenv("GE2_CUTLASS_SM90_CONV_1X1", raising=False)
+    assert _pointwise_tile((32, *problem), residual=False) == tile
+    # bfloat16 has no tiles without C: the residual changes nothing there
+    bfloat16 = _pointwise_tile((32, *problem), residual=False, dtype="bfloat16")
+    assert bfloat16 == _pointwise_tile((32, *problem), dtype="bfloat16") and not bfloat16.endswith("_noc")
+
+
+def test_pointwise_tile_residual_must_be_a_bool():
+    _require_pointwise_tile()
+    with pytest.raises(TypeError, match="residual: expected a bool, got int"):
+        _pointwise_tile((32, 512, 28, 128), residual=1)
 
 
 def test_pointwise_tile_rule_keeps_bfloat16_and_the_rest_off_the_transposed_tile(monkeypatch):
@@ -194,13 +230,13 @@ def test_pointwise_tile_setting_wins_and_is_checked(monkeypatch):
         _pointwise_tile((32, 512, 28, 128))
 
 
-# The 1x1 GEMM's tiles without the epilogue's source operand (float16 only, forced only): problems without a residual
-# run on them, the others on their namesakes with one.
+# The 1x1 GEMM's tiles without the epilogue's source operand (float16 only): problems without a residual run on them,
+# the others on their namesakes with one.
 NO_C_TILES = ("gemm_64x128_noc", "coop_256x64_noc", "coop_256x128_noc", "trans_128x192_noc")
 
 
 @pytest.mark.parametrize("tile", NO_C_TILES)
-def test_pointwise_no_c_tiles_are_named_float16_only_and_never_the_default(monkeypatch, tile):
+def test_pointwise_no_c_tiles_are_named_and_float16_only(monkeypatch, tile):
     _require_pointwise_tile()
     monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_1X1", tile)
     assert _pointwise_tile((2, 64, 8, 64)) == tile
@@ -208,9 +244,6 @@ def test_pointwise_no_c_tiles_are_named_float16_only_and_never_the_default(monke
     assert _pointwise_tile((32, 512, 28, 128), act="gelu") == "conv"  # the smooth family: the conv collective
     with pytest.raises(ValueError, match=f"GE2_CUTLASS_SM90_CONV_1X1: {tile} runs float16 only, got bfloat16"):
         _pointwise_tile((32, 512, 28, 128), dtype="bfloat16")
-    monkeypatch.delenv("GE2_CUTLASS_SM90_CONV_1X1")
-    for (c, h, k), default in RESNET50_POINTWISE_TILES:
-        assert _pointwise_tile((32, c, h, k), act="none") == default
 
 
 @pytest.mark.parametrize("sms", (0, -4, 1.5, True))
@@ -359,6 +392,16 @@ def test_pointwise_default_takes_the_transposed_tile_where_its_wave_is_full(rng,
     if _sm_count() == 132:
         assert _pointwise_tile((3, 264, 89, 128)) == "trans_128x192"
     _check(rng, poisoned, to_device, case, "float16", with_residual=True)
+
+
+@pytest.mark.gpu
+def test_pointwise_default_without_a_residual_runs_the_tile_without_c(rng, poisoned, to_device, monkeypatch):
+    """Unforced and without a residual, the same shape runs on the transposed tile's twin without C."""
+    monkeypatch.delenv("GE2_CUTLASS_SM90_CONV_1X1", raising=False)
+    case = (3, 264, 89, 89, 128, 1, 1, 1, 0, 1, "relu", True)
+    if _sm_count() == 132:
+        assert _pointwise_tile((3, 264, 89, 128), residual=False) == "trans_128x192_noc"
+    _check(rng, poisoned, to_device, case, "float16")
 
 
 @pytest.mark.gpu

@@ -141,12 +141,12 @@ PYBIND11_MODULE(_ops_conv2d, m) {
   m.def(
       "cutlass_sm90_pointwise_tile",
       [](const std::vector<int64_t>& geometry, const std::string& layout, const std::string& dtype,
-         const std::string& act, int64_t sms) {
+         const std::string& act, int64_t sms, bool residual) {
         return ge2::conv2d::cutlass_sm90_pointwise_tile(make_shape(geometry, layout, dtype), ge2::act_from_name(act),
-                                                        sms);
+                                                        sms, residual);
       },
-      py::arg("geometry"), py::arg("layout"), py::arg("dtype"), py::arg("act"), py::arg("sms"),
-      "The 1x1 GEMM tile cutlass_sm90's forward runs the problem in on a GPU of `sms` SMs, as "
+      py::arg("geometry"), py::arg("layout"), py::arg("dtype"), py::arg("act"), py::arg("sms"), py::arg("residual"),
+      "The 1x1 GEMM tile cutlass_sm90's forward runs the problem (with a residual or not) in on a GPU of `sms` SMs, as "
       "GE2_CUTLASS_SM90_CONV_1X1 names it (that setting wins when set), or 'conv' for its conv collective.");
 
   // scaled_conv2d (FP8): its kernel shares this module's cuDNN graph code.

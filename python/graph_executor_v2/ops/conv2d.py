@@ -390,13 +390,17 @@ def unsupported_reason(kernel: str, geometry: ConvGeometry, act: str, has_bias: 
     return reason or None
 
 
-def cutlass_sm90_pointwise_tile(geometry: ConvGeometry, act: str, sms: int) -> str:
-    """The 1x1 GEMM tile cutlass_sm90's forward runs the problem in on a GPU of ``sms`` SMs (the H200 has 132), as
-    GE2_CUTLASS_SM90_CONV_1X1 names it (that setting wins when set), or "conv" for its conv collective (a problem that
-    is not a 1x1 at stride 1 without padding with act none, relu or leaky_relu). Needs no GPU."""
+def cutlass_sm90_pointwise_tile(geometry: ConvGeometry, act: str, sms: int, residual: bool = False) -> str:
+    """The 1x1 GEMM tile cutlass_sm90's forward runs the problem (with a ``residual`` or not) in on a GPU of ``sms``
+    SMs (the H200 has 132), as GE2_CUTLASS_SM90_CONV_1X1 names it (that setting wins when set), or "conv" for its conv
+    collective (a problem that is not a 1x1 at stride 1 without padding with act none, relu or leaky_relu). Needs no
+    GPU."""
     if isinstance(sms, bool) or not isinstance(sms, int) or sms < 1:
         raise ValueError(f"sms: expected a positive number of SMs, got {sms!r}")
-    return _native_module().cutlass_sm90_pointwise_tile(geometry.native, geometry.layout, geometry.dtype, act, sms)
+    if not isinstance(residual, bool):
+        raise TypeError(f"residual: expected a bool, got {type(residual).__name__}")
+    return _native_module().cutlass_sm90_pointwise_tile(geometry.native, geometry.layout, geometry.dtype, act, sms,
+                                                        residual)
 
 
 # ---------------------------------------------------------------------------------------------------------------

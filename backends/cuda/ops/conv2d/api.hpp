@@ -208,7 +208,7 @@ bool cutlass_sm90_aligned(const ForwardArgs& args);
 // The 1x1 GEMM tile cutlass_sm90's forward runs `shape` in on a GPU of `sms` SMs, as GE2_CUTLASS_SM90_CONV_1X1 names
 // it (that setting, when set, wins), or "conv" for the conv collective (not a pointwise problem with a
 // piecewise-linear activation); std::invalid_argument for a bad setting. Needs no GPU and no CUTLASS.
-std::string cutlass_sm90_pointwise_tile(const Shape& shape, Act act, int64_t sms);
+std::string cutlass_sm90_pointwise_tile(const Shape& shape, Act act, int64_t sms, bool residual);
 void cutlass_sm90_forward(const ForwardArgs& args, cudaStream_t stream);
 void cutlass_sm90_backward(const BackwardArgs& args, cudaStream_t stream);
 

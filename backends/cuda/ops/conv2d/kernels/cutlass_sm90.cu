@@ -79,10 +79,10 @@ bool aligned_16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(p
 
 using cutlass_sm90::PointwiseTile;
 
-// GE2_CUTLASS_SM90_CONV_1X1's names of the 1x1 GEMM's tiles. The _noc ones (float16 only, forced only: nothing
-// measured yet) are their namesakes without the epilogue's source operand: more mainloop stages where the residual's
-// shared memory made room for one (gemm_64x128 8 -> 9, coop_256x64 4 -> 5, trans_128x192 4 -> 5, coop_256x128 4 and
-// 4) and each TMA store of y delayed by one epilogue subtile; a problem with a residual runs on the namesake.
+// GE2_CUTLASS_SM90_CONV_1X1's names of the 1x1 GEMM's tiles. The _noc ones (float16 only) are their namesakes
+// without the epilogue's source operand: more mainloop stages where the residual's shared memory made room for one
+// (gemm_64x128 8 -> 9, coop_256x64 4 -> 5, trans_128x192 4 -> 5, coop_256x128 4 and 4) and each TMA store of y delayed
+// by one epilogue subtile; a problem with a residual runs on the namesake.
 constexpr std::pair<const char*, PointwiseTile> kPointwiseTiles[] = {
     {"gemm_128x64", PointwiseTile::Pingpong128x64},
     {"gemm_64x128", PointwiseTile::Pingpong64x128},
@@ -100,8 +100,28 @@ bool float16_only(PointwiseTile tile) {
          tile != PointwiseTile::Cooperative256x64 && tile != PointwiseTile::Cooperative256x128;
 }
 
-// The 1x1 GEMM's tile for pointwise problem `s` on a GPU of `sms` SMs. H200 figures below: N = 32, forward alone in
-// CUDA-graph replay, cuDNN's time / GE2's (higher is better) or us.
+// The tile without C of `tile` where it has one (float16 only).
+PointwiseTile without_c(PointwiseTile tile) {
+  switch (tile) {
+    case PointwiseTile::Pingpong64x128: return PointwiseTile::Pingpong64x128NoC;
+    case PointwiseTile::Cooperative256x64: return PointwiseTile::Cooperative256x64NoC;
+    case PointwiseTile::Cooperative256x128: return PointwiseTile::Cooperative256x128NoC;
+    case PointwiseTile::Transposed128x192: return PointwiseTile::Transposed128x192NoC;
+    default: return tile;
+  }
+}
+
+// The 1x1 GEMM's tile for pointwise problem `s` (with a residual or not) on a GPU of `sms` SMs. H200 figures below:
+// N = 32, forward alone in CUDA-graph replay, cuDNN's time / GE2's (higher is better) or us.
+//
+// float16 without a residual: the rule's tile without C (its _noc twin). Session 40's mid call (ResNet-50's 12
+// stride-1 1x1 layers, no bias, each of the four tiles with C against its twin, interleaved) found the twin faster in
+// 47 of the 48 pairs, by up to 26% (e.g. C64 H56 K64 coop_256x64 9.7 -> 8.6 us, cuDNN 6.3; C256 H14 K1024
+// trans_128x192 11.7 -> 10.3, cuDNN 8.8; C128 H28 K512 coop_256x128 16.8 -> 14.8, cuDNN 16.7); the one loss,
+// gemm_64x128 at C1024 H14 K512 (13.7 -> 13.9), is not the rule's tile there. Without C the transposed tile also takes
+// reductions past 256 channels over more than one wave: C512 H28 K256 (262 tiles, two waves) 14.8 us on
+// trans_128x192_noc against 16.5 on gemm_64x128_noc (cuDNN 12.5), where with C it lost (below). bfloat16 has no twins
+// (not measured).
 //
 // float16, 128 filters or more, C >= 256, and 128 x 192 transposed tiles (ceil(K/128) * ceil(N*H*W/192)) that fill
 // their waves of `sms` tiles to 90% or more: the transposed GEMM (filters x pixels), except for reductions past 256
@@ -125,32 +145,35 @@ bool float16_only(PointwiseTile tile) {
 // K64 9.7 against 11.1 (6.4); ties at C256 H56 K128 (25.0, 25.0) and C256 H14 K1024 (13.4 against 13.3; 200 tiles).
 // Longer reductions lost on it: C512 H28 K128 10.4 against 9.3 (98 tiles), C512 H28 K256 18.6 against 15.7, C1024 H14
 // K256 14.1 against 8.4; under one wave its tiles leave SMs idle.
-PointwiseTile default_pointwise_tile(const Shape& s, int64_t sms) {
+PointwiseTile default_pointwise_tile(const Shape& s, int64_t sms, bool residual) {
   const auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  const bool float16 = s.dtype == DType::Float16;
+  const bool no_c = float16 && !residual;
+  const auto chosen = [no_c](PointwiseTile tile) { return no_c ? without_c(tile) : tile; };
   const int64_t pixels = s.n * s.h * s.w;
   const int64_t transposed_tiles = ceil_div(s.k, 128) * ceil_div(pixels, 192);
   const int64_t waves = ceil_div(transposed_tiles, sms);
   const bool full_waves = transposed_tiles * 10 >= waves * sms * 9;
-  if (s.dtype == DType::Float16 && s.k >= 128 && s.c >= 256 && full_waves && (s.c <= 256 || waves == 1)) {
-    return PointwiseTile::Transposed128x192;
+  if (float16 && s.k >= 128 && s.c >= 256 && full_waves && (s.c <= 256 || waves == 1 || no_c)) {
+    return chosen(PointwiseTile::Transposed128x192);
   }
   const bool narrow = s.k <= 64;
   const int64_t wide_tiles = ceil_div(pixels, 256) * (narrow ? 1 : ceil_div(s.k, 128));
   if (s.c <= 256 && wide_tiles >= sms) {
-    return narrow ? PointwiseTile::Cooperative256x64 : PointwiseTile::Cooperative256x128;
+    return chosen(narrow ? PointwiseTile::Cooperative256x64 : PointwiseTile::Cooperative256x128);
   }
-  return narrow ? PointwiseTile::Pingpong128x64 : PointwiseTile::Pingpong64x128;
+  return chosen(narrow ? PointwiseTile::Pingpong128x64 : PointwiseTile::Pingpong64x128);
 }
 
 // The tile for pointwise problem `s` (default_pointwise_tile), or none (false) for the conv collective.
 // GE2_CUTLASS_SM90_CONV_1X1=conv or a name of kPointwiseTiles forces one (read per launch: the tests check each, a
 // benchmark times each in one process; problems that are not pointwise ignore it; the float16-only tiles refuse
 // bfloat16).
-bool pointwise_tile(const Shape& s, int64_t sms, PointwiseTile& tile) {
+bool pointwise_tile(const Shape& s, int64_t sms, bool residual, PointwiseTile& tile) {
   const char* forced = std::getenv("GE2_CUTLASS_SM90_CONV_1X1");
   const std::string name(forced == nullptr ? "" : forced);
   if (name.empty()) {
-    tile = default_pointwise_tile(s, sms);
+    tile = default_pointwise_tile(s, sms, residual);
     return true;
   }
   if (name == "conv") return false;
@@ -288,9 +311,9 @@ void wgrad(const BackwardArgs& args, cudaStream_t stream) {
 
 }  // namespace
 
-std::string cutlass_sm90_pointwise_tile(const Shape& s, Act act, int64_t sms) {
+std::string cutlass_sm90_pointwise_tile(const Shape& s, Act act, int64_t sms, bool residual) {
   PointwiseTile tile{};
-  if (!cutlass_sm90::pointwise(s, act) || !pointwise_tile(s, sms, tile)) return "conv";
+  if (!cutlass_sm90::pointwise(s, act) || !pointwise_tile(s, sms, residual, tile)) return "conv";
   for (const auto& [tile_name, named_tile] : kPointwiseTiles) {
     if (named_tile == tile) return tile_name;
   }
@@ -311,7 +334,7 @@ void cutlass_sm90_forward(const ForwardArgs& args, cudaStream_t stream) {
       {{fprop_128x64_f16_linear, fprop_128x64_f16_smooth}, {fprop_128x64_bf16_linear, fprop_128x64_bf16_smooth}}};
   const bool bf16 = args.shape.dtype == DType::BFloat16;
   PointwiseTile tile{};
-  if (pointwise(args.shape, args.act) && pointwise_tile(args.shape, sm_count(), tile)) {
+  if (pointwise(args.shape, args.act) && pointwise_tile(args.shape, sm_count(), args.residual != nullptr, tile)) {
     return (bf16 ? fprop_1x1_bf16 : fprop_1x1_f16)(args, tile, stream);
   }
   if (pingpong_forward(args)) {

@@ -15,8 +15,8 @@ Kernel candidates (``kernels()``), best first:
 1. ``cudnn_graph``: cuDNN's graph API through the cuDNN frontend (conv_fprop with bias, residual and activation fused as
    pointwise nodes with float32 intermediates, conv_dgrad, conv_wgrad; dbias by GE2's reduction): up to 10 plans from
    heuristics mode A's engines then cuDNN's fallback list (PyTorch's cudnn.benchmark sources and limit), built once per
-   problem by ``prepare`` or the first call, timed on the first call (the fastest kept). Strict float32 leaves out TF32,
-   FFT and Winograd engines. Built when CMake finds cuDNN and the frontend headers (the nvidia-cudnn-frontend package or
+   problem by ``prepare`` or the first call, timed on the first call (the fastest kept). Strict float32 leaves out TF32
+   engines (FFT and Winograd ones compute in float32 and stay, as with PyTorch's TF32 off). Built when CMake finds cuDNN and the frontend headers (the nvidia-cudnn-frontend package or
    GE2_CUDNN_FRONTEND_DIR; ``has_cudnn_graph()``); the epilogue fused into the graph in float16/bfloat16 NHWC with
    each group's C and K multiples of 8 (cuDNN's runtime-fusion engines; groups 1 or a ResNeXt-style grouped
    convolution); elsewhere the graph writes the convolution in float32 (16-bit: to a scratch buffer; float32: y

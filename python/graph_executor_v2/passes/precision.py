@@ -2,7 +2,8 @@
 
 ``PRECISIONS``:
 - ``"highest"``: strict FP32 everywhere (float32 products, float32 accumulation): PyTorch with
-  ``torch.backends.cudnn.allow_tf32 = False`` and ``torch.backends.cuda.matmul.allow_tf32 = False``.
+  ``torch.backends.cudnn.allow_tf32 = False`` and ``torch.backends.cuda.matmul.allow_tf32 = False``. As there, cuDNN's
+  FFT and Winograd convolution algorithms (float32 transforms) may run: conv2d's README gives their measured error.
 - ``"high"``: TF32 for float32 convolutions and GEMMs (10-bit mantissa products, float32 accumulation):
   ``torch.set_float32_matmul_precision("high")`` with cuDNN's default.
 - ``"default"``: PyTorch's defaults: cuDNN convolutions may use TF32 (``torch.backends.cudnn.allow_tf32`` is True),

@@ -54,8 +54,8 @@ std::vector<KernelInfo> kernel_table() {
        "built with cuDNN and the cuDNN frontend headers; a forward bias/residual/activation/clip fused in the cuDNN "
        "graph in float16/bfloat16 NHWC, groups 1, C and K multiples of 8 (cuDNN's runtime-fusion engines); "
        "elsewhere the graph writes the convolution in float32 (float16/bfloat16: to a scratch buffer; float32: y) "
-       "and GE2's epilogue kernel finishes y, rounded once; backward act none and even padding; strict float32 leaves out TF32, FFT "
-       "and Winograd engines; plans built by prepare() or the first call and timed on the first call (not during "
+       "and GE2's epilogue kernel finishes y, rounded once; backward act none and even padding; strict float32 leaves out TF32 "
+       "engines (FFT and Winograd ones stay, as with PyTorch's TF32 off); plans built by prepare() or the first call and timed on the first call (not during "
        "CUDA graph capture); the selector takes the next candidate when cuDNN has no engine for the problem; plan "
        "workspace <= 256 MiB"},
       {"cutlass_sm90", 35,

@@ -109,21 +109,10 @@ CudnnPlan* plan_for(const Shape& s, bool allow_tf32) {
   return raw;
 }
 
-// Strict float32 takes FMA math only (CUDNN_DEFAULT_MATH lets Ampere+ use TF32) and no FFT or non-fused Winograd
-// algorithm (their transforms round in between, so the error grows with the tile rather than the reduction).
-bool precise(cudnnMathType_t math, bool transformed) { return math == CUDNN_FMA_MATH && !transformed; }
-bool transformed(cudnnConvolutionFwdAlgo_t algo) {
-  return algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT || algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
-         algo == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
-}
-bool transformed(cudnnConvolutionBwdDataAlgo_t algo) {
-  return algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT || algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
-         algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
-}
-bool transformed(cudnnConvolutionBwdFilterAlgo_t algo) {
-  return algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT || algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
-         algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
-}
+// Strict float32 takes FMA math only (CUDNN_DEFAULT_MATH lets Ampere+ use TF32). The FFT and non-fused Winograd
+// algorithms stay: they compute in float32, as PyTorch's cuDNN with TF32 off runs them (see the README's precision
+// note).
+bool precise(cudnnMathType_t math) { return math == CUDNN_FMA_MATH; }
 
 // The first result that ran (cuDNN sorts them fastest first) and keeps strict float32 precise when asked into
 // `chosen`; false when none did.
@@ -131,7 +120,7 @@ template <typename Perf>
 bool first_working(const Perf* results, int returned, bool strict_fp32, Perf* chosen) {
   for (int i = 0; i < returned; ++i) {
     if (results[i].status == CUDNN_STATUS_SUCCESS &&
-        (!strict_fp32 || precise(results[i].mathType, transformed(results[i].algo)))) {
+        (!strict_fp32 || precise(results[i].mathType))) {
       *chosen = results[i];
       return true;
     }

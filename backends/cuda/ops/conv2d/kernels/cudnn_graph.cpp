@@ -5,8 +5,8 @@
 // (GE2_WITH_CUDNN_FRONTEND). Host code only, so it compiles as C++.
 //
 // Plans per problem, built and timed as _common/cudnn_graph_plans.hpp says. Strict float32 leaves out the engines
-// whose numerical notes say tensor cores (TF32), FFT or Winograd; every dtype leaves out those that down-convert
-// inputs or reduce in reduced precision, so the convolution accumulates in float32 as the other candidates do.
+// whose numerical notes say tensor cores (TF32); every dtype leaves out those that down-convert inputs or reduce in
+// reduced precision, so the convolution accumulates in float32 as the other candidates do.
 #include "api.hpp"
 #include "cudnn_build.hpp"
 
@@ -259,14 +259,13 @@ void add_nodes(fe::graph::Graph& graph, const Problem& problem) {
   }
 }
 
-// Strict float32 leaves out TF32, FFT and Winograd engines; every dtype the reduced-precision ones.
+// Strict float32 leaves out TF32 engines (FFT and Winograd ones compute in float32 and stay, as with PyTorch's TF32
+// off); every dtype the reduced-precision ones.
 std::vector<fe::NumericalNote_t> excluded_notes(const Problem& problem) {
   std::vector<fe::NumericalNote_t> excluded = {fe::NumericalNote_t::DOWN_CONVERT_INPUTS,
                                                fe::NumericalNote_t::REDUCED_PRECISION_REDUCTION};
   if (problem.shape.dtype == DType::Float32 && !problem.allow_tf32) {
-    excluded.insert(excluded.end(), {fe::NumericalNote_t::TENSOR_CORE, fe::NumericalNote_t::FFT,
-                                     fe::NumericalNote_t::WINOGRAD, fe::NumericalNote_t::WINOGRAD_TILE_4x4,
-                                     fe::NumericalNote_t::WINOGRAD_TILE_6x6, fe::NumericalNote_t::WINOGRAD_TILE_13x13});
+    excluded.push_back(fe::NumericalNote_t::TENSOR_CORE);
   }
   return excluded;
 }

@@ -493,7 +493,10 @@ def test_fused_block_on_the_gpu_matches_the_cpu_and_says_which_kernels_ran(rng, 
     print(explained)
     assert executor.optimized_graph.op_counts() == {"conv2d": 2}, explained
     expected = ge2.ExecutorV2(g, device="cpu", passes=[]).run(feeds)["y"]
-    assert_close(executor.run(feeds)["y"], expected.astype(np.float64), dtype, reduction_length=72, what=explained)
+    # the default precision lets float32 convolutions of 8 channels or more use TF32 (cudnn_graph keeps the fastest
+    # of its plans, a TF32 engine or not: session 40's suite saw a 1.5e-3 error here)
+    accuracy = "tf32" if dtype == "float32" else dtype
+    assert_close(executor.run(feeds)["y"], expected.astype(np.float64), accuracy, reduction_length=72, what=explained)
     kernels = {s.kernel for plan in executor._plans.values() for s in plan.selections if s.op == "conv2d"}
     assert "im2col_gemm" not in kernels or not (conv2d.has_cudnn() or conv2d.has_cudnn_graph()), explained
 

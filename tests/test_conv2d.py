@@ -845,8 +845,8 @@ def test_cudnn_graph_float32_is_strict_unless_tf32_is_allowed(rng, to_device, la
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["cudnn", "cudnn_graph"])
-def test_strict_float32_keeps_cudnns_transformed_algorithms_within_pytorchs_error(rng, to_device, monkeypatch,
-                                                                                   kernel):
+def test_strict_float32_keeps_cudnns_transformed_algorithms_within_pytorchs_error(rng, poisoned, to_device,
+                                                                                   monkeypatch, kernel):
     """Strict float32 keeps cuDNN's FFT and Winograd algorithms (float32 transforms), as PyTorch with TF32 off does:
     it runs this layer, ResNet-18's C128 H28 3x3 at batch 32, as FFT on the H200. Judged as DESIGN.md judges deep
     models: y, dx and dw within 4x PyTorch's own float32 error against float64, or float32's tolerance (1e-5 of the
@@ -868,8 +868,11 @@ def test_strict_float32_keeps_cudnns_transformed_algorithms_within_pytorchs_erro
     wanted = pytorch(torch.float64)
     theirs = pytorch(torch.float32)
     args = (to_device(x), to_device(w), None)
-    y = conv2d.forward(*args, padding=1, kernel=kernel)
-    dx, dw, _, _ = conv2d.backward(to_device(dy), *args, padding=1, kernel=kernel)
+    y = poisoned(dy.shape, "float32")  # NaN: an element the kernels forget to write can never pass
+    assert conv2d.forward(*args, padding=1, kernel=kernel, out=y) is y
+    outs = (poisoned(x.shape, "float32"), poisoned(w.shape, "float32"), None, None)
+    dx, dw, _, _ = conv2d.backward(to_device(dy), *args, padding=1, kernel=kernel, out=outs)
+    assert dx is outs[0] and dw is outs[1]
     for name, ours, their, reference in zip(("y", "dx", "dw"), (y.numpy(), dx.numpy(), dw.numpy()), theirs, wanted):
         scale = np.abs(reference).max()
         error, their_error = (np.abs(a.astype(np.float64) - reference).max() / scale for a in (ours, their))

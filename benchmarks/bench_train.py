@@ -18,7 +18,8 @@
   default precision. Reported (issue 20: bench_fusion's train_resnet50 row times this step before and after fusion).
 - gpt2_fp8: GPT-2 124M (12 layers, 768 wide, 12 heads, context 1024, vocabulary 50257, tied head), batch 8,
   AdamW: GE2's ``amp="fp8"`` step (issue 24: the linear layers' GEMMs in FP8 with delayed scaling, the first and last
-  bfloat16) against GE2's bfloat16 step and PyTorch's ``torch.compile`` bfloat16 step (autocast), the same weights.
+  bfloat16) against GE2's bfloat16 step and PyTorch's ``torch.compile`` bfloat16 step (autocast), the same weights;
+  both GE2 steps on the case's ``streams`` (``Trainer(streams=)``).
   Targets: >= 1.3x GE2 bfloat16, >= 1.4x torch.compile bfloat16. Loss check: GE2 FP8's first losses within 2% of GE2
   bfloat16's (the 1000-step curve is tests/test_fp8_training.py's ``large`` test).
 - memory: GE2's ``peak_bytes`` (arena + parameters, copies and optimizer states) against
@@ -63,7 +64,7 @@ CASES = [
     {"case": "resnet50", "model": "resnet50", "batch": 32, "image": 224, "amp": None, "loss_rtol": 1e-2, "reps": 20,
      "precision": "default", "target": "report"},
     {"case": "gpt2_fp8", "batch": 8, "gpt": GPTConfig(vocab=50257, context=1024, layers=12, heads=12, width=768),
-     "amp": "fp8", "reps": 30, "target": ">= 1.3x GE2 bf16, >= 1.4x torch.compile bf16"},
+     "amp": "fp8", "streams": 1, "reps": 30, "target": ">= 1.3x GE2 bf16, >= 1.4x torch.compile bf16"},
 ]
 # model -> (GE2 builder, PyTorch builder, forward FLOPs per 224x224 image: the convolutions' and the classifier's
 # multiply-adds, 1.814e9 and 4.089e9 from the graphs' shapes, counted twice); a training step is ~3x the forward.
@@ -204,7 +205,7 @@ def bench_gpt2_fp8(torch, case, rng) -> dict:
     ids, targets = (torch.tensor(rng.integers(0, config.vocab, (batch, config.context)), device="cuda")
                     for _ in range(2))
     feeds = {"ids": ids, "targets": targets}
-    trainers = {amp: ge2.train.Trainer(model.loss_graph(batch), device="cuda", amp=amp,
+    trainers = {amp: ge2.train.Trainer(model.loss_graph(batch), device="cuda", amp=amp, streams=case["streams"],
                                        optimizer=ge2.train.AdamW(lr=1e-3, weight_decay=0.01))
                 for amp in ("fp8", "bfloat16")}
     losses = {amp: [float(trainer.step(feeds)) for _ in range(3)] for amp, trainer in trainers.items()}

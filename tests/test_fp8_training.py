@@ -67,7 +67,10 @@ def test_the_linear_gemms_run_in_fp8_except_the_first_and_last():
     # per GEMM: x, W and dY quantized with both layouts in one pass each, three FP8 GEMMs; the 21 states update in
     # two nodes at the end of the step (E4M3: x and W; E5M2: dY)
     # the weights' quantizes (parameters: all known at the step's start) are one node, one launch
-    assert ops["scaled_gemm"] == 7 * 3 and ops["quantize_fp8_transpose"] == 7 * 2
+    # the residual-stream gradients of three dY quantizes (block 1's out_proj, block 0's fc2 and out_proj) are added
+    # by the quantize itself (quantize_fp8_add_transpose): 7 * 2 quantizes in all
+    assert ops["scaled_gemm"] == 7 * 3 and ops["quantize_fp8_transpose"] == 7 * 2 - 3
+    assert ops["quantize_fp8_add_transpose"] == 3
     assert ops["quantize_fp8_transpose_multi"] == 1
     multi = next(n for n in trainer.train_graph.nodes if n.op == "quantize_fp8_transpose_multi")
     assert len(multi.inputs) == 7 * 2 and all(x.is_param and x.name.endswith("weight") for x in multi.inputs[0::2])
@@ -82,8 +85,10 @@ def test_the_linear_gemms_run_in_fp8_except_the_first_and_last():
     assert "quantize_fp8" not in ops and "transpose" not in ops
     # each FP8 site's dbias comes from its dY quantize's own read of dY (no separate sum over dY)
     quantizes = [n for n in trainer.train_graph.nodes if n.op == "quantize_fp8_transpose"]
-    assert sum(n.attrs["with_column_sum"] for n in quantizes) == 7
-    assert all(n.attrs["dtype"] == "float8_e5m2" for n in quantizes if n.attrs["with_column_sum"])
+    adds = [n for n in trainer.train_graph.nodes if n.op == "quantize_fp8_add_transpose"]
+    assert sum(n.attrs["with_column_sum"] for n in quantizes + adds) == 7
+    assert all(n.attrs["dtype"] == "float8_e5m2" for n in quantizes + adds if n.attrs["with_column_sum"])
+    assert all(n.attrs["value_dtype"] == "bfloat16" for n in adds)
     # the GELU between fc1 and fc2 is the prologue of fc2's x quantize, and GELU's backward that of fc1's dY
     # quantize (with the pre-activation): neither runs as a node
     assert "gelu" not in ops and "gelu_backward" not in ops
@@ -377,3 +382,107 @@ def test_the_captured_fp8_step_holds_no_memset_per_quantize():
             quantizes = sum(s.op in ("quantize_fp8", "quantize_fp8_transpose") for s in step.selections)
     assert quantizes > 0
     assert memsets["fp8"] - memsets["bfloat16"] < quantizes, (memsets, quantizes)
+
+
+def test_streams_is_checked():
+    model = _gpt()
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="streams"):
+            _trainer(model, 4, streams=bad)
+
+
+def _unfused_gradient_adds(monkeypatch):
+    monkeypatch.setattr(fp8, "fuse_gradient_adds", lambda graph: [])
+
+
+def test_residual_gradient_adds_are_fused_into_their_quantizes(monkeypatch):
+    """Every float32 add of two input gradients whose bfloat16 cast only a dY quantize read (a transformer's
+    residual-stream gradient) becomes one quantize_fp8_add_transpose; the steps' losses and parameters are those of
+    the unfused step (CPU backend: each op's reference)."""
+    batches = _batches(3, 4, SMALL.context, seed=9)
+    fused = _trainer(_gpt(seed=9), 4)
+    ops = fused.train_graph.op_counts()
+    # a 2-layer GPT: the second block's attention projection, the first block's two (fc2's of the last block reads
+    # the final layernorm's gradient alone: no add)
+    assert ops.get("quantize_fp8_add_transpose") == 2 * SMALL.layers - 1, ops
+    assert "quantize_fp8_add_transpose" in fused.explain()
+    _unfused_gradient_adds(monkeypatch)
+    unfused = _trainer(_gpt(seed=9), 4)
+    assert "quantize_fp8_add_transpose" not in unfused.train_graph.op_counts()
+    for batch in batches:
+        assert float(fused.step(batch)) == float(unfused.step(batch))
+    for name, value in unfused.parameters().items():
+        np.testing.assert_array_equal(fused.parameters()[name], value, err_msg=name)
+
+
+class _ResidualMLP(nn.Module):
+    """Pre-norm residual GELU MLP blocks, a final LayerNorm and a classifier: a GPT's residual stream and FP8 sites
+    without attention or embeddings, whose backward kernels (atomics in some attention backwards) need not be
+    deterministic; every kernel of this one's step is, so two runs of it agree bit for bit."""
+
+    def __init__(self, width=64, layers=3, classes=16):
+        super().__init__()
+        self.blocks = nn.Sequential(*[nn.Sequential(nn.LayerNorm(width), nn.Linear(width, 4 * width),
+                                                    nn.GELU("tanh"), nn.Linear(4 * width, width))
+                                      for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(width)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, g, x):  # x [batch, seq, width], as a GPT's residual stream (3-d: no residual fused into a gemm)
+        for block in self.blocks:
+            x = g.add(x, block(g, x))
+        batch, seq, width = x.type.shape
+        return self.head(g, g.reshape(self.ln_f(g, x), shape=(batch * seq, width)))
+
+    def loss_graph(self, batch, seq=64, width=64):
+        g = ge2.ir.Graph("residual_mlp")
+        self._name_parameters()
+        logits = self(g, g.input("x", (batch, seq, width), "float32"))
+        g.output(g.cross_entropy(logits, g.input("labels", (batch * seq,), "int64")), "loss")
+        return g
+
+
+def _residual_mlp_steps(device, steps=4, **options):
+    """(losses, trainer) of a _ResidualMLP trained in FP8 for ``steps`` steps from the same initialisation and data."""
+    nn.manual_seed(21)
+    trainer = ge2.train.Trainer(_ResidualMLP().loss_graph(2), device=device, amp="fp8", grad_clip=1.0,
+                                optimizer=ge2.train.AdamW(lr=1e-3), **options)
+    rng = np.random.default_rng(21)
+    batches = [{"x": rng.standard_normal((2, 64, 64)).astype(np.float32), "labels": rng.integers(0, 16, 128)}
+               for _ in range(steps)]
+    return [float(trainer.step(batch)) for batch in batches], trainer
+
+
+def _assert_same_training(a, b):
+    (losses_a, trainer_a), (losses_b, trainer_b) = a, b
+    assert losses_a == losses_b, (losses_a, losses_b)
+    for name, value in trainer_a.parameters().items():
+        np.testing.assert_array_equal(trainer_b.parameters()[name], value, err_msg=name)
+    for name, value in trainer_a.buffers().items():
+        np.testing.assert_array_equal(trainer_b.buffers()[name], value, err_msg=name)
+
+
+@pytest.mark.gpu
+def test_fused_residual_gradient_quantizes_match_the_unfused_step_bit_for_bit(monkeypatch):
+    """On the GPU the fused kernel's float32 sums, roundings, amaxes and column sums are the generated add-and-cast
+    kernel's followed by quantize_fp8_transpose's, bit for bit: every loss, parameter and scaling state equal. (The
+    two blocks below the last add their residual gradients in their fc2 dY quantize.)"""
+    fused = _residual_mlp_steps("cuda")
+    assert fused[1].train_graph.op_counts().get("quantize_fp8_add_transpose") == 2, fused[1].train_graph.op_counts()
+    assert not fused[1]._executor.fallbacks, [s.node for s in fused[1]._executor.fallbacks]
+    _unfused_gradient_adds(monkeypatch)
+    unfused = _residual_mlp_steps("cuda")
+    assert "quantize_fp8_add_transpose" not in unfused[1].train_graph.op_counts()
+    _assert_same_training(fused, unfused)
+
+
+@pytest.mark.gpu
+def test_a_two_stream_fp8_step_matches_the_one_stream_step_bit_for_bit():
+    """streams=2 runs the same kernels on the same values in another order (the weight-gradient GEMMs beside the
+    next layer's backward): every loss, parameter and scaling state equals the one-stream step's exactly, and the
+    step is still one captured CUDA graph."""
+    one, two = _residual_mlp_steps("cuda"), _residual_mlp_steps("cuda", streams=2)
+    explained = two[1].explain()
+    assert "cuda graph: captured" in explained or "cuda graph: replayed" in explained, explained
+    assert any(plan.schedule.stream_count == 2 for plan in two[1]._executor.plans)
+    _assert_same_training(one, two)

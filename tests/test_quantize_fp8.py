@@ -796,3 +796,86 @@ def test_multi_quantize_of_misaligned_views_runs_element_wise(rng):
     _same_bits_or_both_nan(y.numpy(), expected_y, "misaligned y")
     _same_bits_or_both_nan(y_t.numpy(), expected_y.T, "misaligned y_t")
     _same_bits_or_both_nan(amax.numpy(), expected_amax, "misaligned amax")
+
+
+# --- quantize_fp8_add_transpose: a float32 sum, its rounding quantized in the same pass ------------------------
+def _add_cast_quantize(x, addend, scale, dtype, value_dtype):
+    """What the fused op replaces: a float32 add, a cast to value_dtype, a quantize_fp8_transpose."""
+    total = x.astype(np.float32) + addend.astype(np.float32)
+    value = total.astype(SOURCES[value_dtype])
+    y, amax = quantize_fp8.reference(value, scale, dtype)
+    return total, value, y, amax
+
+
+def test_add_transpose_is_the_add_the_cast_and_the_quantize(rng):
+    """The graph's results (CPU reference backend): the float32 sum, and the quantize of its rounding to value_dtype,
+    whose column sum is the rounded values' sum."""
+    x, addend = _input(rng, (40, 24), "float32"), _input(rng, (40, 24), "float32")
+    g = ge2.ir.Graph("add_transpose")
+    outputs = g.quantize_fp8_add_transpose(g.input("x", x.shape, "float32"), g.input("a", x.shape, "float32"),
+                                           g.input("scale", (), "float32"), dtype="float8_e5m2", with_column_sum=True)
+    assert [v.type.dtype for v in outputs] == ["float32", "float8_e5m2", "float8_e5m2", "float32", "bfloat16"]
+    for value, name in zip(outputs, ("sum", "y", "y_t", "amax", "column_sum")):
+        g.output(value, name)
+    out = ge2.ExecutorV2(g).run({"x": x, "a": addend, "scale": np.array(16.0, np.float32)})
+    total, value, expected_y, expected_amax = _add_cast_quantize(x, addend, np.float32(16.0), "float8_e5m2",
+                                                                 "bfloat16")
+    np.testing.assert_array_equal(out["sum"], total)
+    _same_bits_or_both_nan(out["y"], expected_y, "y")
+    _same_bits_or_both_nan(out["y_t"], expected_y.T, "y_t")
+    assert out["amax"] == expected_amax
+    np.testing.assert_allclose(out["column_sum"].astype(np.float64), value.astype(np.float64).sum(axis=0),
+                               rtol=1e-2, atol=1e-2 * np.abs(value.astype(np.float64)).sum(axis=0).max())
+
+
+def test_add_transpose_bad_input_is_named():
+    g = ge2.ir.Graph("bad_add_transpose")
+    x, s = g.input("x", (64, 64), "float32"), g.input("s", (), "float32")
+    with pytest.raises(TypeError, match="x: expected a 2-d float32 array"):
+        g.quantize_fp8_add_transpose(g.input("h", (64, 64), "bfloat16"), x, s)
+    with pytest.raises(ValueError, match="addend: expected"):
+        g.quantize_fp8_add_transpose(x, g.input("a", (64, 32), "float32"), s)
+    with pytest.raises(ValueError, match="value_dtype"):
+        g.quantize_fp8_add_transpose(x, x, s, value_dtype="int32")
+
+
+@pytest.mark.skipif(not ge2._native.is_built("_ops_quantize_fp8"), reason="_ops_quantize_fp8 not built")
+def test_native_add_transpose_checks_come_before_any_launch():
+    native = ge2._native.load("_ops_quantize_fp8")
+    fake = [256 * (i + 1) for i in range(9)]
+    with pytest.raises(ValueError, match="x, addend, sum, y, y_t: null device pointer"):
+        native.quantize_add_transpose(fake[0], 0, fake[2], "bfloat16", fake[3], fake[4], fake[5], "float8_e5m2",
+                                      fake[6], 0, 64, 64, 0)
+    with pytest.raises(ValueError, match="rows, cols: must be >= 0"):
+        native.quantize_add_transpose(*fake[:3], "bfloat16", *fake[3:6], "float8_e5m2", fake[6], 0, -1, 64, 0)
+    with pytest.raises(ValueError, match="value_dtype: expected float32, float16 or bfloat16, got int32"):
+        native.quantize_add_transpose(*fake[:3], "int32", *fake[3:6], "float8_e5m2", fake[6], 0, 64, 64, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("value_dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+# (8192, 768) and (8128, 768) take the 64 x 64 kernel (runs of several row tiles; 8128: each strip's last run
+# shorter), (33, 65) and (64, 200) the element-wise one
+@pytest.mark.parametrize("shape", [(8192, 768), (8128, 768), (128, 192), (33, 65), (64, 200)])
+def test_add_transpose_kernel_is_bit_exact(rng, value_dtype, dtype, shape):
+    """The sum bit for bit the float32 add, y, y_t and the amax those of its rounding, and the column sums bit for bit
+    the kernels' float32 additions of the rounded values in their order; with outputs poisoned first."""
+    rt = ge2.device.runtime()
+    x, addend = _input(rng, shape, "float32"), _input(rng, shape, "float32")
+    x.reshape(-1)[::97] = -addend.reshape(-1)[::97]  # exact zeros among the sums
+    scale = np.float32(rng.choice([1.0, 37.5, 1000.0]))
+    rows, cols = shape
+    outs = (rt.DeviceArray.empty([rows, cols], "float32"), rt.DeviceArray.empty([rows, cols], dtype),
+            rt.DeviceArray.empty([cols, rows], dtype), rt.DeviceArray.empty([], "float32"),
+            rt.DeviceArray.empty([cols], value_dtype))
+    ge2.ops.quantize_fp8_add_transpose.forward(rt.DeviceArray.from_numpy(x), rt.DeviceArray.from_numpy(addend),
+                                               rt.DeviceArray.from_numpy(np.array(scale)), dtype=dtype,
+                                               value_dtype=value_dtype, with_column_sum=True, out=_poisoned(*outs))
+    total, value, expected_y, expected_amax = _add_cast_quantize(x, addend, scale, dtype, value_dtype)
+    what = f"{value_dtype}->{dtype} shape {shape} scale {float(scale)}"
+    _same_bits_or_both_nan(outs[0].numpy(), total, what + " sum")
+    _same_bits_or_both_nan(outs[1].numpy(), expected_y, what + " y")
+    _same_bits_or_both_nan(outs[2].numpy(), expected_y.T, what + " y_t")
+    _same_bits_or_both_nan(outs[3].numpy(), expected_amax, what + " amax")
+    _same_bits_or_both_nan(outs[4].numpy(), _column_sum_in_kernel_order(value), what + " column_sum")

@@ -59,6 +59,25 @@ PYBIND11_MODULE(_ops_quantize_fp8, m) {
       "[rows, x1_cols], then x2 [rows, x2_cols] (no preact then).");
 
   m.def(
+      "quantize_add_transpose",
+      [](std::uintptr_t x, std::uintptr_t addend, std::uintptr_t sum, const std::string& value_dtype,
+         std::uintptr_t scale, std::uintptr_t y, std::uintptr_t y_t, const std::string& dtype, std::uintptr_t amax,
+         std::uintptr_t column_sum, int64_t rows, int64_t cols, std::uintptr_t stream) {
+        const auto value = ge2::dtype_from_name(value_dtype, "value_dtype"), to = ge2::dtype_from_name(dtype);
+        ge2::binding::ReleaseGil release;
+        ge2::quantize_fp8::quantize_add_transpose(as_pointer<const float>(x), as_pointer<const float>(addend),
+                                                  as_pointer<float>(sum), value, as_pointer<const float>(scale),
+                                                  as_pointer(y), as_pointer(y_t), to, as_pointer<float>(amax),
+                                                  as_pointer(column_sum), rows, cols, as_stream(stream));
+      },
+      py::arg("x"), py::arg("addend"), py::arg("sum"), py::arg("value_dtype"), py::arg("scale"), py::arg("y"),
+      py::arg("y_t"), py::arg("dtype"), py::arg("amax"), py::arg("column_sum"), py::arg("rows"), py::arg("cols"),
+      py::arg("stream"),
+      "Enqueues sum = x + addend (float32 [rows, cols]) and quantize_transpose of v = sum rounded to value_dtype: "
+      "y, y_t, amax = max |v| and the sum of v over the rows into column_sum [cols] (value_dtype) unless its "
+      "address is 0.");
+
+  m.def(
       "quantize_transpose_multi",
       [](const std::vector<std::uintptr_t>& inputs, const std::vector<std::uintptr_t>& outputs,
          const std::vector<int64_t>& rows, const std::vector<int64_t>& cols, const std::string& x_dtype,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _native
-from ..dtypes import FLOAT8_DTYPES, FLOAT8_MAX, FLOAT_DTYPES, saturate_to_float8
+from ..dtypes import FLOAT8_DTYPES, FLOAT8_MAX, FLOAT_DTYPES, saturate_to_float8, to_numpy
 from ..ir.types import TensorType
 from ..ir.schema import VARIADIC_OUTPUTS
 from ._base import (Attr, Input, OpDef, Problem, Sample, as_float64, in_ptr, in_ptrs, native_launch, out_ptr,
@@ -228,6 +228,69 @@ TRANSPOSE = register(OpDef(
 ))
 
 TRANSPOSE_FACE = Face(TRANSPOSE, lambda dy, inputs, attrs, kernel, out, stream: [None] * len(inputs))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# quantize_fp8_add_transpose: a float32 sum, its rounding quantized in the same pass
+# ---------------------------------------------------------------------------------------------------------------
+def _infer_add_transpose(in_types, attrs):
+    require_inputs(in_types, ("x", "addend", "scale"))
+    x, addend, scale = in_types
+    if x.dtype != "float32" or x.rank != 2:
+        raise TypeError(f"x: expected a 2-d float32 array, got {x}")
+    if addend != x:
+        raise ValueError(f"addend: expected {x} (x's type), got {addend}")
+    if attrs["value_dtype"] not in FLOAT_DTYPES:
+        raise ValueError(f"value_dtype: expected one of {', '.join(FLOAT_DTYPES)}, got {attrs['value_dtype']!r}")
+    y, y_t, amax, _ = _infer_transpose([x, scale], {**attrs, "act": "none"})
+    column_sum = TensorType((x.shape[1] if attrs["with_column_sum"] else 0,), attrs["value_dtype"])
+    return [x, y, y_t, amax, column_sum]
+
+
+def _reference_add_transpose(inputs, attrs):
+    x, addend, scale = inputs
+    total = np.asarray(x, np.float32) + np.asarray(addend, np.float32)  # the float32 add, as a pointwise add
+    value = total.astype(to_numpy(attrs["value_dtype"]))  # then the cast (round to nearest even)
+    y, y_t, amax, column_sum = _reference_transpose([value, scale], {**attrs, "act": "none"})
+    return [total, y, y_t, amax, column_sum]
+
+
+def _prepare_add_transpose(problem: Problem):
+    rows, cols = problem.in_types[0].shape
+    attrs = problem.attrs
+    return native_launch(_native_module().quantize_add_transpose, in_ptr(0), in_ptr(1), out_ptr(0),
+                         attrs["value_dtype"], in_ptr(2), out_ptr(1), out_ptr(2), attrs["dtype"], out_ptr(3),
+                         out_ptr(4) if attrs["with_column_sum"] else 0, rows, cols, stream_arg())
+
+
+ADD_TRANSPOSE = register(OpDef(
+    name="quantize_fp8_add_transpose",
+    samples=lambda rng: [Sample((sample_array(rng, 64, 128), sample_array(rng, 64, 128), np.array(16.0, np.float32)),
+                                {"dtype": "float8_e5m2", "with_column_sum": True}, "the 64 x 64 kernel's shape"),
+                         Sample((sample_array(rng, 33, 40), sample_array(rng, 33, 40), np.array(4.0, np.float32)),
+                                {"value_dtype": "float16"}, "partial tiles (the element-wise kernel), rounded to "
+                                "float16")],
+    inputs=(Input("x"), Input("addend"), Input("scale")),
+    outputs=("sum", "y", "y_t", "amax", "column_sum"),
+    attrs=(Attr("dtype", str, "float8_e4m3fn", choices=FLOAT8_DTYPES, doc="the FP8 output dtype"),
+           Attr("value_dtype", str, "bfloat16", choices=FLOAT_DTYPES,
+                doc="the dtype the float32 sum is rounded to before it is quantized (and column_sum's)"),
+           Attr("with_column_sum", bool, False,
+                doc="True: column_sum [cols] (value_dtype) is the sum of the rounded values over the rows; False: "
+                    "column_sum is empty")),
+    infer=_infer_add_transpose,
+    reference=_reference_add_transpose,
+    # no reference_backward and no grad rule: FP8 training builds its backward itself
+    candidates=(table_candidate("_ops_quantize_fp8", "transpose", _supports, _prepare_add_transpose),),
+    doc="quantize_fp8_add_transpose(x, addend, scale) -> (sum, y, y_t, amax, column_sum): sum = x + addend "
+        "(float32, 2-d), and quantize_fp8_transpose of v = sum rounded to value_dtype (y, y_t, amax = max |v| and, "
+        "with with_column_sum, v's sum over the rows in value_dtype), in one pass: bit for bit an add, a cast to "
+        "value_dtype and a quantize_fp8_transpose, with the cast's 16-bit tensor never written. FP8 training's "
+        "residual-stream gradients (the float32 sum of two layers' input gradients, whose bfloat16 copy only the "
+        "next GEMM's dY quantize read) take it.",
+))
+
+ADD_TRANSPOSE_FACE = Face(ADD_TRANSPOSE, lambda dy, inputs, attrs, kernel, out, stream: [None] * len(inputs))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -499,18 +499,25 @@ def _view_source(graph: Graph, value: Value, users: dict) -> tuple[Value, Node |
     return value, first
 
 
+def _sole_producer(graph: Graph, node: Node) -> tuple[Value, Node | None]:
+    """(the value ``node``'s x is a chain of reshapes of, its producer when that value is read by nothing else and
+    is no graph output, else None)."""
+    users = graph.users()
+    source, first_view = _view_source(graph, node.inputs[0], users)
+    reader = first_view if first_view is not None else node
+    if graph.is_output(source) or users.get(source) != [reader]:
+        return source, None
+    return source, source.producer
+
+
 def _fuse_activation_quantizes(graph: Graph, forward_names: set[str]) -> list[str]:
     """A quantize_fp8_transpose of an activation's output (the GELU between two FP8 GEMMs) or of its input gradient,
     which nothing else reads (through reshapes), quantizes act(x) or dY * act'(x) itself (its ``act`` prologue):
     the activation's node and its 16-bit output go."""
     notes = []
     for node in [n for n in graph.nodes if n.op == "quantize_fp8_transpose" and n.attrs["act"] == "none"]:
-        users = graph.users()
-        source, first_view = _view_source(graph, node.inputs[0], users)
-        activation = source.producer
-        reader = first_view if first_view is not None else node
-        if (activation is None or graph.is_output(source) or users.get(source) != [reader]
-                or activation.op not in (*PROLOGUE_OPS, *(f"{op}_backward" for op in PROLOGUE_OPS))):
+        _, activation = _sole_producer(graph, node)
+        if activation is None or activation.op not in (*PROLOGUE_OPS, *(f"{op}_backward" for op in PROLOGUE_OPS)):
             continue
         shape = node.inputs[0].type.shape
         with graph.inserting_before(node):
@@ -531,6 +538,18 @@ def _fuse_activation_quantizes(graph: Graph, forward_names: set[str]) -> list[st
     return notes
 
 
+def _remove_through_views(graph: Graph, node: Node, source: Node) -> None:
+    """Removes ``node`` (its outputs' uses replaced already), the chain of reshapes between ``source`` and it
+    (``_view_source``'s), and ``source``."""
+    graph.remove_node(node)
+    view = node.inputs[0].producer
+    while view is not None and view is not source:
+        previous = view.inputs[0].producer
+        graph.remove_node(view)
+        view = previous
+    graph.remove_node(source)
+
+
 MAX_COLUMN_BLOCKS = 3  # x and two more column blocks a quantize_fp8_transpose reads in place (x1, x2)
 
 
@@ -543,12 +562,8 @@ def read_column_blocks(graph: Graph) -> list[str]:
     for node in [n for n in graph.nodes if n.op == "quantize_fp8_transpose"]:
         if any(value is not None for value in node.inputs[2:]):
             continue
-        users = graph.users()
-        source, first_view = _view_source(graph, node.inputs[0], users)
-        concat = source.producer
-        reader = first_view if first_view is not None else node
-        if (concat is None or concat.op != "concat" or graph.is_output(source) or users.get(source) != [reader]
-                or not 2 <= len(concat.inputs) <= MAX_COLUMN_BLOCKS):
+        source, concat = _sole_producer(graph, node)
+        if concat is None or concat.op != "concat" or not 2 <= len(concat.inputs) <= MAX_COLUMN_BLOCKS:
             continue
         rows = node.inputs[0].type.shape[0]
         axis = concat.attrs["axis"] % source.type.rank
@@ -560,16 +575,49 @@ def read_column_blocks(graph: Graph) -> list[str]:
             fused = graph.quantize_fp8_transpose(blocks[0], node.inputs[1], None, *blocks[1:], **node.attrs)
         for old, new in zip(node.outputs, fused):
             graph.replace_uses(old, new)
-        graph.remove_node(node)
-        view = node.inputs[0].producer
-        while view is not None and view is not concat:  # the reshapes between the concat and the quantize, then it
-            previous = view.inputs[0].producer
-            graph.remove_node(view)
-            view = previous
-        graph.remove_node(concat)
+        _remove_through_views(graph, node, concat)
         notes.append(f"{concat.name} (concat of {len(blocks)} on axis {axis}) read in place by "
                      f"{fused[0].producer.name} (quantize_fp8_transpose x, x1{', x2' if len(blocks) > 2 else ''}): "
                      f"no 16-bit concatenation")
+    return notes
+
+
+def fuse_gradient_adds(graph: Graph) -> list[str]:
+    """A quantize_fp8_transpose (no activation, no preact, no column blocks) of a cast of a float32 ``add`` of two
+    arrays of its shape, the cast read by nothing else (through reshapes): a transformer's residual-stream
+    gradient, the float32 sum of two layers' input gradients whose 16-bit copy only the next GEMM's dY quantize
+    reads. One quantize_fp8_add_transpose, where the add was, writes the float32 sum (the add's output, for its
+    other readers) and quantizes its rounding to the cast's dtype, bit for bit the add, the cast and the quantize:
+    the 16-bit copy is never written or read (GPT-2 124M: 23 of them, 12.6 MB written and read each). Runs after the
+    backward passes (FP8 training's second pass), before the pointwise fusion would join the add and the cast."""
+    notes = []
+    for node in [n for n in graph.nodes if n.op == "quantize_fp8_transpose"]:
+        if node.attrs["act"] != "none" or any(value is not None for value in node.inputs[2:]):
+            continue
+        _, cast = _sole_producer(graph, node)
+        if cast is None or cast.op != "cast" or cast.attrs["dtype"] not in FLOAT_DTYPES:
+            continue
+        add = cast.inputs[0].producer
+        total = cast.inputs[0]
+        if (add is None or add.op != "add" or total.type.dtype != "float32" or not total.type.is_concrete
+                or any(value.type != total.type for value in add.inputs) or graph.is_output(total)):
+            continue
+        rows, cols = node.inputs[0].type.shape
+        if total.type.shape[-1] != cols or total.type.numel != rows * cols:
+            continue  # the quantized rows are not the sum's rows
+        with graph.inserting_before(add):
+            x, addend = (graph.reshape(value, shape=(rows, cols)) for value in add.inputs)
+            fused = graph.quantize_fp8_add_transpose(x, addend, node.inputs[1], dtype=node.attrs["dtype"],
+                                                     value_dtype=cast.attrs["dtype"],
+                                                     with_column_sum=node.attrs["with_column_sum"])
+            summed = graph.reshape(fused[0], shape=total.type.shape)
+        for old, new in zip(node.outputs, fused[1:]):
+            graph.replace_uses(old, new)
+        _remove_through_views(graph, node, cast)
+        graph.replace_uses(total, summed)
+        graph.remove_node(add)
+        notes.append(f"{add.name} (float32 add) and {cast.name} (cast to {cast.attrs['dtype']}) fused into "
+                     f"{fused[1].producer.name} (quantize_fp8_add_transpose): the sum in float32, no 16-bit copy")
     return notes
 
 

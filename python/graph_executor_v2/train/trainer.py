@@ -93,13 +93,19 @@ class Trainer:
     an overflowing gradient is the scaler's business (the step is dropped and the scale lowered), not an error.
     ``precision``: "default", "highest" or "high": which float32 convolutions and GEMMs (forward and backward) may use
     TF32, as ``ExecutorV2``'s (``passes.precision``; FP8 training is ``amp="fp8"``).
+    ``streams``: how many CUDA streams the step's nodes may run on (``ExecutorV2``'s ``streams=``; 1, the default,
+    runs the step as one chain). With 2, a node that does not continue its producer's stream takes the other one:
+    FP8 training's weight-gradient GEMMs, which only the optimizer reads, then run beside the next layer's backward.
+    The same kernels and values, in another order; the memory plan keeps every buffer until the steps on both
+    streams are done with it, so the step may take more memory. Not with ``distributed``. (GPT-2 124M on an H200 was
+    not faster with 2: docs/fp8.md.)
     """
 
     def __init__(self, graph: Graph, loss: str = "loss", device: str = "cpu", optimizer=None, amp=None,
                  grad_clip: float | None = None, trainable: Sequence[str] | None = None, reuse_memory: bool = True,
                  loss_scale: "_optim.DynamicLossScale | None" = None, checkpoint: Sequence[str] = (),
                  distributed: bool = False, bucket_bytes: int = DEFAULT_BUCKET_BYTES, on_nonfinite: str = "raise",
-                 fp8: "_fp8.DelayedScaling | None" = None, precision: str = "default"):
+                 fp8: "_fp8.DelayedScaling | None" = None, precision: str = "default", streams: int = 1):
         if not isinstance(graph, Graph):
             raise TypeError(f"graph: expected a ge2.ir.Graph, got {type(graph).__name__}")
         if device not in ("cpu", "cuda"):
@@ -116,6 +122,10 @@ class Trainer:
             raise ValueError(f"fp8: a DelayedScaling recipe needs amp='fp8', got amp={amp!r}")
         if loss_scale is None and amp == "float16":
             loss_scale = _optim.DynamicLossScale()
+        if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
+            raise ValueError(f"streams: expected an int >= 1, got {streams!r}")
+        if streams > 1 and distributed:
+            raise ValueError(f"streams: {streams} with distributed=True; data-parallel steps run on one stream")
         if on_nonfinite not in ON_NONFINITE:
             raise ValueError(f"on_nonfinite: expected 'raise' or 'skip', got {on_nonfinite!r}")
         self.fp8 = (fp8 or _fp8.DelayedScaling()) if amp == "fp8" else None
@@ -173,6 +183,8 @@ class Trainer:
                                                                         BUFFER_UPDATE_PREFIX)))
             # after join_slice_gradients, which joins a QKV projection's gradients into the concat this reads in place
             passes.append(Pass("fp8_column_blocks", _fp8.read_column_blocks))
+            # before the pointwise fusion, which would join a residual gradient's add and cast into one kernel
+            passes.append(Pass("fp8_gradient_adds", _fp8.fuse_gradient_adds))
         if checkpoint:
             if isinstance(checkpoint, str):
                 raise TypeError("checkpoint: expected a sequence of names, got a single string; wrap it in a list")
@@ -222,11 +234,11 @@ class Trainer:
         slots = {**self._param_slots, **self._buffers}
         if autograd.SEED in self.train_graph.params:
             slots[autograd.SEED] = self._seed
-        # One stream: the step's nodes form a chain (forward, then backward), and one stream lets the memory plan
-        # reuse bytes along the step's exact lifetimes (what checkpointing relies on). On CUDA the step, optimizer
-        # included, is captured as one CUDA graph after its first run.
+        # One stream by default: the step's nodes form a chain (forward, then backward), and one stream lets the
+        # memory plan reuse bytes along the step's exact lifetimes (what checkpointing relies on). On CUDA the step,
+        # optimizer included, is captured as one CUDA graph after its first run.
         self._executor = ExecutorV2(self.train_graph, device, passes=[], reuse_memory=reuse_memory, params=slots,
-                                    streams=1, precision=precision)
+                                    streams=streams, precision=precision)
         self._inference = None
         # Data parallelism: every rank starts from rank 0's parameters and states (the gradient averaging is added
         # to each step plan as it is built).
@@ -425,7 +437,7 @@ class Trainer:
         fusions = [note for record in self._forward_records + self._backward_records for note in record.notes
                    if record.name in ("pad_classes", "fuse_relu", "autocast", "pad_after_cast",
                                       "chain_activation_backward", "trim_gemm_backward", "fuse_loss_gradient",
-                                      "recompute", "fp8", "fp8_column_blocks")]
+                                      "recompute", "fp8", "fp8_column_blocks", "fp8_gradient_adds")]
         lines.append(f"training rewrites (padded classes, fusions, mixed precision, FP8 GEMMs, recomputation): "
                      f"{len(fusions)}")
         lines += [f"  {note}" for note in fusions]

@@ -43,6 +43,15 @@ void quantize_transpose(const void* x, DType x_dtype, const float* scale, void* 
                         Act act = Act::None, const void* preact = nullptr,
                         const std::vector<ColumnBlock>& more_blocks = {});
 
+// quantize_transpose of s = x + addend rounded to value_dtype, writing s itself to sum (all three float32 [rows,
+// cols], contiguous): a float32 add and a cast to value_dtype (float32, float16 or bfloat16) followed by a quantize,
+// bit for bit, in one pass; amax and column_sum (of value_dtype) are those of the rounded values. FP8 training's
+// residual-stream gradients: the sum of two layers' float32 input gradients, whose bfloat16 copy only a quantize
+// read, are added here, and the 16-bit copy is never written.
+void quantize_add_transpose(const float* x, const float* addend, float* sum, DType value_dtype, const float* scale,
+                            void* y, void* y_t, DType y_dtype, float* amax, void* column_sum, int64_t rows,
+                            int64_t cols, cudaStream_t stream);
+
 // Several 2-d tensors' quantize_transpose (no column sum, no activation, one x dtype and one FP8 dtype) in one launch
 // of up to kTensorsPerLaunch tensors: y = FP8(x * scale), y_t its transpose and amax = max |x| per tensor, bit for
 // bit what a quantize_transpose per tensor writes. FP8 training quantizes all its weights this way (each alone is too

@@ -13,7 +13,8 @@ void launch_quantize(const void* x, DType x_dtype, const float* scale, void* y, 
                      int64_t numel, bool vectorized, cudaStream_t stream);
 void launch_quantize_transpose(const ColumnBlock* blocks, int block_count, DType x_dtype, const float* scale, void* y,
                                void* y_t, DType y_dtype, float* amax, void* column_sum, int64_t rows, int64_t cols,
-                               Act act, const void* preact, cudaStream_t stream);
+                               Act act, const void* preact, const float* addend, float* sum, DType value_dtype,
+                               cudaStream_t stream);
 void launch_quantize_transpose_multi(const std::vector<MultiQuantize>& tensors, DType x_dtype, DType y_dtype,
                                      cudaStream_t stream);
 
@@ -32,7 +33,8 @@ std::vector<KernelInfo> kernel_table() {
        "by the block completing each column strip",
        "x 2-d, in up to 3 column blocks (the 64 x 64 kernel: rows and cols multiples of 64, block widths too, x, "
        "its blocks and preact 16-byte, y 8-byte and y_t 16-byte aligned, act none, gelu or silu, not float32 x with "
-       "preact)",
+       "preact); quantize_fp8_add_transpose: float32 x + addend (the same 64 x 64 kernel, its ring in 64 KB of "
+       "dynamic shared memory, with x, addend and sum 16-byte aligned)",
        kFallback, kAnyAlignment},
       {"transpose_multi", 10,
        "quantize_fp8_transpose_multi: up to 64 tensors' cast-transposes a launch, one wave of resident blocks, each a "
@@ -112,7 +114,26 @@ void quantize_transpose(const void* x, DType x_dtype, const float* scale, void* 
     blocks[b + 1] = block;
   }
   launch_quantize_transpose(blocks, static_cast<int>(more_blocks.size()) + 1, x_dtype, scale, y, y_t, y_dtype, amax,
-                            column_sum, rows, cols, act, preact, stream);
+                            column_sum, rows, cols, act, preact, nullptr, nullptr, x_dtype, stream);
+}
+
+void quantize_add_transpose(const float* x, const float* addend, float* sum, DType value_dtype, const float* scale,
+                            void* y, void* y_t, DType y_dtype, float* amax, void* column_sum, int64_t rows,
+                            int64_t cols, cudaStream_t stream) {
+  if (!is_floating(value_dtype)) {
+    throw std::invalid_argument(std::string("value_dtype: expected float32, float16 or bfloat16, got ") +
+                                dtype_name(value_dtype));
+  }
+  check_quantize_args(DType::Float32, y_dtype, scale, amax);
+  if (rows < 0 || cols < 0) {
+    throw std::invalid_argument("rows, cols: must be >= 0, got " + std::to_string(rows) + ", " + std::to_string(cols));
+  }
+  if (rows * cols > 0 && (x == nullptr || addend == nullptr || sum == nullptr || y == nullptr || y_t == nullptr)) {
+    throw std::invalid_argument("x, addend, sum, y, y_t: null device pointer");
+  }
+  const ColumnBlock blocks[1] = {{x, cols}};
+  launch_quantize_transpose(blocks, 1, DType::Float32, scale, y, y_t, y_dtype, amax, column_sum, rows, cols, Act::None,
+                            nullptr, addend, sum, value_dtype, stream);
 }
 
 void quantize_transpose_multi(const std::vector<MultiQuantize>& tensors, DType x_dtype, DType y_dtype,

@@ -64,13 +64,15 @@ __device__ __forceinline__ float prologue(float x, float preact, bool has_preact
   return has_preact ? x * act_derivative(act, preact, 0.0f) : apply_act(act, x, 0.0f);
 }
 
-template <typename In, typename Out>
+// With addend (float32 x, one block): s = x + addend goes to sum_out, and the value quantized is s rounded to Value
+// (what a float32 add followed by a cast to Value gives); column_sum is of Value (In otherwise).
+template <typename In, typename Out, typename Value>
 __global__ void __launch_bounds__(kTile * kRowsPerPass)
     quantize_transpose_kernel(XBlocks x, const In* __restrict__ preact, Act act,
                               const float* __restrict__ scale_pointer, Out* __restrict__ y, Out* __restrict__ y_t,
                               float* __restrict__ amax, float* __restrict__ column_partials,
-                              In* __restrict__ column_sum, unsigned int* __restrict__ counters, int64_t rows,
-                              int64_t cols) {
+                              Value* __restrict__ column_sum, unsigned int* __restrict__ counters, int64_t rows,
+                              int64_t cols, const float* __restrict__ addend, float* __restrict__ sum_out) {
   __shared__ Out tile[kTile][kTile + 1];
   __shared__ float partial_rows[kRowsPerPass][kTile];
   __shared__ unsigned int warp_amax[kRowsPerPass];
@@ -90,8 +92,15 @@ __global__ void __launch_bounds__(kTile * kRowsPerPass)
         const ColumnBlockView block = x.locate(c);
         const int64_t i = r * cols + c;  // preact comes with one block only
         const In x_value = static_cast<const In*>(block.data)[r * block.cols + c - block.start];
-        const float value = prologue(to_float(x_value), preact != nullptr ? to_float(preact[i]) : 0.0f,
-                                     preact != nullptr, act);
+        float value;
+        if (addend != nullptr) {
+          const float s = to_float(x_value) + addend[i];
+          sum_out[i] = s;
+          value = to_float(from_float<Value>(s));
+        } else {
+          value = prologue(to_float(x_value), preact != nullptr ? to_float(preact[i]) : 0.0f, preact != nullptr,
+                           act);
+        }
         amax_bits = max(amax_bits, __float_as_uint(fabsf(value)));
         column_partial += value;
         const Out q = from_float<Out>(value * scale);
@@ -154,10 +163,14 @@ constexpr int stage_bytes(std::size_t x_bytes, bool with_preact) {
   return kWideTile * kWideTile * static_cast<int>(x_bytes) * (with_preact ? 2 : 1);
 }
 
-template <typename In, bool kPreact>
+// The add variant (float32 x and addend: 32 KB a stage) takes two stages in dynamic shared memory instead.
+constexpr int kAddStageBudget = 64 * 1024;
+
+template <typename In, bool kPreact, bool kAdd = false>
 struct WideStages {
-  static constexpr int kBytes = stage_bytes(sizeof(In), kPreact);  // a stage: x's tile, then preact's
-  static constexpr int kCount = kStageBudget / kBytes;
+  static constexpr int kBytes = stage_bytes(sizeof(In), kPreact || kAdd);  // a stage: x's tile, then preact's
+  static constexpr int kCount = (kAdd ? kAddStageBudget : kStageBudget) / kBytes;
+  static constexpr bool kDynamic = kAdd;  // the ring in dynamic shared memory (past the 48 KB of static)
   static_assert(kCount >= 2, "a stage ring needs two stages: one loading, one converting");
 };
 
@@ -248,8 +261,8 @@ constexpr int kStagedTiles = kStageBudget / (kWideTile * sizeof(float));
 // from 0, rounded once to In (write_column_sum's additions). The partials, written by other blocks, come through L2
 // into shared memory kStagedTiles row tiles at a time, every thread's copies in flight together (one round trip a
 // round, not a chain of them), and no registers held for them (they would set the whole kernel's count).
-template <typename In>
-__device__ __forceinline__ void write_strip_column_sums(const float* column_partials, In* column_sum,
+template <typename Value>
+__device__ __forceinline__ void write_strip_column_sums(const float* column_partials, Value* column_sum,
                                                         int64_t row_tiles, int64_t cols, int64_t col0,
                                                         float (*staged)[kWideTile]) {
   constexpr int kPieces = kWideTile * sizeof(float) / 16;  // 16-byte pieces of a tile's partial row
@@ -268,7 +281,7 @@ __device__ __forceinline__ void write_strip_column_sums(const float* column_part
     }
     __syncthreads();  // read before the next round's copies
   }
-  if (threadIdx.x < kWideTile) column_sum[col0 + threadIdx.x] = from_float<In>(sum);
+  if (threadIdx.x < kWideTile) column_sum[col0 + threadIdx.x] = from_float<Value>(sum);
 }
 
 // The 64 x 64 kernel. A block takes a run of `run_tiles` consecutive row tiles of one column strip (blocks ordered
@@ -277,18 +290,25 @@ __device__ __forceinline__ void write_strip_column_sums(const float* column_part
 // partial row is written with a plain store, and the block fences once and counts its run into the strip's counter
 // once, after the run (a fence and an atomic after every tile stalled each block for their round trips); the block
 // that completes a strip adds its columns' partials.
-template <typename In, typename Out, bool kColumnSum, Act kAct, bool kPreact>
+// kAdd (float32 x): preact is the addend, s = x + addend goes to sum_out and the value quantized is s rounded to Value
+// (a float32 add and a cast to Value, bit for bit); column_sum is of Value (In otherwise).
+template <typename In, typename Out, typename Value, bool kColumnSum, Act kAct, bool kPreact, bool kAdd>
 __global__ void __launch_bounds__(kWideThreads)
     quantize_transpose_wide_kernel(XBlocks x_blocks, const In* __restrict__ preact,
                                    const float* __restrict__ scale_pointer, Out* __restrict__ y,
                                    Out* __restrict__ y_t, float* __restrict__ amax,
-                                   float* __restrict__ column_partials, In* __restrict__ column_sum,
-                                   unsigned int* __restrict__ counters, int rows, int cols, int run_tiles) {
+                                   float* __restrict__ column_partials, Value* __restrict__ column_sum,
+                                   unsigned int* __restrict__ counters, int rows, int cols, int run_tiles,
+                                   float* __restrict__ sum_out) {
   static_assert(sizeof(Out) == 1, "FP8 outputs are one byte");
-  using Stages = WideStages<In, kPreact>;
+  static_assert(!kAdd || (std::is_same_v<In, float> && !kPreact && kAct == Act::None),
+                "the add prologue reads float32 x and its addend, no activation");
+  using Stages = WideStages<In, kPreact, kAdd>;
   static_assert(Stages::kCount * Stages::kBytes >= kStagedTiles * kWideTile * sizeof(float),
                 "the completing block's staged partials fit the stage ring");
-  __shared__ __align__(16) unsigned char stages[Stages::kCount][Stages::kBytes];
+  __shared__ __align__(16) unsigned char static_stages[Stages::kDynamic ? 1 : Stages::kCount * Stages::kBytes];
+  extern __shared__ __align__(16) unsigned char dynamic_stages[];
+  unsigned char* const ring = Stages::kDynamic ? dynamic_stages : static_stages;
   __shared__ __align__(16) unsigned char tile[kWideTile * kWideStride];
   __shared__ float partial_rows[kColumnSum ? kWideRowsPerPass : 1][kWideTile];  // a tile's partial rows
   __shared__ unsigned int warp_amax[kWideThreads / 32];
@@ -305,14 +325,14 @@ __global__ void __launch_bounds__(kWideThreads)
   const int64_t first_row = static_cast<int64_t>(first_tile) * kWideTile + pass_row;
   RunCursor<In> x_copies(static_cast<const In*>(block.data), block.cols, first_row,
                          col0 - block.start + lane_vector * kVector);
-  RunCursor<In> preact_copies = x_copies;  // not read without preact
-  if constexpr (kPreact) preact_copies = RunCursor<In>(preact, cols, first_row, col0 + lane_vector * kVector);
+  RunCursor<In> preact_copies = x_copies;  // not read without preact (or addend)
+  if constexpr (kPreact || kAdd) preact_copies = RunCursor<In>(preact, cols, first_row, col0 + lane_vector * kVector);
   // Tiles 0 .. kCount - 2 of the run in flight, each its own group (a group per tile, empty past the run's end, so
   // that "tile t has landed" is always "at most kCount - 2 groups pending" after the next tile's commit).
 #pragma unroll
   for (int t = 0; t < Stages::kCount - 1; ++t) {
     if (t < tiles) {
-      copy_tile<In, kPreact>(stages[t], x_copies, preact_copies, lane_vector, pass_row);
+      copy_tile<In, kPreact || kAdd>(ring + t * Stages::kBytes, x_copies, preact_copies, lane_vector, pass_row);
     }
     cp_async_commit();
   }
@@ -322,11 +342,11 @@ __global__ void __launch_bounds__(kWideThreads)
     const int64_t row0 = static_cast<int64_t>(first_tile + t) * kWideTile;
     // the stage tile t - 1 used, refilled kCount - 1 tiles ahead (this thread read its part before the last barrier)
     if (t + Stages::kCount - 1 < tiles) {
-      copy_tile<In, kPreact>(stages[(t + Stages::kCount - 1) % Stages::kCount], x_copies, preact_copies,
-                             lane_vector, pass_row);
+      copy_tile<In, kPreact || kAdd>(ring + (t + Stages::kCount - 1) % Stages::kCount * Stages::kBytes, x_copies,
+                                     preact_copies, lane_vector, pass_row);
     }
     cp_async_commit();
-    const unsigned char* stage = stages[t % Stages::kCount];
+    const unsigned char* stage = ring + t % Stages::kCount * Stages::kBytes;
     float column_partial[kVector] = {};
 #pragma unroll
     for (int pass = 0; pass < kWidePasses; ++pass) {
@@ -334,10 +354,23 @@ __global__ void __launch_bounds__(kWideThreads)
       const int offset = tile_offset(pass, pass_row, lane_vector);
       float x_values[kVector], preact_values[kVector] = {};
       widen<In>(*reinterpret_cast<const Pack<In, kVector>*>(reinterpret_cast<const In*>(stage) + offset), x_values);
-      if constexpr (kPreact) {
+      if constexpr (kPreact || kAdd) {
         widen<In>(*reinterpret_cast<const Pack<In, kVector>*>(
                       reinterpret_cast<const In*>(stage + stage_bytes(sizeof(In), false)) + offset),
                   preact_values);
+      }
+      if constexpr (kAdd) {  // the float32 sums, written as they are; their rounding to Value is quantized
+        Pack<float, kVector / 2> sums[2];
+#pragma unroll
+        for (int i = 0; i < kVector; ++i) {
+          const float s = x_values[i] + preact_values[i];
+          sums[i / (kVector / 2)].value[i % (kVector / 2)] = s;
+          x_values[i] = to_float(from_float<Value>(s));
+        }
+        auto* sums_row =
+            reinterpret_cast<Pack<float, kVector / 2>*>(sum_out + (row0 + r) * cols + col0 + lane_vector * kVector);
+        sums_row[0] = sums[0];
+        sums_row[1] = sums[1];
       }
       Pack<Out, kVector> out;
 #pragma unroll
@@ -387,7 +420,7 @@ __global__ void __launch_bounds__(kWideThreads)
                         strip_done)) {
       // the stage ring is idle: every copy landed (the groups past the run's end are empty) and was read
       write_strip_column_sums(column_partials, column_sum, row_tiles, cols, col0,
-                              reinterpret_cast<float (*)[kWideTile]>(&stages[0][0]));
+                              reinterpret_cast<float (*)[kWideTile]>(ring));
     }
   }
   amax_bits = __reduce_max_sync(0xffffffffu, amax_bits);
@@ -399,8 +432,9 @@ __global__ void __launch_bounds__(kWideThreads)
   }
 }
 
+// addend: the add variant (float32 x and addend, the sum 16-byte aligned), its two-stage ring in dynamic memory.
 bool fits_wide(const XBlocks& x, const void* preact, DType x_dtype, const void* y, const void* y_t, int64_t rows,
-               int64_t cols, Act act) {
+               int64_t cols, Act act, const void* addend, const void* sum) {
   const auto aligned = [](const void* pointer, std::size_t bytes) {
     return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
   };
@@ -408,67 +442,83 @@ bool fits_wide(const XBlocks& x, const void* preact, DType x_dtype, const void* 
   for (int b = 0; b < x.count; ++b) {
     if (x.end[b] % kWideTile != 0 || !aligned(x.data[b], 16)) return false;
   }
+  const bool stages_fit = addend != nullptr ? aligned(addend, 16) && aligned(sum, 16)
+                                            : stage_bytes(dtype_size(x_dtype), preact != nullptr) <= kMaxStageBytes;
   // int tile indices and extents
   return rows % kWideTile == 0 && cols % kWideTile == 0 && rows <= INT32_MAX && cols <= INT32_MAX &&
-         wide_prologue(act) && stage_bytes(dtype_size(x_dtype), preact != nullptr) <= kMaxStageBytes &&
-         aligned(preact, 16) && aligned(y, kVector) && aligned(y_t, kTransposeVector);
+         wide_prologue(act) && stages_fit && aligned(preact, 16) && aligned(y, kVector) &&
+         aligned(y_t, kTransposeVector);
 }
 
-template <typename In, typename Out>
-using WideKernel = void (*)(XBlocks, const In*, const float*, Out*, Out*, float*, float*, In*, unsigned int*, int,
-                            int, int);
+template <typename In, typename Out, typename Value>
+using WideKernel = void (*)(XBlocks, const In*, const float*, Out*, Out*, float*, float*, Value*, unsigned int*, int,
+                            int, int, float*);
 
 // The instantiation for an activation with preact, where its stages fit (fits_wide admits no other).
 template <typename In, typename Out, bool kColumnSum, Act kAct>
-WideKernel<In, Out> wide_kernel_with_preact() {
+WideKernel<In, Out, In> wide_kernel_with_preact() {
   if constexpr (stage_bytes(sizeof(In), true) <= kMaxStageBytes) {
-    return quantize_transpose_wide_kernel<In, Out, kColumnSum, kAct, true>;
+    return quantize_transpose_wide_kernel<In, Out, In, kColumnSum, kAct, true, false>;
   } else {
     return nullptr;
   }
 }
 
-template <typename In, typename Out, bool kColumnSum>
-WideKernel<In, Out> wide_kernel(Act act, bool with_preact) {
-  switch (act) {
-    case Act::Gelu:
-      return with_preact ? wide_kernel_with_preact<In, Out, kColumnSum, Act::Gelu>()
-                         : quantize_transpose_wide_kernel<In, Out, kColumnSum, Act::Gelu, false>;
-    case Act::Silu:
-      return with_preact ? wide_kernel_with_preact<In, Out, kColumnSum, Act::Silu>()
-                         : quantize_transpose_wide_kernel<In, Out, kColumnSum, Act::Silu, false>;
-    default:  // Act::None (fits_wide admits no other)
-      return quantize_transpose_wide_kernel<In, Out, kColumnSum, Act::None, false>;
+template <typename In, typename Out, typename Value, bool kColumnSum>
+WideKernel<In, Out, Value> wide_kernel(Act act, bool with_preact, bool with_addend) {
+  if constexpr (std::is_same_v<In, float>) {
+    if (with_addend) return quantize_transpose_wide_kernel<In, Out, Value, kColumnSum, Act::None, false, true>;
   }
+  if constexpr (std::is_same_v<In, Value>) {
+    switch (act) {
+      case Act::Gelu:
+        return with_preact ? wide_kernel_with_preact<In, Out, kColumnSum, Act::Gelu>()
+                           : quantize_transpose_wide_kernel<In, Out, In, kColumnSum, Act::Gelu, false, false>;
+      case Act::Silu:
+        return with_preact ? wide_kernel_with_preact<In, Out, kColumnSum, Act::Silu>()
+                           : quantize_transpose_wide_kernel<In, Out, In, kColumnSum, Act::Silu, false, false>;
+      default:  // Act::None (fits_wide admits no other)
+        return quantize_transpose_wide_kernel<In, Out, In, kColumnSum, Act::None, false, false>;
+    }
+  }
+  return nullptr;  // Value differs from In only with an addend
 }
 
-template <typename In, typename Out>
+template <typename In, typename Out, typename Value>
 void launch(const XBlocks& x, const void* preact, Act act, const float* scale, void* y, void* y_t, float* amax,
             float* column_partials, void* column_sum, unsigned int* counters, int64_t rows, int64_t cols, bool wide,
-            cudaStream_t stream) {
+            const float* addend, float* sum, cudaStream_t stream) {
   if (wide) {
-    const WideKernel<In, Out> kernel = column_partials != nullptr ? wide_kernel<In, Out, true>(act, preact != nullptr)
-                                                                  : wide_kernel<In, Out, false>(act, preact != nullptr);
+    const bool with_addend = addend != nullptr;
+    const WideKernel<In, Out, Value> kernel =
+        column_partials != nullptr ? wide_kernel<In, Out, Value, true>(act, preact != nullptr, with_addend)
+                                   : wide_kernel<In, Out, Value, false>(act, preact != nullptr, with_addend);
+    // the add variant's ring: two 32 KB stages of dynamic shared memory (past the 48 KB a block gets by default)
+    const int dynamic_bytes = with_addend ? kAddStageBudget : 0;
+    if (with_addend) {
+      GE2_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic_bytes));
+    }
     // one wave of resident blocks, each a run of the same number of row tiles (the last of a strip's runs shorter)
     int device = 0, sms = 0, resident = 0;
     GE2_CUDA_CHECK(cudaGetDevice(&device));
     GE2_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    GE2_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kWideThreads, 0));
+    GE2_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kWideThreads, dynamic_bytes));
     const int64_t strips = cols / kWideTile, row_tiles = rows / kWideTile;
     const int64_t wave = std::max<int64_t>(1, static_cast<int64_t>(sms) * resident);
     const int64_t run_tiles = std::min(row_tiles, (strips * row_tiles + wave - 1) / wave);
     const int64_t runs = (row_tiles + run_tiles - 1) / run_tiles;
-    kernel<<<static_cast<unsigned int>(strips * runs), kWideThreads, 0, stream>>>(
-        x, static_cast<const In*>(preact), scale, static_cast<Out*>(y),
-        static_cast<Out*>(y_t), amax, column_partials, static_cast<In*>(column_sum), counters,
-        static_cast<int>(rows), static_cast<int>(cols), static_cast<int>(run_tiles));
+    kernel<<<static_cast<unsigned int>(strips * runs), kWideThreads, dynamic_bytes, stream>>>(
+        x, with_addend ? reinterpret_cast<const In*>(addend) : static_cast<const In*>(preact), scale,
+        static_cast<Out*>(y), static_cast<Out*>(y_t), amax, column_partials, static_cast<Value*>(column_sum),
+        counters, static_cast<int>(rows), static_cast<int>(cols), static_cast<int>(run_tiles), sum);
     return;
   }
   const int64_t tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
   const int blocks = static_cast<int>(std::min<int64_t>(tiles, 132 * 16));
-  quantize_transpose_kernel<In, Out><<<blocks, dim3(kTile, kRowsPerPass), 0, stream>>>(
+  quantize_transpose_kernel<In, Out, Value><<<blocks, dim3(kTile, kRowsPerPass), 0, stream>>>(
       x, static_cast<const In*>(preact), act, scale, static_cast<Out*>(y),
-      static_cast<Out*>(y_t), amax, column_partials, static_cast<In*>(column_sum), counters, rows, cols);
+      static_cast<Out*>(y_t), amax, column_partials, static_cast<Value*>(column_sum), counters, rows, cols, addend,
+      sum);
 }
 
 // --- quantize_fp8_transpose_multi: several tensors' plain cast-transposes in one launch ---------------------------
@@ -634,11 +684,12 @@ __global__ void __launch_bounds__(kWideThreads)
 
 void launch_quantize_transpose(const ColumnBlock* blocks, int block_count, DType x_dtype, const float* scale, void* y,
                                void* y_t, DType y_dtype, float* amax, void* column_sum, int64_t rows, int64_t cols,
-                               Act act, const void* preact, cudaStream_t stream) {
+                               Act act, const void* preact, const float* addend, float* sum, DType value_dtype,
+                               cudaStream_t stream) {
   if (rows == 0 || cols == 0) {  // no kernel: the amax of nothing is 0, and so are the sums over no rows
     GE2_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
     if (column_sum != nullptr && cols > 0) {
-      GE2_CUDA_CHECK(cudaMemsetAsync(column_sum, 0, static_cast<std::size_t>(cols) * dtype_size(x_dtype), stream));
+      GE2_CUDA_CHECK(cudaMemsetAsync(column_sum, 0, static_cast<std::size_t>(cols) * dtype_size(value_dtype), stream));
     }
     return;
   }
@@ -647,7 +698,7 @@ void launch_quantize_transpose(const ColumnBlock* blocks, int block_count, DType
     x.data[b] = blocks[b].data;
     x.end[b] = (b == 0 ? 0 : x.end[b - 1]) + blocks[b].cols;
   }
-  const bool wide = fits_wide(x, preact, x_dtype, y, y_t, rows, cols, act);
+  const bool wide = fits_wide(x, preact, x_dtype, y, y_t, rows, cols, act, addend, sum);
   const int64_t tile = wide ? kWideTile : kTile;
   const int64_t row_tiles = (rows + tile - 1) / tile, column_strips = (cols + tile - 1) / tile;
   const std::size_t partial_bytes = static_cast<std::size_t>(row_tiles * cols) * sizeof(float);  // a row per tile
@@ -655,15 +706,23 @@ void launch_quantize_transpose(const ColumnBlock* blocks, int block_count, DType
       column_sum != nullptr ? static_cast<float*>(StreamWorkspace::get(partial_bytes, stream)) : nullptr;
   auto* counters = static_cast<unsigned int*>(
       StreamWorkspace::get_zeroed(counter_bytes(column_sum != nullptr ? column_strips : 0), stream));
-  GE2_DISPATCH_FLOATING(x_dtype, "x dtype", {
+  // In: x's type; Value: what the quantized values are rounded to (x's type, or with an addend value_dtype)
+  const auto run = [&](auto in, auto value) {
+    using In = decltype(in);
+    using Value = decltype(value);
     if (y_dtype == DType::Float8E4M3) {
-      launch<scalar_t, __nv_fp8_e4m3>(x, preact, act, scale, y, y_t, amax, column_partials, column_sum, counters,
-                                      rows, cols, wide, stream);
+      launch<In, __nv_fp8_e4m3, Value>(x, preact, act, scale, y, y_t, amax, column_partials, column_sum, counters,
+                                       rows, cols, wide, addend, sum, stream);
     } else {
-      launch<scalar_t, __nv_fp8_e5m2>(x, preact, act, scale, y, y_t, amax, column_partials, column_sum, counters,
-                                      rows, cols, wide, stream);
+      launch<In, __nv_fp8_e5m2, Value>(x, preact, act, scale, y, y_t, amax, column_partials, column_sum, counters,
+                                       rows, cols, wide, addend, sum, stream);
     }
-  });
+  };
+  if (addend != nullptr) {  // float32 x (the launcher checks it)
+    GE2_DISPATCH_FLOATING(value_dtype, "value dtype", run(float{}, scalar_t{}));
+  } else {
+    GE2_DISPATCH_FLOATING(x_dtype, "x dtype", run(scalar_t{}, scalar_t{}));
+  }
   GE2_CHECK_LAUNCH("quantize_fp8_transpose");
 }
 

@@ -74,6 +74,20 @@ enum class PointwiseTile {
   Cooperative256x128NoC,
   Transposed128x192NoC,
 };
+// Each tile with C and its twin without C: the default rule takes the twin for a problem without a residual, and a
+// twin given a residual runs on its tile with C.
+inline constexpr PointwiseTile kTwinsWithoutC[][2] = {
+    {PointwiseTile::Pingpong64x128, PointwiseTile::Pingpong64x128NoC},
+    {PointwiseTile::Cooperative256x64, PointwiseTile::Cooperative256x64NoC},
+    {PointwiseTile::Cooperative256x128, PointwiseTile::Cooperative256x128NoC},
+    {PointwiseTile::Transposed128x192, PointwiseTile::Transposed128x192NoC}};
+// `tile`'s twin without C (from_c) or with C (!from_c); `tile` itself where it has none.
+inline PointwiseTile twin(PointwiseTile tile, bool from_c) {
+  for (const auto& pair : kTwinsWithoutC) {
+    if (pair[from_c ? 0 : 1] == tile) return pair[from_c ? 1 : 0];
+  }
+  return tile;
+}
 inline bool pointwise(const Shape& s, Act act) {
   return s.groups == 1 && s.r == 1 && s.s == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_top == 0 &&
          s.pad_left == 0 && s.p == s.h && s.q == s.w && activation_family(act) == 0;

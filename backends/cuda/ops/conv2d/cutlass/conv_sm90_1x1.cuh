@@ -121,35 +121,21 @@ void run_pointwise(const ForwardArgs& args, cudaStream_t stream) {
   launch<Gemm>(arguments, stream);
 }
 
-// The no-C tiles (float16 only), or for a problem with a residual their siblings with one.
+// The no-C tiles (float16 only), or for a problem with a residual their twins with C.
 template <typename Element>
 void fprop_1x1(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream);
 template <typename Element>
 void fprop_1x1_noc(const ForwardArgs& args, PointwiseTile tile, cudaStream_t stream) {
-  const bool residual = args.residual != nullptr;
-  switch (tile) {
-    case PointwiseTile::Pingpong64x128NoC:
-      if (residual) return fprop_1x1<Element>(args, PointwiseTile::Pingpong64x128, stream);
-      if constexpr (std::is_same_v<Element, cutlass::half_t>) return fprop_1x1_noc_pingpong_64x128_f16(args, stream);
-      break;
-    case PointwiseTile::Cooperative256x64NoC:
-      if (residual) return fprop_1x1<Element>(args, PointwiseTile::Cooperative256x64, stream);
-      if constexpr (std::is_same_v<Element, cutlass::half_t>) return fprop_1x1_noc_cooperative_256x64_f16(args, stream);
-      break;
-    case PointwiseTile::Cooperative256x128NoC:
-      if (residual) return fprop_1x1<Element>(args, PointwiseTile::Cooperative256x128, stream);
-      if constexpr (std::is_same_v<Element, cutlass::half_t>) {
-        return fprop_1x1_noc_cooperative_256x128_f16(args, stream);
-      }
-      break;
-    case PointwiseTile::Transposed128x192NoC:
-      if (residual) return fprop_1x1<Element>(args, PointwiseTile::Transposed128x192, stream);
-      if constexpr (std::is_same_v<Element, cutlass::half_t>) {
-        return fprop_1x1_noc_transposed_128x192_f16(args, stream);
-      }
-      break;
-    default:
-      break;
+  const PointwiseTile with_c = twin(tile, false);
+  if (args.residual != nullptr && with_c != tile) return fprop_1x1<Element>(args, with_c, stream);
+  if constexpr (std::is_same_v<Element, cutlass::half_t>) {
+    switch (tile) {
+      case PointwiseTile::Pingpong64x128NoC: return fprop_1x1_noc_pingpong_64x128_f16(args, stream);
+      case PointwiseTile::Cooperative256x64NoC: return fprop_1x1_noc_cooperative_256x64_f16(args, stream);
+      case PointwiseTile::Cooperative256x128NoC: return fprop_1x1_noc_cooperative_256x128_f16(args, stream);
+      case PointwiseTile::Transposed128x192NoC: return fprop_1x1_noc_transposed_128x192_f16(args, stream);
+      default: break;
+    }
   }
   throw std::logic_error("cutlass_sm90: no 1x1 GEMM of this tile for this dtype");
 }

@@ -100,17 +100,6 @@ bool float16_only(PointwiseTile tile) {
          tile != PointwiseTile::Cooperative256x64 && tile != PointwiseTile::Cooperative256x128;
 }
 
-// The tile without C of `tile` where it has one (float16 only).
-PointwiseTile without_c(PointwiseTile tile) {
-  switch (tile) {
-    case PointwiseTile::Pingpong64x128: return PointwiseTile::Pingpong64x128NoC;
-    case PointwiseTile::Cooperative256x64: return PointwiseTile::Cooperative256x64NoC;
-    case PointwiseTile::Cooperative256x128: return PointwiseTile::Cooperative256x128NoC;
-    case PointwiseTile::Transposed128x192: return PointwiseTile::Transposed128x192NoC;
-    default: return tile;
-  }
-}
-
 // The 1x1 GEMM's tile for pointwise problem `s` (with a residual or not) on a GPU of `sms` SMs. H200 figures below:
 // N = 32, forward alone in CUDA-graph replay, cuDNN's time / GE2's (higher is better) or us.
 //
@@ -149,7 +138,7 @@ PointwiseTile default_pointwise_tile(const Shape& s, int64_t sms, bool residual)
   const auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
   const bool float16 = s.dtype == DType::Float16;
   const bool no_c = float16 && !residual;
-  const auto chosen = [no_c](PointwiseTile tile) { return no_c ? without_c(tile) : tile; };
+  const auto chosen = [no_c](PointwiseTile tile) { return no_c ? cutlass_sm90::twin(tile, true) : tile; };
   const int64_t pixels = s.n * s.h * s.w;
   const int64_t transposed_tiles = ceil_div(s.k, 128) * ceil_div(pixels, 192);
   const int64_t waves = ceil_div(transposed_tiles, sms);

@@ -174,17 +174,46 @@ struct WideStages {
   static_assert(kCount >= 2, "a stage ring needs two stages: one loading, one converting");
 };
 
-// What the wide kernel quantizes, with the activation and the preact read known at compile time: the same float32
-// operations as `prologue`, inlined without its switch. (With `act` at run time each of a thread's 16 values a tile
-// carried every activation's code and its branches: GELU's backward ran at a quarter of copy bandwidth.)
+// The logistic function from the SFU's exponential and an approximate division: within a few float32 ulps (0 once
+// e^-v passes 2^126, where the exact value is below 2^-126), in a fraction of expf's and a division's instructions.
+__device__ __forceinline__ float fast_sigmoid(float v) { return __fdividef(1.0f, 1.0f + __expf(-v)); }
+
+// GELU (tanh form) and SiLU and their derivatives through fast_sigmoid, for the wide kernel: 0.5 (1 + tanh u) is
+// sigmoid(2u), so GELU(z) = z s and GELU'(z) = s + 2 z s (1 - s) u', with u = sqrt(2/pi) (z + 0.044715 z^3) and
+// s = sigmoid(2u). A few float32 ulps from activation.hpp's tanhf and expf formulas (the element-wise kernel's), far
+// below an FP8 ulp: with those formulas GELU's quantizes were issue-bound (about 35 of 50 instructions a value).
+template <Act kAct>
+__device__ __forceinline__ float fast_act(float z) {
+  if constexpr (kAct == Act::Gelu) {
+    return z * fast_sigmoid(2.0f * kSqrt2OverPi * (z + kGeluCubic * z * z * z));
+  } else {
+    static_assert(kAct == Act::Silu, "the wide kernel's prologues: none, gelu, silu");
+    return z * fast_sigmoid(z);
+  }
+}
+template <Act kAct>
+__device__ __forceinline__ float fast_act_derivative(float z) {
+  if constexpr (kAct == Act::Gelu) {
+    const float s = fast_sigmoid(2.0f * kSqrt2OverPi * (z + kGeluCubic * z * z * z));
+    return s + 2.0f * kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * z * z) * z * s * (1.0f - s);
+  } else {
+    static_assert(kAct == Act::Silu, "the wide kernel's prologues: none, gelu, silu");
+    const float s = fast_sigmoid(z);
+    return s * (1.0f + z * (1.0f - s));
+  }
+}
+
+// What the wide kernel quantizes, with the activation and the preact read known at compile time: x, act(x) or
+// x * act'(preact), without `prologue`'s switch. (With `act` at run time each of a thread's 16 values a tile carried
+// every activation's code and its branches: GELU's backward ran at a quarter of copy bandwidth.)
 template <Act kAct, bool kPreact>
 __device__ __forceinline__ float wide_prologue_value(float x, float preact) {
   if constexpr (kAct == Act::None) {
     return x;
   } else if constexpr (kPreact) {
-    return x * act_derivative(kAct, preact, 0.0f);
+    return x * fast_act_derivative<kAct>(preact);
   } else {
-    return apply_act(kAct, x, 0.0f);
+    return fast_act<kAct>(x);
   }
 }
 

@@ -323,24 +323,29 @@ def test_gpt2_sized_fp8_steps_track_bfloat16_from_the_first_step():
 @pytest.mark.gpu
 @pytest.mark.large
 def test_large_gpt_6x384_trains_1000_steps_in_fp8_within_2_percent_of_bfloat16():
-    """The attention issue's GPT (6 layers, width 384) from the same initialisation on the same batches, issue 24's
-    criterion: the FP8 loss curve within 2% of bfloat16's after the warm-up (the learning rate's, the first 100
-    steps). Per-step losses carry more than the curve: on the H200 a float32 run (amp=None) differs from bfloat16 by
-    up to 3.6% at single steps (0.93% mean, 2.09% over 20-step means), FP8 by up to 3.9% (0.88% mean, 1.54% over
-    20-step means; main efb6fec). So the curve is the 20-step running mean, held to 2%, and FP8's mean per-step
-    gap to 1%, or to float32's (the yardstick, measured in the same test) with 25% slack where that is larger. All
-    the figures are printed; before the first-step calibration FP8 missed by 5.66% at step 108 (1.12% over 20-step
-    means)."""
+    """The attention issue's GPT (6 layers, width 384) from the same initialisation, issue 24's criterion: the FP8 loss
+    curve within 2% of bfloat16's after the warm-up (the learning rate's, the first 100 steps). A precision's loss
+    curve is the mean of two runs over two orders of the same batches: one run is one trajectory of a chaotic system,
+    and a loss spike in any one of them moves the others' gaps. On the H200 a float32 run (amp=None) differs from
+    bfloat16 by up to 3.6% at single steps (0.93% mean, 2.09% over 20-step means), FP8 by up to 3.9% (0.88% mean, 1.54%
+    over 20-step means; main efb6fec); in session 41, single runs put float32 2.29% from bfloat16 over 20-step means
+    twice, and FP8 2.52% once, where bfloat16 spiked at step 246 (FP8 10.2% and float32 8.8% from it at that step).
+    So the curve is the 20-step running mean of the two runs' mean, held to 2%, and FP8's mean per-step gap to 1%, or
+    to float32's (the yardstick, measured in the same test) with 25% slack where that is larger. All the figures are
+    printed; before the first-step calibration FP8 missed by 5.66% at step 108 (1.12% over 20-step means)."""
     config = GPTConfig(vocab=256, context=256, layers=6, heads=6, width=384)
     steps, batch, warmup, window = 1000, 16, 100, 20
-    batches = _batches(steps, batch, config.context, seed=7)
+    orders = [_batches(steps, batch, config.context, seed=seed) for seed in (7, 8)]
     schedule = ge2.train.Cosine(1e-3, total_steps=steps, warmup_steps=warmup, min_lr=1e-4)
     curves = {}
     for amp in ("bfloat16", "fp8", None):
-        trainer = ge2.train.Trainer(_gpt(config, seed=7).loss_graph(batch), loss="loss", device="cuda", amp=amp,
-                                    grad_clip=1.0, optimizer=ge2.train.AdamW(lr=schedule, weight_decay=0.1))
-        curves[amp or "float32"] = np.array([float(trainer.step(b)) for b in batches])
-        assert not trainer._executor.fallbacks, amp
+        runs = []
+        for batches in orders:
+            trainer = ge2.train.Trainer(_gpt(config, seed=7).loss_graph(batch), loss="loss", device="cuda", amp=amp,
+                                        grad_clip=1.0, optimizer=ge2.train.AdamW(lr=schedule, weight_decay=0.1))
+            runs.append([float(trainer.step(b)) for b in batches])
+            assert not trainer._executor.fallbacks, amp
+        curves[amp or "float32"] = np.mean(runs, axis=0)
 
     def gaps(run):
         """(per-step relative gaps to bfloat16 after the warm-up, the same over ``window``-step means)"""

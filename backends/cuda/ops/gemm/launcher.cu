@@ -88,13 +88,9 @@ void check_args(const ForwardArgs& args) {
 // plan (they are set per call), but their alignment is, because it decides which algorithms are valid.
 using PlanKey = std::array<int64_t, 18>;
 
-struct LtPlan : LtMatmulPlan {
-  bool timed = false;  // the heuristic's candidates have been timed on this problem (working: the fastest)
-};
-
 std::mutex plan_cache_mutex;
-std::map<PlanKey, std::unique_ptr<LtPlan>>& plan_cache() {
-  static auto* cache = new std::map<PlanKey, std::unique_ptr<LtPlan>>();  // never destroyed: see LtResources
+std::map<PlanKey, std::unique_ptr<LtMatmulPlan>>& plan_cache() {
+  static auto* cache = new std::map<PlanKey, std::unique_ptr<LtMatmulPlan>>();  // never destroyed: see LtResources
   return *cache;
 }
 
@@ -126,7 +122,7 @@ bool uses_bias(LtEpilogue e) {
 
 // Row-major D = op(A) @ op(B) is column-major D^T = op(B)^T @ op(A)^T: cuBLASLt sees B as its "A" and A as its
 // "B", with m and n swapped. Bias per output column of D is then per row of cuBLASLt's D, as cuBLASLt wants.
-LtPlan* find_or_create_plan(const LtCall& call, int device) {
+LtMatmulPlan* find_or_create_plan(const LtCall& call, int device) {
   const bool has_c = call.beta != 0.0f;
   const PlanKey key = {device, call.m, call.n, call.k, static_cast<int64_t>(call.dtype), call.trans_a, call.trans_b,
                        static_cast<int64_t>(call.epilogue), call.allow_tf32, has_c,
@@ -141,7 +137,7 @@ LtPlan* find_or_create_plan(const LtCall& call, int device) {
   auto found = plan_cache().find(key);
   if (found != plan_cache().end()) return found->second.get();
 
-  auto plan = std::make_unique<LtPlan>();
+  auto plan = std::make_unique<LtMatmulPlan>();
   const cudaDataType_t type = to_cuda_datatype(call.dtype);
   const cublasComputeType_t compute = (call.dtype == DType::Float32 && call.allow_tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                                                         : CUBLAS_COMPUTE_32F;
@@ -203,59 +199,9 @@ LtPlan* find_or_create_plan(const LtCall& call, int device) {
   for (int i = 0; i < returned; ++i) {
     if (results[i].state == CUBLAS_STATUS_SUCCESS) plan->algorithms.push_back(results[i].algo);
   }
-  LtPlan* raw = plan.get();
+  LtMatmulPlan* raw = plan.get();
   plan_cache().emplace(key, std::move(plan));
   return raw;
-}
-
-bool graph_capture_active(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  GE2_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  return status != cudaStreamCaptureStatusNone;
-}
-
-// The heuristic's first choice is not always the fastest on the problem at hand (seen on the H100: a few percent at
-// 4096^3 bf16). Once per plan, time each candidate (median of 3 after a warm-up) and keep the fastest. Skipped while
-// a CUDA graph is being captured, and when C aliases D with beta != 0 (re-running would change the result the real
-// call then reads); the real call that follows writes the output.
-void time_algorithms(LtPlan& plan, const LtCall& call, const void* c, cublasLtHandle_t handle, void* workspace,
-                     cudaStream_t stream) {
-  if (plan.algorithms.size() < 2 || graph_capture_active(stream) || (call.beta != 0.0f && call.c == call.d)) {
-    plan.timed = !graph_capture_active(stream);
-    return;
-  }
-  cudaEvent_t start = nullptr, stop = nullptr;
-  GE2_CUDA_CHECK(cudaEventCreate(&start));
-  GE2_CUDA_CHECK(cudaEventCreate(&stop));
-  float best_ms = 0.0f;
-  std::size_t best = 0;
-  bool found = false;
-  for (std::size_t index = 0; index < plan.algorithms.size(); ++index) {
-    auto run = [&] {
-      return cublasLtMatmul(handle, plan.desc, &call.alpha, call.b, plan.layout_a, call.a, plan.layout_b, &call.beta,
-                            c, plan.layout_c, call.d, plan.layout_d, &plan.algorithms[index], workspace,
-                            kLtWorkspaceBytes, stream);
-    };
-    if (run() != CUBLAS_STATUS_SUCCESS) continue;  // this algorithm cannot run here; the others may
-    float samples[3];
-    for (float& sample : samples) {
-      GE2_CUDA_CHECK(cudaEventRecord(start, stream));
-      run();
-      GE2_CUDA_CHECK(cudaEventRecord(stop, stream));
-      GE2_CUDA_CHECK(cudaEventSynchronize(stop));
-      GE2_CUDA_CHECK(cudaEventElapsedTime(&sample, start, stop));
-    }
-    std::sort(samples, samples + 3);
-    if (!found || samples[1] < best_ms) {
-      best_ms = samples[1];
-      best = index;
-      found = true;
-    }
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  plan.working = best;
-  plan.timed = true;
 }
 
 }  // namespace
@@ -269,7 +215,7 @@ bool lt_has_algorithm(const LtCall& call) { return !find_or_create_plan(call, cu
 
 bool lt_matmul(const LtCall& call, cudaStream_t stream) {
   const int device = current_device();
-  LtPlan* plan = find_or_create_plan(call, device);
+  LtMatmulPlan* plan = find_or_create_plan(call, device);
   if (plan->algorithms.empty()) return false;
   cublasLtHandle_t handle = LtResources::instance().handle(device);
   void* workspace = LtResources::instance().workspace(device, stream);
@@ -284,7 +230,13 @@ bool lt_matmul(const LtCall& call, cudaStream_t stream) {
                                                     sizeof(call.aux)));
   }
   const void* c = call.beta != 0.0f ? call.c : call.d;
-  if (!plan->timed) time_algorithms(*plan, call, c, handle, workspace, stream);
+  if (!plan->timed && !(call.beta != 0.0f && call.c == call.d)) {
+    time_lt_algorithms(*plan, stream, [&](const cublasLtMatmulAlgo_t& algorithm) {
+      return cublasLtMatmul(handle, plan->desc, &call.alpha, call.b, plan->layout_a, call.a, plan->layout_b,
+                            &call.beta, c, plan->layout_c, call.d, plan->layout_d, &algorithm, workspace,
+                            kLtWorkspaceBytes, stream);
+    });
+  }
   // Try the algorithm that worked last, then the others; NOT_SUPPORTED means "try the next one".
   for (std::size_t attempt = 0; attempt < plan->algorithms.size(); ++attempt) {
     const std::size_t index = (plan->working + attempt) % plan->algorithms.size();

@@ -194,14 +194,17 @@ cublasStatus_t run_plan(LtPlan& plan, const ForwardArgs& args, bool lt_amax, int
   void* workspace = LtResources::instance().workspace(device, stream);
   set_pointers(plan, args, lt_amax);
   const float alpha = 1.0f, beta = 0.0f;
+  // C = nullptr: beta is 0, and C == D would need C's layout to be D's, which an FP8 D's (bfloat16 C) is not
+  // (cuBLASLt answers CUBLAS_STATUS_INVALID_VALUE; torch._scaled_mm passes nullptr too).
+  const auto matmul = [&](const cublasLtMatmulAlgo_t& algorithm) {
+    return cublasLtMatmul(handle, plan.desc, &alpha, args.b, plan.layout_a, args.a, plan.layout_b, &beta, nullptr,
+                          plan.layout_c, args.y, plan.layout_d, &algorithm, workspace, kLtWorkspaceBytes, stream);
+  };
+  if (!plan.timed) time_lt_algorithms(plan, stream, matmul);
   cublasStatus_t status = CUBLAS_STATUS_NOT_SUPPORTED;
   for (std::size_t attempt = 0; attempt < plan.algorithms.size(); ++attempt) {
     const std::size_t index = (plan.working + attempt) % plan.algorithms.size();
-    // C = nullptr: beta is 0, and C == D would need C's layout to be D's, which an FP8 D's (bfloat16 C) is not
-    // (cuBLASLt answers CUBLAS_STATUS_INVALID_VALUE; torch._scaled_mm passes nullptr too).
-    status = cublasLtMatmul(handle, plan.desc, &alpha, args.b, plan.layout_a, args.a, plan.layout_b, &beta, nullptr,
-                            plan.layout_c, args.y, plan.layout_d, &plan.algorithms[index], workspace,
-                            kLtWorkspaceBytes, stream);
+    status = matmul(plan.algorithms[index]);
     if (status == CUBLAS_STATUS_SUCCESS) {
       plan.working = index;
       return status;

@@ -163,10 +163,8 @@ constexpr int stage_bytes(std::size_t x_bytes, bool with_preact) {
   return kWideTile * kWideTile * static_cast<int>(x_bytes) * (with_preact ? 2 : 1);
 }
 
-// The add variant (float32 x and addend: 32 KB a stage) takes three stages in dynamic shared memory instead: two
-// tiles in flight a block, two blocks an SM. (With two stages, one tile in flight a block at 25% occupancy, session
-// 41's ncu had it latency-bound: 33.3 us at GPT-2's 8192 x 768, 2.6 TB/s, 17% of issue slots busy.)
-constexpr int kAddStageBudget = 96 * 1024;
+// The add variant (float32 x and addend: 32 KB a stage) takes two stages in dynamic shared memory instead.
+constexpr int kAddStageBudget = 64 * 1024;
 
 template <typename In, bool kPreact, bool kAdd = false>
 struct WideStages {

@@ -117,12 +117,6 @@ inline cudaDataType_t to_cuda_datatype(DType dtype) {
   }
 }
 
-inline bool stream_capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  check_cuda(cudaStreamIsCapturing(stream, &status), GE2_OP_NAME, "cudaStreamIsCapturing");
-  return status != cudaStreamCaptureStatusNone;
-}
-
 // The heuristic's first choice is not always the fastest on the problem at hand (seen on the H100: a few percent at
 // 4096^3 bf16). Once per plan (the caller holds its mutex), outside CUDA-graph capture: times each of `plan`'s
 // algorithms, `run(algorithm)` enqueuing one matmul with it on `stream` (the median of 3 after a warm-up call; one

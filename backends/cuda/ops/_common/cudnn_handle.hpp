@@ -59,9 +59,7 @@ class CudnnHandles {
 
 // cuDNN's algorithm searches and plan builds allocate and synchronize: `kernel` refuses them during capture.
 inline void refuse_cudnn_setup_during_capture(cudaStream_t stream, const char* kernel, const char* setup) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  check_cuda(cudaStreamIsCapturing(stream, &capture), GE2_OP_NAME, "cudaStreamIsCapturing");
-  if (capture != cudaStreamCaptureStatusNone) {
+  if (stream_capturing(stream)) {
     throw std::runtime_error(std::string("ge2 op '") + GE2_OP_NAME + "': kernel '" + kernel + "' must " + setup +
                              " before CUDA graph capture; run the problem once on this stream first");
   }

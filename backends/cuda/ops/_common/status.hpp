@@ -42,6 +42,14 @@ inline int current_compute_capability() {
   return major * 10 + minor;
 }
 
+// Whether `stream` is capturing a CUDA graph: allocation, synchronisation and algorithm timing must wait for a call
+// outside capture.
+inline bool stream_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &status), GE2_OP_NAME, "cudaStreamIsCapturing");
+  return status != cudaStreamCaptureStatusNone;
+}
+
 }  // namespace ge2
 
 #define GE2_CUDA_CHECK(expr) ::ge2::check_cuda((expr), GE2_OP_NAME, #expr)

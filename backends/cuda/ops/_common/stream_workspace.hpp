@@ -55,9 +55,7 @@ class StreamWorkspace {
     std::lock_guard<std::mutex> lock(mutex_);
     Buffer& buffer = buffers_[{device, reinterpret_cast<std::uintptr_t>(stream)}];
     if (buffer.bytes >= bytes && buffer.pointer != nullptr) return buffer.pointer;
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    check_cuda(cudaStreamIsCapturing(stream, &capture), GE2_OP_NAME, "cudaStreamIsCapturing");
-    if (capture != cudaStreamCaptureStatusNone) {
+    if (stream_capturing(stream)) {
       throw std::runtime_error(std::string("ge2 op '") + GE2_OP_NAME + "': its workspace must grow to " +
                                std::to_string(bytes) + " bytes, which cannot happen during CUDA graph capture; "
                                "run the op once on this stream before capturing");

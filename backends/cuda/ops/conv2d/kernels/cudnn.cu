@@ -130,18 +130,28 @@ bool transformed(cudnnConvolutionBwdFilterAlgo_t algo) {
          algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
 }
 
-// The first result that ran (cuDNN sorts them fastest first), keeps strict float32 precise when asked and keeps the
-// transformed algorithms from 16-bit data, into `chosen`; false when none did.
-template <typename Perf>
-bool first_working(const Perf* results, int returned, bool strict_fp32, bool sixteen_bit, Perf* chosen) {
-  for (int i = 0; i < returned; ++i) {
-    if (results[i].status == CUDNN_STATUS_SUCCESS && (!strict_fp32 || precise(results[i].mathType)) &&
-        (!sixteen_bit || !transformed(results[i].algo))) {
-      *chosen = results[i];
-      return true;
-    }
+// One direction's algorithm, searched once per plan: `find(requested, &returned, results)` runs the direction's
+// cudnnFind* (refused during capture: it allocates and synchronizes). `chosen` takes the first result that ran
+// (cuDNN sorts them fastest first), keeps strict float32 precise and keeps the transformed algorithms from 16-bit
+// data; `found` says whether one did.
+template <typename Perf, typename Find>
+void search_once(CudnnPlan& plan, DType dtype, cudaStream_t stream, bool& searched, bool& found, Perf& chosen,
+                 Find find) {
+  if (searched) return;
+  refuse_cudnn_setup_during_capture(stream, "cudnn", "choose its algorithm");
+  GE2_CUDNN_CHECK(cudnnSetConvolutionMathType(plan.conv, plan.baseline_math));
+  constexpr int kRequested = 8;
+  Perf results[kRequested];
+  int returned = 0;
+  find(kRequested, &returned, results);
+  const bool strict_fp32 = plan.baseline_math == CUDNN_FMA_MATH, sixteen_bit = dtype != DType::Float32;
+  found = false;
+  for (int i = 0; i < returned && !found; ++i) {
+    found = results[i].status == CUDNN_STATUS_SUCCESS && (!strict_fp32 || precise(results[i].mathType)) &&
+            (!sixteen_bit || !transformed(results[i].algo));
+    if (found) chosen = results[i];
   }
-  return false;
+  searched = true;
 }
 
 }  // namespace
@@ -173,18 +183,11 @@ bool cudnn_forward(const ForwardArgs& args, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
   CudnnPlan* plan = plan_for(s, args.allow_tf32);
   cudnnHandle_t handle = CudnnHandles::instance().bound_to(stream);
-  if (!plan->searched_forward) {
-    refuse_cudnn_setup_during_capture(stream, "cudnn", "choose its algorithm");
-    GE2_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, plan->baseline_math));
-    constexpr int kRequested = 8;
-    cudnnConvolutionFwdAlgoPerf_t results[kRequested];
-    int returned = 0;
-    GE2_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(handle, plan->x, plan->w, plan->conv, plan->y, kRequested,
-                                                         &returned, results));
-    plan->found_forward = first_working(results, returned, plan->baseline_math == CUDNN_FMA_MATH,
-                                     s.dtype != DType::Float32, &plan->forward);
-    plan->searched_forward = true;
-  }
+  search_once(*plan, s.dtype, stream, plan->searched_forward, plan->found_forward, plan->forward,
+              [&](int requested, int* returned, cudnnConvolutionFwdAlgoPerf_t* results) {
+                GE2_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(handle, plan->x, plan->w, plan->conv, plan->y,
+                                                                     requested, returned, results));
+              });
   if (!plan->found_forward) return false;
   void* workspace = plan->forward.memory > 0 ? StreamWorkspace::get(plan->forward.memory, stream) : nullptr;
   const float alpha = 1.0f, beta = 0.0f;
@@ -203,28 +206,19 @@ bool cudnn_backward(const BackwardArgs& args, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(CudnnHandles::instance().call_mutex());
   CudnnPlan* plan = plan_for(s, args.allow_tf32);
   cudnnHandle_t handle = CudnnHandles::instance().bound_to(stream);
-  constexpr int kRequested = 8;
-  if (args.dx != nullptr && !plan->searched_data) {
-    refuse_cudnn_setup_during_capture(stream, "cudnn", "choose its algorithm");
-    GE2_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, plan->baseline_math));
-    cudnnConvolutionBwdDataAlgoPerf_t results[kRequested];
-    int returned = 0;
-    GE2_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(handle, plan->w, plan->y, plan->conv, plan->x,
-                                                              kRequested, &returned, results));
-    plan->found_data = first_working(results, returned, plan->baseline_math == CUDNN_FMA_MATH,
-                                     s.dtype != DType::Float32, &plan->data);
-    plan->searched_data = true;
+  if (args.dx != nullptr) {
+    search_once(*plan, s.dtype, stream, plan->searched_data, plan->found_data, plan->data,
+                [&](int requested, int* returned, cudnnConvolutionBwdDataAlgoPerf_t* results) {
+                  GE2_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(handle, plan->w, plan->y, plan->conv,
+                                                                            plan->x, requested, returned, results));
+                });
   }
-  if (args.dw != nullptr && !plan->searched_filter) {
-    refuse_cudnn_setup_during_capture(stream, "cudnn", "choose its algorithm");
-    GE2_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv, plan->baseline_math));
-    cudnnConvolutionBwdFilterAlgoPerf_t results[kRequested];
-    int returned = 0;
-    GE2_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(handle, plan->x, plan->y, plan->conv, plan->w,
-                                                                kRequested, &returned, results));
-    plan->found_filter = first_working(results, returned, plan->baseline_math == CUDNN_FMA_MATH,
-                                     s.dtype != DType::Float32, &plan->filter);
-    plan->searched_filter = true;
+  if (args.dw != nullptr) {
+    search_once(*plan, s.dtype, stream, plan->searched_filter, plan->found_filter, plan->filter,
+                [&](int requested, int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* results) {
+                  GE2_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(handle, plan->x, plan->y, plan->conv,
+                                                                              plan->w, requested, returned, results));
+                });
   }
   if ((args.dx != nullptr && !plan->found_data) || (args.dw != nullptr && !plan->found_filter)) return false;
   // One workspace for both calls: growing it between them would wait for the stream.

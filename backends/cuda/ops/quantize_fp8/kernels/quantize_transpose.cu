@@ -182,10 +182,13 @@ __device__ __forceinline__ float fast_sigmoid(float v) { return __fdividef(1.0f,
 // sigmoid(2u), so GELU(z) = z s and GELU'(z) = s + 2 z s (1 - s) u', with u = sqrt(2/pi) (z + 0.044715 z^3) and
 // s = sigmoid(2u). A few float32 ulps from activation.hpp's tanhf and expf formulas (the element-wise kernel's), far
 // below an FP8 ulp: with those formulas GELU's quantizes were issue-bound (about 35 of 50 instructions a value).
+__device__ __forceinline__ float gelu_gate(float z) {
+  return fast_sigmoid(2.0f * kSqrt2OverPi * (z + kGeluCubic * z * z * z));
+}
 template <Act kAct>
 __device__ __forceinline__ float fast_act(float z) {
   if constexpr (kAct == Act::Gelu) {
-    return z * fast_sigmoid(2.0f * kSqrt2OverPi * (z + kGeluCubic * z * z * z));
+    return z * gelu_gate(z);
   } else {
     static_assert(kAct == Act::Silu, "the wide kernel's prologues: none, gelu, silu");
     return z * fast_sigmoid(z);
@@ -194,7 +197,7 @@ __device__ __forceinline__ float fast_act(float z) {
 template <Act kAct>
 __device__ __forceinline__ float fast_act_derivative(float z) {
   if constexpr (kAct == Act::Gelu) {
-    const float s = fast_sigmoid(2.0f * kSqrt2OverPi * (z + kGeluCubic * z * z * z));
+    const float s = gelu_gate(z);
     return s + 2.0f * kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * z * z) * z * s * (1.0f - s);
   } else {
     static_assert(kAct == Act::Silu, "the wide kernel's prologues: none, gelu, silu");

@@ -133,9 +133,10 @@ void search_once(CudnnPlan& plan, DType dtype, cudaStream_t stream, bool& search
   constexpr int kRequested = 8;
   Perf results[kRequested];
   int returned = 0;
-  // CUDA loads kernels lazily: in a first search each algorithm's first run also loads its kernels, which can
-  // time a slow algorithm first (session 42: float16 NHWC C512 H28 K128 1x1 forward took IMPLICIT_GEMM without
-  // tensor cores, 0.158 ms against PyTorch's 0.009 ms). The first search loads them; the second is the one kept.
+  // A process's first search can time a slow algorithm first: session 42's float16 NHWC C512 H28 K128 1x1 forward
+  // took IMPLICIT_GEMM without tensor cores (0.158 ms in graph replay, PyTorch 0.009 ms), with CUDA's lazy kernel
+  // loading on or off. A second search, after every algorithm has run once, took IMPLICIT_PRECOMP_GEMM on tensor
+  // cores (0.009 ms). The first search warms up; the second is kept (once per problem and direction).
   find(kRequested, &returned, results);
   find(kRequested, &returned, results);
   const bool strict_fp32 = plan.baseline_math == CUDNN_FMA_MATH, sixteen_bit = dtype != DType::Float32;

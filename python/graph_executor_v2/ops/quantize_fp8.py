@@ -98,12 +98,16 @@ def _samples(rng):
                    "E5M2, a (1,) scale, values past E5M2's range (saturate), an odd length (the element-wise tail)")]
 
 
+# The FP8 output dtype: every quantize op's attribute.
+_FP8_DTYPE_ATTR = Attr("dtype", str, "float8_e4m3fn", choices=FLOAT8_DTYPES, doc="the FP8 output dtype")
+
+
 OP = register(OpDef(
     name="quantize_fp8",
     samples=_samples,
     inputs=(Input("x"), Input("scale")),
     outputs=("y", "amax"),
-    attrs=(Attr("dtype", str, "float8_e4m3fn", choices=FLOAT8_DTYPES, doc="the FP8 output dtype"),),
+    attrs=(_FP8_DTYPE_ATTR,),
     infer=_infer,
     reference=_reference,
     # no reference_backward and no grad rule: FP8 values are not differentiated (see the module docstring)
@@ -112,13 +116,13 @@ OP = register(OpDef(
 ))
 
 
-def _backward(dy, inputs, attrs, kernel, out, stream):
+def _no_gradients(dy, inputs, attrs, kernel, out, stream):
     """No gradients: FP8 values are not differentiated."""
-    return (None, None)
+    return [None] * len(inputs)
 
 
 # The face (ops/_face.py): forward / forward_numpy / backward / backward_numpy / kernels / prepare.
-FACE = Face(OP, _backward)
+FACE = Face(OP, _no_gradients)
 globals().update(FACE.functions())
 
 
@@ -205,7 +209,7 @@ TRANSPOSE = register(OpDef(
     inputs=(Input("x"), Input("scale"), Input("preact", optional=True), Input("x1", optional=True),
             Input("x2", optional=True)),
     outputs=("y", "y_t", "amax", "column_sum"),
-    attrs=(Attr("dtype", str, "float8_e4m3fn", choices=FLOAT8_DTYPES, doc="the FP8 output dtype"),
+    attrs=(_FP8_DTYPE_ATTR,
            Attr("with_column_sum", bool, False,
                 doc="True: column_sum [cols] (x's dtype) is the sum of the quantized values (before quantization) "
                     "over the rows (dbias of a linear layer whose output gradient they are), from the same read; "
@@ -227,7 +231,7 @@ TRANSPOSE = register(OpDef(
         "projection's three output gradients quantized without their 16-bit concatenation (no preact then).",
 ))
 
-TRANSPOSE_FACE = Face(TRANSPOSE, lambda dy, inputs, attrs, kernel, out, stream: [None] * len(inputs))
+TRANSPOSE_FACE = Face(TRANSPOSE, _no_gradients)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -272,7 +276,7 @@ ADD_TRANSPOSE = register(OpDef(
                                 "float16")],
     inputs=(Input("x"), Input("addend"), Input("scale")),
     outputs=("sum", "y", "y_t", "amax", "column_sum"),
-    attrs=(Attr("dtype", str, "float8_e4m3fn", choices=FLOAT8_DTYPES, doc="the FP8 output dtype"),
+    attrs=(_FP8_DTYPE_ATTR,
            Attr("value_dtype", str, "bfloat16", choices=FLOAT_DTYPES,
                 doc="the dtype the float32 sum is rounded to before it is quantized (and column_sum's)"),
            Attr("with_column_sum", bool, False,
@@ -290,7 +294,7 @@ ADD_TRANSPOSE = register(OpDef(
         "next GEMM's dY quantize read) take it.",
 ))
 
-ADD_TRANSPOSE_FACE = Face(ADD_TRANSPOSE, lambda dy, inputs, attrs, kernel, out, stream: [None] * len(inputs))
+ADD_TRANSPOSE_FACE = Face(ADD_TRANSPOSE, _no_gradients)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -344,7 +348,7 @@ MULTI = register(OpDef(
                                 "three tensors: partial tiles past E5M2's range, whole 64 x 64 tiles, an empty one")],
     inputs=(Input("tensors", variadic=True),),
     outputs=(VARIADIC_OUTPUTS,),
-    attrs=(Attr("dtype", str, "float8_e4m3fn", choices=FLOAT8_DTYPES, doc="the FP8 output dtype"),),
+    attrs=(_FP8_DTYPE_ATTR,),
     infer=_infer_multi,
     reference=_reference_multi,
     candidates=(table_candidate("_ops_quantize_fp8", "transpose_multi", _supports, _prepare_multi),),
@@ -354,7 +358,7 @@ MULTI = register(OpDef(
         "them): FP8 training's weights, each too little work to fill the GPU alone, quantized together.",
 ))
 
-MULTI_FACE = Face(MULTI, lambda dy, inputs, attrs, kernel, out, stream: [None] * len(inputs))
+MULTI_FACE = Face(MULTI, _no_gradients)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -428,4 +432,4 @@ SCALE_UPDATE = register(OpDef(
     doc=__doc__,
 ))
 
-SCALE_UPDATE_FACE = Face(SCALE_UPDATE, lambda dy, inputs, attrs, kernel, out, stream: [None] * len(inputs))
+SCALE_UPDATE_FACE = Face(SCALE_UPDATE, _no_gradients)

@@ -312,6 +312,22 @@ def asymmetric_padding_may_have_no_engine(kernel, case):
         raise
 
 
+# Strict float32 keeps cuDNN's FFT and non-fused Winograd algorithms (float32 transforms), as PyTorch with TF32 off
+# runs them (the README's precision note). Their error is a fraction of the result's largest value, not of each
+# element: session 43 measured 1.22e-5 of it on y of ResNet-18's C128 H28 3x3 layer (batch 32) and 66 small dx
+# elements of LARGE_CASE past float32's elementwise tolerance. The bound is 4x that figure; TF32 or 16-bit inputs
+# err by 1e-3 of it and more.
+CUDNN_FLOAT32_TRANSFORM_ERROR = 5e-5
+
+
+def cudnn_float32_slack(kernel, dtype, expected):
+    """assert_close's slack for a float32 result that cuDNN may have computed (kernel cudnn, cudnn_graph, or auto,
+    which may select them): CUDNN_FLOAT32_TRANSFORM_ERROR of the largest expected value; none otherwise."""
+    if dtype != "float32" or kernel not in ("auto", "cudnn", "cudnn_graph"):
+        return 0.0
+    return CUDNN_FLOAT32_TRANSFORM_ERROR * float(np.abs(expected).max())
+
+
 def wgrad_length(n_pq, dtype):
     """The reduction length dw is checked at. cuDNN's float32 weight-gradient engines accumulate the N*P*Q products
     in long sequential runs, so their error grows like the length rather than its square root (2e-3 at N*P*Q = 3136
@@ -331,18 +347,20 @@ def check_forward(rng, poisoned, to_device, case, layout, dtype, kernel):
                                 kernel=kernel, out=out)
     assert result is out
     geometry = conv2d.check_problem(x.shape, dtype, w.shape, dtype, **attrs)
-    assert_close(out.numpy(), expected, dtype, reduction_length=geometry.reduction_length, what="y")
+    assert_close(out.numpy(), expected, dtype, reduction_length=geometry.reduction_length, what="y",
+                 slack=cudnn_float32_slack(kernel, dtype, expected))
 
 
-def assert_gradients_written(grads, outs, expected, lengths, dtype):
+def assert_gradients_written(grads, outs, expected, lengths, dtype, kernel=None):
     """dx, dw and dbias each written into its given output and close to the float64 reference (reduction lengths
-    in the same order); a gradient with no reference (no bias) is None."""
+    in the same order; cuDNN's float32 slack for ``kernel``); a gradient with no reference (no bias) is None."""
     for name, grad, out, wanted, length in zip(("dx", "dw", "dbias"), grads, outs, expected, lengths):
         if wanted is None:
             assert grad is None
             continue
         assert grad is out
-        assert_close(grad.numpy(), wanted, dtype, reduction_length=length, what=name)
+        assert_close(grad.numpy(), wanted, dtype, reduction_length=length, what=name,
+                     slack=cudnn_float32_slack(kernel, dtype, wanted))
 
 
 def check_backward(rng, poisoned, to_device, case, layout, dtype, kernel):
@@ -361,7 +379,7 @@ def check_backward(rng, poisoned, to_device, case, layout, dtype, kernel):
     geometry = conv2d.check_problem(x.shape, dtype, w.shape, dtype, **attrs)
     n_pq = geometry.n * geometry.p * geometry.q
     lengths = (geometry.k // geometry.groups * geometry.r * geometry.s, wgrad_length(n_pq, dtype), n_pq)
-    assert_gradients_written(grads, outs, expected, lengths, dtype)
+    assert_gradients_written(grads, outs, expected, lengths, dtype, kernel)
 
 
 @pytest.mark.gpu
@@ -849,8 +867,9 @@ def test_strict_float32_keeps_cudnns_transformed_algorithms_within_pytorchs_erro
                                                                                    monkeypatch, kernel):
     """Strict float32 keeps cuDNN's FFT and Winograd algorithms (float32 transforms), as PyTorch with TF32 off does:
     it runs this layer, ResNet-18's C128 H28 3x3 at batch 32, as FFT on the H200. Judged as DESIGN.md judges deep
-    models: y, dx and dw within 4x PyTorch's own float32 error against float64, or float32's tolerance (1e-5 of the
-    largest value) where that is larger; TF32 or 16-bit inputs (1e-3 and worse) fail it."""
+    models: y, dx and dw within 4x PyTorch's own float32 error against float64, or within the transforms' bound
+    (CUDNN_FLOAT32_TRANSFORM_ERROR of the largest value) where PyTorch's cudnn.benchmark took a direct algorithm in
+    this process; TF32 or 16-bit inputs (1e-3 and worse) fail it."""
     torch = pytest.importorskip("torch")
     skip_unless_built(kernel)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
@@ -877,7 +896,7 @@ def test_strict_float32_keeps_cudnns_transformed_algorithms_within_pytorchs_erro
         scale = np.abs(reference).max()
         error, their_error = (np.abs(a.astype(np.float64) - reference).max() / scale for a in (ours, their))
         assert np.isfinite(ours).all(), f"{name}: not finite"
-        assert error <= max(4 * their_error, 1e-5), (
+        assert error <= max(4 * their_error, CUDNN_FLOAT32_TRANSFORM_ERROR), (
             f"{name}: GE2's error against float64 {error:.2e} of the largest value, PyTorch's {their_error:.2e}")
 
 

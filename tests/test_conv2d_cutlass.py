@@ -360,17 +360,25 @@ def test_pointwise_transposed_tile_matches_the_reference(rng, poisoned, to_devic
     _check(rng, poisoned, to_device, case, "float16", with_residual=True, slope=0.2)
 
 
+# Epilogues of a problem without a residual: (act, bias, clip). "plain" (none of them) runs the tile's twin whose
+# epilogue only rounds; each of the others must reach the no-C tree, which applies it.
+NO_C_EPILOGUES = {"plain": ("none", False, {}), "act": (None, False, {}),
+                  "clip": ("none", False, dict(clip_min=-0.75, clip_max=1.25)),
+                  "bias_act_clip": (None, True, dict(clip_min=-0.75, clip_max=1.25))}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("epilogue", NO_C_EPILOGUES)
 @pytest.mark.parametrize("tile", NO_C_TILES)
 @pytest.mark.parametrize("case", TRANSPOSED_CASES, ids=TRANSPOSED_IDS)
-def test_pointwise_no_c_tile_matches_the_reference(rng, poisoned, to_device, monkeypatch, case, tile, bias):
+def test_pointwise_no_c_tile_matches_the_reference(rng, poisoned, to_device, monkeypatch, case, tile, epilogue):
     """Each tile without a source operand (float16; ElementC void: bias, act and clip only), forced, without a
-    residual, with and without the bias, on the pointwise edges (partial pixel, filter and channel tiles); with the
-    bias, a clip too (the no-C tree's last node takes the activation's and the clip's arguments)."""
+    residual, on the pointwise edges (partial pixel, filter and channel tiles), with each epilogue of NO_C_EPILOGUES
+    ("act" is the case's activation, None meaning it): a plain convolution on the convert-only twin, and a clip, an
+    activation or a bias that the twin would drop."""
     monkeypatch.setenv("GE2_CUTLASS_SM90_CONV_1X1", tile)
-    clip = dict(clip_min=-0.75, clip_max=1.25) if bias else {}
-    _check(rng, poisoned, to_device, case[:11] + (bias,), "float16", slope=0.2, **clip)
+    act, bias, clip = NO_C_EPILOGUES[epilogue]
+    _check(rng, poisoned, to_device, case[:10] + (act or case[10], bias), "float16", slope=0.2, **clip)
 
 
 @pytest.mark.gpu

@@ -68,7 +68,8 @@ enum class PointwiseTile {
   Transposed128x192,
   // float16 only, each in a file of its own (conv_sm90_fprop_1x1_noc_<tile>_f16.cu): the four tiles above without
   // the epilogue's source operand (ElementC void: no residual in shared memory, so more mainloop stages, and CUTLASS
-  // delays each TMA store by one epilogue subtile). A problem with a residual runs on the sibling with one.
+  // delays each TMA store by one epilogue subtile). A problem with a residual runs on the sibling with one; a plain
+  // convolution (no bias, residual, activation or clip) on the tile's twin whose epilogue only rounds (PlainEpilogue).
   Pingpong64x128NoC,
   Cooperative256x64NoC,
   Cooperative256x128NoC,

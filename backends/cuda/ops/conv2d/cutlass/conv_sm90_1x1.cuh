@@ -31,16 +31,28 @@ template <bool kWithC, typename Element, typename TileShape, int kAlignment, typ
 using PointwiseEpilogue =
     cute::conditional_t<kWithC, ConvEpilogue<Element, PiecewiseLinearActivations, TileShape, kAlignment, Bias>,
                         ConvNoCEpilogue<Element, PiecewiseLinearActivations, TileShape, kAlignment, Bias>>;
+// The epilogue of a problem without bias, residual, activation or clip (a plain convolution, as in training, where
+// batch norm follows): y = acc, rounded once. The no-C tree's bias broadcast, activation dispatch and clip cost about
+// 6 instructions an output element (ncu, session 43: 2.8x the instructions of cuBLAS's nvjet on C128 H28 K512), and
+// these layers' tiles spend most of their time in the epilogue; each no-C tile has a twin on it (plain_epilogue):
+// C64 H56 K64 8.50 -> 6.26 us, C128 H28 K512 14.80 -> 11.28 us in graph replay (cuDNN 6.33 and 12.89).
+template <typename Element>
+using PlainEpilogue =
+    evt::Sm90EVT<evt::Sm90Compute<cutlass::epilogue::thread::Identity, Element, float, kRound>, evt::Sm90AccFetch>;
+inline bool plain_epilogue(const ForwardArgs& args) {
+  return args.bias == nullptr && args.residual == nullptr && args.act == Act::None &&
+         args.clip_low == -std::numeric_limits<float>::infinity() &&
+         args.clip_high == std::numeric_limits<float>::infinity();
+}
 
 template <typename Element, typename TileShape,
           typename KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong,
-          typename EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized, bool kWithC = true>
+          typename EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized, bool kWithC = true,
+          typename Fusion = PointwiseEpilogue<kWithC, Element, TileShape, 16 / sizeof(Element),
+                                              BiasAlongN<Element, TileShape, 16 / sizeof(Element)>>>
 using PointwiseKernelFor = gemm::cutlass_sm90::GemmKernelFor<
-    Element, cutlass::layout::ColumnMajor,
-    PointwiseEpilogue<kWithC, Element, TileShape, 16 / sizeof(Element),
-                      BiasAlongN<Element, TileShape, 16 / sizeof(Element)>>,
-    TileShape, gemm::cutlass_sm90::Cluster1x1, KernelSchedule, EpilogueSchedule,
-    cute::conditional_t<kWithC, Element, void>>;
+    Element, cutlass::layout::ColumnMajor, Fusion, TileShape, gemm::cutlass_sm90::Cluster1x1, KernelSchedule,
+    EpilogueSchedule, cute::conditional_t<kWithC, Element, void>>;
 template <typename Element, typename TileShape, bool kWithC = true>
 using PointwiseGemm = typename PointwiseKernelFor<Element, TileShape, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                                                   cutlass::epilogue::TmaWarpSpecialized, kWithC>::Gemm;
@@ -49,16 +61,28 @@ template <typename Element, typename TileShape, bool kWithC = true>
 using CooperativePointwiseGemm =
     typename PointwiseKernelFor<Element, TileShape, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
                                 cutlass::epilogue::TmaWarpSpecializedCooperative, kWithC>::Gemm;
+// The ping-pong and cooperative tiles on PlainEpilogue (no source operand).
+template <typename Element, typename TileShape>
+using PlainPointwiseGemm =
+    typename PointwiseKernelFor<Element, TileShape, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                                cutlass::epilogue::TmaWarpSpecialized, false, PlainEpilogue<Element>>::Gemm;
+template <typename Element, typename TileShape>
+using PlainCooperativePointwiseGemm =
+    typename PointwiseKernelFor<Element, TileShape, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                                cutlass::epilogue::TmaWarpSpecializedCooperative, false, PlainEpilogue<Element>>::Gemm;
 
 // The GEMM transposed, y^T [K, N*H*W] = w [K, C] x^T, as cuBLAS's nvjet_sm90_hsh_128x192_64x5_1x2_h_bz_coopB_TNN
 // runs C512 H28 K128 for PyTorch: filters along M, pixels along N, y column-major (the same memory as NHWC's y), the
 // bias along M; cooperative (both warpgroups on a tile), one CTA per cluster (session 38's bench call: cuBLAS's 1 x 2
-// cluster lost to one CTA on every ResNet-50 1x1 layer here). kWithC false: without the residual (ConvNoCEpilogue).
-template <typename Element, typename TileShape, bool kWithC = true>
+// cluster lost to one CTA on every ResNet-50 1x1 layer here). kWithC false: without the residual (ConvNoCEpilogue);
+// kPlain: on PlainEpilogue.
+template <typename Element, typename TileShape, bool kWithC = true, bool kPlain = false>
 struct TransposedPointwiseGemmFor {
   using ClusterShape = gemm::cutlass_sm90::Cluster1x1;
   static constexpr int kAlignment = 16 / sizeof(Element);
-  using Fusion = PointwiseEpilogue<kWithC, Element, TileShape, kAlignment, BiasAlongM<Element, TileShape, kAlignment>>;
+  using Fusion = cute::conditional_t<
+      kPlain, PlainEpilogue<Element>,
+      PointwiseEpilogue<kWithC, Element, TileShape, kAlignment, BiasAlongM<Element, TileShape, kAlignment>>>;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, cute::conditional_t<kWithC, Element, void>,
@@ -84,6 +108,11 @@ template <typename Gemm, bool kTransposed = false>
 void run_pointwise(const ForwardArgs& args, cudaStream_t stream) {
   using Kernel = typename Gemm::GemmKernel;
   using Element = typename Kernel::ElementA;
+  constexpr bool kPlain = std::is_same_v<typename Kernel::CollectiveEpilogue::FusionCallbacks, PlainEpilogue<Element>>;
+  if (kPlain && !plain_epilogue(args)) {
+    throw std::logic_error(
+        "cutlass_sm90: a 1x1 GEMM without an epilogue was given a bias, residual, activation or clip");
+  }
   const Shape& s = args.shape;
   const int pixels = static_cast<int>(s.n * s.h * s.w), filters = static_cast<int>(s.k);
   const int m = kTransposed ? filters : pixels, n = kTransposed ? pixels : filters, k = static_cast<int>(s.c);
@@ -110,7 +139,9 @@ void run_pointwise(const ForwardArgs& args, cudaStream_t stream) {
                                                                               : static_cast<const Element*>(args.y)),
        stride_y, static_cast<Element*>(args.y), stride_y},
       hardware_info()};
-  if constexpr (kHasC) {
+  if constexpr (kPlain) {
+    arguments.epilogue.thread = {};  // y = acc
+  } else if constexpr (kHasC) {
     set_epilogue_arguments<Element>(arguments.epilogue.thread, args);
   } else {  // ConvNoCEpilogue's: clip(act(acc + bias))
     arguments.epilogue.thread = {

@@ -18,19 +18,15 @@
 namespace ge2::conv2d::cutlass_sm90 {
 
 // The epilogue without a source operand, for problems without a residual: clip(act(acc + bias[k])). A kernel built on
-// it (kWithC false: ElementC void) keeps no residual tile in shared memory, so the mainloop gets the stages that
-// memory held, and CUTLASS delays each TMA store of y by one epilogue subtile (gemm_sm90.cuh's BiasEpilogue does the
-// same for the plain product).
+// it (PointwiseEpilogueKind::NoC: ElementC void) keeps no residual tile in shared memory, so the mainloop gets the
+// stages that memory held, and CUTLASS delays each TMA store of y by one epilogue subtile (gemm_sm90.cuh's
+// BiasEpilogue does the same for the plain product).
 template <typename Element, typename Activations, typename TileShape, int kAlignment,
           typename Bias = BiasAlongN<Element, TileShape, kAlignment>>
 using ConvNoCEpilogue = evt::Sm90EVT<
     evt::Sm90Compute<Activations::template Fn, Element, float, kRound>,  // clip(act(...))
     evt::Sm90EVT<evt::Sm90Compute<cutlass::plus, float, float, kRound>,  // acc + bias
         evt::Sm90AccFetch, Bias>>;
-template <bool kWithC, typename Element, typename TileShape, int kAlignment, typename Bias>
-using PointwiseEpilogue =
-    cute::conditional_t<kWithC, ConvEpilogue<Element, PiecewiseLinearActivations, TileShape, kAlignment, Bias>,
-                        ConvNoCEpilogue<Element, PiecewiseLinearActivations, TileShape, kAlignment, Bias>>;
 // The epilogue of a problem without bias, residual, activation or clip (a plain convolution, as in training, where
 // batch norm follows): y = acc, rounded once. The no-C tree's bias broadcast, activation dispatch and clip cost about
 // 6 instructions an output element (ncu, session 43: 2.8x the instructions of cuBLAS's nvjet on C128 H28 K512), and
@@ -45,47 +41,47 @@ inline bool plain_epilogue(const ForwardArgs& args) {
          args.clip_high == std::numeric_limits<float>::infinity();
 }
 
-template <typename Element, typename TileShape,
-          typename KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong,
-          typename EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized, bool kWithC = true,
-          typename Fusion = PointwiseEpilogue<kWithC, Element, TileShape, 16 / sizeof(Element),
-                                              BiasAlongN<Element, TileShape, 16 / sizeof(Element)>>>
+// A 1x1 tile's epilogue: ConvEpilogue with the residual as its source operand, ConvNoCEpilogue, or PlainEpilogue.
+enum class PointwiseEpilogueKind { WithC, NoC, Plain };
+template <PointwiseEpilogueKind kKind, typename Element, typename TileShape, int kAlignment, typename Bias>
+using PointwiseEpilogue = cute::conditional_t<
+    kKind == PointwiseEpilogueKind::WithC,
+    ConvEpilogue<Element, PiecewiseLinearActivations, TileShape, kAlignment, Bias>,
+    cute::conditional_t<kKind == PointwiseEpilogueKind::NoC,
+                        ConvNoCEpilogue<Element, PiecewiseLinearActivations, TileShape, kAlignment, Bias>,
+                        PlainEpilogue<Element>>>;
+// The epilogue's source operand: the residual's element type, or void (none).
+template <PointwiseEpilogueKind kKind, typename Element>
+using PointwiseElementC = cute::conditional_t<kKind == PointwiseEpilogueKind::WithC, Element, void>;
+
+template <typename Element, typename TileShape, typename KernelSchedule, typename EpilogueSchedule,
+          PointwiseEpilogueKind kKind>
 using PointwiseKernelFor = gemm::cutlass_sm90::GemmKernelFor<
-    Element, cutlass::layout::ColumnMajor, Fusion, TileShape, gemm::cutlass_sm90::Cluster1x1, KernelSchedule,
-    EpilogueSchedule, cute::conditional_t<kWithC, Element, void>>;
-template <typename Element, typename TileShape, bool kWithC = true>
+    Element, cutlass::layout::ColumnMajor,
+    PointwiseEpilogue<kKind, Element, TileShape, 16 / sizeof(Element),
+                      BiasAlongN<Element, TileShape, 16 / sizeof(Element)>>,
+    TileShape, gemm::cutlass_sm90::Cluster1x1, KernelSchedule, EpilogueSchedule, PointwiseElementC<kKind, Element>>;
+template <typename Element, typename TileShape, PointwiseEpilogueKind kKind = PointwiseEpilogueKind::WithC>
 using PointwiseGemm = typename PointwiseKernelFor<Element, TileShape, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
-                                                  cutlass::epilogue::TmaWarpSpecialized, kWithC>::Gemm;
+                                                  cutlass::epilogue::TmaWarpSpecialized, kKind>::Gemm;
 // Both consumer warpgroups on one tile (M split between them).
-template <typename Element, typename TileShape, bool kWithC = true>
+template <typename Element, typename TileShape, PointwiseEpilogueKind kKind = PointwiseEpilogueKind::WithC>
 using CooperativePointwiseGemm =
     typename PointwiseKernelFor<Element, TileShape, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
-                                cutlass::epilogue::TmaWarpSpecializedCooperative, kWithC>::Gemm;
-// The ping-pong and cooperative tiles on PlainEpilogue (no source operand).
-template <typename Element, typename TileShape>
-using PlainPointwiseGemm =
-    typename PointwiseKernelFor<Element, TileShape, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
-                                cutlass::epilogue::TmaWarpSpecialized, false, PlainEpilogue<Element>>::Gemm;
-template <typename Element, typename TileShape>
-using PlainCooperativePointwiseGemm =
-    typename PointwiseKernelFor<Element, TileShape, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
-                                cutlass::epilogue::TmaWarpSpecializedCooperative, false, PlainEpilogue<Element>>::Gemm;
+                                cutlass::epilogue::TmaWarpSpecializedCooperative, kKind>::Gemm;
 
 // The GEMM transposed, y^T [K, N*H*W] = w [K, C] x^T, as cuBLAS's nvjet_sm90_hsh_128x192_64x5_1x2_h_bz_coopB_TNN
 // runs C512 H28 K128 for PyTorch: filters along M, pixels along N, y column-major (the same memory as NHWC's y), the
 // bias along M; cooperative (both warpgroups on a tile), one CTA per cluster (session 38's bench call: cuBLAS's 1 x 2
-// cluster lost to one CTA on every ResNet-50 1x1 layer here). kWithC false: without the residual (ConvNoCEpilogue);
-// kPlain: on PlainEpilogue.
-template <typename Element, typename TileShape, bool kWithC = true, bool kPlain = false>
+// cluster lost to one CTA on every ResNet-50 1x1 layer here).
+template <typename Element, typename TileShape, PointwiseEpilogueKind kKind = PointwiseEpilogueKind::WithC>
 struct TransposedPointwiseGemmFor {
   using ClusterShape = gemm::cutlass_sm90::Cluster1x1;
   static constexpr int kAlignment = 16 / sizeof(Element);
-  using Fusion = cute::conditional_t<
-      kPlain, PlainEpilogue<Element>,
-      PointwiseEpilogue<kWithC, Element, TileShape, kAlignment, BiasAlongM<Element, TileShape, kAlignment>>>;
+  using Fusion = PointwiseEpilogue<kKind, Element, TileShape, kAlignment, BiasAlongM<Element, TileShape, kAlignment>>;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, cute::conditional_t<kWithC, Element, void>,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, PointwiseElementC<kKind, Element>,
       cutlass::layout::ColumnMajor, kAlignment, Element, cutlass::layout::ColumnMajor, kAlignment,
       cutlass::epilogue::TmaWarpSpecializedCooperative, Fusion>::CollectiveOp;
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<

@@ -8,10 +8,10 @@
 namespace ge2::conv2d::cutlass_sm90 {
 namespace {
 using TileShape = cute::Shape<cute::_256, cute::_64, cute::_64>;
-using Gemm = CooperativePointwiseGemm<cutlass::half_t, TileShape, false>;
+using Gemm = CooperativePointwiseGemm<cutlass::half_t, TileShape, PointwiseEpilogueKind::NoC>;
 // The mainloop's stages without C against the sibling's with C (33,792 -> 17,408 bytes of epilogue shared memory).
 static_assert(kMainloopStages<Gemm> == 5 && kMainloopStages<CooperativePointwiseGemm<cutlass::half_t, TileShape>> == 4);
-using PlainGemm = PlainCooperativePointwiseGemm<cutlass::half_t, TileShape>;
+using PlainGemm = CooperativePointwiseGemm<cutlass::half_t, TileShape, PointwiseEpilogueKind::Plain>;
 }  // namespace
 
 void fprop_1x1_noc_cooperative_256x64_f16(const ForwardArgs& args, cudaStream_t stream) {

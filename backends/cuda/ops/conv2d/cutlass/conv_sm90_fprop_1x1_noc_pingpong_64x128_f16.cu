@@ -8,10 +8,10 @@
 namespace ge2::conv2d::cutlass_sm90 {
 namespace {
 using TileShape = cute::Shape<cute::_64, cute::_128, cute::_64>;
-using Gemm = PointwiseGemm<cutlass::half_t, TileShape, false>;
+using Gemm = PointwiseGemm<cutlass::half_t, TileShape, PointwiseEpilogueKind::NoC>;
 // The mainloop's stages without C against the sibling's with C (17,408 -> 9,216 bytes of epilogue shared memory).
 static_assert(kMainloopStages<Gemm> == 9 && kMainloopStages<PointwiseGemm<cutlass::half_t, TileShape>> == 8);
-using PlainGemm = PlainPointwiseGemm<cutlass::half_t, TileShape>;
+using PlainGemm = PointwiseGemm<cutlass::half_t, TileShape, PointwiseEpilogueKind::Plain>;
 }  // namespace
 
 void fprop_1x1_noc_pingpong_64x128_f16(const ForwardArgs& args, cudaStream_t stream) {

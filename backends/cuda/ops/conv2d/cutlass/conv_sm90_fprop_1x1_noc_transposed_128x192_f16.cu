@@ -8,12 +8,12 @@
 namespace ge2::conv2d::cutlass_sm90 {
 namespace {
 using TileShape = cute::Shape<cute::_128, cute::_192, cute::_64>;
-using Gemm = TransposedPointwiseGemmFor<cutlass::half_t, TileShape, false>::Gemm;
+using Gemm = TransposedPointwiseGemmFor<cutlass::half_t, TileShape, PointwiseEpilogueKind::NoC>::Gemm;
 // The mainloop's stages without C against the sibling's with C (34,816 -> 18,432 bytes of epilogue shared memory;
 // cuBLAS's nvjet 128x192_64x5 has 5).
 static_assert(kMainloopStages<Gemm> == 5 &&
               kMainloopStages<TransposedPointwiseGemmFor<cutlass::half_t, TileShape>::Gemm> == 4);
-using PlainGemm = TransposedPointwiseGemmFor<cutlass::half_t, TileShape, false, true>::Gemm;
+using PlainGemm = TransposedPointwiseGemmFor<cutlass::half_t, TileShape, PointwiseEpilogueKind::Plain>::Gemm;
 }  // namespace
 
 void fprop_1x1_noc_transposed_128x192_f16(const ForwardArgs& args, cudaStream_t stream) {

@@ -122,8 +122,8 @@ bool precise(cudnnMathType_t math) { return math == CUDNN_FMA_MATH; }
 //
 // One direction's algorithm, searched once per plan: `find(requested, &returned, results)` runs the direction's
 // cudnnFind* (refused during capture: it allocates and synchronizes). `chosen` takes the first result that ran
-// (cuDNN sorts them fastest first), keeps strict float32 precise and 16-bit data deterministic; `found` says whether
-// one did.
+// (cuDNN sorts them fastest first), keeps strict float32 precise and 16-bit data deterministic, and on tensor cores
+// where such a result ran; `found` says whether one did.
 template <typename Perf, typename Find>
 void search_once(CudnnPlan& plan, DType dtype, cudaStream_t stream, bool& searched, bool& found, Perf& chosen,
                  Find find) {
@@ -140,11 +140,23 @@ void search_once(CudnnPlan& plan, DType dtype, cudaStream_t stream, bool& search
   find(kRequested, &returned, results);
   find(kRequested, &returned, results);
   const bool strict_fp32 = plan.baseline_math == CUDNN_FMA_MATH, sixteen_bit = dtype != DType::Float32;
+  const auto eligible = [&](const Perf& result) {
+    return result.status == CUDNN_STATUS_SUCCESS && (!strict_fp32 || precise(result.mathType)) &&
+           (!sixteen_bit || result.determinism == CUDNN_DETERMINISTIC);
+  };
+  // 16-bit data takes the fastest tensor-op algorithm when one ran, else the fastest eligible one. cudnnFind's
+  // ranking of the small 1x1 layers is unstable: after the double search, session 44's two processes still ran
+  // float16 C64 H56 K64 and C512 H28 K128 forwards at 0.054-0.105x PyTorch in both layouts (session 42's log:
+  // IMPLICIT_GEMM without tensor cores, timed fastest). With this preference every ResNet-50 row ran at 0.94-1.23x.
+  const auto tensor_op = [](cudnnMathType_t math) {
+    return math == CUDNN_TENSOR_OP_MATH || math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+  };
   found = false;
-  for (int i = 0; i < returned && !found; ++i) {
-    found = results[i].status == CUDNN_STATUS_SUCCESS && (!strict_fp32 || precise(results[i].mathType)) &&
-            (!sixteen_bit || results[i].determinism == CUDNN_DETERMINISTIC);
-    if (found) chosen = results[i];
+  for (const bool tensor_op_only : {sixteen_bit, false}) {
+    for (int i = 0; i < returned && !found; ++i) {
+      found = eligible(results[i]) && (!tensor_op_only || tensor_op(results[i].mathType));
+      if (found) chosen = results[i];
+    }
   }
   searched = true;
 }

@@ -147,7 +147,7 @@ void search_once(CudnnPlan& plan, DType dtype, cudaStream_t stream, bool& search
   // 16-bit data takes the fastest tensor-op algorithm when one ran, else the fastest eligible one. cudnnFind's
   // ranking of the small 1x1 layers is unstable: after the double search, session 44's two processes still ran
   // float16 C64 H56 K64 and C512 H28 K128 forwards at 0.054-0.105x PyTorch in both layouts (session 42's log:
-  // IMPLICIT_GEMM without tensor cores, timed fastest). With this preference every ResNet-50 row ran at 0.94-1.23x.
+  // IMPLICIT_GEMM without tensor cores, timed fastest). With this preference every ResNet-50 row ran at 0.95-1.23x.
   const auto tensor_op = [](cudnnMathType_t math) {
     return math == CUDNN_TENSOR_OP_MATH || math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
   };
